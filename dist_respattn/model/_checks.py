@@ -1,0 +1,154 @@
+"""Argument checks shared by the model classes: each error names the argument, the row and what was expected."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "SIMPLEX_ATOL",
+    "ImpossibleEvidenceError",
+    "as_encoded",
+    "as_finite_matrix",
+    "as_positive_float",
+    "as_row_simplex",
+    "as_simplex",
+    "as_weights",
+]
+
+#: How far a probability vector's sum may stray from one (float32 inputs round at ~1e-7 per entry).
+SIMPLEX_ATOL = 1e-6
+
+
+class ImpossibleEvidenceError(ValueError):
+    """Raised when a weighted row has zero probability under the model, so no posterior exists."""
+
+
+def as_positive_float(value: Any, name: str) -> float:
+    """Return ``value`` as a finite float > 0, or raise naming ``name``."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a real number, got a boolean")
+    try:
+        result = float(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}") from exc
+    if not np.isfinite(result) or result <= 0.0:
+        raise ValueError(f"{name} = {result!r}: expected a finite number > 0")
+    return result
+
+
+def as_finite_matrix(value: Any, name: str, *, shape: tuple[int | None, int | None] = (None, None)) -> np.ndarray:
+    """Return ``value`` as a C-contiguous float64 matrix with every entry finite.
+
+    ``shape`` entries that are not ``None`` are required exactly.
+    """
+    try:
+        result = np.array(value, dtype=np.float64, order="C")
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a real-valued matrix") from exc
+    if result.ndim != 2:
+        raise ValueError(f"{name} must be two-dimensional, got shape {result.shape}")
+    for axis, (got, want) in enumerate(zip(result.shape, shape, strict=True)):
+        if want is not None and got != want:
+            raise ValueError(f"{name} has shape {result.shape}: expected {want} along axis {axis}")
+    if result.size == 0:
+        raise ValueError(f"{name} is empty (shape {result.shape}): expected at least one row and column")
+    bad = np.argwhere(~np.isfinite(result))
+    if bad.size:
+        i, j = (int(v) for v in bad[0])
+        raise ValueError(f"{name}[{i}, {j}] = {result[i, j]!r}: expected finite values")
+    return result
+
+
+def as_row_simplex(value: Any, name: str) -> np.ndarray:
+    """Return a float64 matrix whose rows are probability vectors (non-negative, summing to one)."""
+    result = as_finite_matrix(value, name)
+    negative = np.argwhere(result < 0.0)
+    if negative.size:
+        i, j = (int(v) for v in negative[0])
+        raise ValueError(f"{name}[{i}, {j}] = {result[i, j]!r}: expected non-negative probabilities")
+    sums = result.sum(axis=1)
+    off = np.flatnonzero(np.abs(sums - 1.0) > SIMPLEX_ATOL)
+    if off.size:
+        i = int(off[0])
+        raise ValueError(f"{name} row {i} sums to {sums[i]!r}: expected every row to sum to 1")
+    return result
+
+
+def as_simplex(value: Any, name: str) -> np.ndarray:
+    """Return a float64 probability vector (non-negative, summing to one)."""
+    try:
+        result = np.array(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a real-valued vector") from exc
+    if result.ndim != 1 or result.size == 0:
+        raise ValueError(f"{name} must be a non-empty vector, got shape {result.shape}")
+    bad = np.flatnonzero(~np.isfinite(result) | (result < 0.0))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{name}[{i}] = {result[i]!r}: expected finite, non-negative probabilities")
+    total = float(result.sum())
+    if abs(total - 1.0) > SIMPLEX_ATOL:
+        raise ValueError(f"{name} sums to {total!r}: expected 1")
+    return result
+
+
+def _require_integer_ids(value: Any, name: str, ndim: int) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an integer array of ids, got dtype {array.dtype}")
+    if array.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-dimensional, got shape {array.shape}")
+    return array
+
+
+def as_encoded(
+    x: Any,
+    *,
+    context_length: int,
+    query_dim: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Check the shapes and dtypes of an encoded batch ``(context, query, target)``.
+
+    Returns the arrays without copying. Values (id ranges, finiteness) are scanned block by block
+    by the kernel, so a huge batch is never copied or masked whole.
+
+    Shapes: ``context`` (n, N) integer, ``query`` (n, D) float, ``target`` (n,) integer.
+    """
+    try:
+        context, query, target = x
+    except (TypeError, ValueError) as exc:
+        raise TypeError("an encoded batch must be the triple (context, query, target) of arrays") from exc
+    context = _require_integer_ids(context, "context", 2)
+    target = _require_integer_ids(target, "target", 1)
+    query = np.asarray(query)
+    if query.dtype.kind != "f":
+        raise TypeError(f"query must be a float32 or float64 array, got dtype {query.dtype}")
+    if query.ndim != 2:
+        raise ValueError(f"query must be two-dimensional (n, D), got shape {query.shape}")
+    n = context.shape[0]
+    if context.shape[1] != context_length:
+        raise ValueError(
+            f"context has shape {context.shape}: expected (n, {context_length}) for context length N={context_length}"
+        )
+    if query.shape[1] != query_dim:
+        raise ValueError(f"query has shape {query.shape}: expected (n, {query_dim}) for query dimension D={query_dim}")
+    for other_name, other in (("query", query), ("target", target)):
+        if other.shape[0] != n:
+            raise ValueError(f"{other_name} has {other.shape[0]} rows but context has {n}: expected one row per triple")
+    return context, query, target
+
+
+def as_weights(weights: Any, n: int) -> np.ndarray | None:
+    """Return ``weights`` as an ``(n,)`` float64 array (values are scanned by the kernel), or ``None``."""
+    if weights is None:
+        return None
+    array = np.asarray(weights)
+    if array.dtype.kind not in "fiu" or array.dtype.kind == "b":
+        raise TypeError(f"weights must be a real-valued array, got dtype {array.dtype}")
+    if array.ndim == 0:
+        raise ValueError(f"weights must be an array of shape ({n},), got a scalar")
+    if array.shape != (n,):
+        raise ValueError(f"weights has shape {array.shape}: expected ({n},), one weight per triple")
+    return array

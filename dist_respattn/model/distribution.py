@@ -1,0 +1,219 @@
+"""The responsibility-attention head: one attention head written as a mixture over context positions.
+
+Generative story for one triple ``(context, query, target)`` with context ids ``c_1..c_N``::
+
+    z      ~ Categorical(position_prior)
+    query  ~ Normal(key_means[c_z], sigma2 I)
+    target ~ Categorical(emission[c_z, :])
+
+so ``p(query, target | context) = sum_i pi_i N(query; K[c_i], sigma2 I) B[c_i, target]`` and the
+attention weight on position ``i`` is the posterior responsibility ``p(z = i | query, target, context)``.
+Because the gate is generative, every M-step is closed form and EM is exact.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dist_respattn.model import kernels
+from dist_respattn.model._checks import (
+    as_encoded,
+    as_finite_matrix,
+    as_positive_float,
+    as_row_simplex,
+    as_simplex,
+)
+from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder
+
+if TYPE_CHECKING:
+    from dist_respattn.model.estimator import ResponsibilityAttentionEstimator
+    from dist_respattn.model.sampler import ResponsibilityAttentionSampler
+
+__all__ = ["ResponsibilityAttentionDistribution"]
+
+#: Rows per block in prediction, bounding the (block, N, D) gathers.
+_PREDICT_BLOCK_ROWS = 8192
+
+
+class ResponsibilityAttentionDistribution:
+    """One generative-gate attention head over contexts of N symbols.
+
+    Args:
+        key_means: (S, D) key mean of every symbol.
+        emission: (S, T) target distribution of every symbol; rows are probability vectors.
+        position_prior: (N,) prior over context positions; its length is the context length N.
+            When omitted, ``context_length`` must be given and the prior is uniform.
+        sigma2: gate variance (> 0), the responsibility temperature.
+        name: optional name.
+        context_length: N for a uniform prior when ``position_prior`` is omitted.
+
+    Every parameter is validated on construction; the error names the parameter, the offending
+    entry and what was expected.
+    """
+
+    def __init__(
+        self,
+        key_means: Any,
+        emission: Any,
+        position_prior: Any = None,
+        sigma2: float = 1.0,
+        name: str | None = None,
+        *,
+        context_length: int | None = None,
+    ) -> None:
+        self.key_means = as_finite_matrix(key_means, "key_means")
+        self.num_symbols, self.query_dim = self.key_means.shape
+        self.emission = as_row_simplex(emission, "emission")
+        if self.emission.shape[0] != self.num_symbols:
+            raise ValueError(
+                f"emission has {self.emission.shape[0]} rows but key_means has {self.num_symbols}: "
+                "expected one emission row per symbol"
+            )
+        self.num_targets = self.emission.shape[1]
+        if position_prior is None:
+            if context_length is None:
+                raise ValueError(
+                    "position_prior is required (its length is the context length N); "
+                    "or pass context_length=N for a uniform prior"
+                )
+            if int(context_length) < 1:
+                raise ValueError(f"context_length = {context_length}: expected a positive integer")
+            position_prior = np.full(int(context_length), 1.0 / int(context_length))
+        self.position_prior = as_simplex(position_prior, "position_prior")
+        if context_length is not None and int(context_length) != self.position_prior.shape[0]:
+            raise ValueError(
+                f"context_length = {context_length} but position_prior has length {self.position_prior.shape[0]}"
+            )
+        self.context_length = self.position_prior.shape[0]
+        self.sigma2 = as_positive_float(sigma2, "sigma2")
+        self.name = name
+        with np.errstate(divide="ignore"):
+            self.log_position_prior = np.log(self.position_prior)
+        self.gate_const = -0.5 * self.query_dim * float(np.log(2.0 * np.pi * self.sigma2))
+
+    def __repr__(self) -> str:
+        return (
+            f"ResponsibilityAttentionDistribution(S={self.num_symbols}, N={self.context_length}, "
+            f"D={self.query_dim}, T={self.num_targets}, sigma2={self.sigma2!r}, name={self.name!r})"
+        )
+
+    __str__ = __repr__
+
+    @functools.cached_property
+    def kernel_parameters(self) -> kernels.KernelParameters:
+        """The parameters in the layout the E-step kernel reads (built once per distribution)."""
+        return kernels.KernelParameters.from_arrays(self.key_means, self.emission, self.position_prior, self.sigma2)
+
+    # ------------------------------------------------------------------------------------ scoring
+
+    def density(self, x: tuple[Any, Any, int]) -> float:
+        """``p(query, target | context)`` of one triple ``(context (N,), query (D,), target)``."""
+        return float(np.exp(self.log_density(x)))
+
+    def log_density(self, x: tuple[Any, Any, int]) -> float:
+        """``log p(query, target | context)`` of one triple ``(context (N,), query (D,), target)``."""
+        encoded = self.dist_to_encoder().seq_encode([x])
+        return float(self.seq_log_density(encoded)[0])
+
+    def seq_log_density(self, x: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+        """``log p(query, target | context)`` of an encoded batch ``(context, query, target)`` -> (n,)."""
+        context, query, target = as_encoded(x, context_length=self.context_length, query_dim=self.query_dim)
+        return kernels.row_log_likelihood(context, query, target, self.kernel_parameters)
+
+    # --------------------------------------------------------------------------------- prediction
+
+    def _check_context_query(self, context: Any, query: Any) -> tuple[np.ndarray, np.ndarray, bool]:
+        single = np.ndim(context) == 1
+        ctx = np.atleast_2d(np.asarray(context))
+        y = np.atleast_2d(np.asarray(query, dtype=np.float64))
+        dummy_target = np.zeros(ctx.shape[0], dtype=np.int64)
+        ctx, y, _ = as_encoded((ctx, y, dummy_target), context_length=self.context_length, query_dim=self.query_dim)
+        kernels.scan_values(ctx, y, dummy_target, None, num_symbols=self.num_symbols, num_targets=self.num_targets)
+        return ctx, y, single
+
+    def _gate_log_weights(self, ctx: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``log pi_i - ||y - K[c_i]||^2 / (2 sigma2)`` for a block: (b, N)."""
+        diff = y[:, None, :] - self.key_means[ctx]
+        sq = np.einsum("nid,nid->ni", diff, diff)
+        return self.log_position_prior[None, :] - sq / (2.0 * self.sigma2)
+
+    def _attention(self, ctx: np.ndarray, y: np.ndarray, target: np.ndarray | None) -> np.ndarray:
+        """Attention (n, N) over checked arrays, computed in blocks."""
+        out = np.empty(ctx.shape, dtype=np.float64)
+        for start, stop in kernels.block_ranges(ctx.shape[0], _PREDICT_BLOCK_ROWS):
+            log_w = self._gate_log_weights(ctx[start:stop], y[start:stop])
+            if target is not None:
+                with np.errstate(divide="ignore"):
+                    log_w = log_w + np.log(self.emission[ctx[start:stop], target[start:stop, None]])
+            best = log_w.max(axis=1, keepdims=True)
+            best[~np.isfinite(best)] = 0.0
+            w = np.exp(log_w - best)
+            with np.errstate(invalid="ignore"):
+                out[start:stop] = w / w.sum(axis=1, keepdims=True)
+        return out
+
+    def attention_weights(self, context: Any, query: Any, target: Any = None) -> np.ndarray:
+        """Attention over context positions: (N,) for one example or (n, N) for a batch.
+
+        Without ``target`` this is the predictive gate ``a_i ∝ pi_i N(query; K[c_i])``; with it, the
+        posterior responsibility ``r_i = p(z = i | query, target, context)`` that EM uses (NaN on a
+        row the model gives zero probability).
+        """
+        ctx, y, single = self._check_context_query(context, query)
+        tgt = None
+        if target is not None:
+            tgt = np.atleast_1d(np.asarray(target))
+            if tgt.dtype.kind not in "iu" or tgt.shape != (ctx.shape[0],):
+                raise ValueError(f"target must hold {ctx.shape[0]} integer id(s), got {np.asarray(target)!r}")
+            kernels.scan_values(ctx, y, tgt, None, num_symbols=self.num_symbols, num_targets=self.num_targets)
+        out = self._attention(ctx, y, tgt)
+        return out[0] if single else out
+
+    def predict_proba(self, context: Any, query: Any) -> np.ndarray:
+        """Predictive target distribution ``p(target | context, query)``, the target marginalized over z.
+
+        The attention does not see the target: ``a_i ∝ pi_i N(query; K[c_i])`` and
+        ``p(target) = sum_i a_i emission[c_i, :]``.
+
+        Returns:
+            (T,) for one example (context (N,), query (D,)), or (n, T) for a batch.
+        """
+        ctx, y, single = self._check_context_query(context, query)
+        attention = self._attention(ctx, y, None)
+        out = np.zeros((ctx.shape[0], self.num_targets))
+        for start, stop in kernels.block_ranges(ctx.shape[0], _PREDICT_BLOCK_ROWS):
+            block = out[start:stop]
+            for i in range(self.context_length):
+                block += attention[start:stop, i : i + 1] * self.emission[ctx[start:stop, i]]
+        return out[0] if single else out
+
+    # ----------------------------------------------------------------------------------- factories
+
+    def sampler(self, seed: int | np.random.Generator | None = None) -> ResponsibilityAttentionSampler:
+        """A sampler of synthetic triples from this head (with a uniform distinct-symbol context prior)."""
+        from dist_respattn.model.sampler import ResponsibilityAttentionSampler
+
+        return ResponsibilityAttentionSampler(self, seed)
+
+    def estimator(self, pseudo_count: float | None = None) -> ResponsibilityAttentionEstimator:
+        """A closed-form EM estimator for heads of this shape, with this head's fixed ``sigma2``."""
+        from dist_respattn.model.estimator import ResponsibilityAttentionEstimator
+
+        return ResponsibilityAttentionEstimator(
+            self.num_symbols,
+            self.context_length,
+            self.query_dim,
+            self.num_targets,
+            sigma2=self.sigma2,
+            pseudo_count=pseudo_count,
+            name=self.name,
+        )
+
+    def dist_to_encoder(self) -> ResponsibilityAttentionDataEncoder:
+        """The encoder turning lists of triples into the arrays this head scores."""
+        return ResponsibilityAttentionDataEncoder(
+            self.num_symbols, self.context_length, self.query_dim, self.num_targets
+        )

@@ -1,0 +1,198 @@
+"""Turning triples and token sequences into the encoded arrays ``(context, query, target)``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ResponsibilityAttentionDataEncoder", "sequence_to_triples", "sequence_windows"]
+
+
+def _exact_int(value: Any, name: str) -> int:
+    """``value`` as an int when it is an integer (or an integral float); else TypeError naming it."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} = {value!r}: expected an integer id, got a boolean")
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    raise TypeError(f"{name} = {value!r}: expected an integer id")
+
+
+def _ids_array(values: Any, name: str, ndim: int) -> np.ndarray:
+    """An int64 array from integer-valued input, naming the first non-integer entry on failure."""
+    try:
+        raw = np.asarray(values)
+    except ValueError as exc:  # ragged nested sequences
+        raise ValueError(f"{name} rows have different lengths: expected one fixed length") from exc
+    if raw.dtype.kind == "b":
+        raise TypeError(f"{name} holds booleans: expected integer ids")
+    if raw.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-dimensional, got shape {raw.shape}")
+    if raw.dtype.kind in "iu":
+        return raw.astype(np.int64, copy=False)
+    if raw.dtype.kind == "f":
+        bad = np.argwhere(~np.isfinite(raw) | (raw != np.floor(raw)))
+        if bad.size:
+            where = ", ".join(str(int(v)) for v in bad[0])
+            raise TypeError(f"{name}[{where}] = {raw[tuple(bad[0])]!r}: expected an integer id")
+        return raw.astype(np.int64)
+    raise TypeError(f"{name} must hold integer ids, got dtype {raw.dtype}")
+
+
+def _check_range(ids: np.ndarray, upper: int | None, name: str, what: str) -> None:
+    bad = np.argwhere((ids < 0) | (ids >= upper)) if upper is not None else np.argwhere(ids < 0)
+    if bad.size:
+        where = ", ".join(str(int(v)) for v in bad[0])
+        bound = f"[0, {upper})" if upper is not None else ">= 0"
+        raise ValueError(f"{name}[{where}] = {int(ids[tuple(bad[0])])}: expected a {what} id in {bound}")
+
+
+class ResponsibilityAttentionDataEncoder:
+    """Encodes a list of ``(context (N,), query (D,), target)`` triples into stacked arrays.
+
+    Any of S, N, D, T left as ``None`` is not checked.
+    """
+
+    def __init__(
+        self,
+        num_symbols: int | None = None,
+        context_length: int | None = None,
+        query_dim: int | None = None,
+        num_targets: int | None = None,
+    ) -> None:
+        self.num_symbols = num_symbols
+        self.context_length = context_length
+        self.query_dim = query_dim
+        self.num_targets = num_targets
+
+    def __repr__(self) -> str:
+        return (
+            f"ResponsibilityAttentionDataEncoder(S={self.num_symbols}, N={self.context_length}, "
+            f"D={self.query_dim}, T={self.num_targets})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ResponsibilityAttentionDataEncoder) and self._shape() == other._shape()
+
+    def __hash__(self) -> int:
+        return hash(self._shape())
+
+    def _shape(self) -> tuple[int | None, ...]:
+        return (self.num_symbols, self.context_length, self.query_dim, self.num_targets)
+
+    def seq_encode(self, x: Sequence[tuple[Any, Any, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Stack triples into ``context`` (n, N) int64, ``query`` (n, D) float64, ``target`` (n,) int64."""
+        rows = list(x)
+        for i, row in enumerate(rows):
+            if not isinstance(row, (tuple, list)) or len(row) != 3:
+                raise TypeError(f"triple {i} is {row!r}: expected a (context, query, target) triple")
+        if not rows:
+            n_pos = self.context_length or 0
+            return (
+                np.zeros((0, n_pos), dtype=np.int64),
+                np.zeros((0, self.query_dim or 0)),
+                np.zeros(0, dtype=np.int64),
+            )
+        contexts = [np.asarray(row[0]) for row in rows]
+        lengths = {c.shape for c in contexts}
+        if len(lengths) > 1:
+            first = contexts[0].shape
+            bad = next(i for i, c in enumerate(contexts) if c.shape != first)
+            raise ValueError(f"context of triple {bad} has shape {contexts[bad].shape}: expected {first} like triple 0")
+        context = _ids_array(contexts, "context", 2)
+        target = np.array([_exact_int(row[2], f"target of triple {i}") for i, row in enumerate(rows)], dtype=np.int64)
+        try:
+            query = np.asarray([row[1] for row in rows], dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise ValueError("queries must be real vectors of one length") from exc
+        if query.ndim != 2:
+            raise ValueError(f"queries stack to shape {query.shape}: expected (n, D)")
+        if self.context_length is not None and context.shape[1] != self.context_length:
+            raise ValueError(f"contexts have length {context.shape[1]}: expected N = {self.context_length}")
+        if self.query_dim is not None and query.shape[1] != self.query_dim:
+            raise ValueError(f"queries have dimension {query.shape[1]}: expected D = {self.query_dim}")
+        _check_range(context, self.num_symbols, "context", "symbol")
+        _check_range(target, self.num_targets, "target", "target")
+        non_finite = np.argwhere(~np.isfinite(query))
+        if non_finite.size:
+            row, col = (int(v) for v in non_finite[0])
+            raise ValueError(f"query[{row}, {col}] = {query[row, col]!r}: expected finite query values")
+        return context, query, target
+
+    def row_count(self, x: tuple[np.ndarray, np.ndarray, np.ndarray]) -> int:
+        """Number of triples in an encoded batch."""
+        return int(np.asarray(x[0]).shape[0])
+
+
+def sequence_windows(
+    tokens: Any,
+    context_length: int,
+    *,
+    num_symbols: int | None = None,
+    embeddings: Any = None,
+    query_dtype: Any = np.float64,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unroll a token sequence into encoded arrays, with no Python loop per position.
+
+    For each prediction point ``p`` with a full window behind it and a next token ahead
+    (``N - 1 <= p < L - 1``): ``context = tokens[p-N+1 : p+1]`` (the N most recent tokens, the current
+    one included), ``query = embeddings[tokens[p]]`` (or the one-hot of ``tokens[p]`` of dimension S),
+    ``target = tokens[p+1]``.
+
+    Args:
+        tokens: (L,) integer ids.
+        context_length: the window N >= 1.
+        num_symbols: vocabulary size S; inferred as ``max(tokens) + 1`` when omitted.
+        embeddings: optional (S', D) table with S' covering every token id.
+        query_dtype: dtype of the returned queries.
+
+    Returns:
+        ``context`` (L-N, N) int64 (a copy, not a view of ``tokens``), ``query`` (L-N, D),
+        ``target`` (L-N,) int64; empty arrays when ``L <= N``.
+    """
+    n_pos = int(context_length)
+    if n_pos < 1:
+        raise ValueError(f"context_length = {context_length}: expected a positive integer")
+    tok = _ids_array(tokens, "tokens", 1)
+    _check_range(tok, num_symbols, "tokens", "token")
+    n_symbols = int(num_symbols) if num_symbols is not None else (int(tok.max()) + 1 if tok.size else 0)
+    if embeddings is None:
+        table = None
+        dim = n_symbols
+    else:
+        table = np.asarray(embeddings, dtype=query_dtype)
+        if table.ndim != 2:
+            raise ValueError(f"embeddings must be a (S, D) matrix, got shape {table.shape}")
+        if tok.size and int(tok.max()) >= table.shape[0]:
+            raise ValueError(f"tokens hold id {int(tok.max())} but embeddings has only {table.shape[0]} rows")
+        dim = table.shape[1]
+    n_rows = max(tok.shape[0] - n_pos, 0)
+    if n_rows == 0:
+        return np.zeros((0, n_pos), dtype=np.int64), np.zeros((0, dim), dtype=query_dtype), np.zeros(0, dtype=np.int64)
+    context = np.lib.stride_tricks.sliding_window_view(tok[:-1], n_pos).copy()
+    current = tok[n_pos - 1 : -1]
+    if table is None:
+        query = np.zeros((n_rows, dim), dtype=query_dtype)
+        query[np.arange(n_rows), current] = 1.0
+    else:
+        query = table[current]
+    return context, query, tok[n_pos:].copy()
+
+
+def sequence_to_triples(
+    tokens: Sequence[int],
+    context_length: int,
+    *,
+    num_symbols: int | None = None,
+    embeddings: np.ndarray | None = None,
+) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """Unroll a token sequence into a list of ``(context, query, target)`` triples.
+
+    The triples are those of :func:`sequence_windows` (see it for the definition); use that
+    function directly for large sequences, as it returns arrays without building tuples.
+    """
+    context, query, target = sequence_windows(tokens, context_length, num_symbols=num_symbols, embeddings=embeddings)
+    return [(context[i], query[i], int(target[i])) for i in range(target.shape[0])]

@@ -1,0 +1,123 @@
+"""Vectorized sampling of synthetic triples from a head, and random heads to sample from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.kernels import block_ranges
+
+__all__ = ["ResponsibilityAttentionSampler", "random_distribution"]
+
+#: Rows drawn per block, bounding the temporaries of the context draw.
+_SAMPLE_BLOCK_ROWS = 65536
+
+
+def _distinct_contexts(rng: np.random.Generator, n: int, num_symbols: int, n_pos: int) -> np.ndarray:
+    """(n, N) rows of N distinct symbols, each row uniform over ordered N-subsets of [0, S).
+
+    Draws with replacement and redraws the rows that repeat a symbol; when N is a sizeable part of S,
+    that would loop, so a random permutation prefix per row is used instead.
+    """
+    if n_pos * n_pos > num_symbols:  # a row repeats a symbol with probability ~N^2 / 2S
+        out = np.empty((n, n_pos), dtype=np.int32)
+        for start, stop in block_ranges(n, max(1, 2**22 // num_symbols)):
+            keys = rng.random((stop - start, num_symbols))
+            smallest = np.argpartition(keys, n_pos - 1, axis=1)[:, :n_pos] if n_pos < num_symbols else None
+            if smallest is None:
+                out[start:stop] = np.argsort(keys, axis=1)
+                continue
+            # Order the N chosen symbols by their keys: argpartition leaves them in no random order.
+            by_key = np.argsort(np.take_along_axis(keys, smallest, axis=1), axis=1)
+            out[start:stop] = np.take_along_axis(smallest, by_key, axis=1)
+        return out
+    out = rng.integers(0, num_symbols, size=(n, n_pos), dtype=np.int32)
+    pending = np.arange(n)
+    while pending.size:
+        rows = np.sort(out[pending], axis=1)
+        repeats = pending[(rows[:, 1:] == rows[:, :-1]).any(axis=1)]
+        out[repeats] = rng.integers(0, num_symbols, size=(repeats.size, n_pos), dtype=np.int32)
+        pending = repeats
+    return out
+
+
+class ResponsibilityAttentionSampler:
+    """Draws iid triples ``(context, query, target)`` from a head.
+
+    Contexts come from a uniform prior: N distinct symbols when S >= N (as the reference library
+    does), symbols with repetition otherwise. Then ``z ~ pi``, ``query ~ N(K[c_z], sigma2 I)``,
+    ``target ~ B[c_z]``.
+    """
+
+    def __init__(
+        self, dist: ResponsibilityAttentionDistribution, seed: int | np.random.Generator | None = None
+    ) -> None:
+        self.dist = dist
+        self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        # Flattened emission CDF, offset by the symbol id: symbol s owns the interval [s, s + 1),
+        # so one searchsorted draws every row's target whatever its symbol.
+        cdf = np.cumsum(dist.emission, axis=1)
+        cdf /= cdf[:, -1:]
+        self._offset_cdf = (cdf + np.arange(dist.num_symbols)[:, None]).reshape(-1)
+
+    def sample_arrays(self, size: int, *, query_dtype: Any = np.float64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Draw ``size`` triples straight into arrays.
+
+        Returns:
+            ``context`` (size, N) int32, ``query`` (size, D) of ``query_dtype``, ``target`` (size,) int32.
+        """
+        d = self.dist
+        n = int(size)
+        if n < 0:
+            raise ValueError(f"size = {size}: expected a non-negative number of triples")
+        context = np.empty((n, d.context_length), dtype=np.int32)
+        query = np.empty((n, d.query_dim), dtype=query_dtype)
+        target = np.empty(n, dtype=np.int32)
+        sd = np.sqrt(d.sigma2)
+        for start, stop in block_ranges(n, _SAMPLE_BLOCK_ROWS):
+            b = stop - start
+            if d.num_symbols >= d.context_length:
+                ctx = _distinct_contexts(self.rng, b, d.num_symbols, d.context_length)
+            else:
+                ctx = self.rng.integers(0, d.num_symbols, size=(b, d.context_length), dtype=np.int32)
+            z = self.rng.choice(d.context_length, size=b, p=d.position_prior)
+            sym = ctx[np.arange(b), z]
+            context[start:stop] = ctx
+            query[start:stop] = d.key_means[sym] + sd * self.rng.standard_normal((b, d.query_dim))
+            u = sym + self.rng.random(b)
+            flat = np.searchsorted(self._offset_cdf, u, side="right")
+            target[start:stop] = np.minimum(flat - sym.astype(np.int64) * d.num_targets, d.num_targets - 1)
+        return context, query, target
+
+    def sample(self, size: int | None = None) -> Any:
+        """One triple ``(context (N,), query (D,), target)``, or a list of ``size`` triples."""
+        n = 1 if size is None else int(size)
+        context, query, target = self.sample_arrays(n)
+        triples = [(context[i].astype(np.int64), query[i], int(target[i])) for i in range(n)]
+        return triples[0] if size is None else triples
+
+
+def random_distribution(
+    num_symbols: int,
+    context_length: int,
+    query_dim: int,
+    num_targets: int,
+    *,
+    seed: int | np.random.Generator | None = None,
+    key_scale: float = 3.0,
+    emission_concentration: float = 0.5,
+    sigma2: float = 1.0,
+    name: str | None = None,
+) -> ResponsibilityAttentionDistribution:
+    """A random head: keys ~ N(0, key_scale^2 I), emission rows ~ Dirichlet(emission_concentration),
+    position prior ~ Dirichlet(1). A ``key_scale`` well above ``sqrt(sigma2)`` keeps symbols apart."""
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    key_means = key_scale * rng.standard_normal((num_symbols, query_dim))
+    emission = rng.dirichlet(np.full(num_targets, emission_concentration), size=num_symbols)
+    # Dirichlet draws with a small concentration can underflow to exact zeros; keep every target possible.
+    emission = np.maximum(emission, 1e-12)
+    emission /= emission.sum(axis=1, keepdims=True)
+    position_prior = rng.dirichlet(np.ones(context_length))
+    return ResponsibilityAttentionDistribution(key_means, emission, position_prior, sigma2, name)
