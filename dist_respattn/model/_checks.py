@@ -11,10 +11,14 @@ __all__ = [
     "ImpossibleEvidenceError",
     "as_encoded",
     "as_finite_matrix",
+    "as_id_array",
+    "as_nonnegative_float",
     "as_positive_float",
+    "as_positive_int",
     "as_row_simplex",
     "as_simplex",
     "as_weights",
+    "plain",
 ]
 
 #: How far a probability vector's sum may stray from one (float32 inputs round at ~1e-7 per entry).
@@ -25,17 +29,40 @@ class ImpossibleEvidenceError(ValueError):
     """Raised when a weighted row has zero probability under the model, so no posterior exists."""
 
 
+def plain(value: Any) -> str:
+    """``repr`` of a value with NumPy scalars shown as Python numbers (``2500``, not ``np.int64(2500)``)."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def _as_real(value: Any, name: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    return float(value)
+
+
 def as_positive_float(value: Any, name: str) -> float:
     """Return ``value`` as a finite float > 0, or raise naming ``name``."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a real number, got a boolean")
-    try:
-        result = float(value)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}") from exc
+    result = _as_real(value, name)
     if not np.isfinite(result) or result <= 0.0:
         raise ValueError(f"{name} = {result!r}: expected a finite number > 0")
     return result
+
+
+def as_nonnegative_float(value: Any, name: str) -> float:
+    """Return ``value`` as a finite float >= 0, or raise naming ``name``."""
+    result = _as_real(value, name)
+    if not np.isfinite(result) or result < 0.0:
+        raise ValueError(f"{name} = {result!r}: expected a finite number >= 0")
+    return result
+
+
+def as_positive_int(value: Any, name: str) -> int:
+    """Return ``value`` as an int >= 1; a bool or a non-integer is a TypeError naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} = {value!r}: expected a positive integer")
+    if value < 1:
+        raise ValueError(f"{name} = {value!r}: expected a positive integer")
+    return int(value)
 
 
 def as_finite_matrix(value: Any, name: str, *, shape: tuple[int | None, int | None] = (None, None)) -> np.ndarray:
@@ -57,7 +84,7 @@ def as_finite_matrix(value: Any, name: str, *, shape: tuple[int | None, int | No
     bad = np.argwhere(~np.isfinite(result))
     if bad.size:
         i, j = (int(v) for v in bad[0])
-        raise ValueError(f"{name}[{i}, {j}] = {result[i, j]!r}: expected finite values")
+        raise ValueError(f"{name}[{i}, {j}] = {plain(result[i, j])}: expected finite values")
     return result
 
 
@@ -67,12 +94,12 @@ def as_row_simplex(value: Any, name: str) -> np.ndarray:
     negative = np.argwhere(result < 0.0)
     if negative.size:
         i, j = (int(v) for v in negative[0])
-        raise ValueError(f"{name}[{i}, {j}] = {result[i, j]!r}: expected non-negative probabilities")
+        raise ValueError(f"{name}[{i}, {j}] = {plain(result[i, j])}: expected non-negative probabilities")
     sums = result.sum(axis=1)
     off = np.flatnonzero(np.abs(sums - 1.0) > SIMPLEX_ATOL)
     if off.size:
         i = int(off[0])
-        raise ValueError(f"{name} row {i} sums to {sums[i]!r}: expected every row to sum to 1")
+        raise ValueError(f"{name} row {i} sums to {plain(sums[i])}: expected every row to sum to 1")
     return result
 
 
@@ -87,14 +114,15 @@ def as_simplex(value: Any, name: str) -> np.ndarray:
     bad = np.flatnonzero(~np.isfinite(result) | (result < 0.0))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"{name}[{i}] = {result[i]!r}: expected finite, non-negative probabilities")
+        raise ValueError(f"{name}[{i}] = {plain(result[i])}: expected finite, non-negative probabilities")
     total = float(result.sum())
     if abs(total - 1.0) > SIMPLEX_ATOL:
         raise ValueError(f"{name} sums to {total!r}: expected 1")
     return result
 
 
-def _require_integer_ids(value: Any, name: str, ndim: int) -> np.ndarray:
+def as_id_array(value: Any, name: str, ndim: int) -> np.ndarray:
+    """``value`` as an integer array of ``ndim`` dimensions (not copied); other dtypes are a TypeError."""
     array = np.asarray(value)
     if array.dtype.kind not in "iu":
         raise TypeError(f"{name} must be an integer array of ids, got dtype {array.dtype}")
@@ -120,10 +148,10 @@ def as_encoded(
         context, query, target = x
     except (TypeError, ValueError) as exc:
         raise TypeError("an encoded batch must be the triple (context, query, target) of arrays") from exc
-    context = _require_integer_ids(context, "context", 2)
-    target = _require_integer_ids(target, "target", 1)
+    context = as_id_array(context, "context", 2)
+    target = as_id_array(target, "target", 1)
     query = np.asarray(query)
-    if query.dtype.kind != "f":
+    if query.dtype not in (np.float32, np.float64):
         raise TypeError(f"query must be a float32 or float64 array, got dtype {query.dtype}")
     if query.ndim != 2:
         raise ValueError(f"query must be two-dimensional (n, D), got shape {query.shape}")

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dist_respattn.model import kernels
-from dist_respattn.model._checks import ImpossibleEvidenceError, as_encoded, as_weights
+from dist_respattn.model._checks import ImpossibleEvidenceError, as_encoded, as_nonnegative_float, as_weights, plain
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder
 
@@ -16,6 +16,15 @@ __all__ = [
     "ResponsibilityAttentionAccumulatorFactory",
     "SufficientStatistics",
 ]
+
+
+def _raise_at_first(array: np.ndarray, bad: np.ndarray, name: str, what: str, expected: str) -> None:
+    """Raise a ValueError naming the first entry of ``array`` where ``bad`` holds."""
+    where = np.argwhere(bad)
+    if where.size:
+        index = tuple(int(v) for v in where[0])
+        label = ", ".join(str(v) for v in index)
+        raise ValueError(f"{name} holds {what}: {name}[{label}] = {plain(array[index])}, expected {expected}")
 
 
 class SufficientStatistics(NamedTuple):
@@ -84,12 +93,15 @@ class SufficientStatistics(NamedTuple):
             a = np.asarray(array, dtype=np.float64)
             if a.shape != want:
                 raise ValueError(f"{name} has shape {a.shape}: expected {want}")
-            if not np.all(np.isfinite(a)):
-                raise ValueError(f"{name} holds non-finite values")
-            if name != "key_sum" and np.any(a < 0.0):
-                raise ValueError(f"{name} holds negative values: expected non-negative masses")
+            _raise_at_first(a, ~np.isfinite(a), name, "a non-finite value", "finite values")
+            if name != "key_sum":
+                _raise_at_first(a, a < 0.0, name, "a negative value", "non-negative masses")
             arrays.append(a)
-        query_sq, n_obs, log_lik = (float(v) for v in fields[4:])
+        query_sq = as_nonnegative_float(fields[4], "query_sq")
+        n_obs = as_nonnegative_float(fields[5], "n_obs")
+        log_lik = float(fields[6])
+        if np.isinf(log_lik):
+            raise ValueError(f"log_lik = {log_lik!r}: expected a finite number (or nan when unknown)")
         key_sum, key_mass, emission_count, position_count = arrays
         return cls(key_sum, key_mass, emission_count, position_count, query_sq, n_obs, log_lik)
 
@@ -255,11 +267,12 @@ class ResponsibilityAttentionAccumulator:
         self._check_usable()
         s = self._stats
         query_sq, n_obs, log_lik = (float(v) for v in s.scalars)
-        # ``.T.copy()`` keeps the target-major memory order, so combining it back is a contiguous add.
+        # ``order="K"`` keeps the target-major memory order (an (S, T) array in Fortran order), so
+        # combining it back is a contiguous add.
         return SufficientStatistics(
             s.key_sum.copy(),
             s.key_mass.copy(),
-            s.emission_count_ts.T.copy(),
+            s.emission_count_ts.T.copy(order="K"),
             s.position_count.copy(),
             query_sq,
             n_obs,
@@ -272,7 +285,7 @@ class ResponsibilityAttentionAccumulator:
         self._stats = kernels.StatisticArrays(
             key_sum=stats.key_sum.copy(),
             key_mass=stats.key_mass.copy(),
-            emission_count_ts=np.ascontiguousarray(stats.emission_count.T),
+            emission_count_ts=np.array(stats.emission_count.T, order="C"),  # always a copy
             position_count=stats.position_count.copy(),
             scalars=np.array([stats.query_sq, stats.n_obs, stats.log_lik]),
         )

@@ -22,7 +22,9 @@ from dist_respattn.model import kernels
 from dist_respattn.model._checks import (
     as_encoded,
     as_finite_matrix,
+    as_id_array,
     as_positive_float,
+    as_positive_int,
     as_row_simplex,
     as_simplex,
 )
@@ -73,17 +75,17 @@ class ResponsibilityAttentionDistribution:
                 "expected one emission row per symbol"
             )
         self.num_targets = self.emission.shape[1]
+        if context_length is not None:
+            context_length = as_positive_int(context_length, "context_length")
         if position_prior is None:
             if context_length is None:
                 raise ValueError(
                     "position_prior is required (its length is the context length N); "
                     "or pass context_length=N for a uniform prior"
                 )
-            if int(context_length) < 1:
-                raise ValueError(f"context_length = {context_length}: expected a positive integer")
-            position_prior = np.full(int(context_length), 1.0 / int(context_length))
+            position_prior = np.full(context_length, 1.0 / context_length)
         self.position_prior = as_simplex(position_prior, "position_prior")
-        if context_length is not None and int(context_length) != self.position_prior.shape[0]:
+        if context_length is not None and context_length != self.position_prior.shape[0]:
             raise ValueError(
                 f"context_length = {context_length} but position_prior has length {self.position_prior.shape[0]}"
             )
@@ -165,9 +167,11 @@ class ResponsibilityAttentionDistribution:
         ctx, y, single = self._check_context_query(context, query)
         tgt = None
         if target is not None:
-            tgt = np.atleast_1d(np.asarray(target))
-            if tgt.dtype.kind not in "iu" or tgt.shape != (ctx.shape[0],):
-                raise ValueError(f"target must hold {ctx.shape[0]} integer id(s), got {np.asarray(target)!r}")
+            tgt = as_id_array(np.atleast_1d(np.asarray(target)), "target", 1)
+            if tgt.shape != (ctx.shape[0],):
+                raise ValueError(
+                    f"target has {tgt.shape[0]} ids but there are {ctx.shape[0]} contexts: expected one each"
+                )
             kernels.scan_values(ctx, y, tgt, None, num_symbols=self.num_symbols, num_targets=self.num_targets)
         out = self._attention(ctx, y, tgt)
         return out[0] if single else out

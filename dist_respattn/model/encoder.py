@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from dist_respattn.model._checks import as_positive_int, plain
+
 __all__ = ["ResponsibilityAttentionDataEncoder", "sequence_to_triples", "sequence_windows"]
 
 
@@ -18,7 +20,7 @@ def _exact_int(value: Any, name: str) -> int:
         return int(value)
     if isinstance(value, (float, np.floating)) and float(value).is_integer():
         return int(value)
-    raise TypeError(f"{name} = {value!r}: expected an integer id")
+    raise TypeError(f"{name} = {plain(value)}: expected an integer id")
 
 
 def _ids_array(values: Any, name: str, ndim: int) -> np.ndarray:
@@ -37,17 +39,26 @@ def _ids_array(values: Any, name: str, ndim: int) -> np.ndarray:
         bad = np.argwhere(~np.isfinite(raw) | (raw != np.floor(raw)))
         if bad.size:
             where = ", ".join(str(int(v)) for v in bad[0])
-            raise TypeError(f"{name}[{where}] = {raw[tuple(bad[0])]!r}: expected an integer id")
+            raise TypeError(f"{name}[{where}] = {plain(raw[tuple(bad[0])])}: expected an integer id")
         return raw.astype(np.int64)
     raise TypeError(f"{name} must hold integer ids, got dtype {raw.dtype}")
 
 
-def _check_range(ids: np.ndarray, upper: int | None, name: str, what: str) -> None:
+def _check_range(ids: np.ndarray, upper: int | None, name: str, what: str, why: str = "") -> None:
     bad = np.argwhere((ids < 0) | (ids >= upper)) if upper is not None else np.argwhere(ids < 0)
     if bad.size:
         where = ", ".join(str(int(v)) for v in bad[0])
-        bound = f"[0, {upper})" if upper is not None else ">= 0"
-        raise ValueError(f"{name}[{where}] = {int(ids[tuple(bad[0])])}: expected a {what} id in {bound}")
+        expected = f"a {what} id in [0, {upper})" if upper is not None else f"a non-negative {what} id"
+        raise ValueError(f"{name}[{where}] = {int(ids[tuple(bad[0])])}: expected {expected}{why}")
+
+
+def _check_row_shapes(rows: list[np.ndarray], name: str, symbol: str, length: int | None) -> None:
+    """Name the first triple whose ``name`` is not a vector of ``length`` (or of triple 0's length)."""
+    want = (length,) if length is not None else rows[0].shape
+    for i, row in enumerate(rows):
+        if row.ndim != 1 or row.shape != want:
+            source = f", {symbol} = {length}" if length is not None else " like triple 0"
+            raise ValueError(f"{name} of triple {i} has shape {row.shape}: expected {want}{source}")
 
 
 class ResponsibilityAttentionDataEncoder:
@@ -97,29 +108,26 @@ class ResponsibilityAttentionDataEncoder:
                 np.zeros(0, dtype=np.int64),
             )
         contexts = [np.asarray(row[0]) for row in rows]
-        lengths = {c.shape for c in contexts}
-        if len(lengths) > 1:
-            first = contexts[0].shape
-            bad = next(i for i, c in enumerate(contexts) if c.shape != first)
-            raise ValueError(f"context of triple {bad} has shape {contexts[bad].shape}: expected {first} like triple 0")
+        queries = [np.asarray(row[1]) for row in rows]
+        _check_row_shapes(contexts, "context", "N", self.context_length)
+        _check_row_shapes(queries, "query", "D", self.query_dim)
+        for i, c in enumerate(contexts):
+            if c.dtype.kind == "b":
+                raise TypeError(f"context of triple {i} holds booleans: expected integer ids")
         context = _ids_array(contexts, "context", 2)
         target = np.array([_exact_int(row[2], f"target of triple {i}") for i, row in enumerate(rows)], dtype=np.int64)
         try:
-            query = np.asarray([row[1] for row in rows], dtype=np.float64)
+            query = np.asarray(queries, dtype=np.float64)
         except (TypeError, ValueError) as exc:
-            raise ValueError("queries must be real vectors of one length") from exc
-        if query.ndim != 2:
-            raise ValueError(f"queries stack to shape {query.shape}: expected (n, D)")
-        if self.context_length is not None and context.shape[1] != self.context_length:
-            raise ValueError(f"contexts have length {context.shape[1]}: expected N = {self.context_length}")
-        if self.query_dim is not None and query.shape[1] != self.query_dim:
-            raise ValueError(f"queries have dimension {query.shape[1]}: expected D = {self.query_dim}")
+            raise TypeError("queries must be real-valued vectors") from exc
         _check_range(context, self.num_symbols, "context", "symbol")
         _check_range(target, self.num_targets, "target", "target")
         non_finite = np.argwhere(~np.isfinite(query))
         if non_finite.size:
-            row, col = (int(v) for v in non_finite[0])
-            raise ValueError(f"query[{row}, {col}] = {query[row, col]!r}: expected finite query values")
+            bad_row, bad_col = (int(v) for v in non_finite[0])
+            raise ValueError(
+                f"query[{bad_row}, {bad_col}] = {plain(query[bad_row, bad_col])}: expected finite query values"
+            )
         return context, query, target
 
     def row_count(self, x: tuple[np.ndarray, np.ndarray, np.ndarray]) -> int:
@@ -153,9 +161,7 @@ def sequence_windows(
         ``context`` (L-N, N) int64 (a copy, not a view of ``tokens``), ``query`` (L-N, D),
         ``target`` (L-N,) int64; empty arrays when ``L <= N``.
     """
-    n_pos = int(context_length)
-    if n_pos < 1:
-        raise ValueError(f"context_length = {context_length}: expected a positive integer")
+    n_pos = as_positive_int(context_length, "context_length")
     tok = _ids_array(tokens, "tokens", 1)
     _check_range(tok, num_symbols, "tokens", "token")
     n_symbols = int(num_symbols) if num_symbols is not None else (int(tok.max()) + 1 if tok.size else 0)
@@ -166,8 +172,7 @@ def sequence_windows(
         table = np.asarray(embeddings, dtype=query_dtype)
         if table.ndim != 2:
             raise ValueError(f"embeddings must be a (S, D) matrix, got shape {table.shape}")
-        if tok.size and int(tok.max()) >= table.shape[0]:
-            raise ValueError(f"tokens hold id {int(tok.max())} but embeddings has only {table.shape[0]} rows")
+        _check_range(tok, table.shape[0], "tokens", "token", f": embeddings has only {table.shape[0]} rows")
         dim = table.shape[1]
     n_rows = max(tok.shape[0] - n_pos, 0)
     if n_rows == 0:

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.model import kernels
-from dist_respattn.model._checks import as_positive_float
+from dist_respattn.model._checks import as_nonnegative_float, as_positive_float, as_positive_int
 from dist_respattn.model.accumulator import (
     ResponsibilityAttentionAccumulatorFactory,
     SufficientStatistics,
@@ -104,29 +104,17 @@ class ResponsibilityAttentionEstimator:
         name: str | None = None,
         keys: str | None = None,
     ) -> None:
-        for label, value in (
-            ("num_symbols", num_symbols),
-            ("context_length", context_length),
-            ("query_dim", query_dim),
-            ("num_targets", num_targets),
-        ):
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{label} = {value!r}: expected a positive integer")
         if not isinstance(estimate_sigma2, (bool, np.bool_)):
             raise TypeError(f"estimate_sigma2 = {estimate_sigma2!r}: expected True or False")
-        self.num_symbols = int(num_symbols)
-        self.context_length = int(context_length)
-        self.query_dim = int(query_dim)
-        self.num_targets = int(num_targets)
+        self.num_symbols = as_positive_int(num_symbols, "num_symbols")
+        self.context_length = as_positive_int(context_length, "context_length")
+        self.query_dim = as_positive_int(query_dim, "query_dim")
+        self.num_targets = as_positive_int(num_targets, "num_targets")
         self.sigma2 = as_positive_float(sigma2, "sigma2")
         self.estimate_sigma2 = bool(estimate_sigma2)
         self.min_sigma2 = as_positive_float(min_sigma2, "min_sigma2")
-        self.emission_smoothing = float(emission_smoothing)
-        if not np.isfinite(self.emission_smoothing) or self.emission_smoothing < 0.0:
-            raise ValueError(f"emission_smoothing = {emission_smoothing!r}: expected a finite number >= 0")
-        if pseudo_count is not None and (not np.isfinite(float(pseudo_count)) or float(pseudo_count) < 0.0):
-            raise ValueError(f"pseudo_count = {pseudo_count!r}: expected None or a finite number >= 0")
-        self.pseudo_count = None if pseudo_count is None else float(pseudo_count)
+        self.emission_smoothing = as_nonnegative_float(emission_smoothing, "emission_smoothing")
+        self.pseudo_count = None if pseudo_count is None else as_nonnegative_float(pseudo_count, "pseudo_count")
         self.name = name
         self.keys = keys
 

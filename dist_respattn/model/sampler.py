@@ -69,9 +69,11 @@ class ResponsibilityAttentionSampler:
             ``context`` (size, N) int32, ``query`` (size, D) of ``query_dtype``, ``target`` (size,) int32.
         """
         d = self.dist
-        n = int(size)
-        if n < 0:
+        if isinstance(size, (bool, np.bool_)) or not isinstance(size, (int, np.integer)):
+            raise TypeError(f"size = {size!r}: expected a whole number of triples")
+        if size < 0:
             raise ValueError(f"size = {size}: expected a non-negative number of triples")
+        n = int(size)
         context = np.empty((n, d.context_length), dtype=np.int32)
         query = np.empty((n, d.query_dim), dtype=query_dtype)
         target = np.empty(n, dtype=np.int32)
@@ -91,9 +93,13 @@ class ResponsibilityAttentionSampler:
             target[start:stop] = np.minimum(flat - sym.astype(np.int64) * d.num_targets, d.num_targets - 1)
         return context, query, target
 
-    def sample(self, size: int | None = None) -> Any:
-        """One triple ``(context (N,), query (D,), target)``, or a list of ``size`` triples."""
-        n = 1 if size is None else int(size)
+    def sample(self, size: int | None = None, *, batched: bool = True) -> Any:
+        """One triple ``(context (N,), query (D,), target)``, or a list of ``size`` triples.
+
+        ``batched`` is accepted for the reference library's signature and changes nothing: the
+        draws are always vectorized. Use :meth:`sample_arrays` to skip building tuples.
+        """
+        n = 1 if size is None else size
         context, query, target = self.sample_arrays(n)
         triples = [(context[i].astype(np.int64), query[i], int(target[i])) for i in range(n)]
         return triples[0] if size is None else triples
