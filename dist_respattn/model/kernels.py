@@ -289,10 +289,10 @@ def _estep_numba(
         if far < n:
             # Rows are visited out of order: fetch a later row's context, query and target first...
             row_far = order[far]
-            prefetch_item(context, row_far, 0)  # type: ignore[call-arg]
+            prefetch_item(context, row_far, 0)
             prefetch_item(query, row_far, 0)
             prefetch_item(query, row_far, last_col)
-            prefetch_element(target, row_far)  # type: ignore[call-arg]
+            prefetch_element(target, row_far)
         ahead = k + _PREFETCH_ROWS
         if ahead < n:
             # ...then, once those have arrived, the emission cells it will read and update, scattered
