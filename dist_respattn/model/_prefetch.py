@@ -20,7 +20,8 @@ def _prefetch_codegen(will_write: int):  # pragma: no cover - compiled
     def codegen(context, builder, signature, args):
         array_type = signature.args[0]
         ary = context.make_array(array_type)(context, builder, args[0])
-        index = [context.cast(builder, arg, ty, types.intp) for arg, ty in zip(args[1:], signature.args[1:], strict=True)]
+        index_args = zip(args[1:], signature.args[1:], strict=True)
+        index = [context.cast(builder, arg, ty, types.intp) for arg, ty in index_args]
         ptr = cgutils.get_item_pointer(context, builder, array_type, ary, index, wraparound=False)
         byte_ptr = ir.IntType(8).as_pointer()
         i32 = ir.IntType(32)
