@@ -113,12 +113,15 @@ def test_extreme_distances_stay_finite():
         assert_close(getattr(accumulator.value(), name), expected[name], label=name)
 
 
+# (12, 4, 3, 7) has a tiny emission table, read in row order; (800, 3, 2, 800) a 5 MB one, whose
+# rows the compiled kernel visits grouped by target.
+@pytest.mark.parametrize("shape", [(12, 4, 3, 7), (800, 3, 2, 800)], ids=["small-table", "large-table"])
 @pytest.mark.parametrize("backend", ["numba", "numpy"])
-def test_many_small_blocks_match_one_pass(backend):
-    # Blocks of 7 rows: the per-block target sort and the block boundaries must not change the sums.
-    data, weights, model = sample((12, 4, 3, 7), 300, seed=5, weighted=True)
+def test_many_small_blocks_match_one_pass(backend, shape):
+    # Blocks of 7 rows: the per-block visiting order and the block boundaries must not change the sums.
+    data, weights, model = sample(shape, 300, seed=5, weighted=True)
     expected = reference_statistics(*data, weights, model.key_means, model.emission, model.position_prior, model.sigma2)
-    stats = kernels.StatisticArrays.zeros(12, 4, 3, 7)
+    stats = kernels.StatisticArrays.zeros(*shape)
     kernels.accumulate_estep(*data, weights, model.kernel_parameters, stats, backend=backend, block_rows=7)
     assert_close(stats.key_sum, expected["key_sum"], label="key_sum")
     assert_close(stats.emission_count_ts.T, expected["emission_count"], label="emission_count")
