@@ -43,7 +43,14 @@ def test_smoke_run_reports_every_figure():
     has_mixle = importlib.util.find_spec("mixle") is not None
     assert report["config"]["rows"] == 20000
     assert (report["config"]["symbols"], report["config"]["targets"]) == (300, 300)
-    expected_rows = {"ours_sampled": 20000, "ours_grouped": 20000, "numpy": 5000, "mixle": 2000}
+    expected_rows = {
+        "ours_sampled": 20000,
+        "ours_grouped": 20000,
+        "ours_symbol_major": 20000,
+        "ours_ungrouped": 20000,
+        "numpy": 5000,
+        "mixle": 2000,
+    }
     for path, rows in expected_rows.items():
         figures = report["results"][path]
         if path == "mixle" and not has_mixle:

@@ -8,9 +8,9 @@ E-step and the scatter per row, and a vectorized NumPy one kept as a fallback an
 the compiled kernel is measured against.
 
 The emission tables are stored target-major, ``(T, S)``: every lookup and scatter of a row touches
-one row ``t`` of them. The compiled kernel visits each block's rows grouped by target (a counting
-sort), so that row stays in cache, and prefetches the rows and emission cells it will visit next
-(``benchmarks/bench_kernel.py`` measures the effect of row order).
+one row ``t`` of them. When they outgrow cache, the compiled kernel visits each block's rows grouped
+by target (a counting sort), and it prefetches the rows and emission cells it will visit next; both
+are measured in ``benchmarks/bench_kernel.py``, as is the symbol-major layout.
 """
 
 from __future__ import annotations
@@ -39,13 +39,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Rows per block. The compiled kernel sorts each block by target (an int64 order, 8 bytes a row):
-#: 131072 rows put ~65 rows on each target at T = 2000, enough to reuse the cached emission row
-#: (measured: 1.18 M rows/s unsorted, 1.28 M at 32768 rows, 1.61 M at 131072, 1.59 M at 262144).
+#: Rows per block. The compiled kernel may sort each block by target (an int64 order, 8 bytes a
+#: row). Measured at S = T = 2000: 1.18 M rows/s unsorted, 1.28 M sorting blocks of 32768 rows,
+#: 1.61 M at 131072, 1.59 M at 262144.
 DEFAULT_BLOCK_ROWS = 131072
 
-#: Emission tables of at least this many bytes make the kernel visit rows grouped by target
-#: (measured at T = 20, a 0.3 MB table: 2.0 M rows/s in row order, 1.8 M grouped).
+#: Emission tables of at least this many bytes make the kernel visit rows grouped by target.
+#: Measured at S = 2000, N = 16, D = 32: T = 2000 (32 MB), 1.16 M rows/s in row order, 1.52 M grouped;
+#: T = 20 (0.3 MB), 2.0 M rows/s in row order, 1.8 M grouped.
 _GROUP_BY_TARGET_TABLE_BYTES = 4 * 2**20
 
 #: Rows per block of the NumPy backend, whose (block, N, D) float64 gathers dominate its memory.
@@ -537,12 +538,16 @@ def accumulate_estep(
     *,
     backend: Backend = "numba",
     block_rows: int | None = None,
+    group_by_target: bool | None = None,
 ) -> None:
     """Run the E-step on every row and add its weighted statistics into ``stats``.
 
     The input is scanned first (``scan_values``), so bad values raise before ``stats`` changes. Rows
     the model gives zero probability raise ``ImpossibleEvidenceError`` after the other rows have been
     added: the caller must then discard ``stats``.
+
+    ``group_by_target`` makes the compiled kernel visit each block's rows grouped by target; by
+    default it does so when the emission table is at least ``_GROUP_BY_TARGET_TABLE_BYTES``.
 
     Rows are processed in blocks of ``block_rows`` (default ``DEFAULT_BLOCK_ROWS`` for the compiled
     kernel, ``NUMPY_BLOCK_ROWS`` for NumPy). Memory beyond the inputs and ``stats``: 8 bytes a block
@@ -554,10 +559,11 @@ def accumulate_estep(
         kernel_weights = _kernel_weights(weights)
         impossible: list[int] = []
         n_impossible = 0
-        # Visit each block's rows grouped by target when the emission tables are too large for cache:
-        # rows of one target then share one row of the (T, S) tables, which stays cached. A small
-        # table is cached anyway, and reading the rows in their own order is then cheaper.
-        group_by_target = params.log_emission_ts.nbytes >= _GROUP_BY_TARGET_TABLE_BYTES
+        # Visiting a block's rows grouped by target pays when the emission tables outgrow cache (rows
+        # of one target then read and update one row of the (T, S) tables); with a small table,
+        # reading rows in their own order is cheaper.
+        if group_by_target is None:
+            group_by_target = params.log_emission_ts.nbytes >= _GROUP_BY_TARGET_TABLE_BYTES
         for start, stop in block_ranges(context.shape[0], block_rows or DEFAULT_BLOCK_ROWS):
             if group_by_target:
                 order = _target_order_numba(target[start:stop], num_targets)
