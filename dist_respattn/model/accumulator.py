@@ -137,6 +137,8 @@ class ResponsibilityAttentionAccumulator:
         self.num_targets = int(num_targets)
         self.keys = keys
         self.name = name
+        if backend not in ("numba", "numpy"):
+            raise ValueError(f"backend = {backend!r}: expected 'numba' or 'numpy'")
         self.backend = backend
         self._stats = kernels.StatisticArrays.zeros(
             self.num_symbols, self.context_length, self.query_dim, self.num_targets
@@ -193,7 +195,8 @@ class ResponsibilityAttentionAccumulator:
 
     def update(self, x: tuple[Any, Any, int], weight: float, estimate: ResponsibilityAttentionDistribution) -> None:
         """Add one weighted triple ``(context (N,), query (D,), target)``."""
-        self.seq_update(self.acc_to_encoder().seq_encode([x]), np.array([weight], dtype=np.float64), estimate)
+        weights = np.array([as_nonnegative_float(weight, "weight")])
+        self.seq_update(self.acc_to_encoder().seq_encode([x]), weights, estimate)
 
     def seq_update(
         self,
@@ -224,7 +227,8 @@ class ResponsibilityAttentionAccumulator:
 
     def initialize(self, x: tuple[Any, Any, int], weight: float, rng: Any) -> None:
         """Add one weighted triple with random responsibilities."""
-        self.seq_initialize(self.acc_to_encoder().seq_encode([x]), np.array([weight], dtype=np.float64), rng)
+        weights = np.array([as_nonnegative_float(weight, "weight")])
+        self.seq_initialize(self.acc_to_encoder().seq_encode([x]), weights, rng)
 
     def seq_initialize(self, x: tuple[np.ndarray, np.ndarray, np.ndarray], weights: Any, rng: Any) -> None:
         """Add an encoded batch with responsibilities drawn from a flat Dirichlet (breaks the symmetry EM keeps).

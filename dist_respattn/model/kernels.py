@@ -15,7 +15,6 @@ are measured in ``benchmarks/bench_kernel.py``, as is the symbol-major layout.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -36,8 +35,6 @@ __all__ = [
     "row_log_likelihood",
     "scan_values",
 ]
-
-logger = logging.getLogger(__name__)
 
 #: Rows per block. The compiled kernel may sort each block by target (an int64 order, 8 bytes a
 #: row). Measured at S = T = 2000: 1.18 M rows/s unsorted, 1.28 M sorting blocks of 32768 rows,
@@ -119,14 +116,6 @@ class StatisticArrays:
             position_count=np.zeros(context_length),
             scalars=np.zeros(3),
         )
-
-    def add(self, other: StatisticArrays) -> None:
-        """Add ``other`` into these arrays in place."""
-        self.key_sum += other.key_sum
-        self.key_mass += other.key_mass
-        self.emission_count_ts += other.emission_count_ts
-        self.position_count += other.position_count
-        self.scalars += other.scalars
 
 
 def block_ranges(n_rows: int, block_rows: int) -> Iterator[tuple[int, int]]:

@@ -70,3 +70,17 @@ def reference_m_step(stats, *, sigma2, estimate_sigma2, min_sigma2, emission_smo
         )
         sigma2 = max(min_sigma2, (stats["query_sq"] - explained) / (dim * stats["key_mass"].sum()))
     return key_means, emission, prior, sigma2
+
+
+def reference_row_statistics(context, query, target, model, row):
+    """The reference statistics of the single row ``row`` (weight 1) under ``model``."""
+    return reference_statistics(
+        context[row : row + 1],
+        query[row : row + 1],
+        target[row : row + 1],
+        None,
+        model.key_means,
+        model.emission,
+        model.position_prior,
+        model.sigma2,
+    )

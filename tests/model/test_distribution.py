@@ -22,7 +22,7 @@ from dist_respattn import (
     sequence_to_triples,
     sequence_windows,
 )
-from tests.model.reference import reference_statistics
+from tests.model.reference import reference_row_statistics
 from tests.model.test_kernel_parity import assert_close
 
 # (S, N, D, T): ordinary, S < N (repeated symbols), T = 1, N = 1, D = 1, odd sizes.
@@ -62,16 +62,7 @@ def test_log_density_matches_the_reference_formula(shape):
     (context, query, target), model = scored(shape, 40, 3 * sum(shape))
     batch = model.seq_log_density((context, query, target))
     for i in range(40):
-        row = reference_statistics(
-            context[i : i + 1],
-            query[i : i + 1],
-            target[i : i + 1],
-            None,
-            model.key_means,
-            model.emission,
-            model.position_prior,
-            model.sigma2,
-        )
+        row = reference_row_statistics(context, query, target, model, i)
         assert_close(batch[i], row["log_lik"], rtol=1e-12, label=f"row {i}")
 
 
@@ -136,16 +127,7 @@ def test_attention_weights_are_the_gate_and_the_posterior_responsibilities(shape
     assert_close(gate, expected_gate, rtol=1e-12, label="gate")
     for i in range(50):
         # The reference E-step on one row of weight 1: its position counts are that row's r_i.
-        row = reference_statistics(
-            context[i : i + 1],
-            query[i : i + 1],
-            target[i : i + 1],
-            None,
-            model.key_means,
-            model.emission,
-            model.position_prior,
-            model.sigma2,
-        )
+        row = reference_row_statistics(context, query, target, model, i)
         assert_close(posterior[i], row["position_count"], rtol=1e-12, label=f"posterior row {i}")
         single = model.attention_weights(context[i], query[i], int(target[i]))
         assert single.shape == (shape[1],)

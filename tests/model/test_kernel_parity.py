@@ -7,7 +7,7 @@ import pytest
 
 from dist_respattn import ResponsibilityAttentionEstimator, random_distribution
 from dist_respattn.model import kernels
-from tests.model.reference import reference_m_step, reference_statistics
+from tests.model.reference import reference_m_step, reference_row_statistics, reference_statistics
 
 # (S, N, D, T): ordinary, S < N, T = 1, N = 1, D = 1, and odd sizes that exercise loop tails.
 SHAPES = [(12, 4, 3, 7), (3, 6, 2, 5), (9, 3, 4, 1), (10, 1, 5, 6), (8, 5, 1, 4), (31, 7, 13, 17)]
@@ -82,19 +82,7 @@ def test_float32_queries_give_the_statistics_of_their_float64_values():
 def test_row_log_likelihood_matches_reference():
     data, _, model = sample((12, 4, 3, 7), 200, seed=11, weighted=False)
     context, query, target = data
-    expected = [
-        reference_statistics(
-            context[i : i + 1],
-            query[i : i + 1],
-            target[i : i + 1],
-            None,
-            model.key_means,
-            model.emission,
-            model.position_prior,
-            model.sigma2,
-        )["log_lik"]
-        for i in range(len(target))
-    ]
+    expected = [reference_row_statistics(context, query, target, model, i)["log_lik"] for i in range(len(target))]
     assert_close(model.seq_log_density(data), expected, label="log_lik")
 
 
