@@ -81,7 +81,8 @@ def _run_demo(args: argparse.Namespace) -> dict[str, Any]:
     )
     # Compile the kernel for these dtypes first, so the per-iteration figures time EM, not the JIT.
     started = time.perf_counter()
-    estimator.accumulator_factory().make().seq_update(tuple(array[:1] for array in data), None, truth)
+    context, query, target = data
+    estimator.accumulator_factory().make().seq_update((context[:1], query[:1], target[:1]), None, truth)
     say(f"E-step kernel ready in {time.perf_counter() - started:.2f} s (compiled once, then cached on disk)")
 
     def progress(record: Any, model: Any) -> None:
