@@ -1,46 +1,18 @@
-"""The ``dist-respattn`` command. Nothing imports this module."""
+"""``dist-respattn demo``: sample from a random head and fit it again, in this process."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["main"]
+from dist_respattn.cli.common import positive_float, positive_int
+
+__all__ = ["register"]
 
 
-class CommandError(Exception):
-    """An error the user can act on: printed as one line, exit status 2."""
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: expected a positive integer")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0.0:
-        raise argparse.ArgumentTypeError(f"{text}: expected a number > 0")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand (also read by tests that check documented commands)."""
-    from dist_respattn import __version__
-
-    parser = argparse.ArgumentParser(
-        prog="dist-respattn",
-        description="Fit a responsibility-attention head by exact EM.",
-    )
-    parser.add_argument("--version", action="version", version=f"dist-respattn {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
+def register(sub: Any) -> None:
+    """Add the ``demo`` subcommand."""
     demo = sub.add_parser(
         "demo",
         help="sample triples from a random head, fit a head to them by EM in this process, report the recovery",
@@ -49,21 +21,20 @@ def build_parser() -> argparse.ArgumentParser:
             "(random initialization, learned gate variance) and print how well the true parameters were recovered."
         ),
     )
-    demo.add_argument("--rows", type=_positive_int, default=200_000, help="triples to sample (default 200000)")
-    demo.add_argument("--symbols", type=_positive_int, default=200, help="S, context symbols (default 200)")
-    demo.add_argument("--context", type=_positive_int, default=8, help="N, context length (default 8)")
-    demo.add_argument("--dim", type=_positive_int, default=16, help="D, query dimension (default 16)")
-    demo.add_argument("--targets", type=_positive_int, default=50, help="T, target vocabulary (default 50)")
-    demo.add_argument("--sigma2", type=_positive_float, default=1.0, help="true gate variance (default 1)")
-    demo.add_argument("--max-iter", type=_positive_int, default=100, help="EM iterations at most (default 100)")
-    demo.add_argument("--tol", type=_positive_float, default=1e-6, help="relative log-likelihood change to stop")
+    demo.add_argument("--rows", type=positive_int, default=200_000, help="triples to sample (default 200000)")
+    demo.add_argument("--symbols", type=positive_int, default=200, help="S, context symbols (default 200)")
+    demo.add_argument("--context", type=positive_int, default=8, help="N, context length (default 8)")
+    demo.add_argument("--dim", type=positive_int, default=16, help="D, query dimension (default 16)")
+    demo.add_argument("--targets", type=positive_int, default=50, help="T, target vocabulary (default 50)")
+    demo.add_argument("--sigma2", type=positive_float, default=1.0, help="true gate variance (default 1)")
+    demo.add_argument("--max-iter", type=positive_int, default=100, help="EM iterations at most (default 100)")
+    demo.add_argument("--tol", type=positive_float, default=1e-6, help="relative log-likelihood change to stop")
     demo.add_argument("--seed", type=int, default=0, help="seed of the true model, the sample and the start")
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    demo.set_defaults(handler=_run_demo)
-    return parser
+    demo.set_defaults(handler=_run_demo, printer=_print_demo)
 
 
-def _run_demo(args: argparse.Namespace) -> dict[str, Any]:
+def _run_demo(args: Any) -> dict[str, Any]:
     import numpy as np
 
     from dist_respattn.model import ResponsibilityAttentionEstimator, fit_em, random_distribution, recovery_report
@@ -121,29 +92,3 @@ def _print_demo(report: dict[str, Any]) -> None:
     print(f"  position prior  L1 distance {rec['prior_l1']:.4f}")
     print(f"  emission        total variation mean {rec['emission_tv_mean']:.4f}, max {rec['emission_tv_max']:.4f}")
     print(f"  gate variance   fitted / true = {rec['sigma2_ratio']:.4f}")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "handler", None) is None:
-        parser.print_help()
-        return 0
-    try:
-        report = args.handler(args)
-    except (CommandError, ValueError, TypeError, OSError) as exc:
-        print(f"dist-respattn {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"dist-respattn {args.command}: interrupted", file=sys.stderr)
-        return 130
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        _print_demo(report)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,57 @@
+"""The ``dist-respattn`` command. Nothing imports this package but its entry point and tests."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from dist_respattn.cli import demo, store_commands
+from dist_respattn.cli.common import CommandError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand (also read by tests that check documented commands)."""
+    from dist_respattn import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="dist-respattn",
+        description="Fit a responsibility-attention head by exact EM over zarr triple stores.",
+    )
+    parser.add_argument("--version", action="version", version=f"dist-respattn {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    demo.register(sub)
+    store_commands.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 a check failed, 2 an error)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "handler", None) is None:
+        parser.print_help()
+        return 0
+    from dist_respattn.store.errors import StoreError
+
+    try:
+        report = args.handler(args)
+    except (CommandError, StoreError, ValueError, TypeError, OSError) as exc:
+        message = " ".join(str(exc).split())  # one line, whatever the exception held
+        print(f"dist-respattn {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"dist-respattn {args.command}: interrupted", file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        args.printer(report)
+    return int(report.get("exit_status", 0)) if isinstance(report, dict) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Checks shared by opening, reading and validating a store: its structure, and the values of a block."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, SCHEMA_VERSION, StoreSchema, StoreState
+
+__all__ = ["EncodedRows", "Problem", "block_problems", "structural_problems"]
+
+
+class EncodedRows(NamedTuple):
+    """A run of consecutive rows of a store, as the model's encoded arrays.
+
+    ``context`` (n, N) int32, ``query`` (n, D) float32/64, ``target`` (n,) int32, ``weight`` (n,) float32
+    or ``None``; ``start`` is the store row of the first one.
+    """
+
+    context: np.ndarray
+    query: np.ndarray
+    target: np.ndarray
+    weight: np.ndarray | None
+    start: int
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.target.shape[0])
+
+    @property
+    def encoded(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(context, query, target)``, as the accumulator's ``seq_update`` takes it."""
+        return self.context, self.query, self.target
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a store: where (array, chunk, first row) and what was expected."""
+
+    message: str
+    array: str | None = None
+    chunk: int | None = None
+    row: int | None = None
+    count: int = 1
+
+    def __str__(self) -> str:
+        where = [f"array '{self.array}'" if self.array else "group"]
+        if self.chunk is not None:
+            where.append(f"chunk {self.chunk}")
+        if self.row is not None:
+            where.append(f"row {self.row}")
+        return f"{', '.join(where)}: {self.message}"
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def structural_problems(group: Any) -> tuple[StoreSchema | None, dict[str, Any], list[Problem]]:
+    """Check a store's attributes and array metadata without reading any chunk.
+
+    Returns the schema (``None`` when it cannot be read), the attribute dict and the problems found:
+    an unknown schema name or version, an unfinished write, a missing array, a wrong dtype or row
+    shape, row counts or chunkings that differ between arrays or from the attributes.
+    """
+    attrs = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
+    if not attrs:
+        return None, attrs, [Problem(f"no '{ATTRIBUTE_KEY}' attribute: this zarr group is not a triple store")]
+    problems: list[Problem] = []
+    if attrs.get("schema") != SCHEMA_NAME:
+        problems.append(Problem(f"schema {attrs.get('schema')!r}: expected {SCHEMA_NAME!r}"))
+        return None, attrs, problems
+    version = attrs.get("schema_version")
+    if version != SCHEMA_VERSION:
+        problems.append(Problem(f"schema version {version!r} is unknown: this release reads version {SCHEMA_VERSION}"))
+        return None, attrs, problems
+    try:
+        schema = StoreSchema.from_json(attrs, "attributes")
+    except ValueError as exc:
+        return None, attrs, [Problem(str(exc))]
+    state = attrs.get("state")
+    if state == StoreState.WRITING:
+        problems.append(Problem("the writer stopped before finishing this store (state 'writing'): write it again"))
+    elif state == StoreState.APPENDING:
+        problems.append(
+            Problem(
+                f"an append was interrupted (state 'appending'); the {attrs.get('rows')} committed rows are intact: "
+                "run `dist-respattn repair` to roll back to them"
+            )
+        )
+    elif state != StoreState.COMPLETE:
+        problems.append(Problem(f"state {state!r}: expected {StoreState.COMPLETE!r}"))
+    rows, chunk_rows, partition_rows = attrs.get("rows"), attrs.get("chunk_rows"), attrs.get("partition_rows")
+    for name, value in (("rows", rows), ("chunk_rows", chunk_rows), ("partition_rows", partition_rows)):
+        if not isinstance(value, int) or value < (0 if name == "rows" else 1):
+            sign = "non-negative" if name == "rows" else "positive"
+            problems.append(Problem(f"attribute {name} = {value!r}: expected a {sign} integer"))
+    if problems:
+        return schema, attrs, problems
+    members = set(group.array_keys())
+    for name, (row_shape, dtype) in schema.array_specs().items():
+        if name not in members:
+            problems.append(Problem(f"missing: expected a {dtype} array of rows {row_shape}", array=name))
+            continue
+        array = group[name]
+        if array.dtype != dtype:
+            problems.append(Problem(f"dtype {array.dtype}: expected {dtype}", array=name))
+        if tuple(array.shape[1:]) != row_shape:
+            problems.append(Problem(f"rows of shape {tuple(array.shape[1:])}: expected {row_shape}", array=name))
+        if state == StoreState.COMPLETE and array.shape[0] != rows:
+            problems.append(Problem(f"{array.shape[0]} rows: expected {rows}, the store's row count", array=name))
+        shards = array.shards or array.chunks
+        if array.chunks[0] != chunk_rows or shards[0] != partition_rows:
+            problems.append(
+                Problem(
+                    f"chunked {array.chunks[0]} rows per chunk and {shards[0]} per shard: expected {chunk_rows} and "
+                    f"{partition_rows} like every row array",
+                    array=name,
+                )
+            )
+        if tuple(array.chunks[1:]) != row_shape:
+            problems.append(
+                Problem(f"chunked along columns {array.chunks}: expected chunks along rows only", array=name)
+            )
+    if "weight" in members and not schema.has_weight:
+        problems.append(Problem("present but the attributes say the store is unweighted", array="weight"))
+    return schema, attrs, problems
+
+
+def _first_bad(mask: np.ndarray) -> tuple[int, tuple[int, ...], int] | None:
+    """(row index within the block, full index, number of bad rows) of a boolean mask, or None."""
+    if mask.ndim > 1:
+        row_mask = mask.any(axis=tuple(range(1, mask.ndim)))
+    else:
+        row_mask = mask
+    count = int(np.count_nonzero(row_mask))
+    if not count:
+        return None
+    first = int(np.argmax(row_mask))
+    if mask.ndim > 1:
+        col = int(np.argmax(mask[first]))
+        return first, (first, col), count
+    return first, (first,), count
+
+
+def block_problems(block: EncodedRows, schema: StoreSchema, chunk: int | None) -> list[Problem]:
+    """Every kind of bad value in a block (ids out of range, non-finite or negative numbers), one problem each."""
+    problems = []
+    checks: list[tuple[str, np.ndarray | None, Any, str]] = [
+        (
+            "context",
+            block.context,
+            lambda a: (a < 0) | (a >= schema.num_symbols),
+            f"a symbol id in [0, {schema.num_symbols})",
+        ),
+        (
+            "target",
+            block.target,
+            lambda a: (a < 0) | (a >= schema.num_targets),
+            f"a target id in [0, {schema.num_targets})",
+        ),
+        ("query", block.query, lambda a: ~np.isfinite(a), "a finite value"),
+        ("weight", block.weight, lambda a: ~(np.isfinite(a) & (a >= 0)), "a finite weight >= 0"),
+    ]
+    for name, values, is_bad, expected in checks:
+        if values is None:
+            continue
+        found = _first_bad(is_bad(values))
+        if found is None:
+            continue
+        first, index, count = found
+        row = block.start + first
+        cell = ", ".join(str(i) for i in (row, *index[1:]))
+        rows_text = f"{count} rows" if count > 1 else "1 row"
+        problems.append(
+            Problem(
+                f"{name}[{cell}] = {values[index].item()!r}: expected {expected} ({rows_text} of this chunk)",
+                array=name,
+                chunk=chunk,
+                row=row,
+                count=count,
+            )
+        )
+    return problems

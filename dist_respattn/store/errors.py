@@ -1,0 +1,21 @@
+"""The errors a store raises: each names the store, and the array, chunk or row at fault."""
+
+from __future__ import annotations
+
+__all__ = ["IncompleteStoreError", "SchemaMismatchError", "StoreCorruptError", "StoreError"]
+
+
+class StoreError(ValueError):
+    """A store cannot be used as it is (wrong schema, damaged, not finished)."""
+
+
+class IncompleteStoreError(StoreError):
+    """A writer stopped before committing: a new store was never finished, or an append was interrupted."""
+
+
+class SchemaMismatchError(StoreError):
+    """Rows of one shape were offered to a store of another (e.g. an append with a different N)."""
+
+
+class StoreCorruptError(StoreError):
+    """A chunk is missing or cannot be decoded."""

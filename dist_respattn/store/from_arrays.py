@@ -1,0 +1,92 @@
+"""Writing a store from arrays in memory or ``.npy`` files (memory-mapped, so they may exceed RAM)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from dist_respattn.store.common import WriteOptions, open_writer
+from dist_respattn.store.schema import StoreSchema
+from dist_respattn.store.triple_store import TripleStore
+
+__all__ = ["load_array", "write_arrays"]
+
+_SCAN_ROWS = 1 << 18
+
+
+def load_array(value: Any, name: str) -> tuple[np.ndarray, str]:
+    """An array and the name errors should use: a ``.npy`` path is memory-mapped and named by its path."""
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        try:
+            return np.load(path, mmap_mode="r", allow_pickle=False), path
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{path}: no such file (the {name} array)") from exc
+        except ValueError as exc:
+            raise ValueError(f"{path}: not a readable .npy array ({exc})") from exc
+    return np.asarray(value), name
+
+
+def _max_id(values: np.ndarray) -> int:
+    """Largest id, scanned in blocks so a memory-mapped file is never loaded whole."""
+    top = -1
+    for start in range(0, values.shape[0], _SCAN_ROWS):
+        block = values[start : start + _SCAN_ROWS]
+        if block.size:
+            top = max(top, int(block.max()))
+    return top
+
+
+def write_arrays(
+    out: str | os.PathLike[str],
+    context: Any,
+    query: Any,
+    target: Any,
+    weight: Any = None,
+    *,
+    num_symbols: int | None = None,
+    num_targets: int | None = None,
+    options: WriteOptions | None = None,
+) -> TripleStore:
+    """Write ``context`` (n, N), ``query`` (n, D), ``target`` (n,) and optional ``weight`` (n,) to a store.
+
+    Each may be an array or a ``.npy`` path. ``num_symbols`` and ``num_targets`` default to the
+    largest id + 1 (or the existing store's when appending). Rows are copied one partition at a time.
+    """
+    options = options or WriteOptions()
+    arrays = {"context": context, "query": query, "target": target}
+    if weight is not None:
+        arrays["weight"] = weight
+    loaded = {name: load_array(value, name) for name, value in arrays.items()}
+    names = {name: source for name, (_, source) in loaded.items()}
+    values = {name: array for name, (array, _) in loaded.items()}
+    for name, ndim in (("context", 2), ("query", 2), ("target", 1), ("weight", 1)):
+        if name in values and values[name].ndim != ndim:
+            raise ValueError(f"{names[name]}: {name} has shape {values[name].shape}: expected {ndim} dimensions")
+    n = values["context"].shape[0]
+    for name, array in values.items():
+        if array.shape[0] != n:
+            raise ValueError(
+                f"{names[name]}: {array.shape[0]} rows but {names['context']} has {n}: expected one row per triple"
+            )
+    if options.append and (num_symbols is None or num_targets is None):
+        existing = TripleStore.open(out, storage_options=options.storage_options).schema
+        num_symbols = num_symbols or existing.num_symbols
+        num_targets = num_targets or existing.num_targets
+    schema = StoreSchema(
+        num_symbols=num_symbols if num_symbols is not None else max(_max_id(values["context"]) + 1, 1),
+        context_length=values["context"].shape[1],
+        query_dim=values["query"].shape[1],
+        num_targets=num_targets if num_targets is not None else max(_max_id(values["target"]) + 1, 1),
+        query_dtype=options.query_dtype,
+        has_weight="weight" in values,
+    )
+    provenance = {"source": "arrays", "files": {k: v for k, v in names.items() if v != k}}
+    with open_writer(out, schema, options, provenance) as writer:
+        step = writer.chunking.partition_rows
+        for start in range(0, n, step):
+            block = {name: array[start : start + step] for name, array in values.items()}
+            writer.write(block["context"], block["query"], block["target"], block.get("weight"), source=names)
+        return writer.close()

@@ -1,0 +1,65 @@
+"""Where a store lives: a local path or any fsspec URL."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import fsspec
+
+__all__ = ["StoreLocation"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreLocation:
+    """A store's address: ``url`` (a local path or e.g. ``s3://bucket/corpus.zarr``) and fsspec options.
+
+    Small, hashable and picklable, so it can travel to workers, which open the store themselves.
+    """
+
+    url: str
+    storage_options: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> StoreLocation:
+        text = os.fspath(url)
+        if "://" not in text:
+            text = os.path.abspath(text)
+        return cls(text.rstrip("/"), tuple(sorted((storage_options or {}).items())))
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.storage_options)
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.url or self.url.startswith("file://")
+
+    def zarr_store(self) -> Any:
+        """What ``zarr.open_group`` takes: the path itself, or an fsspec-backed store for a URL."""
+        if "://" not in self.url:
+            return self.url
+        from zarr.storage import FsspecStore
+
+        return FsspecStore.from_url(self.url, storage_options=self.options or None)
+
+    def filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
+        """The fsspec filesystem and the store's root path on it."""
+        fs, path = fsspec.core.url_to_fs(self.url, **self.options)
+        return fs, path.rstrip("/")
+
+    def key_exists(self, key: str) -> bool:
+        fs, root = self.filesystem()
+        return bool(fs.exists(f"{root}/{key}"))
+
+    def list_keys(self, prefix: str) -> set[str]:
+        """Every file key under ``prefix`` (e.g. ``'query/c'``), relative to the store root."""
+        fs, root = self.filesystem()
+        base = f"{root}/{prefix}"
+        if not fs.exists(base):
+            return set()
+        return {path[len(root) + 1 :] for path in fs.find(base)}
+
+    def __str__(self) -> str:
+        return self.url

@@ -1,0 +1,76 @@
+"""Writing a store of triples sampled from a head, with the head kept in the store for comparison."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.sampler import ResponsibilityAttentionSampler, random_distribution
+from dist_respattn.store.common import WriteOptions, open_writer
+from dist_respattn.store.schema import StoreSchema
+from dist_respattn.store.triple_store import TripleStore
+
+__all__ = ["write_synthetic"]
+
+
+def write_synthetic(
+    out: str | os.PathLike[str],
+    rows: int,
+    *,
+    model: ResponsibilityAttentionDistribution | None = None,
+    num_symbols: int | None = None,
+    context_length: int | None = None,
+    query_dim: int | None = None,
+    num_targets: int | None = None,
+    sigma2: float = 1.0,
+    seed: int = 0,
+    options: WriteOptions | None = None,
+) -> TripleStore:
+    """Sample ``rows`` triples from ``model`` (or a random head of shape S, N, D, T drawn from ``seed``).
+
+    The rows of partition ``p`` are drawn from the seed ``(seed, p)``, so the store is the same
+    whatever the block sizes; the head is saved in the store's ``truth`` group
+    (:meth:`TripleStore.true_model`). Appending draws the next partitions' seeds.
+    """
+    options = options or WriteOptions()
+    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 0:
+        raise ValueError(f"rows = {rows!r}: expected a non-negative number of rows")
+    if model is None:
+        shape = {
+            "num_symbols": num_symbols,
+            "context_length": context_length,
+            "query_dim": query_dim,
+            "num_targets": num_targets,
+        }
+        missing = [k for k, v in shape.items() if v is None]
+        if missing:
+            raise ValueError(f"without a model, give {', '.join(missing)}")
+        assert num_symbols and context_length and query_dim and num_targets
+        model = random_distribution(num_symbols, context_length, query_dim, num_targets, seed=seed, sigma2=sigma2)
+        model_source = "random"
+    else:
+        model_source = "given"
+    schema = StoreSchema(
+        model.num_symbols, model.context_length, model.query_dim, model.num_targets, options.query_dtype
+    )
+    provenance = {"source": "synthetic", "seed": int(seed), "model": model_source, "sigma2": float(model.sigma2)}
+    with open_writer(out, schema, options, provenance) as writer:
+        if not options.append:
+            writer.write_true_model(model)
+        step = writer.chunking.partition_rows
+        first = writer.committed_rows
+        done = 0
+        while done < rows:
+            # Draws are keyed by the store partition the rows land in, so an append continues the stream.
+            position = first + done
+            partition = position // step
+            take = min(step - position % step, rows - done)
+            rng = np.random.default_rng([int(seed), partition, position % step])
+            context, query, target = ResponsibilityAttentionSampler(model, rng).sample_arrays(
+                take, query_dtype=options.query_dtype
+            )
+            writer.write(context, query, target, source="sampler")
+            done += take
+        return writer.close()

@@ -1,0 +1,211 @@
+"""Opening a triple store and reading its partitions: what every worker does, independently."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import zarr
+
+from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.serialization import MODEL_ARRAY_NAMES, distribution_from_arrays
+from dist_respattn.store.checks import EncodedRows, structural_problems
+from dist_respattn.store.errors import IncompleteStoreError, StoreCorruptError, StoreError
+from dist_respattn.store.location import StoreLocation
+from dist_respattn.store.schema import StoreSchema, StoreState
+
+__all__ = ["Partition", "TripleStore", "open_group_at"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """Rows ``[start, stop)`` of a store: one shard of every row array, one E-step task."""
+
+    index: int
+    start: int
+    stop: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+
+def open_group_at(location: StoreLocation, mode: str = "r") -> Any:
+    """The zarr group at ``location``, or a :class:`StoreError` saying there is none."""
+    try:
+        return zarr.open_group(location.zarr_store(), mode=mode)  # type: ignore[arg-type]
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError) as exc:
+        raise StoreError(f"{location}: no zarr group there (expected a triple store)") from exc
+
+
+class TripleStore:
+    """A complete triple store, opened for reading.
+
+    Opening checks the attributes and the array metadata (cheap: no chunk is read); :func:`validate`
+    scans the values. A store pickles as its location, so workers reopen it themselves.
+
+    Attributes:
+        location: where the store lives.
+        schema: S, N, D, T, query dtype, weighted or not.
+        num_rows: committed rows.
+        chunk_rows / partition_rows: rows per chunk (block read) and per partition (task).
+        attributes: the full ``dist_respattn`` attribute dict (provenance included).
+    """
+
+    def __init__(self, location: StoreLocation, group: Any, schema: StoreSchema, attributes: dict[str, Any]) -> None:
+        self.location = location
+        self._group = group
+        self.schema = schema
+        self.attributes = attributes
+        self.num_rows = int(attributes["rows"])
+        self.chunk_rows = int(attributes["chunk_rows"])
+        self.partition_rows = int(attributes["partition_rows"])
+        self._arrays = {name: group[name] for name in schema.array_specs()}
+
+    @classmethod
+    def open(
+        cls, url: str | os.PathLike[str] | StoreLocation, *, storage_options: dict[str, Any] | None = None
+    ) -> TripleStore:
+        """Open the store at a local path or fsspec URL; raise a :class:`StoreError` naming what is wrong."""
+        location = url if isinstance(url, StoreLocation) else StoreLocation.of(url, storage_options)
+        group = open_group_at(location)
+        schema, attributes, problems = structural_problems(group)
+        if problems:
+            error = (
+                IncompleteStoreError
+                if attributes.get("state") in (StoreState.WRITING, StoreState.APPENDING)
+                else StoreError
+            )
+            raise error(f"{location}: " + "; ".join(str(p) for p in problems))
+        assert schema is not None
+        return cls(location, group, schema, attributes)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (TripleStore.open, (self.location,))
+
+    def __repr__(self) -> str:
+        s = self.schema
+        return (
+            f"TripleStore({str(self.location)!r}, rows={self.num_rows}, S={s.num_symbols}, N={s.context_length}, "
+            f"D={s.query_dim}, T={s.num_targets}, partitions={self.num_partitions})"
+        )
+
+    # -- partitions -------------------------------------------------------------------------
+
+    @property
+    def num_partitions(self) -> int:
+        return -(-self.num_rows // self.partition_rows)
+
+    def partitions(self) -> list[Partition]:
+        """The partitions in order: consecutive, chunk-aligned, covering every row once."""
+        return [self.partition(i) for i in range(self.num_partitions)]
+
+    def partition(self, index: int) -> Partition:
+        if not 0 <= index < self.num_partitions:
+            raise IndexError(f"{self.location}: partition {index} out of range [0, {self.num_partitions})")
+        start = index * self.partition_rows
+        return Partition(index, start, min(start + self.partition_rows, self.num_rows))
+
+    def _check_shards_present(self, part: Partition) -> None:
+        for name, array in self._arrays.items():
+            coords = (part.index,) + (0,) * (array.ndim - 1)
+            key = f"{name}/{array.metadata.encode_chunk_key(coords)}"
+            if not self.location.key_exists(key):
+                raise StoreCorruptError(
+                    f"{self.location}: array '{name}' partition {part.index} (rows {part.start}..{part.stop - 1}): "
+                    f"chunk file '{key}' is missing"
+                )
+
+    def read_rows(self, start: int, stop: int) -> EncodedRows:
+        """Rows ``[start, stop)`` as encoded arrays; a chunk that cannot be decoded raises naming it."""
+        if not 0 <= start <= stop <= self.num_rows:
+            raise IndexError(f"{self.location}: rows [{start}, {stop}) outside [0, {self.num_rows})")
+        values: dict[str, np.ndarray] = {}
+        for name, array in self._arrays.items():
+            try:
+                values[name] = array[start:stop]
+            except Exception as exc:
+                chunk = start // self.chunk_rows
+                raise StoreCorruptError(
+                    f"{self.location}: array '{name}' chunk {chunk} (rows {start}..{stop - 1}) cannot be read: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+        return EncodedRows(values["context"], values["query"], values["target"], values.get("weight"), start)
+
+    def iter_blocks(self, part: Partition | int, block_rows: int | None = None) -> Iterator[EncodedRows]:
+        """A partition's rows in blocks of ``block_rows`` (default: one chunk), reading only its own chunks.
+
+        Holds one block at a time, so memory is bounded by ``block_rows`` whatever the partition size.
+        """
+        part = self.partition(part) if isinstance(part, int) else part
+        step = self.chunk_rows if block_rows is None else int(block_rows)
+        if step < 1:
+            raise ValueError(f"block_rows = {block_rows}: expected a positive number of rows")
+        self._check_shards_present(part)
+        for start in range(part.start, part.stop, step):
+            yield self.read_rows(start, min(start + step, part.stop))
+
+    def read_partition(self, part: Partition | int) -> EncodedRows:
+        """A whole partition in memory (for a bounded-memory pass use :meth:`iter_blocks`)."""
+        part = self.partition(part) if isinstance(part, int) else part
+        self._check_shards_present(part)
+        return self.read_rows(part.start, part.stop)
+
+    # -- what else the store carries ---------------------------------------------------------
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return dict(self.attributes.get("provenance") or {})
+
+    def fingerprint(self) -> str:
+        """A digest of the schema, row count and provenance: equal for the same data, new after an append."""
+        text = json.dumps(self.attributes, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def true_model(self) -> ResponsibilityAttentionDistribution | None:
+        """The head a synthetic store was sampled from, or ``None``."""
+        if "truth" not in set(self._group.group_keys()):
+            return None
+        truth = self._group["truth"]
+        arrays = {name: truth[name][...] for name in MODEL_ARRAY_NAMES if name in truth}
+        return distribution_from_arrays(arrays, dict(truth.attrs), source=f"{self.location}/truth")
+
+    def embeddings(self) -> np.ndarray | None:
+        """The (S, D) table token queries were looked up in, when the store was made from tokens."""
+        return self._group["embeddings"][...] if "embeddings" in set(self._group.array_keys()) else None
+
+    def vocabulary(self) -> dict[str, Any] | None:
+        """The vocabulary JSON of a store made from text (``vocabulary/zarr.json`` attributes), or ``None``."""
+        if "vocabulary" not in set(self._group.group_keys()):
+            return None
+        return dict(self._group["vocabulary"].attrs)
+
+    def describe(self) -> dict[str, Any]:
+        """What ``dist-respattn info`` prints: schema, rows, layout, sizes and provenance."""
+        arrays = {}
+        for name, array in self._arrays.items():
+            arrays[name] = {
+                "dtype": str(array.dtype),
+                "shape": list(array.shape),
+                "chunks": list(array.chunks),
+                "shards": list(array.shards or array.chunks),
+                "compressors": [type(c).__name__ for c in array.compressors],
+                "bytes": int(array.nbytes),
+            }
+        return {
+            "url": str(self.location),
+            "rows": self.num_rows,
+            **self.schema.to_json(),
+            "chunk_rows": self.chunk_rows,
+            "partition_rows": self.partition_rows,
+            "partitions": self.num_partitions,
+            "fingerprint": self.fingerprint(),
+            "arrays": arrays,
+            "has_true_model": "truth" in set(self._group.group_keys()),
+            "provenance": self.provenance,
+        }

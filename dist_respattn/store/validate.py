@@ -1,0 +1,167 @@
+"""A full scan of a store: every chunk of every row array, serially or in parallel on a Dask cluster."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from dist_respattn.store.checks import EncodedRows, Problem, block_problems, structural_problems
+from dist_respattn.store.errors import StoreError
+from dist_respattn.store.location import StoreLocation
+from dist_respattn.store.schema import StoreSchema
+from dist_respattn.store.triple_store import open_group_at
+
+__all__ = ["ValidationReport", "scan_partition", "validate"]
+
+
+@dataclasses.dataclass
+class ValidationReport:
+    """What :func:`validate` found: every problem, and how much it looked at."""
+
+    url: str
+    problems: list[Problem]
+    rows_scanned: int = 0
+    chunks_scanned: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "ok": self.ok,
+            "rows_scanned": self.rows_scanned,
+            "chunks_scanned": self.chunks_scanned,
+            "problems": [p.to_json() for p in self.problems],
+        }
+
+    def summary(self) -> str:
+        head = f"{self.url}: {'valid' if self.ok else f'{len(self.problems)} problem(s)'}"
+        head += f" ({self.rows_scanned} rows, {self.chunks_scanned} chunks scanned)"
+        return "\n".join([head, *(f"  {p}" for p in self.problems)])
+
+
+def _chunk_keys(array: Any, name: str, partition: int) -> str:
+    return f"{name}/{array.metadata.encode_chunk_key((partition,) + (0,) * (array.ndim - 1))}"
+
+
+def scan_partition(location: StoreLocation, partition: int) -> tuple[list[Problem], int, int]:
+    """Check every chunk of one partition: its files exist, decode, and hold valid values.
+
+    Opens the store itself (this runs on a worker). Returns (problems, rows scanned, chunks scanned).
+    """
+    group = open_group_at(location)
+    schema, attributes, structural = structural_problems(group)
+    if schema is None:
+        return structural, 0, 0
+    rows, chunk_rows, partition_rows = attributes["rows"], attributes["chunk_rows"], attributes["partition_rows"]
+    start, stop = partition * partition_rows, min((partition + 1) * partition_rows, rows)
+    arrays = {name: group[name] for name in schema.array_specs()}
+    problems: list[Problem] = []
+    missing = set()
+    for name, array in arrays.items():
+        key = _chunk_keys(array, name, partition)
+        if not location.key_exists(key):
+            missing.add(name)
+            problems.append(
+                Problem(
+                    f"chunk file '{key}' (rows {start}..{stop - 1}) is missing",
+                    array=name,
+                    chunk=start // chunk_rows,
+                    row=start,
+                    count=stop - start,
+                )
+            )
+    scanned_rows = scanned_chunks = 0
+    for lo in range(start, stop, chunk_rows):
+        hi = min(lo + chunk_rows, stop)
+        chunk = lo // chunk_rows
+        values: dict[str, Any] = {}
+        for name, array in arrays.items():
+            if name in missing:
+                continue
+            try:
+                values[name] = array[lo:hi]
+            except Exception as exc:
+                problems.append(
+                    Problem(
+                        f"cannot be decoded: {type(exc).__name__}: {exc}",
+                        array=name,
+                        chunk=chunk,
+                        row=lo,
+                        count=hi - lo,
+                    )
+                )
+        block = EncodedRows(values.get("context"), values.get("query"), values.get("target"), values.get("weight"), lo)  # type: ignore[arg-type]
+        problems.extend(block_problems(block, schema, chunk))
+        scanned_rows += hi - lo
+        scanned_chunks += 1
+    return problems, scanned_rows, scanned_chunks
+
+
+def validate(
+    url: str | os.PathLike[str] | StoreLocation,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    client: Any = None,
+    progress: Callable[[int], None] | None = None,
+) -> ValidationReport:
+    """Scan a store and report every problem with its array, chunk and row.
+
+    Structure first (attributes, array dtypes and shapes, row counts, chunkings, unfinished writes);
+    then, when the structure allows, every partition: missing chunk files, undecodable chunks, ids
+    out of range, non-finite queries or weights, negative weights. With a ``distributed.Client`` the
+    partitions are scanned in parallel on its workers (which must see the store's location).
+    ``progress`` is called with the number of partitions each step finishes.
+    """
+    location = url if isinstance(url, StoreLocation) else StoreLocation.of(url, storage_options)
+    try:
+        group = open_group_at(location)
+    except StoreError as exc:
+        return ValidationReport(str(location), [Problem(str(exc).removeprefix(f"{location}: "))])
+    schema, attributes, problems = structural_problems(group)
+    report = ValidationReport(str(location), list(problems))
+    if schema is None or any(p.array is None for p in problems) or not _shapes_agree(group, schema):
+        return report  # values cannot be located reliably; the structural problems say why
+    partitions = range(-(-attributes["rows"] // attributes["partition_rows"]))
+    if client is not None:
+        run = uuid.uuid4().hex[:8]
+        futures = client.map(
+            scan_partition,
+            [location] * len(partitions),
+            list(partitions),
+            key=[f"respattn-validate-{run}-{p}" for p in partitions],
+            pure=False,
+        )
+        from distributed import as_completed
+
+        results: dict[int, tuple[list[Problem], int, int]] = {}
+        index = {f.key: p for f, p in zip(futures, partitions, strict=True)}
+        for future in as_completed(futures):
+            results[index[future.key]] = future.result()
+            if progress is not None:
+                progress(1)
+        ordered = [results[p] for p in partitions]
+    else:
+        ordered = []
+        for p in partitions:
+            ordered.append(scan_partition(location, p))
+            if progress is not None:
+                progress(1)
+    for found, rows, chunks in ordered:
+        report.problems.extend(found)
+        report.rows_scanned += rows
+        report.chunks_scanned += chunks
+    return report
+
+
+def _shapes_agree(group: Any, schema: StoreSchema) -> bool:
+    """Whether every row array exists with its row shape, so chunks can be read and checked."""
+    members = set(group.array_keys())
+    return all(
+        name in members and tuple(group[name].shape[1:]) == shape for name, (shape, _) in schema.array_specs().items()
+    )

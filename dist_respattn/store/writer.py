@@ -1,0 +1,357 @@
+"""Writing rows into a store, new or appended to, in bounded memory and never leaving a half-store valid.
+
+A writer marks the store ``writing`` (new) or ``appending`` before its first row and ``complete``
+with the new row count only after its last, so a writer killed at any moment leaves either a store
+that refuses to open (new) or one whose committed rows are intact and that
+:func:`rollback_append` restores (append). A writer that fails on bad input cleans up itself.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Callable, Mapping
+from importlib import metadata
+from typing import Any
+
+import numpy as np
+
+from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.serialization import distribution_to_arrays
+from dist_respattn.store.checks import EncodedRows, block_problems, structural_problems
+from dist_respattn.store.errors import SchemaMismatchError, StoreError
+from dist_respattn.store.layout import Chunking, choose_chunking, compressors_for
+from dist_respattn.store.location import StoreLocation
+from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, SCHEMA_VERSION, StoreSchema, StoreState
+from dist_respattn.store.triple_store import TripleStore, open_group_at
+
+__all__ = ["StoreWriter", "rollback_append"]
+
+#: What a never-written cell reads as: an id or value every check rejects.
+_FILL_VALUES = {"context": -1, "target": -1, "query": float("nan"), "weight": float("nan")}
+
+ProgressCallback = Callable[[int], None]
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def _package_version() -> str:
+    try:
+        return metadata.version("dist_respattn")
+    except metadata.PackageNotFoundError:  # running from a source tree
+        return "unknown"
+
+
+class StoreWriter:
+    """Streams rows into a store through a one-partition buffer, writing whole shards.
+
+    Use :meth:`create` or :meth:`append`, then :meth:`write` blocks of rows as they come and
+    :meth:`close` (or use it as a context manager, which aborts on an exception: a new store is
+    deleted, an append is rolled back). Memory: one partition of rows, whatever the input size.
+    """
+
+    def __init__(
+        self,
+        location: StoreLocation,
+        group: Any,
+        schema: StoreSchema,
+        chunking: Chunking,
+        attributes: dict[str, Any],
+        *,
+        appending: bool,
+        provenance: dict[str, Any],
+        progress: ProgressCallback | None,
+    ) -> None:
+        self.location = location
+        self.schema = schema
+        self.chunking = chunking
+        self._group = group
+        self._attributes = attributes
+        self._appending = appending
+        self._provenance = provenance
+        self._progress = progress
+        self._specs = schema.array_specs()
+        self._arrays = {name: group[name] for name in self._specs}
+        self.committed_rows = int(attributes["rows"])
+        self._stored_rows = self.committed_rows  # rows in the arrays, committed or not
+        self.rows_written = 0  # rows this writer was given
+        self._buffer = {
+            name: np.empty((chunking.partition_rows, *shape), dtype=dtype)
+            for name, (shape, dtype) in self._specs.items()
+        }
+        self._buffered = 0
+        self._closed = False
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        url: str | os.PathLike[str] | StoreLocation,
+        schema: StoreSchema,
+        *,
+        chunk_rows: int | None = None,
+        partition_rows: int | None = None,
+        compression: str = "auto",
+        provenance: dict[str, Any] | None = None,
+        overwrite: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> StoreWriter:
+        """Start a new store at ``url``; an existing one is an error unless ``overwrite`` (then it is deleted)."""
+        location = url if isinstance(url, StoreLocation) else StoreLocation.of(url, storage_options)
+        chunking = choose_chunking(schema.row_bytes, chunk_rows, partition_rows)
+        fs, root = location.filesystem()
+        if fs.exists(root):
+            if not overwrite:
+                raise StoreError(
+                    f"{location}: already exists: pass overwrite=True (--overwrite) or append to it (--append)"
+                )
+            fs.rm(root, recursive=True)
+        import zarr
+
+        group = zarr.open_group(location.zarr_store(), mode="w-")
+        provenance = {**(provenance or {}), "created": _now(), "package_version": _package_version(), "appends": []}
+        attributes = {
+            "schema": SCHEMA_NAME,
+            "schema_version": SCHEMA_VERSION,
+            **schema.to_json(),
+            "rows": 0,
+            "chunk_rows": chunking.chunk_rows,
+            "partition_rows": chunking.partition_rows,
+            "compression": compression,
+            "state": StoreState.WRITING,
+            "provenance": provenance,
+        }
+        group.attrs[ATTRIBUTE_KEY] = attributes
+        for name, (row_shape, dtype) in schema.array_specs().items():
+            group.create_array(
+                name,
+                shape=(0, *row_shape),
+                dtype=dtype,
+                chunks=(chunking.chunk_rows, *row_shape),
+                shards=(chunking.partition_rows, *row_shape)
+                if chunking.partition_rows != chunking.chunk_rows
+                else None,
+                compressors=compressors_for("ids" if dtype.kind == "i" else "floats", compression),
+                fill_value=_FILL_VALUES[name],
+                config={"write_empty_chunks": True},
+                dimension_names=("row", "position") if name == "context" else ("row", "dim") if row_shape else ("row",),
+            )
+        return cls(
+            location, group, schema, chunking, attributes, appending=False, provenance=provenance, progress=progress
+        )
+
+    @classmethod
+    def append(
+        cls,
+        url: str | os.PathLike[str] | StoreLocation,
+        schema: StoreSchema,
+        *,
+        provenance: dict[str, Any] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> StoreWriter:
+        """Start appending rows of ``schema`` to the complete store at ``url``; a different schema is refused."""
+        store = TripleStore.open(url, storage_options=storage_options)
+        store.schema.check_same(schema, f"{store.location}: cannot append")
+        group = open_group_at(store.location, mode="r+")
+        attributes = dict(store.attributes)
+        attributes["state"] = StoreState.APPENDING
+        group.attrs[ATTRIBUTE_KEY] = attributes
+        chunking = Chunking(store.chunk_rows, store.partition_rows)
+        record = {
+            **(provenance or {}),
+            "time": _now(),
+            "package_version": _package_version(),
+            "first_row": store.num_rows,
+        }
+        return cls(
+            store.location,
+            group,
+            store.schema,
+            chunking,
+            attributes,
+            appending=True,
+            provenance=record,
+            progress=progress,
+        )
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def write(
+        self, context: Any, query: Any, target: Any, weight: Any = None, *, source: str | Mapping[str, str] = "rows"
+    ) -> None:
+        """Add rows: ``context`` (m, N), ``query`` (m, D), ``target`` (m,), ``weight`` (m,) when the store is weighted.
+
+        Bad rows raise a ``ValueError`` naming the source (``source``, or ``source[array]`` for a
+        mapping such as array -> file name) and the row, counted over everything this writer was
+        given, before any of them is buffered.
+        """
+        if self._closed:
+            raise StoreError(f"{self.location}: the writer is closed")
+        block = self._checked_block(context, query, target, weight, source)
+        m = block.num_rows
+        done = 0
+        while done < m:
+            boundary = (self._stored_rows // self.chunking.partition_rows + 1) * self.chunking.partition_rows
+            room = boundary - self._stored_rows - self._buffered
+            take = min(room, m - done)
+            for name, values in (
+                ("context", block.context),
+                ("query", block.query),
+                ("target", block.target),
+                ("weight", block.weight),
+            ):
+                if name in self._buffer:
+                    assert values is not None
+                    self._buffer[name][self._buffered : self._buffered + take] = values[done : done + take]
+            self._buffered += take
+            done += take
+            if self._buffered == boundary - self._stored_rows:
+                self._flush()
+        self.rows_written += m
+        if self._progress is not None:
+            self._progress(m)
+
+    def _checked_block(
+        self, context: Any, query: Any, target: Any, weight: Any, source: str | Mapping[str, str]
+    ) -> EncodedRows:
+        def label(name: str) -> str:
+            return source if isinstance(source, str) else source.get(name, name)
+
+        s = self.schema
+        context, query, target = np.asarray(context), np.asarray(query), np.asarray(target)
+        m = target.shape[0] if target.ndim == 1 else -1
+        expected = {
+            "context": (context, (m, s.context_length)),
+            "query": (query, (m, s.query_dim)),
+            "target": (target, (m,)),
+        }
+        if s.has_weight:
+            if weight is None:
+                raise SchemaMismatchError(f"{label('weight')}: the store is weighted: expected a weight per row")
+            expected["weight"] = (np.asarray(weight), (m,))
+        elif weight is not None:
+            raise SchemaMismatchError(f"{label('weight')}: the store is unweighted: weights were given")
+        for name, (values, shape) in expected.items():
+            if values.shape != shape:
+                raise ValueError(
+                    f"{label(name)}: {name} has shape {values.shape}: "
+                    f"expected {shape} (N={s.context_length}, D={s.query_dim})"
+                )
+            kind = "iu" if name in ("context", "target") else "fiu"
+            if values.dtype.kind not in kind:
+                wanted = "integer ids" if kind == "iu" else "real numbers"
+                raise TypeError(f"{label(name)}: {name} has dtype {values.dtype}: expected {wanted}")
+        block = EncodedRows(context, query, target, expected["weight"][0] if s.has_weight else None, self.rows_written)
+        problems = block_problems(block, s, chunk=None)
+        if problems:
+            p = problems[0]
+            raise ValueError(f"{label(p.array or 'rows')}: {p.message.replace(' of this chunk', ' in this block')}")
+        return block
+
+    def _flush(self) -> None:
+        k = self._buffered
+        if not k:
+            return
+        start, stop = self._stored_rows, self._stored_rows + k
+        for array in self._arrays.values():
+            array.resize((stop, *array.shape[1:]))
+        for name, array in self._arrays.items():
+            array[start:stop] = self._buffer[name][:k]
+        self._stored_rows = stop
+        self._buffered = 0
+
+    # -- side data -------------------------------------------------------------------------
+
+    def write_true_model(self, dist: ResponsibilityAttentionDistribution) -> None:
+        """Keep the head the rows were sampled from in the store's ``truth`` subgroup (arrays + attributes)."""
+        arrays, meta = distribution_to_arrays(dist)
+        truth = self._group.require_group("truth")
+        truth.attrs.update(meta)
+        for name, values in arrays.items():
+            truth.create_array(name, data=values, overwrite=True)
+
+    def write_embeddings(self, table: np.ndarray) -> None:
+        """Keep the (S, D) embedding table the queries were looked up in."""
+        self._group.create_array("embeddings", data=np.ascontiguousarray(table), overwrite=True)
+
+    def write_vocabulary(self, vocabulary: dict[str, Any]) -> None:
+        """Keep a text store's vocabulary as JSON: the attributes of its ``vocabulary`` group."""
+        self._group.create_group("vocabulary", attributes=vocabulary, overwrite=True)
+
+    # -- ending ----------------------------------------------------------------------------
+
+    def close(self) -> TripleStore:
+        """Write the last partial partition, then commit the new row count and mark the store complete."""
+        if self._closed:
+            raise StoreError(f"{self.location}: the writer is already closed")
+        self._flush()
+        attributes = dict(self._attributes)
+        attributes["rows"] = self._stored_rows
+        attributes["state"] = StoreState.COMPLETE
+        if self._appending:
+            provenance = dict(attributes["provenance"])
+            provenance["appends"] = [*provenance.get("appends", []), {**self._provenance, "rows": self.rows_written}]
+            attributes["provenance"] = provenance
+        else:
+            attributes["provenance"] = {**self._provenance, "rows": self.rows_written}
+        self._group.attrs[ATTRIBUTE_KEY] = attributes
+        self._closed = True
+        return TripleStore.open(self.location)
+
+    def abort(self) -> None:
+        """Undo this writer: delete the new store, or roll an append back to the committed rows."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._appending:
+            rollback_append(self.location)
+        else:
+            fs, root = self.location.filesystem()
+            if fs.exists(root):
+                fs.rm(root, recursive=True)
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif not self._closed:
+            self.close()
+
+
+def rollback_append(
+    url: str | os.PathLike[str] | StoreLocation, *, storage_options: dict[str, Any] | None = None
+) -> int:
+    """Restore a store whose append was interrupted to its committed rows; return that row count.
+
+    A complete store is left as it is. A new store whose writer never finished cannot be restored
+    (it has no committed rows) and raises.
+    """
+    location = url if isinstance(url, StoreLocation) else StoreLocation.of(url, storage_options)
+    group = open_group_at(location, mode="r+")
+    attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
+    state = attributes.get("state")
+    if state == StoreState.COMPLETE:
+        return int(attributes["rows"])
+    if state != StoreState.APPENDING:
+        raise StoreError(
+            f"{location}: state {state!r}: only an interrupted append can be rolled back; write the store again"
+        )
+    rows = int(attributes["rows"])
+    schema = StoreSchema.from_json(attributes, str(location))
+    for name in schema.array_specs():
+        array = group[name]
+        if array.shape[0] != rows:
+            array.resize((rows, *array.shape[1:]))
+    attributes["state"] = StoreState.COMPLETE
+    group.attrs[ATTRIBUTE_KEY] = attributes
+    _, _, problems = structural_problems(group)
+    if problems:
+        raise StoreError(f"{location}: still damaged after the rollback: " + "; ".join(str(p) for p in problems))
+    return rows
