@@ -25,7 +25,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
-def _add_layout(parser: argparse.ArgumentParser) -> None:
+def _add_layout(parser: argparse.ArgumentParser, default_order: str = "input") -> None:
     from dist_respattn.store.layout import COMPRESSION_CHOICES
 
     group = parser.add_argument_group("layout (a new store; an appended one keeps its own)")
@@ -37,6 +37,12 @@ def _add_layout(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--compression", choices=COMPRESSION_CHOICES, default="auto", help="auto: ids lz4+bitshuffle, floats raw"
+    )
+    group.add_argument(
+        "--row-order",
+        choices=("input", "target"),
+        default=default_order,
+        help=f"rows as given, or each partition sorted by target (faster E-step); default {default_order}",
     )
     group.add_argument(
         "--query-dtype", choices=("float32", "float64"), default="float32", help="dtype of the stored queries"
@@ -59,7 +65,7 @@ def register(sub: Any) -> None:
         "--sigma2", type=positive_float, default=1.0, help="gate variance of the random head (default 1)"
     )
     synth.add_argument("--seed", type=int, default=0, help="seed of the head and of the sample (default 0)")
-    _add_layout(synth)
+    _add_layout(synth, default_order="target")
     _add_common(synth)
     synth.set_defaults(handler=_run_synth, printer=_print_written)
 
@@ -119,6 +125,7 @@ def _write_options(args: argparse.Namespace, bar: Any) -> Any:
         chunk_rows=args.chunk_rows,
         partition_rows=args.partition_rows,
         compression=args.compression,
+        row_order=args.row_order,
         query_dtype=args.query_dtype,
         append=args.append,
         overwrite=args.overwrite,

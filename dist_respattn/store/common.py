@@ -17,7 +17,8 @@ class WriteOptions:
     """How a writer lays out and commits a store.
 
     ``chunk_rows``/``partition_rows`` default to :func:`~dist_respattn.store.layout.choose_chunking`;
-    ``compression`` is one of :data:`~dist_respattn.store.layout.COMPRESSION_CHOICES`; ``append`` adds to an
+    ``compression`` is one of :data:`~dist_respattn.store.layout.COMPRESSION_CHOICES`; ``row_order`` is
+    ``"input"`` or ``"target"`` (see :meth:`StoreWriter.create`); ``append`` adds to an
     existing store (whose layout then wins); ``overwrite`` replaces one; ``progress`` is called with
     the number of rows each write adds.
     """
@@ -25,6 +26,7 @@ class WriteOptions:
     chunk_rows: int | None = None
     partition_rows: int | None = None
     compression: str = "auto"
+    row_order: str = "input"
     query_dtype: str = "float32"
     append: bool = False
     overwrite: bool = False
@@ -48,6 +50,7 @@ def open_writer(
         chunk_rows=options.chunk_rows,
         partition_rows=options.partition_rows,
         compression=options.compression,
+        row_order=options.row_order,
         provenance=provenance,
         overwrite=options.overwrite,
         storage_options=options.storage_options,
