@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -46,10 +47,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dist-respattn {args.command}: interrupted", file=sys.stderr)
         return 130
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        args.printer(report)
+    try:
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            args.printer(report)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader (e.g. `| head`) left; what it took was all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return int(report.get("exit_status", 0)) if isinstance(report, dict) else 0
 
 

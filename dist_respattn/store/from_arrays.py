@@ -1,4 +1,4 @@
-"""Writing a store from arrays in memory or ``.npy`` files (memory-mapped, so they may exceed RAM)."""
+"""Writing a store from arrays in memory or ``.npy`` files (read in blocks, so they may exceed RAM)."""
 
 from __future__ import annotations
 
@@ -11,26 +11,68 @@ from dist_respattn.store.common import WriteOptions, open_writer
 from dist_respattn.store.schema import StoreSchema
 from dist_respattn.store.triple_store import TripleStore
 
-__all__ = ["load_array", "write_arrays"]
+__all__ = ["NpyRows", "load_array", "write_arrays"]
 
 _SCAN_ROWS = 1 << 18
 
 
-def load_array(value: Any, name: str) -> tuple[np.ndarray, str]:
-    """An array and the name errors should use: a ``.npy`` path is memory-mapped and named by its path."""
+class NpyRows:
+    """Rows of a ``.npy`` file, read block by block with plain file reads.
+
+    A memory map would do the same, but every page it touches stays in the process's resident
+    set; this keeps a writer's memory at one block whatever the file size.
+    Supports ``shape``, ``ndim``, ``dtype``, ``len()`` and row slices ``rows[a:b]``.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with open(path, "rb") as handle:
+            try:
+                version = np.lib.format.read_magic(handle)
+                if version == (1, 0):
+                    shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(handle)
+                else:
+                    shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(handle)
+            except ValueError as exc:
+                raise ValueError(f"{path}: not a readable .npy array ({exc})") from exc
+            self.offset = handle.tell()
+        if dtype.hasobject:
+            raise ValueError(f"{path}: holds Python objects: expected a numeric array")
+        if fortran_order and len(shape) > 1:
+            raise ValueError(f"{path}: is stored in Fortran order: save it C-ordered (np.ascontiguousarray)")
+        self.shape: tuple[int, ...] = tuple(shape)
+        self.dtype = dtype
+        self._row_items = int(np.prod(shape[1:], dtype=np.int64))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise TypeError("NpyRows reads contiguous row slices only")
+        start, stop, _ = rows.indices(self.shape[0])
+        count = max(stop - start, 0)
+        offset = self.offset + start * self._row_items * self.dtype.itemsize
+        values = np.fromfile(self.path, dtype=self.dtype, count=count * self._row_items, offset=offset)
+        return values.reshape((count, *self.shape[1:]))
+
+
+def load_array(value: Any, name: str) -> tuple[Any, str]:
+    """An array (or :class:`NpyRows` for a ``.npy`` path) and the name errors should use: the path, or ``name``."""
     if isinstance(value, (str, os.PathLike)):
         path = os.fspath(value)
-        try:
-            return np.load(path, mmap_mode="r", allow_pickle=False), path
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(f"{path}: no such file (the {name} array)") from exc
-        except ValueError as exc:
-            raise ValueError(f"{path}: not a readable .npy array ({exc})") from exc
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such file (the {name} array)")
+        return NpyRows(path), path
     return np.asarray(value), name
 
 
-def _max_id(values: np.ndarray) -> int:
-    """Largest id, scanned in blocks so a memory-mapped file is never loaded whole."""
+def _max_id(values: Any) -> int:
+    """Largest id, scanned in blocks so a file is never loaded whole."""
     top = -1
     for start in range(0, values.shape[0], _SCAN_ROWS):
         block = values[start : start + _SCAN_ROWS]

@@ -9,6 +9,7 @@ import numpy as np
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.sampler import ResponsibilityAttentionSampler, random_distribution
 from dist_respattn.store.common import WriteOptions, open_writer
+from dist_respattn.store.errors import SchemaMismatchError
 from dist_respattn.store.schema import StoreSchema
 from dist_respattn.store.triple_store import TripleStore
 
@@ -32,18 +33,27 @@ def write_synthetic(
 
     The rows of partition ``p`` are drawn from the seed ``(seed, p)``, so the store is the same
     whatever the block sizes; the head is saved in the store's ``truth`` group
-    (:meth:`TripleStore.true_model`). Appending draws the next partitions' seeds.
+    (:meth:`TripleStore.true_model`). Appending samples the store's own true model unless ``model`` is
+    given, continuing the seeds with the next rows' partitions.
     """
     options = options or WriteOptions()
     if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 0:
         raise ValueError(f"rows = {rows!r}: expected a non-negative number of rows")
-    if model is None:
-        shape = {
-            "num_symbols": num_symbols,
-            "context_length": context_length,
-            "query_dim": query_dim,
-            "num_targets": num_targets,
-        }
+    shape = {
+        "num_symbols": num_symbols,
+        "context_length": context_length,
+        "query_dim": query_dim,
+        "num_targets": num_targets,
+    }
+    if model is None and options.append:
+        # More rows of the same store come from the same head.
+        model = TripleStore.open(out, storage_options=options.storage_options).true_model()
+        if model is None:
+            raise ValueError(
+                f"{out}: has no true model (truth/): sampled rows can only be appended to a synthetic store"
+            )
+        model_source = "store"
+    elif model is None:
         missing = [k for k, v in shape.items() if v is None]
         if missing:
             raise ValueError(f"without a model, give {', '.join(missing)}")
@@ -52,6 +62,11 @@ def write_synthetic(
         model_source = "random"
     else:
         model_source = "given"
+    differ = [
+        f"{k} {v} (the model has {getattr(model, k)})" for k, v in shape.items() if v not in (None, getattr(model, k))
+    ]
+    if differ:
+        raise SchemaMismatchError(f"{out}: the requested shape does not match the model: {'; '.join(differ)}")
     schema = StoreSchema(
         model.num_symbols, model.context_length, model.query_dim, model.num_targets, options.query_dtype
     )

@@ -27,7 +27,7 @@ __all__ = ["DEFAULT_QUERY_DIM", "ONE_HOT_MAX_SYMBOLS", "WindowStream", "embeddin
 ONE_HOT_MAX_SYMBOLS = 256
 #: Otherwise queries are a random projection of this dimension.
 DEFAULT_QUERY_DIM = 32
-_TOKEN_BLOCK = 1 << 20
+_TOKEN_BLOCK = 1 << 18
 
 
 def embedding_table(
