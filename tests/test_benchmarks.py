@@ -1,4 +1,5 @@
-"""Smoke runs of benchmarks/bench_kernel.py as a real subprocess: its figures exist, and its memory stays flat."""
+"""Smoke runs of the benchmarks (bench_kernel.py, bench_store.py) as real subprocesses: their figures exist,
+and their memory stays flat."""
 
 from __future__ import annotations
 
@@ -95,3 +96,143 @@ def test_kernel_peak_memory_does_not_grow_with_rows():
         f"kernel peak above inputs grew from {growth_small / MIB:.1f} MiB at 50,000 rows "
         f"to {growth_large / MIB:.1f} MiB at 400,000 rows"
     )
+
+
+# ------------------------------------------------------------------------------- bench_store.py
+
+STORE_SCRIPT = SCRIPT.with_name("bench_store.py")
+ROW_BYTES = 16 * 4 + 32 * 4 + 4  # N = 16 int32 ids, D = 32 float32 values, one int32 target
+SMALL_STORE = ("--symbols", "300", "--targets", "300", "--repeats", "1")
+
+
+def run_store_benchmark(*args: str, json_output: bool = True) -> dict | str:
+    """Run bench_store.py; its one JSON object with ``json_output``, else its printed table."""
+    completed = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", str(STORE_SCRIPT), *args, *(["--json"] if json_output else [])],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=STORE_SCRIPT.parents[1],
+        check=False,
+    )
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    return json.loads(completed.stdout) if json_output else completed.stdout
+
+
+def assert_close(value: float, expected: float, label: str) -> None:
+    assert math.isclose(value, expected, rel_tol=1e-9), f"{label} = {value!r}: expected {expected!r}"
+
+
+def assert_throughput(figures: dict, rows: int, label: str) -> None:
+    """rows, seconds, rows/s and MB/s present, positive and consistent with each other."""
+    assert figures["rows"] == rows, label
+    for name in ("seconds", "rows_per_s", "mb_per_s"):
+        assert_positive_finite(figures[name], f"{label}.{name}")
+    assert_close(figures["rows_per_s"], rows / figures["seconds"], f"{label}.rows_per_s")
+    assert_close(figures["mb_per_s"], rows * ROW_BYTES / figures["seconds"] / 1e6, f"{label}.mb_per_s")
+
+
+@pytest.mark.slow
+def test_store_smoke_run_reports_every_figure():
+    from dist_respattn.store import COMPRESSION_CHOICES
+
+    rows, partitions, blocks = 20000, 3, 4 + 4 + 2  # 8192-row partitions of 2048-row chunks; the last is partial
+    report = run_store_benchmark(
+        *("--rows", str(rows), "--chunk-rows", "2048", "--partition-rows", "8192"), *SMALL_STORE
+    )
+    config = report["config"]
+    assert (config["rows"], config["chunk_rows"], config["partition_rows"], config["partitions"]) == (
+        rows,
+        2048,
+        8192,
+        partitions,
+    )
+    assert config["row_bytes"] == ROW_BYTES and config["uncompressed_bytes"] == rows * ROW_BYTES
+    assert config["compression_choices"] == list(COMPRESSION_CHOICES)
+    assert (report["host"]["blosc_threads"], report["host"]["zarr_max_workers"]) == (1, 1)
+    for name in ("cpu_count", "numpy", "numba", "python", "zarr", "numcodecs"):
+        assert report["host"][name]
+    assert "warm cache" in report["page_cache"]["warm"]
+
+    kernel, task = report["kernel"], report["task"]
+    for order in ("input", "target"):
+        assert kernel[order]["rows"] == task[order]["rows"] == rows
+        for figures, label in ((kernel[order], f"kernel.{order}"), (task[order], f"task.{order}")):
+            assert_positive_finite(figures["seconds"], f"{label}.seconds")
+            assert_close(figures["rows_per_s"], rows / figures["seconds"], f"{label}.rows_per_s")
+        assert_positive_finite(task[order]["over_read_plus_kernel"], f"task.{order}.over_read_plus_kernel")
+
+    stores = {(s["compression"], s["row_order"]): s for s in report["stores"]}
+    assert sorted(stores) == sorted((c, o) for c in COMPRESSION_CHOICES for o in ("input", "target"))
+    cold_measured = report["page_cache"]["cold"] == "measured"
+    for (compression, order), store in stores.items():
+        label = f"{compression}/{order}"
+        assert store["rows"] == rows and store["partitions"] == partitions, label
+        assert store["round_trip"] is True, f"{label}: the store did not read back as written"
+        assert_throughput(store["write"], rows, f"{label}.write")
+        assert_throughput(store["read_warm"], rows, f"{label}.read_warm")
+        assert store["read_warm"]["blocks"] == blocks, label
+        assert_positive_finite(store["read_warm"]["cpu_over_wall"], f"{label}.cpu_over_wall")
+        assert_positive_finite(store["open_seconds"], f"{label}.open_seconds")
+        assert_positive_finite(store["disk_bytes"], f"{label}.disk_bytes")
+        assert sum(store["array_disk_bytes"].values()) <= store["disk_bytes"], label
+        assert_close(store["compression_ratio"], rows * ROW_BYTES / store["disk_bytes"], f"{label}.compression_ratio")
+        # The ratio is the read seconds over the kernel seconds on the same rows (the store's own row order).
+        assert_close(store["ratio_warm"], store["read_warm"]["seconds"] / kernel[order]["seconds"], f"{label}.ratio")
+        assert_close(report["ratios"][compression][order], store["ratio_warm"], f"ratios.{label}")
+        if cold_measured:
+            assert_throughput(store["read_cold"], rows, f"{label}.read_cold")
+            assert 0.0 <= store["cold_resident_fraction"] <= 0.02, label
+            cold_ratio = store["read_cold"]["seconds"] / kernel[order]["seconds"]
+            assert_close(store["ratio_cold"], cold_ratio, f"{label}.ratio_cold")
+        else:
+            assert store["read_cold"] is None and store["ratio_cold"] is None, label
+        memory = store["memory"]
+        assert memory["rss_growth_bytes"] >= 0, label
+        assert_positive_finite(memory["traced_peak_bytes"], f"{label}.traced_peak_bytes")
+        assert memory["block_bytes"] == 2048 * ROW_BYTES, label
+    # 'auto' compresses the ids and stores the float queries raw, like 'none'.
+    auto, none = stores["auto", "input"]["array_disk_bytes"], stores["none", "input"]["array_disk_bytes"]
+    assert auto["query"] == none["query"]
+    assert auto["context"] < none["context"] and auto["target"] < none["target"]
+
+    targets = report["targets"]
+    assert len(targets) == len(stores)
+    for target in targets:
+        store = stores[target["compression"], target["row_order"]]
+        assert_close(target["measured"], store["ratio_warm"], target["name"])
+        assert target["pass"] is (target["measured"] < 1 / 3), target
+        assert target["margin"] >= 1.0, target
+    assert [t["headline"] for t in targets].count(True) == 1
+    assert (report["headline"]["compression"], report["headline"]["row_order"]) == ("auto", "input")
+    assert targets[0] == report["headline"]
+    # Every pass computes the same statistics, whatever the row order or block size.
+    for name, difference in report["agreement"].items():
+        assert 0.0 <= difference < 1e-9, f"{name}: statistics differ by {difference:.3g}"
+
+
+@pytest.mark.slow
+def test_store_table_names_every_store_and_the_headline():
+    args = ("--rows", "5000", "--chunk-rows", "1024", "--partition-rows", "4096", "--no-cold", *SMALL_STORE)
+    table = run_store_benchmark(*args, json_output=False)
+    assert isinstance(table, str)
+    for compression in ("auto", "lz4", "zstd", "none"):
+        for order in ("input", "target"):
+            assert f"{compression}, {order}" in table
+    assert "<- headline" in table and "warm cache" in table and "cold reads not reported" in table
+    assert ("PASS" in table) or ("MISS" in table)
+
+
+@pytest.mark.slow
+def test_store_read_memory_is_bounded_by_a_block_not_a_partition():
+    # 16 chunks a partition: reading a whole partition at once would show as ~16 blocks.
+    report = run_store_benchmark(
+        *("--rows", "32768", "--chunk-rows", "1024", "--partition-rows", "16384", "--no-cold"), *SMALL_STORE
+    )
+    partition_bytes = 16384 * ROW_BYTES
+    for store in report["stores"]:
+        traced = store["memory"]["traced_peak_bytes"]
+        assert traced < partition_bytes / 2, (
+            f"{store['compression']}/{store['row_order']}: a read pass allocated {traced / MIB:.2f} MiB at its peak; "
+            f"a partition is {partition_bytes / MIB:.2f} MiB"
+        )

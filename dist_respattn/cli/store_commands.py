@@ -54,13 +54,21 @@ def _add_layout(parser: argparse.ArgumentParser, default_order: str = "input") -
 
 def register(sub: Any) -> None:
     """Add the store subcommands."""
-    synth = sub.add_parser("synth", help="write a store of triples sampled from a random head (kept in the store)")
+    synth = sub.add_parser(
+        "synth",
+        help="write a store of triples sampled from a random head (kept in the store)",
+        description=(
+            "Sample triples from a random head of shape S, N, D, T (seeded) and write them to a store, the head "
+            "kept in the store's truth/ group. With --append, more rows are sampled from the store's own head "
+            "(the shape flags may then be omitted; given, they must match)."
+        ),
+    )
     synth.add_argument("out", metavar="OUT", help="store path or fsspec URL")
     synth.add_argument("--rows", type=positive_int, required=True, help="triples to sample")
-    synth.add_argument("--symbols", type=positive_int, required=True, help="S, context symbols")
-    synth.add_argument("--context", type=positive_int, required=True, help="N, context length")
-    synth.add_argument("--dim", type=positive_int, required=True, help="D, query dimension")
-    synth.add_argument("--targets", type=positive_int, required=True, help="T, target vocabulary")
+    synth.add_argument("--symbols", type=positive_int, help="S, context symbols (required unless --append)")
+    synth.add_argument("--context", type=positive_int, help="N, context length (required unless --append)")
+    synth.add_argument("--dim", type=positive_int, help="D, query dimension (required unless --append)")
+    synth.add_argument("--targets", type=positive_int, help="T, target vocabulary (required unless --append)")
     synth.add_argument(
         "--sigma2", type=positive_float, default=1.0, help="gate variance of the random head (default 1)"
     )
@@ -82,15 +90,24 @@ def register(sub: Any) -> None:
     source.add_argument("--arrays", nargs=3, metavar=("CONTEXT.npy", "QUERY.npy", "TARGET.npy"), help="encoded triples")
     source.add_argument("--tokens", metavar="TOKENS.npy", help="a 1-d array of token ids")
     source.add_argument(
-        "--text", nargs="*", metavar="PATH", help="files, directories or globs of text (none: the stdlib source)"
+        "--text",
+        nargs="*",
+        metavar="PATH",
+        help="text files, globs, or directories (their .txt/.md/.rst/.py files); none: the stdlib source",
     )
     ingest.add_argument("--weights", metavar="W.npy", help="with --arrays: a weight per row")
-    ingest.add_argument("--symbols", type=positive_int, help="S (default: largest id + 1)")
+    ingest.add_argument("--symbols", type=positive_int, help="with --arrays/--tokens: S (default: largest id + 1)")
     ingest.add_argument("--targets", type=positive_int, help="with --arrays: T (default: largest target + 1)")
     ingest.add_argument("--context", type=positive_int, help="with --tokens/--text: the window N")
     ingest.add_argument("--embeddings", metavar="E.npy", help="with --tokens: an (S, D) query table")
-    ingest.add_argument("--dim", type=positive_int, help="with --tokens/--text: D of a seeded random projection")
-    ingest.add_argument("--seed", type=int, default=0, help="seed of the random projection (default 0)")
+    ingest.add_argument(
+        "--dim",
+        type=positive_int,
+        help="with --tokens/--text: D of a seeded random projection (default: one-hot up to 256 symbols, else 32)",
+    )
+    ingest.add_argument(
+        "--seed", type=int, default=0, help="with --tokens/--text: seed of the random projection (default 0)"
+    )
     ingest.add_argument(
         "--vocab-size", type=positive_int, default=2000, help="with --text: K most frequent tokens kept (default 2000)"
     )
@@ -99,21 +116,29 @@ def register(sub: Any) -> None:
     ingest.set_defaults(handler=_run_ingest, printer=_print_written)
 
     info = sub.add_parser("info", help="describe a store: schema, rows, layout, provenance")
-    info.add_argument("store", metavar="STORE")
+    info.add_argument("store", metavar="STORE", help="store path or fsspec URL")
     _add_common(info)
     info.set_defaults(handler=_run_info, printer=_print_info)
 
     validate = sub.add_parser(
         "validate",
         help="scan every chunk of a store and report each problem (exit 1 when there is one)",
+        description=(
+            "Scan every chunk of a store and report each problem with its array, chunk and row. "
+            "Exit status: 0 valid, 1 problems found, 2 not a store or another error."
+        ),
     )
-    validate.add_argument("store", metavar="STORE")
+    validate.add_argument("store", metavar="STORE", help="store path or fsspec URL")
     validate.add_argument("--scheduler", metavar="ADDRESS", help="scan in parallel on this Dask scheduler's workers")
     _add_common(validate)
     validate.set_defaults(handler=_run_validate, printer=_print_validate)
 
-    repair = sub.add_parser("repair", help="roll an interrupted append back to the store's committed rows")
-    repair.add_argument("store", metavar="STORE")
+    repair = sub.add_parser(
+        "repair",
+        help="roll an interrupted append back to the store's committed rows",
+        description="Roll an interrupted append back to the store's committed rows; a complete store is left alone.",
+    )
+    repair.add_argument("store", metavar="STORE", help="store path or fsspec URL")
     _add_common(repair)
     repair.set_defaults(handler=_run_repair, printer=lambda r: print(f"{r['url']}: complete, {r['rows']:,} rows"))
 
@@ -147,6 +172,10 @@ def _written(store: Any, started: float, before: int) -> dict[str, Any]:
 def _run_synth(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.store import write_synthetic
 
+    shape = {"--symbols": args.symbols, "--context": args.context, "--dim": args.dim, "--targets": args.targets}
+    missing = [flag for flag, value in shape.items() if value is None]
+    if missing and not args.append:
+        raise CommandError(f"{', '.join(missing)} required for a new store")
     started = time.perf_counter()
     before = _rows_before(args)
     with progress_bar(args.rows, "rows", "sampling") as bar:
@@ -184,7 +213,7 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
     }
     wrong = [flag for flag, bad in misplaced.items() if bad]
     if wrong:
-        raise CommandError(f"{', '.join(wrong)} do(es) not apply to this source: see `dist-respattn ingest --help`")
+        raise CommandError(f"{', '.join(wrong)}: not for this source: see `dist-respattn ingest --help`")
     if args.arrays is None and args.context is None:
         raise CommandError("--context N is required with --tokens and --text")
     started = time.perf_counter()
@@ -260,7 +289,8 @@ def _run_info(args: argparse.Namespace) -> dict[str, Any]:
 def _print_info(report: dict[str, Any]) -> None:
     print(f"store        {report['url']}")
     print(
-        f"rows         {report['rows']:,} in {report['partitions']} partitions of {report['partition_rows']:,} rows, "
+        f"rows         {report['rows']:,} in {report['partitions']} partition{'s' * (report['partitions'] != 1)} "
+        f"of {report['partition_rows']:,} rows, "
         f"chunks of {report['chunk_rows']:,}"
     )
     print(

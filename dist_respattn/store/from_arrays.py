@@ -43,6 +43,13 @@ class NpyRows:
         self.shape: tuple[int, ...] = tuple(shape)
         self.dtype = dtype
         self._row_items = int(np.prod(shape[1:], dtype=np.int64))
+        expected = self.offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        actual = os.path.getsize(path)
+        if actual < expected:
+            raise ValueError(
+                f"{path}: truncated: {actual - self.offset} bytes of data, expected {expected - self.offset} "
+                f"for shape {self.shape} of {dtype}"
+            )
 
     @property
     def ndim(self) -> int:

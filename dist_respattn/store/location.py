@@ -24,6 +24,8 @@ class StoreLocation:
     @classmethod
     def of(cls, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> StoreLocation:
         text = os.fspath(url)
+        if text.startswith("file://"):  # a local path by another name: zarr's own local store serves it best
+            text = text.removeprefix("file://")
         if "://" not in text:
             text = os.path.abspath(text)
         return cls(text.rstrip("/"), tuple(sorted((storage_options or {}).items())))
@@ -31,10 +33,6 @@ class StoreLocation:
     @property
     def options(self) -> dict[str, Any]:
         return dict(self.storage_options)
-
-    @property
-    def is_local(self) -> bool:
-        return "://" not in self.url or self.url.startswith("file://")
 
     def zarr_store(self) -> Any:
         """What ``zarr.open_group`` takes: the path itself, or an fsspec-backed store for a URL."""
@@ -48,6 +46,26 @@ class StoreLocation:
         """The fsspec filesystem and the store's root path on it."""
         fs, path = fsspec.core.url_to_fs(self.url, **self.options)
         return fs, path.rstrip("/")
+
+    def exists(self) -> bool:
+        fs, root = self.filesystem()
+        return bool(fs.exists(root))
+
+    def is_empty_dir(self) -> bool:
+        fs, root = self.filesystem()
+        return bool(fs.isdir(root)) and not fs.ls(root)
+
+    def sibling(self, suffix: str) -> StoreLocation:
+        """The location ``<url><suffix>``, with the same options (e.g. a staging copy next to the store)."""
+        return StoreLocation(self.url + suffix, self.storage_options)
+
+    def replace(self, target: StoreLocation) -> None:
+        """Move this store onto ``target``, deleting what ``target`` held (a rename on a local disk)."""
+        fs, root = self.filesystem()
+        _, target_root = target.filesystem()
+        if fs.exists(target_root):
+            fs.rm(target_root, recursive=True)
+        fs.mv(root, target_root, recursive=True)
 
     def key_exists(self, key: str) -> bool:
         fs, root = self.filesystem()

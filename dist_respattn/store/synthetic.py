@@ -62,6 +62,12 @@ def write_synthetic(
         model_source = "random"
     else:
         model_source = "given"
+        stored = TripleStore.open(out, storage_options=options.storage_options).true_model() if options.append else None
+        same_shape = stored is not None and stored.key_means.shape == model.key_means.shape
+        same_shape = same_shape and stored is not None and stored.emission.shape == model.emission.shape
+        # A shape mismatch is reported by the writer, naming the field; here only the values differ.
+        if stored is not None and same_shape and not _same_head(stored, model):
+            raise SchemaMismatchError(f"{out}: cannot append: the given model is not the store's true model (truth/)")
     differ = [
         f"{k} {v} (the model has {getattr(model, k)})" for k, v in shape.items() if v not in (None, getattr(model, k))
     ]
@@ -89,3 +95,12 @@ def write_synthetic(
             writer.write(context, query, target, source="sampler")
             done += take
         return writer.close()
+
+
+def _same_head(a: ResponsibilityAttentionDistribution, b: ResponsibilityAttentionDistribution) -> bool:
+    return (
+        a.sigma2 == b.sigma2
+        and np.array_equal(a.key_means, b.key_means)
+        and np.array_equal(a.emission, b.emission)
+        and np.array_equal(a.position_prior, b.position_prior)
+    )

@@ -26,7 +26,7 @@ import numpy as np
 
 from dist_respattn.store.common import WriteOptions, open_writer
 from dist_respattn.store.schema import StoreSchema
-from dist_respattn.store.tokens import WindowStream, embedding_table
+from dist_respattn.store.tokens import WindowStream, embedding_table, store_table_for_append
 from dist_respattn.store.triple_store import TripleStore
 
 __all__ = [
@@ -186,7 +186,8 @@ def write_text(
     """Tokenize the files under ``paths`` and write the windows of each file (see the module docstring).
 
     Queries are the :func:`~dist_respattn.store.tokens.embedding_table` of the vocabulary. Appending
-    reuses the store's vocabulary and embeddings, so ids keep their meaning.
+    reuses the store's vocabulary and embeddings, so ids keep their meaning (``vocab_size`` is then
+    unused, and a ``dim`` that would give another table is refused).
     ``file_progress`` is called once per file in each pass.
     """
     options = options or WriteOptions()
@@ -199,9 +200,9 @@ def write_text(
                 f"{existing.location}: has no vocabulary: text can only be appended to a store made from text"
             )
         vocabulary = Vocabulary.from_json(saved)
-        table = existing.embeddings()
-        assert table is not None
-        table_info: dict[str, Any] = {"kind": "store", "dim": int(table.shape[1])}
+        stored = existing.embeddings()
+        assert stored is not None
+        table, table_info = store_table_for_append(existing, stored, embeddings=None, dim=dim, seed=seed)
     else:
         vocabulary = build_vocabulary(files, vocab_size, file_progress)
         table, table_info = embedding_table(vocabulary.num_symbols, dim=dim, seed=seed)

@@ -17,6 +17,7 @@ import numpy as np
 
 from dist_respattn.model.encoder import sequence_windows
 from dist_respattn.store.common import WriteOptions, open_writer
+from dist_respattn.store.errors import SchemaMismatchError
 from dist_respattn.store.from_arrays import load_array
 from dist_respattn.store.schema import StoreSchema
 from dist_respattn.store.triple_store import TripleStore
@@ -62,6 +63,29 @@ def embedding_table(
     rng = np.random.default_rng(seed)
     table = (rng.standard_normal((num_symbols, dim)) / np.sqrt(dim)).astype(np.float32)
     return table, {"kind": "random", "dim": dim, "seed": int(seed)}
+
+
+def store_table_for_append(
+    store: TripleStore, stored: np.ndarray, *, embeddings: Any, dim: int | None, seed: int
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """The table appended rows are embedded with: the store's own, so old and new queries agree.
+
+    A table the caller asked for (``embeddings``, or ``dim`` with ``seed``) must equal the stored one.
+    """
+    info = {"kind": "store", "dim": int(stored.shape[1])}
+    if embeddings is None and dim is None:
+        return stored, info
+    requested, _ = embedding_table(stored.shape[0], embeddings=embeddings, dim=dim, seed=seed)
+    if requested.shape[1] != stored.shape[1]:
+        raise SchemaMismatchError(
+            f"{store.location}: cannot append: query_dim {requested.shape[1]} (store has {stored.shape[1]})"
+        )
+    if not np.array_equal(requested, stored):
+        raise SchemaMismatchError(
+            f"{store.location}: cannot append: the requested embedding table differs from the store's "
+            f"{stored.shape} table, so new queries would not match old ones; omit the embedding options to use it"
+        )
+    return stored, info
 
 
 class WindowStream:
@@ -132,9 +156,8 @@ def write_tokens(
     if num_symbols < 1:
         raise ValueError(f"{name}: no tokens: expected a non-empty stream")
     stored_table = existing.embeddings() if existing is not None else None
-    if stored_table is not None and embeddings is None and dim is None:
-        # New rows of a store must be embedded as its old rows were.
-        table, table_info = stored_table, {"kind": "store", "dim": int(stored_table.shape[1])}
+    if existing is not None and stored_table is not None:
+        table, table_info = store_table_for_append(existing, stored_table, embeddings=embeddings, dim=dim, seed=seed)
     else:
         table, table_info = embedding_table(num_symbols, embeddings=embeddings, dim=dim, seed=seed)
     schema = StoreSchema(num_symbols, int(context_length), table.shape[1], num_symbols, options.query_dtype)

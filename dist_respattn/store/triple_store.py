@@ -66,6 +66,7 @@ class TripleStore:
         self.chunk_rows = int(attributes["chunk_rows"])
         self.partition_rows = int(attributes["partition_rows"])
         self._arrays = {name: group[name] for name in schema.array_specs()}
+        self._verified_partitions: set[int] = set()
 
     @classmethod
     def open(
@@ -112,19 +113,37 @@ class TripleStore:
         return Partition(index, start, min(start + self.partition_rows, self.num_rows))
 
     def _check_shards_present(self, part: Partition) -> None:
+        """Raise naming the array when one of the partition's shard files is missing or empty.
+
+        zarr reads a missing (or zero-length) shard as fill values, which would pass silently as
+        rows of -1 ids and NaN queries. Checked once per partition per opened store.
+        """
+        if part.index in self._verified_partitions:
+            return
+        fs, root = self.location.filesystem()
         for name, array in self._arrays.items():
             coords = (part.index,) + (0,) * (array.ndim - 1)
             key = f"{name}/{array.metadata.encode_chunk_key(coords)}"
-            if not self.location.key_exists(key):
+            rows = f"rows {part.start}..{part.stop - 1}"
+            try:
+                size = int(fs.info(f"{root}/{key}")["size"])
+            except FileNotFoundError:
                 raise StoreCorruptError(
-                    f"{self.location}: array '{name}' partition {part.index} (rows {part.start}..{part.stop - 1}): "
-                    f"chunk file '{key}' is missing"
+                    f"{self.location}: array '{name}' partition {part.index} ({rows}): chunk file '{key}' is missing"
+                ) from None
+            if size == 0:
+                raise StoreCorruptError(
+                    f"{self.location}: array '{name}' partition {part.index} ({rows}): chunk file '{key}' is empty"
                 )
+        self._verified_partitions.add(part.index)
 
     def read_rows(self, start: int, stop: int) -> EncodedRows:
-        """Rows ``[start, stop)`` as encoded arrays; a chunk that cannot be decoded raises naming it."""
+        """Rows ``[start, stop)`` as encoded arrays; a missing or undecodable chunk raises naming it."""
         if not 0 <= start <= stop <= self.num_rows:
             raise IndexError(f"{self.location}: rows [{start}, {stop}) outside [0, {self.num_rows})")
+        if stop > start:
+            for index in range(start // self.partition_rows, (stop - 1) // self.partition_rows + 1):
+                self._check_shards_present(self.partition(index))
         values: dict[str, np.ndarray] = {}
         for name, array in self._arrays.items():
             try:
@@ -163,7 +182,11 @@ class TripleStore:
         return dict(self.attributes.get("provenance") or {})
 
     def fingerprint(self) -> str:
-        """A digest of the schema, row count and provenance: equal for the same data, new after an append."""
+        """A digest of the store's attributes (schema, rows, layout, provenance with its creation time).
+
+        It identifies one written store: it changes with every append, and two stores written
+        separately differ even when they hold the same rows.
+        """
         text = json.dumps(self.attributes, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -11,7 +11,7 @@ from typing import Any
 from dist_respattn.store.checks import EncodedRows, Problem, block_problems, structural_problems
 from dist_respattn.store.errors import StoreError
 from dist_respattn.store.location import StoreLocation
-from dist_respattn.store.schema import StoreSchema
+from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreSchema
 from dist_respattn.store.triple_store import open_group_at
 
 __all__ = ["ValidationReport", "scan_partition", "validate"]
@@ -112,6 +112,9 @@ def validate(
 ) -> ValidationReport:
     """Scan a store and report every problem with its array, chunk and row.
 
+    Raises :class:`StoreError` when ``url`` holds no triple store at all (no group, or a group
+    without the store attribute); everything else is reported, not raised.
+
     Structure first (attributes, array dtypes and shapes, row counts, chunkings, unfinished writes);
     then, when the structure allows, every partition: missing chunk files, undecodable chunks, ids
     out of range, non-finite queries or weights, negative weights. With a ``distributed.Client`` the
@@ -119,10 +122,9 @@ def validate(
     ``progress`` is called with the number of partitions each step finishes.
     """
     location = url if isinstance(url, StoreLocation) else StoreLocation.of(url, storage_options)
-    try:
-        group = open_group_at(location)
-    except StoreError as exc:
-        return ValidationReport(str(location), [Problem(str(exc).removeprefix(f"{location}: "))])
+    group = open_group_at(location)  # nothing there at all is an error, not a finding
+    if ATTRIBUTE_KEY not in group.attrs:
+        raise StoreError(f"{location}: a zarr group without the '{ATTRIBUTE_KEY}' attribute: not a triple store")
     schema, attributes, problems = structural_problems(group)
     report = ValidationReport(str(location), list(problems))
     if schema is None or any(p.array is None for p in problems) or not _shapes_agree(group, schema):

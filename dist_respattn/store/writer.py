@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import uuid
 from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any
@@ -26,6 +27,16 @@ from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, SCHEMA_VERSIO
 from dist_respattn.store.triple_store import TripleStore, open_group_at
 
 __all__ = ["ROW_ORDERS", "StoreWriter", "rollback_append"]
+
+
+def _is_triple_store(location: StoreLocation) -> bool:
+    """Whether ``location`` holds a zarr group carrying this package's attribute (in any state)."""
+    try:
+        group = open_group_at(location)
+    except StoreError:
+        return False
+    return ATTRIBUTE_KEY in group.attrs
+
 
 #: ``input``: rows as written; ``target``: each flushed run of rows stably sorted by target.
 ROW_ORDERS = ("input", "target")
@@ -86,6 +97,7 @@ class StoreWriter:
         }
         self._buffered = 0
         self._closed = False
+        self._replaces: StoreLocation | None = None  # the store an overwrite replaces when it closes
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -104,25 +116,30 @@ class StoreWriter:
         storage_options: dict[str, Any] | None = None,
         progress: ProgressCallback | None = None,
     ) -> StoreWriter:
-        """Start a new store at ``url``; an existing one is an error unless ``overwrite`` (then it is deleted).
+        """Start a new store at ``url``; an existing one is an error unless ``overwrite``.
 
-        ``row_order`` is ``"input"`` (rows as given) or ``"target"``: each partition's rows stably sorted
-        by target, which the E-step kernel reads ~1.5× faster when the emission table outgrows cache.
+        With ``overwrite`` the new store is written beside the old one (``<url>.partial-<id>``) and
+        replaces it only when it is complete, so a failed or killed overwrite leaves the old store
+        as it was. Only a triple store (or an empty directory) is ever replaced.
+
+        ``row_order`` is ``"input"`` (rows as given) or ``"target"``: each written run of rows (a partition,
+        or the rest of a partial one an append fills) stably sorted by target, which the E-step kernel
+        reads ~1.5× faster when the emission table outgrows cache.
         """
         if row_order not in ROW_ORDERS:
             raise ValueError(f"row_order = {row_order!r}: expected one of {', '.join(ROW_ORDERS)}")
-        location = url if isinstance(url, StoreLocation) else StoreLocation.of(url, storage_options)
+        final = url if isinstance(url, StoreLocation) else StoreLocation.of(url, storage_options)
         chunking = choose_chunking(schema.row_bytes, chunk_rows, partition_rows)
-        fs, root = location.filesystem()
-        if fs.exists(root):
+        location, replaces = final, None
+        if final.exists():
             if not overwrite:
                 raise StoreError(
-                    f"{location}: already exists: pass overwrite=True (--overwrite) or append to it (--append)"
+                    f"{final}: already exists: pass overwrite=True (--overwrite) or append to it (--append)"
                 )
-            fs.rm(root, recursive=True)
-        import zarr
-
-        group = zarr.open_group(location.zarr_store(), mode="w-")
+            if not final.is_empty_dir() and not _is_triple_store(final):
+                raise StoreError(f"{final}: exists and is not a triple store: refusing to replace it")
+            location, replaces = final.sibling(f".partial-{uuid.uuid4().hex[:8]}"), final
+        compressors = {kind: compressors_for(kind, compression) for kind in ("ids", "floats")}  # checks the choice
         provenance = {**(provenance or {}), "created": _now(), "package_version": _package_version(), "appends": []}
         attributes = {
             "schema": SCHEMA_NAME,
@@ -136,7 +153,10 @@ class StoreWriter:
             "state": StoreState.WRITING,
             "provenance": provenance,
         }
-        group.attrs[ATTRIBUTE_KEY] = attributes
+        import zarr
+
+        # The attributes go in with the group, so no instant exists where the group is there but unmarked.
+        group = zarr.create_group(location.zarr_store(), attributes={ATTRIBUTE_KEY: attributes})
         for name, (row_shape, dtype) in schema.array_specs().items():
             group.create_array(
                 name,
@@ -146,14 +166,16 @@ class StoreWriter:
                 shards=(chunking.partition_rows, *row_shape)
                 if chunking.partition_rows != chunking.chunk_rows
                 else None,
-                compressors=compressors_for("ids" if dtype.kind == "i" else "floats", compression),
+                compressors=compressors["ids" if dtype.kind == "i" else "floats"],
                 fill_value=_FILL_VALUES[name],
                 config={"write_empty_chunks": True},
                 dimension_names=("row", "position") if name == "context" else ("row", "dim") if row_shape else ("row",),
             )
-        return cls(
+        writer = cls(
             location, group, schema, chunking, attributes, appending=False, provenance=provenance, progress=progress
         )
+        writer._replaces = replaces
+        return writer
 
     @classmethod
     def append(
@@ -316,6 +338,10 @@ class StoreWriter:
             attributes["provenance"] = {**self._provenance, "rows": self.rows_written}
         self._group.attrs[ATTRIBUTE_KEY] = attributes
         self._closed = True
+        if self._replaces is not None:
+            # Only now does the old store go: until here a failure left it untouched.
+            self.location.replace(self._replaces)
+            self.location = self._replaces
         return TripleStore.open(self.location)
 
     def abort(self) -> None:
@@ -340,6 +366,15 @@ class StoreWriter:
             self.close()
 
 
+def _delete_shards_from(location: StoreLocation, name: str, first: int) -> None:
+    """Delete array ``name``'s shard files of partition ``first`` on (shrinking a zarr array keeps them)."""
+    fs, root = location.filesystem()
+    for key in location.list_keys(f"{name}/c"):
+        parts = key.split("/")  # <name>/c/<partition>[/0]
+        if len(parts) >= 3 and parts[2].isdigit() and int(parts[2]) >= first:
+            fs.rm(f"{root}/{key}")
+
+
 def rollback_append(
     url: str | os.PathLike[str] | StoreLocation, *, storage_options: dict[str, Any] | None = None
 ) -> int:
@@ -351,6 +386,8 @@ def rollback_append(
     location = url if isinstance(url, StoreLocation) else StoreLocation.of(url, storage_options)
     group = open_group_at(location, mode="r+")
     attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
+    if not attributes:
+        raise StoreError(f"{location}: a zarr group without the '{ATTRIBUTE_KEY}' attribute: not a triple store")
     state = attributes.get("state")
     if state == StoreState.COMPLETE:
         return int(attributes["rows"])
@@ -360,10 +397,12 @@ def rollback_append(
         )
     rows = int(attributes["rows"])
     schema = StoreSchema.from_json(attributes, str(location))
+    partitions = -(-rows // int(attributes["partition_rows"]))
     for name in schema.array_specs():
         array = group[name]
         if array.shape[0] != rows:
             array.resize((rows, *array.shape[1:]))
+        _delete_shards_from(location, name, partitions)
     attributes["state"] = StoreState.COMPLETE
     group.attrs[ATTRIBUTE_KEY] = attributes
     _, _, problems = structural_problems(group)
