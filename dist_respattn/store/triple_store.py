@@ -159,7 +159,8 @@ class TripleStore:
     def iter_blocks(self, part: Partition | int, block_rows: int | None = None) -> Iterator[EncodedRows]:
         """A partition's rows in blocks of ``block_rows`` (default: one chunk), reading only its own chunks.
 
-        Holds one block at a time, so memory is bounded by ``block_rows`` whatever the partition size.
+        Memory is a few blocks (the block being read, zarr's decode buffers, and the previous block
+        while the caller holds it), whatever the partition or store size.
         """
         part = self.partition(part) if isinstance(part, int) else part
         step = self.chunk_rows if block_rows is None else int(block_rows)
