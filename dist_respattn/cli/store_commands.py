@@ -30,10 +30,10 @@ def _add_layout(parser: argparse.ArgumentParser, default_order: str = "input") -
 
     group = parser.add_argument_group("layout (a new store; an appended one keeps its own)")
     group.add_argument(
-        "--chunk-rows", type=positive_int, help="rows per chunk, the unit of a block read (default ~16 MiB of rows)"
+        "--chunk-rows", type=positive_int, help="rows per chunk, the unit of a block read (default ~32 MiB of rows)"
     )
     group.add_argument(
-        "--partition-rows", type=positive_int, help="rows per partition/shard, one task (default 4 chunks)"
+        "--partition-rows", type=positive_int, help="rows per partition/shard, one task (default 2 chunks)"
     )
     group.add_argument(
         "--compression", choices=COMPRESSION_CHOICES, default="auto", help="auto: ids lz4+bitshuffle, floats raw"

@@ -29,23 +29,23 @@ from tests.store.helpers import CHUNK, PART, ROWS, D, N, assert_rows, random_row
 def test_default_chunking_of_the_reference_row():
     row_bytes = StoreSchema(2000, 16, 32, 2000).row_bytes
     assert row_bytes == 16 * 4 + 32 * 4 + 4
-    assert choose_chunking(row_bytes) == Chunking(65536, 262144)
+    assert choose_chunking(row_bytes) == Chunking(131072, 262144)
     # A weight column (4 more bytes) keeps the same power of two.
-    assert choose_chunking(StoreSchema(2000, 16, 32, 2000, has_weight=True).row_bytes) == Chunking(65536, 262144)
+    assert choose_chunking(StoreSchema(2000, 16, 32, 2000, has_weight=True).row_bytes) == Chunking(131072, 262144)
 
 
 @pytest.mark.parametrize(
     ("row_bytes", "expected_chunk"),
-    [(1, 1 << 20), (0, 1 << 20), (16, 1 << 20), (17, 1 << 19), (256, 65536), (1 << 20, 1024), (1 << 30, 1024)],
+    [(1, 1 << 20), (0, 1 << 20), (32, 1 << 20), (33, 1 << 19), (256, 131072), (1 << 20, 1024), (1 << 30, 1024)],
 )
-def test_default_chunk_is_a_power_of_two_near_16_mib_within_bounds(row_bytes, expected_chunk):
-    assert choose_chunking(row_bytes) == Chunking(expected_chunk, 4 * expected_chunk)
+def test_default_chunk_is_a_power_of_two_near_32_mib_within_bounds(row_bytes, expected_chunk):
+    assert choose_chunking(row_bytes) == Chunking(expected_chunk, 2 * expected_chunk)
 
 
 def test_chunking_overrides():
     row_bytes = StoreSchema(2000, 16, 32, 2000).row_bytes
-    assert choose_chunking(row_bytes, chunk_rows=1000) == Chunking(1000, 4000)
-    assert choose_chunking(row_bytes, partition_rows=131072) == Chunking(65536, 131072)
+    assert choose_chunking(row_bytes, chunk_rows=1000) == Chunking(1000, 2000)
+    assert choose_chunking(row_bytes, partition_rows=524288) == Chunking(131072, 524288)
     # A partition that is not a multiple of the default chunk is one chunk.
     assert choose_chunking(row_bytes, partition_rows=1000) == Chunking(1000, 1000)
     assert choose_chunking(row_bytes, chunk_rows=10, partition_rows=30) == Chunking(10, 30)
