@@ -41,7 +41,8 @@ class ValidationReport:
 
     def summary(self) -> str:
         head = f"{self.url}: {'valid' if self.ok else f'{len(self.problems)} problem(s)'}"
-        head += f" ({self.rows_scanned} rows, {self.chunks_scanned} chunks scanned)"
+        chunks = f"{self.chunks_scanned} chunk{'s' * (self.chunks_scanned != 1)}"
+        head += f" ({self.rows_scanned} rows, {chunks} scanned)"
         return "\n".join([head, *(f"  {p}" for p in self.problems)])
 
 
