@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dist_respattn.cli.common import (
@@ -143,7 +144,7 @@ def register(sub: Any) -> None:
     repair.set_defaults(handler=_run_repair, printer=lambda r: print(f"{r['url']}: complete, {r['rows']:,} rows"))
 
 
-def _write_options(args: argparse.Namespace, bar: Any) -> Any:
+def _write_options(args: argparse.Namespace, progress: Callable[[int], Any] | None) -> Any:
     from dist_respattn.store import WriteOptions
 
     return WriteOptions(
@@ -155,7 +156,7 @@ def _write_options(args: argparse.Namespace, bar: Any) -> Any:
         append=args.append,
         overwrite=args.overwrite,
         storage_options=parse_storage_options(args.storage_option),
-        progress=bar.update,
+        progress=progress,
     )
 
 
@@ -188,7 +189,7 @@ def _run_synth(args: argparse.Namespace) -> dict[str, Any]:
             num_targets=args.targets,
             sigma2=args.sigma2,
             seed=args.seed,
-            options=_write_options(args, bar),
+            options=_write_options(args, bar.update),
         )
     return _written(store, started, before)
 
@@ -229,7 +230,7 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
                 args.weights,
                 num_symbols=args.symbols,
                 num_targets=args.targets,
-                options=_write_options(args, bar),
+                options=_write_options(args, bar.update),
             )
     elif args.tokens is not None:
         with progress_bar(None, "rows", "windowing") as bar:
@@ -241,7 +242,7 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
                 embeddings=args.embeddings,
                 dim=args.dim,
                 seed=args.seed,
-                options=_write_options(args, bar),
+                options=_write_options(args, bar.update),
             )
     else:
         if args.symbols is not None:
@@ -251,7 +252,7 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
             say(args, f"no --text path given: using the Python standard library's source at {paths[0]}")
         files = iter_text_files(paths)
         with progress_bar(2 * len(files), "files", "counting, then writing") as bar:
-            options = _write_options(args, _Discard())
+            options = _write_options(args, None)  # the bar counts files here, not rows
             store = write_text(
                 args.out,
                 paths,
@@ -263,13 +264,6 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
                 options=options,
             )
     return _written(store, started, before)
-
-
-class _Discard:
-    """A progress sink for row counts when the bar counts something else."""
-
-    def update(self, _: int) -> None:
-        pass
 
 
 def _print_written(report: dict[str, Any]) -> None:

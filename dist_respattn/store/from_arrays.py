@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ from dist_respattn.store.common import WriteOptions, open_writer
 from dist_respattn.store.schema import StoreSchema
 from dist_respattn.store.triple_store import TripleStore
 
-__all__ = ["NpyRows", "load_array", "write_arrays"]
+__all__ = ["NpyRows", "load_array", "max_id", "row_blocks", "write_arrays"]
 
 _SCAN_ROWS = 1 << 18
 
@@ -78,14 +79,15 @@ def load_array(value: Any, name: str) -> tuple[Any, str]:
     return np.asarray(value), name
 
 
-def _max_id(values: Any) -> int:
-    """Largest id, scanned in blocks so a file is never loaded whole."""
-    top = -1
-    for start in range(0, values.shape[0], _SCAN_ROWS):
-        block = values[start : start + _SCAN_ROWS]
-        if block.size:
-            top = max(top, int(block.max()))
-    return top
+def row_blocks(values: Any, rows: int = _SCAN_ROWS) -> Iterator[np.ndarray]:
+    """Consecutive blocks of ``rows`` rows of an array or :class:`NpyRows`, as arrays."""
+    for start in range(0, values.shape[0], rows):
+        yield np.asarray(values[start : start + rows])
+
+
+def max_id(values: Any) -> int:
+    """Largest id (-1 when empty), scanned in blocks so a file is never loaded whole."""
+    return max((int(block.max()) for block in row_blocks(values) if block.size), default=-1)
 
 
 def write_arrays(
@@ -125,10 +127,10 @@ def write_arrays(
         num_symbols = num_symbols or existing.num_symbols
         num_targets = num_targets or existing.num_targets
     schema = StoreSchema(
-        num_symbols=num_symbols if num_symbols is not None else max(_max_id(values["context"]) + 1, 1),
+        num_symbols=num_symbols if num_symbols is not None else max(max_id(values["context"]) + 1, 1),
         context_length=values["context"].shape[1],
         query_dim=values["query"].shape[1],
-        num_targets=num_targets if num_targets is not None else max(_max_id(values["target"]) + 1, 1),
+        num_targets=num_targets if num_targets is not None else max(max_id(values["target"]) + 1, 1),
         query_dtype=options.query_dtype,
         has_weight="weight" in values,
     )

@@ -22,7 +22,12 @@ class StoreLocation:
     storage_options: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
-    def of(cls, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> StoreLocation:
+    def of(
+        cls, url: str | os.PathLike[str] | StoreLocation, storage_options: dict[str, Any] | None = None
+    ) -> StoreLocation:
+        """The location of ``url`` (a location is returned as it is; a relative path becomes absolute)."""
+        if isinstance(url, StoreLocation):
+            return url
         text = os.fspath(url)
         if text.startswith("file://"):  # a local path by another name: zarr's own local store serves it best
             text = text.removeprefix("file://")

@@ -31,8 +31,9 @@ def write_synthetic(
 ) -> TripleStore:
     """Sample ``rows`` triples from ``model`` (or a random head of shape S, N, D, T drawn from ``seed``).
 
-    The rows of partition ``p`` are drawn from the seed ``(seed, p)``, so the store is the same
-    whatever the block sizes; the head is saved in the store's ``truth`` group
+    The rows at offset ``o`` of partition ``p`` onward are drawn from the seed ``(seed, p, o)`` (``o`` is
+    0 except where an append continues a partial partition), so the same seed and layout give the
+    same store; the head is saved in the store's ``truth`` group
     (:meth:`TripleStore.true_model`). Appending samples the store's own true model unless ``model`` is
     given, continuing the seeds with the next rows' partitions.
     """
@@ -45,14 +46,14 @@ def write_synthetic(
         "query_dim": query_dim,
         "num_targets": num_targets,
     }
+    # An append samples the store's own head, and a head given for an append must be that head.
+    stored = TripleStore.open(out, storage_options=options.storage_options).true_model() if options.append else None
     if model is None and options.append:
-        # More rows of the same store come from the same head.
-        model = TripleStore.open(out, storage_options=options.storage_options).true_model()
-        if model is None:
+        if stored is None:
             raise ValueError(
                 f"{out}: has no true model (truth/): sampled rows can only be appended to a synthetic store"
             )
-        model_source = "store"
+        model, model_source = stored, "store"
     elif model is None:
         missing = [k for k, v in shape.items() if v is None]
         if missing:
@@ -62,17 +63,15 @@ def write_synthetic(
         model_source = "random"
     else:
         model_source = "given"
-        stored = TripleStore.open(out, storage_options=options.storage_options).true_model() if options.append else None
-        same_shape = stored is not None and stored.key_means.shape == model.key_means.shape
-        same_shape = same_shape and stored is not None and stored.emission.shape == model.emission.shape
-        # A shape mismatch is reported by the writer, naming the field; here only the values differ.
-        if stored is not None and same_shape and not _same_head(stored, model):
+        # A shape mismatch is reported by the writer, naming the field; here only equal shapes are compared.
+        if stored is not None and _same_shape(stored, model) and not _same_head(stored, model):
             raise SchemaMismatchError(f"{out}: cannot append: the given model is not the store's true model (truth/)")
+    owner = "store" if model_source == "store" else "model"
     differ = [
-        f"{k} {v} (the model has {getattr(model, k)})" for k, v in shape.items() if v not in (None, getattr(model, k))
+        f"{k} {v} (the {owner} has {getattr(model, k)})" for k, v in shape.items() if v not in (None, getattr(model, k))
     ]
     if differ:
-        raise SchemaMismatchError(f"{out}: the requested shape does not match the model: {'; '.join(differ)}")
+        raise SchemaMismatchError(f"{out}: the requested shape does not match the {owner}: {'; '.join(differ)}")
     schema = StoreSchema(
         model.num_symbols, model.context_length, model.query_dim, model.num_targets, options.query_dtype
     )
@@ -95,6 +94,14 @@ def write_synthetic(
             writer.write(context, query, target, source="sampler")
             done += take
         return writer.close()
+
+
+def _same_shape(a: ResponsibilityAttentionDistribution, b: ResponsibilityAttentionDistribution) -> bool:
+    return (
+        a.key_means.shape == b.key_means.shape
+        and a.emission.shape == b.emission.shape
+        and (a.position_prior.shape == b.position_prior.shape)
+    )
 
 
 def _same_head(a: ResponsibilityAttentionDistribution, b: ResponsibilityAttentionDistribution) -> bool:

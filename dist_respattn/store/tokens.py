@@ -18,7 +18,7 @@ import numpy as np
 from dist_respattn.model.encoder import sequence_windows
 from dist_respattn.store.common import WriteOptions, open_writer
 from dist_respattn.store.errors import SchemaMismatchError
-from dist_respattn.store.from_arrays import load_array
+from dist_respattn.store.from_arrays import load_array, max_id, row_blocks
 from dist_respattn.store.schema import StoreSchema
 from dist_respattn.store.triple_store import TripleStore
 
@@ -109,15 +109,14 @@ class WindowStream:
         )
 
 
-def _checked_pieces(tokens: np.ndarray, name: str, num_symbols: int) -> Iterator[np.ndarray]:
+def _checked_pieces(tokens: Any, name: str, num_symbols: int) -> Iterator[np.ndarray]:
     """Blocks of the stream, with an out-of-range id named by its position in the whole stream."""
-    for start in range(0, tokens.shape[0], _TOKEN_BLOCK):
-        piece = np.asarray(tokens[start : start + _TOKEN_BLOCK])
+    for number, piece in enumerate(row_blocks(tokens, _TOKEN_BLOCK)):
         bad = np.flatnonzero((piece < 0) | (piece >= num_symbols))
         if bad.size:
             i = int(bad[0])
             raise ValueError(
-                f"{name}[{start + i}] = {int(piece[i])}: expected a token id in [0, {num_symbols}) "
+                f"{name}[{number * _TOKEN_BLOCK + i}] = {int(piece[i])}: expected a token id in [0, {num_symbols}) "
                 f"({bad.size} bad ids in this block)"
             )
         yield piece
@@ -152,7 +151,7 @@ def write_tokens(
         if existing is not None:
             num_symbols = existing.schema.num_symbols
         else:
-            num_symbols = max((int(np.max(p)) for p in _blocks(stream)), default=-1) + 1
+            num_symbols = max_id(stream) + 1
     if num_symbols < 1:
         raise ValueError(f"{name}: no tokens: expected a non-empty stream")
     stored_table = existing.embeddings() if existing is not None else None
@@ -175,8 +174,3 @@ def write_tokens(
             context, query, target = windows.feed(piece)
             writer.write(context, query, target, source=name)
         return writer.close()
-
-
-def _blocks(stream: np.ndarray) -> Iterator[np.ndarray]:
-    for start in range(0, stream.shape[0], _TOKEN_BLOCK):
-        yield np.asarray(stream[start : start + _TOKEN_BLOCK])

@@ -19,7 +19,7 @@ from dist_respattn.store.errors import IncompleteStoreError, StoreCorruptError, 
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.schema import StoreSchema, StoreState
 
-__all__ = ["Partition", "TripleStore", "open_group_at"]
+__all__ = ["Partition", "TripleStore", "open_group_at", "shard_key"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +41,11 @@ def open_group_at(location: StoreLocation, mode: str = "r") -> Any:
         return zarr.open_group(location.zarr_store(), mode=mode)  # type: ignore[arg-type]
     except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError) as exc:
         raise StoreError(f"{location}: no zarr group there (expected a triple store)") from exc
+
+
+def shard_key(array: Any, name: str, partition: int) -> str:
+    """The store key of array ``name``'s file for ``partition`` (its shard), e.g. ``'query/c/3/0'``."""
+    return f"{name}/{array.metadata.encode_chunk_key((partition,) + (0,) * (array.ndim - 1))}"
 
 
 class TripleStore:
@@ -73,7 +78,7 @@ class TripleStore:
         cls, url: str | os.PathLike[str] | StoreLocation, *, storage_options: dict[str, Any] | None = None
     ) -> TripleStore:
         """Open the store at a local path or fsspec URL; raise a :class:`StoreError` naming what is wrong."""
-        location = url if isinstance(url, StoreLocation) else StoreLocation.of(url, storage_options)
+        location = StoreLocation.of(url, storage_options)
         group = open_group_at(location)
         schema, attributes, problems = structural_problems(group)
         if problems:
@@ -122,8 +127,7 @@ class TripleStore:
             return
         fs, root = self.location.filesystem()
         for name, array in self._arrays.items():
-            coords = (part.index,) + (0,) * (array.ndim - 1)
-            key = f"{name}/{array.metadata.encode_chunk_key(coords)}"
+            key = shard_key(array, name, part.index)
             rows = f"rows {part.start}..{part.stop - 1}"
             try:
                 size = int(fs.info(f"{root}/{key}")["size"])
@@ -166,14 +170,12 @@ class TripleStore:
         step = self.chunk_rows if block_rows is None else int(block_rows)
         if step < 1:
             raise ValueError(f"block_rows = {block_rows}: expected a positive number of rows")
-        self._check_shards_present(part)
         for start in range(part.start, part.stop, step):
             yield self.read_rows(start, min(start + step, part.stop))
 
     def read_partition(self, part: Partition | int) -> EncodedRows:
         """A whole partition in memory (for a bounded-memory pass use :meth:`iter_blocks`)."""
         part = self.partition(part) if isinstance(part, int) else part
-        self._check_shards_present(part)
         return self.read_rows(part.start, part.stop)
 
     # -- what else the store carries ---------------------------------------------------------
@@ -193,7 +195,7 @@ class TripleStore:
 
     def true_model(self) -> ResponsibilityAttentionDistribution | None:
         """The head a synthetic store was sampled from, or ``None``."""
-        if "truth" not in set(self._group.group_keys()):
+        if "truth" not in self._group:
             return None
         truth = self._group["truth"]
         arrays = {name: truth[name][...] for name in MODEL_ARRAY_NAMES if name in truth}
@@ -201,11 +203,11 @@ class TripleStore:
 
     def embeddings(self) -> np.ndarray | None:
         """The (S, D) table token queries were looked up in, when the store was made from tokens."""
-        return self._group["embeddings"][...] if "embeddings" in set(self._group.array_keys()) else None
+        return self._group["embeddings"][...] if "embeddings" in self._group else None
 
     def vocabulary(self) -> dict[str, Any] | None:
         """The vocabulary JSON of a store made from text (``vocabulary/zarr.json`` attributes), or ``None``."""
-        if "vocabulary" not in set(self._group.group_keys()):
+        if "vocabulary" not in self._group:
             return None
         return dict(self._group["vocabulary"].attrs)
 
@@ -230,6 +232,6 @@ class TripleStore:
             "partitions": self.num_partitions,
             "fingerprint": self.fingerprint(),
             "arrays": arrays,
-            "has_true_model": "truth" in set(self._group.group_keys()),
+            "has_true_model": "truth" in self._group,
             "provenance": self.provenance,
         }

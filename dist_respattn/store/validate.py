@@ -12,7 +12,7 @@ from dist_respattn.store.checks import EncodedRows, Problem, block_problems, str
 from dist_respattn.store.errors import StoreError
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreSchema
-from dist_respattn.store.triple_store import open_group_at
+from dist_respattn.store.triple_store import open_group_at, shard_key
 
 __all__ = ["ValidationReport", "scan_partition", "validate"]
 
@@ -46,26 +46,22 @@ class ValidationReport:
         return "\n".join([head, *(f"  {p}" for p in self.problems)])
 
 
-def _chunk_keys(array: Any, name: str, partition: int) -> str:
-    return f"{name}/{array.metadata.encode_chunk_key((partition,) + (0,) * (array.ndim - 1))}"
-
-
 def scan_partition(location: StoreLocation, partition: int) -> tuple[list[Problem], int, int]:
     """Check every chunk of one partition: its files exist, decode, and hold valid values.
 
-    Opens the store itself (this runs on a worker). Returns (problems, rows scanned, chunks scanned).
+    Opens the store itself (this runs on a worker); the caller has checked its structure.
+    Returns (problems, rows scanned, chunks scanned).
     """
     group = open_group_at(location)
-    schema, attributes, structural = structural_problems(group)
-    if schema is None:
-        return structural, 0, 0
+    attributes = dict(group.attrs[ATTRIBUTE_KEY])
+    schema = StoreSchema.from_json(attributes, str(location))
     rows, chunk_rows, partition_rows = attributes["rows"], attributes["chunk_rows"], attributes["partition_rows"]
     start, stop = partition * partition_rows, min((partition + 1) * partition_rows, rows)
     arrays = {name: group[name] for name in schema.array_specs()}
     problems: list[Problem] = []
     missing = set()
     for name, array in arrays.items():
-        key = _chunk_keys(array, name, partition)
+        key = shard_key(array, name, partition)
         if not location.key_exists(key):
             missing.add(name)
             problems.append(
@@ -122,7 +118,7 @@ def validate(
     partitions are scanned in parallel on its workers (which must see the store's location).
     ``progress`` is called with the number of partitions each step finishes.
     """
-    location = url if isinstance(url, StoreLocation) else StoreLocation.of(url, storage_options)
+    location = StoreLocation.of(url, storage_options)
     group = open_group_at(location)  # nothing there at all is an error, not a finding
     if ATTRIBUTE_KEY not in group.attrs:
         raise StoreError(f"{location}: a zarr group without the '{ATTRIBUTE_KEY}' attribute: not a triple store")
@@ -142,13 +138,10 @@ def validate(
         )
         from distributed import as_completed
 
-        results: dict[int, tuple[list[Problem], int, int]] = {}
-        index = {f.key: p for f, p in zip(futures, partitions, strict=True)}
-        for future in as_completed(futures):
-            results[index[future.key]] = future.result()
+        for _ in as_completed(futures):
             if progress is not None:
                 progress(1)
-        ordered = [results[p] for p in partitions]
+        ordered = client.gather(futures)  # in partition order, so the report reads the same either way
     else:
         ordered = []
         for p in partitions:

@@ -86,14 +86,13 @@ class StoreWriter:
         self._appending = appending
         self._provenance = provenance
         self._progress = progress
-        self._specs = schema.array_specs()
-        self._arrays = {name: group[name] for name in self._specs}
+        specs = schema.array_specs()
+        self._arrays = {name: group[name] for name in specs}
         self.committed_rows = int(attributes["rows"])
         self._stored_rows = self.committed_rows  # rows in the arrays, committed or not
         self.rows_written = 0  # rows this writer was given
         self._buffer = {
-            name: np.empty((chunking.partition_rows, *shape), dtype=dtype)
-            for name, (shape, dtype) in self._specs.items()
+            name: np.empty((chunking.partition_rows, *shape), dtype=dtype) for name, (shape, dtype) in specs.items()
         }
         self._buffered = 0
         self._closed = False
@@ -124,11 +123,11 @@ class StoreWriter:
 
         ``row_order`` is ``"input"`` (rows as given) or ``"target"``: each written run of rows (a partition,
         or the rest of a partial one an append fills) stably sorted by target, which the E-step kernel
-        reads ~1.5× faster when the emission table outgrows cache.
+        reads ~1.3× faster when the emission table outgrows cache (bench_store: 2.21 M vs 1.67 M rows/s).
         """
         if row_order not in ROW_ORDERS:
             raise ValueError(f"row_order = {row_order!r}: expected one of {', '.join(ROW_ORDERS)}")
-        final = url if isinstance(url, StoreLocation) else StoreLocation.of(url, storage_options)
+        final = StoreLocation.of(url, storage_options)
         chunking = choose_chunking(schema.row_bytes, chunk_rows, partition_rows)
         location, replaces = final, None
         if final.exists():
@@ -232,15 +231,8 @@ class StoreWriter:
             boundary = (self._stored_rows // self.chunking.partition_rows + 1) * self.chunking.partition_rows
             room = boundary - self._stored_rows - self._buffered
             take = min(room, m - done)
-            for name, values in (
-                ("context", block.context),
-                ("query", block.query),
-                ("target", block.target),
-                ("weight", block.weight),
-            ):
-                if name in self._buffer:
-                    assert values is not None
-                    self._buffer[name][self._buffered : self._buffered + take] = values[done : done + take]
+            for name, buffer in self._buffer.items():  # the store's arrays: weight only when weighted
+                buffer[self._buffered : self._buffered + take] = getattr(block, name)[done : done + take]
             self._buffered += take
             done += take
             if self._buffered == boundary - self._stored_rows:
@@ -383,7 +375,7 @@ def rollback_append(
     A complete store is left as it is. A new store whose writer never finished cannot be restored
     (it has no committed rows) and raises.
     """
-    location = url if isinstance(url, StoreLocation) else StoreLocation.of(url, storage_options)
+    location = StoreLocation.of(url, storage_options)
     group = open_group_at(location, mode="r+")
     attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
     if not attributes:
