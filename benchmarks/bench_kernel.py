@@ -33,20 +33,24 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMB
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
-import ctypes  # noqa: E402
-import ctypes.util  # noqa: E402
-import gc  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
-import resource  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
+from measure import (  # noqa: E402
+    best_of,
+    current_rss_bytes,
+    max_relative_difference,
+    peak_rss_bytes,
+    release_free_memory,
+    reset_peak_rss,
+    time_once,
+)
 
 from dist_respattn import ResponsibilityAttentionDistribution, random_distribution  # noqa: E402
 from dist_respattn.model import kernels  # noqa: E402
@@ -64,59 +68,6 @@ SAMPLE_BLOCK_ROWS = 8192
 
 #: Rows the numba JIT is warmed up on (compile time must not be timed).
 WARMUP_ROWS = 256
-
-#: A slow path is run once; again (up to --repeats) only when one run is shorter than this.
-SLOW_PATH_REPEAT_BELOW_S = 1.0
-
-
-# ------------------------------------------------------------------------------------------- memory
-
-
-def peak_rss_bytes() -> int:
-    """The process's peak resident set size so far (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
-
-
-def current_rss_bytes() -> int | None:
-    """The current resident set size, or ``None`` where it cannot be read."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import psutil
-    except ImportError:
-        return None
-    return int(psutil.Process().memory_info().rss)
-
-
-def release_free_memory() -> bool:
-    """Collect garbage and hand the allocator's free pages back to the OS (glibc ``malloc_trim``).
-
-    Memory freed by earlier work (sampling, model building) but still resident would absorb the
-    kernel's allocations without raising RSS, hiding them; ``False`` where there is no glibc.
-    """
-    gc.collect()
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.malloc_trim(0) or True)
-    except (OSError, AttributeError):
-        return False
-
-
-def reset_peak_rss() -> bool:
-    """Reset the peak-RSS high-water mark to the current RSS (Linux ``clear_refs``); ``False`` if unsupported.
-
-    Without it, a peak left by earlier work (imports, model building) could hide growth below it.
-    """
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
 
 
 # ---------------------------------------------------------------------------------------- sampling
@@ -141,25 +92,7 @@ def sample_inputs(
     return context, query, target
 
 
-# ------------------------------------------------------------------------------------------ timing
-
-
-def time_once(run: Callable[[], Any]) -> tuple[float, Any]:
-    """Seconds one call of ``run`` took (``time.perf_counter``), and what it returned."""
-    start = time.perf_counter()
-    out = run()
-    return time.perf_counter() - start, out
-
-
-def best_of(run: Callable[[], Any], repeats: int, *, slow: bool = False) -> tuple[float, Any]:
-    """The shortest of ``repeats`` timed calls (a slow path stops after one call of >= 1 s)."""
-    best, out = time_once(run)
-    for _ in range(repeats - 1):
-        if slow and best >= SLOW_PATH_REPEAT_BELOW_S:
-            break
-        seconds, out = time_once(run)
-        best = min(best, seconds)
-    return best, out
+# ------------------------------------------------------------------------------------------- paths
 
 
 def ours_run(model: ResponsibilityAttentionDistribution, data: tuple, backend: str = "numba") -> Callable[[], Any]:
@@ -211,17 +144,6 @@ def symbol_major_run(model: ResponsibilityAttentionDistribution, data: tuple) ->
 
 def path_figures(rows: int, seconds: float) -> dict[str, float]:
     return {"rows": rows, "seconds": seconds, "triples_per_s": rows / seconds}
-
-
-def max_relative_difference(ours: Any, theirs: Any) -> float:
-    """Largest difference over the first five statistics (the reference library's value), each field
-    relative to its largest magnitude."""
-    worst = 0.0
-    for a, b in zip(tuple(ours)[:5], tuple(theirs)[:5], strict=True):
-        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-        scale = max(float(np.max(np.abs(b), initial=0.0)), 1e-300)
-        worst = max(worst, float(np.max(np.abs(a - b), initial=0.0)) / scale)
-    return worst
 
 
 # ------------------------------------------------------------------------------------------- report
@@ -406,7 +328,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         prefix = tuple(a[: args.numpy_rows] for a in data)
         seconds, theirs = best_of(ours_run(model, prefix, backend="numpy"), args.repeats, slow=True)
         results["numpy"] = path_figures(args.numpy_rows, seconds)
-        agreement["numpy"] = max_relative_difference(ours_run(model, prefix)().value(), theirs.value())
+        agreement["numpy"] = max_relative_difference(ours_run(model, prefix)().value(), theirs.value(), fields=5)
 
     results["mixle"] = None
     mixle_version = None
@@ -436,7 +358,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             seconds, theirs = best_of(run_mixle, args.repeats, slow=True)
             results["mixle"] = path_figures(n, seconds)
             ours_prefix = tuple(a[:n] for a in data)
-            agreement["mixle"] = max_relative_difference(ours_run(model, ours_prefix)().value(), theirs.value())
+            agreement["mixle"] = max_relative_difference(
+                ours_run(model, ours_prefix)().value(), theirs.value(), fields=5
+            )
 
     sampled = results["ours_sampled"]
     report = {

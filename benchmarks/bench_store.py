@@ -42,10 +42,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMB
 import argparse  # noqa: E402
 import ctypes  # noqa: E402
 import ctypes.util  # noqa: E402
-import gc  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import resource  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -59,6 +57,15 @@ import numcodecs  # noqa: E402
 import numcodecs.blosc  # noqa: E402
 import numpy as np  # noqa: E402
 import zarr  # noqa: E402
+from measure import (  # noqa: E402
+    best_of,
+    current_rss_bytes,
+    max_relative_difference,
+    peak_rss_bytes,
+    release_free_memory,
+    reset_peak_rss,
+    time_once,
+)
 
 from dist_respattn import ResponsibilityAttentionDistribution, random_distribution  # noqa: E402
 from dist_respattn.store import (  # noqa: E402
@@ -110,62 +117,6 @@ def use_one_thread() -> dict[str, Any]:
         "blosc_threads": get_nthreads() if get_nthreads is not None else 1,
         "zarr_max_workers": zarr.config.get("threading.max_workers"),
     }
-
-
-# ------------------------------------------------------------------------------------------- memory
-
-
-def _status_bytes(field: str) -> int | None:
-    """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``) in bytes, or ``None``."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def current_rss_bytes() -> int | None:
-    """The current resident set size, or ``None`` where it cannot be read."""
-    rss = _status_bytes("VmRSS")
-    if rss is not None:
-        return rss
-    try:
-        import psutil
-    except ImportError:
-        return None
-    return int(psutil.Process().memory_info().rss)
-
-
-def peak_rss_bytes() -> int:
-    """The resident high-water mark: ``VmHWM`` (which ``reset_peak_rss`` resets), else ``ru_maxrss``."""
-    hwm = _status_bytes("VmHWM")
-    if hwm is not None:
-        return hwm
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
-
-
-def release_free_memory() -> bool:
-    """Collect garbage and hand the allocator's free pages back to the OS (glibc ``malloc_trim``)."""
-    gc.collect()
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.malloc_trim(0) or True)
-    except (OSError, AttributeError):
-        return False
-
-
-def reset_peak_rss() -> bool:
-    """Reset the high-water mark to the current RSS (Linux ``clear_refs``); ``False`` if unsupported."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
 
 
 # ---------------------------------------------------------------------------------- files and cache
@@ -265,26 +216,6 @@ class PageCache:
             finally:
                 os.close(fd)
         return time.perf_counter() - start
-
-
-# ------------------------------------------------------------------------------------------ timing
-
-
-def time_once(run: Callable[[], Any]) -> tuple[float, Any]:
-    """Seconds one call of ``run`` took (``time.perf_counter``), and what it returned."""
-    start = time.perf_counter()
-    out = run()
-    return time.perf_counter() - start, out
-
-
-def best_of(run: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    """The shortest of ``repeats`` timed calls, and what that call returned."""
-    best, out = time_once(run)
-    for _ in range(repeats - 1):
-        seconds, result = time_once(run)
-        if seconds < best:
-            best, out = seconds, result
-    return best, out
 
 
 def throughput(rows: int, seconds: float, row_bytes: int) -> dict[str, float]:
@@ -490,16 +421,6 @@ def best_inner(run: Callable[[], tuple[float, Any]], repeats: int) -> tuple[floa
         if seconds < best:
             best, out = seconds, result
     return best, out
-
-
-def max_relative_difference(ours: Any, theirs: Any) -> float:
-    """Largest difference over the array and scalar statistics, each relative to its largest magnitude."""
-    worst = 0.0
-    for a, b in zip(ours, theirs, strict=True):
-        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-        scale = max(float(np.max(np.abs(b), initial=0.0)), 1e-300)
-        worst = max(worst, float(np.max(np.abs(a - b), initial=0.0)) / scale)
-    return worst
 
 
 # ------------------------------------------------------------------------------------------- report
