@@ -6,7 +6,10 @@ import numpy as np
 
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 
-__all__ = ["recovery_report"]
+__all__ = ["PRIOR_COLLAPSE_MASS", "degeneracy_warnings", "recovery_report"]
+
+#: A position prior with at least this much mass on one position has collapsed onto it.
+PRIOR_COLLAPSE_MASS = 0.99
 
 
 def recovery_report(
@@ -35,3 +38,37 @@ def recovery_report(
         "emission_tv_max": float(tv.max()),
         "sigma2_ratio": fitted.sigma2 / truth.sigma2,
     }
+
+
+def degeneracy_warnings(
+    model: ResponsibilityAttentionDistribution,
+    *,
+    key_mass: np.ndarray | None = None,
+    min_sigma2: float | None = None,
+) -> list[str]:
+    """Ways a fitted head has degenerated, one sentence each (empty when it has not).
+
+    - the learned gate variance sits on its floor ``min_sigma2`` (pass it only when sigma2 is learned);
+    - the position prior puts at least ``PRIOR_COLLAPSE_MASS`` of its mass on one position;
+    - some symbols received no responsibility mass (``key_mass`` (S,) of the last E-step).
+    """
+    warnings = []
+    if min_sigma2 is not None and model.sigma2 <= min_sigma2 * (1.0 + 1e-9):
+        warnings.append(
+            f"sigma2 = {model.sigma2:.3g} sits on min_sigma2: the keys have collapsed onto the queries "
+            "(lower min_sigma2, fix sigma2, or add data)"
+        )
+    top = int(np.argmax(model.position_prior))
+    if model.context_length > 1 and model.position_prior[top] >= PRIOR_COLLAPSE_MASS:
+        warnings.append(
+            f"the position prior puts {model.position_prior[top]:.1%} of its mass on position {top}: "
+            "the head attends to one position only"
+        )
+    if key_mass is not None:
+        dead = int(np.count_nonzero(np.asarray(key_mass) <= 0.0))
+        if dead:
+            warnings.append(
+                f"{dead} of {model.num_symbols} symbols received no responsibility mass "
+                "(they never occur in a context, or never win any attention); their keys are not learned"
+            )
+    return warnings

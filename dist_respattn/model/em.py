@@ -42,6 +42,7 @@ class EMResult:
     distribution: ResponsibilityAttentionDistribution
     history: list[EMIteration] = field(default_factory=list)
     converged: bool = False
+    stopped_by_callback: bool = False
 
     @property
     def n_iter(self) -> int:
@@ -66,20 +67,30 @@ def run_em(
     init: ResponsibilityAttentionDistribution | None = None,
     max_iter: int = 100,
     tol: float = 1e-6,
-    callback: Callable[[EMIteration, ResponsibilityAttentionDistribution], None] | None = None,
+    callback: Callable[[EMIteration, ResponsibilityAttentionDistribution], bool | None] | None = None,
+    first_iteration: int = 1,
+    previous_log_likelihood: float | None = None,
 ) -> EMResult:
     """Run EM until the relative change of the mean log-likelihood is below ``tol``, or ``max_iter``.
 
     Without ``init`` the first model is the M-step of random responsibilities (``e_step(None)``).
     Every iteration's log-likelihood comes from its E-step: there is no separate scoring pass.
+
+    ``callback(record, new_model)`` runs after every M-step; returning ``True`` stops the run (early
+    stopping). A run resumed after iteration ``k`` passes ``init`` (the model after ``k``),
+    ``first_iteration=k + 1`` and the mean log-likelihood of iteration ``k``: it then takes exactly the
+    steps the uninterrupted run would have taken. ``max_iter`` counts from iteration 1.
     """
     if max_iter < 0:
         raise ValueError(f"max_iter = {max_iter}: expected >= 0")
+    if first_iteration < 1:
+        raise ValueError(f"first_iteration = {first_iteration}: expected >= 1")
     model = init if init is not None else estimator.estimate(None, e_step(None))
     history: list[EMIteration] = []
-    previous_ll: float | None = None
+    previous_ll = previous_log_likelihood
     converged = False
-    for iteration in range(1, max_iter + 1):
+    stopped = False
+    for iteration in range(first_iteration, max_iter + 1):
         started = time.perf_counter()
         stats = e_step(model)
         if stats.n_obs <= 0.0:
@@ -90,13 +101,14 @@ def run_em(
         record = EMIteration(iteration, mean_ll, change, time.perf_counter() - started, stats.n_obs)
         history.append(record)
         logger.info("iteration %d: mean log-likelihood %.6f (change %.3g)", iteration, mean_ll, change)
-        if callback is not None:
-            callback(record, model)
         if change < tol:
             converged = True
+        if callback is not None and callback(record, model) and not converged:
+            stopped = True
+        if converged or stopped:
             break
         previous_ll = mean_ll
-    return EMResult(model, history, converged)
+    return EMResult(model, history, converged, stopped)
 
 
 def fit_em(
@@ -109,7 +121,7 @@ def fit_em(
     tol: float = 1e-6,
     seed: int | np.random.Generator | None = 0,
     backend: kernels.Backend = "numba",
-    callback: Callable[[EMIteration, ResponsibilityAttentionDistribution], None] | None = None,
+    callback: Callable[[EMIteration, ResponsibilityAttentionDistribution], bool | None] | None = None,
 ) -> EMResult:
     """Fit a head by EM in this process on an encoded batch ``(context (n, N), query (n, D), target (n,))``.
 
