@@ -30,7 +30,7 @@ from dist_respattn.model import sequence_windows
 from dist_respattn.store import TripleStore
 from tests.test_cli import COMMAND, run
 
-SUBCOMMANDS = ("synth", "ingest", "info", "validate", "repair", "demo")
+SUBCOMMANDS = ("synth", "ingest", "info", "validate", "repair", "demo", "fit", "evaluate")
 # S, N, D, T of the synthetic stores: all different, so a field mixed up with another shows.
 S, N, D, T = 7, 3, 4, 5
 SHAPE_ARGS = ("--symbols", str(S), "--context", str(N), "--dim", str(D), "--targets", str(T))
@@ -203,6 +203,8 @@ def test_build_parser_knows_every_subcommand():
         ("info", ["STORE"]),
         ("validate", ["STORE"]),
         ("repair", ["STORE"]),
+        ("fit", ["STORE", "--model-dir", "M"]),
+        ("evaluate", ["MODEL", "STORE"]),
     ):
         args = parser.parse_args([command, *argv])
         assert args.command == command
@@ -227,6 +229,10 @@ def test_every_subcommand_has_help(capsys, monkeypatch):
     for flag in ("--arrays", "--tokens", "--text", "--weights", "--embeddings", "--vocab-size", "--append"):
         assert flag in helps["ingest"], flag
     assert "--scheduler" in helps["validate"]
+    for flag in ("--model-dir", "--validation", "--init-from", "--resume", "--early-stop-metric", "--patience"):
+        assert flag in helps["fit"], flag
+    for command in ("fit", "evaluate", "demo"):
+        assert "--scheduler" in helps[command], command
     # The console script prints the same help.
     console = subprocess.run(
         [COMMAND, "ingest", "--help"],

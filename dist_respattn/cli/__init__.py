@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from dist_respattn.cli import demo, store_commands
+from dist_respattn.cli import demo, fit_commands, store_commands
 from dist_respattn.cli.common import CommandError
 
 __all__ = ["build_parser", "main"]
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo.register(sub)
     store_commands.register(sub)
+    fit_commands.register(sub)
     return parser
 
 
@@ -36,11 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return 0
+    from dist_respattn.engine.cluster import ClusterError
     from dist_respattn.store.errors import StoreError
 
     try:
         report = args.handler(args)
-    except (CommandError, StoreError, ValueError, TypeError, OSError) as exc:
+    except (CommandError, StoreError, ClusterError, MemoryError, ValueError, TypeError, OSError) as exc:
         message = " ".join(str(exc).split())  # one line, whatever the exception held
         print(f"dist-respattn {args.command}: error: {message}", file=sys.stderr)
         return 2

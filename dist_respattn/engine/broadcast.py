@@ -1,0 +1,51 @@
+"""The current parameters on the cluster: scattered once per model to every worker, the previous ones released."""
+
+from __future__ import annotations
+
+import distributed
+
+from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+
+__all__ = ["ParameterBroadcast"]
+
+
+class ParameterBroadcast:
+    """Holds the one future of the model the workers use now.
+
+    The model is scattered with ``broadcast=True`` so every worker has a replica: a worker that dies
+    takes only its own copy, and the tasks Dask reruns elsewhere still find the parameters.
+    """
+
+    def __init__(self, client: distributed.Client, run_tag: str) -> None:
+        self.client = client
+        self.run_tag = run_tag
+        self._model: ResponsibilityAttentionDistribution | None = None
+        self._future: distributed.Future | None = None
+        self._label = ""
+
+    def publish(self, model: ResponsibilityAttentionDistribution, label: str) -> distributed.Future:
+        """The future of ``model`` under key ``respattn-params-<label>-<tag>``; scatters only a new model."""
+        if model is not self._model or self._future is None:
+            self.release()
+            key = f"respattn-params-{label}-{self.run_tag}"
+            self._future = self.client.scatter({key: model}, broadcast=True)[key]
+            self._model, self._label = model, label
+        return self._future
+
+    def republish(self, attempt: int) -> None:
+        """Scatter the current model again under a new key after a pass lost it with its workers (attempt > 0)."""
+        model, label = self._model, self._label
+        if attempt > 0 and model is not None:
+            self.release()
+            self.publish(model, f"{label}.{attempt}")
+
+    @property
+    def current(self) -> distributed.Future:
+        if self._future is None:
+            raise RuntimeError("no parameters have been published")
+        return self._future
+
+    def release(self) -> None:
+        """Drop the client's reference: the scheduler forgets the parameters once no task needs them."""
+        self._future = None
+        self._model = None

@@ -1,0 +1,208 @@
+"""Checkpoints: a fitted head as arrays (npz, never pickles) plus JSON, written atomically.
+
+A model directory holds::
+
+    ckpt-000005-1a2b3c4d/params.npz   key_means (S, D), emission (S, T), position_prior (N,), float64
+    ckpt-000005-1a2b3c4d/meta.json    sigma2, iteration, history, settings, store fingerprint, ...
+    latest.json                       {"checkpoint": "ckpt-000005-1a2b3c4d", "iteration": 5}
+    best.json                         the best checkpoint by the early-stopping metric (with validation)
+
+A checkpoint is written into a temporary directory, flushed, and renamed into place; only then is
+the pointer replaced (its own temporary file, then an atomic rename). A process killed at any
+moment therefore leaves the pointers on complete checkpoints. Old checkpoints are pruned after the
+pointers moved past them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.serialization import MODEL_ARRAY_NAMES, distribution_from_arrays, distribution_to_arrays
+
+__all__ = ["Checkpoint", "CheckpointError", "ModelDir", "checkpoint_name", "load_checkpoint", "load_model"]
+
+PARAMS_FILE = "params.npz"
+META_FILE = "meta.json"
+LATEST = "latest"
+BEST = "best"
+_TEMP_PREFIX = ".tmp-"
+FORMAT = "dist_respattn.checkpoint"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A model directory or checkpoint is missing, incomplete or not one of ours."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A loaded checkpoint: the head and its metadata (the JSON written with it)."""
+
+    name: str
+    model: ResponsibilityAttentionDistribution
+    meta: dict[str, Any]
+
+    @property
+    def iteration(self) -> int:
+        return int(self.meta["iteration"])
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem lets a directory be opened
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    temp = path.with_name(f"{_TEMP_PREFIX}{path.name}.{uuid.uuid4().hex[:8]}")
+    with open(temp, "w") as f:
+        json.dump(data, f, indent=2, allow_nan=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+    _fsync_dir(path.parent)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+class ModelDir:
+    """A directory of checkpoints with ``latest`` and ``best`` pointers (a local path)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def pointer_path(self, pointer: str) -> Path:
+        return self.path / f"{pointer}.json"
+
+    def has_checkpoint(self) -> bool:
+        return self.pointer_path(LATEST).is_file()
+
+    def pointed(self, pointer: str) -> str | None:
+        """The checkpoint name ``pointer`` (``"latest"`` or ``"best"``) names, or ``None``."""
+        path = self.pointer_path(pointer)
+        if not path.is_file():
+            return None
+        name = _read_json(path).get("checkpoint")
+        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+            raise CheckpointError(f"{path}: 'checkpoint' must name a checkpoint directory, got {name!r}")
+        return name
+
+    def write(self, name: str, model: ResponsibilityAttentionDistribution, meta: dict[str, Any]) -> None:
+        """Write checkpoint ``name`` (complete, or not at all). Pointers are moved separately."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        arrays, model_meta = distribution_to_arrays(model)
+        temp = self.path / f"{_TEMP_PREFIX}{name}"
+        shutil.rmtree(temp, ignore_errors=True)
+        temp.mkdir()
+        with open(temp / PARAMS_FILE, "wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]
+            f.flush()
+            os.fsync(f.fileno())
+        with open(temp / META_FILE, "w") as f:
+            json.dump({"format": FORMAT, "version": FORMAT_VERSION, "model": model_meta, **meta}, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(temp)
+        final = self.path / name
+        if final.exists():  # a rewrite of the same checkpoint (the same iteration of the same run)
+            shutil.rmtree(final)
+        os.rename(temp, final)
+        _fsync_dir(self.path)
+
+    def point(self, pointer: str, name: str, **info: Any) -> None:
+        """Atomically make ``pointer`` name checkpoint ``name`` (which must be complete)."""
+        _write_json_atomic(self.pointer_path(pointer), {"checkpoint": name, **info})
+
+    def load(self, name: str) -> Checkpoint:
+        """Read checkpoint ``name``; a missing or damaged file raises :class:`CheckpointError` naming it."""
+        folder = self.path / name
+        meta_path, params_path = folder / META_FILE, folder / PARAMS_FILE
+        for path in (meta_path, params_path):
+            if not path.is_file():
+                raise CheckpointError(f"{path}: missing (the checkpoint is incomplete or was removed)")
+        meta = _read_json(meta_path)
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+        if int(meta.get("version", 0)) > FORMAT_VERSION:
+            raise CheckpointError(
+                f"{meta_path}: checkpoint format version {meta['version']} is newer than this release reads "
+                f"({FORMAT_VERSION}); upgrade dist_respattn"
+            )
+        try:
+            with np.load(params_path, allow_pickle=False) as npz:
+                arrays = {key: npz[key] for key in MODEL_ARRAY_NAMES if key in npz.files}
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{params_path}: cannot be read ({exc})") from exc
+        try:
+            model = distribution_from_arrays(arrays, meta.get("model", {}), source=str(params_path))
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"{params_path}: {exc}") from exc
+        return Checkpoint(name, model, meta)
+
+    def prune(self, keep: set[str]) -> None:
+        """Remove checkpoints not in ``keep`` and leftovers of interrupted writes."""
+        if not self.path.is_dir():
+            return
+        for entry in self.path.iterdir():
+            stale_temp = entry.name.startswith(_TEMP_PREFIX)
+            old_checkpoint = entry.is_dir() and entry.name.startswith("ckpt-") and entry.name not in keep
+            if stale_temp or old_checkpoint:
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+
+
+def checkpoint_name(iteration: int, run_id: str) -> str:
+    """``ckpt-<iteration>-<run>``: names sort by iteration, and a new run never overwrites an old one."""
+    return f"ckpt-{iteration:06d}-{run_id}"
+
+
+def load_checkpoint(model_dir: str | os.PathLike[str], which: str = "auto") -> Checkpoint:
+    """Load the ``"latest"`` or ``"best"`` checkpoint of ``model_dir``; ``"auto"`` prefers ``best``."""
+    folder = ModelDir(model_dir)
+    if which not in ("auto", LATEST, BEST):
+        raise ValueError(f"which = {which!r}: expected 'auto', 'latest' or 'best'")
+    if not folder.path.is_dir():
+        raise CheckpointError(f"{folder}: no such model directory")
+    order = [BEST, LATEST] if which == "auto" else [which]
+    for pointer in order:
+        name = folder.pointed(pointer)
+        if name is not None:
+            return folder.load(name)
+    raise CheckpointError(
+        f"{folder}: no {' or '.join(order)} checkpoint (expected {'/'.join(p + '.json' for p in order)}); "
+        "is this the model directory of a fit?"
+    )
+
+
+def load_model(model_dir: str | os.PathLike[str], which: str = "auto") -> ResponsibilityAttentionDistribution:
+    """The head saved in ``model_dir``: the ``best`` checkpoint when there is one, else the ``latest``."""
+    return load_checkpoint(model_dir, which).model

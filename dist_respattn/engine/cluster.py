@@ -1,0 +1,147 @@
+"""Connecting to a Dask cluster: an embedded ``LocalCluster`` by default, or an existing scheduler.
+
+The engine closes only what it started: a client it made for an address is closed, the cluster
+behind it never is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import distributed
+
+__all__ = ["ClusterError", "ClusterInfo", "cluster_info", "connect", "machine_cores"]
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable naming the scheduler when no address is given (the one Dask itself reads).
+SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
+
+#: How long to try reaching a scheduler before giving up.
+CONNECT_TIMEOUT_SECONDS = 10.0
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot be reached, or has no workers to run on."""
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """What a fit needs to know about the workers it runs on.
+
+    Attributes:
+        workers: number of workers.
+        threads: total worker threads.
+        memory_limits: each worker's memory limit in bytes (0 = no limit), in address order.
+        dashboard: the dashboard URL, or ``None`` when the scheduler serves none.
+        address: the scheduler address.
+    """
+
+    workers: int
+    threads: int
+    memory_limits: tuple[int, ...]
+    dashboard: str | None
+    address: str
+
+    @property
+    def smallest_memory_limit(self) -> int:
+        """The tightest worker memory limit in bytes, or 0 when no worker has one."""
+        limits = [m for m in self.memory_limits if m]
+        return min(limits) if limits else 0
+
+
+def machine_cores() -> int:
+    """Cores this process may run on (the affinity mask, not the host's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def cluster_info(client: distributed.Client) -> ClusterInfo:
+    """Workers, threads, memory limits and dashboard of the cluster ``client`` talks to."""
+    info = client.scheduler_info(n_workers=-1)
+    workers = [info["workers"][address] for address in sorted(info["workers"])]
+    dashboard: str | None
+    try:
+        dashboard = client.dashboard_link if "dashboard" in info.get("services", {}) else None
+    except (KeyError, AttributeError):
+        dashboard = None
+    return ClusterInfo(
+        workers=len(workers),
+        threads=sum(int(w.get("nthreads", 1)) for w in workers),
+        memory_limits=tuple(int(w.get("memory_limit") or 0) for w in workers),
+        dashboard=dashboard,
+        address=str(info.get("address", client.scheduler.address if client.scheduler else "")),
+    )
+
+
+def _local_cluster(n_workers: int | None, threads_per_worker: int, memory_limit: str | int) -> distributed.LocalCluster:
+    """A LocalCluster of worker processes on 127.0.0.1, one worker a core by default, dashboard on a free port.
+
+    One thread a worker: the E-step kernel is single-threaded and each task holds its own statistics,
+    so processes (not threads) are what scale, and each gets an even share of the machine's memory.
+    """
+    return distributed.LocalCluster(
+        n_workers=n_workers or machine_cores(),
+        threads_per_worker=threads_per_worker,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address="127.0.0.1:0",
+        memory_limit=memory_limit,
+        silence_logs=logging.ERROR,
+    )
+
+
+@contextlib.contextmanager
+def connect(
+    scheduler: str | None = None,
+    *,
+    client: distributed.Client | None = None,
+    n_workers: int | None = None,
+    threads_per_worker: int = 1,
+    memory_limit: str | int = "auto",
+    say: Callable[[str], Any] | None = None,
+) -> Iterator[distributed.Client]:
+    """A client for the fit: the given ``client``, a scheduler address, or an embedded LocalCluster.
+
+    Order: ``client`` (used as is, never closed); ``scheduler`` or ``$DASK_SCHEDULER_ADDRESS`` (a new
+    client, closed on exit, the cluster left running); otherwise a LocalCluster of ``n_workers``
+    processes (default: one a core) that is closed on exit. ``say`` receives one line naming the
+    cluster and its dashboard.
+    """
+    if client is not None:
+        yield client
+        return
+    address = scheduler or os.environ.get(SCHEDULER_ENV) or None
+    if address:
+        try:
+            own_client = distributed.Client(address, timeout=CONNECT_TIMEOUT_SECONDS, set_as_default=False)
+        except (OSError, TimeoutError) as exc:
+            raise ClusterError(
+                f"cannot reach the Dask scheduler at {address} within {CONNECT_TIMEOUT_SECONDS:.0f} s "
+                f"({type(exc).__name__}); is it running, and is the address right?"
+            ) from exc
+        with own_client:
+            _announce(own_client, f"connected to the scheduler at {address}", say)
+            yield own_client
+        return
+    with (
+        _local_cluster(n_workers, threads_per_worker, memory_limit) as cluster,
+        distributed.Client(cluster, set_as_default=False) as own_client,
+    ):
+        _announce(own_client, f"started a local cluster of {len(cluster.workers)} worker processes", say)
+        yield own_client
+
+
+def _announce(client: distributed.Client, what: str, say: Callable[[str], Any] | None) -> None:
+    if say is None:
+        return
+    info = cluster_info(client)
+    dashboard = f"; dashboard: {info.dashboard}" if info.dashboard else "; no dashboard (is bokeh installed?)"
+    say(f"{what} ({info.workers} workers, {info.threads} threads){dashboard}")

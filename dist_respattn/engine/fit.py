@@ -1,0 +1,423 @@
+"""``fit``: exact EM over a triple store on a Dask cluster, checkpointed after every M-step.
+
+Each iteration: the current parameters are scattered once; one E-step task per partition reads its
+rows in blocks and returns its statistics; a fixed tree of combine tasks sums them on the workers;
+the driver receives one value, pools it (``key_merge``/``key_replace``), runs the M-step, scores the
+validation store if there is one, writes a checkpoint and moves on. The driver never reads a row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import distributed
+
+from dist_respattn.engine import tasks
+from dist_respattn.engine.broadcast import ParameterBroadcast
+from dist_respattn.engine.checkpoint import BEST, LATEST, Checkpoint, ModelDir, checkpoint_name, load_checkpoint
+from dist_respattn.engine.cluster import ClusterError, cluster_info, connect
+from dist_respattn.engine.memory import check_memory, estimate_memory
+from dist_respattn.engine.passes import PassRunner
+from dist_respattn.engine.progress import FitReporter
+from dist_respattn.engine.settings import FitSettings
+from dist_respattn.model.accumulator import SufficientStatistics
+from dist_respattn.model.diagnostics import degeneracy_warnings
+from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.em import EMIteration, run_em
+from dist_respattn.store import StoreLocation, TripleStore
+
+__all__ = ["FitError", "FitResult", "fit", "open_store"]
+
+logger = logging.getLogger(__name__)
+
+#: How long a fit waits for a cluster to have at least one worker.
+WORKER_WAIT_SECONDS = 30.0
+
+#: Terminal states of a fit, as recorded in its checkpoints.
+STATES = ("running", "converged", "max_iter", "early_stopped")
+
+
+class FitError(ValueError):
+    """A fit cannot start as asked (model directory in use, mismatched model or settings)."""
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What a fit produced.
+
+    Attributes:
+        model: the model after the last M-step (``load_model`` prefers ``best`` when validating).
+        model_dir: where the checkpoints are.
+        state: ``converged``, ``max_iter`` or ``early_stopped``.
+        history: one record per iteration (including those before a resume).
+        best_iteration: the iteration of the ``best`` checkpoint, or ``None`` without validation.
+        warnings: degenerate-fit warnings of the final model.
+        dashboard: the cluster's dashboard URL, if it serves one.
+        seconds: wall time of this call; ``first_iteration_seconds``: from the call to the end of the
+            first iteration it ran (``None`` when it ran none).
+    """
+
+    model: ResponsibilityAttentionDistribution
+    model_dir: str
+    state: str
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best_iteration: int | None = None
+    warnings: list[str] = field(default_factory=list)
+    dashboard: str | None = None
+    seconds: float = 0.0
+    first_iteration_seconds: float | None = None
+
+    @property
+    def iterations(self) -> int:
+        return len(self.history)
+
+
+def open_store(
+    store: str | os.PathLike[str] | StoreLocation | TripleStore, storage_options: dict[str, Any] | None = None
+) -> TripleStore:
+    """A ``TripleStore`` from a store, a location, a path or a URL."""
+    if isinstance(store, TripleStore):
+        return store
+    return TripleStore.open(store, storage_options=storage_options)
+
+
+def _shape(obj: Any) -> tuple[int, int, int, int]:
+    schema = getattr(obj, "schema", None)
+    if schema is not None:
+        return (schema.num_symbols, schema.context_length, schema.query_dim, schema.num_targets)
+    return (obj.num_symbols, obj.context_length, obj.query_dim, obj.num_targets)
+
+
+def _check_same_shape(model: ResponsibilityAttentionDistribution, what: str, store: TripleStore) -> None:
+    if _shape(model) != _shape(store):
+        raise FitError(
+            f"{what} has (S, N, D, T) = {_shape(model)} but the store {store.location} has {_shape(store)}: "
+            "a model only fits stores of its own shape"
+        )
+
+
+class _EarlyStopping:
+    """Tracks the best held-out metric and the iterations since it improved."""
+
+    def __init__(self, metric: str | None, patience: int, state: dict[str, Any] | None = None) -> None:
+        self.metric = metric
+        self.patience = patience
+        state = state or {}
+        self.best: float | None = state.get("best")
+        self.best_iteration: int | None = state.get("best_iteration")
+        self.best_checkpoint: str | None = state.get("best_checkpoint")
+        self.since_best: int = int(state.get("since_best", 0))
+
+    def value(self, heldout: dict[str, float]) -> float:
+        return heldout["perplexity"] if self.metric == "perplexity" else heldout["mean_log_likelihood"]
+
+    def update(self, heldout: dict[str, float], iteration: int, checkpoint: str) -> bool:
+        """Record an iteration's held-out scores; True when it is the best so far."""
+        value = self.value(heldout)
+        better = self.best is None or (value < self.best if self.metric == "perplexity" else value > self.best)
+        if better and not math.isnan(value):
+            self.best, self.best_iteration, self.best_checkpoint, self.since_best = value, iteration, checkpoint, 0
+            return True
+        self.since_best += 1
+        return False
+
+    @property
+    def exhausted(self) -> bool:
+        return self.since_best >= self.patience
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "patience": self.patience,
+            "best": self.best,
+            "best_iteration": self.best_iteration,
+            "best_checkpoint": self.best_checkpoint,
+            "since_best": self.since_best,
+        }
+
+
+def _store_record(store: TripleStore) -> dict[str, Any]:
+    return {
+        "url": str(store.location),
+        "fingerprint": store.fingerprint(),
+        "rows": store.num_rows,
+        "partitions": store.num_partitions,
+        "source": store.provenance.get("source"),
+    }
+
+
+def _starting_point(
+    folder: ModelDir,
+    *,
+    resume: bool,
+    overwrite: bool,
+    settings: FitSettings,
+    train: TripleStore,
+    init: ResponsibilityAttentionDistribution | None,
+    init_from: str | os.PathLike[str] | None,
+) -> tuple[Checkpoint | None, ResponsibilityAttentionDistribution | None, dict[str, Any]]:
+    """Decide where the fit starts: ``(checkpoint to resume, starting model, init record)``."""
+    if init is not None and init_from is not None:
+        raise FitError("give either init (a model) or init_from (a model directory), not both")
+    if folder.has_checkpoint():
+        if resume:
+            checkpoint = load_checkpoint(folder.path, LATEST)
+            saved = FitSettings.from_json(checkpoint.meta.get("settings", {}))
+            differences = saved.differences(settings, ignore=("max_iter",))
+            if differences:
+                raise FitError(
+                    f"{folder}: cannot resume with other settings than the checkpoint's ({'; '.join(differences)}); "
+                    "resume with the same settings, or start over with overwrite"
+                )
+            fingerprint = checkpoint.meta.get("store", {}).get("fingerprint")
+            if fingerprint != train.fingerprint():
+                raise FitError(
+                    f"{folder}: the checkpoint was fitted on store {checkpoint.meta.get('store', {}).get('url')} "
+                    f"with fingerprint {fingerprint}, but {train.location} has fingerprint {train.fingerprint()}; "
+                    "resume on the same store, or start a new fit (warm-started with init_from)"
+                )
+            _check_same_shape(checkpoint.model, f"checkpoint {folder}", train)
+            return checkpoint, checkpoint.model, checkpoint.meta.get("init", {})
+        if not overwrite:
+            raise FitError(
+                f"{folder} already holds a fit; resume it (--resume) or start over (--overwrite), "
+                "or choose another model directory"
+            )
+    if init_from is not None:
+        warm = load_checkpoint(init_from)
+        _check_same_shape(warm.model, f"the model in {init_from}", train)
+        return None, warm.model, {"kind": "model", "source": str(init_from), "iteration": warm.iteration}
+    if init is not None:
+        _check_same_shape(init, "the initial model", train)
+        return None, init, {"kind": "given"}
+    return None, None, {"kind": "random", "seed": settings.seed}
+
+
+def fit(
+    store: str | os.PathLike[str] | StoreLocation | TripleStore,
+    *,
+    model_dir: str | os.PathLike[str],
+    settings: FitSettings | None = None,
+    validation: str | os.PathLike[str] | StoreLocation | TripleStore | None = None,
+    init: ResponsibilityAttentionDistribution | None = None,
+    init_from: str | os.PathLike[str] | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    client: distributed.Client | None = None,
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    memory_limit: str | int = "auto",
+    storage_options: dict[str, Any] | None = None,
+    say: Callable[[str], Any] | None = None,
+    progress: bool | None = None,
+) -> FitResult:
+    """Fit a head to ``store`` by exact EM on a Dask cluster, checkpointing into ``model_dir``.
+
+    Args:
+        store: the training triple store (path, URL, location or opened store).
+        model_dir: a local directory for the checkpoints (``latest``, and ``best`` with validation).
+        settings: the fit's settings (defaults: :class:`FitSettings`).
+        validation: a store of the same shape, scored after every iteration for early stopping.
+        init: a starting model; ``init_from``: a model directory to warm-start from.
+            Neither: random responsibilities seeded by ``(settings.seed, partition)``.
+        resume: continue the fit whose checkpoints are in ``model_dir`` (a new fit when there are none);
+            the result is bit-identical to an uninterrupted fit.
+        overwrite: start a new fit in a ``model_dir`` that already holds one.
+        client / scheduler / n_workers / memory_limit: the cluster (see :func:`connect`).
+        storage_options: fsspec options for store URLs.
+        say: receives the progress lines (default: the ``dist_respattn.fit`` logger).
+        progress: progress bars per pass (default: when stderr is a terminal).
+
+    Raises:
+        StoreError: a store is missing, incomplete or holds bad values (named by array and row).
+        FitError: the model directory, starting model or settings do not fit the request.
+        ClusterError / InsufficientMemoryError: no cluster, or not enough memory for this shape.
+    """
+    called = time.perf_counter()
+    settings = settings or FitSettings()
+    train = open_store(store, storage_options)
+    if train.num_rows == 0:
+        raise FitError(f"the store {train.location} has no rows: there is nothing to fit")
+    heldout = open_store(validation, storage_options) if validation is not None else None
+    if heldout is not None and _shape(heldout) != _shape(train):
+        raise FitError(
+            f"the validation store {heldout.location} has (S, N, D, T) = {_shape(heldout)} but the training "
+            f"store {train.location} has {_shape(train)}"
+        )
+    metric = settings.early_stop_metric or ("perplexity" if heldout is not None else None)
+    if metric is not None and heldout is None:
+        raise FitError(f"early stopping on {metric} needs a validation store")
+    folder = ModelDir(model_dir)
+    checkpoint, start_model, init_record = _starting_point(
+        folder, resume=resume, overwrite=overwrite, settings=settings, train=train, init=init, init_from=init_from
+    )
+    history: list[dict[str, Any]] = list(checkpoint.meta.get("history", [])) if checkpoint else []
+    stopping = _EarlyStopping(metric, settings.patience, checkpoint.meta.get("early_stopping") if checkpoint else None)
+    if checkpoint is not None and (
+        checkpoint.meta.get("state") in ("converged", "early_stopped") or checkpoint.iteration >= settings.max_iter
+    ):
+        state = checkpoint.meta.get("state", "max_iter")
+        (say or logger.info)(f"{folder}: the fit already ended at iteration {checkpoint.iteration} ({state})")
+        return FitResult(
+            checkpoint.model, str(folder), state, history, stopping.best_iteration,
+            checkpoint.meta.get("warnings", []), None, time.perf_counter() - called, None,
+        )  # fmt: skip
+
+    estimator = settings.estimator(train.schema)
+    factory = estimator.accumulator_factory()
+    run_id = uuid.uuid4().hex[:8]
+    fingerprint = train.fingerprint()
+    heldout_fingerprint = heldout.fingerprint() if heldout is not None else ""
+    store_record = _store_record(train)
+    from dist_respattn import __version__
+
+    with connect(scheduler, client=client, n_workers=n_workers, memory_limit=memory_limit, say=say) as cl:
+        try:
+            cl.wait_for_workers(1, timeout=WORKER_WAIT_SECONDS)
+        except TimeoutError as exc:
+            raise ClusterError(f"the cluster has no workers after {WORKER_WAIT_SECONDS:.0f} s") from exc
+        info = cluster_info(cl)
+        threads = max(1, info.threads // max(1, info.workers))
+        estimate = estimate_memory(
+            train.schema, chunk_rows=train.chunk_rows, threads_per_worker=threads, fan_in=settings.fan_in
+        )
+        check_memory(estimate, worker_limit=info.smallest_memory_limit, shape=f"(S, N, D, T) = {_shape(train)}")
+        reporter = FitReporter(cl, say=say, bar=progress)
+        runner = PassRunner(cl, run_id, fan_in=settings.fan_in, make_bar=reporter.make_bar)
+        params = ParameterBroadcast(cl, run_id)
+        spans = contextlib.ExitStack()
+        last_key_mass: list[Any] = [None]
+        next_iteration = [checkpoint.iteration + 1 if checkpoint else 1]
+        first_done: list[float | None] = [None]
+
+        def e_step(model: ResponsibilityAttentionDistribution | None) -> SufficientStatistics:
+            if model is None:
+                with distributed.span(f"respattn-init-{run_id}"):
+                    value = runner.run(
+                        "init", "0", train.num_partitions, tasks.init_task,
+                        lambda part: (train, part, factory, settings.seed, fingerprint),
+                        description="initializing",
+                    )  # fmt: skip
+            else:
+                iteration = next_iteration[0]
+                spans.enter_context(distributed.span(f"respattn-iteration-{iteration}-{run_id}"))
+                params.publish(model, str(iteration))
+                value = runner.run(
+                    "estep", str(iteration), train.num_partitions, tasks.estep_task,
+                    lambda part: (train, part, params.current, factory, fingerprint),
+                    description=f"iteration {iteration}",
+                    before_attempt=params.republish,
+                )  # fmt: skip
+            # Pool tied heads (one head ties only to itself, but the protocol is the reference's).
+            accumulator = factory.make().from_value(value)
+            pool: dict[str, Any] = {}
+            accumulator.key_merge(pool)
+            accumulator.key_replace(pool)
+            last_key_mass[0] = value.key_mass
+            return accumulator.value()
+
+        def after_iteration(record: EMIteration, model: ResponsibilityAttentionDistribution) -> bool:
+            iteration = record.iteration
+            scored: dict[str, float] | None = None
+            if heldout is not None:
+                params.publish(model, f"{iteration}m")
+                totals = runner.run(
+                    "heldout", str(iteration), heldout.num_partitions, tasks.score_task,
+                    lambda part: (heldout, part, params.current, heldout_fingerprint),
+                    description=f"validation {iteration}",
+                )  # fmt: skip
+                scored = totals.metrics()
+            name = checkpoint_name(iteration, run_id)
+            improved = stopping.update(scored, iteration, name) if scored is not None else False
+            converged = record.change < settings.tol
+            stop = scored is not None and stopping.exhausted and not converged
+            state = (
+                "converged" if converged
+                else "early_stopped" if stop
+                else "max_iter" if iteration >= settings.max_iter
+                else "running"
+            )  # fmt: skip
+            warnings = degeneracy_warnings(
+                model,
+                key_mass=last_key_mass[0],
+                min_sigma2=settings.min_sigma2 if settings.estimate_sigma2 else None,
+            )
+            entry = {
+                "iteration": iteration,
+                "mean_log_likelihood": record.mean_log_likelihood,
+                "change": None if math.isinf(record.change) else record.change,
+                "seconds": record.seconds,
+                "rows_per_second": train.num_rows / record.seconds if record.seconds > 0 else float("inf"),
+                "n_obs": record.n_obs,
+                "sigma2": model.sigma2,
+                "heldout": scored,
+                "state": state,
+                "warnings": warnings,
+                "run_id": run_id,
+            }
+            history.append(entry)
+            meta = {
+                "iteration": iteration,
+                "state": state,
+                "history": history,
+                "settings": settings.to_json(),
+                "store": store_record,
+                "validation": _store_record(heldout) if heldout is not None else None,
+                "early_stopping": stopping.to_json(),
+                "warnings": warnings,
+                "init": init_record,
+                "package_version": __version__,
+                "written": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+            folder.write(name, model, meta)
+            folder.point(LATEST, name, iteration=iteration, state=state)
+            if improved:
+                folder.point(BEST, name, iteration=iteration, metric=metric, value=stopping.best)
+            elif stopping.best_checkpoint is None:
+                # A fit without validation has no best; one left by an overwritten fit must not shadow latest.
+                folder.pointer_path(BEST).unlink(missing_ok=True)
+            folder.prune({name} | ({stopping.best_checkpoint} if stopping.best_checkpoint else set()))
+            reporter.iteration(entry)
+            spans.close()
+            next_iteration[0] = iteration + 1
+            if first_done[0] is None:
+                first_done[0] = time.perf_counter() - called
+            return stop
+
+        previous_ll = history[-1]["mean_log_likelihood"] if history else None
+        try:
+            result = run_em(
+                e_step,
+                estimator,
+                init=start_model,
+                max_iter=settings.max_iter,
+                tol=settings.tol,
+                callback=after_iteration,
+                first_iteration=next_iteration[0],
+                previous_log_likelihood=previous_ll,
+            )
+        finally:
+            spans.close()
+            params.release()
+        dashboard = info.dashboard
+    final_state = history[-1]["state"] if history else "max_iter"
+    return FitResult(
+        model=result.distribution,
+        model_dir=str(folder),
+        state=final_state,
+        history=history,
+        best_iteration=stopping.best_iteration,
+        warnings=history[-1]["warnings"] if history else [],
+        dashboard=dashboard,
+        seconds=time.perf_counter() - called,
+        first_iteration_seconds=first_done[0],
+    )

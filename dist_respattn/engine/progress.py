@@ -1,0 +1,81 @@
+"""Reporting a fit as it runs: a bar per pass on a terminal, one line per iteration, one cluster event each.
+
+The same per-iteration record goes to the log line and to ``Client.log_event`` under the topic
+``dist_respattn.fit``, so anyone attached to the scheduler sees the fit's progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import distributed
+
+__all__ = ["EVENT_TOPIC", "FitReporter", "format_iteration"]
+
+logger = logging.getLogger("dist_respattn.fit")
+
+#: The topic of the per-iteration events on the scheduler.
+EVENT_TOPIC = "dist_respattn.fit"
+
+
+def format_iteration(record: dict[str, Any]) -> str:
+    """One line for an iteration record, e.g. ``iteration 3: log-likelihood -27.6473 (change 1.2e-04), …``."""
+    change = record["change"]
+    change_text = "first" if change is None or math.isinf(change) else f"change {change:.3g}"
+    parts = [
+        f"iteration {record['iteration']}: log-likelihood {record['mean_log_likelihood']:.6f} ({change_text})",
+        f"{record['seconds']:.2f} s",
+        f"{record['rows_per_second']:,.0f} rows/s",
+    ]
+    heldout = record.get("heldout")
+    if heldout:
+        parts.append(
+            f"held-out log-likelihood {heldout['mean_log_likelihood']:.4f}, perplexity {heldout['perplexity']:.4g}, "
+            f"accuracy {heldout['accuracy']:.2%}"
+        )
+    line = ", ".join(parts)
+    for warning in record.get("warnings", []):
+        line += f"\n  warning: {warning}"
+    return line
+
+
+class FitReporter:
+    """Where a fit's progress goes.
+
+    Args:
+        client: the cluster's client (for ``log_event``).
+        say: receives each line (default: the ``dist_respattn.fit`` logger at INFO).
+        bar: show a progress bar per pass; ``None``: only when stderr is a terminal.
+    """
+
+    def __init__(
+        self, client: distributed.Client, *, say: Callable[[str], Any] | None = None, bar: bool | None = None
+    ) -> None:
+        self.client = client
+        self.say = say if say is not None else logger.info
+        self.bar = sys.stderr.isatty() if bar is None else bar
+
+    def make_bar(self, total: int, description: str) -> Any:
+        if not self.bar:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=description, unit="partition", leave=False, file=sys.stderr)
+
+    def line(self, text: str) -> None:
+        self.say(text)
+
+    def iteration(self, record: dict[str, Any]) -> None:
+        """Print the iteration's line and publish its record as a cluster event."""
+        self.say(format_iteration(record))
+        self.event(record)
+
+    def event(self, record: dict[str, Any]) -> None:
+        try:
+            self.client.log_event(EVENT_TOPIC, record)
+        except Exception as exc:  # a monitoring hiccup must never fail a fit
+            logger.debug("could not publish the fit event: %s", exc)

@@ -1,0 +1,55 @@
+"""Shared fixtures of the engine tests: small synthetic stores and one local cluster per module."""
+
+from __future__ import annotations
+
+import logging
+
+import distributed
+import pytest
+
+from dist_respattn import random_distribution
+from dist_respattn.store import WriteOptions, write_synthetic
+
+#: A small head: S symbols, context length N, query dim D, T targets.
+S, N, D, T = 30, 4, 5, 12
+#: 20,000 rows in 2,048-row chunks and 4,096-row partitions: 5 partitions, the last one partial.
+ROWS = 20_000
+SMALL = WriteOptions(chunk_rows=2048, partition_rows=4096)
+
+
+def small_truth(seed: int = 0):
+    """The head the small stores are sampled from."""
+    return random_distribution(S, N, D, T, seed=seed, sigma2=0.5)
+
+
+@pytest.fixture(scope="session")
+def small_store(tmp_path_factory) -> str:
+    """A synthetic store of ROWS rows (5 partitions) sampled from ``small_truth()``; treat it as read-only."""
+    path = str(tmp_path_factory.mktemp("stores") / "train.zarr")
+    write_synthetic(path, ROWS, model=small_truth(), seed=1, options=SMALL)
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_validation_store(tmp_path_factory) -> str:
+    """5,000 held-out rows from the same head as ``small_store``; read-only."""
+    path = str(tmp_path_factory.mktemp("stores") / "validation.zarr")
+    write_synthetic(path, 5_000, model=small_truth(), seed=2, options=SMALL)
+    return path
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A client of a LocalCluster of two single-threaded worker processes on 127.0.0.1 (one per module)."""
+    with (
+        distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+            silence_logs=logging.ERROR,
+        ) as cluster,
+        distributed.Client(cluster, set_as_default=False) as c,
+    ):
+        yield c
