@@ -12,8 +12,10 @@ __all__ = ["ParameterBroadcast"]
 class ParameterBroadcast:
     """Holds the one future of the model the workers use now.
 
-    The model is scattered with ``broadcast=True`` so every worker has a replica: a worker that dies
-    takes only its own copy, and the tasks Dask reruns elsewhere still find the parameters.
+    The client uploads the model once, to one worker; the other workers fetch it from their peers
+    when their first task needs it, so the driver's upload does not grow with the cluster. If every
+    worker holding it dies, the pass that needed it fails as lost work and is resubmitted after
+    :meth:`republish`.
     """
 
     def __init__(self, client: distributed.Client, run_tag: str) -> None:
@@ -28,7 +30,7 @@ class ParameterBroadcast:
         if model is not self._model or self._future is None:
             self.release()
             key = f"respattn-params-{label}-{self.run_tag}"
-            self._future = self.client.scatter({key: model}, broadcast=True)[key]
+            self._future = self.client.scatter({key: model})[key]
             self._model, self._label = model, label
         return self._future
 

@@ -15,8 +15,10 @@ pointers moved past them.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -29,7 +31,15 @@ import numpy as np
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.serialization import MODEL_ARRAY_NAMES, distribution_from_arrays, distribution_to_arrays
 
-__all__ = ["Checkpoint", "CheckpointError", "ModelDir", "checkpoint_name", "load_checkpoint", "load_model"]
+__all__ = [
+    "BackgroundCheckpoints",
+    "Checkpoint",
+    "CheckpointError",
+    "ModelDir",
+    "checkpoint_name",
+    "load_checkpoint",
+    "load_model",
+]
 
 PARAMS_FILE = "params.npz"
 META_FILE = "meta.json"
@@ -38,6 +48,8 @@ BEST = "best"
 _TEMP_PREFIX = ".tmp-"
 FORMAT = "dist_respattn.checkpoint"
 FORMAT_VERSION = 1
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -166,6 +178,29 @@ class ModelDir:
             raise CheckpointError(f"{params_path}: {exc}") from exc
         return Checkpoint(name, model, meta)
 
+    def commit(
+        self,
+        name: str,
+        model: ResponsibilityAttentionDistribution,
+        meta: dict[str, Any],
+        *,
+        latest: dict[str, Any],
+        best: dict[str, Any] | None,
+        keep_best: str | None,
+    ) -> None:
+        """Write checkpoint ``name``, point ``latest`` (and ``best`` when given) at it, prune the rest.
+
+        ``keep_best`` is the current best checkpoint (kept); when it is ``None`` a stale ``best.json``
+        (left by a fit this one overwrote) is removed, so it cannot shadow ``latest``.
+        """
+        self.write(name, model, meta)
+        self.point(LATEST, name, **latest)
+        if best is not None:
+            self.point(BEST, name, **best)
+        elif keep_best is None:
+            self.pointer_path(BEST).unlink(missing_ok=True)
+        self.prune({name} | ({keep_best} if keep_best else set()))
+
     def prune(self, keep: set[str]) -> None:
         """Remove checkpoints not in ``keep`` and leftovers of interrupted writes."""
         if not self.path.is_dir():
@@ -206,3 +241,43 @@ def load_checkpoint(model_dir: str | os.PathLike[str], which: str = "auto") -> C
 def load_model(model_dir: str | os.PathLike[str], which: str = "auto") -> ResponsibilityAttentionDistribution:
     """The head saved in ``model_dir``: the ``best`` checkpoint when there is one, else the ``latest``."""
     return load_checkpoint(model_dir, which).model
+
+
+class BackgroundCheckpoints:
+    """Commits checkpoints on one background thread, in order, while the next iteration runs.
+
+    Writing and flushing a checkpoint (tens of MB at S = T = 2000) would otherwise add to every
+    iteration. Commits run one at a time in submission order; :meth:`submit` first waits for the
+    previous commit and re-raises its error, and :meth:`close` waits for the last one. A process
+    killed mid-commit leaves the pointers on the previous complete checkpoint, as a synchronous
+    write would.
+    """
+
+    def __init__(self, folder: ModelDir) -> None:
+        self.folder = folder
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="respattn-checkpoint")
+        self._pending: concurrent.futures.Future[None] | None = None
+
+    def submit(
+        self, name: str, model: ResponsibilityAttentionDistribution, meta: dict[str, Any], **pointers: Any
+    ) -> None:
+        """Commit a checkpoint in the background (``pointers``: see :meth:`ModelDir.commit`)."""
+        self.wait()
+        self._pending = self._pool.submit(self.folder.commit, name, model, meta, **pointers)
+
+    def wait(self) -> None:
+        """Block until the last submitted checkpoint is committed; raise its error if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self, *, raise_errors: bool = True) -> None:
+        """Wait for the last commit and stop the thread; ``raise_errors=False`` when already failing."""
+        try:
+            self.wait()
+        except Exception:
+            if raise_errors:
+                raise
+            logger.exception("the last checkpoint could not be written")
+        finally:
+            self._pool.shutdown(wait=True)

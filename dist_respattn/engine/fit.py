@@ -23,7 +23,14 @@ import distributed
 
 from dist_respattn.engine import tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
-from dist_respattn.engine.checkpoint import BEST, LATEST, Checkpoint, ModelDir, checkpoint_name, load_checkpoint
+from dist_respattn.engine.checkpoint import (
+    LATEST,
+    BackgroundCheckpoints,
+    Checkpoint,
+    ModelDir,
+    checkpoint_name,
+    load_checkpoint,
+)
 from dist_respattn.engine.cluster import ClusterError, cluster_info, connect
 from dist_respattn.engine.memory import check_memory, estimate_memory
 from dist_respattn.engine.passes import PassRunner
@@ -37,7 +44,7 @@ from dist_respattn.store import StoreLocation, TripleStore
 
 __all__ = ["FitError", "FitResult", "fit", "open_store"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("dist_respattn.fit")
 
 #: How long a fit waits for a cluster to have at least one worker.
 WORKER_WAIT_SECONDS = 30.0
@@ -202,6 +209,28 @@ def _starting_point(
     return None, None, {"kind": "random", "seed": settings.seed}
 
 
+def _validation_store(
+    validation: str | os.PathLike[str] | StoreLocation | TripleStore | None,
+    checkpoint: Checkpoint | None,
+    storage_options: dict[str, Any] | None,
+) -> TripleStore | None:
+    """The validation store: the one given, or on resume the checkpoint's (a different one is refused)."""
+    saved = checkpoint.meta.get("validation") if checkpoint is not None else None
+    heldout = open_store(validation, storage_options) if validation is not None else None
+    if saved is None:
+        if heldout is not None and checkpoint is not None and checkpoint.iteration > 0:
+            raise FitError("the fit being resumed ran without a validation store; resume it without one")
+        return heldout
+    if heldout is None:
+        heldout = open_store(saved["url"], storage_options)
+    if heldout.fingerprint() != saved.get("fingerprint"):
+        raise FitError(
+            f"the fit being resumed was validated on {saved['url']} (fingerprint {saved.get('fingerprint')}), "
+            f"not on {heldout.location} (fingerprint {heldout.fingerprint()}); resume with the same validation store"
+        )
+    return heldout
+
+
 def fit(
     store: str | os.PathLike[str] | StoreLocation | TripleStore,
     *,
@@ -244,10 +273,15 @@ def fit(
     """
     called = time.perf_counter()
     settings = settings or FitSettings()
+    say = say if say is not None else logger.info
     train = open_store(store, storage_options)
     if train.num_rows == 0:
         raise FitError(f"the store {train.location} has no rows: there is nothing to fit")
-    heldout = open_store(validation, storage_options) if validation is not None else None
+    folder = ModelDir(model_dir)
+    checkpoint, start_model, init_record = _starting_point(
+        folder, resume=resume, overwrite=overwrite, settings=settings, train=train, init=init, init_from=init_from
+    )
+    heldout = _validation_store(validation, checkpoint, storage_options)
     if heldout is not None and _shape(heldout) != _shape(train):
         raise FitError(
             f"the validation store {heldout.location} has (S, N, D, T) = {_shape(heldout)} but the training "
@@ -256,17 +290,13 @@ def fit(
     metric = settings.early_stop_metric or ("perplexity" if heldout is not None else None)
     if metric is not None and heldout is None:
         raise FitError(f"early stopping on {metric} needs a validation store")
-    folder = ModelDir(model_dir)
-    checkpoint, start_model, init_record = _starting_point(
-        folder, resume=resume, overwrite=overwrite, settings=settings, train=train, init=init, init_from=init_from
-    )
     history: list[dict[str, Any]] = list(checkpoint.meta.get("history", [])) if checkpoint else []
     stopping = _EarlyStopping(metric, settings.patience, checkpoint.meta.get("early_stopping") if checkpoint else None)
     if checkpoint is not None and (
         checkpoint.meta.get("state") in ("converged", "early_stopped") or checkpoint.iteration >= settings.max_iter
     ):
         state = checkpoint.meta.get("state", "max_iter")
-        (say or logger.info)(f"{folder}: the fit already ended at iteration {checkpoint.iteration} ({state})")
+        say(f"{folder}: the fit already ended at iteration {checkpoint.iteration} ({state})")
         return FitResult(
             checkpoint.model, str(folder), state, history, stopping.best_iteration,
             checkpoint.meta.get("warnings", []), None, time.perf_counter() - called, None,
@@ -295,6 +325,7 @@ def fit(
         runner = PassRunner(cl, run_id, fan_in=settings.fan_in, make_bar=reporter.make_bar)
         params = ParameterBroadcast(cl, run_id)
         spans = contextlib.ExitStack()
+        checkpoints = BackgroundCheckpoints(folder)
         last_key_mass: list[Any] = [None]
         next_iteration = [checkpoint.iteration + 1 if checkpoint else 1]
         first_done: list[float | None] = [None]
@@ -329,7 +360,7 @@ def fit(
             iteration = record.iteration
             scored: dict[str, float] | None = None
             if heldout is not None:
-                params.publish(model, f"{iteration}m")
+                params.publish(model, str(iteration + 1))  # the next E-step uses the same scattered model
                 totals = runner.run(
                     "heldout", str(iteration), heldout.num_partitions, tasks.score_task,
                     lambda part: (heldout, part, params.current, heldout_fingerprint),
@@ -368,7 +399,7 @@ def fit(
             meta = {
                 "iteration": iteration,
                 "state": state,
-                "history": history,
+                "history": list(history),  # a copy: the list grows while the checkpoint is written
                 "settings": settings.to_json(),
                 "store": store_record,
                 "validation": _store_record(heldout) if heldout is not None else None,
@@ -378,14 +409,16 @@ def fit(
                 "package_version": __version__,
                 "written": datetime.now(UTC).isoformat(timespec="seconds"),
             }
-            folder.write(name, model, meta)
-            folder.point(LATEST, name, iteration=iteration, state=state)
-            if improved:
-                folder.point(BEST, name, iteration=iteration, metric=metric, value=stopping.best)
-            elif stopping.best_checkpoint is None:
-                # A fit without validation has no best; one left by an overwritten fit must not shadow latest.
-                folder.pointer_path(BEST).unlink(missing_ok=True)
-            folder.prune({name} | ({stopping.best_checkpoint} if stopping.best_checkpoint else set()))
+            checkpoints.submit(
+                name,
+                model,
+                meta,
+                latest={"iteration": iteration, "state": state},
+                best={"iteration": iteration, "metric": metric, "value": stopping.best} if improved else None,
+                keep_best=stopping.best_checkpoint,
+            )
+            if state != "running":  # the fit ends here: its last checkpoint must be on disk when fit returns
+                checkpoints.wait()
             reporter.iteration(entry)
             spans.close()
             next_iteration[0] = iteration + 1
@@ -405,6 +438,11 @@ def fit(
                 first_iteration=next_iteration[0],
                 previous_log_likelihood=previous_ll,
             )
+        except BaseException:
+            checkpoints.close(raise_errors=False)  # the fit's own error is the one to report
+            raise
+        else:
+            checkpoints.close()
         finally:
             spans.close()
             params.release()
