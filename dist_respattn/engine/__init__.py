@@ -11,7 +11,7 @@ from dist_respattn.engine.checkpoint import Checkpoint, CheckpointError, ModelDi
 from dist_respattn.engine.cluster import ClusterError, ClusterInfo, cluster_info, connect
 from dist_respattn.engine.evaluate import Evaluation, evaluate
 from dist_respattn.engine.fit import FitError, FitResult, fit, open_store
-from dist_respattn.engine.memory import InsufficientMemoryError, MemoryEstimate, estimate_memory
+from dist_respattn.engine.memory import InsufficientMemoryError, MemoryEstimate, check_memory, estimate_memory
 from dist_respattn.engine.progress import EVENT_TOPIC
 from dist_respattn.engine.settings import FitSettings
 
@@ -28,6 +28,7 @@ __all__ = [
     "InsufficientMemoryError",
     "MemoryEstimate",
     "ModelDir",
+    "check_memory",
     "cluster_info",
     "connect",
     "estimate_memory",

@@ -4,8 +4,8 @@ The head's figures: mean joint log-likelihood per row, and the predictive qualit
 from ``predict_proba`` (which does not see the target): perplexity and accuracy. The baselines
 predict the same targets from counts: a unigram, and for stores made from a token stream an add-k
 bigram on the previous token (the last context id). Their counts come from the model's training
-store when the model directory names one that can be opened, else from the evaluated store itself
-(in-sample, which flatters them).
+store when the model directory names one that opens unchanged (same fingerprint), else from the
+evaluated store itself (in-sample, which flatters them).
 """
 
 from __future__ import annotations
@@ -123,13 +123,17 @@ def _figures(log_prob: float, correct: float, total: float) -> dict[str, float]:
 
 
 def _training_store(meta: dict[str, Any], scored: TripleStore) -> TripleStore | None:
-    """The model's training store when it can be opened, has the scored store's S and T, and is another store."""
-    url = (meta.get("store") or {}).get("url")
+    """The model's training store when it still opens as fitted (same fingerprint), has the scored store's S and T,
+    and is another store than the scored one."""
+    record = meta.get("store") or {}
+    url = record.get("url")
     if not url or url == str(scored.location):
         return None
     try:
         store = TripleStore.open(url)
     except (StoreError, OSError, ValueError):
+        return None
+    if store.fingerprint() != record.get("fingerprint"):  # rewritten or appended to since the fit
         return None
 
     def ids(s: TripleStore) -> tuple[int, int]:

@@ -82,6 +82,7 @@ class FitResult:
     dashboard: str | None = None
     seconds: float = 0.0
     first_iteration_seconds: float | None = None
+    run_id: str | None = None
 
     @property
     def iterations(self) -> int:
@@ -317,8 +318,9 @@ def fit(
             raise ClusterError(f"the cluster has no workers after {WORKER_WAIT_SECONDS:.0f} s") from exc
         info = cluster_info(cl)
         threads = max(1, info.threads // max(1, info.workers))
+        block_rows = max(min(s.chunk_rows, s.num_rows) for s in (train, heldout) if s is not None)
         estimate = estimate_memory(
-            train.schema, chunk_rows=train.chunk_rows, threads_per_worker=threads, fan_in=settings.fan_in
+            train.schema, block_rows=block_rows, threads_per_worker=threads, fan_in=settings.fan_in
         )
         check_memory(estimate, worker_limit=info.smallest_memory_limit, shape=f"(S, N, D, T) = {_shape(train)}")
         reporter = FitReporter(cl, say=say, bar=progress)
@@ -329,6 +331,21 @@ def fit(
         last_key_mass: list[Any] = [None]
         next_iteration = [checkpoint.iteration + 1 if checkpoint else 1]
         first_done: list[float | None] = [None]
+
+        def checkpoint_meta(iteration: int, state: str, warnings: list[str]) -> dict[str, Any]:
+            return {
+                "iteration": iteration,
+                "state": state,
+                "history": list(history),  # a copy: the list grows while the checkpoint is written
+                "settings": settings.to_json(),
+                "store": store_record,
+                "validation": _store_record(heldout) if heldout is not None else None,
+                "early_stopping": stopping.to_json(),
+                "warnings": warnings,
+                "init": init_record,
+                "package_version": __version__,
+                "written": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
 
         def e_step(model: ResponsibilityAttentionDistribution | None) -> SufficientStatistics:
             if model is None:
@@ -396,19 +413,7 @@ def fit(
                 "run_id": run_id,
             }
             history.append(entry)
-            meta = {
-                "iteration": iteration,
-                "state": state,
-                "history": list(history),  # a copy: the list grows while the checkpoint is written
-                "settings": settings.to_json(),
-                "store": store_record,
-                "validation": _store_record(heldout) if heldout is not None else None,
-                "early_stopping": stopping.to_json(),
-                "warnings": warnings,
-                "init": init_record,
-                "package_version": __version__,
-                "written": datetime.now(UTC).isoformat(timespec="seconds"),
-            }
+            meta = checkpoint_meta(iteration, state, warnings)
             checkpoints.submit(
                 name,
                 model,
@@ -446,6 +451,16 @@ def fit(
         finally:
             spans.close()
             params.release()
+        if not history:  # max_iter = 0: the starting model is the fit, and a new fit must replace an old one
+            warnings = degeneracy_warnings(result.distribution)
+            folder.commit(
+                checkpoint_name(0, run_id),
+                result.distribution,
+                checkpoint_meta(0, "max_iter", warnings),
+                latest={"iteration": 0, "state": "max_iter"},
+                best=None,
+                keep_best=None,
+            )
         dashboard = info.dashboard
     final_state = history[-1]["state"] if history else "max_iter"
     return FitResult(
@@ -458,4 +473,5 @@ def fit(
         dashboard=dashboard,
         seconds=time.perf_counter() - called,
         first_iteration_seconds=first_done[0],
+        run_id=run_id,
     )

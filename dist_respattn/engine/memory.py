@@ -50,8 +50,10 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.0f} MiB"
 
 
-def estimate_memory(schema: StoreSchema, *, chunk_rows: int, threads_per_worker: int, fan_in: int) -> MemoryEstimate:
-    """Plan a fit's memory from the store's shape and chunking (an upper estimate, not a measurement).
+def estimate_memory(schema: StoreSchema, *, block_rows: int, threads_per_worker: int, fan_in: int) -> MemoryEstimate:
+    """Plan a fit's memory from the store's shape and block size (an upper estimate, not a measurement).
+
+    ``block_rows``: the most rows a task reads at once (a chunk, or the whole store when smaller).
 
     Worker: its baseline, the current and next model, and per thread one running E-step (its
     statistics, the value it returns and its blocks of rows) plus one combine (``fan_in`` values in,
@@ -60,7 +62,7 @@ def estimate_memory(schema: StoreSchema, *, chunk_rows: int, threads_per_worker:
     s, n, d, t = schema.num_symbols, schema.context_length, schema.query_dim, schema.num_targets
     value = 8 * (s * t + s * d + s + n + 3)
     model = 8 * (2 * s * t + s * d + 2 * n)
-    block = chunk_rows * schema.row_bytes
+    block = block_rows * schema.row_bytes
     per_thread = 2 * value + BLOCKS_HELD * block + (fan_in + 1) * value
     worker = WORKER_BASELINE_BYTES + 2 * model + threads_per_worker * per_thread
     driver = DRIVER_BASELINE_BYTES + 2 * value + 2 * model + 2 * value
@@ -68,8 +70,15 @@ def estimate_memory(schema: StoreSchema, *, chunk_rows: int, threads_per_worker:
 
 
 def _available_bytes() -> int:
-    """Memory this machine could give the driver now (0 when unknown)."""
+    """Memory this machine could give the driver now, page cache included (0 when unknown)."""
     try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:  # not Linux: free pages only, which undercounts reclaimable cache
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return 0

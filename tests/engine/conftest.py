@@ -47,7 +47,8 @@ def client():
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=None,
+            # A free port: dashboard_address=None still binds 8787, which another cluster may hold.
+            dashboard_address="127.0.0.1:0",
             silence_logs=logging.ERROR,
         ) as cluster,
         distributed.Client(cluster, set_as_default=False) as c,

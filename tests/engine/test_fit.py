@@ -1,0 +1,488 @@
+"""``dist_respattn.engine.fit`` on a real LocalCluster and real stores on disk.
+
+What is checked: the distributed fit is the in-process EM (to rounding) and is bit-identical on 1, 2
+and 3 workers; its tasks, spans and events are named per iteration and the scheduler's state stays
+flat; checkpoints, ``best``/early stopping, refusing or overwriting a used model directory; warm
+starts; degenerate fits being reported; and the memory check refusing a shape the workers cannot hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import distributed
+import numpy as np
+import pytest
+
+import dist_respattn
+from dist_respattn import ResponsibilityAttentionDistribution, fit_em
+from dist_respattn.engine import (
+    EVENT_TOPIC,
+    FitError,
+    FitSettings,
+    InsufficientMemoryError,
+    estimate_memory,
+    evaluate,
+    fit,
+    load_checkpoint,
+    load_model,
+)
+from dist_respattn.engine.memory import check_memory
+from dist_respattn.store import StoreSchema, TripleStore, WriteOptions, write_arrays, write_synthetic
+
+from .conftest import SMALL, D, N, S, T, small_truth
+
+PARAMS = ("key_means", "emission", "position_prior")
+#: ``small_store`` has 5 partitions; with the default fan-in 4 the combine tree is
+#: level 1: (0..3) -> combine 1-0, (4) carried up; level 2: (c1-0, p4) -> combine 2-0.
+PARTITIONS = 5
+COMBINES = ("1-0", "2-0")
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def read_all(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every row of a store, in order, as ``(context, query, target)`` (read in this process)."""
+    store = TripleStore.open(path)
+    parts = [store.read_partition(p) for p in range(store.num_partitions)]
+    return tuple(np.concatenate([getattr(p, name) for p in parts]) for name in ("context", "query", "target"))
+
+
+def assert_bit_identical(a: ResponsibilityAttentionDistribution, b: ResponsibilityAttentionDistribution) -> None:
+    for name in PARAMS:
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert a.sigma2 == b.sigma2
+
+
+def relative_error(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(np.asarray(a) - np.asarray(b)) / np.linalg.norm(np.asarray(b)))
+
+
+def run_id(result) -> str:
+    ids = {entry["run_id"] for entry in result.history}
+    assert len(ids) == 1
+    return ids.pop()
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def scheduler_task_count(client: distributed.Client) -> int:
+    return client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
+
+
+def settled_task_count(client: distributed.Client, tag: str, timeout: float = 10.0) -> int:
+    """The scheduler's task count once it holds no task of run ``tag`` (releases are asynchronous)."""
+
+    def ours(dask_scheduler, tag=tag):
+        return [str(k) for k in dask_scheduler.tasks if tag in str(k)]
+
+    deadline = time.monotonic() + timeout
+    while client.run_on_scheduler(ours) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return scheduler_task_count(client)
+
+
+@contextlib.contextmanager
+def local_cluster(n_workers: int, **kwargs) -> Iterator[tuple[distributed.LocalCluster, distributed.Client]]:
+    with (
+        distributed.LocalCluster(
+            n_workers=n_workers,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            # Not None: that still binds the HTTP routes to port 8787, which other clusters may hold.
+            dashboard_address="127.0.0.1:0",
+            silence_logs=logging.ERROR,
+            **kwargs,
+        ) as cluster,
+        distributed.Client(cluster, set_as_default=False) as client,
+    ):
+        yield cluster, client
+
+
+# ------------------------------------------------------------------- the fit is the in-process EM
+
+
+@pytest.mark.parametrize("fan_in", [4, 2])
+def test_distributed_fit_equals_in_process_em(small_store, client, tmp_path, fan_in):
+    """From the same start and settings, the cluster's EM and ``fit_em`` on all rows in one process
+    give the same parameters and per-iteration log-likelihoods to 1e-12 relative (only the summation
+    order differs: per partition and through the combine tree, whose shape the fan-in sets)."""
+    init = small_truth(seed=5)
+    settings = FitSettings(max_iter=6, tol=0, fan_in=fan_in)
+    result = fit(small_store, model_dir=tmp_path / "model", client=client, init=init, settings=settings)
+    estimator = settings.estimator(TripleStore.open(small_store).schema)
+    reference = fit_em(read_all(small_store), estimator, init=init, max_iter=6, tol=0)
+
+    assert result.state == "max_iter"
+    assert result.iterations == reference.n_iter == 6
+    for name in PARAMS:
+        assert relative_error(getattr(result.model, name), getattr(reference.distribution, name)) < 1e-12, name
+    assert result.model.sigma2 == pytest.approx(reference.distribution.sigma2, rel=1e-12)
+    ours = [entry["mean_log_likelihood"] for entry in result.history]
+    np.testing.assert_allclose(ours, reference.log_likelihoods, rtol=1e-12, atol=0)
+    # EM from this start really moved: the test is not comparing two copies of the start.
+    assert ours[-1] > ours[0] + 1.0
+    assert [entry["n_obs"] for entry in result.history] == [20_000.0] * 6
+
+
+@pytest.mark.slow
+def test_fits_on_one_two_and_three_workers_are_bit_identical(small_store, client, tmp_path):
+    """The random start (seeded per partition) and every iteration's reduction give bit-identical
+    parameters and log-likelihoods whether 1, 2 or 3 workers ran the tasks."""
+    settings = FitSettings(max_iter=3, tol=0, seed=11)
+    results = {2: fit(small_store, model_dir=tmp_path / "w2", client=client, settings=settings)}
+    with local_cluster(1) as (cluster, other):
+        results[1] = fit(small_store, model_dir=tmp_path / "w1", client=other, settings=settings)
+        cluster.scale(3)  # cheaper than a second cluster
+        other.wait_for_workers(3, timeout=60)
+        with distributed.get_task_stream(client=other) as stream:
+            results[3] = fit(small_store, model_dir=tmp_path / "w3", client=other, settings=settings)
+        # The three workers did share the partitions, so the tasks finished in varied orders.
+        assert len({record["worker"] for record in stream.data}) >= 2
+    for workers in (1, 3):
+        assert_bit_identical(results[workers].model, results[2].model)
+        assert [e["mean_log_likelihood"] for e in results[workers].history] == [
+            e["mean_log_likelihood"] for e in results[2].history
+        ]
+    # Another seed is another start: the equality above is not a constant.
+    reseeded = FitSettings(max_iter=1, seed=12)
+    other_seed = fit(small_store, model_dir=tmp_path / "seed12", client=client, settings=reseeded)
+    assert other_seed.history[0]["mean_log_likelihood"] != results[2].history[0]["mean_log_likelihood"]
+
+
+# -------------------------------------------------------------------- keys, spans, events, no leaks
+
+
+def test_tasks_spans_and_events_are_named_per_iteration(small_store, small_validation_store, client, tmp_path):
+    """Every task that runs is ``respattn-init-…``, ``respattn-estep-<iter>-<part>``,
+    ``respattn-combine-<iter>-<level>-<i>`` or the held-out pass's, suffixed by the run's tag; each
+    iteration has its own span holding exactly its own tasks; one event per iteration is published."""
+    settings = FitSettings(max_iter=2, tol=0, patience=5)
+    with distributed.get_task_stream(client=client) as stream:
+        result = fit(
+            small_store, model_dir=tmp_path / "model", client=client, settings=settings,
+            validation=small_validation_store,
+        )  # fmt: skip
+    tag = run_id(result)
+    keys = [str(record["key"]) for record in stream.data]
+    assert all(key.endswith(f"-{tag}") for key in keys), keys
+    names = sorted(key.removesuffix(f"-{tag}") for key in keys)
+    expected = [f"respattn-init-0-{p}" for p in range(PARTITIONS)]
+    expected += [f"respattn-init-combine-0-{c}" for c in COMBINES]
+    for k in (1, 2):
+        expected += [f"respattn-estep-{k}-{p}" for p in range(PARTITIONS)]
+        expected += [f"respattn-combine-{k}-{c}" for c in COMBINES]
+        # The validation store (5,000 rows) has 2 partitions: two score tasks and one combine.
+        expected += [f"respattn-heldout-{k}-0", f"respattn-heldout-{k}-1", f"respattn-heldout-combine-{k}-1-0"]
+    assert names == sorted(expected)
+
+    def spans_of_run(dask_scheduler, tag=tag):
+        found = {}
+        for span in dask_scheduler.extensions["spans"].spans.values():
+            if any(tag in part for part in span.name):
+                found[span.name] = {group.name: sum(group.states.values()) for group in span.groups}
+        return found
+
+    spans = client.run_on_scheduler(spans_of_run)
+    per_iteration = {"respattn-estep": 5, "respattn-combine": 2, "respattn-heldout": 2, "respattn-heldout-combine": 1}
+    assert spans == {
+        (f"respattn-init-{tag}",): {"respattn-init": 5, "respattn-init-combine": 2},
+        (f"respattn-iteration-1-{tag}",): per_iteration,
+        (f"respattn-iteration-2-{tag}",): per_iteration,
+    }
+
+    events = [msg for _, msg in client.get_events(EVENT_TOPIC) if msg.get("run_id") == tag]
+    assert [e["iteration"] for e in events] == [1, 2]
+    assert [e["mean_log_likelihood"] for e in events] == [e["mean_log_likelihood"] for e in result.history]
+    assert [e["heldout"]["perplexity"] for e in events] == [e["heldout"]["perplexity"] for e in result.history]
+
+
+def test_scheduler_state_stays_flat_over_iterations(small_store, client, tmp_path):
+    """Nothing is chained or kept across iterations: during a fit the scheduler never holds more than
+    one iteration's tasks plus the parameters, and after 20 iterations it settles to no more tasks
+    than after 2."""
+    counts: dict[int, list[int]] = {}
+    settled: dict[int, int] = {}
+    for iterations in (2, 20):
+        seen = counts.setdefault(iterations, [])
+        result = fit(
+            small_store, model_dir=tmp_path / f"model{iterations}", client=client,
+            settings=FitSettings(max_iter=iterations, tol=0),
+            say=lambda line, seen=seen: seen.append(scheduler_task_count(client)),
+        )  # fmt: skip
+        assert result.iterations == iterations
+        assert len(seen) == iterations  # one line per iteration, each with a count
+        settled[iterations] = settled_task_count(client, run_id(result))
+    one_iteration = PARTITIONS + len(COMBINES) + 2  # its tasks, and at most two parameter futures
+    assert max(counts[20]) <= one_iteration, counts[20]
+    assert settled[20] <= settled[2]
+    assert settled[20] == 0
+
+
+# ---------------------------------------------------------------------------------------- checkpoints
+
+
+def test_checkpoint_is_npz_and_json_and_load_model_returns_the_fit(small_store, client, tmp_path):
+    """Without validation, the model directory holds ``latest.json`` (no ``best.json``) and one
+    checkpoint: ``params.npz`` readable without pickles, and ``meta.json`` with the iteration, the
+    settings, the store fingerprint, the package version and the history; ``load_model`` gives the
+    fitted head bit for bit."""
+    settings = FitSettings(max_iter=3, tol=0, seed=2)
+    model_dir = tmp_path / "model"
+    result = fit(small_store, model_dir=model_dir, client=client, settings=settings)
+    tag = run_id(result)
+    name = f"ckpt-000003-{tag}"
+    assert sorted(p.name for p in model_dir.iterdir()) == [name, "latest.json"]
+    assert json.loads((model_dir / "latest.json").read_text()) == {
+        "checkpoint": name, "iteration": 3, "state": "max_iter",
+    }  # fmt: skip
+
+    with np.load(model_dir / name / "params.npz", allow_pickle=False) as npz:
+        assert sorted(npz.files) == sorted(PARAMS)
+        arrays = {key: npz[key] for key in npz.files}
+    assert arrays["key_means"].shape == (S, D)
+    assert arrays["emission"].shape == (S, T)
+    assert arrays["position_prior"].shape == (N,)
+    for key, value in arrays.items():
+        assert value.dtype == np.float64
+        assert np.array_equal(value, getattr(result.model, key))
+
+    meta = json.loads((model_dir / name / "meta.json").read_text())
+    assert meta["iteration"] == 3
+    assert meta["state"] == "max_iter"
+    assert meta["settings"] == settings.to_json()
+    assert meta["store"]["fingerprint"] == TripleStore.open(small_store).fingerprint()
+    assert meta["store"]["rows"] == 20_000
+    assert meta["package_version"] == dist_respattn.__version__
+    assert meta["model"]["sigma2"] == result.model.sigma2
+    assert [h["mean_log_likelihood"] for h in meta["history"]] == [h["mean_log_likelihood"] for h in result.history]
+    assert [h["iteration"] for h in meta["history"]] == [1, 2, 3]
+    assert meta["init"] == {"kind": "random", "seed": 2}
+    assert meta["warnings"] == [] == result.warnings  # a healthy fit reports nothing
+
+    assert_bit_identical(load_model(model_dir), result.model)
+    assert_bit_identical(load_checkpoint(model_dir, "latest").model, result.model)
+
+
+def _heldout_in_process(model: ResponsibilityAttentionDistribution, path: str) -> dict[str, float]:
+    """Held-out figures of ``model`` on a store, computed with numpy in this process."""
+    context, query, target = read_all(path)
+    proba = model.predict_proba(context, query)
+    target_log_prob = float(np.mean(np.log(proba[np.arange(target.shape[0]), target])))
+    return {
+        "mean_log_likelihood": float(np.mean(model.seq_log_density((context, query, target)))),
+        "target_log_prob": target_log_prob,
+        "perplexity": float(np.exp(-target_log_prob)),
+        "accuracy": float(np.mean(np.argmax(proba, axis=1) == target)),
+    }
+
+
+@pytest.mark.parametrize(("metric", "patience"), [("perplexity", 1), ("loglik", 2)])
+def test_validation_keeps_the_best_checkpoint_and_stops_early(
+    small_store, small_validation_store, client, tmp_path, metric, patience
+):
+    """With a validation store, the fit stops ``patience`` iterations after the held-out metric last
+    improved (on this data both metrics peak at iteration 3, long before max_iter); ``best.json``
+    names that iteration's checkpoint, which survives pruning and is what ``load_model`` returns,
+    and its recorded held-out figures are the model's, recomputed here."""
+    model_dir = tmp_path / "model"
+    settings = FitSettings(max_iter=30, tol=0, early_stop_metric=metric, patience=patience)
+    result = fit(small_store, model_dir=model_dir, client=client, settings=settings, validation=small_validation_store)
+    tag = run_id(result)
+
+    assert result.state == "early_stopped"
+    values = [h["heldout"]["perplexity" if metric == "perplexity" else "mean_log_likelihood"] for h in result.history]
+    sign = 1.0 if metric == "perplexity" else -1.0  # lower perplexity, higher log-likelihood is better
+    best = result.best_iteration
+    assert best is not None
+    assert best == 1 + int(np.argmin([sign * v for v in values]))
+    assert result.iterations == best + patience < settings.max_iter
+    assert all(sign * v >= sign * values[best - 1] for v in values[best:])  # nothing after best improved
+    assert all(sign * v > sign * values[best - 1] for v in values[: best - 1])
+
+    assert json.loads((model_dir / "best.json").read_text())["checkpoint"] == f"ckpt-{best:06d}-{tag}"
+    last = f"ckpt-{result.iterations:06d}-{tag}"
+    assert sorted(p.name for p in model_dir.iterdir()) == sorted(
+        [f"ckpt-{best:06d}-{tag}", last, "best.json", "latest.json"]
+    )
+    best_checkpoint = load_checkpoint(model_dir, "best")
+    assert best_checkpoint.iteration == best
+    assert best_checkpoint.meta["early_stopping"]["metric"] == metric
+    assert_bit_identical(load_model(model_dir), best_checkpoint.model)
+    assert_bit_identical(load_model(model_dir, "latest"), result.model)
+    assert not np.array_equal(load_model(model_dir).emission, result.model.emission)
+
+    recorded = result.history[best - 1]["heldout"]
+    expected = _heldout_in_process(best_checkpoint.model, small_validation_store)
+    for key in ("mean_log_likelihood", "target_log_prob", "perplexity"):
+        assert recorded[key] == pytest.approx(expected[key], rel=1e-12), key
+    assert recorded["accuracy"] == expected["accuracy"]
+
+
+def test_a_used_model_dir_is_refused_untouched_and_overwrite_replaces_it(
+    small_store, small_validation_store, client, tmp_path
+):
+    """Fitting into a directory that holds a fit, without resume or overwrite, raises FitError and
+    leaves every file as it was; with overwrite, the new fit replaces it: its checkpoint is loaded,
+    the old run's checkpoints are gone, and the old validated fit's ``best.json`` does not shadow a
+    new fit without validation."""
+    model_dir = tmp_path / "model"
+    first = fit(
+        small_store, model_dir=model_dir, client=client, validation=small_validation_store,
+        settings=FitSettings(max_iter=2, tol=0),
+    )  # fmt: skip
+    assert (model_dir / "best.json").is_file()
+    before = snapshot(model_dir)
+
+    with pytest.raises(FitError, match="already holds a fit"):
+        fit(small_store, model_dir=model_dir, client=client, settings=FitSettings(max_iter=2, tol=0, seed=1))
+    assert snapshot(model_dir) == before
+
+    second = fit(
+        small_store, model_dir=model_dir, client=client, overwrite=True, settings=FitSettings(max_iter=2, tol=0, seed=1)
+    )
+    old, new = run_id(first), run_id(second)
+    assert old != new
+    assert not (model_dir / "best.json").exists()
+    assert sorted(p.name for p in model_dir.iterdir()) == [f"ckpt-000002-{new}", "latest.json"]
+    assert_bit_identical(load_model(model_dir), second.model)
+    assert not np.array_equal(second.model.emission, first.model.emission)
+    assert {h["run_id"] for h in load_checkpoint(model_dir).meta["history"]} == {new}
+
+
+def test_overwrite_with_no_iterations_does_not_leave_the_old_fit(small_store, client, tmp_path):
+    """After ``fit(..., overwrite=True)`` returns, the model directory holds that fit, even when it
+    ran no iteration (``max_iter=0``: the model is the initial M-step)."""
+    model_dir = tmp_path / "model"
+    fit(small_store, model_dir=model_dir, client=client, settings=FitSettings(max_iter=2, tol=0))
+    new = fit(small_store, model_dir=model_dir, client=client, overwrite=True, settings=FitSettings(max_iter=0, seed=3))
+    assert_bit_identical(load_model(model_dir), new.model)
+    assert load_checkpoint(model_dir).meta["iteration"] == 0
+
+
+# ---------------------------------------------------------------------------------------- warm start
+
+
+def test_warm_start_continues_the_previous_fit_exactly(small_store, client, tmp_path):
+    """``init_from`` starts from the saved model: 3 iterations, then 3 more from its directory, equal
+    6 uninterrupted iterations bit for bit (log-likelihoods included), and the checkpoint records it."""
+    settings = FitSettings(max_iter=3, tol=0)
+    first = fit(small_store, model_dir=tmp_path / "first", client=client, settings=settings)
+    warm = fit(small_store, model_dir=tmp_path / "warm", client=client, settings=settings, init_from=tmp_path / "first")
+    whole = fit(small_store, model_dir=tmp_path / "whole", client=client, settings=FitSettings(max_iter=6, tol=0))
+
+    lls = [h["mean_log_likelihood"] for h in whole.history]
+    assert [h["mean_log_likelihood"] for h in first.history] == lls[:3]
+    assert [h["mean_log_likelihood"] for h in warm.history] == lls[3:]
+    assert warm.history[0]["mean_log_likelihood"] > first.history[-1]["mean_log_likelihood"]
+    assert_bit_identical(warm.model, whole.model)
+    assert load_checkpoint(tmp_path / "warm").meta["init"] == {
+        "kind": "model", "source": str(tmp_path / "first"), "iteration": 3,
+    }  # fmt: skip
+
+
+def test_warm_start_from_a_model_of_another_shape_is_refused(small_store, client, tmp_path):
+    """A model directory (or a given model) of another (S, N, D, T) is a FitError naming both shapes,
+    raised before anything is written."""
+    other_store = write_synthetic(
+        tmp_path / "other.zarr", 500, num_symbols=10, context_length=3, query_dim=2, num_targets=4, seed=1,
+        options=WriteOptions(chunk_rows=256, partition_rows=256),
+    )  # fmt: skip
+    fit(other_store, model_dir=tmp_path / "other", client=client, settings=FitSettings(max_iter=1))
+
+    message = r"\(10, 3, 2, 4\).*\(30, 4, 5, 12\)"
+    with pytest.raises(FitError, match=message):
+        fit(small_store, model_dir=tmp_path / "model", client=client, init_from=tmp_path / "other")
+    with pytest.raises(FitError, match=message):
+        fit(small_store, model_dir=tmp_path / "model", client=client, init=load_model(tmp_path / "other"))
+    assert not (tmp_path / "model").exists()
+
+
+# ------------------------------------------------------------------------------------- degenerate fits
+
+
+def test_sigma2_on_its_floor_is_reported_everywhere(small_store, small_validation_store, client, tmp_path):
+    """With ``min_sigma2`` above the data's within-symbol variance (the truth's is 0.5), the learned
+    sigma2 sits on the floor, and the result, every iteration's log line and record, the checkpoint's
+    metadata and ``evaluate`` on the model directory all say so."""
+    lines: list[str] = []
+    model_dir = tmp_path / "model"
+    result = fit(
+        small_store, model_dir=model_dir, client=client, settings=FitSettings(max_iter=2, tol=0, min_sigma2=10.0),
+        say=lines.append,
+    )  # fmt: skip
+    assert result.model.sigma2 == 10.0
+
+    def on_floor(warnings) -> bool:
+        return any("sits on min_sigma2" in w for w in warnings)
+
+    assert on_floor(result.warnings)
+    assert all(on_floor(h["warnings"]) for h in result.history)
+    assert on_floor(load_checkpoint(model_dir).meta["warnings"])
+    assert len(lines) == 2 and all("warning: sigma2 = 10 sits on min_sigma2" in line for line in lines)
+    assert on_floor(evaluate(model_dir, small_validation_store, client=client).warnings)
+
+
+def test_collapsed_prior_and_dead_symbols_are_reported(client, tmp_path):
+    """Rows whose target always comes from context position 0, and whose contexts never hold the
+    last symbol: the fit says the prior collapsed onto position 0 and that 1 of 30 symbols got no mass."""
+    truth = small_truth()
+    rng = np.random.default_rng(7)
+    rows = 6000
+    context = np.array([rng.choice(S - 1, size=N, replace=False) for _ in range(rows)])
+    query = (truth.key_means[context[:, 0]] + np.sqrt(truth.sigma2) * rng.standard_normal((rows, D))).astype(np.float32)
+    cumulative = np.cumsum(truth.emission[context[:, 0]], axis=1)
+    target = np.minimum((cumulative < rng.random((rows, 1))).sum(axis=1), T - 1)
+    path = tmp_path / "collapsed.zarr"
+    store = write_arrays(path, context, query, target, num_symbols=S, num_targets=T, options=SMALL)
+
+    result = fit(store, model_dir=tmp_path / "model", client=client, settings=FitSettings(max_iter=8, tol=0))
+    assert result.model.position_prior[0] >= 0.99
+    assert any("on position 0" in w for w in result.warnings), result.warnings
+    assert any(w.startswith(f"1 of {S} symbols received no responsibility mass") for w in result.warnings)
+    assert load_checkpoint(tmp_path / "model").meta["warnings"] == result.warnings
+
+
+# -------------------------------------------------------------------------------------------- memory
+
+
+def test_memory_estimate_grows_with_the_emission_and_check_refuses_it():
+    """The estimate is dominated by S×T: a small head fits a 400 MiB worker, an S = T = 1500 head does
+    not, and the refusal names the shape, both sizes and what to change."""
+    limit = 400 * 2**20
+    little = estimate_memory(StoreSchema(S, N, D, T), block_rows=256, threads_per_worker=1, fan_in=4)
+    large = estimate_memory(StoreSchema(1500, 2, 2, 1500), block_rows=256, threads_per_worker=1, fan_in=4)
+    assert large.value_bytes >= 8 * 1500 * 1500 > little.value_bytes
+    assert large.worker_bytes - little.worker_bytes >= 8 * 1500 * 1500 * 4
+    check_memory(little, worker_limit=limit, shape="small")  # fits: no exception
+    with pytest.raises(InsufficientMemoryError, match=r"needs about \d+ MiB on each worker.*400 MiB.*--memory-limit"):
+        check_memory(large, worker_limit=limit, shape="large")
+
+
+@pytest.mark.slow
+def test_fit_is_refused_when_the_emission_cannot_fit_the_workers(tmp_path):
+    """On an embedded cluster of one 400 MiB worker (``fit(n_workers=1, memory_limit=...)``), a store
+    with S = T = 1500 is refused with InsufficientMemoryError naming the shape and the limit, before
+    any checkpoint is written."""
+    store = write_synthetic(
+        tmp_path / "wide.zarr", 200, num_symbols=1500, context_length=2, query_dim=2, num_targets=1500, seed=3,
+        options=WriteOptions(chunk_rows=256, partition_rows=256),
+    )  # fmt: skip
+    lines: list[str] = []
+    with pytest.raises(InsufficientMemoryError) as refused:
+        fit(store, model_dir=tmp_path / "model", n_workers=1, memory_limit="400MiB", say=lines.append)
+    message = str(refused.value)
+    assert "(S, N, D, T) = (1500, 2, 2, 1500)" in message
+    assert "smallest worker memory limit is 400 MiB" in message
+    assert any("started a local cluster of 1 worker processes" in line for line in lines)  # it did reach the cluster
+    assert not (tmp_path / "model").exists()
