@@ -104,6 +104,13 @@ class ResponsibilityAttentionDistribution:
 
     __str__ = __repr__
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The kernel's layout (an S×T log table) is rebuilt where it is needed, not shipped: pickling
+        # a model that has scored rows would otherwise double what a cluster sends to each worker.
+        state = self.__dict__.copy()
+        state.pop("kernel_parameters", None)
+        return state
+
     @functools.cached_property
     def kernel_parameters(self) -> kernels.KernelParameters:
         """The parameters in the layout the E-step kernel reads (built once per distribution)."""
