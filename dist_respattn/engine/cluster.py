@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,9 @@ SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 
 #: How long to try reaching a scheduler before giving up.
 CONNECT_TIMEOUT_SECONDS = 10.0
+
+#: How long to wait for the dashboard's status page when checking that it is served.
+DASHBOARD_CHECK_SECONDS = 5.0
 
 
 class ClusterError(RuntimeError):
@@ -67,18 +72,35 @@ def cluster_info(client: distributed.Client) -> ClusterInfo:
     """Workers, threads, memory limits and dashboard of the cluster ``client`` talks to."""
     info = client.scheduler_info(n_workers=-1)
     workers = [info["workers"][address] for address in sorted(info["workers"])]
-    dashboard: str | None
-    try:
-        dashboard = client.dashboard_link if "dashboard" in info.get("services", {}) else None
-    except (KeyError, AttributeError):
-        dashboard = None
     return ClusterInfo(
         workers=len(workers),
         threads=sum(int(w.get("nthreads", 1)) for w in workers),
         memory_limits=tuple(int(w.get("memory_limit") or 0) for w in workers),
-        dashboard=dashboard,
+        dashboard=_dashboard_link(client, info),
         address=str(info.get("address", client.scheduler.address if client.scheduler else "")),
     )
+
+
+def _dashboard_link(client: distributed.Client, info: dict[str, Any]) -> str | None:
+    """The dashboard's URL when the scheduler serves one.
+
+    The scheduler always runs an HTTP server under the service name "dashboard"; the pages exist
+    only when the dashboard is on (and bokeh installed), so ask for the status page: a 404 means
+    there is none. A URL this process cannot reach is reported as it is.
+    """
+    if "dashboard" not in info.get("services", {}):
+        return None
+    try:
+        link = client.dashboard_link
+    except (KeyError, AttributeError, ValueError):
+        return None
+    try:
+        with urllib.request.urlopen(link, timeout=DASHBOARD_CHECK_SECONDS) as response:
+            return link if response.status == 200 else None
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, OSError):
+        return link
 
 
 def _local_cluster(n_workers: int | None, threads_per_worker: int, memory_limit: str | int) -> distributed.LocalCluster:

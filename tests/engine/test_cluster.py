@@ -1,0 +1,354 @@
+"""``dist-respattn fit`` as a subprocess on a real multi-process cluster, and on the cluster it embeds.
+
+A ``dask scheduler`` and two ``dask worker`` processes are started here on 127.0.0.1; fits reach them
+through ``--scheduler`` or ``$DASK_SCHEDULER_ADDRESS`` and must leave them running and serving (the
+engine never closes a cluster it did not start), with one event per iteration on the scheduler. Without
+an address the command starts, announces and closes its own local cluster with a live dashboard.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import distributed
+import psutil
+import pytest
+
+from dist_respattn.engine import EVENT_TOPIC, cluster_info, load_checkpoint, load_model
+
+from .conftest import ROWS, D, N, S, T
+
+BIN = Path(sys.executable).parent
+COMMAND = str(BIN / "dist-respattn")
+DASK = str(BIN / "dask")
+ITERATION_LINE = re.compile(r"^iteration (\d+): log-likelihood (-?\d+\.\d{6}) ", re.MULTILINE)
+LOCAL_DASHBOARD = r"http://127\.0\.0\.1:\d+/status"
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports that were free on 127.0.0.1 a moment ago."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without a scheduler address, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
+    env.update(extra)
+    return env
+
+
+def run_fit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [COMMAND, "fit", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env=clean_env() if env is None else env,
+    )
+
+
+def stop(processes: list[subprocess.Popen], timeout: float = 15.0) -> None:
+    """Terminate ``processes`` and whatever they started, then kill what is left after ``timeout``."""
+    tree: list[psutil.Process] = []
+    for process in processes:
+        try:
+            parent = psutil.Process(process.pid)
+            tree += [parent, *parent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+        if process.poll() is None:
+            process.terminate()
+    _, alive = psutil.wait_procs(tree, timeout=timeout)
+    for leftover in alive:
+        try:
+            leftover.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=timeout)
+    for process in processes:
+        process.wait(timeout=timeout)
+
+
+@dataclass
+class DaskProcesses:
+    """A scheduler and its workers running as ``dask`` subprocesses, with their logs."""
+
+    address: str
+    dashboard: str
+    scheduler: subprocess.Popen
+    workers: list[subprocess.Popen]
+    logs: Path
+
+    def log_tail(self) -> str:
+        return "\n".join(
+            f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            for log in sorted(self.logs.glob("*.log"))
+        )
+
+    def exited(self) -> dict[str, int]:
+        """Exit codes of the processes that are no longer running."""
+        named = {"scheduler": self.scheduler} | {f"worker {i}": w for i, w in enumerate(self.workers)}
+        return {name: p.returncode for name, p in named.items() if p.poll() is not None}
+
+    def serving_workers(self) -> list[str]:
+        """The worker addresses a fresh client sees, after it ran a task on the cluster."""
+        with distributed.Client(self.address, timeout=30, set_as_default=False) as client:
+            assert client.submit(operator.add, 1, 2, pure=False).result(timeout=30) == 3
+            return sorted(client.scheduler_info(n_workers=-1)["workers"])
+
+
+def start_dask(folder: Path, *args: str) -> subprocess.Popen:
+    """``dask ARGS`` with stdout and stderr in ``folder/<name>.log``."""
+    name = f"{args[0]}-{len(list(folder.glob(f'{args[0]}*.log')))}"
+    with open(folder / f"{name}.log", "wb") as log:
+        return subprocess.Popen([DASK, *args], stdout=log, stderr=subprocess.STDOUT, env=clean_env())
+
+
+@pytest.fixture(scope="module")
+def dask_cluster(tmp_path_factory) -> Iterator[DaskProcesses]:
+    """``dask scheduler`` (dashboard on a free port) and two one-thread ``dask worker`` processes on 127.0.0.1."""
+    folder = tmp_path_factory.mktemp("dask-cluster")
+    port, dashboard_port = free_ports(2)
+    address = f"tcp://127.0.0.1:{port}"
+    scheduler = start_dask(
+        folder, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+        "--dashboard-address", f"127.0.0.1:{dashboard_port}",
+    )  # fmt: skip
+    processes = [scheduler]
+    try:
+        worker_options = ("--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard")
+        for i in range(2):
+            processes.append(
+                start_dask(folder, "worker", address, *worker_options, "--local-directory", str(folder / f"worker-{i}"))
+            )
+        workers = processes[1:]
+        cluster = DaskProcesses(address, f"http://127.0.0.1:{dashboard_port}/status", scheduler, workers, folder)
+        with distributed.Client(address, timeout=60, set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=60)
+        assert not cluster.exited(), cluster.log_tail()
+        yield cluster
+    finally:
+        stop(processes[1:])
+        stop(processes[:1])
+
+
+@dataclass
+class SchedulerFit:
+    """One ``dist-respattn fit --scheduler`` run on ``dask_cluster``."""
+
+    completed: subprocess.CompletedProcess[str]
+    model_dir: Path
+    workers_before: list[str]
+
+
+@pytest.fixture(scope="module")
+def scheduler_fit(dask_cluster, small_store, tmp_path_factory) -> SchedulerFit:
+    """4 iterations of the small store on the subprocess cluster, through ``--scheduler``."""
+    before = dask_cluster.serving_workers()
+    model_dir = tmp_path_factory.mktemp("scheduler-fit") / "model"
+    completed = run_fit(
+        small_store, "--model-dir", str(model_dir), "--scheduler", dask_cluster.address, "--max-iter", "4", "--tol", "0"
+    )
+    return SchedulerFit(completed, model_dir, before)
+
+
+def fit_events(address: str, run_id: str) -> list[dict[str, Any]]:
+    """The per-iteration records one fit published on the scheduler at ``address``."""
+    with distributed.Client(address, timeout=30, set_as_default=False) as client:
+        return [record for _, record in client.get_events(EVENT_TOPIC) if record.get("run_id") == run_id]
+
+
+# ------------------------------------------------------------------------- an existing cluster
+
+
+def test_fit_through_scheduler_option_reports_each_iteration_and_writes_a_model(scheduler_fit, dask_cluster):
+    """``fit --scheduler ADDRESS`` exits 0, says it connected to that scheduler (with its 2 workers and its
+    dashboard), prints one line per iteration in order, and leaves a 4-iteration model of the store's shape."""
+    completed = scheduler_fit.completed
+    assert completed.returncode == 0, completed.stderr
+    connected = rf"^connected to the scheduler at {re.escape(dask_cluster.address)} \(2 workers\b.*$"
+    line = re.search(connected, completed.stderr, re.MULTILINE)
+    assert line, completed.stderr
+    assert line.group(0).endswith(f"dashboard: {dask_cluster.dashboard}")
+    assert "started a local cluster" not in completed.stderr
+    assert [int(i) for i, _ in ITERATION_LINE.findall(completed.stderr)] == [1, 2, 3, 4]
+    assert "EM stopped at --max-iter after 4 iterations" in completed.stdout
+
+    model = load_model(scheduler_fit.model_dir)
+    assert (model.num_symbols, model.context_length, model.query_dim, model.num_targets) == (S, N, D, T)
+    checkpoint = load_checkpoint(scheduler_fit.model_dir)
+    assert checkpoint.iteration == 4
+    assert checkpoint.meta["state"] == "max_iter"
+    printed = [float(ll) for _, ll in ITERATION_LINE.findall(completed.stderr)]
+    saved = [entry["mean_log_likelihood"] for entry in checkpoint.meta["history"]]
+    assert printed == [round(ll, 6) for ll in saved]
+
+
+def test_fit_through_scheduler_option_leaves_the_cluster_running(scheduler_fit, dask_cluster):
+    """After the fit the scheduler and both worker processes still run, and a new client runs a task on the
+    same two workers as before the fit: the engine closed its client, not the cluster it did not start."""
+    assert scheduler_fit.completed.returncode == 0, scheduler_fit.completed.stderr
+    assert dask_cluster.exited() == {}, dask_cluster.log_tail()
+    assert len(scheduler_fit.workers_before) == 2
+    assert dask_cluster.serving_workers() == scheduler_fit.workers_before
+
+
+def test_fit_publishes_one_event_per_iteration_on_the_scheduler(scheduler_fit, dask_cluster):
+    """A client attached to the scheduler reads one ``dist_respattn.fit`` record per iteration of the fit,
+    in order, with the log-likelihood the checkpoint saved, the seconds taken and the rows per second."""
+    assert scheduler_fit.completed.returncode == 0, scheduler_fit.completed.stderr
+    history = load_checkpoint(scheduler_fit.model_dir).meta["history"]
+    events = fit_events(dask_cluster.address, history[0]["run_id"])
+    assert [e["iteration"] for e in events] == [1, 2, 3, 4]
+    assert [e["mean_log_likelihood"] for e in events] == [h["mean_log_likelihood"] for h in history]
+    for event in events:
+        assert event["seconds"] > 0
+        assert event["rows_per_second"] == pytest.approx(ROWS / event["seconds"], rel=1e-9)
+        assert event["n_obs"] == ROWS
+
+
+def test_fit_through_the_environment_variable(dask_cluster, small_store, tmp_path):
+    """With no ``--scheduler``, ``$DASK_SCHEDULER_ADDRESS`` names the cluster: the fit runs there (its events
+    are on that scheduler, no local cluster is started) and the cluster keeps running with the same workers."""
+    before = dask_cluster.serving_workers()
+    model_dir = tmp_path / "model"
+    completed = run_fit(
+        small_store, "--model-dir", str(model_dir), "--max-iter", "2", "--tol", "0",
+        env=clean_env(DASK_SCHEDULER_ADDRESS=dask_cluster.address),
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    assert f"connected to the scheduler at {dask_cluster.address} (2 workers" in completed.stderr
+    assert "started a local cluster" not in completed.stderr
+    assert [int(i) for i, _ in ITERATION_LINE.findall(completed.stderr)] == [1, 2]
+    run_id = load_checkpoint(model_dir).meta["history"][0]["run_id"]
+    assert [e["iteration"] for e in fit_events(dask_cluster.address, run_id)] == [1, 2]
+    assert dask_cluster.exited() == {}, dask_cluster.log_tail()
+    assert dask_cluster.serving_workers() == before
+
+
+def test_scheduler_option_wins_over_the_environment_variable(dask_cluster, small_store, tmp_path):
+    """``--scheduler`` is used even when ``$DASK_SCHEDULER_ADDRESS`` names a scheduler that does not exist."""
+    (dead_port,) = free_ports(1)
+    completed = run_fit(
+        small_store, "--model-dir", str(tmp_path / "model"), "--scheduler", dask_cluster.address, "--max-iter", "1",
+        env=clean_env(DASK_SCHEDULER_ADDRESS=f"tcp://127.0.0.1:{dead_port}"),
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    assert f"connected to the scheduler at {dask_cluster.address} " in completed.stderr
+
+
+@pytest.fixture
+def dashboardless_scheduler(tmp_path) -> Iterator[str]:
+    """``dask scheduler --no-dashboard`` (its plain HTTP routes on a free port), without workers."""
+    port, http_port = free_ports(2)
+    scheduler = start_dask(
+        tmp_path, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard",
+        "--dashboard-address", f"127.0.0.1:{http_port}",
+    )  # fmt: skip
+    try:
+        yield f"tcp://127.0.0.1:{port}"
+    finally:
+        stop([scheduler])
+
+
+def test_no_dashboard_is_reported_when_the_scheduler_serves_none(dashboardless_scheduler):
+    """A scheduler started with ``--no-dashboard`` serves no dashboard (though Dask still registers an HTTP
+    service named "dashboard"): the cluster info a fit reports, and prints as ``dashboard: …``, is ``None``."""
+    with distributed.Client(dashboardless_scheduler, timeout=30, set_as_default=False) as client:
+        assert cluster_info(client).dashboard is None
+
+
+# ------------------------------------------------------------------------- the embedded cluster
+
+
+def test_embedded_cluster_is_announced_with_its_dashboard(small_store, tmp_path):
+    """``fit --workers 2`` with no address starts a local cluster of 2 worker processes and says so on stderr
+    with a dashboard URL on 127.0.0.1, repeated at the end of the report; the fit runs its 2 iterations."""
+    completed = run_fit(small_store, "--model-dir", str(tmp_path / "model"), "--workers", "2", "--max-iter", "2")
+    assert completed.returncode == 0, completed.stderr
+    announced = re.search(
+        rf"^started a local cluster of 2 worker processes \(2 workers, 2 threads\); dashboard: ({LOCAL_DASHBOARD})$",
+        completed.stderr,
+        re.MULTILINE,
+    )
+    assert announced, completed.stderr
+    assert re.search(rf"^dashboard: {re.escape(announced.group(1))}\b", completed.stdout, re.MULTILINE), (
+        completed.stdout
+    )
+    assert [int(i) for i, _ in ITERATION_LINE.findall(completed.stderr)] == [1, 2]
+    assert load_checkpoint(tmp_path / "model").iteration == 2
+
+
+def test_embedded_cluster_dashboard_in_json_report(small_store, tmp_path):
+    """With ``--json`` the report's ``dashboard`` field is the embedded cluster's URL and stderr stays quiet."""
+    completed = run_fit(
+        small_store, "--model-dir", str(tmp_path / "model"), "--workers", "2", "--max-iter", "2", "--json"
+    )
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(completed.stdout)
+    assert re.fullmatch(LOCAL_DASHBOARD, report["dashboard"]), report["dashboard"]
+    assert (report["state"], report["iterations"]) == ("max_iter", 2)
+    assert "started a local cluster" not in completed.stderr
+
+
+def test_embedded_dashboard_answers_while_the_fit_runs_and_ctrl_c_closes_the_cluster(small_store, tmp_path):
+    """While an embedded-cluster fit runs, its announced dashboard answers with Dask's status page; Ctrl-C
+    (SIGINT) then ends the command with status 130 and "interrupted", and every process it started exits."""
+    process = subprocess.Popen(
+        [COMMAND, "fit", small_store, "--model-dir", str(tmp_path / "model"), "--workers", "2",
+         "--max-iter", "1000", "--tol", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+    )  # fmt: skip
+    children: list[psutil.Process] = []
+    try:
+        assert process.stderr is not None
+        seen = []
+        while not (seen and "started a local cluster" in seen[-1]):
+            line = process.stderr.readline()
+            assert line, "".join(seen) + "(the fit ended without announcing its cluster)"
+            seen.append(line)
+        url = re.search(rf"dashboard: ({LOCAL_DASHBOARD})$", seen[-1].strip())
+        assert url, seen[-1]
+        children = psutil.Process(process.pid).children(recursive=True)
+        assert len(children) >= 2  # the two worker processes (and multiprocessing's helpers)
+        with urllib.request.urlopen(url.group(1), timeout=30) as response:
+            assert response.status == 200
+            assert b"Dask" in response.read()
+        assert process.poll() is None, "the fit ended before the dashboard was read"
+
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == 130, stderr
+        assert stderr.rstrip().endswith("dist-respattn fit: interrupted"), stderr
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, f"processes left running after the fit ended: {[p.pid for p in alive]}"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=30)
+        for child in children:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
