@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -116,7 +117,9 @@ def _local_cluster(n_workers: int | None, threads_per_worker: int, memory_limit:
         host="127.0.0.1",
         dashboard_address="127.0.0.1:0",
         memory_limit=memory_limit,
-        silence_logs=logging.ERROR,
+        # A task's error reaches the caller as its exception; the workers' own log lines of it
+        # (a traceback per failed task) would only bury that one-line message.
+        silence_logs=logging.CRITICAL,
     )
 
 
@@ -142,13 +145,7 @@ def connect(
         return
     address = scheduler or os.environ.get(SCHEDULER_ENV) or None
     if address:
-        try:
-            own_client = distributed.Client(address, timeout=CONNECT_TIMEOUT_SECONDS, set_as_default=False)
-        except (OSError, TimeoutError) as exc:
-            raise ClusterError(
-                f"cannot reach the Dask scheduler at {address} within {CONNECT_TIMEOUT_SECONDS:.0f} s "
-                f"({type(exc).__name__}); is it running, and is the address right?"
-            ) from exc
+        own_client = _client_for(address)
         with own_client:
             _announce(own_client, f"connected to the scheduler at {address}", say)
             yield own_client
@@ -159,6 +156,40 @@ def connect(
     ):
         _announce(own_client, f"started a local cluster of {len(cluster.workers)} worker processes", say)
         yield own_client
+
+
+def _client_for(address: str) -> distributed.Client:
+    """A client of the scheduler at ``address``, or a :class:`ClusterError` within the connect timeout.
+
+    The client is made on a daemon thread with a deadline of our own: ``Client(timeout=...)`` gives up
+    on a closed port, but waits forever on a port that accepts connections and never speaks Dask
+    (dask/distributed#8071), such as a dashboard port given by mistake.
+    """
+    outcome: list[Any] = []
+
+    def make() -> None:
+        try:
+            outcome.append(distributed.Client(address, timeout=CONNECT_TIMEOUT_SECONDS, set_as_default=False))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=make, name="respattn-connect", daemon=True)
+    thread.start()
+    thread.join(CONNECT_TIMEOUT_SECONDS + 1.0)
+    if not outcome:
+        raise ClusterError(
+            f"the Dask scheduler at {address} did not answer within {CONNECT_TIMEOUT_SECONDS + 1.0:.0f} s: "
+            "something listens there but does not speak Dask; is this the scheduler's address (not its dashboard)?"
+        )
+    result = outcome[0]
+    if isinstance(result, distributed.Client):
+        return result
+    if isinstance(result, (OSError, TimeoutError)):
+        raise ClusterError(
+            f"cannot reach the Dask scheduler at {address} within {CONNECT_TIMEOUT_SECONDS:.0f} s "
+            f"({type(result).__name__}); is it running, and is the address right?"
+        ) from result
+    raise result
 
 
 def _announce(client: distributed.Client, what: str, say: Callable[[str], Any] | None) -> None:

@@ -16,7 +16,8 @@ from dist_respattn.model._checks import ImpossibleEvidenceError
 from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulatorFactory, SufficientStatistics
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.scoring import ScoreTotals, score_rows
-from dist_respattn.store import StoreError, TripleStore
+from dist_respattn.store import EncodedRows, StoreError, TripleStore
+from dist_respattn.store.checks import block_problems
 
 __all__ = [
     "TargetCounts",
@@ -59,11 +60,24 @@ def _checked_store(store: TripleStore, fingerprint: str) -> TripleStore:
     return store
 
 
-def _in_partition(store: TripleStore, part: int, start: int, exc: ImpossibleEvidenceError) -> ImpossibleEvidenceError:
-    """The kernel counts rows from the block's start; say where the block is in the store."""
-    return ImpossibleEvidenceError(
-        f"{store.location}: partition {part}, block starting at store row {start} (row numbers below are "
-        f"relative to it): {exc}"
+def _located(store: TripleStore, part: int, block: EncodedRows, exc: ValueError) -> ValueError:
+    """The kernel counts rows from the block's start; name the store, its array and the store row instead.
+
+    A bad value (an id out of range, a non-finite number) is found again by the store's own checks,
+    which give the global row and chunk; rows the model finds impossible keep the kernel's message,
+    with the block's position in the store.
+    """
+    if not isinstance(exc, ImpossibleEvidenceError):
+        problems = block_problems(block, store.schema, block.start // store.chunk_rows)
+        if problems:
+            more = f" (and {len(problems) - 1} more kinds of bad value)" if len(problems) > 1 else ""
+            return StoreError(
+                f"{store.location}: partition {part}: {problems[0]}{more}; `dist-respattn validate` lists them all"
+            )
+    kind = type(exc) if isinstance(exc, ImpossibleEvidenceError) else ValueError
+    return kind(
+        f"{store.location}: partition {part}, block starting at store row {block.start} (row numbers below "
+        f"count from there): {exc}"
     )
 
 
@@ -82,7 +96,10 @@ def init_task(
     accumulator = factory.make()
     rng = np.random.default_rng([int(seed), int(part)])
     for block in store.iter_blocks(part):
-        accumulator.seq_initialize(block.encoded, block.weight, rng)
+        try:
+            accumulator.seq_initialize(block.encoded, block.weight, rng)
+        except ValueError as exc:
+            raise _located(store, part, block, exc) from None
     return accumulator.value()
 
 
@@ -102,8 +119,8 @@ def estep_task(
     for block in store.iter_blocks(part):
         try:
             accumulator.seq_update(block.encoded, block.weight, model)
-        except ImpossibleEvidenceError as exc:
-            raise _in_partition(store, part, block.start, exc) from None
+        except ValueError as exc:
+            raise _located(store, part, block, exc) from None
     return accumulator.value()
 
 
@@ -114,7 +131,10 @@ def score_task(
     store = _checked_store(store, fingerprint)
     totals = ScoreTotals()
     for block in store.iter_blocks(part):
-        totals = totals + score_rows(model, block.encoded, block.weight)
+        try:
+            totals = totals + score_rows(model, block.encoded, block.weight)
+        except ValueError as exc:
+            raise _located(store, part, block, exc) from None
     return totals
 
 

@@ -41,6 +41,8 @@ def open_group_at(location: StoreLocation, mode: str = "r") -> Any:
         return zarr.open_group(location.zarr_store(), mode=mode)  # type: ignore[arg-type]
     except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError) as exc:
         raise StoreError(f"{location}: no zarr group there (expected a triple store)") from exc
+    except zarr.errors.ContainsArrayError as exc:
+        raise StoreError(f"{location}: a zarr array, not a group (expected a triple store)") from exc
 
 
 def shard_key(array: Any, name: str, partition: int) -> str:

@@ -1,0 +1,437 @@
+"""Fits that survive failures: a worker SIGKILLed mid-iteration, the driver SIGKILLed mid-fit or mid-checkpoint.
+
+Every failure is real: worker processes of a LocalCluster with nannies, ``dist-respattn fit`` run as a
+subprocess against this module's cluster (which outlives it), and SIGKILL. Every outcome is compared bit for
+bit (``np.array_equal``, ``sigma2 ==``) with an uninterrupted fit of the same settings from the same random
+start. The last tests pin what ``--resume`` accepts: the same settings only, an empty model directory (a
+new fit), and a finished fit (returned at once, no cluster touched).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import distributed
+import numpy as np
+import pytest
+
+from dist_respattn.engine import FitSettings, fit, load_checkpoint, load_model
+from dist_respattn.store import WriteOptions, write_synthetic
+from tests.engine.test_bad_input import (
+    Launched,
+    assert_fit_error,
+    assert_same_parameters,
+    cli_env,
+    free_port,
+    local_cluster,
+    run_cli,
+    start_cli,
+    tree_state,
+)
+
+#: The fits whose workers are killed (and their uninterrupted reference).
+LONG_SETTINGS = FitSettings(max_iter=4, tol=0.0)
+#: Iterations of the fits killed by the driver tests (and of their uninterrupted reference).
+WIDE_ITERATIONS = 6
+
+
+def read_latest(model_dir: Path) -> dict | None:
+    """``latest.json`` of a model directory, or ``None`` before the first checkpoint (it is replaced atomically)."""
+    try:
+        return json.loads((model_dir / "latest.json").read_text())
+    except FileNotFoundError:
+        return None
+
+
+def history_iterations(model_dir: Path) -> list[int]:
+    """The iteration numbers recorded in the latest checkpoint's history, in order."""
+    return [entry["iteration"] for entry in load_checkpoint(model_dir, "latest").meta["history"]]
+
+
+def leftovers(model_dir: Path) -> list[str]:
+    """Temporary entries (``.tmp-…``) of interrupted writes."""
+    return sorted(name for name in os.listdir(model_dir) if name.startswith(".tmp-"))
+
+
+def sigkill(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL a command that must still be running, and reap it."""
+    assert proc.poll() is None, "the fit ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+
+# -- fixtures -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine_client():
+    """A client of this module's LocalCluster (2 single-threaded worker processes), left running by every fit."""
+    with local_cluster() as cluster, distributed.Client(cluster, set_as_default=False) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def address(engine_client) -> str:
+    """The scheduler address of this module's cluster, for ``--scheduler``."""
+    return engine_client.scheduler.address
+
+
+@pytest.fixture(scope="module")
+def long_store(tmp_path_factory) -> str:
+    """400,000 rows of a small head in 25 partitions: an E-step long enough (~0.5 s) to kill a worker in."""
+    path = tmp_path_factory.mktemp("long") / "long.zarr"
+    write_synthetic(
+        path, 400_000, num_symbols=30, context_length=4, query_dim=5, num_targets=12, seed=4,
+        options=WriteOptions(chunk_rows=8192, partition_rows=16_384),
+    )  # fmt: skip
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def wide_store(tmp_path_factory) -> str:
+    """6,000 rows of a head with S = T = 1500: each checkpoint's emission is 18 MB, so writing it takes a while."""
+    path = tmp_path_factory.mktemp("wide") / "wide.zarr"
+    write_synthetic(
+        path, 6000, num_symbols=1500, context_length=4, query_dim=5, num_targets=1500, seed=3,
+        options=WriteOptions(chunk_rows=1024, partition_rows=2048),
+    )  # fmt: skip
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def wide_reference(tmp_path_factory, wide_store, engine_client):
+    """The uninterrupted fit of ``wide_store``: ``WIDE_ITERATIONS`` iterations, tol 0, random start of seed 0."""
+    model_dir = tmp_path_factory.mktemp("wide-reference") / "model"
+    settings = FitSettings(max_iter=WIDE_ITERATIONS, tol=0.0)
+    return fit(wide_store, model_dir=model_dir, settings=settings, client=engine_client, progress=False)
+
+
+def wide_fit_args(store: str, model_dir: Path, address: str) -> tuple[str, ...]:
+    """The CLI of the reference fit (the defaults of ``FitSettings`` besides max-iter and tol)."""
+    return (
+        "fit", store, "--model-dir", str(model_dir), "--max-iter", str(WIDE_ITERATIONS), "--tol", "0",
+        "--scheduler", address, "--json",
+    )  # fmt: skip
+
+
+# -- a worker killed mid-iteration ----------------------------------------------------------------------------
+
+
+class _Messages(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def passes_log():
+    """The messages of ``dist_respattn.engine.passes`` during the test (a handler of its own: a LocalCluster's
+    ``silence_logs`` raises the level of caplog's handlers to ERROR)."""
+    handler = _Messages()
+    logger = logging.getLogger("dist_respattn.engine.passes")
+    logger.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)
+
+
+@pytest.fixture(scope="module")
+def long_reference(tmp_path_factory, long_store, engine_client):
+    """The uninterrupted fit of ``long_store`` on the module's cluster (``LONG_SETTINGS``)."""
+    model_dir = tmp_path_factory.mktemp("long-reference") / "model"
+    return fit(long_store, model_dir=model_dir, settings=LONG_SETTINGS, client=engine_client, progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victims", ["one", "every"])
+def test_worker_killed_mid_iteration_gives_identical_parameters(
+    tmp_path, long_store, long_reference, victims, passes_log
+):
+    """SIGKILL of worker processes while E-step tasks of iteration 2 run: the fit finishes, bit-identical.
+
+    ``one``: the worker holding the scattered parameters (or, if none is seen, one running an E-step task);
+    the tasks lost with it (running, or finished and held in its memory) are recomputed. ``every``: both
+    workers, so the parameters themselves are lost and the pass must be resubmitted after a new scatter.
+    The nannies restart the workers, and the fixed combine tree gives the same sums as the uninterrupted fit
+    on the module's cluster.
+    """
+    with local_cluster() as cluster, distributed.Client(cluster, set_as_default=False) as client:
+        pids = client.run(os.getpid)
+        kill: dict = {}
+        said: list[tuple[float, str]] = []
+
+        def kill_during_iteration_2() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                running = {
+                    worker: [str(k) for k in keys if str(k).startswith("respattn-estep-2-")]
+                    for worker, keys in client.processing().items()
+                }
+                running = {worker: keys for worker, keys in running.items() if keys}
+                if running:
+                    time.sleep(0.02)  # into the tasks
+                    if victims == "every":
+                        targets = list(pids)
+                    else:
+                        holders = [
+                            worker
+                            for worker, keys in client.has_what().items()
+                            if any(str(k).startswith("respattn-params-2-") for k in keys)
+                        ]
+                        targets = holders[:1] or list(running)[:1]
+                    for worker in targets:
+                        os.kill(pids[worker], signal.SIGKILL)
+                    kill.update(pids=[pids[w] for w in targets], running=running, at=time.monotonic())
+                    return
+                time.sleep(0.002)
+
+        killer = threading.Thread(target=kill_during_iteration_2, daemon=True)
+
+        def say(line: str) -> None:
+            said.append((time.monotonic(), line))
+            if line.startswith("iteration 1:"):
+                killer.start()
+
+        result = fit(
+            long_store, model_dir=tmp_path / "model", settings=LONG_SETTINGS, client=client, say=say, progress=False
+        )
+        killer.join(timeout=60)
+        client.wait_for_workers(2, timeout=60)
+        after = client.run(os.getpid)
+    assert kill, "no E-step task of iteration 2 was seen running"
+    assert len(kill["pids"]) == (1 if victims == "one" else 2)
+    assert set(kill["pids"]).isdisjoint(after.values()), "a killed worker is still there"
+    iteration_2_done = next(t for t, line in said if line.startswith("iteration 2:"))
+    assert kill["at"] < iteration_2_done, "the kill came after iteration 2 ended"
+    if victims == "every":
+        assert any(m.startswith("estep 2 lost work") for m in passes_log), passes_log
+    expected = long_reference
+    assert [e["iteration"] for e in result.history] == [1, 2, 3, 4]
+    assert [e["mean_log_likelihood"] for e in result.history] == [e["mean_log_likelihood"] for e in expected.history]
+    assert_same_parameters(result.model, expected.model)
+    assert_same_parameters(load_model(tmp_path / "model"), expected.model)
+
+
+# -- the driver killed mid-fit ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_driver_killed_then_resumed_gives_identical_parameters(tmp_path, wide_store, wide_reference, address):
+    """``fit`` SIGKILLed once its latest checkpoint is iteration 2 or later, then the same command with
+    ``--resume``: the final parameters are bit-identical to the uninterrupted fit, the history holds every
+    iteration once, and no leftover of the killed run remains.
+    """
+    model_dir = tmp_path / "model"
+    args = wide_fit_args(wide_store, model_dir, address)
+    proc = start_cli(*args)
+    deadline = time.monotonic() + 90
+    while (latest := read_latest(model_dir)) is None or latest["iteration"] < 2:
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "no checkpoint of iteration 2 after 90 s"
+        time.sleep(0.005)
+    sigkill(proc)
+    killed_at = read_latest(model_dir)["iteration"]
+    assert killed_at < WIDE_ITERATIONS, "the fit had ended before it was killed"
+    assert load_checkpoint(model_dir).iteration == killed_at
+
+    resumed = run_cli(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    report = json.loads(resumed.stdout)
+    assert report["state"] == "max_iter"
+    assert report["iterations"] == WIDE_ITERATIONS
+    assert_same_parameters(load_model(model_dir), wide_reference.model)
+    assert history_iterations(model_dir) == list(range(1, WIDE_ITERATIONS + 1))
+    runs = [entry["run_id"] for entry in load_checkpoint(model_dir).meta["history"]]
+    assert len(set(runs[:killed_at])) == 1 and set(runs[:killed_at]).isdisjoint(runs[killed_at:]), runs
+    assert leftovers(model_dir) == []
+    assert len([name for name in os.listdir(model_dir) if name.startswith("ckpt-")]) == 1
+
+
+@pytest.mark.slow
+def test_kill_during_a_checkpoint_write_leaves_the_previous_checkpoint(tmp_path, wide_store, wide_reference, address):
+    """SIGKILL of the driver while a checkpoint is being written (its ``.tmp-ckpt-…`` directory exists).
+
+    The previous checkpoint is what ``load_checkpoint``/``load_model`` return, and ``--resume`` removes the
+    half-written one and finishes bit-identical to the uninterrupted fit. The kill watches the model
+    directory every ~0.2 ms and a write takes tens of ms; an attempt that misses the window (the write
+    finished first) is resumed and tried again at the next checkpoint.
+    """
+    model_dir = tmp_path / "model"
+    args = (*wide_fit_args(wide_store, model_dir, address), "--resume")  # a new fit while the directory is empty
+    caught: list[str] = []
+    for _attempt in range(WIDE_ITERATIONS - 1):
+        proc = start_cli(*args)
+        deadline = time.monotonic() + 90
+        while not caught:
+            names = os.listdir(model_dir) if model_dir.is_dir() else []
+            writing = [n for n in names if n.startswith(".tmp-ckpt-")]
+            if writing and "latest.json" in names:
+                os.kill(proc.pid, signal.SIGKILL)
+                caught = writing
+                break
+            assert proc.poll() is None, f"the fit ended without being caught in a write: {proc.communicate()[1]}"
+            assert time.monotonic() < deadline
+            time.sleep(0.0002)
+        proc.communicate(timeout=30)
+        assert proc.returncode == -signal.SIGKILL
+        if any((model_dir / name).is_dir() for name in caught):
+            break  # the kill landed inside the write
+        caught = []
+    assert caught, "no kill landed inside a checkpoint write"
+    latest = read_latest(model_dir)
+    being_written = int(caught[0].split("-")[2])
+    assert latest["iteration"] < being_written
+    checkpoint = load_checkpoint(model_dir)
+    assert checkpoint.name == latest["checkpoint"]
+    assert checkpoint.iteration == latest["iteration"]
+    assert history_iterations(model_dir) == list(range(1, latest["iteration"] + 1))
+    model = load_model(model_dir)
+    assert model.emission.shape == (1500, 1500)
+    assert np.isfinite(model.emission).all() and np.isfinite(model.key_means).all()
+
+    resumed = run_cli(*args)
+    assert resumed.returncode == 0, resumed.stderr
+    assert leftovers(model_dir) == []
+    assert_same_parameters(load_model(model_dir), wide_reference.model)
+    assert history_iterations(model_dir) == list(range(1, WIDE_ITERATIONS + 1))
+
+
+def test_leftovers_of_an_interrupted_write_are_ignored_then_cleaned(tmp_path, small_store, engine_client):
+    """The on-disk states a kill can leave around a checkpoint write, made by hand.
+
+    A ``.tmp-ckpt-…`` directory with a truncated ``params.npz``, a truncated ``.tmp-latest.json.…``, and a
+    complete checkpoint directory the pointer never moved to: ``load_checkpoint`` still returns the pointed
+    checkpoint, and a resumed fit removes all three and ends bit-identical to an uninterrupted one.
+    """
+    model_dir = tmp_path / "model"
+    first = fit(
+        small_store, model_dir=model_dir, settings=FitSettings(max_iter=2, tol=0.0), client=engine_client,
+        progress=False,
+    )  # fmt: skip
+    pointed = read_latest(model_dir)["checkpoint"]
+    params = (model_dir / pointed / "params.npz").read_bytes()
+    (model_dir / ".tmp-ckpt-000003-deadbeef").mkdir()
+    (model_dir / ".tmp-ckpt-000003-deadbeef" / "params.npz").write_bytes(params[: len(params) // 2])
+    (model_dir / ".tmp-latest.json.0badf00d").write_text('{"checkpoint": "ckpt-0000')
+    shutil.copytree(model_dir / pointed, model_dir / "ckpt-000003-deadbeef")
+
+    checkpoint = load_checkpoint(model_dir)
+    assert (checkpoint.name, checkpoint.iteration) == (pointed, 2)
+    assert_same_parameters(checkpoint.model, first.model)
+
+    settings = FitSettings(max_iter=3, tol=0.0)
+    resumed = fit(
+        small_store, model_dir=model_dir, settings=settings, resume=True, client=engine_client, progress=False
+    )
+    expected = fit(small_store, model_dir=tmp_path / "ref", settings=settings, client=engine_client, progress=False)
+    assert_same_parameters(resumed.model, expected.model)
+    assert_same_parameters(load_model(model_dir), expected.model)
+    assert leftovers(model_dir) == []
+    assert sorted(os.listdir(model_dir)) == sorted(["latest.json", read_latest(model_dir)["checkpoint"]])
+    assert history_iterations(model_dir) == [1, 2, 3]
+
+
+# -- what --resume accepts ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def resume_runs(tmp_path_factory, small_store, engine_client, address):
+    """Fits made through the API, then ``--resume`` commands on them, all started at once.
+
+    ``tol``/``seed``: a finished fit (2 iterations, tol 0) resumed with another ``--tol`` / ``--seed``.
+    ``store``: the same fit resumed on another store. ``empty``: ``--resume`` into an empty directory.
+    ``converged``: a converged fit resumed with its own settings, with ``DASK_SCHEDULER_ADDRESS`` naming a
+    port nothing listens on (a fit that tried to reach a cluster would fail).
+    """
+    root = tmp_path_factory.mktemp("resume")
+    finished = root / "finished"
+    settings = FitSettings(max_iter=2, tol=0.0)
+    reference = fit(small_store, model_dir=finished, settings=settings, client=engine_client, progress=False)
+    converged_dir = root / "converged"
+    converged_fit = fit(
+        small_store, model_dir=converged_dir, settings=FitSettings(max_iter=50, tol=0.05), client=engine_client,
+        progress=False,
+    )  # fmt: skip
+    assert converged_fit.state == "converged" and converged_fit.iterations < 50
+    other_store = root / "other.zarr"
+    write_synthetic(
+        other_store, 2000, num_symbols=30, context_length=4, query_dim=5, num_targets=12, seed=9,
+        options=WriteOptions(chunk_rows=1024, partition_rows=2048),
+    )  # fmt: skip
+    empty = root / "empty"
+    empty.mkdir()
+    before = {path: tree_state(path) for path in (finished, converged_dir)}
+    common = ("--max-iter", "2", "--tol", "0", "--scheduler", address)
+    resume_finished = ("fit", small_store, "--model-dir", str(finished), "--resume", "--scheduler", address)
+    launched = {
+        "tol": Launched((*resume_finished, "--tol", "0.001"), deadline=60),
+        "seed": Launched((*resume_finished, "--seed", "5"), deadline=60),
+        "store": Launched(("fit", str(other_store), "--model-dir", str(finished), "--resume", *common), deadline=60),
+        "empty": Launched(("fit", small_store, "--model-dir", str(empty), "--resume", *common, "--json"), deadline=60),
+        "converged": Launched(
+            ("fit", small_store, "--model-dir", str(converged_dir), "--resume"),
+            env=cli_env(DASK_SCHEDULER_ADDRESS=f"tcp://127.0.0.1:{free_port()}"),
+            deadline=60,
+        ),
+    }
+    return {
+        "finished": finished, "converged_dir": converged_dir, "converged_fit": converged_fit, "empty_dir": empty,
+        "reference": reference, "other_store": str(other_store), "before": before, **launched,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("option", "setting"), [("tol", "tol: 0.0 -> 0.001"), ("seed", "seed: 0 -> 5")], ids=["tol", "seed"]
+)
+def test_resume_with_other_settings_is_refused(resume_runs, option, setting):
+    """``--resume`` with another ``--tol`` or ``--seed`` than the checkpoint's: one line naming the setting
+    and both values, exit 2, and the model directory unchanged (contents and mtimes)."""
+    finished = resume_runs["finished"]
+    assert_fit_error(resume_runs[option].wait(), str(finished), "cannot resume with other settings", setting)
+    assert tree_state(finished) == resume_runs["before"][finished]
+
+
+def test_resume_on_another_store_is_refused(resume_runs):
+    """``--resume`` of a fit on another store than its own: one line naming the store, nothing changed."""
+    finished = resume_runs["finished"]
+    assert_fit_error(resume_runs["store"].wait(), str(finished), resume_runs["other_store"], "fingerprint")
+    assert tree_state(finished) == resume_runs["before"][finished]
+
+
+def test_resume_in_an_empty_model_dir_starts_a_new_fit(resume_runs):
+    """``--resume`` into an empty directory runs a whole fit, bit-identical to the same fit made without it."""
+    result = resume_runs["empty"].wait()
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["state"], report["iterations"]) == ("max_iter", 2)
+    empty = resume_runs["empty_dir"]
+    assert_same_parameters(load_model(empty), resume_runs["reference"].model)
+    assert history_iterations(empty) == [1, 2]
+
+
+def test_resume_of_a_converged_fit_returns_at_once(resume_runs):
+    """``--resume`` of a converged fit reports it and returns: no cluster reached, the directory unchanged."""
+    result = resume_runs["converged"].wait()
+    assert result.returncode == 0, result.stderr
+    converged = resume_runs["converged_fit"]
+    iterations = converged.iterations
+    assert result.stderr.splitlines() == [
+        f"{resume_runs['converged_dir']}: the fit already ended at iteration {iterations} (converged)"
+    ]
+    assert f"EM converged after {iterations} iterations" in result.stdout
+    directory = resume_runs["converged_dir"]
+    assert tree_state(directory) == resume_runs["before"][directory]
+    assert_same_parameters(load_model(directory), converged.model)
