@@ -1,11 +1,12 @@
-"""Smoke runs of the benchmarks (bench_kernel.py, bench_store.py) as real subprocesses: their figures exist,
-and their memory stays flat."""
+"""Smoke runs of the benchmarks (bench_kernel.py, bench_store.py, bench_fit.py) as real subprocesses: their
+figures exist, and their memory stays flat."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -236,3 +237,122 @@ def test_store_read_memory_is_bounded_by_a_block_not_a_partition():
             f"{store['compression']}/{store['row_order']}: a read pass allocated {traced / MIB:.2f} MiB at its peak; "
             f"a partition is {partition_bytes / MIB:.2f} MiB"
         )
+
+
+# --------------------------------------------------------------------------------------------- bench_fit.py
+
+FIT_SCRIPT = SCRIPT.with_name("bench_fit.py")
+
+
+@pytest.mark.slow
+def test_fit_smoke_run_reports_every_figure(monkeypatch):
+    rows, iterations, memory_rows = 20000, 2, 5000
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-W", "error::RuntimeWarning", str(FIT_SCRIPT), "--json"),
+            *("--rows", str(rows), "--iterations", str(iterations), "--memory-rows", str(memory_rows)),
+            *("--mixle-rows", "2000", "--mixle-rows-large", "4000", "--mixle-iterations", "2"),
+            *("--kernel-repeats", "1"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=FIT_SCRIPT.parents[1],
+        check=False,
+    )
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    report = json.loads(completed.stdout)
+    has_mixle = importlib.util.find_spec("mixle") is not None
+
+    config = report["config"]
+    assert (config["rows"], config["iterations"], config["memory_rows"]) == (rows, iterations, memory_rows)
+    assert (config["symbols"], config["context"], config["dim"], config["targets"]) == (2000, 16, 32, 2000)
+    assert config["partitions"] == config["memory_partitions"] == 1  # default chunking: 262,144 rows a partition
+    results = report["results"]
+    for name, workers, fitted_rows, fitted_iterations in (
+        ("ours_2", 2, rows, iterations),
+        ("ours_1", 1, rows, iterations),
+        ("ours_memory", 2, memory_rows, 2),
+    ):
+        figures = results[name]
+        assert (figures["rows"], figures["workers"], figures["iterations"]) == (fitted_rows, workers, fitted_iterations)
+        assert len(figures["iteration_seconds"]) == len(figures["breakdown"]) == fitted_iterations, name
+        for seconds in figures["iteration_seconds"]:
+            assert_positive_finite(seconds, f"{name}.iteration_seconds")
+        rates = [fitted_rows / s for s in figures["iteration_seconds"]]
+        assert_close(figures["rows_per_s"], sum(rates) / 2, f"{name}.rows_per_s")  # the median of two rates
+        assert_positive_finite(figures["first_iteration_seconds"], f"{name}.first_iteration_seconds")
+        assert len(figures["worker_peak_bytes"]) == workers, name
+        for peak in figures["worker_peak_bytes"]:
+            assert 50 * MIB < peak < 4096 * MIB, f"{name}: worker peak {peak / MIB:.0f} MiB"
+        # The breakdown accounts for each iteration: its parts add up to its wall time.
+        for part in figures["breakdown"]:
+            pieces = ("scatter_submit", "estep_span", "combine", "gather_mstep", "after_mstep")
+            assert part["estep_tasks"] == 1 and sum(part["estep_tasks_per_worker"]) == 1, name
+            assert len(part["estep_tasks_per_worker"]) == workers, name
+            assert math.isclose(sum(part[p] for p in pieces), part["wall"], rel_tol=1e-9, abs_tol=1e-9), part
+            assert part["estep_span"] > 0 and part["after_mstep"] > 0, part
+    assert_positive_finite(results["embedded"]["first_iteration_seconds"], "embedded.first_iteration_seconds")
+    kernel = results["kernel"]
+    assert kernel["rows"] == rows
+    assert_close(kernel["rows_per_s"], rows / kernel["seconds"], "kernel.rows_per_s")
+    # The kernel scores the rows under the fit's start model: the same log-likelihood as the fit's first E-step.
+    assert 0.0 <= report["agreement"]["first_mean_log_likelihood"] < 1e-9
+
+    if has_mixle:
+        for name, mixle_rows in (("mixle", 2000), ("mixle_large", 4000)):
+            mixle = results[name]
+            assert (mixle["rows"], mixle["workers"], mixle["iterations"]) == (mixle_rows, 2, 2)
+            assert_positive_finite(mixle["rows_per_s"], f"{name}.rows_per_s")
+        # A line through the two points, extended to all rows (none when noise hides the per-row part).
+        line = results["mixle_extrapolated"]
+        if line is not None:
+            assert line["rows"] == rows and line["seconds_per_row"] > 0
+            assert_close(line["rows_per_s"], rows / line["seconds_per_iteration"], "mixle_extrapolated.rows_per_s")
+    else:
+        assert results["mixle"] is None and results["mixle_extrapolated"] is None
+    for name, value in report["ratios"].items():
+        if "mixle" in name and (
+            not has_mixle or (name.endswith("equal_rows") and results["mixle_extrapolated"] is None)
+        ):
+            assert value is None
+        else:
+            assert_positive_finite(value, name)
+    assert_close(
+        report["ratios"]["scaling_2_over_1"],
+        results["ours_2"]["rows_per_s"] / results["ours_1"]["rows_per_s"],
+        "scaling_2_over_1",
+    )
+
+    memory = report["memory"]
+    assert_positive_finite(memory["driver_peak_bytes"], "driver_peak_bytes")
+    smaller, larger = max(results["ours_memory"]["worker_peak_bytes"]), max(results["ours_2"]["worker_peak_bytes"])
+    assert_close(memory["worker_peak_growth"], larger / smaller, "worker_peak_growth")
+
+    targets = {t["name"]: t for t in report["targets"]}
+    assert len(targets) == 5
+    for name, target in targets.items():
+        if "mixle" in name and not has_mixle:
+            assert target["pass"] is None
+        else:
+            assert_positive_finite(target["measured"], name)
+            assert isinstance(target["pass"], bool), target
+    for name in ("cpu_count", "usable_cores", "numpy", "numba", "distributed", "python"):
+        assert report["host"][name]
+
+    # The printed table renders from the same figures (loaded in-process; the module sets thread variables).
+    environment = dict(os.environ)
+    monkeypatch.syspath_prepend(str(FIT_SCRIPT.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_fit_under_test", FIT_SCRIPT)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclass looks its module up there
+        spec.loader.exec_module(module)
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+    table = module.format_report(report)
+    assert "ours, fit, 2 workers x 1 thread" in table and "bare kernel" in table
+    assert "where an iteration goes" in table and "peak memory" in table
+    assert table.count("PASS") + table.count("MISS") == (5 if has_mixle else 4)

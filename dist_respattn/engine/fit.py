@@ -365,12 +365,14 @@ def fit(
                     description=f"iteration {iteration}",
                     before_attempt=params.republish,
                 )  # fmt: skip
-            # Pool tied heads (one head ties only to itself, but the protocol is the reference's).
+            last_key_mass[0] = value.key_mass
+            if factory.keys is None:  # nothing tied: pooling would only copy the S×T tables twice
+                return value
+            # Pool the heads tied by `keys` (the reference's protocol; a fit of one head pools only itself).
             accumulator = factory.make().from_value(value)
             pool: dict[str, Any] = {}
             accumulator.key_merge(pool)
             accumulator.key_replace(pool)
-            last_key_mass[0] = value.key_mass
             return accumulator.value()
 
         def after_iteration(record: EMIteration, model: ResponsibilityAttentionDistribution) -> bool:

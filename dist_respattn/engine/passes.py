@@ -98,7 +98,10 @@ class PassRunner:
         def submit_leaf(part: int, key: str) -> distributed.Future:
             return self.client.submit(task, *args_for(part), key=key, pure=False)
 
-        root, leaves = reduce_partitions(
+        bar = self.make_bar(n_partitions, description) if self.make_bar is not None else None
+        # Progress holds each leaf only until it has finished and been counted.
+        completed = distributed.as_completed() if bar is not None else None
+        root = reduce_partitions(
             self.client,
             n_partitions,
             submit_leaf,
@@ -106,15 +109,15 @@ class PassRunner:
             combine_prefix=combine_prefix,
             tag=tag,
             fan_in=self.fan_in,
+            on_leaf=completed.add if completed is not None else None,
         )
-        bar = self.make_bar(n_partitions, description) if self.make_bar is not None else None
         try:
-            if bar is not None:
-                for _ in distributed.as_completed(leaves):
+            if bar is not None and completed is not None:
+                for _ in completed:
                     bar.update(1)
             return root.result()
         finally:
             if bar is not None:
                 bar.close()
             # Forget the pass: the scheduler drops its tasks and results once no client holds them.
-            del leaves, root
+            del root, completed

@@ -50,19 +50,20 @@ def reduce_partitions(
     tag: str,
     fan_in: int = DEFAULT_FAN_IN,
     on_leaf: Callable[[distributed.Future], Any] | None = None,
-) -> tuple[distributed.Future, list[distributed.Future]]:
-    """Submit ``submit_leaf(part, key)`` for every partition and the combine tree over them.
+) -> distributed.Future:
+    """Submit ``submit_leaf(part, key)`` for every partition and the combine tree over them; return the root.
 
     Keys are ``f"{key_prefix}-{part}-{tag}"`` for leaves and ``f"{combine_prefix}-{level}-{i}-{tag}"``
-    for combines (``tag`` keeps concurrent fits on one cluster apart). Returns the root future and
-    the leaf futures (for progress). A single partition is its own root.
+    for combines (``tag`` keeps concurrent fits on one cluster apart). ``on_leaf`` sees each leaf
+    future (for progress). Only the root is kept: the scheduler frees each value as soon as its
+    parent has consumed it, so a worker holds O(fan-in × depth) values, not one per partition.
+    A single partition is its own root.
     """
     if n_partitions < 1:
         raise ValueError("there are no partitions to reduce")
     levels = tree_shape(n_partitions, fan_in)
     # nodes[l][i]: the future of node i at level l (level 0: leaves), filled as submitted.
     nodes: list[dict[int, distributed.Future]] = [{} for _ in range(len(levels) + 1)]
-    leaves: list[distributed.Future] = []
 
     def submit_ready(level: int, index: int) -> None:
         """After node (level, index) exists, submit its parent if this was the parent's last child."""
@@ -71,23 +72,23 @@ def reduce_partitions(
             children = levels[level][parent]
             if index != children[-1]:
                 return
-            if len(children) == 1:  # carried up unchanged
-                nodes[level + 1][parent] = nodes[level][index]
+            # Pop the children: once their parent is submitted nothing here needs them, and a future
+            # kept would keep its tens-of-MB value on a worker until the whole pass ends.
+            inputs = [nodes[level].pop(c) for c in children]
+            if len(inputs) == 1:  # carried up unchanged
+                nodes[level + 1][parent] = inputs[0]
             else:
                 nodes[level + 1][parent] = client.submit(
-                    combine_values,
-                    *(nodes[level][c] for c in children),
-                    key=f"{combine_prefix}-{level + 1}-{parent}-{tag}",
-                    pure=False,
+                    combine_values, *inputs, key=f"{combine_prefix}-{level + 1}-{parent}-{tag}", pure=False
                 )
+            del inputs
             level, index = level + 1, parent
 
     for part in range(n_partitions):
         future = submit_leaf(part, f"{key_prefix}-{part}-{tag}")
         if on_leaf is not None:
             on_leaf(future)
-        leaves.append(future)
         nodes[0][part] = future
+        del future
         submit_ready(0, part)
-    root = nodes[-1][0]
-    return root, leaves
+    return nodes[-1].pop(0)
