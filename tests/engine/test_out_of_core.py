@@ -1,12 +1,13 @@
 """Out of core: workers with a small memory limit fit stores several times larger than that limit.
 
-Two worker processes limited to 400 MiB each fit stores of 2× and 4× that size (one partition alone
+Two worker processes limited to 512 MiB each fit stores of 2× and 4× that size (one partition alone
 is larger than the limit). The peaks are each worker's own VmHWM, reset right before each fit
 (``/proc/self/clear_refs``), so a peak is that fit's and nothing else's; spills are read from the
-workers' own metrics. Measured on a shared 2-core machine: a worker holds ~135 MiB once it has
-imported the package, ~200 MiB at rest after its first fit (numba's compiled kernels loaded), and peaks
-at ~235 MiB during either fit (about 4 blocks of 8.2 MiB above that), ~59 % of the limit and under
-Dask's 70 % spill threshold. At a 300 MiB limit the same fits make the memory monitor spill.
+workers' own metrics. Measured on a shared 2-core machine: a worker peaks at 235-285 MiB during either
+fit (about 4 blocks of 8.2 MiB above its resting size), under Dask's 70 % spill threshold. Most of a
+worker's resident set is the shared libraries it maps, and how much of them is resident depends on the
+page cache (numba's LLVM: 54 MiB in one virtual environment, 121 MiB in a fresh copy of the same one);
+Dask's memory monitor counts those pages too, hence a limit with that much room.
 """
 
 from __future__ import annotations
@@ -34,15 +35,15 @@ pytestmark = [
 
 MIB = 2**20
 #: Each worker's memory limit.
-MEMORY_LIMIT = 400 * MIB
+MEMORY_LIMIT = 512 * MIB
 #: Wide float64 queries make ~1 KiB rows (16 + 1024 + 4 bytes), so a store several times the limit
 #: writes in a few seconds while the kernel's work a row (∝ N × D) stays small.
 S, N, D, T = 20, 4, 128, 20
 QUERY_DTYPE = "float64"
-#: A block (one chunk) is 8.2 MiB of rows; a partition (one task) is 50 blocks, 408 MiB: more than a
+#: A block (one chunk) is 8.2 MiB of rows; a partition (one task) is 64 blocks, 522 MiB: more than a
 #: worker may hold, so only reading in blocks can fit it.
 CHUNK_ROWS = 8192
-PARTITION_ROWS = 50 * CHUNK_ROWS
+PARTITION_ROWS = 64 * CHUNK_ROWS
 #: The two stores compared: 2 and 4 partitions, i.e. one and two partitions a worker and iteration.
 SMALL_ROWS = 2 * PARTITION_ROWS
 LARGE_ROWS = 4 * PARTITION_ROWS
@@ -67,7 +68,9 @@ class OutOfCore:
     warm_rss: dict[str, int]
     pids_before: dict[str, int]
     pids_after: dict[str, int]
+    disk_writes_before: dict[str, dict[Any, float]]
     disk_writes: dict[str, dict[Any, float]]
+    spilled_before: dict[str, tuple[int, int]]
     spilled: dict[str, tuple[int, int]]
     small: FitRun
     large: FitRun
@@ -113,10 +116,11 @@ def _write(path: Path, rows: int, options: WriteOptions) -> TripleStore:
 
 @pytest.fixture(scope="module")
 def out_of_core(tmp_path_factory) -> Any:
-    """Fit a warm-up store, then the 2-partition store, then the 4-partition store on one 400 MiB cluster.
+    """Fit a warm-up store, then the 2-partition store, then the 4-partition store on one 512 MiB cluster.
 
-    The warm-up fit loads and compiles everything a worker needs, so neither measured fit pays for it.
-    The stores (2.5 GB) are removed when the module ends.
+    The warm-up fit loads (or, on a cold numba cache, compiles) everything a worker needs, so neither
+    measured fit pays for it.
+    The stores (3.3 GB) are removed when the module ends.
     """
     folder = tmp_path_factory.mktemp("out_of_core")
     layout = WriteOptions(chunk_rows=CHUNK_ROWS, partition_rows=PARTITION_ROWS, query_dtype=QUERY_DTYPE)
@@ -146,6 +150,10 @@ def out_of_core(tmp_path_factory) -> Any:
             idle_rss = client.run(_rss)
             fit(warmup, model_dir=folder / "model-warmup", client=client, settings=settings)
             warm_rss = client.run(_rss)
+            # Spills are counted from here: compiling the kernels on a cold numba cache (a fresh
+            # checkout) can briefly lift a worker past the threshold during the warm-up.
+            disk_writes_before = client.run(_disk_writes)
+            spilled_before = client.run(_spilled_now)
             runs = []
             for name, store in (("small", small), ("large", large)):
                 client.run(_reset_peak_rss)
@@ -158,7 +166,9 @@ def out_of_core(tmp_path_factory) -> Any:
                 warm_rss=warm_rss,
                 pids_before=pids_before,
                 pids_after=client.run(os.getpid),
+                disk_writes_before=disk_writes_before,
                 disk_writes=client.run(_disk_writes),
+                spilled_before=spilled_before,
                 spilled=client.run(_spilled_now),
                 small=runs[0],
                 large=runs[1],
@@ -173,7 +183,7 @@ def _mib(values: dict[str, int]) -> str:
 
 
 def test_workers_fit_a_store_four_times_their_memory_limit_without_spilling_or_dying(out_of_core):
-    """Two 400 MiB workers fit a 1.6 GiB store (partitions of 408 MiB) to the end: every row is read in
+    """Two 512 MiB workers fit a 2.0 GiB store (partitions of 522 MiB) to the end: every row is read in
     both iterations, the same two worker processes run throughout, nothing is spilled to disk, and each
     worker's peak RSS stays under Dask's spill threshold (so the worker was never paused either)."""
     run = out_of_core.large
@@ -189,8 +199,8 @@ def test_workers_fit_a_store_four_times_their_memory_limit_without_spilling_or_d
 
     # A worker that died (or was restarted by its nanny) would come back under a new address and pid.
     assert out_of_core.pids_after == out_of_core.pids_before
-    assert out_of_core.disk_writes == {address: {} for address in out_of_core.pids_before}
-    assert set(out_of_core.spilled.values()) == {(0, 0)}
+    assert out_of_core.disk_writes == out_of_core.disk_writes_before
+    assert out_of_core.spilled == out_of_core.spilled_before
     threshold = out_of_core.spill_fraction * MEMORY_LIMIT
     assert max(run.peaks.values()) < threshold, (
         f"peak worker RSS {_mib(run.peaks)} reached the spill threshold {threshold / MIB:.0f} MiB "
