@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-
-import distributed
 import pytest
 
 from dist_respattn import random_distribution
 from dist_respattn.store import WriteOptions, write_synthetic
+from tests.engine.clusters import local_cluster
 
 #: A small head: S symbols, context length N, query dim D, T targets.
 S, N, D, T = 30, 4, 5, 12
@@ -41,16 +39,5 @@ def small_validation_store(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def client():
     """A client of a LocalCluster of two single-threaded worker processes on 127.0.0.1 (one per module)."""
-    with (
-        distributed.LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            # A free port: dashboard_address=None still binds 8787, which another cluster may hold.
-            dashboard_address="127.0.0.1:0",
-            silence_logs=logging.ERROR,
-        ) as cluster,
-        distributed.Client(cluster, set_as_default=False) as c,
-    ):
+    with local_cluster(2) as (_, c):
         yield c

@@ -15,7 +15,6 @@ unreachable schedulers) and the embedded cluster start in the background with th
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import socket
 import subprocess
@@ -32,6 +31,7 @@ import zarr
 
 from dist_respattn.engine import FitSettings, fit
 from dist_respattn.store import WriteOptions, validate, write_arrays
+from tests.engine.clusters import local_cluster
 
 COMMAND = str(Path(sys.executable).parent / "dist-respattn")
 ERROR_PREFIX = "dist-respattn fit: error: "
@@ -152,23 +152,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def local_cluster() -> distributed.LocalCluster:
-    """Two single-threaded worker processes, each with a nanny, on 127.0.0.1.
-
-    The scheduler's HTTP server gets a free port: with ``dashboard_address=None`` it still binds 8787
-    and warns when another cluster holds it, which the warnings-as-errors config turns into a cluster
-    that fails to start (so conftest's ``client`` fails whenever anything else listens on 8787).
-    """
-    return distributed.LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        processes=True,
-        host="127.0.0.1",
-        dashboard_address="127.0.0.1:0",
-        silence_logs=logging.ERROR,
-    )
-
-
 def write_small(path: Path, *, seed: int = 0, shape: tuple[int, int, int, int] = (S, N, D, T)) -> str:
     """A valid store of ``ROWS`` random rows of ``shape`` (4 partitions); returns its path."""
     s, n, d, t = shape
@@ -229,7 +212,7 @@ class Scene:
 @pytest.fixture(scope="module")
 def address():
     """The scheduler address of this module's LocalCluster (2 single-threaded worker processes)."""
-    with local_cluster() as cluster:
+    with local_cluster() as (cluster, _):
         yield cluster.scheduler_address
 
 

@@ -19,19 +19,18 @@ import threading
 import time
 from pathlib import Path
 
-import distributed
 import numpy as np
 import pytest
 
 from dist_respattn.engine import FitSettings, fit, load_checkpoint, load_model
 from dist_respattn.store import WriteOptions, write_synthetic
+from tests.engine.clusters import local_cluster
 from tests.engine.test_bad_input import (
     Launched,
     assert_fit_error,
     assert_same_parameters,
     cli_env,
     free_port,
-    local_cluster,
     run_cli,
     start_cli,
     tree_state,
@@ -75,7 +74,7 @@ def sigkill(proc: subprocess.Popen[str]) -> None:
 @pytest.fixture(scope="module")
 def engine_client():
     """A client of this module's LocalCluster (2 single-threaded worker processes), left running by every fit."""
-    with local_cluster() as cluster, distributed.Client(cluster, set_as_default=False) as client:
+    with local_cluster() as (_, client):
         yield client
 
 
@@ -168,7 +167,7 @@ def test_worker_killed_mid_iteration_gives_identical_parameters(
     The nannies restart the workers, and the fixed combine tree gives the same sums as the uninterrupted fit
     on the module's cluster.
     """
-    with local_cluster() as cluster, distributed.Client(cluster, set_as_default=False) as client:
+    with local_cluster() as (_, client):
         pids = client.run(os.getpid)
         kill: dict = {}
         said: list[tuple[float, str]] = []

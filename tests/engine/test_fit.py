@@ -8,11 +8,8 @@ starts; degenerate fits being reported; and the memory check refusing a shape th
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import distributed
@@ -34,6 +31,7 @@ from dist_respattn.engine import (
 )
 from dist_respattn.engine.memory import check_memory
 from dist_respattn.store import StoreSchema, TripleStore, WriteOptions, write_arrays, write_synthetic
+from tests.engine.clusters import local_cluster
 
 from .conftest import SMALL, D, N, S, T, small_truth
 
@@ -89,24 +87,6 @@ def settled_task_count(client: distributed.Client, tag: str, timeout: float = 10
     while client.run_on_scheduler(ours) and time.monotonic() < deadline:
         time.sleep(0.05)
     return scheduler_task_count(client)
-
-
-@contextlib.contextmanager
-def local_cluster(n_workers: int, **kwargs) -> Iterator[tuple[distributed.LocalCluster, distributed.Client]]:
-    with (
-        distributed.LocalCluster(
-            n_workers=n_workers,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            # Not None: that still binds the HTTP routes to port 8787, which other clusters may hold.
-            dashboard_address="127.0.0.1:0",
-            silence_logs=logging.ERROR,
-            **kwargs,
-        ) as cluster,
-        distributed.Client(cluster, set_as_default=False) as client,
-    ):
-        yield cluster, client
 
 
 # ------------------------------------------------------------------- the fit is the in-process EM

@@ -12,7 +12,6 @@ Dask's memory monitor counts those pages too, hence a limit with that much room.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import pytest
 from dist_respattn import random_distribution
 from dist_respattn.engine import FitResult, FitSettings, cluster_info, fit
 from dist_respattn.store import TripleStore, WriteOptions, write_synthetic
+from tests.engine.clusters import local_cluster
 
 pytestmark = [
     pytest.mark.slow,
@@ -131,21 +131,12 @@ def out_of_core(tmp_path_factory) -> Any:
     large = _write(folder / "large.zarr", LARGE_ROWS, layout)
     settings = FitSettings(max_iter=2, tol=0.0)
     try:
-        with (
-            distributed.LocalCluster(
-                n_workers=2,
-                threads_per_worker=1,
-                processes=True,
-                host="127.0.0.1",
-                # No dashboard, and the scheduler's HTTP routes on a free port: with the default 8787 held
-                # by another process, tornado leaks the socket of the failed bind (a ResourceWarning).
-                dashboard_address="127.0.0.1:0",
-                scheduler_kwargs={"dashboard": False},
-                memory_limit=MEMORY_LIMIT,
-                silence_logs=logging.ERROR,
-            ) as cluster,
-            distributed.Client(cluster, set_as_default=False) as client,
-        ):
+        with local_cluster(
+            2,
+            # No dashboard pages: this module measures the workers, and needs nothing served.
+            scheduler_kwargs={"dashboard": False},
+            memory_limit=MEMORY_LIMIT,
+        ) as (_, client):
             pids_before = client.run(os.getpid)
             idle_rss = client.run(_rss)
             fit(warmup, model_dir=folder / "model-warmup", client=client, settings=settings)
