@@ -24,7 +24,7 @@ from dist_respattn.engine import tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.checkpoint import load_checkpoint
 from dist_respattn.engine.cluster import connect
-from dist_respattn.engine.fit import FitError, open_store
+from dist_respattn.engine.fit import FitError, check_same_shape, open_store
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.model.diagnostics import degeneracy_warnings
@@ -163,11 +163,7 @@ def evaluate(
     else:
         checkpoint = load_checkpoint(model)
         head, meta = checkpoint.model, checkpoint.meta
-    got = (head.num_symbols, head.context_length, head.query_dim, head.num_targets)
-    schema = scored.schema
-    want = (schema.num_symbols, schema.context_length, schema.query_dim, schema.num_targets)
-    if got != want:
-        raise FitError(f"the model has (S, N, D, T) = {got} but the store {scored.location} has {want}")
+    check_same_shape(head, "the model", scored)
     if scored.num_rows == 0:
         raise FitError(f"the store {scored.location} has no rows to evaluate")
     bigram = scored.provenance.get("source") in TOKEN_SOURCES

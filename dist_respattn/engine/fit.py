@@ -42,7 +42,7 @@ from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.em import EMIteration, run_em
 from dist_respattn.store import StoreLocation, TripleStore
 
-__all__ = ["FitError", "FitResult", "fit", "open_store"]
+__all__ = ["FitError", "FitResult", "check_same_shape", "fit", "open_store"]
 
 logger = logging.getLogger("dist_respattn.fit")
 
@@ -105,7 +105,8 @@ def _shape(obj: Any) -> tuple[int, int, int, int]:
     return (obj.num_symbols, obj.context_length, obj.query_dim, obj.num_targets)
 
 
-def _check_same_shape(model: ResponsibilityAttentionDistribution, what: str, store: TripleStore) -> None:
+def check_same_shape(model: ResponsibilityAttentionDistribution, what: str, store: TripleStore) -> None:
+    """Raise :class:`FitError` naming both shapes when ``model`` (described as ``what``) does not fit ``store``."""
     if _shape(model) != _shape(store):
         raise FitError(
             f"{what} has (S, N, D, T) = {_shape(model)} but the store {store.location} has {_shape(store)}: "
@@ -193,7 +194,7 @@ def _starting_point(
                     f"with fingerprint {fingerprint}, but {train.location} has fingerprint {train.fingerprint()}; "
                     "resume on the same store, or start a new fit (warm-started with init_from)"
                 )
-            _check_same_shape(checkpoint.model, f"checkpoint {folder}", train)
+            check_same_shape(checkpoint.model, f"checkpoint {folder}", train)
             return checkpoint, checkpoint.model, checkpoint.meta.get("init", {})
         if not overwrite:
             raise FitError(
@@ -202,10 +203,10 @@ def _starting_point(
             )
     if init_from is not None:
         warm = load_checkpoint(init_from)
-        _check_same_shape(warm.model, f"the model in {init_from}", train)
+        check_same_shape(warm.model, f"the model in {init_from}", train)
         return None, warm.model, {"kind": "model", "source": str(init_from), "iteration": warm.iteration}
     if init is not None:
-        _check_same_shape(init, "the initial model", train)
+        check_same_shape(init, "the initial model", train)
         return None, init, {"kind": "given"}
     return None, None, {"kind": "random", "seed": settings.seed}
 
