@@ -49,9 +49,6 @@ logger = logging.getLogger("dist_respattn.fit")
 #: How long a fit waits for a cluster to have at least one worker.
 WORKER_WAIT_SECONDS = 30.0
 
-#: Terminal states of a fit, as recorded in its checkpoints.
-STATES = ("running", "converged", "max_iter", "early_stopped")
-
 
 class FitError(ValueError):
     """A fit cannot start as asked (model directory in use, mismatched model or settings)."""
