@@ -1,45 +1,30 @@
 """``fit``: exact EM over a triple store on a Dask cluster, checkpointed after every M-step.
 
-Each iteration: the current parameters are scattered once; one E-step task per partition reads its
-rows in blocks and returns its statistics; a fixed tree of combine tasks sums them on the workers;
-the driver receives one value, pools it (``key_merge``/``key_replace``), runs the M-step, scores the
-validation store if there is one, writes a checkpoint and moves on. The driver never reads a row.
+This module decides where a fit starts (a random start, a given model, a warm start or a resumed
+checkpoint), checks the stores, the model directory and the memory, and connects to the cluster;
+:class:`~dist_respattn.engine.loop.FitLoop` then runs the iterations. Each one: the parameters are
+scattered once; one E-step task per partition reads its rows in blocks; a fixed tree of combine
+tasks sums the statistics on the workers; the driver receives one value, runs the M-step, scores the
+validation store if there is one, and writes a checkpoint. The driver never reads a row.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
 import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import distributed
 
-from dist_respattn.engine import tasks
-from dist_respattn.engine.broadcast import ParameterBroadcast
-from dist_respattn.engine.checkpoint import (
-    LATEST,
-    BackgroundCheckpoints,
-    Checkpoint,
-    ModelDir,
-    checkpoint_name,
-    load_checkpoint,
-)
+from dist_respattn.engine.checkpoint import LATEST, Checkpoint, ModelDir, load_checkpoint
 from dist_respattn.engine.cluster import ClusterError, cluster_info, connect
+from dist_respattn.engine.loop import EarlyStopping, FitLoop, store_record
 from dist_respattn.engine.memory import check_memory, estimate_memory
-from dist_respattn.engine.passes import PassRunner
-from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.settings import FitSettings
-from dist_respattn.model.accumulator import SufficientStatistics
-from dist_respattn.model.diagnostics import degeneracy_warnings
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.em import EMIteration, run_em
 from dist_respattn.store import StoreLocation, TripleStore
 
 __all__ = ["FitError", "FitResult", "check_same_shape", "fit", "open_store"]
@@ -109,56 +94,6 @@ def check_same_shape(model: ResponsibilityAttentionDistribution, what: str, stor
             f"{what} has (S, N, D, T) = {_shape(model)} but the store {store.location} has {_shape(store)}: "
             "a model only fits stores of its own shape"
         )
-
-
-class _EarlyStopping:
-    """Tracks the best held-out metric and the iterations since it improved."""
-
-    def __init__(self, metric: str | None, patience: int, state: dict[str, Any] | None = None) -> None:
-        self.metric = metric
-        self.patience = patience
-        state = state or {}
-        self.best: float | None = state.get("best")
-        self.best_iteration: int | None = state.get("best_iteration")
-        self.best_checkpoint: str | None = state.get("best_checkpoint")
-        self.since_best: int = int(state.get("since_best", 0))
-
-    def value(self, heldout: dict[str, float]) -> float:
-        return heldout["perplexity"] if self.metric == "perplexity" else heldout["mean_log_likelihood"]
-
-    def update(self, heldout: dict[str, float], iteration: int, checkpoint: str) -> bool:
-        """Record an iteration's held-out scores; True when it is the best so far."""
-        value = self.value(heldout)
-        better = self.best is None or (value < self.best if self.metric == "perplexity" else value > self.best)
-        if better and not math.isnan(value):
-            self.best, self.best_iteration, self.best_checkpoint, self.since_best = value, iteration, checkpoint, 0
-            return True
-        self.since_best += 1
-        return False
-
-    @property
-    def exhausted(self) -> bool:
-        return self.since_best >= self.patience
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "metric": self.metric,
-            "patience": self.patience,
-            "best": self.best,
-            "best_iteration": self.best_iteration,
-            "best_checkpoint": self.best_checkpoint,
-            "since_best": self.since_best,
-        }
-
-
-def _store_record(store: TripleStore) -> dict[str, Any]:
-    return {
-        "url": str(store.location),
-        "fingerprint": store.fingerprint(),
-        "rows": store.num_rows,
-        "partitions": store.num_partitions,
-        "source": store.provenance.get("source"),
-    }
 
 
 def _starting_point(
@@ -290,7 +225,7 @@ def fit(
     if metric is not None and heldout is None:
         raise FitError(f"early stopping on {metric} needs a validation store")
     history: list[dict[str, Any]] = list(checkpoint.meta.get("history", [])) if checkpoint else []
-    stopping = _EarlyStopping(metric, settings.patience, checkpoint.meta.get("early_stopping") if checkpoint else None)
+    stopping = EarlyStopping(metric, settings.patience, checkpoint.meta.get("early_stopping") if checkpoint else None)
     if checkpoint is not None and (
         checkpoint.meta.get("state") in ("converged", "early_stopped") or checkpoint.iteration >= settings.max_iter
     ):
@@ -301,12 +236,6 @@ def fit(
             checkpoint.meta.get("warnings", []), None, time.perf_counter() - called, None,
         )  # fmt: skip
 
-    estimator = settings.estimator(train.schema)
-    factory = estimator.accumulator_factory()
-    run_id = uuid.uuid4().hex[:8]
-    fingerprint = train.fingerprint()
-    heldout_fingerprint = heldout.fingerprint() if heldout is not None else ""
-    store_record = _store_record(train)
     from dist_respattn import __version__
 
     with connect(scheduler, client=client, n_workers=n_workers, memory_limit=memory_limit, say=say) as cl:
@@ -321,146 +250,20 @@ def fit(
             train.schema, block_rows=block_rows, threads_per_worker=threads, fan_in=settings.fan_in
         )
         check_memory(estimate, worker_limit=info.smallest_memory_limit, shape=f"(S, N, D, T) = {_shape(train)}")
-        reporter = FitReporter(cl, say=say, bar=progress)
-        runner = PassRunner(cl, run_id, fan_in=settings.fan_in, make_bar=reporter.make_bar)
-        params = ParameterBroadcast(cl, run_id)
-        spans = contextlib.ExitStack()
-        checkpoints = BackgroundCheckpoints(folder)
-        last_key_mass: list[Any] = [None]
-        next_iteration = [checkpoint.iteration + 1 if checkpoint else 1]
-        first_done: list[float | None] = [None]
-
-        def checkpoint_meta(iteration: int, state: str, warnings: list[str]) -> dict[str, Any]:
-            return {
-                "iteration": iteration,
-                "state": state,
-                "history": list(history),  # a copy: the list grows while the checkpoint is written
-                "settings": settings.to_json(),
-                "store": store_record,
-                "validation": _store_record(heldout) if heldout is not None else None,
-                "early_stopping": stopping.to_json(),
-                "warnings": warnings,
-                "init": init_record,
-                "package_version": __version__,
-                "written": datetime.now(UTC).isoformat(timespec="seconds"),
-            }
-
-        def e_step(model: ResponsibilityAttentionDistribution | None) -> SufficientStatistics:
-            if model is None:
-                with distributed.span(f"respattn-init-{run_id}"):
-                    value = runner.run(
-                        "init", "0", train.num_partitions, tasks.init_task,
-                        lambda part: (train, part, factory, settings.seed, fingerprint),
-                        description="initializing",
-                    )  # fmt: skip
-            else:
-                iteration = next_iteration[0]
-                spans.enter_context(distributed.span(f"respattn-iteration-{iteration}-{run_id}"))
-                params.publish(model, str(iteration))
-                value = runner.run(
-                    "estep", str(iteration), train.num_partitions, tasks.estep_task,
-                    lambda part: (train, part, params.current, factory, fingerprint),
-                    description=f"iteration {iteration}",
-                    before_attempt=params.republish,
-                )  # fmt: skip
-            last_key_mass[0] = value.key_mass
-            if factory.keys is None:  # nothing tied: pooling would only copy the S×T tables twice
-                return value
-            # Pool the heads tied by `keys` (the reference's protocol; a fit of one head pools only itself).
-            accumulator = factory.make().from_value(value)
-            pool: dict[str, Any] = {}
-            accumulator.key_merge(pool)
-            accumulator.key_replace(pool)
-            return accumulator.value()
-
-        def after_iteration(record: EMIteration, model: ResponsibilityAttentionDistribution) -> bool:
-            iteration = record.iteration
-            scored: dict[str, float] | None = None
-            if heldout is not None:
-                params.publish(model, str(iteration + 1))  # the next E-step uses the same scattered model
-                totals = runner.run(
-                    "heldout", str(iteration), heldout.num_partitions, tasks.score_task,
-                    lambda part: (heldout, part, params.current, heldout_fingerprint),
-                    description=f"validation {iteration}",
-                )  # fmt: skip
-                scored = totals.metrics()
-            name = checkpoint_name(iteration, run_id)
-            improved = stopping.update(scored, iteration, name) if scored is not None else False
-            converged = record.change < settings.tol
-            stop = scored is not None and stopping.exhausted and not converged
-            state = (
-                "converged" if converged
-                else "early_stopped" if stop
-                else "max_iter" if iteration >= settings.max_iter
-                else "running"
-            )  # fmt: skip
-            warnings = degeneracy_warnings(
-                model,
-                key_mass=last_key_mass[0],
-                min_sigma2=settings.min_sigma2 if settings.estimate_sigma2 else None,
-            )
-            entry = {
-                "iteration": iteration,
-                "mean_log_likelihood": record.mean_log_likelihood,
-                "change": None if math.isinf(record.change) else record.change,
-                "seconds": record.seconds,
-                "rows_per_second": train.num_rows / record.seconds if record.seconds > 0 else float("inf"),
-                "n_obs": record.n_obs,
-                "sigma2": model.sigma2,
-                "heldout": scored,
-                "state": state,
-                "warnings": warnings,
-                "run_id": run_id,
-            }
-            history.append(entry)
-            meta = checkpoint_meta(iteration, state, warnings)
-            checkpoints.submit(
-                name,
-                model,
-                meta,
-                latest={"iteration": iteration, "state": state},
-                best={"iteration": iteration, "metric": metric, "value": stopping.best} if improved else None,
-                keep_best=stopping.best_checkpoint,
-            )
-            if state != "running":  # the fit ends here: its last checkpoint must be on disk when fit returns
-                checkpoints.wait()
-            reporter.iteration(entry)
-            spans.close()
-            next_iteration[0] = iteration + 1
-            if first_done[0] is None:
-                first_done[0] = time.perf_counter() - called
-            return stop
-
-        previous_ll = history[-1]["mean_log_likelihood"] if history else None
-        try:
-            result = run_em(
-                e_step,
-                estimator,
-                init=start_model,
-                max_iter=settings.max_iter,
-                tol=settings.tol,
-                callback=after_iteration,
-                first_iteration=next_iteration[0],
-                previous_log_likelihood=previous_ll,
-            )
-        except BaseException:
-            checkpoints.close(raise_errors=False)  # the fit's own error is the one to report
-            raise
-        else:
-            checkpoints.close()
-        finally:
-            spans.close()
-            params.release()
-        if not history:  # max_iter = 0: the starting model is the fit, and a new fit must replace an old one
-            warnings = degeneracy_warnings(result.distribution)
-            folder.commit(
-                checkpoint_name(0, run_id),
-                result.distribution,
-                checkpoint_meta(0, "max_iter", warnings),
-                latest={"iteration": 0, "state": "max_iter"},
-                best=None,
-                keep_best=None,
-            )
+        loop = FitLoop(
+            cl,
+            train=train,
+            heldout=heldout,
+            settings=settings,
+            folder=folder,
+            stopping=stopping,
+            history=history,
+            record={"store": store_record(train), "init": init_record, "package_version": __version__},
+            say=say,
+            progress=progress,
+            started=called,
+        )
+        result = loop.run(start_model, first_iteration=checkpoint.iteration + 1 if checkpoint else 1)
         dashboard = info.dashboard
     final_state = history[-1]["state"] if history else "max_iter"
     return FitResult(
@@ -472,6 +275,6 @@ def fit(
         warnings=history[-1]["warnings"] if history else [],
         dashboard=dashboard,
         seconds=time.perf_counter() - called,
-        first_iteration_seconds=first_done[0],
-        run_id=run_id,
+        first_iteration_seconds=loop.first_iteration_seconds,
+        run_id=loop.run_id,
     )
