@@ -89,18 +89,19 @@ def register(sub: Any) -> None:
     evaluate.set_defaults(handler=_run_evaluate, printer=_print_evaluate)
 
 
-_SETTING_OPTIONS = {
-    "max_iter": "max_iter",
-    "tol": "tol",
-    "seed": "seed",
-    "sigma2": "sigma2",
-    "min_sigma2": "min_sigma2",
-    "emission_smoothing": "emission_smoothing",
-    "pseudo_count": "pseudo_count",
-    "fan_in": "fan_in",
-    "early_stop_metric": "early_stop_metric",
-    "patience": "patience",
-}
+#: The options named like the FitSettings fields they set (``--fixed-sigma2`` is handled apart).
+_SETTING_OPTIONS = (
+    "max_iter",
+    "tol",
+    "seed",
+    "sigma2",
+    "min_sigma2",
+    "emission_smoothing",
+    "pseudo_count",
+    "fan_in",
+    "early_stop_metric",
+    "patience",
+)
 
 
 def _settings(args: argparse.Namespace) -> Any:
@@ -112,8 +113,7 @@ def _settings(args: argparse.Namespace) -> Any:
     base = FitSettings()
     if args.resume and ModelDir(args.model_dir).has_checkpoint():
         base = FitSettings.from_json(load_checkpoint(args.model_dir, "latest").meta.get("settings", {}))
-    given = {field: getattr(args, option) for option, field in _SETTING_OPTIONS.items()}
-    given = {k: v for k, v in given.items() if v is not None}
+    given = {name: getattr(args, name) for name in _SETTING_OPTIONS if getattr(args, name) is not None}
     if args.fixed_sigma2:
         given["estimate_sigma2"] = False
     try:

@@ -7,6 +7,7 @@ behind it never is.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -95,13 +96,23 @@ def _dashboard_link(client: distributed.Client, info: dict[str, Any]) -> str | N
         link = client.dashboard_link
     except (KeyError, AttributeError, ValueError):
         return None
+    return link if _serves_dashboard(link) else None
+
+
+@functools.lru_cache(maxsize=32)
+def _serves_dashboard(link: str) -> bool:
+    """Whether ``link`` answers with a page (asked once per link: it names one scheduler's port).
+
+    Connecting and fitting both describe the cluster; an unreachable link would otherwise cost its
+    timeout twice. A link this process cannot reach counts as served (it may be, for others).
+    """
     try:
         with urllib.request.urlopen(link, timeout=DASHBOARD_CHECK_SECONDS) as response:
-            return link if response.status == 200 else None
+            return bool(response.status == 200)
     except urllib.error.HTTPError:
-        return None
+        return False
     except (urllib.error.URLError, OSError):
-        return link
+        return True
 
 
 def _local_cluster(n_workers: int | None, threads_per_worker: int, memory_limit: str | int) -> distributed.LocalCluster:

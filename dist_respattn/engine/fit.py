@@ -53,6 +53,8 @@ class FitResult:
         dashboard: the cluster's dashboard URL, if it serves one.
         seconds: wall time of this call; ``first_iteration_seconds``: from the call to the end of the
             first iteration it ran (``None`` when it ran none).
+        run_id: the 8 hex digits in this call's task keys, span names and checkpoint names (``None``
+            when it ran nothing: the fit had already ended).
     """
 
     model: ResponsibilityAttentionDistribution
@@ -258,7 +260,12 @@ def fit(
             folder=folder,
             stopping=stopping,
             history=history,
-            record={"store": store_record(train), "init": init_record, "package_version": __version__},
+            record={
+                "store": store_record(train),
+                "validation": store_record(heldout) if heldout is not None else None,
+                "init": init_record,
+                "package_version": __version__,
+            },
             say=say,
             progress=progress,
             started=called,

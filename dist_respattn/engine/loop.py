@@ -92,7 +92,8 @@ class FitLoop:
         folder: the model directory.
         stopping: early-stopping state (restored from the checkpoint when resuming).
         history: the per-iteration records so far; new ones are appended.
-        record: what every checkpoint records besides the iteration (store, init, package version).
+        record: what every checkpoint records besides the iteration: ``store``, ``validation``, ``init``
+            and ``package_version``.
         say / progress: where the lines go, and whether to show bars.
         started: ``time.perf_counter()`` at the call, for the time to the first iteration.
     """
@@ -170,7 +171,7 @@ class FitLoop:
             "history": list(self.history),  # a copy: the list grows while the checkpoint is written
             "settings": self.settings.to_json(),
             "store": self.record["store"],
-            "validation": store_record(self.heldout) if self.heldout is not None else None,
+            "validation": self.record["validation"],
             "early_stopping": self.stopping.to_json(),
             "warnings": warnings,
             "init": self.record["init"],
