@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 from dist_respattn.cli.common import CommandError, parse_storage_options, positive_float, positive_int
 
-__all__ = ["fit_report", "register"]
+__all__ = ["add_cluster_options", "add_em_options", "fit_report", "register", "security", "settings_from"]
 
 
-def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
+def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("cluster")
     group.add_argument(
         "--scheduler",
@@ -29,6 +30,49 @@ def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option for store URLs (repeatable)"
     )
+    tls = parser.add_argument_group(
+        "TLS (for a tls:// scheduler; default: Dask's distributed.comm.tls config)",
+    )
+    tls.add_argument("--tls-ca-file", metavar="FILE", help="CA certificate(s) that signed the cluster's certificates")
+    tls.add_argument("--tls-cert", metavar="FILE", help="this client's certificate (may also hold its key)")
+    tls.add_argument("--tls-key", metavar="FILE", help="this client's private key")
+
+
+def add_em_options(parser: argparse.ArgumentParser, title: str) -> None:
+    """The EM settings options (``fit`` and ``retrain``), named like the :class:`FitSettings` fields."""
+    em = parser.add_argument_group(title)
+    em.add_argument("--max-iter", type=int, help="iterations at most, counted from the first (default 100)")
+    em.add_argument("--tol", type=float, help="relative change of the mean log-likelihood to stop (default 1e-6)")
+    em.add_argument("--seed", type=int, help="seed of the random start, per partition (default 0)")
+    em.add_argument("--sigma2", type=positive_float, help="gate variance: the start, or fixed (default 1)")
+    em.add_argument(
+        "--fixed-sigma2", action="store_const", const=True, help="keep --sigma2 fixed instead of learning it"
+    )
+    em.add_argument("--min-sigma2", type=positive_float, help="floor of the learned variance (default 1e-6)")
+    em.add_argument("--emission-smoothing", type=float, help="additive emission smoothing (default 1e-6)")
+    em.add_argument("--pseudo-count", type=float, help="Dirichlet strength on the position prior (default none)")
+    em.add_argument("--fan-in", type=positive_int, help="children per combine task (default 4)")
+    em.add_argument(
+        "--early-stop-metric",
+        choices=("perplexity", "loglik"),
+        help="held-out metric for early stopping and the best checkpoint (default perplexity with --validation)",
+    )
+    em.add_argument("--patience", type=positive_int, help="iterations without improvement before stopping (3)")
+
+
+def security(args: argparse.Namespace) -> Any:
+    """A ``distributed.Security`` from the ``--tls-*`` options, or ``None`` (Dask's config then applies)."""
+    paths = {"tls_ca_file": args.tls_ca_file, "tls_client_cert": args.tls_cert, "tls_client_key": args.tls_key}
+    if not any(paths.values()):
+        return None
+    if not args.tls_ca_file or not args.tls_cert:
+        raise CommandError("TLS needs --tls-ca-file and --tls-cert (and --tls-key unless the cert file holds the key)")
+    for option, path in zip(("--tls-ca-file", "--tls-cert", "--tls-key"), paths.values(), strict=True):
+        if path and not os.path.isfile(path):
+            raise CommandError(f"{option} {path}: no such file")
+    import distributed
+
+    return distributed.Security(**{k: v for k, v in paths.items() if v}, require_encryption=True)
 
 
 def register(sub: Any) -> None:
@@ -50,25 +94,8 @@ def register(sub: Any) -> None:
         "--resume", action="store_true", help="continue the fit in --model-dir (settings default to its own)"
     )
     start.add_argument("--overwrite", action="store_true", help="start over in a --model-dir that holds a fit")
-    em = fit.add_argument_group("EM settings (with --resume, the checkpoint's unless given)")
-    em.add_argument("--max-iter", type=int, help="iterations at most, counted from the first (default 100)")
-    em.add_argument("--tol", type=float, help="relative change of the mean log-likelihood to stop (default 1e-6)")
-    em.add_argument("--seed", type=int, help="seed of the random start, per partition (default 0)")
-    em.add_argument("--sigma2", type=positive_float, help="gate variance: the start, or fixed (default 1)")
-    em.add_argument(
-        "--fixed-sigma2", action="store_const", const=True, help="keep --sigma2 fixed instead of learning it"
-    )
-    em.add_argument("--min-sigma2", type=positive_float, help="floor of the learned variance (default 1e-6)")
-    em.add_argument("--emission-smoothing", type=float, help="additive emission smoothing (default 1e-6)")
-    em.add_argument("--pseudo-count", type=float, help="Dirichlet strength on the position prior (default none)")
-    em.add_argument("--fan-in", type=positive_int, help="children per combine task (default 4)")
-    em.add_argument(
-        "--early-stop-metric",
-        choices=("perplexity", "loglik"),
-        help="held-out metric for early stopping and the best checkpoint (default perplexity with --validation)",
-    )
-    em.add_argument("--patience", type=positive_int, help="iterations without improvement before stopping (3)")
-    _add_cluster_options(fit)
+    add_em_options(fit, "EM settings (with --resume, the checkpoint's unless given)")
+    add_cluster_options(fit)
     fit.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     fit.set_defaults(handler=_run_fit, printer=_print_fit)
 
@@ -84,7 +111,7 @@ def register(sub: Any) -> None:
     evaluate.add_argument("model", help="a model directory (its best checkpoint, else its latest)")
     evaluate.add_argument("store", help="the store to score (path or URL)")
     evaluate.add_argument("--baseline-k", type=float, default=0.1, help="add-k smoothing of the baselines (0.1)")
-    _add_cluster_options(evaluate)
+    add_cluster_options(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     evaluate.set_defaults(handler=_run_evaluate, printer=_print_evaluate)
 
@@ -106,13 +133,18 @@ _SETTING_OPTIONS = (
 
 def _settings(args: argparse.Namespace) -> Any:
     """The fit's settings: the checkpoint's when resuming, the defaults otherwise, then the options given."""
-    import dataclasses
-
     from dist_respattn.engine import FitSettings, ModelDir, load_checkpoint
 
     base = FitSettings()
     if args.resume and ModelDir(args.model_dir).has_checkpoint():
         base = FitSettings.from_json(load_checkpoint(args.model_dir, "latest").meta.get("settings", {}))
+    return settings_from(args, base)
+
+
+def settings_from(args: argparse.Namespace, base: Any) -> Any:
+    """``base`` settings with the EM options given on the command line (see :func:`add_em_options`)."""
+    import dataclasses
+
     given = {name: getattr(args, name) for name in _SETTING_OPTIONS if getattr(args, name) is not None}
     if args.fixed_sigma2:
         given["estimate_sigma2"] = False
@@ -174,6 +206,7 @@ def _run_fit(args: argparse.Namespace) -> dict[str, Any]:
         scheduler=args.scheduler,
         n_workers=args.workers,
         memory_limit=args.memory_limit,
+        security=security(args),
         storage_options=options,
         say=_say(args),
         progress=None if not args.json else False,
@@ -226,6 +259,7 @@ def _run_evaluate(args: argparse.Namespace) -> dict[str, Any]:
         scheduler=args.scheduler,
         n_workers=args.workers,
         memory_limit=args.memory_limit,
+        security=security(args),
         storage_options=parse_storage_options(args.storage_option),
         say=_say(args),
         progress=None if not args.json else False,

@@ -24,7 +24,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -39,6 +39,7 @@ __all__ = [
     "checkpoint_name",
     "load_checkpoint",
     "load_model",
+    "parse_checkpoint",
 ]
 
 PARAMS_FILE = "params.npz"
@@ -159,24 +160,9 @@ class ModelDir:
         for path in (meta_path, params_path):
             if not path.is_file():
                 raise CheckpointError(f"{path}: missing (the checkpoint is incomplete or was removed)")
-        meta = _read_json(meta_path)
-        if meta.get("format") != FORMAT:
-            raise CheckpointError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
-        if int(meta.get("version", 0)) > FORMAT_VERSION:
-            raise CheckpointError(
-                f"{meta_path}: checkpoint format version {meta['version']} is newer than this release reads "
-                f"({FORMAT_VERSION}); upgrade dist_respattn"
-            )
-        try:
-            with np.load(params_path, allow_pickle=False) as npz:
-                arrays = {key: npz[key] for key in MODEL_ARRAY_NAMES if key in npz.files}
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{params_path}: cannot be read ({exc})") from exc
-        try:
-            model = distribution_from_arrays(arrays, meta.get("model", {}), source=str(params_path))
-        except (TypeError, ValueError) as exc:
-            raise CheckpointError(f"{params_path}: {exc}") from exc
-        return Checkpoint(name, model, meta)
+        return parse_checkpoint(
+            name, _read_json(meta_path), params_path, meta_source=str(meta_path), params_source=str(params_path)
+        )
 
     def commit(
         self,
@@ -213,6 +199,38 @@ class ModelDir:
                     shutil.rmtree(entry, ignore_errors=True)
                 else:
                     entry.unlink(missing_ok=True)
+
+
+def parse_checkpoint(
+    name: str,
+    meta: dict[str, Any],
+    params: str | os.PathLike[str] | BinaryIO,
+    *,
+    meta_source: str,
+    params_source: str,
+) -> Checkpoint:
+    """A checkpoint from its ``meta.json`` content and its ``params.npz`` (a path or a binary file).
+
+    Checks the format and rebuilds the head; a damaged file raises :class:`CheckpointError` naming
+    ``meta_source`` or ``params_source``.
+    """
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{meta_source}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    if int(meta.get("version", 0)) > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{meta_source}: checkpoint format version {meta['version']} is newer than this release reads "
+            f"({FORMAT_VERSION}); upgrade dist_respattn"
+        )
+    try:
+        with np.load(params, allow_pickle=False) as npz:
+            arrays = {key: npz[key] for key in MODEL_ARRAY_NAMES if key in npz.files}
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{params_source}: cannot be read ({exc})") from exc
+    try:
+        model = distribution_from_arrays(arrays, meta.get("model", {}), source=params_source)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{params_source}: {exc}") from exc
+    return Checkpoint(name, model, meta)
 
 
 def checkpoint_name(iteration: int, run_id: str) -> str:

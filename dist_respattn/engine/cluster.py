@@ -142,22 +142,26 @@ def connect(
     n_workers: int | None = None,
     threads_per_worker: int = 1,
     memory_limit: str | int = "auto",
+    security: distributed.Security | None = None,
     say: Callable[[str], Any] | None = None,
 ) -> Iterator[distributed.Client]:
     """A client for the fit: the given ``client``, a scheduler address, or an embedded LocalCluster.
 
     Order: ``client`` (used as is, never closed); ``scheduler`` or ``$DASK_SCHEDULER_ADDRESS`` (a new
     client, closed on exit, the cluster left running); otherwise a LocalCluster of ``n_workers``
-    processes (default: one a core) that is closed on exit. ``say`` receives one line naming the
-    cluster and its dashboard.
+    processes (default: one a core) that is closed on exit. ``security`` holds the TLS certificates for
+    a ``tls://`` scheduler (default: Dask's ``distributed.comm.tls`` config). ``say`` receives one line
+    naming the cluster and its dashboard. Every cluster gets the fit monitor (:mod:`dist_respattn.monitor`).
     """
     if client is not None:
+        install_monitor(client)
         yield client
         return
     address = scheduler or os.environ.get(SCHEDULER_ENV) or None
     if address:
-        own_client = _client_for(address)
+        own_client = _client_for(address, security)
         with own_client:
+            install_monitor(own_client)
             _announce(own_client, f"connected to the scheduler at {address}", say)
             yield own_client
         return
@@ -165,11 +169,25 @@ def connect(
         _local_cluster(n_workers, threads_per_worker, memory_limit) as cluster,
         distributed.Client(cluster, set_as_default=False) as own_client,
     ):
+        install_monitor(own_client)
         _announce(own_client, f"started a local cluster of {len(cluster.workers)} worker processes", say)
         yield own_client
 
 
-def _client_for(address: str) -> distributed.Client:
+def install_monitor(client: distributed.Client) -> None:
+    """Add the fit monitor to the client's scheduler unless it has one (preloaded, or by an earlier fit).
+
+    Best effort: a scheduler that cannot import this package still runs the fit, without the page.
+    """
+    from dist_respattn.monitor import FitMonitor
+
+    try:
+        client.register_plugin(FitMonitor(), name=FitMonitor.name)
+    except Exception as exc:
+        logger.warning("the scheduler did not take the fit monitor (%s); fits run without its page", exc)
+
+
+def _client_for(address: str, security: distributed.Security | None = None) -> distributed.Client:
     """A client of the scheduler at ``address``, or a :class:`ClusterError` within the connect timeout.
 
     The client is made on a daemon thread with a deadline of our own: ``Client(timeout=...)`` gives up
@@ -180,7 +198,9 @@ def _client_for(address: str) -> distributed.Client:
 
     def make() -> None:
         try:
-            outcome.append(distributed.Client(address, timeout=CONNECT_TIMEOUT_SECONDS, set_as_default=False))
+            outcome.append(
+                distributed.Client(address, timeout=CONNECT_TIMEOUT_SECONDS, set_as_default=False, security=security)
+            )
         except BaseException as exc:
             outcome.append(exc)
 

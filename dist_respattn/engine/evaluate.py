@@ -29,9 +29,10 @@ from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.model.diagnostics import degeneracy_warnings
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.scoring import ScoreTotals
 from dist_respattn.store import StoreError, StoreLocation, TripleStore
 
-__all__ = ["DEFAULT_BASELINE_K", "Evaluation", "baseline_metrics", "evaluate"]
+__all__ = ["DEFAULT_BASELINE_K", "Evaluation", "baseline_metrics", "evaluate", "score_store"]
 
 #: Add-k smoothing of the baselines' counts.
 DEFAULT_BASELINE_K = 0.1
@@ -142,6 +143,20 @@ def _training_store(meta: dict[str, Any], scored: TripleStore) -> TripleStore | 
     return store if ids(store) == ids(scored) else None
 
 
+def score_store(runner: PassRunner, model: ResponsibilityAttentionDistribution, store: TripleStore) -> ScoreTotals:
+    """``model``'s totals over every row of ``store``: one pass of scoring tasks and their combine tree."""
+    params = ParameterBroadcast(runner.client, runner.run_tag)
+    params.publish(model, "evaluate")
+    fingerprint = store.fingerprint()
+    try:
+        return runner.run(
+            "evaluate", "0", store.num_partitions, tasks.score_task,
+            lambda part: (store, part, params.current, fingerprint), description=f"scoring {store.location}",
+        )  # fmt: skip
+    finally:
+        params.release()
+
+
 def evaluate(
     model: ResponsibilityAttentionDistribution | str | os.PathLike[str],
     store: str | os.PathLike[str] | StoreLocation | TripleStore,
@@ -151,6 +166,7 @@ def evaluate(
     scheduler: str | None = None,
     n_workers: int | None = None,
     memory_limit: str | int = "auto",
+    security: distributed.Security | None = None,
     storage_options: dict[str, Any] | None = None,
     say: Callable[[str], Any] | None = None,
     progress: bool | None = None,
@@ -169,17 +185,13 @@ def evaluate(
     bigram = scored.provenance.get("source") in TOKEN_SOURCES
     baseline_store = _training_store(meta, scored) or scored
     run_id = uuid.uuid4().hex[:8]
-    with connect(scheduler, client=client, n_workers=n_workers, memory_limit=memory_limit, say=say) as cl:
+    with connect(
+        scheduler, client=client, n_workers=n_workers, memory_limit=memory_limit, security=security, say=say
+    ) as cl:
         reporter = FitReporter(cl, say=say, bar=progress)
         runner = PassRunner(cl, run_id, make_bar=reporter.make_bar)
-        params = ParameterBroadcast(cl, run_id)
-        params.publish(head, "evaluate")
+        totals = score_store(runner, head, scored)
         fingerprint = scored.fingerprint()
-        totals = runner.run(
-            "evaluate", "0", scored.num_partitions, tasks.score_task,
-            lambda part: (scored, part, params.current, fingerprint), description="scoring",
-        )  # fmt: skip
-        params.release()
         counts = runner.run(
             "counts", "0", scored.num_partitions, tasks.count_targets_task,
             lambda part: (scored, part, fingerprint, bigram), description="counting targets",

@@ -181,6 +181,7 @@ def fit(
     scheduler: str | None = None,
     n_workers: int | None = None,
     memory_limit: str | int = "auto",
+    security: distributed.Security | None = None,
     storage_options: dict[str, Any] | None = None,
     say: Callable[[str], Any] | None = None,
     progress: bool | None = None,
@@ -197,7 +198,7 @@ def fit(
         resume: continue the fit whose checkpoints are in ``model_dir`` (a new fit when there are none);
             the result is bit-identical to an uninterrupted fit.
         overwrite: start a new fit in a ``model_dir`` that already holds one.
-        client / scheduler / n_workers / memory_limit: the cluster (see :func:`connect`).
+        client / scheduler / n_workers / memory_limit / security: the cluster (see :func:`connect`).
         storage_options: fsspec options for store URLs.
         say: receives the progress lines (default: the ``dist_respattn.fit`` logger).
         progress: progress bars per pass (default: when stderr is a terminal).
@@ -240,7 +241,9 @@ def fit(
 
     from dist_respattn import __version__
 
-    with connect(scheduler, client=client, n_workers=n_workers, memory_limit=memory_limit, say=say) as cl:
+    with connect(
+        scheduler, client=client, n_workers=n_workers, memory_limit=memory_limit, security=security, say=say
+    ) as cl:
         try:
             cl.wait_for_workers(1, timeout=WORKER_WAIT_SECONDS)
         except TimeoutError as exc:

@@ -133,6 +133,15 @@ class FitLoop:
         """EM from ``start`` (``None``: random responsibilities) at ``first_iteration`` to the end of the fit."""
         self.next_iteration = first_iteration
         previous_ll = self.history[-1]["mean_log_likelihood"] if self.history else None
+        self.reporter.started(
+            self.run_id,
+            store=self.record["store"]["url"],
+            validation=self.record["validation"]["url"] if self.record["validation"] else None,
+            rows=self.train.num_rows,
+            max_iter=self.settings.max_iter,
+            model_dir=str(self.folder),
+            first_iteration=first_iteration,
+        )
         try:
             result = run_em(
                 self.e_step,
@@ -144,8 +153,9 @@ class FitLoop:
                 first_iteration=first_iteration,
                 previous_log_likelihood=previous_ll,
             )
-        except BaseException:
+        except BaseException as exc:
             self.checkpoints.close(raise_errors=False)  # the fit's own error is the one to report
+            self.reporter.ended(self.run_id, "failed", error=f"{type(exc).__name__}: {exc}")
             raise
         else:
             self.checkpoints.close()
@@ -161,6 +171,7 @@ class FitLoop:
                 best=None,
                 keep_best=None,
             )
+        self.reporter.ended(self.run_id, self.history[-1]["state"] if self.history else "max_iter")
         return result
 
     def checkpoint_meta(self, iteration: int, state: str, warnings: list[str]) -> dict[str, Any]:

@@ -1,7 +1,17 @@
 """Reporting a fit as it runs: a bar per pass on a terminal, one line per iteration, one cluster event each.
 
 The same per-iteration record goes to the log line and to ``Client.log_event`` under the topic
-``dist_respattn.fit``, so anyone attached to the scheduler sees the fit's progress.
+``dist_respattn.fit``, so anyone attached to the scheduler sees the fit's progress. A fit's events,
+each with its ``run_id`` and an ``event`` field:
+
+- ``start``: ``store``, ``validation``, ``rows``, ``max_iter``, ``model_dir``, ``client`` (the driver's
+  client id), ``first_iteration``;
+- ``iteration``: the iteration's history record (``iteration``, ``mean_log_likelihood``, ``change``,
+  ``seconds``, ``rows_per_second``, ``heldout``, ``state``, ``warnings``, ...);
+- ``end``: the final ``state`` (``converged``, ``max_iter``, ``early_stopped`` or ``failed``) and, for a
+  failure, ``error``.
+
+:mod:`dist_respattn.monitor` folds them into the scheduler's fit page and metrics.
 """
 
 from __future__ import annotations
@@ -69,10 +79,18 @@ class FitReporter:
     def line(self, text: str) -> None:
         self.say(text)
 
+    def started(self, run_id: str, **fields: Any) -> None:
+        """Announce a fit to the scheduler (``fields``: see the module docstring)."""
+        self.event({"event": "start", "run_id": run_id, "client": self.client.id, **fields})
+
     def iteration(self, record: dict[str, Any]) -> None:
         """Print the iteration's line and publish its record as a cluster event."""
         self.say(format_iteration(record))
-        self.event(record)
+        self.event({"event": "iteration", **record})
+
+    def ended(self, run_id: str, state: str, error: str | None = None) -> None:
+        """Tell the scheduler how the fit ended."""
+        self.event({"event": "end", "run_id": run_id, "state": state, "error": error})
 
     def event(self, record: dict[str, Any]) -> None:
         try:

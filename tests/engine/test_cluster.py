@@ -174,7 +174,7 @@ def scheduler_fit(dask_cluster, small_store, tmp_path_factory) -> SchedulerFit:
 
 
 def fit_events(address: str, run_id: str) -> list[dict[str, Any]]:
-    """The per-iteration records one fit published on the scheduler at ``address``."""
+    """Every event (start, iterations, end) one fit published on the scheduler at ``address``, in order."""
     with distributed.Client(address, timeout=30, set_as_default=False) as client:
         return [record for _, record in client.get_events(EVENT_TOPIC) if record.get("run_id") == run_id]
 
@@ -219,7 +219,15 @@ def test_fit_publishes_one_event_per_iteration_on_the_scheduler(scheduler_fit, d
     in order, with the log-likelihood the checkpoint saved, the seconds taken and the rows per second."""
     assert scheduler_fit.completed.returncode == 0, scheduler_fit.completed.stderr
     history = load_checkpoint(scheduler_fit.model_dir).meta["history"]
-    events = fit_events(dask_cluster.address, history[0]["run_id"])
+    stream = fit_events(dask_cluster.address, history[0]["run_id"])
+    assert [e["event"] for e in stream] == ["start", "iteration", "iteration", "iteration", "iteration", "end"]
+    assert (
+        stream[0]["rows"] == ROWS
+        and stream[0]["max_iter"] == 4
+        and stream[0]["model_dir"] == str(scheduler_fit.model_dir)
+    )
+    assert stream[-1]["state"] == history[-1]["state"] == "max_iter" and stream[-1]["error"] is None
+    events = stream[1:-1]
     assert [e["iteration"] for e in events] == [1, 2, 3, 4]
     assert [e["mean_log_likelihood"] for e in events] == [h["mean_log_likelihood"] for h in history]
     for event in events:
@@ -242,7 +250,8 @@ def test_fit_through_the_environment_variable(dask_cluster, small_store, tmp_pat
     assert "started a local cluster" not in completed.stderr
     assert [int(i) for i, _ in ITERATION_LINE.findall(completed.stderr)] == [1, 2]
     run_id = load_checkpoint(model_dir).meta["history"][0]["run_id"]
-    assert [e["iteration"] for e in fit_events(dask_cluster.address, run_id)] == [1, 2]
+    iterations = [e for e in fit_events(dask_cluster.address, run_id) if e["event"] == "iteration"]
+    assert [e["iteration"] for e in iterations] == [1, 2]
     assert dask_cluster.exited() == {}, dask_cluster.log_tail()
     assert dask_cluster.serving_workers() == before
 

@@ -181,7 +181,9 @@ def test_tasks_spans_and_events_are_named_per_iteration(small_store, small_valid
         (f"respattn-iteration-2-{tag}",): per_iteration,
     }
 
-    events = [msg for _, msg in client.get_events(EVENT_TOPIC) if msg.get("run_id") == tag]
+    stream = [msg for _, msg in client.get_events(EVENT_TOPIC) if msg.get("run_id") == tag]
+    assert [e["event"] for e in stream] == ["start", "iteration", "iteration", "end"]
+    events = stream[1:-1]
     assert [e["iteration"] for e in events] == [1, 2]
     assert [e["mean_log_likelihood"] for e in events] == [e["mean_log_likelihood"] for e in result.history]
     assert [e["heldout"]["perplexity"] for e in events] == [e["heldout"]["perplexity"] for e in result.history]
