@@ -1,0 +1,238 @@
+"""``dist-respattn retrain`` and ``dist-respattn models list/show/check``: the model registry on the command line.
+
+Exit status of ``retrain``: 0 a new version was published, 1 the gate kept the current version,
+2 an error (nothing published), 3 another run holds the registry's lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime
+from typing import Any
+
+from dist_respattn.cli.common import CommandError, parse_storage_options, positive_float, positive_int
+from dist_respattn.cli.fit_commands import add_cluster_options, add_em_options, security, settings_from
+
+__all__ = ["register"]
+
+#: ``retrain``'s exit status when another run holds the lock (cron and CI can tell it from a failure).
+EXIT_LOCKED = 3
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"{text}: expected a fraction >= 0 (0.01 = 1% worse allowed)")
+    return value
+
+
+def register(sub: Any) -> None:
+    """Add the ``retrain`` and ``models`` subcommands."""
+    retrain = sub.add_parser(
+        "retrain",
+        help="warm-start from a registry's latest model, fit, gate on held-out scores, publish a new version",
+        description=(
+            "Scheduled retraining: warm-start from the registry's latest version, fit on --store, score the "
+            "fitted model and the current version on the same validation store, and publish a new numbered "
+            "version only when the fitted one is not worse by more than --tolerance. Exit status: 0 published, "
+            "1 kept the current version (gate), 2 error, 3 another run holds the registry."
+        ),
+    )
+    retrain.add_argument("--registry", required=True, help="the registry: a directory or an fsspec URL (s3://...)")
+    retrain.add_argument("--store", required=True, help="the training store (path or URL)")
+    retrain.add_argument(
+        "--validation", metavar="STORE", help="held-out store for early stopping and the gate (else: in-sample)"
+    )
+    gate = retrain.add_argument_group("quality gate and registry")
+    gate.add_argument(
+        "--tolerance",
+        type=_fraction,
+        default=0.01,
+        help="how much worse than the current version, relatively, the new one may be (default 0.01)",
+    )
+    gate.add_argument(
+        "--gate-metric",
+        choices=("perplexity", "loglik"),
+        help="held-out perplexity (default) or log-likelihood; default: the fit's --early-stop-metric",
+    )
+    gate.add_argument(
+        "--keep", type=positive_int, metavar="K", help="after publishing, keep only the K newest versions"
+    )
+    gate.add_argument(
+        "--work-dir", metavar="DIR", help="keep the fit's checkpoints here (default: a temporary directory)"
+    )
+    gate.add_argument(
+        "--lock-timeout",
+        type=positive_float,
+        default=300.0,
+        metavar="SECONDS",
+        help="another run's lock without a heartbeat for this long is abandoned and broken (default 300)",
+    )
+    add_em_options(retrain, "EM settings")
+    add_cluster_options(retrain)
+    retrain.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    retrain.set_defaults(handler=_run_retrain, printer=_print_retrain)
+
+    models = sub.add_parser(
+        "models",
+        help="read a model registry: list versions, show one, check every file",
+        description="Read a model registry (a directory or an fsspec URL).",
+    )
+    actions = models.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", help="the versions, newest first, with their metrics and provenance")
+    listing.add_argument("registry", help="the registry (directory or URL)")
+    show = actions.add_parser("show", help="one version's record (default: latest)")
+    show.add_argument("registry", help="the registry (directory or URL)")
+    show.add_argument("version", nargs="?", default="latest", help="a version number or 'latest' (default)")
+    check = actions.add_parser("check", help="verify latest and every version's files (exit 1 on a problem)")
+    check.add_argument("registry", help="the registry (directory or URL)")
+    for action, handler, printer in (
+        (listing, _run_list, _print_list),
+        (show, _run_show, _print_show),
+        (check, _run_check, _print_check),
+    ):
+        action.add_argument(
+            "--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option for URLs (repeatable)"
+        )
+        action.add_argument("--json", action="store_true", help="print JSON instead of text")
+        action.set_defaults(handler=handler, printer=printer)
+
+
+def _say(args: argparse.Namespace) -> Any:
+    if args.json:
+        return lambda message: None
+    return lambda message: print(message, file=sys.stderr, flush=True)
+
+
+def _run_retrain(args: argparse.Namespace) -> dict[str, Any]:
+    from dist_respattn.engine import FitSettings
+    from dist_respattn.registry import RegistryLocked, retrain
+
+    try:
+        result = retrain(
+            args.registry,
+            args.store,
+            validation=args.validation,
+            settings=settings_from(args, FitSettings()),
+            tolerance=args.tolerance,
+            gate_metric=args.gate_metric,
+            keep=args.keep,
+            work_dir=args.work_dir,
+            stale_after=args.lock_timeout,
+            scheduler=args.scheduler,
+            n_workers=args.workers,
+            memory_limit=args.memory_limit,
+            security=security(args),
+            storage_options=parse_storage_options(args.storage_option),
+            say=_say(args),
+            progress=None if not args.json else False,
+        )
+    except RegistryLocked as exc:
+        return {"published": False, "locked": True, "error": " ".join(str(exc).split()), "exit_status": EXIT_LOCKED}
+    return result.to_json()
+
+
+def _print_retrain(report: dict[str, Any]) -> None:
+    if report.get("locked"):
+        print(f"not run: {report['error']}")
+        return
+    if report["published"]:
+        print(f"published version {report['version']} to {report['registry']}")
+    else:
+        print(f"not published: the gate kept version {report['previous']} as latest in {report['registry']}")
+    gate = report["gate"]
+    current = "none (first version)" if gate["current"] is None else f"{gate['current']:.6g}"
+    print(
+        f"gate ({gate['metric']}, tolerance {gate['tolerance']:g}, on {gate['store']}"
+        f"{', in-sample' if gate['in_sample'] else ''}): new {gate['candidate']:.6g}, current {current}"
+    )
+    fit = report["fit"]
+    print(f"fit: {fit['state']} after {fit['iterations']} iterations in {fit['seconds']:.1f} s")
+    if report["pruned"]:
+        print(f"pruned versions: {', '.join(map(str, report['pruned']))}")
+
+
+def _registry(args: argparse.Namespace) -> Any:
+    from dist_respattn.registry import Registry
+
+    registry = Registry(args.registry, parse_storage_options(args.storage_option))
+    if not registry.check_format():
+        raise CommandError(f"{args.registry}: no model registry here (retrain publishes the first version)")
+    return registry
+
+
+def _summary(version: Any, latest: int | None) -> dict[str, Any]:
+    record = version.record
+    provenance = record.get("provenance", {})
+    store = provenance.get("store") or {}
+    return {
+        "version": version.number,
+        "latest": version.number == latest,
+        "created": record.get("created"),
+        "metrics": record.get("metrics"),
+        "gate": record.get("gate"),
+        "store": store.get("url"),
+        "fingerprint": store.get("fingerprint"),
+        "rows": store.get("rows"),
+        "iterations": provenance.get("iterations"),
+        "warm_start_from": provenance.get("warm_start_from"),
+        "package_version": provenance.get("package_version"),
+    }
+
+
+def _run_list(args: argparse.Namespace) -> dict[str, Any]:
+    registry = _registry(args)
+    latest = registry.latest_number()
+    versions = [_summary(v, latest) for v in reversed(registry.versions())]
+    return {"registry": args.registry, "latest": latest, "versions": versions}
+
+
+def _print_list(report: dict[str, Any]) -> None:
+    print(f"{report['registry']}: {len(report['versions'])} version(s), latest {report['latest']}")
+    print(f"  {'version':>7}  {'created':<20} {'rows':>12} {'iter':>5} {'perplexity':>11} {'loglik':>11}  store")
+    for v in report["versions"]:
+        metrics = v["metrics"] or {}
+        perplexity = metrics.get("perplexity", float("nan"))
+        loglik = metrics.get("mean_log_likelihood", float("nan"))
+        created = datetime.fromisoformat(v["created"]).strftime("%Y-%m-%d %H:%M:%S") if v["created"] else "?"
+        marker = "*" if v["latest"] else " "
+        print(
+            f"{marker} {v['version']:>7}  {created:<20} {v['rows'] or 0:>12,} {v['iterations'] or 0:>5} "
+            f"{perplexity:>11.5g} {loglik:>11.6g}  {v['store']}"
+        )
+    print("(* = latest)")
+
+
+def _run_show(args: argparse.Namespace) -> dict[str, Any]:
+    registry = _registry(args)
+    version = registry.resolve(args.version)
+    return {**version.to_json(), "latest": version.number == registry.latest_number()}
+
+
+def _print_show(report: dict[str, Any]) -> None:
+    import json
+
+    print(json.dumps(report, indent=2))
+
+
+def _run_check(args: argparse.Namespace) -> dict[str, Any]:
+    registry = _registry(args)
+    problems = registry.problems()
+    return {
+        "registry": args.registry,
+        "versions": len(registry.numbers()),
+        "latest": registry.latest_number() if not problems else None,
+        "problems": problems,
+        "exit_status": 1 if problems else 0,
+    }
+
+
+def _print_check(report: dict[str, Any]) -> None:
+    if not report["problems"]:
+        print(
+            f"{report['registry']}: {report['versions']} version(s), latest {report['latest']}: every file checks out"
+        )
+        return
+    for problem in report["problems"]:
+        print(f"problem: {problem}")

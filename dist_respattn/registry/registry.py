@@ -1,0 +1,254 @@
+"""A model registry: numbered versions of a head with their metrics and provenance, and a ``latest`` pointer.
+
+Layout under the registry's root (a local directory or an fsspec URL)::
+
+    registry.json            {"format": "dist_respattn.registry", "version": 1}
+    latest.json              {"version": 7, "published": "..."}
+    versions/000007.json     the version's record: metrics, gate, provenance, and its model's files + SHA-256
+    models/<token>/params.npz, meta.json   the checkpoint published as that version (arrays + JSON, never pickles)
+
+Publishing writes the model's files under a fresh token, then claims the version number by creating
+``versions/<n>.json`` exclusively, then replaces ``latest.json``. A writer killed at any point leaves
+``latest.json`` naming a complete version: before the claim, the new files are an orphan (removed by
+the next run); after it, the version exists and ``latest`` still names the previous one until replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from dist_respattn.engine.checkpoint import META_FILE, PARAMS_FILE, Checkpoint, CheckpointError, parse_checkpoint
+from dist_respattn.registry.files import RegistryError, RegistryFiles
+from dist_respattn.registry.lock import LOCK_FILE, RegistryLock
+
+__all__ = ["FORMAT", "Registry", "Version"]
+
+FORMAT = "dist_respattn.registry"
+FORMAT_VERSION = 1
+REGISTRY_FILE = "registry.json"
+LATEST_FILE = "latest.json"
+VERSIONS = "versions"
+MODELS = "models"
+_VERSION_NAME = re.compile(r"^(\d{6,})\.json$")
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Version:
+    """One published version: its number and its record (``versions/<n>.json``).
+
+    The record holds ``created``, ``metrics`` (the gate's scores of this model), ``gate`` (the
+    comparison that let it in), ``provenance`` (store and validation store URL, fingerprint and rows,
+    iterations, settings, package version, warm start) and ``files`` (the model's files and hashes).
+    """
+
+    number: int
+    record: dict[str, Any]
+
+    @property
+    def model_path(self) -> str:
+        return str(self.record["model"])
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.record)
+
+
+class Registry:
+    """A registry at ``url`` (a local directory, created on first publish, or an fsspec URL)."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.files = RegistryFiles(url, storage_options)
+
+    def __str__(self) -> str:
+        return str(self.files)
+
+    def lock(self, **kwargs: Any) -> RegistryLock:
+        """The registry's writer lock (see :class:`RegistryLock`)."""
+        return RegistryLock(self.files, **kwargs)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def check_format(self) -> bool:
+        """``True`` for a registry, ``False`` for an empty or missing root; anything else is an error."""
+        marker = self.files.read_json(REGISTRY_FILE)
+        if marker is None:
+            others = [name for name in self.files.list("") if name not in (LOCK_FILE,)]
+            if others:
+                raise RegistryError(
+                    f"{self.files.where(REGISTRY_FILE)}: missing, but {self.files} holds {', '.join(others[:5])}: "
+                    "not a model registry (give an empty or new directory)"
+                )
+            return False
+        if marker.get("format") != FORMAT:
+            raise RegistryError(
+                f"{self.files.where(REGISTRY_FILE)}: format {marker.get('format')!r}, expected {FORMAT!r}"
+            )
+        if int(marker.get("version", 0)) > FORMAT_VERSION:
+            raise RegistryError(
+                f"{self.files.where(REGISTRY_FILE)}: registry format version {marker['version']} is newer than "
+                f"this release reads ({FORMAT_VERSION}); upgrade dist_respattn"
+            )
+        return True
+
+    def numbers(self) -> list[int]:
+        """The numbers of every version, ascending."""
+        found = (_VERSION_NAME.match(name) for name in self.files.list(VERSIONS))
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def version(self, number: int) -> Version:
+        record = self.files.read_json(_version_file(number))
+        if record is None:
+            raise RegistryError(f"{self.files.where(_version_file(number))}: no version {number} in {self}")
+        return Version(number, record)
+
+    def versions(self) -> list[Version]:
+        """Every version, oldest first."""
+        return [self.version(n) for n in self.numbers()] if self.check_format() else []
+
+    def latest_number(self) -> int | None:
+        """The version ``latest`` names, or ``None`` for an empty registry."""
+        if not self.check_format():
+            return None
+        pointer = self.files.read_json(LATEST_FILE)
+        if pointer is None:
+            return None
+        number = pointer.get("version")
+        if not isinstance(number, int) or number < 1:
+            raise RegistryError(f"{self.files.where(LATEST_FILE)}: 'version' must be a version number, got {number!r}")
+        return number
+
+    def latest(self) -> Version | None:
+        number = self.latest_number()
+        return None if number is None else self.version(number)
+
+    def resolve(self, which: str | int | None) -> Version:
+        """A version by number, or ``latest`` (also for ``None``)."""
+        if which is None or which == "latest":
+            latest = self.latest()
+            if latest is None:
+                raise RegistryError(f"{self}: the registry has no published version yet")
+            return latest
+        try:
+            return self.version(int(which))
+        except ValueError as exc:
+            raise RegistryError(f"{which!r}: expected a version number or 'latest'") from exc
+
+    def load(self, which: str | int | None = "latest") -> Checkpoint:
+        """The checkpoint published as version ``which``; its files are checked against their SHA-256."""
+        version = self.resolve(which)
+        contents = {}
+        for name, digest in version.record.get("files", {}).items():
+            where = f"{version.model_path}/{name}"
+            data = self.files.read(where)
+            if data is None:
+                raise RegistryError(f"{self.files.where(where)}: missing (version {version.number} is damaged)")
+            if _sha256(data) != digest:
+                raise RegistryError(
+                    f"{self.files.where(where)}: SHA-256 differs from version {version.number}'s record"
+                )
+            contents[name] = data
+        if set(contents) != {PARAMS_FILE, META_FILE}:
+            raise RegistryError(
+                f"{self.files.where(_version_file(version.number))}: expected files {PARAMS_FILE}, {META_FILE}"
+            )
+        try:
+            checkpoint = parse_checkpoint(
+                f"version {version.number}",
+                json.loads(contents[META_FILE]),
+                io.BytesIO(contents[PARAMS_FILE]),
+                meta_source=self.files.where(f"{version.model_path}/{META_FILE}"),
+                params_source=self.files.where(f"{version.model_path}/{PARAMS_FILE}"),
+            )
+        except (CheckpointError, ValueError) as exc:
+            raise RegistryError(str(exc)) from exc
+        return checkpoint
+
+    def problems(self) -> list[str]:
+        """Everything wrong with the registry: a ``latest`` that names no version, damaged versions."""
+        found: list[str] = []
+        try:
+            latest = self.latest_number()
+            numbers = self.numbers()
+        except RegistryError as exc:
+            return [str(exc)]
+        if latest is not None and latest not in numbers:
+            found.append(f"{self.files.where(LATEST_FILE)}: names version {latest}, which does not exist")
+        for number in numbers:
+            try:
+                self.load(number)
+            except RegistryError as exc:
+                found.append(str(exc))
+        return found
+
+    # -- writing (under the lock) ----------------------------------------------------------------------
+
+    def publish(self, lock: RegistryLock, params: bytes, meta: bytes, record: dict[str, Any]) -> Version:
+        """Publish a checkpoint as the next version and point ``latest`` at it.
+
+        ``params`` and ``meta`` are the checkpoint's ``params.npz`` and ``meta.json`` bytes; ``record``
+        holds the version's ``metrics``, ``gate`` and ``provenance``.
+        """
+        lock.check()
+        if not self.check_format():
+            self.files.create_json(REGISTRY_FILE, {"format": FORMAT, "version": FORMAT_VERSION, "created": _now()})
+        numbers = self.numbers()
+        number = max(numbers, default=0) + 1
+        folder = f"{MODELS}/{uuid.uuid4().hex[:12]}"
+        self.files.write(f"{folder}/{PARAMS_FILE}", params)
+        self.files.write(f"{folder}/{META_FILE}", meta)
+        full = {
+            "format": FORMAT,
+            "version": number,
+            "created": _now(),
+            **record,
+            "model": folder,
+            "files": {PARAMS_FILE: _sha256(params), META_FILE: _sha256(meta)},
+        }
+        lock.check()
+        if not self.files.create_json(_version_file(number), full):
+            raise RegistryError(
+                f"{self.files.where(_version_file(number))}: version {number} was claimed by another run at the same "
+                "time; nothing was published (the registry lock was broken while held)"
+            )
+        self.files.write_json(LATEST_FILE, {"version": number, "published": _now()})
+        return Version(number, full)
+
+    def prune(self, lock: RegistryLock, keep: int) -> list[int]:
+        """Remove all but the newest ``keep`` versions (never ``latest``), and model files no version names."""
+        if keep < 1:
+            raise ValueError(f"keep = {keep}: expected at least 1")
+        lock.check()
+        latest = self.latest_number()
+        numbers = self.numbers()
+        doomed = [n for n in numbers[: max(0, len(numbers) - keep)] if n != latest]
+        for number in doomed:
+            self.files.delete(_version_file(number))  # the version goes first: its files become an orphan
+        self.remove_orphans(lock)
+        return doomed
+
+    def remove_orphans(self, lock: RegistryLock) -> list[str]:
+        """Remove model folders no version names (left by a run killed before it claimed its number)."""
+        lock.check()
+        named = {self.version(n).model_path for n in self.numbers()}
+        orphans = [f"{MODELS}/{name}" for name in self.files.list(MODELS) if f"{MODELS}/{name}" not in named]
+        for folder in orphans:
+            self.files.delete(folder)
+        return orphans
+
+
+def _version_file(number: int) -> str:
+    return f"{VERSIONS}/{number:06d}.json"

@@ -1,0 +1,281 @@
+"""``retrain``: warm-start from the registry's latest version, fit, gate on held-out scores, publish.
+
+One run, under the registry's lock:
+
+1. load ``latest`` (if any) and warm-start the fit from it;
+2. fit on the training store (checkpoints in a work directory), validating after every iteration;
+3. score the fitted model (its ``best`` checkpoint with validation) and the current version on the
+   same store: the validation store, else the training store (marked in-sample);
+4. publish a new version only when the candidate is not worse than the current version by more
+   than ``tolerance`` (relative) on the gate metric; otherwise leave ``latest`` where it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import distributed
+
+from dist_respattn.engine.checkpoint import META_FILE, PARAMS_FILE, load_checkpoint
+from dist_respattn.engine.cluster import connect
+from dist_respattn.engine.evaluate import score_store
+from dist_respattn.engine.fit import fit, open_store
+from dist_respattn.engine.loop import store_record
+from dist_respattn.engine.passes import PassRunner
+from dist_respattn.engine.settings import FitSettings
+from dist_respattn.registry.lock import DEFAULT_STALE_AFTER
+from dist_respattn.registry.registry import Registry
+
+__all__ = ["DEFAULT_TOLERANCE", "GATE_METRICS", "GateDecision", "RetrainResult", "gate", "retrain"]
+
+logger = logging.getLogger("dist_respattn.retrain")
+
+#: The gate lets a candidate be worse than the current version by at most this fraction.
+DEFAULT_TOLERANCE = 0.01
+
+#: Gate metrics: held-out perplexity of the targets (lower is better) or mean log-likelihood (higher).
+GATE_METRICS = ("perplexity", "loglik")
+_METRIC_FIELD = {"perplexity": "perplexity", "loglik": "mean_log_likelihood"}
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """The quality gate's comparison of the candidate with the current version on one store."""
+
+    metric: str
+    candidate: float
+    current: float | None
+    tolerance: float
+    passed: bool
+    store: str
+    in_sample: bool
+
+    @property
+    def limit(self) -> float | None:
+        """The worst value the candidate could have had and still passed."""
+        if self.current is None:
+            return None
+        if self.metric == "perplexity":
+            return self.current * (1.0 + self.tolerance)
+        return self.current - self.tolerance * abs(self.current)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "candidate": self.candidate,
+            "current": self.current,
+            "tolerance": self.tolerance,
+            "limit": self.limit,
+            "passed": self.passed,
+            "store": self.store,
+            "in_sample": self.in_sample,
+        }
+
+    def describe(self) -> str:
+        if self.current is None:
+            return f"{self.metric} {self.candidate:.6g}: the registry's first version, nothing to compare with"
+        verdict = "passed" if self.passed else "failed"
+        direction = "at most" if self.metric == "perplexity" else "at least"
+        return (
+            f"gate {verdict}: {self.metric} {self.candidate:.6g} against the current version's {self.current:.6g} "
+            f"({direction} {self.limit:.6g} allowed at tolerance {self.tolerance:g}) on {self.store}"
+            + (" (in-sample: no validation store)" if self.in_sample else "")
+        )
+
+
+def gate(
+    metric: str, candidate: float, current: float | None, tolerance: float, *, store: str, in_sample: bool
+) -> GateDecision:
+    """Decide whether ``candidate`` may replace ``current`` (``None``: there is no current version)."""
+    if metric not in GATE_METRICS:
+        raise ValueError(f"gate metric {metric!r}: expected one of {', '.join(GATE_METRICS)}")
+    if not tolerance >= 0:
+        raise ValueError(f"tolerance = {tolerance}: expected a fraction >= 0")
+    decision = GateDecision(metric, candidate, current, tolerance, True, store, in_sample)
+    limit = decision.limit
+    if limit is not None:
+        better_or_equal = candidate <= limit if metric == "perplexity" else candidate >= limit
+        decision = GateDecision(metric, candidate, current, tolerance, bool(better_or_equal), store, in_sample)
+    return decision
+
+
+@dataclass(frozen=True)
+class RetrainResult:
+    """What a retraining run did.
+
+    Attributes:
+        published: whether a new version was published.
+        version: the new version's number (``None`` when nothing was published).
+        previous: the version ``latest`` named before the run (``None`` for an empty registry).
+        gate: the gate's decision.
+        fit: the fit's state, iterations, best iteration and seconds.
+        pruned: versions removed by ``keep``.
+        registry: the registry's URL.
+    """
+
+    published: bool
+    version: int | None
+    previous: int | None
+    gate: GateDecision
+    fit: dict[str, Any]
+    registry: str
+    pruned: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def exit_status(self) -> int:
+        """0 when published, 1 when the gate kept the current version."""
+        return 0 if self.published else 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "published": self.published,
+            "version": self.version,
+            "previous": self.previous,
+            "gate": self.gate.to_json(),
+            "fit": self.fit,
+            "registry": self.registry,
+            "pruned": self.pruned,
+            "seconds": round(self.seconds, 3),
+            "exit_status": self.exit_status,
+        }
+
+
+def retrain(
+    registry: str | os.PathLike[str],
+    store: str | os.PathLike[str],
+    *,
+    validation: str | os.PathLike[str] | None = None,
+    settings: FitSettings | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    gate_metric: str | None = None,
+    keep: int | None = None,
+    work_dir: str | os.PathLike[str] | None = None,
+    stale_after: float = DEFAULT_STALE_AFTER,
+    client: distributed.Client | None = None,
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    memory_limit: str | int = "auto",
+    security: distributed.Security | None = None,
+    storage_options: dict[str, Any] | None = None,
+    say: Callable[[str], Any] | None = None,
+    progress: bool | None = None,
+) -> RetrainResult:
+    """Retrain from the registry's latest version and publish the result if it passes the gate.
+
+    Args:
+        registry: the registry (local directory or fsspec URL; created on first publish).
+        store / validation: the training store, and the store both models are scored on for the gate.
+        settings: the fit's settings. ``gate_metric`` defaults to ``settings.early_stop_metric``, else
+            perplexity; ``tolerance`` is the relative slack of the gate.
+        keep: after publishing, keep only this many newest versions.
+        work_dir: where the fit's checkpoints go (kept); default a temporary directory, removed after.
+        stale_after: seconds without a heartbeat after which another run's lock counts as abandoned.
+        client / scheduler / n_workers / memory_limit / security / storage_options / say / progress: as for
+            :func:`~dist_respattn.engine.fit`.
+
+    Raises:
+        RegistryLocked: another run holds the registry.
+        RegistryError / StoreError / FitError / ClusterError: as their messages say; nothing is published.
+    """
+    started = time.perf_counter()
+    settings = settings or FitSettings()
+    say = say if say is not None else logger.info
+    metric = gate_metric or ("loglik" if settings.early_stop_metric == "loglik" else "perplexity")
+    gate(metric, 0.0, None, tolerance, store="", in_sample=False)  # check the arguments before any work
+    if keep is not None and keep < 1:
+        raise ValueError(f"keep = {keep}: expected at least 1")
+    reg = Registry(str(registry), storage_options)
+    reg.check_format()
+    train = open_store(store, storage_options)
+    heldout = open_store(validation, storage_options) if validation is not None else None
+    scratch = None if work_dir is not None else tempfile.mkdtemp(prefix="respattn-retrain-")
+    model_dir = Path(work_dir if work_dir is not None else scratch) / "model"  # type: ignore[arg-type]
+    try:
+        with reg.lock(stale_after=stale_after) as lock:
+            current = reg.latest()
+            warm = reg.load(current.number).model if current is not None else None
+            say(
+                f"{reg}: warm start from version {current.number}"
+                if current is not None
+                else f"{reg}: no published version yet; a fresh fit (seed {settings.seed})"
+            )
+            with connect(
+                scheduler, client=client, n_workers=n_workers, memory_limit=memory_limit, security=security, say=say
+            ) as cl:
+                fitted = fit(
+                    train, model_dir=model_dir, settings=settings, validation=heldout, init=warm, overwrite=True,
+                    client=cl, storage_options=storage_options, say=say, progress=progress,
+                )  # fmt: skip
+                candidate = load_checkpoint(model_dir)  # best with validation, else latest
+                gate_store = heldout if heldout is not None else train
+                # Each scoring pass has its own run tag: its task and parameter keys must not meet the other's.
+                scores = score_store(PassRunner(cl, uuid.uuid4().hex[:8]), candidate.model, gate_store).metrics()
+                current_scores = (
+                    score_store(PassRunner(cl, uuid.uuid4().hex[:8]), warm, gate_store).metrics()
+                    if warm is not None
+                    else None
+                )
+            field_name = _METRIC_FIELD[metric]
+            decision = gate(
+                metric,
+                scores[field_name],
+                current_scores[field_name] if current_scores is not None else None,
+                tolerance,
+                store=str(gate_store.location),
+                in_sample=heldout is None,
+            )
+            say(decision.describe())
+            fit_summary = {
+                "state": fitted.state,
+                "iterations": fitted.iterations,
+                "best_iteration": fitted.best_iteration,
+                "checkpoint_iteration": candidate.iteration,
+                "seconds": round(fitted.seconds, 3),
+                "run_id": fitted.run_id,
+            }
+            previous = current.number if current is not None else None
+            if not decision.passed:
+                say(f"{reg}: not published; latest stays at version {previous}")
+                return RetrainResult(
+                    False, None, previous, decision, fit_summary, str(reg), [], time.perf_counter() - started
+                )
+            folder = model_dir / candidate.name
+            record = {
+                "metrics": {"gate_store": str(gate_store.location), **scores},
+                "previous_metrics": current_scores,
+                "gate": decision.to_json(),
+                "provenance": {
+                    "store": store_record(train),
+                    "validation": store_record(heldout) if heldout is not None else None,
+                    "iterations": fitted.iterations,
+                    "fit": fit_summary,
+                    "settings": settings.to_json(),
+                    "warm_start_from": previous,
+                    "package_version": candidate.meta.get("package_version"),
+                    "host": platform.node(),
+                },
+            }
+            version = reg.publish(lock, (folder / PARAMS_FILE).read_bytes(), (folder / META_FILE).read_bytes(), record)
+            say(f"{reg}: published version {version.number}")
+            pruned = reg.prune(lock, keep) if keep is not None else []
+            if keep is None:
+                reg.remove_orphans(lock)
+            if pruned:
+                say(f"{reg}: pruned version(s) {', '.join(map(str, pruned))} (keeping {keep})")
+            return RetrainResult(
+                True, version.number, previous, decision, fit_summary, str(reg), pruned, time.perf_counter() - started
+            )
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
