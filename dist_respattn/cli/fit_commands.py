@@ -242,7 +242,9 @@ def print_fit_summary(report: dict[str, Any]) -> None:
         print(f"warning: {warning}")
     print(f"model: {report['model_dir']} (load with dist_respattn.engine.load_model)")
     if report.get("dashboard"):
-        print(f"dashboard: {report['dashboard']} (served while its cluster runs)")
+        from dist_respattn.monitor.web import page_url
+
+        print(f"dashboard: {report['dashboard']}, fit page: {page_url(report['dashboard'])} (while its cluster runs)")
 
 
 def _print_fit(report: dict[str, Any]) -> None:

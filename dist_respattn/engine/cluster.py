@@ -215,10 +215,21 @@ def _client_for(address: str, security: distributed.Security | None = None) -> d
     result = outcome[0]
     if isinstance(result, distributed.Client):
         return result
+    if isinstance(result, TypeError) and "ssl_context" in str(result):
+        raise ClusterError(
+            f"the scheduler at {address} speaks TLS and this client has no certificates: give --tls-ca-file, "
+            "--tls-cert and --tls-key (or set distributed.comm.tls.ca-file and distributed.comm.tls.client.cert/key "
+            "in Dask's config)"
+        ) from result
     if isinstance(result, (OSError, TimeoutError)):
+        tls_hint = (
+            "; for TLS, are the certificates signed by the cluster's CA (--tls-ca-file, --tls-cert, --tls-key)?"
+            if address.startswith("tls://")
+            else ""
+        )
         raise ClusterError(
             f"cannot reach the Dask scheduler at {address} within {CONNECT_TIMEOUT_SECONDS:.0f} s "
-            f"({type(result).__name__}); is it running, and is the address right?"
+            f"({type(result).__name__}); is it running, and is the address right{tls_hint or '?'}"
         ) from result
     raise result
 

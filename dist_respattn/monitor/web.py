@@ -15,11 +15,17 @@ from typing import Any
 
 from tornado import web
 
-__all__ = ["API_PATH", "PAGE_PATH", "FitsJSONHandler", "FitsPageHandler", "routes"]
+__all__ = ["API_PATH", "PAGE_PATH", "FitsJSONHandler", "FitsPageHandler", "page_url", "routes"]
 
 #: Where the page and its JSON live on the scheduler's web server.
 PAGE_PATH = "/respattn/fits"
 API_PATH = "/respattn/api/fits.json"
+
+
+def page_url(dashboard: str) -> str:
+    """The fit page's URL beside a dashboard link (``http://host:8787/status`` → ``http://host:8787/respattn/fits``)."""
+    base = dashboard.removesuffix("/status").rstrip("/")
+    return base + PAGE_PATH
 
 
 @functools.cache
