@@ -151,7 +151,7 @@ def score_store(runner: PassRunner, model: ResponsibilityAttentionDistribution, 
     try:
         return runner.run(
             "evaluate", "0", store.num_partitions, tasks.score_task,
-            lambda part: (store, part, params.current, fingerprint), description=f"scoring {store.location}",
+            lambda part: (store.location, part, params.current, fingerprint), description=f"scoring {store.location}",
         )  # fmt: skip
     finally:
         params.release()
@@ -194,7 +194,7 @@ def evaluate(
         fingerprint = scored.fingerprint()
         counts = runner.run(
             "counts", "0", scored.num_partitions, tasks.count_targets_task,
-            lambda part: (scored, part, fingerprint, bigram), description="counting targets",
+            lambda part: (scored.location, part, fingerprint, bigram), description="counting targets",
         )  # fmt: skip
         if baseline_store is scored:
             train_counts = counts
@@ -202,7 +202,8 @@ def evaluate(
             base_fingerprint = baseline_store.fingerprint()
             train_counts = runner.run(
                 "counts", "1", baseline_store.num_partitions, tasks.count_targets_task,
-                lambda part: (baseline_store, part, base_fingerprint, bigram), description="counting training targets",
+                lambda part: (baseline_store.location, part, base_fingerprint, bigram),
+                description="counting training targets",
             )  # fmt: skip
     settings = meta.get("settings") or {}
     warnings = list(meta.get("warnings") or []) or degeneracy_warnings(

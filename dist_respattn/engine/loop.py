@@ -197,7 +197,7 @@ class FitLoop:
             with distributed.span(f"respattn-init-{self.run_id}"):
                 value = self.runner.run(
                     "init", "0", train.num_partitions, tasks.init_task,
-                    lambda part: (train, part, factory, settings.seed, self.fingerprint),
+                    lambda part: (train.location, part, factory, settings.seed, self.fingerprint),
                     description="initializing",
                 )  # fmt: skip
         else:
@@ -207,7 +207,7 @@ class FitLoop:
             self.params.publish(model, str(iteration))
             value = self.runner.run(
                 "estep", str(iteration), train.num_partitions, tasks.estep_task,
-                lambda part: (train, part, self.params.current, factory, self.fingerprint),
+                lambda part: (train.location, part, self.params.current, factory, self.fingerprint),
                 description=f"iteration {iteration}",
                 before_attempt=self.params.republish,
             )  # fmt: skip
@@ -229,7 +229,7 @@ class FitLoop:
         self.params.publish(model, str(iteration + 1))  # the next E-step uses the same scattered model
         totals = self.runner.run(
             "heldout", str(iteration), heldout.num_partitions, tasks.score_task,
-            lambda part: (heldout, part, self.params.current, self.heldout_fingerprint),
+            lambda part: (heldout.location, part, self.params.current, self.heldout_fingerprint),
             description=f"validation {iteration}",
         )  # fmt: skip
         return totals.metrics()

@@ -16,7 +16,7 @@ from dist_respattn.model._checks import ImpossibleEvidenceError
 from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulatorFactory, SufficientStatistics
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.scoring import ScoreTotals, score_rows
-from dist_respattn.store import EncodedRows, StoreError, TripleStore
+from dist_respattn.store import EncodedRows, StoreError, StoreLocation, TripleStore
 from dist_respattn.store.checks import block_problems
 
 __all__ = [
@@ -50,8 +50,14 @@ def _configure_worker_process() -> None:
     zarr.config.set({"threading.max_workers": threads})
 
 
-def _checked_store(store: TripleStore, fingerprint: str) -> TripleStore:
+def _checked_store(location: StoreLocation, fingerprint: str) -> TripleStore:
+    """Open the store on the worker and check it is the one the fit started on.
+
+    Tasks carry the store's location, not an opened store: the scheduler unpickles every task, and
+    must neither read the store (it may have no access to it) nor pay for opening it once per task.
+    """
     _configure_worker_process()
+    store = TripleStore.open(location)
     if store.fingerprint() != fingerprint:
         raise StoreError(
             f"{store.location}: the store changed while the fit ran (fingerprint {store.fingerprint()}, "
@@ -82,7 +88,7 @@ def _located(store: TripleStore, part: int, block: EncodedRows, exc: ValueError)
 
 
 def init_task(
-    store: TripleStore,
+    location: StoreLocation,
     part: int,
     factory: ResponsibilityAttentionAccumulatorFactory,
     seed: int,
@@ -92,7 +98,7 @@ def init_task(
 
     The draws depend on the seed and the partition only, so the first model is the same on any cluster.
     """
-    store = _checked_store(store, fingerprint)
+    store = _checked_store(location, fingerprint)
     accumulator = factory.make()
     rng = np.random.default_rng([int(seed), int(part)])
     for block in store.iter_blocks(part):
@@ -104,7 +110,7 @@ def init_task(
 
 
 def estep_task(
-    store: TripleStore,
+    location: StoreLocation,
     part: int,
     model: ResponsibilityAttentionDistribution,
     factory: ResponsibilityAttentionAccumulatorFactory,
@@ -114,7 +120,7 @@ def estep_task(
 
     Holds one block of rows (one chunk, plus zarr's decode buffers) and one accumulator at a time.
     """
-    store = _checked_store(store, fingerprint)
+    store = _checked_store(location, fingerprint)
     accumulator = factory.make()
     for block in store.iter_blocks(part):
         try:
@@ -125,10 +131,10 @@ def estep_task(
 
 
 def score_task(
-    store: TripleStore, part: int, model: ResponsibilityAttentionDistribution, fingerprint: str
+    location: StoreLocation, part: int, model: ResponsibilityAttentionDistribution, fingerprint: str
 ) -> ScoreTotals:
     """Held-out totals of partition ``part``: joint log-likelihood and predictive scores of the targets."""
-    store = _checked_store(store, fingerprint)
+    store = _checked_store(location, fingerprint)
     totals = ScoreTotals()
     for block in store.iter_blocks(part):
         try:
@@ -153,9 +159,9 @@ class TargetCounts:
         return TargetCounts(self.unigram + other.unigram, bigram)
 
 
-def count_targets_task(store: TripleStore, part: int, fingerprint: str, bigram: bool) -> TargetCounts:
+def count_targets_task(location: StoreLocation, part: int, fingerprint: str, bigram: bool) -> TargetCounts:
     """Target counts of partition ``part`` (and by previous token when ``bigram``), in float64."""
-    store = _checked_store(store, fingerprint)
+    store = _checked_store(location, fingerprint)
     schema = store.schema
     unigram = np.zeros(schema.num_targets)
     pairs = np.zeros((schema.num_symbols, schema.num_targets)) if bigram else None
