@@ -194,6 +194,13 @@ def _client_for(address: str, security: distributed.Security | None = None) -> d
     on a closed port, but waits forever on a port that accepts connections and never speaks Dask
     (dask/distributed#8071), such as a dashboard port given by mistake.
     """
+    if address.startswith("tls://") and not _has_certificates(security):
+        # Checked before a Client exists: a Client that failed on TLS lingers and stalls the exit by 20 s.
+        raise ClusterError(
+            f"the scheduler at {address} speaks TLS and this client has no certificates: give --tls-ca-file, "
+            "--tls-cert and --tls-key (or set distributed.comm.tls.ca-file and distributed.comm.tls.client.cert/key "
+            "in Dask's config)"
+        )
     outcome: list[Any] = []
 
     def make() -> None:
@@ -215,23 +222,27 @@ def _client_for(address: str, security: distributed.Security | None = None) -> d
     result = outcome[0]
     if isinstance(result, distributed.Client):
         return result
-    if isinstance(result, TypeError) and "ssl_context" in str(result):
+    if isinstance(result, TimeoutError):
         raise ClusterError(
-            f"the scheduler at {address} speaks TLS and this client has no certificates: give --tls-ca-file, "
-            "--tls-cert and --tls-key (or set distributed.comm.tls.ca-file and distributed.comm.tls.client.cert/key "
-            "in Dask's config)"
+            f"cannot reach the Dask scheduler at {address} within {CONNECT_TIMEOUT_SECONDS:.0f} s; "
+            "is it running, and is the address right?"
         ) from result
-    if isinstance(result, (OSError, TimeoutError)):
-        tls_hint = (
-            "; for TLS, are the certificates signed by the cluster's CA (--tls-ca-file, --tls-cert, --tls-key)?"
+    if isinstance(result, OSError):
+        question = (
+            "was the scheduler's certificate signed by the CA given (--tls-ca-file), and this client's by one the "
+            "cluster trusts?"
             if address.startswith("tls://")
-            else ""
+            else "is it running, and is the address right?"
         )
         raise ClusterError(
-            f"cannot reach the Dask scheduler at {address} within {CONNECT_TIMEOUT_SECONDS:.0f} s "
-            f"({type(result).__name__}); is it running, and is the address right{tls_hint or '?'}"
+            f"cannot reach the Dask scheduler at {address} ({type(result).__name__}: {result}); {question}"
         ) from result
     raise result
+
+
+def _has_certificates(security: distributed.Security | None) -> bool:
+    """Whether ``security`` (or, without one, Dask's ``distributed.comm.tls`` config) names a CA file."""
+    return bool(getattr(security or distributed.Security(), "tls_ca_file", None))
 
 
 def _announce(client: distributed.Client, what: str, say: Callable[[str], Any] | None) -> None:

@@ -30,9 +30,11 @@ FINAL_STATES = frozenset(STATES) - {"running"}
 
 
 def _number(value: Any) -> float | None:
-    """A finite float, or ``None`` (JSON has no inf or NaN)."""
+    """A finite float, or ``None`` (JSON has no inf or NaN); text or other objects raise ``TypeError``."""
     if value is None:
         return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
     value = float(value)
     return value if math.isfinite(value) else None
 
@@ -109,6 +111,68 @@ class FitRecord:
         return summary
 
 
+def _parse(event: Any) -> dict[str, Any] | None:
+    """The fields an event sets on its fit, checked and converted; ``None`` for an event that is not a fit's.
+
+    Raises ``TypeError``/``ValueError``/``KeyError`` for a fit event with values of the wrong type.
+    """
+    if not isinstance(event, dict) or not isinstance(event.get("run_id"), str):
+        return None
+    kind = event.get("event", "iteration")
+    if kind == "start":
+        rows, max_iter = event.get("rows"), event.get("max_iter")
+        return {
+            "event": kind,
+            "store": _text(event.get("store")),
+            "validation": _text(event.get("validation")),
+            "rows": None if rows is None else int(rows),
+            "max_iter": None if max_iter is None else int(max_iter),
+            "client": _text(event.get("client")),
+            "model_dir": _text(event.get("model_dir")),
+            "state": "running",
+        }
+    if kind == "iteration":
+        iteration = event["iteration"]
+        if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
+            raise ValueError(f"iteration {iteration!r}")
+        heldout = event.get("heldout")
+        if heldout is not None and not isinstance(heldout, dict):
+            raise TypeError("heldout")
+        warnings = event.get("warnings", [])
+        if not isinstance(warnings, (list, tuple)):  # msgpack hands lists over as tuples
+            raise TypeError("warnings")
+        return {
+            "event": kind,
+            "iteration": iteration,
+            "log_likelihood_point": (iteration, _number(event.get("mean_log_likelihood"))),
+            "seconds_point": (iteration, _number(event.get("seconds"))),
+            "heldout_point": None
+            if heldout is None
+            else (
+                iteration,
+                _number(heldout.get("mean_log_likelihood")),
+                _number(heldout.get("perplexity")),
+                _number(heldout.get("accuracy")),
+            ),
+            "rows_per_second": _number(event.get("rows_per_second")),
+            "warnings": [str(w) for w in warnings],
+        }
+    if kind == "end":
+        state = event.get("state")
+        return {
+            "event": kind,
+            "state": state if state in FINAL_STATES else "failed",
+            "error": _text(event.get("error")),
+        }
+    return None
+
+
+def _text(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"expected text, got {type(value).__name__}")
+    return value
+
+
 class FitBoard:
     """The fits a scheduler has seen, newest last; fed by events, read by the page and ``/metrics``.
 
@@ -121,41 +185,34 @@ class FitBoard:
         self._lock = threading.Lock()
 
     def record(self, event: dict[str, Any], when: float | None = None) -> None:
-        """Fold one fit event into the board (unknown or malformed events are ignored: they are not ours)."""
-        if not isinstance(event, dict) or not isinstance(event.get("run_id"), str):
+        """Fold one fit event into the board.
+
+        An event that is not a well-formed fit event (another sender's, an unknown kind, a value of the
+        wrong type) is ignored whole: the board must survive anything in the scheduler's event log,
+        which the plugin replays when it starts.
+        """
+        try:
+            update = _parse(event)
+        except (TypeError, ValueError, KeyError, AttributeError):
             return
-        kind = event.get("event", "iteration")
+        if update is None:
+            return
         when = time.time() if when is None else when
         with self._lock:
             fit = self._fit(event["run_id"], when)
             fit.updated = when
+            kind = update.pop("event")
             if kind == "start":
-                fit.store, fit.validation = event.get("store"), event.get("validation")
-                fit.rows, fit.max_iter = event.get("rows"), event.get("max_iter")
-                fit.client, fit.model_dir = event.get("client"), event.get("model_dir")
                 fit.started = when
-                fit.state = "running"
             elif kind == "iteration":
-                iteration = int(event.get("iteration", fit.iteration + 1))
-                fit.iteration = iteration
-                fit.log_likelihood.append((iteration, _number(event.get("mean_log_likelihood"))))
-                fit.seconds.append((iteration, _number(event.get("seconds"))))
-                fit.rows_per_second = _number(event.get("rows_per_second"))
-                heldout = event.get("heldout")
-                if isinstance(heldout, dict):
-                    fit.heldout.append(
-                        (
-                            iteration,
-                            _number(heldout.get("mean_log_likelihood")),
-                            _number(heldout.get("perplexity")),
-                            _number(heldout.get("accuracy")),
-                        )
-                    )
-                fit.warnings = [str(w) for w in event.get("warnings", [])]
-            elif kind == "end":
-                state = event.get("state")
-                fit.state = state if state in FINAL_STATES else "failed"
-                fit.error = event.get("error")
+                fit.iteration = update["iteration"]
+                fit.log_likelihood.append(update.pop("log_likelihood_point"))
+                fit.seconds.append(update.pop("seconds_point"))
+                heldout = update.pop("heldout_point")
+                if heldout is not None:
+                    fit.heldout.append(heldout)
+            for name, value in update.items():
+                setattr(fit, name, value)
 
     def client_left(self, client: str, when: float | None = None) -> None:
         """A driver's client left: its fits still running have failed (the driver died or was stopped)."""
