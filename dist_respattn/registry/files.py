@@ -23,7 +23,10 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-__all__ = ["RegistryError", "RegistryFiles"]
+__all__ = ["TEMP_PREFIX", "RegistryError", "RegistryFiles"]
+
+#: The prefix of a local write's temporary file (the registry's readers ignore such names).
+TEMP_PREFIX = ".tmp-"
 
 
 class RegistryError(ValueError):
@@ -116,7 +119,7 @@ class RegistryFiles:
             else:
                 self.fs.rm_file(path)
 
-    def list(self, folder: str) -> list[str]:
+    def listdir(self, folder: str) -> list[str]:
         """The names directly under ``folder`` (empty when it does not exist)."""
         self.fs.invalidate_cache()  # another run may have written since we last looked
         try:
@@ -125,8 +128,16 @@ class RegistryFiles:
             return []
         return sorted(posixpath.basename(str(e).rstrip("/")) for e in entries)
 
+    def remove_temporaries(self, folder: str) -> list[str]:
+        """Remove the temporary files of local writes that were killed before their rename (``.tmp-*``)."""
+        doomed = [name for name in self.listdir(folder) if name.startswith(TEMP_PREFIX)]
+        for name in doomed:
+            self.delete(posixpath.join(folder, name))
+        return doomed
+
     def _write_temp(self, path: str, data: bytes) -> str:
-        temp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        folder, name = os.path.split(path)
+        temp = os.path.join(folder, f"{TEMP_PREFIX}{name}.{uuid.uuid4().hex[:8]}")
         with open(temp, "wb") as f:
             f.write(data)
             f.flush()

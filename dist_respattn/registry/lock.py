@@ -4,8 +4,10 @@ The lock is the file ``lock.json``, created exclusively (see :meth:`RegistryFile
 holder (a random token, host, pid, command) and a heartbeat the holder rewrites every
 ``stale_after / 4`` seconds from a background thread. A lock is stale, and may be broken by the next
 run, when its heartbeat is older than ``stale_after`` or when its holder was on this host and its
-process is gone. Breaking deletes the lock only if it still holds the stale content that was read,
-then creates a fresh one exclusively, so of two runs breaking the same stale lock only one wins.
+process is gone. To break a stale lock a run must first create ``lock.json.broken-<its token>``
+exclusively; only the winner of that create deletes the stale lock (after checking it is still the
+same one) and creates its own, then removes the claim. Of any number of runs breaking the same stale
+lock, exactly one acquires; the others report the registry locked.
 
 The lock is not the only fence: a version number is claimed by an exclusive create too
 (:mod:`dist_respattn.registry.registry`), so even two runs that both believed they held the lock
@@ -82,7 +84,7 @@ class RegistryLock:
                     raise RegistryLocked(self._describe(holder))
                 logger.warning("%s: breaking a stale lock (%s)", self.files.where(LOCK_FILE), reason)
                 self._break(holder)
-            if not self.files.create_json(LOCK_FILE, self.record()):
+            elif not self.files.create_json(LOCK_FILE, self.record()):
                 raise RegistryLocked(self._describe(self.files.read_json(LOCK_FILE)))
         self._stop.clear()
         self._heartbeat = threading.Thread(target=self._beat, name="respattn-registry-lock", daemon=True)
@@ -127,10 +129,30 @@ class RegistryLock:
         return None
 
     def _break(self, stale: dict[str, Any]) -> None:
-        """Delete the stale lock, unless another run already replaced it (then the create that follows fails)."""
-        current = self.files.read_json(LOCK_FILE)
-        if current is not None and current.get("token") == stale.get("token"):
+        """Replace the stale lock with this run's, if this run wins the claim on it (else raise).
+
+        The claim is released once this run's lock exists: a slower breaker that then wins the claim
+        finds the lock changed and backs off, so it never deletes a live lock.
+        """
+        claim = f"{LOCK_FILE}.broken-{stale.get('token')}"
+        if not self.files.create_json(claim, {"by": self.token, "at": time.time()}):
+            left = self.files.read_json(claim) or {}
+            if time.time() - float(left.get("at") or 0.0) > self.stale_after:  # its breaker died mid-break
+                self.files.delete(claim)
+                return self._break(stale)
+            raise RegistryLocked(
+                f"{self.files.where(LOCK_FILE)}: another run is taking over the stale lock of "
+                f"pid {stale.get('pid')} on {stale.get('host')}"
+            )
+        try:
+            current = self.files.read_json(LOCK_FILE)
+            if current is not None and current.get("token") != stale.get("token"):
+                raise RegistryLocked(self._describe(current))  # another run replaced it first
             self.files.delete(LOCK_FILE)
+            if not self.files.create_json(LOCK_FILE, self.record()):
+                raise RegistryLocked(self._describe(self.files.read_json(LOCK_FILE)))
+        finally:
+            self.files.delete(claim)
 
     def _describe(self, holder: dict[str, Any] | None) -> str:
         if holder is None:

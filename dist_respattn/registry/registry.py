@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dist_respattn.engine.checkpoint import META_FILE, PARAMS_FILE, Checkpoint, CheckpointError, parse_checkpoint
-from dist_respattn.registry.files import RegistryError, RegistryFiles
+from dist_respattn.registry.files import TEMP_PREFIX, RegistryError, RegistryFiles
 from dist_respattn.registry.lock import LOCK_FILE, RegistryLock
 
 __all__ = ["FORMAT", "Registry", "Version"]
@@ -86,7 +86,8 @@ class Registry:
         """``True`` for a registry, ``False`` for an empty or missing root; anything else is an error."""
         marker = self.files.read_json(REGISTRY_FILE)
         if marker is None:
-            others = [name for name in self.files.list("") if name not in (LOCK_FILE,)]
+            # The lock, its break claims and a killed write's temporary files are not content.
+            others = [n for n in self.files.listdir("") if not n.startswith((LOCK_FILE, TEMP_PREFIX))]
             if others:
                 raise RegistryError(
                     f"{self.files.where(REGISTRY_FILE)}: missing, but {self.files} holds {', '.join(others[:5])}: "
@@ -106,7 +107,7 @@ class Registry:
 
     def numbers(self) -> list[int]:
         """The numbers of every version, ascending."""
-        found = (_VERSION_NAME.match(name) for name in self.files.list(VERSIONS))
+        found = (_VERSION_NAME.match(name) for name in self.files.listdir(VERSIONS))
         return sorted(int(m.group(1)) for m in found if m)
 
     def version(self, number: int) -> Version:
@@ -143,9 +144,10 @@ class Registry:
                 raise RegistryError(f"{self}: the registry has no published version yet")
             return latest
         try:
-            return self.version(int(which))
+            number = int(which)
         except ValueError as exc:
             raise RegistryError(f"{which!r}: expected a version number or 'latest'") from exc
+        return self.version(number)
 
     def load(self, which: str | int | None = "latest") -> Checkpoint:
         """The checkpoint published as version ``which``; its files are checked against their SHA-256."""
@@ -241,12 +243,14 @@ class Registry:
         return doomed
 
     def remove_orphans(self, lock: RegistryLock) -> list[str]:
-        """Remove model folders no version names (left by a run killed before it claimed its number)."""
+        """Remove what killed runs left: model folders no version names, and unrenamed temporary files."""
         lock.check()
         named = {self.version(n).model_path for n in self.numbers()}
-        orphans = [f"{MODELS}/{name}" for name in self.files.list(MODELS) if f"{MODELS}/{name}" not in named]
+        orphans = [f"{MODELS}/{name}" for name in self.files.listdir(MODELS) if f"{MODELS}/{name}" not in named]
         for folder in orphans:
             self.files.delete(folder)
+        for folder in ("", VERSIONS):
+            orphans += self.files.remove_temporaries(folder)
         return orphans
 
 

@@ -199,10 +199,11 @@ def retrain(
     reg.check_format()
     train = open_store(store, storage_options)
     heldout = open_store(validation, storage_options) if validation is not None else None
-    scratch = None if work_dir is not None else tempfile.mkdtemp(prefix="respattn-retrain-")
-    model_dir = Path(work_dir if work_dir is not None else scratch) / "model"  # type: ignore[arg-type]
+    scratch = None if work_dir is not None else Path(tempfile.mkdtemp(prefix="respattn-retrain-"))
+    model_dir = Path(work_dir or scratch or ".") / "model"
     try:
         with reg.lock(stale_after=stale_after) as lock:
+            reg.remove_orphans(lock)  # what a killed run left: an unclaimed version's files, temporary files
             current = reg.latest()
             warm = reg.load(current.number).model if current is not None else None
             say(
@@ -269,8 +270,6 @@ def retrain(
             version = reg.publish(lock, (folder / PARAMS_FILE).read_bytes(), (folder / META_FILE).read_bytes(), record)
             say(f"{reg}: published version {version.number}")
             pruned = reg.prune(lock, keep) if keep is not None else []
-            if keep is None:
-                reg.remove_orphans(lock)
             if pruned:
                 say(f"{reg}: pruned version(s) {', '.join(map(str, pruned))} (keeping {keep})")
             return RetrainResult(

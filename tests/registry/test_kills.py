@@ -1,0 +1,254 @@
+"""Retraining runs killed with SIGKILL: mid-fit (the CLI), and mid-publish at each of the registry's writes.
+
+Mid-publish kills are injected into a real ``retrain`` run in a child Python process: it wraps
+``RegistryFiles.write``/``create`` (and the temporary file those write first) so that right after the k-th
+write of the registry (the lock's own writes are not counted), or right after that write's temporary file
+is complete but before it is moved into place, the process SIGKILLs itself. Every kill must leave a
+registry whose ``latest`` names a complete version that loads, and the next run on this host must break
+the dead run's lock, publish the next number, and leave no orphan behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dist_respattn.engine import FitSettings
+from dist_respattn.registry import Registry, retrain
+from dist_respattn.registry.lock import LOCK_FILE
+from tests.engine.test_bad_input import cli_env, run_cli, start_cli
+from tests.registry.conftest import expected_layout, files_under
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, stores, client) -> Path:
+    """A registry at version 1 (copied by each test)."""
+    root = tmp_path_factory.mktemp("kills") / "registry"
+    retrain(
+        root,
+        stores.train,
+        validation=stores.validation,
+        settings=FitSettings(max_iter=4),
+        client=client,
+        progress=False,
+    )
+    return root
+
+
+def registry_files(root: Path) -> set[str]:
+    return set(files_under(root))
+
+
+# -- killed mid-fit -----------------------------------------------------------------------------------------
+
+
+def test_cli_killed_mid_fit_leaves_the_registry_valid_and_the_next_run_recovers(tmp_path, base, stores, address):
+    registry = tmp_path / "registry"
+    shutil.copytree(base, registry)
+    before = files_under(registry)
+    args = (
+        "retrain",
+        "--registry",
+        str(registry),
+        "--store",
+        stores.train,
+        "--validation",
+        stores.validation,
+        "--scheduler",
+        address,
+    )
+    proc = start_cli(*args, "--max-iter", "30", "--tol", "0", "--patience", "30")
+    said: list[str] = []
+    assert proc.stderr is not None
+    while not (line := proc.stderr.readline()).startswith("iteration 1:"):
+        assert line, f"the run ended before its first iteration: {''.join(said)}"
+        said.append(line)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert said[0] == f"{registry}: warm start from version 1\n"
+
+    reg = Registry(str(registry))
+    assert reg.problems() == []
+    assert reg.latest_number() == 1 and reg.numbers() == [1]
+    lock = json.loads((registry / LOCK_FILE).read_text())
+    assert lock["pid"] == proc.pid
+    assert {k: v for k, v in files_under(registry).items() if k != LOCK_FILE} == before  # nothing else written
+    check = run_cli("models", "check", str(registry))
+    assert (check.returncode, check.stdout) == (0, f"{registry}: 1 version(s), latest 1: every file checks out\n")
+
+    recovered = run_cli(*args, "--max-iter", "3", "--tolerance", "1")
+    assert recovered.returncode == 0, recovered.stderr
+    assert f"{registry}/{LOCK_FILE}: breaking a stale lock (its process {proc.pid} on this host is gone)" in (
+        recovered.stderr.splitlines()
+    )
+    assert recovered.stdout.startswith(f"published version 2 to {registry}\n")
+    assert reg.numbers() == [1, 2] and reg.latest_number() == 2
+    assert reg.problems() == []
+    assert registry_files(registry) == expected_layout(registry)
+
+
+# -- killed mid-publish -------------------------------------------------------------------------------------
+
+CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    from dist_respattn.engine import FitSettings
+    from dist_respattn.registry import retrain
+    from dist_respattn.registry.files import RegistryFiles
+    from dist_respattn.registry.lock import LOCK_FILE
+
+    registry, store, validation, address, where, k = sys.argv[1:]
+    k = int(k)
+    writes = 0
+
+    def counted(original):
+        def wrapper(self, name, data):
+            global writes
+            if name == LOCK_FILE:
+                return original(self, name, data)
+            writes += 1
+            done = original(self, name, data)
+            if where == "after" and writes == k:
+                print(f"killed after {name}", file=sys.stderr, flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return done
+        return wrapper
+
+    def temp_written(original):
+        def wrapper(self, path, data):
+            temp = original(self, path, data)
+            if where == "inside" and writes == k and not path.endswith(LOCK_FILE):
+                print(f"killed inside the write of {path}", file=sys.stderr, flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return temp
+        return wrapper
+
+    RegistryFiles.write = counted(RegistryFiles.write)
+    RegistryFiles.create = counted(RegistryFiles.create)
+    RegistryFiles._write_temp = temp_written(RegistryFiles._write_temp)
+    retrain(registry, store, validation=validation, settings=FitSettings(max_iter=2), tolerance=1.0,
+            scheduler=address, progress=False)
+    print("not killed", file=sys.stderr)
+    """
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A kill: on a registry at version 1 (``fresh``: an empty one), right ``after`` the k-th registry write or
+    ``inside`` it (its temporary file complete, not yet moved into place); what the registry holds after it."""
+
+    fresh: bool
+    where: str
+    k: int
+    numbers: list[int]
+    latest: int | None
+    orphans: int  # model folders no version names
+
+
+CASES = {
+    # The writes of a publish on a registry at version 1: params, meta, the version claim, latest.
+    "params-written": Case(False, "after", 1, [1], 1, 1),
+    "meta-written": Case(False, "after", 2, [1], 1, 1),
+    "version-claimed": Case(False, "after", 3, [1, 2], 1, 0),
+    "latest-written": Case(False, "after", 4, [1, 2], 2, 0),
+    # The first publish on an empty registry starts with the marker registry.json.
+    "marker-written": Case(True, "after", 1, [], None, 0),
+    # Killed between writing a file's temporary copy and moving it into place.
+    "inside-params": Case(False, "inside", 1, [1], 1, 1),
+    "inside-version-claim": Case(False, "inside", 3, [1], 1, 1),
+    "inside-latest": Case(False, "inside", 4, [1, 2], 1, 0),
+    "inside-marker": Case(True, "inside", 1, [], None, 0),
+}
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory, base, stores, address):
+    """Every case's child process, started together (each on its own copy of the registry) and collected."""
+    root = tmp_path_factory.mktemp("killed")
+    started = {}
+    for name, case in CASES.items():
+        registry = root / name
+        if not case.fresh:
+            shutil.copytree(base, registry)
+        argv = [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(registry),
+            stores.train,
+            stores.validation,
+            address,
+            case.where,
+            str(case.k),
+        ]
+        started[name] = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=cli_env())
+    results = {}
+    for name, proc in started.items():
+        _, err = proc.communicate(timeout=240)
+        results[name] = (root / name, proc.pid, proc.returncode, err)
+    return results
+
+
+def killed_case(killed, name: str) -> tuple[Path, int, Case]:
+    registry, pid, returncode, err = killed[name]
+    assert returncode == -signal.SIGKILL, err
+    assert "killed " in err.splitlines()[-1], err
+    return registry, pid, CASES[name]
+
+
+def orphans(registry: Path) -> list[str]:
+    named = {v.model_path for v in Registry(str(registry)).versions()}
+    folder = registry / "models"
+    return sorted(p.name for p in folder.iterdir() if f"models/{p.name}" not in named) if folder.is_dir() else []
+
+
+@pytest.mark.slow  # the children of every case start together: ~20 s
+@pytest.mark.parametrize("name", list(CASES))
+def test_killed_publish_leaves_a_valid_registry(killed, name):
+    registry, pid, case = killed_case(killed, name)
+    reg = Registry(str(registry))
+    assert reg.problems() == []
+    assert reg.numbers() == case.numbers
+    assert reg.latest_number() == case.latest
+    if case.latest is not None:
+        checkpoint = reg.load()  # every file there, and as hashed in the version's record
+        assert checkpoint.meta["format"] == "dist_respattn.checkpoint"
+    assert len(orphans(registry)) == case.orphans
+    assert json.loads((registry / LOCK_FILE).read_text())["pid"] == pid  # the dead run's lock is left
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_next_run_recovers(killed, name, stores, client):
+    """The next run breaks the dead run's lock, warm-starts from ``latest``, publishes the number after the
+    highest (a claimed version is never reused), and leaves exactly a clean registry: no orphan folder,
+    no temporary file, no lock."""
+    registry, _, case = killed_case(killed, name)
+    result = retrain(
+        registry,
+        stores.train,
+        validation=stores.validation,
+        settings=FitSettings(max_iter=2),
+        tolerance=1.0,
+        client=client,
+        progress=False,
+    )
+    expected = max(case.numbers, default=0) + 1
+    assert (result.published, result.version, result.previous) == (True, expected, case.latest)
+    reg = Registry(str(registry))
+    assert reg.numbers() == [*case.numbers, expected]
+    assert reg.latest_number() == expected
+    assert reg.problems() == []
+    assert orphans(registry) == []
+    assert registry_files(registry) == expected_layout(registry)
