@@ -2,11 +2,47 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
 import distributed
 
+from dist_respattn.engine.cluster import ClusterError
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 
 __all__ = ["ParameterBroadcast"]
+
+logger = logging.getLogger(__name__)
+
+#: A scatter's deadline: this many seconds, plus the emission's size at the rate below.
+SCATTER_SECONDS = 20.0
+SCATTER_BYTES_PER_SECOND = 20e6
+
+#: Scatters tried before the fit fails.
+SCATTER_ATTEMPTS = 3
+
+
+def _within(seconds: float, call: Callable[[], Any]) -> Any:
+    """``call()``'s result, or ``TimeoutError`` after ``seconds`` (the call is left to finish on its own)."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name="respattn-scatter", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not outcome:
+        raise TimeoutError(f"no answer within {seconds:.0f} s")
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 class ParameterBroadcast:
@@ -30,10 +66,37 @@ class ParameterBroadcast:
         """The future of ``model`` under key ``respattn-params-<label>-<tag>``; scatters only a new model."""
         if model is not self._model or self._future is None:
             self.release()
-            key = f"respattn-params-{label}-{self.run_tag}"
-            self._future = self.client.scatter({key: model}, broadcast=True)[key]
+            self._future = self._scatter(f"respattn-params-{label}-{self.run_tag}", model)
             self._model, self._label = model, label
         return self._future
+
+    def _scatter(self, key: str, model: ResponsibilityAttentionDistribution) -> distributed.Future:
+        """Send ``model`` to every worker, again (under a new key) if a worker dies during the transfer.
+
+        A worker killed mid-transfer fails the send (its stream closed); a deadline guards the rest.
+        """
+        deadline = SCATTER_SECONDS + model.emission.nbytes / SCATTER_BYTES_PER_SECOND
+        for attempt in range(SCATTER_ATTEMPTS):
+            name = key if attempt == 0 else f"{key}.s{attempt}"
+
+            def send(name: str = name) -> distributed.Future:
+                # Straight from the client to each worker in turn. The scheduler's own broadcast waits
+                # for good on a worker that died during its replication, and so would every later one.
+                self.client.wait_for_workers(1, timeout=deadline)  # lost workers may still be restarting
+                future = None
+                for worker in self.client.ncores():
+                    future = self.client.scatter({name: model}, workers=[worker], direct=True)[name]
+                if future is None:
+                    raise TimeoutError("the cluster has no workers")
+                return future
+
+            try:
+                return _within(deadline, send)
+            except (OSError, TimeoutError) as exc:  # CommClosedError is an OSError
+                if attempt + 1 == SCATTER_ATTEMPTS:
+                    raise ClusterError(f"could not send the parameters to the workers: {exc}") from exc
+                logger.warning("sending the parameters failed (%s); sending them again to the workers alive now", exc)
+        raise AssertionError("unreachable")
 
     def republish(self, attempt: int) -> None:
         """Scatter the current model again under a new key after a pass lost it with its workers (attempt > 0)."""

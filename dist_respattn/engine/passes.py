@@ -15,6 +15,7 @@ from typing import Any
 
 import distributed
 
+from dist_respattn.engine.cluster import ClusterError
 from dist_respattn.engine.reduction import DEFAULT_FAN_IN, reduce_partitions
 
 __all__ = ["LOST_WORK_ERRORS", "PassRunner"]
@@ -80,9 +81,19 @@ class PassRunner:
                     n_partitions, task, args_for, description,
                 )  # fmt: skip
             except LOST_WORK_ERRORS as exc:
+                if self.client.status != "running":  # the scheduler went away: nothing to resubmit to
+                    raise ClusterError(
+                        f"lost the connection to the Dask scheduler during {name} {label} ({self.client.status}); "
+                        "the fit can continue from its last checkpoint with --resume once the cluster is back"
+                    ) from exc
                 if attempt + 1 == MAX_ATTEMPTS:
                     raise
                 logger.warning("%s %s lost work with a worker (%s); resubmitting it", name, label, exc)
+            except distributed.client.ClosedClientError as exc:
+                raise ClusterError(
+                    f"lost the connection to the Dask scheduler during {name} {label}; the fit can continue from "
+                    "its last checkpoint with --resume once the cluster is back"
+                ) from exc
         raise AssertionError("unreachable")
 
     def _run_once(
