@@ -645,8 +645,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(part_line("1 worker", ours1["breakdown_median_after_first"]) + "   (median 2..)")
     lines += [
         "  scatter = from the iteration's start (the previous line; the fit call for iteration 1) to the first",
-        "  E-step task starting: the new parameters uploaded (to one worker: the others fetch them inside their",
-        "  first E-step) + submission; E-step = first E-step start to last E-step end, (sum) = the E-step tasks'",
+        "  E-step task starting: the new parameters sent from the driver to every worker, one after another,",
+        "  + submission; E-step = first E-step start to last E-step end, (sum) = the E-step tasks'",
         "  run times (wall) added up; combine = last E-step end to the root's end (transfers + combine); gather+M =",
         "  root's end to the M-step's end on the driver; after M = the rest until the iteration's line: checks, the",
         "  checkpoint handed to a background thread that writes it during the next iteration (the last one waited",
