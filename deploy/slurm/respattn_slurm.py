@@ -127,6 +127,12 @@ def _storage_options(pairs: list[str] | None) -> dict[str, Any] | None:
     return options
 
 
+#: The smallest worker limit. A worker compiling the kernels on a cold numba cache holds LLVM besides its
+#: ~210 MiB at rest; under a limit fitted to a tiny store it crosses Dask's pause threshold (80%) for good
+#: and the fit waits on it forever (seen with a 305 MiB limit).
+MIN_WORKER_MEMORY = 512 * 2**20
+
+
 def worker_memory_limit(
     store: str, validation: str | None, *, fan_in: int | None, storage_options: dict[str, Any] | None
 ) -> int:
@@ -134,7 +140,8 @@ def worker_memory_limit(
 
     The engine's estimate (:func:`dist_respattn.engine.memory.estimate_memory`) over Dask's spill
     fraction, rounded up to a whole MiB: the limit at which ``fit``'s own memory check passes. The
-    Kubernetes and Compose files apply the same rule to the reference shape.
+    Kubernetes and Compose files apply the same rule to the reference shape. Never less than
+    :data:`MIN_WORKER_MEMORY`.
     """
     from dist_respattn.engine import FitSettings, estimate_memory, open_store
     from dist_respattn.engine.memory import usable_fraction
@@ -146,7 +153,7 @@ def worker_memory_limit(
     estimate = estimate_memory(
         train.schema, block_rows=block_rows, threads_per_worker=1, fan_in=fan_in or FitSettings().fan_in
     )
-    return math.ceil(estimate.worker_bytes / usable_fraction() / 2**20) * 2**20
+    return max(MIN_WORKER_MEMORY, math.ceil(estimate.worker_bytes / usable_fraction() / 2**20) * 2**20)
 
 
 def jobqueue_memory(limit: int) -> str:

@@ -140,7 +140,9 @@ def test_slurm_script_sizes_workers_by_the_rule_for_the_stores_it_is_given(tmp_p
     )
     # The largest block either store makes a task read is the whole 3,000-row held-out store.
     expected = estimate_memory(train.schema, block_rows=3000, threads_per_worker=1, fan_in=8)
-    assert limit == math.ceil(expected.worker_bytes / usable_fraction() / MIB) * MIB
+    by_rule = math.ceil(expected.worker_bytes / usable_fraction() / MIB) * MIB
+    assert by_rule < 512 * MIB  # a tiny store: the floor applies
+    assert limit == max(by_rule, _slurm_script().MIN_WORKER_MEMORY) == 512 * MIB
 
 
 def test_slurm_job_script_asks_for_that_memory():
