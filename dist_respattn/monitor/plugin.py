@@ -55,12 +55,13 @@ class FitMonitor(SchedulerPlugin):
 
 
 def _add_routes(scheduler: Any) -> None:
-    """Serve the page on the scheduler's web server, once per scheduler (unless its config already routes it)."""
+    """Serve the page on the scheduler's web server, once per scheduler.
+
+    A scheduler that also lists :mod:`dist_respattn.monitor.web` in its routes config serves the same
+    handlers twice; the first match answers, and both read the same plugin.
+    """
     application = getattr(scheduler, "http_application", None)
     if application is None or getattr(scheduler, "_respattn_routes", False):
         return
-    existing = {rule.matcher.regex.pattern for router in [application.wildcard_router] for rule in router.rules}
-    handlers = [(path, cls, {"dask_server": scheduler}) for path, cls, _ in web.routes if f"{path}$" not in existing]
-    if handlers:
-        application.add_handlers(r".*$", handlers)
+    application.add_handlers(r".*$", [(path, cls, {"dask_server": scheduler}) for path, cls, _ in web.routes])
     scheduler._respattn_routes = True
