@@ -26,7 +26,7 @@ from typing import Any
 
 import distributed
 
-from dist_respattn.engine.checkpoint import META_FILE, PARAMS_FILE, load_checkpoint
+from dist_respattn.engine.checkpoint import META_FILE, PARAMS_FILE, Checkpoint, load_checkpoint
 from dist_respattn.engine.cluster import connect
 from dist_respattn.engine.evaluate import score_store
 from dist_respattn.engine.fit import fit, open_store
@@ -151,6 +151,14 @@ class RetrainResult:
         }
 
 
+def _heldout_scores(checkpoint: Checkpoint) -> dict[str, float] | None:
+    """The validation scores the fit recorded for ``checkpoint``'s iteration, if it recorded them."""
+    for entry in checkpoint.meta.get("history", []):
+        if entry.get("iteration") == checkpoint.iteration and entry.get("heldout"):
+            return dict(entry["heldout"])
+    return None
+
+
 def retrain(
     registry: str | os.PathLike[str],
     store: str | os.PathLike[str],
@@ -220,8 +228,11 @@ def retrain(
                 )  # fmt: skip
                 candidate = load_checkpoint(model_dir)  # best with validation, else latest
                 gate_store = heldout if heldout is not None else train
-                # Each scoring pass has its own run tag: its task and parameter keys must not meet the other's.
-                scores = score_store(PassRunner(cl, uuid.uuid4().hex[:8]), candidate.model, gate_store).metrics()
+                # The fit already scored its best checkpoint on the validation store; only the in-sample gate
+                # needs a pass for the candidate. Each pass has its own run tag, so their keys never meet.
+                scores = _heldout_scores(candidate) if heldout is not None else None
+                if scores is None:
+                    scores = score_store(PassRunner(cl, uuid.uuid4().hex[:8]), candidate.model, gate_store).metrics()
                 current_scores = (
                     score_store(PassRunner(cl, uuid.uuid4().hex[:8]), warm, gate_store).metrics()
                     if warm is not None
