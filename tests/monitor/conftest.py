@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dist_respattn import random_distribution
 from dist_respattn.monitor import API_PATH, PAGE_PATH
 from dist_respattn.store import WriteOptions, write_synthetic
-from tests.engine.test_cluster import COMMAND, DASK, clean_env, stop
+from tests.engine.test_cluster import COMMAND, DASK, DaskProcesses, clean_env, stop
 
 #: Training rows: about a third of a second an iteration on two one-thread workers (7 partitions).
 ROWS = 200_000
@@ -126,24 +126,10 @@ class WebServer:
 
 
 @dataclass
-class MonitoredCluster:
+class MonitoredCluster(DaskProcesses):
     """``dask scheduler --preload dist_respattn.monitor`` and two one-thread ``dask worker`` processes."""
 
-    address: str
     web: WebServer
-    scheduler: subprocess.Popen
-    workers: list[subprocess.Popen]
-    logs: Path
-
-    def log_tail(self) -> str:
-        return "\n".join(
-            f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-            for log in sorted(self.logs.glob("*.log"))
-        )
-
-    def exited(self) -> dict[str, int]:
-        named = {"scheduler": self.scheduler} | {f"worker {i}": w for i, w in enumerate(self.workers)}
-        return {name: p.returncode for name, p in named.items() if p.poll() is not None}
 
 
 def start_dask(folder: Path, name: str, *args: str) -> subprocess.Popen:
@@ -185,7 +171,7 @@ def monitored_cluster(tmp_path_factory) -> Iterator[MonitoredCluster]:
             )  # fmt: skip
             processes.append(worker)
         web = WebServer(f"http://127.0.0.1:{http_port}")
-        cluster = MonitoredCluster(address, web, scheduler, processes[1:], folder)
+        cluster = MonitoredCluster(address, web.base, scheduler, processes[1:], folder, web)
         with distributed.Client(address, timeout=60, set_as_default=False) as client:
             client.wait_for_workers(2, timeout=60)
         assert not cluster.exited(), cluster.log_tail()
