@@ -175,3 +175,14 @@ def test_sbatch_wrappers_start_the_slurm_script_with_flags_it_accepts(tmp_path, 
     parsed = _slurm_script().build_parser().parse_args(argv)
     assert (parsed.queue, parsed.interface, parsed.tls_key) == ("compute", "ib0", "/shared/certs/tls.key")
     assert parsed.validation == "/shared/validation.zarr"
+
+
+def test_the_files_yield_the_commands_checked_above():
+    """The extraction itself: a parser change that found no commands would leave the checks above empty."""
+    programs = {c.program for c in COMMANDS}
+    assert {"dist-respattn", "dask", "respattn_slurm.py"} <= programs
+    sources = {c.where.split(":")[0].split(" ")[0] for c in COMMANDS}
+    for name in ("compose.yaml", "daskjob.yaml", "daskcluster.yaml", "cronjob-retrain.yaml"):
+        assert name in sources, f"no command found in {name}"
+    verbs = {c.argv[1] for c in COMMANDS if c.program == "dist-respattn"}
+    assert {"fit", "retrain", "synth"} <= verbs
