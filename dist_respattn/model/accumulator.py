@@ -253,6 +253,27 @@ class ResponsibilityAttentionAccumulator:
                 self._stats,
             )
 
+    def seq_initialize_uniform(self, x: tuple[np.ndarray, np.ndarray, np.ndarray], weights: Any) -> None:
+        """Add an encoded batch with uniform responsibilities, ``1/N`` on every position.
+
+        Their M-step is the first model of a uniform start: deterministic (no seed), every context
+        position's co-occurrence with the target counted alike.
+        """
+        self._check_usable()
+        context, query, target = self._encoded(x)
+        w = as_weights(weights, context.shape[0])
+        kernels.scan_values(context, query, target, w, num_symbols=self.num_symbols, num_targets=self.num_targets)
+        for start, stop in kernels.block_ranges(context.shape[0], kernels.DEFAULT_BLOCK_ROWS):
+            uniform = np.full((stop - start, self.context_length), 1.0 / self.context_length)
+            kernels.accumulate_responsibilities(
+                context[start:stop],
+                query[start:stop],
+                target[start:stop],
+                None if w is None else w[start:stop],
+                uniform,
+                self._stats,
+            )
+
     # ---------------------------------------------------------------------------- reduction
 
     def combine(self, suff_stat: Any) -> ResponsibilityAttentionAccumulator:

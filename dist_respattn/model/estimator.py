@@ -1,7 +1,15 @@
-"""The closed-form M-step of the responsibility-attention head."""
+"""The closed-form M-step of the responsibility-attention head: maximum likelihood, or MAP under the emission prior.
+
+An M-step first fixes what the statistics determine alone (the keys, the position prior, a learned
+gate variance) into :class:`MStepCandidates`; the open choices (a held-out gate variance and the
+emission prior's strengths, :class:`~dist_respattn.model.selection.Hyperparameters`) then pick one model
+out of them, either fixed by the estimator or chosen on held-out rows by the EM loop.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,8 +21,60 @@ from dist_respattn.model.accumulator import (
     SufficientStatistics,
 )
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.prior import BACKOFF_KINDS, EmissionPrior, map_emission
+from dist_respattn.model.selection import GridTable, GridTotals, Hyperparameters, HyperparameterSearch, Selection
 
-__all__ = ["ResponsibilityAttentionEstimator", "estimate_parameters"]
+__all__ = ["MStepCandidates", "ResponsibilityAttentionEstimator", "estimate_parameters"]
+
+#: The reference library's additive emission smoothing, used when no emission prior is given.
+REFERENCE_EMISSION_SMOOTHING = 1e-6
+
+
+def _key_means(stats: SufficientStatistics, previous_key_means: np.ndarray | None) -> np.ndarray:
+    """``K[s] = key_sum[s] / key_mass[s]``; a symbol with no mass keeps its previous key, else the pooled mean."""
+    query_dim = stats.key_sum.shape[1]
+    mass = stats.key_mass
+    live = mass > 0.0
+    key_means = np.empty_like(stats.key_sum)
+    key_means[live] = stats.key_sum[live] / mass[live, None]
+    if not live.all():
+        if previous_key_means is not None:
+            key_means[~live] = previous_key_means[~live]
+        else:
+            total_mass = float(mass.sum())
+            pooled = stats.key_sum.sum(axis=0) / total_mass if total_mass > 0.0 else np.zeros(query_dim)
+            key_means[~live] = pooled
+    return key_means
+
+
+def _position_prior(stats: SufficientStatistics, pseudo_count: float | None) -> np.ndarray:
+    """``pi_i ∝ position_count[i] + pseudo_count / N``; uniform when there is no mass."""
+    context_length = stats.position_count.shape[0]
+    prior_counts = stats.position_count + (0.0 if pseudo_count is None else pseudo_count / context_length)
+    prior_total = float(prior_counts.sum())
+    return prior_counts / prior_total if prior_total > 0.0 else np.full(context_length, 1.0 / context_length)
+
+
+def _learned_sigma2(stats: SufficientStatistics, *, kept: float, min_sigma2: float) -> float:
+    """The pooled within-symbol variance ``(query_sq - sum ||key_sum||^2 / key_mass) / (D sum key_mass)``, floored."""
+    mass = stats.key_mass
+    live = mass > 0.0
+    total_mass = float(mass[live].sum())
+    if total_mass <= 0.0:
+        return kept
+    explained = float(np.sum(np.einsum("sd,sd->s", stats.key_sum[live], stats.key_sum[live]) / mass[live]))
+    return max(min_sigma2, (stats.query_sq - explained) / (stats.key_sum.shape[1] * total_mass))
+
+
+def _additive_emission(emission_count: np.ndarray, emission_smoothing: float) -> np.ndarray:
+    """``(c[s, t] + a) / (sum_t c[s, t] + T a)``; a row with no mass and ``a = 0`` is uniform."""
+    counts = emission_count + emission_smoothing
+    row_total = counts.sum(axis=1, keepdims=True)
+    empty_rows = row_total[:, 0] <= 0.0
+    row_total[empty_rows] = 1.0
+    emission = counts / row_total
+    emission[empty_rows] = 1.0 / emission.shape[1]
+    return emission
 
 
 def estimate_parameters(
@@ -39,38 +99,92 @@ def estimate_parameters(
     - With ``estimate_sigma2``: ``sigma2 = max(min_sigma2, (query_sq - sum_s ||key_sum[s]||^2 / key_mass[s])
       / (D sum_s key_mass[s]))``, the pooled within-symbol variance; otherwise ``sigma2`` is kept.
     """
-    query_dim = stats.key_sum.shape[1]
-    context_length = stats.position_count.shape[0]
-    mass = stats.key_mass
-    live = mass > 0.0
-    key_means = np.empty_like(stats.key_sum)
-    key_means[live] = stats.key_sum[live] / mass[live, None]
-    if not live.all():
-        if previous_key_means is not None:
-            key_means[~live] = previous_key_means[~live]
-        else:
-            total_mass = float(mass.sum())
-            pooled = stats.key_sum.sum(axis=0) / total_mass if total_mass > 0.0 else np.zeros(query_dim)
-            key_means[~live] = pooled
-
-    counts = stats.emission_count + emission_smoothing
-    row_total = counts.sum(axis=1, keepdims=True)
-    empty_rows = row_total[:, 0] <= 0.0
-    row_total[empty_rows] = 1.0
-    emission = counts / row_total
-    emission[empty_rows] = 1.0 / emission.shape[1]
-
-    prior_counts = stats.position_count + (0.0 if pseudo_count is None else pseudo_count / context_length)
-    prior_total = float(prior_counts.sum())
-    position_prior = prior_counts / prior_total if prior_total > 0.0 else np.full(context_length, 1.0 / context_length)
-
-    new_sigma2 = sigma2
-    if estimate_sigma2:
-        total_mass = float(mass[live].sum())
-        if total_mass > 0.0:
-            explained = float(np.sum(np.einsum("sd,sd->s", stats.key_sum[live], stats.key_sum[live]) / mass[live]))
-            new_sigma2 = max(min_sigma2, (stats.query_sq - explained) / (query_dim * total_mass))
+    key_means = _key_means(stats, previous_key_means)
+    emission = _additive_emission(stats.emission_count, emission_smoothing)
+    position_prior = _position_prior(stats, pseudo_count)
+    new_sigma2 = _learned_sigma2(stats, kept=sigma2, min_sigma2=min_sigma2) if estimate_sigma2 else sigma2
     return key_means, emission, position_prior, new_sigma2
+
+
+@dataclass(frozen=True)
+class MStepCandidates:
+    """An M-step with its open choices left open: every model it can give, one per :class:`Hyperparameters`.
+
+    Attributes:
+        key_means: (S, D) the new keys; ``position_prior``: (N,) the new prior.
+        emission_count: (S, T) the E-step's counts the emission is made from.
+        prior: the emission's Dirichlet prior, or ``None`` for the reference's additive smoothing.
+        emission_smoothing: the additive smoothing when ``prior`` is ``None``.
+        sigma2: the gate variance the estimator gives (learned, or fixed) when it is not chosen.
+        query_scale: ``query_sq / (n_obs D)``, the scale a searched gate variance is a multiple of.
+        defaults: the hyperparameters used when nothing is chosen on held-out rows.
+        name: name of the models made.
+    """
+
+    key_means: np.ndarray
+    position_prior: np.ndarray
+    emission_count: np.ndarray
+    prior: EmissionPrior | None
+    emission_smoothing: float
+    sigma2: float
+    query_scale: float
+    defaults: Hyperparameters
+    name: str | None = None
+
+    def emission(self, hyperparameters: Hyperparameters) -> np.ndarray:
+        """The (S, T) emission under these strengths (the additive smoothing ignores them)."""
+        if self.prior is None:
+            return _additive_emission(self.emission_count, self.emission_smoothing)
+        strengths = self.prior.strengths(hyperparameters.emission_strength, hyperparameters.type_strength)
+        return map_emission(self.emission_count, strengths, self.prior.base)
+
+    def model(self, hyperparameters: Hyperparameters | None = None) -> ResponsibilityAttentionDistribution:
+        """The head under ``hyperparameters`` (default: :attr:`defaults`)."""
+        hp = hyperparameters or self.defaults
+        return ResponsibilityAttentionDistribution(
+            self.key_means, self.emission(hp), self.position_prior, hp.sigma2, self.name
+        )
+
+    def grid_table(self, search: HyperparameterSearch) -> GridTable:
+        """The arrays the held-out grid pass reads, with the values ``search`` tries (the defaults elsewhere)."""
+        d = self.defaults
+        scales = search.sigma2_scales
+        sigma2 = (d.sigma2,) if scales is None else tuple(self.query_scale * s for s in scales)
+        if self.prior is None:
+            prior = EmissionPrior.uniform(*self.emission_count.shape)
+            # The additive smoothing a is the uniform base with strength T a; it is not searched.
+            strengths: tuple[float, ...] = (self.emission_count.shape[1] * self.emission_smoothing,)
+            type_strengths: tuple[float, ...] = (0.0,)
+        else:
+            prior = self.prior
+            strengths = (d.emission_strength,) if search.emission_strengths is None else search.emission_strengths
+            type_strengths = (d.type_strength,) if search.type_strengths is None else search.type_strengths
+        with np.errstate(divide="ignore"):
+            log_prior = np.log(self.position_prior)
+        return GridTable(
+            key_means=np.ascontiguousarray(self.key_means, dtype=np.float64),
+            log_prior=log_prior,
+            emission_count_ts=np.ascontiguousarray(self.emission_count.T),
+            row_totals=self.emission_count.sum(axis=1),
+            base=prior.base,
+            types=prior.types,
+            sigma2=np.array(sigma2, dtype=np.float64),
+            emission_strengths=np.array(strengths, dtype=np.float64),
+            type_strengths=np.array(type_strengths, dtype=np.float64),
+        )
+
+    def select(self, table: GridTable, totals: GridTotals) -> Selection:
+        """The grid point of ``table`` with the best held-out predictive likelihood in ``totals``.
+
+        Without held-out weight nothing can be chosen: the defaults, with no scores.
+        """
+        if totals.weight <= 0.0:
+            return Selection(self.defaults, None)
+        index = totals.best()
+        hp = table.hyperparameters(index)
+        if self.prior is None:  # the additive smoothing keeps its own strength
+            hp = dataclasses.replace(self.defaults, sigma2=hp.sigma2)
+        return Selection(hp, totals.metrics(index))
 
 
 class ResponsibilityAttentionEstimator:
@@ -78,15 +192,26 @@ class ResponsibilityAttentionEstimator:
 
     Args:
         num_symbols, context_length, query_dim, num_targets: S, N, D, T.
-        sigma2: the gate variance when ``estimate_sigma2`` is False (kept fixed); unused otherwise
-            except as the value kept when the statistics carry no mass.
-        estimate_sigma2: learn the shared isotropic gate variance (see :func:`estimate_parameters`).
+        sigma2: the gate variance when ``estimate_sigma2`` is False (kept fixed, unless ``search`` chooses
+            it on held-out rows); unused otherwise except as the value kept when the statistics carry no mass.
+        estimate_sigma2: learn the shared isotropic gate variance by maximum likelihood (see
+            :func:`estimate_parameters`). With the query made from the current token this collapses onto
+            ``min_sigma2``; choosing it on held-out rows (``search``) does not.
         min_sigma2: floor of the learned variance, against collapse onto single points.
-        emission_smoothing: additive smoothing of the emission counts (>= 0).
+        emission_smoothing: the reference library's additive smoothing of the emission counts (>= 0);
+            default 1e-6 when no ``emission_prior`` is given. Not with ``emission_prior``.
         pseudo_count: strength of a symmetric Dirichlet prior on the position prior (>= 0), or None.
             (The reference library accepts and ignores it.)
         name: name given to the estimated distributions.
         keys: tie name handed to the accumulators (see ``ResponsibilityAttentionAccumulator``).
+        emission_prior: the emission's Dirichlet prior (:mod:`dist_respattn.model.prior`): an
+            :class:`EmissionPrior`, or the name of its kind (``"continuation"``, ``"unigram"``,
+            ``"uniform"``), which :meth:`resolved` turns into one from the training rows' pairs
+            (``fit_em`` and the engine do this).
+        emission_strength, type_strength: the prior's strengths ``a_s = emission_strength + type_strength n_s``
+            when they are not chosen on held-out rows.
+        search: the hyperparameters an EM loop with held-out rows chooses after every M-step, and the
+            values it tries (``None``: nothing is chosen; :data:`~dist_respattn.model.selection.DEFAULT_SEARCH`).
     """
 
     def __init__(
@@ -99,10 +224,14 @@ class ResponsibilityAttentionEstimator:
         sigma2: float = 1.0,
         estimate_sigma2: bool = False,
         min_sigma2: float = 1e-6,
-        emission_smoothing: float = 1e-6,
+        emission_smoothing: float | None = None,
         pseudo_count: float | None = None,
         name: str | None = None,
         keys: str | None = None,
+        emission_prior: EmissionPrior | str | None = None,
+        emission_strength: float = 1.0,
+        type_strength: float = 1.0,
+        search: HyperparameterSearch | None = None,
     ) -> None:
         if not isinstance(estimate_sigma2, (bool, np.bool_)):
             raise TypeError(f"estimate_sigma2 = {estimate_sigma2!r}: expected True or False")
@@ -113,8 +242,38 @@ class ResponsibilityAttentionEstimator:
         self.sigma2 = as_positive_float(sigma2, "sigma2")
         self.estimate_sigma2 = bool(estimate_sigma2)
         self.min_sigma2 = as_positive_float(min_sigma2, "min_sigma2")
-        self.emission_smoothing = as_nonnegative_float(emission_smoothing, "emission_smoothing")
+        if emission_prior is not None and emission_smoothing is not None:
+            raise ValueError("give emission_smoothing (additive) or emission_prior (MAP), not both")
+        if isinstance(emission_prior, str) and emission_prior not in BACKOFF_KINDS:
+            raise ValueError(f"emission_prior = {emission_prior!r}: expected one of {', '.join(BACKOFF_KINDS)}")
+        if isinstance(emission_prior, EmissionPrior) and (
+            emission_prior.num_symbols,
+            emission_prior.num_targets,
+        ) != (self.num_symbols, self.num_targets):
+            raise ValueError(
+                f"emission_prior has (S, T) = {(emission_prior.num_symbols, emission_prior.num_targets)}: "
+                f"expected {(self.num_symbols, self.num_targets)}"
+            )
+        self.emission_prior = emission_prior
+        self.emission_smoothing = as_nonnegative_float(
+            REFERENCE_EMISSION_SMOOTHING if emission_smoothing is None else emission_smoothing, "emission_smoothing"
+        )
+        self.emission_strength = as_nonnegative_float(emission_strength, "emission_strength")
+        self.type_strength = as_nonnegative_float(type_strength, "type_strength")
+        if emission_prior is not None and self.emission_strength == 0.0 and self.type_strength == 0.0:
+            raise ValueError("emission_strength and type_strength are both 0: the emission prior would have no weight")
         self.pseudo_count = None if pseudo_count is None else as_nonnegative_float(pseudo_count, "pseudo_count")
+        if search is not None and not isinstance(search, HyperparameterSearch):
+            raise TypeError(f"search must be a HyperparameterSearch or None, got {type(search).__name__}")
+        if search is not None and search.sigma2_scales is not None and self.estimate_sigma2:
+            raise ValueError("sigma2 is either learned (estimate_sigma2) or chosen on held-out rows (search), not both")
+        if (
+            search is not None
+            and emission_prior is None
+            and (search.emission_strengths is not None or search.type_strengths is not None)
+        ):
+            raise ValueError("searching the emission strengths needs an emission_prior (additive smoothing has none)")
+        self.search = search
         self.name = name
         self.keys = keys
 
@@ -123,6 +282,23 @@ class ResponsibilityAttentionEstimator:
             f"ResponsibilityAttentionEstimator(S={self.num_symbols}, N={self.context_length}, D={self.query_dim}, "
             f"T={self.num_targets}, sigma2={self.sigma2!r}, estimate_sigma2={self.estimate_sigma2})"
         )
+
+    @property
+    def needs_pairs(self) -> bool:
+        """Whether :meth:`resolved` must be called with the training rows' pairs before estimating."""
+        return isinstance(self.emission_prior, str)
+
+    def resolved(self, prior: EmissionPrior) -> ResponsibilityAttentionEstimator:
+        """A copy whose emission prior is ``prior`` (made from the training rows' pairs)."""
+        copy = object.__new__(ResponsibilityAttentionEstimator)
+        copy.__dict__.update(self.__dict__)
+        if (prior.num_symbols, prior.num_targets) != (self.num_symbols, self.num_targets):
+            raise ValueError(
+                f"the emission prior has (S, T) = {(prior.num_symbols, prior.num_targets)}: "
+                f"expected {(self.num_symbols, self.num_targets)}"
+            )
+        copy.emission_prior = prior
+        return copy
 
     def accumulator_factory(self, *, backend: kernels.Backend = "numba") -> ResponsibilityAttentionAccumulatorFactory:
         """A factory of empty accumulators for this estimator's shape and tie name."""
@@ -136,6 +312,38 @@ class ResponsibilityAttentionEstimator:
             backend=backend,
         )
 
+    def candidates(
+        self, suff_stat: Any, *, previous: ResponsibilityAttentionDistribution | None = None
+    ) -> MStepCandidates:
+        """The M-step up to its open choices (see :class:`MStepCandidates`)."""
+        stats = SufficientStatistics.checked(
+            suff_stat, (self.num_symbols, self.context_length, self.query_dim, self.num_targets)
+        )
+        if isinstance(self.emission_prior, str):
+            raise ValueError(
+                f"emission_prior = {self.emission_prior!r} is made from the training rows' (symbol, target) pairs: "
+                "fit with fit_em or the engine, or pass estimator.resolved(EmissionPrior.from_pairs(pairs))"
+            )
+        kept = self.sigma2 if previous is None or not self.estimate_sigma2 else previous.sigma2
+        sigma2 = _learned_sigma2(stats, kept=kept, min_sigma2=self.min_sigma2) if self.estimate_sigma2 else kept
+        if self.emission_prior is None:
+            defaults = Hyperparameters(sigma2, self.num_targets * self.emission_smoothing, 0.0)
+        else:
+            defaults = Hyperparameters(sigma2, self.emission_strength, self.type_strength)
+        n_obs = stats.n_obs if stats.n_obs > 0.0 else float(stats.position_count.sum())
+        query_scale = stats.query_sq / (n_obs * self.query_dim) if n_obs > 0.0 and stats.query_sq > 0.0 else 1.0
+        return MStepCandidates(
+            key_means=_key_means(stats, None if previous is None else previous.key_means),
+            position_prior=_position_prior(stats, self.pseudo_count),
+            emission_count=stats.emission_count,
+            prior=self.emission_prior,
+            emission_smoothing=self.emission_smoothing,
+            sigma2=sigma2,
+            query_scale=query_scale,
+            defaults=defaults,
+            name=self.name,
+        )
+
     def estimate(
         self,
         nobs: float | None,
@@ -143,21 +351,9 @@ class ResponsibilityAttentionEstimator:
         *,
         previous: ResponsibilityAttentionDistribution | None = None,
     ) -> ResponsibilityAttentionDistribution:
-        """The M-step: a new distribution from an accumulator ``value()``.
+        """The M-step: a new distribution from an accumulator ``value()``, with the fixed hyperparameters.
 
         ``nobs`` is accepted for the reference protocol; the statistics carry their own count.
         ``previous`` (the model of the E-step) supplies the keys of symbols that received no mass.
         """
-        stats = SufficientStatistics.checked(
-            suff_stat, (self.num_symbols, self.context_length, self.query_dim, self.num_targets)
-        )
-        key_means, emission, position_prior, sigma2 = estimate_parameters(
-            stats,
-            sigma2=self.sigma2 if previous is None or not self.estimate_sigma2 else previous.sigma2,
-            estimate_sigma2=self.estimate_sigma2,
-            min_sigma2=self.min_sigma2,
-            emission_smoothing=self.emission_smoothing,
-            pseudo_count=self.pseudo_count,
-            previous_key_means=None if previous is None else previous.key_means,
-        )
-        return ResponsibilityAttentionDistribution(key_means, emission, position_prior, sigma2, self.name)
+        return self.candidates(suff_stat, previous=previous).model()

@@ -19,6 +19,7 @@ from dist_respattn import (
     sequence_to_triples,
     sequence_windows,
 )
+from dist_respattn.model.selection import HyperparameterSearch
 
 S, N, D, T = 50, 4, 3, 6
 ROWS = 12
@@ -747,9 +748,36 @@ def test_estimator_smoothing_not_a_number(name, bad):
         ResponsibilityAttentionEstimator(S, N, D, T, **{name: bad})
 
 
-def test_estimator_emission_smoothing_none():
-    with pytest.raises(TypeError, match=r"emission_smoothing.*(number|real)"):
-        ResponsibilityAttentionEstimator(S, N, D, T, emission_smoothing=None)
+def test_estimator_emission_smoothing_none_is_the_reference_default():
+    assert ResponsibilityAttentionEstimator(S, N, D, T, emission_smoothing=None).emission_smoothing == 1e-6
+
+
+def test_estimator_takes_additive_smoothing_or_a_prior_not_both():
+    with pytest.raises(ValueError, match=r"emission_smoothing.*emission_prior.*not both"):
+        ResponsibilityAttentionEstimator(S, N, D, T, emission_smoothing=0.1, emission_prior="continuation")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"emission_prior": "kneser"}, r"emission_prior = 'kneser': expected one of continuation, unigram, uniform"),
+        ({"emission_prior": "unigram", "emission_strength": 0.0, "type_strength": 0.0}, r"both 0"),
+        ({"emission_prior": "unigram", "emission_strength": -1.0}, r"emission_strength = -1.0"),
+        ({"estimate_sigma2": True, "search": HyperparameterSearch()}, r"learned.*or chosen.*not both"),
+        ({"search": HyperparameterSearch()}, r"needs an emission_prior"),
+        ({"search": "grid"}, r"search must be a HyperparameterSearch"),
+    ],
+    ids=["kind", "no-strength", "negative", "learned-and-searched", "search-without-prior", "search-type"],
+)
+def test_estimator_prior_options_are_checked(kwargs, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        ResponsibilityAttentionEstimator(S, N, D, T, **kwargs)
+
+
+def test_an_unresolved_prior_names_what_it_needs():
+    estimator = ResponsibilityAttentionEstimator(S, N, D, T, emission_prior="continuation")
+    with pytest.raises(ValueError, match=r"made from the training rows' .* pairs: fit with fit_em"):
+        estimator.estimate(None, good_statistics())
 
 
 ESTIMATOR = ResponsibilityAttentionEstimator(S, N, D, T, estimate_sigma2=True)

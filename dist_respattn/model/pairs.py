@@ -1,0 +1,140 @@
+"""Sparse counts of (symbol, target) pairs: the bigram statistics behind the emission prior and the n-gram baselines.
+
+A row's pair is ``(context[:, -1], target)``: the symbol at the last context position (the previous
+token for windows of a token stream, whose writers put the most recent token last) and the target.
+Only pairs that occur are stored, as sorted cell keys ``s * T + t`` with their weighted counts, so
+the size follows the data, never S×T. Counts are additive: ``a + b`` merges two sets of pairs, adding
+in a fixed order (``a``'s count, then ``b``'s), so a fixed reduction tree gives bit-identical sums.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PairCounts"]
+
+
+@dataclass(frozen=True)
+class PairCounts:
+    """Weighted counts of the (symbol, target) pairs that occur, sorted by cell.
+
+    Attributes:
+        num_symbols, num_targets: S and T.
+        keys: (P,) int64, strictly increasing cells ``s * T + t``.
+        counts: (P,) float64, the summed row weights of each pair (> 0).
+    """
+
+    num_symbols: int
+    num_targets: int
+    keys: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def empty(cls, num_symbols: int, num_targets: int) -> PairCounts:
+        return cls(int(num_symbols), int(num_targets), np.zeros(0, dtype=np.int64), np.zeros(0))
+
+    @classmethod
+    def from_rows(
+        cls,
+        symbols: np.ndarray,
+        targets: np.ndarray,
+        weights: np.ndarray | None,
+        *,
+        num_symbols: int,
+        num_targets: int,
+    ) -> PairCounts:
+        """Count the pairs ``(symbols[n], targets[n])`` of checked ids, weighted (rows of weight 0 add nothing)."""
+        cells = symbols.astype(np.int64) * num_targets + targets.astype(np.int64)
+        w = None
+        if weights is not None:
+            live = weights > 0
+            cells = cells[live]
+            w = np.asarray(weights, dtype=np.float64)[live]
+        if cells.size == 0:
+            return cls.empty(num_symbols, num_targets)
+        keys, inverse = np.unique(cells, return_inverse=True)
+        counts = np.bincount(inverse, weights=w, minlength=keys.size).astype(np.float64, copy=False)
+        return cls(int(num_symbols), int(num_targets), keys, counts)
+
+    def __add__(self, other: PairCounts) -> PairCounts:
+        if (self.num_symbols, self.num_targets) != (other.num_symbols, other.num_targets):
+            raise ValueError(
+                f"pair counts of (S, T) = {(self.num_symbols, self.num_targets)} and "
+                f"{(other.num_symbols, other.num_targets)} cannot be added"
+            )
+        if other.keys.size == 0:
+            return self
+        if self.keys.size == 0:
+            return other
+        keys, inverse = np.unique(np.concatenate([self.keys, other.keys]), return_inverse=True)
+        # bincount adds in input order: each cell's count is self's, then other's.
+        counts = np.bincount(inverse, weights=np.concatenate([self.counts, other.counts]), minlength=keys.size)
+        return PairCounts(self.num_symbols, self.num_targets, keys, counts)
+
+    # -- views ------------------------------------------------------------------------------
+
+    @property
+    def num_pairs(self) -> int:
+        """P, the number of distinct pairs."""
+        return int(self.keys.size)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.keys.nbytes + self.counts.nbytes)
+
+    @property
+    def symbols(self) -> np.ndarray:
+        """(P,) int64 symbol of each pair."""
+        return self.keys // self.num_targets
+
+    @property
+    def targets(self) -> np.ndarray:
+        """(P,) int64 target of each pair."""
+        return self.keys % self.num_targets
+
+    @property
+    def total(self) -> float:
+        return float(self.counts.sum())
+
+    def symbol_totals(self) -> np.ndarray:
+        """(S,) ``c(s) = sum_t c(s, t)``."""
+        return np.bincount(self.symbols, weights=self.counts, minlength=self.num_symbols)
+
+    def target_totals(self) -> np.ndarray:
+        """(T,) ``c(t) = sum_s c(s, t)``, the target unigram counts."""
+        return np.bincount(self.targets, weights=self.counts, minlength=self.num_targets)
+
+    def successor_types(self) -> np.ndarray:
+        """(S,) ``N1+(s •)``: how many distinct targets follow symbol s."""
+        return np.bincount(self.symbols, minlength=self.num_symbols).astype(np.float64)
+
+    def continuation_types(self) -> np.ndarray:
+        """(T,) ``N1+(• t)``: how many distinct symbols precede target t (Kneser-Ney's continuation count)."""
+        return np.bincount(self.targets, minlength=self.num_targets).astype(np.float64)
+
+    def lookup(self, symbols: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """``c(s, t)`` for arrays of pairs (0 for pairs that do not occur): (m,) float64."""
+        cells = np.asarray(symbols, dtype=np.int64) * self.num_targets + np.asarray(targets, dtype=np.int64)
+        if self.keys.size == 0:
+            return np.zeros(cells.shape)
+        at = np.minimum(np.searchsorted(self.keys, cells), self.keys.size - 1)
+        return np.where(self.keys[at] == cells, self.counts[at], 0.0)
+
+    # -- files ------------------------------------------------------------------------------
+
+    def to_arrays(self, prefix: str = "pairs") -> dict[str, np.ndarray]:
+        """``{prefix_keys, prefix_counts}`` for an npz file; S and T go in the JSON beside it."""
+        return {f"{prefix}_keys": self.keys, f"{prefix}_counts": self.counts}
+
+    @classmethod
+    def from_arrays(cls, arrays: Any, *, num_symbols: int, num_targets: int, prefix: str = "pairs") -> PairCounts:
+        keys = np.asarray(arrays[f"{prefix}_keys"], dtype=np.int64)
+        counts = np.asarray(arrays[f"{prefix}_counts"], dtype=np.float64)
+        if keys.shape != counts.shape or keys.ndim != 1:
+            raise ValueError(f"{prefix}: keys {keys.shape} and counts {counts.shape}: expected two (P,) arrays")
+        if keys.size and (np.any(np.diff(keys) <= 0) or keys[0] < 0 or keys[-1] >= num_symbols * num_targets):
+            raise ValueError(f"{prefix}: keys must be increasing cells in [0, S*T)")
+        return cls(int(num_symbols), int(num_targets), keys, counts)

@@ -1,0 +1,321 @@
+"""Choosing the hyperparameters on held-out rows: every candidate of a grid scored in one pass.
+
+After each M-step the keys, the position prior and the emission counts are fixed; what is left open
+is the gate variance ``sigma2`` and the emission prior's strengths (see :mod:`dist_respattn.model.prior`).
+One pass over held-out rows scores every combination: per row, the N squared distances and the N
+emission counts are read once; each ``sigma2`` gives one softmax over the positions, each strength
+pair one MAP emission value per position, and their products give, for every combination, the
+predictive log-probability of the target and the joint log-likelihood. The totals are additive over
+rows, blocks and partitions like the E-step's statistics, so the pass runs on the cluster and the
+driver picks the combination with the best held-out predictive likelihood (Jelinek & Mercer 1980's
+held-out estimation, done by grid).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numba
+import numpy as np
+
+from dist_respattn.model import kernels
+from dist_respattn.model._checks import as_encoded, as_weights
+
+__all__ = [
+    "DEFAULT_SEARCH",
+    "FLAT_GATE_SCALE",
+    "GridTable",
+    "GridTotals",
+    "HyperparameterSearch",
+    "Hyperparameters",
+    "Selection",
+    "score_grid",
+]
+
+#: A gate variance this many times the query scale makes the gate flat: the attention is the prior.
+FLAT_GATE_SCALE = 2.0**20
+
+
+@dataclass(frozen=True)
+class Hyperparameters:
+    """The M-step's open choices: gate variance and the emission prior's strengths (``a_s = e + t n_s``)."""
+
+    sigma2: float
+    emission_strength: float
+    type_strength: float
+
+    def to_json(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Hyperparameters:
+        return cls(float(data["sigma2"]), float(data["emission_strength"]), float(data["type_strength"]))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What an M-step chose: its hyperparameters, and the chosen model's held-out scores (``None`` without)."""
+
+    hyperparameters: Hyperparameters
+    heldout: dict[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class HyperparameterSearch:
+    """The values tried on held-out rows after every M-step; ``None`` keeps that hyperparameter fixed.
+
+    Attributes:
+        sigma2_scales: gate variances as multiples of the query scale ``sum ||y||^2 / (n D)`` of the
+            training rows (so the grid follows the embedding's scale); the last, ``FLAT_GATE_SCALE``,
+            is a flat gate.
+        emission_strengths: values of ``emission_strength`` (pseudo-counts per emission row).
+        type_strengths: values of ``type_strength`` (pseudo-counts per distinct successor of a symbol).
+    """
+
+    sigma2_scales: tuple[float, ...] | None = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, FLAT_GATE_SCALE)
+    emission_strengths: tuple[float, ...] | None = (0.01, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
+    type_strengths: tuple[float, ...] | None = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+
+    def __post_init__(self) -> None:
+        for name in ("sigma2_scales", "emission_strengths", "type_strengths"):
+            values = getattr(self, name)
+            if values is None:
+                continue
+            values = tuple(float(v) for v in values)
+            if not values or not all(math.isfinite(v) and v >= 0.0 for v in values):
+                raise ValueError(f"{name} = {values!r}: expected a non-empty tuple of finite numbers >= 0")
+            object.__setattr__(self, name, values)
+        if self.sigma2_scales is not None and min(self.sigma2_scales) <= 0.0:
+            raise ValueError(f"sigma2_scales = {self.sigma2_scales!r}: expected positive multiples")
+
+    @property
+    def searches_anything(self) -> bool:
+        return any(v is not None for v in (self.sigma2_scales, self.emission_strengths, self.type_strengths))
+
+    def around(self, previous: Hyperparameters, query_scale: float) -> HyperparameterSearch:
+        """The search near a previous choice: on every searched axis, the grid value closest to it and its two
+        neighbours (and, for the gate variance, the flat gate too).
+
+        An M-step's best choice moves little from one iteration to the next, so after the first M-step
+        (which searches the whole grid) the held-out pass scores up to 4 × 3 × 3 = 36 points instead of
+        600, and a choice at the edge of its neighbourhood moves on at the next iteration.
+        """
+
+        def near(values: tuple[float, ...] | None, current: float) -> tuple[float, ...] | None:
+            if values is None:
+                return None
+            # Distances in log space (the grids are logarithmic); 0 is nearest to 0 only.
+            keys = [abs(math.log(v) - math.log(current)) if v > 0 and current > 0 else abs(v - current) for v in values]
+            i = min(range(len(values)), key=keys.__getitem__)
+            return values[max(0, i - 1) : i + 2]
+
+        sigma2 = near(self.sigma2_scales, previous.sigma2 / query_scale)
+        if sigma2 is not None and self.sigma2_scales is not None and max(self.sigma2_scales) not in sigma2:
+            sigma2 = (*sigma2, max(self.sigma2_scales))
+        return HyperparameterSearch(
+            sigma2,
+            near(self.emission_strengths, previous.emission_strength),
+            near(self.type_strengths, previous.type_strength),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: None if v is None else list(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HyperparameterSearch:
+        names = ("sigma2_scales", "emission_strengths", "type_strengths")
+        return cls(**{k: None if data.get(k) is None else tuple(data[k]) for k in names})
+
+
+DEFAULT_SEARCH = HyperparameterSearch()
+
+
+@dataclass(frozen=True)
+class GridTable:
+    """What the grid pass reads: one M-step's parameters and counts, and the values to try.
+
+    Attributes:
+        key_means: (S, D) float64.
+        log_prior: (N,) ``log position_prior``.
+        emission_count_ts: (T, S) responsibility-weighted (target, symbol) counts, target-major.
+        row_totals: (S,) ``c[s] = sum_t c[s, t]``.
+        base: (T,) the emission prior's backoff ``u``; ``types``: (S,) its type counts ``n_s``.
+        sigma2: (G1,) gate variances; ``emission_strengths``: (G2,); ``type_strengths``: (G3,).
+    """
+
+    key_means: np.ndarray
+    log_prior: np.ndarray
+    emission_count_ts: np.ndarray
+    row_totals: np.ndarray
+    base: np.ndarray
+    types: np.ndarray
+    sigma2: np.ndarray
+    emission_strengths: np.ndarray
+    type_strengths: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(G1, G2, G3): the grid's size along sigma2, emission strength and type strength."""
+        return (self.sigma2.size, self.emission_strengths.size, self.type_strengths.size)
+
+    def hyperparameters(self, index: tuple[int, int, int]) -> Hyperparameters:
+        g, h, b = index
+        return Hyperparameters(float(self.sigma2[g]), float(self.emission_strengths[h]), float(self.type_strengths[b]))
+
+
+@dataclass(frozen=True)
+class GridTotals:
+    """Weighted held-out totals for every grid point (add two with ``+``).
+
+    Attributes:
+        weight: sum of the scored rows' weights.
+        target_log_prob: (G1, G2, G3) sum of ``w log p(target | context, query)``.
+        log_lik: (G1, G2, G3) sum of ``w log p(query, target | context)``.
+    """
+
+    weight: float
+    target_log_prob: np.ndarray
+    log_lik: np.ndarray
+
+    @classmethod
+    def zeros(cls, shape: tuple[int, int, int]) -> GridTotals:
+        return cls(0.0, np.zeros(shape), np.zeros(shape))
+
+    def __add__(self, other: GridTotals) -> GridTotals:
+        return GridTotals(
+            self.weight + other.weight, self.target_log_prob + other.target_log_prob, self.log_lik + other.log_lik
+        )
+
+    def best(self) -> tuple[int, int, int]:
+        """The grid point with the highest predictive likelihood (the first in grid order on ties)."""
+        flat = np.where(np.isnan(self.target_log_prob), -np.inf, self.target_log_prob).reshape(-1)
+        return tuple(int(i) for i in np.unravel_index(int(np.argmax(flat)), self.target_log_prob.shape))  # type: ignore[return-value]
+
+    def metrics(self, index: tuple[int, int, int]) -> dict[str, float]:
+        """Means per unit weight at one grid point: ``mean_log_likelihood``, ``target_log_prob``, ``perplexity``."""
+        if self.weight <= 0.0:
+            nan = float("nan")
+            return {"mean_log_likelihood": nan, "target_log_prob": nan, "perplexity": nan}
+        mean_target = float(self.target_log_prob[index]) / self.weight
+        return {
+            "mean_log_likelihood": float(self.log_lik[index]) / self.weight,
+            "target_log_prob": mean_target,
+            "perplexity": math.exp(-mean_target) if mean_target > -700.0 else float("inf"),
+        }
+
+
+@numba.njit(cache=True, nogil=True)
+def _grid_numba(
+    context,
+    query,
+    target,
+    weights,
+    key_means,
+    log_prior,
+    emission_count_ts,
+    row_totals,
+    base,
+    types,
+    inv_two_sigma2,
+    gate_const,
+    emission_strengths,
+    type_strengths,
+    out_pred,
+    out_joint,
+):  # pragma: no cover - compiled
+    """Adds every grid point's predictive and joint log-likelihood into ``out_*`` (G1, G2*G3); returns the weight."""
+    n_rows, n_pos = context.shape
+    dim = query.shape[1]
+    n_sigma = inv_two_sigma2.shape[0]
+    n_strength = emission_strengths.shape[0]
+    n_type = type_strengths.shape[0]
+    n_emis = n_strength * n_type
+    dist = np.empty(n_pos)
+    count = np.empty(n_pos)
+    total = np.empty(n_pos)
+    typ = np.empty(n_pos)
+    emis = np.empty((n_emis, n_pos))
+    gate = np.empty(n_pos)
+    y = np.empty(dim)
+    weight = 0.0
+    for row in range(n_rows):
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        if w == 0.0:
+            continue
+        for d in range(dim):
+            y[d] = np.float64(query[row, d])
+        t = target[row]
+        u = base[t]
+        for i in range(n_pos):
+            c = context[row, i]
+            sq = 0.0
+            for d in range(dim):
+                diff = y[d] - key_means[c, d]
+                sq += diff * diff
+            dist[i] = sq
+            count[i] = emission_count_ts[t, c]
+            total[i] = row_totals[c]
+            typ[i] = types[c]
+        for h in range(n_strength):
+            for b in range(n_type):
+                k = h * n_type + b
+                for i in range(n_pos):
+                    a = emission_strengths[h] + type_strengths[b] * typ[i]
+                    den = total[i] + a
+                    emis[k, i] = (count[i] + a * u) / den if den > 0.0 else u
+        for g in range(n_sigma):
+            best = -np.inf
+            for i in range(n_pos):
+                gate[i] = log_prior[i] - dist[i] * inv_two_sigma2[g]
+                best = max(best, gate[i])
+            z = 0.0
+            for i in range(n_pos):
+                gate[i] = math.exp(gate[i] - best)
+                z += gate[i]
+            log_z = math.log(z)
+            for k in range(n_emis):
+                num = 0.0
+                for i in range(n_pos):
+                    num += gate[i] * emis[k, i]
+                log_num = math.log(num) if num > 0.0 else -np.inf
+                out_pred[g, k] += w * (log_num - log_z)
+                out_joint[g, k] += w * (log_num + best + gate_const[g])
+        weight += w
+    return weight
+
+
+def score_grid(table: GridTable, x: tuple[Any, Any, Any], weights: Any = None) -> GridTotals:
+    """Held-out totals of an encoded batch ``(context (n, N), query (n, D), target (n,))`` at every grid point.
+
+    Rows of weight 0 (for instance the training rows of a store whose hold-out is being scored) cost
+    nothing. Bad ids or values raise naming the row.
+    """
+    context, query, target = as_encoded(x, context_length=table.log_prior.shape[0], query_dim=table.key_means.shape[1])
+    w = as_weights(weights, context.shape[0])
+    num_targets, num_symbols = table.emission_count_ts.shape
+    kernels.scan_values(context, query, target, w, num_symbols=num_symbols, num_targets=num_targets)
+    g1, g2, g3 = table.shape
+    pred = np.zeros((g1, g2 * g3))
+    joint = np.zeros((g1, g2 * g3))
+    dim = table.key_means.shape[1]
+    weight = _grid_numba(
+        context,
+        query,
+        target,
+        np.zeros(0) if w is None else w.astype(np.float64, copy=False),
+        table.key_means,
+        table.log_prior,
+        table.emission_count_ts,
+        table.row_totals,
+        table.base,
+        table.types,
+        0.5 / table.sigma2,
+        -0.5 * dim * np.log(2.0 * np.pi * table.sigma2),
+        table.emission_strengths,
+        table.type_strengths,
+        pred,
+        joint,
+    )
+    return GridTotals(float(weight), pred.reshape(g1, g2, g3), joint.reshape(g1, g2, g3))
