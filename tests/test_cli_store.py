@@ -25,12 +25,12 @@ import numpy as np
 import pytest
 import zarr
 
-from dist_respattn.cli import build_parser
+from dist_respattn.cli import build_parser, main
 from dist_respattn.model import sequence_windows
-from dist_respattn.store import TripleStore
+from dist_respattn.store import TripleStore, write_text, write_tokens
 from tests.test_cli import COMMAND, run
 
-SUBCOMMANDS = ("synth", "ingest", "info", "validate", "repair", "demo", "fit", "evaluate")
+SUBCOMMANDS = ("synth", "ingest", "split", "info", "validate", "repair", "demo", "fit", "evaluate")
 # S, N, D, T of the synthetic stores: all different, so a field mixed up with another shows.
 S, N, D, T = 7, 3, 4, 5
 SHAPE_ARGS = ("--symbols", str(S), "--context", str(N), "--dim", str(D), "--targets", str(T))
@@ -200,6 +200,7 @@ def test_build_parser_knows_every_subcommand():
     for command, argv in (
         ("synth", ["OUT", "--rows", "1", *SHAPE_ARGS]),
         ("ingest", ["OUT", "--tokens", "t.npy", "--context", "2"]),
+        ("split", ["OUT_DIR", "--tokens", "t.npy", "--context", "2"]),
         ("info", ["STORE"]),
         ("validate", ["STORE"]),
         ("repair", ["STORE"]),
@@ -228,6 +229,11 @@ def test_every_subcommand_has_help(capsys, monkeypatch):
         assert flag in helps["synth"], flag
     for flag in ("--arrays", "--tokens", "--text", "--weights", "--embeddings", "--vocab-size", "--append"):
         assert flag in helps["ingest"], flag
+    for flag in ("--like", "--documents"):
+        assert flag in helps["ingest"], flag
+    for flag in ("--text", "--tokens", "--documents", "--fractions", "--split-seed", "--max-tokens", "--overwrite"):
+        assert flag in helps["split"], flag
+    assert "--append" not in helps["split"]
     assert "--scheduler" in helps["validate"]
     for flag in ("--model-dir", "--validation", "--init-from", "--resume", "--early-stop-metric", "--patience"):
         assert flag in helps["fit"], flag
@@ -529,6 +535,175 @@ def test_ingest_text_without_a_path_reads_the_standard_library(tmp_path):
     assert store.num_rows == report["rows"]
     vocab = store.vocabulary()
     assert vocab is not None and vocab["size"] == 50 and vocab["oov_id"] == 50
+
+
+# -- one corpus: ingest --like, --documents, split -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def corpus_stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A text store (K = 5, N = 3, D = 4) and a token store (S = 9, N = 3, D = 6), written in-process, and inputs."""
+    folder = tmp_path_factory.mktemp("corpus")
+    (folder / "train.txt").write_text("the cat sat on the mat . the cat ran to the mat .\n", encoding="utf-8")
+    (folder / "held-out.txt").write_text("The zebra sat on the CAT!\n", encoding="utf-8")
+    write_text(folder / "text.zarr", [folder / "train.txt"], 3, vocab_size=5, dim=4, seed=7)
+    stream = np.random.default_rng(3).integers(0, 9, 400)
+    stream[0] = 8
+    write_tokens(folder / "tokens.zarr", stream, 3, dim=6, seed=2)
+    np.save(folder / "stream.npy", stream[:200])
+    np.save(folder / "starts.npy", np.array([0, 50, 51, 120]))
+    bad = np.array(stream[:200])
+    bad[150] = 9
+    np.save(folder / "bad-ids.npy", bad)
+    np.save(folder / "bad-starts.npy", np.array([0, 50, 40]))
+    np.save(folder / "other-table.npy", np.ones((9, 6), dtype=np.float32))
+    rng = np.random.default_rng(0)
+    np.save(folder / "context.npy", rng.integers(0, 6, (30, 3)))
+    np.save(folder / "query.npy", rng.standard_normal((30, 4)))
+    np.save(folder / "target.npy", rng.integers(0, 6, 30))
+    return {name: folder / name for name in os.listdir(folder)}
+
+
+def test_ingest_like_takes_the_vocabulary_and_table_and_info_shows_the_identity(tmp_path, corpus_stores, capsys):
+    c = corpus_stores
+    text_out, tokens_out = tmp_path / "validation.zarr", tmp_path / "tokens-validation.zarr"
+    text_human, tokens_json = run_many(
+        ("ingest", str(text_out), "--text", str(c["held-out.txt"]), "--like", str(c["text.zarr"])),
+        (
+            "ingest",
+            str(tokens_out),
+            "--tokens",
+            str(c["stream.npy"]),
+            "--documents",
+            str(c["starts.npy"]),
+            "--like",
+            str(c["tokens.zarr"]),
+            "--json",
+        ),
+    )
+    assert text_human.returncode == 0, text_human.stderr
+    report = parse_json(tokens_json)
+    for out, reference in ((text_out, "text.zarr"), (tokens_out, "tokens.zarr")):
+        ref, store = TripleStore.open(c[reference]), TripleStore.open(out)
+        assert ref.identity() == store.identity()
+        assert store.provenance["like"] == str(c[reference])
+        assert store.schema == ref.schema  # N from the reference: no --context given
+        assert store.vocabulary() == ref.vocabulary()
+        np.testing.assert_array_equal(store.embeddings(), ref.embeddings())
+    assert report["identity"] == TripleStore.open(c["tokens.zarr"]).identity()
+    assert report["provenance"]["documents"] == 4
+    assert TripleStore.open(text_out).provenance["oov_count"] == 3  # zebra, sat (not in the top 5), !
+    windows = token_windows(np.load(c["stream.npy"]), TripleStore.open(c["tokens.zarr"]))
+    pieces = [(0, 50), (51, 120), (120, 200)]  # the 1-token document 50..51 has no rows
+    keep = np.concatenate([np.arange(a, b - 3) for a, b in pieces])
+    assert_rows_equal(read_all(TripleStore.open(tokens_out)), {k: v[keep] for k, v in windows.items()})
+
+    identity = TripleStore.open(c["text.zarr"]).identity()
+    line = f"identity     vocabulary {identity['vocabulary'][:12]}, embedding table {identity['embeddings'][:12]}"
+    assert line in text_human.stdout  # what ingest prints of the store it wrote
+    assert f"made like    {c['text.zarr']}" in text_human.stdout
+    assert main(["info", str(c["text.zarr"])]) == 0  # info prints the same lines (in-process: one more start saved)
+    assert line in capsys.readouterr().out
+
+
+def ingest_refusals(c: dict[str, Path]) -> list[tuple[tuple[str, ...], list[str]]]:
+    """(arguments after ``ingest OUT``, what the one-line error must hold) for every flag ``--like`` refuses."""
+    text_like = ("--text", str(c["held-out.txt"]), "--like", str(c["text.zarr"]))
+    tokens_like = ("--tokens", str(c["stream.npy"]), "--like", str(c["tokens.zarr"]))
+    arrays = ("--arrays", str(c["context.npy"]), str(c["query.npy"]), str(c["target.npy"]))
+    return [
+        ((*text_like, "--context", "5"), ["--context 5", "window N = 3", str(c["text.zarr"])]),
+        ((*tokens_like, "--append"), ["--like", "--append", "exclude each other"]),
+        (
+            ("--tokens", str(c["stream.npy"]), "--context", "3", "--documents", str(c["bad-starts.npy"])),
+            ["bad-starts.npy[2] = 40", "strictly increasing"],
+        ),
+        # The rest run in-process (the same main(); a fresh interpreter costs ~2.5 s on this machine).
+        ((*tokens_like, "--embeddings", str(c["other-table.npy"])), ["--embeddings", "other-table.npy"]),
+        ((*text_like, "--vocab-size", "9"), ["--vocab-size 9", "vocabulary of 5 tokens"]),
+        ((*text_like, "--dim", "5"), ["--dim 5"]),
+        ((*text_like, "--seed", "8"), ["--seed 8"]),
+        ((*tokens_like, "--symbols", "12"), ["--symbols 12", "S = 9"]),
+        ((*tokens_like, "--context", "4"), ["--context 4"]),
+        ((*arrays, "--like", str(c["text.zarr"]), "--targets", "7"), ["--targets 7", "T = 6"]),
+        ((*arrays, "--like", str(c["tokens.zarr"])), ["query.npy", "D = 4", "D = 6"]),
+        (("--tokens", str(c["bad-ids.npy"]), "--like", str(c["tokens.zarr"])), ["bad-ids.npy[150] = 9", "--like"]),
+        (("--text", str(c["held-out.txt"]), "--context", "3", "--documents", str(c["starts.npy"])), ["--documents"]),
+    ]
+
+
+IN_A_SUBPROCESS = 3
+
+
+def test_ingest_like_refuses_conflicting_flags_and_bad_documents_in_one_line(tmp_path, corpus_stores):
+    cases = ingest_refusals(corpus_stores)[:IN_A_SUBPROCESS]
+    outs = [tmp_path / f"out{i}.zarr" for i in range(len(cases))]
+    results = run_many(*(("ingest", str(out), *argv) for out, (argv, _) in zip(outs, cases, strict=True)))
+    for out, (_, fragments), result in zip(outs, cases, results, strict=True):
+        assert_error(result, "ingest", *fragments)
+        assert not out.exists(), f"{out} was left behind"
+
+
+def test_every_refusal_of_ingest_like_names_its_flag(tmp_path, corpus_stores, capsys):
+    for i, (argv, fragments) in enumerate(ingest_refusals(corpus_stores)):
+        out = tmp_path / f"out{i}.zarr"
+        status = main(["ingest", str(out), *argv])
+        printed = capsys.readouterr()
+        assert_error(subprocess.CompletedProcess(argv, status, printed.out, printed.err), "ingest", *fragments)
+        assert not out.exists(), f"{out} was left behind"
+
+
+def test_split_text_and_tokens(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    words = "alpha beta gamma delta epsilon zeta".split()
+    for i in range(12):
+        (corpus / f"f{i:02d}.txt").write_text(" ".join(words[: 3 + i % 4] * 3) + ".\n", encoding="utf-8")
+    np.save(tmp_path / "long.npy", np.random.default_rng(1).integers(0, 9, 3000))
+    fractions = ("--fractions", "0.5", "0.25", "0.25")
+    text_args = ("--text", str(corpus), "--context", "2", "--vocab-size", "4", *fractions, "--json")
+    tokens_args = ("--tokens", str(tmp_path / "long.npy"), "--block-tokens", "50", "--context", "3", "--dim", "4")
+    text_json, tokens_human = run_many(
+        ("split", str(tmp_path / "text"), *text_args), ("split", str(tmp_path / "tokens"), *tokens_args, *fractions)
+    )
+    report = parse_json(text_json)
+    assert list(report["stores"]) == ["train", "validation", "test"]
+    assert sum(s["documents"] for s in report["stores"].values()) == 12
+    assert (report["fractions"], report["split_seed"]) == ([0.5, 0.25, 0.25], 0)
+    for name, described in report["stores"].items():
+        store = TripleStore.open(tmp_path / "text" / f"{name}.zarr")
+        assert described["identity"] == report["identity"] == store.identity()
+        assert described["rows"] == store.num_rows > 0
+        assert store.provenance["split"]["name"] == name
+    assert tokens_human.returncode == 0, tokens_human.stderr
+    lines = tokens_human.stdout.splitlines()
+    for name in ("train", "validation", "test"):
+        store = TripleStore.open(tmp_path / "tokens" / f"{name}.zarr")
+        documents = store.provenance["split"]["documents"]
+        line = next(line for line in lines if line.startswith(name))
+        assert f"{store.num_rows:,} rows, {documents:,} documents, {documents * 50:,} tokens" in line, line
+    identity = TripleStore.open(tmp_path / "tokens" / "train.zarr").identity()
+    assert any(f"identity embedding table {identity['embeddings'][:12]}" in line for line in lines), lines
+
+
+def test_split_refusals_are_one_line_errors(tmp_path, corpus_stores, capsys):
+    np.save(tmp_path / "long.npy", np.random.default_rng(1).integers(0, 9, 1000))
+    long = str(tmp_path / "long.npy")
+    cases = [
+        (("--tokens", long, "--context", "3", "--fractions", "0.5", "0.4", "0.2"), ["--fractions 0.5 0.4 0.2", "sum"]),
+        (("--tokens", long, "--context", "3"), ["split gets none of the 1 documents", "--fractions"]),
+        (("--text", long, "--context", "2", "--documents", str(corpus_stores["starts.npy"])), ["--documents"]),
+        (("--tokens", long, "--context", "3", "--fractions", "0.5", "1", "0.2"), ["--fractions", "(0, 1)"]),
+    ]
+    for i, (argv, fragments) in enumerate(cases):
+        try:
+            status = main(["split", str(tmp_path / f"out{i}"), *argv])
+        except SystemExit as exited:  # argparse refuses a fraction outside (0, 1) itself, with its usage line
+            printed = capsys.readouterr()
+            assert exited.code == 2 and all(f in printed.err for f in fragments), printed.err
+            continue
+        printed = capsys.readouterr()
+        assert_error(subprocess.CompletedProcess(argv, status, printed.out, printed.err), "split", *fragments)
 
 
 # -- validate --------------------------------------------------------------------------------------

@@ -16,20 +16,22 @@ from dist_respattn.cli.common import (
     say,
 )
 
-__all__ = ["register"]
+__all__ = ["add_common_options", "add_layout_options", "identity_line", "register", "write_options"]
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--storage-option", action="append", metavar="KEY=VALUE", help="an fsspec option for a URL (repeatable)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
-def _add_layout(parser: argparse.ArgumentParser, default_order: str = "input") -> None:
+def add_layout_options(parser: argparse.ArgumentParser, default_order: str = "input", *, append: bool = True) -> None:
+    """The layout flags, and ``--append``/``--overwrite`` (``--overwrite`` alone where appending makes no sense)."""
     from dist_respattn.store.layout import COMPRESSION_CHOICES
 
-    group = parser.add_argument_group("layout (a new store; an appended one keeps its own)")
+    title = "layout (a new store; an appended one keeps its own)" if append else "layout (of every store written)"
+    group = parser.add_argument_group(title)
     group.add_argument(
         "--chunk-rows", type=positive_int, help="rows per chunk, the unit of a block read (default ~32 MiB of rows)"
     )
@@ -48,6 +50,9 @@ def _add_layout(parser: argparse.ArgumentParser, default_order: str = "input") -
     group.add_argument(
         "--query-dtype", choices=("float32", "float64"), default="float32", help="dtype of the stored queries"
     )
+    if not append:
+        parser.add_argument("--overwrite", action="store_true", help="replace existing stores")
+        return
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--append", action="store_true", help="add the rows to an existing store of the same schema")
     mode.add_argument("--overwrite", action="store_true", help="replace an existing store at OUT")
@@ -74,8 +79,8 @@ def register(sub: Any) -> None:
         "--sigma2", type=positive_float, default=1.0, help="gate variance of the random head (default 1)"
     )
     synth.add_argument("--seed", type=int, default=0, help="seed of the head and of the sample (default 0)")
-    _add_layout(synth, default_order="target")
-    _add_common(synth)
+    add_layout_options(synth, default_order="target")
+    add_common_options(synth)
     synth.set_defaults(handler=_run_synth, printer=_print_written)
 
     ingest = sub.add_parser(
@@ -83,7 +88,10 @@ def register(sub: Any) -> None:
         help="write a store from arrays, a token stream or text files",
         description=(
             "Write a triple store from .npy arrays (--arrays), a .npy token stream (--tokens, windows of --context "
-            "tokens) or text files (--text; with no path, the Python standard library's source)."
+            "tokens, optionally cut into --documents) or text files (--text; with no path, the Python standard "
+            "library's source). With --like STORE the new store is another sample of STORE's corpus: it takes "
+            "STORE's vocabulary (a word not in it becomes the out-of-vocabulary id), S, T, window N and embedding "
+            "table, so a validation or test store can be scored against a model fitted on STORE."
         ),
     )
     ingest.add_argument("out", metavar="OUT", help="store path or fsspec URL")
@@ -99,26 +107,36 @@ def register(sub: Any) -> None:
     ingest.add_argument("--weights", metavar="W.npy", help="with --arrays: a weight per row")
     ingest.add_argument("--symbols", type=positive_int, help="with --arrays/--tokens: S (default: largest id + 1)")
     ingest.add_argument("--targets", type=positive_int, help="with --arrays: T (default: largest target + 1)")
-    ingest.add_argument("--context", type=positive_int, help="with --tokens/--text: the window N")
+    ingest.add_argument(
+        "--context", type=positive_int, help="with --tokens/--text: the window N (with --like: STORE's N)"
+    )
+    ingest.add_argument(
+        "--documents",
+        metavar="STARTS.npy",
+        help="with --tokens: the first token index of each document (increasing, from 0); no window spans two",
+    )
+    ingest.add_argument(
+        "--like",
+        metavar="STORE",
+        help="take STORE's vocabulary, S, T, N and embedding table (a validation or test store of its corpus)",
+    )
     ingest.add_argument("--embeddings", metavar="E.npy", help="with --tokens: an (S, D) query table")
     ingest.add_argument(
         "--dim",
         type=positive_int,
         help="with --tokens/--text: D of a seeded random projection (default: one-hot up to 256 symbols, else 32)",
     )
+    ingest.add_argument("--seed", type=int, help="with --tokens/--text: seed of the random projection (default 0)")
     ingest.add_argument(
-        "--seed", type=int, default=0, help="with --tokens/--text: seed of the random projection (default 0)"
+        "--vocab-size", type=positive_int, help="with --text: K most frequent tokens kept (default 2000)"
     )
-    ingest.add_argument(
-        "--vocab-size", type=positive_int, default=2000, help="with --text: K most frequent tokens kept (default 2000)"
-    )
-    _add_layout(ingest)
-    _add_common(ingest)
+    add_layout_options(ingest)
+    add_common_options(ingest)
     ingest.set_defaults(handler=_run_ingest, printer=_print_written)
 
-    info = sub.add_parser("info", help="describe a store: schema, rows, layout, provenance")
+    info = sub.add_parser("info", help="describe a store: schema, rows, layout, corpus identity, provenance")
     info.add_argument("store", metavar="STORE", help="store path or fsspec URL")
-    _add_common(info)
+    add_common_options(info)
     info.set_defaults(handler=_run_info, printer=_print_info)
 
     validate = sub.add_parser(
@@ -131,7 +149,7 @@ def register(sub: Any) -> None:
     )
     validate.add_argument("store", metavar="STORE", help="store path or fsspec URL")
     validate.add_argument("--scheduler", metavar="ADDRESS", help="scan in parallel on this Dask scheduler's workers")
-    _add_common(validate)
+    add_common_options(validate)
     validate.set_defaults(handler=_run_validate, printer=_print_validate)
 
     repair = sub.add_parser(
@@ -140,11 +158,12 @@ def register(sub: Any) -> None:
         description="Roll an interrupted append back to the store's committed rows; a complete store is left alone.",
     )
     repair.add_argument("store", metavar="STORE", help="store path or fsspec URL")
-    _add_common(repair)
+    add_common_options(repair)
     repair.set_defaults(handler=_run_repair, printer=lambda r: print(f"{r['url']}: complete, {r['rows']:,} rows"))
 
 
-def _write_options(args: argparse.Namespace, progress: Callable[[int], Any] | None) -> Any:
+def write_options(args: argparse.Namespace, progress: Callable[[int], Any] | None) -> Any:
+    """The :class:`~dist_respattn.store.WriteOptions` of the layout flags."""
     from dist_respattn.store import WriteOptions
 
     return WriteOptions(
@@ -153,7 +172,7 @@ def _write_options(args: argparse.Namespace, progress: Callable[[int], Any] | No
         compression=args.compression,
         row_order=args.row_order,
         query_dtype=args.query_dtype,
-        append=args.append,
+        append=getattr(args, "append", False),
         overwrite=args.overwrite,
         storage_options=parse_storage_options(args.storage_option),
         progress=progress,
@@ -189,9 +208,18 @@ def _run_synth(args: argparse.Namespace) -> dict[str, Any]:
             num_targets=args.targets,
             sigma2=args.sigma2,
             seed=args.seed,
-            options=_write_options(args, bar.update),
+            options=write_options(args, bar.update),
         )
     return _written(store, started, before)
+
+
+def _open_like(args: argparse.Namespace) -> Any:
+    """The ``--like`` store, opened once (with the ``--storage-option`` flags), or ``None``."""
+    if args.like is None:
+        return None
+    from dist_respattn.store import TripleStore
+
+    return TripleStore.open(args.like, storage_options=parse_storage_options(args.storage_option))
 
 
 def _rows_before(args: argparse.Namespace) -> int:
@@ -209,14 +237,23 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
         "--weights": args.weights is not None and args.arrays is None,
         "--targets": args.targets is not None and args.arrays is None,
         "--embeddings": args.embeddings is not None and args.tokens is None,
+        "--documents": args.documents is not None and args.tokens is None,
+        "--vocab-size": args.vocab_size is not None and args.text is None,
         "--context": args.context is not None and args.arrays is not None,
         "--dim": args.dim is not None and args.arrays is not None,
+        "--seed": args.seed is not None and args.arrays is not None,
     }
     wrong = [flag for flag, bad in misplaced.items() if bad]
     if wrong:
         raise CommandError(f"{', '.join(wrong)}: not for this source: see `dist-respattn ingest --help`")
-    if args.arrays is None and args.context is None:
-        raise CommandError("--context N is required with --tokens and --text")
+    if args.like is not None and args.append:
+        raise CommandError(
+            f"--like {args.like} and --append exclude each other: an append already reuses the vocabulary and "
+            f"embedding table of {args.out}"
+        )
+    if args.arrays is None and args.context is None and args.like is None:
+        raise CommandError("--context N is required with --tokens and --text (or --like STORE, to take its N)")
+    like = _open_like(args)
     started = time.perf_counter()
     before = _rows_before(args)
     if args.arrays is not None:
@@ -230,7 +267,8 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
                 args.weights,
                 num_symbols=args.symbols,
                 num_targets=args.targets,
-                options=_write_options(args, bar.update),
+                like=like,
+                options=write_options(args, bar.update),
             )
     elif args.tokens is not None:
         with progress_bar(None, "rows", "windowing") as bar:
@@ -242,7 +280,9 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
                 embeddings=args.embeddings,
                 dim=args.dim,
                 seed=args.seed,
-                options=_write_options(args, bar.update),
+                documents=args.documents,
+                like=like,
+                options=write_options(args, bar.update),
             )
     else:
         if args.symbols is not None:
@@ -251,8 +291,9 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
         if not args.text:
             say(args, f"no --text path given: using the Python standard library's source at {paths[0]}")
         files = iter_text_files(paths)
-        with progress_bar(2 * len(files), "files", "counting, then writing") as bar:
-            options = _write_options(args, None)  # the bar counts files here, not rows
+        passes = "writing" if like is not None else "counting, then writing"
+        with progress_bar((1 if like is not None else 2) * len(files), "files", passes) as bar:
+            options = write_options(args, None)  # the bar counts files here, not rows
             store = write_text(
                 args.out,
                 paths,
@@ -260,6 +301,7 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
                 vocab_size=args.vocab_size,
                 dim=args.dim,
                 seed=args.seed,
+                like=like,
                 file_progress=bar.update,
                 options=options,
             )
@@ -303,9 +345,34 @@ def _print_info(report: dict[str, Any]) -> None:
         f"made from    {provenance.get('source', '?')} on {provenance.get('created', '?')}"
         + (f", {len(provenance['appends'])} append(s)" if provenance.get("appends") else "")
     )
+    if provenance.get("like"):
+        print(f"made like    {provenance['like']} (its vocabulary, N and embedding table)")
+    split = provenance.get("split")
+    if split:
+        fractions = "/".join(f"{f:g}" for f in split["fractions"])
+        print(
+            f"split        {split['name']}: {split['documents']:,} documents of a {fractions} split "
+            f"(train/validation/test, split seed {split['seed']})"
+        )
     if report["has_true_model"]:
         print("true model   kept in the store (truth/)")
+    print(f"identity     {identity_line(report['identity'])}")
     print(f"fingerprint  {report['fingerprint']}")
+
+
+def identity_line(identity: dict[str, Any]) -> str:
+    """``vocabulary 1a2b3c4d5e6f, embedding table 9f8e7d6c5b4a``: which corpus the ids and queries are of."""
+    from dist_respattn.store.identity import short_hash
+
+    if identity.get("vocabulary") is None and identity.get("embeddings") is None:
+        return "none (no vocabulary or embedding table: nothing to tell its corpus by)"
+    parts = []
+    if identity.get("vocabulary") is not None:
+        parts.append(f"vocabulary {short_hash(identity['vocabulary'])}")
+    parts.append(
+        f"embedding table {short_hash(identity['embeddings'])}" if identity.get("embeddings") else "no embedding table"
+    )
+    return ", ".join(parts)
 
 
 def _run_validate(args: argparse.Namespace) -> dict[str, Any]:

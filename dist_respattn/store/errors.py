@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["IncompleteStoreError", "SchemaMismatchError", "StoreCorruptError", "StoreError"]
+__all__ = ["CorpusMismatchError", "IncompleteStoreError", "SchemaMismatchError", "StoreCorruptError", "StoreError"]
 
 
 class StoreError(ValueError):
@@ -19,3 +19,7 @@ class SchemaMismatchError(StoreError):
 
 class StoreCorruptError(StoreError):
     """A chunk is missing or cannot be decoded."""
+
+
+class CorpusMismatchError(StoreError):
+    """Two stores that must be of one corpus (train and validation) have different vocabularies or embedding tables."""

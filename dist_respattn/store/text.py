@@ -7,8 +7,13 @@ its own. The vocabulary holds the K most frequent tokens (ties broken alphabetic
 the attributes of the ``vocabulary`` group, i.e. the file ``vocabulary/zarr.json``.
 
 Two passes over the files: one counts tokens (memory grows with the number of distinct tokens,
-not with the corpus), the other writes rows. Each file is its own sequence: no window spans two
-files.
+not with the corpus), the other writes rows. Each file is its own sequence (a document): no window
+spans two files. A document's key is its path relative to the root it was found under (the
+directory searched, a named file's own directory, or a glob's fixed leading directories), so it is
+the same on every machine; :mod:`~dist_respattn.store.split` hashes it.
+
+Written ``like`` a text store, the files are encoded with that store's vocabulary (an unknown word
+is its out-of-vocabulary id) and embedded with its table, and no counting pass is needed.
 """
 
 from __future__ import annotations
@@ -25,19 +30,28 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.store.common import WriteOptions, open_writer
+from dist_respattn.store.identity import identity_provenance
+from dist_respattn.store.like import open_like
 from dist_respattn.store.schema import StoreSchema
 from dist_respattn.store.tokens import WindowStream, embedding_table, store_table_for_append
 from dist_respattn.store.triple_store import TripleStore
+from dist_respattn.store.writer import StoreWriter
 
 __all__ = [
     "DEFAULT_TEXT_SUFFIXES",
+    "DEFAULT_VOCAB_SIZE",
     "TOKEN_PATTERN",
+    "TextDocument",
     "Vocabulary",
     "build_vocabulary",
+    "count_tokens",
     "default_corpus",
+    "iter_text_documents",
     "iter_text_files",
     "tokenize",
+    "vocabulary_from_counts",
     "write_text",
+    "write_text_document",
 ]
 
 TOKEN_PATTERN = r"\w+|[^\w\s]"
@@ -48,6 +62,8 @@ DEFAULT_TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
 _SKIP_DIRS = {"__pycache__", "site-packages", "dist-packages", ".git"}
 _LINES_PER_PIECE = 20_000
 VOCABULARY_FORMAT = "dist_respattn.vocabulary"
+#: K when none is given: the most frequent tokens kept.
+DEFAULT_VOCAB_SIZE = 2000
 
 
 def tokenize(text: str) -> list[str]:
@@ -60,32 +76,63 @@ def default_corpus() -> str:
     return sysconfig.get_paths()["stdlib"]
 
 
-def iter_text_files(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
-    """The files named by ``paths`` (files, glob patterns, directories searched recursively), sorted, once each.
+@dataclasses.dataclass(frozen=True)
+class TextDocument:
+    """A text file: its absolute ``path``, and its ``key``, the path relative to the root it was found under."""
 
-    A path that names nothing raises ``FileNotFoundError`` naming it.
+    path: str
+    key: str
+
+
+def _glob_root(pattern: str) -> str:
+    """The fixed leading directories of a glob pattern (``notes/**/*.md`` -> ``notes``)."""
+    parts = pattern.split(os.sep)
+    fixed: list[str] = []
+    for part in parts[:-1]:
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
+    return os.sep.join(fixed) or (os.sep if pattern.startswith(os.sep) else os.curdir)
+
+
+def iter_text_documents(paths: Sequence[str | os.PathLike[str]]) -> list[TextDocument]:
+    """The files named by ``paths`` (files, glob patterns, directories searched recursively), sorted by path, once each.
+
+    A file found under two roots keeps the key of the first. A path that names nothing raises
+    ``FileNotFoundError`` naming it.
     """
-    found: list[str] = []
+    found: dict[str, str] = {}
+
+    def add(file: str, root: str) -> None:
+        found.setdefault(os.path.abspath(file), os.path.relpath(file, root).replace(os.sep, "/"))
+
     for raw in paths:
         path = os.fspath(raw)
         if os.path.isdir(path):
             for root, dirs, files in os.walk(path):
                 dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
-                found.extend(os.path.join(root, f) for f in sorted(files) if f.endswith(DEFAULT_TEXT_SUFFIXES))
+                for name in sorted(files):
+                    if name.endswith(DEFAULT_TEXT_SUFFIXES):
+                        add(os.path.join(root, name), path)
         elif os.path.isfile(path):
-            found.append(path)
+            add(path, os.path.dirname(path) or os.curdir)
         else:
             matches = sorted(m for m in glob.glob(path, recursive=True) if os.path.isfile(m))
             if not matches:
                 raise FileNotFoundError(f"{path}: no such file, directory or matching files")
-            found.extend(matches)
-    unique = sorted({os.path.abspath(f) for f in found})
-    if not unique:
+            for match in matches:
+                add(match, _glob_root(path))
+    if not found:
         raise FileNotFoundError(
             f"no text files under {', '.join(os.fspath(p) for p in paths)} "
             f"(looked for {', '.join(DEFAULT_TEXT_SUFFIXES)})"
         )
-    return unique
+    return [TextDocument(path, found[path]) for path in sorted(found)]
+
+
+def iter_text_files(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """The absolute paths of :func:`iter_text_documents`: sorted, once each."""
+    return [document.path for document in iter_text_documents(paths)]
 
 
 def _line_pieces(path: str) -> Iterator[list[str]]:
@@ -155,45 +202,86 @@ class Vocabulary:
         )
 
 
+def count_tokens(path: str) -> Counter[str]:
+    """How often each token occurs in one file."""
+    counts: Counter[str] = Counter()
+    for piece in _line_pieces(path):
+        counts.update(piece)
+    return counts
+
+
+def vocabulary_from_counts(counts: Counter[str], size: int, documents: int) -> Vocabulary:
+    """The ``size`` most frequent tokens of ``counts`` (ties alphabetical), ids by rank."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"vocabulary size = {size!r}: expected a positive integer")
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    kept = ranked[:size]
+    total = sum(counts.values())
+    kept_total = sum(c for _, c in kept)
+    return Vocabulary(tuple(t for t, _ in kept), tuple(c for _, c in kept), total - kept_total, total, documents)
+
+
 def build_vocabulary(files: Sequence[str], size: int, progress: Callable[[int], None] | None = None) -> Vocabulary:
     """Pass one: count every token of ``files`` and keep the ``size`` most frequent."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"vocabulary size = {size!r}: expected a positive integer")
     counts: Counter[str] = Counter()
     for path in files:
-        for piece in _line_pieces(path):
-            counts.update(piece)
+        counts.update(count_tokens(path))
         if progress is not None:
             progress(1)
-    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-    kept = ranked[:size]
-    total = sum(counts.values())
-    kept_total = sum(c for _, c in kept)
-    return Vocabulary(tuple(t for t, _ in kept), tuple(c for _, c in kept), total - kept_total, total, len(files))
+    return vocabulary_from_counts(counts, size, len(files))
+
+
+def write_text_document(
+    writer: StoreWriter, path: str, vocabulary: Vocabulary, lookup: dict[str, int], table: np.ndarray
+) -> tuple[int, int]:
+    """Write the windows of one file (its own sequence) and return its (tokens, out-of-vocabulary tokens)."""
+    windows = WindowStream(writer.schema.context_length, vocabulary.num_symbols, table)
+    tokens = oov = 0
+    for piece in _line_pieces(path):
+        ids = vocabulary.encode(piece, lookup)
+        tokens += int(ids.size)
+        oov += int(np.count_nonzero(ids == vocabulary.oov_id))
+        context, query, target = windows.feed(ids)
+        if target.size:
+            writer.write(context, query, target, source=path)
+    return tokens, oov
 
 
 def write_text(
     out: str | os.PathLike[str],
     paths: Sequence[str | os.PathLike[str]],
-    context_length: int,
+    context_length: int | None,
     *,
-    vocab_size: int,
+    vocab_size: int | None = None,
     dim: int | None = None,
-    seed: int = 0,
+    seed: int | None = None,
+    like: TripleStore | str | os.PathLike[str] | None = None,
     file_progress: Callable[[int], None] | None = None,
     options: WriteOptions | None = None,
 ) -> TripleStore:
     """Tokenize the files under ``paths`` and write the windows of each file (see the module docstring).
 
-    Queries are the :func:`~dist_respattn.store.tokens.embedding_table` of the vocabulary. Appending
-    reuses the store's vocabulary and embeddings, so ids keep their meaning (``vocab_size`` is then
-    unused, and a ``dim`` that would give another table is refused).
-    ``file_progress`` is called once per file in each pass.
+    Queries are the :func:`~dist_respattn.store.tokens.embedding_table` of the vocabulary
+    (``vocab_size`` defaults to :data:`DEFAULT_VOCAB_SIZE`, ``seed`` to 0). Appending reuses the
+    store's vocabulary and embeddings, so ids keep their meaning (``vocab_size`` is then unused, and
+    a ``dim`` that would give another table is refused). ``like``: a text store (or its URL) whose
+    vocabulary, N and table the new store takes; ``context_length`` may then be ``None``, and an
+    option that conflicts with that store is refused. ``file_progress`` is called once per file in
+    each pass (once in all with ``like``).
     """
     options = options or WriteOptions()
+    reference = open_like(like, options)
     files = iter_text_files(paths)
     existing = TripleStore.open(out, storage_options=options.storage_options) if options.append else None
-    if existing is not None:
+    identity: dict[str, Any] = {}
+    if reference is not None:
+        context_length = reference.context_length(context_length)
+        vocabulary = Vocabulary.from_json(reference.vocabulary(vocab_size))
+        table, table_info = reference.table(dim=dim, seed=seed), reference.table_info()
+        identity = reference.provenance()
+    elif existing is not None:
         saved = existing.vocabulary()
         if saved is None:
             raise ValueError(
@@ -202,32 +290,38 @@ def write_text(
         vocabulary = Vocabulary.from_json(saved)
         stored = existing.embeddings()
         assert stored is not None
-        table, table_info = store_table_for_append(existing, stored, embeddings=None, dim=dim, seed=seed)
+        table, table_info = store_table_for_append(existing, stored, embeddings=None, dim=dim, seed=seed or 0)
     else:
-        vocabulary = build_vocabulary(files, vocab_size, file_progress)
-        table, table_info = embedding_table(vocabulary.num_symbols, dim=dim, seed=seed)
+        vocabulary = build_vocabulary(files, DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size, file_progress)
+        table, table_info = embedding_table(vocabulary.num_symbols, dim=dim, seed=seed or 0)
+        identity = identity_provenance(vocabulary.tokens, table)
+    if isinstance(context_length, bool) or not isinstance(context_length, (int, np.integer)) or context_length < 1:
+        raise ValueError(f"context_length = {context_length!r}: expected a positive integer")
     s = vocabulary.num_symbols
     schema = StoreSchema(s, int(context_length), table.shape[1], s, options.query_dtype)
     provenance = {
         "source": "text",
         "paths": [os.path.abspath(os.fspath(p)) for p in paths],
         "files": len(files),
+        "documents": len(files),
         "tokenizer": TOKENIZER_NAME,
         "vocabulary": "vocabulary/zarr.json",
         "vocab_size": len(vocabulary.tokens),
         "embedding": table_info,
+        **identity,
     }
     lookup = vocabulary.lookup()
     with open_writer(out, schema, options, provenance) as writer:
-        if existing is None:
+        if reference is not None:
+            reference.copy_into(writer)
+        elif existing is None:
             writer.write_embeddings(table)
             writer.write_vocabulary(vocabulary.to_json())
+        tokens = oov = 0
         for path in files:
-            windows = WindowStream(int(context_length), s, table)
-            for piece in _line_pieces(path):
-                context, query, target = windows.feed(vocabulary.encode(piece, lookup))
-                if target.size:
-                    writer.write(context, query, target, source=path)
+            counted, unknown = write_text_document(writer, path, vocabulary, lookup, table)
+            tokens, oov = tokens + counted, oov + unknown
             if file_progress is not None:
                 file_progress(1)
+        writer.add_provenance({"tokens_count": tokens, "oov_count": oov})
         return writer.close()

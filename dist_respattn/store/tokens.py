@@ -3,12 +3,12 @@
 Row ``j`` of a stream ``tok`` is the window of :func:`~dist_respattn.model.encoder.sequence_windows`:
 ``context = tok[j : j+N]``, ``query = E[tok[j+N-1]]``, ``target = tok[j+N]``. The stream is cut into
 blocks and the last N tokens of each block carried into the next, so the rows are the same as one
-pass over the whole stream: no window is lost or repeated at a block boundary.
+pass over the whole stream: no window is lost or repeated at a block boundary. With document starts
+(:mod:`~dist_respattn.store.documents`) the rows are those of each document on its own.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -17,75 +17,31 @@ import numpy as np
 
 from dist_respattn.model.encoder import sequence_windows
 from dist_respattn.store.common import WriteOptions, open_writer
-from dist_respattn.store.errors import SchemaMismatchError
-from dist_respattn.store.from_arrays import load_array, max_id, row_blocks
+from dist_respattn.store.documents import DocumentWindows, check_document_starts, starts_blocks
+from dist_respattn.store.identity import identity_provenance
+from dist_respattn.store.like import open_like
+from dist_respattn.store.npy import load_array, max_id, row_blocks
 from dist_respattn.store.schema import StoreSchema
+from dist_respattn.store.tables import (
+    DEFAULT_QUERY_DIM,
+    ONE_HOT_MAX_SYMBOLS,
+    embedding_table,
+    store_table_for_append,
+)
 from dist_respattn.store.triple_store import TripleStore
 
-__all__ = ["DEFAULT_QUERY_DIM", "ONE_HOT_MAX_SYMBOLS", "WindowStream", "embedding_table", "write_tokens"]
+__all__ = [
+    "DEFAULT_QUERY_DIM",
+    "ONE_HOT_MAX_SYMBOLS",
+    "WindowStream",
+    "checked_pieces",
+    "embedding_table",
+    "load_token_stream",
+    "store_table_for_append",
+    "write_tokens",
+]
 
-#: With neither a table nor a dimension, vocabularies up to this size get one-hot queries (D = S).
-ONE_HOT_MAX_SYMBOLS = 256
-#: Otherwise queries are a random projection of this dimension.
-DEFAULT_QUERY_DIM = 32
 _TOKEN_BLOCK = 1 << 18
-
-
-def embedding_table(
-    num_symbols: int, *, embeddings: Any = None, dim: int | None = None, seed: int = 0
-) -> tuple[np.ndarray, dict[str, Any]]:
-    """The (S, D) float32 query table and how it was made.
-
-    ``embeddings`` (an array or ``.npy`` path) is used as given; else ``dim`` gives a seeded random
-    projection ``N(0, 1/D)`` of that dimension; with neither, one-hot rows when S <=
-    :data:`ONE_HOT_MAX_SYMBOLS`, or a random projection of dimension :data:`DEFAULT_QUERY_DIM`.
-    """
-    if embeddings is not None:
-        if dim is not None:
-            raise ValueError("give an embedding table or a dimension, not both")
-        table, name = load_array(embeddings, "embeddings")
-        if table.ndim != 2 or table.shape[0] < num_symbols:
-            raise ValueError(f"{name}: shape {table.shape}: expected ({num_symbols} or more, D) rows, one per token id")
-        table = np.ascontiguousarray(table[:num_symbols], dtype=np.float32)
-        bad = np.argwhere(~np.isfinite(table))
-        if bad.size:
-            raise ValueError(f"{name}: entry [{bad[0][0]}, {bad[0][1]}] is not finite: expected finite embeddings")
-        info: dict[str, Any] = {"kind": "file", "dim": int(table.shape[1])}
-        if isinstance(embeddings, (str, os.PathLike)):
-            info["path"] = os.path.abspath(os.fspath(embeddings))
-            info["sha256"] = hashlib.sha256(table.tobytes()).hexdigest()
-        return table, info
-    if dim is None and num_symbols <= ONE_HOT_MAX_SYMBOLS:
-        return np.eye(num_symbols, dtype=np.float32), {"kind": "one-hot", "dim": num_symbols}
-    dim = DEFAULT_QUERY_DIM if dim is None else int(dim)
-    if dim < 1:
-        raise ValueError(f"dim = {dim}: expected a positive query dimension")
-    rng = np.random.default_rng(seed)
-    table = (rng.standard_normal((num_symbols, dim)) / np.sqrt(dim)).astype(np.float32)
-    return table, {"kind": "random", "dim": dim, "seed": int(seed)}
-
-
-def store_table_for_append(
-    store: TripleStore, stored: np.ndarray, *, embeddings: Any, dim: int | None, seed: int
-) -> tuple[np.ndarray, dict[str, Any]]:
-    """The table appended rows are embedded with: the store's own, so old and new queries agree.
-
-    A table the caller asked for (``embeddings``, or ``dim`` with ``seed``) must equal the stored one.
-    """
-    info = {"kind": "store", "dim": int(stored.shape[1])}
-    if embeddings is None and dim is None:
-        return stored, info
-    requested, _ = embedding_table(stored.shape[0], embeddings=embeddings, dim=dim, seed=seed)
-    if requested.shape[1] != stored.shape[1]:
-        raise SchemaMismatchError(
-            f"{store.location}: cannot append: query_dim {requested.shape[1]} (store has {stored.shape[1]})"
-        )
-    if not np.array_equal(requested, stored):
-        raise SchemaMismatchError(
-            f"{store.location}: cannot append: the requested embedding table differs from the store's "
-            f"{stored.shape} table, so new queries would not match old ones; omit the embedding options to use it"
-        )
-    return stored, info
 
 
 class WindowStream:
@@ -109,14 +65,25 @@ class WindowStream:
         )
 
 
-def _checked_pieces(tokens: Any, name: str, num_symbols: int) -> Iterator[np.ndarray]:
-    """Blocks of the stream, with an out-of-range id named by its position in the whole stream."""
-    for number, piece in enumerate(row_blocks(tokens, _TOKEN_BLOCK)):
+def load_token_stream(tokens: Any) -> tuple[Any, str]:
+    """The stream (an array, or a block reader of a ``.npy`` file) and the name errors use; 1-d integers only."""
+    stream, name = load_array(tokens, "tokens")
+    if stream.ndim != 1 or stream.dtype.kind not in "iu":
+        raise ValueError(
+            f"{name}: shape {stream.shape}, dtype {stream.dtype}: expected a 1-d array of integer token ids"
+        )
+    return stream, name
+
+
+def checked_pieces(tokens: Any, name: str, num_symbols: int, hint: str = "") -> Iterator[np.ndarray]:
+    """Blocks of the stream, with an out-of-range id named by its position in the whole stream (and ``hint``)."""
+    block = _TOKEN_BLOCK  # read once: tests shrink it to put boundaries where they want
+    for number, piece in enumerate(row_blocks(tokens, block)):
         bad = np.flatnonzero((piece < 0) | (piece >= num_symbols))
         if bad.size:
             i = int(bad[0])
             raise ValueError(
-                f"{name}[{number * _TOKEN_BLOCK + i}] = {int(piece[i])}: expected a token id in [0, {num_symbols}) "
+                f"{name}[{number * block + i}] = {int(piece[i])}: expected a token id in [0, {num_symbols}){hint} "
                 f"({bad.size} bad ids in this block)"
             )
         yield piece
@@ -125,52 +92,79 @@ def _checked_pieces(tokens: Any, name: str, num_symbols: int) -> Iterator[np.nda
 def write_tokens(
     out: str | os.PathLike[str],
     tokens: Any,
-    context_length: int,
+    context_length: int | None,
     *,
     num_symbols: int | None = None,
     embeddings: Any = None,
     dim: int | None = None,
-    seed: int = 0,
+    seed: int | None = None,
+    documents: Any = None,
+    like: TripleStore | str | os.PathLike[str] | None = None,
     options: WriteOptions | None = None,
 ) -> TripleStore:
-    """Write the windows of a token stream (an (L,) integer array or ``.npy`` path) as a store of L - N rows.
+    """Write the windows of a token stream (an (L,) integer array or ``.npy`` path) as a store.
 
-    S = T = ``num_symbols`` (default: largest id + 1). Queries come from :func:`embedding_table`,
-    which is saved in the store (:meth:`TripleStore.embeddings`).
+    S = T = ``num_symbols`` (default: largest id + 1). Queries come from :func:`embedding_table`
+    (``seed`` defaults to 0), which is saved in the store (:meth:`TripleStore.embeddings`).
+
+    ``documents``: the first token index of each document (an int array or ``.npy`` path; strictly
+    increasing, starting with 0); windows never span two documents, so a document of fewer than
+    N + 1 tokens gives no rows. Without it the stream is one document (L - N rows).
+
+    ``like``: a token or text store (or its URL) whose N, S = T, embedding table and vocabulary the
+    new store takes (see :mod:`~dist_respattn.store.like`); ``context_length`` may then be ``None``,
+    and a conflicting option is refused.
     """
     options = options or WriteOptions()
-    stream, name = load_array(tokens, "tokens")
-    if stream.ndim != 1 or stream.dtype.kind not in "iu":
-        raise ValueError(
-            f"{name}: shape {stream.shape}, dtype {stream.dtype}: expected a 1-d array of integer token ids"
-        )
+    reference = open_like(like, options)
+    stream, name = load_token_stream(tokens)
+    if reference is not None:
+        context_length = reference.context_length(context_length)
     if isinstance(context_length, bool) or not isinstance(context_length, (int, np.integer)) or context_length < 1:
         raise ValueError(f"context_length = {context_length!r}: expected a positive integer")
+    starts, starts_name, num_documents = None, "", 1
+    if documents is not None:
+        starts, starts_name, num_documents = check_document_starts(documents, int(stream.shape[0]), name)
     existing = TripleStore.open(out, storage_options=options.storage_options) if options.append else None
-    if num_symbols is None:
-        if existing is not None:
-            num_symbols = existing.schema.num_symbols
-        else:
-            num_symbols = max_id(stream) + 1
-    if num_symbols < 1:
-        raise ValueError(f"{name}: no tokens: expected a non-empty stream")
-    stored_table = existing.embeddings() if existing is not None else None
-    if existing is not None and stored_table is not None:
-        table, table_info = store_table_for_append(existing, stored_table, embeddings=embeddings, dim=dim, seed=seed)
+    if reference is not None:
+        num_symbols = reference.num_symbols(num_symbols)
+        table, table_info = reference.table(embeddings=embeddings, dim=dim, seed=seed), reference.table_info()
     else:
-        table, table_info = embedding_table(num_symbols, embeddings=embeddings, dim=dim, seed=seed)
+        if num_symbols is None:
+            num_symbols = existing.schema.num_symbols if existing is not None else max_id(stream) + 1
+        if num_symbols < 1:
+            raise ValueError(f"{name}: no tokens: expected a non-empty stream")
+        stored_table = existing.embeddings() if existing is not None else None
+        if existing is not None and stored_table is not None:
+            table, table_info = store_table_for_append(
+                existing, stored_table, embeddings=embeddings, dim=dim, seed=0 if seed is None else seed
+            )
+        else:
+            table, table_info = embedding_table(num_symbols, embeddings=embeddings, dim=dim, seed=seed or 0)
     schema = StoreSchema(num_symbols, int(context_length), table.shape[1], num_symbols, options.query_dtype)
-    provenance = {
+    provenance: dict[str, Any] = {
         "source": "tokens",
         "tokens": os.path.abspath(name) if name != "tokens" else "array",
         "tokens_count": int(stream.shape[0]),
+        "documents": num_documents,
         "embedding": table_info,
     }
+    if starts is not None:
+        provenance["documents_file"] = os.path.abspath(starts_name) if starts_name != "documents" else "array"
+    if reference is not None:
+        provenance.update(reference.provenance())
+    elif not options.append:
+        provenance.update(identity_provenance(None, table))
+    hint = f" (the symbols of --like {reference.url})" if reference is not None else ""
     with open_writer(out, schema, options, provenance) as writer:
-        if not options.append:
+        if reference is not None:
+            reference.copy_into(writer)
+        elif not options.append:
             writer.write_embeddings(table)
-        windows = WindowStream(int(context_length), num_symbols, table)
-        for piece in _checked_pieces(stream, name, num_symbols):
-            context, query, target = windows.feed(piece)
+        windows = DocumentWindows(
+            int(context_length), num_symbols, table, None if starts is None else starts_blocks(starts)
+        )
+        for piece in checked_pieces(stream, name, num_symbols, hint):
+            context, query, target, _ = windows.feed(piece)
             writer.write(context, query, target, source=name)
         return writer.close()

@@ -16,6 +16,7 @@ from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.serialization import MODEL_ARRAY_NAMES, distribution_from_arrays
 from dist_respattn.store.checks import EncodedRows, structural_problems
 from dist_respattn.store.errors import IncompleteStoreError, StoreCorruptError, StoreError
+from dist_respattn.store.identity import corpus_identity
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.schema import StoreSchema, StoreState
 
@@ -74,6 +75,7 @@ class TripleStore:
         self.partition_rows = int(attributes["partition_rows"])
         self._arrays = {name: group[name] for name in schema.array_specs()}
         self._verified_partitions: set[int] = set()
+        self._identity: dict[str, str | None] | None = None
 
     @classmethod
     def open(
@@ -213,8 +215,19 @@ class TripleStore:
             return None
         return dict(self._group["vocabulary"].attrs)
 
+    def identity(self) -> dict[str, str | None]:
+        """Which corpus the ids and queries belong to: ``{"vocabulary": sha256 | None, "embeddings": sha256 | None}``.
+
+        The hashes the writer recorded, or for an older store the same hashes computed from its
+        vocabulary and embedding table; ``None`` for what the store does not carry (see
+        :mod:`dist_respattn.store.identity`). Two stores of one corpus have equal identities.
+        """
+        if self._identity is None:
+            self._identity = corpus_identity(self)
+        return dict(self._identity)
+
     def describe(self) -> dict[str, Any]:
-        """What ``dist-respattn info`` prints: schema, rows, layout, sizes and provenance."""
+        """What ``dist-respattn info`` prints: schema, rows, layout, sizes, corpus identity and provenance."""
         arrays = {}
         for name, array in self._arrays.items():
             arrays[name] = {
@@ -235,5 +248,6 @@ class TripleStore:
             "fingerprint": self.fingerprint(),
             "arrays": arrays,
             "has_true_model": "truth" in self._group,
+            "identity": self.identity(),
             "provenance": self.provenance,
         }

@@ -10,11 +10,12 @@ from typing import Any
 
 from dist_respattn.store.checks import EncodedRows, Problem, block_problems, structural_problems
 from dist_respattn.store.errors import StoreError
+from dist_respattn.store.identity import IDENTITY_KEYS, embedding_sha256, short_hash, vocabulary_sha256
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreSchema
 from dist_respattn.store.triple_store import open_group_at, shard_key
 
-__all__ = ["ValidationReport", "scan_partition", "validate"]
+__all__ = ["ValidationReport", "identity_problems", "scan_partition", "validate"]
 
 
 @dataclasses.dataclass
@@ -126,6 +127,7 @@ def validate(
     report = ValidationReport(str(location), list(problems))
     if schema is None or any(p.array is None for p in problems) or not _shapes_agree(group, schema):
         return report  # values cannot be located reliably; the structural problems say why
+    report.problems.extend(identity_problems(group, attributes))
     partitions = range(-(-attributes["rows"] // attributes["partition_rows"]))
     if client is not None:
         run = uuid.uuid4().hex[:8]
@@ -153,6 +155,38 @@ def validate(
         report.rows_scanned += rows
         report.chunks_scanned += chunks
     return report
+
+
+def identity_problems(group: Any, attributes: dict[str, Any]) -> list[Problem]:
+    """The recorded corpus identity must still describe the vocabulary and table the store holds.
+
+    Otherwise a store edited after it was written would pass for another corpus (or its own).
+    """
+    provenance = attributes.get("provenance") or {}
+    content = {
+        "vocabulary": (
+            "vocabulary" in group,
+            lambda: vocabulary_sha256(group["vocabulary"].attrs.get("tokens", [])),
+            "vocabulary/zarr.json",
+        ),
+        "embeddings": ("embeddings" in group, lambda: embedding_sha256(group["embeddings"][...]), "embeddings"),
+    }
+    problems = []
+    for key, (present, digest, where) in content.items():
+        recorded = provenance.get(IDENTITY_KEYS[key])
+        if recorded is None:
+            continue
+        if not present:
+            message = f"the provenance records {IDENTITY_KEYS[key]} {short_hash(recorded)}, but {where} is missing"
+        elif (actual := digest()) != recorded:
+            message = (
+                f"{where} hashes to {short_hash(actual)}, but the provenance records {IDENTITY_KEYS[key]} "
+                f"{short_hash(recorded)}: it was changed after the store was written"
+            )
+        else:
+            continue
+        problems.append(Problem(message, array=key))
+    return problems
 
 
 def _shapes_agree(group: Any, schema: StoreSchema) -> bool:

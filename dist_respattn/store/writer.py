@@ -312,6 +312,13 @@ class StoreWriter:
         """Keep a text store's vocabulary as JSON: the attributes of its ``vocabulary`` group."""
         self._group.create_group("vocabulary", attributes=vocabulary, overwrite=True)
 
+    def add_provenance(self, entries: Mapping[str, Any]) -> None:
+        """Record more about how the rows were made (e.g. counts known only after the last row), on :meth:`close`.
+
+        A new store keeps them in its provenance, an append in its record under ``appends``.
+        """
+        self._provenance.update(entries)
+
     # -- ending ----------------------------------------------------------------------------
 
     def close(self) -> TripleStore:

@@ -1,0 +1,156 @@
+"""``dist-respattn split``: one corpus into train, validation and test stores of one vocabulary and table."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from typing import Any
+
+from dist_respattn.cli.common import CommandError, positive_int, progress_bar, say
+from dist_respattn.cli.store_commands import add_common_options, add_layout_options, identity_line, write_options
+
+__all__ = ["register"]
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and 0.0 < value < 1.0):
+        raise argparse.ArgumentTypeError(f"{text}: expected a fraction in (0, 1)")
+    return value
+
+
+def register(sub: Any) -> None:
+    """Add the ``split`` subcommand."""
+    split = sub.add_parser(
+        "split",
+        help="split one corpus into OUT_DIR/{train,validation,test}.zarr sharing one vocabulary and table",
+        description=(
+            "Split one corpus into OUT_DIR/train.zarr, validation.zarr and test.zarr, which share one vocabulary "
+            "(text: counted on the train documents only), S, T, window N and embedding table, so a model fitted "
+            "on the train store can be validated and tested on the others. Each document (a text file; a token "
+            "document of --documents, else a block of --block-tokens tokens) goes to a split by a sha256 of "
+            "--split-seed and its key (a file's path relative to the root it was found under, so the split is the "
+            "same on every machine; a token document's index)."
+        ),
+    )
+    split.add_argument("out_dir", metavar="OUT_DIR", help="directory (or fsspec URL) the three stores go in")
+    source = split.add_mutually_exclusive_group(required=True)
+    source.add_argument("--tokens", metavar="TOKENS.npy", help="a 1-d array of token ids")
+    source.add_argument(
+        "--text",
+        nargs="*",
+        metavar="PATH",
+        help="text files, globs, or directories (their .txt/.md/.rst/.py files); none: the stdlib source",
+    )
+    split.add_argument("--context", type=positive_int, required=True, help="the window N")
+    split.add_argument(
+        "--documents", metavar="STARTS.npy", help="with --tokens: the first token index of each document"
+    )
+    split.add_argument(
+        "--block-tokens",
+        type=positive_int,
+        help="with --tokens and no --documents: tokens per document the stream is cut into (default 10000)",
+    )
+    split.add_argument(
+        "--vocab-size", type=positive_int, help="with --text: K most frequent train tokens kept (default 2000)"
+    )
+    split.add_argument("--symbols", type=positive_int, help="with --tokens: S (default: largest id + 1)")
+    split.add_argument("--embeddings", metavar="E.npy", help="with --tokens: an (S, D) query table")
+    split.add_argument(
+        "--dim", type=positive_int, help="D of a seeded random projection (default: one-hot up to 256 symbols, else 32)"
+    )
+    split.add_argument("--seed", type=int, help="seed of the random projection (default 0)")
+    split.add_argument(
+        "--fractions",
+        nargs=3,
+        type=_fraction,
+        default=[0.8, 0.1, 0.1],
+        metavar=("TRAIN", "VALIDATION", "TEST"),
+        help="shares of the documents, each > 0, summing to 1 (default 0.8 0.1 0.1)",
+    )
+    split.add_argument("--split-seed", type=int, default=0, help="seed of the document hash (default 0)")
+    split.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        help="take documents in a seeded hashed order until this many tokens are taken (a slice of a large corpus)",
+    )
+    add_layout_options(split, append=False)
+    add_common_options(split)
+    split.set_defaults(handler=_run_split, printer=_print_split)
+
+
+def _run_split(args: argparse.Namespace) -> dict[str, Any]:
+    from dist_respattn.store import TextCorpus, TokenCorpus, default_corpus, write_split
+
+    misplaced = {
+        "--documents": args.documents is not None and args.tokens is None,
+        "--block-tokens": args.block_tokens is not None and (args.tokens is None or args.documents is not None),
+        "--symbols": args.symbols is not None and args.tokens is None,
+        "--embeddings": args.embeddings is not None and args.tokens is None,
+        "--vocab-size": args.vocab_size is not None and args.text is None,
+    }
+    wrong = [flag for flag, bad in misplaced.items() if bad]
+    if wrong:
+        raise CommandError(f"{', '.join(wrong)}: not for this source: see `dist-respattn split --help`")
+    if not math.isclose(sum(args.fractions), 1.0):
+        given = " ".join(f"{f:g}" for f in args.fractions)
+        raise CommandError(f"--fractions {given}: expected shares that sum to 1 (e.g. 0.8 0.1 0.1)")
+    source: Any
+    if args.tokens is not None:
+        source = TokenCorpus(args.tokens, args.documents, args.block_tokens or 10_000)
+    else:
+        if not args.text:
+            say(args, f"no --text path given: using the Python standard library's source at {default_corpus()}")
+        source = TextCorpus(args.text)
+    started = time.perf_counter()
+    unit = "rows" if args.tokens is not None else "files"
+    with progress_bar(None, unit, "splitting") as bar:
+        stores = write_split(
+            args.out_dir,
+            source,
+            args.context,
+            fractions=args.fractions,
+            split_seed=args.split_seed,
+            max_tokens=args.max_tokens,
+            vocab_size=args.vocab_size,
+            num_symbols=args.symbols,
+            embeddings=args.embeddings,
+            dim=args.dim,
+            seed=args.seed,
+            file_progress=bar.update if args.tokens is None else None,
+            options=write_options(args, bar.update if args.tokens is not None else None),
+        )
+    seconds = time.perf_counter() - started
+    described = {name: store.describe() for name, store in stores.items()}
+    train = described["train"]
+    return {
+        "out_dir": args.out_dir,
+        "fractions": list(args.fractions),
+        "split_seed": args.split_seed,
+        "max_tokens": args.max_tokens,
+        "identity": train["identity"],
+        **{k: train[k] for k in ("num_symbols", "context_length", "query_dim", "num_targets")},
+        "seconds": round(seconds, 3),
+        "stores": {
+            name: {
+                **report,
+                "documents": report["provenance"]["split"]["documents"],
+                "tokens": report["provenance"].get("tokens_count"),
+            }
+            for name, report in described.items()
+        },
+    }
+
+
+def _print_split(report: dict[str, Any]) -> None:
+    for name, store in report["stores"].items():
+        print(
+            f"{name:<11}  {store['url']}: {store['rows']:,} rows, {store['documents']:,} documents, "
+            f"{store['tokens']:,} tokens"
+        )
+    print(
+        f"shared       S={report['num_symbols']}, N={report['context_length']}, D={report['query_dim']}, "
+        f"T={report['num_targets']}; identity {identity_line(report['identity'])}"
+    )
+    print(f"written in   {report['seconds']:.1f} s (split seed {report['split_seed']})")

@@ -1,0 +1,404 @@
+"""One corpus split into train, validation and test stores that share its vocabulary and embedding table.
+
+A document goes to a split by a hash of the split seed and its key, so the split does not depend on
+the machine, the file order or the other documents:
+``u = int(sha256(f"split\\n{seed}\\n{key}")[:8]) / 2**64``; train when ``u < f_train``, validation when
+``u < f_train + f_validation``, else test. The key of a text file is its path relative to the root
+it was found under (:class:`~dist_respattn.store.text.TextDocument`); that of a token document is its
+index. A token stream without document starts is cut into contiguous documents of
+``block_tokens`` tokens (default 10,000), so the splits interleave through the stream; no window
+spans two of them.
+
+``max_tokens`` takes documents in the order of a second hash (``"order"`` for ``"split"``) until
+at least that many tokens are taken: a deterministic, unbiased slice of a large corpus.
+
+The vocabulary is counted on the train documents only (held-out words are out of vocabulary, as
+they would be for a model trained on the train store), then the three stores are written in one
+pass over the documents, with one writer (one partition of rows) each. Text is read twice (count,
+write); a token stream once, plus its document starts. Memory: the writers' buffers, the
+vocabulary counts, and a few bytes per document (its split, and its length with ``max_tokens``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+from collections import Counter
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+
+from dist_respattn.store.common import WriteOptions, open_writer
+from dist_respattn.store.documents import DocumentWindows, check_document_starts, fixed_starts, starts_blocks
+from dist_respattn.store.errors import StoreError
+from dist_respattn.store.identity import identity_provenance
+from dist_respattn.store.location import StoreLocation
+from dist_respattn.store.npy import max_id
+from dist_respattn.store.schema import StoreSchema
+from dist_respattn.store.tables import embedding_table
+from dist_respattn.store.text import (
+    DEFAULT_VOCAB_SIZE,
+    TOKENIZER_NAME,
+    count_tokens,
+    default_corpus,
+    iter_text_documents,
+    vocabulary_from_counts,
+    write_text_document,
+)
+from dist_respattn.store.tokens import checked_pieces, load_token_stream
+from dist_respattn.store.triple_store import TripleStore
+from dist_respattn.store.writer import StoreWriter
+
+__all__ = [
+    "DEFAULT_BLOCK_TOKENS",
+    "DEFAULT_FRACTIONS",
+    "SPLIT_NAMES",
+    "TextCorpus",
+    "TokenCorpus",
+    "assign_split",
+    "split_locations",
+    "write_split",
+]
+
+SPLIT_NAMES = ("train", "validation", "test")
+DEFAULT_FRACTIONS = (0.8, 0.1, 0.1)
+#: Documents of a token stream given without starts: contiguous blocks of this many tokens.
+DEFAULT_BLOCK_TOKENS = 10_000
+
+
+@dataclasses.dataclass(frozen=True)
+class TextCorpus:
+    """Text files, globs or directories, as ``ingest --text`` takes them; none: the standard library's source."""
+
+    paths: Sequence[str | os.PathLike[str]] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenCorpus:
+    """A token stream (an (L,) int array or ``.npy`` path) and its document starts (array or path, or ``None``).
+
+    Without starts, the stream is cut into documents of ``block_tokens`` tokens.
+    """
+
+    tokens: Any
+    documents: Any = None
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+
+
+def _hash_unit(purpose: str, seed: int, key: str) -> float:
+    digest = hashlib.sha256(f"{purpose}\n{seed}\n{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def assign_split(key: str, seed: int, fractions: Sequence[float]) -> int:
+    """The split (0 train, 1 validation, 2 test) of the document with ``key``, by the module docstring's hash."""
+    u = _hash_unit("split", seed, key)
+    if u < fractions[0]:
+        return 0
+    return 1 if u < fractions[0] + fractions[1] else 2
+
+
+def _checked_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
+    values = tuple(float(f) for f in fractions)
+    if len(values) != 3 or not all(math.isfinite(f) and f > 0 for f in values) or not math.isclose(sum(values), 1.0):
+        raise ValueError(
+            f"fractions = {list(fractions)} (--fractions): expected three numbers > 0, "
+            f"for train, validation and test, that sum to 1"
+        )
+    train, validation, test = values
+    return train, validation, test
+
+
+def split_locations(out_dir: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{"train": OUT_DIR/train.zarr, ...}`` as store locations."""
+    base = StoreLocation.of(out_dir, storage_options)
+    return {name: StoreLocation(f"{base.url}/{name}.zarr", base.storage_options) for name in SPLIT_NAMES}
+
+
+class _Plan:
+    """Which documents go where: ``split`` (int8 per document) and ``taken`` (bool per document)."""
+
+    def __init__(self, keys: Sequence[str], seed: int, fractions: Sequence[float]) -> None:
+        self.keys = keys
+        self.seed = seed
+        self.split = np.fromiter((assign_split(k, seed, fractions) for k in keys), dtype=np.int8, count=len(keys))
+        self.taken = np.ones(len(keys), dtype=bool)
+
+    def take_until(self, max_tokens: int, length: Callable[[int], int]) -> None:
+        """Keep documents in hashed order until ``max_tokens`` tokens are kept (``length(i)``: document i's tokens)."""
+        order = sorted(range(len(self.keys)), key=lambda i: _hash_unit("order", self.seed, self.keys[i]))
+        self.taken[:] = False
+        total = 0
+        for i in order:
+            if total >= max_tokens:
+                break
+            self.taken[i] = True
+            total += length(i)
+
+    def documents(self, index: int) -> int:
+        return int(np.count_nonzero(self.taken & (self.split == index)))
+
+    def check_every_split_has_documents(self, locations: dict[str, Any], fractions: Sequence[float]) -> None:
+        for index, name in enumerate(SPLIT_NAMES):
+            if not self.documents(index):
+                raise ValueError(
+                    f"{locations[name]}: the {name} split gets none of the {int(self.taken.sum())} documents with "
+                    f"fractions {list(fractions)} and split seed {self.seed}: give it a larger fraction "
+                    f"(--fractions TRAIN VALIDATION TEST), another --split-seed, or more documents"
+                )
+
+
+def _check_rows(writers: dict[str, StoreWriter], plan: _Plan, tokens: dict[str, int]) -> None:
+    """Every split must hold a row: a store of none cannot be fitted or scored."""
+    for index, name in enumerate(SPLIT_NAMES):
+        writer = writers[name]
+        if writer.rows_written == 0:
+            n = writer.schema.context_length
+            raise ValueError(
+                f"{writer.location}: the {name} split has no rows: its {plan.documents(index)} documents "
+                f"({tokens[name]} tokens) have none longer than N = {n} tokens; give it a larger fraction "
+                f"(--fractions TRAIN VALIDATION TEST), or a smaller --context"
+            )
+
+
+def _split_record(
+    name: str, fractions: Sequence[float], seed: int, documents: int, max_tokens: int | None
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "fractions": list(fractions),
+        "seed": seed,
+        "documents": documents,
+        "max_tokens": max_tokens,
+    }
+
+
+def write_split(
+    out_dir: str | os.PathLike[str],
+    source: TextCorpus | TokenCorpus,
+    context_length: int,
+    *,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    split_seed: int = 0,
+    max_tokens: int | None = None,
+    vocab_size: int | None = None,
+    num_symbols: int | None = None,
+    embeddings: Any = None,
+    dim: int | None = None,
+    seed: int | None = None,
+    file_progress: Callable[[int], None] | None = None,
+    options: WriteOptions | None = None,
+) -> dict[str, TripleStore]:
+    """Split one corpus into ``OUT_DIR/train.zarr``, ``validation.zarr`` and ``test.zarr`` (see the module docstring).
+
+    The three stores share N, S = T, the embedding table (``embeddings``, or ``dim``/``seed`` as
+    :func:`~dist_respattn.store.tokens.embedding_table`) and, for text, the vocabulary of the
+    ``vocab_size`` (default :data:`~dist_respattn.store.text.DEFAULT_VOCAB_SIZE`) most frequent train
+    tokens; for tokens S is ``num_symbols`` (default: largest id + 1). Each store records
+    ``split`` in its provenance. ``options`` lay out every store (``append`` is refused; with
+    ``overwrite`` each replaces its predecessor when it is complete). Every split must get at
+    least one row, else nothing is kept and a ``ValueError`` names the split. Returns the stores by name.
+    """
+    options = options or WriteOptions()
+    if options.append:
+        raise ValueError("append=True (--append): a split writes three new stores; write them again, or ingest more")
+    if isinstance(context_length, bool) or not isinstance(context_length, (int, np.integer)) or context_length < 1:
+        raise ValueError(f"context_length = {context_length!r} (--context): expected a positive integer")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens = {max_tokens!r} (--max-tokens): expected a positive number of tokens")
+    fractions = _checked_fractions(fractions)
+    locations = split_locations(out_dir, options.storage_options)
+    if not options.overwrite:
+        for location in locations.values():
+            if location.exists():
+                raise StoreError(f"{location}: already exists: pass overwrite=True (--overwrite)")
+    if isinstance(source, TextCorpus):
+        if embeddings is not None or num_symbols is not None:
+            raise ValueError("embeddings and num_symbols (--embeddings, --symbols) are for a token corpus")
+        return _split_text(
+            locations,
+            source,
+            int(context_length),
+            fractions,
+            split_seed,
+            max_tokens,
+            vocab_size,
+            dim,
+            seed,
+            file_progress,
+            options,
+        )
+    if vocab_size is not None:
+        raise ValueError("vocab_size (--vocab-size) is for a text corpus: a token corpus has S = largest id + 1")
+    return _split_tokens(
+        locations,
+        source,
+        int(context_length),
+        fractions,
+        split_seed,
+        max_tokens,
+        num_symbols,
+        embeddings,
+        dim,
+        seed,
+        options,
+    )
+
+
+def _split_text(
+    locations: dict[str, Any],
+    source: TextCorpus,
+    n: int,
+    fractions: Sequence[float],
+    split_seed: int,
+    max_tokens: int | None,
+    vocab_size: int | None,
+    dim: int | None,
+    seed: int | None,
+    file_progress: Callable[[int], None] | None,
+    options: WriteOptions,
+) -> dict[str, TripleStore]:
+    paths = [os.fspath(p) for p in source.paths] or [default_corpus()]
+    documents = iter_text_documents(paths)
+    plan = _Plan([d.key for d in documents], split_seed, fractions)
+    counts: Counter[str] = Counter()
+
+    def counted(i: int) -> Counter[str]:
+        found = count_tokens(documents[i].path)
+        if file_progress is not None:
+            file_progress(1)
+        return found
+
+    if max_tokens is not None:
+        # Counting a file tells its length; a train file's counts go to the vocabulary on the way.
+        def length(i: int) -> int:
+            found = counted(i)
+            if plan.split[i] == 0:
+                counts.update(found)
+            return sum(found.values())
+
+        plan.take_until(max_tokens, length)
+        plan.check_every_split_has_documents(locations, fractions)
+    else:
+        plan.check_every_split_has_documents(locations, fractions)
+        for train_document in np.flatnonzero(plan.split == 0).tolist():
+            counts.update(counted(train_document))
+    size = DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size
+    vocabulary = vocabulary_from_counts(counts, size, plan.documents(0))
+    table, table_info = embedding_table(vocabulary.num_symbols, dim=dim, seed=seed or 0)
+    schema = StoreSchema(vocabulary.num_symbols, n, table.shape[1], vocabulary.num_symbols, options.query_dtype)
+    common = {
+        "source": "text",
+        "paths": [os.path.abspath(p) for p in paths],
+        "tokenizer": TOKENIZER_NAME,
+        "vocabulary": "vocabulary/zarr.json",
+        "vocab_size": len(vocabulary.tokens),
+        "embedding": table_info,
+        **identity_provenance(vocabulary.tokens, table),
+    }
+    lookup = vocabulary.lookup()
+    tokens = dict.fromkeys(SPLIT_NAMES, 0)
+    oov = dict.fromkeys(SPLIT_NAMES, 0)
+    with ExitStack() as stack:
+        writers = {}
+        for index, name in enumerate(SPLIT_NAMES):
+            record = {
+                **common,
+                "files": plan.documents(index),
+                "documents": plan.documents(index),
+                "split": _split_record(name, fractions, split_seed, plan.documents(index), max_tokens),
+            }
+            writers[name] = stack.enter_context(open_writer(locations[name], schema, options, record))
+            writers[name].write_embeddings(table)
+            writers[name].write_vocabulary(vocabulary.to_json())
+        for i, document in enumerate(documents):
+            if not plan.taken[i]:
+                continue
+            owner = SPLIT_NAMES[int(plan.split[i])]
+            counted_tokens, unknown = write_text_document(writers[owner], document.path, vocabulary, lookup, table)
+            tokens[owner] += counted_tokens
+            oov[owner] += unknown
+            if file_progress is not None:
+                file_progress(1)
+        _check_rows(writers, plan, tokens)
+        for name, writer in writers.items():
+            writer.add_provenance({"tokens_count": tokens[name], "oov_count": oov[name]})
+        return {name: writer.close() for name, writer in writers.items()}
+
+
+def _split_tokens(
+    locations: dict[str, Any],
+    source: TokenCorpus,
+    n: int,
+    fractions: Sequence[float],
+    split_seed: int,
+    max_tokens: int | None,
+    num_symbols: int | None,
+    embeddings: Any,
+    dim: int | None,
+    seed: int | None,
+    options: WriteOptions,
+) -> dict[str, TripleStore]:
+    stream, name = load_token_stream(source.tokens)
+    length = int(stream.shape[0])
+    if source.documents is not None:
+        starts, starts_name, count = check_document_starts(source.documents, length, name)
+
+        def blocks() -> Any:
+            return starts_blocks(starts)
+    else:
+        block = source.block_tokens
+        if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
+            raise ValueError(f"block_tokens = {block!r} (--block-tokens): expected a positive number of tokens")
+        count, starts_name = -(-length // int(block)), ""
+
+        def blocks() -> Any:
+            return fixed_starts(length, int(block))
+
+    plan = _Plan([str(i) for i in range(count)], split_seed, fractions)
+    # Document lengths, from the starts alone (the stream is read once, when writing).
+    firsts = np.concatenate(list(blocks()) or [np.zeros(0, dtype=np.int64)])
+    lengths = np.diff(np.append(firsts, length))
+    if max_tokens is not None:
+        plan.take_until(max_tokens, lambda i: int(lengths[i]))
+    plan.check_every_split_has_documents(locations, fractions)
+    if num_symbols is None:
+        num_symbols = max_id(stream) + 1
+    table, table_info = embedding_table(num_symbols, embeddings=embeddings, dim=dim, seed=seed or 0)
+    schema = StoreSchema(num_symbols, n, table.shape[1], num_symbols, options.query_dtype)
+    common: dict[str, Any] = {
+        "source": "tokens",
+        "tokens": os.path.abspath(name) if name != "tokens" else "array",
+        "embedding": table_info,
+        **identity_provenance(None, table),
+    }
+    if source.documents is not None:
+        common["documents_file"] = os.path.abspath(starts_name) if starts_name != "documents" else "array"
+    else:
+        common["block_tokens"] = int(source.block_tokens)
+    tokens = {split: int(lengths[plan.taken & (plan.split == index)].sum()) for index, split in enumerate(SPLIT_NAMES)}
+    with ExitStack() as stack:
+        writers = {}
+        for index, split in enumerate(SPLIT_NAMES):
+            record = {
+                **common,
+                "tokens_count": tokens[split],
+                "documents": plan.documents(index),
+                "split": _split_record(split, fractions, split_seed, plan.documents(index), max_tokens),
+            }
+            writers[split] = stack.enter_context(open_writer(locations[split], schema, options, record))
+            writers[split].write_embeddings(table)
+        windows = DocumentWindows(n, num_symbols, table, blocks())
+        for piece in checked_pieces(stream, name, num_symbols):
+            context, query, target, document = windows.feed(piece)
+            owner = np.where(plan.taken[document], plan.split[document], -1)
+            for index, split in enumerate(SPLIT_NAMES):
+                rows = owner == index
+                if rows.any():
+                    writers[split].write(context[rows], query[rows], target[rows], source=name)
+        _check_rows(writers, plan, tokens)
+        return {split: writer.close() for split, writer in writers.items()}

@@ -1,0 +1,81 @@
+"""The (S, D) tables token queries are looked up in: made, loaded, or reused from a store.
+
+Every token and text store keeps its table (``embeddings``), so an append, or a store written
+``--like`` another, embeds its queries exactly as the first rows were.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+
+from dist_respattn.store.errors import SchemaMismatchError
+from dist_respattn.store.npy import load_array
+from dist_respattn.store.triple_store import TripleStore
+
+__all__ = ["DEFAULT_QUERY_DIM", "ONE_HOT_MAX_SYMBOLS", "embedding_table", "store_table_for_append"]
+
+#: With neither a table nor a dimension, vocabularies up to this size get one-hot queries (D = S).
+ONE_HOT_MAX_SYMBOLS = 256
+#: Otherwise queries are a random projection of this dimension.
+DEFAULT_QUERY_DIM = 32
+
+
+def embedding_table(
+    num_symbols: int, *, embeddings: Any = None, dim: int | None = None, seed: int = 0
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """The (S, D) float32 query table and how it was made.
+
+    ``embeddings`` (an array or ``.npy`` path) is used as given; else ``dim`` gives a seeded random
+    projection ``N(0, 1/D)`` of that dimension; with neither, one-hot rows when S <=
+    :data:`ONE_HOT_MAX_SYMBOLS`, or a random projection of dimension :data:`DEFAULT_QUERY_DIM`.
+    """
+    if embeddings is not None:
+        if dim is not None:
+            raise ValueError("give an embedding table or a dimension, not both")
+        table, name = load_array(embeddings, "embeddings")
+        if table.ndim != 2 or table.shape[0] < num_symbols:
+            raise ValueError(f"{name}: shape {table.shape}: expected ({num_symbols} or more, D) rows, one per token id")
+        table = np.ascontiguousarray(table[:num_symbols], dtype=np.float32)
+        bad = np.argwhere(~np.isfinite(table))
+        if bad.size:
+            raise ValueError(f"{name}: entry [{bad[0][0]}, {bad[0][1]}] is not finite: expected finite embeddings")
+        info: dict[str, Any] = {"kind": "file", "dim": int(table.shape[1])}
+        if isinstance(embeddings, (str, os.PathLike)):
+            info["path"] = os.path.abspath(os.fspath(embeddings))
+            info["sha256"] = hashlib.sha256(table.tobytes()).hexdigest()
+        return table, info
+    if dim is None and num_symbols <= ONE_HOT_MAX_SYMBOLS:
+        return np.eye(num_symbols, dtype=np.float32), {"kind": "one-hot", "dim": num_symbols}
+    dim = DEFAULT_QUERY_DIM if dim is None else int(dim)
+    if dim < 1:
+        raise ValueError(f"dim = {dim}: expected a positive query dimension")
+    rng = np.random.default_rng(seed)
+    table = (rng.standard_normal((num_symbols, dim)) / np.sqrt(dim)).astype(np.float32)
+    return table, {"kind": "random", "dim": dim, "seed": int(seed)}
+
+
+def store_table_for_append(
+    store: TripleStore, stored: np.ndarray, *, embeddings: Any, dim: int | None, seed: int
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """The table appended rows are embedded with: the store's own, so old and new queries agree.
+
+    A table the caller asked for (``embeddings``, or ``dim`` with ``seed``) must equal the stored one.
+    """
+    info = {"kind": "store", "dim": int(stored.shape[1])}
+    if embeddings is None and dim is None:
+        return stored, info
+    requested, _ = embedding_table(stored.shape[0], embeddings=embeddings, dim=dim, seed=seed)
+    if requested.shape[1] != stored.shape[1]:
+        raise SchemaMismatchError(
+            f"{store.location}: cannot append: query_dim {requested.shape[1]} (store has {stored.shape[1]})"
+        )
+    if not np.array_equal(requested, stored):
+        raise SchemaMismatchError(
+            f"{store.location}: cannot append: the requested embedding table differs from the store's "
+            f"{stored.shape} table, so new queries would not match old ones; omit the embedding options to use it"
+        )
+    return stored, info
