@@ -43,21 +43,65 @@ def add_em_options(parser: argparse.ArgumentParser, title: str) -> None:
     em = parser.add_argument_group(title)
     em.add_argument("--max-iter", type=int, help="iterations at most, counted from the first (default 100)")
     em.add_argument("--tol", type=float, help="relative change of the mean log-likelihood to stop (default 1e-6)")
-    em.add_argument("--seed", type=int, help="seed of the random start, per partition (default 0)")
-    em.add_argument("--sigma2", type=positive_float, help="gate variance: the start, or fixed (default 1)")
     em.add_argument(
-        "--fixed-sigma2", action="store_const", const=True, help="keep --sigma2 fixed instead of learning it"
+        "--init",
+        choices=("uniform", "random"),
+        help="first model: the M-step of uniform attention (default) or of random responsibilities",
     )
-    em.add_argument("--min-sigma2", type=positive_float, help="floor of the learned variance (default 1e-6)")
-    em.add_argument("--emission-smoothing", type=float, help="additive emission smoothing (default 1e-6)")
+    em.add_argument("--seed", type=int, help="seed of a random start, per partition (default 0)")
+    em.add_argument(
+        "--sigma2",
+        type=positive_float,
+        help="fix the gate variance at this value (default: chosen on held-out rows); with --learn-sigma2, its start",
+    )
+    em.add_argument(
+        "--fixed-sigma2", action="store_const", const=True, help="keep the gate variance fixed at --sigma2 (default 1)"
+    )
+    em.add_argument(
+        "--learn-sigma2",
+        action="store_const",
+        const=True,
+        help="learn the gate variance by maximum likelihood (it collapses when queries are token embeddings)",
+    )
+    em.add_argument("--min-sigma2", type=positive_float, help="floor of a learned variance (default 1e-6)")
+    em.add_argument(
+        "--emission-prior",
+        choices=("continuation", "unigram", "uniform"),
+        help="backoff distribution the emission rows shrink toward (default continuation, as Kneser-Ney's)",
+    )
+    em.add_argument(
+        "--emission-strength",
+        type=float,
+        help="pseudo-counts of the emission prior per row (default: chosen on held-out rows)",
+    )
+    em.add_argument(
+        "--type-strength",
+        type=float,
+        help="pseudo-counts of the emission prior per distinct successor of a symbol (default: chosen on held-out)",
+    )
+    em.add_argument(
+        "--emission-smoothing",
+        type=float,
+        help="additive emission smoothing instead of the prior (the reference library's, e.g. 1e-6)",
+    )
     em.add_argument("--pseudo-count", type=float, help="Dirichlet strength on the position prior (default none)")
+    em.add_argument(
+        "--holdout-fraction",
+        type=float,
+        help="without --validation: share of the training rows held out for the choices (default 0.05; 0: none)",
+    )
     em.add_argument("--fan-in", type=positive_int, help="children per combine task (default 4)")
     em.add_argument(
         "--early-stop-metric",
         choices=("perplexity", "loglik"),
-        help="held-out metric for early stopping and the best checkpoint (default perplexity with --validation)",
+        help="held-out metric for early stopping and the best checkpoint (default perplexity with held-out rows)",
     )
     em.add_argument("--patience", type=positive_int, help="iterations without improvement before stopping (3)")
+    em.add_argument(
+        "--min-improvement",
+        type=float,
+        help="relative improvement of the held-out metric that resets the patience (default 0.001)",
+    )
 
 
 def security(args: argparse.Namespace) -> Any:
@@ -116,18 +160,24 @@ def register(sub: Any) -> None:
     evaluate.set_defaults(handler=_run_evaluate, printer=_print_evaluate)
 
 
-#: The options named like the FitSettings fields they set (``--fixed-sigma2`` is handled apart).
+#: The options named like the FitSettings fields they set (``--fixed-sigma2``/``--learn-sigma2`` are handled apart).
 _SETTING_OPTIONS = (
     "max_iter",
     "tol",
+    "init",
     "seed",
     "sigma2",
     "min_sigma2",
+    "emission_prior",
+    "emission_strength",
+    "type_strength",
     "emission_smoothing",
     "pseudo_count",
+    "holdout_fraction",
     "fan_in",
     "early_stop_metric",
     "patience",
+    "min_improvement",
 )
 
 
@@ -146,8 +196,15 @@ def settings_from(args: argparse.Namespace, base: Any) -> Any:
     import dataclasses
 
     given = {name: getattr(args, name) for name in _SETTING_OPTIONS if getattr(args, name) is not None}
+    if args.fixed_sigma2 and args.learn_sigma2:
+        raise CommandError("--fixed-sigma2 and --learn-sigma2 contradict each other: give one")
     if args.fixed_sigma2:
         given["estimate_sigma2"] = False
+        given.setdefault("sigma2", base.sigma2 if base.sigma2 is not None else 1.0)
+    if args.learn_sigma2:
+        given["estimate_sigma2"] = True
+    elif "sigma2" in given:
+        given.setdefault("estimate_sigma2", False)
     try:
         return dataclasses.replace(base, **given)
     except (TypeError, ValueError) as exc:
@@ -166,13 +223,17 @@ def fit_report(result: Any, store: Any) -> dict[str, Any]:
 
     model = result.model
     last = result.history[-1] if result.history else {}
+    # The held-out figures and choices of the model the directory serves: the best one, when validated.
+    best = next((h for h in result.history if h["iteration"] == result.best_iteration), last)
     order = sorted(range(model.context_length), key=lambda i: -model.position_prior[i])
     report: dict[str, Any] = {
         "model_dir": result.model_dir,
         "state": result.state,
         "iterations": result.iterations,
         "mean_log_likelihood": last.get("mean_log_likelihood"),
-        "heldout": last.get("heldout"),
+        "heldout": best.get("heldout"),
+        "heldout_rows": result.heldout_rows,
+        "hyperparameters": best.get("hyperparameters"),
         "best_iteration": result.best_iteration,
         "sigma2": model.sigma2,
         "position_prior_top": [[int(i), float(model.position_prior[i])] for i in order[:3]],
@@ -225,9 +286,16 @@ def print_fit_summary(report: dict[str, Any]) -> None:
         print(f"mean log-likelihood per row: {report['mean_log_likelihood']:.4f}")
     if report.get("heldout"):
         h = report["heldout"]
+        accuracy = f", accuracy {h['accuracy']:.2%}" if h.get("accuracy") is not None else ""
         print(
-            f"held-out: log-likelihood {h['mean_log_likelihood']:.4f}, perplexity {h['perplexity']:.4f}, "
-            f"accuracy {h['accuracy']:.2%} (best iteration {report['best_iteration']})"
+            f"held-out ({report.get('heldout_rows') or 'validation'}): log-likelihood {h['mean_log_likelihood']:.4f}, "
+            f"perplexity {h['perplexity']:.4f}{accuracy} (best iteration {report['best_iteration']})"
+        )
+    chosen = report.get("hyperparameters")
+    if chosen:
+        print(
+            f"chosen on held-out rows: sigma2 = {chosen['sigma2']:.4g}, emission prior strength "
+            f"{chosen['emission_strength']:.4g} + {chosen['type_strength']:.4g} per successor type"
         )
     top = ", ".join(f"{i} ({p:.1%})" for i, p in report["position_prior_top"])
     print(f"learned: gate variance sigma2 = {report['sigma2']:.4g}; most attended positions: {top}")

@@ -1,4 +1,7 @@
-"""The current parameters on the cluster: scattered once per model to every worker, the previous ones released."""
+"""The current parameters on the cluster: scattered once per model to every worker, the previous ones released.
+
+The same holds for the other per-iteration payload, the M-step's grid table the held-out pass reads.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +13,8 @@ from typing import Any
 import distributed
 
 from dist_respattn.engine.cluster import ClusterError
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 
-__all__ = ["ParameterBroadcast"]
+__all__ = ["ParameterBroadcast", "payload_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +47,17 @@ def _within(seconds: float, call: Callable[[], Any]) -> Any:
     return value
 
 
+def payload_bytes(payload: Any) -> int:
+    """The size that dominates a payload's transfer: its emission table (a model) or its count table (a grid)."""
+    for name in ("emission", "emission_count_ts"):
+        table = getattr(payload, name, None)
+        if table is not None:
+            return int(table.nbytes)
+    return 0
+
+
 class ParameterBroadcast:
-    """Holds the one future of the model the workers use now.
+    """Holds the one future of the payload (a model, or a grid table) the workers use now.
 
     The model goes to every worker (``broadcast=True``). Had it gone to one, the scheduler would
     place every E-step task on that worker, since moving tens of MB of parameters looks dearer than
@@ -55,27 +66,28 @@ class ParameterBroadcast:
     resubmitted after :meth:`republish`.
     """
 
-    def __init__(self, client: distributed.Client, run_tag: str) -> None:
+    def __init__(self, client: distributed.Client, run_tag: str, *, prefix: str = "params") -> None:
         self.client = client
         self.run_tag = run_tag
-        self._model: ResponsibilityAttentionDistribution | None = None
+        self.prefix = prefix
+        self._model: Any = None
         self._future: distributed.Future | None = None
         self._label = ""
 
-    def publish(self, model: ResponsibilityAttentionDistribution, label: str) -> distributed.Future:
-        """The future of ``model`` under key ``respattn-params-<label>-<tag>``; scatters only a new model."""
+    def publish(self, model: Any, label: str) -> distributed.Future:
+        """The future of ``model`` under key ``respattn-<prefix>-<label>-<tag>``; scatters only a new one."""
         if model is not self._model or self._future is None:
             self.release()
-            self._future = self._scatter(f"respattn-params-{label}-{self.run_tag}", model)
+            self._future = self._scatter(f"respattn-{self.prefix}-{label}-{self.run_tag}", model)
             self._model, self._label = model, label
         return self._future
 
-    def _scatter(self, key: str, model: ResponsibilityAttentionDistribution) -> distributed.Future:
+    def _scatter(self, key: str, model: Any) -> distributed.Future:
         """Send ``model`` to every worker, again (under a new key) if a worker dies during the transfer.
 
         A worker killed mid-transfer fails the send (its stream closed); a deadline guards the rest.
         """
-        deadline = SCATTER_SECONDS + model.emission.nbytes / SCATTER_BYTES_PER_SECOND
+        deadline = SCATTER_SECONDS + payload_bytes(model) / SCATTER_BYTES_PER_SECOND
         for attempt in range(SCATTER_ATTEMPTS):
             name = key if attempt == 0 else f"{key}.s{attempt}"
 

@@ -22,13 +22,14 @@ import logging
 import os
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.prior import EmissionPrior
 from dist_respattn.model.serialization import MODEL_ARRAY_NAMES, distribution_from_arrays, distribution_to_arrays
 
 __all__ = [
@@ -57,13 +58,25 @@ class CheckpointError(ValueError):
     """A model directory or checkpoint is missing, incomplete or not one of ours."""
 
 
+#: Arrays a checkpoint may keep beside the model's: the fit's emission prior (see ``EmissionPrior.to_arrays``).
+EXTRA_ARRAY_NAMES = ("emission_base", "emission_types")
+
+
 @dataclass(frozen=True)
 class Checkpoint:
-    """A loaded checkpoint: the head and its metadata (the JSON written with it)."""
+    """A loaded checkpoint: the head, its metadata (the JSON written with it) and the fit's other arrays."""
 
     name: str
     model: ResponsibilityAttentionDistribution
     meta: dict[str, Any]
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def emission_prior(self) -> EmissionPrior | None:
+        """The emission prior the fit used, when it had one."""
+        record = self.meta.get("emission_prior")
+        if not record or not all(name in self.arrays for name in EXTRA_ARRAY_NAMES):
+            return None
+        return EmissionPrior.from_arrays(self.arrays, record["kind"])
 
     @property
     def iteration(self) -> int:
@@ -126,10 +139,20 @@ class ModelDir:
             raise CheckpointError(f"{path}: 'checkpoint' must name a checkpoint directory, got {name!r}")
         return name
 
-    def write(self, name: str, model: ResponsibilityAttentionDistribution, meta: dict[str, Any]) -> None:
-        """Write checkpoint ``name`` (complete, or not at all). Pointers are moved separately."""
+    def write(
+        self,
+        name: str,
+        model: ResponsibilityAttentionDistribution,
+        meta: dict[str, Any],
+        arrays: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        """Write checkpoint ``name`` (complete, or not at all). Pointers are moved separately.
+
+        ``arrays``: more float arrays for ``params.npz`` beside the model's (the fit's emission prior).
+        """
         self.path.mkdir(parents=True, exist_ok=True)
-        arrays, model_meta = distribution_to_arrays(model)
+        model_arrays, model_meta = distribution_to_arrays(model)
+        arrays = {**(arrays or {}), **model_arrays}
         temp = self.path / f"{_TEMP_PREFIX}{name}"
         shutil.rmtree(temp, ignore_errors=True)
         temp.mkdir()
@@ -173,13 +196,14 @@ class ModelDir:
         latest: dict[str, Any],
         best: dict[str, Any] | None,
         keep_best: str | None,
+        arrays: dict[str, np.ndarray] | None = None,
     ) -> None:
         """Write checkpoint ``name``, point ``latest`` (and ``best`` when given) at it, prune the rest.
 
         ``keep_best`` is the current best checkpoint (kept); when it is ``None`` a stale ``best.json``
         (left by a fit this one overwrote) is removed, so it cannot shadow ``latest``.
         """
-        self.write(name, model, meta)
+        self.write(name, model, meta, arrays)
         self.point(LATEST, name, **latest)
         if best is not None:
             self.point(BEST, name, **best)
@@ -224,13 +248,14 @@ def parse_checkpoint(
     try:
         with np.load(params, allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in MODEL_ARRAY_NAMES if key in npz.files}
+            extra = {key: npz[key] for key in EXTRA_ARRAY_NAMES if key in npz.files}
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{params_source}: cannot be read ({exc})") from exc
     try:
         model = distribution_from_arrays(arrays, meta.get("model", {}), source=params_source)
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{params_source}: {exc}") from exc
-    return Checkpoint(name, model, meta)
+    return Checkpoint(name, model, meta, extra)
 
 
 def checkpoint_name(iteration: int, run_id: str) -> str:

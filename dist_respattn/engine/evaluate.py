@@ -1,16 +1,17 @@
-"""``evaluate``: how well a head scores a store, next to unigram and bigram baselines, computed on the cluster.
+"""``evaluate``: how well a head scores a store, next to n-gram baselines, computed on the cluster.
 
 The head's figures: mean joint log-likelihood per row, and the predictive quality of the targets
 from ``predict_proba`` (which does not see the target): perplexity and accuracy. The baselines
-predict the same targets from counts: a unigram, and for stores made from a token stream an add-k
-bigram on the previous token (the last context id). Their counts come from the model's training
-store when the model directory names one that opens unchanged (same fingerprint), else from the
-evaluated store itself (in-sample, which flatters them).
+predict the same targets from counts (:mod:`dist_respattn.model.ngram`): an add-k unigram, and for
+stores made from a token stream the add-k, Jelinek-Mercer and interpolated Kneser-Ney bigrams on the
+previous token (the last context id). Their counts come from the model's training store when the
+model directory names one that opens unchanged (same fingerprint), else from the evaluated store
+itself (in-sample, which flatters them); their parameters are tuned on the model's held-out rows
+(its validation store, or its training store's hold-out) when those can be read, else stated.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import uuid
 from collections.abc import Callable
@@ -18,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import distributed
-import numpy as np
 
 from dist_respattn.engine import tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
@@ -27,15 +27,19 @@ from dist_respattn.engine.cluster import connect
 from dist_respattn.engine.fit import FitError, check_same_shape, open_store
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
+from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
 from dist_respattn.model.diagnostics import degeneracy_warnings
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.holdout import HoldoutRule
+from dist_respattn.model.ngram import DEFAULT_K, fit_baselines
+from dist_respattn.model.pairs import PairCounts
 from dist_respattn.model.scoring import ScoreTotals
-from dist_respattn.store import StoreError, StoreLocation, TripleStore
+from dist_respattn.store import StoreError, StoreLocation, StoreRef, TripleStore, check_same_corpus
 
-__all__ = ["DEFAULT_BASELINE_K", "Evaluation", "baseline_metrics", "evaluate", "score_store"]
+__all__ = ["DEFAULT_BASELINE_K", "Evaluation", "evaluate", "score_store"]
 
-#: Add-k smoothing of the baselines' counts.
-DEFAULT_BASELINE_K = 0.1
+#: The unigram's add-k smoothing (and add-k's k when it cannot be tuned).
+DEFAULT_BASELINE_K = DEFAULT_K
 
 #: Store sources whose rows are windows of a token stream, so the last context id is the previous token.
 TOKEN_SOURCES = ("tokens", "text")
@@ -48,8 +52,12 @@ class Evaluation:
     Attributes:
         store: the evaluated store's URL; ``rows`` its rows; ``weight`` the total row weight.
         model: ``mean_log_likelihood``, ``target_log_prob``, ``perplexity``, ``accuracy``.
-        baselines: ``{"unigram": {...}, "bigram": {...}}`` with the predictive figures.
-        baseline_counts_from: the store the baseline counts came from, and whether that is in-sample.
+        baselines: ``{"unigram": {...}, "add_k": {...}, "jelinek_mercer": {...}, "kneser_ney": {...}}``
+            (the bigrams for token stores only), each ``perplexity``, ``target_log_prob``, ``accuracy``,
+            ``weight`` and the ``parameters`` it used (and how they were set: ``tuned_on``).
+        baseline_counts_from: the store the baseline counts came from, whether that is in-sample, and
+            where their parameters were tuned (``tuned_on``: a store, the training store's hold-out, or
+            ``None``: stated defaults).
         warnings: degenerate-fit warnings about the head.
     """
 
@@ -57,7 +65,7 @@ class Evaluation:
     rows: int
     weight: float
     model: dict[str, float]
-    baselines: dict[str, dict[str, float]] = field(default_factory=dict)
+    baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
     baseline_counts_from: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -73,74 +81,70 @@ class Evaluation:
         }
 
     def summary(self) -> str:
-        """A small table: one row for the head and one per baseline."""
-        header = f"{'':<10} {'log-lik/row':>12} {'perplexity':>12} {'accuracy':>9}"
+        """A small table: one row for the head and one per baseline, then where the baselines came from."""
+        header = f"{'':<15} {'log-lik/row':>12} {'perplexity':>12} {'accuracy':>9}"
         lines = [f"{self.store}: {self.rows:,} rows", header]
         lines.append(
-            f"{'head':<10} {self.model['mean_log_likelihood']:>12.4f} {self.model['perplexity']:>12.4f} "
+            f"{'head':<15} {self.model['mean_log_likelihood']:>12.4f} {self.model['perplexity']:>12.4f} "
             f"{self.model['accuracy']:>9.2%}"
         )
         for name, figures in self.baselines.items():
-            lines.append(f"{name:<10} {'':>12} {figures['perplexity']:>12.4f} {figures['accuracy']:>9.2%}")
+            lines.append(
+                f"{name:<15} {'':>12} {figures['perplexity']:>12.4f} {figures['accuracy']:>9.2%}"
+                f"  {_parameters_text(figures.get('parameters') or {})}"
+            )
+        if "kneser_ney" in self.baselines:
+            ratio = self.model["perplexity"] / self.baselines["kneser_ney"]["perplexity"]
+            lines.append(f"head / Kneser-Ney perplexity: {ratio:.3f}")
         if self.baselines:
             source = self.baseline_counts_from
             lines.append(
                 f"baseline counts from {source.get('store')}"
                 + (" (the evaluated store itself: in-sample)" if source.get("in_sample") else "")
+                + (f"; tuned on {source['tuned_on']}" if source.get("tuned_on") else "; parameters stated")
             )
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
 
 
-def baseline_metrics(
-    train: tasks.TargetCounts, scored: tasks.TargetCounts, *, k: float = DEFAULT_BASELINE_K
-) -> dict[str, dict[str, float]]:
-    """Predictive figures of the add-k unigram (and bigram) fitted on ``train`` counts, on ``scored`` counts.
-
-    Shapes: unigram counts (T,); bigram counts (S, T) by previous token.
-    """
-    total = float(scored.unigram.sum())
-    out: dict[str, dict[str, float]] = {}
-    if total <= 0.0:
-        return out
-    num_targets = train.unigram.shape[0]
-    unigram = (train.unigram + k) / (train.unigram.sum() + num_targets * k)
-    out["unigram"] = _figures(float(scored.unigram @ np.log(unigram)), float(scored.unigram[np.argmax(unigram)]), total)
-    if train.bigram is not None and scored.bigram is not None:
-        bigram = (train.bigram + k) / (train.bigram.sum(axis=1, keepdims=True) + num_targets * k)
-        guess = np.argmax(bigram, axis=1)
-        correct = float(scored.bigram[np.arange(bigram.shape[0]), guess].sum())
-        out["bigram"] = _figures(float(np.sum(scored.bigram * np.log(bigram))), correct, total)
-    return out
+def _parameters_text(parameters: dict[str, Any]) -> str:
+    shown = [f"{k} {v:.4g}" for k, v in parameters.items() if k in ("k", "lambda", "discount") and v is not None]
+    return ", ".join(shown)
 
 
-def _figures(log_prob: float, correct: float, total: float) -> dict[str, float]:
-    mean = log_prob / total
-    return {
-        "target_log_prob": mean,
-        "perplexity": math.exp(-mean) if mean > -700.0 else float("inf"),
-        "accuracy": correct / total,
-    }
-
-
-def _training_store(meta: dict[str, Any], scored: TripleStore) -> TripleStore | None:
-    """The model's training store when it still opens as fitted (same fingerprint), has the scored store's S and T,
-    and is another store than the scored one."""
-    record = meta.get("store") or {}
-    url = record.get("url")
-    if not url or url == str(scored.location):
+def _open_recorded(record: dict[str, Any] | None, scored: TripleStore) -> TripleStore | None:
+    """The store a checkpoint recorded, when it still opens as it was (same fingerprint) with the scored store's
+    S and T; ``None`` otherwise."""
+    url = (record or {}).get("url")
+    if not url:
         return None
     try:
         store = TripleStore.open(url)
     except (StoreError, OSError, ValueError):
         return None
-    if store.fingerprint() != record.get("fingerprint"):  # rewritten or appended to since the fit
+    if store.fingerprint() != (record or {}).get("fingerprint"):  # rewritten or appended to since the fit
         return None
 
     def ids(s: TripleStore) -> tuple[int, int]:
         return (s.schema.num_symbols, s.schema.num_targets)
 
     return store if ids(store) == ids(scored) else None
+
+
+def _training_store(meta: dict[str, Any], scored: TripleStore) -> TripleStore | None:
+    """The model's training store when it still opens as fitted and is another store than the scored one."""
+    record = meta.get("store") or {}
+    if record.get("url") == str(scored.location):
+        return None
+    return _open_recorded(record, scored)
+
+
+def check_corpus(meta: dict[str, Any], store: TripleStore, role: str) -> None:
+    """Refuse ``store`` when its vocabulary or embedding table differs from the model's training store's."""
+    record = meta.get("store") or {}
+    if record.get("identity") is not None:
+        reference = StoreRef(str(record.get("url")), record["identity"])
+        check_same_corpus(reference, store, reference_role="the model's training store", other_role=role)
 
 
 def score_store(runner: PassRunner, model: ResponsibilityAttentionDistribution, store: TripleStore) -> ScoreTotals:
@@ -180,10 +184,13 @@ def evaluate(
         checkpoint = load_checkpoint(model)
         head, meta = checkpoint.model, checkpoint.meta
     check_same_shape(head, "the model", scored)
+    check_corpus(meta, scored, "the evaluated store")
     if scored.num_rows == 0:
         raise FitError(f"the store {scored.location} has no rows to evaluate")
     bigram = scored.provenance.get("source") in TOKEN_SOURCES
-    baseline_store = _training_store(meta, scored) or scored
+    training = _training_store(meta, scored)
+    baseline_store = training or scored
+    train_rows, tuning = _baseline_rows(meta, scored, training)
     run_id = uuid.uuid4().hex[:8]
     with connect(
         scheduler, client=client, n_workers=n_workers, memory_limit=memory_limit, security=security, say=say
@@ -191,20 +198,17 @@ def evaluate(
         reporter = FitReporter(cl, say=say, bar=progress)
         runner = PassRunner(cl, run_id, make_bar=reporter.make_bar)
         totals = score_store(runner, head, scored)
-        fingerprint = scored.fingerprint()
-        counts = runner.run(
-            "counts", "0", scored.num_partitions, tasks.count_targets_task,
-            lambda part: (scored.location, part, fingerprint, bigram), description="counting targets",
-        )  # fmt: skip
+        counts = _count_pairs(runner, scored, ALL_ROWS, "0", f"counting the pairs of {scored.location}")
         if baseline_store is scored:
             train_counts = counts
         else:
-            base_fingerprint = baseline_store.fingerprint()
-            train_counts = runner.run(
-                "counts", "1", baseline_store.num_partitions, tasks.count_targets_task,
-                lambda part: (baseline_store.location, part, base_fingerprint, bigram),
-                description="counting training targets",
-            )  # fmt: skip
+            train_counts = _count_pairs(runner, baseline_store, train_rows, "1", "counting the training pairs")
+        validation_counts = None
+        if tuning is not None:
+            tune_store, tune_rows, _ = tuning
+            validation_counts = _count_pairs(runner, tune_store, tune_rows, "2", "counting the held-out pairs")
+    baselines = fit_baselines(train_counts, validation=validation_counts, k=baseline_k).score(counts)
+    names = ("unigram", "add_k", "jelinek_mercer", "kneser_ney") if bigram else ("unigram",)
     settings = meta.get("settings") or {}
     warnings = list(meta.get("warnings") or []) or degeneracy_warnings(
         head, min_sigma2=settings.get("min_sigma2") if settings.get("estimate_sigma2") else None
@@ -214,7 +218,40 @@ def evaluate(
         rows=scored.num_rows,
         weight=totals.weight,
         model=totals.metrics(),
-        baselines=baseline_metrics(train_counts, counts, k=baseline_k),
-        baseline_counts_from={"store": str(baseline_store.location), "in_sample": baseline_store is scored},
+        baselines={name: baselines[name].to_json() for name in names},
+        baseline_counts_from={
+            "store": str(baseline_store.location),
+            "in_sample": baseline_store is scored,
+            "tuned_on": tuning[2] if tuning is not None else None,
+        },
         warnings=warnings,
     )
+
+
+def _baseline_rows(
+    meta: dict[str, Any], scored: TripleStore, training: TripleStore | None
+) -> tuple[RowSelection, tuple[TripleStore, RowSelection, str] | None]:
+    """Which training rows the baselines count, and where their parameters are tuned: ``(rows, (store, rows,
+    description) or None)``.
+
+    A model fitted with a hold-out of its training store is compared with baselines trained on the same
+    rows and tuned on the same held-out rows; one fitted with a validation store, with baselines tuned on it.
+    """
+    holdout = meta.get("holdout")
+    if training is not None and holdout:
+        rule = HoldoutRule.from_json(holdout)
+        return RowSelection(rule, "train"), (training, RowSelection(rule, "heldout"), "the training store's hold-out")
+    validation = _open_recorded(meta.get("validation"), scored)
+    if validation is not None and validation.location != scored.location:
+        return ALL_ROWS, (validation, ALL_ROWS, str(validation.location))
+    return ALL_ROWS, None
+
+
+def _count_pairs(
+    runner: PassRunner, store: TripleStore, rows: RowSelection, label: str, description: str
+) -> PairCounts:
+    fingerprint = store.fingerprint()
+    return runner.run(
+        "pairs", label, store.num_partitions, tasks.pairs_task,
+        lambda part: (store.location, part, fingerprint, rows), description=description,
+    )  # fmt: skip

@@ -21,11 +21,13 @@ import distributed
 
 from dist_respattn.engine.checkpoint import LATEST, Checkpoint, ModelDir, load_checkpoint
 from dist_respattn.engine.cluster import ClusterError, cluster_info, connect
-from dist_respattn.engine.loop import EarlyStopping, FitLoop, store_record
+from dist_respattn.engine.loop import EarlyStopping, FitLoop, HeldoutRows, store_record
 from dist_respattn.engine.memory import check_memory, estimate_memory
 from dist_respattn.engine.settings import FitSettings
+from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.store import StoreLocation, TripleStore
+from dist_respattn.model.holdout import HoldoutRule
+from dist_respattn.store import StoreLocation, TripleStore, check_same_corpus
 
 __all__ = ["FitError", "FitResult", "check_same_shape", "fit", "open_store"]
 
@@ -55,6 +57,8 @@ class FitResult:
             first iteration it ran (``None`` when it ran none).
         run_id: the 8 hex digits in this call's task keys, span names and checkpoint names (``None``
             when it ran nothing: the fit had already ended).
+        heldout_rows: what the held-out rows were (the validation store, or the training store's
+            hold-out), or ``None`` without any.
     """
 
     model: ResponsibilityAttentionDistribution
@@ -67,6 +71,7 @@ class FitResult:
     seconds: float = 0.0
     first_iteration_seconds: float | None = None
     run_id: str | None = None
+    heldout_rows: str | None = None
 
     @property
     def iterations(self) -> int:
@@ -142,7 +147,23 @@ def _starting_point(
     if init is not None:
         check_same_shape(init, "the initial model", train)
         return None, init, {"kind": "given"}
-    return None, None, {"kind": "random", "seed": settings.seed}
+    if settings.init == "random":
+        return None, None, {"kind": "random", "seed": settings.seed}
+    return None, None, {"kind": "uniform"}
+
+
+def _holdout(
+    settings: FitSettings, train: TripleStore, heldout: TripleStore | None, checkpoint: Checkpoint | None
+) -> HoldoutRule | None:
+    """The automatic hold-out of the training store: only without a validation store, and when there is a choice
+    to make; a resumed fit keeps its own."""
+    if checkpoint is not None:
+        saved = checkpoint.meta.get("holdout")
+        return HoldoutRule.from_json(saved) if saved else None
+    if heldout is not None or settings.search() is None or settings.holdout_fraction <= 0.0:
+        return None
+    rule = HoldoutRule.for_rows(train.num_rows, settings.holdout_fraction)
+    return rule if rule.count(train.num_rows) > 0 else None
 
 
 def _validation_store(
@@ -192,9 +213,12 @@ def fit(
         store: the training triple store (path, URL, location or opened store).
         model_dir: a local directory for the checkpoints (``latest``, and ``best`` with validation).
         settings: the fit's settings (defaults: :class:`FitSettings`).
-        validation: a store of the same shape, scored after every iteration for early stopping.
+        validation: a store of the same shape and corpus (vocabulary, embeddings), scored after every
+            M-step to make its choices and for early stopping. Without one, a deterministic hold-out of
+            the training store (``settings.holdout_fraction``) plays that part.
         init: a starting model; ``init_from``: a model directory to warm-start from.
-            Neither: random responsibilities seeded by ``(settings.seed, partition)``.
+            Neither: the M-step of the start's responsibilities (``settings.init``: uniform, or random
+            ones seeded by ``(settings.seed, partition)``).
         resume: continue the fit whose checkpoints are in ``model_dir`` (a new fit when there are none);
             the result is bit-identical to an uninterrupted fit.
         overwrite: start a new fit in a ``model_dir`` that already holds one.
@@ -224,11 +248,27 @@ def fit(
             f"the validation store {heldout.location} has (S, N, D, T) = {_shape(heldout)} but the training "
             f"store {train.location} has {_shape(train)}"
         )
-    metric = settings.early_stop_metric or ("perplexity" if heldout is not None else None)
-    if metric is not None and heldout is None:
-        raise FitError(f"early stopping on {metric} needs a validation store")
+    if heldout is not None:
+        check_same_corpus(train, heldout, reference_role="training store", other_role="validation store")
+    rule = _holdout(settings, train, heldout, checkpoint)
+    if rule is not None:
+        rows = RowSelection(rule, "heldout")
+        held = HeldoutRows(train, train.fingerprint(), rows)
+        train_rows = RowSelection(rule, "train")
+    elif heldout is not None:
+        held, train_rows = HeldoutRows(heldout, heldout.fingerprint(), ALL_ROWS), ALL_ROWS
+    else:
+        held, train_rows = None, ALL_ROWS
+    metric = settings.early_stop_metric or ("perplexity" if held is not None else None)
+    if metric is not None and held is None:
+        raise FitError(f"early stopping on {metric} needs held-out rows: a validation store, or --holdout-fraction > 0")
     history: list[dict[str, Any]] = list(checkpoint.meta.get("history", [])) if checkpoint else []
-    stopping = EarlyStopping(metric, settings.patience, checkpoint.meta.get("early_stopping") if checkpoint else None)
+    stopping = EarlyStopping(
+        metric,
+        settings.patience,
+        checkpoint.meta.get("early_stopping") if checkpoint else None,
+        min_improvement=settings.min_improvement,
+    )
     if checkpoint is not None and (
         checkpoint.meta.get("state") in ("converged", "early_stopped") or checkpoint.iteration >= settings.max_iter
     ):
@@ -249,6 +289,11 @@ def fit(
         except TimeoutError as exc:
             raise ClusterError(f"the cluster has no workers after {WORKER_WAIT_SECONDS:.0f} s") from exc
         info = cluster_info(cl)
+        if rule is not None and held is not None and checkpoint is None:
+            say(
+                f"no validation store: the hyperparameters are chosen on {held.description}, "
+                f"{rule.count(train.num_rows):,} rows the fit does not train on (--validation to give one)"
+            )
         threads = max(1, info.threads // max(1, info.workers))
         block_rows = max(min(s.chunk_rows, s.num_rows) for s in (train, heldout) if s is not None)
         estimate = estimate_memory(
@@ -258,7 +303,8 @@ def fit(
         loop = FitLoop(
             cl,
             train=train,
-            heldout=heldout,
+            train_rows=train_rows,
+            heldout=held,
             settings=settings,
             folder=folder,
             stopping=stopping,
@@ -266,9 +312,11 @@ def fit(
             record={
                 "store": store_record(train),
                 "validation": store_record(heldout) if heldout is not None else None,
+                "holdout": rule.to_json() if rule is not None else None,
                 "init": init_record,
                 "package_version": __version__,
             },
+            prior=checkpoint.emission_prior() if checkpoint is not None else None,
             say=say,
             progress=progress,
             started=called,
@@ -287,4 +335,5 @@ def fit(
         seconds=time.perf_counter() - called,
         first_iteration_seconds=loop.first_iteration_seconds,
         run_id=loop.run_id,
+        heldout_rows=held.description if held is not None else None,
     )

@@ -1,7 +1,10 @@
-"""One fit's iterations on the cluster: E-step passes, validation, early stopping, checkpoints, progress.
+"""One fit's iterations on the cluster: the start, E-step passes, held-out choices, early stopping, checkpoints.
 
-:class:`FitLoop` supplies the E-step and the after-M-step callback of the model core's ``run_em``
-(which owns the convergence test), holding what a fit carries from one iteration to the next.
+:class:`FitLoop` supplies the E-step, the held-out selector and the after-M-step callback of the model
+core's ``run_em`` (which owns the convergence test), holding what a fit carries from one iteration to
+the next. After every M-step one pass over the held-out rows (the validation store, or the hold-out
+of the training store) scores every candidate of the M-step's grid, which both makes the M-step's
+open choices and gives the iteration's held-out scores.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,39 +26,68 @@ from dist_respattn.engine.checkpoint import BackgroundCheckpoints, ModelDir, che
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.settings import FitSettings
+from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
 from dist_respattn.model.accumulator import SufficientStatistics
 from dist_respattn.model.diagnostics import degeneracy_warnings
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.em import EMIteration, EMResult, run_em
+from dist_respattn.model.em import EMIteration, EMResult, LocalSearch, m_step, run_em
+from dist_respattn.model.estimator import MStepCandidates, ResponsibilityAttentionEstimator
+from dist_respattn.model.pairs import PairCounts
+from dist_respattn.model.prior import EmissionPrior
+from dist_respattn.model.selection import Hyperparameters, HyperparameterSearch, Selection
 from dist_respattn.store import TripleStore
 
-__all__ = ["EarlyStopping", "FitLoop", "store_record"]
+__all__ = ["EarlyStopping", "FitLoop", "HeldoutRows", "store_record"]
+
+#: The grid of a fit that chooses nothing: one point, the fixed hyperparameters (the pass only scores).
+SCORE_ONLY = HyperparameterSearch(None, None, None)
 
 
 class EarlyStopping:
-    """Tracks the best held-out metric and the iterations since it improved."""
+    """Tracks the best held-out metric and the iterations since it last improved by ``min_improvement``.
 
-    def __init__(self, metric: str | None, patience: int, state: dict[str, Any] | None = None) -> None:
+    The best checkpoint follows every improvement; patience runs out after ``patience`` iterations
+    none of which improved on the reference value (the last significant improvement) by at least
+    ``min_improvement``, relatively, so a fit creeping forward by 0.01% an iteration stops.
+    """
+
+    def __init__(
+        self, metric: str | None, patience: int, state: dict[str, Any] | None = None, *, min_improvement: float = 0.0
+    ) -> None:
         self.metric = metric
         self.patience = patience
+        self.min_improvement = min_improvement
         state = state or {}
         self.best: float | None = state.get("best")
         self.best_iteration: int | None = state.get("best_iteration")
         self.best_checkpoint: str | None = state.get("best_checkpoint")
         self.since_best: int = int(state.get("since_best", 0))
+        self.reference: float | None = state.get("reference", self.best)
 
     def value(self, heldout: dict[str, float]) -> float:
         return heldout["perplexity"] if self.metric == "perplexity" else heldout["mean_log_likelihood"]
 
+    def _gain(self, value: float, than: float | None) -> float:
+        """How much better ``value`` is than ``than``, relatively (inf when there is nothing to beat)."""
+        if than is None:
+            return math.inf
+        gain = than - value if self.metric == "perplexity" else value - than
+        return gain / max(abs(than), 1e-300)
+
     def update(self, heldout: dict[str, float], iteration: int, checkpoint: str) -> bool:
         """Record an iteration's held-out scores; True when it is the best so far."""
         value = self.value(heldout)
-        better = self.best is None or (value < self.best if self.metric == "perplexity" else value > self.best)
-        if better and not math.isnan(value):
-            self.best, self.best_iteration, self.best_checkpoint, self.since_best = value, iteration, checkpoint, 0
-            return True
-        self.since_best += 1
-        return False
+        if math.isnan(value):
+            self.since_best += 1
+            return False
+        improved = self._gain(value, self.best) > 0.0
+        if improved:
+            self.best, self.best_iteration, self.best_checkpoint = value, iteration, checkpoint
+        if self._gain(value, self.reference) >= self.min_improvement and improved:
+            self.reference, self.since_best = value, 0
+        else:
+            self.since_best += 1
+        return improved
 
     @property
     def exhausted(self) -> bool:
@@ -68,18 +101,45 @@ class EarlyStopping:
             "best_iteration": self.best_iteration,
             "best_checkpoint": self.best_checkpoint,
             "since_best": self.since_best,
+            "reference": self.reference,
+            "min_improvement": self.min_improvement,
         }
 
 
 def store_record(store: TripleStore) -> dict[str, Any]:
-    """What a checkpoint records of a store: URL, fingerprint, rows, partitions, source."""
+    """What a checkpoint records of a store: URL, fingerprint, rows, partitions, source, corpus identity."""
     return {
         "url": str(store.location),
         "fingerprint": store.fingerprint(),
         "rows": store.num_rows,
         "partitions": store.num_partitions,
         "source": store.provenance.get("source"),
+        "identity": store.identity(),
     }
+
+
+@dataclass(frozen=True)
+class HeldoutRows:
+    """Where a fit's held-out rows are: all of a validation store, or the held-out side of the training store."""
+
+    store: TripleStore
+    fingerprint: str
+    rows: RowSelection
+
+    @property
+    def description(self) -> str:
+        if self.rows.rule is None:
+            return f"the validation store {self.store.location}"
+        rule = self.rows.rule
+        return f"{rule.fraction:.0%} of the training store's rows (stripes of {rule.stripe_rows} rows)"
+
+
+def _last_choice(history: list[dict[str, Any]]) -> Hyperparameters | None:
+    """The hyperparameters the last recorded iteration chose on held-out rows (a resumed fit searches near them)."""
+    for entry in reversed(history):
+        if entry.get("heldout") is not None and entry.get("hyperparameters"):
+            return Hyperparameters.from_json(entry["hyperparameters"])
+    return None
 
 
 class FitLoop:
@@ -87,13 +147,16 @@ class FitLoop:
 
     Args:
         client: the cluster's client.
-        train / heldout: the training store and the validation store (or ``None``).
+        train: the training store; ``train_rows``: which of its rows are trained on (all, or the
+            training side of the automatic hold-out).
+        heldout: where the held-out rows are, or ``None`` (then nothing is chosen and nothing validated).
         settings: the fit's settings.
         folder: the model directory.
         stopping: early-stopping state (restored from the checkpoint when resuming).
         history: the per-iteration records so far; new ones are appended.
-        record: what every checkpoint records besides the iteration: ``store``, ``validation``, ``init``
-            and ``package_version``.
+        record: what every checkpoint records besides the iteration: ``store``, ``validation``, ``init``,
+            ``holdout`` and ``package_version``.
+        prior: the emission prior of the fit being resumed (``None``: made from the training rows).
         say / progress: where the lines go, and whether to show bars.
         started: ``time.perf_counter()`` at the call, for the time to the first iteration.
     """
@@ -103,34 +166,47 @@ class FitLoop:
         client: distributed.Client,
         *,
         train: TripleStore,
-        heldout: TripleStore | None,
+        train_rows: RowSelection = ALL_ROWS,
+        heldout: HeldoutRows | None,
         settings: FitSettings,
         folder: ModelDir,
         stopping: EarlyStopping,
         history: list[dict[str, Any]],
         record: dict[str, Any],
+        prior: EmissionPrior | None = None,
         say: Callable[[str], Any],
         progress: bool | None,
         started: float,
     ) -> None:
-        self.train, self.heldout, self.settings, self.folder = train, heldout, settings, folder
-        self.stopping, self.history, self.record, self.started = stopping, history, record, started
+        self.train, self.train_rows, self.heldout, self.settings = train, train_rows, heldout, settings
+        self.folder, self.stopping, self.history, self.record, self.started = folder, stopping, history, record, started
         self.run_id = uuid.uuid4().hex[:8]
-        self.estimator = settings.estimator(train.schema)
+        self.estimator: ResponsibilityAttentionEstimator = settings.estimator(train.schema)
+        if prior is not None and self.estimator.needs_pairs:
+            self.estimator = self.estimator.resolved(prior)
+        self.search = LocalSearch(self.estimator.search or SCORE_ONLY, _last_choice(history))
         self.factory = self.estimator.accumulator_factory()
         self.fingerprint = train.fingerprint()
-        self.heldout_fingerprint = heldout.fingerprint() if heldout is not None else ""
         self.reporter = FitReporter(client, say=say, bar=progress)
         self.runner = PassRunner(client, self.run_id, fan_in=settings.fan_in, make_bar=self.reporter.make_bar)
         self.params = ParameterBroadcast(client, self.run_id)
+        self.grids = ParameterBroadcast(client, self.run_id, prefix="grid")
         self.checkpoints = BackgroundCheckpoints(folder)
         self.spans = contextlib.ExitStack()
         self.next_iteration = 1
         self.last_key_mass: Any = None
         self.first_iteration_seconds: float | None = None
+        self.initial: Selection | None = None
+        self.choice_label = "0"  # the held-out pass's key label: the iteration whose M-step it chooses for
+
+    @property
+    def prior(self) -> EmissionPrior | None:
+        """The emission prior in use (once made from the training rows)."""
+        prior = self.estimator.emission_prior
+        return prior if isinstance(prior, EmissionPrior) else None
 
     def run(self, start: ResponsibilityAttentionDistribution | None, *, first_iteration: int) -> EMResult:
-        """EM from ``start`` (``None``: random responsibilities) at ``first_iteration`` to the end of the fit."""
+        """EM from ``start`` (``None``: the start pass) at ``first_iteration`` to the end of the fit."""
         self.next_iteration = first_iteration
         previous_ll = self.history[-1]["mean_log_likelihood"] if self.history else None
         self.reporter.started(
@@ -143,10 +219,12 @@ class FitLoop:
             first_iteration=first_iteration,
         )
         try:
+            model = self.first_model() if start is None else self.with_prior(start)
             result = run_em(
                 self.e_step,
                 self.estimator,
-                init=start,
+                init=model,
+                select=self.select if self.heldout is not None else None,
                 max_iter=self.settings.max_iter,
                 tol=self.settings.tol,
                 callback=self.after_iteration,
@@ -162,6 +240,7 @@ class FitLoop:
         finally:
             self.spans.close()
             self.params.release()
+            self.grids.release()
         if not self.history:  # max_iter = 0: the starting model is the fit, and a new fit must replace an old one
             self.folder.commit(
                 checkpoint_name(0, self.run_id),
@@ -170,12 +249,57 @@ class FitLoop:
                 latest={"iteration": 0, "state": "max_iter"},
                 best=None,
                 keep_best=None,
+                arrays=self.checkpoint_arrays(),
             )
         self.reporter.ended(self.run_id, self.history[-1]["state"] if self.history else "max_iter")
         return result
 
+    # -- the start ------------------------------------------------------------------------------
+
+    def first_model(self) -> ResponsibilityAttentionDistribution:
+        """The M-step of the start's responsibilities (uniform, or random from the seed), its choices made."""
+        train, settings, factory = self.train, self.settings, self.factory
+        with_pairs = self.estimator.needs_pairs
+        with distributed.span(f"respattn-init-{self.run_id}"):
+            value = self.runner.run(
+                "init", "0", train.num_partitions, tasks.start_task,
+                lambda part: (
+                    train.location, part, factory, settings.init, settings.seed, self.fingerprint,
+                    self.train_rows, with_pairs,
+                ),
+                description="initializing",
+            )  # fmt: skip
+            if with_pairs:
+                self.resolve_prior(value.pairs)
+            self.last_key_mass = value.stats.key_mass
+            self.choice_label = "0"
+            model, self.initial = m_step(
+                self.estimator, value.stats, None, self.select if self.heldout is not None else None
+            )
+        return model
+
+    def with_prior(self, start: ResponsibilityAttentionDistribution) -> ResponsibilityAttentionDistribution:
+        """A given start (a warm start): the emission prior still has to come from this store's pairs."""
+        if self.estimator.needs_pairs:
+            train = self.train
+            pairs = self.runner.run(
+                "pairs", "0", train.num_partitions, tasks.pairs_task,
+                lambda part: (train.location, part, self.fingerprint, self.train_rows),
+                description="counting pairs",
+            )  # fmt: skip
+            self.resolve_prior(pairs)
+        return start
+
+    def resolve_prior(self, pairs: PairCounts) -> None:
+        kind = self.estimator.emission_prior
+        assert isinstance(kind, str)
+        self.estimator = self.estimator.resolved(EmissionPrior.from_pairs(pairs, kind))
+
+    # -- the passes -----------------------------------------------------------------------------
+
     def checkpoint_meta(self, iteration: int, state: str, warnings: list[str]) -> dict[str, Any]:
         """The JSON written with a checkpoint."""
+        prior = self.prior
         return {
             "iteration": iteration,
             "state": state,
@@ -183,6 +307,9 @@ class FitLoop:
             "settings": self.settings.to_json(),
             "store": self.record["store"],
             "validation": self.record["validation"],
+            "holdout": self.record.get("holdout"),
+            "emission_prior": None if prior is None else {"kind": prior.kind},
+            "hyperparameters": self.history[-1].get("hyperparameters") if self.history else None,
             "early_stopping": self.stopping.to_json(),
             "warnings": warnings,
             "init": self.record["init"],
@@ -190,27 +317,26 @@ class FitLoop:
             "written": datetime.now(UTC).isoformat(timespec="seconds"),
         }
 
+    def checkpoint_arrays(self) -> dict[str, Any]:
+        """The arrays a checkpoint keeps besides the model: the emission prior, so a resume needs no pass."""
+        prior = self.prior
+        return {} if prior is None else prior.to_arrays()
+
     def e_step(self, model: ResponsibilityAttentionDistribution | None) -> SufficientStatistics:
-        """The statistics of the training store under ``model`` (random responsibilities for ``None``)."""
-        train, settings, factory = self.train, self.settings, self.factory
-        if model is None:
-            with distributed.span(f"respattn-init-{self.run_id}"):
-                value = self.runner.run(
-                    "init", "0", train.num_partitions, tasks.init_task,
-                    lambda part: (train.location, part, factory, settings.seed, self.fingerprint),
-                    description="initializing",
-                )  # fmt: skip
-        else:
-            iteration = self.next_iteration
-            # The span stays open through the validation pass; after_iteration closes it.
-            self.spans.enter_context(distributed.span(f"respattn-iteration-{iteration}-{self.run_id}"))
-            self.params.publish(model, str(iteration))
-            value = self.runner.run(
-                "estep", str(iteration), train.num_partitions, tasks.estep_task,
-                lambda part: (train.location, part, self.params.current, factory, self.fingerprint),
-                description=f"iteration {iteration}",
-                before_attempt=self.params.republish,
-            )  # fmt: skip
+        """The statistics of the training rows under ``model``."""
+        assert model is not None, "the start is made by first_model"
+        train, factory = self.train, self.factory
+        iteration = self.next_iteration
+        # The span stays open through the held-out pass; after_iteration closes it.
+        self.spans.enter_context(distributed.span(f"respattn-iteration-{iteration}-{self.run_id}"))
+        self.params.publish(model, str(iteration))
+        self.choice_label = str(iteration)
+        value = self.runner.run(
+            "estep", str(iteration), train.num_partitions, tasks.estep_task,
+            lambda part: (train.location, part, self.params.current, factory, self.fingerprint, self.train_rows),
+            description=f"iteration {iteration}",
+            before_attempt=self.params.republish,
+        )  # fmt: skip
         self.last_key_mass = value.key_mass
         if factory.keys is None:  # nothing tied: pooling would only copy the S×T tables twice
             return value
@@ -221,24 +347,32 @@ class FitLoop:
         accumulator.key_replace(pool)
         return accumulator.value()
 
-    def score_heldout(self, model: ResponsibilityAttentionDistribution, iteration: int) -> dict[str, float] | None:
-        """The validation store's scores under the model after ``iteration`` (``None`` without one)."""
+    def select(self, candidates: MStepCandidates) -> Selection:
+        """Score the M-step's grid on the held-out rows in one pass and choose (the iteration's held-out scores)."""
         heldout = self.heldout
-        if heldout is None:
-            return None
-        self.params.publish(model, str(iteration + 1))  # the next E-step uses the same scattered model
-        totals = self.runner.run(
-            "heldout", str(iteration), heldout.num_partitions, tasks.score_task,
-            lambda part: (heldout.location, part, self.params.current, self.heldout_fingerprint),
-            description=f"validation {iteration}",
-        )  # fmt: skip
-        return totals.metrics()
+        assert heldout is not None
+        label = self.choice_label
+        table = candidates.grid_table(self.search.grid(candidates))
+        self.grids.publish(table, label)
+        try:
+            totals = self.runner.run(
+                "heldout", label, heldout.store.num_partitions, tasks.grid_task,
+                lambda part: (heldout.store.location, part, self.grids.current, heldout.fingerprint, heldout.rows),
+                description=f"held-out choice {label}",
+                before_attempt=self.grids.republish,
+            )  # fmt: skip
+        finally:
+            self.grids.release()
+        return self.search.chose(candidates.select(table, totals))
 
     def after_iteration(self, record: EMIteration, model: ResponsibilityAttentionDistribution) -> bool:
-        """Validate, checkpoint and report the model after an M-step; True stops the fit early."""
+        """Checkpoint and report the model after an M-step; True stops the fit early.
+
+        The held-out scores are those the M-step's choice was made with (``record.heldout``).
+        """
         settings, stopping = self.settings, self.stopping
         iteration = record.iteration
-        scored = self.score_heldout(model, iteration)
+        scored = record.heldout if self.heldout is not None else None
         name = checkpoint_name(iteration, self.run_id)
         improved = stopping.update(scored, iteration, name) if scored is not None else False
         converged = record.change < settings.tol
@@ -262,6 +396,7 @@ class FitLoop:
             "rows_per_second": self.train.num_rows / record.seconds if record.seconds > 0 else float("inf"),
             "n_obs": record.n_obs,
             "sigma2": model.sigma2,
+            "hyperparameters": None if record.hyperparameters is None else record.hyperparameters.to_json(),
             "heldout": scored,
             "state": state,
             "warnings": warnings,
@@ -275,6 +410,7 @@ class FitLoop:
             latest={"iteration": iteration, "state": state},
             best={"iteration": iteration, "metric": stopping.metric, "value": stopping.best} if improved else None,
             keep_best=stopping.best_checkpoint,
+            arrays=self.checkpoint_arrays(),
         )
         if state != "running":  # the fit ends here: its last checkpoint must be on disk when fit returns
             self.checkpoints.wait()

@@ -65,9 +65,11 @@ def estimate_memory(schema: StoreSchema, *, block_rows: int, threads_per_worker:
 
     ``block_rows``: the most rows a task reads at once (a chunk, or the whole store when smaller).
 
-    Worker: its baseline, the current and next model, and per thread one running E-step (its
-    statistics, the value it returns and its blocks of rows) plus one combine (``fan_in`` values in,
-    one out). Driver: the reduced value, its pooled copy, two models and the M-step's temporaries.
+    Worker: its baseline, the current and next model (or the current model and the M-step's grid
+    table, which is smaller), and per thread one running E-step (its statistics, the value it returns
+    and its blocks of rows) plus one combine (``fan_in`` values in, one out). Driver: the reduced value,
+    its pooled copy, two models and the M-step's temporaries (its candidates' emission and grid table
+    share the value's counts).
     """
     s, n, d, t = schema.num_symbols, schema.context_length, schema.query_dim, schema.num_targets
     value = 8 * (s * t + s * d + s + n + 3)

@@ -43,9 +43,15 @@ def format_iteration(record: dict[str, Any]) -> str:
     ]
     heldout = record.get("heldout")
     if heldout:
+        text = f"held-out log-likelihood {heldout['mean_log_likelihood']:.4f}, perplexity {heldout['perplexity']:.4g}"
+        if heldout.get("accuracy") is not None:
+            text += f", accuracy {heldout['accuracy']:.2%}"
+        parts.append(text)
+    chosen = record.get("hyperparameters")
+    if chosen:
         parts.append(
-            f"held-out log-likelihood {heldout['mean_log_likelihood']:.4f}, perplexity {heldout['perplexity']:.4g}, "
-            f"accuracy {heldout['accuracy']:.2%}"
+            f"sigma2 {chosen['sigma2']:.3g}, emission prior strength "
+            f"{chosen['emission_strength']:.3g} + {chosen['type_strength']:.3g} per successor type"
         )
     line = ", ".join(parts)
     for warning in record.get("warnings", []):

@@ -8,7 +8,11 @@ from typing import Any
 
 from dist_respattn.engine.reduction import DEFAULT_FAN_IN
 from dist_respattn.model._checks import as_nonnegative_float, as_positive_float, as_positive_int
+from dist_respattn.model.em import START_KINDS
 from dist_respattn.model.estimator import ResponsibilityAttentionEstimator
+from dist_respattn.model.holdout import DEFAULT_HOLDOUT_FRACTION
+from dist_respattn.model.prior import BACKOFF_KINDS
+from dist_respattn.model.selection import DEFAULT_SEARCH, HyperparameterSearch
 from dist_respattn.store import StoreSchema
 
 __all__ = ["EARLY_STOP_METRICS", "FitSettings"]
@@ -22,32 +26,53 @@ EARLY_STOP_METRICS = ("perplexity", "loglik")
 class FitSettings:
     """Everything that decides a fit's parameters, bit for bit (besides the data and the start).
 
+    The defaults are the recipe for real data: a uniform start, a MAP emission shrunk toward the
+    continuation distribution of the targets, and the gate variance and the prior's strengths chosen
+    on held-out rows after every M-step (the validation store, else a deterministic hold-out of the
+    training store), with early stopping on held-out perplexity.
+
     Attributes:
         max_iter: EM iterations at most (counted from the first, also across a resume).
         tol: stop when the relative change of the mean log-likelihood per row falls below it.
-        seed: seeds the random first responsibilities, per partition: ``(seed, partition index)``.
-        estimate_sigma2: learn the gate variance (else keep ``sigma2``).
-        sigma2: the fixed gate variance, or the start of a learned one.
+        seed: seeds a random start, per partition: ``(seed, partition index)``.
+        init: the first model: the M-step of ``"uniform"`` responsibilities or of ``"random"`` ones.
+        estimate_sigma2: learn the gate variance by maximum likelihood (it collapses when the query is
+            the current token's embedding; the default chooses it on held-out rows instead).
+        sigma2: a fixed gate variance (or the start of a learned one); ``None``: chosen on held-out rows.
         min_sigma2: floor of a learned variance.
-        emission_smoothing: additive smoothing of the emission counts.
+        emission_prior: the backoff of the emission's Dirichlet prior: ``"continuation"``, ``"unigram"``
+            or ``"uniform"`` (see :mod:`dist_respattn.model.prior`).
+        emission_smoothing: the reference library's additive smoothing instead of the prior (fixed).
+        emission_strength, type_strength: the prior's strengths ``a_s = emission_strength + type_strength n_s``;
+            ``None``: chosen on held-out rows.
         pseudo_count: Dirichlet strength on the position prior, or ``None``.
+        holdout_fraction: the share of the training store held out for those choices when there is no
+            validation store (0: none; the open choices then take their default values).
         fan_in: children of each combine task; it fixes the order sums are taken in.
-        early_stop_metric: ``"perplexity"`` or ``"loglik"`` on the validation store; ``None`` picks
-            perplexity when there is a validation store.
-        patience: iterations without improvement of that metric before stopping.
+        early_stop_metric: ``"perplexity"`` or ``"loglik"`` on the held-out rows; ``None`` picks
+            perplexity when there are held-out rows.
+        patience: iterations without an improvement of at least ``min_improvement`` (relative) of that
+            metric before stopping.
+        min_improvement: the relative improvement that counts (the best checkpoint follows any improvement).
     """
 
     max_iter: int = 100
     tol: float = 1e-6
     seed: int = 0
-    estimate_sigma2: bool = True
-    sigma2: float = 1.0
+    init: str = "uniform"
+    estimate_sigma2: bool = False
+    sigma2: float | None = None
     min_sigma2: float = 1e-6
-    emission_smoothing: float = 1e-6
+    emission_prior: str = "continuation"
+    emission_smoothing: float | None = None
+    emission_strength: float | None = None
+    type_strength: float | None = None
     pseudo_count: float | None = None
+    holdout_fraction: float = DEFAULT_HOLDOUT_FRACTION
     fan_in: int = DEFAULT_FAN_IN
     early_stop_metric: str | None = None
     patience: int = 3
+    min_improvement: float = 1e-3
 
     def __post_init__(self) -> None:
         if self.max_iter < 0 or isinstance(self.max_iter, bool):
@@ -55,24 +80,44 @@ class FitSettings:
         as_nonnegative_float(self.tol, "tol")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed = {self.seed!r}: expected an integer >= 0")
-        as_positive_float(self.sigma2, "sigma2")
+        if self.init not in START_KINDS:
+            raise ValueError(f"init = {self.init!r}: expected one of {', '.join(START_KINDS)}")
+        if self.sigma2 is not None:
+            as_positive_float(self.sigma2, "sigma2")
         as_positive_float(self.min_sigma2, "min_sigma2")
-        as_nonnegative_float(self.emission_smoothing, "emission_smoothing")
-        if self.pseudo_count is not None:
-            as_nonnegative_float(self.pseudo_count, "pseudo_count")
+        if self.emission_prior not in BACKOFF_KINDS:
+            raise ValueError(f"emission_prior = {self.emission_prior!r}: expected one of {', '.join(BACKOFF_KINDS)}")
+        if self.emission_smoothing is not None:
+            as_nonnegative_float(self.emission_smoothing, "emission_smoothing")
+            if self.emission_strength is not None or self.type_strength is not None:
+                raise ValueError(
+                    "emission_smoothing (additive) replaces the emission prior: give it or the prior's strengths"
+                )
+        for name in ("emission_strength", "type_strength", "pseudo_count"):
+            if getattr(self, name) is not None:
+                as_nonnegative_float(getattr(self, name), name)
+        if self.emission_strength == 0.0 and self.type_strength == 0.0:
+            raise ValueError("emission_strength and type_strength are both 0: the emission prior would have no weight")
+        if not 0.0 <= as_nonnegative_float(self.holdout_fraction, "holdout_fraction") < 0.5:
+            raise ValueError(f"holdout_fraction = {self.holdout_fraction!r}: expected a number in [0, 0.5)")
         if as_positive_int(self.fan_in, "fan_in") < 2:
             raise ValueError(f"fan_in = {self.fan_in}: expected at least 2")
         if self.early_stop_metric not in (None, *EARLY_STOP_METRICS):
             raise ValueError(f"early_stop_metric = {self.early_stop_metric!r}: expected one of {EARLY_STOP_METRICS}")
         as_positive_int(self.patience, "patience")
+        as_nonnegative_float(self.min_improvement, "min_improvement")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> FitSettings:
+        """Settings from a checkpoint's JSON. A checkpoint written before the start was a setting had a random one."""
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        if data and "init" not in data:
+            values["init"] = "random"
+        return cls(**values)
 
     def differences(self, other: FitSettings, *, ignore: tuple[str, ...] = ()) -> list[str]:
         """``"name: self -> other"`` for every setting that differs (except those in ``ignore``)."""
@@ -82,16 +127,45 @@ class FitSettings:
             if f.name not in ignore and getattr(self, f.name) != getattr(other, f.name)
         ]
 
+    @property
+    def legacy_emission(self) -> bool:
+        """Whether the emission is the reference library's additive smoothing (no prior)."""
+        return self.emission_smoothing is not None
+
+    def search(self) -> HyperparameterSearch | None:
+        """What is chosen on held-out rows after every M-step (``None``: nothing)."""
+        prior_searched = not self.legacy_emission
+        search = HyperparameterSearch(
+            sigma2_scales=DEFAULT_SEARCH.sigma2_scales if self.sigma2 is None and not self.estimate_sigma2 else None,
+            emission_strengths=DEFAULT_SEARCH.emission_strengths
+            if prior_searched and self.emission_strength is None
+            else None,
+            type_strengths=DEFAULT_SEARCH.type_strengths
+            if prior_searched and self.type_strength is None and self.emission_prior != "uniform"
+            else None,
+        )
+        return search if search.searches_anything else None
+
     def estimator(self, schema: StoreSchema) -> ResponsibilityAttentionEstimator:
-        """The M-step for a store of this schema."""
+        """The M-step for a store of this schema (its emission prior still to be made from the store's pairs)."""
+        if self.legacy_emission:
+            prior_options: dict[str, Any] = {"emission_smoothing": self.emission_smoothing}
+        else:
+            no_types = self.emission_prior == "uniform"
+            prior_options = {
+                "emission_prior": self.emission_prior,
+                "emission_strength": 1.0 if self.emission_strength is None else self.emission_strength,
+                "type_strength": (0.0 if no_types else 1.0) if self.type_strength is None else self.type_strength,
+            }
         return ResponsibilityAttentionEstimator(
             schema.num_symbols,
             schema.context_length,
             schema.query_dim,
             schema.num_targets,
-            sigma2=self.sigma2,
+            sigma2=1.0 if self.sigma2 is None else self.sigma2,
             estimate_sigma2=self.estimate_sigma2,
             min_sigma2=self.min_sigma2,
-            emission_smoothing=self.emission_smoothing,
             pseudo_count=self.pseudo_count,
+            search=self.search(),
+            **prior_options,
         )

@@ -1,13 +1,16 @@
 """The functions that run on the workers: one task reads one partition of a store, block by block.
 
 Every task opens the store itself (a ``TripleStore`` pickles as its location), checks that it is
-still the store the fit planned on, and returns a small additive value: E-step statistics, held-out
-score totals or target counts. Nothing here talks to the client.
+still the store the fit planned on, and returns a small additive value: E-step statistics, the
+(symbol, target) pairs, held-out grid totals or score totals. A :class:`RowSelection` says which
+rows count (all, or one side of the fit's hold-out); the others are read but weigh nothing. Nothing
+here talks to the client.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,18 +18,48 @@ import numpy as np
 from dist_respattn.model._checks import ImpossibleEvidenceError
 from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulatorFactory, SufficientStatistics
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.holdout import HoldoutRule
+from dist_respattn.model.pairs import PairCounts
 from dist_respattn.model.scoring import ScoreTotals, score_rows
+from dist_respattn.model.selection import GridTable, GridTotals, score_grid
 from dist_respattn.store import EncodedRows, StoreError, StoreLocation, TripleStore
 from dist_respattn.store.checks import block_problems
 
 __all__ = [
-    "TargetCounts",
+    "ALL_ROWS",
+    "RowSelection",
+    "StartValue",
     "combine_values",
-    "count_targets_task",
     "estep_task",
-    "init_task",
+    "grid_task",
+    "pairs_task",
     "score_task",
+    "start_task",
 ]
+
+
+@dataclass(frozen=True)
+class RowSelection:
+    """The rows of a store a task counts: all of them, or the training or held-out side of a hold-out rule."""
+
+    rule: HoldoutRule | None = None
+    side: str = "all"
+
+    def __post_init__(self) -> None:
+        if self.side not in ("all", "train", "heldout"):
+            raise ValueError(f"side = {self.side!r}: expected 'all', 'train' or 'heldout'")
+        if (self.rule is None) != (self.side == "all"):
+            raise ValueError("a hold-out rule goes with side 'train' or 'heldout', and only with them")
+
+    def weights(self, block: EncodedRows) -> np.ndarray | None:
+        """(n,) weights of the block's rows (``None``: the store's rows are unweighted and all count)."""
+        if self.rule is None:
+            return block.weight
+        train, heldout = self.rule.split_weights(block.start, block.num_rows, block.weight)
+        return train if self.side == "train" else heldout
+
+
+ALL_ROWS = RowSelection()
 
 
 @functools.cache
@@ -87,26 +120,65 @@ def _located(store: TripleStore, part: int, block: EncodedRows, exc: ValueError)
     )
 
 
-def init_task(
+@dataclass(frozen=True)
+class StartValue:
+    """A start pass's value: the statistics of the first responsibilities and, when asked for, the pairs."""
+
+    stats: SufficientStatistics
+    pairs: PairCounts | None
+
+    def __add__(self, other: StartValue) -> StartValue:
+        pairs = None if self.pairs is None or other.pairs is None else self.pairs + other.pairs
+        return StartValue(combine_values(self.stats, other.stats), pairs)
+
+
+def _pairs_of(block: EncodedRows, weights: np.ndarray | None, store: TripleStore) -> PairCounts:
+    schema = store.schema
+    return PairCounts.from_rows(
+        block.context[:, -1], block.target, weights, num_symbols=schema.num_symbols, num_targets=schema.num_targets
+    )
+
+
+def start_task(
     location: StoreLocation,
     part: int,
     factory: ResponsibilityAttentionAccumulatorFactory,
+    start: str,
     seed: int,
     fingerprint: str,
-) -> SufficientStatistics:
-    """Statistics of partition ``part`` under random responsibilities drawn from ``(seed, part)``.
+    rows: RowSelection,
+    with_pairs: bool,
+) -> StartValue:
+    """Statistics of partition ``part`` under the first responsibilities, and its (previous symbol, target) pairs.
 
-    The draws depend on the seed and the partition only, so the first model is the same on any cluster.
+    ``start`` is ``"uniform"`` (1/N each) or ``"random"`` (drawn from ``(seed, part)``): either way the
+    first model is the same on any cluster.
     """
     store = _checked_store(location, fingerprint)
     accumulator = factory.make()
     rng = np.random.default_rng([int(seed), int(part)])
+    pairs = PairCounts.empty(store.schema.num_symbols, store.schema.num_targets) if with_pairs else None
     for block in store.iter_blocks(part):
+        weights = rows.weights(block)
         try:
-            accumulator.seq_initialize(block.encoded, block.weight, rng)
+            if start == "uniform":
+                accumulator.seq_initialize_uniform(block.encoded, weights)
+            else:
+                accumulator.seq_initialize(block.encoded, weights, rng)
         except ValueError as exc:
             raise _located(store, part, block, exc) from None
-    return accumulator.value()
+        if pairs is not None:
+            pairs = pairs + _pairs_of(block, weights, store)
+    return StartValue(accumulator.value(), pairs)
+
+
+def pairs_task(location: StoreLocation, part: int, fingerprint: str, rows: RowSelection) -> PairCounts:
+    """The weighted (previous symbol, target) pairs of partition ``part``'s selected rows."""
+    store = _checked_store(location, fingerprint)
+    pairs = PairCounts.empty(store.schema.num_symbols, store.schema.num_targets)
+    for block in store.iter_blocks(part):
+        pairs = pairs + _pairs_of(block, rows.weights(block), store)
+    return pairs
 
 
 def estep_task(
@@ -115,8 +187,9 @@ def estep_task(
     model: ResponsibilityAttentionDistribution,
     factory: ResponsibilityAttentionAccumulatorFactory,
     fingerprint: str,
+    rows: RowSelection = ALL_ROWS,
 ) -> SufficientStatistics:
-    """E-step statistics of partition ``part`` under ``model``, its blocks visited in row order.
+    """E-step statistics of partition ``part``'s selected rows under ``model``, its blocks visited in row order.
 
     Holds one block of rows (one chunk, plus zarr's decode buffers) and one accumulator at a time.
     """
@@ -124,7 +197,7 @@ def estep_task(
     accumulator = factory.make()
     for block in store.iter_blocks(part):
         try:
-            accumulator.seq_update(block.encoded, block.weight, model)
+            accumulator.seq_update(block.encoded, rows.weights(block), model)
         except ValueError as exc:
             raise _located(store, part, block, exc) from None
     return accumulator.value()
@@ -144,40 +217,23 @@ def score_task(
     return totals
 
 
-class TargetCounts:
-    """Weighted target counts: ``unigram`` (T,) and, for token stores, ``bigram`` (S, T) by previous token.
-
-    The previous token of a window's target is the last id of its context (``context[:, -1]``).
-    """
-
-    def __init__(self, unigram: np.ndarray, bigram: np.ndarray | None) -> None:
-        self.unigram = unigram
-        self.bigram = bigram
-
-    def __add__(self, other: TargetCounts) -> TargetCounts:
-        bigram = None if self.bigram is None or other.bigram is None else self.bigram + other.bigram
-        return TargetCounts(self.unigram + other.unigram, bigram)
-
-
-def count_targets_task(location: StoreLocation, part: int, fingerprint: str, bigram: bool) -> TargetCounts:
-    """Target counts of partition ``part`` (and by previous token when ``bigram``), in float64."""
+def grid_task(location: StoreLocation, part: int, table: GridTable, fingerprint: str, rows: RowSelection) -> GridTotals:
+    """Held-out totals of partition ``part``'s selected rows at every point of the M-step's grid."""
     store = _checked_store(location, fingerprint)
-    schema = store.schema
-    unigram = np.zeros(schema.num_targets)
-    pairs = np.zeros((schema.num_symbols, schema.num_targets)) if bigram else None
+    totals = GridTotals.zeros(table.shape)
     for block in store.iter_blocks(part):
-        weight = None if block.weight is None else block.weight.astype(np.float64)
-        unigram += np.bincount(block.target, weights=weight, minlength=schema.num_targets)
-        if pairs is not None:
-            cell = block.context[:, -1].astype(np.int64) * schema.num_targets + block.target
-            pairs += np.bincount(cell, weights=weight, minlength=pairs.size).reshape(pairs.shape)
-    return TargetCounts(unigram, pairs)
+        try:
+            totals = totals + score_grid(table, block.encoded, rows.weights(block))
+        except ValueError as exc:
+            raise _located(store, part, block, exc) from None
+    return totals
 
 
 def combine_values(*values: Any) -> Any:
     """The sum of additive values, added left to right in the order given (so the result is reproducible).
 
-    Takes E-step statistics (``SufficientStatistics``), ``ScoreTotals`` or ``TargetCounts``.
+    Takes E-step statistics (``SufficientStatistics``), or values that add with ``+`` (``StartValue``,
+    ``PairCounts``, ``GridTotals``, ``ScoreTotals``).
     """
     first, rest = values[0], values[1:]
     if isinstance(first, SufficientStatistics):

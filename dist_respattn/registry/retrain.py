@@ -35,6 +35,7 @@ from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.settings import FitSettings
 from dist_respattn.registry.lock import DEFAULT_STALE_AFTER
 from dist_respattn.registry.registry import Registry
+from dist_respattn.store import StoreRef, TripleStore, check_same_corpus
 
 __all__ = ["DEFAULT_TOLERANCE", "GATE_METRICS", "GateDecision", "RetrainResult", "gate", "retrain"]
 
@@ -159,6 +160,24 @@ def _heldout_scores(checkpoint: Checkpoint) -> dict[str, float] | None:
     return None
 
 
+def _start(settings: FitSettings) -> str:
+    return f"random start, seed {settings.seed}" if settings.init == "random" else "uniform start"
+
+
+def _check_corpus(record: dict[str, Any], train: TripleStore, heldout: TripleStore | None) -> None:
+    """Refuse stores whose vocabulary or embedding table differs from the latest version's training store:
+    warm-starting a head on ids that mean other tokens would fit nonsense, and the gate would compare it."""
+    trained_on = (record.get("provenance") or {}).get("store") or {}
+    if trained_on.get("identity") is None:  # a version published before stores had identities
+        return
+    reference = StoreRef.from_json(trained_on)
+    check_same_corpus(reference, train, reference_role="the latest version's training store", other_role="store")
+    if heldout is not None:
+        check_same_corpus(
+            reference, heldout, reference_role="the latest version's training store", other_role="validation store"
+        )
+
+
 def retrain(
     registry: str | os.PathLike[str],
     store: str | os.PathLike[str],
@@ -213,11 +232,13 @@ def retrain(
         with reg.lock(stale_after=stale_after) as lock:
             reg.remove_orphans(lock)  # what a killed run left: an unclaimed version's files, temporary files
             current = reg.latest()
+            if current is not None:
+                _check_corpus(current.record, train, heldout)
             warm = reg.load(current.number).model if current is not None else None
             say(
                 f"{reg}: warm start from version {current.number}"
                 if current is not None
-                else f"{reg}: no published version yet; a fresh fit (seed {settings.seed})"
+                else f"{reg}: no published version yet; a fresh fit ({_start(settings)})"
             )
             with connect(
                 scheduler, client=client, n_workers=n_workers, memory_limit=memory_limit, security=security, say=say

@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 from dist_respattn.engine import EVENT_TOPIC, cluster_info, load_checkpoint, load_model
+from dist_respattn.model.holdout import HoldoutRule
 
 from .conftest import ROWS, D, N, S, T
 
@@ -197,7 +198,7 @@ def test_fit_through_scheduler_option_reports_each_iteration_and_writes_a_model(
 
     model = load_model(scheduler_fit.model_dir)
     assert (model.num_symbols, model.context_length, model.query_dim, model.num_targets) == (S, N, D, T)
-    checkpoint = load_checkpoint(scheduler_fit.model_dir)
+    checkpoint = load_checkpoint(scheduler_fit.model_dir, "latest")
     assert checkpoint.iteration == 4
     assert checkpoint.meta["state"] == "max_iter"
     printed = [float(ll) for _, ll in ITERATION_LINE.findall(completed.stderr)]
@@ -218,7 +219,7 @@ def test_fit_publishes_one_event_per_iteration_on_the_scheduler(scheduler_fit, d
     """A client attached to the scheduler reads one ``dist_respattn.fit`` record per iteration of the fit,
     in order, with the log-likelihood the checkpoint saved, the seconds taken and the rows per second."""
     assert scheduler_fit.completed.returncode == 0, scheduler_fit.completed.stderr
-    history = load_checkpoint(scheduler_fit.model_dir).meta["history"]
+    history = load_checkpoint(scheduler_fit.model_dir, "latest").meta["history"]
     stream = fit_events(dask_cluster.address, history[0]["run_id"])
     assert [e["event"] for e in stream] == ["start", "iteration", "iteration", "iteration", "iteration", "end"]
     assert (
@@ -233,7 +234,8 @@ def test_fit_publishes_one_event_per_iteration_on_the_scheduler(scheduler_fit, d
     for event in events:
         assert event["seconds"] > 0
         assert event["rows_per_second"] == pytest.approx(ROWS / event["seconds"], rel=1e-9)
-        assert event["n_obs"] == ROWS
+        # The fit trains on all but the rows its hold-out keeps for the choices (it has no validation store).
+        assert event["n_obs"] == ROWS - HoldoutRule.for_rows(ROWS).count(ROWS)
 
 
 def test_fit_through_the_environment_variable(dask_cluster, small_store, tmp_path):

@@ -1,8 +1,10 @@
 """``dist_respattn.engine.evaluate`` and ``dist-respattn evaluate`` on a real LocalCluster.
 
-The head's figures are checked against numpy in this process; the unigram and add-k bigram baselines
-against counts taken straight from the token streams the stores were written from; the command line
-as a subprocess attached to this module's scheduler.
+The head's figures are checked against numpy in this process; the n-gram baselines against
+``fit_baselines`` (itself checked against a dense reference in ``tests/model/test_ngram.py``) on pair
+counts taken straight from the token streams the stores were written from, so what is checked here is
+which rows are counted, tuned on and scored; the command line as a subprocess attached to this
+module's scheduler.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import pytest
 
 from dist_respattn.engine import FitError, FitSettings, evaluate, fit, load_model
 from dist_respattn.engine.evaluate import DEFAULT_BASELINE_K
+from dist_respattn.model.holdout import HoldoutRule
+from dist_respattn.model.ngram import MODEL_NAMES, fit_baselines
+from dist_respattn.model.pairs import PairCounts
 from dist_respattn.store import TripleStore, WriteOptions, write_arrays, write_tokens
 
 from .conftest import SMALL, small_truth
@@ -55,7 +60,7 @@ def head_in_process(model, path) -> dict[str, float]:
 
 
 def assert_figures(got: dict[str, float], expected: dict[str, float]) -> None:
-    assert set(got) == set(expected)
+    assert set(expected) <= set(got)
     for key in ("mean_log_likelihood", "target_log_prob", "perplexity"):
         if key in expected:
             assert got[key] == pytest.approx(expected[key], rel=1e-12), key
@@ -98,7 +103,9 @@ def test_evaluate_weights_rows(small_validation_store, client, tmp_path):
     counts = np.bincount(target, weights=w, minlength=12)
     assert_figures(evaluation.baselines["unigram"], baseline_figures(counts, counts))
     assert set(evaluation.baselines) == {"unigram"}  # rows not made from tokens: no bigram
-    assert evaluation.baseline_counts_from == {"store": str(TripleStore.open(path).location), "in_sample": True}
+    assert evaluation.baseline_counts_from == {
+        "store": str(TripleStore.open(path).location), "in_sample": True, "tuned_on": None,
+    }  # fmt: skip
 
 
 def test_evaluate_refuses_a_model_of_another_shape(small_validation_store, client):
@@ -125,91 +132,127 @@ def markov_tokens(length: int, seed: int) -> np.ndarray:
     return tokens
 
 
-def window_counts(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Target counts of a stream's windows: unigram (V,) and by previous token (V, V).
+def window_pairs(tokens: np.ndarray, rows: np.ndarray | None = None) -> PairCounts:
+    """The (previous token, target) pairs of a stream's windows (those where ``rows`` holds, when given).
 
     Window ``j`` has context ``tok[j : j+N]`` and target ``tok[j+N]``: its previous token is ``tok[j+N-1]``.
     """
     target, previous = tokens[N_TOK:], tokens[N_TOK - 1 : -1]
-    unigram = np.bincount(target, minlength=V).astype(np.float64)
-    bigram = np.zeros((V, V))
-    np.add.at(bigram, (previous, target), 1.0)
-    return unigram, bigram
+    if rows is not None:
+        target, previous = target[rows], previous[rows]
+    return PairCounts.from_rows(previous, target, None, num_symbols=V, num_targets=V)
 
 
 def baseline_figures(train: np.ndarray, scored: np.ndarray, k: float = DEFAULT_BASELINE_K) -> dict[str, float]:
-    """Add-k predictive figures of counts ``train`` on counts ``scored``: unigram for (T,) counts, bigram
-    (rows: previous token) for (S, T) counts; accuracy from the arg-max guess (first on ties)."""
-    probs = (train + k) / (train.sum(axis=-1, keepdims=True) + train.shape[-1] * k)
+    """Add-k unigram figures of target counts ``train`` (T,) on counts ``scored`` (T,); accuracy from the
+    arg-max guess (first on ties)."""
+    probs = (train + k) / (train.sum() + train.shape[-1] * k)
     total = scored.sum()
     log_prob = float(np.sum(scored * np.log(probs)) / total)
-    guess = np.argmax(probs, axis=-1)
-    correct = scored[guess] if scored.ndim == 1 else scored[np.arange(scored.shape[0]), guess].sum()
+    correct = scored[np.argmax(probs)]
     return {"target_log_prob": log_prob, "perplexity": float(np.exp(-log_prob)), "accuracy": float(correct / total)}
+
+
+def assert_baselines(evaluation, expected: dict) -> None:
+    """Every baseline's figures and parameters equal those ``fit_baselines`` gives on the expected pairs."""
+    assert set(evaluation.baselines) == set(MODEL_NAMES)
+    for name in MODEL_NAMES:
+        got, want = evaluation.baselines[name], expected[name].to_json()
+        for key in ("target_log_prob", "perplexity"):
+            assert got[key] == pytest.approx(want[key], rel=1e-12), (name, key)
+        assert got["accuracy"] == pytest.approx(want["accuracy"], rel=1e-14, abs=0), name
+        assert got["parameters"] == want["parameters"], name
 
 
 @pytest.fixture(scope="module")
 def token_fit(client, tmp_path_factory) -> dict:
-    """Train and validation token stores from one Markov chain, and a 2-iteration fit on the train store."""
+    """Train, validation and test token stores from one Markov chain (one embedding table), a 2-iteration fit
+    on the train store validated on the validation store, and one without a validation store."""
     root = tmp_path_factory.mktemp("tokens")
-    train_tokens, val_tokens = markov_tokens(20_000, seed=1), markov_tokens(6_000, seed=2)
-    train = write_tokens(root / "train.zarr", train_tokens, N_TOK, num_symbols=V, dim=D_TOK, options=TOKENS)
-    val = write_tokens(root / "val.zarr", val_tokens, N_TOK, num_symbols=V, dim=D_TOK, options=TOKENS)
-    model_dir = root / "model"
-    result = fit(train, model_dir=model_dir, client=client, settings=FitSettings(max_iter=2, tol=0))
+    streams = {"train": markov_tokens(20_000, 1), "val": markov_tokens(6_000, 2), "test": markov_tokens(6_000, 3)}
+    stores = {
+        name: write_tokens(root / f"{name}.zarr", tokens, N_TOK, num_symbols=V, dim=D_TOK, options=TOKENS)
+        for name, tokens in streams.items()
+    }
+    settings = FitSettings(max_iter=2, tol=0)
+    result = fit(stores["train"], model_dir=root / "model", client=client, settings=settings, validation=stores["val"])
+    fit(stores["train"], model_dir=root / "model-holdout", client=client, settings=settings)
     return {
-        "train": str(train.location),
-        "val": str(val.location),
-        "train_counts": window_counts(train_tokens),
-        "val_counts": window_counts(val_tokens),
-        "model_dir": str(model_dir),
+        **{name: str(store.location) for name, store in stores.items()},
+        "streams": streams,
+        "model_dir": str(root / "model"),
+        "holdout_model_dir": str(root / "model-holdout"),
         "result": result,
     }
 
 
-def test_baselines_count_the_training_store_named_by_the_checkpoint(token_fit, client):
-    """Evaluating a model directory on another token store: the unigram and add-k bigram are fitted on
-    the training store the checkpoint records and scored on the evaluated store's windows (previous
-    token = last context id), exactly as numpy does it from the token streams."""
-    evaluation = evaluate(token_fit["model_dir"], token_fit["val"], client=client)
-    assert evaluation.baseline_counts_from == {"store": token_fit["train"], "in_sample": False}
-    (train_unigram, train_bigram), (val_unigram, val_bigram) = token_fit["train_counts"], token_fit["val_counts"]
-    assert evaluation.rows == val_unigram.sum() == 6_000 - N_TOK
-    assert set(evaluation.baselines) == {"unigram", "bigram"}
-    assert_figures(evaluation.baselines["unigram"], baseline_figures(train_unigram, val_unigram))
-    assert_figures(evaluation.baselines["bigram"], baseline_figures(train_bigram, val_bigram))
+def test_baselines_count_the_training_store_and_tune_on_its_validation_store(token_fit, client):
+    """Evaluating a model directory on another token store: the baselines are fitted on the training store the
+    checkpoint records, tuned on its validation store, and scored on the evaluated store's windows (previous
+    token = last context id), exactly as from the token streams."""
+    evaluation = evaluate(token_fit["model_dir"], token_fit["test"], client=client)
+    assert evaluation.baseline_counts_from == {
+        "store": token_fit["train"], "in_sample": False, "tuned_on": token_fit["val"],
+    }  # fmt: skip
+    streams = token_fit["streams"]
+    assert evaluation.rows == 6_000 - N_TOK
+    expected = fit_baselines(window_pairs(streams["train"]), validation=window_pairs(streams["val"]))
+    assert_baselines(evaluation, expected.score(window_pairs(streams["test"])))
+    assert all(b["parameters"]["tuned_on"] == "validation" for k, b in evaluation.baselines.items() if k != "unigram")
     # The chain's structure is in the data: the previous token predicts the next better than nothing.
-    assert evaluation.baselines["bigram"]["perplexity"] < 0.8 * evaluation.baselines["unigram"]["perplexity"]
+    assert evaluation.baselines["kneser_ney"]["perplexity"] < 0.8 * evaluation.baselines["unigram"]["perplexity"]
     # The head's own figures are those of the checkpoint's model.
-    assert_figures(evaluation.model, head_in_process(load_model(token_fit["model_dir"]), token_fit["val"]))
+    assert_figures(evaluation.model, head_in_process(load_model(token_fit["model_dir"]), token_fit["test"]))
+
+
+def test_baselines_of_a_fit_without_validation_use_its_hold_out(token_fit, client):
+    """A model fitted on the training store's hold-out is compared with baselines counted on the same training
+    rows and tuned on the same held-out rows."""
+    evaluation = evaluate(token_fit["holdout_model_dir"], token_fit["test"], client=client)
+    assert evaluation.baseline_counts_from == {
+        "store": token_fit["train"], "in_sample": False, "tuned_on": "the training store's hold-out",
+    }  # fmt: skip
+    streams = token_fit["streams"]
+    windows = streams["train"].shape[0] - N_TOK
+    held = HoldoutRule.for_rows(windows).held_out(0, windows)
+    assert 0 < held.sum() < windows
+    expected = fit_baselines(window_pairs(streams["train"], ~held), validation=window_pairs(streams["train"], held))
+    assert_baselines(evaluation, expected.score(window_pairs(streams["test"])))
 
 
 def test_baselines_are_in_sample_without_a_training_store(token_fit, client):
-    """A model given as a distribution (no checkpoint, so no training store), or a model directory
-    evaluated on its own training store, takes the baseline counts from the evaluated store itself
+    """A model given as a distribution (no checkpoint, so no training store, nothing to tune on), or a model
+    directory evaluated on its own training store, takes the baseline counts from the evaluated store itself
     and says it is in-sample."""
-    val_unigram, val_bigram = token_fit["val_counts"]
+    streams = token_fit["streams"]
     evaluation = evaluate(token_fit["result"].model, token_fit["val"], client=client)
-    assert evaluation.baseline_counts_from == {"store": token_fit["val"], "in_sample": True}
-    assert_figures(evaluation.baselines["unigram"], baseline_figures(val_unigram, val_unigram))
-    assert_figures(evaluation.baselines["bigram"], baseline_figures(val_bigram, val_bigram))
+    assert evaluation.baseline_counts_from == {"store": token_fit["val"], "in_sample": True, "tuned_on": None}
+    assert_baselines(evaluation, fit_baselines(window_pairs(streams["val"])).score(window_pairs(streams["val"])))
+    assert evaluation.baselines["kneser_ney"]["parameters"]["tuned_on"].startswith("stated")
 
     on_train = evaluate(token_fit["model_dir"], token_fit["train"], client=client)
-    assert on_train.baseline_counts_from == {"store": token_fit["train"], "in_sample": True}
-    train_unigram, train_bigram = token_fit["train_counts"]
-    assert_figures(on_train.baselines["unigram"], baseline_figures(train_unigram, train_unigram))
-    assert_figures(on_train.baselines["bigram"], baseline_figures(train_bigram, train_bigram))
+    assert on_train.baseline_counts_from == {
+        "store": token_fit["train"],
+        "in_sample": True,
+        "tuned_on": token_fit["val"],
+    }
+    expected = fit_baselines(window_pairs(streams["train"]), validation=window_pairs(streams["val"]))
+    assert_baselines(on_train, expected.score(window_pairs(streams["train"])))
 
 
 def test_synthetic_store_has_no_bigram_baseline(small_store, small_validation_store, client, tmp_path):
-    """Rows not cut from a token stream have no previous token: only the unigram baseline is given,
-    counted on the training store of the model directory."""
+    """Rows not cut from a token stream have no previous token: only the unigram baseline is given, counted
+    on the training rows of the model directory's training store (its hold-out left out, as in the fit)."""
     fit(small_store, model_dir=tmp_path / "model", client=client, settings=FitSettings(max_iter=1))
     evaluation = evaluate(tmp_path / "model", small_validation_store, client=client)
     assert set(evaluation.baselines) == {"unigram"}
-    assert evaluation.baseline_counts_from == {"store": str(TripleStore.open(small_store).location), "in_sample": False}
+    assert evaluation.baseline_counts_from["store"] == str(TripleStore.open(small_store).location)
+    assert not evaluation.baseline_counts_from["in_sample"]
     train_target, val_target = read_all(small_store)[2], read_all(small_validation_store)[2]
-    expected = baseline_figures(np.bincount(train_target, minlength=12), np.bincount(val_target, minlength=12))
+    held = HoldoutRule.for_rows(train_target.shape[0]).held_out(0, train_target.shape[0])
+    expected = baseline_figures(
+        np.bincount(train_target[~held], minlength=12).astype(float), np.bincount(val_target, minlength=12)
+    )
     assert_figures(evaluation.baselines["unigram"], expected)
 
 
@@ -231,7 +274,7 @@ def test_cli_evaluate_runs_on_an_existing_scheduler(token_fit, client):
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report == evaluate(token_fit["model_dir"], token_fit["val"], client=client).to_json()
-    assert set(report["baselines"]) == {"unigram", "bigram"}
+    assert set(report["baselines"]) == set(MODEL_NAMES)
     assert any(str(r["key"]).startswith("respattn-evaluate-0-") for r in stream.data)
     assert client.submit(sum, [1, 2], pure=False).result() == 3
     assert len(client.scheduler_info(n_workers=-1)["workers"]) == 2
@@ -241,7 +284,8 @@ def test_cli_evaluate_runs_on_an_existing_scheduler(token_fit, client):
     assert f"connected to the scheduler at {address}" in text.stderr
     lines = text.stdout.splitlines()
     assert lines[0] == f"{token_fit['val']}: {report['rows']:,} rows"
-    assert [line.split()[0] for line in lines[2:5]] == ["head", "unigram", "bigram"]
+    assert [line.split()[0] for line in lines[2:7]] == ["head", *MODEL_NAMES]
+    assert lines[7].startswith("head / Kneser-Ney perplexity: ")
     assert f"baseline counts from {token_fit['train']}" in text.stdout
 
 

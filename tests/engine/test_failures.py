@@ -37,9 +37,15 @@ from tests.engine.test_bad_input import (
 )
 
 #: The fits whose workers are killed (and their uninterrupted reference).
-LONG_SETTINGS = FitSettings(max_iter=4, tol=0.0)
+LONG_SETTINGS = FitSettings(max_iter=4, tol=0.0, patience=100)
 #: Iterations of the fits killed by the driver tests (and of their uninterrupted reference).
 WIDE_ITERATIONS = 6
+
+
+def kept_checkpoints(model_dir: Path) -> list[str]:
+    """The checkpoints ``latest.json`` and ``best.json`` name (the fit keeps those, and only those)."""
+    names = {json.loads((model_dir / f"{pointer}.json").read_text())["checkpoint"] for pointer in ("latest", "best")}
+    return sorted(names)
 
 
 def read_latest(model_dir: Path) -> dict | None:
@@ -108,17 +114,18 @@ def wide_store(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def wide_reference(tmp_path_factory, wide_store, engine_client):
-    """The uninterrupted fit of ``wide_store``: ``WIDE_ITERATIONS`` iterations, tol 0, random start of seed 0."""
+    """The uninterrupted fit of ``wide_store``: ``WIDE_ITERATIONS`` iterations (tol 0, and a patience that never runs
+    out, so every fit runs them all), with the default start and choices."""
     model_dir = tmp_path_factory.mktemp("wide-reference") / "model"
-    settings = FitSettings(max_iter=WIDE_ITERATIONS, tol=0.0)
+    settings = FitSettings(max_iter=WIDE_ITERATIONS, tol=0.0, patience=100)
     return fit(wide_store, model_dir=model_dir, settings=settings, client=engine_client, progress=False)
 
 
 def wide_fit_args(store: str, model_dir: Path, address: str) -> tuple[str, ...]:
-    """The CLI of the reference fit (the defaults of ``FitSettings`` besides max-iter and tol)."""
+    """The CLI of the reference fit (the defaults of ``FitSettings`` besides max-iter, tol and patience)."""
     return (
         "fit", store, "--model-dir", str(model_dir), "--max-iter", str(WIDE_ITERATIONS), "--tol", "0",
-        "--scheduler", address, "--json",
+        "--patience", "100", "--scheduler", address, "--json",
     )  # fmt: skip
 
 
@@ -221,7 +228,7 @@ def test_worker_killed_mid_iteration_gives_identical_parameters(
     assert [e["iteration"] for e in result.history] == [1, 2, 3, 4]
     assert [e["mean_log_likelihood"] for e in result.history] == [e["mean_log_likelihood"] for e in expected.history]
     assert_same_parameters(result.model, expected.model)
-    assert_same_parameters(load_model(tmp_path / "model"), expected.model)
+    assert_same_parameters(load_model(tmp_path / "model", "latest"), expected.model)
 
 
 # -- the driver killed mid-fit ----------------------------------------------------------------------------------
@@ -244,19 +251,19 @@ def test_driver_killed_then_resumed_gives_identical_parameters(tmp_path, wide_st
     sigkill(proc)
     killed_at = read_latest(model_dir)["iteration"]
     assert killed_at < WIDE_ITERATIONS, "the fit had ended before it was killed"
-    assert load_checkpoint(model_dir).iteration == killed_at
+    assert load_checkpoint(model_dir, "latest").iteration == killed_at
 
     resumed = run_cli(*args, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     report = json.loads(resumed.stdout)
     assert report["state"] == "max_iter"
     assert report["iterations"] == WIDE_ITERATIONS
-    assert_same_parameters(load_model(model_dir), wide_reference.model)
+    assert_same_parameters(load_model(model_dir, "latest"), wide_reference.model)
     assert history_iterations(model_dir) == list(range(1, WIDE_ITERATIONS + 1))
-    runs = [entry["run_id"] for entry in load_checkpoint(model_dir).meta["history"]]
+    runs = [entry["run_id"] for entry in load_checkpoint(model_dir, "latest").meta["history"]]
     assert len(set(runs[:killed_at])) == 1 and set(runs[:killed_at]).isdisjoint(runs[killed_at:]), runs
     assert leftovers(model_dir) == []
-    assert len([name for name in os.listdir(model_dir) if name.startswith("ckpt-")]) == 1
+    assert sorted(name for name in os.listdir(model_dir) if name.startswith("ckpt-")) == kept_checkpoints(model_dir)
 
 
 @pytest.mark.slow
@@ -293,18 +300,18 @@ def test_kill_during_a_checkpoint_write_leaves_the_previous_checkpoint(tmp_path,
     latest = read_latest(model_dir)
     being_written = int(caught[0].split("-")[2])
     assert latest["iteration"] < being_written
-    checkpoint = load_checkpoint(model_dir)
+    checkpoint = load_checkpoint(model_dir, "latest")
     assert checkpoint.name == latest["checkpoint"]
     assert checkpoint.iteration == latest["iteration"]
     assert history_iterations(model_dir) == list(range(1, latest["iteration"] + 1))
-    model = load_model(model_dir)
+    model = load_model(model_dir, "latest")
     assert model.emission.shape == (1500, 1500)
     assert np.isfinite(model.emission).all() and np.isfinite(model.key_means).all()
 
     resumed = run_cli(*args)
     assert resumed.returncode == 0, resumed.stderr
     assert leftovers(model_dir) == []
-    assert_same_parameters(load_model(model_dir), wide_reference.model)
+    assert_same_parameters(load_model(model_dir, "latest"), wide_reference.model)
     assert history_iterations(model_dir) == list(range(1, WIDE_ITERATIONS + 1))
 
 
@@ -327,7 +334,7 @@ def test_leftovers_of_an_interrupted_write_are_ignored_then_cleaned(tmp_path, sm
     (model_dir / ".tmp-latest.json.0badf00d").write_text('{"checkpoint": "ckpt-0000')
     shutil.copytree(model_dir / pointed, model_dir / "ckpt-000003-deadbeef")
 
-    checkpoint = load_checkpoint(model_dir)
+    checkpoint = load_checkpoint(model_dir, "latest")
     assert (checkpoint.name, checkpoint.iteration) == (pointed, 2)
     assert_same_parameters(checkpoint.model, first.model)
 
@@ -337,9 +344,9 @@ def test_leftovers_of_an_interrupted_write_are_ignored_then_cleaned(tmp_path, sm
     )
     expected = fit(small_store, model_dir=tmp_path / "ref", settings=settings, client=engine_client, progress=False)
     assert_same_parameters(resumed.model, expected.model)
-    assert_same_parameters(load_model(model_dir), expected.model)
+    assert_same_parameters(load_model(model_dir, "latest"), expected.model)
     assert leftovers(model_dir) == []
-    assert sorted(os.listdir(model_dir)) == sorted(["latest.json", read_latest(model_dir)["checkpoint"]])
+    assert sorted(os.listdir(model_dir)) == sorted(["latest.json", "best.json", *kept_checkpoints(model_dir)])
     assert history_iterations(model_dir) == [1, 2, 3]
 
 
@@ -417,7 +424,7 @@ def test_resume_in_an_empty_model_dir_starts_a_new_fit(resume_runs):
     report = json.loads(result.stdout)
     assert (report["state"], report["iterations"]) == ("max_iter", 2)
     empty = resume_runs["empty_dir"]
-    assert_same_parameters(load_model(empty), resume_runs["reference"].model)
+    assert_same_parameters(load_model(empty, "latest"), resume_runs["reference"].model)
     assert history_iterations(empty) == [1, 2]
 
 
@@ -433,4 +440,4 @@ def test_resume_of_a_converged_fit_returns_at_once(resume_runs):
     assert f"EM converged after {iterations} iterations" in result.stdout
     directory = resume_runs["converged_dir"]
     assert tree_state(directory) == resume_runs["before"][directory]
-    assert_same_parameters(load_model(directory), converged.model)
+    assert_same_parameters(load_model(directory, "latest"), converged.model)

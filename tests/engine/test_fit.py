@@ -29,7 +29,9 @@ from dist_respattn.engine import (
     load_checkpoint,
     load_model,
 )
+from dist_respattn.engine.loop import EarlyStopping
 from dist_respattn.engine.memory import check_memory
+from dist_respattn.model.holdout import HoldoutRule
 from dist_respattn.store import StoreSchema, TripleStore, WriteOptions, write_arrays, write_synthetic
 from tests.engine.clusters import local_cluster
 
@@ -112,32 +114,48 @@ def test_distributed_fit_equals_in_process_em(small_store, client, tmp_path, fan
     np.testing.assert_allclose(ours, reference.log_likelihoods, rtol=1e-12, atol=0)
     # EM from this start really moved: the test is not comparing two copies of the start.
     assert ours[-1] > ours[0] + 1.0
-    assert [entry["n_obs"] for entry in result.history] == [20_000.0] * 6
+    # Without a validation store the fit trains on all but the hold-out's rows, which make its choices.
+    held = HoldoutRule.for_rows(20_000).count(20_000)
+    assert 0 < held < 2_000
+    assert [entry["n_obs"] for entry in result.history] == [20_000.0 - held] * 6
+    assert all(entry["hyperparameters"] is not None for entry in result.history)
 
 
 @pytest.mark.slow
 def test_fits_on_one_two_and_three_workers_are_bit_identical(small_store, client, tmp_path):
-    """The random start (seeded per partition) and every iteration's reduction give bit-identical
-    parameters and log-likelihoods whether 1, 2 or 3 workers ran the tasks."""
-    settings = FitSettings(max_iter=3, tol=0, seed=11)
-    results = {2: fit(small_store, model_dir=tmp_path / "w2", client=client, settings=settings)}
+    """The default fit (uniform start, the pairs pass, the hold-out's choices after every M-step) and a random
+    start (seeded per partition) give bit-identical parameters, log-likelihoods and choices whether 1, 2 or 3
+    workers ran the tasks."""
+    cases = {
+        "default": FitSettings(max_iter=3, tol=0),
+        "random": FitSettings(max_iter=3, tol=0, init="random", seed=11),
+    }
+    results = {(name, 2): fit(small_store, model_dir=tmp_path / f"{name}-w2", client=client, settings=settings)
+               for name, settings in cases.items()}  # fmt: skip
     with local_cluster(1) as (cluster, other):
-        results[1] = fit(small_store, model_dir=tmp_path / "w1", client=other, settings=settings)
+        for name, settings in cases.items():
+            results[name, 1] = fit(small_store, model_dir=tmp_path / f"{name}-w1", client=other, settings=settings)
         cluster.scale(3)  # cheaper than a second cluster
         other.wait_for_workers(3, timeout=60)
         with distributed.get_task_stream(client=other) as stream:
-            results[3] = fit(small_store, model_dir=tmp_path / "w3", client=other, settings=settings)
+            for name, settings in cases.items():
+                results[name, 3] = fit(small_store, model_dir=tmp_path / f"{name}-w3", client=other, settings=settings)
         # The three workers did share the partitions, so the tasks finished in varied orders.
         assert len({record["worker"] for record in stream.data}) >= 2
-    for workers in (1, 3):
-        assert_bit_identical(results[workers].model, results[2].model)
-        assert [e["mean_log_likelihood"] for e in results[workers].history] == [
-            e["mean_log_likelihood"] for e in results[2].history
-        ]
-    # Another seed is another start: the equality above is not a constant.
-    reseeded = FitSettings(max_iter=1, seed=12)
+    for name in cases:
+        for workers in (1, 3):
+            assert_bit_identical(results[name, workers].model, results[name, 2].model)
+            for key in ("mean_log_likelihood", "hyperparameters", "heldout"):
+                assert [e[key] for e in results[name, workers].history] == [e[key] for e in results[name, 2].history], (
+                    name,
+                    key,
+                )
+    # The starts differ, and another seed is another random start: the equalities above are not constants.
+    first = {name: results[name, 2].history[0]["mean_log_likelihood"] for name in cases}
+    assert first["default"] != first["random"]
+    reseeded = FitSettings(max_iter=1, init="random", seed=12)
     other_seed = fit(small_store, model_dir=tmp_path / "seed12", client=client, settings=reseeded)
-    assert other_seed.history[0]["mean_log_likelihood"] != results[2].history[0]["mean_log_likelihood"]
+    assert other_seed.history[0]["mean_log_likelihood"] != first["random"]
 
 
 # -------------------------------------------------------------------- keys, spans, events, no leaks
@@ -159,6 +177,8 @@ def test_tasks_spans_and_events_are_named_per_iteration(small_store, small_valid
     names = sorted(key.removesuffix(f"-{tag}") for key in keys)
     expected = [f"respattn-init-0-{p}" for p in range(PARTITIONS)]
     expected += [f"respattn-init-combine-0-{c}" for c in COMBINES]
+    # The start's M-step makes its choices on the validation store too.
+    expected += ["respattn-heldout-0-0", "respattn-heldout-0-1", "respattn-heldout-combine-0-1-0"]
     for k in (1, 2):
         expected += [f"respattn-estep-{k}-{p}" for p in range(PARTITIONS)]
         expected += [f"respattn-combine-{k}-{c}" for c in COMBINES]
@@ -176,7 +196,12 @@ def test_tasks_spans_and_events_are_named_per_iteration(small_store, small_valid
     spans = client.run_on_scheduler(spans_of_run)
     per_iteration = {"respattn-estep": 5, "respattn-combine": 2, "respattn-heldout": 2, "respattn-heldout-combine": 1}
     assert spans == {
-        (f"respattn-init-{tag}",): {"respattn-init": 5, "respattn-init-combine": 2},
+        (f"respattn-init-{tag}",): {
+            "respattn-init": 5,
+            "respattn-init-combine": 2,
+            "respattn-heldout": 2,
+            "respattn-heldout-combine": 1,
+        },
         (f"respattn-iteration-1-{tag}",): per_iteration,
         (f"respattn-iteration-2-{tag}",): per_iteration,
     }
@@ -199,8 +224,8 @@ def test_scheduler_state_stays_flat_over_iterations(small_store, client, tmp_pat
         seen = counts.setdefault(iterations, [])
         result = fit(
             small_store, model_dir=tmp_path / f"model{iterations}", client=client,
-            settings=FitSettings(max_iter=iterations, tol=0),
-            say=lambda line, seen=seen: seen.append(scheduler_task_count(client)),
+            settings=FitSettings(max_iter=iterations, tol=0, patience=100),
+            say=lambda line, seen=seen: line.startswith("iteration") and seen.append(scheduler_task_count(client)),
         )  # fmt: skip
         assert result.iterations == iterations
         assert len(seen) == iterations  # one line per iteration, each with a count
@@ -215,29 +240,33 @@ def test_scheduler_state_stays_flat_over_iterations(small_store, client, tmp_pat
 
 
 def test_checkpoint_is_npz_and_json_and_load_model_returns_the_fit(small_store, client, tmp_path):
-    """Without validation, the model directory holds ``latest.json`` (no ``best.json``) and one
-    checkpoint: ``params.npz`` readable without pickles, and ``meta.json`` with the iteration, the
-    settings, the store fingerprint, the package version and the history; ``load_model`` gives the
-    fitted head bit for bit."""
-    settings = FitSettings(max_iter=3, tol=0, seed=2)
+    """Without a validation store (the hold-out of the training store makes the choices), the model directory
+    holds ``latest.json``, ``best.json`` and the checkpoints they name: ``params.npz`` readable without pickles
+    (the model and the fit's emission prior), and ``meta.json`` with the iteration, the settings, the store
+    fingerprint, the hold-out, the chosen hyperparameters, the package version and the history; ``load_model``
+    gives the best head bit for bit."""
+    settings = FitSettings(max_iter=3, tol=0, seed=2, patience=5)
     model_dir = tmp_path / "model"
     result = fit(small_store, model_dir=model_dir, client=client, settings=settings)
     tag = run_id(result)
     name = f"ckpt-000003-{tag}"
-    assert sorted(p.name for p in model_dir.iterdir()) == [name, "latest.json"]
+    best = f"ckpt-{result.best_iteration:06d}-{tag}"
+    assert sorted(p.name for p in model_dir.iterdir()) == sorted({name, best, "latest.json", "best.json"})
     assert json.loads((model_dir / "latest.json").read_text()) == {
         "checkpoint": name, "iteration": 3, "state": "max_iter",
     }  # fmt: skip
+    assert json.loads((model_dir / "best.json").read_text())["checkpoint"] == best
 
     with np.load(model_dir / name / "params.npz", allow_pickle=False) as npz:
-        assert sorted(npz.files) == sorted(PARAMS)
+        assert sorted(npz.files) == sorted((*PARAMS, "emission_base", "emission_types"))
         arrays = {key: npz[key] for key in npz.files}
     assert arrays["key_means"].shape == (S, D)
     assert arrays["emission"].shape == (S, T)
     assert arrays["position_prior"].shape == (N,)
-    for key, value in arrays.items():
-        assert value.dtype == np.float64
-        assert np.array_equal(value, getattr(result.model, key))
+    assert arrays["emission_base"].shape == (T,) and arrays["emission_types"].shape == (S,)
+    for key in PARAMS:
+        assert arrays[key].dtype == np.float64
+        assert np.array_equal(arrays[key], getattr(result.model, key))
 
     meta = json.loads((model_dir / name / "meta.json").read_text())
     assert meta["iteration"] == 3
@@ -249,10 +278,14 @@ def test_checkpoint_is_npz_and_json_and_load_model_returns_the_fit(small_store, 
     assert meta["model"]["sigma2"] == result.model.sigma2
     assert [h["mean_log_likelihood"] for h in meta["history"]] == [h["mean_log_likelihood"] for h in result.history]
     assert [h["iteration"] for h in meta["history"]] == [1, 2, 3]
-    assert meta["init"] == {"kind": "random", "seed": 2}
+    assert meta["init"] == {"kind": "uniform"}
+    assert meta["holdout"] == HoldoutRule.for_rows(20_000).to_json()
+    assert meta["emission_prior"] == {"kind": "continuation"}
+    assert meta["hyperparameters"] == result.history[-1]["hyperparameters"]
+    assert meta["hyperparameters"]["sigma2"] == result.model.sigma2
     assert meta["warnings"] == [] == result.warnings  # a healthy fit reports nothing
 
-    assert_bit_identical(load_model(model_dir), result.model)
+    assert_bit_identical(load_model(model_dir), load_checkpoint(model_dir, "best").model)
     assert_bit_identical(load_checkpoint(model_dir, "latest").model, result.model)
 
 
@@ -278,7 +311,7 @@ def test_validation_keeps_the_best_checkpoint_and_stops_early(
     names that iteration's checkpoint, which survives pruning and is what ``load_model`` returns,
     and its recorded held-out figures are the model's, recomputed here."""
     model_dir = tmp_path / "model"
-    settings = FitSettings(max_iter=30, tol=0, early_stop_metric=metric, patience=patience)
+    settings = FitSettings(max_iter=30, tol=0, early_stop_metric=metric, patience=patience, min_improvement=0.0)
     result = fit(small_store, model_dir=model_dir, client=client, settings=settings, validation=small_validation_store)
     tag = run_id(result)
 
@@ -308,7 +341,27 @@ def test_validation_keeps_the_best_checkpoint_and_stops_early(
     expected = _heldout_in_process(best_checkpoint.model, small_validation_store)
     for key in ("mean_log_likelihood", "target_log_prob", "perplexity"):
         assert recorded[key] == pytest.approx(expected[key], rel=1e-12), key
-    assert recorded["accuracy"] == expected["accuracy"]
+    # The held-out pass scores the M-step's candidates, not an arg-max over T per row: `evaluate` gives accuracy.
+    assert "accuracy" not in recorded
+
+
+def test_patience_counts_iterations_that_do_not_improve_by_min_improvement():
+    """Creeping forward by less than ``min_improvement`` (relative) uses up the patience, yet the best checkpoint
+    still follows every improvement."""
+    stopping = EarlyStopping("perplexity", 2, min_improvement=0.01)
+    for iteration, value in enumerate([100.0, 95.0, 94.9, 94.8, 94.7], start=1):
+        improved = stopping.update({"perplexity": value}, iteration, f"ckpt-{iteration}")
+        assert improved
+        assert stopping.exhausted == (iteration == 4)
+        if stopping.exhausted:
+            break
+    assert (stopping.best, stopping.best_iteration) == (94.8, 4)
+    assert stopping.reference == 95.0
+    restored = EarlyStopping("perplexity", 2, stopping.to_json(), min_improvement=0.01)
+    assert (restored.best, restored.reference, restored.since_best) == (94.8, 95.0, 2)
+    loglik = EarlyStopping("loglik", 1, min_improvement=0.0)
+    assert loglik.update({"mean_log_likelihood": -10.0}, 1, "a") and not loglik.exhausted
+    assert not loglik.update({"mean_log_likelihood": -10.5}, 2, "b") and loglik.exhausted
 
 
 def test_a_used_model_dir_is_refused_untouched_and_overwrite_replaces_it(
@@ -330,9 +383,11 @@ def test_a_used_model_dir_is_refused_untouched_and_overwrite_replaces_it(
         fit(small_store, model_dir=model_dir, client=client, settings=FitSettings(max_iter=2, tol=0, seed=1))
     assert snapshot(model_dir) == before
 
+    # Nothing held out: the choices keep their defaults, and there is no best checkpoint.
     second = fit(
-        small_store, model_dir=model_dir, client=client, overwrite=True, settings=FitSettings(max_iter=2, tol=0, seed=1)
-    )
+        small_store, model_dir=model_dir, client=client, overwrite=True,
+        settings=FitSettings(max_iter=2, tol=0, holdout_fraction=0.0),
+    )  # fmt: skip
     old, new = run_id(first), run_id(second)
     assert old != new
     assert not (model_dir / "best.json").exists()
@@ -399,9 +454,10 @@ def test_sigma2_on_its_floor_is_reported_everywhere(small_store, small_validatio
     metadata and ``evaluate`` on the model directory all say so."""
     lines: list[str] = []
     model_dir = tmp_path / "model"
+    learned = FitSettings(max_iter=2, tol=0, estimate_sigma2=True, sigma2=1.0, min_sigma2=10.0)
     result = fit(
-        small_store, model_dir=model_dir, client=client, settings=FitSettings(max_iter=2, tol=0, min_sigma2=10.0),
-        say=lines.append,
+        small_store, model_dir=model_dir, client=client, settings=learned,
+        say=lambda line: line.startswith("iteration") and lines.append(line),
     )  # fmt: skip
     assert result.model.sigma2 == 10.0
 
@@ -428,7 +484,11 @@ def test_collapsed_prior_and_dead_symbols_are_reported(client, tmp_path):
     path = tmp_path / "collapsed.zarr"
     store = write_arrays(path, context, query, target, num_symbols=S, num_targets=T, options=SMALL)
 
-    result = fit(store, model_dir=tmp_path / "model", client=client, settings=FitSettings(max_iter=8, tol=0))
+    # Maximum-likelihood EM (the reference's options) drives the prior onto position 0 within 8 iterations.
+    reference_options = FitSettings(
+        max_iter=8, tol=0, init="random", estimate_sigma2=True, sigma2=1.0, emission_smoothing=1e-6
+    )
+    result = fit(store, model_dir=tmp_path / "model", client=client, settings=reference_options)
     assert result.model.position_prior[0] >= 0.99
     assert any("on position 0" in w for w in result.warnings), result.warnings
     assert any(w.startswith(f"1 of {S} symbols received no responsibility mass") for w in result.warnings)

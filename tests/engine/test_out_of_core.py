@@ -23,6 +23,7 @@ import pytest
 
 from dist_respattn import random_distribution
 from dist_respattn.engine import FitResult, FitSettings, cluster_info, fit
+from dist_respattn.model.holdout import HoldoutRule
 from dist_respattn.store import TripleStore, WriteOptions, write_synthetic
 from tests.engine.clusters import local_cluster
 
@@ -169,6 +170,11 @@ def out_of_core(tmp_path_factory) -> Any:
             shutil.rmtree(folder / store, ignore_errors=True)
 
 
+def _trained(rows: int) -> float:
+    """The rows a fit without a validation store trains on: all but its hold-out's."""
+    return float(rows - HoldoutRule.for_rows(rows).count(rows))
+
+
 def _mib(values: dict[str, int]) -> str:
     return ", ".join(f"{address}: {value / MIB:.1f} MiB" for address, value in sorted(values.items()))
 
@@ -186,7 +192,7 @@ def test_workers_fit_a_store_four_times_their_memory_limit_without_spilling_or_d
 
     assert run.result.state == "max_iter"
     assert [h["iteration"] for h in run.result.history] == [1, 2]
-    assert [h["n_obs"] for h in run.result.history] == [LARGE_ROWS, LARGE_ROWS]
+    assert [h["n_obs"] for h in run.result.history] == [_trained(LARGE_ROWS)] * 2
 
     # A worker that died (or was restarted by its nanny) would come back under a new address and pid.
     assert out_of_core.pids_after == out_of_core.pids_before
@@ -205,8 +211,8 @@ def test_worker_peak_memory_is_flat_as_rows_grow(out_of_core):
     not on how many rows or partitions it reads."""
     small, large = out_of_core.small, out_of_core.large
     assert large.store.num_rows == 2 * small.store.num_rows
-    assert [h["n_obs"] for h in small.result.history] == [SMALL_ROWS, SMALL_ROWS]
-    assert [h["n_obs"] for h in large.result.history] == [LARGE_ROWS, LARGE_ROWS]
+    assert [h["n_obs"] for h in small.result.history] == [_trained(SMALL_ROWS)] * 2
+    assert [h["n_obs"] for h in large.result.history] == [_trained(LARGE_ROWS)] * 2
     block_bytes = CHUNK_ROWS * large.store.schema.row_bytes
     growth = {address: large.peaks[address] - small.peaks[address] for address in small.peaks}
     assert max(growth.values()) < block_bytes, (

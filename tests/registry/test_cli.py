@@ -302,7 +302,10 @@ def test_two_runs_at_once_one_publishes_the_other_exits_3(tmp_path, stores, clie
     winner still runs, and names the winner's pid. Exactly one new version, no lock left."""
     registry = tmp_path / "registry"
     retrain(registry, stores.train, settings=FitSettings(max_iter=3), client=client, progress=False)
-    args = retrain_args(registry, stores.train, address, "--max-iter", "30", "--tol", "0", "--tolerance", "1", "--json")
+    args = retrain_args(
+        registry, stores.train, address, "--max-iter", "30", "--tol", "0", "--patience", "100", "--tolerance", "1",
+        "--json",
+    )  # fmt: skip
     runs = [Launched(args, deadline=180) for _ in range(2)]
     results = [run.wait() for run in runs]
     codes = sorted(r.returncode for r in results)

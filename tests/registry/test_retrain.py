@@ -56,7 +56,7 @@ def test_first_run_publishes_version_1(base, stores, client):
     assert gate.passed and not gate.in_sample
     assert gate.store == stores.validation
     assert result.to_json()["gate"]["current"] is None
-    assert said[0] == f"{root}: no published version yet; a fresh fit (seed 0)"
+    assert said[0] == f"{root}: no published version yet; a fresh fit (uniform start)"
     assert f"perplexity {gate.candidate:.6g}: the registry's first version, nothing to compare with" in said
     assert said[-1] == f"{root}: published version 1"
 
@@ -66,7 +66,7 @@ def test_first_run_publishes_version_1(base, stores, client):
     assert {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} == expected_layout(root)
     record = registry.version(1).record
     checkpoint = registry.load(1)
-    assert checkpoint.meta["init"] == {"kind": "random", "seed": 0}
+    assert checkpoint.meta["init"] == {"kind": "uniform"}
     assert checkpoint.iteration == result.fit["checkpoint_iteration"] == result.fit["best_iteration"]
     assert record["gate"] == gate.to_json()
     assert record["previous_metrics"] is None
