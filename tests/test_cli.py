@@ -34,11 +34,41 @@ def test_no_command_prints_help():
 
 
 @pytest.mark.slow
-def test_demo_recovers_the_true_head(tmp_path):
-    """The main job: stores made on the spot, a fit on an embedded cluster, the truth recovered."""
+def test_demo_fits_the_standard_library_and_compares_it_with_the_baselines(tmp_path):
+    """The main job: a slice of the Python standard library's source split into train, validation and test stores
+    of one vocabulary, a fit on an embedded cluster, and the head's test perplexity beside every baseline's."""
     result = run(
-        "demo", "--dir", str(tmp_path), "--rows", "30000", "--symbols", "40", "--targets", "12", "--seed", "3",
-        "--workers", "2", "--json",
+        "demo", "--dir", str(tmp_path), "--max-tokens", "150000", "--vocab-size", "300", "--workers", "2", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report["rows"]) == {"train", "validation", "test"} and min(report["rows"].values()) > 0
+    assert report["model_dir"] == str(tmp_path / "model")
+    assert report["state"] in ("early_stopped", "converged", "max_iter")
+    assert report["heldout_rows"].startswith("the validation store")
+    assert report["hyperparameters"]["sigma2"] > 0
+    test = report["test"]
+    assert test["store"].endswith("test.zarr")
+    assert set(test["baselines"]) == {"unigram", "add_k", "jelinek_mercer", "kneser_ney"}
+    assert test["baseline_counts_from"]["tuned_on"].endswith("validation.zarr")
+    head, baselines = test["model"]["perplexity"], {k: v["perplexity"] for k, v in test["baselines"].items()}
+    # Real text: the head is far better than a unigram, and of a good bigram's quality.
+    assert head < 0.6 * baselines["unigram"]
+    assert head < baselines["add_k"] and head < 1.1 * baselines["kneser_ney"], (head, baselines)
+
+    text = run(
+        "demo", "--dir", str(tmp_path / "again"), "--max-tokens", "60000", "--vocab-size", "200", "--max-iter", "2"
+    )
+    assert text.returncode == 0, text.stderr
+    assert "split 60,000 tokens of the Python standard library's source" in text.stderr
+    assert "Kneser-Ney" in text.stdout and "head / Kneser-Ney:" in text.stdout
+
+
+def test_demo_recovers_the_true_head(tmp_path):
+    """``--synthetic``: stores sampled from a random head, a fit on an embedded cluster, the truth recovered."""
+    result = run(
+        "demo", "--synthetic", "--dir", str(tmp_path), "--rows", "30000", "--symbols", "40", "--targets", "12",
+        "--seed", "3", "--workers", "2", "--json",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -63,8 +93,9 @@ def test_demo_recovers_the_true_head(tmp_path):
 
 def test_demo_text_output_reports_progress_and_recovery(tmp_path):
     result = run(
-        "demo", "--dir", str(tmp_path), "--rows", "5000", "--symbols", "20", "--targets", "5", "--max-iter", "3"
-    )
+        "demo", "--synthetic", "--dir", str(tmp_path), "--rows", "5000", "--symbols", "20", "--targets", "5",
+        "--max-iter", "3",
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "started a local cluster" in result.stderr
     assert "iteration 1: log-likelihood" in result.stderr
