@@ -1,5 +1,5 @@
-"""Smoke runs of the benchmarks (bench_kernel.py, bench_store.py, bench_fit.py) as real subprocesses: their
-figures exist, and their memory stays flat."""
+"""Smoke runs of the benchmarks (bench_kernel.py, bench_store.py, bench_fit.py, bench_quality.py) as real
+subprocesses: their figures exist, and their memory stays flat."""
 
 from __future__ import annotations
 
@@ -356,3 +356,47 @@ def test_fit_smoke_run_reports_every_figure(monkeypatch):
     assert "ours, fit, 2 workers x 1 thread" in table and "bare kernel" in table
     assert "where an iteration goes" in table and "peak memory" in table
     assert table.count("PASS") + table.count("MISS") == (5 if has_mixle else 4)
+
+
+QUALITY_SCRIPT = SCRIPT.parent / "bench_quality.py"
+
+
+@pytest.mark.slow
+def test_quality_smoke_run_reports_every_figure(tmp_path):
+    """bench_quality.py on a slice of the standard library (no download): the baselines and all three heads are
+    fitted and scored on one split, and the figures agree with each other."""
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-W", "error::RuntimeWarning", str(QUALITY_SCRIPT), "--json"),
+            *("--corpora", "stdlib", "--max-tokens", "60000", "--vocab-size", "200", "--max-iter", "3"),
+            *("--work", str(tmp_path), "--cache", str(tmp_path / "cache")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=QUALITY_SCRIPT.parents[1],
+        check=False,
+    )
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    table, _, payload = completed.stdout.partition("\n{")
+    report = json.loads("{" + payload)
+    (result,) = report["results"]
+    assert result["corpus"] == "stdlib" and min(result["rows"].values()) > 0
+    baselines = result["baselines"]
+    assert set(baselines) == {"unigram", "add_k", "jelinek_mercer", "kneser_ney"}
+    for name, perplexity in baselines.items():
+        assert_positive_finite(perplexity, name)
+    assert baselines["kneser_ney"] < baselines["unigram"]
+    assert set(result["heads"]) == {"defaults", "defaults, no validation store", "old defaults"}
+    for name, head in result["heads"].items():
+        test = head["test"]
+        assert test["baselines"] == result["heads"]["defaults"]["test"]["baselines"], name  # one split, one baseline
+        assert_positive_finite(test["model"]["perplexity"], name)
+        assert 1 <= head["iterations"] <= 3, name
+    defaults = result["heads"]["defaults"]
+    assert defaults["hyperparameters"]["sigma2"] > 0
+    ratio = defaults["test"]["model"]["perplexity"] / baselines["kneser_ney"]
+    assert f"{ratio:.3f}" in table  # the table's head / Kneser-Ney row
+    verdicts = report["verdicts"]["stdlib"]
+    assert len(verdicts) == 3 and all(v.endswith(("PASS", "MISS")) for v in verdicts)
+    assert "head, defaults" in table and "Kneser-Ney, interpolated" in table

