@@ -390,7 +390,8 @@ def test_quality_smoke_run_reports_every_figure(tmp_path):
     assert set(result["heads"]) == {"defaults", "defaults, no validation store", "old defaults"}
     for name, head in result["heads"].items():
         test = head["test"]
-        assert test["baselines"] == result["heads"]["defaults"]["test"]["baselines"], name  # one split, one baseline
+        if name != "defaults, no validation store":  # that one's baselines are tuned on its own hold-out
+            assert test["baselines"] == result["heads"]["defaults"]["test"]["baselines"], name
         assert_positive_finite(test["model"]["perplexity"], name)
         assert 1 <= head["iterations"] <= 3, name
     defaults = result["heads"]["defaults"]

@@ -298,7 +298,7 @@ def print_fit_summary(report: dict[str, Any]) -> None:
             f"{chosen['emission_strength']:.4g} + {chosen['type_strength']:.4g} per successor type"
         )
     top = ", ".join(f"{i} ({p:.1%})" for i, p in report["position_prior_top"])
-    print(f"learned: gate variance sigma2 = {report['sigma2']:.4g}; most attended positions: {top}")
+    print(f"last model: gate variance sigma2 = {report['sigma2']:.4g}; most attended positions: {top}")
     rec = report.get("recovery")
     if rec:
         print("recovery of the store's true head:")

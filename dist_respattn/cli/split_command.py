@@ -8,7 +8,13 @@ import time
 from typing import Any
 
 from dist_respattn.cli.common import CommandError, positive_int, progress_bar, say
-from dist_respattn.cli.store_commands import add_common_options, add_layout_options, identity_line, write_options
+from dist_respattn.cli.store_commands import (
+    add_common_options,
+    add_corpus_sources,
+    add_layout_options,
+    identity_line,
+    write_options,
+)
 
 __all__ = ["register"]
 
@@ -36,13 +42,7 @@ def register(sub: Any) -> None:
     )
     split.add_argument("out_dir", metavar="OUT_DIR", help="directory (or fsspec URL) the three stores go in")
     source = split.add_mutually_exclusive_group(required=True)
-    source.add_argument("--tokens", metavar="TOKENS.npy", help="a 1-d array of token ids")
-    source.add_argument(
-        "--text",
-        nargs="*",
-        metavar="PATH",
-        help="text files, globs, or directories (their .txt/.md/.rst/.py files); none: the stdlib source",
-    )
+    add_corpus_sources(source)
     split.add_argument("--context", type=positive_int, required=True, help="the window N")
     split.add_argument(
         "--documents", metavar="STARTS.npy", help="with --tokens: the first token index of each document"

@@ -16,7 +16,25 @@ from dist_respattn.cli.common import (
     say,
 )
 
-__all__ = ["add_common_options", "add_layout_options", "identity_line", "register", "write_options"]
+__all__ = [
+    "add_common_options",
+    "add_corpus_sources",
+    "add_layout_options",
+    "identity_line",
+    "register",
+    "write_options",
+]
+
+
+def add_corpus_sources(source: Any) -> None:
+    """``--tokens`` and ``--text`` in a group of mutually exclusive sources (``ingest`` and ``split``)."""
+    source.add_argument("--tokens", metavar="TOKENS.npy", help="a 1-d array of token ids")
+    source.add_argument(
+        "--text",
+        nargs="*",
+        metavar="PATH",
+        help="text files, globs, or directories (their .txt/.md/.rst/.py files); none: the stdlib source",
+    )
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
@@ -97,13 +115,7 @@ def register(sub: Any) -> None:
     ingest.add_argument("out", metavar="OUT", help="store path or fsspec URL")
     source = ingest.add_mutually_exclusive_group(required=True)
     source.add_argument("--arrays", nargs=3, metavar=("CONTEXT.npy", "QUERY.npy", "TARGET.npy"), help="encoded triples")
-    source.add_argument("--tokens", metavar="TOKENS.npy", help="a 1-d array of token ids")
-    source.add_argument(
-        "--text",
-        nargs="*",
-        metavar="PATH",
-        help="text files, globs, or directories (their .txt/.md/.rst/.py files); none: the stdlib source",
-    )
+    add_corpus_sources(source)
     ingest.add_argument("--weights", metavar="W.npy", help="with --arrays: a weight per row")
     ingest.add_argument("--symbols", type=positive_int, help="with --arrays/--tokens: S (default: largest id + 1)")
     ingest.add_argument("--targets", type=positive_int, help="with --arrays: T (default: largest target + 1)")
