@@ -27,7 +27,7 @@ from dist_respattn.engine.settings import FitSettings
 from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.holdout import HoldoutRule
-from dist_respattn.store import StoreLocation, TripleStore, check_same_corpus
+from dist_respattn.store import StoreLocation, StoreRef, TripleStore, check_same_corpus
 
 __all__ = ["FitError", "FitResult", "check_same_shape", "fit", "open_store"]
 
@@ -143,6 +143,12 @@ def _starting_point(
     if init_from is not None:
         warm = load_checkpoint(init_from)
         check_same_shape(warm.model, f"the model in {init_from}", train)
+        # Same shape is not enough: the warm model's emission rows are indexed by its own store's ids.
+        record = warm.meta.get("store") or {}
+        if record.get("url") is not None:
+            check_same_corpus(
+                StoreRef.from_json(record), train, reference_role=f"training store of {init_from}", other_role="store"
+            )
         return None, warm.model, {"kind": "model", "source": str(init_from), "iteration": warm.iteration}
     if init is not None:
         check_same_shape(init, "the initial model", train)

@@ -1,5 +1,6 @@
-"""One vocabulary per corpus: ``fit --validation``, ``evaluate`` and ``retrain`` refuse a store whose vocabulary or
-embedding table differs from the training store's, as CLI subprocesses, on one line naming both stores and the fix.
+"""One vocabulary per corpus: ``fit --validation``, ``fit --init-from``, ``evaluate`` and ``retrain`` refuse a store
+whose vocabulary or embedding table differs from the training store's, as CLI subprocesses, on one line naming both
+stores and the fix.
 
 The refusals come before any cluster is reached (the commands are pointed at a port nothing listens on), and
 nothing is written: no model directory, no registry version.
@@ -98,6 +99,18 @@ def test_evaluate_refuses_a_store_of_another_vocabulary(corpora, tmp_path):
     result = run("evaluate", str(model_dir), corpora["other"], "--scheduler", NOWHERE)
     line = assert_refused(result, "evaluate", corpora["train"], corpora["other"])
     assert "the model's training store" in line and "the evaluated store" in line
+
+
+def test_fit_refuses_to_warm_start_from_a_model_of_another_vocabulary(corpora, tmp_path):
+    """``--init-from`` a model fitted on train, onto a store of another vocabulary: its emission rows would be
+    read with other ids. Refused, naming both stores; nothing is written."""
+    warm = checkpoint_of(corpora, tmp_path / "warm")
+    model_dir = tmp_path / "model"
+    args = ["--model-dir", str(model_dir), "--init-from", str(warm), "--scheduler", NOWHERE]
+    result = run("fit", corpora["other"], *args)
+    line = assert_refused(result, "fit", corpora["train"], corpora["other"])
+    assert str(warm) in line
+    assert not model_dir.exists()
 
 
 def test_retrain_refuses_a_store_of_another_vocabulary_and_publishes_nothing(corpora, tmp_path):
