@@ -240,6 +240,13 @@ def fit_em(
     if start not in START_KINDS:
         raise ValueError(f"start = {start!r}: expected one of {', '.join(START_KINDS)}")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    if estimator.search is None and (validation is not None or holdout is not None):
+        raise ValueError(
+            "validation= and holdout= are for the choices of an estimator's search, and this estimator has none "
+            "(search=DEFAULT_SEARCH makes them)"
+        )
+    if validation is not None and holdout is not None:
+        raise ValueError("give validation= (held-out rows) or holdout= (a rule for the training rows), not both")
     select: Selector | None = None
     if estimator.search is not None:
         if validation is not None:

@@ -510,8 +510,9 @@ def _tune_discount(rows: _Rows, train: PairCounts, default: float) -> tuple[floa
     """D maximizing the validation log-likelihood of Kneser-Ney over a grid in (0, 1) refined around its best.
 
     One vectorized pass over the validation pairs per grid point. ``Σ_t min(c(s,t), D) = D N1+(s•) -
-    Σ_{c(s,t) < D} (D - c(s,t))``: the correction touches only the training pairs counted below 1 (none for
-    integer counts), so a grid point costs O(validation pairs + S + T), not O(training pairs).
+    Σ_{c(s,t) < D} (D - c(s,t))``: the correction touches only the training pairs counted below the largest
+    candidate (none for integer counts and D <= 1), so a grid point costs O(validation pairs + S + T), not
+    O(training pairs).
     """
     num_targets = train.num_targets
     cont = train.continuation_types()
@@ -520,7 +521,8 @@ def _tune_discount(rows: _Rows, train: PairCounts, default: float) -> tuple[floa
     cont_rows = cont[rows.targets]
     seen = rows.total > 0.0
     safe_total = np.where(seen, rows.total, 1.0)
-    small = train.counts < 1.0
+    # Every candidate is at most max(1, default): the pairs counted below it are the only ones min(c, D) clips.
+    small = train.counts < max(1.0, default)
     small_symbols, small_counts = train.symbols[small], train.counts[small]
 
     def value(discount: float) -> float:

@@ -43,7 +43,8 @@ class EmissionPrior:
         kind: ``"continuation"`` (``u[t] ∝ N1+(• t) + 0.5``), ``"unigram"`` (``u[t] ∝ c(t) + 0.5``) or
             ``"uniform"`` (``u = 1/T``, no type counts: the reference library's additive smoothing).
         base: (T,) float64 ``u``, positive, summing to 1.
-        types: (S,) float64 ``n_s``, the distinct targets that follow symbol ``s`` (zeros for ``uniform``).
+        types: (S,) float64 ``n_s``, the distinct targets that directly follow symbol ``s``, at least 1
+            (zeros for ``uniform``).
     """
 
     kind: str
@@ -89,7 +90,10 @@ class EmissionPrior:
         else:
             raise ValueError(f"emission prior kind = {kind!r}: expected one of {', '.join(BACKOFF_KINDS)}")
         mass = mass + BASE_PSEUDO_COUNT
-        return cls(kind, mass / mass.sum(), pairs.successor_types())
+        # At least one type: a symbol with counts that never directly precedes a target (seen only deeper in
+        # the windows, e.g. among a document's first tokens) would otherwise get a_s = 0 with no
+        # emission_strength, and an unsmoothed row with zeros in it.
+        return cls(kind, mass / mass.sum(), np.maximum(pairs.successor_types(), 1.0))
 
     def strengths(self, emission_strength: float, type_strength: float) -> np.ndarray:
         """(S,) ``a_s = emission_strength + type_strength * n_s``."""

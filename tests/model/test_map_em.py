@@ -6,6 +6,7 @@ import itertools
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -56,12 +57,37 @@ def test_the_continuation_prior_counts_distinct_predecessors_and_successors():
     prior = EmissionPrior.from_pairs(pairs, "continuation")
     mass = np.array([0, 1, 2, 1, 0]) + BASE_PSEUDO_COUNT
     assert_close(prior.base, mass / mass.sum(), rtol=1e-15, label="base")
-    assert prior.types.tolist() == [3.0, 1.0, 0.0]
+    assert prior.types.tolist() == [3.0, 1.0, 1.0]  # symbol 2 precedes nothing: at least one type
     unigram = EmissionPrior.from_pairs(pairs, "unigram")
     mass = np.array([0, 1, 3, 1, 0]) + BASE_PSEUDO_COUNT
     assert_close(unigram.base, mass / mass.sum(), rtol=1e-15, label="unigram base")
     uniform = EmissionPrior.from_pairs(pairs, "uniform")
     assert np.all(uniform.base == 0.2) and not uniform.types.any()
+
+
+def test_a_symbol_seen_only_deep_in_the_windows_still_backs_off():
+    """Witten-Bell's strength alone (no emission_strength): symbol 5 has counts at position 0 only, never
+    directly before a target, and its row must still give every target some probability."""
+    rng = np.random.default_rng(0)
+    context = rng.integers(0, 5, size=(400, 3))
+    context[:40, 0] = 5
+    data = (context, rng.normal(size=(400, 2)), rng.integers(0, 60, size=400))
+    estimator = ResponsibilityAttentionEstimator(
+        6, 3, 2, 60, emission_prior="continuation", emission_strength=0.0, type_strength=1.0
+    )
+    model = fit_em(data, estimator, max_iter=2).distribution
+    assert np.all(model.emission[5] > 0.0)
+    assert np.all(np.isfinite(model.seq_log_density(data)))
+
+
+def test_estimator_and_fit_em_refuse_options_that_cannot_take_effect():
+    with pytest.raises(ValueError, match="uniform prior"):
+        ResponsibilityAttentionEstimator(*SHAPE, emission_prior="uniform", emission_strength=0.0, type_strength=1.0)
+    data = sampled(300, 1)
+    with pytest.raises(ValueError, match="has none"):
+        fit_em(data, ResponsibilityAttentionEstimator(*SHAPE), validation=data)
+    with pytest.raises(ValueError, match="not both"):
+        fit_em(data, recipe(), validation=data, holdout=HoldoutRule(0.1, 16))
 
 
 def test_map_rows_are_the_posterior_mode_and_sum_to_one():

@@ -251,6 +251,24 @@ def test_tuning_never_worsens_the_validation_perplexity(seed, fractional):
         assert fit_baselines(train, jm_lambda=other).score_one("jelinek_mercer", valid).perplexity >= best * (1 - 1e-12)
 
 
+@pytest.mark.parametrize("discount", [1.5, 3.0])
+def test_a_stated_discount_above_one_is_scored_as_the_model_scores_it(discount):
+    """A given D > 1 joins the tuning's candidates; pairs counted 1 <= c < D are clipped by min(c, D) too, so
+    the objective the tuning reports must still be the model's validation score (sparse counts of 1 and 2,
+    validation mostly unseen pairs: the large D wins)."""
+    rng = np.random.default_rng(0)
+    train = PairCounts.from_rows(
+        rng.integers(0, 20, 300), rng.integers(0, 40, 300), None, num_symbols=20, num_targets=40
+    )
+    valid = PairCounts.from_rows(
+        rng.integers(0, 20, 500), rng.integers(0, 40, 500), None, num_symbols=20, num_targets=40
+    )
+    fitted = fit_baselines(train, validation=valid, discount=discount)
+    assert fitted.parameters.kn_discount == discount
+    kn = fitted.score_one("kneser_ney", valid)
+    assert fitted.parameters.for_model("kneser_ney")["validation_perplexity"] == pytest.approx(kn.perplexity, rel=1e-10)
+
+
 def test_untuned_parameters_say_how_they_were_set(data):
     train, _, _ = data
     params = fit_baselines(train, k=0.3).parameters
