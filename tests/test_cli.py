@@ -107,3 +107,23 @@ def test_bad_argument_is_a_one_line_error():
     result = run("demo", "--rows", "0")
     assert result.returncode == 2
     assert "--rows: 0: expected a positive integer" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--holdout-fraction", "0.7"), "--holdout-fraction = 0.7: expected a number in [0, 0.5)"),
+        (
+            ("--emission-strength", "0", "--type-strength", "0"),
+            "--emission-strength and --type-strength are both 0",
+        ),
+    ],
+    ids=["holdout-fraction", "strengths"],
+)
+def test_a_bad_fit_setting_is_named_by_its_flag(tmp_path, flags, message):
+    """Settings are checked before any store or cluster is touched, and the error names the flag to change."""
+    result = run("fit", str(tmp_path / "missing.zarr"), "--model-dir", str(tmp_path / "model"), *flags)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not (tmp_path / "model").exists()

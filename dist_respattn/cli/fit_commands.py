@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Any
 
@@ -148,13 +149,19 @@ def register(sub: Any) -> None:
         help="score a store with a model, beside unigram and bigram baselines",
         description=(
             "Score a store with a fitted model on a Dask cluster: mean log-likelihood per row, and the accuracy "
-            "and perplexity of predict_proba on the targets, beside a unigram and (for token stores) an add-k "
-            "bigram baseline."
+            "and perplexity of predict_proba on the targets, beside four baselines from the training store's "
+            "counts: a unigram, and add-k, Jelinek-Mercer and interpolated Kneser-Ney bigrams (their k, lambda "
+            "and discount tuned on the model's held-out rows when it has any)."
         ),
     )
     evaluate.add_argument("model", help="a model directory (its best checkpoint, else its latest)")
     evaluate.add_argument("store", help="the store to score (path or URL)")
-    evaluate.add_argument("--baseline-k", type=float, default=0.1, help="add-k smoothing of the baselines (0.1)")
+    evaluate.add_argument(
+        "--baseline-k",
+        type=float,
+        default=0.1,
+        help="k of the add-k unigram, and of the add-k bigram when nothing tunes it (0.1)",
+    )
     add_cluster_options(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     evaluate.set_defaults(handler=_run_evaluate, printer=_print_evaluate)
@@ -208,7 +215,14 @@ def settings_from(args: argparse.Namespace, base: Any) -> Any:
     try:
         return dataclasses.replace(base, **given)
     except (TypeError, ValueError) as exc:
-        raise CommandError(str(exc)) from exc
+        raise CommandError(_as_flags(str(exc))) from exc
+
+
+def _as_flags(message: str) -> str:
+    """A FitSettings message in the command line's words: ``holdout_fraction`` becomes ``--holdout-fraction``."""
+    for name in _SETTING_OPTIONS:
+        message = re.sub(rf"(?<![\w-]){name}(?!\w)", "--" + name.replace("_", "-"), message)
+    return message
 
 
 def _say(args: argparse.Namespace) -> Any:
@@ -255,11 +269,12 @@ def _run_fit(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.engine import fit, open_store
 
     options = parse_storage_options(args.storage_option)
+    settings = _settings(args)  # a bad option is reported before any store is opened
     store = open_store(args.store, options)
     result = fit(
         store,
         model_dir=args.model_dir,
-        settings=_settings(args),
+        settings=settings,
         validation=args.validation,
         init_from=args.init_from,
         resume=args.resume,

@@ -27,6 +27,7 @@ from dist_respattn.engine.settings import FitSettings
 from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.holdout import HoldoutRule
+from dist_respattn.model.selection import Hyperparameters
 from dist_respattn.store import StoreLocation, StoreRef, TripleStore, check_same_corpus
 
 __all__ = ["FitError", "FitResult", "check_same_shape", "fit", "open_store"]
@@ -162,14 +163,24 @@ def _holdout(
     settings: FitSettings, train: TripleStore, heldout: TripleStore | None, checkpoint: Checkpoint | None
 ) -> HoldoutRule | None:
     """The automatic hold-out of the training store: only without a validation store, and when there is a choice
-    to make; a resumed fit keeps its own."""
+    to make or an early-stopping metric asked for; a resumed fit keeps its own."""
     if checkpoint is not None:
         saved = checkpoint.meta.get("holdout")
         return HoldoutRule.from_json(saved) if saved else None
-    if heldout is not None or settings.search() is None or settings.holdout_fraction <= 0.0:
+    if heldout is not None or settings.holdout_fraction <= 0.0:
         return None
-    rule = HoldoutRule.for_rows(train.num_rows, settings.holdout_fraction)
+    if settings.search() is None and settings.early_stop_metric is None:
+        return None
+    # Rows sorted by target: consecutive rows share a target, so hold out single rows, not stripes.
+    by_target = train.attributes.get("row_order") == "target"
+    rule = HoldoutRule.for_rows(train.num_rows, settings.holdout_fraction, stripes=not by_target)
     return rule if rule.count(train.num_rows) > 0 else None
+
+
+def _last_choice(checkpoint: Checkpoint | None) -> Hyperparameters | None:
+    """The last held-out choice a resumed fit's checkpoint records (``None``: none, or an older checkpoint)."""
+    saved = checkpoint.meta.get("last_choice") if checkpoint is not None else None
+    return Hyperparameters.from_json(saved) if saved else None
 
 
 def _validation_store(
@@ -183,6 +194,12 @@ def _validation_store(
     if saved is None:
         if heldout is not None and checkpoint is not None and checkpoint.iteration > 0:
             raise FitError("the fit being resumed ran without a validation store; resume it without one")
+        if heldout is not None and checkpoint is not None and checkpoint.meta.get("holdout"):
+            # Its prior was counted without the held-out rows, and its choices made on them.
+            raise FitError(
+                "the fit being resumed holds out part of its training store for its choices; resume it without "
+                "--validation, or start over with --overwrite to validate on a store"
+            )
         return heldout
     if heldout is None:
         heldout = open_store(saved["url"], storage_options)
@@ -323,6 +340,7 @@ def fit(
                 "package_version": __version__,
             },
             prior=checkpoint.emission_prior() if checkpoint is not None else None,
+            last_choice=_last_choice(checkpoint),
             say=say,
             progress=progress,
             started=called,

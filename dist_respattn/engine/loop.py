@@ -131,7 +131,8 @@ class HeldoutRows:
         if self.rows.rule is None:
             return f"the validation store {self.store.location}"
         rule = self.rows.rule
-        return f"{rule.fraction:.0%} of the training store's rows (stripes of {rule.stripe_rows} rows)"
+        unit = "single rows" if rule.stripe_rows == 1 else f"stripes of {rule.stripe_rows} rows"
+        return f"{rule.fraction:.0%} of the training store's rows ({unit})"
 
 
 def _last_choice(history: list[dict[str, Any]]) -> Hyperparameters | None:
@@ -157,6 +158,8 @@ class FitLoop:
         record: what every checkpoint records besides the iteration: ``store``, ``validation``, ``init``,
             ``holdout`` and ``package_version``.
         prior: the emission prior of the fit being resumed (``None``: made from the training rows).
+        last_choice: the last choice made on held-out rows by the fit being resumed (its checkpoint's
+            ``last_choice``; older checkpoints: taken from the history), which the next search centres on.
         say / progress: where the lines go, and whether to show bars.
         started: ``time.perf_counter()`` at the call, for the time to the first iteration.
     """
@@ -174,6 +177,7 @@ class FitLoop:
         history: list[dict[str, Any]],
         record: dict[str, Any],
         prior: EmissionPrior | None = None,
+        last_choice: Hyperparameters | None = None,
         say: Callable[[str], Any],
         progress: bool | None,
         started: float,
@@ -184,7 +188,9 @@ class FitLoop:
         self.estimator: ResponsibilityAttentionEstimator = settings.estimator(train.schema)
         if prior is not None and self.estimator.needs_pairs:
             self.estimator = self.estimator.resolved(prior)
-        self.search = LocalSearch(self.estimator.search or SCORE_ONLY, _last_choice(history))
+        self.search = LocalSearch(
+            self.estimator.search or SCORE_ONLY, last_choice if last_choice is not None else _last_choice(history)
+        )
         self.factory = self.estimator.accumulator_factory()
         self.fingerprint = train.fingerprint()
         self.reporter = FitReporter(client, say=say, bar=progress)
@@ -309,13 +315,19 @@ class FitLoop:
             "validation": self.record["validation"],
             "holdout": self.record.get("holdout"),
             "emission_prior": None if prior is None else {"kind": prior.kind},
-            "hyperparameters": self.history[-1].get("hyperparameters") if self.history else None,
+            "hyperparameters": self.history[-1].get("hyperparameters") if self.history else self.initial_choice(),
+            # An iteration-0 checkpoint has no history, yet its start's choice centres the next search.
+            "last_choice": None if self.search.previous is None else self.search.previous.to_json(),
             "early_stopping": self.stopping.to_json(),
             "warnings": warnings,
             "init": self.record["init"],
             "package_version": self.record["package_version"],
             "written": datetime.now(UTC).isoformat(timespec="seconds"),
         }
+
+    def initial_choice(self) -> dict[str, float] | None:
+        """The hyperparameters of the first model (the start's M-step), when this run made it."""
+        return None if self.initial is None else self.initial.hyperparameters.to_json()
 
     def checkpoint_arrays(self) -> dict[str, Any]:
         """The arrays a checkpoint keeps besides the model: the emission prior, so a resume needs no pass."""

@@ -112,11 +112,16 @@ class FitSettings:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> FitSettings:
-        """Settings from a checkpoint's JSON. A checkpoint written before the start was a setting had a random one."""
+        """Settings from a checkpoint's JSON.
+
+        A checkpoint written before a setting existed ran as it did then: a random start, no hold-out, and
+        patience reset by any improvement.
+        """
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        if data and "init" not in data:
-            values["init"] = "random"
+        if data:
+            for name, then in (("init", "random"), ("holdout_fraction", 0.0), ("min_improvement", 0.0)):
+                values.setdefault(name, then)
         return cls(**values)
 
     def differences(self, other: FitSettings, *, ignore: tuple[str, ...] = ()) -> list[str]:

@@ -54,8 +54,16 @@ class HoldoutRule:
             raise ValueError(f"stripe_rows = {self.stripe_rows!r}: expected a positive integer")
 
     @classmethod
-    def for_rows(cls, num_rows: int, fraction: float = DEFAULT_HOLDOUT_FRACTION) -> HoldoutRule:
-        """The rule for a store of ``num_rows`` rows: stripes of ``num_rows / 400`` rows, clipped to [16, 2048]."""
+    def for_rows(
+        cls, num_rows: int, fraction: float = DEFAULT_HOLDOUT_FRACTION, *, stripes: bool = True
+    ) -> HoldoutRule:
+        """The rule for a store of ``num_rows`` rows: stripes of ``num_rows / 400`` rows, clipped to [16, 2048].
+
+        ``stripes=False`` holds out single rows: for rows sorted by target (``--row-order target``), where a
+        stripe of neighbours would hold one or two targets and the held-out rows would not look like the store.
+        """
+        if not stripes:
+            return cls(float(fraction), 1)
         stripe = min(_MAX_STRIPE_ROWS, max(_MIN_STRIPE_ROWS, int(num_rows) // _STRIPES_PER_STORE))
         return cls(float(fraction), stripe)
 

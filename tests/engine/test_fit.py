@@ -407,6 +407,55 @@ def test_overwrite_with_no_iterations_does_not_leave_the_old_fit(small_store, cl
     assert load_checkpoint(model_dir).meta["iteration"] == 0
 
 
+# ------------------------------------------------------------------------------- the automatic hold-out
+
+
+def test_a_fit_resumed_from_its_start_takes_the_uninterrupted_fit_s_steps(small_store, client, tmp_path):
+    """``max_iter=0`` leaves an iteration-0 checkpoint with no history; it records the start's held-out choice,
+    so the resumed search centres on it as the uninterrupted fit's does: bit-identical, choices included.
+    A validation store cannot be added to it: its prior and its choices were made with the hold-out."""
+    settings = FitSettings(max_iter=3, tol=0.0)
+    whole = fit(small_store, model_dir=tmp_path / "whole", client=client, settings=settings)
+    model_dir = tmp_path / "resumed"
+    fit(small_store, model_dir=model_dir, client=client, settings=FitSettings(max_iter=0, tol=0.0))
+    start = load_checkpoint(model_dir).meta
+    assert start["iteration"] == 0 and start["holdout"] is not None
+    assert start["last_choice"] == start["hyperparameters"] is not None
+    with pytest.raises(FitError, match="without --validation"):
+        fit(small_store, model_dir=model_dir, client=client, settings=settings, resume=True, validation=small_store)
+    resumed = fit(small_store, model_dir=model_dir, client=client, settings=settings, resume=True)
+    assert_bit_identical(resumed.model, whole.model)
+    assert [h["hyperparameters"] for h in resumed.history] == [h["hyperparameters"] for h in whole.history]
+
+
+def test_a_store_sorted_by_target_holds_out_single_rows_of_every_target(client, tmp_path):
+    """Stripes of a target-sorted store would hold one or two targets each; its hold-out is single rows, and
+    the held-out rows' targets look like the store's."""
+    store = write_synthetic(
+        tmp_path / "sorted.zarr", 20_000, model=small_truth(), seed=1,
+        options=WriteOptions(chunk_rows=2048, partition_rows=4096, row_order="target"),
+    )  # fmt: skip
+    fit(store, model_dir=tmp_path / "model", client=client, settings=FitSettings(max_iter=0))
+    rule = HoldoutRule.from_json(load_checkpoint(tmp_path / "model").meta["holdout"])
+    assert rule.stripe_rows == 1
+    targets = read_all(str(store.location))[2]
+    held = targets[rule.held_out(0, targets.size)]
+    share = np.bincount(targets, minlength=T) / targets.size
+    held_share = np.bincount(held, minlength=T) / held.size
+    assert 0.5 * np.abs(share - held_share).sum() < 0.1
+
+
+def test_early_stopping_with_every_choice_fixed_still_holds_out_rows(small_store, client, tmp_path):
+    """Nothing to choose, but an early-stopping metric asked for and no validation store: the fit holds out
+    rows to score it on, and each iteration has held-out scores."""
+    settings = FitSettings(
+        max_iter=2, tol=0.0, sigma2=1.0, emission_strength=1.0, type_strength=1.0, early_stop_metric="perplexity"
+    )
+    result = fit(small_store, model_dir=tmp_path / "model", client=client, settings=settings)
+    assert load_checkpoint(tmp_path / "model").meta["holdout"] is not None
+    assert all(h["heldout"] is not None and h["heldout"]["perplexity"] > 1.0 for h in result.history)
+
+
 # ---------------------------------------------------------------------------------------- warm start
 
 
