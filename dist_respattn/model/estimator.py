@@ -262,10 +262,8 @@ class ResponsibilityAttentionEstimator:
         self.type_strength = as_nonnegative_float(type_strength, "type_strength")
         if emission_prior is not None and self.emission_strength == 0.0 and self.type_strength == 0.0:
             raise ValueError("emission_strength and type_strength are both 0: the emission prior would have no weight")
-        uniform = emission_prior == "uniform" or (
-            isinstance(emission_prior, EmissionPrior) and emission_prior.kind == "uniform"
-        )
-        if uniform and self.emission_strength == 0.0:
+        kind = emission_prior.kind if isinstance(emission_prior, EmissionPrior) else emission_prior
+        if kind == "uniform" and self.emission_strength == 0.0:
             raise ValueError("emission_strength is 0 with the uniform prior: it has no type counts, so no weight")
         self.pseudo_count = None if pseudo_count is None else as_nonnegative_float(pseudo_count, "pseudo_count")
         if search is not None and not isinstance(search, HyperparameterSearch):

@@ -235,6 +235,17 @@ def _continuation(continuation_types: np.ndarray, discount: float) -> np.ndarray
     return np.maximum(continuation_types - discount, 0.0) / types + floor
 
 
+def _kneser_ney(
+    pair: np.ndarray, total: np.ndarray, backoff: np.ndarray, kept_mass: np.ndarray, discount: float
+) -> np.ndarray:
+    """(m,) interpolated Kneser-Ney ``P(t | s)`` of m pairs, from their training ``c(s, t)``, ``c(s)``, the lower
+    order ``P_cont(t)`` and ``Σ_t' min(c(s, t'), D)``, the mass discounting takes from s's row; an unseen s backs
+    off entirely. The fitted model and the tuning of D both score with it."""
+    seen = total > 0.0
+    safe_total = np.where(seen, total, 1.0)
+    return np.where(seen, (np.maximum(pair - discount, 0.0) + kept_mass * backoff) / safe_total, backoff)
+
+
 def ney_discount(counts: np.ndarray) -> tuple[float, int, int]:
     """Ney's absolute discount ``n1 / (n1 + 2 n2)`` from pair counts: ``(D, n1, n2)``.
 
@@ -264,22 +275,21 @@ class Baselines:
 
     train: PairCounts
     parameters: BaselineParameters
-    #: (S,) c(s); (T,) P_uni; (T,) P_cont; (S,) γ(s) of Kneser-Ney (0 for unseen s).
+    #: (S,) c(s); (T,) P_uni; (T,) P_cont; (S,) Σ_t min(c(s, t), D), Kneser-Ney's backoff mass γ(s) c(s).
     symbol_totals: np.ndarray = field(init=False, repr=False)
     unigram: np.ndarray = field(init=False, repr=False)
     continuation: np.ndarray = field(init=False, repr=False)
-    kn_gamma: np.ndarray = field(init=False, repr=False)
+    kn_kept_mass: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         train, params = self.train, self.parameters
-        totals = train.symbol_totals()
-        gamma_mass = np.bincount(
+        kept_mass = np.bincount(
             train.symbols, weights=np.minimum(train.counts, params.kn_discount), minlength=train.num_symbols
         )
-        object.__setattr__(self, "symbol_totals", totals)
+        object.__setattr__(self, "symbol_totals", train.symbol_totals())
         object.__setattr__(self, "unigram", _unigram(train.target_totals(), params.unigram_k))
         object.__setattr__(self, "continuation", _continuation(train.continuation_types(), params.kn_discount))
-        object.__setattr__(self, "kn_gamma", gamma_mass / np.where(totals > 0.0, totals, 1.0))
+        object.__setattr__(self, "kn_kept_mass", kept_mass)
 
     @property
     def num_symbols(self) -> int:
@@ -306,9 +316,7 @@ class Baselines:
             lam = params.jm_lambda
             backoff = self.unigram[targets]
             return np.where(seen, lam * pair / safe_total + (1.0 - lam) * backoff, backoff)
-        backoff = self.continuation[targets]
-        discounted = np.maximum(pair - params.kn_discount, 0.0) / safe_total
-        return np.where(seen, discounted + self.kn_gamma[symbols] * backoff, backoff)
+        return _kneser_ney(pair, total, self.continuation[targets], self.kn_kept_mass[symbols], params.kn_discount)
 
     def prob(self, name: str, symbols: Any, targets: Any) -> np.ndarray:
         """(m,) ``P(targets[i] | symbols[i])`` under model ``name`` (one of :data:`MODEL_NAMES`)."""
@@ -514,33 +522,22 @@ def _tune_discount(rows: _Rows, train: PairCounts, default: float) -> tuple[floa
     candidate (none for integer counts and D <= 1), so a grid point costs O(validation pairs + S + T), not
     O(training pairs).
     """
-    num_targets = train.num_targets
     cont = train.continuation_types()
-    types = cont.sum()
     successors = train.successor_types()[rows.symbols]
-    cont_rows = cont[rows.targets]
-    seen = rows.total > 0.0
-    safe_total = np.where(seen, rows.total, 1.0)
     # Every candidate is at most max(1, default): the pairs counted below it are the only ones min(c, D) clips.
     small = train.counts < max(1.0, default)
     small_symbols, small_counts = train.symbols[small], train.counts[small]
 
     def value(discount: float) -> float:
-        if types > 0.0:
-            floor = np.minimum(cont, discount).sum() / types / num_targets
-            backoff = np.maximum(cont_rows - discount, 0.0) / types + floor
-        else:
-            backoff = np.full(rows.symbols.size, 1.0 / num_targets)
-        mass = discount * successors
+        kept_mass = discount * successors
         if small_counts.size:
             below = small_counts < discount
             shortfall = np.bincount(
                 small_symbols[below], weights=discount - small_counts[below], minlength=train.num_symbols
             )
-            mass = mass - shortfall[rows.symbols]
-        discounted = np.maximum(rows.pair - discount, 0.0)
-        p = np.where(seen, discounted / safe_total + (mass / safe_total) * backoff, backoff)
-        return float(rows.weights @ np.log(p))
+            kept_mass = kept_mass - shortfall[rows.symbols]
+        backoff = _continuation(cont, discount)[rows.targets]
+        return float(rows.weights @ np.log(_kneser_ney(rows.pair, rows.total, backoff, kept_mass, discount)))
 
     def values(grid: np.ndarray) -> np.ndarray:
         return np.array([value(float(x)) for x in grid])

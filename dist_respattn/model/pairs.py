@@ -10,7 +10,6 @@ in a fixed order (``a``'s count, then ``b``'s), so a fixed reduction tree gives 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -82,10 +81,6 @@ class PairCounts:
         return int(self.keys.size)
 
     @property
-    def nbytes(self) -> int:
-        return int(self.keys.nbytes + self.counts.nbytes)
-
-    @property
     def symbols(self) -> np.ndarray:
         """(P,) int64 symbol of each pair."""
         return self.keys // self.num_targets
@@ -122,19 +117,3 @@ class PairCounts:
             return np.zeros(cells.shape)
         at = np.minimum(np.searchsorted(self.keys, cells), self.keys.size - 1)
         return np.where(self.keys[at] == cells, self.counts[at], 0.0)
-
-    # -- files ------------------------------------------------------------------------------
-
-    def to_arrays(self, prefix: str = "pairs") -> dict[str, np.ndarray]:
-        """``{prefix_keys, prefix_counts}`` for an npz file; S and T go in the JSON beside it."""
-        return {f"{prefix}_keys": self.keys, f"{prefix}_counts": self.counts}
-
-    @classmethod
-    def from_arrays(cls, arrays: Any, *, num_symbols: int, num_targets: int, prefix: str = "pairs") -> PairCounts:
-        keys = np.asarray(arrays[f"{prefix}_keys"], dtype=np.int64)
-        counts = np.asarray(arrays[f"{prefix}_counts"], dtype=np.float64)
-        if keys.shape != counts.shape or keys.ndim != 1:
-            raise ValueError(f"{prefix}: keys {keys.shape} and counts {counts.shape}: expected two (P,) arrays")
-        if keys.size and (np.any(np.diff(keys) <= 0) or keys[0] < 0 or keys[-1] >= num_symbols * num_targets):
-            raise ValueError(f"{prefix}: keys must be increasing cells in [0, S*T)")
-        return cls(int(num_symbols), int(num_targets), keys, counts)

@@ -6,8 +6,8 @@ mode, in closed form (MacKay & Peto 1995, "A hierarchical Dirichlet language mod
     B[s, t] = (c[s, t] + a_s u[t]) / (c[s] + a_s),     a_s = emission_strength + type_strength * n_s
 
 ``c`` are the E-step's responsibility-weighted counts, ``u`` (T,) is the backoff distribution and
-``n_s`` how many distinct targets follow symbol ``s`` in the data. A pair never seen costs no storage:
-it scores ``a_s u[t] / (c[s] + a_s)``. With ``type_strength = 1`` and ``emission_strength -> 0`` the
+``n_s`` how many distinct targets directly follow symbol ``s`` in the data (at least 1). A pair never
+seen scores ``a_s u[t] / (c[s] + a_s)``. With ``type_strength = 1`` and ``emission_strength -> 0`` the
 strength is Witten-Bell's (a row with many distinct successors backs off more); with the
 continuation base, ``u[t] ∝ N1+(• t)``, the backoff is Kneser-Ney's lower order (Kneser & Ney 1995;
 Teh 2006 derives both from a hierarchical Pitman-Yor prior). Both counts come from the training
