@@ -34,7 +34,7 @@ from dist_respattn.model.holdout import HoldoutRule
 from dist_respattn.model.ngram import DEFAULT_K, fit_baselines
 from dist_respattn.model.pairs import PairCounts
 from dist_respattn.model.scoring import ScoreTotals
-from dist_respattn.store import StoreError, StoreLocation, StoreRef, TripleStore, check_same_corpus
+from dist_respattn.store import StoreError, StoreLocation, TripleStore, check_recorded_corpus
 
 __all__ = ["DEFAULT_BASELINE_K", "Evaluation", "evaluate", "score_store"]
 
@@ -139,14 +139,6 @@ def _training_store(meta: dict[str, Any], scored: TripleStore) -> TripleStore | 
     return _open_recorded(record, scored)
 
 
-def check_corpus(meta: dict[str, Any], store: TripleStore, role: str) -> None:
-    """Refuse ``store`` when its vocabulary or embedding table differs from the model's training store's."""
-    record = meta.get("store") or {}
-    if record.get("identity") is not None:
-        reference = StoreRef(str(record.get("url")), record["identity"])
-        check_same_corpus(reference, store, reference_role="the model's training store", other_role=role)
-
-
 def score_store(runner: PassRunner, model: ResponsibilityAttentionDistribution, store: TripleStore) -> ScoreTotals:
     """``model``'s totals over every row of ``store``: one pass of scoring tasks and their combine tree."""
     params = ParameterBroadcast(runner.client, runner.run_tag)
@@ -184,7 +176,9 @@ def evaluate(
         checkpoint = load_checkpoint(model)
         head, meta = checkpoint.model, checkpoint.meta
     check_same_shape(head, "the model", scored)
-    check_corpus(meta, scored, "the evaluated store")
+    check_recorded_corpus(
+        meta.get("store"), scored, reference_role="the model's training store", other_role="the evaluated store"
+    )
     if scored.num_rows == 0:
         raise FitError(f"the store {scored.location} has no rows to evaluate")
     bigram = scored.provenance.get("source") in TOKEN_SOURCES

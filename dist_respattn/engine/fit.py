@@ -28,7 +28,7 @@ from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.holdout import HoldoutRule
 from dist_respattn.model.selection import Hyperparameters
-from dist_respattn.store import StoreLocation, StoreRef, TripleStore, check_same_corpus
+from dist_respattn.store import StoreLocation, TripleStore, check_recorded_corpus, check_same_corpus
 
 __all__ = ["FitError", "FitResult", "check_same_shape", "fit", "open_store"]
 
@@ -145,11 +145,9 @@ def _starting_point(
         warm = load_checkpoint(init_from)
         check_same_shape(warm.model, f"the model in {init_from}", train)
         # Same shape is not enough: the warm model's emission rows are indexed by its own store's ids.
-        record = warm.meta.get("store") or {}
-        if record.get("url") is not None:
-            check_same_corpus(
-                StoreRef.from_json(record), train, reference_role=f"training store of {init_from}", other_role="store"
-            )
+        check_recorded_corpus(
+            warm.meta.get("store"), train, reference_role=f"training store of {init_from}", other_role="store"
+        )
         return None, warm.model, {"kind": "model", "source": str(init_from), "iteration": warm.iteration}
     if init is not None:
         check_same_shape(init, "the initial model", train)
@@ -178,9 +176,17 @@ def _holdout(
 
 
 def _last_choice(checkpoint: Checkpoint | None) -> Hyperparameters | None:
-    """The last held-out choice a resumed fit's checkpoint records (``None``: none, or an older checkpoint)."""
-    saved = checkpoint.meta.get("last_choice") if checkpoint is not None else None
-    return Hyperparameters.from_json(saved) if saved else None
+    """The last choice a resumed fit made on held-out rows: its checkpoint's ``last_choice`` (which an
+    iteration-0 checkpoint needs: it has no history), else, for older checkpoints, the history's last."""
+    if checkpoint is None:
+        return None
+    saved = checkpoint.meta.get("last_choice")
+    if saved:
+        return Hyperparameters.from_json(saved)
+    for entry in reversed(checkpoint.meta.get("history", [])):
+        if entry.get("heldout") is not None and entry.get("hyperparameters"):
+            return Hyperparameters.from_json(entry["hyperparameters"])
+    return None
 
 
 def _validation_store(

@@ -102,7 +102,6 @@ class EarlyStopping:
             "best_checkpoint": self.best_checkpoint,
             "since_best": self.since_best,
             "reference": self.reference,
-            "min_improvement": self.min_improvement,
         }
 
 
@@ -135,14 +134,6 @@ class HeldoutRows:
         return f"{rule.fraction:.0%} of the training store's rows ({unit})"
 
 
-def _last_choice(history: list[dict[str, Any]]) -> Hyperparameters | None:
-    """The hyperparameters the last recorded iteration chose on held-out rows (a resumed fit searches near them)."""
-    for entry in reversed(history):
-        if entry.get("heldout") is not None and entry.get("hyperparameters"):
-            return Hyperparameters.from_json(entry["hyperparameters"])
-    return None
-
-
 class FitLoop:
     """The iterations of one fit call (a fresh run id, so its keys, spans and checkpoints are its own).
 
@@ -158,8 +149,8 @@ class FitLoop:
         record: what every checkpoint records besides the iteration: ``store``, ``validation``, ``init``,
             ``holdout`` and ``package_version``.
         prior: the emission prior of the fit being resumed (``None``: made from the training rows).
-        last_choice: the last choice made on held-out rows by the fit being resumed (its checkpoint's
-            ``last_choice``; older checkpoints: taken from the history), which the next search centres on.
+        last_choice: the last choice made on held-out rows by the fit being resumed, which the next
+            search centres on (``None``: the first search is the whole grid).
         say / progress: where the lines go, and whether to show bars.
         started: ``time.perf_counter()`` at the call, for the time to the first iteration.
     """
@@ -188,9 +179,7 @@ class FitLoop:
         self.estimator: ResponsibilityAttentionEstimator = settings.estimator(train.schema)
         if prior is not None and self.estimator.needs_pairs:
             self.estimator = self.estimator.resolved(prior)
-        self.search = LocalSearch(
-            self.estimator.search or SCORE_ONLY, last_choice if last_choice is not None else _last_choice(history)
-        )
+        self.search = LocalSearch(self.estimator.search or SCORE_ONLY, last_choice)
         self.factory = self.estimator.accumulator_factory()
         self.fingerprint = train.fingerprint()
         self.reporter = FitReporter(client, say=say, bar=progress)

@@ -35,7 +35,7 @@ from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.settings import FitSettings
 from dist_respattn.registry.lock import DEFAULT_STALE_AFTER
 from dist_respattn.registry.registry import Registry
-from dist_respattn.store import StoreRef, TripleStore, check_same_corpus
+from dist_respattn.store import TripleStore, check_recorded_corpus
 
 __all__ = ["DEFAULT_TOLERANCE", "GATE_METRICS", "GateDecision", "RetrainResult", "gate", "retrain"]
 
@@ -167,15 +167,11 @@ def _start(settings: FitSettings) -> str:
 def _check_corpus(record: dict[str, Any], train: TripleStore, heldout: TripleStore | None) -> None:
     """Refuse stores whose vocabulary or embedding table differs from the latest version's training store:
     warm-starting a head on ids that mean other tokens would fit nonsense, and the gate would compare it."""
-    trained_on = (record.get("provenance") or {}).get("store") or {}
-    if trained_on.get("identity") is None:  # a version published before stores had identities
-        return
-    reference = StoreRef.from_json(trained_on)
-    check_same_corpus(reference, train, reference_role="the latest version's training store", other_role="store")
+    trained_on = (record.get("provenance") or {}).get("store")
+    role = "the latest version's training store"
+    check_recorded_corpus(trained_on, train, reference_role=role, other_role="store")
     if heldout is not None:
-        check_same_corpus(
-            reference, heldout, reference_role="the latest version's training store", other_role="validation store"
-        )
+        check_recorded_corpus(trained_on, heldout, reference_role=role, other_role="validation store")
 
 
 def retrain(

@@ -19,7 +19,7 @@ from dist_respattn.store.errors import (
     StoreError,
 )
 from dist_respattn.store.from_arrays import write_arrays
-from dist_respattn.store.identity import StoreRef, check_same_corpus, corpus_identity
+from dist_respattn.store.identity import StoreRef, check_recorded_corpus, check_same_corpus, corpus_identity
 from dist_respattn.store.layout import COMPRESSION_CHOICES, Chunking, choose_chunking
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.schema import SCHEMA_NAME, SCHEMA_VERSION, StoreSchema
@@ -67,6 +67,7 @@ __all__ = [
     "WindowStream",
     "WriteOptions",
     "build_vocabulary",
+    "check_recorded_corpus",
     "check_same_corpus",
     "choose_chunking",
     "corpus_identity",

@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # the store imports this module; at run time it is only duck-
 __all__ = [
     "IDENTITY_KEYS",
     "StoreRef",
+    "check_recorded_corpus",
     "check_same_corpus",
     "corpus_identity",
     "embedding_sha256",
@@ -160,3 +161,12 @@ def check_same_corpus(
             f"`dist-respattn ingest {oth.url} ... --like {ref.url}`, or split one corpus into train, "
             f"validation and test stores with `dist-respattn split OUT_DIR ...`"
         )
+
+
+def check_recorded_corpus(
+    record: Mapping[str, Any] | None, other: TripleStore | StoreRef, *, reference_role: str, other_role: str
+) -> None:
+    """:func:`check_same_corpus` against a store known by its record (``{"url": ..., "identity": {...}}``, as a
+    checkpoint or a registry version keeps it); no record, or one from before identities, checks nothing."""
+    if record and record.get("url") is not None:
+        check_same_corpus(StoreRef.from_json(record), other, reference_role=reference_role, other_role=other_role)
