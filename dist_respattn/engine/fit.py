@@ -171,8 +171,7 @@ def _holdout(
         return None
     # Rows sorted by target: consecutive rows share a target, so hold out single rows, not stripes.
     by_target = train.attributes.get("row_order") == "target"
-    rule = HoldoutRule.for_rows(train.num_rows, settings.holdout_fraction, stripes=not by_target)
-    return rule if rule.count(train.num_rows) > 0 else None
+    return HoldoutRule.for_rows(train.num_rows, settings.holdout_fraction, stripes=not by_target)
 
 
 def _last_choice(checkpoint: Checkpoint | None) -> Hyperparameters | None:
@@ -280,6 +279,10 @@ def fit(
     if heldout is not None:
         check_same_corpus(train, heldout, reference_role="training store", other_role="validation store")
     rule = _holdout(settings, train, heldout, checkpoint)
+    # Counting reads no rows, but visits every row index: once.
+    held_count = rule.count(train.num_rows) if rule is not None and checkpoint is None else 0
+    if rule is not None and checkpoint is None and held_count == 0:
+        rule = None  # a store too small for one stripe: nothing is held out, the choices keep their defaults
     if rule is not None:
         rows = RowSelection(rule, "heldout")
         held = HeldoutRows(train, train.fingerprint(), rows)
@@ -321,7 +324,7 @@ def fit(
         if rule is not None and held is not None and checkpoint is None:
             say(
                 f"no validation store: the hyperparameters are chosen on {held.description}, "
-                f"{rule.count(train.num_rows):,} rows the fit does not train on (--validation to give one)"
+                f"{held_count:,} rows the fit does not train on (--validation to give one)"
             )
         threads = max(1, info.threads // max(1, info.workers))
         block_rows = max(min(s.chunk_rows, s.num_rows) for s in (train, heldout) if s is not None)

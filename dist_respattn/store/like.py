@@ -9,6 +9,7 @@ reference's is accepted.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -46,6 +47,15 @@ class LikeStore:
         self.store = store
         self.url = str(store.location)
 
+    # Read once: the checks, the provenance and the copy all use them.
+    @functools.cached_property
+    def _table(self) -> np.ndarray | None:
+        return self.store.embeddings()
+
+    @functools.cached_property
+    def _vocabulary(self) -> dict[str, Any] | None:
+        return self.store.vocabulary()
+
     def conflict(self, flag: str, keyword: str, value: Any, theirs: str) -> ValueError:
         """The one-line refusal of an option that disagrees with the reference."""
         return ValueError(
@@ -82,7 +92,7 @@ class LikeStore:
 
     def vocabulary(self, vocab_size: int | None) -> dict[str, Any]:
         """The reference's vocabulary JSON, as it is (text written like it maps its words with it)."""
-        saved = self.store.vocabulary()
+        saved = self._vocabulary
         if saved is None:
             raise ValueError(
                 f"--like {self.url}: has no vocabulary (it was not made from text): "
@@ -95,7 +105,7 @@ class LikeStore:
 
     def table(self, *, embeddings: Any = None, dim: int | None = None, seed: int | None = None) -> np.ndarray:
         """The reference's (S, D) table; ``embeddings``, ``dim`` or ``seed`` given must describe that very table."""
-        table = self.store.embeddings()
+        table = self._table
         if table is None:
             raise ValueError(
                 f"--like {self.url}: has no embedding table (it was not made from tokens or text): "
@@ -125,14 +135,14 @@ class LikeStore:
         return recorded
 
     def table_info(self) -> dict[str, Any]:
-        table = self.store.embeddings()
+        table = self._table
         return {"kind": "like", "dim": None if table is None else int(table.shape[1]), "store": self.url}
 
     def copy_into(self, writer: StoreWriter) -> None:
         """Give a new store the reference's vocabulary and embedding table, whichever it has."""
-        table = self.store.embeddings()
+        table = self._table
         if table is not None:
             writer.write_embeddings(table)
-        saved = self.store.vocabulary()
+        saved = self._vocabulary
         if saved is not None:
             writer.write_vocabulary(saved)
