@@ -128,9 +128,18 @@ class RegistryFiles:
             return []
         return sorted(posixpath.basename(str(e).rstrip("/")) for e in entries)
 
-    def remove_temporaries(self, folder: str) -> list[str]:
-        """Remove the temporary files of local writes that were killed before their rename (``.tmp-*``)."""
-        doomed = [name for name in self.listdir(folder) if name.startswith(TEMP_PREFIX)]
+    def remove_temporaries(self, folder: str, *, sparing: str | None = None) -> list[str]:
+        """Remove the temporary files of local writes that were killed before their rename (``.tmp-*``).
+
+        ``sparing``: leave the temporaries of files named so or starting so, which other live runs may be
+        writing at this moment.
+        """
+        spared = None if sparing is None else f"{TEMP_PREFIX}{sparing}"
+        doomed = [
+            name
+            for name in self.listdir(folder)
+            if name.startswith(TEMP_PREFIX) and (spared is None or not name.startswith(spared))
+        ]
         for name in doomed:
             self.delete(posixpath.join(folder, name))
         return doomed

@@ -249,8 +249,10 @@ class Registry:
         orphans = [f"{MODELS}/{name}" for name in self.files.listdir(MODELS) if f"{MODELS}/{name}" not in named]
         for folder in orphans:
             self.files.delete(folder)
-        for folder in ("", VERSIONS):
-            orphans += self.files.remove_temporaries(folder)
+        # A run waiting for the lock writes lock.json (and lock.json.broken-*) through a temporary of its own:
+        # removing it under that run would fail its claim with a missing file, not with "locked".
+        orphans += self.files.remove_temporaries("", sparing=LOCK_FILE)
+        orphans += self.files.remove_temporaries(VERSIONS)
         return orphans
 
 

@@ -158,6 +158,23 @@ def test_remove_orphans_removes_only_unnamed_model_folders(three, root):
     assert three.problems() == []
 
 
+def test_remove_orphans_spares_the_lock_claims_of_waiting_runs(three, root):
+    """A killed write's temporary goes; a run waiting for the lock writes ``lock.json`` (or its
+    ``.broken-`` claim) through a temporary at this very moment, and removing it would fail that run's claim
+    with a missing file instead of "locked"."""
+    (root / ".tmp-latest.json.0badc0de").write_bytes(b"{")
+    (root / "versions" / ".tmp-000009.json.0badc0de").write_bytes(b"{")
+    waiting = [".tmp-lock.json.5bb17952", ".tmp-lock.json.broken-abc.5bb17952"]
+    for name in waiting:
+        (root / name).write_bytes(b"{}")
+    with three.lock() as lock:
+        removed = three.remove_orphans(lock)
+    assert sorted(removed) == [".tmp-000009.json.0badc0de", ".tmp-latest.json.0badc0de"]
+    assert not (root / ".tmp-latest.json.0badc0de").exists()
+    assert not (root / "versions" / ".tmp-000009.json.0badc0de").exists()
+    assert all((root / name).exists() for name in waiting)
+
+
 def test_sha_mismatch_is_found_by_problems_and_load(three, root, tmp_path):
     """Version 2's params replaced by another valid checkpoint's (same shape, other head)."""
     folder = root / three.version(2).model_path
