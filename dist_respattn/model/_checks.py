@@ -180,3 +180,22 @@ def as_weights(weights: Any, n: int) -> np.ndarray | None:
     if array.shape != (n,):
         raise ValueError(f"weights has shape {array.shape}: expected ({n},), one weight per triple")
     return array
+
+
+def as_sparse_emission(value: Any, name: str) -> Any:
+    """Check a :class:`~dist_respattn.model.emission.SparseEmission`: finite non-negative values, rows summing to one."""
+    parts = {"values": value.values, "backoff": value.backoff, "base": value.base}
+    for part, array in parts.items():
+        bad = np.flatnonzero(~np.isfinite(array) | (array < 0.0))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"{name} {part}[{i}] = {plain(array[i])}: expected finite, non-negative probabilities")
+    support = value.support
+    stored_base = np.bincount(support.symbols, weights=value.base[support.targets], minlength=support.num_symbols)
+    sums = np.bincount(support.symbols, weights=value.values, minlength=support.num_symbols)
+    sums += value.backoff * (float(value.base.sum()) - stored_base)
+    off = np.flatnonzero(np.abs(sums - 1.0) > SIMPLEX_ATOL)
+    if off.size:
+        i = int(off[0])
+        raise ValueError(f"{name} row {i} sums to {plain(sums[i])}: expected every row to sum to 1")
+    return value

@@ -9,6 +9,13 @@ import numpy as np
 from dist_respattn.model import kernels
 from dist_respattn.model._checks import ImpossibleEvidenceError, as_encoded, as_nonnegative_float, as_weights, plain
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.emission import (
+    DenseEmissionCounts,
+    EmissionCounts,
+    PairSupport,
+    SparseEmission,
+    SparseEmissionCounts,
+)
 from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder
 
 __all__ = [
@@ -36,7 +43,9 @@ class SufficientStatistics(NamedTuple):
     Attributes:
         key_sum: (S, D) ``sum_n sum_i w_n r_ni [c_ni = s] y_n``.
         key_mass: (S,) ``sum_n sum_i w_n r_ni [c_ni = s]``.
-        emission_count: (S, T) ``sum_n sum_i w_n r_ni [c_ni = s][t_n = t]``.
+        emission_count: ``sum_n sum_i w_n r_ni [c_ni = s][t_n = t]`` per (symbol, target), an
+            :class:`~dist_respattn.model.emission.EmissionCounts` (dense (S, T), or sparse over the
+            fit's support; ``.to_dense()`` gives (S, T)).
         position_count: (N,) ``sum_n w_n r_ni``.
         query_sq: ``sum_n w_n ||y_n||^2``.
         n_obs: ``sum_n w_n``.
@@ -66,7 +75,27 @@ class SufficientStatistics(NamedTuple):
             np.asarray(data[f], dtype=np.float64) for f in cls._fields[:4]
         )
         query_sq, n_obs, log_lik = (float(data[f]) for f in cls._fields[4:])
-        return cls(key_sum, key_mass, emission_count, position_count, query_sq, n_obs, log_lik)
+        counts = DenseEmissionCounts.from_symbol_major(emission_count)
+        return cls(key_sum, key_mass, counts, position_count, query_sq, n_obs, log_lik)
+
+    def copy(self) -> SufficientStatistics:
+        """A copy whose arrays can be added into."""
+        return self._replace(
+            key_sum=self.key_sum.copy(),
+            key_mass=self.key_mass.copy(),
+            emission_count=self.emission_count.copy(),
+            position_count=self.position_count.copy(),
+        )
+
+    def add(self, other: SufficientStatistics) -> SufficientStatistics:
+        """``self + other`` into this value's arrays (the caller owns them: see :meth:`copy`)."""
+        np.add(self.key_sum, other.key_sum, out=self.key_sum)
+        np.add(self.key_mass, other.key_mass, out=self.key_mass)
+        self.emission_count.add(other.emission_count)
+        np.add(self.position_count, other.position_count, out=self.position_count)
+        return self._replace(
+            query_sq=self.query_sq + other.query_sq, n_obs=self.n_obs + other.n_obs, log_lik=self.log_lik + other.log_lik
+        )
 
     @classmethod
     def checked(cls, value: Any, shape: tuple[int, int, int, int]) -> SufficientStatistics:
@@ -88,15 +117,22 @@ class SufficientStatistics(NamedTuple):
             "emission_count": (num_symbols, num_targets),
             "position_count": (context_length,),
         }
-        arrays = []
+        arrays: list[Any] = []
         for (name, want), array in zip(expected.items(), fields[:4], strict=True):
-            a = np.asarray(array, dtype=np.float64)
-            if a.shape != want:
-                raise ValueError(f"{name} has shape {a.shape}: expected {want}")
+            if isinstance(array, EmissionCounts):
+                if (array.num_symbols, array.num_targets) != want:
+                    raise ValueError(f"{name} has (S, T) = {(array.num_symbols, array.num_targets)}: expected {want}")
+                a = array.values_array()
+            else:
+                a = np.asarray(array, dtype=np.float64)
+                if a.shape != want:
+                    raise ValueError(f"{name} has shape {a.shape}: expected {want}")
             _raise_at_first(a, ~np.isfinite(a), name, "a non-finite value", "finite values")
             if name != "key_sum":
                 _raise_at_first(a, a < 0.0, name, "a negative value", "non-negative masses")
-            arrays.append(a)
+            if name == "emission_count" and not isinstance(array, EmissionCounts):
+                array = DenseEmissionCounts.from_symbol_major(a)
+            arrays.append(array if name == "emission_count" else a)
         query_sq = as_nonnegative_float(fields[4], "query_sq")
         n_obs = as_nonnegative_float(fields[5], "n_obs")
         log_lik = float(fields[6])
@@ -115,6 +151,10 @@ class ResponsibilityAttentionAccumulator:
             replaced by the pool in ``key_replace``); ``None`` ties nothing.
         name: optional name.
         backend: ``"numba"`` (the compiled, fused kernel) or ``"numpy"`` (vectorized blocks).
+        layout: ``"dense"`` ((S, T) counts) or ``"sparse"`` (counts per pair).
+        support: a sparse accumulator's pairs: the statistics count those pairs only, and the models
+            they are updated under must be sparse over the same support. Without one, a sparse
+            accumulator only initializes (collecting the pairs its rows hold).
 
     After an :class:`ImpossibleEvidenceError` the accumulator holds part of the failed update and
     refuses further use.
@@ -130,6 +170,8 @@ class ResponsibilityAttentionAccumulator:
         name: str | None = None,
         *,
         backend: kernels.Backend = "numba",
+        layout: str = "dense",
+        support: PairSupport | None = None,
     ) -> None:
         self.num_symbols = int(num_symbols)
         self.context_length = int(context_length)
@@ -140,8 +182,16 @@ class ResponsibilityAttentionAccumulator:
         if backend not in ("numba", "numpy"):
             raise ValueError(f"backend = {backend!r}: expected 'numba' or 'numpy'")
         self.backend = backend
+        if layout not in ("dense", "sparse"):
+            raise ValueError(f"layout = {layout!r}: expected 'dense' or 'sparse'")
+        if support is not None and layout != "sparse":
+            raise ValueError("a support goes with the sparse layout")
+        self.layout = layout
+        self.support = support
+        # A sparse accumulator without a support collects the pairs of its rows (see _initialize).
+        self._collected: list[SparseEmissionCounts] = []
         self._stats = kernels.StatisticArrays.zeros(
-            self.num_symbols, self.context_length, self.query_dim, self.num_targets
+            self.num_symbols, self.context_length, self.query_dim, self.num_targets, support
         )
         self._broken: str | None = None
 
@@ -158,8 +208,13 @@ class ResponsibilityAttentionAccumulator:
 
     @property
     def emission_count(self) -> np.ndarray:
-        """(S, T) responsibility mass per (symbol, target): a view of the target-major table."""
-        return self._stats.emission_count_ts.T
+        """(S, T) responsibility mass per (symbol, target): a view of the dense target-major table
+        (made from the pairs when sparse)."""
+        return self._counts().to_dense()
+
+    def _counts(self) -> EmissionCounts:
+        counts = self._emission_value()
+        return counts if self.support is None else counts.on(self.support)  # type: ignore[attr-defined]
 
     @property
     def position_count(self) -> np.ndarray:
@@ -217,6 +272,13 @@ class ResponsibilityAttentionAccumulator:
         got = (estimate.num_symbols, estimate.context_length, estimate.query_dim, estimate.num_targets)
         if got != self._shape():
             raise ValueError(f"estimate has (S, N, D, T) = {got}: expected {self._shape()} like this accumulator")
+        table = estimate.emission_table
+        if self.layout == "sparse" and self.support is None:
+            raise ValueError("a sparse accumulator needs its support before an E-step (it only initializes without)")
+        if self.support is None and isinstance(table, SparseEmission):
+            raise ValueError("estimate has a sparse emission but this accumulator counts dense: make it with its support")
+        if self.support is not None and not (isinstance(table, SparseEmission) and table.support.same_as(self.support)):
+            raise ValueError("estimate's emission is not sparse over this accumulator's support")
         try:
             kernels.accumulate_estep(
                 context, query, target, w, estimate.kernel_parameters, self._stats, backend=self.backend
@@ -235,23 +297,14 @@ class ResponsibilityAttentionAccumulator:
 
         ``rng`` is a ``np.random.Generator``, a ``np.random.RandomState`` or a seed.
         """
-        self._check_usable()
-        context, query, target = self._encoded(x)
-        w = as_weights(weights, context.shape[0])
-        kernels.scan_values(context, query, target, w, num_symbols=self.num_symbols, num_targets=self.num_targets)
         generator = rng if hasattr(rng, "standard_exponential") else np.random.default_rng(rng)
-        for start, stop in kernels.block_ranges(context.shape[0], kernels.DEFAULT_BLOCK_ROWS):
+
+        def draw(rows: int) -> np.ndarray:
             # A flat Dirichlet draw is a row of iid exponentials divided by its sum.
-            e = generator.standard_exponential((stop - start, self.context_length))
-            e /= e.sum(axis=1, keepdims=True)
-            kernels.accumulate_responsibilities(
-                context[start:stop],
-                query[start:stop],
-                target[start:stop],
-                None if w is None else w[start:stop],
-                e,
-                self._stats,
-            )
+            e = generator.standard_exponential((rows, self.context_length))
+            return e / e.sum(axis=1, keepdims=True)
+
+        self._initialize(x, weights, draw)
 
     def seq_initialize_uniform(self, x: tuple[np.ndarray, np.ndarray, np.ndarray], weights: Any) -> None:
         """Add an encoded batch with uniform responsibilities, ``1/N`` on every position.
@@ -259,20 +312,41 @@ class ResponsibilityAttentionAccumulator:
         Their M-step is the first model of a uniform start: deterministic (no seed), every context
         position's co-occurrence with the target counted alike.
         """
+        self._initialize(x, weights, lambda rows: np.full((rows, self.context_length), 1.0 / self.context_length))
+
+    def _initialize(self, x: tuple[np.ndarray, np.ndarray, np.ndarray], weights: Any, draw: Any) -> None:
+        """Add a batch under the responsibilities ``draw(rows)`` gives for each block, (rows, N) rows summing to one.
+
+        A sparse accumulator without a support collects the pairs the rows hold: its value's counts
+        carry them as their support (the start pass of a sparse fit finds its support this way).
+        """
         self._check_usable()
         context, query, target = self._encoded(x)
         w = as_weights(weights, context.shape[0])
         kernels.scan_values(context, query, target, w, num_symbols=self.num_symbols, num_targets=self.num_targets)
         for start, stop in kernels.block_ranges(context.shape[0], kernels.DEFAULT_BLOCK_ROWS):
-            uniform = np.full((stop - start, self.context_length), 1.0 / self.context_length)
-            kernels.accumulate_responsibilities(
-                context[start:stop],
-                query[start:stop],
-                target[start:stop],
-                None if w is None else w[start:stop],
-                uniform,
-                self._stats,
+            resp = draw(stop - start)
+            w_block = None if w is None else w[start:stop]
+            ctx_b, t_b = context[start:stop], target[start:stop]
+            kernels.accumulate_responsibilities(ctx_b, query[start:stop], t_b, w_block, resp, self._stats)
+            if self.layout == "sparse":
+                self._count_pairs(ctx_b, t_b, resp if w_block is None else resp * w_block[:, None])
+
+    def _count_pairs(self, context: np.ndarray, target: np.ndarray, mass: np.ndarray) -> None:
+        """Add the (n, N) responsibility masses of a block's pairs to the sparse counts."""
+        live = mass.reshape(-1) > 0.0  # rows of weight 0 (another side of a hold-out) hold no pair
+        cells = (target.astype(np.int64)[:, None] * self.num_symbols + context).reshape(-1)[live]
+        masses = mass.reshape(-1)[live]
+        if self.support is None:
+            self._collected.append(
+                SparseEmissionCounts.from_cells(cells, masses, self.num_symbols, self.num_targets)
             )
+            return
+        at = self.support.locate(cells % self.num_symbols, cells // self.num_symbols)
+        if np.any(at < 0):
+            raise ValueError("rows hold a (symbol, target) pair outside this accumulator's support")
+        assert self._stats.pair_counts is not None
+        self._stats.pair_counts += np.bincount(at, weights=masses, minlength=self.support.num_pairs)
 
     # ---------------------------------------------------------------------------- reduction
 
@@ -280,24 +354,43 @@ class ResponsibilityAttentionAccumulator:
         """Add another accumulator's ``value()`` into this one; returns ``self``."""
         self._check_usable()
         other = SufficientStatistics.checked(suff_stat, self._shape())
+        if other.emission_count.layout != self.layout:
+            raise ValueError(f"cannot combine {other.emission_count.layout} statistics into {self.layout} ones")
         self._stats.key_sum += other.key_sum
         self._stats.key_mass += other.key_mass
-        self._stats.emission_count_ts += other.emission_count.T
+        if self.layout == "dense":
+            self._stats.emission_count_ts += other.emission_count.values_array()
+        elif self.support is None:
+            self._collected.append(other.emission_count)  # type: ignore[arg-type]
+        else:
+            self._stats.pair_counts += other.emission_count.values_array()  # type: ignore[operator]
         self._stats.position_count += other.position_count
         self._stats.scalars += (other.query_sq, other.n_obs, other.log_lik)
         return self
+
+    def _emission_value(self) -> EmissionCounts:
+        s = self._stats
+        if self.layout == "dense":
+            return DenseEmissionCounts(s.emission_count_ts.copy())
+        if self.support is None:
+            total = SparseEmissionCounts.empty(self.num_symbols, self.num_targets)
+            for part in self._collected:
+                total.add(part)
+            self._collected = [total]
+            return total.copy()
+        assert s.pair_counts is not None
+        # An E-step's counts lie on the fit's support, which the model carries: they travel without it.
+        return SparseEmissionCounts(s.pair_counts.copy(), None, num_symbols=self.num_symbols, num_targets=self.num_targets)
 
     def value(self) -> SufficientStatistics:
         """A snapshot of the statistics (copies: later updates never alias it)."""
         self._check_usable()
         s = self._stats
         query_sq, n_obs, log_lik = (float(v) for v in s.scalars)
-        # ``order="K"`` keeps the target-major memory order (an (S, T) array in Fortran order), so
-        # combining it back is a contiguous add.
         return SufficientStatistics(
             s.key_sum.copy(),
             s.key_mass.copy(),
-            s.emission_count_ts.T.copy(order="K"),
+            self._emission_value(),
             s.position_count.copy(),
             query_sq,
             n_obs,
@@ -307,13 +400,19 @@ class ResponsibilityAttentionAccumulator:
     def from_value(self, x: Any) -> ResponsibilityAttentionAccumulator:
         """Set the statistics from a ``value()`` (or the reference library's 5-field value); returns ``self``."""
         stats = SufficientStatistics.checked(x, self._shape())
+        counts = stats.emission_count
+        if counts.layout != self.layout:
+            raise ValueError(f"cannot set {counts.layout} statistics on a {self.layout} accumulator")
         self._stats = kernels.StatisticArrays(
             key_sum=stats.key_sum.copy(),
             key_mass=stats.key_mass.copy(),
-            emission_count_ts=np.array(stats.emission_count.T, order="C"),  # always a copy
+            emission_count_ts=counts.values_array().copy() if self.layout == "dense" else np.zeros((0, 0)),
             position_count=stats.position_count.copy(),
             scalars=np.array([stats.query_sq, stats.n_obs, stats.log_lik]),
+            pair_counts=counts.values_array().copy() if self.layout == "sparse" and self.support is not None else None,
+            support=self.support,
         )
+        self._collected = [counts.copy()] if self.layout == "sparse" and self.support is None else []  # type: ignore[list-item]
         self._broken = None
         return self
 
@@ -348,6 +447,7 @@ class ResponsibilityAttentionAccumulatorFactory:
         name: str | None = None,
         *,
         backend: kernels.Backend = "numba",
+        layout: str = "dense",
     ) -> None:
         self.num_symbols = num_symbols
         self.context_length = context_length
@@ -356,9 +456,10 @@ class ResponsibilityAttentionAccumulatorFactory:
         self.keys = keys
         self.name = name
         self.backend = backend
+        self.layout = layout
 
-    def make(self) -> ResponsibilityAttentionAccumulator:
-        """A new, empty accumulator."""
+    def make(self, support: PairSupport | None = None) -> ResponsibilityAttentionAccumulator:
+        """A new, empty accumulator (sparse ones over ``support``; without it they only initialize)."""
         return ResponsibilityAttentionAccumulator(
             self.num_symbols,
             self.context_length,
@@ -367,4 +468,11 @@ class ResponsibilityAttentionAccumulatorFactory:
             keys=self.keys,
             name=self.name,
             backend=self.backend,
+            layout=self.layout,
+            support=support,
         )
+
+    def make_for(self, model: ResponsibilityAttentionDistribution) -> ResponsibilityAttentionAccumulator:
+        """A new, empty accumulator for E-steps under ``model`` (over its support when its emission is sparse)."""
+        table = model.emission_table
+        return self.make(table.support if isinstance(table, SparseEmission) else None)

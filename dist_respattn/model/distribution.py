@@ -27,7 +27,9 @@ from dist_respattn.model._checks import (
     as_positive_int,
     as_row_simplex,
     as_simplex,
+    as_sparse_emission,
 )
+from dist_respattn.model.emission import DenseEmission, Emission, SparseEmission
 from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder
 
 if TYPE_CHECKING:
@@ -39,13 +41,17 @@ __all__ = ["ResponsibilityAttentionDistribution"]
 #: Rows per block in prediction, bounding the (block, N, D) gathers.
 _PREDICT_BLOCK_ROWS = 8192
 
+#: ``emission`` refuses to materialize a sparse emission of more cells than this (1 GiB of float64).
+_DENSE_VIEW_CELLS = 2**27
+
 
 class ResponsibilityAttentionDistribution:
     """One generative-gate attention head over contexts of N symbols.
 
     Args:
         key_means: (S, D) key mean of every symbol.
-        emission: (S, T) target distribution of every symbol; rows are probability vectors.
+        emission: (S, T) target distribution of every symbol (rows are probability vectors), or an
+            :class:`~dist_respattn.model.emission.Emission` of either layout.
         position_prior: (N,) prior over context positions; its length is the context length N.
             When omitted, ``context_length`` must be given and the prior is uniform.
         sigma2: gate variance (> 0), the responsibility temperature.
@@ -68,13 +74,17 @@ class ResponsibilityAttentionDistribution:
     ) -> None:
         self.key_means = as_finite_matrix(key_means, "key_means")
         self.num_symbols, self.query_dim = self.key_means.shape
-        self.emission = as_row_simplex(emission, "emission")
-        if self.emission.shape[0] != self.num_symbols:
+        if isinstance(emission, SparseEmission):
+            self.emission_table: Emission = as_sparse_emission(emission, "emission")
+        else:
+            probs = emission.probs if isinstance(emission, DenseEmission) else emission
+            self.emission_table = DenseEmission(as_row_simplex(probs, "emission"))
+        if self.emission_table.num_symbols != self.num_symbols:
             raise ValueError(
-                f"emission has {self.emission.shape[0]} rows but key_means has {self.num_symbols}: "
+                f"emission has {self.emission_table.num_symbols} rows but key_means has {self.num_symbols}: "
                 "expected one emission row per symbol"
             )
-        self.num_targets = self.emission.shape[1]
+        self.num_targets = self.emission_table.num_targets
         if context_length is not None:
             context_length = as_positive_int(context_length, "context_length")
         if position_prior is None:
@@ -104,6 +114,20 @@ class ResponsibilityAttentionDistribution:
 
     __str__ = __repr__
 
+    @property
+    def emission(self) -> np.ndarray:
+        """(S, T) emission probabilities (the reference library's attribute).
+
+        A sparse emission is materialized, up to 2**27 cells; past that, read ``emission_table``.
+        """
+        table = self.emission_table
+        if isinstance(table, SparseEmission) and self.num_symbols * self.num_targets > _DENSE_VIEW_CELLS:
+            raise ValueError(
+                f"the emission is sparse over {table.support.num_pairs:,} pairs and (S, T) = "
+                f"{(self.num_symbols, self.num_targets)} is too large to materialize: read emission_table instead"
+            )
+        return table.to_dense()
+
     def __getstate__(self) -> dict[str, Any]:
         # The kernel's layout (an S×T log table) is rebuilt where it is needed, not shipped: pickling
         # a model that has scored rows would otherwise double what a cluster sends to each worker.
@@ -112,9 +136,11 @@ class ResponsibilityAttentionDistribution:
         return state
 
     @functools.cached_property
-    def kernel_parameters(self) -> kernels.KernelParameters:
+    def kernel_parameters(self) -> kernels.KernelParameters | kernels.SparseKernelParameters:
         """The parameters in the layout the E-step kernel reads (built once per distribution)."""
-        return kernels.KernelParameters.from_arrays(self.key_means, self.emission, self.position_prior, self.sigma2)
+        return kernels.KernelParameters.from_arrays(
+            self.key_means, self.emission_table, self.position_prior, self.sigma2
+        )
 
     # ------------------------------------------------------------------------------------ scoring
 
@@ -155,8 +181,9 @@ class ResponsibilityAttentionDistribution:
         for start, stop in kernels.block_ranges(ctx.shape[0], _PREDICT_BLOCK_ROWS):
             log_w = self._gate_log_weights(ctx[start:stop], y[start:stop])
             if target is not None:
-                with np.errstate(divide="ignore"):
-                    log_w = log_w + np.log(self.emission[ctx[start:stop], target[start:stop, None]])
+                ctx_b = ctx[start:stop]
+                tgt_b = np.broadcast_to(target[start:stop, None], ctx_b.shape)
+                log_w = log_w + self.emission_table.log_prob(ctx_b.reshape(-1), tgt_b.reshape(-1)).reshape(ctx_b.shape)
             best = log_w.max(axis=1, keepdims=True)
             best[~np.isfinite(best)] = 0.0
             w = np.exp(log_w - best)
@@ -194,14 +221,18 @@ class ResponsibilityAttentionDistribution:
         """
         ctx, y, single = self._check_context_query(context, query)
         attention = self._attention(ctx, y, None)
-        out = np.zeros((ctx.shape[0], self.num_targets))
+        out = np.empty((ctx.shape[0], self.num_targets))
         for start, stop in kernels.block_ranges(ctx.shape[0], _PREDICT_BLOCK_ROWS):
-            block = out[start:stop]
-            for i in range(self.context_length):
-                block += attention[start:stop, i : i + 1] * self.emission[ctx[start:stop, i]]
+            out[start:stop] = self.emission_table.predictive(ctx[start:stop], attention[start:stop])
         return out[0] if single else out
 
     # ----------------------------------------------------------------------------------- factories
+
+    def with_emission(self, emission: Emission) -> ResponsibilityAttentionDistribution:
+        """This head with another emission (of the same S and T)."""
+        return ResponsibilityAttentionDistribution(
+            self.key_means, emission, self.position_prior, self.sigma2, self.name
+        )
 
     def sampler(self, seed: int | np.random.Generator | None = None) -> ResponsibilityAttentionSampler:
         """A sampler of synthetic triples from this head (with a uniform distinct-symbol context prior)."""

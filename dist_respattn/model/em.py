@@ -16,6 +16,7 @@ from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulator, 
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.estimator import MStepCandidates, ResponsibilityAttentionEstimator
 from dist_respattn.model.holdout import HoldoutRule
+from dist_respattn.model.emission import choose_layout
 from dist_respattn.model.pairs import PairCounts
 from dist_respattn.model.prior import EmissionPrior
 from dist_respattn.model.selection import Hyperparameters, HyperparameterSearch, Selection, score_grid
@@ -222,6 +223,7 @@ def fit_em(
     tol: float = 1e-6,
     seed: int | np.random.Generator | None = 0,
     backend: kernels.Backend = "numba",
+    layout: str = "auto",
     callback: Callable[[EMIteration, ResponsibilityAttentionDistribution], bool | None] | None = None,
 ) -> EMResult:
     """Fit a head by EM in this process on an encoded batch ``(context (n, N), query (n, D), target (n,))``.
@@ -234,6 +236,9 @@ def fit_em(
       ``validation`` when given, else the rows of ``data`` that ``holdout`` (default
       ``HoldoutRule.for_rows(n)``) holds out, which then take no part in the fit. This is the rule
       the distributed fit applies to a store's rows, so both fits take the same steps.
+    - ``layout``: the emission's layout (:func:`~dist_respattn.model.emission.choose_layout`): ``"dense"``
+      (S, T), ``"sparse"`` over the pairs the training rows hold, or ``"auto"`` by size. A sparse fit's
+      ``init`` is moved onto that support (:meth:`~dist_respattn.model.emission.Emission.restricted`).
     """
     context, query, target = as_encoded(data, context_length=estimator.context_length, query_dim=estimator.query_dim)
     w = as_weights(weights, context.shape[0])
@@ -269,10 +274,17 @@ def fit_em(
         )
         assert isinstance(estimator.emission_prior, str)
         estimator = estimator.resolved(EmissionPrior.from_pairs(pairs, estimator.emission_prior))
-    factory = estimator.accumulator_factory(backend=backend)
+    factory = estimator.accumulator_factory(
+        backend=backend, layout=choose_layout(estimator.num_symbols, estimator.num_targets, layout)
+    )
+    if init is not None and factory.layout == "sparse":
+        collector = factory.make()
+        collector.seq_initialize_uniform((context, query, target), w)
+        support = collector.value().emission_count.support
+        init = init.with_emission(init.emission_table.restricted(support))
 
     def e_step(model: ResponsibilityAttentionDistribution | None) -> SufficientStatistics:
-        accumulator: ResponsibilityAttentionAccumulator = factory.make()
+        accumulator: ResponsibilityAttentionAccumulator = factory.make() if model is None else factory.make_for(model)
         if model is None and start == "uniform":
             accumulator.seq_initialize_uniform((context, query, target), w)
         elif model is None:

@@ -21,7 +21,8 @@ from dist_respattn.model.accumulator import (
     SufficientStatistics,
 )
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.prior import BACKOFF_KINDS, EmissionPrior, map_emission
+from dist_respattn.model.emission import Emission, EmissionCounts, SparseEmission, SparseEmissionCounts
+from dist_respattn.model.prior import BACKOFF_KINDS, EmissionPrior
 from dist_respattn.model.selection import GridTable, GridTotals, Hyperparameters, HyperparameterSearch, Selection
 
 __all__ = ["MStepCandidates", "ResponsibilityAttentionEstimator", "estimate_parameters"]
@@ -66,17 +67,6 @@ def _learned_sigma2(stats: SufficientStatistics, *, kept: float, min_sigma2: flo
     return max(min_sigma2, (stats.query_sq - explained) / (stats.key_sum.shape[1] * total_mass))
 
 
-def _additive_emission(emission_count: np.ndarray, emission_smoothing: float) -> np.ndarray:
-    """``(c[s, t] + a) / (sum_t c[s, t] + T a)``; a row with no mass and ``a = 0`` is uniform."""
-    counts = emission_count + emission_smoothing
-    row_total = counts.sum(axis=1, keepdims=True)
-    empty_rows = row_total[:, 0] <= 0.0
-    row_total[empty_rows] = 1.0
-    emission = counts / row_total
-    emission[empty_rows] = 1.0 / emission.shape[1]
-    return emission
-
-
 def estimate_parameters(
     stats: SufficientStatistics,
     *,
@@ -100,7 +90,7 @@ def estimate_parameters(
       / (D sum_s key_mass[s]))``, the pooled within-symbol variance; otherwise ``sigma2`` is kept.
     """
     key_means = _key_means(stats, previous_key_means)
-    emission = _additive_emission(stats.emission_count, emission_smoothing)
+    emission = stats.emission_count.additive_emission(emission_smoothing).to_dense()
     position_prior = _position_prior(stats, pseudo_count)
     new_sigma2 = _learned_sigma2(stats, kept=sigma2, min_sigma2=min_sigma2) if estimate_sigma2 else sigma2
     return key_means, emission, position_prior, new_sigma2
@@ -112,7 +102,7 @@ class MStepCandidates:
 
     Attributes:
         key_means: (S, D) the new keys; ``position_prior``: (N,) the new prior.
-        emission_count: (S, T) the E-step's counts the emission is made from.
+        emission_count: the E-step's counts the emission is made from (either layout).
         prior: the emission's Dirichlet prior, or ``None`` for the reference's additive smoothing.
         emission_smoothing: the additive smoothing when ``prior`` is ``None``.
         sigma2: the gate variance the estimator gives (learned, or fixed) when it is not chosen.
@@ -123,7 +113,7 @@ class MStepCandidates:
 
     key_means: np.ndarray
     position_prior: np.ndarray
-    emission_count: np.ndarray
+    emission_count: EmissionCounts
     prior: EmissionPrior | None
     emission_smoothing: float
     sigma2: float
@@ -131,12 +121,12 @@ class MStepCandidates:
     defaults: Hyperparameters
     name: str | None = None
 
-    def emission(self, hyperparameters: Hyperparameters) -> np.ndarray:
-        """The (S, T) emission under these strengths (the additive smoothing ignores them)."""
+    def emission(self, hyperparameters: Hyperparameters) -> Emission:
+        """The emission under these strengths (the additive smoothing ignores them), in the counts' layout."""
         if self.prior is None:
-            return _additive_emission(self.emission_count, self.emission_smoothing)
+            return self.emission_count.additive_emission(self.emission_smoothing)
         strengths = self.prior.strengths(hyperparameters.emission_strength, hyperparameters.type_strength)
-        return map_emission(self.emission_count, strengths, self.prior.base)
+        return self.emission_count.map_emission(strengths, self.prior.base)
 
     def model(self, hyperparameters: Hyperparameters | None = None) -> ResponsibilityAttentionDistribution:
         """The head under ``hyperparameters`` (default: :attr:`defaults`)."""
@@ -150,10 +140,11 @@ class MStepCandidates:
         d = self.defaults
         scales = search.sigma2_scales
         sigma2 = (d.sigma2,) if scales is None else tuple(self.query_scale * s for s in scales)
+        counts = self.emission_count
         if self.prior is None:
-            prior = EmissionPrior.uniform(*self.emission_count.shape)
+            prior = EmissionPrior.uniform(counts.num_symbols, counts.num_targets)
             # The additive smoothing a is the uniform base with strength T a; it is not searched.
-            strengths: tuple[float, ...] = (self.emission_count.shape[1] * self.emission_smoothing,)
+            strengths: tuple[float, ...] = (counts.num_targets * self.emission_smoothing,)
             type_strengths: tuple[float, ...] = (0.0,)
         else:
             prior = self.prior
@@ -164,8 +155,8 @@ class MStepCandidates:
         return GridTable(
             key_means=np.ascontiguousarray(self.key_means, dtype=np.float64),
             log_prior=log_prior,
-            emission_count_ts=np.ascontiguousarray(self.emission_count.T),
-            row_totals=self.emission_count.sum(axis=1),
+            counts=counts,
+            row_totals=counts.row_totals(),
             base=prior.base,
             types=prior.types,
             sigma2=np.array(sigma2, dtype=np.float64),
@@ -303,8 +294,10 @@ class ResponsibilityAttentionEstimator:
         copy.emission_prior = prior
         return copy
 
-    def accumulator_factory(self, *, backend: kernels.Backend = "numba") -> ResponsibilityAttentionAccumulatorFactory:
-        """A factory of empty accumulators for this estimator's shape and tie name."""
+    def accumulator_factory(
+        self, *, backend: kernels.Backend = "numba", layout: str = "dense"
+    ) -> ResponsibilityAttentionAccumulatorFactory:
+        """A factory of empty accumulators for this estimator's shape and tie name, counting the emission in ``layout``."""
         return ResponsibilityAttentionAccumulatorFactory(
             self.num_symbols,
             self.context_length,
@@ -313,6 +306,7 @@ class ResponsibilityAttentionEstimator:
             keys=self.keys,
             name=self.name,
             backend=backend,
+            layout=layout,
         )
 
     def candidates(
@@ -327,6 +321,13 @@ class ResponsibilityAttentionEstimator:
                 f"emission_prior = {self.emission_prior!r} is made from the training rows' (symbol, target) pairs: "
                 "fit with fit_em or the engine, or pass estimator.resolved(EmissionPrior.from_pairs(pairs))"
             )
+        counts = stats.emission_count
+        if isinstance(counts, SparseEmissionCounts) and counts.support is None:
+            # An E-step's sparse counts travel without the support: it is the model's.
+            table = None if previous is None else previous.emission_table
+            if not isinstance(table, SparseEmission):
+                raise ValueError("sparse statistics without a support need the sparse model of their E-step (previous)")
+            counts = counts.on(table.support)
         kept = self.sigma2 if previous is None or not self.estimate_sigma2 else previous.sigma2
         sigma2 = _learned_sigma2(stats, kept=kept, min_sigma2=self.min_sigma2) if self.estimate_sigma2 else kept
         if self.emission_prior is None:
@@ -338,7 +339,7 @@ class ResponsibilityAttentionEstimator:
         return MStepCandidates(
             key_means=_key_means(stats, None if previous is None else previous.key_means),
             position_prior=_position_prior(stats, self.pseudo_count),
-            emission_count=stats.emission_count,
+            emission_count=counts,
             prior=self.emission_prior,
             emission_smoothing=self.emission_smoothing,
             sigma2=sigma2,

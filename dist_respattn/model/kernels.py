@@ -17,17 +17,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numba
 import numpy as np
 
 from dist_respattn.model._checks import ImpossibleEvidenceError, plain
 from dist_respattn.model._prefetch import prefetch_element, prefetch_item
+from dist_respattn.model.emission import DenseEmission, Emission, PairSupport, SparseEmission
 
 __all__ = [
     "DEFAULT_BLOCK_ROWS",
     "KernelParameters",
+    "SparseKernelParameters",
     "StatisticArrays",
     "accumulate_estep",
     "accumulate_responsibilities",
@@ -70,21 +72,90 @@ class KernelParameters:
     inv_two_sigma2: float
     gate_const: float
 
+    @property
+    def num_symbols(self) -> int:
+        return int(self.log_emission_ts.shape[1])
+
+    @property
+    def num_targets(self) -> int:
+        return int(self.log_emission_ts.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.log_emission_ts.nbytes)
+
     @classmethod
     def from_arrays(
-        cls, key_means: np.ndarray, emission: np.ndarray, position_prior: np.ndarray, sigma2: float
-    ) -> KernelParameters:
-        """Build from validated (S, D) keys, (S, T) emission, (N,) prior and the gate variance."""
+        cls, key_means: np.ndarray, emission: np.ndarray | Emission, position_prior: np.ndarray, sigma2: float
+    ) -> KernelParameters | SparseKernelParameters:
+        """Build from validated (S, D) keys, an emission ((S, T) array, or either layout), (N,) prior and
+        the gate variance: :class:`KernelParameters` for a dense emission, :class:`SparseKernelParameters`
+        for a sparse one."""
+        if isinstance(emission, SparseEmission):
+            return SparseKernelParameters.build(key_means, emission, position_prior, sigma2)
+        probs = emission.probs if isinstance(emission, DenseEmission) else emission
         with np.errstate(divide="ignore"):
-            log_emission_ts = np.ascontiguousarray(np.log(emission.T))
-            log_prior = np.log(position_prior)
-        query_dim = key_means.shape[1]
+            log_emission_ts = np.ascontiguousarray(np.log(probs.T))
+        return cls(log_emission_ts=log_emission_ts, **_gate_fields(key_means, position_prior, sigma2))
+
+
+def _gate_fields(key_means: np.ndarray, position_prior: np.ndarray, sigma2: float) -> dict[str, Any]:
+    with np.errstate(divide="ignore"):
+        log_prior = np.log(position_prior)
+    return {
+        "key_means": np.ascontiguousarray(key_means, dtype=np.float64),
+        "log_prior": log_prior,
+        "inv_two_sigma2": 0.5 / sigma2,
+        "gate_const": -0.5 * key_means.shape[1] * float(np.log(2.0 * np.pi * sigma2)),
+    }
+
+
+@dataclass(frozen=True)
+class SparseKernelParameters:
+    """A sparse emission's parameters laid out for the kernels.
+
+    Attributes:
+        key_means, log_prior, inv_two_sigma2, gate_const: as in :class:`KernelParameters`.
+        indptr: (T + 1,) int64 and ``symbols`` (P,) int32: the support, target-major.
+        log_values: (P,) ``log B`` at the support's pairs.
+        log_backoff: (S,) and ``log_base`` (T,): ``log B[s, t] = log_backoff[s] + log_base[t]`` off the support.
+    """
+
+    key_means: np.ndarray
+    log_prior: np.ndarray
+    inv_two_sigma2: float
+    gate_const: float
+    indptr: np.ndarray
+    symbols: np.ndarray
+    log_values: np.ndarray
+    log_backoff: np.ndarray
+    log_base: np.ndarray
+
+    @property
+    def num_symbols(self) -> int:
+        return int(self.log_backoff.shape[0])
+
+    @property
+    def num_targets(self) -> int:
+        return int(self.log_base.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.log_values.nbytes + self.log_backoff.nbytes + self.log_base.nbytes)
+
+    @classmethod
+    def build(
+        cls, key_means: np.ndarray, emission: SparseEmission, position_prior: np.ndarray, sigma2: float
+    ) -> SparseKernelParameters:
+        with np.errstate(divide="ignore"):
+            log_values, log_backoff, log_base = np.log(emission.values), np.log(emission.backoff), np.log(emission.base)
         return cls(
-            key_means=np.ascontiguousarray(key_means, dtype=np.float64),
-            log_emission_ts=log_emission_ts,
-            log_prior=log_prior,
-            inv_two_sigma2=0.5 / sigma2,
-            gate_const=-0.5 * query_dim * float(np.log(2.0 * np.pi * sigma2)),
+            indptr=emission.support.indptr,
+            symbols=emission.support.symbols,
+            log_values=log_values,
+            log_backoff=log_backoff,
+            log_base=log_base,
+            **_gate_fields(key_means, position_prior, sigma2),
         )
 
 
@@ -95,9 +166,11 @@ class StatisticArrays:
     Attributes:
         key_sum: (S, D) sum of ``w r y`` per symbol.
         key_mass: (S,) sum of ``w r`` per symbol.
-        emission_count_ts: (T, S) sum of ``w r`` per (target, symbol), target-major.
+        emission_count_ts: (T, S) sum of ``w r`` per (target, symbol), target-major; (0, 0) when sparse.
         position_count: (N,) sum of ``w r`` per position.
         scalars: (3,) ``[query_sq, n_obs, log_lik]``: sum of ``w ||y||^2``, of ``w``, of ``w L``.
+        pair_counts: (P,) sum of ``w r`` per pair of ``support`` (sparse statistics), else ``None``.
+        support: the pairs of a sparse emission's statistics, else ``None``.
     """
 
     key_sum: np.ndarray
@@ -105,17 +178,26 @@ class StatisticArrays:
     emission_count_ts: np.ndarray
     position_count: np.ndarray
     scalars: np.ndarray
+    pair_counts: np.ndarray | None = None
+    support: PairSupport | None = None
 
     @classmethod
-    def zeros(cls, num_symbols: int, context_length: int, query_dim: int, num_targets: int) -> StatisticArrays:
-        """Empty statistics for a head of the given S, N, D, T."""
+    def zeros(
+        cls, num_symbols: int, context_length: int, query_dim: int, num_targets: int, support: PairSupport | None = None
+    ) -> StatisticArrays:
+        """Empty statistics for a head of the given S, N, D, T (sparse over ``support`` when given)."""
         return cls(
             key_sum=np.zeros((num_symbols, query_dim)),
             key_mass=np.zeros(num_symbols),
-            emission_count_ts=np.zeros((num_targets, num_symbols)),
+            emission_count_ts=np.zeros((num_targets, num_symbols)) if support is None else _NO_TABLE,
             position_count=np.zeros(context_length),
             scalars=np.zeros(3),
+            pair_counts=None if support is None else np.zeros(support.num_pairs),
+            support=support,
         )
+
+
+_NO_TABLE = np.zeros((0, 0))
 
 
 def block_ranges(n_rows: int, block_rows: int) -> Iterator[tuple[int, int]]:
@@ -358,6 +440,7 @@ def _scatter_numba(
     dim = query.shape[1]
     query_sq = 0.0
     n_obs = 0.0
+    dense = emission_count_ts.shape[0] > 0  # sparse statistics count their pairs elsewhere
     for row in range(n):
         w = weights[row] if weights.shape[0] > 0 else 1.0
         tn = target[row]
@@ -366,7 +449,8 @@ def _scatter_numba(
             c = context[row, i]
             key_mass[c] += r
             position_count[i] += r
-            emission_count_ts[tn, c] += r
+            if dense:
+                emission_count_ts[tn, c] += r
             for d in range(dim):
                 key_sum[c, d] += r * np.float64(query[row, d])
         yy = 0.0
@@ -394,6 +478,178 @@ def _row_log_likelihood_numba(
         best = _row_log_weights(
             context, row, y, target[row], key_means, log_emission_ts, log_prior, inv_two_sigma2, logw
         )
+        if best == -np.inf:
+            out[row] = -np.inf
+            continue
+        total = _exp_shifted(logw, best, resp, bits)
+        out[row] = best + np.log(total) + gate_const
+
+
+# --------------------------------------------------------------------------------------------
+# Compiled kernels of a sparse emission. A pair's value is found by a binary search of its target's
+# symbols; the E-step visits a block's rows grouped by target and, for a target with enough rows in
+# the block, fills a dense symbol -> pair map once instead (``slot``, S entries, -1 when unset).
+
+
+@numba.njit(cache=True, nogil=True)
+def _find_pair(indptr, symbols, t, c):  # pragma: no cover - compiled
+    """The index of pair (c, t) in the support, or -1."""
+    lo = indptr[t]
+    end = indptr[t + 1]
+    hi = end
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if symbols[mid] < c:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < end and symbols[lo] == c:
+        return lo
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _log_emission_sparse(indptr, symbols, log_values, log_backoff, log_base, t, c):  # pragma: no cover
+    p = _find_pair(indptr, symbols, t, c)
+    if p >= 0:
+        return log_values[p]
+    return log_backoff[c] + log_base[t]
+
+
+@numba.njit(cache=True, nogil=True)
+def _estep_sparse_numba(
+    context,
+    query,
+    target,
+    weights,
+    key_means,
+    indptr,
+    symbols,
+    log_values,
+    log_prior,
+    inv_two_sigma2,
+    gate_const,
+    key_sum,
+    key_mass,
+    pair_counts,
+    position_count,
+    scalars,
+    impossible,
+    order,
+    slot,
+):  # pragma: no cover - compiled
+    """Fused E-step and scatter over rows ``order[...]``, which come grouped by target.
+
+    Returns ``(n_impossible, n_outside)``: rows the model cannot explain (the first ones written to
+    ``impossible``), and rows holding a pair outside the support (counted, not added: the caller raises).
+    """
+    n, n_pos = context.shape
+    dim = query.shape[1]
+    logw = np.empty(n_pos)
+    resp = np.empty(n_pos)
+    bits = np.empty(n_pos, dtype=np.int64)
+    pair = np.empty(n_pos, dtype=np.int64)
+    y = np.empty(dim)
+    n_impossible = 0
+    n_outside = 0
+    query_sq = 0.0
+    n_obs = 0.0
+    log_lik = 0.0
+    last_col = dim - 1
+    k = 0
+    while k < n:
+        tn = target[order[k]]
+        group_end = k + 1
+        while group_end < n and target[order[group_end]] == tn:
+            group_end += 1
+        lo = indptr[tn]
+        hi = indptr[tn + 1]
+        degree = hi - lo
+        # A map costs 2 writes per pair of the target; a search ~log2(degree) steps per lookup.
+        use_map = (group_end - k) * n_pos * (np.log2(degree + 1.0) + 1.0) > 2.0 * degree
+        if use_map:
+            for j in range(lo, hi):
+                slot[symbols[j]] = j
+        for kk in range(k, group_end):
+            row = order[kk]
+            far = kk + 2 * _PREFETCH_ROWS
+            if far < n:
+                row_far = order[far]
+                prefetch_item(context, row_far, 0)
+                prefetch_item(query, row_far, 0)
+                prefetch_item(query, row_far, last_col)
+            w = weights[row] if weights.shape[0] > 0 else 1.0
+            if w == 0.0:
+                continue
+            outside = False
+            for i in range(n_pos):
+                c = context[row, i]
+                p = slot[c] if use_map else _find_pair(indptr, symbols, tn, c)
+                pair[i] = p
+                if p < 0:
+                    outside = True
+            if outside:
+                n_outside += 1
+                continue
+            yy = 0.0
+            for d in range(dim):
+                v = np.float64(query[row, d])
+                y[d] = v
+                yy += v * v
+            best = -np.inf
+            for i in range(n_pos):
+                li = log_prior[i] + log_values[pair[i]] - _squared_distance(y, key_means, context[row, i]) * inv_two_sigma2
+                logw[i] = li
+                best = max(best, li)
+            if best == -np.inf:
+                if n_impossible < impossible.shape[0]:
+                    impossible[n_impossible] = row
+                n_impossible += 1
+                continue
+            total = _exp_shifted(logw, best, resp, bits)
+            scale = w / total
+            for i in range(n_pos):
+                r = resp[i] * scale
+                c = context[row, i]
+                pair_counts[pair[i]] += r
+                key_mass[c] += r
+                position_count[i] += r
+                for d in range(dim):
+                    key_sum[c, d] += r * y[d]
+            query_sq += w * yy
+            n_obs += w
+            log_lik += w * (best + np.log(total) + gate_const)
+        if use_map:
+            for j in range(lo, hi):
+                slot[symbols[j]] = -1
+        k = group_end
+    scalars[0] += query_sq
+    scalars[1] += n_obs
+    scalars[2] += log_lik
+    return n_impossible, n_outside
+
+
+@numba.njit(cache=True, nogil=True)
+def _row_log_likelihood_sparse_numba(
+    context, query, target, key_means, indptr, symbols, log_values, log_backoff, log_base, log_prior,
+    inv_two_sigma2, gate_const, out,
+):  # pragma: no cover - compiled
+    n_pos = context.shape[1]
+    logw = np.empty(n_pos)
+    resp = np.empty(n_pos)
+    bits = np.empty(n_pos, dtype=np.int64)
+    y = np.empty(query.shape[1])
+    for row in range(context.shape[0]):
+        for d in range(query.shape[1]):
+            y[d] = query[row, d]
+        tn = target[row]
+        best = -np.inf
+        for i in range(n_pos):
+            c = context[row, i]
+            li = log_prior[i] + _log_emission_sparse(indptr, symbols, log_values, log_backoff, log_base, tn, c)
+            li -= _squared_distance(y, key_means, c) * inv_two_sigma2
+            logw[i] = li
+            best = max(best, li)
         if best == -np.inf:
             out[row] = -np.inf
             continue
@@ -522,7 +778,7 @@ def accumulate_estep(
     query: np.ndarray,
     target: np.ndarray,
     weights: np.ndarray | None,
-    params: KernelParameters,
+    params: KernelParameters | SparseKernelParameters,
     stats: StatisticArrays,
     *,
     backend: Backend = "numba",
@@ -536,15 +792,22 @@ def accumulate_estep(
     added: the caller must then discard ``stats``.
 
     ``group_by_target`` makes the compiled kernel visit each block's rows grouped by target; by
-    default it does so when the emission table is at least ``_GROUP_BY_TARGET_TABLE_BYTES``.
+    default it does so when the emission table is at least ``_GROUP_BY_TARGET_TABLE_BYTES`` (a sparse
+    emission's rows are always grouped).
 
     Rows are processed in blocks of ``block_rows`` (default ``DEFAULT_BLOCK_ROWS`` for the compiled
     kernel, ``NUMPY_BLOCK_ROWS`` for NumPy). Memory beyond the inputs and ``stats``: 8 bytes a block
-    row for the compiled kernel's visiting order; ``block_rows × N × D`` float64 for NumPy.
+    row for the compiled kernel's visiting order (and 8 bytes a symbol for a sparse emission's map);
+    ``block_rows × N × D`` float64 for NumPy.
     """
-    num_targets, num_symbols = params.log_emission_ts.shape
-    scan_values(context, query, target, weights, num_symbols=num_symbols, num_targets=num_targets)
-    if backend == "numba":
+    scan_values(context, query, target, weights, num_symbols=params.num_symbols, num_targets=params.num_targets)
+    if isinstance(params, SparseKernelParameters):
+        if backend != "numba":
+            raise ValueError(f"backend = {backend!r}: a sparse emission runs on the compiled kernel ('numba') only")
+        if stats.pair_counts is None:
+            raise ValueError("the statistics are dense but the emission is sparse: make them over its support")
+        _accumulate_sparse(context, query, target, _kernel_weights(weights), params, stats, block_rows)
+    elif backend == "numba":
         kernel_weights = _kernel_weights(weights)
         impossible: list[int] = []
         n_impossible = 0
@@ -555,7 +818,7 @@ def accumulate_estep(
             group_by_target = params.log_emission_ts.nbytes >= _GROUP_BY_TARGET_TABLE_BYTES
         for start, stop in block_ranges(context.shape[0], block_rows or DEFAULT_BLOCK_ROWS):
             if group_by_target:
-                order = _target_order_numba(target[start:stop], num_targets)
+                order = _target_order_numba(target[start:stop], params.num_targets)
             else:
                 order = np.arange(stop - start, dtype=np.int64)
             # Room for every row of the block: they are found in visiting order, and the message
@@ -598,6 +861,55 @@ def accumulate_estep(
         raise ValueError(f"backend = {backend!r}: expected 'numba' or 'numpy'")
 
 
+def _accumulate_sparse(
+    context: np.ndarray,
+    query: np.ndarray,
+    target: np.ndarray,
+    kernel_weights: np.ndarray,
+    params: SparseKernelParameters,
+    stats: StatisticArrays,
+    block_rows: int | None,
+) -> None:
+    """The sparse E-step over blocks, each visited grouped by target (see ``_estep_sparse_numba``)."""
+    impossible: list[int] = []
+    n_impossible = n_outside = 0
+    slot = np.full(params.num_symbols, -1, dtype=np.int64)
+    for start, stop in block_ranges(context.shape[0], block_rows or DEFAULT_BLOCK_ROWS):
+        order = _target_order_numba(target[start:stop], params.num_targets)
+        found = np.empty(stop - start, dtype=np.int64)
+        n_found, outside = _estep_sparse_numba(
+            context[start:stop],
+            query[start:stop],
+            target[start:stop],
+            kernel_weights[start:stop] if kernel_weights.shape[0] else kernel_weights,
+            params.key_means,
+            params.indptr,
+            params.symbols,
+            params.log_values,
+            params.log_prior,
+            params.inv_two_sigma2,
+            params.gate_const,
+            stats.key_sum,
+            stats.key_mass,
+            stats.pair_counts,
+            stats.position_count,
+            stats.scalars,
+            found,
+            order,
+            slot,
+        )
+        impossible.extend((start + np.sort(found[:n_found])[:_IMPOSSIBLE_SHOWN]).tolist())
+        n_impossible += n_found
+        n_outside += outside
+    if n_outside:
+        raise ValueError(
+            f"{n_outside} row(s) hold a (symbol, target) pair outside the sparse emission's support: the support "
+            "must come from these rows (a fit finds it in its start pass); refit, or use --emission-layout dense"
+        )
+    if n_impossible:
+        raise ImpossibleEvidenceError(_impossible_rows_message(np.asarray(impossible), n_impossible))
+
+
 def accumulate_responsibilities(
     context: np.ndarray,
     query: np.ndarray,
@@ -626,12 +938,17 @@ def accumulate_responsibilities(
 
 
 def row_log_likelihood(
-    context: np.ndarray, query: np.ndarray, target: np.ndarray, params: KernelParameters
+    context: np.ndarray, query: np.ndarray, target: np.ndarray, params: KernelParameters | SparseKernelParameters
 ) -> np.ndarray:
     """``log p(query, target | context)`` per row: (n,) float64, ``-inf`` for impossible rows."""
-    num_targets, num_symbols = params.log_emission_ts.shape
-    scan_values(context, query, target, None, num_symbols=num_symbols, num_targets=num_targets)
+    scan_values(context, query, target, None, num_symbols=params.num_symbols, num_targets=params.num_targets)
     out = np.empty(context.shape[0])
+    if isinstance(params, SparseKernelParameters):
+        _row_log_likelihood_sparse_numba(
+            context, query, target, params.key_means, params.indptr, params.symbols, params.log_values,
+            params.log_backoff, params.log_base, params.log_prior, params.inv_two_sigma2, params.gate_const, out,
+        )  # fmt: skip
+        return out
     _row_log_likelihood_numba(
         context,
         query,

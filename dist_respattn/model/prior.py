@@ -26,7 +26,7 @@ import numpy as np
 
 from dist_respattn.model.pairs import PairCounts
 
-__all__ = ["BACKOFF_KINDS", "BASE_PSEUDO_COUNT", "EmissionPrior", "map_emission"]
+__all__ = ["BACKOFF_KINDS", "BASE_PSEUDO_COUNT", "EmissionPrior"]
 
 #: How the backoff distribution ``u`` is made from the training pairs.
 BACKOFF_KINDS = ("continuation", "unigram", "uniform")
@@ -106,18 +106,3 @@ class EmissionPrior:
     @classmethod
     def from_arrays(cls, arrays: Any, kind: str) -> EmissionPrior:
         return cls(kind, np.asarray(arrays["emission_base"]), np.asarray(arrays["emission_types"]))
-
-
-def map_emission(emission_count: np.ndarray, strength: np.ndarray, base: np.ndarray) -> np.ndarray:
-    """The MAP emission ``(c[s, t] + a_s u[t]) / (c[s] + a_s)``: (S, T) from counts (S, T), strengths (S,), base (T,).
-
-    A row with neither counts nor strength (``c[s] + a_s = 0``) is the base itself, the prior's mean.
-    """
-    row_total = emission_count.sum(axis=1) + strength
-    empty = row_total <= 0.0
-    emission = np.multiply.outer(strength, base)  # the only (S, T) array made: the rest is in place
-    emission += emission_count
-    emission /= np.where(empty, 1.0, row_total)[:, None]
-    if empty.any():
-        emission[empty] = base
-    return emission

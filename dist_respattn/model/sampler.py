@@ -56,11 +56,6 @@ class ResponsibilityAttentionSampler:
     ) -> None:
         self.dist = dist
         self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-        # Flattened emission CDF, offset by the symbol id: symbol s owns the interval [s, s + 1),
-        # so one searchsorted draws every row's target whatever its symbol.
-        cdf = np.cumsum(dist.emission, axis=1)
-        cdf /= cdf[:, -1:]
-        self._offset_cdf = (cdf + np.arange(dist.num_symbols)[:, None]).reshape(-1)
 
     def sample_arrays(self, size: int, *, query_dtype: Any = np.float64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Draw ``size`` triples straight into arrays.
@@ -88,9 +83,7 @@ class ResponsibilityAttentionSampler:
             sym = ctx[np.arange(b), z]
             context[start:stop] = ctx
             query[start:stop] = d.key_means[sym] + sd * self.rng.standard_normal((b, d.query_dim))
-            u = sym + self.rng.random(b)
-            flat = np.searchsorted(self._offset_cdf, u, side="right")
-            target[start:stop] = np.minimum(flat - sym.astype(np.int64) * d.num_targets, d.num_targets - 1)
+            target[start:stop] = d.emission_table.sample(sym, self.rng)
         return context, query, target
 
     def sample(self, size: int | None = None, *, batched: bool = True) -> Any:

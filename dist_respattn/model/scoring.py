@@ -1,8 +1,10 @@
 """Held-out scores of a head: joint log-likelihood and next-target predictive quality, as additive totals.
 
 ``predict_proba`` materializes an (n, T) matrix; scoring a store needs only, per row, the predictive
-probability of the true target and whether it is the arg-max. The compiled pass here computes both
-with O(T) scratch memory per row, so a block of any size is scored without an (n, T) temporary.
+probability of the true target and whether it is the arg-max. The compiled passes here compute both
+with O(T) scratch memory, so a block of any size is scored without an (n, T) temporary. With a sparse
+emission a row costs its symbols' stored pairs, not T: the backoff part of the mixture is one
+number times the base, whose best target outside the row's stored pairs is found in the base's order.
 Totals are additive over blocks and partitions, like the E-step statistics.
 """
 
@@ -18,6 +20,7 @@ import numpy as np
 from dist_respattn.model import kernels
 from dist_respattn.model._checks import as_encoded, as_weights
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.emission import SparseEmission
 
 __all__ = ["ScoreTotals", "score_rows"]
 
@@ -129,6 +132,102 @@ def _score_numba(
     return total_ll, total_lp, total_correct, total_w
 
 
+@numba.njit(cache=True, nogil=True)
+def _score_sparse_numba(
+    context, query, target, weights, key_means, log_prior, inv_two_sigma2, gate_const,
+    indptr, symbols, values, backoff, base, sym_indptr, sym_targets, sym_excess, base_order,
+):  # pragma: no cover - compiled
+    """``_score_numba`` for a sparse emission: ``(log_lik, target_log_prob, correct, weight)``.
+
+    ``sym_*`` are the emission's symbol-major rows (targets and their excess over the backoff part);
+    ``base_order`` the targets by decreasing base (stable), for the best target no stored pair touches.
+    """
+    n_rows, n_pos = context.shape
+    num_targets = base.shape[0]
+    gate = np.empty(n_pos)
+    joint = np.empty(n_pos)
+    scratch = np.zeros(num_targets)
+    touched = np.zeros(num_targets, dtype=np.bool_)
+    touched_list = np.empty(num_targets, dtype=np.int64)
+    y = np.empty(query.shape[1])
+    total_ll = 0.0
+    total_lp = 0.0
+    total_correct = 0.0
+    total_w = 0.0
+    for row in range(n_rows):
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        for d in range(query.shape[1]):
+            y[d] = query[row, d]
+        t = target[row]
+        best_gate = -np.inf
+        for i in range(n_pos):
+            c = context[row, i]
+            sq = 0.0
+            for d in range(y.shape[0]):
+                diff = y[d] - key_means[c, d]
+                sq += diff * diff
+            g = log_prior[i] - sq * inv_two_sigma2
+            gate[i] = g
+            p = kernels._find_pair(indptr, symbols, t, c)
+            b = values[p] if p >= 0 else backoff[c] * base[t]
+            joint[i] = g + (math.log(b) if b > 0.0 else -np.inf)
+            best_gate = max(best_gate, g)
+        best_joint = -np.inf
+        for i in range(n_pos):
+            best_joint = max(best_joint, joint[i])
+        if best_joint == -np.inf:
+            row_ll = -np.inf
+        else:
+            acc = 0.0
+            for i in range(n_pos):
+                acc += math.exp(joint[i] - best_joint)
+            row_ll = best_joint + math.log(acc) + gate_const
+        norm = 0.0
+        for i in range(n_pos):
+            gate[i] = math.exp(gate[i] - best_gate)
+            norm += gate[i]
+        # p(k) = A base[k] + scratch[k]: A the attention-weighted backoff, scratch the stored pairs' excess.
+        scale = 0.0
+        n_touched = 0
+        for i in range(n_pos):
+            a = gate[i] / norm
+            c = context[row, i]
+            scale += a * backoff[c]
+            for j in range(sym_indptr[c], sym_indptr[c + 1]):
+                k = sym_targets[j]
+                if not touched[k]:
+                    touched[k] = True
+                    touched_list[n_touched] = k
+                    n_touched += 1
+                scratch[k] += a * sym_excess[j]
+        prob_t = scale * base[t] + scratch[t]
+        arg = -1
+        best = -np.inf
+        for j in range(n_touched):
+            k = touched_list[j]
+            v = scale * base[k] + scratch[k]
+            if v > best or (v == best and k < arg):
+                best, arg = v, k
+        for j in range(num_targets):  # the untouched target of highest base (lowest id on ties)
+            k = base_order[j]
+            if not touched[k]:
+                v = scale * base[k]
+                if v > best or (v == best and k < arg):
+                    best, arg = v, k
+                break
+        for j in range(n_touched):
+            k = touched_list[j]
+            touched[k] = False
+            scratch[k] = 0.0
+        if w != 0.0:
+            total_ll += w * row_ll
+            total_lp += w * (math.log(prob_t) if prob_t > 0.0 else -np.inf)
+            if arg == t:
+                total_correct += w
+        total_w += w
+    return total_ll, total_lp, total_correct, total_w
+
+
 def score_rows(
     model: ResponsibilityAttentionDistribution,
     x: tuple[Any, Any, Any],
@@ -143,16 +242,31 @@ def score_rows(
     w = as_weights(weights, context.shape[0])
     kernels.scan_values(context, query, target, w, num_symbols=model.num_symbols, num_targets=model.num_targets)
     params = model.kernel_parameters
+    kernel_weights = np.zeros(0) if w is None else w.astype(np.float64, copy=False)
+    table = model.emission_table
+    if isinstance(table, SparseEmission):
+        sym_indptr, sym_targets, sym_excess = table.symbol_rows
+        log_lik, target_log_prob, correct, weight = _score_sparse_numba(
+            context, query, target, kernel_weights, params.key_means, params.log_prior, params.inv_two_sigma2,
+            params.gate_const, table.support.indptr, table.support.symbols, table.values, table.backoff, table.base,
+            sym_indptr, sym_targets, sym_excess, _base_order(table),
+        )  # fmt: skip
+        return ScoreTotals(float(weight), float(log_lik), float(target_log_prob), float(correct))
     log_lik, target_log_prob, correct, weight = _score_numba(
         context,
         query,
         target,
-        np.zeros(0) if w is None else w.astype(np.float64, copy=False),
+        kernel_weights,
         params.key_means,
-        model.emission,
+        table.to_dense(),
         params.log_prior,
         params.inv_two_sigma2,
         params.log_emission_ts,
         params.gate_const,
     )
     return ScoreTotals(float(weight), float(log_lik), float(target_log_prob), float(correct))
+
+
+def _base_order(table: SparseEmission) -> np.ndarray:
+    """Targets by decreasing base, lowest id first among equals (the arg-max's tie rule)."""
+    return np.argsort(-table.base, kind="stable")

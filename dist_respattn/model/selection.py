@@ -22,6 +22,7 @@ import numpy as np
 
 from dist_respattn.model import kernels
 from dist_respattn.model._checks import as_encoded, as_weights
+from dist_respattn.model.emission import DenseEmissionCounts, EmissionCounts, SparseEmissionCounts
 
 __all__ = [
     "DEFAULT_SEARCH",
@@ -139,7 +140,8 @@ class GridTable:
     Attributes:
         key_means: (S, D) float64.
         log_prior: (N,) ``log position_prior``.
-        emission_count_ts: (T, S) responsibility-weighted (target, symbol) counts, target-major.
+        counts: the M-step's responsibility-weighted (symbol, target) counts (either layout; sparse
+            ones with their support, a pair outside it counting 0).
         row_totals: (S,) ``c[s] = sum_t c[s, t]``.
         base: (T,) the emission prior's backoff ``u``; ``types``: (S,) its type counts ``n_s``.
         sigma2: (G1,) gate variances; ``emission_strengths``: (G2,); ``type_strengths``: (G3,).
@@ -147,7 +149,7 @@ class GridTable:
 
     key_means: np.ndarray
     log_prior: np.ndarray
-    emission_count_ts: np.ndarray
+    counts: EmissionCounts
     row_totals: np.ndarray
     base: np.ndarray
     types: np.ndarray
@@ -215,6 +217,9 @@ def _grid_numba(
     key_means,
     log_prior,
     emission_count_ts,
+    indptr,
+    symbols,
+    pair_counts,
     row_totals,
     base,
     types,
@@ -225,7 +230,11 @@ def _grid_numba(
     out_pred,
     out_joint,
 ):  # pragma: no cover - compiled
-    """Adds every grid point's predictive and joint log-likelihood into ``out_*`` (G1, G2*G3); returns the weight."""
+    """Adds every grid point's predictive and joint log-likelihood into ``out_*`` (G1, G2*G3); returns the weight.
+
+    Counts are read from the dense (T, S) ``emission_count_ts``, or, when ``indptr`` is not empty, from the
+    sparse ``pair_counts`` over the support ``(indptr, symbols)``.
+    """
     n_rows, n_pos = context.shape
     dim = query.shape[1]
     n_sigma = inv_two_sigma2.shape[0]
@@ -240,6 +249,7 @@ def _grid_numba(
     gate = np.empty(n_pos)
     y = np.empty(dim)
     weight = 0.0
+    sparse = indptr.shape[0] > 0
     for row in range(n_rows):
         w = 1.0 if weights.shape[0] == 0 else weights[row]
         if w == 0.0:
@@ -255,7 +265,11 @@ def _grid_numba(
                 diff = y[d] - key_means[c, d]
                 sq += diff * diff
             dist[i] = sq
-            count[i] = emission_count_ts[t, c]
+            if sparse:
+                p = kernels._find_pair(indptr, symbols, t, c)
+                count[i] = pair_counts[p] if p >= 0 else 0.0
+            else:
+                count[i] = emission_count_ts[t, c]
             total[i] = row_totals[c]
             typ[i] = types[c]
         for h in range(n_strength):
@@ -286,6 +300,12 @@ def _grid_numba(
     return weight
 
 
+_NO_TABLE = np.zeros((0, 0))
+_NO_INDEX = np.zeros(0, dtype=np.int64)
+_NO_SYMBOLS = np.zeros(0, dtype=np.int32)
+_NO_COUNTS = np.zeros(0)
+
+
 def score_grid(table: GridTable, x: tuple[Any, Any, Any], weights: Any = None) -> GridTotals:
     """Held-out totals of an encoded batch ``(context (n, N), query (n, D), target (n,))`` at every grid point.
 
@@ -294,8 +314,15 @@ def score_grid(table: GridTable, x: tuple[Any, Any, Any], weights: Any = None) -
     """
     context, query, target = as_encoded(x, context_length=table.log_prior.shape[0], query_dim=table.key_means.shape[1])
     w = as_weights(weights, context.shape[0])
-    num_targets, num_symbols = table.emission_count_ts.shape
-    kernels.scan_values(context, query, target, w, num_symbols=num_symbols, num_targets=num_targets)
+    counts = table.counts
+    kernels.scan_values(context, query, target, w, num_symbols=counts.num_symbols, num_targets=counts.num_targets)
+    if isinstance(counts, SparseEmissionCounts):
+        support = counts.support
+        assert support is not None, "a grid table's sparse counts carry their support"
+        dense_ts, indptr, symbols, pair_counts = _NO_TABLE, support.indptr, support.symbols, counts.counts
+    else:
+        assert isinstance(counts, DenseEmissionCounts)
+        dense_ts, indptr, symbols, pair_counts = counts.count_ts, _NO_INDEX, _NO_SYMBOLS, _NO_COUNTS
     g1, g2, g3 = table.shape
     pred = np.zeros((g1, g2 * g3))
     joint = np.zeros((g1, g2 * g3))
@@ -307,7 +334,10 @@ def score_grid(table: GridTable, x: tuple[Any, Any, Any], weights: Any = None) -
         np.zeros(0) if w is None else w.astype(np.float64, copy=False),
         table.key_means,
         table.log_prior,
-        table.emission_count_ts,
+        dense_ts,
+        indptr,
+        symbols,
+        pair_counts,
         table.row_totals,
         table.base,
         table.types,

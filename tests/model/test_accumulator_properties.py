@@ -88,7 +88,7 @@ def assert_values_equal(actual: SufficientStatistics, expected: SufficientStatis
     """Bit-equal arrays (same dtype and shape), equal floats (NaN equal to NaN)."""
     assert isinstance(actual, SufficientStatistics)
     for name in ARRAY_FIELDS:
-        a, e = getattr(actual, name), getattr(expected, name)
+        a, e = np.asarray(getattr(actual, name)), np.asarray(getattr(expected, name))
         assert a.dtype == np.float64 and a.shape == e.shape, name
         assert np.array_equal(a, e), name
         assert a.tobytes() == e.tobytes(), name
@@ -265,9 +265,9 @@ def test_row_by_row_update_matches_seq_update(problem):
 def assert_masses_sum_to_n_obs(value: SufficientStatistics, expected_n_obs: float) -> None:
     assert_close(value.n_obs, expected_n_obs, rtol=RTOL, label="n_obs")
     for name in ("position_count", "key_mass", "emission_count"):
-        assert_close(getattr(value, name).sum(), value.n_obs, rtol=RTOL, label=f"{name}.sum()")
+        assert_close(np.asarray(getattr(value, name)).sum(), value.n_obs, rtol=RTOL, label=f"{name}.sum()")
     # Each emission row sums to the symbol's mass.
-    assert_close(value.emission_count.sum(axis=1), value.key_mass, rtol=RTOL, label="emission_count row sums")
+    assert_close(np.asarray(value.emission_count).sum(axis=1), value.key_mass, rtol=RTOL, label="emission_count row sums")
 
 
 def total_weight(problem: Problem) -> float:

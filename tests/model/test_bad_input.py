@@ -806,7 +806,7 @@ def test_estimate_statistics_of_wrong_shape(field):
 @pytest.mark.parametrize("field", ["key_mass", "emission_count", "position_count"])
 def test_estimate_negative_masses_names_entry(field):
     stats = good_statistics()
-    array = getattr(stats, field).copy()
+    array = np.array(getattr(stats, field), order="C")
     index = (1,) if array.ndim == 1 else (3, 1)
     array[index] = -1.0
     array.reshape(-1)[-1] = -2.0
@@ -818,7 +818,7 @@ def test_estimate_negative_masses_names_entry(field):
 @pytest.mark.parametrize("field", ["key_mass", "emission_count", "position_count"])
 def test_estimate_negative_masses_names_field(field):
     stats = good_statistics()
-    array = getattr(stats, field).copy()
+    array = np.array(getattr(stats, field), order="C")
     array.reshape(-1)[3] = -1.0
     with pytest.raises(ValueError, match=rf"{field} .*negative.*expected non-negative"):
         ESTIMATOR.estimate(None, stats._replace(**{field: array}))
@@ -828,7 +828,7 @@ def test_estimate_negative_masses_names_field(field):
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_estimate_non_finite_statistics_names_entry(field, bad):
     stats = good_statistics()
-    array = getattr(stats, field).copy()
+    array = np.array(getattr(stats, field), order="C")
     index = (3,) if array.ndim == 1 else (3, 1)
     array[index] = bad
     where = ", ".join(map(str, index))
@@ -839,7 +839,7 @@ def test_estimate_non_finite_statistics_names_entry(field, bad):
 @pytest.mark.parametrize("field", list(FIELD_SHAPES))
 def test_estimate_non_finite_statistics_names_field(field):
     stats = good_statistics()
-    array = getattr(stats, field).copy()
+    array = np.array(getattr(stats, field), order="C")
     array.reshape(-1)[3] = np.nan
     with pytest.raises(ValueError, match=rf"{field} .*non-finite"):
         ESTIMATOR.estimate(None, stats._replace(**{field: array}))

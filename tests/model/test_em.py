@@ -288,7 +288,7 @@ def test_unsmoothed_empty_emission_row_is_uniform():
     shape = (5, 2, 2, 4)
     truth, data = sampled(shape, 300, 2)
     value = statistics(data, truth)
-    counts = value.emission_count.copy()
+    counts = np.array(value.emission_count)
     counts[3] = 0.0
     value = value._replace(emission_count=counts)
     fitted = ResponsibilityAttentionEstimator(*shape, emission_smoothing=0.0).estimate(None, value)

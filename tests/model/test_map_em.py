@@ -16,10 +16,10 @@ from dist_respattn import (
     fit_em,
     random_distribution,
 )
-from dist_respattn.model.estimator import _additive_emission
 from dist_respattn.model.holdout import HoldoutRule
 from dist_respattn.model.pairs import PairCounts
-from dist_respattn.model.prior import BASE_PSEUDO_COUNT, EmissionPrior, map_emission
+from dist_respattn.model.prior import BASE_PSEUDO_COUNT, EmissionPrior
+from tests.model.emission_layouts import LAYOUTS, counts_in_layout
 from dist_respattn.model.scoring import score_rows
 from dist_respattn.model.selection import DEFAULT_SEARCH, GridTotals, Hyperparameters, HyperparameterSearch, score_grid
 from tests.model.test_kernel_parity import assert_close
@@ -90,14 +90,15 @@ def test_estimator_and_fit_em_refuse_options_that_cannot_take_effect():
         fit_em(data, recipe(), validation=data, holdout=HoldoutRule(0.1, 16))
 
 
-def test_map_rows_are_the_posterior_mode_and_sum_to_one():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_map_rows_are_the_posterior_mode_and_sum_to_one(layout):
     rng = np.random.default_rng(0)
     counts = rng.exponential(size=(6, 7)) * (rng.random((6, 7)) < 0.5)
     counts[2] = 0.0  # a row with no counts is the base scaled by its strength alone
     strength = np.array([0.5, 1.0, 2.0, 0.0, 3.0, 0.1])
     counts[3] = 0.0  # neither counts nor strength: the prior's mean
     base = rng.dirichlet(np.ones(7))
-    emission = map_emission(counts, strength, base)
+    emission = counts_in_layout(counts, layout).map_emission(strength, base).to_dense()
     with np.errstate(invalid="ignore"):
         expected = (counts + strength[:, None] * base) / (counts.sum(axis=1) + strength)[:, None]
     expected[3] = base
@@ -105,14 +106,16 @@ def test_map_rows_are_the_posterior_mode_and_sum_to_one():
     assert_close(emission.sum(axis=1), np.ones(6), rtol=1e-15, label="row sums")
 
 
-def test_additive_smoothing_is_a_uniform_base_of_strength_t_a():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_additive_smoothing_is_a_uniform_base_of_strength_t_a(layout):
     rng = np.random.default_rng(1)
-    counts = rng.exponential(size=(5, 8))
+    counts = rng.exponential(size=(5, 8)) * (rng.random((5, 8)) < 0.6)
     a = 0.3
     uniform = EmissionPrior.uniform(5, 8)
+    layered = counts_in_layout(counts, layout)
     assert_close(
-        map_emission(counts, uniform.strengths(8 * a, 0.0), uniform.base),
-        _additive_emission(counts, a),
+        layered.map_emission(uniform.strengths(8 * a, 0.0), uniform.base).to_dense(),
+        (counts + a) / (counts.sum(axis=1, keepdims=True) + 8 * a),
         rtol=1e-14,
         label="emission",
     )

@@ -1,0 +1,301 @@
+"""The emission seam: one contract run against each layout, and the sparse layout against the dense one.
+
+Each contract test runs once per implementation (dense, sparse), on emissions made the way a fit makes
+them (the MAP rows of counts), so the two must agree everywhere, stored pairs and backoff alike.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from dist_respattn import ResponsibilityAttentionEstimator, fit_em, random_distribution
+from dist_respattn.model import kernels
+from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulator
+from dist_respattn.model.emission import (
+    DENSE_CELL_LIMIT,
+    DenseEmission,
+    PairSupport,
+    SparseEmission,
+    SparseEmissionCounts,
+    choose_layout,
+    emission_from_arrays,
+)
+from dist_respattn.model.holdout import HoldoutRule
+from dist_respattn.model.scoring import score_rows
+from dist_respattn.model.selection import DEFAULT_SEARCH, score_grid
+from tests.model.emission_layouts import LAYOUTS, counts_in_layout, support_of
+
+S, T = 9, 11
+
+
+def sparse_counts(seed: int = 0, shape: tuple[int, int] = (S, T), density: float = 0.4) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    counts = rng.exponential(size=shape) * (rng.random(shape) < density)
+    counts[1] = 0.0  # a symbol with no pairs
+    return counts
+
+
+def make_emission(layout: str, seed: int = 0, shape: tuple[int, int] = (S, T)):
+    counts = sparse_counts(seed, shape)
+    rng = np.random.default_rng(seed + 100)
+    strength = rng.uniform(0.1, 2.0, size=shape[0])
+    base = rng.dirichlet(np.ones(shape[1]))
+    return counts_in_layout(counts, layout).map_emission(strength, base), counts, strength, base
+
+
+def expected_dense(counts, strength, base):
+    return (counts + strength[:, None] * base) / (counts.sum(axis=1) + strength)[:, None]
+
+
+# ----------------------------------------------------------------------------- the contract, per layout
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_probabilities_are_the_map_rows_everywhere(layout):
+    emission, counts, strength, base = make_emission(layout)
+    assert emission.layout == layout
+    want = expected_dense(counts, strength, base)
+    s, t = np.meshgrid(np.arange(S), np.arange(T), indexing="ij")
+    np.testing.assert_allclose(emission.prob(s.ravel(), t.ravel()), want.ravel(), rtol=1e-14, atol=0)
+    np.testing.assert_allclose(emission.to_dense(), want, rtol=1e-14, atol=0)
+    np.testing.assert_allclose(emission.to_dense().sum(axis=1), 1.0, rtol=1e-14)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_allclose(emission.log_prob(s.ravel(), t.ravel()), np.log(want.ravel()), rtol=1e-13)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_predictive_is_the_attention_mixture_of_rows(layout):
+    emission, counts, strength, base = make_emission(layout, seed=3)
+    rng = np.random.default_rng(4)
+    context = rng.integers(0, S, size=(50, 5))
+    attention = rng.dirichlet(np.ones(5), size=50)
+    dense = expected_dense(counts, strength, base)
+    want = np.einsum("bi,bit->bt", attention, dense[context])
+    np.testing.assert_allclose(emission.predictive(context, attention), want, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_arrays_and_pickles_round_trip_exactly(layout):
+    emission, *_ = make_emission(layout, seed=5)
+    arrays = emission.to_arrays()
+    assert all(isinstance(a, np.ndarray) and a.dtype.kind in "fi" for a in arrays.values())
+    again = emission_from_arrays(arrays, S)
+    assert type(again) is type(emission)
+    assert np.array_equal(again.to_dense(), emission.to_dense())
+    unpickled = pickle.loads(pickle.dumps(emission))
+    assert np.array_equal(unpickled.to_dense(), emission.to_dense())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_samples_follow_the_rows(layout):
+    emission, counts, strength, base = make_emission(layout, seed=6)
+    want = expected_dense(counts, strength, base)
+    rng = np.random.default_rng(7)
+    n = 20000
+    for s in (0, 1, 2):
+        draws = emission.sample(np.full(n, s), rng)
+        freq = np.bincount(draws, minlength=T) / n
+        sd = np.sqrt(want[s] * (1 - want[s]) / n)
+        assert np.all(np.abs(freq - want[s]) < 6 * sd + 1e-12), (s, freq, want[s])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_counts_add_look_up_and_total(layout):
+    a = sparse_counts(10)
+    b = a * 0.5  # on the same pairs: a fixed support adds arrays
+    ca, cb = counts_in_layout(a, layout), counts_in_layout(b, layout)
+    total = ca.copy()
+    total.add(cb)
+    np.testing.assert_array_equal(np.asarray(total), a + b)
+    np.testing.assert_array_equal(np.asarray(ca), a)  # copy() left the original alone
+    np.testing.assert_allclose(total.row_totals(), (a + b).sum(axis=1), rtol=1e-15)
+    s, t = np.nonzero(np.ones((S, T)))
+    np.testing.assert_array_equal(total.lookup(s, t), (a + b)[s, t])
+
+
+def test_the_reference_smoothing_is_the_same_in_both_layouts():
+    counts = sparse_counts(11)
+    dense = counts_in_layout(counts, "dense").additive_emission(0.2).to_dense()
+    sparse = counts_in_layout(counts, "sparse").additive_emission(0.2).to_dense()
+    np.testing.assert_allclose(sparse, dense, rtol=1e-15)
+    np.testing.assert_allclose(dense, (counts + 0.2) / (counts.sum(axis=1, keepdims=True) + T * 0.2), rtol=1e-14)
+
+
+def test_sparse_counts_of_other_supports_add_to_their_union_in_a_fixed_order():
+    a, b = sparse_counts(12), sparse_counts(13)
+    total = counts_in_layout(a, "sparse")
+    total.add(counts_in_layout(b, "sparse"))
+    assert total.support.same_as(support_of(a + b))
+    np.testing.assert_array_equal(np.asarray(total), a + b)
+
+
+def test_sparse_memory_follows_the_pairs_not_s_times_t():
+    small = counts_in_layout(sparse_counts(14, (300, 400), density=0.01), "sparse")
+    large = counts_in_layout(sparse_counts(14, (300, 400), density=0.04), "sparse")
+    dense = counts_in_layout(sparse_counts(14, (300, 400), density=0.01), "dense")
+    pairs_small, pairs_large = small.support.num_pairs, large.support.num_pairs
+    assert small.nbytes == pytest.approx(12 * pairs_small + 8 * 401, rel=0.01)
+    assert (large.nbytes - 8 * 401) / (small.nbytes - 8 * 401) == pytest.approx(pairs_large / pairs_small, rel=1e-9)
+    assert dense.nbytes == 8 * 300 * 400 > 5 * small.nbytes
+
+
+def test_the_layout_is_chosen_by_size_and_can_be_forced():
+    assert choose_layout(2000, 2000) == "dense"
+    assert choose_layout(20000, 20000) == "sparse"
+    assert choose_layout(20000, 20000, "dense") == "dense"
+    assert choose_layout(4, 4, "sparse") == "sparse"
+    assert choose_layout(DENSE_CELL_LIMIT, 1) == "dense" and choose_layout(DENSE_CELL_LIMIT + 1, 1) == "sparse"
+    with pytest.raises(ValueError, match="emission layout = 'thin': expected one of auto, dense, sparse"):
+        choose_layout(4, 4, "thin")
+
+
+def test_a_support_locates_its_pairs_and_nothing_else():
+    support = support_of(sparse_counts(15))
+    s, t = np.nonzero(np.ones((S, T)))
+    at = support.locate(s, t)
+    inside = at >= 0
+    assert inside.sum() == support.num_pairs
+    assert np.array_equal(support.symbols[at[inside]], s[inside]) and np.array_equal(support.targets[at[inside]], t[inside])
+    assert PairSupport.from_keys(support.keys(), S, T).same_as(support)
+
+
+# ------------------------------------------------------------------------- sparse kernels = dense ones
+
+# (S, N, D, T): ordinary, S < N, T = 1, N = 1, odd sizes.
+SHAPES = [(12, 4, 3, 7), (3, 6, 2, 5), (9, 3, 4, 1), (10, 1, 5, 6), (31, 7, 13, 17)]
+
+
+def sampled(shape, n, seed, *, weighted):
+    truth = random_distribution(*shape, seed=seed, key_scale=1.5, sigma2=0.7)
+    data = truth.sampler(seed + 1).sample_arrays(n)
+    weights = None
+    if weighted:
+        weights = np.random.default_rng(seed + 2).uniform(0.0, 3.0, size=n)
+        weights[::7] = 0.0
+    return truth, data, weights
+
+
+def data_support(data, weights, num_symbols, num_targets) -> PairSupport:
+    context, _, target = data
+    live = np.ones(target.shape[0], bool) if weights is None else weights > 0
+    keys = np.unique((target[live].astype(np.int64)[:, None] * num_symbols + context[live]).ravel())
+    return PairSupport.from_keys(keys, num_symbols, num_targets)
+
+
+def relative_error(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.max(np.abs(a - b), initial=0.0)) / max(float(np.max(np.abs(b), initial=0.0)), 1e-300)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "S{}-N{}-D{}-T{}".format(*s))
+def test_sparse_e_step_statistics_equal_the_dense_ones(shape, weighted):
+    truth, data, weights = sampled(shape, 3000, sum(shape), weighted=weighted)
+    support = data_support(data, weights, shape[0], shape[3])
+    sparse_model = truth.with_emission(DenseEmission(truth.emission).restricted(support))
+    # The E-step reads stored pairs only: the dense model with the same values there gives the same statistics.
+    dense_model = truth.with_emission(DenseEmission(sparse_model.emission))
+    dense = ResponsibilityAttentionAccumulator(*shape)
+    dense.seq_update(data, weights, dense_model)
+    sparse = ResponsibilityAttentionAccumulator(*shape, layout="sparse", support=support)
+    sparse.seq_update(data, weights, sparse_model)
+    d, s = dense.value(), sparse.value()
+    for name in ("key_sum", "key_mass", "position_count"):
+        assert relative_error(getattr(s, name), getattr(d, name)) <= 1e-12, name
+    assert relative_error(s.emission_count.on(support).to_dense(), np.asarray(d.emission_count)) <= 1e-12
+    for name in ("query_sq", "n_obs", "log_lik"):
+        assert getattr(s, name) == pytest.approx(getattr(d, name), rel=1e-12, abs=1e-12), name
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "S{}-N{}-D{}-T{}".format(*s))
+def test_sparse_scores_equal_the_dense_ones_on_unseen_rows(shape):
+    truth, data, _ = sampled(shape, 2000, sum(shape) + 1, weighted=False)
+    _, heldout, _ = sampled(shape, 700, sum(shape) + 50, weighted=False)
+    sparse = fit_em(data, ResponsibilityAttentionEstimator(*shape, emission_prior="continuation"), layout="sparse",
+                    max_iter=2).distribution
+    dense = sparse.with_emission(DenseEmission(sparse.emission))
+    assert sparse.emission_table.layout == "sparse"
+    np.testing.assert_allclose(sparse.seq_log_density(heldout), dense.seq_log_density(heldout), rtol=1e-12)
+    a, b = score_rows(sparse, heldout).metrics(), score_rows(dense, heldout).metrics()
+    assert a["accuracy"] == b["accuracy"]
+    assert a["perplexity"] == pytest.approx(b["perplexity"], rel=1e-12)
+    np.testing.assert_allclose(sparse.predict_proba(heldout[0][:20], heldout[1][:20]),
+                               dense.predict_proba(heldout[0][:20], heldout[1][:20]), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(sparse.attention_weights(heldout[0][:20], heldout[1][:20], heldout[2][:20]),
+                               dense.attention_weights(heldout[0][:20], heldout[1][:20], heldout[2][:20]),
+                               rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("shape", [(12, 4, 3, 7), (3, 6, 2, 5), (9, 3, 4, 1)], ids=str)
+def test_sparse_fits_equal_dense_fits(shape):
+    truth, data, weights = sampled(shape, 4000, sum(shape) + 2, weighted=True)
+    estimator = ResponsibilityAttentionEstimator(*shape, emission_prior="continuation", search=DEFAULT_SEARCH)
+    rule = HoldoutRule(0.1, 16)
+    dense = fit_em(data, estimator, weights=weights, holdout=rule, layout="dense", max_iter=4).distribution
+    sparse = fit_em(data, estimator, weights=weights, holdout=rule, layout="sparse", max_iter=4).distribution
+    assert sparse.emission_table.layout == "sparse" and dense.emission_table.layout == "dense"
+    assert relative_error(sparse.emission, dense.emission) <= 1e-12
+    assert relative_error(sparse.key_means, dense.key_means) <= 1e-12
+    assert relative_error(sparse.position_prior, dense.position_prior) <= 1e-12
+    assert sparse.sigma2 == pytest.approx(dense.sigma2, rel=1e-12)
+
+
+def test_the_sparse_grid_pass_equals_the_dense_one():
+    shape = (12, 4, 3, 7)
+    truth, data, _ = sampled(shape, 3000, 40, weighted=False)
+    _, heldout, _ = sampled(shape, 500, 41, weighted=False)
+    estimator = ResponsibilityAttentionEstimator(*shape, emission_prior="continuation", search=DEFAULT_SEARCH)
+    model = fit_em(data, estimator, layout="sparse", max_iter=1, holdout=HoldoutRule(0.1, 16)).distribution
+    support = model.emission_table.support
+    resolved = estimator.resolved(_prior(data, shape))
+    sparse_acc = resolved.accumulator_factory(layout="sparse").make(support)
+    sparse_acc.seq_update(data, None, model)
+    dense_acc = resolved.accumulator_factory().make()
+    dense_acc.seq_update(data, None, model.with_emission(DenseEmission(model.emission)))
+    sparse_c = resolved.candidates(sparse_acc.value(), previous=model)
+    dense_c = resolved.candidates(dense_acc.value(), previous=model)
+    table_s, table_d = sparse_c.grid_table(DEFAULT_SEARCH), dense_c.grid_table(DEFAULT_SEARCH)
+    a, b = score_grid(table_s, heldout), score_grid(table_d, heldout)
+    np.testing.assert_allclose(a.target_log_prob, b.target_log_prob, rtol=1e-12)
+    np.testing.assert_allclose(a.log_lik, b.log_lik, rtol=1e-12)
+
+
+def _prior(data, shape):
+    from dist_respattn.model.pairs import PairCounts
+    from dist_respattn.model.prior import EmissionPrior
+
+    context, _, target = data
+    return EmissionPrior.from_pairs(
+        PairCounts.from_rows(context[:, -1], target, None, num_symbols=shape[0], num_targets=shape[3])
+    )
+
+
+def test_a_row_outside_the_support_is_refused_by_the_sparse_e_step():
+    shape = (40, 3, 2, 30)
+    truth, data, _ = sampled(shape, 500, 60, weighted=False)
+    support = data_support(tuple(a[:50] for a in data), None, 40, 30)
+    model = truth.with_emission(DenseEmission(truth.emission).restricted(support))
+    accumulator = ResponsibilityAttentionAccumulator(*shape, layout="sparse", support=support)
+    with pytest.raises(ValueError, match="outside the sparse emission's support"):
+        accumulator.seq_update(data, None, model)
+
+
+def test_a_sparse_emission_whose_rows_do_not_sum_to_one_is_refused():
+    emission, *_ = make_emission("sparse")
+    bad = SparseEmission(emission.support, emission.values * 1.5, emission.backoff, emission.base)
+    key_means = np.zeros((S, 2))
+    from dist_respattn import ResponsibilityAttentionDistribution
+
+    with pytest.raises(ValueError, match=r"emission row 0 sums to .*expected every row to sum to 1"):
+        ResponsibilityAttentionDistribution(key_means, bad, context_length=3)
+
+
+def test_kernel_parameters_follow_the_layout():
+    emission, *_ = make_emission("sparse")
+    params = kernels.KernelParameters.from_arrays(np.zeros((S, 2)), emission, np.full(3, 1 / 3), 1.0)
+    assert isinstance(params, kernels.SparseKernelParameters)
+    assert params.nbytes < 8 * S * T + 8 * (S + T)
+    assert isinstance(SparseEmissionCounts.zeros(emission.support).counts, np.ndarray)
