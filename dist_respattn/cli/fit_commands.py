@@ -93,6 +93,12 @@ def add_em_options(parser: argparse.ArgumentParser, title: str) -> None:
     )
     em.add_argument("--fan-in", type=positive_int, help="children per combine task (default 4)")
     em.add_argument(
+        "--emission-layout",
+        choices=("auto", "dense", "sparse"),
+        help="emission as an (S, T) table or over the (symbol, target) pairs the store holds "
+        "(default auto: dense up to 2**23 cells)",
+    )
+    em.add_argument(
         "--early-stop-metric",
         choices=("perplexity", "loglik"),
         help="held-out metric for early stopping and the best checkpoint (default perplexity with held-out rows)",
@@ -182,6 +188,7 @@ _SETTING_OPTIONS = (
     "pseudo_count",
     "holdout_fraction",
     "fan_in",
+    "emission_layout",
     "early_stop_metric",
     "patience",
     "min_improvement",

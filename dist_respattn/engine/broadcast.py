@@ -48,8 +48,8 @@ def _within(seconds: float, call: Callable[[], Any]) -> Any:
 
 
 def payload_bytes(payload: Any) -> int:
-    """The size that dominates a payload's transfer: its emission table (a model) or its count table (a grid)."""
-    for name in ("emission", "emission_count_ts"):
+    """The size that dominates a payload's transfer: its emission (a model) or its counts (a grid), either layout."""
+    for name in ("emission_table", "counts"):
         table = getattr(payload, name, None)
         if table is not None:
             return int(table.nbytes)

@@ -26,6 +26,7 @@ from dist_respattn.engine.memory import check_memory, estimate_memory
 from dist_respattn.engine.settings import FitSettings
 from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.emission import SparseEmission
 from dist_respattn.model.holdout import HoldoutRule
 from dist_respattn.model.selection import Hyperparameters
 from dist_respattn.store import StoreLocation, TripleStore, check_recorded_corpus, check_same_corpus
@@ -172,6 +173,12 @@ def _holdout(
     # Rows sorted by target: consecutive rows share a target, so hold out single rows, not stripes.
     by_target = train.attributes.get("row_order") == "target"
     return HoldoutRule.for_rows(train.num_rows, settings.holdout_fraction, stripes=not by_target)
+
+
+def _support_pairs(model: ResponsibilityAttentionDistribution) -> int | None:
+    """The number of pairs of a model's sparse emission (``None`` for a dense one)."""
+    table = model.emission_table
+    return table.support.num_pairs if isinstance(table, SparseEmission) else None
 
 
 def _last_choice(checkpoint: Checkpoint | None) -> Hyperparameters | None:
@@ -328,10 +335,17 @@ def fit(
             )
         threads = max(1, info.threads // max(1, info.workers))
         block_rows = max(min(s.chunk_rows, s.num_rows) for s in (train, heldout) if s is not None)
-        estimate = estimate_memory(
-            train.schema, block_rows=block_rows, threads_per_worker=threads, fan_in=settings.fan_in
-        )
-        check_memory(estimate, worker_limit=info.smallest_memory_limit, shape=f"(S, N, D, T) = {_shape(train)}")
+        layout = settings.layout(train.schema)
+        resumed_pairs = _support_pairs(checkpoint.model) if checkpoint is not None else None
+
+        def check(num_pairs: int | None) -> None:
+            estimate = estimate_memory(
+                train.schema, block_rows=block_rows, threads_per_worker=threads, fan_in=settings.fan_in,
+                layout=layout, num_pairs=num_pairs,
+            )  # fmt: skip
+            check_memory(estimate, worker_limit=info.smallest_memory_limit, shape=f"(S, N, D, T) = {_shape(train)}")
+
+        check(resumed_pairs)
         loop = FitLoop(
             cl,
             train=train,
@@ -350,6 +364,8 @@ def fit(
             },
             prior=checkpoint.emission_prior() if checkpoint is not None else None,
             last_choice=_last_choice(checkpoint),
+            resumed=checkpoint is not None,
+            check_support=check,
             say=say,
             progress=progress,
             started=called,

@@ -31,6 +31,7 @@ from dist_respattn.model.accumulator import SufficientStatistics
 from dist_respattn.model.diagnostics import degeneracy_warnings
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.em import EMIteration, EMResult, LocalSearch, m_step, run_em
+from dist_respattn.model.emission import DenseEmission, PairSupport, SparseEmission, SparseEmissionCounts
 from dist_respattn.model.estimator import MStepCandidates, ResponsibilityAttentionEstimator
 from dist_respattn.model.pairs import PairCounts
 from dist_respattn.model.prior import EmissionPrior
@@ -151,6 +152,10 @@ class FitLoop:
         prior: the emission prior of the fit being resumed (``None``: made from the training rows).
         last_choice: the last choice made on held-out rows by the fit being resumed, which the next
             search centres on (``None``: the first search is the whole grid).
+        resumed: whether the start model given to :meth:`run` is this fit's own checkpoint (a sparse one
+            then lies on this store's support already; a warm start's is moved onto it).
+        check_support: called with a sparse fit's number of pairs once the start pass has found them
+            (the memory plan's second check).
         say / progress: where the lines go, and whether to show bars.
         started: ``time.perf_counter()`` at the call, for the time to the first iteration.
     """
@@ -169,6 +174,8 @@ class FitLoop:
         record: dict[str, Any],
         prior: EmissionPrior | None = None,
         last_choice: Hyperparameters | None = None,
+        resumed: bool = False,
+        check_support: Callable[[int], None] | None = None,
         say: Callable[[str], Any],
         progress: bool | None,
         started: float,
@@ -180,7 +187,11 @@ class FitLoop:
         if prior is not None and self.estimator.needs_pairs:
             self.estimator = self.estimator.resolved(prior)
         self.search = LocalSearch(self.estimator.search or SCORE_ONLY, last_choice)
-        self.factory = self.estimator.accumulator_factory()
+        self.layout = settings.layout(train.schema)
+        self.factory = self.estimator.accumulator_factory(layout=self.layout)
+        self.resumed = resumed
+        self.check_support = check_support
+        self.say = say
         self.fingerprint = train.fingerprint()
         self.reporter = FitReporter(client, say=say, bar=progress)
         self.runner = PassRunner(client, self.run_id, fan_in=settings.fan_in, make_bar=self.reporter.make_bar)
@@ -266,6 +277,7 @@ class FitLoop:
             )  # fmt: skip
             if with_pairs:
                 self.resolve_prior(value.pairs)
+            self.found_support(value.stats)
             self.last_key_mass = value.stats.key_mass
             self.choice_label = "0"
             model, self.initial = m_step(
@@ -273,8 +285,37 @@ class FitLoop:
             )
         return model
 
+    def found_support(self, stats: SufficientStatistics) -> PairSupport | None:
+        """A sparse fit's support, from the start pass's counts (which carry it); checked against memory."""
+        counts = stats.emission_count
+        if not isinstance(counts, SparseEmissionCounts) or counts.support is None:
+            return None
+        support = counts.support
+        self.say(
+            f"sparse emission over {support.num_pairs:,} (symbol, target) pairs "
+            f"({support.num_pairs / (support.num_symbols * support.num_targets):.2%} of S×T)"
+        )
+        if self.check_support is not None:
+            self.check_support(support.num_pairs)
+        return support
+
     def with_prior(self, start: ResponsibilityAttentionDistribution) -> ResponsibilityAttentionDistribution:
-        """A given start (a warm start): the emission prior still has to come from this store's pairs."""
+        """A given start: a warm start's emission prior still has to come from this store's pairs, and a
+        sparse fit's start must lie on this store's support (a resumed fit's own model does already)."""
+        if self.layout == "sparse" and not self.resumed:
+            train = self.train
+            value = self.runner.run(
+                "support", "0", train.num_partitions, tasks.start_task,
+                lambda part: (
+                    train.location, part, self.factory, "uniform", 0, self.fingerprint, self.train_rows, False,
+                ),
+                description="finding the pairs",
+            )  # fmt: skip
+            support = self.found_support(value.stats)
+            assert support is not None
+            start = start.with_emission(start.emission_table.restricted(support))
+        elif self.layout == "dense" and isinstance(start.emission_table, SparseEmission):
+            start = start.with_emission(DenseEmission(start.emission))
         if self.estimator.needs_pairs:
             train = self.train
             pairs = self.runner.run(
@@ -342,7 +383,7 @@ class FitLoop:
         if factory.keys is None:  # nothing tied: pooling would only copy the S×T tables twice
             return value
         # Pool the heads tied by `keys` (the reference's protocol; a fit of one head pools only itself).
-        accumulator = factory.make().from_value(value)
+        accumulator = factory.make_for(model).from_value(value)
         pool: dict[str, Any] = {}
         accumulator.key_merge(pool)
         accumulator.key_replace(pool)

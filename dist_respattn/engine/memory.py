@@ -1,8 +1,11 @@
 """How much memory a fit needs on each worker and on the driver, checked before anything runs.
 
-The dense (S, T) emission is the largest object: the model holds it twice on a worker (the
-probabilities and the kernel's log table), every E-step value carries an (S, T) count table, and a
-combine task holds its children's tables and their sum. Rows are bounded by blocks (one chunk each).
+The emission is the largest object: the model holds it twice on a worker (the probabilities and the
+kernel's log table), every E-step value carries its counts, and a combine task holds its children's
+counts and their sum. Dense, each is an (S, T) table; sparse, each costs a few bytes per (symbol,
+target) pair of the support (``SPARSE_*_BYTES_PER_PAIR``), found by the start pass, so a sparse fit is
+checked twice: before the cluster starts without the pairs, and after the start pass with them.
+Rows are bounded by blocks (one chunk each).
 """
 
 from __future__ import annotations
@@ -25,6 +28,14 @@ DRIVER_BASELINE_BYTES = 250 * 2**20
 BLOCKS_HELD = 4
 #: Share of a worker's memory limit a fit may plan to use when Dask's spill threshold is off.
 DEFAULT_USABLE_FRACTION = 0.7
+#: A sparse E-step value per pair: its float64 count.
+SPARSE_VALUE_BYTES_PER_PAIR = 8
+#: A sparse model per pair: values and the kernel's log values (float64), the support's symbol (int32)
+#: and the per-pair target the M-step and scoring derive (int32).
+SPARSE_MODEL_BYTES_PER_PAIR = 8 + 8 + 4 + 4
+#: The driver's start pass per pair: the union of two partial supports (int64 cells, counts, np.unique's
+#: sort and inverse) before it is reduced to one support.
+SPARSE_MERGE_BYTES_PER_PAIR = 8 + 8 + 8 + 8 + 8
 
 
 def usable_fraction() -> float:
@@ -47,10 +58,20 @@ class MemoryEstimate:
     value_bytes: int
     model_bytes: int
     block_bytes: int
+    layout: str = "dense"
+    num_pairs: int | None = None
 
     def describe(self) -> str:
+        emission = (
+            "a dense (S, T) emission"
+            if self.layout == "dense"
+            else "a sparse emission, its pairs not yet counted"
+            if self.num_pairs is None
+            else f"a sparse emission over {self.num_pairs:,} pairs at {SPARSE_MODEL_BYTES_PER_PAIR} bytes a pair "
+            f"in a model and {SPARSE_VALUE_BYTES_PER_PAIR} in a value"
+        )
         return (
-            f"{_mib(self.worker_bytes)} a worker, {_mib(self.driver_bytes)} on the driver "
+            f"{_mib(self.worker_bytes)} a worker, {_mib(self.driver_bytes)} on the driver with {emission} "
             f"(one E-step value {_mib(self.value_bytes)}, the model on a worker {_mib(self.model_bytes)}, "
             f"one block of rows {_mib(self.block_bytes)})"
         )
@@ -60,10 +81,20 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.0f} MiB"
 
 
-def estimate_memory(schema: StoreSchema, *, block_rows: int, threads_per_worker: int, fan_in: int) -> MemoryEstimate:
+def estimate_memory(
+    schema: StoreSchema,
+    *,
+    block_rows: int,
+    threads_per_worker: int,
+    fan_in: int,
+    layout: str = "dense",
+    num_pairs: int | None = None,
+) -> MemoryEstimate:
     """Plan a fit's memory from the store's shape and block size (an upper estimate, not a measurement).
 
     ``block_rows``: the most rows a task reads at once (a chunk, or the whole store when smaller).
+    ``layout``: the emission's; a sparse one costs ``num_pairs`` times the bytes per pair (none counted
+    when ``None``: the plan before the start pass has found them).
 
     Worker: its baseline, the current and next model (or the current model and the M-step's grid
     table, which is smaller), and per thread one running E-step (its statistics, the value it returns
@@ -72,13 +103,21 @@ def estimate_memory(schema: StoreSchema, *, block_rows: int, threads_per_worker:
     share the value's counts).
     """
     s, n, d, t = schema.num_symbols, schema.context_length, schema.query_dim, schema.num_targets
-    value = 8 * (s * t + s * d + s + n + 3)
-    model = 8 * (2 * s * t + s * d + 2 * n)
+    merge = 0
+    if layout == "dense":
+        value = 8 * (s * t + s * d + s + n + 3)
+        model = 8 * (2 * s * t + s * d + 2 * n)
+    else:
+        pairs = num_pairs or 0
+        # The sparse E-step's symbol map (8 bytes a symbol) and the backoff factors beside the pairs.
+        value = SPARSE_VALUE_BYTES_PER_PAIR * pairs + 8 * (s * d + s + n + 3)
+        model = SPARSE_MODEL_BYTES_PER_PAIR * pairs + 8 * (t + 1) + 8 * (s * d + 3 * s + 2 * t + 2 * n)
+        merge = SPARSE_MERGE_BYTES_PER_PAIR * pairs
     block = block_rows * schema.row_bytes
     per_thread = 2 * value + BLOCKS_HELD * block + (fan_in + 1) * value
     worker = WORKER_BASELINE_BYTES + 2 * model + threads_per_worker * per_thread
-    driver = DRIVER_BASELINE_BYTES + 2 * value + 2 * model + 2 * value
-    return MemoryEstimate(worker, driver, value, model, block)
+    driver = DRIVER_BASELINE_BYTES + max(2 * value + 2 * model + 2 * value, merge)
+    return MemoryEstimate(worker, driver, value, model, block, layout, num_pairs)
 
 
 def _available_bytes() -> int:
@@ -109,12 +148,18 @@ def check_memory(estimate: MemoryEstimate, *, worker_limit: int, shape: str) -> 
             f"memory limit is {_mib(worker_limit)} (Dask spills to disk at {fraction:.0%} of it): "
             f"{estimate.describe()}. Give the workers more memory (--memory-limit, or `dask worker "
             "--memory-limit`), run fewer threads per worker, write the store with smaller chunks "
-            "(--chunk-rows), or use a smaller vocabulary (S, T)"
+            f"(--chunk-rows), {_layout_advice(estimate)}or use a smaller vocabulary (S, T)"
         )
     available = _available_bytes()
     if available and estimate.driver_bytes > available:
         raise InsufficientMemoryError(
             f"a fit at {shape} needs about {_mib(estimate.driver_bytes)} on the driver but this machine has "
-            f"{_mib(available)} available: {estimate.describe()}. Run the driver on a larger machine or use a "
-            "smaller vocabulary (S, T)"
+            f"{_mib(available)} available: {estimate.describe()}. Run the driver on a larger machine, "
+            f"{_layout_advice(estimate)}or use a smaller vocabulary (S, T)"
         )
+
+
+def _layout_advice(estimate: MemoryEstimate) -> str:
+    if estimate.layout == "dense":
+        return "store the emission's pairs only (--emission-layout sparse), "
+    return "use a shorter context (fewer pairs), "

@@ -9,6 +9,7 @@ from typing import Any
 from dist_respattn.engine.reduction import DEFAULT_FAN_IN
 from dist_respattn.model._checks import as_nonnegative_float, as_positive_float, as_positive_int
 from dist_respattn.model.em import START_KINDS
+from dist_respattn.model.emission import choose_layout
 from dist_respattn.model.estimator import ResponsibilityAttentionEstimator
 from dist_respattn.model.holdout import DEFAULT_HOLDOUT_FRACTION
 from dist_respattn.model.prior import BACKOFF_KINDS
@@ -49,6 +50,8 @@ class FitSettings:
         holdout_fraction: the share of the training store held out for those choices when there is no
             validation store (0: none; the open choices then take their default values).
         fan_in: children of each combine task; it fixes the order sums are taken in.
+        emission_layout: ``"dense"`` (S, T), ``"sparse"`` (the pairs the training rows hold) or ``"auto"``
+            (dense up to ``DENSE_CELL_LIMIT`` cells): see :mod:`dist_respattn.model.emission`.
         early_stop_metric: ``"perplexity"`` or ``"loglik"`` on the held-out rows; ``None`` picks
             perplexity when there are held-out rows.
         patience: iterations without an improvement of at least ``min_improvement`` (relative) of that
@@ -70,6 +73,7 @@ class FitSettings:
     pseudo_count: float | None = None
     holdout_fraction: float = DEFAULT_HOLDOUT_FRACTION
     fan_in: int = DEFAULT_FAN_IN
+    emission_layout: str = "auto"
     early_stop_metric: str | None = None
     patience: int = 3
     min_improvement: float = 1e-3
@@ -102,6 +106,7 @@ class FitSettings:
             raise ValueError(f"holdout_fraction = {self.holdout_fraction!r}: expected a number in [0, 0.5)")
         if as_positive_int(self.fan_in, "fan_in") < 2:
             raise ValueError(f"fan_in = {self.fan_in}: expected at least 2")
+        choose_layout(1, 1, self.emission_layout)  # checks the name
         if self.early_stop_metric not in (None, *EARLY_STOP_METRICS):
             raise ValueError(f"early_stop_metric = {self.early_stop_metric!r}: expected one of {EARLY_STOP_METRICS}")
         as_positive_int(self.patience, "patience")
@@ -114,13 +119,14 @@ class FitSettings:
     def from_json(cls, data: dict[str, Any]) -> FitSettings:
         """Settings from a checkpoint's JSON.
 
-        A checkpoint written before a setting existed ran as it did then: a random start, no hold-out, and
-        patience reset by any improvement.
+        A checkpoint written before a setting existed ran as it did then: a random start, no hold-out,
+        patience reset by any improvement, and a dense emission.
         """
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         if data:
-            for name, then in (("init", "random"), ("holdout_fraction", 0.0), ("min_improvement", 0.0)):
+            then_values = (("init", "random"), ("holdout_fraction", 0.0), ("min_improvement", 0.0), ("emission_layout", "dense"))
+            for name, then in then_values:
                 values.setdefault(name, then)
         return cls(**values)
 
@@ -150,6 +156,10 @@ class FitSettings:
             else None,
         )
         return search if search.searches_anything else None
+
+    def layout(self, schema: StoreSchema) -> str:
+        """The emission layout of a fit on a store of this schema."""
+        return choose_layout(schema.num_symbols, schema.num_targets, self.emission_layout)
 
     def estimator(self, schema: StoreSchema) -> ResponsibilityAttentionEstimator:
         """The M-step for a store of this schema (its emission prior still to be made from the store's pairs)."""

@@ -151,7 +151,8 @@ def start_task(
 ) -> StartValue:
     """Statistics of partition ``part`` under the first responsibilities, and its (previous symbol, target) pairs.
 
-    ``start`` is ``"uniform"`` (1/N each) or ``"random"`` (drawn from ``(seed, part)``): either way the
+    A sparse fit's statistics count the pairs the rows hold and carry them as their support, so the
+    reduced start value holds the fit's support. ``start`` is ``"uniform"`` (1/N each) or ``"random"`` (drawn from ``(seed, part)``): either way the
     first model is the same on any cluster.
     """
     store = _checked_store(location, fingerprint)
@@ -194,7 +195,7 @@ def estep_task(
     Holds one block of rows (one chunk, plus zarr's decode buffers) and one accumulator at a time.
     """
     store = _checked_store(location, fingerprint)
-    accumulator = factory.make()
+    accumulator = factory.make_for(model)
     for block in store.iter_blocks(part):
         try:
             accumulator.seq_update(block.encoded, rows.weights(block), model)
@@ -237,16 +238,10 @@ def combine_values(*values: Any) -> Any:
     """
     first, rest = values[0], values[1:]
     if isinstance(first, SufficientStatistics):
-        arrays = [np.array(a, copy=True, order="K") for a in first[:4]]
-        query_sq, n_obs, log_lik = first.query_sq, first.n_obs, first.log_lik
+        stats = first.copy()
         for value in rest:
-            for out, add in zip(arrays, value[:4], strict=True):
-                out += add
-            query_sq += value.query_sq
-            n_obs += value.n_obs
-            log_lik += value.log_lik
-        key_sum, key_mass, emission_count, position_count = arrays
-        return SufficientStatistics(key_sum, key_mass, emission_count, position_count, query_sq, n_obs, log_lik)
+            stats = stats.add(value)
+        return stats
     total = first
     for value in rest:
         total = total + value

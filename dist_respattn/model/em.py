@@ -14,9 +14,9 @@ from dist_respattn.model import kernels
 from dist_respattn.model._checks import as_encoded, as_weights
 from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulator, SufficientStatistics
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.emission import choose_layout
 from dist_respattn.model.estimator import MStepCandidates, ResponsibilityAttentionEstimator
 from dist_respattn.model.holdout import HoldoutRule
-from dist_respattn.model.emission import choose_layout
 from dist_respattn.model.pairs import PairCounts
 from dist_respattn.model.prior import EmissionPrior
 from dist_respattn.model.selection import Hyperparameters, HyperparameterSearch, Selection, score_grid

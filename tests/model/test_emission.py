@@ -212,7 +212,7 @@ def test_sparse_e_step_statistics_equal_the_dense_ones(shape, weighted):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "S{}-N{}-D{}-T{}".format(*s))
 def test_sparse_scores_equal_the_dense_ones_on_unseen_rows(shape):
-    truth, data, _ = sampled(shape, 2000, sum(shape) + 1, weighted=False)
+    _, data, _ = sampled(shape, 2000, sum(shape) + 1, weighted=False)
     _, heldout, _ = sampled(shape, 700, sum(shape) + 50, weighted=False)
     sparse = fit_em(data, ResponsibilityAttentionEstimator(*shape, emission_prior="continuation"), layout="sparse",
                     max_iter=2).distribution
@@ -245,7 +245,7 @@ def test_sparse_fits_equal_dense_fits(shape):
 
 def test_the_sparse_grid_pass_equals_the_dense_one():
     shape = (12, 4, 3, 7)
-    truth, data, _ = sampled(shape, 3000, 40, weighted=False)
+    _, data, _ = sampled(shape, 3000, 40, weighted=False)
     _, heldout, _ = sampled(shape, 500, 41, weighted=False)
     estimator = ResponsibilityAttentionEstimator(*shape, emission_prior="continuation", search=DEFAULT_SEARCH)
     model = fit_em(data, estimator, layout="sparse", max_iter=1, holdout=HoldoutRule(0.1, 16)).distribution

@@ -19,9 +19,9 @@ from dist_respattn import (
 from dist_respattn.model.holdout import HoldoutRule
 from dist_respattn.model.pairs import PairCounts
 from dist_respattn.model.prior import BASE_PSEUDO_COUNT, EmissionPrior
-from tests.model.emission_layouts import LAYOUTS, counts_in_layout
 from dist_respattn.model.scoring import score_rows
 from dist_respattn.model.selection import DEFAULT_SEARCH, GridTotals, Hyperparameters, HyperparameterSearch, score_grid
+from tests.model.emission_layouts import LAYOUTS, counts_in_layout
 from tests.model.test_kernel_parity import assert_close
 
 SHAPE = (12, 4, 3, 9)  # S, N, D, T
