@@ -9,6 +9,7 @@ new fit), and a finished fit (returned at once, no cluster touched).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -155,16 +157,25 @@ def passes_log():
 
 
 @pytest.fixture(scope="module")
-def long_reference(tmp_path_factory, long_store, engine_client):
-    """The uninterrupted fit of ``long_store`` on the module's cluster (``LONG_SETTINGS``)."""
-    model_dir = tmp_path_factory.mktemp("long-reference") / "model"
-    return fit(long_store, model_dir=model_dir, settings=LONG_SETTINGS, client=engine_client, progress=False)
+def long_references(tmp_path_factory, long_store, engine_client):
+    """The uninterrupted fit of ``long_store`` on the module's cluster (``LONG_SETTINGS``) per emission layout,
+    made on first use."""
+    made: dict[str, Any] = {}
+
+    def reference(layout: str):
+        if layout not in made:
+            model_dir = tmp_path_factory.mktemp(f"long-reference-{layout}") / "model"
+            settings = dataclasses.replace(LONG_SETTINGS, emission_layout=layout)
+            made[layout] = fit(long_store, model_dir=model_dir, settings=settings, client=engine_client, progress=False)
+        return made[layout]
+
+    return reference
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("victims", ["one", "every"])
+@pytest.mark.parametrize(("victims", "layout"), [("one", "dense"), ("every", "dense"), ("one", "sparse")])
 def test_worker_killed_mid_iteration_gives_identical_parameters(
-    tmp_path, long_store, long_reference, victims, passes_log
+    tmp_path, long_store, long_references, victims, layout, passes_log
 ):
     """SIGKILL of worker processes while E-step tasks of iteration 2 run: the fit finishes, bit-identical.
 
@@ -211,9 +222,8 @@ def test_worker_killed_mid_iteration_gives_identical_parameters(
             if line.startswith("iteration 1:"):
                 killer.start()
 
-        result = fit(
-            long_store, model_dir=tmp_path / "model", settings=LONG_SETTINGS, client=client, say=say, progress=False
-        )
+        settings = dataclasses.replace(LONG_SETTINGS, emission_layout=layout)
+        result = fit(long_store, model_dir=tmp_path / "model", settings=settings, client=client, say=say, progress=False)
         killer.join(timeout=60)
         client.wait_for_workers(2, timeout=60)
         after = client.run(os.getpid)
@@ -224,7 +234,8 @@ def test_worker_killed_mid_iteration_gives_identical_parameters(
     assert kill["at"] < iteration_2_done, "the kill came after iteration 2 ended"
     if victims == "every":
         assert any(m.startswith("estep 2 lost work") for m in passes_log), passes_log
-    expected = long_reference
+    expected = long_references(layout)
+    assert result.model.emission_table.layout == layout
     assert [e["iteration"] for e in result.history] == [1, 2, 3, 4]
     assert [e["mean_log_likelihood"] for e in result.history] == [e["mean_log_likelihood"] for e in expected.history]
     assert_same_parameters(result.model, expected.model)

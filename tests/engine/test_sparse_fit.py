@@ -1,0 +1,131 @@
+"""A fit whose emission is sparse: the same fit as the dense one, bit-identical however it runs.
+
+The small stores' S×T is tiny, so the sparse layout is forced (``emission_layout="sparse"``); the
+support the start pass finds is every (context symbol, target) pair the training rows hold.
+"""
+
+from __future__ import annotations
+
+import distributed
+import numpy as np
+import pytest
+
+from dist_respattn import fit_em
+from dist_respattn.engine import FitSettings, estimate_memory, evaluate, fit, load_checkpoint, load_model
+from dist_respattn.engine.memory import (
+    SPARSE_MODEL_BYTES_PER_PAIR,
+    SPARSE_VALUE_BYTES_PER_PAIR,
+    InsufficientMemoryError,
+    check_memory,
+)
+from dist_respattn.model.emission import SparseEmission
+from dist_respattn.model.holdout import HoldoutRule
+from dist_respattn.store import StoreSchema, TripleStore
+from tests.engine.clusters import local_cluster
+
+SPARSE = FitSettings(max_iter=3, tol=0.0, emission_layout="sparse")
+
+
+def read_all(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    store = TripleStore.open(path)
+    parts = [store.read_partition(p) for p in range(store.num_partitions)]
+    return tuple(np.concatenate([getattr(p, name) for p in parts]) for name in ("context", "query", "target"))
+
+
+def assert_bit_identical(a, b) -> None:
+    ta, tb = a.emission_table, b.emission_table
+    assert isinstance(ta, SparseEmission) and isinstance(tb, SparseEmission)
+    assert ta.support.same_as(tb.support)
+    for name in ("values", "backoff", "base"):
+        assert np.array_equal(getattr(ta, name), getattr(tb, name)), name
+    assert np.array_equal(a.key_means, b.key_means) and np.array_equal(a.position_prior, b.position_prior)
+    assert a.sigma2 == b.sigma2
+
+
+def relative_error(a, b) -> float:
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def test_a_sparse_fit_is_the_dense_fit_and_the_in_process_one(small_store, client, tmp_path):
+    """Same store and settings: the sparse fit's parameters equal the dense fit's and ``fit_em``'s sparse fit
+    to 1e-12 (only the order of float64 sums differs), and its support is the pairs of the training rows."""
+    sparse = fit(small_store, model_dir=tmp_path / "sparse", client=client, settings=SPARSE)
+    dense = fit(small_store, model_dir=tmp_path / "dense", client=client,
+                settings=FitSettings(max_iter=3, tol=0.0, emission_layout="dense"))  # fmt: skip
+    table = sparse.model.emission_table
+    assert isinstance(table, SparseEmission) and dense.model.emission_table.layout == "dense"
+    assert relative_error(sparse.model.emission, dense.model.emission) <= 1e-12
+    assert relative_error(sparse.model.key_means, dense.model.key_means) <= 1e-12
+    assert sparse.model.sigma2 == pytest.approx(dense.model.sigma2, rel=1e-12)
+    np.testing.assert_allclose(
+        [h["mean_log_likelihood"] for h in sparse.history], [h["mean_log_likelihood"] for h in dense.history],
+        rtol=1e-12,
+    )  # fmt: skip
+    context, query, target = read_all(small_store)
+    rule = HoldoutRule.from_json(load_checkpoint(tmp_path / "sparse").meta["holdout"])
+    train = ~rule.held_out(0, target.size)
+    keys = np.unique((target[train].astype(np.int64)[:, None] * table.num_symbols + context[train]).ravel())
+    assert np.array_equal(table.support.keys(), keys)
+    estimator = SPARSE.estimator(TripleStore.open(small_store).schema)
+    reference = fit_em((context, query, target), estimator, holdout=rule, layout="sparse", max_iter=3, tol=0.0)
+    assert relative_error(sparse.model.emission, reference.distribution.emission) <= 1e-12
+    # The checkpoint keeps the sparse arrays, and evaluate scores with them.
+    assert load_model(tmp_path / "sparse").emission_table.support.same_as(table.support)
+    scores = evaluate(tmp_path / "sparse", small_store, client=client, progress=False)
+    assert scores.model["perplexity"] == pytest.approx(
+        evaluate(tmp_path / "dense", small_store, client=client, progress=False).model["perplexity"], rel=1e-10
+    )
+
+
+@pytest.mark.slow
+def test_sparse_fits_on_one_two_and_three_workers_are_bit_identical(small_store, client, tmp_path):
+    two = fit(small_store, model_dir=tmp_path / "w2", client=client, settings=SPARSE)
+    with local_cluster(1) as (cluster, other):
+        one = fit(small_store, model_dir=tmp_path / "w1", client=other, settings=SPARSE)
+        cluster.scale(3)
+        other.wait_for_workers(3, timeout=60)
+        with distributed.get_task_stream(client=other) as stream:
+            three = fit(small_store, model_dir=tmp_path / "w3", client=other, settings=SPARSE)
+        assert len({record["worker"] for record in stream.data}) >= 2
+    for result in (one, three):
+        assert_bit_identical(result.model, two.model)
+        for key in ("mean_log_likelihood", "hyperparameters", "heldout"):
+            assert [e[key] for e in result.history] == [e[key] for e in two.history], key
+
+
+def test_a_resumed_or_warm_started_sparse_fit_takes_the_uninterrupted_steps(small_store, client, tmp_path):
+    """2 iterations then ``resume`` to 4: bit-identical to 4 uninterrupted iterations. A warm start from it
+    (``init_from``, which finds the support again) runs iteration 5's E-step on the very same model.
+    (Its first choice searches the whole grid, so later iterations may choose otherwise, as a dense fit's do.)"""
+    settings = FitSettings(max_iter=4, tol=0.0, emission_layout="sparse")
+    whole = fit(small_store, model_dir=tmp_path / "whole", client=client, settings=settings)
+    half = FitSettings(max_iter=2, tol=0.0, emission_layout="sparse")
+    fit(small_store, model_dir=tmp_path / "resumed", client=client, settings=half)
+    resumed = fit(small_store, model_dir=tmp_path / "resumed", client=client, settings=settings, resume=True)
+    assert_bit_identical(resumed.model, whole.model)
+    assert [h["mean_log_likelihood"] for h in resumed.history] == [h["mean_log_likelihood"] for h in whole.history]
+    lines: list[str] = []
+    warm = fit(small_store, model_dir=tmp_path / "warm", client=client, settings=FitSettings(max_iter=1, tol=0.0,
+               emission_layout="sparse"), init_from=tmp_path / "resumed", say=lines.append)  # fmt: skip
+    assert any(line.startswith("sparse emission over ") for line in lines), lines
+    five = fit(small_store, model_dir=tmp_path / "resumed", client=client,
+               settings=FitSettings(max_iter=5, tol=0.0, emission_layout="sparse"), resume=True)  # fmt: skip
+    assert warm.history[0]["mean_log_likelihood"] == five.history[4]["mean_log_likelihood"]
+
+
+def test_the_memory_plan_follows_the_pairs_not_s_times_t():
+    """At S = T = 50,000 a dense plan needs tens of GB; a sparse one grows with the pairs, by the bytes per
+    pair it states, and a refusal names the pairs."""
+    schema = StoreSchema(num_symbols=50_000, context_length=8, query_dim=32, num_targets=50_000)
+    plan = {"block_rows": 131072, "threads_per_worker": 1, "fan_in": 4}
+    dense = estimate_memory(schema, **plan)
+    small = estimate_memory(schema, layout="sparse", num_pairs=10_000_000, **plan)
+    large = estimate_memory(schema, layout="sparse", num_pairs=20_000_000, **plan)
+    assert dense.worker_bytes > 100 * 2**30 > 4 * small.worker_bytes
+    assert large.value_bytes - small.value_bytes == SPARSE_VALUE_BYTES_PER_PAIR * 10_000_000
+    assert large.model_bytes - small.model_bytes == SPARSE_MODEL_BYTES_PER_PAIR * 10_000_000
+    with pytest.raises(InsufficientMemoryError, match=r"sparse emission over 20,000,000 pairs at 24 bytes a pair"):
+        check_memory(large, worker_limit=2 * 2**30, shape="(S, N, D, T) = (50000, 8, 32, 50000)")
+    with pytest.raises(InsufficientMemoryError, match=r"--emission-layout sparse"):
+        check_memory(dense, worker_limit=2 * 2**30, shape="(S, N, D, T) = (50000, 8, 32, 50000)")
