@@ -93,6 +93,12 @@ def add_em_options(parser: argparse.ArgumentParser, title: str) -> None:
     )
     em.add_argument("--fan-in", type=positive_int, help="children per combine task (default 4)")
     em.add_argument(
+        "--context",
+        dest="context_length",
+        type=positive_int,
+        help="the window N a token-stream store is read with (default: the store's; a triple store's is fixed)",
+    )
+    em.add_argument(
         "--emission-layout",
         choices=("auto", "dense", "sparse"),
         help="emission as an (S, T) table or over the (symbol, target) pairs the store holds "
@@ -189,6 +195,7 @@ _SETTING_OPTIONS = (
     "holdout_fraction",
     "fan_in",
     "emission_layout",
+    "context_length",
     "early_stop_metric",
     "patience",
     "min_improvement",
@@ -228,7 +235,8 @@ def settings_from(args: argparse.Namespace, base: Any) -> Any:
 def _as_flags(message: str) -> str:
     """A FitSettings message in the command line's words: ``holdout_fraction`` becomes ``--holdout-fraction``."""
     for name in _SETTING_OPTIONS:
-        message = re.sub(rf"(?<![\w-]){name}(?!\w)", "--" + name.replace("_", "-"), message)
+        flag = "--context" if name == "context_length" else "--" + name.replace("_", "-")
+        message = re.sub(rf"(?<![\w-]){name}(?!\w)", flag, message)
     return message
 
 
@@ -277,7 +285,7 @@ def _run_fit(args: argparse.Namespace) -> dict[str, Any]:
 
     options = parse_storage_options(args.storage_option)
     settings = _settings(args)  # a bad option is reported before any store is opened
-    store = open_store(args.store, options)
+    store = open_store(args.store, options, settings.context_length)
     result = fit(
         store,
         model_dir=args.model_dir,

@@ -116,7 +116,19 @@ def register(sub: Any) -> None:
     source = ingest.add_mutually_exclusive_group(required=True)
     source.add_argument("--arrays", nargs=3, metavar=("CONTEXT.npy", "QUERY.npy", "TARGET.npy"), help="encoded triples")
     add_corpus_sources(source)
-    ingest.add_argument("--weights", metavar="W.npy", help="with --arrays: a weight per row")
+    ingest.add_argument(
+        "--weights",
+        metavar="W.npy",
+        help="with --arrays: a weight per row; with --tokens --format stream: a weight per token (of the row it "
+        "is the target of; 0 keeps it as context only)",
+    )
+    ingest.add_argument(
+        "--format",
+        choices=("triples", "stream"),
+        default="triples",
+        help="with --tokens/--text: store each window (triples, the default) or the token ids themselves (stream: "
+        "~2 bytes a token, the window then chosen at fit time with fit --context)",
+    )
     ingest.add_argument("--symbols", type=positive_int, help="with --arrays/--tokens: S (default: largest id + 1)")
     ingest.add_argument("--targets", type=positive_int, help="with --arrays: T (default: largest target + 1)")
     ingest.add_argument(
@@ -229,24 +241,25 @@ def _open_like(args: argparse.Namespace) -> Any:
     """The ``--like`` store, opened once (with the ``--storage-option`` flags), or ``None``."""
     if args.like is None:
         return None
-    from dist_respattn.store import TripleStore
+    from dist_respattn.store.rows import open_rows
 
-    return TripleStore.open(args.like, storage_options=parse_storage_options(args.storage_option))
+    return open_rows(args.like, storage_options=parse_storage_options(args.storage_option))
 
 
 def _rows_before(args: argparse.Namespace) -> int:
     if not args.append:
         return 0
-    from dist_respattn.store import TripleStore
+    from dist_respattn.store.rows import open_rows
 
-    return TripleStore.open(args.out, storage_options=parse_storage_options(args.storage_option)).num_rows
+    return open_rows(args.out, storage_options=parse_storage_options(args.storage_option)).num_rows
 
 
 def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.store import default_corpus, iter_text_files, write_arrays, write_text, write_tokens
 
     misplaced = {
-        "--weights": args.weights is not None and args.arrays is None,
+        "--weights": args.weights is not None and args.arrays is None and not (args.tokens and args.format == "stream"),
+        "--format": args.format != "triples" and args.arrays is not None,
         "--targets": args.targets is not None and args.arrays is None,
         "--embeddings": args.embeddings is not None and args.tokens is None,
         "--documents": args.documents is not None and args.tokens is None,
@@ -282,6 +295,8 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
                 like=like,
                 options=write_options(args, bar.update),
             )
+    elif args.format == "stream":
+        store = _ingest_stream(args, like)
     elif args.tokens is not None:
         with progress_bar(None, "rows", "windowing") as bar:
             store = write_tokens(
@@ -320,6 +335,28 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
     return _written(store, started, before)
 
 
+def _ingest_stream(args: argparse.Namespace, like: Any) -> Any:
+    """``ingest --format stream``: the token ids (of --tokens, or of the --text files) as a token-stream store."""
+    from dist_respattn.store import default_corpus, iter_text_files
+    from dist_respattn.store.stream_ingest import write_stream_text, write_stream_tokens
+
+    options = write_options(args, None)
+    if args.tokens is not None:
+        return write_stream_tokens(
+            args.out, args.tokens, args.context, num_symbols=args.symbols, embeddings=args.embeddings, dim=args.dim,
+            seed=args.seed, documents=args.documents, weights=args.weights, like=like, options=options,
+        )  # fmt: skip
+    if args.symbols is not None:
+        raise CommandError("--symbols does not apply to --text: the vocabulary size is --vocab-size (S = K + 1)")
+    paths = args.text or [default_corpus()]
+    files = iter_text_files(paths)
+    with progress_bar((1 if like is not None else 2) * len(files), "files", "counting, then writing") as bar:
+        return write_stream_text(
+            args.out, paths, args.context, vocab_size=args.vocab_size, dim=args.dim, seed=args.seed, like=like,
+            file_progress=bar.update, options=options,
+        )  # fmt: skip
+
+
 def _print_written(report: dict[str, Any]) -> None:
     print(
         f"{report['url']}: wrote {report['rows_added']:,} rows in {report['seconds']:.1f} s "
@@ -329,13 +366,19 @@ def _print_written(report: dict[str, Any]) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> dict[str, Any]:
-    from dist_respattn.store import TripleStore
+    from dist_respattn.store.rows import open_rows
 
-    return TripleStore.open(args.store, storage_options=parse_storage_options(args.storage_option)).describe()
+    return open_rows(args.store, storage_options=parse_storage_options(args.storage_option)).describe()
 
 
 def _print_info(report: dict[str, Any]) -> None:
     print(f"store        {report['url']}")
+    if report.get("format") == "stream":
+        print(
+            f"tokens       {report['tokens']:,} in {report['documents']:,} documents, "
+            f"{report['bytes_on_disk'] / 2**20:,.1f} MiB on disk ({report['bytes_per_token']:.2f} bytes a token); "
+            f"rows are windows of N={report['context_length']} (fit --context to choose another)"
+        )
     print(
         f"rows         {report['rows']:,} in {report['partitions']} partition{'s' * (report['partitions'] != 1)} "
         f"of {report['partition_rows']:,} rows, "
@@ -419,5 +462,13 @@ def _run_repair(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.store import StoreLocation, rollback_append
 
     location = StoreLocation.of(args.store, parse_storage_options(args.storage_option))
+    from dist_respattn.store.rows import is_stream_store
+
+    if location.exists() and is_stream_store(location):
+        # A stream store is written whole into a staging copy and moved in place: it is complete or absent.
+        raise CommandError(
+            f"{location}: a token-stream store, written whole and never appended to: nothing to repair "
+            "(`dist-respattn validate` checks it; write it again with --overwrite if it is damaged)"
+        )
     rows = rollback_append(location)
     return {"url": str(location), "rows": rows}

@@ -35,6 +35,7 @@ from dist_respattn.model.ngram import DEFAULT_K, fit_baselines
 from dist_respattn.model.pairs import PairCounts
 from dist_respattn.model.scoring import ScoreTotals
 from dist_respattn.store import StoreError, StoreLocation, TripleStore, check_recorded_corpus
+from dist_respattn.store.rows import is_stream_store, open_rows
 
 __all__ = ["DEFAULT_BASELINE_K", "Evaluation", "evaluate", "score_store"]
 
@@ -112,6 +113,11 @@ def _parameters_text(parameters: dict[str, Any]) -> str:
     return ", ".join(shown)
 
 
+def _window_for(head: ResponsibilityAttentionDistribution, store: Any, storage_options: dict[str, Any] | None) -> int | None:
+    location = store.location if hasattr(store, "location") else StoreLocation.of(store, storage_options)
+    return head.context_length if is_stream_store(location) else None
+
+
 def _open_recorded(record: dict[str, Any] | None, scored: TripleStore) -> TripleStore | None:
     """The store a checkpoint recorded, when it still opens as it was (same fingerprint) with the scored store's
     S and T; ``None`` otherwise."""
@@ -119,7 +125,7 @@ def _open_recorded(record: dict[str, Any] | None, scored: TripleStore) -> Triple
     if not url:
         return None
     try:
-        store = TripleStore.open(url)
+        store = open_rows(url, window=(record or {}).get("window"))
     except (StoreError, OSError, ValueError):
         return None
     if store.fingerprint() != (record or {}).get("fingerprint"):  # rewritten or appended to since the fit
@@ -168,13 +174,14 @@ def evaluate(
     progress: bool | None = None,
 ) -> Evaluation:
     """Score ``store`` with ``model`` (a head, or a model directory: its ``best``, else ``latest``) on a cluster."""
-    scored = open_store(store, storage_options)
     meta: dict[str, Any] = {}
     if isinstance(model, ResponsibilityAttentionDistribution):
         head = model
     else:
         checkpoint = load_checkpoint(model)
         head, meta = checkpoint.model, checkpoint.meta
+    # A token-stream store is read with the model's window.
+    scored = open_store(store, storage_options, _window_for(head, store, storage_options))
     check_same_shape(head, "the model", scored)
     check_recorded_corpus(
         meta.get("store"), scored, reference_role="the model's training store", other_role="the evaluated store"

@@ -30,6 +30,8 @@ from dist_respattn.model.emission import SparseEmission
 from dist_respattn.model.holdout import HoldoutRule
 from dist_respattn.model.selection import Hyperparameters
 from dist_respattn.store import StoreLocation, TripleStore, check_recorded_corpus, check_same_corpus
+from dist_respattn.store.rows import RowStore, open_rows
+from dist_respattn.store.stream_store import TokenStreamStore
 
 __all__ = ["FitError", "FitResult", "check_same_shape", "fit", "open_store"]
 
@@ -81,12 +83,18 @@ class FitResult:
 
 
 def open_store(
-    store: str | os.PathLike[str] | StoreLocation | TripleStore, storage_options: dict[str, Any] | None = None
-) -> TripleStore:
-    """A ``TripleStore`` from a store, a location, a path or a URL."""
-    if isinstance(store, TripleStore):
+    store: str | os.PathLike[str] | StoreLocation | RowStore,
+    storage_options: dict[str, Any] | None = None,
+    window: int | None = None,
+) -> RowStore:
+    """A store of rows from a store, a location, a path or a URL: a triple store, or a token-stream store read
+    with ``window`` (default: its own N; a triple store refuses another N)."""
+    if isinstance(store, (TripleStore, TokenStreamStore)) and (window is None or window == store.schema.context_length):
         return store
-    return TripleStore.open(store, storage_options=storage_options)
+    try:
+        return open_rows(store, storage_options=storage_options, window=window)
+    except ValueError as exc:
+        raise FitError(str(exc)) from None
 
 
 def _shape(obj: Any) -> tuple[int, int, int, int]:
@@ -199,10 +207,11 @@ def _validation_store(
     validation: str | os.PathLike[str] | StoreLocation | TripleStore | None,
     checkpoint: Checkpoint | None,
     storage_options: dict[str, Any] | None,
+    window: int | None = None,
 ) -> TripleStore | None:
     """The validation store: the one given, or on resume the checkpoint's (a different one is refused)."""
     saved = checkpoint.meta.get("validation") if checkpoint is not None else None
-    heldout = open_store(validation, storage_options) if validation is not None else None
+    heldout = open_store(validation, storage_options, window) if validation is not None else None
     if saved is None:
         if heldout is not None and checkpoint is not None and checkpoint.iteration > 0:
             raise FitError("the fit being resumed ran without a validation store; resume it without one")
@@ -214,7 +223,7 @@ def _validation_store(
             )
         return heldout
     if heldout is None:
-        heldout = open_store(saved["url"], storage_options)
+        heldout = open_store(saved["url"], storage_options, saved.get("window") or window)
     if heldout.fingerprint() != saved.get("fingerprint"):
         raise FitError(
             f"the fit being resumed was validated on {saved['url']} (fingerprint {saved.get('fingerprint')}), "
@@ -270,14 +279,14 @@ def fit(
     called = time.perf_counter()
     settings = settings or FitSettings()
     say = say if say is not None else logger.info
-    train = open_store(store, storage_options)
+    train = open_store(store, storage_options, settings.context_length)
     if train.num_rows == 0:
         raise FitError(f"the store {train.location} has no rows: there is nothing to fit")
     folder = ModelDir(model_dir)
     checkpoint, start_model, init_record = _starting_point(
         folder, resume=resume, overwrite=overwrite, settings=settings, train=train, init=init, init_from=init_from
     )
-    heldout = _validation_store(validation, checkpoint, storage_options)
+    heldout = _validation_store(validation, checkpoint, storage_options, train.location.window)
     if heldout is not None and _shape(heldout) != _shape(train):
         raise FitError(
             f"the validation store {heldout.location} has (S, N, D, T) = {_shape(heldout)} but the training "

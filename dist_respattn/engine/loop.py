@@ -110,6 +110,7 @@ def store_record(store: TripleStore) -> dict[str, Any]:
     """What a checkpoint records of a store: URL, fingerprint, rows, partitions, source, corpus identity."""
     return {
         "url": str(store.location),
+        "window": store.location.window,
         "fingerprint": store.fingerprint(),
         "rows": store.num_rows,
         "partitions": store.num_partitions,

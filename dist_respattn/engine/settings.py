@@ -50,6 +50,8 @@ class FitSettings:
         holdout_fraction: the share of the training store held out for those choices when there is no
             validation store (0: none; the open choices then take their default values).
         fan_in: children of each combine task; it fixes the order sums are taken in.
+        context_length: the window N a token-stream store is read with (``None``: the store's; a triple
+            store's N is fixed when it is written).
         emission_layout: ``"dense"`` (S, T), ``"sparse"`` (the pairs the training rows hold) or ``"auto"``
             (dense up to ``DENSE_CELL_LIMIT`` cells): see :mod:`dist_respattn.model.emission`.
         early_stop_metric: ``"perplexity"`` or ``"loglik"`` on the held-out rows; ``None`` picks
@@ -74,6 +76,7 @@ class FitSettings:
     holdout_fraction: float = DEFAULT_HOLDOUT_FRACTION
     fan_in: int = DEFAULT_FAN_IN
     emission_layout: str = "auto"
+    context_length: int | None = None
     early_stop_metric: str | None = None
     patience: int = 3
     min_improvement: float = 1e-3
@@ -107,6 +110,8 @@ class FitSettings:
         if as_positive_int(self.fan_in, "fan_in") < 2:
             raise ValueError(f"fan_in = {self.fan_in}: expected at least 2")
         choose_layout(1, 1, self.emission_layout)  # checks the name
+        if self.context_length is not None:
+            as_positive_int(self.context_length, "context_length")
         if self.early_stop_metric not in (None, *EARLY_STOP_METRICS):
             raise ValueError(f"early_stop_metric = {self.early_stop_metric!r}: expected one of {EARLY_STOP_METRICS}")
         as_positive_int(self.patience, "patience")

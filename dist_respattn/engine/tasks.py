@@ -24,6 +24,7 @@ from dist_respattn.model.scoring import ScoreTotals, score_rows
 from dist_respattn.model.selection import GridTable, GridTotals, score_grid
 from dist_respattn.store import EncodedRows, StoreError, StoreLocation, TripleStore
 from dist_respattn.store.checks import block_problems
+from dist_respattn.store.rows import open_rows
 
 __all__ = [
     "ALL_ROWS",
@@ -90,7 +91,7 @@ def _checked_store(location: StoreLocation, fingerprint: str) -> TripleStore:
     must neither read the store (it may have no access to it) nor pay for opening it once per task.
     """
     _configure_worker_process()
-    store = TripleStore.open(location)
+    store = open_rows(location)
     if store.fingerprint() != fingerprint:
         raise StoreError(
             f"{store.location}: the store changed while the fit ran (fingerprint {store.fingerprint()}, "

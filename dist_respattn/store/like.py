@@ -36,8 +36,9 @@ def open_like(like: TripleStore | str | os.PathLike[str] | None, options: WriteO
             "like= (--like) and append=True (--append) exclude each other: "
             "an append already reuses the store's own vocabulary and embedding table"
         )
-    store = like if isinstance(like, TripleStore) else TripleStore.open(like, storage_options=options.storage_options)
-    return LikeStore(store)
+    from dist_respattn.store.rows import open_rows  # a triple or a token-stream store
+
+    return LikeStore(open_rows(like, storage_options=options.storage_options))
 
 
 class LikeStore:

@@ -16,10 +16,16 @@ class StoreLocation:
     """A store's address: ``url`` (a local path or e.g. ``s3://bucket/corpus.zarr``) and fsspec options.
 
     Small, hashable and picklable, so it can travel to workers, which open the store themselves.
+    ``window``: the context length N a token-stream store is read with (``None``: the one it records);
+    a triple store's N is fixed and ignores it.
     """
 
     url: str
     storage_options: tuple[tuple[str, Any], ...] = ()
+    window: int | None = None
+
+    def with_window(self, window: int | None) -> StoreLocation:
+        return dataclasses.replace(self, window=window)
 
     @classmethod
     def of(
@@ -62,7 +68,7 @@ class StoreLocation:
 
     def sibling(self, suffix: str) -> StoreLocation:
         """The location ``<url><suffix>``, with the same options (e.g. a staging copy next to the store)."""
-        return StoreLocation(self.url + suffix, self.storage_options)
+        return StoreLocation(self.url + suffix, self.storage_options)  # a sibling is another store: no window
 
     def replace(self, target: StoreLocation) -> None:
         """Move this store onto ``target``, deleting what ``target`` held (a rename on a local disk)."""

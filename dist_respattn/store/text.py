@@ -135,7 +135,7 @@ def iter_text_files(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     return [document.path for document in iter_text_documents(paths)]
 
 
-def _line_pieces(path: str) -> Iterator[list[str]]:
+def line_pieces(path: str) -> Iterator[list[str]]:
     """A file's tokens in pieces of a bounded number of lines (undecodable bytes become U+FFFD)."""
     with open(path, encoding="utf-8", errors="replace") as handle:
         lines: list[str] = []
@@ -205,7 +205,7 @@ class Vocabulary:
 def count_tokens(path: str) -> Counter[str]:
     """How often each token occurs in one file."""
     counts: Counter[str] = Counter()
-    for piece in _line_pieces(path):
+    for piece in line_pieces(path):
         counts.update(piece)
     return counts
 
@@ -239,7 +239,7 @@ def write_text_document(
     """Write the windows of one file (its own sequence) and return its (tokens, out-of-vocabulary tokens)."""
     windows = WindowStream(writer.schema.context_length, vocabulary.num_symbols, table)
     tokens = oov = 0
-    for piece in _line_pieces(path):
+    for piece in line_pieces(path):
         ids = vocabulary.encode(piece, lookup)
         tokens += int(ids.size)
         oov += int(np.count_nonzero(ids == vocabulary.oov_id))

@@ -13,6 +13,7 @@ from dist_respattn.store.errors import StoreError
 from dist_respattn.store.identity import IDENTITY_KEYS, embedding_sha256, short_hash, vocabulary_sha256
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreSchema
+from dist_respattn.store.stream_store import is_stream_group, validate_stream
 from dist_respattn.store.triple_store import open_group_at, shard_key
 
 __all__ = ["ValidationReport", "identity_problems", "scan_partition", "validate"]
@@ -123,6 +124,9 @@ def validate(
     group = open_group_at(location)  # nothing there at all is an error, not a finding
     if ATTRIBUTE_KEY not in group.attrs:
         raise StoreError(f"{location}: a zarr group without the '{ATTRIBUTE_KEY}' attribute: not a triple store")
+    if is_stream_group(dict(group.attrs[ATTRIBUTE_KEY])):
+        found, tokens, chunks = validate_stream(location)
+        return ValidationReport(str(location), found, rows_scanned=tokens, chunks_scanned=chunks)
     schema, attributes, problems = structural_problems(group)
     report = ValidationReport(str(location), list(problems))
     if schema is None or any(p.array is None for p in problems) or not _shapes_agree(group, schema):

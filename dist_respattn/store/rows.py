@@ -1,0 +1,46 @@
+"""Opening any store of rows: a triple store, or a token-stream store read with a window."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from dist_respattn.store.location import StoreLocation
+from dist_respattn.store.schema import ATTRIBUTE_KEY
+from dist_respattn.store.stream_store import TokenStreamStore, is_stream_group
+from dist_respattn.store.triple_store import TripleStore, open_group_at
+
+__all__ = ["RowStore", "is_stream_store", "open_rows"]
+
+#: What the engine reads rows from: both have ``schema``, ``num_rows``, ``partitions``, ``iter_blocks``,
+#: ``fingerprint``, ``identity``, ``provenance``, ``embeddings`` and ``vocabulary``.
+RowStore = TripleStore | TokenStreamStore
+
+
+def is_stream_store(location: StoreLocation) -> bool:
+    attributes = dict(open_group_at(location).attrs.get(ATTRIBUTE_KEY) or {})
+    return is_stream_group(attributes)
+
+
+def open_rows(
+    url: str | os.PathLike[str] | StoreLocation | RowStore,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    window: int | None = None,
+) -> RowStore:
+    """The store at ``url``: a token-stream store read with ``window`` (default: the location's, else its own N),
+    or a triple store (whose N is fixed: a ``window`` other than it is refused)."""
+    if isinstance(url, (TripleStore, TokenStreamStore)):
+        url = url.location
+    location = StoreLocation.of(url, storage_options)
+    if window is not None:
+        location = location.with_window(int(window))
+    if is_stream_store(location):
+        return TokenStreamStore.open(location)
+    store = TripleStore.open(location.with_window(None))
+    if location.window is not None and location.window != store.schema.context_length:
+        raise ValueError(
+            f"{store.location}: a triple store of N = {store.schema.context_length}: the window is fixed when its "
+            "rows are written (--context applies to token-stream stores, written by ingest --tokens/--text --format stream)"
+        )
+    return store

@@ -1,0 +1,197 @@
+"""Writing token-stream stores (:mod:`~dist_respattn.store.stream_store`) from token ids or text files.
+
+The same inputs as the triple writers (:func:`~dist_respattn.store.tokens.write_tokens`,
+:func:`~dist_respattn.store.text.write_text`), with the same checks and errors, but the store keeps
+the ids, not their windows: N is only the default window readers use.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from dist_respattn.store.common import WriteOptions
+from dist_respattn.store.documents import check_document_starts
+from dist_respattn.store.identity import identity_provenance
+from dist_respattn.store.like import open_like
+from dist_respattn.store.npy import load_array, max_id
+from dist_respattn.store.stream_store import StreamWriter, TokenStreamStore
+from dist_respattn.store.tables import embedding_table
+from dist_respattn.store.text import (
+    DEFAULT_VOCAB_SIZE,
+    TOKENIZER_NAME,
+    Vocabulary,
+    build_vocabulary,
+    iter_text_files,
+    line_pieces,
+)
+from dist_respattn.store.tokens import checked_pieces, load_token_stream
+
+__all__ = ["write_stream_text", "write_stream_tokens"]
+
+_BLOCK = 1 << 20
+
+
+def _refuse_append(options: WriteOptions) -> None:
+    if options.append:
+        raise ValueError("--append is not supported for token-stream stores yet: write the corpus again (--overwrite)")
+
+
+def _check_window(context_length: Any) -> int:
+    if isinstance(context_length, bool) or not isinstance(context_length, (int, np.integer)) or context_length < 1:
+        raise ValueError(f"context_length = {context_length!r}: expected a positive integer")
+    return int(context_length)
+
+
+def _checked_weights(weights: Any, num_tokens: int, tokens_name: str) -> tuple[Any, str]:
+    values, name = load_array(weights, "weights")
+    if values.ndim != 1 or values.shape[0] != num_tokens or values.dtype.kind not in "fiu":
+        raise ValueError(
+            f"{name}: shape {values.shape}, dtype {values.dtype}: expected one number per token of {tokens_name} "
+            f"({num_tokens},)"
+        )
+    return values, name
+
+
+def write_stream_tokens(
+    out: str | os.PathLike[str],
+    tokens: Any,
+    context_length: int | None,
+    *,
+    num_symbols: int | None = None,
+    embeddings: Any = None,
+    dim: int | None = None,
+    seed: int | None = None,
+    documents: Any = None,
+    weights: Any = None,
+    like: Any = None,
+    options: WriteOptions | None = None,
+) -> TokenStreamStore:
+    """A stream store of a token stream (an (L,) integer array or ``.npy`` path).
+
+    ``documents``: each document's first token index (strictly increasing from 0); ``weights``: one
+    finite, non-negative weight per token, the weight of the row whose target it is (0 keeps a token as
+    context only). The other arguments are those of :func:`~dist_respattn.store.tokens.write_tokens`.
+    """
+    options = options or WriteOptions()
+    _refuse_append(options)
+    reference = open_like(like, options)
+    stream, name = load_token_stream(tokens)
+    num_tokens = int(stream.shape[0])
+    if reference is not None:
+        context_length = reference.context_length(context_length)
+        num_symbols = reference.num_symbols(num_symbols)
+        table, table_info = reference.table(embeddings=embeddings, dim=dim, seed=seed), reference.table_info()
+    else:
+        num_symbols = max_id(stream) + 1 if num_symbols is None else int(num_symbols)
+        if num_symbols < 1:
+            raise ValueError(f"{name}: no tokens: expected a non-empty stream")
+        table, table_info = embedding_table(num_symbols, embeddings=embeddings, dim=dim, seed=seed or 0)
+    window = _check_window(context_length)
+    starts = np.zeros(1, dtype=np.int64)
+    starts_name = None
+    if documents is not None:
+        loaded, starts_name, _ = check_document_starts(documents, num_tokens, name)
+        starts = np.asarray(loaded[:], dtype=np.int64)
+    weight_values, weights_name = (None, None) if weights is None else _checked_weights(weights, num_tokens, name)
+    provenance: dict[str, Any] = {
+        "source": "tokens",
+        "tokens": os.path.abspath(name) if name != "tokens" else "array",
+        "embedding": table_info,
+        **(reference.provenance() if reference is not None else identity_provenance(None, table)),
+    }
+    if starts_name is not None:
+        provenance["documents_file"] = os.path.abspath(starts_name) if starts_name != "documents" else "array"
+    if weights_name is not None:
+        provenance["weights_file"] = os.path.abspath(weights_name) if weights_name != "weights" else "array"
+    hint = f" (the symbols of --like {reference.url})" if reference is not None else ""
+    with StreamWriter(
+        out, num_symbols=num_symbols, table=table, context_length=window, weighted=weight_values is not None,
+        chunk_tokens=options.chunk_rows, partition_tokens=options.partition_rows, query_dtype=options.query_dtype,
+        overwrite=options.overwrite, storage_options=options.storage_options, provenance=provenance,
+    ) as writer:  # fmt: skip
+        if reference is not None and reference.store.vocabulary() is not None:
+            writer.write_vocabulary(reference.store.vocabulary())
+        position, next_doc = 0, 1
+        for piece in checked_pieces(stream, name, num_symbols, hint):
+            w = None
+            if weight_values is not None:
+                w = np.asarray(weight_values[position : position + piece.size], dtype=np.float64)
+                bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
+                if bad.size:
+                    i = int(bad[0])
+                    raise ValueError(f"{weights_name}[{position + i}] = {w[i]}: expected a finite, non-negative weight")
+            # Cut the piece at the document starts inside it.
+            cuts = [position]
+            while next_doc < starts.size and starts[next_doc] < position + piece.size:
+                cuts.append(int(starts[next_doc]))
+                next_doc += 1
+            cuts.append(position + piece.size)
+            for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
+                if k > 0:
+                    writer.start_document()
+                writer.write(piece[a - position : b - position], None if w is None else w[a - position : b - position])
+            position += piece.size
+        if options.progress is not None:
+            options.progress(num_tokens)
+        return writer.close()
+
+
+def write_stream_text(
+    out: str | os.PathLike[str],
+    paths: Sequence[str | os.PathLike[str]],
+    context_length: int | None,
+    *,
+    vocab_size: int | None = None,
+    dim: int | None = None,
+    seed: int | None = None,
+    like: Any = None,
+    file_progress: Callable[[int], None] | None = None,
+    options: WriteOptions | None = None,
+) -> TokenStreamStore:
+    """A stream store of text files, one document each, tokenized as :func:`~dist_respattn.store.text.write_text` does."""
+    options = options or WriteOptions()
+    _refuse_append(options)
+    reference = open_like(like, options)
+    files = iter_text_files(paths)
+    if reference is not None:
+        context_length = reference.context_length(context_length)
+        vocabulary = Vocabulary.from_json(reference.vocabulary(vocab_size))
+        table, table_info = reference.table(dim=dim, seed=seed), reference.table_info()
+        identity = reference.provenance()
+    else:
+        vocabulary = build_vocabulary(files, DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size, file_progress)
+        table, table_info = embedding_table(vocabulary.num_symbols, dim=dim, seed=seed or 0)
+        identity = identity_provenance(vocabulary.tokens, table)
+    window = _check_window(context_length)
+    provenance = {
+        "source": "text",
+        "paths": [os.path.abspath(os.fspath(p)) for p in paths],
+        "files": len(files),
+        "tokenizer": TOKENIZER_NAME,
+        "vocabulary": "vocabulary/zarr.json",
+        "vocab_size": len(vocabulary.tokens),
+        "embedding": table_info,
+        **identity,
+    }
+    lookup = vocabulary.lookup()
+    with StreamWriter(
+        out, num_symbols=vocabulary.num_symbols, table=table, context_length=window,
+        chunk_tokens=options.chunk_rows, partition_tokens=options.partition_rows, query_dtype=options.query_dtype,
+        overwrite=options.overwrite, storage_options=options.storage_options, provenance=provenance,
+    ) as writer:  # fmt: skip
+        writer.write_vocabulary(vocabulary.to_json())
+        oov = 0
+        for path in files:
+            writer.start_document()
+            for piece in line_pieces(path):
+                ids = vocabulary.encode(piece, lookup)
+                oov += int(np.count_nonzero(ids == vocabulary.oov_id))
+                writer.write(ids)
+            if file_progress is not None:
+                file_progress(1)
+        writer.attributes["provenance"]["oov_count"] = oov
+        return writer.close()

@@ -1,0 +1,563 @@
+"""Token-stream stores: the token ids themselves, with the windows made by each reader, block by block.
+
+A triple store of a token corpus spends N ids and a D-float query on every row (~130 bytes a token
+at N = 8, D = 32); the stream itself is 2 bytes a token. A stream store is one zarr v3 group::
+
+    tokens           uint8/16/32 (L,)   the smallest unsigned type that holds S ids
+    document_starts  int64 (n_docs,)    the first token of each document, strictly increasing from 0
+    weight           float32 (L,)       optional: the weight of the row whose target is that token
+    embeddings       float32 (S, D)     the table queries are looked up in
+    vocabulary/                         for text: the tokens, as the attributes of a group
+
+Its rows are the windows of :func:`~dist_respattn.model.encoder.sequence_windows`, document by
+document: the row whose target is token ``j`` has ``context = tok[j-N : j]``, ``query = E[tok[j-1]]``
+and ``target = tok[j]``, and exists when its N context tokens lie in ``j``'s own document. Rows are
+numbered in token order, so N, the window, is a reader's choice (``fit --context N``; the store
+records a default). Token chunks and shards (``chunk_tokens``, ``partition_tokens``) cut the rows:
+partition ``k`` is the rows whose target lies in shard ``k``, and a reader fetches the N tokens
+before a block along with it, so every task reads its own shard and at most the previous chunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import zarr
+
+from dist_respattn.store.checks import EncodedRows, Problem
+from dist_respattn.store.errors import IncompleteStoreError, StoreCorruptError, StoreError
+from dist_respattn.store.identity import corpus_identity
+from dist_respattn.store.location import StoreLocation
+from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreSchema, StoreState
+from dist_respattn.store.triple_store import Partition, open_group_at, shard_key
+
+__all__ = [
+    "STREAM_SCHEMA_NAME",
+    "StreamWriter",
+    "TokenStreamStore",
+    "is_stream_group",
+    "token_dtype",
+    "validate_stream",
+]
+
+STREAM_SCHEMA_NAME = "dist_respattn.token_stream"
+STREAM_SCHEMA_VERSION = 1
+
+#: Tokens per chunk (a block read: 2 MiB of uint16) and per shard (one partition, one task).
+DEFAULT_CHUNK_TOKENS = 1 << 20
+DEFAULT_CHUNKS_PER_PARTITION = 4
+
+
+def token_dtype(num_symbols: int) -> np.dtype:
+    """The smallest unsigned integer dtype that holds ids in [0, S)."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if num_symbols - 1 <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    raise ValueError(f"num_symbols = {num_symbols}: more than uint32 ids")
+
+
+def is_stream_group(attributes: dict[str, Any]) -> bool:
+    return attributes.get("schema") == STREAM_SCHEMA_NAME
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    """The row numbering of a stream for one window N (arrays over the documents, in memory on every reader).
+
+    ``starts`` (n_docs,) first tokens, ``rows`` (n_docs,) windows per document, ``row_starts`` (n_docs + 1,)
+    the first row of each document.
+    """
+
+    starts: np.ndarray
+    rows: np.ndarray
+    row_starts: np.ndarray
+    context_length: int
+    num_tokens: int
+
+    @classmethod
+    def of(cls, starts: np.ndarray, num_tokens: int, context_length: int) -> _Rows:
+        ends = np.append(starts[1:], num_tokens)
+        rows = np.maximum(ends - starts - context_length, 0)
+        row_starts = np.zeros(rows.size + 1, dtype=np.int64)
+        np.cumsum(rows, out=row_starts[1:])
+        return cls(starts, rows, row_starts, context_length, num_tokens)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.row_starts[-1])
+
+    def rows_before(self, token: int) -> int:
+        """How many rows have their target before token position ``token``."""
+        if token >= self.num_tokens:
+            return self.num_rows
+        d = int(np.searchsorted(self.starts, token, side="right")) - 1
+        inside = min(max(token - int(self.starts[d]) - self.context_length, 0), int(self.rows[d]))
+        return int(self.row_starts[d]) + inside
+
+    def positions(self, start: int, stop: int) -> np.ndarray:
+        """The target token of rows ``[start, stop)``: (n,) int64."""
+        rows = np.arange(start, stop, dtype=np.int64)
+        d = np.searchsorted(self.row_starts, rows, side="right") - 1
+        return self.starts[d] + self.context_length + (rows - self.row_starts[d])
+
+
+class TokenStreamStore:
+    """A complete stream store, opened for reading with a window N (default: the one it records).
+
+    It reads like a :class:`~dist_respattn.store.TripleStore` (``schema``, ``num_rows``, partitions,
+    ``iter_blocks``, ``fingerprint``, ``identity``) and pickles as its location and N.
+    """
+
+    kind = "stream"
+
+    def __init__(self, location: StoreLocation, group: Any, attributes: dict[str, Any], context_length: int) -> None:
+        # The location carries the window, so a worker reopening it reads the same rows.
+        self.location = location.with_window(int(context_length))
+        self._group = group
+        self.attributes = attributes
+        self.num_tokens = int(attributes["tokens"])
+        self.chunk_tokens = int(attributes["chunk_tokens"])
+        self.partition_tokens = int(attributes["partition_tokens"])
+        self.schema = StoreSchema(
+            int(attributes["num_symbols"]),
+            int(context_length),
+            int(attributes["query_dim"]),
+            int(attributes["num_symbols"]),
+            str(attributes.get("query_dtype", "float32")),
+            bool(attributes.get("has_weight", False)),
+        )
+        self._tokens = group["tokens"]
+        self._weight = group["weight"] if self.schema.has_weight else None
+        self._table = np.asarray(group["embeddings"][...], dtype=np.dtype(self.schema.query_dtype))
+        starts = np.asarray(group["document_starts"][...], dtype=np.int64)
+        problem = _starts_problem(starts, self.num_tokens)
+        if problem is not None:
+            raise StoreCorruptError(f"{location}: {problem}")
+        self._rows = _Rows.of(starts, self.num_tokens, int(context_length))
+        self.num_rows = self._rows.num_rows
+        # Blocks of rows are those of one token chunk; for a caller that sizes buffers by chunk_rows.
+        self.chunk_rows = self.chunk_tokens
+        self.partition_rows = self.partition_tokens
+        self._verified_partitions: set[int] = set()
+        self._identity: dict[str, str | None] | None = None
+
+    @classmethod
+    def open(
+        cls,
+        url: str | os.PathLike[str] | StoreLocation,
+        context_length: int | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+    ) -> TokenStreamStore:
+        location = StoreLocation.of(url, storage_options)
+        group = open_group_at(location)
+        attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
+        if not is_stream_group(attributes):
+            raise StoreError(f"{location}: not a token-stream store (attribute schema {attributes.get('schema')!r})")
+        if int(attributes.get("schema_version", 0)) > STREAM_SCHEMA_VERSION:
+            raise StoreError(f"{location}: stream format version {attributes['schema_version']} is newer than this release")
+        if attributes.get("state") != StoreState.COMPLETE:
+            raise IncompleteStoreError(
+                f"{location}: state {attributes.get('state')!r}: its writer did not finish; write it again (--overwrite)"
+            )
+        if context_length is None:
+            context_length = location.window
+        n = int(attributes["context_length"]) if context_length is None else int(context_length)
+        if n < 1:
+            raise ValueError(f"context_length = {n}: expected a positive window")
+        return cls(location, group, attributes, n)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (TokenStreamStore.open, (self.location, self.schema.context_length))
+
+    def __repr__(self) -> str:
+        s = self.schema
+        return (
+            f"TokenStreamStore({str(self.location)!r}, tokens={self.num_tokens}, rows={self.num_rows}, "
+            f"S={s.num_symbols}, N={s.context_length}, D={s.query_dim}, partitions={self.num_partitions})"
+        )
+
+    def with_context(self, context_length: int) -> TokenStreamStore:
+        """The same stream read with another window N."""
+        return TokenStreamStore(self.location, self._group, self.attributes, context_length)
+
+    # -- partitions -------------------------------------------------------------------------
+
+    @property
+    def num_partitions(self) -> int:
+        return max(-(-self.num_tokens // self.partition_tokens), 1)
+
+    def partitions(self) -> list[Partition]:
+        return [self.partition(i) for i in range(self.num_partitions)]
+
+    def partition(self, index: int) -> Partition:
+        """The rows whose target lies in token shard ``index`` (possibly none: a shard of document heads)."""
+        if not 0 <= index < self.num_partitions:
+            raise IndexError(f"{self.location}: partition {index} out of range [0, {self.num_partitions})")
+        first = index * self.partition_tokens
+        return Partition(index, self._rows.rows_before(first), self._rows.rows_before(first + self.partition_tokens))
+
+    def _check_shards_present(self, shard: int) -> None:
+        """A missing shard reads as zeros in zarr; refuse it by name instead."""
+        if shard in self._verified_partitions:
+            return
+        fs, root = self.location.filesystem()
+        arrays = [("tokens", self._tokens)] + ([("weight", self._weight)] if self._weight is not None else [])
+        for name, array in arrays:
+            key = shard_key(array, name, shard)
+            first = shard * self.partition_tokens
+            span = f"tokens {first}..{min(first + self.partition_tokens, self.num_tokens) - 1}"
+            try:
+                size = int(fs.info(f"{root}/{key}")["size"])
+            except FileNotFoundError:
+                raise StoreCorruptError(f"{self.location}: array '{name}' shard {shard} ({span}): file '{key}' is missing") from None
+            if size == 0:
+                raise StoreCorruptError(f"{self.location}: array '{name}' shard {shard} ({span}): file '{key}' is empty")
+        self._verified_partitions.add(shard)
+
+    def _read(self, name: str, array: Any, start: int, stop: int) -> np.ndarray:
+        for shard in range(start // self.partition_tokens, max(stop - 1, start) // self.partition_tokens + 1):
+            self._check_shards_present(shard)
+        try:
+            return array[start:stop]
+        except Exception as exc:
+            chunk = start // self.chunk_tokens
+            raise StoreCorruptError(
+                f"{self.location}: array '{name}' chunk {chunk} (tokens {start}..{stop - 1}) cannot be read "
+                f"(a truncated or damaged shard?): {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def read_rows(self, start: int, stop: int) -> EncodedRows:
+        """Rows ``[start, stop)``: their windows made from the tokens they span and the N tokens before."""
+        if not 0 <= start <= stop <= self.num_rows:
+            raise IndexError(f"{self.location}: rows [{start}, {stop}) outside [0, {self.num_rows})")
+        n_pos = self.schema.context_length
+        s = self.schema
+        if stop == start:
+            return EncodedRows(
+                np.zeros((0, n_pos), np.int32), np.zeros((0, s.query_dim), s.query_dtype), np.zeros(0, np.int32),
+                np.zeros(0, np.float32) if s.has_weight else None, start,
+            )  # fmt: skip
+        pos = self._rows.positions(start, stop)
+        first, last = int(pos[0]) - n_pos, int(pos[-1]) + 1
+        span = self._read("tokens", self._tokens, first, last)
+        bad = np.flatnonzero(span >= s.num_symbols)
+        if bad.size:
+            i = int(bad[0])
+            raise StoreCorruptError(
+                f"{self.location}: array 'tokens' position {first + i} = {int(span[i])}: expected a token id in "
+                f"[0, {s.num_symbols}) ({bad.size} bad ids in tokens {first}..{last - 1}); `dist-respattn validate` lists them"
+            )
+        ids = span.astype(np.int32)
+        local = pos - first
+        context = ids[local[:, None] - n_pos + np.arange(n_pos)]
+        query = self._table[ids[local - 1]]
+        target = ids[local]
+        weight = None
+        if self._weight is not None:
+            weight = self._read("weight", self._weight, first, last)[local]
+        return EncodedRows(context, query, target, weight, start)
+
+    def iter_blocks(self, part: Partition | int, block_rows: int | None = None) -> Iterator[EncodedRows]:
+        """A partition's rows by token chunk (or ``block_rows`` rows at a time)."""
+        part = self.partition(part) if isinstance(part, int) else part
+        if block_rows is not None:
+            for begin in range(part.start, part.stop, int(block_rows)):
+                yield self.read_rows(begin, min(begin + int(block_rows), part.stop))
+            return
+        first = part.index * self.partition_tokens
+        for chunk_start in range(first, min(first + self.partition_tokens, self.num_tokens), self.chunk_tokens):
+            begin = max(self._rows.rows_before(chunk_start), part.start)
+            end = min(self._rows.rows_before(chunk_start + self.chunk_tokens), part.stop)
+            if end > begin:
+                yield self.read_rows(begin, end)
+
+    def read_partition(self, part: Partition | int) -> EncodedRows:
+        part = self.partition(part) if isinstance(part, int) else part
+        return self.read_rows(part.start, part.stop)
+
+    # -- what else the store carries ---------------------------------------------------------
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return dict(self.attributes.get("provenance") or {})
+
+    def fingerprint(self) -> str:
+        """A digest of the attributes and the window: one written store read with one N."""
+        text = json.dumps({**self.attributes, "window": self.schema.context_length}, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def true_model(self) -> None:
+        return None
+
+    def embeddings(self) -> np.ndarray:
+        return self._group["embeddings"][...]
+
+    def vocabulary(self) -> dict[str, Any] | None:
+        if "vocabulary" not in self._group:
+            return None
+        return dict(self._group["vocabulary"].attrs)
+
+    def document_starts(self) -> np.ndarray:
+        return self._rows.starts.copy()
+
+    def identity(self) -> dict[str, str | None]:
+        if self._identity is None:
+            self._identity = corpus_identity(self)  # type: ignore[arg-type]
+        return dict(self._identity)
+
+    def describe(self) -> dict[str, Any]:
+        arrays = {}
+        for name in ("tokens", "document_starts", "weight"):
+            if name in self._group:
+                array = self._group[name]
+                arrays[name] = {
+                    "dtype": str(array.dtype),
+                    "shape": list(array.shape),
+                    "chunks": list(array.chunks),
+                    "shards": list(array.shards or array.chunks),
+                    "compressors": [type(c).__name__ for c in array.compressors],
+                    "bytes": int(array.nbytes),
+                }
+        fs, root = self.location.filesystem()
+        stored = sum(int(fs.info(p)["size"]) for p in fs.find(root))
+        return {
+            "url": str(self.location),
+            "format": "stream",
+            "tokens": self.num_tokens,
+            "documents": int(self._rows.starts.size),
+            "rows": self.num_rows,
+            **self.schema.to_json(),
+            "chunk_tokens": self.chunk_tokens,
+            "partition_tokens": self.partition_tokens,
+            "chunk_rows": self.chunk_tokens,  # rows are cut by token chunk: at most this many a block
+            "partition_rows": self.partition_tokens,
+            "partitions": self.num_partitions,
+            "bytes_on_disk": stored,
+            "bytes_per_token": stored / max(self.num_tokens, 1),
+            "fingerprint": self.fingerprint(),
+            "arrays": arrays,
+            "has_true_model": False,
+            "identity": self.identity(),
+            "provenance": self.provenance,
+        }
+
+
+def _starts_problem(starts: np.ndarray, num_tokens: int) -> str | None:
+    """What is wrong with document starts (``None``: nothing): they must rise strictly from 0 inside the stream."""
+    if starts.ndim != 1 or starts.size == 0 or starts[0] != 0:
+        return f"array 'document_starts': shape {starts.shape}, first {starts[:1].tolist()}: expected starts from 0"
+    down = np.flatnonzero(np.diff(starts) <= 0)
+    if down.size:
+        i = int(down[0]) + 1
+        return (
+            f"array 'document_starts' position {i} = {int(starts[i])} after {int(starts[i - 1])}: "
+            "expected strictly increasing document starts"
+        )
+    if num_tokens and starts[-1] >= num_tokens:
+        return f"array 'document_starts' position {starts.size - 1} = {int(starts[-1])}: past the {num_tokens} tokens"
+    return None
+
+
+class StreamWriter:
+    """Writes a stream store in bounded memory: one shard of tokens at a time, then commits it.
+
+    The store is built at ``OUT.partial-<id>`` and moved onto ``OUT`` by :meth:`close`, so a failed
+    write leaves whatever ``OUT`` held untouched.
+    """
+
+    def __init__(
+        self,
+        out: str | os.PathLike[str] | StoreLocation,
+        *,
+        num_symbols: int,
+        table: np.ndarray,
+        context_length: int,
+        weighted: bool = False,
+        chunk_tokens: int | None = None,
+        partition_tokens: int | None = None,
+        query_dtype: str = "float32",
+        overwrite: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        provenance: dict[str, Any] | None = None,
+    ) -> None:
+        from dist_respattn.store.layout import compressors_for
+
+        self.final = StoreLocation.of(out, storage_options)
+        if self.final.exists() and not self.final.is_empty_dir() and not overwrite:
+            raise StoreError(f"{self.final}: already exists: pass --overwrite to replace it")
+        self.location = self.final.sibling(f".partial-{uuid.uuid4().hex[:8]}")
+        self.chunk_tokens = int(chunk_tokens or DEFAULT_CHUNK_TOKENS)
+        self.partition_tokens = int(partition_tokens or self.chunk_tokens * DEFAULT_CHUNKS_PER_PARTITION)
+        if self.partition_tokens % self.chunk_tokens:
+            raise ValueError(
+                f"partition size {self.partition_tokens}: expected a multiple of the chunk size {self.chunk_tokens}"
+            )
+        self.num_symbols = int(num_symbols)
+        self.dtype = token_dtype(self.num_symbols)
+        self.attributes = {
+            "schema": STREAM_SCHEMA_NAME,
+            "schema_version": STREAM_SCHEMA_VERSION,
+            "num_symbols": self.num_symbols,
+            "context_length": int(context_length),
+            "query_dim": int(table.shape[1]),
+            "query_dtype": query_dtype,
+            "has_weight": bool(weighted),
+            "tokens": 0,
+            "chunk_tokens": self.chunk_tokens,
+            "partition_tokens": self.partition_tokens,
+            "state": StoreState.WRITING,
+            "provenance": {**(provenance or {}), "created": _now()},
+        }
+        self.group = zarr.create_group(self.location.zarr_store(), attributes={ATTRIBUTE_KEY: self.attributes})
+        shards = (self.partition_tokens,) if self.partition_tokens != self.chunk_tokens else None
+        ids = compressors_for("ids", "auto")
+        self._arrays = {
+            "tokens": self.group.create_array(
+                "tokens", shape=(0,), dtype=self.dtype, chunks=(self.chunk_tokens,), shards=shards,
+                compressors=ids, fill_value=0, config={"write_empty_chunks": True},
+            )
+        }  # fmt: skip
+        if weighted:
+            self._arrays["weight"] = self.group.create_array(
+                "weight", shape=(0,), dtype=np.float32, chunks=(self.chunk_tokens,), shards=shards,
+                compressors=ids, fill_value=0.0, config={"write_empty_chunks": True},
+            )  # fmt: skip
+        self.group.create_array("embeddings", data=np.ascontiguousarray(table, dtype=np.float32))
+        self._buffer: dict[str, list[np.ndarray]] = {name: [] for name in self._arrays}
+        self._buffered = 0
+        self.written = 0
+        self._starts: list[int] = []
+        self._closed = False
+
+    def write_vocabulary(self, vocabulary: dict[str, Any]) -> None:
+        self.group.create_group("vocabulary", attributes=vocabulary, overwrite=True)
+
+    def start_document(self) -> None:
+        """The next token written begins a document (a document of no tokens is not recorded)."""
+        position = self.written + self._buffered
+        if not self._starts or self._starts[-1] != position:
+            self._starts.append(position)
+
+    def write(self, tokens: np.ndarray, weight: np.ndarray | None = None) -> None:
+        """Append ids of the current document (checked ids in [0, S)); ``weight`` per token when weighted."""
+        if tokens.size == 0:
+            return
+        if not self._starts:
+            self._starts.append(0)
+        self._buffer["tokens"].append(np.asarray(tokens).astype(self.dtype, copy=False))
+        if "weight" in self._arrays:
+            assert weight is not None
+            self._buffer["weight"].append(np.asarray(weight, dtype=np.float32))
+        self._buffered += int(tokens.size)
+        while self._buffered >= self.partition_tokens:
+            self._flush(self.partition_tokens)
+
+    def _flush(self, count: int) -> None:
+        """Write the first ``count`` buffered tokens (a whole shard, or the last one) at the end of the arrays."""
+        for name, array in self._arrays.items():
+            joined = np.concatenate(self._buffer[name])
+            array.resize((self.written + count,))
+            array[self.written : self.written + count] = joined[:count]
+            self._buffer[name] = [joined[count:]] if joined.size > count else []
+        self.written += count
+        self._buffered -= count
+
+    def close(self) -> TokenStreamStore:
+        if self._closed:
+            raise StoreError(f"{self.final}: the writer is already closed")
+        if self._buffered:
+            self._flush(self._buffered)
+        starts = np.asarray(self._starts or [0], dtype=np.int64)
+        self.group.create_array("document_starts", data=starts)
+        attributes = dict(self.attributes)
+        attributes["tokens"] = self.written
+        attributes["state"] = StoreState.COMPLETE
+        attributes["provenance"] = {**attributes["provenance"], "tokens_count": self.written, "documents": int(starts.size)}
+        self.group.attrs[ATTRIBUTE_KEY] = attributes
+        self._closed = True
+        self.location.replace(self.final)
+        return TokenStreamStore.open(self.final)
+
+    def abort(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        fs, root = self.location.filesystem()
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+    def __enter__(self) -> StreamWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
+def validate_stream(store_url: str | os.PathLike[str] | StoreLocation, storage_options: dict[str, Any] | None = None,
+                    ) -> tuple[list[Problem], int, int]:
+    """Every problem of a stream store, named by array and position: ``(problems, tokens scanned, chunks scanned)``."""
+    location = StoreLocation.of(store_url, storage_options)
+    group = open_group_at(location)
+    attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
+    problems: list[Problem] = []
+    if attributes.get("state") != StoreState.COMPLETE:
+        problems.append(Problem(f"state {attributes.get('state')!r}: the writer did not finish; write it again"))
+        return problems, 0, 0
+    num_tokens = int(attributes["tokens"])
+    starts = np.asarray(group["document_starts"][...], dtype=np.int64)
+    problem = _starts_problem(starts, num_tokens)
+    if problem is not None:
+        problems.append(Problem(problem, array="document_starts"))
+    store = TokenStreamStore(location, group, attributes, int(attributes["context_length"])) if problem is None else None
+    chunk = int(attributes["chunk_tokens"])
+    num_symbols = int(attributes["num_symbols"])
+    chunks = 0
+    for begin in range(0, num_tokens, chunk):
+        end = min(begin + chunk, num_tokens)
+        chunks += 1
+        for name in ("tokens", "weight"):
+            if name not in group:
+                continue
+            try:
+                values = store._read(name, group[name], begin, end) if store is not None else group[name][begin:end]
+            except StoreCorruptError as exc:
+                problems.append(Problem(str(exc).split(": ", 1)[1], array=name, chunk=begin // chunk, row=begin))
+                continue
+            if name == "tokens":
+                bad = np.flatnonzero(values >= num_symbols)
+                what = f"expected token ids in [0, {num_symbols})"
+            else:
+                bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
+                what = "expected finite, non-negative weights"
+            if bad.size:
+                i = int(bad[0])
+                problems.append(Problem(f"position {begin + i} = {values[i]}: {what}", array=name,
+                                        chunk=begin // chunk, row=begin + i, count=int(bad.size)))  # fmt: skip
+    return problems, num_tokens, chunks
+
+
+def write_stream(
+    out: str | os.PathLike[str] | StoreLocation,
+    documents: Iterable[tuple[np.ndarray, np.ndarray | None]],
+    **writer_options: Any,
+) -> TokenStreamStore:
+    """Write documents (``(ids, weights or None)`` pairs, each a sequence of its own) as a stream store."""
+    with StreamWriter(out, **writer_options) as writer:
+        for ids, weight in documents:
+            writer.start_document()
+            writer.write(ids, weight)
+        return writer.close()
