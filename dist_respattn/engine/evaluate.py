@@ -34,8 +34,8 @@ from dist_respattn.model.holdout import HoldoutRule
 from dist_respattn.model.ngram import DEFAULT_K, fit_baselines
 from dist_respattn.model.pairs import PairCounts
 from dist_respattn.model.scoring import ScoreTotals
-from dist_respattn.store import StoreError, StoreLocation, TripleStore, check_recorded_corpus
-from dist_respattn.store.rows import is_stream_store, open_rows
+from dist_respattn.store import StoreError, StoreLocation, check_recorded_corpus
+from dist_respattn.store.rows import RowStore, is_stream_store, open_rows
 
 __all__ = ["DEFAULT_BASELINE_K", "Evaluation", "evaluate", "score_store"]
 
@@ -113,12 +113,14 @@ def _parameters_text(parameters: dict[str, Any]) -> str:
     return ", ".join(shown)
 
 
-def _window_for(head: ResponsibilityAttentionDistribution, store: Any, storage_options: dict[str, Any] | None) -> int | None:
+def _window_for(
+    head: ResponsibilityAttentionDistribution, store: Any, storage_options: dict[str, Any] | None
+) -> int | None:
     location = store.location if hasattr(store, "location") else StoreLocation.of(store, storage_options)
     return head.context_length if is_stream_store(location) else None
 
 
-def _open_recorded(record: dict[str, Any] | None, scored: TripleStore) -> TripleStore | None:
+def _open_recorded(record: dict[str, Any] | None, scored: RowStore) -> RowStore | None:
     """The store a checkpoint recorded, when it still opens as it was (same fingerprint) with the scored store's
     S and T; ``None`` otherwise."""
     url = (record or {}).get("url")
@@ -131,13 +133,13 @@ def _open_recorded(record: dict[str, Any] | None, scored: TripleStore) -> Triple
     if store.fingerprint() != (record or {}).get("fingerprint"):  # rewritten or appended to since the fit
         return None
 
-    def ids(s: TripleStore) -> tuple[int, int]:
+    def ids(s: RowStore) -> tuple[int, int]:
         return (s.schema.num_symbols, s.schema.num_targets)
 
     return store if ids(store) == ids(scored) else None
 
 
-def _training_store(meta: dict[str, Any], scored: TripleStore) -> TripleStore | None:
+def _training_store(meta: dict[str, Any], scored: RowStore) -> RowStore | None:
     """The model's training store when it still opens as fitted and is another store than the scored one."""
     record = meta.get("store") or {}
     if record.get("url") == str(scored.location):
@@ -145,7 +147,7 @@ def _training_store(meta: dict[str, Any], scored: TripleStore) -> TripleStore | 
     return _open_recorded(record, scored)
 
 
-def score_store(runner: PassRunner, model: ResponsibilityAttentionDistribution, store: TripleStore) -> ScoreTotals:
+def score_store(runner: PassRunner, model: ResponsibilityAttentionDistribution, store: RowStore) -> ScoreTotals:
     """``model``'s totals over every row of ``store``: one pass of scoring tasks and their combine tree."""
     params = ParameterBroadcast(runner.client, runner.run_tag)
     params.publish(model, "evaluate")
@@ -161,7 +163,7 @@ def score_store(runner: PassRunner, model: ResponsibilityAttentionDistribution, 
 
 def evaluate(
     model: ResponsibilityAttentionDistribution | str | os.PathLike[str],
-    store: str | os.PathLike[str] | StoreLocation | TripleStore,
+    store: str | os.PathLike[str] | StoreLocation | RowStore,
     *,
     baseline_k: float = DEFAULT_BASELINE_K,
     client: distributed.Client | None = None,
@@ -230,8 +232,8 @@ def evaluate(
 
 
 def _baseline_rows(
-    meta: dict[str, Any], scored: TripleStore, training: TripleStore | None
-) -> tuple[RowSelection, tuple[TripleStore, RowSelection, str] | None]:
+    meta: dict[str, Any], scored: RowStore, training: RowStore | None
+) -> tuple[RowSelection, tuple[RowStore, RowSelection, str] | None]:
     """Which training rows the baselines count, and where their parameters are tuned: ``(rows, (store, rows,
     description) or None)``.
 
@@ -248,9 +250,7 @@ def _baseline_rows(
     return ALL_ROWS, None
 
 
-def _count_pairs(
-    runner: PassRunner, store: TripleStore, rows: RowSelection, label: str, description: str
-) -> PairCounts:
+def _count_pairs(runner: PassRunner, store: RowStore, rows: RowSelection, label: str, description: str) -> PairCounts:
     fingerprint = store.fingerprint()
     return runner.run(
         "pairs", label, store.num_partitions, tasks.pairs_task,

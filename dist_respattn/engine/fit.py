@@ -104,7 +104,7 @@ def _shape(obj: Any) -> tuple[int, int, int, int]:
     return (obj.num_symbols, obj.context_length, obj.query_dim, obj.num_targets)
 
 
-def check_same_shape(model: ResponsibilityAttentionDistribution, what: str, store: TripleStore) -> None:
+def check_same_shape(model: ResponsibilityAttentionDistribution, what: str, store: RowStore) -> None:
     """Raise :class:`FitError` naming both shapes when ``model`` (described as ``what``) does not fit ``store``."""
     if _shape(model) != _shape(store):
         raise FitError(
@@ -119,7 +119,7 @@ def _starting_point(
     resume: bool,
     overwrite: bool,
     settings: FitSettings,
-    train: TripleStore,
+    train: RowStore,
     init: ResponsibilityAttentionDistribution | None,
     init_from: str | os.PathLike[str] | None,
 ) -> tuple[Checkpoint | None, ResponsibilityAttentionDistribution | None, dict[str, Any]]:
@@ -167,7 +167,7 @@ def _starting_point(
 
 
 def _holdout(
-    settings: FitSettings, train: TripleStore, heldout: TripleStore | None, checkpoint: Checkpoint | None
+    settings: FitSettings, train: RowStore, heldout: RowStore | None, checkpoint: Checkpoint | None
 ) -> HoldoutRule | None:
     """The automatic hold-out of the training store: only without a validation store, and when there is a choice
     to make or an early-stopping metric asked for; a resumed fit keeps its own."""
@@ -204,11 +204,11 @@ def _last_choice(checkpoint: Checkpoint | None) -> Hyperparameters | None:
 
 
 def _validation_store(
-    validation: str | os.PathLike[str] | StoreLocation | TripleStore | None,
+    validation: str | os.PathLike[str] | StoreLocation | RowStore | None,
     checkpoint: Checkpoint | None,
     storage_options: dict[str, Any] | None,
     window: int | None = None,
-) -> TripleStore | None:
+) -> RowStore | None:
     """The validation store: the one given, or on resume the checkpoint's (a different one is refused)."""
     saved = checkpoint.meta.get("validation") if checkpoint is not None else None
     heldout = open_store(validation, storage_options, window) if validation is not None else None
@@ -233,11 +233,11 @@ def _validation_store(
 
 
 def fit(
-    store: str | os.PathLike[str] | StoreLocation | TripleStore,
+    store: str | os.PathLike[str] | StoreLocation | RowStore,
     *,
     model_dir: str | os.PathLike[str],
     settings: FitSettings | None = None,
-    validation: str | os.PathLike[str] | StoreLocation | TripleStore | None = None,
+    validation: str | os.PathLike[str] | StoreLocation | RowStore | None = None,
     init: ResponsibilityAttentionDistribution | None = None,
     init_from: str | os.PathLike[str] | None = None,
     resume: bool = False,

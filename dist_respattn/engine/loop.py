@@ -36,7 +36,7 @@ from dist_respattn.model.estimator import MStepCandidates, ResponsibilityAttenti
 from dist_respattn.model.pairs import PairCounts
 from dist_respattn.model.prior import EmissionPrior
 from dist_respattn.model.selection import Hyperparameters, HyperparameterSearch, Selection
-from dist_respattn.store import TripleStore
+from dist_respattn.store.rows import RowStore
 
 __all__ = ["EarlyStopping", "FitLoop", "HeldoutRows", "store_record"]
 
@@ -106,7 +106,7 @@ class EarlyStopping:
         }
 
 
-def store_record(store: TripleStore) -> dict[str, Any]:
+def store_record(store: RowStore) -> dict[str, Any]:
     """What a checkpoint records of a store: URL, fingerprint, rows, partitions, source, corpus identity."""
     return {
         "url": str(store.location),
@@ -123,7 +123,7 @@ def store_record(store: TripleStore) -> dict[str, Any]:
 class HeldoutRows:
     """Where a fit's held-out rows are: all of a validation store, or the held-out side of the training store."""
 
-    store: TripleStore
+    store: RowStore
     fingerprint: str
     rows: RowSelection
 
@@ -165,7 +165,7 @@ class FitLoop:
         self,
         client: distributed.Client,
         *,
-        train: TripleStore,
+        train: RowStore,
         train_rows: RowSelection = ALL_ROWS,
         heldout: HeldoutRows | None,
         settings: FitSettings,
@@ -294,7 +294,7 @@ class FitLoop:
         support = counts.support
         self.say(
             f"sparse emission over {support.num_pairs:,} (symbol, target) pairs "
-            f"({support.num_pairs / (support.num_symbols * support.num_targets):.2%} of S×T)"
+            f"({support.num_pairs / (support.num_symbols * support.num_targets):.2%} of S x T)"
         )
         if self.check_support is not None:
             self.check_support(support.num_pairs)

@@ -130,7 +130,12 @@ class FitSettings:
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         if data:
-            then_values = (("init", "random"), ("holdout_fraction", 0.0), ("min_improvement", 0.0), ("emission_layout", "dense"))
+            then_values = (
+                ("init", "random"),
+                ("holdout_fraction", 0.0),
+                ("min_improvement", 0.0),
+                ("emission_layout", "dense"),
+            )
             for name, then in then_values:
                 values.setdefault(name, then)
         return cls(**values)

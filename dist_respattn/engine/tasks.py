@@ -22,9 +22,9 @@ from dist_respattn.model.holdout import HoldoutRule
 from dist_respattn.model.pairs import PairCounts
 from dist_respattn.model.scoring import ScoreTotals, score_rows
 from dist_respattn.model.selection import GridTable, GridTotals, score_grid
-from dist_respattn.store import EncodedRows, StoreError, StoreLocation, TripleStore
+from dist_respattn.store import EncodedRows, StoreError, StoreLocation
 from dist_respattn.store.checks import block_problems
-from dist_respattn.store.rows import open_rows
+from dist_respattn.store.rows import RowStore, open_rows
 
 __all__ = [
     "ALL_ROWS",
@@ -84,7 +84,7 @@ def _configure_worker_process() -> None:
     zarr.config.set({"threading.max_workers": threads})
 
 
-def _checked_store(location: StoreLocation, fingerprint: str) -> TripleStore:
+def _checked_store(location: StoreLocation, fingerprint: str) -> RowStore:
     """Open the store on the worker and check it is the one the fit started on.
 
     Tasks carry the store's location, not an opened store: the scheduler unpickles every task, and
@@ -100,7 +100,7 @@ def _checked_store(location: StoreLocation, fingerprint: str) -> TripleStore:
     return store
 
 
-def _located(store: TripleStore, part: int, block: EncodedRows, exc: ValueError) -> ValueError:
+def _located(store: RowStore, part: int, block: EncodedRows, exc: ValueError) -> ValueError:
     """The kernel counts rows from the block's start; name the store, its array and the store row instead.
 
     A bad value (an id out of range, a non-finite number) is found again by the store's own checks,
@@ -133,7 +133,7 @@ class StartValue:
         return StartValue(combine_values(self.stats, other.stats), pairs)
 
 
-def _pairs_of(block: EncodedRows, weights: np.ndarray | None, store: TripleStore) -> PairCounts:
+def _pairs_of(block: EncodedRows, weights: np.ndarray | None, store: RowStore) -> PairCounts:
     schema = store.schema
     return PairCounts.from_rows(
         block.context[:, -1], block.target, weights, num_symbols=schema.num_symbols, num_targets=schema.num_targets
@@ -153,7 +153,8 @@ def start_task(
     """Statistics of partition ``part`` under the first responsibilities, and its (previous symbol, target) pairs.
 
     A sparse fit's statistics count the pairs the rows hold and carry them as their support, so the
-    reduced start value holds the fit's support. ``start`` is ``"uniform"`` (1/N each) or ``"random"`` (drawn from ``(seed, part)``): either way the
+    reduced start value holds the fit's support. ``start`` is ``"uniform"`` (1/N each) or ``"random"``
+    (drawn from ``(seed, part)``): either way the
     first model is the same on any cluster.
     """
     store = _checked_store(location, fingerprint)

@@ -55,7 +55,7 @@ class SufficientStatistics(NamedTuple):
 
     key_sum: np.ndarray
     key_mass: np.ndarray
-    emission_count: np.ndarray
+    emission_count: EmissionCounts
     position_count: np.ndarray
     query_sq: float
     n_obs: float
@@ -94,7 +94,9 @@ class SufficientStatistics(NamedTuple):
         self.emission_count.add(other.emission_count)
         np.add(self.position_count, other.position_count, out=self.position_count)
         return self._replace(
-            query_sq=self.query_sq + other.query_sq, n_obs=self.n_obs + other.n_obs, log_lik=self.log_lik + other.log_lik
+            query_sq=self.query_sq + other.query_sq,
+            n_obs=self.n_obs + other.n_obs,
+            log_lik=self.log_lik + other.log_lik,
         )
 
     @classmethod
@@ -276,7 +278,9 @@ class ResponsibilityAttentionAccumulator:
         if self.layout == "sparse" and self.support is None:
             raise ValueError("a sparse accumulator needs its support before an E-step (it only initializes without)")
         if self.support is None and isinstance(table, SparseEmission):
-            raise ValueError("estimate has a sparse emission but this accumulator counts dense: make it with its support")
+            raise ValueError(
+                "estimate has a sparse emission but this accumulator counts dense: make it with its support"
+            )
         if self.support is not None and not (isinstance(table, SparseEmission) and table.support.same_as(self.support)):
             raise ValueError("estimate's emission is not sparse over this accumulator's support")
         try:
@@ -338,9 +342,7 @@ class ResponsibilityAttentionAccumulator:
         cells = (target.astype(np.int64)[:, None] * self.num_symbols + context).reshape(-1)[live]
         masses = mass.reshape(-1)[live]
         if self.support is None:
-            self._collected.append(
-                SparseEmissionCounts.from_cells(cells, masses, self.num_symbols, self.num_targets)
-            )
+            self._collected.append(SparseEmissionCounts.from_cells(cells, masses, self.num_symbols, self.num_targets))
             return
         at = self.support.locate(cells % self.num_symbols, cells // self.num_symbols)
         if np.any(at < 0):
@@ -363,7 +365,8 @@ class ResponsibilityAttentionAccumulator:
         elif self.support is None:
             self._collected.append(other.emission_count)  # type: ignore[arg-type]
         else:
-            self._stats.pair_counts += other.emission_count.values_array()  # type: ignore[operator]
+            assert self._stats.pair_counts is not None
+            self._stats.pair_counts += other.emission_count.values_array()
         self._stats.position_count += other.position_count
         self._stats.scalars += (other.query_sq, other.n_obs, other.log_lik)
         return self
@@ -380,7 +383,9 @@ class ResponsibilityAttentionAccumulator:
             return total.copy()
         assert s.pair_counts is not None
         # An E-step's counts lie on the fit's support, which the model carries: they travel without it.
-        return SparseEmissionCounts(s.pair_counts.copy(), None, num_symbols=self.num_symbols, num_targets=self.num_targets)
+        return SparseEmissionCounts(
+            s.pair_counts.copy(), None, num_symbols=self.num_symbols, num_targets=self.num_targets
+        )
 
     def value(self) -> SufficientStatistics:
         """A snapshot of the statistics (copies: later updates never alias it)."""

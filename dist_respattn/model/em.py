@@ -14,7 +14,7 @@ from dist_respattn.model import kernels
 from dist_respattn.model._checks import as_encoded, as_weights
 from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulator, SufficientStatistics
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.emission import choose_layout
+from dist_respattn.model.emission import SparseEmissionCounts, choose_layout
 from dist_respattn.model.estimator import MStepCandidates, ResponsibilityAttentionEstimator
 from dist_respattn.model.holdout import HoldoutRule
 from dist_respattn.model.pairs import PairCounts
@@ -280,7 +280,9 @@ def fit_em(
     if init is not None and factory.layout == "sparse":
         collector = factory.make()
         collector.seq_initialize_uniform((context, query, target), w)
-        support = collector.value().emission_count.support
+        counts = collector.value().emission_count
+        assert isinstance(counts, SparseEmissionCounts) and counts.support is not None
+        support = counts.support
         init = init.with_emission(init.emission_table.restricted(support))
 
     def e_step(model: ResponsibilityAttentionDistribution | None) -> SufficientStatistics:

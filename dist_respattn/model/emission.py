@@ -85,7 +85,8 @@ class PairSupport:
         symbols = np.ascontiguousarray(self.symbols, dtype=np.int32)
         if indptr.shape != (self.num_targets + 1,) or indptr[0] != 0 or indptr[-1] != symbols.shape[0]:
             raise ValueError(
-                f"pair support: indptr has shape {indptr.shape} and ends at {int(indptr[-1]) if indptr.size else None}: "
+                f"pair support: indptr has shape {indptr.shape} and ends at "
+                f"{int(indptr[-1]) if indptr.size else None}: "
                 f"expected ({self.num_targets + 1},) from 0 to the {symbols.shape[0]} pairs"
             )
         if np.any(np.diff(indptr) < 0):
@@ -108,7 +109,9 @@ class PairSupport:
     def full(cls, num_symbols: int, num_targets: int) -> PairSupport:
         """Every pair (for tests and tiny heads)."""
         indptr = np.arange(num_targets + 1, dtype=np.int64) * num_symbols
-        return cls(int(num_symbols), int(num_targets), indptr, np.tile(np.arange(num_symbols, dtype=np.int32), num_targets))
+        return cls(
+            int(num_symbols), int(num_targets), indptr, np.tile(np.arange(num_symbols, dtype=np.int32), num_targets)
+        )
 
     @property
     def num_pairs(self) -> int:
@@ -307,7 +310,9 @@ class SparseEmission(Emission):
         off_count = support.num_targets - np.bincount(support.symbols, minlength=support.num_symbols)
         base = np.full(support.num_targets, 1.0 / support.num_targets)
         with np.errstate(invalid="ignore", divide="ignore"):
-            backoff = np.where(off_count > 0, np.maximum(1.0 - on_support, 0.0) / (off_count / support.num_targets), 0.0)
+            backoff = np.where(
+                off_count > 0, np.maximum(1.0 - on_support, 0.0) / (off_count / support.num_targets), 0.0
+            )
         return cls(support, values, backoff, base)
 
     @property
@@ -349,20 +354,20 @@ class SparseEmission(Emission):
         out = np.empty(sym.shape[0], dtype=np.int64)
         base_cdf = np.cumsum(self.base)
         base_cdf /= base_cdf[-1]
-        u = rng.random(sym.shape[0])
+        u: np.ndarray = rng.random(int(sym.shape[0]))
         for m in range(sym.shape[0]):
             s = sym[m]
             lo, hi = indptr[s], indptr[s + 1]
             probs = self.values[pair[lo:hi]]
             cdf = np.cumsum(probs)
-            k = int(np.searchsorted(cdf, u[m], side="right"))
+            k = int(np.searchsorted(cdf, float(u[m]), side="right"))
             if k < hi - lo:
                 out[m] = targets[lo + k]
                 continue
             stored = targets[lo:hi]
             while True:
                 t = min(int(np.searchsorted(base_cdf, rng.random(), side="right")), self.num_targets - 1)
-                if stored.size == 0 or stored[min(np.searchsorted(stored, t), stored.size - 1)] != t:
+                if stored.size == 0 or stored[min(int(np.searchsorted(stored, t)), stored.size - 1)] != t:
                     out[m] = t
                     break
         return out
@@ -408,8 +413,14 @@ def emission_from_arrays(arrays: Mapping[str, Any], num_symbols: int | None = No
 # -------------------------------------------------------------------------------------- write side
 
 
-def _map_values(count: np.ndarray, row_total: np.ndarray, strength: np.ndarray, base: np.ndarray,
-                symbols: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _map_values(
+    count: np.ndarray,
+    row_total: np.ndarray,
+    strength: np.ndarray,
+    base: np.ndarray,
+    symbols: np.ndarray,
+    targets: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """``(values, backoff)`` of the MAP rows ``(c + a_s u_t) / (c_s + a_s)`` at pairs; an empty row is the base."""
     den = row_total + strength
     empty = den <= 0.0
@@ -547,15 +558,23 @@ class SparseEmissionCounts(EmissionCounts):
 
     @classmethod
     def zeros(cls, support: PairSupport) -> SparseEmissionCounts:
-        return cls(np.zeros(support.num_pairs), support, num_symbols=support.num_symbols, num_targets=support.num_targets)
+        return cls(
+            np.zeros(support.num_pairs), support, num_symbols=support.num_symbols, num_targets=support.num_targets
+        )
 
     @classmethod
-    def from_cells(cls, keys: np.ndarray, weights: np.ndarray, num_symbols: int, num_targets: int) -> SparseEmissionCounts:
+    def from_cells(
+        cls, keys: np.ndarray, weights: np.ndarray, num_symbols: int, num_targets: int
+    ) -> SparseEmissionCounts:
         """Counts of target-major cells ``t * S + s`` (any order, repeats added in input order)."""
         cells, inverse = np.unique(keys, return_inverse=True)
         counts = np.bincount(inverse.reshape(-1), weights=weights, minlength=cells.size).astype(np.float64, copy=False)
-        return cls(counts, PairSupport.from_keys(cells, num_symbols, num_targets), num_symbols=num_symbols,
-                   num_targets=num_targets)
+        return cls(
+            counts,
+            PairSupport.from_keys(cells, num_symbols, num_targets),
+            num_symbols=num_symbols,
+            num_targets=num_targets,
+        )
 
     @classmethod
     def empty(cls, num_symbols: int, num_targets: int) -> SparseEmissionCounts:
@@ -578,8 +597,9 @@ class SparseEmissionCounts(EmissionCounts):
         return int(self.counts.nbytes + (0 if self.support is None else self.support.nbytes))
 
     def copy(self) -> SparseEmissionCounts:
-        return SparseEmissionCounts(self.counts.copy(), self.support, num_symbols=self.num_symbols,
-                                    num_targets=self.num_targets)
+        return SparseEmissionCounts(
+            self.counts.copy(), self.support, num_symbols=self.num_symbols, num_targets=self.num_targets
+        )
 
     def _require_support(self) -> PairSupport:
         if self.support is None:
@@ -613,9 +633,7 @@ class SparseEmissionCounts(EmissionCounts):
 
     def map_emission(self, strength: np.ndarray, base: np.ndarray) -> Emission:
         support = self._require_support()
-        values, backoff = _map_values(
-            self.counts, self.row_totals(), strength, base, support.symbols, support.targets
-        )
+        values, backoff = _map_values(self.counts, self.row_totals(), strength, base, support.symbols, support.targets)
         return SparseEmission(support, values, backoff, base)
 
     def to_dense(self) -> np.ndarray:

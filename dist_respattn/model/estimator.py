@@ -297,7 +297,8 @@ class ResponsibilityAttentionEstimator:
     def accumulator_factory(
         self, *, backend: kernels.Backend = "numba", layout: str = "dense"
     ) -> ResponsibilityAttentionAccumulatorFactory:
-        """A factory of empty accumulators for this estimator's shape and tie name, counting the emission in ``layout``."""
+        """A factory of empty accumulators of this estimator's shape and tie name, counting the emission in
+        ``layout``."""
         return ResponsibilityAttentionAccumulatorFactory(
             self.num_symbols,
             self.context_length,

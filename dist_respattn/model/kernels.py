@@ -93,7 +93,7 @@ class KernelParameters:
         for a sparse one."""
         if isinstance(emission, SparseEmission):
             return SparseKernelParameters.build(key_means, emission, position_prior, sigma2)
-        probs = emission.probs if isinstance(emission, DenseEmission) else emission
+        probs = emission.probs if isinstance(emission, DenseEmission) else np.asarray(emission)
         with np.errstate(divide="ignore"):
             log_emission_ts = np.ascontiguousarray(np.log(probs.T))
         return cls(log_emission_ts=log_emission_ts, **_gate_fields(key_means, position_prior, sigma2))
@@ -598,7 +598,11 @@ def _estep_sparse_numba(
                 yy += v * v
             best = -np.inf
             for i in range(n_pos):
-                li = log_prior[i] + log_values[pair[i]] - _squared_distance(y, key_means, context[row, i]) * inv_two_sigma2
+                li = (
+                    log_prior[i]
+                    + log_values[pair[i]]
+                    - _squared_distance(y, key_means, context[row, i]) * inv_two_sigma2
+                )
                 logw[i] = li
                 best = max(best, li)
             if best == -np.inf:
@@ -631,8 +635,19 @@ def _estep_sparse_numba(
 
 @numba.njit(cache=True, nogil=True)
 def _row_log_likelihood_sparse_numba(
-    context, query, target, key_means, indptr, symbols, log_values, log_backoff, log_base, log_prior,
-    inv_two_sigma2, gate_const, out,
+    context,
+    query,
+    target,
+    key_means,
+    indptr,
+    symbols,
+    log_values,
+    log_backoff,
+    log_base,
+    log_prior,
+    inv_two_sigma2,
+    gate_const,
+    out,
 ):  # pragma: no cover - compiled
     n_pos = context.shape[1]
     logw = np.empty(n_pos)

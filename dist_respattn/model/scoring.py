@@ -134,8 +134,23 @@ def _score_numba(
 
 @numba.njit(cache=True, nogil=True)
 def _score_sparse_numba(
-    context, query, target, weights, key_means, log_prior, inv_two_sigma2, gate_const,
-    indptr, symbols, values, backoff, base, sym_indptr, sym_targets, sym_excess, base_order,
+    context,
+    query,
+    target,
+    weights,
+    key_means,
+    log_prior,
+    inv_two_sigma2,
+    gate_const,
+    indptr,
+    symbols,
+    values,
+    backoff,
+    base,
+    sym_indptr,
+    sym_targets,
+    sym_excess,
+    base_order,
 ):  # pragma: no cover - compiled
     """``_score_numba`` for a sparse emission: ``(log_lik, target_log_prob, correct, weight)``.
 
@@ -252,6 +267,7 @@ def score_rows(
             sym_indptr, sym_targets, sym_excess, _base_order(table),
         )  # fmt: skip
         return ScoreTotals(float(weight), float(log_lik), float(target_log_prob), float(correct))
+    assert isinstance(params, kernels.KernelParameters)
     log_lik, target_log_prob, correct, weight = _score_numba(
         context,
         query,

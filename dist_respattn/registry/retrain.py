@@ -35,7 +35,8 @@ from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.settings import FitSettings
 from dist_respattn.registry.lock import DEFAULT_STALE_AFTER
 from dist_respattn.registry.registry import Registry
-from dist_respattn.store import TripleStore, check_recorded_corpus
+from dist_respattn.store import check_recorded_corpus
+from dist_respattn.store.rows import RowStore
 
 __all__ = ["DEFAULT_TOLERANCE", "GATE_METRICS", "GateDecision", "RetrainResult", "gate", "retrain"]
 
@@ -164,7 +165,7 @@ def _start(settings: FitSettings) -> str:
     return f"random start, seed {settings.seed}" if settings.init == "random" else "uniform start"
 
 
-def _check_corpus(record: dict[str, Any], train: TripleStore, heldout: TripleStore | None) -> None:
+def _check_corpus(record: dict[str, Any], train: RowStore, heldout: RowStore | None) -> None:
     """Refuse stores whose vocabulary or embedding table differs from the latest version's training store:
     warm-starting a head on ids that mean other tokens would fit nonsense, and the gate would compare it."""
     trained_on = (record.get("provenance") or {}).get("store")

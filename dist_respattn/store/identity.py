@@ -27,7 +27,10 @@ import numpy as np
 from dist_respattn.store.errors import CorpusMismatchError
 
 if TYPE_CHECKING:  # the store imports this module; at run time it is only duck-typed here
-    from dist_respattn.store.triple_store import TripleStore
+    pass
+
+if TYPE_CHECKING:
+    from dist_respattn.store.rows import RowStore
 
 __all__ = [
     "IDENTITY_KEYS",
@@ -69,7 +72,7 @@ def identity_provenance(tokens: Sequence[str] | None, table: Any) -> dict[str, s
     return recorded
 
 
-def corpus_identity(store: TripleStore) -> dict[str, str | None]:
+def corpus_identity(store: RowStore) -> dict[str, str | None]:
     """``{"vocabulary": ..., "embeddings": ...}`` of a store: the recorded hashes, else computed from its content.
 
     Computing reads the vocabulary JSON and the (S, D) table, never a row.
@@ -103,7 +106,7 @@ class StoreRef:
     identity: Mapping[str, str | None]
 
     @classmethod
-    def of(cls, store: TripleStore | StoreRef) -> StoreRef:
+    def of(cls, store: RowStore | StoreRef) -> StoreRef:
         if isinstance(store, StoreRef):
             return store
         return cls(str(store.location), store.identity())
@@ -138,7 +141,7 @@ def _differences(reference: StoreRef, other: StoreRef, reference_role: str, othe
 
 
 def check_same_corpus(
-    reference: TripleStore | StoreRef, other: TripleStore | StoreRef, *, reference_role: str, other_role: str
+    reference: RowStore | StoreRef, other: RowStore | StoreRef, *, reference_role: str, other_role: str
 ) -> None:
     """Raise :class:`CorpusMismatchError` unless ``other``'s ids and queries mean what ``reference``'s do.
 
@@ -164,7 +167,7 @@ def check_same_corpus(
 
 
 def check_recorded_corpus(
-    record: Mapping[str, Any] | None, other: TripleStore | StoreRef, *, reference_role: str, other_role: str
+    record: Mapping[str, Any] | None, other: RowStore | StoreRef, *, reference_role: str, other_role: str
 ) -> None:
     """:func:`check_same_corpus` against a store known by its record (``{"url": ..., "identity": {...}}``, as a
     checkpoint or a registry version keeps it); no record, or one from before identities, checks nothing."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,15 +19,17 @@ from dist_respattn.store.common import WriteOptions
 from dist_respattn.store.errors import SchemaMismatchError
 from dist_respattn.store.identity import IDENTITY_KEYS
 from dist_respattn.store.tables import embedding_table
-from dist_respattn.store.triple_store import TripleStore
 from dist_respattn.store.writer import StoreWriter
+
+if TYPE_CHECKING:
+    from dist_respattn.store.rows import RowStore
 
 __all__ = ["LikeStore", "open_like"]
 
 _WHAT_IS_TAKEN = "a store written like it takes N, S, T, the vocabulary and the embedding table from it"
 
 
-def open_like(like: TripleStore | str | os.PathLike[str] | None, options: WriteOptions) -> LikeStore | None:
+def open_like(like: RowStore | str | os.PathLike[str] | None, options: WriteOptions) -> LikeStore | None:
     """The reference a writer copies, or ``None``; a path or URL is opened with ``options.storage_options``."""
     if like is None:
         return None
@@ -44,7 +46,7 @@ def open_like(like: TripleStore | str | os.PathLike[str] | None, options: WriteO
 class LikeStore:
     """A reference store, and the checks that what a writer was asked for agrees with it."""
 
-    def __init__(self, store: TripleStore) -> None:
+    def __init__(self, store: RowStore) -> None:
         self.store = store
         self.url = str(store.location)
 

@@ -41,6 +41,7 @@ def open_rows(
     if location.window is not None and location.window != store.schema.context_length:
         raise ValueError(
             f"{store.location}: a triple store of N = {store.schema.context_length}: the window is fixed when its "
-            "rows are written (--context applies to token-stream stores, written by ingest --tokens/--text --format stream)"
+            "rows are written (--context applies to token-stream stores, written by "
+            "ingest --tokens/--text --format stream)"
         )
     return store

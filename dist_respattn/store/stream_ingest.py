@@ -7,6 +7,7 @@ the ids, not their windows: N is only the default window readers use.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -113,8 +114,9 @@ def write_stream_tokens(
         chunk_tokens=options.chunk_rows, partition_tokens=options.partition_rows, query_dtype=options.query_dtype,
         overwrite=options.overwrite, storage_options=options.storage_options, provenance=provenance,
     ) as writer:  # fmt: skip
-        if reference is not None and reference.store.vocabulary() is not None:
-            writer.write_vocabulary(reference.store.vocabulary())
+        saved = reference.store.vocabulary() if reference is not None else None
+        if saved is not None:
+            writer.write_vocabulary(saved)
         position, next_doc = 0, 1
         for piece in checked_pieces(stream, name, num_symbols, hint):
             w = None
@@ -130,7 +132,7 @@ def write_stream_tokens(
                 cuts.append(int(starts[next_doc]))
                 next_doc += 1
             cuts.append(position + piece.size)
-            for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
+            for k, (a, b) in enumerate(itertools.pairwise(cuts)):
                 if k > 0:
                     writer.start_document()
                 writer.write(piece[a - position : b - position], None if w is None else w[a - position : b - position])
@@ -152,7 +154,7 @@ def write_stream_text(
     file_progress: Callable[[int], None] | None = None,
     options: WriteOptions | None = None,
 ) -> TokenStreamStore:
-    """A stream store of text files, one document each, tokenized as :func:`~dist_respattn.store.text.write_text` does."""
+    """A stream store of text files, one document each, tokenized as :func:`~dist_respattn.store.text.write_text`."""
     options = options or WriteOptions()
     _refuse_append(options)
     reference = open_like(like, options)
@@ -193,5 +195,5 @@ def write_stream_text(
                 writer.write(ids)
             if file_progress is not None:
                 file_progress(1)
-        writer.attributes["provenance"]["oov_count"] = oov
+        writer.provenance["oov_count"] = oov
         return writer.close()

@@ -167,10 +167,13 @@ class TokenStreamStore:
         if not is_stream_group(attributes):
             raise StoreError(f"{location}: not a token-stream store (attribute schema {attributes.get('schema')!r})")
         if int(attributes.get("schema_version", 0)) > STREAM_SCHEMA_VERSION:
-            raise StoreError(f"{location}: stream format version {attributes['schema_version']} is newer than this release")
+            raise StoreError(
+                f"{location}: stream format version {attributes['schema_version']} is newer than this release"
+            )
         if attributes.get("state") != StoreState.COMPLETE:
             raise IncompleteStoreError(
-                f"{location}: state {attributes.get('state')!r}: its writer did not finish; write it again (--overwrite)"
+                f"{location}: state {attributes.get('state')!r}: its writer did not finish; "
+                "write it again (--overwrite)"
             )
         if context_length is None:
             context_length = location.window
@@ -222,9 +225,13 @@ class TokenStreamStore:
             try:
                 size = int(fs.info(f"{root}/{key}")["size"])
             except FileNotFoundError:
-                raise StoreCorruptError(f"{self.location}: array '{name}' shard {shard} ({span}): file '{key}' is missing") from None
+                raise StoreCorruptError(
+                    f"{self.location}: array '{name}' shard {shard} ({span}): file '{key}' is missing"
+                ) from None
             if size == 0:
-                raise StoreCorruptError(f"{self.location}: array '{name}' shard {shard} ({span}): file '{key}' is empty")
+                raise StoreCorruptError(
+                    f"{self.location}: array '{name}' shard {shard} ({span}): file '{key}' is empty"
+                )
         self._verified_partitions.add(shard)
 
     def _read(self, name: str, array: Any, start: int, stop: int) -> np.ndarray:
@@ -258,7 +265,8 @@ class TokenStreamStore:
             i = int(bad[0])
             raise StoreCorruptError(
                 f"{self.location}: array 'tokens' position {first + i} = {int(span[i])}: expected a token id in "
-                f"[0, {s.num_symbols}) ({bad.size} bad ids in tokens {first}..{last - 1}); `dist-respattn validate` lists them"
+                f"[0, {s.num_symbols}) ({bad.size} bad ids in tokens {first}..{last - 1}); "
+                "`dist-respattn validate` lists them"
             )
         ids = span.astype(np.int32)
         local = pos - first
@@ -315,7 +323,7 @@ class TokenStreamStore:
 
     def identity(self) -> dict[str, str | None]:
         if self._identity is None:
-            self._identity = corpus_identity(self)  # type: ignore[arg-type]
+            self._identity = corpus_identity(self)
         return dict(self._identity)
 
     def describe(self) -> dict[str, Any]:
@@ -407,7 +415,9 @@ class StreamWriter:
             )
         self.num_symbols = int(num_symbols)
         self.dtype = token_dtype(self.num_symbols)
-        self.attributes = {
+        #: Provenance recorded at close (writers add counts known only at the end).
+        self.provenance: dict[str, Any] = {**(provenance or {}), "created": _now()}
+        self.attributes: dict[str, Any] = {
             "schema": STREAM_SCHEMA_NAME,
             "schema_version": STREAM_SCHEMA_VERSION,
             "num_symbols": self.num_symbols,
@@ -419,7 +429,7 @@ class StreamWriter:
             "chunk_tokens": self.chunk_tokens,
             "partition_tokens": self.partition_tokens,
             "state": StoreState.WRITING,
-            "provenance": {**(provenance or {}), "created": _now()},
+            "provenance": self.provenance,
         }
         self.group = zarr.create_group(self.location.zarr_store(), attributes={ATTRIBUTE_KEY: self.attributes})
         shards = (self.partition_tokens,) if self.partition_tokens != self.chunk_tokens else None
@@ -482,10 +492,14 @@ class StreamWriter:
             self._flush(self._buffered)
         starts = np.asarray(self._starts or [0], dtype=np.int64)
         self.group.create_array("document_starts", data=starts)
-        attributes = dict(self.attributes)
+        attributes: dict[str, Any] = dict(self.attributes)
         attributes["tokens"] = self.written
         attributes["state"] = StoreState.COMPLETE
-        attributes["provenance"] = {**attributes["provenance"], "tokens_count": self.written, "documents": int(starts.size)}
+        attributes["provenance"] = {
+            **self.provenance,
+            "tokens_count": self.written,
+            "documents": int(starts.size),
+        }
         self.group.attrs[ATTRIBUTE_KEY] = attributes
         self._closed = True
         self.location.replace(self.final)
@@ -507,8 +521,10 @@ class StreamWriter:
             self.abort()
 
 
-def validate_stream(store_url: str | os.PathLike[str] | StoreLocation, storage_options: dict[str, Any] | None = None,
-                    ) -> tuple[list[Problem], int, int]:
+def validate_stream(
+    store_url: str | os.PathLike[str] | StoreLocation,
+    storage_options: dict[str, Any] | None = None,
+) -> tuple[list[Problem], int, int]:
     """Every problem of a stream store, named by array and position: ``(problems, tokens scanned, chunks scanned)``."""
     location = StoreLocation.of(store_url, storage_options)
     group = open_group_at(location)
@@ -522,7 +538,9 @@ def validate_stream(store_url: str | os.PathLike[str] | StoreLocation, storage_o
     problem = _starts_problem(starts, num_tokens)
     if problem is not None:
         problems.append(Problem(problem, array="document_starts"))
-    store = TokenStreamStore(location, group, attributes, int(attributes["context_length"])) if problem is None else None
+    store = (
+        TokenStreamStore(location, group, attributes, int(attributes["context_length"])) if problem is None else None
+    )
     chunk = int(attributes["chunk_tokens"])
     num_symbols = int(attributes["num_symbols"])
     chunks = 0

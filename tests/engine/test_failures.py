@@ -223,7 +223,9 @@ def test_worker_killed_mid_iteration_gives_identical_parameters(
                 killer.start()
 
         settings = dataclasses.replace(LONG_SETTINGS, emission_layout=layout)
-        result = fit(long_store, model_dir=tmp_path / "model", settings=settings, client=client, say=say, progress=False)
+        result = fit(
+            long_store, model_dir=tmp_path / "model", settings=settings, client=client, say=say, progress=False
+        )
         killer.join(timeout=60)
         client.wait_for_workers(2, timeout=60)
         after = client.run(os.getpid)

@@ -267,7 +267,9 @@ def assert_masses_sum_to_n_obs(value: SufficientStatistics, expected_n_obs: floa
     for name in ("position_count", "key_mass", "emission_count"):
         assert_close(np.asarray(getattr(value, name)).sum(), value.n_obs, rtol=RTOL, label=f"{name}.sum()")
     # Each emission row sums to the symbol's mass.
-    assert_close(np.asarray(value.emission_count).sum(axis=1), value.key_mass, rtol=RTOL, label="emission_count row sums")
+    assert_close(
+        np.asarray(value.emission_count).sum(axis=1), value.key_mass, rtol=RTOL, label="emission_count row sums"
+    )
 
 
 def total_weight(problem: Problem) -> float:

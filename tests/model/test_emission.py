@@ -158,7 +158,9 @@ def test_a_support_locates_its_pairs_and_nothing_else():
     at = support.locate(s, t)
     inside = at >= 0
     assert inside.sum() == support.num_pairs
-    assert np.array_equal(support.symbols[at[inside]], s[inside]) and np.array_equal(support.targets[at[inside]], t[inside])
+    assert np.array_equal(support.symbols[at[inside]], s[inside]) and np.array_equal(
+        support.targets[at[inside]], t[inside]
+    )
     assert PairSupport.from_keys(support.keys(), S, T).same_as(support)
 
 
@@ -214,24 +216,32 @@ def test_sparse_e_step_statistics_equal_the_dense_ones(shape, weighted):
 def test_sparse_scores_equal_the_dense_ones_on_unseen_rows(shape):
     _, data, _ = sampled(shape, 2000, sum(shape) + 1, weighted=False)
     _, heldout, _ = sampled(shape, 700, sum(shape) + 50, weighted=False)
-    sparse = fit_em(data, ResponsibilityAttentionEstimator(*shape, emission_prior="continuation"), layout="sparse",
-                    max_iter=2).distribution
+    sparse = fit_em(
+        data, ResponsibilityAttentionEstimator(*shape, emission_prior="continuation"), layout="sparse", max_iter=2
+    ).distribution
     dense = sparse.with_emission(DenseEmission(sparse.emission))
     assert sparse.emission_table.layout == "sparse"
     np.testing.assert_allclose(sparse.seq_log_density(heldout), dense.seq_log_density(heldout), rtol=1e-12)
     a, b = score_rows(sparse, heldout).metrics(), score_rows(dense, heldout).metrics()
     assert a["accuracy"] == b["accuracy"]
     assert a["perplexity"] == pytest.approx(b["perplexity"], rel=1e-12)
-    np.testing.assert_allclose(sparse.predict_proba(heldout[0][:20], heldout[1][:20]),
-                               dense.predict_proba(heldout[0][:20], heldout[1][:20]), rtol=1e-12, atol=1e-15)
-    np.testing.assert_allclose(sparse.attention_weights(heldout[0][:20], heldout[1][:20], heldout[2][:20]),
-                               dense.attention_weights(heldout[0][:20], heldout[1][:20], heldout[2][:20]),
-                               rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(
+        sparse.predict_proba(heldout[0][:20], heldout[1][:20]),
+        dense.predict_proba(heldout[0][:20], heldout[1][:20]),
+        rtol=1e-12,
+        atol=1e-15,
+    )
+    np.testing.assert_allclose(
+        sparse.attention_weights(heldout[0][:20], heldout[1][:20], heldout[2][:20]),
+        dense.attention_weights(heldout[0][:20], heldout[1][:20], heldout[2][:20]),
+        rtol=1e-12,
+        atol=1e-15,
+    )
 
 
 @pytest.mark.parametrize("shape", [(12, 4, 3, 7), (3, 6, 2, 5), (9, 3, 4, 1)], ids=str)
 def test_sparse_fits_equal_dense_fits(shape):
-    truth, data, weights = sampled(shape, 4000, sum(shape) + 2, weighted=True)
+    _, data, weights = sampled(shape, 4000, sum(shape) + 2, weighted=True)
     estimator = ResponsibilityAttentionEstimator(*shape, emission_prior="continuation", search=DEFAULT_SEARCH)
     rule = HoldoutRule(0.1, 16)
     dense = fit_em(data, estimator, weights=weights, holdout=rule, layout="dense", max_iter=4).distribution

@@ -39,9 +39,11 @@ def reference_rows(tokens, starts, n, table, weights=None):
 
 
 def all_rows(store, *, by_blocks: bool):
-    parts = [b for p in range(store.num_partitions) for b in store.iter_blocks(p)] if by_blocks else [
-        store.read_partition(p) for p in range(store.num_partitions)
-    ]
+    parts = (
+        [b for p in range(store.num_partitions) for b in store.iter_blocks(p)]
+        if by_blocks
+        else [store.read_partition(p) for p in range(store.num_partitions)]
+    )
     starts = [b.start for b in parts]
     assert starts == sorted(starts)
     cat = lambda name: np.concatenate([getattr(b, name) for b in parts])  # noqa: E731
@@ -129,7 +131,9 @@ def test_bad_ids_and_document_starts_are_named_by_array_and_position(tmp_path):
 def test_a_truncated_or_missing_shard_is_named(tmp_path):
     tokens = np.random.default_rng(1).integers(0, 50, 4000)
     path = tmp_path / "s.zarr"
-    store = write_stream_tokens(path, tokens, 4, num_symbols=50, options=WriteOptions(chunk_rows=256, partition_rows=1024))
+    store = write_stream_tokens(
+        path, tokens, 4, num_symbols=50, options=WriteOptions(chunk_rows=256, partition_rows=1024)
+    )
     shard = path / "tokens" / "c" / "2"
     shard.write_bytes(shard.read_bytes()[:100])
     reopened = open_rows(path)
@@ -147,6 +151,7 @@ def test_the_cli_writes_checks_and_fits_a_stream_with_a_chosen_window(tmp_path):
     tokens = np.random.default_rng(2).integers(0, 40, 30_000)
     np.save(tmp_path / "t.npy", tokens)
     np.save(tmp_path / "d.npy", np.array([0, 10_000, 10_003, 20_000]))
+
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return run_cli(*args, cwd=tmp_path, timeout=300)
 
