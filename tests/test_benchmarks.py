@@ -401,3 +401,41 @@ def test_quality_smoke_run_reports_every_figure(tmp_path):
     verdicts = report["verdicts"]["stdlib"]
     assert len(verdicts) == 3 and all(v.endswith(("PASS", "MISS")) for v in verdicts)
     assert "head, defaults" in table and "Kneser-Ney, interpolated" in table
+
+
+SCALE_SCRIPT = SCRIPT.parent / "bench_scale.py"
+
+
+@pytest.mark.slow
+def test_scale_smoke_run_reports_every_figure(tmp_path):
+    """bench_scale.py on the standard library's ``email`` package (no download) at 2,000 words, forced sparse
+    by the reference shape only: every figure is measured, and they agree with each other."""
+    import sysconfig
+
+    corpus = Path(sysconfig.get_paths()["stdlib"]) / "email"
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-W", "error::RuntimeWarning", str(SCALE_SCRIPT), "--json", "--corpus", str(corpus)),
+            *("--vocab-size", "1999", "--reference-rows", "20000", "--iterations", "2", "--test-fraction", "0.2"),
+            *("--work", str(tmp_path), "--cache", str(tmp_path / "cache"), "--memory-limit", "2GiB"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=SCALE_SCRIPT.parents[1],
+        check=False,
+    )
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    table, _, payload = completed.stdout.partition("\n{")
+    report = json.loads("{" + payload)
+    reference = report["reference"]
+    assert reference["statistics_difference"] <= 1e-12
+    assert reference["pairs"] > 0 and reference["sparse_rows_per_second"] > 0
+    corpus_report, fitted = report["corpus"], report["fit"]
+    assert corpus_report["vocabulary"] == 2000 and corpus_report["tokens"] > 10_000
+    assert 0 < corpus_report["bytes_per_token"] < 100
+    assert len(fitted["iteration_seconds"]) == 2 and fitted["kernel_rows_per_second"] > 0
+    assert fitted["worker_peak_gib"] > 0 and fitted["driver_peak_gib"] > 0
+    assert_positive_finite(fitted["head_perplexity"], "head")
+    assert f"{fitted['head_over_kneser_ney']:.3f}" in table
+    assert table.count("PASS") + table.count("MISS") == 8

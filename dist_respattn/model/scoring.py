@@ -67,6 +67,46 @@ class ScoreTotals:
 
 
 @numba.njit(cache=True, nogil=True)
+def _row_gate(context, row, y, key_means, log_prior, inv_two_sigma2, gate):  # pragma: no cover - compiled
+    """``gate[i] = log pi_i - ||y - K[c_i]||^2 / (2 sigma2)`` for one row; returns its max."""
+    best = -np.inf
+    for i in range(context.shape[1]):
+        c = context[row, i]
+        sq = 0.0
+        for d in range(y.shape[0]):
+            diff = y[d] - key_means[c, d]
+            sq += diff * diff
+        g = log_prior[i] - sq * inv_two_sigma2
+        gate[i] = g
+        best = max(best, g)
+    return best
+
+
+@numba.njit(cache=True, nogil=True)
+def _log_sum_exp(values):  # pragma: no cover - compiled
+    """``log sum exp(values)``; ``-inf`` when every value is ``-inf``."""
+    best = -np.inf
+    for i in range(values.shape[0]):
+        best = max(best, values[i])
+    if best == -np.inf:
+        return -np.inf
+    acc = 0.0
+    for i in range(values.shape[0]):
+        acc += math.exp(values[i] - best)
+    return best + math.log(acc)
+
+
+@numba.njit(cache=True, nogil=True)
+def _exp_gate(gate, best):  # pragma: no cover - compiled
+    """``gate = exp(gate - best)`` in place; returns the sum (the attention is ``gate / sum``)."""
+    norm = 0.0
+    for i in range(gate.shape[0]):
+        gate[i] = math.exp(gate[i] - best)
+        norm += gate[i]
+    return norm
+
+
+@numba.njit(cache=True, nogil=True)
 def _score_numba(
     context, query, target, weights, key_means, emission, log_prior, inv_two_sigma2, log_emission_ts, gate_const
 ):  # pragma: no cover - compiled
@@ -86,33 +126,13 @@ def _score_numba(
         for d in range(query.shape[1]):
             y[d] = query[row, d]
         t = target[row]
-        best_gate = -np.inf
+        best_gate = _row_gate(context, row, y, key_means, log_prior, inv_two_sigma2, gate)
         for i in range(n_pos):
-            c = context[row, i]
-            sq = 0.0
-            for d in range(y.shape[0]):
-                diff = y[d] - key_means[c, d]
-                sq += diff * diff
-            g = log_prior[i] - sq * inv_two_sigma2
-            gate[i] = g
-            joint[i] = g + log_emission_ts[t, c]
-            best_gate = max(best_gate, g)
+            joint[i] = gate[i] + log_emission_ts[t, context[row, i]]
         # Joint likelihood: logsumexp of the gate plus the emission of the seen target.
-        best_joint = -np.inf
-        for i in range(n_pos):
-            best_joint = max(best_joint, joint[i])
-        if best_joint == -np.inf:
-            row_ll = -np.inf
-        else:
-            s = 0.0
-            for i in range(n_pos):
-                s += math.exp(joint[i] - best_joint)
-            row_ll = best_joint + math.log(s) + gate_const
-        # Prediction: attention from the gate alone, then the mixture of emission rows.
-        norm = 0.0
-        for i in range(n_pos):
-            gate[i] = math.exp(gate[i] - best_gate)
-            norm += gate[i]
+        row_ll = _log_sum_exp(joint) + gate_const
+        # Prediction: attention from the gate alone.
+        norm = _exp_gate(gate, best_gate)
         probs[:] = 0.0
         for i in range(n_pos):
             a = gate[i] / norm
@@ -174,33 +194,16 @@ def _score_sparse_numba(
         for d in range(query.shape[1]):
             y[d] = query[row, d]
         t = target[row]
-        best_gate = -np.inf
+        best_gate = _row_gate(context, row, y, key_means, log_prior, inv_two_sigma2, gate)
         for i in range(n_pos):
             c = context[row, i]
-            sq = 0.0
-            for d in range(y.shape[0]):
-                diff = y[d] - key_means[c, d]
-                sq += diff * diff
-            g = log_prior[i] - sq * inv_two_sigma2
-            gate[i] = g
             p = kernels._find_pair(indptr, symbols, t, c)
             b = values[p] if p >= 0 else backoff[c] * base[t]
-            joint[i] = g + (math.log(b) if b > 0.0 else -np.inf)
-            best_gate = max(best_gate, g)
-        best_joint = -np.inf
-        for i in range(n_pos):
-            best_joint = max(best_joint, joint[i])
-        if best_joint == -np.inf:
-            row_ll = -np.inf
-        else:
-            acc = 0.0
-            for i in range(n_pos):
-                acc += math.exp(joint[i] - best_joint)
-            row_ll = best_joint + math.log(acc) + gate_const
-        norm = 0.0
-        for i in range(n_pos):
-            gate[i] = math.exp(gate[i] - best_gate)
-            norm += gate[i]
+            joint[i] = gate[i] + (math.log(b) if b > 0.0 else -np.inf)
+        # Joint likelihood: logsumexp of the gate plus the emission of the seen target.
+        row_ll = _log_sum_exp(joint) + gate_const
+        # Prediction: attention from the gate alone.
+        norm = _exp_gate(gate, best_gate)
         # p(k) = A base[k] + scratch[k]: A the attention-weighted backoff, scratch the stored pairs' excess.
         scale = 0.0
         n_touched = 0

@@ -37,7 +37,7 @@ from dist_respattn.store.errors import IncompleteStoreError, StoreCorruptError, 
 from dist_respattn.store.identity import corpus_identity
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreSchema, StoreState
-from dist_respattn.store.triple_store import Partition, open_group_at, shard_key
+from dist_respattn.store.triple_store import Partition, array_summary, open_group_at, shard_key
 
 __all__ = [
     "STREAM_SCHEMA_NAME",
@@ -327,18 +327,11 @@ class TokenStreamStore:
         return dict(self._identity)
 
     def describe(self) -> dict[str, Any]:
-        arrays = {}
-        for name in ("tokens", "document_starts", "weight"):
-            if name in self._group:
-                array = self._group[name]
-                arrays[name] = {
-                    "dtype": str(array.dtype),
-                    "shape": list(array.shape),
-                    "chunks": list(array.chunks),
-                    "shards": list(array.shards or array.chunks),
-                    "compressors": [type(c).__name__ for c in array.compressors],
-                    "bytes": int(array.nbytes),
-                }
+        arrays = {
+            name: array_summary(self._group[name])
+            for name in ("tokens", "document_starts", "weight")
+            if name in self._group
+        }
         fs, root = self.location.filesystem()
         stored = sum(int(fs.info(p)["size"]) for p in fs.find(root))
         return {

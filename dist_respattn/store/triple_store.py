@@ -20,7 +20,7 @@ from dist_respattn.store.identity import corpus_identity
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.schema import StoreSchema, StoreState
 
-__all__ = ["Partition", "TripleStore", "open_group_at", "shard_key"]
+__all__ = ["Partition", "TripleStore", "array_summary", "open_group_at", "shard_key"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +44,18 @@ def open_group_at(location: StoreLocation, mode: str = "r") -> Any:
         raise StoreError(f"{location}: no zarr group there (expected a triple store)") from exc
     except zarr.errors.ContainsArrayError as exc:
         raise StoreError(f"{location}: a zarr array, not a group (expected a triple store)") from exc
+
+
+def array_summary(array: Any) -> dict[str, Any]:
+    """What ``info`` shows of one zarr array: dtype, shape, chunks, shards, codecs and uncompressed bytes."""
+    return {
+        "dtype": str(array.dtype),
+        "shape": list(array.shape),
+        "chunks": list(array.chunks),
+        "shards": list(array.shards or array.chunks),
+        "compressors": [type(c).__name__ for c in array.compressors],
+        "bytes": int(array.nbytes),
+    }
 
 
 def shard_key(array: Any, name: str, partition: int) -> str:
@@ -228,16 +240,7 @@ class TripleStore:
 
     def describe(self) -> dict[str, Any]:
         """What ``dist-respattn info`` prints: schema, rows, layout, sizes, corpus identity and provenance."""
-        arrays = {}
-        for name, array in self._arrays.items():
-            arrays[name] = {
-                "dtype": str(array.dtype),
-                "shape": list(array.shape),
-                "chunks": list(array.chunks),
-                "shards": list(array.shards or array.chunks),
-                "compressors": [type(c).__name__ for c in array.compressors],
-                "bytes": int(array.nbytes),
-            }
+        arrays = {name: array_summary(array) for name, array in self._arrays.items()}
         return {
             "url": str(self.location),
             "rows": self.num_rows,

@@ -1,0 +1,337 @@
+"""Vocabulary and corpus scale: a sparse-emission fit of a large real corpus from a token-stream store.
+
+In one run:
+
+1. **Reference shape** (S = T = 2000, N = 16, D = 32, 1M sampled rows): the dense and the sparse E-step
+   kernel on the same rows and model (the sparse one over the pairs the rows hold), rows/s side by side,
+   and the largest relative difference of their statistics.
+2. **Corpus**: the ``*.c``/``*.h`` files of Debian's ``linux-source-6.1`` (``apt-get download``, unpacked
+   once into ``--cache``), or any ``--corpus DIR``; files go to train or test by a hash of their path
+   (``--test-fraction``), the vocabulary (``--vocab-size`` words, S = K + 1) is counted on train.
+   ``ingest --text --format stream`` as a function call: its tokens/s and bytes a token on disk.
+3. **Fit** on a LocalCluster of 2 single-threaded workers (``fit --context 8``, the emission sparse by
+   size, its hyperparameters chosen on the fit's own 5% hold-out): the support's size, per-iteration
+   time against the bare kernel on the same rows (one partition timed in this process, scaled to the
+   training rows and halved for 2 workers), the first iteration's time, worker and driver peak memory.
+4. **Quality**: the test store's next-token perplexity, the head beside the Kneser-Ney bigram (``evaluate``).
+
+Targets (PASS/MISS beside the figures): store <= 4.5 bytes a token; ingest >= 5M tokens/s; each worker
+<= 6 GiB and the driver <= 4 GiB; an iteration <= 1.3x (kernel time / 2); sparse kernel >= 0.8x the dense
+kernel's rows/s at the reference shape, statistics equal to 1e-12; first iteration < 60 s.
+
+Run::
+
+    pip install -e '.[bench]'
+    python benchmarks/bench_scale.py                         # linux-source-6.1, >= 100M tokens (~20 min)
+    python benchmarks/bench_scale.py --corpus DIR --vocab-size 1999 --reference-rows 20000 --iterations 1 --json
+
+Worker processes are spawned, so everything runs under ``if __name__ == "__main__":``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from measure import peak_rss_bytes
+
+GIB = 2**30
+TARGETS = {
+    "bytes_per_token": 4.5,
+    "ingest_tokens_per_second": 5e6,
+    "worker_peak_gib": 6.0,
+    "driver_peak_gib": 4.0,
+    "iteration_over_kernel": 1.3,
+    "sparse_over_dense_kernel": 0.8,
+    "statistics_difference": 1e-12,
+    "first_iteration_seconds": 60.0,
+}
+
+
+# ------------------------------------------------------------------------------------- the corpus
+
+
+def linux_source(cache: Path) -> Path:
+    """The unpacked ``*.c``/``*.h`` files of Debian's linux-source-6.1 (fetched and unpacked once)."""
+    root = cache / "linux"
+    done = root / ".unpacked"
+    if done.exists():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    debs = sorted(cache.glob("linux-source-6.1_*.deb"))
+    if not debs:
+        subprocess.run(["apt-get", "download", "linux-source-6.1"], cwd=cache, check=True)
+        debs = sorted(cache.glob("linux-source-6.1_*.deb"))
+    tarball = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(debs[-1])], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "--wildcards", "*.tar.xz"], input=tarball, cwd=root, check=True)
+    (xz,) = root.glob("usr/src/linux-source-6.1.tar.xz")
+    subprocess.run(["tar", "-xJf", str(xz), "--wildcards", "*.c", "*.h"], cwd=root, check=True)
+    xz.unlink()
+    done.touch()
+    return root
+
+
+def source_files(root: Path, suffixes: tuple[str, ...]) -> list[str]:
+    return sorted(str(p) for p in root.rglob("*") if p.is_file() and p.suffix in suffixes)
+
+
+def goes_to_test(path: str, root: Path, fraction: float) -> bool:
+    key = os.path.relpath(path, root).encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2**64 < fraction
+
+
+def take_files(files: list[str], root: Path, share: float) -> list[str]:
+    """A deterministic share of the files (by a hash of the path, another hash than the split's)."""
+    if share >= 1.0:
+        return files
+    keep = []
+    for path in files:
+        key = b"take:" + os.path.relpath(path, root).encode()
+        if int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2**64 < share:
+            keep.append(path)
+    return keep
+
+
+# ------------------------------------------------------------------------------------------- parts
+
+
+def reference_shape(rows: int, repeats: int) -> dict[str, Any]:
+    """The dense and the sparse kernel on the same rows at S = T = 2000, N = 16, D = 32."""
+    from dist_respattn import random_distribution
+    from dist_respattn.model import kernels
+    from dist_respattn.model.emission import DenseEmission, PairSupport
+
+    s, n, d, t = 2000, 16, 32, 2000
+    truth = random_distribution(s, n, d, t, seed=0, sigma2=1.0)
+    context, query, target = truth.sampler(1).sample_arrays(rows, query_dtype=np.float32)
+    keys = np.unique((target.astype(np.int64)[:, None] * s + context).ravel())
+    support = PairSupport.from_keys(keys, s, t)
+    sparse_model = truth.with_emission(DenseEmission(truth.emission).restricted(support))
+    dense_model = truth.with_emission(DenseEmission(sparse_model.emission))
+    dense_params, sparse_params = dense_model.kernel_parameters, sparse_model.kernel_parameters
+
+    def run(params: Any, sparse: bool) -> tuple[float, Any]:
+        best, stats = float("inf"), None
+        for _ in range(repeats):
+            out = kernels.StatisticArrays.zeros(s, n, d, t, support if sparse else None)
+            start = time.perf_counter()
+            kernels.accumulate_estep(context, query, target, None, params, out)
+            best = min(best, time.perf_counter() - start)
+            stats = out
+        return best, stats
+
+    run(dense_params, False)  # compile both before timing
+    run(sparse_params, True)
+    dense_s, dense_stats = run(dense_params, False)
+    sparse_s, sparse_stats = run(sparse_params, True)
+    counts = np.zeros((t, s))
+    counts[support.targets, support.symbols] = sparse_stats.pair_counts
+    diffs = [
+        _relative(sparse_stats.key_sum, dense_stats.key_sum),
+        _relative(sparse_stats.key_mass, dense_stats.key_mass),
+        _relative(counts, dense_stats.emission_count_ts),
+        _relative(sparse_stats.position_count, dense_stats.position_count),
+        _relative(sparse_stats.scalars, dense_stats.scalars),
+    ]
+    return {
+        "shape": {"S": s, "N": n, "D": d, "T": t, "rows": rows},
+        "pairs": support.num_pairs,
+        "dense_rows_per_second": rows / dense_s,
+        "sparse_rows_per_second": rows / sparse_s,
+        "sparse_over_dense_kernel": dense_s / sparse_s,
+        "statistics_difference": max(diffs),
+    }
+
+
+def _relative(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a - b), initial=0.0) / max(float(np.max(np.abs(b), initial=0.0)), 1e-300))
+
+
+def ingest(train_files: list[str], test_files: list[str], out: Path, vocab_size: int, n: int) -> dict[str, Any]:
+    from dist_respattn.store import WriteOptions
+    from dist_respattn.store.stream_ingest import write_stream_text
+
+    options = WriteOptions(overwrite=True)
+    start = time.perf_counter()
+    train = write_stream_text(out / "train.zarr", train_files, n, vocab_size=vocab_size, options=options)
+    seconds = time.perf_counter() - start
+    test = write_stream_text(out / "test.zarr", test_files, None, like=train.location, options=options)
+    info = train.describe()
+    return {
+        "train": str(train.location),
+        "test": str(test.location),
+        "files": {"train": len(train_files), "test": len(test_files)},
+        "tokens": train.num_tokens,
+        "test_tokens": test.num_tokens,
+        "vocabulary": train.schema.num_symbols,
+        "ingest_seconds": seconds,
+        "ingest_tokens_per_second": train.num_tokens / seconds,
+        "bytes_per_token": info["bytes_per_token"],
+        "bytes_on_disk": info["bytes_on_disk"],
+    }
+
+
+def worker_peak(client: Any) -> int:
+    return max(client.run(peak_rss_bytes).values())
+
+
+def bare_kernel(model_dir: Path, train_url: str, n: int) -> dict[str, Any]:
+    """The sparse kernel alone on the training rows of one partition, in this process."""
+    from dist_respattn.engine import load_checkpoint
+    from dist_respattn.engine.tasks import RowSelection
+    from dist_respattn.model import kernels
+    from dist_respattn.model.holdout import HoldoutRule
+    from dist_respattn.store.rows import open_rows
+
+    checkpoint = load_checkpoint(model_dir, "latest")
+    model = checkpoint.model
+    rule = HoldoutRule.from_json(checkpoint.meta["holdout"]) if checkpoint.meta.get("holdout") else None
+    rows = RowSelection(rule, "train") if rule is not None else RowSelection()
+    store = open_rows(train_url, window=n)
+    blocks = list(store.iter_blocks(0))
+    weights = [rows.weights(b) for b in blocks]
+    table = model.emission_table
+    support = getattr(table, "support", None)
+    params = model.kernel_parameters
+    count = sum(b.num_rows for b in blocks)
+    best = float("inf")
+    for _ in range(2):
+        stats = kernels.StatisticArrays.zeros(model.num_symbols, n, model.query_dim, model.num_targets, support)
+        start = time.perf_counter()
+        for block, w in zip(blocks, weights, strict=True):
+            kernels.accumulate_estep(*block.encoded, w, params, stats)
+        best = min(best, time.perf_counter() - start)
+    return {"rows": count, "rows_per_second": count / best}
+
+
+def fit_and_score(data: dict[str, Any], work: Path, n: int, iterations: int, memory_limit: str) -> dict[str, Any]:
+    import distributed
+
+    from dist_respattn.engine import FitSettings, evaluate, fit
+
+    model_dir = work / "model"
+    settings = FitSettings(max_iter=iterations, tol=0.0, context_length=n, patience=100)
+    lines: list[str] = []
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, memory_limit=memory_limit, dashboard_address=None
+    ) as cluster, distributed.Client(cluster) as client:  # fmt: skip
+        result = fit(data["train"], model_dir=model_dir, settings=settings, client=client, overwrite=True,
+                     say=lines.append, progress=False)  # fmt: skip
+        fit_worker_peak = worker_peak(client)
+        scores = evaluate(model_dir, data["test"], client=client, progress=False, say=lines.append)
+    table = result.model.emission_table
+    seconds = [h["seconds"] for h in result.history]
+    kernel = bare_kernel(model_dir, data["train"], n)
+    train_rows = result.history[-1]["n_obs"]
+    kernel_time_per_worker = train_rows / kernel["rows_per_second"] / 2
+    return {
+        "pairs": getattr(getattr(table, "support", None), "num_pairs", None),
+        "layout": table.layout,
+        "rows": int(train_rows),
+        "iteration_seconds": seconds,
+        "median_iteration_seconds": float(np.median(seconds)),
+        "first_iteration_seconds": result.first_iteration_seconds,
+        "kernel_rows_per_second": kernel["rows_per_second"],
+        "kernel_seconds_over_two": kernel_time_per_worker,
+        "iteration_over_kernel": float(np.median(seconds)) / kernel_time_per_worker,
+        "worker_peak_gib": fit_worker_peak / GIB,
+        "driver_peak_gib": peak_rss_bytes() / GIB,
+        "head_perplexity": scores.model["perplexity"],
+        "kneser_ney_perplexity": scores.baselines["kneser_ney"]["perplexity"],
+        "head_over_kneser_ney": scores.model["perplexity"] / scores.baselines["kneser_ney"]["perplexity"],
+        "log": lines,
+    }
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def verdict(name: str, value: float) -> str:
+    target = TARGETS[name]
+    better_high = name in ("ingest_tokens_per_second", "sparse_over_dense_kernel")
+    return "PASS" if (value >= target if better_high else value <= target) else "MISS"
+
+
+def print_report(report: dict[str, Any]) -> None:
+    ref = report["reference"]
+    print(f"reference shape S=T=2000, N=16, D=32, {ref['shape']['rows']:,} rows, {ref['pairs']:,} pairs")
+    print(f"  dense kernel   {ref['dense_rows_per_second'] / 1e6:8.3f} M rows/s")
+    print(f"  sparse kernel  {ref['sparse_rows_per_second'] / 1e6:8.3f} M rows/s   "
+          f"sparse/dense {ref['sparse_over_dense_kernel']:.2f}x (target >= 0.8) "
+          f"{verdict('sparse_over_dense_kernel', ref['sparse_over_dense_kernel'])}")  # fmt: skip
+    print(f"  statistics     max relative difference {ref['statistics_difference']:.2e} (target <= 1e-12) "
+          f"{verdict('statistics_difference', ref['statistics_difference'])}")  # fmt: skip
+    data, fitted = report["corpus"], report["fit"]
+    files = data["files"]
+    print(f"corpus {report['source']}: {files['train']:,} train files, {data['tokens']:,} tokens, "
+          f"S = T = {data['vocabulary']:,}; test {files['test']:,} files, {data['test_tokens']:,} tokens")  # fmt: skip
+    rows = [
+        ("ingest", f"{data['ingest_tokens_per_second'] / 1e6:.2f} M tokens/s ({data['ingest_seconds']:.0f} s)",
+         "ingest_tokens_per_second", data["ingest_tokens_per_second"]),
+        ("store", f"{data['bytes_per_token']:.2f} bytes a token ({data['bytes_on_disk'] / 2**20:,.0f} MiB)",
+         "bytes_per_token", data["bytes_per_token"]),
+        ("support", f"{fitted['pairs'] or 0:,} pairs ({fitted['layout']})", None, None),
+        ("iteration", f"{fitted['median_iteration_seconds']:.1f} s median over {len(fitted['iteration_seconds'])}; "
+         f"kernel {fitted['kernel_rows_per_second'] / 1e6:.2f} M rows/s -> {fitted['kernel_seconds_over_two']:.1f} s "
+         f"on 2 workers; ratio {fitted['iteration_over_kernel']:.2f}x", "iteration_over_kernel",
+         fitted["iteration_over_kernel"]),
+        ("first iteration", f"{fitted['first_iteration_seconds']:.1f} s", "first_iteration_seconds",
+         fitted["first_iteration_seconds"]),
+        ("worker peak", f"{fitted['worker_peak_gib']:.2f} GiB", "worker_peak_gib", fitted["worker_peak_gib"]),
+        ("driver peak", f"{fitted['driver_peak_gib']:.2f} GiB", "driver_peak_gib", fitted["driver_peak_gib"]),
+        ("test perplexity", f"head {fitted['head_perplexity']:.2f}, Kneser-Ney {fitted['kneser_ney_perplexity']:.2f}, "
+         f"ratio {fitted['head_over_kneser_ney']:.3f}", None, None),
+    ]  # fmt: skip
+    for label, text, key, value in rows:
+        mark = f"  (target {TARGETS[key]:g}) {verdict(key, value)}" if key else ""
+        print(f"  {label:<16} {text}{mark}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", help="a directory of text files (default: linux-source-6.1's *.c/*.h)")
+    parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "respattn-bench-cache"))
+    parser.add_argument("--work", help="where the stores and the model go (default: a temporary directory)")
+    parser.add_argument("--share", type=float, default=1.0, help="the share of the corpus's files used (by hash)")
+    parser.add_argument("--test-fraction", type=float, default=0.02)
+    parser.add_argument("--vocab-size", type=int, default=49_999, help="K words kept (S = K + 1)")
+    parser.add_argument("--context", type=int, default=8)
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--reference-rows", type=int, default=1_000_000)
+    parser.add_argument("--memory-limit", default="10GiB", help="each worker's limit")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON too")
+    args = parser.parse_args(argv)
+
+    report: dict[str, Any] = {"reference": reference_shape(args.reference_rows, 3)}
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    if args.corpus:
+        root, suffixes, report["source"] = Path(args.corpus), (".py", ".txt", ".c", ".h"), args.corpus
+    else:
+        root, suffixes, report["source"] = linux_source(cache), (".c", ".h"), "linux-source-6.1 (*.c, *.h)"
+    files = take_files(source_files(root, suffixes), root, args.share)
+    train_files = [f for f in files if not goes_to_test(f, root, args.test_fraction)]
+    test_files = [f for f in files if goes_to_test(f, root, args.test_fraction)]
+    work = Path(args.work or tempfile.mkdtemp(prefix="respattn-scale-"))
+    report["corpus"] = ingest(train_files, test_files, work, args.vocab_size, args.context)
+    report["fit"] = fit_and_score(report["corpus"], work, args.context, args.iterations, args.memory_limit)
+    print_report(report)
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items()}, default=float))
+    return report
+
+
+if __name__ == "__main__":
+    main()
