@@ -193,7 +193,7 @@ class ResponsibilityAttentionAccumulator:
         # A sparse accumulator without a support collects the pairs of its rows (see _initialize).
         self._collected: list[SparseEmissionCounts] = []
         self._stats = kernels.StatisticArrays.zeros(
-            self.num_symbols, self.context_length, self.query_dim, self.num_targets, support
+            self.num_symbols, self.context_length, self.query_dim, self.num_targets, support, dense=layout == "dense"
         )
         self._broken: str | None = None
 

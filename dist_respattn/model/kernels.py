@@ -183,13 +183,25 @@ class StatisticArrays:
 
     @classmethod
     def zeros(
-        cls, num_symbols: int, context_length: int, query_dim: int, num_targets: int, support: PairSupport | None = None
+        cls,
+        num_symbols: int,
+        context_length: int,
+        query_dim: int,
+        num_targets: int,
+        support: PairSupport | None = None,
+        *,
+        dense: bool | None = None,
     ) -> StatisticArrays:
-        """Empty statistics for a head of the given S, N, D, T (sparse over ``support`` when given)."""
+        """Empty statistics for a head of the given S, N, D, T: dense (T, S) counts, or sparse over ``support``.
+
+        ``dense=False`` without a support makes no emission counts at all (a sparse accumulator that is
+        still collecting its pairs counts them apart); by default the counts are dense without a support.
+        """
+        dense = support is None if dense is None else dense
         return cls(
             key_sum=np.zeros((num_symbols, query_dim)),
             key_mass=np.zeros(num_symbols),
-            emission_count_ts=np.zeros((num_targets, num_symbols)) if support is None else _NO_TABLE,
+            emission_count_ts=np.zeros((num_targets, num_symbols)) if dense else _NO_TABLE,
             position_count=np.zeros(context_length),
             scalars=np.zeros(3),
             pair_counts=None if support is None else np.zeros(support.num_pairs),

@@ -309,3 +309,23 @@ def test_kernel_parameters_follow_the_layout():
     assert isinstance(params, kernels.SparseKernelParameters)
     assert params.nbytes < 8 * S * T + 8 * (S + T)
     assert isinstance(SparseEmissionCounts.zeros(emission.support).counts, np.ndarray)
+
+
+def test_a_sparse_accumulator_collecting_its_pairs_allocates_nothing_of_s_times_t():
+    """At S = T = 50,000 an (S, T) table is 20 GB: the start of a sparse fit must not make one (numpy reports its
+    allocations to tracemalloc, even those the OS has not backed yet)."""
+    import tracemalloc
+
+    shape = (50_000, 4, 3, 50_000)
+    rng = np.random.default_rng(0)
+    data = (rng.integers(0, 50_000, (1000, 4)), rng.standard_normal((1000, 3)), rng.integers(0, 50_000, 1000))
+    tracemalloc.start()
+    try:
+        accumulator = ResponsibilityAttentionAccumulator(*shape, layout="sparse")
+        accumulator.seq_initialize_uniform(data, None)
+        value = accumulator.value()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert value.emission_count.support.num_pairs == len(np.unique(data[2][:, None] * 50_000 + data[0]))
+    assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB traced"
