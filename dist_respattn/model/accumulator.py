@@ -376,9 +376,7 @@ class ResponsibilityAttentionAccumulator:
         if self.layout == "dense":
             return DenseEmissionCounts(s.emission_count_ts.copy())
         if self.support is None:
-            total = SparseEmissionCounts.empty(self.num_symbols, self.num_targets)
-            for part in self._collected:
-                total.add(part)
+            total = SparseEmissionCounts.union(self._collected, self.num_symbols, self.num_targets)
             self._collected = [total]
             return total.copy()
         assert s.pair_counts is not None

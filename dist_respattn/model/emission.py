@@ -577,6 +577,23 @@ class SparseEmissionCounts(EmissionCounts):
         )
 
     @classmethod
+    def union(cls, parts: list[SparseEmissionCounts], num_symbols: int, num_targets: int) -> SparseEmissionCounts:
+        """The sum of counts that carry their supports, over the union of their pairs, in one sort.
+
+        Each pair's sum adds the parts' counts in list order, so it does not depend on how they were grouped;
+        adding them two at a time would sort the growing union once per part.
+        """
+        if not parts:
+            return cls.empty(num_symbols, num_targets)
+        if len(parts) == 1:
+            return parts[0]
+        keys, weights = [], []
+        for part in parts:
+            keys.append(part._require_support().keys())
+            weights.append(part.counts)
+        return cls.from_cells(np.concatenate(keys), np.concatenate(weights), num_symbols, num_targets)
+
+    @classmethod
     def empty(cls, num_symbols: int, num_targets: int) -> SparseEmissionCounts:
         return cls.from_cells(np.zeros(0, dtype=np.int64), np.zeros(0), num_symbols, num_targets)
 
