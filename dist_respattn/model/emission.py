@@ -333,6 +333,15 @@ class SparseEmission(Emission):
         sym = self.support.symbols[pair]
         return indptr, targets, self.values[pair] - self.backoff[sym] * self.base[targets]
 
+    @functools.cached_property
+    def ranked_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(indptr (S + 1,), targets (P,), probabilities (P,))``: each symbol's stored targets by decreasing
+        probability (lowest id first among equals), for an exact arg-max that stops early."""
+        indptr, targets, pair = self.support.symbol_major
+        probs = self.values[pair]
+        order = np.lexsort((targets, -probs, self.support.symbols[pair]))
+        return indptr, targets[order], probs[order]
+
     def predictive(self, context: np.ndarray, attention: np.ndarray) -> np.ndarray:
         # The backoff part is rank one per row, then each position adds its symbol's stored pairs.
         out = np.multiply.outer((attention * self.backoff[context]).sum(axis=1), self.base)
@@ -394,6 +403,7 @@ class SparseEmission(Emission):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("symbol_rows", None)
+        state.pop("ranked_rows", None)
         return state
 
 

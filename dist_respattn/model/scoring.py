@@ -153,6 +153,82 @@ def _score_numba(
 
 
 @numba.njit(cache=True, nogil=True)
+def _mixture_at(context, row, attention, k, indptr, symbols, values, backoff, base):  # pragma: no cover
+    """``sum_i attention[i] B[c_i, k]`` of a sparse emission: N lookups."""
+    total = 0.0
+    for i in range(context.shape[1]):
+        c = context[row, i]
+        p = kernels._find_pair(indptr, symbols, k, c)
+        total += attention[i] * (values[p] if p >= 0 else backoff[c] * base[k])
+    return total
+
+
+@numba.njit(cache=True, nogil=True)
+def _arg_max_threshold(
+    context,
+    row,
+    attention,
+    indptr,
+    symbols,
+    values,
+    backoff,
+    base,
+    ranked_indptr,
+    ranked_targets,
+    ranked_values,
+    base_order,
+):  # pragma: no cover - compiled
+    """The target of highest ``sum_i a_i B[c_i, k]`` (lowest id on ties), exactly, without visiting all T.
+
+    Fagin's threshold algorithm over the positions' symbols, each with its stored targets by decreasing
+    probability: at depth d a target not yet met has, at position i, at most the d-th probability of
+    its list or the backoff ``backoff[c] max(base)`` when it is not in the list; once the best score met
+    beats that bound, no other target can. A target in no list scores ``A base[k]``; the first such
+    target in base order is then the only one left to check.
+    """
+    n_pos = context.shape[1]
+    max_base = base[base_order[0]]
+    best = -np.inf
+    arg = -1
+    depth = 0
+    while True:
+        bound = 0.0
+        left = False
+        for i in range(n_pos):
+            c = context[row, i]
+            at = ranked_indptr[c] + depth
+            off = backoff[c] * max_base
+            if at < ranked_indptr[c + 1]:
+                left = True
+                bound += attention[i] * max(ranked_values[at], off)
+                k = ranked_targets[at]
+                v = _mixture_at(context, row, attention, k, indptr, symbols, values, backoff, base)
+                if v > best or (v == best and k < arg):
+                    best, arg = v, k
+            else:
+                bound += attention[i] * off
+        if best > bound:
+            return arg
+        if not left:
+            break
+        depth += 1
+    # Every stored target was scored; the best of the rest is the first in base order stored for no position.
+    for j in range(base_order.shape[0]):
+        k = base_order[j]
+        stored = False
+        for i in range(n_pos):
+            if kernels._find_pair(indptr, symbols, k, context[row, i]) >= 0:
+                stored = True
+                break
+        if not stored:
+            v = _mixture_at(context, row, attention, k, indptr, symbols, values, backoff, base)
+            if v > best or (v == best and k < arg):
+                arg = k
+            break
+    return arg
+
+
+@numba.njit(cache=True, nogil=True)
 def _score_sparse_numba(
     context,
     query,
@@ -167,23 +243,20 @@ def _score_sparse_numba(
     values,
     backoff,
     base,
-    sym_indptr,
-    sym_targets,
-    sym_excess,
+    ranked_indptr,
+    ranked_targets,
+    ranked_values,
     base_order,
 ):  # pragma: no cover - compiled
     """``_score_numba`` for a sparse emission: ``(log_lik, target_log_prob, correct, weight)``.
 
-    ``sym_*`` are the emission's symbol-major rows (targets and their excess over the backoff part);
-    ``base_order`` the targets by decreasing base (stable), for the best target no stored pair touches.
+    ``ranked_*`` are each symbol's stored targets by decreasing probability (the arg-max's threshold
+    search walks them); ``base_order`` the targets by decreasing base (stable).
     """
     n_rows, n_pos = context.shape
-    num_targets = base.shape[0]
     gate = np.empty(n_pos)
     joint = np.empty(n_pos)
-    scratch = np.zeros(num_targets)
-    touched = np.zeros(num_targets, dtype=np.bool_)
-    touched_list = np.empty(num_targets, dtype=np.int64)
+    attention = np.empty(n_pos)
     y = np.empty(query.shape[1])
     total_ll = 0.0
     total_lp = 0.0
@@ -204,39 +277,13 @@ def _score_sparse_numba(
         row_ll = _log_sum_exp(joint) + gate_const
         # Prediction: attention from the gate alone.
         norm = _exp_gate(gate, best_gate)
-        # p(k) = A base[k] + scratch[k]: A the attention-weighted backoff, scratch the stored pairs' excess.
-        scale = 0.0
-        n_touched = 0
         for i in range(n_pos):
-            a = gate[i] / norm
-            c = context[row, i]
-            scale += a * backoff[c]
-            for j in range(sym_indptr[c], sym_indptr[c + 1]):
-                k = sym_targets[j]
-                if not touched[k]:
-                    touched[k] = True
-                    touched_list[n_touched] = k
-                    n_touched += 1
-                scratch[k] += a * sym_excess[j]
-        prob_t = scale * base[t] + scratch[t]
-        arg = -1
-        best = -np.inf
-        for j in range(n_touched):
-            k = touched_list[j]
-            v = scale * base[k] + scratch[k]
-            if v > best or (v == best and k < arg):
-                best, arg = v, k
-        for j in range(num_targets):  # the untouched target of highest base (lowest id on ties)
-            k = base_order[j]
-            if not touched[k]:
-                v = scale * base[k]
-                if v > best or (v == best and k < arg):
-                    best, arg = v, k
-                break
-        for j in range(n_touched):
-            k = touched_list[j]
-            touched[k] = False
-            scratch[k] = 0.0
+            attention[i] = gate[i] / norm
+        prob_t = _mixture_at(context, row, attention, t, indptr, symbols, values, backoff, base)
+        arg = _arg_max_threshold(
+            context, row, attention, indptr, symbols, values, backoff, base, ranked_indptr, ranked_targets,
+            ranked_values, base_order,
+        )  # fmt: skip
         if w != 0.0:
             total_ll += w * row_ll
             total_lp += w * (math.log(prob_t) if prob_t > 0.0 else -np.inf)
@@ -263,11 +310,11 @@ def score_rows(
     kernel_weights = np.zeros(0) if w is None else w.astype(np.float64, copy=False)
     table = model.emission_table
     if isinstance(table, SparseEmission):
-        sym_indptr, sym_targets, sym_excess = table.symbol_rows
+        ranked_indptr, ranked_targets, ranked_values = table.ranked_rows
         log_lik, target_log_prob, correct, weight = _score_sparse_numba(
             context, query, target, kernel_weights, params.key_means, params.log_prior, params.inv_two_sigma2,
             params.gate_const, table.support.indptr, table.support.symbols, table.values, table.backoff, table.base,
-            sym_indptr, sym_targets, sym_excess, _base_order(table),
+            ranked_indptr, ranked_targets, ranked_values, _base_order(table),
         )  # fmt: skip
         return ScoreTotals(float(weight), float(log_lik), float(target_log_prob), float(correct))
     assert isinstance(params, kernels.KernelParameters)
