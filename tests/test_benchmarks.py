@@ -417,6 +417,7 @@ def test_scale_smoke_run_reports_every_figure(tmp_path):
         [
             *(sys.executable, "-W", "error::RuntimeWarning", str(SCALE_SCRIPT), "--json", "--corpus", str(corpus)),
             *("--vocab-size", "1999", "--reference-rows", "20000", "--iterations", "2", "--test-fraction", "0.2"),
+            *("--share", "1"),
             *("--work", str(tmp_path), "--cache", str(tmp_path / "cache"), "--memory-limit", "2GiB"),
         ],
         capture_output=True,
