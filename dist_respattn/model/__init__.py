@@ -11,20 +11,36 @@ from dist_respattn.model.accumulator import (
 from dist_respattn.model.diagnostics import recovery_report
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.em import EMIteration, EMResult, fit_em, run_em
+from dist_respattn.model.emission import (
+    DenseEmission,
+    DenseEmissionCounts,
+    Emission,
+    EmissionCounts,
+    PairSupport,
+    SparseEmission,
+    SparseEmissionCounts,
+)
 from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder, sequence_to_triples, sequence_windows
 from dist_respattn.model.estimator import ResponsibilityAttentionEstimator, estimate_parameters
 from dist_respattn.model.sampler import ResponsibilityAttentionSampler, random_distribution
 
 __all__ = [
+    "DenseEmission",
+    "DenseEmissionCounts",
     "EMIteration",
     "EMResult",
+    "Emission",
+    "EmissionCounts",
     "ImpossibleEvidenceError",
+    "PairSupport",
     "ResponsibilityAttentionAccumulator",
     "ResponsibilityAttentionAccumulatorFactory",
     "ResponsibilityAttentionDataEncoder",
     "ResponsibilityAttentionDistribution",
     "ResponsibilityAttentionEstimator",
     "ResponsibilityAttentionSampler",
+    "SparseEmission",
+    "SparseEmissionCounts",
     "SufficientStatistics",
     "estimate_parameters",
     "fit_em",
