@@ -416,7 +416,7 @@ def test_scale_smoke_run_reports_every_figure(tmp_path):
     completed = subprocess.run(
         [
             *(sys.executable, "-W", "error::RuntimeWarning", str(SCALE_SCRIPT), "--json", "--corpus", str(corpus)),
-            *("--vocab-size", "1999", "--reference-rows", "20000", "--iterations", "2", "--test-fraction", "0.2"),
+            *("--vocab-size", "1999", "--reference-rows", "20000", "--iterations", "1", "--test-fraction", "0.2"),
             *("--share", "1"),
             *("--work", str(tmp_path), "--cache", str(tmp_path / "cache"), "--memory-limit", "2GiB"),
         ],
@@ -435,7 +435,7 @@ def test_scale_smoke_run_reports_every_figure(tmp_path):
     corpus_report, fitted = report["corpus"], report["fit"]
     assert corpus_report["vocabulary"] == 2000 and corpus_report["tokens"] > 10_000
     assert 0 < corpus_report["bytes_per_token"] < 100
-    assert len(fitted["iteration_seconds"]) == 2 and fitted["kernel_rows_per_second"] > 0
+    assert len(fitted["iteration_seconds"]) == 1 and fitted["kernel_rows_per_second"] > 0
     assert fitted["worker_peak_gib"] > 0 and fitted["driver_peak_gib"] > 0
     assert_positive_finite(fitted["head_perplexity"], "head")
     assert f"{fitted['head_over_kneser_ney']:.3f}" in table
