@@ -67,7 +67,7 @@ def streams(draw):
     return num_symbols, tokens, np.array([0, *cuts], dtype=np.int64), chunk, partition, n, weights
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=streams(), read_n=st.integers(1, 12))
 def test_windows_equal_sequence_windows_across_every_boundary(tmp_path_factory, case, read_n):
     num_symbols, tokens, starts, chunk, partition, n, weights = case
