@@ -316,7 +316,7 @@ class FitLoop:
             assert support is not None
             start = start.with_emission(start.emission_table.restricted(support))
         elif self.layout == "dense" and isinstance(start.emission_table, SparseEmission):
-            start = start.with_emission(DenseEmission(start.emission))
+            start = start.with_emission(DenseEmission(start.emission_table.to_dense()))
         if self.estimator.needs_pairs:
             train = self.train
             pairs = self.runner.run(

@@ -203,6 +203,11 @@ class Emission(abc.ABC):
     def predictive(self, context: np.ndarray, attention: np.ndarray) -> np.ndarray:
         """``sum_i attention[:, i] B[context[:, i], :]``: (b, T) for a block (b, N) of contexts."""
 
+    def rows(self, symbols: np.ndarray) -> np.ndarray:
+        """``B[symbols, :]``: (b, T) float64 for a block of symbols (the caller bounds b·T)."""
+        symbols = np.asarray(symbols, dtype=np.int64)
+        return self.predictive(symbols[:, None], np.ones((symbols.size, 1)))
+
     @abc.abstractmethod
     def sample(self, symbols: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """One target drawn from ``B[s, :]`` for each symbol: (m,) int64."""
@@ -241,6 +246,9 @@ class DenseEmission(Emission):
         for i in range(context.shape[1]):
             out += attention[:, i : i + 1] * self.probs[context[:, i]]
         return out
+
+    def rows(self, symbols: np.ndarray) -> np.ndarray:
+        return self.probs[np.asarray(symbols, dtype=np.int64)]
 
     @functools.cached_property
     def _offset_cdf(self) -> np.ndarray:

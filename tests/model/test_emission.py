@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dist_respattn import ResponsibilityAttentionEstimator, fit_em, random_distribution
-from dist_respattn.model import kernels
+from dist_respattn.model import diagnostics, kernels
 from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulator
 from dist_respattn.model.emission import (
     DENSE_CELL_LIMIT,
@@ -64,6 +64,18 @@ def test_probabilities_are_the_map_rows_everywhere(layout):
     np.testing.assert_allclose(emission.to_dense().sum(axis=1), 1.0, rtol=1e-14)
     with np.errstate(divide="ignore"):
         np.testing.assert_allclose(emission.log_prob(s.ravel(), t.ravel()), np.log(want.ravel()), rtol=1e-13)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_rows_and_row_distances_go_through_the_seam(layout, monkeypatch):
+    emission, counts, strength, base = make_emission(layout, seed=5)
+    other, *_ = make_emission(layout, seed=6)
+    symbols = np.array([4, 0, 1, 8])
+    np.testing.assert_allclose(emission.rows(symbols), emission.to_dense()[symbols], rtol=1e-14, atol=0)
+    want = 0.5 * np.abs(emission.to_dense() - other.to_dense()).sum(axis=1)
+    monkeypatch.setattr(diagnostics, "_ROW_BLOCK_CELLS", 2 * T)  # blocks of two rows: a boundary inside
+    np.testing.assert_allclose(diagnostics.emission_row_distances(emission, other), want, rtol=1e-13, atol=1e-16)
+    np.testing.assert_array_equal(diagnostics.emission_row_distances(emission, emission), np.zeros(S))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
