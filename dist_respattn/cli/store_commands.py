@@ -105,9 +105,10 @@ def register(sub: Any) -> None:
         "ingest",
         help="write a store from arrays, a token stream or text files",
         description=(
-            "Write a triple store from .npy arrays (--arrays), a .npy token stream (--tokens, windows of --context "
-            "tokens, optionally cut into --documents) or text files (--text; with no path, the Python standard "
-            "library's source). With --like STORE the new store is another sample of STORE's corpus: it takes "
+            "Write a triple store from .npy arrays (--arrays), or a token-stream store from a .npy token stream "
+            "(--tokens, optionally cut into --documents; rows are windows of --context tokens) or text files "
+            "(--text; with no path, the Python standard library's source; --format triples stores windows). "
+            "With --like STORE the new store is another sample of STORE's corpus: it takes "
             "STORE's vocabulary (a word not in it becomes the out-of-vocabulary id), S, T, window N and embedding "
             "table, so a validation or test store can be scored against a model fitted on STORE."
         ),
@@ -124,10 +125,10 @@ def register(sub: Any) -> None:
     )
     ingest.add_argument(
         "--format",
-        choices=("triples", "stream"),
-        default="triples",
-        help="with --tokens/--text: store each window (triples, the default) or the token ids themselves (stream: "
-        "~2 bytes a token, the window then chosen at fit time with fit --context)",
+        choices=("stream", "triples"),
+        help="with --tokens/--text: store the token ids themselves (stream, the default: ~2 bytes a token, the "
+        "window chosen at fit time with fit --context) or each window as a row (triples: ~130 bytes a token; "
+        "needed for --row-order target); an --append keeps the store's own format",
     )
     ingest.add_argument("--symbols", type=positive_int, help="with --arrays/--tokens: S (default: largest id + 1)")
     ingest.add_argument("--targets", type=positive_int, help="with --arrays: T (default: largest target + 1)")
@@ -254,12 +255,30 @@ def _rows_before(args: argparse.Namespace) -> int:
     return open_rows(args.out, storage_options=parse_storage_options(args.storage_option)).num_rows
 
 
+def _ingest_format(args: argparse.Namespace) -> str:
+    """``triples`` or ``stream``: --format's, else an appended store's own, else stream for tokens and text."""
+    if args.arrays is not None:
+        return "triples"
+    if args.append:
+        from dist_respattn.store import StoreLocation
+        from dist_respattn.store.rows import is_stream_store
+
+        location = StoreLocation.of(args.out, parse_storage_options(args.storage_option))
+        kind = "stream" if location.exists() and is_stream_store(location) else "triples"
+        if args.format is not None and args.format != kind:
+            raise CommandError(f"--format {args.format}: {args.out} is a {kind} store, and an append keeps its format")
+        return kind
+    return args.format or "stream"
+
+
 def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.store import default_corpus, iter_text_files, write_arrays, write_text, write_tokens
 
+    if args.format is not None and args.arrays is not None:
+        raise CommandError("--format: not for --arrays, which are always written as triples")
+    args.format = _ingest_format(args)
     misplaced = {
         "--weights": args.weights is not None and args.arrays is None and not (args.tokens and args.format == "stream"),
-        "--format": args.format != "triples" and args.arrays is not None,
         "--targets": args.targets is not None and args.arrays is None,
         "--embeddings": args.embeddings is not None and args.tokens is None,
         "--documents": args.documents is not None and args.tokens is None,
@@ -276,7 +295,12 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
             f"--like {args.like} and --append exclude each other: an append already reuses the vocabulary and "
             f"embedding table of {args.out}"
         )
-    if args.arrays is None and args.context is None and args.like is None:
+    if (
+        args.arrays is None
+        and args.context is None
+        and args.like is None
+        and not (args.append and args.format == "stream")
+    ):
         raise CommandError("--context N is required with --tokens and --text (or --like STORE, to take its N)")
     like = _open_like(args)
     started = time.perf_counter()
@@ -296,6 +320,11 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
                 options=write_options(args, bar.update),
             )
     elif args.format == "stream":
+        if args.row_order != "input":
+            raise CommandError(
+                f"--row-order {args.row_order}: a token-stream store keeps the tokens in order; "
+                "pass --format triples to sort the windows"
+            )
         store = _ingest_stream(args, like)
     elif args.tokens is not None:
         with progress_bar(None, "rows", "windowing") as bar:
@@ -350,7 +379,10 @@ def _ingest_stream(args: argparse.Namespace, like: Any) -> Any:
         raise CommandError("--symbols does not apply to --text: the vocabulary size is --vocab-size (S = K + 1)")
     paths = args.text or [default_corpus()]
     files = iter_text_files(paths)
-    with progress_bar((1 if like is not None else 2) * len(files), "files", "counting, then writing") as bar:
+    one_pass = like is not None or args.append  # the vocabulary is the reference's: no counting pass
+    with progress_bar(
+        (1 if one_pass else 2) * len(files), "files", "writing" if one_pass else "counting, then writing"
+    ) as bar:
         return write_stream_text(
             args.out, paths, args.context, vocab_size=args.vocab_size, dim=args.dim, seed=args.seed, like=like,
             file_progress=bar.update, options=options,
@@ -460,15 +492,12 @@ def _print_validate(report: dict[str, Any]) -> None:
 
 def _run_repair(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.store import StoreLocation, rollback_append
+    from dist_respattn.store.rows import is_stream_store
+    from dist_respattn.store.stream_store import TokenStreamStore, rollback_stream_append
 
     location = StoreLocation.of(args.store, parse_storage_options(args.storage_option))
-    from dist_respattn.store.rows import is_stream_store
-
     if location.exists() and is_stream_store(location):
-        # A stream store is written whole into a staging copy and moved in place: it is complete or absent.
-        raise CommandError(
-            f"{location}: a token-stream store, written whole and never appended to: nothing to repair "
-            "(`dist-respattn validate` checks it; write it again with --overwrite if it is damaged)"
-        )
+        rollback_stream_append(location)
+        return {"url": str(location), "rows": TokenStreamStore.open(location).num_rows}
     rows = rollback_append(location)
     return {"url": str(location), "rows": rows}

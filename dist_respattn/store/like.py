@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["LikeStore", "open_like"]
 
 _WHAT_IS_TAKEN = "a store written like it takes N, S, T, the vocabulary and the embedding table from it"
+_WHAT_AN_APPEND_TAKES = "an append takes N, S, T, the vocabulary and the embedding table from the store"
 
 
 def open_like(like: RowStore | str | os.PathLike[str] | None, options: WriteOptions) -> LikeStore | None:
@@ -46,9 +47,11 @@ def open_like(like: RowStore | str | os.PathLike[str] | None, options: WriteOpti
 class LikeStore:
     """A reference store, and the checks that what a writer was asked for agrees with it."""
 
-    def __init__(self, store: RowStore) -> None:
+    def __init__(self, store: RowStore, role: str = "--like") -> None:
         self.store = store
         self.url = str(store.location)
+        #: How messages name the reference: ``--like`` it, or ``--append`` to it (an append takes the same).
+        self.role = role
 
     # Read once: the checks, the provenance and the copy all use them.
     @functools.cached_property
@@ -62,8 +65,8 @@ class LikeStore:
     def conflict(self, flag: str, keyword: str, value: Any, theirs: str) -> ValueError:
         """The one-line refusal of an option that disagrees with the reference."""
         return ValueError(
-            f"--like {self.url}: {flag} {value} ({keyword}={value!r}) conflicts with that store's {theirs}; "
-            f"omit {flag}: {_WHAT_IS_TAKEN}"
+            f"{self.role} {self.url}: {flag} {value} ({keyword}={value!r}) conflicts with that store's {theirs}; "
+            f"omit {flag}: {_WHAT_IS_TAKEN if self.role == '--like' else _WHAT_AN_APPEND_TAKES}"
         )
 
     def context_length(self, requested: int | None) -> int:
@@ -89,7 +92,7 @@ class LikeStore:
         """Rows of arrays written like the reference must have its N (context) and D (query)."""
         if actual != expected:
             raise SchemaMismatchError(
-                f"{source}: {what} {label} = {actual}, but --like {self.url} has {label} = {expected}: "
+                f"{source}: {what} {label} = {actual}, but {self.role} {self.url} has {label} = {expected}: "
                 f"expected rows of that store's shape"
             )
 
@@ -98,7 +101,7 @@ class LikeStore:
         saved = self._vocabulary
         if saved is None:
             raise ValueError(
-                f"--like {self.url}: has no vocabulary (it was not made from text): "
+                f"{self.role} {self.url}: has no vocabulary (it was not made from text): "
                 f"text can only be written like a store made from text"
             )
         size = len(saved.get("tokens", []))
@@ -111,7 +114,7 @@ class LikeStore:
         table = self._table
         if table is None:
             raise ValueError(
-                f"--like {self.url}: has no embedding table (it was not made from tokens or text): "
+                f"{self.role} {self.url}: has no embedding table (it was not made from tokens or text): "
                 f"tokens and text can only be written like a token or text store"
             )
         s, d = table.shape
@@ -131,6 +134,8 @@ class LikeStore:
 
     def provenance(self) -> dict[str, Any]:
         """What a store written like the reference records: ``like`` and the reference's identity."""
+        if self.role != "--like":
+            return {}  # an append is more of the store's own corpus: its identity is the store's
         recorded: dict[str, Any] = {"like": self.url}
         for key, value in self.store.identity().items():
             if value is not None:

@@ -17,7 +17,7 @@ import numpy as np
 from dist_respattn.store.common import WriteOptions
 from dist_respattn.store.documents import check_document_starts
 from dist_respattn.store.identity import identity_provenance
-from dist_respattn.store.like import open_like
+from dist_respattn.store.like import LikeStore, open_like
 from dist_respattn.store.npy import load_array, max_id
 from dist_respattn.store.stream_store import StreamWriter, TokenStreamStore
 from dist_respattn.store.tables import embedding_table
@@ -36,9 +36,29 @@ __all__ = ["write_stream_text", "write_stream_tokens"]
 _BLOCK = 1 << 20
 
 
-def _refuse_append(options: WriteOptions) -> None:
+def _reference(out: Any, like: Any, options: WriteOptions) -> LikeStore | None:
+    """The store a writer takes N, S, the vocabulary and the table from: ``like``'s, or OUT itself for an append."""
     if options.append:
-        raise ValueError("--append is not supported for token-stream stores yet: write the corpus again (--overwrite)")
+        if like is not None:
+            open_like(like, options)  # refuses the pair, naming both flags
+        store = TokenStreamStore.open(out, storage_options=options.storage_options)
+        return LikeStore(store, role="--append to")
+    return open_like(like, options)
+
+
+def _open_writer(
+    out: Any, options: WriteOptions, *, weighted: bool, provenance: dict[str, Any], **new_store: Any
+) -> StreamWriter:
+    """A writer of a new store (``new_store``: its S, table and window), or of an append to ``out``."""
+    if options.append:
+        return StreamWriter.append(
+            out, weighted=weighted, storage_options=options.storage_options, provenance=provenance
+        )
+    return StreamWriter(
+        out, weighted=weighted, chunk_tokens=options.chunk_rows, partition_tokens=options.partition_rows,
+        query_dtype=options.query_dtype, overwrite=options.overwrite, storage_options=options.storage_options,
+        provenance=provenance, **new_store,
+    )  # fmt: skip
 
 
 def _check_window(context_length: Any) -> int:
@@ -51,8 +71,8 @@ def _checked_weights(weights: Any, num_tokens: int, tokens_name: str) -> tuple[A
     values, name = load_array(weights, "weights")
     if values.ndim != 1 or values.shape[0] != num_tokens or values.dtype.kind not in "fiu":
         raise ValueError(
-            f"{name}: shape {values.shape}, dtype {values.dtype}: expected one number per token of {tokens_name} "
-            f"({num_tokens},)"
+            f"--weights {name}: shape {values.shape}, dtype {values.dtype}: expected one number per token of "
+            f"{tokens_name} ({num_tokens},)"
         )
     return values, name
 
@@ -78,8 +98,7 @@ def write_stream_tokens(
     context only). The other arguments are those of :func:`~dist_respattn.store.tokens.write_tokens`.
     """
     options = options or WriteOptions()
-    _refuse_append(options)
-    reference = open_like(like, options)
+    reference = _reference(out, like, options)
     stream, name = load_token_stream(tokens)
     num_tokens = int(stream.shape[0])
     if reference is not None:
@@ -108,13 +127,12 @@ def write_stream_tokens(
         provenance["documents_file"] = os.path.abspath(starts_name) if starts_name != "documents" else "array"
     if weights_name is not None:
         provenance["weights_file"] = os.path.abspath(weights_name) if weights_name != "weights" else "array"
-    hint = f" (the symbols of --like {reference.url})" if reference is not None else ""
-    with StreamWriter(
-        out, num_symbols=num_symbols, table=table, context_length=window, weighted=weight_values is not None,
-        chunk_tokens=options.chunk_rows, partition_tokens=options.partition_rows, query_dtype=options.query_dtype,
-        overwrite=options.overwrite, storage_options=options.storage_options, provenance=provenance,
+    hint = f" (the symbols of {reference.role} {reference.url})" if reference is not None else ""
+    with _open_writer(
+        out, options, weighted=weight_values is not None, provenance=provenance, num_symbols=num_symbols,
+        table=table, context_length=window,
     ) as writer:  # fmt: skip
-        saved = reference.store.vocabulary() if reference is not None else None
+        saved = reference.store.vocabulary() if reference is not None and not options.append else None
         if saved is not None:
             writer.write_vocabulary(saved)
         position, next_doc = 0, 1
@@ -156,8 +174,7 @@ def write_stream_text(
 ) -> TokenStreamStore:
     """A stream store of text files, one document each, tokenized as :func:`~dist_respattn.store.text.write_text`."""
     options = options or WriteOptions()
-    _refuse_append(options)
-    reference = open_like(like, options)
+    reference = _reference(out, like, options)
     files = iter_text_files(paths)
     if reference is not None:
         context_length = reference.context_length(context_length)
@@ -180,12 +197,12 @@ def write_stream_text(
         **identity,
     }
     lookup = vocabulary.lookup()
-    with StreamWriter(
-        out, num_symbols=vocabulary.num_symbols, table=table, context_length=window,
-        chunk_tokens=options.chunk_rows, partition_tokens=options.partition_rows, query_dtype=options.query_dtype,
-        overwrite=options.overwrite, storage_options=options.storage_options, provenance=provenance,
+    with _open_writer(
+        out, options, weighted=False, provenance=provenance, num_symbols=vocabulary.num_symbols, table=table,
+        context_length=window,
     ) as writer:  # fmt: skip
-        writer.write_vocabulary(vocabulary.to_json())
+        if not options.append:
+            writer.write_vocabulary(vocabulary.to_json())
         oov = 0
         for path in files:
             writer.start_document()

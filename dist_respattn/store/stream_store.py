@@ -33,7 +33,7 @@ import numpy as np
 import zarr
 
 from dist_respattn.store.checks import EncodedRows, Problem
-from dist_respattn.store.errors import IncompleteStoreError, StoreCorruptError, StoreError
+from dist_respattn.store.errors import IncompleteStoreError, SchemaMismatchError, StoreCorruptError, StoreError
 from dist_respattn.store.identity import corpus_identity
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreSchema, StoreState
@@ -44,6 +44,7 @@ __all__ = [
     "StreamWriter",
     "TokenStreamStore",
     "is_stream_group",
+    "rollback_stream_append",
     "token_dtype",
     "validate_stream",
 ]
@@ -54,6 +55,8 @@ STREAM_SCHEMA_VERSION = 1
 #: Tokens per chunk (a block read: 2 MiB of uint16) and per shard (one partition, one task).
 DEFAULT_CHUNK_TOKENS = 1 << 20
 DEFAULT_CHUNKS_PER_PARTITION = 4
+#: Document starts per chunk: an append rewrites only the last chunk or two.
+_STARTS_CHUNK = 1 << 16
 
 
 def token_dtype(num_symbols: int) -> np.dtype:
@@ -170,10 +173,15 @@ class TokenStreamStore:
             raise StoreError(
                 f"{location}: stream format version {attributes['schema_version']} is newer than this release"
             )
+        if attributes.get("state") == StoreState.APPENDING:
+            raise IncompleteStoreError(
+                f"{location}: state 'appending': an append did not finish; `dist-respattn repair {location}` "
+                "rolls it back to its committed tokens"
+            )
         if attributes.get("state") != StoreState.COMPLETE:
             raise IncompleteStoreError(
                 f"{location}: state {attributes.get('state')!r}: its writer did not finish; "
-                "write it again (--overwrite)"
+                "write it again (the same command with --overwrite)"
             )
         if context_length is None:
             context_length = location.window
@@ -400,7 +408,9 @@ class StreamWriter:
         if self.final.exists() and not self.final.is_empty_dir() and not overwrite:
             raise StoreError(f"{self.final}: already exists: pass --overwrite to replace it")
         self.location = self.final.sibling(f".partial-{uuid.uuid4().hex[:8]}")
-        self.chunk_tokens = int(chunk_tokens or DEFAULT_CHUNK_TOKENS)
+        if chunk_tokens is None:  # a shard smaller than the default chunk is one chunk
+            chunk_tokens = min(int(partition_tokens or DEFAULT_CHUNK_TOKENS), DEFAULT_CHUNK_TOKENS)
+        self.chunk_tokens = int(chunk_tokens)
         self.partition_tokens = int(partition_tokens or self.chunk_tokens * DEFAULT_CHUNKS_PER_PARTITION)
         if self.partition_tokens % self.chunk_tokens:
             raise ValueError(
@@ -444,6 +454,49 @@ class StreamWriter:
         self.written = 0
         self._starts: list[int] = []
         self._closed = False
+        self._appending: dict[str, int] | None = None  # an append's committed tokens and documents
+
+    @classmethod
+    def append(
+        cls,
+        url: str | os.PathLike[str] | StoreLocation,
+        *,
+        weighted: bool,
+        storage_options: dict[str, Any] | None = None,
+        provenance: dict[str, Any] | None = None,
+    ) -> StreamWriter:
+        """Start appending documents to the complete stream store at ``url``, in place.
+
+        The store is marked ``appending`` with its committed tokens and documents recorded, so a
+        failed append is rolled back to them (by :meth:`abort`, or later by
+        :func:`rollback_stream_append`, which ``dist-respattn repair`` runs); readers refuse it
+        until it is complete again. New tokens always begin a new document.
+        """
+        store = TokenStreamStore.open(url, storage_options=storage_options)
+        if weighted != store.schema.has_weight:
+            have = "a weight per token" if store.schema.has_weight else "no weights"
+            raise SchemaMismatchError(
+                f"{store.location}: cannot append: the store has {have}"
+                + ("; pass --weights" if store.schema.has_weight else "; drop --weights")
+            )
+        self = cls.__new__(cls)
+        self.final = self.location = store.location.with_window(None)
+        self.chunk_tokens, self.partition_tokens = store.chunk_tokens, store.partition_tokens
+        self.num_symbols = store.schema.num_symbols
+        self.dtype = np.dtype(store._tokens.dtype)
+        self.group = open_group_at(self.location, mode="r+")
+        self.attributes = dict(store.attributes)
+        committed = {"tokens": store.num_tokens, "documents": int(store.document_starts().size)}
+        self.provenance = {**(provenance or {}), "time": _now(), "first_token": committed["tokens"]}
+        self.group.attrs[ATTRIBUTE_KEY] = {**self.attributes, "state": StoreState.APPENDING, "committed": committed}
+        self._arrays = {name: self.group[name] for name in ("tokens", "weight") if name in self.group}  # type: ignore[misc]
+        self._buffer = {name: [] for name in self._arrays}
+        self._buffered = 0
+        self.written = committed["tokens"]
+        self._starts = []
+        self._closed = False
+        self._appending = committed
+        return self
 
     def write_vocabulary(self, vocabulary: dict[str, Any]) -> None:
         self.group.create_group("vocabulary", attributes=vocabulary, overwrite=True)
@@ -459,14 +512,15 @@ class StreamWriter:
         if tokens.size == 0:
             return
         if not self._starts:
-            self._starts.append(0)
+            self.start_document()  # the first token a writer writes always begins a document
         self._buffer["tokens"].append(np.asarray(tokens).astype(self.dtype, copy=False))
         if "weight" in self._arrays:
             assert weight is not None
             self._buffer["weight"].append(np.asarray(weight, dtype=np.float32))
         self._buffered += int(tokens.size)
-        while self._buffered >= self.partition_tokens:
-            self._flush(self.partition_tokens)
+        # Flush whole shards only, so each shard file is written once (an append first fills the last one).
+        while self._buffered >= (room := self.partition_tokens - self.written % self.partition_tokens):
+            self._flush(room)
 
     def _flush(self, count: int) -> None:
         """Write the first ``count`` buffered tokens (a whole shard, or the last one) at the end of the arrays."""
@@ -483,25 +537,37 @@ class StreamWriter:
             raise StoreError(f"{self.final}: the writer is already closed")
         if self._buffered:
             self._flush(self._buffered)
-        starts = np.asarray(self._starts or [0], dtype=np.int64)
-        self.group.create_array("document_starts", data=starts)
         attributes: dict[str, Any] = dict(self.attributes)
         attributes["tokens"] = self.written
         attributes["state"] = StoreState.COMPLETE
-        attributes["provenance"] = {
-            **self.provenance,
-            "tokens_count": self.written,
-            "documents": int(starts.size),
-        }
+        if self._appending is None:
+            starts = np.asarray(self._starts or [0], dtype=np.int64)
+            self.group.create_array("document_starts", data=starts, chunks=(_STARTS_CHUNK,))
+            attributes["provenance"] = {**self.provenance, "tokens_count": self.written, "documents": int(starts.size)}
+        else:
+            # Only the tail is written: the committed starts stay as they are until the state says complete.
+            array: Any = self.group["document_starts"]
+            first = self._appending["documents"]
+            array.resize((first + len(self._starts),))
+            array[first:] = np.asarray(self._starts, dtype=np.int64)
+            provenance = dict(attributes.get("provenance") or {})
+            record = {**self.provenance, "tokens": self.written - self._appending["tokens"],
+                      "documents": len(self._starts)}  # fmt: skip
+            provenance["appends"] = [*provenance.get("appends", []), record]
+            attributes["provenance"] = provenance
         self.group.attrs[ATTRIBUTE_KEY] = attributes
         self._closed = True
-        self.location.replace(self.final)
+        if self._appending is None:
+            self.location.replace(self.final)
         return TokenStreamStore.open(self.final)
 
     def abort(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._appending is not None:
+            rollback_stream_append(self.location)
+            return
         fs, root = self.location.filesystem()
         if fs.exists(root):
             fs.rm(root, recursive=True)
@@ -514,6 +580,45 @@ class StreamWriter:
             self.abort()
 
 
+def rollback_stream_append(
+    url: str | os.PathLike[str] | StoreLocation, *, storage_options: dict[str, Any] | None = None
+) -> int:
+    """Restore a stream store whose append was interrupted to its committed tokens; return that count.
+
+    A complete store is left as it is. The committed tokens and documents are those the append
+    recorded when it began; the shards past them are deleted and the arrays cut back.
+    """
+    from dist_respattn.store.writer import delete_shards_from
+
+    location = StoreLocation.of(url, storage_options).with_window(None)
+    group = open_group_at(location, mode="r+")
+    attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
+    state = attributes.get("state")
+    if state == StoreState.COMPLETE:
+        return int(attributes["tokens"])
+    if state != StoreState.APPENDING or "committed" not in attributes:
+        raise StoreError(
+            f"{location}: state {state!r}: only an interrupted append can be rolled back; "
+            "write the store again (the same command with --overwrite)"
+        )
+    committed = attributes.pop("committed")
+    tokens, documents = int(committed["tokens"]), int(committed["documents"])
+    shards = -(-tokens // int(attributes["partition_tokens"]))
+    for name in ("tokens", "weight"):
+        if name in group:
+            if group[name].shape[0] != tokens:
+                group[name].resize((tokens,))
+            delete_shards_from(location, name, shards)
+    if group["document_starts"].shape[0] != documents:
+        group["document_starts"].resize((documents,))
+    attributes["state"] = StoreState.COMPLETE
+    group.attrs[ATTRIBUTE_KEY] = attributes
+    problems, _, _ = validate_stream(location)
+    if problems:
+        raise StoreError(f"{location}: still damaged after the rollback: " + "; ".join(str(p) for p in problems))
+    return tokens
+
+
 def validate_stream(
     store_url: str | os.PathLike[str] | StoreLocation,
     storage_options: dict[str, Any] | None = None,
@@ -523,6 +628,9 @@ def validate_stream(
     group = open_group_at(location)
     attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
     problems: list[Problem] = []
+    if attributes.get("state") == StoreState.APPENDING:
+        problems.append(Problem("state 'appending': an append did not finish; `dist-respattn repair` rolls it back"))
+        return problems, 0, 0
     if attributes.get("state") != StoreState.COMPLETE:
         problems.append(Problem(f"state {attributes.get('state')!r}: the writer did not finish; write it again"))
         return problems, 0, 0

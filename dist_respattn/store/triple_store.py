@@ -77,6 +77,8 @@ class TripleStore:
         attributes: the full ``dist_respattn`` attribute dict (provenance included).
     """
 
+    kind = "triples"
+
     def __init__(self, location: StoreLocation, group: Any, schema: StoreSchema, attributes: dict[str, Any]) -> None:
         self.location = location
         self._group = group

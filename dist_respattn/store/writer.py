@@ -365,7 +365,7 @@ class StoreWriter:
             self.close()
 
 
-def _delete_shards_from(location: StoreLocation, name: str, first: int) -> None:
+def delete_shards_from(location: StoreLocation, name: str, first: int) -> None:
     """Delete array ``name``'s shard files of partition ``first`` on (shrinking a zarr array keeps them)."""
     fs, root = location.filesystem()
     for key in location.list_keys(f"{name}/c"):
@@ -401,7 +401,7 @@ def rollback_append(
         array = group[name]
         if array.shape[0] != rows:
             array.resize((rows, *array.shape[1:]))
-        _delete_shards_from(location, name, partitions)
+        delete_shards_from(location, name, partitions)
     attributes["state"] = StoreState.COMPLETE
     group.attrs[ATTRIBUTE_KEY] = attributes
     _, _, problems = structural_problems(group)

@@ -341,3 +341,47 @@ def test_a_sparse_accumulator_collecting_its_pairs_allocates_nothing_of_s_times_
         tracemalloc.stop()
     assert value.emission_count.support.num_pairs == len(np.unique(data[2][:, None] * 50_000 + data[0]))
     assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB traced"
+
+
+def _rows_on(support: PairSupport, rows: int, n: int, d: int, seed: int):
+    """Rows whose every (context symbol, target) pair lies in ``support``: a target, then N of its symbols."""
+    rng = np.random.default_rng(seed)
+    target = support.targets[rng.integers(0, support.num_pairs, rows)]
+    first, count = support.indptr[target], np.diff(support.indptr)[target]
+    slots = first[:, None] + (rng.random((rows, n)) * count[:, None]).astype(np.int64)
+    return support.symbols[slots].astype(np.int64), rng.standard_normal((rows, d)), target.astype(np.int64)
+
+
+def test_a_sparse_e_step_takes_memory_for_its_pairs_and_its_block_not_its_rows_or_s_times_t():
+    """Traced peak of E-steps block by block: flat from 40,000 to 160,000 rows, and growing by a few bytes a pair
+    between two supports (S = T = 3,000: an (S, T) float64 table would be 72 MB)."""
+    import tracemalloc
+
+    shape = (3000, 4, 3, 3000)
+    truth = random_distribution(*shape, seed=0)
+    keys = np.random.default_rng(1).choice(shape[0] * shape[3], size=400_000, replace=False)
+    large = PairSupport.from_keys(np.sort(keys), shape[0], shape[3])
+    small = PairSupport.from_keys(np.sort(keys[:100_000]), shape[0], shape[3])
+
+    def peak(support: PairSupport, rows: int) -> int:
+        model = truth.with_emission(truth.emission_table.restricted(support))
+        model.kernel_parameters  # noqa: B018  (built once per model, before the pass)
+        data = _rows_on(support, rows, shape[1], shape[2], seed=rows)
+        tracemalloc.start()
+        try:
+            accumulator = ResponsibilityAttentionAccumulator(*shape, layout="sparse", support=support)
+            for first in range(0, rows, 8192):
+                block = tuple(a[first : first + 8192] for a in data)
+                accumulator.seq_update(block, None, model)
+            accumulator.value()
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    peak(small, 8192)  # the first E-step compiles its kernels, whose allocations are traced too
+    few, many = peak(small, 40_000), peak(small, 160_000)
+    wide = peak(large, 40_000)
+    assert abs(many - few) < 2**20, f"{few / 2**20:.1f} MiB at 40,000 rows, {many / 2**20:.1f} MiB at 160,000"
+    per_pair = (wide - few) / (large.num_pairs - small.num_pairs)
+    assert 8 <= per_pair <= 40, f"{per_pair:.1f} bytes a pair"
+    assert wide < 72e6 / 2, f"{wide / 2**20:.1f} MiB traced"
