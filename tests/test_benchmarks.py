@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -221,7 +222,11 @@ def test_store_table_names_every_store_and_the_headline():
         for order in ("input", "target"):
             assert f"{compression}, {order}" in table
     assert "<- headline" in table and "warm cache" in table and "cold reads not reported" in table
-    assert ("PASS" in table) or ("MISS" in table)
+    # Each store's line shows its read / kernel ratio and the verdict that ratio earns (PASS below 1/3).
+    verdicts = re.findall(r"^  .{24}\s*(\d+\.\d{3})  (PASS|MISS)", table, flags=re.MULTILINE)
+    assert len(verdicts) == 8, table
+    for measured, verdict in verdicts:
+        assert (verdict == "PASS") == (float(measured) < 1 / 3), (measured, verdict)
 
 
 @pytest.mark.slow
@@ -356,6 +361,11 @@ def test_fit_smoke_run_reports_every_figure(monkeypatch):
     assert "ours, fit, 2 workers x 1 thread" in table and "bare kernel" in table
     assert "where an iteration goes" in table and "peak memory" in table
     assert table.count("PASS") + table.count("MISS") == (5 if has_mixle else 4)
+    for target in report["targets"]:
+        if target["pass"] is None:
+            continue
+        (line,) = [line for line in table.splitlines() if target["name"] in line]
+        assert line.endswith("PASS" if target["pass"] else "MISS"), (line, target)
 
 
 QUALITY_SCRIPT = SCRIPT.parent / "bench_quality.py"
@@ -399,7 +409,14 @@ def test_quality_smoke_run_reports_every_figure(tmp_path):
     ratio = defaults["test"]["model"]["perplexity"] / baselines["kneser_ney"]
     assert f"{ratio:.3f}" in table  # the table's head / Kneser-Ney row
     verdicts = report["verdicts"]["stdlib"]
-    assert len(verdicts) == 3 and all(v.endswith(("PASS", "MISS")) for v in verdicts)
+    assert len(verdicts) == 3
+    for line in verdicts:  # each verdict is the one its printed comparison earns
+        found = re.search(r"(\d+\.\d+) (<=|<) (?:tuned add-k )?(\d+(?:\.\d+)?)(?: \([^)]*\))?: (PASS|MISS)$", line)
+        assert found is not None, line
+        left, operator, right, verdict = found.groups()
+        holds = float(left) <= float(right) if operator == "<=" else float(left) < float(right)
+        assert (verdict == "PASS") == holds, line
+        assert line in table
     assert "head, defaults" in table and "Kneser-Ney, interpolated" in table
 
 
@@ -440,3 +457,20 @@ def test_scale_smoke_run_reports_every_figure(tmp_path):
     assert_positive_finite(fitted["head_perplexity"], "head")
     assert f"{fitted['head_over_kneser_ney']:.3f}" in table
     assert table.count("PASS") + table.count("MISS") == 8
+    # Each target's line shows the verdict its figure earns (the targets, written out here).
+    figures = {**reference, **corpus_report, **fitted}
+    targets = {
+        "sparse kernel": ("sparse_over_dense_kernel", ">=", 0.8),
+        "statistics": ("statistics_difference", "<=", 1e-12),
+        "ingest": ("ingest_tokens_per_second", ">=", 5e6),
+        "store": ("bytes_per_token", "<=", 4.5),
+        "iteration": ("iteration_over_kernel", "<=", 1.3),
+        "first iteration": ("first_iteration_seconds", "<=", 60),
+        "worker peak": ("worker_peak_gib", "<=", 6),
+        "driver peak": ("driver_peak_gib", "<=", 4),
+    }
+    for label, (key, operator, target) in targets.items():
+        value = figures[key]
+        met = value >= target if operator == ">=" else value <= target
+        (line,) = [line for line in table.splitlines() if line.strip().startswith(label + " ") and "target" in line]
+        assert line.endswith("PASS" if met else "MISS"), (line, key, value)
