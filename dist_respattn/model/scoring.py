@@ -22,7 +22,7 @@ from dist_respattn.model._checks import as_encoded, as_weights
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import SparseEmission
 
-__all__ = ["ScoreTotals", "score_rows"]
+__all__ = ["ScoreTotals", "base_order", "insert_ranked", "score_rows", "top_k_threshold"]
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,34 @@ def _mixture_at(context, row, attention, k, indptr, symbols, values, backoff, ba
 
 
 @numba.njit(cache=True, nogil=True)
-def _arg_max_threshold(
+def _ranks_before(value, target, other_value, other_target):  # pragma: no cover - compiled
+    """Whether ``(value, target)`` comes first: higher probability, then the lower id (``predict_proba``'s
+    stable sort)."""
+    return value > other_value or (value == other_value and target < other_target)
+
+
+@numba.njit(cache=True, nogil=True)
+def insert_ranked(target, value, top_targets, top_values, count):  # pragma: no cover - compiled
+    """Insert ``target`` into the ``count`` best met so far (best first, at most ``len(top_targets)``);
+    returns the new count. A target already held is not added again."""
+    cap = top_targets.shape[0]
+    if count == cap and not _ranks_before(value, target, top_values[cap - 1], top_targets[cap - 1]):
+        return count
+    for j in range(count):
+        if top_targets[j] == target:
+            return count
+    j = count if count < cap else cap - 1
+    while j > 0 and _ranks_before(value, target, top_values[j - 1], top_targets[j - 1]):
+        top_values[j] = top_values[j - 1]
+        top_targets[j] = top_targets[j - 1]
+        j -= 1
+    top_values[j] = value
+    top_targets[j] = target
+    return min(count + 1, cap)
+
+
+@numba.njit(cache=True, nogil=True)
+def top_k_threshold(
     context,
     row,
     attention,
@@ -177,19 +204,22 @@ def _arg_max_threshold(
     ranked_targets,
     ranked_values,
     base_order,
+    top_targets,
+    top_values,
 ):  # pragma: no cover - compiled
-    """The target of highest ``sum_i a_i B[c_i, k]`` (lowest id on ties), exactly, without visiting all T.
+    """The K = ``len(top_targets)`` targets of highest ``sum_i a_i B[c_i, k]`` (lowest id first on ties), exactly,
+    without visiting all T; they and their probabilities are written best first, and their count returned.
 
     Fagin's threshold algorithm over the positions' symbols, each with its stored targets by decreasing
     probability: at depth d a target not yet met has, at position i, at most the d-th probability of
-    its list or the backoff ``backoff[c] max(base)`` when it is not in the list; once the best score met
-    beats that bound, no other target can. A target in no list scores ``A base[k]``; the first such
-    target in base order is then the only one left to check.
+    its list or the backoff ``backoff[c] max(base)`` when it is not in the list; once the K-th best score
+    met beats that bound, no other target can. A target in no list scores ``A base[k]``; the first K such
+    targets in base order are then the only ones left to check.
     """
     n_pos = context.shape[1]
+    cap = top_targets.shape[0]
     max_base = base[base_order[0]]
-    best = -np.inf
-    arg = -1
+    count = 0
     depth = 0
     while True:
         bound = 0.0
@@ -203,17 +233,19 @@ def _arg_max_threshold(
                 bound += attention[i] * max(ranked_values[at], off)
                 k = ranked_targets[at]
                 v = _mixture_at(context, row, attention, k, indptr, symbols, values, backoff, base)
-                if v > best or (v == best and k < arg):
-                    best, arg = v, k
+                count = insert_ranked(k, v, top_targets, top_values, count)
             else:
                 bound += attention[i] * off
-        if best > bound:
-            return arg
+        if count == cap and top_values[cap - 1] > bound:
+            return count
         if not left:
             break
         depth += 1
-    # Every stored target was scored; the best of the rest is the first in base order stored for no position.
+    # Every stored target was scored; the best of the rest are the first in base order stored for no position.
+    added = 0
     for j in range(base_order.shape[0]):
+        if added == cap:
+            break
         k = base_order[j]
         stored = False
         for i in range(n_pos):
@@ -222,10 +254,9 @@ def _arg_max_threshold(
                 break
         if not stored:
             v = _mixture_at(context, row, attention, k, indptr, symbols, values, backoff, base)
-            if v > best or (v == best and k < arg):
-                arg = k
-            break
-    return arg
+            count = insert_ranked(k, v, top_targets, top_values, count)
+            added += 1
+    return count
 
 
 @numba.njit(cache=True, nogil=True)
@@ -251,12 +282,14 @@ def _score_sparse_numba(
     """``_score_numba`` for a sparse emission: ``(log_lik, target_log_prob, correct, weight)``.
 
     ``ranked_*`` are each symbol's stored targets by decreasing probability (the arg-max's threshold
-    search walks them); ``base_order`` the targets by decreasing base (stable).
+    search, :func:`top_k_threshold` with K = 1, walks them); ``base_order`` the targets by decreasing base (stable).
     """
     n_rows, n_pos = context.shape
     gate = np.empty(n_pos)
     joint = np.empty(n_pos)
     attention = np.empty(n_pos)
+    top_target = np.empty(1, dtype=np.int64)
+    top_value = np.empty(1)
     y = np.empty(query.shape[1])
     total_ll = 0.0
     total_lp = 0.0
@@ -280,10 +313,11 @@ def _score_sparse_numba(
         for i in range(n_pos):
             attention[i] = gate[i] / norm
         prob_t = _mixture_at(context, row, attention, t, indptr, symbols, values, backoff, base)
-        arg = _arg_max_threshold(
+        top_k_threshold(
             context, row, attention, indptr, symbols, values, backoff, base, ranked_indptr, ranked_targets,
-            ranked_values, base_order,
+            ranked_values, base_order, top_target, top_value,
         )  # fmt: skip
+        arg = top_target[0]
         if w != 0.0:
             total_ll += w * row_ll
             total_lp += w * (math.log(prob_t) if prob_t > 0.0 else -np.inf)
@@ -314,7 +348,7 @@ def score_rows(
         log_lik, target_log_prob, correct, weight = _score_sparse_numba(
             context, query, target, kernel_weights, params.key_means, params.log_prior, params.inv_two_sigma2,
             params.gate_const, table.support.indptr, table.support.symbols, table.values, table.backoff, table.base,
-            ranked_indptr, ranked_targets, ranked_values, _base_order(table),
+            ranked_indptr, ranked_targets, ranked_values, base_order(table),
         )  # fmt: skip
         return ScoreTotals(float(weight), float(log_lik), float(target_log_prob), float(correct))
     assert isinstance(params, kernels.KernelParameters)
@@ -333,6 +367,6 @@ def score_rows(
     return ScoreTotals(float(weight), float(log_lik), float(target_log_prob), float(correct))
 
 
-def _base_order(table: SparseEmission) -> np.ndarray:
+def base_order(table: SparseEmission) -> np.ndarray:
     """Targets by decreasing base, lowest id first among equals (the arg-max's tie rule)."""
     return np.argsort(-table.base, kind="stable")

@@ -1,0 +1,71 @@
+"""Top-K prediction without an (n, T) matrix: equal to a stable sort of ``predict_proba``, in both layouts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dist_respattn import ResponsibilityAttentionEstimator, fit_em, random_distribution
+from dist_respattn.model.emission import SparseEmission
+from dist_respattn.model.prediction import predict_top_k
+from dist_respattn.model.scoring import score_rows
+
+
+def expected_top_k(model, context, query, k):
+    proba = model.predict_proba(context, query)
+    order = np.argsort(-proba, kind="stable")[:, :k]
+    return order, np.take_along_axis(proba, order, axis=1)
+
+
+def assert_same_predictions(model, context, query, k):
+    top = predict_top_k(model, context, query, k)
+    targets, probabilities = expected_top_k(model, context, query, k)
+    np.testing.assert_array_equal(top.targets, targets)
+    np.testing.assert_allclose(top.probabilities, probabilities, rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(top.attention, model.attention_weights(context, query), rtol=1e-12, atol=1e-300)
+    return top
+
+
+@pytest.fixture(scope="module")
+def sparse_head_and_rows():
+    """A sparse MAP head fitted on sampled rows (its backoff ties targets of equal continuation counts)."""
+    shape = (31, 7, 13, 17)
+    truth = random_distribution(*shape, seed=5, key_scale=1.5, sigma2=0.7)
+    data = truth.sampler(6).sample_arrays(2000)
+    heldout = truth.sampler(7).sample_arrays(400)
+    estimator = ResponsibilityAttentionEstimator(*shape, emission_prior="continuation")
+    model = fit_em(data, estimator, layout="sparse", max_iter=2).distribution
+    assert isinstance(model.emission_table, SparseEmission)
+    return model, heldout
+
+
+@pytest.mark.parametrize("k", [1, 3, 17, 40])
+def test_dense_top_k_is_the_stable_sort_of_predict_proba(k):
+    head = random_distribution(40, 5, 6, 17, seed=3)
+    context, query, _ = head.sampler(4).sample_arrays(500)
+    top = assert_same_predictions(head, context, query, k)
+    assert top.targets.shape == (500, min(k, 17)) and top.targets.dtype == np.int32
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 17])
+def test_sparse_top_k_is_the_stable_sort_of_predict_proba(sparse_head_and_rows, k):
+    model, (context, query, _) = sparse_head_and_rows
+    assert_same_predictions(model, context, query, k)
+
+
+def test_sparse_top_one_is_the_arg_max_the_scores_count(sparse_head_and_rows):
+    """The scoring kernel's arg-max is the same search with K = 1: its accuracy counts top-1 hits."""
+    model, (context, query, target) = sparse_head_and_rows
+    top = predict_top_k(model, context, query, 1)
+    assert score_rows(model, (context, query, target)).correct == float(np.sum(top.targets[:, 0] == target))
+
+
+def test_a_bad_k_or_row_is_refused():
+    head = random_distribution(10, 3, 2, 5, seed=1)
+    context, query, _ = head.sampler(2).sample_arrays(20)
+    with pytest.raises(ValueError, match="k = 0"):
+        predict_top_k(head, context, query, 0)
+    context = context.copy()
+    context[4, 1] = 10
+    with pytest.raises(ValueError, match=r"context\[4"):
+        predict_top_k(head, context, query, 2)
