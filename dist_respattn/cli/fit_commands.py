@@ -1,4 +1,4 @@
-"""``dist-respattn fit`` and ``dist-respattn evaluate``: the engine on the command line."""
+"""``dist-respattn fit``, ``evaluate`` and ``predict``: the engine on the command line."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def security(args: argparse.Namespace) -> Any:
 
 
 def register(sub: Any) -> None:
-    """Add the ``fit`` and ``evaluate`` subcommands."""
+    """Add the ``fit``, ``evaluate`` and ``predict`` subcommands."""
     fit = sub.add_parser(
         "fit",
         help="fit a head to a store by exact EM on a Dask cluster, checkpointing into a model directory",
@@ -166,7 +166,7 @@ def register(sub: Any) -> None:
             "and discount tuned on the model's held-out rows when it has any)."
         ),
     )
-    evaluate.add_argument("model", help="a model directory (its best checkpoint, else its latest)")
+    evaluate.add_argument("model", help=MODEL_HELP)
     evaluate.add_argument("store", help="the store to score (path or URL)")
     evaluate.add_argument(
         "--baseline-k",
@@ -178,6 +178,34 @@ def register(sub: Any) -> None:
     evaluate.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     evaluate.set_defaults(handler=_run_evaluate, printer=_print_evaluate)
 
+    predict = sub.add_parser(
+        "predict",
+        help="write each row's K most probable targets, their probabilities and the attention",
+        description=(
+            "Predict every row of a store with a fitted model on a Dask cluster: the K most probable targets "
+            "(best first, the lower id first on ties), their probabilities p(target | context, query) and the "
+            "attention over the N context positions. Each store partition is predicted and written by one task, "
+            "block by block, so memory is bounded by a block, never by the store. The output is a zarr group "
+            "(a directory, or an fsspec URL every worker can write): parts/00000/targets int32 (n, K), "
+            "parts/00000/probabilities float64 (n, K), parts/00000/attention float64 (n, N), one part per store "
+            "partition, in row order; its attributes name the model, the store and each part's rows. Read it "
+            "with dist_respattn.store.predictions.Predictions."
+        ),
+    )
+    predict.add_argument("model", help=MODEL_HELP)
+    predict.add_argument("store", help="the store to predict (path or URL)")
+    predict.add_argument("--top", type=positive_int, default=5, metavar="K", help="targets kept per row (5)")
+    predict.add_argument("--out", required=True, metavar="DIR", help="where the predictions go (a new zarr group)")
+    predict.add_argument("--overwrite", action="store_true", help="replace the predictions already at --out")
+    add_cluster_options(predict)
+    predict.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    predict.set_defaults(handler=_run_predict, printer=_print_predict)
+
+
+#: What ``evaluate`` and ``predict`` take as a model.
+MODEL_HELP = (
+    "a model directory (its best checkpoint, else its latest), or a registry's version: REGISTRY@7, REGISTRY@latest"
+)
 
 #: The options named like the FitSettings fields they set (``--fixed-sigma2``/``--learn-sigma2`` are handled apart).
 _SETTING_OPTIONS = (
@@ -371,3 +399,29 @@ def _print_evaluate(report: dict[str, Any]) -> None:
     from dist_respattn.engine import Evaluation
 
     print(Evaluation(**report).summary())
+
+
+def _run_predict(args: argparse.Namespace) -> dict[str, Any]:
+    from dist_respattn.engine import predict
+
+    run = predict(
+        args.model,
+        args.store,
+        out=args.out,
+        top_k=args.top,
+        overwrite=args.overwrite,
+        scheduler=args.scheduler,
+        n_workers=args.workers,
+        memory_limit=args.memory_limit,
+        security=security(args),
+        storage_options=parse_storage_options(args.storage_option),
+        say=_say(args),
+        progress=None if not args.json else False,
+    )
+    return run.to_json()
+
+
+def _print_predict(report: dict[str, Any]) -> None:
+    from dist_respattn.engine import PredictionRun
+
+    print(PredictionRun(**report).summary())

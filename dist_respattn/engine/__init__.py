@@ -1,8 +1,8 @@
 """The distributed engine: the only code that talks to a ``distributed.Client``.
 
 ``fit`` runs exact EM over a triple store on a Dask cluster (an embedded ``LocalCluster`` by
-default), checkpointing every iteration; ``evaluate`` scores a store with a model; ``load_model``
-reads a model directory back.
+default), checkpointing every iteration; ``evaluate`` scores a store with a model; ``predict``
+writes each row's top-K targets; ``load_model`` reads a model directory (or a registry's version) back.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dist_respattn.engine.cluster import ClusterError, ClusterInfo, cluster_info
 from dist_respattn.engine.evaluate import Evaluation, evaluate
 from dist_respattn.engine.fit import FitError, FitResult, fit, open_store
 from dist_respattn.engine.memory import InsufficientMemoryError, MemoryEstimate, check_memory, estimate_memory
+from dist_respattn.engine.predict import PredictionRun, predict
 from dist_respattn.engine.progress import EVENT_TOPIC
 from dist_respattn.engine.settings import FitSettings
 
@@ -28,6 +29,7 @@ __all__ = [
     "InsufficientMemoryError",
     "MemoryEstimate",
     "ModelDir",
+    "PredictionRun",
     "check_memory",
     "cluster_info",
     "connect",
@@ -37,4 +39,5 @@ __all__ = [
     "load_checkpoint",
     "load_model",
     "open_store",
+    "predict",
 ]

@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ __all__ = [
     "load_checkpoint",
     "load_model",
     "parse_checkpoint",
+    "registry_reference",
 ]
 
 PARAMS_FILE = "params.npz"
@@ -263,13 +265,50 @@ def checkpoint_name(iteration: int, run_id: str) -> str:
     return f"ckpt-{iteration:06d}-{run_id}"
 
 
-def load_checkpoint(model_dir: str | os.PathLike[str], which: str = "auto") -> Checkpoint:
-    """Load the ``"latest"`` or ``"best"`` checkpoint of ``model_dir``; ``"auto"`` prefers ``best``."""
-    folder = ModelDir(model_dir)
+#: ``REGISTRY@7`` or ``REGISTRY@latest``: a version of a model registry where a model directory is expected.
+_REGISTRY_REFERENCE = re.compile(r"^(?P<registry>.+)@(?P<version>\d+|latest)$")
+
+
+def registry_reference(model: str | os.PathLike[str]) -> tuple[str, str] | None:
+    """``(registry URL, version)`` of ``REGISTRY@7`` or ``REGISTRY@latest``; ``None`` for a model directory.
+
+    A local directory of that very name is a model directory (``@`` is a legal character in a path).
+    """
+    text = os.fspath(model)
+    match = _REGISTRY_REFERENCE.match(text)
+    if match is None or ("://" not in text and Path(text).is_dir()):
+        return None
+    return match.group("registry"), match.group("version")
+
+
+def load_checkpoint(
+    model_dir: str | os.PathLike[str], which: str = "auto", *, storage_options: dict[str, Any] | None = None
+) -> Checkpoint:
+    """Load the ``"latest"`` or ``"best"`` checkpoint of ``model_dir``; ``"auto"`` prefers ``best``.
+
+    ``model_dir`` may also name a published version of a model registry, ``REGISTRY@7`` or
+    ``REGISTRY@latest`` (a local path or an fsspec URL, read with ``storage_options``); its files are
+    checked against the version's record.
+    """
     if which not in ("auto", LATEST, BEST):
         raise ValueError(f"which = {which!r}: expected 'auto', 'latest' or 'best'")
+    reference = registry_reference(model_dir)
+    if reference is not None:
+        if which != "auto":
+            raise CheckpointError(f"{os.fspath(model_dir)}: a registry version has one checkpoint, not a {which!r} one")
+        # The registry builds on checkpoints, so it is imported here, when a version is asked for.
+        from dist_respattn.registry.registry import Registry
+
+        url, version = reference
+        return Registry(url, storage_options).load(version)
+    folder = ModelDir(model_dir)
     if not folder.path.is_dir():
         raise CheckpointError(f"{folder}: no such model directory")
+    if (folder.path / "registry.json").is_file():  # its latest.json is not a model directory's pointer
+        raise CheckpointError(
+            f"{folder}: a model registry, not a model directory: name one of its versions, {folder}@latest or "
+            f"{folder}@N (`dist-respattn models list {folder}` shows them)"
+        )
     order = [BEST, LATEST] if which == "auto" else [which]
     for pointer in order:
         name = folder.pointed(pointer)
@@ -281,9 +320,12 @@ def load_checkpoint(model_dir: str | os.PathLike[str], which: str = "auto") -> C
     )
 
 
-def load_model(model_dir: str | os.PathLike[str], which: str = "auto") -> ResponsibilityAttentionDistribution:
-    """The head saved in ``model_dir``: the ``best`` checkpoint when there is one, else the ``latest``."""
-    return load_checkpoint(model_dir, which).model
+def load_model(
+    model_dir: str | os.PathLike[str], which: str = "auto", *, storage_options: dict[str, Any] | None = None
+) -> ResponsibilityAttentionDistribution:
+    """The head saved in ``model_dir``: the ``best`` checkpoint when there is one, else the ``latest``; or the
+    head published as a registry's version, ``REGISTRY@7`` or ``REGISTRY@latest``."""
+    return load_checkpoint(model_dir, which, storage_options=storage_options).model
 
 
 class BackgroundCheckpoints:

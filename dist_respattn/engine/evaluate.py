@@ -113,9 +113,10 @@ def _parameters_text(parameters: dict[str, Any]) -> str:
     return ", ".join(shown)
 
 
-def _window_for(
+def window_for(
     head: ResponsibilityAttentionDistribution, store: Any, storage_options: dict[str, Any] | None
 ) -> int | None:
+    """The window a model reads ``store`` with: its own N for a token-stream store, ``None`` for a triple store."""
     location = store.location if hasattr(store, "location") else StoreLocation.of(store, storage_options)
     return head.context_length if is_stream_store(location) else None
 
@@ -175,15 +176,16 @@ def evaluate(
     say: Callable[[str], Any] | None = None,
     progress: bool | None = None,
 ) -> Evaluation:
-    """Score ``store`` with ``model`` (a head, or a model directory: its ``best``, else ``latest``) on a cluster."""
+    """Score ``store`` with ``model`` on a cluster: a head, a model directory (its ``best``, else ``latest``), or
+    a registry's version (``REGISTRY@7``, ``REGISTRY@latest``)."""
     meta: dict[str, Any] = {}
     if isinstance(model, ResponsibilityAttentionDistribution):
         head = model
     else:
-        checkpoint = load_checkpoint(model)
+        checkpoint = load_checkpoint(model, storage_options=storage_options)
         head, meta = checkpoint.model, checkpoint.meta
     # A token-stream store is read with the model's window.
-    scored = open_store(store, storage_options, _window_for(head, store, storage_options))
+    scored = open_store(store, storage_options, window_for(head, store, storage_options))
     check_same_shape(head, "the model", scored)
     check_recorded_corpus(
         meta.get("store"), scored, reference_role="the model's training store", other_role="the evaluated store"

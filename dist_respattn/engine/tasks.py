@@ -18,12 +18,15 @@ import numpy as np
 from dist_respattn.model._checks import ImpossibleEvidenceError
 from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulatorFactory, SufficientStatistics
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.emission import SparseEmission
 from dist_respattn.model.holdout import HoldoutRule
 from dist_respattn.model.pairs import PairCounts
-from dist_respattn.model.scoring import ScoreTotals, score_rows
+from dist_respattn.model.prediction import PredictionTotals, predict_top_k
+from dist_respattn.model.scoring import ScoreTotals, base_order, score_rows
 from dist_respattn.model.selection import GridTable, GridTotals, score_grid
 from dist_respattn.store import EncodedRows, StoreError, StoreLocation
 from dist_respattn.store.checks import block_problems
+from dist_respattn.store.predictions import write_prediction_part
 from dist_respattn.store.rows import RowStore, open_rows
 
 __all__ = [
@@ -34,6 +37,7 @@ __all__ = [
     "estep_task",
     "grid_task",
     "pairs_task",
+    "predict_task",
     "score_task",
     "start_task",
 ]
@@ -220,6 +224,42 @@ def score_task(
     return totals
 
 
+def predict_task(
+    location: StoreLocation,
+    part: int,
+    model: ResponsibilityAttentionDistribution,
+    fingerprint: str,
+    out: StoreLocation,
+    top_k: int,
+) -> PredictionTotals:
+    """Predict partition ``part``'s rows (the top ``top_k`` targets and the attention) into its part of ``out``.
+
+    Holds one block of rows and its predictions at a time; returns how many rows it wrote and how many of
+    their targets it ranked first and among the K.
+    """
+    store = _checked_store(location, fingerprint)
+    partition = store.partition(part)
+    table = model.emission_table
+    order = base_order(table) if isinstance(table, SparseEmission) else None
+    totals = PredictionTotals()
+
+    def blocks() -> Any:
+        nonlocal totals
+        for block in store.iter_blocks(partition):
+            try:
+                top = predict_top_k(model, block.context, block.query, top_k, base_order=order)
+            except ValueError as exc:
+                raise _located(store, part, block, exc) from None
+            totals = totals + PredictionTotals.of(top, block.target, block.weight)
+            yield block.start, top
+
+    write_prediction_part(
+        out, part, partition.start, partition.stop, blocks(), top_k=min(top_k, model.num_targets),
+        context_length=model.context_length,
+    )  # fmt: skip
+    return totals
+
+
 def grid_task(location: StoreLocation, part: int, table: GridTable, fingerprint: str, rows: RowSelection) -> GridTotals:
     """Held-out totals of partition ``part``'s selected rows at every point of the M-step's grid."""
     store = _checked_store(location, fingerprint)
@@ -236,7 +276,7 @@ def combine_values(*values: Any) -> Any:
     """The sum of additive values, added left to right in the order given (so the result is reproducible).
 
     Takes E-step statistics (``SufficientStatistics``), or values that add with ``+`` (``StartValue``,
-    ``PairCounts``, ``GridTotals``, ``ScoreTotals``).
+    ``PairCounts``, ``GridTotals``, ``ScoreTotals``, ``PredictionTotals``).
     """
     first, rest = values[0], values[1:]
     if isinstance(first, SufficientStatistics):

@@ -19,7 +19,7 @@ from dist_respattn.model import kernels, scoring
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import SparseEmission
 
-__all__ = ["TopK", "predict_top_k"]
+__all__ = ["PredictionTotals", "TopK", "predict_top_k"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,34 @@ class TopK:
     @property
     def top_k(self) -> int:
         return int(self.targets.shape[1])
+
+
+@dataclass(frozen=True)
+class PredictionTotals:
+    """Weighted totals of predicted rows whose targets are known (add two with ``+``).
+
+    Attributes:
+        rows: rows predicted; ``weight``: their total weight (the row count for unweighted rows).
+        top1: weight of the rows whose target is the first prediction; ``top_k``: of those whose target is
+            among the K.
+    """
+
+    rows: int = 0
+    weight: float = 0.0
+    top1: float = 0.0
+    top_k: float = 0.0
+
+    def __add__(self, other: PredictionTotals) -> PredictionTotals:
+        return PredictionTotals(
+            self.rows + other.rows, self.weight + other.weight, self.top1 + other.top1, self.top_k + other.top_k
+        )
+
+    @classmethod
+    def of(cls, top: TopK, target: np.ndarray, weights: np.ndarray | None) -> PredictionTotals:
+        """The totals of one block: ``top`` predicted for rows whose targets are ``target`` (n,)."""
+        w = np.ones(top.num_rows) if weights is None else np.asarray(weights, dtype=np.float64)
+        hit = top.targets == np.asarray(target)[:, None]
+        return cls(top.num_rows, float(w.sum()), float(w[hit[:, 0]].sum()), float(w[hit.any(axis=1)].sum()))
 
 
 @numba.njit(cache=True, nogil=True)

@@ -1,0 +1,157 @@
+"""``predict``: each row's K most probable targets, their probabilities and the attention, written by the workers.
+
+One task per store partition reads its rows block by block, predicts them
+(:func:`dist_respattn.model.prediction.predict_top_k`) and writes them into its own part of the output
+(:mod:`dist_respattn.store.predictions`); only the tasks' small totals come back through the combine
+tree, so neither the driver nor any worker holds more than a block of rows and their predictions. The
+output must be a location every worker can write (a shared disk, or an fsspec URL such as ``s3://``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import distributed
+
+from dist_respattn.engine import tasks
+from dist_respattn.engine.broadcast import ParameterBroadcast
+from dist_respattn.engine.checkpoint import load_checkpoint
+from dist_respattn.engine.cluster import connect
+from dist_respattn.engine.evaluate import window_for
+from dist_respattn.engine.fit import FitError, check_same_shape, open_store
+from dist_respattn.engine.passes import PassRunner
+from dist_respattn.engine.progress import FitReporter
+from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.prediction import PredictionTotals
+from dist_respattn.store import StoreLocation, check_recorded_corpus
+from dist_respattn.store.predictions import PredictionsHeader, create_predictions, finish_predictions
+from dist_respattn.store.rows import RowStore
+
+__all__ = ["DEFAULT_TOP_K", "PredictionRun", "predict"]
+
+#: Targets kept per row unless asked otherwise.
+DEFAULT_TOP_K = 5
+
+
+@dataclass(frozen=True)
+class PredictionRun:
+    """What a ``predict`` run wrote.
+
+    Attributes:
+        out: the predictions' URL (read it with :class:`dist_respattn.store.predictions.Predictions`).
+        store: the predicted store's URL; ``model``: where the model came from.
+        rows: rows predicted; ``partitions``: parts written (one per store partition).
+        top_k: targets kept per row (``--top``, at most T).
+        top1_accuracy, top_k_accuracy: the weighted share of rows whose stored target is the first
+            prediction, and among the K (the store's targets are known, so these come for free).
+        seconds: wall time of the prediction pass.
+    """
+
+    out: str
+    store: str
+    model: str
+    rows: int
+    partitions: int
+    top_k: int
+    top1_accuracy: float
+    top_k_accuracy: float
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        return (
+            f"predicted the top {self.top_k} targets of {self.rows:,} rows of {self.store} with {self.model} "
+            f"into {self.out} ({self.partitions} parts, {self.seconds:.1f} s); the stored target ranked first in "
+            f"{self.top1_accuracy:.2%} of rows, among the {self.top_k} in {self.top_k_accuracy:.2%}"
+        )
+
+
+def predict(
+    model: ResponsibilityAttentionDistribution | str | os.PathLike[str],
+    store: str | os.PathLike[str] | StoreLocation | RowStore,
+    *,
+    out: str | os.PathLike[str] | StoreLocation,
+    top_k: int = DEFAULT_TOP_K,
+    overwrite: bool = False,
+    client: distributed.Client | None = None,
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    memory_limit: str | int = "auto",
+    security: distributed.Security | None = None,
+    storage_options: dict[str, Any] | None = None,
+    say: Callable[[str], Any] | None = None,
+    progress: bool | None = None,
+) -> PredictionRun:
+    """Write the ``top_k`` most probable targets of every row of ``store`` under ``model`` to ``out``.
+
+    ``model``: a head, a model directory (its ``best``, else ``latest``), or a registry's version
+    (``REGISTRY@7``, ``REGISTRY@latest``). ``out`` is a new location (or, with ``overwrite``, earlier
+    predictions); see :mod:`dist_respattn.store.predictions` for its layout.
+    """
+    if int(top_k) < 1:
+        raise FitError(f"top_k = {top_k}: expected a positive number of targets (--top)")
+    meta: dict[str, Any] = {}
+    if isinstance(model, ResponsibilityAttentionDistribution):
+        head, source = model, "a model in memory"
+    else:
+        checkpoint = load_checkpoint(model, storage_options=storage_options)
+        head, meta, source = checkpoint.model, checkpoint.meta, os.fspath(model)
+    scored = open_store(store, storage_options, window_for(head, store, storage_options))
+    check_same_shape(head, "the model", scored)
+    check_recorded_corpus(
+        meta.get("store"), scored, reference_role="the model's training store", other_role="the predicted store"
+    )
+    location = StoreLocation.of(out, storage_options)
+    if location.url == StoreLocation.of(str(scored.location)).url:
+        raise FitError(f"--out {location} is the store being predicted: give another location")
+    kept = min(int(top_k), head.num_targets)
+    fingerprint = scored.fingerprint()
+    header = PredictionsHeader(
+        top_k=kept,
+        context_length=head.context_length,
+        num_targets=head.num_targets,
+        num_rows=scored.num_rows,
+        partitions=tuple((p.start, p.stop) for p in scored.partitions()),
+        model=source,
+        store=str(scored.location),
+        store_fingerprint=fingerprint,
+    )
+    create_predictions(location, header, overwrite=overwrite)
+    started = time.perf_counter()
+    with connect(
+        scheduler, client=client, n_workers=n_workers, memory_limit=memory_limit, security=security, say=say
+    ) as cl:
+        reporter = FitReporter(cl, say=say, bar=progress)
+        runner = PassRunner(cl, uuid.uuid4().hex[:8], make_bar=reporter.make_bar)
+        params = ParameterBroadcast(cl, runner.run_tag)
+        params.publish(head, "predict")
+        try:
+            totals: PredictionTotals = runner.run(
+                "predict", "0", scored.num_partitions, tasks.predict_task,
+                lambda part: (scored.location, part, params.current, fingerprint, location, kept),
+                description=f"predicting {scored.location}",
+            )  # fmt: skip
+        finally:
+            params.release()
+    if totals.rows != scored.num_rows:  # every part checks its own rows; this is the sum
+        raise FitError(f"{location}: the parts hold {totals.rows} rows, the store {scored.num_rows}")
+    finish_predictions(location)
+    weight = totals.weight if totals.weight > 0 else float("nan")
+    return PredictionRun(
+        out=str(location),
+        store=str(scored.location),
+        model=source,
+        rows=totals.rows,
+        partitions=scored.num_partitions,
+        top_k=kept,
+        top1_accuracy=totals.top1 / weight,
+        top_k_accuracy=totals.top_k / weight,
+        seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,221 @@
+"""The output of ``predict``: each row's top-K targets, their probabilities and the attention, as one zarr group.
+
+Layout (a local directory or any fsspec URL, written by the workers, one partition each)::
+
+    zarr.json                 attributes["dist_respattn"]: schema, state, K, N, T, rows, partitions,
+                              the model and the store (URL and fingerprint) the predictions came from
+    parts/00000/targets       int32 (n_0, K)    the K most probable targets, best first (lower id on ties)
+    parts/00000/probabilities float64 (n_0, K)  their predictive probabilities
+    parts/00000/attention     float64 (n_0, N)  the predictive attention over the N context positions
+    parts/00001/...           the next partition's rows, and so on
+
+Partition ``p`` holds the store's rows ``partitions[p] = [start, stop)``, in row order, so the parts
+concatenated are the store's rows in order. A partition is one group because a token-stream store's
+partitions do not cut its rows at a common chunk size: with one group each, no two tasks ever write the
+same chunk. The state is ``writing`` until every part is written, then ``complete``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import zarr
+
+from dist_respattn.model.prediction import TopK
+from dist_respattn.store.errors import StoreError
+from dist_respattn.store.location import StoreLocation
+from dist_respattn.store.schema import ATTRIBUTE_KEY
+from dist_respattn.store.triple_store import open_group_at
+
+__all__ = [
+    "PREDICTIONS_SCHEMA",
+    "Predictions",
+    "PredictionsHeader",
+    "create_predictions",
+    "finish_predictions",
+    "write_prediction_part",
+]
+
+PREDICTIONS_SCHEMA = "dist_respattn.predictions"
+PREDICTIONS_VERSION = 1
+PARTS = "parts"
+
+#: Rows per chunk of a part's arrays (at K = 5 and N = 8, 0.7 MiB of targets and probabilities, 4 MiB of attention).
+CHUNK_ROWS = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictionsHeader:
+    """What a predictions group records about itself.
+
+    Attributes:
+        top_k: K (at most T); ``context_length``: N; ``num_targets``: T; ``num_rows``: the store's rows.
+        partitions: ``(start, stop)`` rows of each part, in order, covering ``[0, num_rows)``.
+        model: where the model came from (a model directory or ``REGISTRY@VERSION``).
+        store: the predicted store's URL; ``store_fingerprint``: its fingerprint when predicted.
+    """
+
+    top_k: int
+    context_length: int
+    num_targets: int
+    num_rows: int
+    partitions: tuple[tuple[int, int], ...]
+    model: str
+    store: str
+    store_fingerprint: str
+
+    def to_json(self) -> dict[str, Any]:
+        record = dataclasses.asdict(self)
+        record["partitions"] = [list(p) for p in self.partitions]
+        return record
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> PredictionsHeader:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in record.items() if k in fields}
+        values["partitions"] = tuple((int(a), int(b)) for a, b in values["partitions"])
+        return cls(**values)
+
+
+def _attributes(group: Any) -> dict[str, Any]:
+    return dict(group.attrs.get(ATTRIBUTE_KEY) or {})
+
+
+def _is_predictions(location: StoreLocation) -> bool:
+    try:
+        return _attributes(open_group_at(location)).get("schema") == PREDICTIONS_SCHEMA
+    except StoreError:
+        return False
+
+
+def create_predictions(location: StoreLocation, header: PredictionsHeader, *, overwrite: bool = False) -> None:
+    """Start a predictions group at ``location`` (state ``writing``), with an empty group per part to come.
+
+    An existing predictions group is replaced only with ``overwrite``; anything else that is there (a
+    store, a model, other files) is never deleted.
+    """
+    if location.exists() and not location.is_empty_dir():
+        if not _is_predictions(location):
+            raise StoreError(
+                f"{location}: exists and is not the output of `dist-respattn predict`; choose another --out"
+            )
+        if not overwrite:
+            raise StoreError(f"{location}: holds predictions already; pass --overwrite to replace them")
+        fs, root = location.filesystem()
+        fs.rm(root, recursive=True)
+    attributes = {"schema": PREDICTIONS_SCHEMA, "version": PREDICTIONS_VERSION, "state": "writing", **header.to_json()}
+    group = zarr.create_group(location.zarr_store(), attributes={ATTRIBUTE_KEY: attributes}, overwrite=True)
+    # The parts' parent is made here, once: workers creating it at the same time would race on its metadata.
+    group.create_group(PARTS)
+
+
+def _part_name(index: int) -> str:
+    return f"{index:05d}"
+
+
+def write_prediction_part(
+    location: StoreLocation, index: int, start: int, stop: int, blocks: Iterable[tuple[int, TopK]], *, top_k: int,
+    context_length: int,
+) -> int:  # fmt: skip
+    """Write part ``index`` (store rows ``[start, stop)``) from ``(first row, predictions)`` blocks in row order.
+
+    Holds one block at a time; a part written again (a retried task) replaces the earlier one. Returns
+    the rows written, which must be all of ``[start, stop)``.
+    """
+    parts = zarr.open_group(location.zarr_store(), mode="r+")[PARTS]
+    if not isinstance(parts, zarr.Group):
+        raise StoreError(f"{location}: '{PARTS}' is not a group (not the output of `dist-respattn predict`?)")
+    part = parts.create_group(_part_name(index), overwrite=True)
+    n_rows = stop - start
+    chunk = (max(min(CHUNK_ROWS, n_rows), 1),)
+    arrays = {
+        "targets": part.create_array("targets", shape=(n_rows, top_k), dtype="int32", chunks=(*chunk, top_k)),
+        "probabilities": part.create_array(
+            "probabilities", shape=(n_rows, top_k), dtype="float64", chunks=(*chunk, top_k)
+        ),
+        "attention": part.create_array(
+            "attention", shape=(n_rows, context_length), dtype="float64", chunks=(*chunk, context_length)
+        ),
+    }
+    written = 0
+    for first, block in blocks:
+        if first != start + written:
+            raise ValueError(f"part {index}: a block starts at row {first}, expected {start + written} (row order)")
+        at = slice(written, written + block.num_rows)
+        arrays["targets"][at] = block.targets
+        arrays["probabilities"][at] = block.probabilities
+        arrays["attention"][at] = block.attention
+        written += block.num_rows
+    if written != n_rows:
+        raise ValueError(f"part {index}: wrote {written} rows of its {n_rows} (rows {start}..{stop - 1})")
+    return written
+
+
+def finish_predictions(location: StoreLocation) -> None:
+    """Mark a predictions group complete, once every part is written."""
+    group = open_group_at(location, mode="r+")
+    attributes = _attributes(group)
+    attributes["state"] = "complete"
+    group.attrs[ATTRIBUTE_KEY] = attributes
+
+
+class Predictions:
+    """A complete predictions group, read part by part (each part fits in memory when a store partition does).
+
+    Example::
+
+        predictions = Predictions.open("predictions.zarr")
+        for start, top in predictions.iter_parts():
+            ...  # top.targets (n, K), top.probabilities (n, K), top.attention (n, N): store rows start..
+    """
+
+    def __init__(self, location: StoreLocation, group: Any, header: PredictionsHeader) -> None:
+        self.location = location
+        self._group = group
+        self.header = header
+
+    @classmethod
+    def open(cls, url: str | StoreLocation, storage_options: dict[str, Any] | None = None) -> Predictions:
+        location = StoreLocation.of(url, storage_options)
+        group = open_group_at(location)
+        attributes = _attributes(group)
+        if attributes.get("schema") != PREDICTIONS_SCHEMA:
+            raise StoreError(
+                f"{location}: not the output of `dist-respattn predict` (schema {attributes.get('schema')!r})"
+            )
+        if attributes.get("state") != "complete":
+            raise StoreError(
+                f"{location}: incomplete (the predict run writing it did not finish); "
+                "run predict again with --overwrite"
+            )
+        return cls(location, group, PredictionsHeader.from_json(attributes))
+
+    @property
+    def num_rows(self) -> int:
+        return self.header.num_rows
+
+    @property
+    def num_parts(self) -> int:
+        return len(self.header.partitions)
+
+    def read_part(self, index: int) -> TopK:
+        """Part ``index``'s predictions (store rows ``header.partitions[index]``)."""
+        part = self._group[f"{PARTS}/{_part_name(index)}"]
+        return TopK(part["targets"][...], part["probabilities"][...], part["attention"][...])
+
+    def iter_parts(self) -> Iterator[tuple[int, TopK]]:
+        """``(first store row, predictions)`` of every part, in row order."""
+        for index, (start, _) in enumerate(self.header.partitions):
+            yield start, self.read_part(index)
+
+    def read_all(self) -> TopK:
+        """Every row's predictions in one :class:`TopK` (for outputs that fit in memory)."""
+        parts = [top for _, top in self.iter_parts()]
+        return TopK(
+            np.concatenate([p.targets for p in parts]),
+            np.concatenate([p.probabilities for p in parts]),
+            np.concatenate([p.attention for p in parts]),
+        )
