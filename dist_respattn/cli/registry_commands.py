@@ -76,7 +76,7 @@ def register(sub: Any) -> None:
 
     models = sub.add_parser(
         "models",
-        help="read a model registry: list versions, show one, check every file",
+        help="read a model registry: list versions, show one, check every file, export one",
         description="Read a model registry (a directory or an fsspec URL).",
     )
     actions = models.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -87,10 +87,23 @@ def register(sub: Any) -> None:
     show.add_argument("version", nargs="?", default="latest", help="a version number or 'latest' (default)")
     check = actions.add_parser("check", help="verify latest and every version's files (exit 1 on a problem)")
     check.add_argument("registry", help="the registry (directory or URL)")
+    export = actions.add_parser(
+        "export",
+        help="write one version as a model directory (for fit --init-from, or to keep beside a deployment)",
+        description=(
+            "Write a version's checkpoint, its files checked against the version's record, as a model directory "
+            "DIR (new or empty) whose latest checkpoint it is. Every command that takes a model directory reads "
+            "it; they also read the version in place as REGISTRY@VERSION."
+        ),
+    )
+    export.add_argument("registry", help="the registry (directory or URL)")
+    export.add_argument("version", help="a version number or 'latest'")
+    export.add_argument("directory", metavar="DIR", help="the model directory to write (a new or empty directory)")
     for action, handler, printer in (
         (listing, _run_list, _print_list),
         (show, _run_show, _print_show),
         (check, _run_check, _print_check),
+        (export, _run_export, _print_export),
     ):
         action.add_argument(
             "--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option for URLs (repeatable)"
@@ -214,6 +227,21 @@ def _print_show(report: dict[str, Any]) -> None:
     import json
 
     print(json.dumps(report, indent=2))
+
+
+def _run_export(args: argparse.Namespace) -> dict[str, Any]:
+    registry = _registry(args)
+    version, checkpoint = registry.export(args.version, args.directory)
+    return {
+        "registry": args.registry,
+        "version": version.number,
+        "model_dir": args.directory,
+        "checkpoint": str(checkpoint),
+    }
+
+
+def _print_export(report: dict[str, Any]) -> None:
+    print(f"exported version {report['version']} of {report['registry']} to the model directory {report['model_dir']}")
 
 
 def _run_check(args: argparse.Namespace) -> dict[str, Any]:

@@ -174,6 +174,24 @@ class ModelDir:
         os.rename(temp, final)
         _fsync_dir(self.path)
 
+    def write_files(self, name: str, files: dict[str, bytes]) -> None:
+        """Write checkpoint ``name`` from its files' bytes (``params.npz``, ``meta.json``), complete or not at all."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        temp = self.path / f"{_TEMP_PREFIX}{name}"
+        shutil.rmtree(temp, ignore_errors=True)
+        temp.mkdir()
+        for file_name, data in files.items():
+            with open(temp / file_name, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        _fsync_dir(temp)
+        final = self.path / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(temp, final)
+        _fsync_dir(self.path)
+
     def point(self, pointer: str, name: str, **info: Any) -> None:
         """Atomically make ``pointer`` name checkpoint ``name`` (which must be complete)."""
         _write_json_atomic(self.pointer_path(pointer), {"checkpoint": name, **info})

@@ -18,13 +18,23 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from dist_respattn.engine.checkpoint import META_FILE, PARAMS_FILE, Checkpoint, CheckpointError, parse_checkpoint
+from dist_respattn.engine.checkpoint import (
+    LATEST,
+    META_FILE,
+    PARAMS_FILE,
+    Checkpoint,
+    CheckpointError,
+    ModelDir,
+    parse_checkpoint,
+)
 from dist_respattn.registry.files import TEMP_PREFIX, RegistryError, RegistryFiles
 from dist_respattn.registry.lock import LOCK_FILE, RegistryLock
 
@@ -149,9 +159,8 @@ class Registry:
             raise RegistryError(f"{which!r}: expected a version number or 'latest'") from exc
         return self.version(number)
 
-    def load(self, which: str | int | None = "latest") -> Checkpoint:
-        """The checkpoint published as version ``which``; its files are checked against their SHA-256."""
-        version = self.resolve(which)
+    def _verified_files(self, version: Version) -> dict[str, bytes]:
+        """The model files of ``version``, each checked against the SHA-256 its record holds."""
         contents = {}
         for name, digest in version.record.get("files", {}).items():
             where = f"{version.model_path}/{name}"
@@ -167,8 +176,11 @@ class Registry:
             raise RegistryError(
                 f"{self.files.where(_version_file(version.number))}: expected files {PARAMS_FILE}, {META_FILE}"
             )
+        return contents
+
+    def _parse(self, version: Version, contents: dict[str, bytes]) -> Checkpoint:
         try:
-            checkpoint = parse_checkpoint(
+            return parse_checkpoint(
                 f"version {version.number}",
                 json.loads(contents[META_FILE]),
                 io.BytesIO(contents[PARAMS_FILE]),
@@ -177,7 +189,30 @@ class Registry:
             )
         except (CheckpointError, ValueError) as exc:
             raise RegistryError(str(exc)) from exc
-        return checkpoint
+
+    def load(self, which: str | int | None = "latest") -> Checkpoint:
+        """The checkpoint published as version ``which``; its files are checked against their SHA-256."""
+        version = self.resolve(which)
+        return self._parse(version, self._verified_files(version))
+
+    def export(self, which: str | int | None, directory: str | os.PathLike[str]) -> tuple[Version, Path]:
+        """Write version ``which`` as a model directory at ``directory`` (a new or empty local directory).
+
+        The files are the published bytes, checked against the record, so the directory's model is the
+        version's bit for bit; ``latest`` points at it. Returns the version and the checkpoint's path.
+        """
+        target = Path(directory)
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise RegistryError(f"{target}: exists and is not an empty directory; give a new directory to export to")
+        version = self.resolve(which)
+        contents = self._verified_files(version)
+        checkpoint = self._parse(version, contents)  # a version that does not load is not exported
+        iteration = int(checkpoint.meta.get("iteration", 0))
+        name = f"ckpt-{iteration:06d}-v{version.number:06d}"
+        folder = ModelDir(target)
+        folder.write_files(name, contents)
+        folder.point(LATEST, name, iteration=iteration, registry=str(self), version=version.number)
+        return version, target / name
 
     def problems(self) -> list[str]:
         """Everything wrong with the registry: a ``latest`` that names no version, damaged versions."""

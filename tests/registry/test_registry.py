@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dist_respattn.engine import load_model
 from dist_respattn.registry import Registry, RegistryError, RegistryLock, RegistryLocked, gate, retrain
 from dist_respattn.registry.registry import FORMAT
+from tests.engine.test_bad_input import run_cli
 from tests.registry.conftest import checkpoint_bytes, expected_layout, files_under, truth
 
 
@@ -282,3 +284,28 @@ def test_gate_describes_its_decision():
         "gate failed: loglik -9 against the current version's -8 (at least -8.8 allowed at tolerance 0.1) on "
         "train.zarr (in-sample: no validation store)"
     )
+
+
+def test_export_writes_a_version_as_a_model_directory_bit_for_bit(three, root, tmp_path):
+    """``export`` gives a model directory whose latest checkpoint is the version's published files, unchanged;
+    it refuses a directory that holds anything, and a damaged version, writing nothing."""
+    version, checkpoint = three.export(2, tmp_path / "exported")
+    assert version.number == 2 and checkpoint.parent == tmp_path / "exported"
+    for name in ("params.npz", "meta.json"):
+        assert (checkpoint / name).read_bytes() == (root / three.version(2).model_path / name).read_bytes()
+    assert same_head(load_model(tmp_path / "exported"), truth(2))
+    with pytest.raises(RegistryError, match="exists and is not an empty directory"):
+        three.export("latest", tmp_path / "exported")
+    (root / three.version(3).model_path / "params.npz").write_bytes(b"not a checkpoint")
+    with pytest.raises(RegistryError, match="SHA-256 differs from version 3's record"):
+        three.export("latest", tmp_path / "damaged")
+    assert not (tmp_path / "damaged").exists()
+
+
+def test_models_export_on_the_command_line(three, root, tmp_path):
+    exported = run_cli("models", "export", str(root), "latest", str(tmp_path / "m"))
+    assert exported.returncode == 0, exported.stderr
+    assert exported.stdout == f"exported version 3 of {root} to the model directory {tmp_path / 'm'}\n"
+    assert same_head(load_model(tmp_path / "m"), truth(3))
+    missing = run_cli("models", "export", str(root), "7", str(tmp_path / "n"))
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no version 7" in missing.stderr
