@@ -909,3 +909,38 @@ def test_append_tokens_with_another_table_is_refused_or_uses_the_store_table(tmp
         else:
             assert_error(result, "ingest", str(out))
             assert file_snapshot(out) == snapshots[name], name
+
+
+def test_info_on_text_stores_shows_the_vocabulary_the_oov_share_and_the_top_tokens(tmp_path, corpus_stores, capsys):
+    """The train store's vocabulary (K = 5 of 14 tokens: 'ran', 'sat', 'to' are out of it), and a held-out
+    stream store written with it, whose own out-of-vocabulary share is its own: 'zebra', 'sat', '!' of 7.
+    (In-process: the commands' starts would cost more than the test.)"""
+    c = corpus_stores
+    held_out = tmp_path / "held-out.zarr"
+    like = ["--text", str(c["held-out.txt"]), "--like", str(c["text.zarr"]), "--format", "stream"]
+    assert main(["ingest", str(held_out), *like, "--json"]) == 0
+
+    def info(*args: str) -> str:
+        capsys.readouterr()
+        assert main(["info", *args]) == 0
+        return capsys.readouterr().out
+
+    top = [("the", 4), (".", 2), ("cat", 2), ("mat", 2), ("on", 1)]
+    expected = {
+        "size": 5,
+        "oov_id": 5,
+        "tokens": 14,
+        "oov_count": 3,
+        "oov_share": 3 / 14,
+        "counted_on": {"tokens": 14, "documents": 1, "oov_share": 3 / 14},
+        "top_tokens": [{"token": t, "count": n, "share": n / 14} for t, n in top],
+    }
+    assert json.loads(info(str(c["text.zarr"]), "--json"))["vocabulary"] == expected
+    assert json.loads(info(str(held_out), "--json"))["vocabulary"] == {**expected, "tokens": 7, "oov_share": 3 / 7}
+    text = info(str(held_out))
+    assert (
+        "vocabulary   5 words + 1 out-of-vocabulary id (5); 42.86% of this store's 7 tokens are out of it; "
+        "21.43% of the 14 tokens it was counted on\n" in text
+    )
+    assert "top tokens   'the' 28.6%, '.' 14.3%, 'cat' 14.3%, 'mat' 14.3%, 'on' 7.1%\n" in text
+    assert "vocabulary" not in json.loads(info(str(c["tokens.zarr"]), "--json"))

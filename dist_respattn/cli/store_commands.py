@@ -399,8 +399,14 @@ def _print_written(report: dict[str, Any]) -> None:
 
 def _run_info(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.store.rows import open_rows
+    from dist_respattn.store.text import describe_vocabulary
 
-    return open_rows(args.store, storage_options=parse_storage_options(args.storage_option)).describe()
+    store = open_rows(args.store, storage_options=parse_storage_options(args.storage_option))
+    report = store.describe()
+    vocabulary = describe_vocabulary(store.vocabulary(), store.provenance)
+    if vocabulary is not None:
+        report["vocabulary"] = vocabulary
+    return report
 
 
 def _print_info(report: dict[str, Any]) -> None:
@@ -441,10 +447,34 @@ def _print_info(report: dict[str, Any]) -> None:
             f"split        {split['name']}: {split['documents']:,} documents of a {fractions} split "
             f"(train/validation/test, split seed {split['seed']})"
         )
+    if report.get("vocabulary"):
+        _print_vocabulary(report["vocabulary"])
     if report["has_true_model"]:
         print("true model   kept in the store (truth/)")
     print(f"identity     {identity_line(report['identity'])}")
     print(f"fingerprint  {report['fingerprint']}")
+
+
+def _print_vocabulary(vocabulary: dict[str, Any]) -> None:
+    """The vocabulary lines of ``info``: its size, the OOV share here and where it was counted, its top tokens."""
+    counted = vocabulary["counted_on"]
+    here = (
+        f"{vocabulary['oov_share']:.2%} of this store's {vocabulary['tokens']:,} tokens are out of it"
+        if vocabulary["oov_share"] is not None
+        else "this store's out-of-vocabulary share was not recorded"
+    )
+    where = (
+        f"; {counted['oov_share']:.2%} of the {counted['tokens']:,} tokens it was counted on"
+        if counted["oov_share"] is not None
+        else ""
+    )
+    print(f"vocabulary   {vocabulary['size']:,} words + 1 out-of-vocabulary id ({vocabulary['oov_id']}); {here}{where}")
+    if vocabulary["top_tokens"]:
+        top = ", ".join(
+            f"{t['token']!r} {t['share']:.1%}" if t["share"] is not None else repr(t["token"])
+            for t in vocabulary["top_tokens"]
+        )
+        print(f"top tokens   {top}")
 
 
 def identity_line(identity: dict[str, Any]) -> str:

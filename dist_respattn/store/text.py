@@ -46,6 +46,7 @@ __all__ = [
     "build_vocabulary",
     "count_tokens",
     "default_corpus",
+    "describe_vocabulary",
     "iter_text_documents",
     "iter_text_files",
     "tokenize",
@@ -200,6 +201,44 @@ class Vocabulary:
             value["total_tokens"],
             value["documents"],
         )
+
+
+def describe_vocabulary(
+    record: dict[str, Any] | None, provenance: dict[str, Any], *, top: int = 10
+) -> dict[str, Any] | None:
+    """What ``info`` shows of a text store's vocabulary (``None`` for a store without one).
+
+    ``record`` is the stored vocabulary (:meth:`Vocabulary.to_json`), ``provenance`` the store's: its
+    writers count the store's own tokens and out-of-vocabulary tokens (and each append's), while the
+    vocabulary's counts are of the corpus it was counted on (the train store's, for a store written
+    ``--like`` another). Returns ``size`` (K, the OOV id), ``tokens``, ``oov_count`` and ``oov_share`` of
+    this store (``None`` when its writer did not count them), ``counted_on`` (tokens, documents and OOV
+    share of the counting corpus) and ``top_tokens`` (the ``top`` most frequent: token, count, share).
+    """
+    if not record or record.get("format") != VOCABULARY_FORMAT:
+        return None
+    vocabulary = Vocabulary.from_json(record)
+    pieces = [provenance, *(provenance.get("appends") or [])]
+    counted = [p for p in pieces if p.get("tokens_count") is not None and p.get("oov_count") is not None]
+    tokens = sum(int(p["tokens_count"]) for p in counted) if counted else None
+    oov = sum(int(p["oov_count"]) for p in counted) if counted else None
+    total = vocabulary.total_tokens
+    return {
+        "size": len(vocabulary.tokens),
+        "oov_id": vocabulary.oov_id,
+        "tokens": tokens,
+        "oov_count": oov,
+        "oov_share": oov / tokens if tokens and oov is not None else None,
+        "counted_on": {
+            "tokens": total,
+            "documents": vocabulary.documents,
+            "oov_share": vocabulary.oov_count / total if total else None,
+        },
+        "top_tokens": [
+            {"token": token, "count": int(count), "share": count / total if total else None}
+            for token, count in zip(vocabulary.tokens[:top], vocabulary.counts[:top], strict=True)
+        ],
+    }
 
 
 def count_tokens(path: str) -> Counter[str]:
