@@ -220,6 +220,7 @@ class FitLoop:
             self.run_id,
             store=self.record["store"]["url"],
             validation=self.record["validation"]["url"] if self.record["validation"] else None,
+            heldout_rows=self.heldout.description if self.heldout is not None else None,
             rows=self.train.num_rows,
             max_iter=self.settings.max_iter,
             model_dir=str(self.folder),

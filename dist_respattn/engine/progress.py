@@ -4,8 +4,8 @@ The same per-iteration record goes to the log line and to ``Client.log_event`` u
 ``dist_respattn.fit``, so anyone attached to the scheduler sees the fit's progress. A fit's events,
 each with its ``run_id`` and an ``event`` field:
 
-- ``start``: ``store``, ``validation``, ``rows``, ``max_iter``, ``model_dir``, ``client`` (the driver's
-  client id), ``first_iteration``;
+- ``start``: ``store``, ``validation``, ``heldout_rows`` (what the held-out rows are; ``None``: the fit has
+  none), ``rows``, ``max_iter``, ``model_dir``, ``client`` (the driver's client id), ``first_iteration``;
 - ``iteration``: the iteration's history record (``iteration``, ``mean_log_likelihood``, ``change``,
   ``seconds``, ``rows_per_second``, ``heldout``, ``state``, ``warnings``, ...);
 - ``end``: the final ``state`` (``converged``, ``max_iter``, ``early_stopped`` or ``failed``) and, for a

@@ -47,6 +47,8 @@ class FitRecord:
         run_id: the fit call's 8 hex digits (its task keys and spans carry them too).
         state: one of :data:`STATES`.
         store / validation: the training and validation store URLs (``validation`` may be ``None``).
+        heldout_rows: what the fit's held-out rows are (the validation store, or a hold-out of the training
+            store); ``no_heldout_rows``: the driver said the fit has none (so no held-out curve will come).
         rows: training rows; ``max_iter``: the iteration limit.
         client: the id of the driver's client (a fit whose client leaves while running has failed).
         started / updated: wall-clock seconds since the epoch.
@@ -61,6 +63,8 @@ class FitRecord:
     state: str = "running"
     store: str | None = None
     validation: str | None = None
+    heldout_rows: str | None = None
+    no_heldout_rows: bool = False
     rows: int | None = None
     max_iter: int | None = None
     client: str | None = None
@@ -90,6 +94,8 @@ class FitRecord:
             "state": self.state,
             "store": self.store,
             "validation": self.validation,
+            "heldout_rows": self.heldout_rows,
+            "no_heldout_rows": self.no_heldout_rows,
             "rows": self.rows,
             "max_iter": self.max_iter,
             "model_dir": self.model_dir,
@@ -125,6 +131,9 @@ def _parse(event: Any) -> dict[str, Any] | None:
             "event": kind,
             "store": _text(event.get("store")),
             "validation": _text(event.get("validation")),
+            "heldout_rows": _text(event.get("heldout_rows")),
+            # A driver that does not send the field leaves it unknown: only an explicit null means none.
+            "no_heldout_rows": "heldout_rows" in event and event["heldout_rows"] is None,
             "rows": None if rows is None else int(rows),
             "max_iter": None if max_iter is None else int(max_iter),
             "client": _text(event.get("client")),

@@ -55,7 +55,8 @@ def test_start_opens_a_running_record_with_the_fits_description():
     board.record(start("aaaa0001"), when=100.0)
     fit = only(board)
     assert fit == {
-        "run_id": "aaaa0001", "state": "running", "store": STORE, "validation": VALIDATION, "rows": 1000,
+        "run_id": "aaaa0001", "state": "running", "store": STORE, "validation": VALIDATION, "heldout_rows": None,
+        "no_heldout_rows": False, "rows": 1000,
         "max_iter": 10, "model_dir": "/models/aaaa0001", "started": 100.0, "updated": 100.0, "iteration": 0,
         "mean_log_likelihood": None, "heldout_perplexity": None, "heldout_log_likelihood": None,
         "rows_per_second": None, "seconds_per_iteration": None, "warnings": [], "error": None,
@@ -95,13 +96,24 @@ def test_warnings_are_the_last_iterations():
 
 def test_a_fit_without_validation_has_no_heldout_curve():
     board = FitBoard()
-    board.record(start("aaaa0001", validation=None))
+    board.record(start("aaaa0001", validation=None, heldout_rows=None))
     board.record(iteration("aaaa0001", 1, heldout=None))
     fit = only(board)
     assert fit["validation"] is None
+    assert fit["no_heldout_rows"] and fit["heldout_rows"] is None  # the page says "no validation store"
     assert fit["heldout_curve"] == []
     assert fit["heldout_perplexity"] is None and fit["heldout_log_likelihood"] is None
     assert fit["log_likelihood_curve"] == [[1, -9.0]]
+
+
+def test_the_held_out_rows_of_a_fit_are_its_drivers_word():
+    """Held-out rows the driver names are shown; a driver that does not say leaves them unknown, not none."""
+    board = FitBoard()
+    board.record(start("aaaa0001", validation=None, heldout_rows="5% of the training store"))
+    board.record(start("aaaa0002", validation=None))
+    first, second = board.fits()
+    assert (first["heldout_rows"], first["no_heldout_rows"]) == ("5% of the training store", False)
+    assert (second["heldout_rows"], second["no_heldout_rows"]) == (None, False)
 
 
 @pytest.mark.parametrize("state", sorted(FINAL_STATES))

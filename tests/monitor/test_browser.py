@@ -8,11 +8,16 @@ screenshot is kept as ``test-artifacts/fit-page.png`` at the repository root.
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import json
 import os
 import re
 import shutil
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -21,7 +26,8 @@ import numpy as np
 import pytest
 from PIL import Image  # pillow comes with bokeh, which the package needs for the dashboard
 
-from dist_respattn.monitor import PAGE_PATH
+from dist_respattn.monitor import PAGE_PATH, FitBoard
+from dist_respattn.monitor.web import API_PATH, _page
 
 from .conftest import MonitoredCluster, Stores, start_fit, wait_running, wait_until
 
@@ -196,3 +202,62 @@ def test_the_killed_fits_card_shows_failed(rendered):
     assert re.search(r'<div class="error">[^<]*driver left[^<]*</div>', card), card[-1500:]
     (path,) = Elements(card).find("path", "curve", "loglik")
     assert int(path["data-points"]) >= rendered.iteration_after  # the curve it reached stays on the page
+
+
+@contextlib.contextmanager
+def serving(board: FitBoard) -> Iterator[str]:
+    """The fit page's own HTML and ``board``'s JSON served on 127.0.0.1 as the scheduler serves them; yields
+    the page's URL."""
+    body = json.dumps({"installed": True, "fits": board.fits()}, allow_nan=False).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            content, kind = {PAGE_PATH: (_page(), "text/html"), API_PATH: (body, "application/json")}.get(
+                self.path.split("?")[0], (b"", "")
+            )
+            self.send_response(200 if content else 404)
+            self.send_header("Content-Type", kind or "text/plain")
+            self.end_headers()
+            self.wfile.write(content)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}{PAGE_PATH}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_fit_without_held_out_rows_says_no_validation_store(tmp_path):
+    """A fit whose driver said it has no held-out rows shows "no validation store" in its held-out chart after
+    its iterations; a fit with held-out rows that has not finished one says "no iteration yet"."""
+    chromium()
+
+    def start(run_id: str, validation: str | None) -> dict:
+        heldout = None if validation is None else f"the validation store {validation}"
+        return {"event": "start", "run_id": run_id, "client": "c", "store": "/t.zarr", "validation": validation,
+                "heldout_rows": heldout, "rows": 100, "max_iter": 5, "model_dir": f"/{run_id}"}  # fmt: skip
+
+    board = FitBoard()
+    board.record(start("aaaa0001", None))
+    for i in (1, 2):
+        board.record({"event": "iteration", "run_id": "aaaa0001", "iteration": i, "mean_log_likelihood": -3.0 + i,
+                      "seconds": 0.5, "heldout": None, "state": "running", "warnings": []})  # fmt: skip
+    board.record(start("bbbb0002", "/v.zarr"))
+    with serving(board) as url:
+        dom = run_chromium(tmp_path / "profile", url, "--dump-dom").stdout
+
+    def chart_text(run_id: str, series: str) -> str:
+        card = card_html(dom, run_id)
+        svg = card[card.index(f'data-series="{series}"') :]
+        return re.search(r'<text[^>]*class="axis"[^>]*>([^<]*)</text>', svg[: svg.index("</svg>")]).group(1)
+
+    assert int(Elements(card_html(dom, "aaaa0001")).find("path", "curve", "loglik")[0]["data-points"]) == 2
+    assert chart_text("aaaa0001", "heldout") == "no validation store"
+    assert chart_text("bbbb0002", "heldout") == "no iteration yet"
+    assert chart_text("bbbb0002", "loglik") == "no iteration yet"

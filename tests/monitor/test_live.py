@@ -87,6 +87,7 @@ def check_consistent(record: dict[str, Any], stores: Stores, max_iter: int) -> N
     n = record["iteration"]
     assert (record["rows"], record["max_iter"]) == (ROWS, max_iter)
     assert (record["store"], record["validation"]) == (stores.train, stores.validation)
+    assert (record["heldout_rows"], record["no_heldout_rows"]) == (f"the validation store {stores.validation}", False)
     assert [p[0] for p in record["log_likelihood_curve"]] == list(range(1, n + 1))
     assert [p[0] for p in record["heldout_curve"]] == list(range(1, n + 1))
     assert [p[0] for p in record["seconds_curve"]] == list(range(1, n + 1))
