@@ -218,10 +218,14 @@ def describe_vocabulary(
     if not record or record.get("format") != VOCABULARY_FORMAT:
         return None
     vocabulary = Vocabulary.from_json(record)
+    # The first write and every append count their own tokens (a stream store's append records them as
+    # ``tokens``); a piece without counts leaves the store's share unknown rather than wrong.
     pieces = [provenance, *(provenance.get("appends") or [])]
-    counted = [p for p in pieces if p.get("tokens_count") is not None and p.get("oov_count") is not None]
-    tokens = sum(int(p["tokens_count"]) for p in counted) if counted else None
-    oov = sum(int(p["oov_count"]) for p in counted) if counted else None
+    token_counts = [p.get("tokens_count", p.get("tokens")) for p in pieces]
+    oov_counts = [p.get("oov_count") for p in pieces]
+    known = all(t is not None for t in token_counts) and all(o is not None for o in oov_counts)
+    tokens = sum(int(t) for t in token_counts) if known else None
+    oov = sum(int(o) for o in oov_counts) if known else None
     total = vocabulary.total_tokens
     return {
         "size": len(vocabulary.tokens),
