@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dist_respattn.cli import main
 from dist_respattn.engine import load_model
 from dist_respattn.registry import Registry, RegistryError, RegistryLock, RegistryLocked, gate, retrain
 from dist_respattn.registry.registry import FORMAT
-from tests.engine.test_bad_input import run_cli
 from tests.registry.conftest import checkpoint_bytes, expected_layout, files_under, truth
 
 
@@ -302,10 +302,11 @@ def test_export_writes_a_version_as_a_model_directory_bit_for_bit(three, root, t
     assert not (tmp_path / "damaged").exists()
 
 
-def test_models_export_on_the_command_line(three, root, tmp_path):
-    exported = run_cli("models", "export", str(root), "latest", str(tmp_path / "m"))
-    assert exported.returncode == 0, exported.stderr
-    assert exported.stdout == f"exported version 3 of {root} to the model directory {tmp_path / 'm'}\n"
+def test_models_export_on_the_command_line(three, root, tmp_path, capsys):
+    """``dist-respattn models export`` (in-process: an interpreter's start would cost more than the test)."""
+    assert main(["models", "export", str(root), "latest", str(tmp_path / "m")]) == 0
+    assert capsys.readouterr().out == f"exported version 3 of {root} to the model directory {tmp_path / 'm'}\n"
     assert same_head(load_model(tmp_path / "m"), truth(3))
-    missing = run_cli("models", "export", str(root), "7", str(tmp_path / "n"))
-    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no version 7" in missing.stderr
+    assert main(["models", "export", str(root), "7", str(tmp_path / "n")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("dist-respattn models: error: ") and "no version 7" in error
