@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import dask
 
+from dist_respattn.model.kernels import DIRECT_ROW_BYTES_PER_PAIR
 from dist_respattn.store import StoreSchema
 
 __all__ = ["InsufficientMemoryError", "MemoryEstimate", "check_memory", "estimate_memory"]
@@ -30,9 +31,10 @@ BLOCKS_HELD = 4
 DEFAULT_USABLE_FRACTION = 0.7
 #: A sparse E-step value per pair: its float64 count.
 SPARSE_VALUE_BYTES_PER_PAIR = 8
-#: A sparse model per pair: values and the kernel's log values (float64), the support's symbol (int32)
-#: and the per-pair target the M-step and scoring derive (int32).
-SPARSE_MODEL_BYTES_PER_PAIR = 8 + 8 + 4 + 4
+#: A sparse model per pair: values and the kernel's log values (float64), the support's symbol (int32),
+#: the per-pair target the M-step and scoring derive (int32), and at most ``DIRECT_ROW_BYTES_PER_PAIR`` of the
+#: kernel's direct symbol -> pair rows of dense targets.
+SPARSE_MODEL_BYTES_PER_PAIR = 8 + 8 + 4 + 4 + DIRECT_ROW_BYTES_PER_PAIR
 #: The driver's start pass per pair: the union of two partial supports (int64 cells, counts, np.unique's
 #: sort and inverse) before it is reduced to one support.
 SPARSE_MERGE_BYTES_PER_PAIR = 8 + 8 + 8 + 8 + 8
@@ -109,7 +111,7 @@ def estimate_memory(
         model = 8 * (2 * s * t + s * d + 2 * n)
     else:
         pairs = num_pairs or 0
-        # The sparse E-step's symbol map (8 bytes a symbol) and the backoff factors beside the pairs.
+        # The sparse E-step's symbol map (4 bytes a symbol) and the backoff factors beside the pairs.
         value = SPARSE_VALUE_BYTES_PER_PAIR * pairs + 8 * (s * d + s + n + 3)
         model = SPARSE_MODEL_BYTES_PER_PAIR * pairs + 8 * (t + 1) + 8 * (s * d + 3 * s + 2 * t + 2 * n)
         merge = SPARSE_MERGE_BYTES_PER_PAIR * pairs

@@ -125,7 +125,7 @@ def test_the_memory_plan_follows_the_pairs_not_s_times_t():
     assert dense.worker_bytes > 100 * 2**30 > 4 * small.worker_bytes
     assert large.value_bytes - small.value_bytes == SPARSE_VALUE_BYTES_PER_PAIR * 10_000_000
     assert large.model_bytes - small.model_bytes == SPARSE_MODEL_BYTES_PER_PAIR * 10_000_000
-    with pytest.raises(InsufficientMemoryError, match=r"sparse emission over 20,000,000 pairs at 24 bytes a pair"):
+    with pytest.raises(InsufficientMemoryError, match=r"sparse emission over 20,000,000 pairs at 32 bytes a pair"):
         check_memory(large, worker_limit=2 * 2**30, shape="(S, N, D, T) = (50000, 8, 32, 50000)")
     with pytest.raises(InsufficientMemoryError, match=r"--emission-layout sparse"):
         check_memory(dense, worker_limit=2 * 2**30, shape="(S, N, D, T) = (50000, 8, 32, 50000)")

@@ -6,6 +6,7 @@ them (the MAP rows of counts), so the two must agree everywhere, stored pairs an
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import numpy as np
@@ -303,6 +304,55 @@ def test_a_row_outside_the_support_is_refused_by_the_sparse_e_step():
     accumulator = ResponsibilityAttentionAccumulator(*shape, layout="sparse", support=support)
     with pytest.raises(ValueError, match="outside the sparse emission's support"):
         accumulator.seq_update(data, None, model)
+
+
+def _sparse_statistics(data, weights, params, support, *, block_rows=None) -> kernels.StatisticArrays:
+    stats = kernels.StatisticArrays.zeros(support.num_symbols, data[0].shape[1], data[1].shape[1], support.num_targets,
+                                          support)  # fmt: skip
+    kernels.accumulate_estep(*data, weights, params, stats, block_rows=block_rows)
+    return stats
+
+
+def test_the_sparse_e_step_finds_pairs_alike_by_direct_row_map_or_search():
+    """A dense-enough target's pairs are read through a direct symbol -> pair row, the others through a map filled per
+    block or a binary search: the statistics are bit for bit the same whichever the kernel takes."""
+    shape = (200, 4, 3, 60)
+    truth, data, weights = sampled(shape, 4000, 70, weighted=True)
+    # Half the targets keep a few rows: their pairs are too few for a direct row.
+    target = data[2]
+    rank = np.zeros(target.shape[0], dtype=np.int64)
+    for t in range(shape[3]):
+        rank[target == t] = np.arange(int((target == t).sum()))
+    keep = (target < shape[3] // 2) | (rank < 3)
+    data, weights = tuple(a[keep] for a in data), weights[keep]
+    support = data_support(data, weights, shape[0], shape[3])
+    model = truth.with_emission(DenseEmission(truth.emission).restricted(support))
+    params = model.kernel_parameters
+    degree = np.diff(support.indptr)
+    assert np.array_equal(params.direct_row >= 0, degree * kernels.DIRECT_ROW_SHARE >= shape[0])
+    assert 0 < int((params.direct_row >= 0).sum()) < shape[3]
+    rows = params.direct_row[params.direct_row >= 0]
+    assert np.array_equal(rows, np.arange(rows.size)) and params.direct_slots.shape == (rows.size, shape[0])
+
+    def with_rows(share: float) -> kernels.SparseKernelParameters:
+        direct_row, direct_slots = kernels.direct_pair_rows(support.indptr, support.symbols, shape[0], share=share)
+        return dataclasses.replace(params, direct_row=direct_row, direct_slots=direct_slots)
+
+    none, more = with_rows(0), with_rows(1e9)
+    assert none.direct_slots.shape == (0, shape[0]) and more.direct_slots.shape[0] > params.direct_slots.shape[0]
+    # Blocks of 16 rows leave a target a row or two a block: those take the binary search, not the map.
+    # (The visiting order, and so the order of the sums, follows the blocks: compare within one block size.)
+    for block_rows in (None, 16):
+        reference = _sparse_statistics(data, weights, params, support, block_rows=block_rows)
+        for other in (none, more):
+            stats = _sparse_statistics(data, weights, other, support, block_rows=block_rows)
+            for name in ("key_sum", "key_mass", "pair_counts", "position_count", "scalars"):
+                assert np.array_equal(getattr(stats, name), getattr(reference, name)), name
+    outside = tuple(np.concatenate([a, a[:1]]) for a in data)
+    outside[0][-1] = np.setdiff1d(np.arange(shape[0]), support.symbols[support.indptr[0] : support.indptr[1]])[0]
+    outside[2][-1] = 0
+    with pytest.raises(ValueError, match="1 row\\(s\\) hold a \\(symbol, target\\) pair outside"):
+        _sparse_statistics(outside, np.append(weights, 1.0), more, support)
 
 
 def test_a_sparse_emission_whose_rows_do_not_sum_to_one_is_refused():
