@@ -17,6 +17,7 @@ from dist_respattn.model.emission import (
     SparseEmissionCounts,
 )
 from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder
+from dist_respattn.model.pair_keys import merge_tallies, tally_rows
 
 __all__ = [
     "ResponsibilityAttentionAccumulator",
@@ -192,6 +193,9 @@ class ResponsibilityAttentionAccumulator:
         self.support = support
         # A sparse accumulator without a support collects the pairs of its rows (see _initialize).
         self._collected: list[SparseEmissionCounts] = []
+        # The pairs of the rows added since the last value or combine: (cells increasing, counts), merged block by
+        # block in row order, so a partition holds O(its pairs), never O(its rows).
+        self._row_pairs: tuple[np.ndarray, np.ndarray] | None = None
         self._stats = kernels.StatisticArrays.zeros(
             self.num_symbols, self.context_length, self.query_dim, self.num_targets, support, dense=layout == "dense"
         )
@@ -338,12 +342,14 @@ class ResponsibilityAttentionAccumulator:
 
     def _count_pairs(self, context: np.ndarray, target: np.ndarray, mass: np.ndarray) -> None:
         """Add the (n, N) responsibility masses of a block's pairs to the sparse counts."""
+        if self.support is None:
+            # Rows of weight 0 (another side of a hold-out) hold no pair.
+            block = tally_rows(context, target, mass, self.num_symbols)
+            self._row_pairs = block if self._row_pairs is None else merge_tallies(self._row_pairs, block)
+            return
         live = mass.reshape(-1) > 0.0  # rows of weight 0 (another side of a hold-out) hold no pair
         cells = (target.astype(np.int64)[:, None] * self.num_symbols + context).reshape(-1)[live]
         masses = mass.reshape(-1)[live]
-        if self.support is None:
-            self._collected.append(SparseEmissionCounts.from_cells(cells, masses, self.num_symbols, self.num_targets))
-            return
         at = self.support.locate(cells % self.num_symbols, cells // self.num_symbols)
         if np.any(at < 0):
             raise ValueError("rows hold a (symbol, target) pair outside this accumulator's support")
@@ -363,6 +369,7 @@ class ResponsibilityAttentionAccumulator:
         if self.layout == "dense":
             self._stats.emission_count_ts += other.emission_count.values_array()
         elif self.support is None:
+            self._flush_row_pairs()
             self._collected.append(other.emission_count)  # type: ignore[arg-type]
         else:
             assert self._stats.pair_counts is not None
@@ -371,11 +378,19 @@ class ResponsibilityAttentionAccumulator:
         self._stats.scalars += (other.query_sq, other.n_obs, other.log_lik)
         return self
 
+    def _flush_row_pairs(self) -> None:
+        """Move the rows' pairs into the collected counts, after those collected before them (a fixed order)."""
+        if self._row_pairs is not None:
+            cells, counts = self._row_pairs
+            self._collected.append(SparseEmissionCounts.from_tally(cells, counts, self.num_symbols, self.num_targets))
+            self._row_pairs = None
+
     def _emission_value(self) -> EmissionCounts:
         s = self._stats
         if self.layout == "dense":
             return DenseEmissionCounts(s.emission_count_ts.copy())
         if self.support is None:
+            self._flush_row_pairs()
             total = SparseEmissionCounts.union(self._collected, self.num_symbols, self.num_targets)
             self._collected = [total]
             return total.copy()
@@ -416,6 +431,7 @@ class ResponsibilityAttentionAccumulator:
             support=self.support,
         )
         self._collected = [counts.copy()] if self.layout == "sparse" and self.support is None else []  # type: ignore[list-item]
+        self._row_pairs = None
         self._broken = None
         return self
 

@@ -27,6 +27,8 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from dist_respattn.model.pair_keys import merge_tallies, tally_keys
+
 __all__ = [
     "DENSE_CELL_LIMIT",
     "EMISSION_LAYOUTS",
@@ -584,9 +586,21 @@ class SparseEmissionCounts(EmissionCounts):
     def from_cells(
         cls, keys: np.ndarray, weights: np.ndarray, num_symbols: int, num_targets: int
     ) -> SparseEmissionCounts:
-        """Counts of target-major cells ``t * S + s`` (any order, repeats added in input order)."""
-        cells, inverse = np.unique(keys, return_inverse=True)
-        counts = np.bincount(inverse.reshape(-1), weights=weights, minlength=cells.size).astype(np.float64, copy=False)
+        """Counts of target-major cells ``t * S + s`` (any order, repeats added in input order from 0).
+
+        A compiled radix sort (:func:`~dist_respattn.model.pair_keys.tally_keys`): linear in the cells.
+        """
+        flat = np.asarray(keys, dtype=np.int64).reshape(-1)
+        if weights is None:
+            weights = np.ones(flat.shape[0])
+        cells, counts = tally_keys(flat, np.asarray(weights, dtype=np.float64).reshape(-1))
+        return cls.from_tally(cells, counts, num_symbols, num_targets)
+
+    @classmethod
+    def from_tally(
+        cls, cells: np.ndarray, counts: np.ndarray, num_symbols: int, num_targets: int
+    ) -> SparseEmissionCounts:
+        """Counts (P,) of strictly increasing target-major cells (P,) int64 (a tally of :mod:`.pair_keys`)."""
         return cls(
             counts,
             PairSupport.from_keys(cells, num_symbols, num_targets),
@@ -596,20 +610,19 @@ class SparseEmissionCounts(EmissionCounts):
 
     @classmethod
     def union(cls, parts: list[SparseEmissionCounts], num_symbols: int, num_targets: int) -> SparseEmissionCounts:
-        """The sum of counts that carry their supports, over the union of their pairs, in one sort.
+        """The sum of counts that carry their supports, over the union of their pairs.
 
-        Each pair's sum adds the parts' counts in list order, so it does not depend on how they were grouped;
-        adding them two at a time would sort the growing union once per part.
+        Each pair's sum adds the parts' counts in list order (from 0), so it does not depend on how they were
+        grouped: the parts are merged left to right, each merge one linear pass over two sorted tallies.
         """
         if not parts:
             return cls.empty(num_symbols, num_targets)
         if len(parts) == 1:
             return parts[0]
-        keys, weights = [], []
-        for part in parts:
-            keys.append(part._require_support().keys())
-            weights.append(part.counts)
-        return cls.from_cells(np.concatenate(keys), np.concatenate(weights), num_symbols, num_targets)
+        total = (parts[0]._require_support().keys(), parts[0].counts)
+        for part in parts[1:]:
+            total = merge_tallies(total, (part._require_support().keys(), part.counts))
+        return cls.from_tally(*total, num_symbols, num_targets)
 
     @classmethod
     def empty(cls, num_symbols: int, num_targets: int) -> SparseEmissionCounts:
@@ -647,10 +660,7 @@ class SparseEmissionCounts(EmissionCounts):
         mine, theirs = self.support, other.support
         if mine is not None and theirs is not None and not mine.same_as(theirs):
             # Counts of two start partitions: the union of their pairs, each sum in a fixed order (mine, theirs).
-            keys = np.concatenate([mine.keys(), theirs.keys()])
-            merged = SparseEmissionCounts.from_cells(
-                keys, np.concatenate([self.counts, other.counts]), self.num_symbols, self.num_targets
-            )
+            merged = SparseEmissionCounts.union([self, other], self.num_symbols, self.num_targets)
             self.counts, self.support = merged.counts, merged.support
             return
         if other.counts.shape != self.counts.shape:

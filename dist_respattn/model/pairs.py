@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dist_respattn.model.pair_keys import merge_tallies, tally_keys
+
 __all__ = ["PairCounts"]
 
 
@@ -54,8 +56,7 @@ class PairCounts:
             w = np.asarray(weights, dtype=np.float64)[live]
         if cells.size == 0:
             return cls.empty(num_symbols, num_targets)
-        keys, inverse = np.unique(cells, return_inverse=True)
-        counts = np.bincount(inverse, weights=w, minlength=keys.size).astype(np.float64, copy=False)
+        keys, counts = tally_keys(cells, np.ones(cells.shape[0]) if w is None else w)
         return cls(int(num_symbols), int(num_targets), keys, counts)
 
     def __add__(self, other: PairCounts) -> PairCounts:
@@ -68,9 +69,8 @@ class PairCounts:
             return self
         if self.keys.size == 0:
             return other
-        keys, inverse = np.unique(np.concatenate([self.keys, other.keys]), return_inverse=True)
-        # bincount adds in input order: each cell's count is self's, then other's.
-        counts = np.bincount(inverse, weights=np.concatenate([self.counts, other.counts]), minlength=keys.size)
+        # One linear merge: each cell's count is self's, then other's.
+        keys, counts = merge_tallies((self.keys, self.counts), (other.keys, other.counts))
         return PairCounts(self.num_symbols, self.num_targets, keys, counts)
 
     # -- views ------------------------------------------------------------------------------

@@ -1,0 +1,83 @@
+"""The compiled pair tallies give the bits of the NumPy formulation they replace (np.unique + np.bincount)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulator
+from dist_respattn.model.pair_keys import merge_tallies, tally_keys, tally_rows
+
+
+def numpy_tally(keys: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    cells, inverse = np.unique(keys, return_inverse=True)
+    return cells, np.bincount(inverse.reshape(-1), weights=weights, minlength=cells.size).astype(np.float64)
+
+
+def assert_same(got: tuple[np.ndarray, np.ndarray], want: tuple[np.ndarray, np.ndarray]) -> None:
+    assert got[0].dtype == np.int64 and got[1].dtype == np.float64
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    n=st.integers(0, 3000),
+    # Key ranges of one radix digit, of several, and past 32 bits (S x T of large vocabularies).
+    top=st.sampled_from([1, 7, 2048, 2049, 5_000_000, 2_500_000_000, 2**40]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_tally_is_unique_and_bincount_to_the_bit(n, top, seed):
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(0, top, n)
+    weights = rng.exponential(size=n) * 10.0 ** rng.integers(-8, 8, n)  # sums whose order shows in the bits
+    assert_same(tally_keys(keys, weights), numpy_tally(keys, weights))
+
+
+@settings(deadline=None, max_examples=40)
+@given(na=st.integers(0, 500), nb=st.integers(0, 500), top=st.sampled_from([3, 600, 2**35]), seed=st.integers(0, 99))
+def test_a_merge_is_the_tally_of_both_in_order(na, nb, top, seed):
+    rng = np.random.default_rng(seed)
+    a = numpy_tally(rng.integers(0, top, na), rng.random(na))
+    b = numpy_tally(rng.integers(0, top, nb), rng.random(nb))
+    want = numpy_tally(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+    assert_same(merge_tallies(a, b), want)
+
+
+def test_a_block_tally_skips_entries_of_no_mass():
+    rng = np.random.default_rng(3)
+    context = rng.integers(0, 50, (400, 5)).astype(np.uint16)
+    target = rng.integers(0, 30, 400).astype(np.int32)
+    mass = rng.random((400, 5))
+    mass[::3] = 0.0
+    live = mass.reshape(-1) > 0
+    cells = (target.astype(np.int64)[:, None] * 50 + context).reshape(-1)
+    assert_same(tally_rows(context, target, mass, 50), numpy_tally(cells[live], mass.reshape(-1)[live]))
+
+
+def test_negative_keys_are_refused():
+    with pytest.raises(ValueError, match="keys hold -1: expected non-negative cells"):
+        tally_keys(np.array([3, -1]), np.ones(2))
+
+
+def test_a_collecting_accumulator_adds_its_blocks_pairs_in_row_order():
+    """Blocks merged as they come give each pair the sum np.unique and np.bincount over the blocks gave."""
+    shape = (40, 3, 2, 25)
+    rng = np.random.default_rng(4)
+    rows = 3 * 1000
+    data = (rng.integers(0, 40, (rows, 3)), rng.normal(size=(rows, 2)), rng.integers(0, 25, rows))
+    weights = rng.exponential(size=rows)
+    weights[::5] = 0.0
+    accumulator = ResponsibilityAttentionAccumulator(*shape, layout="sparse")
+    parts = []
+    for start in range(0, rows, 1000):
+        block = tuple(a[start : start + 1000] for a in data)
+        accumulator.seq_initialize_uniform(block, weights[start : start + 1000])
+        mass = np.full((1000, 3), 1.0 / 3) * weights[start : start + 1000, None]
+        cells = (block[2][:, None] * 40 + block[0]).reshape(-1)
+        live = mass.reshape(-1) > 0
+        parts.append(numpy_tally(cells[live], mass.reshape(-1)[live]))
+    want = numpy_tally(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+    counts = accumulator.value().emission_count
+    assert_same((counts.support.keys(), counts.counts), want)
