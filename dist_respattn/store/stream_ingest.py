@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,14 +22,8 @@ from dist_respattn.store.like import LikeStore, open_like
 from dist_respattn.store.npy import load_array, max_id
 from dist_respattn.store.stream_store import StreamWriter, TokenStreamStore
 from dist_respattn.store.tables import embedding_table
-from dist_respattn.store.text import (
-    DEFAULT_VOCAB_SIZE,
-    TOKENIZER_NAME,
-    Vocabulary,
-    build_vocabulary,
-    iter_text_files,
-    line_pieces,
-)
+from dist_respattn.store.text import DEFAULT_VOCAB_SIZE, TOKENIZER_NAME, Vocabulary, iter_text_files
+from dist_respattn.store.text_pass import TokenizedCorpus, tokenize_files
 from dist_respattn.store.tokens import checked_pieces, load_token_stream
 
 __all__ = ["write_stream_text", "write_stream_tokens"]
@@ -75,6 +70,26 @@ def _checked_weights(weights: Any, num_tokens: int, tokens_name: str) -> tuple[A
             f"{tokens_name} ({num_tokens},)"
         )
     return values, name
+
+
+def _write_cut(
+    writer: StreamWriter, piece: np.ndarray, weight: np.ndarray | None, position: int, starts: np.ndarray, next_doc: int
+) -> int:
+    """Write ``piece`` (tokens from ``position`` on), starting a document at each of ``starts[next_doc:]`` inside it.
+
+    Returns the index of the first start not yet reached.
+    """
+    cuts = [position]
+    while next_doc < starts.size and starts[next_doc] < position + piece.size:
+        cuts.append(int(starts[next_doc]))
+        next_doc += 1
+    cuts.append(position + piece.size)
+    for k, (a, b) in enumerate(itertools.pairwise(cuts)):
+        if k > 0:
+            writer.start_document()
+        a, b = a - position, b - position
+        writer.write(piece[a:b], None if weight is None else weight[a:b])
+    return next_doc
 
 
 def write_stream_tokens(
@@ -144,16 +159,7 @@ def write_stream_tokens(
                 if bad.size:
                     i = int(bad[0])
                     raise ValueError(f"{weights_name}[{position + i}] = {w[i]}: expected a finite, non-negative weight")
-            # Cut the piece at the document starts inside it.
-            cuts = [position]
-            while next_doc < starts.size and starts[next_doc] < position + piece.size:
-                cuts.append(int(starts[next_doc]))
-                next_doc += 1
-            cuts.append(position + piece.size)
-            for k, (a, b) in enumerate(itertools.pairwise(cuts)):
-                if k > 0:
-                    writer.start_document()
-                writer.write(piece[a - position : b - position], None if w is None else w[a - position : b - position])
+            next_doc = _write_cut(writer, piece, w, position, starts, next_doc)
             position += piece.size
         if options.progress is not None:
             options.progress(num_tokens)
@@ -176,16 +182,49 @@ def write_stream_text(
     options = options or WriteOptions()
     reference = _reference(out, like, options)
     files = iter_text_files(paths)
+    given: Vocabulary | None = None
     if reference is not None:
         context_length = reference.context_length(context_length)
-        vocabulary = Vocabulary.from_json(reference.vocabulary(vocab_size))
+        given = Vocabulary.from_json(reference.vocabulary(vocab_size))
         table, table_info = reference.table(dim=dim, seed=seed), reference.table_info()
         identity = reference.provenance()
-    else:
-        vocabulary = build_vocabulary(files, DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size, file_progress)
-        table, table_info = embedding_table(vocabulary.num_symbols, dim=dim, seed=seed or 0)
-        identity = identity_provenance(vocabulary.tokens, table)
+    elif vocab_size is not None:
+        _check_vocab_size(vocab_size)
     window = _check_window(context_length)
+    with tempfile.TemporaryDirectory(prefix="respattn-ingest-") as scratch:
+        # One tokenizing pass; the vocabulary, ranked from its counts, is one remap of its ids.
+        corpus = tokenize_files(files, os.path.join(scratch, "ids.int32"), file_progress)
+        if given is not None:
+            vocabulary, remap = given, corpus.remap_to(given)
+        else:
+            vocabulary, remap = corpus.vocabulary(DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size)
+            table, table_info = embedding_table(vocabulary.num_symbols, dim=dim, seed=seed or 0)
+            identity = identity_provenance(vocabulary.tokens, table)
+        return _write_corpus(out, paths, files, corpus, vocabulary, remap, window, table, table_info, identity,
+                             reference, file_progress, options)  # fmt: skip
+
+
+def _check_vocab_size(size: Any) -> None:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"vocabulary size = {size!r}: expected a positive integer")
+
+
+def _write_corpus(
+    out: str | os.PathLike[str],
+    paths: Sequence[str | os.PathLike[str]],
+    files: list[str],
+    corpus: TokenizedCorpus,
+    vocabulary: Vocabulary,
+    remap: np.ndarray,
+    window: int,
+    table: np.ndarray,
+    table_info: dict[str, Any],
+    identity: dict[str, Any],
+    reference: Any,
+    file_progress: Callable[[int], None] | None,
+    options: WriteOptions,
+) -> TokenStreamStore:
+    """Write a tokenized corpus's final ids, one document per file that has tokens."""
     provenance = {
         "source": "text",
         "paths": [os.path.abspath(os.fspath(p)) for p in paths],
@@ -196,21 +235,18 @@ def write_stream_text(
         "embedding": table_info,
         **identity,
     }
-    lookup = vocabulary.lookup()
     with _open_writer(
         out, options, weighted=False, provenance=provenance, num_symbols=vocabulary.num_symbols, table=table,
         context_length=window,
     ) as writer:  # fmt: skip
         if not options.append:
             writer.write_vocabulary(vocabulary.to_json())
-        oov = 0
-        for path in files:
-            writer.start_document()
-            for piece in line_pieces(path):
-                ids = vocabulary.encode(piece, lookup)
-                oov += int(np.count_nonzero(ids == vocabulary.oov_id))
-                writer.write(ids)
-            if file_progress is not None:
-                file_progress(1)
+        starts, next_doc, position, oov = corpus.document_starts(), 1, 0, 0
+        for ids in corpus.blocks(remap, writer.dtype, writer.partition_tokens):
+            oov += int(np.count_nonzero(ids == vocabulary.oov_id))
+            next_doc = _write_cut(writer, ids, None, position, starts, next_doc)
+            position += ids.size
+        if file_progress is not None and reference is None:
+            file_progress(len(files))  # the second of the two passes the caller counts
         writer.provenance["oov_count"] = oov
         return writer.close()

@@ -1,0 +1,139 @@
+"""One tokenizing pass over text files: provisional ids on local disk, then one remap to the final vocabulary.
+
+Files are read in bulk (blocks cut at an ASCII space, so memory is bounded however large a file is) and
+tokenized by :mod:`~dist_respattn.store.byte_tokenizer` into ids of a provisional dictionary, in the
+order of the files; the ids go to a scratch file of int32, so the corpus is never held in memory. The
+vocabulary is then ranked from the dictionary's counts, and :meth:`TokenizedCorpus.blocks` reads the
+scratch file back through one vectorized ``take`` to the final ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+from dist_respattn.store.byte_tokenizer import _CLASSES, _SPACE, TokenDictionary, tokenize_bytes
+from dist_respattn.store.text import Vocabulary, tokenize
+
+__all__ = ["TokenizedCorpus", "tokenize_files"]
+
+#: Bytes of a file read at once (a larger file is read in blocks cut at an ASCII space).
+_READ_BYTES = 1 << 24
+#: Provisional ids gathered before they are written to the scratch file.
+_SPILL_TOKENS = 1 << 22
+
+
+def file_blocks(path: str, block: int = _READ_BYTES) -> Iterator[np.ndarray]:
+    """A file's bytes (uint8) in blocks that end at an ASCII space (or the end), so no token is cut."""
+    carry = np.zeros(0, dtype=np.uint8)
+    with open(path, "rb") as handle:
+        while True:
+            raw = handle.read(block)
+            if not raw:
+                break
+            data = np.frombuffer(raw, dtype=np.uint8)
+            if carry.size:
+                data = np.concatenate([carry, data])
+            spaces = np.flatnonzero(_CLASSES[data] == _SPACE)
+            if not spaces.size:
+                carry = data
+                continue
+            cut = int(spaces[-1]) + 1
+            yield data[:cut]
+            carry = data[cut:]
+    if carry.size:
+        yield carry
+
+
+@dataclasses.dataclass
+class TokenizedCorpus:
+    """The provisional ids of a list of files, in file order.
+
+    ``scratch``: a file of int32 ids into ``dictionary`` (total ``lengths.sum()``); ``lengths`` (n_files,)
+    tokens per file.
+    """
+
+    scratch: str
+    lengths: np.ndarray
+    dictionary: TokenDictionary
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def document_starts(self) -> np.ndarray:
+        """The first token of each file that has tokens: (n_docs,) int64 (``[0]`` for an empty corpus)."""
+        starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+        starts = starts[self.lengths > 0]
+        return starts if starts.size else np.zeros(1, dtype=np.int64)
+
+    def vocabulary(self, size: int) -> tuple[Vocabulary, np.ndarray]:
+        """The ``size`` most frequent tokens (ties alphabetical), and each provisional id's final id: (len,) int64.
+
+        The same ranking as :func:`~dist_respattn.store.text.vocabulary_from_counts` of the token counts.
+        """
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"vocabulary size = {size!r}: expected a positive integer")
+        counts = self.dictionary.counts
+        seen = np.flatnonzero(counts > 0)
+        if seen.size > size:
+            # Every token more frequent than the size-th count is kept; sort only those and the ties at it.
+            threshold = np.partition(counts[seen], seen.size - size)[seen.size - size]
+            candidates = seen[counts[seen] >= threshold]
+        else:
+            candidates = seen
+        names = self.dictionary.tokens(candidates)
+        order = sorted(range(candidates.size), key=lambda k: (-int(counts[candidates[k]]), names[k]))[:size]
+        kept = candidates[np.asarray(order, dtype=np.int64)]
+        total = int(counts.sum())
+        kept_counts = tuple(int(c) for c in counts[kept])
+        vocabulary = Vocabulary(
+            tuple(names[k] for k in order), kept_counts, total - sum(kept_counts), total, int(self.lengths.size)
+        )
+        remap = np.full(len(self.dictionary), vocabulary.oov_id, dtype=np.int64)
+        remap[kept] = np.arange(kept.size)
+        return vocabulary, remap
+
+    def remap_to(self, vocabulary: Vocabulary) -> np.ndarray:
+        """Each provisional id's id in a given ``vocabulary`` (unknown tokens: its out-of-vocabulary id)."""
+        lookup = vocabulary.lookup()
+        oov = vocabulary.oov_id
+        names = self.dictionary.tokens(np.arange(len(self.dictionary)))
+        return np.fromiter((lookup.get(name, oov) for name in names), dtype=np.int64, count=len(names))
+
+    def blocks(self, remap: np.ndarray, dtype: np.dtype, block: int) -> Iterator[np.ndarray]:
+        """The final ids (``dtype``) in blocks of ``block`` tokens, read from the scratch file."""
+        table = remap.astype(dtype)
+        ids = np.memmap(self.scratch, dtype=np.int32, mode="r") if self.num_tokens else np.zeros(0, np.int32)
+        for start in range(0, ids.size, block):
+            yield np.take(table, ids[start : start + block])
+        del ids
+
+
+def tokenize_files(
+    files: Sequence[str], scratch: str, progress: Callable[[int], None] | None = None
+) -> TokenizedCorpus:
+    """Tokenize ``files`` in order into provisional ids written to ``scratch`` (``progress(1)`` per file)."""
+    dictionary = TokenDictionary()
+    lengths = np.zeros(len(files), dtype=np.int64)
+    pending: list[np.ndarray] = []
+    buffered = 0
+    with open(scratch, "wb") as out:
+        for index, path in enumerate(files):
+            for data in file_blocks(path):
+                ids = tokenize_bytes(data, dictionary, tokenize)
+                dictionary.count(ids)
+                lengths[index] += ids.size
+                pending.append(ids)
+                buffered += ids.size
+                if buffered >= _SPILL_TOKENS:
+                    np.concatenate(pending).tofile(out)
+                    pending, buffered = [], 0
+            if progress is not None:
+                progress(1)
+        if pending:
+            np.concatenate(pending).tofile(out)
+    return TokenizedCorpus(os.fspath(scratch), lengths, dictionary)
