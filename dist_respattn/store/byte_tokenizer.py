@@ -53,25 +53,29 @@ def _hash(data, start, stop, lower):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _intern(data, start, stop, lower, slots, hashes, offsets, arena, meta):  # pragma: no cover - compiled
-    """The id of the lowercased token ``data[start:stop]``, added if new (capacity is the caller's)."""
+def _intern(data, start, stop, lower, slots, offsets, arena, meta):  # pragma: no cover - compiled
+    """The id of the lowercased token ``data[start:stop]``, added if new (room is the caller's to make).
+
+    ``slots`` (size, 2) int64 holds (hash, id) side by side (id -1: empty), so a probe touches one cache line.
+    """
     h = _hash(data, start, stop, lower)
-    mask = np.uint64(slots.size - 1)
+    key = np.int64(h)
+    mask = np.uint64(slots.shape[0] - 1)
     i = h & mask
     length = stop - start
     while True:
-        e = slots[i]
+        e = slots[i, 1]
         if e < 0:
             n = meta[0]
             used = offsets[n]
             for k in range(length):
                 arena[used + k] = lower[data[start + k]]
             offsets[n + 1] = used + length
-            hashes[n] = h
-            slots[i] = n
+            slots[i, 0] = key
+            slots[i, 1] = n
             meta[0] = n + 1
             return n
-        if hashes[e] == h and offsets[e + 1] - offsets[e] == length:
+        if slots[i, 0] == key and offsets[e + 1] - offsets[e] == length:
             base = offsets[e]
             same = True
             for k in range(length):
@@ -84,38 +88,30 @@ def _intern(data, start, stop, lower, slots, hashes, offsets, arena, meta):  # p
 
 
 @numba.njit(cache=True, nogil=True)
-def _scan(data, classes, lower, slots, hashes, offsets, arena, meta, out, spans):  # pragma: no cover - compiled
+def _has_room(length, slots, offsets, arena, meta):  # pragma: no cover - compiled
+    n = meta[0]
+    return n + 1 < offsets.size and 2 * (n + 1) <= slots.shape[0] and offsets[n] + length <= arena.size
+
+
+@numba.njit(cache=True, nogil=True)
+def _scan(data, classes, lower, single, slots, offsets, arena, meta, out, spans, state):  # pragma: no cover
     """Tokenize ``data`` into ``out`` (ids); a run holding non-ASCII bytes becomes ``-1 - k`` with span ``k``.
 
-    Returns (tokens written, spans written).
+    ``single`` (256,) caches the id of each one-byte token (-1: not yet seen). ``state`` = (byte, run start,
+    tokens before the run, tokens written, spans written) on entry and exit. Returns False when the
+    dictionary needs room (the caller grows it and calls again), True when ``data`` is done.
     """
-    n_out = 0
-    n_spans = 0
+    i, run_start, run_out, n_out, n_spans = state[0], state[1], state[2], state[3], state[4]
     size = data.size
-    run_start = 0  # first byte after the last space
-    run_out = 0  # tokens written before run_start
-    i = 0
+    done = True
     while i < size:
         c = classes[data[i]]
         if c == _SPACE:
             i += 1
             run_start = i
             run_out = n_out
-        elif c == _WORD:
-            j = i + 1
-            while j < size and classes[data[j]] == _WORD:
-                j += 1
-            if j < size and classes[data[j]] == _HIGH:
-                i = j  # the word may go on in non-ASCII letters: the run is the Python tokenizer's
-                continue
-            out[n_out] = _intern(data, i, j, lower, slots, hashes, offsets, arena, meta)
-            n_out += 1
-            i = j
-        elif c == _OTHER:
-            out[n_out] = _intern(data, i, i + 1, lower, slots, hashes, offsets, arena, meta)
-            n_out += 1
-            i += 1
-        else:
+            continue
+        if c == _HIGH:
             # Give the whole run between ASCII spaces to the Python tokenizer, tokens already made from it too.
             j = i + 1
             while j < size and classes[data[j]] != _SPACE:
@@ -129,7 +125,28 @@ def _scan(data, classes, lower, slots, hashes, offsets, arena, meta, out, spans)
             i = j
             run_start = j
             run_out = n_out
-    return n_out, n_spans
+            continue
+        j = i + 1
+        if c == _WORD:
+            while j < size and classes[data[j]] == _WORD:
+                j += 1
+            if j < size and classes[data[j]] == _HIGH:
+                i = j  # the word may go on in non-ASCII letters: the run is the Python tokenizer's
+                continue
+        if j == i + 1 and single[data[i]] >= 0:
+            out[n_out] = single[data[i]]
+        else:
+            if not _has_room(j - i, slots, offsets, arena, meta):
+                done = False
+                break
+            e = _intern(data, i, j, lower, slots, offsets, arena, meta)
+            if j == i + 1:
+                single[data[i]] = e
+            out[n_out] = e
+        n_out += 1
+        i = j
+    state[0], state[1], state[2], state[3], state[4] = i, run_start, run_out, n_out, n_spans
+    return done
 
 
 @numba.njit(cache=True, nogil=True)
@@ -139,31 +156,33 @@ def _count(ids, counts):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _rehash(hashes, count, size):  # pragma: no cover - compiled
-    slots = np.full(size, -1, dtype=np.int64)
+def _rehash(slots, size):  # pragma: no cover - compiled
+    grown = np.full((size, 2), -1, dtype=np.int64)
     mask = np.uint64(size - 1)
-    for e in range(count):
-        i = hashes[e] & mask
-        while slots[i] >= 0:
+    for k in range(slots.shape[0]):
+        if slots[k, 1] < 0:
+            continue
+        i = np.uint64(slots[k, 0]) & mask
+        while grown[i, 1] >= 0:
             i = (i + np.uint64(1)) & mask
-        slots[i] = e
-    return slots
+        grown[i, 0] = slots[k, 0]
+        grown[i, 1] = slots[k, 1]
+    return grown
 
 
 class TokenDictionary:
     """Distinct tokens in order of first sight (ids 0, 1, ...), kept as lowercased UTF-8 bytes in one arena.
 
-    Memory grows with the distinct tokens, not with the text: ~(2 slots + 2) * 8 bytes and the token's
-    bytes each.
+    Memory grows with the distinct tokens, not with the text: ~48 bytes and the token's bytes each.
     """
 
     def __init__(self) -> None:
-        self._slots = np.full(_INITIAL_SLOTS, -1, dtype=np.int64)
-        self._hashes = np.zeros(_INITIAL_SLOTS // 2, dtype=np.uint64)
+        self._slots = np.full((_INITIAL_SLOTS, 2), -1, dtype=np.int64)
         self._offsets = np.zeros(_INITIAL_SLOTS // 2 + 1, dtype=np.int64)
         self._counts = np.zeros(_INITIAL_SLOTS // 2, dtype=np.int64)
         self._arena = np.zeros(1 << 20, dtype=np.uint8)
         self._meta = np.zeros(1, dtype=np.int64)  # [number of tokens]
+        self._single = np.full(256, -1, dtype=np.int64)
 
     def __len__(self) -> int:
         return int(self._meta[0])
@@ -172,29 +191,26 @@ class TokenDictionary:
         """Room for ``tokens`` more tokens of ``arena_bytes`` bytes in all, the slots at most half full."""
         n = len(self)
         need = n + tokens
-        if need > self._hashes.size:
-            size = max(need, 2 * self._hashes.size)
-            self._hashes = np.concatenate([self._hashes[:n], np.zeros(size - n, dtype=np.uint64)])
-            self._offsets = np.concatenate([self._offsets[: n + 1], np.zeros(size - n, dtype=np.int64)])
-            self._counts = np.concatenate([self._counts[:n], np.zeros(size - n, dtype=np.int64)])
+        if need + 1 > self._offsets.size:
+            size = max(need + 1, 2 * self._offsets.size)
+            self._offsets = np.concatenate([self._offsets[: n + 1], np.zeros(size - n - 1, dtype=np.int64)])
+            self._counts = np.concatenate([self._counts[:n], np.zeros(size - 1 - n, dtype=np.int64)])
         used = int(self._offsets[n])
         if used + arena_bytes > self._arena.size:
             grown = np.zeros(max(used + arena_bytes, 2 * self._arena.size), dtype=np.uint8)
             grown[:used] = self._arena[:used]
             self._arena = grown
-        if 2 * need > self._slots.size:
-            size = self._slots.size
+        if 2 * need > self._slots.shape[0]:
+            size = self._slots.shape[0]
             while 2 * need > size:
                 size *= 2
-            self._slots = _rehash(self._hashes, n, size)
+            self._slots = _rehash(self._slots, size)
 
     def intern(self, token: bytes) -> int:
         """The id of a token given as its (lowercased) UTF-8 bytes."""
         data = np.frombuffer(token, dtype=np.uint8)
         self.reserve(1, data.size)
-        return int(
-            _intern(data, 0, data.size, _IDENTITY, self._slots, self._hashes, self._offsets, self._arena, self._meta)
-        )
+        return int(_intern(data, 0, data.size, _IDENTITY, self._slots, self._offsets, self._arena, self._meta))
 
     def count(self, ids: np.ndarray) -> None:
         """Count ``ids`` (int32) as occurrences."""
@@ -205,24 +221,29 @@ class TokenDictionary:
         """How often each token was counted: (len,) int64 (a token seen only in a retracted scan counts 0)."""
         return self._counts[: len(self)]
 
-    def token(self, index: int) -> str:
+    def token_bytes(self, index: int) -> bytes:
         start, stop = int(self._offsets[index]), int(self._offsets[index + 1])
-        return self._arena[start:stop].tobytes().decode("utf-8")
+        return self._arena[start:stop].tobytes()
+
+    def token(self, index: int) -> str:
+        return self.token_bytes(index).decode("utf-8")
 
     def tokens(self, indices: np.ndarray) -> list[str]:
         """The tokens of ``indices`` as strings."""
         return [self.token(int(i)) for i in indices]
 
-    def scan(self, data: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """Compiled pass over ``data`` (uint8): (ids with span markers, spans (k, 2), tokens written)."""
-        # A token is at least one byte, and a new one adds at most its bytes to the arena.
-        self.reserve(data.size, data.size)
+    def scan(self, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Compiled pass over ``data`` (uint8): (ids with span markers (int32), spans (k, 2) int64)."""
+        # A token is at least one byte, and runs are parted by a space: these bound what the scan writes.
         out = np.empty(data.size, dtype=np.int32)
         spans = np.empty((data.size // 2 + 1, 2), dtype=np.int64)
-        count, n_spans = _scan(
-            data, _CLASSES, _LOWER, self._slots, self._hashes, self._offsets, self._arena, self._meta, out, spans
-        )
-        return out[:count], spans[:n_spans], count
+        state = np.zeros(5, dtype=np.int64)
+        while not _scan(data, _CLASSES, _LOWER, self._single, self._slots, self._offsets, self._arena, self._meta,
+                        out, spans, state):  # fmt: skip
+            # Grow by half what is left to scan, or double: amortized, and never the whole block for a small one.
+            left = data.size - int(state[0])
+            self.reserve(max(len(self), 1024, left // 8), max(self._arena.size, left))
+        return out[: state[3]], spans[: state[4]]
 
 
 _CLASSES = _byte_classes(r"\w+|[^\w\s]")
@@ -238,7 +259,7 @@ def tokenize_bytes(
     ``tokenize`` is the Python tokenizer, used on the runs that hold non-ASCII bytes.
     """
     raw = np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else data
-    ids, spans, _ = dictionary.scan(raw)
+    ids, spans = dictionary.scan(raw)
     if not spans.size:
         return ids
     markers = np.flatnonzero(ids < 0)

@@ -32,20 +32,29 @@ def file_blocks(path: str, block: int = _READ_BYTES) -> Iterator[np.ndarray]:
     with open(path, "rb") as handle:
         while True:
             raw = handle.read(block)
-            if not raw:
-                break
             data = np.frombuffer(raw, dtype=np.uint8)
             if carry.size:
                 data = np.concatenate([carry, data])
-            spaces = np.flatnonzero(_CLASSES[data] == _SPACE)
-            if not spaces.size:
-                carry = data
-                continue
-            cut = int(spaces[-1]) + 1
-            yield data[:cut]
+            if len(raw) < block:  # the end: most files are read whole in one go
+                if data.size:
+                    yield data
+                return
+            cut = _after_last_space(data)
+            if cut:
+                yield data[:cut]
             carry = data[cut:]
-    if carry.size:
-        yield carry
+
+
+def _after_last_space(data: np.ndarray, step: int = 1 << 12) -> int:
+    """The position after the last ASCII space in ``data`` (0: none), looking back from the end."""
+    stop = data.size
+    while stop > 0:
+        start = max(stop - step, 0)
+        spaces = np.flatnonzero(_CLASSES[data[start:stop]] == _SPACE)
+        if spaces.size:
+            return start + int(spaces[-1]) + 1
+        stop = start
+    return 0
 
 
 @dataclasses.dataclass
@@ -80,18 +89,20 @@ class TokenizedCorpus:
         counts = self.dictionary.counts
         seen = np.flatnonzero(counts > 0)
         if seen.size > size:
-            # Every token more frequent than the size-th count is kept; sort only those and the ties at it.
+            # Every token more frequent than the size-th count is kept; rank only those and the ties at it.
             threshold = np.partition(counts[seen], seen.size - size)[seen.size - size]
             candidates = seen[counts[seen] >= threshold]
         else:
             candidates = seen
-        names = self.dictionary.tokens(candidates)
-        order = sorted(range(candidates.size), key=lambda k: (-int(counts[candidates[k]]), names[k]))[:size]
-        kept = candidates[np.asarray(order, dtype=np.int64)]
+        # Ties go by the token: UTF-8 bytes sort as code points do, so a bytes sort is the string sort.
+        # (Fixed-width bytes drop trailing NULs; only the token "\x00" holds one, and it sorts first either way.)
+        names = np.array([self.dictionary.token_bytes(int(e)) for e in candidates], dtype=bytes)
+        order = np.lexsort((names, -counts[candidates]))[:size]
+        kept = candidates[order]
         total = int(counts.sum())
         kept_counts = tuple(int(c) for c in counts[kept])
         vocabulary = Vocabulary(
-            tuple(names[k] for k in order), kept_counts, total - sum(kept_counts), total, int(self.lengths.size)
+            tuple(self.dictionary.tokens(kept)), kept_counts, total - sum(kept_counts), total, int(self.lengths.size)
         )
         remap = np.full(len(self.dictionary), vocabulary.oov_id, dtype=np.int64)
         remap[kept] = np.arange(kept.size)
