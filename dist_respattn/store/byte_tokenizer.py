@@ -150,6 +150,15 @@ def _scan(data, classes, lower, single, slots, offsets, arena, meta, out, spans,
 
 
 @numba.njit(cache=True, nogil=True)
+def _merge(other_offsets, other_arena, count, identity, slots, offsets, arena, meta):  # pragma: no cover
+    """The ids in this dictionary of another's first ``count`` tokens (added if new): (count,) int64."""
+    mapping = np.empty(count, dtype=np.int64)
+    for e in range(count):
+        mapping[e] = _intern(other_arena, other_offsets[e], other_offsets[e + 1], identity, slots, offsets, arena, meta)
+    return mapping
+
+
+@numba.njit(cache=True, nogil=True)
 def _count(ids, counts):  # pragma: no cover - compiled
     for i in ids:
         counts[i] += 1
@@ -211,6 +220,15 @@ class TokenDictionary:
         data = np.frombuffer(token, dtype=np.uint8)
         self.reserve(1, data.size)
         return int(_intern(data, 0, data.size, _IDENTITY, self._slots, self._offsets, self._arena, self._meta))
+
+    def merge(self, other: TokenDictionary) -> np.ndarray:
+        """Add ``other``'s tokens and counts; returns each of its ids' id here: (len(other),) int64."""
+        n = len(other)
+        self.reserve(n, int(other._offsets[n]))
+        mapping = _merge(other._offsets, other._arena, n, _IDENTITY, self._slots, self._offsets, self._arena,
+                         self._meta)  # fmt: skip
+        self._counts[mapping] += other.counts  # distinct ids: a plain scatter is exact
+        return mapping
 
     def count(self, ids: np.ndarray) -> None:
         """Count ``ids`` (int32) as occurrences."""

@@ -176,9 +176,14 @@ def write_stream_text(
     seed: int | None = None,
     like: Any = None,
     file_progress: Callable[[int], None] | None = None,
+    workers: int | None = None,
     options: WriteOptions | None = None,
 ) -> TokenStreamStore:
-    """A stream store of text files, one document each, tokenized as :func:`~dist_respattn.store.text.write_text`."""
+    """A stream store of text files, one document each, tokenized as :func:`~dist_respattn.store.text.write_text`.
+
+    One tokenizing pass (:mod:`~dist_respattn.store.text_pass`) by ``workers`` threads (default: one per
+    core); the store is the same for any number of them.
+    """
     options = options or WriteOptions()
     reference = _reference(out, like, options)
     files = iter_text_files(paths)
@@ -193,7 +198,7 @@ def write_stream_text(
     window = _check_window(context_length)
     with tempfile.TemporaryDirectory(prefix="respattn-ingest-") as scratch:
         # One tokenizing pass; the vocabulary, ranked from its counts, is one remap of its ids.
-        corpus = tokenize_files(files, os.path.join(scratch, "ids.int32"), file_progress)
+        corpus = tokenize_files(files, scratch, file_progress, workers=workers)
         if given is not None:
             vocabulary, remap = given, corpus.remap_to(given)
         else:

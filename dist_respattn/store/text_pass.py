@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -24,6 +25,8 @@ __all__ = ["TokenizedCorpus", "tokenize_files"]
 _READ_BYTES = 1 << 24
 #: Provisional ids gathered before they are written to the scratch file.
 _SPILL_TOKENS = 1 << 22
+#: Bytes of consecutive files tokenized as one unit of work, with a dictionary of their own.
+_BATCH_BYTES = 1 << 25
 
 
 def file_blocks(path: str, block: int = _READ_BYTES) -> Iterator[np.ndarray]:
@@ -57,15 +60,26 @@ def _after_last_space(data: np.ndarray, step: int = 1 << 12) -> int:
     return 0
 
 
-@dataclasses.dataclass
-class TokenizedCorpus:
-    """The provisional ids of a list of files, in file order.
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    """Consecutive files tokenized together: ids into a dictionary of their own, spilled to ``scratch``.
 
-    ``scratch``: a file of int32 ids into ``dictionary`` (total ``lengths.sum()``); ``lengths`` (n_files,)
-    tokens per file.
+    ``mapping`` (n_distinct,) int64 takes those ids to the corpus dictionary's.
     """
 
     scratch: str
+    num_tokens: int
+    mapping: np.ndarray
+
+
+@dataclasses.dataclass
+class TokenizedCorpus:
+    """The provisional ids of a list of files, in file order, batch by batch.
+
+    ``lengths`` (n_files,) tokens per file; ``dictionary`` every distinct token, with its count.
+    """
+
+    batches: list[_Batch]
     lengths: np.ndarray
     dictionary: TokenDictionary
 
@@ -116,20 +130,35 @@ class TokenizedCorpus:
         return np.fromiter((lookup.get(name, oov) for name in names), dtype=np.int64, count=len(names))
 
     def blocks(self, remap: np.ndarray, dtype: np.dtype, block: int) -> Iterator[np.ndarray]:
-        """The final ids (``dtype``) in blocks of ``block`` tokens, read from the scratch file."""
-        table = remap.astype(dtype)
-        ids = np.memmap(self.scratch, dtype=np.int32, mode="r") if self.num_tokens else np.zeros(0, np.int32)
-        for start in range(0, ids.size, block):
-            yield np.take(table, ids[start : start + block])
-        del ids
+        """The final ids (``dtype``) in blocks of at most ``block`` tokens, read from the scratch files."""
+        for batch in self.batches:
+            if not batch.num_tokens:
+                continue
+            # One take from the batch's ids to the final ones: its mapping composed with the remap.
+            table = remap[batch.mapping].astype(dtype)
+            ids = np.memmap(batch.scratch, dtype=np.int32, mode="r")
+            for start in range(0, ids.size, block):
+                yield np.take(table, ids[start : start + block])
+            del ids
 
 
-def tokenize_files(
-    files: Sequence[str], scratch: str, progress: Callable[[int], None] | None = None
-) -> TokenizedCorpus:
-    """Tokenize ``files`` in order into provisional ids written to ``scratch`` (``progress(1)`` per file)."""
+def _batches(files: Sequence[str], batch_bytes: int) -> list[range]:
+    """Consecutive runs of files of about ``batch_bytes`` bytes each (by size on disk): the units of work."""
+    runs: list[range] = []
+    first, size = 0, 0
+    for index, path in enumerate(files):
+        size += os.path.getsize(path)
+        if size >= batch_bytes:
+            runs.append(range(first, index + 1))
+            first, size = index + 1, 0
+    if first < len(files) or not runs:
+        runs.append(range(first, len(files)))
+    return runs
+
+
+def _tokenize_batch(files: Sequence[str], scratch: str, lengths: np.ndarray) -> TokenDictionary:
+    """Tokenize ``files`` into ids of a dictionary of their own, written to ``scratch``; fills ``lengths``."""
     dictionary = TokenDictionary()
-    lengths = np.zeros(len(files), dtype=np.int64)
     pending: list[np.ndarray] = []
     buffered = 0
     with open(scratch, "wb") as out:
@@ -143,8 +172,42 @@ def tokenize_files(
                 if buffered >= _SPILL_TOKENS:
                     np.concatenate(pending).tofile(out)
                     pending, buffered = [], 0
-            if progress is not None:
-                progress(1)
         if pending:
             np.concatenate(pending).tofile(out)
-    return TokenizedCorpus(os.fspath(scratch), lengths, dictionary)
+    return dictionary
+
+
+def tokenize_files(
+    files: Sequence[str],
+    scratch: str,
+    progress: Callable[[int], None] | None = None,
+    *,
+    workers: int | None = None,
+) -> TokenizedCorpus:
+    """Tokenize ``files`` into provisional ids spilled under the directory ``scratch`` (``progress(k)`` per k files).
+
+    Batches of consecutive files are tokenized by ``workers`` threads (default: one per core; the compiled
+    scan and file reads release the GIL) and merged in file order, so the result does not depend on
+    ``workers``.
+    """
+    workers = (os.cpu_count() or 1) if workers is None else int(workers)
+    if workers < 1:
+        raise ValueError(f"workers = {workers}: expected at least 1")
+    lengths = np.zeros(len(files), dtype=np.int64)
+    runs = _batches(files, _BATCH_BYTES)
+    paths = [os.path.join(scratch, f"batch-{k:06d}.int32") for k in range(len(runs))]
+
+    def work(k: int) -> TokenDictionary:
+        run = runs[k]
+        return _tokenize_batch(files[run.start : run.stop], paths[k], lengths[run.start : run.stop])
+
+    corpus = TokenDictionary()
+    batches: list[_Batch] = []
+    with ThreadPoolExecutor(min(workers, len(runs))) as pool:
+        # map yields in batch order: the merge, hence the corpus dictionary, is the same for any workers.
+        for k, local in enumerate(pool.map(work, range(len(runs)))):
+            run = runs[k]
+            batches.append(_Batch(paths[k], int(lengths[run.start : run.stop].sum()), corpus.merge(local)))
+            if progress is not None:
+                progress(len(run))
+    return TokenizedCorpus(batches, lengths, corpus)

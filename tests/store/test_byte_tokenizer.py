@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dist_respattn.store import WriteOptions
+from dist_respattn.store import text_pass
 from dist_respattn.store.byte_tokenizer import TokenDictionary, tokenize_bytes
 from dist_respattn.store.stream_ingest import write_stream_text
 from dist_respattn.store.text import build_vocabulary, iter_text_files, line_pieces, tokenize
@@ -137,15 +137,31 @@ def test_stream_text_store_is_the_two_pass_writers(tmp_path, vocab_size):
     assert np.array_equal(test._tokens[...].astype(np.int64), again)
 
 
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_store_is_the_same_for_any_number_of_workers(tmp_path, monkeypatch, workers):
+    # Batches of a few files each, so the threads each tokenize several with dictionaries of their own.
+    monkeypatch.setattr(text_pass, "_BATCH_BYTES", 64)
+    corpus = write_corpus(tmp_path)
+    one = write_stream_text(tmp_path / "one.zarr", [corpus], 3, vocab_size=12, workers=1)
+    many = write_stream_text(tmp_path / "many.zarr", [corpus], 3, vocab_size=12, workers=workers)
+    assert len(text_pass._batches(iter_text_files([corpus]), 64)) > 5
+    assert np.array_equal(one._tokens[...], many._tokens[...])
+    assert np.array_equal(one.document_starts(), many.document_starts())
+    assert one.vocabulary() == many.vocabulary()
+    files = iter_text_files([corpus])
+    tokens, _ = reference_store_tokens(files, build_vocabulary(files, 12))
+    assert np.array_equal(many._tokens[...].astype(np.int64), tokens)
+
+
 def test_ranking_breaks_ties_by_the_token(tmp_path):
     # Every token once: the kept ones are the alphabetically first, by code point (uppercase lowered).
     path = tmp_path / "t.txt"
     path.write_text("b a é B z aa A ab É \x00 _ 9 ~", encoding="utf-8")
-    corpus = tokenize_files([str(path)], os.fspath(tmp_path / "ids"))
+    corpus = tokenize_files([str(path)], os.fspath(tmp_path))
     for size in (1, 3, 5, 100):
         vocabulary, remap = corpus.vocabulary(size)
         assert vocabulary == build_vocabulary([str(path)], size)
-        ids = np.fromfile(corpus.scratch, dtype=np.int32)
-        assert [vocabulary.tokens[i] if i < len(vocabulary.tokens) else None for i in remap[ids]] == [
+        ids = np.concatenate(list(corpus.blocks(remap, np.dtype(np.int64), 4)))
+        assert [vocabulary.tokens[i] if i < len(vocabulary.tokens) else None for i in ids] == [
             t if t in vocabulary.tokens else None for t in reference_tokens(path.read_bytes())
         ]
