@@ -22,6 +22,8 @@ __all__ = ["TokenDictionary", "tokenize_bytes"]
 
 _WORD, _SPACE, _OTHER, _HIGH = 0, 1, 2, 3
 _INITIAL_SLOTS = 1 << 16
+_FNV_OFFSET = np.uint64(14695981039346656037)
+_FNV_PRIME = np.uint64(1099511628211)
 
 
 def _byte_classes(pattern: str) -> np.ndarray:
@@ -46,19 +48,19 @@ def _lower_table() -> np.ndarray:
 @numba.njit(cache=True, nogil=True)
 def _hash(data, start, stop, lower):  # pragma: no cover - compiled
     """FNV-1a over the lowercased bytes ``data[start:stop]``."""
-    h = np.uint64(14695981039346656037)
+    h = _FNV_OFFSET
     for i in range(start, stop):
-        h = (h ^ np.uint64(lower[data[i]])) * np.uint64(1099511628211)
+        h = (h ^ np.uint64(lower[data[i]])) * _FNV_PRIME
     return h
 
 
 @numba.njit(cache=True, nogil=True)
-def _intern(data, start, stop, lower, slots, offsets, arena, meta):  # pragma: no cover - compiled
-    """The id of the lowercased token ``data[start:stop]``, added if new (room is the caller's to make).
+def _intern(data, start, stop, h, lower, slots, offsets, arena, meta):  # pragma: no cover - compiled
+    """The id of the lowercased token ``data[start:stop]`` (of :func:`_hash` ``h``), added if new.
 
-    ``slots`` (size, 2) int64 holds (hash, id) side by side (id -1: empty), so a probe touches one cache line.
+    Room is the caller's to make. ``slots`` (size, 2) int64 holds (hash, id) side by side (id -1: empty),
+    so a probe touches one cache line.
     """
-    h = _hash(data, start, stop, lower)
     key = np.int64(h)
     mask = np.uint64(slots.shape[0] - 1)
     i = h & mask
@@ -85,6 +87,11 @@ def _intern(data, start, stop, lower, slots, offsets, arena, meta):  # pragma: n
             if same:
                 return e
         i = (i + np.uint64(1)) & mask
+
+
+@numba.njit(cache=True, nogil=True)
+def _intern_whole(data, lower, slots, offsets, arena, meta):  # pragma: no cover - compiled
+    return _intern(data, 0, data.size, _hash(data, 0, data.size, lower), lower, slots, offsets, arena, meta)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -126,9 +133,12 @@ def _scan(data, classes, lower, single, slots, offsets, arena, meta, out, spans,
             run_start = j
             run_out = n_out
             continue
+        # FNV-1a of the lowercased token, as _hash computes it, made while the word is scanned.
+        h = (_FNV_OFFSET ^ np.uint64(lower[data[i]])) * _FNV_PRIME
         j = i + 1
         if c == _WORD:
             while j < size and classes[data[j]] == _WORD:
+                h = (h ^ np.uint64(lower[data[j]])) * _FNV_PRIME
                 j += 1
             if j < size and classes[data[j]] == _HIGH:
                 i = j  # the word may go on in non-ASCII letters: the run is the Python tokenizer's
@@ -139,7 +149,7 @@ def _scan(data, classes, lower, single, slots, offsets, arena, meta, out, spans,
             if not _has_room(j - i, slots, offsets, arena, meta):
                 done = False
                 break
-            e = _intern(data, i, j, lower, slots, offsets, arena, meta)
+            e = _intern(data, i, j, h, lower, slots, offsets, arena, meta)
             if j == i + 1:
                 single[data[i]] = e
             out[n_out] = e
@@ -154,7 +164,9 @@ def _merge(other_offsets, other_arena, count, identity, slots, offsets, arena, m
     """The ids in this dictionary of another's first ``count`` tokens (added if new): (count,) int64."""
     mapping = np.empty(count, dtype=np.int64)
     for e in range(count):
-        mapping[e] = _intern(other_arena, other_offsets[e], other_offsets[e + 1], identity, slots, offsets, arena, meta)
+        a, b = other_offsets[e], other_offsets[e + 1]
+        h = _hash(other_arena, a, b, identity)
+        mapping[e] = _intern(other_arena, a, b, h, identity, slots, offsets, arena, meta)
     return mapping
 
 
@@ -219,7 +231,7 @@ class TokenDictionary:
         """The id of a token given as its (lowercased) UTF-8 bytes."""
         data = np.frombuffer(token, dtype=np.uint8)
         self.reserve(1, data.size)
-        return int(_intern(data, 0, data.size, _IDENTITY, self._slots, self._offsets, self._arena, self._meta))
+        return int(_intern_whole(data, _IDENTITY, self._slots, self._offsets, self._arena, self._meta))
 
     def merge(self, other: TokenDictionary) -> np.ndarray:
         """Add ``other``'s tokens and counts; returns each of its ids' id here: (len(other),) int64."""
