@@ -452,6 +452,7 @@ def test_scale_smoke_run_reports_every_figure(tmp_path):
     corpus_report, fitted = report["corpus"], report["fit"]
     assert corpus_report["vocabulary"] == 2000 and corpus_report["tokens"] > 10_000
     assert 0 < corpus_report["bytes_per_token"] < 100
+    assert corpus_report["ingest_cpu_seconds"] > 0 and corpus_report["train_bytes"] > 0
     assert len(fitted["iteration_seconds"]) == 1 and fitted["kernel_rows_per_second"] > 0
     assert fitted["worker_peak_gib"] > 0 and fitted["driver_peak_gib"] > 0
     assert_positive_finite(fitted["head_perplexity"], "head")
@@ -474,3 +475,27 @@ def test_scale_smoke_run_reports_every_figure(tmp_path):
         met = value >= target if operator == ">=" else value <= target
         (line,) = [line for line in table.splitlines() if line.strip().startswith(label + " ") and "target" in line]
         assert line.endswith("PASS" if met else "MISS"), (line, key, value)
+
+
+@pytest.mark.slow
+def test_scale_ingest_only_reports_the_ingest_figure(tmp_path):
+    """``bench_scale.py --ingest-only``: the ingest and store figures of a small corpus, nothing else."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(6):
+        (corpus / f"f{i}.c").write_text(f"int f{i}(int x) {{ return x * {i}; }} /* caf\u00e9 */\n" * 50)
+    completed = subprocess.run(
+        [
+            *(sys.executable, str(SCALE_SCRIPT), "--json", "--ingest-only", "--corpus", str(corpus)),
+            *("--vocab-size", "50", "--test-fraction", "0.3", "--share", "1", "--work", str(tmp_path / "w")),
+            *("--cache", str(tmp_path / "cache")),
+        ],
+        capture_output=True, text=True, timeout=120, cwd=SCALE_SCRIPT.parents[1], check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    table, _, payload = completed.stdout.partition("\n{")
+    report = json.loads("{" + payload)
+    assert set(report) == {"corpus", "source"}
+    data = report["corpus"]
+    assert data["tokens"] > 0 and data["ingest_cpu_seconds"] > 0 and data["ingest_tokens_per_second"] > 0
+    assert "M a CPU second" in table and table.count("PASS") + table.count("MISS") == 2
