@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 from dist_respattn.store import text_pass
 from dist_respattn.store.byte_tokenizer import TokenDictionary, tokenize_bytes
 from dist_respattn.store.stream_ingest import write_stream_text
+from dist_respattn.store.stream_store import TokenStreamStore
 from dist_respattn.store.text import build_vocabulary, iter_text_files, line_pieces, tokenize
 from dist_respattn.store.text_pass import file_blocks, tokenize_files
+from tests.engine.test_bad_input import run_cli
 
 TRICKY = [
     b"",
@@ -165,3 +167,23 @@ def test_ranking_breaks_ties_by_the_token(tmp_path):
         assert [vocabulary.tokens[i] if i < len(vocabulary.tokens) else None for i in ids] == [
             t if t in vocabulary.tokens else None for t in reference_tokens(path.read_bytes())
         ]
+
+
+@pytest.mark.slow
+def test_the_cli_ingests_text_as_a_stream_and_validates_it(tmp_path):
+    corpus = write_corpus(tmp_path)
+    files = iter_text_files([corpus])
+    done = run_cli("ingest", "s.zarr", "--text", str(corpus), "--format", "stream", "--vocab-size", "9",
+                   "--context", "2", cwd=tmp_path, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert run_cli("validate", "s.zarr", cwd=tmp_path).returncode == 0
+    like = run_cli("ingest", "t.zarr", "--text", str(corpus / "sub"), "--format", "stream", "--like", "s.zarr",
+                   cwd=tmp_path, timeout=300)  # fmt: skip
+    assert like.returncode == 0, like.stderr
+    vocabulary = build_vocabulary(files, 9)
+    store = TokenStreamStore.open(tmp_path / "s.zarr")
+    assert store.vocabulary() == vocabulary.to_json()
+    assert np.array_equal(store._tokens[...].astype(np.int64), reference_store_tokens(files, vocabulary)[0])
+    again = TokenStreamStore.open(tmp_path / "t.zarr")
+    expected, _ = reference_store_tokens(iter_text_files([corpus / "sub"]), vocabulary)
+    assert np.array_equal(again._tokens[...].astype(np.int64), expected)
