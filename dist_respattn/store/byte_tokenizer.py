@@ -273,7 +273,8 @@ class TokenDictionary:
             # Grow by half what is left to scan, or double: amortized, and never the whole block for a small one.
             left = data.size - int(state[0])
             self.reserve(max(len(self), 1024, left // 8), max(self._arena.size, left))
-        return out[: state[3]], spans[: state[4]]
+        # Copied: a view would keep the whole (bytes,) buffer alive while the ids wait to be spilled.
+        return out[: state[3]].copy(), spans[: state[4]].copy()
 
 
 _CLASSES = _byte_classes(r"\w+|[^\w\s]")

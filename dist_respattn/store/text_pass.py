@@ -136,10 +136,11 @@ class TokenizedCorpus:
                 continue
             # One take from the batch's ids to the final ones: its mapping composed with the remap.
             table = remap[batch.mapping].astype(dtype)
-            ids = np.memmap(batch.scratch, dtype=np.int32, mode="r")
-            for start in range(0, ids.size, block):
-                yield np.take(table, ids[start : start + block])
-            del ids
+            # Read, not mapped: a mapping's pages would stay resident and grow with the corpus.
+            with open(batch.scratch, "rb") as handle:
+                for start in range(0, batch.num_tokens, block):
+                    ids = np.fromfile(handle, dtype=np.int32, count=min(block, batch.num_tokens - start))
+                    yield np.take(table, ids)
 
 
 def _batches(files: Sequence[str], batch_bytes: int) -> list[range]:
