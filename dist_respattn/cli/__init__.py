@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from dist_respattn.cli import demo, fit_commands, registry_commands, split_command, store_commands
-from dist_respattn.cli.common import CommandError
+from dist_respattn.cli.common import CommandError, in_flags
 
 __all__ = ["build_parser", "main"]
 
@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"dist-respattn {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # A command line without a command (or `models` without its action) prints the help of the parser it
+    # stopped at; each subcommand with actions sets its own parser here.
+    parser.set_defaults(help_parser=parser)
     demo.register(sub)
     store_commands.register(sub)
     split_command.register(sub)
@@ -37,15 +40,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "handler", None) is None:
-        parser.print_help()
-        return 0
+        # Nothing to run: as argparse does for a missing argument, the help goes to stderr with exit status 2,
+        # so a script that forgot its command fails instead of passing.
+        args.help_parser.print_help(sys.stderr)
+        return 2
     from dist_respattn.engine.cluster import ClusterError
     from dist_respattn.store.errors import StoreError
 
     try:
         report = args.handler(args)
     except (CommandError, StoreError, ClusterError, MemoryError, ValueError, TypeError, OSError) as exc:
-        message = " ".join(str(exc).split())  # one line, whatever the exception held
+        message = in_flags(" ".join(str(exc).split()))  # one line, whatever the exception held, in flags
         print(f"dist-respattn {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -11,7 +11,7 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from dist_respattn.cli.common import CommandError, parse_storage_options, positive_float, positive_int
+from dist_respattn.cli.common import CommandError, in_flags, parse_storage_options, positive_float, positive_int
 from dist_respattn.cli.fit_commands import add_cluster_options, add_em_options, security, settings_from
 
 __all__ = ["register"]
@@ -79,7 +79,8 @@ def register(sub: Any) -> None:
         help="read a model registry: list versions, show one, check every file, export one",
         description="Read a model registry (a directory or an fsspec URL).",
     )
-    actions = models.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions = models.add_subparsers(dest="action", metavar="ACTION")
+    models.set_defaults(help_parser=models)  # `models` alone prints this help (exit 2), as a bare command does
     listing = actions.add_parser("list", help="the versions, newest first, with their metrics and provenance")
     listing.add_argument("registry", help="the registry (directory or URL)")
     show = actions.add_parser("show", help="one version's record (default: latest)")
@@ -115,7 +116,7 @@ def register(sub: Any) -> None:
 def _say(args: argparse.Namespace) -> Any:
     if args.json:
         return lambda message: None
-    return lambda message: print(message, file=sys.stderr, flush=True)
+    return lambda message: print(in_flags(message), file=sys.stderr, flush=True)
 
 
 def _run_retrain(args: argparse.Namespace) -> dict[str, Any]:
