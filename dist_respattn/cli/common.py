@@ -4,16 +4,68 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["CommandError", "parse_storage_options", "positive_float", "positive_int", "progress_bar", "say"]
+__all__ = [
+    "CommandError",
+    "in_flags",
+    "parse_storage_options",
+    "positive_float",
+    "positive_int",
+    "progress_bar",
+    "say",
+]
 
 
 class CommandError(Exception):
     """An error the user can act on: printed as one line, exit status 2."""
+
+
+#: Python arguments that the library's messages name, beside the flags that set them on the command line. A name
+#: without an underscore (``tol``, ``seed``) is an ordinary word too, so only the settings' own errors map those.
+ARGUMENT_FLAGS = {
+    "overwrite=True": "--overwrite",
+    "append=True": "--append",
+    "resume=True": "--resume",
+    "init_from": "--init-from",
+    "scheduler=": "--scheduler ",
+    "init_from=MODEL_DIR": "--init-from MODEL_DIR",
+    "model_dir": "--model-dir",
+    "min_sigma2": "--min-sigma2",
+    "estimate_sigma2=True": "--learn-sigma2",
+    "estimate_sigma2=False": "--fixed-sigma2",
+    "holdout_fraction": "--holdout-fraction",
+    "emission_strength": "--emission-strength",
+    "type_strength": "--type-strength",
+    "emission_smoothing": "--emission-smoothing",
+    "emission_prior": "--emission-prior",
+    "emission_layout": "--emission-layout",
+    "pseudo_count": "--pseudo-count",
+    "early_stop_metric": "--early-stop-metric",
+    "min_improvement": "--min-improvement",
+    "max_iter": "--max-iter",
+    "fan_in": "--fan-in",
+    "context_length": "--context",
+}
+# Longest first, so ``estimate_sigma2=True`` is replaced before a shorter name inside it could be; a name inside a
+# path (``runs/model_dir/``) is left alone.
+_ARGUMENT_RE = re.compile(
+    r"(?<![\w/.-])("
+    + "|".join(re.escape(name) for name in sorted(ARGUMENT_FLAGS, key=len, reverse=True))
+    + r")(?![\w=/.])"
+)
+#: ``overwrite=True (--overwrite)``: a message that already names both says the flag alone.
+_BOTH_RE = re.compile(r"(?<![\w-])[a-z_0-9]+=(?:True|False) \((--[a-z0-9-]+)\)")
+
+
+def in_flags(message: str) -> str:
+    """A library message in the command line's words: ``pass overwrite=True`` becomes ``pass --overwrite``."""
+    message = _BOTH_RE.sub(r"\1", message)
+    return _ARGUMENT_RE.sub(lambda match: ARGUMENT_FLAGS[match.group(1)], message)
 
 
 def positive_int(text: str) -> int:

@@ -83,6 +83,7 @@ def _run_demo(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run_text(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.engine import FitSettings, connect, evaluate, fit
+    from dist_respattn.engine.cluster import starts_embedded_cluster
     from dist_respattn.store import TextCorpus, WriteOptions, default_corpus, write_split
 
     say = _say(args)
@@ -118,7 +119,7 @@ def _run_text(args: argparse.Namespace) -> dict[str, Any]:
             progress=False if args.json else None,
         )
         tested = evaluate(folder / "model", stores["test"], client=client, progress=False)
-    report = fit_report(result, stores["train"])
+    report = fit_report(result, stores["train"], cluster_closed=starts_embedded_cluster(args.scheduler, None))
     report.update(
         corpus="the Python standard library's source",
         rows=rows,
@@ -132,6 +133,7 @@ def _run_synthetic(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
     from dist_respattn.engine import FitSettings, connect, evaluate, fit
+    from dist_respattn.engine.cluster import starts_embedded_cluster
     from dist_respattn.model import random_distribution
     from dist_respattn.store import WriteOptions, write_synthetic
 
@@ -166,7 +168,7 @@ def _run_synthetic(args: argparse.Namespace) -> dict[str, Any]:
         )
         fitted = evaluate(folder / "model", held_out, client=client, progress=False)
         true_scores = evaluate(truth, held_out, client=client, progress=False)
-    report = fit_report(result, train)
+    report = fit_report(result, train, cluster_closed=starts_embedded_cluster(args.scheduler, None))
     report.update(
         rows=args.rows,
         shape={"S": args.symbols, "N": args.context, "D": args.dim, "T": args.targets},

@@ -8,7 +8,7 @@ import re
 import sys
 from typing import Any
 
-from dist_respattn.cli.common import CommandError, parse_storage_options, positive_float, positive_int
+from dist_respattn.cli.common import CommandError, in_flags, parse_storage_options, positive_float, positive_int
 
 __all__ = ["add_cluster_options", "add_em_options", "fit_report", "register", "security", "settings_from"]
 
@@ -269,13 +269,17 @@ def _as_flags(message: str) -> str:
 
 
 def _say(args: argparse.Namespace) -> Any:
+    """The engine's progress lines on stderr, in the command line's words (its warnings name flags)."""
     if args.json:
         return lambda message: None
-    return lambda message: print(message, file=sys.stderr, flush=True)
+    return lambda message: print(in_flags(message), file=sys.stderr, flush=True)
 
 
-def fit_report(result: Any, store: Any) -> dict[str, Any]:
-    """What ``fit`` prints: the outcome, what was learned (and how close to the truth), where things are."""
+def fit_report(result: Any, store: Any, *, cluster_closed: bool = False) -> dict[str, Any]:
+    """What ``fit`` prints: the outcome, what was learned (and how close to the truth), where things are.
+
+    ``cluster_closed``: the fit's cluster has shut down (an embedded one), so it has no dashboard to show.
+    """
     from dist_respattn.model import recovery_report
 
     model = result.model
@@ -294,8 +298,8 @@ def fit_report(result: Any, store: Any) -> dict[str, Any]:
         "best_iteration": result.best_iteration,
         "sigma2": model.sigma2,
         "position_prior_top": [[int(i), float(model.position_prior[i])] for i in order[:3]],
-        "warnings": result.warnings,
-        "dashboard": result.dashboard,
+        "warnings": [in_flags(warning) for warning in result.warnings],
+        "dashboard": None if cluster_closed else result.dashboard,
         "seconds": round(result.seconds, 3),
         "first_iteration_seconds": None
         if result.first_iteration_seconds is None

@@ -7,8 +7,11 @@ import numpy as np
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import Emission
 
-__all__ = ["PRIOR_COLLAPSE_MASS", "degeneracy_warnings", "emission_row_distances", "recovery_report"]
+__all__ = ["COLLAPSE_FLOOR", "PRIOR_COLLAPSE_MASS", "degeneracy_warnings", "emission_row_distances", "recovery_report"]
 
+#: A learned variance held at a floor this small (the default is 1e-6) has collapsed: the likelihood grows
+#: without bound as sigma2 shrinks, and only the floor stops it.
+COLLAPSE_FLOOR = 1e-3
 #: A position prior with at least this much mass on one position has collapsed onto it.
 PRIOR_COLLAPSE_MASS = 0.99
 
@@ -73,10 +76,14 @@ def degeneracy_warnings(
     """
     warnings = []
     if min_sigma2 is not None and model.sigma2 <= min_sigma2 * (1.0 + 1e-9):
-        warnings.append(
-            f"sigma2 = {model.sigma2:.3g} sits on min_sigma2: the keys have collapsed onto the queries "
-            "(lower min_sigma2, fix sigma2, or add data)"
+        # The floor binds whenever the maximum-likelihood variance is below it. Only a floor near zero means
+        # the keys collapsed onto the queries; a larger one was chosen, and the data's variance is just smaller.
+        cause = (
+            "the keys have collapsed onto the queries (fix the variance, or let held-out rows choose it)"
+            if min_sigma2 <= COLLAPSE_FLOOR
+            else "the maximum-likelihood variance is smaller, so the floor sets it (lower min_sigma2 to learn it)"
         )
+        warnings.append(f"sigma2 = {model.sigma2:.3g} sits on min_sigma2 = {min_sigma2:.3g}, its floor: {cause}")
     top = int(np.argmax(model.position_prior))
     if model.context_length > 1 and model.position_prior[top] >= PRIOR_COLLAPSE_MASS:
         warnings.append(
