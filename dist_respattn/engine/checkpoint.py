@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import uuid
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -50,6 +51,8 @@ META_FILE = "meta.json"
 LATEST = "latest"
 BEST = "best"
 _TEMP_PREFIX = ".tmp-"
+#: The file that marks a model registry's root (see ``dist_respattn.registry``), which also holds a latest.json.
+REGISTRY_MARKER = "registry.json"
 FORMAT = "dist_respattn.checkpoint"
 FORMAT_VERSION = 1
 
@@ -130,6 +133,32 @@ class ModelDir:
 
     def has_checkpoint(self) -> bool:
         return self.pointer_path(LATEST).is_file()
+
+    def check_writable(self) -> None:
+        """Raise :class:`CheckpointError` when checkpoints cannot be written here: the path, or the nearest
+        existing directory above it, is a file or read-only. Checked before a fit starts, not at its first
+        checkpoint."""
+        path = self.path.absolute()
+        if path.exists() and not path.is_dir():
+            raise CheckpointError(f"{self.path}: a file, not a directory: give a model directory (a new one is made)")
+        existing = path
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            raise CheckpointError(f"{self.path}: {existing} is a file, so no model directory can be made under it")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise CheckpointError(f"{self.path}: {existing} is not writable: give a model directory you can write")
+
+    def foreign_entries(self) -> list[str]:
+        """Names in the directory that no fit writes (not a checkpoint, pointer or leftover of a write)."""
+        if not self.path.is_dir():
+            return []
+        ours = {self.pointer_path(LATEST).name, self.pointer_path(BEST).name}
+        return sorted(
+            entry.name
+            for entry in self.path.iterdir()
+            if entry.name not in ours and not entry.name.startswith(("ckpt-", _TEMP_PREFIX))
+        )
 
     def pointed(self, pointer: str) -> str | None:
         """The checkpoint name ``pointer`` (``"latest"`` or ``"best"``) names, or ``None``."""
@@ -269,8 +298,12 @@ def parse_checkpoint(
         with np.load(params, allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in MODEL_ARRAY_NAMES if key in npz.files}
             extra = {key: npz[key] for key in EXTRA_ARRAY_NAMES if key in npz.files}
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{params_source}: cannot be read ({exc})") from exc
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        # A truncated or overwritten npz fails inside zipfile, whose errors are neither OSError nor ValueError.
+        raise CheckpointError(
+            f"{params_source}: cannot be read ({type(exc).__name__}: {exc}): the checkpoint is damaged; restore it "
+            "from a copy, or fit again (overwrite=True starts over in this model directory)"
+        ) from exc
     try:
         model = distribution_from_arrays(arrays, meta.get("model", {}), source=params_source)
     except (TypeError, ValueError) as exc:
@@ -322,7 +355,7 @@ def load_checkpoint(
     folder = ModelDir(model_dir)
     if not folder.path.is_dir():
         raise CheckpointError(f"{folder}: no such model directory")
-    if (folder.path / "registry.json").is_file():  # its latest.json is not a model directory's pointer
+    if (folder.path / REGISTRY_MARKER).is_file():  # its latest.json is not a model directory's pointer
         raise CheckpointError(
             f"{folder}: a model registry, not a model directory: name one of its versions, {folder}@latest or "
             f"{folder}@N (`dist-respattn models list {folder}` shows them)"

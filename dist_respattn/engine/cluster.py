@@ -19,7 +19,16 @@ from typing import Any
 
 import distributed
 
-__all__ = ["ClusterError", "ClusterInfo", "cluster_info", "connect", "machine_cores"]
+__all__ = [
+    "ClusterError",
+    "ClusterInfo",
+    "check_address",
+    "cluster_info",
+    "connect",
+    "embedded_worker_memory",
+    "machine_cores",
+    "starts_embedded_cluster",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +37,9 @@ SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 
 #: How long to try reaching a scheduler before giving up.
 CONNECT_TIMEOUT_SECONDS = 10.0
+
+#: How long an embedded cluster's workers may take to come up before the banner counts those that did.
+WORKERS_UP_SECONDS = 30.0
 
 #: How long to wait for the dashboard's status page when checking that it is served.
 DASHBOARD_CHECK_SECONDS = 5.0
@@ -68,6 +80,28 @@ def machine_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def starts_embedded_cluster(scheduler: str | None, client: distributed.Client | None) -> bool:
+    """Whether :func:`connect` with these arguments starts (and at the end closes) a LocalCluster of its own."""
+    return client is None and not (scheduler or os.environ.get(SCHEDULER_ENV))
+
+
+def embedded_worker_memory(memory_limit: str | int, threads_per_worker: int = 1) -> int:
+    """The memory limit in bytes each worker of an embedded cluster gets (0: none), as its worker computes it.
+
+    Known before the cluster starts, so a plan that cannot fit is refused without starting one (a worker
+    given too little memory is killed as it starts, and the cluster then never has workers).
+    """
+    from distributed.worker_memory import parse_memory_limit
+
+    try:
+        limit = parse_memory_limit(memory_limit, threads_per_worker, logger=logger)
+    except (ValueError, TypeError) as exc:
+        raise ClusterError(
+            f"memory_limit = {memory_limit!r}: expected a size such as 2GiB, a fraction of the machine, or 'auto'"
+        ) from exc
+    return int(limit or 0)
 
 
 def cluster_info(client: distributed.Client) -> ClusterInfo:
@@ -170,7 +204,10 @@ def connect(
         distributed.Client(cluster, set_as_default=False) as own_client,
     ):
         install_monitor(own_client)
-        _announce(own_client, f"started a local cluster of {len(cluster.workers)} worker processes", say)
+        requested = len(cluster.worker_spec)
+        with contextlib.suppress(TimeoutError):  # the fit itself waits for a first worker, and says so
+            own_client.wait_for_workers(requested, timeout=WORKERS_UP_SECONDS)
+        _announce(own_client, f"started a local cluster of {requested} worker processes", say)
         yield own_client
 
 
@@ -194,6 +231,7 @@ def _client_for(address: str, security: distributed.Security | None = None) -> d
     on a closed port, but waits forever on a port that accepts connections and never speaks Dask
     (dask/distributed#8071), such as a dashboard port given by mistake.
     """
+    check_address(address)
     if address.startswith("tls://") and not _has_certificates(security):
         # Checked before a Client exists: a Client that failed on TLS lingers and stalls the exit by 20 s.
         raise ClusterError(
@@ -238,6 +276,27 @@ def _client_for(address: str, security: distributed.Security | None = None) -> d
             f"cannot reach the Dask scheduler at {address} ({type(result).__name__}: {result}); {question}"
         ) from result
     raise result
+
+
+def check_address(address: str) -> None:
+    """Raise :class:`ClusterError` when ``address`` cannot name a scheduler (no port, an unknown protocol).
+
+    Checked before a ``Client`` exists: one made for a bad address fails, then lingers and stalls the
+    interpreter's exit by 20 s with an ignored traceback from its ``__del__``.
+    """
+    from distributed.comm import parse_address, parse_host_port
+    from distributed.comm.registry import get_backend
+
+    try:
+        scheme, where = parse_address(address)
+        get_backend(scheme)
+        if scheme in ("tcp", "tls", "ws", "wss"):
+            parse_host_port(where)
+    except ValueError as exc:
+        raise ClusterError(
+            f"scheduler={address!r} is not a scheduler address ({' '.join(str(exc).split())}): expected "
+            "tcp://HOST:PORT or tls://HOST:PORT (the scheduler's port, 8786 by default), or set $DASK_SCHEDULER_ADDRESS"
+        ) from None
 
 
 def _has_certificates(security: distributed.Security | None) -> bool:

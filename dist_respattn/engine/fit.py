@@ -20,7 +20,13 @@ from typing import Any
 import distributed
 
 from dist_respattn.engine.checkpoint import LATEST, Checkpoint, ModelDir, load_checkpoint
-from dist_respattn.engine.cluster import ClusterError, cluster_info, connect
+from dist_respattn.engine.cluster import (
+    ClusterError,
+    cluster_info,
+    connect,
+    embedded_worker_memory,
+    starts_embedded_cluster,
+)
 from dist_respattn.engine.loop import EarlyStopping, FitLoop, HeldoutRows, store_record
 from dist_respattn.engine.memory import check_memory, estimate_memory
 from dist_respattn.engine.settings import FitSettings
@@ -56,7 +62,9 @@ class FitResult:
         history: one record per iteration (including those before a resume).
         best_iteration: the iteration of the ``best`` checkpoint, or ``None`` without validation.
         warnings: degenerate-fit warnings of the final model.
-        dashboard: the cluster's dashboard URL, if it serves one.
+        dashboard: the dashboard URL of a cluster that outlives the fit (a given client or scheduler), if it
+            serves one; ``None`` for an embedded cluster, whose dashboard closed with it (its URL was said at
+            the start).
         seconds: wall time of this call; ``first_iteration_seconds``: from the call to the end of the
             first iteration it ran (``None`` when it ran none).
         run_id: the 8 hex digits in this call's task keys, span names and checkpoint names (``None``
@@ -134,21 +142,30 @@ def _starting_point(
             if differences:
                 raise FitError(
                     f"{folder}: cannot resume with other settings than the checkpoint's ({'; '.join(differences)}); "
-                    "resume with the same settings, or start over with overwrite"
+                    "resume with the same settings, or start over with overwrite=True"
                 )
             fingerprint = checkpoint.meta.get("store", {}).get("fingerprint")
             if fingerprint != train.fingerprint():
                 raise FitError(
                     f"{folder}: the checkpoint was fitted on store {checkpoint.meta.get('store', {}).get('url')} "
                     f"with fingerprint {fingerprint}, but {train.location} has fingerprint {train.fingerprint()}; "
-                    "resume on the same store, or start a new fit (warm-started with init_from)"
+                    "resume on the same store, or start a new fit (warm-started with init_from=MODEL_DIR)"
                 )
             check_same_shape(checkpoint.model, f"checkpoint {folder}", train)
             return checkpoint, checkpoint.model, checkpoint.meta.get("init", {})
         if not overwrite:
             raise FitError(
-                f"{folder} already holds a fit; resume it (--resume) or start over (--overwrite), "
+                f"{folder} already holds a fit; resume it (resume=True) or start over (overwrite=True), "
                 "or choose another model directory"
+            )
+    elif resume:
+        foreign = folder.foreign_entries()
+        if foreign:
+            # Resuming is asked for, and the directory holds something else: most likely the wrong directory.
+            raise FitError(
+                f"{folder}: no fit to resume (no latest.json) and it holds {', '.join(foreign[:3])}"
+                f"{' ...' if len(foreign) > 3 else ''}: is this the model directory? A fit writes into an empty "
+                "or new one"
             )
     if init_from is not None:
         warm = load_checkpoint(init_from)
@@ -218,8 +235,8 @@ def _validation_store(
         if heldout is not None and checkpoint is not None and checkpoint.meta.get("holdout"):
             # Its prior was counted without the held-out rows, and its choices made on them.
             raise FitError(
-                "the fit being resumed holds out part of its training store for its choices; resume it without "
-                "--validation, or start over with --overwrite to validate on a store"
+                "the fit being resumed holds out part of its training store for its choices; resume it without a "
+                "validation store, or start over (overwrite=True) to validate on one"
             )
         return heldout
     if heldout is None:
@@ -283,6 +300,7 @@ def fit(
     if train.num_rows == 0:
         raise FitError(f"the store {train.location} has no rows: there is nothing to fit")
     folder = ModelDir(model_dir)
+    folder.check_writable()
     checkpoint, start_model, init_record = _starting_point(
         folder, resume=resume, overwrite=overwrite, settings=settings, train=train, init=init, init_from=init_from
     )
@@ -294,6 +312,8 @@ def fit(
         )
     if heldout is not None:
         check_same_corpus(train, heldout, reference_role="training store", other_role="validation store")
+    if resume and checkpoint is None:
+        say(f"{folder}: no fit to resume there yet (no latest.json): starting a new fit")
     rule = _holdout(settings, train, heldout, checkpoint)
     # Counting reads no rows, but visits every row index: once.
     held_count = rule.count(train.num_rows) if rule is not None and checkpoint is None else 0
@@ -329,6 +349,22 @@ def fit(
 
     from dist_respattn import __version__
 
+    block_rows = max(min(s.chunk_rows, s.num_rows) for s in (train, heldout) if s is not None)
+    layout = settings.layout(train.schema)
+    resumed_pairs = _support_pairs(checkpoint.model) if checkpoint is not None else None
+
+    def plan(num_pairs: int | None, *, threads: int, worker_limit: int) -> None:
+        estimate = estimate_memory(
+            train.schema, block_rows=block_rows, threads_per_worker=threads, fan_in=settings.fan_in,
+            layout=layout, num_pairs=num_pairs,
+        )  # fmt: skip
+        check_memory(estimate, worker_limit=worker_limit, shape=f"(S, N, D, T) = {_shape(train)}")
+
+    embedded = starts_embedded_cluster(scheduler, client)
+    if embedded:
+        # The workers' limit is known before they start: a plan they cannot hold is refused without a cluster.
+        plan(resumed_pairs, threads=1, worker_limit=embedded_worker_memory(memory_limit))
+
     with connect(
         scheduler, client=client, n_workers=n_workers, memory_limit=memory_limit, security=security, say=say
     ) as cl:
@@ -343,16 +379,9 @@ def fit(
                 f"{held_count:,} rows the fit does not train on (--validation to give one)"
             )
         threads = max(1, info.threads // max(1, info.workers))
-        block_rows = max(min(s.chunk_rows, s.num_rows) for s in (train, heldout) if s is not None)
-        layout = settings.layout(train.schema)
-        resumed_pairs = _support_pairs(checkpoint.model) if checkpoint is not None else None
 
         def check(num_pairs: int | None) -> None:
-            estimate = estimate_memory(
-                train.schema, block_rows=block_rows, threads_per_worker=threads, fan_in=settings.fan_in,
-                layout=layout, num_pairs=num_pairs,
-            )  # fmt: skip
-            check_memory(estimate, worker_limit=info.smallest_memory_limit, shape=f"(S, N, D, T) = {_shape(train)}")
+            plan(num_pairs, threads=threads, worker_limit=info.smallest_memory_limit)
 
         check(resumed_pairs)
         loop = FitLoop(
@@ -380,7 +409,8 @@ def fit(
             started=called,
         )
         result = loop.run(start_model, first_iteration=checkpoint.iteration + 1 if checkpoint else 1)
-        dashboard = info.dashboard
+        # An embedded cluster's dashboard closes with it: only a cluster that outlives the fit has one to show.
+        dashboard = None if embedded else info.dashboard
     final_state = history[-1]["state"] if history else "max_iter"
     return FitResult(
         model=result.distribution,
