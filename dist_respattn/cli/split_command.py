@@ -13,6 +13,7 @@ from dist_respattn.cli.store_commands import (
     add_corpus_sources,
     add_layout_options,
     identity_line,
+    out_after_text,
     write_options,
 )
 
@@ -40,7 +41,12 @@ def register(sub: Any) -> None:
             "same on every machine; a token document's index)."
         ),
     )
-    split.add_argument("out_dir", metavar="OUT_DIR", help="directory (or fsspec URL) the three stores go in")
+    split.add_argument(
+        "out_dir",
+        metavar="OUT_DIR",
+        nargs="?",
+        help="directory (or fsspec URL) the three stores go in (after --text PATH...: the last path given)",
+    )
     source = split.add_mutually_exclusive_group(required=True)
     add_corpus_sources(source)
     split.add_argument("--context", type=positive_int, required=True, help="the window N")
@@ -83,6 +89,7 @@ def register(sub: Any) -> None:
 def _run_split(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.store import TextCorpus, TokenCorpus, default_corpus, write_split
 
+    out_after_text(args, "out_dir", "OUT_DIR")
     misplaced = {
         "--documents": args.documents is not None and args.tokens is None,
         "--block-tokens": args.block_tokens is not None and (args.tokens is None or args.documents is not None),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ __all__ = [
     "add_corpus_sources",
     "add_layout_options",
     "identity_line",
+    "out_after_text",
     "register",
     "write_options",
 ]
@@ -35,6 +37,26 @@ def add_corpus_sources(source: Any) -> None:
         metavar="PATH",
         help="text files, globs, or directories (their .txt/.md/.rst/.py files); none: the stdlib source",
     )
+
+
+def out_after_text(args: argparse.Namespace, attribute: str, metavar: str) -> None:
+    """Find ``OUT`` when ``--text`` took it: ``ingest --text DIR OUT`` gives ``--text`` both paths, as ``nargs="*"``
+    takes every word up to the next flag. As with ``cp SOURCE... DEST``, the last path is then ``OUT``, provided it
+    is not text (a path that does not exist yet, a URL, or a zarr store); anything else is refused."""
+    if getattr(args, attribute) is not None:
+        return
+    text = args.text or []
+    last = text[-1] if len(text) >= 2 else None
+    if last is not None and (not os.path.exists(last) or os.path.isfile(os.path.join(last, "zarr.json"))):
+        setattr(args, attribute, last)
+        args.text = text[:-1]
+        return
+    if text:
+        raise CommandError(
+            f"{metavar} is missing: --text took {', '.join(text)} as text; give {metavar} first "
+            f"(`{args.command} {metavar} --text PATH...`)"
+        )
+    raise CommandError(f"{metavar} is missing: give the path or URL to write (`{args.command} {metavar} ...`)")
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
@@ -113,7 +135,9 @@ def register(sub: Any) -> None:
             "table, so a validation or test store can be scored against a model fitted on STORE."
         ),
     )
-    ingest.add_argument("out", metavar="OUT", help="store path or fsspec URL")
+    ingest.add_argument(
+        "out", metavar="OUT", nargs="?", help="store path or fsspec URL (after --text PATH...: the last path given)"
+    )
     source = ingest.add_mutually_exclusive_group(required=True)
     source.add_argument("--arrays", nargs=3, metavar=("CONTEXT.npy", "QUERY.npy", "TARGET.npy"), help="encoded triples")
     add_corpus_sources(source)
@@ -274,6 +298,7 @@ def _ingest_format(args: argparse.Namespace) -> str:
 def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.store import default_corpus, iter_text_files, write_arrays, write_text, write_tokens
 
+    out_after_text(args, "out", "OUT")  # first: the format of an append depends on OUT
     if args.format is not None and args.arrays is not None:
         raise CommandError("--format: not for --arrays, which are always written as triples")
     args.format = _ingest_format(args)
@@ -500,6 +525,9 @@ def _run_validate(args: argparse.Namespace) -> dict[str, Any]:
     if args.scheduler:
         from distributed import Client
 
+        from dist_respattn.engine.cluster import check_address
+
+        check_address(args.scheduler)
         try:
             client = Client(args.scheduler, timeout="10s")
         except OSError as exc:

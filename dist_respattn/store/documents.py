@@ -20,9 +20,28 @@ import numpy as np
 from dist_respattn.model.encoder import sequence_windows
 from dist_respattn.store.npy import load_array, row_blocks
 
-__all__ = ["DocumentStarts", "DocumentWindows", "check_document_starts", "fixed_starts", "starts_blocks"]
+__all__ = [
+    "DocumentStarts",
+    "DocumentWindows",
+    "check_document_starts",
+    "fixed_starts",
+    "require_rows",
+    "starts_blocks",
+]
 
 _STARTS_BLOCK = 1 << 18
+
+
+def require_rows(rows: int, *, source: str, tokens: int, documents: int, context_length: int) -> None:
+    """Refuse a corpus whose windows give no rows (every document shorter than N + 1 tokens): a store of
+    0 rows could only fail later, in the fit. Called before a writer closes, so nothing is left behind."""
+    if rows > 0:
+        return
+    raise ValueError(
+        f"{source}: {tokens:,} token(s) in {documents:,} document(s) give no rows with a window of N = "
+        f"{context_length}: a row needs a document of at least N + 1 = {context_length + 1} tokens; lower "
+        "context_length, or give more tokens"
+    )
 
 
 def check_document_starts(documents: Any, num_tokens: int, tokens_name: str) -> tuple[Any, str, int]:

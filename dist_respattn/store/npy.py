@@ -11,6 +11,9 @@ import numpy as np
 __all__ = ["NpyRows", "load_array", "max_id", "row_blocks"]
 
 _SCAN_ROWS = 1 << 18
+#: dtype kinds a store can take: booleans, integers and floats.
+_NUMERIC_KINDS = "biuf"
+_KIND_NAMES = {"U": "strings", "S": "bytes", "M": "dates", "m": "time spans", "c": "complex numbers", "V": "records"}
 
 
 class NpyRows:
@@ -71,8 +74,18 @@ def load_array(value: Any, name: str) -> tuple[Any, str]:
         path = os.fspath(value)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: no such file (the {name} array)")
-        return NpyRows(path), path
-    return np.asarray(value), name
+        array: Any = NpyRows(path)
+        source = path
+    else:
+        array, source = np.asarray(value), name
+    if array.dtype.kind not in _NUMERIC_KINDS:
+        # Checked here, once: strings or dates would fail later inside NumPy with a message naming no file.
+        raise ValueError(
+            f"{source}: the {name} array holds {array.dtype} values "
+            f"({_KIND_NAMES.get(array.dtype.kind, 'not numbers')}): expected numbers (ids as integers: "
+            "encode tokens to ids first, or ingest text with --text)"
+        )
+    return array, source
 
 
 def row_blocks(values: Any, rows: int = _SCAN_ROWS) -> Iterator[np.ndarray]:

@@ -33,11 +33,18 @@ import numpy as np
 import zarr
 
 from dist_respattn.store.checks import EncodedRows, Problem
+from dist_respattn.store.documents import require_rows
 from dist_respattn.store.errors import IncompleteStoreError, SchemaMismatchError, StoreCorruptError, StoreError
 from dist_respattn.store.identity import corpus_identity
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreSchema, StoreState
-from dist_respattn.store.triple_store import Partition, array_summary, open_group_at, shard_key
+from dist_respattn.store.triple_store import (
+    Partition,
+    array_summary,
+    named_metadata_errors,
+    open_group_at,
+    shard_key,
+)
 
 __all__ = [
     "STREAM_SCHEMA_NAME",
@@ -188,7 +195,8 @@ class TokenStreamStore:
         n = int(attributes["context_length"]) if context_length is None else int(context_length)
         if n < 1:
             raise ValueError(f"context_length = {n}: expected a positive window")
-        return cls(location, group, attributes, n)
+        with named_metadata_errors(location):
+            return cls(location, group, attributes, n)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (TokenStreamStore.open, (self.location, self.schema.context_length))
@@ -364,6 +372,13 @@ class TokenStreamStore:
         }
 
 
+def _source_of(provenance: dict[str, Any]) -> str:
+    """The input a writer's provenance names: the token file, or the text paths."""
+    if provenance.get("source") == "text":
+        return ", ".join(provenance.get("paths", [])) or "the text"
+    return str(provenance.get("tokens") or "the tokens")
+
+
 def _starts_problem(starts: np.ndarray, num_tokens: int) -> str | None:
     """What is wrong with document starts (``None``: nothing): they must rise strictly from 0 inside the stream."""
     if starts.ndim != 1 or starts.size == 0 or starts[0] != 0:
@@ -532,11 +547,25 @@ class StreamWriter:
         self.written += count
         self._buffered -= count
 
+    def _require_rows(self) -> None:
+        """Refuse to commit tokens that give no rows at the store's window (see :func:`require_rows`)."""
+        window = int(self.attributes["context_length"])
+        first = 0 if self._appending is None else int(self._appending["tokens"])
+        starts = np.asarray(self._starts or [first], dtype=np.int64) - first
+        if starts[0] != 0:
+            return  # an append that continues the last document: its rows are not the tail's alone
+        rows = _Rows.of(starts, self.written - first, window).num_rows
+        require_rows(
+            rows, source=_source_of(self.provenance), tokens=self.written - first, documents=int(starts.size),
+            context_length=window,
+        )  # fmt: skip
+
     def close(self) -> TokenStreamStore:
         if self._closed:
             raise StoreError(f"{self.final}: the writer is already closed")
         if self._buffered:
             self._flush(self._buffered)
+        self._require_rows()
         attributes: dict[str, Any] = dict(self.attributes)
         attributes["tokens"] = self.written
         attributes["state"] = StoreState.COMPLETE

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.store.common import WriteOptions, open_writer
+from dist_respattn.store.documents import require_rows
 from dist_respattn.store.identity import identity_provenance
 from dist_respattn.store.like import open_like
 from dist_respattn.store.schema import StoreSchema
@@ -99,6 +100,9 @@ def _glob_root(pattern: str) -> str:
 def iter_text_documents(paths: Sequence[str | os.PathLike[str]]) -> list[TextDocument]:
     """The files named by ``paths`` (files, glob patterns, directories searched recursively), sorted by path, once each.
 
+    A directory, named or matched by a glob, contributes its files ending in ``DEFAULT_TEXT_SUFFIXES``; a file
+    named or matched is taken whatever its name.
+
     A file found under two roots keeps the key of the first. A path that names nothing raises
     ``FileNotFoundError`` naming it.
     """
@@ -107,22 +111,29 @@ def iter_text_documents(paths: Sequence[str | os.PathLike[str]]) -> list[TextDoc
     def add(file: str, root: str) -> None:
         found.setdefault(os.path.abspath(file), os.path.relpath(file, root).replace(os.sep, "/"))
 
+    def add_directory(directory: str, root: str) -> None:
+        for folder, dirs, files in os.walk(directory):
+            dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+            for name in sorted(files):
+                if name.endswith(DEFAULT_TEXT_SUFFIXES):
+                    add(os.path.join(folder, name), root)
+
     for raw in paths:
         path = os.fspath(raw)
         if os.path.isdir(path):
-            for root, dirs, files in os.walk(path):
-                dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
-                for name in sorted(files):
-                    if name.endswith(DEFAULT_TEXT_SUFFIXES):
-                        add(os.path.join(root, name), path)
+            add_directory(path, path)
         elif os.path.isfile(path):
             add(path, os.path.dirname(path) or os.curdir)
         else:
-            matches = sorted(m for m in glob.glob(path, recursive=True) if os.path.isfile(m))
+            matches = sorted(glob.glob(path, recursive=True))
             if not matches:
                 raise FileNotFoundError(f"{path}: no such file, directory or matching files")
             for match in matches:
-                add(match, _glob_root(path))
+                # A matched directory is read as a directory is (its text files, by suffix).
+                if os.path.isdir(match):
+                    add_directory(match, _glob_root(path))
+                elif os.path.isfile(match):
+                    add(match, _glob_root(path))
     if not found:
         raise FileNotFoundError(
             f"no text files under {', '.join(os.fspath(p) for p in paths)} "
@@ -366,5 +377,9 @@ def write_text(
             tokens, oov = tokens + counted, oov + unknown
             if file_progress is not None:
                 file_progress(1)
+        source = ", ".join(os.fspath(p) for p in paths)
+        require_rows(
+            writer.rows_written, source=source, tokens=tokens, documents=len(files), context_length=int(context_length)
+        )
         writer.add_provenance({"tokens_count": tokens, "oov_count": oov})
         return writer.close()

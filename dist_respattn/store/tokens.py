@@ -17,7 +17,7 @@ import numpy as np
 
 from dist_respattn.model.encoder import sequence_windows
 from dist_respattn.store.common import WriteOptions, open_writer
-from dist_respattn.store.documents import DocumentWindows, check_document_starts, starts_blocks
+from dist_respattn.store.documents import DocumentWindows, check_document_starts, require_rows, starts_blocks
 from dist_respattn.store.identity import identity_provenance
 from dist_respattn.store.like import open_like
 from dist_respattn.store.npy import load_array, max_id, row_blocks
@@ -167,4 +167,8 @@ def write_tokens(
         for piece in checked_pieces(stream, name, num_symbols, hint):
             context, query, target, _ = windows.feed(piece)
             writer.write(context, query, target, source=name)
+        require_rows(
+            writer.rows_written, source=name, tokens=int(stream.shape[0]), documents=num_documents,
+            context_length=int(context_length),
+        )  # fmt: skip
         return writer.close()

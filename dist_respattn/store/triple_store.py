@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -20,7 +21,15 @@ from dist_respattn.store.identity import corpus_identity
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.schema import StoreSchema, StoreState
 
-__all__ = ["Partition", "TripleStore", "array_summary", "open_group_at", "shard_key"]
+__all__ = [
+    "Partition",
+    "TripleStore",
+    "array_summary",
+    "damaged_metadata",
+    "named_metadata_errors",
+    "open_group_at",
+    "shard_key",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,10 +45,43 @@ class Partition:
         return self.stop - self.start
 
 
+#: Where a store's zarr metadata lives: the group's, its arrays', and the arrays of its subgroups (truth/, vocabulary/).
+_METADATA_PATTERNS = ("zarr.json", "*/zarr.json", "*/*/zarr.json")
+
+
+def damaged_metadata(location: StoreLocation) -> str | None:
+    """The first ``zarr.json`` of the store that is not valid JSON (read only once zarr has failed on one)."""
+    fs, root = location.filesystem()
+    for pattern in _METADATA_PATTERNS:
+        for path in sorted(fs.glob(f"{root.rstrip('/')}/{pattern}")):
+            try:
+                json.loads(fs.cat_file(path))
+            except (ValueError, UnicodeDecodeError):
+                return str(path)
+    return None
+
+
+@contextlib.contextmanager
+def named_metadata_errors(location: StoreLocation) -> Iterator[None]:
+    """Turn zarr's bare ``JSONDecodeError`` on damaged metadata into a :class:`StoreCorruptError` naming the file.
+
+    zarr reads a member's ``zarr.json`` lazily and its error names no file; the file is found afterwards.
+    """
+    try:
+        yield
+    except json.JSONDecodeError as exc:
+        damaged = damaged_metadata(location) or f"a zarr.json under {location}"
+        raise StoreCorruptError(
+            f"{damaged}: not valid JSON ({exc}): the store's metadata is damaged; write the store again "
+            "(overwrite=True), or restore the file from a copy"
+        ) from None
+
+
 def open_group_at(location: StoreLocation, mode: str = "r") -> Any:
     """The zarr group at ``location``, or a :class:`StoreError` saying there is none."""
     try:
-        return zarr.open_group(location.zarr_store(), mode=mode)  # type: ignore[arg-type]
+        with named_metadata_errors(location):
+            return zarr.open_group(location.zarr_store(), mode=mode)  # type: ignore[arg-type]
     except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError) as exc:
         raise StoreError(f"{location}: no zarr group there (expected a triple store)") from exc
     except zarr.errors.ContainsArrayError as exc:
@@ -98,7 +140,8 @@ class TripleStore:
         """Open the store at a local path or fsspec URL; raise a :class:`StoreError` naming what is wrong."""
         location = StoreLocation.of(url, storage_options)
         group = open_group_at(location)
-        schema, attributes, problems = structural_problems(group)
+        with named_metadata_errors(location):
+            schema, attributes, problems = structural_problems(group)
         if problems:
             error = (
                 IncompleteStoreError
@@ -107,7 +150,8 @@ class TripleStore:
             )
             raise error(f"{location}: " + "; ".join(str(p) for p in problems))
         assert schema is not None
-        return cls(location, group, schema, attributes)
+        with named_metadata_errors(location):
+            return cls(location, group, schema, attributes)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (TripleStore.open, (self.location,))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import uuid
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from dist_respattn.store.identity import IDENTITY_KEYS, embedding_sha256, short_
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreSchema
 from dist_respattn.store.stream_store import is_stream_group, validate_stream
-from dist_respattn.store.triple_store import open_group_at, shard_key
+from dist_respattn.store.triple_store import damaged_metadata, open_group_at, shard_key
 
 __all__ = ["ValidationReport", "identity_problems", "scan_partition", "validate"]
 
@@ -127,7 +128,11 @@ def validate(
     if is_stream_group(dict(group.attrs[ATTRIBUTE_KEY])):
         found, tokens, chunks = validate_stream(location)
         return ValidationReport(str(location), found, rows_scanned=tokens, chunks_scanned=chunks)
-    schema, attributes, problems = structural_problems(group)
+    try:
+        schema, attributes, problems = structural_problems(group)
+    except json.JSONDecodeError as exc:  # a member's zarr.json is damaged: a finding, named by its file
+        damaged = damaged_metadata(location) or "a zarr.json"
+        return ValidationReport(str(location), [Problem(f"{damaged}: not valid JSON ({exc}): its metadata is damaged")])
     report = ValidationReport(str(location), list(problems))
     if schema is None or any(p.array is None for p in problems) or not _shapes_agree(group, schema):
         return report  # values cannot be located reliably; the structural problems say why
