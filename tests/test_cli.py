@@ -27,10 +27,6 @@ def test_version_and_help():
     assert "demo" in helped.stdout
 
 
-def test_no_command_prints_help():
-    result = run()
-    assert result.returncode == 0
-    assert "usage: dist-respattn" in result.stdout
 
 
 @pytest.mark.slow
@@ -75,7 +71,7 @@ def test_demo_recovers_the_true_head(tmp_path):
     assert report["rows"] == 30000
     assert report["converged"] is True
     assert report["model_dir"] == str(tmp_path / "model")
-    assert report["dashboard"].startswith("http://127.0.0.1:")
+    assert report["dashboard"] is None  # the embedded cluster's, shut with the demo (said at its start)
     recovery = report["recovery"]
     # 30k rows over 40 symbols: ~750 attended rows per symbol, so keys are within a few percent
     # and 12-way emission rows within ~0.1 total variation.

@@ -1,0 +1,264 @@
+"""One-line errors of ``dist-respattn``: bad input is refused in one line with exit status 2, naming the file and the
+flag that fixes it, and checked before a cluster starts. Every command is a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dist_respattn.engine.checkpoint import LATEST, ModelDir, checkpoint_name
+from dist_respattn.store import TripleStore
+from tests.test_cli import run
+from tests.test_cli_store import LAYOUT_ARGS, SHAPE_ARGS, assert_error, copy_of, run_many
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A synthetic store of 2000 rows (S, N, D, T = 7, 3, 4, 5), its true head kept in it. Copy it to change it."""
+    out = tmp_path_factory.mktemp("errors") / "synth.zarr"
+    result = run("synth", str(out), "--rows", "2000", *SHAPE_ARGS, *LAYOUT_ARGS, "--seed", "4")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory, store: Path) -> Path:
+    """A model directory holding one checkpoint (the store's true head), as a fit of ``store`` writes it."""
+    opened = TripleStore.open(store)
+    truth = opened.true_model()
+    assert truth is not None
+    folder = ModelDir(tmp_path_factory.mktemp("model") / "model")
+    name = checkpoint_name(1, "0123abcd")
+    meta = {
+        "iteration": 1,
+        "state": "running",
+        "settings": {},
+        "store": {"url": str(store), "fingerprint": opened.fingerprint()},
+        "history": [],
+    }
+    folder.write(name, truth, meta)
+    folder.point(LATEST, name, iteration=1, state="running")
+    return folder.path
+
+
+def assert_no_cluster(result: subprocess.CompletedProcess[str]) -> None:
+    assert "started a local cluster" not in result.stderr, result.stderr
+
+
+# -- the command itself ----------------------------------------------------------------------------
+
+
+def test_a_missing_command_or_action_prints_help_and_exits_2():
+    """Bare ``dist-respattn`` and ``dist-respattn models`` agree: the help of where they stopped, exit status 2."""
+    bare, models = run_many((), ("models",))
+    assert bare.returncode == 2 and models.returncode == 2, (bare.returncode, models.returncode)
+    assert bare.stdout == "" and models.stdout == ""
+    assert bare.stderr.startswith("usage: dist-respattn [-h]") and "retrain" in bare.stderr
+    assert models.stderr.startswith("usage: dist-respattn models") and "check" in models.stderr
+
+
+# -- checkpoints and model directories -------------------------------------------------------------
+
+
+def test_a_truncated_checkpoint_is_named_by_evaluate_and_resume(tmp_path, store, model_dir):
+    damaged = copy_of(model_dir, tmp_path)
+    (params,) = damaged.glob("ckpt-*/params.npz")
+    params.write_bytes(params.read_bytes()[:100])
+    evaluated, resumed = run_many(
+        ("evaluate", str(damaged), str(store), "--workers", "1"),
+        ("fit", str(store), "--model-dir", str(damaged), "--resume", "--workers", "1"),
+    )
+    for command, result in (("evaluate", evaluated), ("fit", resumed)):
+        line = assert_error(result, command, str(params), "BadZipFile", "damaged", "--overwrite")
+        assert "overwrite=True" not in line
+        assert_no_cluster(result)
+
+
+def test_a_model_dir_that_is_a_file_is_refused_before_the_fit(tmp_path, store):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a model directory\n")
+    under_a_file = a_file / "model"
+    as_dir, under, repaired = run_many(
+        ("fit", str(store), "--model-dir", str(a_file), "--workers", "1"),
+        ("fit", str(store), "--model-dir", str(under_a_file), "--workers", "1"),
+        ("repair", str(a_file)),
+    )
+    assert_error(as_dir, "fit", str(a_file), "a file, not a directory")
+    assert_error(under, "fit", str(under_a_file), "is a file")
+    assert_error(repaired, "repair", str(a_file))
+    for result in (as_dir, under):
+        assert_no_cluster(result)
+    assert a_file.read_text() == "not a model directory\n"
+
+
+def test_evaluate_a_registry_says_it_is_a_registry(tmp_path, store):
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / "registry.json").write_text(json.dumps({"format": "dist_respattn.registry", "version": 1}))
+    (registry / "latest.json").write_text(json.dumps({"version": 1}))
+    result = run("evaluate", str(registry), str(store), "--workers", "1")
+    line = assert_error(result, "evaluate", str(registry), "a model registry, not a model directory", "models show")
+    assert "'checkpoint' must name" not in line
+    assert_no_cluster(result)
+
+
+def test_resume_says_when_there_is_nothing_to_resume(tmp_path, store):
+    """``--resume`` into an empty or new directory starts a fit there (deployments rerun the same command), and says
+    so before anything runs; into a directory holding other files, it is refused as the wrong directory."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "results.csv").write_text("a,b\n")
+    # The bad address stops the fit right after its start is decided: no cluster is needed to see the decision.
+    fresh, foreign = run_many(
+        ("fit", str(store), "--model-dir", str(tmp_path / "new"), "--resume", "--scheduler", "notaurl"),
+        ("fit", str(store), "--model-dir", str(other), "--resume", "--workers", "1"),
+    )
+    lines = fresh.stderr.splitlines()
+    assert fresh.returncode == 2 and len(lines) == 2, fresh.stderr
+    assert lines[0] == f"{tmp_path / 'new'}: no fit to resume there yet (no latest.json): starting a new fit"
+    assert_error(foreign, "fit", str(other), "no fit to resume", "results.csv", "is this the model directory?")
+    assert_no_cluster(foreign)
+
+
+def test_messages_name_flags_not_python_arguments(tmp_path, store, model_dir):
+    held = copy_of(model_dir, tmp_path)
+    again, existing = run_many(
+        ("fit", str(store), "--model-dir", str(held), "--workers", "1"),
+        ("synth", str(store), "--rows", "10", *SHAPE_ARGS),
+    )
+    fit_line = assert_error(again, "fit", "resume it (--resume) or start over (--overwrite)")
+    synth_line = assert_error(existing, "synth", "already exists: pass --overwrite")
+    for line in (fit_line, synth_line):
+        assert "=True" not in line and "init_from" not in line, line
+
+
+# -- the cluster -----------------------------------------------------------------------------------
+
+
+def test_a_memory_limit_too_small_is_refused_before_a_cluster_starts(store, tmp_path):
+    result = run("fit", str(store), "--model-dir", str(tmp_path / "model"), "--workers", "1", "--memory-limit", "1MB")
+    assert_error(result, "fit", "needs about", "the smallest worker memory limit is 1 MiB", "--memory-limit")
+    assert_no_cluster(result)
+    assert not (tmp_path / "model").exists()
+
+
+def test_a_scheduler_address_without_a_port_is_one_line_and_quick(store, tmp_path):
+    fitted, validated = run_many(
+        ("fit", str(store), "--model-dir", str(tmp_path / "model"), "--scheduler", "notaurl"),
+        ("validate", str(store), "--scheduler", "notaurl"),
+    )
+    for command, result in (("fit", fitted), ("validate", validated)):
+        assert_error(result, command, "--scheduler 'notaurl' is not a scheduler address", "tcp://HOST:PORT")
+        assert "Exception ignored" not in result.stderr  # a Client made for it lingered, stalling the exit 20 s
+
+
+@pytest.mark.slow
+def test_the_summary_shows_the_best_iteration_and_no_dashboard_of_a_closed_cluster(tmp_path, store):
+    """The ``held-out:`` line gives the scores of the iteration it names; an embedded cluster's dashboard, shut
+    with the fit, is not offered at the end; ``--min-sigma2`` above the data's variance is not called a collapse."""
+    model = tmp_path / "model"
+    result = run(
+        "fit", str(store), "--model-dir", str(model), "--validation", str(store), "--workers", "1",
+        "--max-iter", "4", "--tol", "0", "--learn-sigma2", "--sigma2", "1", "--min-sigma2", "10",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    meta = json.loads(next(model.glob("ckpt-*/meta.json")).read_text())
+    best_iteration = meta["early_stopping"]["best_iteration"]
+    best = next(h for h in meta["history"] if h["iteration"] == best_iteration)["heldout"]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("held-out")]
+    assert f"log-likelihood {best['mean_log_likelihood']:.4f}" in line, (line, best)
+    assert line.endswith(f"(best iteration {best_iteration})")
+    assert "dashboard: http" in result.stderr  # said at the start, while the cluster ran
+    assert "dashboard" not in result.stdout
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning: sigma2")]
+    assert warnings == [
+        "warning: sigma2 = 10 sits on --min-sigma2 = 10, its floor: the maximum-likelihood variance is smaller, "
+        "so the floor sets it (lower --min-sigma2 to learn it)"
+    ]
+    assert "collapsed" not in result.stdout + result.stderr
+
+
+# -- stores and inputs -----------------------------------------------------------------------------
+
+
+def test_invalid_json_in_a_store_names_the_file(tmp_path, store):
+    root = copy_of(store, tmp_path / "root")
+    (root / "zarr.json").write_text('{"zarr_format": 3, ')
+    member = copy_of(store, tmp_path / "member")
+    (member / "context" / "zarr.json").write_text('{"zarr_format": 3, ')
+    root_info, member_info, member_fit, member_validate = run_many(
+        ("info", str(root)),
+        ("info", str(member)),
+        ("fit", str(member), "--model-dir", str(tmp_path / "model"), "--workers", "1"),
+        ("validate", str(member)),
+    )
+    assert_error(root_info, "info", str(root / "zarr.json"), "not valid JSON", "--overwrite")
+    for command, result in (("info", member_info), ("fit", member_fit)):
+        assert_error(result, command, str(member / "context" / "zarr.json"), "not valid JSON")
+    assert member_validate.returncode == 1, member_validate.stderr
+    assert str(member / "context" / "zarr.json") in member_validate.stdout
+
+
+def test_a_string_array_is_named_by_its_file(tmp_path):
+    n = 20
+    np.save(tmp_path / "context.npy", np.array([["a", "b", "c"]] * n))
+    np.save(tmp_path / "query.npy", np.zeros((n, 2), dtype=np.float32))
+    np.save(tmp_path / "target.npy", np.zeros(n, dtype=np.int64))
+    np.save(tmp_path / "words.npy", np.array(["the", "cat"] * n))
+    arrays = [str(tmp_path / f"{name}.npy") for name in ("context", "query", "target")]
+    as_arrays, as_tokens = run_many(
+        ("ingest", str(tmp_path / "a.zarr"), "--arrays", *arrays),
+        ("ingest", str(tmp_path / "t.zarr"), "--tokens", str(tmp_path / "words.npy"), "--context", "2"),
+    )
+    assert_error(as_arrays, "ingest", arrays[0], "the context array holds <U1 values (strings)", "--text")
+    assert_error(as_tokens, "ingest", str(tmp_path / "words.npy"), "the tokens array holds <U3 values (strings)")
+    assert not (tmp_path / "a.zarr").exists() and not (tmp_path / "t.zarr").exists()
+
+
+def test_a_corpus_too_short_for_one_window_writes_no_store(tmp_path):
+    """Tokens or text, triples or stream: fewer than N + 1 tokens a document is refused, and nothing is written."""
+    np.save(tmp_path / "short.npy", np.arange(3))
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "a.txt").write_text("two words\n")
+    (text / "b.txt").write_text("three words here\n")
+    outs = [tmp_path / f"out{i}.zarr" for i in range(4)]
+    sources = [("--tokens", str(tmp_path / "short.npy")), ("--text", str(text))]
+    commands = [
+        ("ingest", str(out), *source, "--context", "3", "--format", kind)
+        for out, (source, kind) in zip(outs, [(s, k) for s in sources for k in ("triples", "stream")], strict=True)
+    ]
+    results = run_many(*commands)
+    for result, out in zip(results[:2], outs[:2], strict=True):
+        assert_error(
+            result, "ingest", "short.npy", "3 token(s) in 1 document(s) give no rows", "N + 1 = 4", "--context"
+        )
+        assert not out.exists()
+    for result, out in zip(results[2:], outs[2:], strict=True):
+        assert_error(result, "ingest", str(text), "give no rows with a window of N = 3", "--context")
+        assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["short.npy", "text"]
+
+
+def test_text_globs_may_match_directories_and_out_may_follow_text(tmp_path):
+    corpus = tmp_path / "corpus"
+    for name, words in (("one", "a b c d e f g"), ("two", "h i j k l m n")):
+        (corpus / name).mkdir(parents=True)
+        (corpus / name / "doc.txt").write_text(words + "\n")
+    (corpus / "two" / "skipped.bin").write_bytes(b"\x00\x01")
+    globbed, trailing, missing = run_many(
+        ("ingest", str(tmp_path / "globbed.zarr"), "--text", str(corpus / "*"), "--context", "2", "--json"),
+        ("ingest", "--text", str(corpus), str(tmp_path / "trailing.zarr"), "--context", "2", "--json"),
+        ("ingest", "--text", str(corpus), "--context", "2"),
+    )
+    reports = [json.loads(result.stdout) for result in (globbed, trailing)]
+    for result, report in zip((globbed, trailing), reports, strict=True):
+        assert result.returncode == 0, result.stderr
+        assert report["rows"] == 2 * (7 - 2)  # two documents of 7 tokens, windows of 2
+        assert report["provenance"]["files"] == 2
+    assert reports[1]["url"] == str(tmp_path / "trailing.zarr")
+    assert_error(missing, "ingest", "OUT is missing", f"--text took {corpus} as text", "ingest OUT --text PATH")
