@@ -27,8 +27,6 @@ def test_version_and_help():
     assert "demo" in helped.stdout
 
 
-
-
 @pytest.mark.slow
 def test_demo_fits_the_standard_library_and_compares_it_with_the_baselines(tmp_path):
     """The main job: a slice of the Python standard library's source split into train, validation and test stores

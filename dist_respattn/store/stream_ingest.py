@@ -110,7 +110,8 @@ def write_stream_tokens(
 
     ``documents``: each document's first token index (strictly increasing from 0); ``weights``: one
     finite, non-negative weight per token, the weight of the row whose target it is (0 keeps a token as
-    context only). The other arguments are those of :func:`~dist_respattn.store.tokens.write_tokens`.
+    context only). The other arguments are those of :func:`~dist_respattn.store.tokens.write_tokens`; as there, a
+    stream whose windows give no rows (every document shorter than N + 1 tokens) is refused.
     """
     options = options or WriteOptions()
     reference = _reference(out, like, options)

@@ -323,7 +323,8 @@ def write_text(
     a ``dim`` that would give another table is refused). ``like``: a text store (or its URL) whose
     vocabulary, N and table the new store takes; ``context_length`` may then be ``None``, and an
     option that conflicts with that store is refused. ``file_progress`` is called once per file in
-    each pass (once in all with ``like``).
+    each pass (once in all with ``like``). Files that give no rows at all (each shorter than N + 1 tokens) are
+    refused, and nothing is written.
     """
     options = options or WriteOptions()
     reference = open_like(like, options)

@@ -109,7 +109,8 @@ def write_tokens(
 
     ``documents``: the first token index of each document (an int array or ``.npy`` path; strictly
     increasing, starting with 0); windows never span two documents, so a document of fewer than
-    N + 1 tokens gives no rows. Without it the stream is one document (L - N rows).
+    N + 1 tokens gives no rows. Without it the stream is one document (L - N rows). A stream that gives no
+    rows at all is refused (``ValueError``) and nothing is written.
 
     ``like``: a token or text store (or its URL) whose N, S = T, embedding table and vocabulary the
     new store takes (see :mod:`~dist_respattn.store.like`); ``context_length`` may then be ``None``,

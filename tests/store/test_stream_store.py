@@ -72,10 +72,17 @@ def streams(draw):
 def test_windows_equal_sequence_windows_across_every_boundary(tmp_path_factory, case, read_n):
     num_symbols, tokens, starts, chunk, partition, n, weights = case
     path = tmp_path_factory.mktemp("stream") / "s.zarr"
-    store = write_stream_tokens(
+    write = lambda: write_stream_tokens(  # noqa: E731
         path, tokens, n, num_symbols=num_symbols, documents=starts, weights=weights,
         options=WriteOptions(chunk_rows=chunk, partition_rows=partition),
     )  # fmt: skip
+    ends = [*starts[1:], tokens.size]
+    if all(b - a <= n for a, b in zip(starts, ends, strict=True)):  # no row at the written window: refused
+        with pytest.raises(ValueError, match="give no rows"):
+            write()
+        assert not path.exists()
+        return
+    store = write()
     assert store.num_tokens == tokens.size and store.schema.context_length == n
     for window in {n, read_n}:
         reader = store.with_context(window)
