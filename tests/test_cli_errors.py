@@ -101,7 +101,7 @@ def test_evaluate_a_registry_says_it_is_a_registry(tmp_path, store):
     (registry / "registry.json").write_text(json.dumps({"format": "dist_respattn.registry", "version": 1}))
     (registry / "latest.json").write_text(json.dumps({"version": 1}))
     result = run("evaluate", str(registry), str(store), "--workers", "1")
-    line = assert_error(result, "evaluate", str(registry), "a model registry, not a model directory", "models show")
+    line = assert_error(result, "evaluate", str(registry), "a model registry, not a model directory", "models list")
     assert "'checkpoint' must name" not in line
     assert_no_cluster(result)
 

@@ -914,7 +914,7 @@ def test_append_tokens_with_another_table_is_refused_or_uses_the_store_table(tmp
 def test_info_on_text_stores_shows_the_vocabulary_the_oov_share_and_the_top_tokens(tmp_path, corpus_stores, capsys):
     """The train store's vocabulary (K = 5 of 14 tokens: 'ran', 'sat', 'to' are out of it), and a held-out
     stream store written with it, whose own out-of-vocabulary share is its own: 'zebra', 'sat', '!' of 7,
-    then 'zebra' of 3 more appended. (In-process: the commands' starts would cost more than the test.)"""
+    then 'zebra' of 4 more appended (an append must give rows too). (In-process: the commands' starts would cost more than the test.)"""
     c = corpus_stores
     held_out = tmp_path / "held-out.zarr"
     like = ["--text", str(c["held-out.txt"]), "--like", str(c["text.zarr"]), "--format", "stream"]
@@ -945,7 +945,7 @@ def test_info_on_text_stores_shows_the_vocabulary_the_oov_share_and_the_top_toke
     assert "top tokens   'the' 28.6%, '.' 14.3%, 'cat' 14.3%, 'mat' 14.3%, 'on' 7.1%\n" in text
     assert "vocabulary" not in json.loads(info(str(c["tokens.zarr"]), "--json"))
     more = tmp_path / "more.txt"
-    more.write_text("zebra the cat\n", encoding="utf-8")
+    more.write_text("zebra the cat on\n", encoding="utf-8")
     assert main(["ingest", str(held_out), "--text", str(more), "--append", "--json"]) == 0
     appended = json.loads(info(str(held_out), "--json"))["vocabulary"]
-    assert (appended["tokens"], appended["oov_count"]) == (10, 4)  # each append counts its own
+    assert (appended["tokens"], appended["oov_count"]) == (11, 4)  # each append counts its own

@@ -421,7 +421,7 @@ def test_a_fit_resumed_from_its_start_takes_the_uninterrupted_fit_s_steps(small_
     start = load_checkpoint(model_dir).meta
     assert start["iteration"] == 0 and start["holdout"] is not None
     assert start["last_choice"] == start["hyperparameters"] is not None
-    with pytest.raises(FitError, match="without --validation"):
+    with pytest.raises(FitError, match="without a validation store"):
         fit(small_store, model_dir=model_dir, client=client, settings=settings, resume=True, validation=small_store)
     resumed = fit(small_store, model_dir=model_dir, client=client, settings=settings, resume=True)
     assert_bit_identical(resumed.model, whole.model)
