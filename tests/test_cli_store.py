@@ -914,7 +914,8 @@ def test_append_tokens_with_another_table_is_refused_or_uses_the_store_table(tmp
 def test_info_on_text_stores_shows_the_vocabulary_the_oov_share_and_the_top_tokens(tmp_path, corpus_stores, capsys):
     """The train store's vocabulary (K = 5 of 14 tokens: 'ran', 'sat', 'to' are out of it), and a held-out
     stream store written with it, whose own out-of-vocabulary share is its own: 'zebra', 'sat', '!' of 7,
-    then 'zebra' of 4 more appended (an append must give rows too). (In-process: the commands' starts would cost more than the test.)"""
+    then 'zebra' of 4 more appended (an append must give rows too). (In-process: the commands' starts would
+    cost more than the test.)"""
     c = corpus_stores
     held_out = tmp_path / "held-out.zarr"
     like = ["--text", str(c["held-out.txt"]), "--like", str(c["text.zarr"]), "--format", "stream"]

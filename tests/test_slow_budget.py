@@ -1,0 +1,47 @@
+"""``--slow-budget``: the quick loop (``-m "not slow"``) fails on a test that is slow and not marked so."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import slow_budget
+
+SUITE = """
+import time
+import pytest
+
+def test_quick():
+    pass
+
+@pytest.mark.slow
+def test_marked_and_slow():
+    time.sleep(0.4)
+
+def test_slow_in_its_fixture(sleepy):
+    pass
+
+@pytest.fixture
+def sleepy():
+    time.sleep(0.4)
+"""
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """The suite above in this process, with only the plugin under test (no xdist, no hypothesis)."""
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
+    pytester.makepyfile(test_suite=SUITE)
+    return pytester.runpytest("-p", "no:xdist", "-p", "no:hypothesispytest", *args, plugins=[slow_budget])
+
+
+def test_an_unmarked_slow_test_fails_the_run_and_is_named(pytester: pytest.Pytester) -> None:
+    result = run(pytester, "--slow-budget", "0.2")
+    result.assert_outcomes(passed=3)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        ["*tests over the slow budget of 0.2 s*", "*s  test_suite.py::test_slow_in_its_fixture"]
+    )
+    assert "test_marked_and_slow" not in result.stdout.str().split("slow budget", 1)[1]
+
+
+def test_within_the_budget_the_run_passes(pytester: pytest.Pytester) -> None:
+    assert run(pytester, "--slow-budget", "5").ret == pytest.ExitCode.OK
