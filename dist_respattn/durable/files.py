@@ -1,0 +1,196 @@
+"""Files on a local disk or behind any fsspec URL, and the three whole-file writes that stay sound under a kill.
+
+The model registry and the stores' writer lock must stay readable whatever moment their writer dies at,
+on filesystems without a rename of directories (object stores). So they are built from whole-object
+writes only:
+
+- :meth:`AtomicFiles.write`: replace one file whole (local: temp file, fsync, ``os.replace``; an
+  object store's PUT is atomic per object);
+- :meth:`AtomicFiles.create`: write one file only if it does not exist (local: a hard link of a
+  complete temp file, which fails when the name exists; S3: ``If-None-Match: *``; any other fsspec
+  backend: its ``pipe_file(mode="create")``, which is exclusive only where the backend makes it so);
+- :meth:`AtomicFiles.delete`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import posixpath
+import uuid
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+__all__ = ["TEMP_PREFIX", "AtomicFiles"]
+
+#: The prefix of a local write's temporary file (the readers of these files ignore such names).
+TEMP_PREFIX = ".tmp-"
+
+
+class AtomicFiles:
+    """Files under a root: ``url`` is a local directory or an fsspec URL (``s3://bucket/models``).
+
+    ``error`` is the exception a file that is not valid JSON raises (subclasses name their own).
+    """
+
+    error: type[ValueError] = ValueError
+
+    def __init__(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> None:
+        self.url = str(url)
+        self.storage_options = dict(storage_options or {})
+        self.fs, self.root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        self.local = isinstance(self.fs, LocalFileSystem)
+
+    @classmethod
+    def beside(
+        cls, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+    ) -> tuple[AtomicFiles, str]:
+        """The files of the folder holding ``url``, and its name there (``s3://b/x.zarr``: ``s3://b/``, ``x.zarr``).
+
+        For files that belong to ``url`` but must outlive it being deleted or replaced, such as its lock.
+        """
+        text = str(url).rstrip("/")
+        name = posixpath.basename(text)
+        files = cls(text, storage_options)
+        files.root = posixpath.dirname(files.root.rstrip("/")) or "/"
+        files.url = text[: len(text) - len(name)]  # keeps the scheme of a URL at the top of its bucket
+        return files, name
+
+    def __str__(self) -> str:
+        return self.url
+
+    def path(self, name: str) -> str:
+        """The full path of ``name`` (a ``/``-separated path under the root)."""
+        return posixpath.join(self.root, name)
+
+    def where(self, name: str) -> str:
+        """``name`` as the user would write it (for messages): the URL joined with the name."""
+        return posixpath.join(self.url, name)
+
+    def read(self, name: str) -> bytes | None:
+        """The bytes of ``name``, or ``None`` when it does not exist."""
+        try:
+            return bytes(self.fs.cat_file(self.path(name)))
+        except FileNotFoundError:
+            return None
+
+    def read_json(self, name: str) -> dict[str, Any] | None:
+        """The JSON object in ``name``, or ``None`` when the file does not exist."""
+        data = self.read(name)
+        if data is None:
+            return None
+        try:
+            value = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise self.error(f"{self.where(name)}: not valid JSON ({exc})") from exc
+        if not isinstance(value, dict):
+            raise self.error(f"{self.where(name)}: expected a JSON object")
+        return value
+
+    def write(self, name: str, data: bytes) -> None:
+        """Replace ``name`` whole: a reader sees the old bytes or the new ones, never a mix."""
+        path = self.path(name)
+        if not self.local:
+            self.fs.pipe_file(path, data)
+            return
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temp = self._write_temp(path, data)
+        os.replace(temp, path)
+        _fsync_dir(os.path.dirname(path))
+
+    def create(self, name: str, data: bytes) -> bool:
+        """Write ``name`` only if it does not exist; ``False`` when it does (someone else created it)."""
+        path = self.path(name)
+        if not self.local:
+            try:
+                self.fs.pipe_file(path, data, mode="create")
+            except FileExistsError:
+                return False
+            return True
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temp = self._write_temp(path, data)
+        try:
+            os.link(temp, path)  # atomic, fails on an existing name, and the content is already complete
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(temp)
+        _fsync_dir(os.path.dirname(path))
+        return True
+
+    def write_json(self, name: str, value: dict[str, Any]) -> None:
+        self.write(name, _json_bytes(value))
+
+    def create_json(self, name: str, value: dict[str, Any]) -> bool:
+        return self.create(name, _json_bytes(value))
+
+    def delete(self, name: str) -> None:
+        """Remove ``name`` (a file or a folder); already gone is fine."""
+        path = self.path(name)
+        with contextlib.suppress(FileNotFoundError):
+            if self.fs.isdir(path):
+                self.fs.rm(path, recursive=True)
+            else:
+                self.fs.rm_file(path)
+
+    def listdir(self, folder: str) -> list[str]:
+        """The names directly under ``folder`` (empty when it does not exist)."""
+        self.fs.invalidate_cache()  # another run may have written since we last looked
+        try:
+            entries = self.fs.ls(self.path(folder), detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(posixpath.basename(str(e).rstrip("/")) for e in entries)
+
+    def remove_temporaries(self, folder: str, *, sparing: str | None = None) -> list[str]:
+        """Remove the temporary files of local writes that were killed before their rename (``.tmp-*``).
+
+        ``sparing``: leave the temporaries of files named so or starting so, which other live runs may be
+        writing at this moment.
+        """
+        spared = None if sparing is None else f"{TEMP_PREFIX}{sparing}"
+        doomed = [
+            name
+            for name in self.listdir(folder)
+            if name.startswith(TEMP_PREFIX) and (spared is None or not name.startswith(spared))
+        ]
+        for name in doomed:
+            self.delete(posixpath.join(folder, name))
+        return doomed
+
+    def _write_temp(self, path: str, data: bytes) -> str:
+        folder, name = os.path.split(path)
+        temp = os.path.join(folder, f"{TEMP_PREFIX}{name}.{uuid.uuid4().hex[:8]}")
+        with open(temp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return temp
+
+
+def _json_bytes(value: dict[str, Any]) -> bytes:
+    return (json.dumps(_finite(value), indent=2, allow_nan=False) + "\n").encode()
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every infinite or NaN float replaced by ``None`` (strict JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _fsync_dir(path: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
