@@ -849,7 +849,7 @@ def test_repair_rolls_back_an_interrupted_append(synth_store, tmp_path):
     assert_error(run("info", str(out)), "info", str(out), "interrupted", "repair")
 
     repaired = run("repair", str(out), "--json")
-    assert parse_json(repaired) == {"url": str(out), "rows": 3000}
+    assert parse_json(repaired) == {"url": str(out), "kind": "triples", "rows": 3000, "tokens": None, "removed": []}
     store = TripleStore.open(out)
     assert store.num_rows == 3000
     assert_rows_equal(read_all(store), before)

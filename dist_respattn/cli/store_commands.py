@@ -203,12 +203,17 @@ def register(sub: Any) -> None:
 
     repair = sub.add_parser(
         "repair",
-        help="roll an interrupted append back to the store's committed rows",
-        description="Roll an interrupted append back to the store's committed rows; a complete store is left alone.",
+        help="roll an interrupted append back to the store's committed rows; remove a killed writer's leftovers",
+        description=(
+            "Roll an interrupted append (of a triple or a token-stream store) back to the store's committed rows "
+            "(a complete store is left alone), and delete the staging copies STORE.partial-* that killed writers "
+            "(--overwrite, new token-stream stores) left. "
+            "Refused while a live writer holds the store's lock (STORE.lock); a dead writer's lock is broken."
+        ),
     )
     repair.add_argument("store", metavar="STORE", help="store path or fsspec URL")
     add_common_options(repair)
-    repair.set_defaults(handler=_run_repair, printer=lambda r: print(f"{r['url']}: complete, {r['rows']:,} rows"))
+    repair.set_defaults(handler=_run_repair, printer=_print_repair)
 
 
 def write_options(args: argparse.Namespace, progress: Callable[[int], Any] | None) -> Any:
@@ -549,13 +554,17 @@ def _print_validate(report: dict[str, Any]) -> None:
 
 
 def _run_repair(args: argparse.Namespace) -> dict[str, Any]:
-    from dist_respattn.store import StoreLocation, rollback_append
-    from dist_respattn.store.rows import is_stream_store
-    from dist_respattn.store.stream_store import TokenStreamStore, rollback_stream_append
+    from dist_respattn.store.repair import repair_store
 
-    location = StoreLocation.of(args.store, parse_storage_options(args.storage_option))
-    if location.exists() and is_stream_store(location):
-        rollback_stream_append(location)
-        return {"url": str(location), "rows": TokenStreamStore.open(location).num_rows}
-    rows = rollback_append(location)
-    return {"url": str(location), "rows": rows}
+    return repair_store(args.store, storage_options=parse_storage_options(args.storage_option)).to_json()
+
+
+def _print_repair(report: dict[str, Any]) -> None:
+    for left in report["removed"]:
+        print(f"removed {left} (the staging copy of a killed writer)")
+    if report["kind"] == "stream":
+        print(f"{report['url']}: complete, {report['rows']:,} rows ({report['tokens']:,} tokens)")
+    elif report["kind"] == "triples":
+        print(f"{report['url']}: complete, {report['rows']:,} rows")
+    else:
+        print(f"{report['url']}: no store here")

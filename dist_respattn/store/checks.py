@@ -81,7 +81,12 @@ def structural_problems(group: Any) -> tuple[StoreSchema | None, dict[str, Any],
         return None, attrs, [Problem(str(exc))]
     state = attrs.get("state")
     if state == StoreState.WRITING:
-        problems.append(Problem("the writer stopped before finishing this store (state 'writing'): write it again"))
+        problems.append(
+            Problem(
+                "the writer stopped before finishing this store (state 'writing'): write it again, "
+                "adding --overwrite to the same command (without it the existing path is refused)"
+            )
+        )
     elif state == StoreState.APPENDING:
         problems.append(
             Problem(

@@ -37,6 +37,7 @@ from dist_respattn.store.documents import require_rows
 from dist_respattn.store.errors import IncompleteStoreError, SchemaMismatchError, StoreCorruptError, StoreError
 from dist_respattn.store.identity import corpus_identity
 from dist_respattn.store.location import StoreLocation
+from dist_respattn.store.lock import StoreLock, StoreLocked, live_writer, remove_partials
 from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreSchema, StoreState
 from dist_respattn.store.triple_store import (
     Partition,
@@ -181,6 +182,9 @@ class TokenStreamStore:
                 f"{location}: stream format version {attributes['schema_version']} is newer than this release"
             )
         if attributes.get("state") == StoreState.APPENDING:
+            writer = live_writer(location)
+            if writer is not None:  # not interrupted: still being appended to, and repair would be refused
+                raise StoreLocked(f"{location}: not complete yet: {writer}")
             raise IncompleteStoreError(
                 f"{location}: state 'appending': an append did not finish; `dist-respattn repair {location}` "
                 "rolls it back to its committed tokens"
@@ -399,7 +403,9 @@ class StreamWriter:
     """Writes a stream store in bounded memory: one shard of tokens at a time, then commits it.
 
     The store is built at ``OUT.partial-<id>`` and moved onto ``OUT`` by :meth:`close`, so a failed
-    write leaves whatever ``OUT`` held untouched.
+    write leaves whatever ``OUT`` held untouched. The writer holds ``OUT``'s writer lock
+    (:class:`~dist_respattn.store.lock.StoreLock`) from before it looks at ``OUT`` until it is done, and
+    removes the staging copies killed writers left.
     """
 
     def __init__(
@@ -417,9 +423,31 @@ class StreamWriter:
         storage_options: dict[str, Any] | None = None,
         provenance: dict[str, Any] | None = None,
     ) -> None:
+        self.final = StoreLocation.of(out, storage_options)
+        self._lock = StoreLock.take(self.final, purpose="overwrite" if overwrite else "new store")
+        try:
+            self._start(num_symbols, table, context_length, weighted, chunk_tokens, partition_tokens, query_dtype,
+                        overwrite, provenance)  # fmt: skip
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _start(
+        self,
+        num_symbols: int,
+        table: np.ndarray,
+        context_length: int,
+        weighted: bool,
+        chunk_tokens: int | None,
+        partition_tokens: int | None,
+        query_dtype: str,
+        overwrite: bool,
+        provenance: dict[str, Any] | None,
+    ) -> None:
+        """The rest of ``__init__``, with the lock held: refuse an existing ``OUT``, begin the staging copy."""
         from dist_respattn.store.layout import compressors_for
 
-        self.final = StoreLocation.of(out, storage_options)
+        remove_partials(self.final)
         if self.final.exists() and not self.final.is_empty_dir() and not overwrite:
             raise StoreError(f"{self.final}: already exists: pass --overwrite to replace it")
         self.location = self.final.sibling(f".partial-{uuid.uuid4().hex[:8]}")
@@ -485,9 +513,24 @@ class StreamWriter:
         The store is marked ``appending`` with its committed tokens and documents recorded, so a
         failed append is rolled back to them (by :meth:`abort`, or later by
         :func:`rollback_stream_append`, which ``dist-respattn repair`` runs); readers refuse it
-        until it is complete again. New tokens always begin a new document.
+        until it is complete again. New tokens always begin a new document. The writer holds the
+        store's writer lock (purpose ``append``) from before it reads the store until it is done.
         """
-        store = TokenStreamStore.open(url, storage_options=storage_options)
+        location = StoreLocation.of(url, storage_options).with_window(None)
+        lock = StoreLock.take(location, purpose="append")
+        try:
+            return cls._append_locked(location, weighted, provenance, lock)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def _append_locked(
+        cls, location: StoreLocation, weighted: bool, provenance: dict[str, Any] | None, lock: StoreLock
+    ) -> StreamWriter:
+        """:meth:`append` once the lock is held: what killed writers left is removed, then the store marked."""
+        store = TokenStreamStore.open(location)
+        remove_partials(store.location)
         if weighted != store.schema.has_weight:
             have = "a weight per token" if store.schema.has_weight else "no weights"
             raise SchemaMismatchError(
@@ -495,6 +538,7 @@ class StreamWriter:
                 + ("; pass --weights" if store.schema.has_weight else "; drop --weights")
             )
         self = cls.__new__(cls)
+        self._lock = lock
         self.final = self.location = store.location.with_window(None)
         self.chunk_tokens, self.partition_tokens = store.chunk_tokens, store.partition_tokens
         self.num_symbols = store.schema.num_symbols
@@ -503,7 +547,6 @@ class StreamWriter:
         self.attributes = dict(store.attributes)
         committed = {"tokens": store.num_tokens, "documents": int(store.document_starts().size)}
         self.provenance = {**(provenance or {}), "time": _now(), "first_token": committed["tokens"]}
-        self.group.attrs[ATTRIBUTE_KEY] = {**self.attributes, "state": StoreState.APPENDING, "committed": committed}
         self._arrays = {name: self.group[name] for name in ("tokens", "weight") if name in self.group}  # type: ignore[misc]
         self._buffer = {name: [] for name in self._arrays}
         self._buffered = 0
@@ -511,6 +554,8 @@ class StreamWriter:
         self._starts = []
         self._closed = False
         self._appending = committed
+        # Last: from here on a failure leaves the store 'appending', and abort or repair rolls it back.
+        self.group.attrs[ATTRIBUTE_KEY] = {**self.attributes, "state": StoreState.APPENDING, "committed": committed}
         return self
 
     def write_vocabulary(self, vocabulary: dict[str, Any]) -> None:
@@ -566,6 +611,7 @@ class StreamWriter:
         if self._buffered:
             self._flush(self._buffered)
         self._require_rows()
+        self._give_up_if_unlocked()  # before the first change a reader of OUT could see
         attributes: dict[str, Any] = dict(self.attributes)
         attributes["tokens"] = self.written
         attributes["state"] = StoreState.COMPLETE
@@ -586,17 +632,45 @@ class StreamWriter:
             attributes["provenance"] = provenance
         self.group.attrs[ATTRIBUTE_KEY] = attributes
         self._closed = True
-        if self._appending is None:
-            self.location.replace(self.final)
+        try:
+            if self._appending is None:
+                self.location.replace(self.final)
+        except BaseException:
+            self._remove_staging()
+            raise
+        finally:
+            self._lock.release()
         return TokenStreamStore.open(self.final)
 
+    def _give_up_if_unlocked(self) -> None:
+        """Raise :class:`~dist_respattn.store.lock.StoreLocked` without committing when this writer's lock was
+        broken while it held it (its heartbeats stopped for the lock's whole timeout): another writer may be at
+        work on ``OUT``, so this one leaves it to them (a new store's staging copy, this writer's own, is deleted)."""
+        try:
+            self._lock.check()
+        except StoreLocked:
+            self._closed = True  # not aborted either: rolling an append back is the new holder's call
+            try:
+                if self._appending is None:
+                    self._remove_staging()
+            finally:
+                self._lock.release()
+            raise
+
     def abort(self) -> None:
+        """Undo the write: delete a new store's staging copy, or roll an append back to the committed tokens."""
         if self._closed:
             return
         self._closed = True
-        if self._appending is not None:
-            rollback_stream_append(self.location)
-            return
+        try:
+            if self._appending is not None:
+                rollback_stream_locked(self.location)
+            else:
+                self._remove_staging()
+        finally:
+            self._lock.release()
+
+    def _remove_staging(self) -> None:
         fs, root = self.location.filesystem()
         if fs.exists(root):
             fs.rm(root, recursive=True)
@@ -615,11 +689,21 @@ def rollback_stream_append(
     """Restore a stream store whose append was interrupted to its committed tokens; return that count.
 
     A complete store is left as it is. The committed tokens and documents are those the append
-    recorded when it began; the shards past them are deleted and the arrays cut back.
+    recorded when it began; the shards past them are deleted and the arrays cut back. Refused
+    (:class:`~dist_respattn.store.lock.StoreLocked`) while a live writer holds the store's lock; a dead
+    writer's lock is broken. The staging copies killed writers left beside the store are removed.
     """
+    location = StoreLocation.of(url, storage_options).with_window(None)
+    with StoreLock.of(location, purpose="repair"):
+        remove_partials(location)
+        return rollback_stream_locked(location)
+
+
+def rollback_stream_locked(location: StoreLocation) -> int:
+    """:func:`rollback_stream_append` for a caller that holds the store's lock (a writer's abort, ``repair``)."""
     from dist_respattn.store.writer import delete_shards_from
 
-    location = StoreLocation.of(url, storage_options).with_window(None)
+    location = location.with_window(None)
     group = open_group_at(location, mode="r+")
     attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
     state = attributes.get("state")
@@ -661,7 +745,8 @@ def validate_stream(
         problems.append(Problem("state 'appending': an append did not finish; `dist-respattn repair` rolls it back"))
         return problems, 0, 0
     if attributes.get("state") != StoreState.COMPLETE:
-        problems.append(Problem(f"state {attributes.get('state')!r}: the writer did not finish; write it again"))
+        state = attributes.get("state")
+        problems.append(Problem(f"state {state!r}: the writer did not finish; write it again with --overwrite"))
         return problems, 0, 0
     num_tokens = int(attributes["tokens"])
     starts = np.asarray(group["document_starts"][...], dtype=np.int64)

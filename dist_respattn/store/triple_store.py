@@ -19,6 +19,7 @@ from dist_respattn.store.checks import EncodedRows, structural_problems
 from dist_respattn.store.errors import IncompleteStoreError, StoreCorruptError, StoreError
 from dist_respattn.store.identity import corpus_identity
 from dist_respattn.store.location import StoreLocation
+from dist_respattn.store.lock import StoreLocked, live_writer
 from dist_respattn.store.schema import StoreSchema, StoreState
 
 __all__ = [
@@ -143,11 +144,11 @@ class TripleStore:
         with named_metadata_errors(location):
             schema, attributes, problems = structural_problems(group)
         if problems:
-            error = (
-                IncompleteStoreError
-                if attributes.get("state") in (StoreState.WRITING, StoreState.APPENDING)
-                else StoreError
-            )
+            unfinished = attributes.get("state") in (StoreState.WRITING, StoreState.APPENDING)
+            writer = live_writer(location) if unfinished else None
+            if writer is not None:  # not interrupted: still being written, and repair would be refused
+                raise StoreLocked(f"{location}: not complete yet: {writer}")
+            error = IncompleteStoreError if unfinished else StoreError
             raise error(f"{location}: " + "; ".join(str(p) for p in problems))
         assert schema is not None
         with named_metadata_errors(location):

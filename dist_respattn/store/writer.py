@@ -4,6 +4,10 @@ A writer marks the store ``writing`` (new) or ``appending`` before its first row
 with the new row count only after its last, so a writer killed at any moment leaves either a store
 that refuses to open (new) or one whose committed rows are intact and that
 :func:`rollback_append` restores (append). A writer that fails on bad input cleans up itself.
+
+Every writer, and :func:`rollback_append`, holds the store's writer lock
+(:class:`~dist_respattn.store.lock.StoreLock`) from before it looks at the store until it is done, so
+no two of them ever work on one store at once.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dist_respattn.store.checks import EncodedRows, block_problems, structural_p
 from dist_respattn.store.errors import SchemaMismatchError, StoreError
 from dist_respattn.store.layout import Chunking, choose_chunking, compressors_for
 from dist_respattn.store.location import StoreLocation
+from dist_respattn.store.lock import StoreLock, StoreLocked, remove_partials
 from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, SCHEMA_VERSION, StoreSchema, StoreState
 from dist_respattn.store.triple_store import TripleStore, open_group_at
 
@@ -77,8 +82,10 @@ class StoreWriter:
         appending: bool,
         provenance: dict[str, Any],
         progress: ProgressCallback | None,
+        lock: StoreLock,
     ) -> None:
         self.location = location
+        self._lock = lock  # held from before the store was looked at; released by close or abort
         self.schema = schema
         self.chunking = chunking
         self._group = group
@@ -129,6 +136,31 @@ class StoreWriter:
             raise ValueError(f"row_order = {row_order!r}: expected one of {', '.join(ROW_ORDERS)}")
         final = StoreLocation.of(url, storage_options)
         chunking = choose_chunking(schema.row_bytes, chunk_rows, partition_rows)
+        lock = StoreLock.take(final, purpose="overwrite" if overwrite else "new store")
+        try:
+            writer = cls._create_locked(
+                final, schema, chunking, compression, row_order, provenance, overwrite, progress, lock
+            )
+        except BaseException:
+            lock.release()
+            raise
+        return writer
+
+    @classmethod
+    def _create_locked(
+        cls,
+        final: StoreLocation,
+        schema: StoreSchema,
+        chunking: Chunking,
+        compression: str,
+        row_order: str,
+        provenance: dict[str, Any] | None,
+        overwrite: bool,
+        progress: ProgressCallback | None,
+        lock: StoreLock,
+    ) -> StoreWriter:
+        """:meth:`create` once the lock is held: what killed writers left is removed, then the store begun."""
+        remove_partials(final)
         location, replaces = final, None
         if final.exists():
             if not overwrite:
@@ -171,8 +203,9 @@ class StoreWriter:
                 dimension_names=("row", "position") if name == "context" else ("row", "dim") if row_shape else ("row",),
             )
         writer = cls(
-            location, group, schema, chunking, attributes, appending=False, provenance=provenance, progress=progress
-        )
+            location, group, schema, chunking, attributes, appending=False, provenance=provenance, progress=progress,
+            lock=lock,
+        )  # fmt: skip
         writer._replaces = replaces
         return writer
 
@@ -187,7 +220,25 @@ class StoreWriter:
         progress: ProgressCallback | None = None,
     ) -> StoreWriter:
         """Start appending rows of ``schema`` to the complete store at ``url``; a different schema is refused."""
+        lock = StoreLock.take(StoreLocation.of(url, storage_options), purpose="append")
+        try:
+            return cls._append_locked(url, schema, provenance, storage_options, progress, lock)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def _append_locked(
+        cls,
+        url: str | os.PathLike[str] | StoreLocation,
+        schema: StoreSchema,
+        provenance: dict[str, Any] | None,
+        storage_options: dict[str, Any] | None,
+        progress: ProgressCallback | None,
+        lock: StoreLock,
+    ) -> StoreWriter:
         store = TripleStore.open(url, storage_options=storage_options)
+        remove_partials(store.location)
         store.schema.check_same(schema, f"{store.location}: cannot append")
         group = open_group_at(store.location, mode="r+")
         attributes = dict(store.attributes)
@@ -209,6 +260,7 @@ class StoreWriter:
             appending=True,
             provenance=record,
             progress=progress,
+            lock=lock,
         )
 
     # -- writing ---------------------------------------------------------------------------
@@ -322,7 +374,12 @@ class StoreWriter:
     # -- ending ----------------------------------------------------------------------------
 
     def close(self) -> TripleStore:
-        """Write the last partial partition, then commit the new row count and mark the store complete."""
+        """Write the last partial partition, then commit the new row count and mark the store complete.
+
+        Raises :class:`~dist_respattn.store.lock.StoreLocked` without committing when the store's lock was
+        broken while this writer held it (its heartbeats stopped for the lock's whole timeout): another
+        writer may be at work on the store, so this one leaves it to them.
+        """
         if self._closed:
             raise StoreError(f"{self.location}: the writer is already closed")
         self._flush()
@@ -335,12 +392,21 @@ class StoreWriter:
             attributes["provenance"] = provenance
         else:
             attributes["provenance"] = {**self._provenance, "rows": self.rows_written}
+        try:
+            self._lock.check()
+        except StoreLocked:
+            self._closed = True  # not aborted either: the store is another writer's now
+            self._lock.release()
+            raise
         self._group.attrs[ATTRIBUTE_KEY] = attributes
         self._closed = True
-        if self._replaces is not None:
-            # Only now does the old store go: until here a failure left it untouched.
-            self.location.replace(self._replaces)
-            self.location = self._replaces
+        try:
+            if self._replaces is not None:
+                # Only now does the old store go: until here a failure left it untouched.
+                self.location.replace(self._replaces)
+                self.location = self._replaces
+        finally:
+            self._lock.release()
         return TripleStore.open(self.location)
 
     def abort(self) -> None:
@@ -348,12 +414,15 @@ class StoreWriter:
         if self._closed:
             return
         self._closed = True
-        if self._appending:
-            rollback_append(self.location)
-        else:
-            fs, root = self.location.filesystem()
-            if fs.exists(root):
-                fs.rm(root, recursive=True)
+        try:
+            if self._appending:
+                rollback_locked(self.location)
+            else:
+                fs, root = self.location.filesystem()
+                if fs.exists(root):
+                    fs.rm(root, recursive=True)
+        finally:
+            self._lock.release()
 
     def __enter__(self) -> StoreWriter:
         return self
@@ -380,9 +449,18 @@ def rollback_append(
     """Restore a store whose append was interrupted to its committed rows; return that row count.
 
     A complete store is left as it is. A new store whose writer never finished cannot be restored
-    (it has no committed rows) and raises.
+    (it has no committed rows) and raises. Refused (:class:`~dist_respattn.store.lock.StoreLocked`) while
+    a live writer holds the store's lock; a dead writer's lock is broken. The staging copies killed
+    writers left beside the store (``<store>.partial-*``) are removed.
     """
     location = StoreLocation.of(url, storage_options)
+    with StoreLock.of(location, purpose="repair"):
+        remove_partials(location)
+        return rollback_locked(location)
+
+
+def rollback_locked(location: StoreLocation) -> int:
+    """:func:`rollback_append` for a caller that holds the store's lock."""
     group = open_group_at(location, mode="r+")
     attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
     if not attributes:
@@ -392,7 +470,8 @@ def rollback_append(
         return int(attributes["rows"])
     if state != StoreState.APPENDING:
         raise StoreError(
-            f"{location}: state {state!r}: only an interrupted append can be rolled back; write the store again"
+            f"{location}: state {state!r}: only an interrupted append can be rolled back; write the store again "
+            "(the same command with --overwrite)"
         )
     rows = int(attributes["rows"])
     schema = StoreSchema.from_json(attributes, str(location))

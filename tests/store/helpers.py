@@ -116,3 +116,13 @@ def edit_attributes(store_path, **changes) -> None:
 
 def copy_store(src, dst) -> None:
     shutil.copytree(os.fspath(src), os.fspath(dst))
+
+
+def as_if_killed(lock) -> None:
+    """Leave a held writer lock as a writer killed now would: no more heartbeats, its pid a dead process's."""
+    from tests.registry.conftest import dead_pid
+    from tests.registry.test_files_lock import stop_heartbeat
+
+    stop_heartbeat(lock)
+    record = lock.files.read_json(lock.name)
+    lock.files.write_json(lock.name, {**record, "pid": dead_pid()})

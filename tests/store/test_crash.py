@@ -35,6 +35,7 @@ from tests.store.helpers import (
     N,
     S,
     T,
+    as_if_killed,
     assert_rows,
     assert_same_rows,
     random_rows,
@@ -212,7 +213,8 @@ def test_rollback_restores_an_append_interrupted_between_flushes(tmp_path):
     writer = StoreWriter.append(tmp_path / "s.zarr", StoreSchema(S, N, D, T, has_weight=True))
     more = random_rows(600, seed=2, weighted=True)
     writer.write(more["context"], more["query"], more["target"], more["weight"])  # flushes 1000..1536
-    del writer  # never closed nor aborted: as if the process died here
+    as_if_killed(writer._lock)  # never closed nor aborted: as if the process died here
+    del writer
     assert zarr.open_array(str(tmp_path / "s.zarr" / "query"), mode="r").shape[0] == 1536
     assert shard_file(tmp_path / "s.zarr", "query", 5).exists()
     with pytest.raises(IncompleteStoreError):
