@@ -1,4 +1,4 @@
-"""``dist-respattn retrain`` and ``dist-respattn models list/show/check``: the model registry on the command line.
+"""``dist-respattn retrain`` and ``dist-respattn models list/show/check/export/repair``: the model registry.
 
 Exit status of ``retrain``: 0 a new version was published, 1 the gate kept the current version,
 2 an error (nothing published), 3 another run holds the registry's lock.
@@ -86,7 +86,9 @@ def register(sub: Any) -> None:
     show = actions.add_parser("show", help="one version's record (default: latest)")
     show.add_argument("registry", help="the registry (directory or URL)")
     show.add_argument("version", nargs="?", default="latest", help="a version number or 'latest' (default)")
-    check = actions.add_parser("check", help="verify latest and every version's files (exit 1 on a problem)")
+    check = actions.add_parser(
+        "check", help="verify latest and every version's record and files against their SHA-256 (exit 1 on a problem)"
+    )
     check.add_argument("registry", help="the registry (directory or URL)")
     export = actions.add_parser(
         "export",
@@ -100,11 +102,31 @@ def register(sub: Any) -> None:
     export.add_argument("registry", help="the registry (directory or URL)")
     export.add_argument("version", help="a version number or 'latest'")
     export.add_argument("directory", metavar="DIR", help="the model directory to write (a new or empty directory)")
+    repair = actions.add_parser(
+        "repair",
+        help="point a missing or dangling latest at the newest version that checks out (under the registry's lock)",
+        description=(
+            "When latest.json is missing or names no version although versions exist, point it at the newest "
+            "version whose record and files check out (or at --version N). A latest that names a version is left "
+            "alone. Exit status: 0 latest names a version and nothing else is wrong, 1 problems remain (listed), "
+            "2 error, 3 another run holds the registry."
+        ),
+    )
+    repair.add_argument("registry", help="the registry (directory or URL)")
+    repair.add_argument("--version", type=positive_int, metavar="N", help="the version latest should name")
+    repair.add_argument(
+        "--lock-timeout",
+        type=positive_float,
+        default=300.0,
+        metavar="SECONDS",
+        help="another run's lock without a heartbeat for this long is abandoned and broken (default 300)",
+    )
     for action, handler, printer in (
         (listing, _run_list, _print_list),
         (show, _run_show, _print_show),
         (check, _run_check, _print_check),
         (export, _run_export, _print_export),
+        (repair, _run_repair, _print_repair),
     ):
         action.add_argument(
             "--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option for URLs (repeatable)"
@@ -263,5 +285,39 @@ def _print_check(report: dict[str, Any]) -> None:
             f"{report['registry']}: {report['versions']} version(s), latest {report['latest']}: every file checks out"
         )
         return
+    for problem in report["problems"]:
+        print(f"problem: {problem}")
+
+
+def _run_repair(args: argparse.Namespace) -> dict[str, Any]:
+    from dist_respattn.registry import RegistryLocked
+
+    registry = _registry(args)
+    try:
+        with registry.lock(stale_after=args.lock_timeout) as lock:
+            before = registry.missing_latest()
+            latest = registry.repair_latest(lock, args.version)
+    except RegistryLocked as exc:
+        return {"registry": args.registry, "locked": True, "error": " ".join(str(exc).split()), "exit_status": 3}
+    problems = registry.problems()
+    return {
+        "registry": args.registry,
+        "latest": latest,
+        "repaired": before is not None and latest is not None,
+        "problems": problems,
+        "exit_status": 0 if latest is not None and not problems else 1,
+    }
+
+
+def _print_repair(report: dict[str, Any]) -> None:
+    if report.get("locked"):
+        print(f"not run: {report['error']}")
+        return
+    if report["latest"] is None:
+        print(f"{report['registry']}: no version checks out: latest left as it was")
+    elif report["repaired"]:
+        print(f"{report['registry']}: latest now names version {report['latest']}")
+    else:
+        print(f"{report['registry']}: latest names version {report['latest']}: nothing to repair")
     for problem in report["problems"]:
         print(f"problem: {problem}")

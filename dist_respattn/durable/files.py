@@ -25,7 +25,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-__all__ = ["TEMP_PREFIX", "AtomicFiles"]
+__all__ = ["TEMP_PREFIX", "AtomicFiles", "json_bytes"]
 
 #: The prefix of a local write's temporary file (the readers of these files ignore such names).
 TEMP_PREFIX = ".tmp-"
@@ -123,10 +123,10 @@ class AtomicFiles:
         return True
 
     def write_json(self, name: str, value: dict[str, Any]) -> None:
-        self.write(name, _json_bytes(value))
+        self.write(name, json_bytes(value))
 
     def create_json(self, name: str, value: dict[str, Any]) -> bool:
-        return self.create(name, _json_bytes(value))
+        return self.create(name, json_bytes(value))
 
     def delete(self, name: str) -> None:
         """Remove ``name`` (a file or a folder); already gone is fine."""
@@ -172,7 +172,8 @@ class AtomicFiles:
         return temp
 
 
-def _json_bytes(value: dict[str, Any]) -> bytes:
+def json_bytes(value: dict[str, Any]) -> bytes:
+    """The bytes :meth:`AtomicFiles.write_json` writes: indented strict JSON, non-finite floats as ``null``."""
     return (json.dumps(_finite(value), indent=2, allow_nan=False) + "\n").encode()
 
 

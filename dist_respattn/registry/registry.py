@@ -11,6 +11,13 @@ Publishing writes the model's files under a fresh token, then claims the version
 ``versions/<n>.json`` exclusively, then replaces ``latest.json``. A writer killed at any point leaves
 ``latest.json`` naming a complete version: before the claim, the new files are an orphan (removed by
 the next run); after it, the version exists and ``latest`` still names the previous one until replaced.
+
+A version's record carries ``record_sha256``, the SHA-256 of the rest of the record (its canonical
+JSON: sorted keys, no spaces), and names its model's files with theirs, so an edited record or file is
+found by :meth:`Registry.problems` and refused by :meth:`Registry.load`. Versions without a ``latest``
+(the pointer deleted, or a first publish killed between the claim and the pointer) are a problem too:
+``retrain`` refuses to publish past them without the gate, and :meth:`Registry.repair_latest`
+(``dist-respattn models repair``) points ``latest`` at the newest version that checks out.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from dist_respattn.durable.files import json_bytes
 from dist_respattn.engine.checkpoint import (
     LATEST,
     META_FILE,
@@ -44,6 +52,8 @@ FORMAT = "dist_respattn.registry"
 FORMAT_VERSION = 1
 REGISTRY_FILE = "registry.json"
 LATEST_FILE = "latest.json"
+#: The key of a version record's own checksum.
+RECORD_SHA256 = "record_sha256"
 VERSIONS = "versions"
 MODELS = "models"
 _VERSION_NAME = re.compile(r"^(\d{6,})\.json$")
@@ -55,6 +65,12 @@ def _now() -> str:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def record_checksum(record: dict[str, Any]) -> str:
+    """The SHA-256 of a version record without its ``record_sha256``: its canonical JSON (sorted keys, no spaces)."""
+    rest = {k: v for k, v in record.items() if k != RECORD_SHA256}
+    return _sha256(json.dumps(rest, sort_keys=True, separators=(",", ":"), allow_nan=False).encode())
 
 
 @dataclass(frozen=True)
@@ -160,7 +176,9 @@ class Registry:
         return self.version(number)
 
     def _verified_files(self, version: Version) -> dict[str, bytes]:
-        """The model files of ``version``, each checked against the SHA-256 its record holds."""
+        """The model files of ``version``: its record checked against its own checksum, each file against the
+        SHA-256 the record holds."""
+        self._check_record(version)
         contents = {}
         for name, digest in version.record.get("files", {}).items():
             where = f"{version.model_path}/{name}"
@@ -214,16 +232,42 @@ class Registry:
         folder.point(LATEST, name, iteration=iteration, registry=str(self), version=version.number)
         return version, target / name
 
+    def _check_record(self, version: Version) -> None:
+        """Raise unless ``version``'s record matches its own checksum (an edited record is refused)."""
+        where = self.files.where(_version_file(version.number))
+        recorded = version.record.get(RECORD_SHA256)
+        if recorded is None:
+            raise RegistryError(f"{where}: no {RECORD_SHA256}: the record is not covered by a checksum")
+        if recorded != record_checksum(version.record):
+            raise RegistryError(f"{where}: the record differs from its {RECORD_SHA256} (edited after it was published)")
+
+    def missing_latest(self) -> str | None:
+        """Why ``latest`` is unusable although versions exist (a problem ``retrain`` refuses), else ``None``."""
+        latest = self.latest_number()
+        numbers = self.numbers()
+        if not numbers:
+            return None
+        if latest is None:
+            state = f"missing, but {len(numbers)} version(s) exist ({_span(numbers)})"
+        elif latest not in numbers:
+            state = f"names version {latest}, which does not exist"
+        else:
+            return None
+        return (
+            f"{self.files.where(LATEST_FILE)}: {state}: run `dist-respattn models repair {self}` to point it at "
+            "the newest version that checks out"
+        )
+
     def problems(self) -> list[str]:
-        """Everything wrong with the registry: a ``latest`` that names no version, damaged versions."""
+        """Everything wrong with the registry: versions without a usable ``latest``, edited or damaged versions."""
         found: list[str] = []
         try:
-            latest = self.latest_number()
+            latest_problem = self.missing_latest()
             numbers = self.numbers()
         except RegistryError as exc:
             return [str(exc)]
-        if latest is not None and latest not in numbers:
-            found.append(f"{self.files.where(LATEST_FILE)}: names version {latest}, which does not exist")
+        if latest_problem is not None:
+            found.append(latest_problem)
         for number in numbers:
             try:
                 self.load(number)
@@ -255,6 +299,8 @@ class Registry:
             "model": folder,
             "files": {PARAMS_FILE: _sha256(params), META_FILE: _sha256(meta)},
         }
+        full = json.loads(json_bytes(full))  # the record as it will be read back (non-finite floats as null)
+        full[RECORD_SHA256] = record_checksum(full)
         lock.check()
         if not self.files.create_json(_version_file(number), full):
             raise RegistryError(
@@ -263,6 +309,31 @@ class Registry:
             )
         self.files.write_json(LATEST_FILE, {"version": number, "published": _now()})
         return Version(number, full)
+
+    def repair_latest(self, lock: RegistryLock, number: int | None = None) -> int | None:
+        """Point ``latest`` at version ``number`` (default: the newest that checks out) when it is missing or
+        names no version; return the version it names now (``None``: no version checks out, nothing written).
+
+        A ``latest`` that names an existing version is left as it is (and returned).
+        """
+        lock.check()
+        if self.missing_latest() is None:
+            if number is not None:
+                raise RegistryError(f"{self.files.where(LATEST_FILE)}: names version {self.latest_number()}: "
+                                    "nothing to repair")  # fmt: skip
+            return self.latest_number()
+        candidates = [number] if number is not None else list(reversed(self.numbers()))
+        for candidate in candidates:
+            try:
+                self.load(candidate)
+            except RegistryError:
+                if number is not None:
+                    raise
+                continue
+            lock.check()
+            self.files.write_json(LATEST_FILE, {"version": candidate, "published": _now(), "repaired": True})
+            return candidate
+        return None
 
     def prune(self, lock: RegistryLock, keep: int) -> list[int]:
         """Remove all but the newest ``keep`` versions (never ``latest``), and model files no version names."""
@@ -289,6 +360,10 @@ class Registry:
         orphans += self.files.remove_temporaries("", sparing=LOCK_FILE)
         orphans += self.files.remove_temporaries(VERSIONS)
         return orphans
+
+
+def _span(numbers: list[int]) -> str:
+    return str(numbers[0]) if len(numbers) == 1 else f"{numbers[0]}-{numbers[-1]}"
 
 
 def _version_file(number: int) -> str:

@@ -33,6 +33,7 @@ from dist_respattn.engine.fit import fit, open_store
 from dist_respattn.engine.loop import store_record
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.settings import FitSettings
+from dist_respattn.registry.files import RegistryError
 from dist_respattn.registry.lock import DEFAULT_STALE_AFTER
 from dist_respattn.registry.registry import Registry
 from dist_respattn.store import check_recorded_corpus
@@ -228,6 +229,9 @@ def retrain(
     try:
         with reg.lock(stale_after=stale_after) as lock:
             reg.remove_orphans(lock)  # what a killed run left: an unclaimed version's files, temporary files
+            unusable = reg.missing_latest()
+            if unusable is not None:  # a fresh fit published past versions nobody compared it with: no gate
+                raise RegistryError(f"{unusable}; retrain refuses to publish without a latest version to gate against")
             current = reg.latest()
             if current is not None:
                 _check_corpus(current.record, train, heldout)

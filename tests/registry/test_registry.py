@@ -196,7 +196,8 @@ def test_missing_model_file_and_dangling_latest_are_problems(three, root):
     (root / "latest.json").write_text(json.dumps({"version": 9}))
     problems = three.problems()
     assert problems == [
-        f"{root}/latest.json: names version 9, which does not exist",
+        f"{root}/latest.json: names version 9, which does not exist: run `dist-respattn models repair {root}` "
+        "to point it at the newest version that checks out",
         f"{root}/{three.version(1).model_path}/meta.json: missing (version 1 is damaged)",
     ]
     with pytest.raises(RegistryError, match="no version 9"):
