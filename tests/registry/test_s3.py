@@ -212,3 +212,27 @@ def test_retrain_on_an_s3_registry_held_by_another_run_exits_3(s3, runs, address
     assert f"pid {os.getpid()} on {socket.gethostname()}" in result.stdout
     assert len(result.stdout.splitlines()) == 1
     assert Registry(REGISTRY, s3.options).numbers() == [2]
+
+
+def test_a_store_on_s3_takes_its_writer_lock_beside_it(s3):
+    """The store's lock is the object ``<store>.lock`` (a conditional PUT): a live holder refuses an append and
+    ``repair``; released, both run, and the append's rows are all there."""
+    from dist_respattn.store import StoreLocation, TripleStore, WriteOptions, rollback_append
+    from dist_respattn.store.lock import StoreLock, StoreLocked
+
+    url = f"s3://{BUCKET}/stores/locked.zarr"
+    layout = dataclasses.replace(LAYOUT, storage_options=s3.options)
+    write_synthetic(url, 3000, model=truth(0), seed=5, options=layout)
+    files = RegistryFiles(f"s3://{BUCKET}/stores", s3.options)
+    assert files.read("locked.zarr.lock") is None  # released by the writer
+    append = WriteOptions(append=True, storage_options=s3.options)
+    with StoreLock.of(url, s3.options, purpose="test"):
+        assert files.read_json("locked.zarr.lock")["purpose"] == "test"
+        with pytest.raises(StoreLocked, match=rf"{url}\.lock: the store is being written by another writer"):
+            write_synthetic(url, 100, seed=6, options=append)
+        with pytest.raises(StoreLocked):
+            rollback_append(url, storage_options=s3.options)
+    assert rollback_append(url, storage_options=s3.options) == 3000
+    assert write_synthetic(url, 100, seed=6, options=append).num_rows == 3100
+    assert TripleStore.open(StoreLocation.of(url, s3.options)).num_rows == 3100
+    assert files.read("locked.zarr.lock") is None

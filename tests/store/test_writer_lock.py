@@ -20,7 +20,7 @@ import zarr
 
 from dist_respattn.store import StoreError, TripleStore, WriteOptions, rollback_append, validate, write_synthetic
 from tests.engine.test_bad_input import run_cli
-from tests.store.helpers import D, N, S, T, as_if_killed
+from tests.store.helpers import D, N, S, T, as_if_killed, random_rows
 
 #: Small partitions, so a writer flushes a shard every few hundred rows.
 TINY = WriteOptions(chunk_rows=256, partition_rows=1024)
@@ -180,7 +180,7 @@ def test_a_live_lock_refuses_the_python_writers_and_rollback(tmp_path):
     assert state(path) == "complete" and TripleStore.open(path).num_rows == BASE_ROWS
     assert write_synthetic(path, 10, seed=1, options=WriteOptions(append=True)).num_rows == BASE_ROWS + 10
     assert not Path(f"{path}.lock").exists()
-    with pytest.raises(StoreError):  # a refused writer never took the lock, so it left none behind
+    with pytest.raises(StoreError):  # a writer that failed released its lock
         rollback_append(tmp_path / "missing.zarr")
     assert not (tmp_path / "missing.zarr.lock").exists()
 
@@ -240,3 +240,32 @@ def test_repair_removes_a_killed_stream_writers_staging_copy(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     again = run_cli("repair", str(path))
     assert again.returncode == 2 and f"{path}: no store here" in again.stderr
+
+
+def test_an_unfinished_new_store_says_to_write_it_again_with_overwrite(tmp_path):
+    """``write it again`` alone sent the user to the same command, which refuses an existing path."""
+    from dist_respattn.store import IncompleteStoreError, StoreSchema, StoreWriter
+
+    path = tmp_path / "s.zarr"
+    writer = StoreWriter.create(path, StoreSchema(S, N, D, T))
+    as_if_killed(writer._lock)
+    with pytest.raises(IncompleteStoreError, match="write it again, adding --overwrite to the same command"):
+        TripleStore.open(path)
+    with pytest.raises(StoreError, match=r"write the store again \(the same command with --overwrite\)"):
+        rollback_append(path)
+
+
+def test_a_writer_whose_lock_was_broken_does_not_mark_the_store_complete(tmp_path):
+    """A holder that stalled past the timeout may have had its lock broken and another writer let in."""
+    from dist_respattn.store import StoreSchema, StoreWriter
+    from dist_respattn.store.lock import StoreLock, StoreLocked
+
+    path = tmp_path / "s.zarr"
+    synthetic_store(path)
+    writer = StoreWriter.append(path, StoreSchema(S, N, D, T))
+    writer.write(*(random_rows(300)[name] for name in ("context", "query", "target")))
+    as_if_killed(writer._lock)  # to the next writer it looks dead, so it is broken
+    with StoreLock.of(path, purpose="repair"):
+        with pytest.raises(StoreLocked, match="this run lost the store's writer lock"):
+            writer.close()
+        assert state(path) == "appending"  # not committed, not rolled back: the store is the new holder's
