@@ -91,6 +91,7 @@ def test_an_append_that_fails_on_a_bad_id_rolls_itself_back(tmp_path):
     assert after.fingerprint() == before.fingerprint()
     assert_same_store(after, before)
     assert sorted(p.name for p in (tmp_path / "a.zarr" / "tokens" / "c").iterdir()) == ["0", "1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.zarr"]  # the abort rolled back and released the lock
 
 
 # Appends far more tokens than it will ever finish, in small shards.

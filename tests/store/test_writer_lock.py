@@ -269,3 +269,95 @@ def test_a_writer_whose_lock_was_broken_does_not_mark_the_store_complete(tmp_pat
         with pytest.raises(StoreLocked, match="this run lost the store's writer lock"):
             writer.close()
         assert state(path) == "appending"  # not committed, not rolled back: the store is the new holder's
+
+
+# -- token-stream stores ---------------------------------------------------------------------------
+
+BASE_TOKENS = 3000
+STREAM_SYMBOLS = 40
+
+#: A stream append that writes documents of 512 tokens until the file STOP appears, then closes and
+#: prints the tokens it wrote (as :data:`WRITER` does for a triple store).
+STREAM_APPENDER = f"""
+import os, sys
+import numpy as np
+from dist_respattn.store.stream_store import StreamWriter
+path, stop = sys.argv[1:]
+writer = StreamWriter.append(path, weighted=False)
+rng, written = np.random.default_rng(0), 0
+while not os.path.exists(stop) or written < 4096:
+    writer.start_document()
+    writer.write(rng.integers(0, {STREAM_SYMBOLS}, 512))
+    written += 512
+writer.close()
+print(written)
+"""
+
+
+def stream_store(path: Path) -> None:
+    """A stream store of BASE_TOKENS tokens in shards of 1024 (so an append writes a shard every two documents)."""
+    from dist_respattn.store.stream_ingest import write_stream_tokens
+
+    tokens = np.random.default_rng(0).integers(0, STREAM_SYMBOLS, BASE_TOKENS)
+    write_stream_tokens(path, tokens, 3, num_symbols=STREAM_SYMBOLS, options=TINY)
+
+
+def stream_appending(path: Path) -> bool:
+    try:
+        return state(path) == "appending" and len(os.listdir(path / "tokens" / "c")) > BASE_TOKENS // 1024 + 3
+    except (OSError, KeyError):
+        return False
+
+
+@pytest.mark.slow  # three processes started one after another: ~5 s, more on a busy machine
+def test_repair_during_a_running_stream_append_is_refused_and_the_append_loses_nothing(tmp_path):
+    """The reported loss, for a token-stream store: ``repair`` while an append ran cut the store back to its
+    committed tokens under the writer (or failed with "still damaged after the rollback"), and the append then
+    marked the store complete with its shards gone. Now ``repair`` is refused naming the live writer, and the
+    append ends with every token; a reader meanwhile is told a writer is at work, not to run ``repair``."""
+    from dist_respattn.store.stream_store import TokenStreamStore, validate_stream
+
+    path, stop = tmp_path / "stream.zarr", tmp_path / "stop"
+    stream_store(path)
+    argv = [sys.executable, "-c", STREAM_APPENDER, str(path), str(stop)]
+    writer = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: stream_appending(path), "the append to write new shards", writer)
+
+    repair, info = run_cli("repair", str(path)), run_cli("info", str(path))
+    appended = finish(writer, stop)
+
+    assert repair.returncode == 2, (repair.stdout, repair.stderr)
+    message = repair.stderr.strip()
+    assert len(message.splitlines()) == 1, message
+    assert f"{path}.lock" in message and "another writer" in message and f"append, pid {writer.pid} on " in message
+    assert validate_stream(path)[0] == []
+    store = TokenStreamStore.open(path)
+    assert store.num_tokens == BASE_TOKENS + appended
+    assert store.document_starts().size == 1 + appended // 512
+    assert not Path(f"{path}.lock").exists()  # released on success
+
+    assert info.returncode == 2
+    assert f"being written by another writer (-c {path} {stop}, append, pid {writer.pid} on " in info.stderr
+    assert "run `dist-respattn repair`" not in info.stderr, info.stderr
+
+
+def test_a_live_lock_refuses_the_stream_writers_and_rollback(tmp_path):
+    """A stream store's append, overwrite and rollback take the same lock as a triple store's writers."""
+    from dist_respattn.store.lock import StoreLock, StoreLocked
+    from dist_respattn.store.stream_ingest import write_stream_tokens
+    from dist_respattn.store.stream_store import TokenStreamStore, rollback_stream_append
+
+    path = tmp_path / "stream.zarr"
+    stream_store(path)
+    more = np.arange(100) % STREAM_SYMBOLS
+    with StoreLock.of(path, purpose="test"):
+        with pytest.raises(StoreLocked, match=r"another writer \(.*test, pid \d+"):
+            write_stream_tokens(path, more, None, options=WriteOptions(append=True))
+        with pytest.raises(StoreLocked):
+            rollback_stream_append(path)
+        with pytest.raises(StoreLocked):
+            write_stream_tokens(path, more, 3, num_symbols=STREAM_SYMBOLS, options=WriteOptions(overwrite=True))
+    assert TokenStreamStore.open(path).num_tokens == BASE_TOKENS and partials(path) == []
+    appended = write_stream_tokens(path, more, None, options=WriteOptions(append=True))
+    assert appended.num_tokens == BASE_TOKENS + 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stream.zarr"]  # the append released its lock
