@@ -46,6 +46,7 @@ from dist_respattn.store.triple_store import (
     open_group_at,
     shard_key,
 )
+from dist_respattn.store.windows import make_windows, target_positions
 
 __all__ = [
     "STREAM_SCHEMA_NAME",
@@ -119,9 +120,7 @@ class _Rows:
 
     def positions(self, start: int, stop: int) -> np.ndarray:
         """The target token of rows ``[start, stop)``: (n,) int64."""
-        rows = np.arange(start, stop, dtype=np.int64)
-        d = np.searchsorted(self.row_starts, rows, side="right") - 1
-        return self.starts[d] + self.context_length + (rows - self.row_starts[d])
+        return target_positions(self.starts, self.row_starts, self.context_length, start, stop)
 
 
 class TokenStreamStore:
@@ -270,14 +269,27 @@ class TokenStreamStore:
         """Rows ``[start, stop)``: their windows made from the tokens they span and the N tokens before."""
         if not 0 <= start <= stop <= self.num_rows:
             raise IndexError(f"{self.location}: rows [{start}, {stop}) outside [0, {self.num_rows})")
+        return self._rows_at(self._rows.positions(start, stop), start)
+
+    def read_selected(self, start: int, stop: int, selected: np.ndarray) -> EncodedRows:
+        """The rows of ``[start, stop)`` where ``selected`` (stop - start,) bool is true, in row order.
+
+        Only the tokens from the first selected row's window to the last selected target are read and only
+        the selected windows are made (a hold-out's stripes, say). ``start`` of the result is ``start``.
+        """
+        if not 0 <= start <= stop <= self.num_rows:
+            raise IndexError(f"{self.location}: rows [{start}, {stop}) outside [0, {self.num_rows})")
+        return self._rows_at(self._rows.positions(start, stop)[np.asarray(selected, dtype=bool)], start)
+
+    def _rows_at(self, pos: np.ndarray, start: int) -> EncodedRows:
+        """The rows whose targets are the increasing token positions ``pos`` (n,), labelled from store row ``start``."""
         n_pos = self.schema.context_length
         s = self.schema
-        if stop == start:
+        if pos.shape[0] == 0:
             return EncodedRows(
                 np.zeros((0, n_pos), np.int32), np.zeros((0, s.query_dim), s.query_dtype), np.zeros(0, np.int32),
                 np.zeros(0, np.float32) if s.has_weight else None, start,
             )  # fmt: skip
-        pos = self._rows.positions(start, stop)
         first, last = int(pos[0]) - n_pos, int(pos[-1]) + 1
         span = self._read("tokens", self._tokens, first, last)
         bad = np.flatnonzero(span >= s.num_symbols)
@@ -288,11 +300,8 @@ class TokenStreamStore:
                 f"[0, {s.num_symbols}) ({bad.size} bad ids in tokens {first}..{last - 1}); "
                 "`dist-respattn validate` lists them"
             )
-        ids = span.astype(np.int32)
         local = pos - first
-        context = ids[local[:, None] - n_pos + np.arange(n_pos)]
-        query = self._table[ids[local - 1]]
-        target = ids[local]
+        context, query, target = make_windows(span, local, n_pos, self._table)
         weight = None
         if self._weight is not None:
             weight = self._read("weight", self._weight, first, last)[local]
@@ -300,17 +309,23 @@ class TokenStreamStore:
 
     def iter_blocks(self, part: Partition | int, block_rows: int | None = None) -> Iterator[EncodedRows]:
         """A partition's rows by token chunk (or ``block_rows`` rows at a time)."""
+        for begin, end in self.block_ranges(part, block_rows):
+            yield self.read_rows(begin, end)
+
+    def block_ranges(self, part: Partition | int, block_rows: int | None = None) -> list[tuple[int, int]]:
+        """The ``(start, stop)`` rows of the blocks :meth:`iter_blocks` reads, without reading them."""
         part = self.partition(part) if isinstance(part, int) else part
         if block_rows is not None:
-            for begin in range(part.start, part.stop, int(block_rows)):
-                yield self.read_rows(begin, min(begin + int(block_rows), part.stop))
-            return
+            step = int(block_rows)
+            return [(begin, min(begin + step, part.stop)) for begin in range(part.start, part.stop, step)]
+        ranges = []
         first = part.index * self.partition_tokens
         for chunk_start in range(first, min(first + self.partition_tokens, self.num_tokens), self.chunk_tokens):
             begin = max(self._rows.rows_before(chunk_start), part.start)
             end = min(self._rows.rows_before(chunk_start + self.chunk_tokens), part.stop)
             if end > begin:
-                yield self.read_rows(begin, end)
+                ranges.append((begin, end))
+        return ranges
 
     def read_partition(self, part: Partition | int) -> EncodedRows:
         part = self.partition(part) if isinstance(part, int) else part

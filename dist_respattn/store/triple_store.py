@@ -229,12 +229,32 @@ class TripleStore:
         Memory is a few blocks (the block being read, zarr's decode buffers, and the previous block
         while the caller holds it), whatever the partition or store size.
         """
+        for start, stop in self.block_ranges(part, block_rows):
+            yield self.read_rows(start, stop)
+
+    def block_ranges(self, part: Partition | int, block_rows: int | None = None) -> list[tuple[int, int]]:
+        """The ``(start, stop)`` rows of the blocks :meth:`iter_blocks` reads, without reading them."""
         part = self.partition(part) if isinstance(part, int) else part
         step = self.chunk_rows if block_rows is None else int(block_rows)
         if step < 1:
             raise ValueError(f"block_rows = {block_rows}: expected a positive number of rows")
-        for start in range(part.start, part.stop, step):
-            yield self.read_rows(start, min(start + step, part.stop))
+        return [(start, min(start + step, part.stop)) for start in range(part.start, part.stop, step)]
+
+    def read_selected(self, start: int, stop: int, selected: np.ndarray) -> EncodedRows:
+        """The rows of ``[start, stop)`` where ``selected`` (stop - start,) bool is true, in row order.
+
+        Reads the rows from the first selected one to the last (zarr decodes their chunks whole anyway).
+        ``start`` of the result is ``start``.
+        """
+        selected = np.asarray(selected, dtype=bool)
+        at = np.flatnonzero(selected)
+        if at.size == 0:
+            return self.read_rows(start, start)
+        first, last = start + int(at[0]), start + int(at[-1]) + 1
+        rows = self.read_rows(first, last)
+        keep = selected[first - start : last - start]
+        weight = None if rows.weight is None else rows.weight[keep]
+        return EncodedRows(rows.context[keep], rows.query[keep], rows.target[keep], weight, start)
 
     def read_partition(self, part: Partition | int) -> EncodedRows:
         """A whole partition in memory (for a bounded-memory pass use :meth:`iter_blocks`)."""
