@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
+import numba
 import numpy as np
 
 __all__ = [
     "SIMPLEX_ATOL",
+    "CheckedBatch",
     "ImpossibleEvidenceError",
     "as_encoded",
     "as_finite_matrix",
@@ -18,7 +20,9 @@ __all__ = [
     "as_row_simplex",
     "as_simplex",
     "as_weights",
+    "check_batch",
     "plain",
+    "scan_values",
 ]
 
 #: How far a probability vector's sum may stray from one (float32 inputs round at ~1e-7 per entry).
@@ -139,8 +143,8 @@ def as_encoded(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Check the shapes and dtypes of an encoded batch ``(context, query, target)``.
 
-    Returns the arrays without copying. Values (id ranges, finiteness) are scanned block by block
-    by the kernel, so a huge batch is never copied or masked whole.
+    Returns the arrays without copying. Values (id ranges, finiteness) are :func:`scan_values`' part
+    (:func:`check_batch` does both), one compiled pass, so a huge batch is never copied or masked whole.
 
     Shapes: ``context`` (n, N) integer, ``query`` (n, D) float, ``target`` (n,) integer.
     """
@@ -169,7 +173,7 @@ def as_encoded(
 
 
 def as_weights(weights: Any, n: int) -> np.ndarray | None:
-    """Return ``weights`` as an ``(n,)`` float64 array (values are scanned by the kernel), or ``None``."""
+    """Return ``weights`` as an ``(n,)`` array (its values are :func:`scan_values`' part), or ``None``."""
     if weights is None:
         return None
     array = np.asarray(weights)
@@ -199,3 +203,104 @@ def as_sparse_emission(value: Any, name: str) -> Any:
         i = int(off[0])
         raise ValueError(f"{name} row {i} sums to {plain(sums[i])}: expected every row to sum to 1")
     return value
+
+
+# --------------------------------------------------------------------------------------------
+# The values of an encoded batch, in one compiled pass (no temporaries the size of the batch).
+
+_OK, _BAD_CONTEXT, _BAD_TARGET, _BAD_QUERY, _BAD_WEIGHT = 0, 1, 2, 3, 4
+
+
+@numba.njit(cache=True, nogil=True)
+def _scan_block_numba(context, query, target, weights, num_symbols, num_targets):  # pragma: no cover - compiled
+    """First bad value in row order: ``(code, row, column)``; ``code == 0`` when the block is clean."""
+    n, n_pos = context.shape
+    dim = query.shape[1]
+    for row in range(n):
+        for i in range(n_pos):
+            c = context[row, i]
+            if c < 0 or c >= num_symbols:
+                return _BAD_CONTEXT, row, i
+        tn = target[row]
+        if tn < 0 or tn >= num_targets:
+            return _BAD_TARGET, row, 0
+        for d in range(dim):
+            if not np.isfinite(query[row, d]):
+                return _BAD_QUERY, row, d
+        if weights.shape[0] > 0:
+            w = weights[row]
+            if not np.isfinite(w) or w < 0.0:
+                return _BAD_WEIGHT, row, 0
+    return _OK, -1, -1
+
+
+def _raise_scan_error(code: int, row: int, col: int, context, query, target, weights, num_symbols, num_targets):
+    if code == _BAD_CONTEXT:
+        raise ValueError(
+            f"context[{row}, {col}] = {plain(context[row, col])}: expected a symbol id in [0, {num_symbols})"
+        )
+    if code == _BAD_TARGET:
+        raise ValueError(f"target[{row}] = {plain(target[row])}: expected a target id in [0, {num_targets})")
+    if code == _BAD_QUERY:
+        raise ValueError(f"query[{row}, {col}] = {plain(query[row, col])}: expected finite query values")
+    raise ValueError(f"weights[{row}] = {plain(weights[row])}: expected a finite, non-negative weight")
+
+
+_NO_WEIGHTS = np.zeros(0)
+
+
+def scan_values(
+    context: np.ndarray,
+    query: np.ndarray,
+    target: np.ndarray,
+    weights: np.ndarray | None,
+    *,
+    num_symbols: int,
+    num_targets: int,
+) -> None:
+    """Raise a ``ValueError`` naming the first bad value in row order; one pass, no temporaries.
+
+    Checks: context ids in [0, S), target ids in [0, T), finite queries, finite non-negative weights.
+    """
+    w = _NO_WEIGHTS if weights is None else weights.astype(np.float64, copy=False)
+    code, row, col = _scan_block_numba(context, query, target, w, num_symbols, num_targets)
+    if code != _OK:
+        _raise_scan_error(code, row, col, context, query, target, weights, num_symbols, num_targets)
+
+
+class CheckedBatch(NamedTuple):
+    """An encoded batch whose shapes, dtypes and values :func:`check_batch` has checked (nothing copied).
+
+    Attributes:
+        context: (n, N) integer ids in [0, S).
+        query: (n, D) float32 or float64, finite.
+        target: (n,) integer ids in [0, T).
+        weights: (n,) finite and non-negative, or ``None`` (every row weighs 1).
+    """
+
+    context: np.ndarray
+    query: np.ndarray
+    target: np.ndarray
+    weights: np.ndarray | None
+
+
+def check_batch(
+    x: Any,
+    weights: Any = None,
+    *,
+    num_symbols: int,
+    context_length: int,
+    query_dim: int,
+    num_targets: int,
+) -> CheckedBatch:
+    """Check an encoded batch ``(context (n, N), query (n, D), target (n,))`` and its weights (n,) or ``None``
+    against a head of S symbols, context length N, query dimension D and T targets.
+
+    The one input check of the model layer (the accumulator, the distribution, scoring, the held-out grid and
+    in-process EM all call it): shapes and dtypes (:func:`as_encoded`, :func:`as_weights`), then every value in
+    row order (:func:`scan_values`). The error names the array, the row (and column) and what was expected.
+    """
+    context, query, target = as_encoded(x, context_length=context_length, query_dim=query_dim)
+    w = as_weights(weights, context.shape[0])
+    scan_values(context, query, target, w, num_symbols=num_symbols, num_targets=num_targets)
+    return CheckedBatch(context, query, target, w)

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dist_respattn.model import kernels
-from dist_respattn.model._checks import ImpossibleEvidenceError, as_encoded, as_nonnegative_float, as_weights, plain
+from dist_respattn.model._checks import CheckedBatch, ImpossibleEvidenceError, as_nonnegative_float, check_batch, plain
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import (
     DenseEmissionCounts,
@@ -249,8 +249,9 @@ class ResponsibilityAttentionAccumulator:
         if self._broken is not None:
             raise RuntimeError(f"this accumulator holds a partial update ({self._broken}); make a new one")
 
-    def _encoded(self, x: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return as_encoded(x, context_length=self.context_length, query_dim=self.query_dim)
+    def _checked(self, x: Any, weights: Any) -> CheckedBatch:
+        S, N, D, T = self._shape()
+        return check_batch(x, weights, num_symbols=S, context_length=N, query_dim=D, num_targets=T)
 
     # -------------------------------------------------------------------------------- E-step
 
@@ -271,8 +272,7 @@ class ResponsibilityAttentionAccumulator:
         weighted count and the weighted log-likelihood. Bad values raise before anything is added.
         """
         self._check_usable()
-        context, query, target = self._encoded(x)
-        w = as_weights(weights, context.shape[0])
+        context, query, target, w = self._checked(x, weights)
         if not isinstance(estimate, ResponsibilityAttentionDistribution):
             raise TypeError(f"estimate must be a ResponsibilityAttentionDistribution, got {type(estimate).__name__}")
         got = (estimate.num_symbols, estimate.context_length, estimate.query_dim, estimate.num_targets)
@@ -289,7 +289,7 @@ class ResponsibilityAttentionAccumulator:
             raise ValueError("estimate's emission is not sparse over this accumulator's support")
         try:
             kernels.accumulate_estep(
-                context, query, target, w, estimate.kernel_parameters, self._stats, backend=self.backend
+                context, query, target, w, estimate.kernel_parameters, self._stats, backend=self.backend, checked=True
             )
         except ImpossibleEvidenceError as exc:
             self._broken = str(exc)
@@ -329,9 +329,7 @@ class ResponsibilityAttentionAccumulator:
         carry them as their support (the start pass of a sparse fit finds its support this way).
         """
         self._check_usable()
-        context, query, target = self._encoded(x)
-        w = as_weights(weights, context.shape[0])
-        kernels.scan_values(context, query, target, w, num_symbols=self.num_symbols, num_targets=self.num_targets)
+        context, query, target, w = self._checked(x, weights)
         for start, stop in kernels.block_ranges(context.shape[0], kernels.DEFAULT_BLOCK_ROWS):
             resp = draw(stop - start)
             w_block = None if w is None else w[start:stop]

@@ -20,7 +20,7 @@ import numpy as np
 
 from dist_respattn.model import kernels
 from dist_respattn.model._checks import (
-    as_encoded,
+    CheckedBatch,
     as_finite_matrix,
     as_id_array,
     as_positive_float,
@@ -28,9 +28,11 @@ from dist_respattn.model._checks import (
     as_row_simplex,
     as_simplex,
     as_sparse_emission,
+    check_batch,
 )
 from dist_respattn.model.emission import DenseEmission, Emission, SparseEmission
 from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder
+from dist_respattn.model.log_weights import block_log_weights
 
 if TYPE_CHECKING:
     from dist_respattn.model.estimator import ResponsibilityAttentionEstimator
@@ -155,8 +157,20 @@ class ResponsibilityAttentionDistribution:
 
     def seq_log_density(self, x: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
         """``log p(query, target | context)`` of an encoded batch ``(context, query, target)`` -> (n,)."""
-        context, query, target = as_encoded(x, context_length=self.context_length, query_dim=self.query_dim)
-        return kernels.row_log_likelihood(context, query, target, self.kernel_parameters)
+        context, query, target, _ = self.check_batch(x)
+        return kernels.row_log_likelihood(context, query, target, self.kernel_parameters, checked=True)
+
+    def check_batch(self, x: Any, weights: Any = None) -> CheckedBatch:
+        """Check an encoded batch ``(context (n, N), query (n, D), target (n,))`` and weights (n,) or ``None``
+        against this head's S, N, D and T (:func:`~dist_respattn.model._checks.check_batch`)."""
+        return check_batch(
+            x,
+            weights,
+            num_symbols=self.num_symbols,
+            context_length=self.context_length,
+            query_dim=self.query_dim,
+            num_targets=self.num_targets,
+        )
 
     # --------------------------------------------------------------------------------- prediction
 
@@ -165,25 +179,22 @@ class ResponsibilityAttentionDistribution:
         ctx = np.atleast_2d(np.asarray(context))
         y = np.atleast_2d(np.asarray(query, dtype=np.float64))
         dummy_target = np.zeros(ctx.shape[0], dtype=np.int64)
-        ctx, y, _ = as_encoded((ctx, y, dummy_target), context_length=self.context_length, query_dim=self.query_dim)
-        kernels.scan_values(ctx, y, dummy_target, None, num_symbols=self.num_symbols, num_targets=self.num_targets)
+        ctx, y, _, _ = self.check_batch((ctx, y, dummy_target))
         return ctx, y, single
 
-    def _gate_log_weights(self, ctx: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """``log pi_i - ||y - K[c_i]||^2 / (2 sigma2)`` for a block: (b, N)."""
-        diff = y[:, None, :] - self.key_means[ctx]
-        sq = np.einsum("nid,nid->ni", diff, diff)
-        return self.log_position_prior[None, :] - sq / (2.0 * self.sigma2)
-
     def _attention(self, ctx: np.ndarray, y: np.ndarray, target: np.ndarray | None) -> np.ndarray:
-        """Attention (n, N) over checked arrays, computed in blocks."""
+        """Attention (n, N) over checked arrays, computed in blocks: the softmax of the rows' log-weights."""
         out = np.empty(ctx.shape, dtype=np.float64)
+        inv_two_sigma2 = 0.5 / self.sigma2
         for start, stop in kernels.block_ranges(ctx.shape[0], _PREDICT_BLOCK_ROWS):
-            log_w = self._gate_log_weights(ctx[start:stop], y[start:stop])
+            ctx_b = ctx[start:stop]
+            log_emission = None
             if target is not None:
-                ctx_b = ctx[start:stop]
                 tgt_b = np.broadcast_to(target[start:stop, None], ctx_b.shape)
-                log_w = log_w + self.emission_table.log_prob(ctx_b.reshape(-1), tgt_b.reshape(-1)).reshape(ctx_b.shape)
+                log_emission = self.emission_table.log_prob(ctx_b.reshape(-1), tgt_b.reshape(-1)).reshape(ctx_b.shape)
+            log_w = block_log_weights(
+                ctx_b, y[start:stop], self.key_means, self.log_position_prior, inv_two_sigma2, log_emission
+            )
             best = log_w.max(axis=1, keepdims=True)
             best[~np.isfinite(best)] = 0.0
             w = np.exp(log_w - best)
@@ -206,7 +217,7 @@ class ResponsibilityAttentionDistribution:
                 raise ValueError(
                     f"target has {tgt.shape[0]} ids but there are {ctx.shape[0]} contexts: expected one each"
                 )
-            kernels.scan_values(ctx, y, tgt, None, num_symbols=self.num_symbols, num_targets=self.num_targets)
+            ctx, y, tgt, _ = self.check_batch((ctx, y, tgt))
         out = self._attention(ctx, y, tgt)
         return out[0] if single else out
 

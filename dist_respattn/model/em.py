@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.model import kernels
-from dist_respattn.model._checks import as_encoded, as_weights
+from dist_respattn.model._checks import check_batch
 from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulator, SufficientStatistics
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import SparseEmissionCounts, choose_layout
@@ -240,8 +240,13 @@ def fit_em(
       (S, T), ``"sparse"`` over the pairs the training rows hold, or ``"auto"`` by size. A sparse fit's
       ``init`` is moved onto that support (:meth:`~dist_respattn.model.emission.Emission.restricted`).
     """
-    context, query, target = as_encoded(data, context_length=estimator.context_length, query_dim=estimator.query_dim)
-    w = as_weights(weights, context.shape[0])
+    shape = {
+        "num_symbols": estimator.num_symbols,
+        "context_length": estimator.context_length,
+        "query_dim": estimator.query_dim,
+        "num_targets": estimator.num_targets,
+    }
+    context, query, target, w = check_batch(data, weights, **shape)
     if start not in START_KINDS:
         raise ValueError(f"start = {start!r}: expected one of {', '.join(START_KINDS)}")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
@@ -255,8 +260,8 @@ def fit_em(
     select: Selector | None = None
     if estimator.search is not None:
         if validation is not None:
-            heldout = as_encoded(validation, context_length=estimator.context_length, query_dim=estimator.query_dim)
-            heldout_w = as_weights(validation_weights, heldout[0].shape[0])
+            checked = check_batch(validation, validation_weights, **shape)
+            heldout, heldout_w = (checked.context, checked.query, checked.target), checked.weights
         else:
             rule = holdout or HoldoutRule.for_rows(context.shape[0])
             w, heldout_w = rule.split_weights(0, context.shape[0], w)
@@ -266,9 +271,6 @@ def fit_em(
         else:
             logger.warning("no held-out rows: the hyperparameters stay at the estimator's values")
     if estimator.needs_pairs:
-        kernels.scan_values(
-            context, query, target, w, num_symbols=estimator.num_symbols, num_targets=estimator.num_targets
-        )
         pairs = PairCounts.from_rows(
             context[:, -1], target, w, num_symbols=estimator.num_symbols, num_targets=estimator.num_targets
         )

@@ -22,9 +22,11 @@ from typing import Any, Literal
 import numba
 import numpy as np
 
-from dist_respattn.model._checks import ImpossibleEvidenceError, plain
+from dist_respattn.model._checks import ImpossibleEvidenceError, scan_values
 from dist_respattn.model._prefetch import prefetch_element, prefetch_item
 from dist_respattn.model.emission import DenseEmission, Emission, PairSupport, SparseEmission
+from dist_respattn.model.log_weights import block_log_weights, row_log_weights
+from dist_respattn.model.log_weights import exp_shifted as _exp_shifted
 
 __all__ = [
     "DEFAULT_BLOCK_ROWS",
@@ -35,7 +37,6 @@ __all__ = [
     "accumulate_responsibilities",
     "block_ranges",
     "row_log_likelihood",
-    "scan_values",
 ]
 
 #: Rows per block. The compiled kernel may sort each block by target (an int64 order, 8 bytes a
@@ -273,31 +274,6 @@ def block_ranges(n_rows: int, block_rows: int) -> Iterator[tuple[int, int]]:
 # Compiled kernels. Query values are widened to float64 before any arithmetic so that float32
 # stores give the same statistics as float64 inputs holding the same values.
 
-_OK, _BAD_CONTEXT, _BAD_TARGET, _BAD_QUERY, _BAD_WEIGHT = 0, 1, 2, 3, 4
-
-
-@numba.njit(cache=True, nogil=True)
-def _scan_block_numba(context, query, target, weights, num_symbols, num_targets):  # pragma: no cover - compiled
-    """First bad value in row order: ``(code, row, column)``; ``code == 0`` when the block is clean."""
-    n, n_pos = context.shape
-    dim = query.shape[1]
-    for row in range(n):
-        for i in range(n_pos):
-            c = context[row, i]
-            if c < 0 or c >= num_symbols:
-                return _BAD_CONTEXT, row, i
-        tn = target[row]
-        if tn < 0 or tn >= num_targets:
-            return _BAD_TARGET, row, 0
-        for d in range(dim):
-            if not np.isfinite(query[row, d]):
-                return _BAD_QUERY, row, d
-        if weights.shape[0] > 0:
-            w = weights[row]
-            if not np.isfinite(w) or w < 0.0:
-                return _BAD_WEIGHT, row, 0
-    return _OK, -1, -1
-
 
 @numba.njit(cache=True, nogil=True)
 def _target_order_numba(target, num_targets):  # pragma: no cover - compiled
@@ -316,88 +292,18 @@ def _target_order_numba(target, num_targets):  # pragma: no cover - compiled
     return order
 
 
-# Reassociation lets LLVM vectorize the sum (4x faster at D = 32). The order of the partial sums then
-# depends on the vector width the host CPU offers: results are bit-identical on machines of one
-# instruction set, and agree to ~1e-16 relative across instruction sets.
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
-def _squared_distance(y, key_means, c):  # pragma: no cover - compiled
-    total = 0.0
-    for d in range(y.shape[0]):
-        a = y[d] - key_means[c, d]
-        total += a * a
-    return total
-
-
 _PREFETCH_ROWS = 8  # how many rows ahead the E-step prefetches emission cells
-_LOG2E = 1.4426950408889634
-_LN2_HI = 6.93147180369123816490e-01  # ln 2 split so that k * _LN2_HI is exact for |k| < 2**20
-_LN2_LO = 1.90821492927058770002e-10
-_EXP_MIN = -708.0  # below this exp underflows past the normal range; those terms are set to 0
-
-
-@numba.njit(cache=True, nogil=True)
-def _exp_nonpositive(x, out, bits):  # pragma: no cover - compiled
-    """``out[i] = exp(x[i])`` for ``x[i] <= 0`` (``-inf`` gives 0), to ~1 ulp.
-
-    libm's ``exp`` is a scalar call (~10 ns); this branch-free version (Cody-Waite reduction and a
-    degree-13 Taylor polynomial, error < 1e-17 on |r| <= ln2/2) vectorizes across the N positions.
-    ``bits`` is an int64 scratch array of the same length, viewed as float64 to build ``2**k``.
-    """
-    scale = bits.view(np.float64)
-    for i in range(x.shape[0]):
-        v = max(x[i], _EXP_MIN)
-        k = np.floor(v * _LOG2E + 0.5)
-        r = (v - k * _LN2_HI) - k * _LN2_LO
-        p = 1.0 / 6227020800.0
-        p = p * r + 1.0 / 479001600.0
-        p = p * r + 1.0 / 39916800.0
-        p = p * r + 1.0 / 3628800.0
-        p = p * r + 1.0 / 362880.0
-        p = p * r + 1.0 / 40320.0
-        p = p * r + 1.0 / 5040.0
-        p = p * r + 1.0 / 720.0
-        p = p * r + 1.0 / 120.0
-        p = p * r + 1.0 / 24.0
-        p = p * r + 1.0 / 6.0
-        p = p * r + 0.5
-        p = p * r + 1.0
-        p = p * r + 1.0
-        out[i] = p
-        bits[i] = (np.int64(k) + 1023) << 52
-    for i in range(x.shape[0]):
-        out[i] = out[i] * scale[i] if x[i] >= _EXP_MIN else 0.0
-
-
-@numba.njit(cache=True, nogil=True)
-def _exp_shifted(logw, best, out, bits):  # pragma: no cover - compiled
-    """``out = exp(logw - best)`` (``logw`` is shifted in place); returns ``sum(out)``."""
-    for i in range(logw.shape[0]):
-        logw[i] -= best
-    _exp_nonpositive(logw, out, bits)
-    total = 0.0
-    for i in range(out.shape[0]):
-        total += out[i]
-    return total
 
 
 @numba.njit(cache=True, nogil=True)
 def _row_log_weights(
     context, row, y, tn, key_means, log_emission_ts, log_prior, inv_two_sigma2, out
 ):  # pragma: no cover - compiled
-    """``out[i] = log pi_i + log B[c_i, t] - ||y - K[c_i]||^2 / (2 sigma2)`` (no Gaussian constant); returns the max.
-
-    ``y`` is the row's query, (D,) float64.
-    """
-    n_pos = context.shape[1]
+    """:func:`~dist_respattn.model.log_weights.row_log_weights` of a row under a dense (T, S) log emission."""
     # Issue the N emission loads together, before the arithmetic, so their cache misses overlap.
-    for i in range(n_pos):
-        out[i] = log_prior[i] + log_emission_ts[tn, context[row, i]]
-    best = -np.inf
-    for i in range(n_pos):
-        li = out[i] - _squared_distance(y, key_means, context[row, i]) * inv_two_sigma2
-        out[i] = li
-        best = max(best, li)
-    return best
+    for i in range(context.shape[1]):
+        out[i] = log_emission_ts[tn, context[row, i]]
+    return row_log_weights(context, row, y, key_means, log_prior, inv_two_sigma2, out, out[:0])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -679,15 +585,9 @@ def _estep_sparse_numba(
                 v = np.float64(query[row, d])
                 y[d] = v
                 yy += v * v
-            best = -np.inf
             for i in range(n_pos):
-                li = (
-                    log_prior[i]
-                    + log_values[pair[i]]
-                    - _squared_distance(y, key_means, context[row, i]) * inv_two_sigma2
-                )
-                logw[i] = li
-                best = max(best, li)
+                logw[i] = log_values[pair[i]]
+            best = row_log_weights(context, row, y, key_means, log_prior, inv_two_sigma2, logw, logw[:0])
             if best == -np.inf:
                 if n_impossible < impossible.shape[0]:
                     impossible[n_impossible] = row
@@ -741,13 +641,9 @@ def _row_log_likelihood_sparse_numba(
         for d in range(query.shape[1]):
             y[d] = query[row, d]
         tn = target[row]
-        best = -np.inf
         for i in range(n_pos):
-            c = context[row, i]
-            li = log_prior[i] + _log_emission_sparse(indptr, symbols, log_values, log_backoff, log_base, tn, c)
-            li -= _squared_distance(y, key_means, c) * inv_two_sigma2
-            logw[i] = li
-            best = max(best, li)
+            logw[i] = _log_emission_sparse(indptr, symbols, log_values, log_backoff, log_base, tn, context[row, i])
+        best = row_log_weights(context, row, y, key_means, log_prior, inv_two_sigma2, logw, logw[:0])
         if best == -np.inf:
             out[row] = -np.inf
             continue
@@ -763,10 +659,8 @@ def _responsibilities_numpy(
     context: np.ndarray, query: np.ndarray, target: np.ndarray, weights: np.ndarray, params: KernelParameters
 ) -> tuple[np.ndarray, np.ndarray]:
     """(w r (n, N), L (n,)) for one block; L is -inf on weighted rows with no possible position."""
-    y = query.astype(np.float64, copy=False)
-    diff = y[:, None, :] - params.key_means[context]
-    sq = np.einsum("nid,nid->ni", diff, diff)
-    log_w = params.log_prior[None, :] + params.log_emission_ts[target[:, None], context] - sq * params.inv_two_sigma2
+    log_emission = params.log_emission_ts[target[:, None], context]
+    log_w = block_log_weights(context, query, params.key_means, params.log_prior, params.inv_two_sigma2, log_emission)
     best = log_w.max(axis=1)
     safe_best = np.where(np.isneginf(best), 0.0, best)
     e = np.exp(log_w - safe_best[:, None])
@@ -814,44 +708,12 @@ def _scatter_numpy(
 # --------------------------------------------------------------------------------------------
 # Block driver.
 
-
-def _raise_scan_error(code: int, row: int, col: int, context, query, target, weights, num_symbols, num_targets):
-    if code == _BAD_CONTEXT:
-        raise ValueError(
-            f"context[{row}, {col}] = {plain(context[row, col])}: expected a symbol id in [0, {num_symbols})"
-        )
-    if code == _BAD_TARGET:
-        raise ValueError(f"target[{row}] = {plain(target[row])}: expected a target id in [0, {num_targets})")
-    if code == _BAD_QUERY:
-        raise ValueError(f"query[{row}, {col}] = {plain(query[row, col])}: expected finite query values")
-    raise ValueError(f"weights[{row}] = {plain(weights[row])}: expected a finite, non-negative weight")
-
-
 _NO_WEIGHTS = np.zeros(0)
 
 
 def _kernel_weights(weights: np.ndarray | None) -> np.ndarray:
     # The compiled kernels read an empty array as "every weight is 1" so no (n,) array of ones is made.
     return _NO_WEIGHTS if weights is None else weights.astype(np.float64, copy=False)
-
-
-def scan_values(
-    context: np.ndarray,
-    query: np.ndarray,
-    target: np.ndarray,
-    weights: np.ndarray | None,
-    *,
-    num_symbols: int,
-    num_targets: int,
-) -> None:
-    """Raise a ``ValueError`` naming the first bad value in row order; one pass, no temporaries.
-
-    Checks: context ids in [0, S), target ids in [0, T), finite queries, finite non-negative weights.
-    """
-    w = _kernel_weights(weights)
-    code, row, col = _scan_block_numba(context, query, target, w, num_symbols, num_targets)
-    if code != _OK:
-        _raise_scan_error(code, row, col, context, query, target, weights, num_symbols, num_targets)
 
 
 #: How many impossible rows an error message lists.
@@ -882,10 +744,12 @@ def accumulate_estep(
     backend: Backend = "numba",
     block_rows: int | None = None,
     group_by_target: bool | None = None,
+    checked: bool = False,
 ) -> None:
     """Run the E-step on every row and add its weighted statistics into ``stats``.
 
-    The input is scanned first (``scan_values``), so bad values raise before ``stats`` changes. Rows
+    The input is scanned first (``scan_values``), so bad values raise before ``stats`` changes, unless
+    ``checked`` says the caller has passed these rows through ``check_batch`` already. Rows
     the model gives zero probability raise ``ImpossibleEvidenceError`` after the other rows have been
     added: the caller must then discard ``stats``.
 
@@ -898,7 +762,8 @@ def accumulate_estep(
     row for the compiled kernel's visiting order (and 8 bytes a symbol for a sparse emission's map);
     ``block_rows × N × D`` float64 for NumPy.
     """
-    scan_values(context, query, target, weights, num_symbols=params.num_symbols, num_targets=params.num_targets)
+    if not checked:
+        scan_values(context, query, target, weights, num_symbols=params.num_symbols, num_targets=params.num_targets)
     if isinstance(params, SparseKernelParameters):
         if backend != "numba":
             raise ValueError(f"backend = {backend!r}: a sparse emission runs on the compiled kernel ('numba') only")
@@ -1038,10 +903,18 @@ def accumulate_responsibilities(
 
 
 def row_log_likelihood(
-    context: np.ndarray, query: np.ndarray, target: np.ndarray, params: KernelParameters | SparseKernelParameters
+    context: np.ndarray,
+    query: np.ndarray,
+    target: np.ndarray,
+    params: KernelParameters | SparseKernelParameters,
+    *,
+    checked: bool = False,
 ) -> np.ndarray:
-    """``log p(query, target | context)`` per row: (n,) float64, ``-inf`` for impossible rows."""
-    scan_values(context, query, target, None, num_symbols=params.num_symbols, num_targets=params.num_targets)
+    """``log p(query, target | context)`` per row: (n,) float64, ``-inf`` for impossible rows.
+
+    The values are scanned first unless ``checked`` (the caller ran ``check_batch``)."""
+    if not checked:
+        scan_values(context, query, target, None, num_symbols=params.num_symbols, num_targets=params.num_targets)
     out = np.empty(context.shape[0])
     if isinstance(params, SparseKernelParameters):
         _row_log_likelihood_sparse_numba(

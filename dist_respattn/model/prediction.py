@@ -18,6 +18,7 @@ import numpy as np
 from dist_respattn.model import kernels, scoring
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import SparseEmission
+from dist_respattn.model.log_weights import attention_of, row_log_weights
 
 __all__ = ["PredictionTotals", "TopK", "predict_top_k"]
 
@@ -74,12 +75,12 @@ class PredictionTotals:
 
 
 @numba.njit(cache=True, nogil=True)
-def _row_attention(context, row, y, key_means, log_prior, inv_two_sigma2, gate, attention):  # pragma: no cover
-    """``attention[i] = a_i`` of one row (``gate`` is scratch of N)."""
-    best = scoring._row_gate(context, row, y, key_means, log_prior, inv_two_sigma2, gate)
-    norm = scoring._exp_gate(gate, best)
-    for i in range(gate.shape[0]):
-        attention[i] = gate[i] / norm
+def _row_attention(context, row, y, key_means, log_prior, inv_two_sigma2, gate, bits, attention):  # pragma: no cover
+    """``attention[i] = a_i`` of one row: the softmax of its log-weights without an emission (``gate``, ``bits``:
+    scratch of N)."""
+    gate[:] = 0.0
+    row_log_weights(context, row, y, key_means, log_prior, inv_two_sigma2, gate, gate[:0])
+    attention_of(gate, attention, bits)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -90,12 +91,13 @@ def _top_k_dense(
     n_rows, n_pos = context.shape
     num_targets = emission.shape[1]
     gate = np.empty(n_pos)
+    bits = np.empty(n_pos, dtype=np.int64)
     probs = np.empty(num_targets)
     y = np.empty(query.shape[1])
     for row in range(n_rows):
         for d in range(query.shape[1]):
             y[d] = query[row, d]
-        _row_attention(context, row, y, key_means, log_prior, inv_two_sigma2, gate, attention[row])
+        _row_attention(context, row, y, key_means, log_prior, inv_two_sigma2, gate, bits, attention[row])
         probs[:] = 0.0
         for i in range(n_pos):
             a = attention[row, i]
@@ -130,11 +132,12 @@ def _top_k_sparse(
     """:func:`_top_k_dense` for a sparse emission: a threshold search per row, never O(T) work or memory."""
     n_rows, n_pos = context.shape
     gate = np.empty(n_pos)
+    bits = np.empty(n_pos, dtype=np.int64)
     y = np.empty(query.shape[1])
     for row in range(n_rows):
         for d in range(query.shape[1]):
             y[d] = query[row, d]
-        _row_attention(context, row, y, key_means, log_prior, inv_two_sigma2, gate, attention[row])
+        _row_attention(context, row, y, key_means, log_prior, inv_two_sigma2, gate, bits, attention[row])
         scoring.top_k_threshold(
             context, row, attention[row], indptr, symbols, values, backoff, base, ranked_indptr, ranked_targets,
             ranked_values, base_order, top_targets[row], top_values[row],

@@ -18,9 +18,9 @@ import numba
 import numpy as np
 
 from dist_respattn.model import kernels
-from dist_respattn.model._checks import as_encoded, as_weights
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import SparseEmission
+from dist_respattn.model.log_weights import attention_of, exp_shifted, row_log_weights
 
 __all__ = ["ScoreTotals", "base_order", "insert_ranked", "score_rows", "top_k_threshold"]
 
@@ -67,43 +67,11 @@ class ScoreTotals:
 
 
 @numba.njit(cache=True, nogil=True)
-def _row_gate(context, row, y, key_means, log_prior, inv_two_sigma2, gate):  # pragma: no cover - compiled
-    """``gate[i] = log pi_i - ||y - K[c_i]||^2 / (2 sigma2)`` for one row; returns its max."""
-    best = -np.inf
-    for i in range(context.shape[1]):
-        c = context[row, i]
-        sq = 0.0
-        for d in range(y.shape[0]):
-            diff = y[d] - key_means[c, d]
-            sq += diff * diff
-        g = log_prior[i] - sq * inv_two_sigma2
-        gate[i] = g
-        best = max(best, g)
-    return best
-
-
-@numba.njit(cache=True, nogil=True)
-def _log_sum_exp(values):  # pragma: no cover - compiled
-    """``log sum exp(values)``; ``-inf`` when every value is ``-inf``."""
-    best = -np.inf
-    for i in range(values.shape[0]):
-        best = max(best, values[i])
+def _joint_log_likelihood(joint, best, scratch, bits):  # pragma: no cover - compiled
+    """``log sum_i exp(joint[i])`` of a row's log-weights whose max is ``best``; ``-inf`` when every one is."""
     if best == -np.inf:
         return -np.inf
-    acc = 0.0
-    for i in range(values.shape[0]):
-        acc += math.exp(values[i] - best)
-    return best + math.log(acc)
-
-
-@numba.njit(cache=True, nogil=True)
-def _exp_gate(gate, best):  # pragma: no cover - compiled
-    """``gate = exp(gate - best)`` in place; returns the sum (the attention is ``gate / sum``)."""
-    norm = 0.0
-    for i in range(gate.shape[0]):
-        gate[i] = math.exp(gate[i] - best)
-        norm += gate[i]
-    return norm
+    return best + math.log(exp_shifted(joint, best, scratch, bits))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -115,6 +83,8 @@ def _score_numba(
     num_targets = emission.shape[1]
     gate = np.empty(n_pos)
     joint = np.empty(n_pos)
+    attention = np.empty(n_pos)
+    bits = np.empty(n_pos, dtype=np.int64)
     probs = np.empty(num_targets)
     y = np.empty(query.shape[1])
     total_ll = 0.0
@@ -126,16 +96,16 @@ def _score_numba(
         for d in range(query.shape[1]):
             y[d] = query[row, d]
         t = target[row]
-        best_gate = _row_gate(context, row, y, key_means, log_prior, inv_two_sigma2, gate)
         for i in range(n_pos):
-            joint[i] = gate[i] + log_emission_ts[t, context[row, i]]
-        # Joint likelihood: logsumexp of the gate plus the emission of the seen target.
-        row_ll = _log_sum_exp(joint) + gate_const
+            joint[i] = log_emission_ts[t, context[row, i]]
+        best = row_log_weights(context, row, y, key_means, log_prior, inv_two_sigma2, joint, gate)
+        # Joint likelihood: logsumexp of the log-weights with the seen target's emission.
+        row_ll = _joint_log_likelihood(joint, best, attention, bits) + gate_const
         # Prediction: attention from the gate alone.
-        norm = _exp_gate(gate, best_gate)
+        attention_of(gate, attention, bits)
         probs[:] = 0.0
         for i in range(n_pos):
-            a = gate[i] / norm
+            a = attention[i]
             row_b = emission[context[row, i]]
             for k in range(num_targets):
                 probs[k] += a * row_b[k]
@@ -288,6 +258,7 @@ def _score_sparse_numba(
     gate = np.empty(n_pos)
     joint = np.empty(n_pos)
     attention = np.empty(n_pos)
+    bits = np.empty(n_pos, dtype=np.int64)
     top_target = np.empty(1, dtype=np.int64)
     top_value = np.empty(1)
     y = np.empty(query.shape[1])
@@ -300,18 +271,16 @@ def _score_sparse_numba(
         for d in range(query.shape[1]):
             y[d] = query[row, d]
         t = target[row]
-        best_gate = _row_gate(context, row, y, key_means, log_prior, inv_two_sigma2, gate)
         for i in range(n_pos):
             c = context[row, i]
             p = kernels._find_pair(indptr, symbols, t, c)
             b = values[p] if p >= 0 else backoff[c] * base[t]
-            joint[i] = gate[i] + (math.log(b) if b > 0.0 else -np.inf)
-        # Joint likelihood: logsumexp of the gate plus the emission of the seen target.
-        row_ll = _log_sum_exp(joint) + gate_const
+            joint[i] = math.log(b) if b > 0.0 else -np.inf
+        best = row_log_weights(context, row, y, key_means, log_prior, inv_two_sigma2, joint, gate)
+        # Joint likelihood: logsumexp of the log-weights with the seen target's emission.
+        row_ll = _joint_log_likelihood(joint, best, attention, bits) + gate_const
         # Prediction: attention from the gate alone.
-        norm = _exp_gate(gate, best_gate)
-        for i in range(n_pos):
-            attention[i] = gate[i] / norm
+        attention_of(gate, attention, bits)
         prob_t = _mixture_at(context, row, attention, t, indptr, symbols, values, backoff, base)
         top_k_threshold(
             context, row, attention, indptr, symbols, values, backoff, base, ranked_indptr, ranked_targets,
@@ -337,9 +306,7 @@ def score_rows(
     The predictive part does not see the target: it scores ``predict_proba(context, query)[target]``
     and whether that target is the arg-max. Bad ids or non-finite values raise naming the row.
     """
-    context, query, target = as_encoded(x, context_length=model.context_length, query_dim=model.query_dim)
-    w = as_weights(weights, context.shape[0])
-    kernels.scan_values(context, query, target, w, num_symbols=model.num_symbols, num_targets=model.num_targets)
+    context, query, target, w = model.check_batch(x, weights)
     params = model.kernel_parameters
     kernel_weights = np.zeros(0) if w is None else w.astype(np.float64, copy=False)
     table = model.emission_table

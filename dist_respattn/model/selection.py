@@ -21,7 +21,7 @@ import numba
 import numpy as np
 
 from dist_respattn.model import kernels
-from dist_respattn.model._checks import as_encoded, as_weights
+from dist_respattn.model._checks import check_batch
 from dist_respattn.model.emission import DenseEmissionCounts, EmissionCounts, SparseEmissionCounts
 
 __all__ = [
@@ -312,10 +312,15 @@ def score_grid(table: GridTable, x: tuple[Any, Any, Any], weights: Any = None) -
     Rows of weight 0 (for instance the training rows of a store whose hold-out is being scored) cost
     nothing. Bad ids or values raise naming the row.
     """
-    context, query, target = as_encoded(x, context_length=table.log_prior.shape[0], query_dim=table.key_means.shape[1])
-    w = as_weights(weights, context.shape[0])
     counts = table.counts
-    kernels.scan_values(context, query, target, w, num_symbols=counts.num_symbols, num_targets=counts.num_targets)
+    context, query, target, w = check_batch(
+        x,
+        weights,
+        num_symbols=counts.num_symbols,
+        context_length=table.log_prior.shape[0],
+        query_dim=table.key_means.shape[1],
+        num_targets=counts.num_targets,
+    )
     if isinstance(counts, SparseEmissionCounts):
         support = counts.support
         assert support is not None, "a grid table's sparse counts carry their support"
