@@ -66,7 +66,7 @@ def assert_close(actual, expected, label):
     assert error <= TOL, f"{label}: differs from the formula by {error:.3g} (> {TOL:g})"
 
 
-@numba.njit(cache=False)
+@numba.njit(cache=True)
 def _compiled_rows(context, query, log_emission, key_means, log_prior, inv_two_sigma2, out, gate):
     y = np.empty(query.shape[1])
     for row in range(context.shape[0]):
