@@ -23,6 +23,7 @@ import numpy as np
 from dist_respattn.model import kernels
 from dist_respattn.model._checks import check_batch
 from dist_respattn.model.emission import DenseEmissionCounts, EmissionCounts, SparseEmissionCounts
+from dist_respattn.model.log_weights import squared_distance
 
 __all__ = [
     "DEFAULT_SEARCH",
@@ -260,11 +261,8 @@ def _grid_numba(
         u = base[t]
         for i in range(n_pos):
             c = context[row, i]
-            sq = 0.0
-            for d in range(dim):
-                diff = y[d] - key_means[c, d]
-                sq += diff * diff
-            dist[i] = sq
+            # The distance once for every sigma2 of the grid: the gate below is row_log_weights' expression.
+            dist[i] = squared_distance(y, key_means, c)
             if sparse:
                 p = kernels._find_pair(indptr, symbols, t, c)
                 count[i] = pair_counts[p] if p >= 0 else 0.0
