@@ -258,9 +258,16 @@ class TokenDictionary:
     def token(self, index: int) -> str:
         return self.token_bytes(index).decode("utf-8")
 
+    def many_token_bytes(self, indices: np.ndarray) -> list[bytes]:
+        """The tokens of ``indices`` as bytes: slices of one copy of the arena, not a call per token."""
+        arena = self._arena[: int(self._offsets[len(self)])].tobytes()
+        indices = np.asarray(indices, dtype=np.int64)
+        starts, stops = self._offsets[indices].tolist(), self._offsets[indices + 1].tolist()
+        return [arena[a:b] for a, b in zip(starts, stops, strict=True)]
+
     def tokens(self, indices: np.ndarray) -> list[str]:
         """The tokens of ``indices`` as strings."""
-        return [self.token(int(i)) for i in indices]
+        return [token.decode("utf-8") for token in self.many_token_bytes(indices)]
 
     def scan(self, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Compiled pass over ``data`` (uint8): (ids with span markers (int32), spans (k, 2) int64)."""

@@ -106,10 +106,25 @@ def iter_text_documents(paths: Sequence[str | os.PathLike[str]]) -> list[TextDoc
     A file found under two roots keeps the key of the first. A path that names nothing raises
     ``FileNotFoundError`` naming it.
     """
-    found: dict[str, str] = {}
+    found = _found_files(paths)
+    return [TextDocument(path, os.path.relpath(file, root).replace(os.sep, "/")) for path, (file, root) in found]
+
+
+def iter_text_files(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """The absolute paths of :func:`iter_text_documents`: sorted, once each."""
+    return [path for path, _ in _found_files(paths)]
+
+
+def _found_files(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, tuple[str, str]]]:
+    """``(absolute path, (path as found, its root))`` of each file, sorted by absolute path, once each.
+
+    The key (the path relative to its root) is made only by :func:`iter_text_documents`: ``relpath`` costs
+    more than the rest of the search, and a list of 50,000 files given by name would pay it for nothing.
+    """
+    found: dict[str, tuple[str, str]] = {}
 
     def add(file: str, root: str) -> None:
-        found.setdefault(os.path.abspath(file), os.path.relpath(file, root).replace(os.sep, "/"))
+        found.setdefault(os.path.abspath(file), (file, root))
 
     def add_directory(directory: str, root: str) -> None:
         for folder, dirs, files in os.walk(directory):
@@ -139,12 +154,7 @@ def iter_text_documents(paths: Sequence[str | os.PathLike[str]]) -> list[TextDoc
             f"no text files under {', '.join(os.fspath(p) for p in paths)} "
             f"(looked for {', '.join(DEFAULT_TEXT_SUFFIXES)})"
         )
-    return [TextDocument(path, found[path]) for path in sorted(found)]
-
-
-def iter_text_files(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
-    """The absolute paths of :func:`iter_text_documents`: sorted, once each."""
-    return [document.path for document in iter_text_documents(paths)]
+    return sorted(found.items())
 
 
 def line_pieces(path: str) -> Iterator[list[str]]:

@@ -110,7 +110,7 @@ class TokenizedCorpus:
             candidates = seen
         # Ties go by the token: UTF-8 bytes sort as code points do, so a bytes sort is the string sort.
         # (Fixed-width bytes drop trailing NULs; only the token "\x00" holds one, and it sorts first either way.)
-        names = np.array([self.dictionary.token_bytes(int(e)) for e in candidates], dtype=bytes)
+        names = np.array(self.dictionary.many_token_bytes(candidates), dtype=bytes)
         order = np.lexsort((names, -counts[candidates]))[:size]
         kept = candidates[order]
         total = int(counts.sum())
