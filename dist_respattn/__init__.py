@@ -1,28 +1,35 @@
-"""Exact, distributed EM for a responsibility-attention head over chunked triple stores."""
+"""Exact, distributed EM for a responsibility-attention head over chunked triple stores.
+
+The public names are loaded on first use: importing a submodule that needs none of them (the scheduler's
+fit monitor, :mod:`dist_respattn.events`) then loads neither numba nor the model.
+"""
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
-from dist_respattn.model import (
-    EMIteration,
-    EMResult,
-    ImpossibleEvidenceError,
-    ResponsibilityAttentionAccumulator,
-    ResponsibilityAttentionAccumulatorFactory,
-    ResponsibilityAttentionDataEncoder,
-    ResponsibilityAttentionDistribution,
-    ResponsibilityAttentionEstimator,
-    ResponsibilityAttentionSampler,
-    SufficientStatistics,
-    estimate_parameters,
-    fit_em,
-    random_distribution,
-    recovery_report,
-    run_em,
-    sequence_to_triples,
-    sequence_windows,
-)
+if TYPE_CHECKING:
+    from dist_respattn.model import (
+        EMIteration,
+        EMResult,
+        ImpossibleEvidenceError,
+        ResponsibilityAttentionAccumulator,
+        ResponsibilityAttentionAccumulatorFactory,
+        ResponsibilityAttentionDataEncoder,
+        ResponsibilityAttentionDistribution,
+        ResponsibilityAttentionEstimator,
+        ResponsibilityAttentionSampler,
+        SufficientStatistics,
+        estimate_parameters,
+        fit_em,
+        random_distribution,
+        recovery_report,
+        run_em,
+        sequence_to_triples,
+        sequence_windows,
+    )
 
 try:
     __version__ = version("dist_respattn")
@@ -49,3 +56,18 @@ __all__ = [
     "sequence_to_triples",
     "sequence_windows",
 ]
+
+#: Every public name but the version comes from the model package.
+_MODEL_NAMES = frozenset(__all__) - {"__version__"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODEL_NAMES:
+        value = getattr(importlib.import_module("dist_respattn.model"), name)
+        globals()[name] = value  # once loaded, found without this hook
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _MODEL_NAMES)

@@ -31,6 +31,7 @@ from dist_respattn.engine.loop import EarlyStopping, FitLoop, HeldoutRows, store
 from dist_respattn.engine.memory import check_memory, estimate_memory
 from dist_respattn.engine.settings import FitSettings
 from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
+from dist_respattn.events import FitState, IterationRecord, Metric, history_from_json
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import SparseEmission
 from dist_respattn.model.holdout import HoldoutRule
@@ -58,7 +59,7 @@ class FitResult:
     Attributes:
         model: the model after the last M-step (``load_model`` prefers ``best`` when validating).
         model_dir: where the checkpoints are.
-        state: ``converged``, ``max_iter`` or ``early_stopped``.
+        state: how the fit ended: converged, at ``max_iter``, or stopped early.
         history: one record per iteration (including those before a resume).
         best_iteration: the iteration of the ``best`` checkpoint, or ``None`` without validation.
         warnings: degenerate-fit warnings of the final model.
@@ -75,8 +76,8 @@ class FitResult:
 
     model: ResponsibilityAttentionDistribution
     model_dir: str
-    state: str
-    history: list[dict[str, Any]] = field(default_factory=list)
+    state: FitState
+    history: list[IterationRecord] = field(default_factory=list)
     best_iteration: int | None = None
     warnings: list[str] = field(default_factory=list)
     dashboard: str | None = None
@@ -327,10 +328,12 @@ def fit(
         held, train_rows = HeldoutRows(heldout, heldout.fingerprint(), ALL_ROWS), ALL_ROWS
     else:
         held, train_rows = None, ALL_ROWS
-    metric = settings.early_stop_metric or ("perplexity" if held is not None else None)
+    metric = Metric(settings.early_stop_metric) if settings.early_stop_metric else None
+    if metric is None and held is not None:
+        metric = Metric.PERPLEXITY
     if metric is not None and held is None:
         raise FitError(f"early stopping on {metric} needs held-out rows: a validation store, or --holdout-fraction > 0")
-    history: list[dict[str, Any]] = list(checkpoint.meta.get("history", [])) if checkpoint else []
+    history = history_from_json(checkpoint.meta.get("history", [])) if checkpoint else []
     stopping = EarlyStopping(
         metric,
         settings.patience,
@@ -338,9 +341,10 @@ def fit(
         min_improvement=settings.min_improvement,
     )
     if checkpoint is not None and (
-        checkpoint.meta.get("state") in ("converged", "early_stopped") or checkpoint.iteration >= settings.max_iter
+        checkpoint.meta.get("state") in (FitState.CONVERGED, FitState.EARLY_STOPPED)
+        or checkpoint.iteration >= settings.max_iter
     ):
-        state = checkpoint.meta.get("state", "max_iter")
+        state = FitState(checkpoint.meta.get("state", FitState.MAX_ITER))
         say(f"{folder}: the fit already ended at iteration {checkpoint.iteration} ({state})")
         return FitResult(
             checkpoint.model, str(folder), state, history, stopping.best_iteration,
@@ -411,7 +415,7 @@ def fit(
         result = loop.run(start_model, first_iteration=checkpoint.iteration + 1 if checkpoint else 1)
         # An embedded cluster's dashboard closes with it: only a cluster that outlives the fit has one to show.
         dashboard = None if embedded else info.dashboard
-    final_state = history[-1]["state"] if history else "max_iter"
+    final_state = FitState(history[-1]["state"]) if history else FitState.MAX_ITER
     return FitResult(
         model=result.distribution,
         model_dir=str(folder),

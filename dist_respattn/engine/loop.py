@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import distributed
 
@@ -27,6 +27,7 @@ from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.settings import FitSettings
 from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
+from dist_respattn.events import FitState, HeldoutScores, IterationRecord, Metric
 from dist_respattn.model.accumulator import SufficientStatistics
 from dist_respattn.model.diagnostics import degeneracy_warnings
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
@@ -53,9 +54,14 @@ class EarlyStopping:
     """
 
     def __init__(
-        self, metric: str | None, patience: int, state: dict[str, Any] | None = None, *, min_improvement: float = 0.0
+        self,
+        metric: Metric | str | None,
+        patience: int,
+        state: dict[str, Any] | None = None,
+        *,
+        min_improvement: float = 0.0,
     ) -> None:
-        self.metric = metric
+        self.metric = None if metric is None else Metric(metric)
         self.patience = patience
         self.min_improvement = min_improvement
         state = state or {}
@@ -65,17 +71,17 @@ class EarlyStopping:
         self.since_best: int = int(state.get("since_best", 0))
         self.reference: float | None = state.get("reference", self.best)
 
-    def value(self, heldout: dict[str, float]) -> float:
-        return heldout["perplexity"] if self.metric == "perplexity" else heldout["mean_log_likelihood"]
+    def value(self, heldout: HeldoutScores) -> float:
+        return (self.metric or Metric.LOGLIK).of(heldout)
 
     def _gain(self, value: float, than: float | None) -> float:
         """How much better ``value`` is than ``than``, relatively (inf when there is nothing to beat)."""
         if than is None:
             return math.inf
-        gain = than - value if self.metric == "perplexity" else value - than
+        gain = than - value if self.metric is Metric.PERPLEXITY else value - than
         return gain / max(abs(than), 1e-300)
 
-    def update(self, heldout: dict[str, float], iteration: int, checkpoint: str) -> bool:
+    def update(self, heldout: HeldoutScores, iteration: int, checkpoint: str) -> bool:
         """Record an iteration's held-out scores; True when it is the best so far."""
         value = self.value(heldout)
         if math.isnan(value):
@@ -171,7 +177,7 @@ class FitLoop:
         settings: FitSettings,
         folder: ModelDir,
         stopping: EarlyStopping,
-        history: list[dict[str, Any]],
+        history: list[IterationRecord],
         record: dict[str, Any],
         prior: EmissionPrior | None = None,
         last_choice: Hyperparameters | None = None,
@@ -241,7 +247,7 @@ class FitLoop:
             )
         except BaseException as exc:
             self.checkpoints.close(raise_errors=False)  # the fit's own error is the one to report
-            self.reporter.ended(self.run_id, "failed", error=f"{type(exc).__name__}: {exc}")
+            self.reporter.ended(self.run_id, FitState.FAILED, error=f"{type(exc).__name__}: {exc}")
             raise
         else:
             self.checkpoints.close()
@@ -253,13 +259,13 @@ class FitLoop:
             self.folder.commit(
                 checkpoint_name(0, self.run_id),
                 result.distribution,
-                self.checkpoint_meta(0, "max_iter", degeneracy_warnings(result.distribution)),
-                latest={"iteration": 0, "state": "max_iter"},
+                self.checkpoint_meta(0, FitState.MAX_ITER, degeneracy_warnings(result.distribution)),
+                latest={"iteration": 0, "state": FitState.MAX_ITER},
                 best=None,
                 keep_best=None,
                 arrays=self.checkpoint_arrays(),
             )
-        self.reporter.ended(self.run_id, self.history[-1]["state"] if self.history else "max_iter")
+        self.reporter.ended(self.run_id, FitState(self.history[-1]["state"]) if self.history else FitState.MAX_ITER)
         return result
 
     # -- the start ------------------------------------------------------------------------------
@@ -335,7 +341,7 @@ class FitLoop:
 
     # -- the passes -----------------------------------------------------------------------------
 
-    def checkpoint_meta(self, iteration: int, state: str, warnings: list[str]) -> dict[str, Any]:
+    def checkpoint_meta(self, iteration: int, state: FitState, warnings: list[str]) -> dict[str, Any]:
         """The JSON written with a checkpoint."""
         prior = self.prior
         return {
@@ -416,23 +422,24 @@ class FitLoop:
         """
         settings, stopping = self.settings, self.stopping
         iteration = record.iteration
-        scored = record.heldout if self.heldout is not None else None
+        # The model core's scores are a plain dict of the same fields.
+        scored = cast("HeldoutScores | None", record.heldout) if self.heldout is not None else None
         name = checkpoint_name(iteration, self.run_id)
         improved = stopping.update(scored, iteration, name) if scored is not None else False
         converged = record.change < settings.tol
         stop = scored is not None and stopping.exhausted and not converged
         state = (
-            "converged" if converged
-            else "early_stopped" if stop
-            else "max_iter" if iteration >= settings.max_iter
-            else "running"
+            FitState.CONVERGED if converged
+            else FitState.EARLY_STOPPED if stop
+            else FitState.MAX_ITER if iteration >= settings.max_iter
+            else FitState.RUNNING
         )  # fmt: skip
         warnings = degeneracy_warnings(
             model,
             key_mass=self.last_key_mass,
             min_sigma2=settings.min_sigma2 if settings.estimate_sigma2 else None,
         )
-        entry = {
+        entry: IterationRecord = {
             "iteration": iteration,
             "mean_log_likelihood": record.mean_log_likelihood,
             "change": None if math.isinf(record.change) else record.change,
@@ -456,7 +463,7 @@ class FitLoop:
             keep_best=stopping.best_checkpoint,
             arrays=self.checkpoint_arrays(),
         )
-        if state != "running":  # the fit ends here: its last checkpoint must be on disk when fit returns
+        if state.final:  # the fit ends here: its last checkpoint must be on disk when fit returns
             self.checkpoints.wait()
         self.reporter.iteration(entry)
         self.spans.close()

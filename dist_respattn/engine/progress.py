@@ -1,17 +1,9 @@
 """Reporting a fit as it runs: a bar per pass on a terminal, one line per iteration, one cluster event each.
 
-The same per-iteration record goes to the log line and to ``Client.log_event`` under the topic
-``dist_respattn.fit``, so anyone attached to the scheduler sees the fit's progress. A fit's events,
-each with its ``run_id`` and an ``event`` field:
-
-- ``start``: ``store``, ``validation``, ``heldout_rows`` (what the held-out rows are; ``None``: the fit has
-  none), ``rows``, ``max_iter``, ``model_dir``, ``client`` (the driver's client id), ``first_iteration``;
-- ``iteration``: the iteration's history record (``iteration``, ``mean_log_likelihood``, ``change``,
-  ``seconds``, ``rows_per_second``, ``heldout``, ``state``, ``warnings``, ...);
-- ``end``: the final ``state`` (``converged``, ``max_iter``, ``early_stopped`` or ``failed``) and, for a
-  failure, ``error``.
-
-:mod:`dist_respattn.monitor` folds them into the scheduler's fit page and metrics.
+The same per-iteration record (:class:`~dist_respattn.events.IterationRecord`) goes to the log line and
+to ``Client.log_event`` under the topic ``dist_respattn.fit``, so anyone attached to the scheduler sees
+the fit's progress. The events are defined in :mod:`dist_respattn.events`; :mod:`dist_respattn.monitor`
+folds them into the scheduler's fit page and metrics.
 """
 
 from __future__ import annotations
@@ -19,20 +11,19 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import distributed
+
+from dist_respattn.events import EVENT_TOPIC, FitState, IterationRecord, end_event, iteration_event, start_event
 
 __all__ = ["EVENT_TOPIC", "FitReporter", "format_iteration"]
 
 logger = logging.getLogger("dist_respattn.fit")
 
-#: The topic of the per-iteration events on the scheduler.
-EVENT_TOPIC = "dist_respattn.fit"
 
-
-def format_iteration(record: dict[str, Any]) -> str:
+def format_iteration(record: IterationRecord) -> str:
     """One line for an iteration record, e.g. ``iteration 3: log-likelihood -27.6473 (change 1.2e-04), …``."""
     change = record["change"]
     change_text = "first" if change is None or math.isinf(change) else f"change {change:.3g}"
@@ -85,20 +76,36 @@ class FitReporter:
     def line(self, text: str) -> None:
         self.say(text)
 
-    def started(self, run_id: str, **fields: Any) -> None:
-        """Announce a fit to the scheduler (``fields``: see the module docstring)."""
-        self.event({"event": "start", "run_id": run_id, "client": self.client.id, **fields})
+    def started(
+        self,
+        run_id: str,
+        *,
+        store: str,
+        validation: str | None,
+        heldout_rows: str | None,
+        rows: int,
+        max_iter: int,
+        model_dir: str,
+        first_iteration: int,
+    ) -> None:
+        """Announce a fit to the scheduler (see :class:`~dist_respattn.events.StartEvent`)."""
+        self.event(
+            start_event(
+                run_id, client=self.client.id, store=store, validation=validation, heldout_rows=heldout_rows,
+                rows=rows, max_iter=max_iter, model_dir=model_dir, first_iteration=first_iteration,
+            )
+        )  # fmt: skip
 
-    def iteration(self, record: dict[str, Any]) -> None:
+    def iteration(self, record: IterationRecord) -> None:
         """Print the iteration's line and publish its record as a cluster event."""
         self.say(format_iteration(record))
-        self.event({"event": "iteration", **record})
+        self.event(iteration_event(record))
 
-    def ended(self, run_id: str, state: str, error: str | None = None) -> None:
+    def ended(self, run_id: str, state: FitState, error: str | None = None) -> None:
         """Tell the scheduler how the fit ended."""
-        self.event({"event": "end", "run_id": run_id, "state": state, "error": error})
+        self.event(end_event(run_id, state, error))
 
-    def event(self, record: dict[str, Any]) -> None:
+    def event(self, record: Mapping[str, Any]) -> None:
         try:
             self.client.log_event(EVENT_TOPIC, record)
         except Exception as exc:  # a monitoring hiccup must never fail a fit

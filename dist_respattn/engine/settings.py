@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dist_respattn.engine.reduction import DEFAULT_FAN_IN
+from dist_respattn.events import Metric
 from dist_respattn.model._checks import as_nonnegative_float, as_positive_float, as_positive_int
 from dist_respattn.model.em import START_KINDS
 from dist_respattn.model.emission import choose_layout
@@ -18,9 +19,8 @@ from dist_respattn.store import StoreSchema
 
 __all__ = ["EARLY_STOP_METRICS", "FitSettings"]
 
-#: Held-out metrics early stopping can watch: predictive perplexity (lower is better) or mean joint
-#: log-likelihood (higher is better).
-EARLY_STOP_METRICS = ("perplexity", "loglik")
+#: Held-out metrics early stopping can watch (see :class:`~dist_respattn.events.Metric`).
+EARLY_STOP_METRICS = tuple(metric.value for metric in Metric)
 
 
 @dataclass(frozen=True)

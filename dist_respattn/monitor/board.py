@@ -1,6 +1,6 @@
 """The scheduler's picture of the fits it has seen, built from their ``dist_respattn.fit`` events.
 
-A fit sends three kinds of event (see :mod:`dist_respattn.engine.progress`): ``start`` once,
+A fit sends three kinds of event (see :mod:`dist_respattn.events`): ``start`` once,
 ``iteration`` after every M-step, and ``end`` with its final state. :class:`FitBoard` folds them into
 one :class:`FitRecord` per fit. Scheduler state stays bounded: the board keeps the last
 :data:`MAX_FITS` fits and each curve its last :data:`MAX_POINTS` iterations, however long the
@@ -16,6 +16,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from dist_respattn.events import EventKind, FitState
+
 __all__ = ["FINAL_STATES", "MAX_FITS", "MAX_POINTS", "STATES", "FitBoard", "FitRecord"]
 
 #: Fits kept on the board; the oldest finished one goes first when a new fit starts.
@@ -25,8 +27,8 @@ MAX_FITS = 50
 MAX_POINTS = 5000
 
 #: Every state a fit can be in; all but ``running`` are final.
-STATES = ("running", "converged", "max_iter", "early_stopped", "failed")
-FINAL_STATES = frozenset(STATES) - {"running"}
+STATES = tuple(FitState)
+FINAL_STATES = frozenset(state for state in FitState if state.final)
 
 
 def _number(value: Any) -> float | None:
@@ -60,7 +62,7 @@ class FitRecord:
     """
 
     run_id: str
-    state: str = "running"
+    state: FitState = FitState.RUNNING
     store: str | None = None
     validation: str | None = None
     heldout_rows: str | None = None
@@ -124,8 +126,8 @@ def _parse(event: Any) -> dict[str, Any] | None:
     """
     if not isinstance(event, dict) or not isinstance(event.get("run_id"), str):
         return None
-    kind = event.get("event", "iteration")
-    if kind == "start":
+    kind = event.get("event", EventKind.ITERATION)
+    if kind == EventKind.START:
         rows, max_iter = event.get("rows"), event.get("max_iter")
         return {
             "event": kind,
@@ -138,9 +140,9 @@ def _parse(event: Any) -> dict[str, Any] | None:
             "max_iter": None if max_iter is None else int(max_iter),
             "client": _text(event.get("client")),
             "model_dir": _text(event.get("model_dir")),
-            "state": "running",
+            "state": FitState.RUNNING,
         }
-    if kind == "iteration":
+    if kind == EventKind.ITERATION:
         iteration = event["iteration"]
         if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
             raise ValueError(f"iteration {iteration!r}")
@@ -166,11 +168,11 @@ def _parse(event: Any) -> dict[str, Any] | None:
             "rows_per_second": _number(event.get("rows_per_second")),
             "warnings": [str(w) for w in warnings],
         }
-    if kind == "end":
+    if kind == EventKind.END:
         state = event.get("state")
         return {
             "event": kind,
-            "state": state if state in FINAL_STATES else "failed",
+            "state": FitState(state) if state in FINAL_STATES else FitState.FAILED,
             "error": _text(event.get("error")),
         }
     return None
@@ -211,9 +213,9 @@ class FitBoard:
             fit = self._fit(event["run_id"], when)
             fit.updated = when
             kind = update.pop("event")
-            if kind == "start":
+            if kind == EventKind.START:
                 fit.started = when
-            elif kind == "iteration":
+            elif kind == EventKind.ITERATION:
                 fit.iteration = update["iteration"]
                 fit.log_likelihood.append(update.pop("log_likelihood_point"))
                 fit.seconds.append(update.pop("seconds_point"))
@@ -227,8 +229,8 @@ class FitBoard:
         """A driver's client left: its fits still running have failed (the driver died or was stopped)."""
         with self._lock:
             for fit in self._fits.values():
-                if fit.client == client and fit.state == "running":
-                    fit.state = "failed"
+                if fit.client == client and fit.state is FitState.RUNNING:
+                    fit.state = FitState.FAILED
                     fit.error = "the driver left before the fit ended (a resumed fit shows as a new run)"
                     fit.updated = time.time() if when is None else when
 
@@ -247,5 +249,5 @@ class FitBoard:
     def _evict(self) -> None:
         """Drop the oldest fits beyond ``max_fits``, finished ones first."""
         while len(self._fits) > self.max_fits:
-            victim = next((k for k, f in self._fits.items() if f.state != "running"), next(iter(self._fits)))
+            victim = next((k for k, f in self._fits.items() if f.state.final), next(iter(self._fits)))
             del self._fits[victim]

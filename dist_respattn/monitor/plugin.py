@@ -12,7 +12,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from dist_respattn.engine.progress import EVENT_TOPIC
+from dist_respattn.events import EVENT_TOPIC
 from dist_respattn.monitor import metrics, web
 from dist_respattn.monitor.board import FitBoard
 

@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 from dist_respattn.engine import EVENT_TOPIC, cluster_info, load_checkpoint, load_model
+from dist_respattn.events import EndEvent, IterationEvent, StartEvent
 from dist_respattn.model.holdout import HoldoutRule
 
 from .conftest import ROWS, D, N, S, T
@@ -222,6 +223,9 @@ def test_fit_publishes_one_event_per_iteration_on_the_scheduler(scheduler_fit, d
     history = load_checkpoint(scheduler_fit.model_dir, "latest").meta["history"]
     stream = fit_events(dask_cluster.address, history[0]["run_id"])
     assert [e["event"] for e in stream] == ["start", "iteration", "iteration", "iteration", "iteration", "end"]
+    # Each has exactly the fields its type declares: the types the monitor's tests make their events from.
+    for event, kind in zip(stream, (StartEvent, *[IterationEvent] * 4, EndEvent), strict=True):
+        assert set(event) == kind.__required_keys__ | kind.__optional_keys__, event["event"]
     assert (
         stream[0]["rows"] == ROWS
         and stream[0]["max_iter"] == 4

@@ -10,6 +10,7 @@ import weakref
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
+from dist_respattn.events import FitState, IterationRecord, end_event, iteration_event, start_event
 from dist_respattn.monitor import FINAL_STATES, STATES, FitBoard, metrics
 from dist_respattn.monitor.board import MAX_FITS, MAX_POINTS
 
@@ -17,28 +18,36 @@ from .conftest import parse_metrics, sample_values
 
 STORE, VALIDATION = "/data/train.zarr", "/data/validation.zarr"
 
+# The events are made by the functions the engine sends them with (``dist_respattn.events``); ``fields``
+# override what a test needs, including with values of the wrong type.
+
 
 def start(run_id: str, client: str = "Client-a", **fields) -> dict:
-    return {
-        "event": "start", "run_id": run_id, "client": client, "store": STORE, "validation": VALIDATION,
-        "rows": 1000, "max_iter": 10, "model_dir": f"/models/{run_id}", "first_iteration": 1, **fields,
+    """A start event; without ``heldout_rows`` in ``fields`` it has no such field, as a driver from before the
+    field sends it (the board must tell "not said" from "none")."""
+    described = {
+        "store": STORE, "validation": VALIDATION, "heldout_rows": None, "rows": 1000, "max_iter": 10,
+        "model_dir": f"/models/{run_id}", "first_iteration": 1,
     }  # fmt: skip
+    event = dict(start_event(run_id, client=client, **{**described, **fields}))
+    if "heldout_rows" not in fields:
+        del event["heldout_rows"]
+    return event
 
 
 def iteration(run_id: str, i: int, **fields) -> dict:
-    """An iteration event as the engine sends it (the history record plus ``event``)."""
-    record = {
-        "event": "iteration", "run_id": run_id, "iteration": i, "mean_log_likelihood": -10.0 + 1.0 / i,
-        "change": None if i == 1 else 0.01, "seconds": 0.5, "rows_per_second": 2000.0, "n_obs": 1000,
-        "sigma2": 1.0, "heldout": {"mean_log_likelihood": -11.0 + 1.0 / i, "perplexity": 8.0 - 1.0 / i,
-                                   "accuracy": 0.3}, "state": "running", "warnings": [],
-    }  # fmt: skip
-    record.update(fields)
-    return record
+    """An iteration event as the engine sends it: an :class:`IterationRecord` through ``iteration_event``."""
+    record = IterationRecord(
+        iteration=i, mean_log_likelihood=-10.0 + 1.0 / i, change=None if i == 1 else 0.01, seconds=0.5,
+        rows_per_second=2000.0, n_obs=1000.0, sigma2=1.0, hyperparameters=None,
+        heldout={"mean_log_likelihood": -11.0 + 1.0 / i, "perplexity": 8.0 - 1.0 / i, "accuracy": 0.3},
+        state=FitState.RUNNING, warnings=[], run_id=run_id,
+    )  # fmt: skip
+    return {**iteration_event(record), **fields}
 
 
 def end(run_id: str, state: str, error: str | None = None) -> dict:
-    return {"event": "end", "run_id": run_id, "state": state, "error": error}
+    return dict(end_event(run_id, state, error))
 
 
 def only(board: FitBoard) -> dict:
