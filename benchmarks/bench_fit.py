@@ -83,7 +83,7 @@ from measure import (  # noqa: E402
 
 import dist_respattn  # noqa: E402
 from dist_respattn import ResponsibilityAttentionDistribution, random_distribution  # noqa: E402
-from dist_respattn.engine import FitResult, FitSettings, estimate_memory, fit  # noqa: E402
+from dist_respattn.engine import ClusterOptions, FitResult, FitSettings, estimate_memory, fit  # noqa: E402
 from dist_respattn.store import TripleStore, WriteOptions, write_synthetic  # noqa: E402
 
 #: The engine's figures are measured with the reference library's M-step (learned sigma2, additive smoothing,
@@ -241,7 +241,9 @@ def run_fit(
     """Our fit from ``start`` on the client's cluster, or on an embedded one of ``n_workers``."""
     clock = Clock()
     settings = FitSettings(max_iter=iterations, tol=0.0, **REFERENCE_OPTIONS)
-    kwargs: dict[str, Any] = {"client": client} if client is not None else {"n_workers": n_workers}
+    kwargs: dict[str, Any] = (
+        {"client": client} if client is not None else {"cluster": ClusterOptions(n_workers=n_workers)}
+    )
     stream: Any = distributed.get_task_stream(client) if client is not None else contextlib.nullcontext()
     with stream as tasks:
         called = time.time()

@@ -291,13 +291,13 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [c for c in chosen if c not in CORPORA]
     if unknown:
         raise SystemExit(f"unknown corpora {unknown}: expected some of {', '.join(CORPORA)}")
-    from dist_respattn.engine import connect
+    from dist_respattn.engine import ClusterOptions, connect
 
     load = os.getloadavg()
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as temp:
         work = Path(args.work or temp)
-        with connect(None, n_workers=args.workers, say=lambda m: print(m, file=sys.stderr)) as client:
+        with connect(ClusterOptions(n_workers=args.workers), say=lambda m: print(m, file=sys.stderr)) as client:
             for name in chosen:
                 results.append(run_corpus(name, client, args, work))
                 print_table(results[-1:], stream=sys.stderr)  # each corpus as soon as it is measured

@@ -1,12 +1,21 @@
-"""What each layer may load: the scheduler's monitor loads no engine, the root package loads no model until
-asked, and the shared event definitions need only the standard library. Imports are checked in fresh
-interpreters, as the scheduler's ``--preload`` does them."""
+"""What each layer may load and reach: the scheduler's monitor loads no engine, the root package loads no model
+until asked, the shared event definitions need only the standard library, and ``retrain`` goes through the
+engine's public API. Imports are checked in fresh interpreters, as the scheduler's ``--preload`` does them."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+import dist_respattn.engine
+from dist_respattn.engine import ClusterOptions, evaluate, fit, predict
+from dist_respattn.registry import retrain
+
+PACKAGE = Path(dist_respattn.engine.__file__).parent.parent
 
 #: What the scheduler process must not load for the monitor: the JIT, the store format, the engine's layers.
 HEAVY = ("numba", "zarr", "dist_respattn.engine", "dist_respattn.model", "dist_respattn.store")
@@ -38,3 +47,25 @@ def test_the_event_definitions_need_only_the_standard_library():
         "dist_respattn",
         "dist_respattn.events",
     }
+
+
+def test_retrain_uses_only_the_engines_public_names():
+    """``registry/retrain.py`` imports from ``dist_respattn.engine`` itself (its ``__all__``), no engine module."""
+    tree = ast.parse((PACKAGE / "registry" / "retrain.py").read_text())
+    imported = [
+        (node.module, alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dist_respattn.engine")
+        for alias in node.names
+    ]
+    assert imported, "retrain imports nothing from the engine?"
+    assert {module for module, _ in imported} == {"dist_respattn.engine"}
+    assert {name for _, name in imported} <= set(dist_respattn.engine.__all__)
+
+
+def test_fit_evaluate_predict_and_retrain_take_the_cluster_as_one_options_object():
+    for function in (fit, evaluate, predict, retrain):
+        parameters = inspect.signature(function).parameters
+        assert parameters["cluster"].annotation == "ClusterOptions | None", function.__name__
+        assert not {"scheduler", "n_workers", "memory_limit", "security"} & set(parameters), function.__name__
+    assert ClusterOptions() == ClusterOptions(scheduler=None, n_workers=None, memory_limit="auto", security=None)

@@ -82,7 +82,7 @@ def _run_demo(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_text(args: argparse.Namespace) -> dict[str, Any]:
-    from dist_respattn.engine import FitSettings, connect, evaluate, fit
+    from dist_respattn.engine import ClusterOptions, FitSettings, connect, evaluate, fit
     from dist_respattn.engine.cluster import starts_embedded_cluster
     from dist_respattn.store import TextCorpus, WriteOptions, default_corpus, write_split
 
@@ -107,7 +107,8 @@ def _run_text(args: argparse.Namespace) -> dict[str, Any]:
         f"train) in {time.perf_counter() - started:.1f} s"
     )
     settings = FitSettings(max_iter=args.max_iter, tol=args.tol, seed=args.seed)
-    with connect(args.scheduler, n_workers=args.workers, say=say) as client:
+    cluster = ClusterOptions(scheduler=args.scheduler, n_workers=args.workers)
+    with connect(cluster, say=say) as client:
         result = fit(
             stores["train"],
             model_dir=folder / "model",
@@ -119,7 +120,7 @@ def _run_text(args: argparse.Namespace) -> dict[str, Any]:
             progress=False if args.json else None,
         )
         tested = evaluate(folder / "model", stores["test"], client=client, progress=False)
-    report = fit_report(result, stores["train"], cluster_closed=starts_embedded_cluster(args.scheduler, None))
+    report = fit_report(result, stores["train"], cluster_closed=starts_embedded_cluster(cluster, None))
     report.update(
         corpus="the Python standard library's source",
         rows=rows,
@@ -132,7 +133,7 @@ def _run_text(args: argparse.Namespace) -> dict[str, Any]:
 def _run_synthetic(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
-    from dist_respattn.engine import FitSettings, connect, evaluate, fit
+    from dist_respattn.engine import ClusterOptions, FitSettings, connect, evaluate, fit
     from dist_respattn.engine.cluster import starts_embedded_cluster
     from dist_respattn.model import random_distribution
     from dist_respattn.store import WriteOptions, write_synthetic
@@ -155,7 +156,8 @@ def _run_synthetic(args: argparse.Namespace) -> dict[str, Any]:
     # Rows sampled from the model itself: its maximum-likelihood gate variance is consistent, and is the
     # parameter the recovery report compares (on text, held-out choice is what keeps it from collapsing).
     settings = FitSettings(max_iter=args.max_iter, tol=args.tol, seed=args.seed, estimate_sigma2=True, sigma2=1.0)
-    with connect(args.scheduler, n_workers=args.workers, say=say) as client:
+    cluster = ClusterOptions(scheduler=args.scheduler, n_workers=args.workers)
+    with connect(cluster, say=say) as client:
         result = fit(
             train,
             model_dir=folder / "model",
@@ -168,7 +170,7 @@ def _run_synthetic(args: argparse.Namespace) -> dict[str, Any]:
         )
         fitted = evaluate(folder / "model", held_out, client=client, progress=False)
         true_scores = evaluate(truth, held_out, client=client, progress=False)
-    report = fit_report(result, train, cluster_closed=starts_embedded_cluster(args.scheduler, None))
+    report = fit_report(result, train, cluster_closed=starts_embedded_cluster(cluster, None))
     report.update(
         rows=args.rows,
         shape={"S": args.symbols, "N": args.context, "D": args.dim, "T": args.targets},

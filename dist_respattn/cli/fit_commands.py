@@ -9,8 +9,17 @@ import sys
 from typing import Any
 
 from dist_respattn.cli.common import CommandError, in_flags, parse_storage_options, positive_float, positive_int
+from dist_respattn.events import Metric
 
-__all__ = ["add_cluster_options", "add_em_options", "fit_report", "register", "security", "settings_from"]
+__all__ = [
+    "add_cluster_options",
+    "add_em_options",
+    "cluster_options",
+    "fit_report",
+    "register",
+    "security",
+    "settings_from",
+]
 
 
 def add_cluster_options(parser: argparse.ArgumentParser) -> None:
@@ -106,7 +115,7 @@ def add_em_options(parser: argparse.ArgumentParser, title: str) -> None:
     )
     em.add_argument(
         "--early-stop-metric",
-        choices=("perplexity", "loglik"),
+        choices=tuple(Metric),
         help="held-out metric for early stopping and the best checkpoint (default perplexity with held-out rows)",
     )
     em.add_argument("--patience", type=positive_int, help="iterations without improvement before stopping (3)")
@@ -130,6 +139,15 @@ def security(args: argparse.Namespace) -> Any:
     import distributed
 
     return distributed.Security(**{k: v for k, v in paths.items() if v}, require_encryption=True)
+
+
+def cluster_options(args: argparse.Namespace) -> Any:
+    """The engine's ``ClusterOptions`` from the cluster and ``--tls-*`` options (see :func:`add_cluster_options`)."""
+    from dist_respattn.engine import ClusterOptions
+
+    return ClusterOptions(
+        scheduler=args.scheduler, n_workers=args.workers, memory_limit=args.memory_limit, security=security(args)
+    )
 
 
 def register(sub: Any) -> None:
@@ -326,10 +344,7 @@ def _run_fit(args: argparse.Namespace) -> dict[str, Any]:
         init_from=args.init_from,
         resume=args.resume,
         overwrite=args.overwrite,
-        scheduler=args.scheduler,
-        n_workers=args.workers,
-        memory_limit=args.memory_limit,
-        security=security(args),
+        cluster=cluster_options(args),
         storage_options=options,
         say=_say(args),
         progress=None if not args.json else False,
@@ -388,10 +403,7 @@ def _run_evaluate(args: argparse.Namespace) -> dict[str, Any]:
         args.model,
         args.store,
         baseline_k=args.baseline_k,
-        scheduler=args.scheduler,
-        n_workers=args.workers,
-        memory_limit=args.memory_limit,
-        security=security(args),
+        cluster=cluster_options(args),
         storage_options=parse_storage_options(args.storage_option),
         say=_say(args),
         progress=None if not args.json else False,
@@ -414,10 +426,7 @@ def _run_predict(args: argparse.Namespace) -> dict[str, Any]:
         out=args.out,
         top_k=args.top,
         overwrite=args.overwrite,
-        scheduler=args.scheduler,
-        n_workers=args.workers,
-        memory_limit=args.memory_limit,
-        security=security(args),
+        cluster=cluster_options(args),
         storage_options=parse_storage_options(args.storage_option),
         say=_say(args),
         progress=None if not args.json else False,

@@ -12,7 +12,8 @@ from datetime import datetime
 from typing import Any
 
 from dist_respattn.cli.common import CommandError, in_flags, parse_storage_options, positive_float, positive_int
-from dist_respattn.cli.fit_commands import add_cluster_options, add_em_options, security, settings_from
+from dist_respattn.cli.fit_commands import add_cluster_options, add_em_options, cluster_options, settings_from
+from dist_respattn.events import Metric
 
 __all__ = ["register"]
 
@@ -53,7 +54,7 @@ def register(sub: Any) -> None:
     )
     gate.add_argument(
         "--gate-metric",
-        choices=("perplexity", "loglik"),
+        choices=tuple(Metric),
         help="held-out perplexity (default) or log-likelihood; default: the fit's --early-stop-metric",
     )
     gate.add_argument(
@@ -156,10 +157,7 @@ def _run_retrain(args: argparse.Namespace) -> dict[str, Any]:
             keep=args.keep,
             work_dir=args.work_dir,
             stale_after=args.lock_timeout,
-            scheduler=args.scheduler,
-            n_workers=args.workers,
-            memory_limit=args.memory_limit,
-            security=security(args),
+            cluster=cluster_options(args),
             storage_options=parse_storage_options(args.storage_option),
             say=_say(args),
             progress=None if not args.json else False,

@@ -1,27 +1,39 @@
 """The distributed engine: the only code that talks to a ``distributed.Client``.
 
 ``fit`` runs exact EM over a triple store on a Dask cluster (an embedded ``LocalCluster`` by
-default), checkpointing every iteration; ``evaluate`` scores a store with a model; ``predict``
-writes each row's top-K targets; ``load_model`` reads a model directory (or a registry's version) back.
+default, or as :class:`ClusterOptions` say), checkpointing every iteration; ``evaluate`` scores a store
+with a model next to n-gram baselines, ``score`` without them; ``predict`` writes each row's top-K
+targets; ``load_model`` reads a model directory (or a registry's version) back; ``store_record`` is what
+a checkpoint records of a store.
 """
 
 from __future__ import annotations
 
-from dist_respattn.engine.checkpoint import Checkpoint, CheckpointError, ModelDir, load_checkpoint, load_model
-from dist_respattn.engine.cluster import ClusterError, ClusterInfo, cluster_info, connect
-from dist_respattn.engine.evaluate import Evaluation, evaluate
+from dist_respattn.engine.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointFiles,
+    ModelDir,
+    load_checkpoint,
+    load_model,
+)
+from dist_respattn.engine.cluster import ClusterError, ClusterInfo, ClusterOptions, cluster_info, connect
+from dist_respattn.engine.evaluate import Evaluation, evaluate, score
 from dist_respattn.engine.fit import FitError, FitResult, fit, open_store
+from dist_respattn.engine.loop import store_record
 from dist_respattn.engine.memory import InsufficientMemoryError, MemoryEstimate, check_memory, estimate_memory
 from dist_respattn.engine.predict import PredictionRun, predict
-from dist_respattn.engine.progress import EVENT_TOPIC
 from dist_respattn.engine.settings import FitSettings
+from dist_respattn.events import EVENT_TOPIC
 
 __all__ = [
     "EVENT_TOPIC",
     "Checkpoint",
     "CheckpointError",
+    "CheckpointFiles",
     "ClusterError",
     "ClusterInfo",
+    "ClusterOptions",
     "Evaluation",
     "FitError",
     "FitResult",
@@ -40,4 +52,6 @@ __all__ = [
     "load_model",
     "open_store",
     "predict",
+    "score",
+    "store_record",
 ]

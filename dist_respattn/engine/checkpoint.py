@@ -26,7 +26,7 @@ import uuid
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -38,6 +38,7 @@ __all__ = [
     "BackgroundCheckpoints",
     "Checkpoint",
     "CheckpointError",
+    "CheckpointFiles",
     "ModelDir",
     "checkpoint_name",
     "load_checkpoint",
@@ -86,6 +87,13 @@ class Checkpoint:
     @property
     def iteration(self) -> int:
         return int(self.meta["iteration"])
+
+
+class CheckpointFiles(NamedTuple):
+    """A checkpoint's two files as bytes (what a registry version stores)."""
+
+    params: bytes
+    meta: bytes
 
 
 def _fsync_dir(path: Path) -> None:
@@ -235,6 +243,11 @@ class ModelDir:
         return parse_checkpoint(
             name, _read_json(meta_path), params_path, meta_source=str(meta_path), params_source=str(params_path)
         )
+
+    def read_files(self, name: str) -> CheckpointFiles:
+        """The bytes of checkpoint ``name``'s files, to copy it elsewhere unchanged (a registry version)."""
+        folder = self.path / name
+        return CheckpointFiles((folder / PARAMS_FILE).read_bytes(), (folder / META_FILE).read_bytes())
 
     def commit(
         self,

@@ -22,6 +22,7 @@ import distributed
 __all__ = [
     "ClusterError",
     "ClusterInfo",
+    "ClusterOptions",
     "check_address",
     "cluster_info",
     "connect",
@@ -47,6 +48,31 @@ DASHBOARD_CHECK_SECONDS = 5.0
 
 class ClusterError(RuntimeError):
     """The cluster cannot be reached, or has no workers to run on."""
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """How a call that is given no client gets a cluster: a scheduler's address, else an embedded LocalCluster.
+
+    ``fit``, ``evaluate``, ``predict`` and ``retrain`` take one of these (beside an optional ``client``, which
+    wins).
+
+    Attributes:
+        scheduler: the address of a running scheduler (default: ``$DASK_SCHEDULER_ADDRESS``, else an
+            embedded cluster).
+        n_workers: worker processes of an embedded cluster (default: one a core).
+        threads_per_worker: threads of each embedded worker.
+        memory_limit: each embedded worker's memory limit (``"2GiB"``, bytes, or ``"auto"``: an even share
+            of the machine).
+        security: the TLS certificates for a ``tls://`` scheduler (default: Dask's ``distributed.comm.tls``
+            config).
+    """
+
+    scheduler: str | None = None
+    n_workers: int | None = None
+    threads_per_worker: int = 1
+    memory_limit: str | int = "auto"
+    security: distributed.Security | None = None
 
 
 @dataclass(frozen=True)
@@ -82,12 +108,13 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
-def starts_embedded_cluster(scheduler: str | None, client: distributed.Client | None) -> bool:
+def starts_embedded_cluster(options: ClusterOptions | None, client: distributed.Client | None) -> bool:
     """Whether :func:`connect` with these arguments starts (and at the end closes) a LocalCluster of its own."""
+    scheduler = options.scheduler if options is not None else None
     return client is None and not (scheduler or os.environ.get(SCHEDULER_ENV))
 
 
-def embedded_worker_memory(memory_limit: str | int, threads_per_worker: int = 1) -> int:
+def embedded_worker_memory(options: ClusterOptions | None) -> int:
     """The memory limit in bytes each worker of an embedded cluster gets (0: none), as its worker computes it.
 
     Known before the cluster starts, so a plan that cannot fit is refused without starting one (a worker
@@ -95,11 +122,13 @@ def embedded_worker_memory(memory_limit: str | int, threads_per_worker: int = 1)
     """
     from distributed.worker_memory import parse_memory_limit
 
+    options = options or ClusterOptions()
     try:
-        limit = parse_memory_limit(memory_limit, threads_per_worker, logger=logger)
+        limit = parse_memory_limit(options.memory_limit, options.threads_per_worker, logger=logger)
     except (ValueError, TypeError) as exc:
         raise ClusterError(
-            f"memory_limit = {memory_limit!r}: expected a size such as 2GiB, a fraction of the machine, or 'auto'"
+            f"memory_limit = {options.memory_limit!r}: expected a size such as 2GiB, a fraction of the machine, "
+            "or 'auto'"
         ) from exc
     return int(limit or 0)
 
@@ -170,37 +199,33 @@ def _local_cluster(n_workers: int | None, threads_per_worker: int, memory_limit:
 
 @contextlib.contextmanager
 def connect(
-    scheduler: str | None = None,
+    options: ClusterOptions | None = None,
     *,
     client: distributed.Client | None = None,
-    n_workers: int | None = None,
-    threads_per_worker: int = 1,
-    memory_limit: str | int = "auto",
-    security: distributed.Security | None = None,
     say: Callable[[str], Any] | None = None,
 ) -> Iterator[distributed.Client]:
     """A client for the fit: the given ``client``, a scheduler address, or an embedded LocalCluster.
 
-    Order: ``client`` (used as is, never closed); ``scheduler`` or ``$DASK_SCHEDULER_ADDRESS`` (a new
-    client, closed on exit, the cluster left running); otherwise a LocalCluster of ``n_workers``
-    processes (default: one a core) that is closed on exit. ``security`` holds the TLS certificates for
-    a ``tls://`` scheduler (default: Dask's ``distributed.comm.tls`` config). ``say`` receives one line
-    naming the cluster and its dashboard. Every cluster gets the fit monitor (:mod:`dist_respattn.monitor`).
+    Order: ``client`` (used as is, never closed); ``options.scheduler`` or ``$DASK_SCHEDULER_ADDRESS`` (a
+    new client, closed on exit, the cluster left running); otherwise a LocalCluster of
+    ``options.n_workers`` processes (default: one a core) that is closed on exit. ``say`` receives one
+    line naming the cluster and its dashboard. Every cluster gets the fit monitor (:mod:`dist_respattn.monitor`).
     """
     if client is not None:
         install_monitor(client)
         yield client
         return
-    address = scheduler or os.environ.get(SCHEDULER_ENV) or None
+    options = options or ClusterOptions()
+    address = options.scheduler or os.environ.get(SCHEDULER_ENV) or None
     if address:
-        own_client = _client_for(address, security)
+        own_client = _client_for(address, options.security)
         with own_client:
             install_monitor(own_client)
             _announce(own_client, f"connected to the scheduler at {address}", say)
             yield own_client
         return
     with (
-        _local_cluster(n_workers, threads_per_worker, memory_limit) as cluster,
+        _local_cluster(options.n_workers, options.threads_per_worker, options.memory_limit) as cluster,
         distributed.Client(cluster, set_as_default=False) as own_client,
     ):
         install_monitor(own_client)

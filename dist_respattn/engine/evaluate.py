@@ -16,18 +16,19 @@ import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import distributed
 
 from dist_respattn.engine import tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.checkpoint import load_checkpoint
-from dist_respattn.engine.cluster import connect
+from dist_respattn.engine.cluster import ClusterOptions, connect
 from dist_respattn.engine.fit import FitError, check_same_shape, open_store
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
+from dist_respattn.events import HeldoutScores
 from dist_respattn.model.diagnostics import degeneracy_warnings
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.holdout import HoldoutRule
@@ -37,7 +38,7 @@ from dist_respattn.model.scoring import ScoreTotals
 from dist_respattn.store import StoreError, StoreLocation, check_recorded_corpus
 from dist_respattn.store.rows import RowStore, is_stream_store, open_rows
 
-__all__ = ["DEFAULT_BASELINE_K", "Evaluation", "evaluate", "score_store"]
+__all__ = ["DEFAULT_BASELINE_K", "Evaluation", "evaluate", "score", "score_store"]
 
 #: The unigram's add-k smoothing (and add-k's k when it cannot be tuned).
 DEFAULT_BASELINE_K = DEFAULT_K
@@ -162,22 +163,32 @@ def score_store(runner: PassRunner, model: ResponsibilityAttentionDistribution, 
         params.release()
 
 
+def score(model: ResponsibilityAttentionDistribution, store: RowStore, *, client: distributed.Client) -> HeldoutScores:
+    """``model``'s figures on every row of ``store``, without baselines: ``mean_log_likelihood``,
+    ``target_log_prob``, ``perplexity`` and ``accuracy``, from one pass on ``client``'s cluster.
+
+    Each call's keys carry a run tag of its own, so passes of several calls on one cluster never meet.
+    """
+    totals = score_store(PassRunner(client, uuid.uuid4().hex[:8]), model, store)
+    return cast(HeldoutScores, totals.metrics())
+
+
 def evaluate(
     model: ResponsibilityAttentionDistribution | str | os.PathLike[str],
     store: str | os.PathLike[str] | StoreLocation | RowStore,
     *,
     baseline_k: float = DEFAULT_BASELINE_K,
     client: distributed.Client | None = None,
-    scheduler: str | None = None,
-    n_workers: int | None = None,
-    memory_limit: str | int = "auto",
-    security: distributed.Security | None = None,
+    cluster: ClusterOptions | None = None,
     storage_options: dict[str, Any] | None = None,
     say: Callable[[str], Any] | None = None,
     progress: bool | None = None,
 ) -> Evaluation:
     """Score ``store`` with ``model`` on a cluster: a head, a model directory (its ``best``, else ``latest``), or
-    a registry's version (``REGISTRY@7``, ``REGISTRY@latest``)."""
+    a registry's version (``REGISTRY@7``, ``REGISTRY@latest``).
+
+    ``client``, or without one ``cluster``, is where it runs (see :func:`~dist_respattn.engine.connect`).
+    """
     meta: dict[str, Any] = {}
     if isinstance(model, ResponsibilityAttentionDistribution):
         head = model
@@ -197,9 +208,7 @@ def evaluate(
     baseline_store = training or scored
     train_rows, tuning = _baseline_rows(meta, scored, training)
     run_id = uuid.uuid4().hex[:8]
-    with connect(
-        scheduler, client=client, n_workers=n_workers, memory_limit=memory_limit, security=security, say=say
-    ) as cl:
+    with connect(cluster, client=client, say=say) as cl:
         reporter = FitReporter(cl, say=say, bar=progress)
         runner = PassRunner(cl, run_id, make_bar=reporter.make_bar)
         totals = score_store(runner, head, scored)

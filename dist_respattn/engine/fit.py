@@ -22,6 +22,7 @@ import distributed
 from dist_respattn.engine.checkpoint import LATEST, Checkpoint, ModelDir, load_checkpoint
 from dist_respattn.engine.cluster import (
     ClusterError,
+    ClusterOptions,
     cluster_info,
     connect,
     embedded_worker_memory,
@@ -261,10 +262,7 @@ def fit(
     resume: bool = False,
     overwrite: bool = False,
     client: distributed.Client | None = None,
-    scheduler: str | None = None,
-    n_workers: int | None = None,
-    memory_limit: str | int = "auto",
-    security: distributed.Security | None = None,
+    cluster: ClusterOptions | None = None,
     storage_options: dict[str, Any] | None = None,
     say: Callable[[str], Any] | None = None,
     progress: bool | None = None,
@@ -284,7 +282,8 @@ def fit(
         resume: continue the fit whose checkpoints are in ``model_dir`` (a new fit when there are none);
             the result is bit-identical to an uninterrupted fit.
         overwrite: start a new fit in a ``model_dir`` that already holds one.
-        client / scheduler / n_workers / memory_limit / security: the cluster (see :func:`connect`).
+        client: the cluster to run on; without one, ``cluster`` says how to reach or start one (see
+            :func:`connect`).
         storage_options: fsspec options for store URLs.
         say: receives the progress lines (default: the ``dist_respattn.fit`` logger).
         progress: progress bars per pass (default: when stderr is a terminal).
@@ -364,14 +363,13 @@ def fit(
         )  # fmt: skip
         check_memory(estimate, worker_limit=worker_limit, shape=f"(S, N, D, T) = {_shape(train)}")
 
-    embedded = starts_embedded_cluster(scheduler, client)
+    embedded = starts_embedded_cluster(cluster, client)
     if embedded:
         # The workers' limit is known before they start: a plan they cannot hold is refused without a cluster.
-        plan(resumed_pairs, threads=1, worker_limit=embedded_worker_memory(memory_limit))
+        embedded_threads = cluster.threads_per_worker if cluster is not None else 1
+        plan(resumed_pairs, threads=embedded_threads, worker_limit=embedded_worker_memory(cluster))
 
-    with connect(
-        scheduler, client=client, n_workers=n_workers, memory_limit=memory_limit, security=security, say=say
-    ) as cl:
+    with connect(cluster, client=client, say=say) as cl:
         try:
             cl.wait_for_workers(1, timeout=WORKER_WAIT_SECONDS)
         except TimeoutError as exc:

@@ -21,7 +21,7 @@ import distributed
 from dist_respattn.engine import tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.checkpoint import load_checkpoint
-from dist_respattn.engine.cluster import connect
+from dist_respattn.engine.cluster import ClusterOptions, connect
 from dist_respattn.engine.evaluate import window_for
 from dist_respattn.engine.fit import FitError, check_same_shape, open_store
 from dist_respattn.engine.passes import PassRunner
@@ -81,10 +81,7 @@ def predict(
     top_k: int = DEFAULT_TOP_K,
     overwrite: bool = False,
     client: distributed.Client | None = None,
-    scheduler: str | None = None,
-    n_workers: int | None = None,
-    memory_limit: str | int = "auto",
-    security: distributed.Security | None = None,
+    cluster: ClusterOptions | None = None,
     storage_options: dict[str, Any] | None = None,
     say: Callable[[str], Any] | None = None,
     progress: bool | None = None,
@@ -93,7 +90,8 @@ def predict(
 
     ``model``: a head, a model directory (its ``best``, else ``latest``), or a registry's version
     (``REGISTRY@7``, ``REGISTRY@latest``). ``out`` is a new location (or, with ``overwrite``, earlier
-    predictions); see :mod:`dist_respattn.store.predictions` for its layout.
+    predictions); see :mod:`dist_respattn.store.predictions` for its layout. ``client``, or without one
+    ``cluster``, is where it runs (see :func:`~dist_respattn.engine.connect`).
     """
     if int(top_k) < 1:
         raise FitError(f"top_k = {top_k}: expected a positive number of targets (--top)")
@@ -125,9 +123,7 @@ def predict(
     )
     create_predictions(location, header, overwrite=overwrite)
     started = time.perf_counter()
-    with connect(
-        scheduler, client=client, n_workers=n_workers, memory_limit=memory_limit, security=security, say=say
-    ) as cl:
+    with connect(cluster, client=client, say=say) as cl:
         reporter = FitReporter(cl, say=say, bar=progress)
         runner = PassRunner(cl, uuid.uuid4().hex[:8], make_bar=reporter.make_bar)
         params = ParameterBroadcast(cl, runner.run_tag)

@@ -18,21 +18,26 @@ import platform
 import shutil
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import distributed
 
-from dist_respattn.engine.checkpoint import META_FILE, PARAMS_FILE, Checkpoint, load_checkpoint
-from dist_respattn.engine.cluster import connect
-from dist_respattn.engine.evaluate import score_store
-from dist_respattn.engine.fit import fit, open_store
-from dist_respattn.engine.loop import store_record
-from dist_respattn.engine.passes import PassRunner
-from dist_respattn.engine.settings import FitSettings
+from dist_respattn.engine import (
+    Checkpoint,
+    ClusterOptions,
+    FitSettings,
+    ModelDir,
+    connect,
+    fit,
+    load_checkpoint,
+    open_store,
+    score,
+    store_record,
+)
+from dist_respattn.events import HeldoutScores, Metric
 from dist_respattn.registry.files import RegistryError
 from dist_respattn.registry.lock import DEFAULT_STALE_AFTER
 from dist_respattn.registry.registry import Registry
@@ -47,15 +52,14 @@ logger = logging.getLogger("dist_respattn.retrain")
 DEFAULT_TOLERANCE = 0.01
 
 #: Gate metrics: held-out perplexity of the targets (lower is better) or mean log-likelihood (higher).
-GATE_METRICS = ("perplexity", "loglik")
-_METRIC_FIELD = {"perplexity": "perplexity", "loglik": "mean_log_likelihood"}
+GATE_METRICS = tuple(metric.value for metric in Metric)
 
 
 @dataclass(frozen=True)
 class GateDecision:
     """The quality gate's comparison of the candidate with the current version on one store."""
 
-    metric: str
+    metric: Metric
     candidate: float
     current: float | None
     tolerance: float
@@ -68,7 +72,7 @@ class GateDecision:
         """The worst value the candidate could have had and still passed."""
         if self.current is None:
             return None
-        if self.metric == "perplexity":
+        if self.metric.lower_is_better:
             return self.current * (1.0 + self.tolerance)
         return self.current - self.tolerance * abs(self.current)
 
@@ -88,7 +92,7 @@ class GateDecision:
         if self.current is None:
             return f"{self.metric} {self.candidate:.6g}: the registry's first version, nothing to compare with"
         verdict = "passed" if self.passed else "failed"
-        direction = "at most" if self.metric == "perplexity" else "at least"
+        direction = "at most" if self.metric.lower_is_better else "at least"
         return (
             f"gate {verdict}: {self.metric} {self.candidate:.6g} against the current version's {self.current:.6g} "
             f"({direction} {self.limit:.6g} allowed at tolerance {self.tolerance:g}) on {self.store}"
@@ -97,17 +101,18 @@ class GateDecision:
 
 
 def gate(
-    metric: str, candidate: float, current: float | None, tolerance: float, *, store: str, in_sample: bool
+    metric: Metric | str, candidate: float, current: float | None, tolerance: float, *, store: str, in_sample: bool
 ) -> GateDecision:
     """Decide whether ``candidate`` may replace ``current`` (``None``: there is no current version)."""
     if metric not in GATE_METRICS:
         raise ValueError(f"gate metric {metric!r}: expected one of {', '.join(GATE_METRICS)}")
     if not tolerance >= 0:
         raise ValueError(f"tolerance = {tolerance}: expected a fraction >= 0")
+    metric = Metric(metric)
     decision = GateDecision(metric, candidate, current, tolerance, True, store, in_sample)
     limit = decision.limit
     if limit is not None:
-        better_or_equal = candidate <= limit if metric == "perplexity" else candidate >= limit
+        better_or_equal = candidate <= limit if metric.lower_is_better else candidate >= limit
         decision = GateDecision(metric, candidate, current, tolerance, bool(better_or_equal), store, in_sample)
     return decision
 
@@ -154,11 +159,11 @@ class RetrainResult:
         }
 
 
-def _heldout_scores(checkpoint: Checkpoint) -> dict[str, float] | None:
+def _heldout_scores(checkpoint: Checkpoint) -> HeldoutScores | None:
     """The validation scores the fit recorded for ``checkpoint``'s iteration, if it recorded them."""
     for entry in checkpoint.meta.get("history", []):
         if entry.get("iteration") == checkpoint.iteration and entry.get("heldout"):
-            return dict(entry["heldout"])
+            return cast(HeldoutScores, dict(entry["heldout"]))
     return None
 
 
@@ -183,15 +188,12 @@ def retrain(
     validation: str | os.PathLike[str] | None = None,
     settings: FitSettings | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
-    gate_metric: str | None = None,
+    gate_metric: Metric | str | None = None,
     keep: int | None = None,
     work_dir: str | os.PathLike[str] | None = None,
     stale_after: float = DEFAULT_STALE_AFTER,
     client: distributed.Client | None = None,
-    scheduler: str | None = None,
-    n_workers: int | None = None,
-    memory_limit: str | int = "auto",
-    security: distributed.Security | None = None,
+    cluster: ClusterOptions | None = None,
     storage_options: dict[str, Any] | None = None,
     say: Callable[[str], Any] | None = None,
     progress: bool | None = None,
@@ -206,8 +208,7 @@ def retrain(
         keep: after publishing, keep only this many newest versions.
         work_dir: where the fit's checkpoints go (kept); default a temporary directory, removed after.
         stale_after: seconds without a heartbeat after which another run's lock counts as abandoned.
-        client / scheduler / n_workers / memory_limit / security / storage_options / say / progress: as for
-            :func:`~dist_respattn.engine.fit`.
+        client / cluster / storage_options / say / progress: as for :func:`~dist_respattn.engine.fit`.
 
     Raises:
         RegistryLocked: another run holds the registry.
@@ -216,8 +217,8 @@ def retrain(
     started = time.perf_counter()
     settings = settings or FitSettings()
     say = say if say is not None else logger.info
-    metric = gate_metric or ("loglik" if settings.early_stop_metric == "loglik" else "perplexity")
-    gate(metric, 0.0, None, tolerance, store="", in_sample=False)  # check the arguments before any work
+    chosen = gate_metric or (Metric.LOGLIK if settings.early_stop_metric == Metric.LOGLIK else Metric.PERPLEXITY)
+    metric = gate(chosen, 0.0, None, tolerance, store="", in_sample=False).metric  # checked before any work
     if keep is not None and keep < 1:
         raise ValueError(f"keep = {keep}: expected at least 1")
     reg = Registry(str(registry), storage_options)
@@ -241,9 +242,7 @@ def retrain(
                 if current is not None
                 else f"{reg}: no published version yet; a fresh fit ({_start(settings)})"
             )
-            with connect(
-                scheduler, client=client, n_workers=n_workers, memory_limit=memory_limit, security=security, say=say
-            ) as cl:
+            with connect(cluster, client=client, say=say) as cl:
                 fitted = fit(
                     train, model_dir=model_dir, settings=settings, validation=heldout, init=warm, overwrite=True,
                     client=cl, storage_options=storage_options, say=say, progress=progress,
@@ -254,17 +253,12 @@ def retrain(
                 # needs a pass for the candidate. Each pass has its own run tag, so their keys never meet.
                 scores = _heldout_scores(candidate) if heldout is not None else None
                 if scores is None:
-                    scores = score_store(PassRunner(cl, uuid.uuid4().hex[:8]), candidate.model, gate_store).metrics()
-                current_scores = (
-                    score_store(PassRunner(cl, uuid.uuid4().hex[:8]), warm, gate_store).metrics()
-                    if warm is not None
-                    else None
-                )
-            field_name = _METRIC_FIELD[metric]
+                    scores = score(candidate.model, gate_store, client=cl)
+                current_scores = score(warm, gate_store, client=cl) if warm is not None else None
             decision = gate(
                 metric,
-                scores[field_name],
-                current_scores[field_name] if current_scores is not None else None,
+                metric.of(scores),
+                metric.of(current_scores) if current_scores is not None else None,
                 tolerance,
                 store=str(gate_store.location),
                 in_sample=heldout is None,
@@ -284,7 +278,7 @@ def retrain(
                 return RetrainResult(
                     False, None, previous, decision, fit_summary, str(reg), [], time.perf_counter() - started
                 )
-            folder = model_dir / candidate.name
+            files = ModelDir(model_dir).read_files(candidate.name)
             record = {
                 "metrics": {"gate_store": str(gate_store.location), **scores},
                 "previous_metrics": current_scores,
@@ -300,7 +294,7 @@ def retrain(
                     "host": platform.node(),
                 },
             }
-            version = reg.publish(lock, (folder / PARAMS_FILE).read_bytes(), (folder / META_FILE).read_bytes(), record)
+            version = reg.publish(lock, files.params, files.meta, record)
             say(f"{reg}: published version {version.number}")
             pruned = reg.prune(lock, keep) if keep is not None else []
             if pruned:

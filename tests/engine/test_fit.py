@@ -20,6 +20,7 @@ import dist_respattn
 from dist_respattn import ResponsibilityAttentionDistribution, fit_em
 from dist_respattn.engine import (
     EVENT_TOPIC,
+    ClusterOptions,
     FitError,
     FitSettings,
     InsufficientMemoryError,
@@ -562,7 +563,7 @@ def test_memory_estimate_grows_with_the_emission_and_check_refuses_it():
 
 @pytest.mark.slow
 def test_fit_is_refused_when_the_emission_cannot_fit_the_workers(tmp_path):
-    """On an embedded cluster of one 400 MiB worker (``fit(n_workers=1, memory_limit=...)``), a store
+    """On an embedded cluster of one 400 MiB worker (``ClusterOptions(n_workers=1, memory_limit=...)``), a store
     with S = T = 1500 is refused with InsufficientMemoryError naming the shape and the limit, before
     the cluster starts (its limit is known from the arguments) and before any checkpoint is written."""
     store = write_synthetic(
@@ -571,7 +572,12 @@ def test_fit_is_refused_when_the_emission_cannot_fit_the_workers(tmp_path):
     )  # fmt: skip
     lines: list[str] = []
     with pytest.raises(InsufficientMemoryError) as refused:
-        fit(store, model_dir=tmp_path / "model", n_workers=1, memory_limit="400MiB", say=lines.append)
+        fit(
+            store,
+            model_dir=tmp_path / "model",
+            cluster=ClusterOptions(n_workers=1, memory_limit="400MiB"),
+            say=lines.append,
+        )
     message = str(refused.value)
     assert "(S, N, D, T) = (1500, 2, 2, 1500)" in message
     assert "smallest worker memory limit is 400 MiB" in message

@@ -102,7 +102,7 @@ def test_cli_killed_mid_fit_leaves_the_registry_valid_and_the_next_run_recovers(
 CHILD = textwrap.dedent(
     """
     import os, signal, sys
-    from dist_respattn.engine import FitSettings
+    from dist_respattn.engine import ClusterOptions, FitSettings
     from dist_respattn.registry import retrain
     from dist_respattn.registry.files import RegistryFiles
     from dist_respattn.registry.lock import LOCK_FILE
@@ -137,7 +137,7 @@ CHILD = textwrap.dedent(
     RegistryFiles.create = counted(RegistryFiles.create)
     RegistryFiles._write_temp = temp_written(RegistryFiles._write_temp)
     retrain(registry, store, validation=validation, settings=FitSettings(max_iter=2), tolerance=1.0,
-            scheduler=address, progress=False)
+            cluster=ClusterOptions(scheduler=address), progress=False)
     print("not killed", file=sys.stderr)
     """
 )
