@@ -18,6 +18,7 @@ from typing import Any
 
 from dist_respattn.cli.common import positive_float, positive_int
 from dist_respattn.cli.fit_commands import fit_report, print_fit_summary
+from dist_respattn.events import FitState
 
 __all__ = ["register"]
 
@@ -174,7 +175,7 @@ def _run_synthetic(args: argparse.Namespace) -> dict[str, Any]:
     report.update(
         rows=args.rows,
         shape={"S": args.symbols, "N": args.context, "D": args.dim, "T": args.targets},
-        converged=result.state == "converged",
+        converged=result.state == FitState.CONVERGED,
         heldout_scores={"fitted (best)": fitted.model, "true model": true_scores.model, **fitted.baselines},
     )
     return report

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from dist_respattn.cli.common import CommandError, in_flags, parse_storage_options, positive_float, positive_int
-from dist_respattn.events import Metric
+from dist_respattn.events import FitState, Metric
 
 __all__ = [
     "add_cluster_options",
@@ -354,7 +354,11 @@ def _run_fit(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_fit_summary(report: dict[str, Any]) -> None:
     """The human-readable ``fit`` report (also the end of ``demo``)."""
-    state = {"converged": "converged", "max_iter": "stopped at --max-iter", "early_stopped": "stopped early"}
+    state = {
+        FitState.CONVERGED: "converged",
+        FitState.MAX_ITER: "stopped at --max-iter",
+        FitState.EARLY_STOPPED: "stopped early",
+    }
     print(
         f"EM {state.get(report['state'], report['state'])} after {report['iterations']} iterations "
         f"in {report['seconds']:.1f} s"
