@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 from PIL import Image  # pillow comes with bokeh, which the package needs for the dashboard
 
+from dist_respattn.events import FitState, IterationRecord, iteration_event, start_event
 from dist_respattn.monitor import PAGE_PATH, FitBoard
 from dist_respattn.monitor.web import API_PATH, _page
 
@@ -240,14 +241,22 @@ def test_a_fit_without_held_out_rows_says_no_validation_store(tmp_path):
 
     def start(run_id: str, validation: str | None) -> dict:
         heldout = None if validation is None else f"the validation store {validation}"
-        return {"event": "start", "run_id": run_id, "client": "c", "store": "/t.zarr", "validation": validation,
-                "heldout_rows": heldout, "rows": 100, "max_iter": 5, "model_dir": f"/{run_id}"}  # fmt: skip
+        return dict(
+            start_event(
+                run_id, client="c", store="/t.zarr", validation=validation, heldout_rows=heldout, rows=100,
+                max_iter=5, model_dir=f"/{run_id}", first_iteration=1,
+            )
+        )  # fmt: skip
 
     board = FitBoard()
     board.record(start("aaaa0001", None))
     for i in (1, 2):
-        board.record({"event": "iteration", "run_id": "aaaa0001", "iteration": i, "mean_log_likelihood": -3.0 + i,
-                      "seconds": 0.5, "heldout": None, "state": "running", "warnings": []})  # fmt: skip
+        record = IterationRecord(
+            iteration=i, mean_log_likelihood=-3.0 + i, change=None, seconds=0.5, rows_per_second=200.0,
+            n_obs=100.0, sigma2=1.0, hyperparameters=None, heldout=None, state=FitState.RUNNING, warnings=[],
+            run_id="aaaa0001",
+        )  # fmt: skip
+        board.record(dict(iteration_event(record)))
     board.record(start("bbbb0002", "/v.zarr"))
     with serving(board) as url:
         dom = run_chromium(tmp_path / "profile", url, "--dump-dom").stdout
