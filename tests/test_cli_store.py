@@ -755,7 +755,12 @@ def test_validate_on_a_scheduler_and_with_an_unreachable_one(synth_store, tmp_pa
         text=True,
     )
     with distributed.LocalCluster(
-        n_workers=1, threads_per_worker=2, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=None
+        n_workers=1,
+        threads_per_worker=2,
+        processes=False,
+        protocol="tcp",
+        host="127.0.0.1",
+        dashboard_address="127.0.0.1:0",
     ) as cluster:
         result = run("validate", str(damaged), "--scheduler", cluster.scheduler_address, "--json")
         keys = {str(entry[0]) for entry in cluster.scheduler.transition_log}

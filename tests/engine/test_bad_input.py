@@ -44,6 +44,9 @@ LAYOUT = WriteOptions(chunk_rows=64, partition_rows=256)
 #: How much longer than a command failing right after its imports (started at the same moment) a command
 #: that cannot reach its scheduler may take: the engine's connect timeout is 10 s.
 UNREACHABLE_EXTRA_SECONDS = 13.0
+#: When a background command is taken to hang and killed: far past the ~10 s they take alone, since they run
+#: together and beside the other tests' clusters (a loaded 2-core machine has taken over 25 s).
+BACKGROUND_DEADLINE = 60.0
 
 
 # -- helpers (test_failures.py uses them too) -------------------------------------------------------
@@ -236,8 +239,9 @@ def background(request, tmp_path_factory):
     ``embedded``: ``fit --json`` without ``--scheduler`` (an embedded one-worker cluster) on a store with a
     bad id. ``option``/``env``: ``--scheduler`` (or ``DASK_SCHEDULER_ADDRESS``) at a free port nothing
     listens on. ``silent``: ``--scheduler`` at a port that accepts connections but never answers (like a
-    dashboard port given by mistake); it is killed 25 s after its start. ``baseline``: a fit of a missing
-    store, which fails right after its imports: what starting a command costs on this machine right now.
+    dashboard port given by mistake). ``baseline``: a fit of a missing store, which fails right after its
+    imports: what starting a command costs on this machine right now. Each is killed ``BACKGROUND_DEADLINE`` s
+    after its start.
     """
     root = tmp_path_factory.mktemp("background")
     bad = corrupt_store(root / "bad.zarr", "context", (5, 1), S + 10)
@@ -262,7 +266,7 @@ def background(request, tmp_path_factory):
                     continue
                 (root / name).mkdir()
                 at = Scene.make(root / name, store)
-                runs[name] = (at, at.fit(*extra, env=env, deadline=25))
+                runs[name] = (at, at.fit(*extra, env=env, deadline=BACKGROUND_DEADLINE))
             yield {"free": free, "silent_address": silent, **runs}
         finally:
             for _, launched in runs.values():

@@ -324,7 +324,9 @@ def test_many_problems_at_once_are_all_reported_in_row_order(store_path):
 def client():
     distributed = pytest.importorskip("distributed")
     with (
-        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0"
+        ) as cluster,
         distributed.Client(cluster) as client,
     ):
         yield client
