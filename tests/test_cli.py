@@ -11,6 +11,8 @@ import pytest
 
 import dist_respattn
 
+pytestmark = pytest.mark.slow  # every test here starts a cluster or a command
+
 COMMAND = str(Path(sys.executable).parent / "dist-respattn")
 
 

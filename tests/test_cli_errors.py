@@ -15,6 +15,8 @@ from dist_respattn.store import TripleStore
 from tests.test_cli import run
 from tests.test_cli_store import LAYOUT_ARGS, SHAPE_ARGS, assert_error, copy_of, run_many
 
+pytestmark = pytest.mark.slow  # every test here starts a cluster or a command
+
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:

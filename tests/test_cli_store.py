@@ -217,6 +217,7 @@ def test_build_parser_knows_every_subcommand():
         assert args.json is False
 
 
+@pytest.mark.slow
 def test_every_subcommand_has_help(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")  # argparse wraps help to the terminal's width
     helps = {}
@@ -259,6 +260,7 @@ def test_every_subcommand_has_help(capsys, monkeypatch):
 # -- synth and info --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_synth_json_figures_and_store(synth_store):
     out, report = synth_store
     assert_figures(report, rows=3000, s=S, n=N, d=D, t=T, partitions=3)
@@ -294,6 +296,7 @@ def test_synth_json_figures_and_store(synth_store):
     assert (truth.num_symbols, truth.context_length, truth.query_dim, truth.num_targets) == (S, N, D, T)
 
 
+@pytest.mark.slow
 def test_info_json_and_human_output(synth_store):
     out, written = synth_store
     as_json, human = run_many(("info", str(out), "--json"), ("info", str(out)))
@@ -308,6 +311,7 @@ def test_info_json_and_human_output(synth_store):
         json.loads(human.stdout)
 
 
+@pytest.mark.slow
 def test_synth_append_adds_rows_and_keeps_the_old_ones(synth_store, tmp_path):
     out = copy_of(synth_store[0], tmp_path)
     before = read_all(TripleStore.open(out))
@@ -326,6 +330,7 @@ def test_synth_append_adds_rows_and_keeps_the_old_ones(synth_store, tmp_path):
     assert not np.array_equal(after["query"][3000:4500], before["query"][:1500])  # new draws, not a copy
 
 
+@pytest.mark.slow
 def test_synth_mismatched_append_fails_and_leaves_the_store_alone(synth_store):
     out, _ = synth_store
     snapshot = file_snapshot(out)
@@ -337,6 +342,7 @@ def test_synth_mismatched_append_fails_and_leaves_the_store_alone(synth_store):
     assert TripleStore.open(out).num_rows == 3000
 
 
+@pytest.mark.slow
 def test_synth_to_an_existing_store_needs_overwrite_and_overwrite_replaces(synth_store, tmp_path):
     out = copy_of(synth_store[0], tmp_path)
     snapshot = file_snapshot(out)
@@ -361,6 +367,7 @@ def test_synth_to_an_existing_store_needs_overwrite_and_overwrite_replaces(synth
 # -- ingest --arrays -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ingest_arrays_json_and_human_output(tmp_path, arrays):
     a = arrays
     files = (str(a["context"]), str(a["query"]), str(a["target"]))
@@ -402,6 +409,7 @@ def test_ingest_arrays_json_and_human_output(tmp_path, arrays):
 # -- ingest --tokens -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ingest_tokens_with_a_seeded_projection(tokens, tokens_store):
     _, stream = tokens
     out, report = tokens_store
@@ -415,6 +423,7 @@ def test_ingest_tokens_with_a_seeded_projection(tokens, tokens_store):
     assert_rows_equal(read_all(store), token_windows(stream, store))
 
 
+@pytest.mark.slow
 def test_ingest_tokens_with_a_table_file_and_one_hot(tmp_path, tokens):
     path, stream = tokens
     embeddings = np.random.default_rng(5).standard_normal((9, 5)).astype(np.float32)
@@ -443,6 +452,7 @@ def test_ingest_tokens_with_a_table_file_and_one_hot(tmp_path, tokens):
     np.testing.assert_array_equal(open_rows(one_hot).embeddings(), np.eye(9, dtype=np.float32))
 
 
+@pytest.mark.slow
 def test_ingest_tokens_append_and_mismatched_append(tmp_path, tokens, tokens_store):
     path, stream = tokens
     out = copy_of(tokens_store[0], tmp_path)
@@ -462,6 +472,7 @@ def test_ingest_tokens_append_and_mismatched_append(tmp_path, tokens, tokens_sto
     assert open_rows(out).num_rows == 2 * 2997
 
 
+@pytest.mark.slow
 def test_ingest_to_an_existing_store_needs_overwrite_and_overwrite_replaces(tmp_path, arrays, tokens_store):
     out = copy_of(tokens_store[0], tmp_path)
     snapshot = file_snapshot(out)
@@ -480,6 +491,7 @@ def test_ingest_to_an_existing_store_needs_overwrite_and_overwrite_replaces(tmp_
 # -- ingest --text ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ingest_text_directory(tmp_path):
     corpus = tmp_path / "corpus"
     (corpus / "sub").mkdir(parents=True)
@@ -568,6 +580,7 @@ def corpus_stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: folder / name for name in os.listdir(folder)}
 
 
+@pytest.mark.slow
 def test_ingest_like_takes_the_vocabulary_and_table_and_info_shows_the_identity(tmp_path, corpus_stores, capsys):
     c = corpus_stores
     text_out, tokens_out = tmp_path / "validation.zarr", tmp_path / "tokens-validation.zarr"
@@ -639,6 +652,7 @@ def ingest_refusals(c: dict[str, Path]) -> list[tuple[tuple[str, ...], list[str]
 IN_A_SUBPROCESS = 3
 
 
+@pytest.mark.slow
 def test_ingest_like_refuses_conflicting_flags_and_bad_documents_in_one_line(tmp_path, corpus_stores):
     cases = ingest_refusals(corpus_stores)[:IN_A_SUBPROCESS]
     outs = [tmp_path / f"out{i}.zarr" for i in range(len(cases))]
@@ -657,6 +671,7 @@ def test_every_refusal_of_ingest_like_names_its_flag(tmp_path, corpus_stores, ca
         assert not out.exists(), f"{out} was left behind"
 
 
+@pytest.mark.slow
 def test_split_text_and_tokens(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -713,6 +728,7 @@ def test_split_refusals_are_one_line_errors(tmp_path, corpus_stores, capsys):
 # -- validate --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_validate_a_sound_and_a_damaged_store(synth_store, tmp_path):
     sound = synth_store[0]
     damaged = copy_of(sound, tmp_path)
@@ -777,6 +793,7 @@ def test_validate_on_a_scheduler_and_with_an_unreachable_one(synth_store, tmp_pa
 # -- bad input -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_one_line_errors(tmp_path, arrays, tokens):
     tokens_path, _ = tokens
     bad_context = np.load(arrays["context"])
@@ -842,6 +859,7 @@ INTERRUPTED_APPEND = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_repair_rolls_back_an_interrupted_append(synth_store, tmp_path):
     out = copy_of(synth_store[0], tmp_path)
     before = read_all(TripleStore.open(out))
@@ -870,6 +888,7 @@ def test_repair_rolls_back_an_interrupted_append(synth_store, tmp_path):
 # -- behaviour that loses or mixes data (bugs; see the reasons) ------------------------------------
 
 
+@pytest.mark.slow
 def test_a_failed_overwrite_keeps_the_old_store(synth_store, tmp_path, arrays):
     out = copy_of(synth_store[0], tmp_path)
     bad_context = np.load(arrays["context"])
@@ -881,6 +900,7 @@ def test_a_failed_overwrite_keeps_the_old_store(synth_store, tmp_path, arrays):
     assert TripleStore.open(out).num_rows == 3000
 
 
+@pytest.mark.slow
 def test_overwrite_refuses_a_directory_that_is_not_a_store(tmp_path):
     out = tmp_path / "documents"
     out.mkdir()
@@ -890,6 +910,7 @@ def test_overwrite_refuses_a_directory_that_is_not_a_store(tmp_path):
     assert (out / "thesis.txt").read_text() == "years of work\n"
 
 
+@pytest.mark.slow
 def test_append_tokens_with_another_table_is_refused_or_uses_the_store_table(tmp_path, tokens, tokens_store):
     path, _ = tokens
     np.save(tmp_path / "other.npy", np.random.default_rng(11).standard_normal((9, 6)).astype(np.float32))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.deploy import deployfiles as files
 from tests.deploy.processes import (
     Localizer,
@@ -22,6 +24,8 @@ from tests.deploy.processes import (
     wait_for_http,
     wait_for_workers,
 )
+
+pytestmark = pytest.mark.slow  # every test here starts a cluster or a command
 
 
 def localizer(tmp: Path, port: int, dashboard: int) -> Localizer:

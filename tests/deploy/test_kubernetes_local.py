@@ -32,7 +32,10 @@ from tests.deploy.processes import (
     wait_for_workers,
 )
 
-pytestmark = pytest.mark.skipif(not (BIN / "moto_server").exists(), reason="needs moto[server] (the test extra)")
+pytestmark = [
+    pytest.mark.slow,  # every test here starts a cluster or a command
+    pytest.mark.skipif(not (BIN / "moto_server").exists(), reason="needs moto[server] (the test extra)"),
+]
 
 #: What the Secret respattn-s3 holds, for the local S3 server.
 SECRET = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}

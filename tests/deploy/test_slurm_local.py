@@ -19,6 +19,8 @@ from tests.deploy import deployfiles as files
 from tests.deploy.deployfiles import SLURM
 from tests.deploy.processes import BIN, Localizer, environment, free_ports, make_certificates, run
 
+pytestmark = pytest.mark.slow  # every test here starts a cluster or a command
+
 pytest.importorskip("dask_jobqueue", reason="dask-jobqueue is not installed (not a dependency of the package)")
 
 SBATCH = """#!/bin/sh

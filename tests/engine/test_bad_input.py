@@ -33,6 +33,8 @@ from dist_respattn.engine import FitSettings, fit
 from dist_respattn.store import WriteOptions, validate, write_arrays
 from tests.engine.clusters import local_cluster
 
+pytestmark = pytest.mark.slow  # the tests here share a cluster or start commands
+
 COMMAND = str(Path(sys.executable).parent / "dist-respattn")
 ERROR_PREFIX = "dist-respattn fit: error: "
 
@@ -375,7 +377,6 @@ def test_damaged_chunk_file_is_a_one_line_error(damaged_runs, damage, fragments)
     at.assert_nothing_written()
 
 
-@pytest.mark.slow
 def test_embedded_cluster_reports_a_bad_store(background):
     """On an embedded cluster the bad id ends the command with exit 2 and the error as its last line.
 
@@ -392,7 +393,6 @@ def test_embedded_cluster_reports_a_bad_store(background):
     at.assert_nothing_written()
 
 
-@pytest.mark.slow
 def test_embedded_cluster_error_is_the_only_line(background):
     """With ``--json`` on an embedded cluster, the error is the only line on stderr: no worker log, no traceback."""
     _, launched = background["embedded"]
@@ -458,7 +458,6 @@ def test_model_dir_holding_a_fit_is_left_alone(shape_runs):
 # -- an unreachable scheduler --------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("how", ["option", "env"])
 def test_unreachable_scheduler_is_a_one_line_error(background, how):
     """An address nothing listens on (``--scheduler`` or ``DASK_SCHEDULER_ADDRESS``) fails in ~10 s.
@@ -476,7 +475,6 @@ def test_unreachable_scheduler_is_a_one_line_error(background, how):
     at.assert_nothing_written()
 
 
-@pytest.mark.slow
 def test_scheduler_that_never_answers_is_a_one_line_error(background):
     """An address that accepts connections but never answers fails like an unreachable one, in ~10 s."""
     at, launched = background["silent"]

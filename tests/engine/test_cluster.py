@@ -184,6 +184,7 @@ def fit_events(address: str, run_id: str) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------- an existing cluster
 
 
+@pytest.mark.slow
 def test_fit_through_scheduler_option_reports_each_iteration_and_writes_a_model(scheduler_fit, dask_cluster):
     """``fit --scheduler ADDRESS`` exits 0, says it connected to that scheduler (with its 2 workers and its
     dashboard), prints one line per iteration in order, and leaves a 4-iteration model of the store's shape."""
@@ -207,6 +208,7 @@ def test_fit_through_scheduler_option_reports_each_iteration_and_writes_a_model(
     assert printed == [round(ll, 6) for ll in saved]
 
 
+@pytest.mark.slow
 def test_fit_through_scheduler_option_leaves_the_cluster_running(scheduler_fit, dask_cluster):
     """After the fit the scheduler and both worker processes still run, and a new client runs a task on the
     same two workers as before the fit: the engine closed its client, not the cluster it did not start."""
@@ -216,6 +218,7 @@ def test_fit_through_scheduler_option_leaves_the_cluster_running(scheduler_fit, 
     assert dask_cluster.serving_workers() == scheduler_fit.workers_before
 
 
+@pytest.mark.slow
 def test_fit_publishes_one_event_per_iteration_on_the_scheduler(scheduler_fit, dask_cluster):
     """A client attached to the scheduler reads one ``dist_respattn.fit`` record per iteration of the fit,
     in order, with the log-likelihood the checkpoint saved, the seconds taken and the rows per second."""
@@ -242,6 +245,7 @@ def test_fit_publishes_one_event_per_iteration_on_the_scheduler(scheduler_fit, d
         assert event["n_obs"] == ROWS - HoldoutRule.for_rows(ROWS).count(ROWS)
 
 
+@pytest.mark.slow
 def test_fit_through_the_environment_variable(dask_cluster, small_store, tmp_path):
     """With no ``--scheduler``, ``$DASK_SCHEDULER_ADDRESS`` names the cluster: the fit runs there (its events
     are on that scheduler, no local cluster is started) and the cluster keeps running with the same workers."""
@@ -262,6 +266,7 @@ def test_fit_through_the_environment_variable(dask_cluster, small_store, tmp_pat
     assert dask_cluster.serving_workers() == before
 
 
+@pytest.mark.slow
 def test_scheduler_option_wins_over_the_environment_variable(dask_cluster, small_store, tmp_path):
     """``--scheduler`` is used even when ``$DASK_SCHEDULER_ADDRESS`` names a scheduler that does not exist."""
     (dead_port,) = free_ports(1)
@@ -287,6 +292,7 @@ def dashboardless_scheduler(tmp_path) -> Iterator[str]:
         stop([scheduler])
 
 
+@pytest.mark.slow
 def test_no_dashboard_is_reported_when_the_scheduler_serves_none(dashboardless_scheduler):
     """A scheduler started with ``--no-dashboard`` serves no dashboard (though Dask still registers an HTTP
     service named "dashboard"): the cluster info a fit reports, and prints as ``dashboard: …``, is ``None``."""
@@ -297,6 +303,7 @@ def test_no_dashboard_is_reported_when_the_scheduler_serves_none(dashboardless_s
 # ------------------------------------------------------------------------- the embedded cluster
 
 
+@pytest.mark.slow
 def test_embedded_cluster_is_announced_with_its_dashboard(small_store, tmp_path):
     """``fit --workers 2`` with no address starts a local cluster of 2 worker processes and says so on stderr
     with a dashboard URL on 127.0.0.1, not repeated at the end of the report (the cluster has shut down by then);
@@ -314,6 +321,7 @@ def test_embedded_cluster_is_announced_with_its_dashboard(small_store, tmp_path)
     assert load_checkpoint(tmp_path / "model").iteration == 2
 
 
+@pytest.mark.slow
 def test_embedded_cluster_json_report_offers_no_closed_dashboard(small_store, tmp_path):
     """With ``--json`` the report's ``dashboard`` field is empty (the embedded cluster and its dashboard closed with
     the fit) and stderr stays quiet."""
@@ -327,6 +335,7 @@ def test_embedded_cluster_json_report_offers_no_closed_dashboard(small_store, tm
     assert "started a local cluster" not in completed.stderr
 
 
+@pytest.mark.slow
 def test_embedded_dashboard_answers_while_the_fit_runs_and_ctrl_c_closes_the_cluster(small_store, tmp_path):
     """While an embedded-cluster fit runs, its announced dashboard answers with Dask's status page; Ctrl-C
     (SIGINT) then ends the command with status 130 and "interrupted", and every process it started exits."""

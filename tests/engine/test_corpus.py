@@ -74,6 +74,7 @@ def test_the_like_store_shares_the_corpus_and_the_other_does_not(corpora):
     assert train.identity()["vocabulary"] != other.identity()["vocabulary"]
 
 
+@pytest.mark.slow
 def test_fit_refuses_a_validation_store_of_another_vocabulary(corpora, tmp_path):
     model_dir = tmp_path / "model"
     result = run(
@@ -94,6 +95,7 @@ def checkpoint_of(corpora: dict[str, str], folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_evaluate_refuses_a_store_of_another_vocabulary(corpora, tmp_path):
     model_dir = checkpoint_of(corpora, tmp_path / "model")
     result = run("evaluate", str(model_dir), corpora["other"], "--scheduler", NOWHERE)
@@ -101,6 +103,7 @@ def test_evaluate_refuses_a_store_of_another_vocabulary(corpora, tmp_path):
     assert "the model's training store" in line and "the evaluated store" in line
 
 
+@pytest.mark.slow
 def test_fit_refuses_to_warm_start_from_a_model_of_another_vocabulary(corpora, tmp_path):
     """``--init-from`` a model fitted on train, onto a store of another vocabulary: its emission rows would be
     read with other ids. Refused, naming both stores; nothing is written."""
@@ -113,6 +116,7 @@ def test_fit_refuses_to_warm_start_from_a_model_of_another_vocabulary(corpora, t
     assert not model_dir.exists()
 
 
+@pytest.mark.slow
 def test_retrain_refuses_a_store_of_another_vocabulary_and_publishes_nothing(corpora, tmp_path):
     registry = Registry(str(tmp_path / "registry"))
     model_dir = checkpoint_of(corpora, tmp_path / "model")

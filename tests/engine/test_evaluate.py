@@ -27,6 +27,8 @@ from dist_respattn.store import TripleStore, WriteOptions, write_arrays, write_t
 
 from .conftest import SMALL, small_truth
 
+pytestmark = pytest.mark.slow  # the tests here share a cluster or start commands
+
 COMMAND = str(Path(sys.executable).parent / "dist-respattn")
 
 #: The token stores: a Markov chain over V ids, windows of N_TOK tokens, D_TOK-dimensional queries.
@@ -263,7 +265,6 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([COMMAND, *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
-@pytest.mark.slow
 def test_cli_evaluate_runs_on_an_existing_scheduler(token_fit, client):
     """``dist-respattn evaluate MODEL STORE --json --scheduler ADDRESS`` prints the same JSON as
     ``evaluate`` in this process, its tasks run on this module's workers (no cluster of its own), and

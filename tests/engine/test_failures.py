@@ -328,6 +328,7 @@ def test_kill_during_a_checkpoint_write_leaves_the_previous_checkpoint(tmp_path,
     assert history_iterations(model_dir) == list(range(1, WIDE_ITERATIONS + 1))
 
 
+@pytest.mark.slow
 def test_leftovers_of_an_interrupted_write_are_ignored_then_cleaned(tmp_path, small_store, engine_client):
     """The on-disk states a kill can leave around a checkpoint write, made by hand.
 
@@ -415,6 +416,7 @@ def resume_runs(tmp_path_factory, small_store, engine_client, address):
 @pytest.mark.parametrize(
     ("option", "setting"), [("tol", "tol: 0.0 -> 0.001"), ("seed", "seed: 0 -> 5")], ids=["tol", "seed"]
 )
+@pytest.mark.slow
 def test_resume_with_other_settings_is_refused(resume_runs, option, setting):
     """``--resume`` with another ``--tol`` or ``--seed`` than the checkpoint's: one line naming the setting
     and both values, exit 2, and the model directory unchanged (contents and mtimes)."""
@@ -423,6 +425,7 @@ def test_resume_with_other_settings_is_refused(resume_runs, option, setting):
     assert tree_state(finished) == resume_runs["before"][finished]
 
 
+@pytest.mark.slow
 def test_resume_on_another_store_is_refused(resume_runs):
     """``--resume`` of a fit on another store than its own: one line naming the store, nothing changed."""
     finished = resume_runs["finished"]
@@ -430,6 +433,7 @@ def test_resume_on_another_store_is_refused(resume_runs):
     assert tree_state(finished) == resume_runs["before"][finished]
 
 
+@pytest.mark.slow
 def test_resume_in_an_empty_model_dir_starts_a_new_fit(resume_runs):
     """``--resume`` into an empty directory runs a whole fit, bit-identical to the same fit made without it."""
     result = resume_runs["empty"].wait()
@@ -441,6 +445,7 @@ def test_resume_in_an_empty_model_dir_starts_a_new_fit(resume_runs):
     assert history_iterations(empty) == [1, 2]
 
 
+@pytest.mark.slow
 def test_resume_of_a_converged_fit_returns_at_once(resume_runs):
     """``--resume`` of a converged fit reports it and returns: no cluster reached, the directory unchanged."""
     result = resume_runs["converged"].wait()

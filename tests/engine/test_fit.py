@@ -95,6 +95,7 @@ def settled_task_count(client: distributed.Client, tag: str, timeout: float = 10
 # ------------------------------------------------------------------- the fit is the in-process EM
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fan_in", [4, 2])
 def test_distributed_fit_equals_in_process_em(small_store, client, tmp_path, fan_in):
     """From the same start and settings, the cluster's EM and ``fit_em`` on all rows in one process
@@ -162,6 +163,7 @@ def test_fits_on_one_two_and_three_workers_are_bit_identical(small_store, client
 # -------------------------------------------------------------------- keys, spans, events, no leaks
 
 
+@pytest.mark.slow
 def test_tasks_spans_and_events_are_named_per_iteration(small_store, small_validation_store, client, tmp_path):
     """Every task that runs is ``respattn-init-…``, ``respattn-estep-<iter>-<part>``,
     ``respattn-combine-<iter>-<level>-<i>`` or the held-out pass's, suffixed by the run's tag; each
@@ -215,6 +217,7 @@ def test_tasks_spans_and_events_are_named_per_iteration(small_store, small_valid
     assert [e["heldout"]["perplexity"] for e in events] == [e["heldout"]["perplexity"] for e in result.history]
 
 
+@pytest.mark.slow
 def test_scheduler_state_stays_flat_over_iterations(small_store, client, tmp_path):
     """Nothing is chained or kept across iterations: during a fit the scheduler never holds more than
     one iteration's tasks plus the parameters, and after 20 iterations it settles to no more tasks
@@ -240,6 +243,7 @@ def test_scheduler_state_stays_flat_over_iterations(small_store, client, tmp_pat
 # ---------------------------------------------------------------------------------------- checkpoints
 
 
+@pytest.mark.slow
 def test_checkpoint_is_npz_and_json_and_load_model_returns_the_fit(small_store, client, tmp_path):
     """Without a validation store (the hold-out of the training store makes the choices), the model directory
     holds ``latest.json``, ``best.json`` and the checkpoints they name: ``params.npz`` readable without pickles
@@ -303,6 +307,7 @@ def _heldout_in_process(model: ResponsibilityAttentionDistribution, path: str) -
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("metric", "patience"), [("perplexity", 1), ("loglik", 2)])
 def test_validation_keeps_the_best_checkpoint_and_stops_early(
     small_store, small_validation_store, client, tmp_path, metric, patience
@@ -365,6 +370,7 @@ def test_patience_counts_iterations_that_do_not_improve_by_min_improvement():
     assert not loglik.update({"mean_log_likelihood": -10.5}, 2, "b") and loglik.exhausted
 
 
+@pytest.mark.slow
 def test_a_used_model_dir_is_refused_untouched_and_overwrite_replaces_it(
     small_store, small_validation_store, client, tmp_path
 ):
@@ -398,6 +404,7 @@ def test_a_used_model_dir_is_refused_untouched_and_overwrite_replaces_it(
     assert {h["run_id"] for h in load_checkpoint(model_dir).meta["history"]} == {new}
 
 
+@pytest.mark.slow
 def test_overwrite_with_no_iterations_does_not_leave_the_old_fit(small_store, client, tmp_path):
     """After ``fit(..., overwrite=True)`` returns, the model directory holds that fit, even when it
     ran no iteration (``max_iter=0``: the model is the initial M-step)."""
@@ -411,6 +418,7 @@ def test_overwrite_with_no_iterations_does_not_leave_the_old_fit(small_store, cl
 # ------------------------------------------------------------------------------- the automatic hold-out
 
 
+@pytest.mark.slow
 def test_a_fit_resumed_from_its_start_takes_the_uninterrupted_fit_s_steps(small_store, client, tmp_path):
     """``max_iter=0`` leaves an iteration-0 checkpoint with no history; it records the start's held-out choice,
     so the resumed search centres on it as the uninterrupted fit's does: bit-identical, choices included.
@@ -429,6 +437,7 @@ def test_a_fit_resumed_from_its_start_takes_the_uninterrupted_fit_s_steps(small_
     assert [h["hyperparameters"] for h in resumed.history] == [h["hyperparameters"] for h in whole.history]
 
 
+@pytest.mark.slow
 def test_a_store_sorted_by_target_holds_out_single_rows_of_every_target(client, tmp_path):
     """Stripes of a target-sorted store would hold one or two targets each; its hold-out is single rows, and
     the held-out rows' targets look like the store's."""
@@ -446,6 +455,7 @@ def test_a_store_sorted_by_target_holds_out_single_rows_of_every_target(client, 
     assert 0.5 * np.abs(share - held_share).sum() < 0.1
 
 
+@pytest.mark.slow
 def test_early_stopping_with_every_choice_fixed_still_holds_out_rows(small_store, client, tmp_path):
     """Nothing to choose, but an early-stopping metric asked for and no validation store: the fit holds out
     rows to score it on, and each iteration has held-out scores."""
@@ -460,6 +470,7 @@ def test_early_stopping_with_every_choice_fixed_still_holds_out_rows(small_store
 # ---------------------------------------------------------------------------------------- warm start
 
 
+@pytest.mark.slow
 def test_warm_start_continues_the_previous_fit_exactly(small_store, client, tmp_path):
     """``init_from`` starts from the saved model: 3 iterations, then 3 more from its directory, equal
     6 uninterrupted iterations bit for bit (log-likelihoods included), and the checkpoint records it."""
@@ -478,6 +489,7 @@ def test_warm_start_continues_the_previous_fit_exactly(small_store, client, tmp_
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_warm_start_from_a_model_of_another_shape_is_refused(small_store, client, tmp_path):
     """A model directory (or a given model) of another (S, N, D, T) is a FitError naming both shapes,
     raised before anything is written."""
@@ -498,6 +510,7 @@ def test_warm_start_from_a_model_of_another_shape_is_refused(small_store, client
 # ------------------------------------------------------------------------------------- degenerate fits
 
 
+@pytest.mark.slow
 def test_sigma2_on_its_floor_is_reported_everywhere(small_store, small_validation_store, client, tmp_path):
     """With ``min_sigma2`` above the data's within-symbol variance (the truth's is 0.5), the learned
     sigma2 sits on the floor, and the result, every iteration's log line and record, the checkpoint's
@@ -521,6 +534,7 @@ def test_sigma2_on_its_floor_is_reported_everywhere(small_store, small_validatio
     assert on_floor(evaluate(model_dir, small_validation_store, client=client).warnings)
 
 
+@pytest.mark.slow
 def test_collapsed_prior_and_dead_symbols_are_reported(client, tmp_path):
     """Rows whose target always comes from context position 0, and whose contexts never hold the
     last symbol: the fit says the prior collapsed onto position 0 and that 1 of 30 symbols got no mass."""
@@ -548,6 +562,7 @@ def test_collapsed_prior_and_dead_symbols_are_reported(client, tmp_path):
 # -------------------------------------------------------------------------------------------- memory
 
 
+@pytest.mark.slow
 def test_memory_estimate_grows_with_the_emission_and_check_refuses_it():
     """The estimate is dominated by S×T: a small head fits a 400 MiB worker, an S = T = 1500 head does
     not, and the refusal names the shape, both sizes and what to change."""

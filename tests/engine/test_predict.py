@@ -25,6 +25,8 @@ from dist_respattn.store.stream_ingest import write_stream_tokens
 
 from .conftest import ROWS, small_truth
 
+pytestmark = pytest.mark.slow  # the tests here share a cluster or start commands
+
 COMMAND = str(Path(sys.executable).parent / "dist-respattn")
 
 
@@ -123,7 +125,6 @@ def test_the_output_is_never_written_over_by_mistake(small_store, client, tmp_pa
     assert open_rows(small_store).num_rows == ROWS
 
 
-@pytest.mark.slow
 def test_cli_predict_writes_what_predict_does(small_store, client, tmp_path):
     """``dist-respattn predict MODEL STORE --top K --out DIR --json`` on an existing scheduler."""
     model_dir = model_dir_of(small_truth(seed=6), tmp_path / "model")

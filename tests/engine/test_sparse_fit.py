@@ -47,6 +47,7 @@ def relative_error(a, b) -> float:
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
+@pytest.mark.slow
 def test_a_sparse_fit_is_the_dense_fit_and_the_in_process_one(small_store, client, tmp_path):
     """Same store and settings: the sparse fit's parameters equal the dense fit's and ``fit_em``'s sparse fit
     to 1e-12 (only the order of float64 sums differs), and its support is the pairs of the training rows."""
@@ -94,6 +95,7 @@ def test_sparse_fits_on_one_two_and_three_workers_are_bit_identical(small_store,
             assert [e[key] for e in result.history] == [e[key] for e in two.history], key
 
 
+@pytest.mark.slow
 def test_a_resumed_or_warm_started_sparse_fit_takes_the_uninterrupted_steps(small_store, client, tmp_path):
     """2 iterations then ``resume`` to 4: bit-identical to 4 uninterrupted iterations. A warm start from it
     (``init_from``, which finds the support again) runs iteration 5's E-step on the very same model.

@@ -9,6 +9,8 @@ from dist_respattn.engine import FitError, FitSettings, fit
 from dist_respattn.store import WriteOptions, write_tokens
 from dist_respattn.store.stream_ingest import write_stream_tokens
 
+pytestmark = pytest.mark.slow  # every test here starts a cluster or a command
+
 
 def test_a_stream_fit_equals_the_triple_fit_of_its_windows(client, tmp_path):
     rng = np.random.default_rng(3)

@@ -26,6 +26,8 @@ from ..certificates import TLSFiles, write_tls_files
 from .conftest import D, N, S, T
 from .test_cluster import COMMAND, DASK, ITERATION_LINE, clean_env, stop
 
+pytestmark = pytest.mark.slow  # the tests here share a cluster or start commands
+
 #: A refusal is a configuration error: it must come well within the connect timeout, not after it.
 REFUSAL_SECONDS = CONNECT_TIMEOUT_SECONDS
 

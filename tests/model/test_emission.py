@@ -402,6 +402,7 @@ def _rows_on(support: PairSupport, rows: int, n: int, d: int, seed: int):
     return support.symbols[slots].astype(np.int64), rng.standard_normal((rows, d)), target.astype(np.int64)
 
 
+@pytest.mark.slow
 def test_a_sparse_e_step_takes_memory_for_its_pairs_and_its_block_not_its_rows_or_s_times_t():
     """Traced peak of E-steps block by block: flat from 40,000 to 160,000 rows, and growing by a few bytes a pair
     between two supports (S = T = 3,000: an (S, T) float64 table would be 72 MB)."""

@@ -32,6 +32,8 @@ from dist_respattn.monitor.web import API_PATH, _page
 
 from .conftest import MonitoredCluster, Stores, start_fit, wait_running, wait_until
 
+pytestmark = pytest.mark.slow  # the tests here share a cluster or start commands
+
 ARTIFACT = Path(__file__).resolve().parents[2] / "test-artifacts" / "fit-page.png"
 WINDOW = (1200, 900)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -32,6 +32,8 @@ from .conftest import (
     wait_until,
 )
 
+pytestmark = pytest.mark.slow  # the tests here share a cluster or start commands
+
 #: Iterations of the watched fit: about a third of a second each here, long enough to watch it run.
 MAX_ITER = 40
 

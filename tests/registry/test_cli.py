@@ -24,6 +24,8 @@ from dist_respattn.registry.lock import LOCK_FILE
 from tests.engine.test_bad_input import Launched, run_cli, tree_state
 from tests.registry.conftest import expected_layout, files_under
 
+pytestmark = pytest.mark.slow  # the tests here share a cluster or start commands
+
 HOST = socket.gethostname()
 
 

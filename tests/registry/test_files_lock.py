@@ -157,6 +157,7 @@ def test_lock_without_a_heartbeat_for_longer_than_its_stale_after_is_broken(file
         assert files.read_json(LOCK_FILE)["token"] == lock.token
 
 
+@pytest.mark.slow
 def test_holder_that_stops_beating_loses_the_lock(files):
     """A real holder (``stale_after`` 0.5 s) keeps its lock while its heartbeat runs, then hangs (its heartbeat
     thread is stopped): after 0.5 s the next run breaks the lock, and the old holder's ``check()`` raises."""
@@ -237,6 +238,7 @@ def test_lock_of_a_killed_unreaped_process_is_broken(files):
         proc.wait()
 
 
+@pytest.mark.slow
 def test_threads_breaking_the_same_stale_lock_at_once(files):
     """Two threads find the same stale lock (a new one each round, as every lock has its own token) at the
     same moment, 200 times. Whatever the interleaving, exactly one acquires, and it still holds the lock."""

@@ -34,6 +34,7 @@ def edit_metrics(root: Path, number: int) -> None:
     path.write_text(json.dumps(record, indent=2))
 
 
+@pytest.mark.slow
 def test_a_deleted_latest_is_a_problem_naming_the_repair(three):
     registry, root = three
     (root / "latest.json").unlink()
@@ -75,6 +76,7 @@ def test_retrain_refuses_versions_without_latest_naming_the_repair(three, stores
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == before  # nothing published, lock released
 
 
+@pytest.mark.slow
 def test_models_repair_points_latest_at_the_newest_version_that_checks_out(three):
     registry, root = three
     (root / "latest.json").unlink()

@@ -28,6 +28,8 @@ from dist_respattn.registry.lock import LOCK_FILE
 from tests.engine.test_bad_input import cli_env, run_cli, start_cli
 from tests.registry.conftest import expected_layout, files_under
 
+pytestmark = pytest.mark.slow  # every test here starts a cluster or a command
+
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, stores, client) -> Path:

@@ -18,6 +18,8 @@ from dist_respattn.registry import Registry, RegistryLocked, retrain
 from tests.engine.test_bad_input import tree_state
 from tests.registry.conftest import expected_layout
 
+pytestmark = pytest.mark.slow  # the tests here share a cluster or start commands
+
 SETTINGS = FitSettings(max_iter=5)
 
 

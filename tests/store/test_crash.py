@@ -205,6 +205,7 @@ def test_rollback_of_a_store_that_is_not_appending(tmp_path):
         rollback_append(tmp_path / "nothing.zarr")
 
 
+@pytest.mark.slow
 def test_rollback_restores_an_append_interrupted_between_flushes(tmp_path):
     """The on-disk state a killed append leaves, made by an append that is never closed."""
     rows = random_rows(weighted=True)

@@ -133,6 +133,7 @@ def test_one_file_per_partition_and_array(tmp_path):
     ("rows", "chunk_rows", "partition_rows"),
     [(1000, 64, 256), (1024, 64, 256), (10, 64, 256), (300, 100, 100), (257, 1, 4)],
 )
+@pytest.mark.slow
 def test_partitions_cover_every_row_once_and_are_chunk_aligned(tmp_path, rows, chunk_rows, partition_rows):
     options = WriteOptions(chunk_rows=chunk_rows, partition_rows=partition_rows)
     store = write_small(tmp_path / "s.zarr", random_rows(rows), options=options)

@@ -229,6 +229,7 @@ def token_stream(length: int, s: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, s, length)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 5])
 def test_write_tokens_rows_are_the_windows_of_the_whole_stream(tmp_path, small_token_blocks, n):
     tokens = token_stream(2001, 11)

@@ -29,6 +29,7 @@ def _kept(rows, keep):
     return rows.context[keep], rows.query[keep], rows.target[keep], weight
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["stream", "triples"])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_read_selected_equals_the_kept_rows_of_the_range(tmp_path, kind, weighted):

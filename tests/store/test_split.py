@@ -143,6 +143,7 @@ def test_a_text_split_with_max_tokens_takes_files_in_hashed_order_and_counts_onl
     assert vocabulary["total_tokens"] == train_tokens
 
 
+@pytest.mark.slow
 def test_a_token_split_cuts_the_stream_into_blocks_and_streams_each_to_its_split(tmp_path):
     n, block = 3, 50
     tokens = np.random.default_rng(2).integers(0, 20, 1025)

@@ -159,6 +159,7 @@ def test_text_appended_to_a_text_stream_uses_its_vocabulary(tmp_path):
     assert appended.identity() == first.identity()
 
 
+@pytest.mark.slow
 def test_the_cli_appends_to_a_stream_in_its_own_format(tmp_path):
     np.save(tmp_path / "t.npy", stream(0, 250))
     np.save(tmp_path / "u.npy", stream(1, 100))

@@ -67,6 +67,7 @@ def streams(draw):
     return num_symbols, tokens, np.array([0, *cuts], dtype=np.int64), chunk, partition, n, weights
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=streams(), read_n=st.integers(1, 12))
 def test_windows_equal_sequence_windows_across_every_boundary(tmp_path_factory, case, read_n):
@@ -155,6 +156,7 @@ def test_a_truncated_or_missing_shard_is_named(tmp_path):
     assert store.num_partitions == 4
 
 
+@pytest.mark.slow
 def test_the_cli_writes_checks_and_fits_a_stream_with_a_chosen_window(tmp_path):
     tokens = np.random.default_rng(2).integers(0, 40, 30_000)
     np.save(tmp_path / "t.npy", tokens)

@@ -223,6 +223,7 @@ def test_a_killed_overwrite_leaves_a_staging_copy_that_the_next_overwrite_or_rep
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.zarr"]  # no lock, nothing else left
 
 
+@pytest.mark.slow
 def test_repair_removes_a_killed_stream_writers_staging_copy(tmp_path):
     """A stream store is written whole into a staging copy: a killed first write leaves only that copy."""
     from dist_respattn.store.stream_store import StreamWriter
