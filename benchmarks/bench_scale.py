@@ -36,6 +36,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -307,8 +308,10 @@ def fit_and_score(data: dict[str, Any], work: Path, n: int, iterations: int, mem
     with distributed.LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, memory_limit=memory_limit, dashboard_address=None
     ) as cluster, distributed.Client(cluster) as client:  # fmt: skip
-        result = fit(data["train"], model_dir=model_dir, settings=settings, client=client, overwrite=True,
-                     say=lines.append, progress=False)  # fmt: skip
+        with distributed.get_task_stream(client) as stream:
+            called = time.time()
+            result = fit(data["train"], model_dir=model_dir, settings=settings, client=client, overwrite=True,
+                         say=lines.append, progress=False)  # fmt: skip
         fit_worker_peak = worker_peak(client)
         scores = evaluate(model_dir, data["test"], client=client, progress=False, say=lines.append)
     table = result.model.emission_table
@@ -333,8 +336,39 @@ def fit_and_score(data: dict[str, Any], work: Path, n: int, iterations: int, mem
         "kneser_ney_perplexity": scores.baselines["kneser_ney"]["perplexity"],
         "head_over_kneser_ney": scores.model["perplexity"] / scores.baselines["kneser_ney"]["perplexity"],
         **driver,
+        "phases": fit_phases(stream.data, called),
         "log": lines,
     }
+
+
+#: A fit's task keys: ``respattn-<pass>-<label>-<part>-<tag>`` and ``respattn-<pass>-combine-<label>-…``.
+PHASE_KEY = re.compile(r"respattn-([a-z]+(?:-combine)?)-([0-9.]+)-")
+
+
+def fit_phases(records: list[dict[str, Any]], called: float) -> list[dict[str, Any]]:
+    """Where a fit's wall time went: each pass (its partition tasks and their combines) from the task stream,
+    in time order, with its first start and last stop (seconds from the ``fit`` call) and its compute seconds
+    summed over the tasks. The gaps between passes are the driver's: M-steps, scatters, checkpoints."""
+    phases: dict[tuple[str, str], dict[str, Any]] = {}
+    for record in records:
+        match = PHASE_KEY.match(str(record["key"]))
+        if match is None:
+            continue
+        kind = match.group(1)
+        is_combine = kind.endswith("combine")
+        pass_name = "estep" if kind == "combine" else kind.removesuffix("-combine")  # the E-step's are bare
+        empty = {"begin": np.inf, "end": -np.inf, "compute": 0.0, "combine": 0.0, "transfer": 0.0, "tasks": 0}
+        phase = phases.setdefault((pass_name, match.group(2)), empty)
+        for ss in record["startstops"]:
+            phase["begin"] = min(phase["begin"], ss["start"] - called)
+            phase["end"] = max(phase["end"], ss["stop"] - called)
+            seconds = ss["stop"] - ss["start"]
+            if ss["action"] == "compute":
+                phase["combine" if is_combine else "compute"] += seconds
+                phase["tasks"] += not is_combine
+            elif ss["action"] == "transfer":
+                phase["transfer"] += seconds
+    return sorted(({"pass": k[0], "label": k[1], **v} for k, v in phases.items()), key=lambda p: p["begin"])
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -393,6 +427,14 @@ def print_report(report: dict[str, Any]) -> None:
             ("driver M-step", f"{fitted['m_step_seconds']:.2f} s ({per_pair_ns:.0f} ns a pair); {sizes}", None, None)
         )
     _print_rows(rows)
+    print("  where the fit's wall time went (seconds from the fit call; compute summed over the pass's tasks):")
+    previous_end = 0.0
+    for phase in fitted.get("phases", []):
+        print(f"    {phase['pass']:<8} {phase['label']:>4}  {phase['begin']:7.1f} -> {phase['end']:7.1f}  "
+              f"(driver before it {phase['begin'] - previous_end:5.1f})  {phase['tasks']:3d} tasks, "
+              f"compute {phase['compute']:7.1f}, combines {phase['combine']:5.1f}, "
+              f"transfers {phase['transfer']:5.1f}")  # fmt: skip
+        previous_end = phase["end"]
 
 
 def _print_rows(rows: list[tuple[str, str, str | None, float | None]]) -> None:
