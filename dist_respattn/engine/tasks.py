@@ -170,14 +170,14 @@ def start_task(
         weights = rows.weights(block)
         try:
             if start == "uniform":
-                accumulator.seq_initialize_uniform(block.encoded, weights)
+                accumulator.seq_initialize_uniform(block.encoded, weights, checked=block.checked)
             else:
-                accumulator.seq_initialize(block.encoded, weights, rng)
+                accumulator.seq_initialize(block.encoded, weights, rng, checked=block.checked)
         except ValueError as exc:
             raise _located(store, part, block, exc) from None
         if pairs is not None:
             pairs = pairs + _pairs_of(block, weights, store)
-    return StartValue(accumulator.value(), pairs)
+    return StartValue(accumulator.value(copy=False), pairs)
 
 
 def pairs_task(location: StoreLocation, part: int, fingerprint: str, rows: RowSelection) -> PairCounts:
@@ -205,10 +205,10 @@ def estep_task(
     accumulator = factory.make_for(model)
     for block in store.iter_blocks(part):
         try:
-            accumulator.seq_update(block.encoded, rows.weights(block), model)
+            accumulator.seq_update(block.encoded, rows.weights(block), model, checked=block.checked)
         except ValueError as exc:
             raise _located(store, part, block, exc) from None
-    return accumulator.value()
+    return accumulator.value(copy=False)
 
 
 def score_task(
@@ -288,7 +288,7 @@ def grid_task(location: StoreLocation, part: int, table: GridTable, fingerprint:
     totals = GridTotals.zeros(table.shape)
     for block, weights in _selected_blocks(store, part, rows):
         try:
-            totals = totals + score_grid(table, block.encoded, weights)
+            totals = totals + score_grid(table, block.encoded, weights, checked=block.checked)
         except ValueError as exc:
             raise _located(store, part, block, exc) from None
     return totals

@@ -219,7 +219,7 @@ class ResponsibilityAttentionAccumulator:
         return self._counts().to_dense()
 
     def _counts(self) -> EmissionCounts:
-        counts = self._emission_value()
+        counts = self._emission_value(copy=True)
         return counts if self.support is None else counts.on(self.support)  # type: ignore[attr-defined]
 
     @property
@@ -247,11 +247,13 @@ class ResponsibilityAttentionAccumulator:
 
     def _check_usable(self) -> None:
         if self._broken is not None:
-            raise RuntimeError(f"this accumulator holds a partial update ({self._broken}); make a new one")
+            raise RuntimeError(f"this accumulator {self._broken}; make a new one")
 
-    def _checked(self, x: Any, weights: Any) -> CheckedBatch:
+    def _checked(self, x: Any, weights: Any, values_checked: bool = False) -> CheckedBatch:
         S, N, D, T = self._shape()
-        return check_batch(x, weights, num_symbols=S, context_length=N, query_dim=D, num_targets=T)
+        return check_batch(
+            x, weights, num_symbols=S, context_length=N, query_dim=D, num_targets=T, values_checked=values_checked
+        )
 
     # -------------------------------------------------------------------------------- E-step
 
@@ -265,14 +267,17 @@ class ResponsibilityAttentionAccumulator:
         x: tuple[np.ndarray, np.ndarray, np.ndarray],
         weights: Any,
         estimate: ResponsibilityAttentionDistribution,
+        *,
+        checked: bool = False,
     ) -> None:
         """Add an encoded batch ``(context (n, N), query (n, D), target (n,))`` with weights (n,) or ``None``.
 
         Runs the E-step under ``estimate`` and adds the responsibility-weighted statistics, the
-        weighted count and the weighted log-likelihood. Bad values raise before anything is added.
+        weighted count and the weighted log-likelihood. Bad values raise before anything is added,
+        unless ``checked`` says the caller has checked them (``EncodedRows.checked``; see ``check_batch``).
         """
         self._check_usable()
-        context, query, target, w = self._checked(x, weights)
+        context, query, target, w = self._checked(x, weights, checked)
         if not isinstance(estimate, ResponsibilityAttentionDistribution):
             raise TypeError(f"estimate must be a ResponsibilityAttentionDistribution, got {type(estimate).__name__}")
         got = (estimate.num_symbols, estimate.context_length, estimate.query_dim, estimate.num_targets)
@@ -292,7 +297,7 @@ class ResponsibilityAttentionAccumulator:
                 context, query, target, w, estimate.kernel_parameters, self._stats, backend=self.backend, checked=True
             )
         except ImpossibleEvidenceError as exc:
-            self._broken = str(exc)
+            self._broken = f"holds a partial update ({exc})"
             raise
 
     def initialize(self, x: tuple[Any, Any, int], weight: float, rng: Any) -> None:
@@ -300,10 +305,13 @@ class ResponsibilityAttentionAccumulator:
         weights = np.array([as_nonnegative_float(weight, "weight")])
         self.seq_initialize(self.acc_to_encoder().seq_encode([x]), weights, rng)
 
-    def seq_initialize(self, x: tuple[np.ndarray, np.ndarray, np.ndarray], weights: Any, rng: Any) -> None:
+    def seq_initialize(
+        self, x: tuple[np.ndarray, np.ndarray, np.ndarray], weights: Any, rng: Any, *, checked: bool = False
+    ) -> None:
         """Add an encoded batch with responsibilities drawn from a flat Dirichlet (breaks the symmetry EM keeps).
 
-        ``rng`` is a ``np.random.Generator``, a ``np.random.RandomState`` or a seed.
+        ``rng`` is a ``np.random.Generator``, a ``np.random.RandomState`` or a seed; ``checked`` as in
+        :meth:`seq_update`.
         """
         generator = rng if hasattr(rng, "standard_exponential") else np.random.default_rng(rng)
 
@@ -312,24 +320,29 @@ class ResponsibilityAttentionAccumulator:
             e = generator.standard_exponential((rows, self.context_length))
             return e / e.sum(axis=1, keepdims=True)
 
-        self._initialize(x, weights, draw)
+        self._initialize(x, weights, draw, checked)
 
-    def seq_initialize_uniform(self, x: tuple[np.ndarray, np.ndarray, np.ndarray], weights: Any) -> None:
+    def seq_initialize_uniform(
+        self, x: tuple[np.ndarray, np.ndarray, np.ndarray], weights: Any, *, checked: bool = False
+    ) -> None:
         """Add an encoded batch with uniform responsibilities, ``1/N`` on every position.
 
         Their M-step is the first model of a uniform start: deterministic (no seed), every context
-        position's co-occurrence with the target counted alike.
+        position's co-occurrence with the target counted alike. ``checked`` as in :meth:`seq_update`.
         """
-        self._initialize(x, weights, lambda rows: np.full((rows, self.context_length), 1.0 / self.context_length))
+        uniform = 1.0 / self.context_length
+        self._initialize(x, weights, lambda rows: np.full((rows, self.context_length), uniform), checked)
 
-    def _initialize(self, x: tuple[np.ndarray, np.ndarray, np.ndarray], weights: Any, draw: Any) -> None:
+    def _initialize(
+        self, x: tuple[np.ndarray, np.ndarray, np.ndarray], weights: Any, draw: Any, checked: bool = False
+    ) -> None:
         """Add a batch under the responsibilities ``draw(rows)`` gives for each block, (rows, N) rows summing to one.
 
         A sparse accumulator without a support collects the pairs the rows hold: its value's counts
         carry them as their support (the start pass of a sparse fit finds its support this way).
         """
         self._check_usable()
-        context, query, target, w = self._checked(x, weights)
+        context, query, target, w = self._checked(x, weights, checked)
         for start, stop in kernels.block_ranges(context.shape[0], kernels.DEFAULT_BLOCK_ROWS):
             resp = draw(stop - start)
             w_block = None if w is None else w[start:stop]
@@ -383,35 +396,45 @@ class ResponsibilityAttentionAccumulator:
             self._collected.append(SparseEmissionCounts.from_tally(cells, counts, self.num_symbols, self.num_targets))
             self._row_pairs = None
 
-    def _emission_value(self) -> EmissionCounts:
+    def _emission_value(self, copy: bool) -> EmissionCounts:
         s = self._stats
+        own = (lambda a: a.copy()) if copy else (lambda a: a)
         if self.layout == "dense":
-            return DenseEmissionCounts(s.emission_count_ts.copy())
+            return DenseEmissionCounts(own(s.emission_count_ts))
         if self.support is None:
             self._flush_row_pairs()
             total = SparseEmissionCounts.union(self._collected, self.num_symbols, self.num_targets)
             self._collected = [total]
-            return total.copy()
+            return total.copy() if copy else total
         assert s.pair_counts is not None
         # An E-step's counts lie on the fit's support, which the model carries: they travel without it.
         return SparseEmissionCounts(
-            s.pair_counts.copy(), None, num_symbols=self.num_symbols, num_targets=self.num_targets
+            own(s.pair_counts), None, num_symbols=self.num_symbols, num_targets=self.num_targets
         )
 
-    def value(self) -> SufficientStatistics:
-        """A snapshot of the statistics (copies: later updates never alias it)."""
+    def value(self, *, copy: bool = True) -> SufficientStatistics:
+        """A snapshot of the statistics (copies: later updates never alias it).
+
+        ``copy=False`` hands over this accumulator's own arrays instead, and the accumulator can no longer
+        be used: for a task whose accumulator ends with it (an E-step task's counts are as large as the
+        support, and copying them cost about 5% of the task).
+        """
         self._check_usable()
         s = self._stats
         query_sq, n_obs, log_lik = (float(v) for v in s.scalars)
-        return SufficientStatistics(
-            s.key_sum.copy(),
-            s.key_mass.copy(),
-            self._emission_value(),
-            s.position_count.copy(),
+        own = (lambda a: a.copy()) if copy else (lambda a: a)
+        value = SufficientStatistics(
+            own(s.key_sum),
+            own(s.key_mass),
+            self._emission_value(copy),
+            own(s.position_count),
             query_sq,
             n_obs,
             log_lik,
         )
+        if not copy:
+            self._broken = "handed its arrays over with value(copy=False)"
+        return value
 
     def from_value(self, x: Any) -> ResponsibilityAttentionAccumulator:
         """Set the statistics from a ``value()`` (or the reference library's 5-field value); returns ``self``."""

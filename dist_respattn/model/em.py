@@ -240,7 +240,7 @@ def fit_em(
       (S, T), ``"sparse"`` over the pairs the training rows hold, or ``"auto"`` by size. A sparse fit's
       ``init`` is moved onto that support (:meth:`~dist_respattn.model.emission.Emission.restricted`).
     """
-    shape = {
+    shape: dict[str, Any] = {
         "num_symbols": estimator.num_symbols,
         "context_length": estimator.context_length,
         "query_dim": estimator.query_dim,

@@ -304,11 +304,11 @@ _NO_SYMBOLS = np.zeros(0, dtype=np.int32)
 _NO_COUNTS = np.zeros(0)
 
 
-def score_grid(table: GridTable, x: tuple[Any, Any, Any], weights: Any = None) -> GridTotals:
+def score_grid(table: GridTable, x: tuple[Any, Any, Any], weights: Any = None, *, checked: bool = False) -> GridTotals:
     """Held-out totals of an encoded batch ``(context (n, N), query (n, D), target (n,))`` at every grid point.
 
     Rows of weight 0 (for instance the training rows of a store whose hold-out is being scored) cost
-    nothing. Bad ids or values raise naming the row.
+    nothing. Bad ids or values raise naming the row, unless ``checked`` says the caller has checked them.
     """
     counts = table.counts
     context, query, target, w = check_batch(
@@ -318,6 +318,7 @@ def score_grid(table: GridTable, x: tuple[Any, Any, Any], weights: Any = None) -
         context_length=table.log_prior.shape[0],
         query_dim=table.key_means.shape[1],
         num_targets=counts.num_targets,
+        values_checked=checked,
     )
     if isinstance(counts, SparseEmissionCounts):
         support = counts.support

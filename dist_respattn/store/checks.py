@@ -16,7 +16,9 @@ class EncodedRows(NamedTuple):
     """A run of consecutive rows of a store, as the model's encoded arrays.
 
     ``context`` (n, N) int32, ``query`` (n, D) float32/64, ``target`` (n,) int32, ``weight`` (n,) float32
-    or ``None``; ``start`` is the store row of the first one.
+    or ``None``; ``start`` is the store row of the first one. ``checked``: the store has checked every
+    value already (ids in range, finite queries, finite non-negative weights), so the model need not scan
+    them again (a token-stream store's rows: ids checked as read, queries from its checked table).
     """
 
     context: np.ndarray
@@ -24,6 +26,7 @@ class EncodedRows(NamedTuple):
     target: np.ndarray
     weight: np.ndarray | None
     start: int
+    checked: bool = False
 
     @property
     def num_rows(self) -> int:

@@ -151,6 +151,7 @@ class TokenStreamStore:
         self._tokens = group["tokens"]
         self._weight = group["weight"] if self.schema.has_weight else None
         self._table = np.asarray(group["embeddings"][...], dtype=np.dtype(self.schema.query_dtype))
+        self._table_checked = False
         starts = np.asarray(group["document_starts"][...], dtype=np.int64)
         problem = _starts_problem(starts, self.num_tokens)
         if problem is not None:
@@ -301,11 +302,32 @@ class TokenStreamStore:
                 "`dist-respattn validate` lists them"
             )
         local = pos - first
-        context, query, target = make_windows(span, local, n_pos, self._table)
+        context, query, target = make_windows(span, local, n_pos, self._checked_table())
         weight = None
         if self._weight is not None:
             weight = self._read("weight", self._weight, first, last)[local]
-        return EncodedRows(context, query, target, weight, start)
+            bad = np.flatnonzero(~(np.isfinite(weight) & (weight >= 0.0)))
+            if bad.size:
+                i = int(bad[0])
+                raise StoreCorruptError(
+                    f"{self.location}: array 'weight' position {first + int(local[i])} = {weight[i]}: expected a "
+                    "finite, non-negative weight; `dist-respattn validate` lists every bad value"
+                )
+        # Every value is checked now (ids above, queries through the table, weights): the model need not scan them.
+        return EncodedRows(context, query, target, weight, start, checked=True)
+
+    def _checked_table(self) -> np.ndarray:
+        """The embedding table (S, D), checked finite once per opened store (queries are its rows)."""
+        if not self._table_checked:
+            bad = np.argwhere(~np.isfinite(self._table))
+            if bad.size:
+                row, col = (int(v) for v in bad[0])
+                raise StoreCorruptError(
+                    f"{self.location}: array 'embeddings' entry [{row}, {col}] = {self._table[row, col]}: expected "
+                    "finite embeddings; `dist-respattn validate` lists every bad value"
+                )
+            self._table_checked = True
+        return self._table
 
     def iter_blocks(self, part: Partition | int, block_rows: int | None = None) -> Iterator[EncodedRows]:
         """A partition's rows by token chunk (or ``block_rows`` rows at a time)."""

@@ -164,6 +164,16 @@ def test_combine_returns_self_and_value_is_a_snapshot(problem):
     assert_values_close(accumulator.value(), combined(problem.shape, before, before))
 
 
+@settings(deadline=None, max_examples=20)
+@given(problems())
+def test_value_without_a_copy_hands_over_the_same_statistics_and_ends_the_accumulator(problem):
+    accumulator = statistics(problem)
+    copied = accumulator.value()
+    assert_values_equal(accumulator.value(copy=False), copied)
+    with pytest.raises(RuntimeError, match=r"handed its arrays over with value\(copy=False\); make a new one"):
+        accumulator.combine(copied)
+
+
 # ---------------------------------------------------------------------------- round-trips
 
 

@@ -137,6 +137,43 @@ def test_bad_ids_and_document_starts_are_named_by_array_and_position(tmp_path):
     assert not any(p.name.startswith(("a.zarr", "b.zarr", "c.zarr")) for p in tmp_path.iterdir())
 
 
+def test_rows_come_checked_and_a_damaged_table_or_weight_is_named_when_read(tmp_path):
+    """A stream's rows are checked as they are made (the model then skips its own scan of them), so a table
+    or weight damaged on disk after the write is named by its array and position when a block is read."""
+    import zarr
+
+    from dist_respattn.model import random_distribution
+
+    tokens = np.random.default_rng(3).integers(0, 20, 600)
+    weights = np.random.default_rng(4).uniform(0.5, 1.5, 600)
+    path = tmp_path / "s.zarr"
+    store = write_stream_tokens(path, tokens, 4, num_symbols=20, weights=weights)
+    block = next(store.iter_blocks(0))
+    assert block.checked
+    head = random_distribution(20, 4, store.schema.query_dim, 20, seed=0)
+    stats = []
+    for checked in (False, True):
+        accumulator = head.estimator().accumulator_factory().make()
+        accumulator.seq_update(block.encoded, block.weight, head, checked=checked)
+        stats.append(accumulator.value())
+    unchecked, checked_stats = stats[0].to_dict(), stats[1].to_dict()
+    assert unchecked.keys() == checked_stats.keys()
+    assert all(np.array_equal(unchecked[k], checked_stats[k]) for k in unchecked)
+
+    group = zarr.open_group(str(path), mode="r+")
+    weight = group["weight"][...]
+    weight[321] = np.nan
+    group["weight"][...] = weight
+    with pytest.raises(StoreCorruptError, match=r"array 'weight' position 321 = nan: expected a finite, non-negative"):
+        open_rows(path).read_partition(0)
+    group["weight"][...] = weights.astype(np.float32)
+    table = group["embeddings"][...]
+    table[7, 1] = np.inf
+    group["embeddings"][...] = table
+    with pytest.raises(StoreCorruptError, match=r"array 'embeddings' entry \[7, 1\] = inf: expected finite embeddings"):
+        open_rows(path).read_partition(0)
+
+
 def test_a_truncated_or_missing_shard_is_named(tmp_path):
     tokens = np.random.default_rng(1).integers(0, 50, 4000)
     path = tmp_path / "s.zarr"
