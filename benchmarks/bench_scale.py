@@ -240,7 +240,8 @@ def worker_peak(client: Any) -> int:
 
 
 def bare_kernel(model_dir: Path, train_url: str, n: int) -> dict[str, Any]:
-    """The sparse kernel alone on the training rows of one partition, in this process."""
+    """The sparse kernel alone on the training rows of one partition, in this process (without the scan of the
+    values when the store checked them, as the fit's tasks do)."""
     from dist_respattn.engine import load_checkpoint
     from dist_respattn.engine.tasks import RowSelection
     from dist_respattn.model import kernels
@@ -263,7 +264,7 @@ def bare_kernel(model_dir: Path, train_url: str, n: int) -> dict[str, Any]:
         stats = kernels.StatisticArrays.zeros(model.num_symbols, n, model.query_dim, model.num_targets, support)
         start = time.perf_counter()
         for block, w in zip(blocks, weights, strict=True):
-            kernels.accumulate_estep(*block.encoded, w, params, stats)
+            kernels.accumulate_estep(*block.encoded, w, params, stats, checked=block.checked)
         best = min(best, time.perf_counter() - start)
     return {"rows": count, "rows_per_second": count / best}
 
