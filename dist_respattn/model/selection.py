@@ -13,6 +13,7 @@ held-out estimation, done by grid).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -167,6 +168,23 @@ class GridTable:
         g, h, b = index
         return Hyperparameters(float(self.sigma2[g]), float(self.emission_strengths[h]), float(self.type_strengths[b]))
 
+    @functools.cached_property
+    def direct_pair_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Sparse counts' direct symbol -> pair rows (:func:`~dist_respattn.model.kernels.direct_pair_rows`),
+        made once per table where it is scored: a held-out row's pairs of a frequent target are then one load
+        each instead of a binary search. Empty arrays for dense counts."""
+        counts = self.counts
+        if not isinstance(counts, SparseEmissionCounts) or counts.support is None:
+            return _NO_DIRECT_ROW, _NO_DIRECT_SLOTS
+        support = counts.support
+        return kernels.direct_pair_rows(support.indptr, support.symbols, support.num_symbols)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The direct rows are made where the table is scored; the table travels without them.
+        state = dict(self.__dict__)
+        state.pop("direct_pair_rows", None)
+        return state
+
 
 @dataclass(frozen=True)
 class GridTotals:
@@ -228,13 +246,16 @@ def _grid_numba(
     gate_const,
     emission_strengths,
     type_strengths,
+    direct_row,
+    direct_slots,
     out_pred,
     out_joint,
 ):  # pragma: no cover - compiled
     """Adds every grid point's predictive and joint log-likelihood into ``out_*`` (G1, G2*G3); returns the weight.
 
     Counts are read from the dense (T, S) ``emission_count_ts``, or, when ``indptr`` is not empty, from the
-    sparse ``pair_counts`` over the support ``(indptr, symbols)``.
+    sparse ``pair_counts`` over the support ``(indptr, symbols)``: a target's pair through its row of
+    ``direct_slots`` when ``direct_row`` gives it one, else by a binary search.
     """
     n_rows, n_pos = context.shape
     dim = query.shape[1]
@@ -259,12 +280,13 @@ def _grid_numba(
             y[d] = np.float64(query[row, d])
         t = target[row]
         u = base[t]
+        direct = direct_row[t] if sparse else -1
         for i in range(n_pos):
             c = context[row, i]
             # The distance once for every sigma2 of the grid: the gate below is row_log_weights' expression.
             dist[i] = squared_distance(y, key_means, c)
             if sparse:
-                p = kernels._find_pair(indptr, symbols, t, c)
+                p = direct_slots[direct, c] if direct >= 0 else kernels._find_pair(indptr, symbols, t, c)
                 count[i] = pair_counts[p] if p >= 0 else 0.0
             else:
                 count[i] = emission_count_ts[t, c]
@@ -302,6 +324,8 @@ _NO_TABLE = np.zeros((0, 0))
 _NO_INDEX = np.zeros(0, dtype=np.int64)
 _NO_SYMBOLS = np.zeros(0, dtype=np.int32)
 _NO_COUNTS = np.zeros(0)
+_NO_DIRECT_ROW = np.zeros(0, dtype=np.int32)
+_NO_DIRECT_SLOTS = np.zeros((0, 0), dtype=np.int32)
 
 
 def score_grid(table: GridTable, x: tuple[Any, Any, Any], weights: Any = None, *, checked: bool = False) -> GridTotals:
@@ -349,6 +373,7 @@ def score_grid(table: GridTable, x: tuple[Any, Any, Any], weights: Any = None, *
         -0.5 * dim * np.log(2.0 * np.pi * table.sigma2),
         table.emission_strengths,
         table.type_strengths,
+        *table.direct_pair_rows,
         pred,
         joint,
     )

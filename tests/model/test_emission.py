@@ -284,6 +284,14 @@ def test_the_sparse_grid_pass_equals_the_dense_one():
     a, b = score_grid(table_s, heldout), score_grid(table_d, heldout)
     np.testing.assert_allclose(a.target_log_prob, b.target_log_prob, rtol=1e-12)
     np.testing.assert_allclose(a.log_lik, b.log_lik, rtol=1e-12)
+    # Frequent targets' pairs are read through direct rows; by binary search alone the totals are the same bits.
+    direct_row, _ = table_s.direct_pair_rows
+    assert (direct_row >= 0).any()
+    table_s.__dict__["direct_pair_rows"] = (np.full_like(direct_row, -1), np.zeros((0, shape[0]), np.int32))
+    searched = score_grid(table_s, heldout)
+    assert np.array_equal(searched.target_log_prob, a.target_log_prob) and np.array_equal(searched.log_lik, a.log_lik)
+    # A table travels without its direct rows: they are made again where it is scored.
+    assert "direct_pair_rows" not in pickle.loads(pickle.dumps(table_s)).__dict__
 
 
 def _prior(data, shape):
