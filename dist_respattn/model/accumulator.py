@@ -145,6 +145,11 @@ class SufficientStatistics(NamedTuple):
         return cls(key_sum, key_mass, emission_count, position_count, query_sq, n_obs, log_lik)
 
 
+def _owned(array: np.ndarray, copy: bool) -> np.ndarray:
+    """``array`` itself, or a copy of it (what ``value(copy=...)`` hands over)."""
+    return array.copy() if copy else array
+
+
 class ResponsibilityAttentionAccumulator:
     """Accumulates the sufficient statistics of the M-step from weighted triples.
 
@@ -398,9 +403,8 @@ class ResponsibilityAttentionAccumulator:
 
     def _emission_value(self, copy: bool) -> EmissionCounts:
         s = self._stats
-        own = (lambda a: a.copy()) if copy else (lambda a: a)
         if self.layout == "dense":
-            return DenseEmissionCounts(own(s.emission_count_ts))
+            return DenseEmissionCounts(_owned(s.emission_count_ts, copy))
         if self.support is None:
             self._flush_row_pairs()
             total = SparseEmissionCounts.union(self._collected, self.num_symbols, self.num_targets)
@@ -409,7 +413,7 @@ class ResponsibilityAttentionAccumulator:
         assert s.pair_counts is not None
         # An E-step's counts lie on the fit's support, which the model carries: they travel without it.
         return SparseEmissionCounts(
-            own(s.pair_counts), None, num_symbols=self.num_symbols, num_targets=self.num_targets
+            _owned(s.pair_counts, copy), None, num_symbols=self.num_symbols, num_targets=self.num_targets
         )
 
     def value(self, *, copy: bool = True) -> SufficientStatistics:
@@ -422,12 +426,11 @@ class ResponsibilityAttentionAccumulator:
         self._check_usable()
         s = self._stats
         query_sq, n_obs, log_lik = (float(v) for v in s.scalars)
-        own = (lambda a: a.copy()) if copy else (lambda a: a)
         value = SufficientStatistics(
-            own(s.key_sum),
-            own(s.key_mass),
+            _owned(s.key_sum, copy),
+            _owned(s.key_mass, copy),
             self._emission_value(copy),
-            own(s.position_count),
+            _owned(s.position_count, copy),
             query_sq,
             n_obs,
             log_lik,
