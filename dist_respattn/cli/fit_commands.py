@@ -108,6 +108,20 @@ def add_em_options(parser: argparse.ArgumentParser, title: str) -> None:
         help="the window N a token-stream store is read with (default: the store's; a triple store's is fixed)",
     )
     em.add_argument(
+        "--position-buckets",
+        type=positive_int,
+        metavar="K",
+        help="tie the position prior over K recency buckets of 1, 1, 2, 4, ... positions (the last takes the rest; "
+        "K = N: the free prior) and fit by the histogram kernel: a row costs its distinct symbols, not N",
+    )
+    em.add_argument(
+        "--min-context",
+        type=positive_int,
+        metavar="M",
+        help="token-stream rows with at least M earlier tokens in their document (default: 1 with "
+        "--position-buckets, the missing positions masked; else N)",
+    )
+    em.add_argument(
         "--emission-layout",
         choices=("auto", "dense", "sparse"),
         help="emission as an (S, T) table or over the (symbol, target) pairs the store holds "
@@ -239,6 +253,8 @@ _SETTING_OPTIONS = (
     "emission_smoothing",
     "pseudo_count",
     "holdout_fraction",
+    "position_buckets",
+    "min_context",
     "fan_in",
     "emission_layout",
     "context_length",

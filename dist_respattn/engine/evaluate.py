@@ -122,6 +122,15 @@ def window_for(
     return head.context_length if is_stream_store(location) else None
 
 
+def min_context_for(head: ResponsibilityAttentionDistribution, meta: dict[str, Any]) -> int | None:
+    """The fewest earlier tokens of the rows a model scores: a head with a tied prior scores the short histories
+    its fit trained on (its training store's ``min_context``, else 1); a free prior, full windows only."""
+    if head.buckets is None:
+        return None
+    recorded = (meta.get("store") or {}).get("min_context")
+    return int(recorded) if recorded else 1
+
+
 def _open_recorded(record: dict[str, Any] | None, scored: RowStore) -> RowStore | None:
     """The store a checkpoint recorded, when it still opens as it was (same fingerprint) with the scored store's
     S and T; ``None`` otherwise."""
@@ -129,7 +138,7 @@ def _open_recorded(record: dict[str, Any] | None, scored: RowStore) -> RowStore 
     if not url:
         return None
     try:
-        store = open_rows(url, window=(record or {}).get("window"))
+        store = open_rows(url, window=(record or {}).get("window"), min_context=(record or {}).get("min_context"))
     except (StoreError, OSError, ValueError):
         return None
     if store.fingerprint() != (record or {}).get("fingerprint"):  # rewritten or appended to since the fit
@@ -196,7 +205,7 @@ def evaluate(
         checkpoint = load_checkpoint(model, storage_options=storage_options)
         head, meta = checkpoint.model, checkpoint.meta
     # A token-stream store is read with the model's window.
-    scored = open_store(store, storage_options, window_for(head, store, storage_options))
+    scored = open_store(store, storage_options, window_for(head, store, storage_options), min_context_for(head, meta))
     check_same_shape(head, "the model", scored)
     check_recorded_corpus(
         meta.get("store"), scored, reference_role="the model's training store", other_role="the evaluated store"

@@ -33,6 +33,7 @@ from dist_respattn.engine.memory import check_memory, estimate_memory
 from dist_respattn.engine.settings import FitSettings
 from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
 from dist_respattn.events import FitState, IterationRecord, Metric, history_from_json
+from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import SparseEmission
 from dist_respattn.model.holdout import HoldoutRule
@@ -96,15 +97,25 @@ def open_store(
     store: str | os.PathLike[str] | StoreLocation | RowStore,
     storage_options: dict[str, Any] | None = None,
     window: int | None = None,
+    min_context: int | None = None,
 ) -> RowStore:
     """A store of rows from a store, a location, a path or a URL: a triple store, or a token-stream store read
-    with ``window`` (default: its own N; a triple store refuses another N)."""
-    if isinstance(store, (TripleStore, TokenStreamStore)) and (window is None or window == store.schema.context_length):
+    with ``window`` (default: its own N; a triple store refuses another N) and rows with at least
+    ``min_context`` earlier tokens (default: N)."""
+    if (
+        isinstance(store, (TripleStore, TokenStreamStore))
+        and (window is None or window == store.schema.context_length)
+        and (min_context is None or isinstance(store, TripleStore) or min_context == store.min_context)
+    ):
         return store
     try:
-        return open_rows(store, storage_options=storage_options, window=window)
+        return open_rows(store, storage_options=storage_options, window=window, min_context=min_context)
     except ValueError as exc:
         raise FitError(str(exc)) from None
+
+
+def _prior_text(buckets: PositionBuckets | None) -> str:
+    return "free (per-position)" if buckets is None else f"tied over {buckets.describe()}"
 
 
 def _shape(obj: Any) -> tuple[int, int, int, int]:
@@ -227,10 +238,11 @@ def _validation_store(
     checkpoint: Checkpoint | None,
     storage_options: dict[str, Any] | None,
     window: int | None = None,
+    min_context: int | None = None,
 ) -> RowStore | None:
     """The validation store: the one given, or on resume the checkpoint's (a different one is refused)."""
     saved = checkpoint.meta.get("validation") if checkpoint is not None else None
-    heldout = open_store(validation, storage_options, window) if validation is not None else None
+    heldout = open_store(validation, storage_options, window, min_context) if validation is not None else None
     if saved is None:
         if heldout is not None and checkpoint is not None and checkpoint.iteration > 0:
             raise FitError("the fit being resumed ran without a validation store; resume it without one")
@@ -242,7 +254,7 @@ def _validation_store(
             )
         return heldout
     if heldout is None:
-        heldout = open_store(saved["url"], storage_options, saved.get("window") or window)
+        heldout = open_store(saved["url"], storage_options, saved.get("window") or window, min_context)
     if heldout.fingerprint() != saved.get("fingerprint"):
         raise FitError(
             f"the fit being resumed was validated on {saved['url']} (fingerprint {saved.get('fingerprint')}), "
@@ -297,6 +309,12 @@ def fit(
     settings = settings or FitSettings()
     say = say if say is not None else logger.info
     train = open_store(store, storage_options, settings.context_length)
+    try:
+        min_context = settings.min_context_for(train.schema.context_length)
+        settings.buckets(train.schema.context_length)  # refuses a K that does not fit this window
+    except ValueError as exc:
+        raise FitError(str(exc)) from None
+    train = open_store(train, storage_options, None, min_context)
     if train.num_rows == 0:
         raise FitError(f"the store {train.location} has no rows: there is nothing to fit")
     folder = ModelDir(model_dir)
@@ -304,7 +322,13 @@ def fit(
     checkpoint, start_model, init_record = _starting_point(
         folder, resume=resume, overwrite=overwrite, settings=settings, train=train, init=init, init_from=init_from
     )
-    heldout = _validation_store(validation, checkpoint, storage_options, train.location.window)
+    buckets = settings.buckets(train.schema.context_length)
+    if start_model is not None and start_model.buckets != buckets:
+        raise FitError(
+            f"the starting model's position prior is {_prior_text(start_model.buckets)} but the fit asks for "
+            f"{_prior_text(buckets)}: give --position-buckets to match it, or start from the data"
+        )
+    heldout = _validation_store(validation, checkpoint, storage_options, train.location.window, min_context)
     if heldout is not None and _shape(heldout) != _shape(train):
         raise FitError(
             f"the validation store {heldout.location} has (S, N, D, T) = {_shape(heldout)} but the training "

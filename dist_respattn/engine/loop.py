@@ -117,6 +117,7 @@ def store_record(store: RowStore) -> dict[str, Any]:
     return {
         "url": str(store.location),
         "window": store.location.window,
+        "min_context": getattr(store, "min_context", None),
         "fingerprint": store.fingerprint(),
         "rows": store.num_rows,
         "partitions": store.num_partitions,
@@ -279,7 +280,7 @@ class FitLoop:
                 "init", "0", train.num_partitions, tasks.start_task,
                 lambda part: (
                     train.location, part, factory, settings.init, settings.seed, self.fingerprint,
-                    self.train_rows, with_pairs,
+                    self.train_rows, with_pairs, self.estimator.buckets,
                 ),
                 description="initializing",
             )  # fmt: skip
@@ -316,6 +317,7 @@ class FitLoop:
                 "support", "0", train.num_partitions, tasks.start_task,
                 lambda part: (
                     train.location, part, self.factory, "uniform", 0, self.fingerprint, self.train_rows, False,
+                    self.estimator.buckets,
                 ),
                 description="finding the pairs",
             )  # fmt: skip

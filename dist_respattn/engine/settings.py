@@ -9,6 +9,7 @@ from typing import Any
 from dist_respattn.engine.reduction import DEFAULT_FAN_IN
 from dist_respattn.events import Metric
 from dist_respattn.model._checks import as_nonnegative_float, as_positive_float, as_positive_int
+from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.em import START_KINDS
 from dist_respattn.model.emission import choose_layout
 from dist_respattn.model.estimator import ResponsibilityAttentionEstimator
@@ -59,6 +60,11 @@ class FitSettings:
         patience: iterations without an improvement of at least ``min_improvement`` (relative) of that
             metric before stopping.
         min_improvement: the relative improvement that counts (the best checkpoint follows any improvement).
+        position_buckets: K recency buckets the position prior is tied over (K = N: the free prior, fitted by
+            the histogram kernel); ``None``: a free prior and the per-position kernel. See
+            :mod:`dist_respattn.model.buckets`.
+        min_context: the fewest earlier tokens a token-stream row has (1 to N); ``None``: 1 with buckets
+            (short histories, the missing positions masked), N without (full windows only).
     """
 
     max_iter: int = 100
@@ -80,6 +86,8 @@ class FitSettings:
     early_stop_metric: str | None = None
     patience: int = 3
     min_improvement: float = 1e-3
+    position_buckets: int | None = None
+    min_context: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_iter < 0 or isinstance(self.max_iter, bool):
@@ -114,6 +122,20 @@ class FitSettings:
             as_positive_int(self.context_length, "context_length")
         if self.early_stop_metric not in (None, *EARLY_STOP_METRICS):
             raise ValueError(f"early_stop_metric = {self.early_stop_metric!r}: expected one of {EARLY_STOP_METRICS}")
+        if self.position_buckets is not None:
+            as_positive_int(self.position_buckets, "position_buckets")
+            if self.init != "uniform":
+                raise ValueError(
+                    f"init = {self.init!r} with position buckets: a tied prior starts uniform (--init uniform)"
+                )
+            if self.context_length is not None:
+                PositionBuckets.geometric(self.context_length, self.position_buckets)  # refuses a bad K here
+        if self.min_context is not None:
+            as_positive_int(self.min_context, "min_context")
+            if self.context_length is not None and self.min_context > self.context_length:
+                raise ValueError(
+                    f"min_context = {self.min_context}: expected at most the window N = {self.context_length}"
+                )
         as_positive_int(self.patience, "patience")
         as_nonnegative_float(self.min_improvement, "min_improvement")
 
@@ -147,6 +169,25 @@ class FitSettings:
             for f in dataclasses.fields(self)
             if f.name not in ignore and getattr(self, f.name) != getattr(other, f.name)
         ]
+
+    def min_context_for(self, context_length: int) -> int:
+        """The fewest earlier tokens a row of a token-stream store read with window N has (see ``min_context``)."""
+        if self.min_context is not None:
+            if self.min_context > context_length:
+                raise ValueError(f"min_context = {self.min_context}: expected at most the window N = {context_length}")
+            if self.min_context < context_length and self.position_buckets is None:
+                raise ValueError(
+                    f"--min-context {self.min_context} < N = {context_length}: short histories are fitted by the "
+                    "histogram kernel; add --position-buckets K (K = N keeps a free prior)"
+                )
+            return self.min_context
+        return 1 if self.position_buckets is not None else context_length
+
+    def buckets(self, context_length: int) -> PositionBuckets | None:
+        """The recency buckets of a fit with window N (``None``: a free prior, per-position kernels)."""
+        if self.position_buckets is None:
+            return None
+        return PositionBuckets.geometric(context_length, self.position_buckets)
 
     @property
     def legacy_emission(self) -> bool:
@@ -192,5 +233,6 @@ class FitSettings:
             min_sigma2=self.min_sigma2,
             pseudo_count=self.pseudo_count,
             search=self.search(),
+            buckets=self.buckets(schema.context_length),
             **prior_options,
         )

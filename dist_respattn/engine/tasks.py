@@ -18,8 +18,10 @@ import numpy as np
 
 from dist_respattn.model._checks import ImpossibleEvidenceError
 from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulatorFactory, SufficientStatistics
+from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import SparseEmission
+from dist_respattn.model.histogram import WindowRows, grid_windows, score_windows
 from dist_respattn.model.holdout import HoldoutRule
 from dist_respattn.model.pairs import PairCounts
 from dist_respattn.model.prediction import PredictionTotals, predict_top_k
@@ -136,14 +138,14 @@ def _checked_store(location: StoreLocation, fingerprint: str) -> RowStore:
     return store
 
 
-def _located(store: RowStore, part: int, block: EncodedRows, exc: ValueError) -> ValueError:
+def _located(store: RowStore, part: int, block: EncodedRows | WindowRows, exc: ValueError) -> ValueError:
     """The kernel counts rows from the block's start; name the store, its array and the store row instead.
 
     A bad value (an id out of range, a non-finite number) is found again by the store's own checks,
     which give the global row and chunk; rows the model finds impossible keep the kernel's message,
     with the block's position in the store.
     """
-    if not isinstance(exc, ImpossibleEvidenceError):
+    if not isinstance(exc, ImpossibleEvidenceError) and isinstance(block, EncodedRows):
         problems = block_problems(block, store.schema, block.start // store.chunk_rows)
         if problems:
             more = f" (and {len(problems) - 1} more kinds of bad value)" if len(problems) > 1 else ""
@@ -169,11 +171,17 @@ class StartValue:
         return StartValue(combine_values(self.stats, other.stats), pairs)
 
 
-def _pairs_of(block: EncodedRows, weights: np.ndarray | None, store: RowStore) -> PairCounts:
+def _pairs_of(block: EncodedRows | WindowRows, weights: np.ndarray | None, store: RowStore) -> PairCounts:
+    """The (previous symbol, target) pairs of a block's rows (a window's last token is the previous symbol)."""
     schema = store.schema
+    previous = block.tokens[block.end - 1] if isinstance(block, WindowRows) else block.context[:, -1]
     return PairCounts.from_rows(
-        block.context[:, -1], block.target, weights, num_symbols=schema.num_symbols, num_targets=schema.num_targets
+        previous, block.target, weights, num_symbols=schema.num_symbols, num_targets=schema.num_targets
     )
+
+
+def _weighted(rows: WindowRows, weights: np.ndarray | None) -> WindowRows:
+    return rows if weights is rows.weight else rows._replace(weight=weights)
 
 
 def start_task(
@@ -185,18 +193,30 @@ def start_task(
     fingerprint: str,
     rows: RowSelection,
     with_pairs: bool,
+    buckets: PositionBuckets | None = None,
 ) -> StartValue:
     """Statistics of partition ``part`` under the first responsibilities, and its (previous symbol, target) pairs.
 
     A sparse fit's statistics count the pairs the rows hold and carry them as their support, so the
     reduced start value holds the fit's support. ``start`` is ``"uniform"`` (1/N each) or ``"random"``
     (drawn from ``(seed, part)``): either way the
-    first model is the same on any cluster.
+    first model is the same on any cluster. With ``buckets`` (a tied prior) the rows are read as token
+    windows and start uniform over the positions each one has.
     """
     store = _checked_store(location, fingerprint)
     accumulator = factory.make()
     rng = np.random.default_rng([int(seed), int(part)])
     pairs = PairCounts.empty(store.schema.num_symbols, store.schema.num_targets) if with_pairs else None
+    if buckets is not None:
+        for windows in store.iter_windows(part):
+            weights = rows.weights(windows)  # type: ignore[arg-type]
+            try:
+                accumulator.seq_initialize_windows(_weighted(windows, weights), buckets)
+            except ValueError as exc:
+                raise _located(store, part, windows, exc) from None
+            if pairs is not None:
+                pairs = pairs + _pairs_of(windows, weights, store)
+        return StartValue(accumulator.value(copy=False), pairs)
     for block in store.iter_blocks(part):
         weights = rows.weights(block)
         try:
@@ -215,8 +235,9 @@ def pairs_task(location: StoreLocation, part: int, fingerprint: str, rows: RowSe
     """The weighted (previous symbol, target) pairs of partition ``part``'s selected rows."""
     store = _checked_store(location, fingerprint)
     pairs = PairCounts.empty(store.schema.num_symbols, store.schema.num_targets)
-    for block in store.iter_blocks(part):
-        pairs = pairs + _pairs_of(block, rows.weights(block), store)
+    blocks = store.iter_windows(part) if store.short_histories else store.iter_blocks(part)
+    for block in blocks:
+        pairs = pairs + _pairs_of(block, rows.weights(block), store)  # type: ignore[arg-type]
     return pairs
 
 
@@ -234,6 +255,13 @@ def estep_task(
     """
     store = _checked_store(location, fingerprint)
     accumulator = factory.make_for(model)
+    if model.buckets is not None:  # a tied prior: the histogram kernel, over token windows
+        for windows in store.iter_windows(part):
+            try:
+                accumulator.seq_update_windows(_weighted(windows, rows.weights(windows)), model)  # type: ignore[arg-type]
+            except ValueError as exc:
+                raise _located(store, part, windows, exc) from None
+        return accumulator.value(copy=False)
     for block in store.iter_blocks(part):
         try:
             accumulator.seq_update(block.encoded, rows.weights(block), model, checked=block.checked)
@@ -248,6 +276,13 @@ def score_task(
     """Held-out totals of partition ``part``: joint log-likelihood and predictive scores of the targets."""
     store = _checked_store(location, fingerprint)
     totals = ScoreTotals()
+    if model.buckets is not None:
+        for windows in store.iter_windows(part):
+            try:
+                totals = totals + score_windows(model, windows)
+            except ValueError as exc:
+                raise _located(store, part, windows, exc) from None
+        return totals
     for block in store.iter_blocks(part):
         try:
             totals = totals + score_rows(model, block.encoded, block.weight)
@@ -270,6 +305,11 @@ def predict_task(
     their targets it ranked first and among the K.
     """
     store = _checked_store(location, fingerprint)
+    if model.buckets is not None:
+        raise ValueError(
+            "a head with --position-buckets predicts one history at a time: `dist-respattn predict MODEL --stream` "
+            "(or dist_respattn.Predictor); batch predictions into a store take heads with a free prior"
+        )
     partition = store.partition(part)
     table = model.emission_table
     order = base_order(table) if isinstance(table, SparseEmission) else None
@@ -292,24 +332,27 @@ def predict_task(
     return totals
 
 
-def _selected_blocks(store: RowStore, part: int, rows: RowSelection) -> Iterator[tuple[EncodedRows, np.ndarray | None]]:
+def _selected_blocks(
+    store: RowStore, part: int, rows: RowSelection, windows: bool = False
+) -> Iterator[tuple[Any, np.ndarray | None]]:
     """Partition ``part``'s blocks with their weights under ``rows``; of a hold-out's held-out side, only
     the held-out rows of each block (a block with none is not read).
 
     The held-out side is a few percent of a training store: reading and windowing every row to weigh most
     of them 0 cost more than scoring the rest. The kernels skip rows of weight 0, and each block's rows
-    are still scored in one call, in row order, so the totals are the same to the bit.
+    are still scored in one call, in row order, so the totals are the same to the bit. ``windows``: the
+    blocks are token windows (:class:`~dist_respattn.model.histogram.WindowRows`), for a tied prior.
     """
     rule = rows.rule
     if rule is None or rows.side != "heldout":
-        for block in store.iter_blocks(part):
-            yield block, rows.weights(block)
+        for block in store.iter_windows(part) if windows else store.iter_blocks(part):
+            yield block, rows.weights(block)  # type: ignore[arg-type]
         return
     for begin, end in store.block_ranges(part):
         held = rule.held_out(begin, end)
         if not held.any():
             continue
-        block = store.read_selected(begin, end, held)
+        block = store.read_windows(begin, end, held) if windows else store.read_selected(begin, end, held)
         yield block, np.ones(block.num_rows) if block.weight is None else np.asarray(block.weight, dtype=np.float64)
 
 
@@ -317,9 +360,13 @@ def grid_task(location: StoreLocation, part: int, table: GridTable, fingerprint:
     """Held-out totals of partition ``part``'s selected rows at every point of the M-step's grid."""
     store = _checked_store(location, fingerprint)
     totals = GridTotals.zeros(table.shape)
-    for block, weights in _selected_blocks(store, part, rows):
+    windows = table.buckets is not None
+    for block, weights in _selected_blocks(store, part, rows, windows):
         try:
-            totals = totals + score_grid(table, block.encoded, weights, checked=block.checked)
+            if windows:
+                totals = totals + grid_windows(table, _weighted(block, weights))
+            else:
+                totals = totals + score_grid(table, block.encoded, weights, checked=block.checked)
         except ValueError as exc:
             raise _located(store, part, block, exc) from None
     return totals

@@ -196,7 +196,8 @@ def as_sparse_emission(value: Any, name: str) -> Any:
             raise ValueError(f"{name} {part}[{i}] = {plain(array[i])}: expected finite, non-negative probabilities")
     support = value.support
     stored_base = np.bincount(support.symbols, weights=value.base[support.targets], minlength=support.num_symbols)
-    sums = np.bincount(support.symbols, weights=value.values, minlength=support.num_symbols)
+    # float64 even when the support is empty (bincount of no weights is int64)
+    sums = np.bincount(support.symbols, weights=value.values, minlength=support.num_symbols).astype(np.float64)
     sums += value.backoff * (float(value.base.sum()) - stored_base)
     off = np.flatnonzero(np.abs(sums - 1.0) > SIMPLEX_ATOL)
     if off.size:

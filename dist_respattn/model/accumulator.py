@@ -6,8 +6,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dist_respattn.model import kernels
+from dist_respattn.model import histogram, kernels
 from dist_respattn.model._checks import CheckedBatch, ImpossibleEvidenceError, as_nonnegative_float, check_batch, plain
+from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import (
     DenseEmissionCounts,
@@ -17,7 +18,8 @@ from dist_respattn.model.emission import (
     SparseEmissionCounts,
 )
 from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder
-from dist_respattn.model.pair_keys import merge_tallies, tally_rows
+from dist_respattn.model.histogram import WindowRows
+from dist_respattn.model.pair_keys import merge_tallies, tally_keys, tally_rows
 
 __all__ = [
     "ResponsibilityAttentionAccumulator",
@@ -304,6 +306,62 @@ class ResponsibilityAttentionAccumulator:
         except ImpossibleEvidenceError as exc:
             self._broken = f"holds a partial update ({exc})"
             raise
+
+    def seq_update_windows(self, rows: WindowRows, estimate: ResponsibilityAttentionDistribution) -> None:
+        """:meth:`seq_update` of rows given as token windows (:class:`~dist_respattn.model.histogram.WindowRows`),
+        by the histogram kernel: ``estimate`` must tie its prior over buckets. Windows may be shorter than N
+        (short histories; see :mod:`dist_respattn.model.buckets`)."""
+        self._check_usable()
+        if not isinstance(estimate, ResponsibilityAttentionDistribution):
+            raise TypeError(f"estimate must be a ResponsibilityAttentionDistribution, got {type(estimate).__name__}")
+        got = (estimate.num_symbols, estimate.context_length, estimate.query_dim, estimate.num_targets)
+        if got != self._shape():
+            raise ValueError(f"estimate has (S, N, D, T) = {got}: expected {self._shape()} like this accumulator")
+        if estimate.buckets is None:
+            raise ValueError(
+                "window rows are fitted by the histogram kernel: the estimate must tie its prior over buckets"
+            )
+        table = estimate.emission_table
+        if self.layout == "sparse" and not (
+            self.support is not None and isinstance(table, SparseEmission) and table.support.same_as(self.support)
+        ):
+            raise ValueError("estimate's emission is not sparse over this accumulator's support")
+        if self.layout == "dense" and isinstance(table, SparseEmission):
+            raise ValueError(
+                "estimate has a sparse emission but this accumulator counts dense: make it with its support"
+            )
+        rows.check(self.num_symbols, self.num_targets, self.context_length, self.query_dim)
+        try:
+            histogram.accumulate_windows(rows, histogram.histogram_parameters(estimate), self._stats, estimate.buckets)
+        except ImpossibleEvidenceError as exc:
+            self._broken = f"holds a partial update ({exc})"
+            raise
+
+    def seq_initialize_windows(self, rows: WindowRows, buckets: PositionBuckets) -> None:
+        """:meth:`seq_initialize_uniform` of window rows: ``1/m`` on each of a row's ``m`` positions, and the
+        masked positions of a short row counted as rejected draws of a uniform prior (so the first prior is
+        uniform over the N positions, as with full windows)."""
+        self._check_usable()
+        if buckets.context_length != self.context_length:
+            raise ValueError(f"buckets cover N = {buckets.context_length} positions: expected {self.context_length}")
+        rows.check(self.num_symbols, self.num_targets, self.context_length, self.query_dim)
+        for start, stop in histogram.window_block_ranges(rows, self.context_length):
+            block = rows.select(slice(start, stop))
+            cells, masses = histogram.initialize_windows(block, buckets, self._stats, self.num_symbols)
+            if self.layout == "sparse":
+                self._count_cells(cells, masses)
+
+    def _count_cells(self, cells: np.ndarray, masses: np.ndarray) -> None:
+        """Add responsibility masses at target-major cells ``t * S + s`` to the sparse counts."""
+        if self.support is None:
+            block = tally_keys(cells, masses)
+            self._row_pairs = block if self._row_pairs is None else merge_tallies(self._row_pairs, block)
+            return
+        at = self.support.locate(cells % self.num_symbols, cells // self.num_symbols)
+        if np.any(at < 0):
+            raise ValueError("rows hold a (symbol, target) pair outside this accumulator's support")
+        assert self._stats.pair_counts is not None
+        self._stats.pair_counts += np.bincount(at, weights=masses, minlength=self.support.num_pairs)
 
     def initialize(self, x: tuple[Any, Any, int], weight: float, rng: Any) -> None:
         """Add one weighted triple with random responsibilities."""

@@ -30,6 +30,7 @@ from dist_respattn.model._checks import (
     as_sparse_emission,
     check_batch,
 )
+from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission import DenseEmission, Emission, SparseEmission
 from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder
 from dist_respattn.model.log_weights import block_log_weights
@@ -59,6 +60,9 @@ class ResponsibilityAttentionDistribution:
         sigma2: gate variance (> 0), the responsibility temperature.
         name: optional name.
         context_length: N for a uniform prior when ``position_prior`` is omitted.
+        buckets: recency buckets the prior is tied over (:class:`~dist_respattn.model.buckets.PositionBuckets`),
+            or ``None`` for a free prior. A tied prior is constant within each bucket; rows are then scored
+            and fitted by the histogram kernels, and may have fewer than N earlier tokens.
 
     Every parameter is validated on construction; the error names the parameter, the offending
     entry and what was expected.
@@ -73,6 +77,7 @@ class ResponsibilityAttentionDistribution:
         name: str | None = None,
         *,
         context_length: int | None = None,
+        buckets: PositionBuckets | None = None,
     ) -> None:
         self.key_means = as_finite_matrix(key_means, "key_means")
         self.num_symbols, self.query_dim = self.key_means.shape
@@ -102,6 +107,15 @@ class ResponsibilityAttentionDistribution:
                 f"context_length = {context_length} but position_prior has length {self.position_prior.shape[0]}"
             )
         self.context_length = self.position_prior.shape[0]
+        if buckets is not None:
+            if buckets.context_length != self.context_length:
+                raise ValueError(
+                    f"buckets cover N = {buckets.context_length} positions but position_prior has length "
+                    f"{self.context_length}"
+                )
+            if not buckets.is_tied(self.position_prior):
+                raise ValueError(f"position_prior is not constant within the {buckets.describe()}: tie it first")
+        self.buckets = buckets
         self.sigma2 = as_positive_float(sigma2, "sigma2")
         self.name = name
         with np.errstate(divide="ignore"):
@@ -135,6 +149,7 @@ class ResponsibilityAttentionDistribution:
         # a model that has scored rows would otherwise double what a cluster sends to each worker.
         state = self.__dict__.copy()
         state.pop("kernel_parameters", None)
+        state.pop("_histogram_parameters", None)
         return state
 
     @functools.cached_property
@@ -242,7 +257,7 @@ class ResponsibilityAttentionDistribution:
     def with_emission(self, emission: Emission) -> ResponsibilityAttentionDistribution:
         """This head with another emission (of the same S and T)."""
         return ResponsibilityAttentionDistribution(
-            self.key_means, emission, self.position_prior, self.sigma2, self.name
+            self.key_means, emission, self.position_prior, self.sigma2, self.name, buckets=self.buckets
         )
 
     def sampler(self, seed: int | np.random.Generator | None = None) -> ResponsibilityAttentionSampler:
@@ -263,6 +278,7 @@ class ResponsibilityAttentionDistribution:
             sigma2=self.sigma2,
             pseudo_count=pseudo_count,
             name=self.name,
+            buckets=self.buckets,
         )
 
     def dist_to_encoder(self) -> ResponsibilityAttentionDataEncoder:

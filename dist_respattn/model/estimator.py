@@ -20,6 +20,7 @@ from dist_respattn.model.accumulator import (
     ResponsibilityAttentionAccumulatorFactory,
     SufficientStatistics,
 )
+from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import Emission, EmissionCounts, SparseEmission, SparseEmissionCounts
 from dist_respattn.model.prior import BACKOFF_KINDS, EmissionPrior
@@ -48,8 +49,15 @@ def _key_means(stats: SufficientStatistics, previous_key_means: np.ndarray | Non
     return key_means
 
 
-def _position_prior(stats: SufficientStatistics, pseudo_count: float | None) -> np.ndarray:
-    """``pi_i ∝ position_count[i] + pseudo_count / N``; uniform when there is no mass."""
+def _position_prior(
+    stats: SufficientStatistics, pseudo_count: float | None, buckets: PositionBuckets | None = None
+) -> np.ndarray:
+    """``pi_i ∝ position_count[i] + pseudo_count / N``; uniform when there is no mass.
+
+    Tied over ``buckets``: ``pi_i = pi_b / |b|`` with ``pi_b`` the same expression summed over the bucket.
+    """
+    if buckets is not None:
+        return buckets.tie(stats.position_count, pseudo_count)
     context_length = stats.position_count.shape[0]
     prior_counts = stats.position_count + (0.0 if pseudo_count is None else pseudo_count / context_length)
     prior_total = float(prior_counts.sum())
@@ -120,6 +128,7 @@ class MStepCandidates:
     query_scale: float
     defaults: Hyperparameters
     name: str | None = None
+    buckets: PositionBuckets | None = None
 
     def emission(self, hyperparameters: Hyperparameters) -> Emission:
         """The emission under these strengths (the additive smoothing ignores them), in the counts' layout."""
@@ -132,7 +141,7 @@ class MStepCandidates:
         """The head under ``hyperparameters`` (default: :attr:`defaults`)."""
         hp = hyperparameters or self.defaults
         return ResponsibilityAttentionDistribution(
-            self.key_means, self.emission(hp), self.position_prior, hp.sigma2, self.name
+            self.key_means, self.emission(hp), self.position_prior, hp.sigma2, self.name, buckets=self.buckets
         )
 
     def grid_table(self, search: HyperparameterSearch) -> GridTable:
@@ -162,6 +171,7 @@ class MStepCandidates:
             sigma2=np.array(sigma2, dtype=np.float64),
             emission_strengths=np.array(strengths, dtype=np.float64),
             type_strengths=np.array(type_strengths, dtype=np.float64),
+            buckets=self.buckets,
         )
 
     def select(self, table: GridTable, totals: GridTotals) -> Selection:
@@ -203,6 +213,8 @@ class ResponsibilityAttentionEstimator:
             when they are not chosen on held-out rows.
         search: the hyperparameters an EM loop with held-out rows chooses after every M-step, and the
             values it tries (``None``: nothing is chosen; :data:`~dist_respattn.model.selection.DEFAULT_SEARCH`).
+        buckets: recency buckets the position prior is tied over (``None``: a free prior); see
+            :mod:`dist_respattn.model.buckets`.
     """
 
     def __init__(
@@ -223,6 +235,7 @@ class ResponsibilityAttentionEstimator:
         emission_strength: float = 1.0,
         type_strength: float = 1.0,
         search: HyperparameterSearch | None = None,
+        buckets: PositionBuckets | None = None,
     ) -> None:
         if not isinstance(estimate_sigma2, (bool, np.bool_)):
             raise TypeError(f"estimate_sigma2 = {estimate_sigma2!r}: expected True or False")
@@ -270,6 +283,9 @@ class ResponsibilityAttentionEstimator:
         self.search = search
         self.name = name
         self.keys = keys
+        if buckets is not None and buckets.context_length != self.context_length:
+            raise ValueError(f"buckets cover N = {buckets.context_length} positions: expected {self.context_length}")
+        self.buckets = buckets
 
     def __repr__(self) -> str:
         return (
@@ -339,7 +355,7 @@ class ResponsibilityAttentionEstimator:
         query_scale = stats.query_sq / (n_obs * self.query_dim) if n_obs > 0.0 and stats.query_sq > 0.0 else 1.0
         return MStepCandidates(
             key_means=_key_means(stats, None if previous is None else previous.key_means),
-            position_prior=_position_prior(stats, self.pseudo_count),
+            position_prior=_position_prior(stats, self.pseudo_count, self.buckets),
             emission_count=counts,
             prior=self.emission_prior,
             emission_smoothing=self.emission_smoothing,
@@ -347,6 +363,7 @@ class ResponsibilityAttentionEstimator:
             query_scale=query_scale,
             defaults=defaults,
             name=self.name,
+            buckets=self.buckets,
         )
 
     def estimate(

@@ -23,6 +23,7 @@ import numpy as np
 
 from dist_respattn.model import kernels
 from dist_respattn.model._checks import check_batch
+from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission import DenseEmissionCounts, EmissionCounts, SparseEmissionCounts
 from dist_respattn.model.log_weights import squared_distance
 
@@ -147,6 +148,7 @@ class GridTable:
         row_totals: (S,) ``c[s] = sum_t c[s, t]``.
         base: (T,) the emission prior's backoff ``u``; ``types``: (S,) its type counts ``n_s``.
         sigma2: (G1,) gate variances; ``emission_strengths``: (G2,); ``type_strengths``: (G3,).
+        buckets: the recency buckets ``log_prior`` is tied over, or ``None`` (a free prior).
     """
 
     key_means: np.ndarray
@@ -158,6 +160,7 @@ class GridTable:
     sigma2: np.ndarray
     emission_strengths: np.ndarray
     type_strengths: np.ndarray
+    buckets: PositionBuckets | None = None
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import emission_from_arrays
 
@@ -33,7 +34,7 @@ def distribution_to_arrays(dist: ResponsibilityAttentionDistribution) -> tuple[d
         "position_prior": np.ascontiguousarray(dist.position_prior, dtype=np.float64),
         **dist.emission_table.to_arrays(),
     }
-    meta = {
+    meta: dict[str, Any] = {
         "sigma2": float(dist.sigma2),
         "name": dist.name,
         "num_symbols": int(dist.num_symbols),
@@ -42,6 +43,8 @@ def distribution_to_arrays(dist: ResponsibilityAttentionDistribution) -> tuple[d
         "num_targets": int(dist.num_targets),
         "emission_layout": dist.emission_table.layout,
     }
+    if dist.buckets is not None:
+        meta["position_buckets"] = dist.buckets.to_json()
     return arrays, meta
 
 
@@ -66,10 +69,12 @@ def distribution_from_arrays(
         emission = emission_from_arrays(arrays, key_means.shape[0] if key_means.ndim == 2 else None)
     except (KeyError, ValueError) as exc:
         raise ValueError(f"{source}: the emission's arrays do not fit together: {exc}") from None
+    buckets = meta.get("position_buckets")
     return ResponsibilityAttentionDistribution(
         key_means,
         emission,
         np.asarray(arrays["position_prior"]),
         sigma2=float(meta["sigma2"]),
         name=meta.get("name"),
+        buckets=None if buckets is None else PositionBuckets.from_json(buckets),
     )

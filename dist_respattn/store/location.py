@@ -17,15 +17,21 @@ class StoreLocation:
 
     Small, hashable and picklable, so it can travel to workers, which open the store themselves.
     ``window``: the context length N a token-stream store is read with (``None``: the one it records);
-    a triple store's N is fixed and ignores it.
+    a triple store's N is fixed and ignores it. ``min_context``: the fewest earlier tokens a stream's row
+    has (``None``: N, full windows only; fewer is a short history, read as token windows).
     """
 
     url: str
     storage_options: tuple[tuple[str, Any], ...] = ()
     window: int | None = None
+    min_context: int | None = None
 
     def with_window(self, window: int | None) -> StoreLocation:
-        return dataclasses.replace(self, window=window)
+        """This location read with window ``window`` (``None``: the store's own, and full windows only)."""
+        return dataclasses.replace(self, window=window, min_context=None if window is None else self.min_context)
+
+    def with_min_context(self, min_context: int | None) -> StoreLocation:
+        return dataclasses.replace(self, min_context=min_context)
 
     @classmethod
     def of(

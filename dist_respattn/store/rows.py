@@ -27,17 +27,21 @@ def open_rows(
     *,
     storage_options: dict[str, Any] | None = None,
     window: int | None = None,
+    min_context: int | None = None,
 ) -> RowStore:
-    """The store at ``url``: a token-stream store read with ``window`` (default: the location's, else its own N),
-    or a triple store (whose N is fixed: a ``window`` other than it is refused)."""
+    """The store at ``url``: a token-stream store read with ``window`` (default: the location's, else its own N)
+    and rows with at least ``min_context`` earlier tokens (default: the location's, else N), or a triple store
+    (whose N is fixed: a ``window`` other than it is refused; its rows all have N)."""
     if isinstance(url, (TripleStore, TokenStreamStore)):
         url = url.location
     location = StoreLocation.of(url, storage_options)
     if window is not None:
         location = location.with_window(int(window))
+    if min_context is not None:
+        location = location.with_min_context(int(min_context))
     if is_stream_store(location):
         return TokenStreamStore.open(location)
-    store = TripleStore.open(location.with_window(None))
+    store = TripleStore.open(location.with_window(None))  # a triple store's rows all have N: no short histories
     if location.window is not None and location.window != store.schema.context_length:
         raise ValueError(
             f"{store.location}: a triple store of N = {store.schema.context_length}: the window is fixed when its "

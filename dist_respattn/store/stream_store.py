@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from dist_respattn.model.histogram import WindowRows
 from dist_respattn.store.checks import EncodedRows, Problem
 from dist_respattn.store.documents import require_rows
 from dist_respattn.store.errors import IncompleteStoreError, SchemaMismatchError, StoreCorruptError, StoreError
@@ -100,6 +101,8 @@ class _Rows:
 
     @classmethod
     def of(cls, starts: np.ndarray, num_tokens: int, context_length: int) -> _Rows:
+        """Rows whose targets have at least ``context_length`` earlier tokens in their document (the window N,
+        or the fewest a short history may have)."""
         ends = np.append(starts[1:], num_tokens)
         rows = np.maximum(ends - starts - context_length, 0)
         row_starts = np.zeros(rows.size + 1, dtype=np.int64)
@@ -156,7 +159,15 @@ class TokenStreamStore:
         problem = _starts_problem(starts, self.num_tokens)
         if problem is not None:
             raise StoreCorruptError(f"{location}: {problem}")
-        self._rows = _Rows.of(starts, self.num_tokens, int(context_length))
+        min_context = int(context_length) if location.min_context is None else int(location.min_context)
+        if not 1 <= min_context <= int(context_length):
+            raise ValueError(
+                f"--min-context {min_context} with a window of N = {context_length}: expected 1 to N earlier tokens"
+            )
+        #: Rows have at least this many earlier tokens; with fewer than N, the missing positions are masked.
+        self.min_context = min_context
+        self.location = self.location.with_min_context(None if min_context == int(context_length) else min_context)
+        self._rows = _Rows.of(starts, self.num_tokens, min_context)
         self.num_rows = self._rows.num_rows
         # Blocks of rows are those of one token chunk; for a caller that sizes buffers by chunk_rows.
         self.chunk_rows = self.chunk_tokens
@@ -212,9 +223,17 @@ class TokenStreamStore:
             f"S={s.num_symbols}, N={s.context_length}, D={s.query_dim}, partitions={self.num_partitions})"
         )
 
-    def with_context(self, context_length: int) -> TokenStreamStore:
-        """The same stream read with another window N."""
-        return TokenStreamStore(self.location, self._group, self.attributes, context_length)
+    def with_context(self, context_length: int, min_context: int | None = None) -> TokenStreamStore:
+        """The same stream read with another window N (rows with at least ``min_context`` earlier tokens: N by
+        default, full windows only)."""
+        return TokenStreamStore(
+            self.location.with_min_context(min_context), self._group, self.attributes, context_length
+        )
+
+    @property
+    def short_histories(self) -> bool:
+        """Whether some rows may have fewer than N earlier tokens (they are read as token windows only)."""
+        return self.min_context < self.schema.context_length
 
     # -- partitions -------------------------------------------------------------------------
 
@@ -286,6 +305,12 @@ class TokenStreamStore:
         """The rows whose targets are the increasing token positions ``pos`` (n,), labelled from store row ``start``."""
         n_pos = self.schema.context_length
         s = self.schema
+        if self.short_histories:
+            raise StoreError(
+                f"{self.location}: read with --min-context {self.min_context} < N = {n_pos}: rows with fewer than N "
+                "earlier tokens have no (n, N) window; they are read as token windows (read_windows), which the "
+                "histogram kernel of a head with --position-buckets takes"
+            )
         if pos.shape[0] == 0:
             return EncodedRows(
                 np.zeros((0, n_pos), np.int32), np.zeros((0, s.query_dim), s.query_dtype), np.zeros(0, np.int32),
@@ -315,6 +340,57 @@ class TokenStreamStore:
                 )
         # Every value is checked now (ids above, queries through the table, weights): the model need not scan them.
         return EncodedRows(context, query, target, weight, start, checked=True)
+
+    def read_windows(self, start: int, stop: int, selected: np.ndarray | None = None) -> WindowRows:
+        """Rows ``[start, stop)`` (those where ``selected`` holds, when given) as token windows: the tokens they
+        span and the N before (never before the first document's start), each row's window ``[begin, end)`` in
+        them (cut at its document's start: a short history), its target and its query's row of the embedding
+        table (the previous token). No (n, N) or (n, D) array is made."""
+        if not 0 <= start <= stop <= self.num_rows:
+            raise IndexError(f"{self.location}: rows [{start}, {stop}) outside [0, {self.num_rows})")
+        pos = self._rows.positions(start, stop)
+        if selected is not None:
+            pos = pos[np.asarray(selected, dtype=bool)]
+        s = self.schema
+        table = self._checked_table()
+        if pos.shape[0] == 0:
+            empty = np.zeros(0, dtype=np.int64)
+            return WindowRows(
+                np.zeros(0, np.int64), empty, empty, empty, table, empty,
+                np.zeros(0, np.float32) if s.has_weight else None, start, True,
+            )  # fmt: skip
+        first, last = max(int(pos[0]) - s.context_length, 0), int(pos[-1]) + 1
+        span = self._read("tokens", self._tokens, first, last)
+        bad = np.flatnonzero(span >= s.num_symbols)
+        if bad.size:
+            i = int(bad[0])
+            raise StoreCorruptError(
+                f"{self.location}: array 'tokens' position {first + i} = {int(span[i])}: expected a token id in "
+                f"[0, {s.num_symbols}) ({bad.size} bad ids in tokens {first}..{last - 1}); "
+                "`dist-respattn validate` lists them"
+            )
+        starts = self._rows.starts
+        doc_start = starts[np.searchsorted(starts, pos, side="right") - 1]
+        end = pos - first
+        begin = np.maximum(np.maximum(doc_start, pos - s.context_length) - first, 0)
+        weight = None
+        if self._weight is not None:
+            weight = self._read("weight", self._weight, first, last)[end]
+            bad = np.flatnonzero(~(np.isfinite(weight) & (weight >= 0.0)))
+            if bad.size:
+                i = int(bad[0])
+                raise StoreCorruptError(
+                    f"{self.location}: array 'weight' position {first + int(end[i])} = {weight[i]}: expected a "
+                    "finite, non-negative weight; `dist-respattn validate` lists every bad value"
+                )
+        target = span[end].astype(np.int64)
+        query_index = span[end - 1].astype(np.int64)
+        return WindowRows(span, begin, end, target, table, query_index, weight, start, True)
+
+    def iter_windows(self, part: Partition | int, block_rows: int | None = None) -> Iterator[WindowRows]:
+        """A partition's rows as token windows, by token chunk (or ``block_rows`` rows at a time)."""
+        for begin, end in self.block_ranges(part, block_rows):
+            yield self.read_windows(begin, end)
 
     def _checked_table(self) -> np.ndarray:
         """The embedding table (S, D), checked finite once per opened store (queries are its rows)."""

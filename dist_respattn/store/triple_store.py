@@ -14,6 +14,7 @@ import numpy as np
 import zarr
 
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.histogram import WindowRows
 from dist_respattn.model.serialization import MODEL_ARRAY_NAMES, distribution_from_arrays
 from dist_respattn.store.checks import EncodedRows, structural_problems
 from dist_respattn.store.errors import IncompleteStoreError, StoreCorruptError, StoreError
@@ -255,6 +256,20 @@ class TripleStore:
         keep = selected[first - start : last - start]
         weight = None if rows.weight is None else rows.weight[keep]
         return EncodedRows(rows.context[keep], rows.query[keep], rows.target[keep], weight, start)
+
+    #: A triple store's rows all have N context ids: no short histories.
+    short_histories = False
+
+    def read_windows(self, start: int, stop: int, selected: np.ndarray | None = None) -> WindowRows:
+        """Rows ``[start, stop)`` (where ``selected`` holds, when given) as full token windows, for the histogram
+        kernel: views of the rows' own arrays."""
+        rows = self.read_rows(start, stop) if selected is None else self.read_selected(start, stop, selected)
+        return WindowRows.from_encoded(rows.context, rows.query, rows.target, rows.weight, start, rows.checked)
+
+    def iter_windows(self, part: Partition | int, block_rows: int | None = None) -> Iterator[WindowRows]:
+        """A partition's rows as full token windows, in the blocks of :meth:`iter_blocks`."""
+        for start, stop in self.block_ranges(part, block_rows):
+            yield self.read_windows(start, stop)
 
     def read_partition(self, part: Partition | int) -> EncodedRows:
         """A whole partition in memory (for a bounded-memory pass use :meth:`iter_blocks`)."""

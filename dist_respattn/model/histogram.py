@@ -1,0 +1,739 @@
+"""The histogram kernels: rows of a head whose position prior is tied over recency buckets.
+
+With the prior tied (:mod:`dist_respattn.model.buckets`), a row's attention depends on its window only
+through how many times each symbol occurs in each bucket. A row's window is read once (one load and one
+add a position) into its **terms**, one per distinct symbol ``s``::
+
+    rho(s) = sum_b (pi_b / |b|) h_b(s) / A            (A = 1 for a full window; see the buckets' module)
+
+and everything that costs D operations (the distance to the key, the emission lookup, the exp, the
+scatter of ``r y`` into the key sums) is done once per term instead of once per position: the row's
+log-weights are ``log rho(s) + log B[s, t] - ||y - K[s]||^2 / (2 sigma2)``, the expression of
+:func:`~dist_respattn.model.log_weights.row_log_weights` with the terms as the row's positions. A
+bucket's responsibility mass is the sum, over its positions, of their term's responsibility times the
+position's share of the term's prior: the same numbers as the per-position kernel under the same tied
+prior, summed per bucket (equal to 1e-12, ``tests/model/test_histogram.py``). The position counts are
+the bucket masses split evenly over each bucket's positions, which the tied M-step sums back.
+
+Rows are :class:`WindowRows`: a token array and, per row, the half-open span ``[begin, end)`` of its
+window in it, its target and its query (an index into a query table). A token-stream store hands its
+chunk of tokens over as it is, its queries as its embedding table and the previous tokens: no (n, N)
+window or (n, D) query array is made. A triple store's rows are the same thing with their context
+array flattened (:meth:`WindowRows.from_encoded`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numba
+import numpy as np
+
+from dist_respattn.model import kernels
+from dist_respattn.model._checks import ImpossibleEvidenceError
+from dist_respattn.model.buckets import PositionBuckets
+from dist_respattn.model.emission import SparseEmission
+from dist_respattn.model.log_weights import attention_of, exp_shifted, row_log_weights, squared_distance
+from dist_respattn.model.scoring import ScoreTotals, _mixture_at, top_k_threshold
+
+__all__ = [
+    "HistogramParameters",
+    "WindowRows",
+    "accumulate_windows",
+    "grid_windows",
+    "histogram_parameters",
+    "initialize_windows",
+    "score_windows",
+    "window_block_ranges",
+]
+
+#: Rows per block are chosen so that a block holds at most this many window positions: the start pass's
+#: (symbol, target) tally holds one entry per distinct symbol of every row of a block.
+WINDOW_BLOCK_POSITIONS = 1 << 22
+
+
+class WindowRows(NamedTuple):
+    """Rows given as spans of one token array.
+
+    Attributes:
+        tokens: (L,) symbol ids (any integer dtype), checked to lie in [0, S).
+        begin, end: (n,) int64: row ``r``'s window is ``tokens[begin[r]:end[r]]``, oldest first (at most N
+            tokens, at least one; fewer than N is a short history, the missing positions masked).
+        target: (n,) ids in [0, T).
+        query_table: (V, D) float32/64; ``query_index`` (n,) int64: row ``r``'s query is
+            ``query_table[query_index[r]]`` (a stream store's embedding table and previous tokens, or a triple
+            store's own query rows).
+        weight: (n,) float32/64 or ``None`` (every row weighs 1).
+        start: the store row of the first row.
+        checked: every value is known good (ids in range, finite queries, finite non-negative weights).
+    """
+
+    tokens: np.ndarray
+    begin: np.ndarray
+    end: np.ndarray
+    target: np.ndarray
+    query_table: np.ndarray
+    query_index: np.ndarray
+    weight: np.ndarray | None
+    start: int
+    checked: bool = False
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.target.shape[0])
+
+    @classmethod
+    def from_encoded(
+        cls,
+        context: np.ndarray,
+        query: np.ndarray,
+        target: np.ndarray,
+        weight: np.ndarray | None = None,
+        start: int = 0,
+        checked: bool = False,
+    ) -> WindowRows:
+        """Full windows from an encoded batch ``(context (n, N), query (n, D), target (n,))``: views, no copy
+        of the contexts (a C-ordered context array is already one token array of n spans of N)."""
+        n, n_pos = context.shape
+        ends = np.arange(1, n + 1, dtype=np.int64) * n_pos
+        return cls(
+            np.ascontiguousarray(context).reshape(-1),
+            ends - n_pos,
+            ends,
+            target,
+            query,
+            np.arange(n, dtype=np.int64),
+            weight,
+            start,
+            checked,
+        )
+
+    def select(self, rows: np.ndarray | slice) -> WindowRows:
+        """The rows ``rows`` (an index or a boolean mask), sharing the token array and the query table."""
+        weight = None if self.weight is None else self.weight[rows]
+        return self._replace(
+            begin=self.begin[rows], end=self.end[rows], target=self.target[rows],
+            query_index=self.query_index[rows], weight=weight,
+        )  # fmt: skip
+
+    def check(self, num_symbols: int, num_targets: int, context_length: int, query_dim: int) -> None:
+        """Raise a ValueError naming the first bad row, unless the rows come ``checked``."""
+        if self.checked:
+            return
+        lengths = self.end - self.begin
+        bad = np.flatnonzero((lengths < 1) | (lengths > context_length) | (self.begin < 0))
+        if bad.size:
+            r = int(bad[0])
+            raise ValueError(f"row {r}: a window of {int(lengths[r])} tokens: expected 1 to N = {context_length}")
+        if self.end.size and int(self.end.max()) > self.tokens.shape[0]:
+            raise ValueError(f"a window ends past the {self.tokens.shape[0]} tokens given")
+        if self.tokens.size and (int(self.tokens.min()) < 0 or int(self.tokens.max()) >= num_symbols):
+            i = int(np.flatnonzero((self.tokens < 0) | (self.tokens >= num_symbols))[0])
+            raise ValueError(f"token {i} = {int(self.tokens[i])}: expected a symbol id in [0, {num_symbols})")
+        if self.target.size and (int(self.target.min()) < 0 or int(self.target.max()) >= num_targets):
+            r = int(np.flatnonzero((self.target < 0) | (self.target >= num_targets))[0])
+            raise ValueError(f"row {r}: target {int(self.target[r])}: expected an id in [0, {num_targets})")
+        if self.query_table.ndim != 2 or self.query_table.shape[1] != query_dim:
+            raise ValueError(f"query table of shape {self.query_table.shape}: expected (V, {query_dim})")
+        used = self.query_table[self.query_index]
+        finite = np.isfinite(used).all(axis=1)
+        if not finite.all():
+            r = int(np.flatnonzero(~finite)[0])
+            raise ValueError(f"row {r}: its query holds a non-finite value: expected finite numbers")
+        if self.weight is not None:
+            w = np.asarray(self.weight)
+            bad = np.flatnonzero(~(np.isfinite(w) & (w >= 0.0)))
+            if bad.size:
+                r = int(bad[0])
+                raise ValueError(f"row {r}: weight {w[r]}: expected a finite, non-negative weight")
+
+
+@dataclass(frozen=True)
+class HistogramParameters:
+    """A head with a tied prior, laid out for the histogram kernels.
+
+    Attributes:
+        key_means: (S, D) float64; ``inv_two_sigma2``, ``gate_const``: as in the per-position kernels.
+        bucket_of_recency: (N,) int64; ``sizes``: (K,) int64; ``share``: (K,) ``pi_b / |b|``, a position's prior.
+        log_emission_ts: (T, S) dense ``log B`` (``(0, 0)`` when sparse); the sparse emission's arrays
+            ``indptr``, ``symbols``, ``log_values``, ``log_backoff``, ``log_base``, ``direct_row``,
+            ``direct_slots`` (empty when dense), as in :class:`~dist_respattn.model.kernels.SparseKernelParameters`.
+    """
+
+    key_means: np.ndarray
+    inv_two_sigma2: float
+    gate_const: float
+    bucket_of_recency: np.ndarray
+    sizes: np.ndarray
+    share: np.ndarray
+    log_emission_ts: np.ndarray
+    indptr: np.ndarray
+    symbols: np.ndarray
+    log_values: np.ndarray
+    log_backoff: np.ndarray
+    log_base: np.ndarray
+    direct_row: np.ndarray
+    direct_slots: np.ndarray
+
+    @property
+    def num_symbols(self) -> int:
+        return int(self.key_means.shape[0])
+
+    @property
+    def context_length(self) -> int:
+        return int(self.bucket_of_recency.shape[0])
+
+    @property
+    def sparse(self) -> bool:
+        return self.indptr.shape[0] > 0
+
+    @classmethod
+    def build(
+        cls, params: kernels.KernelParameters | kernels.SparseKernelParameters, buckets: PositionBuckets
+    ) -> HistogramParameters:
+        prior = np.exp(params.log_prior)
+        weights = buckets.bucket_weights(prior)
+        sizes = np.asarray(buckets.sizes, dtype=np.int64)
+        gate: dict[str, Any] = {
+            "key_means": params.key_means,
+            "inv_two_sigma2": params.inv_two_sigma2,
+            "gate_const": params.gate_const,
+            "bucket_of_recency": buckets.bucket_of_recency,
+            "sizes": sizes,
+            "share": weights / sizes,
+        }
+        if isinstance(params, kernels.SparseKernelParameters):
+            return cls(
+                log_emission_ts=_NO_TABLE, indptr=params.indptr, symbols=params.symbols, log_values=params.log_values,
+                log_backoff=params.log_backoff, log_base=params.log_base, direct_row=params.direct_row,
+                direct_slots=params.direct_slots, **gate,
+            )  # fmt: skip
+        return cls(
+            log_emission_ts=params.log_emission_ts, indptr=_NO_INDEX, symbols=_NO_SYMBOLS, log_values=_NO_VALUES,
+            log_backoff=_NO_VALUES, log_base=_NO_VALUES, direct_row=_NO_DIRECT_ROW, direct_slots=_NO_DIRECT_SLOTS,
+            **gate,
+        )  # fmt: skip
+
+    def emission_arrays(self) -> tuple[np.ndarray, ...]:
+        return (
+            self.log_emission_ts, self.indptr, self.symbols, self.log_values, self.log_backoff, self.log_base,
+            self.direct_row, self.direct_slots,
+        )  # fmt: skip
+
+
+_NO_TABLE = np.zeros((0, 0))
+_NO_INDEX = np.zeros(0, dtype=np.int64)
+_NO_SYMBOLS = np.zeros(0, dtype=np.int32)
+_NO_VALUES = np.zeros(0)
+_NO_DIRECT_ROW = np.zeros(0, dtype=np.int32)
+_NO_DIRECT_SLOTS = np.zeros((0, 0), dtype=np.int32)
+
+
+# --------------------------------------------------------------------------------------------
+# Compiled parts shared by every pass.
+
+
+@numba.njit(cache=True, nogil=True)
+def row_terms(tokens, begin, end, bucket_of_recency, share, slot, term_sym, term_prior, pos_term):  # pragma: no cover
+    """A window's terms: ``term_sym[0, :u]`` its distinct symbols (in order of first occurrence, oldest first) and
+    ``term_prior[:u]`` each one's prior ``sum share[b]`` over its positions; ``pos_term[x - begin]`` the term of
+    position ``x``. Returns ``(u, total)``, ``total = A`` the prior mass of the positions the row has.
+
+    ``slot`` (S,) int64 is all -1 on entry and on return.
+    """
+    u = 0
+    total = 0.0
+    last = end - 1
+    for x in range(begin, end):
+        share_b = share[bucket_of_recency[last - x]]
+        s = tokens[x]
+        k = slot[s]
+        if k < 0:
+            k = u
+            slot[s] = u
+            term_sym[0, u] = s
+            term_prior[u] = 0.0
+            u += 1
+        term_prior[k] += share_b
+        pos_term[x - begin] = k
+        total += share_b
+    for k in range(u):
+        slot[term_sym[0, k]] = -1
+    return u, total
+
+
+@numba.njit(cache=True, nogil=True)
+def _pair_of(t, s, indptr, symbols, direct_row, direct_slots):  # pragma: no cover - compiled
+    row = direct_row[t]
+    if row >= 0:
+        return np.int64(direct_slots[row, s])
+    return kernels._find_pair(indptr, symbols, t, s)
+
+
+@numba.njit(cache=True, nogil=True)
+def _log_emission(
+    t, s, log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, direct_row, direct_slots
+):  # pragma: no cover - compiled
+    """``(log B[s, t], pair)``: the pair index of (s, t) in a sparse support (-1 off it, or dense)."""
+    if indptr.shape[0] == 0:
+        return log_emission_ts[t, s], np.int64(-1)
+    p = _pair_of(t, s, indptr, symbols, direct_row, direct_slots)
+    if p >= 0:
+        return log_values[p], p
+    return log_backoff[s] + log_base[t], p
+
+
+@numba.njit(cache=True, nogil=True)
+def _query(query_table, q, y):  # pragma: no cover - compiled
+    yy = 0.0
+    for d in range(y.shape[0]):
+        v = np.float64(query_table[q, d])
+        y[d] = v
+        yy += v * v
+    return yy
+
+
+@numba.njit(cache=True, nogil=True)
+def _missing_mass(n_have, sizes, share, scale, bucket_mass):  # pragma: no cover - compiled
+    """A short row's expected rejected draws per bucket, ``scale * share_b (|b| - have_b)``, into ``bucket_mass``."""
+    first = 0
+    for b in range(sizes.shape[0]):
+        have = min(max(n_have - first, 0), sizes[b])
+        bucket_mass[b] += scale * share[b] * (sizes[b] - have)
+        first += sizes[b]
+
+
+@numba.njit(cache=True, nogil=True)
+def _estep_windows_numba(
+    tokens, begin, end, target, query_table, query_index, weights,
+    key_means, inv_two_sigma2, gate_const, bucket_of_recency, sizes, share,
+    log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, direct_row, direct_slots,
+    key_sum, key_mass, emission_count_ts, pair_counts, bucket_mass, scalars, impossible, slot,
+):  # pragma: no cover - compiled  # fmt: skip
+    """The fused histogram E-step over rows in order. Returns ``(n_impossible, n_outside)`` as the per-position
+    sparse kernel does (rows the model cannot explain, the first written to ``impossible``; rows with a pair
+    off the support, counted and skipped)."""
+    n_pos = bucket_of_recency.shape[0]
+    dim = key_means.shape[1]
+    sparse = indptr.shape[0] > 0
+    term_sym = np.empty((1, n_pos), dtype=np.int64)
+    term_prior = np.empty(n_pos)
+    log_prior = np.empty(n_pos)
+    pos_term = np.empty(n_pos, dtype=np.int64)
+    logw = np.empty(n_pos)
+    resp = np.empty(n_pos)
+    bits = np.empty(n_pos, dtype=np.int64)
+    pair = np.empty(n_pos, dtype=np.int64)
+    y = np.empty(dim)
+    n_impossible = 0
+    n_outside = 0
+    query_sq = 0.0
+    n_obs = 0.0
+    log_lik = 0.0
+    for row in range(target.shape[0]):
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        if w == 0.0:
+            continue
+        lo = begin[row]
+        hi = end[row]
+        t = target[row]
+        u, total = row_terms(tokens, lo, hi, bucket_of_recency, share, slot, term_sym, term_prior, pos_term)
+        outside = False
+        for k in range(u):
+            value, p = _log_emission(
+                t, term_sym[0, k], log_emission_ts, indptr, symbols, log_values, log_backoff, log_base,
+                direct_row, direct_slots,
+            )  # fmt: skip
+            logw[k] = value
+            pair[k] = p
+            if sparse and p < 0:
+                outside = True
+        if outside:
+            n_outside += 1
+            continue
+        yy = _query(query_table, query_index[row], y)
+        for k in range(u):
+            log_prior[k] = math.log(term_prior[k] / total) if term_prior[k] > 0.0 else -np.inf
+        terms = term_sym[:, :u]
+        best = -np.inf
+        if total > 0.0:
+            best = row_log_weights(terms, 0, y, key_means, log_prior, inv_two_sigma2, logw[:u], logw[:0])
+        if best == -np.inf:
+            if n_impossible < impossible.shape[0]:
+                impossible[n_impossible] = row
+            n_impossible += 1
+            continue
+        z = exp_shifted(logw[:u], best, resp[:u], bits[:u])
+        scale = w / z
+        for k in range(u):
+            r = resp[k] * scale
+            resp[k] = r
+            s = term_sym[0, k]
+            key_mass[s] += r
+            if sparse:
+                pair_counts[pair[k]] += r
+            else:
+                emission_count_ts[t, s] += r
+            for d in range(dim):
+                key_sum[s, d] += r * y[d]
+        # A bucket's mass: each position's share of its term's responsibility.
+        last = hi - 1
+        for x in range(lo, hi):
+            b = bucket_of_recency[last - x]
+            k = pos_term[x - lo]
+            bucket_mass[b] += resp[k] * (share[b] / term_prior[k])
+        if hi - lo < n_pos:
+            _missing_mass(hi - lo, sizes, share, w / total, bucket_mass)
+        query_sq += w * yy
+        n_obs += w
+        log_lik += w * (best + math.log(z) + gate_const)
+    scalars[0] += query_sq
+    scalars[1] += n_obs
+    scalars[2] += log_lik
+    return n_impossible, n_outside
+
+
+@numba.njit(cache=True, nogil=True)
+def _initialize_windows_numba(
+    tokens, begin, end, target, query_table, query_index, weights, bucket_of_recency, sizes, num_symbols,
+    key_sum, key_mass, emission_count_ts, bucket_mass, scalars, slot, cells, masses,
+):  # pragma: no cover - compiled  # fmt: skip
+    """Uniform responsibilities, ``1/m`` on each of a row's ``m`` positions (the E-step of a flat gate, a flat
+    emission and a uniform prior, whose masked positions are rejected draws like the E-step's). Dense counts go
+    to ``emission_count_ts`` unless it is empty; every (target-major cell, mass) of a term is written to
+    ``cells``/``masses``. Returns how many were written."""
+    n_pos = bucket_of_recency.shape[0]
+    dim = query_table.shape[1]
+    share = np.full(sizes.shape[0], 1.0)
+    term_sym = np.empty((1, n_pos), dtype=np.int64)
+    term_prior = np.empty(n_pos)
+    pos_term = np.empty(n_pos, dtype=np.int64)
+    y = np.empty(dim)
+    dense = emission_count_ts.shape[0] > 0
+    written = 0
+    query_sq = 0.0
+    n_obs = 0.0
+    for row in range(target.shape[0]):
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        if w == 0.0:
+            continue
+        lo = begin[row]
+        hi = end[row]
+        t = target[row]
+        u, m = row_terms(tokens, lo, hi, bucket_of_recency, share, slot, term_sym, term_prior, pos_term)
+        yy = _query(query_table, query_index[row], y)
+        scale = w / m
+        for k in range(u):
+            r = term_prior[k] * scale
+            s = term_sym[0, k]
+            key_mass[s] += r
+            for d in range(dim):
+                key_sum[s, d] += r * y[d]
+            if dense:
+                emission_count_ts[t, s] += r
+            cells[written] = np.int64(t) * num_symbols + s
+            masses[written] = r
+            written += 1
+        last = hi - 1
+        for x in range(lo, hi):
+            bucket_mass[bucket_of_recency[last - x]] += scale
+        if hi - lo < n_pos:
+            _missing_mass(hi - lo, sizes, share, scale, bucket_mass)
+        query_sq += w * yy
+        n_obs += w
+    scalars[0] += query_sq
+    scalars[1] += n_obs
+    return written
+
+
+@numba.njit(cache=True, nogil=True)
+def _score_windows_numba(
+    tokens, begin, end, target, query_table, query_index, weights,
+    key_means, inv_two_sigma2, gate_const, bucket_of_recency, share,
+    log_emission_ts, emission, indptr, symbols, values, backoff, base, direct_row, direct_slots,
+    ranked_indptr, ranked_targets, ranked_values, base_order, slot,
+):  # pragma: no cover - compiled  # fmt: skip
+    """``(log_lik, target_log_prob, correct, weight)`` sums, as :func:`~dist_respattn.model.scoring.score_rows`
+    gives them, with a row's terms as its positions. Dense: ``emission`` (S, T) probabilities; sparse: the
+    emission's values, backoff, base and ranked rows (``emission`` empty)."""
+    n_pos = bucket_of_recency.shape[0]
+    sparse = indptr.shape[0] > 0
+    term_sym = np.empty((1, n_pos), dtype=np.int64)
+    term_prior = np.empty(n_pos)
+    log_prior = np.empty(n_pos)
+    pos_term = np.empty(n_pos, dtype=np.int64)
+    gate = np.empty(n_pos)
+    joint = np.empty(n_pos)
+    attention = np.empty(n_pos)
+    bits = np.empty(n_pos, dtype=np.int64)
+    top_target = np.empty(1, dtype=np.int64)
+    top_value = np.empty(1)
+    num_targets = emission.shape[1]
+    probs = np.empty(num_targets)
+    y = np.empty(key_means.shape[1])
+    total_ll = 0.0
+    total_lp = 0.0
+    total_correct = 0.0
+    total_w = 0.0
+    for row in range(target.shape[0]):
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        if w == 0.0:
+            continue
+        t = target[row]
+        u, total = row_terms(
+            tokens, begin[row], end[row], bucket_of_recency, share, slot, term_sym, term_prior, pos_term
+        )
+        _query(query_table, query_index[row], y)
+        for k in range(u):
+            log_prior[k] = math.log(term_prior[k] / total) if term_prior[k] > 0.0 else -np.inf
+            s = term_sym[0, k]
+            if sparse:
+                p = _pair_of(t, s, indptr, symbols, direct_row, direct_slots)
+                b = values[p] if p >= 0 else backoff[s] * base[t]
+                joint[k] = math.log(b) if b > 0.0 else -np.inf
+            else:
+                joint[k] = log_emission_ts[t, s]
+        terms = term_sym[:, :u]
+        best = row_log_weights(terms, 0, y, key_means, log_prior, inv_two_sigma2, joint[:u], gate[:u])
+        row_ll = -np.inf
+        if best > -np.inf:
+            row_ll = best + math.log(exp_shifted(joint[:u], best, attention[:u], bits[:u])) + gate_const
+        attention_of(gate[:u], attention[:u], bits[:u])
+        if sparse:
+            prob_t = _mixture_at(terms, 0, attention, t, indptr, symbols, values, backoff, base)
+            top_k_threshold(
+                terms, 0, attention, indptr, symbols, values, backoff, base, ranked_indptr, ranked_targets,
+                ranked_values, base_order, top_target, top_value,
+            )  # fmt: skip
+            arg = top_target[0]
+        else:
+            probs[:] = 0.0
+            for k in range(u):
+                a = attention[k]
+                row_b = emission[term_sym[0, k]]
+                for j in range(num_targets):
+                    probs[j] += a * row_b[j]
+            arg = 0
+            for j in range(1, num_targets):
+                if probs[j] > probs[arg]:
+                    arg = j
+            prob_t = probs[t]
+        total_ll += w * row_ll
+        total_lp += w * (math.log(prob_t) if prob_t > 0.0 else -np.inf)
+        if arg == t:
+            total_correct += w
+        total_w += w
+    return total_ll, total_lp, total_correct, total_w
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points.
+
+_IMPOSSIBLE_SHOWN = 10
+
+
+def window_block_ranges(rows: WindowRows, context_length: int) -> list[tuple[int, int]]:
+    """Row blocks of at most ``WINDOW_BLOCK_POSITIONS`` window positions (at least one row each)."""
+    step = max(1, WINDOW_BLOCK_POSITIONS // max(int(context_length), 1))
+    return list(kernels.block_ranges(rows.num_rows, step))
+
+
+def _weights(rows: WindowRows) -> np.ndarray:
+    return np.zeros(0) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
+
+
+def _slot(num_symbols: int) -> np.ndarray:
+    return np.full(num_symbols, -1, dtype=np.int64)
+
+
+def accumulate_windows(
+    rows: WindowRows, params: HistogramParameters, stats: kernels.StatisticArrays, buckets: PositionBuckets
+) -> None:
+    """The histogram E-step over ``rows`` (already checked), added into ``stats`` (position counts: each bucket's
+    mass split evenly over its positions). Rows the model cannot explain raise ``ImpossibleEvidenceError`` after
+    the others were added (discard ``stats``); a pair off a sparse support raises a ValueError."""
+    sparse = params.sparse
+    if sparse and stats.pair_counts is None:
+        raise ValueError("the statistics are dense but the emission is sparse: make them over its support")
+    bucket_mass = np.zeros(buckets.num_buckets)
+    found = np.empty(min(rows.num_rows, 64), dtype=np.int64)
+    n_impossible, n_outside = _estep_windows_numba(  # type: ignore[call-arg]
+        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        params.key_means, params.inv_two_sigma2, params.gate_const, params.bucket_of_recency, params.sizes,
+        params.share, *params.emission_arrays(),
+        stats.key_sum, stats.key_mass, stats.emission_count_ts, stats.pair_counts if sparse else _NO_VALUES,
+        bucket_mass, stats.scalars, found, _slot(params.num_symbols),
+    )  # fmt: skip
+    stats.position_count += buckets.spread(bucket_mass)
+    if n_outside:
+        raise ValueError(
+            f"{n_outside} row(s) hold a (symbol, target) pair outside the sparse emission's support: the support "
+            "must come from these rows (a fit finds it in its start pass); refit, or use --emission-layout dense"
+        )
+    if n_impossible:
+        shown = ", ".join(str(int(r)) for r in found[: min(n_impossible, _IMPOSSIBLE_SHOWN)])
+        more = f" and {n_impossible - min(n_impossible, _IMPOSSIBLE_SHOWN)} more" if n_impossible > 10 else ""
+        raise ImpossibleEvidenceError(
+            f"impossible evidence: rows {shown}{more} have zero probability under the model (every position of "
+            "the window has a zero prior or a zero emission probability for the row's target); use "
+            "emission_smoothing > 0 or drop these rows"
+        )
+
+
+def initialize_windows(
+    rows: WindowRows, buckets: PositionBuckets, stats: kernels.StatisticArrays, num_symbols: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Uniform first responsibilities over each row's positions, added into ``stats``; returns the rows'
+    ``(target-major cells (P,), masses (P,))``, one entry per row and distinct symbol (for a sparse fit's pairs)."""
+    bucket_mass = np.zeros(buckets.num_buckets)
+    capacity = int(np.sum(rows.end - rows.begin))
+    cells = np.empty(capacity, dtype=np.int64)
+    masses = np.empty(capacity)
+    written = _initialize_windows_numba(
+        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        buckets.bucket_of_recency, np.asarray(buckets.sizes, dtype=np.int64), int(num_symbols),
+        stats.key_sum, stats.key_mass, stats.emission_count_ts, bucket_mass, stats.scalars, _slot(num_symbols),
+        cells, masses,
+    )  # fmt: skip
+    stats.position_count += buckets.spread(bucket_mass)
+    return cells[:written], masses[:written]
+
+
+def score_windows(model: Any, rows: WindowRows) -> ScoreTotals:
+    """Held-out totals of ``rows`` under a head with a tied prior (``model.buckets``), as ``score_rows`` gives them."""
+    params = histogram_parameters(model)
+    rows.check(model.num_symbols, model.num_targets, model.context_length, model.query_dim)
+    table = model.emission_table
+    if isinstance(table, SparseEmission):
+        dense, values, backoff, base = _NO_TABLE, table.values, table.backoff, table.base
+        ranked = table.ranked_rows
+        order = np.argsort(-table.base, kind="stable")
+    else:
+        dense, values, backoff, base = table.to_dense(), _NO_VALUES, _NO_VALUES, _NO_VALUES
+        ranked = (_NO_INDEX, _NO_INDEX, _NO_VALUES)
+        order = _NO_INDEX
+    log_lik, target_log_prob, correct, weight = _score_windows_numba(
+        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        params.key_means, params.inv_two_sigma2, params.gate_const, params.bucket_of_recency, params.share,
+        params.log_emission_ts, dense, params.indptr, params.symbols, values, backoff, base, params.direct_row,
+        params.direct_slots, *ranked, order, _slot(params.num_symbols),
+    )  # fmt: skip
+    return ScoreTotals(float(weight), float(log_lik), float(target_log_prob), float(correct))
+
+
+def histogram_parameters(model: Any) -> HistogramParameters:
+    """A head's :class:`HistogramParameters` (built once per head and kept on it, like its kernel parameters)."""
+    if model.buckets is None:
+        raise ValueError("the head's position prior is not tied over buckets: it has no histogram kernel")
+    cached = model.__dict__.get("_histogram_parameters")
+    if cached is None:
+        cached = HistogramParameters.build(model.kernel_parameters, model.buckets)
+        model.__dict__["_histogram_parameters"] = cached
+    return cached
+
+
+@numba.njit(cache=True, nogil=True)
+def _grid_windows_numba(
+    tokens, begin, end, target, query_table, query_index, weights,
+    key_means, bucket_of_recency, share, emission_count_ts, indptr, symbols, pair_counts, row_totals, base, types,
+    inv_two_sigma2, gate_const, emission_strengths, type_strengths, direct_row, direct_slots, slot, out_pred, out_joint,
+):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`~dist_respattn.model.selection._grid_numba` with a row's terms as its positions; returns the weight."""
+    n_pos = bucket_of_recency.shape[0]
+    n_sigma = inv_two_sigma2.shape[0]
+    n_strength = emission_strengths.shape[0]
+    n_type = type_strengths.shape[0]
+    n_emis = n_strength * n_type
+    term_sym = np.empty((1, n_pos), dtype=np.int64)
+    term_prior = np.empty(n_pos)
+    log_prior = np.empty(n_pos)
+    pos_term = np.empty(n_pos, dtype=np.int64)
+    dist = np.empty(n_pos)
+    count = np.empty(n_pos)
+    total = np.empty(n_pos)
+    typ = np.empty(n_pos)
+    emis = np.empty((n_emis, n_pos))
+    gate = np.empty(n_pos)
+    y = np.empty(key_means.shape[1])
+    weight = 0.0
+    sparse = indptr.shape[0] > 0
+    for row in range(target.shape[0]):
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        if w == 0.0:
+            continue
+        _query(query_table, query_index[row], y)
+        t = target[row]
+        u_t = base[t]
+        u, mass = row_terms(
+            tokens, begin[row], end[row], bucket_of_recency, share, slot, term_sym, term_prior, pos_term
+        )
+        for k in range(u):
+            c = term_sym[0, k]
+            log_prior[k] = math.log(term_prior[k] / mass) if term_prior[k] > 0.0 else -np.inf
+            dist[k] = squared_distance(y, key_means, c)
+            if sparse:
+                p = _pair_of(t, c, indptr, symbols, direct_row, direct_slots)
+                count[k] = pair_counts[p] if p >= 0 else 0.0
+            else:
+                count[k] = emission_count_ts[t, c]
+            total[k] = row_totals[c]
+            typ[k] = types[c]
+        for h in range(n_strength):
+            for b in range(n_type):
+                e = h * n_type + b
+                for k in range(u):
+                    a = emission_strengths[h] + type_strengths[b] * typ[k]
+                    den = total[k] + a
+                    emis[e, k] = (count[k] + a * u_t) / den if den > 0.0 else u_t
+        for g in range(n_sigma):
+            best = -np.inf
+            for k in range(u):
+                gate[k] = log_prior[k] - dist[k] * inv_two_sigma2[g]
+                best = max(best, gate[k])
+            z = 0.0
+            for k in range(u):
+                gate[k] = math.exp(gate[k] - best)
+                z += gate[k]
+            log_z = math.log(z)
+            for e in range(n_emis):
+                num = 0.0
+                for k in range(u):
+                    num += gate[k] * emis[e, k]
+                log_num = math.log(num) if num > 0.0 else -np.inf
+                out_pred[g, e] += w * (log_num - log_z)
+                out_joint[g, e] += w * (log_num + best + gate_const[g])
+        weight += w
+    return weight
+
+
+def grid_windows(table: Any, rows: WindowRows) -> Any:
+    """Held-out totals of ``rows`` at every point of a grid table whose prior is tied (``table.buckets``), as
+    :func:`~dist_respattn.model.selection.score_grid` gives them."""
+    from dist_respattn.model.emission import DenseEmissionCounts, SparseEmissionCounts
+    from dist_respattn.model.selection import GridTotals
+
+    buckets: PositionBuckets = table.buckets
+    counts = table.counts
+    rows.check(counts.num_symbols, counts.num_targets, buckets.context_length, table.key_means.shape[1])
+    if isinstance(counts, SparseEmissionCounts):
+        support = counts.support
+        assert support is not None, "a grid table's sparse counts carry their support"
+        dense_ts, indptr, symbols, pair_counts = _NO_TABLE, support.indptr, support.symbols, counts.counts
+    else:
+        assert isinstance(counts, DenseEmissionCounts)
+        dense_ts, indptr, symbols, pair_counts = counts.count_ts, _NO_INDEX, _NO_SYMBOLS, _NO_VALUES
+    weights = buckets.bucket_weights(np.exp(table.log_prior))
+    g1, g2, g3 = table.shape
+    pred = np.zeros((g1, g2 * g3))
+    joint = np.zeros((g1, g2 * g3))
+    dim = table.key_means.shape[1]
+    weight = _grid_windows_numba(  # type: ignore[call-arg]
+        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        table.key_means, buckets.bucket_of_recency, weights / np.asarray(buckets.sizes), dense_ts, indptr, symbols,
+        pair_counts, table.row_totals, table.base, table.types, 0.5 / table.sigma2,
+        -0.5 * dim * np.log(2.0 * np.pi * table.sigma2), table.emission_strengths, table.type_strengths,
+        *table.direct_pair_rows, _slot(counts.num_symbols), pred, joint,
+    )  # fmt: skip
+    return GridTotals(float(weight), pred.reshape(g1, g2, g3), joint.reshape(g1, g2, g3))

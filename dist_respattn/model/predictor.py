@@ -1,0 +1,142 @@
+"""Next-token prediction over a growing history, in constant state: the bucket histograms, updated as tokens age.
+
+A head whose prior is tied over recency buckets (:mod:`dist_respattn.model.buckets`) attends to a window only
+through each bucket's histogram ``h_b``. A new token enters bucket 0; at every bucket boundary one token moves
+on to the next bucket, and one leaves the window: K count updates a token, whatever the history's length.
+A prediction reads the histograms' distinct symbols, never the history::
+
+    a(s) ∝ rho(s) N(y; K[s], sigma2),   rho(s) = sum_b (pi_b / |b|) h_b(s) / A,   p(t) = sum_s a(s) B[s, t]
+
+with ``y`` the query (the last token's embedding, as a token-stream store makes it) and ``A`` the prior mass
+of the positions a short history has (1 once the history holds N tokens). The state is the histograms (one
+count per distinct symbol of each bucket) and the last N token ids, which say which token crosses each
+boundary next: bounded by the window, never by the history.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from dist_respattn.model.buckets import PositionBuckets
+from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.emission import DenseEmission
+
+__all__ = ["Predictor"]
+
+
+class Predictor:
+    """p(next token | history) for one growing history.
+
+    Args:
+        model: the head; its ``buckets`` (a free prior is its N singleton buckets).
+        embeddings: (S, D) the query table (a token-stream store's ``embeddings()``): the query of the next
+            target is the row of the last token.
+
+    ``push(token)`` costs O(K); :meth:`predict` and :meth:`top_k` cost O(distinct symbols in the window × D)
+    plus the emission's part (T for a dense one).
+    """
+
+    def __init__(self, model: ResponsibilityAttentionDistribution, embeddings: np.ndarray) -> None:
+        table = np.asarray(embeddings, dtype=np.float64)
+        if table.ndim != 2 or table.shape != (model.num_symbols, model.query_dim):
+            raise ValueError(
+                f"embeddings of shape {table.shape}: expected (S, D) = {(model.num_symbols, model.query_dim)}, "
+                "the query table of the model's store"
+            )
+        self.model = model
+        self.embeddings = table
+        self.buckets = model.buckets if model.buckets is not None else PositionBuckets.free(model.context_length)
+        sizes = np.asarray(self.buckets.sizes, dtype=np.int64)
+        self._sizes = sizes
+        self._share = self.buckets.bucket_weights(model.position_prior) / sizes
+        self._starts = self.buckets.starts
+        self._window: deque[int] = deque(maxlen=model.context_length)  # the last N tokens, oldest first
+        self._hist: list[dict[int, int]] = [{} for _ in sizes]  # per bucket: symbol -> count
+        self.length = 0  # tokens pushed so far
+        self._dense = model.emission_table.probs if isinstance(model.emission_table, DenseEmission) else None
+
+    # ------------------------------------------------------------------------------------- state
+
+    def push(self, token: int) -> None:
+        """Add the next token of the history (an id in [0, S))."""
+        s = int(token)
+        if not 0 <= s < self.model.num_symbols:
+            raise ValueError(f"token {token!r}: expected a symbol id in [0, {self.model.num_symbols})")
+        window = self._window
+        n = len(window)
+        # Recency r = n - 1 - index before the push; each bucket's oldest token moves to the next bucket.
+        for b in range(len(self._sizes) - 1, -1, -1):
+            r = self._starts[b + 1] - 1  # the bucket's oldest recency
+            if r < n:
+                moving = window[n - 1 - r]
+                self._remove(b, moving)
+                if b + 1 < len(self._sizes):
+                    self._add(b + 1, moving)
+        self._add(0, s)
+        window.append(s)
+        self.length += 1
+
+    def extend(self, tokens: Any) -> None:
+        for token in np.asarray(tokens).reshape(-1):
+            self.push(int(token))
+
+    def _add(self, b: int, s: int) -> None:
+        hist = self._hist[b]
+        hist[s] = hist.get(s, 0) + 1
+
+    def _remove(self, b: int, s: int) -> None:
+        hist = self._hist[b]
+        left = hist[s] - 1
+        if left:
+            hist[s] = left
+        else:
+            del hist[s]
+
+    @property
+    def state_size(self) -> int:
+        """Counts held: the distinct symbols of each bucket, summed (plus the N window ids)."""
+        return sum(len(h) for h in self._hist)
+
+    # -------------------------------------------------------------------------------- prediction
+
+    def attention(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(symbols (u,), a (u,))``: the window's distinct symbols and the predictive attention on each."""
+        if not self._window:
+            raise ValueError("the history is empty: push at least one token before predicting")
+        index: dict[int, int] = {}
+        prior: list[float] = []
+        for b, hist in enumerate(self._hist):
+            share = float(self._share[b])
+            for s, count in hist.items():
+                k = index.setdefault(s, len(prior))
+                if k == len(prior):
+                    prior.append(0.0)
+                prior[k] += share * count
+        symbols = np.fromiter(index.keys(), dtype=np.int64, count=len(index))
+        rho = np.asarray(prior)
+        have = np.clip(len(self._window) - self._starts[:-1], 0, self._sizes)
+        mass = float(np.dot(self._share, have))  # A: the prior mass of the positions the history has
+        y = self.embeddings[self._window[-1]]
+        diff = self.model.key_means[symbols] - y
+        with np.errstate(divide="ignore"):
+            log_w = np.log(rho / mass) - np.einsum("ud,ud->u", diff, diff) * (0.5 / self.model.sigma2)
+        best = float(log_w.max())
+        w = np.exp(log_w - best)
+        return symbols, w / w.sum()
+
+    def predict(self) -> np.ndarray:
+        """(T,) ``p(next target | history)``."""
+        symbols, a = self.attention()
+        if self._dense is not None:
+            return a @ self._dense[symbols]
+        return self.model.emission_table.predictive(symbols[None, :], a[None, :])[0]
+
+    def top_k(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(targets (k,), probabilities (k,))``: the k most probable next targets, best first (lower id on ties)."""
+        probs = self.predict()
+        k = min(int(k), probs.shape[0])
+        order = np.lexsort((np.arange(probs.shape[0]), -probs))[:k]
+        return order, probs[order]

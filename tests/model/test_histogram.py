@@ -1,0 +1,330 @@
+"""The histogram kernels against the per-position ones under the same tied prior, short histories against a plain
+per-position reference, EM with tied buckets, and the streaming predictor against recomputation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dist_respattn import ResponsibilityAttentionDistribution, ResponsibilityAttentionEstimator, random_distribution
+from dist_respattn.model.buckets import PositionBuckets, max_geometric_buckets
+from dist_respattn.model.histogram import WindowRows, grid_windows, score_windows
+from dist_respattn.model.predictor import Predictor
+from dist_respattn.model.scoring import score_rows
+from dist_respattn.model.selection import DEFAULT_SEARCH, score_grid
+from tests.model.emission_layouts import LAYOUTS, counts_in_layout
+from tests.model.test_kernel_parity import assert_close
+
+RTOL = 1e-12
+
+
+def tied_model(shape, buckets, seed, layout, data=None):
+    """A random head with its prior tied over ``buckets``; sparse over the pairs of ``data`` (context, target)."""
+    s, n, d, t = shape
+    base = random_distribution(s, n, d, t, seed=seed, key_scale=1.5, sigma2=1.3)
+    rng = np.random.default_rng(seed)
+    prior = buckets.spread(rng.dirichlet(np.ones(buckets.num_buckets)))
+    emission = base.emission
+    if layout == "sparse":
+        context, target = data
+        counts = np.zeros((s, t))
+        np.add.at(counts, (context.reshape(-1), np.repeat(target, context.shape[1])), 1.0)
+        sparse_counts = counts_in_layout(counts, "sparse")
+        emission = sparse_counts.map_emission(rng.uniform(0.5, 2.0, size=s), rng.dirichlet(np.ones(t)))
+    return ResponsibilityAttentionDistribution(base.key_means, emission, prior, base.sigma2, buckets=buckets)
+
+
+@st.composite
+def tied_problems(draw):
+    n_pos = draw(st.integers(1, 20))
+    k = draw(st.sampled_from(sorted({n_pos, *range(1, max_geometric_buckets(n_pos) + 1)})))
+    buckets = PositionBuckets.geometric(n_pos, k)
+    repeats = draw(st.booleans())  # few symbols: windows full of repeats; many: hardly any
+    s = draw(st.integers(1, 4)) if repeats else draw(st.integers(30, 60))
+    t = draw(st.integers(1, 7))
+    d = draw(st.integers(1, 5))
+    rows = draw(st.integers(0, 30))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    context = rng.integers(0, s, size=(rows, n_pos)).astype(np.int32)
+    query = rng.normal(size=(rows, d))
+    target = rng.integers(0, t, size=rows).astype(np.int32)
+    weights = draw(st.one_of(st.none(), st.just(rng.uniform(0.0, 2.0, size=rows))))
+    if weights is not None and rows:
+        weights[::3] = 0.0
+    layout = draw(st.sampled_from(LAYOUTS))
+    model = tied_model((s, n_pos, d, t), buckets, seed, layout, (context, target))
+    return model, (context, query, target), weights
+
+
+def dense_counts(value, model):
+    counts = value.emission_count
+    table = model.emission_table
+    return (counts.on(table.support) if counts.layout == "sparse" else counts).to_dense()
+
+
+def assert_same_statistics(a, b, model):
+    buckets = model.buckets
+    for name in ("key_sum", "key_mass", "query_sq", "n_obs", "log_lik"):
+        assert_close(getattr(a, name), getattr(b, name), rtol=RTOL, label=name)
+    assert_close(dense_counts(a, model), dense_counts(b, model), rtol=RTOL, label="emission_count")
+    # The histogram kernel spreads each bucket's mass evenly: the tied M-step reads bucket sums only.
+    assert_close(
+        buckets.bucket_weights(a.position_count), buckets.bucket_weights(b.position_count), rtol=RTOL,
+        label="bucket mass",
+    )  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(tied_problems())
+def test_the_histogram_estep_equals_the_per_position_kernel_under_the_same_tied_prior(problem):
+    model, data, weights = problem
+    factory = model.estimator().accumulator_factory(layout=model.emission_table.layout)
+    per_position = factory.make_for(model)
+    per_position.seq_update(data, weights, model)
+    histogram = factory.make_for(model)
+    histogram.seq_update_windows(WindowRows.from_encoded(*data, weights), model)
+    assert_same_statistics(per_position.value(), histogram.value(), model)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tied_problems())
+def test_histogram_scores_and_grid_equal_the_per_position_ones(problem):
+    model, data, weights = problem
+    rows = WindowRows.from_encoded(*data, weights)
+    expected, got = score_rows(model, data, weights), score_windows(model, rows)
+    for name in ("weight", "log_lik", "target_log_prob", "correct"):
+        # Totals near 0 (T = 1: every log-probability is 0 up to rounding) are compared on the rows' weight.
+        scale = max(abs(getattr(expected, name)), expected.weight, 1.0)
+        assert abs(getattr(got, name) - getattr(expected, name)) <= RTOL * scale, name
+    accumulator = model.estimator().accumulator_factory(layout=model.emission_table.layout).make_for(model)
+    accumulator.seq_update(data, weights, model)
+    estimator = ResponsibilityAttentionEstimator(
+        *data_shape(model), emission_prior=_prior(model), search=DEFAULT_SEARCH, buckets=model.buckets
+    )
+    table = estimator.candidates(accumulator.value(), previous=model).grid_table(DEFAULT_SEARCH)
+    want, have = score_grid(table, data, weights), grid_windows(table, rows)
+    assert_close(have.weight, want.weight, rtol=RTOL, label="grid weight")
+    scale = max(float(np.abs(want.target_log_prob).max(initial=0.0)), want.weight, 1.0)
+    assert np.abs(have.target_log_prob - want.target_log_prob).max(initial=0.0) <= RTOL * scale
+    assert_close(have.log_lik, want.log_lik, rtol=RTOL, label="grid log_lik")
+
+
+def data_shape(model):
+    return model.num_symbols, model.context_length, model.query_dim, model.num_targets
+
+
+def _prior(model):
+    from dist_respattn.model.prior import EmissionPrior
+
+    return EmissionPrior.uniform(model.num_symbols, model.num_targets)
+
+
+# ------------------------------------------------------------------------------------------ short histories
+
+
+def reference_short_rows(model, tokens, begin, end, target, query, weights):
+    """Per position, in plain NumPy: the prior renormalized over the positions a row has, and the expected
+    rejected draws of the masked positions in their buckets (the truncated-prior EM)."""
+    buckets = model.buckets
+    n_pos = model.context_length
+    recency_bucket = buckets.bucket_of_recency
+    pi = buckets.bucket_weights(model.position_prior)
+    share = pi / np.asarray(buckets.sizes)
+    s, d, t = model.num_symbols, model.query_dim, model.num_targets
+    out = {
+        "key_sum": np.zeros((s, d)),
+        "key_mass": np.zeros(s),
+        "emission_count": np.zeros((s, t)),
+        "bucket_mass": np.zeros(buckets.num_buckets),
+        "log_lik": 0.0,
+    }
+    emission = model.emission
+    for r in range(target.shape[0]):
+        w = 1.0 if weights is None else weights[r]
+        if w == 0.0:
+            continue
+        window = tokens[begin[r] : end[r]]
+        m = window.shape[0]
+        rec = m - 1 - np.arange(m)
+        prior = share[recency_bucket[rec]]
+        mass = prior.sum()
+        y = query[r]
+        dist = ((model.key_means[window] - y) ** 2).sum(axis=1)
+        logw = np.log(prior / mass) + np.log(emission[window, target[r]]) - dist / (2 * model.sigma2)
+        best = logw.max()
+        e = np.exp(logw - best)
+        resp = w * e / e.sum()
+        np.add.at(out["key_mass"], window, resp)
+        np.add.at(out["key_sum"], window, resp[:, None] * y)
+        np.add.at(out["emission_count"], (window, np.full(m, target[r])), resp)
+        np.add.at(out["bucket_mass"], recency_bucket[rec], resp)
+        missing = np.ones(n_pos, dtype=bool)
+        missing[:m] = False
+        np.add.at(out["bucket_mass"], recency_bucket[missing], w * share[recency_bucket[missing]] / mass)
+        out["log_lik"] += w * (best + np.log(e.sum()) - 0.5 * d * np.log(2 * np.pi * model.sigma2))
+    return out
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("n_pos", "k"), [(8, 4), (16, 5), (5, 5), (33, 7)])
+def test_short_histories_mask_the_missing_positions_and_count_them_as_rejected_draws(layout, n_pos, k):
+    rng = np.random.default_rng(n_pos * 10 + k)
+    buckets = PositionBuckets.geometric(n_pos, k)
+    # Documents of lengths 2..3N in one token array; a row for every target with at least one earlier token.
+    lengths = rng.integers(2, 3 * n_pos, size=12)
+    tokens = rng.integers(0, 9, size=int(lengths.sum()))
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    end = np.concatenate([np.arange(a + 1, a + n) for a, n in zip(starts, lengths, strict=True)])
+    doc = np.repeat(starts, lengths - 1)
+    begin = np.maximum(doc, end - n_pos)
+    target = tokens[end] % 6
+    query = rng.normal(size=(end.shape[0], 3))
+    weights = rng.uniform(0.0, 2.0, size=end.shape[0])
+    context_like = (tokens.reshape(-1, 1), target)  # the pairs the sparse support must hold
+    pairs_context = np.concatenate([tokens[b:e] for b, e in zip(begin, end, strict=True)])
+    pairs_target = np.repeat(target, end - begin)
+    model = tied_model((9, n_pos, 3, 6), buckets, n_pos + k, layout, (pairs_context[:, None], pairs_target))
+    del context_like
+    rows = WindowRows(tokens, begin, end, target, query, np.arange(end.shape[0]), weights, 0)
+    accumulator = model.estimator().accumulator_factory(layout=layout).make_for(model)
+    accumulator.seq_update_windows(rows, model)
+    value = accumulator.value()
+    expected = reference_short_rows(model, tokens, begin, end, target, query, weights)
+    assert_close(value.key_sum, expected["key_sum"], rtol=RTOL, label="key_sum")
+    assert_close(value.key_mass, expected["key_mass"], rtol=RTOL, label="key_mass")
+    assert_close(dense_counts(value, model), expected["emission_count"], rtol=RTOL, label="emission_count")
+    assert_close(buckets.bucket_weights(value.position_count), expected["bucket_mass"], rtol=RTOL, label="buckets")
+    assert_close(value.log_lik, expected["log_lik"], rtol=RTOL, label="log_lik")
+    assert (end - begin < n_pos).any() and (end - begin == n_pos).any()
+
+
+def test_em_with_tied_buckets_and_short_histories_never_decreases_the_likelihood():
+    rng = np.random.default_rng(5)
+    n_pos, k = 32, 5
+    buckets = PositionBuckets.geometric(n_pos, k)
+    # Sequences with structure: a symbol predicts the one 5 places later.
+    tokens = rng.integers(0, 12, size=4000)
+    tokens[5:] = np.where(rng.random(tokens.size - 5) < 0.6, (tokens[:-5] + 1) % 12, tokens[5:])
+    end = np.arange(1, tokens.size - 1)
+    begin = np.maximum(end - n_pos, (end // 400) * 400)  # documents of 400 tokens: short histories at each start
+    keep = begin < end
+    end, begin = end[keep], begin[keep]
+    embeddings = rng.normal(size=(12, 4))
+    rows = WindowRows(tokens, begin, end, tokens[end], embeddings, tokens[end - 1].astype(np.int64), None, 0)
+    estimator = ResponsibilityAttentionEstimator(12, n_pos, 4, 12, sigma2=2.0, emission_smoothing=0.0, buckets=buckets)
+    model = tied_model((12, n_pos, 4, 12), buckets, 3, "dense")
+    previous = -np.inf
+    for _ in range(12):
+        accumulator = estimator.accumulator_factory().make()
+        accumulator.seq_update_windows(rows, model)
+        log_lik = accumulator.value().log_lik
+        assert log_lik >= previous - 1e-9 * abs(log_lik), (log_lik, previous)
+        previous = log_lik
+        model = estimator.estimate(None, accumulator.value(), previous=model)
+        assert model.buckets == buckets and buckets.is_tied(model.position_prior)
+
+
+# ------------------------------------------------------------------------------------------ the predictor
+
+
+def recomputed(model, embeddings, history):
+    """p(next | history) from scratch, position by position: the window's last N tokens, prior renormalized."""
+    n_pos = model.context_length
+    window = np.asarray(history[-n_pos:])
+    m = window.shape[0]
+    buckets = model.buckets
+    prior = model.position_prior[::-1][:m][::-1]  # columns are oldest first; recency r is column N-1-r
+    prior = prior / prior.sum()
+    y = embeddings[window[-1]]
+    dist = ((model.key_means[window] - y) ** 2).sum(axis=1)
+    logw = np.log(prior) - dist / (2 * model.sigma2)
+    a = np.exp(logw - logw.max())
+    a /= a.sum()
+    assert buckets is not None
+    return a @ model.emission[window]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("n_pos", "k"), [(1, 1), (8, 4), (16, 16), (13, 5)])
+def test_the_streaming_predictor_equals_recomputing_the_window(layout, n_pos, k):
+    rng = np.random.default_rng(n_pos + 100 * k)
+    buckets = PositionBuckets.geometric(n_pos, k)
+    s = 7
+    history = rng.integers(0, s, size=4 * n_pos + 5)  # ages every token across every bucket boundary
+    ctx = np.array([history[i : i + n_pos] for i in range(0, max(history.size - n_pos, 1))]).reshape(-1, n_pos)
+    model = tied_model(
+        (s, n_pos, 3, 5), buckets, 11, layout, (np.resize(np.arange(s), ctx.shape), np.zeros(len(ctx), int))
+    )
+    if layout == "sparse":  # every pair in the support, so the dense view is exact
+        model = tied_model((s, n_pos, 3, 5), buckets, 11, "dense")
+    embeddings = rng.normal(size=(s, 3))
+    predictor = Predictor(model, embeddings)
+    for i, token in enumerate(history):
+        predictor.push(int(token))
+        got = predictor.predict()
+        want = recomputed(model, embeddings, history[: i + 1])
+        assert_close(got, want, rtol=RTOL, label=f"after {i + 1} tokens")
+        assert predictor.state_size <= min(i + 1, n_pos)
+    top, probs = predictor.top_k(3)
+    assert probs[0] == pytest.approx(got.max()) and list(top) == list(np.lexsort((np.arange(5), -got))[:3])
+
+
+def test_the_predictor_reads_a_sparse_emission_like_its_dense_view():
+    rng = np.random.default_rng(2)
+    buckets = PositionBuckets.geometric(12, 4)
+    context = rng.integers(0, 9, size=(40, 12))
+    target = rng.integers(0, 6, size=40)
+    sparse = tied_model((9, 12, 3, 6), buckets, 4, "sparse", (context, target))
+    dense = ResponsibilityAttentionDistribution(
+        sparse.key_means, sparse.emission, sparse.position_prior, sparse.sigma2, buckets=buckets
+    )
+    embeddings = rng.normal(size=(9, 3))
+    a, b = Predictor(sparse, embeddings), Predictor(dense, embeddings)
+    for token in rng.integers(0, 9, size=40):
+        a.push(int(token))
+        b.push(int(token))
+        assert_close(a.predict(), b.predict(), rtol=RTOL, label="sparse against dense")
+
+
+# ------------------------------------------------------------------------------------------ bad specs
+
+
+@pytest.mark.parametrize(("n_pos", "k"), [(8, 5), (8, 7), (8, 0), (512, 11), (1, 2)])
+def test_bucket_specs_that_leave_a_bucket_empty_are_refused(n_pos, k):
+    with pytest.raises(ValueError, match=r"--position-buckets .* expected K = N"):
+        PositionBuckets.geometric(n_pos, k)
+
+
+def test_the_bucket_rule_is_one_one_two_four_and_the_rest():
+    assert PositionBuckets.geometric(512, 10).sizes == (1, 1, 2, 4, 8, 16, 32, 64, 128, 256)
+    assert PositionBuckets.geometric(100, 5).sizes == (1, 1, 2, 4, 92)
+    assert PositionBuckets.geometric(8, 8).is_free
+    assert PositionBuckets.geometric(6, 1).sizes == (6,)
+    b = PositionBuckets.geometric(8, 4)
+    assert list(b.bucket_of_position) == [3, 3, 3, 3, 2, 2, 1, 0]
+    assert PositionBuckets.from_json(b.to_json()) == b
+
+
+def test_a_prior_not_tied_over_its_buckets_is_refused():
+    model = random_distribution(4, 8, 2, 3, seed=0)
+    with pytest.raises(ValueError, match="not constant within"):
+        ResponsibilityAttentionDistribution(
+            model.key_means, model.emission, np.arange(1.0, 9.0) / 36.0, 1.0, buckets=PositionBuckets.geometric(8, 4)
+        )
+
+
+def test_window_rows_name_a_bad_window_token_or_target():
+    model = tied_model((5, 4, 2, 3), PositionBuckets.geometric(4, 3), 0, "dense")
+    accumulator = model.estimator().accumulator_factory().make()
+    tokens = np.array([0, 1, 2, 7, 1])
+    good = dict(tokens=tokens, begin=np.array([0]), end=np.array([2]), target=np.array([1]),
+                query_table=np.zeros((1, 2)), query_index=np.array([0]), weight=None, start=0)  # fmt: skip
+    with pytest.raises(ValueError, match=r"token 3 = 7: expected a symbol id in \[0, 5\)"):
+        accumulator.seq_update_windows(WindowRows(**good), model)
+    with pytest.raises(ValueError, match=r"row 0: a window of 0 tokens"):
+        accumulator.seq_update_windows(WindowRows(**{**good, "tokens": tokens[:3], "end": np.array([0])}), model)
+    with pytest.raises(ValueError, match=r"row 0: target 3"):
+        accumulator.seq_update_windows(WindowRows(**{**good, "tokens": tokens[:3], "target": np.array([3])}), model)
