@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from dist_respattn.cli.common import CommandError, in_flags, parse_storage_options, positive_float, positive_int
+from dist_respattn.cli.stream_predict import print_stream_summary, run_stream
 from dist_respattn.events import FitState, Metric
 
 __all__ = [
@@ -227,7 +228,14 @@ def register(sub: Any) -> None:
     predict.add_argument("model", help=MODEL_HELP)
     predict.add_argument("store", help="the store to predict (path or URL)")
     predict.add_argument("--top", type=positive_int, default=5, metavar="K", help="targets kept per row (5)")
-    predict.add_argument("--out", required=True, metavar="DIR", help="where the predictions go (a new zarr group)")
+    predict.add_argument("--out", metavar="DIR", help="where the predictions go (a new zarr group)")
+    predict.add_argument(
+        "--stream",
+        action="store_true",
+        help="predict one history read from stdin instead (words, or ids without a vocabulary): a JSON line of "
+        "the --top next tokens after every token, from the bucket histograms in constant time a token; STORE "
+        "gives the embeddings and vocabulary, no cluster is started",
+    )
     predict.add_argument("--overwrite", action="store_true", help="replace the predictions already at --out")
     add_cluster_options(predict)
     predict.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -440,6 +448,13 @@ def _print_evaluate(report: dict[str, Any]) -> None:
 def _run_predict(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.engine import predict
 
+    if args.stream:
+        if args.out:
+            raise CommandError("--stream writes JSON lines to stdout: give it or --out, not both")
+        args.printer = print_stream_summary
+        return run_stream(args)
+    if not args.out:
+        raise CommandError("predict needs --out DIR (a new zarr group for the predictions), or --stream")
     run = predict(
         args.model,
         args.store,

@@ -1,0 +1,109 @@
+"""``dist-respattn predict MODEL STORE --stream``: next-token predictions over one history read from stdin.
+
+The history is read as it comes (words tokenized as the store's text was, or token ids when the store has no
+vocabulary); after every token one JSON line gives the K most probable next tokens. The model keeps its bucket
+histograms (:class:`~dist_respattn.model.predictor.Predictor`), so a token costs the same after a hundred
+tokens as after a million. No cluster is started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from typing import IO, Any
+
+from dist_respattn.cli.common import CommandError, parse_storage_options
+
+__all__ = ["run_stream"]
+
+
+def _token_ids(stream: IO[str], vocabulary: dict[str, Any] | None, num_symbols: int) -> Iterator[tuple[str, int]]:
+    """``(as given, id)`` for every token of ``stream``, line by line."""
+    if vocabulary is None:
+        for number, line in enumerate(stream, 1):
+            for text in line.split():
+                try:
+                    value = int(text)
+                except ValueError:
+                    raise CommandError(
+                        f"stdin line {number}: {text!r} is not a token id (the store has no vocabulary: give ids in "
+                        f"[0, {num_symbols}) separated by spaces)"
+                    ) from None
+                if not 0 <= value < num_symbols:
+                    raise CommandError(f"stdin line {number}: token id {value}: expected an id in [0, {num_symbols})")
+                yield text, value
+        return
+    from dist_respattn.store.text import tokenize
+
+    lookup = {token: i for i, token in enumerate(vocabulary.get("tokens", []))}
+    oov = int(vocabulary.get("oov_id", len(lookup)))
+    for line in stream:
+        for word in tokenize(line):
+            yield word, lookup.get(word, oov)
+
+
+def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: IO[str] | None = None) -> dict:
+    """Predict after every token of stdin; returns the summary (tokens, seconds, microseconds per token)."""
+    from dist_respattn.engine.checkpoint import load_checkpoint
+    from dist_respattn.model.predictor import Predictor
+    from dist_respattn.store.rows import open_rows
+
+    stdin = stdin or sys.stdin
+    stdout = stdout or sys.stdout
+    storage_options = parse_storage_options(args.storage_option)
+    model = load_checkpoint(args.model, storage_options=storage_options).model
+    store = open_rows(args.store, storage_options=storage_options)
+    table = store.embeddings()
+    if table is None or table.shape != (model.num_symbols, model.query_dim):
+        shape = None if table is None else table.shape
+        raise CommandError(
+            f"{store.location}: an embedding table of shape {shape}: expected (S, D) = "
+            f"{(model.num_symbols, model.query_dim)}, the model's (give the store the model was fitted on, or one "
+            "made --like it)"
+        )
+    vocabulary = store.vocabulary()
+    words = None if vocabulary is None else list(vocabulary.get("tokens", []))
+    predictor = Predictor(model, table)
+
+    def name(target: int) -> str | int:
+        if words is None:
+            return target
+        return words[target] if target < len(words) else "<oov>"
+
+    count = 0
+    spent = 0.0
+    for text, token in _token_ids(stdin, vocabulary, model.num_symbols):
+        started = time.perf_counter()
+        predictor.push(token)
+        targets, probs = predictor.top_k(args.top)
+        spent += time.perf_counter() - started
+        count += 1
+        line = {
+            "position": predictor.length,
+            "token": text if words is not None else token,
+            "top": [[name(int(t)), round(float(p), 8)] for t, p in zip(targets, probs, strict=True)],
+        }
+        stdout.write(json.dumps(line) + "\n")
+        stdout.flush()
+    return {
+        "command": "predict --stream",
+        "tokens": count,
+        "seconds": round(spent, 6),
+        "microseconds_per_token": round(1e6 * spent / count, 2) if count else None,
+        "state_counts": predictor.state_size,
+        "buckets": list(predictor.buckets.sizes),
+    }
+
+
+def print_stream_summary(report: dict[str, Any]) -> None:
+    """The summary goes to stderr: stdout holds the predictions, one JSON line a token."""
+    per_token = report["microseconds_per_token"]
+    timing = f", {per_token:.1f} µs a token" if per_token is not None else ""
+    print(
+        f"predicted after {report['tokens']:,} tokens{timing}; state: {report['state_counts']:,} bucket counts "
+        f"over {len(report['buckets'])} buckets",
+        file=sys.stderr,
+    )
