@@ -1,5 +1,5 @@
-"""Smoke runs of the benchmarks (bench_kernel.py, bench_store.py, bench_fit.py, bench_quality.py) as real
-subprocesses: their figures exist, and their memory stays flat."""
+"""Smoke runs of the benchmarks (bench_kernel.py, bench_store.py, bench_fit.py, bench_quality.py,
+bench_long_context.py, bench_scale.py) as real subprocesses: their figures exist, and their memory stays flat."""
 
 from __future__ import annotations
 
@@ -418,6 +418,99 @@ def test_quality_smoke_run_reports_every_figure(tmp_path):
         assert (verdict == "PASS") == holds, line
         assert line in table
     assert "head, defaults" in table and "Kneser-Ney, interpolated" in table
+
+
+LONG_CONTEXT_SCRIPT = SCRIPT.parent / "bench_long_context.py"
+
+
+@pytest.mark.slow
+def test_long_context_smoke_run_on_the_stdlib_reports_every_figure(tmp_path):
+    """bench_long_context.py on the standard library's source (``--sequences stdlib``, no download): every kernel
+    row has rates and the two kernels agree, the predictor matches a recomputation, every head and baseline is
+    scored on the same test targets, and each printed verdict is the one its figure earns."""
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-W", "error::RuntimeWarning", str(LONG_CONTEXT_SCRIPT), "--json"),
+            *("--sequences", "stdlib", "--smoke", "--items", "500"),
+            *("--work", str(tmp_path / "work"), "--cache", str(tmp_path / "cache")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=LONG_CONTEXT_SCRIPT.parents[1],
+        check=False,
+    )
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    table, _, payload = completed.stdout.partition("\n{")
+    report = json.loads("{" + payload)
+    config, corpus = report["config"], report["corpus"]
+    assert config["smoke"] and config["sequences"] == "stdlib" and config["max_tokens"] == 60_000
+    assert not (tmp_path / "cache").exists()  # nothing fetched, nothing cached
+    assert table.startswith("dist_respattn long contexts on stdlib token sequences")
+    assert corpus["sequences"] == "stdlib" and corpus["num_symbols"] == 501
+    assert min(corpus["files"].values()) > 0 and min(corpus["tokens"].values()) > 0
+    assert sum(corpus["tokens"].values()) <= 60_000
+
+    # Kernels: one corpus (the stdlib's train files as one document), every window, both emission layouts.
+    kernel = report["kernel"]
+    assert [c["corpus"] for c in kernel["corpora"]] == ["stdlib"]
+    figures = kernel["figures"]
+    assert [f["context"] for f in figures] == config["contexts"] == [8, 32]
+    for f in figures:
+        assert f["corpus"] == "stdlib" and f["rows"] > 0
+        for layout in ("dense", "sparse"):
+            label = f"N = {f['context']}, {layout}"
+            for path in ("per_position", "histogram"):
+                assert f[layout][path]["rows"] == f["rows"], label
+                assert_positive_finite(f[layout][path]["rows_per_s"], f"{label}, {path} rows/s")
+            assert 0.0 <= f[layout]["agreement"] <= 1e-11, f"{label}: the kernels differ by {f[layout]['agreement']}"
+
+    # Latency: every history measured, the predictor as accurate as a recomputation.
+    latency = report["latency"]
+    assert latency["predictor_missing"] is None
+    assert [e["history"] for e in latency["histories"]] == config["histories"]
+    for e in latency["histories"]:
+        label = f"history {e['history']}"
+        assert "predictor_error" not in e, (label, e.get("predictor_error"))
+        for name in ("recompute_numpy_s", "predictor_s", "predictor_p90_s", "fill_s_per_token"):
+            assert_positive_finite(e[name], f"{label}: {name}")
+        if e["history"] + e["steps"] >= latency["context"]:
+            assert_positive_finite(e["recompute_predict_proba_s"], f"{label}: recompute_predict_proba_s")
+        else:
+            assert e["recompute_predict_proba_s"] is None, label
+        assert 0.0 <= e["predictor_max_abs_difference"] <= 1e-12, (label, e["predictor_max_abs_difference"])
+
+    # Quality: the N = 8 head, a bucketed head and the baselines, all on the same test targets.
+    quality = report["quality"]
+    heads = quality["heads"]
+    assert_positive_finite(quality["test_rows"], "test_rows")
+    assert quality["same_targets_for_all"] is True
+    assert set(quality["baselines"]) == {"unigram", "add_k", "jelinek_mercer", "kneser_ney"}
+    for name, perplexity in quality["baselines"].items():
+        assert_positive_finite(perplexity, name)
+    for h in heads:
+        assert_positive_finite(h["perplexity"], f"head N = {h['context']}, K = {h['buckets']}")
+        assert h["test_rows"] == quality["test_rows"], h
+    (reference,) = [h for h in heads if h["context"] == 8]
+    assert reference["buckets"] == 8 and len(reference["bucket_sizes"]) == 8  # the free prior
+    bucketed = [h for h in heads if h["context"] > 8 and len(h["bucket_sizes"]) == h["buckets"] < h["context"]]
+    assert bucketed, heads
+    best = min((h for h in heads if h["context"] > 8), key=lambda h: h["perplexity"])
+    assert [h["best_long_context"] for h in heads] == [h is best for h in heads]
+
+    # Targets: measured from the figures above, and each printed verdict is the one its number earns.
+    flatness = max(e["predictor_s"] for e in latency["histories"]) / min(e["predictor_s"] for e in latency["histories"])
+    measured = [flatness, best["perplexity"] / reference["perplexity"]]
+    targets = report["targets"]
+    assert len(targets) == 2
+    lines = table.split("targets (measured, not asserted)\n", 1)[1].splitlines()[: len(targets)]
+    for target, value, line in zip(targets, measured, lines, strict=True):
+        assert math.isclose(target["measured"], value, rel_tol=1e-12), (target, value)
+        found = re.fullmatch(r"  (.+?)\s+<= (\d+(?:\.\d+)?)\s+(\d+\.\d{3})  (PASS|MISS)", line)
+        assert found is not None, line
+        name, bound, shown, verdict = found.groups()
+        assert name == target["name"] and shown == f"{target['measured']:.3f}", (line, target)
+        assert (verdict == "PASS") == (target["measured"] <= float(bound)) == target["pass"], (line, target)
 
 
 SCALE_SCRIPT = SCRIPT.parent / "bench_scale.py"

@@ -236,10 +236,13 @@ _NO_DIRECT_SLOTS = np.zeros((0, 0), dtype=np.int32)
 
 
 @numba.njit(cache=True, nogil=True)
-def row_terms(tokens, begin, end, bucket_of_recency, share, slot, term_sym, term_prior, pos_term):  # pragma: no cover
+def row_terms(
+    tokens, begin, end, bucket_of_recency, share, slot, term_sym, term_prior, term_bucket, pos_term
+):  # pragma: no cover - compiled
     """A window's terms: ``term_sym[0, :u]`` its distinct symbols (in order of first occurrence, oldest first) and
-    ``term_prior[:u]`` each one's prior ``sum share[b]`` over its positions; ``pos_term[x - begin]`` the term of
-    position ``x``. Returns ``(u, total)``, ``total = A`` the prior mass of the positions the row has.
+    ``term_prior[:u]`` each one's prior ``sum share[b]`` over its positions; ``term_bucket[k]`` the bucket of a
+    term seen once (-1 for a term seen more than once); ``pos_term[x - begin]`` the term of position ``x``.
+    Returns ``(u, total)``, ``total = A`` the prior mass of the positions the row has.
 
     ``slot`` (S,) int64 is all -1 on entry and on return.
     """
@@ -247,16 +250,20 @@ def row_terms(tokens, begin, end, bucket_of_recency, share, slot, term_sym, term
     total = 0.0
     last = end - 1
     for x in range(begin, end):
-        share_b = share[bucket_of_recency[last - x]]
+        b = bucket_of_recency[last - x]
+        share_b = share[b]
         s = tokens[x]
         k = slot[s]
         if k < 0:
             k = u
             slot[s] = u
             term_sym[0, u] = s
-            term_prior[u] = 0.0
+            term_prior[u] = share_b
+            term_bucket[u] = b
             u += 1
-        term_prior[k] += share_b
+        else:
+            term_prior[k] += share_b
+            term_bucket[k] = -1
         pos_term[x - begin] = k
         total += share_b
     for k in range(u):
@@ -270,19 +277,6 @@ def _pair_of(t, s, indptr, symbols, direct_row, direct_slots):  # pragma: no cov
     if row >= 0:
         return np.int64(direct_slots[row, s])
     return kernels._find_pair(indptr, symbols, t, s)
-
-
-@numba.njit(cache=True, nogil=True)
-def _log_emission(
-    t, s, log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, direct_row, direct_slots
-):  # pragma: no cover - compiled
-    """``(log B[s, t], pair)``: the pair index of (s, t) in a sparse support (-1 off it, or dense)."""
-    if indptr.shape[0] == 0:
-        return log_emission_ts[t, s], np.int64(-1)
-    p = _pair_of(t, s, indptr, symbols, direct_row, direct_slots)
-    if p >= 0:
-        return log_values[p], p
-    return log_backoff[s] + log_base[t], p
 
 
 @numba.njit(cache=True, nogil=True)
@@ -312,16 +306,47 @@ def _estep_windows_numba(
     log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, direct_row, direct_slots,
     key_sum, key_mass, emission_count_ts, pair_counts, bucket_mass, scalars, impossible, slot,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """The fused histogram E-step over rows in order. Returns ``(n_impossible, n_outside)`` as the per-position
+    """The fused histogram E-step over the rows in order. Returns ``(n_impossible, n_outside)`` as the per-position
     sparse kernel does (rows the model cannot explain, the first written to ``impossible``; rows with a pair
-    off the support, counted and skipped)."""
+    off the support, counted and skipped).
+
+    The window's histograms slide: from one row to the next of a document, the new token enters bucket 0, the
+    oldest token of each bucket moves to the next one and the window's oldest leaves, K + 1 count updates; any
+    other step (a new document, a skipped row) rebuilds them from the window. A term's prior ``sum_b share_b
+    h_b(s)`` and its log are recomputed from its integer counts when they change, so they never depend on the
+    path that led to them. ``slot`` (S,) int64 is all -1 on entry and on return.
+    """
     n_pos = bucket_of_recency.shape[0]
+    n_buckets = sizes.shape[0]
     dim = key_means.shape[1]
     sparse = indptr.shape[0] > 0
-    term_sym = np.empty((1, n_pos), dtype=np.int64)
-    term_prior = np.empty(n_pos)
+    starts = np.zeros(n_buckets + 1, dtype=np.int64)
+    for b in range(n_buckets):
+        starts[b + 1] = starts[b] + sizes[b]
+    # The terms of the current window, in slots 0..N-1 (at most N distinct symbols): their symbol, counts per
+    # bucket and in all, the bucket of a symbol seen once, prior and log prior; ``active`` lists the used slots.
+    term_of = np.empty(n_pos, dtype=np.int64)
+    hist = np.zeros((n_pos, n_buckets), dtype=np.int64)
+    count = np.zeros(n_pos, dtype=np.int64)
+    single = np.zeros(n_pos, dtype=np.int64)
+    prior = np.zeros(n_pos)
+    log_prior_of = np.zeros(n_pos)
+    active = np.empty(n_pos, dtype=np.int64)
+    where = np.empty(n_pos, dtype=np.int64)
+    free = np.arange(n_pos - 1, -1, -1).astype(np.int64)
+    dirty = np.empty(n_pos + n_buckets + 2, dtype=np.int64)
+    is_dirty = np.zeros(n_pos, dtype=np.bool_)
+    # One change of the window: the token at position ev_x moves from bucket ev_from (-1: enters) to ev_to (-1: leaves).
+    ev_x = np.empty(n_pos + 1, dtype=np.int64)
+    ev_from = np.empty(n_pos + 1, dtype=np.int64)
+    ev_to = np.empty(n_pos + 1, dtype=np.int64)
+    n_active = 0
+    n_free = n_pos
+    prev_lo = -1
+    prev_hi = -1
+    # The row's terms as the shared log-weights expect them.
+    terms = np.empty((1, n_pos), dtype=np.int64)
     log_prior = np.empty(n_pos)
-    pos_term = np.empty(n_pos, dtype=np.int64)
     logw = np.empty(n_pos)
     resp = np.empty(n_pos)
     bits = np.empty(n_pos, dtype=np.int64)
@@ -339,27 +364,117 @@ def _estep_windows_numba(
         lo = begin[row]
         hi = end[row]
         t = target[row]
-        u, total = row_terms(tokens, lo, hi, bucket_of_recency, share, slot, term_sym, term_prior, pos_term)
+        # ------------------------------------------------ the window's changes since the previous row
+        n_ev = 0
+        if hi == prev_hi + 1 and (lo == prev_lo or lo == prev_lo + 1):
+            for b in range(n_buckets - 1, -1, -1):
+                x = prev_hi - starts[b + 1]  # the oldest token of bucket b (its recency becomes starts[b + 1])
+                if x >= prev_lo:
+                    ev_x[n_ev] = x
+                    ev_from[n_ev] = b
+                    ev_to[n_ev] = b + 1 if b + 1 < n_buckets else -1
+                    n_ev += 1
+            ev_x[n_ev] = prev_hi
+            ev_from[n_ev] = -1
+            ev_to[n_ev] = 0
+            n_ev += 1
+        else:
+            for j in range(n_active):
+                slot[term_of[active[j]]] = -1
+                free[n_pos - 1 - j] = active[j]
+            n_active = 0
+            n_free = n_pos
+            for x in range(lo, hi):
+                ev_x[n_ev] = x
+                ev_from[n_ev] = -1
+                ev_to[n_ev] = bucket_of_recency[hi - 1 - x]
+                n_ev += 1
+        n_dirty = 0
+        for e in range(n_ev):
+            s = tokens[ev_x[e]]
+            k = slot[s]
+            b_from = ev_from[e]
+            b_to = ev_to[e]
+            if k < 0:  # a symbol new to the window takes a free slot
+                n_free -= 1
+                k = free[n_free]
+                slot[s] = k
+                term_of[k] = s
+                for b in range(n_buckets):
+                    hist[k, b] = 0
+                count[k] = 0
+                where[k] = n_active
+                active[n_active] = k
+                n_active += 1
+            if b_from >= 0:
+                hist[k, b_from] -= 1
+            if b_to >= 0:
+                hist[k, b_to] += 1
+            if b_from < 0:
+                count[k] += 1
+            elif b_to < 0:
+                count[k] -= 1
+            if count[k] == 0:  # it left the window: free its slot
+                slot[s] = -1
+                j = where[k]
+                n_active -= 1
+                last_k = active[n_active]
+                active[j] = last_k
+                where[last_k] = j
+                free[n_free] = k
+                n_free += 1
+                is_dirty[k] = False
+                continue
+            if not is_dirty[k]:
+                is_dirty[k] = True
+                dirty[n_dirty] = k
+                n_dirty += 1
+        for j in range(n_dirty):
+            k = dirty[j]
+            if not is_dirty[k]:
+                continue  # left the window after it changed
+            is_dirty[k] = False
+            mass = 0.0
+            for b in range(n_buckets):
+                h = hist[k, b]
+                if h > 0:
+                    mass += share[b] * h
+                    single[k] = b
+            prior[k] = mass
+            log_prior_of[k] = math.log(mass) if mass > 0.0 else -np.inf
+        prev_lo = lo
+        prev_hi = hi
+        # ------------------------------------------------ the row's log-weights, one term a distinct symbol
+        m = hi - lo
+        total = 0.0  # A: the prior mass of the positions the row has
+        for b in range(n_buckets):
+            total += share[b] * min(max(m - starts[b], 0), sizes[b])
+        u = n_active
+        for j in range(u):
+            terms[0, j] = term_of[active[j]]
         outside = False
-        for k in range(u):
-            value, p = _log_emission(
-                t, term_sym[0, k], log_emission_ts, indptr, symbols, log_values, log_backoff, log_base,
-                direct_row, direct_slots,
-            )  # fmt: skip
-            logw[k] = value
-            pair[k] = p
-            if sparse and p < 0:
-                outside = True
+        # The layout's branch outside the loop: the loads then issue back to back and their misses overlap.
+        if sparse:
+            for j in range(u):
+                p = _pair_of(t, terms[0, j], indptr, symbols, direct_row, direct_slots)
+                pair[j] = p
+                if p < 0:
+                    outside = True
+                else:
+                    logw[j] = log_values[p]
+        else:
+            for j in range(u):
+                logw[j] = log_emission_ts[t, terms[0, j]]
         if outside:
             n_outside += 1
             continue
         yy = _query(query_table, query_index[row], y)
-        for k in range(u):
-            log_prior[k] = math.log(term_prior[k] / total) if term_prior[k] > 0.0 else -np.inf
-        terms = term_sym[:, :u]
+        log_total = math.log(total) if total > 0.0 else 0.0
+        for j in range(u):
+            log_prior[j] = log_prior_of[active[j]] - log_total
         best = -np.inf
         if total > 0.0:
-            best = row_log_weights(terms, 0, y, key_means, log_prior, inv_two_sigma2, logw[:u], logw[:0])
+            best = row_log_weights(terms[:, :u], 0, y, key_means, log_prior, inv_two_sigma2, logw[:u], logw[:0])
         if best == -np.inf:
             if n_impossible < impossible.shape[0]:
                 impossible[n_impossible] = row
@@ -367,28 +482,32 @@ def _estep_windows_numba(
             continue
         z = exp_shifted(logw[:u], best, resp[:u], bits[:u])
         scale = w / z
-        for k in range(u):
-            r = resp[k] * scale
-            resp[k] = r
-            s = term_sym[0, k]
+        for j in range(u):
+            r = resp[j] * scale
+            k = active[j]
+            s = terms[0, j]
             key_mass[s] += r
             if sparse:
-                pair_counts[pair[k]] += r
+                pair_counts[pair[j]] += r
             else:
                 emission_count_ts[t, s] += r
             for d in range(dim):
                 key_sum[s, d] += r * y[d]
-        # A bucket's mass: each position's share of its term's responsibility.
-        last = hi - 1
-        for x in range(lo, hi):
-            b = bucket_of_recency[last - x]
-            k = pos_term[x - lo]
-            bucket_mass[b] += resp[k] * (share[b] / term_prior[k])
-        if hi - lo < n_pos:
-            _missing_mass(hi - lo, sizes, share, w / total, bucket_mass)
+            # A bucket's mass: each position's share of its term's responsibility (all of it for a symbol seen once).
+            if count[k] == 1:
+                bucket_mass[single[k]] += r
+            else:
+                for b in range(n_buckets):
+                    h = hist[k, b]
+                    if h > 0:
+                        bucket_mass[b] += r * (share[b] * h / prior[k])
+        if m < n_pos:
+            _missing_mass(m, sizes, share, w / total, bucket_mass)
         query_sq += w * yy
         n_obs += w
         log_lik += w * (best + math.log(z) + gate_const)
+    for j in range(n_active):
+        slot[term_of[active[j]]] = -1
     scalars[0] += query_sq
     scalars[1] += n_obs
     scalars[2] += log_lik
@@ -410,6 +529,7 @@ def _initialize_windows_numba(
     term_sym = np.empty((1, n_pos), dtype=np.int64)
     term_prior = np.empty(n_pos)
     pos_term = np.empty(n_pos, dtype=np.int64)
+    term_bucket = np.empty(n_pos, dtype=np.int64)
     y = np.empty(dim)
     dense = emission_count_ts.shape[0] > 0
     written = 0
@@ -422,7 +542,7 @@ def _initialize_windows_numba(
         lo = begin[row]
         hi = end[row]
         t = target[row]
-        u, m = row_terms(tokens, lo, hi, bucket_of_recency, share, slot, term_sym, term_prior, pos_term)
+        u, m = row_terms(tokens, lo, hi, bucket_of_recency, share, slot, term_sym, term_prior, term_bucket, pos_term)
         yy = _query(query_table, query_index[row], y)
         scale = w / m
         for k in range(u):
@@ -464,6 +584,7 @@ def _score_windows_numba(
     term_prior = np.empty(n_pos)
     log_prior = np.empty(n_pos)
     pos_term = np.empty(n_pos, dtype=np.int64)
+    term_bucket = np.empty(n_pos, dtype=np.int64)
     gate = np.empty(n_pos)
     joint = np.empty(n_pos)
     attention = np.empty(n_pos)
@@ -483,7 +604,7 @@ def _score_windows_numba(
             continue
         t = target[row]
         u, total = row_terms(
-            tokens, begin[row], end[row], bucket_of_recency, share, slot, term_sym, term_prior, pos_term
+            tokens, begin[row], end[row], bucket_of_recency, share, slot, term_sym, term_prior, term_bucket, pos_term
         )
         _query(query_table, query_index[row], y)
         for k in range(u):
@@ -650,6 +771,7 @@ def _grid_windows_numba(
     term_prior = np.empty(n_pos)
     log_prior = np.empty(n_pos)
     pos_term = np.empty(n_pos, dtype=np.int64)
+    term_bucket = np.empty(n_pos, dtype=np.int64)
     dist = np.empty(n_pos)
     count = np.empty(n_pos)
     total = np.empty(n_pos)
@@ -667,7 +789,7 @@ def _grid_windows_numba(
         t = target[row]
         u_t = base[t]
         u, mass = row_terms(
-            tokens, begin[row], end[row], bucket_of_recency, share, slot, term_sym, term_prior, pos_term
+            tokens, begin[row], end[row], bucket_of_recency, share, slot, term_sym, term_prior, term_bucket, pos_term
         )
         for k in range(u):
             c = term_sym[0, k]
