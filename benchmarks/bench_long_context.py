@@ -111,6 +111,9 @@ DIM = 32
 TARGET_LATENCY_FLAT = 1.5
 #: The best long-context head's test perplexity over the N = 8 head's.
 TARGET_LONG_OVER_SHORT = 0.90
+#: The histogram kernel's rows/s over the per-position kernel's at this N, on the item sequences, dense emission.
+TARGET_KERNEL_CONTEXT = 512
+TARGET_KERNEL_SPEEDUP = 8.0
 
 SMOKE = {
     "contexts": "8,32",
@@ -650,10 +653,25 @@ def quality_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path) -
 
 
 def targets_of(report: dict[str, Any]) -> list[dict[str, Any]]:
-    latency, quality = report.get("latency"), report.get("quality")
+    latency, quality, kernel = report.get("latency"), report.get("quality"), report.get("kernel")
     flat = latency.get("predictor_flatness") if latency else None
     ratio = quality.get("best_over_reference") if quality else None
+    corpus = kernel["corpora"][0]["corpus"] if kernel and kernel.get("corpora") else None
+    speedup = next(
+        (
+            f["dense"]["histogram_over_per_position"]
+            for f in (kernel or {}).get("figures", [])
+            if f["corpus"] == corpus and f["context"] == TARGET_KERNEL_CONTEXT
+        ),
+        None,
+    )
     return [
+        {
+            "name": f"histogram / per-position rows/s, N = {TARGET_KERNEL_CONTEXT}, {corpus}, dense",
+            "target": f">= {TARGET_KERNEL_SPEEDUP:g}",
+            "measured": speedup,
+            "pass": None if speedup is None else bool(speedup >= TARGET_KERNEL_SPEEDUP),
+        },
         {
             "name": "predictor latency, slowest / fastest history",
             "target": f"<= {TARGET_LATENCY_FLAT}",

@@ -101,6 +101,12 @@ def predict(
     else:
         checkpoint = load_checkpoint(model, storage_options=storage_options)
         head, meta, source = checkpoint.model, checkpoint.meta, os.fspath(model)
+    if head.buckets is not None:
+        raise FitError(
+            f"{source}: its position prior is tied over {head.buckets.describe()}: such a head predicts one history "
+            "at a time (`dist-respattn predict MODEL STORE --stream`, or dist_respattn.model.predictor.Predictor); "
+            "predictions into a store take heads with a free prior"
+        )
     scored = open_store(store, storage_options, window_for(head, store, storage_options))
     check_same_shape(head, "the model", scored)
     check_recorded_corpus(

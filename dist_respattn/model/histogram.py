@@ -300,6 +300,18 @@ def _missing_mass(n_have, sizes, share, scale, bucket_mass):  # pragma: no cover
 
 
 @numba.njit(cache=True, nogil=True)
+def _flush_pending(k, hist, share, pending, bucket_mass):  # pragma: no cover - compiled
+    """Add term ``k``'s pending responsibility to its buckets' masses, ``share_b h_b`` each, and clear it."""
+    v = pending[k]
+    if v != 0.0:
+        for b in range(share.shape[0]):
+            h = hist[k, b]
+            if h > 0:
+                bucket_mass[b] += v * (share[b] * h)
+        pending[k] = 0.0
+
+
+@numba.njit(cache=True, nogil=True)
 def _estep_windows_numba(
     tokens, begin, end, target, query_table, query_index, weights,
     key_means, inv_two_sigma2, gate_const, bucket_of_recency, sizes, share,
@@ -324,13 +336,16 @@ def _estep_windows_numba(
     for b in range(n_buckets):
         starts[b + 1] = starts[b] + sizes[b]
     # The terms of the current window, in slots 0..N-1 (at most N distinct symbols): their symbol, counts per
-    # bucket and in all, the bucket of a symbol seen once, prior and log prior; ``active`` lists the used slots.
+    # bucket and in all, prior, its log and inverse; ``active`` lists the used slots.
     term_of = np.empty(n_pos, dtype=np.int64)
     hist = np.zeros((n_pos, n_buckets), dtype=np.int64)
     count = np.zeros(n_pos, dtype=np.int64)
-    single = np.zeros(n_pos, dtype=np.int64)
     prior = np.zeros(n_pos)
     log_prior_of = np.zeros(n_pos)
+    inv_prior = np.zeros(n_pos)
+    # A term's responsibility over its prior, summed over the rows since its counts last changed: its bucket masses
+    # are ``share_b h_b pending``, added when the counts change (K + 2 terms a row) instead of every row.
+    pending = np.zeros(n_pos)
     active = np.empty(n_pos, dtype=np.int64)
     where = np.empty(n_pos, dtype=np.int64)
     free = np.arange(n_pos - 1, -1, -1).astype(np.int64)
@@ -351,6 +366,7 @@ def _estep_windows_numba(
     resp = np.empty(n_pos)
     bits = np.empty(n_pos, dtype=np.int64)
     pair = np.empty(n_pos, dtype=np.int64)
+    pair_map = np.full(key_means.shape[0] if sparse else 0, -1, dtype=np.int64)
     y = np.empty(dim)
     n_impossible = 0
     n_outside = 0
@@ -380,8 +396,10 @@ def _estep_windows_numba(
             n_ev += 1
         else:
             for j in range(n_active):
-                slot[term_of[active[j]]] = -1
-                free[n_pos - 1 - j] = active[j]
+                k = active[j]
+                _flush_pending(k, hist, share, pending, bucket_mass)
+                slot[term_of[k]] = -1
+                free[n_pos - 1 - j] = k
             n_active = 0
             n_free = n_pos
             for x in range(lo, hi):
@@ -406,6 +424,9 @@ def _estep_windows_numba(
                 where[k] = n_active
                 active[n_active] = k
                 n_active += 1
+                pending[k] = 0.0
+            else:
+                _flush_pending(k, hist, share, pending, bucket_mass)
             if b_from >= 0:
                 hist[k, b_from] -= 1
             if b_to >= 0:
@@ -439,9 +460,9 @@ def _estep_windows_numba(
                 h = hist[k, b]
                 if h > 0:
                     mass += share[b] * h
-                    single[k] = b
             prior[k] = mass
             log_prior_of[k] = math.log(mass) if mass > 0.0 else -np.inf
+            inv_prior[k] = 1.0 / mass if mass > 0.0 else 0.0
         prev_lo = lo
         prev_hi = hi
         # ------------------------------------------------ the row's log-weights, one term a distinct symbol
@@ -455,13 +476,26 @@ def _estep_windows_numba(
         outside = False
         # The layout's branch outside the loop: the loads then issue back to back and their misses overlap.
         if sparse:
+            # A target without a direct row: a symbol -> pair map filled for the row when that costs less than
+            # the binary searches (2 writes a pair of the target against ~log2(degree) steps a term).
+            lo_pair = indptr[t]
+            hi_pair = indptr[t + 1]
+            degree = hi_pair - lo_pair
+            fill = direct_row[t] < 0 and u * (np.log2(degree + 1.0) + 1.0) > 2.0 * degree
+            if fill:
+                for q in range(lo_pair, hi_pair):
+                    pair_map[symbols[q]] = q
             for j in range(u):
-                p = _pair_of(t, terms[0, j], indptr, symbols, direct_row, direct_slots)
+                s = terms[0, j]
+                p = pair_map[s] if fill else _pair_of(t, s, indptr, symbols, direct_row, direct_slots)
                 pair[j] = p
                 if p < 0:
                     outside = True
                 else:
                     logw[j] = log_values[p]
+            if fill:
+                for q in range(lo_pair, hi_pair):
+                    pair_map[symbols[q]] = -1
         else:
             for j in range(u):
                 logw[j] = log_emission_ts[t, terms[0, j]]
@@ -493,20 +527,15 @@ def _estep_windows_numba(
                 emission_count_ts[t, s] += r
             for d in range(dim):
                 key_sum[s, d] += r * y[d]
-            # A bucket's mass: each position's share of its term's responsibility (all of it for a symbol seen once).
-            if count[k] == 1:
-                bucket_mass[single[k]] += r
-            else:
-                for b in range(n_buckets):
-                    h = hist[k, b]
-                    if h > 0:
-                        bucket_mass[b] += r * (share[b] * h / prior[k])
+            # Each position's share of the term's responsibility goes to its bucket when the counts change.
+            pending[k] += r * inv_prior[k]
         if m < n_pos:
             _missing_mass(m, sizes, share, w / total, bucket_mass)
         query_sq += w * yy
         n_obs += w
         log_lik += w * (best + math.log(z) + gate_const)
     for j in range(n_active):
+        _flush_pending(active[j], hist, share, pending, bucket_mass)
         slot[term_of[active[j]]] = -1
     scalars[0] += query_sq
     scalars[1] += n_obs

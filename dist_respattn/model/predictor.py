@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+import numba
 import numpy as np
 
 from dist_respattn.model.buckets import PositionBuckets
@@ -25,6 +26,17 @@ from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import DenseEmission
 
 __all__ = ["Predictor"]
+
+
+@numba.njit(cache=True, nogil=True)
+def _mixture_rows(probs, symbols, attention, out):  # pragma: no cover - compiled
+    """``out += sum_k attention[k] probs[symbols[k]]``: the emission rows read in place (a gathered copy of the
+    (u, T) rows cost twice the time, the mixture being bound by reading them)."""
+    for k in range(symbols.shape[0]):
+        a = attention[k]
+        row = probs[symbols[k]]
+        for t in range(out.shape[0]):
+            out[t] += a * row[t]
 
 
 class Predictor:
@@ -106,17 +118,14 @@ class Predictor:
         """``(symbols (u,), a (u,))``: the window's distinct symbols and the predictive attention on each."""
         if not self._window:
             raise ValueError("the history is empty: push at least one token before predicting")
-        index: dict[int, int] = {}
-        prior: list[float] = []
-        for b, hist in enumerate(self._hist):
-            share = float(self._share[b])
-            for s, count in hist.items():
-                k = index.setdefault(s, len(prior))
-                if k == len(prior):
-                    prior.append(0.0)
-                prior[k] += share * count
-        symbols = np.fromiter(index.keys(), dtype=np.int64, count=len(index))
-        rho = np.asarray(prior)
+        # Every bucket's (symbol, share x count), then summed per distinct symbol.
+        keys = [np.fromiter(h.keys(), dtype=np.int64, count=len(h)) for h in self._hist]
+        masses = [
+            float(share) * np.fromiter(h.values(), dtype=np.float64, count=len(h))
+            for share, h in zip(self._share, self._hist, strict=True)
+        ]
+        symbols, inverse = np.unique(np.concatenate(keys), return_inverse=True)
+        rho = np.bincount(inverse, weights=np.concatenate(masses), minlength=symbols.shape[0])
         have = np.clip(len(self._window) - self._starts[:-1], 0, self._sizes)
         mass = float(np.dot(self._share, have))  # A: the prior mass of the positions the history has
         y = self.embeddings[self._window[-1]]
@@ -131,12 +140,17 @@ class Predictor:
         """(T,) ``p(next target | history)``."""
         symbols, a = self.attention()
         if self._dense is not None:
-            return a @ self._dense[symbols]
+            out = np.zeros(self.model.num_targets)
+            _mixture_rows(self._dense, symbols, a, out)
+            return out
         return self.model.emission_table.predictive(symbols[None, :], a[None, :])[0]
 
     def top_k(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(targets (k,), probabilities (k,))``: the k most probable next targets, best first (lower id on ties)."""
         probs = self.predict()
         k = min(int(k), probs.shape[0])
-        order = np.lexsort((np.arange(probs.shape[0]), -probs))[:k]
+        # The k-th largest value, then every target at least as probable, sorted (ties by the lower id).
+        kth = np.partition(probs, probs.shape[0] - k)[probs.shape[0] - k]
+        candidates = np.flatnonzero(probs >= kth)
+        order = candidates[np.lexsort((candidates, -probs[candidates]))][:k]
         return order, probs[order]

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dist_respattn.engine import FitError, FitSettings, evaluate, fit, load_model
+from dist_respattn.engine import FitError, FitSettings, evaluate, fit, load_model, predict
 from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.store import WriteOptions
 from dist_respattn.store.rows import open_rows
@@ -116,6 +116,8 @@ def test_a_bucketed_fit_is_scored_on_the_rows_it_trained_on_and_beats_the_bigram
         fit(stream.location, model_dir=tmp_path / "bad", client=client, settings=FitSettings(position_buckets=7))
     with pytest.raises(FitError, match="short histories are fitted by the histogram kernel"):
         fit(stream.location, model_dir=tmp_path / "bad", client=client, settings=FitSettings(min_context=3))
+    with pytest.raises(FitError, match="such a head predicts one history at a time"):
+        predict(tmp_path / "m", stream.location, out=tmp_path / "p", client=client)
     with pytest.raises(ValueError, match="a tied prior starts uniform"):
         FitSettings(position_buckets=3, init="random")
 
