@@ -827,7 +827,7 @@ def format_report(report: dict[str, Any]) -> str:
     for t in report["targets"]:
         shown = "-" if t["measured"] is None else f"{t['measured']:.3f}"
         verdict = "not measured" if t["pass"] is None else ("PASS" if t["pass"] else "MISS")
-        lines.append(f"  {t['name']:<52}{t['target']:<9}{shown:>8}  {verdict}")
+        lines.append(f"  {t['name']:<62}{t['target']:<9}{shown:>8}  {verdict}")
     return "\n".join(lines)
 
 
