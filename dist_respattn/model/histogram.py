@@ -36,7 +36,8 @@ from dist_respattn.model._checks import ImpossibleEvidenceError
 from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission import SparseEmission
 from dist_respattn.model.log_weights import attention_of, exp_shifted, row_log_weights, squared_distance
-from dist_respattn.model.scoring import ScoreTotals, _mixture_at, top_k_threshold
+from dist_respattn.model.scoring import ScoreTotals, _mixture_at, dense_mixture, top_k_threshold
+from dist_respattn.model.selection import grid_row
 
 __all__ = [
     "HistogramParameters",
@@ -620,8 +621,7 @@ def _score_windows_numba(
     bits = np.empty(n_pos, dtype=np.int64)
     top_target = np.empty(1, dtype=np.int64)
     top_value = np.empty(1)
-    num_targets = emission.shape[1]
-    probs = np.empty(num_targets)
+    probs = np.empty(emission.shape[1])
     y = np.empty(key_means.shape[1])
     total_ll = 0.0
     total_lp = 0.0
@@ -659,16 +659,7 @@ def _score_windows_numba(
             )  # fmt: skip
             arg = top_target[0]
         else:
-            probs[:] = 0.0
-            for k in range(u):
-                a = attention[k]
-                row_b = emission[term_sym[0, k]]
-                for j in range(num_targets):
-                    probs[j] += a * row_b[j]
-            arg = 0
-            for j in range(1, num_targets):
-                if probs[j] > probs[arg]:
-                    arg = j
+            arg = dense_mixture(terms, 0, u, attention, emission, probs)
             prob_t = probs[t]
         total_ll += w * row_ll
         total_lp += w * (math.log(prob_t) if prob_t > 0.0 else -np.inf)
@@ -792,10 +783,7 @@ def _grid_windows_numba(
 ):  # pragma: no cover - compiled  # fmt: skip
     """:func:`~dist_respattn.model.selection._grid_numba` with a row's terms as its positions; returns the weight."""
     n_pos = bucket_of_recency.shape[0]
-    n_sigma = inv_two_sigma2.shape[0]
-    n_strength = emission_strengths.shape[0]
-    n_type = type_strengths.shape[0]
-    n_emis = n_strength * n_type
+    n_emis = emission_strengths.shape[0] * type_strengths.shape[0]
     term_sym = np.empty((1, n_pos), dtype=np.int64)
     term_prior = np.empty(n_pos)
     log_prior = np.empty(n_pos)
@@ -831,30 +819,10 @@ def _grid_windows_numba(
                 count[k] = emission_count_ts[t, c]
             total[k] = row_totals[c]
             typ[k] = types[c]
-        for h in range(n_strength):
-            for b in range(n_type):
-                e = h * n_type + b
-                for k in range(u):
-                    a = emission_strengths[h] + type_strengths[b] * typ[k]
-                    den = total[k] + a
-                    emis[e, k] = (count[k] + a * u_t) / den if den > 0.0 else u_t
-        for g in range(n_sigma):
-            best = -np.inf
-            for k in range(u):
-                gate[k] = log_prior[k] - dist[k] * inv_two_sigma2[g]
-                best = max(best, gate[k])
-            z = 0.0
-            for k in range(u):
-                gate[k] = math.exp(gate[k] - best)
-                z += gate[k]
-            log_z = math.log(z)
-            for e in range(n_emis):
-                num = 0.0
-                for k in range(u):
-                    num += gate[k] * emis[e, k]
-                log_num = math.log(num) if num > 0.0 else -np.inf
-                out_pred[g, e] += w * (log_num - log_z)
-                out_joint[g, e] += w * (log_num + best + gate_const[g])
+        grid_row(
+            w, u, log_prior, dist, count, total, typ, u_t, inv_two_sigma2, gate_const, emission_strengths,
+            type_strengths, emis, gate, out_pred, out_joint,
+        )  # fmt: skip
         weight += w
     return weight
 

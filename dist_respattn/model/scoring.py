@@ -75,6 +75,23 @@ def _joint_log_likelihood(joint, best, scratch, bits):  # pragma: no cover - com
 
 
 @numba.njit(cache=True, nogil=True)
+def dense_mixture(context, row, n, attention, emission, probs):  # pragma: no cover - compiled
+    """``probs = sum_i attention[i] emission[context[row, i]]`` over the first ``n`` positions (T,); returns its
+    arg-max (the lowest id on ties)."""
+    probs[:] = 0.0
+    for i in range(n):
+        a = attention[i]
+        row_b = emission[context[row, i]]
+        for k in range(probs.shape[0]):
+            probs[k] += a * row_b[k]
+    arg = 0
+    for k in range(1, probs.shape[0]):
+        if probs[k] > probs[arg]:
+            arg = k
+    return arg
+
+
+@numba.njit(cache=True, nogil=True)
 def _score_numba(
     context, query, target, weights, key_means, emission, log_prior, inv_two_sigma2, log_emission_ts, gate_const
 ):  # pragma: no cover - compiled
@@ -103,16 +120,7 @@ def _score_numba(
         row_ll = _joint_log_likelihood(joint, best, attention, bits) + gate_const
         # Prediction: attention from the gate alone.
         attention_of(gate, attention, bits)
-        probs[:] = 0.0
-        for i in range(n_pos):
-            a = attention[i]
-            row_b = emission[context[row, i]]
-            for k in range(num_targets):
-                probs[k] += a * row_b[k]
-        arg = 0
-        for k in range(1, num_targets):
-            if probs[k] > probs[arg]:
-                arg = k
+        arg = dense_mixture(context, row, n_pos, attention, emission, probs)
         if w != 0.0:
             total_ll += w * row_ll
             total_lp += w * (math.log(probs[t]) if probs[t] > 0.0 else -np.inf)

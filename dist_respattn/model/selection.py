@@ -262,10 +262,7 @@ def _grid_numba(
     """
     n_rows, n_pos = context.shape
     dim = query.shape[1]
-    n_sigma = inv_two_sigma2.shape[0]
-    n_strength = emission_strengths.shape[0]
-    n_type = type_strengths.shape[0]
-    n_emis = n_strength * n_type
+    n_emis = emission_strengths.shape[0] * type_strengths.shape[0]
     dist = np.empty(n_pos)
     count = np.empty(n_pos)
     total = np.empty(n_pos)
@@ -295,32 +292,49 @@ def _grid_numba(
                 count[i] = emission_count_ts[t, c]
             total[i] = row_totals[c]
             typ[i] = types[c]
-        for h in range(n_strength):
-            for b in range(n_type):
-                k = h * n_type + b
-                for i in range(n_pos):
-                    a = emission_strengths[h] + type_strengths[b] * typ[i]
-                    den = total[i] + a
-                    emis[k, i] = (count[i] + a * u) / den if den > 0.0 else u
-        for g in range(n_sigma):
-            best = -np.inf
-            for i in range(n_pos):
-                gate[i] = log_prior[i] - dist[i] * inv_two_sigma2[g]
-                best = max(best, gate[i])
-            z = 0.0
-            for i in range(n_pos):
-                gate[i] = math.exp(gate[i] - best)
-                z += gate[i]
-            log_z = math.log(z)
-            for k in range(n_emis):
-                num = 0.0
-                for i in range(n_pos):
-                    num += gate[i] * emis[k, i]
-                log_num = math.log(num) if num > 0.0 else -np.inf
-                out_pred[g, k] += w * (log_num - log_z)
-                out_joint[g, k] += w * (log_num + best + gate_const[g])
+        grid_row(
+            w, n_pos, log_prior, dist, count, total, typ, u, inv_two_sigma2, gate_const, emission_strengths,
+            type_strengths, emis, gate, out_pred, out_joint,
+        )  # fmt: skip
         weight += w
     return weight
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def grid_row(
+    w, n, log_prior, dist, count, total, typ, base_t, inv_two_sigma2, gate_const, emission_strengths, type_strengths,
+    emis, gate, out_pred, out_joint,
+):  # pragma: no cover - compiled  # fmt: skip
+    """Add one row of weight ``w`` into every grid point's totals ``out_*`` (G1, G2*G3), from its first ``n``
+    positions (or a histogram row's terms): their log prior, squared distance to the query, count with the
+    target, row total and type count; ``base_t`` is the target's backoff. ``emis`` (G2*G3, N) and ``gate`` (N,)
+    are scratch."""
+    n_sigma = inv_two_sigma2.shape[0]
+    n_type = type_strengths.shape[0]
+    for h in range(emission_strengths.shape[0]):
+        for b in range(n_type):
+            k = h * n_type + b
+            for i in range(n):
+                a = emission_strengths[h] + type_strengths[b] * typ[i]
+                den = total[i] + a
+                emis[k, i] = (count[i] + a * base_t) / den if den > 0.0 else base_t
+    for g in range(n_sigma):
+        best = -np.inf
+        for i in range(n):
+            gate[i] = log_prior[i] - dist[i] * inv_two_sigma2[g]
+            best = max(best, gate[i])
+        z = 0.0
+        for i in range(n):
+            gate[i] = math.exp(gate[i] - best)
+            z += gate[i]
+        log_z = math.log(z)
+        for k in range(emis.shape[0]):
+            num = 0.0
+            for i in range(n):
+                num += gate[i] * emis[k, i]
+            log_num = math.log(num) if num > 0.0 else -np.inf
+            out_pred[g, k] += w * (log_num - log_z)
+            out_joint[g, k] += w * (log_num + best + gate_const[g])
 
 
 _NO_TABLE = np.zeros((0, 0))

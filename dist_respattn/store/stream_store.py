@@ -317,27 +317,10 @@ class TokenStreamStore:
                 np.zeros(0, np.float32) if s.has_weight else None, start,
             )  # fmt: skip
         first, last = int(pos[0]) - n_pos, int(pos[-1]) + 1
-        span = self._read("tokens", self._tokens, first, last)
-        bad = np.flatnonzero(span >= s.num_symbols)
-        if bad.size:
-            i = int(bad[0])
-            raise StoreCorruptError(
-                f"{self.location}: array 'tokens' position {first + i} = {int(span[i])}: expected a token id in "
-                f"[0, {s.num_symbols}) ({bad.size} bad ids in tokens {first}..{last - 1}); "
-                "`dist-respattn validate` lists them"
-            )
+        span = self._checked_span(first, last)
         local = pos - first
         context, query, target = make_windows(span, local, n_pos, self._checked_table())
-        weight = None
-        if self._weight is not None:
-            weight = self._read("weight", self._weight, first, last)[local]
-            bad = np.flatnonzero(~(np.isfinite(weight) & (weight >= 0.0)))
-            if bad.size:
-                i = int(bad[0])
-                raise StoreCorruptError(
-                    f"{self.location}: array 'weight' position {first + int(local[i])} = {weight[i]}: expected a "
-                    "finite, non-negative weight; `dist-respattn validate` lists every bad value"
-                )
+        weight = self._checked_weights(first, last, local)
         # Every value is checked now (ids above, queries through the table, weights): the model need not scan them.
         return EncodedRows(context, query, target, weight, start, checked=True)
 
@@ -360,6 +343,24 @@ class TokenStreamStore:
                 np.zeros(0, np.float32) if s.has_weight else None, start, True,
             )  # fmt: skip
         first, last = max(int(pos[0]) - s.context_length, 0), int(pos[-1]) + 1
+        span = self._checked_span(first, last)
+        starts = self._rows.starts
+        doc_start = starts[np.searchsorted(starts, pos, side="right") - 1]
+        end = pos - first
+        begin = np.maximum(np.maximum(doc_start, pos - s.context_length) - first, 0)
+        weight = self._checked_weights(first, last, end)
+        target = span[end].astype(np.int64)
+        query_index = span[end - 1].astype(np.int64)
+        return WindowRows(span, begin, end, target, table, query_index, weight, start, True)
+
+    def iter_windows(self, part: Partition | int, block_rows: int | None = None) -> Iterator[WindowRows]:
+        """A partition's rows as token windows, by token chunk (or ``block_rows`` rows at a time)."""
+        for begin, end in self.block_ranges(part, block_rows):
+            yield self.read_windows(begin, end)
+
+    def _checked_span(self, first: int, last: int) -> np.ndarray:
+        """Tokens ``[first, last)``, every id checked to lie in ``[0, S)`` (a bad one is named by its position)."""
+        s = self.schema
         span = self._read("tokens", self._tokens, first, last)
         bad = np.flatnonzero(span >= s.num_symbols)
         if bad.size:
@@ -369,28 +370,22 @@ class TokenStreamStore:
                 f"[0, {s.num_symbols}) ({bad.size} bad ids in tokens {first}..{last - 1}); "
                 "`dist-respattn validate` lists them"
             )
-        starts = self._rows.starts
-        doc_start = starts[np.searchsorted(starts, pos, side="right") - 1]
-        end = pos - first
-        begin = np.maximum(np.maximum(doc_start, pos - s.context_length) - first, 0)
-        weight = None
-        if self._weight is not None:
-            weight = self._read("weight", self._weight, first, last)[end]
-            bad = np.flatnonzero(~(np.isfinite(weight) & (weight >= 0.0)))
-            if bad.size:
-                i = int(bad[0])
-                raise StoreCorruptError(
-                    f"{self.location}: array 'weight' position {first + int(end[i])} = {weight[i]}: expected a "
-                    "finite, non-negative weight; `dist-respattn validate` lists every bad value"
-                )
-        target = span[end].astype(np.int64)
-        query_index = span[end - 1].astype(np.int64)
-        return WindowRows(span, begin, end, target, table, query_index, weight, start, True)
+        return span
 
-    def iter_windows(self, part: Partition | int, block_rows: int | None = None) -> Iterator[WindowRows]:
-        """A partition's rows as token windows, by token chunk (or ``block_rows`` rows at a time)."""
-        for begin, end in self.block_ranges(part, block_rows):
-            yield self.read_windows(begin, end)
+    def _checked_weights(self, first: int, last: int, local: np.ndarray) -> np.ndarray | None:
+        """The weights of the targets at ``first + local`` (``None`` for an unweighted store), checked finite and
+        non-negative."""
+        if self._weight is None:
+            return None
+        weight = self._read("weight", self._weight, first, last)[local]
+        bad = np.flatnonzero(~(np.isfinite(weight) & (weight >= 0.0)))
+        if bad.size:
+            i = int(bad[0])
+            raise StoreCorruptError(
+                f"{self.location}: array 'weight' position {first + int(local[i])} = {weight[i]}: expected a "
+                "finite, non-negative weight; `dist-respattn validate` lists every bad value"
+            )
+        return weight
 
     def _checked_table(self) -> np.ndarray:
         """The embedding table (S, D), checked finite once per opened store (queries are its rows)."""
