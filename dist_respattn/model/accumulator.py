@@ -423,12 +423,7 @@ class ResponsibilityAttentionAccumulator:
             return
         live = mass.reshape(-1) > 0.0  # rows of weight 0 (another side of a hold-out) hold no pair
         cells = (target.astype(np.int64)[:, None] * self.num_symbols + context).reshape(-1)[live]
-        masses = mass.reshape(-1)[live]
-        at = self.support.locate(cells % self.num_symbols, cells // self.num_symbols)
-        if np.any(at < 0):
-            raise ValueError("rows hold a (symbol, target) pair outside this accumulator's support")
-        assert self._stats.pair_counts is not None
-        self._stats.pair_counts += np.bincount(at, weights=masses, minlength=self.support.num_pairs)
+        self._count_cells(cells, mass.reshape(-1)[live])
 
     # ---------------------------------------------------------------------------- reduction
 

@@ -1,8 +1,8 @@
 """The histogram kernels: rows of a head whose position prior is tied over recency buckets.
 
 With the prior tied (:mod:`dist_respattn.model.buckets`), a row's attention depends on its window only
-through how many times each symbol occurs in each bucket. A row's window is read once (one load and one
-add a position) into its **terms**, one per distinct symbol ``s``::
+through how many times each symbol occurs in each bucket. A row's **terms** are its window's distinct
+symbols ``s``, each with its prior::
 
     rho(s) = sum_b (pi_b / |b|) h_b(s) / A            (A = 1 for a full window; see the buckets' module)
 
@@ -14,6 +14,10 @@ bucket's responsibility mass is the sum, over its positions, of their term's res
 position's share of the term's prior: the same numbers as the per-position kernel under the same tied
 prior, summed per bucket (equal to 1e-12, ``tests/model/test_histogram.py``). The position counts are
 the bucket masses split evenly over each bucket's positions, which the tied M-step sums back.
+
+The E-step keeps the terms as integer counts per bucket and slides them from one row of a document to the
+next (K + 1 count updates a row, see :func:`_estep_windows_numba`); the start pass, the held-out grid and
+scoring read each row's window once (one load and one add a position, :func:`row_terms`).
 
 Rows are :class:`WindowRows`: a token array and, per row, the half-open span ``[begin, end)`` of its
 window in it, its target and its query (an index into a query table). A token-stream store hands its
