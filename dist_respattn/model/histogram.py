@@ -277,14 +277,6 @@ def row_terms(
 
 
 @numba.njit(cache=True, nogil=True)
-def _pair_of(t, s, indptr, symbols, direct_row, direct_slots):  # pragma: no cover - compiled
-    row = direct_row[t]
-    if row >= 0:
-        return np.int64(direct_slots[row, s])
-    return kernels._find_pair(indptr, symbols, t, s)
-
-
-@numba.njit(cache=True, nogil=True)
 def _query(query_table, q, y):  # pragma: no cover - compiled
     yy = 0.0
     for d in range(y.shape[0]):
@@ -387,7 +379,10 @@ def _estep_windows_numba(
         t = target[row]
         # ------------------------------------------------ the window's changes since the previous row
         n_ev = 0
-        if hi == prev_hi + 1 and (lo == prev_lo or lo == prev_lo + 1):
+        # The next row of a document: a short window grows by its new token, a full one also drops its oldest.
+        # Any other pair of spans (another document, a skipped row, windows given otherwise) rebuilds.
+        prev_m = prev_hi - prev_lo
+        if hi == prev_hi + 1 and ((lo == prev_lo and prev_m < n_pos) or (lo == prev_lo + 1 and prev_m == n_pos)):
             for b in range(n_buckets - 1, -1, -1):
                 x = prev_hi - starts[b + 1]  # the oldest token of bucket b (its recency becomes starts[b + 1])
                 if x >= prev_lo:
@@ -486,14 +481,23 @@ def _estep_windows_numba(
             lo_pair = indptr[t]
             hi_pair = indptr[t + 1]
             degree = hi_pair - lo_pair
-            fill = direct_row[t] < 0 and u * (np.log2(degree + 1.0) + 1.0) > 2.0 * degree
+            direct = direct_row[t]
+            fill = direct < 0 and u * (np.log2(degree + 1.0) + 1.0) > 2.0 * degree
             if fill:
                 for q in range(lo_pair, hi_pair):
                     pair_map[symbols[q]] = q
+            # The lookups written out in each case: a call per term (arrays passed by value) cost more than them.
+            if direct >= 0:
+                for j in range(u):
+                    pair[j] = direct_slots[direct, terms[0, j]]
+            elif fill:
+                for j in range(u):
+                    pair[j] = pair_map[terms[0, j]]
+            else:
+                for j in range(u):
+                    pair[j] = kernels._find_pair(indptr, symbols, t, terms[0, j])
             for j in range(u):
-                s = terms[0, j]
-                p = pair_map[s] if fill else _pair_of(t, s, indptr, symbols, direct_row, direct_slots)
-                pair[j] = p
+                p = pair[j]
                 if p < 0:
                     outside = True
                 else:
@@ -644,7 +648,8 @@ def _score_windows_numba(
             log_prior[k] = math.log(term_prior[k] / total) if term_prior[k] > 0.0 else -np.inf
             s = term_sym[0, k]
             if sparse:
-                p = _pair_of(t, s, indptr, symbols, direct_row, direct_slots)
+                direct = direct_row[t]
+                p = direct_slots[direct, s] if direct >= 0 else kernels._find_pair(indptr, symbols, t, s)
                 b = values[p] if p >= 0 else backoff[s] * base[t]
                 joint[k] = math.log(b) if b > 0.0 else -np.inf
             else:
@@ -817,7 +822,8 @@ def _grid_windows_numba(
             log_prior[k] = math.log(term_prior[k] / mass) if term_prior[k] > 0.0 else -np.inf
             dist[k] = squared_distance(y, key_means, c)
             if sparse:
-                p = _pair_of(t, c, indptr, symbols, direct_row, direct_slots)
+                direct = direct_row[t]
+                p = direct_slots[direct, c] if direct >= 0 else kernels._find_pair(indptr, symbols, t, c)
                 count[k] = pair_counts[p] if p >= 0 else 0.0
             else:
                 count[k] = emission_count_ts[t, c]

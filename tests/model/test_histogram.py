@@ -328,3 +328,38 @@ def test_window_rows_name_a_bad_window_token_or_target():
         accumulator.seq_update_windows(WindowRows(**{**good, "tokens": tokens[:3], "end": np.array([0])}), model)
     with pytest.raises(ValueError, match=r"row 0: target 3"):
         accumulator.seq_update_windows(WindowRows(**{**good, "tokens": tokens[:3], "target": np.array([3])}), model)
+
+
+def test_the_sparse_lookups_direct_rows_maps_and_searches_give_the_same_statistics():
+    """A target's pairs are read through its direct row, a map filled for the row, or binary searches: the
+    same pairs, so the same bits."""
+    import dataclasses
+
+    from dist_respattn.model import histogram, kernels
+
+    rng = np.random.default_rng(4)
+    buckets = PositionBuckets.geometric(32, 6)
+    tokens = rng.integers(0, 50, size=3000)
+    end = np.arange(32, 3000)
+    rows = WindowRows(tokens, end - 32, end, tokens[end] % 9, rng.normal(size=(50, 3)), tokens[end - 1], None, 0)
+    context = np.stack([tokens[e - 32 : e] for e in end])
+    model = tied_model((50, 32, 3, 9), buckets, 6, "sparse", (context, rows.target))
+    params = histogram.histogram_parameters(model)
+    no_direct = dataclasses.replace(
+        params, direct_row=np.full(9, -1, dtype=np.int32), direct_slots=np.zeros((0, 50), dtype=np.int32)
+    )
+    assert (params.direct_row >= 0).any()
+    values = []
+    for p, window_rows in ((params, rows), (no_direct, rows), (no_direct, rows._replace(begin=end - 2))):
+        stats = kernels.StatisticArrays.zeros(50, 32, 3, 9, model.emission_table.support)
+        histogram.accumulate_windows(window_rows, p, stats, buckets)
+        values.append(stats)
+    # Direct rows against maps (32-token windows: many terms a row) must agree to the bit ...
+    for name in ("key_sum", "key_mass", "pair_counts", "position_count", "scalars"):
+        assert np.array_equal(getattr(values[0], name), getattr(values[1], name)), name
+    # ... and 2-token windows given as such (few terms: binary searches; spans that neither grow nor shift a
+    # full window, so every row rebuilds) give the per-position reference's statistics.
+    expected = reference_short_rows(model, tokens, end - 2, end, rows.target, rows.query_table[rows.query_index], None)
+    assert_close(values[2].key_sum, expected["key_sum"], rtol=RTOL, label="key_sum")
+    assert_close(buckets.bucket_weights(values[2].position_count), expected["bucket_mass"], rtol=RTOL, label="mass")
+    assert_close(values[2].scalars[2], expected["log_lik"], rtol=RTOL, label="log_lik")
