@@ -8,6 +8,7 @@ from dist_respattn.model.accumulator import (
     ResponsibilityAttentionAccumulatorFactory,
     SufficientStatistics,
 )
+from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.diagnostics import recovery_report
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.em import EMIteration, EMResult, fit_em, run_em
@@ -22,6 +23,8 @@ from dist_respattn.model.emission import (
 )
 from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder, sequence_to_triples, sequence_windows
 from dist_respattn.model.estimator import ResponsibilityAttentionEstimator, estimate_parameters
+from dist_respattn.model.histogram import WindowRows
+from dist_respattn.model.predictor import Predictor
 from dist_respattn.model.sampler import ResponsibilityAttentionSampler, random_distribution
 
 __all__ = [
@@ -33,6 +36,8 @@ __all__ = [
     "EmissionCounts",
     "ImpossibleEvidenceError",
     "PairSupport",
+    "PositionBuckets",
+    "Predictor",
     "ResponsibilityAttentionAccumulator",
     "ResponsibilityAttentionAccumulatorFactory",
     "ResponsibilityAttentionDataEncoder",
@@ -42,6 +47,7 @@ __all__ = [
     "SparseEmission",
     "SparseEmissionCounts",
     "SufficientStatistics",
+    "WindowRows",
     "estimate_parameters",
     "fit_em",
     "random_distribution",

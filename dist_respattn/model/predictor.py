@@ -45,15 +45,15 @@ class Predictor:
     Args:
         model: the head; its ``buckets`` (a free prior is its N singleton buckets).
         embeddings: (S, D) the query table (a token-stream store's ``embeddings()``): the query of the next
-            target is the row of the last token.
+            target is then the row of the last token. Without it, every prediction takes its ``query`` (D,).
 
     ``push(token)`` costs O(K); :meth:`predict` and :meth:`top_k` cost O(distinct symbols in the window × D)
     plus the emission's part (T for a dense one).
     """
 
-    def __init__(self, model: ResponsibilityAttentionDistribution, embeddings: np.ndarray) -> None:
-        table = np.asarray(embeddings, dtype=np.float64)
-        if table.ndim != 2 or table.shape != (model.num_symbols, model.query_dim):
+    def __init__(self, model: ResponsibilityAttentionDistribution, embeddings: np.ndarray | None = None) -> None:
+        table = None if embeddings is None else np.asarray(embeddings, dtype=np.float64)
+        if table is not None and table.shape != (model.num_symbols, model.query_dim):
             raise ValueError(
                 f"embeddings of shape {table.shape}: expected (S, D) = {(model.num_symbols, model.query_dim)}, "
                 "the query table of the model's store"
@@ -114,8 +114,19 @@ class Predictor:
 
     # -------------------------------------------------------------------------------- prediction
 
-    def attention(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(symbols (u,), a (u,))``: the window's distinct symbols and the predictive attention on each."""
+    def _query(self, query: Any) -> np.ndarray:
+        if query is not None:
+            y = np.asarray(query, dtype=np.float64)
+            if y.shape != (self.model.query_dim,) or not np.isfinite(y).all():
+                raise ValueError(f"query of shape {y.shape}: expected {self.model.query_dim} finite numbers")
+            return y
+        if self.embeddings is None:
+            raise ValueError("no embeddings were given: pass the query (D,), or make the Predictor with the table")
+        return self.embeddings[self._window[-1]]
+
+    def attention(self, query: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(symbols (u,), a (u,))``: the window's distinct symbols and the predictive attention on each, for
+        ``query`` (D,) (default: the last token's embedding)."""
         if not self._window:
             raise ValueError("the history is empty: push at least one token before predicting")
         # Every bucket's (symbol, share x count), then summed per distinct symbol.
@@ -128,7 +139,7 @@ class Predictor:
         rho = np.bincount(inverse, weights=np.concatenate(masses), minlength=symbols.shape[0])
         have = np.clip(len(self._window) - self._starts[:-1], 0, self._sizes)
         mass = float(np.dot(self._share, have))  # A: the prior mass of the positions the history has
-        y = self.embeddings[self._window[-1]]
+        y = self._query(query)
         diff = self.model.key_means[symbols] - y
         with np.errstate(divide="ignore"):
             log_w = np.log(rho / mass) - np.einsum("ud,ud->u", diff, diff) * (0.5 / self.model.sigma2)
@@ -136,18 +147,18 @@ class Predictor:
         w = np.exp(log_w - best)
         return symbols, w / w.sum()
 
-    def predict(self) -> np.ndarray:
-        """(T,) ``p(next target | history)``."""
-        symbols, a = self.attention()
+    def predict(self, query: Any = None) -> np.ndarray:
+        """(T,) ``p(next target | history)`` (for ``query``, default: the last token's embedding)."""
+        symbols, a = self.attention(query)
         if self._dense is not None:
             out = np.zeros(self.model.num_targets)
             _mixture_rows(self._dense, symbols, a, out)
             return out
         return self.model.emission_table.predictive(symbols[None, :], a[None, :])[0]
 
-    def top_k(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def top_k(self, k: int, query: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """``(targets (k,), probabilities (k,))``: the k most probable next targets, best first (lower id on ties)."""
-        probs = self.predict()
+        probs = self.predict(query)
         k = min(int(k), probs.shape[0])
         # The k-th largest value, then every target at least as probable, sorted (ties by the lower id).
         kth = np.partition(probs, probs.shape[0] - k)[probs.shape[0] - k]

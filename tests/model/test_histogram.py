@@ -363,3 +363,22 @@ def test_the_sparse_lookups_direct_rows_maps_and_searches_give_the_same_statisti
     assert_close(values[2].key_sum, expected["key_sum"], rtol=RTOL, label="key_sum")
     assert_close(buckets.bucket_weights(values[2].position_count), expected["bucket_mass"], rtol=RTOL, label="mass")
     assert_close(values[2].scalars[2], expected["log_lik"], rtol=RTOL, label="log_lik")
+
+
+def test_a_predictor_without_embeddings_takes_the_query_with_each_prediction():
+    from dist_respattn import Predictor as RootPredictor
+
+    buckets = PositionBuckets.geometric(8, 4)
+    model = tied_model((6, 8, 3, 5), buckets, 1, "dense")
+    table = np.random.default_rng(1).normal(size=(6, 3))
+    bare, with_table = RootPredictor(model), Predictor(model, table)
+    for token in [1, 4, 4, 0, 5, 2, 2, 2, 3, 1]:
+        bare.push(token)
+        with_table.push(token)
+        assert np.array_equal(bare.predict(table[token]), with_table.predict())
+    with pytest.raises(ValueError, match="no embeddings were given: pass the query"):
+        bare.predict()
+    with pytest.raises(ValueError, match="query of shape"):
+        bare.top_k(2, query=np.zeros(4))
+    with pytest.raises(ValueError, match="the history is empty"):
+        Predictor(model, table).predict()
