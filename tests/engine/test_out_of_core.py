@@ -207,17 +207,21 @@ def test_workers_fit_a_store_four_times_their_memory_limit_without_spilling_or_d
 
 def test_worker_peak_memory_is_flat_as_rows_grow(out_of_core):
     """Doubling the rows (2 → 4 partitions, one → two partitions a worker and iteration) moves no
-    worker's peak RSS by as much as one block of rows: a worker's memory depends on the block size,
-    not on how many rows or partitions it reads."""
+    worker's peak RSS by as much as two blocks of rows: a worker's memory depends on the block size,
+    not on how many rows or partitions it reads (the rows added are 128 blocks).
+
+    Two blocks, not one: a worker's allocator keeps freed blocks for the next one (``tasks._keep_freed_blocks``),
+    and where a block lands in that heap varies from run to run; the peak moved by up to 8.7 MiB, more than one
+    8.2 MiB block, in about one run of three before and after the histogram kernels were added."""
     small, large = out_of_core.small, out_of_core.large
     assert large.store.num_rows == 2 * small.store.num_rows
     assert [h["n_obs"] for h in small.result.history] == [_trained(SMALL_ROWS)] * 2
     assert [h["n_obs"] for h in large.result.history] == [_trained(LARGE_ROWS)] * 2
     block_bytes = CHUNK_ROWS * large.store.schema.row_bytes
     growth = {address: large.peaks[address] - small.peaks[address] for address in small.peaks}
-    assert max(growth.values()) < block_bytes, (
+    assert max(growth.values()) < 2 * block_bytes, (
         f"peak RSS grew with the rows: {_mib(small.peaks)} at {SMALL_ROWS:,} rows, "
-        f"{_mib(large.peaks)} at {LARGE_ROWS:,} rows (one block is {block_bytes / MIB:.1f} MiB)"
+        f"{_mib(large.peaks)} at {LARGE_ROWS:,} rows (two blocks are {2 * block_bytes / MIB:.1f} MiB)"
     )
     # Both peaks are a working set of a few blocks above a worker's resting footprint after a fit.
     for address, warm in out_of_core.warm_rss.items():
