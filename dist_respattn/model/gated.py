@@ -235,7 +235,8 @@ def gated_m_step(
     if "factors" in update:
         counts = stats.factor_count + emission_strength * base
         totals = counts.sum(axis=2, keepdims=True)
-        factors = counts / np.where(totals > 0.0, totals, 1.0)
+        # A (factor, symbol) row with no mass and no prior keeps its previous distribution.
+        factors = np.where(totals > 0.0, counts / np.where(totals > 0.0, totals, 1.0), previous.factors)
     weights = previous.weights
     if "weights" in update:
         f = stats.attribute_count.shape[1]

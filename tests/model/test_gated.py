@@ -110,3 +110,14 @@ def test_gated_statistics_add_over_row_splits():
     second = gated_estep(head, tuple(a[120:] for a in data), attribute[120:])
     for name, a, b in zip(whole._fields, whole, first.plus(second), strict=True):
         assert_close(b, a, rtol=RTOL, label=name)
+
+
+def test_a_factor_row_without_mass_keeps_its_distribution():
+    shape = (6, 2, 2, 4)
+    head = gated_head(shape, 2, 1, 9)
+    data, attribute = rows(shape, 50, 10, num_attributes=1)
+    context = np.where(data[0] == 5, 4, data[0])  # symbol 5 never seen: its rows get no mass
+    stats = gated_estep(head, (context, data[1], data[2]), attribute)
+    moved = gated_m_step(stats, head, emission_strength=0.0, base=np.zeros(4))
+    assert np.array_equal(moved.factors[:, 5], head.factors[:, 5])
+    assert not np.array_equal(moved.factors[:, 4], head.factors[:, 4])
