@@ -59,7 +59,7 @@ class RowSelection:
         if (self.rule is None) != (self.side == "all"):
             raise ValueError("a hold-out rule goes with side 'train' or 'heldout', and only with them")
 
-    def weights(self, block: EncodedRows) -> np.ndarray | None:
+    def weights(self, block: EncodedRows | WindowRows) -> np.ndarray | None:
         """(n,) weights of the block's rows (``None``: the store's rows are unweighted and all count)."""
         if self.rule is None:
             return block.weight
@@ -209,7 +209,7 @@ def start_task(
     pairs = PairCounts.empty(store.schema.num_symbols, store.schema.num_targets) if with_pairs else None
     if buckets is not None:
         for windows in store.iter_windows(part):
-            weights = rows.weights(windows)  # type: ignore[arg-type]
+            weights = rows.weights(windows)
             try:
                 accumulator.seq_initialize_windows(_weighted(windows, weights), buckets)
             except ValueError as exc:
@@ -237,7 +237,7 @@ def pairs_task(location: StoreLocation, part: int, fingerprint: str, rows: RowSe
     pairs = PairCounts.empty(store.schema.num_symbols, store.schema.num_targets)
     blocks = store.iter_windows(part) if store.short_histories else store.iter_blocks(part)
     for block in blocks:
-        pairs = pairs + _pairs_of(block, rows.weights(block), store)  # type: ignore[arg-type]
+        pairs = pairs + _pairs_of(block, rows.weights(block), store)
     return pairs
 
 
@@ -258,7 +258,7 @@ def estep_task(
     if model.buckets is not None:  # a tied prior: the histogram kernel, over token windows
         for windows in store.iter_windows(part):
             try:
-                accumulator.seq_update_windows(_weighted(windows, rows.weights(windows)), model)  # type: ignore[arg-type]
+                accumulator.seq_update_windows(_weighted(windows, rows.weights(windows)), model)
             except ValueError as exc:
                 raise _located(store, part, windows, exc) from None
         return accumulator.value(copy=False)
@@ -346,7 +346,7 @@ def _selected_blocks(
     rule = rows.rule
     if rule is None or rows.side != "heldout":
         for block in store.iter_windows(part) if windows else store.iter_blocks(part):
-            yield block, rows.weights(block)  # type: ignore[arg-type]
+            yield block, rows.weights(block)
         return
     for begin, end in store.block_ranges(part):
         held = rule.held_out(begin, end)

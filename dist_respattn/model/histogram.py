@@ -241,12 +241,9 @@ _NO_DIRECT_SLOTS = np.zeros((0, 0), dtype=np.int32)
 
 
 @numba.njit(cache=True, nogil=True)
-def row_terms(
-    tokens, begin, end, bucket_of_recency, share, slot, term_sym, term_prior, term_bucket, pos_term
-):  # pragma: no cover - compiled
+def row_terms(tokens, begin, end, bucket_of_recency, share, slot, term_sym, term_prior):  # pragma: no cover - compiled
     """A window's terms: ``term_sym[0, :u]`` its distinct symbols (in order of first occurrence, oldest first) and
-    ``term_prior[:u]`` each one's prior ``sum share[b]`` over its positions; ``term_bucket[k]`` the bucket of a
-    term seen once (-1 for a term seen more than once); ``pos_term[x - begin]`` the term of position ``x``.
+    ``term_prior[:u]`` each one's prior ``sum share[b]`` over its positions.
     Returns ``(u, total)``, ``total = A`` the prior mass of the positions the row has.
 
     ``slot`` (S,) int64 is all -1 on entry and on return.
@@ -264,12 +261,9 @@ def row_terms(
             slot[s] = u
             term_sym[0, u] = s
             term_prior[u] = share_b
-            term_bucket[u] = b
             u += 1
         else:
             term_prior[k] += share_b
-            term_bucket[k] = -1
-        pos_term[x - begin] = k
         total += share_b
     for k in range(u):
         slot[term_sym[0, k]] = -1
@@ -566,8 +560,6 @@ def _initialize_windows_numba(
     share = np.full(sizes.shape[0], 1.0)
     term_sym = np.empty((1, n_pos), dtype=np.int64)
     term_prior = np.empty(n_pos)
-    pos_term = np.empty(n_pos, dtype=np.int64)
-    term_bucket = np.empty(n_pos, dtype=np.int64)
     y = np.empty(dim)
     dense = emission_count_ts.shape[0] > 0
     written = 0
@@ -580,7 +572,7 @@ def _initialize_windows_numba(
         lo = begin[row]
         hi = end[row]
         t = target[row]
-        u, m = row_terms(tokens, lo, hi, bucket_of_recency, share, slot, term_sym, term_prior, term_bucket, pos_term)
+        u, m = row_terms(tokens, lo, hi, bucket_of_recency, share, slot, term_sym, term_prior)
         yy = _query(query_table, query_index[row], y)
         scale = w / m
         for k in range(u):
@@ -621,8 +613,6 @@ def _score_windows_numba(
     term_sym = np.empty((1, n_pos), dtype=np.int64)
     term_prior = np.empty(n_pos)
     log_prior = np.empty(n_pos)
-    pos_term = np.empty(n_pos, dtype=np.int64)
-    term_bucket = np.empty(n_pos, dtype=np.int64)
     gate = np.empty(n_pos)
     joint = np.empty(n_pos)
     attention = np.empty(n_pos)
@@ -640,9 +630,7 @@ def _score_windows_numba(
         if w == 0.0:
             continue
         t = target[row]
-        u, total = row_terms(
-            tokens, begin[row], end[row], bucket_of_recency, share, slot, term_sym, term_prior, term_bucket, pos_term
-        )
+        u, total = row_terms(tokens, begin[row], end[row], bucket_of_recency, share, slot, term_sym, term_prior)
         _query(query_table, query_index[row], y)
         for k in range(u):
             log_prior[k] = math.log(term_prior[k] / total) if term_prior[k] > 0.0 else -np.inf
@@ -796,8 +784,6 @@ def _grid_windows_numba(
     term_sym = np.empty((1, n_pos), dtype=np.int64)
     term_prior = np.empty(n_pos)
     log_prior = np.empty(n_pos)
-    pos_term = np.empty(n_pos, dtype=np.int64)
-    term_bucket = np.empty(n_pos, dtype=np.int64)
     dist = np.empty(n_pos)
     count = np.empty(n_pos)
     total = np.empty(n_pos)
@@ -814,9 +800,7 @@ def _grid_windows_numba(
         _query(query_table, query_index[row], y)
         t = target[row]
         u_t = base[t]
-        u, mass = row_terms(
-            tokens, begin[row], end[row], bucket_of_recency, share, slot, term_sym, term_prior, term_bucket, pos_term
-        )
+        u, mass = row_terms(tokens, begin[row], end[row], bucket_of_recency, share, slot, term_sym, term_prior)
         for k in range(u):
             c = term_sym[0, k]
             log_prior[k] = math.log(term_prior[k] / mass) if term_prior[k] > 0.0 else -np.inf
