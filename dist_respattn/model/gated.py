@@ -1,22 +1,26 @@
 """An attribute-gated emission: each row's attribute mixes F shared factor tables, learned by exact EM.
 
-A row also carries an attribute ``a`` (the book, author or site it comes from). Its emission is a mixture
-of F factor tables with the attribute's own weights (the attribute's learned representation)::
+A row also carries an attribute ``a`` (the book, author or package it comes from). Its emission is a
+mixture of F factor tables with the attribute's own weights (the attribute's learned representation)::
 
     B_a[s, t] = sum_f w[a, f] B_f[s, t]
-    p(query, target | context, a) = sum_i sum_f pi_i N(query; K[c_i], sigma2) w[a, f] B_f[c_i, t]
+    p(query, target | context, a) = sum_i sum_f pi_a,i N(query; K[c_i], sigma2) w[a, f] B_f[c_i, t]
 
 so the factor is one more latent variable beside the position (Hofmann's aspect model; an EM counterpart of
 the multiplicative attribute-gated language model of Kiros, Zemel & Salakhutdinov 2014). The E-step's
-responsibilities are over (position, factor) pairs, ``r_if ∝ pi_i N(q; K[c_i]) w[a, f] B_f[c_i, t]``; the
-statistics stay additive (:class:`GatedStatistics`: the shared head's, with the emission counts per factor
-and the responsibility mass per (attribute, factor)); the M-step is closed form:
+responsibilities are over (position, factor) pairs, ``r_if ∝ pi_a,i N(q; K[c_i]) w[a, f] B_f[c_i, t]``; the
+statistics stay additive (:class:`GatedStatistics`); the M-step is closed form, with the shared head's MAP
+smoothing on every factor (strengths ``a_s``, base ``u``, see :mod:`dist_respattn.model.prior`)::
 
-    B_f[s, t] = (c_f[s, t] + alpha u[t]) / (c_f[s] + alpha)      w[a, f] = (m[a, f] + beta / F) / (m[a] + beta)
+    B_f[s, t] = (c_f[s, t] + a_s u[t]) / (c_f[s] + a_s)      w[a, f] = (m[a, f] + beta / F) / (m[a] + beta)
 
-with the keys, the position prior and the gate variance as for the shared head. With F = 1 the head is the
-shared one (``tests/model/test_gated.py`` holds them equal to 1e-12). This module is the model's math, dense
-emission tables, in one process; the fit's stores, engine and commands build on it.
+Keys and the gate variance are shared; the position prior is shared or one per attribute
+(``per_attribute_prior``). The factor tables live on one support of (symbol, target) pairs, as a sparse
+emission does (:class:`FactorTables`): a factor's pair outside it is ``backoff_f[s] u[t]``, so memory
+follows P × F, never S × T × F, and every mixture ``B_a`` is itself a sparse emission on that support.
+
+Two special cases: F = 1 is the shared head (``tests/model/test_gated.py`` holds them equal to 1e-12), and
+F = A with the identity as fixed weights is one separate emission per attribute, the fully untied baseline.
 """
 
 from __future__ import annotations
@@ -30,67 +34,194 @@ import numpy as np
 
 from dist_respattn.model._checks import check_batch
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.estimator import _key_means, _position_prior
+from dist_respattn.model.emission import PairSupport, SparseEmission, _map_values
+from dist_respattn.model.estimator import _key_means
+from dist_respattn.model.kernels import _find_pair
 from dist_respattn.model.log_weights import exp_shifted, squared_distance
 
-__all__ = ["GatedHead", "GatedStatistics", "fold_in", "gated_estep", "gated_m_step"]
+__all__ = [
+    "FactorTables",
+    "GatedHead",
+    "GatedStatistics",
+    "fold_in",
+    "gated_estep",
+    "gated_log_likelihood",
+    "gated_m_step",
+]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
+class FactorTables:
+    """F emission tables on one support of pairs, each with the MAP backoff off it.
+
+    Attributes:
+        support: the P (symbol, target) pairs stored.
+        values: (P, F) float64, ``B_f`` at each pair (pair-major: a row's lookups read F adjacent values).
+        backoff: (F, S) float64, factor ``f``'s scale of the pairs of symbol ``s`` outside the support.
+        base: (T,) float64, the backoff distribution every factor shares.
+    """
+
+    support: PairSupport
+    values: np.ndarray
+    backoff: np.ndarray
+    base: np.ndarray
+
+    def __post_init__(self) -> None:
+        values = np.ascontiguousarray(self.values, dtype=np.float64)
+        backoff = np.ascontiguousarray(self.backoff, dtype=np.float64)
+        base = np.ascontiguousarray(self.base, dtype=np.float64)
+        p, s, t = self.support.num_pairs, self.support.num_symbols, self.support.num_targets
+        if values.ndim != 2 or values.shape[0] != p or backoff.shape != (values.shape[1], s) or base.shape != (t,):
+            raise ValueError(
+                f"factor tables: values {values.shape}, backoff {backoff.shape}, base {base.shape}: "
+                f"expected (P, F) = ({p}, F), (F, {s}) and ({t},)"
+            )
+        for name, array in (("values", values), ("backoff", backoff), ("base", base)):
+            if not np.all(np.isfinite(array)) or np.any(array < 0.0):
+                raise ValueError(f"factor tables: {name} must be finite and non-negative")
+        object.__setattr__(self, "values", values)
+        object.__setattr__(self, "backoff", backoff)
+        object.__setattr__(self, "base", base)
+
+    @classmethod
+    def from_dense(cls, probs: np.ndarray) -> FactorTables:
+        """Dense tables (F, S, T) on the full support (tests and tiny heads)."""
+        probs = np.asarray(probs, dtype=np.float64)
+        f, s, t = probs.shape
+        support = PairSupport.full(s, t)
+        values = probs[:, support.symbols, support.targets].T
+        return cls(support, values, np.zeros((f, s)), np.full(t, 1.0 / t))
+
+    @property
+    def num_factors(self) -> int:
+        return int(self.values.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.values.nbytes + self.backoff.nbytes + self.base.nbytes + self.support.nbytes)
+
+    def mixed(self, weights: np.ndarray) -> SparseEmission:
+        """``sum_f weights[f] B_f`` (weights (F,)): a sparse emission on the same support and base."""
+        w = np.asarray(weights, dtype=np.float64)
+        return SparseEmission(self.support, self.values @ w, w @ self.backoff, self.base)
+
+    def to_dense(self) -> np.ndarray:
+        """(F, S, T) every factor's table."""
+        return np.stack([self.mixed(np.eye(self.num_factors)[f]).to_dense() for f in range(self.num_factors)])
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "factor_values": self.values,
+            "factor_backoff": self.backoff,
+            "factor_base": self.base,
+            **{f"support_{k}": v for k, v in self.support.to_arrays().items()},
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: Any, num_symbols: int) -> FactorTables:
+        support = PairSupport.from_arrays(
+            {k.removeprefix("support_"): arrays[k] for k in arrays if k.startswith("support_")}, num_symbols
+        )
+        return cls(
+            support, np.asarray(arrays["factor_values"]), np.asarray(arrays["factor_backoff"]),
+            np.asarray(arrays["factor_base"]),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, eq=False)
 class GatedHead:
     """A head whose emission is gated by the row's attribute.
 
     Attributes:
-        key_means: (S, D); ``position_prior``: (N,); ``sigma2``: the gate variance, as in the shared head.
-        factors: (F, S, T) the factor emission tables, each row a distribution over targets.
+        key_means: (S, D) and ``sigma2``, the gate's keys and variance, shared by every attribute.
+        position_prior: (A', N), A' = 1 (one prior shared by every attribute) or A (one per attribute).
+        factors: the F factor tables.
         weights: (A, F) each attribute's mixture of the factors, rows summing to 1.
+        fixed_weights: the weights are not learned (the untied baseline's identity).
     """
 
     key_means: np.ndarray
     position_prior: np.ndarray
     sigma2: float
-    factors: np.ndarray
+    factors: FactorTables
     weights: np.ndarray
+    fixed_weights: bool = False
 
     def __post_init__(self) -> None:
-        f, s, _ = self.factors.shape
-        if self.key_means.shape[0] != s or self.weights.shape[1] != f:
+        prior = np.atleast_2d(np.asarray(self.position_prior, dtype=np.float64))
+        object.__setattr__(self, "position_prior", prior)
+        if self.key_means.shape[0] != self.factors.support.num_symbols or self.weights.shape[1] != self.num_factors:
             raise ValueError(
-                f"factors {self.factors.shape}, weights {self.weights.shape} and key_means {self.key_means.shape}: "
-                "expected (F, S, T), (A, F) and (S, D)"
+                f"factors ({self.factors.support.num_symbols} symbols, {self.num_factors} factors), "
+                f"weights {self.weights.shape} and key_means {self.key_means.shape}: expected (A, F) weights and "
+                "(S, D) keys"
             )
-        for name, array, axis in (("factors", self.factors, 2), ("weights", self.weights, 1)):
+        if prior.shape[0] not in (1, self.num_attributes):
+            raise ValueError(f"position_prior {prior.shape}: expected (1, N) or (A, N) with A = {self.num_attributes}")
+        for name, array in (("weights", self.weights), ("position_prior", prior)):
             if not np.all(np.isfinite(array)) or np.any(array < 0.0):
                 raise ValueError(f"{name}: expected finite non-negative probabilities")
-            off = np.abs(array.sum(axis=axis) - 1.0) > 1e-9
+            off = np.abs(array.sum(axis=1) - 1.0) > 1e-9
             if np.any(off):
-                raise ValueError(f"{name}: a row at {tuple(int(v) for v in np.argwhere(off)[0])} does not sum to 1")
+                raise ValueError(f"{name}: row {int(np.flatnonzero(off)[0])} does not sum to 1")
+
+    @classmethod
+    def from_dense(
+        cls, key_means: np.ndarray, position_prior: np.ndarray, sigma2: float, factors: np.ndarray, weights: np.ndarray
+    ) -> GatedHead:
+        """A head with dense factor tables (F, S, T), held on the full support."""
+        return cls(key_means, position_prior, sigma2, FactorTables.from_dense(factors), np.asarray(weights, float))
 
     @property
     def num_factors(self) -> int:
-        return int(self.factors.shape[0])
+        return self.factors.num_factors
 
     @property
     def num_attributes(self) -> int:
         return int(self.weights.shape[0])
 
-    def emission_of(self, attribute: int) -> np.ndarray:
-        """(S, T) ``B_a = sum_f w[a, f] B_f``."""
-        return np.tensordot(self.weights[int(attribute)], self.factors, axes=1)
+    @property
+    def context_length(self) -> int:
+        return int(self.position_prior.shape[1])
+
+    @property
+    def per_attribute_prior(self) -> bool:
+        return self.position_prior.shape[0] > 1
+
+    def prior_of(self, attribute: int) -> np.ndarray:
+        """(N,) the position prior of one attribute."""
+        return self.position_prior[int(attribute) if self.per_attribute_prior else 0]
+
+    def emission_of(self, attribute: int) -> SparseEmission:
+        """``B_a = sum_f w[a, f] B_f``, a sparse emission."""
+        return self.factors.mixed(self.weights[int(attribute)])
 
     def shared(self, attribute: int) -> ResponsibilityAttentionDistribution:
-        """The plain head of one attribute (its gated emission as one table)."""
+        """The plain head of one attribute (its gated emission as one table, its prior)."""
         return ResponsibilityAttentionDistribution(
-            self.key_means, self.emission_of(attribute), self.position_prior, self.sigma2
+            self.key_means, self.emission_of(attribute), self.prior_of(attribute), self.sigma2
         )
+
+    def with_weights(self, weights: np.ndarray) -> GatedHead:
+        """The head with other attribute weights (A'', F), and the prior shared (folding in new attributes)."""
+        prior = self.position_prior if not self.per_attribute_prior else self.position_prior.mean(axis=0)
+        return GatedHead(self.key_means, prior, self.sigma2, self.factors, np.asarray(weights, dtype=np.float64))
+
+    def num_parameters(self) -> int:
+        """Free parameters stored: keys, priors, the factor values and backoffs, the weights."""
+        return int(
+            self.key_means.size + self.position_prior.size + self.factors.values.size + self.factors.backoff.size
+            + (0 if self.fixed_weights else self.weights.size)
+        )  # fmt: skip
 
 
 class GatedStatistics(NamedTuple):
     """Additive statistics of the gated E-step (float64 arrays, summed over rows).
 
     Attributes:
-        key_sum: (S, D); ``key_mass``: (S,); ``position_count``: (N,): as the shared head's, the factor summed out.
-        factor_count: (F, S, T) ``sum w_n r_nif [c_ni = s][t_n = t]``.
+        key_sum: (S, D); ``key_mass``: (S,): as the shared head's, the factor summed out.
+        position_count: (A', N) per prior row (A' = 1 shared, A per attribute).
+        factor_count: (P, F) ``sum w_n r_nif [(c_ni, t_n) = pair p]``; (0, F) when the pass skips them.
         attribute_count: (A, F) ``sum w_n r_nif [a_n = a]``.
         scalars: (3,) ``[query_sq, n_obs, log_lik]``.
     """
@@ -103,30 +234,76 @@ class GatedStatistics(NamedTuple):
     scalars: np.ndarray
 
     @classmethod
-    def zeros(cls, head: GatedHead) -> GatedStatistics:
-        f, s, t = head.factors.shape
+    def zeros(cls, head: GatedHead, *, factor_counts: bool = True) -> GatedStatistics:
+        p = head.factors.support.num_pairs if factor_counts else 0
         return cls(
-            np.zeros(head.key_means.shape), np.zeros(s), np.zeros(head.position_prior.shape[0]), np.zeros((f, s, t)),
-            np.zeros(head.weights.shape), np.zeros(3),
+            np.zeros(head.key_means.shape), np.zeros(head.key_means.shape[0]), np.zeros(head.position_prior.shape),
+            np.zeros((p, head.num_factors)), np.zeros(head.weights.shape), np.zeros(3),
         )  # fmt: skip
 
     def plus(self, other: GatedStatistics) -> GatedStatistics:
         """These statistics and ``other``'s, added (partitions' values combine this way)."""
         return GatedStatistics(*(a + b for a, b in zip(self, other, strict=True)))
 
+    def __add__(self, other: object) -> GatedStatistics:  # type: ignore[override]
+        if not isinstance(other, GatedStatistics):
+            return NotImplemented
+        return self.plus(other)
+
+    @property
+    def log_lik(self) -> float:
+        return float(self.scalars[2])
+
+    @property
+    def n_obs(self) -> float:
+        return float(self.scalars[1])
+
+
+# ------------------------------------------------------------------------------------------ kernels
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _row_terms(
+    context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, log_values, log_backoff, log_base, gate, emit, pair
+):  # pragma: no cover - compiled  # fmt: skip
+    """For one row: ``gate[i] = -||y - K[c_i]||^2 / (2 sigma2)``, ``emit[i, f] = log B_f[c_i, t]``, ``pair[i]``."""
+    n_fac = log_values.shape[1]
+    for i in range(context.shape[1]):
+        c = context[row, i]
+        p = _find_pair(indptr, symbols, t, c)
+        pair[i] = p
+        gate[i] = -squared_distance(y, key_means, c) * inv_two_sigma2
+        if p >= 0:
+            for f in range(n_fac):
+                emit[i, f] = log_values[p, f]
+        else:
+            off = log_backoff[:, c]
+            for f in range(n_fac):
+                emit[i, f] = off[f] + log_base[t]
+
 
 @numba.njit(cache=True, nogil=True)
 def _gated_estep_numba(
     context, query, target, attribute, weights, key_means, log_prior, inv_two_sigma2, gate_const,
-    log_factors, log_attr, key_sum, key_mass, position_count, factor_count, attribute_count, scalars,
+    indptr, symbols, log_values, log_backoff, log_base, log_attr,
+    key_sum, key_mass, position_count, factor_count, attribute_count, scalars,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """The E-step over (position, factor) pairs, row by row. Returns the first row with no possible pair, or -1."""
+    """The E-step over (position, factor) pairs, row by row. Returns the first row with no possible pair, or -1.
+
+    A factor an attribute gives no weight is skipped (the untied baseline touches one factor a row). Factor
+    counts are scattered only when ``factor_count`` has rows (a fold-in pass needs the attribute mass alone).
+    """
     n_pos = context.shape[1]
-    n_fac = log_factors.shape[0]
+    n_fac = log_values.shape[1]
     dim = query.shape[1]
+    scatter = factor_count.shape[0] > 0
+    shared_prior = log_prior.shape[0] == 1
     logw = np.empty(n_pos * n_fac)
     resp = np.empty(n_pos * n_fac)
     bits = np.empty(n_pos * n_fac, dtype=np.int64)
+    gate = np.empty(n_pos)
+    emit = np.empty((n_pos, n_fac))
+    pair = np.empty(n_pos, dtype=np.int64)
     y = np.empty(dim)
     for row in range(context.shape[0]):
         w = 1.0 if weights.shape[0] == 0 else weights[row]
@@ -138,12 +315,17 @@ def _gated_estep_numba(
             yy += y[d] * y[d]
         t = target[row]
         a = attribute[row]
+        k = 0 if shared_prior else a
+        _row_terms(
+            context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, log_values, log_backoff, log_base,
+            gate, emit, pair,
+        )  # fmt: skip
         best = -np.inf
         for i in range(n_pos):
-            c = context[row, i]
-            gate = log_prior[i] - squared_distance(y, key_means, c) * inv_two_sigma2
+            g = log_prior[k, i] + gate[i]
             for f in range(n_fac):
-                v = gate + log_attr[a, f] + log_factors[f, c, t]
+                la = log_attr[a, f]
+                v = -np.inf if la == -np.inf else (g + la) + emit[i, f]
                 logw[i * n_fac + f] = v
                 best = max(best, v)
         if best == -np.inf:
@@ -152,14 +334,16 @@ def _gated_estep_numba(
         scale = w / z
         for i in range(n_pos):
             c = context[row, i]
+            p = pair[i]
             mass = 0.0
             for f in range(n_fac):
                 r = resp[i * n_fac + f] * scale
                 mass += r
-                factor_count[f, c, t] += r
                 attribute_count[a, f] += r
+                if scatter and p >= 0:
+                    factor_count[p, f] += r
             key_mass[c] += mass
-            position_count[i] += mass
+            position_count[k, i] += mass
             for d in range(dim):
                 key_sum[c, d] += mass * y[d]
         scalars[0] += w * yy
@@ -168,26 +352,79 @@ def _gated_estep_numba(
     return -1
 
 
+@numba.njit(cache=True, nogil=True)
+def _gated_loglik_numba(
+    context, query, target, candidates, own, key_means, log_prior, inv_two_sigma2, gate_const,
+    indptr, symbols, log_values, log_backoff, log_base, log_attr, out,
+):  # pragma: no cover - compiled  # fmt: skip
+    """``out[n, k] = log p(row n | attribute candidates[k])``, or with ``candidates`` empty ``out[n, 0]`` under
+    the row's own attribute ``own[n]``. ``-inf`` for an impossible row."""
+    n_pos = context.shape[1]
+    n_fac = log_values.shape[1]
+    dim = query.shape[1]
+    shared_prior = log_prior.shape[0] == 1
+    logw = np.empty(n_pos * n_fac)
+    resp = np.empty(n_pos * n_fac)
+    bits = np.empty(n_pos * n_fac, dtype=np.int64)
+    gate = np.empty(n_pos)
+    emit = np.empty((n_pos, n_fac))
+    pair = np.empty(n_pos, dtype=np.int64)
+    y = np.empty(dim)
+    n_cand = candidates.shape[0]
+    for row in range(context.shape[0]):
+        for d in range(dim):
+            y[d] = np.float64(query[row, d])
+        t = target[row]
+        _row_terms(
+            context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, log_values, log_backoff, log_base,
+            gate, emit, pair,
+        )  # fmt: skip
+        for k in range(max(n_cand, 1)):
+            a = own[row] if n_cand == 0 else candidates[k]
+            prior_row = 0 if shared_prior else a
+            best = -np.inf
+            for i in range(n_pos):
+                g = log_prior[prior_row, i] + gate[i]
+                for f in range(n_fac):
+                    la = log_attr[a, f]
+                    v = -np.inf if la == -np.inf else (g + la) + emit[i, f]
+                    logw[i * n_fac + f] = v
+                    best = max(best, v)
+            if best == -np.inf:
+                out[row, k] = -np.inf
+            else:
+                out[row, k] = best + math.log(exp_shifted(logw, best, resp, bits)) + gate_const
+    return out
+
+
 def _logs(array: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
         return np.log(array)
 
 
-def gated_estep(
-    head: GatedHead, x: tuple[Any, Any, Any], attribute: Any, weights: Any = None, stats: GatedStatistics | None = None
-) -> GatedStatistics:
-    """Add the E-step of ``x = (context (n, N), query (n, D), target (n,))`` with ``attribute`` (n,) ids in [0, A)
-    (and weights (n,) or ``None``) into ``stats`` (new ones by default); returns them.
+def _kernel_arrays(head: GatedHead) -> tuple[Any, ...]:
+    """The head's parameters as the kernels take them (logs computed once per call)."""
+    d = head.key_means.shape[1]
+    tables = head.factors
+    cached = getattr(head, "_kernel_cache", None)
+    if cached is None:
+        cached = (
+            np.ascontiguousarray(head.key_means, dtype=np.float64), _logs(head.position_prior), 0.5 / head.sigma2,
+            -0.5 * d * math.log(2.0 * math.pi * head.sigma2), tables.support.indptr, tables.support.symbols,
+            _logs(tables.values), _logs(tables.backoff), _logs(tables.base), _logs(head.weights),
+        )  # fmt: skip
+        object.__setattr__(head, "_kernel_cache", cached)
+    return cached  # type: ignore[no-any-return]
 
-    Bad ids or values raise naming the row, before anything is added; a row no (position, factor) pair can
-    explain raises after the rows before it were added."""
-    s, n_pos, d, t = (
-        head.key_means.shape[0],
-        head.position_prior.shape[0],
-        head.key_means.shape[1],
-        head.factors.shape[2],
-    )
-    context, query, target, w = check_batch(x, weights, num_symbols=s, context_length=n_pos, query_dim=d, num_targets=t)
+
+def _checked(
+    head: GatedHead, x: tuple[Any, Any, Any], attribute: Any, weights: Any, *, values_checked: bool = False
+) -> tuple[Any, ...]:
+    s, d, t = head.key_means.shape[0], head.key_means.shape[1], head.factors.support.num_targets
+    context, query, target, w = check_batch(
+        x, weights, num_symbols=s, context_length=head.context_length, query_dim=d, num_targets=t,
+        values_checked=values_checked,
+    )  # fmt: skip
     attr = np.asarray(attribute)
     if attr.shape != target.shape or not np.issubdtype(attr.dtype, np.integer):
         raise ValueError(f"attribute of shape {attr.shape} and dtype {attr.dtype}: expected {target.shape} integer ids")
@@ -195,11 +432,29 @@ def gated_estep(
     if bad.size:
         r = int(bad[0])
         raise ValueError(f"attribute[{r}] = {int(attr[r])}: expected an attribute id in [0, {head.num_attributes})")
-    stats = GatedStatistics.zeros(head) if stats is None else stats
+    return context, query, target, attr.astype(np.int64), w
+
+
+def gated_estep(
+    head: GatedHead,
+    x: tuple[Any, Any, Any],
+    attribute: Any,
+    weights: Any = None,
+    stats: GatedStatistics | None = None,
+    *,
+    factor_counts: bool = True,
+    values_checked: bool = False,
+) -> GatedStatistics:
+    """Add the E-step of ``x = (context (n, N), query (n, D), target (n,))`` with ``attribute`` (n,) ids in [0, A)
+    (and weights (n,) or ``None``) into ``stats`` (new ones by default); returns them.
+
+    ``factor_counts=False`` leaves the (P, F) factor counts out (a fold-in needs the attribute mass alone).
+    Bad ids or values raise naming the row, before anything is added; a row no (position, factor) pair can
+    explain raises after the rows before it were added."""
+    context, query, target, attr, w = _checked(head, x, attribute, weights, values_checked=values_checked)
+    stats = GatedStatistics.zeros(head, factor_counts=factor_counts) if stats is None else stats
     failed = _gated_estep_numba(
-        context, query, target, attr.astype(np.int64), np.zeros(0) if w is None else w.astype(np.float64),
-        head.key_means, _logs(head.position_prior), 0.5 / head.sigma2,
-        -0.5 * d * math.log(2.0 * math.pi * head.sigma2), _logs(head.factors), _logs(head.weights),
+        context, query, target, attr, np.zeros(0) if w is None else w.astype(np.float64), *_kernel_arrays(head),
         *stats[:5], stats.scalars,
     )  # fmt: skip
     if failed >= 0:
@@ -207,43 +462,78 @@ def gated_estep(
     return stats
 
 
+def gated_log_likelihood(
+    head: GatedHead,
+    x: tuple[Any, Any, Any],
+    attribute: Any = None,
+    *,
+    candidates: Any = None,
+    values_checked: bool = False,
+) -> np.ndarray:
+    """Per row ``log p(query, target | context, a)``: (n,) under each row's own ``attribute`` (n,), or (n, K)
+    under every attribute of ``candidates`` (K,) (classifying rows by attribute). ``-inf`` where impossible."""
+    n = np.asarray(x[2]).shape[0]
+    own = np.zeros(n, dtype=np.int64) if attribute is None else attribute
+    context, query, target, attr, _ = _checked(head, x, own, None, values_checked=values_checked)
+    cand = np.zeros(0, dtype=np.int64) if candidates is None else np.asarray(candidates, dtype=np.int64)
+    if cand.size and (cand.min() < 0 or cand.max() >= head.num_attributes):
+        raise ValueError(f"candidates: expected attribute ids in [0, {head.num_attributes})")
+    out = np.empty((n, max(cand.shape[0], 1)))
+    _gated_loglik_numba(context, query, target, cand, attr, *_kernel_arrays(head), out)
+    return out[:, 0] if candidates is None else out
+
+
+# ------------------------------------------------------------------------------------------ M-step
+
+
+def _normalized_rows(counts: np.ndarray, previous: np.ndarray) -> np.ndarray:
+    """Rows of ``counts`` normalized; a row with no mass keeps ``previous``'s."""
+    totals = counts.sum(axis=1, keepdims=True)
+    return np.where(totals > 0.0, counts / np.where(totals > 0.0, totals, 1.0), previous)
+
+
 def gated_m_step(
     stats: GatedStatistics,
     previous: GatedHead,
     *,
-    emission_strength: float,
-    base: np.ndarray,
+    strength: np.ndarray,
+    base: np.ndarray | None = None,
     weight_strength: float = 0.0,
+    prior_pseudo_count: float = 0.0,
     update: tuple[str, ...] = ("keys", "prior", "factors", "weights"),
 ) -> GatedHead:
-    """The closed-form M-step (the module's formulas); ``update`` names the parameters it re-estimates, the others
-    are kept (folding in an attribute re-estimates ``("weights",)`` only). The gate variance is kept."""
-    from dist_respattn.model.accumulator import SufficientStatistics
-    from dist_respattn.model.emission import DenseEmissionCounts
-
-    key_means, position_prior = previous.key_means, previous.position_prior
-    if "keys" in update or "prior" in update:
-        shared = SufficientStatistics(
-            stats.key_sum, stats.key_mass, DenseEmissionCounts.from_symbol_major(stats.factor_count.sum(axis=0)),
-            stats.position_count, *(float(v) for v in stats.scalars),
-        )  # fmt: skip
-        if "keys" in update:
-            key_means = _key_means(shared, previous.key_means)
-        if "prior" in update:
-            position_prior = _position_prior(shared, None)
+    """The closed-form M-step (the module's formulas). ``strength`` (S,) ``a_s`` and ``base`` (T,) ``u`` are the
+    emission's MAP prior (``base`` defaults to the factors' own). ``update`` names the parameters it
+    re-estimates, the others are kept (folding in an attribute re-estimates ``("weights",)`` only). The gate
+    variance is kept."""
+    key_means, prior = previous.key_means, previous.position_prior
+    if "keys" in update:
+        key_means = _key_means(stats, previous.key_means)  # type: ignore[arg-type]
+    if "prior" in update:
+        n_pos = prior.shape[1]
+        prior = _normalized_rows(stats.position_count + prior_pseudo_count / n_pos, prior)
     factors = previous.factors
     if "factors" in update:
-        counts = stats.factor_count + emission_strength * base
-        totals = counts.sum(axis=2, keepdims=True)
-        # A (factor, symbol) row with no mass and no prior keeps its previous distribution.
-        factors = np.where(totals > 0.0, counts / np.where(totals > 0.0, totals, 1.0), previous.factors)
+        support = factors.support
+        u = factors.base if base is None else np.asarray(base, dtype=np.float64)
+        a_s = np.broadcast_to(np.asarray(strength, dtype=np.float64), (support.num_symbols,))
+        values = np.empty_like(factors.values)
+        backoff = np.empty_like(factors.backoff)
+        targets = support.targets
+        for f in range(factors.num_factors):
+            counts = np.ascontiguousarray(stats.factor_count[:, f])
+            totals = np.bincount(support.symbols, weights=counts, minlength=support.num_symbols)
+            values[:, f], backoff[f] = _map_values(counts, totals, a_s, u, support.symbols, targets)
+            # A (factor, symbol) row with no mass and no prior keeps its previous distribution.
+            dead = (totals + a_s) <= 0.0
+            if dead.any():
+                values[:, f] = np.where(dead[support.symbols], factors.values[:, f], values[:, f])
+                backoff[f] = np.where(dead, factors.backoff[f], backoff[f])
+        factors = FactorTables(support, values, backoff, u)
     weights = previous.weights
-    if "weights" in update:
-        f = stats.attribute_count.shape[1]
-        counts = stats.attribute_count + weight_strength / f
-        totals = counts.sum(axis=1, keepdims=True)
-        weights = np.where(totals > 0.0, counts / np.where(totals > 0.0, totals, 1.0), previous.weights)
-    return GatedHead(key_means, position_prior, previous.sigma2, factors, weights)
+    if "weights" in update and not previous.fixed_weights:
+        weights = _normalized_rows(stats.attribute_count + weight_strength / previous.num_factors, previous.weights)
+    return GatedHead(key_means, prior, previous.sigma2, factors, weights, previous.fixed_weights)
 
 
 def fold_in(
@@ -256,13 +546,20 @@ def fold_in(
 ) -> np.ndarray:
     """The weight vector (F,) of an attribute unseen in training, from its rows ``x``: EM on that vector alone,
     every other parameter fixed (the EM counterpart of inferring a new attribute's representation). Starts
-    uniform; returns the last estimate."""
+    uniform; returns the last estimate. A per-attribute prior is replaced by the attributes' mean."""
     f = head.num_factors
-    probe = GatedHead(head.key_means, head.position_prior, head.sigma2, head.factors, np.full((1, f), 1.0 / f))
+    probe = head.with_weights(np.full((1, f), 1.0 / f))
     n = np.asarray(x[2]).shape[0]
+    zeros = np.zeros(n, dtype=np.int64)
     for _ in range(int(iterations)):
-        stats = gated_estep(probe, x, np.zeros(n, dtype=np.int64), weights)
-        probe = gated_m_step(
-            stats, probe, emission_strength=0.0, base=np.zeros(1), weight_strength=weight_strength, update=("weights",)
-        )
+        stats = gated_estep(probe, x, zeros, weights, factor_counts=False)
+        probe = fold_in_step(probe, stats.attribute_count[0], weight_strength)
     return probe.weights[0].copy()
+
+
+def fold_in_step(probe: GatedHead, attribute_mass: np.ndarray, weight_strength: float) -> GatedHead:
+    """One fold-in M-step: the one attribute's weights from its factor mass (F,)."""
+    counts = np.asarray(attribute_mass, dtype=np.float64)[None, :] + weight_strength / probe.num_factors
+    return GatedHead(
+        probe.key_means, probe.position_prior, probe.sigma2, probe.factors, _normalized_rows(counts, probe.weights)
+    )

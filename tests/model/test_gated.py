@@ -7,7 +7,17 @@ import numpy as np
 import pytest
 
 from dist_respattn import random_distribution
-from dist_respattn.model.gated import GatedHead, fold_in, gated_estep, gated_m_step
+from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulator
+from dist_respattn.model.emission import PairSupport
+from dist_respattn.model.gated import (
+    FactorTables,
+    GatedHead,
+    GatedStatistics,
+    fold_in,
+    gated_estep,
+    gated_log_likelihood,
+    gated_m_step,
+)
 from tests.model.test_kernel_parity import assert_close
 
 RTOL = 1e-12
@@ -20,13 +30,22 @@ def rows(shape, n, seed, num_attributes):
     return (context, query, target), attribute
 
 
+def shared_statistics(shared, data, weights):
+    """The shared head's E-step statistics (its emission is sparse, on the factors' support)."""
+    s, n_pos, d, t = shared.num_symbols, shared.context_length, shared.query_dim, shared.num_targets
+    support = shared.emission_table.support
+    accumulator = ResponsibilityAttentionAccumulator(s, n_pos, d, t, layout="sparse", support=support)
+    accumulator.seq_update(data, weights, shared)
+    return accumulator.value()
+
+
 def gated_head(shape, num_factors, num_attributes, seed):
     s, n_pos, d, t = shape
     base = random_distribution(s, n_pos, d, t, seed=seed, key_scale=1.5, sigma2=1.3)
     rng = np.random.default_rng(seed)
     factors = rng.dirichlet(np.ones(t), size=(num_factors, s))
     weights = rng.dirichlet(np.ones(num_factors), size=num_attributes)
-    return GatedHead(base.key_means, base.position_prior, base.sigma2, factors, weights)
+    return GatedHead.from_dense(base.key_means, base.position_prior, base.sigma2, factors, weights)
 
 
 @pytest.mark.parametrize("weighted", [False, True])
@@ -37,12 +56,12 @@ def test_one_factor_is_the_shared_head(weighted):
     weights = np.random.default_rng(0).uniform(0.0, 2.0, size=400) if weighted else None
     gated = gated_estep(head, data, attribute, weights)
     shared = head.shared(0)
-    accumulator = shared.estimator().accumulator_factory().make()
-    accumulator.seq_update(data, weights, shared)
-    value = accumulator.value()
+    value = shared_statistics(shared, data, weights)
     for name in ("key_sum", "key_mass", "position_count"):
         assert_close(getattr(gated, name), getattr(value, name), rtol=RTOL, label=name)
-    assert_close(gated.factor_count[0], value.emission_count.to_dense(), rtol=RTOL, label="emission counts")
+    support = head.factors.support
+    dense_counts = value.emission_count.on(support).to_dense()[support.symbols, support.targets]
+    assert_close(gated.factor_count[:, 0], dense_counts, rtol=RTOL, label="emission counts")
     assert_close(gated.scalars, [value.query_sq, value.n_obs, value.log_lik], rtol=RTOL, label="scalars")
     # Every attribute's one weight holds its rows' whole mass.
     assert_close(gated.attribute_count[:, 0], np.bincount(attribute, weights=weights, minlength=4), rtol=RTOL)
@@ -62,7 +81,7 @@ def test_gated_em_never_decreases_the_likelihood_and_uses_its_factors():
         log_lik = float(stats.scalars[2])
         assert log_lik >= previous - 1e-9 * abs(log_lik), (log_lik, previous)
         previous = log_lik
-        head = gated_m_step(stats, head, emission_strength=0.0, base=np.zeros(8))
+        head = gated_m_step(stats, head, strength=np.zeros(10))
     # Attribute 1 draws on another factor mix than attributes 0 and 2, which share theirs.
     w = head.weights
     assert abs(w[0] - w[2]).max() < abs(w[0] - w[1]).max()
@@ -73,16 +92,17 @@ def test_folding_in_an_attribute_changes_its_weights_and_nothing_else():
     head = gated_head(shape, 3, 2, 5)
     data, _ = rows(shape, 600, 21, num_attributes=1)
     stats = gated_estep(head, data, np.zeros(600, dtype=np.int64))
-    moved = gated_m_step(stats, head, emission_strength=1.0, base=np.full(6, 1 / 6), update=("weights",))
-    for name in ("key_means", "position_prior", "factors"):
+    moved = gated_m_step(stats, head, strength=np.ones(8), update=("weights",))
+    for name in ("key_means", "position_prior"):
         assert np.array_equal(getattr(moved, name), getattr(head, name)), name
+    assert moved.factors is head.factors
     assert moved.sigma2 == head.sigma2 and not np.array_equal(moved.weights, head.weights)
     vector = fold_in(head, data, iterations=30)
     assert vector.shape == (3,) and vector.min() >= 0.0 and abs(vector.sum() - 1.0) < 1e-12
 
     # The folded-in vector explains its rows at least as well as the uniform start.
     def log_lik(weights):
-        probe = GatedHead(head.key_means, head.position_prior, head.sigma2, head.factors, weights[None, :])
+        probe = head.with_weights(weights[None, :])
         return float(gated_estep(probe, data, np.zeros(600, dtype=np.int64)).scalars[2])
 
     assert log_lik(vector) >= log_lik(np.full(3, 1 / 3))
@@ -97,7 +117,7 @@ def test_bad_attribute_ids_and_tables_are_named():
         gated_estep(head, data, attribute)
     with pytest.raises(ValueError, match=r"expected .* integer ids"):
         gated_estep(head, data, attribute[:5])
-    with pytest.raises(ValueError, match="weights: a row at"):
+    with pytest.raises(ValueError, match="weights: row 0 does not sum to 1"):
         GatedHead(head.key_means, head.position_prior, 1.0, head.factors, head.weights * 2.0)
 
 
@@ -118,6 +138,80 @@ def test_a_factor_row_without_mass_keeps_its_distribution():
     data, attribute = rows(shape, 50, 10, num_attributes=1)
     context = np.where(data[0] == 5, 4, data[0])  # symbol 5 never seen: its rows get no mass
     stats = gated_estep(head, (context, data[1], data[2]), attribute)
-    moved = gated_m_step(stats, head, emission_strength=0.0, base=np.zeros(4))
-    assert np.array_equal(moved.factors[:, 5], head.factors[:, 5])
-    assert not np.array_equal(moved.factors[:, 4], head.factors[:, 4])
+    moved = gated_m_step(stats, head, strength=np.zeros(6))
+    before, after = head.factors.to_dense(), moved.factors.to_dense()
+    assert np.array_equal(after[:, 5], before[:, 5])
+    assert not np.array_equal(after[:, 4], before[:, 4])
+
+
+def sparse_gated_head(shape, num_factors, num_attributes, seed, data, *, per_attribute_prior=False):
+    """Factors on the support of ``data``'s pairs, with a continuation-like backoff off it."""
+    s, n_pos, _, t = shape
+    base_head = random_distribution(s, n_pos, shape[2], t, seed=seed, key_scale=1.5, sigma2=1.3)
+    context, _, target = data
+    keys = np.unique(np.repeat(target.astype(np.int64), n_pos) * s + context.reshape(-1))
+    support = PairSupport.from_keys(keys, s, t)
+    rng = np.random.default_rng(seed)
+    u = rng.dirichlet(np.ones(t))
+    counts = rng.gamma(1.0, size=(support.num_pairs, num_factors))
+    tables = FactorTables(support, np.zeros_like(counts), np.zeros((num_factors, s)), u)
+    stats = GatedStatistics(
+        np.zeros((s, shape[2])), np.zeros(s), np.zeros((1, n_pos)), counts, np.zeros((num_attributes, num_factors)),
+        np.zeros(3),
+    )  # fmt: skip
+    prior = rng.dirichlet(np.ones(n_pos), size=num_attributes if per_attribute_prior else 1)
+    start = GatedHead(
+        base_head.key_means, prior, base_head.sigma2, tables, rng.dirichlet(np.ones(num_factors), size=num_attributes)
+    )
+    return gated_m_step(stats, start, strength=np.full(s, 0.7), update=("factors",))
+
+
+def test_sparse_factors_mix_into_each_attributes_sparse_emission():
+    shape = (12, 4, 3, 9)
+    data, attribute = rows(shape, 500, 31, num_attributes=3)
+    head = sparse_gated_head(shape, 3, 3, 32, data, per_attribute_prior=True)
+    dense = head.factors.to_dense()
+    assert_close(dense.sum(axis=2), np.ones((3, 12)), rtol=RTOL, label="factor rows sum to 1")
+    per_row = gated_log_likelihood(head, data, attribute)
+    for a in range(3):
+        mine = attribute == a
+        plain = head.shared(a).seq_log_density(tuple(v[mine] for v in data))
+        assert_close(per_row[mine], plain, rtol=RTOL, label=f"attribute {a}")
+    # The E-step's log-likelihood is the rows' sum, and scoring every candidate holds each row's own column.
+    stats = gated_estep(head, data, attribute)
+    assert_close(stats.scalars[2], per_row.sum(), rtol=RTOL, label="log-likelihood")
+    table = gated_log_likelihood(head, data, candidates=np.arange(3))
+    assert_close(table[np.arange(500), attribute], per_row, rtol=RTOL, label="candidates")
+
+
+def test_one_sparse_factor_is_the_shared_sparse_head():
+    shape = (12, 4, 3, 9)
+    data, attribute = rows(shape, 500, 41, num_attributes=2)
+    head = sparse_gated_head(shape, 1, 2, 42, data)
+    shared = head.shared(0)
+    value = shared_statistics(shared, data, None)
+    gated = gated_estep(head, data, attribute)
+    assert_close(gated.factor_count[:, 0], value.emission_count.values_array(), rtol=RTOL, label="pair counts")
+    assert_close(gated.scalars, [value.query_sq, value.n_obs, value.log_lik], rtol=RTOL, label="scalars")
+    # Its M-step is the shared head's MAP M-step on the same strengths and base.
+    strength = np.full(12, 0.7)
+    moved = gated_m_step(gated, head, strength=strength)
+    emission = value.emission_count.on(head.factors.support).map_emission(strength, head.factors.base)
+    assert_close(moved.factors.values[:, 0], emission.values, rtol=RTOL, label="values")
+    assert_close(moved.factors.backoff[0], emission.backoff, rtol=RTOL, label="backoff")
+
+
+def test_identity_weights_are_one_separate_head_per_attribute():
+    shape = (10, 3, 2, 6)
+    data, attribute = rows(shape, 400, 51, num_attributes=3)
+    head = sparse_gated_head(shape, 3, 3, 52, data, per_attribute_prior=True)
+    untied = GatedHead(
+        head.key_means, head.position_prior, head.sigma2, head.factors, np.eye(3), fixed_weights=True
+    )
+    stats = gated_estep(untied, data, attribute)
+    # Each attribute's rows fill its own factor alone, and the weights never move.
+    assert_close(stats.attribute_count, np.diag(np.bincount(attribute, minlength=3)), rtol=RTOL, label="mass")
+    moved = gated_m_step(stats, untied, strength=np.full(10, 0.5))
+    assert np.array_equal(moved.weights, np.eye(3))
+    for a in range(3):
+        assert_close(moved.position_prior[a], stats.position_count[a] / stats.position_count[a].sum(), rtol=RTOL)
