@@ -9,9 +9,11 @@ from typing import Any
 
 from dist_respattn.cli.common import CommandError, positive_int, progress_bar, say
 from dist_respattn.cli.store_commands import (
+    add_attribute_options,
     add_common_options,
     add_corpus_sources,
     add_layout_options,
+    attribute_flag_problems,
     identity_line,
     out_after_text,
     write_options,
@@ -81,6 +83,7 @@ def register(sub: Any) -> None:
         type=positive_int,
         help="take documents in a seeded hashed order until this many tokens are taken (a slice of a large corpus)",
     )
+    add_attribute_options(split, split=True)
     add_layout_options(split, append=False)
     add_common_options(split)
     split.set_defaults(handler=_run_split, printer=_print_split)
@@ -96,6 +99,7 @@ def _run_split(args: argparse.Namespace) -> dict[str, Any]:
         "--symbols": args.symbols is not None and args.tokens is None,
         "--embeddings": args.embeddings is not None and args.tokens is None,
         "--vocab-size": args.vocab_size is not None and args.text is None,
+        **attribute_flag_problems(args),
     }
     wrong = [flag for flag, bad in misplaced.items() if bad]
     if wrong:
@@ -105,11 +109,13 @@ def _run_split(args: argparse.Namespace) -> dict[str, Any]:
         raise CommandError(f"--fractions {given}: expected shares that sum to 1 (e.g. 0.8 0.1 0.1)")
     source: Any
     if args.tokens is not None:
-        source = TokenCorpus(args.tokens, args.documents, args.block_tokens or 10_000)
+        source = TokenCorpus(
+            args.tokens, args.documents, args.block_tokens or 10_000, args.attributes, args.attribute_names
+        )
     else:
         if not args.text:
             say(args, f"no --text path given: using the Python standard library's source at {default_corpus()}")
-        source = TextCorpus(args.text)
+        source = TextCorpus(args.text, args.attribute_by)
     started = time.perf_counter()
     unit = "rows" if args.tokens is not None else "files"
     with progress_bar(None, unit, "splitting") as bar:
@@ -156,6 +162,9 @@ def _print_split(report: dict[str, Any]) -> None:
             f"{name:<11}  {store['url']}: {store['rows']:,} rows, {store['documents']:,} documents, "
             f"{store['tokens']:,} tokens"
         )
+    train = report["stores"]["train"]
+    if train.get("attributes"):
+        print(f"attributes   {train['attributes']:,} names, the same ids in every store")
     print(
         f"shared       S={report['num_symbols']}, N={report['context_length']}, D={report['query_dim']}, "
         f"T={report['num_targets']}; identity {identity_line(report['identity'])}"

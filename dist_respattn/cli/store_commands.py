@@ -18,9 +18,11 @@ from dist_respattn.cli.common import (
 )
 
 __all__ = [
+    "add_attribute_options",
     "add_common_options",
     "add_corpus_sources",
     "add_layout_options",
+    "attribute_flag_problems",
     "identity_line",
     "out_after_text",
     "register",
@@ -37,6 +39,46 @@ def add_corpus_sources(source: Any) -> None:
         metavar="PATH",
         help="text files, globs, or directories (their .txt/.md/.rst/.py files); none: the stdlib source",
     )
+
+
+def add_attribute_options(parser: argparse.ArgumentParser, *, split: bool = False) -> None:
+    """``--attribute-by``, ``--attributes`` and ``--attribute-names``: an attribute id per row (``ingest``; ``split``,
+    which takes no --arrays and writes three stores of one set of names)."""
+    from dist_respattn.store.attributes import ATTRIBUTE_BY
+
+    ids_with = "--tokens" if split else "--tokens/--arrays"
+    kept = (
+        "one set of names, the same ids in every store"
+        if split
+        else "--like/--append keep those names' ids, new names are added after them"
+    )
+    group = parser.add_argument_group(f"attributes (who wrote each row: an id in [0, A) with A names; {kept})")
+    group.add_argument(
+        "--attribute-by",
+        choices=ATTRIBUTE_BY,
+        help="with --text: each file's attribute is its path under its root (file) or that path's directory "
+        "(directory; '.' at the root); names sorted",
+    )
+    group.add_argument(
+        "--attributes",
+        metavar="A.npy",
+        help=f"with {ids_with}: an integer attribute id per token (--tokens; a row takes its target's) or per "
+        "row (--arrays)",
+    )
+    group.add_argument(
+        "--attribute-names",
+        metavar="NAMES.txt",
+        help="with --attributes: one name a line, line k naming id k (default: the ids themselves, 0..A-1)",
+    )
+
+
+def attribute_flag_problems(args: argparse.Namespace) -> dict[str, bool]:
+    """The attribute flags given with a source they do not go with (``ingest`` and ``split`` share them)."""
+    return {
+        "--attribute-by": args.attribute_by is not None and args.text is None,
+        "--attributes": args.attributes is not None and args.tokens is None and getattr(args, "arrays", None) is None,
+        "--attribute-names": args.attribute_names is not None and args.attributes is None,
+    }
 
 
 def out_after_text(args: argparse.Namespace, attribute: str, metavar: str) -> None:
@@ -179,6 +221,7 @@ def register(sub: Any) -> None:
     ingest.add_argument(
         "--vocab-size", type=positive_int, help="with --text: K most frequent tokens kept (default 2000)"
     )
+    add_attribute_options(ingest)
     add_layout_options(ingest)
     add_common_options(ingest)
     ingest.set_defaults(handler=_run_ingest, printer=_print_written)
@@ -316,6 +359,7 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
         "--context": args.context is not None and args.arrays is not None,
         "--dim": args.dim is not None and args.arrays is not None,
         "--seed": args.seed is not None and args.arrays is not None,
+        **attribute_flag_problems(args),
     }
     wrong = [flag for flag, bad in misplaced.items() if bad]
     if wrong:
@@ -335,6 +379,8 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
     like = _open_like(args)
     started = time.perf_counter()
     before = _rows_before(args)
+    names_before = _names_before(args, like)
+    attributes = {"attributes": args.attributes, "attribute_names": args.attribute_names}
     if args.arrays is not None:
         with progress_bar(None, "rows", "ingesting") as bar:
             context, query, target = args.arrays
@@ -348,6 +394,7 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
                 num_targets=args.targets,
                 like=like,
                 options=write_options(args, bar.update),
+                **attributes,
             )
     elif args.format == "stream":
         if args.row_order != "input":
@@ -369,6 +416,7 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
                 documents=args.documents,
                 like=like,
                 options=write_options(args, bar.update),
+                **attributes,
             )
     else:
         if args.symbols is not None:
@@ -390,8 +438,22 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
                 like=like,
                 file_progress=bar.update,
                 options=options,
+                attribute_by=args.attribute_by,
             )
-    return _written(store, started, before)
+    report = _written(store, started, before)
+    if store.attribute_names is not None and (args.append or like is not None):
+        report["attributes_added"] = len(store.attribute_names) - len(names_before or ())
+    return report
+
+
+def _names_before(args: argparse.Namespace, like: Any) -> tuple[str, ...] | None:
+    """The attribute names the new rows' names merge with: the appended store's, or the ``--like`` store's (the
+    report's ``attributes_added`` counts the names they lacked)."""
+    if args.append:
+        from dist_respattn.store.rows import open_rows
+
+        return open_rows(args.out, storage_options=parse_storage_options(args.storage_option)).attribute_names
+    return None if like is None else like.attribute_names
 
 
 def _ingest_stream(args: argparse.Namespace, like: Any) -> Any:
@@ -404,6 +466,7 @@ def _ingest_stream(args: argparse.Namespace, like: Any) -> Any:
         return write_stream_tokens(
             args.out, args.tokens, args.context, num_symbols=args.symbols, embeddings=args.embeddings, dim=args.dim,
             seed=args.seed, documents=args.documents, weights=args.weights, like=like, options=options,
+            attributes=args.attributes, attribute_names=args.attribute_names,
         )  # fmt: skip
     if args.symbols is not None:
         raise CommandError("--symbols does not apply to --text: the vocabulary size is --vocab-size (S = K + 1)")
@@ -415,7 +478,7 @@ def _ingest_stream(args: argparse.Namespace, like: Any) -> Any:
     ) as bar:
         return write_stream_text(
             args.out, paths, args.context, vocab_size=args.vocab_size, dim=args.dim, seed=args.seed, like=like,
-            file_progress=bar.update, options=options,
+            file_progress=bar.update, options=options, attribute_by=args.attribute_by,
         )  # fmt: skip
 
 
@@ -477,12 +540,24 @@ def _print_info(report: dict[str, Any]) -> None:
             f"split        {split['name']}: {split['documents']:,} documents of a {fractions} split "
             f"(train/validation/test, split seed {split['seed']})"
         )
+    if report.get("attributes"):
+        _print_attributes(report)
     if report.get("vocabulary"):
         _print_vocabulary(report["vocabulary"])
     if report["has_true_model"]:
         print("true model   kept in the store (truth/)")
     print(f"identity     {identity_line(report['identity'])}")
     print(f"fingerprint  {report['fingerprint']}")
+
+
+def _print_attributes(report: dict[str, Any]) -> None:
+    """The ``attributes`` line of ``info`` (and of a write): A, per what, the first names, and how many are new."""
+    count, shown = report["attributes"], report["attribute_names"]
+    per = f"per {report.get('attribute_level', 'row')}"
+    names = ", ".join(shown[:10]) + (f", ... ({count - 10} more)" if count > 10 else "")
+    added = report.get("attributes_added")
+    new = f"; {added} new" if added is not None else ""
+    print(f"attributes   {count:,} ({per}{new}): {names}")
 
 
 def _print_vocabulary(vocabulary: dict[str, Any]) -> None:

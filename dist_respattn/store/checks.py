@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from dist_respattn.store.attributes import names_problem
 from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, SCHEMA_VERSION, StoreSchema, StoreState
 
 __all__ = ["EncodedRows", "Problem", "block_problems", "structural_problems"]
@@ -133,7 +134,40 @@ def structural_problems(group: Any) -> tuple[StoreSchema | None, dict[str, Any],
             )
     if "weight" in members and not schema.has_weight:
         problems.append(Problem("present but the attributes say the store is unweighted", array="weight"))
+    problems.extend(_attribute_structure(group, attrs, members, state == StoreState.COMPLETE))
     return schema, attrs, problems
+
+
+def _attribute_structure(group: Any, attrs: dict[str, Any], members: set[str], complete: bool) -> list[Problem]:
+    """The optional ``attribute`` array and its ``attribute_names``: both or neither, int32 (rows,), chunked and
+    sharded like the row arrays."""
+    names = attrs.get("attribute_names")
+    if names is None:
+        if "attribute" in members:
+            return [Problem("present but the attributes record no attribute_names", array="attribute")]
+        return []
+    problem = names_problem(names)
+    if problem is not None:
+        return [Problem(problem)]
+    if "attribute" not in members:
+        return [Problem(f"missing: expected int32 (rows,) ids in [0, {len(names)}), one per row", array="attribute")]
+    array = group["attribute"]
+    problems = []
+    if array.dtype != np.int32 or array.ndim != 1:
+        problems.append(Problem(f"{array.dtype} of shape {array.shape}: expected int32 (rows,)", array="attribute"))
+    if complete and array.shape[0] != attrs["rows"]:
+        problems.append(Problem(f"{array.shape[0]} rows: expected {attrs['rows']}, the store's row count",
+                                array="attribute"))  # fmt: skip
+    shards = array.shards or array.chunks
+    if array.chunks[0] != attrs["chunk_rows"] or shards[0] != attrs["partition_rows"]:
+        problems.append(
+            Problem(
+                f"chunked {array.chunks[0]} rows per chunk and {shards[0]} per shard: expected "
+                f"{attrs['chunk_rows']} and {attrs['partition_rows']} like every row array",
+                array="attribute",
+            )
+        )
+    return problems
 
 
 def _first_bad(mask: np.ndarray) -> tuple[int, tuple[int, ...], int] | None:

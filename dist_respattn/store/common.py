@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from dist_respattn.store.schema import StoreSchema
@@ -35,15 +36,21 @@ class WriteOptions:
 
 
 def open_writer(
-    out: str | os.PathLike[str], schema: StoreSchema, options: WriteOptions, provenance: dict[str, Any]
+    out: str | os.PathLike[str],
+    schema: StoreSchema,
+    options: WriteOptions,
+    provenance: dict[str, Any],
+    attribute_names: Sequence[str] | None = None,
 ) -> StoreWriter:
-    """A writer creating ``out`` or appending to it, per ``options``."""
+    """A writer creating ``out`` or appending to it, per ``options`` (rows with an attribute each when
+    ``attribute_names`` are given)."""
     if options.append and options.overwrite:
         raise ValueError("append and overwrite exclude each other")
     if options.append:
         return StoreWriter.append(
-            out, schema, provenance=provenance, storage_options=options.storage_options, progress=options.progress
-        )
+            out, schema, provenance=provenance, storage_options=options.storage_options, progress=options.progress,
+            attribute_names=attribute_names,
+        )  # fmt: skip
     return StoreWriter.create(
         out,
         schema,
@@ -55,4 +62,5 @@ def open_writer(
         overwrite=options.overwrite,
         storage_options=options.storage_options,
         progress=options.progress,
+        attribute_names=attribute_names,
     )

@@ -125,7 +125,8 @@ class DocumentWindows:
     """Consecutive pieces of a stream to its rows, no window spanning two documents.
 
     ``starts``: blocks of checked document starts, or ``None`` for one document. Memory: one piece
-    plus N carried tokens.
+    plus N carried tokens. After each :meth:`feed`, :attr:`targets` (m,) int64 holds the stream position of each
+    returned row's target (to look up what is kept per token, such as its attribute).
     """
 
     def __init__(
@@ -139,12 +140,14 @@ class DocumentWindows:
         self._document = -1  # the document of the last token seen
         self._carry = np.zeros(0, dtype=np.int64)
         self._carry_documents = np.zeros(0, dtype=np.int64)
+        self.targets = np.zeros(0, dtype=np.int64)
 
     def feed(self, piece: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Rows ending in ``piece``: ``context`` (m, N) int64, ``query`` (m, D) float32, ``target`` (m,) int64,
         and ``document`` (m,) int64, the index of each row's document."""
         n = self.context_length
         length = int(piece.shape[0])
+        first_target = self._offset - self._carry.size + n  # the stream position of the first window's target
         cuts = self._starts.before(self._offset + length) - self._offset
         # The carry's oldest token is of the current document: then so is everything, and every row is kept.
         one_document = cuts.size == 0 and (
@@ -165,9 +168,11 @@ class DocumentWindows:
         )
         m = target.shape[0]
         document = owners[:m]
+        self.targets = first_target + np.arange(m, dtype=np.int64)
         if one_document:
             return context, query, target, document
         keep = document == owners[n : n + m]  # the window's first token and its target share a document
         if not keep.all():
             context, query, target, document = context[keep], query[keep], target[keep], document[keep]
+            self.targets = self.targets[keep]
         return context, query, target, document

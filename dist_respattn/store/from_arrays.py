@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from dist_respattn.store.attributes import attribute_ids, attribute_provenance
 from dist_respattn.store.common import WriteOptions, open_writer
 from dist_respattn.store.like import open_like
 from dist_respattn.store.npy import NpyRows, load_array, max_id, row_blocks
@@ -25,6 +26,8 @@ def write_arrays(
     num_targets: int | None = None,
     like: TripleStore | str | os.PathLike[str] | None = None,
     options: WriteOptions | None = None,
+    attributes: Any = None,
+    attribute_names: Any = None,
 ) -> TripleStore:
     """Write ``context`` (n, N), ``query`` (n, D), ``target`` (n,) and optional ``weight`` (n,) to a store.
 
@@ -34,6 +37,10 @@ def write_arrays(
     ``like``: a store (or its URL) whose S, T, N and D the rows must have; the new store takes its
     vocabulary and embedding table, so it counts as the same corpus (its ids and queries are declared
     to be that store's). A conflicting ``num_symbols``/``num_targets`` is refused.
+
+    ``attributes``: an attribute id per row (an (n,) integer array or ``.npy`` path), named by
+    ``attribute_names`` (a ``NAMES.txt`` path, line k naming id k, or a sequence; default ``"0"``..``"A-1"``);
+    with ``like`` or an append, merged with that store's names (:mod:`~dist_respattn.store.attributes`).
     """
     options = options or WriteOptions()
     reference = open_like(like, options)
@@ -59,10 +66,10 @@ def write_arrays(
         )
         reference.check_dimension(names["query"], "query has", values["query"].shape[1], schema.query_dim, "D")
         num_symbols, num_targets = reference.num_symbols(num_symbols), reference.num_targets(num_targets)
-    if options.append and (num_symbols is None or num_targets is None):
-        existing = TripleStore.open(out, storage_options=options.storage_options).schema
-        num_symbols = num_symbols or existing.num_symbols
-        num_targets = num_targets or existing.num_targets
+    appended_to = TripleStore.open(out, storage_options=options.storage_options) if options.append else None
+    if appended_to is not None and (num_symbols is None or num_targets is None):
+        num_symbols = num_symbols or appended_to.schema.num_symbols
+        num_targets = num_targets or appended_to.schema.num_targets
     schema = StoreSchema(
         num_symbols=num_symbols if num_symbols is not None else max(max_id(values["context"]) + 1, 1),
         context_length=values["context"].shape[1],
@@ -71,14 +78,22 @@ def write_arrays(
         query_dtype=options.query_dtype,
         has_weight="weight" in values,
     )
+    ids = attribute_ids(
+        attributes, n, per="row", names=attribute_names, appending=options.append,
+        reference=appended_to if appended_to is not None else None if reference is None else reference.store,
+    )  # fmt: skip
     provenance = {"source": "arrays", "files": {k: v for k, v in names.items() if v != k}}
     if reference is not None:
         provenance.update(reference.provenance())
-    with open_writer(out, schema, options, provenance) as writer:
+    if ids is not None:
+        names["attribute"] = f"--attributes {ids.source}"
+        provenance.update(attribute_provenance("ids", ids.merged, ids.source))
+    with open_writer(out, schema, options, provenance, None if ids is None else ids.merged.names) as writer:
         if reference is not None:
             reference.copy_into(writer)
         step = writer.chunking.partition_rows
         for start in range(0, n, step):
             block = {name: array[start : start + step] for name, array in values.items()}
-            writer.write(block["context"], block["query"], block["target"], block.get("weight"), source=names)
+            writer.write(block["context"], block["query"], block["target"], block.get("weight"), source=names,
+                         attribute=None if ids is None else ids.block(start, start + step))  # fmt: skip
         return writer.close()

@@ -13,7 +13,10 @@ from dist_respattn.store.triple_store import TripleStore, open_group_at
 __all__ = ["RowStore", "is_stream_store", "open_rows"]
 
 #: What the engine reads rows from: both have ``schema``, ``num_rows``, ``partitions``, ``iter_blocks``,
-#: ``fingerprint``, ``identity``, ``provenance``, ``embeddings`` and ``vocabulary``.
+#: ``fingerprint``, ``identity``, ``provenance``, ``embeddings`` and ``vocabulary``; and, for rows that carry an
+#: attribute (:mod:`~dist_respattn.store.attributes`), ``attribute_names`` (``None`` without) and
+#: ``read_attributes(start, stop, selected=None)``, the ids of the rows the row readers return. ``read_documents``
+#: is a token-stream store's only (a triple store's raises: its rows do not record their documents).
 RowStore = TripleStore | TokenStreamStore
 
 

@@ -9,6 +9,11 @@ index. A token stream without document starts is cut into contiguous documents o
 ``block_tokens`` tokens (default 10,000), so the splits interleave through the stream; no window
 spans two of them.
 
+Attributes (:mod:`~dist_respattn.store.attributes`): a text corpus's ``attribute_by`` gives each row its
+file's attribute, a token corpus's ``attributes`` (one id per token) each row its target token's; the names
+are those of the whole corpus (every file found, or the ids given), so an id names the same author in all
+three stores, whichever documents each got.
+
 ``max_tokens`` takes documents in the order of a second hash (``"order"`` for ``"split"``) until
 at least that many tokens are taken: a deterministic, unbiased slice of a large corpus.
 
@@ -32,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from dist_respattn.store.attributes import attribute_ids, attribute_provenance, text_attribute_ids
 from dist_respattn.store.common import WriteOptions, open_writer
 from dist_respattn.store.documents import DocumentWindows, check_document_starts, fixed_starts, starts_blocks
 from dist_respattn.store.errors import StoreError
@@ -72,21 +78,29 @@ DEFAULT_BLOCK_TOKENS = 10_000
 
 @dataclasses.dataclass(frozen=True)
 class TextCorpus:
-    """Text files, globs or directories, as ``ingest --text`` takes them; none: the standard library's source."""
+    """Text files, globs or directories, as ``ingest --text`` takes them; none: the standard library's source.
+
+    ``attribute_by`` (``"file"`` or ``"directory"``): each row carries its file's attribute.
+    """
 
     paths: Sequence[str | os.PathLike[str]] = ()
+    attribute_by: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenCorpus:
     """A token stream (an (L,) int array or ``.npy`` path) and its document starts (array or path, or ``None``).
 
-    Without starts, the stream is cut into documents of ``block_tokens`` tokens.
+    Without starts, the stream is cut into documents of ``block_tokens`` tokens. ``attributes``: an attribute id
+    per token (array or path; a row takes its target's), named by ``attribute_names`` (a ``NAMES.txt`` path or a
+    sequence; default ``"0"``..``"A-1"``).
     """
 
     tokens: Any
     documents: Any = None
     block_tokens: int = DEFAULT_BLOCK_TOKENS
+    attributes: Any = None
+    attribute_names: Any = None
 
 
 def _hash_unit(purpose: str, seed: int, key: str) -> float:
@@ -264,6 +278,7 @@ def _split_text(
 ) -> dict[str, TripleStore]:
     paths = [os.fspath(p) for p in source.paths] or [default_corpus()]
     documents = iter_text_documents(paths)
+    attributes = text_attribute_ids([d.key for d in documents], source.attribute_by)
     plan = _Plan([d.key for d in documents], split_seed, fractions)
     counts: Counter[str] = Counter()
 
@@ -299,7 +314,9 @@ def _split_text(
         "vocab_size": len(vocabulary.tokens),
         "embedding": table_info,
         **identity_provenance(vocabulary.tokens, table),
+        **({} if attributes is None else attribute_provenance(attributes.by, attributes.merged)),
     }
+    names = None if attributes is None else attributes.merged.names
     lookup = vocabulary.lookup()
     tokens = dict.fromkeys(SPLIT_NAMES, 0)
     oov = dict.fromkeys(SPLIT_NAMES, 0)
@@ -312,14 +329,17 @@ def _split_text(
                 "documents": plan.documents(index),
                 "split": _split_record(name, fractions, split_seed, plan.documents(index), max_tokens),
             }
-            writers[name] = stack.enter_context(open_writer(locations[name], schema, options, record))
+            writers[name] = stack.enter_context(open_writer(locations[name], schema, options, record, names))
             writers[name].write_embeddings(table)
             writers[name].write_vocabulary(vocabulary.to_json())
         for i, document in enumerate(documents):
             if not plan.taken[i]:
                 continue
             owner = SPLIT_NAMES[int(plan.split[i])]
-            counted_tokens, unknown = write_text_document(writers[owner], document.path, vocabulary, lookup, table)
+            attribute = None if attributes is None else int(attributes.file_ids[i])
+            counted_tokens, unknown = write_text_document(
+                writers[owner], document.path, vocabulary, lookup, table, attribute
+            )
             tokens[owner] += counted_tokens
             oov[owner] += unknown
             if file_progress is not None:
@@ -345,6 +365,7 @@ def _split_tokens(
 ) -> dict[str, TripleStore]:
     stream, name = load_token_stream(source.tokens)
     length = int(stream.shape[0])
+    ids = attribute_ids(source.attributes, length, per=f"token of {name}", names=source.attribute_names)
     if source.documents is not None:
         starts, starts_name, count = check_document_starts(source.documents, length, name)
 
@@ -380,6 +401,8 @@ def _split_tokens(
         common["documents_file"] = os.path.abspath(starts_name) if starts_name != "documents" else "array"
     else:
         common["block_tokens"] = int(source.block_tokens)
+    if ids is not None:
+        common.update(attribute_provenance("ids", ids.merged, ids.source))
     tokens = {split: int(lengths[plan.taken & (plan.split == index)].sum()) for index, split in enumerate(SPLIT_NAMES)}
     with ExitStack() as stack:
         writers = {}
@@ -390,15 +413,22 @@ def _split_tokens(
                 "documents": plan.documents(index),
                 "split": _split_record(split, fractions, split_seed, plan.documents(index), max_tokens),
             }
-            writers[split] = stack.enter_context(open_writer(locations[split], schema, options, record))
+            writers[split] = stack.enter_context(
+                open_writer(locations[split], schema, options, record, None if ids is None else ids.merged.names)
+            )
             writers[split].write_embeddings(table)
         windows = DocumentWindows(n, num_symbols, table, blocks())
+        position = 0
         for piece in checked_pieces(stream, name, num_symbols):
             context, query, target, document = windows.feed(piece)
+            # A row's attribute is its target token's (every target of a piece lies in it).
+            row_ids = None if ids is None else ids.block(position, position + piece.size)[windows.targets - position]
+            position += piece.size
             owner = np.where(plan.taken[document], plan.split[document], -1)
             for index, split in enumerate(SPLIT_NAMES):
                 rows = owner == index
                 if rows.any():
-                    writers[split].write(context[rows], query[rows], target[rows], source=name)
+                    writers[split].write(context[rows], query[rows], target[rows], source=name,
+                                         attribute=None if row_ids is None else row_ids[rows])  # fmt: skip
         _check_rows(writers, plan, tokens)
         return {split: writer.close() for split, writer in writers.items()}

@@ -15,14 +15,22 @@ from typing import Any
 
 import numpy as np
 
+from dist_respattn.store.attributes import TextAttributes, attribute_ids, attribute_provenance, text_attribute_ids
 from dist_respattn.store.common import WriteOptions
 from dist_respattn.store.documents import check_document_starts
+from dist_respattn.store.errors import SchemaMismatchError
 from dist_respattn.store.identity import identity_provenance
 from dist_respattn.store.like import LikeStore, open_like
 from dist_respattn.store.npy import load_array, max_id
 from dist_respattn.store.stream_store import StreamWriter, TokenStreamStore
 from dist_respattn.store.tables import embedding_table
-from dist_respattn.store.text import DEFAULT_VOCAB_SIZE, TOKENIZER_NAME, Vocabulary, iter_text_files
+from dist_respattn.store.text import (
+    DEFAULT_VOCAB_SIZE,
+    TOKENIZER_NAME,
+    Vocabulary,
+    iter_text_documents,
+    iter_text_files,
+)
 from dist_respattn.store.text_pass import TokenizedCorpus, tokenize_files
 from dist_respattn.store.tokens import checked_pieces, load_token_stream
 
@@ -42,17 +50,26 @@ def _reference(out: Any, like: Any, options: WriteOptions) -> LikeStore | None:
 
 
 def _open_writer(
-    out: Any, options: WriteOptions, *, weighted: bool, provenance: dict[str, Any], **new_store: Any
+    out: Any,
+    options: WriteOptions,
+    *,
+    weighted: bool,
+    provenance: dict[str, Any],
+    attribute_names: Sequence[str] | None = None,
+    attribute_level: str = "document",
+    **new_store: Any,
 ) -> StreamWriter:
-    """A writer of a new store (``new_store``: its S, table and window), or of an append to ``out``."""
+    """A writer of a new store (``new_store``: its S, table and window; attributes at ``attribute_level``), or of
+    an append to ``out`` (at the store's own level)."""
     if options.append:
         return StreamWriter.append(
-            out, weighted=weighted, storage_options=options.storage_options, provenance=provenance
-        )
+            out, weighted=weighted, storage_options=options.storage_options, provenance=provenance,
+            attribute_names=attribute_names,
+        )  # fmt: skip
     return StreamWriter(
         out, weighted=weighted, chunk_tokens=options.chunk_rows, partition_tokens=options.partition_rows,
         query_dtype=options.query_dtype, overwrite=options.overwrite, storage_options=options.storage_options,
-        provenance=provenance, **new_store,
+        provenance=provenance, attribute_names=attribute_names, attribute_level=attribute_level, **new_store,
     )  # fmt: skip
 
 
@@ -73,22 +90,38 @@ def _checked_weights(weights: Any, num_tokens: int, tokens_name: str) -> tuple[A
 
 
 def _write_cut(
-    writer: StreamWriter, piece: np.ndarray, weight: np.ndarray | None, position: int, starts: np.ndarray, next_doc: int
+    writer: StreamWriter,
+    piece: np.ndarray,
+    weight: np.ndarray | None,
+    position: int,
+    starts: np.ndarray,
+    next_doc: int,
+    *,
+    attribute: np.ndarray | None = None,
+    documents: np.ndarray | None = None,
 ) -> int:
     """Write ``piece`` (tokens from ``position`` on), starting a document at each of ``starts[next_doc:]`` inside it.
 
+    Attributes, for a store with them: ``attribute`` the piece's ids per token, or ``documents`` (n_docs,) each
+    document's id (given per token to a store with an attribute per token). The caller starts the first document.
     Returns the index of the first start not yet reached.
     """
-    cuts = [position]
+    cuts, owners = [position], [next_doc - 1]
     while next_doc < starts.size and starts[next_doc] < position + piece.size:
         cuts.append(int(starts[next_doc]))
+        owners.append(next_doc)
         next_doc += 1
     cuts.append(position + piece.size)
+    per_token = writer.attribute_level == "token"
     for k, (a, b) in enumerate(itertools.pairwise(cuts)):
+        own = None if documents is None else int(documents[owners[k]])
         if k > 0:
-            writer.start_document()
+            writer.start_document(None if per_token else own)
         a, b = a - position, b - position
-        writer.write(piece[a:b], None if weight is None else weight[a:b])
+        ids = attribute[a:b] if attribute is not None else None
+        if ids is None and own is not None and per_token:
+            ids = np.full(b - a, own, dtype=np.int32)
+        writer.write(piece[a:b], None if weight is None else weight[a:b], ids)
     return next_doc
 
 
@@ -105,6 +138,8 @@ def write_stream_tokens(
     weights: Any = None,
     like: Any = None,
     options: WriteOptions | None = None,
+    attributes: Any = None,
+    attribute_names: Any = None,
 ) -> TokenStreamStore:
     """A stream store of a token stream (an (L,) integer array or ``.npy`` path).
 
@@ -112,6 +147,10 @@ def write_stream_tokens(
     finite, non-negative weight per token, the weight of the row whose target it is (0 keeps a token as
     context only). The other arguments are those of :func:`~dist_respattn.store.tokens.write_tokens`; as there, a
     stream whose windows give no rows (every document shorter than N + 1 tokens) is refused.
+
+    ``attributes``: an attribute id per token (an (L,) integer array or ``.npy`` path), kept per token
+    (``token_attribute``); ``attribute_names`` names them (a ``NAMES.txt`` path or a sequence; default
+    ``"0"``..``"A-1"``), merged with ``like``'s or the appended store's names (:mod:`~dist_respattn.store.attributes`).
     """
     options = options or WriteOptions()
     reference = _reference(out, like, options)
@@ -133,6 +172,16 @@ def write_stream_tokens(
         loaded, starts_name, _ = check_document_starts(documents, num_tokens, name)
         starts = np.asarray(loaded[:], dtype=np.int64)
     weight_values, weights_name = (None, None) if weights is None else _checked_weights(weights, num_tokens, name)
+    ids = attribute_ids(
+        attributes, num_tokens, per=f"token of {name}", names=attribute_names, appending=options.append,
+        reference=None if reference is None else reference.store,
+    )  # fmt: skip
+    appended_to = reference.store if options.append and reference is not None else None
+    if ids is not None and isinstance(appended_to, TokenStreamStore) and appended_to.attribute_level == "document":
+        raise SchemaMismatchError(
+            f"{appended_to.location}: cannot append: the store has an attribute per document, and --attributes "
+            f"{ids.source} gives one per token; append text with --attribute-by, or write a new store"
+        )
     provenance: dict[str, Any] = {
         "source": "tokens",
         "tokens": os.path.abspath(name) if name != "tokens" else "array",
@@ -143,10 +192,13 @@ def write_stream_tokens(
         provenance["documents_file"] = os.path.abspath(starts_name) if starts_name != "documents" else "array"
     if weights_name is not None:
         provenance["weights_file"] = os.path.abspath(weights_name) if weights_name != "weights" else "array"
+    if ids is not None:
+        provenance.update(attribute_provenance("ids", ids.merged, ids.source))
     hint = f" (the symbols of {reference.role} {reference.url})" if reference is not None else ""
     with _open_writer(
         out, options, weighted=weight_values is not None, provenance=provenance, num_symbols=num_symbols,
-        table=table, context_length=window,
+        table=table, context_length=window, attribute_names=None if ids is None else ids.merged.names,
+        attribute_level="token",
     ) as writer:  # fmt: skip
         saved = reference.store.vocabulary() if reference is not None and not options.append else None
         if saved is not None:
@@ -160,7 +212,8 @@ def write_stream_tokens(
                 if bad.size:
                     i = int(bad[0])
                     raise ValueError(f"{weights_name}[{position + i}] = {w[i]}: expected a finite, non-negative weight")
-            next_doc = _write_cut(writer, piece, w, position, starts, next_doc)
+            token_ids = None if ids is None else ids.block(position, position + piece.size)
+            next_doc = _write_cut(writer, piece, w, position, starts, next_doc, attribute=token_ids)
             position += piece.size
         if options.progress is not None:
             options.progress(num_tokens)
@@ -179,15 +232,25 @@ def write_stream_text(
     file_progress: Callable[[int], None] | None = None,
     workers: int | None = None,
     options: WriteOptions | None = None,
+    attribute_by: str | None = None,
 ) -> TokenStreamStore:
     """A stream store of text files, one document each, tokenized as :func:`~dist_respattn.store.text.write_text`.
 
     One tokenizing pass (:mod:`~dist_respattn.store.text_pass`) by ``workers`` threads (default: one per
     core); the store is the same for any number of them.
+
+    ``attribute_by`` (``"file"`` or ``"directory"``): each document carries its file's attribute (kept per
+    document, ``document_attribute``; appended to a store with an attribute per token, per token), named as
+    :mod:`~dist_respattn.store.attributes` says.
     """
     options = options or WriteOptions()
     reference = _reference(out, like, options)
-    files = iter_text_files(paths)
+    found = iter_text_documents(paths) if attribute_by is not None else None
+    files = [d.path for d in found] if found is not None else iter_text_files(paths)
+    attributes = text_attribute_ids(
+        [d.key for d in found or ()], attribute_by, appending=options.append,
+        reference=None if reference is None else reference.store,
+    )  # fmt: skip
     given: Vocabulary | None = None
     if reference is not None:
         context_length = reference.context_length(context_length)
@@ -207,7 +270,7 @@ def write_stream_text(
             table, table_info = embedding_table(vocabulary.num_symbols, dim=dim, seed=seed or 0)
             identity = identity_provenance(vocabulary.tokens, table)
         return _write_corpus(out, paths, files, corpus, vocabulary, remap, window, table, table_info, identity,
-                             reference, file_progress, options)  # fmt: skip
+                             reference, file_progress, options, attributes)  # fmt: skip
 
 
 def _check_vocab_size(size: Any) -> None:
@@ -229,8 +292,9 @@ def _write_corpus(
     reference: Any,
     file_progress: Callable[[int], None] | None,
     options: WriteOptions,
+    attributes: TextAttributes | None = None,
 ) -> TokenStreamStore:
-    """Write a tokenized corpus's final ids, one document per file that has tokens."""
+    """Write a tokenized corpus's final ids, one document per file that has tokens (with its file's attribute)."""
     provenance = {
         "source": "text",
         "paths": [os.path.abspath(os.fspath(p)) for p in paths],
@@ -241,16 +305,22 @@ def _write_corpus(
         "embedding": table_info,
         **identity,
     }
+    documents = None
+    if attributes is not None:
+        provenance.update(attribute_provenance(attributes.by, attributes.merged))
+        documents = attributes.file_ids[corpus.lengths > 0]  # a file without tokens is no document
     with _open_writer(
         out, options, weighted=False, provenance=provenance, num_symbols=vocabulary.num_symbols, table=table,
-        context_length=window,
+        context_length=window, attribute_names=None if attributes is None else attributes.merged.names,
     ) as writer:  # fmt: skip
         if not options.append:
             writer.write_vocabulary(vocabulary.to_json())
+        if documents is not None and documents.size and writer.attribute_level == "document":
+            writer.start_document(int(documents[0]))
         starts, next_doc, position, oov = corpus.document_starts(), 1, 0, 0
         for ids in corpus.blocks(remap, writer.dtype, writer.partition_tokens):
             oov += int(np.count_nonzero(ids == vocabulary.oov_id))
-            next_doc = _write_cut(writer, ids, None, position, starts, next_doc)
+            next_doc = _write_cut(writer, ids, None, position, starts, next_doc, documents=documents)
             position += ids.size
         if file_progress is not None and reference is None:
             file_progress(len(files))  # the second of the two passes the caller counts

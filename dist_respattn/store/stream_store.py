@@ -6,6 +6,8 @@ at N = 8, D = 32); the stream itself is 2 bytes a token. A stream store is one z
     tokens           uint8/16/32 (L,)   the smallest unsigned type that holds S ids
     document_starts  int64 (n_docs,)    the first token of each document, strictly increasing from 0
     weight           float32 (L,)       optional: the weight of the row whose target is that token
+    document_attribute  int32 (n_docs,)  optional: each document's attribute id in [0, A) (who wrote it)
+    token_attribute  int32 (L,)         optional, instead: the attribute of the row whose target is that token
     embeddings       float32 (S, D)     the table queries are looked up in
     vocabulary/                         for text: the tokens, as the attributes of a group
 
@@ -16,6 +18,10 @@ numbered in token order, so N, the window, is a reader's choice (``fit --context
 records a default). Token chunks and shards (``chunk_tokens``, ``partition_tokens``) cut the rows:
 partition ``k`` is the rows whose target lies in shard ``k``, and a reader fetches the N tokens
 before a block along with it, so every task reads its own shard and at most the previous chunk.
+
+Attributes (:mod:`~dist_respattn.store.attributes`) are optional: a store with them records their names
+(``attribute_names``, A strings) and ``attribute_level`` (``document`` or ``token``) in its group attribute,
+and :meth:`TokenStreamStore.read_attributes` gives the attribute of any rows it reads.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import hashlib
 import json
 import os
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,6 +39,13 @@ import numpy as np
 import zarr
 
 from dist_respattn.model.histogram import WindowRows
+from dist_respattn.store.attributes import (
+    ATTRIBUTE_LEVELS,
+    appended_names,
+    checked_writer_names,
+    describe_attributes,
+    names_problem,
+)
 from dist_respattn.store.checks import EncodedRows, Problem
 from dist_respattn.store.documents import require_rows
 from dist_respattn.store.errors import IncompleteStoreError, SchemaMismatchError, StoreCorruptError, StoreError
@@ -67,6 +80,10 @@ DEFAULT_CHUNK_TOKENS = 1 << 20
 DEFAULT_CHUNKS_PER_PARTITION = 4
 #: Document starts per chunk: an append rewrites only the last chunk or two.
 _STARTS_CHUNK = 1 << 16
+#: The array that holds a stream's attributes, by ``attribute_level``.
+_ATTRIBUTE_ARRAYS = {"document": "document_attribute", "token": "token_attribute"}
+#: The arrays with an entry per token, chunked and sharded alike.
+_TOKEN_ARRAYS = ("tokens", "weight", "token_attribute")
 
 
 def token_dtype(num_symbols: int) -> np.dtype:
@@ -172,8 +189,23 @@ class TokenStreamStore:
         # Blocks of rows are those of one token chunk; for a caller that sizes buffers by chunk_rows.
         self.chunk_rows = self.chunk_tokens
         self.partition_rows = self.partition_tokens
-        self._verified_partitions: set[int] = set()
+        self._verified_shards: set[tuple[str, int]] = set()
         self._identity: dict[str, str | None] | None = None
+        #: The attribute names (``None``: the store has no attributes) and what one id belongs to (``document``
+        #: or ``token``; ``None`` without attributes).
+        self._attribute_names: tuple[str, ...] | None = None
+        self.attribute_level: str | None = None
+        names = attributes.get("attribute_names")
+        if names is not None:
+            level = attributes.get("attribute_level")
+            problem = names_problem(names)
+            if problem is None and level not in ATTRIBUTE_LEVELS:
+                problem = f"attribute attribute_level = {level!r}: expected one of {', '.join(ATTRIBUTE_LEVELS)}"
+            if problem is not None:
+                raise StoreCorruptError(f"{location}: {problem}")
+            self._attribute_names = tuple(names)
+            self.attribute_level = str(level)
+        self._document_attribute: np.ndarray | None = None  # read on first use
 
     @classmethod
     def open(
@@ -251,31 +283,27 @@ class TokenStreamStore:
         first = index * self.partition_tokens
         return Partition(index, self._rows.rows_before(first), self._rows.rows_before(first + self.partition_tokens))
 
-    def _check_shards_present(self, shard: int) -> None:
-        """A missing shard reads as zeros in zarr; refuse it by name instead."""
-        if shard in self._verified_partitions:
+    def _check_shard_present(self, name: str, array: Any, shard: int) -> None:
+        """A missing shard reads as zeros in zarr; refuse it by name instead (checked once per array and shard)."""
+        if (name, shard) in self._verified_shards:
             return
         fs, root = self.location.filesystem()
-        arrays = [("tokens", self._tokens)] + ([("weight", self._weight)] if self._weight is not None else [])
-        for name, array in arrays:
-            key = shard_key(array, name, shard)
-            first = shard * self.partition_tokens
-            span = f"tokens {first}..{min(first + self.partition_tokens, self.num_tokens) - 1}"
-            try:
-                size = int(fs.info(f"{root}/{key}")["size"])
-            except FileNotFoundError:
-                raise StoreCorruptError(
-                    f"{self.location}: array '{name}' shard {shard} ({span}): file '{key}' is missing"
-                ) from None
-            if size == 0:
-                raise StoreCorruptError(
-                    f"{self.location}: array '{name}' shard {shard} ({span}): file '{key}' is empty"
-                )
-        self._verified_partitions.add(shard)
+        key = shard_key(array, name, shard)
+        first = shard * self.partition_tokens
+        span = f"tokens {first}..{min(first + self.partition_tokens, self.num_tokens) - 1}"
+        try:
+            size = int(fs.info(f"{root}/{key}")["size"])
+        except FileNotFoundError:
+            raise StoreCorruptError(
+                f"{self.location}: array '{name}' shard {shard} ({span}): file '{key}' is missing"
+            ) from None
+        if size == 0:
+            raise StoreCorruptError(f"{self.location}: array '{name}' shard {shard} ({span}): file '{key}' is empty")
+        self._verified_shards.add((name, shard))
 
     def _read(self, name: str, array: Any, start: int, stop: int) -> np.ndarray:
         for shard in range(start // self.partition_tokens, max(stop - 1, start) // self.partition_tokens + 1):
-            self._check_shards_present(shard)
+            self._check_shard_present(name, array, shard)
         try:
             return array[start:stop]
         except Exception as exc:
@@ -424,6 +452,117 @@ class TokenStreamStore:
         part = self.partition(part) if isinstance(part, int) else part
         return self.read_rows(part.start, part.stop)
 
+    # -- attributes -------------------------------------------------------------------------
+
+    @property
+    def attribute_names(self) -> tuple[str, ...] | None:
+        """The A attribute names (id ``k`` is ``attribute_names[k]``), or ``None``: the store has no attributes."""
+        return self._attribute_names
+
+    def _require_attributes(self) -> tuple[str, ...]:
+        if self._attribute_names is None:
+            raise StoreError(
+                f"{self.location}: has no attributes (its rows carry no attribute id): write it with them "
+                "(ingest --attribute-by for text, --attributes A.npy for token ids)"
+            )
+        return self._attribute_names
+
+    def _attribute_array(self, name: str, length: int) -> Any:
+        """The zarr array ``name`` of the attributes, checked to be (``length``,) integers."""
+        if name not in self._group:
+            raise StoreCorruptError(
+                f"{self.location}: array '{name}' is missing: the attributes say the store has an attribute per "
+                f"{self.attribute_level}; `dist-respattn validate` lists every problem"
+            )
+        array = self._group[name]
+        if array.dtype != np.int32 or tuple(array.shape) != (length,):
+            raise StoreCorruptError(
+                f"{self.location}: array '{name}': {array.dtype} {tuple(array.shape)}: expected int32 ({length},), "
+                f"one id per {self.attribute_level}"
+            )
+        return array
+
+    def _document_attribute_ids(self) -> np.ndarray:
+        """``document_attribute`` (n_docs,) int32, read once (ids not yet checked: a read checks those it uses)."""
+        if self._document_attribute is None:
+            array = self._attribute_array("document_attribute", int(self._rows.starts.size))
+            self._document_attribute = np.asarray(array[...], dtype=np.int32)
+        return self._document_attribute
+
+    def read_attributes(self, start: int, stop: int, selected: np.ndarray | None = None) -> np.ndarray:
+        """The attribute ids (n,) int32 of rows ``[start, stop)``, or of those where ``selected`` (stop - start,)
+        bool holds: the rows :meth:`read_rows`, :meth:`read_selected` and :meth:`read_windows` return, in their
+        order, for the N and ``min_context`` this store was opened with.
+
+        Each id is checked to lie in [0, A): a bad one raises :class:`StoreCorruptError` naming the array, its
+        chunk and position, and the row. A store without attributes raises :class:`StoreError`.
+        """
+        names = self._require_attributes()
+        if not 0 <= start <= stop <= self.num_rows:
+            raise IndexError(f"{self.location}: rows [{start}, {stop}) outside [0, {self.num_rows})")
+        pos = self._rows.positions(start, stop)
+        at = None if selected is None else np.flatnonzero(np.asarray(selected, dtype=bool))
+        if at is not None:
+            pos = pos[at]
+        if pos.shape[0] == 0:
+            return np.zeros(0, dtype=np.int32)
+        if self.attribute_level == "token":
+            name, unit, chunk, index = "token_attribute", "position", self.chunk_tokens, pos
+            array = self._attribute_array(name, self.num_tokens)
+            first = int(pos[0])
+            values = self._read(name, array, first, int(pos[-1]) + 1)[pos - first]
+        else:
+            name, unit, chunk = "document_attribute", "document", _STARTS_CHUNK
+            index = np.searchsorted(self._rows.starts, pos, side="right") - 1
+            values = self._document_attribute_ids()[index]
+        bad = np.flatnonzero((values < 0) | (values >= len(names)))
+        if bad.size:
+            i = int(bad[0])
+            row = start + (i if at is None else int(at[i]))
+            raise StoreCorruptError(
+                f"{self.location}: array '{name}' chunk {int(index[i]) // chunk}, {unit} {int(index[i])} (row {row}) "
+                f"= {int(values[i])}: expected an attribute id in [0, {len(names)}) ({bad.size} bad ids in rows "
+                f"{start}..{stop - 1}); `dist-respattn validate` lists them"
+            )
+        return np.asarray(values, dtype=np.int32)
+
+    def read_tokens(self, start: int, stop: int) -> np.ndarray:
+        """Tokens ``[start, stop)`` of the stream (token positions, not rows), every id checked in [0, S)."""
+        if not 0 <= start <= stop <= self.num_tokens:
+            raise IndexError(f"{self.location}: tokens [{start}, {stop}) outside [0, {self.num_tokens})")
+        if start == stop:
+            return np.zeros(0, dtype=self._tokens.dtype)
+        return self._checked_span(start, stop)
+
+    def read_documents(self, start: int, stop: int, selected: np.ndarray | None = None) -> np.ndarray:
+        """The document index (n,) int64 of rows ``[start, stop)`` (those where ``selected`` holds, when given), in
+        the order :meth:`read_rows` returns them: document ``d`` begins at ``document_starts()[d]``."""
+        if not 0 <= start <= stop <= self.num_rows:
+            raise IndexError(f"{self.location}: rows [{start}, {stop}) outside [0, {self.num_rows})")
+        pos = self._rows.positions(start, stop)
+        if selected is not None:
+            pos = pos[np.asarray(selected, dtype=bool)]
+        return (np.searchsorted(self._rows.starts, pos, side="right") - 1).astype(np.int64)
+
+    def document_attributes(self) -> np.ndarray | None:
+        """Each document's attribute id: (n_docs,) int32, checked in [0, A).
+
+        ``None`` for a store without attributes, and for one with an attribute per token: there a document's
+        tokens may carry different ids, so no one id is the document's (read them with :meth:`read_attributes`).
+        """
+        if self._attribute_names is None or self.attribute_level != "document":
+            return None
+        ids = self._document_attribute_ids()
+        bad = np.flatnonzero((ids < 0) | (ids >= len(self._attribute_names)))
+        if bad.size:
+            d = int(bad[0])
+            raise StoreCorruptError(
+                f"{self.location}: array 'document_attribute' chunk {d // _STARTS_CHUNK}, document {d} = "
+                f"{int(ids[d])}: expected an attribute id in [0, {len(self._attribute_names)}) ({bad.size} bad ids); "
+                "`dist-respattn validate` lists them"
+            )
+        return ids.copy()
+
     # -- what else the store carries ---------------------------------------------------------
 
     @property
@@ -457,7 +596,7 @@ class TokenStreamStore:
     def describe(self) -> dict[str, Any]:
         arrays = {
             name: array_summary(self._group[name])
-            for name in ("tokens", "document_starts", "weight")
+            for name in ("tokens", "document_starts", "weight", *_ATTRIBUTE_ARRAYS.values())
             if name in self._group
         }
         fs, root = self.location.filesystem()
@@ -481,6 +620,7 @@ class TokenStreamStore:
             "has_true_model": False,
             "identity": self.identity(),
             "provenance": self.provenance,
+            **describe_attributes(self._attribute_names, self.attribute_level),
         }
 
 
@@ -514,6 +654,10 @@ class StreamWriter:
     write leaves whatever ``OUT`` held untouched. The writer holds ``OUT``'s writer lock
     (:class:`~dist_respattn.store.lock.StoreLock`) from before it looks at ``OUT`` until it is done, and
     removes the staging copies killed writers left.
+
+    With ``attribute_names`` (A distinct strings) every row carries an attribute id in [0, A): one per
+    document (``attribute_level="document"``: each :meth:`start_document` gives its ``attribute``) or one per
+    token (``"token"``: each :meth:`write` gives an ``attribute`` per token).
     """
 
     def __init__(
@@ -530,8 +674,14 @@ class StreamWriter:
         overwrite: bool = False,
         storage_options: dict[str, Any] | None = None,
         provenance: dict[str, Any] | None = None,
+        attribute_names: Sequence[str] | None = None,
+        attribute_level: str = "document",
     ) -> None:
         self.final = StoreLocation.of(out, storage_options)
+        self._attribute_names = checked_writer_names(self.final, attribute_names)
+        if attribute_level not in ATTRIBUTE_LEVELS:
+            raise ValueError(f"attribute_level = {attribute_level!r}: expected one of {', '.join(ATTRIBUTE_LEVELS)}")
+        self._attribute_level = attribute_level if self._attribute_names is not None else None
         self._lock = StoreLock.take(self.final, purpose="overwrite" if overwrite else "new store")
         try:
             self._start(num_symbols, table, context_length, weighted, chunk_tokens, partition_tokens, query_dtype,
@@ -585,6 +735,9 @@ class StreamWriter:
             "state": StoreState.WRITING,
             "provenance": self.provenance,
         }
+        if self._attribute_names is not None:
+            self.attributes["attribute_names"] = list(self._attribute_names)
+            self.attributes["attribute_level"] = self._attribute_level
         self.group = zarr.create_group(self.location.zarr_store(), attributes={ATTRIBUTE_KEY: self.attributes})
         shards = (self.partition_tokens,) if self.partition_tokens != self.chunk_tokens else None
         ids = compressors_for("ids", "auto")
@@ -599,11 +752,18 @@ class StreamWriter:
                 "weight", shape=(0,), dtype=np.float32, chunks=(self.chunk_tokens,), shards=shards,
                 compressors=ids, fill_value=0.0, config={"write_empty_chunks": True},
             )  # fmt: skip
+        if self._attribute_level == "token":
+            # -1, never an id: a cell no writer filled fails the checks.
+            self._arrays["token_attribute"] = self.group.create_array(
+                "token_attribute", shape=(0,), dtype=np.int32, chunks=(self.chunk_tokens,), shards=shards,
+                compressors=ids, fill_value=-1, config={"write_empty_chunks": True},
+            )  # fmt: skip
         self.group.create_array("embeddings", data=np.ascontiguousarray(table, dtype=np.float32))
         self._buffer: dict[str, list[np.ndarray]] = {name: [] for name in self._arrays}
         self._buffered = 0
         self.written = 0
         self._starts: list[int] = []
+        self._document_ids: list[int] = []  # with an attribute per document: each start's
         self._closed = False
         self._appending: dict[str, int] | None = None  # an append's committed tokens and documents
 
@@ -615,6 +775,7 @@ class StreamWriter:
         weighted: bool,
         storage_options: dict[str, Any] | None = None,
         provenance: dict[str, Any] | None = None,
+        attribute_names: Sequence[str] | None = None,
     ) -> StreamWriter:
         """Start appending documents to the complete stream store at ``url``, in place.
 
@@ -623,18 +784,27 @@ class StreamWriter:
         :func:`rollback_stream_append`, which ``dist-respattn repair`` runs); readers refuse it
         until it is complete again. New tokens always begin a new document. The writer holds the
         store's writer lock (purpose ``append``) from before it reads the store until it is done.
+
+        A store with attributes takes appended rows with theirs only (at the store's level): ``attribute_names``
+        are the store's names followed by any new ones (:func:`~dist_respattn.store.attributes.merge_names`),
+        recorded when the append commits. A store without attributes takes none.
         """
         location = StoreLocation.of(url, storage_options).with_window(None)
         lock = StoreLock.take(location, purpose="append")
         try:
-            return cls._append_locked(location, weighted, provenance, lock)
+            return cls._append_locked(location, weighted, provenance, attribute_names, lock)
         except BaseException:
             lock.release()
             raise
 
     @classmethod
     def _append_locked(
-        cls, location: StoreLocation, weighted: bool, provenance: dict[str, Any] | None, lock: StoreLock
+        cls,
+        location: StoreLocation,
+        weighted: bool,
+        provenance: dict[str, Any] | None,
+        attribute_names: Sequence[str] | None,
+        lock: StoreLock,
     ) -> StreamWriter:
         """:meth:`append` once the lock is held: what killed writers left is removed, then the store marked."""
         store = TokenStreamStore.open(location)
@@ -645,7 +815,10 @@ class StreamWriter:
                 f"{store.location}: cannot append: the store has {have}"
                 + ("; pass --weights" if store.schema.has_weight else "; drop --weights")
             )
+        names = appended_names(store.location, store.attribute_names, attribute_names, per=str(store.attribute_level))
         self = cls.__new__(cls)
+        self._attribute_names = names
+        self._attribute_level = store.attribute_level
         self._lock = lock
         self.final = self.location = store.location.with_window(None)
         self.chunk_tokens, self.partition_tokens = store.chunk_tokens, store.partition_tokens
@@ -655,11 +828,12 @@ class StreamWriter:
         self.attributes = dict(store.attributes)
         committed = {"tokens": store.num_tokens, "documents": int(store.document_starts().size)}
         self.provenance = {**(provenance or {}), "time": _now(), "first_token": committed["tokens"]}
-        self._arrays = {name: self.group[name] for name in ("tokens", "weight") if name in self.group}  # type: ignore[misc]
+        self._arrays = {name: self.group[name] for name in _TOKEN_ARRAYS if name in self.group}  # type: ignore[misc]
         self._buffer = {name: [] for name in self._arrays}
         self._buffered = 0
         self.written = committed["tokens"]
         self._starts = []
+        self._document_ids = []
         self._closed = False
         self._appending = committed
         # Last: from here on a failure leaves the store 'appending', and abort or repair rolls it back.
@@ -669,22 +843,105 @@ class StreamWriter:
     def write_vocabulary(self, vocabulary: dict[str, Any]) -> None:
         self.group.create_group("vocabulary", attributes=vocabulary, overwrite=True)
 
-    def start_document(self) -> None:
-        """The next token written begins a document (a document of no tokens is not recorded)."""
+    @property
+    def attribute_names(self) -> tuple[str, ...] | None:
+        """The names committed with the tokens (an append's: the store's, then any new ones), or ``None``."""
+        return self._attribute_names
+
+    @property
+    def attribute_level(self) -> str | None:
+        """``"document"`` or ``"token"``: what one attribute id is given with; ``None`` without attributes."""
+        return self._attribute_level
+
+    def start_document(self, attribute: int | None = None) -> None:
+        """The next token written begins a document (a document of no tokens is not recorded).
+
+        ``attribute``: the document's attribute id in [0, A), required when the store has an attribute per
+        document and refused otherwise.
+        """
+        own: int | None = None
+        if self._attribute_level == "document":
+            if attribute is None:
+                raise ValueError(
+                    f"{self.final}: the store has an attribute per document ({self._attribute_count()} names): "
+                    "expected start_document(attribute=ID)"
+                )
+            own = self._checked_id(attribute, "start_document(attribute=...)")
+        elif attribute is not None:
+            raise ValueError(f"{self.final}: start_document(attribute={attribute!r}): {self._no_document_ids()}")
         position = self.written + self._buffered
         if not self._starts or self._starts[-1] != position:
             self._starts.append(position)
+            if own is not None:
+                self._document_ids.append(own)
+        elif own is not None:
+            self._document_ids[-1] = own  # the empty document's is replaced
 
-    def write(self, tokens: np.ndarray, weight: np.ndarray | None = None) -> None:
-        """Append ids of the current document (checked ids in [0, S)); ``weight`` per token when weighted."""
+    def _attribute_count(self) -> int:
+        return 0 if self._attribute_names is None else len(self._attribute_names)
+
+    def _no_document_ids(self) -> str:
+        if self._attribute_level == "token":
+            return "the store has an attribute per token: give them to write(tokens, attribute=IDS)"
+        return "the store has no attributes (a writer is given attribute_names to make one with them)"
+
+    def _checked_id(self, value: Any, where: str) -> int:
+        a = self._attribute_count()
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= int(value) < a:
+            raise ValueError(f"{self.final}: {where} = {value!r}: expected an attribute id in [0, {a})")
+        return int(value)
+
+    def _checked_token_ids(self, attribute: Any, count: int) -> np.ndarray | None:
+        """``write``'s per-token ids, checked against the store's attributes: (count,) int32, or ``None``."""
+        if self._attribute_level != "token":
+            if attribute is None:
+                return None
+            if self._attribute_level == "document":
+                raise ValueError(
+                    f"{self.final}: write(attribute=...): the store has an attribute per document: give it to "
+                    "start_document(attribute=ID)"
+                )
+            raise ValueError(f"{self.final}: write(attribute=...): {self._no_document_ids()}")
+        if attribute is None:
+            raise ValueError(
+                f"{self.final}: the store has an attribute per token ({self._attribute_count()} names): expected "
+                "write(tokens, attribute=IDS), one id per token"
+            )
+        ids = np.asarray(attribute)
+        if ids.shape != (count,) or ids.dtype.kind not in "iu":
+            raise ValueError(
+                f"{self.final}: write(attribute=...): shape {ids.shape}, dtype {ids.dtype}: expected ({count},) "
+                "integer ids, one per token"
+            )
+        a = self._attribute_count()
+        bad = np.flatnonzero((ids < 0) | (ids >= a))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"{self.final}: write(attribute=...)[{i}] (token {self.written + self._buffered + i}) = "
+                f"{int(ids[i])}: expected an attribute id in [0, {a})"
+            )
+        return ids.astype(np.int32, copy=False)
+
+    def write(self, tokens: np.ndarray, weight: np.ndarray | None = None, attribute: np.ndarray | None = None) -> None:
+        """Append ids of the current document (checked ids in [0, S)); ``weight`` per token when weighted;
+        ``attribute`` (len(tokens),) ids in [0, A) when the store has an attribute per token."""
         if tokens.size == 0:
             return
+        ids = self._checked_token_ids(attribute, int(tokens.size))
         if not self._starts:
+            if self._attribute_level == "document":
+                raise ValueError(
+                    f"{self.final}: the store has an attribute per document: begin the first document with "
+                    "start_document(attribute=ID)"
+                )
             self.start_document()  # the first token a writer writes always begins a document
         self._buffer["tokens"].append(np.asarray(tokens).astype(self.dtype, copy=False))
         if "weight" in self._arrays:
             assert weight is not None
             self._buffer["weight"].append(np.asarray(weight, dtype=np.float32))
+        if ids is not None:
+            self._buffer["token_attribute"].append(ids)
         self._buffered += int(tokens.size)
         # Flush whole shards only, so each shard file is written once (an append first fills the last one).
         while self._buffered >= (room := self.partition_tokens - self.written % self.partition_tokens):
@@ -723,16 +980,27 @@ class StreamWriter:
         attributes: dict[str, Any] = dict(self.attributes)
         attributes["tokens"] = self.written
         attributes["state"] = StoreState.COMPLETE
+        if self._attribute_names is not None:  # an append's new names are committed with its tokens
+            attributes["attribute_names"] = list(self._attribute_names)
+        by_document = self._attribute_level == "document"
         if self._appending is None:
             starts = np.asarray(self._starts or [0], dtype=np.int64)
             self.group.create_array("document_starts", data=starts, chunks=(_STARTS_CHUNK,))
+            if by_document:
+                ids = np.asarray(self._document_ids, dtype=np.int32)
+                assert ids.shape == starts.shape, (ids.shape, starts.shape)
+                self.group.create_array("document_attribute", data=ids, chunks=(_STARTS_CHUNK,), fill_value=-1)
             attributes["provenance"] = {**self.provenance, "tokens_count": self.written, "documents": int(starts.size)}
         else:
             # Only the tail is written: the committed starts stay as they are until the state says complete.
-            array: Any = self.group["document_starts"]
             first = self._appending["documents"]
-            array.resize((first + len(self._starts),))
-            array[first:] = np.asarray(self._starts, dtype=np.int64)
+            tails = {"document_starts": np.asarray(self._starts, dtype=np.int64)}
+            if by_document:
+                tails["document_attribute"] = np.asarray(self._document_ids, dtype=np.int32)
+            for name, tail in tails.items():
+                array: Any = self.group[name]
+                array.resize((first + tail.size,))
+                array[first:] = tail
             provenance = dict(attributes.get("provenance") or {})
             record = {**self.provenance, "tokens": self.written - self._appending["tokens"],
                       "documents": len(self._starts)}  # fmt: skip
@@ -825,13 +1093,14 @@ def rollback_stream_locked(location: StoreLocation) -> int:
     committed = attributes.pop("committed")
     tokens, documents = int(committed["tokens"]), int(committed["documents"])
     shards = -(-tokens // int(attributes["partition_tokens"]))
-    for name in ("tokens", "weight"):
+    for name in _TOKEN_ARRAYS:
         if name in group:
             if group[name].shape[0] != tokens:
                 group[name].resize((tokens,))
             delete_shards_from(location, name, shards)
-    if group["document_starts"].shape[0] != documents:
-        group["document_starts"].resize((documents,))
+    for name in ("document_starts", "document_attribute"):
+        if name in group and group[name].shape[0] != documents:
+            group[name].resize((documents,))
     attributes["state"] = StoreState.COMPLETE
     group.attrs[ATTRIBUTE_KEY] = attributes
     problems, _, _ = validate_stream(location)
@@ -861,16 +1130,21 @@ def validate_stream(
     problem = _starts_problem(starts, num_tokens)
     if problem is not None:
         problems.append(Problem(problem, array="document_starts"))
+    num_attributes, attribute_problems = _attribute_problems(group, attributes, num_tokens, int(starts.size))
+    problems.extend(attribute_problems)
+    if num_attributes is None:  # names that cannot be read: the tokens are still checked
+        attributes = {k: v for k, v in attributes.items() if k not in ("attribute_names", "attribute_level")}
     store = (
         TokenStreamStore(location, group, attributes, int(attributes["context_length"])) if problem is None else None
     )
     chunk = int(attributes["chunk_tokens"])
     num_symbols = int(attributes["num_symbols"])
+    scanned = ["tokens", "weight"] + (["token_attribute"] if num_attributes and "token_attribute" in group else [])
     chunks = 0
     for begin in range(0, num_tokens, chunk):
         end = min(begin + chunk, num_tokens)
         chunks += 1
-        for name in ("tokens", "weight"):
+        for name in scanned:
             if name not in group:
                 continue
             try:
@@ -881,14 +1155,70 @@ def validate_stream(
             if name == "tokens":
                 bad = np.flatnonzero(values >= num_symbols)
                 what = f"expected token ids in [0, {num_symbols})"
-            else:
+            elif name == "weight":
                 bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
                 what = "expected finite, non-negative weights"
+            else:
+                bad = np.flatnonzero((values < 0) | (values >= num_attributes))
+                what = f"expected attribute ids in [0, {num_attributes})"
             if bad.size:
                 i = int(bad[0])
                 problems.append(Problem(f"position {begin + i} = {values[i]}: {what}", array=name,
                                         chunk=begin // chunk, row=begin + i, count=int(bad.size)))  # fmt: skip
     return problems, num_tokens, chunks
+
+
+def _attribute_problems(
+    group: Any, attributes: dict[str, Any], num_tokens: int, num_documents: int
+) -> tuple[int | None, list[Problem]]:
+    """The attribute arrays' structure, and a per-document array's values: ``(A, problems)``.
+
+    A is ``None`` when the store has no attributes or its names cannot be read; the per-token array's
+    values are left to the chunk scan.
+    """
+    problems: list[Problem] = []
+    names = attributes.get("attribute_names")
+    if names is None:
+        for name in _ATTRIBUTE_ARRAYS.values():
+            if name in group:
+                problems.append(Problem("present but the attributes record no attribute_names", array=name))
+        return None, problems
+    problem = names_problem(names)
+    level = attributes.get("attribute_level")
+    if problem is None and level not in ATTRIBUTE_LEVELS:
+        problem = f"attribute attribute_level = {level!r}: expected one of {', '.join(ATTRIBUTE_LEVELS)}"
+    if problem is not None:
+        return None, [Problem(problem)]
+    a = len(names)
+    expected = _ATTRIBUTE_ARRAYS[str(level)]
+    for name in _ATTRIBUTE_ARRAYS.values():
+        if name != expected and name in group:
+            problems.append(Problem(f"present but the attributes say there is an attribute per {level}", array=name))
+    length = num_documents if level == "document" else num_tokens
+    if expected not in group:
+        problems.append(Problem(f"missing: expected int32 ({length},), an attribute id per {level}", array=expected))
+        return a, problems
+    array = group[expected]
+    if array.dtype != np.int32 or tuple(array.shape) != (length,):
+        problems.append(Problem(f"{array.dtype} {tuple(array.shape)}: expected int32 ({length},), an attribute id "
+                                f"per {level}", array=expected))  # fmt: skip
+        return None, problems
+    if level == "token":
+        tokens = group["tokens"]
+        if tuple(array.chunks) != tuple(tokens.chunks) or (array.shards or array.chunks) != (
+            tokens.shards or tokens.chunks
+        ):
+            problems.append(Problem(f"chunks {array.chunks}, shards {array.shards}: expected those of 'tokens' "
+                                    f"({tokens.chunks}, {tokens.shards})", array=expected))  # fmt: skip
+            return None, problems
+        return a, problems
+    ids = np.asarray(array[...])
+    bad = np.flatnonzero((ids < 0) | (ids >= a))
+    if bad.size:
+        d = int(bad[0])
+        problems.append(Problem(f"document {d} = {int(ids[d])}: expected attribute ids in [0, {a})", array=expected,
+                                chunk=d // _STARTS_CHUNK, row=d, count=int(bad.size)))  # fmt: skip
+    return a, problems
 
 
 def write_stream(

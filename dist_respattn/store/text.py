@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from dist_respattn.store.attributes import attribute_provenance, text_attribute_ids
 from dist_respattn.store.common import WriteOptions, open_writer
 from dist_respattn.store.documents import require_rows
 from dist_respattn.store.identity import identity_provenance
@@ -298,9 +299,15 @@ def build_vocabulary(files: Sequence[str], size: int, progress: Callable[[int], 
 
 
 def write_text_document(
-    writer: StoreWriter, path: str, vocabulary: Vocabulary, lookup: dict[str, int], table: np.ndarray
+    writer: StoreWriter,
+    path: str,
+    vocabulary: Vocabulary,
+    lookup: dict[str, int],
+    table: np.ndarray,
+    attribute: int | None = None,
 ) -> tuple[int, int]:
-    """Write the windows of one file (its own sequence) and return its (tokens, out-of-vocabulary tokens)."""
+    """Write the windows of one file (its own sequence), each with the file's ``attribute`` id when the store has
+    attributes, and return its (tokens, out-of-vocabulary tokens)."""
     windows = WindowStream(writer.schema.context_length, vocabulary.num_symbols, table)
     tokens = oov = 0
     for piece in line_pieces(path):
@@ -309,7 +316,8 @@ def write_text_document(
         oov += int(np.count_nonzero(ids == vocabulary.oov_id))
         context, query, target = windows.feed(ids)
         if target.size:
-            writer.write(context, query, target, source=path)
+            ids_of_rows = None if attribute is None else np.full(target.shape[0], attribute, dtype=np.int32)
+            writer.write(context, query, target, attribute=ids_of_rows, source=path)
     return tokens, oov
 
 
@@ -324,6 +332,7 @@ def write_text(
     like: TripleStore | str | os.PathLike[str] | None = None,
     file_progress: Callable[[int], None] | None = None,
     options: WriteOptions | None = None,
+    attribute_by: str | None = None,
 ) -> TripleStore:
     """Tokenize the files under ``paths`` and write the windows of each file (see the module docstring).
 
@@ -335,11 +344,20 @@ def write_text(
     option that conflicts with that store is refused. ``file_progress`` is called once per file in
     each pass (once in all with ``like``). Files that give no rows at all (each shorter than N + 1 tokens) are
     refused, and nothing is written.
+
+    ``attribute_by`` (``"file"`` or ``"directory"``): every row carries its file's attribute, named by the file's
+    key or the key's directory (:mod:`~dist_respattn.store.attributes`; merged with ``like``'s or the appended
+    store's names).
     """
     options = options or WriteOptions()
     reference = open_like(like, options)
-    files = iter_text_files(paths)
+    found = iter_text_documents(paths) if attribute_by is not None else None
+    files = [d.path for d in found] if found is not None else iter_text_files(paths)
     existing = TripleStore.open(out, storage_options=options.storage_options) if options.append else None
+    attributes = text_attribute_ids(
+        [d.key for d in found or ()], attribute_by, appending=options.append,
+        reference=existing if existing is not None else None if reference is None else reference.store,
+    )  # fmt: skip
     identity: dict[str, Any] = {}
     if reference is not None:
         context_length = reference.context_length(context_length)
@@ -375,16 +393,20 @@ def write_text(
         "embedding": table_info,
         **identity,
     }
+    if attributes is not None:
+        provenance.update(attribute_provenance(attributes.by, attributes.merged))
     lookup = vocabulary.lookup()
-    with open_writer(out, schema, options, provenance) as writer:
+    names = None if attributes is None else attributes.merged.names
+    with open_writer(out, schema, options, provenance, names) as writer:
         if reference is not None:
             reference.copy_into(writer)
         elif existing is None:
             writer.write_embeddings(table)
             writer.write_vocabulary(vocabulary.to_json())
         tokens = oov = 0
-        for path in files:
-            counted, unknown = write_text_document(writer, path, vocabulary, lookup, table)
+        for k, path in enumerate(files):
+            attribute = None if attributes is None else int(attributes.file_ids[k])
+            counted, unknown = write_text_document(writer, path, vocabulary, lookup, table, attribute)
             tokens, oov = tokens + counted, oov + unknown
             if file_progress is not None:
                 file_progress(1)

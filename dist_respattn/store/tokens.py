@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.model.encoder import sequence_windows
+from dist_respattn.store.attributes import attribute_ids, attribute_provenance
 from dist_respattn.store.common import WriteOptions, open_writer
 from dist_respattn.store.documents import DocumentWindows, check_document_starts, require_rows, starts_blocks
 from dist_respattn.store.identity import identity_provenance
@@ -101,6 +102,8 @@ def write_tokens(
     documents: Any = None,
     like: TripleStore | str | os.PathLike[str] | None = None,
     options: WriteOptions | None = None,
+    attributes: Any = None,
+    attribute_names: Any = None,
 ) -> TripleStore:
     """Write the windows of a token stream (an (L,) integer array or ``.npy`` path) as a store.
 
@@ -115,6 +118,9 @@ def write_tokens(
     ``like``: a token or text store (or its URL) whose N, S = T, embedding table and vocabulary the
     new store takes (see :mod:`~dist_respattn.store.like`); ``context_length`` may then be ``None``,
     and a conflicting option is refused.
+
+    ``attributes``: an attribute id per token (an (L,) integer array or ``.npy`` path); each row takes its
+    target token's. ``attribute_names`` names them as for :func:`~dist_respattn.store.from_arrays.write_arrays`.
     """
     options = options or WriteOptions()
     reference = open_like(like, options)
@@ -127,6 +133,10 @@ def write_tokens(
     if documents is not None:
         starts, starts_name, num_documents = check_document_starts(documents, int(stream.shape[0]), name)
     existing = TripleStore.open(out, storage_options=options.storage_options) if options.append else None
+    ids = attribute_ids(
+        attributes, int(stream.shape[0]), per=f"token of {name}", names=attribute_names, appending=options.append,
+        reference=existing if existing is not None else None if reference is None else reference.store,
+    )  # fmt: skip
     if reference is not None:
         num_symbols = reference.num_symbols(num_symbols)
         table, table_info = reference.table(embeddings=embeddings, dim=dim, seed=seed), reference.table_info()
@@ -156,8 +166,10 @@ def write_tokens(
         provenance.update(reference.provenance())
     elif not options.append:
         provenance.update(identity_provenance(None, table))
+    if ids is not None:
+        provenance.update(attribute_provenance("ids", ids.merged, ids.source))
     hint = f" (the symbols of --like {reference.url})" if reference is not None else ""
-    with open_writer(out, schema, options, provenance) as writer:
+    with open_writer(out, schema, options, provenance, None if ids is None else ids.merged.names) as writer:
         if reference is not None:
             reference.copy_into(writer)
         elif not options.append:
@@ -165,9 +177,13 @@ def write_tokens(
         windows = DocumentWindows(
             int(context_length), num_symbols, table, None if starts is None else starts_blocks(starts)
         )
+        position = 0
         for piece in checked_pieces(stream, name, num_symbols, hint):
             context, query, target, _ = windows.feed(piece)
-            writer.write(context, query, target, source=name)
+            # A row's attribute is its target token's, and every target of a piece lies in it.
+            row_ids = None if ids is None else ids.block(position, position + piece.size)[windows.targets - position]
+            writer.write(context, query, target, attribute=row_ids, source=name)
+            position += piece.size
         require_rows(
             writer.rows_written, source=name, tokens=int(stream.shape[0]), documents=num_documents,
             context_length=int(context_length),

@@ -16,6 +16,7 @@ import zarr
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.histogram import WindowRows
 from dist_respattn.model.serialization import MODEL_ARRAY_NAMES, distribution_from_arrays
+from dist_respattn.store.attributes import describe_attributes
 from dist_respattn.store.checks import EncodedRows, structural_problems
 from dist_respattn.store.errors import IncompleteStoreError, StoreCorruptError, StoreError
 from dist_respattn.store.identity import corpus_identity
@@ -119,6 +120,9 @@ class TripleStore:
         num_rows: committed rows.
         chunk_rows / partition_rows: rows per chunk (block read) and per partition (task).
         attributes: the full ``dist_respattn`` attribute dict (provenance included).
+
+    A store may carry an attribute id per row (``attribute`` int32 (n,), chunked and sharded like ``target``) and
+    the names of the ids (``attribute_names`` in its attributes): see :mod:`~dist_respattn.store.attributes`.
     """
 
     kind = "triples"
@@ -132,7 +136,11 @@ class TripleStore:
         self.chunk_rows = int(attributes["chunk_rows"])
         self.partition_rows = int(attributes["partition_rows"])
         self._arrays = {name: group[name] for name in schema.array_specs()}
-        self._verified_partitions: set[int] = set()
+        names = attributes.get("attribute_names")
+        #: The attribute names (checked by :func:`structural_problems` on open), ``None`` without attributes.
+        self._attribute_names: tuple[str, ...] | None = None if names is None else tuple(names)
+        self._attribute = group["attribute"] if names is not None else None
+        self._verified_shards: set[tuple[str, int]] = set()
         self._identity: dict[str, str | None] | None = None
 
     @classmethod
@@ -181,16 +189,17 @@ class TripleStore:
         start = index * self.partition_rows
         return Partition(index, start, min(start + self.partition_rows, self.num_rows))
 
-    def _check_shards_present(self, part: Partition) -> None:
-        """Raise naming the array when one of the partition's shard files is missing or empty.
+    def _check_shards_present(self, part: Partition, arrays: dict[str, Any] | None = None) -> None:
+        """Raise naming the array when one of the partition's shard files (of the row arrays, or ``arrays``) is
+        missing or empty.
 
         zarr reads a missing (or zero-length) shard as fill values, which would pass silently as
-        rows of -1 ids and NaN queries. Checked once per partition per opened store.
+        rows of -1 ids and NaN queries. Checked once per array and partition per opened store.
         """
-        if part.index in self._verified_partitions:
-            return
         fs, root = self.location.filesystem()
-        for name, array in self._arrays.items():
+        for name, array in (self._arrays if arrays is None else arrays).items():
+            if (name, part.index) in self._verified_shards:
+                continue
             key = shard_key(array, name, part.index)
             rows = f"rows {part.start}..{part.stop - 1}"
             try:
@@ -203,7 +212,7 @@ class TripleStore:
                 raise StoreCorruptError(
                     f"{self.location}: array '{name}' partition {part.index} ({rows}): chunk file '{key}' is empty"
                 )
-        self._verified_partitions.add(part.index)
+            self._verified_shards.add((name, part.index))
 
     def read_rows(self, start: int, stop: int) -> EncodedRows:
         """Rows ``[start, stop)`` as encoded arrays; a missing or undecodable chunk raises naming it."""
@@ -276,6 +285,59 @@ class TripleStore:
         part = self.partition(part) if isinstance(part, int) else part
         return self.read_rows(part.start, part.stop)
 
+    # -- attributes -------------------------------------------------------------------------
+
+    @property
+    def attribute_names(self) -> tuple[str, ...] | None:
+        """The A attribute names (id ``k`` is ``attribute_names[k]``), or ``None``: the store has no attributes."""
+        return self._attribute_names
+
+    def read_attributes(self, start: int, stop: int, selected: np.ndarray | None = None) -> np.ndarray:
+        """The attribute ids (n,) int32 of rows ``[start, stop)``, or of those where ``selected`` (stop - start,)
+        bool holds: the rows :meth:`read_rows`, :meth:`read_selected` and :meth:`read_windows` return, in order.
+
+        Each id is checked to lie in [0, A): a bad one raises :class:`StoreCorruptError` naming the array, chunk
+        and row. A store without attributes raises :class:`StoreError`.
+        """
+        names = self._attribute_names
+        if names is None or self._attribute is None:
+            raise StoreError(
+                f"{self.location}: has no attributes (its rows carry no attribute id): write it with them "
+                "(ingest --attribute-by for text, --attributes A.npy for token ids or arrays)"
+            )
+        if not 0 <= start <= stop <= self.num_rows:
+            raise IndexError(f"{self.location}: rows [{start}, {stop}) outside [0, {self.num_rows})")
+        rows = np.arange(start, stop) if selected is None else start + np.flatnonzero(np.asarray(selected, dtype=bool))
+        if rows.size == 0:
+            return np.zeros(0, dtype=np.int32)
+        first, last = int(rows[0]), int(rows[-1]) + 1
+        for index in range(first // self.partition_rows, (last - 1) // self.partition_rows + 1):
+            self._check_shards_present(self.partition(index), {"attribute": self._attribute})
+        try:
+            values = self._attribute[first:last][rows - first]
+        except Exception as exc:
+            raise StoreCorruptError(
+                f"{self.location}: array 'attribute' chunk {first // self.chunk_rows} (rows {first}..{last - 1}) "
+                f"cannot be read: {type(exc).__name__}: {exc}"
+            ) from exc
+        bad = np.flatnonzero((values < 0) | (values >= len(names)))
+        if bad.size:
+            i = int(bad[0])
+            row = int(rows[i])
+            raise StoreCorruptError(
+                f"{self.location}: array 'attribute' chunk {row // self.chunk_rows}, row {row} = {int(values[i])}: "
+                f"expected an attribute id in [0, {len(names)}) ({bad.size} bad ids in rows {first}..{last - 1}); "
+                "`dist-respattn validate` lists them"
+            )
+        return np.asarray(values, dtype=np.int32)
+
+    def read_documents(self, start: int, stop: int, selected: np.ndarray | None = None) -> np.ndarray:
+        """Not kept by a triple store: its rows are windows, written without the document they came from."""
+        raise StoreError(
+            f"{self.location}: a triple store does not record each row's document; write the corpus as a "
+            "token-stream store (ingest --format stream), whose rows know their documents"
+        )
+
     # -- what else the store carries ---------------------------------------------------------
 
     @property
@@ -323,6 +385,8 @@ class TripleStore:
     def describe(self) -> dict[str, Any]:
         """What ``dist-respattn info`` prints: schema, rows, layout, sizes, corpus identity and provenance."""
         arrays = {name: array_summary(array) for name, array in self._arrays.items()}
+        if self._attribute is not None:
+            arrays["attribute"] = array_summary(self._attribute)
         return {
             "url": str(self.location),
             "rows": self.num_rows,
@@ -335,4 +399,5 @@ class TripleStore:
             "has_true_model": "truth" in self._group,
             "identity": self.identity(),
             "provenance": self.provenance,
+            **describe_attributes(self._attribute_names),
         }

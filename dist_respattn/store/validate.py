@@ -9,6 +9,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from dist_respattn.store.checks import EncodedRows, Problem, block_problems, structural_problems
 from dist_respattn.store.errors import StoreError
 from dist_respattn.store.identity import IDENTITY_KEYS, embedding_sha256, short_hash, vocabulary_sha256
@@ -61,6 +63,9 @@ def scan_partition(location: StoreLocation, partition: int) -> tuple[list[Proble
     rows, chunk_rows, partition_rows = attributes["rows"], attributes["chunk_rows"], attributes["partition_rows"]
     start, stop = partition * partition_rows, min((partition + 1) * partition_rows, rows)
     arrays = {name: group[name] for name in schema.array_specs()}
+    names = attributes.get("attribute_names")
+    if names is not None and "attribute" in group and group["attribute"].ndim == 1:  # else a structural problem
+        arrays["attribute"] = group["attribute"]
     problems: list[Problem] = []
     missing = set()
     for name, array in arrays.items():
@@ -98,9 +103,23 @@ def scan_partition(location: StoreLocation, partition: int) -> tuple[list[Proble
                 )
         block = EncodedRows(values.get("context"), values.get("query"), values.get("target"), values.get("weight"), lo)  # type: ignore[arg-type]
         problems.extend(block_problems(block, schema, chunk))
+        if "attribute" in values:
+            problems.extend(_attribute_problems(values["attribute"], len(names or ()), chunk, lo))
         scanned_rows += hi - lo
         scanned_chunks += 1
     return problems, scanned_rows, scanned_chunks
+
+
+def _attribute_problems(ids: Any, num_attributes: int, chunk: int, first: int) -> list[Problem]:
+    """Attribute ids of rows ``first..`` outside [0, A), as one problem naming the first."""
+    bad = np.flatnonzero((ids < 0) | (ids >= num_attributes))
+    if not bad.size:
+        return []
+    i = int(bad[0])
+    rows_text = f"{bad.size} rows" if bad.size > 1 else "1 row"
+    return [Problem(f"attribute[{first + i}] = {int(ids[i])}: expected an attribute id in [0, {num_attributes}) "
+                    f"({rows_text} of this chunk)", array="attribute", chunk=chunk, row=first + i,
+                    count=int(bad.size))]  # fmt: skip
 
 
 def validate(

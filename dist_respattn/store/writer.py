@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime
 import os
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.serialization import distribution_to_arrays
+from dist_respattn.store.attributes import appended_names, checked_writer_names
 from dist_respattn.store.checks import EncodedRows, block_problems, structural_problems
 from dist_respattn.store.errors import SchemaMismatchError, StoreError
 from dist_respattn.store.layout import Chunking, choose_chunking, compressors_for
@@ -47,7 +48,7 @@ def _is_triple_store(location: StoreLocation) -> bool:
 ROW_ORDERS = ("input", "target")
 
 #: What a never-written cell reads as: an id or value every check rejects.
-_FILL_VALUES = {"context": -1, "target": -1, "query": float("nan"), "weight": float("nan")}
+_FILL_VALUES = {"context": -1, "target": -1, "query": float("nan"), "weight": float("nan"), "attribute": -1}
 
 ProgressCallback = Callable[[int], None]
 
@@ -69,6 +70,9 @@ class StoreWriter:
     Use :meth:`create` or :meth:`append`, then :meth:`write` blocks of rows as they come and
     :meth:`close` (or use it as a context manager, which aborts on an exception: a new store is
     deleted, an append is rolled back). Memory: one partition of rows, whatever the input size.
+
+    A store written with ``attribute_names`` (A distinct strings) takes an attribute id in [0, A) with every
+    row (:meth:`write`'s ``attribute``), kept in the array ``attribute`` beside ``target``.
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class StoreWriter:
         provenance: dict[str, Any],
         progress: ProgressCallback | None,
         lock: StoreLock,
+        attribute_names: tuple[str, ...] | None = None,
     ) -> None:
         self.location = location
         self._lock = lock  # held from before the store was looked at; released by close or abort
@@ -94,6 +99,10 @@ class StoreWriter:
         self._provenance = provenance
         self._progress = progress
         specs = schema.array_specs()
+        #: The names committed with the rows (an append's: the store's, then any new ones).
+        self.attribute_names = attribute_names
+        if attribute_names is not None:
+            specs["attribute"] = ((), np.dtype(np.int32))
         self._arrays = {name: group[name] for name in specs}
         self.committed_rows = int(attributes["rows"])
         self._stored_rows = self.committed_rows  # rows in the arrays, committed or not
@@ -121,6 +130,7 @@ class StoreWriter:
         overwrite: bool = False,
         storage_options: dict[str, Any] | None = None,
         progress: ProgressCallback | None = None,
+        attribute_names: Sequence[str] | None = None,
     ) -> StoreWriter:
         """Start a new store at ``url``; an existing one is an error unless ``overwrite``.
 
@@ -131,15 +141,18 @@ class StoreWriter:
         ``row_order`` is ``"input"`` (rows as given) or ``"target"``: each written run of rows (a partition,
         or the rest of a partial one an append fills) stably sorted by target, which the E-step kernel
         reads ~1.3× faster when the emission table outgrows cache (bench_store: 2.21 M vs 1.67 M rows/s).
+
+        ``attribute_names``: the rows carry an attribute id each, in [0, len(attribute_names)).
         """
         if row_order not in ROW_ORDERS:
             raise ValueError(f"row_order = {row_order!r}: expected one of {', '.join(ROW_ORDERS)}")
         final = StoreLocation.of(url, storage_options)
+        names = checked_writer_names(final, attribute_names)
         chunking = choose_chunking(schema.row_bytes, chunk_rows, partition_rows)
         lock = StoreLock.take(final, purpose="overwrite" if overwrite else "new store")
         try:
             writer = cls._create_locked(
-                final, schema, chunking, compression, row_order, provenance, overwrite, progress, lock
+                final, schema, chunking, compression, row_order, provenance, overwrite, progress, lock, names
             )
         except BaseException:
             lock.release()
@@ -158,6 +171,7 @@ class StoreWriter:
         overwrite: bool,
         progress: ProgressCallback | None,
         lock: StoreLock,
+        attribute_names: tuple[str, ...] | None,
     ) -> StoreWriter:
         """:meth:`create` once the lock is held: what killed writers left is removed, then the store begun."""
         remove_partials(final)
@@ -184,11 +198,15 @@ class StoreWriter:
             "state": StoreState.WRITING,
             "provenance": provenance,
         }
+        specs = schema.array_specs()
+        if attribute_names is not None:
+            attributes["attribute_names"] = list(attribute_names)
+            specs["attribute"] = ((), np.dtype(np.int32))
         import zarr
 
         # The attributes go in with the group, so no instant exists where the group is there but unmarked.
         group = zarr.create_group(location.zarr_store(), attributes={ATTRIBUTE_KEY: attributes})
-        for name, (row_shape, dtype) in schema.array_specs().items():
+        for name, (row_shape, dtype) in specs.items():
             group.create_array(
                 name,
                 shape=(0, *row_shape),
@@ -204,7 +222,7 @@ class StoreWriter:
             )
         writer = cls(
             location, group, schema, chunking, attributes, appending=False, provenance=provenance, progress=progress,
-            lock=lock,
+            lock=lock, attribute_names=attribute_names,
         )  # fmt: skip
         writer._replaces = replaces
         return writer
@@ -218,11 +236,17 @@ class StoreWriter:
         provenance: dict[str, Any] | None = None,
         storage_options: dict[str, Any] | None = None,
         progress: ProgressCallback | None = None,
+        attribute_names: Sequence[str] | None = None,
     ) -> StoreWriter:
-        """Start appending rows of ``schema`` to the complete store at ``url``; a different schema is refused."""
+        """Start appending rows of ``schema`` to the complete store at ``url``; a different schema is refused.
+
+        A store with attributes takes rows with theirs only: ``attribute_names`` are the store's names followed by
+        any new ones (:func:`~dist_respattn.store.attributes.merge_names`), committed with the rows. A store
+        without attributes takes none.
+        """
         lock = StoreLock.take(StoreLocation.of(url, storage_options), purpose="append")
         try:
-            return cls._append_locked(url, schema, provenance, storage_options, progress, lock)
+            return cls._append_locked(url, schema, provenance, storage_options, progress, lock, attribute_names)
         except BaseException:
             lock.release()
             raise
@@ -236,10 +260,12 @@ class StoreWriter:
         storage_options: dict[str, Any] | None,
         progress: ProgressCallback | None,
         lock: StoreLock,
+        attribute_names: Sequence[str] | None,
     ) -> StoreWriter:
         store = TripleStore.open(url, storage_options=storage_options)
         remove_partials(store.location)
         store.schema.check_same(schema, f"{store.location}: cannot append")
+        names = appended_names(store.location, store.attribute_names, attribute_names, per="row")
         group = open_group_at(store.location, mode="r+")
         attributes = dict(store.attributes)
         attributes["state"] = StoreState.APPENDING
@@ -261,14 +287,23 @@ class StoreWriter:
             provenance=record,
             progress=progress,
             lock=lock,
+            attribute_names=names,
         )
 
     # -- writing ---------------------------------------------------------------------------
 
     def write(
-        self, context: Any, query: Any, target: Any, weight: Any = None, *, source: str | Mapping[str, str] = "rows"
+        self,
+        context: Any,
+        query: Any,
+        target: Any,
+        weight: Any = None,
+        *,
+        attribute: Any = None,
+        source: str | Mapping[str, str] = "rows",
     ) -> None:
-        """Add rows: ``context`` (m, N), ``query`` (m, D), ``target`` (m,), ``weight`` (m,) when the store is weighted.
+        """Add rows: ``context`` (m, N), ``query`` (m, D), ``target`` (m,), ``weight`` (m,) when the store is weighted,
+        ``attribute`` (m,) ids in [0, A) when it has attributes.
 
         Bad rows raise a ``ValueError`` naming the source (``source``, or ``source[array]`` for a
         mapping such as array -> file name) and the row, counted over everything this writer was
@@ -278,13 +313,18 @@ class StoreWriter:
             raise StoreError(f"{self.location}: the writer is closed")
         block = self._checked_block(context, query, target, weight, source)
         m = block.num_rows
+        ids = self._checked_attribute(attribute, m, source)
+        columns = {"context": block.context, "query": block.query, "target": block.target}
+        for name, values in (("weight", block.weight), ("attribute", ids)):
+            if values is not None:
+                columns[name] = values
         done = 0
         while done < m:
             boundary = (self._stored_rows // self.chunking.partition_rows + 1) * self.chunking.partition_rows
             room = boundary - self._stored_rows - self._buffered
             take = min(room, m - done)
-            for name, buffer in self._buffer.items():  # the store's arrays: weight only when weighted
-                buffer[self._buffered : self._buffered + take] = getattr(block, name)[done : done + take]
+            for name, buffer in self._buffer.items():  # the store's arrays: weight, attribute only when it has them
+                buffer[self._buffered : self._buffered + take] = columns[name][done : done + take]
             self._buffered += take
             done += take
             if self._buffered == boundary - self._stored_rows:
@@ -292,6 +332,32 @@ class StoreWriter:
         self.rows_written += m
         if self._progress is not None:
             self._progress(m)
+
+    def _checked_attribute(self, attribute: Any, m: int, source: str | Mapping[str, str]) -> np.ndarray | None:
+        """``write``'s ``attribute``: (m,) ids in [0, A) when the store has attributes, else ``None`` (refused)."""
+        label = source if isinstance(source, str) else source.get("attribute", "attribute")
+        names = self.attribute_names
+        if names is None:
+            if attribute is not None:
+                raise SchemaMismatchError(f"{label}: the store has no attributes: attribute ids were given")
+            return None
+        if attribute is None:
+            raise SchemaMismatchError(
+                f"{label}: the store has an attribute per row ({len(names)} names): expected an attribute id per row"
+            )
+        ids = np.asarray(attribute)
+        if ids.shape != (m,) or ids.dtype.kind not in "iu":
+            raise ValueError(
+                f"{label}: attribute has shape {ids.shape}, dtype {ids.dtype}: expected ({m},) integer ids, one per row"
+            )
+        bad = np.flatnonzero((ids < 0) | (ids >= len(names)))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"{label}: attribute[{self.rows_written + i}] = {int(ids[i])}: expected an attribute id in "
+                f"[0, {len(names)}) ({bad.size} rows in this block)"
+            )
+        return ids
 
     def _checked_block(
         self, context: Any, query: Any, target: Any, weight: Any, source: str | Mapping[str, str]
@@ -386,6 +452,8 @@ class StoreWriter:
         attributes = dict(self._attributes)
         attributes["rows"] = self._stored_rows
         attributes["state"] = StoreState.COMPLETE
+        if self.attribute_names is not None:  # an append's new names are committed with its rows
+            attributes["attribute_names"] = list(self.attribute_names)
         if self._appending:
             provenance = dict(attributes["provenance"])
             provenance["appends"] = [*provenance.get("appends", []), {**self._provenance, "rows": self.rows_written}]
@@ -476,7 +544,10 @@ def rollback_locked(location: StoreLocation) -> int:
     rows = int(attributes["rows"])
     schema = StoreSchema.from_json(attributes, str(location))
     partitions = -(-rows // int(attributes["partition_rows"]))
-    for name in schema.array_specs():
+    names = list(schema.array_specs())
+    if "attribute_names" in attributes and "attribute" in group:
+        names.append("attribute")
+    for name in names:
         array = group[name]
         if array.shape[0] != rows:
             array.resize((rows, *array.shape[1:]))
