@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from dist_respattn.cli import demo, fit_commands, registry_commands, split_command, store_commands
+from dist_respattn.cli import demo, fit_commands, gated_commands, registry_commands, split_command, store_commands
 from dist_respattn.cli.common import CommandError, in_flags
 
 __all__ = ["build_parser", "main"]
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     store_commands.register(sub)
     split_command.register(sub)
     fit_commands.register(sub)
+    gated_commands.register(sub)
     registry_commands.register(sub)
     return parser
 

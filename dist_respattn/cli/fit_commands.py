@@ -9,6 +9,15 @@ import sys
 from typing import Any
 
 from dist_respattn.cli.common import CommandError, in_flags, parse_storage_options, positive_float, positive_int
+from dist_respattn.cli.gated_commands import (
+    add_fit_options as add_gated_fit_options,
+)
+from dist_respattn.cli.gated_commands import (
+    print_gated_evaluate,
+    print_gated_fit,
+    run_gated_evaluate,
+    run_gated_fit,
+)
 from dist_respattn.cli.stream_predict import print_stream_summary, run_stream
 from dist_respattn.events import FitState, Metric
 
@@ -185,6 +194,7 @@ def register(sub: Any) -> None:
     )
     start.add_argument("--overwrite", action="store_true", help="start over in a --model-dir that holds a fit")
     add_em_options(fit, "EM settings (with --resume, the checkpoint's unless given)")
+    add_gated_fit_options(fit)
     add_cluster_options(fit)
     fit.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     fit.set_defaults(handler=_run_fit, printer=_print_fit)
@@ -207,6 +217,18 @@ def register(sub: Any) -> None:
         default=0.1,
         help="k of the add-k unigram, and of the add-k bigram when nothing tunes it (0.1)",
     )
+    gated = evaluate.add_argument_group("an attribute-gated model (fit --attribute-factors)")
+    gated.add_argument(
+        "--classify-attributes",
+        action="store_true",
+        help="classify every document of STORE by attribute from the head's likelihood (JSON: attribute_accuracy)",
+    )
+    gated.add_argument(
+        "--fold-in",
+        action="store_true",
+        help="fold in STORE's attributes the model lacks: EM on their weights over half their rows, the rest scored",
+    )
+    gated.add_argument("--fold-in-iterations", type=positive_int, default=20, help="EM iterations of a fold-in (20)")
     add_cluster_options(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     evaluate.set_defaults(handler=_run_evaluate, printer=_print_evaluate)
@@ -275,10 +297,13 @@ _SETTING_OPTIONS = (
 def _settings(args: argparse.Namespace) -> Any:
     """The fit's settings: the checkpoint's when resuming, the defaults otherwise, then the options given."""
     from dist_respattn.engine import FitSettings, ModelDir, load_checkpoint
+    from dist_respattn.engine.gated_checkpoint import SHARED_DIR
 
     base = FitSettings()
-    if args.resume and ModelDir(args.model_dir).has_checkpoint():
-        base = FitSettings.from_json(load_checkpoint(args.model_dir, "latest").meta.get("settings", {}))
+    # A gated fit's shared head is fitted in its own directory: that fit's settings.
+    folder = os.path.join(args.model_dir, SHARED_DIR) if args.attribute_factors is not None else args.model_dir
+    if args.resume and ModelDir(folder).has_checkpoint():
+        base = FitSettings.from_json(load_checkpoint(folder, "latest").meta.get("settings", {}))
     return settings_from(args, base)
 
 
@@ -359,6 +384,11 @@ def _run_fit(args: argparse.Namespace) -> dict[str, Any]:
 
     options = parse_storage_options(args.storage_option)
     settings = _settings(args)  # a bad option is reported before any store is opened
+    if args.attribute_factors is not None:
+        args.printer = print_gated_fit
+        return run_gated_fit(args, settings, _say(args), cluster_options(args))
+    if args.per_attribute or args.attribute_smoothing is not None:
+        raise CommandError("--per-attribute and --attribute-smoothing go with --attribute-factors F")
     store = open_store(args.store, options, settings.context_length)
     result = fit(
         store,
@@ -426,7 +456,15 @@ def _print_fit(report: dict[str, Any]) -> None:
 
 def _run_evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.engine import evaluate
+    from dist_respattn.engine.gated_checkpoint import is_gated_dir
 
+    if "@" not in args.model and is_gated_dir(args.model):
+        args.printer = print_gated_evaluate
+        return run_gated_evaluate(args, _say(args), cluster_options(args))
+    if args.classify_attributes or args.fold_in:
+        raise CommandError(
+            f"{args.model}: --classify-attributes and --fold-in take an attribute-gated model (fit --attribute-factors)"
+        )
     evaluation = evaluate(
         args.model,
         args.store,

@@ -307,6 +307,12 @@ def parse_checkpoint(
             f"{meta_source}: checkpoint format version {meta['version']} is newer than this release reads "
             f"({FORMAT_VERSION}); upgrade dist_respattn"
         )
+    if meta.get("kind") == "gated":
+        raise CheckpointError(
+            f"{meta_source}: an attribute-gated head (fit --attribute-factors): `evaluate`, `sample` and "
+            "`neighbours` take it; for the commands of a plain head give its shared head, the model directory's "
+            "shared/ subdirectory"
+        )
     try:
         with np.load(params, allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in MODEL_ARRAY_NAMES if key in npz.files}

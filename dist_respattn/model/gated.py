@@ -114,14 +114,12 @@ class FactorTables:
             "factor_values": self.values,
             "factor_backoff": self.backoff,
             "factor_base": self.base,
-            **{f"support_{k}": v for k, v in self.support.to_arrays().items()},
+            **self.support.to_arrays(),
         }
 
     @classmethod
     def from_arrays(cls, arrays: Any, num_symbols: int) -> FactorTables:
-        support = PairSupport.from_arrays(
-            {k.removeprefix("support_"): arrays[k] for k in arrays if k.startswith("support_")}, num_symbols
-        )
+        support = PairSupport.from_arrays(arrays, num_symbols)
         return cls(
             support, np.asarray(arrays["factor_values"]), np.asarray(arrays["factor_backoff"]),
             np.asarray(arrays["factor_base"]),
@@ -172,6 +170,16 @@ class GatedHead:
         """A head with dense factor tables (F, S, T), held on the full support."""
         return cls(key_means, position_prior, sigma2, FactorTables.from_dense(factors), np.asarray(weights, float))
 
+    @classmethod
+    def from_shared(cls, model: ResponsibilityAttentionDistribution, num_attributes: int) -> GatedHead:
+        """The shared head as a gated one of F = 1 (every attribute the same): scored and compared alike."""
+        emission = model.emission_table
+        if isinstance(emission, SparseEmission):
+            factors = FactorTables(emission.support, emission.values[:, None], emission.backoff[None, :], emission.base)
+        else:
+            factors = FactorTables.from_dense(emission.to_dense()[None])
+        return cls(model.key_means, model.position_prior, model.sigma2, factors, np.ones((num_attributes, 1)))
+
     @property
     def num_factors(self) -> int:
         return self.factors.num_factors
@@ -206,6 +214,35 @@ class GatedHead:
         """The head with other attribute weights (A'', F), and the prior shared (folding in new attributes)."""
         prior = self.position_prior if not self.per_attribute_prior else self.position_prior.mean(axis=0)
         return GatedHead(self.key_means, prior, self.sigma2, self.factors, np.asarray(weights, dtype=np.float64))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The kernels' logs are rebuilt where they are used, not shipped to the workers.
+        return {k: v for k, v in self.__dict__.items() if k != "_kernel_cache"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The head as float/int arrays for an npz (never a pickle) and the JSON that goes with them."""
+        arrays = {
+            "key_means": self.key_means, "position_prior": self.position_prior, "weights": self.weights,
+            **self.factors.to_arrays(),
+        }  # fmt: skip
+        meta = {"sigma2": float(self.sigma2), "fixed_weights": bool(self.fixed_weights)}
+        return arrays, meta
+
+    @classmethod
+    def from_arrays(cls, arrays: Any, meta: dict[str, Any]) -> GatedHead:
+        """The head :meth:`to_arrays` wrote; a missing array or a bad shape raises ``ValueError`` naming it."""
+        missing = [k for k in ("key_means", "position_prior", "weights", "factor_values") if k not in arrays]
+        if missing:
+            raise ValueError(f"a gated head needs the arrays {', '.join(missing)}")
+        key_means = np.asarray(arrays["key_means"], dtype=np.float64)
+        return cls(
+            key_means, np.asarray(arrays["position_prior"]), float(meta["sigma2"]),
+            FactorTables.from_arrays(arrays, key_means.shape[0]), np.asarray(arrays["weights"], dtype=np.float64),
+            bool(meta.get("fixed_weights", False)),
+        )  # fmt: skip
 
     def num_parameters(self) -> int:
         """Free parameters stored: keys, priors, the factor values and backoffs, the weights."""
@@ -245,7 +282,7 @@ class GatedStatistics(NamedTuple):
         """These statistics and ``other``'s, added (partitions' values combine this way)."""
         return GatedStatistics(*(a + b for a, b in zip(self, other, strict=True)))
 
-    def __add__(self, other: object) -> GatedStatistics:  # type: ignore[override]
+    def __add__(self, other: object) -> GatedStatistics:
         if not isinstance(other, GatedStatistics):
             return NotImplemented
         return self.plus(other)
@@ -354,11 +391,12 @@ def _gated_estep_numba(
 
 @numba.njit(cache=True, nogil=True)
 def _gated_loglik_numba(
-    context, query, target, candidates, own, key_means, log_prior, inv_two_sigma2, gate_const,
+    context, query, target, candidates, own, given_query, key_means, log_prior, inv_two_sigma2, gate_const,
     indptr, symbols, log_values, log_backoff, log_base, log_attr, out,
 ):  # pragma: no cover - compiled  # fmt: skip
     """``out[n, k] = log p(row n | attribute candidates[k])``, or with ``candidates`` empty ``out[n, 0]`` under
-    the row's own attribute ``own[n]``. ``-inf`` for an impossible row."""
+    the row's own attribute ``own[n]``. ``-inf`` for an impossible row. ``given_query``: the target's log-probability
+    given the context and the query, ``log p(q, t | c, a) - log p(q | c, a)``, instead of the joint."""
     n_pos = context.shape[1]
     n_fac = log_values.shape[1]
     dim = query.shape[1]
@@ -369,6 +407,7 @@ def _gated_loglik_numba(
     gate = np.empty(n_pos)
     emit = np.empty((n_pos, n_fac))
     pair = np.empty(n_pos, dtype=np.int64)
+    marginal = np.empty(n_pos)
     y = np.empty(dim)
     n_cand = candidates.shape[0]
     for row in range(context.shape[0]):
@@ -392,8 +431,16 @@ def _gated_loglik_numba(
                     best = max(best, v)
             if best == -np.inf:
                 out[row, k] = -np.inf
-            else:
-                out[row, k] = best + math.log(exp_shifted(logw, best, resp, bits)) + gate_const
+                continue
+            value = best + math.log(exp_shifted(logw, best, resp, bits)) + gate_const
+            if given_query:
+                # log p(q | context, a) = logsumexp_i (log pi_a,i + gate_i) + the Gaussian's constant.
+                top = -np.inf
+                for i in range(n_pos):
+                    marginal[i] = log_prior[prior_row, i] + gate[i]
+                    top = max(top, marginal[i])
+                value -= top + math.log(exp_shifted(marginal, top, resp[:n_pos], bits[:n_pos])) + gate_const
+            out[row, k] = value
     return out
 
 
@@ -414,7 +461,7 @@ def _kernel_arrays(head: GatedHead) -> tuple[Any, ...]:
             _logs(tables.values), _logs(tables.backoff), _logs(tables.base), _logs(head.weights),
         )  # fmt: skip
         object.__setattr__(head, "_kernel_cache", cached)
-    return cached  # type: ignore[no-any-return]
+    return cached
 
 
 def _checked(
@@ -453,7 +500,7 @@ def gated_estep(
     explain raises after the rows before it were added."""
     context, query, target, attr, w = _checked(head, x, attribute, weights, values_checked=values_checked)
     stats = GatedStatistics.zeros(head, factor_counts=factor_counts) if stats is None else stats
-    failed = _gated_estep_numba(
+    failed = _gated_estep_numba(  # type: ignore[call-arg]
         context, query, target, attr, np.zeros(0) if w is None else w.astype(np.float64), *_kernel_arrays(head),
         *stats[:5], stats.scalars,
     )  # fmt: skip
@@ -468,10 +515,15 @@ def gated_log_likelihood(
     attribute: Any = None,
     *,
     candidates: Any = None,
+    given_query: bool = False,
     values_checked: bool = False,
 ) -> np.ndarray:
     """Per row ``log p(query, target | context, a)``: (n,) under each row's own ``attribute`` (n,), or (n, K)
-    under every attribute of ``candidates`` (K,) (classifying rows by attribute). ``-inf`` where impossible."""
+    under every attribute of ``candidates`` (K,) (classifying rows by attribute). ``-inf`` where impossible.
+
+    ``given_query``: ``log p(target | context, query, a)`` instead, the target's log-probability behind
+    perplexities (the query is the previous token's embedding in a token stream, so the product over a
+    document's rows is its likelihood)."""
     n = np.asarray(x[2]).shape[0]
     own = np.zeros(n, dtype=np.int64) if attribute is None else attribute
     context, query, target, attr, _ = _checked(head, x, own, None, values_checked=values_checked)
@@ -479,7 +531,9 @@ def gated_log_likelihood(
     if cand.size and (cand.min() < 0 or cand.max() >= head.num_attributes):
         raise ValueError(f"candidates: expected attribute ids in [0, {head.num_attributes})")
     out = np.empty((n, max(cand.shape[0], 1)))
-    _gated_loglik_numba(context, query, target, cand, attr, *_kernel_arrays(head), out)
+    _gated_loglik_numba(  # type: ignore[call-arg]
+        context, query, target, cand, attr, bool(given_query), *_kernel_arrays(head), out
+    )
     return out[:, 0] if candidates is None else out
 
 
@@ -558,8 +612,8 @@ def fold_in(
 
 
 def fold_in_step(probe: GatedHead, attribute_mass: np.ndarray, weight_strength: float) -> GatedHead:
-    """One fold-in M-step: the one attribute's weights from its factor mass (F,)."""
-    counts = np.asarray(attribute_mass, dtype=np.float64)[None, :] + weight_strength / probe.num_factors
+    """One fold-in M-step: the probe's attributes' weights from their factor mass (A', F) (or (F,) for one)."""
+    counts = np.atleast_2d(np.asarray(attribute_mass, dtype=np.float64)) + weight_strength / probe.num_factors
     return GatedHead(
         probe.key_means, probe.position_prior, probe.sigma2, probe.factors, _normalized_rows(counts, probe.weights)
     )

@@ -205,9 +205,7 @@ def test_identity_weights_are_one_separate_head_per_attribute():
     shape = (10, 3, 2, 6)
     data, attribute = rows(shape, 400, 51, num_attributes=3)
     head = sparse_gated_head(shape, 3, 3, 52, data, per_attribute_prior=True)
-    untied = GatedHead(
-        head.key_means, head.position_prior, head.sigma2, head.factors, np.eye(3), fixed_weights=True
-    )
+    untied = GatedHead(head.key_means, head.position_prior, head.sigma2, head.factors, np.eye(3), fixed_weights=True)
     stats = gated_estep(untied, data, attribute)
     # Each attribute's rows fill its own factor alone, and the weights never move.
     assert_close(stats.attribute_count, np.diag(np.bincount(attribute, minlength=3)), rtol=RTOL, label="mass")
@@ -215,3 +213,66 @@ def test_identity_weights_are_one_separate_head_per_attribute():
     assert np.array_equal(moved.weights, np.eye(3))
     for a in range(3):
         assert_close(moved.position_prior[a], stats.position_count[a] / stats.position_count[a].sum(), rtol=RTOL)
+
+
+def test_a_head_survives_its_arrays_and_a_pickle():
+    import pickle
+
+    shape = (10, 3, 2, 6)
+    data, attribute = rows(shape, 200, 61, num_attributes=2)
+    head = sparse_gated_head(shape, 2, 2, 62, data, per_attribute_prior=True)
+    expected = gated_log_likelihood(head, data, attribute)
+    arrays, meta = head.to_arrays()
+    for copy in (GatedHead.from_arrays(arrays, meta), pickle.loads(pickle.dumps(head))):
+        assert np.array_equal(gated_log_likelihood(copy, data, attribute), expected)
+    assert "_kernel_cache" not in pickle.loads(pickle.dumps(head)).__dict__
+
+
+def test_neighbours_are_nearest_in_hellinger_distance_over_dense_rows():
+    from dist_respattn.model.gated_use import emission_neighbours
+
+    shape = (12, 4, 3, 9)
+    data, _ = rows(shape, 300, 71, num_attributes=2)
+    head = sparse_gated_head(shape, 2, 2, 72, data)
+    emission = head.emission_of(1)
+    dense = emission.to_dense()
+    expected = np.sqrt(np.clip(1.0 - np.sqrt(dense * dense[3]).sum(axis=1), 0.0, None))
+    expected[3] = np.inf
+    ids, distances = emission_neighbours(emission, 3, 4)
+    assert np.array_equal(ids, np.argsort(expected, kind="stable")[:4])
+    assert_close(distances, expected[ids], rtol=1e-9, label="distances")
+
+
+def test_a_mix_of_one_attribute_is_that_attribute_and_generation_is_seeded():
+    from dist_respattn.model.gated_use import generate, mixed_head
+
+    shape = (9, 3, 2, 9)
+    data, _ = rows(shape, 300, 81, num_attributes=3)
+    head = sparse_gated_head(shape, 2, 3, 82, data, per_attribute_prior=True)
+    alone = mixed_head(head, {2: 5.0})
+    assert_close(alone.emission_table.to_dense(), head.emission_of(2).to_dense(), rtol=RTOL, label="emission")
+    assert_close(alone.position_prior, head.prior_of(2), rtol=RTOL, label="prior")
+    half = mixed_head(head, {0: 1.0, 1: 1.0}).emission_table.to_dense()
+    assert_close(half, 0.5 * (head.emission_of(0).to_dense() + head.emission_of(1).to_dense()), rtol=RTOL)
+    table = np.random.default_rng(0).normal(size=(9, 2))
+    first = generate(alone, table, np.array([1, 2, 3]), 40, np.random.default_rng(5))
+    again = generate(alone, table, np.array([1, 2, 3]), 40, np.random.default_rng(5))
+    other = generate(alone, table, np.array([1, 2, 3]), 40, np.random.default_rng(6))
+    assert np.array_equal(first, again) and not np.array_equal(first, other)
+    assert first.min() >= 0 and first.max() < 9
+    with pytest.raises(ValueError, match="positive shares"):
+        mixed_head(head, {0: -1.0})
+
+
+def test_target_log_probabilities_match_the_shared_heads_predictions():
+    shape = (10, 3, 2, 10)
+    data, attribute = rows(shape, 200, 91, num_attributes=2)
+    head = sparse_gated_head(shape, 3, 2, 92, data, per_attribute_prior=True)
+    given = gated_log_likelihood(head, data, attribute, given_query=True)
+    for a in range(2):
+        mine = attribute == a
+        probs = head.shared(a).predict_proba(data[0][mine], data[1][mine])
+        assert_close(given[mine], np.log(probs[np.arange(mine.sum()), data[2][mine]]), rtol=1e-10, label=f"{a}")
+    shared = random_distribution(10, 3, 2, 10, seed=93)
+    as_gated = GatedHead.from_shared(shared, 2)
+    assert_close(gated_log_likelihood(as_gated, data, attribute), shared.seq_log_density(data), rtol=RTOL)

@@ -1,0 +1,351 @@
+"""The attribute-gated head on the command line: ``fit --attribute-factors``, ``evaluate`` of a gated model,
+``sample`` and ``neighbours``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+import numpy as np
+
+from dist_respattn.cli.common import CommandError, parse_storage_options, positive_int
+
+__all__ = ["add_fit_options", "register", "run_gated_evaluate", "run_gated_fit"]
+
+
+def add_fit_options(parser: argparse.ArgumentParser) -> None:
+    """``fit``'s options for an attribute-gated head."""
+    group = parser.add_argument_group(
+        "attribute-gated head (the store's rows carry attributes: ingest --attribute-by / --attributes)"
+    )
+    group.add_argument(
+        "--attribute-factors",
+        type=int,
+        metavar="F",
+        help="fit the shared head (into MODEL_DIR/shared), then a head whose emission each attribute mixes from F "
+        "shared factor tables; 0: one emission per attribute (the untied baseline)",
+    )
+    group.add_argument(
+        "--per-attribute",
+        action="append",
+        choices=("position_prior",),
+        default=None,
+        help="hold this parameter per attribute instead of shared (repeatable)",
+    )
+    group.add_argument(
+        "--attribute-smoothing",
+        type=float,
+        metavar="BETA",
+        help="Dirichlet pseudo-count spread over each attribute's F weights (default 1)",
+    )
+
+
+def _gated_settings(args: argparse.Namespace, fit_settings: Any) -> Any:
+    from dist_respattn.engine.gated_fit import GatedSettings
+
+    given: dict[str, Any] = {
+        "attribute_factors": args.attribute_factors,
+        "per_attribute": tuple(args.per_attribute or ()),
+    }
+    for name in ("max_iter", "tol", "patience", "min_improvement", "seed"):
+        if getattr(args, name, None) is not None:
+            given[name] = getattr(args, name)
+    if args.attribute_smoothing is not None:
+        given["weight_strength"] = args.attribute_smoothing
+    given["fan_in"] = fit_settings.fan_in
+    try:
+        return GatedSettings(**given)
+    except (TypeError, ValueError) as exc:
+        message = str(exc)
+        for name, flag in (
+            ("attribute_factors", "--attribute-factors"),
+            ("per_attribute", "--per-attribute"),
+            ("weight_strength", "--attribute-smoothing"),
+            ("max_iter", "--max-iter"),
+        ):
+            message = message.replace(name, flag)
+        raise CommandError(message) from exc
+
+
+def run_gated_fit(args: argparse.Namespace, settings: Any, say: Any, cluster: Any) -> dict[str, Any]:
+    """The shared fit into ``MODEL_DIR/shared``, then the gated fit into ``MODEL_DIR``, on one cluster."""
+    from dist_respattn.engine import connect, fit, open_store
+    from dist_respattn.engine.gated_checkpoint import SHARED_DIR
+    from dist_respattn.engine.gated_fit import fit_gated
+    from dist_respattn.engine.gated_tasks import attribute_names_of
+
+    gated = _gated_settings(args, settings)
+    options = parse_storage_options(args.storage_option)
+    store = open_store(args.store, options, settings.context_length)
+    attribute_names_of(store)  # a store without attributes is refused before any fit
+    shared_dir = os.path.join(args.model_dir, SHARED_DIR)
+    progress = None if not args.json else False
+    with connect(cluster, say=say) as client:
+        shared = fit(
+            store, model_dir=shared_dir, settings=settings, validation=args.validation, init_from=args.init_from,
+            resume=args.resume, overwrite=args.overwrite, client=client, storage_options=options, say=say,
+            progress=progress,
+        )  # fmt: skip
+        result = fit_gated(
+            store, model_dir=args.model_dir, settings=gated, shared_dir=shared_dir, resume=args.resume,
+            overwrite=args.overwrite, client=client, storage_options=options, say=say, progress=progress,
+        )  # fmt: skip
+    best: dict[str, Any] = next((h for h in result.history if h["iteration"] == result.best_iteration), {})
+    shared_best: Any = next((h for h in shared.history if h["iteration"] == shared.best_iteration), {})
+    return {
+        "model_dir": result.model_dir,
+        "kind": "gated",
+        "state": str(result.state),
+        "iterations": result.iterations,
+        "best_iteration": result.best_iteration,
+        "heldout_perplexity": best.get("heldout_perplexity"),
+        "shared": {
+            "model_dir": shared.model_dir,
+            "state": str(shared.state),
+            "iterations": shared.iterations,
+            "heldout_perplexity": (shared_best.get("heldout") or {}).get("perplexity"),
+        },
+        "factors": result.head.num_factors,
+        "untied": gated.untied,
+        "attributes": len(result.attribute_names),
+        "parameters": result.head.num_parameters(),
+        "settings": gated.to_json(),
+        "history": result.history,
+        "seconds": round(result.seconds, 3),
+    }
+
+
+def print_gated_fit(report: dict[str, Any]) -> None:
+    kind = "one emission per attribute" if report["untied"] else f"{report['factors']} factors"
+    shared = report["shared"]
+    print(f"shared head: {shared['state']} after {shared['iterations']} iterations ({shared['model_dir']})")
+    print(
+        f"gated head ({kind}, {report['attributes']} attributes, {report['parameters']:,} parameters): "
+        f"{report['state']} after {report['iterations']} iterations in {report['seconds']:.1f} s"
+    )
+    if report["heldout_perplexity"] is not None and shared["heldout_perplexity"] is not None:
+        ratio = report["heldout_perplexity"] / shared["heldout_perplexity"]
+        print(
+            f"held-out perplexity: gated {report['heldout_perplexity']:.3f} (iteration {report['best_iteration']}), "
+            f"shared {shared['heldout_perplexity']:.3f}, ratio {ratio:.3f}"
+        )
+    print(f"model: {report['model_dir']}")
+
+
+def run_gated_evaluate(args: argparse.Namespace, say: Any, cluster: Any) -> dict[str, Any]:
+    from dist_respattn.engine.gated_evaluate import evaluate_gated
+
+    return evaluate_gated(
+        args.model, args.store, classify=args.classify_attributes, fold_in=args.fold_in,
+        fold_in_iterations=args.fold_in_iterations, cluster=cluster,
+        storage_options=parse_storage_options(args.storage_option), say=say,
+        progress=None if not args.json else False,
+    )  # fmt: skip
+
+
+def print_gated_evaluate(report: dict[str, Any]) -> None:
+    shared = report["shared"]
+    kn = shared["baselines"].get("kneser_ney", {}).get("perplexity")
+    print(f"{report['store']}: {report['model']['rows']:,.0f} rows of known attributes")
+    model = report["model"]
+    print(
+        f"perplexity: gated {model['perplexity']:.3f}, shared {model['perplexity_shared_same_rows']:.3f}"
+        + (f", Kneser-Ney bigram {kn:.3f} (all rows)" if kn else "")
+    )
+    print(f"{'attribute':<28} {'rows':>9} {'gated':>9} {'shared':>9} {'KN (own)':>9}")
+    for name, row in report["by_attribute"].items():
+
+        def cell(value: Any) -> str:
+            return f"{value:>9.2f}" if value is not None else f"{'-':>9}"
+
+        print(
+            f"{name[:28]:<28} {row['rows']:>9,.0f} {cell(row['perplexity'])} {cell(row['perplexity_shared'])} "
+            f"{cell(row['perplexity_kneser_ney'])}"
+        )
+    if "attribute_accuracy" in report:
+        accuracy = report["attribute_accuracy"]
+        shown = "n/a" if accuracy is None else f"{accuracy:.1%}"
+        print(f"attribute classification: {shown} of {report['classified_documents']} documents")
+    for name, row in (report.get("fold_in") or {}).items():
+        print(
+            f"folded in {name}: perplexity {row['perplexity']:.3f} (uniform weights "
+            f"{row['perplexity_uniform_weights']:.3f}, shared {row['perplexity_shared']:.3f}) on "
+            f"{row['rows_scored']:,.0f} held rows"
+        )
+
+
+# ------------------------------------------------------------------------------------------ sample / neighbours
+
+
+def _model_and_store(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """The gated checkpoint, and the store that gives its vocabulary and embeddings (``--store``, else the one it
+    was fitted on)."""
+    from dist_respattn.engine.gated_checkpoint import load_gated
+    from dist_respattn.store.rows import open_rows
+
+    checkpoint = load_gated(args.model)
+    url = args.store or (checkpoint.meta.get("store") or {}).get("url")
+    if not url:
+        raise CommandError(f"{args.model}: no training store recorded: give --store STORE (its vocabulary)")
+    store = open_rows(url, storage_options=parse_storage_options(getattr(args, "storage_option", None)))
+    return checkpoint, store, store.vocabulary()
+
+
+def _attribute_id(checkpoint: Any, name: str) -> int:
+    names = checkpoint.attribute_names
+    if name not in names:
+        shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+        raise CommandError(f"--attribute {name!r}: the model has no such attribute (it has {shown})")
+    return names.index(name)
+
+
+def _mix(checkpoint: Any, args: argparse.Namespace) -> dict[int, float]:
+    if args.mix:
+        mix: dict[int, float] = {}
+        for part in args.mix.split(","):
+            name, _, share = part.rpartition("=")
+            try:
+                value = float(share)
+            except ValueError:
+                raise CommandError(f"--mix {args.mix!r}: expected NAME=SHARE,NAME=SHARE (shares > 0)") from None
+            if not name or value <= 0:
+                raise CommandError(f"--mix {args.mix!r}: expected NAME=SHARE,NAME=SHARE (shares > 0)")
+            mix[_attribute_id(checkpoint, name)] = mix.get(_attribute_id(checkpoint, name), 0.0) + value
+        return mix
+    if not args.attribute:
+        raise CommandError("sample needs --attribute NAME or --mix NAME=SHARE,NAME=SHARE")
+    return {_attribute_id(checkpoint, args.attribute): 1.0}
+
+
+def _run_sample(args: argparse.Namespace) -> dict[str, Any]:
+    from dist_respattn.model.gated_use import generate, mixed_head
+    from dist_respattn.store.text import tokenize
+
+    checkpoint, store, vocabulary = _model_and_store(args)
+    mix = _mix(checkpoint, args)
+    model = mixed_head(checkpoint.head, mix)
+    table = store.embeddings()
+    words = list((vocabulary or {}).get("tokens", []))
+    n_pos = model.context_length
+    rng = np.random.default_rng(args.seed)
+    if args.prompt:
+        if not words:
+            raise CommandError(f"{store.location}: no vocabulary, so a --prompt cannot be read")
+        lookup = {w: i for i, w in enumerate(words)}
+        oov = int((vocabulary or {}).get("oov_id", len(words)))
+        prompt = np.array([lookup.get(w, oov) for w in tokenize(args.prompt)], dtype=np.int64)
+        if prompt.shape[0] < n_pos:
+            raise CommandError(f"--prompt has {prompt.shape[0]} tokens: the head reads windows of N = {n_pos}")
+    else:
+        prompt = _document_opening(store, checkpoint, mix, n_pos, rng)
+    tokens = generate(model, table, prompt, args.tokens, rng)
+
+    def word(t: int) -> str:
+        return words[t] if t < len(words) else ("<oov>" if words else str(t))
+
+    return {
+        "attribute": args.attribute,
+        "mix": {checkpoint.attribute_names[a]: share for a, share in mix.items()},
+        "seed": args.seed,
+        "prompt": [word(int(t)) for t in prompt[-n_pos:]],
+        "tokens": [word(int(t)) for t in tokens],
+        "text": " ".join(word(int(t)) for t in tokens),
+    }
+
+
+def _document_opening(store: Any, checkpoint: Any, mix: dict[int, float], n_pos: int, rng: Any) -> np.ndarray:
+    """The first N tokens of a document of the mix's first attribute (seeded), as a prompt."""
+    names = checkpoint.attribute_names
+    wanted = names[next(iter(mix))]
+    store_names = tuple(getattr(store, "attribute_names", None) or ())
+    stream = getattr(store, "kind", None) == "stream"
+    starts = store.document_starts() if stream else None
+    documents = store.document_attributes() if stream else None
+    if starts is None or documents is None or wanted not in store_names:
+        raise CommandError(f"{store.location}: no document of {wanted!r} to open with: give --prompt TEXT")
+    ends = np.append(starts[1:], store.num_tokens)
+    mine = np.flatnonzero((documents == store_names.index(wanted)) & (ends - starts >= n_pos))
+    if mine.size == 0:
+        raise CommandError(f"{store.location}: no document of {wanted!r} has N = {n_pos} tokens: give --prompt TEXT")
+    first = int(starts[int(rng.choice(mine))])
+    return np.asarray(store.read_tokens(first, first + n_pos), dtype=np.int64)
+
+
+def _print_sample(report: dict[str, Any]) -> None:
+    shares = ", ".join(f"{k} {v:g}" for k, v in report["mix"].items())
+    print(f"[{shares}] {' '.join(report['prompt'])} ...")
+    print(report["text"])
+
+
+def _run_neighbours(args: argparse.Namespace) -> dict[str, Any]:
+    from dist_respattn.model.gated_use import emission_neighbours
+
+    checkpoint, _, vocabulary = _model_and_store(args)
+    words = list((vocabulary or {}).get("tokens", []))
+    if words:
+        if args.word not in words:
+            raise CommandError(f"{args.word!r} is not in the model's vocabulary of {len(words):,} words")
+        symbol = words.index(args.word)
+    else:
+        try:
+            symbol = int(args.word)
+        except ValueError:
+            raise CommandError(f"{args.word!r}: the store has no vocabulary, so give a symbol id") from None
+    attributes = [args.attribute] if args.attribute else list(checkpoint.attribute_names)
+    out = {}
+    for name in attributes:
+        a = _attribute_id(checkpoint, name)
+        ids, distances = emission_neighbours(checkpoint.head.emission_of(a), symbol, args.top)
+        out[name] = [
+            [words[int(i)] if words else int(i), round(float(d), 6)] for i, d in zip(ids, distances, strict=True)
+        ]
+    return {"word": args.word, "distance": "hellinger", "neighbours": out}
+
+
+def _print_neighbours(report: dict[str, Any]) -> None:
+    print(f"nearest to {report['word']!r} by the Hellinger distance between emission rows B_a[s, :]:")
+    for name, items in report["neighbours"].items():
+        print(f"  {name}: " + ", ".join(f"{w} ({d:.3f})" for w, d in items))
+
+
+def register(sub: Any) -> None:
+    """Add the ``sample`` and ``neighbours`` subcommands."""
+    sample = sub.add_parser(
+        "sample",
+        help="generate text token by token from an attribute-gated head, as one attribute or a mix",
+        description=(
+            "Generate tokens one at a time from a gated head: each is drawn from p(t | last N tokens, query) "
+            "under the attribute's emission (or under the mix's weights), then appended to the history. The "
+            "vocabulary and embeddings come from the model's training store (or --store)."
+        ),
+    )
+    sample.add_argument("model", help="a gated model directory (fit --attribute-factors)")
+    sample.add_argument("--attribute", metavar="NAME", help="the attribute to write as")
+    sample.add_argument("--mix", metavar="NAME=SHARE,...", help="a mix of attributes instead, e.g. a=0.5,b=0.5")
+    sample.add_argument("--tokens", type=positive_int, default=200, help="tokens to generate (200)")
+    sample.add_argument("--seed", type=int, default=0, help="the draws' seed (0): the same seed, the same text")
+    sample.add_argument(
+        "--prompt", metavar="TEXT", help="text to start from (default: the opening of one of its documents)"
+    )
+    sample.add_argument("--store", metavar="STORE", help="the store of the vocabulary and embeddings")
+    sample.add_argument("--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option (repeatable)")
+    sample.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    sample.set_defaults(handler=_run_sample, printer=_print_sample)
+
+    neighbours = sub.add_parser(
+        "neighbours",
+        help="the words whose emission rows are closest to a word's under an attribute",
+        description=(
+            "List the words s whose emission rows B_a[s, :] (what follows them, under attribute a) are closest to "
+            "WORD's, by the Hellinger distance sqrt(1 - sum_t sqrt(p_t q_t)); every attribute without --attribute."
+        ),
+    )
+    neighbours.add_argument("model", help="a gated model directory (fit --attribute-factors)")
+    neighbours.add_argument("word", help="a word of the vocabulary (or a symbol id)")
+    neighbours.add_argument("--attribute", metavar="NAME", help="the attribute (default: each in turn)")
+    neighbours.add_argument("--top", type=positive_int, default=10, help="neighbours listed (10)")
+    neighbours.add_argument("--store", metavar="STORE", help="the store of the vocabulary")
+    neighbours.add_argument("--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option")
+    neighbours.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    neighbours.set_defaults(handler=_run_neighbours, printer=_print_neighbours)

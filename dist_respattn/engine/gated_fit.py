@@ -1,0 +1,399 @@
+"""``fit --attribute-factors F``: exact EM for an attribute-gated head on a Dask cluster, from a fitted shared head.
+
+The gated head starts where the shared head ended (:mod:`dist_respattn.model.gated`): its keys, position prior
+and gate variance; every factor a copy of its emission on the training rows' pairs; each attribute's weights
+seeded at random (the identity for the untied baseline, F = 0), so the first E-step splits the shared
+counts between the factors by attribute. The emission prior (base ``u`` and strengths ``a_s``) is the shared
+fit's, as chosen on its held-out rows. Each iteration is one E-step pass over the training rows (statistics
+summed by a fixed combine tree, so bit-identical on any number of workers), the closed-form M-step on the
+driver, one scoring pass over the same held-out rows as the shared fit's (its hold-out, or its validation
+store), and a checkpoint. The best held-out perplexity is the ``best`` checkpoint; the fit stops after
+``patience`` iterations without a relative gain of ``min_improvement``, at ``max_iter``, or when the training
+log-likelihood moves by less than ``tol`` (relative).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import distributed
+import numpy as np
+
+from dist_respattn.engine import gated_tasks
+from dist_respattn.engine.broadcast import ParameterBroadcast
+from dist_respattn.engine.checkpoint import Checkpoint, ModelDir, checkpoint_name, load_checkpoint
+from dist_respattn.engine.cluster import ClusterOptions, connect
+from dist_respattn.engine.fit import FitError, _last_choice, open_store
+from dist_respattn.engine.gated_checkpoint import GatedCheckpoint, commit_gated, is_gated_dir, load_gated
+from dist_respattn.engine.loop import store_record
+from dist_respattn.engine.passes import PassRunner
+from dist_respattn.engine.progress import FitReporter
+from dist_respattn.engine.reduction import DEFAULT_FAN_IN
+from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
+from dist_respattn.events import FitState
+from dist_respattn.model._checks import as_nonnegative_float, as_positive_int
+from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.emission import PairSupport, SparseEmission
+from dist_respattn.model.gated import FactorTables, GatedHead, GatedStatistics, gated_m_step
+from dist_respattn.model.holdout import HoldoutRule
+from dist_respattn.store.rows import RowStore
+
+__all__ = ["PER_ATTRIBUTE_PARAMETERS", "GatedFitResult", "GatedSettings", "HeldoutSide", "fit_gated", "start_head"]
+
+logger = logging.getLogger("dist_respattn.fit")
+
+#: What ``--per-attribute`` can untie from the shared head.
+PER_ATTRIBUTE_PARAMETERS = ("position_prior",)
+
+
+@dataclass(frozen=True)
+class GatedSettings:
+    """What fixes a gated fit's result (saved with every checkpoint, checked on ``resume``).
+
+    Attributes:
+        attribute_factors: F >= 1 shared factor tables; 0: one emission per attribute (the untied baseline).
+        per_attribute: parameters held per attribute instead of shared (``"position_prior"``).
+        max_iter, tol, patience, min_improvement: when to stop (see the module).
+        weight_strength: ``beta``, the Dirichlet pseudo-count spread over each attribute's F weights.
+        seed: seeds the attributes' starting weights.
+        fan_in: the combine tree's fan-in.
+    """
+
+    attribute_factors: int
+    per_attribute: tuple[str, ...] = ()
+    max_iter: int = 30
+    tol: float = 1e-6
+    patience: int = 2
+    min_improvement: float = 1e-4
+    weight_strength: float = 1.0
+    seed: int = 0
+    fan_in: int = DEFAULT_FAN_IN
+
+    def __post_init__(self) -> None:
+        if int(self.attribute_factors) < 0:
+            raise ValueError(
+                f"attribute_factors = {self.attribute_factors}: expected F >= 1 factors, or 0 for one emission per "
+                "attribute"
+            )
+        unknown = sorted(set(self.per_attribute) - set(PER_ATTRIBUTE_PARAMETERS))
+        if unknown:
+            raise ValueError(
+                f"per_attribute = {', '.join(unknown)}: expected one of {', '.join(PER_ATTRIBUTE_PARAMETERS)} (keys "
+                "and the gate variance stay shared)"
+            )
+        object.__setattr__(self, "per_attribute", tuple(sorted(set(self.per_attribute))))
+        as_positive_int(self.max_iter, "max_iter")
+        as_positive_int(self.patience, "patience")
+        as_positive_int(self.fan_in, "fan_in")
+        for name in ("tol", "min_improvement", "weight_strength"):
+            as_nonnegative_float(getattr(self, name), name)
+
+    @property
+    def untied(self) -> bool:
+        return int(self.attribute_factors) == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "per_attribute": list(self.per_attribute)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GatedSettings:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{**{k: v for k, v in data.items() if k in names}, "per_attribute": tuple(data["per_attribute"])})
+
+
+@dataclass(frozen=True)
+class GatedFitResult:
+    """A gated fit's outcome: the head the directory serves (its best), the history and where things are."""
+
+    head: GatedHead
+    model_dir: str
+    state: FitState
+    history: list[dict[str, Any]]
+    best_iteration: int | None
+    attribute_names: tuple[str, ...]
+    seconds: float
+
+    @property
+    def iterations(self) -> int:
+        return len(self.history)
+
+
+@dataclass(frozen=True)
+class HeldoutSide:
+    """The held-out rows a gated fit scores: a store, which of its rows, and its attribute ids as the head's."""
+
+    store: RowStore
+    rows: RowSelection
+    attribute_map: np.ndarray
+    description: str
+
+
+def attribute_map(names: tuple[str, ...], head_names: tuple[str, ...]) -> np.ndarray:
+    """(len(names),) int64: each store attribute's id in the head (by name), ``-1`` for one the head lacks."""
+    index = {name: i for i, name in enumerate(head_names)}
+    return np.array([index.get(name, -1) for name in names], dtype=np.int64)
+
+
+def _strengths(shared: Checkpoint) -> tuple[np.ndarray, np.ndarray]:
+    """``(a_s (S,), u (T,))``: the emission prior the shared fit chose on its held-out rows (uniform and 1 for an
+    older checkpoint that recorded none)."""
+    model = shared.model
+    prior, choice = shared.emission_prior(), _last_choice(shared)
+    if prior is None or choice is None:
+        return np.ones(model.num_symbols), np.full(model.num_targets, 1.0 / model.num_targets)
+    return prior.strengths(choice.emission_strength, choice.type_strength), prior.base
+
+
+def start_head(
+    shared: ResponsibilityAttentionDistribution,
+    support: PairSupport,
+    settings: GatedSettings,
+    num_attributes: int,
+    base: np.ndarray,
+) -> GatedHead:
+    """The gated head a fit starts from (see the module): F copies of the shared emission on ``support``."""
+    f = num_attributes if settings.untied else int(settings.attribute_factors)
+    emission = shared.emission_table
+    if isinstance(emission, SparseEmission) and emission.support.same_as(support):
+        values, backoff = emission.values, emission.backoff
+    else:
+        moved = emission.restricted(support)
+        assert isinstance(moved, SparseEmission)
+        values, backoff = moved.values, moved.backoff
+        base = moved.base
+    factors = FactorTables(support, np.repeat(values[:, None], f, axis=1), np.repeat(backoff[None, :], f, axis=0), base)
+    if settings.untied:
+        weights = np.eye(num_attributes)
+    else:
+        weights = np.random.default_rng(settings.seed).dirichlet(np.ones(f), size=num_attributes)
+    prior = shared.position_prior[None, :]
+    if "position_prior" in settings.per_attribute:
+        prior = np.repeat(prior, num_attributes, axis=0)
+    return GatedHead(shared.key_means, prior, shared.sigma2, factors, weights, fixed_weights=settings.untied)
+
+
+def _heldout_side(shared: Checkpoint, train: RowStore, names: tuple[str, ...], storage_options: Any) -> HeldoutSide:
+    """The shared fit's held-out rows: its hold-out of the training store, else its validation store."""
+    holdout = shared.meta.get("holdout")
+    identity = np.arange(len(names), dtype=np.int64)
+    if holdout:
+        rule = HoldoutRule.from_json(holdout)
+        return HeldoutSide(train, RowSelection(rule, "heldout"), identity, f"the hold-out of {train.location}")
+    record = shared.meta.get("validation") or {}
+    if not record.get("url"):
+        raise FitError(
+            "the shared fit had no held-out rows (no --validation, --holdout-fraction 0): a gated fit needs them "
+            "to stop early and keep its best iteration"
+        )
+    validation = open_store(record["url"], storage_options, record.get("window"), record.get("min_context"))
+    other = gated_tasks.attribute_names_of(validation)
+    return HeldoutSide(validation, ALL_ROWS, attribute_map(other, names), str(validation.location))
+
+
+def _train_rows(shared: Checkpoint) -> RowSelection:
+    holdout = shared.meta.get("holdout")
+    return RowSelection(HoldoutRule.from_json(holdout), "train") if holdout else ALL_ROWS
+
+
+class _GatedPasses:
+    """The passes of one gated fit on the cluster: support, E-step and held-out scoring."""
+
+    def __init__(self, client: distributed.Client, train: RowStore, rows: RowSelection, held: HeldoutSide, **kw: Any):
+        self.runner = PassRunner(client, uuid.uuid4().hex[:8], **kw)
+        self.params = ParameterBroadcast(client, self.runner.run_tag, prefix="gated")
+        self.train, self.rows, self.held = train, rows, held
+        self.train_fingerprint = train.fingerprint()
+        self.held_fingerprint = held.store.fingerprint()
+        self.num_held_attributes = len(gated_tasks.attribute_names_of(held.store))
+
+    def support(self) -> PairSupport:
+        value = self.runner.run(
+            "gated-support", "0", self.train.num_partitions, gated_tasks.support_task,
+            lambda part: (self.train.location, part, self.train_fingerprint, self.rows),
+            description="collecting the training pairs",
+        )  # fmt: skip
+        counts = value.counts
+        return counts.support if counts.support is not None else PairSupport.from_keys(
+            np.zeros(0, np.int64), counts.num_symbols, counts.num_targets
+        )  # fmt: skip
+
+    def estep(self, head: GatedHead, iteration: int) -> GatedStatistics:
+        future = self.params.publish(head, f"estep-{iteration}")
+        return self.runner.run(
+            "gated-estep", str(iteration), self.train.num_partitions, gated_tasks.gated_estep_task,
+            lambda part: (self.train.location, part, future, self.train_fingerprint, self.rows),
+            description=f"gated E-step {iteration}",
+        )  # fmt: skip
+
+    def heldout(self, head: GatedHead, iteration: int) -> gated_tasks.AttributeScores:
+        future = self.params.publish(head, f"heldout-{iteration}")
+        held = self.held
+        return self.runner.run(
+            "gated-score", str(iteration), held.store.num_partitions, gated_tasks.gated_score_task,
+            lambda part: (
+                held.store.location, part, future, self.held_fingerprint, held.rows, self.num_held_attributes,
+                held.attribute_map,
+            ),
+            description=f"held-out {iteration}",
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self.params.release()
+
+
+def _perplexity(scores: gated_tasks.AttributeScores) -> float:
+    weight = float(scores.weight.sum())
+    return math.exp(-float(scores.log_lik.sum()) / weight) if weight > 0 else math.nan
+
+
+def fit_gated(
+    store: Any,
+    *,
+    model_dir: str | os.PathLike[str],
+    settings: GatedSettings,
+    shared_dir: str | os.PathLike[str],
+    resume: bool = False,
+    overwrite: bool = False,
+    client: distributed.Client | None = None,
+    cluster: ClusterOptions | None = None,
+    storage_options: dict[str, Any] | None = None,
+    say: Callable[[str], Any] | None = None,
+    progress: bool | None = None,
+) -> GatedFitResult:
+    """Fit an attribute-gated head to ``store``'s rows, starting from the shared head fitted in ``shared_dir``,
+    checkpointing into ``model_dir``. ``resume`` continues the gated fit there (bit-identical to an uninterrupted
+    one); ``overwrite`` starts it over. Raises :class:`FitError` for a store without attributes or settings that
+    differ from a resumed fit's."""
+    called = time.perf_counter()
+    say = say if say is not None else logger.info
+    shared = load_checkpoint(shared_dir)
+    if shared.model.buckets is not None:
+        raise FitError("--attribute-factors with --position-buckets: a gated head's prior is per position (free)")
+    train = open_store(store, storage_options, shared.model.context_length)
+    if (shared.meta.get("store") or {}).get("fingerprint") not in (None, train.fingerprint()):
+        raise FitError(f"the shared head in {shared_dir} was fitted on another store than {train.location}")
+    names = gated_tasks.attribute_names_of(train)
+    folder = ModelDir(model_dir)
+    folder.check_writable()
+    previous: GatedCheckpoint | None = None
+    if is_gated_dir(folder.path):
+        if resume:
+            previous = load_gated(folder.path, "latest")
+            saved = GatedSettings.from_json(previous.meta["settings"]).to_json()
+            # More iterations may be asked of a resumed fit; anything else would make it another fit.
+            changed = [k for k, v in settings.to_json().items() if k != "max_iter" and saved.get(k) != v]
+            if changed:
+                raise FitError(f"{folder}: --resume with other settings than its fit's ({', '.join(changed)})")
+            if tuple(previous.meta["attribute_names"]) != names:
+                raise FitError(f"{folder}: the store's attribute names differ from the fit's ({train.location})")
+        elif not overwrite:
+            raise FitError(f"{folder}: holds a gated fit: --resume continues it, --overwrite starts over")
+    strength, base = _strengths(shared)
+    held = _heldout_side(shared, train, names, storage_options)
+    history: list[dict[str, Any]] = list(previous.meta.get("history", [])) if previous else []
+    stopping = dict(previous.meta.get("early_stopping", {})) if previous else {}
+    best_value: float | None = stopping.get("best_value")
+    best_name: str | None = stopping.get("best_checkpoint")
+    best_iteration: int | None = stopping.get("best_iteration")
+    stale = int(stopping.get("stale", 0))
+    state = FitState(previous.meta.get("state", FitState.RUNNING)) if previous else FitState.RUNNING
+    run_id = uuid.uuid4().hex[:8]
+    record = {
+        "attribute_names": list(names),
+        "settings": settings.to_json(),
+        "store": store_record(train),
+        "holdout": shared.meta.get("holdout"),
+        "heldout_rows": held.description,
+        "shared": {"dir": os.fspath(shared_dir), "checkpoint": shared.name, "iteration": shared.iteration},
+    }
+    if previous is not None and (
+        state in (FitState.CONVERGED, FitState.EARLY_STOPPED) or previous.iteration >= settings.max_iter
+    ):
+        say(f"{folder}: the gated fit already ended at iteration {previous.iteration} ({state})")
+        return GatedFitResult(
+            load_gated(folder.path).head, str(folder), state, history, best_iteration, names,
+            time.perf_counter() - called,
+        )  # fmt: skip
+    with connect(cluster, client=client, say=say) as cl:
+        reporter = FitReporter(cl, say=say, bar=progress)
+        passes = _GatedPasses(cl, train, _train_rows(shared), held, fan_in=settings.fan_in, make_bar=reporter.make_bar)
+        try:
+            if previous is not None:
+                head, first = previous.head, previous.iteration + 1
+            else:
+                emission = shared.model.emission_table
+                support = emission.support if isinstance(emission, SparseEmission) else passes.support()
+                head, first = start_head(shared.model, support, settings, len(names), base), 1
+                kind = "one emission per attribute" if settings.untied else f"F = {head.num_factors} factors"
+                say(
+                    f"gated head: {kind} over {support.num_pairs:,} pairs, {len(names)} attributes, from the shared "
+                    f"head of {shared_dir} ({head.num_parameters():,} parameters)"
+                )
+            last_log_lik = history[-1]["log_likelihood"] if history else None
+            for iteration in range(first, settings.max_iter + 1):
+                began = time.perf_counter()
+                stats = passes.estep(head, iteration)
+                head = gated_m_step(
+                    stats, head, strength=strength, base=base, weight_strength=settings.weight_strength,
+                )  # fmt: skip
+                scores = passes.heldout(head, iteration)
+                perplexity = _perplexity(scores)
+                seconds = time.perf_counter() - began
+                log_lik = stats.log_lik
+                entry: dict[str, Any] = {
+                    "iteration": iteration,
+                    "log_likelihood": log_lik,
+                    "mean_log_likelihood": log_lik / stats.n_obs if stats.n_obs else None,
+                    "heldout_perplexity": perplexity,
+                    "seconds": round(seconds, 3),
+                    "rows_per_second": round(stats.n_obs / seconds, 1) if seconds > 0 else None,
+                }
+                improved = best_value is None or perplexity < best_value * (1.0 - settings.min_improvement)
+                name = checkpoint_name(iteration, run_id)
+                if best_value is None or perplexity < best_value:
+                    best_value, best_name, best_iteration = perplexity, name, iteration
+                stale = 0 if improved else stale + 1
+                moved = None if last_log_lik is None else abs(log_lik - last_log_lik) / max(abs(log_lik), 1e-300)
+                last_log_lik = log_lik
+                state = FitState.RUNNING
+                if moved is not None and moved < settings.tol:
+                    state = FitState.CONVERGED
+                elif stale >= settings.patience:
+                    state = FitState.EARLY_STOPPED
+                elif iteration == settings.max_iter:
+                    state = FitState.MAX_ITER
+                entry["state"] = str(state)
+                history.append(entry)
+                say(
+                    f"gated iteration {iteration}: mean log-likelihood {entry['mean_log_likelihood']:.4f}, held-out "
+                    f"perplexity {perplexity:.3f} ({held.description}), {seconds:.1f} s"
+                )
+                meta = {
+                    **record, "iteration": iteration, "state": str(state), "history": history,
+                    "early_stopping": {
+                        "best_value": best_value, "best_checkpoint": best_name, "best_iteration": best_iteration,
+                        "stale": stale,
+                    },
+                    "by_attribute": {
+                        "perplexity": [None if not math.isfinite(v) else float(v) for v in scores.perplexity()],
+                        "rows": scores.weight.tolist(),
+                    },
+                }  # fmt: skip
+                commit_gated(
+                    folder, name, head, strength, meta, best=best_name == name,
+                    keep={best_name} if best_name and best_name != name else set(),
+                )  # fmt: skip
+                if state != FitState.RUNNING:
+                    break
+        finally:
+            passes.close()
+    served = load_gated(folder.path)
+    return GatedFitResult(served.head, str(folder), state, history, best_iteration, names, time.perf_counter() - called)
