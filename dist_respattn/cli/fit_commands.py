@@ -387,8 +387,10 @@ def _run_fit(args: argparse.Namespace) -> dict[str, Any]:
     if args.attribute_factors is not None:
         args.printer = print_gated_fit
         return run_gated_fit(args, settings, _say(args), cluster_options(args))
-    if args.per_attribute or args.attribute_smoothing is not None:
-        raise CommandError("--per-attribute and --attribute-smoothing go with --attribute-factors F")
+    if args.per_attribute or args.attribute_smoothing is not None or args.attribute_prior_scale is not None:
+        raise CommandError(
+            "--per-attribute, --attribute-smoothing and --attribute-prior-scale go with --attribute-factors F"
+        )
     store = open_store(args.store, options, settings.context_length)
     result = fit(
         store,

@@ -34,6 +34,13 @@ def add_fit_options(parser: argparse.ArgumentParser) -> None:
         help="hold this parameter per attribute instead of shared (repeatable)",
     )
     group.add_argument(
+        "--attribute-prior-scale",
+        type=float,
+        metavar="KAPPA",
+        help="the factors' prior: centred on the shared emission with KAPPA times the shared fit's strengths "
+        "(default: KAPPA chosen on the held-out rows every iteration)",
+    )
+    group.add_argument(
         "--attribute-smoothing",
         type=float,
         metavar="BETA",
@@ -53,6 +60,8 @@ def _gated_settings(args: argparse.Namespace, fit_settings: Any) -> Any:
             given[name] = getattr(args, name)
     if args.attribute_smoothing is not None:
         given["weight_strength"] = args.attribute_smoothing
+    if args.attribute_prior_scale is not None:
+        given["prior_scale"] = args.attribute_prior_scale
     given["fan_in"] = fit_settings.fan_in
     try:
         return GatedSettings(**given)
@@ -62,6 +71,7 @@ def _gated_settings(args: argparse.Namespace, fit_settings: Any) -> Any:
             ("attribute_factors", "--attribute-factors"),
             ("per_attribute", "--per-attribute"),
             ("weight_strength", "--attribute-smoothing"),
+            ("prior_scale", "--attribute-prior-scale"),
             ("max_iter", "--max-iter"),
         ):
             message = message.replace(name, flag)

@@ -3,13 +3,20 @@
 The gated head starts where the shared head ended (:mod:`dist_respattn.model.gated`): its keys, position prior
 and gate variance; every factor a copy of its emission on the training rows' pairs; each attribute's weights
 seeded at random (the identity for the untied baseline, F = 0), so the first E-step splits the shared
-counts between the factors by attribute. The emission prior (base ``u`` and strengths ``a_s``) is the shared
-fit's, as chosen on its held-out rows. Each iteration is one E-step pass over the training rows (statistics
-summed by a fixed combine tree, so bit-identical on any number of workers), the closed-form M-step on the
-driver, one scoring pass over the same held-out rows as the shared fit's (its hold-out, or its validation
-store), and a checkpoint. The best held-out perplexity is the ``best`` checkpoint; the fit stops after
-``patience`` iterations without a relative gain of ``min_improvement``, at ``max_iter``, or when the training
-log-likelihood moves by less than ``tol`` (relative).
+counts between the factors by attribute.
+
+The factors' MAP prior is centred on the shared head's emission (``B_f = (c_f + kappa a_s B_shared) /
+(c_f[s] + kappa a_s)``, ``a_s`` the strengths the shared fit chose on its held-out rows): a factor, or an
+attribute with few rows, backs off to what the whole corpus says after that context rather than to a unigram.
+``kappa`` is given, or chosen every iteration on held-out rows among the last choice and its neighbours
+(x/4, x, 4x, from 1): the M-step is run for each, each candidate scored, the best kept.
+
+Each iteration is one E-step pass over the training rows (statistics summed by a fixed combine tree, so
+bit-identical on any number of workers), the closed-form M-step on the driver, the scoring passes over the
+same held-out rows as the shared fit's (its hold-out, or its validation store), and a checkpoint. The best
+held-out perplexity is the ``best`` checkpoint; the fit stops after ``patience`` iterations without a relative
+gain of ``min_improvement``, at ``max_iter``, or when the training log-likelihood moves by less than ``tol``
+(relative).
 """
 
 from __future__ import annotations
@@ -39,14 +46,22 @@ from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.reduction import DEFAULT_FAN_IN
 from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
 from dist_respattn.events import FitState
-from dist_respattn.model._checks import as_nonnegative_float, as_positive_int
+from dist_respattn.model._checks import as_nonnegative_float, as_positive_float, as_positive_int
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import PairSupport, SparseEmission
 from dist_respattn.model.gated import FactorTables, GatedHead, GatedStatistics, gated_m_step
 from dist_respattn.model.holdout import HoldoutRule
 from dist_respattn.store.rows import RowStore
 
-__all__ = ["PER_ATTRIBUTE_PARAMETERS", "GatedFitResult", "GatedSettings", "HeldoutSide", "fit_gated", "start_head"]
+__all__ = [
+    "PER_ATTRIBUTE_PARAMETERS",
+    "GatedFitResult",
+    "GatedSettings",
+    "HeldoutSide",
+    "fit_gated",
+    "shared_on_support",
+    "start_head",
+]
 
 logger = logging.getLogger("dist_respattn.fit")
 
@@ -63,6 +78,8 @@ class GatedSettings:
         per_attribute: parameters held per attribute instead of shared (``"position_prior"``).
         max_iter, tol, patience, min_improvement: when to stop (see the module).
         weight_strength: ``beta``, the Dirichlet pseudo-count spread over each attribute's F weights.
+        prior_scale: ``kappa``: the factors' prior is centred on the shared emission with strengths ``kappa a_s``
+            (the shared fit's ``a_s``); ``None`` chooses ``kappa`` on held-out rows every iteration, from 1.
         seed: seeds the attributes' starting weights.
         fan_in: the combine tree's fan-in.
     """
@@ -74,6 +91,7 @@ class GatedSettings:
     patience: int = 2
     min_improvement: float = 1e-4
     weight_strength: float = 1.0
+    prior_scale: float | None = None
     seed: int = 0
     fan_in: int = DEFAULT_FAN_IN
 
@@ -95,6 +113,8 @@ class GatedSettings:
         as_positive_int(self.fan_in, "fan_in")
         for name in ("tol", "min_improvement", "weight_strength"):
             as_nonnegative_float(getattr(self, name), name)
+        if self.prior_scale is not None:
+            as_positive_float(self.prior_scale, "prior_scale")
 
     @property
     def untied(self) -> bool:
@@ -152,24 +172,36 @@ def _strengths(shared: Checkpoint) -> tuple[np.ndarray, np.ndarray]:
     return prior.strengths(choice.emission_strength, choice.type_strength), prior.base
 
 
-def start_head(
-    shared: ResponsibilityAttentionDistribution,
-    support: PairSupport,
-    settings: GatedSettings,
-    num_attributes: int,
-    base: np.ndarray,
-) -> GatedHead:
-    """The gated head a fit starts from (see the module): F copies of the shared emission on ``support``."""
-    f = num_attributes if settings.untied else int(settings.attribute_factors)
-    emission = shared.emission_table
+def shared_on_support(
+    model: ResponsibilityAttentionDistribution, support: PairSupport, base: np.ndarray
+) -> SparseEmission:
+    """The shared head's emission as a sparse table on ``support`` with backoff base ``u``: exact for a MAP table
+    over that base whose pairs with counts are the support's (a dense table's off-support cells are then
+    ``a_s u_t / (c_s + a_s)``, one scale per row)."""
+    emission = model.emission_table
     if isinstance(emission, SparseEmission) and emission.support.same_as(support):
-        values, backoff = emission.values, emission.backoff
-    else:
-        moved = emission.restricted(support)
-        assert isinstance(moved, SparseEmission)
-        values, backoff = moved.values, moved.backoff
-        base = moved.base
-    factors = FactorTables(support, np.repeat(values[:, None], f, axis=1), np.repeat(backoff[None, :], f, axis=0), base)
+        return emission
+    probs = emission.to_dense()
+    values = probs[support.symbols, support.targets]
+    on_values = np.bincount(support.symbols, weights=values, minlength=support.num_symbols)
+    on_base = np.bincount(support.symbols, weights=base[support.targets], minlength=support.num_symbols)
+    off_base = 1.0 - on_base
+    backoff = np.where(
+        off_base > 1e-12, np.maximum(1.0 - on_values, 0.0) / np.where(off_base > 1e-12, off_base, 1.0), 0.0
+    )
+    return SparseEmission(support, values, backoff, base)
+
+
+def start_head(
+    shared: ResponsibilityAttentionDistribution, center: SparseEmission, settings: GatedSettings, num_attributes: int
+) -> GatedHead:
+    """The gated head a fit starts from (see the module): F copies of the shared emission ``center`` (on the
+    fit's support)."""
+    f = num_attributes if settings.untied else int(settings.attribute_factors)
+    factors = FactorTables(
+        center.support, np.repeat(center.values[:, None], f, axis=1), np.repeat(center.backoff[None, :], f, axis=0),
+        center.base,
+    )  # fmt: skip
     if settings.untied:
         weights = np.eye(num_attributes)
     else:
@@ -233,11 +265,11 @@ class _GatedPasses:
             description=f"gated E-step {iteration}",
         )  # fmt: skip
 
-    def heldout(self, head: GatedHead, iteration: int) -> gated_tasks.AttributeScores:
-        future = self.params.publish(head, f"heldout-{iteration}")
+    def heldout(self, head: GatedHead, iteration: int, candidate: int = 0) -> gated_tasks.AttributeScores:
+        future = self.params.publish(head, f"heldout-{iteration}-{candidate}")
         held = self.held
         return self.runner.run(
-            "gated-score", str(iteration), held.store.num_partitions, gated_tasks.gated_score_task,
+            "gated-score", f"{iteration}-{candidate}", held.store.num_partitions, gated_tasks.gated_score_task,
             lambda part: (
                 held.store.location, part, future, self.held_fingerprint, held.rows, self.num_held_attributes,
                 held.attribute_map,
@@ -247,6 +279,18 @@ class _GatedPasses:
 
     def close(self) -> None:
         self.params.release()
+
+
+#: A chosen prior scale's neighbours tried at the next iteration: it moves by this factor at most an iteration.
+SCALE_STEP = 4.0
+
+
+def _scales(settings: GatedSettings, current: float) -> tuple[float, ...]:
+    """The prior scales an iteration's M-step tries on held-out rows: the given one, or ``current`` and its
+    neighbours a :data:`SCALE_STEP` away."""
+    if settings.prior_scale is not None:
+        return (float(settings.prior_scale),)
+    return (current / SCALE_STEP, current, current * SCALE_STEP)
 
 
 def _perplexity(scores: gated_tasks.AttributeScores) -> float:
@@ -328,23 +372,34 @@ def fit_gated(
         try:
             if previous is not None:
                 head, first = previous.head, previous.iteration + 1
+                center = shared_on_support(shared.model, head.factors.support, base)
             else:
                 emission = shared.model.emission_table
                 support = emission.support if isinstance(emission, SparseEmission) else passes.support()
-                head, first = start_head(shared.model, support, settings, len(names), base), 1
+                center = shared_on_support(shared.model, support, base)
+                head, first = start_head(shared.model, center, settings, len(names)), 1
                 kind = "one emission per attribute" if settings.untied else f"F = {head.num_factors} factors"
                 say(
                     f"gated head: {kind} over {support.num_pairs:,} pairs, {len(names)} attributes, from the shared "
                     f"head of {shared_dir} ({head.num_parameters():,} parameters)"
                 )
             last_log_lik = history[-1]["log_likelihood"] if history else None
+            scale_now = float(history[-1]["prior_scale"]) if history else (settings.prior_scale or 1.0)
             for iteration in range(first, settings.max_iter + 1):
                 began = time.perf_counter()
                 stats = passes.estep(head, iteration)
-                head = gated_m_step(
-                    stats, head, strength=strength, base=base, weight_strength=settings.weight_strength,
-                )  # fmt: skip
-                scores = passes.heldout(head, iteration)
+                # The prior's scale: the given one, or the best held-out of the last one and its neighbours.
+                choice = None
+                for k, scale in enumerate(_scales(settings, scale_now)):
+                    candidate = gated_m_step(
+                        stats, head, strength=scale * strength, center=center,
+                        weight_strength=settings.weight_strength,
+                    )  # fmt: skip
+                    candidate_scores = passes.heldout(candidate, iteration, k)
+                    if choice is None or _perplexity(candidate_scores) < _perplexity(choice[2]):
+                        choice = (scale, candidate, candidate_scores)
+                assert choice is not None
+                scale_now, head, scores = choice
                 perplexity = _perplexity(scores)
                 seconds = time.perf_counter() - began
                 log_lik = stats.log_lik
@@ -353,6 +408,7 @@ def fit_gated(
                     "log_likelihood": log_lik,
                     "mean_log_likelihood": log_lik / stats.n_obs if stats.n_obs else None,
                     "heldout_perplexity": perplexity,
+                    "prior_scale": scale_now,
                     "seconds": round(seconds, 3),
                     "rows_per_second": round(stats.n_obs / seconds, 1) if seconds > 0 else None,
                 }

@@ -552,13 +552,19 @@ def gated_m_step(
     *,
     strength: np.ndarray,
     base: np.ndarray | None = None,
+    center: SparseEmission | None = None,
     weight_strength: float = 0.0,
     prior_pseudo_count: float = 0.0,
     update: tuple[str, ...] = ("keys", "prior", "factors", "weights"),
 ) -> GatedHead:
     """The closed-form M-step (the module's formulas). ``strength`` (S,) ``a_s`` and ``base`` (T,) ``u`` are the
-    emission's MAP prior (``base`` defaults to the factors' own). ``update`` names the parameters it
-    re-estimates, the others are kept (folding in an attribute re-estimates ``("weights",)`` only). The gate
+    emission's MAP prior (``base`` defaults to the factors' own).
+
+    ``center``: a sparse emission on the factors' support that every factor's prior is centred on instead of
+    ``u`` (the shared head's emission: a factor, or an attribute of few rows, then backs off to the shared head,
+    not to a unigram): ``B_f[s, t] = (c_f[s, t] + a_s C[s, t]) / (c_f[s] + a_s)``, which is again a sparse table
+    with the backoff ``a_s C_backoff[s] / (c_f[s] + a_s)`` times ``C``'s base. ``update`` names the parameters
+    it re-estimates, the others are kept (folding in an attribute re-estimates ``("weights",)`` only). The gate
     variance is kept."""
     key_means, prior = previous.key_means, previous.position_prior
     if "keys" in update:
@@ -568,26 +574,47 @@ def gated_m_step(
         prior = _normalized_rows(stats.position_count + prior_pseudo_count / n_pos, prior)
     factors = previous.factors
     if "factors" in update:
-        support = factors.support
-        u = factors.base if base is None else np.asarray(base, dtype=np.float64)
-        a_s = np.broadcast_to(np.asarray(strength, dtype=np.float64), (support.num_symbols,))
-        values = np.empty_like(factors.values)
-        backoff = np.empty_like(factors.backoff)
-        targets = support.targets
-        for f in range(factors.num_factors):
-            counts = np.ascontiguousarray(stats.factor_count[:, f])
-            totals = np.bincount(support.symbols, weights=counts, minlength=support.num_symbols)
-            values[:, f], backoff[f] = _map_values(counts, totals, a_s, u, support.symbols, targets)
-            # A (factor, symbol) row with no mass and no prior keeps its previous distribution.
-            dead = (totals + a_s) <= 0.0
-            if dead.any():
-                values[:, f] = np.where(dead[support.symbols], factors.values[:, f], values[:, f])
-                backoff[f] = np.where(dead, factors.backoff[f], backoff[f])
-        factors = FactorTables(support, values, backoff, u)
+        factors = _factor_m_step(stats.factor_count, factors, strength, base, center)
     weights = previous.weights
     if "weights" in update and not previous.fixed_weights:
         weights = _normalized_rows(stats.attribute_count + weight_strength / previous.num_factors, previous.weights)
     return GatedHead(key_means, prior, previous.sigma2, factors, weights, previous.fixed_weights)
+
+
+def _factor_m_step(
+    factor_count: np.ndarray,
+    factors: FactorTables,
+    strength: np.ndarray,
+    base: np.ndarray | None,
+    center: SparseEmission | None,
+) -> FactorTables:
+    """Every factor's MAP table from its pair counts (P, F) (see :func:`gated_m_step`)."""
+    support = factors.support
+    symbols = support.symbols
+    a_s = np.broadcast_to(np.asarray(strength, dtype=np.float64), (support.num_symbols,))
+    if center is not None:
+        if not center.support.same_as(support):
+            raise ValueError("the prior's centre lies on another support than the factors")
+        u = center.base
+    else:
+        u = factors.base if base is None else np.asarray(base, dtype=np.float64)
+    values = np.empty_like(factors.values)
+    backoff = np.empty_like(factors.backoff)
+    for f in range(factors.num_factors):
+        counts = np.ascontiguousarray(factor_count[:, f])
+        totals = np.bincount(symbols, weights=counts, minlength=support.num_symbols)
+        if center is None:
+            values[:, f], backoff[f] = _map_values(counts, totals, a_s, u, symbols, support.targets)
+        else:
+            den = np.where(totals + a_s > 0.0, totals + a_s, 1.0)
+            values[:, f] = (counts + a_s[symbols] * center.values) / den[symbols]
+            backoff[f] = a_s * center.backoff / den
+        # A (factor, symbol) row with no mass and no prior keeps its previous distribution.
+        dead = (totals + a_s) <= 0.0
+        if dead.any():
+            values[:, f] = np.where(dead[symbols], factors.values[:, f], values[:, f])
+            backoff[f] = np.where(dead, factors.backoff[f], backoff[f])
+    return FactorTables(support, values, backoff, u)
 
 
 def fold_in(

@@ -19,7 +19,7 @@ from dist_respattn.engine import FitSettings, fit, open_store
 from dist_respattn.engine.checkpoint import CheckpointError, load_checkpoint
 from dist_respattn.engine.fit import FitError
 from dist_respattn.engine.gated_checkpoint import load_gated
-from dist_respattn.engine.gated_fit import GatedSettings, _strengths, fit_gated, start_head
+from dist_respattn.engine.gated_fit import GatedSettings, _strengths, fit_gated, shared_on_support, start_head
 from dist_respattn.model.emission import PairSupport
 from dist_respattn.model.gated import gated_estep, gated_m_step
 from dist_respattn.model.holdout import HoldoutRule
@@ -82,7 +82,7 @@ def test_the_cluster_fit_is_the_in_process_em(stores, cluster, tmp_path):
     train, _ = stores
     _, client = cluster
     shared_dir = _shared(tmp_path, train, client)
-    settings = GatedSettings(2, per_attribute=("position_prior",), max_iter=3, patience=5)
+    settings = GatedSettings(2, per_attribute=("position_prior",), max_iter=3, patience=5, prior_scale=0.5)
     result = fit_gated(
         train, model_dir=str(tmp_path / "gated"), settings=settings, shared_dir=shared_dir, client=client
     )
@@ -102,10 +102,11 @@ def test_the_cluster_fit_is_the_in_process_em(stores, cluster, tmp_path):
     keys = np.repeat(block.target[live].astype(np.int64), block.context.shape[1]) * s_count
     keys += block.context[live].reshape(-1)
     support = getattr(emission, "support", None) or PairSupport.from_keys(np.unique(keys), s_count, s_count)
-    head = start_head(shared.model, support, settings, len(store.attribute_names), base)
+    center = shared_on_support(shared.model, support, base)
+    head = start_head(shared.model, center, settings, len(store.attribute_names))
     for _ in range(3):
         stats = gated_estep(head, block.encoded, attribute, weights)
-        head = gated_m_step(stats, head, strength=strength, base=base, weight_strength=settings.weight_strength)
+        head = gated_m_step(stats, head, strength=0.5 * strength, center=center, weight_strength=1.0)
     fitted = load_gated(tmp_path / "gated", "latest").head
     assert_close(fitted.factors.values, head.factors.values, rtol=1e-9, label="factor values")
     assert_close(fitted.weights, head.weights, rtol=1e-9, label="weights")

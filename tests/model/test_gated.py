@@ -276,3 +276,18 @@ def test_target_log_probabilities_match_the_shared_heads_predictions():
     shared = random_distribution(10, 3, 2, 10, seed=93)
     as_gated = GatedHead.from_shared(shared, 2)
     assert_close(gated_log_likelihood(as_gated, data, attribute), shared.seq_log_density(data), rtol=RTOL)
+
+
+def test_a_prior_centred_on_the_shared_emission_keeps_rows_normalized_and_shrinks_toward_it():
+    shape = (12, 4, 3, 9)
+    data, attribute = rows(shape, 400, 101, num_attributes=3)
+    head = sparse_gated_head(shape, 3, 3, 102, data)
+    center = head.emission_of(0)
+    stats = gated_estep(head, data, attribute)
+    for scale, check in ((1e-6, None), (1e9, center)):
+        moved = gated_m_step(stats, head, strength=np.full(12, scale), center=center)
+        dense = moved.factors.to_dense()
+        assert_close(dense.sum(axis=2), np.ones((3, 12)), rtol=1e-12, label="rows sum to 1")
+        if check is not None:  # a strong prior keeps every factor at its centre
+            for f in range(3):
+                assert_close(dense[f], center.to_dense(), rtol=1e-6, label=f"factor {f}")
