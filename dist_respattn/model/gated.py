@@ -36,7 +36,7 @@ from dist_respattn.model._checks import check_batch
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import PairSupport, SparseEmission, _map_values
 from dist_respattn.model.estimator import _key_means
-from dist_respattn.model.kernels import _find_pair
+from dist_respattn.model.kernels import _find_pair, _target_order_numba, direct_pair_rows
 from dist_respattn.model.log_weights import exp_shifted, squared_distance
 
 __all__ = [
@@ -301,35 +301,41 @@ class GatedStatistics(NamedTuple):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _row_terms(
-    context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, log_values, log_backoff, log_base, gate, emit, pair
+    context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, table, use_map, log_values, log_backoff,
+    log_base, gate, emit, pair,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """For one row: ``gate[i] = -||y - K[c_i]||^2 / (2 sigma2)``, ``emit[i, f] = log B_f[c_i, t]``, ``pair[i]``."""
+    """For one row: ``gate[i] = -||y - K[c_i]||^2 / (2 sigma2)``, ``emit[i, f] = log B_f[c_i, t]``, ``pair[i]``.
+
+    A pair is found in ``table`` (a symbol -> pair map of target ``t``) when ``use_map``, else by binary search."""
     n_fac = log_values.shape[1]
     for i in range(context.shape[1]):
         c = context[row, i]
-        p = _find_pair(indptr, symbols, t, c)
+        p = table[c] if use_map else _find_pair(indptr, symbols, t, c)
         pair[i] = p
         gate[i] = -squared_distance(y, key_means, c) * inv_two_sigma2
         if p >= 0:
             for f in range(n_fac):
                 emit[i, f] = log_values[p, f]
         else:
-            off = log_backoff[:, c]
             for f in range(n_fac):
-                emit[i, f] = off[f] + log_base[t]
+                emit[i, f] = log_backoff[f, c] + log_base[t]
 
 
 @numba.njit(cache=True, nogil=True)
 def _gated_estep_numba(
     context, query, target, attribute, weights, key_means, log_prior, inv_two_sigma2, gate_const,
-    indptr, symbols, log_values, log_backoff, log_base, log_attr,
+    indptr, symbols, log_values, log_backoff, log_base, log_attr, direct_row, direct_slots,
     key_sum, key_mass, position_count, factor_count, attribute_count, scalars,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """The E-step over (position, factor) pairs, row by row. Returns the first row with no possible pair, or -1.
+    """The E-step over (position, factor) pairs. Returns an impossible row (no possible pair), or -1.
 
-    A factor an attribute gives no weight is skipped (the untied baseline touches one factor a row). Factor
-    counts are scattered only when ``factor_count`` has rows (a fold-in pass needs the attribute mass alone).
+    Rows are visited grouped by target (a counting sort), as the shared sparse kernel does: a target's pairs
+    are found through its direct row (``direct_slots``), else a symbol -> pair map filled for the group when it
+    has enough rows, else by binary search; all give the same pair. A factor an attribute gives no weight is
+    skipped (the untied baseline touches one factor a row). Factor counts are scattered only when
+    ``factor_count`` has rows (a fold-in pass needs the attribute mass alone).
     """
+    n = context.shape[0]
     n_pos = context.shape[1]
     n_fac = log_values.shape[1]
     dim = query.shape[1]
@@ -342,50 +348,75 @@ def _gated_estep_numba(
     emit = np.empty((n_pos, n_fac))
     pair = np.empty(n_pos, dtype=np.int64)
     y = np.empty(dim)
-    for row in range(context.shape[0]):
-        w = 1.0 if weights.shape[0] == 0 else weights[row]
-        if w == 0.0:
-            continue
-        yy = 0.0
-        for d in range(dim):
-            y[d] = np.float64(query[row, d])
-            yy += y[d] * y[d]
-        t = target[row]
-        a = attribute[row]
-        k = 0 if shared_prior else a
-        _row_terms(
-            context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, log_values, log_backoff, log_base,
-            gate, emit, pair,
-        )  # fmt: skip
-        best = -np.inf
-        for i in range(n_pos):
-            g = log_prior[k, i] + gate[i]
-            for f in range(n_fac):
-                la = log_attr[a, f]
-                v = -np.inf if la == -np.inf else (g + la) + emit[i, f]
-                logw[i * n_fac + f] = v
-                best = max(best, v)
-        if best == -np.inf:
-            return row
-        z = exp_shifted(logw, best, resp, bits)
-        scale = w / z
-        for i in range(n_pos):
-            c = context[row, i]
-            p = pair[i]
-            mass = 0.0
-            for f in range(n_fac):
-                r = resp[i * n_fac + f] * scale
-                mass += r
-                attribute_count[a, f] += r
-                if scatter and p >= 0:
-                    factor_count[p, f] += r
-            key_mass[c] += mass
-            position_count[k, i] += mass
+    slot = np.full(key_means.shape[0], -1, dtype=np.int32)
+    order = _target_order_numba(target, log_base.shape[0])
+    k0 = 0
+    while k0 < n:
+        t = target[order[k0]]
+        end = k0 + 1
+        while end < n and target[order[end]] == t:
+            end += 1
+        lo, hi = indptr[t], indptr[t + 1]
+        row_index = direct_row[t]
+        fill = False
+        if row_index >= 0:
+            table = direct_slots[row_index]
+        else:
+            # A map costs 2 writes per pair of the target; a search ~log2(degree) steps per lookup.
+            fill = (end - k0) * n_pos * (np.log2(hi - lo + 1.0) + 1.0) > 2.0 * (hi - lo)
+            table = slot
+        if fill:
+            for j in range(lo, hi):
+                slot[symbols[j]] = j
+        use_map = fill or row_index >= 0
+        for kk in range(k0, end):
+            row = order[kk]
+            w = 1.0 if weights.shape[0] == 0 else weights[row]
+            if w == 0.0:
+                continue
+            yy = 0.0
             for d in range(dim):
-                key_sum[c, d] += mass * y[d]
-        scalars[0] += w * yy
-        scalars[1] += w
-        scalars[2] += w * (best + math.log(z) + gate_const)
+                y[d] = np.float64(query[row, d])
+                yy += y[d] * y[d]
+            a = attribute[row]
+            k = 0 if shared_prior else a
+            _row_terms(
+                context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, table, use_map, log_values,
+                log_backoff, log_base, gate, emit, pair,
+            )  # fmt: skip
+            best = -np.inf
+            for i in range(n_pos):
+                g = log_prior[k, i] + gate[i]
+                for f in range(n_fac):
+                    la = log_attr[a, f]
+                    v = -np.inf if la == -np.inf else (g + la) + emit[i, f]
+                    logw[i * n_fac + f] = v
+                    best = max(best, v)
+            if best == -np.inf:
+                return row
+            z = exp_shifted(logw, best, resp, bits)
+            scale = w / z
+            for i in range(n_pos):
+                c = context[row, i]
+                p = pair[i]
+                mass = 0.0
+                for f in range(n_fac):
+                    r = resp[i * n_fac + f] * scale
+                    mass += r
+                    attribute_count[a, f] += r
+                    if scatter and p >= 0:
+                        factor_count[p, f] += r
+                key_mass[c] += mass
+                position_count[k, i] += mass
+                for d in range(dim):
+                    key_sum[c, d] += mass * y[d]
+            scalars[0] += w * yy
+            scalars[1] += w
+            scalars[2] += w * (best + math.log(z) + gate_const)
+        if fill:
+            for j in range(lo, hi):
+                slot[symbols[j]] = -1
+        k0 = end
     return -1
 
 
@@ -409,14 +440,15 @@ def _gated_loglik_numba(
     pair = np.empty(n_pos, dtype=np.int64)
     marginal = np.empty(n_pos)
     y = np.empty(dim)
+    no_table = np.zeros(0, dtype=np.int32)
     n_cand = candidates.shape[0]
     for row in range(context.shape[0]):
         for d in range(dim):
             y[d] = np.float64(query[row, d])
         t = target[row]
         _row_terms(
-            context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, log_values, log_backoff, log_base,
-            gate, emit, pair,
+            context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, no_table, False, log_values,
+            log_backoff, log_base, gate, emit, pair,
         )  # fmt: skip
         for k in range(max(n_cand, 1)):
             a = own[row] if n_cand == 0 else candidates[k]
@@ -459,6 +491,7 @@ def _kernel_arrays(head: GatedHead) -> tuple[Any, ...]:
             np.ascontiguousarray(head.key_means, dtype=np.float64), _logs(head.position_prior), 0.5 / head.sigma2,
             -0.5 * d * math.log(2.0 * math.pi * head.sigma2), tables.support.indptr, tables.support.symbols,
             _logs(tables.values), _logs(tables.backoff), _logs(tables.base), _logs(head.weights),
+            *direct_pair_rows(tables.support.indptr, tables.support.symbols, tables.support.num_symbols),
         )  # fmt: skip
         object.__setattr__(head, "_kernel_cache", cached)
     return cached
@@ -532,7 +565,7 @@ def gated_log_likelihood(
         raise ValueError(f"candidates: expected attribute ids in [0, {head.num_attributes})")
     out = np.empty((n, max(cand.shape[0], 1)))
     _gated_loglik_numba(  # type: ignore[call-arg]
-        context, query, target, cand, attr, bool(given_query), *_kernel_arrays(head), out
+        context, query, target, cand, attr, bool(given_query), *_kernel_arrays(head)[:-2], out
     )
     return out[:, 0] if candidates is None else out
 
