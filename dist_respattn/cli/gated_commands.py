@@ -29,9 +29,10 @@ def add_fit_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--per-attribute",
         action="append",
-        choices=("position_prior",),
+        choices=("position_prior", "emission"),
         default=None,
-        help="hold this parameter per attribute instead of shared (repeatable)",
+        help="position_prior: one per attribute instead of shared; emission: each attribute's own table beside "
+        "the F shared factors, its share learned (repeatable)",
     )
     group.add_argument(
         "--attribute-prior-scale",
@@ -127,7 +128,7 @@ def run_gated_fit(args: argparse.Namespace, settings: Any, say: Any, cluster: An
 
 
 def print_gated_fit(report: dict[str, Any]) -> None:
-    kind = "one emission per attribute" if report["untied"] else f"{report['factors']} factors"
+    kind = "one emission per attribute" if report["untied"] else f"{report['factors']} tables"
     shared = report["shared"]
     print(f"shared head: {shared['state']} after {shared['iterations']} iterations ({shared['model_dir']})")
     print(

@@ -21,6 +21,9 @@ follows P × F, never S × T × F, and every mixture ``B_a`` is itself a sparse 
 
 Two special cases: F = 1 is the shared head (``tests/model/test_gated.py`` holds them equal to 1e-12), and
 F = A with the identity as fixed weights is one separate emission per attribute, the fully untied baseline.
+A weight that is 0 stays 0 (the M-step smooths only the weights an attribute has), so a head can give each
+attribute its own table beside F shared ones: ``B_a = w[a, own] B_own(a) + sum_f w[a, f] B_f``, the untied
+baseline with learned sharing (``fit --per-attribute emission``).
 """
 
 from __future__ import annotations
@@ -245,10 +248,10 @@ class GatedHead:
         )  # fmt: skip
 
     def num_parameters(self) -> int:
-        """Free parameters stored: keys, priors, the factor values and backoffs, the weights."""
+        """Parameters stored: keys, priors, the factor values and backoffs, the weights an attribute can move."""
         return int(
             self.key_means.size + self.position_prior.size + self.factors.values.size + self.factors.backoff.size
-            + (0 if self.fixed_weights else self.weights.size)
+            + (0 if self.fixed_weights else np.count_nonzero(self.weights))
         )  # fmt: skip
 
 
@@ -610,7 +613,11 @@ def gated_m_step(
         factors = _factor_m_step(stats.factor_count, factors, strength, base, center)
     weights = previous.weights
     if "weights" in update and not previous.fixed_weights:
-        weights = _normalized_rows(stats.attribute_count + weight_strength / previous.num_factors, previous.weights)
+        # The prior's pseudo-count goes to the weights an attribute has: a weight at 0 (another attribute's own
+        # table) stays 0, as the E-step gives it no mass.
+        allowed = previous.weights > 0.0
+        pseudo = weight_strength / np.maximum(allowed.sum(axis=1, keepdims=True), 1)
+        weights = _normalized_rows(stats.attribute_count + np.where(allowed, pseudo, 0.0), previous.weights)
     return GatedHead(key_means, prior, previous.sigma2, factors, weights, previous.fixed_weights)
 
 

@@ -291,3 +291,19 @@ def test_a_prior_centred_on_the_shared_emission_keeps_rows_normalized_and_shrink
         if check is not None:  # a strong prior keeps every factor at its centre
             for f in range(3):
                 assert_close(dense[f], center.to_dense(), rtol=1e-6, label=f"factor {f}")
+
+
+def test_a_weight_at_zero_stays_zero_so_own_tables_stay_their_attributes():
+    shape = (10, 3, 2, 6)
+    data, attribute = rows(shape, 300, 111, num_attributes=2)
+    head = sparse_gated_head(shape, 4, 2, 112, data)
+    # Columns 0 and 1: each attribute's own table; 2 and 3 shared.
+    weights = np.array([[0.9, 0.0, 0.05, 0.05], [0.0, 0.9, 0.05, 0.05]])
+    own = head.with_weights(weights)
+    stats = gated_estep(own, data, attribute)
+    assert stats.attribute_count[0, 1] == 0.0 and stats.attribute_count[1, 0] == 0.0
+    moved = gated_m_step(stats, own, strength=np.ones(10), weight_strength=1.0)
+    assert moved.weights[0, 1] == 0.0 and moved.weights[1, 0] == 0.0
+    assert_close(moved.weights.sum(axis=1), np.ones(2), rtol=RTOL, label="rows")
+    assert np.all(moved.weights[:, 2:] > 0.0)
+    assert moved.num_parameters() == own.num_parameters()
