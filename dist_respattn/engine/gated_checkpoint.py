@@ -26,6 +26,7 @@ from dist_respattn.engine.checkpoint import (
     LATEST,
     META_FILE,
     PARAMS_FILE,
+    REGISTRY_MARKER,
     CheckpointError,
     ModelDir,
     _read_json,
@@ -86,7 +87,12 @@ def commit_gated(
 def is_gated_dir(model_dir: str | os.PathLike[str]) -> bool:
     """Whether ``model_dir`` is a model directory whose latest checkpoint is a gated head's."""
     folder = ModelDir(model_dir)
-    name = folder.pointed(LATEST) if folder.path.is_dir() else None
+    if not folder.path.is_dir() or (folder.path / REGISTRY_MARKER).is_file():
+        return False
+    try:
+        name = folder.pointed(LATEST)
+    except CheckpointError:  # a damaged pointer: the plain loader names it
+        return False
     if name is None:
         return False
     meta_path = folder.path / name / META_FILE

@@ -8,8 +8,9 @@ counts between the factors by attribute.
 The factors' MAP prior is centred on the shared head's emission (``B_f = (c_f + kappa a_s B_shared) /
 (c_f[s] + kappa a_s)``, ``a_s`` the strengths the shared fit chose on its held-out rows): a factor, or an
 attribute with few rows, backs off to what the whole corpus says after that context rather than to a unigram.
-``kappa`` is given, or chosen every iteration on held-out rows among the last choice and its neighbours
-(x/4, x, 4x, from 1): the M-step is run for each, each candidate scored, the best kept.
+``kappa`` is given, or chosen on held-out rows: at the first iteration over a wide grid (4^-4 .. 4^2), then
+among the last choice and its neighbours (x/2, x, 2x); the M-step is run for each, each candidate scored, the
+best kept.
 
 Each iteration is one E-step pass over the training rows (statistics summed by a fixed combine tree, so
 bit-identical on any number of workers), the closed-form M-step on the driver, the scoring passes over the
@@ -86,7 +87,7 @@ class GatedSettings:
         max_iter, tol, patience, min_improvement: when to stop (see the module).
         weight_strength: ``beta``, the Dirichlet pseudo-count spread over each attribute's F weights.
         prior_scale: ``kappa``: the factors' prior is centred on the shared emission with strengths ``kappa a_s``
-            (the shared fit's ``a_s``); ``None`` chooses ``kappa`` on held-out rows every iteration, from 1.
+            (the shared fit's ``a_s``); ``None`` chooses ``kappa`` on held-out rows every iteration.
         seed: seeds the attributes' starting weights.
         fan_in: the combine tree's fan-in.
     """
@@ -305,15 +306,19 @@ class _GatedPasses:
         self.params.release()
 
 
-#: A chosen prior scale's neighbours tried at the next iteration: it moves by this factor at most an iteration.
-SCALE_STEP = 4.0
+#: The prior scales the first iteration tries (a wide grid: the best scale is far from 1 for an untied head),
+#: and the factor between the last choice and the neighbours every later iteration tries.
+FIRST_SCALES = tuple(4.0**k for k in range(-4, 3))
+SCALE_STEP = 2.0
 
 
-def _scales(settings: GatedSettings, current: float) -> tuple[float, ...]:
-    """The prior scales an iteration's M-step tries on held-out rows: the given one, or ``current`` and its
-    neighbours a :data:`SCALE_STEP` away."""
+def _scales(settings: GatedSettings, current: float | None) -> tuple[float, ...]:
+    """The prior scales an iteration's M-step tries on held-out rows: the given one; else at the first iteration
+    :data:`FIRST_SCALES`, then the last choice and its neighbours a :data:`SCALE_STEP` away."""
     if settings.prior_scale is not None:
         return (float(settings.prior_scale),)
+    if current is None:
+        return FIRST_SCALES
     return (current / SCALE_STEP, current, current * SCALE_STEP)
 
 
@@ -408,7 +413,7 @@ def fit_gated(
                     f"head of {shared_dir} ({head.num_parameters():,} parameters)"
                 )
             last_log_lik = history[-1]["log_likelihood"] if history else None
-            scale_now = float(history[-1]["prior_scale"]) if history else (settings.prior_scale or 1.0)
+            scale_now: float | None = float(history[-1]["prior_scale"]) if history else None
             for iteration in range(first, settings.max_iter + 1):
                 began = time.perf_counter()
                 stats = passes.estep(head, iteration)
