@@ -595,3 +595,105 @@ def test_scale_ingest_only_reports_the_ingest_figure(tmp_path):
     data = report["corpus"]
     assert data["tokens"] > 0 and data["ingest_cpu_seconds"] > 0 and data["ingest_tokens_per_second"] > 0
     assert "M a CPU second" in table and table.count("PASS") + table.count("MISS") == 2
+
+
+ATTRIBUTES_SCRIPT = SCRIPT.parent / "bench_attributes.py"
+
+
+@pytest.mark.slow
+def test_attributes_smoke_run_reports_every_figure(tmp_path):
+    """bench_attributes.py --smoke on three small standard-library packages (and one held out): every fit, test
+    perplexity, classification, fold-in, E-step rate, sample and neighbour list is measured, and finite."""
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-W", "error::RuntimeWarning", str(ATTRIBUTES_SCRIPT), "--smoke", "--json"),
+            *("--work", str(tmp_path / "work"), "--cache", str(tmp_path / "cache")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ATTRIBUTES_SCRIPT.parents[1],
+        check=False,
+    )
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    table, _, payload = completed.stdout.partition("\n{")
+    report = json.loads("{" + payload)
+    assert set(report) >= {"corpus", "stores", "fits", "naive_bayes", "estep", "samples", "config", "host", "targets"}
+    config = report["config"]
+    assert config["smoke"] and config["factors"] == [2] and config["untied"] is True
+    assert config["packages"] == ["json", "tomllib", "zoneinfo"] and config["held_out"] == ["wsgiref"]
+    assert table.startswith("dist_respattn attribute-gated heads on the Python")
+    assert any(p.is_file() for p in (tmp_path / "cache").rglob("manifest.json"))  # the corpus is cached
+
+    # Corpus and stores: every trained package has test documents; the held-out one is only in the fold-in store.
+    packages = report["corpus"]["packages"]
+    for name in config["packages"]:
+        assert packages[name]["train_pieces"] > 0 and packages[name]["test_pieces"] > 0, name
+    assert packages["wsgiref"]["held_out"] and packages["wsgiref"]["foldin_pieces"] > 0
+    stores = report["stores"]
+    assert stores["train"]["attribute_names"] == sorted(config["packages"])
+    assert stores["test"]["attribute_names"] == stores["train"]["attribute_names"]
+    assert stores["foldin"]["attribute_names"] == [*stores["train"]["attribute_names"], "wsgiref"]
+    for side, store in stores.items():
+        for name in ("tokens", "documents", "rows"):
+            assert_positive_finite(store[name], f"{side}.{name}")
+
+    # Fits: the shared head, the command line's F = 2 and the API's untied heads, each evaluated.
+    fits = report["fits"]
+    shared = fits["shared"]
+    for name in ("heldout_perplexity", "parameters"):
+        assert_positive_finite(shared[name], f"shared.{name}")
+    assert_positive_finite(shared["test"]["perplexity"], "shared test perplexity")
+    assert set(shared["test"]["baselines"]) == {"unigram", "add_k", "jelinek_mercer", "kneser_ney"}
+    for name, value in shared["test"]["baselines"].items():
+        assert_positive_finite(value, name)
+    models = fits["models"]
+    # F = 2 on the command line, F = 2 with each package's own table, and the untied heads through the API.
+    assert [(m["factors"], m["via"], m["per_attribute"]) for m in models] == [
+        (2, "cli", []), (2, "api", ["emission"]), (0, "api", []),
+    ]  # fmt: skip
+    best = [m for m in models if m["best"]]
+    assert len(best) == 1 and not best[0]["untied"] and fits["best"] == best[0]["label"]
+    nb = report["naive_bayes"]
+    for m in models:
+        label = m["label"]
+        assert 1 <= m["iterations"] <= 2, label
+        for name in ("parameters", "heldout_perplexity", "test_perplexity", "shared_same_rows", "over_shared"):
+            assert_positive_finite(m[name], f"{label}: {name}")
+        assert m["test_rows"] == models[0]["test_rows"], label  # the same test rows for every head
+        assert math.isclose(m["over_shared"], m["test_perplexity"] / m["shared_same_rows"], rel_tol=1e-12), label
+        assert 0.0 <= m["attribute_accuracy"] <= 1.0 and m["classified_documents"] == nb["documents"], label
+        assert set(m["by_attribute"]) == set(config["packages"]), label
+        for name, a in m["by_attribute"].items():
+            assert_positive_finite(a["perplexity"], f"{label}: {name}")
+            assert_positive_finite(a["perplexity_shared"], f"{label}: {name} shared")
+        (folded,) = m["fold_in"].items()
+        assert folded[0] == "wsgiref"
+        for name in ("perplexity", "perplexity_uniform_weights", "perplexity_shared", "rows_scored"):
+            assert_positive_finite(folded[1][name], f"{label}: fold-in {name}")
+        assert math.isclose(sum(folded[1]["weights"]), 1.0, abs_tol=1e-4), label
+
+    # Naive Bayes on the same documents; E-step rates; samples and neighbours.
+    assert nb["same_documents_as_gated"] is True and nb["documents"] > 0 and 0.0 <= nb["accuracy"] <= 1.0
+    estep = report["estep"]
+    assert_positive_finite(estep["shared"]["rows_per_s"], "shared E-step rows/s")
+    assert 0.0 <= estep["one_factor_agreement"] <= 1e-9  # the one-factor gated E-step is the shared head's
+    assert [g["factors"] for g in estep["gated"]] == [2, 2, 0]
+    for g in estep["gated"]:
+        assert_positive_finite(g["rows_per_s"], f"{g['label']} E-step rows/s")
+    assert estep["target_factors"] == 2
+    samples = report["samples"]
+    assert len(samples["samples"]) == 3 * config["samples"]
+    assert all(s["tokens"] == config["sample_tokens"] for s in samples["samples"])
+    assert samples["mix"]["text"]
+    for word, found in samples["neighbours"].items():
+        assert set(found) == set(samples["attributes"]), (word, found)
+        assert all(len(items) == 5 for items in found.values()), word
+
+    # Targets: measured and finite; each printed verdict is the one its figure earns.
+    lines = table.split("targets (measured, not asserted)\n", 1)[1].splitlines()[: len(report["targets"])]
+    assert len(report["targets"]) == 4
+    for target, line in zip(report["targets"], lines, strict=True):
+        assert_positive_finite(target["measured"], target["name"])
+        assert isinstance(target["pass"], bool), target
+        assert line.startswith(f"  {target['name']}") and line.endswith("  MET" if target["pass"] else "  MISSED")
