@@ -304,39 +304,39 @@ class GatedStatistics(NamedTuple):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _row_terms(
-    context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, table, use_map, log_values, log_backoff,
-    log_base, gate, emit, pair,
+    context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, table, use_map, gate, pair
 ):  # pragma: no cover - compiled  # fmt: skip
-    """For one row: ``gate[i] = -||y - K[c_i]||^2 / (2 sigma2)``, ``emit[i, f] = log B_f[c_i, t]``, ``pair[i]``.
-
-    A pair is found in ``table`` (a symbol -> pair map of target ``t``) when ``use_map``, else by binary search."""
-    n_fac = log_values.shape[1]
+    """For one row: ``gate[i] = -||y - K[c_i]||^2 / (2 sigma2)`` and ``pair[i]``, the index of ``(c_i, t)`` in the
+    support or -1, found in ``table`` (a symbol -> pair map of target ``t``) when ``use_map``, else by binary
+    search."""
     for i in range(context.shape[1]):
         c = context[row, i]
-        p = table[c] if use_map else _find_pair(indptr, symbols, t, c)
-        pair[i] = p
+        pair[i] = table[c] if use_map else _find_pair(indptr, symbols, t, c)
         gate[i] = -squared_distance(y, key_means, c) * inv_two_sigma2
-        if p >= 0:
-            for f in range(n_fac):
-                emit[i, f] = log_values[p, f]
-        else:
-            for f in range(n_fac):
-                emit[i, f] = log_backoff[f, c] + log_base[t]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _log_emission(log_values, log_backoff, log_base, p, c, t, f):  # pragma: no cover - compiled
+    """``log B_f[c, t]``: the pair's value on the support, else the factor's backoff times the base."""
+    if p >= 0:
+        return log_values[p, f]
+    return log_backoff[f, c] + log_base[t]
 
 
 @numba.njit(cache=True, nogil=True)
 def _gated_estep_numba(
     context, query, target, attribute, weights, key_means, log_prior, inv_two_sigma2, gate_const,
-    indptr, symbols, log_values, log_backoff, log_base, log_attr, direct_row, direct_slots,
-    key_sum, key_mass, position_count, factor_count, attribute_count, scalars,
+    indptr, symbols, log_values, log_backoff, log_base, log_attr, attr_indptr, attr_factors, direct_row,
+    direct_slots, key_sum, key_mass, position_count, factor_count, attribute_count, scalars,
 ):  # pragma: no cover - compiled  # fmt: skip
     """The E-step over (position, factor) pairs. Returns an impossible row (no possible pair), or -1.
 
     Rows are visited grouped by target (a counting sort), as the shared sparse kernel does: a target's pairs
     are found through its direct row (``direct_slots``), else a symbol -> pair map filled for the group when it
-    has enough rows, else by binary search; all give the same pair. A factor an attribute gives no weight is
-    skipped (the untied baseline touches one factor a row). Factor counts are scattered only when
-    ``factor_count`` has rows (a fold-in pass needs the attribute mass alone).
+    has enough rows, else by binary search; all give the same pair. A row visits only the factors its
+    attribute weighs (``attr_factors[attr_indptr[a]:attr_indptr[a + 1]]``): an attribute's own table and the
+    shared ones, not the other attributes' tables. Factor counts are scattered only when ``factor_count`` has
+    rows (a fold-in pass needs the attribute mass alone).
     """
     n = context.shape[0]
     n_pos = context.shape[1]
@@ -348,7 +348,6 @@ def _gated_estep_numba(
     resp = np.empty(n_pos * n_fac)
     bits = np.empty(n_pos * n_fac, dtype=np.int64)
     gate = np.empty(n_pos)
-    emit = np.empty((n_pos, n_fac))
     pair = np.empty(n_pos, dtype=np.int64)
     y = np.empty(dim)
     slot = np.full(key_means.shape[0], -1, dtype=np.int32)
@@ -383,28 +382,29 @@ def _gated_estep_numba(
                 yy += y[d] * y[d]
             a = attribute[row]
             k = 0 if shared_prior else a
-            _row_terms(
-                context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, table, use_map, log_values,
-                log_backoff, log_base, gate, emit, pair,
-            )  # fmt: skip
+            first, m = attr_indptr[a], attr_indptr[a + 1] - attr_indptr[a]
+            _row_terms(context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, table, use_map, gate, pair)
             best = -np.inf
             for i in range(n_pos):
+                c = context[row, i]
                 g = log_prior[k, i] + gate[i]
-                for f in range(n_fac):
-                    la = log_attr[a, f]
-                    v = -np.inf if la == -np.inf else (g + la) + emit[i, f]
-                    logw[i * n_fac + f] = v
+                for j in range(m):
+                    f = attr_factors[first + j]
+                    v = (g + log_attr[a, f]) + _log_emission(log_values, log_backoff, log_base, pair[i], c, t, f)
+                    logw[i * m + j] = v
                     best = max(best, v)
             if best == -np.inf:
                 return row
-            z = exp_shifted(logw, best, resp, bits)
+            size = n_pos * m
+            z = exp_shifted(logw[:size], best, resp[:size], bits[:size])
             scale = w / z
             for i in range(n_pos):
                 c = context[row, i]
                 p = pair[i]
                 mass = 0.0
-                for f in range(n_fac):
-                    r = resp[i * n_fac + f] * scale
+                for j in range(m):
+                    f = attr_factors[first + j]
+                    r = resp[i * m + j] * scale
                     mass += r
                     attribute_count[a, f] += r
                     if scatter and p >= 0:
@@ -426,7 +426,7 @@ def _gated_estep_numba(
 @numba.njit(cache=True, nogil=True)
 def _gated_loglik_numba(
     context, query, target, candidates, own, given_query, key_means, log_prior, inv_two_sigma2, gate_const,
-    indptr, symbols, log_values, log_backoff, log_base, log_attr, out,
+    indptr, symbols, log_values, log_backoff, log_base, log_attr, attr_indptr, attr_factors, out,
 ):  # pragma: no cover - compiled  # fmt: skip
     """``out[n, k] = log p(row n | attribute candidates[k])``, or with ``candidates`` empty ``out[n, 0]`` under
     the row's own attribute ``own[n]``. ``-inf`` for an impossible row. ``given_query``: the target's log-probability
@@ -439,7 +439,6 @@ def _gated_loglik_numba(
     resp = np.empty(n_pos * n_fac)
     bits = np.empty(n_pos * n_fac, dtype=np.int64)
     gate = np.empty(n_pos)
-    emit = np.empty((n_pos, n_fac))
     pair = np.empty(n_pos, dtype=np.int64)
     marginal = np.empty(n_pos)
     y = np.empty(dim)
@@ -449,25 +448,25 @@ def _gated_loglik_numba(
         for d in range(dim):
             y[d] = np.float64(query[row, d])
         t = target[row]
-        _row_terms(
-            context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, no_table, False, log_values,
-            log_backoff, log_base, gate, emit, pair,
-        )  # fmt: skip
+        _row_terms(context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, no_table, False, gate, pair)
         for k in range(max(n_cand, 1)):
             a = own[row] if n_cand == 0 else candidates[k]
             prior_row = 0 if shared_prior else a
+            first, m = attr_indptr[a], attr_indptr[a + 1] - attr_indptr[a]
             best = -np.inf
             for i in range(n_pos):
+                c = context[row, i]
                 g = log_prior[prior_row, i] + gate[i]
-                for f in range(n_fac):
-                    la = log_attr[a, f]
-                    v = -np.inf if la == -np.inf else (g + la) + emit[i, f]
-                    logw[i * n_fac + f] = v
+                for j in range(m):
+                    f = attr_factors[first + j]
+                    v = (g + log_attr[a, f]) + _log_emission(log_values, log_backoff, log_base, pair[i], c, t, f)
+                    logw[i * m + j] = v
                     best = max(best, v)
             if best == -np.inf:
                 out[row, k] = -np.inf
                 continue
-            value = best + math.log(exp_shifted(logw, best, resp, bits)) + gate_const
+            size = n_pos * m
+            value = best + math.log(exp_shifted(logw[:size], best, resp[:size], bits[:size])) + gate_const
             if given_query:
                 # log p(q | context, a) = logsumexp_i (log pi_a,i + gate_i) + the Gaussian's constant.
                 top = -np.inf
@@ -484,6 +483,14 @@ def _logs(array: np.ndarray) -> np.ndarray:
         return np.log(array)
 
 
+def _weighed_factors(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(indptr (A + 1,), factors (nnz,))`` int64: the factors each attribute gives a positive weight, CSR."""
+    rows, factors = np.nonzero(weights > 0.0)
+    indptr = np.zeros(weights.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=weights.shape[0]), out=indptr[1:])
+    return indptr, factors.astype(np.int64)
+
+
 def _kernel_arrays(head: GatedHead) -> tuple[Any, ...]:
     """The head's parameters as the kernels take them (logs computed once per call)."""
     d = head.key_means.shape[1]
@@ -494,6 +501,7 @@ def _kernel_arrays(head: GatedHead) -> tuple[Any, ...]:
             np.ascontiguousarray(head.key_means, dtype=np.float64), _logs(head.position_prior), 0.5 / head.sigma2,
             -0.5 * d * math.log(2.0 * math.pi * head.sigma2), tables.support.indptr, tables.support.symbols,
             _logs(tables.values), _logs(tables.backoff), _logs(tables.base), _logs(head.weights),
+            *_weighed_factors(head.weights),
             *direct_pair_rows(tables.support.indptr, tables.support.symbols, tables.support.num_symbols),
         )  # fmt: skip
         object.__setattr__(head, "_kernel_cache", cached)
