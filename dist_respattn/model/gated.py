@@ -323,25 +323,6 @@ def _log_emission(log_values, log_backoff, log_base, p, c, t, f):  # pragma: no 
     return log_backoff[f, c] + log_base[t]
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _factor_log_weights(
-    context, row, t, log_prior, gate, pair, log_attr, factors, log_values, log_backoff, log_base, logw
-):  # pragma: no cover - compiled  # fmt: skip
-    """``logw[i * m + j] = log pi_i + gate_i + log w_a[f] + log B_f[c_i, t]`` over the positions i and the m
-    ``factors`` f the row's attribute weighs (its prior row, weights row ``log_attr``); returns the largest."""
-    m = factors.shape[0]
-    best = -np.inf
-    for i in range(context.shape[1]):
-        c = context[row, i]
-        g = log_prior[i] + gate[i]
-        for j in range(m):
-            f = factors[j]
-            v = (g + log_attr[f]) + _log_emission(log_values, log_backoff, log_base, pair[i], c, t, f)
-            logw[i * m + j] = v
-            best = max(best, v)
-    return best
-
-
 @numba.njit(cache=True, nogil=True)
 def _gated_estep_numba(
     context, query, target, attribute, weights, key_means, log_prior, inv_two_sigma2, gate_const,
@@ -403,10 +384,15 @@ def _gated_estep_numba(
             k = 0 if shared_prior else a
             first, m = attr_indptr[a], attr_indptr[a + 1] - attr_indptr[a]
             _row_terms(context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, table, use_map, gate, pair)
-            best = _factor_log_weights(
-                context, row, t, log_prior[k], gate, pair, log_attr[a], attr_factors[first : first + m],
-                log_values, log_backoff, log_base, logw,
-            )  # fmt: skip
+            best = -np.inf
+            for i in range(n_pos):
+                c = context[row, i]
+                g = log_prior[k, i] + gate[i]
+                for j in range(m):
+                    f = attr_factors[first + j]
+                    v = (g + log_attr[a, f]) + _log_emission(log_values, log_backoff, log_base, pair[i], c, t, f)
+                    logw[i * m + j] = v
+                    best = max(best, v)
             if best == -np.inf:
                 return row
             size = n_pos * m
@@ -467,10 +453,15 @@ def _gated_loglik_numba(
             a = own[row] if n_cand == 0 else candidates[k]
             prior_row = 0 if shared_prior else a
             first, m = attr_indptr[a], attr_indptr[a + 1] - attr_indptr[a]
-            best = _factor_log_weights(
-                context, row, t, log_prior[prior_row], gate, pair, log_attr[a], attr_factors[first : first + m],
-                log_values, log_backoff, log_base, logw,
-            )  # fmt: skip
+            best = -np.inf
+            for i in range(n_pos):
+                c = context[row, i]
+                g = log_prior[prior_row, i] + gate[i]
+                for j in range(m):
+                    f = attr_factors[first + j]
+                    v = (g + log_attr[a, f]) + _log_emission(log_values, log_backoff, log_base, pair[i], c, t, f)
+                    logw[i * m + j] = v
+                    best = max(best, v)
             if best == -np.inf:
                 out[row, k] = -np.inf
                 continue
