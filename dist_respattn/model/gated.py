@@ -384,6 +384,8 @@ def _gated_estep_numba(
             k = 0 if shared_prior else a
             first, m = attr_indptr[a], attr_indptr[a + 1] - attr_indptr[a]
             _row_terms(context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, table, use_map, gate, pair)
+            # The same loop as the scoring kernel's, written out: an inline helper taking row views was 11-14%
+            # slower here.
             best = -np.inf
             for i in range(n_pos):
                 c = context[row, i]
