@@ -383,6 +383,7 @@ def _gated_estep_numba(
             a = attribute[row]
             k = 0 if shared_prior else a
             first, m = attr_indptr[a], attr_indptr[a + 1] - attr_indptr[a]
+            every = m == n_fac  # all factors: no indirection (measured 10-20% of rows/s at F = 4 to 16)
             _row_terms(context, row, y, t, key_means, inv_two_sigma2, indptr, symbols, table, use_map, gate, pair)
             # The same loop as the scoring kernel's, written out: an inline helper taking row views was 11-14%
             # slower here.
@@ -391,7 +392,7 @@ def _gated_estep_numba(
                 c = context[row, i]
                 g = log_prior[k, i] + gate[i]
                 for j in range(m):
-                    f = attr_factors[first + j]
+                    f = j if every else attr_factors[first + j]
                     v = (g + log_attr[a, f]) + _log_emission(log_values, log_backoff, log_base, pair[i], c, t, f)
                     logw[i * m + j] = v
                     best = max(best, v)
@@ -405,7 +406,7 @@ def _gated_estep_numba(
                 p = pair[i]
                 mass = 0.0
                 for j in range(m):
-                    f = attr_factors[first + j]
+                    f = j if every else attr_factors[first + j]
                     r = resp[i * m + j] * scale
                     mass += r
                     attribute_count[a, f] += r
@@ -455,12 +456,13 @@ def _gated_loglik_numba(
             a = own[row] if n_cand == 0 else candidates[k]
             prior_row = 0 if shared_prior else a
             first, m = attr_indptr[a], attr_indptr[a + 1] - attr_indptr[a]
+            every = m == n_fac
             best = -np.inf
             for i in range(n_pos):
                 c = context[row, i]
                 g = log_prior[prior_row, i] + gate[i]
                 for j in range(m):
-                    f = attr_factors[first + j]
+                    f = j if every else attr_factors[first + j]
                     v = (g + log_attr[a, f]) + _log_emission(log_values, log_backoff, log_base, pair[i], c, t, f)
                     logw[i * m + j] = v
                     best = max(best, v)
