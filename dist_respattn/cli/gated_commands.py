@@ -49,13 +49,14 @@ def add_fit_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _gated_settings(args: argparse.Namespace, fit_settings: Any) -> Any:
+def _gated_settings(args: argparse.Namespace, fit_settings: Any, saved: dict[str, Any] | None) -> Any:
+    """The gated fit's settings: a resumed fit's own (``saved``) or the defaults, then the options given."""
     from dist_respattn.engine.gated_fit import GatedSettings
 
-    given: dict[str, Any] = {
-        "attribute_factors": args.attribute_factors,
-        "per_attribute": tuple(args.per_attribute or ()),
-    }
+    given: dict[str, Any] = dict(saved or {"fan_in": fit_settings.fan_in})
+    given["attribute_factors"] = args.attribute_factors
+    if args.per_attribute is not None or saved is None:
+        given["per_attribute"] = tuple(args.per_attribute or ())
     for name in ("max_iter", "tol", "patience", "min_improvement", "seed"):
         if getattr(args, name, None) is not None:
             given[name] = getattr(args, name)
@@ -63,7 +64,7 @@ def _gated_settings(args: argparse.Namespace, fit_settings: Any) -> Any:
         given["weight_strength"] = args.attribute_smoothing
     if args.attribute_prior_scale is not None:
         given["prior_scale"] = args.attribute_prior_scale
-    given["fan_in"] = fit_settings.fan_in
+    given["per_attribute"] = tuple(given.get("per_attribute") or ())
     try:
         return GatedSettings(**given)
     except (TypeError, ValueError) as exc:
@@ -82,28 +83,32 @@ def _gated_settings(args: argparse.Namespace, fit_settings: Any) -> Any:
 def run_gated_fit(args: argparse.Namespace, settings: Any, say: Any, cluster: Any) -> dict[str, Any]:
     """The shared fit into ``MODEL_DIR/shared``, then the gated fit into ``MODEL_DIR``, on one cluster."""
     from dist_respattn.engine import connect, fit, open_store
-    from dist_respattn.engine.gated_checkpoint import SHARED_DIR
+    from dist_respattn.engine.gated_checkpoint import SHARED_DIR, is_gated_dir, load_gated
     from dist_respattn.engine.gated_fit import fit_gated
     from dist_respattn.engine.gated_tasks import attribute_names_of
 
-    gated = _gated_settings(args, settings)
+    # A resumed gated fit keeps its settings and the shared head it started from (a finished shared fit is not
+    # continued: more --max-iter would move the gated fit's prior under it).
+    resuming = bool(args.resume) and is_gated_dir(args.model_dir)
+    saved = load_gated(args.model_dir, "latest").meta.get("settings") if resuming else None
+    gated = _gated_settings(args, settings, saved)
     options = parse_storage_options(args.storage_option)
     store = open_store(args.store, options, settings.context_length)
     attribute_names_of(store)  # a store without attributes is refused before any fit
     shared_dir = os.path.join(args.model_dir, SHARED_DIR)
     progress = None if not args.json else False
     with connect(cluster, say=say) as client:
-        shared = fit(
-            store, model_dir=shared_dir, settings=settings, validation=args.validation, init_from=args.init_from,
-            resume=args.resume, overwrite=args.overwrite, client=client, storage_options=options, say=say,
-            progress=progress,
-        )  # fmt: skip
+        if not resuming:
+            fit(
+                store, model_dir=shared_dir, settings=settings, validation=args.validation,
+                init_from=args.init_from, resume=args.resume, overwrite=args.overwrite, client=client,
+                storage_options=options, say=say, progress=progress,
+            )  # fmt: skip
         result = fit_gated(
             store, model_dir=args.model_dir, settings=gated, shared_dir=shared_dir, resume=args.resume,
             overwrite=args.overwrite, client=client, storage_options=options, say=say, progress=progress,
         )  # fmt: skip
     best: dict[str, Any] = next((h for h in result.history if h["iteration"] == result.best_iteration), {})
-    shared_best: Any = next((h for h in shared.history if h["iteration"] == shared.best_iteration), {})
     return {
         "model_dir": result.model_dir,
         "kind": "gated",
@@ -111,12 +116,7 @@ def run_gated_fit(args: argparse.Namespace, settings: Any, say: Any, cluster: An
         "iterations": result.iterations,
         "best_iteration": result.best_iteration,
         "heldout_perplexity": best.get("heldout_perplexity"),
-        "shared": {
-            "model_dir": shared.model_dir,
-            "state": str(shared.state),
-            "iterations": shared.iterations,
-            "heldout_perplexity": (shared_best.get("heldout") or {}).get("perplexity"),
-        },
+        "shared": _shared_summary(shared_dir),
         "factors": result.head.num_factors,
         "untied": gated.untied,
         "attributes": len(result.attribute_names),
@@ -124,6 +124,22 @@ def run_gated_fit(args: argparse.Namespace, settings: Any, say: Any, cluster: An
         "settings": gated.to_json(),
         "history": result.history,
         "seconds": round(result.seconds, 3),
+    }
+
+
+def _shared_summary(shared_dir: str) -> dict[str, Any]:
+    """The shared head's fit as its checkpoints record it: state, iterations, the best held-out perplexity."""
+    from dist_respattn.engine import load_checkpoint
+
+    latest, best = load_checkpoint(shared_dir, "latest"), load_checkpoint(shared_dir)
+    history = latest.meta.get("history") or []
+    chosen: Any = next((h for h in history if h.get("iteration") == best.iteration), {})
+    return {
+        "model_dir": shared_dir,
+        "state": str(latest.meta.get("state")),
+        "iterations": len(history),
+        "best_iteration": best.iteration,
+        "heldout_perplexity": (chosen.get("heldout") or {}).get("perplexity"),
     }
 
 

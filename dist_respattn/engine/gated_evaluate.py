@@ -49,7 +49,8 @@ FOLD_IN_FRACTION = 0.5
 def shared_dir_of(model_dir: str | os.PathLike[str], checkpoint: GatedCheckpoint) -> str:
     """The shared head's model directory: the one the fit recorded, else the model directory's ``shared/``."""
     recorded = (checkpoint.meta.get("shared") or {}).get("dir")
-    for candidate in (recorded, os.path.join(os.fspath(model_dir), SHARED_DIR)):
+    # The model directory's own shared/ first: a recorded relative path would depend on the working directory.
+    for candidate in (os.path.join(os.fspath(model_dir), SHARED_DIR), recorded):
         if candidate and os.path.isdir(candidate):
             return os.fspath(candidate)
     raise CheckpointError(f"{model_dir}: the shared head it started from ({recorded}) is gone")
@@ -68,19 +69,21 @@ class _Passes:
         self.count = 0
 
     def run(self, store: RowStore, task: Callable[..., Any], args: Callable[[int], tuple[Any, ...]], what: str) -> Any:
+        """One pass; its ``args`` read ``self.params.current``, which a pass that lost it scatters again."""
         self.count += 1
         return self.runner.run(
-            what.split()[0], str(self.count), store.num_partitions, task, args, description=f"{what} {store.location}"
-        )
+            what.split()[0], str(self.count), store.num_partitions, task, args, description=f"{what} {store.location}",
+            before_attempt=self.params.republish,
+        )  # fmt: skip
 
     def scores(
         self, head: GatedHead, store: RowStore, rows: RowSelection, mapping: np.ndarray | None, what: str
     ) -> gated_tasks.AttributeScores:
-        future = self.params.publish(head, f"score-{self.count}")
+        self.params.publish(head, f"score-{self.count}")
         fingerprint, n = store.fingerprint(), len(gated_tasks.attribute_names_of(store))
         return self.run(
             store, gated_tasks.gated_score_task,
-            lambda part: (store.location, part, future, fingerprint, rows, n, mapping), f"scoring {what}",
+            lambda part: (store.location, part, self.params.current, fingerprint, rows, n, mapping), f"scoring {what}",
         )  # fmt: skip
 
     def pairs(self, store: RowStore, rows: RowSelection) -> gated_tasks.AttributePairs:
@@ -126,11 +129,12 @@ def _classify(
     the head knows."""
     if getattr(scored, "kind", None) != "stream":
         raise FitError(f"{scored.location}: --classify-attributes needs a token-stream store (its files are documents)")
-    future = passes.params.publish(head, "classify")
+    passes.params.publish(head, "classify")
     fingerprint = scored.fingerprint()
     candidates = np.arange(head.num_attributes, dtype=np.int64)
     docs: gated_tasks.DocumentScores = passes.run(
-        scored, gated_tasks.classify_task, lambda part: (scored.location, part, future, fingerprint, candidates),
+        scored, gated_tasks.classify_task,
+        lambda part: (scored.location, part, passes.params.current, fingerprint, candidates),
         "classifying the documents of",
     )  # fmt: skip
     truth = mapping[docs.attribute]
@@ -171,10 +175,10 @@ def _fold_in(
     fingerprint = scored.fingerprint()
     folding = RowSelection(rule, "train")
     for step in range(int(iterations)):
-        future = passes.params.publish(probe, f"fold-{step}")
+        passes.params.publish(probe, f"fold-{step}")
 
-        def args(part: int, future: Any = future) -> tuple[Any, ...]:
-            return (scored.location, part, future, fingerprint, folding, False, mapping)
+        def args(part: int) -> tuple[Any, ...]:
+            return (scored.location, part, passes.params.current, fingerprint, folding, False, mapping)
 
         stats = passes.run(scored, gated_tasks.gated_estep_task, args, f"folding in ({step + 1}/{iterations})")
         probe = fold_in_step(probe, stats.attribute_count, 0.0)

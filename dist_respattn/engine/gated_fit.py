@@ -283,23 +283,24 @@ class _GatedPasses:
         )  # fmt: skip
 
     def estep(self, head: GatedHead, iteration: int) -> GatedStatistics:
-        future = self.params.publish(head, f"estep-{iteration}")
+        # The tasks read the current future: a pass that lost it with its workers scatters it again and retries.
+        self.params.publish(head, f"estep-{iteration}")
         return self.runner.run(
             "gated-estep", str(iteration), self.train.num_partitions, gated_tasks.gated_estep_task,
-            lambda part: (self.train.location, part, future, self.train_fingerprint, self.rows),
-            description=f"gated E-step {iteration}",
+            lambda part: (self.train.location, part, self.params.current, self.train_fingerprint, self.rows),
+            description=f"gated E-step {iteration}", before_attempt=self.params.republish,
         )  # fmt: skip
 
     def heldout(self, head: GatedHead, iteration: int, candidate: int = 0) -> gated_tasks.AttributeScores:
-        future = self.params.publish(head, f"heldout-{iteration}-{candidate}")
+        self.params.publish(head, f"heldout-{iteration}-{candidate}")
         held = self.held
         return self.runner.run(
             "gated-score", f"{iteration}-{candidate}", held.store.num_partitions, gated_tasks.gated_score_task,
             lambda part: (
-                held.store.location, part, future, self.held_fingerprint, held.rows, self.num_held_attributes,
-                held.attribute_map,
+                held.store.location, part, self.params.current, self.held_fingerprint, held.rows,
+                self.num_held_attributes, held.attribute_map,
             ),
-            description=f"held-out {iteration}",
+            description=f"held-out {iteration}", before_attempt=self.params.republish,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -365,10 +366,20 @@ def fit_gated(
             changed = [k for k, v in settings.to_json().items() if k != "max_iter" and saved.get(k) != v]
             if changed:
                 raise FitError(f"{folder}: --resume with other settings than its fit's ({', '.join(changed)})")
+            started_from = (previous.meta.get("shared") or {}).get("checkpoint")
+            if started_from not in (None, shared.name):
+                raise FitError(
+                    f"{folder}: the shared head in {shared_dir} is now {shared.name}, but the gated fit started from "
+                    f"{started_from}: its prior would change under it; --overwrite starts the gated fit over"
+                )
             if tuple(previous.meta["attribute_names"]) != names:
                 raise FitError(f"{folder}: the store's attribute names differ from the fit's ({train.location})")
         elif not overwrite:
             raise FitError(f"{folder}: holds a gated fit: --resume continues it, --overwrite starts over")
+    elif folder.has_checkpoint() and not overwrite:
+        raise FitError(
+            f"{folder}: holds the fit of a plain head; give another --model-dir, or --overwrite to replace it"
+        )
     strength, base = _strengths(shared)
     held = _heldout_side(shared, train, names, storage_options)
     history: list[dict[str, Any]] = list(previous.meta.get("history", [])) if previous else []
@@ -385,7 +396,7 @@ def fit_gated(
         "store": store_record(train),
         "holdout": shared.meta.get("holdout"),
         "heldout_rows": held.description,
-        "shared": {"dir": os.fspath(shared_dir), "checkpoint": shared.name, "iteration": shared.iteration},
+        "shared": {"dir": os.path.abspath(shared_dir), "checkpoint": shared.name, "iteration": shared.iteration},
     }
     if previous is not None and (
         state in (FitState.CONVERGED, FitState.EARLY_STOPPED) or previous.iteration >= settings.max_iter
@@ -429,6 +440,11 @@ def fit_gated(
                         choice = (scale, candidate, candidate_scores)
                 assert choice is not None
                 scale_now, head, scores = choice
+                if float(scores.weight.sum()) <= 0.0:
+                    raise FitError(
+                        f"{held.description}: no held-out rows of the attributes the fit trains on: a validation "
+                        "store needs rows of the training store's attributes (ingest it --like the training store)"
+                    )
                 perplexity = _perplexity(scores)
                 seconds = time.perf_counter() - began
                 log_lik = stats.log_lik

@@ -224,14 +224,14 @@ def classify_task(
             )
         except ValueError as exc:
             raise _located(store, part, block, exc) from None
-        if block.weight is not None:
-            table = table * np.asarray(block.weight, dtype=np.float64)[:, None]
+        weight = np.ones(block.num_rows) if block.weight is None else np.asarray(block.weight, dtype=np.float64)
+        # A row of weight 0 does not count (its log-likelihood may be -inf: 0 * -inf would be NaN).
+        table = np.where(weight[:, None] > 0.0, table * weight[:, None], 0.0)
         unique, first, group = np.unique(documents, return_index=True, return_inverse=True)
         log_lik = np.zeros((unique.shape[0], candidates.shape[0]))
         np.add.at(log_lik, group, table)
-        total = total + DocumentScores(
-            unique, log_lik, attribute[first], np.bincount(group, minlength=unique.shape[0]).astype(float)
-        )
+        rows = np.bincount(group, weights=(weight > 0.0).astype(float), minlength=unique.shape[0])
+        total = total + DocumentScores(unique, log_lik, attribute[first], rows)
     return total
 
 

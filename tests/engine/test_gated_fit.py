@@ -147,9 +147,17 @@ def test_bit_identical_on_one_two_and_three_workers_and_resumable(stores, cluste
     with pytest.raises(FitError, match="holds a gated fit"):
         fit_gated(train, model_dir=str(tmp_path / "whole"), settings=GatedSettings(**longer), shared_dir=shared_dir,
                   client=client)  # fmt: skip
-    # A plain head's commands refuse the gated checkpoint by name.
+    # A plain head's commands refuse the gated checkpoint by name, and a gated fit never replaces a plain one
+    # without --overwrite.
     with pytest.raises(CheckpointError, match="attribute-gated head"):
         load_checkpoint(tmp_path / "whole")
+    with pytest.raises(FitError, match="holds the fit of a plain head"):
+        fit_gated(train, model_dir=shared_dir, settings=GatedSettings(2), shared_dir=shared_dir, client=client)
+    # A shared head that moved on since the gated fit started is not resumed from silently.
+    fit(train, model_dir=shared_dir, settings=FitSettings(max_iter=4, seed=0), client=client, resume=True)
+    with pytest.raises(FitError, match="its prior would change"):
+        fit_gated(train, model_dir=str(tmp_path / "whole"), settings=GatedSettings(**longer), shared_dir=shared_dir,
+                  client=client, resume=True)  # fmt: skip
 
 
 def test_a_store_without_attributes_is_refused_naming_the_flags(small_store, cluster, tmp_path):
@@ -202,8 +210,8 @@ def test_the_commands_end_to_end(stores, tmp_path):
     listed = json.loads(done.stdout)
     assert listed["distance"] == "hellinger" and len(listed["neighbours"]["json"]) == 5
 
-    # Resuming the finished fit is a no-op that reports the same model.
-    done = _cli("fit", train, "--model-dir", model, "--attribute-factors", "2", "--per-attribute", "position_prior",
-                "--max-iter", "3", "--workers", "2", "--resume", "--json")  # fmt: skip
+    # Resuming the finished fit is a no-op that reports the same model: its settings are its own, not repeated.
+    done = _cli("fit", train, "--model-dir", model, "--attribute-factors", "2", "--workers", "2", "--resume", "--json")
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["iterations"] == report["iterations"]
+    resumed = json.loads(done.stdout)
+    assert resumed["iterations"] == report["iterations"] and resumed["settings"] == report["settings"]
