@@ -38,10 +38,11 @@ import numpy as np
 from dist_respattn.engine import gated_tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.checkpoint import Checkpoint, ModelDir, checkpoint_name, load_checkpoint
-from dist_respattn.engine.cluster import ClusterOptions, connect
+from dist_respattn.engine.cluster import ClusterOptions, cluster_info, connect
 from dist_respattn.engine.fit import FitError, _last_choice, open_store
 from dist_respattn.engine.gated_checkpoint import GatedCheckpoint, commit_gated, is_gated_dir, load_gated
 from dist_respattn.engine.loop import store_record
+from dist_respattn.engine.memory import check_memory, estimate_gated_memory
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.reduction import DEFAULT_FAN_IN
@@ -323,6 +324,18 @@ def _scales(settings: GatedSettings, current: float | None) -> tuple[float, ...]
     return (current / SCALE_STEP, current, current * SCALE_STEP)
 
 
+def _check_memory(head: GatedHead, train: RowStore, settings: GatedSettings, client: distributed.Client) -> None:
+    """Refuse a gated fit whose tables the workers or the driver cannot hold (before its first E-step)."""
+    info = cluster_info(client)
+    estimate = estimate_gated_memory(
+        train.schema, num_pairs=head.factors.support.num_pairs, num_tables=head.num_factors,
+        num_attributes=head.num_attributes, block_rows=min(train.chunk_rows, max(train.num_rows, 1)),
+        threads_per_worker=max(1, info.threads // max(1, info.workers)), fan_in=settings.fan_in,
+    )  # fmt: skip
+    s, n, d, t = train.schema.num_symbols, train.schema.context_length, train.schema.query_dim, train.schema.num_targets
+    check_memory(estimate, worker_limit=info.smallest_memory_limit, shape=f"(S, N, D, T) = {(s, n, d, t)}")
+
+
 def _perplexity(scores: gated_tasks.AttributeScores) -> float:
     weight = float(scores.weight.sum())
     return math.exp(-float(scores.log_lik.sum()) / weight) if weight > 0 else math.nan
@@ -423,6 +436,7 @@ def fit_gated(
                     f"gated head: {kind} over {support.num_pairs:,} pairs, {len(names)} attributes, from the shared "
                     f"head of {shared_dir} ({head.num_parameters():,} parameters)"
                 )
+            _check_memory(head, train, settings, cl)
             last_log_lik = history[-1]["log_likelihood"] if history else None
             scale_now: float | None = float(history[-1]["prior_scale"]) if history else None
             for iteration in range(first, settings.max_iter + 1):

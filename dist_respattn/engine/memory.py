@@ -18,7 +18,7 @@ import dask
 from dist_respattn.model.kernels import DIRECT_ROW_BYTES_PER_PAIR
 from dist_respattn.store import StoreSchema
 
-__all__ = ["InsufficientMemoryError", "MemoryEstimate", "check_memory", "estimate_memory"]
+__all__ = ["InsufficientMemoryError", "MemoryEstimate", "check_memory", "estimate_gated_memory", "estimate_memory"]
 
 #: A worker process's own footprint after a fit (interpreter, NumPy, numba's kernels, zarr, distributed):
 #: measured 200-202 MiB at rest (135 MiB before the first task).
@@ -62,11 +62,15 @@ class MemoryEstimate:
     block_bytes: int
     layout: str = "dense"
     num_pairs: int | None = None
+    #: An attribute-gated head's emission tables (``layout == "gated"``): F factors, and A own tables if any.
+    num_tables: int | None = None
 
     def describe(self) -> str:
         emission = (
             "a dense (S, T) emission"
             if self.layout == "dense"
+            else f"attribute-gated emission tables, {self.num_tables} tables over {self.num_pairs:,} pairs"
+            if self.layout == "gated"
             else "a sparse emission, its pairs not yet counted"
             if self.num_pairs is None
             else f"a sparse emission over {self.num_pairs:,} pairs at {SPARSE_MODEL_BYTES_PER_PAIR} bytes a pair "
@@ -122,6 +126,37 @@ def estimate_memory(
     return MemoryEstimate(worker, driver, value, model, block, layout, num_pairs)
 
 
+def estimate_gated_memory(
+    schema: StoreSchema,
+    *,
+    num_pairs: int,
+    num_tables: int,
+    num_attributes: int,
+    block_rows: int,
+    threads_per_worker: int,
+    fan_in: int,
+) -> MemoryEstimate:
+    """Plan an attribute-gated fit's memory as :func:`estimate_memory` plans a plain one.
+
+    A model holds each table's values and their logs (16 bytes a pair a table) beside the support and its
+    direct rows; a value holds the pair counts of every table (8 bytes a pair a table), the shared head's
+    statistics and the (attribute, table) mass. The driver holds the reduced value and, while it chooses the
+    prior's scale, the current head and each candidate's.
+    """
+    s, n, d, t = schema.num_symbols, schema.context_length, schema.query_dim, schema.num_targets
+    pairs, tables, attributes = int(num_pairs), int(num_tables), int(num_attributes)
+    value = 8 * (pairs * tables + s * d + s + attributes * n + attributes * tables + 3)
+    model = (
+        16 * pairs * tables + (4 + DIRECT_ROW_BYTES_PER_PAIR) * pairs + 16 * tables * s + 8 * (t + 1)
+        + 8 * (s * d + attributes * n + 2 * attributes * tables)
+    )  # fmt: skip
+    block = block_rows * schema.row_bytes
+    per_thread = 2 * value + BLOCKS_HELD * block + (fan_in + 1) * value
+    worker = WORKER_BASELINE_BYTES + 2 * model + threads_per_worker * per_thread
+    driver = DRIVER_BASELINE_BYTES + 2 * value + 3 * model
+    return MemoryEstimate(worker, driver, value, model, block, "gated", pairs, tables)
+
+
 def _available_bytes() -> int:
     """Memory this machine could give the driver now, page cache included (0 when unknown)."""
     try:
@@ -162,6 +197,8 @@ def check_memory(estimate: MemoryEstimate, *, worker_limit: int, shape: str) -> 
 
 
 def _layout_advice(estimate: MemoryEstimate) -> str:
+    if estimate.layout == "gated":
+        return "fit fewer tables (a smaller --attribute-factors, or without --per-attribute emission), "
     if estimate.layout == "dense":
         return "store the emission's pairs only (--emission-layout sparse), "
     return "use a shorter context (fewer pairs), "

@@ -215,3 +215,18 @@ def test_the_commands_end_to_end(stores, tmp_path):
     assert done.returncode == 0, done.stderr
     resumed = json.loads(done.stdout)
     assert resumed["iterations"] == report["iterations"] and resumed["settings"] == report["settings"]
+
+
+def test_tables_the_workers_cannot_hold_are_refused_before_the_first_e_step(stores, cluster, tmp_path):
+    from dist_respattn.engine.memory import InsufficientMemoryError
+
+    train, _ = stores
+    _, client = cluster
+    shared_dir = _shared(tmp_path, train, client)
+    with local_cluster(1, memory_limit="400MiB") as (_, small):
+        with pytest.raises(
+            InsufficientMemoryError, match=r"attribute-gated emission tables, 2000 tables.*--attribute-factors"
+        ):
+            fit_gated(train, model_dir=str(tmp_path / "big"), settings=GatedSettings(2000, max_iter=1),
+                      shared_dir=shared_dir, client=small)  # fmt: skip
+    assert not (tmp_path / "big" / "latest.json").exists()  # nothing was written
