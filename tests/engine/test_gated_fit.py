@@ -25,6 +25,9 @@ from dist_respattn.model.holdout import HoldoutRule
 from tests.engine.clusters import local_cluster
 from tests.model.test_kernel_parity import assert_close
 
+# Every test here starts a cluster or a command.
+pytestmark = pytest.mark.slow
+
 #: Small packages of the standard library: real text, one attribute per directory.
 PACKAGES = ("json", "tomllib", "zoneinfo", "wsgiref")
 #: A package left out of training, folded in at evaluation.
