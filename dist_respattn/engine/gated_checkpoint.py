@@ -3,9 +3,9 @@ head's (:mod:`dist_respattn.engine.checkpoint`), with ``"kind": "gated"`` in ``m
 
 ``params.npz`` holds the head's arrays (:meth:`~dist_respattn.model.gated.GatedHead.to_arrays`: keys (S, D),
 position prior (A', N), weights (A, F), factor values (P, F) and backoffs (F, S), the shared base (T,), the
-support) and the emission prior's strengths ``a_s`` (S,); ``meta.json`` the attribute names, settings, history
-and the shared head the fit started from. A gated model directory keeps that shared head's own fit in its
-``shared/`` subdirectory.
+support); ``meta.json`` the attribute names, settings, history and the shared head the fit started from, whose
+checkpoint also gives the factors' prior (its emission and strengths). A gated model directory keeps that
+shared head's own fit in its ``shared/`` subdirectory.
 """
 
 from __future__ import annotations
@@ -42,12 +42,11 @@ SHARED_DIR = "shared"
 
 @dataclass(frozen=True)
 class GatedCheckpoint:
-    """A loaded gated checkpoint: its name, head, ``meta.json`` and the emission strengths ``a_s`` (S,)."""
+    """A loaded gated checkpoint: its name, head and ``meta.json``."""
 
     name: str
     head: GatedHead
     meta: dict[str, Any]
-    strength: np.ndarray
 
     @property
     def iteration(self) -> int:
@@ -62,7 +61,6 @@ def commit_gated(
     folder: ModelDir,
     name: str,
     head: GatedHead,
-    strength: np.ndarray,
     meta: dict[str, Any],
     *,
     best: bool,
@@ -72,7 +70,7 @@ def commit_gated(
     prune every other checkpoint but ``keep``."""
     arrays, head_meta = head.to_arrays()
     buffer = io.BytesIO()
-    np.savez(buffer, emission_strength=np.asarray(strength, dtype=np.float64), **arrays)  # type: ignore[arg-type]
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
     record = {"format": FORMAT, "version": FORMAT_VERSION, "kind": GATED_KIND, "model": head_meta, **meta}
     folder.write_files(
         name, {PARAMS_FILE: buffer.getvalue(), META_FILE: (json.dumps(record, indent=2) + "\n").encode()}
@@ -123,4 +121,4 @@ def load_gated(model_dir: str | os.PathLike[str], which: str = "auto") -> GatedC
         head = GatedHead.from_arrays(arrays, meta.get("model", {}))
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise CheckpointError(f"{params_path}: cannot be read as a gated head ({type(exc).__name__}: {exc})") from exc
-    return GatedCheckpoint(name, head, meta, arrays["emission_strength"])
+    return GatedCheckpoint(name, head, meta)

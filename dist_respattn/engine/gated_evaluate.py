@@ -28,7 +28,7 @@ from dist_respattn.engine import gated_tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.checkpoint import CheckpointError, load_checkpoint
 from dist_respattn.engine.cluster import ClusterOptions, connect
-from dist_respattn.engine.evaluate import evaluate
+from dist_respattn.engine.evaluate import _open_recorded, evaluate
 from dist_respattn.engine.fit import FitError, open_store
 from dist_respattn.engine.gated_checkpoint import SHARED_DIR, GatedCheckpoint, load_gated
 from dist_respattn.engine.gated_fit import attribute_map
@@ -68,12 +68,16 @@ class _Passes:
         self.params = ParameterBroadcast(client, self.runner.run_tag, prefix="gated-eval")
         self.count = 0
 
-    def run(self, store: RowStore, task: Callable[..., Any], args: Callable[[int], tuple[Any, ...]], what: str) -> Any:
-        """One pass; its ``args`` read ``self.params.current``, which a pass that lost it scatters again."""
+    def run(
+        self, store: RowStore, task: Callable[..., Any], args: Callable[[int], tuple[Any, ...]], what: str,
+        *, head: bool = True,
+    ) -> Any:  # fmt: skip
+        """One pass; with ``head`` its ``args`` read ``self.params.current``, which a pass that lost it scatters
+        again."""
         self.count += 1
         return self.runner.run(
             what.split()[0], str(self.count), store.num_partitions, task, args, description=f"{what} {store.location}",
-            before_attempt=self.params.republish,
+            before_attempt=self.params.republish if head else None,
         )  # fmt: skip
 
     def scores(
@@ -90,19 +94,17 @@ class _Passes:
         fingerprint, n = store.fingerprint(), len(gated_tasks.attribute_names_of(store))
         return self.run(
             store, gated_tasks.attribute_pairs_task, lambda part: (store.location, part, fingerprint, rows, n),
-            "pairs of",
+            "pairs of", head=False,
         )  # fmt: skip
 
 
 def _kneser_ney_by_attribute(
-    passes: _Passes, checkpoint: GatedCheckpoint, scored: RowStore, names: tuple[str, ...], storage_options: Any
+    passes: _Passes, checkpoint: GatedCheckpoint, scored: RowStore, names: tuple[str, ...]
 ) -> list[float | None]:
     """Each scored attribute's interpolated Kneser-Ney bigram perplexity, trained on that attribute's training
     rows (the gated fit's, by name) and its discount tuned on the fit's held-out rows of the attribute."""
-    record = checkpoint.meta.get("store") or {}
-    try:
-        train = open_store(record["url"], storage_options, record.get("window"), record.get("min_context"))
-    except Exception:  # the training store moved: no per-attribute baseline rather than a failed evaluation
+    train = _open_recorded(checkpoint.meta.get("store"), scored)
+    if train is None:  # the training store moved or changed: no per-attribute baseline rather than a failure
         return [None] * len(names)
     holdout = checkpoint.meta.get("holdout")
     rule = HoldoutRule.from_json(holdout) if holdout else None
@@ -229,7 +231,7 @@ def evaluate_gated(
         try:
             gated = passes.scores(head, scored, ALL_ROWS, mapping, "the gated head on")
             plain = passes.scores(shared_head, scored, ALL_ROWS, np.zeros(len(names), np.int64), "the shared head on")
-            kneser_ney = _kneser_ney_by_attribute(passes, checkpoint, scored, names, storage_options)
+            kneser_ney = _kneser_ney_by_attribute(passes, checkpoint, scored, names)
             report: dict[str, Any] = {}
             if classify:
                 accuracy, known, documents = _classify(passes, head, scored, mapping, names, head_names)

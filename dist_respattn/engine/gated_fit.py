@@ -278,10 +278,9 @@ class _GatedPasses:
             lambda part: (self.train.location, part, self.train_fingerprint, self.rows),
             description="collecting the training pairs",
         )  # fmt: skip
-        counts = value.counts
-        return counts.support if counts.support is not None else PairSupport.from_keys(
-            np.zeros(0, np.int64), counts.num_symbols, counts.num_targets
-        )  # fmt: skip
+        support = value.counts.support
+        assert support is not None  # counts made from cells carry their pairs
+        return support
 
     def estep(self, head: GatedHead, iteration: int) -> GatedStatistics:
         # The tasks read the current future: a pass that lost it with its workers scatters it again and retries.
@@ -503,7 +502,7 @@ def fit_gated(
                     },
                 }  # fmt: skip
                 commit_gated(
-                    folder, name, head, strength, meta, best=best_name == name,
+                    folder, name, head, meta, best=best_name == name,
                     keep={best_name} if best_name and best_name != name else set(),
                 )  # fmt: skip
                 if state != FitState.RUNNING:
