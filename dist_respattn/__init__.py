@@ -1,4 +1,4 @@
-"""Exact, distributed EM for a responsibility-attention head over chunked triple stores.
+"""Exact, distributed EM for responsibility-attention heads over chunked zarr stores.
 
 The public names are loaded on first use: importing a submodule that needs none of them (the scheduler's
 fit monitor, :mod:`dist_respattn.events`) then loads neither numba nor the model.

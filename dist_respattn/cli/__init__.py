@@ -20,7 +20,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="dist-respattn",
-        description="Fit a responsibility-attention head by exact EM over zarr triple stores.",
+        description=(
+            "Fit responsibility-attention heads by exact EM over chunked zarr stores (token streams or triples) "
+            "on a Dask cluster."
+        ),
     )
     parser.add_argument("--version", action="version", version=f"dist-respattn {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
