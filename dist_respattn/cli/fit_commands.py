@@ -264,8 +264,9 @@ def register(sub: Any) -> None:
         "--stream",
         action="store_true",
         help="predict one history read from stdin instead (words, or ids without a vocabulary): a JSON line of "
-        "the --top next tokens after every token, from the bucket histograms in constant time a token; STORE "
-        "gives the embeddings and vocabulary, no cluster is started",
+        "the --top next tokens after every token (keys position, token, top: [word or id, probability] pairs, ids), "
+        "from the bucket histograms in constant time a token; STORE gives the embeddings and vocabulary, no "
+        "cluster is started; the summary gives the start-up apart from the time a token",
     )
     predict.add_argument(
         "--overwrite", action="store_true", help="replace the predictions (group or file) already at --out"
