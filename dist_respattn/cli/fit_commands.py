@@ -244,21 +244,33 @@ def register(sub: Any) -> None:
             "(a directory, or an fsspec URL every worker can write): parts/00000/targets int32 (n, K), "
             "parts/00000/probabilities float64 (n, K), parts/00000/attention float64 (n, N), one part per store "
             "partition, in row order; its attributes name the model, the store and each part's rows. Read it "
-            "with dist_respattn.store.predictions.Predictions."
+            "with dist_respattn.store.predictions.Predictions. An --out ending in .jsonl or .csv is a local file of "
+            "rows instead, written in row order by this process: each row's K ids, their words (when the store "
+            "has a vocabulary) and probabilities, and its stored target. JSON Lines: one object a row, keys row, "
+            "target, target_word, ids, words, probabilities. CSV columns: row, target, target_word, then id_k, "
+            "word_k, probability_k for k = 1..K (the word keys and columns only with a vocabulary)."
         ),
     )
     predict.add_argument("model", help=MODEL_HELP)
     predict.add_argument("store", help="the store to predict (path or URL)")
     predict.add_argument("--top", type=positive_int, default=5, metavar="K", help="targets kept per row (5)")
-    predict.add_argument("--out", metavar="DIR", help="where the predictions go (a new zarr group)")
+    predict.add_argument(
+        "--out",
+        metavar="OUT",
+        help="where the predictions go: FILE.jsonl or FILE.csv (rows with ids, words and probabilities), else a new "
+        "zarr group",
+    )
     predict.add_argument(
         "--stream",
         action="store_true",
         help="predict one history read from stdin instead (words, or ids without a vocabulary): a JSON line of "
-        "the --top next tokens after every token, from the bucket histograms in constant time a token; STORE "
-        "gives the embeddings and vocabulary, no cluster is started",
+        "the --top next tokens after every token (keys position, token, top: [word or id, probability] pairs, ids), "
+        "from the bucket histograms in constant time a token; STORE gives the embeddings and vocabulary, no "
+        "cluster is started; the summary gives the start-up apart from the time a token",
     )
-    predict.add_argument("--overwrite", action="store_true", help="replace the predictions already at --out")
+    predict.add_argument(
+        "--overwrite", action="store_true", help="replace the predictions (group or file) already at --out"
+    )
     add_cluster_options(predict)
     predict.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     predict.set_defaults(handler=_run_predict, printer=_print_predict)
@@ -494,7 +506,9 @@ def _run_predict(args: argparse.Namespace) -> dict[str, Any]:
         args.printer = print_stream_summary
         return run_stream(args)
     if not args.out:
-        raise CommandError("predict needs --out DIR (a new zarr group for the predictions), or --stream")
+        raise CommandError(
+            "predict needs --out FILE.jsonl, FILE.csv or DIR (a new zarr group for the predictions), or --stream"
+        )
     run = predict(
         args.model,
         args.store,

@@ -245,45 +245,110 @@ def _mix(checkpoint: Any, args: argparse.Namespace) -> dict[int, float]:
     return {_attribute_id(checkpoint, args.attribute): 1.0}
 
 
+def _sample_head(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[int, float] | None, list[str]]:
+    """``(head, store, vocabulary, mix, attribute names)`` of ``sample``: a gated model's head of ``--attribute`` or
+    ``--mix``, or a plain model's head (``mix`` ``None``; neither flag is taken)."""
+    from dist_respattn.engine.checkpoint import load_checkpoint
+    from dist_respattn.engine.gated_checkpoint import is_gated_dir
+    from dist_respattn.model.gated_use import mixed_head
+    from dist_respattn.store import check_recorded_corpus
+    from dist_respattn.store.rows import open_rows
+
+    if is_gated_dir(args.model):
+        checkpoint, store, vocabulary = _model_and_store(args)
+        mix = _mix(checkpoint, args)
+        return mixed_head(checkpoint.head, mix), store, vocabulary, mix, list(checkpoint.attribute_names)
+    storage_options = parse_storage_options(getattr(args, "storage_option", None))
+    plain = load_checkpoint(args.model, storage_options=storage_options)
+    for flag, value in (("--attribute", args.attribute), ("--mix", args.mix)):
+        if value:
+            raise CommandError(
+                f"{flag} {value}: {args.model} is a plain head, without attributes (they take a model fitted with "
+                "--attribute-factors): leave it out"
+            )
+    recorded = plain.meta.get("store") or {}
+    url = args.store or recorded.get("url")
+    if not url:
+        raise CommandError(f"{args.model}: no training store recorded: give --store STORE (its vocabulary)")
+    store = open_rows(url, storage_options=storage_options)
+    if args.store:
+        check_recorded_corpus(
+            recorded, store, reference_role="the model's training store", other_role=f"--store {args.store}"
+        )
+    return plain.model, store, store.vocabulary(), None, []
+
+
 def _run_sample(args: argparse.Namespace) -> dict[str, Any]:
-    from dist_respattn.model.gated_use import generate, mixed_head
+    from dist_respattn.model.predictor import generate
+    from dist_respattn.store.predictions import target_words
     from dist_respattn.store.text import tokenize
 
-    checkpoint, store, vocabulary = _model_and_store(args)
-    mix = _mix(checkpoint, args)
-    model = mixed_head(checkpoint.head, mix)
+    model, store, vocabulary, mix, names = _sample_head(args)
     table = store.embeddings()
-    words = list((vocabulary or {}).get("tokens", []))
+    if table is None or table.shape != (model.num_symbols, model.query_dim):
+        shape = None if table is None else table.shape
+        raise CommandError(
+            f"{store.location}: an embedding table of shape {shape}: expected (S, D) = "
+            f"{(model.num_symbols, model.query_dim)}, the model's (give --store the store it was fitted on)"
+        )
+    if model.num_targets != model.num_symbols:
+        raise CommandError(
+            f"{args.model}: T = {model.num_targets} targets, S = {model.num_symbols} symbols: generation feeds each "
+            "drawn target back as the next symbol, so it takes a head of a token stream (T = S)"
+        )
+    words = list(target_words(vocabulary, model.num_targets) or ())
     n_pos = model.context_length
     rng = np.random.default_rng(args.seed)
     if args.prompt:
         if not words:
             raise CommandError(f"{store.location}: no vocabulary, so a --prompt cannot be read")
-        lookup = {w: i for i, w in enumerate(words)}
-        oov = int((vocabulary or {}).get("oov_id", len(words)))
+        known = list((vocabulary or {}).get("tokens", []))
+        lookup = {w: i for i, w in enumerate(known)}
+        oov = int((vocabulary or {}).get("oov_id", len(known)))
         prompt = np.array([lookup.get(w, oov) for w in tokenize(args.prompt)], dtype=np.int64)
-        if prompt.shape[0] < n_pos:
-            raise CommandError(f"--prompt has {prompt.shape[0]} tokens: the head reads windows of N = {n_pos}")
+        if prompt.shape[0] == 0:
+            raise CommandError(f"--prompt {args.prompt!r} holds no token: give some text to start from")
+    elif mix is not None:
+        prompt = _document_opening(store, names, mix, n_pos, rng)
     else:
-        prompt = _document_opening(store, checkpoint, mix, n_pos, rng)
+        prompt = _any_opening(store, n_pos, rng)
     tokens = generate(model, table, prompt, args.tokens, rng)
 
     def word(t: int) -> str:
-        return words[t] if t < len(words) else ("<oov>" if words else str(t))
+        return words[t] if words else str(t)
 
-    return {
+    report: dict[str, Any] = {
         "attribute": args.attribute,
-        "mix": {checkpoint.attribute_names[a]: share for a, share in mix.items()},
+        "mix": None if mix is None else {names[a]: share for a, share in mix.items()},
         "seed": args.seed,
         "prompt": [word(int(t)) for t in prompt[-n_pos:]],
         "tokens": [word(int(t)) for t in tokens],
+        "ids": [int(t) for t in tokens],
         "text": " ".join(word(int(t)) for t in tokens),
     }
+    return report
 
 
-def _document_opening(store: Any, checkpoint: Any, mix: dict[int, float], n_pos: int, rng: Any) -> np.ndarray:
+def _any_opening(store: Any, n_pos: int, rng: Any) -> np.ndarray:
+    """A prompt for a plain head: the first N tokens (fewer for a shorter document) of a seeded document of a
+    token-stream store, or the window of a seeded row of a triple store."""
+    if getattr(store, "kind", None) == "stream":
+        starts = store.document_starts()
+        ends = np.append(starts[1:], store.num_tokens)
+        documents = np.flatnonzero(ends > starts)
+        if documents.size == 0:
+            raise CommandError(f"{store.location}: holds no tokens to open with: give --prompt TEXT")
+        d = int(rng.choice(documents))
+        first = int(starts[d])
+        return np.asarray(store.read_tokens(first, min(first + n_pos, int(ends[d]))), dtype=np.int64)
+    if store.num_rows == 0:
+        raise CommandError(f"{store.location}: holds no rows to open with: give --prompt TEXT")
+    row = int(rng.integers(store.num_rows))
+    return np.asarray(store.read_rows(row, row + 1).context[0], dtype=np.int64)
+
+
+def _document_opening(store: Any, names: list[str], mix: dict[int, float], n_pos: int, rng: Any) -> np.ndarray:
     """The first N tokens of a document of the mix's first attribute (seeded), as a prompt."""
-    names = checkpoint.attribute_names
     wanted = names[next(iter(mix))]
     store_names = tuple(getattr(store, "attribute_names", None) or ())
     stream = getattr(store, "kind", None) == "stream"
@@ -300,8 +365,11 @@ def _document_opening(store: Any, checkpoint: Any, mix: dict[int, float], n_pos:
 
 
 def _print_sample(report: dict[str, Any]) -> None:
-    shares = ", ".join(f"{k} {v:g}" for k, v in report["mix"].items())
-    print(f"[{shares}] {' '.join(report['prompt'])} ...")
+    if report["mix"] is not None:
+        shares = ", ".join(f"{k} {v:g}" for k, v in report["mix"].items())
+        print(f"[{shares}] {' '.join(report['prompt'])} ...")
+    else:
+        print(f"{' '.join(report['prompt'])} ...")
     print(report["text"])
 
 
@@ -340,20 +408,30 @@ def register(sub: Any) -> None:
     """Add the ``sample`` and ``neighbours`` subcommands."""
     sample = sub.add_parser(
         "sample",
-        help="generate text token by token from an attribute-gated head, as one attribute or a mix",
+        help="generate text token by token from a fitted head (an attribute-gated one as one attribute or a mix)",
         description=(
-            "Generate tokens one at a time from a gated head: each is drawn from p(t | last N tokens, query) "
-            "under the attribute's emission (or under the mix's weights), then appended to the history. The "
-            "vocabulary and embeddings come from the model's training store (or --store)."
+            "Generate tokens one at a time from a head fitted on a token stream (T = S): each is drawn from "
+            "p(t | last N tokens, query = the last token's embedding), then appended to the history, whose bucket "
+            "histograms are updated in O(K) a token. A prompt shorter than N tokens is a short history, read as a "
+            "stream store reads a document's first rows (the missing positions masked). A gated head writes as "
+            "--attribute (or under --mix's weights). The vocabulary and embeddings come from the model's training "
+            "store (or --store). The same --seed gives the same text."
         ),
     )
-    sample.add_argument("model", help="a gated model directory (fit --attribute-factors)")
-    sample.add_argument("--attribute", metavar="NAME", help="the attribute to write as")
-    sample.add_argument("--mix", metavar="NAME=SHARE,...", help="a mix of attributes instead, e.g. a=0.5,b=0.5")
+    sample.add_argument(
+        "model", help="a model directory (plain or attribute-gated), or a registry's version: REGISTRY@7"
+    )
+    sample.add_argument("--attribute", metavar="NAME", help="a gated head: the attribute to write as")
+    sample.add_argument(
+        "--mix", metavar="NAME=SHARE,...", help="a gated head: a mix of attributes instead, e.g. a=0.5,b=0.5"
+    )
     sample.add_argument("--tokens", type=positive_int, default=200, help="tokens to generate (200)")
     sample.add_argument("--seed", type=int, default=0, help="the draws' seed (0): the same seed, the same text")
     sample.add_argument(
-        "--prompt", metavar="TEXT", help="text to start from (default: the opening of one of its documents)"
+        "--prompt",
+        metavar="TEXT",
+        help="text to start from, any length from one token (default: the opening of one of the store's documents, "
+        "of the attribute for a gated head)",
     )
     sample.add_argument("--store", metavar="STORE", help="the store of the vocabulary and embeddings")
     sample.add_argument("--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option (repeatable)")

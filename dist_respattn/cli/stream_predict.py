@@ -1,9 +1,14 @@
 """``dist-respattn predict MODEL STORE --stream``: next-token predictions over one history read from stdin.
 
 The history is read as it comes (words tokenized as the store's text was, or token ids when the store has no
-vocabulary); after every token one JSON line gives the K most probable next tokens. The model keeps its bucket
-histograms (:class:`~dist_respattn.model.predictor.Predictor`), so a token costs the same after a hundred
-tokens as after a million. No cluster is started.
+vocabulary); after every token one JSON line gives the K most probable next tokens::
+
+    {"position": 3, "token": "def", "top": [["self", 0.31], ["__init__", 0.12]], "ids": [57, 203]}
+
+``top`` pairs each next token (its word, or its id without a vocabulary) with its probability; ``ids`` are the
+same tokens' ids. The model keeps its bucket histograms (:class:`~dist_respattn.model.predictor.Predictor`), so a
+token costs the same after a hundred tokens as after a million. No cluster is started. The summary reports the
+start-up (loading the model and the store, the compiled kernels' first call) apart from the time per token.
 """
 
 from __future__ import annotations
@@ -46,9 +51,12 @@ def _token_ids(stream: IO[str], vocabulary: dict[str, Any] | None, num_symbols: 
 
 
 def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: IO[str] | None = None) -> dict:
-    """Predict after every token of stdin; returns the summary (tokens, seconds, microseconds per token)."""
+    """Predict after every token of stdin; returns the summary (start-up seconds, tokens, seconds and microseconds
+    per token after the start-up)."""
+    begun = time.perf_counter()
     from dist_respattn.engine.checkpoint import load_checkpoint
     from dist_respattn.model.predictor import Predictor
+    from dist_respattn.store.predictions import target_words
     from dist_respattn.store.rows import open_rows
 
     stdin = stdin or sys.stdin
@@ -65,13 +73,16 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
             "made --like it)"
         )
     vocabulary = store.vocabulary()
-    words = None if vocabulary is None else list(vocabulary.get("tokens", []))
-    predictor = Predictor(model, table)
+    words = target_words(vocabulary, model.num_targets)
+    # The compiled kernels' first call (loaded from numba's cache, or compiled) is start-up, not a token's cost.
+    warm = Predictor(model, table)
+    warm.push(0)
+    warm.top_k(args.top)
+    predictor = Predictor(model, table, words=words)
+    startup = time.perf_counter() - begun
 
     def name(target: int) -> str | int:
-        if words is None:
-            return target
-        return words[target] if target < len(words) else "<oov>"
+        return target if words is None else words[target]
 
     count = 0
     spent = 0.0
@@ -85,11 +96,13 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
             "position": predictor.length,
             "token": text if words is not None else token,
             "top": [[name(int(t)), round(float(p), 8)] for t, p in zip(targets, probs, strict=True)],
+            "ids": [int(t) for t in targets],
         }
         stdout.write(json.dumps(line) + "\n")
         stdout.flush()
     return {
         "command": "predict --stream",
+        "startup_seconds": round(startup, 6),
         "tokens": count,
         "seconds": round(spent, 6),
         "microseconds_per_token": round(1e6 * spent / count, 2) if count else None,
@@ -102,8 +115,10 @@ def print_stream_summary(report: dict[str, Any]) -> None:
     """The summary goes to stderr: stdout holds the predictions, one JSON line a token."""
     per_token = report["microseconds_per_token"]
     timing = f", {per_token:.1f} µs a token" if per_token is not None else ""
+    startup = report.get("startup_seconds")
+    ready = f"ready in {startup:.2f} s (loading the model and the store); " if startup is not None else ""
     print(
-        f"predicted after {report['tokens']:,} tokens{timing}; state: {report['state_counts']:,} bucket counts "
+        f"{ready}predicted after {report['tokens']:,} tokens{timing}; state: {report['state_counts']:,} bucket counts "
         f"over {len(report['buckets'])} buckets",
         file=sys.stderr,
     )

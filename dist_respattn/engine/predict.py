@@ -5,6 +5,10 @@ One task per store partition reads its rows block by block, predicts them
 (:mod:`dist_respattn.store.predictions`); only the tasks' small totals come back through the combine
 tree, so neither the driver nor any worker holds more than a block of rows and their predictions. The
 output must be a location every worker can write (a shared disk, or an fsspec URL such as ``s3://``).
+
+An output named ``*.jsonl`` or ``*.csv`` is a local file of rows, with each target's word when the store has
+a vocabulary: the tasks return their partition's predictions (no attention), and the driver writes them in
+row order as they arrive, a few partitions in flight, so it holds one partition's predictions at a time.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -29,7 +34,14 @@ from dist_respattn.engine.progress import FitReporter
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.prediction import PredictionTotals
 from dist_respattn.store import StoreLocation, check_recorded_corpus
-from dist_respattn.store.predictions import PredictionsHeader, create_predictions, finish_predictions
+from dist_respattn.store.predictions import (
+    PredictionRowsWriter,
+    PredictionsHeader,
+    create_predictions,
+    finish_predictions,
+    output_format,
+    target_words,
+)
 from dist_respattn.store.rows import RowStore
 
 __all__ = ["DEFAULT_TOP_K", "PredictionRun", "predict"]
@@ -43,13 +55,16 @@ class PredictionRun:
     """What a ``predict`` run wrote.
 
     Attributes:
-        out: the predictions' URL (read it with :class:`dist_respattn.store.predictions.Predictions`).
+        out: the predictions' URL (a zarr group: read it with :class:`dist_respattn.store.predictions.Predictions`)
+            or file (``format`` ``jsonl`` or ``csv``: see :mod:`dist_respattn.store.predictions` for its columns).
         store: the predicted store's URL; ``model``: where the model came from.
         rows: rows predicted; ``partitions``: parts written (one per store partition).
         top_k: targets kept per row (``--top``, at most T).
         top1_accuracy, top_k_accuracy: the weighted share of rows whose stored target is the first
             prediction, and among the K (the store's targets are known, so these come for free).
         seconds: wall time of the prediction pass.
+        format: ``zarr``, ``jsonl`` or ``csv``; ``words``: whether the output names each target's word (a file
+            of rows from a store with a vocabulary).
     """
 
     out: str
@@ -61,6 +76,8 @@ class PredictionRun:
     top1_accuracy: float
     top_k_accuracy: float
     seconds: float
+    format: str = "zarr"
+    words: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,9 +85,15 @@ class PredictionRun:
     def summary(self) -> str:
         return (
             f"predicted the top {self.top_k} targets of {self.rows:,} rows of {self.store} with {self.model} "
-            f"into {self.out} ({self.partitions} parts, {self.seconds:.1f} s); the stored target ranked first in "
+            f"into {self.out} ({_count(self.partitions, 'partition')}, {self.seconds:.1f} s); the stored target "
+            "ranked first in "
             f"{self.top1_accuracy:.2%} of rows, among the {self.top_k} in {self.top_k_accuracy:.2%}"
         )
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 partition``, ``5 partitions``: a count with its noun."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def predict(
@@ -90,7 +113,8 @@ def predict(
 
     ``model``: a head, a model directory (its ``best``, else ``latest``), or a registry's version
     (``REGISTRY@7``, ``REGISTRY@latest``). ``out`` is a new location (or, with ``overwrite``, earlier
-    predictions); see :mod:`dist_respattn.store.predictions` for its layout. ``client``, or without one
+    predictions); see :mod:`dist_respattn.store.predictions` for its layout: a name ending in ``.jsonl`` or
+    ``.csv`` is a local file of rows (ids, words, probabilities), any other a zarr group. ``client``, or without one
     ``cluster``, is where it runs (see :func:`~dist_respattn.engine.connect`).
     """
     if int(top_k) < 1:
@@ -112,42 +136,65 @@ def predict(
     check_recorded_corpus(
         meta.get("store"), scored, reference_role="the model's training store", other_role="the predicted store"
     )
-    location = StoreLocation.of(out, storage_options)
-    if location.url == StoreLocation.of(str(scored.location)).url:
-        raise FitError(f"--out {location} is the store being predicted: give another location")
     kept = min(int(top_k), head.num_targets)
     fingerprint = scored.fingerprint()
-    header = PredictionsHeader(
-        top_k=kept,
-        context_length=head.context_length,
-        num_targets=head.num_targets,
-        num_rows=scored.num_rows,
-        partitions=tuple((p.start, p.stop) for p in scored.partitions()),
-        model=source,
-        store=str(scored.location),
-        store_fingerprint=fingerprint,
-    )
-    create_predictions(location, header, overwrite=overwrite)
+    rows_file: PredictionRowsWriter | None = None
+    if not isinstance(out, StoreLocation) and output_format(out) != "zarr":
+        words = target_words(scored.vocabulary(), head.num_targets)
+        rows_file = PredictionRowsWriter(out, top_k=kept, words=words, overwrite=overwrite)
+    else:
+        location = StoreLocation.of(out, storage_options)
+        if location.url == StoreLocation.of(str(scored.location)).url:
+            raise FitError(f"--out {location} is the store being predicted: give another location")
+        header = PredictionsHeader(
+            top_k=kept,
+            context_length=head.context_length,
+            num_targets=head.num_targets,
+            num_rows=scored.num_rows,
+            partitions=tuple((p.start, p.stop) for p in scored.partitions()),
+            model=source,
+            store=str(scored.location),
+            store_fingerprint=fingerprint,
+        )
+        create_predictions(location, header, overwrite=overwrite)
     started = time.perf_counter()
-    with connect(cluster, client=client, say=say) as cl:
-        reporter = FitReporter(cl, say=say, bar=progress)
-        runner = PassRunner(cl, uuid.uuid4().hex[:8], make_bar=reporter.make_bar)
-        params = ParameterBroadcast(cl, runner.run_tag)
-        params.publish(head, "predict")
-        try:
-            totals: PredictionTotals = runner.run(
-                "predict", "0", scored.num_partitions, tasks.predict_task,
-                lambda part: (scored.location, part, params.current, fingerprint, location, kept),
-                description=f"predicting {scored.location}",
-            )  # fmt: skip
-        finally:
-            params.release()
-    if totals.rows != scored.num_rows:  # every part checks its own rows; this is the sum
-        raise FitError(f"{location}: the parts hold {totals.rows} rows, the store {scored.num_rows}")
-    finish_predictions(location)
+    try:
+        with connect(cluster, client=client, say=say) as cl:
+            reporter = FitReporter(cl, say=say, bar=progress)
+            runner = PassRunner(cl, uuid.uuid4().hex[:8], make_bar=reporter.make_bar)
+            params = ParameterBroadcast(cl, runner.run_tag)
+            params.publish(head, "predict")
+            try:
+                if rows_file is not None:
+                    bar = reporter.make_bar(scored.num_partitions, f"predicting {scored.location}")
+                    try:
+                        totals = _write_rows(
+                            cl, runner.run_tag, scored, params.current, fingerprint, kept, rows_file, bar
+                        )
+                    finally:
+                        if bar is not None:
+                            bar.close()
+                else:
+                    totals = runner.run(
+                        "predict", "0", scored.num_partitions, tasks.predict_task,
+                        lambda part: (scored.location, part, params.current, fingerprint, location, kept),
+                        description=f"predicting {scored.location}",
+                    )  # fmt: skip
+            finally:
+                params.release()
+        if totals.rows != scored.num_rows:  # every part checks its own rows; this is the sum
+            raise FitError(f"{out}: the parts hold {totals.rows} rows, the store {scored.num_rows}")
+        if rows_file is not None:
+            rows_file.close()
+        else:
+            finish_predictions(location)
+    except BaseException:
+        if rows_file is not None:
+            rows_file.abort()
+        raise
     weight = totals.weight if totals.weight > 0 else float("nan")
     return PredictionRun(
-        out=str(location),
+        out=str(rows_file.path) if rows_file is not None else str(location),
         store=str(scored.location),
         model=source,
         rows=totals.rows,
@@ -156,4 +203,51 @@ def predict(
         top1_accuracy=totals.top1 / weight,
         top_k_accuracy=totals.top_k / weight,
         seconds=time.perf_counter() - started,
+        format=rows_file.format if rows_file is not None else "zarr",
+        words=rows_file is not None and rows_file.words is not None,
     )
+
+
+def _write_rows(
+    client: distributed.Client,
+    run_tag: str,
+    scored: RowStore,
+    model: Any,
+    fingerprint: str,
+    top_k: int,
+    writer: PredictionRowsWriter,
+    bar: Any,
+) -> PredictionTotals:
+    """Predict every partition and write its rows, in row order, through ``writer``; returns the totals.
+
+    A few partitions more than the cluster's threads are in flight: the workers stay busy while the driver
+    writes, and the driver holds one partition's predictions at a time (the others wait on the workers).
+    """
+    window = max(2 * sum(client.nthreads().values()), 2)
+    pending: deque[distributed.Future] = deque()
+    totals = PredictionTotals()
+    submitted = 0
+    while submitted < scored.num_partitions or pending:
+        while submitted < scored.num_partitions and len(pending) < window:
+            pending.append(
+                client.submit(
+                    tasks.predict_rows_task,
+                    scored.location,
+                    submitted,
+                    model,
+                    fingerprint,
+                    top_k,
+                    key=f"respattn-predict-rows-{submitted}-{run_tag}",
+                    pure=False,
+                )
+            )
+            submitted += 1
+        future = pending.popleft()
+        part = future.result()
+        future.release()
+        writer.write(part.start, part.targets, part.probabilities, part.stored)
+        totals = totals + part.totals
+        del part
+        if bar is not None:
+            bar.update(1)
+    return totals

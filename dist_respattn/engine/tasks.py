@@ -24,7 +24,7 @@ from dist_respattn.model.emission import SparseEmission
 from dist_respattn.model.histogram import WindowRows, grid_windows, score_windows
 from dist_respattn.model.holdout import HoldoutRule
 from dist_respattn.model.pairs import PairCounts
-from dist_respattn.model.prediction import PredictionTotals, predict_top_k
+from dist_respattn.model.prediction import PredictionTotals, TopK, predict_top_k
 from dist_respattn.model.scoring import ScoreTotals, base_order, score_rows
 from dist_respattn.model.selection import GridTable, GridTotals, score_grid
 from dist_respattn.store import EncodedRows, StoreError, StoreLocation
@@ -34,12 +34,14 @@ from dist_respattn.store.rows import RowStore, open_rows
 
 __all__ = [
     "ALL_ROWS",
+    "PartitionPredictions",
     "RowSelection",
     "StartValue",
     "combine_values",
     "estep_task",
     "grid_task",
     "pairs_task",
+    "predict_rows_task",
     "predict_task",
     "score_task",
     "start_task",
@@ -291,6 +293,26 @@ def score_task(
     return totals
 
 
+def _predicted_blocks(
+    store: RowStore, part: int, model: ResponsibilityAttentionDistribution, top_k: int
+) -> Iterator[tuple[EncodedRows, TopK]]:
+    """Partition ``part``'s blocks, each with its top ``top_k`` predictions (one block held at a time)."""
+    if model.buckets is not None:
+        raise ValueError(
+            "a head with --position-buckets predicts one history at a time: `dist-respattn predict MODEL --stream` "
+            "(or dist_respattn.Predictor); batch predictions into a store take heads with a free prior"
+        )
+    partition = store.partition(part)
+    table = model.emission_table
+    order = base_order(table) if isinstance(table, SparseEmission) else None
+    for block in store.iter_blocks(partition):
+        try:
+            top = predict_top_k(model, block.context, block.query, top_k, base_order=order)
+        except ValueError as exc:
+            raise _located(store, part, block, exc) from None
+        yield block, top
+
+
 def predict_task(
     location: StoreLocation,
     part: int,
@@ -305,31 +327,61 @@ def predict_task(
     their targets it ranked first and among the K.
     """
     store = _checked_store(location, fingerprint)
-    if model.buckets is not None:
-        raise ValueError(
-            "a head with --position-buckets predicts one history at a time: `dist-respattn predict MODEL --stream` "
-            "(or dist_respattn.Predictor); batch predictions into a store take heads with a free prior"
-        )
-    partition = store.partition(part)
-    table = model.emission_table
-    order = base_order(table) if isinstance(table, SparseEmission) else None
     totals = PredictionTotals()
 
     def blocks() -> Any:
         nonlocal totals
-        for block in store.iter_blocks(partition):
-            try:
-                top = predict_top_k(model, block.context, block.query, top_k, base_order=order)
-            except ValueError as exc:
-                raise _located(store, part, block, exc) from None
+        for block, top in _predicted_blocks(store, part, model, top_k):
             totals = totals + PredictionTotals.of(top, block.target, block.weight)
             yield block.start, top
 
+    partition = store.partition(part)
     write_prediction_part(
         out, part, partition.start, partition.stop, blocks(), top_k=min(top_k, model.num_targets),
         context_length=model.context_length,
     )  # fmt: skip
     return totals
+
+
+@dataclass(frozen=True)
+class PartitionPredictions:
+    """One partition's predictions, brought back to the driver to be written as rows (no attention).
+
+    Attributes:
+        start: the partition's first store row.
+        targets: (n, K) int32, each row's K most probable targets, best first; ``probabilities``: (n, K) theirs.
+        stored: (n,) int32, each row's target in the store; ``totals``: the accuracy totals of the rows.
+    """
+
+    start: int
+    targets: np.ndarray
+    probabilities: np.ndarray
+    stored: np.ndarray
+    totals: PredictionTotals
+
+
+def predict_rows_task(
+    location: StoreLocation,
+    part: int,
+    model: ResponsibilityAttentionDistribution,
+    fingerprint: str,
+    top_k: int,
+) -> PartitionPredictions:
+    """Partition ``part``'s top ``top_k`` targets and their probabilities, returned (a partition's worth:
+    ``n (K * 12 + 4)`` bytes) for the driver to write in row order."""
+    store = _checked_store(location, fingerprint)
+    partition = store.partition(part)
+    kept = min(int(top_k), model.num_targets)
+    targets, probabilities, stored = [np.zeros((0, kept), np.int32)], [np.zeros((0, kept))], [np.zeros(0, np.int32)]
+    totals = PredictionTotals()
+    for block, top in _predicted_blocks(store, part, model, top_k):
+        totals = totals + PredictionTotals.of(top, block.target, block.weight)
+        targets.append(top.targets)
+        probabilities.append(top.probabilities)
+        stored.append(np.asarray(block.target, dtype=np.int32))
+    return PartitionPredictions(
+        partition.start, np.concatenate(targets), np.concatenate(probabilities), np.concatenate(stored), totals
+    )
 
 
 def _selected_blocks(

@@ -1,5 +1,6 @@
-"""Using a gated head: the plain head of an attribute or a mix of attributes, generation token by token, and the
-words whose emission rows an attribute makes alike.
+"""Using a gated head: the plain head of an attribute or a mix of attributes, generation token by token (the
+plain head's :func:`~dist_respattn.model.predictor.generate`, re-exported here), and the words whose emission rows
+an attribute makes alike.
 
 A mix of attributes ``sum_k lambda_k a_k`` is the head whose weights are ``sum_k lambda_k w[a_k]`` (and prior
 ``sum_k lambda_k pi_{a_k}``): the gated emission is linear in the weights, so this is the mixture of the
@@ -13,6 +14,7 @@ import numpy as np
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import SparseEmission
 from dist_respattn.model.gated import GatedHead
+from dist_respattn.model.predictor import generate
 
 __all__ = ["emission_neighbours", "generate", "mixed_head"]
 
@@ -27,33 +29,6 @@ def mixed_head(head: GatedHead, mix: dict[int, float]) -> ResponsibilityAttentio
     return ResponsibilityAttentionDistribution(
         head.key_means, head.factors.mixed(np.asarray(weights)), np.asarray(prior), head.sigma2
     )
-
-
-def generate(
-    model: ResponsibilityAttentionDistribution,
-    embeddings: np.ndarray,
-    prompt: np.ndarray,
-    num_tokens: int,
-    rng: np.random.Generator,
-) -> np.ndarray:
-    """``num_tokens`` ids drawn one at a time from ``p(t | last N tokens, query = E[last token])``, each appended
-    to the history (a token stream's windows: the targets are the symbols). ``prompt`` (>= N,) ids start it."""
-    n_pos = model.context_length
-    history = [int(t) for t in np.asarray(prompt).reshape(-1)]
-    if len(history) < n_pos:
-        raise ValueError(f"a prompt of {len(history)} tokens: the head reads windows of N = {n_pos}")
-    if model.num_targets != model.num_symbols:
-        raise ValueError("generation feeds targets back as symbols: the head needs T = S (a token stream's head)")
-    out = np.empty(int(num_tokens), dtype=np.int64)
-    for k in range(int(num_tokens)):
-        context = np.asarray(history[-n_pos:], dtype=np.int32)[None, :]
-        probs = model.predict_proba(context, embeddings[context[0, -1]][None, :])[0]
-        # A cumulative draw (not rng.choice): the same uniform gives the same token on every platform.
-        token = int(np.searchsorted(np.cumsum(probs), rng.random() * probs.sum(), side="right"))
-        token = min(token, probs.shape[0] - 1)
-        out[k] = token
-        history.append(token)
-    return out
 
 
 def emission_neighbours(emission: SparseEmission, symbol: int, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -16,6 +16,7 @@ boundary next: bounded by the window, never by the history.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numba
@@ -25,7 +26,7 @@ from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.emission import DenseEmission
 
-__all__ = ["Predictor"]
+__all__ = ["Predictor", "draw_token", "generate", "generation_steps"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -46,20 +47,40 @@ class Predictor:
         model: the head; its ``buckets`` (a free prior is its N singleton buckets).
         embeddings: (S, D) the query table (a token-stream store's ``embeddings()``): the query of the next
             target is then the row of the last token. Without it, every prediction takes its ``query`` (D,).
+        words: (T,) the word of each target id, for :meth:`top_words` (a store's, from
+            ``dist_respattn.store.predictions.target_words(store.vocabulary(), T)``).
 
     ``push(token)`` costs O(K); :meth:`predict` and :meth:`top_k` cost O(distinct symbols in the window × D)
-    plus the emission's part (T for a dense one).
+    plus the emission's part (T for a dense one). A history shorter than N is read as a stream store reads a
+    document's first rows: the missing positions masked, the prior renormalized over those it has.
+
+    Example::
+
+        predictor = Predictor(model, store.embeddings(), words=target_words(store.vocabulary(), model.num_targets))
+        predictor.extend(ids)
+        predictor.top_words(5)  # [("the", 0.21), ("a", 0.08), ...]
     """
 
-    def __init__(self, model: ResponsibilityAttentionDistribution, embeddings: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        model: ResponsibilityAttentionDistribution,
+        embeddings: np.ndarray | None = None,
+        *,
+        words: Sequence[str] | None = None,
+    ) -> None:
         table = None if embeddings is None else np.asarray(embeddings, dtype=np.float64)
         if table is not None and table.shape != (model.num_symbols, model.query_dim):
             raise ValueError(
                 f"embeddings of shape {table.shape}: expected (S, D) = {(model.num_symbols, model.query_dim)}, "
                 "the query table of the model's store"
             )
+        if words is not None and len(words) != model.num_targets:
+            raise ValueError(
+                f"{len(words)} words: expected one for each of the model's T = {model.num_targets} targets"
+            )
         self.model = model
         self.embeddings = table
+        self.words = None if words is None else tuple(str(w) for w in words)
         self.buckets = model.buckets if model.buckets is not None else PositionBuckets.free(model.context_length)
         sizes = np.asarray(self.buckets.sizes, dtype=np.int64)
         self._sizes = sizes
@@ -165,3 +186,59 @@ class Predictor:
         candidates = np.flatnonzero(probs >= kth)
         order = candidates[np.lexsort((candidates, -probs[candidates]))][:k]
         return order, probs[order]
+
+    def top_words(self, k: int, query: Any = None) -> list[tuple[str, float]]:
+        """``[(word, probability), ...]``: :meth:`top_k` in words (the Predictor needs ``words``)."""
+        if self.words is None:
+            raise ValueError("no words were given: make the Predictor with words=... (the store's vocabulary)")
+        targets, probs = self.top_k(k, query)
+        return [(self.words[int(t)], float(p)) for t, p in zip(targets, probs, strict=True)]
+
+
+def draw_token(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One id drawn from ``probs`` (T,) by a cumulative draw: one uniform from ``rng``, the same token on every
+    platform (``rng.choice`` may consume the generator differently across NumPy versions)."""
+    token = int(np.searchsorted(np.cumsum(probs), rng.random() * probs.sum(), side="right"))
+    return min(token, probs.shape[0] - 1)
+
+
+def generation_steps(
+    model: ResponsibilityAttentionDistribution,
+    embeddings: np.ndarray,
+    prompt: Any,
+    rng: np.random.Generator,
+) -> Iterator[tuple[int, np.ndarray]]:
+    """``(token, p (T,))`` forever: each token drawn from ``p = p(t | last N tokens, query = E[last token])`` (the
+    distribution it was drawn from), then appended to the history (a token stream's windows: targets are symbols).
+
+    ``prompt`` (>= 1,) ids start it; one shorter than N is a short history, read as a token-stream store reads
+    a document's first rows (the missing positions masked, the prior renormalized over those it has). The
+    history is a :class:`Predictor`'s bucket histograms: a token costs O(K) updates, never a recomputed window.
+    """
+    if model.num_targets != model.num_symbols:
+        raise ValueError("generation feeds targets back as symbols: the head needs T = S (a token stream's head)")
+    start = np.asarray(prompt).reshape(-1)
+    if start.shape[0] == 0:
+        raise ValueError("an empty prompt: give at least one token to start from")
+    predictor = Predictor(model, embeddings)
+    predictor.extend(start[-model.context_length :])
+    while True:
+        probs = predictor.predict()
+        token = draw_token(probs, rng)
+        yield token, probs
+        predictor.push(token)
+
+
+def generate(
+    model: ResponsibilityAttentionDistribution,
+    embeddings: np.ndarray,
+    prompt: Any,
+    num_tokens: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """(num_tokens,) int64 ids drawn one at a time by :func:`generation_steps` from ``prompt`` (>= 1,) ids."""
+    out = np.empty(int(num_tokens), dtype=np.int64)
+    steps = generation_steps(model, embeddings, prompt, rng)
+    for k in range(out.shape[0]):
+        out[k] = next(steps)[0]
+    return out

@@ -13,13 +13,31 @@ Partition ``p`` holds the store's rows ``partitions[p] = [start, stop)``, in row
 concatenated are the store's rows in order. A partition is one group because a token-stream store's
 partitions do not cut its rows at a common chunk size: with one group each, no two tasks ever write the
 same chunk. The state is ``writing`` until every part is written, then ``complete``.
+
+A ``--out`` ending in ``.jsonl`` or ``.csv`` is a file of rows instead (:class:`PredictionRowsWriter`), written by
+the driver from each partition's predictions in row order, with each target's word when the store has a
+vocabulary (:func:`target_words`). JSON Lines, one object a row::
+
+    {"row": 0, "target": 17, "target_word": "def", "ids": [17, 3], "words": ["def", "self"],
+     "probabilities": [0.41, 0.12]}
+
+CSV, one line a row, the K predictions in rank order::
+
+    row,target,target_word,id_1,word_1,probability_1,...,id_K,word_K,probability_K
+
+``target_word``, ``words`` and the ``word_k`` columns are left out for a store without a vocabulary.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
-from collections.abc import Iterable, Iterator
-from typing import Any
+import json
+import os
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 import zarr
@@ -31,11 +49,16 @@ from dist_respattn.store.schema import ATTRIBUTE_KEY
 from dist_respattn.store.triple_store import open_group_at
 
 __all__ = [
+    "OOV_WORD",
     "PREDICTIONS_SCHEMA",
+    "ROW_FORMATS",
+    "PredictionRowsWriter",
     "Predictions",
     "PredictionsHeader",
     "create_predictions",
     "finish_predictions",
+    "output_format",
+    "target_words",
     "write_prediction_part",
 ]
 
@@ -219,3 +242,134 @@ class Predictions:
             np.concatenate([p.probabilities for p in parts]),
             np.concatenate([p.attention for p in parts]),
         )
+
+
+# ------------------------------------------------------------------------------------------ rows in words
+
+#: The word of the out-of-vocabulary id (and of any id past the vocabulary's tokens).
+OOV_WORD = "<oov>"
+
+#: The file formats ``--out`` may name by its suffix (anything else is a zarr group).
+ROW_FORMATS = {".jsonl": "jsonl", ".csv": "csv"}
+
+
+def target_words(vocabulary: dict[str, Any] | None, num_targets: int) -> tuple[str, ...] | None:
+    """(T,) the word of each target id, from a store's vocabulary (``store.vocabulary()``); ``None`` without one.
+
+    Ids below the vocabulary's size are its tokens (id = rank); the out-of-vocabulary id (and any id past the
+    tokens) is :data:`OOV_WORD`.
+    """
+    if vocabulary is None:
+        return None
+    tokens = [str(t) for t in vocabulary.get("tokens", [])][: int(num_targets)]
+    return (*tokens, *([OOV_WORD] * (int(num_targets) - len(tokens))))
+
+
+def output_format(out: str | os.PathLike[str]) -> str:
+    """``"jsonl"``, ``"csv"`` or ``"zarr"``: what ``predict --out`` writes, by the name's suffix.
+
+    ``.parquet`` is refused by name (writing it would need pyarrow, which is not a dependency).
+    """
+    suffix = Path(os.fspath(out).rstrip("/")).suffix.lower()
+    if suffix == ".parquet":
+        raise StoreError(
+            f"--out {os.fspath(out)}: Parquet is not written (it needs pyarrow, not a dependency): name a .jsonl or "
+            ".csv file, or a zarr group (any other name)"
+        )
+    return ROW_FORMATS.get(suffix, "zarr")
+
+
+class PredictionRowsWriter:
+    """Writes predictions a row at a time into a JSON Lines or CSV file (see the module's docstring for columns).
+
+    The file is written under a temporary name beside it and renamed into place by :meth:`close`, so a run
+    that fails leaves no half-written file under the name asked for; :meth:`abort` removes the temporary.
+
+    Args:
+        path: a local ``.jsonl`` or ``.csv`` file.
+        top_k: K, the predictions a row (a block may hold fewer only when T < K, never here).
+        words: (T,) the word of each target id (:func:`target_words`), or ``None``.
+        overwrite: replace an existing file at ``path`` (else it is refused before anything runs).
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, top_k: int, words: Sequence[str] | None, overwrite: bool = False
+    ) -> None:
+        text = os.fspath(path)
+        if "://" in text:
+            raise StoreError(
+                f"--out {text}: a .jsonl or .csv output is written by this process to a local file: give a local "
+                "path (or a zarr group URL, which the workers write)"
+            )
+        self.path = Path(text)
+        self.format = output_format(self.path)
+        if self.format == "zarr":
+            raise StoreError(f"--out {text}: expected a name ending in {' or '.join(ROW_FORMATS)}")
+        if self.path.is_dir():
+            raise StoreError(f"--out {text}: is a directory; name a file ending in {self.path.suffix}")
+        if self.path.exists() and not overwrite:
+            raise StoreError(f"--out {text}: exists already; pass --overwrite to replace it")
+        if not self.path.parent.is_dir():
+            raise StoreError(f"--out {text}: no such directory {self.path.parent}")
+        self.top_k = int(top_k)
+        self.words = None if words is None else tuple(words)
+        self.rows = 0
+        self._temporary = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        self._file: IO[str] | None = open(self._temporary, "w", encoding="utf-8", newline="")
+        self._csv: Any = None
+        if self.format == "csv":
+            self._csv = csv.writer(self._file, lineterminator="\n")
+            self._csv.writerow(self.columns())
+
+    def columns(self) -> list[str]:
+        """The CSV header (the JSON Lines keys are ``row``, ``target``, ``target_word``, ``ids``, ``words``,
+        ``probabilities``)."""
+        head = ["row", "target", *(["target_word"] if self.words is not None else [])]
+        for k in range(1, self.top_k + 1):
+            head += [f"id_{k}", *([f"word_{k}"] if self.words is not None else []), f"probability_{k}"]
+        return head
+
+    def write(self, first: int, targets: np.ndarray, probabilities: np.ndarray, stored: np.ndarray) -> None:
+        """Rows ``first, first + 1, ...``: ``targets`` (n, K) ids best first, their ``probabilities`` (n, K), and
+        each row's ``stored`` (n,) target. Rows must come in order, each once."""
+        if first != self.rows:
+            raise ValueError(f"rows from {first}: expected row {self.rows} next (rows are written in order)")
+        assert self._file is not None, "the writer is closed"
+        words = self.words
+        ids = np.asarray(targets).tolist()
+        probs = np.asarray(probabilities, dtype=np.float64).tolist()
+        true = np.asarray(stored).tolist()
+        for i, (row_ids, row_probs, target) in enumerate(zip(ids, probs, true, strict=True)):
+            row = first + i
+            if self._csv is not None:
+                line: list[Any] = [row, target, *([words[target]] if words is not None else [])]
+                for t, p in zip(row_ids, row_probs, strict=True):
+                    line += [t, *([words[t]] if words is not None else []), p]
+                self._csv.writerow(line)
+                continue
+            record: dict[str, Any] = {"row": row, "target": target}
+            if words is not None:
+                record["target_word"] = words[target]
+            record["ids"] = row_ids
+            if words is not None:
+                record["words"] = [words[t] for t in row_ids]
+            record["probabilities"] = row_probs
+            self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.rows += len(ids)
+
+    def close(self) -> None:
+        """Flush the file and move it into place under its name."""
+        if self._file is None:
+            return
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._file = None
+        os.replace(self._temporary, self.path)
+
+    def abort(self) -> None:
+        """Drop what was written (a failed run leaves nothing under the name asked for)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._temporary.unlink(missing_ok=True)
