@@ -232,7 +232,9 @@ def connect(
         requested = len(cluster.worker_spec)
         with contextlib.suppress(TimeoutError):  # the fit itself waits for a first worker, and says so
             own_client.wait_for_workers(requested, timeout=WORKERS_UP_SECONDS)
-        _announce(own_client, f"started a local cluster of {requested} worker processes", say)
+        _announce(
+            own_client, f"started a local cluster of {_count(requested, 'worker process', 'worker processes')}", say
+        )
         yield own_client
 
 
@@ -334,4 +336,9 @@ def _announce(client: distributed.Client, what: str, say: Callable[[str], Any] |
         return
     info = cluster_info(client)
     dashboard = f"; dashboard: {info.dashboard}" if info.dashboard else "; no dashboard (is bokeh installed?)"
-    say(f"{what} ({info.workers} workers, {info.threads} threads){dashboard}")
+    say(f"{what} ({_count(info.workers, 'worker')}, {_count(info.threads, 'thread')}){dashboard}")
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    """``1 worker``, ``2 workers``: counts in the lines a person reads."""
+    return f"{n:,} {one if n == 1 else (many or one + 's')}"

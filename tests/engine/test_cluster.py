@@ -304,14 +304,20 @@ def test_no_dashboard_is_reported_when_the_scheduler_serves_none(dashboardless_s
 
 
 @pytest.mark.slow
-def test_embedded_cluster_is_announced_with_its_dashboard(small_store, tmp_path):
-    """``fit --workers 2`` with no address starts a local cluster of 2 worker processes and says so on stderr
-    with a dashboard URL on 127.0.0.1, not repeated at the end of the report (the cluster has shut down by then);
-    the fit runs its 2 iterations."""
-    completed = run_fit(small_store, "--model-dir", str(tmp_path / "model"), "--workers", "2", "--max-iter", "2")
+@pytest.mark.parametrize(
+    ("workers", "counts"),
+    [(1, "1 worker process (1 worker, 1 thread)"), (2, "2 worker processes (2 workers, 2 threads)")],
+)
+def test_embedded_cluster_is_announced_with_its_dashboard(small_store, tmp_path, workers, counts):
+    """``fit --workers W`` with no address starts a local cluster of W worker processes and says so on stderr
+    (counted in words a person reads: "1 worker", not "1 workers") with a dashboard URL on 127.0.0.1, not
+    repeated at the end of the report (the cluster has shut down by then); the fit runs its 2 iterations."""
+    completed = run_fit(
+        small_store, "--model-dir", str(tmp_path / "model"), "--workers", str(workers), "--max-iter", "2"
+    )
     assert completed.returncode == 0, completed.stderr
     announced = re.search(
-        rf"^started a local cluster of 2 worker processes \(2 workers, 2 threads\); dashboard: ({LOCAL_DASHBOARD})$",
+        rf"^started a local cluster of {re.escape(counts)}; dashboard: ({LOCAL_DASHBOARD})$",
         completed.stderr,
         re.MULTILINE,
     )
