@@ -156,7 +156,10 @@ class ResponsibilityAttentionAccumulator:
     """Accumulates the sufficient statistics of the M-step from weighted triples.
 
     Args:
-        num_symbols, context_length, query_dim, num_targets: S, N, D, T.
+        num_symbols: S, the number of context symbols.
+        context_length: N, the context positions of a row.
+        query_dim: D, the query's dimension.
+        num_targets: T, the number of targets.
         keys: name under which accumulators are tied (pooled by ``key_merge``, then every member
             replaced by the pool in ``key_replace``); ``None`` ties nothing.
         name: optional name.

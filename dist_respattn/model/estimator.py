@@ -192,7 +192,10 @@ class ResponsibilityAttentionEstimator:
     """Estimates a :class:`ResponsibilityAttentionDistribution` by closed-form EM M-steps.
 
     Args:
-        num_symbols, context_length, query_dim, num_targets: S, N, D, T.
+        num_symbols: S, the number of context symbols.
+        context_length: N, the context positions of a row.
+        query_dim: D, the query's dimension.
+        num_targets: T, the number of targets.
         sigma2: the gate variance when ``estimate_sigma2`` is False (kept fixed, unless ``search`` chooses
             it on held-out rows); unused otherwise except as the value kept when the statistics carry no mass.
         estimate_sigma2: learn the shared isotropic gate variance by maximum likelihood (see
@@ -209,8 +212,9 @@ class ResponsibilityAttentionEstimator:
             :class:`EmissionPrior`, or the name of its kind (``"continuation"``, ``"unigram"``,
             ``"uniform"``), which :meth:`resolved` turns into one from the training rows' pairs
             (``fit_em`` and the engine do this).
-        emission_strength, type_strength: the prior's strengths ``a_s = emission_strength + type_strength n_s``
-            when they are not chosen on held-out rows.
+        emission_strength: the prior's strength per row, ``a_s = emission_strength + type_strength n_s``, when
+            the strengths are not chosen on held-out rows.
+        type_strength: the prior's strength per distinct successor ``n_s`` of a symbol, as above.
         search: the hyperparameters an EM loop with held-out rows chooses after every M-step, and the
             values it tries (``None``: nothing is chosen; :data:`~dist_respattn.model.selection.DEFAULT_SEARCH`).
         buckets: recency buckets the position prior is tied over (``None``: a free prior); see

@@ -1,4 +1,4 @@
-"""The attention log-weights of a row over its N context positions, defined once (DESIGN §1's ``l_ni``).
+"""The attention log-weights of a row over its N context positions, defined once (``l_ni`` of docs/math.md).
 
 For a row with context ``c_1..c_N``, query ``y`` (D,) and, when it is seen, target ``t``::
 

@@ -202,13 +202,19 @@ def retrain(
 
     Args:
         registry: the registry (local directory or fsspec URL; created on first publish).
-        store / validation: the training store, and the store both models are scored on for the gate.
+        store: the training store.
+        validation: the store both models are scored on for the gate (without one, the training store,
+            marked in-sample).
         settings: the fit's settings. ``gate_metric`` defaults to ``settings.early_stop_metric``, else
             perplexity; ``tolerance`` is the relative slack of the gate.
         keep: after publishing, keep only this many newest versions.
         work_dir: where the fit's checkpoints go (kept); default a temporary directory, removed after.
         stale_after: seconds without a heartbeat after which another run's lock counts as abandoned.
-        client / cluster / storage_options / say / progress: as for :func:`~dist_respattn.engine.fit`.
+        client: as for :func:`~dist_respattn.engine.fit.fit`, and so are the four below.
+        cluster: where an embedded cluster runs when no ``client`` is given.
+        storage_options: fsspec options for the stores and the registry.
+        say: where progress lines go (default: this module's logger).
+        progress: draw progress bars (default: when stderr is a terminal).
 
     Raises:
         RegistryLocked: another run holds the registry.

@@ -1,4 +1,4 @@
-"""A plain, obviously-correct NumPy reference of the E-step and M-step (DESIGN §1), for parity tests.
+"""A plain, obviously-correct NumPy reference of the E-step and M-step (docs/math.md), for parity tests.
 
 Written for clarity, not speed: one row at a time, straight from the formulas.
 """
@@ -9,7 +9,7 @@ import numpy as np
 
 
 def reference_statistics(context, query, target, weights, key_means, emission, position_prior, sigma2):
-    """The seven sufficient statistics of DESIGN §1, row by row.
+    """The seven sufficient statistics of docs/math.md, row by row.
 
     Returns a dict with key_sum (S, D), key_mass (S,), emission_count (S, T), position_count (N,),
     query_sq, n_obs, log_lik.
@@ -57,7 +57,7 @@ def reference_statistics(context, query, target, weights, key_means, emission, p
 
 
 def reference_m_step(stats, *, sigma2, estimate_sigma2, min_sigma2, emission_smoothing):
-    """DESIGN §1's M-step, assuming every symbol received mass."""
+    """The maximum-likelihood M-step of docs/math.md, assuming every symbol received mass."""
     key_means = stats["key_sum"] / stats["key_mass"][:, None]
     counts = stats["emission_count"] + emission_smoothing
     emission = counts / counts.sum(axis=1, keepdims=True)

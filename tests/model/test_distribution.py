@@ -444,7 +444,7 @@ def test_the_reference_value_restores_and_combines_into_our_accumulator():
     assert_close(accumulator.value().position_count.sum(), 200.0, rtol=1e-12, label="combined mass")
 
 
-# The public API of DESIGN §1: class -> methods a reference user calls ("__init__" is the constructor).
+# The reference API of docs/math.md: class -> methods a reference user calls ("__init__" is the constructor).
 REFERENCE_API = {
     "ResponsibilityAttentionDistribution": [
         "__init__",

@@ -44,7 +44,7 @@ def heads(shape, seed):
 
 
 def formula(data, model):
-    """DESIGN §1 in plain float64 NumPy: ``l`` (n, N) without the Gaussian normalizer, the gate, ``L`` (n,)."""
+    """docs/math.md's E-step in float64 NumPy: ``l`` (n, N) without the Gaussian normalizer, the gate, ``L`` (n,)."""
     context, query, target = data
     y = query.astype(np.float64)
     distance = ((y[:, None, :] - model.key_means[context]) ** 2).sum(axis=2) / (2.0 * model.sigma2)
