@@ -72,3 +72,9 @@ class SlowBudget:
         )
         for total, test in over:
             terminalreporter.write_line(f"{total:7.2f} s  {test}")
+        # The first run on a machine (or after a kernel's source changed) also compiles numba's kernels, in
+        # whichever tests call them first: those are slow once, not every time.
+        terminalreporter.write_line(
+            "(a run that compiled numba's kernels, the first after a clone or a kernel change, is slower: run again "
+            "before marking a test)"
+        )

@@ -42,6 +42,7 @@ def test_an_unmarked_slow_test_is_named_and_the_run_still_passes(pytester: pytes
         [
             "*1 test(s) over the slow budget of 0.2 s*(a report: the exit status is the tests' own)*",
             "*s  test_suite.py::test_slow_in_its_fixture",
+            "*compiled numba's kernels*run again before marking a test*",
         ]
     )
     assert "test_marked_and_slow" not in result.stdout.str().split("slow budget", 1)[1]

@@ -160,7 +160,7 @@ def test_fit_on_a_terminal(tmp_path, stores, address):
         "fit", stores.train, "--model-dir", str(tmp_path / "model"), "--validation", stores.validation,
         "--max-iter", "2", "--scheduler", address,
     )  # fmt: skip
-    assert_ran_with_bars(result, "initializing", "iteration 1", "held-out choice 1")
+    assert_ran_with_bars(result, "initializing", "iteration 1", "iteration 2")
     assert (tmp_path / "model").is_dir()
 
 
