@@ -40,11 +40,16 @@ def cache_dir_for(environ: Mapping[str, str]) -> str | None:
     it is: numba loads its cache files with pickle, so a directory someone else can write is no place for
     them. ``None`` when neither can be had (numba then falls back to its own choices).
     """
-    home = environ.get("HOME") or os.path.expanduser("~")
+    home = environ.get("HOME") or os.path.expanduser("~")  # "~" itself when there is no home at all
     xdg = environ.get("XDG_CACHE_HOME", "")
-    base = xdg if os.path.isabs(xdg) else os.path.join(home, ".cache")  # the spec: a relative value is ignored
-    preferred = os.path.join(base, "dist_respattn", "numba")
-    if _writable(preferred):
+    # Relative values name no place (the XDG spec ignores them): never a directory under the working one.
+    if os.path.isabs(xdg):
+        preferred: str | None = os.path.join(xdg, "dist_respattn", "numba")
+    elif os.path.isabs(home):
+        preferred = os.path.join(home, ".cache", "dist_respattn", "numba")
+    else:
+        preferred = None
+    if preferred is not None and _writable(preferred):
         return preferred
     try:
         owner = str(os.getuid()) if hasattr(os, "getuid") else getpass.getuser()

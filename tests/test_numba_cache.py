@@ -50,6 +50,14 @@ def test_an_unwritable_home_falls_back_to_a_private_temporary_directory(tmp_path
     assert stat.S_IMODE(os.stat(private).st_mode) == 0o700
 
 
+def test_a_relative_home_is_no_place(tmp_path, temporary, monkeypatch):
+    """Without a home (or with a relative one) nothing is made under the working directory."""
+    monkeypatch.chdir(tmp_path)
+    chosen = cache_dir_for({"HOME": "relative"})
+    assert chosen == os.path.join(temporary, f"dist_respattn-{owner()}", "numba")
+    assert not (tmp_path / "relative").exists()
+
+
 def test_a_temporary_directory_others_can_write_is_refused(tmp_path, temporary):
     """numba unpickles its cache files: a directory another user can write into could hand it code."""
     not_a_directory = tmp_path / "home"
