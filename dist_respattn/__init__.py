@@ -10,6 +10,12 @@ import importlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
+from dist_respattn.numba_cache import use_user_cache_dir
+
+# Before any module of the package imports numba: its cache goes to the user's cache directory, never
+# into the installed package (where a reinstall leaves it behind, shadowing the new install).
+use_user_cache_dir()
+
 if TYPE_CHECKING:
     from dist_respattn.model import (
         EMIteration,

@@ -110,8 +110,9 @@ class PassRunner:
             return self.client.submit(task, *args_for(part), key=key, pure=False)
 
         bar = self.make_bar(n_partitions, description) if self.make_bar is not None else None
-        # Progress holds each leaf only until it has finished and been counted.
-        completed = distributed.as_completed() if bar is not None else None
+        # Progress holds each leaf only until it has finished and been counted. Bound to this pass's client's
+        # loop: without one, as_completed looks for a default client, and ours are never the default.
+        completed = distributed.as_completed(loop=self.client.loop) if bar is not None else None
         root = reduce_partitions(
             self.client,
             n_partitions,

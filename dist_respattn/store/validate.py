@@ -168,7 +168,8 @@ def validate(
         )
         from distributed import as_completed
 
-        for _ in as_completed(futures):
+        # The client's own loop: as_completed otherwise asks for a default client, which a caller's may not be.
+        for _ in as_completed(futures, loop=client.loop):
             if progress is not None:
                 progress(1)
         ordered = client.gather(futures)  # in partition order, so the report reads the same either way

@@ -145,6 +145,7 @@ def test_slurm_script_sizes_workers_by_the_rule_for_the_stores_it_is_given(tmp_p
     assert limit == max(by_rule, _slurm_script().MIN_WORKER_MEMORY) == 512 * MIB
 
 
+@pytest.mark.slow  # SLURMCluster starts a Dask scheduler
 def test_slurm_job_script_asks_for_that_memory():
     pytest.importorskip("dask_jobqueue", reason="dask-jobqueue is not installed (not a dependency of the package)")
     from dask_jobqueue import SLURMCluster

@@ -327,7 +327,8 @@ def client():
         distributed.LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0"
         ) as cluster,
-        distributed.Client(cluster) as client,
+        # Not the default client: a caller's client need not be (the engine's never are).
+        distributed.Client(cluster, set_as_default=False) as client,
     ):
         yield client
 

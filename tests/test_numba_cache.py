@@ -1,0 +1,99 @@
+"""numba's cache directory: the user's cache directory, a private temporary one when that cannot be written,
+and whatever the user set left alone. (The install that used to break is run for real in ``test_install.py``.)"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from dist_respattn.numba_cache import CACHE_ENV, cache_dir_for, use_user_cache_dir
+
+
+@pytest.fixture
+def temporary(tmp_path, monkeypatch) -> str:
+    """The system's temporary directory for this test: a fresh one (``tempfile`` reads it once per process)."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return str(folder)
+
+
+def owner() -> str:
+    return str(os.getuid())
+
+
+def test_the_users_cache_directory(tmp_path):
+    chosen = cache_dir_for({"HOME": str(tmp_path)})
+    assert chosen == str(tmp_path / ".cache" / "dist_respattn" / "numba")
+    assert os.path.isdir(chosen)
+
+
+def test_xdg_cache_home_when_absolute(tmp_path):
+    xdg = tmp_path / "xdg"
+    assert cache_dir_for({"HOME": str(tmp_path), "XDG_CACHE_HOME": str(xdg)}) == str(xdg / "dist_respattn" / "numba")
+    # A relative value is not a place (the XDG spec says to ignore it): the home's .cache is used.
+    relative = cache_dir_for({"HOME": str(tmp_path), "XDG_CACHE_HOME": "cache"})
+    assert relative == str(tmp_path / ".cache" / "dist_respattn" / "numba")
+
+
+def test_an_unwritable_home_falls_back_to_a_private_temporary_directory(tmp_path, temporary):
+    not_a_directory = tmp_path / "home"
+    not_a_directory.write_text("")  # no directory can be made under it, whoever runs the test (root too)
+    chosen = cache_dir_for({"HOME": str(not_a_directory)})
+    private = os.path.join(temporary, f"dist_respattn-{owner()}")
+    assert chosen == os.path.join(private, "numba")
+    assert stat.S_IMODE(os.stat(private).st_mode) == 0o700
+
+
+def test_a_relative_home_is_no_place(tmp_path, temporary, monkeypatch):
+    """Without a home (or with a relative one) nothing is made under the working directory."""
+    monkeypatch.chdir(tmp_path)
+    chosen = cache_dir_for({"HOME": "relative"})
+    assert chosen == os.path.join(temporary, f"dist_respattn-{owner()}", "numba")
+    assert not (tmp_path / "relative").exists()
+
+
+def test_a_temporary_directory_others_can_write_is_refused(tmp_path, temporary):
+    """numba unpickles its cache files: a directory another user can write into could hand it code."""
+    not_a_directory = tmp_path / "home"
+    not_a_directory.write_text("")
+    shared = os.path.join(temporary, f"dist_respattn-{owner()}")
+    os.mkdir(shared)
+    os.chmod(shared, 0o777)
+    assert cache_dir_for({"HOME": str(not_a_directory)}) is None
+    environ = {"HOME": str(not_a_directory)}
+    assert use_user_cache_dir(environ) is None
+    assert CACHE_ENV not in environ  # numba's own choice then, not a directory we could not vouch for
+
+
+def test_a_directory_the_user_set_is_kept(tmp_path):
+    environ = {"HOME": str(tmp_path), CACHE_ENV: "/somewhere/else"}
+    assert use_user_cache_dir(environ) == "/somewhere/else"
+    assert environ[CACHE_ENV] == "/somewhere/else"
+    assert not (tmp_path / ".cache").exists()
+    unset = {"HOME": str(tmp_path)}
+    assert use_user_cache_dir(unset) == str(tmp_path / ".cache" / "dist_respattn" / "numba") == unset[CACHE_ENV]
+
+
+@pytest.mark.slow
+def test_numba_imported_before_the_package_still_caches_in_the_users_directory(tmp_path):
+    """numba reads its environment when imported and picks a kernel's cache directory when the kernel is
+    defined: the package reloads numba's configuration when numba came first (a fresh interpreter)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_") and k != "XDG_CACHE_HOME"}
+    env["HOME"] = str(tmp_path)
+    code = (
+        "import numba, numpy as np\n"
+        "from dist_respattn.store.windows import target_positions\n"
+        "print(numba.config.CACHE_DIR)\n"
+        "assert target_positions(np.array([0]), np.array([0, 2]), 1, 0, 2).tolist() == [1, 2]\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    directory = tmp_path / ".cache" / "dist_respattn" / "numba"
+    assert done.stdout.strip() == str(directory)
+    assert [p.name for p in directory.rglob("*.nbi") if "target_positions" in p.name]

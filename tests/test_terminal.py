@@ -1,0 +1,194 @@
+"""Every command that runs a cluster, typed on a terminal: run under a real pseudo-terminal, it exits 0 and draws
+its progress bars there.
+
+With stderr a terminal the engine draws a tqdm bar per pass and counts finished partitions as they come in;
+with stderr a pipe (every other test) it does neither, so only a pseudo-terminal reaches that path. The
+pseudo-terminal gets a window size (120 columns) as a terminal emulator's has: tqdm sizes its bar to it.
+
+The stores are tiny (4,000 rows in 4 partitions) and one module cluster serves every command given
+``--scheduler``; ``demo`` starts its own embedded cluster, as the README's command does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import pty
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dist_respattn import random_distribution
+from dist_respattn.engine import FitSettings, fit
+from dist_respattn.registry import Registry
+from dist_respattn.store import WriteOptions, write_synthetic
+from tests.engine.clusters import local_cluster
+
+pytestmark = pytest.mark.slow  # every test here starts a command (and the module a cluster)
+
+COMMAND = str(Path(sys.executable).parent / "dist-respattn")
+
+#: 4,000 rows in 1,024-row partitions: 4 partitions, so a pass's bar has something to count.
+LAYOUT = WriteOptions(chunk_rows=512, partition_rows=1024)
+ROWS = 4_000
+#: A tqdm bar of one of the engine's passes: ``iteration 1:  25%|██▌       | 1/4 [00:00<00:00, 9.8partition/s]``.
+PASS_BAR = re.compile(r"(\d+)%\|[^|\r\n]*\| *\d+/(\d+) \[[^\]\r\n]*partition")
+
+
+@dataclass(frozen=True)
+class Terminal:
+    """What a command wrote on its terminal (stdout and stderr together, as a user sees them) and its exit status."""
+
+    returncode: int
+    output: str
+
+    def bars(self) -> list[str]:
+        """Each pass bar as tqdm drew it: the pieces of the output between carriage returns that hold one."""
+        return [piece for piece in re.split(r"[\r\n]+", self.output) if PASS_BAR.search(piece)]
+
+
+def run_on_terminal(*args: str, timeout: float = 120.0) -> Terminal:
+    """``dist-respattn ARGS`` with a new pseudo-terminal as its stdin, stdout and stderr, read until it exits.
+
+    Its own session, so a command past ``timeout`` is killed with everything it started (then the
+    test fails with what it had written).
+    """
+    master, slave = pty.openpty()
+    # rows, columns, and the pixel sizes nobody reads: a terminal emulator's window.
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    try:
+        process = subprocess.Popen(
+            [COMMAND, *args], stdin=slave, stdout=slave, stderr=slave, start_new_session=True, close_fds=True
+        )
+    finally:
+        os.close(slave)  # the command's copies keep it open; ours would keep the master from ever seeing EIO
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                raise AssertionError(
+                    f"dist-respattn {' '.join(args)} still ran after {timeout:.0f} s; its terminal:\n"
+                    + b"".join(chunks).decode("utf-8", "replace")
+                )
+            ready, _, _ = select.select([master], [], [], min(left, 0.5))
+            if not ready:
+                # Workers of an embedded cluster may hold the terminal a moment after the command has gone.
+                if process.poll() is not None:
+                    break
+                continue
+            try:
+                data = os.read(master, 65536)
+            except OSError as exc:  # EIO: every process holding the terminal has closed it
+                if exc.errno != errno.EIO:
+                    raise
+                break
+            if not data:
+                break
+            chunks.append(data)
+        returncode = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        os.close(master)
+    return Terminal(returncode, b"".join(chunks).decode("utf-8", "replace"))
+
+
+def assert_ran_with_bars(result: Terminal, *descriptions: str) -> None:
+    """Exit status 0, and a pass bar drawn for each description (``iteration 1``, ``predicting …``)."""
+    assert result.returncode == 0, result.output
+    assert ": error:" not in result.output, result.output
+    bars = result.bars()
+    for description in descriptions:
+        assert any(bar.startswith(f"{description}:") for bar in bars), (description, result.output)
+
+
+@dataclass(frozen=True)
+class Stores:
+    train: str
+    validation: str
+    model: str
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> Stores:
+    """A training and a validation store sampled from one small head, and a model fitted to them (read-only)."""
+    folder = tmp_path_factory.mktemp("terminal")
+    truth = random_distribution(12, 4, 3, 6, seed=0, sigma2=0.5)
+    train, validation = str(folder / "train.zarr"), str(folder / "validation.zarr")
+    write_synthetic(train, ROWS, model=truth, seed=1, options=LAYOUT)
+    write_synthetic(validation, ROWS // 2, model=truth, seed=2, options=LAYOUT)
+    return Stores(train, validation, str(folder / "model"))
+
+
+@pytest.fixture(scope="module")
+def address(stores) -> str:
+    """The scheduler address of this module's cluster (one worker process); the model is fitted on it."""
+    with local_cluster(1) as (_, client):
+        fit(
+            stores.train, model_dir=stores.model, settings=FitSettings(max_iter=2), validation=stores.validation,
+            client=client, progress=False,
+        )  # fmt: skip
+        yield client.scheduler.address
+
+
+def test_demo_on_a_terminal(tmp_path):
+    """The README's command, on its own embedded cluster."""
+    result = run_on_terminal(
+        "demo", "--synthetic", "--dir", str(tmp_path), "--rows", "3000", "--validation-rows", "1000",
+        "--symbols", "10", "--targets", "5", "--max-iter", "2", "--workers", "1",
+    )  # fmt: skip
+    assert_ran_with_bars(result, "initializing", "iteration 1", "iteration 2")
+    assert "recovery of the store's true head" in result.output
+
+
+def test_fit_on_a_terminal(tmp_path, stores, address):
+    result = run_on_terminal(
+        "fit", stores.train, "--model-dir", str(tmp_path / "model"), "--validation", stores.validation,
+        "--max-iter", "2", "--scheduler", address,
+    )  # fmt: skip
+    assert_ran_with_bars(result, "initializing", "iteration 1", "iteration 2")
+    assert (tmp_path / "model").is_dir()
+
+
+def test_evaluate_on_a_terminal(stores, address):
+    result = run_on_terminal("evaluate", stores.model, stores.validation, "--scheduler", address)
+    assert_ran_with_bars(result, f"scoring {stores.validation}")
+    assert "perplexity" in result.output
+
+
+def test_predict_on_a_terminal(tmp_path, stores, address):
+    out = tmp_path / "predictions.zarr"
+    result = run_on_terminal("predict", stores.model, stores.validation, "--out", str(out), "--scheduler", address)
+    assert_ran_with_bars(result, f"predicting {stores.validation}")
+    assert out.is_dir()
+
+
+def test_retrain_on_a_terminal(tmp_path, stores, address):
+    registry = tmp_path / "registry"
+    result = run_on_terminal(
+        "retrain", "--registry", str(registry), "--store", stores.train, "--validation", stores.validation,
+        "--max-iter", "2", "--scheduler", address,
+    )  # fmt: skip
+    assert_ran_with_bars(result, "iteration 1")
+    assert Registry(str(registry)).numbers() == [1]
+
+
+def test_validate_on_a_cluster_on_a_terminal(stores, address):
+    result = run_on_terminal("validate", stores.train, "--scheduler", address)
+    assert result.returncode == 0, result.output
+    assert re.search(r"scanning: [\d.]+ ?partitions", result.output), result.output
+    assert f"{stores.train}: valid (4000 rows" in result.output
