@@ -94,7 +94,7 @@ def test_demo_text_output_reports_progress_and_recovery(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "started a local cluster" in result.stderr
-    assert "iteration 1: log-likelihood" in result.stderr
+    assert "iteration 1: held-out perplexity" in result.stderr
     assert "recovery of the store's true head" in result.stdout
     assert f"model: {tmp_path / 'model'}" in result.stdout
 
