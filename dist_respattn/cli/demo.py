@@ -99,6 +99,7 @@ def _run_text(args: argparse.Namespace) -> dict[str, Any]:
         max_tokens=args.max_tokens,
         vocab_size=args.vocab_size,
         options=options,
+        store_format="stream",  # the token ids (~2 bytes a token), the same rows as triples would hold
     )
     rows = {name: store.num_rows for name, store in stores.items()}
     say(
