@@ -57,7 +57,7 @@ def test_demo_fits_the_standard_library_and_compares_it_with_the_baselines(tmp_p
     )
     assert text.returncode == 0, text.stderr
     assert "split 60,000 tokens of the Python standard library's source" in text.stderr
-    assert "Kneser-Ney" in text.stdout and "head / Kneser-Ney:" in text.stdout
+    assert "Kneser-Ney" in text.stdout and "head / Kneser-Ney perplexity:" in text.stdout
 
 
 def test_demo_recovers_the_true_head(tmp_path):

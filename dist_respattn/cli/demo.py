@@ -182,28 +182,21 @@ def _run_synthetic(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-#: How the baselines are named in the demo's table.
-_BASELINE_LABELS = {
-    "unigram": "unigram",
-    "add_k": "add-k bigram",
-    "jelinek_mercer": "Jelinek-Mercer",
-    "kneser_ney": "Kneser-Ney",
-}
-
-
 def _print_demo(report: dict[str, Any]) -> None:
+    from dist_respattn.model.ngram import MODEL_LABELS
+
     print_fit_summary(report)
     if "test" in report:
         test = report["test"]
         head = test["model"]
         print(f"test store {test['store']} ({test['rows']:,} windows), next-token perplexity and accuracy:")
-        print(f"  {'the head':<16} {head['perplexity']:9.2f}  {head['accuracy']:7.2%}")
+        print(f"  {'head':<16} {head['perplexity']:9.2f}  {head['accuracy']:7.2%}")
         for name, figures in test["baselines"].items():
-            label = _BASELINE_LABELS.get(name, name)
+            label = MODEL_LABELS.get(name, name)
             print(f"  {label:<16} {figures['perplexity']:9.2f}  {figures['accuracy']:7.2%}")
         kn = test["baselines"].get("kneser_ney")
         if kn:
-            print(f"  head / Kneser-Ney: {head['perplexity'] / kn['perplexity']:.3f}")
+            print(f"  head / Kneser-Ney perplexity: {head['perplexity'] / kn['perplexity']:.3f}")
         tuned = test["baseline_counts_from"].get("tuned_on")
         print(f"  (baselines counted on the train store, tuned on {tuned or 'nothing: stated defaults'})")
         return

@@ -199,7 +199,7 @@ def print_gated_evaluate(report: dict[str, Any]) -> None:
     if "attribute_accuracy" in report:
         accuracy = report["attribute_accuracy"]
         shown = "n/a" if accuracy is None else f"{accuracy:.1%}"
-        print(f"attribute classification: {shown} of {report['classified_documents']} documents")
+        print(f"attribute classification: {shown} of {report['classified_documents']:,} documents")
     for name, row in (report.get("fold_in") or {}).items():
         print(
             f"folded in {name}: perplexity {row['perplexity']:.3f} (uniform weights "
