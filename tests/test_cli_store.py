@@ -752,7 +752,7 @@ def test_validate_a_sound_and_a_damaged_store(synth_store, tmp_path):
     assert report["rows_scanned"] == 3000
     assert report["chunks_scanned"] == 6  # 3000 rows in chunks of 512
     assert sound_text.returncode == 0, sound_text.stderr
-    assert str(sound) in sound_text.stdout and "valid" in sound_text.stdout and "3000 rows" in sound_text.stdout
+    assert str(sound) in sound_text.stdout and "valid" in sound_text.stdout and "3,000 rows" in sound_text.stdout
 
     assert damaged_json.returncode == 1, damaged_json.stderr
     report = json.loads(damaged_json.stdout)
