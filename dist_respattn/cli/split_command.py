@@ -82,9 +82,9 @@ def register(sub: Any) -> None:
         "--format",
         choices=("stream", "triples"),
         default="stream",
-        help="stream (the default): token-stream stores, the token ids themselves (~7 bytes a token on text); "
-        "triples: every window stored (~126 bytes a token at N = 8), as split wrote before. Both give the same rows, "
-        "so the same fit",
+        help="stream (the default): token-stream stores, the token ids themselves (a few bytes a token); triples: "
+        "every window stored (over 100 bytes a token at N = 8), as split wrote before. Both hold the same rows, so "
+        "a fit on either gives the same head",
     )
     split.add_argument(
         "--max-tokens",
