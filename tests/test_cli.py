@@ -57,7 +57,7 @@ def test_demo_fits_the_standard_library_and_compares_it_with_the_baselines(tmp_p
     )
     assert text.returncode == 0, text.stderr
     assert "split 60,000 tokens of the Python standard library's source" in text.stderr
-    assert "Kneser-Ney" in text.stdout and "head / Kneser-Ney:" in text.stdout
+    assert "Kneser-Ney" in text.stdout and "head / Kneser-Ney perplexity:" in text.stdout
 
 
 def test_demo_recovers_the_true_head(tmp_path):
@@ -94,7 +94,7 @@ def test_demo_text_output_reports_progress_and_recovery(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "started a local cluster" in result.stderr
-    assert "iteration 1: log-likelihood" in result.stderr
+    assert "iteration 1: held-out perplexity" in result.stderr
     assert "recovery of the store's true head" in result.stdout
     assert f"model: {tmp_path / 'model'}" in result.stdout
 

@@ -172,7 +172,7 @@ def test_the_summary_shows_the_best_iteration_and_no_dashboard_of_a_closed_clust
     best_iteration = meta["early_stopping"]["best_iteration"]
     best = next(h for h in meta["history"] if h["iteration"] == best_iteration)["heldout"]
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("held-out")]
-    assert f"log-likelihood {best['mean_log_likelihood']:.4f}" in line, (line, best)
+    assert f"perplexity {best['perplexity']:.4f}" in line, (line, best)
     assert line.endswith(f"(best iteration {best_iteration})")
     assert "dashboard: http" in result.stderr  # said at the start, while the cluster ran
     assert "dashboard" not in result.stdout

@@ -30,6 +30,7 @@ from dist_respattn.cli import build_parser, main
 from dist_respattn.model import sequence_windows
 from dist_respattn.store import TripleStore, write_text, write_tokens
 from dist_respattn.store.rows import RowStore, open_rows
+from dist_respattn.store.stream_store import TokenStreamStore
 from tests.test_cli import COMMAND, run
 
 SUBCOMMANDS = ("synth", "ingest", "split", "info", "validate", "repair", "demo", "fit", "evaluate")
@@ -681,7 +682,11 @@ def test_split_text_and_tokens(tmp_path):
     np.save(tmp_path / "long.npy", np.random.default_rng(1).integers(0, 9, 3000))
     fractions = ("--fractions", "0.5", "0.25", "0.25")
     text_args = ("--text", str(corpus), "--context", "2", "--vocab-size", "4", *fractions, "--json")
-    tokens_args = ("--tokens", str(tmp_path / "long.npy"), "--block-tokens", "50", "--context", "3", "--dim", "4")
+    # The text split is written as token-stream stores (the default), the token split as triples (--format).
+    tokens_args = (
+        "--tokens", str(tmp_path / "long.npy"), "--block-tokens", "50", "--context", "3", "--dim", "4",
+        "--format", "triples",
+    )  # fmt: skip
     text_json, tokens_human = run_many(
         ("split", str(tmp_path / "text"), *text_args), ("split", str(tmp_path / "tokens"), *tokens_args, *fractions)
     )
@@ -690,7 +695,8 @@ def test_split_text_and_tokens(tmp_path):
     assert sum(s["documents"] for s in report["stores"].values()) == 12
     assert (report["fractions"], report["split_seed"]) == ([0.5, 0.25, 0.25], 0)
     for name, described in report["stores"].items():
-        store = TripleStore.open(tmp_path / "text" / f"{name}.zarr")
+        store = TokenStreamStore.open(tmp_path / "text" / f"{name}.zarr")
+        assert described["format"] == "stream"
         assert described["identity"] == report["identity"] == store.identity()
         assert described["rows"] == store.num_rows > 0
         assert store.provenance["split"]["name"] == name
@@ -746,7 +752,7 @@ def test_validate_a_sound_and_a_damaged_store(synth_store, tmp_path):
     assert report["rows_scanned"] == 3000
     assert report["chunks_scanned"] == 6  # 3000 rows in chunks of 512
     assert sound_text.returncode == 0, sound_text.stderr
-    assert str(sound) in sound_text.stdout and "valid" in sound_text.stdout and "3000 rows" in sound_text.stdout
+    assert str(sound) in sound_text.stdout and "valid" in sound_text.stdout and "3,000 rows" in sound_text.stdout
 
     assert damaged_json.returncode == 1, damaged_json.stderr
     report = json.loads(damaged_json.stdout)

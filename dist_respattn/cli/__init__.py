@@ -36,13 +36,19 @@ def build_parser() -> argparse.ArgumentParser:
     fit_commands.register(sub)
     gated_commands.register(sub)
     registry_commands.register(sub)
+    # argparse leaves a subcommand's unknown arguments to the top parser, whose error shows the top-level usage;
+    # each command's own parser reports them instead (see main), with the usage of the command typed.
+    for command_parser in sub.choices.values():
+        command_parser.set_defaults(error_parser=command_parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 a check failed, 2 an error)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        getattr(args, "error_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if getattr(args, "handler", None) is None:
         # Nothing to run: as argparse does for a missing argument, the help goes to stderr with exit status 2,
         # so a script that forgot its command fails instead of passing.

@@ -78,6 +78,31 @@ def _say(args: argparse.Namespace) -> Any:
     return (lambda message: None) if args.json else (lambda message: print(message, file=sys.stderr, flush=True))
 
 
+def _say_fit_page(client: Any, say: Any) -> None:
+    """Name the fit page (the fit's progress in a browser) when the cluster's web server serves it.
+
+    The monitor is installed on every cluster the demo uses, but best effort, and the page needs the dashboard:
+    the page is named only when it answers.
+    """
+    import urllib.error
+    import urllib.request
+
+    from dist_respattn.engine.cluster import cluster_info
+    from dist_respattn.monitor.web import page_url
+
+    dashboard = cluster_info(client).dashboard
+    if dashboard is None:
+        return
+    url = page_url(dashboard)
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            served = response.status == 200
+    except (urllib.error.URLError, OSError):
+        served = False
+    if served:
+        say(f"fit page: {url} (the fit's iterations in a browser, while its cluster runs)")
+
+
 def _run_demo(args: argparse.Namespace) -> dict[str, Any]:
     return _run_synthetic(args) if args.synthetic else _run_text(args)
 
@@ -99,6 +124,7 @@ def _run_text(args: argparse.Namespace) -> dict[str, Any]:
         max_tokens=args.max_tokens,
         vocab_size=args.vocab_size,
         options=options,
+        store_format="stream",  # the token ids (~2 bytes a token), the same rows as triples would hold
     )
     rows = {name: store.num_rows for name, store in stores.items()}
     say(
@@ -110,6 +136,7 @@ def _run_text(args: argparse.Namespace) -> dict[str, Any]:
     settings = FitSettings(max_iter=args.max_iter, tol=args.tol, seed=args.seed)
     cluster = ClusterOptions(scheduler=args.scheduler, n_workers=args.workers)
     with connect(cluster, say=say) as client:
+        _say_fit_page(client, say)
         result = fit(
             stores["train"],
             model_dir=folder / "model",
@@ -159,6 +186,7 @@ def _run_synthetic(args: argparse.Namespace) -> dict[str, Any]:
     settings = FitSettings(max_iter=args.max_iter, tol=args.tol, seed=args.seed, estimate_sigma2=True, sigma2=1.0)
     cluster = ClusterOptions(scheduler=args.scheduler, n_workers=args.workers)
     with connect(cluster, say=say) as client:
+        _say_fit_page(client, say)
         result = fit(
             train,
             model_dir=folder / "model",
@@ -181,28 +209,21 @@ def _run_synthetic(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-#: How the baselines are named in the demo's table.
-_BASELINE_LABELS = {
-    "unigram": "unigram",
-    "add_k": "add-k bigram",
-    "jelinek_mercer": "Jelinek-Mercer",
-    "kneser_ney": "Kneser-Ney",
-}
-
-
 def _print_demo(report: dict[str, Any]) -> None:
+    from dist_respattn.model.ngram import MODEL_LABELS
+
     print_fit_summary(report)
     if "test" in report:
         test = report["test"]
         head = test["model"]
         print(f"test store {test['store']} ({test['rows']:,} windows), next-token perplexity and accuracy:")
-        print(f"  {'the head':<16} {head['perplexity']:9.2f}  {head['accuracy']:7.2%}")
+        print(f"  {'head':<16} {head['perplexity']:9.2f}  {head['accuracy']:7.2%}")
         for name, figures in test["baselines"].items():
-            label = _BASELINE_LABELS.get(name, name)
+            label = MODEL_LABELS.get(name, name)
             print(f"  {label:<16} {figures['perplexity']:9.2f}  {figures['accuracy']:7.2%}")
         kn = test["baselines"].get("kneser_ney")
         if kn:
-            print(f"  head / Kneser-Ney: {head['perplexity'] / kn['perplexity']:.3f}")
+            print(f"  head / Kneser-Ney perplexity: {head['perplexity'] / kn['perplexity']:.3f}")
         tuned = test["baseline_counts_from"].get("tuned_on")
         print(f"  (baselines counted on the train store, tuned on {tuned or 'nothing: stated defaults'})")
         return

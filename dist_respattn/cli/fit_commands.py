@@ -196,6 +196,13 @@ def register(sub: Any) -> None:
     add_em_options(fit, "EM settings (with --resume, the checkpoint's unless given)")
     add_gated_fit_options(fit)
     add_cluster_options(fit)
+    fit.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="iteration lines and the summary with the mean joint log-likelihoods per row too (of the query and "
+        "the target: a density, which falls when a larger sigma2 is chosen even as the perplexity improves)",
+    )
     fit.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     fit.set_defaults(handler=_run_fit, printer=_print_fit)
 
@@ -359,9 +366,11 @@ def fit_report(result: Any, store: Any, *, cluster_closed: bool = False) -> dict
 
     ``cluster_closed``: the fit's cluster has shut down (an embedded one), so it has no dashboard to show.
     """
+    from dist_respattn.engine.checkpoint import BEST, LATEST, ModelDir
     from dist_respattn.model import recovery_report
 
     model = result.model
+    folder = ModelDir(result.model_dir)
     last = result.history[-1] if result.history else {}
     # The held-out figures and choices of the model the directory serves: the best one, when validated.
     best = next((h for h in result.history if h["iteration"] == result.best_iteration), last)
@@ -375,6 +384,11 @@ def fit_report(result: Any, store: Any, *, cluster_closed: bool = False) -> dict
         "heldout_rows": result.heldout_rows,
         "hyperparameters": best.get("hyperparameters"),
         "best_iteration": result.best_iteration,
+        # Which checkpoints the directory's pointers name: what evaluate/predict read (best, else latest).
+        "best_checkpoint": folder.pointed(BEST),
+        "latest_checkpoint": folder.pointed(LATEST),
+        "last_iteration": last.get("iteration"),
+        "last_heldout": last.get("heldout"),
         "sigma2": model.sigma2,
         "position_prior_top": [[int(i), float(model.position_prior[i])] for i in order[:3]],
         "warnings": [in_flags(warning) for warning in result.warnings],
@@ -416,12 +430,15 @@ def _run_fit(args: argparse.Namespace) -> dict[str, Any]:
         storage_options=options,
         say=_say(args),
         progress=None if not args.json else False,
+        verbose=args.verbose,
     )
+    if args.verbose:
+        args.printer = lambda report: print_fit_summary(report, verbose=True)
     return fit_report(result, store)
 
 
-def print_fit_summary(report: dict[str, Any]) -> None:
-    """The human-readable ``fit`` report (also the end of ``demo``)."""
+def print_fit_summary(report: dict[str, Any], *, verbose: bool = False) -> None:
+    """The human-readable ``fit`` report (also the end of ``demo``); ``verbose`` adds the joint log-likelihoods."""
     state = {
         FitState.CONVERGED: "converged",
         FitState.MAX_ITER: "stopped at --max-iter",
@@ -431,19 +448,23 @@ def print_fit_summary(report: dict[str, Any]) -> None:
         f"EM {state.get(report['state'], report['state'])} after {report['iterations']} iterations "
         f"in {report['seconds']:.1f} s"
     )
-    if report["mean_log_likelihood"] is not None:
-        print(f"mean log-likelihood per row: {report['mean_log_likelihood']:.4f}")
+    if verbose and report["mean_log_likelihood"] is not None:
+        print(f"mean joint log-likelihood per row (training, last iteration): {report['mean_log_likelihood']:.4f}")
+    best_iteration = report.get("best_iteration")
     if report.get("heldout"):
         h = report["heldout"]
         accuracy = f", accuracy {h['accuracy']:.2%}" if h.get("accuracy") is not None else ""
+        joint = f", joint log-likelihood {h['mean_log_likelihood']:.4f}" if verbose else ""
         print(
-            f"held-out ({report.get('heldout_rows') or 'validation'}): log-likelihood {h['mean_log_likelihood']:.4f}, "
-            f"perplexity {h['perplexity']:.4f}{accuracy} (best iteration {report['best_iteration']})"
+            f"held-out ({report.get('heldout_rows') or 'validation'}): perplexity {h['perplexity']:.4f}{accuracy}"
+            f"{joint} (best iteration {best_iteration})"
         )
     chosen = report.get("hyperparameters")
     if chosen:
+        # Without held-out rows nothing is chosen: the settings are the fixed ones.
         print(
-            f"chosen on held-out rows: sigma2 = {chosen['sigma2']:.4g}, emission prior strength "
+            f"{'chosen on held-out rows' if report.get('heldout') else 'settings'}: sigma2 = {chosen['sigma2']:.4g}, "
+            f"emission prior strength "
             f"{chosen['emission_strength']:.4g} + {chosen['type_strength']:.4g} per successor type"
         )
     top = ", ".join(f"{i} ({p:.1%})" for i, p in report["position_prior_top"])
@@ -457,11 +478,37 @@ def print_fit_summary(report: dict[str, Any]) -> None:
         print(f"  gate variance   fitted / true = {rec['sigma2_ratio']:.4f}")
     for warning in report["warnings"]:
         print(f"warning: {warning}")
-    print(f"model: {report['model_dir']} (load with dist_respattn.engine.load_model)")
+    for line in kept_lines(report):
+        print(line)
     if report.get("dashboard"):
         from dist_respattn.monitor.web import page_url
 
         print(f"dashboard: {report['dashboard']}, fit page: {page_url(report['dashboard'])} (while its cluster runs)")
+
+
+def kept_lines(report: dict[str, Any]) -> list[str]:
+    """Which model the directory serves (the best iteration's with held-out rows, else the last) and where."""
+    folder = report["model_dir"]
+    best, latest = report.get("best_iteration"), report.get("latest_checkpoint")
+    use = "evaluate, predict and load_model read it"
+    if best is None or not report.get("best_checkpoint"):
+        where = f"{latest}, latest.json" if latest else "latest.json"
+        return [f"model: {folder}, the last iteration's ({where}); {use}"]
+    perplexity = (report.get("heldout") or {}).get("perplexity")
+    score = f", held-out perplexity {perplexity:.4f}" if perplexity is not None else ""
+    where = f"{report['best_checkpoint']}, best.json"
+    lines = [f"model: {folder}, the best iteration's: iteration {best}{score} ({where}); {use}"]
+    last_iteration = report.get("last_iteration")
+    if last_iteration is not None and last_iteration != best:
+        after = (report.get("last_heldout") or {}).get("perplexity")
+        after_text = f", held-out perplexity {after:.4f}" if after is not None else ""
+        lines.append(
+            f"  the last iteration's ({last_iteration}{after_text}) is kept beside it ({latest}, latest.json): "
+            "--resume continues from it"
+        )
+    elif last_iteration is not None:
+        lines.append("  it is also the last iteration's")
+    return lines
 
 
 def _print_fit(report: dict[str, Any]) -> None:

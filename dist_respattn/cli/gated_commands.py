@@ -84,7 +84,7 @@ def run_gated_fit(args: argparse.Namespace, settings: Any, say: Any, cluster: An
     """The shared fit into ``MODEL_DIR/shared``, then the gated fit into ``MODEL_DIR``, on one cluster."""
     from dist_respattn.engine import connect, fit, open_store
     from dist_respattn.engine.gated_checkpoint import SHARED_DIR, is_gated_dir, load_gated
-    from dist_respattn.engine.gated_fit import fit_gated
+    from dist_respattn.engine.gated_fit import factor_advice, fit_gated
     from dist_respattn.engine.gated_tasks import attribute_names_of
 
     # A resumed gated fit keeps its settings and the shared head it started from (a finished shared fit is not
@@ -94,7 +94,10 @@ def run_gated_fit(args: argparse.Namespace, settings: Any, say: Any, cluster: An
     gated = _gated_settings(args, settings, saved)
     options = parse_storage_options(args.storage_option)
     store = open_store(args.store, options, settings.context_length)
-    attribute_names_of(store)  # a store without attributes is refused before any fit
+    names = attribute_names_of(store)  # a store without attributes is refused before any fit
+    advice = factor_advice(gated, len(names))
+    if advice is not None and not resuming:  # said before the shared fit, so it can be stopped and run again
+        say(advice)
     shared_dir = os.path.join(args.model_dir, SHARED_DIR)
     progress = None if not args.json else False
     with connect(cluster, say=say) as client:
@@ -102,11 +105,12 @@ def run_gated_fit(args: argparse.Namespace, settings: Any, say: Any, cluster: An
             fit(
                 store, model_dir=shared_dir, settings=settings, validation=args.validation,
                 init_from=args.init_from, resume=args.resume, overwrite=args.overwrite, client=client,
-                storage_options=options, say=say, progress=progress,
+                storage_options=options, say=say, progress=progress, verbose=args.verbose,
             )  # fmt: skip
         result = fit_gated(
             store, model_dir=args.model_dir, settings=gated, shared_dir=shared_dir, resume=args.resume,
             overwrite=args.overwrite, client=client, storage_options=options, say=say, progress=progress,
+            verbose=args.verbose,
         )  # fmt: skip
     best: dict[str, Any] = next((h for h in result.history if h["iteration"] == result.best_iteration), {})
     return {
@@ -157,7 +161,9 @@ def print_gated_fit(report: dict[str, Any]) -> None:
             f"held-out perplexity: gated {report['heldout_perplexity']:.3f} (iteration {report['best_iteration']}), "
             f"shared {shared['heldout_perplexity']:.3f}, ratio {ratio:.3f}"
         )
-    print(f"model: {report['model_dir']}")
+    best = report["best_iteration"]
+    kept = f", the best iteration's head (iteration {best}, by held-out perplexity)" if best is not None else ""
+    print(f"model: {report['model_dir']}{kept}")
 
 
 def run_gated_evaluate(args: argparse.Namespace, say: Any, cluster: Any) -> dict[str, Any]:
@@ -193,7 +199,7 @@ def print_gated_evaluate(report: dict[str, Any]) -> None:
     if "attribute_accuracy" in report:
         accuracy = report["attribute_accuracy"]
         shown = "n/a" if accuracy is None else f"{accuracy:.1%}"
-        print(f"attribute classification: {shown} of {report['classified_documents']} documents")
+        print(f"attribute classification: {shown} of {report['classified_documents']:,} documents")
     for name, row in (report.get("fold_in") or {}).items():
         print(
             f"folded in {name}: perplexity {row['perplexity']:.3f} (uniform weights "

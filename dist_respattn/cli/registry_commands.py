@@ -133,7 +133,8 @@ def register(sub: Any) -> None:
             "--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option for URLs (repeatable)"
         )
         action.add_argument("--json", action="store_true", help="print JSON instead of text")
-        action.set_defaults(handler=handler, printer=printer)
+        # Unknown arguments are reported with this action's usage (see dist_respattn.cli.main).
+        action.set_defaults(handler=handler, printer=printer, error_parser=action)
 
 
 def _say(args: argparse.Namespace) -> Any:

@@ -79,6 +79,14 @@ def register(sub: Any) -> None:
     )
     split.add_argument("--split-seed", type=int, default=0, help="seed of the document hash (default 0)")
     split.add_argument(
+        "--format",
+        choices=("stream", "triples"),
+        default="stream",
+        help="stream (the default): token-stream stores, the token ids themselves (a few bytes a token); triples: "
+        "every window stored (over 100 bytes a token at N = 8), as split wrote before. Both hold the same rows, so "
+        "a fit on either gives the same head",
+    )
+    split.add_argument(
         "--max-tokens",
         type=positive_int,
         help="take documents in a seeded hashed order until this many tokens are taken (a slice of a large corpus)",
@@ -101,6 +109,11 @@ def _run_split(args: argparse.Namespace) -> dict[str, Any]:
         "--vocab-size": args.vocab_size is not None and args.text is None,
         **attribute_flag_problems(args),
     }
+    if args.format == "stream" and args.row_order != "input":
+        raise CommandError(
+            f"--row-order {args.row_order}: a token-stream store keeps the tokens in order; "
+            "pass --format triples to sort the windows"
+        )
     wrong = [flag for flag, bad in misplaced.items() if bad]
     if wrong:
         raise CommandError(f"{', '.join(wrong)}: not for this source: see `dist-respattn split --help`")
@@ -133,6 +146,7 @@ def _run_split(args: argparse.Namespace) -> dict[str, Any]:
             seed=args.seed,
             file_progress=bar.update if args.tokens is None else None,
             options=write_options(args, bar.update if args.tokens is not None else None),
+            store_format=args.format,
         )
     seconds = time.perf_counter() - started
     described = {name: store.describe() for name, store in stores.items()}
@@ -142,6 +156,7 @@ def _run_split(args: argparse.Namespace) -> dict[str, Any]:
         "fractions": list(args.fractions),
         "split_seed": args.split_seed,
         "max_tokens": args.max_tokens,
+        "format": args.format,
         "identity": train["identity"],
         **{k: train[k] for k in ("num_symbols", "context_length", "query_dim", "num_targets")},
         "seconds": round(seconds, 3),
@@ -169,4 +184,5 @@ def _print_split(report: dict[str, Any]) -> None:
         f"shared       S={report['num_symbols']}, N={report['context_length']}, D={report['query_dim']}, "
         f"T={report['num_targets']}; identity {identity_line(report['identity'])}"
     )
-    print(f"written in   {report['seconds']:.1f} s (split seed {report['split_seed']})")
+    kind = "token-stream stores" if report.get("format") == "stream" else "triple stores"
+    print(f"written in   {report['seconds']:.1f} s as {kind} (split seed {report['split_seed']})")

@@ -32,7 +32,7 @@ from dist_respattn.events import HeldoutScores
 from dist_respattn.model.diagnostics import degeneracy_warnings
 from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.holdout import HoldoutRule
-from dist_respattn.model.ngram import DEFAULT_K, fit_baselines
+from dist_respattn.model.ngram import DEFAULT_K, MODEL_LABELS, fit_baselines
 from dist_respattn.model.pairs import PairCounts
 from dist_respattn.model.scoring import ScoreTotals
 from dist_respattn.store import StoreError, StoreLocation, check_recorded_corpus
@@ -91,8 +91,9 @@ class Evaluation:
             f"{self.model['accuracy']:>9.2%}"
         )
         for name, figures in self.baselines.items():
+            label = MODEL_LABELS.get(name, name)
             lines.append(
-                f"{name:<15} {'':>12} {figures['perplexity']:>12.4f} {figures['accuracy']:>9.2%}"
+                f"{label:<15} {'':>12} {figures['perplexity']:>12.4f} {figures['accuracy']:>9.2%}"
                 f"  {_parameters_text(figures.get('parameters') or {})}"
             )
         if "kneser_ney" in self.baselines:

@@ -278,6 +278,7 @@ def fit(
     storage_options: dict[str, Any] | None = None,
     say: Callable[[str], Any] | None = None,
     progress: bool | None = None,
+    verbose: bool = False,
 ) -> FitResult:
     """Fit a head to ``store`` by exact EM on a Dask cluster, checkpointing into ``model_dir``.
 
@@ -299,6 +300,7 @@ def fit(
         storage_options: fsspec options for store URLs.
         say: receives the progress lines (default: the ``dist_respattn.fit`` logger).
         progress: progress bars per pass (default: when stderr is a terminal).
+        verbose: iteration lines with the mean joint log-likelihoods per row too (training and held-out).
 
     Raises:
         StoreError: a store is missing, incomplete or holds bad values (named by array and row).
@@ -432,6 +434,7 @@ def fit(
             check_support=check,
             say=say,
             progress=progress,
+            verbose=verbose,
             started=called,
         )
         result = loop.run(start_model, first_iteration=checkpoint.iteration + 1 if checkpoint else 1)

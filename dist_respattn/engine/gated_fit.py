@@ -60,7 +60,9 @@ __all__ = [
     "GatedFitResult",
     "GatedSettings",
     "HeldoutSide",
+    "factor_advice",
     "fit_gated",
+    "gated_iteration_line",
     "shared_on_support",
     "start_head",
 ]
@@ -340,6 +342,47 @@ def _perplexity(scores: gated_tasks.AttributeScores) -> float:
     return math.exp(-float(scores.log_lik.sum()) / weight) if weight > 0 else math.nan
 
 
+def factor_advice(settings: GatedSettings, num_attributes: int) -> str | None:
+    """What to say when a gated fit starts with fewer factor tables than attributes and no table per attribute.
+
+    Each attribute's weights then end near one-hot: the attributes are clustered into F groups, each group
+    sharing one table, which is rarely what asking for a head per attribute meant. Measured on six novels as
+    attributes (F = 4): 0.4% held-out gain over the shared head and 75% of held-out passages classified, against
+    2.3% and all of them with each attribute's own table beside the factors. ``None`` when there is nothing to say.
+    """
+    factors = int(settings.attribute_factors)
+    if settings.own_emission or factors >= num_attributes:
+        return None
+    return (
+        f"note: --attribute-factors {factors} with {num_attributes} attributes: fewer tables than attributes, so "
+        f"each attribute's weights end near one-hot and the {num_attributes} attributes are clustered into "
+        f"{factors} groups that share a table each; for a table per attribute beside the {factors} shared ones, "
+        "add --per-attribute emission (six novels, F = 4: a 0.4% gain over the shared head and 75% of held-out "
+        "passages classified, against 2.3% and 100% with it)"
+    )
+
+
+def gated_iteration_line(
+    entry: dict[str, Any], *, best: bool, best_iteration: int | None, chosen: bool, verbose: bool = False
+) -> str:
+    """One line for a gated iteration's history ``entry``, led by its held-out perplexity, as a plain fit's.
+
+    ``best``: this iteration's head is the best so far (else ``best_iteration`` is); ``chosen``: the prior's
+    scale was chosen on held-out rows (else it is the given ``--attribute-prior-scale``); ``verbose`` adds the
+    training rows' mean joint log-likelihood.
+    """
+    mark = "best so far" if best else f"best so far: iteration {best_iteration}"
+    scale = f"prior scale {entry['prior_scale']:.3g}" + ("" if chosen else " (given)")
+    rate = entry.get("rows_per_second")
+    line = (
+        f"gated iteration {entry['iteration']}: held-out perplexity {entry['heldout_perplexity']:.3f} ({mark}), "
+        f"{scale}, {entry['seconds']:.2f} s" + (f", {rate:,.0f} rows/s" if rate is not None else "")
+    )
+    if verbose and entry.get("mean_log_likelihood") is not None:
+        line += f"; joint log-likelihood per row: training {entry['mean_log_likelihood']:.6f}"
+    return line
+
+
 def fit_gated(
     store: Any,
     *,
@@ -353,11 +396,13 @@ def fit_gated(
     storage_options: dict[str, Any] | None = None,
     say: Callable[[str], Any] | None = None,
     progress: bool | None = None,
+    verbose: bool = False,
 ) -> GatedFitResult:
     """Fit an attribute-gated head to ``store``'s rows, starting from the shared head fitted in ``shared_dir``,
     checkpointing into ``model_dir``. ``resume`` continues the gated fit there (bit-identical to an uninterrupted
     one); ``overwrite`` starts it over. Raises :class:`FitError` for a store without attributes or settings that
-    differ from a resumed fit's."""
+    differ from a resumed fit's. ``verbose``: iteration lines with the training rows' mean joint log-likelihood
+    too."""
     called = time.perf_counter()
     say = say if say is not None else logger.info
     shared = load_checkpoint(shared_dir)
@@ -436,6 +481,7 @@ def fit_gated(
                     f"head of {shared_dir} ({head.num_parameters():,} parameters)"
                 )
             _check_memory(head, train, settings, cl)
+            say(f"gated fit: held-out perplexity on {held.description}, the best iteration's head kept")
             last_log_lik = history[-1]["log_likelihood"] if history else None
             scale_now: float | None = float(history[-1]["prior_scale"]) if history else None
             for iteration in range(first, settings.max_iter + 1):
@@ -486,10 +532,11 @@ def fit_gated(
                     state = FitState.MAX_ITER
                 entry["state"] = str(state)
                 history.append(entry)
-                say(
-                    f"gated iteration {iteration}: mean log-likelihood {entry['mean_log_likelihood']:.4f}, held-out "
-                    f"perplexity {perplexity:.3f} ({held.description}), {seconds:.1f} s"
+                given = settings.prior_scale is not None
+                line = gated_iteration_line(
+                    entry, best=best_name == name, best_iteration=best_iteration, chosen=not given, verbose=verbose
                 )
+                say(line)
                 meta = {
                     **record, "iteration": iteration, "state": str(state), "history": history,
                     "early_stopping": {

@@ -165,6 +165,7 @@ class FitLoop:
         check_support: called with a sparse fit's number of pairs once the start pass has found them
             (the memory plan's second check).
         say / progress: where the lines go, and whether to show bars.
+        verbose: iteration lines with the joint log-likelihoods too.
         started: ``time.perf_counter()`` at the call, for the time to the first iteration.
     """
 
@@ -186,6 +187,7 @@ class FitLoop:
         check_support: Callable[[int], None] | None = None,
         say: Callable[[str], Any],
         progress: bool | None,
+        verbose: bool = False,
         started: float,
     ) -> None:
         self.train, self.train_rows, self.heldout, self.settings = train, train_rows, heldout, settings
@@ -200,6 +202,7 @@ class FitLoop:
         self.resumed = resumed
         self.check_support = check_support
         self.say = say
+        self.verbose = verbose
         self.fingerprint = train.fingerprint()
         self.reporter = FitReporter(client, say=say, bar=progress)
         self.runner = PassRunner(client, self.run_id, fan_in=settings.fan_in, make_bar=self.reporter.make_bar)
@@ -467,7 +470,12 @@ class FitLoop:
         )
         if state.final:  # the fit ends here: its last checkpoint must be on disk when fit returns
             self.checkpoints.wait()
-        self.reporter.iteration(entry)
+        self.reporter.iteration(
+            entry,
+            best=improved if scored is not None else None,
+            best_iteration=stopping.best_iteration,
+            verbose=self.verbose,
+        )
         self.spans.close()
         self.next_iteration = iteration + 1
         if self.first_iteration_seconds is None:

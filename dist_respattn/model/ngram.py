@@ -60,6 +60,7 @@ __all__ = [
     "DEFAULT_K",
     "DISCOUNT_GRID",
     "FALLBACK_DISCOUNT",
+    "MODEL_LABELS",
     "MODEL_NAMES",
     "BaselineParameters",
     "BaselineScore",
@@ -70,6 +71,13 @@ __all__ = [
 
 #: The models, in the order they are printed.
 MODEL_NAMES = ("unigram", "add_k", "jelinek_mercer", "kneser_ney")
+#: How every command prints them (the names above are their JSON keys).
+MODEL_LABELS = {
+    "unigram": "unigram",
+    "add_k": "add-k bigram",
+    "jelinek_mercer": "Jelinek-Mercer",
+    "kneser_ney": "Kneser-Ney",
+}
 #: Pseudo-count of the unigram (and of add-k without validation).
 DEFAULT_K = 0.1
 #: λ without validation. The best λ grows with the training data (more data, more trust in the bigram): on the

@@ -17,6 +17,11 @@ three stores, whichever documents each got.
 ``max_tokens`` takes documents in the order of a second hash (``"order"`` for ``"split"``) until
 at least that many tokens are taken: a deterministic, unbiased slice of a large corpus.
 
+``store_format`` ``"stream"`` writes token-stream stores (:mod:`~dist_respattn.store.stream_store`: each
+document's token ids, the rows made from them when read); ``"triples"`` writes every window
+(:mod:`~dist_respattn.store.triple_store`). Both hold the same rows in the same order, with the same
+queries, targets and attributes, so a fit on either gives the same head.
+
 The vocabulary is counted on the train documents only (held-out words are out of vocabulary, as
 they would be for a model trained on the train store), then the three stores are written in one
 pass over the documents, with one writer (one partition of rows) each. Text is read twice (count,
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import math
 import os
 from collections import Counter
@@ -45,23 +51,26 @@ from dist_respattn.store.identity import identity_provenance
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.npy import max_id
 from dist_respattn.store.schema import StoreSchema
+from dist_respattn.store.stream_store import StreamWriter, TokenStreamStore
 from dist_respattn.store.tables import embedding_table
 from dist_respattn.store.text import (
     DEFAULT_VOCAB_SIZE,
     TOKENIZER_NAME,
+    Vocabulary,
     count_tokens,
     default_corpus,
     iter_text_documents,
+    line_pieces,
     vocabulary_from_counts,
     write_text_document,
 )
 from dist_respattn.store.tokens import checked_pieces, load_token_stream
 from dist_respattn.store.triple_store import TripleStore
-from dist_respattn.store.writer import StoreWriter
 
 __all__ = [
     "DEFAULT_BLOCK_TOKENS",
     "DEFAULT_FRACTIONS",
+    "SPLIT_FORMATS",
     "SPLIT_NAMES",
     "TextCorpus",
     "TokenCorpus",
@@ -71,6 +80,8 @@ __all__ = [
 ]
 
 SPLIT_NAMES = ("train", "validation", "test")
+#: What a split writes: token-stream stores (the ids, ~2 bytes a token) or triple stores (every window).
+SPLIT_FORMATS = ("stream", "triples")
 DEFAULT_FRACTIONS = (0.8, 0.1, 0.1)
 #: Documents of a token stream given without starts: contiguous blocks of this many tokens.
 DEFAULT_BLOCK_TOKENS = 10_000
@@ -166,17 +177,41 @@ class _Plan:
                 )
 
 
-def _check_rows(writers: dict[str, StoreWriter], plan: _Plan, tokens: dict[str, int]) -> None:
+def _check_rows(locations: dict[str, Any], plan: _Plan, tokens: dict[str, int], rows: dict[str, int], n: int) -> None:
     """Every split must hold a row: a store of none cannot be fitted or scored."""
     for index, name in enumerate(SPLIT_NAMES):
-        writer = writers[name]
-        if writer.rows_written == 0:
-            n = writer.schema.context_length
+        if rows[name] == 0:
             raise ValueError(
-                f"{writer.location}: the {name} split has no rows: its {plan.documents(index)} documents "
+                f"{locations[name]}: the {name} split has no rows: its {plan.documents(index)} documents "
                 f"({tokens[name]} tokens) have none longer than N = {n} tokens; give it a larger fraction "
                 f"(--fractions TRAIN VALIDATION TEST), or a smaller --context"
             )
+
+
+def _stream_writer(
+    location: Any,
+    options: WriteOptions,
+    *,
+    num_symbols: int,
+    table: np.ndarray,
+    n: int,
+    provenance: dict[str, Any],
+    names: Sequence[str] | None,
+    level: str,
+) -> StreamWriter:
+    """A writer of one split's token-stream store, laid out as ``ingest`` lays one out (chunks and shards of
+    ``options.chunk_rows`` and ``options.partition_rows`` tokens)."""
+    return StreamWriter(
+        location, num_symbols=num_symbols, table=table, context_length=n, chunk_tokens=options.chunk_rows,
+        partition_tokens=options.partition_rows, query_dtype=options.query_dtype, overwrite=options.overwrite,
+        storage_options=options.storage_options, provenance=provenance, attribute_names=names, attribute_level=level,
+    )  # fmt: skip
+
+
+def _encode_file(path: str, vocabulary: Vocabulary, lookup: dict[str, int]) -> np.ndarray:
+    """A text file's token ids, (L,) int32, tokenized as :func:`~dist_respattn.store.text.write_text_document` does."""
+    pieces = [vocabulary.encode(piece, lookup) for piece in line_pieces(path)]
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
 
 
 def _split_record(
@@ -206,7 +241,8 @@ def write_split(
     seed: int | None = None,
     file_progress: Callable[[int], None] | None = None,
     options: WriteOptions | None = None,
-) -> dict[str, TripleStore]:
+    store_format: str = "triples",
+) -> dict[str, TripleStore | TokenStreamStore]:
     """Split one corpus into ``OUT_DIR/train.zarr``, ``validation.zarr`` and ``test.zarr`` (see the module docstring).
 
     The three stores share N, S = T, the embedding table (``embeddings``, or ``dim``/``seed`` as
@@ -215,9 +251,13 @@ def write_split(
     tokens; for tokens S is ``num_symbols`` (default: largest id + 1). Each store records
     ``split`` in its provenance. ``options`` lay out every store (``append`` is refused; with
     ``overwrite`` each replaces its predecessor when it is complete). Every split must get at
-    least one row, else nothing is kept and a ``ValueError`` names the split. Returns the stores by name.
+    least one row, else nothing is kept and a ``ValueError`` names the split. ``store_format``: ``"triples"``
+    (every window) or ``"stream"`` (the token ids; the same rows, about a twentieth of the bytes). Returns the
+    stores by name.
     """
     options = options or WriteOptions()
+    if store_format not in SPLIT_FORMATS:
+        raise ValueError(f"store_format = {store_format!r} (--format): expected one of {', '.join(SPLIT_FORMATS)}")
     if options.append:
         raise ValueError("append=True (--append): a split writes three new stores; write them again, or ingest more")
     if isinstance(context_length, bool) or not isinstance(context_length, (int, np.integer)) or context_length < 1:
@@ -245,6 +285,7 @@ def write_split(
             seed,
             file_progress,
             options,
+            store_format,
         )
     if vocab_size is not None:
         raise ValueError("vocab_size (--vocab-size) is for a text corpus: a token corpus has S = largest id + 1")
@@ -260,6 +301,7 @@ def write_split(
         dim,
         seed,
         options,
+        store_format,
     )
 
 
@@ -275,7 +317,8 @@ def _split_text(
     seed: int | None,
     file_progress: Callable[[int], None] | None,
     options: WriteOptions,
-) -> dict[str, TripleStore]:
+    store_format: str,
+) -> dict[str, TripleStore | TokenStreamStore]:
     paths = [os.fspath(p) for p in source.paths] or [default_corpus()]
     documents = iter_text_documents(paths)
     attributes = text_attribute_ids([d.key for d in documents], source.attribute_by)
@@ -320,8 +363,10 @@ def _split_text(
     lookup = vocabulary.lookup()
     tokens = dict.fromkeys(SPLIT_NAMES, 0)
     oov = dict.fromkeys(SPLIT_NAMES, 0)
+    rows = dict.fromkeys(SPLIT_NAMES, 0)
+    stream = store_format == "stream"
     with ExitStack() as stack:
-        writers = {}
+        writers: dict[str, Any] = {}
         for index, name in enumerate(SPLIT_NAMES):
             record = {
                 **common,
@@ -329,24 +374,43 @@ def _split_text(
                 "documents": plan.documents(index),
                 "split": _split_record(name, fractions, split_seed, plan.documents(index), max_tokens),
             }
-            writers[name] = stack.enter_context(open_writer(locations[name], schema, options, record, names))
-            writers[name].write_embeddings(table)
+            if stream:
+                writers[name] = stack.enter_context(
+                    _stream_writer(locations[name], options, num_symbols=vocabulary.num_symbols, table=table, n=n,
+                                   provenance=record, names=names, level="document")
+                )  # fmt: skip
+            else:
+                writers[name] = stack.enter_context(open_writer(locations[name], schema, options, record, names))
+                writers[name].write_embeddings(table)
             writers[name].write_vocabulary(vocabulary.to_json())
         for i, document in enumerate(documents):
             if not plan.taken[i]:
                 continue
             owner = SPLIT_NAMES[int(plan.split[i])]
             attribute = None if attributes is None else int(attributes.file_ids[i])
-            counted_tokens, unknown = write_text_document(
-                writers[owner], document.path, vocabulary, lookup, table, attribute
-            )
+            if stream:
+                ids = _encode_file(document.path, vocabulary, lookup)
+                counted_tokens, unknown = int(ids.size), int(np.count_nonzero(ids == vocabulary.oov_id))
+                if ids.size:
+                    writers[owner].start_document(attribute)
+                    writers[owner].write(ids)
+                rows[owner] += max(int(ids.size) - n, 0)
+            else:
+                counted_tokens, unknown = write_text_document(
+                    writers[owner], document.path, vocabulary, lookup, table, attribute
+                )
             tokens[owner] += counted_tokens
             oov[owner] += unknown
             if file_progress is not None:
                 file_progress(1)
-        _check_rows(writers, plan, tokens)
+        if not stream:
+            rows = {name: writer.rows_written for name, writer in writers.items()}
+        _check_rows(locations, plan, tokens, rows, n)
         for name, writer in writers.items():
-            writer.add_provenance({"tokens_count": tokens[name], "oov_count": oov[name]})
+            if stream:
+                writer.provenance["oov_count"] = oov[name]  # the token count is the stream's own
+            else:
+                writer.add_provenance({"tokens_count": tokens[name], "oov_count": oov[name]})
         return {name: writer.close() for name, writer in writers.items()}
 
 
@@ -362,7 +426,8 @@ def _split_tokens(
     dim: int | None,
     seed: int | None,
     options: WriteOptions,
-) -> dict[str, TripleStore]:
+    store_format: str,
+) -> dict[str, TripleStore | TokenStreamStore]:
     stream, name = load_token_stream(source.tokens)
     length = int(stream.shape[0])
     ids = attribute_ids(source.attributes, length, per=f"token of {name}", names=source.attribute_names)
@@ -404,8 +469,13 @@ def _split_tokens(
     if ids is not None:
         common.update(attribute_provenance("ids", ids.merged, ids.source))
     tokens = {split: int(lengths[plan.taken & (plan.split == index)].sum()) for index, split in enumerate(SPLIT_NAMES)}
+    rows = {
+        split: int(np.maximum(lengths - n, 0)[plan.taken & (plan.split == index)].sum())
+        for index, split in enumerate(SPLIT_NAMES)
+    }
+    names = None if ids is None else ids.merged.names
     with ExitStack() as stack:
-        writers = {}
+        writers: dict[str, Any] = {}
         for index, split in enumerate(SPLIT_NAMES):
             record = {
                 **common,
@@ -413,22 +483,67 @@ def _split_tokens(
                 "documents": plan.documents(index),
                 "split": _split_record(split, fractions, split_seed, plan.documents(index), max_tokens),
             }
-            writers[split] = stack.enter_context(
-                open_writer(locations[split], schema, options, record, None if ids is None else ids.merged.names)
-            )
-            writers[split].write_embeddings(table)
-        windows = DocumentWindows(n, num_symbols, table, blocks())
-        position = 0
-        for piece in checked_pieces(stream, name, num_symbols):
-            context, query, target, document = windows.feed(piece)
-            # A row's attribute is its target token's (every target of a piece lies in it).
-            row_ids = None if ids is None else ids.block(position, position + piece.size)[windows.targets - position]
-            position += piece.size
-            owner = np.where(plan.taken[document], plan.split[document], -1)
-            for index, split in enumerate(SPLIT_NAMES):
-                rows = owner == index
-                if rows.any():
-                    writers[split].write(context[rows], query[rows], target[rows], source=name,
-                                         attribute=None if row_ids is None else row_ids[rows])  # fmt: skip
-        _check_rows(writers, plan, tokens)
+            if store_format == "stream":
+                # A row's attribute is its target token's: kept per token, as ``ingest --tokens`` keeps them.
+                writers[split] = stack.enter_context(
+                    _stream_writer(locations[split], options, num_symbols=num_symbols, table=table, n=n,
+                                   provenance=record, names=names, level="token")
+                )  # fmt: skip
+            else:
+                writers[split] = stack.enter_context(open_writer(locations[split], schema, options, record, names))
+                writers[split].write_embeddings(table)
+        # Checked before a token is written: a split of no rows keeps nothing.
+        _check_rows(locations, plan, tokens, rows, n)
+        if store_format == "stream":
+            _stream_token_documents(writers, stream, name, num_symbols, firsts, plan, ids, options)
+        else:
+            windows = DocumentWindows(n, num_symbols, table, blocks())
+            position = 0
+            for piece in checked_pieces(stream, name, num_symbols):
+                context, query, target, document = windows.feed(piece)
+                # A row's attribute is its target token's (every target of a piece lies in it).
+                row_ids = (
+                    None if ids is None else ids.block(position, position + piece.size)[windows.targets - position]
+                )
+                position += piece.size
+                owner = np.where(plan.taken[document], plan.split[document], -1)
+                for index, split in enumerate(SPLIT_NAMES):
+                    selected = owner == index
+                    if selected.any():
+                        writers[split].write(context[selected], query[selected], target[selected], source=name,
+                                             attribute=None if row_ids is None else row_ids[selected])  # fmt: skip
         return {split: writer.close() for split, writer in writers.items()}
+
+
+def _stream_token_documents(
+    writers: dict[str, StreamWriter],
+    stream: Any,
+    name: str,
+    num_symbols: int,
+    firsts: np.ndarray,
+    plan: _Plan,
+    ids: Any,
+    options: WriteOptions,
+) -> None:
+    """Write each taken document's tokens (``firsts`` (n_docs,) their first positions) to its split's stream,
+    reading the stream once, piece by piece; a piece is cut where a document starts."""
+    position, document = 0, -1
+    for piece in checked_pieces(stream, name, num_symbols):
+        end = position + piece.size
+        # The starts inside the piece cut it into runs of one document each.
+        inside = firsts[(firsts > position) & (firsts < end)]
+        for a, b in itertools.pairwise([position, *inside.tolist(), end]):
+            if document + 1 < firsts.size and firsts[document + 1] == a:
+                document += 1
+                begins = True
+            else:
+                begins = False
+            if not plan.taken[document]:
+                continue
+            writer = writers[SPLIT_NAMES[int(plan.split[document])]]
+            if begins:
+                writer.start_document()
+            writer.write(piece[a - position : b - position], attribute=None if ids is None else ids.block(a, b))
+            if options.progress is not None:
+                options.progress(b - a)
+        position = end

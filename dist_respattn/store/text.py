@@ -153,9 +153,38 @@ def _found_files(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, tup
     if not found:
         raise FileNotFoundError(
             f"no text files under {', '.join(os.fspath(p) for p in paths)} "
-            f"(looked for {', '.join(DEFAULT_TEXT_SUFFIXES)})"
+            f"(looked for {', '.join(DEFAULT_TEXT_SUFFIXES)})" + _other_files_hint(paths)
         )
     return sorted(found.items())
+
+
+def _other_files_hint(paths: Sequence[str | os.PathLike[str]]) -> str:
+    """For directories that hold files of other names (``README``, ``chapter1``): a glob that takes them too.
+
+    A file matched by a glob (or named) is read whatever its name; only a directory's search goes by suffix.
+    """
+    others: list[str] = []
+    globs: list[str] = []
+    for raw in paths:
+        directory = os.fspath(raw)
+        if not os.path.isdir(directory):
+            continue
+        nested = False
+        for folder, dirs, files in os.walk(directory):
+            dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+            names = [n for n in sorted(files) if not n.startswith(".")]
+            others.extend(os.path.join(folder, n) for n in names)
+            nested = nested or (bool(names) and folder != directory)
+        if others:
+            globs.append(f"'{os.path.join(directory, '**', '*') if nested else os.path.join(directory, '*')}'")
+    if not others:
+        return ""
+    shown = ", ".join(os.path.relpath(o) for o in others[:3]) + (", ..." if len(others) > 3 else "")
+    return (
+        f"; {len(others):,} {'file of another name' if len(others) == 1 else 'files of other names'} ({shown}) "
+        "are read when a glob names them: "
+        f"--text {' '.join(globs)} (quoted, so that the command expands it)"
+    )
 
 
 def line_pieces(path: str) -> Iterator[list[str]]:

@@ -30,6 +30,8 @@ class ValidationReport:
     problems: list[Problem]
     rows_scanned: int = 0
     chunks_scanned: int = 0
+    #: What ``rows_scanned`` counts: rows of a triple store, tokens of a token-stream store.
+    unit: str = "rows"
 
     @property
     def ok(self) -> bool:
@@ -46,8 +48,8 @@ class ValidationReport:
 
     def summary(self) -> str:
         head = f"{self.url}: {'valid' if self.ok else f'{len(self.problems)} problem(s)'}"
-        chunks = f"{self.chunks_scanned} chunk{'s' * (self.chunks_scanned != 1)}"
-        head += f" ({self.rows_scanned} rows, {chunks} scanned)"
+        chunks = f"{self.chunks_scanned:,} chunk{'s' * (self.chunks_scanned != 1)}"
+        head += f" ({self.rows_scanned:,} {self.unit}, {chunks} scanned)"
         return "\n".join([head, *(f"  {p}" for p in self.problems)])
 
 
@@ -146,7 +148,7 @@ def validate(
         raise StoreError(f"{location}: a zarr group without the '{ATTRIBUTE_KEY}' attribute: not a triple store")
     if is_stream_group(dict(group.attrs[ATTRIBUTE_KEY])):
         found, tokens, chunks = validate_stream(location)
-        return ValidationReport(str(location), found, rows_scanned=tokens, chunks_scanned=chunks)
+        return ValidationReport(str(location), found, rows_scanned=tokens, chunks_scanned=chunks, unit="tokens")
     try:
         schema, attributes, problems = structural_problems(group)
     except json.JSONDecodeError as exc:  # a member's zarr.json is damaged: a finding, named by its file

@@ -36,7 +36,7 @@ from .conftest import ROWS, D, N, S, T
 BIN = Path(sys.executable).parent
 COMMAND = str(BIN / "dist-respattn")
 DASK = str(BIN / "dask")
-ITERATION_LINE = re.compile(r"^iteration (\d+): log-likelihood (-?\d+\.\d{6}) ", re.MULTILINE)
+ITERATION_LINE = re.compile(r"^iteration (\d+): held-out perplexity (\d+\.\d{3}) ", re.MULTILINE)
 LOCAL_DASHBOARD = r"http://127\.0\.0\.1:\d+/status"
 
 
@@ -203,9 +203,9 @@ def test_fit_through_scheduler_option_reports_each_iteration_and_writes_a_model(
     checkpoint = load_checkpoint(scheduler_fit.model_dir, "latest")
     assert checkpoint.iteration == 4
     assert checkpoint.meta["state"] == "max_iter"
-    printed = [float(ll) for _, ll in ITERATION_LINE.findall(completed.stderr)]
-    saved = [entry["mean_log_likelihood"] for entry in checkpoint.meta["history"]]
-    assert printed == [round(ll, 6) for ll in saved]
+    printed = [float(perplexity) for _, perplexity in ITERATION_LINE.findall(completed.stderr)]
+    saved = [entry["heldout"]["perplexity"] for entry in checkpoint.meta["history"]]
+    assert printed == [round(perplexity, 3) for perplexity in saved]
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ import pytest
 from dist_respattn.engine import FitError, FitSettings, evaluate, fit, load_model
 from dist_respattn.engine.evaluate import DEFAULT_BASELINE_K
 from dist_respattn.model.holdout import HoldoutRule
-from dist_respattn.model.ngram import MODEL_NAMES, fit_baselines
+from dist_respattn.model.ngram import MODEL_LABELS, MODEL_NAMES, fit_baselines
 from dist_respattn.model.pairs import PairCounts
 from dist_respattn.store import TripleStore, WriteOptions, write_arrays, write_tokens
 
@@ -285,7 +285,7 @@ def test_cli_evaluate_runs_on_an_existing_scheduler(token_fit, client):
     assert f"connected to the scheduler at {address}" in text.stderr
     lines = text.stdout.splitlines()
     assert lines[0] == f"{token_fit['val']}: {report['rows']:,} rows"
-    assert [line.split()[0] for line in lines[2:7]] == ["head", *MODEL_NAMES]
+    assert [line[:15].strip() for line in lines[2:7]] == ["head", *(MODEL_LABELS[name] for name in MODEL_NAMES)]
     assert lines[7].startswith("head / Kneser-Ney perplexity: ")
     assert f"baseline counts from {token_fit['train']}" in text.stdout
 

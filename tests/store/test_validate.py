@@ -70,7 +70,7 @@ def test_a_valid_store_reports_everything_it_scanned(store_path):
         "chunks_scanned": 16,
         "problems": [],
     }
-    assert report.summary() == f"{store_path}: valid (1000 rows, 16 chunks scanned)"
+    assert report.summary() == f"{store_path}: valid (1,000 rows, 16 chunks scanned)"
     steps = []
     validate(store_path, progress=steps.append)
     assert steps == [1, 1, 1, 1]
@@ -314,7 +314,7 @@ def test_many_problems_at_once_are_all_reported_in_row_order(store_path):
         "row": 10,
         "count": 1,
     }
-    assert report.summary().startswith(f"{store_path}: 7 problem(s) (1000 rows, 16 chunks scanned)")
+    assert report.summary().startswith(f"{store_path}: 7 problem(s) (1,000 rows, 16 chunks scanned)")
 
 
 # -- in parallel on a real cluster -------------------------------------------------------------

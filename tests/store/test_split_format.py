@@ -1,0 +1,98 @@
+"""A split written as token-stream stores holds the same rows, queries, targets and attributes as one written as
+triple stores, and ``dist-respattn split`` writes streams unless ``--format triples`` is given."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dist_respattn.store import SPLIT_NAMES, TextCorpus, TokenCorpus, TripleStore, WriteOptions, validate, write_split
+from dist_respattn.store.stream_store import TokenStreamStore
+from tests.store.helpers import assert_same_rows
+from tests.store.test_split import FRACTIONS, make_tree
+
+OPTIONS = WriteOptions(chunk_rows=64, partition_rows=128)
+
+
+def _rows(store):
+    return store.read_rows(0, store.num_rows)
+
+
+@pytest.mark.parametrize("source", ["text", "tokens"])
+def test_a_stream_split_holds_the_rows_of_a_triple_split(tmp_path, source):
+    """Row for row the same windows, queries (the table's), targets and attribute ids, documents in the same splits."""
+    if source == "text":
+        root = tmp_path / "corpus"
+        make_tree(root)
+        corpus = TextCorpus([root], attribute_by="directory")
+    else:
+        tokens = np.random.default_rng(7).integers(0, 11, 3000)
+        corpus = TokenCorpus(tokens, block_tokens=97, attributes=tokens % 3)
+    triples = write_split(tmp_path / "triples", corpus, 3, fractions=FRACTIONS, options=OPTIONS)
+    streams = write_split(tmp_path / "streams", corpus, 3, fractions=FRACTIONS, options=OPTIONS, store_format="stream")
+    for name in SPLIT_NAMES:
+        triple, stream = triples[name], streams[name]
+        assert isinstance(triple, TripleStore) and isinstance(stream, TokenStreamStore)
+        assert stream.num_rows == triple.num_rows > 0
+        assert stream.schema == triple.schema and stream.identity() == triple.identity()
+        assert stream.vocabulary() == triple.vocabulary()
+        assert_same_rows(_rows(stream), _rows(triple))
+        np.testing.assert_array_equal(
+            stream.read_attributes(0, stream.num_rows), triple.read_attributes(0, triple.num_rows)
+        )
+        assert stream.attribute_names == triple.attribute_names is not None
+        assert stream.provenance["split"] == triple.provenance["split"]
+        assert stream.provenance["tokens_count"] == triple.provenance["tokens_count"]
+        assert validate(stream.location).ok
+
+
+def test_an_unknown_store_format_is_refused():
+    with pytest.raises(ValueError, match=r"store_format = 'csv' \(--format\): expected one of stream, triples"):
+        write_split("unused", TokenCorpus(np.arange(10)), 2, store_format="csv")
+
+
+def test_a_stream_split_of_no_rows_names_the_split(tmp_path):
+    tokens = np.random.default_rng(5).integers(0, 9, 400)
+    short = TokenCorpus(tokens, block_tokens=3)  # documents of 3 tokens: no window of N = 3 fits
+    with pytest.raises(ValueError, match=r"train\.zarr: the train split has no rows: .* longer than N = 3"):
+        write_split(tmp_path / "out", short, 3, options=OPTIONS, store_format="stream")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@pytest.mark.slow
+def test_the_split_command_writes_streams_that_fit_and_evaluate_take_and_triples_on_request(tmp_path):
+    """``split`` writes token-stream stores by default; ``fit`` and ``evaluate`` take them, and give the figures
+    of the same split written with ``--format triples``; a bad ``--format`` is refused in split's own words."""
+    from tests.test_cli import run
+
+    root = tmp_path / "corpus"
+    make_tree(root, files=40)
+    reports = {}
+    for kind, extra in (("stream", ()), ("triples", ("--format", "triples"))):
+        out = tmp_path / kind
+        done = run("split", str(out), "--text", str(root), "--context", "3", *extra, "--json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["format"] == kind
+        opened = (TokenStreamStore if kind == "stream" else TripleStore).open(out / "train.zarr")
+        assert opened.num_rows > 0
+        model = tmp_path / f"model-{kind}"
+        done = run(
+            "fit", str(out / "train.zarr"), "--validation", str(out / "validation.zarr"), "--model-dir", str(model),
+            "--max-iter", "3", "--workers", "1", "--json",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        fitted = json.loads(done.stdout)
+        done = run("evaluate", str(model), str(out / "test.zarr"), "--workers", "1", "--json")
+        assert done.returncode == 0, done.stderr
+        reports[kind] = (fitted["heldout"], json.loads(done.stdout)["model"])
+    for a, b in zip(reports["stream"], reports["triples"], strict=True):
+        assert a["perplexity"] == pytest.approx(b["perplexity"], rel=1e-12)
+
+    bad = run("split", str(tmp_path / "bad"), "--text", str(root), "--context", "3", "--format", "csv")
+    assert bad.returncode == 2
+    assert "dist-respattn split: error: argument --format: invalid choice: 'csv'" in bad.stderr
+    assert bad.stderr.startswith("usage: dist-respattn split")
+    assert not Path(tmp_path / "bad").exists()

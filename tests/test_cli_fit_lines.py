@@ -1,0 +1,166 @@
+"""What ``fit`` prints while it runs and at the end, read by a person: each iteration's held-out perplexity, its
+chosen settings and which iteration is best so far; the joint log-likelihood only with ``-v``; which checkpoint the
+model directory serves. Every fit here is a real subprocess on a real store."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from dist_respattn.engine.checkpoint import load_checkpoint
+from dist_respattn.engine.gated_checkpoint import load_gated
+from tests.test_cli import run
+
+pytestmark = pytest.mark.slow  # every test here starts a cluster or a command
+
+#: A plain fit's line, e.g. ``iteration 3: held-out perplexity 23.597 (best so far), sigma2 7.93, emission prior
+#: strength 0.1 + 1 per successor type, 0.09 s, 445,986 rows/s``.
+LINE = re.compile(
+    r"^iteration (?P<iteration>\d+): held-out perplexity (?P<perplexity>\d+\.\d{3}) "
+    r"\((?P<best>best so far|best so far: iteration \d+)\), sigma2 (?P<sigma2>\S+), emission prior strength "
+    r"(?P<strength>\S+) \+ (?P<type>\S+) per successor type, \d+\.\d\d s, [\d,]+ rows/s(?P<rest>.*)$",
+    re.MULTILINE,
+)
+#: A gated fit's line.
+GATED_LINE = re.compile(
+    r"^gated iteration (?P<iteration>\d+): held-out perplexity (?P<perplexity>\d+\.\d{3}) "
+    r"\((?P<best>best so far|best so far: iteration \d+)\), prior scale \S+, \d+\.\d\d s, [\d,]+ rows/s(?P<rest>.*)$",
+    re.MULTILINE,
+)
+PACKAGES = ("json", "tomllib", "zoneinfo", "wsgiref")
+
+
+def _corpus(root: Path, packages: tuple[str, ...]) -> str:
+    """Copies of stdlib packages' sources under ``root``, so that each file's directory is its package."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    root.mkdir()
+    for name in packages:
+        shutil.copytree(os.path.join(stdlib, name), root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A token-stream store of four stdlib packages' source, the package as each file's attribute (A = 4)."""
+    base = tmp_path_factory.mktemp("lines")
+    out = str(base / "train.zarr")
+    done = run(
+        "ingest", "--text", _corpus(base / "corpus", PACKAGES), "--attribute-by", "directory", "--vocab-size", "300",
+        "--dim", "6", "--context", "4", out, "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def _marks(perplexities: list[float]) -> list[str]:
+    """The mark each iteration's line must carry: best so far when it beats every earlier one."""
+    marks, best, best_at = [], float("inf"), 0
+    for i, value in enumerate(perplexities, start=1):
+        if value < best:
+            best, best_at = value, i
+            marks.append("best so far")
+        else:
+            marks.append(f"best so far: iteration {best_at}")
+    return marks
+
+
+def test_iteration_lines_lead_with_the_heldout_perplexity_and_mark_the_best(store, tmp_path):
+    """Each line gives the iteration's held-out perplexity and chosen settings as the checkpoint saved them, marks
+    the best iteration so far, and names no joint log-likelihood; the summary names the checkpoint kept."""
+    model = tmp_path / "model"
+    done = run("fit", store, "--model-dir", str(model), "--max-iter", "6", "--tol", "0", "--workers", "2")
+    assert done.returncode == 0, done.stderr
+    history = load_checkpoint(model, "latest").meta["history"]
+    lines = list(LINE.finditer(done.stderr))
+    assert [int(m["iteration"]) for m in lines] == [h["iteration"] for h in history], done.stderr
+    saved = [h["heldout"]["perplexity"] for h in history]
+    assert [float(m["perplexity"]) for m in lines] == [round(p, 3) for p in saved]
+    assert [m["best"] for m in lines] == _marks(saved)
+    for m, h in zip(lines, history, strict=True):
+        chosen = h["hyperparameters"]
+        assert (m["sigma2"], m["strength"], m["type"]) == (
+            f"{chosen['sigma2']:.3g}",
+            f"{chosen['emission_strength']:.3g}",
+            f"{chosen['type_strength']:.3g}",
+        )
+        assert m["rest"] == ""
+    assert "log-likelihood" not in done.stderr and "log-likelihood" not in done.stdout
+
+    best = load_checkpoint(model, "best")
+    (kept,) = [line for line in done.stdout.splitlines() if line.startswith("model: ")]
+    assert kept.startswith(f"model: {model}, the best iteration's: iteration {best.iteration}, held-out perplexity")
+    assert f"({best.name}, best.json)" in kept
+    last = history[-1]["iteration"]
+    if best.iteration != last:
+        assert f"the last iteration's ({last}, held-out perplexity" in done.stdout
+        assert "latest.json): --resume continues from it" in done.stdout
+    else:
+        assert "  it is also the last iteration's" in done.stdout
+
+
+def test_verbose_and_json_keep_the_joint_log_likelihood(store, tmp_path):
+    """``-v`` appends the training and held-out joint log-likelihoods the checkpoint saved; ``--json`` keeps its
+    keys (``mean_log_likelihood``, ``heldout``) and adds the checkpoints the directory's pointers name."""
+    model = tmp_path / "model"
+    done = run("fit", store, "--model-dir", str(model), "--max-iter", "3", "--tol", "0", "--workers", "2", "-v")
+    assert done.returncode == 0, done.stderr
+    history = load_checkpoint(model, "latest").meta["history"]
+    rests = [m["rest"] for m in LINE.finditer(done.stderr)]
+    assert len(rests) == len(history) == 3
+    for rest, h in zip(rests, history, strict=True):
+        change = "first" if h["change"] is None else f"change {h['change']:.3g}"
+        assert rest == (
+            f"; joint log-likelihood per row: training {h['mean_log_likelihood']:.6f} ({change}), "
+            f"held-out {h['heldout']['mean_log_likelihood']:.4f}"
+        )
+    assert (
+        f"mean joint log-likelihood per row (training, last iteration): {history[-1]['mean_log_likelihood']:.4f}"
+        in (done.stdout)
+    )
+
+    again = run(
+        "fit", store, "--model-dir", str(model), "--max-iter", "3", "--tol", "0", "--workers", "2", "--overwrite",
+        "--json",
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    report = json.loads(again.stdout)
+    history = load_checkpoint(model, "latest").meta["history"]
+    assert report["mean_log_likelihood"] == history[-1]["mean_log_likelihood"]
+    assert (
+        report["heldout"]["mean_log_likelihood"]
+        == next(h for h in history if h["iteration"] == report["best_iteration"])["heldout"]["mean_log_likelihood"]
+    )
+    assert report["best_checkpoint"] == load_checkpoint(model, "best").name
+    assert report["latest_checkpoint"] == load_checkpoint(model, "latest").name
+    assert report["last_iteration"] == 3
+
+
+def test_a_gated_fit_with_fewer_factors_than_attributes_says_so_and_its_lines_read_alike(store, tmp_path):
+    """``--attribute-factors 2`` on 4 attributes warns, before the shared fit, that the attributes will be clustered
+    and names ``--per-attribute emission``; with that flag (or F >= A) nothing is said. The gated lines lead with
+    the held-out perplexity as the checkpoint saved it and mark the best so far."""
+    model = tmp_path / "model"
+    done = run("fit", store, "--model-dir", str(model), "--attribute-factors", "2", "--max-iter", "2", "--workers", "2")
+    assert done.returncode == 0, done.stderr
+    (note,) = [line for line in done.stderr.splitlines() if line.startswith("note: --attribute-factors 2")]
+    assert "4 attributes" in note and "clustered into 2 groups" in note and "--per-attribute emission" in note
+    assert done.stderr.index(note) < done.stderr.index("iteration 1: held-out perplexity")  # before the shared fit
+    history = load_gated(model, "latest").meta["history"]
+    lines = list(GATED_LINE.finditer(done.stderr))
+    saved = [h["heldout_perplexity"] for h in history]
+    assert [float(m["perplexity"]) for m in lines] == [round(p, 3) for p in saved], done.stderr
+    assert [m["best"] for m in lines] == _marks(saved)
+    assert all(m["rest"] == "" for m in lines)
+
+    for extra in (("--attribute-factors", "2", "--per-attribute", "emission"), ("--attribute-factors", "4")):
+        done = run(
+            "fit", store, "--model-dir", str(tmp_path / "-".join(extra)), *extra, "--max-iter", "1", "--workers", "2"
+        )
+        assert done.returncode == 0, done.stderr
+        assert "note: --attribute-factors" not in done.stderr

@@ -1,0 +1,91 @@
+"""What a newcomer trips on at the command line: errors in the words of the command typed, counts that read as
+numbers, one name for each baseline, and the fit page the demo's cluster serves. Every command is a subprocess."""
+
+from __future__ import annotations
+
+import re
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from dist_respattn.model.ngram import MODEL_LABELS
+from tests.test_cli import run
+
+pytestmark = pytest.mark.slow  # every test here starts a command
+
+
+def _table(stdout: str, names: list[str]) -> list[str]:
+    """The labels of a perplexity table's rows (a label, then a perplexity) that are one of ``names``."""
+    rows = (re.match(r"^\s*(\S.*?)\s{2,}-?\d", line) for line in stdout.splitlines())
+    return [row.group(1) for row in rows if row and row.group(1) in names]
+
+
+def test_a_bad_flag_prints_the_usage_of_the_command_typed(tmp_path):
+    """argparse leaves a subcommand's unknown arguments to the top parser; the error is the command's own."""
+    for argv, command in (
+        (("demo", "--no-such-flag"), "demo"),
+        (("fit", str(tmp_path / "s.zarr"), "--model-dir", str(tmp_path / "m"), "--no-such-flag"), "fit"),
+        (("models", "list", str(tmp_path), "--no-such-flag"), "models list"),
+    ):
+        done = run(*argv)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(f"usage: dist-respattn {command} "), done.stderr
+        assert f"dist-respattn {command}: error: unrecognized arguments: --no-such-flag" in done.stderr
+        assert "started a local cluster" not in done.stderr and not (tmp_path / "m").exists()
+
+
+def test_the_demo_names_its_fit_page_and_prints_the_baselines_as_evaluate_does(tmp_path):
+    """The demo's cluster serves the fit page (beside its dashboard), and the demo says where; its table names the
+    baselines as ``evaluate`` does on the same model and store."""
+    done = run(
+        "demo", "--dir", str(tmp_path), "--max-tokens", "60000", "--vocab-size", "200", "--max-iter", "2",
+        "--workers", "1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    dashboard = re.search(r"dashboard: (http://127\.0\.0\.1:\d+)/status$", done.stderr, re.MULTILINE)
+    assert dashboard, done.stderr
+    assert f"fit page: {dashboard.group(1)}/respattn/fits (" in done.stderr
+    labels = ["head", *MODEL_LABELS.values()]
+    assert _table(done.stdout, labels) == labels, done.stdout
+    assert "head / Kneser-Ney perplexity: " in done.stdout
+
+    scored = run("evaluate", str(tmp_path / "model"), str(tmp_path / "test.zarr"), "--workers", "1")
+    assert scored.returncode == 0, scored.stderr
+    assert _table(scored.stdout, labels) == labels, scored.stdout
+    assert "head / Kneser-Ney perplexity: " in scored.stdout
+
+
+def test_a_directory_of_extensionless_files_is_refused_with_the_glob_that_reads_them(tmp_path):
+    """A directory is searched by suffix; files of other names are read when a glob names them, and the error gives
+    that glob, which then works."""
+    text = (Path(sysconfig.get_paths()["stdlib"]) / "json" / "decoder.py").read_text(encoding="utf-8")
+    flat, nested = tmp_path / "flat", tmp_path / "nested"
+    for folder in (flat, nested / "part"):
+        folder.mkdir(parents=True)
+        (folder / "CHAPTER1").write_text(text, encoding="utf-8")
+        (folder / "CHAPTER2").write_text(text, encoding="utf-8")
+    for corpus, pattern in ((flat, f"{flat}/*"), (nested, f"{nested}/**/*")):
+        out = tmp_path / f"{corpus.name}.zarr"
+        refused = run("ingest", "--text", str(corpus), "--context", "3", str(out))
+        assert refused.returncode == 2
+        assert f"no text files under {corpus}" in refused.stderr
+        assert "2 files of other names" in refused.stderr
+        assert f"--text '{pattern}' (quoted" in refused.stderr, refused.stderr
+        done = run("ingest", "--text", pattern, "--context", "3", str(out))
+        assert done.returncode == 0, done.stderr
+        assert "the store now holds" in done.stdout
+
+
+def test_validate_prints_counts_with_thousands_separators(tmp_path):
+    """``validate`` names what it scanned, as a number a person reads: rows of a triple store, tokens of a stream."""
+    corpus = Path(sysconfig.get_paths()["stdlib"]) / "json"
+    for kind, unit in (("stream", "tokens"), ("triples", "rows")):
+        out = tmp_path / f"{kind}.zarr"
+        done = run("ingest", "--text", str(corpus), "--context", "3", "--format", kind, str(out))
+        assert done.returncode == 0, done.stderr
+        checked = run("validate", str(out))
+        assert checked.returncode == 0, checked.stderr
+        counted = re.search(rf": valid \(([\d,]+) {unit}, ", checked.stdout)
+        assert counted, checked.stdout
+        assert "," in counted.group(1) and int(counted.group(1).replace(",", "")) > 1000
