@@ -66,8 +66,12 @@ def cache_dir_for(environ: Mapping[str, str]) -> str | None:
 def use_user_cache_dir(environ: MutableMapping[str, str] | None = None) -> str | None:
     """Set ``NUMBA_CACHE_DIR`` to :func:`cache_dir_for` unless it is set already; returns the directory in use.
 
-    When numba is already imported (by the user, before this package), its configuration is reloaded so the
-    kernels this package is about to define see the directory.
+    When numba is already imported (by the user, before this package), its ``CACHE_DIR`` is set directly so the
+    kernels this package is about to define see the directory; reloading numba's whole configuration from the
+    environment would undo settings the user made in code (``numba.config.DISABLE_JIT = True``).
+
+    The variable is process-wide, as numba's configuration is: other libraries' cached kernels in the same
+    process (and its child processes) go to the same directory, each under its own source file's name.
     """
     environ = os.environ if environ is None else environ
     if environ.get(CACHE_ENV):
@@ -78,7 +82,7 @@ def use_user_cache_dir(environ: MutableMapping[str, str] | None = None) -> str |
     environ[CACHE_ENV] = chosen
     config = sys.modules.get("numba.core.config")
     if config is not None and environ is os.environ:
-        config.reload_config()
+        config.CACHE_DIR = chosen
     return chosen
 
 

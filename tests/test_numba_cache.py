@@ -83,12 +83,16 @@ def test_a_directory_the_user_set_is_kept(tmp_path):
 @pytest.mark.slow
 def test_numba_imported_before_the_package_still_caches_in_the_users_directory(tmp_path):
     """numba reads its environment when imported and picks a kernel's cache directory when the kernel is
-    defined: the package reloads numba's configuration when numba came first (a fresh interpreter)."""
+    defined: the package sets numba's cache directory when numba came first (a fresh interpreter), and leaves
+    the settings the user made in code alone (here THREADING_LAYER, which reloading the configuration from the
+    environment would reset)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_") and k != "XDG_CACHE_HOME"}
     env["HOME"] = str(tmp_path)
     code = (
         "import numba, numpy as np\n"
+        "numba.config.THREADING_LAYER = 'workqueue'\n"
         "from dist_respattn.store.windows import target_positions\n"
+        "assert numba.config.THREADING_LAYER == 'workqueue', numba.config.THREADING_LAYER\n"
         "print(numba.config.CACHE_DIR)\n"
         "assert target_positions(np.array([0]), np.array([0, 2]), 1, 0, 2).tolist() == [1, 2]\n"
     )
