@@ -3,14 +3,16 @@ numbers, one name for each baseline, and the fit page the demo's cluster serves.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sysconfig
 from pathlib import Path
 
 import pytest
 
 from dist_respattn.model.ngram import MODEL_LABELS
-from tests.test_cli import run
+from tests.test_cli import COMMAND, run
 
 pytestmark = pytest.mark.slow  # every test here starts a command
 
@@ -36,12 +38,12 @@ def test_a_bad_flag_prints_the_usage_of_the_command_typed(tmp_path):
 
 
 def test_the_demo_names_its_fit_page_and_prints_the_baselines_as_evaluate_does(tmp_path):
-    """The demo's cluster serves the fit page (beside its dashboard), and the demo says where; its table names the
-    baselines as ``evaluate`` does on the same model and store."""
-    done = run(
-        "demo", "--dir", str(tmp_path), "--max-tokens", "60000", "--vocab-size", "200", "--max-iter", "2",
-        "--workers", "1",
-    )  # fmt: skip
+    """The demo's cluster serves the fit page (beside its dashboard), and the demo says where, even with an HTTP
+    proxy in the environment (here one that answers nothing: the page is on the cluster's own host); its table
+    names the baselines as ``evaluate`` does on the same model and store."""
+    argv = ["--dir", str(tmp_path), "--max-tokens", "60000", "--vocab-size", "200", "--max-iter", "2", "--workers", "1"]
+    proxied = {**os.environ, "http_proxy": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "no_proxy": ""}
+    done = subprocess.run([COMMAND, "demo", *argv], capture_output=True, text=True, timeout=120, env=proxied)
     assert done.returncode == 0, done.stderr
     dashboard = re.search(r"dashboard: (http://127\.0\.0\.1:\d+)/status$", done.stderr, re.MULTILINE)
     assert dashboard, done.stderr

@@ -94,8 +94,11 @@ def _say_fit_page(client: Any, say: Any) -> None:
     if dashboard is None:
         return
     url = page_url(dashboard)
+    # No proxy: the page is on the cluster's own host, and a proxy from $http_proxy would make the probe slow or
+    # wrong, and the line silently missing.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with opener.open(url, timeout=5) as response:
             served = response.status == 200
     except (urllib.error.URLError, OSError):
         served = False
