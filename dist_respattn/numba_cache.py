@@ -82,7 +82,7 @@ def use_user_cache_dir(environ: MutableMapping[str, str] | None = None) -> str |
     environ[CACHE_ENV] = chosen
     config = sys.modules.get("numba.core.config")
     if config is not None and environ is os.environ:
-        config.CACHE_DIR = chosen
+        setattr(config, "CACHE_DIR", chosen)  # noqa: B010 (a module found at run time, unknown to mypy)
     return chosen
 
 

@@ -11,7 +11,6 @@ of a line (after ``&&``, ``|``, ``;`` or a parenthesis) that starts with ``dist-
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import re
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_respattn.cli import build_parser
+from dist_respattn.cli import build_parser, subcommands
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -119,9 +118,8 @@ def test_the_docs_hold_examples_of_every_kind():
 
 
 def subcommand_names() -> list[str]:
-    """The parser's subcommands (argparse keeps them only in its actions)."""
-    parser = build_parser()
-    return [name for a in parser._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices]
+    """The command's subcommands, as the CLI reference lists them."""
+    return [name for name, _, _ in subcommands(build_parser())]
 
 
 def test_every_subcommand_has_an_example():

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dist_respattn.cli import demo, fit_commands, gated_commands, registry_commands, split_command, store_commands
 from dist_respattn.cli.common import CommandError, in_flags
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "subcommands"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +41,20 @@ def build_parser() -> argparse.ArgumentParser:
     for command_parser in sub.choices.values():
         command_parser.set_defaults(error_parser=command_parser)
     return parser
+
+
+def subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser, str]]:
+    """``(name, parser, one-line help)`` of each subcommand of ``parser`` in the order they were registered (an
+    alias once); empty for a parser without subcommands. Read by the docs' CLI reference and its tests."""
+    for action in parser._actions:  # argparse keeps subparsers only among its actions
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+            found: list[tuple[str, argparse.ArgumentParser, str]] = []
+            for name, sub in action.choices.items():
+                if all(sub is not other for _, other, _ in found):
+                    found.append((name, sub, helps.get(name, "")))
+            return found
+    return []
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,46 +16,27 @@ MARKER = "<!-- cli-reference -->"
 WIDTH = "100"
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
-    """The parser's subcommands in the order they were registered, as (name, parser) pairs."""
-    for action in parser._actions:  # argparse keeps subparsers only here
-        if isinstance(action, argparse._SubParsersAction):
-            seen: list[tuple[str, argparse.ArgumentParser]] = []
-            for name, sub in action.choices.items():
-                if all(sub is not other for _, other in seen):  # aliases map to the same parser
-                    seen.append((name, sub))
-            return seen
-    return []
-
-
-def _summaries(parser: argparse.ArgumentParser) -> dict[str, str]:
-    """Each subcommand's one-line help, as the parent's usage lists it."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return {choice.dest: choice.help or "" for choice in action._choices_actions}
-    return {}
-
-
 def _render(parser: argparse.ArgumentParser, path: list[str], level: int) -> list[str]:
     name = " ".join(path)
     lines = [f"{'#' * level} `{name}`", "", "```text", parser.format_help().rstrip(), "```", ""]
-    for sub_name, sub in _subcommands(parser):
+    from dist_respattn.cli import subcommands
+
+    for sub_name, sub, _ in subcommands(parser):
         lines += _render(sub, [*path, sub_name], min(level + 1, 4))
     return lines
 
 
 def render_reference() -> str:
     """Markdown for every command: a table of the subcommands, then each one's help."""
-    from dist_respattn.cli import build_parser
+    from dist_respattn.cli import build_parser, subcommands
 
     old = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = WIDTH
     try:
         parser = build_parser()
-        summaries = _summaries(parser)
         table = ["| command | what it does |", "|---|---|"]
-        for name, _ in _subcommands(parser):
-            table.append(f"| [`{name}`](#dist-respattn-{name}) | {summaries.get(name, '')} |")
+        for name, _, summary in subcommands(parser):
+            table.append(f"| [`{name}`](#dist-respattn-{name}) | {summary} |")
         body = _render(parser, ["dist-respattn"], 2)
     finally:
         if old is None:
