@@ -91,3 +91,12 @@ def test_validate_prints_counts_with_thousands_separators(tmp_path):
         counted = re.search(rf": valid \(([\d,]+) {unit}, ", checked.stdout)
         assert counted, checked.stdout
         assert "," in counted.group(1) and int(counted.group(1).replace(",", "")) > 1000
+
+
+def test_a_demo_too_small_to_split_names_the_demos_own_flags(tmp_path):
+    """The split's advice (--fractions, --split-seed) names flags the demo does not take: the demo gives its own."""
+    done = run("demo", "--dir", str(tmp_path / "demo"), "--max-tokens", "1000")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("dist-respattn demo: error: --max-tokens 1,000 takes "), done.stderr
+    assert "--fractions" not in done.stderr and "--split-seed" not in done.stderr
+    assert "started a local cluster" not in done.stderr

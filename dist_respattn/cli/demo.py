@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dist_respattn.cli.common import positive_float, positive_int
+from dist_respattn.cli.common import CommandError, positive_float, positive_int
 from dist_respattn.cli.fit_commands import fit_report, print_fit_summary
 from dist_respattn.events import FitState
 
@@ -114,21 +114,29 @@ def _run_text(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.engine import ClusterOptions, FitSettings, connect, evaluate, fit
     from dist_respattn.engine.cluster import starts_embedded_cluster
     from dist_respattn.store import TextCorpus, WriteOptions, default_corpus, write_split
+    from dist_respattn.store.errors import EmptySplitError
 
     say = _say(args)
     folder = Path(args.dir)
     options = WriteOptions(chunk_rows=DEMO_CHUNK_ROWS, partition_rows=DEMO_PARTITION_ROWS, overwrite=True)
     started = time.perf_counter()
-    stores = write_split(
-        folder,
-        TextCorpus(()),
-        args.context,
-        split_seed=args.seed,
-        max_tokens=args.max_tokens,
-        vocab_size=args.vocab_size,
-        options=options,
-        store_format="stream",  # the token ids (~2 bytes a token), the same rows as triples would hold
-    )
+    try:
+        stores = write_split(
+            folder,
+            TextCorpus(()),
+            args.context,
+            split_seed=args.seed,
+            max_tokens=args.max_tokens,
+            vocab_size=args.vocab_size,
+            options=options,
+            store_format="stream",  # the token ids (~2 bytes a token), the same rows as triples would hold
+        )
+    except EmptySplitError as exc:  # split's own advice names flags the demo does not take
+        raise CommandError(
+            f"--max-tokens {args.max_tokens:,} takes {exc.documents:,} files of the standard library, too few for "
+            f"the {exc.split} split to get one: take more tokens (--max-tokens; the default is 1,000,000) or "
+            "another --seed"
+        ) from None
     rows = {name: store.num_rows for name, store in stores.items()}
     say(
         f"split {args.max_tokens:,} tokens of the Python standard library's source ({default_corpus()}) into "

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["CorpusMismatchError", "IncompleteStoreError", "SchemaMismatchError", "StoreCorruptError", "StoreError"]
+__all__ = [
+    "CorpusMismatchError",
+    "EmptySplitError",
+    "IncompleteStoreError",
+    "SchemaMismatchError",
+    "StoreCorruptError",
+    "StoreError",
+]
 
 
 class StoreError(ValueError):
@@ -23,3 +30,17 @@ class StoreCorruptError(StoreError):
 
 class CorpusMismatchError(StoreError):
     """Two stores that must be of one corpus (train and validation) have different vocabularies or embedding tables."""
+
+
+class EmptySplitError(ValueError):
+    """A split of a corpus (train, validation or test) would get no document: too few documents for its fraction.
+
+    Attributes:
+        split: the split's name.
+        documents: the documents taken from the corpus.
+    """
+
+    def __init__(self, message: str, *, split: str, documents: int) -> None:
+        super().__init__(message)
+        self.split = split
+        self.documents = documents

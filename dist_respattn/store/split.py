@@ -46,7 +46,7 @@ import numpy as np
 from dist_respattn.store.attributes import attribute_ids, attribute_provenance, text_attribute_ids
 from dist_respattn.store.common import WriteOptions, open_writer
 from dist_respattn.store.documents import DocumentWindows, check_document_starts, fixed_starts, starts_blocks
-from dist_respattn.store.errors import StoreError
+from dist_respattn.store.errors import EmptySplitError, StoreError
 from dist_respattn.store.identity import identity_provenance
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.npy import max_id
@@ -170,10 +170,12 @@ class _Plan:
     def check_every_split_has_documents(self, locations: dict[str, Any], fractions: Sequence[float]) -> None:
         for index, name in enumerate(SPLIT_NAMES):
             if not self.documents(index):
-                raise ValueError(
+                raise EmptySplitError(
                     f"{locations[name]}: the {name} split gets none of the {int(self.taken.sum())} documents with "
                     f"fractions {list(fractions)} and split seed {self.seed}: give it a larger fraction "
-                    f"(--fractions TRAIN VALIDATION TEST), another --split-seed, or more documents"
+                    f"(--fractions TRAIN VALIDATION TEST), another --split-seed, or more documents",
+                    split=name,
+                    documents=int(self.taken.sum()),
                 )
 
 
