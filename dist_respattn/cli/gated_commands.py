@@ -17,7 +17,10 @@ __all__ = ["add_fit_options", "register", "run_gated_evaluate", "run_gated_fit"]
 def add_fit_options(parser: argparse.ArgumentParser) -> None:
     """``fit``'s options for an attribute-gated head."""
     group = parser.add_argument_group(
-        "attribute-gated head (the store's rows carry attributes: ingest --attribute-by / --attributes)"
+        "attribute-gated head (the store's rows carry attributes: ingest --attribute-by / --attributes)",
+        "--max-iter, --tol, --patience and --min-improvement, when given, stop both stages; the gated stage's own "
+        "defaults are 30 iterations, a tolerance of 1e-6, a patience of 2 and a minimum improvement of 1e-4 "
+        "(it starts from a fitted head, so it needs fewer iterations)",
     )
     group.add_argument(
         "--attribute-factors",
