@@ -78,34 +78,6 @@ def _say(args: argparse.Namespace) -> Any:
     return (lambda message: None) if args.json else (lambda message: print(message, file=sys.stderr, flush=True))
 
 
-def _say_fit_page(client: Any, say: Any) -> None:
-    """Name the fit page (the fit's progress in a browser) when the cluster's web server serves it.
-
-    The monitor is installed on every cluster the demo uses, but best effort, and the page needs the dashboard:
-    the page is named only when it answers.
-    """
-    import urllib.error
-    import urllib.request
-
-    from dist_respattn.engine.cluster import cluster_info
-    from dist_respattn.monitor.web import page_url
-
-    dashboard = cluster_info(client).dashboard
-    if dashboard is None:
-        return
-    url = page_url(dashboard)
-    # No proxy: the page is on the cluster's own host, and a proxy from $http_proxy would make the probe slow or
-    # wrong, and the line silently missing.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url, timeout=5) as response:
-            served = response.status == 200
-    except (urllib.error.URLError, OSError):
-        served = False
-    if served:
-        say(f"fit page: {url} (the fit's iterations in a browser, while its cluster runs)")
-
-
 def _run_demo(args: argparse.Namespace) -> dict[str, Any]:
     return _run_synthetic(args) if args.synthetic else _run_text(args)
 
@@ -147,7 +119,6 @@ def _run_text(args: argparse.Namespace) -> dict[str, Any]:
     settings = FitSettings(max_iter=args.max_iter, tol=args.tol, seed=args.seed)
     cluster = ClusterOptions(scheduler=args.scheduler, n_workers=args.workers)
     with connect(cluster, say=say) as client:
-        _say_fit_page(client, say)
         result = fit(
             stores["train"],
             model_dir=folder / "model",
@@ -197,7 +168,6 @@ def _run_synthetic(args: argparse.Namespace) -> dict[str, Any]:
     settings = FitSettings(max_iter=args.max_iter, tol=args.tol, seed=args.seed, estimate_sigma2=True, sigma2=1.0)
     cluster = ClusterOptions(scheduler=args.scheduler, n_workers=args.workers)
     with connect(cluster, say=say) as client:
-        _say_fit_page(client, say)
         result = fit(
             train,
             model_dir=folder / "model",

@@ -238,6 +238,30 @@ def connect(
         yield own_client
 
 
+def fit_page_url(client: distributed.Client, *, timeout: float = 2.0) -> str | None:
+    """The fit page's URL (:mod:`dist_respattn.monitor`) when the cluster's web server serves it, else ``None``.
+
+    The monitor is installed best effort and the page needs the dashboard, so the page is named only when it
+    answers. The probe goes to the cluster's host directly: a proxy from ``$http_proxy`` would make it slow or
+    wrong, and the page silently unnamed.
+    """
+    import urllib.error
+    import urllib.request
+
+    from dist_respattn.monitor.web import page_url
+
+    dashboard = cluster_info(client).dashboard
+    if dashboard is None:
+        return None
+    url = page_url(dashboard)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as response:
+            return url if response.status == 200 else None
+    except (urllib.error.URLError, OSError):
+        return None
+
+
 def install_monitor(client: distributed.Client) -> None:
     """Add the fit monitor to the client's scheduler unless it has one (preloaded, or by an earlier fit).
 

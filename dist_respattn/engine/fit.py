@@ -26,6 +26,7 @@ from dist_respattn.engine.cluster import (
     cluster_info,
     connect,
     embedded_worker_memory,
+    fit_page_url,
     starts_embedded_cluster,
 )
 from dist_respattn.engine.loop import EarlyStopping, FitLoop, HeldoutRows, store_record
@@ -401,6 +402,9 @@ def fit(
         except TimeoutError as exc:
             raise ClusterError(f"the cluster has no workers after {WORKER_WAIT_SECONDS:.0f} s") from exc
         info = cluster_info(cl)
+        page = fit_page_url(cl)
+        if page is not None:
+            say(f"fit page: {page} (the fit's iterations in a browser, while its cluster runs)")
         if rule is not None and held is not None and checkpoint is None:
             say(
                 f"no validation store: the hyperparameters are chosen on {held.description}, "

@@ -311,7 +311,8 @@ def test_no_dashboard_is_reported_when_the_scheduler_serves_none(dashboardless_s
 def test_embedded_cluster_is_announced_with_its_dashboard(small_store, tmp_path, workers, counts):
     """``fit --workers W`` with no address starts a local cluster of W worker processes and says so on stderr
     (counted in words a person reads: "1 worker", not "1 workers") with a dashboard URL on 127.0.0.1, not
-    repeated at the end of the report (the cluster has shut down by then); the fit runs its 2 iterations."""
+    repeated at the end of the report (the cluster has shut down by then), and names the fit page the monitor
+    serves beside it; the fit runs its 2 iterations."""
     completed = run_fit(
         small_store, "--model-dir", str(tmp_path / "model"), "--workers", str(workers), "--max-iter", "2"
     )
@@ -322,6 +323,8 @@ def test_embedded_cluster_is_announced_with_its_dashboard(small_store, tmp_path,
         re.MULTILINE,
     )
     assert announced, completed.stderr
+    page = announced.group(1).removesuffix("/status") + "/respattn/fits"
+    assert f"\nfit page: {page} (the fit's iterations in a browser" in completed.stderr, completed.stderr
     assert "dashboard" not in completed.stdout, completed.stdout
     assert [int(i) for i, _ in ITERATION_LINE.findall(completed.stderr)] == [1, 2]
     assert load_checkpoint(tmp_path / "model").iteration == 2
