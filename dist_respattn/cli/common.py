@@ -104,12 +104,26 @@ def say(args: argparse.Namespace, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
+#: Units counted in the millions, which a bar shows scaled (``1.2M rows``); other counts show as whole numbers.
+SCALED_UNITS = frozenset({"rows", "tokens", "bytes"})
+
+
 @contextmanager
 def progress_bar(total: int | None, unit: str, description: str) -> Iterator[Any]:
-    """A tqdm bar on stderr when it is a terminal; silent otherwise (logs and pipes stay clean)."""
+    """A tqdm bar on stderr when it is a terminal; silent otherwise (logs and pipes stay clean).
+
+    Rows and tokens are shown scaled (``3.2M/7.0M rows``); files and partitions as whole numbers (``7/14 files``,
+    where a scaled bar would show ``7.0/14.0``).
+    """
     from tqdm import tqdm
 
     with tqdm(
-        total=total, unit=unit, desc=description, disable=None, file=sys.stderr, unit_scale=True, dynamic_ncols=True
+        total=total,
+        unit=unit,
+        desc=description,
+        disable=None,
+        file=sys.stderr,
+        unit_scale=unit in SCALED_UNITS,
+        dynamic_ncols=True,
     ) as bar:
         yield bar
