@@ -157,6 +157,9 @@ def test_a_gated_fit_with_fewer_factors_than_attributes_says_so_and_its_lines_re
     assert [float(m["perplexity"]) for m in lines] == [round(p, 3) for p in saved], done.stderr
     assert [m["best"] for m in lines] == _marks(saved)
     assert all(m["rest"] == "" for m in lines)
+    # How each stage ended, in words (the checkpoints' state names, such as max_iter, stay in --json).
+    assert "shared head: stopped at --max-iter after 2 iterations (" in done.stdout, done.stdout
+    assert "_" not in done.stdout.split("shared head: ")[1].split(" (")[0]
 
     for extra in (("--attribute-factors", "2", "--per-attribute", "emission"), ("--attribute-factors", "4")):
         done = run(

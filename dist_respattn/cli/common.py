@@ -12,6 +12,7 @@ from typing import Any
 
 __all__ = [
     "CommandError",
+    "fit_ended",
     "in_flags",
     "parse_storage_options",
     "positive_float",
@@ -127,3 +128,12 @@ def progress_bar(total: int | None, unit: str, description: str) -> Iterator[Any
         dynamic_ncols=True,
     ) as bar:
         yield bar
+
+
+#: How a fit ended, in the words of its report (checkpoints and JSON keep :class:`~dist_respattn.events.FitState`).
+_FIT_ENDINGS = {"converged": "converged", "max_iter": "stopped at --max-iter", "early_stopped": "stopped early"}
+
+
+def fit_ended(state: str, iterations: int) -> str:
+    """``stopped early after 8 iterations``: a fit's final state (a ``FitState`` value) for a person to read."""
+    return f"{_FIT_ENDINGS.get(str(state), str(state))} after {iterations:,} iteration{'' if iterations == 1 else 's'}"

@@ -8,7 +8,14 @@ import re
 import sys
 from typing import Any
 
-from dist_respattn.cli.common import CommandError, in_flags, parse_storage_options, positive_float, positive_int
+from dist_respattn.cli.common import (
+    CommandError,
+    fit_ended,
+    in_flags,
+    parse_storage_options,
+    positive_float,
+    positive_int,
+)
 from dist_respattn.cli.gated_commands import (
     add_fit_options as add_gated_fit_options,
 )
@@ -19,7 +26,7 @@ from dist_respattn.cli.gated_commands import (
     run_gated_fit,
 )
 from dist_respattn.cli.stream_predict import print_stream_summary, run_stream
-from dist_respattn.events import FitState, Metric
+from dist_respattn.events import Metric
 
 __all__ = [
     "add_cluster_options",
@@ -439,15 +446,7 @@ def _run_fit(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_fit_summary(report: dict[str, Any], *, verbose: bool = False) -> None:
     """The human-readable ``fit`` report (also the end of ``demo``); ``verbose`` adds the joint log-likelihoods."""
-    state = {
-        FitState.CONVERGED: "converged",
-        FitState.MAX_ITER: "stopped at --max-iter",
-        FitState.EARLY_STOPPED: "stopped early",
-    }
-    print(
-        f"EM {state.get(report['state'], report['state'])} after {report['iterations']} iterations "
-        f"in {report['seconds']:.1f} s"
-    )
+    print(f"EM {fit_ended(report['state'], report['iterations'])} in {report['seconds']:.1f} s")
     if verbose and report["mean_log_likelihood"] is not None:
         print(f"mean joint log-likelihood per row (training, last iteration): {report['mean_log_likelihood']:.4f}")
     best_iteration = report.get("best_iteration")

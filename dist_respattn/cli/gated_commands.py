@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.cli.common import CommandError, parse_storage_options, positive_int
+from dist_respattn.cli.common import CommandError, fit_ended, parse_storage_options, positive_int
 
 __all__ = ["add_fit_options", "register", "run_gated_evaluate", "run_gated_fit"]
 
@@ -153,10 +153,10 @@ def _shared_summary(shared_dir: str) -> dict[str, Any]:
 def print_gated_fit(report: dict[str, Any]) -> None:
     kind = "one emission per attribute" if report["untied"] else f"{report['factors']} tables"
     shared = report["shared"]
-    print(f"shared head: {shared['state']} after {shared['iterations']} iterations ({shared['model_dir']})")
+    print(f"shared head: {fit_ended(shared['state'], shared['iterations'])} ({shared['model_dir']})")
     print(
         f"gated head ({kind}, {report['attributes']} attributes, {report['parameters']:,} parameters): "
-        f"{report['state']} after {report['iterations']} iterations in {report['seconds']:.1f} s"
+        f"{fit_ended(report['state'], report['iterations'])} in {report['seconds']:.1f} s"
     )
     if report["heldout_perplexity"] is not None and shared["heldout_perplexity"] is not None:
         ratio = report["heldout_perplexity"] / shared["heldout_perplexity"]

@@ -11,7 +11,14 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from dist_respattn.cli.common import CommandError, in_flags, parse_storage_options, positive_float, positive_int
+from dist_respattn.cli.common import (
+    CommandError,
+    fit_ended,
+    in_flags,
+    parse_storage_options,
+    positive_float,
+    positive_int,
+)
 from dist_respattn.cli.fit_commands import add_cluster_options, add_em_options, cluster_options, settings_from
 from dist_respattn.events import Metric
 
@@ -183,7 +190,7 @@ def _print_retrain(report: dict[str, Any]) -> None:
         f"{', in-sample' if gate['in_sample'] else ''}): new {gate['candidate']:.6g}, current {current}"
     )
     fit = report["fit"]
-    print(f"fit: {fit['state']} after {fit['iterations']} iterations in {fit['seconds']:.1f} s")
+    print(f"fit: {fit_ended(fit['state'], fit['iterations'])} in {fit['seconds']:.1f} s")
     if report["pruned"]:
         print(f"pruned versions: {', '.join(map(str, report['pruned']))}")
 
