@@ -80,6 +80,13 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
     warm.top_k(args.top)
     predictor = Predictor(model, table, words=words)
     startup = time.perf_counter() - begun
+    if stdin.isatty() and not args.json:  # a person at a terminal, not a pipe: say what the command waits for
+        what = "words, as the store's text was tokenized" if vocabulary is not None else "token ids"
+        print(
+            f"ready: type {what}, one or more a line; the top {args.top} next tokens follow each; Ctrl-D ends",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def name(target: int) -> str | int:
         return target if words is None else words[target]
@@ -118,7 +125,7 @@ def print_stream_summary(report: dict[str, Any]) -> None:
     startup = report.get("startup_seconds")
     ready = f"ready in {startup:.2f} s (loading the model and the store); " if startup is not None else ""
     print(
-        f"{ready}predicted after {report['tokens']:,} tokens{timing}; state: {report['state_counts']:,} bucket counts "
-        f"over {len(report['buckets'])} buckets",
+        f"{ready}predicted after {report['tokens']:,} tokens{timing}; the history is held as "
+        f"{report['state_counts']:,} counts in {len(report['buckets'])} recency buckets, whatever its length",
         file=sys.stderr,
     )

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import numpy as np
@@ -197,3 +198,44 @@ def test_sample_generates_from_a_plain_head_reproducibly_from_a_short_prompt(tex
     assert len(done.stdout.splitlines()) == 2
     refused = cli("sample", model, "--attribute", "json", "--tokens", "5")
     assert refused.returncode == 2 and "is a plain head, without attributes" in refused.stderr
+
+
+def test_predict_stream_typed_on_a_terminal_says_what_it_waits_for(text_model):
+    """With stdin a terminal (a person typing, not a pipe) the command says what to type and how to end before it
+    waits; each line typed gets its predictions, and Ctrl-D ends it with the summary."""
+    import pty
+    import select
+
+    store, model = text_model
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [COMMAND, "predict", model, store, "--stream", "--top", str(TOP)],
+        stdin=slave, stdout=slave, stderr=slave, start_new_session=True, close_fds=True,
+    )  # fmt: skip
+    os.close(slave)
+    seen = b""
+
+    def read_until(marker: bytes, seconds: float = 60.0) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + seconds
+        while marker not in seen and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.5)[0]:
+                try:
+                    seen += os.read(master, 4096)
+                except OSError:  # EIO: the command exited and closed the terminal
+                    break
+
+    try:
+        read_until(b"Ctrl-D ends")
+        assert b"ready: type words" in seen, seen
+        os.write(master, b"def encode\n")
+        read_until(b'"ids"')
+        os.write(master, b"\x04")  # Ctrl-D at the start of a line: end of input
+        read_until(b"predicted after")
+        assert process.wait(timeout=60) == 0, seen
+    finally:
+        if process.poll() is None:
+            process.kill()
+        os.close(master)
+    text = seen.decode()
+    assert text.count('"ids"') == 2 and "predicted after 2 tokens" in text, text
