@@ -100,3 +100,18 @@ def test_a_demo_too_small_to_split_names_the_demos_own_flags(tmp_path):
     assert done.stderr.startswith("dist-respattn demo: error: --max-tokens 1,000 takes "), done.stderr
     assert "--fractions" not in done.stderr and "--split-seed" not in done.stderr
     assert "started a local cluster" not in done.stderr
+
+
+def test_info_on_a_small_store_reads_in_its_own_sizes(tmp_path):
+    """A 22 KiB store is not "0.0 MiB on disk"; a partition size is a bound ("of up to"); long array names keep
+    the table's columns aligned."""
+    sources = sorted(Path(sysconfig.get_paths()["stdlib"], "json").glob("*.py"))
+    store = str(tmp_path / "s.zarr")
+    assert run("ingest", "--text", *map(str, sources), "--vocab-size", "150", "--context", "4", store).returncode == 0
+    done = run("info", store)
+    assert done.returncode == 0, done.stderr
+    assert "0.0 MiB" not in done.stdout and re.search(r"\d KiB on disk", done.stdout), done.stdout
+    assert " partition of up to " in done.stdout
+    rows = [line for line in done.stdout.splitlines() if line.startswith("  ") and "uncompressed" in line]
+    dtype_columns = {re.match(r"^  \S+ +", line).end() for line in rows}  # where each row's dtype starts
+    assert len(rows) >= 2 and len(dtype_columns) == 1, done.stdout

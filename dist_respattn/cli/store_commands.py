@@ -507,24 +507,25 @@ def _print_info(report: dict[str, Any]) -> None:
     if report.get("format") == "stream":
         print(
             f"tokens       {report['tokens']:,} in {report['documents']:,} documents, "
-            f"{report['bytes_on_disk'] / 2**20:,.1f} MiB on disk ({report['bytes_per_token']:.2f} bytes a token); "
+            f"{_size(report['bytes_on_disk'])} on disk ({report['bytes_per_token']:.2f} bytes a token); "
             f"rows are windows of N={report['context_length']} (fit --context to choose another)"
         )
+    # "1 partition of up to 4,194,304 rows": the layout's sizes are bounds, which a small store does not reach.
     print(
         f"rows         {report['rows']:,} in {report['partitions']} partition{'s' * (report['partitions'] != 1)} "
-        f"of {report['partition_rows']:,} rows, "
-        f"chunks of {report['chunk_rows']:,}"
+        f"of up to {report['partition_rows']:,} rows, in chunks of up to {report['chunk_rows']:,}"
     )
     print(
         f"shape        S={report['num_symbols']} symbols, N={report['context_length']} positions, "
         f"D={report['query_dim']} ({report['query_dtype']}), T={report['num_targets']} targets"
         + (", weighted" if report["has_weight"] else "")
     )
+    width = max((len(name) for name in report["arrays"]), default=8)
     for name, array in report["arrays"].items():
         codecs = "+".join(array["compressors"]) or "raw"
         print(
-            f"  {name:<8} {array['dtype']:<8} {tuple(array['shape'])!s:<16} {codecs:<11} "
-            f"{array['bytes'] / 2**20:,.1f} MiB uncompressed"
+            f"  {name:<{width}} {array['dtype']:<8} {tuple(array['shape'])!s:<16} {codecs:<11} "
+            f"{_size(array['bytes'])} uncompressed"
         )
     provenance = report["provenance"]
     print(
@@ -548,6 +549,14 @@ def _print_info(report: dict[str, Any]) -> None:
         print("true model   kept in the store (truth/)")
     print(f"identity     {identity_line(report['identity'])}")
     print(f"fingerprint  {report['fingerprint']}")
+
+
+def _size(n_bytes: float) -> str:
+    """``812 bytes``, ``10.8 KiB``, ``3.2 MiB``, ``1.5 GiB``: a size in the unit that shows it."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:,.1f} {unit}"
+    return f"{int(n_bytes):,} bytes"
 
 
 def _print_attributes(report: dict[str, Any]) -> None:
