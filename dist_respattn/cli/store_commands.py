@@ -10,6 +10,7 @@ from typing import Any
 
 from dist_respattn.cli.common import (
     CommandError,
+    check_row_order,
     parse_storage_options,
     positive_float,
     positive_int,
@@ -397,11 +398,7 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
                 **attributes,
             )
     elif args.format == "stream":
-        if args.row_order != "input":
-            raise CommandError(
-                f"--row-order {args.row_order}: a token-stream store keeps the tokens in order; "
-                "pass --format triples to sort the windows"
-            )
+        check_row_order(args)
         store = _ingest_stream(args, like)
     elif args.tokens is not None:
         with progress_bar(None, "rows", "windowing") as bar:
@@ -426,7 +423,7 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
             say(args, f"no --text path given: using the Python standard library's source at {paths[0]}")
         files = iter_text_files(paths)
         passes = "writing" if like is not None else "counting, then writing"
-        with progress_bar((1 if like is not None else 2) * len(files), "files", passes) as bar:
+        with progress_bar((1 if like is not None else 2) * len(files), "files", passes, scale=False) as bar:
             options = write_options(args, None)  # the bar counts files here, not rows
             store = write_text(
                 args.out,
@@ -613,8 +610,8 @@ def _run_validate(args: argparse.Namespace) -> dict[str, Any]:
         except OSError as exc:
             raise CommandError(f"cannot reach the scheduler at {args.scheduler}: {exc}") from exc
     try:
-        with progress_bar(None, "partitions", "scanning") as bar:
-            report = validate(location, client=client, progress=bar.update)
+        with progress_bar(None, "partitions", "scanning", scale=False) as bar:
+            report = validate(location, client=client, progress=bar.update, total=lambda n: bar.reset(total=n))
     finally:
         if client is not None:
             client.close()

@@ -130,6 +130,7 @@ def validate(
     storage_options: dict[str, Any] | None = None,
     client: Any = None,
     progress: Callable[[int], None] | None = None,
+    total: Callable[[int], None] | None = None,
 ) -> ValidationReport:
     """Scan a store and report every problem with its array, chunk and row.
 
@@ -140,14 +141,15 @@ def validate(
     then, when the structure allows, every partition: missing chunk files, undecodable chunks, ids
     out of range, non-finite queries or weights, negative weights. With a ``distributed.Client`` the
     partitions are scanned in parallel on its workers (which must see the store's location).
-    ``progress`` is called with the number of partitions each step finishes.
+    ``progress`` is called with the number of partitions each step finishes; ``total``, once the structure allows a
+    scan, with the number of partitions it will scan (a token-stream store's: its shards of tokens).
     """
     location = StoreLocation.of(url, storage_options)
     group = open_group_at(location)  # nothing there at all is an error, not a finding
     if ATTRIBUTE_KEY not in group.attrs:
         raise StoreError(f"{location}: a zarr group without the '{ATTRIBUTE_KEY}' attribute: not a triple store")
     if is_stream_group(dict(group.attrs[ATTRIBUTE_KEY])):
-        found, tokens, chunks = validate_stream(location)
+        found, tokens, chunks = validate_stream(location, progress=progress, total=total)
         return ValidationReport(str(location), found, rows_scanned=tokens, chunks_scanned=chunks, unit="tokens")
     try:
         schema, attributes, problems = structural_problems(group)
@@ -159,6 +161,8 @@ def validate(
         return report  # values cannot be located reliably; the structural problems say why
     report.problems.extend(identity_problems(group, attributes))
     partitions = range(-(-attributes["rows"] // attributes["partition_rows"]))
+    if total is not None:
+        total(len(partitions))
     if client is not None:
         run = uuid.uuid4().hex[:8]
         futures = client.map(
