@@ -17,6 +17,7 @@ from dist_respattn.cli.common import (
     progress_bar,
     say,
 )
+from dist_respattn.text_format import count_text
 
 __all__ = [
     "add_attribute_options",
@@ -508,7 +509,7 @@ def _print_info(report: dict[str, Any]) -> None:
             f"rows are windows of N={report['context_length']} (fit --context to choose another)"
         )
     print(
-        f"rows         {report['rows']:,} in {report['partitions']} partition{'s' * (report['partitions'] != 1)} "
+        f"rows         {report['rows']:,} in {count_text(report['partitions'], 'partition')} "
         f"of {report['partition_rows']:,} rows, "
         f"chunks of {report['chunk_rows']:,}"
     )

@@ -18,6 +18,7 @@ from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreSchema
 from dist_respattn.store.stream_store import is_stream_group, validate_stream
 from dist_respattn.store.triple_store import damaged_metadata, open_group_at, shard_key
+from dist_respattn.text_format import count_text
 
 __all__ = ["ValidationReport", "identity_problems", "scan_partition", "validate"]
 
@@ -48,7 +49,7 @@ class ValidationReport:
 
     def summary(self) -> str:
         head = f"{self.url}: {'valid' if self.ok else f'{len(self.problems)} problem(s)'}"
-        chunks = f"{self.chunks_scanned:,} chunk{'s' * (self.chunks_scanned != 1)}"
+        chunks = count_text(self.chunks_scanned, "chunk")
         head += f" ({self.rows_scanned:,} {self.unit}, {chunks} scanned)"
         return "\n".join([head, *(f"  {p}" for p in self.problems)])
 
@@ -118,7 +119,7 @@ def _attribute_problems(ids: Any, num_attributes: int, chunk: int, first: int) -
     if not bad.size:
         return []
     i = int(bad[0])
-    rows_text = f"{bad.size} rows" if bad.size > 1 else "1 row"
+    rows_text = count_text(int(bad.size), "row")
     return [Problem(f"attribute[{first + i}] = {int(ids[i])}: expected an attribute id in [0, {num_attributes}) "
                     f"({rows_text} of this chunk)", array="attribute", chunk=chunk, row=first + i,
                     count=int(bad.size))]  # fmt: skip
