@@ -5,16 +5,13 @@ model directory serves. Every fit here is a real subprocess on a real store."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import sysconfig
-from pathlib import Path
 
 import pytest
 
 from dist_respattn.engine.checkpoint import load_checkpoint
 from dist_respattn.engine.gated_checkpoint import load_gated
+from tests.stdlib_packages import package_corpus
 from tests.test_cli import run
 
 pytestmark = pytest.mark.slow  # every test here starts a cluster or a command
@@ -33,16 +30,6 @@ GATED_LINE = re.compile(
     r"\((?P<best>best so far|best so far: iteration \d+)\), prior scale \S+, \d+\.\d\d s, [\d,]+ rows/s(?P<rest>.*)$",
     re.MULTILINE,
 )
-PACKAGES = ("json", "tomllib", "zoneinfo", "wsgiref")
-
-
-def _corpus(root: Path, packages: tuple[str, ...]) -> str:
-    """Copies of stdlib packages' sources under ``root``, so that each file's directory is its package."""
-    stdlib = sysconfig.get_paths()["stdlib"]
-    root.mkdir()
-    for name in packages:
-        shutil.copytree(os.path.join(stdlib, name), root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    return str(root)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +38,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     base = tmp_path_factory.mktemp("lines")
     out = str(base / "train.zarr")
     done = run(
-        "ingest", "--text", _corpus(base / "corpus", PACKAGES), "--attribute-by", "directory", "--vocab-size", "300",
+        "ingest", "--text", package_corpus(base / "corpus"), "--attribute-by", "directory", "--vocab-size", "300",
         "--dim", "6", "--context", "4", out, "--json",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
