@@ -91,6 +91,22 @@ def test_iteration_lines_lead_with_the_heldout_perplexity_and_mark_the_best(stor
         assert "  it is also the last iteration's" in done.stdout
 
 
+def test_early_stopping_by_loglik_says_so_in_the_mark(store, tmp_path):
+    """With ``--early-stop-metric loglik`` the best iteration is judged by the held-out joint log-likelihood, not the
+    perplexity the line leads with: the mark names the metric, and follows the log-likelihood the checkpoint saved."""
+    model = tmp_path / "model"
+    done = run(
+        "fit", store, "--model-dir", str(model), "--max-iter", "3", "--tol", "0", "--workers", "2",
+        "--early-stop-metric", "loglik",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    history = load_checkpoint(model, "latest").meta["history"]
+    marks = re.findall(r"^iteration \d+: held-out perplexity \d+\.\d{3} \(([^)]*)\),", done.stderr, re.MULTILINE)
+    # Higher is better: the marks of the negated log-likelihoods, as those of perplexities (lower is better).
+    expected = _marks([-h["heldout"]["mean_log_likelihood"] for h in history])
+    assert marks == [m.replace("best so far", "best so far by loglik") for m in expected], done.stderr
+
+
 def test_verbose_and_json_keep_the_joint_log_likelihood(store, tmp_path):
     """``-v`` appends the training and held-out joint log-likelihoods the checkpoint saved; ``--json`` keeps its
     keys (``mean_log_likelihood``, ``heldout``) and adds the checkpoints the directory's pointers name."""
