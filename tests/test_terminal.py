@@ -215,3 +215,14 @@ def test_split_of_tokens_on_a_terminal_counts_tokens_or_rows(tmp_path):
     assert re.search(r"splitting: 3\.00k ?tokens \[", streams.output), streams.output
     # 30 documents of 100 tokens give 30 * (100 - 3) = 2,910 rows at N = 3.
     assert re.search(r"splitting: 2\.91k ?rows \[", triples.output), triples.output
+    # Text files are counted whole (the train files counted, then all written): ``45 files``, not ``45.0files``.
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(24):
+        (corpus / f"f{i:02d}.txt").write_text("alpha beta gamma delta " * (5 + i), encoding="utf-8")
+    text = run_on_terminal("split", str(tmp_path / "text"), "--text", str(corpus), "--context", "3")
+    assert text.returncode == 0, text.output
+    assert re.search(r"splitting: \d+ ?files \[", text.output), text.output
+    assert not re.search(r"splitting: \d+\.\d+ ?files \[", text.output), text.output
+    # The validation split gets one of these files (by the seeded hash of its name): "1 document", not "1 documents".
+    assert re.search(r"validation .*: [\d,]+ rows, 1 document, [\d,]+ tokens", text.output), text.output

@@ -18,6 +18,7 @@ from dist_respattn.cli.store_commands import (
     out_after_text,
     write_options,
 )
+from dist_respattn.text_format import count_text
 
 __all__ = ["register"]
 
@@ -171,8 +172,8 @@ def _run_split(args: argparse.Namespace) -> dict[str, Any]:
 def _print_split(report: dict[str, Any]) -> None:
     for name, store in report["stores"].items():
         print(
-            f"{name:<11}  {store['url']}: {store['rows']:,} rows, {store['documents']:,} documents, "
-            f"{store['tokens']:,} tokens"
+            f"{name:<11}  {store['url']}: {count_text(store['rows'], 'row')}, "
+            f"{count_text(store['documents'], 'document')}, {count_text(store['tokens'], 'token')}"
         )
     train = report["stores"]["train"]
     if train.get("attributes"):

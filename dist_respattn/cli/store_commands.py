@@ -472,7 +472,7 @@ def _ingest_stream(args: argparse.Namespace, like: Any) -> Any:
     files = iter_text_files(paths)
     one_pass = like is not None or args.append  # the vocabulary is the reference's: no counting pass
     with progress_bar(
-        (1 if one_pass else 2) * len(files), "files", "writing" if one_pass else "counting, then writing"
+        (1 if one_pass else 2) * len(files), "files", "writing" if one_pass else "counting, then writing", scale=False
     ) as bar:
         return write_stream_text(
             args.out, paths, args.context, vocab_size=args.vocab_size, dim=args.dim, seed=args.seed, like=like,
