@@ -5,16 +5,13 @@ model directory serves. Every fit here is a real subprocess on a real store."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import sysconfig
-from pathlib import Path
 
 import pytest
 
 from dist_respattn.engine.checkpoint import load_checkpoint
 from dist_respattn.engine.gated_checkpoint import load_gated
+from tests.stdlib_packages import package_corpus
 from tests.test_cli import run
 
 pytestmark = pytest.mark.slow  # every test here starts a cluster or a command
@@ -33,16 +30,6 @@ GATED_LINE = re.compile(
     r"\((?P<best>best so far|best so far: iteration \d+)\), prior scale \S+, \d+\.\d\d s, [\d,]+ rows/s(?P<rest>.*)$",
     re.MULTILINE,
 )
-PACKAGES = ("json", "tomllib", "zoneinfo", "wsgiref")
-
-
-def _corpus(root: Path, packages: tuple[str, ...]) -> str:
-    """Copies of stdlib packages' sources under ``root``, so that each file's directory is its package."""
-    stdlib = sysconfig.get_paths()["stdlib"]
-    root.mkdir()
-    for name in packages:
-        shutil.copytree(os.path.join(stdlib, name), root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    return str(root)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +38,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     base = tmp_path_factory.mktemp("lines")
     out = str(base / "train.zarr")
     done = run(
-        "ingest", "--text", _corpus(base / "corpus", PACKAGES), "--attribute-by", "directory", "--vocab-size", "300",
+        "ingest", "--text", package_corpus(base / "corpus"), "--attribute-by", "directory", "--vocab-size", "300",
         "--dim", "6", "--context", "4", out, "--json",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -102,6 +89,22 @@ def test_iteration_lines_lead_with_the_heldout_perplexity_and_mark_the_best(stor
         assert "latest.json): --resume continues from it" in done.stdout
     else:
         assert "  it is also the last iteration's" in done.stdout
+
+
+def test_early_stopping_by_loglik_says_so_in_the_mark(store, tmp_path):
+    """With ``--early-stop-metric loglik`` the best iteration is judged by the held-out joint log-likelihood, not the
+    perplexity the line leads with: the mark names the metric, and follows the log-likelihood the checkpoint saved."""
+    model = tmp_path / "model"
+    done = run(
+        "fit", store, "--model-dir", str(model), "--max-iter", "3", "--tol", "0", "--workers", "2",
+        "--early-stop-metric", "loglik",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    history = load_checkpoint(model, "latest").meta["history"]
+    marks = re.findall(r"^iteration \d+: held-out perplexity \d+\.\d{3} \(([^)]*)\),", done.stderr, re.MULTILINE)
+    # Higher is better: the marks of the negated log-likelihoods, as those of perplexities (lower is better).
+    expected = _marks([-h["heldout"]["mean_log_likelihood"] for h in history])
+    assert marks == [m.replace("best so far", "best so far by loglik") for m in expected], done.stderr
 
 
 def test_verbose_and_json_keep_the_joint_log_likelihood(store, tmp_path):

@@ -731,6 +731,24 @@ def test_split_refusals_are_one_line_errors(tmp_path, corpus_stores, capsys):
         assert_error(subprocess.CompletedProcess(argv, status, printed.out, printed.err), "split", *fragments)
 
 
+def test_split_and_ingest_refuse_a_sorted_stream_store_in_the_same_words(tmp_path, capsys):
+    """``--row-order target`` needs ``--format triples`` for ``split`` as for ``ingest``: one line, the same one."""
+    np.save(tmp_path / "long.npy", np.random.default_rng(1).integers(0, 9, 1000))
+    long = str(tmp_path / "long.npy")
+    lines = {}
+    for command, argv in {
+        "split": ["split", str(tmp_path / "out"), "--tokens", long, "--context", "3", "--row-order", "target"],
+        "ingest": ["ingest", "--tokens", long, "--context", "3", "--row-order", "target", str(tmp_path / "s.zarr")],
+    }.items():
+        status = main(argv)
+        printed = capsys.readouterr()
+        line = assert_error(subprocess.CompletedProcess(argv, status, printed.out, printed.err), command)
+        lines[command] = line.split(": error: ", 1)[1]
+    assert lines["split"] == lines["ingest"]
+    assert lines["split"].startswith("--row-order target:") and "--format triples" in lines["split"]
+    assert not list(tmp_path.glob("*.zarr")) and not (tmp_path / "out").exists()
+
+
 # -- validate --------------------------------------------------------------------------------------
 
 

@@ -57,6 +57,18 @@ def test_the_event_definitions_need_only_the_standard_library():
     }
 
 
+@pytest.mark.slow  # fresh interpreters
+def test_the_count_wording_needs_only_the_standard_library():
+    """Engine, store and command line all word their counts with it: it must load nothing of theirs."""
+    before = modules_after("")
+    added = modules_after("import dist_respattn.text_format") - before
+    assert {m for m in added if m.split(".")[0] not in sys.stdlib_module_names} == {
+        "dist_respattn",
+        "dist_respattn.numba_cache",
+        "dist_respattn.text_format",
+    }
+
+
 def test_retrain_uses_only_the_engines_public_names():
     """``registry/retrain.py`` imports from ``dist_respattn.engine`` itself (its ``__all__``), no engine module."""
     tree = ast.parse((PACKAGE / "registry" / "retrain.py").read_text())

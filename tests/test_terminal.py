@@ -27,12 +27,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dist_respattn import random_distribution
 from dist_respattn.engine import FitSettings, fit
 from dist_respattn.registry import Registry
 from dist_respattn.store import WriteOptions, write_synthetic
+from dist_respattn.store.stream_ingest import write_stream_tokens
 from tests.engine.clusters import local_cluster
 
 pytestmark = pytest.mark.slow  # every test here starts a command (and the module a cluster)
@@ -190,5 +192,37 @@ def test_retrain_on_a_terminal(tmp_path, stores, address):
 def test_validate_on_a_cluster_on_a_terminal(stores, address):
     result = run_on_terminal("validate", stores.train, "--scheduler", address)
     assert result.returncode == 0, result.output
-    assert re.search(r"scanning: [\d.]+ ?partitions", result.output), result.output
-    assert f"{stores.train}: valid (4000 rows" in result.output
+    # Whole partitions out of a known total (4,000 rows in partitions of 1,024), not ``4.00partitions``.
+    assert re.search(r"scanning: 100%\|[^|\r\n]*\| 4/4 \[[^\]\r\n]*partitions/s", result.output), result.output
+    assert f"{stores.train}: valid (4,000 rows" in result.output
+
+
+def test_validate_of_a_stream_store_on_a_terminal_counts_its_shards(tmp_path):
+    store = tmp_path / "tokens.zarr"
+    write_stream_tokens(store, np.arange(3000) % 7, 3, options=LAYOUT)
+    result = run_on_terminal("validate", str(store))
+    assert result.returncode == 0, result.output
+    assert re.search(r"scanning: 100%\|[^|\r\n]*\| 3/3 \[", result.output), result.output
+
+
+def test_split_of_tokens_on_a_terminal_counts_tokens_or_rows(tmp_path):
+    """The stream writers count tokens, the triple writers rows: the bar names what it counts."""
+    np.save(tmp_path / "tokens.npy", np.random.default_rng(0).integers(0, 9, 3000))
+    common = ("--tokens", str(tmp_path / "tokens.npy"), "--block-tokens", "100", "--context", "3")
+    streams = run_on_terminal("split", str(tmp_path / "streams"), *common)
+    triples = run_on_terminal("split", str(tmp_path / "triples"), *common, "--format", "triples")
+    assert streams.returncode == 0 and triples.returncode == 0, streams.output + triples.output
+    assert re.search(r"splitting: 3\.00k ?tokens \[", streams.output), streams.output
+    # 30 documents of 100 tokens give 30 * (100 - 3) = 2,910 rows at N = 3.
+    assert re.search(r"splitting: 2\.91k ?rows \[", triples.output), triples.output
+    # Text files are counted whole (the train files counted, then all written): ``45 files``, not ``45.0files``.
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(24):
+        (corpus / f"f{i:02d}.txt").write_text("alpha beta gamma delta " * (5 + i), encoding="utf-8")
+    text = run_on_terminal("split", str(tmp_path / "text"), "--text", str(corpus), "--context", "3")
+    assert text.returncode == 0, text.output
+    assert re.search(r"splitting: \d+ ?files \[", text.output), text.output
+    assert not re.search(r"splitting: \d+\.\d+ ?files \[", text.output), text.output
+    # The validation split gets one of these files (by the seeded hash of its name): "1 document", not "1 documents".
+    assert re.search(r"validation .*: [\d,]+ rows, 1 document, [\d,]+ tokens", text.output), text.output

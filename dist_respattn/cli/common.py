@@ -12,6 +12,7 @@ from typing import Any
 
 __all__ = [
     "CommandError",
+    "check_row_order",
     "fit_ended",
     "in_flags",
     "parse_storage_options",
@@ -99,33 +100,32 @@ def parse_storage_options(pairs: list[str] | None) -> dict[str, Any] | None:
     return options
 
 
+def check_row_order(args: argparse.Namespace) -> None:
+    """Refuse ``--row-order target`` for a token-stream store (``--format stream``, ``ingest``'s and ``split``'s)."""
+    if args.format == "stream" and args.row_order != "input":
+        raise CommandError(
+            f"--row-order {args.row_order}: a token-stream store keeps the tokens in order; "
+            "pass --format triples to sort the windows"
+        )
+
+
 def say(args: argparse.Namespace, message: str) -> None:
     """A progress message on stderr, kept out of ``--json`` output."""
     if not getattr(args, "json", False):
         print(message, file=sys.stderr, flush=True)
 
 
-#: Units counted in the millions, which a bar shows scaled (``1.2M rows``); other counts show as whole numbers.
-SCALED_UNITS = frozenset({"rows", "tokens", "bytes"})
-
-
 @contextmanager
-def progress_bar(total: int | None, unit: str, description: str) -> Iterator[Any]:
+def progress_bar(total: int | None, unit: str, description: str, *, scale: bool = True) -> Iterator[Any]:
     """A tqdm bar on stderr when it is a terminal; silent otherwise (logs and pipes stay clean).
 
-    Rows and tokens are shown scaled (``3.2M/7.0M rows``); files and partitions as whole numbers (``7/14 files``,
-    where a scaled bar would show ``7.0/14.0``).
+    ``scale``: counts shown with SI prefixes (``1.2M rows``); off for counts of a few things (files, partitions),
+    which it would show as ``4.00``.
     """
     from tqdm import tqdm
 
     with tqdm(
-        total=total,
-        unit=unit,
-        desc=description,
-        disable=None,
-        file=sys.stderr,
-        unit_scale=unit in SCALED_UNITS,
-        dynamic_ncols=True,
+        total=total, unit=unit, desc=description, disable=None, file=sys.stderr, unit_scale=scale, dynamic_ncols=True
     ) as bar:
         yield bar
 

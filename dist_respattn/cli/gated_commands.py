@@ -317,10 +317,8 @@ def _run_sample(args: argparse.Namespace) -> dict[str, Any]:
         prompt = np.array([lookup.get(w, oov) for w in tokenize(args.prompt)], dtype=np.int64)
         if prompt.shape[0] == 0:
             raise CommandError(f"--prompt {args.prompt!r} holds no token: give some text to start from")
-    elif mix is not None:
-        prompt = _document_opening(store, names, mix, n_pos, rng)
-    else:
-        prompt = _any_opening(store, n_pos, rng)
+    else:  # a document of the mix's first attribute, for a gated head
+        prompt = _opening(store, n_pos, rng, attribute=None if mix is None else names[next(iter(mix))])
     tokens = generate(model, table, prompt, args.tokens, rng)
 
     def word(t: int) -> str:
@@ -338,39 +336,33 @@ def _run_sample(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def _any_opening(store: Any, n_pos: int, rng: Any) -> np.ndarray:
-    """A prompt for a plain head: the first N tokens (fewer for a shorter document) of a seeded document of a
-    token-stream store, or the window of a seeded row of a triple store."""
-    if getattr(store, "kind", None) == "stream":
-        starts = store.document_starts()
-        ends = np.append(starts[1:], store.num_tokens)
-        documents = np.flatnonzero(ends > starts)
-        if documents.size == 0:
-            raise CommandError(f"{store.location}: holds no tokens to open with: give --prompt TEXT")
-        d = int(rng.choice(documents))
-        first = int(starts[d])
-        return np.asarray(store.read_tokens(first, min(first + n_pos, int(ends[d]))), dtype=np.int64)
-    if store.num_rows == 0:
-        raise CommandError(f"{store.location}: holds no rows to open with: give --prompt TEXT")
-    row = int(rng.integers(store.num_rows))
-    return np.asarray(store.read_rows(row, row + 1).context[0], dtype=np.int64)
-
-
-def _document_opening(store: Any, names: list[str], mix: dict[int, float], n_pos: int, rng: Any) -> np.ndarray:
-    """The first N tokens of a document of the mix's first attribute (seeded), as a prompt."""
-    wanted = names[next(iter(mix))]
-    store_names = tuple(getattr(store, "attribute_names", None) or ())
-    stream = getattr(store, "kind", None) == "stream"
-    starts = store.document_starts() if stream else None
-    documents = store.document_attributes() if stream else None
-    if starts is None or documents is None or wanted not in store_names:
-        raise CommandError(f"{store.location}: no document of {wanted!r} to open with: give --prompt TEXT")
+def _opening(store: Any, n_pos: int, rng: Any, *, attribute: str | None = None) -> np.ndarray:
+    """A prompt from the store, seeded: the first N tokens of a document of a token-stream store (fewer for a
+    shorter one: generation pads a short prompt), of ``attribute``'s documents when given; or, without
+    ``attribute``, the window of a row of a triple store."""
+    of = "" if attribute is None else f" of {attribute!r}"
+    if getattr(store, "kind", None) != "stream":
+        if attribute is not None:
+            raise CommandError(f"{store.location}: no document{of} to open with: give --prompt TEXT")
+        if store.num_rows == 0:
+            raise CommandError(f"{store.location}: holds no rows to open with: give --prompt TEXT")
+        row = int(rng.integers(store.num_rows))
+        return np.asarray(store.read_rows(row, row + 1).context[0], dtype=np.int64)
+    starts = store.document_starts()
     ends = np.append(starts[1:], store.num_tokens)
-    mine = np.flatnonzero((documents == store_names.index(wanted)) & (ends - starts >= n_pos))
-    if mine.size == 0:
-        raise CommandError(f"{store.location}: no document of {wanted!r} has N = {n_pos} tokens: give --prompt TEXT")
-    first = int(starts[int(rng.choice(mine))])
-    return np.asarray(store.read_tokens(first, first + n_pos), dtype=np.int64)
+    wanted = ends > starts
+    if attribute is not None:
+        names = tuple(store.attribute_names or ())
+        ids = store.document_attributes()
+        if ids is None or attribute not in names:
+            raise CommandError(f"{store.location}: no document{of} to open with: give --prompt TEXT")
+        wanted &= ids == names.index(attribute)
+    documents = np.flatnonzero(wanted)
+    if documents.size == 0:
+        raise CommandError(f"{store.location}: no document{of} holds a token to open with: give --prompt TEXT")
+    d = int(rng.choice(documents))
+    first = int(starts[d])
+    return np.asarray(store.read_tokens(first, min(first + n_pos, int(ends[d]))), dtype=np.int64)
 
 
 def _print_sample(report: dict[str, Any]) -> None:

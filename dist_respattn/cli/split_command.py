@@ -7,7 +7,7 @@ import math
 import time
 from typing import Any
 
-from dist_respattn.cli.common import CommandError, positive_int, progress_bar, say
+from dist_respattn.cli.common import CommandError, check_row_order, positive_int, progress_bar, say
 from dist_respattn.cli.store_commands import (
     add_attribute_options,
     add_common_options,
@@ -18,6 +18,7 @@ from dist_respattn.cli.store_commands import (
     out_after_text,
     write_options,
 )
+from dist_respattn.text_format import count_text
 
 __all__ = ["register"]
 
@@ -109,11 +110,7 @@ def _run_split(args: argparse.Namespace) -> dict[str, Any]:
         "--vocab-size": args.vocab_size is not None and args.text is None,
         **attribute_flag_problems(args),
     }
-    if args.format == "stream" and args.row_order != "input":
-        raise CommandError(
-            f"--row-order {args.row_order}: a token-stream store keeps the tokens in order; "
-            "pass --format triples to sort the windows"
-        )
+    check_row_order(args)
     wrong = [flag for flag, bad in misplaced.items() if bad]
     if wrong:
         raise CommandError(f"{', '.join(wrong)}: not for this source: see `dist-respattn split --help`")
@@ -130,8 +127,9 @@ def _run_split(args: argparse.Namespace) -> dict[str, Any]:
             say(args, f"no --text path given: using the Python standard library's source at {default_corpus()}")
         source = TextCorpus(args.text, args.attribute_by)
     started = time.perf_counter()
-    unit = "rows" if args.tokens is not None else "files"
-    with progress_bar(None, unit, "splitting") as bar:
+    # What the bar counts: text files; else the tokens a stream writer writes, or the rows of a triple writer.
+    unit = "files" if args.tokens is None else "tokens" if args.format == "stream" else "rows"
+    with progress_bar(None, unit, "splitting", scale=unit != "files") as bar:
         stores = write_split(
             args.out_dir,
             source,
@@ -174,8 +172,8 @@ def _run_split(args: argparse.Namespace) -> dict[str, Any]:
 def _print_split(report: dict[str, Any]) -> None:
     for name, store in report["stores"].items():
         print(
-            f"{name:<11}  {store['url']}: {store['rows']:,} rows, {store['documents']:,} documents, "
-            f"{store['tokens']:,} tokens"
+            f"{name:<11}  {store['url']}: {count_text(store['rows'], 'row')}, "
+            f"{count_text(store['documents'], 'document')}, {count_text(store['tokens'], 'token')}"
         )
     train = report["stores"]["train"]
     if train.get("attributes"):

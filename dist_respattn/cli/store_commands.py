@@ -10,12 +10,14 @@ from typing import Any
 
 from dist_respattn.cli.common import (
     CommandError,
+    check_row_order,
     parse_storage_options,
     positive_float,
     positive_int,
     progress_bar,
     say,
 )
+from dist_respattn.text_format import count_text
 
 __all__ = [
     "add_attribute_options",
@@ -397,11 +399,7 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
                 **attributes,
             )
     elif args.format == "stream":
-        if args.row_order != "input":
-            raise CommandError(
-                f"--row-order {args.row_order}: a token-stream store keeps the tokens in order; "
-                "pass --format triples to sort the windows"
-            )
+        check_row_order(args)
         store = _ingest_stream(args, like)
     elif args.tokens is not None:
         with progress_bar(None, "rows", "windowing") as bar:
@@ -426,7 +424,7 @@ def _run_ingest(args: argparse.Namespace) -> dict[str, Any]:
             say(args, f"no --text path given: using the Python standard library's source at {paths[0]}")
         files = iter_text_files(paths)
         passes = "writing" if like is not None else "counting, then writing"
-        with progress_bar((1 if like is not None else 2) * len(files), "files", passes) as bar:
+        with progress_bar((1 if like is not None else 2) * len(files), "files", passes, scale=False) as bar:
             options = write_options(args, None)  # the bar counts files here, not rows
             store = write_text(
                 args.out,
@@ -474,7 +472,7 @@ def _ingest_stream(args: argparse.Namespace, like: Any) -> Any:
     files = iter_text_files(paths)
     one_pass = like is not None or args.append  # the vocabulary is the reference's: no counting pass
     with progress_bar(
-        (1 if one_pass else 2) * len(files), "files", "writing" if one_pass else "counting, then writing"
+        (1 if one_pass else 2) * len(files), "files", "writing" if one_pass else "counting, then writing", scale=False
     ) as bar:
         return write_stream_text(
             args.out, paths, args.context, vocab_size=args.vocab_size, dim=args.dim, seed=args.seed, like=like,
@@ -512,7 +510,7 @@ def _print_info(report: dict[str, Any]) -> None:
         )
     # "1 partition of up to 4,194,304 rows": the layout's sizes are bounds, which a small store does not reach.
     print(
-        f"rows         {report['rows']:,} in {report['partitions']} partition{'s' * (report['partitions'] != 1)} "
+        f"rows         {report['rows']:,} in {count_text(report['partitions'], 'partition')} "
         f"of up to {report['partition_rows']:,} rows, in chunks of up to {report['chunk_rows']:,}"
     )
     print(
@@ -622,8 +620,8 @@ def _run_validate(args: argparse.Namespace) -> dict[str, Any]:
         except OSError as exc:
             raise CommandError(f"cannot reach the scheduler at {args.scheduler}: {exc}") from exc
     try:
-        with progress_bar(None, "partitions", "scanning") as bar:
-            report = validate(location, client=client, progress=bar.update)
+        with progress_bar(None, "partitions", "scanning", scale=False) as bar:
+            report = validate(location, client=client, progress=bar.update, total=lambda n: bar.reset(total=n))
     finally:
         if client is not None:
             client.close()

@@ -19,6 +19,8 @@ from typing import Any
 
 import distributed
 
+from dist_respattn.text_format import count_text
+
 __all__ = [
     "ClusterError",
     "ClusterInfo",
@@ -233,7 +235,7 @@ def connect(
         with contextlib.suppress(TimeoutError):  # the fit itself waits for a first worker, and says so
             own_client.wait_for_workers(requested, timeout=WORKERS_UP_SECONDS)
         _announce(
-            own_client, f"started a local cluster of {_count(requested, 'worker process', 'worker processes')}", say
+            own_client, f"started a local cluster of {count_text(requested, 'worker process', 'worker processes')}", say
         )
         yield own_client
 
@@ -360,9 +362,4 @@ def _announce(client: distributed.Client, what: str, say: Callable[[str], Any] |
         return
     info = cluster_info(client)
     dashboard = f"; dashboard: {info.dashboard}" if info.dashboard else "; no dashboard (is bokeh installed?)"
-    say(f"{what} ({_count(info.workers, 'worker')}, {_count(info.threads, 'thread')}){dashboard}")
-
-
-def _count(n: int, one: str, many: str | None = None) -> str:
-    """``1 worker``, ``2 workers``: counts in the lines a person reads."""
-    return f"{n:,} {one if n == 1 else (many or one + 's')}"
+    say(f"{what} ({count_text(info.workers, 'worker')}, {count_text(info.threads, 'thread')}){dashboard}")

@@ -367,15 +367,19 @@ def gated_iteration_line(
 ) -> str:
     """One line for a gated iteration's history ``entry``, led by its held-out perplexity, as a plain fit's.
 
-    ``best``: this iteration's head is the best so far (else ``best_iteration`` is); ``chosen``: the prior's
-    scale was chosen on held-out rows (else it is the given ``--attribute-prior-scale``); ``verbose`` adds the
-    training rows' mean joint log-likelihood.
+    ``best``: this iteration's head is the best so far (else ``best_iteration`` is, when known: a checkpoint
+    written before the best iteration was recorded names none, and the line then names none); ``chosen``: the
+    prior's scale was chosen on held-out rows (else it is the given ``--attribute-prior-scale``); ``verbose`` adds
+    the training rows' mean joint log-likelihood.
     """
-    mark = "best so far" if best else f"best so far: iteration {best_iteration}"
+    if best:
+        mark = " (best so far)"
+    else:
+        mark = "" if best_iteration is None else f" (best so far: iteration {best_iteration})"
     scale = f"prior scale {entry['prior_scale']:.3g}" + ("" if chosen else " (given)")
     rate = entry.get("rows_per_second")
     line = (
-        f"gated iteration {entry['iteration']}: held-out perplexity {entry['heldout_perplexity']:.3f} ({mark}), "
+        f"gated iteration {entry['iteration']}: held-out perplexity {entry['heldout_perplexity']:.3f}{mark}, "
         f"{scale}, {entry['seconds']:.2f} s" + (f", {rate:,.0f} rows/s" if rate is not None else "")
     )
     if verbose and entry.get("mean_log_likelihood") is not None:
@@ -444,6 +448,9 @@ def fit_gated(
     best_value: float | None = stopping.get("best_value")
     best_name: str | None = stopping.get("best_checkpoint")
     best_iteration: int | None = stopping.get("best_iteration")
+    if best_iteration is None and best_value is not None:
+        # A checkpoint written before the best iteration was recorded: its history's entry of the best value names it.
+        best_iteration = next((h["iteration"] for h in history if h.get("heldout_perplexity") == best_value), None)
     stale = int(stopping.get("stale", 0))
     state = FitState(previous.meta.get("state", FitState.RUNNING)) if previous else FitState.RUNNING
     run_id = uuid.uuid4().hex[:8]

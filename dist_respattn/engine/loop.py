@@ -474,6 +474,7 @@ class FitLoop:
             entry,
             best=improved if scored is not None else None,
             best_iteration=stopping.best_iteration,
+            metric=stopping.metric,
             verbose=self.verbose,
         )
         self.spans.close()

@@ -43,6 +43,7 @@ from dist_respattn.store.predictions import (
     target_words,
 )
 from dist_respattn.store.rows import RowStore
+from dist_respattn.text_format import count_text
 
 __all__ = ["DEFAULT_TOP_K", "PredictionRun", "predict"]
 
@@ -85,15 +86,10 @@ class PredictionRun:
     def summary(self) -> str:
         return (
             f"predicted the top {self.top_k} targets of {self.rows:,} rows of {self.store} with {self.model} "
-            f"into {self.out} ({_count(self.partitions, 'partition')}, {self.seconds:.1f} s); the stored target "
+            f"into {self.out} ({count_text(self.partitions, 'partition')}, {self.seconds:.1f} s); the stored target "
             "ranked first in "
             f"{self.top1_accuracy:.2%} of rows, among the {self.top_k} in {self.top_k_accuracy:.2%}"
         )
-
-
-def _count(n: int, noun: str) -> str:
-    """``1 partition``, ``5 partitions``: a count with its noun."""
-    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def predict(

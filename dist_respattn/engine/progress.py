@@ -24,13 +24,20 @@ logger = logging.getLogger("dist_respattn.fit")
 
 
 def format_iteration(
-    record: IterationRecord, *, best: bool | None = None, best_iteration: int | None = None, verbose: bool = False
+    record: IterationRecord,
+    *,
+    best: bool | None = None,
+    best_iteration: int | None = None,
+    metric: str | None = None,
+    verbose: bool = False,
 ) -> str:
     """One line for an iteration record, led by what a person judges a fit by: the held-out perplexity.
 
     E.g. ``iteration 3: held-out perplexity 23.600 (best so far), sigma2 7.93, emission prior strength 0.1 + 1 per
     successor type, 0.09 s, 463,626 rows/s``. ``best``: whether this iteration's model is the best so far (the one
-    the ``best`` checkpoint now holds); when it is not, ``best_iteration`` names the one that is. Without held-out
+    the ``best`` checkpoint now holds); when it is not, ``best_iteration`` names the one that is. ``metric``: what
+    "best" is judged by (``--early-stop-metric``); named in the mark when it is not the perplexity the line leads
+    with, e.g. ``(best so far by loglik)``. Without held-out
     rows the line gives the relative change of the training log-likelihood instead (what ``--tol`` compares).
 
     ``verbose`` adds the mean joint log-likelihoods per row (of the query and the target: a density, which
@@ -44,10 +51,11 @@ def format_iteration(
         text = f"held-out perplexity {heldout['perplexity']:.3f}"
         if heldout.get("accuracy") is not None:
             text += f", accuracy {heldout['accuracy']:.2%}"
+        by = "" if metric in (None, "perplexity") else f" by {metric}"
         if best:
-            text += " (best so far)"
+            text += f" (best so far{by})"
         elif best is not None and best_iteration is not None:
-            text += f" (best so far: iteration {best_iteration})"
+            text += f" (best so far{by}: iteration {best_iteration})"
         parts.append(text + ",")
     elif not first:
         parts.append(f"training log-likelihood change {change:.3g},")
@@ -123,11 +131,12 @@ class FitReporter:
         *,
         best: bool | None = None,
         best_iteration: int | None = None,
+        metric: str | None = None,
         verbose: bool = False,
     ) -> None:
         """Print the iteration's line and publish its record as a cluster event (``best``, ``best_iteration``,
-        ``verbose``: see :func:`format_iteration`; the event carries the record alone)."""
-        self.say(format_iteration(record, best=best, best_iteration=best_iteration, verbose=verbose))
+        ``metric``, ``verbose``: see :func:`format_iteration`; the event carries the record alone)."""
+        self.say(format_iteration(record, best=best, best_iteration=best_iteration, metric=metric, verbose=verbose))
         self.event(iteration_event(record))
 
     def ended(self, run_id: str, state: FitState, error: str | None = None) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 
 from dist_respattn.store.attributes import names_problem
 from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, SCHEMA_VERSION, StoreSchema, StoreState
+from dist_respattn.text_format import count_text
 
 __all__ = ["EncodedRows", "Problem", "block_problems", "structural_problems"]
 
@@ -214,7 +215,7 @@ def block_problems(block: EncodedRows, schema: StoreSchema, chunk: int | None) -
         first, index, count = found
         row = block.start + first
         cell = ", ".join(str(i) for i in (row, *index[1:]))
-        rows_text = f"{count} rows" if count > 1 else "1 row"
+        rows_text = count_text(count, "row")
         problems.append(
             Problem(
                 f"{name}[{cell}] = {values[index].item()!r}: expected {expected} ({rows_text} of this chunk)",

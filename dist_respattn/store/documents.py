@@ -13,7 +13,7 @@ own, whichever block boundaries fall where, with memory of one block (and one bl
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,9 +21,11 @@ from dist_respattn.model.encoder import sequence_windows
 from dist_respattn.store.npy import load_array, row_blocks
 
 __all__ = [
+    "DocumentRun",
     "DocumentStarts",
     "DocumentWindows",
     "check_document_starts",
+    "document_runs",
     "fixed_starts",
     "require_rows",
     "starts_blocks",
@@ -98,6 +100,36 @@ def fixed_starts(num_tokens: int, block_tokens: int) -> Iterator[np.ndarray]:
     step = _STARTS_BLOCK * block_tokens
     for first in range(0, num_tokens, step):
         yield np.arange(first, min(first + step, num_tokens), block_tokens, dtype=np.int64)
+
+
+class DocumentRun(NamedTuple):
+    """Tokens ``[start, stop)`` of a piece of a stream (offsets into the piece), all of ``document``;
+    ``begins``: the run's first token is the document's first one."""
+
+    document: int
+    start: int
+    stop: int
+    begins: bool
+
+
+def document_runs(starts: np.ndarray, position: int, size: int, document: int) -> list[DocumentRun]:
+    """The ``size`` tokens of a stream from ``position`` on, cut where documents start: non-empty runs of one
+    document each, in order.
+
+    ``starts`` (n_docs,) every document's first token (strictly increasing); ``document``: the document already
+    begun before ``position`` (-1 at the stream's start, so a run begins document 0; 0 when the caller began it).
+    The last run's document is the one to pass for the next piece.
+    """
+    end = position + size
+    first = document + 1
+    # The documents starting inside the piece: starts[first:last], each < end.
+    last = first + int(np.searchsorted(starts[first:], end, side="left"))
+    bounds = [position, *(int(s) for s in starts[first:last]), end]
+    return [
+        DocumentRun(d, a - position, b - position, d != document)
+        for d, a, b in zip(range(document, last), bounds[:-1], bounds[1:], strict=True)
+        if b > a
+    ]
 
 
 class DocumentStarts:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import math
 import os
 from collections import Counter
@@ -45,12 +44,19 @@ import numpy as np
 
 from dist_respattn.store.attributes import attribute_ids, attribute_provenance, text_attribute_ids
 from dist_respattn.store.common import WriteOptions, open_writer
-from dist_respattn.store.documents import DocumentWindows, check_document_starts, fixed_starts, starts_blocks
+from dist_respattn.store.documents import (
+    DocumentWindows,
+    check_document_starts,
+    document_runs,
+    fixed_starts,
+    starts_blocks,
+)
 from dist_respattn.store.errors import EmptySplitError, StoreError
 from dist_respattn.store.identity import identity_provenance
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.npy import max_id
 from dist_respattn.store.schema import StoreSchema
+from dist_respattn.store.stream_ingest import open_stream_writer
 from dist_respattn.store.stream_store import StreamWriter, TokenStreamStore
 from dist_respattn.store.tables import embedding_table
 from dist_respattn.store.text import (
@@ -190,30 +196,24 @@ def _check_rows(locations: dict[str, Any], plan: _Plan, tokens: dict[str, int], 
             )
 
 
-def _stream_writer(
-    location: Any,
-    options: WriteOptions,
-    *,
-    num_symbols: int,
-    table: np.ndarray,
-    n: int,
-    provenance: dict[str, Any],
-    names: Sequence[str] | None,
-    level: str,
-) -> StreamWriter:
-    """A writer of one split's token-stream store, laid out as ``ingest`` lays one out (chunks and shards of
-    ``options.chunk_rows`` and ``options.partition_rows`` tokens)."""
-    return StreamWriter(
-        location, num_symbols=num_symbols, table=table, context_length=n, chunk_tokens=options.chunk_rows,
-        partition_tokens=options.partition_rows, query_dtype=options.query_dtype, overwrite=options.overwrite,
-        storage_options=options.storage_options, provenance=provenance, attribute_names=names, attribute_level=level,
-    )  # fmt: skip
+def _write_stream_document(
+    writer: StreamWriter, path: str, vocabulary: Vocabulary, lookup: dict[str, int], attribute: int | None
+) -> tuple[int, int]:
+    """Write one file's token ids as one document, a piece at a time (tokenized as
+    :func:`~dist_respattn.store.text.write_text_document` does), and return its (tokens, out-of-vocabulary tokens).
 
-
-def _encode_file(path: str, vocabulary: Vocabulary, lookup: dict[str, int]) -> np.ndarray:
-    """A text file's token ids, (L,) int32, tokenized as :func:`~dist_respattn.store.text.write_text_document` does."""
-    pieces = [vocabulary.encode(piece, lookup) for piece in line_pieces(path)]
-    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+    A file of no tokens begins no document."""
+    tokens = oov = 0
+    for piece in line_pieces(path):
+        ids = vocabulary.encode(piece, lookup)
+        if not ids.size:
+            continue
+        if not tokens:
+            writer.start_document(attribute)
+        tokens += int(ids.size)
+        oov += int(np.count_nonzero(ids == vocabulary.oov_id))
+        writer.write(ids)
+    return tokens, oov
 
 
 def _split_record(
@@ -243,7 +243,7 @@ def write_split(
     seed: int | None = None,
     file_progress: Callable[[int], None] | None = None,
     options: WriteOptions | None = None,
-    store_format: str = "triples",
+    store_format: str = "stream",
 ) -> dict[str, TripleStore | TokenStreamStore]:
     """Split one corpus into ``OUT_DIR/train.zarr``, ``validation.zarr`` and ``test.zarr`` (see the module docstring).
 
@@ -253,9 +253,9 @@ def write_split(
     tokens; for tokens S is ``num_symbols`` (default: largest id + 1). Each store records
     ``split`` in its provenance. ``options`` lay out every store (``append`` is refused; with
     ``overwrite`` each replaces its predecessor when it is complete). Every split must get at
-    least one row, else nothing is kept and a ``ValueError`` names the split. ``store_format``: ``"triples"``
-    (every window) or ``"stream"`` (the token ids; the same rows, about a twentieth of the bytes). Returns the
-    stores by name.
+    least one row, else nothing is kept and a ``ValueError`` names the split. ``store_format``: ``"stream"``
+    (the default, as ``dist-respattn split``'s: the token ids) or ``"triples"`` (every window; the same rows, about
+    twenty times the bytes). Returns the stores by name.
     """
     options = options or WriteOptions()
     if store_format not in SPLIT_FORMATS:
@@ -378,8 +378,8 @@ def _split_text(
             }
             if stream:
                 writers[name] = stack.enter_context(
-                    _stream_writer(locations[name], options, num_symbols=vocabulary.num_symbols, table=table, n=n,
-                                   provenance=record, names=names, level="document")
+                    open_stream_writer(locations[name], options, provenance=record, attribute_names=names,
+                                       num_symbols=vocabulary.num_symbols, table=table, context_length=n)
                 )  # fmt: skip
             else:
                 writers[name] = stack.enter_context(open_writer(locations[name], schema, options, record, names))
@@ -391,12 +391,10 @@ def _split_text(
             owner = SPLIT_NAMES[int(plan.split[i])]
             attribute = None if attributes is None else int(attributes.file_ids[i])
             if stream:
-                ids = _encode_file(document.path, vocabulary, lookup)
-                counted_tokens, unknown = int(ids.size), int(np.count_nonzero(ids == vocabulary.oov_id))
-                if ids.size:
-                    writers[owner].start_document(attribute)
-                    writers[owner].write(ids)
-                rows[owner] += max(int(ids.size) - n, 0)
+                counted_tokens, unknown = _write_stream_document(
+                    writers[owner], document.path, vocabulary, lookup, attribute
+                )
+                rows[owner] += max(counted_tokens - n, 0)
             else:
                 counted_tokens, unknown = write_text_document(
                     writers[owner], document.path, vocabulary, lookup, table, attribute
@@ -488,8 +486,9 @@ def _split_tokens(
             if store_format == "stream":
                 # A row's attribute is its target token's: kept per token, as ``ingest --tokens`` keeps them.
                 writers[split] = stack.enter_context(
-                    _stream_writer(locations[split], options, num_symbols=num_symbols, table=table, n=n,
-                                   provenance=record, names=names, level="token")
+                    open_stream_writer(locations[split], options, provenance=record, attribute_names=names,
+                                       attribute_level="token", num_symbols=num_symbols, table=table,
+                                       context_length=n)
                 )  # fmt: skip
             else:
                 writers[split] = stack.enter_context(open_writer(locations[split], schema, options, record, names))
@@ -531,21 +530,15 @@ def _stream_token_documents(
     reading the stream once, piece by piece; a piece is cut where a document starts."""
     position, document = 0, -1
     for piece in checked_pieces(stream, name, num_symbols):
-        end = position + piece.size
-        # The starts inside the piece cut it into runs of one document each.
-        inside = firsts[(firsts > position) & (firsts < end)]
-        for a, b in itertools.pairwise([position, *inside.tolist(), end]):
-            if document + 1 < firsts.size and firsts[document + 1] == a:
-                document += 1
-                begins = True
-            else:
-                begins = False
+        for run in document_runs(firsts, position, piece.size, document):
+            document = run.document
             if not plan.taken[document]:
                 continue
             writer = writers[SPLIT_NAMES[int(plan.split[document])]]
-            if begins:
+            if run.begins:
                 writer.start_document()
-            writer.write(piece[a - position : b - position], attribute=None if ids is None else ids.block(a, b))
+            a, b = position + run.start, position + run.stop
+            writer.write(piece[run.start : run.stop], attribute=None if ids is None else ids.block(a, b))
             if options.progress is not None:
                 options.progress(b - a)
-        position = end
+        position += piece.size

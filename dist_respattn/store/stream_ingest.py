@@ -7,7 +7,6 @@ the ids, not their windows: N is only the default window readers use.
 
 from __future__ import annotations
 
-import itertools
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -17,7 +16,7 @@ import numpy as np
 
 from dist_respattn.store.attributes import TextAttributes, attribute_ids, attribute_provenance, text_attribute_ids
 from dist_respattn.store.common import WriteOptions
-from dist_respattn.store.documents import check_document_starts
+from dist_respattn.store.documents import check_document_starts, document_runs
 from dist_respattn.store.errors import SchemaMismatchError
 from dist_respattn.store.identity import identity_provenance
 from dist_respattn.store.like import LikeStore, open_like
@@ -34,7 +33,7 @@ from dist_respattn.store.text import (
 from dist_respattn.store.text_pass import TokenizedCorpus, tokenize_files
 from dist_respattn.store.tokens import checked_pieces, load_token_stream
 
-__all__ = ["write_stream_text", "write_stream_tokens"]
+__all__ = ["open_stream_writer", "write_stream_text", "write_stream_tokens"]
 
 _BLOCK = 1 << 20
 
@@ -49,18 +48,20 @@ def _reference(out: Any, like: Any, options: WriteOptions) -> LikeStore | None:
     return open_like(like, options)
 
 
-def _open_writer(
+def open_stream_writer(
     out: Any,
     options: WriteOptions,
     *,
-    weighted: bool,
     provenance: dict[str, Any],
+    weighted: bool = False,
     attribute_names: Sequence[str] | None = None,
     attribute_level: str = "document",
     **new_store: Any,
 ) -> StreamWriter:
-    """A writer of a new store (``new_store``: its S, table and window; attributes at ``attribute_level``), or of
-    an append to ``out`` (at the store's own level)."""
+    """A writer of a new token-stream store at ``out``, laid out per ``options`` (chunks and shards of
+    ``options.chunk_rows`` and ``options.partition_rows`` tokens; ``new_store``: its ``num_symbols``, ``table`` and
+    ``context_length``; attributes at ``attribute_level``), or, with ``options.append``, of an append to ``out`` (at
+    the store's own level; ``new_store`` unused)."""
     if options.append:
         return StreamWriter.append(
             out, weighted=weighted, storage_options=options.storage_options, provenance=provenance,
@@ -95,34 +96,30 @@ def _write_cut(
     weight: np.ndarray | None,
     position: int,
     starts: np.ndarray,
-    next_doc: int,
+    document: int,
     *,
     attribute: np.ndarray | None = None,
     documents: np.ndarray | None = None,
 ) -> int:
-    """Write ``piece`` (tokens from ``position`` on), starting a document at each of ``starts[next_doc:]`` inside it.
+    """Write ``piece`` (tokens from ``position`` on, continuing ``document``), starting a document at each start
+    inside it (:func:`~dist_respattn.store.documents.document_runs`).
 
     Attributes, for a store with them: ``attribute`` the piece's ids per token, or ``documents`` (n_docs,) each
     document's id (given per token to a store with an attribute per token). The caller starts the first document.
-    Returns the index of the first start not yet reached.
+    Returns the document the piece ends in.
     """
-    cuts, owners = [position], [next_doc - 1]
-    while next_doc < starts.size and starts[next_doc] < position + piece.size:
-        cuts.append(int(starts[next_doc]))
-        owners.append(next_doc)
-        next_doc += 1
-    cuts.append(position + piece.size)
     per_token = writer.attribute_level == "token"
-    for k, (a, b) in enumerate(itertools.pairwise(cuts)):
-        own = None if documents is None else int(documents[owners[k]])
-        if k > 0:
+    for run in document_runs(starts, position, piece.size, document):
+        own = None if documents is None else int(documents[run.document])
+        if run.begins:
             writer.start_document(None if per_token else own)
-        a, b = a - position, b - position
+        a, b = run.start, run.stop
         ids = attribute[a:b] if attribute is not None else None
         if ids is None and own is not None and per_token:
             ids = np.full(b - a, own, dtype=np.int32)
         writer.write(piece[a:b], None if weight is None else weight[a:b], ids)
-    return next_doc
+        document = run.document
+    return document
 
 
 def write_stream_tokens(
@@ -195,7 +192,7 @@ def write_stream_tokens(
     if ids is not None:
         provenance.update(attribute_provenance("ids", ids.merged, ids.source))
     hint = f" (the symbols of {reference.role} {reference.url})" if reference is not None else ""
-    with _open_writer(
+    with open_stream_writer(
         out, options, weighted=weight_values is not None, provenance=provenance, num_symbols=num_symbols,
         table=table, context_length=window, attribute_names=None if ids is None else ids.merged.names,
         attribute_level="token",
@@ -203,7 +200,7 @@ def write_stream_tokens(
         saved = reference.store.vocabulary() if reference is not None and not options.append else None
         if saved is not None:
             writer.write_vocabulary(saved)
-        position, next_doc = 0, 1
+        position, document = 0, 0
         for piece in checked_pieces(stream, name, num_symbols, hint):
             w = None
             if weight_values is not None:
@@ -213,7 +210,7 @@ def write_stream_tokens(
                     i = int(bad[0])
                     raise ValueError(f"{weights_name}[{position + i}] = {w[i]}: expected a finite, non-negative weight")
             token_ids = None if ids is None else ids.block(position, position + piece.size)
-            next_doc = _write_cut(writer, piece, w, position, starts, next_doc, attribute=token_ids)
+            document = _write_cut(writer, piece, w, position, starts, document, attribute=token_ids)
             position += piece.size
         if options.progress is not None:
             options.progress(num_tokens)
@@ -309,7 +306,7 @@ def _write_corpus(
     if attributes is not None:
         provenance.update(attribute_provenance(attributes.by, attributes.merged))
         documents = attributes.file_ids[corpus.lengths > 0]  # a file without tokens is no document
-    with _open_writer(
+    with open_stream_writer(
         out, options, weighted=False, provenance=provenance, num_symbols=vocabulary.num_symbols, table=table,
         context_length=window, attribute_names=None if attributes is None else attributes.merged.names,
     ) as writer:  # fmt: skip
@@ -317,10 +314,10 @@ def _write_corpus(
             writer.write_vocabulary(vocabulary.to_json())
         if documents is not None and documents.size and writer.attribute_level == "document":
             writer.start_document(int(documents[0]))
-        starts, next_doc, position, oov = corpus.document_starts(), 1, 0, 0
+        starts, document, position, oov = corpus.document_starts(), 0, 0, 0
         for ids in corpus.blocks(remap, writer.dtype, writer.partition_tokens):
             oov += int(np.count_nonzero(ids == vocabulary.oov_id))
-            next_doc = _write_cut(writer, ids, None, position, starts, next_doc, documents=documents)
+            document = _write_cut(writer, ids, None, position, starts, document, documents=documents)
             position += ids.size
         if file_progress is not None and reference is None:
             file_progress(len(files))  # the second of the two passes the caller counts

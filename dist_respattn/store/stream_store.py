@@ -31,7 +31,7 @@ import hashlib
 import json
 import os
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -1112,8 +1112,15 @@ def rollback_stream_locked(location: StoreLocation) -> int:
 def validate_stream(
     store_url: str | os.PathLike[str] | StoreLocation,
     storage_options: dict[str, Any] | None = None,
+    *,
+    progress: Callable[[int], None] | None = None,
+    total: Callable[[int], None] | None = None,
 ) -> tuple[list[Problem], int, int]:
-    """Every problem of a stream store, named by array and position: ``(problems, tokens scanned, chunks scanned)``."""
+    """Every problem of a stream store, named by array and position: ``(problems, tokens scanned, chunks scanned)``.
+
+    ``total`` is called once with the number of partitions (shards of tokens) the scan reads, ``progress`` with 1
+    as each is done.
+    """
     location = StoreLocation.of(store_url, storage_options)
     group = open_group_at(location)
     attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
@@ -1140,6 +1147,9 @@ def validate_stream(
     chunk = int(attributes["chunk_tokens"])
     num_symbols = int(attributes["num_symbols"])
     scanned = ["tokens", "weight"] + (["token_attribute"] if num_attributes and "token_attribute" in group else [])
+    shard = int(attributes.get("partition_tokens") or chunk)
+    if total is not None:
+        total(-(-num_tokens // shard))
     chunks = 0
     for begin in range(0, num_tokens, chunk):
         end = min(begin + chunk, num_tokens)
@@ -1165,6 +1175,9 @@ def validate_stream(
                 i = int(bad[0])
                 problems.append(Problem(f"position {begin + i} = {values[i]}: {what}", array=name,
                                         chunk=begin // chunk, row=begin + i, count=int(bad.size)))  # fmt: skip
+        # A shard is done when its last chunk is (the shard is a multiple of the chunk).
+        if progress is not None and (end % shard == 0 or end == num_tokens):
+            progress(1)
     return problems, num_tokens, chunks
 
 

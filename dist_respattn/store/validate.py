@@ -18,6 +18,7 @@ from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreSchema
 from dist_respattn.store.stream_store import is_stream_group, validate_stream
 from dist_respattn.store.triple_store import damaged_metadata, open_group_at, shard_key
+from dist_respattn.text_format import count_text
 
 __all__ = ["ValidationReport", "identity_problems", "scan_partition", "validate"]
 
@@ -48,7 +49,7 @@ class ValidationReport:
 
     def summary(self) -> str:
         head = f"{self.url}: {'valid' if self.ok else f'{len(self.problems)} problem(s)'}"
-        chunks = f"{self.chunks_scanned:,} chunk{'s' * (self.chunks_scanned != 1)}"
+        chunks = count_text(self.chunks_scanned, "chunk")
         head += f" ({self.rows_scanned:,} {self.unit}, {chunks} scanned)"
         return "\n".join([head, *(f"  {p}" for p in self.problems)])
 
@@ -118,7 +119,7 @@ def _attribute_problems(ids: Any, num_attributes: int, chunk: int, first: int) -
     if not bad.size:
         return []
     i = int(bad[0])
-    rows_text = f"{bad.size} rows" if bad.size > 1 else "1 row"
+    rows_text = count_text(int(bad.size), "row")
     return [Problem(f"attribute[{first + i}] = {int(ids[i])}: expected an attribute id in [0, {num_attributes}) "
                     f"({rows_text} of this chunk)", array="attribute", chunk=chunk, row=first + i,
                     count=int(bad.size))]  # fmt: skip
@@ -130,6 +131,7 @@ def validate(
     storage_options: dict[str, Any] | None = None,
     client: Any = None,
     progress: Callable[[int], None] | None = None,
+    total: Callable[[int], None] | None = None,
 ) -> ValidationReport:
     """Scan a store and report every problem with its array, chunk and row.
 
@@ -140,14 +142,15 @@ def validate(
     then, when the structure allows, every partition: missing chunk files, undecodable chunks, ids
     out of range, non-finite queries or weights, negative weights. With a ``distributed.Client`` the
     partitions are scanned in parallel on its workers (which must see the store's location).
-    ``progress`` is called with the number of partitions each step finishes.
+    ``progress`` is called with the number of partitions each step finishes; ``total``, once the structure allows a
+    scan, with the number of partitions it will scan (a token-stream store's: its shards of tokens).
     """
     location = StoreLocation.of(url, storage_options)
     group = open_group_at(location)  # nothing there at all is an error, not a finding
     if ATTRIBUTE_KEY not in group.attrs:
         raise StoreError(f"{location}: a zarr group without the '{ATTRIBUTE_KEY}' attribute: not a triple store")
     if is_stream_group(dict(group.attrs[ATTRIBUTE_KEY])):
-        found, tokens, chunks = validate_stream(location)
+        found, tokens, chunks = validate_stream(location, progress=progress, total=total)
         return ValidationReport(str(location), found, rows_scanned=tokens, chunks_scanned=chunks, unit="tokens")
     try:
         schema, attributes, problems = structural_problems(group)
@@ -159,6 +162,8 @@ def validate(
         return report  # values cannot be located reliably; the structural problems say why
     report.problems.extend(identity_problems(group, attributes))
     partitions = range(-(-attributes["rows"] // attributes["partition_rows"]))
+    if total is not None:
+        total(len(partitions))
     if client is not None:
         run = uuid.uuid4().hex[:8]
         futures = client.map(

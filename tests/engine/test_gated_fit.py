@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -22,14 +20,15 @@ from dist_respattn.engine.gated_fit import GatedSettings, _strengths, fit_gated,
 from dist_respattn.model.emission import PairSupport
 from dist_respattn.model.gated import gated_estep, gated_m_step
 from dist_respattn.model.holdout import HoldoutRule
+from dist_respattn.store.predictions import target_words
+from dist_respattn.store.rows import open_rows
 from tests.engine.clusters import local_cluster
 from tests.model.test_kernel_parity import assert_close
+from tests.stdlib_packages import PACKAGES, package_corpus
 
 # Every test here starts a cluster or a command.
 pytestmark = pytest.mark.slow
 
-#: Small packages of the standard library: real text, one attribute per directory.
-PACKAGES = ("json", "tomllib", "zoneinfo", "wsgiref")
 #: A package left out of training, folded in at evaluation.
 NEW_PACKAGE = "html"
 
@@ -41,28 +40,19 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([COMMAND, *args], capture_output=True, text=True, timeout=600)
 
 
-def _corpus(root, packages) -> str:
-    """A directory holding copies of stdlib packages' sources, so that each file's directory is its package."""
-    stdlib = sysconfig.get_paths()["stdlib"]
-    root.mkdir()
-    for name in packages:
-        shutil.copytree(os.path.join(stdlib, name), root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    return str(root)
-
-
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
     """``(train, test)`` token-stream stores of stdlib text with the package as each file's attribute; the test
     store is made --like the training store and holds one more package."""
     base = tmp_path_factory.mktemp("gated")
     train, test = str(base / "train.zarr"), str(base / "test.zarr")
-    corpus = _corpus(base / "corpus", PACKAGES)
+    corpus = package_corpus(base / "corpus")
     done = _cli(
         "ingest", "--text", corpus, "--attribute-by", "directory", "--vocab-size", "300", "--dim", "6",
         "--context", "4", train, "--json",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    held = _corpus(base / "held", (*PACKAGES[:2], NEW_PACKAGE))
+    held = package_corpus(base / "held", (*PACKAGES[:2], NEW_PACKAGE))
     done = _cli("ingest", "--text", held, "--attribute-by", "directory", "--like", train, test, "--json")
     assert done.returncode == 0, done.stderr
     return train, test
@@ -207,6 +197,29 @@ def test_the_commands_end_to_end(stores, tmp_path):
     assert done.returncode == 0, done.stderr
     done = _cli("sample", model, "--attribute", "nosuch", "--tokens", "10")
     assert done.returncode != 0 and "nosuch" in done.stderr and "json" in done.stderr
+    # A document shorter than N opens a sample as well as a long one (a short prompt is padded): here json's only
+    # document is one line of three tokens.
+    short = package_corpus(tmp_path / "short", ("tomllib",))
+    (tmp_path / "short" / "json").mkdir()
+    (tmp_path / "short" / "json" / "one.py").write_text("x = 1\n", encoding="utf-8")
+    short_store = str(tmp_path / "short.zarr")
+    done = _cli("ingest", "--text", short, "--attribute-by", "directory", "--like", train, short_store, "--json")
+    assert done.returncode == 0, done.stderr
+    done = _cli("sample", model, "--store", short_store, "--attribute", "json", "--tokens", "5", "--json")
+    assert done.returncode == 0, done.stderr
+    opened = open_rows(short_store)
+    ids = opened.document_attributes()
+    assert ids is not None
+    json_documents = np.flatnonzero(ids == opened.attribute_names.index("json"))
+    assert json_documents.size == 1
+    starts = opened.document_starts()
+    first = int(starts[json_documents[0]])
+    assert int(np.append(starts, opened.num_tokens)[json_documents[0] + 1]) - first == 3
+    words = target_words(opened.vocabulary(), opened.schema.num_targets)
+    assert words is not None
+    expected = [words[int(t)] for t in opened.read_tokens(first, first + 3)]
+    sampled = json.loads(done.stdout)
+    assert sampled["prompt"] == expected and len(expected) < opened.schema.context_length and len(sampled["ids"]) == 5
 
     done = _cli("neighbours", model, "def", "--attribute", "json", "--top", "5", "--json")
     assert done.returncode == 0, done.stderr

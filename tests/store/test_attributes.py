@@ -440,7 +440,7 @@ def test_split_gives_every_store_the_same_names_and_each_row_its_own(tmp_path):
     root = make_tree(tmp_path / "corpus", files)
     options = WriteOptions(chunk_rows=64, partition_rows=128)
     stores = write_split(tmp_path / "out", TextCorpus([root], attribute_by="directory"), 2, fractions=(0.5, 0.25, 0.25),
-                         vocab_size=20, options=options)  # fmt: skip
+                         vocab_size=20, options=options, store_format="triples")  # fmt: skip
     for store in stores.values():
         assert store.attribute_names == (".", "left", "right")
         words = store.vocabulary()["tokens"]
@@ -451,7 +451,8 @@ def test_split_gives_every_store_the_same_names_and_each_row_its_own(tmp_path):
 
     tokens = stream(7, 3000)
     stores = write_split(tmp_path / "tok", TokenCorpus(tokens, block_tokens=100, attributes=tokens % 4,
-                                                       attribute_names=list(NAMES)), 3, options=options)  # fmt: skip
+                                                       attribute_names=list(NAMES)), 3, options=options,
+                         store_format="triples")  # fmt: skip
     for store in stores.values():
         assert store.attribute_names == NAMES
         target = store.read_rows(0, store.num_rows).target

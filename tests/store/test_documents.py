@@ -13,7 +13,7 @@ import dist_respattn.store.documents as documents_module
 import dist_respattn.store.tokens as tokens_module
 from dist_respattn.model.encoder import sequence_windows
 from dist_respattn.store import validate, write_tokens
-from dist_respattn.store.documents import DocumentWindows
+from dist_respattn.store.documents import DocumentWindows, document_runs
 from tests.store.helpers import SMALL, assert_rows, read_all
 
 S = 11
@@ -79,6 +79,35 @@ def test_document_windows_equal_the_windows_of_each_document_for_any_pieces(leng
     np.testing.assert_array_equal(target, expected[2])
     owner = np.repeat(np.arange(len(lengths)), [max(length - n, 0) for length in lengths])
     np.testing.assert_array_equal(document, owner)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 30), min_size=1, max_size=12),
+    pieces=st.lists(st.integers(1, 25), min_size=1, max_size=40),
+    begun=st.booleans(),
+)
+def test_document_runs_cut_any_pieces_where_documents_start(lengths, pieces, begun):
+    """The runs tile each piece, every token gets its document, and a run begins a document exactly at its start
+    (the first one only when the caller has not begun it)."""
+    starts = np.cumsum([0, *lengths[:-1]])
+    total = sum(lengths)
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    document, position, k = (0 if begun else -1), 0, 0
+    seen = np.full(total, -1)
+    begins = []
+    while position < total:
+        size = min(pieces[k % len(pieces)], total - position)
+        runs = document_runs(starts, position, size, document)
+        assert [r.start for r in runs] == [0, *(r.stop for r in runs[:-1])] and runs[-1].stop == size
+        for run in runs:
+            assert run.stop > run.start
+            seen[position + run.start : position + run.stop] = run.document
+            if run.begins:
+                begins.append(position + run.start)
+        document, position, k = runs[-1].document, position + size, k + 1
+    np.testing.assert_array_equal(seen, owner)
+    assert begins == starts.tolist()[1 if begun else 0 :]
 
 
 @pytest.mark.parametrize(

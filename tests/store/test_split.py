@@ -66,7 +66,13 @@ def test_a_text_split_shares_one_train_vocabulary_and_keeps_documents_apart(tmp_
     texts = make_tree(tmp_path / "corpus")
     k, n = 6, 2
     stores = write_split(
-        tmp_path / "out", TextCorpus([tmp_path / "corpus"]), n, vocab_size=k, fractions=FRACTIONS, options=OPTIONS
+        tmp_path / "out",
+        TextCorpus([tmp_path / "corpus"]),
+        n,
+        vocab_size=k,
+        fractions=FRACTIONS,
+        options=OPTIONS,
+        store_format="triples",
     )
     assert_one_identity(stores)
     owner = {key: documented_split(key, 0) for key in texts}
@@ -98,10 +104,20 @@ def test_a_text_split_is_the_same_under_another_root_and_differs_with_the_seed(t
     texts = make_tree(tmp_path / "here" / "corpus")
     shutil.copytree(tmp_path / "here" / "corpus", tmp_path / "elsewhere" / "deeper" / "copy")
     here = write_split(
-        tmp_path / "a", TextCorpus([tmp_path / "here" / "corpus"]), 2, fractions=FRACTIONS, options=OPTIONS
+        tmp_path / "a",
+        TextCorpus([tmp_path / "here" / "corpus"]),
+        2,
+        fractions=FRACTIONS,
+        options=OPTIONS,
+        store_format="triples",
     )
     there = write_split(
-        tmp_path / "b", TextCorpus([tmp_path / "elsewhere/deeper/copy"]), 2, fractions=FRACTIONS, options=OPTIONS
+        tmp_path / "b",
+        TextCorpus([tmp_path / "elsewhere/deeper/copy"]),
+        2,
+        fractions=FRACTIONS,
+        options=OPTIONS,
+        store_format="triples",
     )
     for name in SPLIT_NAMES:
         assert here[name].identity() == there[name].identity()
@@ -113,6 +129,7 @@ def test_a_text_split_is_the_same_under_another_root_and_differs_with_the_seed(t
         fractions=FRACTIONS,
         split_seed=3,
         options=OPTIONS,
+        store_format="triples",
     )
     assert {k: documented_split(k, 3) for k in texts} != {k: documented_split(k, 0) for k in texts}
     for name, store in reseeded.items():
@@ -131,7 +148,9 @@ def test_a_text_split_with_max_tokens_takes_files_in_hashed_order_and_counts_onl
         taken.append(key)
         total += len(tokens[key])
     source = TextCorpus([tmp_path / "corpus"])
-    stores = write_split(tmp_path / "out", source, 2, fractions=FRACTIONS, max_tokens=150, options=OPTIONS)
+    stores = write_split(
+        tmp_path / "out", source, 2, fractions=FRACTIONS, max_tokens=150, options=OPTIONS, store_format="triples"
+    )
     assert_one_identity(stores)
     for name, store in stores.items():
         mine = [key for key in taken if documented_split(key, 0) == name]
@@ -149,7 +168,9 @@ def test_a_token_split_cuts_the_stream_into_blocks_and_streams_each_to_its_split
     tokens = np.random.default_rng(2).integers(0, 20, 1025)
     np.save(tmp_path / "tokens.npy", tokens)
     source = TokenCorpus(tmp_path / "tokens.npy", block_tokens=block)
-    stores = write_split(tmp_path / "out", source, n, dim=4, fractions=FRACTIONS, options=OPTIONS)
+    stores = write_split(
+        tmp_path / "out", source, n, dim=4, fractions=FRACTIONS, options=OPTIONS, store_format="triples"
+    )
     assert_one_identity(stores)
     table = stores["train"].embeddings()
     starts = list(range(0, 1025, block))
@@ -159,7 +180,9 @@ def test_a_token_split_cuts_the_stream_into_blocks_and_streams_each_to_its_split
         assert store.provenance["block_tokens"] == block
         parts = [sequence_windows(tokens[starts[i] : starts[i] + block], n, embeddings=table) for i in mine]
         assert_rows(read_all(store), *(np.concatenate([p[i] for p in parts]) for i in range(3)))
-    again = write_split(tmp_path / "again", source, n, dim=4, fractions=FRACTIONS, options=OPTIONS)
+    again = write_split(
+        tmp_path / "again", source, n, dim=4, fractions=FRACTIONS, options=OPTIONS, store_format="triples"
+    )
     for name in SPLIT_NAMES:
         assert_same_rows(read_all(stores[name]), read_all(again[name]))
 
@@ -168,7 +191,9 @@ def test_a_token_split_with_documents_and_max_tokens_takes_whole_documents_in_ha
     tokens = np.random.default_rng(3).integers(0, 9, 2000)
     starts = np.arange(0, 2000, 40)  # 50 documents of 40 tokens
     source = TokenCorpus(tokens, documents=starts)
-    stores = write_split(tmp_path / "out", source, 2, fractions=FRACTIONS, max_tokens=801, options=OPTIONS)
+    stores = write_split(
+        tmp_path / "out", source, 2, fractions=FRACTIONS, max_tokens=801, options=OPTIONS, store_format="triples"
+    )
     assert_one_identity(stores)
     taken = sum(s.provenance["split"]["documents"] for s in stores.values())
     assert taken == 21  # 20 documents hold 800 tokens: one more reaches 801
@@ -183,16 +208,20 @@ def test_bad_fractions_empty_splits_and_existing_stores_are_refused_leaving_noth
         with pytest.raises(ValueError, match=r"\(--fractions\): expected three numbers > 0"):
             write_split(tmp_path / "out", TokenCorpus(tokens), 2, fractions=fractions)
     with pytest.raises(ValueError, match=r"the (validation|test) split gets none of the 1 documents.*--fractions"):
-        write_split(tmp_path / "out", TokenCorpus(tokens), 2, options=OPTIONS)  # one 10,000-token block
+        write_split(
+            tmp_path / "out", TokenCorpus(tokens), 2, options=OPTIONS, store_format="triples"
+        )  # one 10,000-token block
     short = TokenCorpus(tokens, block_tokens=3)  # documents of 3 tokens: no window of N = 3 fits
     with pytest.raises(ValueError, match=r"train\.zarr: the train split has no rows: .* longer than N = 3"):
-        write_split(tmp_path / "out", short, 3, options=OPTIONS)
+        write_split(tmp_path / "out", short, 3, options=OPTIONS, store_format="triples")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
-    write_split(tmp_path / "out", TokenCorpus(tokens, block_tokens=20), 2, options=OPTIONS)
+    write_split(tmp_path / "out", TokenCorpus(tokens, block_tokens=20), 2, options=OPTIONS, store_format="triples")
     with pytest.raises(StoreError, match=r"train\.zarr: already exists: .*--overwrite"):
-        write_split(tmp_path / "out", TokenCorpus(tokens, block_tokens=20), 2, options=OPTIONS)
+        write_split(tmp_path / "out", TokenCorpus(tokens, block_tokens=20), 2, options=OPTIONS, store_format="triples")
     overwrite = WriteOptions(chunk_rows=64, partition_rows=128, overwrite=True)
-    replaced = write_split(tmp_path / "out", TokenCorpus(tokens, block_tokens=20), 4, options=overwrite)
+    replaced = write_split(
+        tmp_path / "out", TokenCorpus(tokens, block_tokens=20), 4, options=overwrite, store_format="triples"
+    )
     assert all(store.schema.context_length == 4 for store in replaced.values())
     with pytest.raises(ValueError, match="append"):
         write_split(tmp_path / "out", TokenCorpus(tokens), 2, options=WriteOptions(append=True))

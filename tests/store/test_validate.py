@@ -72,8 +72,21 @@ def test_a_valid_store_reports_everything_it_scanned(store_path):
     }
     assert report.summary() == f"{store_path}: valid (1,000 rows, 16 chunks scanned)"
     steps = []
-    validate(store_path, progress=steps.append)
-    assert steps == [1, 1, 1, 1]
+    totals: list[int] = []
+    validate(store_path, progress=steps.append, total=totals.append)
+    assert steps == [1, 1, 1, 1] and totals == [4]  # the total is told before the scan, for a bar to show it
+
+
+def test_a_stream_stores_scan_tells_its_total_and_counts_its_shards(tmp_path):
+    from dist_respattn.store.stream_ingest import write_stream_tokens
+
+    tokens = np.random.default_rng(0).integers(0, S, 1000)
+    path = tmp_path / "t.zarr"
+    write_stream_tokens(path, tokens, N, options=WriteOptions(chunk_rows=CHUNK, partition_rows=PART))
+    steps: list[int] = []
+    totals: list[int] = []
+    assert validate(path, progress=steps.append, total=totals.append).ok
+    assert totals == [4] and steps == [1, 1, 1, 1]  # 1000 tokens in shards of 256
 
 
 # -- value-level damage: the store opens (opening reads no chunk), validate finds it -----------
