@@ -236,9 +236,7 @@ def test_a_corpus_too_short_for_one_window_writes_no_store(tmp_path):
     ]
     results = run_many(*commands)
     for result, out in zip(results[:2], outs[:2], strict=True):
-        assert_error(
-            result, "ingest", "short.npy", "3 token(s) in 1 document(s) give no rows", "N + 1 = 4", "--context"
-        )
+        assert_error(result, "ingest", "short.npy", "3 tokens in 1 document give no rows", "N + 1 = 4", "--context")
         assert not out.exists()
     for result, out in zip(results[2:], outs[2:], strict=True):
         assert_error(result, "ingest", str(text), "give no rows with a window of N = 3", "--context")

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from dist_respattn.text_format import count_text
+
 __all__ = [
     "CommandError",
     "check_row_order",
@@ -136,4 +138,4 @@ _FIT_ENDINGS = {"converged": "converged", "max_iter": "stopped at --max-iter", "
 
 def fit_ended(state: str, iterations: int) -> str:
     """``stopped early after 8 iterations``: a fit's final state (a ``FitState`` value) for a person to read."""
-    return f"{_FIT_ENDINGS.get(str(state), str(state))} after {iterations:,} iteration{'' if iterations == 1 else 's'}"
+    return f"{_FIT_ENDINGS.get(str(state), str(state))} after {count_text(iterations, 'iteration')}"

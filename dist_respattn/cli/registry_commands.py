@@ -21,6 +21,7 @@ from dist_respattn.cli.common import (
 )
 from dist_respattn.cli.fit_commands import add_cluster_options, add_em_options, cluster_options, settings_from
 from dist_respattn.events import Metric
+from dist_respattn.text_format import count_text
 
 __all__ = ["register"]
 
@@ -231,7 +232,7 @@ def _run_list(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _print_list(report: dict[str, Any]) -> None:
-    print(f"{report['registry']}: {len(report['versions'])} version(s), latest {report['latest']}")
+    print(f"{report['registry']}: {count_text(len(report['versions']), 'version')}, latest {report['latest']}")
     print(f"  {'version':>7}  {'created':<20} {'rows':>12} {'iter':>5} {'perplexity':>11} {'loglik':>11}  store")
     for v in report["versions"]:
         metrics = v["metrics"] or {}
@@ -288,7 +289,8 @@ def _run_check(args: argparse.Namespace) -> dict[str, Any]:
 def _print_check(report: dict[str, Any]) -> None:
     if not report["problems"]:
         print(
-            f"{report['registry']}: {report['versions']} version(s), latest {report['latest']}: every file checks out"
+            f"{report['registry']}: {count_text(report['versions'], 'version')}, latest {report['latest']}: "
+            "every file checks out"
         )
         return
     for problem in report["problems"]:

@@ -528,7 +528,7 @@ def _print_info(report: dict[str, Any]) -> None:
     provenance = report["provenance"]
     print(
         f"made from    {provenance.get('source', '?')} on {provenance.get('created', '?')}"
-        + (f", {len(provenance['appends'])} append(s)" if provenance.get("appends") else "")
+        + (f", {count_text(len(provenance['appends']), 'append')}" if provenance.get("appends") else "")
     )
     if provenance.get("like"):
         print(f"made like    {provenance['like']} (its vocabulary, N and embedding table)")

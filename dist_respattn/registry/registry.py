@@ -45,6 +45,7 @@ from dist_respattn.engine.checkpoint import (
 )
 from dist_respattn.registry.files import TEMP_PREFIX, RegistryError, RegistryFiles
 from dist_respattn.registry.lock import LOCK_FILE, RegistryLock
+from dist_respattn.text_format import count_text
 
 __all__ = ["FORMAT", "Registry", "Version"]
 
@@ -248,7 +249,8 @@ class Registry:
         if not numbers:
             return None
         if latest is None:
-            state = f"missing, but {len(numbers)} version(s) exist ({_span(numbers)})"
+            exist = "exists" if len(numbers) == 1 else "exist"
+            state = f"missing, but {count_text(len(numbers), 'version')} {exist} ({_span(numbers)})"
         elif latest not in numbers:
             state = f"names version {latest}, which does not exist"
         else:

@@ -304,7 +304,8 @@ def retrain(
             say(f"{reg}: published version {version.number}")
             pruned = reg.prune(lock, keep) if keep is not None else []
             if pruned:
-                say(f"{reg}: pruned version(s) {', '.join(map(str, pruned))} (keeping {keep})")
+                what = "version" if len(pruned) == 1 else "versions"
+                say(f"{reg}: pruned {what} {', '.join(map(str, pruned))} (keeping {keep})")
             return RetrainResult(
                 True, version.number, previous, decision, fit_summary, str(reg), pruned, time.perf_counter() - started
             )

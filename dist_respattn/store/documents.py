@@ -19,6 +19,7 @@ import numpy as np
 
 from dist_respattn.model.encoder import sequence_windows
 from dist_respattn.store.npy import load_array, row_blocks
+from dist_respattn.text_format import count_text
 
 __all__ = [
     "DocumentRun",
@@ -40,8 +41,8 @@ def require_rows(rows: int, *, source: str, tokens: int, documents: int, context
     if rows > 0:
         return
     raise ValueError(
-        f"{source}: {tokens:,} token(s) in {documents:,} document(s) give no rows with a window of N = "
-        f"{context_length}: a row needs a document of at least N + 1 = {context_length + 1} tokens; lower "
+        f"{source}: {count_text(tokens, 'token')} in {count_text(documents, 'document')} give no rows with a window "
+        f"of N = {context_length}: a row needs a document of at least N + 1 = {context_length + 1} tokens; lower "
         "context_length, or give more tokens"
     )
 

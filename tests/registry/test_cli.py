@@ -121,7 +121,7 @@ def test_retrain_text_publishes_and_prunes(runs):
     said = result.stderr.splitlines()
     assert said[0] == f"{root}: warm start from version 1"
     assert f"{root}: published version 2" in said
-    assert said[-1] == f"{root}: pruned version(s) 1 (keeping 1)"
+    assert said[-1] == f"{root}: pruned version 1 (keeping 1)"
     registry = Registry(str(root))
     assert registry.numbers() == [2] and registry.latest_number() == 2
     assert set(files_under(root)) == expected_layout(root)
@@ -162,7 +162,7 @@ def test_models_list(reads, stores):
     result = reads["list"]
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == f"{root}: 1 version(s), latest 2"
+    assert lines[0] == f"{root}: 1 version, latest 2"
     assert lines[1].split() == ["version", "created", "rows", "iter", "perplexity", "loglik", "store"]
     assert lines[2].split()[:2] == ["*", "2"]
     assert lines[2].split()[4] == "20,000" and lines[2].endswith(stores.train)
@@ -190,7 +190,7 @@ def test_models_show(reads):
 def test_models_check(reads):
     root = reads["root"]
     assert reads["check"].returncode == 0
-    assert reads["check"].stdout == f"{root}: 1 version(s), latest 2: every file checks out\n"
+    assert reads["check"].stdout == f"{root}: 1 version, latest 2: every file checks out\n"
 
 
 def test_models_check_finds_a_damaged_file(reads):

@@ -39,12 +39,12 @@ def test_a_deleted_latest_is_a_problem_naming_the_repair(three):
     registry, root = three
     (root / "latest.json").unlink()
     assert registry.problems() == [
-        f"{root}/latest.json: missing, but 3 version(s) exist (1-3): run `dist-respattn models repair {root}` "
+        f"{root}/latest.json: missing, but 3 versions exist (1-3): run `dist-respattn models repair {root}` "
         "to point it at the newest version that checks out"
     ]
     check = run_cli("models", "check", str(root))
     assert check.returncode == 1 and "every file checks out" not in check.stdout
-    assert check.stdout.startswith(f"problem: {root}/latest.json: missing, but 3 version(s) exist"), check.stdout
+    assert check.stdout.startswith(f"problem: {root}/latest.json: missing, but 3 versions exist"), check.stdout
 
 
 def test_an_edited_version_record_is_a_problem_and_refused_by_load(three):

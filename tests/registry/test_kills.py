@@ -86,7 +86,7 @@ def test_cli_killed_mid_fit_leaves_the_registry_valid_and_the_next_run_recovers(
     assert lock["pid"] == proc.pid
     assert {k: v for k, v in files_under(registry).items() if k != LOCK_FILE} == before  # nothing else written
     check = run_cli("models", "check", str(registry))
-    assert (check.returncode, check.stdout) == (0, f"{registry}: 1 version(s), latest 1: every file checks out\n")
+    assert (check.returncode, check.stdout) == (0, f"{registry}: 1 version, latest 1: every file checks out\n")
 
     recovered = run_cli(*args, "--max-iter", "3", "--tolerance", "1")
     assert recovered.returncode == 0, recovered.stderr

@@ -156,7 +156,7 @@ def test_models_list_and_check_on_s3(runs):
     report = json.loads(listing.stdout)
     assert (report["registry"], report["latest"], [v["version"] for v in report["versions"]]) == (REGISTRY, 2, [2])
     check = runs["check"]
-    assert (check.returncode, check.stdout) == (0, f"{REGISTRY}: 1 version(s), latest 2: every file checks out\n")
+    assert (check.returncode, check.stdout) == (0, f"{REGISTRY}: 1 version, latest 2: every file checks out\n")
 
 
 def test_lock_on_s3_is_exclusive(s3):
