@@ -3,6 +3,7 @@ numbers, one name for each baseline, and the fit page the demo's cluster serves.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -115,3 +116,25 @@ def test_info_on_a_small_store_reads_in_its_own_sizes(tmp_path):
     rows = [line for line in done.stdout.splitlines() if line.startswith("  ") and "uncompressed" in line]
     dtype_columns = {re.match(r"^  \S+ +", line).end() for line in rows}  # where each row's dtype starts
     assert len(rows) >= 2 and len(dtype_columns) == 1, done.stdout
+
+
+def test_split_counts_the_documents_its_stores_hold_as_info_does(tmp_path):
+    """An empty file is assigned to a split but becomes no document: split's summary counts what the store holds,
+    as ``info`` does, and ``info`` calls what the split assigned files."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for package in ("json", "http", "email"):
+        for path in sorted(Path(sysconfig.get_paths()["stdlib"], package).glob("*.py")):
+            (corpus / f"{package}_{path.name}").write_text(path.read_text())
+    for k in range(6):
+        (corpus / f"empty{k}.py").write_text("")
+    done = run("split", str(tmp_path / "out"), "--text", str(corpus), "--context", "4", "--vocab-size", "100", "--json")
+    assert done.returncode == 0, done.stderr
+    stores = json.loads(done.stdout)["stores"]
+    assigned = 0
+    for name, store in stores.items():
+        info = json.loads(run("info", store["url"], "--json").stdout)
+        assert store["documents"] == info["documents"], name
+        assigned += info["provenance"]["split"]["documents"]
+        assert "files assigned by a " in run("info", store["url"]).stdout
+    assert sum(store["documents"] for store in stores.values()) == assigned - 6  # the empty files

@@ -161,7 +161,9 @@ def _run_split(args: argparse.Namespace) -> dict[str, Any]:
         "stores": {
             name: {
                 **report,
-                "documents": report["provenance"]["split"]["documents"],
+                # A stream store counts the documents it holds (a text file with no token is none); a triple
+                # store, the documents the split assigned it.
+                "documents": report.get("documents", report["provenance"]["split"]["documents"]),
                 "tokens": report["provenance"].get("tokens_count"),
             }
             for name, report in described.items()

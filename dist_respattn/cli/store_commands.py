@@ -535,8 +535,10 @@ def _print_info(report: dict[str, Any]) -> None:
     split = provenance.get("split")
     if split:
         fractions = "/".join(f"{f:g}" for f in split["fractions"])
+        # A text split assigns files (an empty one becomes no document), a token split documents.
+        unit = "file" if provenance.get("source") == "text" else "document"
         print(
-            f"split        {split['name']}: {split['documents']:,} documents of a {fractions} split "
+            f"split        {split['name']}: {count_text(split['documents'], unit)} assigned by a {fractions} split "
             f"(train/validation/test, split seed {split['seed']})"
         )
     if report.get("attributes"):
