@@ -1,0 +1,50 @@
+"""A newcomer's first mistakes at the command line, answered in one line with the fix: a mistyped flag named with
+the flag meant, a store given where the command takes none named with the flag that takes it, and a path that is
+not a store said to be what it is. Every command is a real subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.test_cli_store import run_many
+
+pytestmark = pytest.mark.slow  # every test here starts a command
+
+
+def error_line(result: subprocess.CompletedProcess[str], command: str) -> str:
+    """Exit status 2, no traceback, and the last line of stderr: ``dist-respattn COMMAND: error: ...``."""
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    line = result.stderr.splitlines()[-1]
+    assert line.startswith(f"dist-respattn {command}: error: "), result.stderr
+    return line.removeprefix(f"dist-respattn {command}: error: ")
+
+
+def test_a_mistyped_flag_is_named_with_the_flag_meant_before_a_missing_one(tmp_path):
+    """``--modeldir`` leaves ``--model-dir`` missing; the error names the typo and the flag, with the command's
+    usage, whatever the command (a nested ``models`` action too) and whether or not a required flag is missing."""
+    store = tmp_path / "train.zarr"
+    typed, nested, missing_and_typed, abbreviated = run_many(
+        ("fit", str(store), "--modeldir", str(tmp_path / "m2")),
+        ("models", "list", str(tmp_path), "--jsn"),
+        ("models", "export", str(tmp_path), "--modeldir", "x"),  # version and DIR missing as well
+        ("fit", str(store), "--model", str(tmp_path / "m"), "--max-iters", "3"),  # --model: a prefix, as argparse
+    )
+    assert error_line(typed, "fit") == "unrecognized arguments: --modeldir (did you mean --model-dir?)"
+    assert typed.stderr.startswith("usage: dist-respattn fit ")
+    assert error_line(nested, "models list") == "unrecognized arguments: --jsn (did you mean --json?)"
+    assert nested.stderr.startswith("usage: dist-respattn models list ")
+    assert error_line(missing_and_typed, "models export") == "unrecognized arguments: --modeldir"
+    assert error_line(abbreviated, "fit") == "unrecognized arguments: --max-iters (did you mean --max-iter?) 3"
+    assert not (tmp_path / "m2").exists() and not (tmp_path / "m").exists()
+
+
+def test_a_store_given_as_an_extra_argument_is_named_with_the_flag_that_takes_it(tmp_path):
+    """``sample MODEL STORE``: the store goes after ``--store``; a word that is no path gets no such hint."""
+    store = tmp_path / "train.zarr"
+    store.mkdir()
+    given, word = run_many(("sample", str(tmp_path / "model"), str(store)), ("sample", str(tmp_path), "hello"))
+    assert error_line(given, "sample") == f"unrecognized arguments: {store} (did you mean --store {store}?)"
+    assert error_line(word, "sample") == "unrecognized arguments: hello"
