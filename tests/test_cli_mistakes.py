@@ -8,6 +8,9 @@ import subprocess
 
 import pytest
 
+from dist_respattn import random_distribution
+from dist_respattn.engine.checkpoint import LATEST, ModelDir
+from tests.store.helpers import write_small
 from tests.test_cli_store import run_many
 
 pytestmark = pytest.mark.slow  # every test here starts a command
@@ -48,3 +51,26 @@ def test_a_store_given_as_an_extra_argument_is_named_with_the_flag_that_takes_it
     given, word = run_many(("sample", str(tmp_path / "model"), str(store)), ("sample", str(tmp_path), "hello"))
     assert error_line(given, "sample") == f"unrecognized arguments: {store} (did you mean --store {store}?)"
     assert error_line(word, "sample") == "unrecognized arguments: hello"
+
+
+def test_a_path_that_is_not_a_store_is_said_to_be_what_it_is(tmp_path):
+    """A misspelt store, split's folder and a model directory, each given where a store goes: one line saying what
+    the path is and what to give instead, before any cluster starts."""
+    corpus = tmp_path / "corpus"
+    for name in ("train", "validation", "test"):
+        write_small(corpus / f"{name}.zarr")
+    model = ModelDir(tmp_path / "model")
+    model.write("ckpt-000001-0123abcd", random_distribution(13, 4, 3, 7, seed=0), {"iteration": 1})
+    model.point(LATEST, "ckpt-000001-0123abcd", iteration=1, state="running")
+    typo, folder, model_dir = run_many(
+        ("fit", str(corpus / "trian.zarr"), "--model-dir", str(tmp_path / "m2"), "--workers", "1"),
+        ("info", str(corpus)),
+        ("validate", str(model.path)),
+    )
+    assert error_line(typo, "fit") == f"{corpus}/trian.zarr: no such file or directory (did you mean train.zarr?)"
+    assert "started a local cluster" not in typo.stderr and not (tmp_path / "m2").exists()
+    assert error_line(folder, "info") == (
+        f"{corpus}: a folder of stores (train.zarr, validation.zarr, test.zarr): name one of them"
+    )
+    line = error_line(model_dir, "validate")
+    assert line == f"{model.path}: a model directory, not a store: commands take it as MODEL"

@@ -52,7 +52,8 @@ from dist_respattn.store.errors import IncompleteStoreError, SchemaMismatchError
 from dist_respattn.store.identity import corpus_identity
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLock, StoreLocked, live_writer, remove_partials
-from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreSchema, StoreState
+from dist_respattn.store.not_a_store import not_a_store
+from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, STREAM_SCHEMA_NAME, StoreSchema, StoreState
 from dist_respattn.store.triple_store import (
     Partition,
     array_summary,
@@ -72,7 +73,6 @@ __all__ = [
     "validate_stream",
 ]
 
-STREAM_SCHEMA_NAME = "dist_respattn.token_stream"
 STREAM_SCHEMA_VERSION = 1
 
 #: Tokens per chunk (a block read: 2 MiB of uint16) and per shard (one partition, one task).
@@ -219,6 +219,8 @@ class TokenStreamStore:
         group = open_group_at(location)
         attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
         if not is_stream_group(attributes):
+            if attributes.get("schema") != SCHEMA_NAME:
+                raise not_a_store(location)
             raise StoreError(f"{location}: not a token-stream store (attribute schema {attributes.get('schema')!r})")
         if int(attributes.get("schema_version", 0)) > STREAM_SCHEMA_VERSION:
             raise StoreError(

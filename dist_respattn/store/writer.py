@@ -29,6 +29,7 @@ from dist_respattn.store.errors import SchemaMismatchError, StoreError
 from dist_respattn.store.layout import Chunking, choose_chunking, compressors_for
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLock, StoreLocked, remove_partials
+from dist_respattn.store.not_a_store import not_a_store
 from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, SCHEMA_VERSION, StoreSchema, StoreState
 from dist_respattn.store.triple_store import TripleStore, open_group_at
 
@@ -532,7 +533,7 @@ def rollback_locked(location: StoreLocation) -> int:
     group = open_group_at(location, mode="r+")
     attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
     if not attributes:
-        raise StoreError(f"{location}: a zarr group without the '{ATTRIBUTE_KEY}' attribute: not a triple store")
+        raise not_a_store(location)
     state = attributes.get("state")
     if state == StoreState.COMPLETE:
         return int(attributes["rows"])
