@@ -10,7 +10,7 @@ import pytest
 
 from dist_respattn import random_distribution
 from dist_respattn.engine.checkpoint import LATEST, ModelDir
-from tests.store.helpers import write_small
+from tests.store.helpers import random_rows, write_small
 from tests.test_cli_store import run_many
 
 pytestmark = pytest.mark.slow  # every test here starts a command
@@ -74,3 +74,32 @@ def test_a_path_that_is_not_a_store_is_said_to_be_what_it_is(tmp_path):
     )
     line = error_line(model_dir, "validate")
     assert line == f"{model.path}: a model directory, not a store: commands take it as MODEL"
+
+
+def test_a_store_without_an_embedding_table_and_a_head_that_cannot_generate_are_named(tmp_path):
+    """``predict --stream`` and ``sample`` with a store of triples (no embedding table) say what they need it for;
+    ``sample`` with a head of T != S says which head it takes, before it looks at the store."""
+    store = tmp_path / "triples.zarr"
+    write_small(store)  # S = 13, T = 7: no table
+    square = tmp_path / "square.zarr"
+    write_small(square, random_rows(t=13), num_targets=13)
+    model, generator = ModelDir(tmp_path / "model"), ModelDir(tmp_path / "generator")
+    for folder, head in ((model, random_distribution(13, 4, 3, 7)), (generator, random_distribution(13, 4, 3, 13))):
+        folder.write("ckpt-000001-0123abcd", head, {"iteration": 1})
+        folder.point(LATEST, "ckpt-000001-0123abcd", iteration=1, state="running")
+    streamed, sampled, tableless = run_many(
+        ("predict", str(model.path), str(store), "--stream"),
+        ("sample", str(model.path), "--store", str(store)),
+        ("sample", str(generator.path), "--store", str(square)),
+    )
+    assert error_line(streamed, "predict") == (
+        f"{store} has no embedding table (a store written from text or tokens has one): --stream needs one to make "
+        "each token's query"
+    )
+    assert error_line(sampled, "sample") == (
+        f"{model.path}: sample needs a head fitted on a token stream (T = S); this head has S = 13, T = 7"
+    )
+    assert error_line(tableless, "sample") == (
+        f"{square} has no embedding table (a store written from text or tokens has one): sample needs one to make "
+        "each token's query (give --store the store the head was fitted on)"
+    )
