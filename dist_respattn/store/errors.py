@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["CorpusMismatchError", "IncompleteStoreError", "SchemaMismatchError", "StoreCorruptError", "StoreError"]
+__all__ = [
+    "CorpusMismatchError",
+    "IncompleteStoreError",
+    "SchemaMismatchError",
+    "StoreCorruptError",
+    "StoreError",
+    "store_exists",
+]
 
 
 class StoreError(ValueError):
@@ -23,3 +30,16 @@ class StoreCorruptError(StoreError):
 
 class CorpusMismatchError(StoreError):
     """Two stores that must be of one corpus (train and validation) have different vocabularies or embedding tables."""
+
+
+def store_exists(location: object, *, appendable: bool = True) -> StoreError:
+    """The refusal to write a new store at ``location``, where one is already.
+
+    It names what the public writers (the ``write_*`` functions) take, ``options=WriteOptions(overwrite=True)``, and
+    with ``appendable`` ``options=WriteOptions(append=True)``; each with its command line flag, which is all the
+    command line shows (see ``dist_respattn.cli.common.in_flags``).
+    """
+    message = f"{location}: already exists: pass options=WriteOptions(overwrite=True) (--overwrite) to replace it"
+    if appendable:
+        message += ", or options=WriteOptions(append=True) (--append) to add to it"
+    return StoreError(message)

@@ -48,7 +48,13 @@ from dist_respattn.store.attributes import (
 )
 from dist_respattn.store.checks import EncodedRows, Problem
 from dist_respattn.store.documents import require_rows
-from dist_respattn.store.errors import IncompleteStoreError, SchemaMismatchError, StoreCorruptError, StoreError
+from dist_respattn.store.errors import (
+    IncompleteStoreError,
+    SchemaMismatchError,
+    StoreCorruptError,
+    StoreError,
+    store_exists,
+)
 from dist_respattn.store.identity import corpus_identity
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLock, StoreLocked, live_writer, remove_partials
@@ -709,7 +715,7 @@ class StreamWriter:
 
         remove_partials(self.final)
         if self.final.exists() and not self.final.is_empty_dir() and not overwrite:
-            raise StoreError(f"{self.final}: already exists: pass --overwrite to replace it")
+            raise store_exists(self.final)
         self.location = self.final.sibling(f".partial-{uuid.uuid4().hex[:8]}")
         if chunk_tokens is None:  # a shard smaller than the default chunk is one chunk
             chunk_tokens = min(int(partition_tokens or DEFAULT_CHUNK_TOKENS), DEFAULT_CHUNK_TOKENS)

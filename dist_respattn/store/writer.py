@@ -25,7 +25,7 @@ from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.serialization import distribution_to_arrays
 from dist_respattn.store.attributes import appended_names, checked_writer_names
 from dist_respattn.store.checks import EncodedRows, block_problems, structural_problems
-from dist_respattn.store.errors import SchemaMismatchError, StoreError
+from dist_respattn.store.errors import SchemaMismatchError, StoreError, store_exists
 from dist_respattn.store.layout import Chunking, choose_chunking, compressors_for
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLock, StoreLocked, remove_partials
@@ -179,9 +179,7 @@ class StoreWriter:
         location, replaces = final, None
         if final.exists():
             if not overwrite:
-                raise StoreError(
-                    f"{final}: already exists: pass overwrite=True (--overwrite) or append to it (--append)"
-                )
+                raise store_exists(final)
             if not final.is_empty_dir() and not _is_triple_store(final):
                 raise StoreError(f"{final}: exists and is not a triple store: refusing to replace it")
             location, replaces = final.sibling(f".partial-{uuid.uuid4().hex[:8]}"), final
