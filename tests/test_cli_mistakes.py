@@ -1,6 +1,7 @@
 """A newcomer's first mistakes at the command line, answered in one line with the fix: a mistyped flag named with
-the flag meant, a store given where the command takes none named with the flag that takes it, and a path that is
-not a store said to be what it is. Every command is a real subprocess."""
+the flag meant, a store given where the command takes none named with the flag that takes it, a path that is not a
+store said to be what it is, and a store or head that cannot serve a command said to lack what it needs. Every
+command is a real subprocess."""
 
 from __future__ import annotations
 
