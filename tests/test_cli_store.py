@@ -845,7 +845,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path, arrays, tokens):
     plain_dir = tmp_path / "plain"
     plain_dir.mkdir()
     zarr.open_group(str(tmp_path / "group.zarr"), mode="w")
-    info_cases = [(str(plain_dir), "no zarr group"), (str(tmp_path / "group.zarr"), "not a triple store")]
+    info_cases = [(str(plain_dir), "an empty directory, not a store"), (str(tmp_path / "group.zarr"), "no store")]
     outs = [tmp_path / f"out{i}.zarr" for i in range(len(ingest_cases))]
     results = run_many(
         *(("ingest", str(out), *argv) for out, (argv, _) in zip(outs, ingest_cases, strict=True)),

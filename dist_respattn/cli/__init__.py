@@ -3,22 +3,94 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from dist_respattn.cli import demo, fit_commands, gated_commands, registry_commands, split_command, store_commands
 from dist_respattn.cli.common import CommandError, in_flags
 
 __all__ = ["build_parser", "main", "subcommands"]
 
+#: What argparse reads as a negative number, not an option (none of our parsers has an option like ``-1``).
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """The parser of ``dist-respattn`` and (as argparse makes subparsers of their parent's class) of each command.
+
+    A command's parser reports an option it does not know, with the option meant, before any other error of the
+    same command line: argparse itself reports a missing required argument first (``--modeldir m2`` would read
+    ``the following arguments are required: --model-dir``, never naming the typo).
+    """
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        # Kept for error(): argparse does not pass the arguments it was reading to it.
+        self.arg_strings = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        if not subcommands(self):  # a parser of subcommands reads its command's arguments as its own unknown ones
+            typos = _unknown_options(self, getattr(self, "arg_strings", []))
+            if typos and not message.startswith("unrecognized arguments"):
+                message = _unrecognized(self, typos)
+        super().error(message)
+
+
+def _unknown_options(parser: argparse.ArgumentParser, arg_strings: Sequence[str]) -> list[str]:
+    """The arguments of ``arg_strings`` that argparse reads as options (``-x``, ``--name[=value]``) and that none of
+    ``parser``'s options matches, as argparse matches them (a unique prefix of a long option, ``-kVALUE``)."""
+    known = [option for action in parser._actions for option in action.option_strings]
+    found = []
+    for token in arg_strings:
+        if token == "--":  # what follows is positional
+            break
+        if not token.startswith("-") or token == "-" or " " in token or _NEGATIVE_NUMBER.match(token):
+            continue  # argparse reads these as values
+        if token.startswith("--"):
+            name = token.partition("=")[0]
+            if any(option.startswith(name) for option in known if option.startswith("--")):
+                continue
+        elif token[:2] in known:
+            continue
+        found.append(token)
+    return found
+
+
+def _unrecognized(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
+    """``unrecognized arguments: ...`` for ``parser``, each unknown option with the options of ``parser`` it is
+    close to (``--modeldir (did you mean --model-dir?)``), and an existing path or URL given where the command takes
+    none with the option that takes a store (``corpus/train.zarr (did you mean --store corpus/train.zarr?)``)."""
+    # Compared without their dashes, which every long option shares (with them, ``--foo`` is close to ``--tol``).
+    options = {
+        option[2:]: option for action in parser._actions for option in action.option_strings if option[:2] == "--"
+    }
+    store_options = [
+        action.option_strings[-1]
+        for action in parser._actions
+        if action.option_strings and (action.metavar or action.dest.upper()) == "STORE"
+    ]
+    words = []
+    for token in unknown:
+        meant: list[str] = []
+        if token.startswith("-"):
+            close = difflib.get_close_matches(token.partition("=")[0].lstrip("-"), list(options), n=3, cutoff=0.75)
+            meant = [options[name] for name in close]
+        elif store_options and ("://" in token or os.path.exists(token)):
+            meant = [f"{option} {token}" for option in store_options]
+        words.append(f"{token} (did you mean {' or '.join(meant)}?)" if meant else token)
+    return f"unrecognized arguments: {' '.join(words)}"
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand (also read by tests that check documented commands)."""
     from dist_respattn import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _CommandParser(
         prog="dist-respattn",
         description=(
             "Fit responsibility-attention heads by exact EM over chunked zarr stores (token streams or triples) "
@@ -62,7 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        getattr(args, "error_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+        error_parser = getattr(args, "error_parser", parser)
+        error_parser.error(_unrecognized(error_parser, unknown))
     if getattr(args, "handler", None) is None:
         # Nothing to run: as argparse does for a missing argument, the help goes to stderr with exit status 2,
         # so a script that forgot its command fails instead of passing.

@@ -62,8 +62,11 @@ _ARGUMENT_RE = re.compile(
     + "|".join(re.escape(name) for name in sorted(ARGUMENT_FLAGS, key=len, reverse=True))
     + r")(?![\w=/.])"
 )
-#: ``overwrite=True (--overwrite)``: a message that already names both says the flag alone.
-_BOTH_RE = re.compile(r"(?<![\w-])[a-z_0-9]+=(?:True|False) \((--[a-z0-9-]+)\)")
+#: ``overwrite=True (--overwrite)``, ``options=WriteOptions(overwrite=True) (--overwrite)``: a message that already
+#: names both says the flag alone.
+_BOTH_RE = re.compile(
+    r"(?<![\w-])(?:options=WriteOptions\([a-z_0-9]+=(?:True|False)\)|[a-z_0-9]+=(?:True|False)) \((--[a-z0-9-]+)\)"
+)
 
 
 def in_flags(message: str) -> str:

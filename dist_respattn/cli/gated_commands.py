@@ -293,17 +293,21 @@ def _run_sample(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.store.text import tokenize
 
     model, store, vocabulary, mix, names = _sample_head(args)
-    table = store.embeddings()
-    if table is None or table.shape != (model.num_symbols, model.query_dim):
-        shape = None if table is None else table.shape
+    if model.num_targets != model.num_symbols:  # each drawn target is fed back as the next symbol
         raise CommandError(
-            f"{store.location}: an embedding table of shape {shape}: expected (S, D) = "
-            f"{(model.num_symbols, model.query_dim)}, the model's (give --store the store it was fitted on)"
+            f"{args.model}: sample needs a head fitted on a token stream (T = S); this head has "
+            f"S = {model.num_symbols}, T = {model.num_targets}"
         )
-    if model.num_targets != model.num_symbols:
+    table = store.embeddings()
+    if table is None:
         raise CommandError(
-            f"{args.model}: T = {model.num_targets} targets, S = {model.num_symbols} symbols: generation feeds each "
-            "drawn target back as the next symbol, so it takes a head of a token stream (T = S)"
+            f"{store.location} has no embedding table (a store written from text or tokens has one): sample needs "
+            "one to make each token's query (give --store the store the head was fitted on)"
+        )
+    if table.shape != (model.num_symbols, model.query_dim):
+        raise CommandError(
+            f"{store.location}: an embedding table of shape {table.shape}: expected (S, D) = "
+            f"{(model.num_symbols, model.query_dim)}, the model's (give --store the store it was fitted on)"
         )
     words = list(target_words(vocabulary, model.num_targets) or ())
     n_pos = model.context_length

@@ -65,10 +65,14 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
     model = load_checkpoint(args.model, storage_options=storage_options).model
     store = open_rows(args.store, storage_options=storage_options)
     table = store.embeddings()
-    if table is None or table.shape != (model.num_symbols, model.query_dim):
-        shape = None if table is None else table.shape
+    if table is None:
         raise CommandError(
-            f"{store.location}: an embedding table of shape {shape}: expected (S, D) = "
+            f"{store.location} has no embedding table (a store written from text or tokens has one): --stream needs "
+            "one to make each token's query"
+        )
+    if table.shape != (model.num_symbols, model.query_dim):
+        raise CommandError(
+            f"{store.location}: an embedding table of shape {table.shape}: expected (S, D) = "
             f"{(model.num_symbols, model.query_dim)}, the model's (give the store the model was fitted on, or one "
             "made --like it)"
         )

@@ -186,17 +186,41 @@ def _local_cluster(n_workers: int | None, threads_per_worker: int, memory_limit:
     One thread a worker: the E-step kernel is single-threaded and each task holds its own statistics,
     so processes (not threads) are what scale, and each gets an even share of the machine's memory.
     """
-    return distributed.LocalCluster(
-        n_workers=n_workers or machine_cores(),
-        threads_per_worker=threads_per_worker,
-        processes=True,
-        host="127.0.0.1",
-        dashboard_address="127.0.0.1:0",
-        memory_limit=memory_limit,
-        # A task's error reaches the caller as its exception; the workers' own log lines of it
-        # (a traceback per failed task) would only bury that one-line message.
-        silence_logs=logging.CRITICAL,
-    )
+    if _importing_main_in_a_worker():
+        raise ClusterError(
+            "this script is being imported again by a worker process of the cluster it starts (each worker "
+            "process imports the main script), so it would start one of its own: put the calls under "
+            '`if __name__ == "__main__":` (see the docs\' quickstart)'
+        )
+    try:
+        return distributed.LocalCluster(
+            n_workers=n_workers or machine_cores(),
+            threads_per_worker=threads_per_worker,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+            memory_limit=memory_limit,
+            # A task's error reaches the caller as its exception; the workers' own log lines of it
+            # (a traceback per failed task) would only bury that one-line message.
+            silence_logs=logging.CRITICAL,
+        )
+    except RuntimeError as exc:  # distributed's "Nanny failed to start": a worker process died while starting
+        raise ClusterError(
+            f"the local cluster did not start ({exc}); a worker process that failed printed its own error above"
+        ) from exc
+
+
+def _importing_main_in_a_worker() -> bool:
+    """Whether this process is a child that multiprocessing is still starting, running the parent's main script
+    again (as ``__mp_main__``, the name ``runpy`` gives it while it runs) before the child's own work: a script
+    that starts a cluster outside an ``if __name__ == "__main__":`` guard does, in every worker process."""
+    import multiprocessing
+    import sys
+
+    # multiprocessing marks a child it is still preparing with ``_inheriting`` (its own check for this case reads
+    # it); a child that runs a fit in its own function, once started, is not refused.
+    bootstrapping = bool(getattr(multiprocessing.current_process(), "_inheriting", False))
+    return bootstrapping and "__mp_main__" in sys.modules
 
 
 @contextlib.contextmanager

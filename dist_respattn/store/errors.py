@@ -9,6 +9,7 @@ __all__ = [
     "SchemaMismatchError",
     "StoreCorruptError",
     "StoreError",
+    "store_exists",
 ]
 
 
@@ -44,3 +45,16 @@ class EmptySplitError(ValueError):
         super().__init__(message)
         self.split = split
         self.documents = documents
+
+
+def store_exists(location: object, *, appendable: bool = True) -> StoreError:
+    """The refusal to write a new store at ``location``, where one is already.
+
+    It names what the public writers (the ``write_*`` functions) take, ``options=WriteOptions(overwrite=True)``, and
+    with ``appendable`` ``options=WriteOptions(append=True)``; each with its command line flag, which is all the
+    command line shows (see ``dist_respattn.cli.common.in_flags``).
+    """
+    message = f"{location}: already exists: pass options=WriteOptions(overwrite=True) (--overwrite) to replace it"
+    if appendable:
+        message += ", or options=WriteOptions(append=True) (--append) to add to it"
+    return StoreError(message)

@@ -28,6 +28,7 @@ __all__ = [
     "ROW_ARRAYS",
     "SCHEMA_NAME",
     "SCHEMA_VERSION",
+    "STREAM_SCHEMA_NAME",
     "StoreSchema",
     "StoreState",
 ]
@@ -35,6 +36,9 @@ __all__ = [
 ATTRIBUTE_KEY = "dist_respattn"
 SCHEMA_NAME = "dist_respattn.triples"
 SCHEMA_VERSION = 1
+#: A token-stream store's schema (see ``dist_respattn.store.stream_store``), named here so that opening a triple
+#: store can tell a store of the other kind from something that is no store.
+STREAM_SCHEMA_NAME = "dist_respattn.token_stream"
 
 #: The arrays with one entry (row) per triple, in the order they are written and checked.
 ROW_ARRAYS = ("context", "query", "target", "weight")

@@ -51,7 +51,7 @@ from dist_respattn.store.documents import (
     fixed_starts,
     starts_blocks,
 )
-from dist_respattn.store.errors import EmptySplitError, StoreError
+from dist_respattn.store.errors import EmptySplitError, store_exists
 from dist_respattn.store.identity import identity_provenance
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.npy import max_id
@@ -271,7 +271,7 @@ def write_split(
     if not options.overwrite:
         for location in locations.values():
             if location.exists():
-                raise StoreError(f"{location}: already exists: pass overwrite=True (--overwrite)")
+                raise store_exists(location, appendable=False)
     if isinstance(source, TextCorpus):
         if embeddings is not None or num_symbols is not None:
             raise ValueError("embeddings and num_symbols (--embeddings, --symbols) are for a token corpus")

@@ -48,11 +48,18 @@ from dist_respattn.store.attributes import (
 )
 from dist_respattn.store.checks import EncodedRows, Problem
 from dist_respattn.store.documents import require_rows
-from dist_respattn.store.errors import IncompleteStoreError, SchemaMismatchError, StoreCorruptError, StoreError
+from dist_respattn.store.errors import (
+    IncompleteStoreError,
+    SchemaMismatchError,
+    StoreCorruptError,
+    StoreError,
+    store_exists,
+)
 from dist_respattn.store.identity import corpus_identity
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLock, StoreLocked, live_writer, remove_partials
-from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreSchema, StoreState
+from dist_respattn.store.not_a_store import not_a_store
+from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, STREAM_SCHEMA_NAME, StoreSchema, StoreState
 from dist_respattn.store.triple_store import (
     Partition,
     array_summary,
@@ -72,7 +79,6 @@ __all__ = [
     "validate_stream",
 ]
 
-STREAM_SCHEMA_NAME = "dist_respattn.token_stream"
 STREAM_SCHEMA_VERSION = 1
 
 #: Tokens per chunk (a block read: 2 MiB of uint16) and per shard (one partition, one task).
@@ -219,6 +225,8 @@ class TokenStreamStore:
         group = open_group_at(location)
         attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
         if not is_stream_group(attributes):
+            if attributes.get("schema") != SCHEMA_NAME:
+                raise not_a_store(location)
             raise StoreError(f"{location}: not a token-stream store (attribute schema {attributes.get('schema')!r})")
         if int(attributes.get("schema_version", 0)) > STREAM_SCHEMA_VERSION:
             raise StoreError(
@@ -707,7 +715,7 @@ class StreamWriter:
 
         remove_partials(self.final)
         if self.final.exists() and not self.final.is_empty_dir() and not overwrite:
-            raise StoreError(f"{self.final}: already exists: pass --overwrite to replace it")
+            raise store_exists(self.final)
         self.location = self.final.sibling(f".partial-{uuid.uuid4().hex[:8]}")
         if chunk_tokens is None:  # a shard smaller than the default chunk is one chunk
             chunk_tokens = min(int(partition_tokens or DEFAULT_CHUNK_TOKENS), DEFAULT_CHUNK_TOKENS)

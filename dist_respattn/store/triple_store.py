@@ -22,7 +22,8 @@ from dist_respattn.store.errors import IncompleteStoreError, StoreCorruptError, 
 from dist_respattn.store.identity import corpus_identity
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLocked, live_writer
-from dist_respattn.store.schema import StoreSchema, StoreState
+from dist_respattn.store.not_a_store import not_a_store
+from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, STREAM_SCHEMA_NAME, StoreSchema, StoreState
 
 __all__ = [
     "Partition",
@@ -81,14 +82,13 @@ def named_metadata_errors(location: StoreLocation) -> Iterator[None]:
 
 
 def open_group_at(location: StoreLocation, mode: str = "r") -> Any:
-    """The zarr group at ``location``, or a :class:`StoreError` saying there is none."""
+    """The zarr group at ``location``, or a :class:`StoreError` saying what is there instead (see
+    :func:`~dist_respattn.store.not_a_store.not_a_store`)."""
     try:
         with named_metadata_errors(location):
             return zarr.open_group(location.zarr_store(), mode=mode)  # type: ignore[arg-type]
-    except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError) as exc:
-        raise StoreError(f"{location}: no zarr group there (expected a triple store)") from exc
-    except zarr.errors.ContainsArrayError as exc:
-        raise StoreError(f"{location}: a zarr array, not a group (expected a triple store)") from exc
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError, zarr.errors.ContainsArrayError) as exc:
+        raise not_a_store(location) from exc
 
 
 def array_summary(array: Any) -> dict[str, Any]:
@@ -150,6 +150,8 @@ class TripleStore:
         """Open the store at a local path or fsspec URL; raise a :class:`StoreError` naming what is wrong."""
         location = StoreLocation.of(url, storage_options)
         group = open_group_at(location)
+        if dict(group.attrs.get(ATTRIBUTE_KEY) or {}).get("schema") not in (SCHEMA_NAME, STREAM_SCHEMA_NAME):
+            raise not_a_store(location)  # no store at all (a store of the other kind is a problem named below)
         with named_metadata_errors(location):
             schema, attributes, problems = structural_problems(group)
         if problems:

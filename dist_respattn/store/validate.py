@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.store.checks import EncodedRows, Problem, block_problems, structural_problems
-from dist_respattn.store.errors import StoreError
 from dist_respattn.store.identity import IDENTITY_KEYS, embedding_sha256, short_hash, vocabulary_sha256
 from dist_respattn.store.location import StoreLocation
-from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreSchema
+from dist_respattn.store.not_a_store import not_a_store
+from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, STREAM_SCHEMA_NAME, StoreSchema
 from dist_respattn.store.stream_store import is_stream_group, validate_stream
 from dist_respattn.store.triple_store import damaged_metadata, open_group_at, shard_key
 from dist_respattn.text_format import count_text
@@ -147,8 +147,8 @@ def validate(
     """
     location = StoreLocation.of(url, storage_options)
     group = open_group_at(location)  # nothing there at all is an error, not a finding
-    if ATTRIBUTE_KEY not in group.attrs:
-        raise StoreError(f"{location}: a zarr group without the '{ATTRIBUTE_KEY}' attribute: not a triple store")
+    if dict(group.attrs.get(ATTRIBUTE_KEY) or {}).get("schema") not in (SCHEMA_NAME, STREAM_SCHEMA_NAME):
+        raise not_a_store(location)  # nor is a group that is no store (predict's output, another program's)
     if is_stream_group(dict(group.attrs[ATTRIBUTE_KEY])):
         found, tokens, chunks = validate_stream(location, progress=progress, total=total)
         return ValidationReport(str(location), found, rows_scanned=tokens, chunks_scanned=chunks, unit="tokens")

@@ -25,10 +25,11 @@ from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.serialization import distribution_to_arrays
 from dist_respattn.store.attributes import appended_names, checked_writer_names
 from dist_respattn.store.checks import EncodedRows, block_problems, structural_problems
-from dist_respattn.store.errors import SchemaMismatchError, StoreError
+from dist_respattn.store.errors import SchemaMismatchError, StoreError, store_exists
 from dist_respattn.store.layout import Chunking, choose_chunking, compressors_for
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLock, StoreLocked, remove_partials
+from dist_respattn.store.not_a_store import not_a_store
 from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, SCHEMA_VERSION, StoreSchema, StoreState
 from dist_respattn.store.triple_store import TripleStore, open_group_at
 
@@ -178,9 +179,7 @@ class StoreWriter:
         location, replaces = final, None
         if final.exists():
             if not overwrite:
-                raise StoreError(
-                    f"{final}: already exists: pass overwrite=True (--overwrite) or append to it (--append)"
-                )
+                raise store_exists(final)
             if not final.is_empty_dir() and not _is_triple_store(final):
                 raise StoreError(f"{final}: exists and is not a triple store: refusing to replace it")
             location, replaces = final.sibling(f".partial-{uuid.uuid4().hex[:8]}"), final
@@ -532,7 +531,7 @@ def rollback_locked(location: StoreLocation) -> int:
     group = open_group_at(location, mode="r+")
     attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
     if not attributes:
-        raise StoreError(f"{location}: a zarr group without the '{ATTRIBUTE_KEY}' attribute: not a triple store")
+        raise not_a_store(location)
     state = attributes.get("state")
     if state == StoreState.COMPLETE:
         return int(attributes["rows"])

@@ -470,7 +470,7 @@ def test_unreachable_scheduler_is_a_one_line_error(background, how):
     assert not launched.timed_out
     assert_fit_error(result, background["free"], "cannot reach the Dask scheduler")
     _, baseline = background["baseline"]
-    assert_fit_error(baseline.wait(), "no zarr group there")
+    assert_fit_error(baseline.wait(), "no such file or directory")
     assert launched.seconds - baseline.seconds < UNREACHABLE_EXTRA_SECONDS, (launched.seconds, baseline.seconds)
     at.assert_nothing_written()
 
@@ -518,17 +518,17 @@ def not_a_store_runs(tmp_path_factory, address):
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
-        ("missing", "no zarr group there (expected a triple store)"),
-        ("empty_dir", "no zarr group there (expected a triple store)"),
-        ("file", "no zarr group there (expected a triple store)"),
-        ("zarr_group", "this zarr group is not a triple store"),
+        ("missing", "no such file or directory"),
+        ("empty_dir", "an empty directory, not a store: expected a store written by `dist-respattn ingest`"),
+        ("file", "a file, not a store: expected a store written by `dist-respattn ingest`"),
+        ("zarr_group", "a zarr group but no store of dist_respattn: expected a store written by"),
     ],
     ids=["missing", "empty_dir", "file", "zarr_group"],
 )
 def test_not_a_store_is_a_one_line_error(not_a_store_runs, case, expected):
     """A missing path, an empty directory, a plain file, a zarr group without our attributes: one line each.
 
-    The line names the path and says it is not a triple store; no model directory appears.
+    The line names the path and says what it is instead of a store; no model directory appears.
     """
     at, launched = not_a_store_runs[case]
     assert_fit_error(launched.wait(), at.store, expected)
@@ -536,9 +536,9 @@ def test_not_a_store_is_a_one_line_error(not_a_store_runs, case, expected):
 
 
 def test_zarr_array_instead_of_a_store_is_named(not_a_store_runs):
-    """A zarr array (not a group) given as the store is refused saying it is not a triple store."""
+    """A zarr array (not a group) given as the store is refused saying it is not a store."""
     at, launched = not_a_store_runs["zarr_array"]
-    assert_fit_error(launched.wait(), at.store, "triple store")
+    assert_fit_error(launched.wait(), at.store, "a zarr array, not a store")
     at.assert_nothing_written()
 
 

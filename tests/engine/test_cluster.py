@@ -385,3 +385,34 @@ def test_embedded_dashboard_answers_while_the_fit_runs_and_ctrl_c_closes_the_clu
                 child.kill()
             except psutil.NoSuchProcess:
                 pass
+
+
+UNGUARDED_SCRIPT = """\
+from dist_respattn.engine import ClusterOptions, FitSettings, fit
+from dist_respattn.store import WriteOptions, write_synthetic
+
+# No `if __name__ == "__main__":`: each worker process the fit starts runs this file again, up to the fit.
+write_synthetic("train.zarr", 500, num_symbols=5, context_length=2, query_dim=2, num_targets=3,
+                options=WriteOptions(overwrite=True))
+fit("train.zarr", model_dir="model", cluster=ClusterOptions(n_workers=1), settings=FitSettings(max_iter=1))
+"""
+
+
+@pytest.mark.slow
+def test_a_script_that_starts_a_cluster_without_the_main_guard_is_told_to_add_it(tmp_path):
+    """The embedded cluster's worker process imports the script again; the fit it reaches there refuses, in one
+    line naming the guard, instead of multiprocessing's "bootstrapping phase" error; the script fails."""
+    (tmp_path / "script.py").write_text(UNGUARDED_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}  # the user's script, run as a user runs it
+    done = subprocess.run(
+        [sys.executable, "script.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0
+    assert (
+        "ClusterError: this script is being imported again by a worker process of the cluster it starts (each "
+        "worker process imports the main script), so it would start one of its own: put the calls under "
+        '`if __name__ == "__main__":` (see the docs\' quickstart)\n'
+    ) in done.stderr, done.stderr
+    assert "bootstrapping phase" not in done.stderr
+    assert done.stderr.rstrip().splitlines()[-1].startswith("dist_respattn.engine.cluster.ClusterError: "), done.stderr
+    assert not (tmp_path / "model").exists()

@@ -10,14 +10,18 @@ import pytest
 import dist_respattn.store.tokens as tokens_module
 from dist_respattn.store import (
     SchemaMismatchError,
+    StoreError,
     StoreSchema,
     StoreWriter,
+    TokenCorpus,
     TripleStore,
     WriteOptions,
     write_arrays,
+    write_split,
+    write_synthetic,
     write_tokens,
 )
-from tests.store.helpers import SMALL, D, N, S, T, assert_rows, random_rows
+from tests.store.helpers import SMALL, D, N, S, T, assert_rows, random_rows, write_small
 
 BIG = 20_000  # rows of the .npy inputs, written in 4,096-row blocks: the bad row 12345 is in the fourth
 
@@ -175,3 +179,26 @@ def test_a_truncated_npy_file_is_named(tmp_path):
     with pytest.raises(ValueError, match=re.escape(str(paths["query"]))):
         write_files(tmp_path / "s.zarr", paths)
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_an_existing_store_is_refused_naming_a_keyword_the_writer_called_takes(tmp_path):
+    """Every public writer takes ``options=WriteOptions(...)`` (none takes ``overwrite=``): the refusal names that,
+    and no bare keyword the writer lacks, and passing what it names replaces the store."""
+    tokens = np.random.default_rng(0).integers(0, S, 400)
+    writers = {
+        "synthetic": lambda out, **kw: write_synthetic(
+            out, 50, num_symbols=S, context_length=N, query_dim=D, num_targets=T, **kw
+        ),
+        "arrays": lambda out, **kw: write_small(out, random_rows(50), **kw),
+        "tokens": lambda out, **kw: write_tokens(out, tokens, N, num_symbols=S, dim=D, **kw),
+        "split": lambda out, **kw: write_split(out, TokenCorpus(tokens, block_tokens=20), N, **kw),
+    }
+    for name, write in writers.items():
+        out = tmp_path / name
+        write(out)
+        with pytest.raises(StoreError, match="already exists") as info:
+            write(out)
+        message = str(info.value)
+        assert "options=WriteOptions(overwrite=True)" in message, message
+        assert "=True" not in re.sub(r"WriteOptions\(\w+=True\)", "", message), message
+        write(out, options=WriteOptions(overwrite=True))

@@ -265,7 +265,6 @@ def test_a_weight_array_in_an_unweighted_store(tmp_path):
     ("changes", "message"),
     [
         ({"schema_version": 99}, "schema version 99 is unknown: this release reads version 1"),
-        ({"schema": "other.triples"}, "schema 'other.triples': expected 'dist_respattn.triples'"),
         ({"state": "bogus"}, "state 'bogus': expected 'complete'"),
         ({"rows": -5}, "attribute rows = -5: expected a non-negative integer"),
         ({"chunk_rows": 0}, "attribute chunk_rows = 0: expected a positive integer"),
@@ -283,17 +282,18 @@ def test_bad_group_attributes(store_path, changes, message):
     assert message in str(info.value) and not isinstance(info.value, IncompleteStoreError)
 
 
-def test_a_group_that_is_no_triple_store_and_a_path_with_no_group(tmp_path):
-    # Nothing to scan is an error (the CLI exits 2), not a finding about a damaged store (exit 1).
+def test_a_group_that_is_no_store_and_a_path_with_no_group(tmp_path, store_path):
+    # Nothing to scan is an error (the CLI exits 2), not a finding about a damaged store (exit 1); nor is a group of
+    # a schema that no store of this release has.
     zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
-    with pytest.raises(StoreError, match=r"g\.zarr: a zarr group without the 'dist_respattn' attribute"):
-        validate(tmp_path / "g.zarr")
-    with pytest.raises(StoreError, match="not a triple store"):
-        TripleStore.open(tmp_path / "g.zarr")
-    with pytest.raises(StoreError, match=r"nothing\.zarr: no zarr group there"):
-        validate(tmp_path / "nothing.zarr")
-    with pytest.raises(StoreError, match="no zarr group there"):
-        TripleStore.open(tmp_path / "nothing.zarr")
+    edit_attributes(store_path, schema="other.triples")
+    for opener in (validate, TripleStore.open):
+        with pytest.raises(StoreError, match=r"g\.zarr: a zarr group but no store of dist_respattn: expected a store"):
+            opener(tmp_path / "g.zarr")
+        with pytest.raises(StoreError, match=r"a zarr group of schema 'other\.triples', not a store this release"):
+            opener(store_path)
+        with pytest.raises(StoreError, match=r"nothing\.zarr: no such file or directory"):
+            opener(tmp_path / "nothing.zarr")
 
 
 def test_an_unfinished_write_is_reported_and_refuses_to_open(store_path):
