@@ -347,8 +347,8 @@ class PredictionRowsWriter:
             # JSON has no NaN (nor a probability that is not a number): such a model is broken, not its output.
             row, rank = (int(i) for i in np.argwhere(~np.isfinite(probabilities))[0])
             raise ValueError(
-                f"--out {self.path}: row {first + row}: a probability is {probabilities[row, rank]}; a model that gives non-finite "
-                "probabilities is broken (check it with `dist-respattn evaluate`)"
+                f"--out {self.path}: row {first + row}: a probability is {probabilities[row, rank]}; a model that "
+                "gives non-finite probabilities is broken (check it with `dist-respattn evaluate`)"
             )
         ids = np.asarray(targets).tolist()
         probs = probabilities.tolist()
