@@ -2,7 +2,9 @@
 from the first partition not yet handed over, pending tasks cancelled, a lost scheduler reported as such.
 
 Real worker processes of a LocalCluster; the scheduler counts no failure as allowed (``allowed-failures`` 0), so a
-worker process that exits while running a task fails it with ``KilledWorker`` at once, as lost work.
+worker process that exits while running a task fails it with ``KilledWorker`` at once, as lost work. The last test
+SIGKILLs every worker while ``predict --out FILE.jsonl`` runs: the model goes with them, and the file must still
+come out the same as an uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import threading
 import time
 from typing import Any
@@ -18,8 +21,11 @@ import dask
 import distributed
 import pytest
 
+from dist_respattn import random_distribution
+from dist_respattn.engine import predict
 from dist_respattn.engine.cluster import ClusterError
 from dist_respattn.engine.passes import PassRunner
+from dist_respattn.store import WriteOptions, write_synthetic
 from tests.engine.clusters import local_cluster
 
 pytestmark = pytest.mark.slow  # every test here uses a cluster
@@ -200,3 +206,41 @@ def test_a_lost_scheduler_is_a_cluster_error_saying_what_to_do():
             for part, _ in parts:
                 if part == 0:
                     threading.Thread(target=cluster.close, daemon=True).start()
+
+
+def test_predict_into_a_rows_file_survives_losing_every_worker_and_the_model_with_them(tmp_path, passes_log):
+    head = random_distribution(30, 4, 5, 12, seed=4)
+    store = str(tmp_path / "store.zarr")
+    write_synthetic(store, 240_000, model=head, seed=5, options=WriteOptions(chunk_rows=8192, partition_rows=16_384))
+    with local_cluster(2) as (_, client):
+        reference = predict(head, store, out=tmp_path / "reference.jsonl", top_k=3, client=client, progress=False)
+        pids = client.run(os.getpid)
+        killed: dict[str, Any] = {}
+
+        def kill_every_worker_mid_pass() -> None:
+            """Once the driver has written the first partition's rows (the later ones are in flight), SIGKILL all."""
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                started = [p for p in tmp_path.glob(".tmp-killed.jsonl.*") if p.stat().st_size > 0]
+                if started:
+                    for pid in pids.values():
+                        os.kill(pid, signal.SIGKILL)
+                    killed["written"] = started[0].stat().st_size
+                    return
+                time.sleep(0.001)
+
+        killer = threading.Thread(target=kill_every_worker_mid_pass, daemon=True)
+        killer.start()
+        run = predict(head, store, out=tmp_path / "killed.jsonl", top_k=3, client=client, progress=False)
+        killer.join(timeout=120)
+        client.wait_for_workers(2, timeout=60)
+        assert set(client.run(os.getpid).values()).isdisjoint(pids.values()), "a killed worker is still there"
+    assert killed, "the rows file was never seen being written"
+    assert any(m.startswith("predict 0 lost work with a worker") for m in passes_log), passes_log
+    assert (run.rows, run.partitions, run.top1_accuracy) == (
+        reference.rows,
+        reference.partitions,
+        reference.top1_accuracy,
+    )
+    assert (tmp_path / "killed.jsonl").read_bytes() == (tmp_path / "reference.jsonl").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["killed.jsonl", "reference.jsonl", "store.zarr"]
