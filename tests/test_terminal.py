@@ -179,6 +179,16 @@ def test_predict_on_a_terminal(tmp_path, stores, address):
     assert out.is_dir()
 
 
+def test_predict_into_a_rows_file_on_a_terminal(tmp_path, stores, address):
+    """``--out FILE.jsonl`` takes another path (the driver writes the rows as the partitions come), with its bar."""
+    out = tmp_path / "predictions.jsonl"
+    result = run_on_terminal("predict", stores.model, stores.validation, "--out", str(out), "--scheduler", address)
+    assert_ran_with_bars(result, f"predicting {stores.validation}")
+    bars = [bar for bar in result.bars() if bar.startswith(f"predicting {stores.validation}:")]
+    assert {PASS_BAR.search(bar).group(2) for bar in bars} == {"2"}, bars  # counting the validation store's 2 parts
+    assert len(out.read_text().splitlines()) == ROWS // 2
+
+
 def test_retrain_on_a_terminal(tmp_path, stores, address):
     registry = tmp_path / "registry"
     result = run_on_terminal(

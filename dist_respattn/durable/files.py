@@ -10,6 +10,9 @@ writes only:
   complete temp file, which fails when the name exists; S3: ``If-None-Match: *``; any other fsspec
   backend: its ``pipe_file(mode="create")``, which is exclusive only where the backend makes it so);
 - :meth:`AtomicFiles.delete`.
+
+A local file too large to build in memory (a file of rows written as they come) uses the same pieces:
+write it under :func:`temporary_path`, fsync it, then :func:`place_file` it under its name.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-__all__ = ["TEMP_PREFIX", "AtomicFiles", "json_bytes"]
+__all__ = ["TEMP_PREFIX", "AtomicFiles", "fsync_directory", "json_bytes", "place_file", "temporary_path"]
 
 #: The prefix of a local write's temporary file (the readers of these files ignore such names).
 TEMP_PREFIX = ".tmp-"
@@ -98,9 +101,7 @@ class AtomicFiles:
             self.fs.pipe_file(path, data)
             return
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        temp = self._write_temp(path, data)
-        os.replace(temp, path)
-        _fsync_dir(os.path.dirname(path))
+        place_file(self._write_temp(path, data), path, replace=True)
 
     def create(self, name: str, data: bytes) -> bool:
         """Write ``name`` only if it does not exist; ``False`` when it does (someone else created it)."""
@@ -112,15 +113,7 @@ class AtomicFiles:
                 return False
             return True
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        temp = self._write_temp(path, data)
-        try:
-            os.link(temp, path)  # atomic, fails on an existing name, and the content is already complete
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(temp)
-        _fsync_dir(os.path.dirname(path))
-        return True
+        return place_file(self._write_temp(path, data), path, replace=False)
 
     def write_json(self, name: str, value: dict[str, Any]) -> None:
         self.write(name, json_bytes(value))
@@ -163,13 +156,43 @@ class AtomicFiles:
         return doomed
 
     def _write_temp(self, path: str, data: bytes) -> str:
-        folder, name = os.path.split(path)
-        temp = os.path.join(folder, f"{TEMP_PREFIX}{name}.{uuid.uuid4().hex[:8]}")
+        temp = temporary_path(path)
         with open(temp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         return temp
+
+
+def temporary_path(path: str | os.PathLike[str]) -> str:
+    """A new temporary name beside the local file ``path`` (``folder/.tmp-NAME.1a2b3c4d``).
+
+    Its :data:`TEMP_PREFIX` is what the readers skip and :meth:`AtomicFiles.remove_temporaries` cleans up after
+    a writer killed before its rename.
+    """
+    folder, name = os.path.split(os.fspath(path))
+    return os.path.join(folder, f"{TEMP_PREFIX}{name}.{uuid.uuid4().hex[:8]}")
+
+
+def place_file(temp: str | os.PathLike[str], path: str | os.PathLike[str], *, replace: bool) -> bool:
+    """Move the complete, fsynced local file ``temp`` to ``path`` in one step, and make the move durable.
+
+    ``replace``: an existing ``path`` is replaced (``os.replace``: a reader sees the old file or the new one).
+    Otherwise ``path`` is created only if it does not exist (a hard link, which fails on an existing name,
+    so two writers never both succeed) and ``False`` is returned when it does. ``temp`` is gone either way.
+    """
+    temp, path = os.fspath(temp), os.fspath(path)
+    if replace:
+        os.replace(temp, path)
+    else:
+        try:
+            os.link(temp, path)  # atomic, fails on an existing name, and the content is already complete
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(temp)
+    fsync_directory(os.path.dirname(path) or ".")  # the new name survives a power cut, not just the bytes
+    return True
 
 
 def json_bytes(value: dict[str, Any]) -> bytes:
@@ -188,7 +211,8 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_directory(path: str | os.PathLike[str]) -> None:
+    """Flush a local directory's entries (a rename or link in it) to disk; a filesystem that cannot is skipped."""
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
         try:

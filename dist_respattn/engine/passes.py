@@ -4,13 +4,19 @@ A pass is a fresh graph (see :mod:`reduction`): nothing refers to an earlier pas
 is released when the pass ends, so the scheduler holds no more state after 100 iterations than after
 one. Work lost with a worker is recomputed by Dask; if a pass still fails because its inputs were
 lost, it is resubmitted whole (under new keys), which gives the same value.
+
+A pass may also bring back every partition's value, in partition order, for the driver to stream somewhere
+(:meth:`PassRunner.run_ordered`): a few partitions in flight, and a resubmission after lost work covers only
+the partitions not yet handed over.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Generator
 from typing import Any
 
 import distributed
@@ -28,6 +34,9 @@ LOST_WORK_ERRORS: tuple[type[BaseException], ...] = (distributed.KilledWorker, c
 #: How many times a pass is submitted before a lost-work failure is reported.
 MAX_ATTEMPTS = 3
 
+#: What a fit's user can do once the scheduler is lost (the tail of the error).
+RESUME_FIT = "the fit can continue from its last checkpoint with --resume once the cluster is back"
+
 
 class PassRunner:
     """Submits passes for one fit: keys carry the fit's run tag, progress goes to an optional bar.
@@ -37,6 +46,7 @@ class PassRunner:
         run_tag: 8 hex digits naming this fit, appended to every key so concurrent fits never share one.
         fan_in: the combine tree's fan-in (part of the fit's settings: it fixes the summation order).
         make_bar: ``make_bar(total, description)`` returns a progress bar (``update``/``close``) or ``None``.
+        after_loss: what the user can do when the scheduler is lost, for the error (a fit's: ``--resume``).
     """
 
     def __init__(
@@ -46,11 +56,13 @@ class PassRunner:
         *,
         fan_in: int = DEFAULT_FAN_IN,
         make_bar: Callable[[int, str], Any] | None = None,
+        after_loss: str = RESUME_FIT,
     ) -> None:
         self.client = client
         self.run_tag = run_tag
         self.fan_in = fan_in
         self.make_bar = make_bar
+        self.after_loss = after_loss
 
     def run(
         self,
@@ -81,20 +93,93 @@ class PassRunner:
                     n_partitions, task, args_for, description,
                 )  # fmt: skip
             except LOST_WORK_ERRORS as exc:
-                if self.client.status != "running":  # the scheduler went away: nothing to resubmit to
-                    raise ClusterError(
-                        f"lost the connection to the Dask scheduler during {name} {label} ({self.client.status}); "
-                        "the fit can continue from its last checkpoint with --resume once the cluster is back"
-                    ) from exc
+                self._check_scheduler(name, label, exc)
                 if attempt + 1 == MAX_ATTEMPTS:
                     raise
                 logger.warning("%s %s lost work with a worker (%s); resubmitting it", name, label, exc)
             except distributed.client.ClosedClientError as exc:
-                raise ClusterError(
-                    f"lost the connection to the Dask scheduler during {name} {label}; the fit can continue from "
-                    "its last checkpoint with --resume once the cluster is back"
-                ) from exc
+                raise self._scheduler_lost(name, label, "") from exc
         raise AssertionError("unreachable")
+
+    def run_ordered(
+        self,
+        name: str,
+        label: str,
+        n_partitions: int,
+        task: Callable[..., Any],
+        args_for: Callable[[int], tuple[Any, ...]],
+        *,
+        window: int | None = None,
+        description: str = "",
+        before_attempt: Callable[[int], None] | None = None,
+    ) -> Generator[Any, None, None]:
+        """Yield ``task(*args_for(part))`` for ``part = 0, 1, ..., n_partitions - 1``, in that order.
+
+        At most ``window`` tasks are in flight (default: twice the cluster's threads, so the workers stay busy
+        while the caller handles a value), and the driver holds only the values the caller has not taken yet.
+        Keys: ``respattn-<name>-<label>-<part>-<tag>``. Lost work is resubmitted as :meth:`run` does (under new
+        keys, after ``before_attempt(attempt)``), but only from the first partition not yet yielded: a value
+        handed over is never handed over again. Tasks still pending when the generator ends (an error, or a
+        caller that stops early: close it, e.g. with :func:`contextlib.closing`) are cancelled.
+        """
+        bar = self.make_bar(n_partitions, description) if self.make_bar is not None else None
+        done = 0  # partitions yielded
+        try:
+            for attempt in range(MAX_ATTEMPTS):
+                if before_attempt is not None:
+                    before_attempt(attempt)
+                tag = self.run_tag if attempt == 0 else f"{self.run_tag}.{attempt}"
+                pending: deque[distributed.Future] = deque()
+                try:
+                    width = window if window is not None else 2 * sum(self.client.nthreads().values())
+                    submitted = done
+                    while done < n_partitions:
+                        while submitted < n_partitions and len(pending) < max(int(width), 1):
+                            key = f"respattn-{name}-{label}-{submitted}-{tag}"
+                            pending.append(self.client.submit(task, *args_for(submitted), key=key, pure=False))
+                            submitted += 1
+                        value = pending[0].result()  # a failed one stays in pending, to be cancelled below
+                        pending.popleft().release()  # the scheduler forgets it: the driver holds the value alone
+                        done += 1
+                        if bar is not None:
+                            bar.update(1)
+                        yield value
+                        del value
+                    return
+                except LOST_WORK_ERRORS as exc:
+                    self._check_scheduler(name, label, exc)
+                    if attempt + 1 == MAX_ATTEMPTS:
+                        raise
+                    logger.warning(
+                        "%s %s lost work with a worker (%s); resubmitting partitions %d to %d",
+                        name, label, exc, done, n_partitions - 1,
+                    )  # fmt: skip
+                except distributed.client.ClosedClientError as exc:
+                    raise self._scheduler_lost(name, label, "") from exc
+                finally:
+                    self._cancel(pending)
+        finally:
+            if bar is not None:
+                bar.close()
+        raise AssertionError("unreachable")
+
+    def _cancel(self, futures: deque[distributed.Future]) -> None:
+        """Cancel tasks nobody will read (a failed pass, or one its caller left): they stop using the workers."""
+        if futures and self.client.status == "running":
+            # Best effort: a scheduler going away at this moment is reported by the error already under way.
+            with contextlib.suppress(Exception):
+                self.client.cancel(list(futures))
+        futures.clear()
+
+    def _check_scheduler(self, name: str, label: str, exc: BaseException) -> None:
+        """Raise :class:`ClusterError` when lost work means the scheduler went away: nothing to resubmit to."""
+        if self.client.status != "running":
+            raise self._scheduler_lost(name, label, f" ({self.client.status})") from exc
+
+    def _scheduler_lost(self, name: str, label: str, status: str) -> ClusterError:
+        return ClusterError(
+            f"lost the connection to the Dask scheduler during {name} {label}{status}; {self.after_loss}"
+        )
 
     def _run_once(
         self,

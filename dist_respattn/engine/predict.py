@@ -13,10 +13,10 @@ row order as they arrive, a few partitions in flight, so it holds one partition'
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -157,19 +157,15 @@ def predict(
     try:
         with connect(cluster, client=client, say=say) as cl:
             reporter = FitReporter(cl, say=say, bar=progress)
-            runner = PassRunner(cl, uuid.uuid4().hex[:8], make_bar=reporter.make_bar)
+            runner = PassRunner(
+                cl, uuid.uuid4().hex[:8], make_bar=reporter.make_bar,
+                after_loss="run predict again once the cluster is back",
+            )  # fmt: skip
             params = ParameterBroadcast(cl, runner.run_tag)
             params.publish(head, "predict")
             try:
                 if rows_file is not None:
-                    bar = reporter.make_bar(scored.num_partitions, f"predicting {scored.location}")
-                    try:
-                        totals = _write_rows(
-                            cl, runner.run_tag, scored, params.current, fingerprint, kept, rows_file, bar
-                        )
-                    finally:
-                        if bar is not None:
-                            bar.close()
+                    totals = _write_rows(runner, params, scored, fingerprint, kept, rows_file)
                 else:
                     totals = runner.run(
                         "predict", "0", scored.num_partitions, tasks.predict_task,
@@ -205,45 +201,29 @@ def predict(
 
 
 def _write_rows(
-    client: distributed.Client,
-    run_tag: str,
+    runner: PassRunner,
+    params: ParameterBroadcast,
     scored: RowStore,
-    model: Any,
     fingerprint: str,
     top_k: int,
     writer: PredictionRowsWriter,
-    bar: Any,
 ) -> PredictionTotals:
     """Predict every partition and write its rows, in row order, through ``writer``; returns the totals.
 
-    A few partitions more than the cluster's threads are in flight: the workers stay busy while the driver
-    writes, and the driver holds one partition's predictions at a time (the others wait on the workers).
+    A few partitions more than the cluster's threads are in flight (:meth:`PassRunner.run_ordered`): the workers
+    stay busy while the driver writes, and the driver holds one partition's predictions at a time (the others
+    wait on the workers). Work lost with the workers (the model's copies among it) is resubmitted from the
+    first partition not yet written, after the model is sent again.
     """
-    window = max(2 * sum(client.nthreads().values()), 2)
-    pending: deque[distributed.Future] = deque()
     totals = PredictionTotals()
-    submitted = 0
-    while submitted < scored.num_partitions or pending:
-        while submitted < scored.num_partitions and len(pending) < window:
-            pending.append(
-                client.submit(
-                    tasks.predict_rows_task,
-                    scored.location,
-                    submitted,
-                    model,
-                    fingerprint,
-                    top_k,
-                    key=f"respattn-predict-rows-{submitted}-{run_tag}",
-                    pure=False,
-                )
-            )
-            submitted += 1
-        future = pending.popleft()
-        part = future.result()
-        future.release()
-        writer.write(part.start, part.targets, part.probabilities, part.stored)
-        totals = totals + part.totals
-        del part
-        if bar is not None:
-            bar.update(1)
+    parts = runner.run_ordered(
+        "predict", "0", scored.num_partitions, tasks.predict_rows_task,
+        lambda part: (scored.location, part, params.current, fingerprint, top_k),
+        description=f"predicting {scored.location}", before_attempt=params.republish,
+    )  # fmt: skip
+    with contextlib.closing(parts):  # an error here (the writer's) ends the pass and cancels what is in flight
+        for part in parts:
+            writer.write(part.start, part.targets, part.probabilities, part.stored)
+            totals = totals + part.totals
+            del part
     return totals

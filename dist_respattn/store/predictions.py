@@ -34,7 +34,6 @@ import csv
 import dataclasses
 import json
 import os
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -42,6 +41,7 @@ from typing import IO, Any
 import numpy as np
 import zarr
 
+from dist_respattn.durable.files import place_file, temporary_path
 from dist_respattn.model.prediction import TopK
 from dist_respattn.store.errors import StoreError
 from dist_respattn.store.location import StoreLocation
@@ -282,11 +282,14 @@ def output_format(out: str | os.PathLike[str]) -> str:
 class PredictionRowsWriter:
     """Writes predictions a row at a time into a JSON Lines or CSV file (see the module's docstring for columns).
 
-    The file is written under a temporary name beside it and renamed into place by :meth:`close`, so a run
-    that fails leaves no half-written file under the name asked for; :meth:`abort` removes the temporary.
+    The file is written under a temporary name beside it (:func:`dist_respattn.durable.files.temporary_path`,
+    which the package's clean-ups of killed writes recognise) and moved into place by :meth:`close` with
+    :func:`~dist_respattn.durable.files.place_file`: replaced whole with ``overwrite``, else created only if the
+    name is still free (two runs never both write it). A run that fails leaves no half-written file under the name
+    asked for; :meth:`abort` removes the temporary.
 
     Args:
-        path: a local ``.jsonl`` or ``.csv`` file.
+        path: a local ``.jsonl`` or ``.csv`` file, or a ``file://`` URL of one.
         top_k: K, the predictions a row (a block may hold fewer only when T < K, never here).
         words: (T,) the word of each target id (:func:`target_words`), or ``None``.
         overwrite: replace an existing file at ``path`` (else it is refused before anything runs).
@@ -296,12 +299,15 @@ class PredictionRowsWriter:
         self, path: str | os.PathLike[str], *, top_k: int, words: Sequence[str] | None, overwrite: bool = False
     ) -> None:
         text = os.fspath(path)
+        if text.startswith("file://"):  # a local file named as a URL (file:///data/p.jsonl)
+            text = text[len("file://") :]
         if "://" in text:
             raise StoreError(
                 f"--out {text}: a .jsonl or .csv output is written by this process to a local file: give a local "
                 "path (or a zarr group URL, which the workers write)"
             )
         self.path = Path(text)
+        self.overwrite = bool(overwrite)
         self.format = output_format(self.path)
         if self.format == "zarr":
             raise StoreError(f"--out {text}: expected a name ending in {' or '.join(ROW_FORMATS)}")
@@ -314,7 +320,7 @@ class PredictionRowsWriter:
         self.top_k = int(top_k)
         self.words = None if words is None else tuple(words)
         self.rows = 0
-        self._temporary = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        self._temporary = Path(temporary_path(self.path))
         self._file: IO[str] | None = open(self._temporary, "w", encoding="utf-8", newline="")
         self._csv: Any = None
         if self.format == "csv":
@@ -336,8 +342,16 @@ class PredictionRowsWriter:
             raise ValueError(f"rows from {first}: expected row {self.rows} next (rows are written in order)")
         assert self._file is not None, "the writer is closed"
         words = self.words
+        probabilities = np.asarray(probabilities, dtype=np.float64)
+        if not np.isfinite(probabilities).all():
+            # JSON has no NaN (nor a probability that is not a number): such a model is broken, not its output.
+            row, rank = (int(i) for i in np.argwhere(~np.isfinite(probabilities))[0])
+            raise ValueError(
+                f"--out {self.path}: row {first + row}: a probability is {probabilities[row, rank]}; a model that "
+                "gives non-finite probabilities is broken (check it with `dist-respattn evaluate`)"
+            )
         ids = np.asarray(targets).tolist()
-        probs = np.asarray(probabilities, dtype=np.float64).tolist()
+        probs = probabilities.tolist()
         true = np.asarray(stored).tolist()
         for i, (row_ids, row_probs, target) in enumerate(zip(ids, probs, true, strict=True)):
             row = first + i
@@ -358,14 +372,17 @@ class PredictionRowsWriter:
         self.rows += len(ids)
 
     def close(self) -> None:
-        """Flush the file and move it into place under its name."""
+        """Flush the file and move it into place under its name (refused if another run created it meanwhile)."""
         if self._file is None:
             return
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
         self._file = None
-        os.replace(self._temporary, self.path)
+        if not place_file(self._temporary, self.path, replace=self.overwrite):
+            raise StoreError(
+                f"--out {self.path}: was created by someone else while predicting; pass --overwrite to replace it"
+            )
 
     def abort(self) -> None:
         """Drop what was written (a failed run leaves nothing under the name asked for)."""

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from dist_respattn.durable import TEMP_PREFIX, AtomicFiles
 from dist_respattn.store import StoreError
 from dist_respattn.store.predictions import OOV_WORD, PredictionRowsWriter, output_format, target_words
 
@@ -87,3 +88,47 @@ def test_rows_out_of_order_an_existing_file_and_an_aborted_run_are_refused_or_le
     assert (tmp_path / "p.csv").read_text() == "row,target,id_1,probability_1,id_2,probability_2\n"
     with pytest.raises(StoreError, match="no such directory"):
         PredictionRowsWriter(tmp_path / "nowhere" / "p.jsonl", top_k=1, words=None)
+
+
+@pytest.mark.parametrize(("name", "bad"), [("p.jsonl", float("nan")), ("p.csv", float("inf"))])
+def test_a_non_finite_probability_is_refused_and_nothing_is_written(tmp_path, name, bad):
+    """JSON has no NaN: a model that gives one is broken, and its rows are refused rather than written as ``NaN``."""
+    writer = PredictionRowsWriter(tmp_path / name, top_k=2, words=WORDS)
+    writer.write(*block(0, 3))
+    first, ids, probs, target = block(3, 2)
+    probs[1, 1] = bad
+    with pytest.raises(ValueError, match=rf"--out .*{name}: row 4: a probability is {bad}; .* is broken"):
+        writer.write(first, ids, probs, target)
+    writer.abort()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_url_is_a_local_path(tmp_path):
+    writer = PredictionRowsWriter(f"file://{tmp_path}/p.jsonl", top_k=2, words=None)
+    assert writer.path == tmp_path / "p.jsonl"
+    writer.write(*block(0, 2))
+    writer.close()
+    assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 2
+    with pytest.raises(StoreError, match=r"--out s3://b/p\.jsonl: .* give a local path"):
+        PredictionRowsWriter("s3://b/p.jsonl", top_k=2, words=None)
+
+
+def test_the_temporary_file_is_one_the_durable_clean_up_recognises(tmp_path):
+    """A run killed before its rename leaves a ``.tmp-`` file, which ``remove_temporaries`` removes."""
+    writer = PredictionRowsWriter(tmp_path / "p.jsonl", top_k=2, words=None)
+    writer.write(*block(0, 2))
+    (temporary,) = [p.name for p in tmp_path.iterdir()]
+    assert temporary.startswith(TEMP_PREFIX + "p.jsonl."), temporary
+    assert AtomicFiles(str(tmp_path)).remove_temporaries("") == [temporary]
+    assert list(tmp_path.iterdir()) == []
+    writer.abort()
+
+
+def test_a_file_created_by_another_run_meanwhile_is_not_replaced_without_overwrite(tmp_path):
+    writer = PredictionRowsWriter(tmp_path / "p.csv", top_k=2, words=None)
+    writer.write(*block(0, 2))
+    (tmp_path / "p.csv").write_text("theirs\n")  # another run finished first
+    with pytest.raises(StoreError, match="created by someone else while predicting; pass --overwrite"):
+        writer.close()
+    assert (tmp_path / "p.csv").read_text() == "theirs\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["p.csv"]  # and no temporary left behind
