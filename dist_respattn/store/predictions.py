@@ -126,7 +126,9 @@ def create_predictions(location: StoreLocation, header: PredictionsHeader, *, ov
                 f"{location}: exists and is not the output of `dist-respattn predict`; choose another --out"
             )
         if not overwrite:
-            raise StoreError(f"{location}: holds predictions already; pass --overwrite to replace them")
+            raise StoreError(
+                f"{location}: holds predictions already; pass overwrite=True (--overwrite) to replace them"
+            )
         fs, root = location.filesystem()
         fs.rm(root, recursive=True)
     attributes = {"schema": PREDICTIONS_SCHEMA, "version": PREDICTIONS_VERSION, "state": "writing", **header.to_json()}
@@ -314,7 +316,7 @@ class PredictionRowsWriter:
         if self.path.is_dir():
             raise StoreError(f"--out {text}: is a directory; name a file ending in {self.path.suffix}")
         if self.path.exists() and not overwrite:
-            raise StoreError(f"--out {text}: exists already; pass --overwrite to replace it")
+            raise StoreError(f"--out {text}: exists already; pass overwrite=True (--overwrite) to replace it")
         if not self.path.parent.is_dir():
             raise StoreError(f"--out {text}: no such directory {self.path.parent}")
         self.top_k = int(top_k)
@@ -381,7 +383,8 @@ class PredictionRowsWriter:
         self._file = None
         if not place_file(self._temporary, self.path, replace=self.overwrite):
             raise StoreError(
-                f"--out {self.path}: was created by someone else while predicting; pass --overwrite to replace it"
+                f"--out {self.path}: was created by someone else while predicting; pass overwrite=True (--overwrite) "
+                "to replace it"
             )
 
     def abort(self) -> None:

@@ -114,7 +114,7 @@ def test_the_output_is_never_written_over_by_mistake(small_store, client, tmp_pa
     model = small_truth()
     out = tmp_path / "p.zarr"
     predict(model, small_store, out=out, top_k=1, client=client, progress=False)
-    with pytest.raises(StoreError, match="holds predictions already; pass --overwrite"):
+    with pytest.raises(StoreError, match=r"holds predictions already; pass overwrite=True \(--overwrite\)"):
         predict(model, small_store, out=out, top_k=2, client=client, progress=False)
     predict(model, small_store, out=out, top_k=2, overwrite=True, client=client, progress=False)
     assert Predictions.open(out).header.top_k == 2

@@ -64,7 +64,7 @@ def test_a_part_must_be_written_whole_and_in_row_order(tmp_path):
 def test_only_predictions_are_replaced_and_only_when_asked(tmp_path):
     out = StoreLocation.of(tmp_path / "p.zarr")
     create_predictions(out, header())
-    with pytest.raises(StoreError, match="holds predictions already; pass --overwrite"):
+    with pytest.raises(StoreError, match=r"holds predictions already; pass overwrite=True \(--overwrite\)"):
         create_predictions(out, header())
     create_predictions(out, header(), overwrite=True)
     (tmp_path / "notes").mkdir()
