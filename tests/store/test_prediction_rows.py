@@ -128,7 +128,7 @@ def test_a_file_created_by_another_run_meanwhile_is_not_replaced_without_overwri
     writer = PredictionRowsWriter(tmp_path / "p.csv", top_k=2, words=None)
     writer.write(*block(0, 2))
     (tmp_path / "p.csv").write_text("theirs\n")  # another run finished first
-    with pytest.raises(StoreError, match=r"created by someone else while predicting; pass overwrite=True \(--overwrite\)"):
+    with pytest.raises(StoreError, match=r"by someone else while predicting; pass overwrite=True \(--overwrite\)"):
         writer.close()
     assert (tmp_path / "p.csv").read_text() == "theirs\n"
     assert [p.name for p in tmp_path.iterdir()] == ["p.csv"]  # and no temporary left behind
