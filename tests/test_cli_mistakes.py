@@ -95,7 +95,7 @@ def test_a_store_without_an_embedding_table_and_a_head_that_cannot_generate_are_
     )
     assert error_line(streamed, "predict") == (
         f"{store} has no embedding table (a store written from text or tokens has one): --stream needs one to make "
-        "each token's query"
+        "each token's query (give the store the model was fitted on, or one made --like it)"
     )
     assert error_line(sampled, "sample") == (
         f"{model.path}: sample needs a head fitted on a token stream (T = S); this head has S = 13, T = 7"

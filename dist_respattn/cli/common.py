@@ -15,6 +15,7 @@ from dist_respattn.text_format import count_text
 __all__ = [
     "CommandError",
     "check_row_order",
+    "embedding_table",
     "fit_ended",
     "in_flags",
     "parse_storage_options",
@@ -142,3 +143,22 @@ _FIT_ENDINGS = {"converged": "converged", "max_iter": "stopped at --max-iter", "
 def fit_ended(state: str, iterations: int) -> str:
     """``stopped early after 8 iterations``: a fit's final state (a ``FitState`` value) for a person to read."""
     return f"{_FIT_ENDINGS.get(str(state), str(state))} after {count_text(iterations, 'iteration')}"
+
+
+def embedding_table(store: Any, model: Any, *, needed_by: str, fix: str) -> Any:
+    """(S, D) the store's embedding table, which makes each token's query, checked against ``model``'s S and D.
+
+    ``needed_by`` names the command in the refusal (``sample``, ``--stream``), ``fix`` what to give instead.
+    """
+    table = store.embeddings()
+    if table is None:
+        raise CommandError(
+            f"{store.location} has no embedding table (a store written from text or tokens has one): {needed_by} "
+            f"needs one to make each token's query ({fix})"
+        )
+    if table.shape != (model.num_symbols, model.query_dim):
+        raise CommandError(
+            f"{store.location}: an embedding table of shape {table.shape}: expected (S, D) = "
+            f"{(model.num_symbols, model.query_dim)}, the model's ({fix})"
+        )
+    return table

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.cli.common import CommandError, fit_ended, parse_storage_options, positive_int
+from dist_respattn.cli.common import CommandError, embedding_table, fit_ended, parse_storage_options, positive_int
 
 __all__ = ["add_fit_options", "register", "run_gated_evaluate", "run_gated_fit"]
 
@@ -298,17 +298,7 @@ def _run_sample(args: argparse.Namespace) -> dict[str, Any]:
             f"{args.model}: sample needs a head fitted on a token stream (T = S); this head has "
             f"S = {model.num_symbols}, T = {model.num_targets}"
         )
-    table = store.embeddings()
-    if table is None:
-        raise CommandError(
-            f"{store.location} has no embedding table (a store written from text or tokens has one): sample needs "
-            "one to make each token's query (give --store the store the head was fitted on)"
-        )
-    if table.shape != (model.num_symbols, model.query_dim):
-        raise CommandError(
-            f"{store.location}: an embedding table of shape {table.shape}: expected (S, D) = "
-            f"{(model.num_symbols, model.query_dim)}, the model's (give --store the store it was fitted on)"
-        )
+    table = embedding_table(store, model, needed_by="sample", fix="give --store the store the head was fitted on")
     words = list(target_words(vocabulary, model.num_targets) or ())
     n_pos = model.context_length
     rng = np.random.default_rng(args.seed)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any
 
-from dist_respattn.cli.common import CommandError, parse_storage_options
+from dist_respattn.cli.common import CommandError, embedding_table, parse_storage_options
 
 __all__ = ["run_stream"]
 
@@ -64,18 +64,9 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
     storage_options = parse_storage_options(args.storage_option)
     model = load_checkpoint(args.model, storage_options=storage_options).model
     store = open_rows(args.store, storage_options=storage_options)
-    table = store.embeddings()
-    if table is None:
-        raise CommandError(
-            f"{store.location} has no embedding table (a store written from text or tokens has one): --stream needs "
-            "one to make each token's query"
-        )
-    if table.shape != (model.num_symbols, model.query_dim):
-        raise CommandError(
-            f"{store.location}: an embedding table of shape {table.shape}: expected (S, D) = "
-            f"{(model.num_symbols, model.query_dim)}, the model's (give the store the model was fitted on, or one "
-            "made --like it)"
-        )
+    table = embedding_table(
+        store, model, needed_by="--stream", fix="give the store the model was fitted on, or one made --like it"
+    )
     vocabulary = store.vocabulary()
     words = target_words(vocabulary, model.num_targets)
     # The compiled kernels' first call (loaded from numba's cache, or compiled) is start-up, not a token's cost.
