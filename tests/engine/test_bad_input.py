@@ -314,18 +314,19 @@ def test_bad_value_is_a_one_line_error(bad_value_runs, case):
 
 
 def test_bad_value_text_output_is_the_announcement_and_one_error_line(bad_value_runs, address):
-    """Without ``--json``, stderr holds the announcements (the cluster, where the held-out rows are), then the
-    one error line: no traceback."""
+    """Without ``--json``, stderr holds the announcements (the cluster, its fit page, where the held-out rows are),
+    then the one error line: no traceback."""
     at, launched = bad_value_runs["text"]
     result = launched.wait()
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     lines = result.stderr.splitlines()
-    assert len(lines) == 3, result.stderr
+    assert len(lines) == 4, result.stderr
     assert lines[0].startswith(f"connected to the scheduler at {address}"), lines[0]
-    assert lines[1].startswith("no validation store: the hyperparameters are chosen on 5% of the training"), lines[1]
-    assert lines[2].startswith(ERROR_PREFIX), lines[2]
-    assert BAD_VALUES["context"][3] in lines[2], lines[2]
+    assert lines[1].startswith("fit page: http://"), lines[1]
+    assert lines[2].startswith("no validation store: the hyperparameters are chosen on 5% of the training"), lines[2]
+    assert lines[3].startswith(ERROR_PREFIX), lines[3]
+    assert BAD_VALUES["context"][3] in lines[3], lines[3]
     at.assert_nothing_written()
 
 

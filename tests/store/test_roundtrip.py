@@ -276,7 +276,7 @@ def test_write_tokens_from_an_npy_file(tmp_path, small_token_blocks):
 
 def test_write_tokens_refuses_a_stream_no_longer_than_the_window(tmp_path):
     """It would give a store of no rows, which only a fit would then refuse: nothing is written."""
-    with pytest.raises(ValueError, match=r"3 token\(s\) in 1 document\(s\) give no rows .* N \+ 1 = 4"):
+    with pytest.raises(ValueError, match=r"3 tokens in 1 document give no rows .* N \+ 1 = 4"):
         write_tokens(tmp_path / "t.zarr", np.array([1, 2, 0]), 3, options=SMALL)
     assert not (tmp_path / "t.zarr").exists()
 
