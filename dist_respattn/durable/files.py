@@ -18,6 +18,7 @@ write it under :func:`temporary_path`, fsync it, then :func:`place_file` it unde
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -174,25 +175,53 @@ def temporary_path(path: str | os.PathLike[str]) -> str:
     return os.path.join(folder, f"{TEMP_PREFIX}{name}.{uuid.uuid4().hex[:8]}")
 
 
-def place_file(temp: str | os.PathLike[str], path: str | os.PathLike[str], *, replace: bool) -> bool:
+#: What ``os.link`` raises on a filesystem without hard links (vfat, exFAT, SMB without unix extensions, some FUSE).
+_NO_HARD_LINKS = frozenset(
+    code
+    for code in (errno.EPERM, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", None), errno.ENOSYS, errno.EMLINK)
+    if code
+)
+
+
+def place_file(
+    temp: str | os.PathLike[str], path: str | os.PathLike[str], *, replace: bool, keep_if_taken: bool = False
+) -> bool:
     """Move the complete, fsynced local file ``temp`` to ``path`` in one step, and make the move durable.
 
     ``replace``: an existing ``path`` is replaced (``os.replace``: a reader sees the old file or the new one).
     Otherwise ``path`` is created only if it does not exist (a hard link, which fails on an existing name,
-    so two writers never both succeed) and ``False`` is returned when it does. ``temp`` is gone either way.
+    so two writers never both succeed; on a filesystem without hard links, the name is claimed with
+    ``O_EXCL`` and then replaced) and ``False`` is returned when it does. ``temp`` is gone afterwards, except
+    when the name was taken and ``keep_if_taken`` asks to keep it (the caller then owns it).
     """
     temp, path = os.fspath(temp), os.fspath(path)
-    if replace:
-        os.replace(temp, path)
-    else:
-        try:
-            os.link(temp, path)  # atomic, fails on an existing name, and the content is already complete
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(temp)
+    taken = False
+    try:
+        if replace:
+            os.replace(temp, path)
+        else:
+            try:
+                _create_from(temp, path)
+            except FileExistsError:
+                taken = True
+                return False
+    finally:
+        if not (taken and keep_if_taken):
+            with contextlib.suppress(FileNotFoundError):  # moved into place already, or a failed move's leftover
+                os.unlink(temp)
     fsync_directory(os.path.dirname(path) or ".")  # the new name survives a power cut, not just the bytes
     return True
+
+
+def _create_from(temp: str, path: str) -> None:
+    """``path`` with ``temp``'s content, only if ``path`` does not exist (``FileExistsError`` if it does)."""
+    try:
+        os.link(temp, path)  # atomic, fails on an existing name, and the content is already complete
+    except OSError as exc:
+        if isinstance(exc, FileExistsError) or exc.errno not in _NO_HARD_LINKS:
+            raise
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))  # claim the name, or FileExistsError
+        os.replace(temp, path)
 
 
 def json_bytes(value: dict[str, Any]) -> bytes:

@@ -34,6 +34,7 @@ import csv
 import dataclasses
 import json
 import os
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -284,11 +285,13 @@ def output_format(out: str | os.PathLike[str]) -> str:
 class PredictionRowsWriter:
     """Writes predictions a row at a time into a JSON Lines or CSV file (see the module's docstring for columns).
 
-    The file is written under a temporary name beside it (:func:`dist_respattn.durable.files.temporary_path`,
-    which the package's clean-ups of killed writes recognise) and moved into place by :meth:`close` with
+    The file is written under a temporary name beside it (:func:`dist_respattn.durable.files.temporary_path`:
+    ``.tmp-NAME.xxxxxxxx``) and moved into place by :meth:`close` with
     :func:`~dist_respattn.durable.files.place_file`: replaced whole with ``overwrite``, else created only if the
-    name is still free (two runs never both write it). A run that fails leaves no half-written file under the name
-    asked for; :meth:`abort` removes the temporary.
+    name is still free (two runs never both write it; a run that finds it taken keeps its rows under
+    ``NAME-STEM.xxxxxxxx.SUFFIX`` and says so). A run that fails leaves no half-written file under the name asked
+    for; :meth:`abort` removes the temporary. A killed process leaves its hidden temporary behind, to be removed
+    by hand.
 
     Args:
         path: a local ``.jsonl`` or ``.csv`` file, or a ``file://`` URL of one.
@@ -381,10 +384,13 @@ class PredictionRowsWriter:
         os.fsync(self._file.fileno())
         self._file.close()
         self._file = None
-        if not place_file(self._temporary, self.path, replace=self.overwrite):
+        if not place_file(self._temporary, self.path, replace=self.overwrite, keep_if_taken=True):
+            # The rows are complete: keep them under a visible name of their own rather than drop a finished run.
+            kept = self.path.with_name(f"{self.path.stem}.{uuid.uuid4().hex[:8]}{self.path.suffix}")
+            os.replace(self._temporary, kept)
             raise StoreError(
-                f"--out {self.path}: was created by someone else while predicting; pass overwrite=True (--overwrite) "
-                "to replace it"
+                f"--out {self.path}: was created by someone else while predicting; the rows are kept in {kept}; "
+                "pass overwrite=True (--overwrite) to replace it"
             )
 
     def abort(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 
 import numpy as np
 import pytest
@@ -128,7 +129,33 @@ def test_a_file_created_by_another_run_meanwhile_is_not_replaced_without_overwri
     writer = PredictionRowsWriter(tmp_path / "p.csv", top_k=2, words=None)
     writer.write(*block(0, 2))
     (tmp_path / "p.csv").write_text("theirs\n")  # another run finished first
-    with pytest.raises(StoreError, match=r"by someone else while predicting; pass overwrite=True \(--overwrite\)"):
+    with pytest.raises(
+        StoreError, match=r"by someone else while predicting; the rows are kept in .*p\.[0-9a-f]{8}\.csv"
+    ):
         writer.close()
     assert (tmp_path / "p.csv").read_text() == "theirs\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["p.csv"]  # and no temporary left behind
+    # The finished rows are kept under a visible name of their own, and no temporary is left behind.
+    (kept,) = [p for p in tmp_path.iterdir() if p.name != "p.csv"]
+    assert len(kept.read_text().splitlines()) == 1 + 2, kept.read_text()  # the header and the two rows written
+
+
+def test_a_filesystem_without_hard_links_still_places_the_file_once(tmp_path, monkeypatch):
+    """On vfat, exFAT or SMB ``os.link`` fails with EPERM: the name is claimed with O_EXCL instead, so the file
+    is placed (and a taken name is still refused)."""
+    import errno
+
+    def no_links(src, dst):
+        raise PermissionError(errno.EPERM, "Operation not permitted", src)
+
+    monkeypatch.setattr(os, "link", no_links)
+    writer = PredictionRowsWriter(tmp_path / "p.jsonl", top_k=2, words=None)
+    writer.write(*block(0, 2))
+    writer.close()
+    assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["p.jsonl"]
+    again = PredictionRowsWriter(tmp_path / "q.jsonl", top_k=2, words=None)
+    again.write(*block(0, 2))
+    (tmp_path / "q.jsonl").write_text("theirs\n")
+    with pytest.raises(StoreError, match="by someone else while predicting"):
+        again.close()
+    assert (tmp_path / "q.jsonl").read_text() == "theirs\n"
