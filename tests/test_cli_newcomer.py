@@ -138,3 +138,10 @@ def test_split_counts_the_documents_its_stores_hold_as_info_does(tmp_path):
         assigned += info["provenance"]["split"]["documents"]
         assert "files assigned by a " in run("info", store["url"]).stdout
     assert sum(store["documents"] for store in stores.values()) == assigned - 6  # the empty files
+
+
+def test_a_value_that_looks_like_a_flag_is_reported_by_the_flag_that_takes_it(tmp_path):
+    """``--tol -1e-3`` is argparse's own "expected one argument" for --tol, not an unknown option ``-1e-3``."""
+    done = run("fit", str(tmp_path / "s.zarr"), "--model-dir", str(tmp_path / "m"), "--tol", "-1e-3")
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == "dist-respattn fit: error: argument --tol: expected one argument"

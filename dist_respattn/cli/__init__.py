@@ -36,7 +36,9 @@ class _CommandParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         if not subcommands(self):  # a parser of subcommands reads its command's arguments as its own unknown ones
             typos = _unknown_options(self, getattr(self, "arg_strings", []))
-            if typos and not message.startswith("unrecognized arguments"):
+            # Only an argument found missing can be the typo's doing; argparse's other messages name the flag at
+            # fault themselves (``argument --tol: expected one argument`` for ``--tol -1e-3``).
+            if typos and "required" in message:
                 message = _unrecognized(self, typos)
         super().error(message)
 
