@@ -34,6 +34,8 @@ import csv
 import dataclasses
 import json
 import os
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -304,8 +306,10 @@ class PredictionRowsWriter:
         self, path: str | os.PathLike[str], *, top_k: int, words: Sequence[str] | None, overwrite: bool = False
     ) -> None:
         text = os.fspath(path)
-        if text.startswith("file://"):  # a local file named as a URL (file:///data/p.jsonl)
-            text = text[len("file://") :]
+        if text.startswith("file://"):  # a local file named as a URL: file:///data/p.jsonl, file://localhost/...
+            parts = urllib.parse.urlparse(text)
+            if parts.netloc in ("", "localhost"):
+                text = urllib.request.url2pathname(parts.path)
         if "://" in text:
             raise StoreError(
                 f"--out {text}: a .jsonl or .csv output is written by this process to a local file: give a local "

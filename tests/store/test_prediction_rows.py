@@ -112,6 +112,12 @@ def test_a_file_url_is_a_local_path(tmp_path):
     assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 2
     with pytest.raises(StoreError, match=r"--out s3://b/p\.jsonl: .* give a local path"):
         PredictionRowsWriter("s3://b/p.jsonl", top_k=2, words=None)
+    # The host may be named (localhost), and the path is percent-decoded as a URL's is.
+    spaced = tmp_path / "a b"
+    spaced.mkdir()
+    named = PredictionRowsWriter(f"file://localhost{spaced}/q.jsonl".replace(" ", "%20"), top_k=2, words=None)
+    assert named.path == spaced / "q.jsonl"
+    named.abort()
 
 
 def test_the_temporary_file_is_one_the_durable_clean_up_recognises(tmp_path):
