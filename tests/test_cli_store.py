@@ -716,7 +716,7 @@ def test_split_refusals_are_one_line_errors(tmp_path, corpus_stores, capsys):
     long = str(tmp_path / "long.npy")
     cases = [
         (("--tokens", long, "--context", "3", "--fractions", "0.5", "0.4", "0.2"), ["--fractions 0.5 0.4 0.2", "sum"]),
-        (("--tokens", long, "--context", "3"), ["split gets none of the 1 documents", "--fractions"]),
+        (("--tokens", long, "--context", "3"), ["split gets none of the 1 document with", "--fractions"]),
         (("--text", long, "--context", "2", "--documents", str(corpus_stores["starts.npy"])), ["--documents"]),
         (("--tokens", long, "--context", "3", "--fractions", "0.5", "1", "0.2"), ["--fractions", "(0, 1)"]),
     ]

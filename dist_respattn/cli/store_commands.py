@@ -504,7 +504,7 @@ def _print_info(report: dict[str, Any]) -> None:
     print(f"store        {report['url']}")
     if report.get("format") == "stream":
         print(
-            f"tokens       {report['tokens']:,} in {report['documents']:,} documents, "
+            f"tokens       {report['tokens']:,} in {count_text(report['documents'], 'document')}, "
             f"{_size(report['bytes_on_disk'])} on disk ({report['bytes_per_token']:.2f} bytes a token); "
             f"rows are windows of N={report['context_length']} (fit --context to choose another)"
         )

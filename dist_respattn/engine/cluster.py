@@ -206,7 +206,8 @@ def _local_cluster(n_workers: int | None, threads_per_worker: int, memory_limit:
         )
     except RuntimeError as exc:  # distributed's "Nanny failed to start": a worker process died while starting
         raise ClusterError(
-            f"the local cluster did not start ({exc}); a worker process that failed printed its own error above"
+            f"the local cluster did not start ({exc})"
+            + ("; a worker process that failed printed its own error above" if "Nanny failed" in str(exc) else "")
         ) from exc
 
 

@@ -72,6 +72,7 @@ from dist_respattn.store.text import (
 )
 from dist_respattn.store.tokens import checked_pieces, load_token_stream
 from dist_respattn.store.triple_store import TripleStore
+from dist_respattn.text_format import count_text
 
 __all__ = [
     "DEFAULT_BLOCK_TOKENS",
@@ -177,7 +178,8 @@ class _Plan:
         for index, name in enumerate(SPLIT_NAMES):
             if not self.documents(index):
                 raise EmptySplitError(
-                    f"{locations[name]}: the {name} split gets none of the {int(self.taken.sum())} documents with "
+                    f"{locations[name]}: the {name} split gets none of the "
+                    f"{count_text(int(self.taken.sum()), 'document')} with "
                     f"fractions {list(fractions)} and split seed {self.seed}: give it a larger fraction "
                     f"(--fractions TRAIN VALIDATION TEST), another --split-seed, or more documents",
                     split=name,
