@@ -1,50 +1,45 @@
 """The functions that run on the workers: one task reads one partition of a store, block by block.
 
-Every task opens the store itself (a ``TripleStore`` pickles as its location), checks that it is
-still the store the fit planned on, and returns a small additive value: E-step statistics, the
-(symbol, target) pairs, held-out grid totals or score totals. A :class:`RowSelection` says which
-rows count (all, or one side of the fit's hold-out); the others are read but weigh nothing. Nothing
-here talks to the client.
+Every task opens the store itself (a store pickles as its location), checks that it is still the store the
+pass was planned on, turns its blocks into the :class:`~dist_respattn.model.heads.base.Block` a head reads
+(the columns it asks for: encoded rows or token windows, attributes, documents) and hands them to the head's
+own code: a trainer's statistics, a preparation pass, a grid's or a head's scores, a head's top-K. It returns
+one small additive value. A :class:`RowSelection` says which rows count (all, or one side of the fit's
+hold-out); the others are read but weigh nothing. Nothing here talks to the client or knows a kind of head.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from dist_respattn.model._checks import ImpossibleEvidenceError
-from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulatorFactory, SufficientStatistics
-from dist_respattn.model.buckets import PositionBuckets
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.emission import SparseEmission
-from dist_respattn.model.histogram import WindowRows, grid_windows, score_windows
-from dist_respattn.model.holdout import HoldoutRule
-from dist_respattn.model.pairs import PairCounts
-from dist_respattn.model.prediction import PredictionTotals, TopK, predict_top_k
-from dist_respattn.model.scoring import ScoreTotals, base_order, score_rows
-from dist_respattn.model.selection import GridTable, GridTotals, score_grid
-from dist_respattn.store import EncodedRows, StoreError, StoreLocation
-from dist_respattn.store.checks import block_problems
+from dist_respattn.model.arguments import ImpossibleEvidenceError
+from dist_respattn.model.heads.base import Block, Columns, Grid, Head, Trainer, combine
+from dist_respattn.model.heads.single_hop.top_k import PredictionTotals
+from dist_respattn.model.fitting.holdout import HoldoutRule
+from dist_respattn.model.rows import EncodedRows
+from dist_respattn.store import StoreError, StoreLocation, open_store
 from dist_respattn.store.predictions import write_prediction_part
-from dist_respattn.store.rows import RowStore, open_rows
+from dist_respattn.store.problems import block_problems
+from dist_respattn.store.rows import RowStore
 
 __all__ = [
     "ALL_ROWS",
     "PartitionPredictions",
     "RowSelection",
-    "StartValue",
+    "attribute_map",
     "combine_values",
-    "estep_task",
     "grid_task",
-    "pairs_task",
+    "partition_blocks",
+    "pass_task",
     "predict_rows_task",
     "predict_task",
     "score_task",
-    "start_task",
+    "statistics_task",
 ]
 
 
@@ -61,11 +56,11 @@ class RowSelection:
         if (self.rule is None) != (self.side == "all"):
             raise ValueError("a hold-out rule goes with side 'train' or 'heldout', and only with them")
 
-    def weights(self, block: EncodedRows | WindowRows) -> np.ndarray | None:
-        """(n,) weights of the block's rows (``None``: the store's rows are unweighted and all count)."""
+    def weights(self, rows: Any) -> np.ndarray | None:
+        """(n,) weights of a block's rows (``None``: the store's rows are unweighted and all count)."""
         if self.rule is None:
-            return block.weight
-        train, heldout = self.rule.split_weights(block.start, block.num_rows, block.weight)
+            return rows.weight
+        train, heldout = self.rule.split_weights(rows.start, rows.num_rows, rows.weight)
         return train if self.side == "train" else heldout
 
 
@@ -124,14 +119,14 @@ def _keep_freed_blocks() -> None:
     mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES)
 
 
-def _checked_store(location: StoreLocation, fingerprint: str) -> RowStore:
-    """Open the store on the worker and check it is the one the fit started on.
+def checked_store(location: StoreLocation, fingerprint: str) -> RowStore:
+    """Open the store on the worker and check it is the one the pass was planned on.
 
     Tasks carry the store's location, not an opened store: the scheduler unpickles every task, and
     must neither read the store (it may have no access to it) nor pay for opening it once per task.
     """
     _configure_worker_process()
-    store = open_rows(location)
+    store = open_store(location)
     if store.fingerprint() != fingerprint:
         raise StoreError(
             f"{store.location}: the store changed while the fit ran (fingerprint {store.fingerprint()}, "
@@ -140,15 +135,16 @@ def _checked_store(location: StoreLocation, fingerprint: str) -> RowStore:
     return store
 
 
-def _located(store: RowStore, part: int, block: EncodedRows | WindowRows, exc: ValueError) -> ValueError:
-    """The kernel counts rows from the block's start; name the store, its array and the store row instead.
+def _located(store: RowStore, part: int, block: Block, exc: ValueError) -> ValueError:
+    """The kernels count rows from the block's start; name the store, its array and the store row instead.
 
     A bad value (an id out of range, a non-finite number) is found again by the store's own checks,
     which give the global row and chunk; rows the model finds impossible keep the kernel's message,
     with the block's position in the store.
     """
-    if not isinstance(exc, ImpossibleEvidenceError) and isinstance(block, EncodedRows):
-        problems = block_problems(block, store.schema, block.start // store.chunk_rows)
+    rows = block.rows
+    if not isinstance(exc, ImpossibleEvidenceError) and isinstance(rows, EncodedRows):
+        problems = block_problems(rows, store.schema, rows.start // store.chunk_rows)
         if problems:
             more = f" (and {len(problems) - 1} more kinds of bad value)" if len(problems) > 1 else ""
             return StoreError(
@@ -156,159 +152,170 @@ def _located(store: RowStore, part: int, block: EncodedRows | WindowRows, exc: V
             )
     kind = type(exc) if isinstance(exc, ImpossibleEvidenceError) else ValueError
     return kind(
-        f"{store.location}: partition {part}, block starting at store row {block.start} (row numbers below "
+        f"{store.location}: partition {part}, block starting at store row {rows.start} (row numbers below "
         f"count from there): {exc}"
     )
 
 
-@dataclass(frozen=True)
-class StartValue:
-    """A start pass's value: the statistics of the first responsibilities and, when asked for, the pairs."""
-
-    stats: SufficientStatistics
-    pairs: PairCounts | None
-
-    def __add__(self, other: StartValue) -> StartValue:
-        pairs = None if self.pairs is None or other.pairs is None else self.pairs + other.pairs
-        return StartValue(combine_values(self.stats, other.stats), pairs)
+def attribute_map(store_names: tuple[str, ...] | None, head_names: tuple[str, ...] | None) -> np.ndarray | None:
+    """(A_store,) int64: each store attribute's id among ``head_names`` (by name), ``-1`` for one not there;
+    ``None`` when the ids are the store's own (no names to follow, or the same names in the same order)."""
+    if head_names is None or store_names is None or tuple(store_names) == tuple(head_names):
+        return None
+    index = {name: i for i, name in enumerate(head_names)}
+    return np.array([index.get(name, -1) for name in store_names], dtype=np.int64)
 
 
-def _pairs_of(block: EncodedRows | WindowRows, weights: np.ndarray | None, store: RowStore) -> PairCounts:
-    """The (previous symbol, target) pairs of a block's rows (a window's last token is the previous symbol)."""
-    schema = store.schema
-    previous = block.tokens[block.end - 1] if isinstance(block, WindowRows) else block.context[:, -1]
-    return PairCounts.from_rows(
-        previous, block.target, weights, num_symbols=schema.num_symbols, num_targets=schema.num_targets
-    )
+def _mapped(attribute: np.ndarray, weights: np.ndarray | None, mapping: np.ndarray | None) -> tuple[Any, Any]:
+    """The attributes in the head's ids, and the weights with rows of attributes it does not know at 0."""
+    if mapping is None:
+        return attribute, weights
+    mapped = mapping[attribute]
+    known = mapped >= 0
+    if known.all():
+        return mapped, weights
+    w = np.where(known, 1.0 if weights is None else np.asarray(weights, dtype=np.float64), 0.0)
+    return np.where(known, mapped, -1), w
 
 
-def _weighted(rows: WindowRows, weights: np.ndarray | None) -> WindowRows:
-    return rows if weights is rows.weight else rows._replace(weight=weights)
+class _Blocks:
+    """A partition's blocks as the head reads them, remembering the last one (to place an error in the store)."""
 
+    def __init__(
+        self, store: RowStore, part: int, rows: RowSelection, columns: Columns, mapping: np.ndarray | None
+    ) -> None:
+        self.store, self.part, self.rows, self.columns, self.mapping = store, part, rows, columns, mapping
+        self.current: Block | None = None
 
-def start_task(
-    location: StoreLocation,
-    part: int,
-    factory: ResponsibilityAttentionAccumulatorFactory,
-    start: str,
-    seed: int,
-    fingerprint: str,
-    rows: RowSelection,
-    with_pairs: bool,
-    buckets: PositionBuckets | None = None,
-) -> StartValue:
-    """Statistics of partition ``part`` under the first responsibilities, and its (previous symbol, target) pairs.
-
-    A sparse fit's statistics count the pairs the rows hold and carry them as their support, so the
-    reduced start value holds the fit's support. ``start`` is ``"uniform"`` (1/N each) or ``"random"``
-    (drawn from ``(seed, part)``): either way the
-    first model is the same on any cluster. With ``buckets`` (a tied prior) the rows are read as token
-    windows and start uniform over the positions each one has.
-    """
-    store = _checked_store(location, fingerprint)
-    accumulator = factory.make()
-    rng = np.random.default_rng([int(seed), int(part)])
-    pairs = PairCounts.empty(store.schema.num_symbols, store.schema.num_targets) if with_pairs else None
-    if buckets is not None:
-        for windows in store.iter_windows(part):
-            weights = rows.weights(windows)
-            try:
-                accumulator.seq_initialize_windows(_weighted(windows, weights), buckets)
-            except ValueError as exc:
-                raise _located(store, part, windows, exc) from None
-            if pairs is not None:
-                pairs = pairs + _pairs_of(windows, weights, store)
-        return StartValue(accumulator.value(copy=False), pairs)
-    for block in store.iter_blocks(part):
-        weights = rows.weights(block)
-        try:
-            if start == "uniform":
-                accumulator.seq_initialize_uniform(block.encoded, weights, checked=block.checked)
+    def __iter__(self) -> Iterator[Block]:
+        store, rows, columns = self.store, self.rows, self.columns
+        held_only = rows.rule is not None and rows.side == "heldout"
+        if not held_only and not columns.attributes and not columns.documents:
+            # The common path: the store's own block iteration (for a stream store, windows made in one pass).
+            blocks = store.iter_windows(self.part) if columns.windows else store.iter_blocks(self.part)
+            for block in blocks:
+                yield self._made(block, rows.weights(block), None)
+            return
+        for begin, end in store.block_ranges(self.part):
+            selected = None
+            if held_only:
+                # The held-out side is a few percent of a training store: only its rows are read and windowed.
+                assert rows.rule is not None
+                selected = rows.rule.held_out(begin, end)
+                if not selected.any():
+                    continue
+                if columns.windows:
+                    block = store.read_windows(begin, end, selected)
+                else:
+                    block = store.read_selected(begin, end, selected)
+                weights = np.ones(block.num_rows) if block.weight is None else np.asarray(block.weight, np.float64)
             else:
-                accumulator.seq_initialize(block.encoded, weights, rng, checked=block.checked)
-        except ValueError as exc:
-            raise _located(store, part, block, exc) from None
-        if pairs is not None:
-            pairs = pairs + _pairs_of(block, weights, store)
-    return StartValue(accumulator.value(copy=False), pairs)
+                block = store.read_windows(begin, end) if columns.windows else store.read_rows(begin, end)
+                weights = rows.weights(block)
+            yield self._made(block, weights, selected)
+
+    def _made(self, block: Any, weights: np.ndarray | None, selected: np.ndarray | None) -> Block:
+        attribute = documents = None
+        start, stop = block.start, block.start + (block.num_rows if selected is None else selected.shape[0])
+        if self.columns.attributes:
+            attribute, weights = _mapped(
+                self.store.read_attributes(start, stop, selected).astype(np.int64), weights, self.mapping
+            )
+        if self.columns.documents:
+            documents = self.store.read_documents(start, stop, selected).astype(np.int64)
+        made = Block(block, weights, attribute, documents, self.part, block.start, bool(block.checked))
+        self.current = made
+        return made
 
 
-def pairs_task(location: StoreLocation, part: int, fingerprint: str, rows: RowSelection) -> PairCounts:
-    """The weighted (previous symbol, target) pairs of partition ``part``'s selected rows."""
-    store = _checked_store(location, fingerprint)
-    pairs = PairCounts.empty(store.schema.num_symbols, store.schema.num_targets)
-    blocks = store.iter_windows(part) if store.short_histories else store.iter_blocks(part)
-    for block in blocks:
-        pairs = pairs + _pairs_of(block, rows.weights(block), store)
-    return pairs
+def partition_blocks(
+    store: RowStore, part: int, rows: RowSelection, columns: Columns, mapping: np.ndarray | None = None
+) -> _Blocks:
+    """Partition ``part``'s blocks under ``rows`` with ``columns``; of a hold-out's held-out side, only the
+    held-out rows of each block (a block with none is not read). Iterate it once."""
+    return _Blocks(store, part, rows, columns, mapping)
 
 
-def estep_task(
+def _run(store: RowStore, part: int, blocks: _Blocks, work: Callable[[Iterator[Block]], Any]) -> Any:
+    """``work(blocks)``, a bad value or an impossible row named by store, partition and row."""
+    try:
+        return work(iter(blocks))
+    except ValueError as exc:
+        if blocks.current is None or isinstance(exc, StoreError):
+            raise
+        raise _located(store, part, blocks.current, exc) from None
+
+
+def statistics_task(
     location: StoreLocation,
     part: int,
-    model: ResponsibilityAttentionDistribution,
-    factory: ResponsibilityAttentionAccumulatorFactory,
+    trainer: Trainer,
+    head: Head,
     fingerprint: str,
     rows: RowSelection = ALL_ROWS,
-) -> SufficientStatistics:
-    """E-step statistics of partition ``part``'s selected rows under ``model``, its blocks visited in row order.
+    mapping: np.ndarray | None = None,
+) -> Any:
+    """The E-step statistics of partition ``part``'s selected rows under ``head``, its blocks visited in row order.
 
-    Holds one block of rows (one chunk, plus zarr's decode buffers) and one accumulator at a time.
+    Holds one block of rows (one chunk, plus zarr's decode buffers) and the trainer's running statistics at a
+    time.
     """
-    store = _checked_store(location, fingerprint)
-    accumulator = factory.make_for(model)
-    if model.buckets is not None:  # a tied prior: the histogram kernel, over token windows
-        for windows in store.iter_windows(part):
-            try:
-                accumulator.seq_update_windows(_weighted(windows, rows.weights(windows)), model)
-            except ValueError as exc:
-                raise _located(store, part, windows, exc) from None
-        return accumulator.value(copy=False)
-    for block in store.iter_blocks(part):
-        try:
-            accumulator.seq_update(block.encoded, rows.weights(block), model, checked=block.checked)
-        except ValueError as exc:
-            raise _located(store, part, block, exc) from None
-    return accumulator.value(copy=False)
+    store = checked_store(location, fingerprint)
+    blocks = partition_blocks(store, part, rows, trainer.columns, mapping)
+    return _run(store, part, blocks, functools.partial(trainer.statistics, head))
+
+
+def pass_task(
+    location: StoreLocation,
+    part: int,
+    map_partition: Callable[[Iterator[Block]], Any],
+    columns: Columns,
+    fingerprint: str,
+    rows: RowSelection = ALL_ROWS,
+    mapping: np.ndarray | None = None,
+) -> Any:
+    """``map_partition`` (a kind's own pass: its start, its pairs...) over partition ``part``'s selected rows."""
+    store = checked_store(location, fingerprint)
+    return _run(store, part, partition_blocks(store, part, rows, columns, mapping), map_partition)
+
+
+def grid_task(
+    location: StoreLocation,
+    part: int,
+    grid: Grid,
+    fingerprint: str,
+    rows: RowSelection,
+    mapping: np.ndarray | None = None,
+) -> Any:
+    """Held-out totals of partition ``part``'s selected rows at every point of an M-step's grid."""
+    store = checked_store(location, fingerprint)
+    return _run(store, part, partition_blocks(store, part, rows, grid.columns, mapping), grid.score)
 
 
 def score_task(
-    location: StoreLocation, part: int, model: ResponsibilityAttentionDistribution, fingerprint: str
-) -> ScoreTotals:
+    location: StoreLocation,
+    part: int,
+    head: Head,
+    fingerprint: str,
+    rows: RowSelection = ALL_ROWS,
+    mapping: np.ndarray | None = None,
+) -> Any:
     """Held-out totals of partition ``part``: joint log-likelihood and predictive scores of the targets."""
-    store = _checked_store(location, fingerprint)
-    totals = ScoreTotals()
-    if model.buckets is not None:
-        for windows in store.iter_windows(part):
-            try:
-                totals = totals + score_windows(model, windows)
-            except ValueError as exc:
-                raise _located(store, part, windows, exc) from None
-        return totals
-    for block in store.iter_blocks(part):
-        try:
-            totals = totals + score_rows(model, block.encoded, block.weight)
-        except ValueError as exc:
-            raise _located(store, part, block, exc) from None
-    return totals
+    store = checked_store(location, fingerprint)
+    return _run(store, part, partition_blocks(store, part, rows, head.columns, mapping), head.score)
 
 
 def _predicted_blocks(
-    store: RowStore, part: int, model: ResponsibilityAttentionDistribution, top_k: int
-) -> Iterator[tuple[EncodedRows, TopK]]:
+    store: RowStore, part: int, head: Head, top_k: int, mapping: np.ndarray | None
+) -> Iterator[tuple[Block, Any]]:
     """Partition ``part``'s blocks, each with its top ``top_k`` predictions (one block held at a time)."""
-    if model.buckets is not None:
-        raise ValueError(
-            "a head with --position-buckets predicts one history at a time: `dist-respattn predict MODEL --stream` "
-            "(or dist_respattn.Predictor); batch predictions into a store take heads with a free prior"
-        )
-    partition = store.partition(part)
-    table = model.emission_table
-    order = base_order(table) if isinstance(table, SparseEmission) else None
-    for block in store.iter_blocks(partition):
+    blocks = partition_blocks(store, part, ALL_ROWS, head.columns, mapping)
+    for block in blocks:
         try:
-            top = predict_top_k(model, block.context, block.query, top_k, base_order=order)
+            top = head.top_k(block, top_k)
         except ValueError as exc:
+            if isinstance(exc, StoreError):
+                raise
             raise _located(store, part, block, exc) from None
         yield block, top
 
@@ -316,29 +323,30 @@ def _predicted_blocks(
 def predict_task(
     location: StoreLocation,
     part: int,
-    model: ResponsibilityAttentionDistribution,
+    head: Head,
     fingerprint: str,
     out: StoreLocation,
     top_k: int,
+    mapping: np.ndarray | None = None,
 ) -> PredictionTotals:
     """Predict partition ``part``'s rows (the top ``top_k`` targets and the attention) into its part of ``out``.
 
     Holds one block of rows and its predictions at a time; returns how many rows it wrote and how many of
     their targets it ranked first and among the K.
     """
-    store = _checked_store(location, fingerprint)
+    store = checked_store(location, fingerprint)
     totals = PredictionTotals()
 
     def blocks() -> Any:
         nonlocal totals
-        for block, top in _predicted_blocks(store, part, model, top_k):
-            totals = totals + PredictionTotals.of(top, block.target, block.weight)
+        for block, top in _predicted_blocks(store, part, head, top_k, mapping):
+            totals = totals + PredictionTotals.of(top, block.rows.target, block.rows.weight)
             yield block.start, top
 
     partition = store.partition(part)
     write_prediction_part(
-        out, part, partition.start, partition.stop, blocks(), top_k=min(top_k, model.num_targets),
-        context_length=model.context_length,
+        out, part, partition.start, partition.stop, blocks(), top_k=min(top_k, head.num_targets),
+        context_length=head.context_length,
     )  # fmt: skip
     return totals
 
@@ -363,80 +371,29 @@ class PartitionPredictions:
 def predict_rows_task(
     location: StoreLocation,
     part: int,
-    model: ResponsibilityAttentionDistribution,
+    head: Head,
     fingerprint: str,
     top_k: int,
+    mapping: np.ndarray | None = None,
 ) -> PartitionPredictions:
     """Partition ``part``'s top ``top_k`` targets and their probabilities, returned (a partition's worth:
     ``n (K * 12 + 4)`` bytes) for the driver to write in row order."""
-    store = _checked_store(location, fingerprint)
+    store = checked_store(location, fingerprint)
     partition = store.partition(part)
-    kept = min(int(top_k), model.num_targets)
+    kept = min(int(top_k), head.num_targets)
     targets, probabilities, stored = [np.zeros((0, kept), np.int32)], [np.zeros((0, kept))], [np.zeros(0, np.int32)]
     totals = PredictionTotals()
-    for block, top in _predicted_blocks(store, part, model, top_k):
-        totals = totals + PredictionTotals.of(top, block.target, block.weight)
+    for block, top in _predicted_blocks(store, part, head, top_k, mapping):
+        totals = totals + PredictionTotals.of(top, block.rows.target, block.rows.weight)
         targets.append(top.targets)
         probabilities.append(top.probabilities)
-        stored.append(np.asarray(block.target, dtype=np.int32))
+        stored.append(np.asarray(block.rows.target, dtype=np.int32))
     return PartitionPredictions(
         partition.start, np.concatenate(targets), np.concatenate(probabilities), np.concatenate(stored), totals
     )
 
 
-def _selected_blocks(
-    store: RowStore, part: int, rows: RowSelection, windows: bool = False
-) -> Iterator[tuple[Any, np.ndarray | None]]:
-    """Partition ``part``'s blocks with their weights under ``rows``; of a hold-out's held-out side, only
-    the held-out rows of each block (a block with none is not read).
-
-    The held-out side is a few percent of a training store: reading and windowing every row to weigh most
-    of them 0 cost more than scoring the rest. The kernels skip rows of weight 0, and each block's rows
-    are still scored in one call, in row order, so the totals are the same to the bit. ``windows``: the
-    blocks are token windows (:class:`~dist_respattn.model.histogram.WindowRows`), for a tied prior.
-    """
-    rule = rows.rule
-    if rule is None or rows.side != "heldout":
-        for block in store.iter_windows(part) if windows else store.iter_blocks(part):
-            yield block, rows.weights(block)
-        return
-    for begin, end in store.block_ranges(part):
-        held = rule.held_out(begin, end)
-        if not held.any():
-            continue
-        block = store.read_windows(begin, end, held) if windows else store.read_selected(begin, end, held)
-        yield block, np.ones(block.num_rows) if block.weight is None else np.asarray(block.weight, dtype=np.float64)
-
-
-def grid_task(location: StoreLocation, part: int, table: GridTable, fingerprint: str, rows: RowSelection) -> GridTotals:
-    """Held-out totals of partition ``part``'s selected rows at every point of the M-step's grid."""
-    store = _checked_store(location, fingerprint)
-    totals = GridTotals.zeros(table.shape)
-    windows = table.buckets is not None
-    for block, weights in _selected_blocks(store, part, rows, windows):
-        try:
-            if windows:
-                totals = totals + grid_windows(table, _weighted(block, weights))
-            else:
-                totals = totals + score_grid(table, block.encoded, weights, checked=block.checked)
-        except ValueError as exc:
-            raise _located(store, part, block, exc) from None
-    return totals
-
-
 def combine_values(*values: Any) -> Any:
-    """The sum of additive values, added left to right in the order given (so the result is reproducible).
-
-    Takes E-step statistics (``SufficientStatistics``), or values that add with ``+`` (``StartValue``,
-    ``PairCounts``, ``GridTotals``, ``ScoreTotals``, ``PredictionTotals``).
-    """
-    first, rest = values[0], values[1:]
-    if isinstance(first, SufficientStatistics):
-        stats = first.copy()
-        for value in rest:
-            stats = stats.add(value)
-        return stats
-    total = first
-    for value in rest:
-        total = total + value
-    return total
+    """The sum of additive values, added left to right in the order given (so the result is reproducible):
+    :func:`~dist_respattn.model.heads.base.combine`, as the combine tree's task."""
+    return combine(list(values))
