@@ -1,4 +1,5 @@
-"""The responsibility-attention head: distribution, sampler, accumulator, estimator, encoder and EM."""
+"""The responsibility-attention head, the math only (no dask, no zarr): head kinds in ``heads/``, compiled
+kernels in ``kernels/``, the emission's layouts and prior in ``emission/``, in-process EM in ``fitting/``."""
 
 from __future__ import annotations
 
