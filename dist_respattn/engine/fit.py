@@ -35,10 +35,10 @@ from dist_respattn.engine.settings import FitSettings
 from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
 from dist_respattn.events import FitState, IterationRecord, Metric, history_from_json
 from dist_respattn.model.buckets import PositionBuckets
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.emission import SparseEmission
-from dist_respattn.model.holdout import HoldoutRule
-from dist_respattn.model.selection import Hyperparameters
+from dist_respattn.model.emission.layouts import SparseEmission
+from dist_respattn.model.fitting.holdout import HoldoutRule
+from dist_respattn.model.fitting.selection import Hyperparameters
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.store import StoreLocation, TripleStore, check_recorded_corpus, check_same_corpus
 from dist_respattn.store.rows import RowStore, open_rows
 from dist_respattn.store.stream_store import TokenStreamStore

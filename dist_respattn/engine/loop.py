@@ -28,15 +28,15 @@ from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.settings import FitSettings
 from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
 from dist_respattn.events import FitState, HeldoutScores, IterationRecord, Metric
-from dist_respattn.model.accumulator import SufficientStatistics
-from dist_respattn.model.diagnostics import degeneracy_warnings
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.em import EMIteration, EMResult, LocalSearch, m_step, run_em
-from dist_respattn.model.emission import DenseEmission, PairSupport, SparseEmission, SparseEmissionCounts
-from dist_respattn.model.estimator import MStepCandidates, ResponsibilityAttentionEstimator
-from dist_respattn.model.pairs import PairCounts
-from dist_respattn.model.prior import EmissionPrior
-from dist_respattn.model.selection import Hyperparameters, HyperparameterSearch, Selection
+from dist_respattn.model.emission.layouts import DenseEmission, PairSupport, SparseEmission, SparseEmissionCounts
+from dist_respattn.model.emission.pairs import PairCounts
+from dist_respattn.model.emission.prior import EmissionPrior
+from dist_respattn.model.fitting.em import EMIteration, EMResult, LocalSearch, m_step, run_em
+from dist_respattn.model.fitting.selection import Hyperparameters, HyperparameterSearch, Selection
+from dist_respattn.model.heads.single_hop.accumulator import SufficientStatistics
+from dist_respattn.model.heads.single_hop.diagnostics import degeneracy_warnings
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.single_hop.estimator import MStepCandidates, ResponsibilityAttentionEstimator
 from dist_respattn.store.rows import RowStore
 
 __all__ = ["EarlyStopping", "FitLoop", "HeldoutRows", "store_record"]

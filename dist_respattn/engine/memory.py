@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import dask
 
-from dist_respattn.model.kernels import DIRECT_ROW_BYTES_PER_PAIR
+from dist_respattn.model.kernels.per_position import DIRECT_ROW_BYTES_PER_PAIR
 from dist_respattn.store import StoreSchema
 
 __all__ = ["InsufficientMemoryError", "MemoryEstimate", "check_memory", "estimate_gated_memory", "estimate_memory"]

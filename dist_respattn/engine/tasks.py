@@ -16,17 +16,21 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.model._checks import ImpossibleEvidenceError
-from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulatorFactory, SufficientStatistics
+from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.buckets import PositionBuckets
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.emission import SparseEmission
-from dist_respattn.model.histogram import WindowRows, grid_windows, score_windows
-from dist_respattn.model.holdout import HoldoutRule
-from dist_respattn.model.pairs import PairCounts
-from dist_respattn.model.prediction import PredictionTotals, TopK, predict_top_k
-from dist_respattn.model.scoring import ScoreTotals, base_order, score_rows
-from dist_respattn.model.selection import GridTable, GridTotals, score_grid
+from dist_respattn.model.emission.layouts import SparseEmission
+from dist_respattn.model.emission.pairs import PairCounts
+from dist_respattn.model.fitting.holdout import HoldoutRule
+from dist_respattn.model.fitting.selection import GridTable, GridTotals, score_grid
+from dist_respattn.model.heads.single_hop.accumulator import (
+    ResponsibilityAttentionAccumulatorFactory,
+    SufficientStatistics,
+)
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.single_hop.scoring import ScoreTotals, base_order, score_rows
+from dist_respattn.model.heads.single_hop.top_k import PredictionTotals, TopK, predict_top_k
+from dist_respattn.model.kernels.histogram import grid_windows, score_windows
+from dist_respattn.model.rows import WindowRows
 from dist_respattn.store import EncodedRows, StoreError, StoreLocation
 from dist_respattn.store.checks import block_problems
 from dist_respattn.store.predictions import write_prediction_part
@@ -393,7 +397,7 @@ def _selected_blocks(
     The held-out side is a few percent of a training store: reading and windowing every row to weigh most
     of them 0 cost more than scoring the rest. The kernels skip rows of weight 0, and each block's rows
     are still scored in one call, in row order, so the totals are the same to the bit. ``windows``: the
-    blocks are token windows (:class:`~dist_respattn.model.histogram.WindowRows`), for a tied prior.
+    blocks are token windows (:class:`~dist_respattn.model.rows.WindowRows`), for a tied prior.
     """
     rule = rows.rule
     if rule is None or rows.side != "heldout":

@@ -10,16 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.model import kernels
-from dist_respattn.model._checks import check_batch
-from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulator, SufficientStatistics
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.emission import SparseEmissionCounts, choose_layout
-from dist_respattn.model.estimator import MStepCandidates, ResponsibilityAttentionEstimator
-from dist_respattn.model.holdout import HoldoutRule
-from dist_respattn.model.pairs import PairCounts
-from dist_respattn.model.prior import EmissionPrior
-from dist_respattn.model.selection import Hyperparameters, HyperparameterSearch, Selection, score_grid
+from dist_respattn.model.arguments import check_batch
+from dist_respattn.model.emission.layouts import SparseEmissionCounts, choose_layout
+from dist_respattn.model.emission.pairs import PairCounts
+from dist_respattn.model.emission.prior import EmissionPrior
+from dist_respattn.model.fitting.holdout import HoldoutRule
+from dist_respattn.model.fitting.selection import Hyperparameters, HyperparameterSearch, Selection, score_grid
+from dist_respattn.model.heads.single_hop.accumulator import ResponsibilityAttentionAccumulator, SufficientStatistics
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.single_hop.estimator import MStepCandidates, ResponsibilityAttentionEstimator
+from dist_respattn.model.kernels import per_position
 
 __all__ = [
     "START_KINDS",
@@ -222,7 +222,7 @@ def fit_em(
     max_iter: int = 100,
     tol: float = 1e-6,
     seed: int | np.random.Generator | None = 0,
-    backend: kernels.Backend = "numba",
+    backend: per_position.Backend = "numba",
     layout: str = "auto",
     callback: Callable[[EMIteration, ResponsibilityAttentionDistribution], bool | None] | None = None,
 ) -> EMResult:
@@ -236,9 +236,9 @@ def fit_em(
       ``validation`` when given, else the rows of ``data`` that ``holdout`` (default
       ``HoldoutRule.for_rows(n)``) holds out, which then take no part in the fit. This is the rule
       the distributed fit applies to a store's rows, so both fits take the same steps.
-    - ``layout``: the emission's layout (:func:`~dist_respattn.model.emission.choose_layout`): ``"dense"``
+    - ``layout``: the emission's layout (:func:`~dist_respattn.model.emission.layouts.choose_layout`): ``"dense"``
       (S, T), ``"sparse"`` over the pairs the training rows hold, or ``"auto"`` by size. A sparse fit's
-      ``init`` is moved onto that support (:meth:`~dist_respattn.model.emission.Emission.restricted`).
+      ``init`` is moved onto that support (:meth:`~dist_respattn.model.emission.layouts.Emission.restricted`).
     """
     shape: dict[str, Any] = {
         "num_symbols": estimator.num_symbols,
