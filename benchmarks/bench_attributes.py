@@ -497,7 +497,7 @@ def fits_part(args: argparse.Namespace, stores: dict[str, Any], work: Path) -> d
 
 
 def emission_layout(model: Any) -> str:
-    from dist_respattn.model.emission import SparseEmission
+    from dist_respattn.model.emission.layouts import SparseEmission
 
     return "sparse" if isinstance(model.emission_table, SparseEmission) else "dense"
 
@@ -599,8 +599,8 @@ def best_rate(run: Callable[[], Any], rows: int, repeats: int, min_seconds: floa
 def estep_part(args: argparse.Namespace, stores: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:
     from dist_respattn.engine import load_checkpoint
     from dist_respattn.engine.gated_checkpoint import load_gated
-    from dist_respattn.model.emission import PairSupport, SparseEmission
-    from dist_respattn.model.gated import GatedHead, gated_estep
+    from dist_respattn.model.emission.layouts import PairSupport, SparseEmission
+    from dist_respattn.model.heads.gated.head import GatedHead, gated_estep
     from dist_respattn.store.rows import open_rows
 
     store = open_rows(stores["train"]["path"], window=args.context)

@@ -53,7 +53,7 @@ from measure import (  # noqa: E402
 )
 
 from dist_respattn import ResponsibilityAttentionDistribution, random_distribution  # noqa: E402
-from dist_respattn.model import kernels  # noqa: E402
+from dist_respattn.model.kernels import per_position  # noqa: E402
 
 MIB = 2**20
 
@@ -112,8 +112,8 @@ def ungrouped_run(model: ResponsibilityAttentionDistribution, data: tuple) -> Ca
     S, N, D, T = model.num_symbols, model.context_length, model.query_dim, model.num_targets
 
     def run() -> Any:
-        stats = kernels.StatisticArrays.zeros(S, N, D, T)
-        kernels.accumulate_estep(*data, None, model.kernel_parameters, stats, group_by_target=False)
+        stats = per_position.StatisticArrays.zeros(S, N, D, T)
+        per_position.accumulate_estep(*data, None, model.kernel_parameters, stats, group_by_target=False)
         return stats
 
     return run
@@ -128,15 +128,15 @@ def symbol_major_run(model: ResponsibilityAttentionDistribution, data: tuple) ->
     params = model.kernel_parameters
     with np.errstate(divide="ignore"):
         log_emission_st = np.log(model.emission)  # (S, T), C order
-    params_st = kernels.KernelParameters(
+    params_st = per_position.KernelParameters(
         params.key_means, log_emission_st.T, params.log_prior, params.inv_two_sigma2, params.gate_const
     )
     S, N, D, T = model.num_symbols, model.context_length, model.query_dim, model.num_targets
 
     def run() -> Any:
-        stats = kernels.StatisticArrays.zeros(S, N, D, T)
+        stats = per_position.StatisticArrays.zeros(S, N, D, T)
         stats.emission_count_ts = np.zeros((S, T)).T
-        kernels.accumulate_estep(*data, None, params_st, stats)
+        per_position.accumulate_estep(*data, None, params_st, stats)
         return stats
 
     return run

@@ -40,7 +40,7 @@ What is measured, in one run:
    bucket, from a sample of the timed windows, and the two kernels' agreement.
 2. **Streaming prediction latency** at N = 512 (``--latency-context``) for a history of 100, 1,000, 10,000
    and 100,000 tokens (``--histories``; the train stream repeated): per token, ``Predictor.push(token)`` then
-   ``.predict()`` (``dist_respattn.model.predictor``), the median of ``--latency-steps`` steps taken from
+   ``.predict()`` (``dist_respattn.model.streaming``), the median of ``--latency-steps`` steps taken from
    that history on, against recomputing the prediction from scratch per token from the last N tokens (in
    NumPy, and with ``predict_proba`` once the history holds a full window). Without the predictor module,
    its column prints "predictor: not available".
@@ -285,7 +285,7 @@ def tied_head(num_symbols: int, context_length: int, seed: int) -> Any:
 
 def sparse_head(model: Any, context: np.ndarray, target: np.ndarray) -> Any:
     """``model`` with its dense emission moved onto the support of every (window symbol, target) pair of the rows."""
-    from dist_respattn.model.emission import PairSupport, SparseEmission
+    from dist_respattn.model.emission.layouts import PairSupport, SparseEmission
 
     S = model.num_symbols
     keys = []
@@ -506,7 +506,7 @@ def latency_part(args: argparse.Namespace, corpus: dict[str, Any]) -> dict[str, 
     longest = max(args.histories) + args.latency_steps + 1
     stream = np.resize(corpus["stream"], longest).astype(np.int64)  # the train stream, repeated
     try:
-        from dist_respattn.model.predictor import Predictor
+        from dist_respattn.model.streaming import Predictor
     except ImportError as exc:
         Predictor, missing = None, f"{type(exc).__name__}: {exc}"
     else:
@@ -515,7 +515,7 @@ def latency_part(args: argparse.Namespace, corpus: dict[str, Any]) -> dict[str, 
         "context": n_pos,
         "buckets": model.buckets.num_buckets,
         "steps": args.latency_steps,
-        "predictor": None if missing else "dist_respattn.model.predictor.Predictor",
+        "predictor": None if missing else "dist_respattn.model.streaming.Predictor",
         "predictor_missing": missing,
         "histories": [],
     }

@@ -114,8 +114,8 @@ def reference_shape(rows: int, repeats: int) -> dict[str, Any]:
     """The dense and the sparse kernel on the same rows at S = T = 2000, N = 16, D = 32: the best CPU time of
     ``repeats`` interleaved runs of each."""
     from dist_respattn import random_distribution
-    from dist_respattn.model import kernels
-    from dist_respattn.model.emission import DenseEmission, PairSupport
+    from dist_respattn.model.emission.layouts import DenseEmission, PairSupport
+    from dist_respattn.model.kernels import per_position
 
     s, n, d, t = 2000, 16, 32, 2000
     truth = random_distribution(s, n, d, t, seed=0, sigma2=1.0)
@@ -129,9 +129,9 @@ def reference_shape(rows: int, repeats: int) -> dict[str, Any]:
     def run(params: Any, sparse: bool) -> tuple[float, Any]:
         # CPU time of this single-threaded process: on a machine shared with other work, wall time measures the
         # neighbours as much as the kernel.
-        out = kernels.StatisticArrays.zeros(s, n, d, t, support if sparse else None)
+        out = per_position.StatisticArrays.zeros(s, n, d, t, support if sparse else None)
         start = time.process_time()
-        kernels.accumulate_estep(context, query, target, None, params, out)
+        per_position.accumulate_estep(context, query, target, None, params, out)
         return time.process_time() - start, out
 
     run(dense_params, False)  # compile both before timing
@@ -202,7 +202,7 @@ def start_pass(train_url: str, n: int, *, partitions: int | None = None) -> dict
     """
     from dist_respattn.engine import FitSettings, tasks
     from dist_respattn.engine.tasks import RowSelection
-    from dist_respattn.model.holdout import HoldoutRule
+    from dist_respattn.model.fitting.holdout import HoldoutRule
     from dist_respattn.store.rows import open_rows
 
     store = open_rows(train_url, window=n)
@@ -244,8 +244,8 @@ def bare_kernel(model_dir: Path, train_url: str, n: int) -> dict[str, Any]:
     values when the store checked them, as the fit's tasks do)."""
     from dist_respattn.engine import load_checkpoint
     from dist_respattn.engine.tasks import RowSelection
-    from dist_respattn.model import kernels
-    from dist_respattn.model.holdout import HoldoutRule
+    from dist_respattn.model.fitting.holdout import HoldoutRule
+    from dist_respattn.model.kernels import per_position
     from dist_respattn.store.rows import open_rows
 
     checkpoint = load_checkpoint(model_dir, "latest")
@@ -261,10 +261,10 @@ def bare_kernel(model_dir: Path, train_url: str, n: int) -> dict[str, Any]:
     count = sum(b.num_rows for b in blocks)
     best = float("inf")
     for _ in range(2):
-        stats = kernels.StatisticArrays.zeros(model.num_symbols, n, model.query_dim, model.num_targets, support)
+        stats = per_position.StatisticArrays.zeros(model.num_symbols, n, model.query_dim, model.num_targets, support)
         start = time.perf_counter()
         for block, w in zip(blocks, weights, strict=True):
-            kernels.accumulate_estep(*block.encoded, w, params, stats, checked=block.checked)
+            per_position.accumulate_estep(*block.encoded, w, params, stats, checked=block.checked)
         best = min(best, time.perf_counter() - start)
     return {"rows": count, "rows_per_second": count / best}
 
@@ -275,7 +275,7 @@ def m_step_cost(model_dir: Path) -> dict[str, Any]:
     import pickle
 
     from dist_respattn.engine import load_checkpoint
-    from dist_respattn.model.emission import SparseEmission, SparseEmissionCounts
+    from dist_respattn.model.emission.layouts import SparseEmission, SparseEmissionCounts
 
     checkpoint = load_checkpoint(model_dir, "latest")
     model = checkpoint.model

@@ -68,6 +68,7 @@ from measure import (  # noqa: E402
 )
 
 from dist_respattn import ResponsibilityAttentionDistribution, random_distribution  # noqa: E402
+from dist_respattn.model.rows import EncodedRows  # noqa: E402
 from dist_respattn.store import (  # noqa: E402
     COMPRESSION_CHOICES,
     TripleStore,
@@ -75,7 +76,6 @@ from dist_respattn.store import (  # noqa: E402
     choose_chunking,
     write_arrays,
 )
-from dist_respattn.store.checks import EncodedRows  # noqa: E402
 
 MIB = 2**20
 MB = 1e6

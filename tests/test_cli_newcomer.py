@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_respattn.model.ngram import MODEL_LABELS
+from dist_respattn.baselines.ngram import MODEL_LABELS
 from tests.test_cli import COMMAND, run
 
 pytestmark = pytest.mark.slow  # every test here starts a command

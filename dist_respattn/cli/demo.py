@@ -191,7 +191,7 @@ def _run_synthetic(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _print_demo(report: dict[str, Any]) -> None:
-    from dist_respattn.model.ngram import MODEL_LABELS
+    from dist_respattn.baselines.ngram import MODEL_LABELS
 
     print_fit_summary(report)
     if "test" in report:

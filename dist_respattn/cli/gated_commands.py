@@ -259,7 +259,7 @@ def _sample_head(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[int, flo
     ``--mix``, or a plain model's head (``mix`` ``None``; neither flag is taken)."""
     from dist_respattn.engine.checkpoint import load_checkpoint
     from dist_respattn.engine.gated_checkpoint import is_gated_dir
-    from dist_respattn.model.gated_use import mixed_head
+    from dist_respattn.model.heads.gated.use import mixed_head
     from dist_respattn.store import check_recorded_corpus
     from dist_respattn.store.rows import open_rows
 
@@ -288,7 +288,7 @@ def _sample_head(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[int, flo
 
 
 def _run_sample(args: argparse.Namespace) -> dict[str, Any]:
-    from dist_respattn.model.predictor import generate
+    from dist_respattn.model.streaming import generate
     from dist_respattn.store.predictions import target_words
     from dist_respattn.store.text import tokenize
 
@@ -369,7 +369,7 @@ def _print_sample(report: dict[str, Any]) -> None:
 
 
 def _run_neighbours(args: argparse.Namespace) -> dict[str, Any]:
-    from dist_respattn.model.gated_use import emission_neighbours
+    from dist_respattn.model.heads.gated.use import emission_neighbours
 
     checkpoint, _, vocabulary = _model_and_store(args)
     words = list((vocabulary or {}).get("tokens", []))

@@ -6,7 +6,7 @@ vocabulary); after every token one JSON line gives the K most probable next toke
     {"position": 3, "token": "def", "top": [["self", 0.31], ["__init__", 0.12]], "ids": [57, 203]}
 
 ``top`` pairs each next token (its word, or its id without a vocabulary) with its probability; ``ids`` are the
-same tokens' ids. The model keeps its bucket histograms (:class:`~dist_respattn.model.predictor.Predictor`), so a
+same tokens' ids. The model keeps its bucket histograms (:class:`~dist_respattn.model.streaming.Predictor`), so a
 token costs the same after a hundred tokens as after a million. No cluster is started. The summary reports the
 start-up (loading the model and the store, the compiled kernels' first call) apart from the time per token.
 """
@@ -55,7 +55,7 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
     per token after the start-up)."""
     begun = time.perf_counter()
     from dist_respattn.engine.checkpoint import load_checkpoint
-    from dist_respattn.model.predictor import Predictor
+    from dist_respattn.model.streaming import Predictor
     from dist_respattn.store.predictions import target_words
     from dist_respattn.store.rows import open_rows
 

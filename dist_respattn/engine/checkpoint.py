@@ -30,9 +30,13 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.prior import EmissionPrior
-from dist_respattn.model.serialization import MODEL_ARRAY_NAMES, distribution_from_arrays, distribution_to_arrays
+from dist_respattn.model.emission.prior import EmissionPrior
+from dist_respattn.model.heads.single_hop.arrays import (
+    MODEL_ARRAY_NAMES,
+    distribution_from_arrays,
+    distribution_to_arrays,
+)
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 
 __all__ = [
     "BackgroundCheckpoints",

@@ -2,7 +2,7 @@
 
 The head's figures: mean joint log-likelihood per row, and the predictive quality of the targets
 from ``predict_proba`` (which does not see the target): perplexity and accuracy. The baselines
-predict the same targets from counts (:mod:`dist_respattn.model.ngram`): an add-k unigram, and for
+predict the same targets from counts (:mod:`dist_respattn.baselines.ngram`): an add-k unigram, and for
 stores made from a token stream the add-k, Jelinek-Mercer and interpolated Kneser-Ney bigrams on the
 previous token (the last context id). Their counts come from the model's training store when the
 model directory names one that opens unchanged (same fingerprint), else from the evaluated store
@@ -20,6 +20,7 @@ from typing import Any, cast
 
 import distributed
 
+from dist_respattn.baselines.ngram import DEFAULT_K, MODEL_LABELS, fit_baselines
 from dist_respattn.engine import tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.checkpoint import load_checkpoint
@@ -29,12 +30,11 @@ from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
 from dist_respattn.events import HeldoutScores
-from dist_respattn.model.diagnostics import degeneracy_warnings
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.holdout import HoldoutRule
-from dist_respattn.model.ngram import DEFAULT_K, MODEL_LABELS, fit_baselines
-from dist_respattn.model.pairs import PairCounts
-from dist_respattn.model.scoring import ScoreTotals
+from dist_respattn.model.emission.pairs import PairCounts
+from dist_respattn.model.fitting.holdout import HoldoutRule
+from dist_respattn.model.heads.single_hop.diagnostics import degeneracy_warnings
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.single_hop.scoring import ScoreTotals
 from dist_respattn.store import StoreError, StoreLocation, check_recorded_corpus
 from dist_respattn.store.rows import RowStore, is_stream_store, open_rows
 

@@ -1,7 +1,7 @@
 """Checkpoints of an attribute-gated head: the same model directory layout, files and atomic commits as a plain
 head's (:mod:`dist_respattn.engine.checkpoint`), with ``"kind": "gated"`` in ``meta.json``.
 
-``params.npz`` holds the head's arrays (:meth:`~dist_respattn.model.gated.GatedHead.to_arrays`: keys (S, D),
+``params.npz`` holds the head's arrays (:meth:`~dist_respattn.model.heads.gated.head.GatedHead.to_arrays`: keys (S, D),
 position prior (A', N), weights (A, F), factor values (P, F) and backoffs (F, S), the shared base (T,), the
 support); ``meta.json`` the attribute names, settings, history and the shared head the fit started from, whose
 checkpoint also gives the factors' prior (its emission and strengths). A gated model directory keeps that
@@ -31,7 +31,7 @@ from dist_respattn.engine.checkpoint import (
     ModelDir,
     _read_json,
 )
-from dist_respattn.model.gated import GatedHead
+from dist_respattn.model.heads.gated.head import GatedHead
 
 __all__ = ["GATED_KIND", "SHARED_DIR", "GatedCheckpoint", "commit_gated", "is_gated_dir", "load_gated"]
 

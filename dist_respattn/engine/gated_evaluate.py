@@ -24,6 +24,7 @@ from typing import Any
 import distributed
 import numpy as np
 
+from dist_respattn.baselines.ngram import fit_baselines
 from dist_respattn.engine import gated_tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.checkpoint import CheckpointError, load_checkpoint
@@ -35,9 +36,8 @@ from dist_respattn.engine.gated_fit import attribute_map
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
-from dist_respattn.model.gated import GatedHead, fold_in_step
-from dist_respattn.model.holdout import HoldoutRule
-from dist_respattn.model.ngram import fit_baselines
+from dist_respattn.model.fitting.holdout import HoldoutRule
+from dist_respattn.model.heads.gated.head import GatedHead, fold_in_step
 from dist_respattn.store.rows import RowStore
 
 __all__ = ["FOLD_IN_FRACTION", "evaluate_gated", "shared_dir_of"]

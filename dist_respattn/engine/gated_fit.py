@@ -1,7 +1,7 @@
 """``fit --attribute-factors F``: exact EM for an attribute-gated head on a Dask cluster, from a fitted shared head.
 
-The gated head starts where the shared head ended (:mod:`dist_respattn.model.gated`): its keys, position prior
-and gate variance; every factor a copy of its emission on the training rows' pairs; each attribute's weights
+The gated head starts where the shared head ended (:mod:`dist_respattn.model.heads.gated.head`): its keys, position
+prior and gate variance; every factor a copy of its emission on the training rows' pairs; each attribute's weights
 seeded at random (the identity for the untied baseline, F = 0), so the first E-step splits the shared
 counts between the factors by attribute.
 
@@ -48,11 +48,11 @@ from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.reduction import DEFAULT_FAN_IN
 from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
 from dist_respattn.events import FitState
-from dist_respattn.model._checks import as_nonnegative_float, as_positive_float, as_positive_int
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.emission import PairSupport, SparseEmission
-from dist_respattn.model.gated import FactorTables, GatedHead, GatedStatistics, gated_m_step
-from dist_respattn.model.holdout import HoldoutRule
+from dist_respattn.model.arguments import as_nonnegative_float, as_positive_float, as_positive_int
+from dist_respattn.model.emission.layouts import PairSupport, SparseEmission
+from dist_respattn.model.fitting.holdout import HoldoutRule
+from dist_respattn.model.heads.gated.head import FactorTables, GatedHead, GatedStatistics, gated_m_step
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.store.rows import RowStore
 
 __all__ = [

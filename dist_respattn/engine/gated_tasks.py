@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.engine.tasks import RowSelection, _checked_store, _located
-from dist_respattn.model.emission import SparseEmissionCounts
-from dist_respattn.model.gated import GatedHead, GatedStatistics, gated_estep, gated_log_likelihood
-from dist_respattn.model.pairs import PairCounts
-from dist_respattn.store.checks import EncodedRows
+from dist_respattn.model.emission.layouts import SparseEmissionCounts
+from dist_respattn.model.emission.pairs import PairCounts
+from dist_respattn.model.heads.gated.head import GatedHead, GatedStatistics, gated_estep, gated_log_likelihood
+from dist_respattn.model.rows import EncodedRows
 from dist_respattn.store.errors import StoreError
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.rows import RowStore

@@ -1,7 +1,7 @@
 """``predict``: each row's K most probable targets, their probabilities and the attention, written by the workers.
 
 One task per store partition reads its rows block by block, predicts them
-(:func:`dist_respattn.model.prediction.predict_top_k`) and writes them into its own part of the output
+(:func:`dist_respattn.model.heads.single_hop.top_k.predict_top_k`) and writes them into its own part of the output
 (:mod:`dist_respattn.store.predictions`); only the tasks' small totals come back through the combine
 tree, so neither the driver nor any worker holds more than a block of rows and their predictions. The
 output must be a location every worker can write (a shared disk, or an fsspec URL such as ``s3://``).
@@ -31,8 +31,8 @@ from dist_respattn.engine.evaluate import window_for
 from dist_respattn.engine.fit import FitError, check_same_shape, open_store
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.prediction import PredictionTotals
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.single_hop.top_k import PredictionTotals
 from dist_respattn.store import StoreLocation, check_recorded_corpus
 from dist_respattn.store.predictions import (
     PredictionRowsWriter,
@@ -124,7 +124,7 @@ def predict(
     if head.buckets is not None:
         raise FitError(
             f"{source}: its position prior is tied over {head.buckets.describe()}: such a head predicts one history "
-            "at a time (`dist-respattn predict MODEL STORE --stream`, or dist_respattn.model.predictor.Predictor); "
+            "at a time (`dist-respattn predict MODEL STORE --stream`, or dist_respattn.model.streaming.Predictor); "
             "predictions into a store take heads with a free prior"
         )
     scored = open_store(store, storage_options, window_for(head, store, storage_options))

@@ -8,14 +8,14 @@ from typing import Any
 
 from dist_respattn.engine.reduction import DEFAULT_FAN_IN
 from dist_respattn.events import Metric
-from dist_respattn.model._checks import as_nonnegative_float, as_positive_float, as_positive_int
+from dist_respattn.model.arguments import as_nonnegative_float, as_positive_float, as_positive_int
 from dist_respattn.model.buckets import PositionBuckets
-from dist_respattn.model.em import START_KINDS
-from dist_respattn.model.emission import choose_layout
-from dist_respattn.model.estimator import ResponsibilityAttentionEstimator
-from dist_respattn.model.holdout import DEFAULT_HOLDOUT_FRACTION
-from dist_respattn.model.prior import BACKOFF_KINDS
-from dist_respattn.model.selection import DEFAULT_SEARCH, HyperparameterSearch
+from dist_respattn.model.emission.layouts import choose_layout
+from dist_respattn.model.emission.prior import BACKOFF_KINDS
+from dist_respattn.model.fitting.em import START_KINDS
+from dist_respattn.model.fitting.holdout import DEFAULT_HOLDOUT_FRACTION
+from dist_respattn.model.fitting.selection import DEFAULT_SEARCH, HyperparameterSearch
+from dist_respattn.model.heads.single_hop.estimator import ResponsibilityAttentionEstimator
 from dist_respattn.store import StoreSchema
 
 __all__ = ["EARLY_STOP_METRICS", "FitSettings"]
@@ -43,7 +43,7 @@ class FitSettings:
         sigma2: a fixed gate variance (or the start of a learned one); ``None``: chosen on held-out rows.
         min_sigma2: floor of a learned variance.
         emission_prior: the backoff of the emission's Dirichlet prior: ``"continuation"``, ``"unigram"``
-            or ``"uniform"`` (see :mod:`dist_respattn.model.prior`).
+            or ``"uniform"`` (see :mod:`dist_respattn.model.emission.prior`).
         emission_smoothing: the reference library's additive smoothing instead of the prior (fixed).
         emission_strength, type_strength: the prior's strengths ``a_s = emission_strength + type_strength n_s``;
             ``None``: chosen on held-out rows.
@@ -54,7 +54,7 @@ class FitSettings:
         context_length: the window N a token-stream store is read with (``None``: the store's; a triple
             store's N is fixed when it is written).
         emission_layout: ``"dense"`` (S, T), ``"sparse"`` (the pairs the training rows hold) or ``"auto"``
-            (dense up to ``DENSE_CELL_LIMIT`` cells): see :mod:`dist_respattn.model.emission`.
+            (dense up to ``DENSE_CELL_LIMIT`` cells): see :mod:`dist_respattn.model.emission.layouts`.
         early_stop_metric: ``"perplexity"`` or ``"loglik"`` on the held-out rows; ``None`` picks
             perplexity when there are held-out rows.
         patience: iterations without an improvement of at least ``min_improvement`` (relative) of that

@@ -1,18 +1,11 @@
-"""The responsibility-attention head: distribution, sampler, accumulator, estimator, encoder and EM."""
+"""The responsibility-attention head, the math only (no dask, no zarr): head kinds in ``heads/``, compiled
+kernels in ``kernels/``, the emission's layouts and prior in ``emission/``, in-process EM in ``fitting/``."""
 
 from __future__ import annotations
 
-from dist_respattn.model._checks import ImpossibleEvidenceError
-from dist_respattn.model.accumulator import (
-    ResponsibilityAttentionAccumulator,
-    ResponsibilityAttentionAccumulatorFactory,
-    SufficientStatistics,
-)
+from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.buckets import PositionBuckets
-from dist_respattn.model.diagnostics import recovery_report
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.em import EMIteration, EMResult, fit_em, run_em
-from dist_respattn.model.emission import (
+from dist_respattn.model.emission.layouts import (
     DenseEmission,
     DenseEmissionCounts,
     Emission,
@@ -22,10 +15,18 @@ from dist_respattn.model.emission import (
     SparseEmissionCounts,
 )
 from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder, sequence_to_triples, sequence_windows
-from dist_respattn.model.estimator import ResponsibilityAttentionEstimator, estimate_parameters
-from dist_respattn.model.histogram import WindowRows
-from dist_respattn.model.predictor import Predictor
-from dist_respattn.model.sampler import ResponsibilityAttentionSampler, random_distribution
+from dist_respattn.model.fitting.em import EMIteration, EMResult, fit_em, run_em
+from dist_respattn.model.heads.single_hop.accumulator import (
+    ResponsibilityAttentionAccumulator,
+    ResponsibilityAttentionAccumulatorFactory,
+    SufficientStatistics,
+)
+from dist_respattn.model.heads.single_hop.diagnostics import recovery_report
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.single_hop.estimator import ResponsibilityAttentionEstimator, estimate_parameters
+from dist_respattn.model.heads.single_hop.sampler import ResponsibilityAttentionSampler, random_distribution
+from dist_respattn.model.rows import WindowRows
+from dist_respattn.model.streaming import Predictor
 
 __all__ = [
     "DenseEmission",

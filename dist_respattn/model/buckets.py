@@ -16,7 +16,7 @@ attention over it depends only on how many times each symbol occurs in it (its h
     sum_{i in b} pi_i N(q; K[c_i]) B[c_i, t]  =  (pi_b / |b|) sum_s h_b(s) N(q; K[s]) B[s, t]
 
 so a row costs one distance and one emission lookup per distinct symbol of its window
-(:mod:`dist_respattn.model.histogram`).
+(:mod:`dist_respattn.model.kernels.histogram`).
 
 **Short histories.** A row with only ``m < N`` earlier tokens (the first targets of a document) has the
 recencies ``0..m-1``; the others are masked and the prior renormalizes over what exists:

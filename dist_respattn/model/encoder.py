@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.model._checks import as_positive_int, plain
+from dist_respattn.model.arguments import as_positive_int, plain
 
 __all__ = ["ResponsibilityAttentionDataEncoder", "sequence_to_triples", "sequence_windows"]
 

@@ -9,7 +9,8 @@ vocabulary and embedding table, which their identity records (:meth:`TripleStore
 
 from __future__ import annotations
 
-from dist_respattn.store.checks import EncodedRows, Problem
+from dist_respattn.model.rows import EncodedRows
+from dist_respattn.store.checks import Problem
 from dist_respattn.store.common import WriteOptions
 from dist_respattn.store.errors import (
     CorpusMismatchError,

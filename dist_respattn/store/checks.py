@@ -3,41 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
+from dist_respattn.model.rows import EncodedRows
 from dist_respattn.store.attributes import names_problem
 from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, SCHEMA_VERSION, StoreSchema, StoreState
 from dist_respattn.text_format import count_text
 
-__all__ = ["EncodedRows", "Problem", "block_problems", "structural_problems"]
-
-
-class EncodedRows(NamedTuple):
-    """A run of consecutive rows of a store, as the model's encoded arrays.
-
-    ``context`` (n, N) int32, ``query`` (n, D) float32/64, ``target`` (n,) int32, ``weight`` (n,) float32
-    or ``None``; ``start`` is the store row of the first one. ``checked``: the store has checked every
-    value already (ids in range, finite queries, finite non-negative weights), so the model need not scan
-    them again (a token-stream store's rows: ids checked as read, queries from its checked table).
-    """
-
-    context: np.ndarray
-    query: np.ndarray
-    target: np.ndarray
-    weight: np.ndarray | None
-    start: int
-    checked: bool = False
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.target.shape[0])
-
-    @property
-    def encoded(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(context, query, target)``, as the accumulator's ``seq_update`` takes it."""
-        return self.context, self.query, self.target
+__all__ = ["Problem", "block_problems", "structural_problems"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from dist_respattn.model.histogram import WindowRows
+from dist_respattn.model.rows import EncodedRows, WindowRows
 from dist_respattn.store.attributes import (
     ATTRIBUTE_LEVELS,
     appended_names,
@@ -46,7 +46,7 @@ from dist_respattn.store.attributes import (
     describe_attributes,
     names_problem,
 )
-from dist_respattn.store.checks import EncodedRows, Problem
+from dist_respattn.store.checks import Problem
 from dist_respattn.store.documents import require_rows
 from dist_respattn.store.errors import (
     IncompleteStoreError,

@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.sampler import ResponsibilityAttentionSampler, random_distribution
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.single_hop.sampler import ResponsibilityAttentionSampler, random_distribution
 from dist_respattn.store.common import WriteOptions, open_writer
 from dist_respattn.store.errors import SchemaMismatchError
 from dist_respattn.store.schema import StoreSchema

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import zarr
 
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.histogram import WindowRows
-from dist_respattn.model.serialization import MODEL_ARRAY_NAMES, distribution_from_arrays
+from dist_respattn.model.heads.single_hop.arrays import MODEL_ARRAY_NAMES, distribution_from_arrays
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.rows import EncodedRows, WindowRows
 from dist_respattn.store.attributes import describe_attributes
-from dist_respattn.store.checks import EncodedRows, structural_problems
+from dist_respattn.store.checks import structural_problems
 from dist_respattn.store.errors import IncompleteStoreError, StoreCorruptError, StoreError
 from dist_respattn.store.identity import corpus_identity
 from dist_respattn.store.location import StoreLocation

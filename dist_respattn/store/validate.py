@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.store.checks import EncodedRows, Problem, block_problems, structural_problems
+from dist_respattn.model.rows import EncodedRows
+from dist_respattn.store.checks import Problem, block_problems, structural_problems
 from dist_respattn.store.identity import IDENTITY_KEYS, embedding_sha256, short_hash, vocabulary_sha256
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.not_a_store import not_a_store

@@ -21,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.serialization import distribution_to_arrays
+from dist_respattn.model.heads.single_hop.arrays import distribution_to_arrays
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.rows import EncodedRows
 from dist_respattn.store.attributes import appended_names, checked_writer_names
-from dist_respattn.store.checks import EncodedRows, block_problems, structural_problems
+from dist_respattn.store.checks import block_problems, structural_problems
 from dist_respattn.store.errors import SchemaMismatchError, StoreError, store_exists
 from dist_respattn.store.layout import Chunking, choose_chunking, compressors_for
 from dist_respattn.store.location import StoreLocation

@@ -29,7 +29,7 @@ import pytest
 
 from dist_respattn.engine import EVENT_TOPIC, cluster_info, load_checkpoint, load_model
 from dist_respattn.events import EndEvent, IterationEvent, StartEvent
-from dist_respattn.model.holdout import HoldoutRule
+from dist_respattn.model.fitting.holdout import HoldoutRule
 
 from .conftest import ROWS, D, N, S, T
 

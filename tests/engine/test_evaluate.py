@@ -18,11 +18,11 @@ import distributed
 import numpy as np
 import pytest
 
+from dist_respattn.baselines.ngram import MODEL_LABELS, MODEL_NAMES, fit_baselines
 from dist_respattn.engine import FitError, FitSettings, evaluate, fit, load_model
 from dist_respattn.engine.evaluate import DEFAULT_BASELINE_K
-from dist_respattn.model.holdout import HoldoutRule
-from dist_respattn.model.ngram import MODEL_LABELS, MODEL_NAMES, fit_baselines
-from dist_respattn.model.pairs import PairCounts
+from dist_respattn.model.emission.pairs import PairCounts
+from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.store import TripleStore, WriteOptions, write_arrays, write_tokens
 
 from .conftest import SMALL, small_truth

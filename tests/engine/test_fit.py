@@ -32,7 +32,7 @@ from dist_respattn.engine import (
 )
 from dist_respattn.engine.loop import EarlyStopping
 from dist_respattn.engine.memory import check_memory
-from dist_respattn.model.holdout import HoldoutRule
+from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.store import StoreSchema, TripleStore, WriteOptions, write_arrays, write_synthetic
 from tests.engine.clusters import local_cluster
 

@@ -17,9 +17,9 @@ from dist_respattn.engine.checkpoint import CheckpointError, load_checkpoint
 from dist_respattn.engine.fit import FitError
 from dist_respattn.engine.gated_checkpoint import load_gated
 from dist_respattn.engine.gated_fit import GatedSettings, _strengths, fit_gated, shared_on_support, start_head
-from dist_respattn.model.emission import PairSupport
-from dist_respattn.model.gated import gated_estep, gated_m_step
-from dist_respattn.model.holdout import HoldoutRule
+from dist_respattn.model.emission.layouts import PairSupport
+from dist_respattn.model.fitting.holdout import HoldoutRule
+from dist_respattn.model.heads.gated.head import gated_estep, gated_m_step
 from dist_respattn.store.predictions import target_words
 from dist_respattn.store.rows import open_rows
 from tests.engine.clusters import local_cluster

@@ -11,10 +11,10 @@ import pytest
 from dist_respattn import ResponsibilityAttentionAccumulator, ResponsibilityAttentionEstimator
 from dist_respattn.engine import tasks
 from dist_respattn.engine.tasks import RowSelection
-from dist_respattn.model.holdout import HoldoutRule
-from dist_respattn.model.pairs import PairCounts
-from dist_respattn.model.prior import EmissionPrior
-from dist_respattn.model.selection import DEFAULT_SEARCH, GridTotals, score_grid
+from dist_respattn.model.emission.pairs import PairCounts
+from dist_respattn.model.emission.prior import EmissionPrior
+from dist_respattn.model.fitting.holdout import HoldoutRule
+from dist_respattn.model.fitting.selection import DEFAULT_SEARCH, GridTotals, score_grid
 from dist_respattn.store import WriteOptions
 from dist_respattn.store.stream_ingest import write_stream_tokens
 from tests.store.helpers import random_rows, write_small

@@ -23,7 +23,7 @@ import pytest
 
 from dist_respattn import random_distribution
 from dist_respattn.engine import FitResult, FitSettings, cluster_info, fit
-from dist_respattn.model.holdout import HoldoutRule
+from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.store import TripleStore, WriteOptions, write_synthetic
 from tests.engine.clusters import local_cluster
 

@@ -16,7 +16,7 @@ import pytest
 
 from dist_respattn import ResponsibilityAttentionEstimator, fit_em
 from dist_respattn.engine import ModelDir, evaluate, load_model, predict
-from dist_respattn.model.emission import SparseEmission
+from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.registry import Registry
 from dist_respattn.store import StoreError, WriteOptions
 from dist_respattn.store.predictions import Predictions

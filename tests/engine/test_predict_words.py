@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from dist_respattn.engine import load_model, predict
-from dist_respattn.model.predictor import Predictor
+from dist_respattn.model.streaming import Predictor
 from dist_respattn.store.predictions import OOV_WORD, target_words
 from dist_respattn.store.rows import open_rows
 

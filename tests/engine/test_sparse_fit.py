@@ -18,8 +18,8 @@ from dist_respattn.engine.memory import (
     InsufficientMemoryError,
     check_memory,
 )
-from dist_respattn.model.emission import SparseEmission
-from dist_respattn.model.holdout import HoldoutRule
+from dist_respattn.model.emission.layouts import SparseEmission
+from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.store import StoreSchema, TripleStore
 from tests.engine.clusters import local_cluster
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dist_respattn.model.emission import DenseEmissionCounts, EmissionCounts, PairSupport, SparseEmissionCounts
+from dist_respattn.model.emission.layouts import DenseEmissionCounts, EmissionCounts, PairSupport, SparseEmissionCounts
 
 LAYOUTS = ("dense", "sparse")
 

@@ -19,7 +19,7 @@ from dist_respattn import (
     sequence_to_triples,
     sequence_windows,
 )
-from dist_respattn.model.selection import HyperparameterSearch
+from dist_respattn.model.fitting.selection import HyperparameterSearch
 
 S, N, D, T = 50, 4, 3, 6
 ROWS = 12

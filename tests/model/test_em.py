@@ -16,7 +16,7 @@ from dist_respattn import (
     random_distribution,
     run_em,
 )
-from dist_respattn.model.diagnostics import recovery_report
+from dist_respattn.model.heads.single_hop.diagnostics import recovery_report
 from tests.model.test_kernel_parity import assert_close
 
 SEEDS = [0, 1, 2]

@@ -13,9 +13,7 @@ import numpy as np
 import pytest
 
 from dist_respattn import ResponsibilityAttentionEstimator, fit_em, random_distribution
-from dist_respattn.model import diagnostics, kernels
-from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulator
-from dist_respattn.model.emission import (
+from dist_respattn.model.emission.layouts import (
     DENSE_CELL_LIMIT,
     DenseEmission,
     PairSupport,
@@ -24,9 +22,12 @@ from dist_respattn.model.emission import (
     choose_layout,
     emission_from_arrays,
 )
-from dist_respattn.model.holdout import HoldoutRule
-from dist_respattn.model.scoring import score_rows
-from dist_respattn.model.selection import DEFAULT_SEARCH, score_grid
+from dist_respattn.model.fitting.holdout import HoldoutRule
+from dist_respattn.model.fitting.selection import DEFAULT_SEARCH, score_grid
+from dist_respattn.model.heads.single_hop import diagnostics
+from dist_respattn.model.heads.single_hop.accumulator import ResponsibilityAttentionAccumulator
+from dist_respattn.model.heads.single_hop.scoring import score_rows
+from dist_respattn.model.kernels import per_position
 from tests.model.emission_layouts import LAYOUTS, counts_in_layout, support_of
 
 S, T = 9, 11
@@ -295,8 +296,8 @@ def test_the_sparse_grid_pass_equals_the_dense_one():
 
 
 def _prior(data, shape):
-    from dist_respattn.model.pairs import PairCounts
-    from dist_respattn.model.prior import EmissionPrior
+    from dist_respattn.model.emission.pairs import PairCounts
+    from dist_respattn.model.emission.prior import EmissionPrior
 
     context, _, target = data
     return EmissionPrior.from_pairs(
@@ -314,10 +315,11 @@ def test_a_row_outside_the_support_is_refused_by_the_sparse_e_step():
         accumulator.seq_update(data, None, model)
 
 
-def _sparse_statistics(data, weights, params, support, *, block_rows=None) -> kernels.StatisticArrays:
-    stats = kernels.StatisticArrays.zeros(support.num_symbols, data[0].shape[1], data[1].shape[1], support.num_targets,
-                                          support)  # fmt: skip
-    kernels.accumulate_estep(*data, weights, params, stats, block_rows=block_rows)
+def _sparse_statistics(data, weights, params, support, *, block_rows=None) -> per_position.StatisticArrays:
+    stats = per_position.StatisticArrays.zeros(
+        support.num_symbols, data[0].shape[1], data[1].shape[1], support.num_targets, support
+    )
+    per_position.accumulate_estep(*data, weights, params, stats, block_rows=block_rows)
     return stats
 
 
@@ -337,13 +339,13 @@ def test_the_sparse_e_step_finds_pairs_alike_by_direct_row_map_or_search():
     model = truth.with_emission(DenseEmission(truth.emission).restricted(support))
     params = model.kernel_parameters
     degree = np.diff(support.indptr)
-    assert np.array_equal(params.direct_row >= 0, degree * kernels.DIRECT_ROW_SHARE >= shape[0])
+    assert np.array_equal(params.direct_row >= 0, degree * per_position.DIRECT_ROW_SHARE >= shape[0])
     assert 0 < int((params.direct_row >= 0).sum()) < shape[3]
     rows = params.direct_row[params.direct_row >= 0]
     assert np.array_equal(rows, np.arange(rows.size)) and params.direct_slots.shape == (rows.size, shape[0])
 
-    def with_rows(share: float) -> kernels.SparseKernelParameters:
-        direct_row, direct_slots = kernels.direct_pair_rows(support.indptr, support.symbols, shape[0], share=share)
+    def with_rows(share: float) -> per_position.SparseKernelParameters:
+        direct_row, direct_slots = per_position.direct_pair_rows(support.indptr, support.symbols, shape[0], share=share)
         return dataclasses.replace(params, direct_row=direct_row, direct_slots=direct_slots)
 
     none, more = with_rows(0), with_rows(1e9)
@@ -375,8 +377,8 @@ def test_a_sparse_emission_whose_rows_do_not_sum_to_one_is_refused():
 
 def test_kernel_parameters_follow_the_layout():
     emission, *_ = make_emission("sparse")
-    params = kernels.KernelParameters.from_arrays(np.zeros((S, 2)), emission, np.full(3, 1 / 3), 1.0)
-    assert isinstance(params, kernels.SparseKernelParameters)
+    params = per_position.KernelParameters.from_arrays(np.zeros((S, 2)), emission, np.full(3, 1 / 3), 1.0)
+    assert isinstance(params, per_position.SparseKernelParameters)
     assert params.nbytes < 8 * S * T + 8 * (S + T)
     assert isinstance(SparseEmissionCounts.zeros(emission.support).counts, np.ndarray)
 

@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from dist_respattn import random_distribution
-from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulator
-from dist_respattn.model.emission import PairSupport
-from dist_respattn.model.gated import (
+from dist_respattn.model.emission.layouts import PairSupport
+from dist_respattn.model.heads.gated.head import (
     FactorTables,
     GatedHead,
     GatedStatistics,
@@ -18,6 +17,7 @@ from dist_respattn.model.gated import (
     gated_log_likelihood,
     gated_m_step,
 )
+from dist_respattn.model.heads.single_hop.accumulator import ResponsibilityAttentionAccumulator
 from tests.model.test_kernel_parity import assert_close
 
 RTOL = 1e-12
@@ -229,7 +229,7 @@ def test_a_head_survives_its_arrays_and_a_pickle():
 
 
 def test_neighbours_are_nearest_in_hellinger_distance_over_dense_rows():
-    from dist_respattn.model.gated_use import emission_neighbours
+    from dist_respattn.model.heads.gated.use import emission_neighbours
 
     shape = (12, 4, 3, 9)
     data, _ = rows(shape, 300, 71, num_attributes=2)
@@ -244,7 +244,7 @@ def test_neighbours_are_nearest_in_hellinger_distance_over_dense_rows():
 
 
 def test_a_mix_of_one_attribute_is_that_attribute_and_generation_is_seeded():
-    from dist_respattn.model.gated_use import generate, mixed_head
+    from dist_respattn.model.heads.gated.use import generate, mixed_head
 
     shape = (9, 3, 2, 9)
     data, _ = rows(shape, 300, 81, num_attributes=3)

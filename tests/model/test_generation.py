@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from dist_respattn import PositionBuckets, random_distribution
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.predictor import Predictor, generate, generation_steps
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.streaming import Predictor, generate, generation_steps
 
 from .emission_layouts import counts_in_layout
 

@@ -10,10 +10,11 @@ from hypothesis import strategies as st
 
 from dist_respattn import ResponsibilityAttentionDistribution, ResponsibilityAttentionEstimator, random_distribution
 from dist_respattn.model.buckets import PositionBuckets, max_geometric_buckets
-from dist_respattn.model.histogram import WindowRows, grid_windows, score_windows
-from dist_respattn.model.predictor import Predictor
-from dist_respattn.model.scoring import score_rows
-from dist_respattn.model.selection import DEFAULT_SEARCH, score_grid
+from dist_respattn.model.fitting.selection import DEFAULT_SEARCH, score_grid
+from dist_respattn.model.heads.single_hop.scoring import score_rows
+from dist_respattn.model.kernels.histogram import grid_windows, score_windows
+from dist_respattn.model.rows import WindowRows
+from dist_respattn.model.streaming import Predictor
 from tests.model.emission_layouts import LAYOUTS, counts_in_layout
 from tests.model.test_kernel_parity import assert_close
 
@@ -117,7 +118,7 @@ def data_shape(model):
 
 
 def _prior(model):
-    from dist_respattn.model.prior import EmissionPrior
+    from dist_respattn.model.emission.prior import EmissionPrior
 
     return EmissionPrior.uniform(model.num_symbols, model.num_targets)
 
@@ -335,7 +336,7 @@ def test_the_sparse_lookups_direct_rows_maps_and_searches_give_the_same_statisti
     same pairs, so the same bits."""
     import dataclasses
 
-    from dist_respattn.model import histogram, kernels
+    from dist_respattn.model.kernels import histogram, per_position
 
     rng = np.random.default_rng(4)
     buckets = PositionBuckets.geometric(32, 6)
@@ -351,7 +352,7 @@ def test_the_sparse_lookups_direct_rows_maps_and_searches_give_the_same_statisti
     assert (params.direct_row >= 0).any()
     values = []
     for p, window_rows in ((params, rows), (no_direct, rows), (no_direct, rows._replace(begin=end - 2))):
-        stats = kernels.StatisticArrays.zeros(50, 32, 3, 9, model.emission_table.support)
+        stats = per_position.StatisticArrays.zeros(50, 32, 3, 9, model.emission_table.support)
         histogram.accumulate_windows(window_rows, p, stats, buckets)
         values.append(stats)
     # Direct rows against maps (32-token windows: many terms a row) must agree to the bit ...

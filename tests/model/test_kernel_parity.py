@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dist_respattn import ResponsibilityAttentionEstimator, random_distribution
-from dist_respattn.model import kernels
+from dist_respattn.model.kernels import per_position
 from tests.model.reference import reference_m_step, reference_row_statistics, reference_statistics
 
 # (S, N, D, T): ordinary, S < N, T = 1, N = 1, D = 1, and odd sizes that exercise loop tails.
@@ -109,8 +109,8 @@ def test_many_small_blocks_match_one_pass(backend, shape):
     # Blocks of 7 rows: the per-block visiting order and the block boundaries must not change the sums.
     data, weights, model = sample(shape, 300, seed=5, weighted=True)
     expected = reference_statistics(*data, weights, model.key_means, model.emission, model.position_prior, model.sigma2)
-    stats = kernels.StatisticArrays.zeros(*shape)
-    kernels.accumulate_estep(*data, weights, model.kernel_parameters, stats, backend=backend, block_rows=7)
+    stats = per_position.StatisticArrays.zeros(*shape)
+    per_position.accumulate_estep(*data, weights, model.kernel_parameters, stats, backend=backend, block_rows=7)
     assert_close(stats.key_sum, expected["key_sum"], label="key_sum")
     assert_close(stats.emission_count_ts.T, expected["emission_count"], label="emission_count")
     assert_close(stats.scalars, [expected[f] for f in ("query_sq", "n_obs", "log_lik")], label="scalars")

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from dist_respattn import random_distribution
-from dist_respattn.model import kernels
-from dist_respattn.model.emission import DenseEmission, SparseEmission
-from dist_respattn.model.log_weights import block_log_weights, row_log_weights
-from dist_respattn.model.prediction import predict_top_k
-from dist_respattn.model.scoring import score_rows
+from dist_respattn.model.emission.layouts import DenseEmission, SparseEmission
+from dist_respattn.model.heads.single_hop.scoring import score_rows
+from dist_respattn.model.heads.single_hop.top_k import predict_top_k
+from dist_respattn.model.kernels import per_position
+from dist_respattn.model.kernels.log_weights import block_log_weights, row_log_weights
 from tests.model.emission_layouts import support_of
 
 # (S, N, D, T): ordinary, S < N (repeated symbols in a context), N = 1.
@@ -99,10 +99,10 @@ def estep_rows(model, data, weights, backend):
     support = model.emission_table.support if isinstance(model.emission_table, SparseEmission) else None
     resp, loglik = np.full(context.shape, np.nan), np.full(context.shape[0], np.nan)
     for row in range(context.shape[0]):
-        stats = kernels.StatisticArrays.zeros(S, N, D, T, support)
+        stats = per_position.StatisticArrays.zeros(S, N, D, T, support)
         one = slice(row, row + 1)
         w = weights[one]
-        kernels.accumulate_estep(
+        per_position.accumulate_estep(
             context[one], query[one], target[one], w, model.kernel_parameters, stats, backend=backend
         )
         if w[0] == 0.0:

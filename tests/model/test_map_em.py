@@ -16,11 +16,17 @@ from dist_respattn import (
     fit_em,
     random_distribution,
 )
-from dist_respattn.model.holdout import HoldoutRule
-from dist_respattn.model.pairs import PairCounts
-from dist_respattn.model.prior import BASE_PSEUDO_COUNT, EmissionPrior
-from dist_respattn.model.scoring import score_rows
-from dist_respattn.model.selection import DEFAULT_SEARCH, GridTotals, Hyperparameters, HyperparameterSearch, score_grid
+from dist_respattn.model.emission.pairs import PairCounts
+from dist_respattn.model.emission.prior import BASE_PSEUDO_COUNT, EmissionPrior
+from dist_respattn.model.fitting.holdout import HoldoutRule
+from dist_respattn.model.fitting.selection import (
+    DEFAULT_SEARCH,
+    GridTotals,
+    Hyperparameters,
+    HyperparameterSearch,
+    score_grid,
+)
+from dist_respattn.model.heads.single_hop.scoring import score_rows
 from tests.model.emission_layouts import LAYOUTS, counts_in_layout
 from tests.model.test_kernel_parity import assert_close
 

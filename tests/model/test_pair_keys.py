@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dist_respattn.model.accumulator import ResponsibilityAttentionAccumulator
-from dist_respattn.model.pair_keys import merge_tallies, tally_keys, tally_rows
+from dist_respattn.model.heads.single_hop.accumulator import ResponsibilityAttentionAccumulator
+from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys, tally_rows
 
 
 def numpy_tally(keys: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from dist_respattn import ResponsibilityAttentionEstimator, fit_em, random_distribution
-from dist_respattn.model.emission import SparseEmission
-from dist_respattn.model.prediction import predict_top_k
-from dist_respattn.model.scoring import score_rows
+from dist_respattn.model.emission.layouts import SparseEmission
+from dist_respattn.model.heads.single_hop.scoring import score_rows
+from dist_respattn.model.heads.single_hop.top_k import predict_top_k
 
 
 def expected_top_k(model, context, query, k):

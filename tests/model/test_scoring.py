@@ -14,8 +14,8 @@ from dist_respattn import (
     random_distribution,
     run_em,
 )
-from dist_respattn.model.diagnostics import PRIOR_COLLAPSE_MASS, degeneracy_warnings
-from dist_respattn.model.scoring import ScoreTotals, score_rows
+from dist_respattn.model.heads.single_hop.diagnostics import PRIOR_COLLAPSE_MASS, degeneracy_warnings
+from dist_respattn.model.heads.single_hop.scoring import ScoreTotals, score_rows
 
 
 @pytest.fixture(scope="module")

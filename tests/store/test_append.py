@@ -7,7 +7,7 @@ import pytest
 
 import dist_respattn.store.tokens as tokens_module
 from dist_respattn.model.encoder import sequence_windows
-from dist_respattn.model.sampler import ResponsibilityAttentionSampler, random_distribution
+from dist_respattn.model.heads.single_hop.sampler import ResponsibilityAttentionSampler, random_distribution
 from dist_respattn.store import (
     SchemaMismatchError,
     StoreError,

@@ -1,7 +1,7 @@
 """N-gram baselines printed beside the head: unigram, add-k, Jelinek-Mercer and Kneser-Ney bigrams.
 
 Every model is a predictive distribution ``P(t | s)`` over the T targets given the previous symbol s,
-fitted from a training store's :class:`~dist_respattn.model.pairs.PairCounts`, optionally tuned on a
+fitted from a training store's :class:`~dist_respattn.model.emission.pairs.PairCounts`, optionally tuned on a
 validation store's pairs, and scored on an evaluated store's pairs (each pair's count is the weight of
 its scored rows). With ``c(s, t)`` the training pair counts, ``c(s) = Σ_t c(s, t)``, ``c(t) = Σ_s c(s, t)``
 and ``c = Σ c(t)``:
@@ -51,8 +51,8 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.model._checks import as_id_array, as_positive_float
-from dist_respattn.model.pairs import PairCounts
+from dist_respattn.model.arguments import as_id_array, as_positive_float
+from dist_respattn.model.emission.pairs import PairCounts
 
 __all__ = [
     "ADD_K_GRID",

@@ -187,7 +187,8 @@ def as_weights(weights: Any, n: int) -> np.ndarray | None:
 
 
 def as_sparse_emission(value: Any, name: str) -> Any:
-    """Check a :class:`~dist_respattn.model.emission.SparseEmission`: finite non-negative values, rows summing to 1."""
+    """Check a :class:`~dist_respattn.model.emission.layouts.SparseEmission`: finite non-negative values,
+    rows summing to 1."""
     parts = {"values": value.values, "backoff": value.backoff, "base": value.base}
     for part, array in parts.items():
         bad = np.flatnonzero(~np.isfinite(array) | (array < 0.0))

@@ -2,7 +2,7 @@
 
 An M-step first fixes what the statistics determine alone (the keys, the position prior, a learned
 gate variance) into :class:`MStepCandidates`; the open choices (a held-out gate variance and the
-emission prior's strengths, :class:`~dist_respattn.model.selection.Hyperparameters`) then pick one model
+emission prior's strengths, :class:`~dist_respattn.model.fitting.selection.Hyperparameters`) then pick one model
 out of them, either fixed by the estimator or chosen on held-out rows by the EM loop.
 """
 
@@ -14,25 +14,36 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.model import kernels
-from dist_respattn.model._checks import as_nonnegative_float, as_positive_float, as_positive_int
-from dist_respattn.model.accumulator import (
+from dist_respattn.model.arguments import as_nonnegative_float, as_positive_float, as_positive_int
+from dist_respattn.model.buckets import PositionBuckets
+from dist_respattn.model.emission.layouts import Emission, EmissionCounts, SparseEmission, SparseEmissionCounts
+from dist_respattn.model.emission.prior import BACKOFF_KINDS, EmissionPrior
+from dist_respattn.model.fitting.selection import (
+    GridTable,
+    GridTotals,
+    Hyperparameters,
+    HyperparameterSearch,
+    Selection,
+)
+from dist_respattn.model.heads.single_hop.accumulator import (
     ResponsibilityAttentionAccumulatorFactory,
     SufficientStatistics,
 )
-from dist_respattn.model.buckets import PositionBuckets
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.emission import Emission, EmissionCounts, SparseEmission, SparseEmissionCounts
-from dist_respattn.model.prior import BACKOFF_KINDS, EmissionPrior
-from dist_respattn.model.selection import GridTable, GridTotals, Hyperparameters, HyperparameterSearch, Selection
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.kernels import per_position
 
-__all__ = ["MStepCandidates", "ResponsibilityAttentionEstimator", "estimate_parameters"]
+__all__ = [
+    "MStepCandidates",
+    "ResponsibilityAttentionEstimator",
+    "estimate_key_means",
+    "estimate_parameters",
+]
 
 #: The reference library's additive emission smoothing, used when no emission prior is given.
 REFERENCE_EMISSION_SMOOTHING = 1e-6
 
 
-def _key_means(stats: SufficientStatistics, previous_key_means: np.ndarray | None) -> np.ndarray:
+def estimate_key_means(stats: SufficientStatistics, previous_key_means: np.ndarray | None) -> np.ndarray:
     """``K[s] = key_sum[s] / key_mass[s]``; a symbol with no mass keeps its previous key, else the pooled mean."""
     query_dim = stats.key_sum.shape[1]
     mass = stats.key_mass
@@ -97,7 +108,7 @@ def estimate_parameters(
     - With ``estimate_sigma2``: ``sigma2 = max(min_sigma2, (query_sq - sum_s ||key_sum[s]||^2 / key_mass[s])
       / (D sum_s key_mass[s]))``, the pooled within-symbol variance; otherwise ``sigma2`` is kept.
     """
-    key_means = _key_means(stats, previous_key_means)
+    key_means = estimate_key_means(stats, previous_key_means)
     emission = stats.emission_count.additive_emission(emission_smoothing).to_dense()
     position_prior = _position_prior(stats, pseudo_count)
     new_sigma2 = _learned_sigma2(stats, kept=sigma2, min_sigma2=min_sigma2) if estimate_sigma2 else sigma2
@@ -208,7 +219,7 @@ class ResponsibilityAttentionEstimator:
             (The reference library accepts and ignores it.)
         name: name given to the estimated distributions.
         keys: tie name handed to the accumulators (see ``ResponsibilityAttentionAccumulator``).
-        emission_prior: the emission's Dirichlet prior (:mod:`dist_respattn.model.prior`): an
+        emission_prior: the emission's Dirichlet prior (:mod:`dist_respattn.model.emission.prior`): an
             :class:`EmissionPrior`, or the name of its kind (``"continuation"``, ``"unigram"``,
             ``"uniform"``), which :meth:`resolved` turns into one from the training rows' pairs
             (``fit_em`` and the engine do this).
@@ -216,7 +227,8 @@ class ResponsibilityAttentionEstimator:
             the strengths are not chosen on held-out rows.
         type_strength: the prior's strength per distinct successor ``n_s`` of a symbol, as above.
         search: the hyperparameters an EM loop with held-out rows chooses after every M-step, and the
-            values it tries (``None``: nothing is chosen; :data:`~dist_respattn.model.selection.DEFAULT_SEARCH`).
+            values it tries (``None``: nothing is chosen;
+            :data:`~dist_respattn.model.fitting.selection.DEFAULT_SEARCH`).
         buckets: recency buckets the position prior is tied over (``None``: a free prior); see
             :mod:`dist_respattn.model.buckets`.
     """
@@ -315,7 +327,7 @@ class ResponsibilityAttentionEstimator:
         return copy
 
     def accumulator_factory(
-        self, *, backend: kernels.Backend = "numba", layout: str = "dense"
+        self, *, backend: per_position.Backend = "numba", layout: str = "dense"
     ) -> ResponsibilityAttentionAccumulatorFactory:
         """A factory of empty accumulators of this estimator's shape and tie name, counting the emission in
         ``layout``."""
@@ -358,7 +370,7 @@ class ResponsibilityAttentionEstimator:
         n_obs = stats.n_obs if stats.n_obs > 0.0 else float(stats.position_count.sum())
         query_scale = stats.query_sq / (n_obs * self.query_dim) if n_obs > 0.0 and stats.query_sq > 0.0 else 1.0
         return MStepCandidates(
-            key_means=_key_means(stats, None if previous is None else previous.key_means),
+            key_means=estimate_key_means(stats, None if previous is None else previous.key_means),
             position_prior=_position_prior(stats, self.pseudo_count, self.buckets),
             emission_count=counts,
             prior=self.emission_prior,

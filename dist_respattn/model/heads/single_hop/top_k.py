@@ -3,7 +3,7 @@
 ``predict_proba`` materializes an (n, T) matrix; a prediction pass over a store needs per row only its
 K best targets. The compiled passes here keep O(T) scratch memory for a dense emission (each row's
 mixture, then a running top-K) and visit only the rows' stored pairs for a sparse one (the exact
-threshold search of :mod:`dist_respattn.model.scoring`, for K targets). Ties go to the lower id, as a
+threshold search of :mod:`dist_respattn.model.heads.single_hop.scoring`, for K targets). Ties go to the lower id, as a
 stable sort of ``predict_proba`` orders them.
 """
 
@@ -15,10 +15,11 @@ from typing import Any
 import numba
 import numpy as np
 
-from dist_respattn.model import kernels, scoring
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.emission import SparseEmission
-from dist_respattn.model.log_weights import attention_of, row_log_weights
+from dist_respattn.model.emission.layouts import SparseEmission
+from dist_respattn.model.heads.single_hop import scoring
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.kernels import per_position
+from dist_respattn.model.kernels.log_weights import attention_of, row_log_weights
 
 __all__ = ["PredictionTotals", "TopK", "predict_top_k"]
 
@@ -156,8 +157,8 @@ def predict_top_k(
 
     Equal to ``np.argsort(-model.predict_proba(context, query), kind="stable")[:, :k]`` and those
     probabilities (to rounding), with the predictive attention. ``k`` above T gives all T targets.
-    ``base_order`` is :func:`dist_respattn.model.scoring.base_order` of a sparse emission, when the caller
-    predicts many blocks with one model (it is a sort of T).
+    ``base_order`` is :func:`dist_respattn.model.heads.single_hop.scoring.base_order` of a sparse emission,
+    when the caller predicts many blocks with one model (it is a sort of T).
     """
     if int(k) < 1:
         raise ValueError(f"k = {k}: expected a positive number of targets")
@@ -178,7 +179,7 @@ def predict_top_k(
             attention,
         )  # fmt: skip
     else:
-        assert isinstance(params, kernels.KernelParameters)
+        assert isinstance(params, per_position.KernelParameters)
         _top_k_dense(
             ctx, y, params.key_means, table.to_dense(), params.log_prior, params.inv_two_sigma2, targets,
             probabilities, attention,

@@ -22,11 +22,10 @@ from typing import Any, Literal
 import numba
 import numpy as np
 
-from dist_respattn.model._checks import ImpossibleEvidenceError, scan_values
-from dist_respattn.model._prefetch import prefetch_element, prefetch_item
-from dist_respattn.model.emission import DenseEmission, Emission, PairSupport, SparseEmission
-from dist_respattn.model.log_weights import block_log_weights, row_log_weights
-from dist_respattn.model.log_weights import exp_shifted as _exp_shifted
+from dist_respattn.model.arguments import ImpossibleEvidenceError, scan_values
+from dist_respattn.model.emission.layouts import DenseEmission, Emission, PairSupport, SparseEmission
+from dist_respattn.model.kernels.log_weights import block_log_weights, exp_shifted, row_log_weights
+from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
 
 __all__ = [
     "DEFAULT_BLOCK_ROWS",
@@ -36,7 +35,10 @@ __all__ = [
     "accumulate_estep",
     "accumulate_responsibilities",
     "block_ranges",
+    "direct_pair_rows",
+    "find_pair",
     "row_log_likelihood",
+    "target_order",
 ]
 
 #: Rows per block. The compiled kernel may sort each block by target (an int64 order, 8 bytes a
@@ -276,7 +278,7 @@ def block_ranges(n_rows: int, block_rows: int) -> Iterator[tuple[int, int]]:
 
 
 @numba.njit(cache=True, nogil=True)
-def _target_order_numba(target, num_targets):  # pragma: no cover - compiled
+def target_order(target, num_targets):  # pragma: no cover - compiled
     """Row indices (n,) int64 stably sorted by target: a counting sort, O(n + T)."""
     n = target.shape[0]
     counts = np.zeros(num_targets + 1, dtype=np.int64)
@@ -299,7 +301,7 @@ _PREFETCH_ROWS = 8  # how many rows ahead the E-step prefetches emission cells
 def _row_log_weights(
     context, row, y, tn, key_means, log_emission_ts, log_prior, inv_two_sigma2, out
 ):  # pragma: no cover - compiled
-    """:func:`~dist_respattn.model.log_weights.row_log_weights` of a row under a dense (T, S) log emission."""
+    """:func:`~dist_respattn.model.kernels.log_weights.row_log_weights` of a row under a dense (T, S) log emission."""
     # Issue the N emission loads together, before the arithmetic, so their cache misses overlap.
     for i in range(context.shape[1]):
         out[i] = log_emission_ts[tn, context[row, i]]
@@ -376,7 +378,7 @@ def _estep_numba(
                 impossible[n_impossible] = row
             n_impossible += 1
             continue
-        total = _exp_shifted(logw, best, resp, bits)
+        total = exp_shifted(logw, best, resp, bits)
         scale = w / total
         for i in range(n_pos):
             resp[i] *= scale
@@ -448,7 +450,7 @@ def _row_log_likelihood_numba(
         if best == -np.inf:
             out[row] = -np.inf
             continue
-        total = _exp_shifted(logw, best, resp, bits)
+        total = exp_shifted(logw, best, resp, bits)
         out[row] = best + np.log(total) + gate_const
 
 
@@ -459,7 +461,7 @@ def _row_log_likelihood_numba(
 
 
 @numba.njit(cache=True, nogil=True)
-def _find_pair(indptr, symbols, t, c):  # pragma: no cover - compiled
+def find_pair(indptr, symbols, t, c):  # pragma: no cover - compiled
     """The index of pair (c, t) in the support, or -1."""
     lo = indptr[t]
     end = indptr[t + 1]
@@ -477,7 +479,7 @@ def _find_pair(indptr, symbols, t, c):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def _log_emission_sparse(indptr, symbols, log_values, log_backoff, log_base, t, c):  # pragma: no cover
-    p = _find_pair(indptr, symbols, t, c)
+    p = find_pair(indptr, symbols, t, c)
     if p >= 0:
         return log_values[p]
     return log_backoff[c] + log_base[t]
@@ -573,7 +575,7 @@ def _estep_sparse_numba(
             outside = False
             for i in range(n_pos):
                 c = context[row, i]
-                p = table[c] if use_map else _find_pair(indptr, symbols, tn, c)
+                p = table[c] if use_map else find_pair(indptr, symbols, tn, c)
                 pair[i] = p
                 if p < 0:
                     outside = True
@@ -593,7 +595,7 @@ def _estep_sparse_numba(
                     impossible[n_impossible] = row
                 n_impossible += 1
                 continue
-            total = _exp_shifted(logw, best, resp, bits)
+            total = exp_shifted(logw, best, resp, bits)
             scale = w / total
             for i in range(n_pos):
                 r = resp[i] * scale
@@ -647,7 +649,7 @@ def _row_log_likelihood_sparse_numba(
         if best == -np.inf:
             out[row] = -np.inf
             continue
-        total = _exp_shifted(logw, best, resp, bits)
+        total = exp_shifted(logw, best, resp, bits)
         out[row] = best + np.log(total) + gate_const
 
 
@@ -781,7 +783,7 @@ def accumulate_estep(
             group_by_target = params.log_emission_ts.nbytes >= _GROUP_BY_TARGET_TABLE_BYTES
         for start, stop in block_ranges(context.shape[0], block_rows or DEFAULT_BLOCK_ROWS):
             if group_by_target:
-                order = _target_order_numba(target[start:stop], params.num_targets)
+                order = target_order(target[start:stop], params.num_targets)
             else:
                 order = np.arange(stop - start, dtype=np.int64)
             # Room for every row of the block: they are found in visiting order, and the message
@@ -838,7 +840,7 @@ def _accumulate_sparse(
     n_impossible = n_outside = 0
     slot = np.full(params.num_symbols, -1, dtype=np.int32)
     for start, stop in block_ranges(context.shape[0], block_rows or DEFAULT_BLOCK_ROWS):
-        order = _target_order_numba(target[start:stop], params.num_targets)
+        order = target_order(target[start:stop], params.num_targets)
         found = np.empty(stop - start, dtype=np.int64)
         n_found, outside = _estep_sparse_numba(
             context[start:stop],

@@ -23,8 +23,8 @@ import numba
 import numpy as np
 
 from dist_respattn.model.buckets import PositionBuckets
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.emission import DenseEmission
+from dist_respattn.model.emission.layouts import DenseEmission
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 
 __all__ = ["Predictor", "draw_token", "generate", "generation_steps"]
 

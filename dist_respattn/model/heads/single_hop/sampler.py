@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.kernels import block_ranges
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.kernels.per_position import block_ranges
 
 __all__ = ["ResponsibilityAttentionSampler", "random_distribution"]
 

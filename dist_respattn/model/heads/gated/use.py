@@ -1,5 +1,5 @@
 """Using a gated head: the plain head of an attribute or a mix of attributes, generation token by token (the
-plain head's :func:`~dist_respattn.model.predictor.generate`, re-exported here), and the words whose emission rows
+plain head's :func:`~dist_respattn.model.streaming.generate`, re-exported here), and the words whose emission rows
 an attribute makes alike.
 
 A mix of attributes ``sum_k lambda_k a_k`` is the head whose weights are ``sum_k lambda_k w[a_k]`` (and prior
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.emission import SparseEmission
-from dist_respattn.model.gated import GatedHead
-from dist_respattn.model.predictor import generate
+from dist_respattn.model.emission.layouts import SparseEmission
+from dist_respattn.model.heads.gated.head import GatedHead
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.streaming import generate
 
 __all__ = ["emission_neighbours", "generate", "mixed_head"]
 

@@ -17,12 +17,20 @@ from typing import Any
 import numba
 import numpy as np
 
-from dist_respattn.model import kernels
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.emission import SparseEmission
-from dist_respattn.model.log_weights import attention_of, exp_shifted, row_log_weights
+from dist_respattn.model.emission.layouts import SparseEmission
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.kernels import per_position
+from dist_respattn.model.kernels.log_weights import attention_of, exp_shifted, row_log_weights
 
-__all__ = ["ScoreTotals", "base_order", "insert_ranked", "score_rows", "top_k_threshold"]
+__all__ = [
+    "ScoreTotals",
+    "base_order",
+    "dense_mixture",
+    "insert_ranked",
+    "mixture_at",
+    "score_rows",
+    "top_k_threshold",
+]
 
 
 @dataclass(frozen=True)
@@ -131,12 +139,12 @@ def _score_numba(
 
 
 @numba.njit(cache=True, nogil=True)
-def _mixture_at(context, row, attention, k, indptr, symbols, values, backoff, base):  # pragma: no cover
+def mixture_at(context, row, attention, k, indptr, symbols, values, backoff, base):  # pragma: no cover
     """``sum_i attention[i] B[c_i, k]`` of a sparse emission: N lookups."""
     total = 0.0
     for i in range(context.shape[1]):
         c = context[row, i]
-        p = kernels._find_pair(indptr, symbols, k, c)
+        p = per_position.find_pair(indptr, symbols, k, c)
         total += attention[i] * (values[p] if p >= 0 else backoff[c] * base[k])
     return total
 
@@ -210,7 +218,7 @@ def top_k_threshold(
                 left = True
                 bound += attention[i] * max(ranked_values[at], off)
                 k = ranked_targets[at]
-                v = _mixture_at(context, row, attention, k, indptr, symbols, values, backoff, base)
+                v = mixture_at(context, row, attention, k, indptr, symbols, values, backoff, base)
                 count = insert_ranked(k, v, top_targets, top_values, count)
             else:
                 bound += attention[i] * off
@@ -227,11 +235,11 @@ def top_k_threshold(
         k = base_order[j]
         stored = False
         for i in range(n_pos):
-            if kernels._find_pair(indptr, symbols, k, context[row, i]) >= 0:
+            if per_position.find_pair(indptr, symbols, k, context[row, i]) >= 0:
                 stored = True
                 break
         if not stored:
-            v = _mixture_at(context, row, attention, k, indptr, symbols, values, backoff, base)
+            v = mixture_at(context, row, attention, k, indptr, symbols, values, backoff, base)
             count = insert_ranked(k, v, top_targets, top_values, count)
             added += 1
     return count
@@ -281,7 +289,7 @@ def _score_sparse_numba(
         t = target[row]
         for i in range(n_pos):
             c = context[row, i]
-            p = kernels._find_pair(indptr, symbols, t, c)
+            p = per_position.find_pair(indptr, symbols, t, c)
             b = values[p] if p >= 0 else backoff[c] * base[t]
             joint[i] = math.log(b) if b > 0.0 else -np.inf
         best = row_log_weights(context, row, y, key_means, log_prior, inv_two_sigma2, joint, gate)
@@ -289,7 +297,7 @@ def _score_sparse_numba(
         row_ll = _joint_log_likelihood(joint, best, attention, bits) + gate_const
         # Prediction: attention from the gate alone.
         attention_of(gate, attention, bits)
-        prob_t = _mixture_at(context, row, attention, t, indptr, symbols, values, backoff, base)
+        prob_t = mixture_at(context, row, attention, t, indptr, symbols, values, backoff, base)
         top_k_threshold(
             context, row, attention, indptr, symbols, values, backoff, base, ranked_indptr, ranked_targets,
             ranked_values, base_order, top_target, top_value,
@@ -326,7 +334,7 @@ def score_rows(
             ranked_indptr, ranked_targets, ranked_values, base_order(table),
         )  # fmt: skip
         return ScoreTotals(float(weight), float(log_lik), float(target_log_prob), float(correct))
-    assert isinstance(params, kernels.KernelParameters)
+    assert isinstance(params, per_position.KernelParameters)
     log_lik, target_log_prob, correct, weight = _score_numba(
         context,
         query,

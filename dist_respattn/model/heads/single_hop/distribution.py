@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dist_respattn.model import kernels
-from dist_respattn.model._checks import (
+from dist_respattn.model.arguments import (
     CheckedBatch,
     as_finite_matrix,
     as_id_array,
@@ -31,13 +30,14 @@ from dist_respattn.model._checks import (
     check_batch,
 )
 from dist_respattn.model.buckets import PositionBuckets
-from dist_respattn.model.emission import DenseEmission, Emission, SparseEmission
+from dist_respattn.model.emission.layouts import DenseEmission, Emission, SparseEmission
 from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder
-from dist_respattn.model.log_weights import block_log_weights
+from dist_respattn.model.kernels import per_position
+from dist_respattn.model.kernels.log_weights import block_log_weights
 
 if TYPE_CHECKING:
-    from dist_respattn.model.estimator import ResponsibilityAttentionEstimator
-    from dist_respattn.model.sampler import ResponsibilityAttentionSampler
+    from dist_respattn.model.heads.single_hop.estimator import ResponsibilityAttentionEstimator
+    from dist_respattn.model.heads.single_hop.sampler import ResponsibilityAttentionSampler
 
 __all__ = ["ResponsibilityAttentionDistribution"]
 
@@ -54,7 +54,7 @@ class ResponsibilityAttentionDistribution:
     Args:
         key_means: (S, D) key mean of every symbol.
         emission: (S, T) target distribution of every symbol (rows are probability vectors), or an
-            :class:`~dist_respattn.model.emission.Emission` of either layout.
+            :class:`~dist_respattn.model.emission.layouts.Emission` of either layout.
         position_prior: (N,) prior over context positions; its length is the context length N.
             When omitted, ``context_length`` must be given and the prior is uniform.
         sigma2: gate variance (> 0), the responsibility temperature.
@@ -153,9 +153,9 @@ class ResponsibilityAttentionDistribution:
         return state
 
     @functools.cached_property
-    def kernel_parameters(self) -> kernels.KernelParameters | kernels.SparseKernelParameters:
+    def kernel_parameters(self) -> per_position.KernelParameters | per_position.SparseKernelParameters:
         """The parameters in the layout the E-step kernel reads (built once per distribution)."""
-        return kernels.KernelParameters.from_arrays(
+        return per_position.KernelParameters.from_arrays(
             self.key_means, self.emission_table, self.position_prior, self.sigma2
         )
 
@@ -173,11 +173,11 @@ class ResponsibilityAttentionDistribution:
     def seq_log_density(self, x: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
         """``log p(query, target | context)`` of an encoded batch ``(context, query, target)`` -> (n,)."""
         context, query, target, _ = self.check_batch(x)
-        return kernels.row_log_likelihood(context, query, target, self.kernel_parameters, checked=True)
+        return per_position.row_log_likelihood(context, query, target, self.kernel_parameters, checked=True)
 
     def check_batch(self, x: Any, weights: Any = None) -> CheckedBatch:
         """Check an encoded batch ``(context (n, N), query (n, D), target (n,))`` and weights (n,) or ``None``
-        against this head's S, N, D and T (:func:`~dist_respattn.model._checks.check_batch`)."""
+        against this head's S, N, D and T (:func:`~dist_respattn.model.arguments.check_batch`)."""
         return check_batch(
             x,
             weights,
@@ -201,7 +201,7 @@ class ResponsibilityAttentionDistribution:
         """Attention (n, N) over checked arrays, computed in blocks: the softmax of the rows' log-weights."""
         out = np.empty(ctx.shape, dtype=np.float64)
         inv_two_sigma2 = 0.5 / self.sigma2
-        for start, stop in kernels.block_ranges(ctx.shape[0], _PREDICT_BLOCK_ROWS):
+        for start, stop in per_position.block_ranges(ctx.shape[0], _PREDICT_BLOCK_ROWS):
             ctx_b = ctx[start:stop]
             log_emission = None
             if target is not None:
@@ -248,7 +248,7 @@ class ResponsibilityAttentionDistribution:
         ctx, y, single = self._check_context_query(context, query)
         attention = self._attention(ctx, y, None)
         out = np.empty((ctx.shape[0], self.num_targets))
-        for start, stop in kernels.block_ranges(ctx.shape[0], _PREDICT_BLOCK_ROWS):
+        for start, stop in per_position.block_ranges(ctx.shape[0], _PREDICT_BLOCK_ROWS):
             out[start:stop] = self.emission_table.predictive(ctx[start:stop], attention[start:stop])
         return out[0] if single else out
 
@@ -262,13 +262,13 @@ class ResponsibilityAttentionDistribution:
 
     def sampler(self, seed: int | np.random.Generator | None = None) -> ResponsibilityAttentionSampler:
         """A sampler of synthetic triples from this head (with a uniform distinct-symbol context prior)."""
-        from dist_respattn.model.sampler import ResponsibilityAttentionSampler
+        from dist_respattn.model.heads.single_hop.sampler import ResponsibilityAttentionSampler
 
         return ResponsibilityAttentionSampler(self, seed)
 
     def estimator(self, pseudo_count: float | None = None) -> ResponsibilityAttentionEstimator:
         """A closed-form EM estimator for heads of this shape, with this head's fixed ``sigma2``."""
-        from dist_respattn.model.estimator import ResponsibilityAttentionEstimator
+        from dist_respattn.model.heads.single_hop.estimator import ResponsibilityAttentionEstimator
 
         return ResponsibilityAttentionEstimator(
             self.num_symbols,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dist_respattn.model.pair_keys import merge_tallies, tally_keys
+from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys
 
 __all__ = ["PairCounts"]
 

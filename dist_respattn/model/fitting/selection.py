@@ -1,7 +1,7 @@
 """Choosing the hyperparameters on held-out rows: every candidate of a grid scored in one pass.
 
 After each M-step the keys, the position prior and the emission counts are fixed; what is left open
-is the gate variance ``sigma2`` and the emission prior's strengths (see :mod:`dist_respattn.model.prior`).
+is the gate variance ``sigma2`` and the emission prior's strengths (see :mod:`dist_respattn.model.emission.prior`).
 One pass over held-out rows scores every combination: per row, the N squared distances and the N
 emission counts are read once; each ``sigma2`` gives one softmax over the positions, each strength
 pair one MAP emission value per position, and their products give, for every combination, the
@@ -21,11 +21,11 @@ from typing import Any
 import numba
 import numpy as np
 
-from dist_respattn.model import kernels
-from dist_respattn.model._checks import check_batch
+from dist_respattn.model.arguments import check_batch
 from dist_respattn.model.buckets import PositionBuckets
-from dist_respattn.model.emission import DenseEmissionCounts, EmissionCounts, SparseEmissionCounts
-from dist_respattn.model.log_weights import squared_distance
+from dist_respattn.model.emission.layouts import DenseEmissionCounts, EmissionCounts, SparseEmissionCounts
+from dist_respattn.model.kernels import per_position
+from dist_respattn.model.kernels.log_weights import squared_distance
 
 __all__ = [
     "DEFAULT_SEARCH",
@@ -173,14 +173,15 @@ class GridTable:
 
     @functools.cached_property
     def direct_pair_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """Sparse counts' direct symbol -> pair rows (:func:`~dist_respattn.model.kernels.direct_pair_rows`),
-        made once per table where it is scored: a held-out row's pairs of a frequent target are then one load
-        each instead of a binary search. Empty arrays for dense counts."""
+        """Sparse counts' direct symbol -> pair rows
+        (:func:`~dist_respattn.model.kernels.per_position.direct_pair_rows`), made once per table where it is
+        scored: a held-out row's pairs of a frequent target are then one load each instead of a binary search.
+        Empty arrays for dense counts."""
         counts = self.counts
         if not isinstance(counts, SparseEmissionCounts) or counts.support is None:
             return _NO_DIRECT_ROW, _NO_DIRECT_SLOTS
         support = counts.support
-        return kernels.direct_pair_rows(support.indptr, support.symbols, support.num_symbols)
+        return per_position.direct_pair_rows(support.indptr, support.symbols, support.num_symbols)
 
     def __getstate__(self) -> dict[str, Any]:
         # The direct rows are made where the table is scored; the table travels without them.
@@ -286,7 +287,7 @@ def _grid_numba(
             # The distance once for every sigma2 of the grid: the gate below is row_log_weights' expression.
             dist[i] = squared_distance(y, key_means, c)
             if sparse:
-                p = direct_slots[direct, c] if direct >= 0 else kernels._find_pair(indptr, symbols, t, c)
+                p = direct_slots[direct, c] if direct >= 0 else per_position.find_pair(indptr, symbols, t, c)
                 count[i] = pair_counts[p] if p >= 0 else 0.0
             else:
                 count[i] = emission_count_ts[t, c]

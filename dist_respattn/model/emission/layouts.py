@@ -12,7 +12,7 @@ other pair the factored backoff of the MAP emission::
     B[s, t] = values[p]                   where p is the pair (s, t) in the support
     B[s, t] = backoff[s] * base[t]        for a pair outside it
 
-which is ``a_s u[t] / (c[s] + a_s)`` (see :mod:`dist_respattn.model.prior`). Memory follows the
+which is ``a_s u[t] / (c[s] + a_s)`` (see :mod:`dist_respattn.model.emission.prior`). Memory follows the
 number of pairs P, never S×T. Both layouts give the same probabilities to the last bit of the
 formula, so a sparse fit equals a dense one up to the order float64 sums are added in.
 """
@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from dist_respattn.model.pair_keys import merge_tallies, tally_keys
+from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys
 
 __all__ = [
     "DENSE_CELL_LIMIT",
@@ -41,6 +41,7 @@ __all__ = [
     "SparseEmissionCounts",
     "choose_layout",
     "emission_from_arrays",
+    "map_values",
 ]
 
 Layout = Literal["dense", "sparse"]
@@ -433,7 +434,7 @@ def emission_from_arrays(arrays: Mapping[str, Any], num_symbols: int | None = No
 # -------------------------------------------------------------------------------------- write side
 
 
-def _map_values(
+def map_values(
     count: np.ndarray,
     row_total: np.ndarray,
     strength: np.ndarray,
@@ -588,7 +589,7 @@ class SparseEmissionCounts(EmissionCounts):
     ) -> SparseEmissionCounts:
         """Counts of target-major cells ``t * S + s`` (any order, repeats added in input order from 0).
 
-        A compiled radix sort (:func:`~dist_respattn.model.pair_keys.tally_keys`): linear in the cells.
+        A compiled radix sort (:func:`~dist_respattn.model.kernels.pair_keys.tally_keys`): linear in the cells.
         """
         flat = np.asarray(keys, dtype=np.int64).reshape(-1)
         if weights is None:
@@ -678,7 +679,7 @@ class SparseEmissionCounts(EmissionCounts):
 
     def map_emission(self, strength: np.ndarray, base: np.ndarray) -> Emission:
         support = self._require_support()
-        values, backoff = _map_values(self.counts, self.row_totals(), strength, base, support.symbols, support.targets)
+        values, backoff = map_values(self.counts, self.row_totals(), strength, base, support.symbols, support.targets)
         return SparseEmission(support, values, backoff, base)
 
     def to_dense(self) -> np.ndarray:

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.model.buckets import PositionBuckets
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.emission import emission_from_arrays
+from dist_respattn.model.emission.layouts import emission_from_arrays
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 
 __all__ = ["MODEL_ARRAY_NAMES", "distribution_from_arrays", "distribution_to_arrays"]
 

@@ -11,7 +11,7 @@ seen scores ``a_s u[t] / (c[s] + a_s)``. With ``type_strength = 1`` and ``emissi
 strength is Witten-Bell's (a row with many distinct successors backs off more); with the
 continuation base, ``u[t] ∝ N1+(• t)``, the backoff is Kneser-Ney's lower order (Kneser & Ney 1995;
 Teh 2006 derives both from a hierarchical Pitman-Yor prior). Both counts come from the training
-rows' (symbol, target) pairs (:class:`~dist_respattn.model.pairs.PairCounts`), found once per fit.
+rows' (symbol, target) pairs (:class:`~dist_respattn.model.emission.pairs.PairCounts`), found once per fit.
 
 The additive smoothing of the reference library, ``(c + a) / (c[s] + T a)``, is the special case of a
 uniform base with strength ``T a``.
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.model.pairs import PairCounts
+from dist_respattn.model.emission.pairs import PairCounts
 
 __all__ = ["BACKOFF_KINDS", "BASE_PSEUDO_COUNT", "EmissionPrior"]
 

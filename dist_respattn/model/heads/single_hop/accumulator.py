@@ -6,11 +6,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dist_respattn.model import histogram, kernels
-from dist_respattn.model._checks import CheckedBatch, ImpossibleEvidenceError, as_nonnegative_float, check_batch, plain
+from dist_respattn.model.arguments import (
+    CheckedBatch,
+    ImpossibleEvidenceError,
+    as_nonnegative_float,
+    check_batch,
+    plain,
+)
 from dist_respattn.model.buckets import PositionBuckets
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.emission import (
+from dist_respattn.model.emission.layouts import (
     DenseEmissionCounts,
     EmissionCounts,
     PairSupport,
@@ -18,8 +22,10 @@ from dist_respattn.model.emission import (
     SparseEmissionCounts,
 )
 from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder
-from dist_respattn.model.histogram import WindowRows
-from dist_respattn.model.pair_keys import merge_tallies, tally_keys, tally_rows
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.kernels import histogram, per_position
+from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys, tally_rows
+from dist_respattn.model.rows import WindowRows
 
 __all__ = [
     "ResponsibilityAttentionAccumulator",
@@ -47,7 +53,7 @@ class SufficientStatistics(NamedTuple):
         key_sum: (S, D) ``sum_n sum_i w_n r_ni [c_ni = s] y_n``.
         key_mass: (S,) ``sum_n sum_i w_n r_ni [c_ni = s]``.
         emission_count: ``sum_n sum_i w_n r_ni [c_ni = s][t_n = t]`` per (symbol, target), an
-            :class:`~dist_respattn.model.emission.EmissionCounts` (dense (S, T), or sparse over the
+            :class:`~dist_respattn.model.emission.layouts.EmissionCounts` (dense (S, T), or sparse over the
             fit's support; ``.to_dense()`` gives (S, T)).
         position_count: (N,) ``sum_n w_n r_ni``.
         query_sq: ``sum_n w_n ||y_n||^2``.
@@ -182,7 +188,7 @@ class ResponsibilityAttentionAccumulator:
         keys: str | None = None,
         name: str | None = None,
         *,
-        backend: kernels.Backend = "numba",
+        backend: per_position.Backend = "numba",
         layout: str = "dense",
         support: PairSupport | None = None,
     ) -> None:
@@ -206,7 +212,7 @@ class ResponsibilityAttentionAccumulator:
         # The pairs of the rows added since the last value or combine: (cells increasing, counts), merged block by
         # block in row order, so a partition holds O(its pairs), never O(its rows).
         self._row_pairs: tuple[np.ndarray, np.ndarray] | None = None
-        self._stats = kernels.StatisticArrays.zeros(
+        self._stats = per_position.StatisticArrays.zeros(
             self.num_symbols, self.context_length, self.query_dim, self.num_targets, support, dense=layout == "dense"
         )
         self._broken: str | None = None
@@ -303,7 +309,7 @@ class ResponsibilityAttentionAccumulator:
         if self.support is not None and not (isinstance(table, SparseEmission) and table.support.same_as(self.support)):
             raise ValueError("estimate's emission is not sparse over this accumulator's support")
         try:
-            kernels.accumulate_estep(
+            per_position.accumulate_estep(
                 context, query, target, w, estimate.kernel_parameters, self._stats, backend=self.backend, checked=True
             )
         except ImpossibleEvidenceError as exc:
@@ -311,8 +317,8 @@ class ResponsibilityAttentionAccumulator:
             raise
 
     def seq_update_windows(self, rows: WindowRows, estimate: ResponsibilityAttentionDistribution) -> None:
-        """:meth:`seq_update` of rows given as token windows (:class:`~dist_respattn.model.histogram.WindowRows`),
-        by the histogram kernel: ``estimate`` must tie its prior over buckets. Windows may be shorter than N
+        """:meth:`seq_update` of rows given as token windows (:class:`~dist_respattn.model.rows.WindowRows`), by
+        the histogram kernel: ``estimate`` must tie its prior over buckets. Windows may be shorter than N
         (short histories; see :mod:`dist_respattn.model.buckets`)."""
         self._check_usable()
         if not isinstance(estimate, ResponsibilityAttentionDistribution):
@@ -409,11 +415,11 @@ class ResponsibilityAttentionAccumulator:
         """
         self._check_usable()
         context, query, target, w = self._checked(x, weights, checked)
-        for start, stop in kernels.block_ranges(context.shape[0], kernels.DEFAULT_BLOCK_ROWS):
+        for start, stop in per_position.block_ranges(context.shape[0], per_position.DEFAULT_BLOCK_ROWS):
             resp = draw(stop - start)
             w_block = None if w is None else w[start:stop]
             ctx_b, t_b = context[start:stop], target[start:stop]
-            kernels.accumulate_responsibilities(ctx_b, query[start:stop], t_b, w_block, resp, self._stats)
+            per_position.accumulate_responsibilities(ctx_b, query[start:stop], t_b, w_block, resp, self._stats)
             if self.layout == "sparse":
                 self._count_pairs(ctx_b, t_b, resp if w_block is None else resp * w_block[:, None])
 
@@ -501,7 +507,7 @@ class ResponsibilityAttentionAccumulator:
         counts = stats.emission_count
         if counts.layout != self.layout:
             raise ValueError(f"cannot set {counts.layout} statistics on a {self.layout} accumulator")
-        self._stats = kernels.StatisticArrays(
+        self._stats = per_position.StatisticArrays(
             key_sum=stats.key_sum.copy(),
             key_mass=stats.key_mass.copy(),
             emission_count_ts=counts.values_array().copy() if self.layout == "dense" else np.zeros((0, 0)),
@@ -545,7 +551,7 @@ class ResponsibilityAttentionAccumulatorFactory:
         keys: str | None = None,
         name: str | None = None,
         *,
-        backend: kernels.Backend = "numba",
+        backend: per_position.Backend = "numba",
         layout: str = "dense",
     ) -> None:
         self.num_symbols = num_symbols

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dist_respattn.model.ngram import (
+from dist_respattn.baselines.ngram import (
     DEFAULT_JM_LAMBDA,
     FALLBACK_DISCOUNT,
     MODEL_NAMES,
@@ -20,7 +20,7 @@ from dist_respattn.model.ngram import (
     fit_baselines,
     ney_discount,
 )
-from dist_respattn.model.pairs import PairCounts
+from dist_respattn.model.emission.pairs import PairCounts
 
 # -- the dense reference: every row written out, S×T, straight from the formulas ------------------------------
 

@@ -9,7 +9,7 @@ symbols ``s``, each with its prior::
 and everything that costs D operations (the distance to the key, the emission lookup, the exp, the
 scatter of ``r y`` into the key sums) is done once per term instead of once per position: the row's
 log-weights are ``log rho(s) + log B[s, t] - ||y - K[s]||^2 / (2 sigma2)``, the expression of
-:func:`~dist_respattn.model.log_weights.row_log_weights` with the terms as the row's positions. A
+:func:`~dist_respattn.model.kernels.log_weights.row_log_weights` with the terms as the row's positions. A
 bucket's responsibility mass is the sum, over its positions, of their term's responsibility times the
 position's share of the term's prior: the same numbers as the per-position kernel under the same tied
 prior, summed per bucket (equal to 1e-12, ``tests/model/test_histogram.py``). The position counts are
@@ -30,22 +30,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numba
 import numpy as np
 
-from dist_respattn.model import kernels
-from dist_respattn.model._checks import ImpossibleEvidenceError
+from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.buckets import PositionBuckets
-from dist_respattn.model.emission import SparseEmission
-from dist_respattn.model.log_weights import attention_of, exp_shifted, row_log_weights, squared_distance
-from dist_respattn.model.scoring import ScoreTotals, _mixture_at, dense_mixture, top_k_threshold
-from dist_respattn.model.selection import grid_row
+from dist_respattn.model.emission.layouts import SparseEmission
+from dist_respattn.model.fitting.selection import grid_row
+from dist_respattn.model.heads.single_hop.scoring import ScoreTotals, dense_mixture, mixture_at, top_k_threshold
+from dist_respattn.model.kernels import per_position
+from dist_respattn.model.kernels.log_weights import attention_of, exp_shifted, row_log_weights, squared_distance
+from dist_respattn.model.rows import WindowRows
 
 __all__ = [
     "HistogramParameters",
-    "WindowRows",
     "accumulate_windows",
     "grid_windows",
     "histogram_parameters",
@@ -59,102 +59,6 @@ __all__ = [
 WINDOW_BLOCK_POSITIONS = 1 << 22
 
 
-class WindowRows(NamedTuple):
-    """Rows given as spans of one token array.
-
-    Attributes:
-        tokens: (L,) symbol ids (any integer dtype), checked to lie in [0, S).
-        begin, end: (n,) int64: row ``r``'s window is ``tokens[begin[r]:end[r]]``, oldest first (at most N
-            tokens, at least one; fewer than N is a short history, the missing positions masked).
-        target: (n,) ids in [0, T).
-        query_table: (V, D) float32/64; ``query_index`` (n,) int64: row ``r``'s query is
-            ``query_table[query_index[r]]`` (a stream store's embedding table and previous tokens, or a triple
-            store's own query rows).
-        weight: (n,) float32/64 or ``None`` (every row weighs 1).
-        start: the store row of the first row.
-        checked: every value is known good (ids in range, finite queries, finite non-negative weights).
-    """
-
-    tokens: np.ndarray
-    begin: np.ndarray
-    end: np.ndarray
-    target: np.ndarray
-    query_table: np.ndarray
-    query_index: np.ndarray
-    weight: np.ndarray | None
-    start: int
-    checked: bool = False
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.target.shape[0])
-
-    @classmethod
-    def from_encoded(
-        cls,
-        context: np.ndarray,
-        query: np.ndarray,
-        target: np.ndarray,
-        weight: np.ndarray | None = None,
-        start: int = 0,
-        checked: bool = False,
-    ) -> WindowRows:
-        """Full windows from an encoded batch ``(context (n, N), query (n, D), target (n,))``: views, no copy
-        of the contexts (a C-ordered context array is already one token array of n spans of N)."""
-        n, n_pos = context.shape
-        ends = np.arange(1, n + 1, dtype=np.int64) * n_pos
-        return cls(
-            np.ascontiguousarray(context).reshape(-1),
-            ends - n_pos,
-            ends,
-            target,
-            query,
-            np.arange(n, dtype=np.int64),
-            weight,
-            start,
-            checked,
-        )
-
-    def select(self, rows: np.ndarray | slice) -> WindowRows:
-        """The rows ``rows`` (an index or a boolean mask), sharing the token array and the query table."""
-        weight = None if self.weight is None else self.weight[rows]
-        return self._replace(
-            begin=self.begin[rows], end=self.end[rows], target=self.target[rows],
-            query_index=self.query_index[rows], weight=weight,
-        )  # fmt: skip
-
-    def check(self, num_symbols: int, num_targets: int, context_length: int, query_dim: int) -> None:
-        """Raise a ValueError naming the first bad row, unless the rows come ``checked``."""
-        if self.checked:
-            return
-        lengths = self.end - self.begin
-        bad = np.flatnonzero((lengths < 1) | (lengths > context_length) | (self.begin < 0))
-        if bad.size:
-            r = int(bad[0])
-            raise ValueError(f"row {r}: a window of {int(lengths[r])} tokens: expected 1 to N = {context_length}")
-        if self.end.size and int(self.end.max()) > self.tokens.shape[0]:
-            raise ValueError(f"a window ends past the {self.tokens.shape[0]} tokens given")
-        if self.tokens.size and (int(self.tokens.min()) < 0 or int(self.tokens.max()) >= num_symbols):
-            i = int(np.flatnonzero((self.tokens < 0) | (self.tokens >= num_symbols))[0])
-            raise ValueError(f"token {i} = {int(self.tokens[i])}: expected a symbol id in [0, {num_symbols})")
-        if self.target.size and (int(self.target.min()) < 0 or int(self.target.max()) >= num_targets):
-            r = int(np.flatnonzero((self.target < 0) | (self.target >= num_targets))[0])
-            raise ValueError(f"row {r}: target {int(self.target[r])}: expected an id in [0, {num_targets})")
-        if self.query_table.ndim != 2 or self.query_table.shape[1] != query_dim:
-            raise ValueError(f"query table of shape {self.query_table.shape}: expected (V, {query_dim})")
-        used = self.query_table[self.query_index]
-        finite = np.isfinite(used).all(axis=1)
-        if not finite.all():
-            r = int(np.flatnonzero(~finite)[0])
-            raise ValueError(f"row {r}: its query holds a non-finite value: expected finite numbers")
-        if self.weight is not None:
-            w = np.asarray(self.weight)
-            bad = np.flatnonzero(~(np.isfinite(w) & (w >= 0.0)))
-            if bad.size:
-                r = int(bad[0])
-                raise ValueError(f"row {r}: weight {w[r]}: expected a finite, non-negative weight")
-
-
 @dataclass(frozen=True)
 class HistogramParameters:
     """A head with a tied prior, laid out for the histogram kernels.
@@ -164,7 +68,8 @@ class HistogramParameters:
         bucket_of_recency: (N,) int64; ``sizes``: (K,) int64; ``share``: (K,) ``pi_b / |b|``, a position's prior.
         log_emission_ts: (T, S) dense ``log B`` (``(0, 0)`` when sparse); the sparse emission's arrays
             ``indptr``, ``symbols``, ``log_values``, ``log_backoff``, ``log_base``, ``direct_row``,
-            ``direct_slots`` (empty when dense), as in :class:`~dist_respattn.model.kernels.SparseKernelParameters`.
+            ``direct_slots`` (empty when dense), as in
+            :class:`~dist_respattn.model.kernels.per_position.SparseKernelParameters`.
     """
 
     key_means: np.ndarray
@@ -196,7 +101,7 @@ class HistogramParameters:
 
     @classmethod
     def build(
-        cls, params: kernels.KernelParameters | kernels.SparseKernelParameters, buckets: PositionBuckets
+        cls, params: per_position.KernelParameters | per_position.SparseKernelParameters, buckets: PositionBuckets
     ) -> HistogramParameters:
         prior = np.exp(params.log_prior)
         weights = buckets.bucket_weights(prior)
@@ -209,7 +114,7 @@ class HistogramParameters:
             "sizes": sizes,
             "share": weights / sizes,
         }
-        if isinstance(params, kernels.SparseKernelParameters):
+        if isinstance(params, per_position.SparseKernelParameters):
             return cls(
                 log_emission_ts=_NO_TABLE, indptr=params.indptr, symbols=params.symbols, log_values=params.log_values,
                 log_backoff=params.log_backoff, log_base=params.log_base, direct_row=params.direct_row,
@@ -489,7 +394,7 @@ def _estep_windows_numba(
                     pair[j] = pair_map[terms[0, j]]
             else:
                 for j in range(u):
-                    pair[j] = kernels._find_pair(indptr, symbols, t, terms[0, j])
+                    pair[j] = per_position.find_pair(indptr, symbols, t, terms[0, j])
             for j in range(u):
                 p = pair[j]
                 if p < 0:
@@ -605,9 +510,10 @@ def _score_windows_numba(
     log_emission_ts, emission, indptr, symbols, values, backoff, base, direct_row, direct_slots,
     ranked_indptr, ranked_targets, ranked_values, base_order, slot,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """``(log_lik, target_log_prob, correct, weight)`` sums, as :func:`~dist_respattn.model.scoring.score_rows`
-    gives them, with a row's terms as its positions. Dense: ``emission`` (S, T) probabilities; sparse: the
-    emission's values, backoff, base and ranked rows (``emission`` empty)."""
+    """``(log_lik, target_log_prob, correct, weight)`` sums, as
+    :func:`~dist_respattn.model.heads.single_hop.scoring.score_rows` gives them, with a row's terms as its positions.
+    Dense: ``emission`` (S, T) probabilities; sparse: the emission's values, backoff, base and ranked rows
+    (``emission`` empty)."""
     n_pos = bucket_of_recency.shape[0]
     sparse = indptr.shape[0] > 0
     term_sym = np.empty((1, n_pos), dtype=np.int64)
@@ -637,7 +543,7 @@ def _score_windows_numba(
             s = term_sym[0, k]
             if sparse:
                 direct = direct_row[t]
-                p = direct_slots[direct, s] if direct >= 0 else kernels._find_pair(indptr, symbols, t, s)
+                p = direct_slots[direct, s] if direct >= 0 else per_position.find_pair(indptr, symbols, t, s)
                 b = values[p] if p >= 0 else backoff[s] * base[t]
                 joint[k] = math.log(b) if b > 0.0 else -np.inf
             else:
@@ -649,7 +555,7 @@ def _score_windows_numba(
             row_ll = best + math.log(exp_shifted(joint[:u], best, attention[:u], bits[:u])) + gate_const
         attention_of(gate[:u], attention[:u], bits[:u])
         if sparse:
-            prob_t = _mixture_at(terms, 0, attention, t, indptr, symbols, values, backoff, base)
+            prob_t = mixture_at(terms, 0, attention, t, indptr, symbols, values, backoff, base)
             top_k_threshold(
                 terms, 0, attention, indptr, symbols, values, backoff, base, ranked_indptr, ranked_targets,
                 ranked_values, base_order, top_target, top_value,
@@ -675,7 +581,7 @@ _IMPOSSIBLE_SHOWN = 10
 def window_block_ranges(rows: WindowRows, context_length: int) -> list[tuple[int, int]]:
     """Row blocks of at most ``WINDOW_BLOCK_POSITIONS`` window positions (at least one row each)."""
     step = max(1, WINDOW_BLOCK_POSITIONS // max(int(context_length), 1))
-    return list(kernels.block_ranges(rows.num_rows, step))
+    return list(per_position.block_ranges(rows.num_rows, step))
 
 
 def _weights(rows: WindowRows) -> np.ndarray:
@@ -687,7 +593,7 @@ def _slot(num_symbols: int) -> np.ndarray:
 
 
 def accumulate_windows(
-    rows: WindowRows, params: HistogramParameters, stats: kernels.StatisticArrays, buckets: PositionBuckets
+    rows: WindowRows, params: HistogramParameters, stats: per_position.StatisticArrays, buckets: PositionBuckets
 ) -> None:
     """The histogram E-step over ``rows`` (already checked), added into ``stats`` (position counts: each bucket's
     mass split evenly over its positions). Rows the model cannot explain raise ``ImpossibleEvidenceError`` after
@@ -721,7 +627,7 @@ def accumulate_windows(
 
 
 def initialize_windows(
-    rows: WindowRows, buckets: PositionBuckets, stats: kernels.StatisticArrays, num_symbols: int
+    rows: WindowRows, buckets: PositionBuckets, stats: per_position.StatisticArrays, num_symbols: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Uniform first responsibilities over each row's positions, added into ``stats``; returns the rows'
     ``(target-major cells (P,), masses (P,))``, one entry per row and distinct symbol (for a sparse fit's pairs)."""
@@ -778,7 +684,8 @@ def _grid_windows_numba(
     key_means, bucket_of_recency, share, emission_count_ts, indptr, symbols, pair_counts, row_totals, base, types,
     inv_two_sigma2, gate_const, emission_strengths, type_strengths, direct_row, direct_slots, slot, out_pred, out_joint,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """:func:`~dist_respattn.model.selection._grid_numba` with a row's terms as its positions; returns the weight."""
+    """:func:`~dist_respattn.model.fitting.selection._grid_numba` with a row's terms as its positions; returns the
+    weight."""
     n_pos = bucket_of_recency.shape[0]
     n_emis = emission_strengths.shape[0] * type_strengths.shape[0]
     term_sym = np.empty((1, n_pos), dtype=np.int64)
@@ -807,7 +714,7 @@ def _grid_windows_numba(
             dist[k] = squared_distance(y, key_means, c)
             if sparse:
                 direct = direct_row[t]
-                p = direct_slots[direct, c] if direct >= 0 else kernels._find_pair(indptr, symbols, t, c)
+                p = direct_slots[direct, c] if direct >= 0 else per_position.find_pair(indptr, symbols, t, c)
                 count[k] = pair_counts[p] if p >= 0 else 0.0
             else:
                 count[k] = emission_count_ts[t, c]
@@ -823,9 +730,9 @@ def _grid_windows_numba(
 
 def grid_windows(table: Any, rows: WindowRows) -> Any:
     """Held-out totals of ``rows`` at every point of a grid table whose prior is tied (``table.buckets``), as
-    :func:`~dist_respattn.model.selection.score_grid` gives them."""
-    from dist_respattn.model.emission import DenseEmissionCounts, SparseEmissionCounts
-    from dist_respattn.model.selection import GridTotals
+    :func:`~dist_respattn.model.fitting.selection.score_grid` gives them."""
+    from dist_respattn.model.emission.layouts import DenseEmissionCounts, SparseEmissionCounts
+    from dist_respattn.model.fitting.selection import GridTotals
 
     buckets: PositionBuckets = table.buckets
     counts = table.counts

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.emission import Emission
+from dist_respattn.model.emission.layouts import Emission
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 
 __all__ = ["COLLAPSE_FLOOR", "PRIOR_COLLAPSE_MASS", "degeneracy_warnings", "emission_row_distances", "recovery_report"]
 

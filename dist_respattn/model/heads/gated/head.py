@@ -10,7 +10,7 @@ so the factor is one more latent variable beside the position (Hofmann's aspect 
 the multiplicative attribute-gated language model of Kiros, Zemel & Salakhutdinov 2014). The E-step's
 responsibilities are over (position, factor) pairs, ``r_if ∝ pi_a,i N(q; K[c_i]) w[a, f] B_f[c_i, t]``; the
 statistics stay additive (:class:`GatedStatistics`); the M-step is closed form, with the shared head's MAP
-smoothing on every factor (strengths ``a_s``, base ``u``, see :mod:`dist_respattn.model.prior`)::
+smoothing on every factor (strengths ``a_s``, base ``u``, see :mod:`dist_respattn.model.emission.prior`)::
 
     B_f[s, t] = (c_f[s, t] + a_s u[t]) / (c_f[s] + a_s)      w[a, f] = (m[a, f] + beta / F) / (m[a] + beta)
 
@@ -35,12 +35,12 @@ from typing import Any, NamedTuple
 import numba
 import numpy as np
 
-from dist_respattn.model._checks import check_batch
-from dist_respattn.model.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.emission import PairSupport, SparseEmission, _map_values
-from dist_respattn.model.estimator import _key_means
-from dist_respattn.model.kernels import _find_pair, _target_order_numba, direct_pair_rows
-from dist_respattn.model.log_weights import exp_shifted, squared_distance
+from dist_respattn.model.arguments import check_batch
+from dist_respattn.model.emission.layouts import PairSupport, SparseEmission, map_values
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.single_hop.estimator import estimate_key_means
+from dist_respattn.model.kernels.log_weights import exp_shifted, squared_distance
+from dist_respattn.model.kernels.per_position import direct_pair_rows, find_pair, target_order
 
 __all__ = [
     "FactorTables",
@@ -311,7 +311,7 @@ def _row_terms(
     search."""
     for i in range(context.shape[1]):
         c = context[row, i]
-        pair[i] = table[c] if use_map else _find_pair(indptr, symbols, t, c)
+        pair[i] = table[c] if use_map else find_pair(indptr, symbols, t, c)
         gate[i] = -squared_distance(y, key_means, c) * inv_two_sigma2
 
 
@@ -351,7 +351,7 @@ def _gated_estep_numba(
     pair = np.empty(n_pos, dtype=np.int64)
     y = np.empty(dim)
     slot = np.full(key_means.shape[0], -1, dtype=np.int32)
-    order = _target_order_numba(target, log_base.shape[0])
+    order = target_order(target, log_base.shape[0])
     k0 = 0
     while k0 < n:
         t = target[order[k0]]
@@ -616,7 +616,7 @@ def gated_m_step(
     variance is kept."""
     key_means, prior = previous.key_means, previous.position_prior
     if "keys" in update:
-        key_means = _key_means(stats, previous.key_means)  # type: ignore[arg-type]
+        key_means = estimate_key_means(stats, previous.key_means)  # type: ignore[arg-type]
     if "prior" in update:
         n_pos = prior.shape[1]
         prior = _normalized_rows(stats.position_count + prior_pseudo_count / n_pos, prior)
@@ -656,7 +656,7 @@ def _factor_m_step(
         counts = np.ascontiguousarray(factor_count[:, f])
         totals = np.bincount(symbols, weights=counts, minlength=support.num_symbols)
         if center is None:
-            values[:, f], backoff[f] = _map_values(counts, totals, a_s, u, symbols, support.targets)
+            values[:, f], backoff[f] = map_values(counts, totals, a_s, u, symbols, support.targets)
         else:
             den = np.where(totals + a_s > 0.0, totals + a_s, 1.0)
             values[:, f] = (counts + a_s[symbols] * center.values) / den[symbols]

@@ -1,0 +1,1 @@
+"""The kinds of head, one folder each."""

@@ -1,0 +1,1 @@
+"""The attribute-gated head: its parameters, E- and M-steps, and the words it mixes and generates."""

@@ -1,0 +1,1 @@
+"""The single-hop head: distribution, sampler, accumulator, estimator, scoring, top-K, arrays and diagnostics."""
