@@ -178,27 +178,12 @@ class Head(abc.ABC):
     #: The kind's registered name, recorded in every checkpoint.
     kind: ClassVar[str]
 
-    # -- shape -----------------------------------------------------------------------------------------------
+    # -- shape: S context symbols, N context positions, D the query's dimension, T targets ------------------------
 
-    @property
-    @abc.abstractmethod
-    def num_symbols(self) -> int:
-        """S, the context symbols."""
-
-    @property
-    @abc.abstractmethod
-    def context_length(self) -> int:
-        """N, the context positions of a row."""
-
-    @property
-    @abc.abstractmethod
-    def query_dim(self) -> int:
-        """D, the query's dimension."""
-
-    @property
-    @abc.abstractmethod
-    def num_targets(self) -> int:
-        """T, the targets."""
+    num_symbols: int
+    context_length: int
+    query_dim: int
+    num_targets: int
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -559,7 +544,6 @@ _KINDS: dict[str, HeadKind] = {}
 _BUILT_IN = (
     "dist_respattn.model.heads.single_hop",
     "dist_respattn.model.heads.gated",
-    "dist_respattn.model.heads.mixture",
 )
 
 T = TypeVar("T", bound=Head)

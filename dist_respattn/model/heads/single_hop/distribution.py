@@ -14,7 +14,8 @@ Because the gate is generative, every M-step is closed form and EM is exact.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from dist_respattn.model.arguments import (
 from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission.layouts import DenseEmission, Emission, SparseEmission
 from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder
+from dist_respattn.model.heads.base import Block, Columns, Head
 from dist_respattn.model.kernels import per_position
 from dist_respattn.model.kernels.log_weights import block_log_weights
 
@@ -48,8 +50,8 @@ _PREDICT_BLOCK_ROWS = 8192
 _DENSE_VIEW_CELLS = 2**27
 
 
-class ResponsibilityAttentionDistribution:
-    """One generative-gate attention head over contexts of N symbols.
+class ResponsibilityAttentionDistribution(Head):
+    """One generative-gate attention head over contexts of N symbols (the head kind ``"single_hop"``).
 
     Args:
         key_means: (S, D) key mean of every symbol.
@@ -67,6 +69,8 @@ class ResponsibilityAttentionDistribution:
     Every parameter is validated on construction; the error names the parameter, the offending
     entry and what was expected.
     """
+
+    kind: ClassVar[str] = "single_hop"
 
     def __init__(
         self,
@@ -144,12 +148,95 @@ class ResponsibilityAttentionDistribution:
             )
         return table.to_dense()
 
+    # -- the head protocol ----------------------------------------------------------------------------------------
+
+    def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The head as float64 arrays and JSON (``sigma2``, ``name``, shape, layout, buckets)."""
+        from dist_respattn.model.heads.single_hop.arrays import distribution_to_arrays
+
+        return distribution_to_arrays(self)
+
+    @classmethod
+    def from_arrays(cls, arrays: Any, meta: dict[str, Any]) -> ResponsibilityAttentionDistribution:
+        from dist_respattn.model.heads.single_hop.arrays import distribution_from_arrays
+
+        return distribution_from_arrays(arrays, meta)
+
+    def num_parameters(self) -> int:
+        """Keys (S D), the emission's free cells (a sparse one's pairs and backoff), the prior and sigma2."""
+        table = self.emission_table
+        if isinstance(table, SparseEmission):
+            emission = table.support.num_pairs + self.num_symbols + self.num_targets  # pairs, backoff, base
+        else:
+            emission = self.num_symbols * self.num_targets
+        return int(self.key_means.size + emission + self.context_length + 1)
+
+    def describe(self) -> str:
+        prior = "free prior" if self.buckets is None else f"prior tied over {self.buckets.describe()}"
+        return f"single-hop head, {self.emission_table.layout} emission, {prior}"
+
+    @property
+    def columns(self) -> Columns:
+        """A tied prior reads token windows (the histogram kernels); a free one, encoded rows."""
+        return Columns(windows=self.buckets is not None)
+
+    def score(self, blocks: Iterable[Block]) -> Any:
+        """Held-out totals (:class:`~dist_respattn.model.heads.single_hop.scoring.ScoreTotals`) of the blocks."""
+        from dist_respattn.model.heads.single_hop.scoring import ScoreTotals, score_rows
+        from dist_respattn.model.kernels.histogram import score_windows
+
+        totals = ScoreTotals()
+        for block in blocks:
+            rows = block.rows
+            if self.buckets is not None:
+                weighted = rows if block.weights is rows.weight else rows._replace(weight=block.weights)
+                totals = totals + score_windows(self, weighted)
+            else:
+                totals = totals + score_rows(self, rows.encoded, block.weights)
+        return totals
+
+    def top_k(self, block: Block, k: int) -> Any:
+        """The top ``k`` targets of a block's rows (:func:`~dist_respattn.model.heads.single_hop.top_k.predict_top_k`)."""
+        from dist_respattn.model.heads.single_hop.top_k import predict_top_k
+
+        if self.buckets is not None:
+            raise ValueError(
+                "a head with --position-buckets predicts one history at a time: `dist-respattn predict MODEL --stream` "
+                "(or dist_respattn.Predictor); batch predictions into a store take heads with a free prior"
+            )
+        rows = block.rows
+        return predict_top_k(self, rows.context, rows.query, k, base_order=self.base_order)
+
+    @functools.cached_property
+    def base_order(self) -> np.ndarray | None:
+        """A sparse emission's targets by backoff probability (a sort of T, made once per head); ``None`` dense."""
+        from dist_respattn.model.heads.single_hop.scoring import base_order
+
+        table = self.emission_table
+        return base_order(table) if isinstance(table, SparseEmission) else None
+
+    def predictor(
+        self,
+        *,
+        words: Sequence[str] | None = None,
+        query_table: np.ndarray | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> Any:
+        """A :class:`~dist_respattn.model.streaming.Predictor` over one history."""
+        from dist_respattn.model.streaming import Predictor
+
+        return Predictor(self, query_table, words=words)
+
+    def record(self) -> dict[str, Any]:
+        return {"sigma2": float(self.sigma2)}
+
     def __getstate__(self) -> dict[str, Any]:
         # The kernel's layout (an S×T log table) is rebuilt where it is needed, not shipped: pickling
         # a model that has scored rows would otherwise double what a cluster sends to each worker.
         state = self.__dict__.copy()
         state.pop("kernel_parameters", None)
         state.pop("_histogram_parameters", None)
+        state.pop("base_order", None)
         return state
 
     @functools.cached_property
