@@ -12,6 +12,7 @@ itself (in-sample, which flatters them); their parameters are tuned on the model
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from collections.abc import Callable
@@ -23,20 +24,19 @@ import distributed
 from dist_respattn.baselines.ngram import DEFAULT_K, MODEL_LABELS, fit_baselines
 from dist_respattn.engine import tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
-from dist_respattn.engine.checkpoint import load_checkpoint
+from dist_respattn.artifacts.checkpoints import load_checkpoint
 from dist_respattn.engine.cluster import ClusterOptions, connect
-from dist_respattn.engine.fit import FitError, check_same_shape, open_store
+from dist_respattn.engine.fit import FitError, check_same_shape
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
-from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
+from dist_respattn.engine.tasks import ALL_ROWS, RowSelection, attribute_map
 from dist_respattn.events import HeldoutScores
-from dist_respattn.model.emission.pairs import PairCounts
+from dist_respattn.model.emission.pairs import PairCounts, pairs_of_blocks
 from dist_respattn.model.fitting.holdout import HoldoutRule
-from dist_respattn.model.heads.single_hop.diagnostics import degeneracy_warnings
-from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.base import BlockPass, Columns, Head
 from dist_respattn.model.heads.single_hop.scoring import ScoreTotals
-from dist_respattn.store import StoreError, StoreLocation, check_recorded_corpus
-from dist_respattn.store.rows import RowStore, is_stream_store, open_rows
+from dist_respattn.store import StoreError, StoreLocation, check_recorded_corpus, open_store
+from dist_respattn.store.rows import RowStore, is_stream_store
 
 __all__ = ["DEFAULT_BASELINE_K", "Evaluation", "evaluate", "score", "score_store"]
 
@@ -61,6 +61,8 @@ class Evaluation:
             where their parameters were tuned (``tuned_on``: a store, the training store's hold-out, or
             ``None``: stated defaults).
         warnings: degenerate-fit warnings about the head.
+        report: what the head's kind adds (:meth:`~dist_respattn.model.heads.base.Head.report`): JSON keys beside
+            these, and ``report_lines``, the lines said after the table.
     """
 
     store: str
@@ -70,9 +72,12 @@ class Evaluation:
     baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
     baseline_counts_from: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    report: dict[str, Any] = field(default_factory=dict)
+    report_lines: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **self.report,
             "store": self.store,
             "rows": self.rows,
             "weight": self.weight,
@@ -106,6 +111,7 @@ class Evaluation:
                 + (" (the evaluated store itself: in-sample)" if source.get("in_sample") else "")
                 + (f"; tuned on {source['tuned_on']}" if source.get("tuned_on") else "; parameters stated")
             )
+        lines.extend(self.report_lines)
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
 
@@ -115,18 +121,16 @@ def _parameters_text(parameters: dict[str, Any]) -> str:
     return ", ".join(shown)
 
 
-def window_for(
-    head: ResponsibilityAttentionDistribution, store: Any, storage_options: dict[str, Any] | None
-) -> int | None:
+def window_for(head: Head, store: Any, storage_options: dict[str, Any] | None) -> int | None:
     """The window a model reads ``store`` with: its own N for a token-stream store, ``None`` for a triple store."""
     location = store.location if hasattr(store, "location") else StoreLocation.of(store, storage_options)
     return head.context_length if is_stream_store(location) else None
 
 
-def min_context_for(head: ResponsibilityAttentionDistribution, meta: dict[str, Any]) -> int | None:
-    """The fewest earlier tokens of the rows a model scores: a head with a tied prior scores the short histories
-    its fit trained on (its training store's ``min_context``, else 1); a free prior, full windows only."""
-    if head.buckets is None:
+def min_context_for(head: Head, meta: dict[str, Any]) -> int | None:
+    """The fewest earlier tokens of the rows a model scores: a head that reads token windows (a tied prior) scores
+    the short histories its fit trained on (its training store's ``min_context``, else 1); others, full windows."""
+    if not head.columns.windows:
         return None
     recorded = (meta.get("store") or {}).get("min_context")
     return int(recorded) if recorded else 1
@@ -139,7 +143,7 @@ def _open_recorded(record: dict[str, Any] | None, scored: RowStore) -> RowStore 
     if not url:
         return None
     try:
-        store = open_rows(url, window=(record or {}).get("window"), min_context=(record or {}).get("min_context"))
+        store = open_store(url, window=(record or {}).get("window"), min_context=(record or {}).get("min_context"))
     except (StoreError, OSError, ValueError):
         return None
     if store.fingerprint() != (record or {}).get("fingerprint"):  # rewritten or appended to since the fit
@@ -159,21 +163,28 @@ def _training_store(meta: dict[str, Any], scored: RowStore) -> RowStore | None:
     return _open_recorded(record, scored)
 
 
-def score_store(runner: PassRunner, model: ResponsibilityAttentionDistribution, store: RowStore) -> ScoreTotals:
+def _attribute_map(store: RowStore, head: Head) -> Any:
+    names = getattr(store, "attribute_names", None)
+    return attribute_map(tuple(names) if names else None, head.attribute_names())
+
+
+def score_store(runner: PassRunner, model: Head, store: RowStore) -> ScoreTotals:
     """``model``'s totals over every row of ``store``: one pass of scoring tasks and their combine tree."""
     params = ParameterBroadcast(runner.client, runner.run_tag)
     params.publish(model, "evaluate")
     fingerprint = store.fingerprint()
+    mapping = _attribute_map(store, model)
     try:
         return runner.run(
             "evaluate", "0", store.num_partitions, tasks.score_task,
-            lambda part: (store.location, part, params.current, fingerprint), description=f"scoring {store.location}",
+            lambda part: (store.location, part, params.current, fingerprint, ALL_ROWS, mapping),
+            description=f"scoring {store.location}",
         )  # fmt: skip
     finally:
         params.release()
 
 
-def score(model: ResponsibilityAttentionDistribution, store: RowStore, *, client: distributed.Client) -> HeldoutScores:
+def score(model: Head, store: RowStore, *, client: distributed.Client) -> HeldoutScores:
     """``model``'s figures on every row of ``store``, without baselines: ``mean_log_likelihood``,
     ``target_log_prob``, ``perplexity`` and ``accuracy``, from one pass on ``client``'s cluster.
 
@@ -184,10 +195,11 @@ def score(model: ResponsibilityAttentionDistribution, store: RowStore, *, client
 
 
 def evaluate(
-    model: ResponsibilityAttentionDistribution | str | os.PathLike[str],
+    model: Head | str | os.PathLike[str],
     store: str | os.PathLike[str] | StoreLocation | RowStore,
     *,
     baseline_k: float = DEFAULT_BASELINE_K,
+    options: dict[str, Any] | None = None,
     client: distributed.Client | None = None,
     cluster: ClusterOptions | None = None,
     storage_options: dict[str, Any] | None = None,
@@ -198,15 +210,23 @@ def evaluate(
     a registry's version (``REGISTRY@7``, ``REGISTRY@latest``).
 
     ``client``, or without one ``cluster``, is where it runs (see :func:`~dist_respattn.engine.connect`).
+    ``options``: the head kind's own evaluate options by their ``dest`` names (what its report adds: see
+    :meth:`~dist_respattn.model.heads.base.Head.report`).
     """
     meta: dict[str, Any] = {}
-    if isinstance(model, ResponsibilityAttentionDistribution):
+    if isinstance(model, Head):
         head = model
     else:
         checkpoint = load_checkpoint(model, storage_options=storage_options)
         head, meta = checkpoint.model, checkpoint.meta
     # A token-stream store is read with the model's window.
-    scored = open_store(store, storage_options, window_for(head, store, storage_options), min_context_for(head, meta))
+    try:
+        scored = open_store(
+            store, storage_options=storage_options, window=window_for(head, store, storage_options),
+            min_context=min_context_for(head, meta),
+        )  # fmt: skip
+    except ValueError as exc:
+        raise FitError(str(exc)) from None
     check_same_shape(head, "the model", scored)
     check_recorded_corpus(
         meta.get("store"), scored, reference_role="the model's training store", other_role="the evaluated store"
@@ -231,12 +251,11 @@ def evaluate(
         if tuning is not None:
             tune_store, tune_rows, _ = tuning
             validation_counts = _count_pairs(runner, tune_store, tune_rows, "2", "counting the held-out pairs")
+        passes = ReportPasses(runner, head, scored, training, train_rows, say or (lambda line: None))
+        report, report_lines = head.report(passes, dict(options or {}))
     baselines = fit_baselines(train_counts, validation=validation_counts, k=baseline_k).score(counts)
     names = ("unigram", "add_k", "jelinek_mercer", "kneser_ney") if bigram else ("unigram",)
-    settings = meta.get("settings") or {}
-    warnings = list(meta.get("warnings") or []) or degeneracy_warnings(
-        head, min_sigma2=settings.get("min_sigma2") if settings.get("estimate_sigma2") else None
-    )
+    warnings = list(meta.get("warnings") or []) or head.warnings(meta.get("settings") or {})
     return Evaluation(
         store=str(scored.location),
         rows=scored.num_rows,
@@ -249,7 +268,54 @@ def evaluate(
             "tuned_on": tuning[2] if tuning is not None else None,
         },
         warnings=warnings,
+        report=report,
+        report_lines=report_lines,
     )
+
+
+class ReportPasses:
+    """The passes a head's report runs (:class:`~dist_respattn.model.heads.base.Passes`): over the evaluated store
+    (``over="train"``) or the store the head was fitted on, its training rows (``"training_store"``)."""
+
+    def __init__(
+        self,
+        runner: PassRunner,
+        head: Head,
+        scored: RowStore,
+        training: RowStore | None,
+        training_rows: RowSelection,
+        say: Callable[[str], Any],
+    ) -> None:
+        self.runner, self.head, self.scored, self.training = runner, head, scored, training
+        self.training_rows, self.tell = training_rows, say
+        self.count = 0
+
+    def run(self, request: BlockPass, *, over: str = "train") -> Any:
+        if over == "train":
+            store, rows = self.scored, ALL_ROWS
+        elif over == "training_store":
+            if self.training is None:
+                raise ValueError("the model's training store does not open as it was fitted: nothing to count on it")
+            store, rows = self.training, self.training_rows
+        else:
+            raise ValueError(f"over = {over!r}: expected 'train' or 'training_store'")
+        fingerprint = store.fingerprint()
+        mapping = _attribute_map(store, self.head)
+        self.count += 1
+        return self.runner.run(
+            request.name, f"report{self.count}", store.num_partitions, tasks.pass_task,
+            lambda part: (store.location, part, request.map_partition, request.columns, fingerprint, rows, mapping),
+            description=request.description,
+        )  # fmt: skip
+
+    def choose(self, candidates: Any) -> Head:
+        raise ValueError("a report chooses nothing on held-out rows")
+
+    def say(self, line: str) -> None:
+        self.tell(line)
+
+    def plan_memory(self) -> None:
+        pass
 
 
 def _baseline_rows(
@@ -272,8 +338,12 @@ def _baseline_rows(
 
 
 def _count_pairs(runner: PassRunner, store: RowStore, rows: RowSelection, label: str, description: str) -> PairCounts:
+    """The (previous symbol, target) pairs of ``store``'s selected rows (token windows for short histories)."""
     fingerprint = store.fingerprint()
+    schema = store.schema
+    count = functools.partial(pairs_of_blocks, schema.num_symbols, schema.num_targets)
+    columns = Columns(windows=bool(getattr(store, "short_histories", False)))
     return runner.run(
-        "pairs", label, store.num_partitions, tasks.pairs_task,
-        lambda part: (store.location, part, fingerprint, rows), description=description,
+        "pairs", label, store.num_partitions, tasks.pass_task,
+        lambda part: (store.location, part, count, columns, fingerprint, rows), description=description,
     )  # fmt: skip

@@ -226,6 +226,10 @@ class Head(abc.ABC):
         """Held-out totals of these blocks' rows (a :class:`~dist_respattn.model.scores.ScoreTotals`: joint and
         predictive log-likelihoods, ranks), added block by block in order."""
 
+    def check_top_k(self) -> None:
+        """Raise ``ValueError`` (saying what to use instead) when this head cannot rank blocks of rows, before any
+        pass starts; nothing by default."""
+
     @abc.abstractmethod
     def top_k(self, block: Block, k: int) -> Any:
         """The ``k`` most probable targets of each row of ``block`` (a :class:`~dist_respattn.model.top_k.TopK`),
@@ -245,6 +249,11 @@ class Head(abc.ABC):
         (``over="training_store"``); ``options`` are the kind's own command-line options by ``dest`` name.
         """
         return {}, []
+
+    def warnings(self, fit_settings: dict[str, Any] | None = None) -> list[str]:
+        """Signs of a degenerate head seen from its parameters alone (``fit_settings``: the JSON settings of the fit
+        that made it, when known), for ``evaluate`` of a head its checkpoint said nothing about."""
+        return []
 
     def record(self) -> dict[str, Any]:
         """Numbers of the head an iteration's record carries besides the kind-free ones (JSON-able)."""

@@ -199,13 +199,23 @@ class ResponsibilityAttentionDistribution(Head):
         """The top ``k`` targets of a block's rows (:func:`~dist_respattn.model.heads.single_hop.top_k.predict_top_k`)."""
         from dist_respattn.model.heads.single_hop.top_k import predict_top_k
 
-        if self.buckets is not None:
-            raise ValueError(
-                "a head with --position-buckets predicts one history at a time: `dist-respattn predict MODEL --stream` "
-                "(or dist_respattn.Predictor); batch predictions into a store take heads with a free prior"
-            )
+        self.check_top_k()
         rows = block.rows
         return predict_top_k(self, rows.context, rows.query, k, base_order=self.base_order)
+
+    def check_top_k(self) -> None:
+        if self.buckets is not None:
+            raise ValueError(
+                f"its position prior is tied over {self.buckets.describe()}: such a head predicts one history at a "
+                "time (`dist-respattn predict MODEL STORE --stream`, or dist_respattn.model.streaming.Predictor); "
+                "predictions into a store take heads with a free prior"
+            )
+
+    def warnings(self, fit_settings: dict[str, Any] | None = None) -> list[str]:
+        from dist_respattn.model.heads.single_hop.diagnostics import degeneracy_warnings
+
+        settings = fit_settings or {}
+        return degeneracy_warnings(self, min_sigma2=settings.get("min_sigma2") if settings.get("estimate_sigma2") else None)
 
     @functools.cached_property
     def base_order(self) -> np.ndarray | None:

@@ -25,8 +25,9 @@ from dist_respattn.model.emission.layouts import (
     SparseEmissionCounts,
     choose_layout,
 )
-from dist_respattn.model.emission.pairs import PairCounts
+from dist_respattn.model.emission.pairs import PairCounts, block_pairs, pairs_of_blocks
 from dist_respattn.model.emission.prior import EmissionPrior
+from dist_respattn.model.fitting.em import START_KINDS
 from dist_respattn.model.fitting.selection import (
     DEFAULT_SEARCH,
     GridTable,
@@ -56,7 +57,6 @@ from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAtte
 from dist_respattn.model.heads.single_hop.estimator import MStepCandidates, ResponsibilityAttentionEstimator
 from dist_respattn.model.kernels.histogram import grid_windows
 from dist_respattn.model.memory import MemoryEstimate, estimate_single_hop_memory
-from dist_respattn.model.rows import WindowRows
 
 __all__ = [
     "SCORE_ONLY",
@@ -68,9 +68,6 @@ __all__ = [
     "EStepTrainer",
     "StartValue",
 ]
-
-#: How the first model is made: the M-step of uniform responsibilities (deterministic), or of random ones.
-START_KINDS = ("uniform", "random")
 
 #: The grid of a fit that chooses nothing: one point, the fixed hyperparameters (the held-out pass only scores).
 SCORE_ONLY = HyperparameterSearch(None, None, None)
@@ -215,13 +212,6 @@ def _weighted(rows: Any, weights: np.ndarray | None) -> Any:
     return rows if weights is rows.weight else rows._replace(weight=weights)
 
 
-def block_pairs(block: Block, num_symbols: int, num_targets: int) -> PairCounts:
-    """The (previous symbol, target) pairs of a block's rows (a window's last token is the previous symbol)."""
-    rows = block.rows
-    previous = rows.tokens[rows.end - 1] if isinstance(rows, WindowRows) else rows.context[:, -1]
-    return PairCounts.from_rows(previous, rows.target, block.weights, num_symbols=num_symbols, num_targets=num_targets)
-
-
 def start_partition(
     factory: ResponsibilityAttentionAccumulatorFactory,
     start: str,
@@ -254,14 +244,6 @@ def start_partition(
         if pairs is not None:
             pairs = pairs + block_pairs(block, s, t)
     return StartValue(accumulator.value(copy=False), pairs)
-
-
-def pairs_partition(num_symbols: int, num_targets: int, blocks: Iterator[Block]) -> PairCounts:
-    """The weighted (previous symbol, target) pairs of one partition's selected rows."""
-    pairs = PairCounts.empty(num_symbols, num_targets)
-    for block in blocks:
-        pairs = pairs + block_pairs(block, num_symbols, num_targets)
-    return pairs
 
 
 # --------------------------------------------------------------------------------------------- the M-step
@@ -436,7 +418,7 @@ class SingleHopTrainer(Trainer):
             start = start.with_emission(DenseEmission(start.emission_table.to_dense()))
         if needs_pairs and self.prior is None:
             pairs = passes.run(
-                BlockPass("pairs", "counting pairs", functools.partial(pairs_partition, s, t), self.columns)
+                BlockPass("pairs", "counting pairs", functools.partial(pairs_of_blocks, s, t), self.columns)
             )
             self._resolve_prior(pairs)
         return start
