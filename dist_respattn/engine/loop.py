@@ -20,9 +20,9 @@ from typing import Any, cast
 
 import distributed
 
+from dist_respattn.artifacts.checkpoints import BackgroundCheckpoints, ModelDir, checkpoint_name
 from dist_respattn.engine import tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
-from dist_respattn.engine.checkpoint import BackgroundCheckpoints, ModelDir, checkpoint_name
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.settings import FitSettings
