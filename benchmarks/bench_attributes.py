@@ -597,8 +597,8 @@ def best_rate(run: Callable[[], Any], rows: int, repeats: int, min_seconds: floa
 
 
 def estep_part(args: argparse.Namespace, stores: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:
+    from dist_respattn.artifacts.gated_checkpoints import load_gated
     from dist_respattn.engine import load_checkpoint
-    from dist_respattn.engine.gated_checkpoint import load_gated
     from dist_respattn.model.emission.layouts import PairSupport, SparseEmission
     from dist_respattn.model.heads.gated.head import GatedHead, gated_estep
     from dist_respattn.store.rows import open_rows

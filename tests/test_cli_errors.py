@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dist_respattn.engine.checkpoint import LATEST, ModelDir, checkpoint_name
+from dist_respattn.artifacts.checkpoints import LATEST, ModelDir, checkpoint_name
 from dist_respattn.store import TripleStore
 from tests.test_cli import run
 from tests.test_cli_store import LAYOUT_ARGS, SHAPE_ARGS, assert_error, copy_of, run_many

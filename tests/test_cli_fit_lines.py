@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from dist_respattn.engine.checkpoint import load_checkpoint
-from dist_respattn.engine.gated_checkpoint import load_gated
+from dist_respattn.artifacts import load_checkpoint
+from dist_respattn.artifacts.gated_checkpoints import load_gated
 from tests.stdlib_packages import package_corpus
 from tests.test_cli import run
 

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from dist_respattn import random_distribution
-from dist_respattn.engine.checkpoint import LATEST, ModelDir
+from dist_respattn.artifacts.checkpoints import LATEST, ModelDir
 from tests.store.helpers import random_rows, write_small
 from tests.test_cli_store import run_many
 

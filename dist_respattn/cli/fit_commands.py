@@ -322,8 +322,8 @@ _SETTING_OPTIONS = (
 
 def _settings(args: argparse.Namespace) -> Any:
     """The fit's settings: the checkpoint's when resuming, the defaults otherwise, then the options given."""
+    from dist_respattn.artifacts.gated_checkpoints import SHARED_DIR
     from dist_respattn.engine import FitSettings, ModelDir, load_checkpoint
-    from dist_respattn.engine.gated_checkpoint import SHARED_DIR
 
     base = FitSettings()
     # A gated fit's shared head is fitted in its own directory: that fit's settings.
@@ -373,7 +373,7 @@ def fit_report(result: Any, store: Any, *, cluster_closed: bool = False) -> dict
 
     ``cluster_closed``: the fit's cluster has shut down (an embedded one), so it has no dashboard to show.
     """
-    from dist_respattn.engine.checkpoint import BEST, LATEST, ModelDir
+    from dist_respattn.artifacts.checkpoints import BEST, LATEST, ModelDir
     from dist_respattn.model import recovery_report
 
     model = result.model
@@ -515,8 +515,8 @@ def _print_fit(report: dict[str, Any]) -> None:
 
 
 def _run_evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    from dist_respattn.artifacts.gated_checkpoints import is_gated_dir
     from dist_respattn.engine import evaluate
-    from dist_respattn.engine.gated_checkpoint import is_gated_dir
 
     if "@" not in args.model and is_gated_dir(args.model):
         args.printer = print_gated_evaluate

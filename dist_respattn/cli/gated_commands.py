@@ -85,8 +85,8 @@ def _gated_settings(args: argparse.Namespace, fit_settings: Any, saved: dict[str
 
 def run_gated_fit(args: argparse.Namespace, settings: Any, say: Any, cluster: Any) -> dict[str, Any]:
     """The shared fit into ``MODEL_DIR/shared``, then the gated fit into ``MODEL_DIR``, on one cluster."""
+    from dist_respattn.artifacts.gated_checkpoints import SHARED_DIR, is_gated_dir, load_gated
     from dist_respattn.engine import connect, fit, open_store
-    from dist_respattn.engine.gated_checkpoint import SHARED_DIR, is_gated_dir, load_gated
     from dist_respattn.engine.gated_fit import factor_advice, fit_gated
     from dist_respattn.engine.gated_tasks import attribute_names_of
 
@@ -217,7 +217,7 @@ def print_gated_evaluate(report: dict[str, Any]) -> None:
 def _model_and_store(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """The gated checkpoint, and the store that gives its vocabulary and embeddings (``--store``, else the one it
     was fitted on)."""
-    from dist_respattn.engine.gated_checkpoint import load_gated
+    from dist_respattn.artifacts.gated_checkpoints import load_gated
     from dist_respattn.store.rows import open_rows
 
     checkpoint = load_gated(args.model)
@@ -257,8 +257,8 @@ def _mix(checkpoint: Any, args: argparse.Namespace) -> dict[int, float]:
 def _sample_head(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[int, float] | None, list[str]]:
     """``(head, store, vocabulary, mix, attribute names)`` of ``sample``: a gated model's head of ``--attribute`` or
     ``--mix``, or a plain model's head (``mix`` ``None``; neither flag is taken)."""
-    from dist_respattn.engine.checkpoint import load_checkpoint
-    from dist_respattn.engine.gated_checkpoint import is_gated_dir
+    from dist_respattn.artifacts import load_checkpoint
+    from dist_respattn.artifacts.gated_checkpoints import is_gated_dir
     from dist_respattn.model.heads.gated.use import mixed_head
     from dist_respattn.store import check_recorded_corpus
     from dist_respattn.store.rows import open_rows

@@ -54,7 +54,7 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
     """Predict after every token of stdin; returns the summary (start-up seconds, tokens, seconds and microseconds
     per token after the start-up)."""
     begun = time.perf_counter()
-    from dist_respattn.engine.checkpoint import load_checkpoint
+    from dist_respattn.artifacts import load_checkpoint
     from dist_respattn.model.streaming import Predictor
     from dist_respattn.store.predictions import target_words
     from dist_respattn.store.rows import open_rows

@@ -12,7 +12,9 @@ writes only:
 - :meth:`AtomicFiles.delete`.
 
 A local file too large to build in memory (a file of rows written as they come) uses the same pieces:
-write it under :func:`temporary_path`, fsync it, then :func:`place_file` it under its name.
+write it under :func:`temporary_path`, fsync it, then :func:`place_file` it under its name. A folder of
+files that must appear together (a checkpoint) is written under a temporary name too, then moved into place
+whole by :func:`place_directory`.
 """
 
 from __future__ import annotations
@@ -23,13 +25,24 @@ import json
 import math
 import os
 import posixpath
+import shutil
 import uuid
 from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-__all__ = ["TEMP_PREFIX", "AtomicFiles", "fsync_directory", "json_bytes", "place_file", "temporary_path"]
+__all__ = [
+    "TEMP_PREFIX",
+    "AtomicFiles",
+    "fsync_directory",
+    "json_bytes",
+    "place_directory",
+    "place_file",
+    "replace_file",
+    "temporary_path",
+    "write_synced",
+]
 
 #: The prefix of a local write's temporary file (the readers of these files ignore such names).
 TEMP_PREFIX = ".tmp-"
@@ -158,10 +171,7 @@ class AtomicFiles:
 
     def _write_temp(self, path: str, data: bytes) -> str:
         temp = temporary_path(path)
-        with open(temp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        write_synced(temp, data)
         return temp
 
 
@@ -211,6 +221,38 @@ def place_file(
                 os.unlink(temp)
     fsync_directory(os.path.dirname(path) or ".")  # the new name survives a power cut, not just the bytes
     return True
+
+
+def replace_file(path: str | os.PathLike[str], data: bytes) -> None:
+    """Replace the local file ``path`` whole with ``data`` (a temporary file, fsynced, then :func:`place_file`).
+
+    A reader sees the old bytes or the new ones, never a mix, whatever moment the writer dies at.
+    """
+    temp = temporary_path(path)
+    write_synced(temp, data)
+    place_file(temp, path, replace=True)
+
+
+def write_synced(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to the local file ``path`` and flush it to disk (the bytes, not yet the name)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def place_directory(temp: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Move the complete local directory ``temp`` (its files fsynced) to ``path`` in one rename, made durable.
+
+    An existing ``path`` is removed first (a rewrite of the same folder): a directory cannot be replaced in one
+    step, so callers point readers at such a folder only after it is in place (a checkpoint's pointer).
+    """
+    temp, path = os.fspath(temp), os.fspath(path)
+    fsync_directory(temp)  # its entries, before the rename makes them visible under the real name
+    if os.path.lexists(path):
+        shutil.rmtree(path)
+    os.rename(temp, path)
+    fsync_directory(os.path.dirname(path) or ".")
 
 
 def _create_from(temp: str, path: str) -> None:

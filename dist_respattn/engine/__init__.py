@@ -9,7 +9,7 @@ a checkpoint records of a store.
 
 from __future__ import annotations
 
-from dist_respattn.engine.checkpoint import (
+from dist_respattn.artifacts import (
     Checkpoint,
     CheckpointError,
     CheckpointFiles,

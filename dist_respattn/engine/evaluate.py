@@ -21,10 +21,11 @@ from typing import Any, cast
 
 import distributed
 
+from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.baselines.ngram import DEFAULT_K, MODEL_LABELS, fit_baselines
 from dist_respattn.engine import tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
-from dist_respattn.artifacts.checkpoints import load_checkpoint
+from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.engine.cluster import ClusterOptions, connect
 from dist_respattn.engine.fit import FitError, check_same_shape
 from dist_respattn.engine.passes import PassRunner

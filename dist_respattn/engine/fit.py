@@ -20,7 +20,8 @@ from typing import Any
 
 import distributed
 
-from dist_respattn.artifacts.checkpoints import LATEST, Checkpoint, ModelDir, load_checkpoint
+from dist_respattn.artifacts import load_checkpoint
+from dist_respattn.artifacts.checkpoints import LATEST, Checkpoint, ModelDir
 from dist_respattn.engine.cluster import (
     ClusterError,
     ClusterOptions,

@@ -24,14 +24,14 @@ from typing import Any
 import distributed
 import numpy as np
 
+from dist_respattn.artifacts import CheckpointError, load_checkpoint
+from dist_respattn.artifacts.gated_checkpoints import SHARED_DIR, GatedCheckpoint, load_gated
 from dist_respattn.baselines.ngram import fit_baselines
 from dist_respattn.engine import gated_tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
-from dist_respattn.engine.checkpoint import CheckpointError, load_checkpoint
 from dist_respattn.engine.cluster import ClusterOptions, connect
 from dist_respattn.engine.evaluate import _open_recorded, evaluate
 from dist_respattn.engine.fit import FitError, open_store
-from dist_respattn.engine.gated_checkpoint import SHARED_DIR, GatedCheckpoint, load_gated
 from dist_respattn.engine.gated_fit import attribute_map
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter

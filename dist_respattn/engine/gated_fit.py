@@ -35,12 +35,13 @@ from typing import Any
 import distributed
 import numpy as np
 
+from dist_respattn.artifacts import load_checkpoint
+from dist_respattn.artifacts.checkpoints import Checkpoint, ModelDir, checkpoint_name
+from dist_respattn.artifacts.gated_checkpoints import GatedCheckpoint, commit_gated, is_gated_dir, load_gated
 from dist_respattn.engine import gated_tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
-from dist_respattn.engine.checkpoint import Checkpoint, ModelDir, checkpoint_name, load_checkpoint
 from dist_respattn.engine.cluster import ClusterOptions, cluster_info, connect
 from dist_respattn.engine.fit import FitError, _last_choice, open_store
-from dist_respattn.engine.gated_checkpoint import GatedCheckpoint, commit_gated, is_gated_dir, load_gated
 from dist_respattn.engine.loop import store_record
 from dist_respattn.engine.memory import check_memory, estimate_gated_memory
 from dist_respattn.engine.passes import PassRunner

@@ -25,6 +25,7 @@ from typing import Any, cast
 
 import distributed
 
+from dist_respattn.artifacts import DEFAULT_STALE_AFTER, Registry, RegistryError
 from dist_respattn.engine import (
     Checkpoint,
     ClusterOptions,
@@ -38,9 +39,6 @@ from dist_respattn.engine import (
     store_record,
 )
 from dist_respattn.events import HeldoutScores, Metric
-from dist_respattn.registry.files import RegistryError
-from dist_respattn.registry.lock import DEFAULT_STALE_AFTER
-from dist_respattn.registry.registry import Registry
 from dist_respattn.store import check_recorded_corpus
 from dist_respattn.store.rows import RowStore
 

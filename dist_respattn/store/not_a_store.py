@@ -17,7 +17,7 @@ __all__ = ["EXPECTED_STORE", "not_a_store"]
 #: What a command that reads rows expects, and where it comes from.
 EXPECTED_STORE = "expected a store written by `dist-respattn ingest` or `split` (a token-stream or triple store)"
 
-#: The files that mark a model directory and a registry (see ``dist_respattn.engine.checkpoint``, which builds on
+#: The files that mark a model directory and a registry (see ``dist_respattn.artifacts``, which builds on
 #: this layer, so its names are repeated here), and a checkpoint's own two files.
 _MODEL_POINTERS = ("latest.json", "best.json")
 _REGISTRY_MARKER = "registry.json"

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from dist_respattn.artifacts.registry_lock import LOCK_FILE
 from dist_respattn.engine import FitSettings
 from dist_respattn.registry import Registry, RegistryLock, retrain
-from dist_respattn.registry.lock import LOCK_FILE
 from tests.engine.test_bad_input import Launched, run_cli, tree_state
 from tests.registry.conftest import expected_layout, files_under
 

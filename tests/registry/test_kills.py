@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from dist_respattn.artifacts.registry_lock import LOCK_FILE
 from dist_respattn.engine import FitSettings
 from dist_respattn.registry import Registry, retrain
-from dist_respattn.registry.lock import LOCK_FILE
 from tests.engine.test_bad_input import cli_env, run_cli, start_cli
 from tests.registry.conftest import expected_layout, files_under
 
@@ -106,8 +106,8 @@ CHILD = textwrap.dedent(
     import os, signal, sys
     from dist_respattn.engine import ClusterOptions, FitSettings
     from dist_respattn.registry import retrain
-    from dist_respattn.registry.files import RegistryFiles
-    from dist_respattn.registry.lock import LOCK_FILE
+    from dist_respattn.artifacts.registry_files import RegistryFiles
+    from dist_respattn.artifacts.registry_lock import LOCK_FILE
 
     registry, store, validation, address, where, k = sys.argv[1:]
     k = int(k)

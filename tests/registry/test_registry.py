@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dist_respattn.artifacts.registry import FORMAT
 from dist_respattn.cli import main
 from dist_respattn.engine import load_model
 from dist_respattn.registry import Registry, RegistryError, RegistryLock, RegistryLocked, gate, retrain
-from dist_respattn.registry.registry import FORMAT
 from tests.registry.conftest import checkpoint_bytes, expected_layout, files_under, truth
 
 

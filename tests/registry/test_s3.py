@@ -20,8 +20,8 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
+from dist_respattn.artifacts.registry_lock import LOCK_FILE
 from dist_respattn.registry import Registry, RegistryFiles, RegistryLock, RegistryLocked
-from dist_respattn.registry.lock import LOCK_FILE
 from dist_respattn.store import write_synthetic
 from tests.engine.clusters import local_cluster
 from tests.engine.test_bad_input import Launched, run_cli

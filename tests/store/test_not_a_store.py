@@ -11,7 +11,7 @@ import pytest
 import zarr
 
 from dist_respattn import random_distribution
-from dist_respattn.engine.checkpoint import LATEST, ModelDir, checkpoint_name
+from dist_respattn.artifacts.checkpoints import LATEST, ModelDir, checkpoint_name
 from dist_respattn.store import TripleStore, validate
 from dist_respattn.store.errors import StoreError
 from dist_respattn.store.location import StoreLocation

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from dist_respattn.artifacts.registry_lock import LOCK_FILE
 from dist_respattn.registry import RegistryError, RegistryFiles, RegistryLock, RegistryLocked
-from dist_respattn.registry.lock import LOCK_FILE
 from tests.registry.conftest import dead_pid, read_json
 
 HOST = socket.gethostname()

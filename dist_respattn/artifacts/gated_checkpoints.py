@@ -1,5 +1,5 @@
 """Checkpoints of an attribute-gated head: the same model directory layout, files and atomic commits as a plain
-head's (:mod:`dist_respattn.engine.checkpoint`), with ``"kind": "gated"`` in ``meta.json``.
+head's (:mod:`dist_respattn.artifacts.checkpoints`), with ``"kind": "gated"`` in ``meta.json``.
 
 ``params.npz`` holds the head's arrays (:meth:`~dist_respattn.model.heads.gated.head.GatedHead.to_arrays`: keys (S, D),
 position prior (A', N), weights (A, F), factor values (P, F) and backoffs (F, S), the shared base (T,), the
@@ -19,18 +19,18 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.engine.checkpoint import (
+from dist_respattn.artifacts.checkpoints import (
     BEST,
     FORMAT,
     FORMAT_VERSION,
     LATEST,
     META_FILE,
     PARAMS_FILE,
-    REGISTRY_MARKER,
     CheckpointError,
     ModelDir,
-    _read_json,
+    read_json_file,
 )
+from dist_respattn.artifacts.registry import REGISTRY_FILE
 from dist_respattn.model.heads.gated.head import GatedHead
 
 __all__ = ["GATED_KIND", "SHARED_DIR", "GatedCheckpoint", "commit_gated", "is_gated_dir", "load_gated"]
@@ -85,7 +85,7 @@ def commit_gated(
 def is_gated_dir(model_dir: str | os.PathLike[str]) -> bool:
     """Whether ``model_dir`` is a model directory whose latest checkpoint is a gated head's."""
     folder = ModelDir(model_dir)
-    if not folder.path.is_dir() or (folder.path / REGISTRY_MARKER).is_file():
+    if not folder.path.is_dir() or (folder.path / REGISTRY_FILE).is_file():
         return False
     try:
         name = folder.pointed(LATEST)
@@ -94,7 +94,7 @@ def is_gated_dir(model_dir: str | os.PathLike[str]) -> bool:
     if name is None:
         return False
     meta_path = folder.path / name / META_FILE
-    return meta_path.is_file() and _read_json(meta_path).get("kind") == GATED_KIND
+    return meta_path.is_file() and read_json_file(meta_path).get("kind") == GATED_KIND
 
 
 def load_gated(model_dir: str | os.PathLike[str], which: str = "auto") -> GatedCheckpoint:
@@ -110,7 +110,7 @@ def load_gated(model_dir: str | os.PathLike[str], which: str = "auto") -> GatedC
     for path in (meta_path, params_path):
         if not path.is_file():
             raise CheckpointError(f"{path}: missing (the checkpoint is incomplete or was removed)")
-    meta = _read_json(meta_path)
+    meta = read_json_file(meta_path)
     if meta.get("kind") != GATED_KIND:
         raise CheckpointError(
             f"{folder}: holds a plain head, not an attribute-gated one (fit it with --attribute-factors F)"

@@ -8,21 +8,20 @@ A model directory holds::
     best.json                         the best checkpoint by the early-stopping metric (with validation)
 
 A checkpoint is written into a temporary directory, flushed, and renamed into place; only then is
-the pointer replaced (its own temporary file, then an atomic rename). A process killed at any
-moment therefore leaves the pointers on complete checkpoints. Old checkpoints are pruned after the
-pointers moved past them.
+the pointer replaced (its own temporary file, then an atomic rename): :mod:`dist_respattn.durable.files`'
+writes. A process killed at any moment therefore leaves the pointers on complete checkpoints. Old
+checkpoints are pruned after the pointers moved past them. A model reference that may also name a
+registry's version (``REGISTRY@7``) is resolved by :mod:`dist_respattn.artifacts.references`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
+import io
 import json
 import logging
 import os
-import re
 import shutil
-import uuid
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
+from dist_respattn.durable.files import TEMP_PREFIX, place_directory, replace_file, temporary_path, write_synced
 from dist_respattn.model.emission.prior import EmissionPrior
 from dist_respattn.model.heads.single_hop.arrays import (
     MODEL_ARRAY_NAMES,
@@ -39,25 +39,23 @@ from dist_respattn.model.heads.single_hop.arrays import (
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 
 __all__ = [
+    "BEST",
+    "LATEST",
     "BackgroundCheckpoints",
     "Checkpoint",
     "CheckpointError",
     "CheckpointFiles",
     "ModelDir",
     "checkpoint_name",
-    "load_checkpoint",
-    "load_model",
+    "load_directory",
     "parse_checkpoint",
-    "registry_reference",
+    "read_json_file",
 ]
 
 PARAMS_FILE = "params.npz"
 META_FILE = "meta.json"
 LATEST = "latest"
 BEST = "best"
-_TEMP_PREFIX = ".tmp-"
-#: The file that marks a model registry's root (see ``dist_respattn.registry``), which also holds a latest.json.
-REGISTRY_MARKER = "registry.json"
 FORMAT = "dist_respattn.checkpoint"
 FORMAT_VERSION = 1
 
@@ -100,27 +98,14 @@ class CheckpointFiles(NamedTuple):
     meta: bytes
 
 
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):  # not every filesystem lets a directory be opened
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def _json_bytes(data: dict[str, Any]) -> bytes:
+    """A checkpoint's JSON as written since the first release: indented, non-finite floats as ``NaN``/``Infinity``."""
+    return (json.dumps(data, indent=2, allow_nan=True) + "\n").encode()
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    temp = path.with_name(f"{_TEMP_PREFIX}{path.name}.{uuid.uuid4().hex[:8]}")
-    with open(temp, "w") as f:
-        json.dump(data, f, indent=2, allow_nan=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
-    _fsync_dir(path.parent)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_file(path: Path) -> dict[str, Any]:
+    """The JSON object in the local file ``path`` (a pointer or a ``meta.json``); anything else raises
+    :class:`CheckpointError` naming it."""
     try:
         with open(path) as f:
             data = json.load(f)
@@ -169,7 +154,7 @@ class ModelDir:
         return sorted(
             entry.name
             for entry in self.path.iterdir()
-            if entry.name not in ours and not entry.name.startswith(("ckpt-", _TEMP_PREFIX))
+            if entry.name not in ours and not entry.name.startswith(("ckpt-", TEMP_PREFIX))
         )
 
     def pointed(self, pointer: str) -> str | None:
@@ -177,7 +162,7 @@ class ModelDir:
         path = self.pointer_path(pointer)
         if not path.is_file():
             return None
-        name = _read_json(path).get("checkpoint")
+        name = read_json_file(path).get("checkpoint")
         if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
             raise CheckpointError(f"{path}: 'checkpoint' must name a checkpoint directory, got {name!r}")
         return name
@@ -193,49 +178,34 @@ class ModelDir:
 
         ``arrays``: more float arrays for ``params.npz`` beside the model's (the fit's emission prior).
         """
-        self.path.mkdir(parents=True, exist_ok=True)
         model_arrays, model_meta = distribution_to_arrays(model)
-        arrays = {**(arrays or {}), **model_arrays}
-        temp = self.path / f"{_TEMP_PREFIX}{name}"
-        shutil.rmtree(temp, ignore_errors=True)
-        temp.mkdir()
-        with open(temp / PARAMS_FILE, "wb") as f:
-            np.savez(f, **arrays)  # type: ignore[arg-type]
-            f.flush()
-            os.fsync(f.fileno())
-        with open(temp / META_FILE, "w") as f:
-            json.dump({"format": FORMAT, "version": FORMAT_VERSION, "model": model_meta, **meta}, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(temp)
-        final = self.path / name
-        if final.exists():  # a rewrite of the same checkpoint (the same iteration of the same run)
-            shutil.rmtree(final)
-        os.rename(temp, final)
-        _fsync_dir(self.path)
+        params = io.BytesIO()
+        np.savez(params, **{**(arrays or {}), **model_arrays})  # type: ignore[arg-type]
+        record = {"format": FORMAT, "version": FORMAT_VERSION, "model": model_meta, **meta}
+        self.write_files(name, {PARAMS_FILE: params.getvalue(), META_FILE: _json_bytes(record)})
 
     def write_files(self, name: str, files: dict[str, bytes]) -> None:
-        """Write checkpoint ``name`` from its files' bytes (``params.npz``, ``meta.json``), complete or not at all."""
+        """Write checkpoint ``name`` from its files' bytes (``params.npz``, ``meta.json``), complete or not at all.
+
+        The files go into a temporary directory beside it (``.tmp-<name>.<random>``, which readers skip and
+        :meth:`prune` removes), each fsynced, and the directory is renamed into place; a rewrite of the same
+        checkpoint (the same iteration of the same run) replaces it.
+        """
         self.path.mkdir(parents=True, exist_ok=True)
-        temp = self.path / f"{_TEMP_PREFIX}{name}"
-        shutil.rmtree(temp, ignore_errors=True)
-        temp.mkdir()
-        for file_name, data in files.items():
-            with open(temp / file_name, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-        _fsync_dir(temp)
         final = self.path / name
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(temp, final)
-        _fsync_dir(self.path)
+        temp = Path(temporary_path(final))
+        temp.mkdir()
+        try:
+            for file_name, data in files.items():
+                write_synced(temp / file_name, data)
+            place_directory(temp, final)
+        except BaseException:
+            shutil.rmtree(temp, ignore_errors=True)  # a failed write (a full disk) leaves nothing; a kill, prune's
+            raise
 
     def point(self, pointer: str, name: str, **info: Any) -> None:
         """Atomically make ``pointer`` name checkpoint ``name`` (which must be complete)."""
-        _write_json_atomic(self.pointer_path(pointer), {"checkpoint": name, **info})
+        replace_file(self.pointer_path(pointer), _json_bytes({"checkpoint": name, **info}))
 
     def load(self, name: str) -> Checkpoint:
         """Read checkpoint ``name``; a missing or damaged file raises :class:`CheckpointError` naming it."""
@@ -245,7 +215,7 @@ class ModelDir:
             if not path.is_file():
                 raise CheckpointError(f"{path}: missing (the checkpoint is incomplete or was removed)")
         return parse_checkpoint(
-            name, _read_json(meta_path), params_path, meta_source=str(meta_path), params_source=str(params_path)
+            name, read_json_file(meta_path), params_path, meta_source=str(meta_path), params_source=str(params_path)
         )
 
     def read_files(self, name: str) -> CheckpointFiles:
@@ -282,7 +252,7 @@ class ModelDir:
         if not self.path.is_dir():
             return
         for entry in self.path.iterdir():
-            stale_temp = entry.name.startswith(_TEMP_PREFIX)
+            stale_temp = entry.name.startswith(TEMP_PREFIX)
             old_checkpoint = entry.is_dir() and entry.name.startswith("ckpt-") and entry.name not in keep
             if stale_temp or old_checkpoint:
                 if entry.is_dir():
@@ -339,50 +309,14 @@ def checkpoint_name(iteration: int, run_id: str) -> str:
     return f"ckpt-{iteration:06d}-{run_id}"
 
 
-#: ``REGISTRY@7`` or ``REGISTRY@latest``: a version of a model registry where a model directory is expected.
-_REGISTRY_REFERENCE = re.compile(r"^(?P<registry>.+)@(?P<version>\d+|latest)$")
-
-
-def registry_reference(model: str | os.PathLike[str]) -> tuple[str, str] | None:
-    """``(registry URL, version)`` of ``REGISTRY@7`` or ``REGISTRY@latest``; ``None`` for a model directory.
-
-    A local directory of that very name is a model directory (``@`` is a legal character in a path).
-    """
-    text = os.fspath(model)
-    match = _REGISTRY_REFERENCE.match(text)
-    if match is None or ("://" not in text and Path(text).is_dir()):
-        return None
-    return match.group("registry"), match.group("version")
-
-
-def load_checkpoint(
-    model_dir: str | os.PathLike[str], which: str = "auto", *, storage_options: dict[str, Any] | None = None
-) -> Checkpoint:
-    """Load the ``"latest"`` or ``"best"`` checkpoint of ``model_dir``; ``"auto"`` prefers ``best``.
-
-    ``model_dir`` may also name a published version of a model registry, ``REGISTRY@7`` or
-    ``REGISTRY@latest`` (a local path or an fsspec URL, read with ``storage_options``); its files are
-    checked against the version's record.
-    """
+def load_directory(model_dir: str | os.PathLike[str], which: str = "auto") -> Checkpoint:
+    """Load the ``"latest"`` or ``"best"`` checkpoint of the model directory ``model_dir``; ``"auto"`` prefers
+    ``best``. A missing directory, pointer or file raises :class:`CheckpointError` naming it."""
     if which not in ("auto", LATEST, BEST):
         raise ValueError(f"which = {which!r}: expected 'auto', 'latest' or 'best'")
-    reference = registry_reference(model_dir)
-    if reference is not None:
-        if which != "auto":
-            raise CheckpointError(f"{os.fspath(model_dir)}: a registry version has one checkpoint, not a {which!r} one")
-        # The registry builds on checkpoints, so it is imported here, when a version is asked for.
-        from dist_respattn.registry.registry import Registry
-
-        url, version = reference
-        return Registry(url, storage_options).load(version)
     folder = ModelDir(model_dir)
     if not folder.path.is_dir():
         raise CheckpointError(f"{folder}: no such model directory")
-    if (folder.path / REGISTRY_MARKER).is_file():  # its latest.json is not a model directory's pointer
-        raise CheckpointError(
-            f"{folder}: a model registry, not a model directory: name one of its versions, {folder}@latest or "
-            f"{folder}@N (`dist-respattn models list {folder}` shows them)"
-        )
     order = [BEST, LATEST] if which == "auto" else [which]
     for pointer in order:
         name = folder.pointed(pointer)
@@ -392,14 +326,6 @@ def load_checkpoint(
         f"{folder}: no {' or '.join(order)} checkpoint (expected {'/'.join(p + '.json' for p in order)}); "
         "is this the model directory of a fit?"
     )
-
-
-def load_model(
-    model_dir: str | os.PathLike[str], which: str = "auto", *, storage_options: dict[str, Any] | None = None
-) -> ResponsibilityAttentionDistribution:
-    """The head saved in ``model_dir``: the ``best`` checkpoint when there is one, else the ``latest``; or the
-    head published as a registry's version, ``REGISTRY@7`` or ``REGISTRY@latest``."""
-    return load_checkpoint(model_dir, which, storage_options=storage_options).model
 
 
 class BackgroundCheckpoints:

@@ -33,8 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dist_respattn.durable.files import json_bytes
-from dist_respattn.engine.checkpoint import (
+from dist_respattn.artifacts.checkpoints import (
     LATEST,
     META_FILE,
     PARAMS_FILE,
@@ -43,11 +42,12 @@ from dist_respattn.engine.checkpoint import (
     ModelDir,
     parse_checkpoint,
 )
-from dist_respattn.registry.files import TEMP_PREFIX, RegistryError, RegistryFiles
-from dist_respattn.registry.lock import LOCK_FILE, RegistryLock
+from dist_respattn.artifacts.registry_files import RegistryError, RegistryFiles
+from dist_respattn.artifacts.registry_lock import LOCK_FILE, RegistryLock
+from dist_respattn.durable.files import TEMP_PREFIX, json_bytes
 from dist_respattn.text_format import count_text
 
-__all__ = ["FORMAT", "Registry", "Version"]
+__all__ = ["FORMAT", "REGISTRY_FILE", "Registry", "Version"]
 
 FORMAT = "dist_respattn.registry"
 FORMAT_VERSION = 1

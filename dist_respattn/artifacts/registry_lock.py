@@ -2,7 +2,7 @@
 
 The lock is the file ``lock.json`` under the registry's root, a :class:`~dist_respattn.durable.lock.WriterLock`
 (heartbeat, stale-lock recovery, exclusive break claims). It is not the only fence: a version number
-is claimed by an exclusive create too (:mod:`dist_respattn.registry.registry`), so even two runs that
+is claimed by an exclusive create too (:mod:`dist_respattn.artifacts.registry`), so even two runs that
 both believed they held the lock could not publish the same version.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 
+from dist_respattn.artifacts.registry_files import RegistryError, RegistryFiles
 from dist_respattn.durable.lock import DEFAULT_STALE_AFTER, WriterLock
-from dist_respattn.registry.files import RegistryError, RegistryFiles
 
 __all__ = ["DEFAULT_STALE_AFTER", "LOCK_FILE", "RegistryLock", "RegistryLocked"]
 

@@ -6,9 +6,9 @@ stays readable whatever moment its writer dies at, on a local disk or an object 
 
 from __future__ import annotations
 
-from dist_respattn.durable.files import TEMP_PREFIX, AtomicFiles
+from dist_respattn.durable.files import AtomicFiles
 
-__all__ = ["TEMP_PREFIX", "RegistryError", "RegistryFiles"]
+__all__ = ["RegistryError", "RegistryFiles"]
 
 
 class RegistryError(ValueError):
