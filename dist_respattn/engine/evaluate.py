@@ -12,6 +12,7 @@ itself (in-sample, which flatters them); their parameters are tuned on the model
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import uuid
@@ -25,7 +26,6 @@ from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.baselines.ngram import DEFAULT_K, MODEL_LABELS, fit_baselines
 from dist_respattn.engine import tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
-from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.engine.cluster import ClusterOptions, connect
 from dist_respattn.engine.fit import FitError, check_same_shape
 from dist_respattn.engine.passes import PassRunner
@@ -76,9 +76,18 @@ class Evaluation:
     report: dict[str, Any] = field(default_factory=dict)
     report_lines: list[str] = field(default_factory=list)
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Evaluation:
+        """The evaluation :meth:`to_json` wrote (its kind's report keys kept as its report)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"report", "report_lines"}
+        known = {k: v for k, v in data.items() if k in names}
+        report = {k: v for k, v in data.items() if k not in names and k != "report_lines"}
+        return cls(**known, report=report, report_lines=list(data.get("report_lines") or []))
+
     def to_json(self) -> dict[str, Any]:
         return {
             **self.report,
+            **({"report_lines": self.report_lines} if self.report_lines else {}),
             "store": self.store,
             "rows": self.rows,
             "weight": self.weight,

@@ -26,7 +26,6 @@ import distributed
 from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.engine import tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
-from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.engine.cluster import ClusterOptions, connect
 from dist_respattn.engine.evaluate import window_for
 from dist_respattn.engine.fit import FitError, check_same_shape

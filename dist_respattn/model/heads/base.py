@@ -255,6 +255,10 @@ class Head(abc.ABC):
         that made it, when known), for ``evaluate`` of a head its checkpoint said nothing about."""
         return []
 
+    def summary(self) -> tuple[dict[str, Any], list[str]]:
+        """What a fit's report says of the head: JSON figures (beside the kind-free ones) and lines."""
+        return {}, []
+
     def record(self) -> dict[str, Any]:
         """Numbers of the head an iteration's record carries besides the kind-free ones (JSON-able)."""
         return {}
@@ -480,6 +484,11 @@ class HeadSpec(abc.ABC):
     @abc.abstractmethod
     def trainer(self, context: TrainerContext) -> Trainer:
         """The trainer of a fit on rows of this shape, from this start."""
+
+    def notes(self, attribute_names: tuple[str, ...] | None) -> list[str]:
+        """What to tell the user before a fit of this spec on a store with these attributes starts (advice on a
+        setting that is rarely what was meant, say); nothing by default."""
+        return []
 
     def stages(self) -> list[Stage]:
         """The fits this spec is made of, in order (one, itself, by default)."""

@@ -240,6 +240,14 @@ class ResponsibilityAttentionDistribution(Head):
     def record(self) -> dict[str, Any]:
         return {"sigma2": float(self.sigma2)}
 
+    def summary(self) -> tuple[dict[str, Any], list[str]]:
+        """The gate variance and the three most attended positions."""
+        order = sorted(range(self.context_length), key=lambda i: -self.position_prior[i])
+        top = [[int(i), float(self.position_prior[i])] for i in order[:3]]
+        shown = ", ".join(f"{i} ({p:.1%})" for i, p in top)
+        line = f"last model: gate variance sigma2 = {self.sigma2:.4g}; most attended positions: {shown}"
+        return {"sigma2": float(self.sigma2), "position_prior_top": top}, [line]
+
     def __getstate__(self) -> dict[str, Any]:
         # The kernel's layout (an S×T log table) is rebuilt where it is needed, not shipped: pickling
         # a model that has scored rows would otherwise double what a cluster sends to each worker.
