@@ -313,6 +313,16 @@ class TestHeadContract:
             sizes.append(predictor.state_size())
         assert 0 < max(sizes) <= head.context_length
 
+    def test_fit_em_holds_out_rows_only_for_a_choice(self, fitted: Fitted) -> None:
+        """A fit with nothing to choose on held-out rows trains on every row, as the engine's fit does."""
+        data, context = fitted.data, fitted.context
+        assert not fitted.spec.trainer(context).searches()
+        result = fit_em(
+            data.arrays, fitted.spec, attributes=data.attribute, attribute_names=context.attribute_names,
+            init=context.init, init_meta=context.init_meta, shape=context.shape, max_iter=1,
+        )  # fmt: skip
+        assert result.history[0].n_obs == data.num_rows
+
     # -- determinism -----------------------------------------------------------------------------------------
 
     def test_fit_em_is_deterministic(self, fitted: Fitted) -> None:
