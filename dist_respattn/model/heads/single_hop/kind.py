@@ -61,11 +61,11 @@ from dist_respattn.model.memory import MemoryEstimate, estimate_single_hop_memor
 __all__ = [
     "SCORE_ONLY",
     "START_KINDS",
+    "EStepTrainer",
     "SingleHopCandidates",
     "SingleHopGrid",
     "SingleHopSpec",
     "SingleHopTrainer",
-    "EStepTrainer",
     "StartValue",
 ]
 
@@ -321,10 +321,9 @@ class SingleHopTrainer(Trainer):
         self.factory = estimator.accumulator_factory(backend=backend, layout=layout)  # type: ignore[arg-type]
         #: A sparse fit's support, once the start pass (or the support pass of a warm start) found it.
         self.support: PairSupport | None = None
-
-    @property
-    def buckets(self) -> PositionBuckets | None:
-        return self.estimator.buckets
+        #: A tied prior's recency buckets (``None``: a free prior). Kept apart from the estimator, which is not
+        #: pickled: a worker's E-step task reads its blocks' columns from them.
+        self.buckets: PositionBuckets | None = estimator.buckets
 
     @property
     def columns(self) -> Columns:
@@ -345,7 +344,7 @@ class SingleHopTrainer(Trainer):
         # The workers need the factory and the start only: the estimator's prior is an (S,)/(T,) table set the
         # driver alone uses.
         return {"factory": self.factory, "start": self.start, "seed": self.seed, "estimator": None,
-                "layout": self.layout, "support": None}  # fmt: skip
+                "layout": self.layout, "support": None, "buckets": self.buckets}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -457,7 +456,9 @@ class SingleHopTrainer(Trainer):
             return degeneracy_warnings(head)
         stats = statistics.stats if isinstance(statistics, StartValue) else statistics
         e = self.estimator
-        return degeneracy_warnings(head, key_mass=stats.key_mass, min_sigma2=e.min_sigma2 if e.estimate_sigma2 else None)
+        return degeneracy_warnings(
+            head, key_mass=stats.key_mass, min_sigma2=e.min_sigma2 if e.estimate_sigma2 else None
+        )
 
     def choice_from_json(self, data: dict[str, Any]) -> Hyperparameters | None:
         return Hyperparameters.from_json(data) if data else None
