@@ -203,10 +203,12 @@ def draw_token(probs: np.ndarray, rng: np.random.Generator) -> int:
 
 
 def generation_steps(
-    model: ResponsibilityAttentionDistribution,
+    model: Any,
     embeddings: np.ndarray,
     prompt: Any,
     rng: np.random.Generator,
+    *,
+    options: dict[str, Any] | None = None,
 ) -> Iterator[tuple[int, np.ndarray]]:
     """``(token, p (T,))`` forever: each token drawn from ``p = p(t | last N tokens, query = E[last token])`` (the
     distribution it was drawn from), then appended to the history (a token stream's windows: targets are symbols).
@@ -214,13 +216,14 @@ def generation_steps(
     ``prompt`` (>= 1,) ids start it; one shorter than N is a short history, read as a token-stream store reads
     a document's first rows (the missing positions masked, the prior renormalized over those it has). The
     history is a :class:`Predictor`'s bucket histograms: a token costs O(K) updates, never a recomputed window.
+    ``model`` is a head of any kind: its own streaming predictor (``model.predictor``, given ``options``) is used.
     """
     if model.num_targets != model.num_symbols:
         raise ValueError("generation feeds targets back as symbols: the head needs T = S (a token stream's head)")
     start = np.asarray(prompt).reshape(-1)
     if start.shape[0] == 0:
         raise ValueError("an empty prompt: give at least one token to start from")
-    predictor = Predictor(model, embeddings)
+    predictor = model.predictor(query_table=embeddings, options=options)
     predictor.extend(start[-model.context_length :])
     while True:
         probs = predictor.predict()
@@ -230,15 +233,17 @@ def generation_steps(
 
 
 def generate(
-    model: ResponsibilityAttentionDistribution,
+    model: Any,
     embeddings: np.ndarray,
     prompt: Any,
     num_tokens: int,
     rng: np.random.Generator,
+    *,
+    options: dict[str, Any] | None = None,
 ) -> np.ndarray:
     """(num_tokens,) int64 ids drawn one at a time by :func:`generation_steps` from ``prompt`` (>= 1,) ids."""
     out = np.empty(int(num_tokens), dtype=np.int64)
-    steps = generation_steps(model, embeddings, prompt, rng)
+    steps = generation_steps(model, embeddings, prompt, rng, options=options)
     for k in range(out.shape[0]):
         out[k] = next(steps)[0]
     return out

@@ -42,6 +42,7 @@ __all__ = [
     "EMResult",
     "HeldoutChoice",
     "InProcessPasses",
+    "RowsInMemory",
     "fit_em",
     "relative_change",
     "run_em",
@@ -330,16 +331,14 @@ def fit_em(
         shape = shape or (init.shape if init is not None else None)
         if shape is None:
             raise ValueError("fit_em of a HeadSpec needs shape=(S, N, D, T) (or init=, whose shape it takes)")
-        trainer = estimator.trainer(
-            TrainerContext(shape, attribute_names, init, init_meta or {}, {}, {}, {})
-        )
-        searches = True
+        trainer = estimator.trainer(TrainerContext(shape, attribute_names, init, init_meta or {}, {}, {}, {}))
+        searches = trainer.searches()
     else:
         raise TypeError(f"estimator = {type(estimator).__name__}: expected an estimator or a HeadSpec")
     names = dict(zip(("num_symbols", "context_length", "query_dim", "num_targets"), shape, strict=True))
     context, query, target, w = check_batch(data, weights, **names)
     attribute = None if attributes is None else np.asarray(attributes, dtype=np.int64)
-    if not searches and (validation is not None or holdout is not None):
+    if not searches and (validation is not None or (holdout is not None and holdout.fraction > 0.0)):
         raise ValueError(
             "validation= and holdout= are for the choices of an estimator's search, and this estimator has none "
             "(search=DEFAULT_SEARCH makes them)"
@@ -347,7 +346,7 @@ def fit_em(
     if validation is not None and holdout is not None:
         raise ValueError("give validation= (held-out rows) or holdout= (a rule for the training rows), not both")
     held: RowsInMemory | None = None
-    if searches:
+    if searches and not (holdout is not None and holdout.fraction <= 0.0):
         if validation is not None:
             checked = check_batch(validation, validation_weights, **names)
             v_attribute = None if validation_attributes is None else np.asarray(validation_attributes, np.int64)

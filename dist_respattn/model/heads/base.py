@@ -165,6 +165,7 @@ class StreamingPredictor(Protocol):
 
     def top_words(self, k: int, query: Any = None) -> list[tuple[str, float]]: ...
 
+    @property
     def state_size(self) -> int: ...
 
 
@@ -241,6 +242,11 @@ class Head(abc.ABC):
         """A streaming predictor over one history. ``words`` names the targets for ``top_words``; ``query_table``
         (S, D) looks up a token's query; ``options`` are the kind's own command-line options (an attribute to
         predict as, say), by ``dest`` name."""
+
+    def emissions(self, options: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
+        """The emission tables whose rows ``neighbours`` compares, each named (one per attribute, say; ``options``
+        may pick some), as :class:`~dist_respattn.model.emission.layouts.Emission`; none by default."""
+        return []
 
     def report(self, passes: Passes, options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         """What ``evaluate`` says of this kind beyond the overall scores: JSON keys and lines (nothing by default).

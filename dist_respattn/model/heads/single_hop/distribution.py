@@ -232,10 +232,21 @@ class ResponsibilityAttentionDistribution(Head):
         query_table: np.ndarray | None = None,
         options: dict[str, Any] | None = None,
     ) -> Any:
-        """A :class:`~dist_respattn.model.streaming.Predictor` over one history."""
+        """A :class:`~dist_respattn.model.streaming.Predictor` over one history (another kind's options given to it
+        are refused: a single-hop head takes none)."""
         from dist_respattn.model.streaming import Predictor
 
+        for name, value in (options or {}).items():
+            if value not in (None, False):
+                raise ValueError(
+                    f"--{name.replace('_', '-')} {value}: a single-hop head takes no such option (it is for another "
+                    "kind of head): leave it out"
+                )
         return Predictor(self, query_table, words=words)
+
+    def emissions(self, options: dict[str, Any] | None = None) -> list[tuple[str, Emission]]:
+        """Its one emission table, named ``"emission"``."""
+        return [("emission", self.emission_table)]
 
     def record(self) -> dict[str, Any]:
         return {"sigma2": float(self.sigma2)}
