@@ -75,7 +75,7 @@ from dist_respattn.store import (  # noqa: E402
     choose_chunking,
     write_arrays,
 )
-from dist_respattn.store.checks import EncodedRows  # noqa: E402
+from dist_respattn.store.problems import EncodedRows  # noqa: E402
 
 MIB = 2**20
 MB = 1e6

@@ -19,9 +19,9 @@ from dist_respattn.engine.tasks import RowSelection, _checked_store, _located
 from dist_respattn.model.emission import SparseEmissionCounts
 from dist_respattn.model.gated import GatedHead, GatedStatistics, gated_estep, gated_log_likelihood
 from dist_respattn.model.pairs import PairCounts
-from dist_respattn.store.checks import EncodedRows
 from dist_respattn.store.errors import StoreError
 from dist_respattn.store.location import StoreLocation
+from dist_respattn.store.problems import EncodedRows
 from dist_respattn.store.rows import RowStore
 
 __all__ = [

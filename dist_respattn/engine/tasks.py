@@ -28,9 +28,9 @@ from dist_respattn.model.prediction import PredictionTotals, TopK, predict_top_k
 from dist_respattn.model.scoring import ScoreTotals, base_order, score_rows
 from dist_respattn.model.selection import GridTable, GridTotals, score_grid
 from dist_respattn.store import EncodedRows, StoreError, StoreLocation
-from dist_respattn.store.checks import block_problems
 from dist_respattn.store.predictions import write_prediction_part
-from dist_respattn.store.rows import RowStore, open_rows
+from dist_respattn.store.problems import block_problems
+from dist_respattn.store.rows import RowStore, open_store
 
 __all__ = [
     "ALL_ROWS",
@@ -131,7 +131,7 @@ def _checked_store(location: StoreLocation, fingerprint: str) -> RowStore:
     must neither read the store (it may have no access to it) nor pay for opening it once per task.
     """
     _configure_worker_process()
-    store = open_rows(location)
+    store = open_store(location)
     if store.fingerprint() != fingerprint:
         raise StoreError(
             f"{store.location}: the store changed while the fit ran (fingerprint {store.fingerprint()}, "

@@ -11,13 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.store.checks import EncodedRows, Problem, block_problems, structural_problems
+from dist_respattn.store.group import damaged_metadata, open_group_at, shard_key
 from dist_respattn.store.identity import IDENTITY_KEYS, embedding_sha256, short_hash, vocabulary_sha256
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.not_a_store import not_a_store
+from dist_respattn.store.problems import EncodedRows, Problem, block_problems, structural_problems
 from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, STREAM_SCHEMA_NAME, StoreSchema
-from dist_respattn.store.stream_store import is_stream_group, validate_stream
-from dist_respattn.store.triple_store import damaged_metadata, open_group_at, shard_key
+from dist_respattn.store.streams.reader import is_stream_group
+from dist_respattn.store.streams.validation import validate_stream
 from dist_respattn.text_format import count_text
 
 __all__ = ["ValidationReport", "identity_problems", "scan_partition", "validate"]

@@ -78,7 +78,7 @@ def test_a_valid_store_reports_everything_it_scanned(store_path):
 
 
 def test_a_stream_stores_scan_tells_its_total_and_counts_its_shards(tmp_path):
-    from dist_respattn.store.stream_ingest import write_stream_tokens
+    from dist_respattn.store.ingest.to_stream import write_stream_tokens
 
     tokens = np.random.default_rng(0).integers(0, S, 1000)
     path = tmp_path / "t.zarr"
