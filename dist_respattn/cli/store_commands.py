@@ -610,23 +610,19 @@ def _run_validate(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.store import StoreLocation, validate
 
     location = StoreLocation.of(args.store, parse_storage_options(args.storage_option))
-    client = None
-    if args.scheduler:
-        from distributed import Client
+    if args.scheduler:  # the partitions are scanned on the cluster's workers, by the engine (its one client user)
+        from dist_respattn.engine.validate import scheduler_client, validate_on_cluster
 
-        from dist_respattn.engine.cluster import check_address
-
-        check_address(args.scheduler)
-        try:
-            client = Client(args.scheduler, timeout="10s")
-        except OSError as exc:
-            raise CommandError(f"cannot reach the scheduler at {args.scheduler}: {exc}") from exc
-    try:
+        with (
+            scheduler_client(args.scheduler) as client,
+            progress_bar(None, "partitions", "scanning", scale=False) as bar,
+        ):
+            report = validate_on_cluster(
+                location, client=client, progress=bar.update, total=lambda n: bar.reset(total=n)
+            )
+    else:
         with progress_bar(None, "partitions", "scanning", scale=False) as bar:
-            report = validate(location, client=client, progress=bar.update, total=lambda n: bar.reset(total=n))
-    finally:
-        if client is not None:
-            client.close()
+            report = validate(location, progress=bar.update, total=lambda n: bar.reset(total=n))
     result = report.to_json()
     result["exit_status"] = 0 if report.ok else 1
     result["summary"] = report.summary()
