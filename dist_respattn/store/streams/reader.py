@@ -66,6 +66,7 @@ __all__ = [
     "StreamRows",
     "TokenStreamStore",
     "is_stream_group",
+    "missing_arrays",
     "starts_problem",
     "token_dtype",
 ]
@@ -81,6 +82,19 @@ STARTS_CHUNK = 1 << 16
 ATTRIBUTE_ARRAYS = {"document": "document_attribute", "token": "token_attribute"}
 #: The arrays with an entry per token, chunked and sharded alike.
 TOKEN_ARRAYS = ("tokens", "weight", "token_attribute")
+
+
+def missing_arrays(group: Any, attributes: dict[str, Any]) -> list[tuple[str, str]]:
+    """The arrays every stream store has (and ``weight`` when it records weights) that ``group`` lacks:
+    ``(name, what was expected)`` pairs, in the order of the format's description."""
+    expected = {
+        "tokens": "the token ids (L,)",
+        "document_starts": "int64 (n_docs,) document starts",
+        "embeddings": "float32 (S, D), the table queries are looked up in",
+    }
+    if attributes.get("has_weight"):
+        expected["weight"] = "float32 (L,), a weight per token"
+    return [(name, what) for name, what in expected.items() if name not in group]
 
 
 def token_dtype(num_symbols: int) -> np.dtype:
@@ -238,6 +252,13 @@ class TokenStreamStore:
         if n < 1:
             raise ValueError(f"context_length = {n}: expected a positive window")
         with named_metadata_errors(location):
+            missing = missing_arrays(group, attributes)
+            if missing:  # zarr's own error would be a bare KeyError naming no store
+                name, expected = missing[0]
+                raise StoreCorruptError(
+                    f"{location}: array '{name}': missing: expected {expected}; write the store again "
+                    "(the same command with --overwrite)"
+                )
             return cls(location, group, attributes, n)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:

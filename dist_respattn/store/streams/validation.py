@@ -23,6 +23,7 @@ from dist_respattn.store.streams.reader import (
     ATTRIBUTE_ARRAYS,
     STARTS_CHUNK,
     TokenStreamStore,
+    missing_arrays,
     starts_problem,
 )
 
@@ -52,6 +53,9 @@ def validate_stream(
         state = attributes.get("state")
         problems.append(Problem(f"state {state!r}: the writer did not finish; write it again with --overwrite"))
         return problems, 0, 0
+    missing = missing_arrays(group, attributes)
+    if missing:  # nothing can be located without them
+        return [Problem(f"missing: expected {expected}", array=name) for name, expected in missing], 0, 0
     num_tokens = int(attributes["tokens"])
     starts = np.asarray(group["document_starts"][...], dtype=np.int64)
     problem = starts_problem(starts, num_tokens)
