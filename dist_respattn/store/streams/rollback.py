@@ -5,16 +5,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from dist_respattn.store.errors import (
-    StoreError,
-)
+from dist_respattn.store.errors import StoreError
 from dist_respattn.store.group import delete_shards_from, open_group_at
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLock, remove_partials
 from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreState
-from dist_respattn.store.streams.reader import (
-    TOKEN_ARRAYS,
-)
+from dist_respattn.store.streams.reader import TOKEN_ARRAYS
 from dist_respattn.store.streams.validation import validate_stream
 
 __all__ = ["rollback_stream_append", "rollback_stream_locked"]

@@ -8,13 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.store.attributes import (
-    ATTRIBUTE_LEVELS,
-    names_problem,
-)
-from dist_respattn.store.errors import (
-    StoreCorruptError,
-)
+from dist_respattn.store.attributes import ATTRIBUTE_LEVELS, names_problem
+from dist_respattn.store.errors import StoreCorruptError
 from dist_respattn.store.group import open_group_at
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.problems import Problem

@@ -11,17 +11,9 @@ from typing import Any
 import numpy as np
 import zarr
 
-from dist_respattn.store.attributes import (
-    ATTRIBUTE_LEVELS,
-    appended_names,
-    checked_writer_names,
-)
+from dist_respattn.store.attributes import ATTRIBUTE_LEVELS, appended_names, checked_writer_names
 from dist_respattn.store.documents import require_rows
-from dist_respattn.store.errors import (
-    SchemaMismatchError,
-    StoreError,
-    store_exists,
-)
+from dist_respattn.store.errors import SchemaMismatchError, StoreError, store_exists
 from dist_respattn.store.group import open_group_at
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLock, StoreLocked, remove_partials
@@ -228,8 +220,8 @@ class StreamWriter:
         self.final = self.location = store.location.with_window(None)
         self.chunk_tokens, self.partition_tokens = store.chunk_tokens, store.partition_tokens
         self.num_symbols = store.schema.num_symbols
-        self.dtype = np.dtype(store._tokens.dtype)
         self.group = open_group_at(self.location, mode="r+")
+        self.dtype = np.dtype(self.group["tokens"].dtype)
         self.attributes = dict(store.attributes)
         committed = {"tokens": store.num_tokens, "documents": int(store.document_starts().size)}
         self.provenance = {**(provenance or {}), "time": _now(), "first_token": committed["tokens"]}
