@@ -33,10 +33,10 @@ from dist_respattn.engine import (
     connect,
     fit,
     load_checkpoint,
+    open_fit_store,
     score,
     store_record,
 )
-from dist_respattn.engine.fit import open_fit_store
 from dist_respattn.events import HeldoutScores, Metric
 from dist_respattn.registry.files import RegistryError
 from dist_respattn.registry.lock import DEFAULT_STALE_AFTER
