@@ -221,7 +221,8 @@ class StreamWriter:
         self.chunk_tokens, self.partition_tokens = store.chunk_tokens, store.partition_tokens
         self.num_symbols = store.schema.num_symbols
         self.group = open_group_at(self.location, mode="r+")
-        self.dtype = np.dtype(self.group["tokens"].dtype)
+        tokens: Any = self.group["tokens"]  # an array: the store was opened as a stream store above
+        self.dtype = np.dtype(tokens.dtype)
         self.attributes = dict(store.attributes)
         committed = {"tokens": store.num_tokens, "documents": int(store.document_starts().size)}
         self.provenance = {**(provenance or {}), "time": _now(), "first_token": committed["tokens"]}
