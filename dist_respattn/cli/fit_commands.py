@@ -424,7 +424,7 @@ def _run_fit(args: argparse.Namespace) -> dict[str, Any]:
         raise CommandError(
             "--per-attribute, --attribute-smoothing and --attribute-prior-scale go with --attribute-factors F"
         )
-    store = open_store(args.store, options, settings.context_length)
+    store = open_store(args.store, storage_options=options, window=settings.context_length)
     result = fit(
         store,
         model_dir=args.model_dir,

@@ -96,7 +96,7 @@ def run_gated_fit(args: argparse.Namespace, settings: Any, say: Any, cluster: An
     saved = load_gated(args.model_dir, "latest").meta.get("settings") if resuming else None
     gated = _gated_settings(args, settings, saved)
     options = parse_storage_options(args.storage_option)
-    store = open_store(args.store, options, settings.context_length)
+    store = open_store(args.store, storage_options=options, window=settings.context_length)
     names = attribute_names_of(store)  # a store without attributes is refused before any fit
     advice = factor_advice(gated, len(names))
     if advice is not None and not resuming:  # said before the shared fit, so it can be stopped and run again
@@ -218,13 +218,14 @@ def _model_and_store(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """The gated checkpoint, and the store that gives its vocabulary and embeddings (``--store``, else the one it
     was fitted on)."""
     from dist_respattn.artifacts.gated_checkpoints import load_gated
-    from dist_respattn.store.rows import open_rows
 
     checkpoint = load_gated(args.model)
     url = args.store or (checkpoint.meta.get("store") or {}).get("url")
     if not url:
         raise CommandError(f"{args.model}: no training store recorded: give --store STORE (its vocabulary)")
-    store = open_rows(url, storage_options=parse_storage_options(getattr(args, "storage_option", None)))
+    from dist_respattn.store import open_store
+
+    store = open_store(url, storage_options=parse_storage_options(getattr(args, "storage_option", None)))
     return checkpoint, store, store.vocabulary()
 
 
@@ -261,7 +262,7 @@ def _sample_head(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[int, flo
     from dist_respattn.artifacts.gated_checkpoints import is_gated_dir
     from dist_respattn.model.heads.gated.use import mixed_head
     from dist_respattn.store import check_recorded_corpus
-    from dist_respattn.store.rows import open_rows
+    from dist_respattn.store.rows import open_store
 
     if is_gated_dir(args.model):
         checkpoint, store, vocabulary = _model_and_store(args)
@@ -279,7 +280,7 @@ def _sample_head(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[int, flo
     url = args.store or recorded.get("url")
     if not url:
         raise CommandError(f"{args.model}: no training store recorded: give --store STORE (its vocabulary)")
-    store = open_rows(url, storage_options=storage_options)
+    store = open_store(url, storage_options=storage_options)
     if args.store:
         check_recorded_corpus(
             recorded, store, reference_role="the model's training store", other_role=f"--store {args.store}"
@@ -289,8 +290,8 @@ def _sample_head(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[int, flo
 
 def _run_sample(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.model.streaming import generate
+    from dist_respattn.store.ingest.text import tokenize
     from dist_respattn.store.predictions import target_words
-    from dist_respattn.store.text import tokenize
 
     model, store, vocabulary, mix, names = _sample_head(args)
     if model.num_targets != model.num_symbols:  # each drawn target is fed back as the next symbol

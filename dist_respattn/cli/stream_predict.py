@@ -41,7 +41,7 @@ def _token_ids(stream: IO[str], vocabulary: dict[str, Any] | None, num_symbols: 
                     raise CommandError(f"stdin line {number}: token id {value}: expected an id in [0, {num_symbols})")
                 yield text, value
         return
-    from dist_respattn.store.text import tokenize
+    from dist_respattn.store.ingest.text import tokenize
 
     lookup = {token: i for i, token in enumerate(vocabulary.get("tokens", []))}
     oov = int(vocabulary.get("oov_id", len(lookup)))
@@ -57,13 +57,13 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
     from dist_respattn.artifacts import load_checkpoint
     from dist_respattn.model.streaming import Predictor
     from dist_respattn.store.predictions import target_words
-    from dist_respattn.store.rows import open_rows
+    from dist_respattn.store.rows import open_store
 
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
     storage_options = parse_storage_options(args.storage_option)
     model = load_checkpoint(args.model, storage_options=storage_options).model
-    store = open_rows(args.store, storage_options=storage_options)
+    store = open_store(args.store, storage_options=storage_options)
     table = embedding_table(
         store, model, needed_by="--stream", fix="give the store the model was fitted on, or one made --like it"
     )

@@ -25,7 +25,7 @@ from dist_respattn.baselines.ngram import DEFAULT_K, MODEL_LABELS, fit_baselines
 from dist_respattn.engine import tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.cluster import ClusterOptions, connect
-from dist_respattn.engine.fit import FitError, check_same_shape, open_store
+from dist_respattn.engine.fit import FitError, check_same_shape, open_fit_store
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
@@ -36,7 +36,7 @@ from dist_respattn.model.heads.single_hop.diagnostics import degeneracy_warnings
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.heads.single_hop.scoring import ScoreTotals
 from dist_respattn.store import StoreError, StoreLocation, check_recorded_corpus
-from dist_respattn.store.rows import RowStore, is_stream_store, open_rows
+from dist_respattn.store.rows import RowStore, is_stream_store, open_store
 
 __all__ = ["DEFAULT_BASELINE_K", "Evaluation", "evaluate", "score", "score_store"]
 
@@ -139,7 +139,7 @@ def _open_recorded(record: dict[str, Any] | None, scored: RowStore) -> RowStore 
     if not url:
         return None
     try:
-        store = open_rows(url, window=(record or {}).get("window"), min_context=(record or {}).get("min_context"))
+        store = open_store(url, window=(record or {}).get("window"), min_context=(record or {}).get("min_context"))
     except (StoreError, OSError, ValueError):
         return None
     if store.fingerprint() != (record or {}).get("fingerprint"):  # rewritten or appended to since the fit
@@ -206,7 +206,9 @@ def evaluate(
         checkpoint = load_checkpoint(model, storage_options=storage_options)
         head, meta = checkpoint.model, checkpoint.meta
     # A token-stream store is read with the model's window.
-    scored = open_store(store, storage_options, window_for(head, store, storage_options), min_context_for(head, meta))
+    scored = open_fit_store(
+        store, storage_options, window_for(head, store, storage_options), min_context_for(head, meta)
+    )
     check_same_shape(head, "the model", scored)
     check_recorded_corpus(
         meta.get("store"), scored, reference_role="the model's training store", other_role="the evaluated store"

@@ -41,10 +41,10 @@ from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.fitting.selection import Hyperparameters
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.store import StoreLocation, TripleStore, check_recorded_corpus, check_same_corpus
-from dist_respattn.store.rows import RowStore, open_rows
-from dist_respattn.store.stream_store import TokenStreamStore
+from dist_respattn.store.rows import RowStore, open_store
+from dist_respattn.store.streams.reader import TokenStreamStore
 
-__all__ = ["FitError", "FitResult", "check_same_shape", "fit", "open_store"]
+__all__ = ["FitError", "FitResult", "check_same_shape", "fit", "open_fit_store"]
 
 logger = logging.getLogger("dist_respattn.fit")
 
@@ -95,15 +95,15 @@ class FitResult:
         return len(self.history)
 
 
-def open_store(
+def open_fit_store(
     store: str | os.PathLike[str] | StoreLocation | RowStore,
     storage_options: dict[str, Any] | None = None,
     window: int | None = None,
     min_context: int | None = None,
 ) -> RowStore:
-    """A store of rows from a store, a location, a path or a URL: a triple store, or a token-stream store read
-    with ``window`` (default: its own N; a triple store refuses another N) and rows with at least
-    ``min_context`` earlier tokens (default: N)."""
+    """:func:`~dist_respattn.store.open_store` for the engine's entry points (fit, evaluate, predict, retrain): a
+    store already open with this ``window`` and ``min_context`` is used as it is, and a store the opener refuses
+    (a ``ValueError``, e.g. a triple store asked for another N) is a :class:`FitError`."""
     if (
         isinstance(store, (TripleStore, TokenStreamStore))
         and (window is None or window == store.schema.context_length)
@@ -111,7 +111,7 @@ def open_store(
     ):
         return store
     try:
-        return open_rows(store, storage_options=storage_options, window=window, min_context=min_context)
+        return open_store(store, storage_options=storage_options, window=window, min_context=min_context)
     except ValueError as exc:
         raise FitError(str(exc)) from None
 
@@ -244,7 +244,7 @@ def _validation_store(
 ) -> RowStore | None:
     """The validation store: the one given, or on resume the checkpoint's (a different one is refused)."""
     saved = checkpoint.meta.get("validation") if checkpoint is not None else None
-    heldout = open_store(validation, storage_options, window, min_context) if validation is not None else None
+    heldout = open_fit_store(validation, storage_options, window, min_context) if validation is not None else None
     if saved is None:
         if heldout is not None and checkpoint is not None and checkpoint.iteration > 0:
             raise FitError("the fit being resumed ran without a validation store; resume it without one")
@@ -256,7 +256,7 @@ def _validation_store(
             )
         return heldout
     if heldout is None:
-        heldout = open_store(saved["url"], storage_options, saved.get("window") or window, min_context)
+        heldout = open_fit_store(saved["url"], storage_options, saved.get("window") or window, min_context)
     if heldout.fingerprint() != saved.get("fingerprint"):
         raise FitError(
             f"the fit being resumed was validated on {saved['url']} (fingerprint {saved.get('fingerprint')}), "
@@ -312,13 +312,13 @@ def fit(
     called = time.perf_counter()
     settings = settings or FitSettings()
     say = say if say is not None else logger.info
-    train = open_store(store, storage_options, settings.context_length)
+    train = open_fit_store(store, storage_options, settings.context_length)
     try:
         min_context = settings.min_context_for(train.schema.context_length)
         settings.buckets(train.schema.context_length)  # refuses a K that does not fit this window
     except ValueError as exc:
         raise FitError(str(exc)) from None
-    train = open_store(train, storage_options, None, min_context)
+    train = open_fit_store(train, storage_options, None, min_context)
     if train.num_rows == 0:
         raise FitError(f"the store {train.location} has no rows: there is nothing to fit")
     folder = ModelDir(model_dir)

@@ -28,7 +28,7 @@ from dist_respattn.engine import tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.cluster import ClusterOptions, connect
 from dist_respattn.engine.evaluate import window_for
-from dist_respattn.engine.fit import FitError, check_same_shape, open_store
+from dist_respattn.engine.fit import FitError, check_same_shape, open_fit_store
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
@@ -127,7 +127,7 @@ def predict(
             "at a time (`dist-respattn predict MODEL STORE --stream`, or dist_respattn.model.streaming.Predictor); "
             "predictions into a store take heads with a free prior"
         )
-    scored = open_store(store, storage_options, window_for(head, store, storage_options))
+    scored = open_fit_store(store, storage_options, window_for(head, store, storage_options))
     check_same_shape(head, "the model", scored)
     check_recorded_corpus(
         meta.get("store"), scored, reference_role="the model's training store", other_role="the predicted store"

@@ -32,9 +32,9 @@ from dist_respattn.model.heads.single_hop.top_k import PredictionTotals, TopK, p
 from dist_respattn.model.kernels.histogram import grid_windows, score_windows
 from dist_respattn.model.rows import WindowRows
 from dist_respattn.store import EncodedRows, StoreError, StoreLocation
-from dist_respattn.store.checks import block_problems
 from dist_respattn.store.predictions import write_prediction_part
-from dist_respattn.store.rows import RowStore, open_rows
+from dist_respattn.store.problems import block_problems
+from dist_respattn.store.rows import RowStore, open_store
 
 __all__ = [
     "ALL_ROWS",
@@ -135,7 +135,7 @@ def _checked_store(location: StoreLocation, fingerprint: str) -> RowStore:
     must neither read the store (it may have no access to it) nor pay for opening it once per task.
     """
     _configure_worker_process()
-    store = open_rows(location)
+    store = open_store(location)
     if store.fingerprint() != fingerprint:
         raise StoreError(
             f"{store.location}: the store changed while the fit ran (fingerprint {store.fingerprint()}, "
