@@ -293,10 +293,10 @@ def write_stores(args: argparse.Namespace, corpus: dict[str, Any], work: Path) -
             "--overwrite", str(out), what=f"ingest {side}",
         )  # fmt: skip
         stores[side] = {"path": str(out), "seconds": made["seconds"], **ingest_figures(made["report"])}
-    from dist_respattn.store.rows import open_rows
+    from dist_respattn.store.rows import open_store
 
     for side, record in stores.items():
-        store = open_rows(record["path"], window=args.context)
+        store = open_store(record["path"], window=args.context)
         record["attribute_names"] = list(store.attribute_names or ())
         record["rows"] = int(store.num_rows)
         record["partitions"] = int(store.num_partitions)
@@ -517,9 +517,9 @@ def shared_parameters(model: Any) -> int:
 def read_targets(path: str, window: int, block: int = 1 << 16) -> dict[str, np.ndarray]:
     """Every row's target, attribute and document of the store read with windows of N (min_context N), as the
     engine's passes read it."""
-    from dist_respattn.store.rows import open_rows
+    from dist_respattn.store.rows import open_store
 
-    store = open_rows(path, window=window)
+    store = open_store(path, window=window)
     targets, attributes, documents = [], [], []
     for begin in range(0, store.num_rows, block):
         end = min(begin + block, store.num_rows)
@@ -601,9 +601,9 @@ def estep_part(args: argparse.Namespace, stores: dict[str, Any], fits: dict[str,
     from dist_respattn.engine import load_checkpoint
     from dist_respattn.model.emission.layouts import PairSupport, SparseEmission
     from dist_respattn.model.heads.gated.head import GatedHead, gated_estep
-    from dist_respattn.store.rows import open_rows
+    from dist_respattn.store import open_store
 
-    store = open_rows(stores["train"]["path"], window=args.context)
+    store = open_store(stores["train"]["path"], window=args.context)
     n = min(args.estep_rows, store.num_rows)
     rows = store.read_rows(0, n)
     attribute = store.read_attributes(0, n).astype(np.int64)
@@ -684,7 +684,7 @@ def estep_part(args: argparse.Namespace, stores: dict[str, Any], fits: dict[str,
 
 def prompt_text(corpus: dict[str, Any], package: str, context: int) -> str:
     """The opening lines of the package's first test piece (or training piece) with at least N tokens."""
-    from dist_respattn.store.text import tokenize
+    from dist_respattn.store.ingest.text import tokenize
 
     for side in ("test", "train"):
         folder = Path(corpus["corpus"]) / side / package

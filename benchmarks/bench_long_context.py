@@ -8,7 +8,7 @@ Corpus (``--sequences``):
   ``assign_split`` of their index, fractions 0.8 / 0.1 / 0.1, split seed 0; the vocabulary is the ``--items``
   most rated train items and one "other" id, S = T = items + 1). Fetched into ``--cache`` on first use.
 - ``stdlib``: the Python standard library's source, one file a document, tokens as ``ingest --text`` makes
-  them (``dist_respattn.store.text``); files go to the splits by the same ``assign_split`` of their key (the
+  them (``dist_respattn.store.ingest.text``); files go to the splits by the same ``assign_split`` of their key (the
   path under the library's directory, as ``dist-respattn split`` keys text files); the vocabulary is the
   ``--items`` most frequent train tokens (ties alphabetical, as ``ingest`` ranks them) and one "other" id.
   Nothing is downloaded. ``--max-tokens M`` keeps it cheap: files are taken in the order of a second hash
@@ -141,7 +141,7 @@ def movielens_documents(args: argparse.Namespace) -> dict[str, Any]:
     split of each user (by its index)."""
     import corpora
 
-    from dist_respattn.store.split import DEFAULT_FRACTIONS, assign_split
+    from dist_respattn.store.ingest.split import DEFAULT_FRACTIONS, assign_split
 
     sequences, info = corpora.movielens_sequences(args.cache)
     side = [assign_split(str(i), 0, DEFAULT_FRACTIONS) for i in range(len(sequences))]
@@ -164,7 +164,7 @@ def movielens_documents(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def hash_unit(purpose: str, seed: int, key: str) -> float:
-    """A document's number in [0, 1) for ``purpose`` (the hash of ``dist_respattn.store.split``)."""
+    """A document's number in [0, 1) for ``purpose`` (the hash of ``dist_respattn.store.ingest.split``)."""
     digest = hashlib.sha256(f"{purpose}\n{seed}\n{key}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
@@ -173,8 +173,8 @@ def stdlib_documents(args: argparse.Namespace) -> dict[str, Any]:
     """The standard library's source files as token sequences (the corpus ``stdlib_store`` reads, tokenized as
     ``ingest --text`` does), in the ``--items`` most frequent train tokens and one "other" id, and the split of
     each file (by its key). With ``--max-tokens``, the slice of the module docstring."""
-    from dist_respattn.store.split import DEFAULT_FRACTIONS, assign_split
-    from dist_respattn.store.text import default_corpus, iter_text_documents, line_pieces, vocabulary_from_counts
+    from dist_respattn.store.ingest.split import DEFAULT_FRACTIONS, assign_split
+    from dist_respattn.store.ingest.text import default_corpus, iter_text_documents, line_pieces, vocabulary_from_counts
 
     def tokens_of(path: str, keep: int | None) -> list[str]:
         return [token for piece in line_pieces(path) for token in piece][:keep]
@@ -223,8 +223,8 @@ def stdlib_documents(args: argparse.Namespace) -> dict[str, Any]:
 def write_stores(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """The split of the ``--sequences`` as token-stream stores (one user or file a document), and the train
     documents' tokens as one document (for the kernel timings)."""
-    from dist_respattn.store.stream_store import write_stream
-    from dist_respattn.store.tokens import embedding_table
+    from dist_respattn.store.ingest.tokens import embedding_table
+    from dist_respattn.store.streams.writer import write_stream
 
     made = stdlib_documents(args) if args.sequences == "stdlib" else movielens_documents(args)
     unit, side, num_symbols = made["unit"], made["side"], made["num_symbols"]
@@ -345,8 +345,8 @@ def stdlib_store(args: argparse.Namespace, out: Path) -> Any:
     """The Python standard library's source as a stream store (one file a document), with a vocabulary of the
     ``--items`` most frequent tokens and one id for the rest: S = T as on the ratings."""
     from dist_respattn.store import WriteOptions
-    from dist_respattn.store.stream_ingest import write_stream_text
-    from dist_respattn.store.text import default_corpus
+    from dist_respattn.store.ingest.text import default_corpus
+    from dist_respattn.store.ingest.to_stream import write_stream_text
 
     return write_stream_text(
         out, [default_corpus()], REFERENCE_CONTEXT, vocab_size=args.items, dim=DIM, seed=0,
@@ -399,7 +399,7 @@ def kernel_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path) ->
 
 
 def kernel_figures(args: argparse.Namespace, source: dict[str, Any], n_pos: int) -> dict[str, Any] | None:
-    from dist_respattn.store.stream_store import TokenStreamStore
+    from dist_respattn.store.streams.reader import TokenStreamStore
 
     name = source["corpus"]
     store = TokenStreamStore.open(source["location"].with_min_context(None), n_pos)  # full windows only

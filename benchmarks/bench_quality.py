@@ -125,7 +125,7 @@ def split_items(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     import corpora
 
     from dist_respattn.store import TokenCorpus, write_split
-    from dist_respattn.store.split import DEFAULT_FRACTIONS, assign_split
+    from dist_respattn.store.ingest.split import DEFAULT_FRACTIONS, assign_split
 
     sequences, info = corpora.movielens_sequences(args.cache)
     # The split write_split makes of these documents (key: the document's index), to count items on train only.

@@ -167,7 +167,7 @@ def _relative(a: np.ndarray, b: np.ndarray) -> float:
 
 def ingest(train_files: list[str], test_files: list[str], out: Path, vocab_size: int, n: int) -> dict[str, Any]:
     from dist_respattn.store import WriteOptions
-    from dist_respattn.store.stream_ingest import write_stream_text
+    from dist_respattn.store.ingest.to_stream import write_stream_text
 
     options = WriteOptions(overwrite=True)
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -203,9 +203,9 @@ def start_pass(train_url: str, n: int, *, partitions: int | None = None) -> dict
     from dist_respattn.engine import FitSettings, tasks
     from dist_respattn.engine.tasks import RowSelection
     from dist_respattn.model.fitting.holdout import HoldoutRule
-    from dist_respattn.store.rows import open_rows
+    from dist_respattn.store import open_store
 
-    store = open_rows(train_url, window=n)
+    store = open_store(train_url, window=n)
     settings = FitSettings(context_length=n)
     estimator = settings.estimator(store.schema)
     factory = estimator.accumulator_factory(layout="sparse")
@@ -246,13 +246,14 @@ def bare_kernel(model_dir: Path, train_url: str, n: int) -> dict[str, Any]:
     from dist_respattn.engine.tasks import RowSelection
     from dist_respattn.model.fitting.holdout import HoldoutRule
     from dist_respattn.model.kernels import per_position
-    from dist_respattn.store.rows import open_rows
 
     checkpoint = load_checkpoint(model_dir, "latest")
     model = checkpoint.model
     rule = HoldoutRule.from_json(checkpoint.meta["holdout"]) if checkpoint.meta.get("holdout") else None
     rows = RowSelection(rule, "train") if rule is not None else RowSelection()
-    store = open_rows(train_url, window=n)
+    from dist_respattn.store import open_store
+
+    store = open_store(train_url, window=n)
     blocks = list(store.iter_blocks(0))
     weights = [rows.weights(b) for b in blocks]
     table = model.emission_table

@@ -29,8 +29,8 @@ import zarr
 from dist_respattn.cli import build_parser, main
 from dist_respattn.model import sequence_windows
 from dist_respattn.store import TripleStore, write_text, write_tokens
-from dist_respattn.store.rows import RowStore, open_rows
-from dist_respattn.store.stream_store import TokenStreamStore
+from dist_respattn.store.rows import RowStore, open_store
+from dist_respattn.store.streams.reader import TokenStreamStore
 from tests.test_cli import COMMAND, run
 
 SUBCOMMANDS = ("synth", "ingest", "split", "info", "validate", "repair", "demo", "fit", "evaluate")
@@ -417,7 +417,7 @@ def test_ingest_tokens_with_a_seeded_projection(tokens, tokens_store):
     assert_figures(report, rows=2997, s=9, n=3, d=6, t=9, partitions=3)
     assert report["rows_added"] == 2997
     assert report["provenance"]["source"] == "tokens"
-    store = open_rows(out)
+    store = open_store(out)
     table = store.embeddings()
     assert table is not None and table.shape == (9, 6)
     assert np.isfinite(table).all() and not np.array_equal(table, np.zeros_like(table))
@@ -447,10 +447,10 @@ def test_ingest_tokens_with_a_table_file_and_one_hot(tmp_path, tokens):
     for out, result, dim in ((from_file, results[0], 5), (one_hot, results[1], 9)):
         report = parse_json(result)
         assert_figures(report, rows=2997, s=9, n=3, d=dim, t=9, partitions=1)
-        store = open_rows(out)
+        store = open_store(out)
         assert_rows_equal(read_all(store), token_windows(stream, store))
-    np.testing.assert_array_equal(open_rows(from_file).embeddings(), embeddings)
-    np.testing.assert_array_equal(open_rows(one_hot).embeddings(), np.eye(9, dtype=np.float32))
+    np.testing.assert_array_equal(open_store(from_file).embeddings(), embeddings)
+    np.testing.assert_array_equal(open_store(one_hot).embeddings(), np.eye(9, dtype=np.float32))
 
 
 @pytest.mark.slow
@@ -461,7 +461,7 @@ def test_ingest_tokens_append_and_mismatched_append(tmp_path, tokens, tokens_sto
     assert_figures(report, rows=2 * 2997, s=9, n=3, d=6, t=9, partitions=6)
     assert report["rows_added"] == 2997
     assert len(report["provenance"]["appends"]) == 1
-    store = open_rows(out)
+    store = open_store(out)
     once = token_windows(stream, store)  # the appended stream is embedded with the store's own table
     assert_rows_equal(read_all(store), {name: np.concatenate([w, w]) for name, w in once.items()})
 
@@ -470,7 +470,7 @@ def test_ingest_tokens_append_and_mismatched_append(tmp_path, tokens, tokens_sto
     line = assert_error(mismatched, "ingest", str(out))
     assert "context_length" in line or "--context" in line, line
     assert file_snapshot(out) == snapshot
-    assert open_rows(out).num_rows == 2 * 2997
+    assert open_store(out).num_rows == 2 * 2997
 
 
 @pytest.mark.slow
@@ -483,7 +483,7 @@ def test_ingest_to_an_existing_store_needs_overwrite_and_overwrite_replaces(tmp_
     assert file_snapshot(out) == snapshot
     report = run_json("ingest", str(out), "--arrays", *files, "--overwrite")
     assert_figures(report, rows=2500, s=6, n=4, d=3, t=5, partitions=1)
-    store = open_rows(out)
+    store = open_store(out)
     assert store.embeddings() is None  # nothing of the token store is left
     assert store.provenance["source"] == "arrays"
     assert_rows_equal(read_all(store), {name: np.load(arrays[name]) for name in ROW_NAMES})
@@ -519,7 +519,7 @@ def test_ingest_text_directory(tmp_path):
     assert_figures(report, rows=rows, s=k + 1, n=n, d=3, t=k + 1, partitions=3)
     assert report["rows_added"] == rows
     assert report["provenance"]["files"] == 2
-    store = open_rows(out)
+    store = open_store(out)
     vocab = store.vocabulary()
     assert vocab is not None
     assert vocab["size"] == k
@@ -548,7 +548,7 @@ def test_ingest_text_without_a_path_reads_the_standard_library(tmp_path):
     assert (report["num_symbols"], report["num_targets"], report["context_length"]) == (51, 51, 2)
     stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
     assert any(os.path.realpath(p) == stdlib for p in report["provenance"]["paths"]), report["provenance"]
-    store = open_rows(out)
+    store = open_store(out)
     assert store.num_rows == report["rows"]
     vocab = store.vocabulary()
     assert vocab is not None and vocab["size"] == 50 and vocab["oov_id"] == 50
@@ -602,21 +602,21 @@ def test_ingest_like_takes_the_vocabulary_and_table_and_info_shows_the_identity(
     assert text_human.returncode == 0, text_human.stderr
     report = parse_json(tokens_json)
     for out, reference in ((text_out, "text.zarr"), (tokens_out, "tokens.zarr")):
-        ref, store = open_rows(c[reference]), open_rows(out)
+        ref, store = open_store(c[reference]), open_store(out)
         assert ref.identity() == store.identity()
         assert store.provenance["like"] == str(c[reference])
         assert store.schema == ref.schema  # N from the reference: no --context given
         assert store.vocabulary() == ref.vocabulary()
         np.testing.assert_array_equal(store.embeddings(), ref.embeddings())
-    assert report["identity"] == open_rows(c["tokens.zarr"]).identity()
+    assert report["identity"] == open_store(c["tokens.zarr"]).identity()
     assert report["provenance"]["documents"] == 4
-    assert open_rows(text_out).provenance["oov_count"] == 3  # zebra, sat (not in the top 5), !
-    windows = token_windows(np.load(c["stream.npy"]), open_rows(c["tokens.zarr"]))
+    assert open_store(text_out).provenance["oov_count"] == 3  # zebra, sat (not in the top 5), !
+    windows = token_windows(np.load(c["stream.npy"]), open_store(c["tokens.zarr"]))
     pieces = [(0, 50), (51, 120), (120, 200)]  # the 1-token document 50..51 has no rows
     keep = np.concatenate([np.arange(a, b - 3) for a, b in pieces])
-    assert_rows_equal(read_all(open_rows(tokens_out)), {k: v[keep] for k, v in windows.items()})
+    assert_rows_equal(read_all(open_store(tokens_out)), {k: v[keep] for k, v in windows.items()})
 
-    identity = open_rows(c["text.zarr"]).identity()
+    identity = open_store(c["text.zarr"]).identity()
     line = f"identity     vocabulary {identity['vocabulary'][:12]}, embedding table {identity['embeddings'][:12]}"
     assert line in text_human.stdout  # what ingest prints of the store it wrote
     assert f"made like    {c['text.zarr']}" in text_human.stdout

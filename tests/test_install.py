@@ -109,7 +109,7 @@ def test_install_then_editable_install_in_one_checkout(tmp_path, user_env):
                 with distributed.LocalCluster(
                     n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0"
                 ) as cluster, distributed.Client(cluster) as client:
-                    from dist_respattn.store.windows import target_positions
+                    from dist_respattn.store.streams.windows import target_positions
 
                     got = client.submit(target_positions, np.array([0]), np.array([0, 4]), 2, 0, 4).result()
                     assert got.tolist() == [2, 3, 4, 5], got

@@ -91,7 +91,7 @@ def test_numba_imported_before_the_package_still_caches_in_the_users_directory(t
     code = (
         "import numba, numpy as np\n"
         "numba.config.THREADING_LAYER = 'workqueue'\n"
-        "from dist_respattn.store.windows import target_positions\n"
+        "from dist_respattn.store.streams.windows import target_positions\n"
         "assert numba.config.THREADING_LAYER == 'workqueue', numba.config.THREADING_LAYER\n"
         "print(numba.config.CACHE_DIR)\n"
         "assert target_positions(np.array([0]), np.array([0, 2]), 1, 0, 2).tolist() == [1, 2]\n"

@@ -34,7 +34,7 @@ from dist_respattn import random_distribution
 from dist_respattn.engine import FitSettings, fit
 from dist_respattn.registry import Registry
 from dist_respattn.store import WriteOptions, write_synthetic
-from dist_respattn.store.stream_ingest import write_stream_tokens
+from dist_respattn.store.ingest.to_stream import write_stream_tokens
 from tests.engine.clusters import local_cluster
 
 pytestmark = pytest.mark.slow  # every test here starts a command (and the module a cluster)

@@ -146,8 +146,8 @@ def worker_memory_limit(
     from dist_respattn.engine import FitSettings, estimate_memory, open_store
     from dist_respattn.engine.memory import usable_fraction
 
-    train = open_store(store, storage_options)
-    stores = [train] if validation is None else [train, open_store(validation, storage_options)]
+    train = open_store(store, storage_options=storage_options)
+    stores = [train] if validation is None else [train, open_store(validation, storage_options=storage_options)]
     # The largest block a task reads, as fit() computes it (dist_respattn/engine/fit.py).
     block_rows = max(min(s.chunk_rows, s.num_rows) for s in stores)
     estimate = estimate_memory(

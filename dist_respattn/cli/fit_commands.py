@@ -427,7 +427,7 @@ def _run_fit(args: argparse.Namespace) -> dict[str, Any]:
 
     options = parse_storage_options(args.storage_option)
     settings, spec = _settings(args)  # a bad option is reported before any store is opened
-    store = open_store(args.store, options, settings.context_length)
+    store = open_store(args.store, storage_options=options, window=settings.context_length)
     names = getattr(store, "attribute_names", None)
     for note in spec.notes(tuple(names) if names else None):
         if not args.resume:  # said before the fit, so it can be stopped and run again

@@ -316,17 +316,17 @@ def _open_like(args: argparse.Namespace) -> Any:
     """The ``--like`` store, opened once (with the ``--storage-option`` flags), or ``None``."""
     if args.like is None:
         return None
-    from dist_respattn.store.rows import open_rows
+    from dist_respattn.store.rows import open_store
 
-    return open_rows(args.like, storage_options=parse_storage_options(args.storage_option))
+    return open_store(args.like, storage_options=parse_storage_options(args.storage_option))
 
 
 def _rows_before(args: argparse.Namespace) -> int:
     if not args.append:
         return 0
-    from dist_respattn.store.rows import open_rows
+    from dist_respattn.store.rows import open_store
 
-    return open_rows(args.out, storage_options=parse_storage_options(args.storage_option)).num_rows
+    return open_store(args.out, storage_options=parse_storage_options(args.storage_option)).num_rows
 
 
 def _ingest_format(args: argparse.Namespace) -> str:
@@ -448,16 +448,16 @@ def _names_before(args: argparse.Namespace, like: Any) -> tuple[str, ...] | None
     """The attribute names the new rows' names merge with: the appended store's, or the ``--like`` store's (the
     report's ``attributes_added`` counts the names they lacked)."""
     if args.append:
-        from dist_respattn.store.rows import open_rows
+        from dist_respattn.store.rows import open_store
 
-        return open_rows(args.out, storage_options=parse_storage_options(args.storage_option)).attribute_names
+        return open_store(args.out, storage_options=parse_storage_options(args.storage_option)).attribute_names
     return None if like is None else like.attribute_names
 
 
 def _ingest_stream(args: argparse.Namespace, like: Any) -> Any:
     """``ingest --format stream``: the token ids (of --tokens, or of the --text files) as a token-stream store."""
     from dist_respattn.store import default_corpus, iter_text_files
-    from dist_respattn.store.stream_ingest import write_stream_text, write_stream_tokens
+    from dist_respattn.store.ingest.to_stream import write_stream_text, write_stream_tokens
 
     options = write_options(args, None)
     if args.tokens is not None:
@@ -489,10 +489,10 @@ def _print_written(report: dict[str, Any]) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> dict[str, Any]:
-    from dist_respattn.store.rows import open_rows
-    from dist_respattn.store.text import describe_vocabulary
+    from dist_respattn.store.ingest.text import describe_vocabulary
+    from dist_respattn.store.rows import open_store
 
-    store = open_rows(args.store, storage_options=parse_storage_options(args.storage_option))
+    store = open_store(args.store, storage_options=parse_storage_options(args.storage_option))
     report = store.describe()
     vocabulary = describe_vocabulary(store.vocabulary(), store.provenance)
     if vocabulary is not None:
@@ -610,23 +610,19 @@ def _run_validate(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.store import StoreLocation, validate
 
     location = StoreLocation.of(args.store, parse_storage_options(args.storage_option))
-    client = None
-    if args.scheduler:
-        from distributed import Client
+    if args.scheduler:  # the partitions are scanned on the cluster's workers, by the engine (its one client user)
+        from dist_respattn.engine.validate import scheduler_client, validate_on_cluster
 
-        from dist_respattn.engine.cluster import check_address
-
-        check_address(args.scheduler)
-        try:
-            client = Client(args.scheduler, timeout="10s")
-        except OSError as exc:
-            raise CommandError(f"cannot reach the scheduler at {args.scheduler}: {exc}") from exc
-    try:
+        with (
+            scheduler_client(args.scheduler) as client,
+            progress_bar(None, "partitions", "scanning", scale=False) as bar,
+        ):
+            report = validate_on_cluster(
+                location, client=client, progress=bar.update, total=lambda n: bar.reset(total=n)
+            )
+    else:
         with progress_bar(None, "partitions", "scanning", scale=False) as bar:
-            report = validate(location, client=client, progress=bar.update, total=lambda n: bar.reset(total=n))
-    finally:
-        if client is not None:
-            client.close()
+            report = validate(location, progress=bar.update, total=lambda n: bar.reset(total=n))
     result = report.to_json()
     result["exit_status"] = 0 if report.ok else 1
     result["summary"] = report.summary()

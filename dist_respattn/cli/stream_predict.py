@@ -41,7 +41,7 @@ def _token_ids(stream: IO[str], vocabulary: dict[str, Any] | None, num_symbols: 
                     raise CommandError(f"stdin line {number}: token id {value}: expected an id in [0, {num_symbols})")
                 yield text, value
         return
-    from dist_respattn.store.text import tokenize
+    from dist_respattn.store.ingest.text import tokenize
 
     lookup = {token: i for i, token in enumerate(vocabulary.get("tokens", []))}
     oov = int(vocabulary.get("oov_id", len(lookup)))

@@ -27,7 +27,7 @@ from dist_respattn.baselines.ngram import DEFAULT_K, MODEL_LABELS, fit_baselines
 from dist_respattn.engine import tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.cluster import ClusterOptions, connect
-from dist_respattn.engine.fit import FitError, check_same_shape
+from dist_respattn.engine.fit import FitError, check_same_shape, open_fit_store
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.tasks import ALL_ROWS, RowSelection, attribute_map
@@ -230,13 +230,9 @@ def evaluate(
         checkpoint = load_checkpoint(model, storage_options=storage_options)
         head, meta = checkpoint.model, checkpoint.meta
     # A token-stream store is read with the model's window.
-    try:
-        scored = open_store(
-            store, storage_options=storage_options, window=window_for(head, store, storage_options),
-            min_context=min_context_for(head, meta),
-        )  # fmt: skip
-    except ValueError as exc:
-        raise FitError(str(exc)) from None
+    scored = open_fit_store(
+        store, storage_options, window_for(head, store, storage_options), min_context_for(head, meta)
+    )
     check_same_shape(head, "the model", scored)
     check_recorded_corpus(
         meta.get("store"), scored, reference_role="the model's training store", other_role="the evaluated store"

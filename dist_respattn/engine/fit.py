@@ -38,10 +38,17 @@ from dist_respattn.engine.tasks import ALL_ROWS, RowSelection, attribute_map
 from dist_respattn.events import FitState, IterationRecord, Metric, history_from_json
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import Head, HeadSpec, Stage, Trainer, TrainerContext, spec_from_json
-from dist_respattn.store import StoreLocation, check_recorded_corpus, check_same_corpus, open_store
+from dist_respattn.store import (
+    StoreLocation,
+    TokenStreamStore,
+    TripleStore,
+    check_recorded_corpus,
+    check_same_corpus,
+    open_store,
+)
 from dist_respattn.store.rows import RowStore
 
-__all__ = ["FitError", "FitResult", "check_same_shape", "fit"]
+__all__ = ["FitError", "FitResult", "check_same_shape", "fit", "open_fit_store"]
 
 logger = logging.getLogger("dist_respattn.fit")
 
@@ -94,12 +101,21 @@ class FitResult:
         return len(self.history)
 
 
-def _open(
+def open_fit_store(
     store: str | os.PathLike[str] | StoreLocation | RowStore,
-    storage_options: dict[str, Any] | None,
+    storage_options: dict[str, Any] | None = None,
     window: int | None = None,
     min_context: int | None = None,
 ) -> RowStore:
+    """:func:`~dist_respattn.store.open_store` for the engine's entry points (fit, evaluate, predict, retrain): a
+    store already open with this ``window`` and ``min_context`` is used as it is, and a store the opener refuses
+    (a ``ValueError``, e.g. a triple store asked for another N) is a :class:`FitError`."""
+    if (
+        isinstance(store, (TripleStore, TokenStreamStore))
+        and (window is None or window == store.schema.context_length)
+        and (min_context is None or isinstance(store, TripleStore) or min_context == store.min_context)
+    ):
+        return store
     try:
         return open_store(store, storage_options=storage_options, window=window, min_context=min_context)
     except ValueError as exc:
@@ -276,7 +292,7 @@ def _validation_store(
 ) -> RowStore | None:
     """The validation store: the one given, or on resume the checkpoint's (a different one is refused)."""
     saved = checkpoint.meta.get("validation") if checkpoint is not None else None
-    heldout = _open(validation, storage_options, window, min_context) if validation is not None else None
+    heldout = open_fit_store(validation, storage_options, window, min_context) if validation is not None else None
     if saved is None:
         if heldout is not None and checkpoint is not None and checkpoint.iteration > 0:
             raise FitError("the fit being resumed ran without a validation store; resume it without one")
@@ -288,7 +304,7 @@ def _validation_store(
             )
         return heldout
     if heldout is None:
-        heldout = _open(saved["url"], storage_options, saved.get("window") or window, min_context)
+        heldout = open_fit_store(saved["url"], storage_options, saved.get("window") or window, min_context)
     if heldout.fingerprint() != saved.get("fingerprint"):
         raise FitError(
             f"the fit being resumed was validated on {saved['url']} (fingerprint {saved.get('fingerprint')}), "
@@ -423,13 +439,13 @@ def _fit_stage(
     """One fit of one kind (see :func:`fit`)."""
     called = time.perf_counter()
     say = say if say is not None else logger.info
-    train = _open(store, storage_options, settings.context_length)
+    train = open_fit_store(store, storage_options, settings.context_length)
     try:
         min_context = settings.min_context_for(train.schema.context_length)
         settings.buckets(train.schema.context_length)  # refuses a K that does not fit this window
     except ValueError as exc:
         raise FitError(str(exc)) from None
-    train = _open(train, storage_options, None, min_context)
+    train = open_fit_store(train, storage_options, None, min_context)
     if train.num_rows == 0:
         raise FitError(f"the store {train.location} has no rows: there is nothing to fit")
     folder = ModelDir(model_dir)
@@ -611,4 +627,4 @@ def _continued_heldout(
             "the fit this one starts from had no held-out rows (no --validation, --holdout-fraction 0): it needs them "
             "to stop early and keep its best iteration"
         )
-    return _open(record["url"], storage_options, record.get("window"), record.get("min_context") or min_context), None
+    return open_fit_store(record["url"], storage_options, record.get("window"), record.get("min_context") or min_context), None

@@ -31,7 +31,7 @@ from dist_respattn.engine import gated_tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.cluster import ClusterOptions, connect
 from dist_respattn.engine.evaluate import _open_recorded, evaluate
-from dist_respattn.engine.fit import FitError, open_store
+from dist_respattn.engine.fit import FitError, open_fit_store
 from dist_respattn.engine.gated_fit import attribute_map
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
@@ -221,7 +221,7 @@ def evaluate_gated(
     head_names = checkpoint.attribute_names
     shared_dir = shared_dir_of(model_dir, checkpoint)
     shared_model = load_checkpoint(shared_dir).model
-    scored = open_store(store, storage_options, head.context_length)
+    scored = open_fit_store(store, storage_options, head.context_length)
     names = gated_tasks.attribute_names_of(scored)
     mapping = attribute_map(names, head_names)
     shared_head = GatedHead.from_shared(shared_model, 1)

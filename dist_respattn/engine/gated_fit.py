@@ -41,7 +41,7 @@ from dist_respattn.artifacts.gated_checkpoints import GatedCheckpoint, commit_ga
 from dist_respattn.engine import gated_tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.cluster import ClusterOptions, cluster_info, connect
-from dist_respattn.engine.fit import FitError, _last_choice, open_store
+from dist_respattn.engine.fit import FitError, _last_choice, open_fit_store
 from dist_respattn.engine.loop import store_record
 from dist_respattn.engine.memory import check_memory, estimate_gated_memory
 from dist_respattn.engine.passes import PassRunner
@@ -254,7 +254,7 @@ def _heldout_side(shared: Checkpoint, train: RowStore, names: tuple[str, ...], s
             "the shared fit had no held-out rows (no --validation, --holdout-fraction 0): a gated fit needs them "
             "to stop early and keep its best iteration"
         )
-    validation = open_store(record["url"], storage_options, record.get("window"), record.get("min_context"))
+    validation = open_fit_store(record["url"], storage_options, record.get("window"), record.get("min_context"))
     other = gated_tasks.attribute_names_of(validation)
     return HeldoutSide(validation, ALL_ROWS, attribute_map(other, names), str(validation.location))
 
@@ -413,7 +413,7 @@ def fit_gated(
     shared = load_checkpoint(shared_dir)
     if shared.model.buckets is not None:
         raise FitError("--attribute-factors with --position-buckets: a gated head's prior is per position (free)")
-    train = open_store(store, storage_options, shared.model.context_length)
+    train = open_fit_store(store, storage_options, shared.model.context_length)
     if (shared.meta.get("store") or {}).get("fingerprint") not in (None, train.fingerprint()):
         raise FitError(f"the shared head in {shared_dir} was fitted on another store than {train.location}")
     names = gated_tasks.attribute_names_of(train)

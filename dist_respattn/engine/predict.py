@@ -28,7 +28,7 @@ from dist_respattn.engine import tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.cluster import ClusterOptions, connect
 from dist_respattn.engine.evaluate import window_for
-from dist_respattn.engine.fit import FitError, check_same_shape
+from dist_respattn.engine.fit import FitError, check_same_shape, open_fit_store
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.tasks import attribute_map
@@ -126,10 +126,7 @@ def predict(
         head.check_top_k()
     except ValueError as exc:
         raise FitError(f"{source}: {exc}") from None
-    try:
-        scored = open_store(store, storage_options=storage_options, window=window_for(head, store, storage_options))
-    except ValueError as exc:
-        raise FitError(str(exc)) from None
+    scored = open_fit_store(store, storage_options, window_for(head, store, storage_options))
     names = getattr(scored, "attribute_names", None)
     mapping = attribute_map(tuple(names) if names else None, head.attribute_names())
     check_same_shape(head, "the model", scored)

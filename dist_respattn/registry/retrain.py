@@ -34,7 +34,7 @@ from dist_respattn.engine import (
     connect,
     fit,
     load_checkpoint,
-    open_store,
+    open_fit_store,
     score,
     store_record,
 )
@@ -227,8 +227,8 @@ def retrain(
         raise ValueError(f"keep = {keep}: expected at least 1")
     reg = Registry(str(registry), storage_options)
     reg.check_format()
-    train = open_store(store, storage_options, settings.context_length)
-    heldout = open_store(validation, storage_options, train.location.window) if validation is not None else None
+    train = open_fit_store(store, storage_options, settings.context_length)
+    heldout = open_fit_store(validation, storage_options, train.location.window) if validation is not None else None
     scratch = None if work_dir is not None else Path(tempfile.mkdtemp(prefix="respattn-retrain-"))
     model_dir = Path(work_dir or scratch or ".") / "model"
     try:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dist_respattn.store.schema import StoreSchema
-from dist_respattn.store.writer import ProgressCallback, StoreWriter
+from dist_respattn.store.triples.writer import ProgressCallback, StoreWriter
 
 __all__ = ["WriteOptions", "open_writer"]
 

@@ -47,9 +47,9 @@ import zarr
 from dist_respattn.durable.files import place_file, temporary_path
 from dist_respattn.model.heads.single_hop.top_k import TopK
 from dist_respattn.store.errors import StoreError
+from dist_respattn.store.group import open_group_at
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.schema import ATTRIBUTE_KEY
-from dist_respattn.store.triple_store import open_group_at
 
 __all__ = [
     "OOV_WORD",

@@ -45,8 +45,9 @@ def repair_store(
     anything left beside it.
     """
     from dist_respattn.store.rows import is_stream_store
-    from dist_respattn.store.stream_store import TokenStreamStore, rollback_stream_locked
-    from dist_respattn.store.writer import rollback_locked
+    from dist_respattn.store.streams.reader import TokenStreamStore
+    from dist_respattn.store.streams.rollback import rollback_stream_locked
+    from dist_respattn.store.triples.rollback import rollback_locked
 
     location = StoreLocation.of(url, storage_options).with_window(None)
     with StoreLock.of(location, purpose="repair"):

@@ -36,7 +36,7 @@ __all__ = [
 ATTRIBUTE_KEY = "dist_respattn"
 SCHEMA_NAME = "dist_respattn.triples"
 SCHEMA_VERSION = 1
-#: A token-stream store's schema (see ``dist_respattn.store.stream_store``), named here so that opening a triple
+#: A token-stream store's schema (see ``dist_respattn.store.streams.reader``), named here so that opening a triple
 #: store can tell a store of the other kind from something that is no store.
 STREAM_SCHEMA_NAME = "dist_respattn.token_stream"
 

@@ -1,27 +1,44 @@
-"""A full scan of a store: every chunk of every row array, serially or in parallel on a Dask cluster."""
+"""A full scan of a store: its structure, then every chunk of every row array, partition by partition.
+
+The partitions are scanned here one after another; :func:`dist_respattn.engine.validate.validate_on_cluster` runs
+the same :func:`scan_partition` on a cluster's workers."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from dist_respattn.model.rows import EncodedRows
-from dist_respattn.store.checks import Problem, block_problems, structural_problems
+from dist_respattn.store.group import damaged_metadata, open_group_at, shard_key
 from dist_respattn.store.identity import IDENTITY_KEYS, embedding_sha256, short_hash, vocabulary_sha256
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.not_a_store import not_a_store
+from dist_respattn.store.problems import Problem, block_problems, structural_problems
 from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, STREAM_SCHEMA_NAME, StoreSchema
-from dist_respattn.store.stream_store import is_stream_group, validate_stream
-from dist_respattn.store.triple_store import damaged_metadata, open_group_at, shard_key
+from dist_respattn.store.streams.reader import is_stream_group
+from dist_respattn.store.streams.validation import validate_stream
 from dist_respattn.text_format import count_text
 
-__all__ = ["ValidationReport", "identity_problems", "scan_partition", "validate"]
+__all__ = [
+    "PartitionScan",
+    "ScanResult",
+    "ValidationReport",
+    "identity_problems",
+    "scan_partition",
+    "scan_serially",
+    "validate",
+]
+
+#: What :func:`scan_partition` finds in one partition: ``(problems, rows scanned, chunks scanned)``.
+ScanResult = tuple[list[Problem], int, int]
+#: A way to scan a triple store's partitions: ``(location, partitions, progress) -> results in partition order``,
+#: calling ``progress(1)`` as each partition is done.
+PartitionScan = Callable[[StoreLocation, Sequence[int], Callable[[int], None] | None], list[ScanResult]]
 
 
 @dataclasses.dataclass
@@ -55,7 +72,7 @@ class ValidationReport:
         return "\n".join([head, *(f"  {p}" for p in self.problems)])
 
 
-def scan_partition(location: StoreLocation, partition: int) -> tuple[list[Problem], int, int]:
+def scan_partition(location: StoreLocation, partition: int) -> ScanResult:
     """Check every chunk of one partition: its files exist, decode, and hold valid values.
 
     Opens the store itself (this runs on a worker); the caller has checked its structure.
@@ -126,23 +143,36 @@ def _attribute_problems(ids: Any, num_attributes: int, chunk: int, first: int) -
                     count=int(bad.size))]  # fmt: skip
 
 
+def scan_serially(
+    location: StoreLocation, partitions: Sequence[int], progress: Callable[[int], None] | None = None
+) -> list[ScanResult]:
+    """Scan ``partitions`` one after another in this process (:func:`validate`'s way by default)."""
+    ordered = []
+    for p in partitions:
+        ordered.append(scan_partition(location, p))
+        if progress is not None:
+            progress(1)
+    return ordered
+
+
 def validate(
     url: str | os.PathLike[str] | StoreLocation,
     *,
     storage_options: dict[str, Any] | None = None,
-    client: Any = None,
     progress: Callable[[int], None] | None = None,
     total: Callable[[int], None] | None = None,
+    scan: PartitionScan = scan_serially,
 ) -> ValidationReport:
     """Scan a store and report every problem with its array, chunk and row.
 
-    Raises :class:`StoreError` when ``url`` holds no triple store at all (no group, or a group
-    without the store attribute); everything else is reported, not raised.
+    Raises :class:`StoreError` when ``url`` holds no store at all (no group, or a group without the store
+    attribute); everything else is reported, not raised.
 
     Structure first (attributes, array dtypes and shapes, row counts, chunkings, unfinished writes);
     then, when the structure allows, every partition: missing chunk files, undecodable chunks, ids
-    out of range, non-finite queries or weights, negative weights. With a ``distributed.Client`` the
-    partitions are scanned in parallel on its workers (which must see the store's location).
+    out of range, non-finite queries or weights, negative weights. A triple store's partitions are scanned by
+    ``scan`` (default: here, one after another; :func:`dist_respattn.engine.validate.validate_on_cluster` scans
+    them in parallel on a cluster's workers), a token-stream store's chunks here.
     ``progress`` is called with the number of partitions each step finishes; ``total``, once the structure allows a
     scan, with the number of partitions it will scan (a token-stream store's: its shards of tokens).
     """
@@ -165,29 +195,7 @@ def validate(
     partitions = range(-(-attributes["rows"] // attributes["partition_rows"]))
     if total is not None:
         total(len(partitions))
-    if client is not None:
-        run = uuid.uuid4().hex[:8]
-        futures = client.map(
-            scan_partition,
-            [location] * len(partitions),
-            list(partitions),
-            key=[f"respattn-validate-{run}-{p}" for p in partitions],
-            pure=False,
-        )
-        from distributed import as_completed
-
-        # The client's own loop: as_completed otherwise asks for a default client, which a caller's may not be.
-        for _ in as_completed(futures, loop=client.loop):
-            if progress is not None:
-                progress(1)
-        ordered = client.gather(futures)  # in partition order, so the report reads the same either way
-    else:
-        ordered = []
-        for p in partitions:
-            ordered.append(scan_partition(location, p))
-            if progress is not None:
-                progress(1)
-    for found, rows, chunks in ordered:
+    for found, rows, chunks in scan(location, list(partitions), progress):  # in partition order: the same report
         report.problems.extend(found)
         report.rows_scanned += rows
         report.chunks_scanned += chunks

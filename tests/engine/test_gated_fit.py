@@ -21,7 +21,6 @@ from dist_respattn.model.emission.layouts import PairSupport
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.gated.head import gated_estep, gated_m_step
 from dist_respattn.store.predictions import target_words
-from dist_respattn.store.rows import open_rows
 from tests.engine.clusters import local_cluster
 from tests.model.test_kernel_parity import assert_close
 from tests.stdlib_packages import PACKAGES, package_corpus
@@ -83,7 +82,7 @@ def test_the_cluster_fit_is_the_in_process_em(stores, cluster, tmp_path):
     assert result.iterations == 3
     # The same EM, in this process, over the same training rows.
     shared = load_checkpoint(shared_dir)
-    store = open_store(train, None, shared.model.context_length)
+    store = open_store(train, window=shared.model.context_length)
     rule = HoldoutRule.from_json(shared.meta["holdout"])
     block = store.read_rows(0, store.num_rows)
     attribute = store.read_attributes(0, store.num_rows)
@@ -207,7 +206,7 @@ def test_the_commands_end_to_end(stores, tmp_path):
     assert done.returncode == 0, done.stderr
     done = _cli("sample", model, "--store", short_store, "--attribute", "json", "--tokens", "5", "--json")
     assert done.returncode == 0, done.stderr
-    opened = open_rows(short_store)
+    opened = open_store(short_store)
     ids = opened.document_attributes()
     assert ids is not None
     json_documents = np.flatnonzero(ids == opened.attribute_names.index("json"))

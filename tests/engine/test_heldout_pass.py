@@ -16,7 +16,7 @@ from dist_respattn.model.emission.prior import EmissionPrior
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.fitting.selection import DEFAULT_SEARCH, GridTotals, score_grid
 from dist_respattn.store import WriteOptions
-from dist_respattn.store.stream_ingest import write_stream_tokens
+from dist_respattn.store.ingest.to_stream import write_stream_tokens
 from tests.store.helpers import random_rows, write_small
 
 

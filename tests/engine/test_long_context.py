@@ -14,8 +14,8 @@ import pytest
 from dist_respattn.engine import FitError, FitSettings, evaluate, fit, load_model, predict
 from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.store import WriteOptions
-from dist_respattn.store.rows import open_rows
-from dist_respattn.store.stream_ingest import write_stream_tokens
+from dist_respattn.store.ingest.to_stream import write_stream_tokens
+from dist_respattn.store.rows import open_store
 from tests.engine.clusters import local_cluster
 
 pytestmark = pytest.mark.slow  # every test here starts a cluster or a command
@@ -39,8 +39,8 @@ def stream(tmp_path_factory):
 
 
 def test_short_histories_are_read_as_windows_cut_at_their_document_start(stream):
-    full = open_rows(stream.location)
-    short = open_rows(stream.location, min_context=1)
+    full = open_store(stream.location)
+    short = open_store(stream.location, min_context=1)
     assert short.num_rows > full.num_rows
     rows = short.read_windows(0, short.num_rows)
     lengths = rows.end - rows.begin
@@ -95,7 +95,7 @@ def test_a_bucketed_fit_equals_in_process_em_and_is_bit_identical_on_one_two_and
     for other in models[1:]:
         for name in ("key_means", "position_prior", "emission"):
             assert np.array_equal(getattr(models[0], name), getattr(other, name)), name
-    expected = in_process_fit(open_rows(stream.location, min_context=1), SETTINGS, 3)
+    expected = in_process_fit(open_store(stream.location, min_context=1), SETTINGS, 3)
     for name in ("key_means", "position_prior", "emission"):
         np.testing.assert_allclose(getattr(models[0], name), getattr(expected, name), rtol=1e-11, atol=1e-14)
     # The checkpoint records the buckets, and the history's likelihood never decreases.
@@ -109,7 +109,7 @@ def test_a_bucketed_fit_is_scored_on_the_rows_it_trained_on_and_beats_the_bigram
     likelihoods = [h["mean_log_likelihood"] for h in result.history]
     assert result.history and all(np.isfinite(likelihoods))
     scored = evaluate(tmp_path / "m", stream.location, client=client, progress=False).to_json()
-    assert scored["rows"] == open_rows(stream.location, min_context=1).num_rows
+    assert scored["rows"] == open_store(stream.location, min_context=1).num_rows
     # The signal is 6 tokens back: beyond a bigram's reach, inside the buckets'.
     assert scored["model"]["perplexity"] < scored["baselines"]["kneser_ney"]["perplexity"]
     with pytest.raises(FitError, match="--position-buckets 7 with a window of N = 24"):

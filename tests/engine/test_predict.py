@@ -19,9 +19,9 @@ from dist_respattn.engine import ModelDir, evaluate, load_model, predict
 from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.registry import Registry
 from dist_respattn.store import StoreError, WriteOptions
+from dist_respattn.store.ingest.to_stream import write_stream_tokens
 from dist_respattn.store.predictions import Predictions
-from dist_respattn.store.rows import open_rows
-from dist_respattn.store.stream_ingest import write_stream_tokens
+from dist_respattn.store.rows import open_store
 
 from .conftest import ROWS, small_truth
 
@@ -32,7 +32,7 @@ COMMAND = str(Path(sys.executable).parent / "dist-respattn")
 
 def all_rows(url):
     """Every row of a store in order: ``(context, query, target)``."""
-    store = open_rows(url)
+    store = open_store(url)
     parts = [store.read_partition(p) for p in range(store.num_partitions)]
     return tuple(np.concatenate([getattr(p, n) for p in parts]) for n in ("context", "query", "target"))
 
@@ -64,7 +64,7 @@ def test_predictions_of_a_triple_store_equal_predict_proba(small_store, client, 
     top = np.argsort(-model.predict_proba(context, query), kind="stable")[:, :3]
     assert run.top1_accuracy == pytest.approx(np.mean(top[:, 0] == target), abs=1e-15)
     assert run.top_k_accuracy == pytest.approx(np.mean((top == target[:, None]).any(axis=1)), abs=1e-15)
-    assert Predictions.open(tmp_path / "p.zarr").header.store_fingerprint == open_rows(small_store).fingerprint()
+    assert Predictions.open(tmp_path / "p.zarr").header.store_fingerprint == open_store(small_store).fingerprint()
 
 
 def test_predictions_of_a_stream_store_with_a_sparse_head_equal_predict_proba(client, tmp_path):
@@ -122,7 +122,7 @@ def test_the_output_is_never_written_over_by_mistake(small_store, client, tmp_pa
         predict(model, small_store, out=tmp_path, top_k=2, overwrite=True, client=client, progress=False)
     with pytest.raises(ValueError, match="is the store being predicted"):
         predict(model, small_store, out=small_store, top_k=2, overwrite=True, client=client, progress=False)
-    assert open_rows(small_store).num_rows == ROWS
+    assert open_store(small_store).num_rows == ROWS
 
 
 def test_cli_predict_writes_what_predict_does(small_store, client, tmp_path):

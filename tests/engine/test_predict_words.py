@@ -23,7 +23,7 @@ import pytest
 from dist_respattn.engine import load_model, predict
 from dist_respattn.model.streaming import Predictor
 from dist_respattn.store.predictions import OOV_WORD, target_words
-from dist_respattn.store.rows import open_rows
+from dist_respattn.store.rows import open_store
 
 from .conftest import ROWS, small_truth
 from .test_predict import all_rows
@@ -74,7 +74,7 @@ def test_predict_out_jsonl_gives_each_rows_top_k_in_ids_words_and_probabilities(
     lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     ids, probs, target = expected_top(model, store, TOP)
     assert len(lines) == report["rows"] == ids.shape[0] > 1000
-    vocabulary = open_rows(store).vocabulary()
+    vocabulary = open_store(store).vocabulary()
     assert vocabulary is not None
     tokens = vocabulary["tokens"]
     assert [line["row"] for line in lines] == list(range(len(lines)))
@@ -107,7 +107,7 @@ def test_predict_out_csv_has_one_line_a_row_with_the_ranked_ids_words_and_probab
     assert header == ["row", "target", "target_word", "id_1", "word_1", "probability_1", "id_2", "word_2",
                       "probability_2", "id_3", "word_3", "probability_3"]  # fmt: skip
     ids, probs, target = expected_top(model, store, TOP)
-    words = target_words(open_rows(store).vocabulary(), load_model(model).num_targets)
+    words = target_words(open_store(store).vocabulary(), load_model(model).num_targets)
     assert words is not None and len(rows) == ids.shape[0]
     got_ids = np.array([[int(r[f"id_{k}"]) for k in range(1, TOP + 1)] for r in rows])
     got_probs = np.array([[float(r[f"probability_{k}"]) for k in range(1, TOP + 1)] for r in rows])
@@ -162,7 +162,7 @@ def test_predict_stream_gives_words_and_ids_and_reports_the_start_up_apart(text_
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     head = load_model(model)
-    opened = open_rows(store)
+    opened = open_store(store)
     words = target_words(opened.vocabulary(), head.num_targets)
     assert words is not None
     lookup = {w: i for i, w in enumerate(words[:-1])}
@@ -189,7 +189,7 @@ def test_sample_generates_from_a_plain_head_reproducibly_from_a_short_prompt(tex
     first, again, other = (json.loads(done.stdout) for done in runs)
     assert first["tokens"] == again["tokens"] and first["tokens"] != other["tokens"] and len(first["ids"]) == 25
     assert first["prompt"] == ["def"] and first["mix"] is None
-    words = target_words(open_rows(store).vocabulary(), load_model(model).num_targets)
+    words = target_words(open_store(store).vocabulary(), load_model(model).num_targets)
     assert words is not None
     assert all(0 <= i < len(words) for i in first["ids"]) and first["tokens"] == [words[i] for i in first["ids"]]
     # Without a prompt, it opens with a document of the store; in text, the prompt then the tokens.

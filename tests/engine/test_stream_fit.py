@@ -7,7 +7,7 @@ import pytest
 
 from dist_respattn.engine import FitError, FitSettings, fit
 from dist_respattn.store import WriteOptions, write_tokens
-from dist_respattn.store.stream_ingest import write_stream_tokens
+from dist_respattn.store.ingest.to_stream import write_stream_tokens
 
 pytestmark = pytest.mark.slow  # every test here starts a cluster or a command
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import dist_respattn.store.tokens as tokens_module
+import dist_respattn.store.ingest.tokens as tokens_module
 from dist_respattn.model.encoder import sequence_windows
 from dist_respattn.model.heads.single_hop.sampler import ResponsibilityAttentionSampler, random_distribution
 from dist_respattn.store import (

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import zarr
 
-import dist_respattn.store.tokens as tokens_module
+import dist_respattn.store.ingest.tokens as tokens_module
 from dist_respattn.store import (
     StoreError,
     StoreWriter,
@@ -33,9 +33,12 @@ from dist_respattn.store import (
 )
 from dist_respattn.store.attributes import merge_names
 from dist_respattn.store.errors import SchemaMismatchError, StoreCorruptError
-from dist_respattn.store.stream_ingest import write_stream_text, write_stream_tokens
-from dist_respattn.store.stream_store import StreamWriter, TokenStreamStore, rollback_stream_append, validate_stream
-from dist_respattn.store.tables import embedding_table
+from dist_respattn.store.ingest.tables import embedding_table
+from dist_respattn.store.ingest.to_stream import write_stream_text, write_stream_tokens
+from dist_respattn.store.streams.reader import TokenStreamStore
+from dist_respattn.store.streams.rollback import rollback_stream_append
+from dist_respattn.store.streams.validation import validate_stream
+from dist_respattn.store.streams.writer import StreamWriter
 from tests.store.helpers import as_if_killed
 from tests.test_cli_store import assert_error, parse_json, run_many
 

@@ -1,6 +1,6 @@
 """The compiled byte tokenizer and the one-pass text ingest give exactly what the Python tokenizer gives.
 
-The reference is the regex tokenizer of :mod:`dist_respattn.store.text` (``line_pieces`` of a file,
+The reference is the regex tokenizer of :mod:`dist_respattn.store.ingest.text` (``line_pieces`` of a file,
 counted by ``build_vocabulary``): the store's ids, its vocabulary and its document starts must be
 those of that two-pass writer, on text chosen to be awkward (non-ASCII letters and spaces, case
 mappings that turn non-ASCII into ASCII, undecodable bytes, CRLF, control characters, empty files).
@@ -16,12 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dist_respattn.store import text_pass
-from dist_respattn.store.byte_tokenizer import TokenDictionary, tokenize_bytes
-from dist_respattn.store.stream_ingest import write_stream_text
-from dist_respattn.store.stream_store import TokenStreamStore
-from dist_respattn.store.text import build_vocabulary, iter_text_files, line_pieces, tokenize
-from dist_respattn.store.text_pass import file_blocks, tokenize_files
+from dist_respattn.store.ingest import text_pass
+from dist_respattn.store.ingest.byte_tokenizer import TokenDictionary, tokenize_bytes
+from dist_respattn.store.ingest.text import build_vocabulary, iter_text_files, line_pieces, tokenize
+from dist_respattn.store.ingest.text_pass import file_blocks, tokenize_files
+from dist_respattn.store.ingest.to_stream import write_stream_text
+from dist_respattn.store.streams.reader import TokenStreamStore
 from tests.engine.test_bad_input import run_cli
 
 TRICKY = [

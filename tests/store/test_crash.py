@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import zarr
 
-import dist_respattn.store.tokens as tokens_module
+import dist_respattn.store.ingest.tokens as tokens_module
 from dist_respattn.store import (
     IncompleteStoreError,
     StoreError,

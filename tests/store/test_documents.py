@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dist_respattn.store.documents as documents_module
-import dist_respattn.store.tokens as tokens_module
+import dist_respattn.store.ingest.tokens as tokens_module
 from dist_respattn.model.encoder import sequence_windows
 from dist_respattn.store import validate, write_tokens
 from dist_respattn.store.documents import DocumentWindows, document_runs

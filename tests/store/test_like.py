@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-import dist_respattn.store.tokens as tokens_module
+import dist_respattn.store.ingest.tokens as tokens_module
 from dist_respattn.model.encoder import sequence_windows
 from dist_respattn.store import (
     SchemaMismatchError,

@@ -16,8 +16,8 @@ from dist_respattn.store import TripleStore, validate
 from dist_respattn.store.errors import StoreError
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.predictions import PredictionsHeader, create_predictions
-from dist_respattn.store.rows import open_rows
-from dist_respattn.store.stream_store import TokenStreamStore
+from dist_respattn.store.rows import open_store
+from dist_respattn.store.streams.reader import TokenStreamStore
 from tests.store.helpers import write_small
 
 EXPECTED = "expected a store written by `dist-respattn ingest` or `split` (a token-stream or triple store)"
@@ -79,7 +79,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_opener_says_what_is_there_instead_of_a_store(paths, case):
     expected = f"{paths[case]}: " + CASES[case].format(**paths)
-    for opener in (open_rows, TripleStore.open, TokenStreamStore.open, validate):
+    for opener in (open_store, TripleStore.open, TokenStreamStore.open, validate):
         with pytest.raises(StoreError) as info:
             opener(paths[case])
         assert str(info.value) == expected, opener

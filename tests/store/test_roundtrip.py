@@ -13,8 +13,8 @@ import fsspec
 import numpy as np
 import pytest
 
-import dist_respattn.store.text as text_module
-import dist_respattn.store.tokens as tokens_module
+import dist_respattn.store.ingest.text as text_module
+import dist_respattn.store.ingest.tokens as tokens_module
 from dist_respattn.model.encoder import sequence_to_triples, sequence_windows
 from dist_respattn.model.heads.single_hop.sampler import ResponsibilityAttentionSampler, random_distribution
 from dist_respattn.store import (

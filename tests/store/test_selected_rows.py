@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from dist_respattn.store import WriteOptions
-from dist_respattn.store.stream_ingest import write_stream_tokens
-from dist_respattn.store.windows import make_windows, target_positions
+from dist_respattn.store.ingest.to_stream import write_stream_tokens
+from dist_respattn.store.streams.windows import make_windows, target_positions
 from tests.store.helpers import random_rows, write_small
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dist_respattn.store import SPLIT_NAMES, TextCorpus, TokenCorpus, TripleStore, WriteOptions, validate, write_split
-from dist_respattn.store.stream_store import TokenStreamStore
+from dist_respattn.store.streams.reader import TokenStreamStore
 from tests.store.helpers import assert_same_rows
 from tests.store.test_split import FRACTIONS, WORDS, make_tree
 

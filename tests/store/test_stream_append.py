@@ -21,8 +21,10 @@ import pytest
 
 from dist_respattn.store import WriteOptions
 from dist_respattn.store.errors import IncompleteStoreError, SchemaMismatchError
-from dist_respattn.store.stream_ingest import write_stream_text, write_stream_tokens
-from dist_respattn.store.stream_store import TokenStreamStore, rollback_stream_append, validate_stream
+from dist_respattn.store.ingest.to_stream import write_stream_text, write_stream_tokens
+from dist_respattn.store.streams.reader import TokenStreamStore
+from dist_respattn.store.streams.rollback import rollback_stream_append
+from dist_respattn.store.streams.validation import validate_stream
 from tests.engine.test_bad_input import run_cli
 from tests.store.test_stream_store import all_rows
 
@@ -100,7 +102,7 @@ APPENDER = textwrap.dedent(
     import sys
     import numpy as np
     from dist_respattn.store import WriteOptions
-    from dist_respattn.store.stream_ingest import write_stream_tokens
+    from dist_respattn.store.ingest.to_stream import write_stream_tokens
     tokens = np.random.default_rng(1).integers(0, 40, 200_000_000).astype(np.uint8)
     write_stream_tokens(sys.argv[1], tokens, None, options=WriteOptions(append=True))
     """

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from dist_respattn.model.encoder import sequence_windows
 from dist_respattn.store import WriteOptions, validate, write_tokens
 from dist_respattn.store.errors import StoreCorruptError
-from dist_respattn.store.rows import open_rows
-from dist_respattn.store.stream_ingest import write_stream_tokens
-from dist_respattn.store.stream_store import TokenStreamStore, token_dtype
+from dist_respattn.store.ingest.to_stream import write_stream_tokens
+from dist_respattn.store.rows import open_store
+from dist_respattn.store.streams.reader import TokenStreamStore, token_dtype
 from tests.engine.test_bad_input import run_cli
 
 
@@ -111,17 +111,17 @@ def test_the_store_is_a_few_bytes_a_token_and_reopens_with_its_window(tmp_path):
     ids_bytes = sum(os.path.getsize(p) for p in (tmp_path / "s.zarr" / "tokens").rglob("*") if p.is_file())
     assert ids_bytes / tokens.size < 2.0
     assert info["bytes_per_token"] < 2.0 + 20_000 * 32 * 4 / tokens.size
-    again = open_rows(store.location)
+    again = open_store(store.location)
     assert isinstance(again, TokenStreamStore) and again.schema.context_length == 8
-    assert open_rows(store.location, window=3).num_rows == tokens.size - 3
-    assert again.fingerprint() != open_rows(store.location, window=3).fingerprint()
+    assert open_store(store.location, window=3).num_rows == tokens.size - 3
+    assert again.fingerprint() != open_store(store.location, window=3).fingerprint()
 
 
 def test_a_triple_store_refuses_another_window(tmp_path):
     triples = write_tokens(tmp_path / "t.zarr", np.arange(50) % 7, 4)
-    assert open_rows(triples.location, window=4).schema.context_length == 4
+    assert open_store(triples.location, window=4).schema.context_length == 4
     with pytest.raises(ValueError, match="a triple store of N = 4: the window is fixed"):
-        open_rows(triples.location, window=5)
+        open_store(triples.location, window=5)
 
 
 def test_bad_ids_and_document_starts_are_named_by_array_and_position(tmp_path):
@@ -165,13 +165,13 @@ def test_rows_come_checked_and_a_damaged_table_or_weight_is_named_when_read(tmp_
     weight[321] = np.nan
     group["weight"][...] = weight
     with pytest.raises(StoreCorruptError, match=r"array 'weight' position 321 = nan: expected a finite, non-negative"):
-        open_rows(path).read_partition(0)
+        open_store(path).read_partition(0)
     group["weight"][...] = weights.astype(np.float32)
     table = group["embeddings"][...]
     table[7, 1] = np.inf
     group["embeddings"][...] = table
     with pytest.raises(StoreCorruptError, match=r"array 'embeddings' entry \[7, 1\] = inf: expected finite embeddings"):
-        open_rows(path).read_partition(0)
+        open_store(path).read_partition(0)
 
 
 def test_a_truncated_or_missing_shard_is_named(tmp_path):
@@ -182,14 +182,14 @@ def test_a_truncated_or_missing_shard_is_named(tmp_path):
     )
     shard = path / "tokens" / "c" / "2"
     shard.write_bytes(shard.read_bytes()[:100])
-    reopened = open_rows(path)
+    reopened = open_store(path)
     with pytest.raises(StoreCorruptError, match=r"array 'tokens' chunk \d+ \(tokens \d+\.\.\d+\) cannot be read"):
         reopened.read_partition(2)
     report = validate(path)
     assert not report.ok and report.problems[0].array == "tokens"
     (path / "tokens" / "c" / "3").unlink()
     with pytest.raises(StoreCorruptError, match=r"array 'tokens' shard 3 \(tokens 3072\.\.3999\): file .* is missing"):
-        open_rows(path).read_partition(3)
+        open_store(path).read_partition(3)
     assert store.num_partitions == 4
 
 

@@ -78,7 +78,7 @@ def test_a_valid_store_reports_everything_it_scanned(store_path):
 
 
 def test_a_stream_stores_scan_tells_its_total_and_counts_its_shards(tmp_path):
-    from dist_respattn.store.stream_ingest import write_stream_tokens
+    from dist_respattn.store.ingest.to_stream import write_stream_tokens
 
     tokens = np.random.default_rng(0).integers(0, S, 1000)
     path = tmp_path / "t.zarr"
@@ -328,43 +328,3 @@ def test_many_problems_at_once_are_all_reported_in_row_order(store_path):
         "count": 1,
     }
     assert report.summary().startswith(f"{store_path}: 7 problem(s) (1,000 rows, 16 chunks scanned)")
-
-
-# -- in parallel on a real cluster -------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def client():
-    distributed = pytest.importorskip("distributed")
-    with (
-        distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0"
-        ) as cluster,
-        # Not the default client: a caller's client need not be (the engine's never are).
-        distributed.Client(cluster, set_as_default=False) as client,
-    ):
-        yield client
-
-
-@pytest.mark.slow
-def test_validation_on_a_dask_cluster_matches_the_serial_scan(client, tmp_path):
-    path = str(tmp_path / "s.zarr")
-    write_small(path, random_rows(2000, weighted=True))  # 8 partitions
-    assert validate(path, client=client).ok
-    zarr.open_array(path + "/query", mode="r+")[1500, 1] = np.nan
-    zarr.open_array(path + "/context", mode="r+")[130, 0] = S
-    zarr.open_array(path + "/weight", mode="r+")[1999] = -2.0
-    shard_file(path, "target", 5).unlink()
-    shard_file(path, "query", 6).write_bytes(b"junk")
-    serial = validate(path)
-    steps = []
-    parallel = validate(path, client=client, progress=steps.append)
-    assert len(serial.problems) == 8
-    assert parallel.problems == serial.problems
-    assert (
-        (parallel.rows_scanned, parallel.chunks_scanned) == (serial.rows_scanned, serial.chunks_scanned) == (2000, 32)
-    )
-    assert steps == [1] * 8
-    # A structurally damaged store is reported without scanning, cluster or not.
-    edit_attributes(path, schema_version=2)
-    assert validate(path, client=client).problems == validate(path).problems

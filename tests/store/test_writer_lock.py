@@ -226,7 +226,7 @@ def test_a_killed_overwrite_leaves_a_staging_copy_that_the_next_overwrite_or_rep
 @pytest.mark.slow
 def test_repair_removes_a_killed_stream_writers_staging_copy(tmp_path):
     """A stream store is written whole into a staging copy: a killed first write leaves only that copy."""
-    from dist_respattn.store.stream_store import StreamWriter
+    from dist_respattn.store.streams.writer import StreamWriter
 
     path = tmp_path / "stream.zarr"
     writer = StreamWriter(path, num_symbols=5, table=np.eye(5, dtype=np.float32), context_length=2)
@@ -282,7 +282,7 @@ STREAM_SYMBOLS = 40
 STREAM_APPENDER = f"""
 import os, sys
 import numpy as np
-from dist_respattn.store.stream_store import StreamWriter
+from dist_respattn.store.streams.writer import StreamWriter
 path, stop = sys.argv[1:]
 writer = StreamWriter.append(path, weighted=False)
 rng, written = np.random.default_rng(0), 0
@@ -297,7 +297,7 @@ print(written)
 
 def stream_store(path: Path) -> None:
     """A stream store of BASE_TOKENS tokens in shards of 1024 (so an append writes a shard every two documents)."""
-    from dist_respattn.store.stream_ingest import write_stream_tokens
+    from dist_respattn.store.ingest.to_stream import write_stream_tokens
 
     tokens = np.random.default_rng(0).integers(0, STREAM_SYMBOLS, BASE_TOKENS)
     write_stream_tokens(path, tokens, 3, num_symbols=STREAM_SYMBOLS, options=TINY)
@@ -316,7 +316,8 @@ def test_repair_during_a_running_stream_append_is_refused_and_the_append_loses_n
     committed tokens under the writer (or failed with "still damaged after the rollback"), and the append then
     marked the store complete with its shards gone. Now ``repair`` is refused naming the live writer, and the
     append ends with every token; a reader meanwhile is told a writer is at work, not to run ``repair``."""
-    from dist_respattn.store.stream_store import TokenStreamStore, validate_stream
+    from dist_respattn.store.streams.reader import TokenStreamStore
+    from dist_respattn.store.streams.validation import validate_stream
 
     path, stop = tmp_path / "stream.zarr", tmp_path / "stop"
     stream_store(path)
@@ -344,9 +345,10 @@ def test_repair_during_a_running_stream_append_is_refused_and_the_append_loses_n
 
 def test_a_live_lock_refuses_the_stream_writers_and_rollback(tmp_path):
     """A stream store's append, overwrite and rollback take the same lock as a triple store's writers."""
+    from dist_respattn.store.ingest.to_stream import write_stream_tokens
     from dist_respattn.store.lock import StoreLock, StoreLocked
-    from dist_respattn.store.stream_ingest import write_stream_tokens
-    from dist_respattn.store.stream_store import TokenStreamStore, rollback_stream_append
+    from dist_respattn.store.streams.reader import TokenStreamStore
+    from dist_respattn.store.streams.rollback import rollback_stream_append
 
     path = tmp_path / "stream.zarr"
     stream_store(path)

@@ -1,7 +1,7 @@
-"""Writing token-stream stores (:mod:`~dist_respattn.store.stream_store`) from token ids or text files.
+"""Writing token-stream stores (:mod:`~dist_respattn.store.streams.reader`) from token ids or text files.
 
-The same inputs as the triple writers (:func:`~dist_respattn.store.tokens.write_tokens`,
-:func:`~dist_respattn.store.text.write_text`), with the same checks and errors, but the store keeps
+The same inputs as the triple writers (:func:`~dist_respattn.store.ingest.tokens.write_tokens`,
+:func:`~dist_respattn.store.ingest.text.write_text`), with the same checks and errors, but the store keeps
 the ids, not their windows: N is only the default window readers use.
 """
 
@@ -19,19 +19,20 @@ from dist_respattn.store.common import WriteOptions
 from dist_respattn.store.documents import check_document_starts, document_runs
 from dist_respattn.store.errors import SchemaMismatchError
 from dist_respattn.store.identity import identity_provenance
-from dist_respattn.store.like import LikeStore, open_like
-from dist_respattn.store.npy import load_array, max_id
-from dist_respattn.store.stream_store import StreamWriter, TokenStreamStore
-from dist_respattn.store.tables import embedding_table
-from dist_respattn.store.text import (
+from dist_respattn.store.ingest.like import LikeStore, open_like
+from dist_respattn.store.ingest.tables import embedding_table
+from dist_respattn.store.ingest.text import (
     DEFAULT_VOCAB_SIZE,
     TOKENIZER_NAME,
     Vocabulary,
     iter_text_documents,
     iter_text_files,
 )
-from dist_respattn.store.text_pass import TokenizedCorpus, tokenize_files
-from dist_respattn.store.tokens import checked_pieces, load_token_stream
+from dist_respattn.store.ingest.text_pass import TokenizedCorpus, tokenize_files
+from dist_respattn.store.ingest.tokens import checked_pieces, load_token_stream
+from dist_respattn.store.npy import load_array, max_id
+from dist_respattn.store.streams.reader import TokenStreamStore
+from dist_respattn.store.streams.writer import StreamWriter
 
 __all__ = ["open_stream_writer", "write_stream_text", "write_stream_tokens"]
 
@@ -142,7 +143,7 @@ def write_stream_tokens(
 
     ``documents``: each document's first token index (strictly increasing from 0); ``weights``: one
     finite, non-negative weight per token, the weight of the row whose target it is (0 keeps a token as
-    context only). The other arguments are those of :func:`~dist_respattn.store.tokens.write_tokens`; as there, a
+    context only). The other arguments are those of :func:`~dist_respattn.store.ingest.tokens.write_tokens`; as there, a
     stream whose windows give no rows (every document shorter than N + 1 tokens) is refused.
 
     ``attributes``: an attribute id per token (an (L,) integer array or ``.npy`` path), kept per token
@@ -231,9 +232,10 @@ def write_stream_text(
     options: WriteOptions | None = None,
     attribute_by: str | None = None,
 ) -> TokenStreamStore:
-    """A stream store of text files, one document each, tokenized as :func:`~dist_respattn.store.text.write_text`.
+    """A stream store of text files, one document each, tokenized as
+    :func:`~dist_respattn.store.ingest.text.write_text`.
 
-    One tokenizing pass (:mod:`~dist_respattn.store.text_pass`) by ``workers`` threads (default: one per
+    One tokenizing pass (:mod:`~dist_respattn.store.ingest.text_pass`) by ``workers`` threads (default: one per
     core); the store is the same for any number of them.
 
     ``attribute_by`` (``"file"`` or ``"directory"``): each document carries its file's attribute (kept per

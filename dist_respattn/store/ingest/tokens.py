@@ -20,16 +20,16 @@ from dist_respattn.store.attributes import attribute_ids, attribute_provenance
 from dist_respattn.store.common import WriteOptions, open_writer
 from dist_respattn.store.documents import DocumentWindows, check_document_starts, require_rows, starts_blocks
 from dist_respattn.store.identity import identity_provenance
-from dist_respattn.store.like import open_like
-from dist_respattn.store.npy import load_array, max_id, row_blocks
-from dist_respattn.store.schema import StoreSchema
-from dist_respattn.store.tables import (
+from dist_respattn.store.ingest.like import open_like
+from dist_respattn.store.ingest.tables import (
     DEFAULT_QUERY_DIM,
     ONE_HOT_MAX_SYMBOLS,
     embedding_table,
     store_table_for_append,
 )
-from dist_respattn.store.triple_store import TripleStore
+from dist_respattn.store.npy import load_array, max_id, row_blocks
+from dist_respattn.store.schema import StoreSchema
+from dist_respattn.store.triples.reader import TripleStore
 
 __all__ = [
     "DEFAULT_QUERY_DIM",
@@ -116,11 +116,11 @@ def write_tokens(
     rows at all is refused (``ValueError``) and nothing is written.
 
     ``like``: a token or text store (or its URL) whose N, S = T, embedding table and vocabulary the
-    new store takes (see :mod:`~dist_respattn.store.like`); ``context_length`` may then be ``None``,
+    new store takes (see :mod:`~dist_respattn.store.ingest.like`); ``context_length`` may then be ``None``,
     and a conflicting option is refused.
 
     ``attributes``: an attribute id per token (an (L,) integer array or ``.npy`` path); each row takes its
-    target token's. ``attribute_names`` names them as for :func:`~dist_respattn.store.from_arrays.write_arrays`.
+    target token's. ``attribute_names`` names them as for :func:`~dist_respattn.store.ingest.from_arrays.write_arrays`.
     """
     options = options or WriteOptions()
     reference = open_like(like, options)

@@ -1,6 +1,6 @@
-"""The ``words-and-punctuation`` tokenizer of :mod:`~dist_respattn.store.text`, compiled over a file's bytes.
+"""The ``words-and-punctuation`` tokenizer of :mod:`~dist_respattn.store.ingest.text`, compiled over a file's bytes.
 
-It gives exactly the tokens of :func:`~dist_respattn.store.text.tokenize` on the file decoded as UTF-8
+It gives exactly the tokens of :func:`~dist_respattn.store.ingest.text.tokenize` on the file decoded as UTF-8
 (undecodable bytes as U+FFFD), but as ids into a :class:`TokenDictionary` that it fills as it goes, one
 pass and no Python string per token. ASCII text is scanned by a compiled loop whose byte classes
 (word, space, other) are read off the regular expression itself, so they cannot drift from it. A run
@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numba
 import numpy as np
 
-__all__ = ["TokenDictionary", "tokenize_bytes"]
+__all__ = ["TokenDictionary", "space_positions", "tokenize_bytes"]
 
 _WORD, _SPACE, _OTHER, _HIGH = 0, 1, 2, 3
 _INITIAL_SLOTS = 1 << 16
@@ -287,6 +287,11 @@ class TokenDictionary:
 _CLASSES = _byte_classes(r"\w+|[^\w\s]")
 _LOWER = _lower_table()
 _IDENTITY = np.arange(256, dtype=np.uint8)
+
+
+def space_positions(data: np.ndarray) -> np.ndarray:
+    """The positions of ``data`` (uint8 bytes, (n,)) whose byte the tokenizer reads as a space: (k,) int64."""
+    return np.flatnonzero(_CLASSES[data] == _SPACE)
 
 
 def tokenize_bytes(

@@ -7,10 +7,10 @@ from typing import Any
 
 from dist_respattn.store.attributes import attribute_ids, attribute_provenance
 from dist_respattn.store.common import WriteOptions, open_writer
-from dist_respattn.store.like import open_like
+from dist_respattn.store.ingest.like import open_like
 from dist_respattn.store.npy import NpyRows, load_array, max_id, row_blocks
 from dist_respattn.store.schema import StoreSchema
-from dist_respattn.store.triple_store import TripleStore
+from dist_respattn.store.triples.reader import TripleStore
 
 __all__ = ["NpyRows", "load_array", "max_id", "row_blocks", "write_arrays"]
 

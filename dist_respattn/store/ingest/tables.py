@@ -14,7 +14,7 @@ import numpy as np
 
 from dist_respattn.store.errors import SchemaMismatchError
 from dist_respattn.store.npy import load_array
-from dist_respattn.store.triple_store import TripleStore
+from dist_respattn.store.triples.reader import TripleStore
 
 __all__ = ["DEFAULT_QUERY_DIM", "ONE_HOT_MAX_SYMBOLS", "embedding_table", "store_table_for_append"]
 

@@ -18,8 +18,8 @@ import numpy as np
 from dist_respattn.store.common import WriteOptions
 from dist_respattn.store.errors import SchemaMismatchError
 from dist_respattn.store.identity import IDENTITY_KEYS
-from dist_respattn.store.tables import embedding_table
-from dist_respattn.store.writer import StoreWriter
+from dist_respattn.store.ingest.tables import embedding_table
+from dist_respattn.store.triples.writer import StoreWriter
 
 if TYPE_CHECKING:
     from dist_respattn.store.rows import RowStore
@@ -39,9 +39,9 @@ def open_like(like: RowStore | str | os.PathLike[str] | None, options: WriteOpti
             "like= (--like) and append=True (--append) exclude each other: "
             "an append already reuses the store's own vocabulary and embedding table"
         )
-    from dist_respattn.store.rows import open_rows  # a triple or a token-stream store
+    from dist_respattn.store.rows import open_store  # a triple or a token-stream store
 
-    return LikeStore(open_rows(like, storage_options=options.storage_options))
+    return LikeStore(open_store(like, storage_options=options.storage_options))
 
 
 class LikeStore:

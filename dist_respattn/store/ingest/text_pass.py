@@ -1,7 +1,7 @@
 """One tokenizing pass over text files: provisional ids on local disk, then one remap to the final vocabulary.
 
 Files are read in bulk (blocks cut at an ASCII space, so memory is bounded however large a file is) and
-tokenized by :mod:`~dist_respattn.store.byte_tokenizer` into ids of a provisional dictionary, in the
+tokenized by :mod:`~dist_respattn.store.ingest.byte_tokenizer` into ids of a provisional dictionary, in the
 order of the files; the ids go to a scratch file of int32, so the corpus is never held in memory. The
 vocabulary is then ranked from the dictionary's counts, and :meth:`TokenizedCorpus.blocks` reads the
 scratch file back through one vectorized ``take`` to the final ids.
@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from dist_respattn.store.byte_tokenizer import _CLASSES, _SPACE, TokenDictionary, tokenize_bytes
-from dist_respattn.store.text import Vocabulary, tokenize
+from dist_respattn.store.ingest.byte_tokenizer import TokenDictionary, space_positions, tokenize_bytes
+from dist_respattn.store.ingest.text import Vocabulary, tokenize
 
 __all__ = ["TokenizedCorpus", "tokenize_files"]
 
@@ -53,7 +53,7 @@ def _after_last_space(data: np.ndarray, step: int = 1 << 12) -> int:
     stop = data.size
     while stop > 0:
         start = max(stop - step, 0)
-        spaces = np.flatnonzero(_CLASSES[data[start:stop]] == _SPACE)
+        spaces = space_positions(data[start:stop])
         if spaces.size:
             return start + int(spaces[-1]) + 1
         stop = start
@@ -96,7 +96,7 @@ class TokenizedCorpus:
     def vocabulary(self, size: int) -> tuple[Vocabulary, np.ndarray]:
         """The ``size`` most frequent tokens (ties alphabetical), and each provisional id's final id: (len,) int64.
 
-        The same ranking as :func:`~dist_respattn.store.text.vocabulary_from_counts` of the token counts.
+        The same ranking as :func:`~dist_respattn.store.ingest.text.vocabulary_from_counts` of the token counts.
         """
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"vocabulary size = {size!r}: expected a positive integer")

@@ -10,7 +10,7 @@ Two passes over the files: one counts tokens (memory grows with the number of di
 not with the corpus), the other writes rows. Each file is its own sequence (a document): no window
 spans two files. A document's key is its path relative to the root it was found under (the
 directory searched, a named file's own directory, or a glob's fixed leading directories), so it is
-the same on every machine; :mod:`~dist_respattn.store.split` hashes it.
+the same on every machine; :mod:`~dist_respattn.store.ingest.split` hashes it.
 
 Written ``like`` a text store, the files are encoded with that store's vocabulary (an unknown word
 is its out-of-vocabulary id) and embedded with its table, and no counting pass is needed.
@@ -33,11 +33,11 @@ from dist_respattn.store.attributes import attribute_provenance, text_attribute_
 from dist_respattn.store.common import WriteOptions, open_writer
 from dist_respattn.store.documents import require_rows
 from dist_respattn.store.identity import identity_provenance
-from dist_respattn.store.like import open_like
+from dist_respattn.store.ingest.like import open_like
+from dist_respattn.store.ingest.tokens import WindowStream, embedding_table, store_table_for_append
 from dist_respattn.store.schema import StoreSchema
-from dist_respattn.store.tokens import WindowStream, embedding_table, store_table_for_append
-from dist_respattn.store.triple_store import TripleStore
-from dist_respattn.store.writer import StoreWriter
+from dist_respattn.store.triples.reader import TripleStore
+from dist_respattn.store.triples.writer import StoreWriter
 
 __all__ = [
     "DEFAULT_TEXT_SUFFIXES",
@@ -365,7 +365,7 @@ def write_text(
 ) -> TripleStore:
     """Tokenize the files under ``paths`` and write the windows of each file (see the module docstring).
 
-    Queries are the :func:`~dist_respattn.store.tokens.embedding_table` of the vocabulary
+    Queries are the :func:`~dist_respattn.store.ingest.tokens.embedding_table` of the vocabulary
     (``vocab_size`` defaults to :data:`DEFAULT_VOCAB_SIZE`, ``seed`` to 0). Appending reuses the
     store's vocabulary and embeddings, so ids keep their meaning (``vocab_size`` is then unused, and
     a ``dim`` that would give another table is refused). ``like``: a text store (or its URL) whose

@@ -25,16 +25,17 @@ from dist_respattn.model.heads.single_hop.arrays import distribution_to_arrays
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.rows import EncodedRows
 from dist_respattn.store.attributes import appended_names, checked_writer_names
-from dist_respattn.store.checks import block_problems, structural_problems
 from dist_respattn.store.errors import SchemaMismatchError, StoreError, store_exists
+from dist_respattn.store.group import open_group_at
 from dist_respattn.store.layout import Chunking, choose_chunking, compressors_for
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLock, StoreLocked, remove_partials
-from dist_respattn.store.not_a_store import not_a_store
+from dist_respattn.store.problems import block_problems
 from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, SCHEMA_VERSION, StoreSchema, StoreState
-from dist_respattn.store.triple_store import TripleStore, open_group_at
+from dist_respattn.store.triples.reader import TripleStore
+from dist_respattn.store.triples.rollback import rollback_locked
 
-__all__ = ["ROW_ORDERS", "StoreWriter", "rollback_append"]
+__all__ = ["ROW_ORDERS", "StoreWriter"]
 
 
 def _is_triple_store(location: StoreLocation) -> bool:
@@ -500,61 +501,3 @@ class StoreWriter:
             self.abort()
         elif not self._closed:
             self.close()
-
-
-def delete_shards_from(location: StoreLocation, name: str, first: int) -> None:
-    """Delete array ``name``'s shard files of partition ``first`` on (shrinking a zarr array keeps them)."""
-    fs, root = location.filesystem()
-    for key in location.list_keys(f"{name}/c"):
-        parts = key.split("/")  # <name>/c/<partition>[/0]
-        if len(parts) >= 3 and parts[2].isdigit() and int(parts[2]) >= first:
-            fs.rm(f"{root}/{key}")
-
-
-def rollback_append(
-    url: str | os.PathLike[str] | StoreLocation, *, storage_options: dict[str, Any] | None = None
-) -> int:
-    """Restore a store whose append was interrupted to its committed rows; return that row count.
-
-    A complete store is left as it is. A new store whose writer never finished cannot be restored
-    (it has no committed rows) and raises. Refused (:class:`~dist_respattn.store.lock.StoreLocked`) while
-    a live writer holds the store's lock; a dead writer's lock is broken. The staging copies killed
-    writers left beside the store (``<store>.partial-*``) are removed.
-    """
-    location = StoreLocation.of(url, storage_options)
-    with StoreLock.of(location, purpose="repair"):
-        remove_partials(location)
-        return rollback_locked(location)
-
-
-def rollback_locked(location: StoreLocation) -> int:
-    """:func:`rollback_append` for a caller that holds the store's lock."""
-    group = open_group_at(location, mode="r+")
-    attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
-    if not attributes:
-        raise not_a_store(location)
-    state = attributes.get("state")
-    if state == StoreState.COMPLETE:
-        return int(attributes["rows"])
-    if state != StoreState.APPENDING:
-        raise StoreError(
-            f"{location}: state {state!r}: only an interrupted append can be rolled back; write the store again "
-            "(the same command with --overwrite)"
-        )
-    rows = int(attributes["rows"])
-    schema = StoreSchema.from_json(attributes, str(location))
-    partitions = -(-rows // int(attributes["partition_rows"]))
-    names = list(schema.array_specs())
-    if "attribute_names" in attributes and "attribute" in group:
-        names.append("attribute")
-    for name in names:
-        array = group[name]
-        if array.shape[0] != rows:
-            array.resize((rows, *array.shape[1:]))
-        delete_shards_from(location, name, partitions)
-    attributes["state"] = StoreState.COMPLETE
-    group.attrs[ATTRIBUTE_KEY] = attributes
-    _, _, problems = structural_problems(group)
-    if problems:
-        raise StoreError(f"{location}: still damaged after the rollback: " + "; ".join(str(p) for p in problems))
-    return rows

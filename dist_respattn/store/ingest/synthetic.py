@@ -11,7 +11,7 @@ from dist_respattn.model.heads.single_hop.sampler import ResponsibilityAttention
 from dist_respattn.store.common import WriteOptions, open_writer
 from dist_respattn.store.errors import SchemaMismatchError
 from dist_respattn.store.schema import StoreSchema
-from dist_respattn.store.triple_store import TripleStore
+from dist_respattn.store.triples.reader import TripleStore
 
 __all__ = ["write_synthetic"]
 

@@ -4,7 +4,7 @@ A document goes to a split by a hash of the split seed and its key, so the split
 the machine, the file order or the other documents:
 ``u = int(sha256(f"split\\n{seed}\\n{key}")[:8]) / 2**64``; train when ``u < f_train``, validation when
 ``u < f_train + f_validation``, else test. The key of a text file is its path relative to the root
-it was found under (:class:`~dist_respattn.store.text.TextDocument`); that of a token document is its
+it was found under (:class:`~dist_respattn.store.ingest.text.TextDocument`); that of a token document is its
 index. A token stream without document starts is cut into contiguous documents of
 ``block_tokens`` tokens (default 10,000), so the splits interleave through the stream; no window
 spans two of them.
@@ -17,9 +17,9 @@ three stores, whichever documents each got.
 ``max_tokens`` takes documents in the order of a second hash (``"order"`` for ``"split"``) until
 at least that many tokens are taken: a deterministic, unbiased slice of a large corpus.
 
-``store_format`` ``"stream"`` writes token-stream stores (:mod:`~dist_respattn.store.stream_store`: each
+``store_format`` ``"stream"`` writes token-stream stores (:mod:`~dist_respattn.store.streams.reader`: each
 document's token ids, the rows made from them when read); ``"triples"`` writes every window
-(:mod:`~dist_respattn.store.triple_store`). Both hold the same rows in the same order, with the same
+(:mod:`~dist_respattn.store.triples.reader`). Both hold the same rows in the same order, with the same
 queries, targets and attributes, so a fit on either gives the same head.
 
 The vocabulary is counted on the train documents only (held-out words are out of vocabulary, as
@@ -53,13 +53,8 @@ from dist_respattn.store.documents import (
 )
 from dist_respattn.store.errors import EmptySplitError, store_exists
 from dist_respattn.store.identity import identity_provenance
-from dist_respattn.store.location import StoreLocation
-from dist_respattn.store.npy import max_id
-from dist_respattn.store.schema import StoreSchema
-from dist_respattn.store.stream_ingest import open_stream_writer
-from dist_respattn.store.stream_store import StreamWriter, TokenStreamStore
-from dist_respattn.store.tables import embedding_table
-from dist_respattn.store.text import (
+from dist_respattn.store.ingest.tables import embedding_table
+from dist_respattn.store.ingest.text import (
     DEFAULT_VOCAB_SIZE,
     TOKENIZER_NAME,
     Vocabulary,
@@ -70,8 +65,14 @@ from dist_respattn.store.text import (
     vocabulary_from_counts,
     write_text_document,
 )
-from dist_respattn.store.tokens import checked_pieces, load_token_stream
-from dist_respattn.store.triple_store import TripleStore
+from dist_respattn.store.ingest.to_stream import open_stream_writer
+from dist_respattn.store.ingest.tokens import checked_pieces, load_token_stream
+from dist_respattn.store.location import StoreLocation
+from dist_respattn.store.npy import max_id
+from dist_respattn.store.schema import StoreSchema
+from dist_respattn.store.streams.reader import TokenStreamStore
+from dist_respattn.store.streams.writer import StreamWriter
+from dist_respattn.store.triples.reader import TripleStore
 from dist_respattn.text_format import count_text
 
 __all__ = [
@@ -202,7 +203,8 @@ def _write_stream_document(
     writer: StreamWriter, path: str, vocabulary: Vocabulary, lookup: dict[str, int], attribute: int | None
 ) -> tuple[int, int]:
     """Write one file's token ids as one document, a piece at a time (tokenized as
-    :func:`~dist_respattn.store.text.write_text_document` does), and return its (tokens, out-of-vocabulary tokens).
+    :func:`~dist_respattn.store.ingest.text.write_text_document` does), and return its (tokens,
+    out-of-vocabulary tokens).
 
     A file of no tokens begins no document."""
     tokens = oov = 0
@@ -250,8 +252,8 @@ def write_split(
     """Split one corpus into ``OUT_DIR/train.zarr``, ``validation.zarr`` and ``test.zarr`` (see the module docstring).
 
     The three stores share N, S = T, the embedding table (``embeddings``, or ``dim``/``seed`` as
-    :func:`~dist_respattn.store.tokens.embedding_table`) and, for text, the vocabulary of the
-    ``vocab_size`` (default :data:`~dist_respattn.store.text.DEFAULT_VOCAB_SIZE`) most frequent train
+    :func:`~dist_respattn.store.ingest.tokens.embedding_table`) and, for text, the vocabulary of the
+    ``vocab_size`` (default :data:`~dist_respattn.store.ingest.text.DEFAULT_VOCAB_SIZE`) most frequent train
     tokens; for tokens S is ``num_symbols`` (default: largest id + 1). Each store records
     ``split`` in its provenance. ``options`` lay out every store (``append`` is refused; with
     ``overwrite`` each replaces its predecessor when it is complete). Every split must get at

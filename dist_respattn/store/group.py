@@ -1,0 +1,106 @@
+"""A store's zarr group, shared by both formats: opening it, naming damaged metadata, its shard keys and partitions."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import zarr
+
+from dist_respattn.store.errors import StoreCorruptError
+from dist_respattn.store.location import StoreLocation
+from dist_respattn.store.not_a_store import not_a_store
+
+__all__ = [
+    "Partition",
+    "array_summary",
+    "damaged_metadata",
+    "delete_shards_from",
+    "named_metadata_errors",
+    "open_group_at",
+    "shard_key",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """Rows ``[start, stop)`` of a store: one shard of every row array, one E-step task."""
+
+    index: int
+    start: int
+    stop: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+
+#: Where a store's zarr metadata lives: the group's, its arrays', and the arrays of its subgroups (truth/, vocabulary/).
+_METADATA_PATTERNS = ("zarr.json", "*/zarr.json", "*/*/zarr.json")
+
+
+def damaged_metadata(location: StoreLocation) -> str | None:
+    """The first ``zarr.json`` of the store that is not valid JSON (read only once zarr has failed on one)."""
+    fs, root = location.filesystem()
+    for pattern in _METADATA_PATTERNS:
+        for path in sorted(fs.glob(f"{root.rstrip('/')}/{pattern}")):
+            try:
+                json.loads(fs.cat_file(path))
+            except (ValueError, UnicodeDecodeError):
+                return str(path)
+    return None
+
+
+@contextlib.contextmanager
+def named_metadata_errors(location: StoreLocation) -> Iterator[None]:
+    """Turn zarr's bare ``JSONDecodeError`` on damaged metadata into a :class:`StoreCorruptError` naming the file.
+
+    zarr reads a member's ``zarr.json`` lazily and its error names no file; the file is found afterwards.
+    """
+    try:
+        yield
+    except json.JSONDecodeError as exc:
+        damaged = damaged_metadata(location) or f"a zarr.json under {location}"
+        raise StoreCorruptError(
+            f"{damaged}: not valid JSON ({exc}): the store's metadata is damaged; write the store again "
+            "(overwrite=True), or restore the file from a copy"
+        ) from None
+
+
+def open_group_at(location: StoreLocation, mode: str = "r") -> Any:
+    """The zarr group at ``location``, or a :class:`StoreError` saying what is there instead (see
+    :func:`~dist_respattn.store.not_a_store.not_a_store`)."""
+    try:
+        with named_metadata_errors(location):
+            return zarr.open_group(location.zarr_store(), mode=mode)  # type: ignore[arg-type]
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError, zarr.errors.ContainsArrayError) as exc:
+        raise not_a_store(location) from exc
+
+
+def array_summary(array: Any) -> dict[str, Any]:
+    """What ``info`` shows of one zarr array: dtype, shape, chunks, shards, codecs and uncompressed bytes."""
+    return {
+        "dtype": str(array.dtype),
+        "shape": list(array.shape),
+        "chunks": list(array.chunks),
+        "shards": list(array.shards or array.chunks),
+        "compressors": [type(c).__name__ for c in array.compressors],
+        "bytes": int(array.nbytes),
+    }
+
+
+def shard_key(array: Any, name: str, partition: int) -> str:
+    """The store key of array ``name``'s file for ``partition`` (its shard), e.g. ``'query/c/3/0'``."""
+    return f"{name}/{array.metadata.encode_chunk_key((partition,) + (0,) * (array.ndim - 1))}"
+
+
+def delete_shards_from(location: StoreLocation, name: str, first: int) -> None:
+    """Delete array ``name``'s shard files of partition ``first`` on (shrinking a zarr array keeps them)."""
+    fs, root = location.filesystem()
+    for key in location.list_keys(f"{name}/c"):
+        parts = key.split("/")  # <name>/c/<partition>[/0]
+        if len(parts) >= 3 and parts[2].isdigit() and int(parts[2]) >= first:
+            fs.rm(f"{root}/{key}")
