@@ -341,9 +341,7 @@ class BackgroundCheckpoints:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="respattn-checkpoint")
         self._pending: concurrent.futures.Future[None] | None = None
 
-    def submit(
-        self, name: str, model: Head, meta: dict[str, Any], **pointers: Any
-    ) -> None:
+    def submit(self, name: str, model: Head, meta: dict[str, Any], **pointers: Any) -> None:
         """Commit a checkpoint in the background (``pointers``: see :meth:`ModelDir.commit`)."""
         self.wait()
         self._pending = self._pool.submit(self.folder.commit, name, model, meta, **pointers)

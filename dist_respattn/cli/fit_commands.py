@@ -358,7 +358,7 @@ def _say(args: argparse.Namespace) -> Any:
 
 def _stage_summary(result: Any) -> dict[str, Any]:
     """An earlier stage's fit in a staged fit's report: where it is, how it ended, its best held-out perplexity."""
-    best = next((h for h in result.history if h["iteration"] == result.best_iteration), {})
+    best: dict[str, Any] = next((h for h in result.history if h["iteration"] == result.best_iteration), {})
     return {
         "model_dir": result.model_dir,
         "state": str(result.state),
@@ -474,7 +474,9 @@ def print_fit_summary(report: dict[str, Any], *, verbose: bool = False) -> None:
                 ratio = f", this head / it: {report['heldout_perplexity'] / stage['heldout_perplexity']:.3f}"
             perplexity = stage["heldout_perplexity"]
             shown = f", held-out perplexity {perplexity:.3f}" if perplexity is not None else ""
-            print(f"{name} stage: {fit_ended(stage['state'], stage['iterations'])}{shown} ({stage['model_dir']}){ratio}")
+            print(
+                f"{name} stage: {fit_ended(stage['state'], stage['iterations'])}{shown} ({stage['model_dir']}){ratio}"
+            )
     if report.get("choice"):
         # Without held-out rows nothing is chosen: the settings are the fixed ones.
         print(f"{'chosen on held-out rows' if report.get('heldout') else 'settings'}: {report['choice']}")

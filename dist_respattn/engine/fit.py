@@ -627,4 +627,6 @@ def _continued_heldout(
             "the fit this one starts from had no held-out rows (no --validation, --holdout-fraction 0): it needs them "
             "to stop early and keep its best iteration"
         )
-    return open_fit_store(record["url"], storage_options, record.get("window"), record.get("min_context") or min_context), None
+    return open_fit_store(
+        record["url"], storage_options, record.get("window"), record.get("min_context") or min_context
+    ), None

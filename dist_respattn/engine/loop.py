@@ -158,7 +158,7 @@ class ClusterPasses:
         reporter: FitReporter,
         plan_memory: Callable[[], None],
     ) -> None:
-        self.train, self.train_rows, self.train_map, self.heldout = train, train_rows, train_map, heldout
+        self.train, self.train_rows, self.train_map, self.held = train, train_rows, train_map, heldout
         self.reporter = reporter
         self.plan = plan_memory
         self.fingerprint = train.fingerprint()
@@ -214,7 +214,7 @@ class ClusterPasses:
 
     def heldout(self, grid: Grid, label: str) -> Any:
         """Every point of ``grid`` scored on the held-out rows in one pass (``None``: the fit has none)."""
-        heldout = self.heldout_rows
+        heldout = self.held
         if heldout is None:
             return None
         if label == "0":
@@ -232,10 +232,6 @@ class ClusterPasses:
             )  # fmt: skip
         finally:
             self.grids.release()
-
-    @property
-    def heldout_rows(self) -> HeldoutRows | None:
-        return self.heldout
 
     def say(self, line: str) -> None:
         self.reporter.line(line)
@@ -385,9 +381,9 @@ class FitLoop:
             "validation": self.record["validation"],
             "holdout": self.record.get("holdout"),
             **extras,
-            "hyperparameters": self.history[-1].get("hyperparameters") if self.history else (
-                None if initial is None else initial.to_json()
-            ),
+            "hyperparameters": self.history[-1].get("hyperparameters")
+            if self.history
+            else (None if initial is None else initial.to_json()),
             # An iteration-0 checkpoint has no history, yet its start's choice centres the next search.
             "last_choice": None if previous is None else previous.to_json(),
             "early_stopping": self.stopping.to_json(),

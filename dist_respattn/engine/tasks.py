@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.model.arguments import ImpossibleEvidenceError
+from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import Block, Columns, Grid, Head, Trainer, combine
 from dist_respattn.model.heads.single_hop.top_k import PredictionTotals
-from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.rows import EncodedRows
 from dist_respattn.store import StoreError, StoreLocation, open_store
 from dist_respattn.store.predictions import write_prediction_part
@@ -198,6 +198,7 @@ class _Blocks:
             return
         for begin, end in store.block_ranges(self.part):
             selected = None
+            weights: np.ndarray | None
             if held_only:
                 # The held-out side is a few percent of a training store: only its rows are read and windowed.
                 assert rows.rule is not None

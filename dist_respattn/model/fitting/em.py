@@ -296,10 +296,12 @@ def fit_em(
 ) -> EMResult:
     """Fit a head by EM in this process on an encoded batch ``(context (n, N), query (n, D), target (n,))``.
 
-    ``estimator`` is a single-hop :class:`~dist_respattn.model.heads.single_hop.estimator.ResponsibilityAttentionEstimator`
-    or any kind's :class:`~dist_respattn.model.heads.base.HeadSpec` (a kind that reads attributes takes
-    ``attributes`` (n,) int and their ``attribute_names``; one that starts from another fit takes ``init`` and that
-    fit's checkpoint JSON ``init_meta``; ``shape`` is ``(S, N, D, T)``, else ``init``'s). The loop is the distributed fit's (:func:`run_head_em`).
+    ``estimator`` is a single-hop
+    :class:`~dist_respattn.model.heads.single_hop.estimator.ResponsibilityAttentionEstimator` or any kind's
+    :class:`~dist_respattn.model.heads.base.HeadSpec` (a kind that reads attributes takes ``attributes`` (n,) int
+    and their ``attribute_names``; one that starts from another fit takes ``init`` and that fit's checkpoint JSON
+    ``init_meta``; ``shape`` is ``(S, N, D, T)``, else ``init``'s). The loop is the distributed fit's
+    (:func:`run_head_em`).
 
     - ``start``: the first single-hop model (unless ``init``): the M-step of ``"uniform"`` responsibilities, or of
       ``"random"`` ones drawn from ``seed``.
@@ -335,7 +337,7 @@ def fit_em(
         searches = trainer.searches()
     else:
         raise TypeError(f"estimator = {type(estimator).__name__}: expected an estimator or a HeadSpec")
-    names = dict(zip(("num_symbols", "context_length", "query_dim", "num_targets"), shape, strict=True))
+    names: dict[str, Any] = dict(zip(("num_symbols", "context_length", "query_dim", "num_targets"), shape, strict=True))
     context, query, target, w = check_batch(data, weights, **names)
     attribute = None if attributes is None else np.asarray(attributes, dtype=np.int64)
     if not searches and (validation is not None or (holdout is not None and holdout.fraction > 0.0)):

@@ -227,7 +227,7 @@ class Head(abc.ABC):
         """Held-out totals of these blocks' rows (a :class:`~dist_respattn.model.scores.ScoreTotals`: joint and
         predictive log-likelihoods, ranks), added block by block in order."""
 
-    def check_top_k(self) -> None:
+    def check_top_k(self) -> None:  # noqa: B027 - every kind ranks rows unless it says otherwise
         """Raise ``ValueError`` (saying what to use instead) when this head cannot rank blocks of rows, before any
         pass starts; nothing by default."""
 
@@ -418,7 +418,7 @@ class Trainer(abc.ABC):
         """Whether its M-steps have open choices to make on held-out rows (else a fit holds out no rows for them)."""
         return True
 
-    def check_start(self, head: Head, *, resumed: bool) -> None:
+    def check_start(self, head: Head, *, resumed: bool) -> None:  # noqa: B027 - any start is fine unless refused
         """Refuse (``ValueError``, naming the option that fixes it) a starting head this fit cannot start from;
         called before any cluster starts. ``resumed``: the head is the fit's own checkpoint."""
 

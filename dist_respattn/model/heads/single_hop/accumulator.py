@@ -104,7 +104,7 @@ class SufficientStatistics(NamedTuple):
             total = total.add(value)
         return total
 
-    def __add__(self, other: object) -> SufficientStatistics:  # type: ignore[override]
+    def __add__(self, other: object) -> SufficientStatistics:
         """``self + other`` as a new value (neither changes)."""
         if not isinstance(other, SufficientStatistics):
             return NotImplemented

@@ -196,7 +196,7 @@ class ResponsibilityAttentionDistribution(Head):
         return totals
 
     def top_k(self, block: Block, k: int) -> Any:
-        """The top ``k`` targets of a block's rows (:func:`~dist_respattn.model.heads.single_hop.top_k.predict_top_k`)."""
+        """The top ``k`` targets of a block's rows (:func:`~.top_k.predict_top_k`)."""
         from dist_respattn.model.heads.single_hop.top_k import predict_top_k
 
         self.check_top_k()
@@ -215,7 +215,9 @@ class ResponsibilityAttentionDistribution(Head):
         from dist_respattn.model.heads.single_hop.diagnostics import degeneracy_warnings
 
         settings = fit_settings or {}
-        return degeneracy_warnings(self, min_sigma2=settings.get("min_sigma2") if settings.get("estimate_sigma2") else None)
+        return degeneracy_warnings(
+            self, min_sigma2=settings.get("min_sigma2") if settings.get("estimate_sigma2") else None
+        )
 
     @functools.cached_property
     def base_order(self) -> np.ndarray | None:

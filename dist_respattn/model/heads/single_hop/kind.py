@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -259,7 +259,7 @@ class SingleHopGrid(Grid):
     def columns(self) -> Columns:
         return Columns(windows=self.table.buckets is not None)
 
-    def score(self, blocks: Iterator[Block]) -> GridTotals:
+    def score(self, blocks: Iterable[Block]) -> GridTotals:
         table = self.table
         totals = GridTotals.zeros(table.shape)
         for block in blocks:
