@@ -1,0 +1,203 @@
+"""The attribute-gated head as a kind of the head protocol: fitted in process by ``fit_em`` from a shared head,
+scored, ranked and predicted like any head, its arrays and spec round-tripped."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from dist_respattn import random_distribution
+from dist_respattn.model.fitting.em import fit_em
+from dist_respattn.model.heads.base import Block, head_from_arrays, head_kind, spec_from_json
+from dist_respattn.model.heads.gated.head import GatedHead, gated_log_likelihood, gated_log_likelihoods
+from dist_respattn.model.heads.gated.kind import (
+    FIRST_SCALES,
+    STAGE_DEFAULTS,
+    GatedSpec,
+    PriorScale,
+    shared_strengths,
+    spec_from_options,
+)
+from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
+from dist_respattn.model.rows import EncodedRows
+
+SHAPE = (10, 4, 3, 8)
+NAMES = ("alpha", "beta", "gamma")
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    """Rows whose targets depend on their attribute (what the factors are for), and a shared head fitted on them."""
+    truth = random_distribution(*SHAPE, seed=11, key_scale=1.5, sigma2=0.7)
+    context, query, target = truth.sampler(12).sample_arrays(1500)
+    attribute = np.random.default_rng(13).integers(0, len(NAMES), size=1500)
+    target = np.where(attribute == 1, (target * 3 + 1) % SHAPE[3], target).astype(target.dtype)
+    data = (context, query, target)
+    shared = fit_em(data, SingleHopSpec(emission_layout="sparse"), shape=SHAPE, max_iter=5).distribution
+    return data, attribute, shared
+
+
+def fit_gated(corpus, spec, **kw):
+    data, attribute, shared = corpus
+    return fit_em(data, spec, attributes=attribute, attribute_names=NAMES, init=shared, init_meta={}, **kw)
+
+
+def block_of(data, attribute, weights=None):
+    return Block(EncodedRows(*data, weights, 0), weights, attribute)
+
+
+def test_em_never_lowers_the_training_likelihood_at_a_fixed_scale(corpus):
+    # A prior scale near 0 and no pseudo-count on the weights: the M-step is maximum likelihood.
+    spec = GatedSpec(2, weight_strength=0.0, prior_scale=1e-9)
+    result = fit_gated(corpus, spec, max_iter=8, tol=0.0)
+    means = result.log_likelihoods
+    assert len(means) == 8
+    for before, after in zip(means, means[1:], strict=False):
+        assert after >= before - 1e-9 * abs(before), (before, after)
+    head = result.distribution
+    assert isinstance(head, GatedHead) and head.attribute_names() == NAMES
+    assert head.num_factors == 2 and head.reference is corpus[2]
+    # The scale was given: every iteration records it, chosen on nothing.
+    assert {it.hyperparameters for it in result.history} == {PriorScale(1e-9, given=True)}
+    assert result.history[0].hyperparameters.describe() == "prior scale 1e-09 (given)"
+    # Attribute 1 draws on another factor mix than attributes 0 and 2.
+    w = head.weights
+    assert abs(w[0] - w[2]).max() < abs(w[0] - w[1]).max()
+
+
+def test_the_scale_is_chosen_on_the_wide_grid_then_around_the_last_choice(corpus):
+    result = fit_gated(corpus, GatedSpec(1, per_attribute=("emission",)), max_iter=3, tol=0.0)
+    first, second = (it.hyperparameters for it in result.history[:2])
+    assert first.scale in FIRST_SCALES and not first.given
+    assert second.scale in (first.scale / 2, first.scale, first.scale * 2)
+    heldout = result.history[0].heldout
+    assert heldout is not None and np.isclose(heldout["perplexity"], np.exp(-heldout["target_log_prob"]))
+    # The joint likelihood of a row is below its target's given the query only by log p(query | context) < 0 or not;
+    # both are finite means over the held-out rows.
+    assert np.isfinite(heldout["mean_log_likelihood"])
+
+
+def test_score_adds_the_rows_gated_log_likelihoods_and_unknown_attributes_weigh_nothing(corpus):
+    head = fit_gated(corpus, GatedSpec(2, prior_scale=0.5), max_iter=2).distribution
+    data, attribute, _ = corpus
+    attribute = attribute.copy()
+    attribute[::7] = -1  # an attribute the head does not know
+    weights = np.random.default_rng(1).uniform(0.5, 2.0, size=attribute.shape[0])
+    blocks = [block_of(tuple(c[:700] for c in data), attribute[:700], weights[:700]),
+              block_of(tuple(c[700:] for c in data), attribute[700:], weights[700:])]  # fmt: skip
+    totals = head.score(blocks)
+    known = attribute >= 0
+    own = np.where(known, attribute, 0)
+    lines = gated_log_likelihood(head, data, own, given_query=True)
+    joint = gated_log_likelihood(head, data, own)
+    assert np.isclose(totals.weight, weights[known].sum(), rtol=1e-12)
+    assert np.isclose(totals.target_log_prob, np.sum(weights[known] * lines[known]), rtol=1e-12)
+    assert np.isclose(totals.log_lik, np.sum(weights[known] * joint[known]), rtol=1e-12)
+    correct = 0.0
+    for a in range(len(NAMES)):
+        mine = attribute == a
+        predicted = np.argmax(head.shared(a).predict_proba(data[0][mine], data[1][mine]), axis=1)
+        correct += weights[mine][predicted == data[2][mine]].sum()
+    assert np.isclose(totals.correct, correct, rtol=1e-12)
+    # One kernel pass gives both figures, each exactly as the single-figure call does.
+    both = gated_log_likelihoods(head, data, own)
+    assert np.array_equal(both[0], lines) and np.array_equal(both[1], joint)
+
+
+def test_top_k_ranks_each_row_under_its_attribute_and_unknown_ones_under_the_shared_head(corpus):
+    head = fit_gated(corpus, GatedSpec(2, prior_scale=0.5), max_iter=2).distribution
+    data, attribute, shared = corpus
+    attribute = attribute[:300].copy()
+    attribute[::5] = -1
+    context, query = data[0][:300], data[1][:300]
+    ranked = head.top_k(block_of((context, query, data[2][:300]), attribute), 3)
+    for a in (-1, 0, 1, 2):
+        mine = attribute == a
+        model = shared if a < 0 else head.shared(a)
+        probs = model.predict_proba(context[mine], query[mine])
+        expected = np.argsort(-probs, axis=1, kind="stable")[:, :3]
+        assert np.array_equal(ranked.targets[mine], expected)
+        assert np.allclose(ranked.probabilities[mine], np.take_along_axis(probs, expected, axis=1), rtol=1e-10)
+
+
+def test_a_head_survives_its_arrays_and_a_pickle_with_its_names_and_reference(corpus):
+    head = fit_gated(corpus, GatedSpec(0, per_attribute=("position_prior",), prior_scale=2.0), max_iter=2).distribution
+    arrays, meta = head.to_arrays()
+    assert meta["attribute_names"] == list(NAMES) and meta["reference"]["sigma2"] == head.reference.sigma2
+    data, attribute, _ = corpus
+    block = block_of(data, attribute)
+    for copy in (head_from_arrays("gated", arrays, meta), pickle.loads(pickle.dumps(head))):
+        assert isinstance(copy, GatedHead) and copy.names == NAMES and copy.fixed_weights
+        assert copy.score([block]) == head.score([block])
+        assert np.array_equal(copy.reference.emission_table.to_dense(), head.reference.emission_table.to_dense())
+    # A head file written before the names and the reference were kept reads without them.
+    old = {k: v for k, v in arrays.items() if not k.startswith("reference.")}
+    legacy = GatedHead.from_arrays(old, {"sigma2": meta["sigma2"], "fixed_weights": True})
+    assert legacy.reference is None and legacy.names == ()
+    with pytest.raises(ValueError, match="no attribute names"):
+        legacy.attribute_names()
+
+
+def test_the_predictor_writes_as_an_attribute_or_a_mix(corpus):
+    head = fit_gated(corpus, GatedSpec(2, prior_scale=0.5), max_iter=1).distribution
+    history = [1, 2, 3, 4, 5]
+    alone = head.predictor(options={"attribute": "beta"})
+    alone.extend(history)
+    query = np.zeros(SHAPE[2])
+    from dist_respattn.model.streaming import Predictor
+
+    expected = Predictor(head.shared(1))
+    expected.extend(history)
+    assert np.allclose(alone.predict(query), expected.predict(query), rtol=1e-12)
+    mixed = head.predictor(options={"mix": "alpha=1,gamma=3"})
+    mixed.extend(history)
+    assert np.isclose(mixed.predict(query).sum(), 1.0)
+    for options, flag in (({"attribute": "delta"}, "--attribute 'delta'"), ({"mix": "alpha=0"}, "--mix"), ({}, "--attribute NAME or --mix")):
+        with pytest.raises(ValueError, match=flag):
+            head.predictor(options=options)
+
+
+def test_the_spec_round_trips_stages_the_shared_fit_and_names_flags():
+    spec = GatedSpec(4, ("emission",), 0.5, None, 3, SingleHopSpec(sigma2=2.0), {"max_iter": 5})
+    assert spec_from_json(spec.to_json()) == spec
+    assert spec.stage_settings == {**STAGE_DEFAULTS, "max_iter": 5}
+    shared, gated = spec.stages()
+    assert (shared.spec, shared.directory) == (SingleHopSpec(sigma2=2.0), "shared")
+    assert gated.spec is spec and gated.directory == "." and gated.settings["max_iter"] == 5
+    assert spec.continues_from_init
+    assert GatedSpec(2).advice(6) is not None and GatedSpec(2, ("emission",)).advice(6) is None
+    with pytest.raises(ValueError, match="--position-buckets"):
+        GatedSpec(2, shared=SingleHopSpec(position_buckets=4))
+    base = SingleHopSpec(seed=0)
+    assert spec_from_options({"attribute_factors": None}, base, None) is None
+    made = spec_from_options(
+        {"attribute_factors": 2, "per_attribute": ["emission"], "attribute_prior_scale": 0.5, "max_iter": 7}, base, None
+    )
+    assert made == GatedSpec(2, ("emission",), prior_scale=0.5, shared=base, stage_settings={"max_iter": 7})
+    # A resumed fit keeps its own settings but for the options given again.
+    resumed = spec_from_options({"attribute_factors": 2, "max_iter": 40}, SingleHopSpec(seed=9), made.to_json())
+    assert resumed.per_attribute == ("emission",) and resumed.shared == base and resumed.stage_settings["max_iter"] == 40
+    for options, flag in (
+        ({"attribute_factors": -1}, "--attribute-factors"),
+        ({"attribute_factors": 2, "attribute_prior_scale": 0.0}, "--attribute-prior-scale"),
+        ({"attribute_factors": 2, "attribute_smoothing": -1.0}, "--attribute-smoothing"),
+        ({"attribute_smoothing": 1.0}, "go with --attribute-factors"),
+    ):
+        with pytest.raises(ValueError, match=flag):
+            spec_from_options(options, base, None)
+    kind = head_kind("gated")
+    assert kind.spec is GatedSpec and {o.flags[0] for o in kind.options} >= {"--attribute-factors", "--fold-in", "--mix"}
+
+
+def test_the_shared_fits_prior_gives_the_strengths():
+    from dist_respattn.model.emission.prior import EmissionPrior
+
+    prior = EmissionPrior("continuation", np.full(8, 1 / 8), np.arange(10.0))
+    meta = {"emission_prior": {"kind": "continuation"},
+            "last_choice": {"sigma2": 1.0, "emission_strength": 2.0, "type_strength": 0.5}}  # fmt: skip
+    strength, base = shared_strengths(meta, prior.to_arrays(), 10, 8)
+    assert np.array_equal(strength, 2.0 + 0.5 * np.arange(10.0)) and np.array_equal(base, prior.base)
+    strength, base = shared_strengths({}, {}, 10, 8)
+    assert np.array_equal(strength, np.ones(10)) and np.array_equal(base, np.full(8, 1 / 8))
