@@ -201,3 +201,95 @@ def test_the_shared_fits_prior_gives_the_strengths():
     assert np.array_equal(strength, 2.0 + 0.5 * np.arange(10.0)) and np.array_equal(base, prior.base)
     strength, base = shared_strengths({}, {}, 10, 8)
     assert np.array_equal(strength, np.ones(10)) and np.array_equal(base, np.full(8, 1 / 8))
+
+
+class RowsPasses:
+    """The passes of a report over stores held in memory: ``{over: (data, attribute ids, names, documents)}``, each
+    cut into two partitions whose values are added (blocks carry the store's own attribute ids)."""
+
+    def __init__(self, stores):
+        self.stores = stores
+        self.said = []
+
+    def run(self, request, *, over="train"):
+        from dist_respattn.model.heads.base import combine
+
+        if over not in self.stores:
+            return None
+        data, attribute, names, documents = self.stores[over]
+        n = attribute.shape[0]
+        values = []
+        for lo, hi in ((0, n // 3), (n // 3, n)):
+            rows = EncodedRows(*(np.asarray(c)[lo:hi] for c in data), None, lo)
+            block = Block(rows, None, attribute[lo:hi], None if documents is None else documents[lo:hi], 0, lo)
+            values.append(request.map_partition(iter([block])))
+        return combine(values)
+
+    def attribute_names(self, over):
+        if over not in self.stores:
+            raise LookupError(over)
+        return self.stores[over][2]
+
+    def num_rows(self, over):
+        return int(self.stores[over][1].shape[0])
+
+    def say(self, line):
+        self.said.append(line)
+
+    def choose(self, candidates):
+        raise AssertionError("a report chooses nothing")
+
+    def plan_memory(self):
+        pass
+
+
+def test_the_report_scores_each_attribute_classifies_documents_and_folds_in_new_ones(corpus):
+    from dist_respattn.model.heads.gated.head import fold_in
+    from dist_respattn.model.heads.gated.report import FOLD_IN_FRACTION
+    from dist_respattn.model.fitting.holdout import HoldoutRule
+
+    head = fit_gated(corpus, GatedSpec(1, per_attribute=("emission",), prior_scale=0.5), max_iter=3).distribution
+    data, attribute, shared = corpus
+    # The scored store numbers its attributes its own way and has one the head never saw ("delta").
+    names = ("gamma", "delta", "alpha", "beta")
+    store_ids = np.array([2, 3, 0])[attribute]
+    store_ids[1000:] = np.where(store_ids[1000:] == 0, 1, store_ids[1000:])
+    documents = np.arange(attribute.shape[0]) // 50
+    stores = {"train": (data, store_ids, names, documents), "training_store": (data, attribute, NAMES, None)}
+    passes = RowsPasses(stores)
+    options = {"classify_attributes": True, "fold_in": True, "fold_in_iterations": 4, "store": "memory://rows",
+               "baselines": {"kneser_ney": {"perplexity": 9.5}}}  # fmt: skip
+    report, lines = head.report(passes, options)
+    head_ids = np.array([2, -1, 0, 1])[store_ids]
+    for a, name in enumerate(names):
+        mine = store_ids == a
+        row = report["by_attribute"][name]
+        assert row["rows"] == mine.sum() and row["known"] == (name != "delta")
+        plain = gated_log_likelihood(GatedHead.from_shared(shared, 1), data, np.zeros(1500, np.int64), given_query=True)
+        assert np.isclose(row["perplexity_shared"], np.exp(-plain[mine].mean()), rtol=1e-12)
+        if name == "delta":
+            assert row["perplexity"] is None
+            continue
+        lines_a = gated_log_likelihood(head, tuple(c[mine] for c in data), head_ids[mine], given_query=True)
+        assert np.isclose(row["perplexity"], np.exp(-lines_a.mean()), rtol=1e-12)
+        assert row["perplexity_kneser_ney"] is not None and row["perplexity_kneser_ney"] > 1.0
+    known = head_ids >= 0
+    assert report["model"]["rows"] == known.sum()
+    assert np.isclose(report["model"]["perplexity_shared_same_rows"], np.exp(-plain[known].mean()), rtol=1e-12)
+    assert report["shared"]["model"]["perplexity"] == pytest.approx(np.exp(-plain.mean()), rel=1e-9)
+    # Every document whose attribute (its first row's, in this store) the head knows is classified.
+    assert report["classified_documents"] == int(known[::50].sum())
+    assert 0.0 <= report["attribute_accuracy"] <= 1.0 and len(report["documents"]) == documents.max() + 1
+    # Folding in "delta": its weights are fold_in's on the training half of its rows.
+    rule = HoldoutRule.for_rows(1500, FOLD_IN_FRACTION)
+    train_w, held_w = rule.split_weights(0, 1500, None)
+    delta = store_ids == 1
+    rows_delta = tuple(c[delta & (train_w > 0)] for c in data)
+    expected = fold_in(head, rows_delta, iterations=4)
+    folded = report["fold_in"]["delta"]
+    assert np.allclose(folded["weights"], expected, atol=2e-6)
+    assert folded["rows_scored"] == (delta & (held_w > 0)).sum()
+    assert lines[0] == "memory://rows: {:,.0f} rows of known attributes".format(known.sum())
+    assert lines[1].endswith(", Kneser-Ney bigram 9.500 (all rows)")
+    assert any(line.startswith("folded in delta: perplexity ") for line in lines)
+    assert any(line.startswith("attribute classification: ") for line in lines)
