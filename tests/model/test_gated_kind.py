@@ -3,6 +3,7 @@ scored, ranked and predicted like any head, its arrays and spec round-tripped.""
 
 from __future__ import annotations
 
+import itertools
 import pickle
 
 import numpy as np
@@ -54,7 +55,7 @@ def test_em_never_lowers_the_training_likelihood_at_a_fixed_scale(corpus):
     result = fit_gated(corpus, spec, max_iter=8, tol=0.0)
     means = result.log_likelihoods
     assert len(means) == 8
-    for before, after in zip(means, means[1:], strict=False):
+    for before, after in itertools.pairwise(means):
         assert after >= before - 1e-9 * abs(before), (before, after)
     head = result.distribution
     assert isinstance(head, GatedHead) and head.attribute_names() == NAMES
@@ -154,7 +155,11 @@ def test_the_predictor_writes_as_an_attribute_or_a_mix(corpus):
     mixed = head.predictor(options={"mix": "alpha=1,gamma=3"})
     mixed.extend(history)
     assert np.isclose(mixed.predict(query).sum(), 1.0)
-    for options, flag in (({"attribute": "delta"}, "--attribute 'delta'"), ({"mix": "alpha=0"}, "--mix"), ({}, "--attribute NAME or --mix")):
+    for options, flag in (
+        ({"attribute": "delta"}, "--attribute 'delta'"),
+        ({"mix": "alpha=0"}, "--mix"),
+        ({}, "--attribute NAME or --mix"),
+    ):
         with pytest.raises(ValueError, match=flag):
             head.predictor(options=options)
 
@@ -178,7 +183,9 @@ def test_the_spec_round_trips_stages_the_shared_fit_and_names_flags():
     assert made == GatedSpec(2, ("emission",), prior_scale=0.5, shared=base, stage_settings={"max_iter": 7})
     # A resumed fit keeps its own settings but for the options given again.
     resumed = spec_from_options({"attribute_factors": 2, "max_iter": 40}, SingleHopSpec(seed=9), made.to_json())
-    assert resumed.per_attribute == ("emission",) and resumed.shared == base and resumed.stage_settings["max_iter"] == 40
+    assert (
+        resumed.per_attribute == ("emission",) and resumed.shared == base and resumed.stage_settings["max_iter"] == 40
+    )
     for options, flag in (
         ({"attribute_factors": -1}, "--attribute-factors"),
         ({"attribute_factors": 2, "attribute_prior_scale": 0.0}, "--attribute-prior-scale"),
@@ -188,7 +195,11 @@ def test_the_spec_round_trips_stages_the_shared_fit_and_names_flags():
         with pytest.raises(ValueError, match=flag):
             spec_from_options(options, base, None)
     kind = head_kind("gated")
-    assert kind.spec is GatedSpec and {o.flags[0] for o in kind.options} >= {"--attribute-factors", "--fold-in", "--mix"}
+    assert kind.spec is GatedSpec and {o.flags[0] for o in kind.options} >= {
+        "--attribute-factors",
+        "--fold-in",
+        "--mix",
+    }
 
 
 def test_the_shared_fits_prior_gives_the_strengths():
@@ -216,7 +227,7 @@ class RowsPasses:
 
         if over not in self.stores:
             return None
-        data, attribute, names, documents = self.stores[over]
+        data, attribute, _names, documents = self.stores[over]
         n = attribute.shape[0]
         values = []
         for lo, hi in ((0, n // 3), (n // 3, n)):
@@ -244,9 +255,9 @@ class RowsPasses:
 
 
 def test_the_report_scores_each_attribute_classifies_documents_and_folds_in_new_ones(corpus):
+    from dist_respattn.model.fitting.holdout import HoldoutRule
     from dist_respattn.model.heads.gated.head import fold_in
     from dist_respattn.model.heads.gated.report import FOLD_IN_FRACTION
-    from dist_respattn.model.fitting.holdout import HoldoutRule
 
     head = fit_gated(corpus, GatedSpec(1, per_attribute=("emission",), prior_scale=0.5), max_iter=3).distribution
     data, attribute, shared = corpus
@@ -289,7 +300,7 @@ def test_the_report_scores_each_attribute_classifies_documents_and_folds_in_new_
     folded = report["fold_in"]["delta"]
     assert np.allclose(folded["weights"], expected, atol=2e-6)
     assert folded["rows_scored"] == (delta & (held_w > 0)).sum()
-    assert lines[0] == "memory://rows: {:,.0f} rows of known attributes".format(known.sum())
+    assert lines[0] == f"memory://rows: {known.sum():,.0f} rows of known attributes"
     assert lines[1].endswith(", Kneser-Ney bigram 9.500 (all rows)")
     assert any(line.startswith("folded in delta: perplexity ") for line in lines)
     assert any(line.startswith("attribute classification: ") for line in lines)

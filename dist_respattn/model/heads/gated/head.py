@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, cast
 
 import numba
 import numpy as np
@@ -211,7 +211,7 @@ class GatedHead(Head):
         return int(self.weights.shape[0])
 
     @property
-    def context_length(self) -> int:
+    def context_length(self) -> int:  # type: ignore[override]
         return int(self.position_prior.shape[1])
 
     @property
@@ -376,7 +376,7 @@ class GatedHead(Head):
             for a in np.unique(attribute[live]):
                 mine = live & (attribute == a)
                 rows = tuple(np.asarray(column)[mine] for column in encoded)
-                correct += score_rows(self.attribute_head(int(a)), rows, weight[mine]).correct  # type: ignore[arg-type]
+                correct += score_rows(self.attribute_head(int(a)), rows, weight[mine]).correct
             totals = totals + ScoreTotals(
                 float(weight.sum()), float(np.sum(weight[live] * joint[live])),
                 float(np.sum(weight[live] * target_log_prob[live])), float(correct),
@@ -417,7 +417,8 @@ class GatedHead(Head):
         options: dict[str, Any] | None = None,
     ) -> Any:
         """A :class:`~dist_respattn.model.streaming.Predictor` of the head of ``options["attribute"]`` (a name) or of
-        the mix ``options["mix"]`` (``"NAME=SHARE,NAME=SHARE"``, shares > 0): :func:`~dist_respattn.model.heads.gated.use.mixed_head`."""
+        the mix ``options["mix"]`` (``"NAME=SHARE,NAME=SHARE"``, shares > 0), as
+        :func:`~dist_respattn.model.heads.gated.use.mixed_head` makes it."""
         from dist_respattn.model.heads.gated.use import mixed_head
         from dist_respattn.model.streaming import Predictor
 
@@ -441,7 +442,9 @@ class GatedHead(Head):
                 mix[a] = mix.get(a, 0.0) + value
             return mix
         if not name:
-            raise ValueError("a gated head writes as an attribute: give --attribute NAME or --mix NAME=SHARE,NAME=SHARE")
+            raise ValueError(
+                "a gated head writes as an attribute: give --attribute NAME or --mix NAME=SHARE,NAME=SHARE"
+            )
         return {self.attribute_id(str(name), "--attribute"): 1.0}
 
     def attribute_id(self, name: str, flag: str = "--attribute") -> int:
@@ -456,9 +459,9 @@ class GatedHead(Head):
         """Per-attribute perplexities beside the reference head and each attribute's Kneser-Ney bigram, and with
         ``classify_attributes`` / ``fold_in`` the classification of documents and folded-in attributes
         (:func:`~dist_respattn.model.heads.gated.report.gated_report`)."""
-        from dist_respattn.model.heads.gated.report import gated_report
+        from dist_respattn.model.heads.gated.report import ReportPasses, gated_report
 
-        return gated_report(self, passes, options)
+        return gated_report(self, cast(ReportPasses, passes), options)
 
 
 class GatedStatistics(NamedTuple):

@@ -16,10 +16,9 @@ choice and its neighbours (x/2, x, 2x); the M-step is run for each, each candida
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -223,7 +222,9 @@ class GatedSpec(HeadSpec):
         shared = context.init
         if not isinstance(shared, ResponsibilityAttentionDistribution):
             raise ValueError("a gated fit starts from a fitted shared (single-hop) head: give it as the fit's init")
-        strength, base = shared_strengths(context.init_meta, context.init_arrays, shared.num_symbols, shared.num_targets)
+        strength, base = shared_strengths(
+            context.init_meta, context.init_arrays, shared.num_symbols, shared.num_targets
+        )
         return GatedTrainer(self, context.shape, context.attribute_names, shared, strength, base)
 
 
@@ -437,7 +438,7 @@ class GatedGrid(Grid):
     def columns(self) -> Columns:
         return Columns(attributes=True)
 
-    def score(self, blocks: Iterator[Block]) -> GatedGridScores:
+    def score(self, blocks: Iterable[Block]) -> GatedGridScores:
         k, a = len(self.heads), self.heads[0].num_attributes
         target_log_prob, log_lik, weights = np.zeros((k, a)), np.zeros((k, a)), np.zeros((k, a))
         for block in blocks:
@@ -591,7 +592,9 @@ class GatedTrainer(Trainer):
             else:
                 s, t = self.shape[0], self.shape[3]
                 value = passes.run(
-                    BlockPass("gated-support", "collecting the training pairs", functools.partial(support_partition, s, t))
+                    BlockPass(
+                        "gated-support", "collecting the training pairs", functools.partial(support_partition, s, t)
+                    )
                 )
                 support = value.counts.support
                 assert support is not None  # counts made from cells carry their pairs

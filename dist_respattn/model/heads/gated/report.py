@@ -26,7 +26,13 @@ import numpy as np
 from dist_respattn.model.emission.pairs import PairCounts
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import Block, BlockPass, Columns, Passes
-from dist_respattn.model.heads.gated.head import GatedHead, GatedStatistics, fold_in_step, gated_estep, gated_log_likelihood
+from dist_respattn.model.heads.gated.head import (
+    GatedHead,
+    GatedStatistics,
+    fold_in_step,
+    gated_estep,
+    gated_log_likelihood,
+)
 
 __all__ = [
     "FOLD_IN_FRACTION",
@@ -345,8 +351,8 @@ def _fold_in(
     for step in range(int(iterations)):
         stats = passes.run(
             BlockPass(
-                "folding", f"folding in ({step + 1}/{iterations})", functools.partial(fold_in_partition, probe, mapping, rule),
-                Columns(attributes=True),
+                "folding", f"folding in ({step + 1}/{iterations})",
+                functools.partial(fold_in_partition, probe, mapping, rule), Columns(attributes=True),
             )
         )  # fmt: skip
         probe = fold_in_step(probe, stats.attribute_count, 0.0)
