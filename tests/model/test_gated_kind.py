@@ -304,3 +304,54 @@ def test_the_report_scores_each_attribute_classifies_documents_and_folds_in_new_
     assert lines[1].endswith(", Kneser-Ney bigram 9.500 (all rows)")
     assert any(line.startswith("folded in delta: perplexity ") for line in lines)
     assert any(line.startswith("attribute classification: ") for line in lines)
+
+
+def test_an_old_gated_checkpoint_reads_with_its_names_settings_and_last_scale(corpus):
+    head = fit_gated(corpus, GatedSpec(2, prior_scale=0.5), max_iter=1).distribution
+    arrays, _ = head.to_arrays()
+    old_arrays = {k: v for k, v in arrays.items() if not k.startswith("reference.")}
+    # meta.json as the gated fit wrote it before gated heads were a kind (engine/gated_checkpoint.py).
+    settings = {
+        "attribute_factors": 2, "per_attribute": [], "max_iter": 12, "tol": 1e-6, "patience": 3,
+        "min_improvement": 1e-4, "weight_strength": 1.0, "prior_scale": None, "seed": 0, "fan_in": 8,
+    }  # fmt: skip
+    record = {
+        "format": "dist_respattn.checkpoint", "version": 1, "kind": "gated",
+        "model": {"sigma2": head.sigma2, "fixed_weights": False}, "attribute_names": list(NAMES),
+        "settings": settings, "history": [{"iteration": 1, "prior_scale": 0.25, "heldout_perplexity": 7.0}],
+    }  # fmt: skip
+    old = head_from_arrays("gated", old_arrays, record)
+    assert old.names == NAMES and old.reference is None
+    data, attribute, shared = corpus
+    block = block_of(data, attribute)
+    assert old.with_parameters(reference=shared).score([block]) == head.score([block])
+    spec = spec_from_json({"kind": "gated", **settings})
+    assert spec == GatedSpec(2, stage_settings={"max_iter": 12, "patience": 3})
+    trainer = spec.trainer(_context(shared))
+    assert trainer.choice_from_json(record["history"][-1]) == PriorScale(0.25)
+
+
+def _context(shared):
+    from dist_respattn.model.heads.base import TrainerContext
+
+    return TrainerContext(SHAPE, NAMES, shared)
+
+
+def test_the_statistics_add_over_partitions(corpus):
+    from dist_respattn.model.heads.base import combine
+
+    data, attribute, shared = corpus
+    head = fit_gated(corpus, GatedSpec(1, per_attribute=("emission",), prior_scale=0.5), max_iter=1).distribution
+    trainer = GatedSpec(1, per_attribute=("emission",), prior_scale=0.5).trainer(_context(shared))
+    attribute = attribute.copy()
+    attribute[::9] = -1  # rows of an attribute the fit does not know count for nothing
+    whole = trainer.statistics(head, iter([block_of(data, attribute)]))
+    cuts = (0, 400, 401, 1500)
+    parts = [
+        trainer.statistics(head, iter([block_of(tuple(c[lo:hi] for c in data), attribute[lo:hi])]))
+        for lo, hi in itertools.pairwise(cuts)
+    ]
+    summed = combine(parts)
+    for name in whole._fields:
+        assert np.allclose(getattr(summed, name), getattr(whole, name), rtol=1e-12, atol=1e-12), name
+    assert whole.n_obs == (attribute >= 0).sum()

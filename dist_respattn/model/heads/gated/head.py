@@ -306,12 +306,15 @@ class GatedHead(Head):
         """The head :meth:`to_arrays` wrote; a missing array or a bad shape raises ``ValueError`` naming it.
 
         A checkpoint written before gated heads were a kind of the head protocol has neither ``attribute_names``
-        nor ``reference`` in this JSON (its ``meta.json`` kept the names beside it): the head is then read without
-        them.
+        nor ``reference`` in this JSON: its ``meta.json`` kept the names beside it (``meta`` may be that whole
+        ``meta.json``: the head's own JSON is then its ``model``), and the reference is its ``shared/`` fit
+        (:meth:`with_parameters` ``(reference=...)``); without them the head is read without them.
         """
         missing = [k for k in ("key_means", "position_prior", "weights", "factor_values") if k not in arrays]
         if missing:
             raise ValueError(f"a gated head needs the arrays {', '.join(missing)}")
+        if "sigma2" not in meta and isinstance(meta.get("model"), dict):  # an old checkpoint's whole meta.json
+            meta = {**meta["model"], "attribute_names": meta.get("attribute_names")}
         key_means = np.asarray(arrays["key_means"], dtype=np.float64)
         reference = None
         if meta.get("reference") is not None:

@@ -199,7 +199,12 @@ class GatedSpec(HeadSpec):
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GatedSpec:
+        """The spec :meth:`to_json` wrote, or an old checkpoint's ``settings`` (its loop settings at the top level, and
+        no ``shared``: the shared fit's own settings are then the single-hop defaults unless given in ``"shared"``)."""
         shared = data.get("shared")
+        stage = data.get("stage_settings")
+        if stage is None:
+            stage = {name: data[name] for name in STAGE_DEFAULTS if data.get(name) is not None}
         return cls(
             int(data["attribute_factors"]),
             tuple(data.get("per_attribute") or ()),
@@ -207,7 +212,7 @@ class GatedSpec(HeadSpec):
             None if data.get("prior_scale") is None else float(data["prior_scale"]),
             int(data.get("seed", 0)),
             SingleHopSpec() if shared is None else SingleHopSpec.from_json(shared),
-            dict(data.get("stage_settings") or STAGE_DEFAULTS),
+            dict(stage),
         )
 
     def stages(self) -> list[Stage]:
