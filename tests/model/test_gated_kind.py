@@ -355,3 +355,49 @@ def test_the_statistics_add_over_partitions(corpus):
     for name in whole._fields:
         assert np.allclose(getattr(summed, name), getattr(whole, name), rtol=1e-12, atol=1e-12), name
     assert whole.n_obs == (attribute >= 0).sum()
+
+
+def test_fit_em_takes_the_steps_of_the_gated_fit_it_replaces_bit_for_bit(corpus):
+    """The loop engine/gated_fit.py ran (support of the training rows, the shared emission on it, the start head, then
+    per iteration the E-step, the M-step at every scale and the lowest held-out perplexity), written out by hand with
+    the kernels it called: fit_em of a GatedSpec gives the same heads to the last bit."""
+    from dist_respattn.model.emission.layouts import SparseEmissionCounts
+    from dist_respattn.model.fitting.holdout import HoldoutRule
+    from dist_respattn.model.heads.gated.head import gated_estep, gated_m_step
+    from dist_respattn.model.heads.gated.kind import SCALE_STEP, shared_on_support, start_head
+
+    data, attribute, shared = corpus
+    spec = GatedSpec(2, per_attribute=("emission",), weight_strength=0.5, seed=4)
+    iterations = 3
+    result = fit_gated(corpus, spec, max_iter=iterations, tol=0.0)
+
+    n = attribute.shape[0]
+    train_w, held_w = HoldoutRule.for_rows(n).split_weights(0, n, None)
+    s, t = SHAPE[0], SHAPE[3]
+    live = train_w > 0
+    keys = np.repeat(data[2][live].astype(np.int64), SHAPE[1]) * s + data[0][live].reshape(-1)
+    support = SparseEmissionCounts.from_cells(keys, None, s, t).support
+    strength, base = np.ones(s), np.full(t, 1.0 / t)
+    center = shared_on_support(shared, support, base)
+    head = start_head(shared, center, spec, NAMES)
+    held = held_w > 0
+    scale = None
+    for _ in range(iterations):
+        stats = gated_estep(head, data, attribute, train_w)
+        scales = FIRST_SCALES if scale is None else (scale / SCALE_STEP, scale, scale * SCALE_STEP)
+        best = None
+        for k in scales:
+            candidate = gated_m_step(stats, head, strength=k * strength, center=center, weight_strength=0.5)
+            lines = gated_log_likelihood(candidate, data, attribute, given_query=True)
+            log_lik = np.bincount(attribute[held], weights=held_w[held] * lines[held], minlength=3)
+            weight = np.bincount(attribute[held], weights=held_w[held], minlength=3)
+            perplexity = np.exp(-float(log_lik.sum()) / float(weight.sum()))
+            if best is None or perplexity < best[0]:
+                best = (perplexity, k, candidate)
+        assert best is not None
+        _, scale, head = best
+    assert result.history[-1].hyperparameters == PriorScale(scale)
+    mine, theirs = result.distribution.to_arrays()[0], head.to_arrays()[0]
+    assert mine.keys() == theirs.keys()
+    for name in mine:
+        assert np.array_equal(mine[name], theirs[name]), name
