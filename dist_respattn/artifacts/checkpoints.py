@@ -17,6 +17,7 @@ registry's version (``REGISTRY@7``) is resolved by :mod:`dist_respattn.artifacts
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import io
 import json
 import logging
@@ -319,7 +320,12 @@ def load_directory(model_dir: str | os.PathLike[str], which: str = "auto") -> Ch
     for pointer in order:
         name = folder.pointed(pointer)
         if name is not None:
-            return folder.load(name)
+            checkpoint = folder.load(name)
+            # A head may need another fit its checkpoint names (an older gated head's shared/ fit): it says so.
+            model = checkpoint.model.completed(
+                str(folder.path), checkpoint.meta, lambda path: load_directory(path).model
+            )
+            return checkpoint if model is checkpoint.model else dataclasses.replace(checkpoint, model=model)
     raise CheckpointError(
         f"{folder}: no {' or '.join(order)} checkpoint (expected {'/'.join(p + '.json' for p in order)}); "
         "is this the model directory of a fit?"

@@ -257,22 +257,30 @@ def evaluate(
         if tuning is not None:
             tune_store, tune_rows, _ = tuning
             validation_counts = _count_pairs(runner, tune_store, tune_rows, "2", "counting the held-out pairs")
-        passes = ReportPasses(runner, head, scored, training, train_rows, say or (lambda line: None))
-        report, report_lines = head.report(passes, dict(options or {}))
-    baselines = fit_baselines(train_counts, validation=validation_counts, k=baseline_k).score(counts)
-    names = ("unigram", "add_k", "jelinek_mercer", "kneser_ney") if bigram else ("unigram",)
+        baselines = fit_baselines(train_counts, validation=validation_counts, k=baseline_k).score(counts)
+        names = ("unigram", "add_k", "jelinek_mercer", "kneser_ney") if bigram else ("unigram",)
+        baseline_figures = {name: baselines[name].to_json() for name in names}
+        counts_from = {
+            "store": str(baseline_store.location),
+            "in_sample": baseline_store is scored,
+            "tuned_on": tuning[2] if tuning is not None else None,
+        }
+        holdout = meta.get("holdout")
+        held = (training, RowSelection(HoldoutRule.from_json(holdout), "heldout")) if training and holdout else None
+        passes = ReportPasses(runner, scored, training, train_rows, held, say or (lambda line: None))
+        given = {**(options or {}), "store": str(scored.location), "baselines": baseline_figures}
+        report, report_lines = head.report(passes, {**given, "baseline_counts_from": counts_from})
     warnings = list(meta.get("warnings") or []) or head.warnings(meta.get("settings") or {})
+    # A kind's report may refine the head's own figures (a gated head's perplexity over the rows of the attributes
+    # it knows): its "model" keys win.
+    model_figures = {**totals.metrics(), **(report.pop("model", None) or {})}
     return Evaluation(
         store=str(scored.location),
         rows=scored.num_rows,
         weight=totals.weight,
-        model=totals.metrics(),
-        baselines={name: baselines[name].to_json() for name in names},
-        baseline_counts_from={
-            "store": str(baseline_store.location),
-            "in_sample": baseline_store is scored,
-            "tuned_on": tuning[2] if tuning is not None else None,
-        },
+        model=model_figures,
+        baselines=baseline_figures,
+        baseline_counts_from=counts_from,
         warnings=warnings,
         report=report,
         report_lines=report_lines,
@@ -281,38 +289,53 @@ def evaluate(
 
 class ReportPasses:
     """The passes a head's report runs (:class:`~dist_respattn.model.heads.base.Passes`): over the evaluated store
-    (``over="train"``) or the store the head was fitted on, its training rows (``"training_store"``)."""
+    (``over="train"``: every row), the store the head was fitted on (``"training_store"``: its training rows) or
+    that store's hold-out (``"heldout"``). Blocks carry each store's own attribute ids (the report maps them by name:
+    it also reads the attributes the head lacks). ``run`` raises ``LookupError`` for rows that cannot be read (a
+    training store that moved or changed, a fit without a hold-out)."""
 
     def __init__(
         self,
         runner: PassRunner,
-        head: Head,
         scored: RowStore,
         training: RowStore | None,
         training_rows: RowSelection,
+        heldout: tuple[RowStore, RowSelection] | None,
         say: Callable[[str], Any],
     ) -> None:
-        self.runner, self.head, self.scored, self.training = runner, head, scored, training
-        self.training_rows, self.tell = training_rows, say
+        self.runner, self.scored, self.training, self.training_rows = runner, scored, training, training_rows
+        self.held, self.tell = heldout, say
         self.count = 0
 
-    def run(self, request: BlockPass, *, over: str = "train") -> Any:
+    def _rows(self, over: str) -> tuple[RowStore, RowSelection]:
         if over == "train":
-            store, rows = self.scored, ALL_ROWS
-        elif over == "training_store":
+            return self.scored, ALL_ROWS
+        if over == "training_store":
             if self.training is None:
-                raise ValueError("the model's training store does not open as it was fitted: nothing to count on it")
-            store, rows = self.training, self.training_rows
-        else:
-            raise ValueError(f"over = {over!r}: expected 'train' or 'training_store'")
+                raise LookupError("the model's training store does not open as it was fitted")
+            return self.training, self.training_rows
+        if over == "heldout":
+            if self.held is None:
+                raise LookupError("the model's fit held out no rows of a training store that opens as it was fitted")
+            return self.held
+        raise ValueError(f"over = {over!r}: expected 'train', 'training_store' or 'heldout'")
+
+    def run(self, request: BlockPass, *, over: str = "train") -> Any:
+        store, rows = self._rows(over)
         fingerprint = store.fingerprint()
-        mapping = _attribute_map(store, self.head)
         self.count += 1
         return self.runner.run(
             request.name, f"report{self.count}", store.num_partitions, tasks.pass_task,
-            lambda part: (store.location, part, request.map_partition, request.columns, fingerprint, rows, mapping),
+            lambda part: (store.location, part, request.map_partition, request.columns, fingerprint, rows),
             description=request.description,
         )  # fmt: skip
+
+    def attribute_names(self, over: str) -> tuple[str, ...]:
+        names = getattr(self._rows(over)[0], "attribute_names", None)
+        return tuple(names or ())
+
+    def num_rows(self, over: str) -> int:
+        return int(self._rows(over)[0].num_rows)
 
     def choose(self, candidates: Any) -> Head:
         raise ValueError("a report chooses nothing on held-out rows")

@@ -102,7 +102,8 @@ def estimate_single_hop_memory(
 ) -> MemoryEstimate:
     """Plan a fit's memory from the store's shape and block size (an upper estimate, not a measurement).
 
-    ``shape``: ``(S, N, D, T)``; ``block_rows``: the most rows (of ``row_bytes`` each) a task reads at once (a chunk, or the whole store when smaller).
+    ``shape``: ``(S, N, D, T)``; ``block_rows``: the most rows (of ``row_bytes`` each) a task reads at once (a
+    chunk, or the whole store when smaller).
     ``layout``: the emission's; a sparse one costs ``num_pairs`` times the bytes per pair (none counted
     when ``None``: the plan before the start pass has found them).
 

@@ -89,6 +89,10 @@ class Predictor:
         self._window: deque[int] = deque(maxlen=model.context_length)  # the last N tokens, oldest first
         self._hist: list[dict[int, int]] = [{} for _ in sizes]  # per bucket: symbol -> count
         self.length = 0  # tokens pushed so far
+        #: What the predictor writes as, when the head that made it says (a gated head's attributes and their shares
+        #: under a mix, and the attribute whose documents a generation opens with).
+        self.mix_shares: dict[str, float] | None = None
+        self.opening_attribute: str | None = None
         self._dense = model.emission_table.probs if isinstance(model.emission_table, DenseEmission) else None
 
     # ------------------------------------------------------------------------------------- state

@@ -202,6 +202,12 @@ class Head(abc.ABC):
     def from_arrays(cls, arrays: Any, meta: dict[str, Any]) -> Head:
         """The head :meth:`to_arrays` wrote (``arrays``: a mapping of name to array)."""
 
+    def completed(self, directory: str, meta: dict[str, Any], load: Callable[[str], Head]) -> Head:
+        """The head as its checkpoint in model directory ``directory`` (with ``meta.json`` ``meta``) describes it,
+        when the arrays alone do not: an older format may name another fit the head needs, which ``load(path)``
+        reads. Itself by default."""
+        return self
+
     @abc.abstractmethod
     def num_parameters(self) -> int:
         """The free parameters this head holds (for reports and the memory plan)."""

@@ -425,7 +425,32 @@ class GatedHead(Head):
         from dist_respattn.model.heads.gated.use import mixed_head
         from dist_respattn.model.streaming import Predictor
 
-        return Predictor(mixed_head(self, self.mix_of(options or {})), query_table, words=words)
+        mix = self.mix_of(options or {})
+        predictor = Predictor(mixed_head(self, mix), query_table, words=words)
+        # What it writes as, for the commands that say it: the attributes and their shares, the first to open with.
+        predictor.mix_shares = (
+            {self.names[a]: share for a, share in mix.items()} if options and options.get("mix") else None
+        )
+        predictor.opening_attribute = self.names[next(iter(mix))] if self.names else None
+        return predictor
+
+    def emissions(self, options: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
+        """Each attribute's emission ``B_a`` by its name (only ``options["attribute"]``'s when given)."""
+        name = (options or {}).get("attribute")
+        chosen = [self.attribute_id(name, "--attribute")] if name else range(self.num_attributes)
+        return [(self.names[a] if self.names else str(a), self.emission_of(a)) for a in chosen]
+
+    def completed(self, directory: str, meta: dict[str, Any], load: Any) -> GatedHead:
+        """An older gated checkpoint does not hold its shared head: read it from the model directory's ``shared/``
+        fit, else from the directory its fit recorded."""
+        if self.reference is not None:
+            return self
+        import os
+
+        for candidate in (os.path.join(directory, "shared"), (meta.get("shared") or {}).get("dir")):
+            if candidate and os.path.isfile(os.path.join(candidate, "latest.json")):
+                return self.with_parameters(reference=load(candidate))
+        return self
 
     def mix_of(self, options: dict[str, Any]) -> dict[int, float]:
         """``{attribute id: share}`` of the options ``attribute`` (a name) or ``mix`` (``"NAME=SHARE,..."``);

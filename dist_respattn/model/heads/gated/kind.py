@@ -165,6 +165,11 @@ class GatedSpec(HeadSpec):
         own = " beside each attribute's own" if self.own_emission else ""
         return f"F = {self.attribute_factors} shared factors{own}"
 
+    def notes(self, attribute_names: tuple[str, ...] | None) -> list[str]:
+        """:meth:`advice` for the store's attributes, when there is any."""
+        advice = self.advice(len(attribute_names or ()))
+        return [advice] if advice else []
+
     def advice(self, num_attributes: int) -> str | None:
         """What to say when a gated fit starts with fewer factor tables than attributes and no table per attribute.
 
@@ -733,8 +738,12 @@ OPTIONS = (
     ),
     Option(
         ("--attribute",),
-        {"metavar": "NAME", "help": "a gated head: the attribute to write as"},
-        ("sample", "predict"),
+        {
+            "metavar": "NAME",
+            "help": "a gated head: the attribute to write as (sample, predict --stream), or to compare emission rows "
+            "under (neighbours; default: each in turn)",
+        },
+        ("sample", "predict", "neighbours"),
     ),
     Option(
         ("--mix",),
