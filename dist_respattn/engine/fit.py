@@ -217,10 +217,10 @@ def _starting_point(
         check_recorded_corpus(
             warm.meta.get("store"), train, reference_role=f"training store of {init_from}", other_role="store"
         )
-        record = {
-            "kind": "model", "source": os.path.abspath(init_from), "iteration": warm.iteration,
-            "checkpoint": warm.name,
-        }  # fmt: skip
+        record = {"kind": "model", "source": str(init_from), "iteration": warm.iteration}
+        if spec.continues_from_init:
+            # A resumed continuing fit reads its start again: from anywhere, and refused if that fit moved on.
+            record.update(source=os.path.abspath(init_from), checkpoint=warm.name)
         return _Start(None, warm.model, warm, record)
     if spec.continues_from_init:
         raise FitError(f"a {spec.kind} fit starts from another fit: give init_from=MODEL_DIR")
@@ -393,7 +393,9 @@ def _fit_stages(store: Any, stages: list[Stage], *, model_dir: Any, settings: Fi
     """The stages of a staged kind, in order, on one cluster: each stage in its directory, from the stage before.
 
     Resuming continues the first stage not yet ended; a stage whose successor has started is not continued (more
-    iterations would move the successor's starting point under it).
+    iterations would move the successor's starting point under it). A warm start from a head of the staged kind
+    starts each earlier stage from that head's own (:meth:`~dist_respattn.model.heads.base.Head.stage_heads`); the
+    later stages start from the stage before, as always.
     """
     resume, overwrite = options.pop("resume"), options.pop("overwrite")
     init, init_from, validation = options.pop("init"), options.pop("init_from"), options.pop("validation")
@@ -407,9 +409,12 @@ def _fit_stages(store: Any, stages: list[Stage], *, model_dir: Any, settings: Fi
             if later_started:
                 continue
             first = index == 0
+            start = init
+            if init is not None and init.kind != stage.spec.kind:
+                start = init.stage_heads().get(stage.directory)
             result = _fit_stage(
                 store, model_dir=directories[index], settings=_stage_settings(settings, stage), spec=stage.spec,
-                validation=validation if first else None, init=init if first else None,
+                validation=validation if first else None, init=start if first else None,
                 init_from=init_from if first else directories[index - 1], resume=resume, overwrite=overwrite,
                 client=cl, cluster=None, say=say, **options,
             )  # fmt: skip

@@ -12,7 +12,7 @@ import pytest
 
 from dist_respattn import fit_em
 from dist_respattn.engine import FitSettings, estimate_memory, evaluate, fit, load_checkpoint, load_model
-from dist_respattn.engine.memory import (
+from dist_respattn.model.memory import (
     SPARSE_MODEL_BYTES_PER_PAIR,
     SPARSE_VALUE_BYTES_PER_PAIR,
     InsufficientMemoryError,

@@ -208,6 +208,11 @@ class Head(abc.ABC):
         reads. Itself by default."""
         return self
 
+    def stage_heads(self) -> dict[str, Head]:
+        """A staged kind's earlier stages, by their directories (a gated head's ``"shared"`` head): a fit of the same
+        spec warm-started from this head starts each of those stages from them. None by default."""
+        return {}
+
     @abc.abstractmethod
     def num_parameters(self) -> int:
         """The free parameters this head holds (for reports and the memory plan)."""

@@ -440,6 +440,10 @@ class GatedHead(Head):
         chosen = [self.attribute_id(name, "--attribute")] if name else range(self.num_attributes)
         return [(self.names[a] if self.names else str(a), self.emission_of(a)) for a in chosen]
 
+    def stage_heads(self) -> dict[str, Head]:
+        """The shared head its fit started from (the ``"shared"`` stage), when it carries it."""
+        return {} if self.reference is None else {"shared": self.reference}
+
     def completed(self, directory: str, meta: dict[str, Any], load: Any) -> GatedHead:
         """An older gated checkpoint does not hold its shared head: read it from the model directory's ``shared/``
         fit, else from the directory its fit recorded."""
