@@ -8,9 +8,9 @@ import json
 import re
 
 import pytest
+from dist_respattn.artifacts.gated_checkpoints import load_gated
 
 from dist_respattn.artifacts import load_checkpoint
-from dist_respattn.artifacts.gated_checkpoints import load_gated
 from tests.stdlib_packages import package_corpus
 from tests.test_cli import run
 

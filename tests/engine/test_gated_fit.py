@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dist_respattn.artifacts.gated_checkpoints import load_gated
+from dist_respattn.engine.gated_fit import GatedSettings, _strengths, fit_gated, shared_on_support, start_head
 
 from dist_respattn.artifacts import CheckpointError, load_checkpoint
-from dist_respattn.artifacts.gated_checkpoints import load_gated
 from dist_respattn.engine import FitSettings, fit, open_store
 from dist_respattn.engine.fit import FitError
-from dist_respattn.engine.gated_fit import GatedSettings, _strengths, fit_gated, shared_on_support, start_head
 from dist_respattn.model.emission.layouts import PairSupport
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.gated.head import gated_estep, gated_m_step

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dist_respattn.engine.gated_fit import gated_iteration_line
+
 from dist_respattn.engine.progress import format_iteration
 
 

@@ -303,14 +303,14 @@ class TestHeadContract:
             np.testing.assert_allclose(predictor.predict(data.query[row]), probs[row], rtol=1e-9, atol=1e-15)
 
     def test_the_streaming_state_is_bounded_by_the_model(self, fitted: Fitted) -> None:
-        """``state_size()`` (the protocol's method) does not grow with the history."""
+        """``state_size`` (the protocol's property) does not grow with the history."""
         data, head = fitted.data, fitted.head
         options = fitted.case.predictor_options(data, 0) if fitted.case.predictor_options else None
         predictor = head.predictor(options=options)
         sizes = []
         for row in range(20):
             predictor.extend(data.context[row].tolist())
-            sizes.append(predictor.state_size())
+            sizes.append(predictor.state_size)
         assert 0 < max(sizes) <= head.context_length
 
     def test_fit_em_holds_out_rows_only_for_a_choice(self, fitted: Fitted) -> None:
