@@ -35,7 +35,7 @@ from dist_respattn.events import HeldoutScores
 from dist_respattn.model.emission.pairs import PairCounts, pairs_of_blocks
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import BlockPass, Columns, Head
-from dist_respattn.model.heads.single_hop.scoring import ScoreTotals
+from dist_respattn.model.scores import ScoreTotals
 from dist_respattn.store import StoreError, StoreLocation, check_recorded_corpus, open_store
 from dist_respattn.store.rows import RowStore, is_stream_store
 

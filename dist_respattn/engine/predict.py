@@ -33,7 +33,7 @@ from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.tasks import attribute_map
 from dist_respattn.model.heads.base import Head
-from dist_respattn.model.heads.single_hop.top_k import PredictionTotals
+from dist_respattn.model.scores import PredictionTotals
 from dist_respattn.store import StoreLocation, check_recorded_corpus
 from dist_respattn.store.predictions import (
     PredictionRowsWriter,

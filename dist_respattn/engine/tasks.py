@@ -20,8 +20,8 @@ import numpy as np
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import Block, Columns, Grid, Head, Trainer, combine
-from dist_respattn.model.heads.single_hop.top_k import PredictionTotals
 from dist_respattn.model.rows import EncodedRows
+from dist_respattn.model.scores import PredictionTotals
 from dist_respattn.store import StoreError, StoreLocation, open_store
 from dist_respattn.store.predictions import write_prediction_part
 from dist_respattn.store.problems import block_problems

@@ -221,6 +221,11 @@ class Head(abc.ABC):
         """A few words on the head, for the lines a fit prints (the kind's name by default)."""
         return self.kind
 
+    def nbytes(self) -> int:
+        """The bytes of its arrays (what sending it to the workers moves): those of :meth:`to_arrays` by default."""
+        arrays, _ = self.to_arrays()
+        return int(sum(np.asarray(a).nbytes for a in arrays.values()))
+
     # -- reading rows ----------------------------------------------------------------------------------------
 
     @property
@@ -244,7 +249,7 @@ class Head(abc.ABC):
 
     @abc.abstractmethod
     def top_k(self, block: Block, k: int) -> Any:
-        """The ``k`` most probable targets of each row of ``block`` (a :class:`~dist_respattn.model.top_k.TopK`),
+        """The ``k`` most probable targets of each row of ``block`` (a :class:`~dist_respattn.model.scores.TopK`),
         without an (n, T) matrix."""
 
     @abc.abstractmethod
@@ -313,6 +318,10 @@ class Grid(abc.ABC):
     @abc.abstractmethod
     def score(self, blocks: Iterable[Block]) -> GridScores:
         """The held-out totals of these blocks at every point."""
+
+    def nbytes(self) -> int:
+        """The bytes of its arrays (what sending it to the workers moves); 0 when unknown."""
+        return 0
 
 
 class Candidates(abc.ABC):

@@ -362,12 +362,13 @@ class GatedHead(Head):
         return np.where(known, attribute, 0), np.where(known, block.weights_or_ones(), 0.0)
 
     def score(self, blocks: Iterable[Block]) -> Any:
-        """Held-out totals (:class:`~dist_respattn.model.heads.single_hop.scoring.ScoreTotals`) of the blocks' rows,
+        """Held-out totals (:class:`~dist_respattn.model.heads.scores.ScoreTotals`) of the blocks' rows,
         each under its own attribute; a row of attribute ``-1`` (one the head does not know) weighs 0.
 
         ``log_lik`` and ``target_log_prob`` are the gated kernel's (:func:`gated_log_likelihoods`), ``correct`` the
         rows whose target is the arg-max of their attribute's head (:meth:`shared`)."""
-        from dist_respattn.model.heads.single_hop.scoring import ScoreTotals, score_rows
+        from dist_respattn.model.heads.single_hop.scoring import score_rows
+        from dist_respattn.model.scores import ScoreTotals
 
         totals = ScoreTotals()
         for block in blocks:
@@ -389,7 +390,8 @@ class GatedHead(Head):
     def top_k(self, block: Block, k: int) -> Any:
         """The top ``k`` targets of each row under its attribute's head (:meth:`shared`), rows grouped by attribute;
         a row of attribute ``-1`` is ranked by the reference head (the shared head the fit started from)."""
-        from dist_respattn.model.heads.single_hop.top_k import TopK, predict_top_k
+        from dist_respattn.model.heads.single_hop.top_k import predict_top_k
+        from dist_respattn.model.scores import TopK
 
         if block.attribute is None:
             raise ValueError("a gated head ranks each row under its attribute: the block carries none")

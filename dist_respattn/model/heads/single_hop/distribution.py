@@ -171,6 +171,10 @@ class ResponsibilityAttentionDistribution(Head):
             emission = self.num_symbols * self.num_targets
         return int(self.key_means.size + emission + self.context_length + 1)
 
+    def nbytes(self) -> int:
+        """The emission (either layout) and the keys."""
+        return int(self.emission_table.nbytes + self.key_means.nbytes)
+
     def describe(self) -> str:
         prior = "free prior" if self.buckets is None else f"prior tied over {self.buckets.describe()}"
         return f"single-hop head, {self.emission_table.layout} emission, {prior}"
@@ -181,9 +185,10 @@ class ResponsibilityAttentionDistribution(Head):
         return Columns(windows=self.buckets is not None)
 
     def score(self, blocks: Iterable[Block]) -> Any:
-        """Held-out totals (:class:`~dist_respattn.model.heads.single_hop.scoring.ScoreTotals`) of the blocks."""
-        from dist_respattn.model.heads.single_hop.scoring import ScoreTotals, score_rows
+        """Held-out totals (:class:`~dist_respattn.model.heads.scores.ScoreTotals`) of the blocks."""
+        from dist_respattn.model.heads.single_hop.scoring import score_rows
         from dist_respattn.model.kernels.histogram import score_windows
+        from dist_respattn.model.scores import ScoreTotals
 
         totals = ScoreTotals()
         for block in blocks:

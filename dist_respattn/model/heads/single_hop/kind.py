@@ -259,6 +259,10 @@ class SingleHopGrid(Grid):
     def columns(self) -> Columns:
         return Columns(windows=self.table.buckets is not None)
 
+    def nbytes(self) -> int:
+        """Its counts (the M-step's, either layout) dominate."""
+        return int(self.table.counts.nbytes)
+
     def score(self, blocks: Iterable[Block]) -> GridTotals:
         table = self.table
         totals = GridTotals.zeros(table.shape)
