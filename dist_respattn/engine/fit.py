@@ -411,6 +411,17 @@ def _fit_stages(store: Any, stages: list[Stage], *, model_dir: Any, settings: Fi
                     f"{directory} already holds a fit; resume it (resume=True) or start over (overwrite=True), "
                     "or choose another model directory"
                 )
+    elif resume:
+        # The stages' own directories are the fit's; anything else in them means the wrong directory was given.
+        nested = {os.path.normpath(stage.directory).split(os.sep)[0] for stage in stages if stage.directory != "."}
+        for directory in directories:
+            foreign = [entry for entry in ModelDir(directory).foreign_entries() if entry not in nested]
+            if foreign and not ModelDir(directory).has_checkpoint():
+                raise FitError(
+                    f"{directory}: no fit to resume (no latest.json) and it holds {', '.join(foreign[:3])}"
+                    f"{' ...' if len(foreign) > 3 else ''}: is this the model directory? A fit writes into an empty "
+                    "or new one"
+                )
     # The stages run on a client of the cluster connected here, so each thinks the cluster outlives it.
     embedded = starts_embedded_cluster(cluster, client)
     with connect(cluster, client=client, say=say or logger.info) as cl:
@@ -426,7 +437,10 @@ def _fit_stages(store: Any, stages: list[Stage], *, model_dir: Any, settings: Fi
             result = _fit_stage(
                 store, model_dir=directories[index], settings=_stage_settings(settings, stage), spec=stage.spec,
                 validation=validation if first else None, init=start if first else None,
-                init_from=init_from if first else directories[index - 1], resume=resume, overwrite=overwrite,
+                init_from=init_from if first else directories[index - 1],
+                # A later stage not yet started (the fit stopped between stages) starts; its directory holds the
+                # earlier stages' own, which is not a sign of the wrong directory.
+                resume=resume and (first or ModelDir(directories[index]).has_checkpoint()), overwrite=overwrite,
                 client=cl, cluster=None, say=say, **options,
             )  # fmt: skip
             # An embedded cluster's dashboard closes with it: no stage has one to show.
