@@ -343,7 +343,8 @@ class GatedHead(Head):
         (A), and a line saying them."""
         tables = "one emission per attribute" if self.fixed_weights else f"{self.num_factors} tables"
         figures = {"factors": self.num_factors, "untied": bool(self.fixed_weights), "attributes": self.num_attributes}
-        return figures, [f"gated head: {tables}, {self.num_attributes} attributes, {self.num_parameters():,} parameters"]
+        line = f"gated head: {tables}, {self.num_attributes} attributes, {self.num_parameters():,} parameters"
+        return figures, [line]
 
     # -- reading rows ------------------------------------------------------------------------------------------------
 
