@@ -386,6 +386,8 @@ def fit_report(result: Any, store: Any, *, cluster_closed: bool = False) -> dict
     report: dict[str, Any] = {
         "model_dir": result.model_dir,
         "kind": model.kind,
+        # The head's settings as its checkpoints record them (a resumed fit's are its own, not those given again).
+        "settings": _recorded_head(folder),
         "state": result.state,
         "iterations": result.iterations,
         "mean_log_likelihood": last.get("mean_log_likelihood"),
@@ -420,6 +422,17 @@ def fit_report(result: Any, store: Any, *, cluster_closed: bool = False) -> dict
 
         report["recovery"] = recovery_report(truth, model)
     return report
+
+
+def _recorded_head(folder: Any) -> dict[str, Any] | None:
+    """The head spec JSON the model directory's latest checkpoint records (``None`` before any was written)."""
+    from dist_respattn.artifacts import load_checkpoint
+    from dist_respattn.artifacts.checkpoints import LATEST
+
+    if not folder.has_checkpoint():
+        return None
+    recorded = load_checkpoint(folder.path, LATEST).meta.get("head")
+    return dict(recorded) if recorded else None
 
 
 def _run_fit(args: argparse.Namespace) -> dict[str, Any]:

@@ -101,9 +101,16 @@ class Evaluation:
         """A small table: one row for the head and one per baseline, then where the baselines came from."""
         header = f"{'':<15} {'log-lik/row':>12} {'perplexity':>12} {'accuracy':>9}"
         lines = [f"{self.store}: {self.rows:,} rows", header]
+
+        def cell(value: Any, spec: str, width: int) -> str:
+            # A head that weighs none of the store's rows (each of an attribute it lacks, say) has no figures.
+            missing = value is None or (isinstance(value, float) and value != value)  # None or NaN
+            return f"{'n/a':>{width}}" if missing else f"{value:>{width}{spec}}"
+
+        model = self.model
         lines.append(
-            f"{'head':<15} {self.model['mean_log_likelihood']:>12.4f} {self.model['perplexity']:>12.4f} "
-            f"{self.model['accuracy']:>9.2%}"
+            f"{'head':<15} {cell(model.get('mean_log_likelihood'), '.4f', 12)} "
+            f"{cell(model.get('perplexity'), '.4f', 12)} {cell(model.get('accuracy'), '.2%', 9)}"
         )
         for name, figures in self.baselines.items():
             label = MODEL_LABELS.get(name, name)
@@ -111,7 +118,7 @@ class Evaluation:
                 f"{label:<15} {'':>12} {figures['perplexity']:>12.4f} {figures['accuracy']:>9.2%}"
                 f"  {_parameters_text(figures.get('parameters') or {})}"
             )
-        if "kneser_ney" in self.baselines:
+        if "kneser_ney" in self.baselines and model.get("perplexity") is not None:
             ratio = self.model["perplexity"] / self.baselines["kneser_ney"]["perplexity"]
             lines.append(f"head / Kneser-Ney perplexity: {ratio:.3f}")
         if self.baselines:

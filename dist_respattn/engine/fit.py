@@ -403,10 +403,32 @@ def _fit_stages(store: Any, stages: list[Stage], *, model_dir: Any, settings: Fi
     directories = [_stage_dir(model_dir, stage) for stage in stages]
     started = [ModelDir(d).has_checkpoint() for d in directories]
     done: list[FitResult] = []
+    if not resume and not overwrite:
+        # Refused before any stage runs: a later stage would otherwise find its directory taken after the first.
+        for directory in directories:
+            if ModelDir(directory).has_checkpoint():
+                raise FitError(
+                    f"{directory} already holds a fit; resume it (resume=True) or start over (overwrite=True), "
+                    "or choose another model directory"
+                )
+    elif resume:
+        # The stages' own directories are the fit's; anything else in them means the wrong directory was given.
+        nested = {os.path.normpath(stage.directory).split(os.sep)[0] for stage in stages if stage.directory != "."}
+        for directory in directories:
+            foreign = [entry for entry in ModelDir(directory).foreign_entries() if entry not in nested]
+            if foreign and not ModelDir(directory).has_checkpoint():
+                raise FitError(
+                    f"{directory}: no fit to resume (no latest.json) and it holds {', '.join(foreign[:3])}"
+                    f"{' ...' if len(foreign) > 3 else ''}: is this the model directory? A fit writes into an empty "
+                    "or new one"
+                )
+    # The stages run on a client of the cluster connected here, so each thinks the cluster outlives it.
+    embedded = starts_embedded_cluster(cluster, client)
     with connect(cluster, client=client, say=say or logger.info) as cl:
         for index, stage in enumerate(stages):
             later_started = resume and any(started[index + 1 :])
             if later_started:
+                done.append(_kept_stage(directories[index]))
                 continue
             first = index == 0
             start = init
@@ -415,12 +437,27 @@ def _fit_stages(store: Any, stages: list[Stage], *, model_dir: Any, settings: Fi
             result = _fit_stage(
                 store, model_dir=directories[index], settings=_stage_settings(settings, stage), spec=stage.spec,
                 validation=validation if first else None, init=start if first else None,
-                init_from=init_from if first else directories[index - 1], resume=resume, overwrite=overwrite,
+                init_from=init_from if first else directories[index - 1],
+                # A later stage not yet started (the fit stopped between stages) starts; its directory holds the
+                # earlier stages' own, which is not a sign of the wrong directory.
+                resume=resume and (first or ModelDir(directories[index]).has_checkpoint()), overwrite=overwrite,
                 client=cl, cluster=None, say=say, **options,
             )  # fmt: skip
-            done.append(result)
+            # An embedded cluster's dashboard closes with it: no stage has one to show.
+            done.append(dataclasses.replace(result, dashboard=None) if embedded else result)
     last = done[-1]
     return dataclasses.replace(last, stages=done[:-1])
+
+
+def _kept_stage(directory: str) -> FitResult:
+    """A stage a resumed staged fit does not continue, as its checkpoints record it (nothing runs)."""
+    checkpoint = load_checkpoint(directory, LATEST)
+    meta = checkpoint.meta
+    return FitResult(
+        checkpoint.model, directory, FitState(meta.get("state", FitState.MAX_ITER)),
+        history_from_json(meta.get("history", [])), (meta.get("early_stopping") or {}).get("best_iteration"),
+        list(meta.get("warnings", [])),
+    )  # fmt: skip
 
 
 def _fit_stage(

@@ -281,6 +281,7 @@ def fit_em(
     attribute_names: tuple[str, ...] | None = None,
     init: Head | None = None,
     init_meta: dict[str, Any] | None = None,
+    init_arrays: dict[str, np.ndarray] | None = None,
     shape: tuple[int, int, int, int] | None = None,
     start: str = "uniform",
     validation: tuple[Any, Any, Any] | None = None,
@@ -300,8 +301,8 @@ def fit_em(
     :class:`~dist_respattn.model.heads.single_hop.estimator.ResponsibilityAttentionEstimator` or any kind's
     :class:`~dist_respattn.model.heads.base.HeadSpec` (a kind that reads attributes takes ``attributes`` (n,) int
     and their ``attribute_names``; one that starts from another fit takes ``init`` and that fit's checkpoint JSON
-    ``init_meta``; ``shape`` is ``(S, N, D, T)``, else ``init``'s). The loop is the distributed fit's
-    (:func:`run_head_em`).
+    ``init_meta`` and extra arrays ``init_arrays`` (its emission prior, say); ``shape`` is ``(S, N, D, T)``, else
+    ``init``'s). The loop is the distributed fit's (:func:`run_head_em`).
 
     - ``start``: the first single-hop model (unless ``init``): the M-step of ``"uniform"`` responsibilities, or of
       ``"random"`` ones drawn from ``seed``.
@@ -333,7 +334,8 @@ def fit_em(
         shape = shape or (init.shape if init is not None else None)
         if shape is None:
             raise ValueError("fit_em of a HeadSpec needs shape=(S, N, D, T) (or init=, whose shape it takes)")
-        trainer = estimator.trainer(TrainerContext(shape, attribute_names, init, init_meta or {}, {}, {}, {}))
+        start_context = TrainerContext(shape, attribute_names, init, init_meta or {}, init_arrays or {}, {}, {})
+        trainer = estimator.trainer(start_context)
         searches = trainer.searches()
     else:
         raise TypeError(f"estimator = {type(estimator).__name__}: expected an estimator or a HeadSpec")

@@ -338,6 +338,14 @@ class GatedHead(Head):
     def describe(self) -> str:
         return f"gated head, {self.num_factors} tables, {self.num_attributes} attributes"
 
+    def summary(self) -> tuple[dict[str, Any], list[str]]:
+        """A fit report's ``factors`` (F, the tables), ``untied`` (one fixed table per attribute) and ``attributes``
+        (A), and a line saying them."""
+        tables = "one emission per attribute" if self.fixed_weights else f"{self.num_factors} tables"
+        figures = {"factors": self.num_factors, "untied": bool(self.fixed_weights), "attributes": self.num_attributes}
+        line = f"gated head: {tables}, {self.num_attributes} attributes, {self.num_parameters():,} parameters"
+        return figures, [line]
+
     # -- reading rows ------------------------------------------------------------------------------------------------
 
     @property

@@ -220,6 +220,19 @@ class GatedSpec(HeadSpec):
             dict(stage),
         )
 
+    def differences(self, other: HeadSpec, *, ignore: tuple[str, ...] = ()) -> list[str]:
+        """As any spec's, but the gated stage's ``max_iter`` may change: a resumed fit may run more iterations, as
+        the loop's own ``max_iter`` may."""
+        found = super().differences(other, ignore=(*ignore, "stage_settings"))
+        if "stage_settings" in ignore:
+            return found
+        mine, theirs = self.to_json()["stage_settings"], other.to_json().get("stage_settings") or {}
+        return found + [
+            f"stage_settings.{name}: {mine.get(name)!r} -> {theirs.get(name)!r}"
+            for name in sorted(set(mine) | set(theirs))
+            if name != "max_iter" and mine.get(name) != theirs.get(name)
+        ]
+
     def stages(self) -> list[Stage]:
         """The shared single-hop fit into ``shared/``, then the gated fit into the model directory itself."""
         return [Stage(self.shared, "shared"), Stage(self, ".", settings=dict(self.stage_settings))]

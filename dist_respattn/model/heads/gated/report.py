@@ -459,9 +459,14 @@ def report_lines(report: dict[str, Any], *, store: str | None = None) -> list[st
     shared = report["shared"]
     kn = (shared.get("baselines") or {}).get("kneser_ney", {}).get("perplexity")
     model = report["model"]
+
+    def figure(value: Any) -> str:
+        # A store with no rows of the attributes the head knows (a fold-in store, say) has no gated figures.
+        return "n/a" if value is None else f"{value:.3f}"
+
     lines = [
         f"{store or shared.get('store') or 'the store'}: {model['rows']:,.0f} rows of known attributes",
-        f"perplexity: gated {model['perplexity']:.3f}, shared {model['perplexity_shared_same_rows']:.3f}"
+        f"perplexity: gated {figure(model['perplexity'])}, shared {figure(model['perplexity_shared_same_rows'])}"
         + (f", Kneser-Ney bigram {kn:.3f} (all rows)" if kn else ""),
         f"{'attribute':<28} {'rows':>9} {'gated':>9} {'shared':>9} {'KN (own)':>9}",
     ]
