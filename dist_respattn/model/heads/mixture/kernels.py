@@ -321,7 +321,11 @@ def mixture_top_k(
     targets = np.empty((n_rows, k), dtype=np.int64)
     probabilities = np.empty((n_rows, k))
     attention = np.empty(context.shape, dtype=np.float64)
-    _top_k(context, query, num_targets, *stacked.arguments(), targets, probabilities, attention)
+    s = stacked
+    _top_k(
+        context, query, num_targets, s.log_gate, s.key_means, s.log_prior, s.inv_two_sigma2, s.gate_const, s.dense,
+        s.emission, s.sym_indptr, s.sym_targets, s.sym_excess, s.backoff, s.base, targets, probabilities, attention,
+    )  # fmt: skip
     return targets, probabilities, attention
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -301,7 +301,7 @@ class MixtureGrid(Grid):
 
     head: MixtureHead
 
-    def score(self, blocks: Iterator[Block]) -> ScoreTotals:
+    def score(self, blocks: Iterable[Block]) -> ScoreTotals:
         return self.head.score(blocks)
 
 
