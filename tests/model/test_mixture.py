@@ -265,3 +265,17 @@ def test_the_streaming_predictor_equals_the_numpy_mixture(make):
     with np.errstate(divide="ignore"):
         p, _, _, _ = numpy_mixture(MixtureHead(head.gate, masked), context, embeddings[history[1]][None, :])
     np.testing.assert_allclose(short.predict(), p[0], rtol=1e-10)
+
+
+def test_a_warm_start_moves_the_components_onto_the_fit_layout():
+    data = truth().sample_arrays(1500, seed=12)
+    dense = fit_em(data, ML, shape=SHAPE, max_iter=3, tol=0.0).distribution
+    spec = MixtureSpec(components=2, component=SingleHopSpec(sigma2=0.5, emission_layout="sparse"))
+    result = fit_em(data, spec, init=dense, max_iter=2, tol=0.0)
+    tables = [c.emission_table for c in result.distribution.components]
+    assert all(isinstance(t, SparseEmission) and t.support.same_as(tables[0].support) for t in tables)
+    trainer = spec.trainer(TrainerContext(SHAPE))
+    with pytest.raises(ValueError, match="--mixture-components 2"):
+        MixtureSpec(components=3).trainer(TrainerContext(SHAPE)).check_start(dense, resumed=False)
+    with pytest.raises(ValueError, match="starts from a mixture head"):
+        trainer.check_start(dense.components[0], resumed=False)
