@@ -10,6 +10,7 @@ import pytest
 
 from dist_respattn import ResponsibilityAttentionDistribution, random_distribution
 from dist_respattn.model.emission.layouts import PairSupport, SparseEmission
+from dist_respattn.model.emission.prior import EmissionPrior
 from dist_respattn.model.fitting.em import fit_em
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import (
@@ -21,7 +22,7 @@ from dist_respattn.model.heads.base import (
     spec_from_json,
 )
 from dist_respattn.model.heads.mixture import MixtureHead, MixtureSpec, spec_from_options
-from dist_respattn.model.heads.mixture.kind import MixtureStatistics, mixture_start_partition, row_dirichlet
+from dist_respattn.model.heads.mixture.kind import MixtureStatistics, mixture_start_partition, row_assignments
 from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 from dist_respattn.model.rows import EncodedRows
 
@@ -100,20 +101,21 @@ def test_em_never_lowers_the_training_log_likelihood(estimate_sigma2):
     component = SingleHopSpec(sigma2=0.5, estimate_sigma2=estimate_sigma2, emission_smoothing=0.0)
     spec = MixtureSpec(components=2, component=component, gate_pseudo_count=0.0)
     heads = []
-    result = fit_em(data, spec, shape=SHAPE, max_iter=25, tol=0.0, callback=lambda _, h: heads.append(h))
+    every_row = HoldoutRule.for_rows(3000, 0.0)  # no hold-out: the E-step sees every row
+    result = fit_em(
+        data, spec, shape=SHAPE, holdout=every_row, max_iter=25, tol=0.0, callback=lambda _, h: heads.append(h)
+    )
     lls = result.log_likelihoods
     assert result.n_iter == 25 and all(np.isfinite(lls))
     for k in range(1, len(lls)):
         assert lls[k] >= lls[k - 1] - 1e-9 * abs(lls[k - 1]), f"iteration {k + 1}: {lls[k]!r} < {lls[k - 1]!r}"
     assert lls[-1] > lls[0] + 1.0, "EM made no progress from its start"
-    # The E-step's log-likelihood is the mixture's: iteration k reports the head iteration k - 1 made, on the
-    # training rows (the hold-out's other side weighs 0).
-    train_w, _ = HoldoutRule.for_rows(3000).split_weights(0, 3000, None)  # fit_em's default hold-out
-    train_w = np.ones(3000) if train_w is None else train_w
+    # The E-step's log-likelihood is the mixture's: iteration k reports the head iteration k - 1 made.
     for k in (1, 10, 24):
-        mine = float(train_w @ heads[k - 1].seq_log_density(data) / train_w.sum())
-        assert mine == pytest.approx(lls[k], rel=1e-12)
-    assert abs(result.distribution.gate[0] - 0.5) > 0.02, "the start did not break the components' symmetry"
+        assert float(np.mean(heads[k - 1].seq_log_density(data))) == pytest.approx(lls[k], rel=1e-12)
+    # The start broke the components' symmetry: two heads explain two-head data better than one head does.
+    one = fit_em(data, SingleHopSpec(sigma2=0.5, emission_smoothing=0.0), shape=SHAPE, holdout=every_row, max_iter=25)
+    assert lls[-1] > one.log_likelihoods[-1] + 0.1
 
 
 def test_a_sparse_map_fit_keeps_one_support_and_scores_held_out_rows():
@@ -124,9 +126,19 @@ def test_a_sparse_map_fit_keeps_one_support_and_scores_held_out_rows():
     tables = [c.emission_table for c in head.components]
     assert all(isinstance(t, SparseEmission) for t in tables)
     assert all(t.support.same_as(tables[0].support) for t in tables)
-    assert result.initial is not None and result.initial.heldout is not None
-    assert all(it.heldout is not None and np.isfinite(it.heldout["perplexity"]) for it in result.history)
     assert np.all(np.diff(result.log_likelihoods) > -1e-9 * abs(result.log_likelihoods[0]))
+    # Nothing is chosen, but the M-step's one candidate is scored on held-out rows (early stopping, the fit page).
+    trainer = spec.trainer(TrainerContext(SHAPE))
+    trainer.support = tables[0].support
+    trainer.estimator = trainer.estimator.resolved(EmissionPrior.uniform(SHAPE[0], SHAPE[3]))
+    candidates = trainer.m_step(trainer.statistics(head, iter([block(data)])), head)
+    held = truth().sample_arrays(500, seed=13)
+    grid = candidates.grid(None)
+    choice, metrics = candidates.choose(grid, grid.score(iter([block(held)])))
+    assert choice == candidates.default() and not candidates.searches() and not trainer.searches()
+    expected = candidates.model(choice).score([block(held)]).metrics()
+    assert metrics == {name: expected[name] for name in ("mean_log_likelihood", "target_log_prob", "perplexity")}
+    assert candidates.choose(grid, grid.score(iter([block(held, 0, np.zeros(500))]))) == (choice, None)
 
 
 # ----------------------------------------------------------------------------- round trips
@@ -199,7 +211,7 @@ def test_statistics_of_a_row_split_add_to_those_of_the_whole():
         for lo, hi in ((0, 700), (700, 1500))
     ]
     _assert_same_statistics(start, MixtureStatistics.sum_of(starts))
-    assert np.array_equal(row_dirichlet(11, np.arange(700, 710), 2), row_dirichlet(11, np.arange(1500), 2)[700:710])
+    assert np.array_equal(row_assignments(11, np.arange(700, 710), 2), row_assignments(11, np.arange(1500), 2)[700:710])
 
 
 # ----------------------------------------------------------------------------- scores and predictions

@@ -60,7 +60,7 @@ __all__ = [
     "MixtureStatistics",
     "MixtureTrainer",
     "mixture_start_partition",
-    "row_dirichlet",
+    "row_assignments",
 ]
 
 #: A component whose gate falls below this share of the rows is reported as collapsed.
@@ -199,19 +199,23 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def row_dirichlet(seed: int, rows: np.ndarray, num_components: int) -> np.ndarray:
-    """(n, K) flat-Dirichlet responsibilities of the store rows ``rows`` (n,), a function of ``(seed, row)`` alone.
+def row_assignments(seed: int, rows: np.ndarray, num_components: int) -> np.ndarray:
+    """(n, K) float64 one-hot: each of the store rows ``rows`` (n,) given to one component, uniformly at random.
 
-    A counter-based draw (a hash of the seed and the row, not a stream), so a row gets the same draw whichever
-    partition, block or worker reads it: the start is the same on any cluster and in process.
+    A counter-based draw (a hash of the seed and the row, not a stream), so a row gets the same component whichever
+    partition, block or worker reads it: the start is the same on any cluster and in process. Whole rows, not
+    soft shares: flat Dirichlet shares average out over many rows into K nearly equal components, which EM is slow
+    to pull apart; a random partition starts them further apart (measured: a higher likelihood after 30 iterations
+    on two-component data, at every seed tried).
     """
     with np.errstate(over="ignore"):
         key = _splitmix64(np.array([int(seed) & _MASK64], dtype=np.uint64))[0]
-        counter = np.asarray(rows, dtype=np.int64).astype(np.uint64)[:, None] * np.uint64(num_components)
-        bits = _splitmix64(key ^ (counter + np.arange(num_components, dtype=np.uint64)[None, :]))
-    uniform = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) / 2.0**53  # in (0, 1)
-    draws = -np.log(uniform)  # a flat Dirichlet draw is iid exponentials over their sum
-    return draws / draws.sum(axis=1, keepdims=True)
+        bits = _splitmix64(key ^ np.asarray(rows, dtype=np.int64).astype(np.uint64))
+    uniform = (bits >> np.uint64(11)).astype(np.float64) / 2.0**53  # in [0, 1)
+    chosen = np.minimum((uniform * num_components).astype(np.int64), num_components - 1)
+    out = np.zeros((chosen.shape[0], num_components))
+    out[np.arange(chosen.shape[0]), chosen] = 1.0
+    return out
 
 
 def mixture_start_partition(
@@ -222,8 +226,8 @@ def mixture_start_partition(
     support: PairSupport | None,
     blocks: Iterator[Block],
 ) -> MixtureStatistics:
-    """The start's statistics of one partition: uniform responsibilities over the positions, random ones over the
-    components (:func:`row_dirichlet` of each row's store row), and the rows' pairs when asked.
+    """The start's statistics of one partition: uniform responsibilities over the positions, each row given to a
+    random component (:func:`row_assignments` of its store row), and the rows' pairs when asked.
 
     ``support``: a sparse fit's pairs (found by the pass before); ``None`` for a dense fit.
     """
@@ -235,7 +239,7 @@ def mixture_start_partition(
     for block in blocks:
         rows = block.rows
         w = block.weights_or_ones()
-        r = row_dirichlet(seed, block.start + np.arange(block.num_rows), num_components)
+        r = row_assignments(seed, block.start + np.arange(block.num_rows), num_components)
         for k, accumulator in enumerate(accumulators):
             accumulator.seq_initialize_uniform(rows.encoded, w * r[:, k], checked=rows.checked)
         gate_mass += w @ r
