@@ -265,7 +265,7 @@ def test_the_streaming_predictor_equals_the_numpy_mixture(make):
             assert np.array_equal(targets, np.argsort(-p[0], kind="stable")[:2])
             np.testing.assert_allclose(probs, p[0][targets], rtol=1e-10)
             assert predictor.top_words(1)[0][0] == words[targets[0]]
-        assert predictor.state_size <= head.num_components * n
+        assert predictor.state_size == min(m, n)
     # A short history: the columns it lacks masked and every component's prior renormalized over the rest.
     short = head.predictor(query_table=embeddings)
     short.extend(history[:2])

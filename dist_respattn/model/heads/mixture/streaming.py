@@ -1,9 +1,9 @@
-"""Next-token prediction of a mixture head over a growing history: the components' predictors, weighed by the gate.
+"""Next-token prediction of a mixture head over a growing history, in state bounded by the window.
 
-Each component keeps its own :class:`~dist_respattn.model.streaming.Predictor` (state bounded by its window); a
-prediction weighs their distributions by ``w_k ∝ pi_k p_k(query | history)``, each component's query density over
-the last N tokens (a history shorter than N masked and the prior renormalized, as the component predictors and a
-token-stream store read it).
+Every component has a free position prior, so the last N tokens are all any of them reads: a prediction weighs the
+components' predictive distributions over that window by ``w_k ∝ pi_k p_k(query | window)``. A history shorter than
+N fills the last columns, the others masked and each prior renormalized over those it has (as a token-stream store
+reads a document's first rows, and as :class:`~dist_respattn.model.streaming.Predictor` does).
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from dist_respattn.model.streaming import Predictor
 
 if TYPE_CHECKING:
     from dist_respattn.model.heads.mixture.head import MixtureHead
@@ -31,25 +29,36 @@ class MixturePredictor:
             prediction takes its ``query`` (D,).
         words: (T,) the word of each target id, for :meth:`top_words`.
 
-    The state is the components' predictors and the last N token ids: bounded by the model, never by the history.
+    The state is the last N token ids. ``push`` costs O(1); a prediction O(K N D) for the gates plus each
+    component's emission part (T a component for a dense one).
     """
 
     def __init__(
         self, model: MixtureHead, embeddings: np.ndarray | None = None, *, words: Sequence[str] | None = None
     ) -> None:
+        table = None if embeddings is None else np.asarray(embeddings, dtype=np.float64)
+        if table is not None and table.shape != (model.num_symbols, model.query_dim):
+            raise ValueError(
+                f"embeddings of shape {table.shape}: expected (S, D) = {(model.num_symbols, model.query_dim)}, "
+                "the query table of the model's store"
+            )
+        if words is not None and len(words) != model.num_targets:
+            raise ValueError(
+                f"{len(words)} words: expected one for each of the model's T = {model.num_targets} targets"
+            )
         self.model = model
-        self.predictors = [Predictor(c, embeddings, words=words) for c in model.components]
-        self.embeddings = self.predictors[0].embeddings
-        self.words = self.predictors[0].words
+        self.embeddings = table
+        self.words = None if words is None else tuple(str(w) for w in words)
         self.window: deque[int] = deque(maxlen=model.context_length)  # the last N tokens, oldest first
         with np.errstate(divide="ignore"):
             self.log_gate = np.log(model.gate)
 
     def push(self, token: int) -> None:
         """Add the next token of the history (an id in [0, S))."""
-        for predictor in self.predictors:
-            predictor.push(token)  # checks the id before anything changes (the first one raises)
-        self.window.append(int(token))
+        s = int(token)
+        if not 0 <= s < self.model.num_symbols:
+            raise ValueError(f"token {token!r}: expected a symbol id in [0, {self.model.num_symbols})")
+        self.window.append(s)
 
     def extend(self, tokens: Iterable[int]) -> None:
         for token in np.asarray(tokens).reshape(-1):
@@ -57,8 +66,8 @@ class MixturePredictor:
 
     @property
     def state_size(self) -> int:
-        """Counts held: the components' predictors' (see :attr:`Predictor.state_size`)."""
-        return sum(p.state_size for p in self.predictors)
+        """Token ids held: the window's (at most N), whatever the history's length."""
+        return len(self.window)
 
     def _query(self, query: Any) -> np.ndarray:
         if not self.window:
@@ -70,31 +79,32 @@ class MixturePredictor:
             return y
         if self.embeddings is None:
             raise ValueError("no embeddings were given: pass the query (D,), or make the predictor with the table")
-        return np.asarray(self.embeddings[self.window[-1]], dtype=np.float64)
+        return self.embeddings[self.window[-1]]
 
-    def weights(self, query: Any = None) -> np.ndarray:
-        """(K,) ``w_k ∝ pi_k p_k(query | history)``: the components' weights in the next prediction."""
+    def components(self, query: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(w (K,), p (K, T))``: the components' weights ``w_k ∝ pi_k p_k(query | window)`` and their predictive
+        distributions ``p_k(next target | window, query)``."""
         y = self._query(query)
         symbols = np.fromiter(self.window, dtype=np.int64, count=len(self.window))
         n, m = self.model.context_length, symbols.shape[0]
         log_post = np.empty(self.model.num_components)
+        probs = np.empty((self.model.num_components, self.model.num_targets))
         for k, component in enumerate(self.model.components):
             prior = component.position_prior[n - m :]  # the columns a history of m tokens fills
             diff = component.key_means[symbols] - y
             with np.errstate(divide="ignore"):
                 log_w = np.log(prior / prior.sum()) - np.einsum("ud,ud->u", diff, diff) * (0.5 / component.sigma2)
-            log_post[k] = self.log_gate[k] + np.logaddexp.reduce(log_w) + component.gate_const
+            norm = np.logaddexp.reduce(log_w)
+            log_post[k] = self.log_gate[k] + norm + component.gate_const
+            attention = np.exp(log_w - norm)
+            probs[k] = component.emission_table.predictive(symbols[None, :], attention[None, :])[0]
         w = np.exp(log_post - log_post.max())
-        return w / w.sum()
+        return w / w.sum(), probs
 
     def predict(self, query: Any = None) -> np.ndarray:
         """(T,) ``p(next target | history)`` (for ``query``, default: the last token's embedding)."""
-        weights = self.weights(query)
-        out = np.zeros(self.model.num_targets)
-        for w, predictor in zip(weights, self.predictors, strict=True):
-            if w > 0.0:
-                out += w * predictor.predict(query)
-        return out
+        weights, probs = self.components(query)
+        return weights @ probs
 
     def top_k(self, k: int, query: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """``(targets (k,), probabilities (k,))``: the k most probable next targets, best first (lower id on ties)."""
