@@ -291,3 +291,15 @@ def test_a_warm_start_moves_the_components_onto_the_fit_layout():
         MixtureSpec(components=3).trainer(TrainerContext(SHAPE)).check_start(dense, resumed=False)
     with pytest.raises(ValueError, match="starts from a mixture head"):
         trainer.check_start(dense.components[0], resumed=False)
+
+
+def test_a_collapsed_component_is_reported():
+    head = truth()
+    assert not head.collapse_warnings()
+    collapsed = MixtureHead([1.0 - 1e-5, 1e-5], head.components)
+    assert collapsed.collapse_warnings() == [
+        "component 1 holds 0.00% of the rows: it has collapsed (fit fewer components)"
+    ]
+    assert collapsed.warnings()[0] == collapsed.collapse_warnings()[0]
+    figures, lines = collapsed.summary()
+    assert figures == {"gate": [1.0 - 1e-5, 1e-5], "component_sigma2": [0.5, 0.5]} and len(lines) == 1

@@ -33,7 +33,10 @@ from dist_respattn.model.heads.single_hop.scoring import ScoreTotals
 from dist_respattn.model.heads.single_hop.top_k import TopK
 from dist_respattn.model.kernels import per_position
 
-__all__ = ["MixtureHead", "component_prefix"]
+__all__ = ["COLLAPSED_GATE", "MixtureHead", "component_prefix"]
+
+#: A component whose gate falls below this share of the rows is reported as collapsed.
+COLLAPSED_GATE = 1e-3
 
 
 def component_prefix(k: int) -> str:
@@ -125,6 +128,37 @@ class MixtureHead(Head):
 
     def record(self) -> dict[str, Any]:
         return {"gate_min": float(self.gate.min())}
+
+    def summary(self) -> tuple[dict[str, Any], list[str]]:
+        """The gate and every component's gate variance."""
+        gate = [float(g) for g in self.gate]
+        sigma2 = [float(c.sigma2) for c in self.components]
+        line = (
+            f"last model: {self.num_components} components with gate "
+            + ", ".join(f"{g:.1%}" for g in gate)
+            + "; gate variances sigma2 = "
+            + ", ".join(f"{v:.4g}" for v in sigma2)
+        )
+        return {"gate": gate, "component_sigma2": sigma2}, [line]
+
+    def warnings(self, fit_settings: dict[str, Any] | None = None) -> list[str]:
+        """A collapsed component (a gate under ``COLLAPSED_GATE``), and each component's own signs of degeneracy."""
+        from dist_respattn.model.heads.single_hop.diagnostics import degeneracy_warnings
+
+        component = (fit_settings or {}).get("component") or fit_settings or {}
+        min_sigma2 = component.get("min_sigma2") if component.get("estimate_sigma2") else None
+        out = self.collapse_warnings()
+        for k, c in enumerate(self.components):
+            out.extend(f"component {k}: {line}" for line in degeneracy_warnings(c, min_sigma2=min_sigma2))
+        return out
+
+    def collapse_warnings(self) -> list[str]:
+        """One sentence for each component whose gate is under :data:`COLLAPSED_GATE`."""
+        return [
+            f"component {k} holds {self.gate[k]:.2%} of the rows: it has collapsed (fit fewer components)"
+            for k in range(self.num_components)
+            if self.gate[k] < COLLAPSED_GATE
+        ]
 
     @functools.cached_property
     def stacked(self) -> StackedComponents:

@@ -52,7 +52,6 @@ from dist_respattn.model.memory import (
 )
 
 __all__ = [
-    "COLLAPSED_GATE",
     "MixtureCandidates",
     "MixtureChoice",
     "MixtureGrid",
@@ -62,9 +61,6 @@ __all__ = [
     "mixture_start_partition",
     "row_assignments",
 ]
-
-#: A component whose gate falls below this share of the rows is reported as collapsed.
-COLLAPSED_GATE = 1e-3
 
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 
@@ -490,21 +486,16 @@ class MixtureTrainer(Trainer):
 
     def warnings(self, head: Head, statistics: Any = None) -> list[str]:
         assert isinstance(head, MixtureHead)
-        out = [
-            f"component {k} holds {head.gate[k]:.2%} of the rows: it has collapsed (fit fewer components)"
-            for k in range(head.num_components)
-            if head.gate[k] < COLLAPSED_GATE
-        ]
+        if statistics is None:  # a fit of no iterations: the starting model as it is
+            return head.warnings()
         e = self.estimator
+        out = head.collapse_warnings()
         for k, component in enumerate(head.components):
-            if statistics is None:
-                said = degeneracy_warnings(component)
-            else:
-                said = degeneracy_warnings(
-                    component,
-                    key_mass=statistics.components[k].key_mass,
-                    min_sigma2=e.min_sigma2 if e.estimate_sigma2 else None,
-                )
+            said = degeneracy_warnings(
+                component,
+                key_mass=statistics.components[k].key_mass,
+                min_sigma2=e.min_sigma2 if e.estimate_sigma2 else None,
+            )
             out.extend(f"component {k}: {line}" for line in said)
         return out
 
