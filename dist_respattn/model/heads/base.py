@@ -588,6 +588,7 @@ _KINDS: dict[str, HeadKind] = {}
 _BUILT_IN = (
     "dist_respattn.model.heads.single_hop",
     "dist_respattn.model.heads.gated",
+    "dist_respattn.model.heads.mixture",
 )
 
 T = TypeVar("T", bound=Head)
