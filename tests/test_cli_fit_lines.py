@@ -8,7 +8,6 @@ import json
 import re
 
 import pytest
-from dist_respattn.artifacts.gated_checkpoints import load_gated
 
 from dist_respattn.artifacts import load_checkpoint
 from tests.stdlib_packages import package_corpus

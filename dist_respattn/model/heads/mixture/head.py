@@ -29,9 +29,8 @@ from dist_respattn.model.heads.mixture.kernels import (
 )
 from dist_respattn.model.heads.single_hop.arrays import MODEL_ARRAY_NAMES
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.heads.single_hop.scoring import ScoreTotals
-from dist_respattn.model.heads.single_hop.top_k import TopK
 from dist_respattn.model.kernels import per_position
+from dist_respattn.model.scores import ScoreTotals, TopK
 
 __all__ = ["COLLAPSED_GATE", "MixtureHead", "component_prefix"]
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import DenseEmission, PairSupport, SparseEmission, SparseEmissionCounts
-from dist_respattn.model.emission.pairs import PairCounts
+from dist_respattn.model.emission.pairs import PairCounts, block_pairs, pairs_of_blocks
 from dist_respattn.model.emission.prior import EmissionPrior
 from dist_respattn.model.heads.base import (
     Block,
@@ -41,8 +41,7 @@ from dist_respattn.model.heads.single_hop.accumulator import (
 )
 from dist_respattn.model.heads.single_hop.diagnostics import degeneracy_warnings
 from dist_respattn.model.heads.single_hop.estimator import ResponsibilityAttentionEstimator
-from dist_respattn.model.heads.single_hop.kind import SingleHopSpec, block_pairs, pairs_partition, start_partition
-from dist_respattn.model.heads.single_hop.scoring import ScoreTotals
+from dist_respattn.model.heads.single_hop.kind import SingleHopSpec, start_partition
 from dist_respattn.model.memory import (
     BLOCKS_HELD,
     DRIVER_BASELINE_BYTES,
@@ -50,6 +49,7 @@ from dist_respattn.model.memory import (
     MemoryEstimate,
     estimate_single_hop_memory,
 )
+from dist_respattn.model.scores import ScoreTotals
 
 __all__ = [
     "MixtureCandidates",
@@ -453,7 +453,7 @@ class MixtureTrainer(Trainer):
             ]
         if needs_pairs and self.prior is None:
             if pairs is None:
-                pairs = passes.run(BlockPass("pairs", "counting pairs", functools.partial(pairs_partition, s, t)))
+                pairs = passes.run(BlockPass("pairs", "counting pairs", functools.partial(pairs_of_blocks, s, t)))
             self._resolve_prior(pairs)
         return MixtureHead(start.gate, components)
 
