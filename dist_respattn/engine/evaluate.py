@@ -24,13 +24,13 @@ import distributed
 
 from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.baselines.ngram import DEFAULT_K, MODEL_LABELS, fit_baselines
-from dist_respattn.engine import tasks
+from dist_respattn.engine import worker_tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.cluster import ClusterOptions, connect
 from dist_respattn.engine.fit import FitError, check_same_shape, open_fit_store
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
-from dist_respattn.engine.tasks import ALL_ROWS, RowSelection, attribute_map
+from dist_respattn.engine.worker_tasks import ALL_ROWS, RowSelection, attribute_map
 from dist_respattn.events import HeldoutScores
 from dist_respattn.model.emission.pairs import PairCounts, pairs_of_blocks
 from dist_respattn.model.fitting.holdout import HoldoutRule
@@ -193,7 +193,7 @@ def score_store(runner: PassRunner, model: Head, store: RowStore) -> ScoreTotals
     mapping = _attribute_map(store, model)
     try:
         return runner.run(
-            "evaluate", "0", store.num_partitions, tasks.score_task,
+            "evaluate", "0", store.num_partitions, worker_tasks.score_task,
             lambda part: (store.location, part, params.current, fingerprint, ALL_ROWS, mapping),
             description=f"scoring {store.location}",
         )  # fmt: skip
@@ -332,7 +332,7 @@ class ReportPasses:
         fingerprint = store.fingerprint()
         self.count += 1
         return self.runner.run(
-            request.name, f"report{self.count}", store.num_partitions, tasks.pass_task,
+            request.name, f"report{self.count}", store.num_partitions, worker_tasks.pass_task,
             lambda part: (store.location, part, request.map_partition, request.columns, fingerprint, rows),
             description=request.description,
         )  # fmt: skip
@@ -380,6 +380,6 @@ def _count_pairs(runner: PassRunner, store: RowStore, rows: RowSelection, label:
     count = functools.partial(pairs_of_blocks, schema.num_symbols, schema.num_targets)
     columns = Columns(windows=bool(getattr(store, "short_histories", False)))
     return runner.run(
-        "pairs", label, store.num_partitions, tasks.pass_task,
+        "pairs", label, store.num_partitions, worker_tasks.pass_task,
         lambda part: (store.location, part, count, columns, fingerprint, rows), description=description,
     )  # fmt: skip

@@ -34,7 +34,7 @@ from dist_respattn.engine.cluster import (
 from dist_respattn.engine.loop import EarlyStopping, FitLoop, HeldoutRows, store_record
 from dist_respattn.engine.memory import check_memory
 from dist_respattn.engine.settings import FitSettings
-from dist_respattn.engine.tasks import ALL_ROWS, RowSelection, attribute_map
+from dist_respattn.engine.worker_tasks import ALL_ROWS, RowSelection, attribute_map
 from dist_respattn.events import FitState, IterationRecord, Metric, history_from_json
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import Head, HeadSpec, Stage, Trainer, TrainerContext, spec_from_json

@@ -22,12 +22,12 @@ import distributed
 import numpy as np
 
 from dist_respattn.artifacts.checkpoints import BackgroundCheckpoints, ModelDir, checkpoint_name
-from dist_respattn.engine import tasks
+from dist_respattn.engine import worker_tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.settings import FitSettings
-from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
+from dist_respattn.engine.worker_tasks import ALL_ROWS, RowSelection
 from dist_respattn.events import FitState, HeldoutScores, IterationRecord, Metric
 from dist_respattn.model.fitting.em import EMIteration, EMResult, HeldoutChoice, run_head_em
 from dist_respattn.model.heads.base import BlockPass, Grid, Head, HeadSpec, Statistics, Trainer
@@ -185,7 +185,7 @@ class ClusterPasses:
         self._in_span("respattn-init")
         train = self.train
         value = self.runner.run(
-            request.name, "0", train.num_partitions, tasks.pass_task,
+            request.name, "0", train.num_partitions, worker_tasks.pass_task,
             lambda part: (
                 train.location, part, request.map_partition, request.columns, self.fingerprint, self.train_rows,
                 self.train_map,
@@ -202,7 +202,7 @@ class ClusterPasses:
         self.params.publish(head, str(iteration))
         train = self.train
         value = self.runner.run(
-            "estep", str(iteration), train.num_partitions, tasks.statistics_task,
+            "estep", str(iteration), train.num_partitions, worker_tasks.statistics_task,
             lambda part: (
                 train.location, part, trainer, self.params.current, self.fingerprint, self.train_rows, self.train_map,
             ),
@@ -222,7 +222,7 @@ class ClusterPasses:
         self.grids.publish(grid, label)
         try:
             return self.runner.run(
-                "heldout", label, heldout.store.num_partitions, tasks.grid_task,
+                "heldout", label, heldout.store.num_partitions, worker_tasks.grid_task,
                 lambda part: (
                     heldout.store.location, part, self.grids.current, heldout.fingerprint, heldout.rows,
                     heldout.mapping,

@@ -24,14 +24,14 @@ from typing import Any
 import distributed
 
 from dist_respattn.artifacts import load_checkpoint
-from dist_respattn.engine import tasks
+from dist_respattn.engine import worker_tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.cluster import ClusterOptions, connect
 from dist_respattn.engine.evaluate import window_for
 from dist_respattn.engine.fit import FitError, check_same_shape, open_fit_store
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
-from dist_respattn.engine.tasks import attribute_map
+from dist_respattn.engine.worker_tasks import attribute_map
 from dist_respattn.model.heads.base import Head
 from dist_respattn.model.scores import PredictionTotals
 from dist_respattn.store import StoreLocation, check_recorded_corpus
@@ -169,7 +169,7 @@ def predict(
                     totals = _write_rows(runner, params, scored, fingerprint, kept, rows_file, mapping)
                 else:
                     totals = runner.run(
-                        "predict", "0", scored.num_partitions, tasks.predict_task,
+                        "predict", "0", scored.num_partitions, worker_tasks.predict_task,
                         lambda part: (scored.location, part, params.current, fingerprint, location, kept, mapping),
                         description=f"predicting {scored.location}",
                     )  # fmt: skip
@@ -219,7 +219,7 @@ def _write_rows(
     """
     totals = PredictionTotals()
     parts = runner.run_ordered(
-        "predict", "0", scored.num_partitions, tasks.predict_rows_task,
+        "predict", "0", scored.num_partitions, worker_tasks.predict_rows_task,
         lambda part: (scored.location, part, params.current, fingerprint, top_k, mapping),
         description=f"predicting {scored.location}", before_attempt=params.republish,
     )  # fmt: skip
