@@ -169,3 +169,85 @@ def _single_hop_tied() -> tuple[HeadSpec, KindData, TrainerContext]:
 # A tied prior predicts one history at a time (its top_k refuses blocks).
 CASES.append(KindCase("single_hop-tied", _single_hop_tied, single_hop_ml, single_hop_reference, single_hop_tables,
                       batch_top_k=False))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------- mixture
+
+
+def mixture_reference(head: Head, context: np.ndarray, query: np.ndarray, attribute: Any = None) -> np.ndarray:
+    """(n, T) ``sum_k w_k p_k(t | c, y)`` with ``w_k ∝ pi_k p_k(y | c)``: each component's gate density and
+    prediction in plain numpy (:func:`single_hop_reference`)."""
+    from dist_respattn.model.heads.mixture import MixtureHead
+
+    assert isinstance(head, MixtureHead)
+    log_post = np.empty((context.shape[0], head.num_components))
+    for k, c in enumerate(head.components):
+        distance = ((query[:, None, :] - c.key_means[context]) ** 2).sum(axis=2)
+        with np.errstate(divide="ignore"):
+            log_w = np.log(c.position_prior)[None, :] - distance / (2.0 * c.sigma2)
+        best = log_w.max(axis=1)
+        normalizer = -0.5 * c.query_dim * np.log(2.0 * np.pi * c.sigma2)
+        log_q = best + np.log(np.exp(log_w - best[:, None]).sum(axis=1)) + normalizer
+        log_post[:, k] = np.log(head.gate[k]) + log_q
+    w = np.exp(log_post - log_post.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    out = np.zeros((context.shape[0], head.num_targets))
+    for k, c in enumerate(head.components):
+        out += w[:, k, None] * single_hop_reference(c, context, query)
+    return out
+
+
+def mixture_tables(head: Head) -> dict[str, np.ndarray]:
+    """The gate, and every component's emission rows and position prior."""
+    from dist_respattn.model.heads.mixture import MixtureHead
+
+    assert isinstance(head, MixtureHead)
+    tables: dict[str, np.ndarray] = {"gate": head.gate[None, :]}
+    for k, c in enumerate(head.components):
+        tables.update({f"component_{k}_{name}": table for name, table in single_hop_tables(c).items()})
+    return tables
+
+
+def mixture_ml(spec: HeadSpec) -> HeadSpec:
+    """Maximum likelihood: every component's (:func:`single_hop_ml`), and no prior on the gate."""
+    from dist_respattn.model.heads.mixture import MixtureSpec
+
+    assert isinstance(spec, MixtureSpec)
+    component = single_hop_ml(spec.component)
+    assert isinstance(component, SingleHopSpec)
+    return MixtureSpec(spec.components, component, seed=spec.seed, gate_pseudo_count=0.0)
+
+
+def mixture_data(n: int, shape: tuple[int, int, int, int], seed: int) -> KindData:
+    """``n`` rows sampled from a mixture of two random single-hop heads of ``shape``."""
+    from dist_respattn.model.heads.mixture import MixtureHead
+
+    truth = MixtureHead([0.6, 0.4], [random_distribution(*shape, seed=seed + k, sigma2=0.5) for k in (0, 1)])
+    context, query, target = truth.sample_arrays(n, seed=seed + 2)
+    return KindData(
+        np.ascontiguousarray(context, dtype=np.int32), np.asarray(query, dtype=np.float64), target.astype(np.int32)
+    )
+
+
+def _mixture_dense() -> tuple[HeadSpec, KindData, TrainerContext]:
+    from dist_respattn.model.heads.mixture import MixtureSpec
+
+    shape = (12, 4, 3, 9)
+    component = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense")
+    spec = MixtureSpec(components=2, component=component, seed=1)
+    return spec, mixture_data(600, shape, seed=11), TrainerContext(shape)
+
+
+CASES.append(KindCase("mixture-dense", _mixture_dense, mixture_ml, mixture_reference, mixture_tables))
+
+
+def _mixture_sparse() -> tuple[HeadSpec, KindData, TrainerContext]:
+    from dist_respattn.model.heads.mixture import MixtureSpec
+
+    shape = (15, 4, 3, 11)
+    component = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="sparse")
+    spec = MixtureSpec(components=3, component=component, seed=2)
+    return spec, mixture_data(600, shape, seed=13), TrainerContext(shape)
+
+
+CASES.append(KindCase("mixture-sparse", _mixture_sparse, mixture_ml, mixture_reference, mixture_tables))
