@@ -224,9 +224,9 @@ def mixture_data(n: int, shape: tuple[int, int, int, int], seed: int) -> KindDat
 
     truth = MixtureHead([0.6, 0.4], [random_distribution(*shape, seed=seed + k, sigma2=0.5) for k in (0, 1)])
     context, query, target = truth.sample_arrays(n, seed=seed + 2)
-    return KindData(
-        np.ascontiguousarray(context, dtype=np.int32), np.asarray(query, dtype=np.float64), target.astype(np.int32)
-    )
+    # Queries a store keeps exactly (it holds float32): the distributed fit then reads the very rows fit_em reads.
+    exact = np.asarray(query, dtype=np.float32).astype(np.float64)
+    return KindData(np.ascontiguousarray(context, dtype=np.int32), exact, target.astype(np.int32))
 
 
 def _mixture_dense() -> tuple[HeadSpec, KindData, TrainerContext]:
