@@ -139,6 +139,7 @@ def test_a_sparse_map_fit_keeps_one_support_and_scores_held_out_rows():
     expected = candidates.model(choice).score([block(held)]).metrics()
     assert metrics == {name: expected[name] for name in ("mean_log_likelihood", "target_log_prob", "perplexity")}
     assert candidates.choose(grid, grid.score(iter([block(held, 0, np.zeros(500))]))) == (choice, None)
+    assert grid.nbytes() == head.nbytes() > 0  # what the held-out pass sends: the candidate head
 
 
 # ----------------------------------------------------------------------------- round trips
@@ -159,6 +160,9 @@ def test_arrays_and_pickle_round_trip_exactly(make):
     assert "stacked" not in unpickled.__dict__
     assert all(np.array_equal(arrays[name], value) for name, value in unpickled.to_arrays()[0].items())
     assert head.num_parameters() == sum(c.num_parameters() for c in head.components) + 1
+    assert [(name, table) for name, table in head.emissions()] == [
+        (f"component {k}", c.emission_table) for k, c in enumerate(head.components)
+    ]
 
 
 def test_spec_json_registration_and_options():

@@ -128,6 +128,10 @@ class MixtureHead(Head):
     def record(self) -> dict[str, Any]:
         return {"gate_min": float(self.gate.min())}
 
+    def emissions(self, options: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
+        """Each component's emission, named ``component K`` (what ``neighbours`` compares)."""
+        return [(f"component {k}", c.emission_table) for k, c in enumerate(self.components)]
+
     def summary(self) -> tuple[dict[str, Any], list[str]]:
         """The gate and every component's gate variance."""
         gate = [float(g) for g in self.gate]

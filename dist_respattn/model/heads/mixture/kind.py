@@ -304,6 +304,9 @@ class MixtureGrid(Grid):
     def score(self, blocks: Iterable[Block]) -> ScoreTotals:
         return self.head.score(blocks)
 
+    def nbytes(self) -> int:
+        return self.head.nbytes()
+
 
 @dataclass(frozen=True)
 class MixtureCandidates(Candidates):
