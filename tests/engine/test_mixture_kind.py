@@ -112,3 +112,21 @@ def test_a_fitted_mixture_predicts_a_store_streams_and_is_retrained_through_the_
     assert second.published and second.version == 2
     published = load_model(f"{registry}@latest")
     assert isinstance(published, MixtureHead) and published.num_components == 2
+
+
+def test_a_resumed_mixture_fit_takes_the_steps_of_an_uninterrupted_one(store, tmp_path):
+    """Sparse, with the continuation prior made from the training pairs: a resumed fit reads the prior and the
+    support from its checkpoint instead of passes, and ends on the same bits."""
+    spec = spec_of("sparse")
+    with local_cluster(2) as (_, client):
+        whole = fit(store, model_dir=tmp_path / "whole", settings=FitSettings(max_iter=4, tol=0.0), head=spec,
+                    client=client, progress=False)  # fmt: skip
+        fit(store, model_dir=tmp_path / "parts", settings=FitSettings(max_iter=2, tol=0.0), head=spec, client=client,
+            progress=False)  # fmt: skip
+        resumed = fit(store, model_dir=tmp_path / "parts", settings=FitSettings(max_iter=4, tol=0.0), head=spec,
+                      resume=True, client=client, progress=False)  # fmt: skip
+    assert [e["mean_log_likelihood"] for e in resumed.history] == [e["mean_log_likelihood"] for e in whole.history]
+    ours, theirs = load_model(tmp_path / "parts").to_arrays()[0], load_model(tmp_path / "whole").to_arrays()[0]
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert np.array_equal(ours[name], theirs[name]), name
