@@ -134,7 +134,10 @@ def single_hop_data(n: int, shape: tuple[int, int, int, int], seed: int) -> Kind
     truth = random_distribution(s, n_pos, d, t, seed=seed, sigma2=0.5)
     context, query, target = truth.sampler(seed + 1).sample_arrays(n)
     return KindData(
-        np.ascontiguousarray(context, dtype=np.int32), np.asarray(query, dtype=np.float64), target.astype(np.int32)
+        # float32 values, which a store keeps exactly: a distributed fit reads the rows fit_em reads.
+        np.ascontiguousarray(context, dtype=np.int32),
+        np.asarray(query, dtype=np.float32).astype(np.float64),
+        target.astype(np.int32),
     )
 
 
