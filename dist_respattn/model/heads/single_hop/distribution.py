@@ -312,7 +312,9 @@ class ResponsibilityAttentionDistribution(Head):
 
     # --------------------------------------------------------------------------------- prediction
 
-    def _check_context_query(self, context: Any, query: Any) -> tuple[np.ndarray, np.ndarray, bool]:
+    def check_context_query(self, context: Any, query: Any) -> tuple[np.ndarray, np.ndarray, bool]:
+        """``context`` (n, N) or (N,) and ``query`` (n, D) or (D,) checked as a batch: the (n, N) and (n, D) arrays,
+        and whether a single row was given."""
         single = np.ndim(context) == 1
         ctx = np.atleast_2d(np.asarray(context))
         y = np.atleast_2d(np.asarray(query, dtype=np.float64))
@@ -347,7 +349,7 @@ class ResponsibilityAttentionDistribution(Head):
         posterior responsibility ``r_i = p(z = i | query, target, context)`` that EM uses (NaN on a
         row the model gives zero probability).
         """
-        ctx, y, single = self._check_context_query(context, query)
+        ctx, y, single = self.check_context_query(context, query)
         tgt = None
         if target is not None:
             tgt = as_id_array(np.atleast_1d(np.asarray(target)), "target", 1)
@@ -368,7 +370,7 @@ class ResponsibilityAttentionDistribution(Head):
         Returns:
             (T,) for one example (context (N,), query (D,)), or (n, T) for a batch.
         """
-        ctx, y, single = self._check_context_query(context, query)
+        ctx, y, single = self.check_context_query(context, query)
         attention = self._attention(ctx, y, None)
         out = np.empty((ctx.shape[0], self.num_targets))
         for start, stop in per_position.block_ranges(ctx.shape[0], _PREDICT_BLOCK_ROWS):

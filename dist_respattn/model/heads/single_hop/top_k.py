@@ -111,7 +111,7 @@ def predict_top_k(
     """
     if int(k) < 1:
         raise ValueError(f"k = {k}: expected a positive number of targets")
-    ctx, y, _ = model._check_context_query(context, query)
+    ctx, y, _ = model.check_context_query(context, query)
     top = min(int(k), model.num_targets)
     n_rows = ctx.shape[0]
     targets = np.empty((n_rows, top), dtype=np.int64)
