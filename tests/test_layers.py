@@ -209,11 +209,8 @@ ALLOWED: dict[str, frozenset[str]] = {
 }  # fmt: skip
 
 #: Single imports (importer, imported) that break the table for now, each with why. Every one must still occur.
-KNOWN: set[tuple[str, str]] = {
-    # known: the gated kind's report fits a Kneser-Ney bigram per attribute to compare with. The model layer
-    # should not know the baselines; the engine could offer the baseline as a pass of the report instead.
-    ("dist_respattn.model.heads.gated.report", "dist_respattn.baselines.ngram"),
-}
+#: Imports that break the table, each with why it stays (none today).
+KNOWN: set[tuple[str, str]] = set()
 
 
 def module_files() -> dict[str, Path]:

@@ -344,6 +344,12 @@ class ReportPasses:
     def num_rows(self, over: str) -> int:
         return int(self._rows(over)[0].num_rows)
 
+    def baseline(
+        self, name: str, train: PairCounts, validation: PairCounts | None, scored: PairCounts
+    ) -> dict[str, Any]:
+        """The n-gram baseline ``name`` of these pair counts (fitted on ``train``, tuned on ``validation``)."""
+        return fit_baselines(train, validation=validation).score_one(name, scored).to_json()
+
     def choose(self, candidates: Any) -> Head:
         raise ValueError("a report chooses nothing on held-out rows")
 

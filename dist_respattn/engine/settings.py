@@ -8,14 +8,13 @@ from typing import Any
 
 from dist_respattn.engine.reduction import DEFAULT_FAN_IN
 from dist_respattn.events import Metric
+from dist_respattn.model import START_KINDS, ResponsibilityAttentionEstimator, SingleHopSpec
 from dist_respattn.model.arguments import as_nonnegative_float, as_positive_float, as_positive_int
 from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission.layouts import choose_layout
 from dist_respattn.model.emission.prior import BACKOFF_KINDS
 from dist_respattn.model.fitting.holdout import DEFAULT_HOLDOUT_FRACTION
 from dist_respattn.model.fitting.selection import HyperparameterSearch
-from dist_respattn.model.heads.single_hop.estimator import ResponsibilityAttentionEstimator
-from dist_respattn.model.heads.single_hop.kind import START_KINDS, SingleHopSpec
 from dist_respattn.store import StoreSchema
 
 __all__ = ["EARLY_STOP_METRICS", "FitSettings"]

@@ -244,6 +244,11 @@ class RowsPasses:
     def num_rows(self, over):
         return int(self.stores[over][1].shape[0])
 
+    def baseline(self, name, train, validation, scored):
+        from dist_respattn.baselines.ngram import fit_baselines
+
+        return fit_baselines(train, validation=validation).score_one(name, scored).to_json()
+
     def say(self, line):
         self.said.append(line)
 

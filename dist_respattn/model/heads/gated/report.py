@@ -69,6 +69,11 @@ class ReportPasses(Passes, Protocol):
     def num_rows(self, over: str) -> int:
         """The store's row count (the fold-in's hold-out stripes are cut by it)."""
 
+    def baseline(self, name: str, train: Any, validation: Any, scored: Any) -> dict[str, Any]:
+        """The n-gram baseline ``name`` (``"kneser_ney"``...) fitted on the (symbol, target) pair counts ``train``,
+        tuned on ``validation`` (or stated defaults for ``None``), scored on ``scored``: its JSON figures
+        (``perplexity``...). The engine's baselines, so the model layer needs none of its own."""
+
 
 def attribute_map(names: tuple[str, ...], head_names: tuple[str, ...]) -> np.ndarray:
     """(len(names),) int64: each store attribute's id in the head (by name), ``-1`` for one the head lacks."""
@@ -264,8 +269,6 @@ def _optional(passes: ReportPasses, request: BlockPass, over: str) -> Any:
 def _kneser_ney_by_attribute(head: GatedHead, passes: ReportPasses, names: tuple[str, ...]) -> list[float | None]:
     """Each scored attribute's interpolated Kneser-Ney bigram perplexity, trained on that attribute's training rows
     (the gated fit's, by name) and its discount tuned on the fit's held-out rows of the attribute."""
-    from dist_respattn.baselines.ngram import fit_baselines
-
     s, t = head.num_symbols, head.num_targets
     try:
         train_names = passes.attribute_names("training_store")
@@ -292,8 +295,10 @@ def _kneser_ney_by_attribute(head: GatedHead, passes: ReportPasses, names: tuple
         if i is None or train.pairs[i].num_pairs == 0 or scored.pairs[a].num_pairs == 0:
             out.append(None)
             continue
-        baselines = fit_baselines(train.pairs[i], validation=tune.pairs[i] if tune is not None else None)
-        out.append(float(baselines.score_one("kneser_ney", scored.pairs[a]).perplexity))
+        figures = passes.baseline(
+            "kneser_ney", train.pairs[i], tune.pairs[i] if tune is not None else None, scored.pairs[a]
+        )
+        out.append(float(figures["perplexity"]))
     return out
 
 
