@@ -372,6 +372,9 @@ def fit(
     settings = settings or FitSettings()
     spec = head if head is not None else settings.head_spec()
     stages = spec.stages()
+    if len(stages) > 1:
+        # Refused before the first stage runs: a later one would find the store lacking only after it.
+        _check_columns(open_fit_store(store, storage_options, settings.context_length), spec)
     if len(stages) == 1:
         return _fit_stage(
             store, model_dir=model_dir, settings=_stage_settings(settings, stages[0]), spec=stages[0].spec,
@@ -383,6 +386,16 @@ def fit(
         resume=resume, overwrite=overwrite, client=client, cluster=cluster, storage_options=storage_options, say=say,
         progress=progress, verbose=verbose,
     )  # fmt: skip
+
+
+def _check_columns(train: RowStore, spec: HeadSpec) -> None:
+    """Raise :class:`FitError` naming the ingest options when the store lacks a column a fit of ``spec`` reads."""
+    wanted = spec.columns
+    if wanted.attributes and not getattr(train, "attribute_names", None):
+        raise FitError(
+            f"the store {train.location} has no attribute per row; a {spec.kind} head needs one: ingest it with "
+            "--attribute-by {file,directory} (text) or --attributes A.npy (tokens, arrays)"
+        )
 
 
 def _stage_dir(model_dir: str | os.PathLike[str], stage: Stage) -> str:

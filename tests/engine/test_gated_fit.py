@@ -171,7 +171,8 @@ def test_a_store_without_attributes_is_refused_naming_the_flags(small_store, clu
         fit(small_store, model_dir=tmp_path / "g", settings=FitSettings(max_iter=1), head=_gated(2, max_iter=1),
             client=client)  # fmt: skip
     assert "--attributes" in str(raised.value)
-    assert not (tmp_path / "g" / "latest.json").exists()
+    # Refused before the shared stage: nothing was fitted or written.
+    assert not (tmp_path / "g").exists()
 
 
 def test_the_commands_end_to_end(stores, tmp_path):

@@ -516,6 +516,12 @@ class HeadSpec(abc.ABC):
         setting that is rarely what was meant, say); nothing by default."""
         return []
 
+    @property
+    def columns(self) -> Columns:
+        """What the training store's rows must carry for a fit of this spec (attributes, say), checked before any of
+        its stages runs (nothing beyond the rows by default)."""
+        return Columns()
+
     def stages(self) -> list[Stage]:
         """The fits this spec is made of, in order (one, itself, by default)."""
         return [Stage(self)]

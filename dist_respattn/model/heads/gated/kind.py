@@ -233,6 +233,11 @@ class GatedSpec(HeadSpec):
             if name != "max_iter" and mine.get(name) != theirs.get(name)
         ]
 
+    @property
+    def columns(self) -> Columns:
+        """Every row's attribute (a store without them is refused before the shared stage runs)."""
+        return Columns(attributes=True)
+
     def stages(self) -> list[Stage]:
         """The shared single-hop fit into ``shared/``, then the gated fit into the model directory itself."""
         return [Stage(self.shared, "shared"), Stage(self, ".", settings=dict(self.stage_settings))]

@@ -246,8 +246,8 @@ class ResponsibilityAttentionDistribution(Head):
         for name, value in (options or {}).items():
             if value not in (None, False):
                 raise ValueError(
-                    f"--{name.replace('_', '-')} {value}: a single-hop head takes no such option (it is for another "
-                    "kind of head): leave it out"
+                    f"--{name.replace('_', '-')} {value}: this is a plain head, without attributes (the option is for "
+                    "another kind of head): leave it out"
                 )
         return Predictor(self, query_table, words=words)
 
