@@ -417,10 +417,9 @@ def fit_report(result: Any, store: Any, *, cluster_closed: bool = False) -> dict
     for stage in result.stages:
         report[os.path.basename(os.path.normpath(stage.model_dir))] = _stage_summary(stage)
     truth = store.true_model()
-    if truth is not None and hasattr(model, "position_prior"):
-        from dist_respattn.model import recovery_report
-
-        report["recovery"] = recovery_report(truth, model)
+    recovered = model.recovery(truth) if truth is not None else None
+    if recovered is not None:
+        report["recovery"], report["recovery_lines"] = recovered
     return report
 
 
@@ -495,13 +494,10 @@ def print_fit_summary(report: dict[str, Any], *, verbose: bool = False) -> None:
         print(f"{'chosen on held-out rows' if report.get('heldout') else 'settings'}: {report['choice']}")
     for line in report.get("head_lines") or []:
         print(line)
-    rec = report.get("recovery")
-    if rec:
+    if report.get("recovery"):
         print("recovery of the store's true head:")
-        print(f"  keys            RMSE {rec['key_rmse']:.4f} ({100 * rec['key_rmse_relative']:.2f}% of the key scale)")
-        print(f"  position prior  L1 distance {rec['prior_l1']:.4f}")
-        print(f"  emission        total variation mean {rec['emission_tv_mean']:.4f}, max {rec['emission_tv_max']:.4f}")
-        print(f"  gate variance   fitted / true = {rec['sigma2_ratio']:.4f}")
+        for line in report.get("recovery_lines") or []:
+            print(f"  {line}")
     for warning in report["warnings"]:
         print(f"warning: {warning}")
     for line in kept_lines(report):

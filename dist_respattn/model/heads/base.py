@@ -281,6 +281,11 @@ class Head(abc.ABC):
         """What a fit's report says of the head: JSON figures (beside the kind-free ones) and lines."""
         return {}, []
 
+    def recovery(self, truth: Head) -> tuple[dict[str, Any], list[str]] | None:
+        """How close this fitted head is to ``truth`` (the head a synthetic store was sampled from): JSON figures and
+        lines, or ``None`` when it cannot say (another kind, another shape; the default)."""
+        return None
+
     def record(self) -> dict[str, Any]:
         """Numbers of the head an iteration's record carries besides the kind-free ones (JSON-able)."""
         return {}

@@ -258,6 +258,21 @@ class ResponsibilityAttentionDistribution(Head):
     def record(self) -> dict[str, Any]:
         return {"sigma2": float(self.sigma2)}
 
+    def recovery(self, truth: Head) -> tuple[dict[str, Any], list[str]] | None:
+        """Keys, prior, emission and gate variance against a single-hop ``truth`` of this shape
+        (:func:`~dist_respattn.model.heads.single_hop.diagnostics.recovery_report`)."""
+        from dist_respattn.model.heads.single_hop.diagnostics import recovery_report
+
+        if not isinstance(truth, ResponsibilityAttentionDistribution) or truth.shape != self.shape:
+            return None
+        rec = recovery_report(truth, self)
+        return rec, [
+            f"keys            RMSE {rec['key_rmse']:.4f} ({100 * rec['key_rmse_relative']:.2f}% of the key scale)",
+            f"position prior  L1 distance {rec['prior_l1']:.4f}",
+            f"emission        total variation mean {rec['emission_tv_mean']:.4f}, max {rec['emission_tv_max']:.4f}",
+            f"gate variance   fitted / true = {rec['sigma2_ratio']:.4f}",
+        ]
+
     def summary(self) -> tuple[dict[str, Any], list[str]]:
         """The gate variance and the three most attended positions."""
         order = sorted(range(self.context_length), key=lambda i: -self.position_prior[i])
