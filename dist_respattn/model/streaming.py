@@ -26,7 +26,13 @@ from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission.layouts import DenseEmission
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 
-__all__ = ["Predictor", "draw_token", "generate", "generation_steps"]
+__all__ = [
+    "Predictor",
+    "RankedPredictions",
+    "draw_token",
+    "generate",
+    "generation_steps",
+]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -40,7 +46,35 @@ def _mixture_rows(probs, symbols, attention, out):  # pragma: no cover - compile
             out[t] += a * row[t]
 
 
-class Predictor:
+class RankedPredictions:
+    """``top_k`` and ``top_words`` of any streaming predictor's :meth:`predict` (the one ranking every kind's
+    predictors share). A subclass sets ``words`` ((T,) names, or ``None``) and defines ``predict``."""
+
+    words: tuple[str, ...] | None = None
+
+    def predict(self, query: Any = None) -> np.ndarray:
+        """(T,) ``p(next target | history)``."""
+        raise NotImplementedError
+
+    def top_k(self, k: int, query: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(targets (k,), probabilities (k,))``: the k most probable next targets, best first (lower id on ties)."""
+        probs = self.predict(query)
+        k = min(int(k), probs.shape[0])
+        # The k-th largest value, then every target at least as probable, sorted (ties by the lower id).
+        kth = np.partition(probs, probs.shape[0] - k)[probs.shape[0] - k]
+        candidates = np.flatnonzero(probs >= kth)
+        order = candidates[np.lexsort((candidates, -probs[candidates]))][:k]
+        return order, probs[order]
+
+    def top_words(self, k: int, query: Any = None) -> list[tuple[str, float]]:
+        """``[(word, probability), ...]``: :meth:`top_k` in words (the predictor needs ``words``)."""
+        if self.words is None:
+            raise ValueError("no words were given: make the predictor with words=... (the store's vocabulary)")
+        targets, probs = self.top_k(k, query)
+        return [(self.words[int(t)], float(p)) for t, p in zip(targets, probs, strict=True)]
+
+
+class Predictor(RankedPredictions):
     """p(next token | history) for one growing history.
 
     Args:
@@ -180,23 +214,6 @@ class Predictor:
             _mixture_rows(self._dense, symbols, a, out)
             return out
         return self.model.emission_table.predictive(symbols[None, :], a[None, :])[0]
-
-    def top_k(self, k: int, query: Any = None) -> tuple[np.ndarray, np.ndarray]:
-        """``(targets (k,), probabilities (k,))``: the k most probable next targets, best first (lower id on ties)."""
-        probs = self.predict(query)
-        k = min(int(k), probs.shape[0])
-        # The k-th largest value, then every target at least as probable, sorted (ties by the lower id).
-        kth = np.partition(probs, probs.shape[0] - k)[probs.shape[0] - k]
-        candidates = np.flatnonzero(probs >= kth)
-        order = candidates[np.lexsort((candidates, -probs[candidates]))][:k]
-        return order, probs[order]
-
-    def top_words(self, k: int, query: Any = None) -> list[tuple[str, float]]:
-        """``[(word, probability), ...]``: :meth:`top_k` in words (the Predictor needs ``words``)."""
-        if self.words is None:
-            raise ValueError("no words were given: make the Predictor with words=... (the store's vocabulary)")
-        targets, probs = self.top_k(k, query)
-        return [(self.words[int(t)], float(p)) for t, p in zip(targets, probs, strict=True)]
 
 
 def draw_token(probs: np.ndarray, rng: np.random.Generator) -> int:

@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dist_respattn.model.streaming import RankedPredictions
+
 if TYPE_CHECKING:
     from dist_respattn.model.heads.mixture.head import MixtureHead
 
 __all__ = ["MixturePredictor"]
 
 
-class MixturePredictor:
+class MixturePredictor(RankedPredictions):
     """p(next token | history) of a :class:`~dist_respattn.model.heads.mixture.head.MixtureHead` for one history.
 
     Args:
@@ -105,19 +107,3 @@ class MixturePredictor:
         """(T,) ``p(next target | history)`` (for ``query``, default: the last token's embedding)."""
         weights, probs = self.components(query)
         return weights @ probs
-
-    def top_k(self, k: int, query: Any = None) -> tuple[np.ndarray, np.ndarray]:
-        """``(targets (k,), probabilities (k,))``: the k most probable next targets, best first (lower id on ties)."""
-        probs = self.predict(query)
-        k = min(int(k), probs.shape[0])
-        kth = np.partition(probs, probs.shape[0] - k)[probs.shape[0] - k]
-        candidates = np.flatnonzero(probs >= kth)
-        order = candidates[np.lexsort((candidates, -probs[candidates]))][:k]
-        return order, probs[order]
-
-    def top_words(self, k: int, query: Any = None) -> list[tuple[str, float]]:
-        """``[(word, probability), ...]``: :meth:`top_k` in words (the predictor needs ``words``)."""
-        if self.words is None:
-            raise ValueError("no words were given: make the predictor with words=... (the store's vocabulary)")
-        targets, probs = self.top_k(k, query)
-        return [(self.words[int(t)], float(p)) for t, p in zip(targets, probs, strict=True)]
