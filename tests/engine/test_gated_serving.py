@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dist_respattn.engine.tasks import attribute_map
+from dist_respattn.engine.worker_tasks import attribute_map
 
 from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.engine import open_store
