@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dist_respattn.engine.worker_tasks import attribute_map
 
 from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.engine import open_store
+from dist_respattn.engine.worker_tasks import attribute_map
 from dist_respattn.model.heads.base import Block
 from dist_respattn.model.heads.gated.head import GatedHead
 from dist_respattn.model.streaming import Predictor
