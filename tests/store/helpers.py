@@ -120,8 +120,8 @@ def copy_store(src, dst) -> None:
 
 def as_if_killed(lock) -> None:
     """Leave a held writer lock as a writer killed now would: no more heartbeats, its pid a dead process's."""
-    from tests.registry.conftest import dead_pid
     from tests.artifacts.test_registry_files_lock import stop_heartbeat
+    from tests.registry.conftest import dead_pid
 
     stop_heartbeat(lock)
     record = lock.files.read_json(lock.name)
