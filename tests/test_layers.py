@@ -335,10 +335,16 @@ def private_definitions(tree: ast.AST) -> set[str]:
 
 
 #: Every private name some module of ours defines, with the modules defining it.
-DEFINED_BY = {
-    name: {module for module, path in MODULES.items() if name in private_definitions(ast.parse(path.read_text()))}
-    for name in set().union(*(private_definitions(ast.parse(path.read_text())) for path in MODULES.values()))
-}
+def modules_defining() -> dict[str, set[str]]:
+    """Every private name some module of ours defines, with the modules defining it (each file parsed once)."""
+    defined_by: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        for name in private_definitions(ast.parse(path.read_text())):
+            defined_by.setdefault(name, set()).add(module)
+    return defined_by
+
+
+DEFINED_BY = modules_defining()
 
 
 def private_uses(path: Path, module: str | None) -> list[str]:
