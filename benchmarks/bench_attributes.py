@@ -34,13 +34,15 @@ What is measured, in one run (a ``--workers``-worker LocalCluster):
 1. **Fits.** The smallest gated fit runs on the command line, ``dist-respattn fit TRAIN --attribute-factors
    F0 --max-iter K --workers W --json`` (F0 = the smallest of ``--factors``): the shared head (the default
    recipe: a 5% hold-out of the training rows, MAP smoothing) into ``MODEL/shared``, then the gated head.
-   Every other gated head reuses that shared head, fitted by ``fit_gated(..., shared_dir=MODEL/shared)`` on
-   one cluster: F in ``--factors``, F = 0 (one emission per package, the untied baseline), the best F
-   (by the fits' held-out perplexity) again with ``per_attribute=("position_prior",)``, and F = 4 with each
-   package's own table beside the shared factors (``per_attribute=("emission",)``). Each gated fit
-   starts from the shared head and stops early on the same held-out rows (``--max-iter``).
-2. **Test perplexity** (``evaluate --classify-attributes``; ``evaluate_gated`` for the API fits): gated
-   against the shared head on the same rows and against the corpus-wide interpolated Kneser-Ney bigram
+   Every other gated head reuses that shared head (a copy of it as the fit's ended shared stage), fitted by
+   ``fit(TRAIN, head=GatedSpec(F, ...), resume=True)`` on one cluster: F in ``--factors``, F = 0 (one
+   emission per package, the untied baseline), the best F (by the fits' held-out perplexity) again with
+   ``per_attribute=("position_prior",)``, and F = 4 with each package's own table beside the shared factors
+   (``per_attribute=("emission",)``). Each gated fit starts from the shared head and stops early on the same
+   held-out rows (``--max-iter``).
+2. **Test perplexity** (``evaluate --classify-attributes``; ``evaluate(..., options={"classify_attributes":
+   True})`` for the API fits): gated against the shared head on the same rows and against the corpus-wide
+   interpolated Kneser-Ney bigram
    (tuned on the hold-out), per package against each package's own Kneser-Ney bigram; the parameters each
    head stores (``num_parameters()``) and its training rows/s (the median over the fit's iterations).
 3. **Package classification** of every test document, by the gated head's posterior (uniform prior)
@@ -336,9 +338,9 @@ def fit_record(
         "iterations": len(history),
         "best_iteration": best_iteration,
         "state": str(getattr(state, "value", state)),
-        "heldout_perplexity": None if best is None else best["heldout_perplexity"],
-        "first_heldout_perplexity": history[0]["heldout_perplexity"] if history else None,
-        "prior_scale": None if best is None else best.get("prior_scale"),
+        "heldout_perplexity": None if best is None else best["heldout"]["perplexity"],
+        "first_heldout_perplexity": history[0]["heldout"]["perplexity"] if history else None,
+        "prior_scale": None if best is None else (best.get("hyperparameters") or {}).get("prior_scale"),
         "rows_per_second": median_rate(history),
         "fit_seconds": float(seconds),
         "history": history,
@@ -380,20 +382,29 @@ def api_fit(
     client: Any, args: argparse.Namespace, stores: dict[str, Any], work: Path, shared_dir: str, factors: int,
     per_attribute: tuple[str, ...] = (),
 ) -> dict[str, Any]:  # fmt: skip
-    from dist_respattn.engine.gated_fit import GatedSettings, fit_gated
+    from dist_respattn.engine import FitSettings, fit
+    from dist_respattn.model.heads.gated.kind import GatedSpec
 
     suffix = "".join(f"-{name}" for name in per_attribute)
     model_dir = work / "models" / f"f{factors}{suffix}"
     label = label_of(factors, per_attribute)
-    say(f"fit_gated: {label}")
-    settings = GatedSettings(factors, per_attribute=per_attribute, max_iter=args.max_iter)
-    result = fit_gated(
-        stores["train"]["path"], model_dir=model_dir, settings=settings, shared_dir=shared_dir, overwrite=True,
-        client=client, progress=False, say=lambda m: say(f"    {m}"),
+    say(f"fit: {label}")
+    # The command line's settings: the shared stage's loop and head, and the gated stage's --max-iter.
+    settings = FitSettings(max_iter=args.max_iter)
+    spec = GatedSpec(
+        factors, per_attribute=per_attribute, shared=settings.head_spec(), stage_settings={"max_iter": args.max_iter}
+    )
+    # Every gated head starts from the command line's shared head: a copy of it as this fit's shared stage, which
+    # the resumed fit finds ended and does not continue.
+    shutil.rmtree(model_dir, ignore_errors=True)
+    shutil.copytree(shared_dir, model_dir / "shared")
+    result = fit(
+        stores["train"]["path"], model_dir=model_dir, settings=settings, head=spec, resume=True, client=client,
+        progress=False, say=lambda m: say(f"    {m}"),
     )  # fmt: skip
     record = fit_record(
         label, factors, per_attribute, "api", model_dir, result.history, result.best_iteration, result.state,
-        result.head.num_parameters(), result.seconds,
+        result.model.num_parameters(), result.seconds,
     )  # fmt: skip
     say(
         f"  {label}: {record['state']} after {record['iterations']} iterations, held-out perplexity "
@@ -429,18 +440,25 @@ def evaluation_figures(tested: dict[str, Any], folded: dict[str, Any] | None) ->
 
 
 def evaluate_api(client: Any, args: argparse.Namespace, stores: dict[str, Any], model_dir: str) -> dict[str, Any]:
-    from dist_respattn.engine.gated_evaluate import evaluate_gated
+    from dist_respattn.engine import evaluate
 
     def quiet(message: str) -> None:
         pass
 
-    tested = evaluate_gated(model_dir, stores["test"]["path"], classify=True, client=client, progress=False, say=quiet)
+    tested = evaluate(
+        model_dir,
+        stores["test"]["path"],
+        options={"classify_attributes": True},
+        client=client,
+        progress=False,
+        say=quiet,
+    ).to_json()
     folded = None
     if "foldin" in stores:
-        folded = evaluate_gated(
-            model_dir, stores["foldin"]["path"], fold_in=True, fold_in_iterations=args.fold_in_iterations,
-            client=client, progress=False, say=quiet,
-        )  # fmt: skip
+        options = {"fold_in": True, "fold_in_iterations": args.fold_in_iterations}
+        folded = evaluate(
+            model_dir, stores["foldin"]["path"], options=options, client=client, progress=False, say=quiet
+        ).to_json()
     return evaluation_figures(tested, folded)
 
 
@@ -597,7 +615,6 @@ def best_rate(run: Callable[[], Any], rows: int, repeats: int, min_seconds: floa
 
 
 def estep_part(args: argparse.Namespace, stores: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:
-    from dist_respattn.artifacts.gated_checkpoints import load_gated
     from dist_respattn.engine import load_checkpoint
     from dist_respattn.model.emission.layouts import PairSupport, SparseEmission
     from dist_respattn.model.heads.gated.head import GatedHead, gated_estep
@@ -648,7 +665,7 @@ def estep_part(args: argparse.Namespace, stores: dict[str, Any], fits: dict[str,
     for m in fits["models"]:
         if "position_prior" in m["per_attribute"]:  # the same factors as its F's fit
             continue
-        head = load_gated(m["model_dir"]).head
+        head = load_checkpoint(m["model_dir"]).model
         support = head.factors.support
         rate = best_rate(gated_run(head), n, args.repeats, args.min_seconds)
         out["gated"].append({

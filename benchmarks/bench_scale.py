@@ -200,9 +200,13 @@ def start_pass(train_url: str, n: int, *, partitions: int | None = None) -> dict
     The rows are the training side of the fit's automatic hold-out. Returns the seconds of each partition
     (the first ``partitions`` of them), its rows, and the pairs of the reduced support.
     """
-    from dist_respattn.engine import FitSettings, tasks
-    from dist_respattn.engine.tasks import RowSelection
+    import functools
+
+    from dist_respattn.engine import FitSettings, worker_tasks
+    from dist_respattn.engine.worker_tasks import RowSelection
     from dist_respattn.model.fitting.holdout import HoldoutRule
+    from dist_respattn.model.heads.base import Columns
+    from dist_respattn.model.heads.single_hop.kind import start_partition
     from dist_respattn.store import open_store
 
     store = open_store(train_url, window=n)
@@ -214,14 +218,12 @@ def start_pass(train_url: str, n: int, *, partitions: int | None = None) -> dict
     seconds, cpu_seconds, values = [], [], []
     for part in range(count):
         start, cpu = time.perf_counter(), time.process_time()
-        values.append(
-            tasks.start_task(store.location, part, factory, "uniform", 0, store.fingerprint(), rows,
-                             estimator.needs_pairs)
-        )  # fmt: skip
+        start_map = functools.partial(start_partition, factory, "uniform", 0, estimator.needs_pairs, None)
+        values.append(worker_tasks.pass_task(store.location, part, start_map, Columns(), store.fingerprint(), rows))
         seconds.append(time.perf_counter() - start)
         cpu_seconds.append(time.process_time() - cpu)
     start, cpu = time.perf_counter(), time.process_time()
-    total = tasks.combine_values(*values)
+    total = worker_tasks.combine_values(*values)
     combine_seconds, combine_cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     return {
         "partitions": count,
@@ -243,7 +245,7 @@ def bare_kernel(model_dir: Path, train_url: str, n: int) -> dict[str, Any]:
     """The sparse kernel alone on the training rows of one partition, in this process (without the scan of the
     values when the store checked them, as the fit's tasks do)."""
     from dist_respattn.engine import load_checkpoint
-    from dist_respattn.engine.tasks import RowSelection
+    from dist_respattn.engine.worker_tasks import RowSelection
     from dist_respattn.model.fitting.holdout import HoldoutRule
     from dist_respattn.model.kernels import per_position
 

@@ -19,7 +19,7 @@ would pack as another type, not even a ``str`` subclass such as an enum member):
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 __all__ = [
     "EVENT_TOPIC",
@@ -109,9 +109,11 @@ class IterationRecord(TypedDict):
         change: its relative change from the previous iteration (``None`` for the first).
         seconds / rows_per_second: the iteration's wall time and training rows per second (``inf`` for 0 s).
         n_obs: the total weight of the training rows.
-        sigma2: the gate variance after the M-step.
-        hyperparameters: the choices the M-step made on held-out rows (``sigma2``, ``emission_strength``,
-            ``type_strength``), or ``None``.
+        sigma2: a single-hop head's gate variance after the M-step (absent for other kinds: what a kind adds to
+            its records is its head's ``record()``).
+        hyperparameters: the choices the M-step made (its kind's JSON: a single-hop head's ``sigma2``,
+            ``emission_strength``, ``type_strength``), or ``None``.
+        choice: those choices in words, as the iteration's line says them (absent in records older than it).
         heldout: the held-out scores those choices were made with, or ``None`` without held-out rows.
         state: the fit's state after this iteration (a :class:`FitState`; its plain value in an event or
             a checkpoint read back).
@@ -125,8 +127,9 @@ class IterationRecord(TypedDict):
     seconds: float
     rows_per_second: float
     n_obs: float
-    sigma2: float
-    hyperparameters: dict[str, float] | None
+    sigma2: NotRequired[float]
+    hyperparameters: dict[str, Any] | None
+    choice: NotRequired[str | None]
     heldout: HeldoutScores | None
     state: str
     warnings: list[str]

@@ -10,7 +10,6 @@ import re
 import pytest
 
 from dist_respattn.artifacts import load_checkpoint
-from dist_respattn.artifacts.gated_checkpoints import load_gated
 from tests.stdlib_packages import package_corpus
 from tests.test_cli import run
 
@@ -24,10 +23,11 @@ LINE = re.compile(
     r"(?P<strength>\S+) \+ (?P<type>\S+) per successor type, \d+\.\d\d s, [\d,]+ rows/s(?P<rest>.*)$",
     re.MULTILINE,
 )
-#: A gated fit's line.
+#: A gated stage's line: the iteration line of any fit, its choice the factors' prior scale.
 GATED_LINE = re.compile(
-    r"^gated iteration (?P<iteration>\d+): held-out perplexity (?P<perplexity>\d+\.\d{3}) "
-    r"\((?P<best>best so far|best so far: iteration \d+)\), prior scale \S+, \d+\.\d\d s, [\d,]+ rows/s(?P<rest>.*)$",
+    r"^iteration (?P<iteration>\d+): held-out perplexity (?P<perplexity>\d+\.\d{3}) "
+    r"\((?P<best>best so far|best so far: iteration \d+)\), prior scale (?P<scale>\S+), \d+\.\d\d s, [\d,]+ rows/s"
+    r"(?P<rest>.*)$",
     re.MULTILINE,
 )
 
@@ -154,15 +154,20 @@ def test_a_gated_fit_with_fewer_factors_than_attributes_says_so_and_its_lines_re
     (note,) = [line for line in done.stderr.splitlines() if line.startswith("note: --attribute-factors 2")]
     assert "4 attributes" in note and "clustered into 2 groups" in note and "--per-attribute emission" in note
     assert done.stderr.index(note) < done.stderr.index("iteration 1: held-out perplexity")  # before the shared fit
-    history = load_gated(model, "latest").meta["history"]
-    lines = list(GATED_LINE.finditer(done.stderr))
-    saved = [h["heldout_perplexity"] for h in history]
+    # The gated stage's lines follow the line that says what it starts from.
+    started = done.stderr.index("gated head: F = 2 shared factors over ")
+    history = load_checkpoint(model, "latest").meta["history"]
+    lines = list(GATED_LINE.finditer(done.stderr[started:]))
+    saved = [h["heldout"]["perplexity"] for h in history]
+    assert [int(m["iteration"]) for m in lines] == [h["iteration"] for h in history] == [1, 2], done.stderr
     assert [float(m["perplexity"]) for m in lines] == [round(p, 3) for p in saved], done.stderr
     assert [m["best"] for m in lines] == _marks(saved)
+    assert [m["scale"] for m in lines] == [f"{h['hyperparameters']['prior_scale']:.3g}" for h in history]
     assert all(m["rest"] == "" for m in lines)
     # How each stage ended, in words (the checkpoints' state names, such as max_iter, stay in --json).
-    assert "shared head: stopped at --max-iter after 2 iterations (" in done.stdout, done.stdout
-    assert "_" not in done.stdout.split("shared head: ")[1].split(" (")[0]
+    assert "shared stage: stopped at --max-iter after 2 iterations, held-out perplexity " in done.stdout, done.stdout
+    assert "_" not in done.stdout.split("shared stage: ")[1].split(", held-out")[0]
+    assert re.search(r"^gated head: 2 tables, 4 attributes, [\d,]+ parameters$", done.stdout, re.MULTILINE), done.stdout
 
     for extra in (("--attribute-factors", "2", "--per-attribute", "emission"), ("--attribute-factors", "4")):
         done = run(

@@ -12,7 +12,6 @@ The stores are tiny (4,000 rows in 4 partitions) and one module cluster serves e
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import pty
@@ -69,14 +68,14 @@ def run_on_terminal(*args: str, timeout: float = 120.0) -> Terminal:
     master, slave = pty.openpty()
     # rows, columns, and the pixel sizes nobody reads: a terminal emulator's window.
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    try:
-        process = subprocess.Popen(
-            [COMMAND, *args], stdin=slave, stdout=slave, stderr=slave, start_new_session=True, close_fds=True
-        )
-    finally:
-        os.close(slave)  # the command's copies keep it open; ours would keep the master from ever seeing EIO
+    # Our copy of the slave stays open until the command has exited and its output is read: were it closed, the
+    # master could see EIO (every writer gone) before the kernel has moved a quick command's last bytes to it.
+    process = subprocess.Popen(
+        [COMMAND, *args], stdin=slave, stdout=slave, stderr=slave, start_new_session=True, close_fds=True
+    )
     chunks: list[bytes] = []
     deadline = time.monotonic() + timeout
+    exited_at: float | None = None
     try:
         while True:
             left = deadline - time.monotonic()
@@ -88,23 +87,20 @@ def run_on_terminal(*args: str, timeout: float = 120.0) -> Terminal:
                     f"dist-respattn {' '.join(args)} still ran after {timeout:.0f} s; its terminal:\n"
                     + b"".join(chunks).decode("utf-8", "replace")
                 )
-            ready, _, _ = select.select([master], [], [], min(left, 0.5))
-            if not ready:
-                # Workers of an embedded cluster may hold the terminal a moment after the command has gone.
-                if process.poll() is not None:
-                    break
+            ready, _, _ = select.select([master], [], [], min(left, 0.2))
+            if ready:
+                chunks.append(os.read(master, 65536))
                 continue
-            try:
-                data = os.read(master, 65536)
-            except OSError as exc:  # EIO: every process holding the terminal has closed it
-                if exc.errno != errno.EIO:
-                    raise
+            # Nothing new for 0.2 s: done once the command has exited and a further quiet moment has passed (the
+            # workers of an embedded cluster may still write a line as they go).
+            if exited_at is None:
+                if process.poll() is not None:
+                    exited_at = time.monotonic()
+            elif time.monotonic() - exited_at >= 0.4:
                 break
-            if not data:
-                break
-            chunks.append(data)
-        returncode = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+        returncode = process.wait()
     finally:
+        os.close(slave)
         os.close(master)
     return Terminal(returncode, b"".join(chunks).decode("utf-8", "replace"))
 

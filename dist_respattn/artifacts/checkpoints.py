@@ -1,9 +1,9 @@
 """Checkpoints: a fitted head as arrays (npz, never pickles) plus JSON, written atomically.
 
-A model directory holds::
+A model directory holds, for a head of any kind (its ``to_arrays``; a single-hop head's shown)::
 
     ckpt-000005-1a2b3c4d/params.npz   key_means (S, D), emission (S, T), position_prior (N,), float64
-    ckpt-000005-1a2b3c4d/meta.json    sigma2, iteration, history, settings, store fingerprint, ...
+    ckpt-000005-1a2b3c4d/meta.json    "model": {"kind": "single_hop", sigma2, ...}, iteration, history, settings, ...
     latest.json                       {"checkpoint": "ckpt-000005-1a2b3c4d", "iteration": 5}
     best.json                         the best checkpoint by the early-stopping metric (with validation)
 
@@ -17,6 +17,7 @@ registry's version (``REGISTRY@7``) is resolved by :mod:`dist_respattn.artifacts
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import io
 import json
 import logging
@@ -31,12 +32,7 @@ import numpy as np
 
 from dist_respattn.durable.files import TEMP_PREFIX, place_directory, replace_file, temporary_path, write_synced
 from dist_respattn.model.emission.prior import EmissionPrior
-from dist_respattn.model.heads.single_hop.arrays import (
-    MODEL_ARRAY_NAMES,
-    distribution_from_arrays,
-    distribution_to_arrays,
-)
-from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.base import Head, head_from_arrays
 
 __all__ = [
     "BEST",
@@ -72,10 +68,11 @@ EXTRA_ARRAY_NAMES = ("emission_base", "emission_types")
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A loaded checkpoint: the head, its metadata (the JSON written with it) and the fit's other arrays."""
+    """A loaded checkpoint: the head (of any kind), its metadata (the JSON written with it) and its arrays (the
+    head's and the fit's others: an emission prior, say)."""
 
     name: str
-    model: ResponsibilityAttentionDistribution
+    model: Head
     meta: dict[str, Any]
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -89,6 +86,11 @@ class Checkpoint:
     @property
     def iteration(self) -> int:
         return int(self.meta["iteration"])
+
+    @property
+    def kind(self) -> str:
+        """The head's kind, by its registered name."""
+        return self.model.kind
 
 
 class CheckpointFiles(NamedTuple):
@@ -170,18 +172,19 @@ class ModelDir:
     def write(
         self,
         name: str,
-        model: ResponsibilityAttentionDistribution,
+        model: Head,
         meta: dict[str, Any],
         arrays: dict[str, np.ndarray] | None = None,
     ) -> None:
         """Write checkpoint ``name`` (complete, or not at all). Pointers are moved separately.
 
-        ``arrays``: more float arrays for ``params.npz`` beside the model's (the fit's emission prior).
+        ``arrays``: more float arrays for ``params.npz`` beside the model's (the fit's emission prior). The head's
+        kind is recorded by name (``"model": {"kind": ...}``), so any command loads it with its kind's reader.
         """
-        model_arrays, model_meta = distribution_to_arrays(model)
+        model_arrays, model_meta = model.to_arrays()
         params = io.BytesIO()
         np.savez(params, **{**(arrays or {}), **model_arrays})  # type: ignore[arg-type]
-        record = {"format": FORMAT, "version": FORMAT_VERSION, "model": model_meta, **meta}
+        record = {"format": FORMAT, "version": FORMAT_VERSION, "model": {"kind": model.kind, **model_meta}, **meta}
         self.write_files(name, {PARAMS_FILE: params.getvalue(), META_FILE: _json_bytes(record)})
 
     def write_files(self, name: str, files: dict[str, bytes]) -> None:
@@ -226,7 +229,7 @@ class ModelDir:
     def commit(
         self,
         name: str,
-        model: ResponsibilityAttentionDistribution,
+        model: Head,
         meta: dict[str, Any],
         *,
         latest: dict[str, Any],
@@ -281,27 +284,23 @@ def parse_checkpoint(
             f"{meta_source}: checkpoint format version {meta['version']} is newer than this release reads "
             f"({FORMAT_VERSION}); upgrade dist_respattn"
         )
-    if meta.get("kind") == "gated":
-        raise CheckpointError(
-            f"{meta_source}: an attribute-gated head (fit --attribute-factors): `evaluate`, `sample` and "
-            "`neighbours` take it; for the commands of a plain head give its shared head, the model directory's "
-            "shared/ subdirectory"
-        )
     try:
         with np.load(params, allow_pickle=False) as npz:
-            arrays = {key: npz[key] for key in MODEL_ARRAY_NAMES if key in npz.files}
-            extra = {key: npz[key] for key in EXTRA_ARRAY_NAMES if key in npz.files}
+            arrays = {key: npz[key] for key in npz.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         # A truncated or overwritten npz fails inside zipfile, whose errors are neither OSError nor ValueError.
         raise CheckpointError(
             f"{params_source}: cannot be read ({type(exc).__name__}: {exc}): the checkpoint is damaged; restore it "
             "from a copy, or fit again (overwrite=True starts over in this model directory)"
         ) from exc
+    model_meta = meta.get("model") or {}
+    # A checkpoint older than recorded kinds holds a single-hop head; an older gated one says so at its top.
+    kind = model_meta.get("kind") or meta.get("kind") or "single_hop"
     try:
-        model = distribution_from_arrays(arrays, meta.get("model", {}), source=params_source)
-    except (TypeError, ValueError) as exc:
+        model = head_from_arrays(kind, arrays, model_meta if "kind" in model_meta else {**meta, **model_meta})
+    except (TypeError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{params_source}: {exc}") from exc
-    return Checkpoint(name, model, meta, extra)
+    return Checkpoint(name, model, meta, arrays)
 
 
 def checkpoint_name(iteration: int, run_id: str) -> str:
@@ -321,7 +320,12 @@ def load_directory(model_dir: str | os.PathLike[str], which: str = "auto") -> Ch
     for pointer in order:
         name = folder.pointed(pointer)
         if name is not None:
-            return folder.load(name)
+            checkpoint = folder.load(name)
+            # A head may need another fit its checkpoint names (an older gated head's shared/ fit): it says so.
+            model = checkpoint.model.completed(
+                str(folder.path), checkpoint.meta, lambda path: load_directory(path).model
+            )
+            return checkpoint if model is checkpoint.model else dataclasses.replace(checkpoint, model=model)
     raise CheckpointError(
         f"{folder}: no {' or '.join(order)} checkpoint (expected {'/'.join(p + '.json' for p in order)}); "
         "is this the model directory of a fit?"
@@ -343,9 +347,7 @@ class BackgroundCheckpoints:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="respattn-checkpoint")
         self._pending: concurrent.futures.Future[None] | None = None
 
-    def submit(
-        self, name: str, model: ResponsibilityAttentionDistribution, meta: dict[str, Any], **pointers: Any
-    ) -> None:
+    def submit(self, name: str, model: Head, meta: dict[str, Any], **pointers: Any) -> None:
         """Commit a checkpoint in the background (``pointers``: see :meth:`ModelDir.commit`)."""
         self.wait()
         self._pending = self._pool.submit(self.folder.commit, name, model, meta, **pointers)

@@ -19,7 +19,7 @@ from dist_respattn.artifacts.checkpoints import (
     load_directory,
 )
 from dist_respattn.artifacts.registry import REGISTRY_FILE, Registry
-from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.base import Head
 
 __all__ = ["load_checkpoint", "load_model", "registry_reference"]
 
@@ -67,7 +67,7 @@ def load_checkpoint(
 
 def load_model(
     model_dir: str | os.PathLike[str], which: str = "auto", *, storage_options: dict[str, Any] | None = None
-) -> ResponsibilityAttentionDistribution:
+) -> Head:
     """The head saved in ``model_dir``: the ``best`` checkpoint when there is one, else the ``latest``; or the
     head published as a registry's version, ``REGISTRY@7`` or ``REGISTRY@latest``."""
     return load_checkpoint(model_dir, which, storage_options=storage_options).model

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from dist_respattn.cli import demo, fit_commands, gated_commands, registry_commands, split_command, store_commands
+from dist_respattn.cli import demo, fit_commands, head_commands, registry_commands, split_command, store_commands
 from dist_respattn.cli.common import CommandError, in_flags
 
 __all__ = ["build_parser", "main", "subcommands"]
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     store_commands.register(sub)
     split_command.register(sub)
     fit_commands.register(sub)
-    gated_commands.register(sub)
+    head_commands.register(sub)
     registry_commands.register(sub)
     # argparse leaves a subcommand's unknown arguments to the top parser, whose error shows the top-level usage;
     # each command's own parser reports them instead (see main), with the usage of the command typed.

@@ -16,15 +16,7 @@ from dist_respattn.cli.common import (
     positive_float,
     positive_int,
 )
-from dist_respattn.cli.gated_commands import (
-    add_fit_options as add_gated_fit_options,
-)
-from dist_respattn.cli.gated_commands import (
-    print_gated_evaluate,
-    print_gated_fit,
-    run_gated_evaluate,
-    run_gated_fit,
-)
+from dist_respattn.cli.head_options import add_head_options, head_options, spec_from_args
 from dist_respattn.cli.stream_predict import print_stream_summary, run_stream
 from dist_respattn.events import Metric
 
@@ -201,7 +193,7 @@ def register(sub: Any) -> None:
     )
     start.add_argument("--overwrite", action="store_true", help="start over in a --model-dir that holds a fit")
     add_em_options(fit, "EM settings (with --resume, the checkpoint's unless given)")
-    add_gated_fit_options(fit)
+    add_head_options(fit, "fit")
     add_cluster_options(fit)
     fit.add_argument(
         "-v",
@@ -231,18 +223,7 @@ def register(sub: Any) -> None:
         default=0.1,
         help="k of the add-k unigram, and of the add-k bigram when nothing tunes it (0.1)",
     )
-    gated = evaluate.add_argument_group("an attribute-gated model (fit --attribute-factors)")
-    gated.add_argument(
-        "--classify-attributes",
-        action="store_true",
-        help="classify every document of STORE by attribute from the head's likelihood (JSON: attribute_accuracy)",
-    )
-    gated.add_argument(
-        "--fold-in",
-        action="store_true",
-        help="fold in STORE's attributes the model lacks: EM on their weights over half their rows, the rest scored",
-    )
-    gated.add_argument("--fold-in-iterations", type=positive_int, default=20, help="EM iterations of a fold-in (20)")
+    add_head_options(evaluate, "evaluate")
     add_cluster_options(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     evaluate.set_defaults(handler=_run_evaluate, printer=_print_evaluate)
@@ -285,6 +266,7 @@ def register(sub: Any) -> None:
     predict.add_argument(
         "--overwrite", action="store_true", help="replace the predictions (group or file) already at --out"
     )
+    add_head_options(predict, "predict")
     add_cluster_options(predict)
     predict.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     predict.set_defaults(handler=_run_predict, printer=_print_predict)
@@ -320,17 +302,23 @@ _SETTING_OPTIONS = (
 )
 
 
-def _settings(args: argparse.Namespace) -> Any:
-    """The fit's settings: the checkpoint's when resuming, the defaults otherwise, then the options given."""
-    from dist_respattn.artifacts.gated_checkpoints import SHARED_DIR
-    from dist_respattn.engine import FitSettings, ModelDir, load_checkpoint
+def _settings(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The fit's settings and head spec: a resumed fit's own (its first stage's settings, for a staged kind),
+    else the defaults, then the options given."""
+    from dist_respattn.artifacts import load_checkpoint
+    from dist_respattn.engine import FitSettings, ModelDir
 
+    saved_head = None
+    if args.resume and ModelDir(args.model_dir).has_checkpoint():
+        saved_head = load_checkpoint(args.model_dir, "latest").meta.get("head")
+    spec = spec_from_args(args, settings_from(args, FitSettings()).head_spec(), saved_head)
     base = FitSettings()
-    # A gated fit's shared head is fitted in its own directory: that fit's settings.
-    folder = os.path.join(args.model_dir, SHARED_DIR) if args.attribute_factors is not None else args.model_dir
-    if args.resume and ModelDir(folder).has_checkpoint():
-        base = FitSettings.from_json(load_checkpoint(folder, "latest").meta.get("settings", {}))
-    return settings_from(args, base)
+    first = os.path.join(args.model_dir, spec.stages()[0].directory)
+    if args.resume and ModelDir(first).has_checkpoint():
+        base = FitSettings.from_json(load_checkpoint(first, "latest").meta.get("settings", {}))
+    settings = settings_from(args, base)
+    # The single-hop part of the spec follows the settings (a resumed fit's own, then the options given).
+    return settings, spec_from_args(args, settings.head_spec(), saved_head)
 
 
 def settings_from(args: argparse.Namespace, base: Any) -> Any:
@@ -368,36 +356,55 @@ def _say(args: argparse.Namespace) -> Any:
     return lambda message: print(in_flags(message), file=sys.stderr, flush=True)
 
 
+def _stage_summary(result: Any) -> dict[str, Any]:
+    """An earlier stage's fit in a staged fit's report: where it is, how it ended, its best held-out perplexity."""
+    best: dict[str, Any] = next((h for h in result.history if h["iteration"] == result.best_iteration), {})
+    return {
+        "model_dir": result.model_dir,
+        "state": str(result.state),
+        "iterations": result.iterations,
+        "best_iteration": result.best_iteration,
+        "heldout_perplexity": (best.get("heldout") or {}).get("perplexity"),
+    }
+
+
 def fit_report(result: Any, store: Any, *, cluster_closed: bool = False) -> dict[str, Any]:
     """What ``fit`` prints: the outcome, what was learned (and how close to the truth), where things are.
 
-    ``cluster_closed``: the fit's cluster has shut down (an embedded one), so it has no dashboard to show.
+    ``cluster_closed``: the fit's cluster has shut down (an embedded one), so it has no dashboard to show. The
+    head's own figures (a single-hop head's gate variance and most attended positions...) are its kind's
+    (``Head.summary``); a staged kind's earlier fits are named by their directories (``"shared"``).
     """
     from dist_respattn.artifacts.checkpoints import BEST, LATEST, ModelDir
-    from dist_respattn.model import recovery_report
 
     model = result.model
     folder = ModelDir(result.model_dir)
     last = result.history[-1] if result.history else {}
     # The held-out figures and choices of the model the directory serves: the best one, when validated.
     best = next((h for h in result.history if h["iteration"] == result.best_iteration), last)
-    order = sorted(range(model.context_length), key=lambda i: -model.position_prior[i])
+    figures, lines = model.summary()
     report: dict[str, Any] = {
         "model_dir": result.model_dir,
+        "kind": model.kind,
+        # The head's settings as its checkpoints record them (a resumed fit's are its own, not those given again).
+        "settings": _recorded_head(folder),
         "state": result.state,
         "iterations": result.iterations,
         "mean_log_likelihood": last.get("mean_log_likelihood"),
         "heldout": best.get("heldout"),
+        "heldout_perplexity": (best.get("heldout") or {}).get("perplexity"),
         "heldout_rows": result.heldout_rows,
         "hyperparameters": best.get("hyperparameters"),
+        "choice": best.get("choice"),
         "best_iteration": result.best_iteration,
         # Which checkpoints the directory's pointers name: what evaluate/predict read (best, else latest).
         "best_checkpoint": folder.pointed(BEST),
         "latest_checkpoint": folder.pointed(LATEST),
         "last_iteration": last.get("iteration"),
         "last_heldout": last.get("heldout"),
-        "sigma2": model.sigma2,
-        "position_prior_top": [[int(i), float(model.position_prior[i])] for i in order[:3]],
+        "parameters": model.num_parameters(),
+        **figures,
+        "head_lines": lines,
         "warnings": [in_flags(warning) for warning in result.warnings],
         "dashboard": None if cluster_closed else result.dashboard,
         "seconds": round(result.seconds, 3),
@@ -405,30 +412,43 @@ def fit_report(result: Any, store: Any, *, cluster_closed: bool = False) -> dict
         if result.first_iteration_seconds is None
         else round(result.first_iteration_seconds, 3),
         "rows_per_second": last.get("rows_per_second"),
+        "history": result.history,
     }
+    for stage in result.stages:
+        report[os.path.basename(os.path.normpath(stage.model_dir))] = _stage_summary(stage)
     truth = store.true_model()
-    if truth is not None:
-        report["recovery"] = recovery_report(truth, model)
+    recovered = model.recovery(truth) if truth is not None else None
+    if recovered is not None:
+        report["recovery"], report["recovery_lines"] = recovered
     return report
+
+
+def _recorded_head(folder: Any) -> dict[str, Any] | None:
+    """The head spec JSON the model directory's latest checkpoint records (``None`` before any was written)."""
+    from dist_respattn.artifacts import load_checkpoint
+    from dist_respattn.artifacts.checkpoints import LATEST
+
+    if not folder.has_checkpoint():
+        return None
+    recorded = load_checkpoint(folder.path, LATEST).meta.get("head")
+    return dict(recorded) if recorded else None
 
 
 def _run_fit(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.engine import fit, open_store
 
     options = parse_storage_options(args.storage_option)
-    settings = _settings(args)  # a bad option is reported before any store is opened
-    if args.attribute_factors is not None:
-        args.printer = print_gated_fit
-        return run_gated_fit(args, settings, _say(args), cluster_options(args))
-    if args.per_attribute or args.attribute_smoothing is not None or args.attribute_prior_scale is not None:
-        raise CommandError(
-            "--per-attribute, --attribute-smoothing and --attribute-prior-scale go with --attribute-factors F"
-        )
+    settings, spec = _settings(args)  # a bad option is reported before any store is opened
     store = open_store(args.store, storage_options=options, window=settings.context_length)
+    names = getattr(store, "attribute_names", None)
+    for note in spec.notes(tuple(names) if names else None):
+        if not args.resume:  # said before the fit, so it can be stopped and run again
+            _say(args)(note)
     result = fit(
         store,
         model_dir=args.model_dir,
         settings=settings,
+        head=spec,
         validation=args.validation,
         init_from=args.init_from,
         resume=args.resume,
@@ -458,23 +478,26 @@ def print_fit_summary(report: dict[str, Any], *, verbose: bool = False) -> None:
             f"held-out ({report.get('heldout_rows') or 'validation'}): perplexity {h['perplexity']:.4f}{accuracy}"
             f"{joint} (best iteration {best_iteration})"
         )
-    chosen = report.get("hyperparameters")
-    if chosen:
+    for name in report:
+        stage = report[name]
+        if isinstance(stage, dict) and {"model_dir", "state", "iterations", "heldout_perplexity"} <= set(stage):
+            ratio = ""
+            if stage["heldout_perplexity"] and report.get("heldout_perplexity"):
+                ratio = f", this head / it: {report['heldout_perplexity'] / stage['heldout_perplexity']:.3f}"
+            perplexity = stage["heldout_perplexity"]
+            shown = f", held-out perplexity {perplexity:.3f}" if perplexity is not None else ""
+            print(
+                f"{name} stage: {fit_ended(stage['state'], stage['iterations'])}{shown} ({stage['model_dir']}){ratio}"
+            )
+    if report.get("choice"):
         # Without held-out rows nothing is chosen: the settings are the fixed ones.
-        print(
-            f"{'chosen on held-out rows' if report.get('heldout') else 'settings'}: sigma2 = {chosen['sigma2']:.4g}, "
-            f"emission prior strength "
-            f"{chosen['emission_strength']:.4g} + {chosen['type_strength']:.4g} per successor type"
-        )
-    top = ", ".join(f"{i} ({p:.1%})" for i, p in report["position_prior_top"])
-    print(f"last model: gate variance sigma2 = {report['sigma2']:.4g}; most attended positions: {top}")
-    rec = report.get("recovery")
-    if rec:
+        print(f"{'chosen on held-out rows' if report.get('heldout') else 'settings'}: {report['choice']}")
+    for line in report.get("head_lines") or []:
+        print(line)
+    if report.get("recovery"):
         print("recovery of the store's true head:")
-        print(f"  keys            RMSE {rec['key_rmse']:.4f} ({100 * rec['key_rmse_relative']:.2f}% of the key scale)")
-        print(f"  position prior  L1 distance {rec['prior_l1']:.4f}")
-        print(f"  emission        total variation mean {rec['emission_tv_mean']:.4f}, max {rec['emission_tv_max']:.4f}")
-        print(f"  gate variance   fitted / true = {rec['sigma2_ratio']:.4f}")
+        for line in report.get("recovery_lines") or []:
+            print(f"  {line}")
     for warning in report["warnings"]:
         print(f"warning: {warning}")
     for line in kept_lines(report):
@@ -515,20 +538,13 @@ def _print_fit(report: dict[str, Any]) -> None:
 
 
 def _run_evaluate(args: argparse.Namespace) -> dict[str, Any]:
-    from dist_respattn.artifacts.gated_checkpoints import is_gated_dir
     from dist_respattn.engine import evaluate
 
-    if "@" not in args.model and is_gated_dir(args.model):
-        args.printer = print_gated_evaluate
-        return run_gated_evaluate(args, _say(args), cluster_options(args))
-    if args.classify_attributes or args.fold_in:
-        raise CommandError(
-            f"{args.model}: --classify-attributes and --fold-in take an attribute-gated model (fit --attribute-factors)"
-        )
     evaluation = evaluate(
         args.model,
         args.store,
         baseline_k=args.baseline_k,
+        options=head_options(args, "evaluate"),
         cluster=cluster_options(args),
         storage_options=parse_storage_options(args.storage_option),
         say=_say(args),
@@ -540,7 +556,7 @@ def _run_evaluate(args: argparse.Namespace) -> dict[str, Any]:
 def _print_evaluate(report: dict[str, Any]) -> None:
     from dist_respattn.engine import Evaluation
 
-    print(Evaluation(**report).summary())
+    print(Evaluation.from_json(report).summary())
 
 
 def _run_predict(args: argparse.Namespace) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from dist_respattn.cli.common import (
     positive_int,
 )
 from dist_respattn.cli.fit_commands import add_cluster_options, add_em_options, cluster_options, settings_from
+from dist_respattn.cli.head_options import add_head_options, spec_from_args
 from dist_respattn.events import Metric
 from dist_respattn.text_format import count_text
 
@@ -79,6 +80,7 @@ def register(sub: Any) -> None:
         help="another run's lock without a heartbeat for this long is abandoned and broken (default 300)",
     )
     add_em_options(retrain, "EM settings")
+    add_head_options(retrain, "fit")
     add_cluster_options(retrain)
     retrain.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     retrain.set_defaults(handler=_run_retrain, printer=_print_retrain)
@@ -155,12 +157,16 @@ def _run_retrain(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.engine import FitSettings
     from dist_respattn.registry import RegistryLocked, retrain
 
+    settings = settings_from(args, FitSettings())
+    default = settings.head_spec()
+    chosen = spec_from_args(args, default, None)
     try:
         result = retrain(
             args.registry,
             args.store,
             validation=args.validation,
-            settings=settings_from(args, FitSettings()),
+            settings=settings,
+            head=None if chosen is default else chosen,
             tolerance=args.tolerance,
             gate_metric=args.gate_metric,
             keep=args.keep,

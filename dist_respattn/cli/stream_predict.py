@@ -55,9 +55,9 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
     per token after the start-up)."""
     begun = time.perf_counter()
     from dist_respattn.artifacts import load_checkpoint
-    from dist_respattn.model.streaming import Predictor
+    from dist_respattn.cli.head_options import head_options
+    from dist_respattn.store import open_store
     from dist_respattn.store.predictions import target_words
-    from dist_respattn.store.rows import open_store
 
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
@@ -69,11 +69,15 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
     )
     vocabulary = store.vocabulary()
     words = target_words(vocabulary, model.num_targets)
-    # The compiled kernels' first call (loaded from numba's cache, or compiled) is start-up, not a token's cost.
-    warm = Predictor(model, table)
-    warm.push(0)
-    warm.top_k(args.top)
-    predictor = Predictor(model, table, words=words)
+    options = head_options(args, "predict")
+    try:
+        # The compiled kernels' first call (loaded from numba's cache, or compiled) is start-up, not a token's cost.
+        warm = model.predictor(query_table=table, options=options)
+        warm.push(0)
+        warm.top_k(args.top)
+        predictor = model.predictor(words=words, query_table=table, options=options)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
     startup = time.perf_counter() - begun
     if stdin.isatty() and not args.json:  # a person at a terminal, not a pipe: say what the command waits for
         what = "words, as the store's text was tokenized" if vocabulary is not None else "token ids"
@@ -95,7 +99,7 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
         spent += time.perf_counter() - started
         count += 1
         line = {
-            "position": predictor.length,
+            "position": count,
             "token": text if words is not None else token,
             "top": [[name(int(t)), round(float(p), 8)] for t, p in zip(targets, probs, strict=True)],
             "ids": [int(t) for t in targets],
@@ -109,7 +113,7 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
         "seconds": round(spent, 6),
         "microseconds_per_token": round(1e6 * spent / count, 2) if count else None,
         "state_counts": predictor.state_size,
-        "buckets": list(predictor.buckets.sizes),
+        "buckets": list(getattr(getattr(predictor, "buckets", None), "sizes", ())),
     }
 
 
@@ -121,6 +125,8 @@ def print_stream_summary(report: dict[str, Any]) -> None:
     ready = f"ready in {startup:.2f} s (loading the model and the store); " if startup is not None else ""
     print(
         f"{ready}predicted after {report['tokens']:,} tokens{timing}; the history is held as "
-        f"{report['state_counts']:,} counts in {len(report['buckets'])} recency buckets, whatever its length",
+        f"{report['state_counts']:,} counts"
+        + (f" in {len(report['buckets'])} recency buckets" if report["buckets"] else "")
+        + ", whatever its length",
         file=sys.stderr,
     )

@@ -48,12 +48,9 @@ def _within(seconds: float, call: Callable[[], Any]) -> Any:
 
 
 def payload_bytes(payload: Any) -> int:
-    """The size that dominates a payload's transfer: its emission (a model) or its counts (a grid), either layout."""
-    for name in ("emission_table", "counts"):
-        table = getattr(payload, name, None)
-        if table is not None:
-            return int(table.nbytes)
-    return 0
+    """The bytes of a payload's arrays (a head's, or a grid's: their ``nbytes()``), which its transfer takes."""
+    size = getattr(payload, "nbytes", None)
+    return int(size()) if callable(size) else 0
 
 
 class ParameterBroadcast:

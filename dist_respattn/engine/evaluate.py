@@ -12,6 +12,8 @@ itself (in-sample, which flatters them); their parameters are tuned on the model
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import uuid
 from collections.abc import Callable
@@ -22,21 +24,20 @@ import distributed
 
 from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.baselines.ngram import DEFAULT_K, MODEL_LABELS, fit_baselines
-from dist_respattn.engine import tasks
+from dist_respattn.engine import worker_tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.cluster import ClusterOptions, connect
 from dist_respattn.engine.fit import FitError, check_same_shape, open_fit_store
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
-from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
+from dist_respattn.engine.worker_tasks import ALL_ROWS, RowSelection, attribute_map
 from dist_respattn.events import HeldoutScores
-from dist_respattn.model.emission.pairs import PairCounts
+from dist_respattn.model.emission.pairs import PairCounts, pairs_of_blocks
 from dist_respattn.model.fitting.holdout import HoldoutRule
-from dist_respattn.model.heads.single_hop.diagnostics import degeneracy_warnings
-from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.heads.single_hop.scoring import ScoreTotals
-from dist_respattn.store import StoreError, StoreLocation, check_recorded_corpus
-from dist_respattn.store.rows import RowStore, is_stream_store, open_store
+from dist_respattn.model.heads.base import BlockPass, Columns, Head
+from dist_respattn.model.scores import ScoreTotals
+from dist_respattn.store import StoreError, StoreLocation, check_recorded_corpus, open_store
+from dist_respattn.store.rows import RowStore, is_stream_store
 
 __all__ = ["DEFAULT_BASELINE_K", "Evaluation", "evaluate", "score", "score_store"]
 
@@ -61,6 +62,8 @@ class Evaluation:
             where their parameters were tuned (``tuned_on``: a store, the training store's hold-out, or
             ``None``: stated defaults).
         warnings: degenerate-fit warnings about the head.
+        report: what the head's kind adds (:meth:`~dist_respattn.model.heads.base.Head.report`): JSON keys beside
+            these, and ``report_lines``, the lines said after the table.
     """
 
     store: str
@@ -70,9 +73,21 @@ class Evaluation:
     baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
     baseline_counts_from: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    report: dict[str, Any] = field(default_factory=dict)
+    report_lines: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Evaluation:
+        """The evaluation :meth:`to_json` wrote (its kind's report keys kept as its report)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"report", "report_lines"}
+        known = {k: v for k, v in data.items() if k in names}
+        report = {k: v for k, v in data.items() if k not in names and k != "report_lines"}
+        return cls(**known, report=report, report_lines=list(data.get("report_lines") or []))
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **self.report,
+            **({"report_lines": self.report_lines} if self.report_lines else {}),
             "store": self.store,
             "rows": self.rows,
             "weight": self.weight,
@@ -86,9 +101,16 @@ class Evaluation:
         """A small table: one row for the head and one per baseline, then where the baselines came from."""
         header = f"{'':<15} {'log-lik/row':>12} {'perplexity':>12} {'accuracy':>9}"
         lines = [f"{self.store}: {self.rows:,} rows", header]
+
+        def cell(value: Any, spec: str, width: int) -> str:
+            # A head that weighs none of the store's rows (each of an attribute it lacks, say) has no figures.
+            missing = value is None or (isinstance(value, float) and value != value)  # None or NaN
+            return f"{'n/a':>{width}}" if missing else f"{value:>{width}{spec}}"
+
+        model = self.model
         lines.append(
-            f"{'head':<15} {self.model['mean_log_likelihood']:>12.4f} {self.model['perplexity']:>12.4f} "
-            f"{self.model['accuracy']:>9.2%}"
+            f"{'head':<15} {cell(model.get('mean_log_likelihood'), '.4f', 12)} "
+            f"{cell(model.get('perplexity'), '.4f', 12)} {cell(model.get('accuracy'), '.2%', 9)}"
         )
         for name, figures in self.baselines.items():
             label = MODEL_LABELS.get(name, name)
@@ -96,7 +118,7 @@ class Evaluation:
                 f"{label:<15} {'':>12} {figures['perplexity']:>12.4f} {figures['accuracy']:>9.2%}"
                 f"  {_parameters_text(figures.get('parameters') or {})}"
             )
-        if "kneser_ney" in self.baselines:
+        if "kneser_ney" in self.baselines and model.get("perplexity") is not None:
             ratio = self.model["perplexity"] / self.baselines["kneser_ney"]["perplexity"]
             lines.append(f"head / Kneser-Ney perplexity: {ratio:.3f}")
         if self.baselines:
@@ -106,6 +128,7 @@ class Evaluation:
                 + (" (the evaluated store itself: in-sample)" if source.get("in_sample") else "")
                 + (f"; tuned on {source['tuned_on']}" if source.get("tuned_on") else "; parameters stated")
             )
+        lines.extend(self.report_lines)
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
 
@@ -115,18 +138,16 @@ def _parameters_text(parameters: dict[str, Any]) -> str:
     return ", ".join(shown)
 
 
-def window_for(
-    head: ResponsibilityAttentionDistribution, store: Any, storage_options: dict[str, Any] | None
-) -> int | None:
+def window_for(head: Head, store: Any, storage_options: dict[str, Any] | None) -> int | None:
     """The window a model reads ``store`` with: its own N for a token-stream store, ``None`` for a triple store."""
     location = store.location if hasattr(store, "location") else StoreLocation.of(store, storage_options)
     return head.context_length if is_stream_store(location) else None
 
 
-def min_context_for(head: ResponsibilityAttentionDistribution, meta: dict[str, Any]) -> int | None:
-    """The fewest earlier tokens of the rows a model scores: a head with a tied prior scores the short histories
-    its fit trained on (its training store's ``min_context``, else 1); a free prior, full windows only."""
-    if head.buckets is None:
+def min_context_for(head: Head, meta: dict[str, Any]) -> int | None:
+    """The fewest earlier tokens of the rows a model scores: a head that reads token windows (a tied prior) scores
+    the short histories its fit trained on (its training store's ``min_context``, else 1); others, full windows."""
+    if not head.columns.windows:
         return None
     recorded = (meta.get("store") or {}).get("min_context")
     return int(recorded) if recorded else 1
@@ -159,21 +180,28 @@ def _training_store(meta: dict[str, Any], scored: RowStore) -> RowStore | None:
     return _open_recorded(record, scored)
 
 
-def score_store(runner: PassRunner, model: ResponsibilityAttentionDistribution, store: RowStore) -> ScoreTotals:
+def _attribute_map(store: RowStore, head: Head) -> Any:
+    names = getattr(store, "attribute_names", None)
+    return attribute_map(tuple(names) if names else None, head.attribute_names())
+
+
+def score_store(runner: PassRunner, model: Head, store: RowStore) -> ScoreTotals:
     """``model``'s totals over every row of ``store``: one pass of scoring tasks and their combine tree."""
     params = ParameterBroadcast(runner.client, runner.run_tag)
     params.publish(model, "evaluate")
     fingerprint = store.fingerprint()
+    mapping = _attribute_map(store, model)
     try:
         return runner.run(
-            "evaluate", "0", store.num_partitions, tasks.score_task,
-            lambda part: (store.location, part, params.current, fingerprint), description=f"scoring {store.location}",
+            "evaluate", "0", store.num_partitions, worker_tasks.score_task,
+            lambda part: (store.location, part, params.current, fingerprint, ALL_ROWS, mapping),
+            description=f"scoring {store.location}",
         )  # fmt: skip
     finally:
         params.release()
 
 
-def score(model: ResponsibilityAttentionDistribution, store: RowStore, *, client: distributed.Client) -> HeldoutScores:
+def score(model: Head, store: RowStore, *, client: distributed.Client) -> HeldoutScores:
     """``model``'s figures on every row of ``store``, without baselines: ``mean_log_likelihood``,
     ``target_log_prob``, ``perplexity`` and ``accuracy``, from one pass on ``client``'s cluster.
 
@@ -184,10 +212,11 @@ def score(model: ResponsibilityAttentionDistribution, store: RowStore, *, client
 
 
 def evaluate(
-    model: ResponsibilityAttentionDistribution | str | os.PathLike[str],
+    model: Head | str | os.PathLike[str],
     store: str | os.PathLike[str] | StoreLocation | RowStore,
     *,
     baseline_k: float = DEFAULT_BASELINE_K,
+    options: dict[str, Any] | None = None,
     client: distributed.Client | None = None,
     cluster: ClusterOptions | None = None,
     storage_options: dict[str, Any] | None = None,
@@ -198,9 +227,11 @@ def evaluate(
     a registry's version (``REGISTRY@7``, ``REGISTRY@latest``).
 
     ``client``, or without one ``cluster``, is where it runs (see :func:`~dist_respattn.engine.connect`).
+    ``options``: the head kind's own evaluate options by their ``dest`` names (what its report adds: see
+    :meth:`~dist_respattn.model.heads.base.Head.report`).
     """
     meta: dict[str, Any] = {}
-    if isinstance(model, ResponsibilityAttentionDistribution):
+    if isinstance(model, Head):
         head = model
     else:
         checkpoint = load_checkpoint(model, storage_options=storage_options)
@@ -233,25 +264,100 @@ def evaluate(
         if tuning is not None:
             tune_store, tune_rows, _ = tuning
             validation_counts = _count_pairs(runner, tune_store, tune_rows, "2", "counting the held-out pairs")
-    baselines = fit_baselines(train_counts, validation=validation_counts, k=baseline_k).score(counts)
-    names = ("unigram", "add_k", "jelinek_mercer", "kneser_ney") if bigram else ("unigram",)
-    settings = meta.get("settings") or {}
-    warnings = list(meta.get("warnings") or []) or degeneracy_warnings(
-        head, min_sigma2=settings.get("min_sigma2") if settings.get("estimate_sigma2") else None
-    )
+        baselines = fit_baselines(train_counts, validation=validation_counts, k=baseline_k).score(counts)
+        names = ("unigram", "add_k", "jelinek_mercer", "kneser_ney") if bigram else ("unigram",)
+        baseline_figures = {name: baselines[name].to_json() for name in names}
+        counts_from = {
+            "store": str(baseline_store.location),
+            "in_sample": baseline_store is scored,
+            "tuned_on": tuning[2] if tuning is not None else None,
+        }
+        holdout = meta.get("holdout")
+        held = (training, RowSelection(HoldoutRule.from_json(holdout), "heldout")) if training and holdout else None
+        passes = ReportPasses(runner, scored, training, train_rows, held, say or (lambda line: None))
+        given = {**(options or {}), "store": str(scored.location), "baselines": baseline_figures}
+        report, report_lines = head.report(passes, {**given, "baseline_counts_from": counts_from})
+    warnings = list(meta.get("warnings") or []) or head.warnings(meta.get("settings") or {})
+    # A kind's report may refine the head's own figures (a gated head's perplexity over the rows of the attributes
+    # it knows): its "model" keys win.
+    model_figures = {**totals.metrics(), **(report.pop("model", None) or {})}
     return Evaluation(
         store=str(scored.location),
         rows=scored.num_rows,
         weight=totals.weight,
-        model=totals.metrics(),
-        baselines={name: baselines[name].to_json() for name in names},
-        baseline_counts_from={
-            "store": str(baseline_store.location),
-            "in_sample": baseline_store is scored,
-            "tuned_on": tuning[2] if tuning is not None else None,
-        },
+        model=model_figures,
+        baselines=baseline_figures,
+        baseline_counts_from=counts_from,
         warnings=warnings,
+        report=report,
+        report_lines=report_lines,
     )
+
+
+class ReportPasses:
+    """The passes a head's report runs (:class:`~dist_respattn.model.heads.base.Passes`): over the evaluated store
+    (``over="train"``: every row), the store the head was fitted on (``"training_store"``: its training rows) or
+    that store's hold-out (``"heldout"``). Blocks carry each store's own attribute ids (the report maps them by name:
+    it also reads the attributes the head lacks). ``run`` raises ``LookupError`` for rows that cannot be read (a
+    training store that moved or changed, a fit without a hold-out)."""
+
+    def __init__(
+        self,
+        runner: PassRunner,
+        scored: RowStore,
+        training: RowStore | None,
+        training_rows: RowSelection,
+        heldout: tuple[RowStore, RowSelection] | None,
+        say: Callable[[str], Any],
+    ) -> None:
+        self.runner, self.scored, self.training, self.training_rows = runner, scored, training, training_rows
+        self.held, self.tell = heldout, say
+        self.count = 0
+
+    def _rows(self, over: str) -> tuple[RowStore, RowSelection]:
+        if over == "train":
+            return self.scored, ALL_ROWS
+        if over == "training_store":
+            if self.training is None:
+                raise LookupError("the model's training store does not open as it was fitted")
+            return self.training, self.training_rows
+        if over == "heldout":
+            if self.held is None:
+                raise LookupError("the model's fit held out no rows of a training store that opens as it was fitted")
+            return self.held
+        raise ValueError(f"over = {over!r}: expected 'train', 'training_store' or 'heldout'")
+
+    def run(self, request: BlockPass, *, over: str = "train") -> Any:
+        store, rows = self._rows(over)
+        fingerprint = store.fingerprint()
+        self.count += 1
+        return self.runner.run(
+            request.name, f"report{self.count}", store.num_partitions, worker_tasks.pass_task,
+            lambda part: (store.location, part, request.map_partition, request.columns, fingerprint, rows),
+            description=request.description,
+        )  # fmt: skip
+
+    def attribute_names(self, over: str) -> tuple[str, ...]:
+        names = getattr(self._rows(over)[0], "attribute_names", None)
+        return tuple(names or ())
+
+    def num_rows(self, over: str) -> int:
+        return int(self._rows(over)[0].num_rows)
+
+    def baseline(
+        self, name: str, train: PairCounts, validation: PairCounts | None, scored: PairCounts
+    ) -> dict[str, Any]:
+        """The n-gram baseline ``name`` of these pair counts (fitted on ``train``, tuned on ``validation``)."""
+        return fit_baselines(train, validation=validation).score_one(name, scored).to_json()
+
+    def choose(self, candidates: Any) -> Head:
+        raise ValueError("a report chooses nothing on held-out rows")
+
+    def say(self, line: str) -> None:
+        self.tell(line)
+
+    def plan_memory(self) -> None:
+        pass
 
 
 def _baseline_rows(
@@ -274,8 +380,12 @@ def _baseline_rows(
 
 
 def _count_pairs(runner: PassRunner, store: RowStore, rows: RowSelection, label: str, description: str) -> PairCounts:
+    """The (previous symbol, target) pairs of ``store``'s selected rows (token windows for short histories)."""
     fingerprint = store.fingerprint()
+    schema = store.schema
+    count = functools.partial(pairs_of_blocks, schema.num_symbols, schema.num_targets)
+    columns = Columns(windows=bool(getattr(store, "short_histories", False)))
     return runner.run(
-        "pairs", label, store.num_partitions, tasks.pairs_task,
-        lambda part: (store.location, part, fingerprint, rows), description=description,
+        "pairs", label, store.num_partitions, worker_tasks.pass_task,
+        lambda part: (store.location, part, count, columns, fingerprint, rows), description=description,
     )  # fmt: skip

@@ -1,15 +1,16 @@
-"""``fit``: exact EM over a triple store on a Dask cluster, checkpointed after every M-step.
+"""``fit``: exact EM of any kind of head over a store on a Dask cluster, checkpointed after every M-step.
 
-This module decides where a fit starts (a random start, a given model, a warm start or a resumed
-checkpoint), checks the stores, the model directory and the memory, and connects to the cluster;
-:class:`~dist_respattn.engine.loop.FitLoop` then runs the iterations. Each one: the parameters are
-scattered once; one E-step task per partition reads its rows in blocks; a fixed tree of combine
-tasks sums the statistics on the workers; the driver receives one value, runs the M-step, scores the
-validation store if there is one, and writes a checkpoint. The driver never reads a row.
+This module decides where a fit starts (the kind's own start, a given model, a warm start, the earlier stage of a
+staged kind, or a resumed checkpoint), checks the stores, the model directory and the memory plan, and connects
+to the cluster; :class:`~dist_respattn.engine.loop.FitLoop` then runs the iterations. Each one: the head is
+scattered once; one task per partition reads its rows in blocks and gives the kind's statistics; a fixed tree of
+combine tasks sums them on the workers; the driver receives one value, runs the kind's M-step, scores its
+candidates on the held-out rows, and writes a checkpoint. The driver never reads a row.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -31,18 +32,21 @@ from dist_respattn.engine.cluster import (
     starts_embedded_cluster,
 )
 from dist_respattn.engine.loop import EarlyStopping, FitLoop, HeldoutRows, store_record
-from dist_respattn.engine.memory import check_memory, estimate_memory
+from dist_respattn.engine.memory import check_memory
 from dist_respattn.engine.settings import FitSettings
-from dist_respattn.engine.tasks import ALL_ROWS, RowSelection
+from dist_respattn.engine.worker_tasks import ALL_ROWS, RowSelection, attribute_map
 from dist_respattn.events import FitState, IterationRecord, Metric, history_from_json
-from dist_respattn.model.buckets import PositionBuckets
-from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.fitting.holdout import HoldoutRule
-from dist_respattn.model.fitting.selection import Hyperparameters
-from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.store import StoreLocation, TripleStore, check_recorded_corpus, check_same_corpus
-from dist_respattn.store.rows import RowStore, open_store
-from dist_respattn.store.streams.reader import TokenStreamStore
+from dist_respattn.model.heads.base import Head, HeadSpec, Stage, Trainer, TrainerContext, spec_from_json
+from dist_respattn.store import (
+    StoreLocation,
+    TokenStreamStore,
+    TripleStore,
+    check_recorded_corpus,
+    check_same_corpus,
+    open_store,
+)
+from dist_respattn.store.rows import RowStore
 
 __all__ = ["FitError", "FitResult", "check_same_shape", "fit", "open_fit_store"]
 
@@ -61,7 +65,7 @@ class FitResult:
     """What a fit produced.
 
     Attributes:
-        model: the model after the last M-step (``load_model`` prefers ``best`` when validating).
+        model: the head after the last M-step (``load_model`` prefers ``best`` when validating).
         model_dir: where the checkpoints are.
         state: how the fit ended: converged, at ``max_iter``, or stopped early.
         history: one record per iteration (including those before a resume).
@@ -76,9 +80,10 @@ class FitResult:
             when it ran nothing: the fit had already ended).
         heldout_rows: what the held-out rows were (the validation store, or the training store's
             hold-out), or ``None`` without any.
+        stages: a staged kind's fits before this one, in order (``[]`` for a fit of one stage).
     """
 
-    model: ResponsibilityAttentionDistribution
+    model: Head
     model_dir: str
     state: FitState
     history: list[IterationRecord] = field(default_factory=list)
@@ -89,6 +94,7 @@ class FitResult:
     first_iteration_seconds: float | None = None
     run_id: str | None = None
     heldout_rows: str | None = None
+    stages: list[FitResult] = field(default_factory=list)
 
     @property
     def iterations(self) -> int:
@@ -116,10 +122,6 @@ def open_fit_store(
         raise FitError(str(exc)) from None
 
 
-def _prior_text(buckets: PositionBuckets | None) -> str:
-    return "free (per-position)" if buckets is None else f"tied over {buckets.describe()}"
-
-
 def _shape(obj: Any) -> tuple[int, int, int, int]:
     schema = getattr(obj, "schema", None)
     if schema is not None:
@@ -127,7 +129,7 @@ def _shape(obj: Any) -> tuple[int, int, int, int]:
     return (obj.num_symbols, obj.context_length, obj.query_dim, obj.num_targets)
 
 
-def check_same_shape(model: ResponsibilityAttentionDistribution, what: str, store: RowStore) -> None:
+def check_same_shape(model: Head, what: str, store: RowStore) -> None:
     """Raise :class:`FitError` naming both shapes when ``model`` (described as ``what``) does not fit ``store``."""
     if _shape(model) != _shape(store):
         raise FitError(
@@ -136,17 +138,38 @@ def check_same_shape(model: ResponsibilityAttentionDistribution, what: str, stor
         )
 
 
+def _saved_spec(checkpoint: Checkpoint, settings: FitSettings) -> HeadSpec:
+    """The spec a checkpoint's fit ran with (a checkpoint older than recorded specs: a single-hop fit of its
+    settings)."""
+    recorded = checkpoint.meta.get("head")
+    if recorded:
+        return spec_from_json(recorded)
+    return FitSettings.from_json(checkpoint.meta.get("settings", {})).head_spec()
+
+
+@dataclass
+class _Start:
+    """Where a fit starts: the checkpoint it resumes, the head it starts from, the checkpoint that head came from
+    (a warm start's or the earlier stage's), and what the checkpoints record of the start."""
+
+    checkpoint: Checkpoint | None = None
+    head: Head | None = None
+    source: Checkpoint | None = None
+    record: dict[str, Any] = field(default_factory=dict)
+
+
 def _starting_point(
     folder: ModelDir,
     *,
+    spec: HeadSpec,
     resume: bool,
     overwrite: bool,
     settings: FitSettings,
     train: RowStore,
-    init: ResponsibilityAttentionDistribution | None,
+    init: Head | None,
     init_from: str | os.PathLike[str] | None,
-) -> tuple[Checkpoint | None, ResponsibilityAttentionDistribution | None, dict[str, Any]]:
-    """Decide where the fit starts: ``(checkpoint to resume, starting model, init record)``."""
+) -> _Start:
+    """Decide where the fit starts."""
     if init is not None and init_from is not None:
         raise FitError("give either init (a model) or init_from (a model directory), not both")
     if folder.has_checkpoint():
@@ -154,6 +177,7 @@ def _starting_point(
             checkpoint = load_checkpoint(folder.path, LATEST)
             saved = FitSettings.from_json(checkpoint.meta.get("settings", {}))
             differences = saved.differences(settings, ignore=("max_iter",))
+            differences += _saved_spec(checkpoint, settings).differences(spec)
             if differences:
                 raise FitError(
                     f"{folder}: cannot resume with other settings than the checkpoint's ({'; '.join(differences)}); "
@@ -167,7 +191,11 @@ def _starting_point(
                     "resume on the same store, or start a new fit (warm-started with init_from=MODEL_DIR)"
                 )
             check_same_shape(checkpoint.model, f"checkpoint {folder}", train)
-            return checkpoint, checkpoint.model, checkpoint.meta.get("init", {})
+            record = checkpoint.meta.get("init", {})
+            source = None
+            if spec.continues_from_init:
+                source = _continued_source(folder, record)
+            return _Start(checkpoint, checkpoint.model, source, record)
         if not overwrite:
             raise FitError(
                 f"{folder} already holds a fit; resume it (resume=True) or start over (overwrite=True), "
@@ -189,17 +217,43 @@ def _starting_point(
         check_recorded_corpus(
             warm.meta.get("store"), train, reference_role=f"training store of {init_from}", other_role="store"
         )
-        return None, warm.model, {"kind": "model", "source": str(init_from), "iteration": warm.iteration}
+        record = {"kind": "model", "source": str(init_from), "iteration": warm.iteration}
+        if spec.continues_from_init:
+            # A resumed continuing fit reads its start again: from anywhere, and refused if that fit moved on.
+            record.update(source=os.path.abspath(init_from), checkpoint=warm.name)
+        return _Start(None, warm.model, warm, record)
+    if spec.continues_from_init:
+        raise FitError(f"a {spec.kind} fit starts from another fit: give init_from=MODEL_DIR")
     if init is not None:
         check_same_shape(init, "the initial model", train)
-        return None, init, {"kind": "given"}
-    if settings.init == "random":
-        return None, None, {"kind": "random", "seed": settings.seed}
-    return None, None, {"kind": "uniform"}
+        return _Start(None, init, None, {"kind": "given"})
+    init_kind = getattr(spec, "init", "uniform")
+    if init_kind == "random":
+        return _Start(None, None, None, {"kind": "random", "seed": settings.seed})
+    return _Start(None, None, None, {"kind": init_kind})
+
+
+def _continued_source(folder: ModelDir, record: dict[str, Any]) -> Checkpoint:
+    """The fit a resumed continuing fit started from, as it was then (a moved one is refused: the fit's prior would
+    change under it)."""
+    source = record.get("source")
+    if not source:
+        raise FitError(f"{folder}: the fit records no fit it started from; start it over (overwrite=True)")
+    checkpoint = load_checkpoint(source)
+    if record.get("checkpoint") not in (None, checkpoint.name):
+        raise FitError(
+            f"{folder}: the fit in {source} is now {checkpoint.name}, but this fit started from "
+            f"{record.get('checkpoint')}: its starting point would change under it; start over (overwrite=True)"
+        )
+    return checkpoint
 
 
 def _holdout(
-    settings: FitSettings, train: RowStore, heldout: RowStore | None, checkpoint: Checkpoint | None
+    settings: FitSettings,
+    trainer: Trainer,
+    train: RowStore,
+    heldout: RowStore | None,
+    checkpoint: Checkpoint | None,
 ) -> HoldoutRule | None:
     """The automatic hold-out of the training store: only without a validation store, and when there is a choice
     to make or an early-stopping metric asked for; a resumed fit keeps its own."""
@@ -208,30 +262,24 @@ def _holdout(
         return HoldoutRule.from_json(saved) if saved else None
     if heldout is not None or settings.holdout_fraction <= 0.0:
         return None
-    if settings.search() is None and settings.early_stop_metric is None:
+    if not trainer.searches() and settings.early_stop_metric is None:
         return None
     # Rows sorted by target: consecutive rows share a target, so hold out single rows, not stripes.
     by_target = train.attributes.get("row_order") == "target"
     return HoldoutRule.for_rows(train.num_rows, settings.holdout_fraction, stripes=not by_target)
 
 
-def _support_pairs(model: ResponsibilityAttentionDistribution) -> int | None:
-    """The number of pairs of a model's sparse emission (``None`` for a dense one)."""
-    table = model.emission_table
-    return table.support.num_pairs if isinstance(table, SparseEmission) else None
-
-
-def _last_choice(checkpoint: Checkpoint | None) -> Hyperparameters | None:
+def _last_choice(checkpoint: Checkpoint | None, trainer: Trainer) -> Any:
     """The last choice a resumed fit made on held-out rows: its checkpoint's ``last_choice`` (which an
     iteration-0 checkpoint needs: it has no history), else, for older checkpoints, the history's last."""
     if checkpoint is None:
         return None
     saved = checkpoint.meta.get("last_choice")
     if saved:
-        return Hyperparameters.from_json(saved)
+        return trainer.choice_from_json(saved)
     for entry in reversed(checkpoint.meta.get("history", [])):
         if entry.get("heldout") is not None and entry.get("hyperparameters"):
-            return Hyperparameters.from_json(entry["hyperparameters"])
+            return trainer.choice_from_json(entry["hyperparameters"])
     return None
 
 
@@ -265,13 +313,21 @@ def _validation_store(
     return heldout
 
 
+def _stage_settings(settings: FitSettings, stage: Stage) -> FitSettings:
+    try:
+        return dataclasses.replace(settings, **stage.settings) if stage.settings else settings
+    except (TypeError, ValueError) as exc:
+        raise FitError(str(exc)) from None
+
+
 def fit(
     store: str | os.PathLike[str] | StoreLocation | RowStore,
     *,
     model_dir: str | os.PathLike[str],
     settings: FitSettings | None = None,
+    head: HeadSpec | None = None,
     validation: str | os.PathLike[str] | StoreLocation | RowStore | None = None,
-    init: ResponsibilityAttentionDistribution | None = None,
+    init: Head | None = None,
     init_from: str | os.PathLike[str] | None = None,
     resume: bool = False,
     overwrite: bool = False,
@@ -285,15 +341,19 @@ def fit(
     """Fit a head to ``store`` by exact EM on a Dask cluster, checkpointing into ``model_dir``.
 
     Args:
-        store: the training triple store (path, URL, location or opened store).
+        store: the training store (path, URL, location or opened store).
         model_dir: a local directory for the checkpoints (``latest``, and ``best`` with validation).
-        settings: the fit's settings (defaults: :class:`FitSettings`).
+        settings: the fit's settings (defaults: :class:`FitSettings`): when to stop, the held-out rows, the
+            combine tree and, for a single-hop head, the head's own.
+        head: the kind of head and its settings (a :class:`~dist_respattn.model.heads.base.HeadSpec`); default:
+            the single-hop head ``settings`` describe. A staged kind (an attribute-gated head fits a single-hop
+            head first) fits each stage into its own directory under ``model_dir``, each from the one before.
         validation: a store of the same shape and corpus (vocabulary, embeddings), scored after every
             M-step to make its choices and for early stopping. Without one, a deterministic hold-out of
             the training store (``settings.holdout_fraction``) plays that part.
         init: a starting model; ``init_from``: a model directory to warm-start from.
-            Neither: the M-step of the start's responsibilities (``settings.init``: uniform, or random
-            ones seeded by ``(settings.seed, partition)``).
+            Neither: the kind's own start (a single-hop head: the M-step of uniform responsibilities, or of
+            random ones seeded by ``(settings.seed, partition)``).
         resume: continue the fit whose checkpoints are in ``model_dir`` (a new fit when there are none);
             the result is bit-identical to an uninterrupted fit.
         overwrite: start a new fit in a ``model_dir`` that already holds one.
@@ -309,8 +369,130 @@ def fit(
         FitError: the model directory, starting model or settings do not fit the request.
         ClusterError / InsufficientMemoryError: no cluster, or not enough memory for this shape.
     """
-    called = time.perf_counter()
     settings = settings or FitSettings()
+    spec = head if head is not None else settings.head_spec()
+    stages = spec.stages()
+    if len(stages) > 1:
+        # Refused before the first stage runs: a later one would find the store lacking only after it.
+        _check_columns(open_fit_store(store, storage_options, settings.context_length), spec)
+    if len(stages) == 1:
+        return _fit_stage(
+            store, model_dir=model_dir, settings=_stage_settings(settings, stages[0]), spec=stages[0].spec,
+            validation=validation, init=init, init_from=init_from, resume=resume, overwrite=overwrite, client=client,
+            cluster=cluster, storage_options=storage_options, say=say, progress=progress, verbose=verbose,
+        )  # fmt: skip
+    return _fit_stages(
+        store, stages, model_dir=model_dir, settings=settings, validation=validation, init=init, init_from=init_from,
+        resume=resume, overwrite=overwrite, client=client, cluster=cluster, storage_options=storage_options, say=say,
+        progress=progress, verbose=verbose,
+    )  # fmt: skip
+
+
+def _check_columns(train: RowStore, spec: HeadSpec) -> None:
+    """Raise :class:`FitError` naming the ingest options when the store lacks a column a fit of ``spec`` reads."""
+    wanted = spec.columns
+    if wanted.attributes and not getattr(train, "attribute_names", None):
+        raise FitError(
+            f"the store {train.location} has no attribute per row; a {spec.kind} head needs one: ingest it with "
+            "--attribute-by {file,directory} (text) or --attributes A.npy (tokens, arrays)"
+        )
+
+
+def _stage_dir(model_dir: str | os.PathLike[str], stage: Stage) -> str:
+    return os.fspath(model_dir) if stage.directory == "." else os.path.join(os.fspath(model_dir), stage.directory)
+
+
+def _fit_stages(store: Any, stages: list[Stage], *, model_dir: Any, settings: FitSettings, **options: Any) -> FitResult:
+    """The stages of a staged kind, in order, on one cluster: each stage in its directory, from the stage before.
+
+    Resuming continues the first stage not yet ended; a stage whose successor has started is not continued (more
+    iterations would move the successor's starting point under it). A warm start from a head of the staged kind
+    starts each earlier stage from that head's own (:meth:`~dist_respattn.model.heads.base.Head.stage_heads`); the
+    later stages start from the stage before, as always.
+    """
+    resume, overwrite = options.pop("resume"), options.pop("overwrite")
+    init, init_from, validation = options.pop("init"), options.pop("init_from"), options.pop("validation")
+    client, cluster, say = options.pop("client"), options.pop("cluster"), options.pop("say")
+    directories = [_stage_dir(model_dir, stage) for stage in stages]
+    started = [ModelDir(d).has_checkpoint() for d in directories]
+    done: list[FitResult] = []
+    if not resume and not overwrite:
+        # Refused before any stage runs: a later stage would otherwise find its directory taken after the first.
+        for directory in directories:
+            if ModelDir(directory).has_checkpoint():
+                raise FitError(
+                    f"{directory} already holds a fit; resume it (resume=True) or start over (overwrite=True), "
+                    "or choose another model directory"
+                )
+    elif resume:
+        # The stages' own directories are the fit's; anything else in them means the wrong directory was given.
+        nested = {os.path.normpath(stage.directory).split(os.sep)[0] for stage in stages if stage.directory != "."}
+        for directory in directories:
+            foreign = [entry for entry in ModelDir(directory).foreign_entries() if entry not in nested]
+            if foreign and not ModelDir(directory).has_checkpoint():
+                raise FitError(
+                    f"{directory}: no fit to resume (no latest.json) and it holds {', '.join(foreign[:3])}"
+                    f"{' ...' if len(foreign) > 3 else ''}: is this the model directory? A fit writes into an empty "
+                    "or new one"
+                )
+    # The stages run on a client of the cluster connected here, so each thinks the cluster outlives it.
+    embedded = starts_embedded_cluster(cluster, client)
+    with connect(cluster, client=client, say=say or logger.info) as cl:
+        for index, stage in enumerate(stages):
+            later_started = resume and any(started[index + 1 :])
+            if later_started:
+                done.append(_kept_stage(directories[index]))
+                continue
+            first = index == 0
+            start = init
+            if init is not None and init.kind != stage.spec.kind:
+                start = init.stage_heads().get(stage.directory)
+            result = _fit_stage(
+                store, model_dir=directories[index], settings=_stage_settings(settings, stage), spec=stage.spec,
+                validation=validation if first else None, init=start if first else None,
+                init_from=init_from if first else directories[index - 1],
+                # A later stage not yet started (the fit stopped between stages) starts; its directory holds the
+                # earlier stages' own, which is not a sign of the wrong directory.
+                resume=resume and (first or ModelDir(directories[index]).has_checkpoint()), overwrite=overwrite,
+                client=cl, cluster=None, say=say, **options,
+            )  # fmt: skip
+            # An embedded cluster's dashboard closes with it: no stage has one to show.
+            done.append(dataclasses.replace(result, dashboard=None) if embedded else result)
+    last = done[-1]
+    return dataclasses.replace(last, stages=done[:-1])
+
+
+def _kept_stage(directory: str) -> FitResult:
+    """A stage a resumed staged fit does not continue, as its checkpoints record it (nothing runs)."""
+    checkpoint = load_checkpoint(directory, LATEST)
+    meta = checkpoint.meta
+    return FitResult(
+        checkpoint.model, directory, FitState(meta.get("state", FitState.MAX_ITER)),
+        history_from_json(meta.get("history", [])), (meta.get("early_stopping") or {}).get("best_iteration"),
+        list(meta.get("warnings", [])),
+    )  # fmt: skip
+
+
+def _fit_stage(
+    store: str | os.PathLike[str] | StoreLocation | RowStore,
+    *,
+    model_dir: str | os.PathLike[str],
+    settings: FitSettings,
+    spec: HeadSpec,
+    validation: str | os.PathLike[str] | StoreLocation | RowStore | None,
+    init: Head | None,
+    init_from: str | os.PathLike[str] | None,
+    resume: bool,
+    overwrite: bool,
+    client: distributed.Client | None,
+    cluster: ClusterOptions | None,
+    storage_options: dict[str, Any] | None,
+    say: Callable[[str], Any] | None,
+    progress: bool | None,
+    verbose: bool,
+) -> FitResult:
+    """One fit of one kind (see :func:`fit`)."""
+    called = time.perf_counter()
     say = say if say is not None else logger.info
     train = open_fit_store(store, storage_options, settings.context_length)
     try:
@@ -323,16 +505,35 @@ def fit(
         raise FitError(f"the store {train.location} has no rows: there is nothing to fit")
     folder = ModelDir(model_dir)
     folder.check_writable()
-    checkpoint, start_model, init_record = _starting_point(
-        folder, resume=resume, overwrite=overwrite, settings=settings, train=train, init=init, init_from=init_from
+    start = _starting_point(
+        folder, spec=spec, resume=resume, overwrite=overwrite, settings=settings, train=train, init=init,
+        init_from=init_from,
+    )  # fmt: skip
+    checkpoint = start.checkpoint
+    source = start.source
+    names = train.attribute_names if hasattr(train, "attribute_names") else None
+    context = TrainerContext(
+        _shape(train),
+        tuple(names) if names else None,
+        source.model if source is not None else start.head if checkpoint is None else None,
+        dict(source.meta) if source is not None else {},
+        dict(source.arrays) if source is not None else {},
+        dict(checkpoint.meta) if checkpoint is not None else {},
+        dict(checkpoint.arrays) if checkpoint is not None else {},
     )
-    buckets = settings.buckets(train.schema.context_length)
-    if start_model is not None and start_model.buckets != buckets:
-        raise FitError(
-            f"the starting model's position prior is {_prior_text(start_model.buckets)} but the fit asks for "
-            f"{_prior_text(buckets)}: give --position-buckets to match it, or start from the data"
-        )
-    heldout = _validation_store(validation, checkpoint, storage_options, train.location.window, min_context)
+    try:
+        trainer = spec.trainer(context)
+        if start.head is not None:
+            trainer.check_start(start.head, resumed=checkpoint is not None)
+    except ValueError as exc:
+        raise FitError(str(exc)) from None
+    if spec.continues_from_init:
+        # A continuing fit keeps the held-out and training rows of the fit it starts from.
+        assert source is not None
+        heldout, rule = _continued_heldout(source, train, storage_options, min_context)
+    else:
+        heldout = _validation_store(validation, checkpoint, storage_options, train.location.window, min_context)
+        rule = _holdout(settings, trainer, train, heldout, checkpoint)
     if heldout is not None and _shape(heldout) != _shape(train):
         raise FitError(
             f"the validation store {heldout.location} has (S, N, D, T) = {_shape(heldout)} but the training "
@@ -342,17 +543,20 @@ def fit(
         check_same_corpus(train, heldout, reference_role="training store", other_role="validation store")
     if resume and checkpoint is None:
         say(f"{folder}: no fit to resume there yet (no latest.json): starting a new fit")
-    rule = _holdout(settings, train, heldout, checkpoint)
     # Counting reads no rows, but visits every row index: once.
-    held_count = rule.count(train.num_rows) if rule is not None and checkpoint is None else 0
-    if rule is not None and checkpoint is None and held_count == 0:
+    fresh = checkpoint is None and not spec.continues_from_init
+    held_count = rule.count(train.num_rows) if rule is not None and fresh else 0
+    if rule is not None and fresh and held_count == 0:
         rule = None  # a store too small for one stripe: nothing is held out, the choices keep their defaults
+    trained_names = trainer.attribute_names()
+    train_map = attribute_map(context.attribute_names, trained_names)
     if rule is not None:
-        rows = RowSelection(rule, "heldout")
-        held = HeldoutRows(train, train.fingerprint(), rows)
+        held = HeldoutRows(train, train.fingerprint(), RowSelection(rule, "heldout"), train_map)
         train_rows = RowSelection(rule, "train")
     elif heldout is not None:
-        held, train_rows = HeldoutRows(heldout, heldout.fingerprint(), ALL_ROWS), ALL_ROWS
+        held_names = getattr(heldout, "attribute_names", None)
+        mapping = attribute_map(tuple(held_names) if held_names else None, trained_names)
+        held, train_rows = HeldoutRows(heldout, heldout.fingerprint(), ALL_ROWS, mapping), ALL_ROWS
     else:
         held, train_rows = None, ALL_ROWS
     metric = Metric(settings.early_stop_metric) if settings.early_stop_metric else None
@@ -381,21 +585,20 @@ def fit(
     from dist_respattn import __version__
 
     block_rows = max(min(s.chunk_rows, s.num_rows) for s in (train, heldout) if s is not None)
-    layout = settings.layout(train.schema)
-    resumed_pairs = _support_pairs(checkpoint.model) if checkpoint is not None else None
+    shape_text = f"(S, N, D, T) = {_shape(train)}"
 
-    def plan(num_pairs: int | None, *, threads: int, worker_limit: int) -> None:
-        estimate = estimate_memory(
-            train.schema, block_rows=block_rows, threads_per_worker=threads, fan_in=settings.fan_in,
-            layout=layout, num_pairs=num_pairs,
-        )  # fmt: skip
-        check_memory(estimate, worker_limit=worker_limit, shape=f"(S, N, D, T) = {_shape(train)}")
+    def plan(*, threads: int, worker_limit: int) -> None:
+        estimate = trainer.memory(
+            block_rows=block_rows, row_bytes=train.schema.row_bytes, threads_per_worker=threads, fan_in=settings.fan_in
+        )
+        if estimate is not None:
+            check_memory(estimate, worker_limit=worker_limit, shape=shape_text)
 
     embedded = starts_embedded_cluster(cluster, client)
     if embedded:
         # The workers' limit is known before they start: a plan they cannot hold is refused without a cluster.
         embedded_threads = cluster.threads_per_worker if cluster is not None else 1
-        plan(resumed_pairs, threads=embedded_threads, worker_limit=embedded_worker_memory(cluster))
+        plan(threads=embedded_threads, worker_limit=embedded_worker_memory(cluster))
 
     with connect(cluster, client=client, say=say) as cl:
         try:
@@ -406,23 +609,26 @@ def fit(
         page = fit_page_url(cl)
         if page is not None:
             say(f"fit page: {page} (the fit's iterations in a browser, while its cluster runs)")
-        if rule is not None and held is not None and checkpoint is None:
+        if rule is not None and held is not None and fresh:
             say(
                 f"no validation store: the hyperparameters are chosen on {held.description}, "
                 f"{held_count:,} rows the fit does not train on (--validation to give one)"
             )
         threads = max(1, info.threads // max(1, info.workers))
 
-        def check(num_pairs: int | None) -> None:
-            plan(num_pairs, threads=threads, worker_limit=info.smallest_memory_limit)
+        def plan_now() -> None:
+            plan(threads=threads, worker_limit=info.smallest_memory_limit)
 
-        check(resumed_pairs)
+        plan_now()
         loop = FitLoop(
             cl,
             train=train,
             train_rows=train_rows,
+            train_map=train_map,
             heldout=held,
             settings=settings,
+            spec=spec,
+            trainer=trainer,
             folder=folder,
             stopping=stopping,
             history=history,
@@ -430,19 +636,18 @@ def fit(
                 "store": store_record(train),
                 "validation": store_record(heldout) if heldout is not None else None,
                 "holdout": rule.to_json() if rule is not None else None,
-                "init": init_record,
+                "init": start.record,
                 "package_version": __version__,
             },
-            prior=checkpoint.emission_prior() if checkpoint is not None else None,
-            last_choice=_last_choice(checkpoint),
+            last_choice=_last_choice(checkpoint, trainer),
             resumed=checkpoint is not None,
-            check_support=check,
+            plan_memory=plan_now,
             say=say,
             progress=progress,
             verbose=verbose,
             started=called,
         )
-        result = loop.run(start_model, first_iteration=checkpoint.iteration + 1 if checkpoint else 1)
+        result = loop.run(start.head, first_iteration=checkpoint.iteration + 1 if checkpoint else 1)
         # An embedded cluster's dashboard closes with it: only a cluster that outlives the fit has one to show.
         dashboard = None if embedded else info.dashboard
     final_state = FitState(history[-1]["state"]) if history else FitState.MAX_ITER
@@ -459,3 +664,24 @@ def fit(
         run_id=loop.run_id,
         heldout_rows=held.description if held is not None else None,
     )
+
+
+def _continued_heldout(
+    source: Checkpoint, train: RowStore, storage_options: dict[str, Any] | None, min_context: int | None
+) -> tuple[RowStore | None, HoldoutRule | None]:
+    """The held-out rows of the fit a continuing fit starts from: its hold-out of the training store, else its
+    validation store; it must have had one (the continuing fit stops early and keeps its best iteration by them)."""
+    if (source.meta.get("store") or {}).get("fingerprint") not in (None, train.fingerprint()):
+        raise FitError(f"the fit in {source.name} was fitted on another store than {train.location}")
+    holdout = source.meta.get("holdout")
+    if holdout:
+        return None, HoldoutRule.from_json(holdout)
+    record = source.meta.get("validation") or {}
+    if not record.get("url"):
+        raise FitError(
+            "the fit this one starts from had no held-out rows (no --validation, --holdout-fraction 0): it needs them "
+            "to stop early and keep its best iteration"
+        )
+    return open_fit_store(
+        record["url"], storage_options, record.get("window"), record.get("min_context") or min_context
+    ), None

@@ -24,15 +24,16 @@ from typing import Any
 import distributed
 
 from dist_respattn.artifacts import load_checkpoint
-from dist_respattn.engine import tasks
+from dist_respattn.engine import worker_tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.cluster import ClusterOptions, connect
 from dist_respattn.engine.evaluate import window_for
 from dist_respattn.engine.fit import FitError, check_same_shape, open_fit_store
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
-from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.heads.single_hop.top_k import PredictionTotals
+from dist_respattn.engine.worker_tasks import attribute_map
+from dist_respattn.model.heads.base import Head
+from dist_respattn.model.scores import PredictionTotals
 from dist_respattn.store import StoreLocation, check_recorded_corpus
 from dist_respattn.store.predictions import (
     PredictionRowsWriter,
@@ -93,7 +94,7 @@ class PredictionRun:
 
 
 def predict(
-    model: ResponsibilityAttentionDistribution | str | os.PathLike[str],
+    model: Head | str | os.PathLike[str],
     store: str | os.PathLike[str] | StoreLocation | RowStore,
     *,
     out: str | os.PathLike[str] | StoreLocation,
@@ -116,18 +117,18 @@ def predict(
     if int(top_k) < 1:
         raise FitError(f"top_k = {top_k}: expected a positive number of targets (--top)")
     meta: dict[str, Any] = {}
-    if isinstance(model, ResponsibilityAttentionDistribution):
+    if isinstance(model, Head):
         head, source = model, "a model in memory"
     else:
         checkpoint = load_checkpoint(model, storage_options=storage_options)
         head, meta, source = checkpoint.model, checkpoint.meta, os.fspath(model)
-    if head.buckets is not None:
-        raise FitError(
-            f"{source}: its position prior is tied over {head.buckets.describe()}: such a head predicts one history "
-            "at a time (`dist-respattn predict MODEL STORE --stream`, or dist_respattn.model.streaming.Predictor); "
-            "predictions into a store take heads with a free prior"
-        )
+    try:
+        head.check_top_k()
+    except ValueError as exc:
+        raise FitError(f"{source}: {exc}") from None
     scored = open_fit_store(store, storage_options, window_for(head, store, storage_options))
+    names = getattr(scored, "attribute_names", None)
+    mapping = attribute_map(tuple(names) if names else None, head.attribute_names())
     check_same_shape(head, "the model", scored)
     check_recorded_corpus(
         meta.get("store"), scored, reference_role="the model's training store", other_role="the predicted store"
@@ -165,11 +166,11 @@ def predict(
             params.publish(head, "predict")
             try:
                 if rows_file is not None:
-                    totals = _write_rows(runner, params, scored, fingerprint, kept, rows_file)
+                    totals = _write_rows(runner, params, scored, fingerprint, kept, rows_file, mapping)
                 else:
                     totals = runner.run(
-                        "predict", "0", scored.num_partitions, tasks.predict_task,
-                        lambda part: (scored.location, part, params.current, fingerprint, location, kept),
+                        "predict", "0", scored.num_partitions, worker_tasks.predict_task,
+                        lambda part: (scored.location, part, params.current, fingerprint, location, kept, mapping),
                         description=f"predicting {scored.location}",
                     )  # fmt: skip
             finally:
@@ -207,6 +208,7 @@ def _write_rows(
     fingerprint: str,
     top_k: int,
     writer: PredictionRowsWriter,
+    mapping: Any = None,
 ) -> PredictionTotals:
     """Predict every partition and write its rows, in row order, through ``writer``; returns the totals.
 
@@ -217,8 +219,8 @@ def _write_rows(
     """
     totals = PredictionTotals()
     parts = runner.run_ordered(
-        "predict", "0", scored.num_partitions, tasks.predict_rows_task,
-        lambda part: (scored.location, part, params.current, fingerprint, top_k),
+        "predict", "0", scored.num_partitions, worker_tasks.predict_rows_task,
+        lambda part: (scored.location, part, params.current, fingerprint, top_k, mapping),
         description=f"predicting {scored.location}", before_attempt=params.republish,
     )  # fmt: skip
     with contextlib.closing(parts):  # an error here (the writer's) ends the pass and cancels what is in flight

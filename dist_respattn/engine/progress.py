@@ -59,13 +59,15 @@ def format_iteration(
         parts.append(text + ",")
     elif not first:
         parts.append(f"training log-likelihood change {change:.3g},")
-    chosen = record.get("hyperparameters")
-    if chosen:
+    described, chosen = record.get("choice"), record.get("hyperparameters")
+    if described:
+        parts.append(f"{described},")
+    elif chosen and "emission_strength" in chosen:  # a record older than choices said in words
         parts.append(
             f"sigma2 {chosen['sigma2']:.3g}, emission prior strength {chosen['emission_strength']:.3g} "
             f"+ {chosen['type_strength']:.3g} per successor type,"
         )
-    else:
+    elif record.get("sigma2") is not None:
         parts.append(f"sigma2 {record['sigma2']:.3g},")
     parts.append(f"{record['seconds']:.2f} s, {record['rows_per_second']:,.0f} rows/s")
     line = " ".join(parts)

@@ -14,7 +14,7 @@ from typing import Any
 
 import distributed
 
-from dist_respattn.engine.tasks import combine_values
+from dist_respattn.engine.worker_tasks import combine_values
 
 __all__ = ["DEFAULT_FAN_IN", "reduce_partitions", "tree_shape"]
 

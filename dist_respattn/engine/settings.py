@@ -8,14 +8,13 @@ from typing import Any
 
 from dist_respattn.engine.reduction import DEFAULT_FAN_IN
 from dist_respattn.events import Metric
+from dist_respattn.model import START_KINDS, ResponsibilityAttentionEstimator, SingleHopSpec
 from dist_respattn.model.arguments import as_nonnegative_float, as_positive_float, as_positive_int
 from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission.layouts import choose_layout
 from dist_respattn.model.emission.prior import BACKOFF_KINDS
-from dist_respattn.model.fitting.em import START_KINDS
 from dist_respattn.model.fitting.holdout import DEFAULT_HOLDOUT_FRACTION
-from dist_respattn.model.fitting.selection import DEFAULT_SEARCH, HyperparameterSearch
-from dist_respattn.model.heads.single_hop.estimator import ResponsibilityAttentionEstimator
+from dist_respattn.model.fitting.selection import HyperparameterSearch
 from dist_respattn.store import StoreSchema
 
 __all__ = ["EARLY_STOP_METRICS", "FitSettings"]
@@ -183,11 +182,27 @@ class FitSettings:
             return self.min_context
         return 1 if self.position_buckets is not None else context_length
 
+    def head_spec(self) -> SingleHopSpec:
+        """The single-hop head these settings describe (the head's own settings: its start, gate, emission and
+        position prior), as the head protocol's spec."""
+        return SingleHopSpec(
+            init=self.init,
+            seed=self.seed,
+            estimate_sigma2=self.estimate_sigma2,
+            sigma2=self.sigma2,
+            min_sigma2=self.min_sigma2,
+            emission_prior=self.emission_prior,
+            emission_smoothing=self.emission_smoothing,
+            emission_strength=self.emission_strength,
+            type_strength=self.type_strength,
+            pseudo_count=self.pseudo_count,
+            emission_layout=self.emission_layout,
+            position_buckets=self.position_buckets,
+        )
+
     def buckets(self, context_length: int) -> PositionBuckets | None:
         """The recency buckets of a fit with window N (``None``: a free prior, per-position kernels)."""
-        if self.position_buckets is None:
-            return None
-        return PositionBuckets.geometric(context_length, self.position_buckets)
+        return self.head_spec().buckets(context_length)
 
     @property
     def legacy_emission(self) -> bool:
@@ -196,43 +211,16 @@ class FitSettings:
 
     def search(self) -> HyperparameterSearch | None:
         """What is chosen on held-out rows after every M-step (``None``: nothing)."""
-        prior_searched = not self.legacy_emission
-        search = HyperparameterSearch(
-            sigma2_scales=DEFAULT_SEARCH.sigma2_scales if self.sigma2 is None and not self.estimate_sigma2 else None,
-            emission_strengths=DEFAULT_SEARCH.emission_strengths
-            if prior_searched and self.emission_strength is None
-            else None,
-            type_strengths=DEFAULT_SEARCH.type_strengths
-            if prior_searched and self.type_strength is None and self.emission_prior != "uniform"
-            else None,
-        )
-        return search if search.searches_anything else None
+        return self.head_spec().search()
 
     def layout(self, schema: StoreSchema) -> str:
         """The emission layout of a fit on a store of this schema."""
-        return choose_layout(schema.num_symbols, schema.num_targets, self.emission_layout)
+        return self.head_spec().layout(_shape(schema))
 
     def estimator(self, schema: StoreSchema) -> ResponsibilityAttentionEstimator:
         """The M-step for a store of this schema (its emission prior still to be made from the store's pairs)."""
-        if self.legacy_emission:
-            prior_options: dict[str, Any] = {"emission_smoothing": self.emission_smoothing}
-        else:
-            no_types = self.emission_prior == "uniform"
-            prior_options = {
-                "emission_prior": self.emission_prior,
-                "emission_strength": 1.0 if self.emission_strength is None else self.emission_strength,
-                "type_strength": (0.0 if no_types else 1.0) if self.type_strength is None else self.type_strength,
-            }
-        return ResponsibilityAttentionEstimator(
-            schema.num_symbols,
-            schema.context_length,
-            schema.query_dim,
-            schema.num_targets,
-            sigma2=1.0 if self.sigma2 is None else self.sigma2,
-            estimate_sigma2=self.estimate_sigma2,
-            min_sigma2=self.min_sigma2,
-            pseudo_count=self.pseudo_count,
-            search=self.search(),
-            buckets=self.buckets(schema.context_length),
-            **prior_options,
-        )
+        return self.head_spec().estimator(_shape(schema))
+
+
+def _shape(schema: StoreSchema) -> tuple[int, int, int, int]:
+    return (schema.num_symbols, schema.context_length, schema.query_dim, schema.num_targets)

@@ -15,7 +15,7 @@ from dist_respattn.model.emission.layouts import (
     SparseEmissionCounts,
 )
 from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder, sequence_to_triples, sequence_windows
-from dist_respattn.model.fitting.em import EMIteration, EMResult, fit_em, run_em
+from dist_respattn.model.fitting.em import START_KINDS, EMIteration, EMResult, fit_em, run_em
 from dist_respattn.model.heads.single_hop.accumulator import (
     ResponsibilityAttentionAccumulator,
     ResponsibilityAttentionAccumulatorFactory,
@@ -24,11 +24,13 @@ from dist_respattn.model.heads.single_hop.accumulator import (
 from dist_respattn.model.heads.single_hop.diagnostics import recovery_report
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.heads.single_hop.estimator import ResponsibilityAttentionEstimator, estimate_parameters
+from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 from dist_respattn.model.heads.single_hop.sampler import ResponsibilityAttentionSampler, random_distribution
 from dist_respattn.model.rows import WindowRows
 from dist_respattn.model.streaming import Predictor
 
 __all__ = [
+    "START_KINDS",
     "DenseEmission",
     "DenseEmissionCounts",
     "EMIteration",
@@ -45,6 +47,7 @@ __all__ = [
     "ResponsibilityAttentionDistribution",
     "ResponsibilityAttentionEstimator",
     "ResponsibilityAttentionSampler",
+    "SingleHopSpec",
     "SparseEmission",
     "SparseEmissionCounts",
     "SufficientStatistics",

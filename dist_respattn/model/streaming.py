@@ -26,7 +26,13 @@ from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission.layouts import DenseEmission
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 
-__all__ = ["Predictor", "draw_token", "generate", "generation_steps"]
+__all__ = [
+    "Predictor",
+    "RankedPredictions",
+    "draw_token",
+    "generate",
+    "generation_steps",
+]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -40,7 +46,35 @@ def _mixture_rows(probs, symbols, attention, out):  # pragma: no cover - compile
             out[t] += a * row[t]
 
 
-class Predictor:
+class RankedPredictions:
+    """``top_k`` and ``top_words`` of any streaming predictor's :meth:`predict` (the one ranking every kind's
+    predictors share). A subclass sets ``words`` ((T,) names, or ``None``) and defines ``predict``."""
+
+    words: tuple[str, ...] | None = None
+
+    def predict(self, query: Any = None) -> np.ndarray:
+        """(T,) ``p(next target | history)``."""
+        raise NotImplementedError
+
+    def top_k(self, k: int, query: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(targets (k,), probabilities (k,))``: the k most probable next targets, best first (lower id on ties)."""
+        probs = self.predict(query)
+        k = min(int(k), probs.shape[0])
+        # The k-th largest value, then every target at least as probable, sorted (ties by the lower id).
+        kth = np.partition(probs, probs.shape[0] - k)[probs.shape[0] - k]
+        candidates = np.flatnonzero(probs >= kth)
+        order = candidates[np.lexsort((candidates, -probs[candidates]))][:k]
+        return order, probs[order]
+
+    def top_words(self, k: int, query: Any = None) -> list[tuple[str, float]]:
+        """``[(word, probability), ...]``: :meth:`top_k` in words (the predictor needs ``words``)."""
+        if self.words is None:
+            raise ValueError("no words were given: make the predictor with words=... (the store's vocabulary)")
+        targets, probs = self.top_k(k, query)
+        return [(self.words[int(t)], float(p)) for t, p in zip(targets, probs, strict=True)]
+
+
+class Predictor(RankedPredictions):
     """p(next token | history) for one growing history.
 
     Args:
@@ -89,6 +123,10 @@ class Predictor:
         self._window: deque[int] = deque(maxlen=model.context_length)  # the last N tokens, oldest first
         self._hist: list[dict[int, int]] = [{} for _ in sizes]  # per bucket: symbol -> count
         self.length = 0  # tokens pushed so far
+        #: What the predictor writes as, when the head that made it says (a gated head's attributes and their shares
+        #: under a mix, and the attribute whose documents a generation opens with).
+        self.mix_shares: dict[str, float] | None = None
+        self.opening_attribute: str | None = None
         self._dense = model.emission_table.probs if isinstance(model.emission_table, DenseEmission) else None
 
     # ------------------------------------------------------------------------------------- state
@@ -177,23 +215,6 @@ class Predictor:
             return out
         return self.model.emission_table.predictive(symbols[None, :], a[None, :])[0]
 
-    def top_k(self, k: int, query: Any = None) -> tuple[np.ndarray, np.ndarray]:
-        """``(targets (k,), probabilities (k,))``: the k most probable next targets, best first (lower id on ties)."""
-        probs = self.predict(query)
-        k = min(int(k), probs.shape[0])
-        # The k-th largest value, then every target at least as probable, sorted (ties by the lower id).
-        kth = np.partition(probs, probs.shape[0] - k)[probs.shape[0] - k]
-        candidates = np.flatnonzero(probs >= kth)
-        order = candidates[np.lexsort((candidates, -probs[candidates]))][:k]
-        return order, probs[order]
-
-    def top_words(self, k: int, query: Any = None) -> list[tuple[str, float]]:
-        """``[(word, probability), ...]``: :meth:`top_k` in words (the Predictor needs ``words``)."""
-        if self.words is None:
-            raise ValueError("no words were given: make the Predictor with words=... (the store's vocabulary)")
-        targets, probs = self.top_k(k, query)
-        return [(self.words[int(t)], float(p)) for t, p in zip(targets, probs, strict=True)]
-
 
 def draw_token(probs: np.ndarray, rng: np.random.Generator) -> int:
     """One id drawn from ``probs`` (T,) by a cumulative draw: one uniform from ``rng``, the same token on every
@@ -203,10 +224,12 @@ def draw_token(probs: np.ndarray, rng: np.random.Generator) -> int:
 
 
 def generation_steps(
-    model: ResponsibilityAttentionDistribution,
+    model: Any,
     embeddings: np.ndarray,
     prompt: Any,
     rng: np.random.Generator,
+    *,
+    options: dict[str, Any] | None = None,
 ) -> Iterator[tuple[int, np.ndarray]]:
     """``(token, p (T,))`` forever: each token drawn from ``p = p(t | last N tokens, query = E[last token])`` (the
     distribution it was drawn from), then appended to the history (a token stream's windows: targets are symbols).
@@ -214,13 +237,14 @@ def generation_steps(
     ``prompt`` (>= 1,) ids start it; one shorter than N is a short history, read as a token-stream store reads
     a document's first rows (the missing positions masked, the prior renormalized over those it has). The
     history is a :class:`Predictor`'s bucket histograms: a token costs O(K) updates, never a recomputed window.
+    ``model`` is a head of any kind: its own streaming predictor (``model.predictor``, given ``options``) is used.
     """
     if model.num_targets != model.num_symbols:
         raise ValueError("generation feeds targets back as symbols: the head needs T = S (a token stream's head)")
     start = np.asarray(prompt).reshape(-1)
     if start.shape[0] == 0:
         raise ValueError("an empty prompt: give at least one token to start from")
-    predictor = Predictor(model, embeddings)
+    predictor = model.predictor(query_table=embeddings, options=options)
     predictor.extend(start[-model.context_length :])
     while True:
         probs = predictor.predict()
@@ -230,15 +254,17 @@ def generation_steps(
 
 
 def generate(
-    model: ResponsibilityAttentionDistribution,
+    model: Any,
     embeddings: np.ndarray,
     prompt: Any,
     num_tokens: int,
     rng: np.random.Generator,
+    *,
+    options: dict[str, Any] | None = None,
 ) -> np.ndarray:
     """(num_tokens,) int64 ids drawn one at a time by :func:`generation_steps` from ``prompt`` (>= 1,) ids."""
     out = np.empty(int(num_tokens), dtype=np.int64)
-    steps = generation_steps(model, embeddings, prompt, rng)
+    steps = generation_steps(model, embeddings, prompt, rng, options=options)
     for k in range(out.shape[0]):
         out[k] = next(steps)[0]
     return out

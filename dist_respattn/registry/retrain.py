@@ -39,6 +39,7 @@ from dist_respattn.engine import (
     store_record,
 )
 from dist_respattn.events import HeldoutScores, Metric
+from dist_respattn.model.heads.base import HeadSpec, spec_from_json
 from dist_respattn.store import check_recorded_corpus
 from dist_respattn.store.rows import RowStore
 
@@ -165,6 +166,16 @@ def _heldout_scores(checkpoint: Checkpoint) -> HeldoutScores | None:
     return None
 
 
+def _recorded_spec(version: Any, settings: FitSettings) -> HeadSpec:
+    """What a retrain fits: the version's kind with its recorded settings, or (a head of the kind ``settings``
+    describe, or no version yet) the head ``settings`` describe, so the options given apply."""
+    recorded = (version.meta.get("head") or {}) if version is not None else {}
+    default = settings.head_spec()
+    if recorded and recorded.get("kind") != default.kind:
+        return spec_from_json(recorded)
+    return default
+
+
 def _start(settings: FitSettings) -> str:
     return f"random start, seed {settings.seed}" if settings.init == "random" else "uniform start"
 
@@ -185,6 +196,7 @@ def retrain(
     *,
     validation: str | os.PathLike[str] | None = None,
     settings: FitSettings | None = None,
+    head: HeadSpec | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     gate_metric: Metric | str | None = None,
     keep: int | None = None,
@@ -205,6 +217,9 @@ def retrain(
             marked in-sample).
         settings: the fit's settings. ``gate_metric`` defaults to ``settings.early_stop_metric``, else
             perplexity; ``tolerance`` is the relative slack of the gate.
+        head: the kind of head and its settings; default: the latest version's kind as it was fitted (a single-hop
+            head: the one ``settings`` describe), warm-started from that version (a staged kind's earlier stages
+            from its own, e.g. a gated head's shared head).
         keep: after publishing, keep only this many newest versions.
         work_dir: where the fit's checkpoints go (kept); default a temporary directory, removed after.
         stale_after: seconds without a heartbeat after which another run's lock counts as abandoned.
@@ -240,7 +255,9 @@ def retrain(
             current = reg.latest()
             if current is not None:
                 _check_corpus(current.record, train, heldout)
-            warm = reg.load(current.number).model if current is not None else None
+            loaded = reg.load(current.number) if current is not None else None
+            warm = loaded.model if loaded is not None else None
+            spec = head or _recorded_spec(loaded, settings)
             say(
                 f"{reg}: warm start from version {current.number}"
                 if current is not None
@@ -248,8 +265,8 @@ def retrain(
             )
             with connect(cluster, client=client, say=say) as cl:
                 fitted = fit(
-                    train, model_dir=model_dir, settings=settings, validation=heldout, init=warm, overwrite=True,
-                    client=cl, storage_options=storage_options, say=say, progress=progress,
+                    train, model_dir=model_dir, settings=settings, head=spec, validation=heldout, init=warm,
+                    overwrite=True, client=cl, storage_options=storage_options, say=say, progress=progress,
                 )  # fmt: skip
                 candidate = load_checkpoint(model_dir)  # best with validation, else latest
                 gate_store = heldout if heldout is not None else train

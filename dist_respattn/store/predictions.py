@@ -45,7 +45,7 @@ import numpy as np
 import zarr
 
 from dist_respattn.durable.files import place_file, temporary_path
-from dist_respattn.model.heads.single_hop.top_k import TopK
+from dist_respattn.model.scores import TopK
 from dist_respattn.store.errors import StoreError
 from dist_respattn.store.group import open_group_at
 from dist_respattn.store.location import StoreLocation

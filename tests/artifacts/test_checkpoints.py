@@ -81,14 +81,18 @@ def test_the_files_are_the_checkpoint_format_byte_for_byte(tmp_path):
     expected_params = io.BytesIO()
     np.savez(expected_params, **{**prior, **arrays})
     assert (folder.path / name / "params.npz").read_bytes() == expected_params.getvalue()
-    expected_meta = {"format": "dist_respattn.checkpoint", "version": 1, "model": model_meta, **meta}
+    # The head's kind is recorded by name first in its JSON; the rest is the format as it always was.
+    expected_meta = {
+        "format": "dist_respattn.checkpoint", "version": 1, "model": {"kind": "single_hop", **model_meta}, **meta
+    }  # fmt: skip
     assert (folder.path / name / "meta.json").read_text() == json.dumps(expected_meta, indent=2) + "\n"
     assert (folder.path / "best.json").read_text() == (
         '{\n  "checkpoint": "ckpt-000004-0123abcd",\n  "iteration": 4,\n  "validation_perplexity": Infinity\n}\n'
     )
     checkpoint = load_checkpoint(folder.path, BEST)
     assert_same_head(checkpoint.model, model)
-    assert checkpoint.arrays.keys() == prior.keys()
+    # Its arrays are all the checkpoint's: the head's, and the fit's others (the prior, for a resumed fit).
+    assert checkpoint.arrays.keys() == prior.keys() | distribution_to_arrays(model)[0].keys()
 
 
 def test_leftovers_of_killed_writes_are_skipped_by_readers_and_removed_by_the_next_commit(tmp_path):

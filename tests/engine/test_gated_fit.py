@@ -1,5 +1,6 @@
-"""The attribute-gated head on the cluster: the distributed fit is the in-process EM, bit-identical on 1, 2 and 3
-workers, resumable, and every gated command runs end to end on a real text store with attributes."""
+"""The attribute-gated head on the cluster, through the generic engine: the distributed fit is the in-process EM
+(``fit_em`` of a :class:`GatedSpec`), bit-identical on 1, 2 and 3 workers, resumable, and every gated command runs
+end to end on a real text store with attributes."""
 
 from __future__ import annotations
 
@@ -12,17 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dist_respattn.artifacts import CheckpointError, load_checkpoint
-from dist_respattn.artifacts.gated_checkpoints import load_gated
+from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.engine import FitSettings, fit, open_store
 from dist_respattn.engine.fit import FitError
-from dist_respattn.engine.gated_fit import GatedSettings, _strengths, fit_gated, shared_on_support, start_head
-from dist_respattn.model.emission.layouts import PairSupport
+from dist_respattn.model.fitting.em import fit_em
 from dist_respattn.model.fitting.holdout import HoldoutRule
-from dist_respattn.model.heads.gated.head import gated_estep, gated_m_step
+from dist_respattn.model.heads.gated.head import GatedHead
+from dist_respattn.model.heads.gated.kind import GatedSpec
 from dist_respattn.store.predictions import target_words
 from tests.engine.clusters import local_cluster
-from tests.model.test_kernel_parity import assert_close
 from tests.stdlib_packages import PACKAGES, package_corpus
 
 # Every test here starts a cluster or a command.
@@ -30,6 +29,9 @@ pytestmark = pytest.mark.slow
 
 #: A package left out of training, folded in at evaluation.
 NEW_PACKAGE = "html"
+
+#: The shared stage's loop settings in these tests.
+SHARED = FitSettings(max_iter=3, seed=0)
 
 
 COMMAND = str(Path(sys.executable).parent / "dist-respattn")
@@ -65,99 +67,112 @@ def cluster():
         yield c, client
 
 
-def _shared(tmp_path, train, client):
-    settings = FitSettings(max_iter=3, seed=0)
-    fit(train, model_dir=str(tmp_path / "shared"), settings=settings, client=client)
-    return str(tmp_path / "shared")
+def _gated(factors: int, *, max_iter: int, **options) -> GatedSpec:
+    """A gated spec whose stage runs ``max_iter`` (at most 4) iterations without stopping early (its patience beyond
+    them)."""
+    return GatedSpec(factors, stage_settings={"max_iter": max_iter, "patience": 5}, **options)
+
+
+def _arrays(head: GatedHead) -> dict[str, np.ndarray]:
+    arrays, _ = head.to_arrays()
+    return arrays
 
 
 def test_the_cluster_fit_is_the_in_process_em(stores, cluster, tmp_path):
+    """Both stages on the cluster, then ``fit_em`` of the same spec in this process from the shared stage's head, on
+    the training rows its hold-out leaves: the same prior scales chosen, the same heads and log-likelihoods."""
     train, _ = stores
     _, client = cluster
-    shared_dir = _shared(tmp_path, train, client)
-    settings = GatedSettings(2, per_attribute=("position_prior",), max_iter=3, patience=5, prior_scale=0.5)
-    result = fit_gated(
-        train, model_dir=str(tmp_path / "gated"), settings=settings, shared_dir=shared_dir, client=client
-    )
-    assert result.iterations == 3
-    # The same EM, in this process, over the same training rows.
-    shared = load_checkpoint(shared_dir)
+    spec = _gated(2, per_attribute=("position_prior",), max_iter=3)
+    model_dir = tmp_path / "gated"
+    result = fit(train, model_dir=model_dir, settings=SHARED, head=spec, client=client)
+    assert result.iterations == 3 and result.model.kind == "gated"
+    (shared_result,) = result.stages
+    assert shared_result.model_dir == str(model_dir / "shared") and shared_result.iterations == 3
+    # The same EM, in this process, over the same rows: the shared fit's, its hold-out choosing the prior scale.
+    shared = load_checkpoint(model_dir / "shared", "latest")
     store = open_store(train, window=shared.model.context_length)
-    rule = HoldoutRule.from_json(shared.meta["holdout"])
-    block = store.read_rows(0, store.num_rows)
+    rows = store.read_rows(0, store.num_rows).encoded
     attribute = store.read_attributes(0, store.num_rows)
-    weights = rule.split_weights(0, store.num_rows, None)[0]
-    strength, base = _strengths(shared)
-    emission = shared.model.emission_table
-    # The support: the pairs of the training rows (the fit's own, when its shared head is sparse).
-    live = weights > 0
-    s_count = shared.model.num_symbols
-    keys = np.repeat(block.target[live].astype(np.int64), block.context.shape[1]) * s_count
-    keys += block.context[live].reshape(-1)
-    support = getattr(emission, "support", None) or PairSupport.from_keys(np.unique(keys), s_count, s_count)
-    center = shared_on_support(shared.model, support, base)
-    head = start_head(shared.model, center, settings, len(store.attribute_names))
-    for _ in range(3):
-        stats = gated_estep(head, block.encoded, attribute, weights)
-        head = gated_m_step(stats, head, strength=0.5 * strength, center=center, weight_strength=1.0)
-    fitted = load_gated(tmp_path / "gated", "latest").head
-    assert_close(fitted.factors.values, head.factors.values, rtol=1e-9, label="factor values")
-    assert_close(fitted.weights, head.weights, rtol=1e-9, label="weights")
-    assert_close(fitted.position_prior, head.position_prior, rtol=1e-9, label="priors")
-    assert_close(fitted.key_means, head.key_means, rtol=1e-9, label="keys")
+    reference = fit_em(
+        rows, spec, attributes=attribute,
+        attribute_names=tuple(store.attribute_names), init=shared.model, init_meta=shared.meta,
+        init_arrays=dict(shared.arrays), holdout=HoldoutRule.from_json(shared.meta["holdout"]), max_iter=3,
+    )  # fmt: skip
+    history = result.history
+    assert [h["hyperparameters"] for h in history] == [it.hyperparameters.to_json() for it in reference.history]
+    np.testing.assert_allclose([h["mean_log_likelihood"] for h in history], reference.log_likelihoods, rtol=1e-9)
+    np.testing.assert_allclose(
+        [h["heldout"]["perplexity"] for h in history], [it.heldout["perplexity"] for it in reference.history],
+        rtol=1e-9,
+    )  # fmt: skip
+    fitted = load_checkpoint(model_dir, "latest").model
+    assert isinstance(fitted, GatedHead) and fitted.names == tuple(store.attribute_names)
+    ours, theirs = _arrays(fitted), _arrays(reference.distribution)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-9, atol=1e-300, err_msg=name)
 
 
 def test_bit_identical_on_one_two_and_three_workers_and_resumable(stores, cluster, tmp_path):
     train, _ = stores
     c, client = cluster
-    shared_dir = _shared(tmp_path, train, client)
-    # Own tables beside 3 shared factors: the widest head, its structural zeros kept on the cluster too.
-    settings = GatedSettings(3, per_attribute=("emission",), max_iter=2, patience=5)
+    # Own tables beside 3 shared factors: the widest head, its structural zeros kept on the cluster too; the prior
+    # scale chosen on the held-out rows every iteration.
+    spec = _gated(3, per_attribute=("emission",), max_iter=2)
     heads = []
     for workers in (1, 2, 3):
         c.scale(max(workers, len(client.scheduler_info()["workers"])))
         client.wait_for_workers(workers)
         assert len(client.scheduler_info()["workers"]) == workers
-        folder = str(tmp_path / f"gated-{workers}")
-        fit_gated(train, model_dir=folder, settings=settings, shared_dir=shared_dir, client=client)
-        heads.append(load_gated(folder, "latest").head)
+        folder = tmp_path / f"gated-{workers}"
+        fit(train, model_dir=folder, settings=SHARED, head=spec, client=client)
+        heads.append(_arrays(load_checkpoint(folder, "latest").model))
     for other in heads[1:]:
-        assert np.array_equal(other.factors.values, heads[0].factors.values)
-        assert np.array_equal(other.weights, heads[0].weights)
-    # Two more iterations of the 3-worker fit equal a 4-iteration fit from the start.
-    longer = dict(settings.to_json(), max_iter=4, per_attribute=("emission",))
-    fit_gated(train, model_dir=str(tmp_path / "gated-3"), settings=GatedSettings(**longer), shared_dir=shared_dir,
-              client=client, resume=True)  # fmt: skip
-    fit_gated(train, model_dir=str(tmp_path / "whole"), settings=GatedSettings(**longer), shared_dir=shared_dir,
-              client=client)  # fmt: skip
-    resumed, whole = load_gated(tmp_path / "gated-3", "latest"), load_gated(tmp_path / "whole", "latest")
+        assert other.keys() == heads[0].keys()
+        for name in other:
+            assert np.array_equal(other[name], heads[0][name]), name
+    # Two more iterations of the 3-worker fit equal a 4-iteration fit from the start (the shared stage is not
+    # continued: the gated stage started from it).
+    longer = _gated(3, per_attribute=("emission",), max_iter=4)
+    resumed_result = fit(
+        train, model_dir=tmp_path / "gated-3", settings=SHARED, head=longer, client=client, resume=True
+    )
+    assert [s.iterations for s in resumed_result.stages] == [3]
+    fit(train, model_dir=tmp_path / "whole", settings=SHARED, head=longer, client=client)
+    resumed, whole = load_checkpoint(tmp_path / "gated-3", "latest"), load_checkpoint(tmp_path / "whole", "latest")
     assert resumed.iteration == whole.iteration == 4
-    assert np.array_equal(resumed.head.factors.values, whole.head.factors.values)
-    with pytest.raises(FitError, match="other settings"):
-        fit_gated(train, model_dir=str(tmp_path / "whole"), settings=GatedSettings(2, max_iter=5),
-                  shared_dir=shared_dir, client=client, resume=True)  # fmt: skip
-    with pytest.raises(FitError, match="holds a gated fit"):
-        fit_gated(train, model_dir=str(tmp_path / "whole"), settings=GatedSettings(**longer), shared_dir=shared_dir,
-                  client=client)  # fmt: skip
-    # A plain head's commands refuse the gated checkpoint by name, and a gated fit never replaces a plain one
-    # without --overwrite.
-    with pytest.raises(CheckpointError, match="attribute-gated head"):
-        load_checkpoint(tmp_path / "whole")
-    with pytest.raises(FitError, match="holds the fit of a plain head"):
-        fit_gated(train, model_dir=shared_dir, settings=GatedSettings(2), shared_dir=shared_dir, client=client)
+    ours, theirs = _arrays(resumed.model), _arrays(whole.model)
+    for name in ours:
+        assert np.array_equal(ours[name], theirs[name]), name
+    assert [h["hyperparameters"] for h in resumed.meta["history"]] == [
+        h["hyperparameters"] for h in whole.meta["history"]
+    ]
+    with pytest.raises(FitError, match=r"other settings.*attribute_factors"):
+        fit(train, model_dir=tmp_path / "whole", settings=SHARED, head=_gated(2, max_iter=5), client=client,
+            resume=True)  # fmt: skip
+    # A fit into a directory that holds one is refused before any stage runs (its shared stage's directory too).
+    for taken in ("whole", "whole/shared"):
+        with pytest.raises(FitError, match="already holds a fit"):
+            fit(train, model_dir=tmp_path / taken, settings=SHARED, head=longer, client=client)
+    # Checkpoints of any kind load by the kind they record.
+    assert load_checkpoint(tmp_path / "whole").model.kind == "gated"
+    assert load_checkpoint(tmp_path / "whole" / "shared").model.kind != "gated"
     # A shared head that moved on since the gated fit started is not resumed from silently.
-    fit(train, model_dir=shared_dir, settings=FitSettings(max_iter=4, seed=0), client=client, resume=True)
-    with pytest.raises(FitError, match="its prior would change"):
-        fit_gated(train, model_dir=str(tmp_path / "whole"), settings=GatedSettings(**longer), shared_dir=shared_dir,
-                  client=client, resume=True)  # fmt: skip
+    fit(train, model_dir=tmp_path / "whole" / "shared", settings=FitSettings(max_iter=4, seed=0), client=client,
+        resume=True)  # fmt: skip
+    with pytest.raises(FitError, match="would change under it"):
+        fit(train, model_dir=tmp_path / "whole", settings=SHARED, head=longer, client=client, resume=True)
 
 
 def test_a_store_without_attributes_is_refused_naming_the_flags(small_store, cluster, tmp_path):
     _, client = cluster
-    fit(small_store, model_dir=str(tmp_path / "shared"), settings=FitSettings(max_iter=1), client=client)
-    with pytest.raises(Exception, match="--attribute-by"):
-        fit_gated(small_store, model_dir=str(tmp_path / "g"), settings=GatedSettings(2),
-                  shared_dir=str(tmp_path / "shared"), client=client)  # fmt: skip
+    with pytest.raises(FitError, match="--attribute-by") as raised:
+        fit(small_store, model_dir=tmp_path / "g", settings=FitSettings(max_iter=1), head=_gated(2, max_iter=1),
+            client=client)  # fmt: skip
+    assert "--attributes" in str(raised.value)
+    # Refused before the shared stage: nothing was fitted or written.
+    assert not (tmp_path / "g").exists()
 
 
 def test_the_commands_end_to_end(stores, tmp_path):
@@ -230,6 +245,9 @@ def test_the_commands_end_to_end(stores, tmp_path):
     assert done.returncode == 0, done.stderr
     resumed = json.loads(done.stdout)
     assert resumed["iterations"] == report["iterations"] and resumed["settings"] == report["settings"]
+    assert resumed["settings"]["kind"] == "gated" and resumed["settings"]["per_attribute"] == ["position_prior"]
+    assert resumed["shared"] == {**report["shared"], "heldout_perplexity": resumed["shared"]["heldout_perplexity"]}
+    assert resumed["shared"]["heldout_perplexity"] == report["shared"]["heldout_perplexity"]
 
 
 def test_tables_the_workers_cannot_hold_are_refused_before_the_first_e_step(stores, cluster, tmp_path):
@@ -237,11 +255,12 @@ def test_tables_the_workers_cannot_hold_are_refused_before_the_first_e_step(stor
 
     train, _ = stores
     _, client = cluster
-    shared_dir = _shared(tmp_path, train, client)
+    spec = _gated(2000, max_iter=1)
+    # The shared stage on the ordinary cluster; the gated stage on workers of 400 MiB.
+    fit(train, model_dir=tmp_path / "big" / "shared", settings=SHARED, head=spec.shared, client=client)
     with local_cluster(1, memory_limit="400MiB") as (_, small):
         with pytest.raises(
             InsufficientMemoryError, match=r"attribute-gated emission tables, 2000 tables.*--attribute-factors"
         ):
-            fit_gated(train, model_dir=str(tmp_path / "big"), settings=GatedSettings(2000, max_iter=1),
-                      shared_dir=shared_dir, client=small)  # fmt: skip
+            fit(train, model_dir=tmp_path / "big", settings=SHARED, head=spec, client=small, resume=True)
     assert not (tmp_path / "big" / "latest.json").exists()  # nothing was written

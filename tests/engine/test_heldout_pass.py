@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 from dist_respattn import ResponsibilityAttentionAccumulator, ResponsibilityAttentionEstimator
-from dist_respattn.engine import tasks
-from dist_respattn.engine.tasks import RowSelection
+from dist_respattn.engine import worker_tasks
+from dist_respattn.engine.worker_tasks import RowSelection
 from dist_respattn.model.emission.pairs import PairCounts
 from dist_respattn.model.emission.prior import EmissionPrior
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.fitting.selection import DEFAULT_SEARCH, GridTotals, score_grid
+from dist_respattn.model.heads.single_hop.kind import SingleHopGrid
 from dist_respattn.store import WriteOptions
 from dist_respattn.store.ingest.to_stream import write_stream_tokens
 from tests.store.helpers import random_rows, write_small
@@ -57,7 +58,7 @@ def test_the_holdout_pass_equals_scoring_every_block_to_the_bit(tmp_path, kind):
     table = _candidates(store).grid_table(DEFAULT_SEARCH)
     skipped = 0
     for part in range(store.num_partitions):
-        got = tasks.grid_task(store.location, part, table, store.fingerprint(), rows)
+        got = worker_tasks.grid_task(store.location, part, SingleHopGrid(table), store.fingerprint(), rows)
         want = GridTotals.zeros(table.shape)
         for block in store.iter_blocks(part):
             skipped += not rule.held_out(block.start, block.start + block.num_rows).any()

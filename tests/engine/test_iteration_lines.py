@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dist_respattn.engine.gated_fit import gated_iteration_line
 from dist_respattn.engine.progress import format_iteration
+from dist_respattn.model.heads.gated.kind import PriorScale
 
 
 def _record(iteration: int) -> Any:
@@ -27,14 +27,25 @@ def test_the_mark_names_the_early_stopping_metric_when_it_is_not_the_perplexity_
     assert "(best so far: iteration 2)," in format_iteration(record, best=False, best_iteration=2, metric="perplexity")
 
 
-def test_a_gated_line_names_no_iteration_it_does_not_know():
-    """A checkpoint written before the best iteration was recorded gives ``best_iteration=None``: no ``None``."""
-    entry = {"iteration": 4, "heldout_perplexity": 19.25, "prior_scale": 0.5, "seconds": 1.0, "rows_per_second": 10.0}
-    unknown = gated_iteration_line(entry, best=False, best_iteration=None, chosen=True)
+def _gated_record(iteration: int, scale: PriorScale) -> Any:
+    """An iteration record as a gated fit's loop writes it: its choice is the prior scale, and the head adds no
+    numbers of its own (no gate variance on the line)."""
+    record = dict(_record(iteration), hyperparameters=scale.to_json(), choice=scale.describe())
+    del record["sigma2"]
+    record["heldout"] = {"perplexity": 19.25, "mean_log_likelihood": -9.5, "target_log_prob": -2.96}
+    return record
+
+
+def test_a_gated_line_is_the_iteration_line_with_its_prior_scale():
+    """A gated fit's line reads as any fit's: the held-out perplexity, its mark, then the chosen prior scale; a
+    checkpoint written before the best iteration was recorded gives ``best_iteration=None``: no ``None``."""
+    record = _gated_record(4, PriorScale(0.25))
+    unknown = format_iteration(record, best=False, best_iteration=None)
     assert "None" not in unknown
-    assert unknown.startswith("gated iteration 4: held-out perplexity 19.250, prior scale 0.5, ")
-    known = gated_iteration_line(entry, best=False, best_iteration=2, chosen=True)
-    assert "held-out perplexity 19.250 (best so far: iteration 2), " in known
-    assert "held-out perplexity 19.250 (best so far), " in gated_iteration_line(
-        entry, best=True, best_iteration=4, chosen=True
-    )
+    assert unknown == "iteration 4: held-out perplexity 19.250, prior scale 0.25, 0.50 s, 1,000 rows/s"
+    known = format_iteration(record, best=False, best_iteration=2)
+    assert known.startswith("iteration 4: held-out perplexity 19.250 (best so far: iteration 2), prior scale 0.25, ")
+    assert "held-out perplexity 19.250 (best so far), prior scale 0.25, " in format_iteration(record, best=True)
+    given = format_iteration(_gated_record(1, PriorScale(0.5, given=True)), best=True)
+    assert "(best so far), prior scale 0.5 (given), 0.50 s" in given
+    assert "sigma2" not in unknown + known + given

@@ -12,14 +12,10 @@ import pytest
 
 from dist_respattn import fit_em
 from dist_respattn.engine import FitSettings, estimate_memory, evaluate, fit, load_checkpoint, load_model
-from dist_respattn.engine.memory import (
-    SPARSE_MODEL_BYTES_PER_PAIR,
-    SPARSE_VALUE_BYTES_PER_PAIR,
-    InsufficientMemoryError,
-    check_memory,
-)
+from dist_respattn.engine.memory import InsufficientMemoryError, check_memory
 from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.fitting.holdout import HoldoutRule
+from dist_respattn.model.memory import SPARSE_MODEL_BYTES_PER_PAIR, SPARSE_VALUE_BYTES_PER_PAIR
 from dist_respattn.store import StoreSchema, TripleStore
 from tests.engine.clusters import local_cluster
 

@@ -229,7 +229,7 @@ def test_a_head_survives_its_arrays_and_a_pickle():
 
 
 def test_neighbours_are_nearest_in_hellinger_distance_over_dense_rows():
-    from dist_respattn.model.heads.gated.use import emission_neighbours
+    from dist_respattn.model.emission.neighbours import emission_neighbours
 
     shape = (12, 4, 3, 9)
     data, _ = rows(shape, 300, 71, num_attributes=2)

@@ -15,7 +15,8 @@ from dist_respattn import (
     run_em,
 )
 from dist_respattn.model.heads.single_hop.diagnostics import PRIOR_COLLAPSE_MASS, degeneracy_warnings
-from dist_respattn.model.heads.single_hop.scoring import ScoreTotals, score_rows
+from dist_respattn.model.heads.single_hop.scoring import score_rows
+from dist_respattn.model.scores import ScoreTotals
 
 
 @pytest.fixture(scope="module")

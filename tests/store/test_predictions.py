@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dist_respattn.model.heads.single_hop.top_k import TopK
+from dist_respattn.model.scores import TopK
 from dist_respattn.store import StoreError, StoreLocation
 from dist_respattn.store.predictions import (
     Predictions,

@@ -9,13 +9,15 @@ in a fixed order (``a``'s count, then ``b``'s), so a fixed reduction tree gives 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys
 
-__all__ = ["PairCounts"]
+__all__ = ["PairCounts", "block_pairs", "pairs_of_blocks"]
 
 
 @dataclass(frozen=True)
@@ -117,3 +119,20 @@ class PairCounts:
             return np.zeros(cells.shape)
         at = np.minimum(np.searchsorted(self.keys, cells), self.keys.size - 1)
         return np.where(self.keys[at] == cells, self.counts[at], 0.0)
+
+
+def block_pairs(block: Any, num_symbols: int, num_targets: int) -> PairCounts:
+    """The weighted (previous symbol, target) pairs of a :class:`~dist_respattn.model.heads.base.Block`'s rows (a
+    window's last token, or the context's last id, is the previous symbol)."""
+    rows = block.rows
+    previous = rows.tokens[rows.end - 1] if hasattr(rows, "tokens") else rows.context[:, -1]
+    return PairCounts.from_rows(previous, rows.target, block.weights, num_symbols=num_symbols, num_targets=num_targets)
+
+
+def pairs_of_blocks(num_symbols: int, num_targets: int, blocks: Iterable[Any]) -> PairCounts:
+    """The weighted (previous symbol, target) pairs of blocks' rows, added block by block in order (a pass's
+    partition map: the emission prior's counts and the n-gram baselines')."""
+    pairs = PairCounts.empty(num_symbols, num_targets)
+    for block in blocks:
+        pairs = pairs + block_pairs(block, num_symbols, num_targets)
+    return pairs

@@ -53,6 +53,13 @@ class Hyperparameters:
     def to_json(self) -> dict[str, float]:
         return asdict(self)
 
+    def describe(self) -> str:
+        """The choice in words, as an iteration's line says it."""
+        return (
+            f"sigma2 {self.sigma2:.3g}, emission prior strength {self.emission_strength:.3g} "
+            f"+ {self.type_strength:.3g} per successor type"
+        )
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Hyperparameters:
         return cls(float(data["sigma2"]), float(data["emission_strength"]), float(data["type_strength"]))

@@ -39,10 +39,11 @@ from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.fitting.selection import grid_row
-from dist_respattn.model.heads.single_hop.scoring import ScoreTotals, dense_mixture, mixture_at, top_k_threshold
+from dist_respattn.model.heads.single_hop.scoring import dense_mixture, mixture_at, top_k_threshold
 from dist_respattn.model.kernels import per_position
 from dist_respattn.model.kernels.log_weights import attention_of, exp_shifted, row_log_weights, squared_distance
 from dist_respattn.model.rows import WindowRows
+from dist_respattn.model.scores import ScoreTotals
 
 __all__ = [
     "HistogramParameters",

@@ -6,8 +6,7 @@ import os
 
 import numpy as np
 
-from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.heads.single_hop.sampler import ResponsibilityAttentionSampler, random_distribution
+from dist_respattn.model import ResponsibilityAttentionDistribution, ResponsibilityAttentionSampler, random_distribution
 from dist_respattn.store.common import WriteOptions, open_writer
 from dist_respattn.store.errors import SchemaMismatchError
 from dist_respattn.store.schema import StoreSchema
@@ -47,7 +46,10 @@ def write_synthetic(
         "num_targets": num_targets,
     }
     # An append samples the store's own head, and a head given for an append must be that head.
-    stored = TripleStore.open(out, storage_options=options.storage_options).true_model() if options.append else None
+    truth = TripleStore.open(out, storage_options=options.storage_options).true_model() if options.append else None
+    if truth is not None and not isinstance(truth, ResponsibilityAttentionDistribution):
+        raise ValueError(f"{out}: its true model is a {truth.kind} head; rows are sampled from a single-hop head")
+    stored = truth
     if model is None and options.append:
         if stored is None:
             raise ValueError(

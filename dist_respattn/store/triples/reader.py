@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.model.heads.single_hop.arrays import MODEL_ARRAY_NAMES, distribution_from_arrays
-from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.base import Head, head_from_arrays
 from dist_respattn.model.rows import EncodedRows, WindowRows
 from dist_respattn.store.attributes import describe_attributes
 from dist_respattn.store.errors import IncompleteStoreError, StoreCorruptError, StoreError
@@ -273,13 +272,18 @@ class TripleStore:
         text = json.dumps(self.attributes, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def true_model(self) -> ResponsibilityAttentionDistribution | None:
-        """The head a synthetic store was sampled from, or ``None``."""
+    def true_model(self) -> Head | None:
+        """The head a synthetic store was sampled from, or ``None`` (read by its kind: a store written before kinds
+        were recorded holds a single-hop head)."""
         if "truth" not in self._group:
             return None
         truth = self._group["truth"]
-        arrays = {name: truth[name][...] for name in MODEL_ARRAY_NAMES if name in truth}
-        return distribution_from_arrays(arrays, dict(truth.attrs), source=f"{self.location}/truth")
+        arrays = {name: truth[name][...] for name, _ in truth.arrays()}
+        meta = dict(truth.attrs)
+        try:
+            return head_from_arrays(str(meta.get("kind") or "single_hop"), arrays, meta)
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"{self.location}/truth: {exc}") from None
 
     def embeddings(self) -> np.ndarray | None:
         """The (S, D) table token queries were looked up in, when the store was made from tokens."""

@@ -21,8 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.model.heads.single_hop.arrays import distribution_to_arrays
-from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.base import Head
 from dist_respattn.model.rows import EncodedRows
 from dist_respattn.store.attributes import appended_names, checked_writer_names
 from dist_respattn.store.errors import SchemaMismatchError, StoreError, store_exists
@@ -415,11 +414,12 @@ class StoreWriter:
 
     # -- side data -------------------------------------------------------------------------
 
-    def write_true_model(self, dist: ResponsibilityAttentionDistribution) -> None:
-        """Keep the head the rows were sampled from in the store's ``truth`` subgroup (arrays + attributes)."""
-        arrays, meta = distribution_to_arrays(dist)
+    def write_true_model(self, dist: Head) -> None:
+        """Keep the head the rows were sampled from in the store's ``truth`` subgroup (arrays + attributes, its kind
+        among them)."""
+        arrays, meta = dist.to_arrays()
         truth = self._group.require_group("truth")
-        truth.attrs.update(meta)
+        truth.attrs.update({"kind": dist.kind, **meta})
         for name, values in arrays.items():
             truth.create_array(name, data=values, overwrite=True)
 

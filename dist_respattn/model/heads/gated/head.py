@@ -29,28 +29,36 @@ baseline with learned sharing (``fit --per-attribute emission``).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple, cast
 
 import numba
 import numpy as np
 
 from dist_respattn.model.arguments import check_batch
 from dist_respattn.model.emission.layouts import PairSupport, SparseEmission, map_values
+from dist_respattn.model.heads.base import Block, Columns, Head, Passes
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.heads.single_hop.estimator import estimate_key_means
 from dist_respattn.model.kernels.log_weights import exp_shifted, squared_distance
 from dist_respattn.model.kernels.per_position import direct_pair_rows, find_pair, target_order
 
 __all__ = [
+    "REFERENCE_PREFIX",
     "FactorTables",
     "GatedHead",
     "GatedStatistics",
     "fold_in",
     "gated_estep",
     "gated_log_likelihood",
+    "gated_log_likelihoods",
     "gated_m_step",
 ]
+
+
+#: The prefix of the reference head's arrays among a gated head's.
+REFERENCE_PREFIX = "reference."
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,8 +138,8 @@ class FactorTables:
 
 
 @dataclass(frozen=True, eq=False)
-class GatedHead:
-    """A head whose emission is gated by the row's attribute.
+class GatedHead(Head):
+    """A head whose emission is gated by the row's attribute (the head kind ``"gated"``).
 
     Attributes:
         key_means: (S, D) and ``sigma2``, the gate's keys and variance, shared by every attribute.
@@ -139,7 +147,13 @@ class GatedHead:
         factors: the F factor tables.
         weights: (A, F) each attribute's mixture of the factors, rows summing to 1.
         fixed_weights: the weights are not learned (the untied baseline's identity).
+        names: the A attributes' names (a row's attribute id is a position here), or ``()`` for a head made in
+            code without them (it then cannot read a store's attributes).
+        reference: the shared head the fit started from (its first stage), which ``evaluate`` compares it with;
+            ``None`` when unknown.
     """
+
+    kind: ClassVar[str] = "gated"
 
     key_means: np.ndarray
     position_prior: np.ndarray
@@ -147,10 +161,13 @@ class GatedHead:
     factors: FactorTables
     weights: np.ndarray
     fixed_weights: bool = False
+    names: tuple[str, ...] = ()
+    reference: ResponsibilityAttentionDistribution | None = None
 
     def __post_init__(self) -> None:
         prior = np.atleast_2d(np.asarray(self.position_prior, dtype=np.float64))
         object.__setattr__(self, "position_prior", prior)
+        object.__setattr__(self, "names", tuple(str(name) for name in self.names))
         if self.key_means.shape[0] != self.factors.support.num_symbols or self.weights.shape[1] != self.num_factors:
             raise ValueError(
                 f"factors ({self.factors.support.num_symbols} symbols, {self.num_factors} factors), "
@@ -159,6 +176,8 @@ class GatedHead:
             )
         if prior.shape[0] not in (1, self.num_attributes):
             raise ValueError(f"position_prior {prior.shape}: expected (1, N) or (A, N) with A = {self.num_attributes}")
+        if self.names and len(self.names) != self.num_attributes:
+            raise ValueError(f"names: {len(self.names)} attribute names for A = {self.num_attributes} attributes")
         for name, array in (("weights", self.weights), ("position_prior", prior)):
             if not np.all(np.isfinite(array)) or np.any(array < 0.0):
                 raise ValueError(f"{name}: expected finite non-negative probabilities")
@@ -192,7 +211,7 @@ class GatedHead:
         return int(self.weights.shape[0])
 
     @property
-    def context_length(self) -> int:
+    def context_length(self) -> int:  # type: ignore[override]
         return int(self.position_prior.shape[1])
 
     @property
@@ -213,38 +232,100 @@ class GatedHead:
             self.key_means, self.emission_of(attribute), self.prior_of(attribute), self.sigma2
         )
 
+    def attribute_head(self, attribute: int) -> ResponsibilityAttentionDistribution:
+        """:meth:`shared` of ``attribute``, made once per head (scoring and ranking blocks ask for it again)."""
+        cache = self.__dict__.get("_attribute_heads")
+        if cache is None:
+            cache = {}
+            object.__setattr__(self, "_attribute_heads", cache)
+        a = int(attribute)
+        if a not in cache:
+            cache[a] = self.shared(a)
+        return cache[a]
+
     def with_weights(self, weights: np.ndarray) -> GatedHead:
         """The head with other attribute weights (A'', F), and the prior shared (folding in new attributes)."""
         prior = self.position_prior if not self.per_attribute_prior else self.position_prior.mean(axis=0)
         return GatedHead(self.key_means, prior, self.sigma2, self.factors, np.asarray(weights, dtype=np.float64))
 
+    def with_parameters(self, **changes: Any) -> GatedHead:
+        """The head with some parameters replaced, its names and reference kept (what an M-step returns)."""
+        fields = {
+            "key_means": self.key_means, "position_prior": self.position_prior, "sigma2": self.sigma2,
+            "factors": self.factors, "weights": self.weights, "fixed_weights": self.fixed_weights,
+            "names": self.names, "reference": self.reference,
+        }  # fmt: skip
+        return GatedHead(**{**fields, **changes})
+
     def __getstate__(self) -> dict[str, Any]:
-        # The kernels' logs are rebuilt where they are used, not shipped to the workers.
-        return {k: v for k, v in self.__dict__.items() if k != "_kernel_cache"}
+        # The kernels' logs and the attributes' heads are rebuilt where they are used, not shipped to the workers.
+        return {k: v for k, v in self.__dict__.items() if k not in ("_kernel_cache", "_attribute_heads")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
+    # -- shape -----------------------------------------------------------------------------------------------------
+
+    @property
+    def num_symbols(self) -> int:  # type: ignore[override]
+        return int(self.key_means.shape[0])
+
+    @property
+    def query_dim(self) -> int:  # type: ignore[override]
+        return int(self.key_means.shape[1])
+
+    @property
+    def num_targets(self) -> int:  # type: ignore[override]
+        return int(self.factors.support.num_targets)
+
+    # -- persistence -------------------------------------------------------------------------------------------------
+
     def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """The head as float/int arrays for an npz (never a pickle) and the JSON that goes with them."""
+        """The head as float/int arrays for an npz (never a pickle) and the JSON that goes with them.
+
+        Arrays: ``key_means`` (S, D), ``position_prior`` (A', N), ``weights`` (A, F), the factor tables'
+        (``factor_values`` (P, F), ``factor_backoff`` (F, S), ``factor_base`` (T,), the support's), and the
+        reference head's under ``reference.``; JSON: ``sigma2``, ``fixed_weights``, ``attribute_names`` and the
+        reference head's own JSON under ``reference`` (``None`` without one).
+        """
         arrays = {
             "key_means": self.key_means, "position_prior": self.position_prior, "weights": self.weights,
             **self.factors.to_arrays(),
         }  # fmt: skip
-        meta = {"sigma2": float(self.sigma2), "fixed_weights": bool(self.fixed_weights)}
+        meta: dict[str, Any] = {
+            "sigma2": float(self.sigma2), "fixed_weights": bool(self.fixed_weights),
+            "attribute_names": list(self.names), "reference": None,
+        }  # fmt: skip
+        if self.reference is not None:
+            reference_arrays, meta["reference"] = self.reference.to_arrays()
+            arrays.update({REFERENCE_PREFIX + name: array for name, array in reference_arrays.items()})
         return arrays, meta
 
     @classmethod
     def from_arrays(cls, arrays: Any, meta: dict[str, Any]) -> GatedHead:
-        """The head :meth:`to_arrays` wrote; a missing array or a bad shape raises ``ValueError`` naming it."""
+        """The head :meth:`to_arrays` wrote; a missing array or a bad shape raises ``ValueError`` naming it.
+
+        A checkpoint written before gated heads were a kind of the head protocol has neither ``attribute_names``
+        nor ``reference`` in this JSON: its ``meta.json`` kept the names beside it (``meta`` may be that whole
+        ``meta.json``: the head's own JSON is then its ``model``), and the reference is its ``shared/`` fit
+        (:meth:`with_parameters` ``(reference=...)``); without them the head is read without them.
+        """
         missing = [k for k in ("key_means", "position_prior", "weights", "factor_values") if k not in arrays]
         if missing:
             raise ValueError(f"a gated head needs the arrays {', '.join(missing)}")
+        if "sigma2" not in meta and isinstance(meta.get("model"), dict):  # an old checkpoint's whole meta.json
+            meta = {**meta["model"], "attribute_names": meta.get("attribute_names")}
         key_means = np.asarray(arrays["key_means"], dtype=np.float64)
+        reference = None
+        if meta.get("reference") is not None:
+            from dist_respattn.model.heads.single_hop.arrays import distribution_from_arrays
+
+            inner = {k[len(REFERENCE_PREFIX) :]: arrays[k] for k in arrays if k.startswith(REFERENCE_PREFIX)}
+            reference = distribution_from_arrays(inner, meta["reference"], source="the gated head's reference")
         return cls(
             key_means, np.asarray(arrays["position_prior"]), float(meta["sigma2"]),
             FactorTables.from_arrays(arrays, key_means.shape[0]), np.asarray(arrays["weights"], dtype=np.float64),
-            bool(meta.get("fixed_weights", False)),
+            bool(meta.get("fixed_weights", False)), tuple(meta.get("attribute_names") or ()), reference,
         )  # fmt: skip
 
     def num_parameters(self) -> int:
@@ -253,6 +334,176 @@ class GatedHead:
             self.key_means.size + self.position_prior.size + self.factors.values.size + self.factors.backoff.size
             + (0 if self.fixed_weights else np.count_nonzero(self.weights))
         )  # fmt: skip
+
+    def describe(self) -> str:
+        return f"gated head, {self.num_factors} tables, {self.num_attributes} attributes"
+
+    def summary(self) -> tuple[dict[str, Any], list[str]]:
+        """A fit report's ``factors`` (F, the tables), ``untied`` (one fixed table per attribute) and ``attributes``
+        (A), and a line saying them."""
+        tables = "one emission per attribute" if self.fixed_weights else f"{self.num_factors} tables"
+        figures = {"factors": self.num_factors, "untied": bool(self.fixed_weights), "attributes": self.num_attributes}
+        line = f"gated head: {tables}, {self.num_attributes} attributes, {self.num_parameters():,} parameters"
+        return figures, [line]
+
+    # -- reading rows ------------------------------------------------------------------------------------------------
+
+    @property
+    def columns(self) -> Columns:
+        """Every row's attribute, beside the encoded rows."""
+        return Columns(attributes=True)
+
+    def attribute_names(self) -> tuple[str, ...]:
+        if not self.names:
+            raise ValueError(
+                "this gated head has no attribute names, so a store's attributes cannot be matched to its own: give "
+                "them (GatedHead(..., names=...)), or read an old checkpoint with its meta.json's attribute_names"
+            )
+        return self.names
+
+    def _live(self, block: Block) -> tuple[np.ndarray, np.ndarray]:
+        """``(attribute (n,) int64 with -1 read as 0, weight (n,) float64 with rows of attribute -1 at 0)``."""
+        if block.attribute is None:
+            raise ValueError("a gated head reads each row's attribute: the block carries none")
+        attribute = np.asarray(block.attribute, dtype=np.int64)
+        known = attribute >= 0
+        return np.where(known, attribute, 0), np.where(known, block.weights_or_ones(), 0.0)
+
+    def score(self, blocks: Iterable[Block]) -> Any:
+        """Held-out totals (:class:`~dist_respattn.model.heads.scores.ScoreTotals`) of the blocks' rows,
+        each under its own attribute; a row of attribute ``-1`` (one the head does not know) weighs 0.
+
+        ``log_lik`` and ``target_log_prob`` are the gated kernel's (:func:`gated_log_likelihoods`), ``correct`` the
+        rows whose target is the arg-max of their attribute's head (:meth:`shared`)."""
+        from dist_respattn.model.heads.single_hop.scoring import score_rows
+        from dist_respattn.model.scores import ScoreTotals
+
+        totals = ScoreTotals()
+        for block in blocks:
+            attribute, weight = self._live(block)
+            encoded = block.rows.encoded
+            target_log_prob, joint = gated_log_likelihoods(self, encoded, attribute, values_checked=block.checked)
+            live = weight > 0.0
+            correct = 0.0
+            for a in np.unique(attribute[live]):
+                mine = live & (attribute == a)
+                rows = tuple(np.asarray(column)[mine] for column in encoded)
+                correct += score_rows(self.attribute_head(int(a)), rows, weight[mine]).correct
+            totals = totals + ScoreTotals(
+                float(weight.sum()), float(np.sum(weight[live] * joint[live])),
+                float(np.sum(weight[live] * target_log_prob[live])), float(correct),
+            )  # fmt: skip
+        return totals
+
+    def top_k(self, block: Block, k: int) -> Any:
+        """The top ``k`` targets of each row under its attribute's head (:meth:`shared`), rows grouped by attribute;
+        a row of attribute ``-1`` is ranked by the reference head (the shared head the fit started from)."""
+        from dist_respattn.model.heads.single_hop.top_k import predict_top_k
+        from dist_respattn.model.scores import TopK
+
+        if block.attribute is None:
+            raise ValueError("a gated head ranks each row under its attribute: the block carries none")
+        attribute = np.asarray(block.attribute, dtype=np.int64)
+        context, query = np.asarray(block.rows.context), np.asarray(block.rows.query)
+        n = attribute.shape[0]
+        kept = min(int(k), self.num_targets)
+        targets = np.zeros((n, kept), dtype=np.int32)
+        probabilities = np.zeros((n, kept))
+        attention = np.zeros((n, self.context_length))
+        for a in np.unique(attribute):
+            if a < 0 and self.reference is None:
+                raise ValueError(
+                    "rows of an attribute the gated head does not know, and no shared head to rank them with"
+                )
+            head = self.reference if a < 0 else self.attribute_head(int(a))
+            assert head is not None
+            mine = attribute == a
+            ranked = predict_top_k(head, context[mine], query[mine], kept, base_order=head.base_order)
+            targets[mine], probabilities[mine], attention[mine] = ranked.targets, ranked.probabilities, ranked.attention
+        return TopK(targets, probabilities, attention)
+
+    def predictor(
+        self,
+        *,
+        words: Sequence[str] | None = None,
+        query_table: np.ndarray | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> Any:
+        """A :class:`~dist_respattn.model.streaming.Predictor` of the head of ``options["attribute"]`` (a name) or of
+        the mix ``options["mix"]`` (``"NAME=SHARE,NAME=SHARE"``, shares > 0), as
+        :func:`~dist_respattn.model.heads.gated.use.mixed_head` makes it."""
+        from dist_respattn.model.heads.gated.use import mixed_head
+        from dist_respattn.model.streaming import Predictor
+
+        mix = self.mix_of(options or {})
+        predictor = Predictor(mixed_head(self, mix), query_table, words=words)
+        # What it writes as, for the commands that say it: the attributes and their shares, the first to open with.
+        predictor.mix_shares = (
+            {self.names[a]: share for a, share in mix.items()} if options and options.get("mix") else None
+        )
+        predictor.opening_attribute = self.names[next(iter(mix))] if self.names else None
+        return predictor
+
+    def emissions(self, options: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
+        """Each attribute's emission ``B_a`` by its name (only ``options["attribute"]``'s when given)."""
+        name = (options or {}).get("attribute")
+        chosen = [self.attribute_id(name, "--attribute")] if name else range(self.num_attributes)
+        return [(self.names[a] if self.names else str(a), self.emission_of(a)) for a in chosen]
+
+    def stage_heads(self) -> dict[str, Head]:
+        """The shared head its fit started from (the ``"shared"`` stage), when it carries it."""
+        return {} if self.reference is None else {"shared": self.reference}
+
+    def completed(self, directory: str, meta: dict[str, Any], load: Any) -> GatedHead:
+        """An older gated checkpoint does not hold its shared head: read it from the model directory's ``shared/``
+        fit, else from the directory its fit recorded."""
+        if self.reference is not None:
+            return self
+        import os
+
+        for candidate in (os.path.join(directory, "shared"), (meta.get("shared") or {}).get("dir")):
+            if candidate and os.path.isfile(os.path.join(candidate, "latest.json")):
+                return self.with_parameters(reference=load(candidate))
+        return self
+
+    def mix_of(self, options: dict[str, Any]) -> dict[int, float]:
+        """``{attribute id: share}`` of the options ``attribute`` (a name) or ``mix`` (``"NAME=SHARE,..."``);
+        ``ValueError`` naming the flag for a name the head lacks or a malformed mix, or when neither is given."""
+        mix_text, name = options.get("mix"), options.get("attribute")
+        if mix_text:
+            mix: dict[int, float] = {}
+            for part in str(mix_text).split(","):
+                label, _, share = part.rpartition("=")
+                try:
+                    value = float(share)
+                except ValueError:
+                    value = math.nan
+                if not label or not value > 0 or not math.isfinite(value):
+                    raise ValueError(f"--mix {mix_text!r}: expected NAME=SHARE,NAME=SHARE (shares > 0)")
+                a = self.attribute_id(label, "--mix")
+                mix[a] = mix.get(a, 0.0) + value
+            return mix
+        if not name:
+            raise ValueError(
+                "a gated head writes as an attribute: give --attribute NAME or --mix NAME=SHARE,NAME=SHARE"
+            )
+        return {self.attribute_id(str(name), "--attribute"): 1.0}
+
+    def attribute_id(self, name: str, flag: str = "--attribute") -> int:
+        """The id of attribute ``name``; ``ValueError`` naming ``flag`` and some known names when there is none."""
+        names = self.attribute_names()
+        if name not in names:
+            shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+            raise ValueError(f"{flag} {name!r}: the model has no such attribute (it has {shown})")
+        return names.index(name)
+
+    def report(self, passes: Passes, options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """Per-attribute perplexities beside the reference head and each attribute's Kneser-Ney bigram, and with
+        ``classify_attributes`` / ``fold_in`` the classification of documents and folded-in attributes
+        (:func:`~dist_respattn.model.heads.gated.report.gated_report`)."""
+        from dist_respattn.model.heads.gated.report import ReportPasses, gated_report
+
+        return gated_report(self, cast(ReportPasses, passes), options)
 
 
 class GatedStatistics(NamedTuple):
@@ -429,11 +680,12 @@ def _gated_estep_numba(
 @numba.njit(cache=True, nogil=True)
 def _gated_loglik_numba(
     context, query, target, candidates, own, given_query, key_means, log_prior, inv_two_sigma2, gate_const,
-    indptr, symbols, log_values, log_backoff, log_base, log_attr, attr_indptr, attr_factors, out,
+    indptr, symbols, log_values, log_backoff, log_base, log_attr, attr_indptr, attr_factors, out, joint,
 ):  # pragma: no cover - compiled  # fmt: skip
     """``out[n, k] = log p(row n | attribute candidates[k])``, or with ``candidates`` empty ``out[n, 0]`` under
     the row's own attribute ``own[n]``. ``-inf`` for an impossible row. ``given_query``: the target's log-probability
-    given the context and the query, ``log p(q, t | c, a) - log p(q | c, a)``, instead of the joint."""
+    given the context and the query, ``log p(q, t | c, a) - log p(q | c, a)``, instead of the joint, and ``joint``
+    (the shape of ``out``, or (0, 0): not asked for) the joint beside it."""
     n_pos = context.shape[1]
     n_fac = log_values.shape[1]
     dim = query.shape[1]
@@ -468,9 +720,13 @@ def _gated_loglik_numba(
                     best = max(best, v)
             if best == -np.inf:
                 out[row, k] = -np.inf
+                if joint.shape[0] > 0:
+                    joint[row, k] = -np.inf
                 continue
             size = n_pos * m
             value = best + math.log(exp_shifted(logw[:size], best, resp[:size], bits[:size])) + gate_const
+            if joint.shape[0] > 0:
+                joint[row, k] = value
             if given_query:
                 # log p(q | context, a) = logsumexp_i (log pi_a,i + gate_i) + the Gaussian's constant.
                 top = -np.inf
@@ -572,6 +828,23 @@ def gated_log_likelihood(
     ``given_query``: ``log p(target | context, query, a)`` instead, the target's log-probability behind
     perplexities (the query is the previous token's embedding in a token stream, so the product over a
     document's rows is its likelihood)."""
+    return _log_likelihoods(head, x, attribute, candidates, given_query, values_checked, joint=False)[0]
+
+
+def gated_log_likelihoods(
+    head: GatedHead, x: tuple[Any, Any, Any], attribute: Any, *, values_checked: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(log p(target | context, query, a), log p(query, target | context, a))`` (n,) each under each row's own
+    ``attribute`` (n,), from one kernel pass (each equal to :func:`gated_log_likelihood`'s)."""
+    target_log_prob, joint = _log_likelihoods(head, x, attribute, None, True, values_checked, joint=True)
+    assert joint is not None
+    return target_log_prob, joint
+
+
+def _log_likelihoods(
+    head: GatedHead, x: tuple[Any, Any, Any], attribute: Any, candidates: Any, given_query: bool,
+    values_checked: bool, *, joint: bool,
+) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
     n = np.asarray(x[2]).shape[0]
     own = np.zeros(n, dtype=np.int64) if attribute is None else attribute
     context, query, target, attr, _ = _checked(head, x, own, None, values_checked=values_checked)
@@ -579,10 +852,13 @@ def gated_log_likelihood(
     if cand.size and (cand.min() < 0 or cand.max() >= head.num_attributes):
         raise ValueError(f"candidates: expected attribute ids in [0, {head.num_attributes})")
     out = np.empty((n, max(cand.shape[0], 1)))
+    joint_out = np.empty(out.shape) if joint else np.empty((0, 0))
     _gated_loglik_numba(  # type: ignore[call-arg]
-        context, query, target, cand, attr, bool(given_query), *_kernel_arrays(head)[:-2], out
+        context, query, target, cand, attr, bool(given_query), *_kernel_arrays(head)[:-2], out, joint_out
     )
-    return out[:, 0] if candidates is None else out
+    if candidates is None:
+        return out[:, 0], joint_out[:, 0] if joint else None
+    return out, joint_out if joint else None
 
 
 # ------------------------------------------------------------------------------------------ M-step
@@ -630,7 +906,7 @@ def gated_m_step(
         allowed = previous.weights > 0.0
         pseudo = weight_strength / np.maximum(allowed.sum(axis=1, keepdims=True), 1)
         weights = _normalized_rows(stats.attribute_count + np.where(allowed, pseudo, 0.0), previous.weights)
-    return GatedHead(key_means, prior, previous.sigma2, factors, weights, previous.fixed_weights)
+    return previous.with_parameters(key_means=key_means, position_prior=prior, factors=factors, weights=weights)
 
 
 def _factor_m_step(

@@ -96,6 +96,20 @@ class SufficientStatistics(NamedTuple):
             position_count=self.position_count.copy(),
         )
 
+    @classmethod
+    def sum_of(cls, values: list[SufficientStatistics]) -> SufficientStatistics:
+        """The sum of ``values``, added left to right into one copy of the first (the combine tree's sum)."""
+        total = values[0].copy()
+        for value in values[1:]:
+            total = total.add(value)
+        return total
+
+    def __add__(self, other: object) -> SufficientStatistics:
+        """``self + other`` as a new value (neither changes)."""
+        if not isinstance(other, SufficientStatistics):
+            return NotImplemented
+        return self.copy().add(other)
+
     def add(self, other: SufficientStatistics) -> SufficientStatistics:
         """``self + other`` into this value's arrays (the caller owns them: see :meth:`copy`)."""
         np.add(self.key_sum, other.key_sum, out=self.key_sum)

@@ -14,7 +14,8 @@ Because the gate is generative, every M-step is closed form and EM is exact.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from dist_respattn.model.arguments import (
 from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission.layouts import DenseEmission, Emission, SparseEmission
 from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder
+from dist_respattn.model.heads.base import Block, Columns, Head
 from dist_respattn.model.kernels import per_position
 from dist_respattn.model.kernels.log_weights import block_log_weights
 
@@ -48,8 +50,8 @@ _PREDICT_BLOCK_ROWS = 8192
 _DENSE_VIEW_CELLS = 2**27
 
 
-class ResponsibilityAttentionDistribution:
-    """One generative-gate attention head over contexts of N symbols.
+class ResponsibilityAttentionDistribution(Head):
+    """One generative-gate attention head over contexts of N symbols (the head kind ``"single_hop"``).
 
     Args:
         key_means: (S, D) key mean of every symbol.
@@ -67,6 +69,8 @@ class ResponsibilityAttentionDistribution:
     Every parameter is validated on construction; the error names the parameter, the offending
     entry and what was expected.
     """
+
+    kind: ClassVar[str] = "single_hop"
 
     def __init__(
         self,
@@ -144,12 +148,146 @@ class ResponsibilityAttentionDistribution:
             )
         return table.to_dense()
 
+    # -- the head protocol ----------------------------------------------------------------------------------------
+
+    def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The head as float64 arrays and JSON (``sigma2``, ``name``, shape, layout, buckets)."""
+        from dist_respattn.model.heads.single_hop.arrays import distribution_to_arrays
+
+        return distribution_to_arrays(self)
+
+    @classmethod
+    def from_arrays(cls, arrays: Any, meta: dict[str, Any]) -> ResponsibilityAttentionDistribution:
+        from dist_respattn.model.heads.single_hop.arrays import distribution_from_arrays
+
+        return distribution_from_arrays(arrays, meta)
+
+    def num_parameters(self) -> int:
+        """Keys (S D), the emission's free cells (a sparse one's pairs and backoff), the prior and sigma2."""
+        table = self.emission_table
+        if isinstance(table, SparseEmission):
+            emission = table.support.num_pairs + self.num_symbols + self.num_targets  # pairs, backoff, base
+        else:
+            emission = self.num_symbols * self.num_targets
+        return int(self.key_means.size + emission + self.context_length + 1)
+
+    def nbytes(self) -> int:
+        """The emission (either layout) and the keys."""
+        return int(self.emission_table.nbytes + self.key_means.nbytes)
+
+    def describe(self) -> str:
+        prior = "free prior" if self.buckets is None else f"prior tied over {self.buckets.describe()}"
+        return f"single-hop head, {self.emission_table.layout} emission, {prior}"
+
+    @property
+    def columns(self) -> Columns:
+        """A tied prior reads token windows (the histogram kernels); a free one, encoded rows."""
+        return Columns(windows=self.buckets is not None)
+
+    def score(self, blocks: Iterable[Block]) -> Any:
+        """Held-out totals (:class:`~dist_respattn.model.heads.scores.ScoreTotals`) of the blocks."""
+        from dist_respattn.model.heads.single_hop.scoring import score_rows
+        from dist_respattn.model.kernels.histogram import score_windows
+        from dist_respattn.model.scores import ScoreTotals
+
+        totals = ScoreTotals()
+        for block in blocks:
+            rows = block.rows
+            if self.buckets is not None:
+                weighted = rows if block.weights is rows.weight else rows._replace(weight=block.weights)
+                totals = totals + score_windows(self, weighted)
+            else:
+                totals = totals + score_rows(self, rows.encoded, block.weights)
+        return totals
+
+    def top_k(self, block: Block, k: int) -> Any:
+        """The top ``k`` targets of a block's rows (:func:`~.top_k.predict_top_k`)."""
+        from dist_respattn.model.heads.single_hop.top_k import predict_top_k
+
+        self.check_top_k()
+        rows = block.rows
+        return predict_top_k(self, rows.context, rows.query, k, base_order=self.base_order)
+
+    def check_top_k(self) -> None:
+        if self.buckets is not None:
+            raise ValueError(
+                f"its position prior is tied over {self.buckets.describe()}: such a head predicts one history at a "
+                "time (`dist-respattn predict MODEL STORE --stream`, or dist_respattn.model.streaming.Predictor); "
+                "predictions into a store take heads with a free prior"
+            )
+
+    def warnings(self, fit_settings: dict[str, Any] | None = None) -> list[str]:
+        from dist_respattn.model.heads.single_hop.diagnostics import degeneracy_warnings
+
+        settings = fit_settings or {}
+        return degeneracy_warnings(
+            self, min_sigma2=settings.get("min_sigma2") if settings.get("estimate_sigma2") else None
+        )
+
+    @functools.cached_property
+    def base_order(self) -> np.ndarray | None:
+        """A sparse emission's targets by backoff probability (a sort of T, made once per head); ``None`` dense."""
+        from dist_respattn.model.heads.single_hop.scoring import base_order
+
+        table = self.emission_table
+        return base_order(table) if isinstance(table, SparseEmission) else None
+
+    def predictor(
+        self,
+        *,
+        words: Sequence[str] | None = None,
+        query_table: np.ndarray | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> Any:
+        """A :class:`~dist_respattn.model.streaming.Predictor` over one history (another kind's options given to it
+        are refused: a single-hop head takes none)."""
+        from dist_respattn.model.streaming import Predictor
+
+        for name, value in (options or {}).items():
+            if value not in (None, False):
+                raise ValueError(
+                    f"--{name.replace('_', '-')} {value}: this is a plain head, without attributes (the option is for "
+                    "another kind of head): leave it out"
+                )
+        return Predictor(self, query_table, words=words)
+
+    def emissions(self, options: dict[str, Any] | None = None) -> list[tuple[str, Emission]]:
+        """Its one emission table, named ``"emission"``."""
+        return [("emission", self.emission_table)]
+
+    def record(self) -> dict[str, Any]:
+        return {"sigma2": float(self.sigma2)}
+
+    def recovery(self, truth: Head) -> tuple[dict[str, Any], list[str]] | None:
+        """Keys, prior, emission and gate variance against a single-hop ``truth`` of this shape
+        (:func:`~dist_respattn.model.heads.single_hop.diagnostics.recovery_report`)."""
+        from dist_respattn.model.heads.single_hop.diagnostics import recovery_report
+
+        if not isinstance(truth, ResponsibilityAttentionDistribution) or truth.shape != self.shape:
+            return None
+        rec = recovery_report(truth, self)
+        return rec, [
+            f"keys            RMSE {rec['key_rmse']:.4f} ({100 * rec['key_rmse_relative']:.2f}% of the key scale)",
+            f"position prior  L1 distance {rec['prior_l1']:.4f}",
+            f"emission        total variation mean {rec['emission_tv_mean']:.4f}, max {rec['emission_tv_max']:.4f}",
+            f"gate variance   fitted / true = {rec['sigma2_ratio']:.4f}",
+        ]
+
+    def summary(self) -> tuple[dict[str, Any], list[str]]:
+        """The gate variance and the three most attended positions."""
+        order = sorted(range(self.context_length), key=lambda i: -self.position_prior[i])
+        top = [[int(i), float(self.position_prior[i])] for i in order[:3]]
+        shown = ", ".join(f"{i} ({p:.1%})" for i, p in top)
+        line = f"last model: gate variance sigma2 = {self.sigma2:.4g}; most attended positions: {shown}"
+        return {"sigma2": float(self.sigma2), "position_prior_top": top}, [line]
+
     def __getstate__(self) -> dict[str, Any]:
         # The kernel's layout (an S×T log table) is rebuilt where it is needed, not shipped: pickling
         # a model that has scored rows would otherwise double what a cluster sends to each worker.
         state = self.__dict__.copy()
         state.pop("kernel_parameters", None)
         state.pop("_histogram_parameters", None)
+        state.pop("base_order", None)
         return state
 
     @functools.cached_property
@@ -189,7 +327,9 @@ class ResponsibilityAttentionDistribution:
 
     # --------------------------------------------------------------------------------- prediction
 
-    def _check_context_query(self, context: Any, query: Any) -> tuple[np.ndarray, np.ndarray, bool]:
+    def check_context_query(self, context: Any, query: Any) -> tuple[np.ndarray, np.ndarray, bool]:
+        """``context`` (n, N) or (N,) and ``query`` (n, D) or (D,) checked as a batch: the (n, N) and (n, D) arrays,
+        and whether a single row was given."""
         single = np.ndim(context) == 1
         ctx = np.atleast_2d(np.asarray(context))
         y = np.atleast_2d(np.asarray(query, dtype=np.float64))
@@ -224,7 +364,7 @@ class ResponsibilityAttentionDistribution:
         posterior responsibility ``r_i = p(z = i | query, target, context)`` that EM uses (NaN on a
         row the model gives zero probability).
         """
-        ctx, y, single = self._check_context_query(context, query)
+        ctx, y, single = self.check_context_query(context, query)
         tgt = None
         if target is not None:
             tgt = as_id_array(np.atleast_1d(np.asarray(target)), "target", 1)
@@ -245,7 +385,7 @@ class ResponsibilityAttentionDistribution:
         Returns:
             (T,) for one example (context (N,), query (D,)), or (n, T) for a batch.
         """
-        ctx, y, single = self._check_context_query(context, query)
+        ctx, y, single = self.check_context_query(context, query)
         attention = self._attention(ctx, y, None)
         out = np.empty((ctx.shape[0], self.num_targets))
         for start, stop in per_position.block_ranges(ctx.shape[0], _PREDICT_BLOCK_ROWS):

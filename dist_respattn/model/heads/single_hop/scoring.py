@@ -11,7 +11,6 @@ Totals are additive over blocks and partitions, like the E-step statistics.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import numba
@@ -21,9 +20,9 @@ from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.kernels import per_position
 from dist_respattn.model.kernels.log_weights import attention_of, exp_shifted, row_log_weights
+from dist_respattn.model.scores import ScoreTotals
 
 __all__ = [
-    "ScoreTotals",
     "base_order",
     "dense_mixture",
     "insert_ranked",
@@ -31,47 +30,6 @@ __all__ = [
     "score_rows",
     "top_k_threshold",
 ]
-
-
-@dataclass(frozen=True)
-class ScoreTotals:
-    """Weighted totals over scored rows (add two with ``+``).
-
-    Attributes:
-        weight: sum of row weights (the row count for unweighted rows).
-        log_lik: sum of ``w log p(query, target | context)``, the joint likelihood EM maximizes.
-        target_log_prob: sum of ``w log p(target | context, query)``, the predictive likelihood.
-        correct: sum of ``w`` over rows whose target is the arg-max of ``predict_proba`` (first on ties).
-    """
-
-    weight: float = 0.0
-    log_lik: float = 0.0
-    target_log_prob: float = 0.0
-    correct: float = 0.0
-
-    def __add__(self, other: ScoreTotals) -> ScoreTotals:
-        return ScoreTotals(
-            self.weight + other.weight,
-            self.log_lik + other.log_lik,
-            self.target_log_prob + other.target_log_prob,
-            self.correct + other.correct,
-        )
-
-    def to_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-    def metrics(self) -> dict[str, float]:
-        """Means per unit weight: ``mean_log_likelihood``, ``target_log_prob``, ``perplexity``, ``accuracy``."""
-        if self.weight <= 0.0:
-            nan = float("nan")
-            return {"mean_log_likelihood": nan, "target_log_prob": nan, "perplexity": nan, "accuracy": nan}
-        mean_target = self.target_log_prob / self.weight
-        return {
-            "mean_log_likelihood": self.log_lik / self.weight,
-            "target_log_prob": mean_target,
-            "perplexity": math.exp(-mean_target) if mean_target > -700.0 else float("inf"),
-            "accuracy": self.correct / self.weight,
-        }
 
 
 @numba.njit(cache=True, nogil=True)

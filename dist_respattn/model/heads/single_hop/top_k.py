@@ -9,7 +9,6 @@ stable sort of ``predict_proba`` orders them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numba
@@ -20,59 +19,9 @@ from dist_respattn.model.heads.single_hop import scoring
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.kernels import per_position
 from dist_respattn.model.kernels.log_weights import attention_of, row_log_weights
+from dist_respattn.model.scores import TopK
 
-__all__ = ["PredictionTotals", "TopK", "predict_top_k"]
-
-
-@dataclass(frozen=True)
-class TopK:
-    """Predictions of ``n`` rows.
-
-    Attributes:
-        targets: (n, K) int32, each row's K most probable targets, best first (lower id first on ties).
-        probabilities: (n, K) float64, ``p(target | context, query)`` of those targets.
-        attention: (n, N) float64, the predictive attention ``a_i ∝ pi_i N(query; K[c_i], sigma2 I)``.
-    """
-
-    targets: np.ndarray
-    probabilities: np.ndarray
-    attention: np.ndarray
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.targets.shape[0])
-
-    @property
-    def top_k(self) -> int:
-        return int(self.targets.shape[1])
-
-
-@dataclass(frozen=True)
-class PredictionTotals:
-    """Weighted totals of predicted rows whose targets are known (add two with ``+``).
-
-    Attributes:
-        rows: rows predicted; ``weight``: their total weight (the row count for unweighted rows).
-        top1: weight of the rows whose target is the first prediction; ``top_k``: of those whose target is
-            among the K.
-    """
-
-    rows: int = 0
-    weight: float = 0.0
-    top1: float = 0.0
-    top_k: float = 0.0
-
-    def __add__(self, other: PredictionTotals) -> PredictionTotals:
-        return PredictionTotals(
-            self.rows + other.rows, self.weight + other.weight, self.top1 + other.top1, self.top_k + other.top_k
-        )
-
-    @classmethod
-    def of(cls, top: TopK, target: np.ndarray, weights: np.ndarray | None) -> PredictionTotals:
-        """The totals of one block: ``top`` predicted for rows whose targets are ``target`` (n,)."""
-        w = np.ones(top.num_rows) if weights is None else np.asarray(weights, dtype=np.float64)
-        hit = top.targets == np.asarray(target)[:, None]
-        return cls(top.num_rows, float(w.sum()), float(w[hit[:, 0]].sum()), float(w[hit.any(axis=1)].sum()))
+__all__ = ["predict_top_k"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -162,7 +111,7 @@ def predict_top_k(
     """
     if int(k) < 1:
         raise ValueError(f"k = {k}: expected a positive number of targets")
-    ctx, y, _ = model._check_context_query(context, query)
+    ctx, y, _ = model.check_context_query(context, query)
     top = min(int(k), model.num_targets)
     n_rows = ctx.shape[0]
     targets = np.empty((n_rows, top), dtype=np.int64)

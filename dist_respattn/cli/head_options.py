@@ -1,0 +1,77 @@
+"""The head kinds on the command line: the options each registered kind adds to a command, and the spec they ask for.
+
+The command line knows no kind by name: every kind registered in the model layer
+(:func:`~dist_respattn.model.heads.base.kind_names`) brings its own options
+(:class:`~dist_respattn.model.heads.base.Option`), in a group of its own, and reads them back itself
+(``HeadKind.spec_from_options``; a head's ``report`` and ``predictor`` take them by their ``dest`` names).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from dist_respattn.cli.common import CommandError
+
+__all__ = ["add_head_options", "head_options", "spec_from_args"]
+
+
+def _kinds() -> list[Any]:
+    from dist_respattn.model.heads.base import head_kind, kind_names
+
+    return [head_kind(name) for name in kind_names()]
+
+
+def _dest(option: Any) -> str:
+    if "dest" in option.settings:
+        return str(option.settings["dest"])
+    long = next((f for f in option.flags if f.startswith("--")), option.flags[0])
+    return long.lstrip("-").replace("-", "_")
+
+
+def add_head_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """Add every kind's options that ``command`` takes, each kind's in a group titled by its summary."""
+    for kind in _kinds():
+        options = [option for option in kind.options if command in option.commands]
+        if not options:
+            continue
+        group = parser.add_argument_group(f"{kind.name.replace('_', '-')} heads", kind.summary or None)
+        for option in options:
+            group.add_argument(*option.flags, **option.settings)
+
+
+def head_options(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """The kinds' options of ``command`` as parsed, by ``dest`` name (``None`` for those not given)."""
+    return {
+        _dest(option): getattr(args, _dest(option), None)
+        for kind in _kinds()
+        for option in kind.options
+        if command in option.commands
+    }
+
+
+def spec_from_args(args: argparse.Namespace, base: Any, saved: dict[str, Any] | None) -> Any:
+    """The head spec ``fit`` asks for: the kind whose options were given (its ``spec_from_options``), else ``base``
+    (the single-hop head the other fit options describe). ``saved``: the spec JSON of a fit being resumed."""
+    options = {**vars(args), **head_options(args, "fit")}
+    chosen = []
+    for kind in _kinds():
+        if kind.spec_from_options is None:
+            continue
+        try:
+            spec = kind.spec_from_options(options, base, saved if (saved or {}).get("kind") == kind.name else None)
+        except (TypeError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        if spec is not None:
+            chosen.append((kind.name, spec))
+    if len(chosen) > 1:
+        names = " and ".join(name for name, _ in chosen)
+        raise CommandError(f"the options of the {names} heads were given together: a fit is of one kind of head")
+    if chosen:
+        return chosen[0][1]
+    if saved and saved.get("kind") != getattr(base, "kind", None):
+        # A resumed fit of another kind, its options not given again: it continues as it was.
+        from dist_respattn.model.heads.base import spec_from_json
+
+        return spec_from_json(saved)
+    return base

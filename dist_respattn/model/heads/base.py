@@ -1,0 +1,649 @@
+"""The head protocol: all that the engine, the checkpoints and the commands know of a kind of head.
+
+A kind of head is written in the model layer alone, as four parts (see ``docs/guide/head-kinds.md``):
+
+- a :class:`Head`: the parameters. Arrays and JSON for checkpoints, picklable for the broadcast; it scores,
+  ranks and streams blocks of rows;
+- a :class:`HeadSpec`: the settings of a fit of that kind (JSON, checked on resume), which makes
+- a :class:`Trainer`: one fit's fixed choices. The statistics of a partition (the E-step, the start), the
+  M-step with its open choices (:class:`Candidates`), the passes before the first iteration;
+- additive statistics: ``a + b`` (in a fixed order, so sums are reproducible), an empty identity, and
+  ``log_lik`` / ``n_obs`` for the convergence rule.
+
+and registered by name (:func:`register_kind`), so a checkpoint that records ``"kind": NAME`` loads with the
+kind's own :meth:`Head.from_arrays`. The engine runs every pass, the combine tree, the loop, the held-out choice,
+early stopping, checkpoints, evaluation and prediction for every kind the same way; nothing outside the model
+layer branches on a kind.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import operator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, TypeVar
+
+import numpy as np
+
+__all__ = [
+    "Block",
+    "BlockPass",
+    "Candidates",
+    "Choice",
+    "Columns",
+    "Grid",
+    "GridScores",
+    "Head",
+    "HeadKind",
+    "HeadSpec",
+    "Option",
+    "Passes",
+    "Stage",
+    "Statistics",
+    "StreamingPredictor",
+    "Trainer",
+    "TrainerContext",
+    "combine",
+    "head_from_arrays",
+    "head_kind",
+    "kind_names",
+    "register_kind",
+    "spec_from_json",
+]
+
+
+# ----------------------------------------------------------------------------------------------- blocks
+
+
+@dataclass(frozen=True)
+class Columns:
+    """What the blocks a head reads must carry besides ``(context, query, target)``.
+
+    Attributes:
+        windows: the rows as token windows (:class:`~dist_respattn.model.rows.WindowRows`: a tied prior's
+            histogram kernel) instead of encoded rows (:class:`~dist_respattn.model.rows.EncodedRows`).
+        attributes: each row's attribute id (a store written with ``--attribute-by`` / ``--attributes``).
+        documents: each row's document id.
+    """
+
+    windows: bool = False
+    attributes: bool = False
+    documents: bool = False
+
+    def __or__(self, other: Columns) -> Columns:
+        return Columns(
+            self.windows or other.windows, self.attributes or other.attributes, self.documents or other.documents
+        )
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of a store's rows as a head reads it (made by the engine's tasks, one at a time).
+
+    Attributes:
+        rows: the rows: :class:`~dist_respattn.model.rows.EncodedRows` (``context`` (n, N) int32, ``query``
+            (n, D) float64, ``target`` (n,) int32, ``weight`` (n,) or None) or, when the head asked for
+            ``Columns(windows=True)``, :class:`~dist_respattn.model.rows.WindowRows`.
+        weights: (n,) float64, the rows' weights once the fit's row selection is applied (0: the row does not
+            count: the other side of a hold-out), or ``None``: every row weighs 1.
+        attribute: (n,) int64 each row's attribute id as the head numbers them (``-1``: an attribute the head
+            does not know; such rows weigh 0), or ``None`` when not asked for.
+        documents: (n,) int64 each row's document id, or ``None`` when not asked for.
+        partition: the store partition the block belongs to; ``start``: its first row's store row.
+        checked: the store's readers already checked the values (ids in range, finite numbers), so kernels
+            need not check them again.
+    """
+
+    rows: Any
+    weights: np.ndarray | None
+    attribute: np.ndarray | None = None
+    documents: np.ndarray | None = None
+    partition: int = 0
+    start: int = 0
+    checked: bool = False
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.rows.num_rows)
+
+    def weights_or_ones(self) -> np.ndarray:
+        """(n,) float64: the weights, 1 for every row when there are none."""
+        if self.weights is None:
+            return np.ones(self.num_rows)
+        return np.asarray(self.weights, dtype=np.float64)
+
+
+# ----------------------------------------------------------------------------------------------- statistics
+
+
+class Statistics(Protocol):
+    """Additive statistics of a kind: a partition's value, summed by the combine tree.
+
+    ``a + b`` is a new value (neither operand changes); sums are taken in the tree's fixed order, so a fit is
+    bit-identical on any number of workers. A kind whose values are large may also give ``sum_of(values)``, a
+    class method adding a sequence left to right into one copy (what :func:`combine` uses when it is there).
+    """
+
+    @property
+    def log_lik(self) -> float: ...
+
+    @property
+    def n_obs(self) -> float: ...
+
+    def __add__(self, other: Any) -> Any: ...
+
+
+def combine(values: Sequence[Any]) -> Any:
+    """The sum of additive values, added left to right in the order given (so the result is reproducible).
+
+    Uses the values' own ``sum_of`` when their type has one (a single copy of the first, the others added into
+    it), else ``+``.
+    """
+    if not values:
+        raise ValueError("combine() of no values: a pass over no partitions has no value")
+    summed = getattr(type(values[0]), "sum_of", None)
+    if summed is not None:
+        return summed(values)
+    return functools.reduce(operator.add, values)
+
+
+# ----------------------------------------------------------------------------------------------- heads
+
+
+class StreamingPredictor(Protocol):
+    """Next-token prediction over a growing history, in state bounded by the model (not the history)."""
+
+    def push(self, token: int) -> None: ...
+
+    def extend(self, tokens: Iterable[int]) -> None: ...
+
+    def predict(self, query: Any = None) -> np.ndarray: ...
+
+    def top_k(self, k: int, query: Any = None) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def top_words(self, k: int, query: Any = None) -> list[tuple[str, float]]: ...
+
+    @property
+    def state_size(self) -> int: ...
+
+
+class Head(abc.ABC):
+    """The parameters of a head of some kind: what a checkpoint holds and the broadcast sends.
+
+    Subclasses set :attr:`kind` (the name checkpoints record) and are registered with :func:`register_kind`.
+    Heads are immutable and picklable (the engine scatters them once per iteration).
+    """
+
+    #: The kind's registered name, recorded in every checkpoint.
+    kind: ClassVar[str]
+
+    # -- shape: S context symbols, N context positions, D the query's dimension, T targets ------------------------
+
+    num_symbols: int
+    context_length: int
+    query_dim: int
+    num_targets: int
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(S, N, D, T)``: the stores this head fits."""
+        return (self.num_symbols, self.context_length, self.query_dim, self.num_targets)
+
+    # -- persistence -----------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The head as named arrays and JSON-able metadata (never pickles); :meth:`from_arrays` inverts it."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_arrays(cls, arrays: Any, meta: dict[str, Any]) -> Head:
+        """The head :meth:`to_arrays` wrote (``arrays``: a mapping of name to array)."""
+
+    def completed(self, directory: str, meta: dict[str, Any], load: Callable[[str], Head]) -> Head:
+        """The head as its checkpoint in model directory ``directory`` (with ``meta.json`` ``meta``) describes it,
+        when the arrays alone do not: an older format may name another fit the head needs, which ``load(path)``
+        reads. Itself by default."""
+        return self
+
+    def stage_heads(self) -> dict[str, Head]:
+        """A staged kind's earlier stages, by their directories (a gated head's ``"shared"`` head): a fit of the same
+        spec warm-started from this head starts each of those stages from them. None by default."""
+        return {}
+
+    @abc.abstractmethod
+    def num_parameters(self) -> int:
+        """The free parameters this head holds (for reports and the memory plan)."""
+
+    def describe(self) -> str:
+        """A few words on the head, for the lines a fit prints (the kind's name by default)."""
+        return self.kind
+
+    def nbytes(self) -> int:
+        """The bytes of its arrays (what sending it to the workers moves): those of :meth:`to_arrays` by default."""
+        arrays, _ = self.to_arrays()
+        return int(sum(np.asarray(a).nbytes for a in arrays.values()))
+
+    # -- reading rows ----------------------------------------------------------------------------------------
+
+    @property
+    def columns(self) -> Columns:
+        """What its blocks must carry to be scored or predicted (plain encoded rows by default)."""
+        return Columns()
+
+    def attribute_names(self) -> tuple[str, ...] | None:
+        """The names of the attributes the head knows (its ids are their positions), or ``None`` when it reads
+        no attributes. The engine maps a store's attribute ids onto these by name."""
+        return None
+
+    @abc.abstractmethod
+    def score(self, blocks: Iterable[Block]) -> Any:
+        """Held-out totals of these blocks' rows (a :class:`~dist_respattn.model.scores.ScoreTotals`: joint and
+        predictive log-likelihoods, ranks), added block by block in order."""
+
+    def check_top_k(self) -> None:  # noqa: B027 - every kind ranks rows unless it says otherwise
+        """Raise ``ValueError`` (saying what to use instead) when this head cannot rank blocks of rows, before any
+        pass starts; nothing by default."""
+
+    @abc.abstractmethod
+    def top_k(self, block: Block, k: int) -> Any:
+        """The ``k`` most probable targets of each row of ``block`` (a :class:`~dist_respattn.model.scores.TopK`),
+        without an (n, T) matrix."""
+
+    @abc.abstractmethod
+    def predictor(self, *, words: Sequence[str] | None = None, query_table: np.ndarray | None = None,
+                  options: dict[str, Any] | None = None) -> StreamingPredictor:  # fmt: skip
+        """A streaming predictor over one history. ``words`` names the targets for ``top_words``; ``query_table``
+        (S, D) looks up a token's query; ``options`` are the kind's own command-line options (an attribute to
+        predict as, say), by ``dest`` name."""
+
+    def emissions(self, options: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
+        """The emission tables whose rows ``neighbours`` compares, each named (one per attribute, say; ``options``
+        may pick some), as :class:`~dist_respattn.model.emission.layouts.Emission`; none by default."""
+        return []
+
+    def report(self, passes: Passes, options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """What ``evaluate`` says of this kind beyond the overall scores: JSON keys and lines (nothing by default).
+
+        ``passes`` runs passes over the scored store (``over="train"``) or the store the head was fitted on
+        (``over="training_store"``); ``options`` are the kind's own command-line options by ``dest`` name.
+        """
+        return {}, []
+
+    def warnings(self, fit_settings: dict[str, Any] | None = None) -> list[str]:
+        """Signs of a degenerate head seen from its parameters alone (``fit_settings``: the JSON settings of the fit
+        that made it, when known), for ``evaluate`` of a head its checkpoint said nothing about."""
+        return []
+
+    def summary(self) -> tuple[dict[str, Any], list[str]]:
+        """What a fit's report says of the head: JSON figures (beside the kind-free ones) and lines."""
+        return {}, []
+
+    def recovery(self, truth: Head) -> tuple[dict[str, Any], list[str]] | None:
+        """How close this fitted head is to ``truth`` (the head a synthetic store was sampled from): JSON figures and
+        lines, or ``None`` when it cannot say (another kind, another shape; the default)."""
+        return None
+
+    def record(self) -> dict[str, Any]:
+        """Numbers of the head an iteration's record carries besides the kind-free ones (JSON-able)."""
+        return {}
+
+
+# ----------------------------------------------------------------------------------------------- choices
+
+
+class Choice(Protocol):
+    """An M-step's open choices (a hyperparameter point): JSON-able, so a resumed fit centres its next search
+    on it, and said in words on every iteration's line."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+    def describe(self) -> str: ...
+
+
+class GridScores(Protocol):
+    """Held-out totals at every point of a :class:`Grid` (additive, like statistics)."""
+
+    @property
+    def weight(self) -> float: ...
+
+    def __add__(self, other: Any) -> Any: ...
+
+
+class Grid(abc.ABC):
+    """The points an M-step's held-out pass scores, with what scoring them needs (picklable: sent to workers)."""
+
+    @property
+    def columns(self) -> Columns:
+        """What the held-out blocks must carry."""
+        return Columns()
+
+    @abc.abstractmethod
+    def score(self, blocks: Iterable[Block]) -> GridScores:
+        """The held-out totals of these blocks at every point."""
+
+    def nbytes(self) -> int:
+        """The bytes of its arrays (what sending it to the workers moves); 0 when unknown."""
+        return 0
+
+
+class Candidates(abc.ABC):
+    """An M-step with its open choices left open: every head it can give, one per :class:`Choice`."""
+
+    @abc.abstractmethod
+    def default(self) -> Choice:
+        """The choice made when nothing is chosen on held-out rows."""
+
+    @abc.abstractmethod
+    def grid(self, around: Choice | None) -> Grid:
+        """The points to score: the whole search when ``around`` is ``None`` (the first M-step), else the
+        neighbourhood of the last choice."""
+
+    @abc.abstractmethod
+    def choose(self, grid: Grid, scores: GridScores) -> tuple[Choice, dict[str, float] | None]:
+        """The best point of ``grid`` by its held-out ``scores``, and that point's held-out metrics
+        (``mean_log_likelihood``, ``target_log_prob``, ``perplexity``); without held-out weight, the default
+        and ``None``."""
+
+    @abc.abstractmethod
+    def model(self, choice: Choice) -> Head:
+        """The head under ``choice``."""
+
+    def searches(self) -> bool:
+        """Whether there is anything to choose (a fit without held-out rows then keeps the defaults)."""
+        return True
+
+
+# ----------------------------------------------------------------------------------------------- training
+
+
+@dataclass(frozen=True)
+class BlockPass:
+    """A pass a trainer asks the engine for before the first iteration: ``map_partition(blocks)`` over the
+    training rows' partitions, summed by the combine tree; the value is sent back into the preparation.
+
+    ``map_partition`` travels to the workers: a bound method of the (picklable) trainer, or a module-level
+    function (a ``functools.partial`` of one). ``name`` labels its task keys; ``description`` its progress bar.
+    """
+
+    name: str
+    description: str
+    map_partition: Callable[[Iterator[Block]], Any]
+    columns: Columns = Columns()
+
+
+class Passes(Protocol):
+    """What a kind asks of the engine while it prepares a fit or writes a report: passes over the cluster.
+
+    The engine gives one to :meth:`Trainer.prepare` and :meth:`Head.report`; the model layer never sees a client.
+    """
+
+    def run(self, request: BlockPass, *, over: str = "train") -> Any:
+        """The combined value of ``request.map_partition`` over every partition of ``over``: ``"train"`` (the
+        training rows of a fit, or the scored store of a report), ``"heldout"`` (a fit's held-out rows) or, in a
+        report, ``"training_store"`` (the store the head was fitted on, its training rows)."""
+
+    def choose(self, candidates: Candidates) -> Head:
+        """The head of ``candidates`` chosen on the fit's held-out rows (the defaults without any), as the engine
+        chooses after every M-step; the choice is recorded as the start's."""
+
+    def say(self, line: str) -> None:
+        """Tell the user (a fit's or a command's lines)."""
+
+    def plan_memory(self) -> None:
+        """Check the trainer's memory plan again (:meth:`Trainer.memory`), now that a pass told it more; raises
+        the engine's ``InsufficientMemoryError`` before a plan the workers cannot hold runs."""
+
+
+@dataclass(frozen=True)
+class TrainerContext:
+    """What a trainer is made from besides its spec: the training rows' shape and names, and where it starts.
+
+    Attributes:
+        shape: ``(S, N, D, T)`` of the training rows.
+        attribute_names: the store's attribute names (``None``: it has none).
+        init: the head the fit starts from when it is another fit's (a warm start, or the earlier stage's), or
+            ``None``; ``init_meta`` and ``init_arrays``: the JSON and the extra arrays of that fit's checkpoint.
+        saved_meta, saved_arrays: the JSON and extra arrays (:meth:`Trainer.checkpoint_extras`) of this fit's own
+            checkpoint when it is resumed (``{}`` otherwise).
+    """
+
+    shape: tuple[int, int, int, int]
+    attribute_names: tuple[str, ...] | None = None
+    init: Head | None = None
+    init_meta: dict[str, Any] = field(default_factory=dict)
+    init_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    saved_meta: dict[str, Any] = field(default_factory=dict)
+    saved_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class Trainer(abc.ABC):
+    """One fit of one kind: its settings made concrete for a store. Picklable: the tasks carry it to the workers.
+
+    The engine's loop is: ``head = prepare(...)``, then every iteration
+    ``stats = combine(statistics(head, partition) for each partition)``, ``candidates = m_step(stats, head)``,
+    a held-out pass over ``candidates.grid(last choice)``, ``head = candidates.model(choice)``; it stops when the
+    mean log-likelihood per row ``stats.log_lik / stats.n_obs`` changes by less than ``tol`` (relative), at
+    ``max_iter``, or when the held-out metric stops improving.
+    """
+
+    @property
+    def columns(self) -> Columns:
+        """What the training blocks must carry."""
+        return Columns()
+
+    def attribute_names(self) -> tuple[str, ...] | None:
+        """The attribute names the trainer's ids follow (the engine maps every store's ids onto them by name), or
+        ``None`` when it reads no attributes."""
+        return None
+
+    def searches(self) -> bool:
+        """Whether its M-steps have open choices to make on held-out rows (else a fit holds out no rows for them)."""
+        return True
+
+    def check_start(self, head: Head, *, resumed: bool) -> None:  # noqa: B027 - any start is fine unless refused
+        """Refuse (``ValueError``, naming the option that fixes it) a starting head this fit cannot start from;
+        called before any cluster starts. ``resumed``: the head is the fit's own checkpoint."""
+
+    @abc.abstractmethod
+    def prepare(self, start: Head | None, *, resumed: bool, passes: Passes) -> Head:
+        """The head the first iteration starts from, after the passes it needs (run through ``passes``).
+
+        ``start`` is the given starting head (a warm start, or a resumed checkpoint's when ``resumed``), or
+        ``None``: the trainer's own start (the M-step of uniform or random responsibilities, usually).
+        """
+
+    @abc.abstractmethod
+    def statistics(self, head: Head, blocks: Iterator[Block]) -> Statistics:
+        """The E-step: the additive statistics of one partition's blocks (in order) under ``head``."""
+
+    @abc.abstractmethod
+    def m_step(self, statistics: Statistics, previous: Head) -> Candidates:
+        """The M-step of these (reduced) statistics, its open choices left to :class:`Candidates`."""
+
+    def choice_from_json(self, data: dict[str, Any]) -> Choice | None:
+        """A choice a checkpoint recorded (``Choice.to_json``), for a resumed fit's next search."""
+        return None
+
+    def checkpoint_extras(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Arrays and JSON a checkpoint keeps besides the head, so a resumed fit needs no pass (an emission prior
+        made from the training rows, say); :class:`TrainerContext` gives them back to a resumed fit as
+        ``saved_arrays`` and ``saved_meta``."""
+        return {}, {}
+
+    def warnings(self, head: Head, statistics: Any = None) -> list[str]:
+        """Signs of a degenerate fit (a collapsed gate, unused keys...) of ``head`` after the M-step of
+        ``statistics`` (``None``: a fit of no iterations), for the fit's lines and checkpoints."""
+        return []
+
+    def memory(self, *, block_rows: int, row_bytes: int, threads_per_worker: int, fan_in: int) -> Any:
+        """The memory plan of this fit as far as it is known (a :class:`~dist_respattn.model.memory.MemoryEstimate`;
+        a sparse emission's pairs, say, are known once the start pass has found them), or ``None``: nothing to
+        check. ``block_rows`` rows of ``row_bytes`` each are read at once."""
+        return None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One fit of a staged spec: its kind's spec, the model directory under the fit's, relative (``"."``: the
+    fit's own), and the loop settings it runs with instead of the fit's (``max_iter``, ``tol``, ``patience``...,
+    by their ``FitSettings`` names). A stage after the first starts from the previous stage's model, on its
+    held-out rows."""
+
+    spec: HeadSpec
+    directory: str = "."
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+class HeadSpec(abc.ABC):
+    """The settings of a fit of some kind: JSON-able (saved with every checkpoint, compared on resume), and the
+    factory of its :class:`Trainer`."""
+
+    kind: ClassVar[str]
+
+    @abc.abstractmethod
+    def to_json(self) -> dict[str, Any]:
+        """The settings as JSON (with ``"kind"``)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_json(cls, data: dict[str, Any]) -> HeadSpec:
+        """The spec :meth:`to_json` wrote."""
+
+    @abc.abstractmethod
+    def trainer(self, context: TrainerContext) -> Trainer:
+        """The trainer of a fit on rows of this shape, from this start."""
+
+    def notes(self, attribute_names: tuple[str, ...] | None) -> list[str]:
+        """What to tell the user before a fit of this spec on a store with these attributes starts (advice on a
+        setting that is rarely what was meant, say); nothing by default."""
+        return []
+
+    @property
+    def columns(self) -> Columns:
+        """What the training store's rows must carry for a fit of this spec (attributes, say), checked before any of
+        its stages runs (nothing beyond the rows by default)."""
+        return Columns()
+
+    def stages(self) -> list[Stage]:
+        """The fits this spec is made of, in order (one, itself, by default)."""
+        return [Stage(self)]
+
+    @property
+    def continues_from_init(self) -> bool:
+        """Whether a fit of this spec starts from another fit (then given as ``init_from``) and keeps that fit's
+        held-out rows and training rows."""
+        return False
+
+    def differences(self, other: HeadSpec, *, ignore: tuple[str, ...] = ()) -> list[str]:
+        """``name: saved -> given`` for every setting that differs (what a resume refuses)."""
+        mine, theirs = self.to_json(), other.to_json()
+        return [
+            f"{name}: {mine.get(name)!r} -> {theirs.get(name)!r}"
+            for name in sorted(set(mine) | set(theirs))
+            if name not in ignore and mine.get(name) != theirs.get(name)
+        ]
+
+
+# ----------------------------------------------------------------------------------------------- the kinds
+
+
+@dataclass(frozen=True)
+class Option:
+    """A command-line option a kind adds to some commands: ``argparse``'s ``add_argument(*flags, **settings)``.
+
+    ``commands`` names the subcommands that take it (``"fit"``, ``"evaluate"``, ``"predict"``, ``"sample"``...).
+    The parsed values reach the kind by their ``dest`` names (:attr:`HeadKind.spec_from_options`, the
+    ``options`` of :meth:`Head.report` and :meth:`Head.predictor`).
+    """
+
+    flags: tuple[str, ...]
+    settings: dict[str, Any]
+    commands: tuple[str, ...] = ("fit",)
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    """A registered kind: its name, its classes, and what it adds to the command line.
+
+    Attributes:
+        name: what checkpoints record.
+        head: its :class:`Head` class; ``spec``: its :class:`HeadSpec` class, read back by ``spec.from_json``.
+        summary: one line on the kind (the option group's description on the command line).
+        options: the command-line options it adds.
+        spec_from_options: ``(options, base, saved) -> spec or None``: the spec a ``fit`` asks for when this
+            kind's options were given (``None`` otherwise): ``options`` maps ``dest`` names to parsed values,
+            ``base`` is the single-hop spec the other fit options describe, ``saved`` the JSON of the spec a
+            resumed fit recorded (or ``None``). A ``ValueError`` names the flag at fault.
+    """
+
+    name: str
+    head: type[Head]
+    spec: type[HeadSpec] | None = None
+    summary: str = ""
+    options: tuple[Option, ...] = ()
+    spec_from_options: Callable[[dict[str, Any], HeadSpec, dict[str, Any] | None], HeadSpec | None] | None = None
+
+    def spec_from_json(self, data: dict[str, Any]) -> HeadSpec:
+        """The spec :meth:`HeadSpec.to_json` wrote."""
+        if self.spec is None:
+            raise ValueError(f"head kind {self.name!r} has no spec: it is not fitted on its own")
+        return self.spec.from_json(data)
+
+
+_KINDS: dict[str, HeadKind] = {}
+
+#: The modules that register the built-in kinds, imported on first lookup (so importing this module stays light).
+_BUILT_IN = (
+    "dist_respattn.model.heads.single_hop",
+    "dist_respattn.model.heads.gated",
+    "dist_respattn.model.heads.mixture",
+)
+
+T = TypeVar("T", bound=Head)
+
+
+def register_kind(kind: HeadKind) -> HeadKind:
+    """Make ``kind`` known by its name (a second kind of the same name is refused)."""
+    known = _KINDS.get(kind.name)
+    if known is not None and known.head is not kind.head:
+        raise ValueError(f"a head kind named {kind.name!r} is registered already ({known.head.__qualname__})")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def _load_built_in() -> None:
+    import importlib
+
+    for module in _BUILT_IN:
+        importlib.import_module(module)
+
+
+def head_kind(name: str) -> HeadKind:
+    """The kind registered as ``name``; an unknown name raises naming the known ones."""
+    if name not in _KINDS:
+        _load_built_in()
+    try:
+        return _KINDS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown head kind {name!r}: this version knows {', '.join(kind_names())} (a newer version wrote it?)"
+        ) from None
+
+
+def kind_names() -> list[str]:
+    """The names of every registered kind, sorted."""
+    _load_built_in()
+    return sorted(_KINDS)
+
+
+def spec_from_json(data: dict[str, Any]) -> HeadSpec:
+    """The spec whose JSON (with its ``"kind"``) a checkpoint recorded."""
+    return head_kind(str(data["kind"])).spec_from_json(data)
+
+
+def head_from_arrays(kind: str, arrays: Any, meta: dict[str, Any]) -> Head:
+    """The head of kind ``kind`` that :meth:`Head.to_arrays` wrote."""
+    return head_kind(kind).head.from_arrays(arrays, meta)

@@ -1,0 +1,256 @@
+"""The kinds of head the contract suites run over: per kind, a spec, a small dataset and an independent reference.
+
+Every kind adds its cases to :data:`CASES` (one ``CASES.append(KindCase(...))`` block per case, each independent of
+the others, so additions by different kinds merge without conflict). A case's reference ``predict_proba`` is written
+with plain numpy from the head's parameters, never through the kind's kernels, so the suites compare two
+implementations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dist_respattn.model.buckets import PositionBuckets
+from dist_respattn.model.heads.base import Block, Columns, Head, HeadSpec, TrainerContext
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
+from dist_respattn.model.heads.single_hop.sampler import random_distribution
+from dist_respattn.model.rows import EncodedRows, WindowRows
+
+__all__ = ["CASES", "KindCase", "KindData", "blocks_of", "case_ids", "single_hop_reference", "single_hop_tables"]
+
+
+@dataclass(frozen=True)
+class KindData:
+    """A small dataset of a case: ``context`` (n, N) int32, ``query`` (n, D) float64, ``target`` (n,) int32 and,
+    for a kind that reads them, ``attribute`` (n,) int64 with their ``attribute_names``."""
+
+    context: np.ndarray
+    query: np.ndarray
+    target: np.ndarray
+    attribute: np.ndarray | None = None
+    attribute_names: tuple[str, ...] | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.target.shape[0])
+
+    @property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(context, query, target)``, as ``fit_em`` takes them."""
+        return self.context, self.query, self.target
+
+
+@dataclass(frozen=True)
+class KindCase:
+    """One kind of head under test.
+
+    Attributes:
+        name: the case's test id.
+        make: ``() -> (spec, data, context)``: the spec of a fit with nothing to choose on held-out rows, the
+            rows, and the :class:`TrainerContext` its trainer is made from (shape, attribute names, a start).
+        ml_spec: ``spec -> spec``: the same fit with maximum-likelihood settings (no prior on any table, nothing
+            chosen), whose EM never lowers the training likelihood.
+        reference_predict_proba: ``(head, context, query, attribute or None) -> (n, T)``: ``p(target | row)``
+            computed with plain numpy from the head's parameters.
+        tables: ``head -> {name: (r, c) array}``: the head's probability tables, each row of which sums to one.
+        batch_top_k: whether :meth:`Head.top_k` predicts blocks (else it refuses them with a ``ValueError``).
+        predictor_options: ``(data, row) -> options`` for :meth:`Head.predictor` predicting that row (an attribute,
+            say); ``None``: no options.
+    """
+
+    name: str
+    make: Callable[[], tuple[HeadSpec, KindData, TrainerContext]]
+    ml_spec: Callable[[HeadSpec], HeadSpec]
+    reference_predict_proba: Callable[[Head, np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]
+    tables: Callable[[Head], dict[str, np.ndarray]]
+    batch_top_k: bool = True
+    predictor_options: Callable[[KindData, int], dict[str, Any]] | None = field(default=None)
+
+
+def blocks_of(data: KindData, columns: Columns, start: int = 0, stop: int | None = None) -> Iterator[Block]:
+    """Rows ``start:stop`` of ``data`` as one block carrying ``columns`` (as a store partition's reader gives it:
+    token windows when asked for, the attributes when asked for, every row weighing 1)."""
+    stop = data.num_rows if stop is None else stop
+    context, query, target = (a[start:stop] for a in data.arrays)
+    rows: Any
+    if columns.windows:
+        rows = WindowRows.from_encoded(context, query, target, None, start)
+    else:
+        rows = EncodedRows(context, query, target, None, start)
+    attribute = None
+    if columns.attributes:
+        assert data.attribute is not None, "the kind reads attributes but the case's data has none"
+        attribute = data.attribute[start:stop]
+    yield Block(rows, None, attribute, partition=0, start=start)
+
+
+#: Every kind's cases. A kind adds its own with one ``CASES.append(KindCase(...))`` block (see the ones below).
+CASES: list[KindCase] = []
+
+
+def case_ids(case: KindCase) -> str:
+    return case.name
+
+
+# ----------------------------------------------------------------------------------------------- single-hop
+
+
+def single_hop_reference(head: Head, context: np.ndarray, query: np.ndarray, attribute: Any = None) -> np.ndarray:
+    """(n, T) ``sum_i a_i B[c_i, :]`` with ``a ∝ pi_i exp(-||y - K[c_i]||^2 / (2 sigma2))``, in plain numpy."""
+    assert isinstance(head, ResponsibilityAttentionDistribution)
+    keys = head.key_means[context]  # (n, N, D)
+    distance = ((query[:, None, :] - keys) ** 2).sum(axis=2)
+    with np.errstate(divide="ignore"):
+        log_a = np.log(head.position_prior)[None, :] - distance / (2.0 * head.sigma2)
+    a = np.exp(log_a - log_a.max(axis=1, keepdims=True))
+    a /= a.sum(axis=1, keepdims=True)
+    emission = head.emission_table.to_dense()  # (S, T), a sparse layout's pairs and backoff made whole
+    return np.einsum("ni,nit->nt", a, emission[context])
+
+
+def single_hop_tables(head: Head) -> dict[str, np.ndarray]:
+    """The emission's rows and the position prior."""
+    assert isinstance(head, ResponsibilityAttentionDistribution)
+    return {"emission": head.emission_table.to_dense(), "position_prior": head.position_prior[None, :]}
+
+
+def single_hop_ml(spec: HeadSpec) -> HeadSpec:
+    """Maximum likelihood: no emission smoothing, no prior on the position prior, the gate variance fixed."""
+    assert isinstance(spec, SingleHopSpec)
+    return SingleHopSpec(
+        init=spec.init, seed=spec.seed, sigma2=spec.sigma2 or 1.0, emission_smoothing=0.0,
+        emission_layout=spec.emission_layout, position_buckets=spec.position_buckets,
+    )  # fmt: skip
+
+
+def single_hop_data(n: int, shape: tuple[int, int, int, int], seed: int) -> KindData:
+    """``n`` rows sampled from a random single-hop head of ``shape``."""
+    s, n_pos, d, t = shape
+    truth = random_distribution(s, n_pos, d, t, seed=seed, sigma2=0.5)
+    context, query, target = truth.sampler(seed + 1).sample_arrays(n)
+    return KindData(
+        # float32 values, which a store keeps exactly: a distributed fit reads the rows fit_em reads.
+        np.ascontiguousarray(context, dtype=np.int32),
+        np.asarray(query, dtype=np.float32).astype(np.float64),
+        target.astype(np.int32),
+    )
+
+
+def _single_hop_free_dense() -> tuple[HeadSpec, KindData, TrainerContext]:
+    shape = (12, 4, 3, 9)
+    spec = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense")
+    return spec, single_hop_data(600, shape, seed=3), TrainerContext(shape)
+
+
+CASES.append(KindCase("single_hop-free-dense", _single_hop_free_dense, single_hop_ml, single_hop_reference,
+                      single_hop_tables))  # fmt: skip
+
+
+def _single_hop_free_sparse() -> tuple[HeadSpec, KindData, TrainerContext]:
+    shape = (15, 4, 3, 11)
+    spec = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="sparse")
+    return spec, single_hop_data(600, shape, seed=5), TrainerContext(shape)
+
+
+CASES.append(KindCase("single_hop-free-sparse", _single_hop_free_sparse, single_hop_ml, single_hop_reference,
+                      single_hop_tables))  # fmt: skip
+
+
+def _single_hop_tied() -> tuple[HeadSpec, KindData, TrainerContext]:
+    shape = (12, 6, 3, 9)
+    assert PositionBuckets.geometric(shape[1], 3).num_buckets == 3
+    spec = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense",
+                         position_buckets=3)  # fmt: skip
+    return spec, single_hop_data(600, shape, seed=7), TrainerContext(shape)
+
+
+# A tied prior predicts one history at a time (its top_k refuses blocks).
+CASES.append(KindCase("single_hop-tied", _single_hop_tied, single_hop_ml, single_hop_reference, single_hop_tables,
+                      batch_top_k=False))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------- mixture
+
+
+def mixture_reference(head: Head, context: np.ndarray, query: np.ndarray, attribute: Any = None) -> np.ndarray:
+    """(n, T) ``sum_k w_k p_k(t | c, y)`` with ``w_k ∝ pi_k p_k(y | c)``: each component's gate density and
+    prediction in plain numpy (:func:`single_hop_reference`)."""
+    from dist_respattn.model.heads.mixture import MixtureHead
+
+    assert isinstance(head, MixtureHead)
+    log_post = np.empty((context.shape[0], head.num_components))
+    for k, c in enumerate(head.components):
+        distance = ((query[:, None, :] - c.key_means[context]) ** 2).sum(axis=2)
+        with np.errstate(divide="ignore"):
+            log_w = np.log(c.position_prior)[None, :] - distance / (2.0 * c.sigma2)
+        best = log_w.max(axis=1)
+        normalizer = -0.5 * c.query_dim * np.log(2.0 * np.pi * c.sigma2)
+        log_q = best + np.log(np.exp(log_w - best[:, None]).sum(axis=1)) + normalizer
+        log_post[:, k] = np.log(head.gate[k]) + log_q
+    w = np.exp(log_post - log_post.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    out = np.zeros((context.shape[0], head.num_targets))
+    for k, c in enumerate(head.components):
+        out += w[:, k, None] * single_hop_reference(c, context, query)
+    return out
+
+
+def mixture_tables(head: Head) -> dict[str, np.ndarray]:
+    """The gate, and every component's emission rows and position prior."""
+    from dist_respattn.model.heads.mixture import MixtureHead
+
+    assert isinstance(head, MixtureHead)
+    tables: dict[str, np.ndarray] = {"gate": head.gate[None, :]}
+    for k, c in enumerate(head.components):
+        tables.update({f"component_{k}_{name}": table for name, table in single_hop_tables(c).items()})
+    return tables
+
+
+def mixture_ml(spec: HeadSpec) -> HeadSpec:
+    """Maximum likelihood: every component's (:func:`single_hop_ml`), and no prior on the gate."""
+    from dist_respattn.model.heads.mixture import MixtureSpec
+
+    assert isinstance(spec, MixtureSpec)
+    component = single_hop_ml(spec.component)
+    assert isinstance(component, SingleHopSpec)
+    return MixtureSpec(spec.components, component, seed=spec.seed, gate_pseudo_count=0.0)
+
+
+def mixture_data(n: int, shape: tuple[int, int, int, int], seed: int) -> KindData:
+    """``n`` rows sampled from a mixture of two random single-hop heads of ``shape``."""
+    from dist_respattn.model.heads.mixture import MixtureHead
+
+    truth = MixtureHead([0.6, 0.4], [random_distribution(*shape, seed=seed + k, sigma2=0.5) for k in (0, 1)])
+    context, query, target = truth.sample_arrays(n, seed=seed + 2)
+    # Queries a store keeps exactly (it holds float32): the distributed fit then reads the very rows fit_em reads.
+    exact = np.asarray(query, dtype=np.float32).astype(np.float64)
+    return KindData(np.ascontiguousarray(context, dtype=np.int32), exact, target.astype(np.int32))
+
+
+def _mixture_dense() -> tuple[HeadSpec, KindData, TrainerContext]:
+    from dist_respattn.model.heads.mixture import MixtureSpec
+
+    shape = (12, 4, 3, 9)
+    component = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense")
+    spec = MixtureSpec(components=2, component=component, seed=1)
+    return spec, mixture_data(600, shape, seed=11), TrainerContext(shape)
+
+
+CASES.append(KindCase("mixture-dense", _mixture_dense, mixture_ml, mixture_reference, mixture_tables))
+
+
+def _mixture_sparse() -> tuple[HeadSpec, KindData, TrainerContext]:
+    from dist_respattn.model.heads.mixture import MixtureSpec
+
+    shape = (15, 4, 3, 11)
+    component = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="sparse")
+    spec = MixtureSpec(components=3, component=component, seed=2)
+    return spec, mixture_data(600, shape, seed=13), TrainerContext(shape)
+
+
+CASES.append(KindCase("mixture-sparse", _mixture_sparse, mixture_ml, mixture_reference, mixture_tables))
