@@ -29,6 +29,7 @@ from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAtte
 __all__ = [
     "Predictor",
     "RankedPredictions",
+    "checked_tables",
     "draw_token",
     "generate",
     "generation_steps",
@@ -44,6 +45,23 @@ def _mixture_rows(probs, symbols, attention, out):  # pragma: no cover - compile
         row = probs[symbols[k]]
         for t in range(out.shape[0]):
             out[t] += a * row[t]
+
+
+def checked_tables(
+    model: Any, embeddings: np.ndarray | None, words: Sequence[str] | None
+) -> tuple[np.ndarray | None, tuple[str, ...] | None]:
+    """A streaming predictor's ``(embeddings (S, D) float64, words (T,))`` for ``model`` (any head with
+    ``num_symbols``, ``query_dim`` and ``num_targets``), each ``None`` when not given; a table of another shape is
+    refused, naming the shape the model needs."""
+    table = None if embeddings is None else np.asarray(embeddings, dtype=np.float64)
+    if table is not None and table.shape != (model.num_symbols, model.query_dim):
+        raise ValueError(
+            f"embeddings of shape {table.shape}: expected (S, D) = {(model.num_symbols, model.query_dim)}, "
+            "the query table of the model's store"
+        )
+    if words is not None and len(words) != model.num_targets:
+        raise ValueError(f"{len(words)} words: expected one for each of the model's T = {model.num_targets} targets")
+    return table, None if words is None else tuple(str(w) for w in words)
 
 
 class RankedPredictions:
@@ -102,19 +120,8 @@ class Predictor(RankedPredictions):
         *,
         words: Sequence[str] | None = None,
     ) -> None:
-        table = None if embeddings is None else np.asarray(embeddings, dtype=np.float64)
-        if table is not None and table.shape != (model.num_symbols, model.query_dim):
-            raise ValueError(
-                f"embeddings of shape {table.shape}: expected (S, D) = {(model.num_symbols, model.query_dim)}, "
-                "the query table of the model's store"
-            )
-        if words is not None and len(words) != model.num_targets:
-            raise ValueError(
-                f"{len(words)} words: expected one for each of the model's T = {model.num_targets} targets"
-            )
         self.model = model
-        self.embeddings = table
-        self.words = None if words is None else tuple(str(w) for w in words)
+        self.embeddings, self.words = checked_tables(model, embeddings, words)
         self.buckets = model.buckets if model.buckets is not None else PositionBuckets.free(model.context_length)
         sizes = np.asarray(self.buckets.sizes, dtype=np.int64)
         self._sizes = sizes

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dist_respattn.model.streaming import RankedPredictions
+from dist_respattn.model.streaming import RankedPredictions, checked_tables
 
 if TYPE_CHECKING:
     from dist_respattn.model.heads.mixture.head import MixtureHead
@@ -38,19 +38,8 @@ class MixturePredictor(RankedPredictions):
     def __init__(
         self, model: MixtureHead, embeddings: np.ndarray | None = None, *, words: Sequence[str] | None = None
     ) -> None:
-        table = None if embeddings is None else np.asarray(embeddings, dtype=np.float64)
-        if table is not None and table.shape != (model.num_symbols, model.query_dim):
-            raise ValueError(
-                f"embeddings of shape {table.shape}: expected (S, D) = {(model.num_symbols, model.query_dim)}, "
-                "the query table of the model's store"
-            )
-        if words is not None and len(words) != model.num_targets:
-            raise ValueError(
-                f"{len(words)} words: expected one for each of the model's T = {model.num_targets} targets"
-            )
         self.model = model
-        self.embeddings = table
-        self.words = None if words is None else tuple(str(w) for w in words)
+        self.embeddings, self.words = checked_tables(model, embeddings, words)
         self.window: deque[int] = deque(maxlen=model.context_length)  # the last N tokens, oldest first
         with np.errstate(divide="ignore"):
             self.log_gate = np.log(model.gate)
