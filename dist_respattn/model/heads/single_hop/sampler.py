@@ -129,6 +129,7 @@ def random_sparse_distribution(
     query_dim: int,
     *,
     max_pairs: int,
+    stored_mass: float = 0.8,
     seed: int | np.random.Generator | None = None,
     key_scale: float = 3.0,
     sigma2: float = 1.0,
@@ -137,8 +138,8 @@ def random_sparse_distribution(
     language model's, without ever making an (S, T) table (for heads of tens of thousands of words).
 
     Symbol ``s`` (by rank) stores about ``max_pairs / sqrt(s + 1)`` targets, drawn towards low ids (the frequent
-    words); stored values are small integer counts scaled to 0.8 of the row, so they tie, and the base is a
-    Zipf law of integer counts, so rare targets tie there too. The backoff spreads the row's other 0.2 over
+    words); stored values are small integer counts scaled to ``stored_mass`` of the row, so they tie, and the base
+    is a Zipf law of integer counts, so rare targets tie there too. The backoff spreads the rest of the row over
     the base of its targets not stored.
     """
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
@@ -150,11 +151,11 @@ def random_sparse_distribution(
     support = PairSupport.from_keys(keys, s, t)
     pair_symbols = support.symbols.astype(np.int64)
     counts = rng.integers(1, 5, size=keys.shape[0]).astype(np.float64)
-    values = 0.8 * counts / np.bincount(pair_symbols, weights=counts, minlength=s)[pair_symbols]
+    values = stored_mass * counts / np.bincount(pair_symbols, weights=counts, minlength=s)[pair_symbols]
     base_counts = np.floor(1000.0 / np.arange(1, t + 1)) + 1.0
     base = base_counts / base_counts.sum()
     off_base = 1.0 - np.bincount(pair_symbols, weights=base[support.targets], minlength=s)
-    backoff = 0.2 / np.maximum(off_base, 1e-300)
+    backoff = (1.0 - stored_mass) / np.maximum(off_base, 1e-300)
     emission = SparseEmission(support, values, backoff, base)
     key_means = key_scale * rng.standard_normal((s, query_dim))
     position_prior = rng.dirichlet(np.ones(context_length))
