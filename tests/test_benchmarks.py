@@ -1,5 +1,6 @@
 """Smoke runs of the benchmarks (bench_kernel.py, bench_store.py, bench_fit.py, bench_quality.py,
-bench_long_context.py, bench_scale.py) as real subprocesses: their figures exist, and their memory stays flat."""
+bench_long_context.py, bench_scale.py, bench_top_k.py) as real subprocesses: their figures exist, and their
+memory stays flat."""
 
 from __future__ import annotations
 
@@ -697,3 +698,30 @@ def test_attributes_smoke_run_reports_every_figure(tmp_path):
         assert_positive_finite(target["measured"], target["name"])
         assert isinstance(target["pass"], bool), target
         assert line.startswith(f"  {target['name']}") and line.endswith("  MET" if target["pass"] else "  MISSED")
+
+
+TOP_K_SCRIPT = SCRIPT.parent / "bench_top_k.py"
+
+
+@pytest.mark.slow
+def test_top_k_smoke_run_reports_every_figure():
+    """bench_top_k.py on a small sparse head: rows/s before and after at every K, and the same targets."""
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-W", "error::RuntimeWarning", str(TOP_K_SCRIPT), "--json"),
+            *("--words", "3000", "--max-pairs", "200", "--rows", "200", "--before-rows", "50", "--repeats", "1"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=TOP_K_SCRIPT.parents[1],
+        check=False,
+    )
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    report = json.loads(completed.stdout)
+    assert report["words"] == 3000 and report["pairs"] > 0 and report["rows"] == 200
+    assert sorted(report["k"]) == ["1", "2", "5"]
+    for k, figures in report["k"].items():
+        assert figures["same_targets"] is True, k
+        for name in ("before_rows_per_s", "after_rows_per_s", "ratio"):
+            assert_positive_finite(figures[name], f"K = {k}: {name}")

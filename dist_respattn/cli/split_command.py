@@ -64,7 +64,11 @@ def register(sub: Any) -> None:
     split.add_argument(
         "--vocab-size", type=positive_int, help="with --text: K most frequent train tokens kept (default 2000)"
     )
-    split.add_argument("--symbols", type=positive_int, help="with --tokens: S (default: largest id + 1)")
+    split.add_argument(
+        "--symbols",
+        type=positive_int,
+        help="with --tokens: S (default: largest id + 1; a token id of 1,048,576 or more needs S given)",
+    )
     split.add_argument("--embeddings", metavar="E.npy", help="with --tokens: an (S, D) query table")
     split.add_argument(
         "--dim", type=positive_int, help="D of a seeded random projection (default: one-hot up to 256 symbols, else 32)"

@@ -70,7 +70,8 @@ def add_attribute_options(parser: argparse.ArgumentParser, *, split: bool = Fals
     group.add_argument(
         "--attribute-names",
         metavar="NAMES.txt",
-        help="with --attributes: one name a line, line k naming id k (default: the ids themselves, 0..A-1)",
+        help="with --attributes: one name a line, line k naming id k (default: the ids themselves, 0..A-1, "
+        "for ids up to 99,999; more need their names)",
     )
 
 
@@ -198,7 +199,11 @@ def register(sub: Any) -> None:
         "window chosen at fit time with fit --context) or each window as a row (triples: ~130 bytes a token; "
         "needed for --row-order target); an --append keeps the store's own format",
     )
-    ingest.add_argument("--symbols", type=positive_int, help="with --arrays/--tokens: S (default: largest id + 1)")
+    ingest.add_argument(
+        "--symbols",
+        type=positive_int,
+        help="with --arrays/--tokens: S (default: largest id + 1; a token id of 1,048,576 or more needs S given)",
+    )
     ingest.add_argument("--targets", type=positive_int, help="with --arrays: T (default: largest target + 1)")
     ingest.add_argument(
         "--context", type=positive_int, help="with --tokens/--text: the window N (with --like: STORE's N)"

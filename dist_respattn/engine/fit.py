@@ -32,7 +32,7 @@ from dist_respattn.engine.cluster import (
     starts_embedded_cluster,
 )
 from dist_respattn.engine.loop import EarlyStopping, FitLoop, HeldoutRows, store_record
-from dist_respattn.engine.memory import check_memory
+from dist_respattn.engine.memory import block_row_bytes, check_memory
 from dist_respattn.engine.settings import FitSettings
 from dist_respattn.engine.worker_tasks import ALL_ROWS, RowSelection, attribute_map
 from dist_respattn.events import FitState, IterationRecord, Metric, history_from_json
@@ -587,9 +587,13 @@ def _fit_stage(
     block_rows = max(min(s.chunk_rows, s.num_rows) for s in (train, heldout) if s is not None)
     shape_text = f"(S, N, D, T) = {_shape(train)}"
 
+    # What a task holds per row depends on how the trainer reads it: token windows of a stream store make no
+    # (n, N) context, so a long window costs nothing per row.
+    row_bytes = max(block_row_bytes(s, trainer.columns) for s in (train, heldout) if s is not None)
+
     def plan(*, threads: int, worker_limit: int) -> None:
         estimate = trainer.memory(
-            block_rows=block_rows, row_bytes=train.schema.row_bytes, threads_per_worker=threads, fan_in=settings.fan_in
+            block_rows=block_rows, row_bytes=row_bytes, threads_per_worker=threads, fan_in=settings.fan_in
         )
         if estimate is not None:
             check_memory(estimate, worker_limit=worker_limit, shape=shape_text)

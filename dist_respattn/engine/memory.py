@@ -8,16 +8,30 @@ this machine has available.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import dask
 
+from dist_respattn.model.heads.base import Columns
 from dist_respattn.model.memory import MemoryEstimate, estimate_single_hop_memory, mib
-from dist_respattn.store import StoreSchema
+from dist_respattn.store import StoreSchema, TokenStreamStore
 
-__all__ = ["InsufficientMemoryError", "MemoryEstimate", "check_memory", "estimate_memory", "usable_fraction"]
+__all__ = [
+    "WINDOW_ROW_BYTES",
+    "InsufficientMemoryError",
+    "MemoryEstimate",
+    "block_row_bytes",
+    "check_memory",
+    "estimate_memory",
+    "usable_fraction",
+]
 
 #: Share of a worker's memory limit a fit may plan to use when Dask's spill threshold is off.
 DEFAULT_USABLE_FRACTION = 0.7
+#: A row of a stream store read as a token window: its token and, as int64, its position, document start,
+#: window begin and end, target and query index, and the read's temporaries (a search, a check). No (n, N)
+#: context is made, whatever the window N.
+WINDOW_ROW_BYTES = 80
 
 
 def usable_fraction() -> float:
@@ -47,6 +61,15 @@ def estimate_memory(
         shape, row_bytes=schema.row_bytes, block_rows=block_rows, threads_per_worker=threads_per_worker,
         fan_in=fan_in, layout=layout, num_pairs=num_pairs,
     )  # fmt: skip
+
+
+def block_row_bytes(store: Any, columns: Columns) -> int:
+    """Bytes a reading task holds per row of a block of ``store`` read for ``columns``: a stream store read as
+    token windows (a tied prior's histogram kernel) holds ``WINDOW_ROW_BYTES`` a row whatever the window N; any
+    other read makes the rows' arrays (an (n, N) context among them), the schema's ``row_bytes``."""
+    if columns.windows and isinstance(store, TokenStreamStore):
+        return WINDOW_ROW_BYTES
+    return int(store.schema.row_bytes)
 
 
 def _available_bytes() -> int:

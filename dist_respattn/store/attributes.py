@@ -39,6 +39,7 @@ from dist_respattn.store.npy import load_array, row_blocks
 __all__ = [
     "ATTRIBUTE_BY",
     "ATTRIBUTE_LEVELS",
+    "MAX_UNNAMED_ATTRIBUTES",
     "AttributeIds",
     "MergedNames",
     "TextAttributes",
@@ -63,6 +64,10 @@ ATTRIBUTE_BY = ("file", "directory")
 #: What one attribute id of a stream store belongs to.
 ATTRIBUTE_LEVELS = ("document", "token")
 _SCAN = 1 << 20
+#: The most attributes ids without ``--attribute-names`` may imply (ids 0..A-1, each named by itself): every id
+#: below the largest gets a name in the store's metadata and a row in a gated head's tables, so one stray id of
+#: 10^7 would write 10^7 names. More need their names given (which states how many there are).
+MAX_UNNAMED_ATTRIBUTES = 100_000
 #: Attribute names ``describe`` lists (A is given in full).
 NAMES_SHOWN = 50
 _FLAGS = "--attribute-by (text) or --attributes A.npy (ids)"
@@ -140,16 +145,22 @@ def checked_attribute_ids(
         raise ValueError(
             f"{flag}: shape {ids.shape}, dtype {ids.dtype}: expected ({count},) integer attribute ids, one per {per}"
         )
-    limit = len(names) if names is not None else None
+    # Checked against A before anything is sized by it: the given names' count, else the most unnamed ids.
+    limit = len(names) if names is not None else MAX_UNNAMED_ATTRIBUTES
     largest, offset = -1, 0
     for block in row_blocks(ids, _SCAN):
-        bad = np.flatnonzero((block < 0) | (block >= limit)) if limit is not None else np.flatnonzero(block < 0)
+        bad = np.flatnonzero((block < 0) | (block >= limit))
         if bad.size:
             i = int(bad[0])
-            where = f" (the {limit} names of --attribute-names {names_file or '...'})" if limit is not None else ""
+            where = (
+                f" (the {limit} names of --attribute-names {names_file or '...'})"
+                if names is not None
+                else f" (ids without --attribute-names go up to {limit - 1:,}; for more, name them all with "
+                "--attribute-names NAMES.txt, one line an id)"
+            )
             raise ValueError(
                 f"{flag}[{offset + i}] = {int(block[i])}: expected an attribute id in "
-                f"[0, {limit if limit is not None else 'A'}){where} ({bad.size} bad ids in this block)"
+                f"[0, {limit}){where} ({bad.size} bad ids in this block)"
             )
         if block.size:
             largest = max(largest, int(block.max()))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -263,4 +264,11 @@ def test_tables_the_workers_cannot_hold_are_refused_before_the_first_e_step(stor
             InsufficientMemoryError, match=r"attribute-gated emission tables, 2000 tables.*--attribute-factors"
         ):
             fit(train, model_dir=tmp_path / "big", settings=SHARED, head=spec, client=small, resume=True)
-    assert not (tmp_path / "big" / "latest.json").exists()  # nothing was written
+        assert not (tmp_path / "big" / "latest.json").exists()  # nothing was written
+        # Tables no machine could allocate are refused by the plan too, before they are made (numpy's bare
+        # "Unable to allocate" otherwise), on the same shared stage.
+        shutil.copytree(tmp_path / "big" / "shared", tmp_path / "huge" / "shared")
+        with pytest.raises(InsufficientMemoryError, match=r"10000000 tables.*--attribute-factors"):
+            fit(train, model_dir=tmp_path / "huge", settings=SHARED, head=_gated(10**7, max_iter=1), client=small,
+                resume=True)  # fmt: skip
+    assert not (tmp_path / "huge" / "latest.json").exists()

@@ -150,3 +150,16 @@ def test_fit_with_buckets_and_predict_stream_through_the_command_line(stream, tm
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert refused.returncode == 2 and "--position-buckets 9 with a window of N = 24" in refused.stderr
+
+
+def test_a_long_window_fit_is_planned_by_what_the_histogram_kernel_holds(stream, tmp_path):
+    """N = 5000 over buckets: the (n, N) blocks of encoded rows would need ~330 MiB a worker, over the 280 MiB
+    Dask lets a 400 MiB worker plan for; token windows need about the worker's own footprint."""
+    command = [str(Path(sys.executable).parent / "dist-respattn")]
+    fitted = subprocess.run(
+        [*command, "fit", str(stream.location), "--model-dir", str(tmp_path / "m"), "--context", "5000",
+         "--position-buckets", "10", "--max-iter", "1", "--workers", "1", "--memory-limit", "400MiB", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert fitted.returncode == 0, fitted.stderr
+    assert load_model(tmp_path / "m").context_length == 5000

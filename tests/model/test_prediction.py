@@ -7,7 +7,8 @@ import pytest
 
 from dist_respattn import ResponsibilityAttentionEstimator, fit_em, random_distribution
 from dist_respattn.model.emission.layouts import SparseEmission
-from dist_respattn.model.heads.single_hop.scoring import score_rows
+from dist_respattn.model.heads.single_hop.sampler import random_sparse_distribution
+from dist_respattn.model.heads.single_hop.scoring import base_order, score_rows, top_k_scratch, top_k_threshold
 from dist_respattn.model.heads.single_hop.top_k import predict_top_k
 
 
@@ -69,3 +70,54 @@ def test_a_bad_k_or_row_is_refused():
     context[4, 1] = 10
     with pytest.raises(ValueError, match=r"context\[4"):
         predict_top_k(head, context, query, 2)
+
+
+@pytest.fixture(scope="module")
+def large_sparse_head():
+    """A sparse head over 78,000 words (smoke-sized support), ties in its stored values and in its base, and
+    rows drawn towards the frequent symbols; N < 8 so ``predict_proba`` sums the backoff part in row order."""
+    model = random_sparse_distribution(78_000, 6, 4, max_pairs=60, seed=11)
+    rng = np.random.default_rng(12)
+    context = np.minimum((78_000 * rng.random((40, 6)) ** 3).astype(np.int32), 77_999)
+    return model, context, rng.standard_normal((40, 4))
+
+
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_sparse_top_k_on_a_large_vocabulary_is_the_stable_sort(large_sparse_head, k):
+    model, context, query = large_sparse_head
+    assert_same_predictions(model, context, query, k)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sparse_top_k_with_many_ties_is_the_stable_sort(seed):
+    """Small vocabularies where most targets tie (integer counts, a base of few distinct values) and the K-th
+    best is often a target stored for no position of the row."""
+    model = random_sparse_distribution(300, 5, 3, max_pairs=40, seed=seed)
+    rng = np.random.default_rng(100 + seed)
+    context = np.minimum((300 * rng.random((60, 5)) ** 2).astype(np.int32), 299)
+    for k in (1, 2, 3, 7):
+        assert_same_predictions(model, context, rng.standard_normal((60, 3)), k)
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_sparse_top_k_work_is_bounded_by_the_row(large_sparse_head, k):
+    """The search visits O(K + row) entries, row being its symbols' stored pairs, where the threshold search
+    alone walks every stored entry at N lookups each when the K-th best is stored for no position."""
+    model, context, query = large_sparse_head
+    table = model.emission_table
+    ranked_indptr, ranked_targets, ranked_values = table.ranked_rows
+    order = base_order(table)
+    attention = model.attention_weights(context, query)
+    scratch = top_k_scratch(model.num_targets)
+    ctx = context.astype(np.int64)
+    n_pos = ctx.shape[1]
+    for row in range(ctx.shape[0]):
+        row_pairs = int(np.sum(ranked_indptr[ctx[row] + 1] - ranked_indptr[ctx[row]]))
+        targets, values = np.empty(k, dtype=np.int64), np.empty(k)
+        count, work = top_k_threshold(
+            ctx, row, attention[row], table.support.indptr, table.support.symbols, table.values, table.backoff,
+            table.base, ranked_indptr, ranked_targets, ranked_values, order, targets, values, *scratch,
+        )  # fmt: skip
+        assert count == k
+        assert work <= 3 * row_pairs + n_pos * n_pos + k, (row, work, row_pairs)
+        assert not scratch[1].any(), "the scratch is left clean for the next row"

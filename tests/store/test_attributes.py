@@ -384,6 +384,17 @@ def test_bad_attribute_files_are_named_with_their_row_and_flag(tmp_path):
         with pytest.raises(ValueError, match=message):
             write_stream_tokens(tmp_path / "s.zarr", tmp_path / "tokens.npy", 2, attributes=tmp_path / file,
                                 attribute_names=tmp_path / "names.txt")  # fmt: skip
+    # Without names, A is the largest id + 1, bounded before any name is made: one stray id is no 10^7 names.
+    stray = np.r_[np.zeros(30, int), 10**7, np.zeros(29, int)]
+    with pytest.raises(
+        ValueError,
+        match=r"\[30\] = 10000000: expected an attribute id in \[0, 100000\) \(ids without "
+        r"--attribute-names go up to 99,999; for more, name them all with --attribute-names",
+    ):
+        write_stream_tokens(tmp_path / "s.zarr", tokens, 2, attributes=stray)
+    with pytest.raises(ValueError, match=r"\[2\] = 100000: expected an attribute id in \[0, 100000\)"):
+        write_arrays(tmp_path / "a.zarr", np.zeros((3, 2), int), np.zeros((3, 2)), np.zeros(3, int),
+                     attributes=np.array([0, 1, 100_000]))  # fmt: skip
     (tmp_path / "twice.txt").write_text("a\nb\na\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"--attribute-names .*twice\.txt: line 3 \(id 2\) repeats 'a' of line 1"):
         write_arrays(tmp_path / "a.zarr", np.zeros((3, 2), int), np.zeros((3, 2)), np.zeros(3, int),
@@ -479,6 +490,7 @@ def test_ingest_and_split_on_the_command_line(tmp_path):
     np.save(tmp_path / "q.npy", np.zeros((10, 2)))
     np.save(tmp_path / "t.npy", np.zeros(10, int))
     np.save(tmp_path / "a.npy", np.arange(10) % 2)
+    np.save(tmp_path / "stray.npy", np.r_[tokens[:99] % 3, 10**9, tokens[100:] % 3])
     ran = run_many(
         ("ingest", out["dir"], "--text", str(root), "--context", "2", "--attribute-by", "directory", "--json"),
         ("ingest", out["file"], "--text", str(root), "--context", "2", "--attribute-by", "file", "--format",
@@ -492,6 +504,8 @@ def test_ingest_and_split_on_the_command_line(tmp_path):
         ("ingest", out["misplaced"], "--text", str(root), "--context", "2", "--attributes", str(tmp_path / "a.npy")),
         ("split", str(tmp_path / "split"), "--text", str(root), str(more), "--context", "2", "--attribute-by",
          "directory", "--fractions", "0.5", "0.25", "0.25", "--json"),
+        ("ingest", str(tmp_path / "stray.zarr"), "--tokens", str(tmp_path / "tokens.npy"), "--context", "2",
+         "--attributes", str(tmp_path / "stray.npy")),
     )  # fmt: skip
     by_dir, by_file, tok, arr = (parse_json(r) for r in ran[:4])
     assert (by_dir["attributes"], by_dir["attribute_level"]) == (4, "document")
@@ -502,6 +516,8 @@ def test_ingest_and_split_on_the_command_line(tmp_path):
     assert TripleStore.open(out["arr"]).read_attributes(0, 10).tolist() == [0, 1] * 5
     assert_error(ran[4], "ingest", "--attributes", "bad.npy[150] = -2", "expected an attribute id")
     assert_error(ran[5], "ingest", "--attributes: not for this source")
+    assert_error(ran[7], "ingest", "--attributes", "stray.npy[99] = 1000000000", "--attribute-names NAMES.txt")
+    assert not (tmp_path / "stray.zarr").exists()
     split = parse_json(ran[6])
     names = {tuple(store["attribute_names"]) for store in split["stores"].values()}
     assert names == {(".", "email", "email/mime", "json", "xml")}

@@ -211,6 +211,10 @@ def test_bad_fractions_empty_splits_and_existing_stores_are_refused_leaving_noth
         write_split(
             tmp_path / "out", TokenCorpus(tokens), 2, options=OPTIONS, store_format="triples"
         )  # one 10,000-token block
+    stray = tokens.copy()
+    stray[77] = 2**40  # S would be sized by it: refused before any table is made
+    with pytest.raises(ValueError, match=r"tokens\[77\] = 1,099,511,627,776: a token id .* --symbols S"):
+        write_split(tmp_path / "out", TokenCorpus(stray, block_tokens=20), 2, options=OPTIONS)
     short = TokenCorpus(tokens, block_tokens=3)  # documents of 3 tokens: no window of N = 3 fits
     with pytest.raises(ValueError, match=r"train\.zarr: the train split has no rows: .* longer than N = 3"):
         write_split(tmp_path / "out", short, 3, options=OPTIONS, store_format="triples")

@@ -134,7 +134,17 @@ def test_bad_ids_and_document_starts_are_named_by_array_and_position(tmp_path):
         write_stream_tokens(tmp_path / "b.zarr", tokens, 4, documents=np.array([0, 40, 30]))
     with pytest.raises(ValueError, match=r"weights\[3\] = -1.0: expected a finite, non-negative weight"):
         write_stream_tokens(tmp_path / "c.zarr", tokens, 4, weights=np.array([1, 1, 1, -1] + [1] * 96, float))
-    assert not any(p.name.startswith(("a.zarr", "b.zarr", "c.zarr")) for p in tmp_path.iterdir())
+    # Without --symbols, S is the largest id + 1, bounded before any table is sized by it.
+    stray = tokens.copy()
+    stray[63] = 5_000_000
+    for write in (write_stream_tokens, write_tokens):
+        with pytest.raises(
+            ValueError,
+            match=r"tokens\[63\] = 5,000,000: a token id that would make S = 5,000,001 "
+            r"symbols \(ids alone may imply at most 1,048,576\); give S with --symbols S",
+        ):
+            write(tmp_path / "d.zarr", stray, 4)
+    assert not any(p.name.startswith(("a.zarr", "b.zarr", "c.zarr", "d.zarr")) for p in tmp_path.iterdir())
 
 
 def test_rows_come_checked_and_a_damaged_table_or_weight_is_named_when_read(tmp_path):

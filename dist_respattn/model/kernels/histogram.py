@@ -39,7 +39,7 @@ from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.fitting.selection import grid_row
-from dist_respattn.model.heads.single_hop.scoring import dense_mixture, mixture_at, top_k_threshold
+from dist_respattn.model.heads.single_hop.scoring import dense_mixture, mixture_at, top_k_scratch, top_k_threshold
 from dist_respattn.model.kernels import per_position
 from dist_respattn.model.kernels.log_weights import attention_of, exp_shifted, row_log_weights, squared_distance
 from dist_respattn.model.rows import WindowRows
@@ -526,6 +526,7 @@ def _score_windows_numba(
     bits = np.empty(n_pos, dtype=np.int64)
     top_target = np.empty(1, dtype=np.int64)
     top_value = np.empty(1)
+    scores, seen, touched = top_k_scratch(base.shape[0])
     probs = np.empty(emission.shape[1])
     y = np.empty(key_means.shape[1])
     total_ll = 0.0
@@ -559,7 +560,7 @@ def _score_windows_numba(
             prob_t = mixture_at(terms, 0, attention, t, indptr, symbols, values, backoff, base)
             top_k_threshold(
                 terms, 0, attention, indptr, symbols, values, backoff, base, ranked_indptr, ranked_targets,
-                ranked_values, base_order, top_target, top_value,
+                ranked_values, base_order, top_target, top_value, scores, seen, touched,
             )  # fmt: skip
             arg = top_target[0]
         else:

@@ -53,7 +53,7 @@ from dist_respattn.store.documents import (
 )
 from dist_respattn.store.errors import EmptySplitError, store_exists
 from dist_respattn.store.identity import identity_provenance
-from dist_respattn.store.ingest.tables import embedding_table
+from dist_respattn.store.ingest.tables import embedding_table, inferred_num_symbols
 from dist_respattn.store.ingest.text import (
     DEFAULT_VOCAB_SIZE,
     TOKENIZER_NAME,
@@ -68,7 +68,6 @@ from dist_respattn.store.ingest.text import (
 from dist_respattn.store.ingest.to_stream import open_stream_writer
 from dist_respattn.store.ingest.tokens import checked_pieces, load_token_stream
 from dist_respattn.store.location import StoreLocation
-from dist_respattn.store.npy import max_id
 from dist_respattn.store.schema import StoreSchema
 from dist_respattn.store.streams.reader import TokenStreamStore
 from dist_respattn.store.streams.writer import StreamWriter
@@ -457,7 +456,7 @@ def _split_tokens(
         plan.take_until(max_tokens, lambda i: int(lengths[i]))
     plan.check_every_split_has_documents(locations, fractions)
     if num_symbols is None:
-        num_symbols = max_id(stream) + 1
+        num_symbols = inferred_num_symbols(stream, name)
     table, table_info = embedding_table(num_symbols, embeddings=embeddings, dim=dim, seed=seed or 0)
     schema = StoreSchema(num_symbols, n, table.shape[1], num_symbols, options.query_dtype)
     common: dict[str, Any] = {

@@ -13,15 +13,25 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.store.errors import SchemaMismatchError
-from dist_respattn.store.npy import load_array
+from dist_respattn.store.npy import load_array, row_blocks
 from dist_respattn.store.triples.reader import TripleStore
 
-__all__ = ["DEFAULT_QUERY_DIM", "ONE_HOT_MAX_SYMBOLS", "embedding_table", "store_table_for_append"]
+__all__ = [
+    "DEFAULT_QUERY_DIM",
+    "MAX_INFERRED_SYMBOLS",
+    "ONE_HOT_MAX_SYMBOLS",
+    "embedding_table",
+    "inferred_num_symbols",
+    "store_table_for_append",
+]
 
 #: With neither a table nor a dimension, vocabularies up to this size get one-hot queries (D = S).
 ONE_HOT_MAX_SYMBOLS = 256
 #: Otherwise queries are a random projection of this dimension.
 DEFAULT_QUERY_DIM = 32
+#: The largest S the token ids alone may imply (without --symbols): S sizes the (S, D) table and every model's
+#: tables, so one stray id of 5,000,000 would make a store of hundreds of MiB.
+MAX_INFERRED_SYMBOLS = 1 << 20
 
 
 def embedding_table(
@@ -79,3 +89,23 @@ def store_table_for_append(
             f"{stored.shape} table, so new queries would not match old ones; omit the embedding options to use it"
         )
     return stored, info
+
+
+def inferred_num_symbols(stream: Any, name: str) -> int:
+    """S of a token stream given without it: its largest id + 1 (0 when empty), scanned in blocks. An id of
+    :data:`MAX_INFERRED_SYMBOLS` or more is refused, naming its position, before anything is sized by it."""
+    largest, offset = -1, 0
+    for block in row_blocks(stream):
+        if not block.size:
+            continue
+        top = int(block.max())
+        if top >= MAX_INFERRED_SYMBOLS:
+            i = int(np.argmax(block >= MAX_INFERRED_SYMBOLS))
+            raise ValueError(
+                f"{name}[{offset + i}] = {int(block[i]):,}: a token id that would make S = {int(block[i]) + 1:,} "
+                f"symbols (ids alone may imply at most {MAX_INFERRED_SYMBOLS:,}); give S with --symbols S to allow "
+                "it (ids are then checked against it), or fix the id"
+            )
+        largest = max(largest, top)
+        offset += block.shape[0]
+    return largest + 1

@@ -20,7 +20,7 @@ from dist_respattn.store.documents import check_document_starts, document_runs
 from dist_respattn.store.errors import SchemaMismatchError
 from dist_respattn.store.identity import identity_provenance
 from dist_respattn.store.ingest.like import LikeStore, open_like
-from dist_respattn.store.ingest.tables import embedding_table
+from dist_respattn.store.ingest.tables import embedding_table, inferred_num_symbols
 from dist_respattn.store.ingest.text import (
     DEFAULT_VOCAB_SIZE,
     TOKENIZER_NAME,
@@ -30,7 +30,7 @@ from dist_respattn.store.ingest.text import (
 )
 from dist_respattn.store.ingest.text_pass import TokenizedCorpus, tokenize_files
 from dist_respattn.store.ingest.tokens import checked_pieces, load_token_stream
-from dist_respattn.store.npy import load_array, max_id
+from dist_respattn.store.npy import load_array
 from dist_respattn.store.streams.reader import TokenStreamStore
 from dist_respattn.store.streams.writer import StreamWriter
 
@@ -159,7 +159,7 @@ def write_stream_tokens(
         num_symbols = reference.num_symbols(num_symbols)
         table, table_info = reference.table(embeddings=embeddings, dim=dim, seed=seed), reference.table_info()
     else:
-        num_symbols = max_id(stream) + 1 if num_symbols is None else int(num_symbols)
+        num_symbols = inferred_num_symbols(stream, name) if num_symbols is None else int(num_symbols)
         if num_symbols < 1:
             raise ValueError(f"{name}: no tokens: expected a non-empty stream")
         table, table_info = embedding_table(num_symbols, embeddings=embeddings, dim=dim, seed=seed or 0)

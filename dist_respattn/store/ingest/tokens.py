@@ -25,9 +25,10 @@ from dist_respattn.store.ingest.tables import (
     DEFAULT_QUERY_DIM,
     ONE_HOT_MAX_SYMBOLS,
     embedding_table,
+    inferred_num_symbols,
     store_table_for_append,
 )
-from dist_respattn.store.npy import load_array, max_id, row_blocks
+from dist_respattn.store.npy import load_array, row_blocks
 from dist_respattn.store.schema import StoreSchema
 from dist_respattn.store.triples.reader import TripleStore
 
@@ -142,7 +143,7 @@ def write_tokens(
         table, table_info = reference.table(embeddings=embeddings, dim=dim, seed=seed), reference.table_info()
     else:
         if num_symbols is None:
-            num_symbols = existing.schema.num_symbols if existing is not None else max_id(stream) + 1
+            num_symbols = existing.schema.num_symbols if existing is not None else inferred_num_symbols(stream, name)
         if num_symbols < 1:
             raise ValueError(f"{name}: no tokens: expected a non-empty stream")
         stored_table = existing.embeddings() if existing is not None else None

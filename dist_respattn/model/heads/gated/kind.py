@@ -627,6 +627,9 @@ class GatedTrainer(Trainer):
                 support = value.counts.support
                 assert support is not None  # counts made from cells carry their pairs
             self.center = shared_on_support(shared, support, self.base)
+            # The tables' size is known from the support now: a plan the workers cannot hold is refused before
+            # start_head makes the tables (numpy's bare "Unable to allocate" otherwise).
+            passes.plan_memory()
             head = start_head(shared, self.center, self.spec, self.names)
             passes.say(
                 f"gated head: {self.spec.describe_tables()} over {support.num_pairs:,} pairs, {len(self.names)} "

@@ -6,10 +6,11 @@ from typing import Any
 
 import numpy as np
 
+from dist_respattn.model.emission.layouts import PairSupport, SparseEmission
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.kernels.per_position import block_ranges
 
-__all__ = ["ResponsibilityAttentionSampler", "random_distribution"]
+__all__ = ["ResponsibilityAttentionSampler", "random_distribution", "random_sparse_distribution"]
 
 #: Rows drawn per block, bounding the temporaries of the context draw.
 _SAMPLE_BLOCK_ROWS = 65536
@@ -120,3 +121,42 @@ def random_distribution(
     emission /= emission.sum(axis=1, keepdims=True)
     position_prior = rng.dirichlet(np.ones(context_length))
     return ResponsibilityAttentionDistribution(key_means, emission, position_prior, sigma2, name)
+
+
+def random_sparse_distribution(
+    num_words: int,
+    context_length: int,
+    query_dim: int,
+    *,
+    max_pairs: int,
+    stored_mass: float = 0.8,
+    seed: int | np.random.Generator | None = None,
+    key_scale: float = 3.0,
+    sigma2: float = 1.0,
+) -> ResponsibilityAttentionDistribution:
+    """A random head over a vocabulary of S = T = ``num_words`` with a sparse emission shaped like a fitted
+    language model's, without ever making an (S, T) table (for heads of tens of thousands of words).
+
+    Symbol ``s`` (by rank) stores about ``max_pairs / sqrt(s + 1)`` targets, drawn towards low ids (the frequent
+    words); stored values are small integer counts scaled to ``stored_mass`` of the row, so they tie, and the base
+    is a Zipf law of integer counts, so rare targets tie there too. The backoff spreads the rest of the row over
+    the base of its targets not stored.
+    """
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    s = t = int(num_words)
+    lengths = np.maximum(1, (max_pairs / np.sqrt(np.arange(1, s + 1))).astype(np.int64))
+    symbols = np.repeat(np.arange(s, dtype=np.int64), lengths)
+    targets = np.minimum((t * rng.random(symbols.shape[0]) ** 3).astype(np.int64), t - 1)
+    keys = np.unique(targets * s + symbols)  # target-major cells, each pair once
+    support = PairSupport.from_keys(keys, s, t)
+    pair_symbols = support.symbols.astype(np.int64)
+    counts = rng.integers(1, 5, size=keys.shape[0]).astype(np.float64)
+    values = stored_mass * counts / np.bincount(pair_symbols, weights=counts, minlength=s)[pair_symbols]
+    base_counts = np.floor(1000.0 / np.arange(1, t + 1)) + 1.0
+    base = base_counts / base_counts.sum()
+    off_base = 1.0 - np.bincount(pair_symbols, weights=base[support.targets], minlength=s)
+    backoff = (1.0 - stored_mass) / np.maximum(off_base, 1e-300)
+    emission = SparseEmission(support, values, backoff, base)
+    key_means = key_scale * rng.standard_normal((s, query_dim))
+    position_prior = rng.dirichlet(np.ones(context_length))
+    return ResponsibilityAttentionDistribution(key_means, emission, position_prior, sigma2)

@@ -28,6 +28,7 @@ __all__ = [
     "insert_ranked",
     "mixture_at",
     "score_rows",
+    "top_k_scratch",
     "top_k_threshold",
 ]
 
@@ -135,6 +136,62 @@ def insert_ranked(target, value, top_targets, top_values, count):  # pragma: no 
 
 
 @numba.njit(cache=True, nogil=True)
+def top_k_scratch(num_targets):  # pragma: no cover - compiled
+    """Scratch of :func:`top_k_threshold` for T = ``num_targets``, made once per block and left clean by every
+    row: ``(scores (T,), seen (T,) all False, touched (T,))``."""
+    return np.zeros(num_targets), np.zeros(num_targets, dtype=np.bool_), np.empty(num_targets, dtype=np.int64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _top_k_scan(
+    context, row, attention, backoff, base, ranked_indptr, ranked_targets, ranked_values, base_order, top_targets,
+    top_values, scores, seen, touched,
+):  # pragma: no cover - compiled  # fmt: skip
+    """The top K of one row from every stored pair of its symbols once, then the first targets in base order
+    stored for none: ``(count, work)``, work being pairs plus base entries visited, at most row + K + row."""
+    n_pos = context.shape[1]
+    cap = top_targets.shape[0]
+    # The backoff part is one number times the base (as predict_proba computes it); each stored pair adds
+    # its excess over the backoff.
+    scale = 0.0
+    for i in range(n_pos):
+        scale += attention[i] * backoff[context[row, i]]
+    n_touched = 0
+    work = 0
+    for i in range(n_pos):
+        c = context[row, i]
+        a = attention[i]
+        off = backoff[c]
+        for at in range(ranked_indptr[c], ranked_indptr[c + 1]):
+            k = ranked_targets[at]
+            if not seen[k]:
+                seen[k] = True
+                scores[k] = scale * base[k]
+                touched[n_touched] = k
+                n_touched += 1
+            scores[k] += a * (ranked_values[at] - off * base[k])
+        work += ranked_indptr[c + 1] - ranked_indptr[c]
+    count = 0
+    for j in range(n_touched):
+        k = touched[j]
+        count = insert_ranked(k, scores[k], top_targets, top_values, count)
+    # The best of the rest are the first in base order stored for no position: each entry skipped is a
+    # touched one, so this walk is at most K + row long.
+    added = 0
+    for j in range(base_order.shape[0]):
+        if added == cap:
+            break
+        work += 1
+        k = base_order[j]
+        if not seen[k]:
+            count = insert_ranked(k, scale * base[k], top_targets, top_values, count)
+            added += 1
+    for j in range(n_touched):
+        seen[touched[j]] = False
+    return count, work
+
+
+@numba.njit(cache=True, nogil=True)
 def top_k_threshold(
     context,
     row,
@@ -150,22 +207,41 @@ def top_k_threshold(
     base_order,
     top_targets,
     top_values,
+    scores,
+    seen,
+    touched,
 ):  # pragma: no cover - compiled
     """The K = ``len(top_targets)`` targets of highest ``sum_i a_i B[c_i, k]`` (lowest id first on ties), exactly,
-    without visiting all T; they and their probabilities are written best first, and their count returned.
+    in O(K + row) work, row being the stored pairs of the row's symbols; they and their probabilities are
+    written best first. Returns ``(count, work)``: work counts the stored entries and base entries visited,
+    a mixture's lookup of all N positions counting N. ``scores``, ``seen``, ``touched``: :func:`top_k_scratch`.
 
-    Fagin's threshold algorithm over the positions' symbols, each with its stored targets by decreasing
+    Fagin's threshold algorithm first, over the positions' symbols, each with its stored targets by decreasing
     probability: at depth d a target not yet met has, at position i, at most the d-th probability of
     its list or the backoff ``backoff[c] max(base)`` when it is not in the list; once the K-th best score
-    met beats that bound, no other target can. A target in no list scores ``A base[k]``; the first K such
-    targets in base order are then the only ones left to check.
+    met beats that bound, no other target can. It usually stops after a few entries (K = 1 above all), but
+    when the K-th best is a target stored for no position its score never beats the bound (the backoff
+    floor), and a full walk would cost N lookups per entry. So it gets the row's worth of lookups; past
+    that, one pass over the row's stored pairs (:func:`_top_k_scan`) scores every stored target at once.
     """
     n_pos = context.shape[1]
     cap = top_targets.shape[0]
     max_base = base[base_order[0]]
+    row_pairs = 0
+    for i in range(n_pos):
+        c = context[row, i]
+        row_pairs += ranked_indptr[c + 1] - ranked_indptr[c]
     count = 0
     depth = 0
+    work = 0
     while True:
+        if n_pos > 1 and work + n_pos * n_pos > row_pairs:
+            # Cheaper to score every stored pair once than to go on looking up N positions per entry.
+            count, scanned = _top_k_scan(
+                context, row, attention, backoff, base, ranked_indptr, ranked_targets, ranked_values, base_order,
+                top_targets, top_values, scores, seen, touched,
+            )  # fmt: skip
+            return count, work + scanned
         bound = 0.0
         left = False
         for i in range(n_pos):
@@ -177,21 +253,24 @@ def top_k_threshold(
                 bound += attention[i] * max(ranked_values[at], off)
                 k = ranked_targets[at]
                 v = mixture_at(context, row, attention, k, indptr, symbols, values, backoff, base)
+                work += n_pos
                 count = insert_ranked(k, v, top_targets, top_values, count)
             else:
                 bound += attention[i] * off
         if count == cap and top_values[cap - 1] > bound:
-            return count
+            return count, work
         if not left:
             break
         depth += 1
-    # Every stored target was scored; the best of the rest are the first in base order stored for no position.
+    # Every stored target was scored (one position, or none); the best of the rest are the first in base order
+    # stored for no position.
     added = 0
     for j in range(base_order.shape[0]):
         if added == cap:
             break
         k = base_order[j]
         stored = False
+        work += n_pos
         for i in range(n_pos):
             if per_position.find_pair(indptr, symbols, k, context[row, i]) >= 0:
                 stored = True
@@ -200,7 +279,7 @@ def top_k_threshold(
             v = mixture_at(context, row, attention, k, indptr, symbols, values, backoff, base)
             count = insert_ranked(k, v, top_targets, top_values, count)
             added += 1
-    return count
+    return count, work
 
 
 @numba.njit(cache=True, nogil=True)
@@ -235,6 +314,7 @@ def _score_sparse_numba(
     bits = np.empty(n_pos, dtype=np.int64)
     top_target = np.empty(1, dtype=np.int64)
     top_value = np.empty(1)
+    scores, seen, touched = top_k_scratch(base.shape[0])
     y = np.empty(query.shape[1])
     total_ll = 0.0
     total_lp = 0.0
@@ -258,7 +338,7 @@ def _score_sparse_numba(
         prob_t = mixture_at(context, row, attention, t, indptr, symbols, values, backoff, base)
         top_k_threshold(
             context, row, attention, indptr, symbols, values, backoff, base, ranked_indptr, ranked_targets,
-            ranked_values, base_order, top_target, top_value,
+            ranked_values, base_order, top_target, top_value, scores, seen, touched,
         )  # fmt: skip
         arg = top_target[0]
         if w != 0.0:

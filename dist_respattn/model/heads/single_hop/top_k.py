@@ -84,13 +84,14 @@ def _top_k_sparse(
     gate = np.empty(n_pos)
     bits = np.empty(n_pos, dtype=np.int64)
     y = np.empty(query.shape[1])
+    scores, seen, touched = scoring.top_k_scratch(base.shape[0])
     for row in range(n_rows):
         for d in range(query.shape[1]):
             y[d] = query[row, d]
         _row_attention(context, row, y, key_means, log_prior, inv_two_sigma2, gate, bits, attention[row])
         scoring.top_k_threshold(
             context, row, attention[row], indptr, symbols, values, backoff, base, ranked_indptr, ranked_targets,
-            ranked_values, base_order, top_targets[row], top_values[row],
+            ranked_values, base_order, top_targets[row], top_values[row], scores, seen, touched,
         )  # fmt: skip
 
 
