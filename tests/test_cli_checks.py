@@ -189,3 +189,18 @@ def test_an_export_killed_midway_does_not_block_the_next(tmp_path):
     assert version.number == 1 and checkpoint.parent == tmp_path / "out"
     assert not stale.exists()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ckpt-000001-v000001", "latest.json"]
+
+
+def test_a_summary_with_a_figure_its_checkpoint_lacks_prints(capsys):
+    """A checkpoint whose meta.json lacks a held-out figure (edited, or older) is summarized, the figure as n/a."""
+    from dist_respattn.cli.fit_commands import print_fit_summary
+
+    report = {
+        "state": "max_iter", "iterations": 2, "seconds": 1.0, "mean_log_likelihood": None, "best_iteration": 2,
+        "heldout": {"perplexity": None, "mean_log_likelihood": None}, "heldout_rows": "the held-out rows",
+        "warnings": [], "model_dir": "m", "best_checkpoint": "ckpt-2", "latest_checkpoint": "ckpt-2",
+        "last_iteration": 2,
+    }  # fmt: skip
+    print_fit_summary(report, verbose=True)
+    out = capsys.readouterr().out
+    assert "held-out (the held-out rows): perplexity n/a, joint log-likelihood n/a (best iteration 2)" in out

@@ -475,11 +475,12 @@ def print_fit_summary(report: dict[str, Any], *, verbose: bool = False) -> None:
     best_iteration = report.get("best_iteration")
     if report.get("heldout"):
         h = report["heldout"]
+        # A figure a checkpoint's meta.json lacks (an older or an edited one) is shown as missing, not a traceback.
         accuracy = f", accuracy {h['accuracy']:.2%}" if h.get("accuracy") is not None else ""
-        joint = f", joint log-likelihood {h['mean_log_likelihood']:.4f}" if verbose else ""
+        joint = f", joint log-likelihood {_figure(h.get('mean_log_likelihood'))}" if verbose else ""
         print(
-            f"held-out ({report.get('heldout_rows') or 'validation'}): perplexity {h['perplexity']:.4f}{accuracy}"
-            f"{joint} (best iteration {best_iteration})"
+            f"held-out ({report.get('heldout_rows') or 'validation'}): perplexity {_figure(h.get('perplexity'))}"
+            f"{accuracy}{joint} (best iteration {best_iteration})"
         )
     for name in report:
         stage = report[name]
@@ -509,6 +510,11 @@ def print_fit_summary(report: dict[str, Any], *, verbose: bool = False) -> None:
         from dist_respattn.monitor.web import page_url
 
         print(f"dashboard: {report['dashboard']}, fit page: {page_url(report['dashboard'])} (while its cluster runs)")
+
+
+def _figure(value: Any) -> str:
+    """``11.0551``, or ``n/a`` for a figure the checkpoint does not hold."""
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 def kept_lines(report: dict[str, Any]) -> list[str]:
