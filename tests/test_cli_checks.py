@@ -206,14 +206,14 @@ def test_a_summary_with_a_figure_its_checkpoint_lacks_prints(capsys):
     assert "held-out (the held-out rows): perplexity n/a, joint log-likelihood n/a (best iteration 2)" in out
 
 
-def test_a_file_of_one_huge_word_is_refused_after_two_blocks(tmp_path):
-    """Bytes without a space are read two blocks at most, then refused naming the file (not carried whole)."""
+def test_a_file_of_one_huge_word_is_refused_once_past_the_bound(tmp_path):
+    """Bytes without a space are carried up to a bound, then refused naming the file (not carried whole)."""
     from dist_respattn.store.ingest.text_pass import file_blocks
 
     word = tmp_path / "word.txt"
     word.write_bytes(b"a few words first " + b"x" * 5000)
-    with pytest.raises(ValueError, match=f"{word}: more than 2,0[0-9][0-9] bytes without a space from byte 18: "):
-        list(file_blocks(str(word), block=1024))
+    with pytest.raises(ValueError, match=f"{word}: more than 3,0[0-9][0-9] bytes without a space from byte 18: "):
+        list(file_blocks(str(word), block=1024, max_word=2048))
     text = tmp_path / "text.txt"
     text.write_bytes(b"word " * 1000)
-    assert b"".join(block.tobytes() for block in file_blocks(str(text), block=1024)) == text.read_bytes()
+    assert b"".join(block.tobytes() for block in file_blocks(str(text), block=1024, max_word=2048)) == text.read_bytes()
