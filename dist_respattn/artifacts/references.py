@@ -55,7 +55,13 @@ def load_checkpoint(
         if which != "auto":
             raise CheckpointError(f"{os.fspath(model_dir)}: a registry version has one checkpoint, not a {which!r} one")
         url, version = reference
-        return Registry(url, storage_options).load(version)
+        registry = Registry(url, storage_options)
+        if not registry.check_format():  # else read as a registry with no version yet, which misleads
+            raise CheckpointError(
+                f"{os.fspath(model_dir)}: no model registry at {url} (no {REGISTRY_FILE}): give the path of a "
+                "registry before the @ (retrain publishes its first version)"
+            )
+        return registry.load(version)
     folder = ModelDir(model_dir)
     if (folder.path / REGISTRY_FILE).is_file():  # its latest.json is not a model directory's pointer
         raise CheckpointError(

@@ -27,6 +27,7 @@ import io
 import json
 import os
 import re
+import shutil
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -228,9 +229,17 @@ class Registry:
         checkpoint = self._parse(version, contents)  # a version that does not load is not exported
         iteration = int(checkpoint.meta.get("iteration", 0))
         name = f"ckpt-{iteration:06d}-v{version.number:06d}"
-        folder = ModelDir(target)
+        # Written beside DIR and renamed into place, so a killed export leaves DIR as it was (the next export, to
+        # the same DIR, removes the killed one's staging copy) instead of a DIR no export will write into.
+        staging = target.absolute().with_name(f".{target.absolute().name}.partial-export")
+        if staging.exists():
+            shutil.rmtree(staging)
+        folder = ModelDir(staging)
         folder.write_files(name, contents)
         folder.point(LATEST, name, iteration=iteration, registry=str(self), version=version.number)
+        if target.exists():
+            target.rmdir()  # empty, as checked above
+        os.replace(staging, target)
         return version, target / name
 
     def _check_record(self, version: Version) -> None:

@@ -15,14 +15,18 @@ from dist_respattn.text_format import count_text
 __all__ = [
     "CommandError",
     "check_row_order",
+    "check_synthetic_size",
     "embedding_table",
     "fit_ended",
     "in_flags",
+    "memory_limit",
+    "mib",
     "parse_storage_options",
     "positive_float",
     "positive_int",
     "progress_bar",
     "say",
+    "seed",
 ]
 
 
@@ -83,6 +87,35 @@ def positive_int(text: str) -> int:
     return value
 
 
+def seed(text: str) -> int:
+    """A ``--seed``: an integer >= 0 (numpy's seeds are; a negative one failed deep inside without naming the flag)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected a seed, an integer >= 0")
+    return value
+
+
+def memory_limit(text: str) -> str:
+    """A ``--memory-limit``: ``auto``, a size (``2GiB``, bytes) or a fraction of the machine, checked to be >= 0 (0:
+    no limit, as Dask reads it); a negative one was read as a limit of minus so many MiB."""
+    if text == "auto":
+        return text
+    from dask.utils import parse_bytes
+
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            value = float(parse_bytes(text))
+        except (ValueError, TypeError):
+            raise argparse.ArgumentTypeError(
+                f"{text}: expected a size such as 2GiB, a fraction of the machine such as 0.5, or auto"
+            ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected a positive size such as 2GiB (or auto, or 0: no limit)")
+    return text
+
+
 def positive_float(text: str) -> float:
     value = float(text)
     if not value > 0.0:
@@ -113,6 +146,34 @@ def check_row_order(args: argparse.Namespace) -> None:
             f"--row-order {args.row_order}: a token-stream store keeps the tokens in order; "
             "pass --format triples to sort the windows"
         )
+
+
+#: Copies of the (S, T) float64 emission table that drawing a random head holds at once (the Dirichlet draws, their
+#: floor, the table).
+_SYNTHETIC_TABLE_COPIES = 3
+
+
+def check_synthetic_size(symbols: int | None, targets: int | None) -> None:
+    """Refuse ``--symbols`` and ``--targets`` whose random head's (S, T) emission table cannot be drawn in this
+    machine's free memory (``synth``, ``demo --synthetic``), before anything is written or started."""
+    if symbols is None or targets is None:
+        return
+    import psutil
+
+    table = int(symbols) * int(targets) * 8
+    needed = _SYNTHETIC_TABLE_COPIES * table
+    available = int(psutil.virtual_memory().available)
+    if needed > available:
+        raise CommandError(
+            f"--symbols {symbols:,} and --targets {targets:,}: the random head's (S, T) emission table is "
+            f"{mib(table)} and drawing it needs about {mib(needed)}, more than the {mib(available)} free here: lower "
+            "--symbols or --targets"
+        )
+
+
+def mib(n_bytes: int) -> str:
+    """``1,234 MiB``: a size as the memory plans print it."""
+    return f"{n_bytes / 2**20:,.0f} MiB"
 
 
 def say(args: argparse.Namespace, message: str) -> None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dist_respattn.cli.common import CommandError, positive_float, positive_int
+from dist_respattn.cli.common import CommandError, check_synthetic_size, positive_float, positive_int, seed
 from dist_respattn.cli.fit_commands import fit_report, print_fit_summary
 from dist_respattn.events import FitState
 
@@ -48,10 +48,13 @@ def register(sub: Any) -> None:
     demo.add_argument("--dir", default="respattn-demo", help="where the stores and the model go (./respattn-demo)")
     demo.add_argument("--max-iter", type=positive_int, default=100, help="EM iterations at most (default 100)")
     demo.add_argument("--tol", type=positive_float, default=1e-6, help="relative log-likelihood change to stop")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the split (text) or of the head and samples")
+    demo.add_argument("--seed", type=seed, default=0, help="seed of the split (text) or of the head and samples")
     demo.add_argument("--context", type=positive_int, default=8, help="N, context length (default 8)")
     demo.add_argument("--workers", type=positive_int, help="worker processes of the embedded cluster (one a core)")
     demo.add_argument("--scheduler", metavar="ADDRESS", help="run on this Dask scheduler instead")
+    demo.add_argument(
+        "--overwrite", action="store_true", help="replace the stores and the model a run left in --dir (else refused)"
+    )
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     text = demo.add_argument_group("text (the default)")
     text.add_argument(
@@ -79,7 +82,26 @@ def _say(args: argparse.Namespace) -> Any:
 
 
 def _run_demo(args: argparse.Namespace) -> dict[str, Any]:
-    return _run_synthetic(args) if args.synthetic else _run_text(args)
+    check_demo_dir(Path(args.dir), synthetic=args.synthetic, overwrite=args.overwrite)
+    if args.synthetic:
+        check_synthetic_size(args.symbols, args.targets)
+        return _run_synthetic(args)
+    return _run_text(args)
+
+
+def check_demo_dir(folder: Path, *, synthetic: bool, overwrite: bool) -> None:
+    """Refuse a ``--dir`` that holds what the demo writes (its stores, a fit in ``model/``) unless ``overwrite``: a
+    second run would replace another run's stores and model without a word."""
+    names = ("train.zarr", "validation.zarr") if synthetic else ("train.zarr", "validation.zarr", "test.zarr")
+    held = [name for name in names if (folder / name).exists()]
+    model = folder / "model"
+    if model.exists() and (not model.is_dir() or any(model.iterdir())):
+        held.append("model")
+    if held and not overwrite:
+        raise CommandError(
+            f"--dir {folder} holds {', '.join(held)} (stores and a fit of an earlier run): pass --overwrite to "
+            "replace them, or give another --dir"
+        )
 
 
 def _run_text(args: argparse.Namespace) -> dict[str, Any]:

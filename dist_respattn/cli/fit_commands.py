@@ -12,9 +12,11 @@ from dist_respattn.cli.common import (
     CommandError,
     fit_ended,
     in_flags,
+    memory_limit,
     parse_storage_options,
     positive_float,
     positive_int,
+    seed,
 )
 from dist_respattn.cli.head_options import add_head_options, head_options, spec_from_args
 from dist_respattn.cli.stream_predict import print_stream_summary, run_stream
@@ -43,6 +45,7 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--memory-limit",
+        type=memory_limit,
         default="auto",
         help="memory limit of each embedded worker, e.g. 2GiB (default: an even share of the machine)",
     )
@@ -67,7 +70,7 @@ def add_em_options(parser: argparse.ArgumentParser, title: str) -> None:
         choices=("uniform", "random"),
         help="first model: the M-step of uniform attention (default) or of random responsibilities",
     )
-    em.add_argument("--seed", type=int, help="seed of a random start, per partition (default 0)")
+    em.add_argument("--seed", type=seed, help="seed of a random start, per partition (default 0)")
     em.add_argument(
         "--sigma2",
         type=positive_float,
@@ -219,7 +222,7 @@ def register(sub: Any) -> None:
     evaluate.add_argument("store", help="the store to score (path or URL)")
     evaluate.add_argument(
         "--baseline-k",
-        type=float,
+        type=positive_float,
         default=0.1,
         help="k of the add-k unigram, and of the add-k bigram when nothing tunes it (0.1)",
     )
@@ -472,11 +475,12 @@ def print_fit_summary(report: dict[str, Any], *, verbose: bool = False) -> None:
     best_iteration = report.get("best_iteration")
     if report.get("heldout"):
         h = report["heldout"]
+        # A figure a checkpoint's meta.json lacks (an older or an edited one) is shown as missing, not a traceback.
         accuracy = f", accuracy {h['accuracy']:.2%}" if h.get("accuracy") is not None else ""
-        joint = f", joint log-likelihood {h['mean_log_likelihood']:.4f}" if verbose else ""
+        joint = f", joint log-likelihood {_figure(h.get('mean_log_likelihood'))}" if verbose else ""
         print(
-            f"held-out ({report.get('heldout_rows') or 'validation'}): perplexity {h['perplexity']:.4f}{accuracy}"
-            f"{joint} (best iteration {best_iteration})"
+            f"held-out ({report.get('heldout_rows') or 'validation'}): perplexity {_figure(h.get('perplexity'))}"
+            f"{accuracy}{joint} (best iteration {best_iteration})"
         )
     for name in report:
         stage = report[name]
@@ -506,6 +510,11 @@ def print_fit_summary(report: dict[str, Any], *, verbose: bool = False) -> None:
         from dist_respattn.monitor.web import page_url
 
         print(f"dashboard: {report['dashboard']}, fit page: {page_url(report['dashboard'])} (while its cluster runs)")
+
+
+def _figure(value: Any) -> str:
+    """``11.0551``, or ``n/a`` for a figure the checkpoint does not hold."""
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 def kept_lines(report: dict[str, Any]) -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.cli.common import CommandError, embedding_table, parse_storage_options, positive_int
+from dist_respattn.cli.common import CommandError, embedding_table, parse_storage_options, positive_int, seed
 from dist_respattn.cli.head_options import add_head_options, head_options
 
 __all__ = ["register"]
@@ -31,6 +31,13 @@ def _model_and_store(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.store:
         check_recorded_corpus(
             recorded, store, reference_role="the model's training store", other_role=f"--store {args.store}"
+        )
+    model_symbols, store_symbols = checkpoint.model.num_symbols, store.schema.num_symbols
+    if store_symbols != model_symbols:  # its words and embeddings would be read at the model's ids
+        given = f"--store {args.store}" if args.store else f"{url} (the model's training store)"
+        raise CommandError(
+            f"{given}: S = {store_symbols:,} symbols, the model's is S = {model_symbols:,}: give --store the store "
+            "the model was fitted on (or one written from it with ingest --like)"
         )
     return checkpoint, store
 
@@ -124,13 +131,17 @@ def _print_sample(report: dict[str, Any]) -> None:
 
 def _run_neighbours(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.model.emission.neighbours import emission_neighbours
+    from dist_respattn.store.predictions import target_words
 
     checkpoint, store = _model_and_store(args)
-    words = list((store.vocabulary() or {}).get("tokens", []))
+    vocabulary = store.vocabulary()
+    known = list((vocabulary or {}).get("tokens", []))
+    # Every symbol's word, the out-of-vocabulary id's included (it may be a neighbour like any other).
+    words = list(target_words(vocabulary, checkpoint.model.num_symbols) or ()) if known else []
     if words:
-        if args.word not in words:
-            raise CommandError(f"{args.word!r} is not in the model's vocabulary of {len(words):,} words")
-        symbol = words.index(args.word)
+        if args.word not in known:
+            raise CommandError(f"{args.word!r} is not in the model's vocabulary of {len(known):,} words")
+        symbol = known.index(args.word)
     else:
         try:
             symbol = int(args.word)
@@ -179,7 +190,7 @@ def register(sub: Any) -> None:
         "model", help="a model directory (plain or attribute-gated), or a registry's version: REGISTRY@7"
     )
     sample.add_argument("--tokens", type=positive_int, default=200, help="tokens to generate (200)")
-    sample.add_argument("--seed", type=int, default=0, help="the draws' seed (0): the same seed, the same text")
+    sample.add_argument("--seed", type=seed, default=0, help="the draws' seed (0): the same seed, the same text")
     sample.add_argument(
         "--prompt",
         metavar="TEXT",

@@ -7,7 +7,7 @@ import math
 import time
 from typing import Any
 
-from dist_respattn.cli.common import CommandError, check_row_order, positive_int, progress_bar, say
+from dist_respattn.cli.common import CommandError, check_row_order, positive_int, progress_bar, say, seed
 from dist_respattn.cli.store_commands import (
     add_attribute_options,
     add_common_options,
@@ -73,7 +73,7 @@ def register(sub: Any) -> None:
     split.add_argument(
         "--dim", type=positive_int, help="D of a seeded random projection (default: one-hot up to 256 symbols, else 32)"
     )
-    split.add_argument("--seed", type=int, help="seed of the random projection (default 0)")
+    split.add_argument("--seed", type=seed, help="seed of the random projection (default 0)")
     split.add_argument(
         "--fractions",
         nargs=3,

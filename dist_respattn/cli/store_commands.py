@@ -11,11 +11,13 @@ from typing import Any
 from dist_respattn.cli.common import (
     CommandError,
     check_row_order,
+    check_synthetic_size,
     parse_storage_options,
     positive_float,
     positive_int,
     progress_bar,
     say,
+    seed,
 )
 from dist_respattn.text_format import count_text
 
@@ -163,7 +165,7 @@ def register(sub: Any) -> None:
     synth.add_argument(
         "--sigma2", type=positive_float, default=1.0, help="gate variance of the random head (default 1)"
     )
-    synth.add_argument("--seed", type=int, default=0, help="seed of the head and of the sample (default 0)")
+    synth.add_argument("--seed", type=seed, default=0, help="seed of the head and of the sample (default 0)")
     add_layout_options(synth, default_order="target")
     add_common_options(synth)
     synth.set_defaults(handler=_run_synth, printer=_print_written)
@@ -224,7 +226,7 @@ def register(sub: Any) -> None:
         type=positive_int,
         help="with --tokens/--text: D of a seeded random projection (default: one-hot up to 256 symbols, else 32)",
     )
-    ingest.add_argument("--seed", type=int, help="with --tokens/--text: seed of the random projection (default 0)")
+    ingest.add_argument("--seed", type=seed, help="with --tokens/--text: seed of the random projection (default 0)")
     ingest.add_argument(
         "--vocab-size", type=positive_int, help="with --text: K most frequent tokens kept (default 2000)"
     )
@@ -300,6 +302,7 @@ def _run_synth(args: argparse.Namespace) -> dict[str, Any]:
     missing = [flag for flag, value in shape.items() if value is None]
     if missing and not args.append:
         raise CommandError(f"{', '.join(missing)} required for a new store")
+    check_synthetic_size(args.symbols, args.targets)
     started = time.perf_counter()
     before = _rows_before(args)
     with progress_bar(args.rows, "rows", "sampling") as bar:

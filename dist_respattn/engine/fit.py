@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import distributed
+import numpy as np
 
 from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.artifacts.checkpoints import LATEST, Checkpoint, ModelDir
@@ -120,6 +121,22 @@ def open_fit_store(
         return open_store(store, storage_options=storage_options, window=window, min_context=min_context)
     except ValueError as exc:
         raise FitError(str(exc)) from None
+
+
+def _no_rows(train: RowStore, min_context: int) -> str:
+    """Why a store gives no row to fit: empty, or (a token-stream store) no document long enough for the window."""
+    if isinstance(train, TokenStreamStore) and train.num_tokens > 0:
+        starts = train.document_starts()
+        longest = int(np.diff(np.append(starts, train.num_tokens)).max())
+        window = train.schema.context_length
+        flag = "--context" if min_context == window else "--min-context"
+        fix = f": give {flag} {longest - 1} or less" if longest > 1 else ""
+        return (
+            f"the store {train.location} has no rows with a window of N = {window}: no document is long enough, as a "
+            f"row needs {min_context:,} earlier tokens of its document ({flag}) and the longest document has "
+            f"{longest:,} tokens{fix}"
+        )
+    return f"the store {train.location} has no rows: there is nothing to fit"
 
 
 def _shape(obj: Any) -> tuple[int, int, int, int]:
@@ -502,7 +519,7 @@ def _fit_stage(
         raise FitError(str(exc)) from None
     train = open_fit_store(train, storage_options, None, min_context)
     if train.num_rows == 0:
-        raise FitError(f"the store {train.location} has no rows: there is nothing to fit")
+        raise FitError(_no_rows(train, min_context))
     folder = ModelDir(model_dir)
     folder.check_writable()
     start = _starting_point(

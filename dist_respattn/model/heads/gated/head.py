@@ -468,8 +468,14 @@ class GatedHead(Head):
 
     def mix_of(self, options: dict[str, Any]) -> dict[int, float]:
         """``{attribute id: share}`` of the options ``attribute`` (a name) or ``mix`` (``"NAME=SHARE,..."``);
-        ``ValueError`` naming the flag for a name the head lacks or a malformed mix, or when neither is given."""
+        ``ValueError`` naming the flag for a name the head lacks or a malformed mix, or when neither or both are
+        given."""
         mix_text, name = options.get("mix"), options.get("attribute")
+        if mix_text and name:
+            raise ValueError(
+                f"--mix {mix_text!r} and --attribute {name!r}: give one (--attribute NAME writes as one attribute, "
+                "--mix NAME=SHARE,... as a mix)"
+            )
         if mix_text:
             mix: dict[int, float] = {}
             for part in str(mix_text).split(","):

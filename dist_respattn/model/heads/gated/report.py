@@ -488,6 +488,11 @@ def report_lines(report: dict[str, Any], *, store: str | None = None) -> list[st
         accuracy = report["attribute_accuracy"]
         shown = "n/a" if accuracy is None else f"{accuracy:.1%}"
         lines.append(f"attribute classification: {shown} of {report['classified_documents']:,} documents")
+    if "fold_in" in report and not report["fold_in"]:
+        lines.append(
+            f"note: --fold-in: every attribute of {store or shared.get('store') or 'the store'} is one the model "
+            "knows, so there is nothing to fold in (give a store holding attributes the model lacks)"
+        )
     for name, row in (report.get("fold_in") or {}).items():
         lines.append(
             f"folded in {name}: perplexity {row['perplexity']:.3f} (uniform weights "
