@@ -19,7 +19,7 @@ def _model_and_store(args: argparse.Namespace) -> tuple[Any, Any]:
     """The model's checkpoint, and the store that gives its vocabulary and embeddings (``--store``, checked to be
     of the model's corpus, else the one it was fitted on)."""
     from dist_respattn.artifacts import load_checkpoint
-    from dist_respattn.store import check_recorded_corpus, open_store
+    from dist_respattn.store import check_model_corpus, open_store
 
     storage_options = parse_storage_options(getattr(args, "storage_option", None))
     checkpoint = load_checkpoint(args.model, storage_options=storage_options)
@@ -29,9 +29,7 @@ def _model_and_store(args: argparse.Namespace) -> tuple[Any, Any]:
         raise CommandError(f"{args.model}: no training store recorded: give --store STORE (its vocabulary)")
     store = open_store(url, storage_options=storage_options)
     if args.store:
-        check_recorded_corpus(
-            recorded, store, reference_role="the model's training store", other_role=f"--store {args.store}"
-        )
+        check_model_corpus(recorded, store)
     return checkpoint, store
 
 
