@@ -201,6 +201,10 @@ def test_an_edited_table_or_vocabulary_fails_validation_and_changes_the_identity
     described = edited.describe()
     assert described["identity"] == edited.identity()
     assert described["identity_changes"] == [report.problems[0].message]
+    # What a checkpoint recorded of the store before the edit no longer matches it: every command refuses it.
+    message = one_line_mismatch(StoreRef("before.zarr", written), edited, reference_role="the model's training store",
+                                other_role="store")  # fmt: skip
+    assert ("vocabularies differ" if key == "vocabulary" else "embedding tables differ") in message
 
 
 def test_a_store_written_like_an_edited_reference_records_what_it_copied(tmp_path, text_store):
