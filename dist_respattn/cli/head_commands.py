@@ -19,7 +19,7 @@ def _model_and_store(args: argparse.Namespace) -> tuple[Any, Any]:
     """The model's checkpoint, and the store that gives its vocabulary and embeddings (``--store``, checked to be
     of the model's corpus, else the one it was fitted on)."""
     from dist_respattn.artifacts import load_checkpoint
-    from dist_respattn.store import check_recorded_corpus, open_store
+    from dist_respattn.store import check_model_corpus, open_store
 
     storage_options = parse_storage_options(getattr(args, "storage_option", None))
     checkpoint = load_checkpoint(args.model, storage_options=storage_options)
@@ -28,10 +28,6 @@ def _model_and_store(args: argparse.Namespace) -> tuple[Any, Any]:
     if not url:
         raise CommandError(f"{args.model}: no training store recorded: give --store STORE (its vocabulary)")
     store = open_store(url, storage_options=storage_options)
-    if args.store:
-        check_recorded_corpus(
-            recorded, store, reference_role="the model's training store", other_role=f"--store {args.store}"
-        )
     model_symbols, store_symbols = checkpoint.model.num_symbols, store.schema.num_symbols
     if store_symbols != model_symbols:  # its words and embeddings would be read at the model's ids
         given = f"--store {args.store}" if args.store else f"{url} (the model's training store)"
@@ -39,6 +35,8 @@ def _model_and_store(args: argparse.Namespace) -> tuple[Any, Any]:
             f"{given}: S = {store_symbols:,} symbols, the model's is S = {model_symbols:,}: give --store the store "
             "the model was fitted on (or one written from it with ingest --like)"
         )
+    if args.store:
+        check_model_corpus(recorded, store)
     return checkpoint, store
 
 

@@ -556,6 +556,8 @@ def _print_info(report: dict[str, Any]) -> None:
     if report["has_true_model"]:
         print("true model   kept in the store (truth/)")
     print(f"identity     {identity_line(report['identity'])}")
+    for change in report.get("identity_changes", ()):
+        print(f"             (computed from the content) does not match the record: {change}")
     print(f"fingerprint  {report['fingerprint']}")
 
 

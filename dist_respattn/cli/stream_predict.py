@@ -56,14 +56,16 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
     begun = time.perf_counter()
     from dist_respattn.artifacts import load_checkpoint
     from dist_respattn.cli.head_options import head_options
-    from dist_respattn.store import open_store
+    from dist_respattn.store import check_model_corpus, open_store
     from dist_respattn.store.predictions import target_words
 
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
     storage_options = parse_storage_options(args.storage_option)
-    model = load_checkpoint(args.model, storage_options=storage_options).model
+    checkpoint = load_checkpoint(args.model, storage_options=storage_options)
+    model = checkpoint.model
     store = open_store(args.store, storage_options=storage_options)
+    check_model_corpus(checkpoint.meta.get("store"), store)
     table = embedding_table(
         store, model, needed_by="--stream", fix="give the store the model was fitted on, or one made --like it"
     )

@@ -36,7 +36,7 @@ from dist_respattn.model.emission.pairs import PairCounts, pairs_of_blocks
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import BlockPass, Columns, Head
 from dist_respattn.model.scores import ScoreTotals
-from dist_respattn.store import StoreError, StoreLocation, check_recorded_corpus, open_store
+from dist_respattn.store import StoreError, StoreLocation, check_model_corpus, open_store
 from dist_respattn.store.rows import RowStore, is_stream_store
 
 __all__ = ["DEFAULT_BASELINE_K", "Evaluation", "evaluate", "score", "score_store"]
@@ -241,9 +241,7 @@ def evaluate(
         store, storage_options, window_for(head, store, storage_options), min_context_for(head, meta)
     )
     check_same_shape(head, "the model", scored)
-    check_recorded_corpus(
-        meta.get("store"), scored, reference_role="the model's training store", other_role="the evaluated store"
-    )
+    check_model_corpus(meta.get("store"), scored)
     if scored.num_rows == 0:
         raise FitError(f"the store {scored.location} has no rows to evaluate")
     bigram = scored.provenance.get("source") in TOKEN_SOURCES

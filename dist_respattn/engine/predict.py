@@ -34,7 +34,7 @@ from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.worker_tasks import attribute_map
 from dist_respattn.model.heads.base import Head
 from dist_respattn.model.scores import PredictionTotals
-from dist_respattn.store import StoreLocation, check_recorded_corpus
+from dist_respattn.store import StoreLocation, check_model_corpus
 from dist_respattn.store.predictions import (
     PredictionRowsWriter,
     PredictionsHeader,
@@ -130,9 +130,7 @@ def predict(
     names = getattr(scored, "attribute_names", None)
     mapping = attribute_map(tuple(names) if names else None, head.attribute_names())
     check_same_shape(head, "the model", scored)
-    check_recorded_corpus(
-        meta.get("store"), scored, reference_role="the model's training store", other_role="the predicted store"
-    )
+    check_model_corpus(meta.get("store"), scored)
     kept = min(int(top_k), head.num_targets)
     fingerprint = scored.fingerprint()
     rows_file: PredictionRowsWriter | None = None

@@ -40,7 +40,7 @@ from dist_respattn.engine import (
 )
 from dist_respattn.events import HeldoutScores, Metric
 from dist_respattn.model.heads.base import HeadSpec, spec_from_json
-from dist_respattn.store import check_recorded_corpus
+from dist_respattn.store import check_model_corpus, check_recorded_corpus
 from dist_respattn.store.rows import RowStore
 
 __all__ = ["DEFAULT_TOLERANCE", "GATE_METRICS", "GateDecision", "RetrainResult", "gate", "retrain"]
@@ -184,10 +184,11 @@ def _check_corpus(record: dict[str, Any], train: RowStore, heldout: RowStore | N
     """Refuse stores whose vocabulary or embedding table differs from the latest version's training store:
     warm-starting a head on ids that mean other tokens would fit nonsense, and the gate would compare it."""
     trained_on = (record.get("provenance") or {}).get("store")
-    role = "the latest version's training store"
-    check_recorded_corpus(trained_on, train, reference_role=role, other_role="store")
+    check_model_corpus(trained_on, train)
     if heldout is not None:
-        check_recorded_corpus(trained_on, heldout, reference_role=role, other_role="validation store")
+        check_recorded_corpus(
+            trained_on, heldout, reference_role="the model's training store", other_role="validation store"
+        )
 
 
 def retrain(

@@ -23,7 +23,13 @@ from dist_respattn.store.errors import (
     StoreError,
 )
 from dist_respattn.store.group import Partition
-from dist_respattn.store.identity import StoreRef, check_recorded_corpus, check_same_corpus, corpus_identity
+from dist_respattn.store.identity import (
+    StoreRef,
+    check_model_corpus,
+    check_recorded_corpus,
+    check_same_corpus,
+    corpus_identity,
+)
 from dist_respattn.store.ingest.from_arrays import write_arrays
 from dist_respattn.store.ingest.split import SPLIT_NAMES, TextCorpus, TokenCorpus, write_split
 from dist_respattn.store.ingest.synthetic import write_synthetic
@@ -83,6 +89,7 @@ __all__ = [
     "WindowStream",
     "WriteOptions",
     "build_vocabulary",
+    "check_model_corpus",
     "check_recorded_corpus",
     "check_same_corpus",
     "choose_chunking",

@@ -21,8 +21,13 @@ __all__ = [
     "delete_shards_from",
     "named_metadata_errors",
     "open_group_at",
+    "read_failure",
+    "read_whole",
     "shard_key",
 ]
+
+#: How zarr's ``crc32c`` codec says a chunk's bytes changed ("Stored and computed checksum do not match").
+_CHECKSUM_MISMATCH = "checksum do not match"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,3 +109,23 @@ def delete_shards_from(location: StoreLocation, name: str, first: int) -> None:
         parts = key.split("/")  # <name>/c/<partition>[/0]
         if len(parts) >= 3 and parts[2].isdigit() and int(parts[2]) >= first:
             fs.rm(f"{root}/{key}")
+
+
+def read_failure(exc: BaseException) -> str:
+    """Why a chunk could not be read, for a one-line error: a checksum that does not match is named as changed bytes
+    (the chunk's stored CRC-32C no longer describes them), anything else as zarr's own error."""
+    if _CHECKSUM_MISMATCH in str(exc):
+        return (
+            "its checksum does not match its bytes: the chunk file was changed after it was written; "
+            "restore the file or write the store again"
+        )
+    return f"{type(exc).__name__}: {exc}"
+
+
+def read_whole(location: StoreLocation, group: Any, name: str) -> Any:
+    """All of a store's side array ``name`` (an embedding table, document starts), a chunk that cannot be read
+    (changed bytes, a damaged file) raised as :class:`StoreCorruptError` naming the array."""
+    try:
+        return group[name][...]
+    except Exception as exc:
+        raise StoreCorruptError(f"{location}: array '{name}' cannot be read: {read_failure(exc)}") from exc

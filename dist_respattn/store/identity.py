@@ -9,9 +9,12 @@ A store's **identity** is ``{"vocabulary": hex | None, "embeddings": hex | None}
 - ``embeddings``: sha256 of the header ``b"float32 S D\\n"`` followed by the (S, D) table as
   little-endian float32 bytes in C order.
 
-Writers record both in the provenance (``vocabulary_sha256``, ``embedding_sha256``); for a store
-written before they did, :func:`corpus_identity` computes them from the store's content. A store
-with neither (arrays, synthetic) has nothing to compare and never mismatches.
+Writers record both in the provenance (``vocabulary_sha256``, ``embedding_sha256``), hashed from what
+they wrote. :func:`corpus_identity` always computes them from the store's content (a recorded hash
+is only what the writer saw: a table edited since would otherwise pass for the old corpus);
+:func:`identity_changes` names a recorded hash the content no longer has (``validate`` reports it,
+``info`` prints it). A store with neither (arrays, synthetic) has nothing to compare and never
+mismatches.
 """
 
 from __future__ import annotations
@@ -27,19 +30,19 @@ import numpy as np
 from dist_respattn.store.errors import CorpusMismatchError
 
 if TYPE_CHECKING:  # the store imports this module; at run time it is only duck-typed here
-    pass
-
-if TYPE_CHECKING:
     from dist_respattn.store.rows import RowStore
 
 __all__ = [
     "IDENTITY_KEYS",
     "StoreRef",
+    "check_model_corpus",
     "check_recorded_corpus",
     "check_same_corpus",
     "corpus_identity",
     "embedding_sha256",
+    "identity_changes",
     "identity_provenance",
+    "recorded_identity",
     "short_hash",
     "vocabulary_sha256",
 ]
@@ -73,20 +76,42 @@ def identity_provenance(tokens: Sequence[str] | None, table: Any) -> dict[str, s
 
 
 def corpus_identity(store: RowStore) -> dict[str, str | None]:
-    """``{"vocabulary": ..., "embeddings": ...}`` of a store: the recorded hashes, else computed from its content.
+    """``{"vocabulary": ..., "embeddings": ...}`` of a store, computed from its content (never the recorded hashes).
 
-    Computing reads the vocabulary JSON and the (S, D) table, never a row.
+    Reads the vocabulary JSON and the (S, D) table, never a row.
     """
-    provenance = store.provenance
-    vocabulary = provenance.get(IDENTITY_KEYS["vocabulary"])
-    if vocabulary is None:
-        saved = store.vocabulary()
-        vocabulary = None if saved is None else vocabulary_sha256(saved.get("tokens", []))
-    embeddings = provenance.get(IDENTITY_KEYS["embeddings"])
-    if embeddings is None:
-        table = store.embeddings()
-        embeddings = None if table is None else embedding_sha256(table)
-    return {"vocabulary": vocabulary, "embeddings": embeddings}
+    saved = store.vocabulary()
+    table = store.embeddings()
+    return {
+        "vocabulary": None if saved is None else vocabulary_sha256(saved.get("tokens", [])),
+        "embeddings": None if table is None else embedding_sha256(table),
+    }
+
+
+def recorded_identity(provenance: Mapping[str, Any]) -> dict[str, str | None]:
+    """The identity a writer recorded in a store's provenance (``None`` for a hash it did not record)."""
+    return {key: provenance.get(recorded) for key, recorded in IDENTITY_KEYS.items()}
+
+
+def identity_changes(recorded: Mapping[str, str | None], computed: Mapping[str, str | None]) -> dict[str, str]:
+    """``{field: message}`` for each recorded hash the content no longer has: the store was edited after it was
+    written (or the recorded part is gone). A hash not recorded (an older store) is not compared."""
+    where = {"vocabulary": "vocabulary/zarr.json", "embeddings": "embeddings"}
+    changes = {}
+    for key, provenance_key in IDENTITY_KEYS.items():
+        expected, actual = recorded.get(key), computed.get(key)
+        if expected is None or expected == actual:
+            continue
+        if actual is None:
+            changes[key] = (
+                f"the provenance records {provenance_key} {short_hash(expected)}, but {where[key]} is missing"
+            )
+        else:
+            changes[key] = (
+                f"{where[key]} hashes to {short_hash(actual)}, but the provenance records {provenance_key} "
+                f"{short_hash(expected)}: it was changed after the store was written"
+            )
+    return changes
 
 
 def short_hash(value: str | None) -> str:
@@ -173,3 +198,10 @@ def check_recorded_corpus(
     checkpoint or a registry version keeps it); no record, or one from before identities, checks nothing."""
     if record and record.get("url") is not None:
         check_same_corpus(StoreRef.from_json(record), other, reference_role=reference_role, other_role=other_role)
+
+
+def check_model_corpus(record: Mapping[str, Any] | None, store: RowStore | StoreRef) -> None:
+    """The check of every command that reads a model with a store (``evaluate``, ``predict``, ``predict --stream``,
+    ``sample``, ``neighbours``, ``retrain``): ``store`` must be of the corpus of the training store ``record`` (a
+    checkpoint's ``meta["store"]``) names; else :class:`CorpusMismatchError`, one line naming both stores."""
+    check_recorded_corpus(record, store, reference_role="the model's training store", other_role="store")

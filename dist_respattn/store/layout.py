@@ -18,9 +18,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from zarr.codecs import BloscCodec, ZstdCodec
+from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
-__all__ = ["COMPRESSION_CHOICES", "Chunking", "choose_chunking", "compressors_for"]
+__all__ = [
+    "COMPRESSION_CHOICES",
+    "Chunking",
+    "choose_chunking",
+    "compressors_for",
+    "has_checksums",
+    "side_compressors",
+]
 
 _CHUNK_TARGET_BYTES = 32 << 20
 _CHUNKS_PER_PARTITION = 2
@@ -75,12 +82,24 @@ def choose_chunking(row_bytes: int, chunk_rows: int | None = None, partition_row
 
 
 def compressors_for(kind: str, compression: str) -> tuple[Any, ...]:
-    """The zarr compressors for an array of ``kind`` ('ids' or 'floats') under a compression choice."""
+    """The zarr compressors for an array of ``kind`` ('ids' or 'floats') under a compression choice, the checksum
+    last (it must see the bytes as stored, after compression)."""
     if compression not in COMPRESSION_CHOICES:
         raise ValueError(f"compression = {compression!r}: expected one of {', '.join(COMPRESSION_CHOICES)}")
     lz4 = BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle")
     if compression == "none" or (compression == "auto" and kind == "floats"):
-        return ()
+        return (Crc32cCodec(),)
     if compression == "zstd":
-        return (ZstdCodec(level=3),)
-    return (lz4,)
+        return (ZstdCodec(level=3), Crc32cCodec())
+    return (lz4, Crc32cCodec())
+
+
+def side_compressors() -> tuple[Any, ...]:
+    """The compressors of a store's side arrays (embedding table, document starts, a true model's arrays): zarr's
+    default zstd, then the checksum."""
+    return (ZstdCodec(level=0), Crc32cCodec())
+
+
+def has_checksums(array: Any) -> bool:
+    """Whether every chunk of a zarr array carries a CRC-32C (stores written before checksums carry none)."""
+    return any(isinstance(codec, Crc32cCodec) for codec in array.compressors)

@@ -1,18 +1,25 @@
-"""Checks shared by opening, reading and validating a store: its structure, and the values of a block."""
+"""Checks shared by opening, reading and validating a store: its structure, the values of a block, its corpus
+identity and whether its chunks carry checksums."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from dist_respattn.model.rows import EncodedRows
 from dist_respattn.store.attributes import names_problem
+from dist_respattn.store.errors import StoreCorruptError
+from dist_respattn.store.group import read_whole
+from dist_respattn.store.identity import embedding_sha256, identity_changes, recorded_identity, vocabulary_sha256
+from dist_respattn.store.layout import has_checksums
+from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, SCHEMA_VERSION, StoreSchema, StoreState
 from dist_respattn.text_format import count_text
 
-__all__ = ["Problem", "block_problems", "structural_problems"]
+__all__ = ["Problem", "block_problems", "checksum_note", "identity_problems", "structural_problems"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,3 +208,35 @@ def block_problems(block: EncodedRows, schema: StoreSchema, chunk: int | None) -
             )
         )
     return problems
+
+
+def identity_problems(location: StoreLocation, group: Any, attributes: dict[str, Any]) -> list[Problem]:
+    """The recorded corpus identity must still describe the vocabulary and table the store holds.
+
+    Otherwise a store edited after it was written would pass for another corpus (or its own). The identity is
+    computed from the content here, whatever was recorded; a table that cannot be read is a problem of its own.
+    """
+    vocabulary = dict(group["vocabulary"].attrs) if "vocabulary" in group else None
+    table = None
+    if "embeddings" in group:
+        try:
+            table = read_whole(location, group, "embeddings")
+        except StoreCorruptError as exc:
+            return [Problem(str(exc).split(": ", 1)[1].removeprefix("array 'embeddings' "), array="embeddings")]
+    computed = {
+        "vocabulary": None if vocabulary is None else vocabulary_sha256(vocabulary.get("tokens", [])),
+        "embeddings": None if table is None else embedding_sha256(table),
+    }
+    recorded = recorded_identity(attributes.get("provenance") or {})
+    return [Problem(message, array=key) for key, message in identity_changes(recorded, computed).items()]
+
+
+def checksum_note(group: Any, names: Sequence[str]) -> str | None:
+    """What ``validate`` says of a store whose row arrays carry no chunk checksums (written before they were kept):
+    changed bytes inside a chunk cannot be found, only the checks of values and files apply."""
+    if all(has_checksums(group[name]) for name in names if name in group):
+        return None
+    return (
+        "its chunks carry no checksums (written before they were kept), so changed bytes inside a chunk are found "
+        "only when they make a value invalid; write the store again (dist-respattn ingest) to add them"
+    )

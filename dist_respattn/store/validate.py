@@ -14,11 +14,16 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.model.rows import EncodedRows
-from dist_respattn.store.group import damaged_metadata, open_group_at, shard_key
-from dist_respattn.store.identity import IDENTITY_KEYS, embedding_sha256, short_hash, vocabulary_sha256
+from dist_respattn.store.group import damaged_metadata, open_group_at, read_failure, shard_key
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.not_a_store import not_a_store
-from dist_respattn.store.problems import Problem, block_problems, structural_problems
+from dist_respattn.store.problems import (
+    Problem,
+    block_problems,
+    checksum_note,
+    identity_problems,
+    structural_problems,
+)
 from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, STREAM_SCHEMA_NAME, StoreSchema
 from dist_respattn.store.streams.reader import is_stream_group
 from dist_respattn.store.streams.validation import validate_stream
@@ -28,6 +33,7 @@ __all__ = [
     "PartitionScan",
     "ScanResult",
     "ValidationReport",
+    "checksum_note",
     "identity_problems",
     "scan_partition",
     "scan_serially",
@@ -51,6 +57,8 @@ class ValidationReport:
     chunks_scanned: int = 0
     #: What ``rows_scanned`` counts: rows of a triple store, tokens of a token-stream store.
     unit: str = "rows"
+    #: What the scan could not check, e.g. a store written before chunks carried checksums.
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -63,13 +71,14 @@ class ValidationReport:
             "rows_scanned": self.rows_scanned,
             "chunks_scanned": self.chunks_scanned,
             "problems": [p.to_json() for p in self.problems],
+            "notes": list(self.notes),
         }
 
     def summary(self) -> str:
         head = f"{self.url}: {'valid' if self.ok else f'{len(self.problems)} problem(s)'}"
         chunks = count_text(self.chunks_scanned, "chunk")
         head += f" ({self.rows_scanned:,} {self.unit}, {chunks} scanned)"
-        return "\n".join([head, *(f"  {p}" for p in self.problems)])
+        return "\n".join([head, *(f"  {p}" for p in self.problems), *(f"  note: {n}" for n in self.notes)])
 
 
 def scan_partition(location: StoreLocation, partition: int) -> ScanResult:
@@ -115,7 +124,7 @@ def scan_partition(location: StoreLocation, partition: int) -> ScanResult:
             except Exception as exc:
                 problems.append(
                     Problem(
-                        f"cannot be decoded: {type(exc).__name__}: {exc}",
+                        f"cannot be decoded: {read_failure(exc)}",
                         array=name,
                         chunk=chunk,
                         row=lo,
@@ -182,7 +191,10 @@ def validate(
         raise not_a_store(location)  # nor is a group that is no store (predict's output, another program's)
     if is_stream_group(dict(group.attrs[ATTRIBUTE_KEY])):
         found, tokens, chunks = validate_stream(location, progress=progress, total=total)
-        return ValidationReport(str(location), found, rows_scanned=tokens, chunks_scanned=chunks, unit="tokens")
+        notes = [note] if (note := checksum_note(group, ("tokens", "weight", "token_attribute"))) else []
+        return ValidationReport(
+            str(location), found, rows_scanned=tokens, chunks_scanned=chunks, unit="tokens", notes=notes
+        )
     try:
         schema, attributes, problems = structural_problems(group)
     except json.JSONDecodeError as exc:  # a member's zarr.json is damaged: a finding, named by its file
@@ -191,7 +203,9 @@ def validate(
     report = ValidationReport(str(location), list(problems))
     if schema is None or any(p.array is None for p in problems) or not _shapes_agree(group, schema):
         return report  # values cannot be located reliably; the structural problems say why
-    report.problems.extend(identity_problems(group, attributes))
+    report.problems.extend(identity_problems(location, group, attributes))
+    note = checksum_note(group, list(schema.array_specs()))
+    report.notes.extend([note] if note else [])
     partitions = range(-(-attributes["rows"] // attributes["partition_rows"]))
     if total is not None:
         total(len(partitions))
@@ -200,38 +214,6 @@ def validate(
         report.rows_scanned += rows
         report.chunks_scanned += chunks
     return report
-
-
-def identity_problems(group: Any, attributes: dict[str, Any]) -> list[Problem]:
-    """The recorded corpus identity must still describe the vocabulary and table the store holds.
-
-    Otherwise a store edited after it was written would pass for another corpus (or its own).
-    """
-    provenance = attributes.get("provenance") or {}
-    content = {
-        "vocabulary": (
-            "vocabulary" in group,
-            lambda: vocabulary_sha256(group["vocabulary"].attrs.get("tokens", [])),
-            "vocabulary/zarr.json",
-        ),
-        "embeddings": ("embeddings" in group, lambda: embedding_sha256(group["embeddings"][...]), "embeddings"),
-    }
-    problems = []
-    for key, (present, digest, where) in content.items():
-        recorded = provenance.get(IDENTITY_KEYS[key])
-        if recorded is None:
-            continue
-        if not present:
-            message = f"the provenance records {IDENTITY_KEYS[key]} {short_hash(recorded)}, but {where} is missing"
-        elif (actual := digest()) != recorded:
-            message = (
-                f"{where} hashes to {short_hash(actual)}, but the provenance records {IDENTITY_KEYS[key]} "
-                f"{short_hash(recorded)}: it was changed after the store was written"
-            )
-        else:
-            continue
-        problems.append(Problem(message, array=key))
-    return problems
 
 
 def _shapes_agree(group: Any, schema: StoreSchema) -> bool:

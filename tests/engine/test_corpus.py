@@ -1,4 +1,5 @@
-"""One vocabulary per corpus: ``fit --validation``, ``fit --init-from``, ``evaluate`` and ``retrain`` refuse a store
+"""One vocabulary per corpus: ``fit --validation``, ``fit --init-from``, ``evaluate``, ``retrain``, ``sample``,
+``neighbours`` and ``predict --stream`` refuse a store
 whose vocabulary or embedding table differs from the training store's, as CLI subprocesses, on one line naming both
 stores and the fix.
 
@@ -49,7 +50,9 @@ def corpora(tmp_path_factory) -> dict[str, str]:
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([COMMAND, *args], capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [COMMAND, *args], capture_output=True, stdin=subprocess.DEVNULL, text=True, timeout=120, check=False
+    )
 
 
 def assert_refused(result: subprocess.CompletedProcess[str], command: str, *stores: str) -> str:
@@ -100,7 +103,22 @@ def test_evaluate_refuses_a_store_of_another_vocabulary(corpora, tmp_path):
     model_dir = checkpoint_of(corpora, tmp_path / "model")
     result = run("evaluate", str(model_dir), corpora["other"], "--scheduler", NOWHERE)
     line = assert_refused(result, "evaluate", corpora["train"], corpora["other"])
-    assert "the model's training store" in line and "the evaluated store" in line
+    assert f"the store {corpora['other']} is not of the corpus of the model's training store" in line
+
+
+@pytest.mark.slow
+def test_sample_neighbours_and_predict_stream_refuse_a_store_of_another_vocabulary(corpora, tmp_path):
+    """Each reads the words of ``--store`` (or of the predicted store): another corpus of the same S would print
+    words of the wrong vocabulary. Refused with evaluate's line."""
+    model_dir = str(checkpoint_of(corpora, tmp_path / "model"))
+    other = corpora["other"]
+    for command, args in (
+        ("sample", ("sample", model_dir, "--store", other, "--tokens", "3")),
+        ("neighbours", ("neighbours", model_dir, "w1", "--store", other)),
+        ("predict", ("predict", model_dir, other, "--stream")),
+    ):
+        line = assert_refused(run(*args), command, corpora["train"], other)
+        assert f"the store {other} is not of the corpus of the model's training store" in line
 
 
 @pytest.mark.slow

@@ -13,10 +13,13 @@ from dist_respattn.store import (
     CorpusMismatchError,
     StoreError,
     StoreRef,
+    TokenStreamStore,
     TripleStore,
     check_same_corpus,
     corpus_identity,
+    open_store,
     validate,
+    write_stream_text,
     write_synthetic,
     write_text,
     write_tokens,
@@ -153,3 +156,60 @@ def test_stores_without_an_identity_and_equal_identities_pass(tmp_path, text_sto
     check_same_corpus(StoreRef.from_json({"url": "old-checkpoint"}), text_store, **roles)  # recorded before identities
     check_same_corpus(text_store, forget_recorded_identity(text_store), **roles)
     check_same_corpus(StoreRef("elsewhere.zarr", text_store.identity()), text_store, **roles)
+
+
+# -- the identity is the content's ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def stream_text_store(tmp_path) -> TokenStreamStore:
+    corpus = write_corpus(tmp_path / "s", {"one.txt": "The cat sat on the mat. The cat ran.\n"})
+    return write_stream_text(tmp_path / "s.zarr", [corpus], 2, vocab_size=4, dim=3, options=SMALL)
+
+
+def reverse_embeddings(url: str) -> None:
+    array = zarr.open_array(f"{url}/embeddings", mode="r+")
+    array[...] = array[...][::-1]
+
+
+def swap_two_words(url: str) -> None:
+    vocabulary = zarr.open_group(f"{url}/vocabulary", mode="r+")
+    tokens = list(vocabulary.attrs["tokens"])
+    tokens[0], tokens[1] = tokens[1], tokens[0]
+    vocabulary.attrs["tokens"] = tokens
+
+
+@pytest.mark.parametrize("kind", ["triples", "stream"])
+@pytest.mark.parametrize(("edit", "key"), [(reverse_embeddings, "embeddings"), (swap_two_words, "vocabulary")])
+def test_an_edited_table_or_vocabulary_fails_validation_and_changes_the_identity(
+    kind, edit, key, text_store, stream_text_store
+):
+    store = text_store if kind == "triples" else stream_text_store
+    url, written = store.location.url, store.identity()
+    assert validate(url).ok and store.describe()["identity_changes"] == []
+    edit(url)
+    edited = open_store(url)
+    saved, table = edited.vocabulary(), edited.embeddings()
+    assert edited.identity() == {
+        "vocabulary": documented_vocabulary_hash(saved["tokens"]),
+        "embeddings": documented_table_hash(table),
+    }
+    assert edited.identity()[key] != written[key]
+    report = validate(url)
+    assert [p.array for p in report.problems] == [key], report.summary()
+    assert "changed after the store was written" in report.problems[0].message
+    described = edited.describe()
+    assert described["identity"] == edited.identity()
+    assert described["identity_changes"] == [report.problems[0].message]
+    # What a checkpoint recorded of the store before the edit no longer matches it: every command refuses it.
+    message = one_line_mismatch(StoreRef("before.zarr", written), edited, reference_role="the model's training store",
+                                other_role="store")  # fmt: skip
+    assert ("vocabularies differ" if key == "vocabulary" else "embedding tables differ") in message
+
+
+def test_a_store_written_like_an_edited_reference_records_what_it_copied(tmp_path, text_store):
+    reverse_embeddings(text_store.location.url)
+    like = write_text(tmp_path / "like.zarr", [tmp_path / "a"], None, like=text_store.location.url, options=SMALL)
+    assert like.provenance["embedding_sha256"] == documented_table_hash(like.embeddings())
+    assert like.identity() == open_store(text_store.location.url).identity()
+    assert validate(like.location).ok

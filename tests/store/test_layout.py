@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from zarr.codecs import BloscCodec, ZstdCodec
+from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from dist_respattn.store import (
     COMPRESSION_CHOICES,
@@ -77,24 +77,29 @@ def test_a_writer_refuses_an_invalid_chunking_before_creating_the_store(tmp_path
 
 
 def test_compressors_for_each_choice():
+    """The chosen compressor, then the checksum (last: it covers the bytes as stored)."""
     assert COMPRESSION_CHOICES == ("auto", "lz4", "zstd", "none")
-    (ids,) = compressors_for("ids", "auto")
-    assert isinstance(ids, BloscCodec)
+    ids, checksum = compressors_for("ids", "auto")
+    assert isinstance(ids, BloscCodec) and isinstance(checksum, Crc32cCodec)
     assert (ids.cname.value, ids.clevel, ids.shuffle.value) == ("lz4", 5, "bitshuffle")
-    assert compressors_for("floats", "auto") == ()
-    assert compressors_for("ids", "none") == compressors_for("floats", "none") == ()
+    assert compressors_for("floats", "auto") == (Crc32cCodec(),)
+    assert compressors_for("ids", "none") == compressors_for("floats", "none") == (Crc32cCodec(),)
     for kind in ("ids", "floats"):
-        (lz4,) = compressors_for(kind, "lz4")
-        assert isinstance(lz4, BloscCodec) and lz4.cname.value == "lz4"
-        (zstd,) = compressors_for(kind, "zstd")
-        assert isinstance(zstd, ZstdCodec) and zstd.level == 3
+        lz4, checksum = compressors_for(kind, "lz4")
+        assert isinstance(lz4, BloscCodec) and lz4.cname.value == "lz4" and isinstance(checksum, Crc32cCodec)
+        zstd, checksum = compressors_for(kind, "zstd")
+        assert isinstance(zstd, ZstdCodec) and zstd.level == 3 and isinstance(checksum, Crc32cCodec)
     with pytest.raises(ValueError, match="compression = 'gzip': expected one of auto, lz4, zstd, none"):
         compressors_for("ids", "gzip")
 
 
 @pytest.mark.parametrize(
     ("compression", "ids", "floats"),
-    [("auto", ["BloscCodec"], []), ("lz4", ["BloscCodec"], ["BloscCodec"]), ("zstd", ["ZstdCodec"], ["ZstdCodec"])],
+    [
+        ("auto", ["BloscCodec", "Crc32cCodec"], ["Crc32cCodec"]),
+        ("lz4", ["BloscCodec", "Crc32cCodec"], ["BloscCodec", "Crc32cCodec"]),
+        ("zstd", ["ZstdCodec", "Crc32cCodec"], ["ZstdCodec", "Crc32cCodec"]),
+    ],
 )
 def test_stored_arrays_use_the_chosen_compressors(tmp_path, compression, ids, floats):
     rows = random_rows(weighted=True)

@@ -69,6 +69,7 @@ def test_a_valid_store_reports_everything_it_scanned(store_path):
         "rows_scanned": ROWS,
         "chunks_scanned": 16,
         "problems": [],
+        "notes": [],
     }
     assert report.summary() == f"{store_path}: valid (1,000 rows, 16 chunks scanned)"
     steps = []

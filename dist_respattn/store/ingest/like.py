@@ -17,7 +17,7 @@ import numpy as np
 
 from dist_respattn.store.common import WriteOptions
 from dist_respattn.store.errors import SchemaMismatchError
-from dist_respattn.store.identity import IDENTITY_KEYS
+from dist_respattn.store.identity import identity_provenance
 from dist_respattn.store.ingest.tables import embedding_table
 from dist_respattn.store.triples.writer import StoreWriter
 
@@ -133,14 +133,16 @@ class LikeStore:
         return table
 
     def provenance(self) -> dict[str, Any]:
-        """What a store written like the reference records: ``like`` and the reference's identity."""
+        """What a store written like the reference records: ``like`` and the identity of what it copies."""
         if self.role != "--like":
             return {}  # an append is more of the store's own corpus: its identity is the store's
-        recorded: dict[str, Any] = {"like": self.url}
-        for key, value in self.store.identity().items():
-            if value is not None:
-                recorded[IDENTITY_KEYS[key]] = value
-        return recorded
+        # Hashed from the vocabulary and table copied, not taken from the reference's provenance: a reference edited
+        # since it was written gives its edited table, and the new store must say so.
+        saved = self._vocabulary
+        return {
+            "like": self.url,
+            **identity_provenance(None if saved is None else saved.get("tokens", []), self._table),
+        }
 
     def table_info(self) -> dict[str, Any]:
         table = self._table

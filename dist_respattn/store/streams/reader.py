@@ -46,8 +46,16 @@ from dist_respattn.store.errors import (
     StoreCorruptError,
     StoreError,
 )
-from dist_respattn.store.group import Partition, array_summary, named_metadata_errors, open_group_at, shard_key
-from dist_respattn.store.identity import corpus_identity
+from dist_respattn.store.group import (
+    Partition,
+    array_summary,
+    named_metadata_errors,
+    open_group_at,
+    read_failure,
+    read_whole,
+    shard_key,
+)
+from dist_respattn.store.identity import corpus_identity, identity_changes, recorded_identity
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLocked, live_writer
 from dist_respattn.store.not_a_store import not_a_store
@@ -177,9 +185,9 @@ class TokenStreamStore:
         )
         self._tokens = group["tokens"]
         self._weight = group["weight"] if self.schema.has_weight else None
-        self._table = np.asarray(group["embeddings"][...], dtype=np.dtype(self.schema.query_dtype))
+        self._table = np.asarray(read_whole(location, group, "embeddings"), dtype=np.dtype(self.schema.query_dtype))
         self._table_checked = False
-        starts = np.asarray(group["document_starts"][...], dtype=np.int64)
+        starts = np.asarray(read_whole(location, group, "document_starts"), dtype=np.int64)
         problem = starts_problem(starts, self.num_tokens)
         if problem is not None:
             raise StoreCorruptError(f"{location}: {problem}")
@@ -324,9 +332,11 @@ class TokenStreamStore:
             return array[start:stop]
         except Exception as exc:
             chunk = start // self.chunk_tokens
+            why = read_failure(exc)
+            if why.startswith(type(exc).__name__):  # not a checksum: zarr's own words, and a likely cause
+                why = f"(a truncated or damaged shard?): {why}"
             raise StoreCorruptError(
-                f"{self.location}: array '{name}' chunk {chunk} (tokens {start}..{stop - 1}) cannot be read "
-                f"(a truncated or damaged shard?): {type(exc).__name__}: {exc}"
+                f"{self.location}: array '{name}' chunk {chunk} (tokens {start}..{stop - 1}) cannot be read: {why}"
             ) from exc
 
     def read_rows(self, start: int, stop: int) -> EncodedRows:
@@ -594,7 +604,7 @@ class TokenStreamStore:
         return None
 
     def embeddings(self) -> np.ndarray:
-        return self._group["embeddings"][...]
+        return read_whole(self.location, self._group, "embeddings")
 
     def vocabulary(self) -> dict[str, Any] | None:
         if "vocabulary" not in self._group:
@@ -635,6 +645,8 @@ class TokenStreamStore:
             "arrays": arrays,
             "has_true_model": False,
             "identity": self.identity(),
+            # A recorded hash the content no longer has: edited after it was written (validate reports it too).
+            "identity_changes": list(identity_changes(recorded_identity(self.provenance), self.identity()).values()),
             "provenance": self.provenance,
             **describe_attributes(self._attribute_names, self.attribute_level),
         }

@@ -1,4 +1,5 @@
-"""Validating a token-stream store: its document starts, its attribute arrays and every chunk of token values."""
+"""Validating a token-stream store: its document starts, its corpus identity, its attribute arrays and every chunk of
+token values."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import numpy as np
 
 from dist_respattn.store.attributes import ATTRIBUTE_LEVELS, names_problem
 from dist_respattn.store.errors import StoreCorruptError
-from dist_respattn.store.group import open_group_at
+from dist_respattn.store.group import open_group_at, read_failure, read_whole
 from dist_respattn.store.location import StoreLocation
-from dist_respattn.store.problems import Problem
+from dist_respattn.store.problems import Problem, identity_problems
 from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreState
 from dist_respattn.store.streams.reader import (
     ATTRIBUTE_ARRAYS,
@@ -52,16 +53,29 @@ def validate_stream(
     if missing:  # nothing can be located without them
         return [Problem(f"missing: expected {expected}", array=name) for name, expected in missing], 0, 0
     num_tokens = int(attributes["tokens"])
-    starts = np.asarray(group["document_starts"][...], dtype=np.int64)
+    try:
+        starts = np.asarray(read_whole(location, group, "document_starts"), dtype=np.int64)
+    except StoreCorruptError as exc:  # nothing can be located without them
+        return (
+            [Problem(str(exc).split(": ", 1)[1].removeprefix("array 'document_starts' "), array="document_starts")],
+            0,
+            0,
+        )
     problem = starts_problem(starts, num_tokens)
     if problem is not None:
         problems.append(Problem(problem, array="document_starts"))
+    identity = identity_problems(location, group, attributes)
+    problems.extend(identity)
+    # Opening a store reads its table: one that cannot be read leaves the chunks to be read raw.
+    table_unreadable = any(p.array == "embeddings" and "cannot be read" in p.message for p in identity)
     num_attributes, attribute_problems = _attribute_problems(group, attributes, num_tokens, int(starts.size))
     problems.extend(attribute_problems)
     if num_attributes is None:  # names that cannot be read: the tokens are still checked
         attributes = {k: v for k, v in attributes.items() if k not in ("attribute_names", "attribute_level")}
     store = (
-        TokenStreamStore(location, group, attributes, int(attributes["context_length"])) if problem is None else None
+        TokenStreamStore(location, group, attributes, int(attributes["context_length"]))
+        if problem is None and not table_unreadable
+        else None
     )
     chunk = int(attributes["chunk_tokens"])
     num_symbols = int(attributes["num_symbols"])
@@ -82,6 +96,11 @@ def validate_stream(
                 )
             except StoreCorruptError as exc:
                 problems.append(Problem(str(exc).split(": ", 1)[1], array=name, chunk=begin // chunk, row=begin))
+                continue
+            except Exception as exc:  # read raw (no store could be opened): zarr's error, named here
+                problems.append(Problem(f"array '{name}' chunk {begin // chunk} (tokens {begin}..{end - 1}) cannot "
+                                        f"be read: {read_failure(exc)}", array=name, chunk=begin // chunk,
+                                        row=begin))  # fmt: skip
                 continue
             if name == "tokens":
                 bad = np.flatnonzero(values >= num_symbols)

@@ -15,6 +15,7 @@ from dist_respattn.store.attributes import ATTRIBUTE_LEVELS, appended_names, che
 from dist_respattn.store.documents import require_rows
 from dist_respattn.store.errors import SchemaMismatchError, StoreError, store_exists
 from dist_respattn.store.group import open_group_at
+from dist_respattn.store.layout import compressors_for, side_compressors
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLock, StoreLocked, remove_partials
 from dist_respattn.store.schema import ATTRIBUTE_KEY, STREAM_SCHEMA_NAME, StoreState
@@ -100,8 +101,6 @@ class StreamWriter:
         provenance: dict[str, Any] | None,
     ) -> None:
         """The rest of ``__init__``, with the lock held: refuse an existing ``OUT``, begin the staging copy."""
-        from dist_respattn.store.layout import compressors_for
-
         remove_partials(self.final)
         if self.final.exists() and not self.final.is_empty_dir() and not overwrite:
             raise store_exists(self.final)
@@ -155,7 +154,9 @@ class StreamWriter:
                 "token_attribute", shape=(0,), dtype=np.int32, chunks=(self.chunk_tokens,), shards=shards,
                 compressors=ids, fill_value=-1, config={"write_empty_chunks": True},
             )  # fmt: skip
-        self.group.create_array("embeddings", data=np.ascontiguousarray(table, dtype=np.float32))
+        self.group.create_array(
+            "embeddings", data=np.ascontiguousarray(table, dtype=np.float32), compressors=side_compressors()
+        )
         self._buffer: dict[str, list[np.ndarray]] = {name: [] for name in self._arrays}
         self._buffered = 0
         self.written = 0
@@ -383,11 +384,19 @@ class StreamWriter:
         by_document = self._attribute_level == "document"
         if self._appending is None:
             starts = np.asarray(self._starts or [0], dtype=np.int64)
-            self.group.create_array("document_starts", data=starts, chunks=(STARTS_CHUNK,))
+            self.group.create_array(
+                "document_starts", data=starts, chunks=(STARTS_CHUNK,), compressors=side_compressors()
+            )
             if by_document:
                 ids = np.asarray(self._document_ids, dtype=np.int32)
                 assert ids.shape == starts.shape, (ids.shape, starts.shape)
-                self.group.create_array("document_attribute", data=ids, chunks=(STARTS_CHUNK,), fill_value=-1)
+                self.group.create_array(
+                    "document_attribute",
+                    data=ids,
+                    chunks=(STARTS_CHUNK,),
+                    fill_value=-1,
+                    compressors=side_compressors(),
+                )
             attributes["provenance"] = {**self.provenance, "tokens_count": self.written, "documents": int(starts.size)}
         else:
             # Only the tail is written: the committed starts stay as they are until the state says complete.

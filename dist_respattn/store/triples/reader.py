@@ -14,8 +14,16 @@ from dist_respattn.model.heads.base import Head, head_from_arrays
 from dist_respattn.model.rows import EncodedRows, WindowRows
 from dist_respattn.store.attributes import describe_attributes
 from dist_respattn.store.errors import IncompleteStoreError, StoreCorruptError, StoreError
-from dist_respattn.store.group import Partition, array_summary, named_metadata_errors, open_group_at, shard_key
-from dist_respattn.store.identity import corpus_identity
+from dist_respattn.store.group import (
+    Partition,
+    array_summary,
+    named_metadata_errors,
+    open_group_at,
+    read_failure,
+    read_whole,
+    shard_key,
+)
+from dist_respattn.store.identity import corpus_identity, identity_changes, recorded_identity
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLocked, live_writer
 from dist_respattn.store.not_a_store import not_a_store
@@ -148,7 +156,7 @@ class TripleStore:
                 chunk = start // self.chunk_rows
                 raise StoreCorruptError(
                     f"{self.location}: array '{name}' chunk {chunk} (rows {start}..{stop - 1}) cannot be read: "
-                    f"{type(exc).__name__}: {exc}"
+                    f"{read_failure(exc)}"
                 ) from exc
         return EncodedRows(values["context"], values["query"], values["target"], values.get("weight"), start)
 
@@ -237,7 +245,7 @@ class TripleStore:
         except Exception as exc:
             raise StoreCorruptError(
                 f"{self.location}: array 'attribute' chunk {first // self.chunk_rows} (rows {first}..{last - 1}) "
-                f"cannot be read: {type(exc).__name__}: {exc}"
+                f"cannot be read: {read_failure(exc)}"
             ) from exc
         bad = np.flatnonzero((values < 0) | (values >= len(names)))
         if bad.size:
@@ -287,7 +295,7 @@ class TripleStore:
 
     def embeddings(self) -> np.ndarray | None:
         """The (S, D) table token queries were looked up in, when the store was made from tokens."""
-        return self._group["embeddings"][...] if "embeddings" in self._group else None
+        return read_whole(self.location, self._group, "embeddings") if "embeddings" in self._group else None
 
     def vocabulary(self) -> dict[str, Any] | None:
         """The vocabulary JSON of a store made from text (``vocabulary/zarr.json`` attributes), or ``None``."""
@@ -322,6 +330,8 @@ class TripleStore:
             "arrays": arrays,
             "has_true_model": "truth" in self._group,
             "identity": self.identity(),
+            # A recorded hash the content no longer has: edited after it was written (validate reports it too).
+            "identity_changes": list(identity_changes(recorded_identity(self.provenance), self.identity()).values()),
             "provenance": self.provenance,
             **describe_attributes(self._attribute_names),
         }

@@ -26,7 +26,7 @@ from dist_respattn.model.rows import EncodedRows
 from dist_respattn.store.attributes import appended_names, checked_writer_names
 from dist_respattn.store.errors import SchemaMismatchError, StoreError, store_exists
 from dist_respattn.store.group import open_group_at
-from dist_respattn.store.layout import Chunking, choose_chunking, compressors_for
+from dist_respattn.store.layout import Chunking, choose_chunking, compressors_for, side_compressors
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLock, StoreLocked, remove_partials
 from dist_respattn.store.problems import block_problems
@@ -421,11 +421,13 @@ class StoreWriter:
         truth = self._group.require_group("truth")
         truth.attrs.update({"kind": dist.kind, **meta})
         for name, values in arrays.items():
-            truth.create_array(name, data=values, overwrite=True)
+            truth.create_array(name, data=values, compressors=side_compressors(), overwrite=True)
 
     def write_embeddings(self, table: np.ndarray) -> None:
         """Keep the (S, D) embedding table the queries were looked up in."""
-        self._group.create_array("embeddings", data=np.ascontiguousarray(table), overwrite=True)
+        self._group.create_array(
+            "embeddings", data=np.ascontiguousarray(table), compressors=side_compressors(), overwrite=True
+        )
 
     def write_vocabulary(self, vocabulary: dict[str, Any]) -> None:
         """Keep a text store's vocabulary as JSON: the attributes of its ``vocabulary`` group."""
