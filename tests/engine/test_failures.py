@@ -381,7 +381,7 @@ def test_leftovers_of_an_interrupted_write_are_ignored_then_cleaned(tmp_path, sm
 # -- a gated fit killed at each phase ---------------------------------------------------------------------------
 
 #: Iterations of each stage of the killed gated fits (tol 0 and a patience that never runs out: all of them run).
-GATED_ITERATIONS = 4
+GATED_ITERATIONS = 3
 
 
 @pytest.fixture(scope="module")
@@ -390,7 +390,7 @@ def gated_store(tmp_path_factory) -> str:
     killed in, on a store written in well under a second."""
     path = tmp_path_factory.mktemp("gated") / "gated.zarr"
     rng = np.random.default_rng(6)
-    rows, s, t = 20_000, 40, 40
+    rows, s, t = 10_000, 40, 40
     write_arrays(
         path, rng.integers(0, s, (rows, 4)), rng.standard_normal((rows, 5)), rng.integers(0, t, rows),
         num_symbols=s, num_targets=t, attributes=rng.integers(0, 3, rows),
@@ -439,7 +439,7 @@ GATED_PHASES = {
 def test_a_gated_fit_killed_at_any_phase_resumes_alone_bit_identical(
     tmp_path, gated_store, gated_reference, address, phase
 ):
-    """``fit --attribute-factors 2 --max-iter 4 ...`` SIGKILLed during its shared stage, between the stages (before
+    """``fit --attribute-factors 2 --max-iter 3 ...`` SIGKILLed during its shared stage, between the stages (before
     the gated stage's first checkpoint), or during its gated stage; then ``fit STORE --model-dir DIR --resume``
     alone. Before: refused in the first two phases (the directory "holds shared"), and given the gated options
     again, the gated stage ran with its defaults (up to 30 iterations, tol 1e-6, patience 2). Now both stages end
