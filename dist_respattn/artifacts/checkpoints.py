@@ -6,6 +6,8 @@ A model directory holds, for a head of any kind (its ``to_arrays``; a single-hop
     ckpt-000005-1a2b3c4d/meta.json    "model": {"kind": "single_hop", sigma2, ...}, iteration, history, settings, ...
     latest.json                       {"checkpoint": "ckpt-000005-1a2b3c4d", "iteration": 5}
     best.json                         the best checkpoint by the early-stopping metric (with validation)
+    fit.json                          what the fit was asked: its head spec, settings, validation store and start,
+                                      written before its first iteration (a resume continues it as asked)
 
 A checkpoint is written into a temporary directory, flushed, and renamed into place; only then is
 the pointer replaced (its own temporary file, then an atomic rename): :mod:`dist_respattn.durable.files`'
@@ -36,6 +38,7 @@ from dist_respattn.model.heads.base import Head, head_from_arrays
 
 __all__ = [
     "BEST",
+    "FIT_RECORD",
     "LATEST",
     "BackgroundCheckpoints",
     "Checkpoint",
@@ -54,6 +57,9 @@ LATEST = "latest"
 BEST = "best"
 FORMAT = "dist_respattn.checkpoint"
 FORMAT_VERSION = 1
+#: The file in a model directory that records what its fit was asked (see :meth:`ModelDir.write_fit_record`).
+FIT_RECORD = "fit.json"
+FIT_FORMAT = "dist_respattn.fit"
 
 logger = logging.getLogger(__name__)
 
@@ -152,12 +158,39 @@ class ModelDir:
         """Names in the directory that no fit writes (not a checkpoint, pointer or leftover of a write)."""
         if not self.path.is_dir():
             return []
-        ours = {self.pointer_path(LATEST).name, self.pointer_path(BEST).name}
+        ours = {self.pointer_path(LATEST).name, self.pointer_path(BEST).name, FIT_RECORD}
         return sorted(
             entry.name
             for entry in self.path.iterdir()
             if entry.name not in ours and not entry.name.startswith(("ckpt-", TEMP_PREFIX))
         )
+
+    def write_fit_record(self, record: dict[str, Any]) -> None:
+        """Replace ``fit.json`` with ``record``: what the fit was asked (its head spec, settings, validation store
+        and start, as JSON). Written before a fit's first iteration, so a fit killed before any checkpoint of a
+        stage (a staged kind's later stage, say) is resumed with its own settings, not the defaults."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        replace_file(self.path / FIT_RECORD, _json_bytes({"format": FIT_FORMAT, "version": FORMAT_VERSION, **record}))
+
+    def fit_record(self) -> dict[str, Any] | None:
+        """What ``fit.json`` records (see :meth:`write_fit_record`), or ``None`` where there is none (no fit
+        started here, or a fit written before the record existed); a damaged record raises
+        :class:`CheckpointError` naming it."""
+        path = self.path / FIT_RECORD
+        if not path.is_file():
+            return None
+        record = read_json_file(path)
+        if record.get("format") != FIT_FORMAT or not isinstance(record.get("settings"), dict):
+            raise CheckpointError(
+                f"{path}: not a fit's record (format {record.get('format')!r}, expected {FIT_FORMAT!r}, with its "
+                "settings): give the fit's settings again, or start over (overwrite=True)"
+            )
+        if int(record.get("version", 0)) > FORMAT_VERSION:
+            raise CheckpointError(
+                f"{path}: fit record version {record['version']} is newer than this release reads "
+                f"({FORMAT_VERSION}); upgrade dist_respattn"
+            )
+        return record
 
     def pointed(self, pointer: str) -> str | None:
         """The checkpoint name ``pointer`` (``"latest"`` or ``"best"``) names, or ``None``."""

@@ -14,10 +14,13 @@ the next run); after it, the version exists and ``latest`` still names the previ
 
 A version's record carries ``record_sha256``, the SHA-256 of the rest of the record (its canonical
 JSON: sorted keys, no spaces), and names its model's files with theirs, so an edited record or file is
-found by :meth:`Registry.problems` and refused by :meth:`Registry.load`. Versions without a ``latest``
-(the pointer deleted, or a first publish killed between the claim and the pointer) are a problem too:
-``retrain`` refuses to publish past them without the gate, and :meth:`Registry.repair_latest`
-(``dist-respattn models repair``) points ``latest`` at the newest version that checks out.
+found by :meth:`Registry.problems` and refused by :meth:`Registry.load` (and marked by ``models list``). A
+record may name only a folder ``models/<token>`` of the registry and its two files, so no record, even with a
+recomputed checksum, makes a command read outside the registry. Versions without a usable ``latest`` (the
+pointer deleted, a first publish killed between the claim and the pointer, or the version it names edited or
+damaged) are a problem too: ``retrain`` refuses to publish past them without the gate, and
+:meth:`Registry.repair_latest` (``dist-respattn models repair``) points ``latest`` at the newest version that
+checks out.
 """
 
 from __future__ import annotations
@@ -59,6 +62,9 @@ RECORD_SHA256 = "record_sha256"
 VERSIONS = "versions"
 MODELS = "models"
 _VERSION_NAME = re.compile(r"^(\d{6,})\.json$")
+#: What a version record's ``"model"`` may name: one folder directly under ``models/`` (publish names it by a
+#: random token), never a path that leaves the registry (``..``, an absolute path, a URL).
+_MODEL_FOLDER = re.compile(rf"^{MODELS}/[A-Za-z0-9_-]+$")
 
 
 def _now() -> str:
@@ -89,7 +95,9 @@ class Version:
 
     @property
     def model_path(self) -> str:
-        return str(self.record["model"])
+        """The folder of the version's model files, as the record names it (checked by
+        :meth:`Registry.check_record` before any file is read)."""
+        return str(self.record.get("model", ""))
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.record)
@@ -180,9 +188,9 @@ class Registry:
     def _verified_files(self, version: Version) -> dict[str, bytes]:
         """The model files of ``version``: its record checked against its own checksum, each file against the
         SHA-256 the record holds."""
-        self._check_record(version)
+        self.check_record(version)
         contents = {}
-        for name, digest in version.record.get("files", {}).items():
+        for name, digest in version.record["files"].items():
             where = f"{version.model_path}/{name}"
             data = self.files.read(where)
             if data is None:
@@ -192,10 +200,6 @@ class Registry:
                     f"{self.files.where(where)}: SHA-256 differs from version {version.number}'s record"
                 )
             contents[name] = data
-        if set(contents) != {PARAMS_FILE, META_FILE}:
-            raise RegistryError(
-                f"{self.files.where(_version_file(version.number))}: expected files {PARAMS_FILE}, {META_FILE}"
-            )
         return contents
 
     def _parse(self, version: Version, contents: dict[str, bytes]) -> Checkpoint:
@@ -242,32 +246,64 @@ class Registry:
         os.replace(staging, target)
         return version, target / name
 
-    def _check_record(self, version: Version) -> None:
-        """Raise unless ``version``'s record matches its own checksum (an edited record is refused)."""
+    def check_record(self, version: Version) -> None:
+        """Raise :class:`RegistryError` unless ``version``'s record matches its own checksum (an edited record is
+        refused) and names only what a published record names: a folder ``models/<token>`` of this registry and
+        its files ``params.npz`` and ``meta.json`` (a record that would read outside the registry is refused, even
+        with a recomputed checksum). Reads the record only, not the model's files."""
         where = self.files.where(_version_file(version.number))
         recorded = version.record.get(RECORD_SHA256)
         if recorded is None:
             raise RegistryError(f"{where}: no {RECORD_SHA256}: the record is not covered by a checksum")
         if recorded != record_checksum(version.record):
             raise RegistryError(f"{where}: the record differs from its {RECORD_SHA256} (edited after it was published)")
+        model = version.record.get("model")
+        if not isinstance(model, str) or not _MODEL_FOLDER.match(model):
+            raise RegistryError(
+                f"{where}: 'model' must name a folder {MODELS}/<token> inside the registry, got {model!r} (the record "
+                "was not written by a publish)"
+            )
+        files = version.record.get("files")
+        if not isinstance(files, dict) or set(files) != {PARAMS_FILE, META_FILE}:
+            raise RegistryError(f"{where}: expected files {PARAMS_FILE}, {META_FILE}")
+
+    def record_problem(self, version: Version) -> str | None:
+        """Why ``version``'s record is not to be trusted (:meth:`check_record`), or ``None`` when it checks out."""
+        try:
+            self.check_record(version)
+        except RegistryError as exc:
+            return str(exc)
+        return None
 
     def missing_latest(self) -> str | None:
-        """Why ``latest`` is unusable although versions exist (a problem ``retrain`` refuses), else ``None``."""
-        latest = self.latest_number()
+        """Why ``latest`` is unusable although versions exist (a problem ``retrain`` refuses), else ``None``: it is
+        missing, unreadable, names no version, or names a version that does not check out while others exist
+        (which :meth:`repair_latest` may point it at instead)."""
+        if not self.check_format():
+            return None
         numbers = self.numbers()
         if not numbers:
             return None
+        repair = f"run `dist-respattn models repair {self}` to point it at the newest version that checks out"
+        try:
+            latest = self.latest_number()
+        except RegistryError as exc:  # an edited or damaged pointer: repair replaces it
+            return f"{exc}: {repair}"
         if latest is None:
             exist = "exists" if len(numbers) == 1 else "exist"
             state = f"missing, but {count_text(len(numbers), 'version')} {exist} ({_span(numbers)})"
         elif latest not in numbers:
             state = f"names version {latest}, which does not exist"
+        elif len(numbers) == 1:
+            return None  # no other version to point at: the version's own problem is what there is to say
         else:
-            return None
-        return (
-            f"{self.files.where(LATEST_FILE)}: {state}: run `dist-respattn models repair {self}` to point it at "
-            "the newest version that checks out"
-        )
+            try:
+                self.load(latest)
+            except RegistryError:
+                state = f"names version {latest}, whose record or files do not check out (models check says why)"
+            else:
+                return None
+        return f"{self.files.where(LATEST_FILE)}: {state}: {repair}"
 
     def problems(self) -> list[str]:
         """Everything wrong with the registry: versions without a usable ``latest``, edited or damaged versions."""
@@ -322,10 +358,11 @@ class Registry:
         return Version(number, full)
 
     def repair_latest(self, lock: RegistryLock, number: int | None = None) -> int | None:
-        """Point ``latest`` at version ``number`` (default: the newest that checks out) when it is missing or
-        names no version; return the version it names now (``None``: no version checks out, nothing written).
+        """Point ``latest`` at version ``number`` (default: the newest that checks out) when it is missing, names
+        no version, or names one that does not check out (see :meth:`missing_latest`); return the version it names
+        now (``None``: no version checks out, nothing written).
 
-        A ``latest`` that names an existing version is left as it is (and returned).
+        A ``latest`` that names a version that checks out is left as it is (and returned).
         """
         lock.check()
         if self.missing_latest() is None:

@@ -306,11 +306,20 @@ _SETTING_OPTIONS = (
 
 
 def _settings(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The fit's settings and head spec: a resumed fit's own (its first stage's settings, for a staged kind),
-    else the defaults, then the options given."""
-    from dist_respattn.artifacts import load_checkpoint
+    """The fit's settings and head spec: a resumed fit's own (what its ``fit.json`` records; in a directory older
+    than that record, its latest checkpoint's head and its first stage's settings), else the defaults, then the
+    options given."""
+    from dist_respattn.artifacts import CheckpointError, load_checkpoint
     from dist_respattn.engine import FitSettings, ModelDir
 
+    if args.resume:
+        try:
+            recorded = ModelDir(args.model_dir).fit_record()
+        except CheckpointError as exc:
+            raise CommandError(str(exc)) from exc
+        if recorded is not None:
+            settings = settings_from(args, FitSettings.from_json(recorded["settings"]))
+            return settings, spec_from_args(args, settings.head_spec(), recorded.get("head"))
     saved_head = None
     if args.resume and ModelDir(args.model_dir).has_checkpoint():
         saved_head = load_checkpoint(args.model_dir, "latest").meta.get("head")

@@ -92,7 +92,11 @@ def register(sub: Any) -> None:
     )
     actions = models.add_subparsers(dest="action", metavar="ACTION")
     models.set_defaults(help_parser=models)  # `models` alone prints this help (exit 2), as a bare command does
-    listing = actions.add_parser("list", help="the versions, newest first, with their metrics and provenance")
+    listing = actions.add_parser(
+        "list",
+        help="the versions, newest first, with their metrics and provenance; a record that fails its check is "
+        "marked (!)",
+    )
     listing.add_argument("registry", help="the registry (directory or URL)")
     show = actions.add_parser("show", help="one version's record (default: latest)")
     show.add_argument("registry", help="the registry (directory or URL)")
@@ -115,12 +119,13 @@ def register(sub: Any) -> None:
     export.add_argument("directory", metavar="DIR", help="the model directory to write (a new or empty directory)")
     repair = actions.add_parser(
         "repair",
-        help="point a missing or dangling latest at the newest version that checks out (under the registry's lock)",
+        help="point an unusable latest at the newest version that checks out (under the registry's lock)",
         description=(
-            "When latest.json is missing or names no version although versions exist, point it at the newest "
-            "version whose record and files check out (or at --version N). A latest that names a version is left "
-            "alone. Exit status: 0 latest names a version and nothing else is wrong, 1 problems remain (listed), "
-            "2 error, 3 another run holds the registry."
+            "When latest.json is missing, unreadable, names no version, or names a version that does not check out "
+            "although other versions exist, point it at the newest version whose record and files check out (or "
+            "at --version N). A latest that names a version that checks out is left alone. Exit status: 0 latest "
+            "names a version and nothing else is wrong, 1 problems remain (listed), 2 error, 3 another run holds the "
+            "registry."
         ),
     )
     repair.add_argument("registry", help="the registry (directory or URL)")
@@ -211,10 +216,15 @@ def _registry(args: argparse.Namespace) -> Any:
     return registry
 
 
-def _summary(version: Any, latest: int | None) -> dict[str, Any]:
+def _summary(version: Any, latest: int | None, problem: str | None) -> dict[str, Any]:
+    """What ``models list`` shows of a version; ``problem``: why its record is not to be trusted (``None``: it
+    checks out), said beside its metrics so an edited record is never shown as genuine."""
     record = version.record
-    provenance = record.get("provenance", {})
-    store = provenance.get("store") or {}
+    # A record that fails its check may hold anything: what is not of the published shape is shown as unknown.
+    provenance = record.get("provenance")
+    provenance = provenance if isinstance(provenance, dict) else {}
+    store = provenance.get("store")
+    store = store if isinstance(store, dict) else {}
     return {
         "version": version.number,
         "latest": version.number == latest,
@@ -227,13 +237,25 @@ def _summary(version: Any, latest: int | None) -> dict[str, Any]:
         "iterations": provenance.get("iterations"),
         "warm_start_from": provenance.get("warm_start_from"),
         "package_version": provenance.get("package_version"),
+        "verified": problem is None,
+        "problem": problem,
     }
 
 
 def _run_list(args: argparse.Namespace) -> dict[str, Any]:
+    from dist_respattn.registry import RegistryError, Version
+
     registry = _registry(args)
     latest = registry.latest_number()
-    versions = [_summary(v, latest) for v in reversed(registry.versions())]
+    versions = []
+    for number in reversed(registry.numbers()):
+        # The records' own checks only (their checksum and the paths they name): `models check` reads every file.
+        try:
+            version = registry.version(number)
+        except RegistryError as exc:  # not even JSON: listed as a version whose record tells nothing
+            versions.append(_summary(Version(number, {}), latest, str(exc)))
+            continue
+        versions.append(_summary(version, latest, registry.record_problem(version)))
     return {"registry": args.registry, "latest": latest, "versions": versions}
 
 
@@ -241,16 +263,38 @@ def _print_list(report: dict[str, Any]) -> None:
     print(f"{report['registry']}: {count_text(len(report['versions']), 'version')}, latest {report['latest']}")
     print(f"  {'version':>7}  {'created':<20} {'rows':>12} {'iter':>5} {'perplexity':>11} {'loglik':>11}  store")
     for v in report["versions"]:
-        metrics = v["metrics"] or {}
-        perplexity = metrics.get("perplexity", float("nan"))
-        loglik = metrics.get("mean_log_likelihood", float("nan"))
-        created = datetime.fromisoformat(v["created"]).strftime("%Y-%m-%d %H:%M:%S") if v["created"] else "?"
+        metrics = v["metrics"] if isinstance(v["metrics"], dict) else {}
+        perplexity, loglik = _number(metrics.get("perplexity")), _number(metrics.get("mean_log_likelihood"))
         marker = "*" if v["latest"] else " "
         print(
-            f"{marker} {v['version']:>7}  {created:<20} {v['rows'] or 0:>12,} {v['iterations'] or 0:>5} "
-            f"{perplexity:>11.5g} {loglik:>11.6g}  {v['store']}"
+            f"{marker} {v['version']:>7}  {_created(v['created']):<20} {_count(v['rows']):>12,} "
+            f"{_count(v['iterations']):>5} {perplexity:>11.5g} {loglik:>11.6g}  {v['store']}"
+            f"{'  (!)' if v.get('problem') else ''}"
         )
     print("(* = latest)")
+    failed = [v for v in report["versions"] if v.get("problem")]
+    for v in failed:
+        print(f"! version {v['version']}: {v['problem']}")
+    if failed:
+        print(
+            f"(!) the record fails its check: its metrics and provenance are not to be trusted, and commands refuse "
+            f"{'it' if len(failed) == 1 else 'them'} (models check lists every problem)"
+        )
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _created(value: Any) -> str:
+    try:
+        return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M:%S")
+    except (TypeError, ValueError):
+        return "?"
 
 
 def _run_show(args: argparse.Namespace) -> dict[str, Any]:

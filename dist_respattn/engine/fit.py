@@ -16,13 +16,14 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import distributed
 import numpy as np
 
 from dist_respattn.artifacts import load_checkpoint
-from dist_respattn.artifacts.checkpoints import LATEST, Checkpoint, ModelDir
+from dist_respattn.artifacts.checkpoints import BEST, FIT_RECORD, LATEST, Checkpoint, CheckpointError, ModelDir
 from dist_respattn.engine.cluster import (
     ClusterError,
     ClusterOptions,
@@ -372,7 +373,9 @@ def fit(
             Neither: the kind's own start (a single-hop head: the M-step of uniform responsibilities, or of
             random ones seeded by ``(settings.seed, partition)``).
         resume: continue the fit whose checkpoints are in ``model_dir`` (a new fit when there are none);
-            the result is bit-identical to an uninterrupted fit.
+            the result is bit-identical to an uninterrupted fit. The settings and ``head`` must be those the
+            directory's ``fit.json`` records (written before the fit's first iteration; ``max_iter`` may grow), and
+            its validation store and ``init_from`` are the recorded ones unless given.
         overwrite: start a new fit in a ``model_dir`` that already holds one.
         client: the cluster to run on; without one, ``cluster`` says how to reach or start one (see
             :func:`connect`).
@@ -389,20 +392,139 @@ def fit(
     settings = settings or FitSettings()
     spec = head if head is not None else settings.head_spec()
     stages = spec.stages()
+    if resume:
+        validation, init_from = _check_recorded(ModelDir(model_dir), settings, spec, validation, init, init_from)
     if len(stages) > 1:
         # Refused before the first stage runs: a later one would find the store lacking only after it.
         _check_columns(open_fit_store(store, storage_options, settings.context_length), spec)
-    if len(stages) == 1:
-        return _fit_stage(
-            store, model_dir=model_dir, settings=_stage_settings(settings, stages[0]), spec=stages[0].spec,
-            validation=validation, init=init, init_from=init_from, resume=resume, overwrite=overwrite, client=client,
-            cluster=cluster, storage_options=storage_options, say=say, progress=progress, verbose=verbose,
+
+    record = _FitRecord(
+        model_dir,
+        {
+            "head": spec.to_json(),
+            "settings": settings.to_json(),
+            "validation": _store_argument(validation),
+            "init_from": None if init_from is None else os.path.abspath(init_from),
+        },
+        [_stage_dir(model_dir, stage) for stage in stages],
+    )
+    try:
+        if len(stages) == 1:
+            return _fit_stage(
+                store, model_dir=model_dir, settings=_stage_settings(settings, stages[0]), spec=stages[0].spec,
+                validation=validation, init=init, init_from=init_from, resume=resume, overwrite=overwrite,
+                client=client, cluster=cluster, storage_options=storage_options, say=say, progress=progress,
+                verbose=verbose, before_run=record.write,
+            )  # fmt: skip
+        return _fit_stages(
+            store, stages, model_dir=model_dir, settings=settings, validation=validation, init=init,
+            init_from=init_from, resume=resume, overwrite=overwrite, client=client, cluster=cluster,
+            storage_options=storage_options, say=say, progress=progress, verbose=verbose, before_run=record.write,
         )  # fmt: skip
-    return _fit_stages(
-        store, stages, model_dir=model_dir, settings=settings, validation=validation, init=init, init_from=init_from,
-        resume=resume, overwrite=overwrite, client=client, cluster=cluster, storage_options=storage_options, say=say,
-        progress=progress, verbose=verbose,
-    )  # fmt: skip
+    except Exception:
+        # A fit that failed (not one interrupted: Ctrl-C leaves the record, as a kill does) before any checkpoint
+        # leaves nothing behind: there is nothing to resume.
+        record.withdraw()
+        raise
+
+
+class _FitRecord:
+    """The ``fit.json`` of one call of :func:`fit`: written just before its first iteration (whichever stage that
+    is in), so a kill at any moment leaves every stage's settings, a later stage's own included, for a resume;
+    put back as it was when the call fails before it wrote any checkpoint (nothing of it to resume)."""
+
+    def __init__(self, model_dir: str | os.PathLike[str], record: dict[str, Any], stage_dirs: list[str]) -> None:
+        self.folder = ModelDir(model_dir)
+        self.record = record
+        self.stage_dirs = stage_dirs
+        self.written = False
+        self.previous: dict[str, Any] | None = None
+        self.created: list[Path] = []
+        self.pointers: list[str | None] = []
+
+    def latest_checkpoints(self) -> list[str | None]:
+        """The checkpoint each stage's ``latest`` names (a damaged pointer counts as none)."""
+        names: list[str | None] = []
+        for directory in self.stage_dirs:
+            try:
+                names.append(ModelDir(directory).pointed(LATEST))
+            except CheckpointError:
+                names.append(None)
+        return names
+
+    def write(self) -> None:
+        if self.written:
+            return
+        path = self.folder.path.absolute()
+        while not path.exists():  # the directories this write makes, innermost first
+            self.created.append(path)
+            path = path.parent
+        try:
+            self.previous = self.folder.fit_record()
+        except CheckpointError:  # a damaged record of no fit (a resume refuses one first): replaced
+            self.previous = None
+        self.pointers = self.latest_checkpoints()
+        self.folder.write_fit_record(self.record)
+        self.written = True
+
+    def withdraw(self) -> None:
+        if not self.written or self.latest_checkpoints() != self.pointers:
+            return
+        if self.previous is not None:
+            self.folder.write_fit_record(self.previous)
+        else:
+            (self.folder.path / FIT_RECORD).unlink(missing_ok=True)
+        for directory in self.created:
+            try:
+                directory.rmdir()
+            except OSError:  # something else is in it now: it stays
+                break
+
+
+def _store_argument(store: str | os.PathLike[str] | StoreLocation | RowStore | None) -> str | None:
+    """A store argument as the fit record keeps it: its URL, or its absolute path (``None`` without one)."""
+    if store is None:
+        return None
+    if isinstance(store, (TripleStore, TokenStreamStore)):
+        text = str(store.location)
+    else:
+        text = str(store) if isinstance(store, StoreLocation) else os.fspath(store)
+    # A resume may run from another working directory.
+    return text if "://" in text else os.path.abspath(text)
+
+
+def _check_recorded(
+    folder: ModelDir,
+    settings: FitSettings,
+    spec: HeadSpec,
+    validation: str | os.PathLike[str] | StoreLocation | RowStore | None,
+    init: Head | None,
+    init_from: str | os.PathLike[str] | None,
+) -> tuple[str | os.PathLike[str] | StoreLocation | RowStore | None, str | os.PathLike[str] | None]:
+    """A resumed fit against what its model directory records it was asked (``fit.json``): other settings are
+    refused (``max_iter`` may grow, as on any resume), and the validation store and warm start it was given are
+    its own unless given again. Returns ``(validation, init_from)``; a directory without a record (no fit
+    started there, or one older than the record) leaves them as given."""
+    try:
+        recorded = folder.fit_record()
+    except CheckpointError as exc:
+        raise FitError(str(exc)) from None
+    if recorded is None:
+        return validation, init_from
+    saved = FitSettings.from_json(recorded["settings"])
+    differences = saved.differences(settings, ignore=("max_iter",))
+    if recorded.get("head"):
+        differences += spec_from_json(recorded["head"]).differences(spec)
+    if differences:
+        raise FitError(
+            f"{folder}: cannot resume with other settings than the fit's ({'; '.join(differences)}); "
+            "resume with the same settings, or start over with overwrite=True"
+        )
+    if validation is None:
+        validation = recorded.get("validation")
+    if init_from is None and init is None:
+        init_from = recorded.get("init_from")
+    return validation, init_from
 
 
 def _check_columns(train: RowStore, spec: HeadSpec) -> None:
@@ -507,8 +629,10 @@ def _fit_stage(
     say: Callable[[str], Any] | None,
     progress: bool | None,
     verbose: bool,
+    before_run: Callable[[], None] | None = None,
 ) -> FitResult:
-    """One fit of one kind (see :func:`fit`)."""
+    """One fit of one kind (see :func:`fit`); ``before_run`` is called just before its first iteration (not when
+    the fit had already ended)."""
     called = time.perf_counter()
     say = say if say is not None else logger.info
     train = open_fit_store(store, storage_options, settings.context_length)
@@ -593,6 +717,7 @@ def _fit_stage(
         or checkpoint.iteration >= settings.max_iter
     ):
         state = FitState(checkpoint.meta.get("state", FitState.MAX_ITER))
+        _restore_best(folder, checkpoint)
         say(f"{folder}: the fit already ended at iteration {checkpoint.iteration} ({state})")
         return FitResult(
             checkpoint.model, str(folder), state, history, stopping.best_iteration,
@@ -668,6 +793,10 @@ def _fit_stage(
             verbose=verbose,
             started=called,
         )
+        if before_run is not None:
+            before_run()
+        if checkpoint is not None:
+            _restore_best(folder, checkpoint)
         result = loop.run(start.head, first_iteration=checkpoint.iteration + 1 if checkpoint else 1)
         # An embedded cluster's dashboard closes with it: only a cluster that outlives the fit has one to show.
         dashboard = None if embedded else info.dashboard
@@ -685,6 +814,23 @@ def _fit_stage(
         run_id=loop.run_id,
         heldout_rows=held.description if held is not None else None,
     )
+
+
+def _restore_best(folder: ModelDir, checkpoint: Checkpoint) -> None:
+    """Point ``best`` where the early-stopping state of ``checkpoint`` (the one ``latest`` names) says it is, when it
+    does not: a fit killed between a checkpoint's ``latest`` and ``best`` pointers leaves ``best`` behind (or none),
+    and a resume must end with the ``best`` the uninterrupted fit has (what ``load_model`` and a later stage
+    read)."""
+    state = checkpoint.meta.get("early_stopping") or {}
+    name = state.get("best_checkpoint")
+    if not name or not (folder.path / name).is_dir():
+        return
+    try:
+        if folder.pointed(BEST) == name:
+            return
+    except CheckpointError:
+        pass  # a damaged pointer: replaced
+    folder.point(BEST, name, iteration=state.get("best_iteration"), metric=state.get("metric"), value=state.get("best"))
 
 
 def _continued_heldout(

@@ -254,9 +254,10 @@ def retrain(
             if unusable is not None:  # a fresh fit published past versions nobody compared it with: no gate
                 raise RegistryError(f"{unusable}; retrain refuses to publish without a latest version to gate against")
             current = reg.latest()
+            # Its record is read only once it checks out (load verifies it, and its files).
+            loaded = reg.load(current.number) if current is not None else None
             if current is not None:
                 _check_corpus(current.record, train, heldout)
-            loaded = reg.load(current.number) if current is not None else None
             warm = loaded.model if loaded is not None else None
             spec = head or _recorded_spec(loaded, settings)
             say(

@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 
 from dist_respattn.engine import FitSettings, fit, load_checkpoint, load_model
-from dist_respattn.store import WriteOptions, write_synthetic
+from dist_respattn.model.heads.gated.kind import GatedSpec
+from dist_respattn.store import WriteOptions, write_arrays, write_synthetic
 from tests.engine.clusters import local_cluster
 from tests.engine.test_bad_input import (
     Launched,
@@ -56,6 +57,11 @@ def read_latest(model_dir: Path) -> dict | None:
         return json.loads((model_dir / "latest.json").read_text())
     except FileNotFoundError:
         return None
+
+
+def read_best(model_dir: Path) -> dict:
+    """``best.json`` of a model directory."""
+    return json.loads((model_dir / "best.json").read_text())
 
 
 def history_iterations(model_dir: Path) -> list[int]:
@@ -332,9 +338,12 @@ def test_kill_during_a_checkpoint_write_leaves_the_previous_checkpoint(tmp_path,
 def test_leftovers_of_an_interrupted_write_are_ignored_then_cleaned(tmp_path, small_store, engine_client):
     """The on-disk states a kill can leave around a checkpoint write, made by hand.
 
-    A ``.tmp-ckpt-…`` directory with a truncated ``params.npz``, a truncated ``.tmp-latest.json.…``, and a
-    complete checkpoint directory the pointer never moved to: ``load_checkpoint`` still returns the pointed
-    checkpoint, and a resumed fit removes all three and ends bit-identical to an uninterrupted one.
+    A ``.tmp-ckpt-…`` directory with a truncated ``params.npz``, a truncated ``.tmp-latest.json.…``, a
+    complete checkpoint directory the pointer never moved to, and no ``best.json`` (a kill between a checkpoint's
+    ``latest`` and ``best`` pointers): ``load_checkpoint`` still returns the pointed checkpoint, and a resumed fit
+    removes the first three, points ``best`` where the checkpoint's early-stopping state says, and ends
+    bit-identical to an uninterrupted one, its ``best`` included (before, ``best`` stayed lost and ``load_model``
+    gave the last iteration instead).
     """
     model_dir = tmp_path / "model"
     first = fit(
@@ -347,6 +356,7 @@ def test_leftovers_of_an_interrupted_write_are_ignored_then_cleaned(tmp_path, sm
     (model_dir / ".tmp-ckpt-000003-deadbeef" / "params.npz").write_bytes(params[: len(params) // 2])
     (model_dir / ".tmp-latest.json.0badf00d").write_text('{"checkpoint": "ckpt-0000')
     shutil.copytree(model_dir / pointed, model_dir / "ckpt-000003-deadbeef")
+    (model_dir / "best.json").unlink()
 
     checkpoint = load_checkpoint(model_dir, "latest")
     assert (checkpoint.name, checkpoint.iteration) == (pointed, 2)
@@ -359,9 +369,110 @@ def test_leftovers_of_an_interrupted_write_are_ignored_then_cleaned(tmp_path, sm
     expected = fit(small_store, model_dir=tmp_path / "ref", settings=settings, client=engine_client, progress=False)
     assert_same_parameters(resumed.model, expected.model)
     assert_same_parameters(load_model(model_dir, "latest"), expected.model)
+    assert read_best(model_dir)["iteration"] == read_best(tmp_path / "ref")["iteration"] == expected.best_iteration
+    assert_same_parameters(load_model(model_dir), load_model(tmp_path / "ref"))
     assert leftovers(model_dir) == []
-    assert sorted(os.listdir(model_dir)) == sorted(["latest.json", "best.json", *kept_checkpoints(model_dir)])
+    assert sorted(os.listdir(model_dir)) == sorted(
+        ["latest.json", "best.json", "fit.json", *kept_checkpoints(model_dir)]
+    )
     assert history_iterations(model_dir) == [1, 2, 3]
+
+
+# -- a gated fit killed at each phase ---------------------------------------------------------------------------
+
+#: Iterations of each stage of the killed gated fits (tol 0 and a patience that never runs out: all of them run).
+GATED_ITERATIONS = 3
+
+
+@pytest.fixture(scope="module")
+def gated_store(tmp_path_factory) -> str:
+    """Random rows with one of 3 attributes each, in 8 partitions: a gated fit's iterations long enough to be
+    killed in, on a store written in well under a second."""
+    path = tmp_path_factory.mktemp("gated") / "gated.zarr"
+    rng = np.random.default_rng(6)
+    rows, s, t = 10_000, 40, 40
+    write_arrays(
+        path, rng.integers(0, s, (rows, 4)), rng.standard_normal((rows, 5)), rng.integers(0, t, rows),
+        num_symbols=s, num_targets=t, attributes=rng.integers(0, 3, rows),
+        options=WriteOptions(chunk_rows=1250, partition_rows=2500),
+    )  # fmt: skip
+    return str(path)
+
+
+def gated_fit_args(store: str, model_dir: Path, address: str) -> tuple[str, ...]:
+    """The gated fit killed (and its uninterrupted reference): settings of its own for both stages, none a default."""
+    return (
+        "fit", store, "--model-dir", str(model_dir), "--attribute-factors", "2", "--max-iter", str(GATED_ITERATIONS),
+        "--tol", "0", "--patience", "100", "--scheduler", address, "--json",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gated_reference(tmp_path_factory, gated_store, engine_client) -> Path:
+    """The model directory of the uninterrupted gated fit, made through the API (the test checks that its recorded
+    settings and spec are those of the command's fit)."""
+    model_dir = tmp_path_factory.mktemp("gated-reference") / "model"
+    loop = {"max_iter": GATED_ITERATIONS, "tol": 0.0, "patience": 100}
+    fit(
+        gated_store, model_dir=model_dir, settings=FitSettings(**loop), head=GatedSpec(2, stage_settings=loop),
+        client=engine_client, progress=False,
+    )  # fmt: skip
+    return model_dir
+
+
+def _latest_iteration(model_dir: Path) -> int | None:
+    latest = read_latest(model_dir)
+    return None if latest is None else int(latest["iteration"])
+
+
+#: Each phase of a gated fit, as its model directory shows it: the shared stage has checkpointed and not ended;
+#: it has ended and the gated stage has no checkpoint yet; the gated stage has checkpointed and not ended.
+GATED_PHASES = {
+    "shared": lambda m: (_latest_iteration(m / "shared") or 0) in range(1, GATED_ITERATIONS),
+    "between": lambda m: _latest_iteration(m / "shared") == GATED_ITERATIONS and read_latest(m) is None,
+    "gated": lambda m: (_latest_iteration(m) or 0) in range(1, GATED_ITERATIONS),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", GATED_PHASES)
+def test_a_gated_fit_killed_at_any_phase_resumes_alone_bit_identical(
+    tmp_path, gated_store, gated_reference, address, phase
+):
+    """``fit --attribute-factors 2 --max-iter 3 ...`` SIGKILLed during its shared stage, between the stages (before
+    the gated stage's first checkpoint), or during its gated stage; then ``fit STORE --model-dir DIR --resume``
+    alone. Before: refused in the first two phases (the directory "holds shared"), and given the gated options
+    again, the gated stage ran with its defaults (up to 30 iterations, tol 1e-6, patience 2). Now both stages end
+    bit-identical to the uninterrupted fit, with the same histories."""
+    model_dir = tmp_path / "model"
+    proc = start_cli(*gated_fit_args(gated_store, model_dir, address))
+    deadline = time.monotonic() + 120
+    while not GATED_PHASES[phase](model_dir):
+        assert proc.poll() is None, f"the fit ended before the {phase} phase was seen: {proc.communicate()[1]}"
+        assert time.monotonic() < deadline, f"no {phase} phase after 120 s"
+        time.sleep(0.002)
+    sigkill(proc)
+    assert GATED_PHASES[phase](model_dir), f"the fit left the {phase} phase before it died"
+
+    resumed = run_cli("fit", gated_store, "--model-dir", str(model_dir), "--resume", "--scheduler", address, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    report = json.loads(resumed.stdout)
+    assert (report["kind"], report["state"], report["iterations"]) == ("gated", "max_iter", GATED_ITERATIONS)
+    assert report["shared"]["iterations"] == GATED_ITERATIONS
+    for stage in (".", "shared"):
+        ours, theirs = load_checkpoint(model_dir / stage, "latest"), load_checkpoint(gated_reference / stage, "latest")
+        assert ours.iteration == theirs.iteration == GATED_ITERATIONS
+        assert [h["mean_log_likelihood"] for h in ours.meta["history"]] == [
+            h["mean_log_likelihood"] for h in theirs.meta["history"]
+        ]
+        assert ours.meta["settings"] == theirs.meta["settings"] and ours.meta["head"] == theirs.meta["head"]
+        # The best iteration too (a kill between the latest and best pointers must not lose it): the gated stage
+        # starts from the shared stage's best.
+        assert read_best(model_dir / stage)["iteration"] == read_best(gated_reference / stage)["iteration"]
+        arrays, expected = ours.model.to_arrays()[0], theirs.model.to_arrays()[0]
+        assert arrays.keys() == expected.keys()
+        for name, values in expected.items():
+            assert np.array_equal(arrays[name], values), (stage, name)
 
 
 # -- what --resume accepts ------------------------------------------------------------------------------------

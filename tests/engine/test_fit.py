@@ -256,7 +256,9 @@ def test_checkpoint_is_npz_and_json_and_load_model_returns_the_fit(small_store, 
     tag = run_id(result)
     name = f"ckpt-000003-{tag}"
     best = f"ckpt-{result.best_iteration:06d}-{tag}"
-    assert sorted(p.name for p in model_dir.iterdir()) == sorted({name, best, "latest.json", "best.json"})
+    assert sorted(p.name for p in model_dir.iterdir()) == sorted({name, best, "latest.json", "best.json", "fit.json"})
+    recorded = json.loads((model_dir / "fit.json").read_text())  # what a resume continues with, at any moment
+    assert recorded["settings"] == settings.to_json() and recorded["head"] == settings.head_spec().to_json()
     assert json.loads((model_dir / "latest.json").read_text()) == {
         "checkpoint": name, "iteration": 3, "state": "max_iter",
     }  # fmt: skip
@@ -334,7 +336,7 @@ def test_validation_keeps_the_best_checkpoint_and_stops_early(
     assert json.loads((model_dir / "best.json").read_text())["checkpoint"] == f"ckpt-{best:06d}-{tag}"
     last = f"ckpt-{result.iterations:06d}-{tag}"
     assert sorted(p.name for p in model_dir.iterdir()) == sorted(
-        [f"ckpt-{best:06d}-{tag}", last, "best.json", "latest.json"]
+        [f"ckpt-{best:06d}-{tag}", last, "best.json", "fit.json", "latest.json"]
     )
     best_checkpoint = load_checkpoint(model_dir, "best")
     assert best_checkpoint.iteration == best
@@ -398,7 +400,7 @@ def test_a_used_model_dir_is_refused_untouched_and_overwrite_replaces_it(
     old, new = run_id(first), run_id(second)
     assert old != new
     assert not (model_dir / "best.json").exists()
-    assert sorted(p.name for p in model_dir.iterdir()) == [f"ckpt-000002-{new}", "latest.json"]
+    assert sorted(p.name for p in model_dir.iterdir()) == [f"ckpt-000002-{new}", "fit.json", "latest.json"]
     assert_bit_identical(load_model(model_dir), second.model)
     assert not np.array_equal(second.model.emission, first.model.emission)
     assert {h["run_id"] for h in load_checkpoint(model_dir).meta["history"]} == {new}

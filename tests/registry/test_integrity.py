@@ -7,13 +7,17 @@ repair), and ``models repair`` points ``latest`` back at the newest version that
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+from dist_respattn.artifacts.registry import record_checksum
+from dist_respattn.cli import main
 from dist_respattn.registry import Registry, RegistryError, retrain
 from tests.engine.test_bad_input import run_cli
-from tests.registry.test_registry import publish
+from tests.registry.conftest import truth
+from tests.registry.test_registry import publish, same_head
 
 
 @pytest.fixture
@@ -99,3 +103,91 @@ def test_models_repair_points_latest_at_the_newest_version_that_checks_out(three
     assert registry.latest_number() == 1 and registry.problems() == [
         f"{root}/versions/000003.json: the record differs from its record_sha256 (edited after it was published)"
     ]
+
+
+def recompute_checksum(root: Path, number: int, **changes) -> None:
+    """Edit version ``number``'s record on disk and give it the checksum a publish would have (an attacker's edit)."""
+    path = root / "versions" / f"{number:06d}.json"
+    record = {**json.loads(path.read_text()), **changes}
+    record["record_sha256"] = record_checksum(record)
+    path.write_text(json.dumps(record, indent=2))
+
+
+def test_models_list_marks_a_record_that_fails_its_checksum(three, capsys):
+    """Before: the edited perplexity was listed like any other. Now the version is marked, with the reason."""
+    _, root = three
+    edit_metrics(root, 2)
+    assert main(["models", "list", str(root), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    marks = {v["version"]: (v["verified"], v["problem"]) for v in report["versions"]}
+    edited = f"{root}/versions/000002.json: the record differs from its record_sha256 (edited after it was published)"
+    assert marks == {3: (True, None), 2: (False, edited), 1: (True, None)}
+    assert report["versions"][1]["metrics"]["perplexity"] == 1.01  # shown, but marked as not to be trusted
+
+    assert main(["models", "list", str(root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line[1:].split()[0]: line for line in lines[2:5]}
+    assert rows["2"].endswith("  (!)") and not rows["1"].endswith("(!)") and not rows["3"].endswith("(!)")
+    assert lines[5:7] == ["(* = latest)", f"! version 2: {edited}"]
+    assert lines[7].startswith("(!) the record fails its check: its metrics and provenance are not to be trusted")
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({"model": "../elsewhere"}, id="model-parent"),
+        pytest.param({"model": "ELSEWHERE"}, id="model-absolute"),
+        pytest.param({"model": "models/../../elsewhere"}, id="model-through-models"),
+    ],
+)
+def test_a_record_may_name_only_files_inside_the_registry(three, tmp_path, capsys, changes):
+    """Version 2's record pointed outside the registry, at a valid copy of its own files, its checksum recomputed.
+    Before: ``models check`` said every file checks out (it read the copy) and ``load`` returned it. Now the record
+    is refused before any file is read, by every reader, and ``models list`` marks it."""
+    registry, root = three
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    folder = root / registry.version(2).model_path
+    for name in ("params.npz", "meta.json"):
+        (elsewhere / name).write_bytes((folder / name).read_bytes())
+    if changes.get("model") == "ELSEWHERE":
+        changes = {"model": str(elsewhere)}
+    recompute_checksum(root, 2, **changes)
+    message = "'model' must name a folder models/<token> inside the registry"
+    problems = registry.problems()
+    assert len(problems) == 1 and problems[0].startswith(f"{root}/versions/000002.json: {message}"), problems
+    with pytest.raises(RegistryError, match=re.escape(message)):
+        registry.load(2)
+    with pytest.raises(RegistryError, match=re.escape(message)):
+        registry.export(2, tmp_path / "exported")
+    assert main(["models", "check", str(root)]) == 1
+    assert capsys.readouterr().out.startswith(f"problem: {root}/versions/000002.json: {message}")
+    assert main(["models", "list", str(root), "--json"]) == 0
+    listed = {v["version"]: v["verified"] for v in json.loads(capsys.readouterr().out)["versions"]}
+    assert listed == {3: True, 2: False, 1: True}
+
+
+@pytest.mark.parametrize("damage", ["record", "pointer"])
+def test_models_repair_replaces_a_latest_that_does_not_check_out(three, tmp_path, capsys, damage):
+    """Before: latest naming an edited version (or a pointer that is not JSON) left the registry stuck: ``retrain``
+    refused it, and ``models repair`` said "nothing to repair" (or failed on the pointer). Now ``check`` names the
+    repair and ``repair`` points latest at the newest version that checks out."""
+    registry, root = three
+    if damage == "record":
+        edit_metrics(root, 3)
+    else:
+        (root / "latest.json").write_text('{"version": ')
+    problem = registry.missing_latest()
+    assert problem is not None and problem.endswith(
+        f"run `dist-respattn models repair {root}` to point it at the newest version that checks out"
+    )
+    assert problem in registry.problems()
+
+    assert main(["models", "repair", str(root), "--json"]) == (1 if damage == "record" else 0)
+    report = json.loads(capsys.readouterr().out)
+    assert (report["latest"], report["repaired"]) == (2 if damage == "record" else 3, True)
+    edited = f"{root}/versions/000003.json: the record differs from its record_sha256 (edited after it was published)"
+    assert report["problems"] == ([edited] if damage == "record" else [])
+    assert registry.missing_latest() is None
+    assert same_head(registry.load("latest").model, truth(2 if damage == "record" else 3))
+    assert json.loads((root / "latest.json").read_text())["repaired"] is True

@@ -205,10 +205,13 @@ def test_missing_model_file_and_dangling_latest_are_problems(three, root):
 
 
 def test_damaged_latest_is_a_problem(three, root):
+    repair = f"run `dist-respattn models repair {root}` to point it at the newest version that checks out"
     (root / "latest.json").write_text('{"version": ')
-    assert three.problems() == [f"{root}/latest.json: not valid JSON (Expecting value: line 1 column 13 (char 12))"]
+    assert three.problems() == [
+        f"{root}/latest.json: not valid JSON (Expecting value: line 1 column 13 (char 12)): {repair}"
+    ]
     (root / "latest.json").write_text('{"version": "3"}')
-    assert three.problems() == [f"{root}/latest.json: 'version' must be a version number, got '3'"]
+    assert three.problems() == [f"{root}/latest.json: 'version' must be a version number, got '3': {repair}"]
 
 
 def test_a_directory_that_is_not_a_registry_is_refused(tmp_path, stores):

@@ -258,8 +258,13 @@ class GatedSpec(HeadSpec):
 
 def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, Any] | None) -> GatedSpec | None:
     """The gated spec a ``fit`` asks for: ``None`` without ``--attribute-factors``; a resumed fit's own settings
-    (``saved``) or the defaults, then the options given. A bad value raises ``ValueError`` naming its flag."""
-    if options.get("attribute_factors") is None:
+    (``saved``) or the defaults, then the options given (a resumed gated fit needs no ``--attribute-factors``: its
+    own is kept, and ``--max-iter`` and the other loop options given stop both stages, as in the fit it continues).
+    A bad value raises ``ValueError`` naming its flag."""
+    factors = options.get("attribute_factors")
+    if factors is None and saved is not None:
+        factors = saved.get("attribute_factors")
+    if factors is None:
         if options.get("per_attribute") or any(
             options.get(name) is not None for name in ("attribute_smoothing", "attribute_prior_scale")
         ):
@@ -269,7 +274,7 @@ def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, 
         return None
     given: dict[str, Any] = dict(saved or {})
     given.pop("kind", None)
-    given["attribute_factors"] = options["attribute_factors"]
+    given["attribute_factors"] = factors
     if options.get("per_attribute") is not None or saved is None:
         given["per_attribute"] = list(options.get("per_attribute") or ())
     if options.get("seed") is not None:
