@@ -237,14 +237,43 @@ def partition_blocks(
     return _Blocks(store, part, rows, columns, mapping)
 
 
-def _run(store: RowStore, part: int, blocks: _Blocks, work: Callable[[Iterator[Block]], Any]) -> Any:
-    """``work(blocks)``, a bad value or an impossible row named by store, partition and row."""
+def _replaced(store: RowStore) -> StoreError | None:
+    """The store-changed error when the store at ``store``'s location is no longer the one opened (replaced or
+    appended to while a pass read it, or gone); ``None`` when it is the same.
+
+    Asked when a task's pass over the rows ends, failed or not: a store replaced under a running pass fails as
+    whatever its half-written bytes give (a missing chunk, an id out of range), which would send the user to
+    ``validate`` a store that is fine, or reads without an error the rows of two stores."""
     try:
-        return work(iter(blocks))
-    except ValueError as exc:
-        if blocks.current is None or isinstance(exc, StoreError):
+        now: str | None = open_store(store).fingerprint()
+    except Exception:  # any failure to open it again means it is not the store the pass began on
+        now = None
+    if now == store.fingerprint():
+        return None
+    seen = "no store can be opened there now" if now is None else f"its fingerprint is now {now}"
+    return StoreError(
+        f"{store.location}: the store changed while a pass read it ({seen}, expected {store.fingerprint()}); "
+        "run the command again on the store as it is now"
+    )
+
+
+def _run(store: RowStore, part: int, blocks: _Blocks, work: Callable[[Iterator[Block]], Any]) -> Any:
+    """``work(blocks)``; a bad value or an impossible row named by store, partition and row; a store replaced
+    or removed while the pass read it said to be so."""
+    try:
+        result = work(iter(blocks))
+    except Exception as exc:
+        replaced = _replaced(store)
+        if replaced is not None:
+            raise replaced from None
+        if not isinstance(exc, ValueError) or blocks.current is None or isinstance(exc, StoreError):
             raise
         raise _located(store, part, blocks.current, exc) from None
+    # Asked after a pass that went well too (one metadata read a task): a whole other store reads without error.
+    replaced = _replaced(store)
+    if replaced is not None:
+        raise replaced
+    return result
 
 
 def statistics_task(
@@ -311,14 +340,23 @@ def _predicted_blocks(
 ) -> Iterator[tuple[Block, Any]]:
     """Partition ``part``'s blocks, each with its top ``top_k`` predictions (one block held at a time)."""
     blocks = partition_blocks(store, part, ALL_ROWS, head.columns, mapping)
-    for block in blocks:
-        try:
-            top = head.top_k(block, top_k)
-        except ValueError as exc:
-            if isinstance(exc, StoreError):
-                raise
-            raise _located(store, part, block, exc) from None
-        yield block, top
+    try:
+        for block in blocks:
+            try:
+                top = head.top_k(block, top_k)
+            except ValueError as exc:
+                if isinstance(exc, StoreError):
+                    raise
+                raise _located(store, part, block, exc) from None
+            yield block, top
+    except Exception:
+        replaced = _replaced(store)
+        if replaced is not None:
+            raise replaced from None
+        raise
+    replaced = _replaced(store)
+    if replaced is not None:
+        raise replaced
 
 
 def predict_task(
