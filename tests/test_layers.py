@@ -334,7 +334,6 @@ def private_definitions(tree: ast.AST) -> set[str]:
     return {name for name in defined if is_private(name)}
 
 
-#: Every private name some module of ours defines, with the modules defining it.
 def modules_defining() -> dict[str, set[str]]:
     """Every private name some module of ours defines, with the modules defining it (each file parsed once)."""
     defined_by: dict[str, set[str]] = {}
@@ -344,6 +343,7 @@ def modules_defining() -> dict[str, set[str]]:
     return defined_by
 
 
+#: Every private name some module of ours defines, with the modules defining it.
 DEFINED_BY = modules_defining()
 
 
