@@ -1,3 +1,3 @@
 """Plugins for the whole suite."""
 
-pytest_plugins = ["pytester", "tests.slow_budget"]
+pytest_plugins = ["pytester", "tests.bytecode", "tests.slow_budget"]
