@@ -257,7 +257,7 @@ def test_fit_smoke_run_reports_every_figure(monkeypatch):
         [
             *(sys.executable, "-W", "error::RuntimeWarning", str(FIT_SCRIPT), "--json"),
             *("--rows", str(rows), "--iterations", str(iterations), "--memory-rows", str(memory_rows)),
-            *("--mixle-rows", "2000", "--mixle-rows-large", "4000", "--mixle-iterations", "2"),
+            *("--mixle-rows", "1000", "--mixle-rows-large", "2000", "--mixle-iterations", "2"),
             *("--kernel-repeats", "1"),
         ],
         capture_output=True,
@@ -306,7 +306,7 @@ def test_fit_smoke_run_reports_every_figure(monkeypatch):
     assert 0.0 <= report["agreement"]["first_mean_log_likelihood"] < 1e-9
 
     if has_mixle:
-        for name, mixle_rows in (("mixle", 2000), ("mixle_large", 4000)):
+        for name, mixle_rows in (("mixle", 1000), ("mixle_large", 2000)):
             mixle = results[name]
             assert (mixle["rows"], mixle["workers"], mixle["iterations"]) == (mixle_rows, 2, 2)
             assert_positive_finite(mixle["rows_per_s"], f"{name}.rows_per_s")

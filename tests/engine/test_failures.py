@@ -39,8 +39,9 @@ from tests.engine.test_bad_input import (
     tree_state,
 )
 
-#: The fits whose workers are killed (and their uninterrupted reference).
-LONG_SETTINGS = FitSettings(max_iter=4, tol=0.0, patience=100)
+#: The fits whose workers are killed in iteration 2 (and their uninterrupted reference): one iteration after it
+#: shows the fit goes on from the recovered sums.
+LONG_SETTINGS = FitSettings(max_iter=3, tol=0.0, patience=100)
 #: Iterations of the fits killed by the driver tests (and of their uninterrupted reference).
 WIDE_ITERATIONS = 6
 
@@ -244,7 +245,7 @@ def test_worker_killed_mid_iteration_gives_identical_parameters(
         assert any(m.startswith("estep 2 lost work") for m in passes_log), passes_log
     expected = long_references(layout)
     assert result.model.emission_table.layout == layout
-    assert [e["iteration"] for e in result.history] == [1, 2, 3, 4]
+    assert [e["iteration"] for e in result.history] == [1, 2, 3]
     assert [e["mean_log_likelihood"] for e in result.history] == [e["mean_log_likelihood"] for e in expected.history]
     assert_same_parameters(result.model, expected.model)
     assert_same_parameters(load_model(tmp_path / "model", "latest"), expected.model)

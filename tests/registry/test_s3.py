@@ -74,8 +74,8 @@ def s3():
             boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
             layout = dataclasses.replace(LAYOUT, storage_options={"endpoint_url": endpoint})
             paths = S3(endpoint, f"s3://{BUCKET}/stores/train.zarr", f"s3://{BUCKET}/stores/validation.zarr")
-            write_synthetic(paths.train, 20_000, model=truth(0), seed=1, options=layout)
-            write_synthetic(paths.validation, 5_000, model=truth(0), seed=2, options=layout)
+            write_synthetic(paths.train, 8192, model=truth(0), seed=1, options=layout)
+            write_synthetic(paths.validation, 4096, model=truth(0), seed=2, options=layout)
             yield paths
         finally:
             server.stop()
