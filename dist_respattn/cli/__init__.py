@@ -131,6 +131,21 @@ def subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Arg
     return []
 
 
+def _cluster_errors() -> tuple[type[Exception], ...]:
+    """The engine's cluster error class when a command imported the engine, else nothing: an error of that class
+    can only be raised once its module is loaded, and importing it only to name it would load ``distributed``
+    (a quarter of a second) into every command that never starts a cluster."""
+    cluster = sys.modules.get("dist_respattn.engine.cluster")
+    return () if cluster is None else (cluster.ClusterError,)
+
+
+def _one_line_error(args: argparse.Namespace, exc: BaseException) -> int:
+    """Print ``exc`` as the command's one-line error (whatever the exception held, in flags); exit status 2."""
+    message = in_flags(" ".join(str(exc).split()))
+    print(f"dist-respattn {args.command}: error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 a check failed, 2 an error)."""
     parser = build_parser()
@@ -143,15 +158,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # so a script that forgot its command fails instead of passing.
         args.help_parser.print_help(sys.stderr)
         return 2
-    from dist_respattn.engine.cluster import ClusterError
     from dist_respattn.store.errors import StoreError
 
     try:
         report = args.handler(args)
-    except (CommandError, StoreError, ClusterError, MemoryError, ValueError, TypeError, OSError) as exc:
-        message = in_flags(" ".join(str(exc).split()))  # one line, whatever the exception held, in flags
-        print(f"dist-respattn {args.command}: error: {message}", file=sys.stderr)
-        return 2
+    except (CommandError, StoreError, MemoryError, ValueError, TypeError, OSError) as exc:
+        return _one_line_error(args, exc)
+    except _cluster_errors() as exc:  # evaluated only once the handler raised: the engine is loaded if it raised this
+        return _one_line_error(args, exc)
     except KeyboardInterrupt:
         print(f"dist-respattn {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -208,7 +208,7 @@ def _print_retrain(report: dict[str, Any]) -> None:
 
 
 def _registry(args: argparse.Namespace) -> Any:
-    from dist_respattn.registry import Registry
+    from dist_respattn.artifacts import Registry
 
     registry = Registry(args.registry, parse_storage_options(args.storage_option))
     if not registry.check_format():
@@ -243,7 +243,7 @@ def _summary(version: Any, latest: int | None, problem: str | None) -> dict[str,
 
 
 def _run_list(args: argparse.Namespace) -> dict[str, Any]:
-    from dist_respattn.registry import RegistryError, Version
+    from dist_respattn.artifacts import RegistryError, Version
 
     registry = _registry(args)
     latest = registry.latest_number()
@@ -348,7 +348,7 @@ def _print_check(report: dict[str, Any]) -> None:
 
 
 def _run_repair(args: argparse.Namespace) -> dict[str, Any]:
-    from dist_respattn.registry import RegistryLocked
+    from dist_respattn.artifacts import RegistryLocked
 
     registry = _registry(args)
     try:
