@@ -12,6 +12,7 @@ One run, under the registry's lock:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import platform
@@ -43,7 +44,16 @@ from dist_respattn.model.heads.base import HeadSpec, spec_from_json
 from dist_respattn.store import check_model_corpus, check_recorded_corpus
 from dist_respattn.store.rows import RowStore
 
-__all__ = ["DEFAULT_TOLERANCE", "GATE_METRICS", "GateDecision", "RetrainResult", "gate", "retrain"]
+__all__ = [
+    "DEFAULT_TOLERANCE",
+    "GATE_METRICS",
+    "WORK_DIR_MARK",
+    "GateDecision",
+    "RetrainResult",
+    "claim_work_dir",
+    "gate",
+    "retrain",
+]
 
 logger = logging.getLogger("dist_respattn.retrain")
 
@@ -158,6 +168,31 @@ class RetrainResult:
         }
 
 
+#: The file that marks a directory as retrain's own work directory: its ``model/`` is retrain's to replace.
+WORK_DIR_MARK = "retrain-work-dir.json"
+
+
+def claim_work_dir(work_dir: Path) -> None:
+    """Make ``work_dir`` retrain's work directory, refusing one whose ``model/`` holds a fit retrain did not write.
+
+    Each run replaces ``work_dir/model`` (scheduled retrains reuse one work directory), so a directory is marked
+    the first time retrain uses it; a ``model/`` with files in a directory without the mark is someone's fit,
+    and is never overwritten.
+
+    Raises:
+        ValueError: ``work_dir/model`` holds files and ``work_dir`` is not marked.
+    """
+    mark, model = work_dir / WORK_DIR_MARK, work_dir / "model"
+    if not mark.is_file() and model.is_dir() and any(model.iterdir()):
+        raise ValueError(
+            f"--work-dir {work_dir}: {model} holds a fit that retrain did not write, and retrain replaces it; "
+            "pass an empty or new --work-dir, or one an earlier retrain used"
+        )
+    work_dir.mkdir(parents=True, exist_ok=True)
+    if not mark.is_file():
+        mark.write_text(json.dumps({"written_by": "dist-respattn retrain", "replaces": "model/"}) + "\n")
+
+
 def _heldout_scores(checkpoint: Checkpoint) -> HeldoutScores | None:
     """The validation scores the fit recorded for ``checkpoint``'s iteration, if it recorded them."""
     for entry in checkpoint.meta.get("history", []):
@@ -245,6 +280,8 @@ def retrain(
     reg.check_format()
     train = open_fit_store(store, storage_options, settings.context_length)
     heldout = open_fit_store(validation, storage_options, train.location.window) if validation is not None else None
+    if work_dir is not None:
+        claim_work_dir(Path(work_dir))
     scratch = None if work_dir is not None else Path(tempfile.mkdtemp(prefix="respattn-retrain-"))
     model_dir = Path(work_dir or scratch or ".") / "model"
     try:

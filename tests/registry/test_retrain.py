@@ -15,6 +15,7 @@ import pytest
 
 from dist_respattn.engine import FitError, FitSettings, evaluate, load_checkpoint
 from dist_respattn.registry import Registry, RegistryLocked, retrain
+from dist_respattn.registry.retrain import WORK_DIR_MARK, claim_work_dir
 from tests.engine.test_bad_input import tree_state
 from tests.registry.conftest import expected_layout
 
@@ -257,3 +258,23 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path, stores, kwargs, mes
     with pytest.raises(ValueError, match=message):
         retrain(root, stores.train, **kwargs)
     assert not root.exists()
+
+
+def test_a_work_dir_holding_someone_elses_fit_is_refused_before_anything_runs(stores, tmp_path):
+    """``--work-dir DIR`` whose ``DIR/model`` is a fit retrain did not write (no mark): refused with the flag named,
+    before any cluster or lock, the fit untouched. A work directory retrain marked is reused, as scheduled
+    retrains do."""
+    work = tmp_path / "mine"
+    (work / "model").mkdir(parents=True)
+    (work / "model" / "latest.json").write_text("{}")
+    before = tree_state(work)
+    with pytest.raises(ValueError, match=r"--work-dir .*holds a fit that retrain did not write"):
+        retrain(tmp_path / "registry", stores.train, work_dir=work)  # no client: refused before one would start
+    assert tree_state(work) == before and not (tmp_path / "registry").exists()
+
+    ours = tmp_path / "ours"
+    claim_work_dir(ours)
+    (ours / "model").mkdir()
+    (ours / "model" / "latest.json").write_text("{}")
+    claim_work_dir(ours)  # marked by the first use: its model/ is retrain's to replace
+    assert (ours / WORK_DIR_MARK).is_file()
