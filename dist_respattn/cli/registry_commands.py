@@ -300,13 +300,21 @@ def _created(value: Any) -> str:
 def _run_show(args: argparse.Namespace) -> dict[str, Any]:
     registry = _registry(args)
     version = registry.resolve(args.version)
-    return {**version.to_json(), "latest": version.number == registry.latest_number()}
+    problem = registry.record_problem(version)  # shown, not refused: the record is what one inspects to find out
+    return {
+        **version.to_json(),
+        "latest": version.number == registry.latest_number(),
+        "verified": problem is None,
+        "problem": problem,
+    }
 
 
 def _print_show(report: dict[str, Any]) -> None:
     import json
 
     print(json.dumps(report, indent=2))
+    if report["problem"] is not None:
+        print(f"! {report['problem']}: its metrics and provenance are not to be trusted", file=sys.stderr)
 
 
 def _run_export(args: argparse.Namespace) -> dict[str, Any]:

@@ -184,7 +184,7 @@ def test_models_show(reads):
     for name in ("show", "show-2-json"):
         result = reads[name]
         assert result.returncode == 0, result.stderr
-        assert json.loads(result.stdout) == {**record, "latest": True}
+        assert json.loads(result.stdout) == {**record, "latest": True, "verified": True, "problem": None}
 
 
 def test_models_check(reads):

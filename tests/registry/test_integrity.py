@@ -131,6 +131,11 @@ def test_models_list_marks_a_record_that_fails_its_checksum(three, capsys):
     assert lines[5:7] == ["(* = latest)", f"! version 2: {edited}"]
     assert lines[7].startswith("(!) the record fails its check: its metrics and provenance are not to be trusted")
 
+    assert main(["models", "show", str(root), "2"]) == 0  # shown, for inspection, and marked
+    shown = capsys.readouterr()
+    assert json.loads(shown.out)["problem"] == edited and json.loads(shown.out)["verified"] is False
+    assert shown.err == f"! {edited}: its metrics and provenance are not to be trusted\n"
+
 
 @pytest.mark.parametrize(
     "changes",
