@@ -85,6 +85,25 @@ def test_mismatched_row_counts_of_in_memory_arrays_name_the_arrays(tmp_path):
         write_arrays(tmp_path / "s.zarr", rows["context"], rows["query"][:99], rows["target"])
 
 
+def test_an_id_too_large_to_size_s_or_t_by_is_refused_at_its_row_before_anything_is_written(tmp_path):
+    """Without --symbols/--targets, S and T come from the largest ids: one stray id of 5,000,000 would size the
+    store's and every fit's tables by it. Refused at its row, naming the flag; given S, the id is allowed."""
+    rows = random_rows(50)
+    rows["context"][7, 1] = 5_000_000
+    with pytest.raises(
+        ValueError, match=r"^context: row 7 holds the id 5,000,000, which would make S = 5,000,001 .*--symbols S"
+    ):
+        write_arrays(tmp_path / "s.zarr", rows["context"], rows["query"], rows["target"])
+    assert not (tmp_path / "s.zarr").exists()
+    rows = random_rows(50)
+    rows["target"][3] = 2**40
+    with pytest.raises(ValueError, match=r"^target: row 3 holds the id 1,099,511,627,776, .*--targets T"):
+        write_arrays(tmp_path / "s.zarr", rows["context"], rows["query"], rows["target"])
+    rows = random_rows(50)
+    rows["context"][0, 0] = 2_000_000
+    write_arrays(tmp_path / "given.zarr", rows["context"], rows["query"], rows["target"], num_symbols=2_000_001)
+
+
 def test_wrong_dimensions_and_dtypes_name_the_file(tmp_path):
     rows = random_rows(50)
     rows["context"] = rows["context"][:, 0]
