@@ -221,3 +221,12 @@ def test_an_existing_store_is_refused_naming_a_keyword_the_writer_called_takes(t
         assert "options=WriteOptions(overwrite=True)" in message, message
         assert "=True" not in re.sub(r"WriteOptions\(\w+=True\)", "", message), message
         write(out, options=WriteOptions(overwrite=True))
+
+
+def test_a_random_query_table_larger_than_free_memory_is_refused_before_it_is_drawn(tmp_path):
+    """An explicit --symbols is not bounded by the ids: 10^12 symbols used to fail in numpy ("Unable to allocate
+    233 TiB"); the table's cost is now checked against free memory first, naming the flags, and nothing is written."""
+    tokens = np.arange(100) % 7
+    with pytest.raises(MemoryError, match=r"^--symbols 1,000,000,000,000 with --dim 32: .* lower --symbols or --dim"):
+        write_tokens(tmp_path / "s.zarr", tokens, context_length=2, num_symbols=10**12, dim=32)
+    assert not (tmp_path / "s.zarr").exists()

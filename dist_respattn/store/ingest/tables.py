@@ -63,6 +63,7 @@ def embedding_table(
     dim = DEFAULT_QUERY_DIM if dim is None else int(dim)
     if dim < 1:
         raise ValueError(f"dim = {dim}: expected a positive query dimension")
+    _check_room_for_table(num_symbols, dim)
     rng = np.random.default_rng(seed)
     table = (rng.standard_normal((num_symbols, dim)) / np.sqrt(dim)).astype(np.float32)
     return table, {"kind": "random", "dim": dim, "seed": int(seed)}
@@ -89,6 +90,21 @@ def store_table_for_append(
             f"{stored.shape} table, so new queries would not match old ones; omit the embedding options to use it"
         )
     return stored, info
+
+
+def _check_room_for_table(num_symbols: int, dim: int) -> None:
+    """Refuse a random (S, D) table that cannot be drawn in this machine's free memory (float64 draws, then the
+    float32 table: 12 bytes an entry), before it is drawn: an explicit ``--symbols`` is not bounded otherwise."""
+    import psutil
+
+    needed = int(num_symbols) * int(dim) * 12
+    available = int(psutil.virtual_memory().available)
+    if needed > available:
+        raise MemoryError(
+            f"--symbols {num_symbols:,} with --dim {dim:,}: drawing the random (S, D) query table needs about "
+            f"{needed / 2**20:,.0f} MiB, more than the {available / 2**20:,.0f} MiB free here: lower --symbols or "
+            "--dim, or give the table with --embeddings"
+        )
 
 
 def inferred_num_symbols(stream: Any, name: str) -> int:
