@@ -42,6 +42,7 @@ from dist_respattn.store.triples.writer import StoreWriter
 __all__ = [
     "DEFAULT_TEXT_SUFFIXES",
     "DEFAULT_VOCAB_SIZE",
+    "MAX_LINE_CHARS",
     "TOKEN_PATTERN",
     "TextDocument",
     "Vocabulary",
@@ -64,6 +65,8 @@ _TOKEN_RE = re.compile(TOKEN_PATTERN)
 DEFAULT_TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
 _SKIP_DIRS = {"__pycache__", "site-packages", "dist-packages", ".git"}
 _LINES_PER_PIECE = 20_000
+#: Characters a line may hold before a line-by-line reader refuses the file as not text (16 Mi).
+MAX_LINE_CHARS = 1 << 24
 VOCABULARY_FORMAT = "dist_respattn.vocabulary"
 #: K when none is given: the most frequent tokens kept.
 DEFAULT_VOCAB_SIZE = 2000
@@ -187,11 +190,19 @@ def _other_files_hint(paths: Sequence[str | os.PathLike[str]]) -> str:
     )
 
 
-def line_pieces(path: str) -> Iterator[list[str]]:
-    """A file's tokens in pieces of a bounded number of lines (undecodable bytes become U+FFFD)."""
+def line_pieces(path: str, *, max_line: int = MAX_LINE_CHARS) -> Iterator[list[str]]:
+    """A file's tokens in pieces of a bounded number of lines (undecodable bytes become U+FFFD).
+
+    ``ValueError`` naming the file and line when a line is longer than ``max_line`` characters: no text has such
+    a line, and reading it whole would hold the whole file in memory (as a one-line 100 MB file did)."""
     with open(path, encoding="utf-8", errors="replace") as handle:
         lines: list[str] = []
-        for line in handle:
+        for number, line in enumerate(iter(lambda: handle.readline(max_line + 1), ""), start=1):
+            if len(line) > max_line:
+                raise ValueError(
+                    f"{path}: line {number:,} is longer than {max_line:,} characters: expected text (lines of words); "
+                    "break the file into lines, or leave it out of --text"
+                )
             lines.append(line)
             if len(lines) == _LINES_PER_PIECE:
                 yield tokenize("".join(lines))
