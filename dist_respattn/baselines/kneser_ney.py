@@ -174,6 +174,17 @@ class NGramCounts:
             counts.append(c)
         return NGramCounts(self.order, self.num_symbols, self.num_targets, tuple(grams), tuple(counts))
 
+    def truncated(self, order: int) -> NGramCounts:
+        """The counts the same rows give at a lower ``order`` (top n-grams longer than it lose their oldest tokens)."""
+        if not 1 <= order <= self.order:
+            raise ValueError(f"order = {order!r}: expected 1 to {self.order}")
+        if order == self.order:
+            return self
+        cols = np.concatenate([g[:, g.shape[1] - order :] for g in self.grams[order - 1 :]])
+        top, top_counts = _unique_rows(cols, np.concatenate(self.counts[order - 1 :]))
+        grams, counts = (*self.grams[: order - 1], top), (*self.counts[: order - 1], top_counts)
+        return NGramCounts(order, self.num_symbols, self.num_targets, grams, counts)
+
     @property
     def num_grams(self) -> int:
         return int(sum(g.shape[0] for g in self.grams))
@@ -362,7 +373,7 @@ class KneserNey:
 
     def _gammas(self, discounts: np.ndarray) -> list[np.ndarray]:
         """Per order k, (H,) ``Σ_t min(a, D(a))`` of each history of k - 1 tokens: γ_k(h) A_k(h)."""
-        out = [np.zeros(0)]
+        out: list[np.ndarray] = [np.zeros(0)]
         for k in range(1, self.order + 1):
             level = self.levels[k]
             taken = _taken(level.adjusted, discounts[k])
