@@ -226,12 +226,14 @@ def register(sub: Any) -> None:
 
     evaluate = sub.add_parser(
         "evaluate",
-        help="score a store with a model, beside unigram and bigram baselines",
+        help="score a store with a model, beside unigram, bigram and n-gram baselines",
         description=(
             "Score a store with a fitted model on a Dask cluster: mean log-likelihood per row, and the accuracy "
-            "and perplexity of predict_proba on the targets, beside four baselines from the training store's "
+            "and perplexity of predict_proba on the targets, beside baselines from the training store's "
             "counts: a unigram, and add-k, Jelinek-Mercer and interpolated Kneser-Ney bigrams (their k, lambda "
-            "and discount tuned on the model's held-out rows when it has any)."
+            "and discount tuned on the model's held-out rows when it has any); for a store made from a token "
+            "stream also interpolated modified Kneser-Ney n-grams of orders 3 to --baseline-order (JSON keys "
+            "kneser_ney_3 ... kneser_ney_5)."
         ),
     )
     evaluate.add_argument("model", help=MODEL_HELP)
