@@ -73,8 +73,6 @@ def check_baseline_order(order: Any) -> int:
 
 
 def _label(name: str) -> str:
-    if name.startswith("kneser_ney_"):
-        return f"Kneser-Ney {name.rsplit('_', 1)[1]}-gram"
     return MODEL_LABELS.get(name, name)
 
 
