@@ -8,8 +8,9 @@ For every corpus, in one run:
 2. the baselines from the train store's counts, tuned on the validation store (``evaluate``): the unigram,
    add-k (k tuned), Jelinek-Mercer (λ tuned) and interpolated Kneser-Ney (D tuned) bigrams, and interpolated
    modified Kneser-Ney 3- and 5-grams (discount scale tuned); and, computed here only, the 5-gram linearly
-   interpolated with two caches of the document so far (a unigram cache, and "what followed the previous token
-   the last time it occurred in the document"), the two weights tuned on the validation store;
+   interpolated with two caches of the document so far (a unigram cache, and a "what followed it" cache: the
+   distribution of the tokens that followed the previous token earlier in the document), the two weights tuned
+   on the validation store;
 3. the head fitted on a 2-worker LocalCluster:
    - **defaults**: ``fit(train, validation=validation)`` with ``FitSettings()``: uniform start, the MAP
      emission with the continuation prior, ``sigma2`` and the prior's strengths chosen on validation,
@@ -210,10 +211,23 @@ def _rows(store: Any, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return context, target, np.r_[True, ~follows]
 
 
+def _earlier(key: np.ndarray) -> np.ndarray:
+    """(L,) how many earlier positions hold the same key."""
+    order = np.argsort(key, kind="stable")
+    same = key[order][1:] == key[order][:-1]
+    group_start = np.maximum.accumulate(np.where(np.r_[True, ~same], np.arange(key.size), 0))
+    earlier = np.empty(key.size, dtype=np.int64)
+    earlier[order] = np.arange(key.size) - group_start
+    return earlier
+
+
 def _cache_features(context: np.ndarray, target: np.ndarray, new: np.ndarray, num_symbols: int) -> dict:
-    """Per row: the unigram cache's P(target) over the document so far, and the "what followed last time" cache:
-    whether the previous token occurred before in the document (``available``) and the target is what followed
-    it then (``hit``)."""
+    """Per row, over the document so far: the unigram cache's P(target), and the "what followed it" cache's: of the
+    earlier occurrences of the previous token, the share the target followed (``available``: there were some).
+
+    The follow cache is the distribution of everything that followed the previous token earlier in the document (a
+    bigram cache, Kuhn & De Mori 1990), not only what followed it the last time: on the standard library's test split
+    the last follower alone gives 13.55 with the 5-gram, the distribution 11.73."""
     n, width = context.shape
     starts = np.flatnonzero(new)
     doc_of_row = np.cumsum(new) - 1
@@ -226,26 +240,22 @@ def _cache_features(context: np.ndarray, target: np.ndarray, new: np.ndarray, nu
     tokens[first.ravel()] = context[starts].ravel()
     position = offsets[doc_of_row] + width + (np.arange(n) - starts[doc_of_row])
     tokens[position] = target
-    key = docs * num_symbols + tokens
-    order = np.argsort(key, kind="stable")
-    same = key[order][1:] == key[order][:-1]
-    previous = np.full(tokens.size, -1, dtype=np.int64)
-    previous[order[1:]] = np.where(same, order[:-1], -1)
-    group_start = np.maximum.accumulate(np.where(np.r_[True, ~same], np.arange(tokens.size), 0))
-    earlier = np.empty(tokens.size, dtype=np.int64)
-    earlier[order] = np.arange(tokens.size) - group_start  # earlier occurrences of this token in its document
+    earlier = _earlier(docs * num_symbols + tokens)  # earlier occurrences of each token in its document
+    # Each token with the one before it (none at a document's start: id S) in its document.
+    before = np.where(np.isin(np.arange(tokens.size), offsets), num_symbols, np.r_[0, tokens[:-1]])
+    pairs = _earlier((docs * (num_symbols + 1) + before) * num_symbols + tokens)
     so_far = position - offsets[doc_of_row]
-    last_time = previous[position - 1]
-    available = last_time >= 0
-    hit = available & (tokens[np.maximum(last_time, 0) + 1] == target)
-    return {"unigram": earlier[position] / so_far, "available": available, "hit": hit}
+    followed = earlier[position - 1]  # earlier occurrences of the previous token: each has a follower before the target
+    available = followed > 0
+    follow = np.where(available, pairs[position] / np.maximum(followed, 1), 0.0)
+    return {"unigram": earlier[position] / so_far, "available": available, "follow": follow}
 
 
 def _mixed(p_kn: np.ndarray, features: dict, unigram: float, follow: float) -> np.ndarray:
     """(n,) P of the 5-gram interpolated with the caches; where the follow cache has nothing, its weight is the
     5-gram's."""
     follow_w = np.where(features["available"], follow, 0.0)
-    return (1.0 - unigram - follow_w) * p_kn + unigram * features["unigram"] + follow_w * features["hit"]
+    return (1.0 - unigram - follow_w) * p_kn + unigram * features["unigram"] + follow_w * features["follow"]
 
 
 def cache_interpolated(stores: dict[str, Any], order: int = 5) -> dict[str, Any]:
@@ -284,7 +294,8 @@ def cache_interpolated(stores: dict[str, Any], order: int = 5) -> dict[str, Any]
                 for u in np.arange(max(best[0] - span, 0.0), best[0] + span + 1e-9, step)
                 for f in np.arange(max(best[1] - span, 0.0), best[1] + span + 1e-9, step)
             ]
-        scored = {(round(float(u), 2), round(float(f), 2)): objective(u, f) for u, f in grid if u + f < 0.95}
+        points = {(round(float(u), 2), round(float(f), 2)) for u, f in grid}
+        scored = {w: objective(*w) for w in points if w[0] + w[1] < 0.95}
         scored[best] = objective(*best)
         best = max(scored, key=lambda w: scored[w])
 
