@@ -488,16 +488,20 @@ class KneserNey:
         perplexity = math.exp(-mean) if mean > -700.0 else float("inf")
         return BaselineScore(perplexity, mean, correct / weight, weight, dict(self.parameters))
 
-    def sum_log_prob(self, counts: NGramCounts, discounts: np.ndarray) -> float:
-        """``Σ w log P`` of ``counts`` under these n-grams with other ``discounts`` (n + 1, 3)."""
-        gammas = self._gammas(discounts)
-        total = 0.0
+    def sum_log_prob(self, counts: NGramCounts, candidates: list[np.ndarray]) -> list[float]:
+        """``Σ w log P`` of ``counts`` under these n-grams with each of other ``candidates`` discounts (n + 1, 3):
+        the rows are looked up once, only the discounting is redone per candidate."""
+        lookups = []
         for grams, w in zip(counts.grams, counts.counts, strict=True):
             if grams.shape[0]:
                 j = min(grams.shape[1] - 1, self.order - 1)
-                lookup = self._lookup(grams[:, grams.shape[1] - 1 - j : -1].astype(np.int64), grams[:, -1])
-                total += float(w @ np.log(self._probs(lookup, discounts, gammas)))
-        return total
+                history = grams[:, grams.shape[1] - 1 - j : -1].astype(np.int64)
+                lookups.append((self._lookup(history, grams[:, -1]), w))
+        totals = []
+        for discounts in candidates:
+            gammas = self._gammas(discounts)
+            totals.append(sum(float(w @ np.log(self._probs(lookup, discounts, gammas))) for lookup, w in lookups))
+        return totals
 
 
 def fit_kneser_ney(train: NGramCounts, *, validation: NGramCounts | None = None) -> KneserNey:
@@ -524,7 +528,7 @@ def fit_kneser_ney(train: NGramCounts, *, validation: NGramCounts | None = None)
         def scaled(x: float) -> np.ndarray:
             return np.clip(closed * x, _DISCOUNT_FLOOR, np.array([1.0, 2.0, 3.0]))
 
-        objective = {x: model.sum_log_prob(validation, scaled(x)) for x in SCALE_GRID}
+        objective = dict(zip(SCALE_GRID, model.sum_log_prob(validation, [scaled(x) for x in SCALE_GRID]), strict=True))
         best = max(objective.values())
         scale = 1.0 if objective[1.0] >= best else max(objective, key=lambda x: objective[x])
         tuned_on = "validation"
