@@ -394,10 +394,15 @@ def test_quality_smoke_run_reports_every_figure(tmp_path):
     (result,) = report["results"]
     assert result["corpus"] == "stdlib" and min(result["rows"].values()) > 0
     baselines = result["baselines"]
-    assert set(baselines) == {"unigram", "add_k", "jelinek_mercer", "kneser_ney"}
+    assert set(baselines) == {
+        *("unigram", "add_k", "jelinek_mercer", "kneser_ney"),
+        *("kneser_ney_3", "kneser_ney_4", "kneser_ney_5", "kneser_ney_5_caches"),
+    }
     for name, perplexity in baselines.items():
         assert_positive_finite(perplexity, name)
     assert baselines["kneser_ney"] < baselines["unigram"]
+    # The library's 5-gram on the rows read here is the one evaluate counted on the cluster.
+    assert result["caches"]["kneser_ney_5_library"] == pytest.approx(baselines["kneser_ney_5"], rel=1e-9)
     assert set(result["heads"]) == {"defaults", "defaults, no validation store", "old defaults"}
     for name, head in result["heads"].items():
         test = head["test"]

@@ -93,6 +93,9 @@ def test_bad_values_are_refused_naming_their_flag(tmp_path, stores, model_dir):
         ("evaluate", "argument --baseline-k: 0: expected a number > 0"): (
             "evaluate", str(model_dir), store, "--baseline-k", "0",
         ),
+        ("evaluate", "argument --baseline-order: 6: expected an integer from 2 to 5"): (
+            "evaluate", str(model_dir), store, "--baseline-order", "6",
+        ),
     }  # fmt: skip
     results = run_many(*cases.values())
     for (command, fragment), result in zip(cases, results, strict=True):

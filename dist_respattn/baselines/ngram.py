@@ -71,12 +71,14 @@ __all__ = [
 
 #: The models, in the order they are printed.
 MODEL_NAMES = ("unigram", "add_k", "jelinek_mercer", "kneser_ney")
-#: How every command prints them (the names above are their JSON keys).
+#: How every command prints them (the names above are their JSON keys), and the modified Kneser-Ney n-grams of
+#: :mod:`dist_respattn.baselines.kneser_ney` that ``evaluate`` adds beside them.
 MODEL_LABELS = {
     "unigram": "unigram",
     "add_k": "add-k bigram",
     "jelinek_mercer": "Jelinek-Mercer",
     "kneser_ney": "Kneser-Ney",
+    **{f"kneser_ney_{order}": f"Kneser-Ney {order}-gram" for order in (3, 4, 5)},
 }
 #: Pseudo-count of the unigram (and of add-k without validation).
 DEFAULT_K = 0.1

@@ -25,6 +25,7 @@ from dist_respattn.events import Metric
 __all__ = [
     "add_cluster_options",
     "add_em_options",
+    "baseline_order",
     "cluster_options",
     "fit_report",
     "register",
@@ -176,6 +177,21 @@ def cluster_options(args: argparse.Namespace) -> Any:
     )
 
 
+def baseline_order(text: str) -> int:
+    """A ``--baseline-order``: the longest n-gram baseline, 2 to 5 (checked before any cluster starts)."""
+    from dist_respattn.baselines.kneser_ney import MAX_ORDER, MIN_ORDER
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not MIN_ORDER <= value <= MAX_ORDER:
+        raise argparse.ArgumentTypeError(
+            f"{text}: expected an integer from {MIN_ORDER} to {MAX_ORDER} (2: the bigrams only)"
+        )
+    return value
+
+
 def register(sub: Any) -> None:
     """Add the ``fit``, ``evaluate`` and ``predict`` subcommands."""
     fit = sub.add_parser(
@@ -210,12 +226,14 @@ def register(sub: Any) -> None:
 
     evaluate = sub.add_parser(
         "evaluate",
-        help="score a store with a model, beside unigram and bigram baselines",
+        help="score a store with a model, beside unigram, bigram and n-gram baselines",
         description=(
             "Score a store with a fitted model on a Dask cluster: mean log-likelihood per row, and the accuracy "
-            "and perplexity of predict_proba on the targets, beside four baselines from the training store's "
+            "and perplexity of predict_proba on the targets, beside baselines from the training store's "
             "counts: a unigram, and add-k, Jelinek-Mercer and interpolated Kneser-Ney bigrams (their k, lambda "
-            "and discount tuned on the model's held-out rows when it has any)."
+            "and discount tuned on the model's held-out rows when it has any); for a store made from a token "
+            "stream also interpolated modified Kneser-Ney n-grams of orders 3 to --baseline-order (JSON keys "
+            "kneser_ney_3 ... kneser_ney_5)."
         ),
     )
     evaluate.add_argument("model", help=MODEL_HELP)
@@ -225,6 +243,14 @@ def register(sub: Any) -> None:
         type=positive_float,
         default=0.1,
         help="k of the add-k unigram, and of the add-k bigram when nothing tunes it (0.1)",
+    )
+    evaluate.add_argument(
+        "--baseline-order",
+        type=baseline_order,
+        default=5,
+        metavar="N",
+        help="for a store made from a token stream, interpolated modified Kneser-Ney n-grams of orders 3 to N "
+        "beside the bigrams (2 to 5; 2: the bigrams only; default 5)",
     )
     add_head_options(evaluate, "evaluate")
     add_cluster_options(evaluate)
@@ -562,6 +588,7 @@ def _run_evaluate(args: argparse.Namespace) -> dict[str, Any]:
         args.model,
         args.store,
         baseline_k=args.baseline_k,
+        baseline_order=args.baseline_order,
         options=head_options(args, "evaluate"),
         cluster=cluster_options(args),
         storage_options=parse_storage_options(args.storage_option),

@@ -4,10 +4,12 @@ The head's figures: mean joint log-likelihood per row, and the predictive qualit
 from ``predict_proba`` (which does not see the target): perplexity and accuracy. The baselines
 predict the same targets from counts (:mod:`dist_respattn.baselines.ngram`): an add-k unigram, and for
 stores made from a token stream the add-k, Jelinek-Mercer and interpolated Kneser-Ney bigrams on the
-previous token (the last context id). Their counts come from the model's training store when the
-model directory names one that opens unchanged (same fingerprint), else from the evaluated store
-itself (in-sample, which flatters them); their parameters are tuned on the model's held-out rows
-(its validation store, or its training store's hold-out) when those can be read, else stated.
+previous token (the last context id), and interpolated modified Kneser-Ney n-grams of orders 3 to
+``baseline_order`` on the window's last tokens (:mod:`dist_respattn.baselines.kneser_ney`). Their counts
+come from the model's training store when the model directory names one that opens unchanged (same
+fingerprint), else from the evaluated store itself (in-sample, which flatters them); their parameters
+are tuned on the model's held-out rows (its validation store, or its training store's hold-out) when
+those can be read, else stated.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import distributed
+import numpy as np
 
 from dist_respattn.artifacts import load_checkpoint
+from dist_respattn.baselines.kneser_ney import MAX_ORDER, MIN_ORDER, NGramCounts, fit_kneser_ney, ngrams_of_blocks
 from dist_respattn.baselines.ngram import DEFAULT_K, MODEL_LABELS, fit_baselines
 from dist_respattn.engine import worker_tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
@@ -39,10 +43,38 @@ from dist_respattn.model.scores import ScoreTotals
 from dist_respattn.store import StoreError, StoreLocation, check_model_corpus, open_store
 from dist_respattn.store.rows import RowStore, is_stream_store
 
-__all__ = ["DEFAULT_BASELINE_K", "Evaluation", "evaluate", "score", "score_store"]
+__all__ = [
+    "DEFAULT_BASELINE_K",
+    "DEFAULT_BASELINE_ORDER",
+    "Evaluation",
+    "check_baseline_order",
+    "evaluate",
+    "kneser_ney_key",
+    "score",
+    "score_store",
+]
 
 #: The unigram's add-k smoothing (and add-k's k when it cannot be tuned).
 DEFAULT_BASELINE_K = DEFAULT_K
+#: The longest n-gram baseline: Kneser-Ney n-grams of orders 3 to this one beside the bigrams (2: bigrams only).
+DEFAULT_BASELINE_ORDER = MAX_ORDER
+
+
+def kneser_ney_key(order: int) -> str:
+    """The baselines' JSON key of the modified Kneser-Ney n-gram of ``order`` (3 to 5): ``kneser_ney_3``..."""
+    return f"kneser_ney_{order}"
+
+
+def check_baseline_order(order: Any) -> int:
+    """``order`` as the longest n-gram baseline, an integer from 2 to 5; else a ValueError saying so."""
+    if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not MIN_ORDER <= order <= MAX_ORDER:
+        raise ValueError(f"baseline order {order!r}: expected an integer from {MIN_ORDER} to {MAX_ORDER}")
+    return int(order)
+
+
+def _label(name: str) -> str:
+    return MODEL_LABELS.get(name, name)
+
 
 #: Store sources whose rows are windows of a token stream, so the last context id is the previous token.
 TOKEN_SOURCES = ("tokens", "text")
@@ -99,7 +131,8 @@ class Evaluation:
 
     def summary(self) -> str:
         """A small table: one row for the head and one per baseline, then where the baselines came from."""
-        header = f"{'':<15} {'log-lik/row':>12} {'perplexity':>12} {'accuracy':>9}"
+        width = max([15, *(len(_label(name)) for name in self.baselines)])
+        header = f"{'':<{width}} {'log-lik/row':>12} {'perplexity':>12} {'accuracy':>9}"
         lines = [f"{self.store}: {self.rows:,} rows", header]
 
         def cell(value: Any, spec: str, width: int) -> str:
@@ -109,13 +142,12 @@ class Evaluation:
 
         model = self.model
         lines.append(
-            f"{'head':<15} {cell(model.get('mean_log_likelihood'), '.4f', 12)} "
+            f"{'head':<{width}} {cell(model.get('mean_log_likelihood'), '.4f', 12)} "
             f"{cell(model.get('perplexity'), '.4f', 12)} {cell(model.get('accuracy'), '.2%', 9)}"
         )
         for name, figures in self.baselines.items():
-            label = MODEL_LABELS.get(name, name)
             lines.append(
-                f"{label:<15} {'':>12} {figures['perplexity']:>12.4f} {figures['accuracy']:>9.2%}"
+                f"{_label(name):<{width}} {'':>12} {figures['perplexity']:>12.4f} {figures['accuracy']:>9.2%}"
                 f"  {_parameters_text(figures.get('parameters') or {})}"
             )
         if "kneser_ney" in self.baselines and model.get("perplexity") is not None:
@@ -134,7 +166,8 @@ class Evaluation:
 
 
 def _parameters_text(parameters: dict[str, Any]) -> str:
-    shown = [f"{k} {v:.4g}" for k, v in parameters.items() if k in ("k", "lambda", "discount") and v is not None]
+    names = ("k", "lambda", "discount", "discount_scale")
+    shown = [f"{k} {v:.4g}" for k, v in parameters.items() if k in names and v is not None]
     return ", ".join(shown)
 
 
@@ -216,6 +249,7 @@ def evaluate(
     store: str | os.PathLike[str] | StoreLocation | RowStore,
     *,
     baseline_k: float = DEFAULT_BASELINE_K,
+    baseline_order: int = DEFAULT_BASELINE_ORDER,
     options: dict[str, Any] | None = None,
     client: distributed.Client | None = None,
     cluster: ClusterOptions | None = None,
@@ -228,8 +262,11 @@ def evaluate(
 
     ``client``, or without one ``cluster``, is where it runs (see :func:`~dist_respattn.engine.connect`).
     ``options``: the head kind's own evaluate options by their ``dest`` names (what its report adds: see
-    :meth:`~dist_respattn.model.heads.base.Head.report`).
+    :meth:`~dist_respattn.model.heads.base.Head.report`). ``baseline_order``: for a store made from a token
+    stream, interpolated modified Kneser-Ney n-grams of orders 3 to it (2 to 5; 2: the bigrams only), counted
+    by one more pass over each store, under the keys :func:`kneser_ney_key` gives.
     """
+    baseline_order = check_baseline_order(baseline_order)
     meta: dict[str, Any] = {}
     if isinstance(model, Head):
         head = model
@@ -265,6 +302,10 @@ def evaluate(
         baselines = fit_baselines(train_counts, validation=validation_counts, k=baseline_k).score(counts)
         names = ("unigram", "add_k", "jelinek_mercer", "kneser_ney") if bigram else ("unigram",)
         baseline_figures = {name: baselines[name].to_json() for name in names}
+        if bigram and baseline_order > 2:
+            baseline_figures.update(
+                _ngram_baselines(runner, baseline_order, scored, (baseline_store, train_rows), tuning)
+            )
         counts_from = {
             "store": str(baseline_store.location),
             "in_sample": baseline_store is scored,
@@ -375,6 +416,47 @@ def _baseline_rows(
     if validation is not None and validation.location != scored.location:
         return ALL_ROWS, (validation, ALL_ROWS, str(validation.location))
     return ALL_ROWS, None
+
+
+def _ngram_baselines(
+    runner: PassRunner,
+    order: int,
+    scored: RowStore,
+    training: tuple[RowStore, RowSelection],
+    tuning: tuple[RowStore, RowSelection, str] | None,
+) -> dict[str, dict[str, Any]]:
+    """The Kneser-Ney n-grams of orders 3 to ``order``: counted once at ``order`` on the scored, training and
+    tuning rows (one pass each; the training counts are the scored ones when the stores are the same), then
+    fitted and scored at each order."""
+    scored_counts = _count_ngrams(runner, order, scored, ALL_ROWS, "0", f"counting the n-grams of {scored.location}")
+    store, rows = training
+    train_counts = (
+        scored_counts
+        if store is scored and rows is ALL_ROWS
+        else _count_ngrams(runner, order, store, rows, "1", "counting the training n-grams")
+    )
+    held = None
+    if tuning is not None:
+        held = _count_ngrams(runner, order, tuning[0], tuning[1], "2", "counting the held-out n-grams")
+    figures = {}
+    for k in range(3, order + 1):
+        model = fit_kneser_ney(train_counts.truncated(k), validation=None if held is None else held.truncated(k))
+        figures[kneser_ney_key(k)] = model.score(scored_counts.truncated(k)).to_json()
+    return figures
+
+
+def _count_ngrams(
+    runner: PassRunner, order: int, store: RowStore, rows: RowSelection, label: str, description: str
+) -> NGramCounts:
+    """The top n-grams (up to ``order``) of ``store``'s selected rows: windows cut at a document start read short."""
+    fingerprint = store.fingerprint()
+    schema = store.schema
+    count = functools.partial(ngrams_of_blocks, order, schema.num_symbols, schema.num_targets)
+    columns = Columns(windows=bool(getattr(store, "short_histories", False)))
+    return runner.run(
+        "ngrams", label, store.num_partitions, worker_tasks.pass_task,
+        lambda part: (store.location, part, count, columns, fingerprint, rows), description=description,
+    )  # fmt: skip
 
 
 def _count_pairs(runner: PassRunner, store: RowStore, rows: RowSelection, label: str, description: str) -> PairCounts:

@@ -18,6 +18,7 @@ import distributed
 import numpy as np
 import pytest
 
+from dist_respattn.baselines.kneser_ney import NGramCounts, fit_kneser_ney
 from dist_respattn.baselines.ngram import MODEL_LABELS, MODEL_NAMES, fit_baselines
 from dist_respattn.engine import FitError, FitSettings, evaluate, fit, load_model
 from dist_respattn.engine.evaluate import DEFAULT_BASELINE_K
@@ -145,6 +146,30 @@ def window_pairs(tokens: np.ndarray, rows: np.ndarray | None = None) -> PairCoun
     return PairCounts.from_rows(previous, target, None, num_symbols=V, num_targets=V)
 
 
+def window_ngrams(tokens: np.ndarray, rows: np.ndarray | None = None) -> NGramCounts:
+    """The 5-grams of a stream's windows (those where ``rows`` holds): N_TOK tokens of history, so their top n-grams
+    are (N_TOK + 1)-grams."""
+    history = np.lib.stride_tricks.sliding_window_view(tokens[:-1], N_TOK)
+    target = tokens[N_TOK:]
+    if rows is not None:
+        history, target = history[rows], target[rows]
+    lengths = np.full(target.size, N_TOK)
+    return NGramCounts.from_rows(history, lengths, target, None, order=5, num_symbols=V, num_targets=V)
+
+
+#: The Kneser-Ney n-grams evaluate adds on token stores by default.
+NGRAM_KEYS = ("kneser_ney_3", "kneser_ney_4", "kneser_ney_5")
+
+
+def ngram_figures(train: NGramCounts, validation: NGramCounts | None, scored: NGramCounts) -> dict:
+    return {
+        f"kneser_ney_{k}": fit_kneser_ney(
+            train.truncated(k), validation=None if validation is None else validation.truncated(k)
+        ).score(scored.truncated(k))
+        for k in (3, 4, 5)
+    }
+
+
 def baseline_figures(train: np.ndarray, scored: np.ndarray, k: float = DEFAULT_BASELINE_K) -> dict[str, float]:
     """Add-k unigram figures of target counts ``train`` (T,) on counts ``scored`` (T,); accuracy from the
     arg-max guess (first on ties)."""
@@ -156,9 +181,10 @@ def baseline_figures(train: np.ndarray, scored: np.ndarray, k: float = DEFAULT_B
 
 
 def assert_baselines(evaluation, expected: dict) -> None:
-    """Every baseline's figures and parameters equal those ``fit_baselines`` gives on the expected pairs."""
-    assert set(evaluation.baselines) == set(MODEL_NAMES)
-    for name in MODEL_NAMES:
+    """Every baseline's figures and parameters equal those ``fit_baselines`` gives on the expected pairs (and
+    ``fit_kneser_ney`` on the expected n-grams)."""
+    assert set(evaluation.baselines) == {*MODEL_NAMES, *NGRAM_KEYS}
+    for name in (*MODEL_NAMES, *NGRAM_KEYS):
         got, want = evaluation.baselines[name], expected[name].to_json()
         for key in ("target_log_prob", "perplexity"):
             assert got[key] == pytest.approx(want[key], rel=1e-12), (name, key)
@@ -199,8 +225,11 @@ def test_baselines_count_the_training_store_and_tune_on_its_validation_store(tok
     streams = token_fit["streams"]
     assert evaluation.rows == 6_000 - N_TOK
     expected = fit_baselines(window_pairs(streams["train"]), validation=window_pairs(streams["val"]))
-    assert_baselines(evaluation, expected.score(window_pairs(streams["test"])))
+    ngrams = ngram_figures(*(window_ngrams(streams[name]) for name in ("train", "val", "test")))
+    assert_baselines(evaluation, {**expected.score(window_pairs(streams["test"])), **ngrams})
     assert all(b["parameters"]["tuned_on"] == "validation" for k, b in evaluation.baselines.items() if k != "unigram")
+    # A window of N_TOK = 3 tokens: the 5-gram sees no more than the 4-gram.
+    assert evaluation.baselines["kneser_ney_5"]["perplexity"] == evaluation.baselines["kneser_ney_4"]["perplexity"]
     # The chain's structure is in the data: the previous token predicts the next better than nothing.
     assert evaluation.baselines["kneser_ney"]["perplexity"] < 0.8 * evaluation.baselines["unigram"]["perplexity"]
     # The head's own figures are those of the checkpoint's model.
@@ -219,7 +248,9 @@ def test_baselines_of_a_fit_without_validation_use_its_hold_out(token_fit, clien
     held = HoldoutRule.for_rows(windows).held_out(0, windows)
     assert 0 < held.sum() < windows
     expected = fit_baselines(window_pairs(streams["train"], ~held), validation=window_pairs(streams["train"], held))
-    assert_baselines(evaluation, expected.score(window_pairs(streams["test"])))
+    train, tune = window_ngrams(streams["train"], ~held), window_ngrams(streams["train"], held)
+    ngrams = ngram_figures(train, tune, window_ngrams(streams["test"]))
+    assert_baselines(evaluation, {**expected.score(window_pairs(streams["test"])), **ngrams})
 
 
 def test_baselines_are_in_sample_without_a_training_store(token_fit, client):
@@ -229,7 +260,9 @@ def test_baselines_are_in_sample_without_a_training_store(token_fit, client):
     streams = token_fit["streams"]
     evaluation = evaluate(token_fit["result"].model, token_fit["val"], client=client)
     assert evaluation.baseline_counts_from == {"store": token_fit["val"], "in_sample": True, "tuned_on": None}
-    assert_baselines(evaluation, fit_baselines(window_pairs(streams["val"])).score(window_pairs(streams["val"])))
+    val = window_ngrams(streams["val"])
+    expected = fit_baselines(window_pairs(streams["val"])).score(window_pairs(streams["val"]))
+    assert_baselines(evaluation, {**expected, **ngram_figures(val, None, val)})
     assert evaluation.baselines["kneser_ney"]["parameters"]["tuned_on"].startswith("stated")
 
     on_train = evaluate(token_fit["model_dir"], token_fit["train"], client=client)
@@ -239,7 +272,9 @@ def test_baselines_are_in_sample_without_a_training_store(token_fit, client):
         "tuned_on": token_fit["val"],
     }
     expected = fit_baselines(window_pairs(streams["train"]), validation=window_pairs(streams["val"]))
-    assert_baselines(on_train, expected.score(window_pairs(streams["train"])))
+    train = window_ngrams(streams["train"])
+    ngrams = ngram_figures(train, window_ngrams(streams["val"]), train)
+    assert_baselines(on_train, {**expected.score(window_pairs(streams["train"])), **ngrams})
 
 
 def test_synthetic_store_has_no_bigram_baseline(small_store, small_validation_store, client, tmp_path):
@@ -275,18 +310,21 @@ def test_cli_evaluate_runs_on_an_existing_scheduler(token_fit, client):
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report == evaluate(token_fit["model_dir"], token_fit["val"], client=client).to_json()
-    assert set(report["baselines"]) == set(MODEL_NAMES)
+    assert set(report["baselines"]) == {*MODEL_NAMES, *NGRAM_KEYS}
     assert any(str(r["key"]).startswith("respattn-evaluate-0-") for r in stream.data)
     assert client.submit(sum, [1, 2], pure=False).result() == 3
     assert len(client.scheduler_info(n_workers=-1)["workers"]) == 2
 
-    text = run("evaluate", token_fit["model_dir"], token_fit["val"], "--scheduler", address)
+    text = run("evaluate", token_fit["model_dir"], token_fit["val"], "--scheduler", address, "--baseline-order", "3")
     assert text.returncode == 0, text.stderr
     assert f"connected to the scheduler at {address}" in text.stderr
     lines = text.stdout.splitlines()
     assert lines[0] == f"{token_fit['val']}: {report['rows']:,} rows"
-    assert [line[:15].strip() for line in lines[2:7]] == ["head", *(MODEL_LABELS[name] for name in MODEL_NAMES)]
-    assert lines[7].startswith("head / Kneser-Ney perplexity: ")
+    labels = ["head", *(MODEL_LABELS[name] for name in MODEL_NAMES), "Kneser-Ney 3-gram"]
+    assert [line[:17].strip() for line in lines[2:8]] == labels
+    three = report["baselines"]["kneser_ney_3"]
+    assert lines[7].split()[2:4] == [f"{three['perplexity']:.4f}", f"{three['accuracy']:.2%}"]
+    assert lines[8].startswith("head / Kneser-Ney perplexity: ")
     assert f"baseline counts from {token_fit['train']}" in text.stdout
 
 
