@@ -45,12 +45,15 @@ def test_demo_fits_the_standard_library_and_compares_it_with_the_baselines(tmp_p
     assert report["hyperparameters"]["sigma2"] > 0
     test = report["test"]
     assert test["store"].endswith("test.zarr")
-    assert set(test["baselines"]) == {"unigram", "add_k", "jelinek_mercer", "kneser_ney"}
+    bigrams = {"unigram", "add_k", "jelinek_mercer", "kneser_ney"}
+    assert set(test["baselines"]) == bigrams | {"kneser_ney_3", "kneser_ney_4", "kneser_ney_5"}
     assert test["baseline_counts_from"]["tuned_on"].endswith("validation.zarr")
     head, baselines = test["model"]["perplexity"], {k: v["perplexity"] for k, v in test["baselines"].items()}
-    # Real text: the head is far better than a unigram, and of a good bigram's quality.
+    # Real text: the head is far better than a unigram, and of a good bigram's quality; the longer n-grams see
+    # more than the last token, and each order does better than the one below it.
     assert head < 0.6 * baselines["unigram"]
     assert head < baselines["add_k"] and head < 1.1 * baselines["kneser_ney"], (head, baselines)
+    assert baselines["kneser_ney"] > baselines["kneser_ney_3"] > baselines["kneser_ney_4"] > baselines["kneser_ney_5"]
 
     text = run(
         "demo", "--dir", str(tmp_path / "again"), "--max-tokens", "60000", "--vocab-size", "200", "--max-iter", "2"
@@ -58,6 +61,7 @@ def test_demo_fits_the_standard_library_and_compares_it_with_the_baselines(tmp_p
     assert text.returncode == 0, text.stderr
     assert "split 60,000 tokens of the Python standard library's source" in text.stderr
     assert "Kneser-Ney" in text.stdout and "head / Kneser-Ney perplexity:" in text.stdout
+    assert "Kneser-Ney 5-gram" in text.stdout and "head / Kneser-Ney 5-gram perplexity:" in text.stdout
 
 
 def test_demo_recovers_the_true_head(tmp_path):

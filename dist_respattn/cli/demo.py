@@ -220,13 +220,16 @@ def _print_demo(report: dict[str, Any]) -> None:
         test = report["test"]
         head = test["model"]
         print(f"test store {test['store']} ({test['rows']:,} windows), next-token perplexity and accuracy:")
-        print(f"  {'head':<16} {head['perplexity']:9.2f}  {head['accuracy']:7.2%}")
+        width = max(16, *(len(MODEL_LABELS.get(name, name)) for name in test["baselines"]))
+        print(f"  {'head':<{width}} {head['perplexity']:9.2f}  {head['accuracy']:7.2%}")
         for name, figures in test["baselines"].items():
             label = MODEL_LABELS.get(name, name)
-            print(f"  {label:<16} {figures['perplexity']:9.2f}  {figures['accuracy']:7.2%}")
-        kn = test["baselines"].get("kneser_ney")
-        if kn:
-            print(f"  head / Kneser-Ney perplexity: {head['perplexity'] / kn['perplexity']:.3f}")
+            print(f"  {label:<{width}} {figures['perplexity']:9.2f}  {figures['accuracy']:7.2%}")
+        for name in ("kneser_ney", "kneser_ney_5"):  # the bigram it matches, and the n-gram a user would pick
+            kn = test["baselines"].get(name)
+            if kn:
+                label = MODEL_LABELS.get(name, name)
+                print(f"  head / {label} perplexity: {head['perplexity'] / kn['perplexity']:.3f}")
         tuned = test["baseline_counts_from"].get("tuned_on")
         print(f"  (baselines counted on the train store, tuned on {tuned or 'nothing: stated defaults'})")
         return
