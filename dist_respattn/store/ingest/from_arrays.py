@@ -5,12 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import numpy as np
-
 from dist_respattn.store.attributes import attribute_ids, attribute_provenance
 from dist_respattn.store.common import WriteOptions, open_writer
 from dist_respattn.store.ingest.like import open_like
-from dist_respattn.store.ingest.tables import MAX_INFERRED_SYMBOLS
+from dist_respattn.store.ingest.tables import MAX_INFERRED_SYMBOLS, first_id_past
 from dist_respattn.store.npy import NpyRows, load_array, max_id, row_blocks
 from dist_respattn.store.schema import StoreSchema
 from dist_respattn.store.triples.reader import TripleStore
@@ -105,18 +103,13 @@ def write_arrays(
 def _inferred(values: Any, source: str, count: str) -> int:
     """S (of ``context``) or T (of ``target``) given without it: the largest id + 1 (at least 1), scanned in
     blocks. An id of :data:`MAX_INFERRED_SYMBOLS` or more is refused at its row before anything is sized by it."""
-    largest, offset = -1, 0
-    for block in row_blocks(values):
-        if block.size:
-            top = int(block.max())
-            if top >= MAX_INFERRED_SYMBOLS:
-                row = offset + int(np.argmax((block >= MAX_INFERRED_SYMBOLS).reshape(block.shape[0], -1).any(axis=1)))
-                flag = "--symbols" if count == "S" else "--targets"
-                raise ValueError(
-                    f"{source}: row {row} holds the id {top:,}, which would make {count} = {top + 1:,} (ids alone may "
-                    f"imply at most {MAX_INFERRED_SYMBOLS:,}); give {count} with {flag} {count} to allow it (ids are "
-                    "then checked against it), or fix the id"
-                )
-            largest = max(largest, top)
-        offset += block.shape[0]
+    largest, past = first_id_past(values, MAX_INFERRED_SYMBOLS)
+    if past is not None:
+        row, value = past
+        flag = "--symbols" if count == "S" else "--targets"
+        raise ValueError(
+            f"{source}: row {row} holds the id {value:,}, which would make {count} = {value + 1:,} (ids alone may "
+            f"imply at most {MAX_INFERRED_SYMBOLS:,}); give {count} with {flag} {count} to allow it (ids are then "
+            "checked against it), or fix the id"
+        )
     return max(largest + 1, 1)

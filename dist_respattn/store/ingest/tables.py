@@ -21,6 +21,7 @@ __all__ = [
     "MAX_INFERRED_SYMBOLS",
     "ONE_HOT_MAX_SYMBOLS",
     "embedding_table",
+    "first_id_past",
     "inferred_num_symbols",
     "store_table_for_append",
 ]
@@ -107,21 +108,31 @@ def _check_room_for_table(num_symbols: int, dim: int) -> None:
         )
 
 
+def first_id_past(values: Any, bound: int) -> tuple[int, tuple[int, int] | None]:
+    """Scan ``values`` (ids, one row per leading index) in blocks for the largest id: ``(largest, None)`` (-1 when
+    empty), or ``(largest so far, (row, id))`` at the first row holding an id of ``bound`` or more."""
+    largest, offset = -1, 0
+    for block in row_blocks(values):
+        if block.size:
+            top = int(block.max())
+            if top >= bound:
+                past = (block >= bound).reshape(block.shape[0], -1)
+                row = int(np.argmax(past.any(axis=1)))
+                return largest, (offset + row, int(np.asarray(block[row]).max()))
+            largest = max(largest, top)
+        offset += block.shape[0]
+    return largest, None
+
+
 def inferred_num_symbols(stream: Any, name: str) -> int:
     """S of a token stream given without it: its largest id + 1 (0 when empty), scanned in blocks. An id of
     :data:`MAX_INFERRED_SYMBOLS` or more is refused, naming its position, before anything is sized by it."""
-    largest, offset = -1, 0
-    for block in row_blocks(stream):
-        if not block.size:
-            continue
-        top = int(block.max())
-        if top >= MAX_INFERRED_SYMBOLS:
-            i = int(np.argmax(block >= MAX_INFERRED_SYMBOLS))
-            raise ValueError(
-                f"{name}[{offset + i}] = {int(block[i]):,}: a token id that would make S = {int(block[i]) + 1:,} "
-                f"symbols (ids alone may imply at most {MAX_INFERRED_SYMBOLS:,}); give S with --symbols S to allow "
-                "it (ids are then checked against it), or fix the id"
-            )
-        largest = max(largest, top)
-        offset += block.shape[0]
+    largest, past = first_id_past(stream, MAX_INFERRED_SYMBOLS)
+    if past is not None:
+        position, value = past
+        raise ValueError(
+            f"{name}[{position}] = {value:,}: a token id that would make S = {value + 1:,} "
+            f"symbols (ids alone may imply at most {MAX_INFERRED_SYMBOLS:,}); give S with --symbols S to allow "
+            "it (ids are then checked against it), or fix the id"
+        )
     return largest + 1
