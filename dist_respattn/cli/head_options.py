@@ -30,7 +30,18 @@ def _dest(option: Any) -> str:
 
 
 def add_head_options(parser: argparse.ArgumentParser, command: str) -> None:
-    """Add every kind's options that ``command`` takes, each kind's in a group titled by its summary."""
+    """Add every kind's options that ``command`` takes, each kind's in a group titled by its summary; ``fit`` also
+    takes ``--head NAME``, a kind picked by the name it registered (``HeadKind.head_name``)."""
+    if command == "fit":
+        named = sorted((kind for kind in _kinds() if kind.head_name is not None), key=lambda kind: kind.head_name)
+        parser.add_argument(
+            "--head",
+            choices=[kind.head_name for kind in named],
+            default=None,
+            help="the kind of head: "
+            + "; ".join(f"{kind.head_name}, {kind.summary}" for kind in named)
+            + " (default: single; the other kinds are picked by their own options below)",
+        )
     for kind in _kinds():
         options = [option for option in kind.options if command in option.commands]
         if not options:
