@@ -34,9 +34,10 @@ def add_head_options(parser: argparse.ArgumentParser, command: str) -> None:
     takes ``--head NAME``, a kind picked by the name it registered (``HeadKind.head_name``)."""
     if command == "fit":
         named = sorted((kind for kind in _kinds() if kind.head_name is not None), key=lambda kind: kind.head_name)
+        # Checked in spec_from_args, so that a bad name is one line (argparse's choices would print the usage too).
         parser.add_argument(
             "--head",
-            choices=[kind.head_name for kind in named],
+            metavar="{" + ",".join(str(kind.head_name) for kind in named) + "}",
             default=None,
             help="the kind of head: "
             + "; ".join(f"{kind.head_name}, {kind.summary}" for kind in named)
@@ -65,6 +66,14 @@ def spec_from_args(args: argparse.Namespace, base: Any, saved: dict[str, Any] | 
     """The head spec ``fit`` asks for: the kind whose options were given (its ``spec_from_options``), else ``base``
     (the single-hop head the other fit options describe). ``saved``: the spec JSON of a fit being resumed."""
     options = {**vars(args), **head_options(args, "fit")}
+    head = options.get("head")
+    if head is not None:
+        from dist_respattn.model.heads.base import head_names
+
+        if head not in head_names():
+            raise CommandError(
+                f"--head {head}: expected one of {', '.join(head_names())} (other kinds have their options)"
+            )
     chosen = []
     for kind in _kinds():
         if kind.spec_from_options is None:
