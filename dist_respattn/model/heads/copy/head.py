@@ -141,8 +141,10 @@ class CopyHead(Head):
     def check_rows(self, rows: WindowRows) -> None:
         rows.check(self.num_symbols, self.num_targets, self.context_length, self.query_dim)
 
-    def score(self, blocks: Iterable[Block]) -> ScoreTotals:
-        """Held-out totals of the blocks' rows: joint and predictive log-likelihoods, arg-max hits."""
+    def score(self, blocks: Iterable[Block], *, accuracy: bool = True) -> ScoreTotals:
+        """Held-out totals of the blocks' rows: joint and predictive log-likelihoods and, with ``accuracy``, the
+        arg-max hits (O(N T) a row, in NumPy: the M-step's held-out pass, which reads only the likelihoods, skips
+        them)."""
         totals = ScoreTotals()
         for block in blocks:
             rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
@@ -150,7 +152,7 @@ class CopyHead(Head):
             log_lik, target_log_prob, weight, attention = copy_score(rows, self.parameters)
             correct = 0.0
             w = block.weights_or_ones()
-            for start in range(0, rows.num_rows, _PREDICT_ROWS):
+            for start in range(0, rows.num_rows if accuracy else 0, _PREDICT_ROWS):
                 stop = min(start + _PREDICT_ROWS, rows.num_rows)
                 probs = self.window_proba(rows.select(slice(start, stop)), attention[start:stop])
                 hits = np.argmax(probs, axis=1) == np.asarray(rows.target[start:stop])

@@ -154,7 +154,7 @@ class CopyGrid(Grid):
         return self.head.columns
 
     def score(self, blocks: Iterable[Block]) -> ScoreTotals:
-        return self.head.score(blocks)
+        return self.head.score(blocks, accuracy=False)
 
     def nbytes(self) -> int:
         return self.head.nbytes()
