@@ -218,3 +218,6 @@ def test_a_copy_task_is_learned() -> None:
     mine = copy.score([Block(WindowRows.from_encoded(*test), None)]).target_log_prob / 500
     theirs = single.score([Block(EncodedRows(*test, None, 0), None)]).target_log_prob / 500
     assert np.exp(-mine) < 0.5 * np.exp(-theirs), (np.exp(-mine), np.exp(-theirs))
+    # Started from the fitted single head (fit --init-from a single fit --head copy), it learns the copies too.
+    warm = fit_em(train, CopySpec(single_spec), shape=(s, n_pos, 1, s), init=single, max_iter=5).distribution
+    assert isinstance(warm, CopyHead) and (warm.kappa + warm.rho).min() > 0.9

@@ -236,8 +236,12 @@ class CopyTrainer(Trainer):
         return False
 
     def check_start(self, head: Head, *, resumed: bool) -> None:
+        if isinstance(head, ResponsibilityAttentionDistribution) and not resumed:
+            # A fitted single head: the copy fit starts from it, every bucket's weights at the start's.
+            self.single.check_start(head, resumed=False)
+            return
         if not isinstance(head, CopyHead):
-            raise ValueError(f"a copy fit starts from a copy head, not a {head.kind} one")
+            raise ValueError(f"a copy fit starts from a copy head or a single-hop one, not a {head.kind} one")
         self.single.check_start(head.single, resumed=resumed)
 
     def start_head(self, single: ResponsibilityAttentionDistribution) -> CopyHead:
@@ -248,6 +252,10 @@ class CopyTrainer(Trainer):
     def prepare(self, start: Head | None, *, resumed: bool, passes: Passes) -> Head:
         if start is None:
             single = self.single.prepare(None, resumed=False, passes=passes)
+            assert isinstance(single, ResponsibilityAttentionDistribution)
+            return self.start_head(single)
+        if isinstance(start, ResponsibilityAttentionDistribution):  # a warm start from a single head
+            single = self.single.prepare(start, resumed=False, passes=passes)
             assert isinstance(single, ResponsibilityAttentionDistribution)
             return self.start_head(single)
         assert isinstance(start, CopyHead)
