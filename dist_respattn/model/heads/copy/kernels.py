@@ -38,7 +38,7 @@ class CopyParameters:
         key_means: (S, D) float64; ``inv_two_sigma2``: ``1 / (2 sigma2)``; ``gate_const``: ``-D/2 log(2 pi sigma2)``.
         prior: (N,) the position prior in column order (``prior[N - 1]`` the most recent); ``log_prior`` its log.
         bucket_of_recency: (N,) int64, the bucket of each recency.
-        kappa, rho: (K,) the copy and induction weights of each bucket.
+        kappa, rho: (K,) the copy and induction weights of each bucket; ``log_own``: (K,) ``log(1 - kappa - rho)``.
         log_emission_ts: (T, S) ``log B`` target-major for a dense emission, else (0, 0); a sparse one's
             ``indptr`` (T + 1,), ``symbols`` (P,), ``log_values`` (P,), ``log_backoff`` (S,), ``log_base`` (T,).
     """
@@ -51,6 +51,7 @@ class CopyParameters:
     bucket_of_recency: np.ndarray
     kappa: np.ndarray
     rho: np.ndarray
+    log_own: np.ndarray
     log_emission_ts: np.ndarray
     indptr: np.ndarray
     symbols: np.ndarray
@@ -71,18 +72,21 @@ class CopyParameters:
         else:
             sparse = (_NO_INDEX, _NO_SYMBOLS, _NO_VALUES, _NO_VALUES, _NO_VALUES)
             dense = params.log_emission_ts
+        kappa, rho = np.asarray(kappa, dtype=np.float64), np.asarray(rho, dtype=np.float64)
+        own = 1.0 - kappa - rho
+        with np.errstate(divide="ignore"):
+            log_own = np.where(own > 0.0, np.log(np.maximum(own, 0.0)), -np.inf)
         return cls(
             params.key_means, float(params.inv_two_sigma2), float(params.gate_const),
             np.asarray(single.position_prior, dtype=np.float64), np.asarray(params.log_prior, dtype=np.float64),
-            np.asarray(bucket_of_recency, dtype=np.int64), np.asarray(kappa, dtype=np.float64),
-            np.asarray(rho, dtype=np.float64), dense, *sparse,
+            np.asarray(bucket_of_recency, dtype=np.int64), kappa, rho, log_own, dense, *sparse,
         )  # fmt: skip
 
     def arrays(self) -> tuple[Any, ...]:
         """The fields in the kernels' argument order."""
         return (
             self.key_means, self.inv_two_sigma2, self.gate_const, self.prior, self.log_prior, self.bucket_of_recency,
-            self.kappa, self.rho, self.log_emission_ts, self.indptr, self.symbols, self.log_values,
+            self.kappa, self.rho, self.log_own, self.log_emission_ts, self.indptr, self.symbols, self.log_values,
             self.log_backoff, self.log_base,
         )  # fmt: skip
 
@@ -121,7 +125,7 @@ def _log_emission(t, c, log_emission_ts, indptr, symbols, log_values, log_backof
 
 @numba.njit(cache=True, nogil=True)
 def _row_terms(
-    tokens, lo, hi, t, y, key_means, inv_two_sigma2, prior, log_prior, bucket_of_recency, kappa, rho,
+    tokens, lo, hi, t, y, key_means, inv_two_sigma2, prior, log_prior, bucket_of_recency, kappa, rho, log_own,
     log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, logw, gate, own, cop, ind, pair,
 ):  # pragma: no cover - compiled  # fmt: skip
     """One window's terms, position ``j`` of ``tokens[lo:hi]`` oldest first: ``logw[j]`` the joint log-weight
@@ -150,7 +154,7 @@ def _row_terms(
         is_copy = c == t
         is_ind = x + 1 < hi and tokens[x + 1] == t
         if not is_copy and not is_ind:
-            log_e = (math.log(w_own) if w_own > 0.0 else -np.inf) + log_b
+            log_e = log_own[b] + log_b
             own[j] = 1.0
             cop[j] = 0.0
             ind[j] = 0.0
@@ -181,7 +185,7 @@ def _row_terms(
 @numba.njit(cache=True, nogil=True)
 def _estep(
     tokens, begin, end, target, query_table, query_index, weights,
-    key_means, inv_two_sigma2, gate_const, prior, log_prior, bucket_of_recency, kappa, rho,
+    key_means, inv_two_sigma2, gate_const, prior, log_prior, bucket_of_recency, kappa, rho, log_own,
     log_emission_ts, indptr, symbols, log_values, log_backoff, log_base,
     key_sum, key_mass, emission_count_ts, pair_counts, recency_mass, copy_mass, induction_mass, bucket_mass,
     scalars, impossible,
@@ -220,7 +224,7 @@ def _estep(
             yy += v * v
         m = hi - lo
         best, total = _row_terms(
-            tokens, lo, hi, t, y, key_means, inv_two_sigma2, prior, log_prior, bucket_of_recency, kappa, rho,
+            tokens, lo, hi, t, y, key_means, inv_two_sigma2, prior, log_prior, bucket_of_recency, kappa, rho, log_own,
             log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, logw, gate, own, cop, ind, pair,
         )  # fmt: skip
         if best == -np.inf:
@@ -274,7 +278,7 @@ def _estep(
 @numba.njit(cache=True, nogil=True)
 def _score(
     tokens, begin, end, target, query_table, query_index, weights,
-    key_means, inv_two_sigma2, gate_const, prior, log_prior, bucket_of_recency, kappa, rho,
+    key_means, inv_two_sigma2, gate_const, prior, log_prior, bucket_of_recency, kappa, rho, log_own,
     log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, attention,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Weighted ``(log_lik, target_log_prob, weight)`` of the rows; ``attention`` (n, N) receives each row's
@@ -303,7 +307,8 @@ def _score(
             y[d] = np.float64(query_table[q, d])
         best, _ = _row_terms(
             tokens, lo, hi, target[row], y, key_means, inv_two_sigma2, prior, log_prior, bucket_of_recency, kappa,
-            rho, log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, logw, gate, own, cop, ind, pair,
+            rho, log_own, log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, logw, gate, own, cop,
+            ind, pair,
         )  # fmt: skip
         g_best = -np.inf
         for j in range(m):
