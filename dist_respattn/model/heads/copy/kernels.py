@@ -22,7 +22,7 @@ from dist_respattn.model.kernels.log_weights import exp_shifted, squared_distanc
 from dist_respattn.model.kernels.per_position import find_pair
 from dist_respattn.model.rows import WindowRows
 
-__all__ = ["CopyArrays", "CopyParameters", "copy_estep", "copy_row_terms", "copy_score"]
+__all__ = ["CopyArrays", "CopyParameters", "copy_estep", "copy_hits_dense", "copy_row_terms", "copy_score"]
 
 _NO_VALUES = np.zeros(0)
 _NO_INDEX = np.zeros(0, dtype=np.int64)
@@ -384,3 +384,52 @@ def copy_row_terms(rows: WindowRows, context_length: int) -> tuple[np.ndarray, n
         context[r, context_length - m :] = window
         successor[r, context_length - m : context_length - 1] = window[1:]
     return context, successor
+
+
+@numba.njit(cache=True, nogil=True)
+def _hits_dense(
+    tokens, begin, end, target, weights, attention, bucket_of_recency, own, kappa, rho, probs, scratch
+):  # pragma: no cover - compiled  # fmt: skip
+    """``sum w`` over the rows whose target is the arg-max (first on ties) of ``p(. | row)``, each row's (T,)
+    distribution built in ``scratch`` in the order :meth:`CopyHead.window_proba` sums it (the own table's parts
+    column by column, then the copies, then the inductions)."""
+    n_pos = attention.shape[1]
+    n_targets = scratch.shape[0]
+    hits = 0.0
+    for row in range(target.shape[0]):
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        if w == 0.0:
+            continue
+        lo = begin[row]
+        hi = end[row]
+        m = hi - lo
+        for t in range(n_targets):
+            scratch[t] = 0.0
+        for j in range(m):
+            b = bucket_of_recency[m - 1 - j]
+            a = attention[row, n_pos - m + j] * own[b]
+            c = tokens[lo + j]
+            for t in range(n_targets):
+                scratch[t] += a * probs[c, t]
+        for j in range(m):
+            scratch[tokens[lo + j]] += attention[row, n_pos - m + j] * kappa[bucket_of_recency[m - 1 - j]]
+        for j in range(m - 1):
+            scratch[tokens[lo + j + 1]] += attention[row, n_pos - m + j] * rho[bucket_of_recency[m - 1 - j]]
+        best = 0
+        for t in range(1, n_targets):
+            if scratch[t] > scratch[best]:
+                best = t
+        if best == target[row]:
+            hits += w
+    return hits
+
+
+def copy_hits_dense(rows: WindowRows, attention: np.ndarray, params: CopyParameters, probs: np.ndarray) -> float:
+    """The weighted arg-max hits of ``rows`` (their predictive ``attention`` (n, N) from :func:`copy_score`) under a
+    dense emission ``probs`` (S, T): O(N T) a row, compiled, with O(T) scratch."""
+    own = 1.0 - params.kappa - params.rho
+    hits = _hits_dense(
+        rows.tokens, rows.begin, rows.end, rows.target, _weights(rows), attention, params.bucket_of_recency, own,
+        params.kappa, params.rho, probs, np.empty(probs.shape[1]),
+    )  # fmt: skip
+    return float(hits)
