@@ -221,3 +221,16 @@ def test_a_copy_task_is_learned() -> None:
     # Started from the fitted single head (fit --init-from a single fit --head copy), it learns the copies too.
     warm = fit_em(train, CopySpec(single_spec), shape=(s, n_pos, 1, s), init=single, max_iter=5).distribution
     assert isinstance(warm, CopyHead) and (warm.kappa + warm.rho).min() > 0.9
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_arg_max_hits_are_those_of_the_distributions(sparse: bool) -> None:
+    """``score``'s hits (compiled for a dense emission, NumPy for a sparse one) against the arg-max of each row's
+    distribution as :meth:`CopyHead.predict_proba` gives it."""
+    rng = np.random.default_rng(9)
+    head = random_copy_head((6, 5, 2, 6), 3, 10, sparse=sparse)
+    context = rng.integers(0, 3, size=(200, 5)).astype(np.int32)  # few symbols: copies and inductions are frequent
+    query, target = rng.normal(size=(200, 2)), rng.integers(0, 6, size=200).astype(np.int32)
+    hits = head.score([Block(WindowRows.from_encoded(context, query, target), None)]).correct
+    expected = float(np.sum(np.argmax(head.predict_proba(context, query), axis=1) == target))
+    assert hits == expected and 0 < hits < 200
