@@ -225,7 +225,7 @@ def test_a_copy_task_is_learned() -> None:
 
 @pytest.mark.parametrize("sparse", [False, True])
 def test_the_arg_max_hits_are_those_of_the_distributions(sparse: bool) -> None:
-    """``score``'s hits (compiled for a dense emission, NumPy for a sparse one) against the arg-max of each row's
+    """``score``'s compiled hits (either layout) against the arg-max of each row's
     distribution as :meth:`CopyHead.predict_proba` gives it."""
     rng = np.random.default_rng(9)
     head = random_copy_head((6, 5, 2, 6), 3, 10, sparse=sparse)

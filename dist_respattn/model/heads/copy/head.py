@@ -21,9 +21,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dist_respattn.model.buckets import PositionBuckets
-from dist_respattn.model.emission.layouts import DenseEmission
 from dist_respattn.model.heads.base import Block, Columns, Head
-from dist_respattn.model.heads.copy.kernels import CopyParameters, copy_hits_dense, copy_row_terms, copy_score
+from dist_respattn.model.heads.copy.kernels import CopyParameters, copy_hits, copy_row_terms, copy_score
 from dist_respattn.model.heads.single_hop.arrays import MODEL_ARRAY_NAMES
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.rows import WindowRows
@@ -144,23 +143,14 @@ class CopyHead(Head):
 
     def score(self, blocks: Iterable[Block], *, accuracy: bool = True) -> ScoreTotals:
         """Held-out totals of the blocks' rows: joint and predictive log-likelihoods and, with ``accuracy``, the
-        arg-max hits (O(N T) a row: compiled for a dense emission, in NumPy for a sparse one; the M-step's held-out
-        pass, which reads only the likelihoods, skips them)."""
+        arg-max hits (compiled, O(T) a row and more: the M-step's held-out pass, which reads only the likelihoods,
+        skips them)."""
         totals = ScoreTotals()
         for block in blocks:
             rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
             self.check_rows(rows)
             log_lik, target_log_prob, weight, attention = copy_score(rows, self.parameters)
-            correct = 0.0
-            w = block.weights_or_ones()
-            dense = isinstance(self.single.emission_table, DenseEmission)
-            if accuracy and dense:
-                correct = copy_hits_dense(rows, attention, self.parameters, self.single.emission_table.to_dense())
-            for start in range(0, rows.num_rows if accuracy and not dense else 0, _PREDICT_ROWS):
-                stop = min(start + _PREDICT_ROWS, rows.num_rows)
-                probs = self.window_proba(rows.select(slice(start, stop)), attention[start:stop])
-                hits = np.argmax(probs, axis=1) == np.asarray(rows.target[start:stop])
-                correct += float(np.sum(w[start:stop] * hits))
+            correct = copy_hits(rows, attention, self.parameters, self.single.emission_table) if accuracy else 0.0
             totals = totals + ScoreTotals(weight, log_lik, target_log_prob, correct)
         return totals
 

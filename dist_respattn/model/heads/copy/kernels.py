@@ -22,7 +22,7 @@ from dist_respattn.model.kernels.log_weights import exp_shifted, squared_distanc
 from dist_respattn.model.kernels.per_position import find_pair
 from dist_respattn.model.rows import WindowRows
 
-__all__ = ["CopyArrays", "CopyParameters", "copy_estep", "copy_hits_dense", "copy_row_terms", "copy_score"]
+__all__ = ["CopyArrays", "CopyParameters", "copy_estep", "copy_hits", "copy_hits_dense", "copy_row_terms", "copy_score"]
 
 _NO_VALUES = np.zeros(0)
 _NO_INDEX = np.zeros(0, dtype=np.int64)
@@ -431,5 +431,62 @@ def copy_hits_dense(rows: WindowRows, attention: np.ndarray, params: CopyParamet
     hits = _hits_dense(
         rows.tokens, rows.begin, rows.end, rows.target, _weights(rows), attention, params.bucket_of_recency, own,
         params.kappa, params.rho, probs, np.empty(probs.shape[1]),
+    )  # fmt: skip
+    return float(hits)
+
+
+@numba.njit(cache=True, nogil=True)
+def _hits_sparse(
+    tokens, begin, end, target, weights, attention, bucket_of_recency, own, kappa, rho, backoff, base, indptr,
+    targets, excess, scratch,
+):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`_hits_dense` under a sparse emission: each row's backoff part ``(sum_i a_i backoff[c_i]) base``, then
+    each position's stored pairs (``excess`` over the backoff), the copies and the inductions, in the order
+    ``SparseEmission.predictive`` and :meth:`CopyHead.window_proba` sum them."""
+    n_pos = attention.shape[1]
+    n_targets = scratch.shape[0]
+    hits = 0.0
+    for row in range(target.shape[0]):
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        if w == 0.0:
+            continue
+        lo = begin[row]
+        hi = end[row]
+        m = hi - lo
+        scale = 0.0
+        for j in range(m):
+            scale += attention[row, n_pos - m + j] * own[bucket_of_recency[m - 1 - j]] * backoff[tokens[lo + j]]
+        for t in range(n_targets):
+            scratch[t] = scale * base[t]
+        for j in range(m):
+            a = attention[row, n_pos - m + j] * own[bucket_of_recency[m - 1 - j]]
+            c = tokens[lo + j]
+            for p in range(indptr[c], indptr[c + 1]):
+                scratch[targets[p]] += a * excess[p]
+        for j in range(m):
+            scratch[tokens[lo + j]] += attention[row, n_pos - m + j] * kappa[bucket_of_recency[m - 1 - j]]
+        for j in range(m - 1):
+            scratch[tokens[lo + j + 1]] += attention[row, n_pos - m + j] * rho[bucket_of_recency[m - 1 - j]]
+        best = 0
+        for t in range(1, n_targets):
+            if scratch[t] > scratch[best]:
+                best = t
+        if best == target[row]:
+            hits += w
+    return hits
+
+
+def copy_hits(rows: WindowRows, attention: np.ndarray, params: CopyParameters, emission: Any) -> float:
+    """The weighted arg-max hits (first on ties) of ``rows`` (their predictive ``attention`` (n, N) from
+    :func:`copy_score`) under ``emission`` of either layout: compiled, O(T) scratch and O(N T) (dense) or
+    O(T + the window symbols' stored pairs) (sparse) a row."""
+    if not isinstance(emission, SparseEmission):
+        return copy_hits_dense(rows, attention, params, emission.to_dense())
+    own = 1.0 - params.kappa - params.rho
+    indptr, targets, excess = emission.symbol_rows
+    hits = _hits_sparse(
+        rows.tokens, rows.begin, rows.end, rows.target, _weights(rows), attention, params.bucket_of_recency, own,
+        params.kappa, params.rho, emission.backoff, emission.base, indptr, targets, excess,
+        np.empty(emission.num_targets),
     )  # fmt: skip
     return float(hits)
