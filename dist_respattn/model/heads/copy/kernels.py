@@ -20,6 +20,7 @@ from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.kernels.log_weights import exp_shifted, squared_distance
 from dist_respattn.model.kernels.per_position import find_pair
+from dist_respattn.model.kernels.prefetch import prefetch_item
 from dist_respattn.model.rows import WindowRows
 
 __all__ = ["CopyArrays", "CopyParameters", "copy_estep", "copy_hits", "copy_hits_dense", "copy_row_terms", "copy_score"]
@@ -28,6 +29,7 @@ _NO_VALUES = np.zeros(0)
 _NO_INDEX = np.zeros(0, dtype=np.int64)
 _NO_SYMBOLS = np.zeros(0, dtype=np.int32)
 _NO_TABLE = np.zeros((0, 0))
+_PREFETCH_ROWS = 8  # how many rows ahead the E-step prefetches a dense emission's cells
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ def _row_terms(
     shares of ``E_j(t)`` of its own table, copy and induction terms (``own``, ``cop``, ``ind``), ``pair[j]`` a
     sparse emission's pair (-1 off the support or dense). Returns ``(max logw, A)``."""
     n_pos = prior.shape[0]
+    dense = indptr.shape[0] == 0
     m = hi - lo
     total = 0.0
     for r in range(m):
@@ -146,8 +149,12 @@ def _row_terms(
         col = n_pos - 1 - r
         c = tokens[x]
         b = bucket_of_recency[r]
-        log_b, p = _log_emission(t, c, log_emission_ts, indptr, symbols, log_values, log_backoff, log_base)
-        pair[j] = p
+        # The dense lookup written out here: a call passing the sparse layout's arrays cost more than it.
+        if dense:
+            log_b = log_emission_ts[t, c]
+            pair[j] = -1
+        else:
+            log_b, pair[j] = _log_emission(t, c, log_emission_ts, indptr, symbols, log_values, log_backoff, log_base)
         k = kappa[b]
         h = rho[b]
         w_own = 1.0 - k - h
@@ -209,7 +216,16 @@ def _estep(
     query_sq = 0.0
     n_obs = 0.0
     log_lik = 0.0
-    for row in range(target.shape[0]):
+    n_rows = target.shape[0]
+    for row in range(n_rows):
+        ahead = row + _PREFETCH_ROWS
+        if not sparse and ahead < n_rows:
+            # The emission cells a later row reads and updates, scattered over (T, S) tables larger than cache:
+            # their misses then overlap with this row's work (as in the single head's per-position kernel).
+            t_ahead = target[ahead]
+            for x in range(begin[ahead], end[ahead]):
+                prefetch_item(log_emission_ts, t_ahead, tokens[x])
+                prefetch_item(emission_count_ts, t_ahead, tokens[x])
         w = 1.0 if weights.shape[0] == 0 else weights[row]
         if w == 0.0:
             continue
