@@ -1,6 +1,6 @@
 """Smoke runs of the benchmarks (bench_kernel.py, bench_store.py, bench_fit.py, bench_quality.py,
-bench_long_context.py, bench_scale.py, bench_top_k.py) as real subprocesses: their figures exist, and their
-memory stays flat."""
+bench_long_context.py, bench_scale.py, bench_top_k.py, bench_copy.py) as real subprocesses: their figures exist,
+and their memory stays flat."""
 
 from __future__ import annotations
 
@@ -731,3 +731,21 @@ def test_top_k_smoke_run_reports_every_figure():
         assert figures["same_targets"] is True, k
         for name in ("before_rows_per_s", "after_rows_per_s", "ratio"):
             assert_positive_finite(figures[name], f"K = {k}: {name}")
+
+
+COPY_SCRIPT = SCRIPT.parent / "bench_copy.py"
+
+
+@pytest.mark.slow
+def test_copy_smoke_run_reports_every_figure():
+    """bench_copy.py on a small shape: both kernels' rows/s and their ratio."""
+    completed = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", str(COPY_SCRIPT), "--json", "--rows", "5000",
+         "--symbols", "100", "--repeats", "1"],
+        capture_output=True, text=True, timeout=180, cwd=COPY_SCRIPT.parents[1], check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    report = json.loads(completed.stdout)
+    assert report["rows"] == 5000 and report["shape"] == {"S": 100, "N": 8, "D": 32, "T": 100}
+    for name in ("single_rows_per_second", "copy_rows_per_second", "copy_over_single"):
+        assert_positive_finite(report[name], name)

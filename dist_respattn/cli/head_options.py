@@ -30,7 +30,19 @@ def _dest(option: Any) -> str:
 
 
 def add_head_options(parser: argparse.ArgumentParser, command: str) -> None:
-    """Add every kind's options that ``command`` takes, each kind's in a group titled by its summary."""
+    """Add every kind's options that ``command`` takes, each kind's in a group titled by its summary; ``fit`` also
+    takes ``--head NAME``, a kind picked by the name it registered (``HeadKind.head_name``)."""
+    if command == "fit":
+        named = sorted((kind for kind in _kinds() if kind.head_name is not None), key=lambda kind: kind.head_name)
+        # Checked in spec_from_args, so that a bad name is one line (argparse's choices would print the usage too).
+        parser.add_argument(
+            "--head",
+            metavar="{" + ",".join(str(kind.head_name) for kind in named) + "}",
+            default=None,
+            help="the kind of head: "
+            + "; ".join(f"{kind.head_name}, {kind.summary}" for kind in named)
+            + " (default: single; the other kinds are picked by their own options below)",
+        )
     for kind in _kinds():
         options = [option for option in kind.options if command in option.commands]
         if not options:
@@ -54,6 +66,14 @@ def spec_from_args(args: argparse.Namespace, base: Any, saved: dict[str, Any] | 
     """The head spec ``fit`` asks for: the kind whose options were given (its ``spec_from_options``), else ``base``
     (the single-hop head the other fit options describe). ``saved``: the spec JSON of a fit being resumed."""
     options = {**vars(args), **head_options(args, "fit")}
+    head = options.get("head")
+    if head is not None:
+        from dist_respattn.model.heads.base import head_names
+
+        if head not in head_names():
+            raise CommandError(
+                f"--head {head}: expected one of {', '.join(head_names())} (other kinds have their options)"
+            )
     chosen = []
     for kind in _kinds():
         if kind.spec_from_options is None:

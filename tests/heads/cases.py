@@ -254,3 +254,84 @@ def _mixture_sparse() -> tuple[HeadSpec, KindData, TrainerContext]:
 
 
 CASES.append(KindCase("mixture-sparse", _mixture_sparse, mixture_ml, mixture_reference, mixture_tables))
+
+
+# ----------------------------------------------------------------------------------------------- copy
+
+
+def copy_reference(head: Head, context: np.ndarray, query: np.ndarray, attribute: Any = None) -> np.ndarray:
+    """(n, T) ``sum_i a_i [(1 - k_b - r_b) B[c_i, :] + k_b 1(c_i) + r_b 1(c_{i+1})]`` with the single head's ``a``
+    (:func:`single_hop_reference`'s gate), the most recent position having no successor, in plain numpy."""
+    from dist_respattn.model.heads.copy import CopyHead
+
+    assert isinstance(head, CopyHead)
+    single = head.single
+    distance = ((query[:, None, :] - single.key_means[context]) ** 2).sum(axis=2)
+    with np.errstate(divide="ignore"):
+        log_a = np.log(single.position_prior)[None, :] - distance / (2.0 * single.sigma2)
+    a = np.exp(log_a - log_a.max(axis=1, keepdims=True))
+    a /= a.sum(axis=1, keepdims=True)
+    bucket = head.buckets.bucket_of_position  # (N,) the bucket of each column
+    kappa, rho = head.kappa[bucket], head.rho[bucket]
+    out = np.einsum("ni,nit->nt", a * (1.0 - kappa - rho), single.emission_table.to_dense()[context])
+    n, n_pos = context.shape
+    for row in range(n):
+        for i in range(n_pos):
+            out[row, context[row, i]] += a[row, i] * kappa[i]
+            if i + 1 < n_pos:
+                out[row, context[row, i + 1]] += a[row, i] * rho[i]
+    return out
+
+
+def copy_tables(head: Head) -> dict[str, np.ndarray]:
+    """The single head's tables and, per bucket, the shares (own table, copy, induction)."""
+    from dist_respattn.model.heads.copy import CopyHead
+
+    assert isinstance(head, CopyHead)
+    shares = np.stack([1.0 - head.kappa - head.rho, head.kappa, head.rho], axis=1)
+    return {**single_hop_tables(head.single), "copy_shares": shares}
+
+
+def copy_ml(spec: HeadSpec) -> HeadSpec:
+    """Maximum likelihood: the single head's (:func:`single_hop_ml`); the copy weights have no prior."""
+    from dist_respattn.model.heads.copy import CopySpec
+
+    assert isinstance(spec, CopySpec)
+    single = single_hop_ml(spec.single)
+    assert isinstance(single, SingleHopSpec)
+    return CopySpec(single, spec.init_copy)
+
+
+def copy_data(n: int, shape: tuple[int, int, int, int], seed: int) -> KindData:
+    """``n`` rows of a token stream of short phrases, one of them recurring (so tokens and their successors repeat
+    within windows), with random float32 queries."""
+    rng = np.random.default_rng(seed)
+    s, n_pos, d, _ = shape
+    phrase = rng.integers(0, s, size=5)
+    stream = np.concatenate([phrase if rng.random() < 0.5 else rng.integers(0, s, size=5) for _ in range(n)])
+    context = np.lib.stride_tricks.sliding_window_view(stream[:-1], n_pos)[:n]
+    query = rng.normal(size=(n, d)).astype(np.float32).astype(np.float64)
+    return KindData(np.ascontiguousarray(context, dtype=np.int32), query, stream[n_pos : n_pos + n].astype(np.int32))
+
+
+def _copy_free_dense() -> tuple[HeadSpec, KindData, TrainerContext]:
+    from dist_respattn.model.heads.copy import CopySpec
+
+    shape = (10, 5, 2, 10)
+    single = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense")
+    return CopySpec(single), copy_data(600, shape, seed=17), TrainerContext(shape)
+
+
+CASES.append(KindCase("copy-free-dense", _copy_free_dense, copy_ml, copy_reference, copy_tables))
+
+
+def _copy_tied_sparse() -> tuple[HeadSpec, KindData, TrainerContext]:
+    from dist_respattn.model.heads.copy import CopySpec
+
+    shape = (12, 6, 2, 12)
+    single = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="sparse",
+                           position_buckets=3)  # fmt: skip
+    return CopySpec(single), copy_data(600, shape, seed=19), TrainerContext(shape)
+
+
+CASES.append(KindCase("copy-tied-sparse", _copy_tied_sparse, copy_ml, copy_reference, copy_tables))

@@ -48,6 +48,7 @@ __all__ = [
     "combine",
     "head_from_arrays",
     "head_kind",
+    "head_names",
     "kind_names",
     "register_kind",
     "spec_from_json",
@@ -577,6 +578,8 @@ class HeadKind:
             kind's options were given (``None`` otherwise): ``options`` maps ``dest`` names to parsed values,
             ``base`` is the single-hop spec the other fit options describe, ``saved`` the JSON of the spec a
             resumed fit recorded (or ``None``). A ``ValueError`` names the flag at fault.
+        head_name: the name ``fit --head NAME`` picks this kind by (``None``: the kind is picked by its own
+            options only); ``spec_from_options`` then sees ``options["head"] == NAME``.
     """
 
     name: str
@@ -585,6 +588,7 @@ class HeadKind:
     summary: str = ""
     options: tuple[Option, ...] = ()
     spec_from_options: Callable[[dict[str, Any], HeadSpec, dict[str, Any] | None], HeadSpec | None] | None = None
+    head_name: str | None = None
 
     def spec_from_json(self, data: dict[str, Any]) -> HeadSpec:
         """The spec :meth:`HeadSpec.to_json` wrote."""
@@ -600,6 +604,7 @@ _BUILT_IN = (
     "dist_respattn.model.heads.single_hop",
     "dist_respattn.model.heads.gated",
     "dist_respattn.model.heads.mixture",
+    "dist_respattn.model.heads.copy",
 )
 
 T = TypeVar("T", bound=Head)
@@ -637,6 +642,12 @@ def kind_names() -> list[str]:
     """The names of every registered kind, sorted."""
     _load_built_in()
     return sorted(_KINDS)
+
+
+def head_names() -> list[str]:
+    """The names ``fit --head`` takes, sorted: those the registered kinds give (:attr:`HeadKind.head_name`)."""
+    _load_built_in()
+    return sorted(kind.head_name for kind in _KINDS.values() if kind.head_name is not None)
 
 
 def spec_from_json(data: dict[str, Any]) -> HeadSpec:

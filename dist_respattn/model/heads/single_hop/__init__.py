@@ -15,5 +15,6 @@ KIND = register_kind(
         ResponsibilityAttentionDistribution,
         SingleHopSpec,
         summary="one attention head over the context positions (the default)",
+        head_name="single",
     )
 )
