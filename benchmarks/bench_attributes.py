@@ -140,7 +140,7 @@ SMOKE = {
     "repeats": 1,
     "min_seconds": 0.0,
     "partition_rows": 8192,
-    "fold_in_iterations": 5,
+    "fold_in_iterations": 2,
 }
 
 BIN = Path(sys.executable).parent
