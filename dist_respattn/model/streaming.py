@@ -16,7 +16,7 @@ boundary next: bounded by the window, never by the history.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numba
@@ -29,6 +29,7 @@ from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAtte
 __all__ = [
     "Predictor",
     "RankedPredictions",
+    "WindowPredictions",
     "checked_tables",
     "draw_token",
     "generate",
@@ -90,6 +91,38 @@ class RankedPredictions:
             raise ValueError("no words were given: make the predictor with words=... (the store's vocabulary)")
         targets, probs = self.top_k(k, query)
         return [(self.words[int(t)], float(p)) for t, p in zip(targets, probs, strict=True)]
+
+
+class WindowPredictions(RankedPredictions):
+    """A streaming predictor whose state is the history's last N token ids (the kinds whose prediction reads the
+    window's tokens themselves: a mixture, a copy head). A subclass defines ``predict`` from ``self.window``.
+
+    Args:
+        model: the head (its ``context_length`` N, ``num_symbols`` S and ``num_targets`` T).
+        embeddings: (S, D) the query table, or ``None``; ``words``: (T,) names for :meth:`top_words` (both checked
+            by :func:`checked_tables`).
+    """
+
+    def __init__(self, model: Any, embeddings: np.ndarray | None = None, *, words: Sequence[str] | None = None):
+        self.model = model
+        self.embeddings, self.words = checked_tables(model, embeddings, words)
+        self.window: deque[int] = deque(maxlen=model.context_length)  # the last N tokens, oldest first
+
+    def push(self, token: int) -> None:
+        """Add the next token of the history (an id in [0, S))."""
+        s = int(token)
+        if not 0 <= s < self.model.num_symbols:
+            raise ValueError(f"token {token!r}: expected a symbol id in [0, {self.model.num_symbols})")
+        self.window.append(s)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        for token in np.asarray(tokens).reshape(-1):
+            self.push(int(token))
+
+    @property
+    def state_size(self) -> int:
+        """Token ids held: the window's (at most N), whatever the history's length."""
+        return len(self.window)
 
 
 class Predictor(RankedPredictions):

@@ -14,7 +14,6 @@ proportion to their terms, so the M-step stays closed form.
 from __future__ import annotations
 
 import functools
-from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
@@ -27,7 +26,7 @@ from dist_respattn.model.heads.single_hop.arrays import MODEL_ARRAY_NAMES
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.rows import WindowRows
 from dist_respattn.model.scores import ScoreTotals, TopK
-from dist_respattn.model.streaming import RankedPredictions, checked_tables
+from dist_respattn.model.streaming import WindowPredictions
 
 __all__ = ["CopyHead", "CopyPredictor", "copy_buckets"]
 
@@ -213,7 +212,7 @@ class CopyHead(Head):
         return CopyPredictor(self, query_table, words=words)
 
 
-class CopyPredictor(RankedPredictions):
+class CopyPredictor(WindowPredictions):
     """p(next token | history) of a :class:`CopyHead` for one history; its state is the last N token ids (the
     copy and induction terms read the window's tokens themselves, so no bucket histogram can stand for it).
 
@@ -223,25 +222,7 @@ class CopyPredictor(RankedPredictions):
     """
 
     def __init__(self, model: CopyHead, embeddings: np.ndarray | None = None, *, words: Sequence[str] | None = None):
-        self.model = model
-        self.embeddings, self.words = checked_tables(model, embeddings, words)
-        self.window: deque[int] = deque(maxlen=model.context_length)
-
-    def push(self, token: int) -> None:
-        """Add the next token of the history (an id in [0, S))."""
-        s = int(token)
-        if not 0 <= s < self.model.num_symbols:
-            raise ValueError(f"token {token!r}: expected a symbol id in [0, {self.model.num_symbols})")
-        self.window.append(s)
-
-    def extend(self, tokens: Iterable[int]) -> None:
-        for token in np.asarray(tokens).reshape(-1):
-            self.push(int(token))
-
-    @property
-    def state_size(self) -> int:
-        """Token ids held: the window's (at most N), whatever the history's length."""
-        return len(self.window)
+        super().__init__(model, embeddings, words=words)
 
     def predict(self, query: Any = None) -> np.ndarray:
         """(T,) ``p(next target | history)`` (for ``query``, default: the last token's embedding)."""

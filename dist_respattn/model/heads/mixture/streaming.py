@@ -8,13 +8,12 @@ reads a document's first rows, and as :class:`~dist_respattn.model.streaming.Pre
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dist_respattn.model.streaming import RankedPredictions, checked_tables
+from dist_respattn.model.streaming import WindowPredictions
 
 if TYPE_CHECKING:
     from dist_respattn.model.heads.mixture.head import MixtureHead
@@ -22,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["MixturePredictor"]
 
 
-class MixturePredictor(RankedPredictions):
+class MixturePredictor(WindowPredictions):
     """p(next token | history) of a :class:`~dist_respattn.model.heads.mixture.head.MixtureHead` for one history.
 
     Args:
@@ -38,27 +37,9 @@ class MixturePredictor(RankedPredictions):
     def __init__(
         self, model: MixtureHead, embeddings: np.ndarray | None = None, *, words: Sequence[str] | None = None
     ) -> None:
-        self.model = model
-        self.embeddings, self.words = checked_tables(model, embeddings, words)
-        self.window: deque[int] = deque(maxlen=model.context_length)  # the last N tokens, oldest first
+        super().__init__(model, embeddings, words=words)
         with np.errstate(divide="ignore"):
             self.log_gate = np.log(model.gate)
-
-    def push(self, token: int) -> None:
-        """Add the next token of the history (an id in [0, S))."""
-        s = int(token)
-        if not 0 <= s < self.model.num_symbols:
-            raise ValueError(f"token {token!r}: expected a symbol id in [0, {self.model.num_symbols})")
-        self.window.append(s)
-
-    def extend(self, tokens: Iterable[int]) -> None:
-        for token in np.asarray(tokens).reshape(-1):
-            self.push(int(token))
-
-    @property
-    def state_size(self) -> int:
-        """Token ids held: the window's (at most N), whatever the history's length."""
-        return len(self.window)
 
     def _query(self, query: Any) -> np.ndarray:
         if not self.window:
