@@ -528,13 +528,18 @@ def _check_recorded(
 
 
 def _check_columns(train: RowStore, spec: HeadSpec) -> None:
-    """Raise :class:`FitError` naming the ingest options when the store lacks a column a fit of ``spec`` reads."""
+    """Raise :class:`FitError` naming the ingest options when the store lacks a column a fit of ``spec`` reads, or
+    naming the setting when the store's attributes make it meaningless (:meth:`HeadSpec.check_attributes`)."""
     wanted = spec.columns
     if wanted.attributes and not getattr(train, "attribute_names", None):
         raise FitError(
             f"the store {train.location} has no attribute per row; a {spec.kind} head needs one: ingest it with "
             "--attribute-by {file,directory} (text) or --attributes A.npy (tokens, arrays)"
         )
+    try:
+        spec.check_attributes(tuple(getattr(train, "attribute_names", None) or ()) or None)
+    except ValueError as error:
+        raise FitError(f"{train.location}: {error}") from None
 
 
 def _stage_dir(model_dir: str | os.PathLike[str], stage: Stage) -> str:

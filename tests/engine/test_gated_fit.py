@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from dist_respattn.model.fitting.em import fit_em
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.gated.head import GatedHead
 from dist_respattn.model.heads.gated.kind import GatedSpec
+from dist_respattn.store import WriteOptions, write_arrays
 from dist_respattn.store.predictions import target_words
 from tests.engine.clusters import local_cluster
 from tests.stdlib_packages import PACKAGES, package_corpus
@@ -251,24 +251,39 @@ def test_the_commands_end_to_end(stores, tmp_path):
     assert resumed["shared"]["heldout_perplexity"] == report["shared"]["heldout_perplexity"]
 
 
-def test_tables_the_workers_cannot_hold_are_refused_before_the_first_e_step(stores, cluster, tmp_path):
+def test_tables_the_workers_cannot_hold_are_refused_before_the_first_e_step(cluster, tmp_path):
     from dist_respattn.engine.memory import InsufficientMemoryError
 
-    train, _ = stores
     _, client = cluster
-    spec = _gated(2000, max_iter=1)
+    # 2,000 attributes, so that 2,000 factor tables are a meaningful request (more than A are refused up front).
+    rng = np.random.default_rng(0)
+    rows, attributes = 6_000, 2_000
+    store = write_arrays(
+        tmp_path / "many.zarr", rng.integers(0, 300, (rows, 4)), rng.normal(size=(rows, 2)),
+        rng.integers(0, 300, rows), num_symbols=300, num_targets=300, attributes=np.arange(rows) % attributes,
+        options=WriteOptions(partition_rows=2_000, chunk_rows=1_000),
+    )  # fmt: skip
+    spec = _gated(attributes, max_iter=1)
     # The shared stage on the ordinary cluster; the gated stage on workers of 400 MiB.
-    fit(train, model_dir=tmp_path / "big" / "shared", settings=SHARED, head=spec.shared, client=client)
+    fit(store, model_dir=tmp_path / "big" / "shared", settings=SHARED, head=spec.shared, client=client)
     with local_cluster(1, memory_limit="400MiB") as (_, small):
         with pytest.raises(
             InsufficientMemoryError, match=r"attribute-gated emission tables, 2000 tables.*--attribute-factors"
         ):
-            fit(train, model_dir=tmp_path / "big", settings=SHARED, head=spec, client=small, resume=True)
-        assert not (tmp_path / "big" / "latest.json").exists()  # nothing was written
-        # Tables no machine could allocate are refused by the plan too, before they are made (numpy's bare
-        # "Unable to allocate" otherwise), on the same shared stage.
-        shutil.copytree(tmp_path / "big" / "shared", tmp_path / "huge" / "shared")
-        with pytest.raises(InsufficientMemoryError, match=r"10000000 tables.*--attribute-factors"):
-            fit(train, model_dir=tmp_path / "huge", settings=SHARED, head=_gated(10**7, max_iter=1), client=small,
-                resume=True)  # fmt: skip
-    assert not (tmp_path / "huge" / "latest.json").exists()
+            fit(store, model_dir=tmp_path / "big", settings=SHARED, head=spec, client=small, resume=True)
+    assert not (tmp_path / "big" / "latest.json").exists()  # nothing was written
+
+
+def test_more_factor_tables_than_attributes_are_refused_before_the_shared_stage(stores, tmp_path):
+    """F = A already lets each attribute have its own table: F > A is refused before any stage runs or any
+    directory is written (numpy's "Unable to allocate 65.8 GiB" for F = 100,000 once, after the shared fit)."""
+    train, _ = stores
+    model = tmp_path / "huge"
+    done = _cli("fit", train, "--model-dir", str(model), "--attribute-factors", "100000", "--workers", "1")
+    assert done.returncode == 2, done.stderr
+    message = done.stderr.strip()
+    assert message.count("\n") == 0 and message.startswith("dist-respattn fit: error:"), message
+    assert f"--attribute-factors 100000 with {len(PACKAGES)} attributes" in message
+    assert f"use --attribute-factors {len(PACKAGES)} or fewer" in message
+    assert "started a local cluster" not in done.stderr  # refused before any cluster started
+    assert not model.exists()

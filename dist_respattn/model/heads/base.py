@@ -528,6 +528,10 @@ class HeadSpec(abc.ABC):
         its stages runs (nothing beyond the rows by default)."""
         return Columns()
 
+    def check_attributes(self, attribute_names: tuple[str, ...] | None) -> None:  # noqa: B027 - any store's fine
+        """Raise ``ValueError`` when a fit of this spec cannot run on a store with these attributes (a setting the
+        store's attributes make meaningless, say), checked with :attr:`columns` before any of its stages runs."""
+
     def stages(self) -> list[Stage]:
         """The fits this spec is made of, in order (one, itself, by default)."""
         return [Stage(self)]

@@ -165,6 +165,21 @@ class GatedSpec(HeadSpec):
         own = " beside each attribute's own" if self.own_emission else ""
         return f"F = {self.attribute_factors} shared factors{own}"
 
+    def check_attributes(self, attribute_names: tuple[str, ...] | None) -> None:
+        """Refuse more factor tables than the store has attributes, before the shared stage runs.
+
+        With F = A factors each attribute can already have a table of its own, so tables beyond A add no capacity,
+        only memory (F tables over the support; F = 100,000 asked for 65.8 GiB): refused whatever the workers
+        hold, with the largest F that means something.
+        """
+        num_attributes = len(attribute_names or ())
+        if num_attributes and self.attribute_factors > num_attributes:
+            raise ValueError(
+                f"--attribute-factors {self.attribute_factors} with {num_attributes} attributes: more factor tables "
+                f"than attributes add nothing (with F = {num_attributes} each attribute can have a table of its "
+                f"own); use --attribute-factors {num_attributes} or fewer, or 0 for one emission per attribute"
+            )
+
     def notes(self, attribute_names: tuple[str, ...] | None) -> list[str]:
         """:meth:`advice` for the store's attributes, when there is any."""
         advice = self.advice(len(attribute_names or ()))
@@ -573,6 +588,7 @@ class GatedTrainer(Trainer):
                 "the store has no attribute per row; an attribute-gated head needs one: ingest it with "
                 "--attribute-by {file,directory} (text) or --attributes A.npy (tokens, arrays)"
             )
+        spec.check_attributes(tuple(names))
         self.spec, self.shape, self.names = spec, shape, tuple(names)
         self.shared, self.strength, self.base = shared, strength, base
         #: The factors' prior centre (the shared emission on the fit's support), once the support is known.
