@@ -52,6 +52,7 @@ __all__ = [
     "kind_names",
     "register_kind",
     "spec_from_json",
+    "sum_into_copy",
 ]
 
 
@@ -134,6 +135,27 @@ class Statistics(Protocol):
     def n_obs(self) -> float: ...
 
     def __add__(self, other: Any) -> Any: ...
+
+
+class AddsInPlace(Protocol):
+    """A value whose ``add(other)`` returns the sum in this value's own arrays (the caller owns them: a value from
+    ``copy()``), so a long sum costs one copy, not one per addition."""
+
+    def copy(self) -> Any: ...
+
+    def add(self, other: Any) -> Any: ...
+
+
+ValueT = TypeVar("ValueT", bound=AddsInPlace)
+
+
+def sum_into_copy(values: Sequence[ValueT]) -> ValueT:
+    """The sum of ``values``, added left to right into one copy of the first: the ``sum_of`` of a kind's
+    statistics whose ``add`` works in place (:class:`AddsInPlace`)."""
+    total = values[0].copy()
+    for value in values[1:]:
+        total = total.add(value)
+    return total
 
 
 def combine(values: Sequence[Any]) -> Any:

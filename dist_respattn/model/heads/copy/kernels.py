@@ -190,6 +190,16 @@ def _row_terms(
 
 
 @numba.njit(cache=True, nogil=True)
+def _row_scratch(n_pos, dim):  # pragma: no cover - compiled
+    """One row's scratch, reused row after row: per position the log weight, the gate, the responsibility, the
+    exponent bits, the own/copy/induction shares and the sparse pair index (all (N,)); and the query (D,)."""
+    return (
+        np.empty(n_pos), np.empty(n_pos), np.empty(n_pos), np.empty(n_pos, dtype=np.int64), np.empty(n_pos),
+        np.empty(n_pos), np.empty(n_pos), np.empty(n_pos, dtype=np.int64), np.empty(dim),
+    )  # fmt: skip
+
+
+@numba.njit(cache=True, nogil=True)
 def _estep(
     tokens, begin, end, target, query_table, query_index, weights,
     key_means, inv_two_sigma2, gate_const, prior, log_prior, bucket_of_recency, kappa, rho, log_own,
@@ -202,15 +212,7 @@ def _estep(
     n_pos = prior.shape[0]
     dim = key_means.shape[1]
     sparse = indptr.shape[0] > 0
-    logw = np.empty(n_pos)
-    gate = np.empty(n_pos)
-    resp = np.empty(n_pos)
-    bits = np.empty(n_pos, dtype=np.int64)
-    own = np.empty(n_pos)
-    cop = np.empty(n_pos)
-    ind = np.empty(n_pos)
-    pair = np.empty(n_pos, dtype=np.int64)
-    y = np.empty(dim)
+    logw, gate, resp, bits, own, cop, ind, pair, y = _row_scratch(n_pos, dim)
     n_impossible = 0
     n_outside = 0
     query_sq = 0.0
@@ -301,15 +303,7 @@ def _score(
     predictive attention in column order (zero on masked columns)."""
     n_pos = prior.shape[0]
     dim = key_means.shape[1]
-    logw = np.empty(n_pos)
-    gate = np.empty(n_pos)
-    resp = np.empty(n_pos)
-    bits = np.empty(n_pos, dtype=np.int64)
-    own = np.empty(n_pos)
-    cop = np.empty(n_pos)
-    ind = np.empty(n_pos)
-    pair = np.empty(n_pos, dtype=np.int64)
-    y = np.empty(dim)
+    logw, gate, resp, bits, own, cop, ind, pair, y = _row_scratch(n_pos, dim)
     log_lik = 0.0
     target_log_prob = 0.0
     weight = 0.0

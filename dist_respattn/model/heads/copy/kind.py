@@ -25,6 +25,7 @@ from dist_respattn.model.heads.base import (
     Passes,
     Trainer,
     TrainerContext,
+    sum_into_copy,
 )
 from dist_respattn.model.heads.copy.head import CopyHead, copy_buckets
 from dist_respattn.model.heads.copy.kernels import CopyArrays, copy_estep
@@ -124,10 +125,8 @@ class CopyStatistics:
 
     @classmethod
     def sum_of(cls, values: list[CopyStatistics]) -> CopyStatistics:
-        total = values[0].copy()
-        for value in values[1:]:
-            total = total.add(value)
-        return total
+        """The sum of ``values``, added left to right into one copy of the first (the combine tree's sum)."""
+        return sum_into_copy(values)
 
 
 @dataclass(frozen=True)

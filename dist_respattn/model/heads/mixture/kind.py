@@ -33,6 +33,7 @@ from dist_respattn.model.heads.base import (
     Passes,
     Trainer,
     TrainerContext,
+    sum_into_copy,
 )
 from dist_respattn.model.heads.mixture.head import MixtureHead
 from dist_respattn.model.heads.single_hop.accumulator import (
@@ -178,10 +179,7 @@ class MixtureStatistics:
     @classmethod
     def sum_of(cls, values: list[MixtureStatistics]) -> MixtureStatistics:
         """The sum of ``values``, added left to right into one copy of the first (the combine tree's sum)."""
-        total = values[0].copy()
-        for value in values[1:]:
-            total = total.add(value)
-        return total
+        return sum_into_copy(values)
 
 
 # --------------------------------------------------------------------------------------------- partition maps

@@ -22,6 +22,7 @@ from dist_respattn.model.emission.layouts import (
     SparseEmissionCounts,
 )
 from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder
+from dist_respattn.model.heads.base import sum_into_copy
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.kernels import histogram, per_position
 from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys, tally_rows
@@ -99,10 +100,7 @@ class SufficientStatistics(NamedTuple):
     @classmethod
     def sum_of(cls, values: list[SufficientStatistics]) -> SufficientStatistics:
         """The sum of ``values``, added left to right into one copy of the first (the combine tree's sum)."""
-        total = values[0].copy()
-        for value in values[1:]:
-            total = total.add(value)
-        return total
+        return sum_into_copy(values)
 
     def __add__(self, other: object) -> SufficientStatistics:
         """``self + other`` as a new value (neither changes)."""
