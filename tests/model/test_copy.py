@@ -12,12 +12,15 @@ from hypothesis import strategies as st
 
 from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission.layouts import PairSupport, SparseEmission
+from dist_respattn.model.emission.prior import EmissionPrior
 from dist_respattn.model.fitting.em import fit_em
+from dist_respattn.model.fitting.selection import FLAT_GATE_SCALE, HyperparameterSearch
 from dist_respattn.model.heads.base import Block
 from dist_respattn.model.heads.copy import CopyHead, CopySpec
-from dist_respattn.model.heads.copy.kind import copy_statistics
+from dist_respattn.model.heads.copy.kind import CopyCandidates, copy_statistics
 from dist_respattn.model.heads.single_hop.accumulator import ResponsibilityAttentionAccumulator
-from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
+from dist_respattn.model.heads.single_hop.estimator import ResponsibilityAttentionEstimator
+from dist_respattn.model.heads.single_hop.kind import SingleHopCandidates, SingleHopSpec
 from dist_respattn.model.heads.single_hop.sampler import random_distribution
 from dist_respattn.model.rows import EncodedRows, WindowRows
 
@@ -234,3 +237,41 @@ def test_the_arg_max_hits_are_those_of_the_distributions(sparse: bool) -> None:
     hits = head.score([Block(WindowRows.from_encoded(context, query, target), None)]).correct
     expected = float(np.sum(np.argmax(head.predict_proba(context, query), axis=1) == target))
     assert hits == expected and 0 < hits < 200
+
+
+#: A small grid: every point is also scored as a head of its own below.
+SMALL_SEARCH = HyperparameterSearch((1.0, 8.0, FLAT_GATE_SCALE), (0.1, 3.0), (0.0, 1.0))
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**16), n_pos=st.integers(1, 6), tied=st.booleans(), sparse=st.booleans())
+def test_the_held_out_grid_scores_each_candidate_as_the_copy_head_it_makes(
+    seed: int, n_pos: int, tied: bool, sparse: bool
+) -> None:
+    """Every point of a copy M-step's grid (gate variance x emission strengths) equals the held-out score of the
+    copy head that point makes, on windows with repeats, short windows at document starts and weighted rows."""
+    rng = np.random.default_rng(seed)
+    shape = (9, n_pos, 2, 9)
+    buckets = min(2, n_pos) if tied and n_pos > 1 else None
+    head = random_copy_head(shape, buckets, seed, sparse=sparse)
+    query_table = rng.normal(size=(9, 2))
+    tokens, starts = corpus(rng, 60, 3, 3)
+    train = windows_of(tokens, starts, n_pos, query_table)
+    heldout = windows_of(*corpus(rng, 40, 3, 2), n_pos, query_table)
+    heldout = heldout._replace(weight=rng.uniform(0.0, 2.0, size=heldout.num_rows))
+    statistics = copy_statistics(head, [Block(train, None)])
+    estimator = ResponsibilityAttentionEstimator(
+        *shape, emission_prior=EmissionPrior.uniform(9, 9), search=SMALL_SEARCH, buckets=head.single.buckets
+    )
+    single = SingleHopCandidates(estimator.candidates(statistics.stats, previous=head.single), SMALL_SEARCH)
+    candidates = CopyCandidates(single, head.kappa, head.rho, head.buckets.bucket_of_recency)
+    grid = candidates.grid(None)
+    totals = grid.score([Block(heldout, None)])
+    assert totals.target_log_prob.size == 12
+    for index in itertools.product(*(range(g) for g in grid.table.shape)):
+        scored = candidates.model(grid.table.hyperparameters(index)).score([Block(heldout, None)], accuracy=False)
+        assert totals.weight == pytest.approx(scored.weight, rel=1e-12)
+        assert totals.target_log_prob[index] == pytest.approx(scored.target_log_prob, rel=1e-11, abs=1e-11), index
+        assert totals.log_lik[index] == pytest.approx(scored.log_lik, rel=1e-11, abs=1e-11), index
+    choice, heldout_metrics = candidates.choose(grid, totals)
+    assert heldout_metrics is not None and choice == grid.table.hyperparameters(totals.best())

@@ -317,7 +317,14 @@ def grid_row(
     positions (or a histogram row's terms): their log prior, squared distance to the query, count with the
     target, row total and type count; ``base_t`` is the target's backoff. ``emis`` (G2*G3, N) and ``gate`` (N,)
     are scratch."""
-    n_sigma = inv_two_sigma2.shape[0]
+    map_emissions(n, count, total, typ, base_t, emission_strengths, type_strengths, emis)
+    grid_points(w, n, log_prior, dist, inv_two_sigma2, gate_const, emis, gate, out_pred, out_joint)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def map_emissions(n, count, total, typ, base_t, emission_strengths, type_strengths, emis):  # pragma: no cover
+    """``emis[k, i]``: position ``i``'s MAP emission of the target at strength pair ``k`` (G2*G3 of them, emission
+    strength major), ``(count + a base_t) / (total + a)`` with ``a = e + t typ``, for the first ``n`` positions."""
     n_type = type_strengths.shape[0]
     for h in range(emission_strengths.shape[0]):
         for b in range(n_type):
@@ -326,6 +333,13 @@ def grid_row(
                 a = emission_strengths[h] + type_strengths[b] * typ[i]
                 den = total[i] + a
                 emis[k, i] = (count[i] + a * base_t) / den if den > 0.0 else base_t
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def grid_points(w, n, log_prior, dist, inv_two_sigma2, gate_const, emis, gate, out_pred, out_joint):  # pragma: no cover
+    """Add one row into ``out_*`` (G1, G2*G3) from its first ``n`` positions' log prior, squared distance and
+    emission of the target at every strength pair (``emis`` (G2*G3, N)): one softmax per gate variance."""
+    n_sigma = inv_two_sigma2.shape[0]
     for g in range(n_sigma):
         best = -np.inf
         for i in range(n):

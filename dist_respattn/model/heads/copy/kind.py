@@ -1,13 +1,14 @@
-"""The copy head as a kind of the head protocol: its spec, additive statistics, trainer and (one-point) M-step.
+"""The copy head as a kind of the head protocol: its spec, additive statistics, trainer and M-step candidates.
 
 The E-step is the copy kernel's (:mod:`dist_respattn.model.heads.copy.kernels`); the M-step is the single-hop
 M-step of the "own table" share of the responsibilities (its keys, prior and MAP emission unchanged) and, per recency
-bucket, ``kappa_b = copy mass / responsibility`` and ``rho_b = induction mass / responsibility``.
+bucket, ``kappa_b = copy mass / responsibility`` and ``rho_b = induction mass / responsibility``. What the single-hop
+M-step leaves open (the gate variance, the emission prior's strengths) is chosen on held-out rows as the single head
+chooses it, each candidate scored with the copy terms (:mod:`dist_respattn.model.heads.copy.grid`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -15,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dist_respattn.model.emission.layouts import DenseEmissionCounts, SparseEmission, SparseEmissionCounts
+from dist_respattn.model.fitting.selection import GridTable, GridTotals, Hyperparameters
 from dist_respattn.model.heads.base import (
     Block,
     Candidates,
@@ -27,46 +29,30 @@ from dist_respattn.model.heads.base import (
     TrainerContext,
     sum_into_copy,
 )
+from dist_respattn.model.heads.copy.grid import copy_grid
 from dist_respattn.model.heads.copy.head import CopyHead, copy_buckets
 from dist_respattn.model.heads.copy.kernels import CopyArrays, copy_estep
 from dist_respattn.model.heads.single_hop.accumulator import SufficientStatistics
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.heads.single_hop.kind import SingleHopSpec, SingleHopTrainer
+from dist_respattn.model.heads.single_hop.kind import SingleHopCandidates, SingleHopSpec, SingleHopTrainer
 from dist_respattn.model.kernels.per_position import StatisticArrays
 from dist_respattn.model.memory import MemoryEstimate
-from dist_respattn.model.scores import ScoreTotals
 
 __all__ = [
     "CopyCandidates",
-    "CopyChoice",
     "CopyGrid",
     "CopySpec",
     "CopyStatistics",
     "CopyTrainer",
     "copy_statistics",
-    "fixed_single",
 ]
-
-
-def fixed_single(spec: SingleHopSpec) -> SingleHopSpec:
-    """The single-hop settings with every open choice fixed at its value (1 when not given, no type strength for
-    a uniform prior): the copy kind chooses nothing on held-out rows (a later step)."""
-    no_types = spec.emission_prior == "uniform"
-    return dataclasses.replace(
-        spec,
-        sigma2=1.0 if spec.sigma2 is None and not spec.estimate_sigma2 else spec.sigma2,
-        emission_strength=spec.emission_strength if spec.emission_strength is not None or spec.legacy_emission else 1.0,
-        type_strength=spec.type_strength
-        if spec.type_strength is not None or spec.legacy_emission
-        else (0.0 if no_types else 1.0),
-    )
 
 
 @dataclass(frozen=True)
 class CopySpec(HeadSpec):
-    """The settings of a copy fit: the single-hop head's (``single``; its open choices fixed, see
-    :func:`fixed_single`) and the copy and induction weights every bucket starts from (``init_copy`` each; 0 would
-    keep them 0 for good, EM never leaving a zero weight)."""
+    """The settings of a copy fit: the single-hop head's (``single``; what it leaves open is chosen on held-out rows
+    as a single-hop fit chooses it) and the copy and induction weights every bucket starts from (``init_copy`` each;
+    0 would keep them 0 for good, EM never leaving a zero weight)."""
 
     kind: ClassVar[str] = "copy"
 
@@ -85,8 +71,7 @@ class CopySpec(HeadSpec):
         return cls(SingleHopSpec.from_json(dict(data["single"])), float(data.get("init_copy", 0.1)))
 
     def trainer(self, context: TrainerContext) -> CopyTrainer:
-        single = fixed_single(self.single).trainer(context)
-        return CopyTrainer(single, self.init_copy)
+        return CopyTrainer(self.single.trainer(context), self.init_copy)
 
 
 @dataclass(frozen=True)
@@ -130,60 +115,58 @@ class CopyStatistics:
 
 
 @dataclass(frozen=True)
-class CopyChoice:
-    """A copy M-step's (fixed) hyperparameters: the single head's gate variance."""
-
-    sigma2: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {"sigma2": float(self.sigma2)}
-
-    def describe(self) -> str:
-        return f"sigma2 {self.sigma2:.3g} (fixed)"
-
-
-@dataclass(frozen=True)
 class CopyGrid(Grid):
-    """The held-out pass of a copy M-step: one point, the new head, scored (early stopping and the fit page)."""
+    """The held-out pass of a copy M-step: the single-hop candidates' grid, each point scored as the copy head it
+    makes with the M-step's copy and induction weights (:func:`~dist_respattn.model.heads.copy.grid.copy_grid`)."""
 
-    head: CopyHead
+    table: GridTable
+    bucket_of_recency: np.ndarray
+    kappa: np.ndarray
+    rho: np.ndarray
 
     @property
     def columns(self) -> Columns:
-        return self.head.columns
+        return Columns(windows=True)
 
-    def score(self, blocks: Iterable[Block]) -> ScoreTotals:
-        return self.head.score(blocks, accuracy=False)
+    def score(self, blocks: Iterable[Block]) -> GridTotals:
+        totals = GridTotals.zeros(self.table.shape)
+        for block in blocks:
+            rows = _weighted(block.rows, block.weights)
+            totals = totals + copy_grid(self.table, rows, self.bucket_of_recency, self.kappa, self.rho)
+        return totals
 
     def nbytes(self) -> int:
-        return self.head.nbytes()
+        """Its counts (the M-step's, either layout) dominate."""
+        return int(self.table.counts.nbytes)
 
 
 @dataclass(frozen=True)
 class CopyCandidates(Candidates):
-    """A copy M-step: one head, its hyperparameters fixed by the single-hop settings."""
+    """A copy M-step: the single-hop M-step's candidates (one head per gate variance and emission strengths), each
+    with the copy and induction weights ``kappa``, ``rho`` (K,) that the statistics alone fix, tied over the
+    buckets ``bucket_of_recency`` (N,) gives."""
 
-    head: CopyHead
+    single: SingleHopCandidates
+    kappa: np.ndarray
+    rho: np.ndarray
+    bucket_of_recency: np.ndarray
 
-    def default(self) -> CopyChoice:
-        return CopyChoice(self.head.single.sigma2)
+    def default(self) -> Hyperparameters:
+        return self.single.default()
 
     def grid(self, around: Any) -> CopyGrid:
-        return CopyGrid(self.head)
+        return CopyGrid(self.single.grid(around).table, self.bucket_of_recency, self.kappa, self.rho)
 
-    def choose(self, grid: Grid, scores: Any) -> tuple[CopyChoice, dict[str, float] | None]:
-        if scores is None or scores.weight <= 0.0:
-            return self.default(), None
-        metrics = scores.metrics()
-        return self.default(), {
-            name: metrics[name] for name in ("mean_log_likelihood", "target_log_prob", "perplexity")
-        }
+    def choose(self, grid: Grid, scores: Any) -> tuple[Hyperparameters, dict[str, float] | None]:
+        assert isinstance(grid, CopyGrid)
+        selection = self.single.candidates.select(grid.table, scores)
+        return selection.hyperparameters, selection.heldout
 
     def model(self, choice: Any) -> CopyHead:
-        return self.head
+        return CopyHead(self.single.model(choice), self.kappa, self.rho)
 
     def searches(self) -> bool:
-        return False
+        return self.single.searches()
 
 
 def _weighted(rows: Any, weights: np.ndarray | None) -> Any:
@@ -232,7 +215,7 @@ class CopyTrainer(Trainer):
         return self.single.shape
 
     def searches(self) -> bool:
-        return False
+        return self.single.searches()
 
     def check_start(self, head: Head, *, resumed: bool) -> None:
         if isinstance(head, ResponsibilityAttentionDistribution) and not resumed:
@@ -270,7 +253,6 @@ class CopyTrainer(Trainer):
     def m_step(self, statistics: Any, previous: Head | None) -> CopyCandidates:
         assert isinstance(statistics, CopyStatistics) and isinstance(previous, CopyHead)
         candidates = self.single.m_step(statistics.stats, previous.single)
-        single = candidates.model(candidates.default())
         mass = statistics.bucket_mass
         seen = mass > 0.0
         # A bucket no responsibility reached keeps its weights (nothing says otherwise).
@@ -278,12 +260,18 @@ class CopyTrainer(Trainer):
         rho = np.where(seen, statistics.induction_mass / np.where(seen, mass, 1.0), previous.rho)
         # Each share is at most the responsibility it came from; rounding may leave kappa + rho a hair above 1.
         over = np.maximum(kappa + rho, 1.0)
-        return CopyCandidates(CopyHead(single, kappa / over, rho / over))
+        return CopyCandidates(candidates, kappa / over, rho / over, previous.buckets.bucket_of_recency)
 
     def warnings(self, head: Head, statistics: Any = None) -> list[str]:
         assert isinstance(head, CopyHead)
         stats = statistics.stats if isinstance(statistics, CopyStatistics) else None
         return self.single.warnings(head.single, stats)
+
+    def choice_from_json(self, data: dict[str, Any]) -> Hyperparameters | None:
+        # A checkpoint of a fit that chose nothing records the gate variance alone: nothing to centre a search on.
+        if not data or "emission_strength" not in data:
+            return None
+        return self.single.choice_from_json(data)
 
     def checkpoint_extras(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         return self.single.checkpoint_extras()

@@ -1,0 +1,123 @@
+"""The copy head's held-out grid: every (gate variance, emission strengths) candidate of a single-hop M-step scored
+with the copy terms, in one pass over token windows.
+
+A copy M-step leaves open what a single-hop one does (the gate variance and the emission prior's strengths); its
+copy and induction weights follow from the statistics alone. So the candidates are the single head's grid
+(:class:`~dist_respattn.model.fitting.selection.GridTable`), each scored as the copy head it makes: position ``i``
+of bucket ``b`` emits ``(1 - kappa_b - rho_b) B_k[c_i, t] + kappa_b [t = c_i] + rho_b [t = c_{i+1}]`` with ``B_k``
+the MAP emission at strength pair ``k``, the same expression :mod:`~dist_respattn.model.heads.copy.kernels`
+scores with.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numba
+import numpy as np
+
+from dist_respattn.model.emission.layouts import DenseEmissionCounts, SparseEmissionCounts
+from dist_respattn.model.fitting.selection import GridTable, GridTotals, grid_points, map_emissions
+from dist_respattn.model.kernels.log_weights import squared_distance
+from dist_respattn.model.kernels.per_position import find_pair
+from dist_respattn.model.rows import WindowRows
+
+__all__ = ["copy_grid"]
+
+_NO_TABLE = np.zeros((0, 0))
+_NO_INDEX = np.zeros(0, dtype=np.int64)
+_NO_SYMBOLS = np.zeros(0, dtype=np.int32)
+_NO_VALUES = np.zeros(0)
+
+
+@numba.njit(cache=True, nogil=True)
+def _copy_grid_numba(
+    tokens, begin, end, target, query_table, query_index, weights,
+    key_means, log_prior, bucket_of_recency, kappa, rho, emission_count_ts, indptr, symbols, pair_counts, row_totals,
+    base, types, inv_two_sigma2, gate_const, emission_strengths, type_strengths, direct_row, direct_slots,
+    out_pred, out_joint,
+):  # pragma: no cover - compiled  # fmt: skip
+    """Every grid point's predictive and joint log-likelihood of the rows into ``out_*`` (G1, G2*G3); returns the
+    weight. A short window renormalizes its prior over the positions it has, as the copy E-step does."""
+    n_pos = log_prior.shape[0]
+    n_emis = emission_strengths.shape[0] * type_strengths.shape[0]
+    row_prior = np.empty(n_pos)
+    dist = np.empty(n_pos)
+    count = np.empty(n_pos)
+    total = np.empty(n_pos)
+    typ = np.empty(n_pos)
+    own = np.empty(n_pos)
+    extra = np.empty(n_pos)
+    emis = np.empty((n_emis, n_pos))
+    gate = np.empty(n_pos)
+    y = np.empty(key_means.shape[1])
+    weight = 0.0
+    sparse = indptr.shape[0] > 0
+    for row in range(target.shape[0]):
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        if w == 0.0:
+            continue
+        q = query_index[row]
+        for d in range(y.shape[0]):
+            y[d] = np.float64(query_table[q, d])
+        t = target[row]
+        lo = begin[row]
+        hi = end[row]
+        m = hi - lo
+        mass = 0.0
+        for r in range(m):
+            mass += math.exp(log_prior[n_pos - 1 - r])
+        log_mass = 0.0 if m == n_pos else (math.log(mass) if mass > 0.0 else 0.0)
+        for j in range(m):
+            x = lo + j
+            r = hi - 1 - x
+            c = tokens[x]
+            b = bucket_of_recency[r]
+            row_prior[j] = log_prior[n_pos - 1 - r] - log_mass
+            dist[j] = squared_distance(y, key_means, c)
+            if sparse:
+                direct = direct_row[t]
+                p = direct_slots[direct, c] if direct >= 0 else find_pair(indptr, symbols, t, c)
+                count[j] = pair_counts[p] if p >= 0 else 0.0
+            else:
+                count[j] = emission_count_ts[t, c]
+            total[j] = row_totals[c]
+            typ[j] = types[c]
+            own[j] = 1.0 - kappa[b] - rho[b]
+            extra[j] = (kappa[b] if c == t else 0.0) + (rho[b] if x + 1 < hi and tokens[x + 1] == t else 0.0)
+        map_emissions(m, count, total, typ, base[t], emission_strengths, type_strengths, emis)
+        for k in range(n_emis):
+            for j in range(m):
+                emis[k, j] = own[j] * emis[k, j] + extra[j]
+        grid_points(w, m, row_prior, dist, inv_two_sigma2, gate_const, emis, gate, out_pred, out_joint)
+        weight += w
+    return weight
+
+
+def copy_grid(table: GridTable, rows: WindowRows, bucket_of_recency: np.ndarray, kappa: Any, rho: Any) -> GridTotals:
+    """Held-out totals of window ``rows`` at every point of a single-hop grid ``table``, each point's head carrying
+    the copy weights ``kappa``, ``rho`` (K,) of the buckets ``bucket_of_recency`` (N,) maps recencies to."""
+    counts = table.counts
+    rows.check(counts.num_symbols, counts.num_targets, table.log_prior.shape[0], table.key_means.shape[1])
+    if isinstance(counts, SparseEmissionCounts):
+        support = counts.support
+        assert support is not None, "a grid table's sparse counts carry their support"
+        dense_ts, indptr, symbols, pair_counts = _NO_TABLE, support.indptr, support.symbols, counts.counts
+    else:
+        assert isinstance(counts, DenseEmissionCounts)
+        dense_ts, indptr, symbols, pair_counts = counts.count_ts, _NO_INDEX, _NO_SYMBOLS, _NO_VALUES
+    g1, g2, g3 = table.shape
+    pred = np.zeros((g1, g2 * g3))
+    joint = np.zeros((g1, g2 * g3))
+    dim = table.key_means.shape[1]
+    weights = _NO_VALUES if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
+    weight = _copy_grid_numba(
+        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, weights,
+        table.key_means, np.asarray(table.log_prior, dtype=np.float64), np.asarray(bucket_of_recency, dtype=np.int64),
+        np.asarray(kappa, dtype=np.float64), np.asarray(rho, dtype=np.float64), dense_ts, indptr, symbols,
+        pair_counts, table.row_totals, table.base, table.types, 0.5 / table.sigma2,
+        -0.5 * dim * np.log(2.0 * np.pi * table.sigma2), table.emission_strengths, table.type_strengths,
+        *table.direct_pair_rows, pred, joint,
+    )  # fmt: skip
+    return GridTotals(float(weight), pred.reshape(g1, g2, g3), joint.reshape(g1, g2, g3))
