@@ -209,6 +209,131 @@ def _flush_pending(k, hist, share, pending, bucket_mass):  # pragma: no cover - 
 
 
 @numba.njit(cache=True, nogil=True)
+def slide_terms(
+    tokens, lo, hi, prev_lo, prev_hi, n_active, n_free, bucket_of_recency, starts, share, slot, bucket_mass,
+    term_of, hist, count, prior, log_prior_of, inv_prior, pending, active, where, free, dirty, is_dirty,
+    ev_x, ev_from, ev_to,
+):  # pragma: no cover - compiled  # fmt: skip
+    """Bring a window's terms from the row ``[prev_lo, prev_hi)`` to the row ``[lo, hi)``; returns the new
+    ``(n_active, n_free)``.
+
+    From one row to the next of a document, the new token enters bucket 0, the oldest token of each bucket moves
+    to the next one and the window's oldest leaves: K + 1 count updates. Any other step (a new document, a skipped
+    row) rebuilds the terms from the window. A changed term's pending responsibility is first added to
+    ``bucket_mass`` (``share_b h_b pending``, :func:`_flush_pending`); its prior ``sum_b share_b h_b(s)``, its log
+    and its inverse are then recomputed from its integer counts, so they never depend on the path that led there.
+
+    The state (made by :func:`terms_state`, slots 0..N-1, at most N distinct symbols): ``term_of`` each slot's
+    symbol, ``hist`` (N, K) its counts per bucket, ``count`` in all, ``prior``/``log_prior_of``/``inv_prior``,
+    ``pending`` (see :func:`_flush_pending`); ``active[:n_active]`` the used slots and ``where`` each one's index
+    there; ``free[:n_free]`` the free ones; ``dirty``/``is_dirty`` the slots a step changed; ``ev_*`` a step's
+    changes (the token at ``ev_x`` moves from bucket ``ev_from``, -1 entering, to ``ev_to``, -1 leaving). ``slot``
+    (S,) maps a symbol in the window to its slot (-1 otherwise).
+    """
+    n_pos = bucket_of_recency.shape[0]
+    n_buckets = share.shape[0]
+    n_ev = 0
+    # The next row of a document: a short window grows by its new token, a full one also drops its oldest.
+    # Any other pair of spans (another document, a skipped row, windows given otherwise) rebuilds.
+    prev_m = prev_hi - prev_lo
+    if hi == prev_hi + 1 and ((lo == prev_lo and prev_m < n_pos) or (lo == prev_lo + 1 and prev_m == n_pos)):
+        for b in range(n_buckets - 1, -1, -1):
+            x = prev_hi - starts[b + 1]  # the oldest token of bucket b (its recency becomes starts[b + 1])
+            if x >= prev_lo:
+                ev_x[n_ev] = x
+                ev_from[n_ev] = b
+                ev_to[n_ev] = b + 1 if b + 1 < n_buckets else -1
+                n_ev += 1
+        ev_x[n_ev] = prev_hi
+        ev_from[n_ev] = -1
+        ev_to[n_ev] = 0
+        n_ev += 1
+    else:
+        for j in range(n_active):
+            k = active[j]
+            _flush_pending(k, hist, share, pending, bucket_mass)
+            slot[term_of[k]] = -1
+            free[n_pos - 1 - j] = k
+        n_active = 0
+        n_free = n_pos
+        for x in range(lo, hi):
+            ev_x[n_ev] = x
+            ev_from[n_ev] = -1
+            ev_to[n_ev] = bucket_of_recency[hi - 1 - x]
+            n_ev += 1
+    n_dirty = 0
+    for e in range(n_ev):
+        s = tokens[ev_x[e]]
+        k = slot[s]
+        b_from = ev_from[e]
+        b_to = ev_to[e]
+        if k < 0:  # a symbol new to the window takes a free slot
+            n_free -= 1
+            k = free[n_free]
+            slot[s] = k
+            term_of[k] = s
+            for b in range(n_buckets):
+                hist[k, b] = 0
+            count[k] = 0
+            where[k] = n_active
+            active[n_active] = k
+            n_active += 1
+            pending[k] = 0.0
+        else:
+            _flush_pending(k, hist, share, pending, bucket_mass)
+        if b_from >= 0:
+            hist[k, b_from] -= 1
+        if b_to >= 0:
+            hist[k, b_to] += 1
+        if b_from < 0:
+            count[k] += 1
+        elif b_to < 0:
+            count[k] -= 1
+        if count[k] == 0:  # it left the window: free its slot
+            slot[s] = -1
+            j = where[k]
+            n_active -= 1
+            last_k = active[n_active]
+            active[j] = last_k
+            where[last_k] = j
+            free[n_free] = k
+            n_free += 1
+            is_dirty[k] = False
+            continue
+        if not is_dirty[k]:
+            is_dirty[k] = True
+            dirty[n_dirty] = k
+            n_dirty += 1
+    for j in range(n_dirty):
+        k = dirty[j]
+        if not is_dirty[k]:
+            continue  # left the window after it changed
+        is_dirty[k] = False
+        mass = 0.0
+        for b in range(n_buckets):
+            h = hist[k, b]
+            if h > 0:
+                mass += share[b] * h
+        prior[k] = mass
+        log_prior_of[k] = math.log(mass) if mass > 0.0 else -np.inf
+        inv_prior[k] = 1.0 / mass if mass > 0.0 else 0.0
+    return n_active, n_free
+
+
+@numba.njit(cache=True, nogil=True)
+def terms_state(n_pos, n_buckets):  # pragma: no cover - compiled
+    """The empty state of a window's terms for :func:`slide_terms`: ``(term_of, hist, count, prior, log_prior_of,
+    inv_prior, pending, active, where, free, dirty, is_dirty, ev_x, ev_from, ev_to)`` (every slot free)."""
+    return (
+        np.empty(n_pos, dtype=np.int64), np.zeros((n_pos, n_buckets), dtype=np.int64), np.zeros(n_pos, dtype=np.int64),
+        np.zeros(n_pos), np.zeros(n_pos), np.zeros(n_pos), np.zeros(n_pos), np.empty(n_pos, dtype=np.int64),
+        np.empty(n_pos, dtype=np.int64), np.arange(n_pos - 1, -1, -1).astype(np.int64),
+        np.empty(n_pos + n_buckets + 2, dtype=np.int64), np.zeros(n_pos, dtype=np.bool_),
+        np.empty(n_pos + 1, dtype=np.int64), np.empty(n_pos + 1, dtype=np.int64), np.empty(n_pos + 1, dtype=np.int64),
+    )  # fmt: skip
+
+
+@numba.njit(cache=True, nogil=True)
 def _estep_windows_numba(
     tokens, begin, end, target, query_table, query_index, weights,
     key_means, inv_two_sigma2, gate_const, bucket_of_recency, sizes, share,
@@ -219,11 +344,8 @@ def _estep_windows_numba(
     sparse kernel does (rows the model cannot explain, the first written to ``impossible``; rows with a pair
     off the support, counted and skipped).
 
-    The window's histograms slide: from one row to the next of a document, the new token enters bucket 0, the
-    oldest token of each bucket moves to the next one and the window's oldest leaves, K + 1 count updates; any
-    other step (a new document, a skipped row) rebuilds them from the window. A term's prior ``sum_b share_b
-    h_b(s)`` and its log are recomputed from its integer counts when they change, so they never depend on the
-    path that led to them. ``slot`` (S,) int64 is all -1 on entry and on return.
+    The window's histograms slide from row to row (:func:`slide_terms`). ``slot`` (S,) int64 is all -1 on entry
+    and on return.
     """
     n_pos = bucket_of_recency.shape[0]
     n_buckets = sizes.shape[0]
@@ -232,26 +354,12 @@ def _estep_windows_numba(
     starts = np.zeros(n_buckets + 1, dtype=np.int64)
     for b in range(n_buckets):
         starts[b + 1] = starts[b] + sizes[b]
-    # The terms of the current window, in slots 0..N-1 (at most N distinct symbols): their symbol, counts per
-    # bucket and in all, prior, its log and inverse; ``active`` lists the used slots.
-    term_of = np.empty(n_pos, dtype=np.int64)
-    hist = np.zeros((n_pos, n_buckets), dtype=np.int64)
-    count = np.zeros(n_pos, dtype=np.int64)
-    prior = np.zeros(n_pos)
-    log_prior_of = np.zeros(n_pos)
-    inv_prior = np.zeros(n_pos)
-    # A term's responsibility over its prior, summed over the rows since its counts last changed: its bucket masses
-    # are ``share_b h_b pending``, added when the counts change (K + 2 terms a row) instead of every row.
-    pending = np.zeros(n_pos)
-    active = np.empty(n_pos, dtype=np.int64)
-    where = np.empty(n_pos, dtype=np.int64)
-    free = np.arange(n_pos - 1, -1, -1).astype(np.int64)
-    dirty = np.empty(n_pos + n_buckets + 2, dtype=np.int64)
-    is_dirty = np.zeros(n_pos, dtype=np.bool_)
-    # One change of the window: the token at position ev_x moves from bucket ev_from (-1: enters) to ev_to (-1: leaves).
-    ev_x = np.empty(n_pos + 1, dtype=np.int64)
-    ev_from = np.empty(n_pos + 1, dtype=np.int64)
-    ev_to = np.empty(n_pos + 1, dtype=np.int64)
+    # The terms of the current window (see slide_terms). A term's pending responsibility over its prior, summed over
+    # the rows since its counts last changed, gives its bucket masses ``share_b h_b pending`` when the counts change
+    # (K + 2 terms a row) instead of every row.
+    state = terms_state(n_pos, n_buckets)
+    term_of, hist, count, prior, log_prior_of, inv_prior, pending, active, where, free, dirty, is_dirty = state[:12]
+    ev_x, ev_from, ev_to = state[12:]
     n_active = 0
     n_free = n_pos
     prev_lo = -1
@@ -277,92 +385,11 @@ def _estep_windows_numba(
         lo = begin[row]
         hi = end[row]
         t = target[row]
-        # ------------------------------------------------ the window's changes since the previous row
-        n_ev = 0
-        # The next row of a document: a short window grows by its new token, a full one also drops its oldest.
-        # Any other pair of spans (another document, a skipped row, windows given otherwise) rebuilds.
-        prev_m = prev_hi - prev_lo
-        if hi == prev_hi + 1 and ((lo == prev_lo and prev_m < n_pos) or (lo == prev_lo + 1 and prev_m == n_pos)):
-            for b in range(n_buckets - 1, -1, -1):
-                x = prev_hi - starts[b + 1]  # the oldest token of bucket b (its recency becomes starts[b + 1])
-                if x >= prev_lo:
-                    ev_x[n_ev] = x
-                    ev_from[n_ev] = b
-                    ev_to[n_ev] = b + 1 if b + 1 < n_buckets else -1
-                    n_ev += 1
-            ev_x[n_ev] = prev_hi
-            ev_from[n_ev] = -1
-            ev_to[n_ev] = 0
-            n_ev += 1
-        else:
-            for j in range(n_active):
-                k = active[j]
-                _flush_pending(k, hist, share, pending, bucket_mass)
-                slot[term_of[k]] = -1
-                free[n_pos - 1 - j] = k
-            n_active = 0
-            n_free = n_pos
-            for x in range(lo, hi):
-                ev_x[n_ev] = x
-                ev_from[n_ev] = -1
-                ev_to[n_ev] = bucket_of_recency[hi - 1 - x]
-                n_ev += 1
-        n_dirty = 0
-        for e in range(n_ev):
-            s = tokens[ev_x[e]]
-            k = slot[s]
-            b_from = ev_from[e]
-            b_to = ev_to[e]
-            if k < 0:  # a symbol new to the window takes a free slot
-                n_free -= 1
-                k = free[n_free]
-                slot[s] = k
-                term_of[k] = s
-                for b in range(n_buckets):
-                    hist[k, b] = 0
-                count[k] = 0
-                where[k] = n_active
-                active[n_active] = k
-                n_active += 1
-                pending[k] = 0.0
-            else:
-                _flush_pending(k, hist, share, pending, bucket_mass)
-            if b_from >= 0:
-                hist[k, b_from] -= 1
-            if b_to >= 0:
-                hist[k, b_to] += 1
-            if b_from < 0:
-                count[k] += 1
-            elif b_to < 0:
-                count[k] -= 1
-            if count[k] == 0:  # it left the window: free its slot
-                slot[s] = -1
-                j = where[k]
-                n_active -= 1
-                last_k = active[n_active]
-                active[j] = last_k
-                where[last_k] = j
-                free[n_free] = k
-                n_free += 1
-                is_dirty[k] = False
-                continue
-            if not is_dirty[k]:
-                is_dirty[k] = True
-                dirty[n_dirty] = k
-                n_dirty += 1
-        for j in range(n_dirty):
-            k = dirty[j]
-            if not is_dirty[k]:
-                continue  # left the window after it changed
-            is_dirty[k] = False
-            mass = 0.0
-            for b in range(n_buckets):
-                h = hist[k, b]
-                if h > 0:
-                    mass += share[b] * h
-            prior[k] = mass
-            log_prior_of[k] = math.log(mass) if mass > 0.0 else -np.inf
-            inv_prior[k] = 1.0 / mass if mass > 0.0 else 0.0
+        n_active, n_free = slide_terms(
+            tokens, lo, hi, prev_lo, prev_hi, n_active, n_free, bucket_of_recency, starts, share, slot, bucket_mass,
+            term_of, hist, count, prior, log_prior_of, inv_prior, pending, active, where, free, dirty, is_dirty,
+            ev_x, ev_from, ev_to,
+        )  # fmt: skip
         prev_lo = lo
         prev_hi = hi
         # ------------------------------------------------ the row's log-weights, one term a distinct symbol
