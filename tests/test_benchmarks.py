@@ -749,3 +749,15 @@ def test_copy_smoke_run_reports_every_figure():
     assert report["rows"] == 5000 and report["shape"] == {"S": 100, "N": 8, "D": 32, "T": 100}
     for name in ("single_rows_per_second", "copy_rows_per_second", "copy_over_single"):
         assert_positive_finite(report[name], name)
+    # Long windows of real code: the per-position and histogram kernels side by side.
+    completed = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", str(COPY_SCRIPT), "--json", "--code", "--rows", "3000",
+         "--symbols", "200", "--context", "32", "--buckets", "4", "--repeats", "1"],
+        capture_output=True, text=True, timeout=180, cwd=COPY_SCRIPT.parents[1], check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    report = json.loads(completed.stdout)
+    assert 0 < report["rows"] < 3000 and report["shape"]["N"] == 32 and report["shape"]["K"] == 4
+    for name in ("copy_per_position_rows_per_second", "copy_histogram_rows_per_second",
+                 "single_histogram_rows_per_second", "histogram_over_per_position"):  # fmt: skip
+        assert_positive_finite(report[name], name)

@@ -177,7 +177,7 @@ def row_terms(tokens, begin, end, bucket_of_recency, share, slot, term_sym, term
 
 
 @numba.njit(cache=True, nogil=True)
-def _query(query_table, q, y):  # pragma: no cover - compiled
+def query_row(query_table, q, y):  # pragma: no cover - compiled
     yy = 0.0
     for d in range(y.shape[0]):
         v = np.float64(query_table[q, d])
@@ -187,7 +187,7 @@ def _query(query_table, q, y):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _missing_mass(n_have, sizes, share, scale, bucket_mass):  # pragma: no cover - compiled
+def missing_mass(n_have, sizes, share, scale, bucket_mass):  # pragma: no cover - compiled
     """A short row's expected rejected draws per bucket, ``scale * share_b (|b| - have_b)``, into ``bucket_mass``."""
     first = 0
     for b in range(sizes.shape[0]):
@@ -197,7 +197,7 @@ def _missing_mass(n_have, sizes, share, scale, bucket_mass):  # pragma: no cover
 
 
 @numba.njit(cache=True, nogil=True)
-def _flush_pending(k, hist, share, pending, bucket_mass):  # pragma: no cover - compiled
+def flush_pending(k, hist, share, pending, bucket_mass):  # pragma: no cover - compiled
     """Add term ``k``'s pending responsibility to its buckets' masses, ``share_b h_b`` each, and clear it."""
     v = pending[k]
     if v != 0.0:
@@ -220,12 +220,12 @@ def slide_terms(
     From one row to the next of a document, the new token enters bucket 0, the oldest token of each bucket moves
     to the next one and the window's oldest leaves: K + 1 count updates. Any other step (a new document, a skipped
     row) rebuilds the terms from the window. A changed term's pending responsibility is first added to
-    ``bucket_mass`` (``share_b h_b pending``, :func:`_flush_pending`); its prior ``sum_b share_b h_b(s)``, its log
+    ``bucket_mass`` (``share_b h_b pending``, :func:`flush_pending`); its prior ``sum_b share_b h_b(s)``, its log
     and its inverse are then recomputed from its integer counts, so they never depend on the path that led there.
 
     The state (made by :func:`terms_state`, slots 0..N-1, at most N distinct symbols): ``term_of`` each slot's
     symbol, ``hist`` (N, K) its counts per bucket, ``count`` in all, ``prior``/``log_prior_of``/``inv_prior``,
-    ``pending`` (see :func:`_flush_pending`); ``active[:n_active]`` the used slots and ``where`` each one's index
+    ``pending`` (see :func:`flush_pending`); ``active[:n_active]`` the used slots and ``where`` each one's index
     there; ``free[:n_free]`` the free ones; ``dirty``/``is_dirty`` the slots a step changed; ``ev_*`` a step's
     changes (the token at ``ev_x`` moves from bucket ``ev_from``, -1 entering, to ``ev_to``, -1 leaving). ``slot``
     (S,) maps a symbol in the window to its slot (-1 otherwise).
@@ -251,7 +251,7 @@ def slide_terms(
     else:
         for j in range(n_active):
             k = active[j]
-            _flush_pending(k, hist, share, pending, bucket_mass)
+            flush_pending(k, hist, share, pending, bucket_mass)
             slot[term_of[k]] = -1
             free[n_pos - 1 - j] = k
         n_active = 0
@@ -280,7 +280,7 @@ def slide_terms(
             n_active += 1
             pending[k] = 0.0
         else:
-            _flush_pending(k, hist, share, pending, bucket_mass)
+            flush_pending(k, hist, share, pending, bucket_mass)
         if b_from >= 0:
             hist[k, b_from] -= 1
         if b_to >= 0:
@@ -438,7 +438,7 @@ def _estep_windows_numba(
         if outside:
             n_outside += 1
             continue
-        yy = _query(query_table, query_index[row], y)
+        yy = query_row(query_table, query_index[row], y)
         log_total = math.log(total) if total > 0.0 else 0.0
         for j in range(u):
             log_prior[j] = log_prior_of[active[j]] - log_total
@@ -466,12 +466,12 @@ def _estep_windows_numba(
             # Each position's share of the term's responsibility goes to its bucket when the counts change.
             pending[k] += r * inv_prior[k]
         if m < n_pos:
-            _missing_mass(m, sizes, share, w / total, bucket_mass)
+            missing_mass(m, sizes, share, w / total, bucket_mass)
         query_sq += w * yy
         n_obs += w
         log_lik += w * (best + math.log(z) + gate_const)
     for j in range(n_active):
-        _flush_pending(active[j], hist, share, pending, bucket_mass)
+        flush_pending(active[j], hist, share, pending, bucket_mass)
         slot[term_of[active[j]]] = -1
     scalars[0] += query_sq
     scalars[1] += n_obs
@@ -506,7 +506,7 @@ def _initialize_windows_numba(
         hi = end[row]
         t = target[row]
         u, m = row_terms(tokens, lo, hi, bucket_of_recency, share, slot, term_sym, term_prior)
-        yy = _query(query_table, query_index[row], y)
+        yy = query_row(query_table, query_index[row], y)
         scale = w / m
         for k in range(u):
             r = term_prior[k] * scale
@@ -523,7 +523,7 @@ def _initialize_windows_numba(
         for x in range(lo, hi):
             bucket_mass[bucket_of_recency[last - x]] += scale
         if hi - lo < n_pos:
-            _missing_mass(hi - lo, sizes, share, scale, bucket_mass)
+            missing_mass(hi - lo, sizes, share, scale, bucket_mass)
         query_sq += w * yy
         n_obs += w
     scalars[0] += query_sq
@@ -566,7 +566,7 @@ def _score_windows_numba(
             continue
         t = target[row]
         u, total = row_terms(tokens, begin[row], end[row], bucket_of_recency, share, slot, term_sym, term_prior)
-        _query(query_table, query_index[row], y)
+        query_row(query_table, query_index[row], y)
         for k in range(u):
             log_prior[k] = math.log(term_prior[k] / total) if term_prior[k] > 0.0 else -np.inf
             s = term_sym[0, k]
@@ -733,7 +733,7 @@ def _grid_windows_numba(
         w = 1.0 if weights.shape[0] == 0 else weights[row]
         if w == 0.0:
             continue
-        _query(query_table, query_index[row], y)
+        query_row(query_table, query_index[row], y)
         t = target[row]
         u_t = base[t]
         u, mass = row_terms(tokens, begin[row], end[row], bucket_of_recency, share, slot, term_sym, term_prior)

@@ -1,10 +1,10 @@
 """The copy head's compiled passes over token windows: the E-step with its three-way split, and held-out scoring.
 
-Per position, over each row's window (a first version: O(N) a row; the bucket histograms of symbols and of
-(symbol, successor) pairs that would carry the copy terms at O(distinct symbols) a row over long windows are a
-later step). Windows are :class:`~dist_respattn.model.rows.WindowRows` spans, oldest first: position ``x`` of a
-window ``tokens[lo:hi]`` has recency ``hi - 1 - x`` and context column ``N - hi + x``; its successor in the
-document is ``tokens[x + 1]`` when ``x + 1 < hi`` (the most recent position has none in the window).
+Per position, over each row's window: O(N) a row (a tied prior's E-step runs over the window's histograms instead,
+:mod:`dist_respattn.model.heads.copy.histogram`). Windows are :class:`~dist_respattn.model.rows.WindowRows` spans,
+oldest first: position ``x`` of a window ``tokens[lo:hi]`` has recency ``hi - 1 - x`` and context column
+``N - hi + x``; its successor in the document is ``tokens[x + 1]`` when ``x + 1 < hi`` (the most recent position has
+none in the window).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class CopyArrays:
 
 
 @numba.njit(cache=True, nogil=True)
-def _log_emission(t, c, log_emission_ts, indptr, symbols, log_values, log_backoff, log_base):  # pragma: no cover
+def log_emission(t, c, log_emission_ts, indptr, symbols, log_values, log_backoff, log_base):  # pragma: no cover
     """``(log B[c, t], pair index or -1)`` in either layout (a dense one has no pair index: -1)."""
     if indptr.shape[0] == 0:
         return log_emission_ts[t, c], -1
@@ -154,7 +154,7 @@ def _row_terms(
             log_b = log_emission_ts[t, c]
             pair[j] = -1
         else:
-            log_b, pair[j] = _log_emission(t, c, log_emission_ts, indptr, symbols, log_values, log_backoff, log_base)
+            log_b, pair[j] = log_emission(t, c, log_emission_ts, indptr, symbols, log_values, log_backoff, log_base)
         k = kappa[b]
         h = rho[b]
         w_own = 1.0 - k - h

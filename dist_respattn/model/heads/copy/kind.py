@@ -31,6 +31,7 @@ from dist_respattn.model.heads.base import (
 )
 from dist_respattn.model.heads.copy.grid import copy_grid
 from dist_respattn.model.heads.copy.head import CopyHead, copy_buckets
+from dist_respattn.model.heads.copy.histogram import copy_estep_windows
 from dist_respattn.model.heads.copy.kernels import CopyArrays, copy_estep
 from dist_respattn.model.heads.single_hop.accumulator import SufficientStatistics
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
@@ -183,10 +184,12 @@ def copy_statistics(head: CopyHead, blocks: Iterable[Block]) -> CopyStatistics:
     arrays = StatisticArrays.zeros(s, n, d, t, support)
     extra = CopyArrays.zeros(n, head.buckets.num_buckets)
     params = head.parameters
+    # A tied prior's rows go through the window histograms (O(distinct symbols) a row), a free one's per position.
+    estep = copy_estep if head.single.buckets is None else copy_estep_windows
     for block in blocks:
         rows = _weighted(block.rows, block.weights)
         head.check_rows(rows)
-        copy_estep(rows, params, arrays, extra)
+        estep(rows, params, arrays, extra)
     if support is None:
         counts: Any = DenseEmissionCounts(arrays.emission_count_ts)
     else:
