@@ -309,6 +309,18 @@ def _grid_numba(
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def grid_count(t, c, emission_count_ts, indptr, symbols, pair_counts, direct_row, direct_slots):  # pragma: no cover
+    """The M-step's count of the pair (symbol ``c``, target ``t``): from the dense (T, S) ``emission_count_ts``, or
+    when ``indptr`` is not empty from the sparse ``pair_counts`` (through the target's direct row when it has one,
+    else a binary search; 0 off the support)."""
+    if indptr.shape[0] == 0:
+        return emission_count_ts[t, c]
+    direct = direct_row[t]
+    p = direct_slots[direct, c] if direct >= 0 else per_position.find_pair(indptr, symbols, t, c)
+    return pair_counts[p] if p >= 0 else 0.0
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def grid_row(
     w, n, log_prior, dist, count, total, typ, base_t, inv_two_sigma2, gate_const, emission_strengths, type_strengths,
     emis, gate, out_pred, out_joint,

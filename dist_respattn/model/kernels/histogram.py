@@ -38,7 +38,7 @@ import numpy as np
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission.layouts import SparseEmission
-from dist_respattn.model.fitting.selection import grid_row
+from dist_respattn.model.fitting.selection import grid_count, grid_row
 from dist_respattn.model.heads.single_hop.scoring import dense_mixture, mixture_at, top_k_scratch, top_k_threshold
 from dist_respattn.model.kernels import per_position
 from dist_respattn.model.kernels.log_weights import attention_of, exp_shifted, row_log_weights, squared_distance
@@ -728,7 +728,6 @@ def _grid_windows_numba(
     gate = np.empty(n_pos)
     y = np.empty(key_means.shape[1])
     weight = 0.0
-    sparse = indptr.shape[0] > 0
     for row in range(target.shape[0]):
         w = 1.0 if weights.shape[0] == 0 else weights[row]
         if w == 0.0:
@@ -741,12 +740,7 @@ def _grid_windows_numba(
             c = term_sym[0, k]
             log_prior[k] = math.log(term_prior[k] / mass) if term_prior[k] > 0.0 else -np.inf
             dist[k] = squared_distance(y, key_means, c)
-            if sparse:
-                direct = direct_row[t]
-                p = direct_slots[direct, c] if direct >= 0 else per_position.find_pair(indptr, symbols, t, c)
-                count[k] = pair_counts[p] if p >= 0 else 0.0
-            else:
-                count[k] = emission_count_ts[t, c]
+            count[k] = grid_count(t, c, emission_count_ts, indptr, symbols, pair_counts, direct_row, direct_slots)
             total[k] = row_totals[c]
             typ[k] = types[c]
         grid_row(

@@ -19,9 +19,8 @@ import numba
 import numpy as np
 
 from dist_respattn.model.emission.layouts import DenseEmissionCounts, SparseEmissionCounts
-from dist_respattn.model.fitting.selection import GridTable, GridTotals, grid_points, map_emissions
+from dist_respattn.model.fitting.selection import GridTable, GridTotals, grid_count, grid_points, map_emissions
 from dist_respattn.model.kernels.log_weights import squared_distance
-from dist_respattn.model.kernels.per_position import find_pair
 from dist_respattn.model.rows import WindowRows
 
 __all__ = ["copy_grid"]
@@ -54,7 +53,6 @@ def _copy_grid_numba(
     gate = np.empty(n_pos)
     y = np.empty(key_means.shape[1])
     weight = 0.0
-    sparse = indptr.shape[0] > 0
     for row in range(target.shape[0]):
         w = 1.0 if weights.shape[0] == 0 else weights[row]
         if w == 0.0:
@@ -77,12 +75,7 @@ def _copy_grid_numba(
             b = bucket_of_recency[r]
             row_prior[j] = log_prior[n_pos - 1 - r] - log_mass
             dist[j] = squared_distance(y, key_means, c)
-            if sparse:
-                direct = direct_row[t]
-                p = direct_slots[direct, c] if direct >= 0 else find_pair(indptr, symbols, t, c)
-                count[j] = pair_counts[p] if p >= 0 else 0.0
-            else:
-                count[j] = emission_count_ts[t, c]
+            count[j] = grid_count(t, c, emission_count_ts, indptr, symbols, pair_counts, direct_row, direct_slots)
             total[j] = row_totals[c]
             typ[j] = types[c]
             own[j] = 1.0 - kappa[b] - rho[b]
@@ -122,7 +115,6 @@ def _copy_grid_terms_numba(
     gate = np.empty(n_pos)
     y = np.empty(key_means.shape[1])
     weight = 0.0
-    sparse = indptr.shape[0] > 0
     for row in range(target.shape[0]):
         w = 1.0 if weights.shape[0] == 0 else weights[row]
         if w == 0.0:
@@ -161,12 +153,7 @@ def _copy_grid_terms_numba(
             c = term_sym[k]
             log_prior[k] = math.log(term_prior[k] / mass) if term_prior[k] > 0.0 else -np.inf
             dist[k] = squared_distance(y, key_means, c)
-            if sparse:
-                direct = direct_row[t]
-                p = direct_slots[direct, c] if direct >= 0 else find_pair(indptr, symbols, t, c)
-                count[k] = pair_counts[p] if p >= 0 else 0.0
-            else:
-                count[k] = emission_count_ts[t, c]
+            count[k] = grid_count(t, c, emission_count_ts, indptr, symbols, pair_counts, direct_row, direct_slots)
             total[k] = row_totals[c]
             typ[k] = types[c]
         map_emissions(u, count, total, typ, base[t], emission_strengths, type_strengths, emis)

@@ -24,8 +24,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from dist_respattn.model.arguments import ImpossibleEvidenceError
-from dist_respattn.model.heads.copy.kernels import CopyArrays, CopyParameters, log_emission
+from dist_respattn.model.heads.copy.kernels import CopyArrays, CopyParameters, log_emission, raise_row_problems
 from dist_respattn.model.kernels.histogram import flush_pending, missing_mass, query_row, slide_terms, terms_state
 from dist_respattn.model.kernels.log_weights import exp_shifted, row_log_weights
 from dist_respattn.model.rows import WindowRows
@@ -272,14 +271,4 @@ def copy_estep_windows(rows: WindowRows, params: CopyParameters, stats: Any, ext
         stats.pair_counts if sparse else _NO_VALUES, extra.recency_mass, extra.copy_mass, extra.induction_mass,
         extra.bucket_mass, stats.scalars, found, np.full(params.key_means.shape[0], -1, dtype=np.int64),
     )  # fmt: skip
-    if n_outside:
-        raise ValueError(
-            f"{n_outside} row(s) hold a (symbol, target) pair outside the sparse emission's support: the support "
-            "must come from these rows (a fit finds it in its start pass); refit, or use --emission-layout dense"
-        )
-    if n_impossible:
-        shown = ", ".join(str(int(r)) for r in found[: min(n_impossible, 10)])
-        raise ImpossibleEvidenceError(
-            f"impossible evidence: rows {shown} have zero probability under the copy head (every position of the "
-            "window has a zero prior or a zero probability for the row's target)"
-        )
+    raise_row_problems(n_outside, n_impossible, found)

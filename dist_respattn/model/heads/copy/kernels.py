@@ -23,7 +23,17 @@ from dist_respattn.model.kernels.per_position import find_pair
 from dist_respattn.model.kernels.prefetch import prefetch_item
 from dist_respattn.model.rows import WindowRows
 
-__all__ = ["CopyArrays", "CopyParameters", "copy_estep", "copy_hits", "copy_hits_dense", "copy_row_terms", "copy_score"]
+__all__ = [
+    "CopyArrays",
+    "CopyParameters",
+    "copy_estep",
+    "copy_hits",
+    "copy_hits_dense",
+    "copy_row_terms",
+    "copy_score",
+    "log_emission",
+    "raise_row_problems",
+]
 
 _NO_VALUES = np.zeros(0)
 _NO_INDEX = np.zeros(0, dtype=np.int64)
@@ -357,6 +367,12 @@ def copy_estep(rows: WindowRows, params: CopyParameters, stats: Any, extra: Copy
         stats.key_sum, stats.key_mass, stats.emission_count_ts, stats.pair_counts if sparse else _NO_VALUES,
         extra.recency_mass, extra.copy_mass, extra.induction_mass, extra.bucket_mass, stats.scalars, found,
     )  # fmt: skip
+    raise_row_problems(n_outside, n_impossible, found)
+
+
+def raise_row_problems(n_outside: int, n_impossible: int, found: np.ndarray) -> None:
+    """After a copy E-step has added the rows it could: a ValueError for rows with a pair off a sparse support, or
+    ``ImpossibleEvidenceError`` naming (up to 10 of) the rows ``found`` no position explains."""
     if n_outside:
         raise ValueError(
             f"{n_outside} row(s) hold a (symbol, target) pair outside the sparse emission's support: the support "
