@@ -29,10 +29,10 @@ Stores: ``dist-respattn ingest --text corpus/train --attribute-by directory --vo
 token-stream store, one piece a document), then the test and fold-in pieces ``--like`` it (its vocabulary,
 embedding table and attribute ids; the held-out packages' names are appended).
 
-What is measured, in one run (a ``--workers``-worker LocalCluster):
+What is measured, in one run (one ``--workers``-worker LocalCluster, which the commands join with ``--scheduler``):
 
 1. **Fits.** The smallest gated fit runs on the command line, ``dist-respattn fit TRAIN --attribute-factors
-   F0 --max-iter K --workers W --json`` (F0 = the smallest of ``--factors``): the shared head (the default
+   F0 --max-iter K --scheduler ADDRESS --json`` (F0 = the smallest of ``--factors``): the shared head (the default
    recipe: a 5% hold-out of the training rows, MAP smoothing) into ``MODEL/shared``, then the gated head.
    Every other gated head reuses that shared head (a copy of it as the fit's ended shared stage), fitted by
    ``fit(TRAIN, head=GatedSpec(F, ...), resume=True)`` on one cluster: F in ``--factors``, F = 0 (one
@@ -139,6 +139,7 @@ SMOKE = {
     "estep_rows": 20_000,
     "repeats": 1,
     "min_seconds": 0.0,
+    "samples": 1,
     "partition_rows": 8192,
     "fold_in_iterations": 2,
 }
@@ -354,14 +355,16 @@ def label_of(factors: int, per_attribute: tuple[str, ...] = ()) -> str:
     return base + (" + per-package prior" if "position_prior" in per_attribute else "")
 
 
-def cli_fit(args: argparse.Namespace, stores: dict[str, Any], work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The smallest gated fit (and the shared head) on the command line."""
+def cli_fit(
+    args: argparse.Namespace, stores: dict[str, Any], work: Path, address: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The smallest gated fit (and the shared head) on the command line, on the run's cluster at ``address``."""
     factors = min(args.factors)
     model_dir = work / "models" / f"f{factors}"
     say(f"fit on the command line: --attribute-factors {factors} (the shared head first, into {model_dir}/shared)")
     made = run_cli(
         "fit", stores["train"]["path"], "--model-dir", str(model_dir), "--attribute-factors", str(factors),
-        "--max-iter", str(args.max_iter), "--workers", str(args.workers), "--overwrite", what="fit",
+        "--max-iter", str(args.max_iter), "--scheduler", address, "--overwrite", what="fit",
     )  # fmt: skip
     report = made["report"]
     record = fit_record(
@@ -462,8 +465,8 @@ def evaluate_api(client: Any, args: argparse.Namespace, stores: dict[str, Any], 
     return evaluation_figures(tested, folded)
 
 
-def evaluate_cli(args: argparse.Namespace, stores: dict[str, Any], model_dir: str) -> dict[str, Any]:
-    cluster = ("--workers", str(args.workers))
+def evaluate_cli(args: argparse.Namespace, stores: dict[str, Any], model_dir: str, address: str) -> dict[str, Any]:
+    cluster = ("--scheduler", address)
     tested = run_cli(
         "evaluate", model_dir, stores["test"]["path"], "--classify-attributes", *cluster, what="evaluate test"
     )
@@ -481,12 +484,14 @@ def evaluate_cli(args: argparse.Namespace, stores: dict[str, Any], model_dir: st
 def fits_part(args: argparse.Namespace, stores: dict[str, Any], work: Path) -> dict[str, Any]:
     from dist_respattn.engine import ClusterOptions, connect
 
-    first, shared = cli_fit(args, stores, work)
-    shared_dir = shared["model_dir"]
-    say("evaluate on the command line (test: --classify-attributes; fold-in store: --fold-in)")
-    first.update(evaluate_cli(args, stores, first["model_dir"]))
-    models = [first]
+    # One cluster for the whole run: the commands join it (--scheduler) rather than each starting its own.
     with connect(ClusterOptions(n_workers=args.workers), say=lambda m: say(f"  {m}")) as client:
+        address = client.scheduler.address
+        first, shared = cli_fit(args, stores, work, address)
+        shared_dir = shared["model_dir"]
+        say("evaluate on the command line (test: --classify-attributes; fold-in store: --fold-in)")
+        first.update(evaluate_cli(args, stores, first["model_dir"], address))
+        models = [first]
         for factors in [*sorted(set(args.factors) - {first["factors"]}), *([0] if args.untied else [])]:
             models.append(api_fit(client, args, stores, work, shared_dir, factors))
             models[-1].update(evaluate_api(client, args, stores, models[-1]["model_dir"]))

@@ -1,15 +1,18 @@
 """What ``fit`` prints while it runs and at the end, read by a person: each iteration's held-out perplexity, its
 chosen settings and which iteration is best so far; the joint log-likelihood only with ``-v``; which checkpoint the
-model directory serves. Every fit here is a real subprocess on a real store."""
+model directory serves. Every fit here is a real subprocess on a real store, run on this module's cluster
+(``--scheduler``): the lines read the same whoever's workers run the tasks, and a fit's own cluster is tested apart."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 
 import pytest
 
 from dist_respattn.artifacts import load_checkpoint
+from tests.engine.clusters import local_cluster
 from tests.stdlib_packages import package_corpus
 from tests.test_cli import run
 
@@ -45,6 +48,13 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     return out
 
 
+@pytest.fixture(scope="module")
+def address() -> Iterator[str]:
+    """The scheduler of this module's cluster (two worker processes), which every fit joins."""
+    with local_cluster(2) as (_, client):
+        yield client.scheduler.address
+
+
 def _marks(perplexities: list[float]) -> list[str]:
     """The mark each iteration's line must carry: best so far when it beats every earlier one."""
     marks, best, best_at = [], float("inf"), 0
@@ -57,11 +67,11 @@ def _marks(perplexities: list[float]) -> list[str]:
     return marks
 
 
-def test_iteration_lines_lead_with_the_heldout_perplexity_and_mark_the_best(store, tmp_path):
+def test_iteration_lines_lead_with_the_heldout_perplexity_and_mark_the_best(store, address, tmp_path):
     """Each line gives the iteration's held-out perplexity and chosen settings as the checkpoint saved them, marks
     the best iteration so far, and names no joint log-likelihood; the summary names the checkpoint kept."""
     model = tmp_path / "model"
-    done = run("fit", store, "--model-dir", str(model), "--max-iter", "6", "--tol", "0", "--workers", "2")
+    done = run("fit", store, "--model-dir", str(model), "--max-iter", "6", "--tol", "0", "--scheduler", address)
     assert done.returncode == 0, done.stderr
     history = load_checkpoint(model, "latest").meta["history"]
     lines = list(LINE.finditer(done.stderr))
@@ -91,12 +101,12 @@ def test_iteration_lines_lead_with_the_heldout_perplexity_and_mark_the_best(stor
         assert "  it is also the last iteration's" in done.stdout
 
 
-def test_early_stopping_by_loglik_says_so_in_the_mark(store, tmp_path):
+def test_early_stopping_by_loglik_says_so_in_the_mark(store, address, tmp_path):
     """With ``--early-stop-metric loglik`` the best iteration is judged by the held-out joint log-likelihood, not the
     perplexity the line leads with: the mark names the metric, and follows the log-likelihood the checkpoint saved."""
     model = tmp_path / "model"
     done = run(
-        "fit", store, "--model-dir", str(model), "--max-iter", "3", "--tol", "0", "--workers", "2",
+        "fit", store, "--model-dir", str(model), "--max-iter", "3", "--tol", "0", "--scheduler", address,
         "--early-stop-metric", "loglik",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -107,11 +117,11 @@ def test_early_stopping_by_loglik_says_so_in_the_mark(store, tmp_path):
     assert marks == [m.replace("best so far", "best so far by loglik") for m in expected], done.stderr
 
 
-def test_verbose_and_json_keep_the_joint_log_likelihood(store, tmp_path):
+def test_verbose_and_json_keep_the_joint_log_likelihood(store, address, tmp_path):
     """``-v`` appends the training and held-out joint log-likelihoods the checkpoint saved; ``--json`` keeps its
     keys (``mean_log_likelihood``, ``heldout``) and adds the checkpoints the directory's pointers name."""
     model = tmp_path / "model"
-    done = run("fit", store, "--model-dir", str(model), "--max-iter", "3", "--tol", "0", "--workers", "2", "-v")
+    done = run("fit", store, "--model-dir", str(model), "--max-iter", "3", "--tol", "0", "--scheduler", address, "-v")
     assert done.returncode == 0, done.stderr
     history = load_checkpoint(model, "latest").meta["history"]
     rests = [m["rest"] for m in LINE.finditer(done.stderr)]
@@ -128,7 +138,7 @@ def test_verbose_and_json_keep_the_joint_log_likelihood(store, tmp_path):
     )
 
     again = run(
-        "fit", store, "--model-dir", str(model), "--max-iter", "3", "--tol", "0", "--workers", "2", "--overwrite",
+        "fit", store, "--model-dir", str(model), "--max-iter", "3", "--tol", "0", "--scheduler", address, "--overwrite",
         "--json",
     )  # fmt: skip
     assert again.returncode == 0, again.stderr
@@ -144,12 +154,14 @@ def test_verbose_and_json_keep_the_joint_log_likelihood(store, tmp_path):
     assert report["last_iteration"] == 3
 
 
-def test_a_gated_fit_with_fewer_factors_than_attributes_says_so_and_its_lines_read_alike(store, tmp_path):
+def test_a_gated_fit_with_fewer_factors_than_attributes_says_so_and_its_lines_read_alike(store, address, tmp_path):
     """``--attribute-factors 2`` on 4 attributes warns, before the shared fit, that the attributes will be clustered
     and names ``--per-attribute emission``; with that flag (or F >= A) nothing is said. The gated lines lead with
     the held-out perplexity as the checkpoint saved it and mark the best so far."""
     model = tmp_path / "model"
-    done = run("fit", store, "--model-dir", str(model), "--attribute-factors", "2", "--max-iter", "2", "--workers", "2")
+    done = run(
+        "fit", store, "--model-dir", str(model), "--attribute-factors", "2", "--max-iter", "2", "--scheduler", address
+    )
     assert done.returncode == 0, done.stderr
     (note,) = [line for line in done.stderr.splitlines() if line.startswith("note: --attribute-factors 2")]
     assert "4 attributes" in note and "clustered into 2 groups" in note and "--per-attribute emission" in note
@@ -171,7 +183,15 @@ def test_a_gated_fit_with_fewer_factors_than_attributes_says_so_and_its_lines_re
 
     for extra in (("--attribute-factors", "2", "--per-attribute", "emission"), ("--attribute-factors", "4")):
         done = run(
-            "fit", store, "--model-dir", str(tmp_path / "-".join(extra)), *extra, "--max-iter", "1", "--workers", "2"
+            "fit",
+            store,
+            "--model-dir",
+            str(tmp_path / "-".join(extra)),
+            *extra,
+            "--max-iter",
+            "1",
+            "--scheduler",
+            address,
         )
         assert done.returncode == 0, done.stderr
         assert "note: --attribute-factors" not in done.stderr

@@ -101,10 +101,11 @@ def address(engine_client) -> str:
 
 @pytest.fixture(scope="module")
 def long_store(tmp_path_factory) -> str:
-    """400,000 rows of a small head in 25 partitions: an E-step long enough (~0.5 s) to kill a worker in."""
+    """200,000 rows of a small head in 13 partitions: an E-step long enough (~0.25 s on a quiet machine, ten times the
+    20 ms the kill waits once it sees a task of iteration 2 running) to kill a worker in."""
     path = tmp_path_factory.mktemp("long") / "long.zarr"
     write_synthetic(
-        path, 400_000, num_symbols=30, context_length=4, query_dim=5, num_targets=12, seed=4,
+        path, 200_000, num_symbols=30, context_length=4, query_dim=5, num_targets=12, seed=4,
         options=WriteOptions(chunk_rows=8192, partition_rows=16_384),
     )  # fmt: skip
     return str(path)

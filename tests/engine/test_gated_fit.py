@@ -176,19 +176,22 @@ def test_a_store_without_attributes_is_refused_naming_the_flags(small_store, clu
     assert not (tmp_path / "g").exists()
 
 
-def test_the_commands_end_to_end(stores, tmp_path):
+def test_the_commands_end_to_end(stores, cluster, tmp_path):
     train, test = stores
+    # fit and evaluate join the module's cluster: what they compute does not depend on whose workers run it (the
+    # bit-identity test above), and starting a cluster of their own is tested with the single head's commands.
+    address = cluster[1].scheduler.address
     model = str(tmp_path / "model")
     done = _cli(
         "fit", train, "--model-dir", model, "--attribute-factors", "2", "--per-attribute", "position_prior",
-        "--max-iter", "3", "--workers", "2", "--json",
+        "--max-iter", "3", "--scheduler", address, "--json",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["kind"] == "gated" and report["factors"] == 2 and report["attributes"] == len(PACKAGES)
     assert os.path.isdir(os.path.join(model, "shared"))
 
-    done = _cli("evaluate", model, test, "--classify-attributes", "--fold-in", "--workers", "2", "--json")
+    done = _cli("evaluate", model, test, "--classify-attributes", "--fold-in", "--scheduler", address, "--json")
     assert done.returncode == 0, done.stderr
     evaluation = json.loads(done.stdout)
     assert set(evaluation["by_attribute"]) == {*PACKAGES[:2], NEW_PACKAGE}

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import distributed
 import numpy as np
 import pytest
 
@@ -84,14 +85,25 @@ def in_process_fit(store, settings, iterations):
     return model
 
 
-def test_a_bucketed_fit_equals_in_process_em_and_is_bit_identical_on_one_two_and_three_workers(stream, tmp_path):
+def test_a_bucketed_fit_equals_in_process_em_and_is_bit_identical_on_one_two_and_three_workers(
+    stream, client, tmp_path
+):
+    # Two workers: the module's cluster; one, then three: another cluster grown between the fits (cheaper than a
+    # cluster each; a cluster only grows, as distributed's close can fail after a scale-down).
+    results = {2: fit(stream.location, model_dir=tmp_path / "w2", client=client, settings=SETTINGS, progress=False)}
+    with local_cluster(1) as (cluster, other):
+        results[1] = fit(stream.location, model_dir=tmp_path / "w1", client=other, settings=SETTINGS, progress=False)
+        cluster.scale(3)
+        other.wait_for_workers(3, timeout=60)
+        with distributed.get_task_stream(client=other) as tasks:
+            results[3] = fit(
+                stream.location, model_dir=tmp_path / "w3", client=other, settings=SETTINGS, progress=False
+            )
+        assert len({record["worker"] for record in tasks.data}) >= 2
     models = []
     for workers in (1, 2, 3):
-        with local_cluster(workers) as (_, client):
-            result = fit(stream.location, model_dir=tmp_path / f"w{workers}", client=client, settings=SETTINGS,
-                         progress=False)  # fmt: skip
-        models.append(result.model)
-        assert result.model.buckets == PositionBuckets.geometric(N, K)
+        models.append(results[workers].model)
+        assert results[workers].model.buckets == PositionBuckets.geometric(N, K)
     for other in models[1:]:
         for name in ("key_means", "position_prior", "emission"):
             assert np.array_equal(getattr(models[0], name), getattr(other, name)), name
@@ -122,11 +134,12 @@ def test_a_bucketed_fit_is_scored_on_the_rows_it_trained_on_and_beats_the_bigram
         FitSettings(position_buckets=3, init="random")
 
 
-def test_fit_with_buckets_and_predict_stream_through_the_command_line(stream, tmp_path):
+def test_fit_with_buckets_and_predict_stream_through_the_command_line(stream, client, tmp_path):
     command = [str(Path(sys.executable).parent / "dist-respattn")]
+    # On the module's cluster: the command's flags are what is tested here, not a cluster of its own.
     fitted = subprocess.run(
         [*command, "fit", str(stream.location), "--model-dir", str(tmp_path / "m"), "--position-buckets", str(K),
-         "--max-iter", "2", "--workers", "1", "--json"],
+         "--max-iter", "2", "--scheduler", client.scheduler.address, "--json"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert fitted.returncode == 0, fitted.stderr

@@ -12,6 +12,7 @@ Dask's memory monitor counts those pages too, hence a limit with that much room.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ class FitRun:
     """One fit on the memory-limited cluster and what the workers measured during it."""
 
     store: TripleStore
+    rows: int  # the store's rows when it was fitted (the small store grows into the large one afterwards)
     result: FitResult
     peaks: dict[str, int]  # worker address -> VmHWM during the fit, in bytes
 
@@ -117,19 +119,23 @@ def _write(path: Path, rows: int, options: WriteOptions) -> TripleStore:
 
 @pytest.fixture(scope="module")
 def out_of_core(tmp_path_factory) -> Any:
-    """Fit a warm-up store, then the 2-partition store, then the 4-partition store on one 512 MiB cluster.
+    """Fit a warm-up store, then the 2-partition store, then the same store grown to 4 partitions, on one
+    512 MiB cluster.
 
     The warm-up fit loads (or, on a cold numba cache, compiles) everything a worker needs, so neither
-    measured fit pays for it.
-    The stores (3.3 GB) are removed when the module ends.
+    measured fit pays for it. The 4-partition store is the 2-partition one with two partitions appended
+    after its fit: an append draws partition ``p`` from the seed ``(seed, p, 0)``, as a new store of 4
+    partitions would, so the large store is the one a separate write would give, and only 1 GiB more is
+    written instead of 2 GiB.
+    The stores (2.2 GB) are removed when the module ends.
     """
     folder = tmp_path_factory.mktemp("out_of_core")
     layout = WriteOptions(chunk_rows=CHUNK_ROWS, partition_rows=PARTITION_ROWS, query_dtype=QUERY_DTYPE)
     warmup = _write(
         folder / "warmup.zarr", 4096, WriteOptions(chunk_rows=1024, partition_rows=2048, query_dtype=QUERY_DTYPE)
     )
-    small = _write(folder / "small.zarr", SMALL_ROWS, layout)
-    large = _write(folder / "large.zarr", LARGE_ROWS, layout)
+    rows_path = folder / "rows.zarr"
+    small = _write(rows_path, SMALL_ROWS, layout)
     settings = FitSettings(max_iter=2, tol=0.0)
     try:
         with local_cluster(
@@ -147,10 +153,16 @@ def out_of_core(tmp_path_factory) -> Any:
             disk_writes_before = client.run(_disk_writes)
             spilled_before = client.run(_spilled_now)
             runs = []
-            for name, store in (("small", small), ("large", large)):
+            for name in ("small", "large"):
+                if name == "large":
+                    # The workers sit idle meanwhile; their peaks are reset right before the fit.
+                    store = _write(rows_path, LARGE_ROWS - SMALL_ROWS, dataclasses.replace(layout, append=True))
+                else:
+                    store = small
+                rows = store.num_rows
                 client.run(_reset_peak_rss)
                 result = fit(store, model_dir=folder / f"model-{name}", client=client, settings=settings)
-                runs.append(FitRun(store, result, client.run(_peak_rss)))
+                runs.append(FitRun(store, rows, result, client.run(_peak_rss)))
             yield OutOfCore(
                 limits=cluster_info(client).memory_limits,
                 spill_fraction=min(client.run(_spill_fraction).values()),
@@ -166,8 +178,8 @@ def out_of_core(tmp_path_factory) -> Any:
                 large=runs[1],
             )
     finally:
-        for store in ("warmup.zarr", "small.zarr", "large.zarr"):
-            shutil.rmtree(folder / store, ignore_errors=True)
+        for store_name in ("warmup.zarr", "rows.zarr"):
+            shutil.rmtree(folder / store_name, ignore_errors=True)
 
 
 def _trained(rows: int) -> float:
@@ -184,7 +196,8 @@ def test_workers_fit_a_store_four_times_their_memory_limit_without_spilling_or_d
     both iterations, the same two worker processes run throughout, nothing is spilled to disk, and each
     worker's peak RSS stays under Dask's spill threshold (so the worker was never paused either)."""
     run = out_of_core.large
-    store_bytes = run.store.num_rows * run.store.schema.row_bytes
+    assert run.rows == run.store.num_rows == LARGE_ROWS
+    store_bytes = run.rows * run.store.schema.row_bytes
     partition_bytes = run.store.partition_rows * run.store.schema.row_bytes
     assert out_of_core.limits == (MEMORY_LIMIT, MEMORY_LIMIT)
     assert store_bytes >= 4 * MEMORY_LIMIT
@@ -214,7 +227,7 @@ def test_worker_peak_memory_is_flat_as_rows_grow(out_of_core):
     and where a block lands in that heap varies from run to run; the peak moved by up to 8.7 MiB, more than one
     8.2 MiB block, in about one run of three before and after the histogram kernels were added."""
     small, large = out_of_core.small, out_of_core.large
-    assert large.store.num_rows == 2 * small.store.num_rows
+    assert (small.rows, large.rows) == (SMALL_ROWS, LARGE_ROWS) == (SMALL_ROWS, 2 * SMALL_ROWS)
     assert [h["n_obs"] for h in small.result.history] == [_trained(SMALL_ROWS)] * 2
     assert [h["n_obs"] for h in large.result.history] == [_trained(LARGE_ROWS)] * 2
     block_bytes = CHUNK_ROWS * large.store.schema.row_bytes

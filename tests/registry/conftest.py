@@ -7,7 +7,9 @@ takes ~0.1 s on two single-threaded workers, so the tests can retrain many times
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -18,6 +20,7 @@ from typing import Any
 import pytest
 
 from dist_respattn import random_distribution
+from dist_respattn.cli import main
 from dist_respattn.engine import ModelDir
 from dist_respattn.registry import Registry
 from dist_respattn.store import WriteOptions, write_synthetic
@@ -112,3 +115,18 @@ def dead_pid() -> int:
     proc.wait()
     assert not os.path.exists(f"/proc/{proc.pid}"), "the pid was reused at once"
     return proc.pid
+
+
+def run_in_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """``dist-respattn ARGS`` through the command's own ``main`` in this process: its exit status and what it printed.
+
+    For the read-only ``models`` commands, whose answers are what is tested: a process for each would only load the
+    package again. The exit statuses as a shell sees them are tested with real subprocesses in test_cli.py.
+    """
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exit_:  # argparse's usage errors
+            code = exit_.code if isinstance(exit_.code, int) else 2
+    return subprocess.CompletedProcess(["dist-respattn", *args], code, out.getvalue(), err.getvalue())

@@ -1,7 +1,8 @@
 """Retraining runs killed with SIGKILL: mid-fit (the CLI), and mid-publish at each of the registry's writes.
 
-Mid-publish kills are injected into a real ``retrain`` run in a child Python process: it wraps
-``RegistryFiles.write``/``create`` (and the temporary file those write first) so that right after the k-th
+Mid-publish kills are injected into a real ``retrain`` run in a child Python process (one a case, all forked by
+one process that imported the package once): it wraps ``RegistryFiles.write``/``create`` (and the temporary
+file those write first) so that right after the k-th
 write of the registry (the lock's own writes are not counted), or right after that write's temporary file
 is complete but before it is moved into place, the process SIGKILLs itself. Every kill must leave a
 registry whose ``latest`` names a complete version that loads, and the next run on this host must break
@@ -103,44 +104,66 @@ def test_cli_killed_mid_fit_leaves_the_registry_valid_and_the_next_run_recovers(
 
 CHILD = textwrap.dedent(
     """
-    import os, signal, sys
+    import json, os, signal, sys, traceback
     from dist_respattn.engine import ClusterOptions, FitSettings
     from dist_respattn.registry import retrain
     from dist_respattn.artifacts.registry_files import RegistryFiles
     from dist_respattn.artifacts.registry_lock import LOCK_FILE
 
-    registry, store, validation, address, where, k = sys.argv[1:]
-    k = int(k)
+    store, validation, address, cases = sys.argv[1:]
     writes = 0
 
-    def counted(original):
-        def wrapper(self, name, data):
-            global writes
-            if name == LOCK_FILE:
-                return original(self, name, data)
-            writes += 1
-            done = original(self, name, data)
-            if where == "after" and writes == k:
-                print(f"killed after {name}", file=sys.stderr, flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
-            return done
-        return wrapper
+    def run_case(registry, where, k):
+        def counted(original):
+            def wrapper(self, name, data):
+                global writes
+                if name == LOCK_FILE:
+                    return original(self, name, data)
+                writes += 1
+                done = original(self, name, data)
+                if where == "after" and writes == k:
+                    print(f"killed after {name}", file=sys.stderr, flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return done
+            return wrapper
 
-    def temp_written(original):
-        def wrapper(self, path, data):
-            temp = original(self, path, data)
-            if where == "inside" and writes == k and not path.endswith(LOCK_FILE):
-                print(f"killed inside the write of {path}", file=sys.stderr, flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
-            return temp
-        return wrapper
+        def temp_written(original):
+            def wrapper(self, path, data):
+                temp = original(self, path, data)
+                if where == "inside" and writes == k and not path.endswith(LOCK_FILE):
+                    print(f"killed inside the write of {path}", file=sys.stderr, flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return temp
+            return wrapper
 
-    RegistryFiles.write = counted(RegistryFiles.write)
-    RegistryFiles.create = counted(RegistryFiles.create)
-    RegistryFiles._write_temp = temp_written(RegistryFiles._write_temp)
-    retrain(registry, store, validation=validation, settings=FitSettings(max_iter=2), tolerance=1.0,
-            cluster=ClusterOptions(scheduler=address), progress=False)
-    print("not killed", file=sys.stderr)
+        RegistryFiles.write = counted(RegistryFiles.write)
+        RegistryFiles.create = counted(RegistryFiles.create)
+        RegistryFiles._write_temp = temp_written(RegistryFiles._write_temp)
+        retrain(registry, store, validation=validation, settings=FitSettings(max_iter=2), tolerance=1.0,
+                cluster=ClusterOptions(scheduler=address), progress=False)
+        print("not killed", file=sys.stderr, flush=True)
+
+    # One process imports the package, then forks a process per case (before any thread or connection exists),
+    # each with its own stderr file: the cases run together without each paying for the imports.
+    started = {}
+    for name, registry, where, k, err in json.loads(cases):
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+            try:
+                run_case(registry, where, k)
+            except BaseException:
+                traceback.print_exc()
+                sys.stderr.flush()
+                os._exit(1)
+            os._exit(0)
+        started[name] = pid
+    ended = {}
+    for name, pid in started.items():
+        _, status = os.waitpid(pid, 0)
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        ended[name] = {"pid": pid, "returncode": code}
+    print(json.dumps(ended))
     """
 )
 
@@ -176,30 +199,23 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory, base, stores, address):
-    """Every case's child process, started together (each on its own copy of the registry) and collected."""
+    """Every case's process, started together (each on its own copy of the registry, forked by one process that
+    imported the package) and collected: ``name -> (registry, pid, return code, stderr)``."""
     root = tmp_path_factory.mktemp("killed")
-    started = {}
+    cases = []
     for name, case in CASES.items():
         registry = root / name
         if not case.fresh:
             shutil.copytree(base, registry)
-        argv = [
-            sys.executable,
-            "-c",
-            CHILD,
-            str(registry),
-            stores.train,
-            stores.validation,
-            address,
-            case.where,
-            str(case.k),
-        ]
-        started[name] = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=cli_env())
-    results = {}
-    for name, proc in started.items():
-        _, err = proc.communicate(timeout=240)
-        results[name] = (root / name, proc.pid, proc.returncode, err)
-    return results
+        cases.append([name, str(registry), case.where, case.k, str(root / f"{name}.err")])
+    argv = [sys.executable, "-c", CHILD, stores.train, stores.validation, address, json.dumps(cases)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=cli_env(), timeout=240)
+    assert done.returncode == 0, done.stderr
+    ended = json.loads(done.stdout)
+    return {
+        name: (root / name, ended[name]["pid"], ended[name]["returncode"], (root / f"{name}.err").read_text())
+        for name in CASES
+    }
 
 
 def killed_case(killed, name: str) -> tuple[Path, int, Case]:

@@ -2,9 +2,9 @@
 
 The training and validation stores are written to ``s3://`` through the store writer, the cluster's workers
 read them (they inherit the test credentials: the cluster starts after the environment is set), and
-``dist-respattn retrain`` / ``models`` run as subprocesses against ``s3://respattn/registry`` with
-``--storage-option endpoint_url=…``. The lock's exclusive create is S3's conditional PUT (``If-None-Match``),
-which moto honours.
+``dist-respattn retrain`` runs as subprocesses and ``models list|check`` through the command's ``main`` in this
+process, against ``s3://respattn/registry`` with ``--storage-option endpoint_url=…``. The lock's exclusive
+create is S3's conditional PUT (``If-None-Match``), which moto honours.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from dist_respattn.registry import Registry, RegistryFiles, RegistryLock, Regist
 from dist_respattn.store import write_synthetic
 from tests.engine.clusters import local_cluster
 from tests.engine.test_bad_input import Launched, run_cli
-from tests.registry.conftest import LAYOUT, dead_pid, truth
+from tests.registry.conftest import LAYOUT, dead_pid, run_in_process, truth
 
-#: The module's fixture alone (the object store, stores on it, a cluster, four commands) takes ~30 s.
+#: The module's fixture alone (the object store, stores on it, a cluster, two commands) takes ~20 s.
 pytestmark = pytest.mark.slow
 
 BUCKET = "respattn"
@@ -114,8 +114,8 @@ def runs(s3, address):
     )
     first = run_cli(*common, "--json", timeout=180)
     second = run_cli(*common, "--tolerance", "0.5", "--keep", "1", timeout=180)
-    listing = run_cli("models", "list", REGISTRY, *s3.cli_options, "--json")
-    check = run_cli("models", "check", REGISTRY, *s3.cli_options)
+    listing = run_in_process("models", "list", REGISTRY, *s3.cli_options, "--json")
+    check = run_in_process("models", "check", REGISTRY, *s3.cli_options)
     return {"first": first, "second": second, "list": listing, "check": check}
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from dist_respattn.store import SPLIT_NAMES, TextCorpus, TokenCorpus, TripleStore, WriteOptions, validate, write_split
 from dist_respattn.store.streams.reader import TokenStreamStore
+from tests.engine.clusters import local_cluster
 from tests.store.helpers import assert_same_rows
 from tests.store.test_split import FRACTIONS, WORDS, make_tree
 
@@ -71,23 +72,27 @@ def test_the_split_command_writes_streams_that_fit_and_evaluate_take_and_triples
     root = tmp_path / "corpus"
     make_tree(root, files=40)
     reports = {}
-    for kind, extra in (("stream", ()), ("triples", ("--format", "triples"))):
-        out = tmp_path / kind
-        done = run("split", str(out), "--text", str(root), "--context", "3", *extra, "--json")
-        assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout)["format"] == kind
-        opened = (TokenStreamStore if kind == "stream" else TripleStore).open(out / "train.zarr")
-        assert opened.num_rows > 0
-        model = tmp_path / f"model-{kind}"
-        done = run(
-            "fit", str(out / "train.zarr"), "--validation", str(out / "validation.zarr"), "--model-dir", str(model),
-            "--max-iter", "3", "--workers", "1", "--json",
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        fitted = json.loads(done.stdout)
-        done = run("evaluate", str(model), str(out / "test.zarr"), "--workers", "1", "--json")
-        assert done.returncode == 0, done.stderr
-        reports[kind] = (fitted["heldout"], json.loads(done.stdout)["model"])
+    # fit and evaluate join one cluster (--scheduler) rather than each starting its own: what is tested is that they
+    # take either format and agree, whoever's workers run them.
+    with local_cluster(1) as (_, client):
+        address = client.scheduler.address
+        for kind, extra in (("stream", ()), ("triples", ("--format", "triples"))):
+            out = tmp_path / kind
+            done = run("split", str(out), "--text", str(root), "--context", "3", *extra, "--json")
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)["format"] == kind
+            opened = (TokenStreamStore if kind == "stream" else TripleStore).open(out / "train.zarr")
+            assert opened.num_rows > 0
+            model = tmp_path / f"model-{kind}"
+            done = run(
+                "fit", str(out / "train.zarr"), "--validation", str(out / "validation.zarr"), "--model-dir",
+                str(model), "--max-iter", "3", "--scheduler", address, "--json",
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            fitted = json.loads(done.stdout)
+            done = run("evaluate", str(model), str(out / "test.zarr"), "--scheduler", address, "--json")
+            assert done.returncode == 0, done.stderr
+            reports[kind] = (fitted["heldout"], json.loads(done.stdout)["model"])
     for a, b in zip(reports["stream"], reports["triples"], strict=True):
         assert a["perplexity"] == pytest.approx(b["perplexity"], rel=1e-12)
 
