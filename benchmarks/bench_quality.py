@@ -86,6 +86,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--skip-old", action="store_true", help="do not fit the old defaults")
     parser.add_argument("--skip-holdout", action="store_true", help="do not fit without a validation store")
+    parser.add_argument(
+        "--conj-depths",
+        default="2",
+        help="comma-separated depths of the conjunction heads fitted from the head with defaults ('' for none)",
+    )
+    parser.add_argument("--conj-max-iter", type=int, default=10, help="EM iterations of each conjunction head")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
     return parser.parse_args(argv)
 
@@ -166,7 +172,16 @@ def _options(partition_rows: int) -> Any:
 # ------------------------------------------------------------------------------------------ fits
 
 
-def fit_and_test(client: Any, stores: dict[str, Any], model_dir: Path, settings: Any, validation: bool) -> dict:
+def fit_and_test(
+    client: Any,
+    stores: dict[str, Any],
+    model_dir: Path,
+    settings: Any,
+    validation: bool,
+    *,
+    head: Any = None,
+    init_from: Path | None = None,
+) -> dict:
     from dist_respattn.engine import evaluate, fit
 
     started = time.perf_counter()
@@ -177,6 +192,8 @@ def fit_and_test(client: Any, stores: dict[str, Any], model_dir: Path, settings:
         validation=stores["validation"] if validation else None,
         overwrite=True,
         client=client,
+        head=head,
+        init_from=init_from,
         say=lambda message: print(f"    {message}", file=sys.stderr, flush=True),
         progress=False,
     )
@@ -192,6 +209,34 @@ def fit_and_test(client: Any, stores: dict[str, Any], model_dir: Path, settings:
         "hyperparameters": best.get("hyperparameters"),
         "warnings": result.warnings,
     }
+
+
+def fit_conj(client: Any, stores: dict[str, Any], work: Path, single: dict, depth: int, args: Any) -> dict:
+    """The conjunction head (``fit --head conj --conj-depth DEPTH``) started from the head with defaults (its model
+    directory ``work / "model"``), whose held-out choices it keeps; the pair strengths chosen on validation."""
+    from dist_respattn.engine import FitSettings
+    from dist_respattn.model.heads.conj import ConjSpec
+    from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
+
+    chosen = single["hyperparameters"]
+    spec = ConjSpec(
+        SingleHopSpec(
+            sigma2=chosen["sigma2"],
+            emission_strength=chosen["emission_strength"],
+            type_strength=chosen["type_strength"],
+        ),
+        depth=depth,
+    )
+    print(f"{work.name}: fitting the conjunction head, depth {depth}", file=sys.stderr, flush=True)
+    return fit_and_test(
+        client,
+        stores,
+        work / f"model-conj{depth}",
+        FitSettings(max_iter=args.conj_max_iter),
+        True,
+        head=spec,
+        init_from=work / "model",
+    )
 
 
 # ------------------------------------------------------------------------------------------ the caches
@@ -334,6 +379,8 @@ def run_corpus(name: str, client: Any, args: argparse.Namespace, work: Path) -> 
         heads["old defaults"] = fit_and_test(
             client, stores, work / name / "model-old", FitSettings(max_iter=args.max_iter, **OLD_DEFAULTS), True
         )
+    for depth in [int(d) for d in args.conj_depths.split(",") if d.strip()]:
+        heads[f"conjunction, depth {depth}"] = fit_conj(client, stores, work / name, heads["defaults"], depth, args)
     baselines = heads["defaults"]["test"]["baselines"]
     print(f"{name}: the 5-gram with document caches", file=sys.stderr, flush=True)
     started = time.perf_counter()
@@ -393,6 +440,7 @@ def print_table(results: list[dict[str, Any]], stream: Any = None) -> None:
         ("kneser_ney_5_caches", "KN 5-gram + document caches"),
     ]
     heads = ["defaults", "defaults, no validation store", "old defaults"]
+    heads += sorted({h for r in results for h in r["heads"] if h.startswith("conjunction")})
     width = 14
     print()
     print("test perplexity (next target), train / validation / test split by document, vocabulary from train")

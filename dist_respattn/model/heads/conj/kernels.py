@@ -19,14 +19,25 @@ from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.kernels.log_weights import exp_shifted, squared_distance
 from dist_respattn.model.kernels.per_position import find_pair
+from dist_respattn.model.kernels.prefetch import prefetch_item
 from dist_respattn.model.rows import WindowRows
 
-__all__ = ["ConjArrays", "ConjParameters", "conj_estep", "conj_score", "find_key", "pair_of_cells"]
+__all__ = [
+    "ConjArrays",
+    "ConjParameters",
+    "conj_estep",
+    "conj_score",
+    "find_key",
+    "find_pair_slot",
+    "pair_of_cells",
+    "pair_table",
+]
 
 _NO_VALUES = np.zeros(0)
 _NO_INDEX = np.zeros(0, dtype=np.int64)
 _NO_SYMBOLS = np.zeros(0, dtype=np.int32)
 _NO_TABLE = np.zeros((0, 0))
+_PREFETCH_ROWS = 8  # how many rows ahead the passes prefetch the cells a row reads
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,7 @@ class ConjParameters:
             order, ``prior[N - 1]`` the most recent).
         depth: positions of recency ``< depth`` read the pair rows.
         num_symbols: S (a pair's key is ``a * S + q``).
-        pair_keys: (P,) int64 increasing; ``indptr`` (P + 1,) int64: pair ``p``'s stored targets are
+        pair_keys: (P,) int64 increasing; ``slots``, ``shift``: their hash table (:func:`pair_table`); ``indptr`` (P + 1,) int64: pair ``p``'s stored targets are
             ``targets[indptr[p]:indptr[p + 1]]`` (int32, increasing).
         pair_weight: (P,) ``s_p / (n_p + s_p)``, the weight of ``B[a, t]`` in the pair's row (1 for an infinite
             strength); ``cell_value``: (M,) ``n[p, t] / (n_p + s_p)``.
@@ -54,6 +65,8 @@ class ConjParameters:
     depth: int
     num_symbols: int
     pair_keys: np.ndarray
+    slots: np.ndarray
+    shift: int
     indptr: np.ndarray
     targets: np.ndarray
     pair_weight: np.ndarray
@@ -84,14 +97,15 @@ class ConjParameters:
         return cls(
             params.key_means, float(params.inv_two_sigma2), float(params.gate_const),
             np.asarray(single.position_prior, dtype=np.float64), np.asarray(params.log_prior, dtype=np.float64),
-            int(depth), int(single.num_symbols), pair_keys, indptr, targets, pair_weight, cell_value, dense, *sparse,
+            int(depth), int(single.num_symbols), pair_keys, *pair_table(pair_keys), indptr, targets, pair_weight,
+            cell_value, dense, *sparse,
         )  # fmt: skip
 
     def arrays(self) -> tuple[Any, ...]:
         """The fields in the kernels' argument order."""
         return (
             self.key_means, self.inv_two_sigma2, self.gate_const, self.prior, self.log_prior, self.depth,
-            self.num_symbols, self.pair_keys, self.indptr, self.targets, self.pair_weight, self.cell_value,
+            self.num_symbols, self.pair_keys, self.slots, self.shift, self.indptr, self.targets, self.pair_weight, self.cell_value,
             self.log_emission_ts, self.b_indptr, self.b_symbols, self.log_values, self.log_backoff, self.log_base,
         )  # fmt: skip
 
@@ -111,6 +125,48 @@ class ConjArrays:
     @classmethod
     def zeros(cls, context_length: int, num_cells: int) -> ConjArrays:
         return cls(np.zeros(context_length), np.zeros(num_cells))
+
+
+_HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
+
+
+@numba.njit(cache=True, nogil=True)
+def _slot(key, shift):  # pragma: no cover - compiled
+    """The home slot of ``key`` in a table of ``2 ** (64 - shift)`` slots (Fibonacci hashing)."""
+    return np.int64((np.uint64(key) * _HASH_MULTIPLIER) >> np.uint64(shift))
+
+
+@numba.njit(cache=True, nogil=True)
+def _fill_table(keys, table, shift):  # pragma: no cover - compiled
+    mask = table.shape[0] - 1
+    for p in range(keys.shape[0]):
+        h = _slot(keys[p], shift)
+        while table[h, 1] >= 0:
+            h = (h + 1) & mask
+        table[h, 0] = keys[p]
+        table[h, 1] = p
+
+
+def pair_table(pair_keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(table (2^b, 2) int64, shift)``: an open-addressing hash table of the pairs, each slot ``(key, pair index)``
+    (index -1: empty), at most half full: a lookup reads one cache line where a binary search over millions of pairs
+    misses the cache at every step."""
+    bits = max(int(np.ceil(np.log2(max(2 * pair_keys.shape[0], 2)))), 1)
+    table = np.full((1 << bits, 2), -1, dtype=np.int64)
+    _fill_table(np.ascontiguousarray(pair_keys, dtype=np.int64), table, 64 - bits)
+    return table, 64 - bits
+
+
+@numba.njit(cache=True, nogil=True)
+def find_pair_slot(table, shift, key):  # pragma: no cover - compiled
+    """The pair index of ``key`` through the hash ``table`` (:func:`pair_table`), or -1."""
+    mask = table.shape[0] - 1
+    h = _slot(key, shift)
+    while True:
+        p = table[h, 1]
+        if p < 0 or table[h, 0] == key:
+            return p
+        h = (h + 1) & mask
 
 
 @numba.njit(cache=True, nogil=True)
@@ -140,8 +196,21 @@ def _log_b(t, c, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, 
 
 
 @numba.njit(cache=True, nogil=True)
+def _prefetch_row(tokens, lo, hi, t, depth, num_symbols, slots, shift, log_emission_ts, counts_ts):  # pragma: no cover
+    """Prefetch a row's hash slots and, for a dense emission, its (target, symbol) cells."""
+    q = tokens[hi - 1]
+    for x in range(lo, hi):
+        c = tokens[x]
+        if log_emission_ts.shape[0] > 0:
+            prefetch_item(log_emission_ts, t, c)
+            prefetch_item(counts_ts, t, c)
+        if hi - 1 - x < depth and slots.shape[0] > 0:
+            prefetch_item(slots, _slot(np.int64(c) * num_symbols + q, shift), 0)
+
+
+@numba.njit(cache=True, nogil=True)
 def _row_terms(
-    tokens, lo, hi, t, y, key_means, inv_two_sigma2, prior, log_prior, depth, num_symbols, pair_keys, indptr,
+    tokens, lo, hi, t, y, key_means, inv_two_sigma2, prior, log_prior, depth, num_symbols, pair_keys, slots, shift, indptr,
     targets, pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base,
     logw, gate, cell, bpair,
 ):  # pragma: no cover - compiled  # fmt: skip
@@ -156,18 +225,23 @@ def _row_terms(
         total += prior[n_pos - 1 - r]
     log_total = 0.0 if m == n_pos else (math.log(total) if total > 0.0 else 0.0)
     q = tokens[hi - 1]
-    n_pairs = pair_keys.shape[0]
+    dense = b_indptr.shape[0] == 0
     best = -np.inf
     for j in range(m):
         x = lo + j
         r = hi - 1 - x
         col = n_pos - 1 - r
         c = tokens[x]
-        log_b, bpair[j] = _log_b(t, c, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base)
+        # The dense lookup written out here: a call passing the sparse layout's arrays cost more than it.
+        if dense:
+            log_b = log_emission_ts[t, c]
+            bpair[j] = -1
+        else:
+            log_b, bpair[j] = _log_b(t, c, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base)
         cell[j] = -1
         log_e = log_b
-        if r < depth and n_pairs > 0:
-            p = find_key(pair_keys, 0, n_pairs, np.int64(c) * num_symbols + q)
+        if r < depth and pair_keys.shape[0] > 0:
+            p = find_pair_slot(slots, shift, np.int64(c) * num_symbols + q)
             if p >= 0:
                 k = find_key(targets, indptr[p], indptr[p + 1], t)
                 w = pair_weight[p]
@@ -190,7 +264,7 @@ def _row_terms(
 @numba.njit(cache=True, nogil=True)
 def _estep(
     tokens, begin, end, target, query_table, query_index, weights,
-    key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, num_symbols, pair_keys, indptr, targets,
+    key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, num_symbols, pair_keys, slots, shift, indptr, targets,
     pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base,
     key_sum, key_mass, emission_count_ts, pair_counts, recency_mass, cell_counts, scalars, impossible,
 ):  # pragma: no cover - compiled  # fmt: skip
@@ -211,7 +285,14 @@ def _estep(
     query_sq = 0.0
     n_obs = 0.0
     log_lik = 0.0
-    for row in range(target.shape[0]):
+    n_rows = target.shape[0]
+    for row in range(n_rows):
+        ahead = row + _PREFETCH_ROWS
+        if ahead < n_rows:
+            # The cells a later row reads (and updates), scattered over tables larger than cache: their misses then
+            # overlap with this row's work (as in the single head's per-position kernel).
+            _prefetch_row(tokens, begin[ahead], end[ahead], target[ahead], depth, num_symbols, slots, shift,
+                          log_emission_ts, emission_count_ts)  # fmt: skip
         w = 1.0 if weights.shape[0] == 0 else weights[row]
         if w == 0.0:
             continue
@@ -226,7 +307,7 @@ def _estep(
             yy += v * v
         m = hi - lo
         best, total = _row_terms(
-            tokens, lo, hi, t, y, key_means, inv_two_sigma2, prior, log_prior, depth, num_symbols, pair_keys, indptr,
+            tokens, lo, hi, t, y, key_means, inv_two_sigma2, prior, log_prior, depth, num_symbols, pair_keys, slots, shift, indptr,
             targets, pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff,
             log_base, logw, gate, cell, bpair,
         )  # fmt: skip
@@ -276,7 +357,7 @@ def _estep(
 @numba.njit(cache=True, nogil=True)
 def _score(
     tokens, begin, end, target, query_table, query_index, weights,
-    key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, num_symbols, pair_keys, indptr, targets,
+    key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, num_symbols, pair_keys, slots, shift, indptr, targets,
     pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base, attention,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Weighted ``(log_lik, target_log_prob, weight)`` of the rows; ``attention`` (n, N) receives each row's
@@ -293,7 +374,15 @@ def _score(
     log_lik = 0.0
     target_log_prob = 0.0
     weight = 0.0
-    for row in range(target.shape[0]):
+    n_rows = target.shape[0]
+    for row in range(n_rows):
+        ahead = row + _PREFETCH_ROWS
+        if ahead < n_rows:
+            # The cells a later row reads (and updates), scattered over tables larger than cache: their misses then
+            # overlap with this row's work (as in the single head's per-position kernel).
+            _prefetch_row(tokens, begin[ahead], end[ahead], target[ahead], depth, num_symbols, slots, shift,
+                          log_emission_ts, log_emission_ts)  # fmt: skip
+
         w = 1.0 if weights.shape[0] == 0 else weights[row]
         lo = begin[row]
         hi = end[row]
@@ -303,7 +392,8 @@ def _score(
             y[d] = np.float64(query_table[q, d])
         best, _ = _row_terms(
             tokens, lo, hi, target[row], y, key_means, inv_two_sigma2, prior, log_prior, depth, num_symbols,
-            pair_keys, indptr, targets, pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values,
+            pair_keys, slots, shift, indptr, targets, pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols,
+            log_values,
             log_backoff, log_base, logw, gate, cell, bpair,
         )  # fmt: skip
         g_best = -np.inf
