@@ -350,6 +350,8 @@ def conj_pair_rows(head: Head) -> np.ndarray:
     rows = np.empty((head.num_pairs, head.num_targets))
     for p in range(head.num_pairs):
         a = int(head.pair_keys[p]) // head.num_symbols
+        if head.backoff == "current":  # the row leans toward the current token's
+            a = int(head.pair_keys[p]) % head.num_symbols
         n = np.zeros(head.num_targets)
         n[head.targets[head.indptr[p] : head.indptr[p + 1]]] = head.counts[head.indptr[p] : head.indptr[p + 1]]
         s = head.strength + head.type_strength * (head.indptr[p + 1] - head.indptr[p])
@@ -402,7 +404,7 @@ def conj_ml(spec: HeadSpec) -> HeadSpec:
     assert isinstance(spec, ConjSpec)
     single = single_hop_ml(spec.single)
     assert isinstance(single, SingleHopSpec)
-    return ConjSpec(single, depth=64, min_count=1.0, strength=0.0, type_strength=0.0)
+    return ConjSpec(single, depth=64, min_count=1.0, strength=0.0, type_strength=0.0, backoff=spec.backoff)
 
 
 def _conj_free_dense() -> tuple[HeadSpec, KindData, TrainerContext]:
@@ -422,7 +424,7 @@ def _conj_tied_sparse() -> tuple[HeadSpec, KindData, TrainerContext]:
     shape = (10, 6, 2, 10)
     single = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="sparse",
                            position_buckets=3)  # fmt: skip
-    spec = ConjSpec(single, depth=3, min_count=2.0, strength=2.0, type_strength=0.0)
+    spec = ConjSpec(single, depth=3, min_count=2.0, strength=2.0, type_strength=0.0, backoff="current")
     return spec, copy_data(600, shape, 29), TrainerContext(shape)
 
 

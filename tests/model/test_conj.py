@@ -28,7 +28,8 @@ from tests.model.test_copy import corpus, windows_of
 
 
 def random_conj_head(shape: tuple[int, int, int, int], rows: WindowRows, depth: int, seed: int, *,
-                     strength: float = 1.5, type_strength: float = 0.5, sparse: bool = False) -> ConjHead:  # fmt: skip
+                     strength: float = 1.5, type_strength: float = 0.5, sparse: bool = False,
+                     backoff: str = "attended") -> ConjHead:  # fmt: skip
     """A random single head with the pair rows of ``rows`` (every pair stored) and random counts."""
     rng = np.random.default_rng(seed)
     single = random_distribution(*shape, seed=seed, sigma2=0.8)
@@ -37,7 +38,7 @@ def random_conj_head(shape: tuple[int, int, int, int], rows: WindowRows, depth: 
     tally = cell_tally(shape[0], shape[3], depth, iter([Block(rows, None)]))
     pair_keys, indptr, targets = support_of(tally, shape[3], 1.0)
     counts = rng.exponential(size=targets.size) * (rng.random(targets.size) < 0.8)  # some cells at 0
-    return ConjHead(single, depth, pair_keys, indptr, targets, counts, strength, type_strength)
+    return ConjHead(single, depth, pair_keys, indptr, targets, counts, strength, type_strength, backoff=backoff)
 
 
 def reference_statistics(head: ConjHead, rows: WindowRows) -> dict[str, np.ndarray]:
@@ -51,7 +52,8 @@ def reference_statistics(head: ConjHead, rows: WindowRows) -> dict[str, np.ndarr
         for m in range(head.indptr[p], head.indptr[p + 1]):
             cell_of[(p, int(head.targets[m]))] = m
     out = {"key_sum": np.zeros((s, d)), "key_mass": np.zeros(s), "emission_count": np.zeros((s, t_n)),
-           "recency_mass": np.zeros(n_pos), "cell_counts": np.zeros(head.num_cells), "log_lik": np.zeros(1)}  # fmt: skip
+           "recency_mass": np.zeros(n_pos), "cell_counts": np.zeros(head.num_cells),
+           "log_lik": np.zeros(1)}  # fmt: skip
     for row in range(rows.num_rows):
         window = rows.tokens[rows.begin[row] : rows.end[row]]
         m = window.shape[0]
@@ -74,7 +76,8 @@ def reference_statistics(head: ConjHead, rows: WindowRows) -> dict[str, np.ndarr
             n_p = head.counts[lo:hi].sum()
             s_p = head.strength + head.type_strength * (hi - lo)
             cells[j] = cell_of[(p, t)]
-            e[j] = (head.counts[cells[j]] + s_p * emission[c, t]) / (n_p + s_p)
+            lean = q if head.backoff == "current" else c
+            e[j] = (head.counts[cells[j]] + s_p * emission[lean, t]) / (n_p + s_p)
         joint = prior / area * gauss * e
         r = joint / joint.sum()
         for j in range(m):
@@ -104,15 +107,16 @@ def kernel_statistics(head: ConjHead, rows: WindowRows) -> dict[str, np.ndarray]
 
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**16), n_pos=st.integers(1, 5), depth=st.integers(1, 5),
-       vocab=st.sampled_from([2, 3, 7]), n_docs=st.integers(1, 3), sparse=st.booleans())  # fmt: skip
+       vocab=st.sampled_from([2, 3, 7]), n_docs=st.integers(1, 3), sparse=st.booleans(),
+       backoff=st.sampled_from(["attended", "current"]))  # fmt: skip
 def test_kernel_equals_the_per_position_reference(
-    seed: int, n_pos: int, depth: int, vocab: int, n_docs: int, sparse: bool
+    seed: int, n_pos: int, depth: int, vocab: int, n_docs: int, sparse: bool, backoff: str
 ) -> None:
     rng = np.random.default_rng(seed)
     shape = (7, n_pos, 2, 7)
     tokens, starts = corpus(rng, 40, vocab, n_docs)
     rows = windows_of(tokens, starts, n_pos, rng.normal(size=(7, 2)))
-    head = random_conj_head(shape, rows, min(depth, n_pos), seed, sparse=sparse)
+    head = random_conj_head(shape, rows, min(depth, n_pos), seed, sparse=sparse, backoff=backoff)
     mine, theirs = kernel_statistics(head, rows), reference_statistics(head, rows)
     for name, value in theirs.items():
         np.testing.assert_allclose(mine[name], value, rtol=1e-12, atol=1e-12, err_msg=name)
@@ -148,14 +152,14 @@ def test_an_infinite_pair_strength_is_the_single_head() -> None:
     assert near == pytest.approx(single.target_log_prob, rel=1e-6) and far != pytest.approx(near, rel=1e-3)
 
 
-@pytest.mark.parametrize("sparse", [False, True])
-def test_the_distributions_normalize_and_the_hits_are_their_arg_max(sparse: bool) -> None:
+@pytest.mark.parametrize(("sparse", "backoff"), [(False, "current"), (True, "attended")])
+def test_the_distributions_normalize_and_the_hits_are_their_arg_max(sparse: bool, backoff: str) -> None:
     rng = np.random.default_rng(5)
     shape = (5, 4, 2, 5)
     context = rng.integers(0, 3, size=(200, 4)).astype(np.int32)
     query, target = rng.normal(size=(200, 2)), rng.integers(0, 5, size=200).astype(np.int32)
     rows = WindowRows.from_encoded(context, query, target)
-    head = random_conj_head(shape, rows, 3, 6, sparse=sparse)
+    head = random_conj_head(shape, rows, 3, 6, sparse=sparse, backoff=backoff)
     probs = head.predict_proba(context, query)
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=0, atol=1e-12)
     hits = head.score([Block(rows, None)]).correct
@@ -200,6 +204,8 @@ def test_the_conj_options_make_the_spec_and_bad_ones_name_their_flag() -> None:
     spec = spec_from_args(parsed("--head", "conj", "--conj-depth", "3", "--conj-strength", "inf"), base, None)
     assert spec == ConjSpec(base, depth=3, strength=np.inf)
     assert spec_from_args(parsed("--head", "conj"), base, None) == ConjSpec(base)
+    current = spec_from_args(parsed("--head", "conj", "--conj-backoff", "current"), base, None)
+    assert current == ConjSpec(base, backoff="current")
     resumed = spec_from_args(parsed("--head", "conj"), base, ConjSpec(base, depth=4, type_strength=1.0).to_json())
     assert resumed == ConjSpec(base, depth=4, type_strength=1.0)
     for flags, message in [

@@ -16,7 +16,7 @@ from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 __all__ = ["KIND", "ConjHead", "ConjSpec", "spec_from_options"]
 
 _FLAGS = {"conj_depth": "--conj-depth", "conj_min_count": "--conj-min-count", "conj_strength": "--conj-strength",
-          "conj_type_strength": "--conj-type-strength"}  # fmt: skip
+          "conj_type_strength": "--conj-type-strength", "conj_backoff": "--conj-backoff"}  # fmt: skip
 
 
 def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, Any] | None) -> ConjSpec | None:
@@ -37,6 +37,7 @@ def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, 
         float(given.get("conj_min_count", recorded.min_count)),
         float(given["conj_strength"]) if "conj_strength" in given else recorded.strength,
         float(given["conj_type_strength"]) if "conj_type_strength" in given else recorded.type_strength,
+        str(given.get("conj_backoff", recorded.backoff)),
     )
 
 
@@ -87,6 +88,15 @@ KIND = register_kind(
                     "default": None,
                     "help": "--head conj: the strength added per distinct target of the pair (default: chosen on "
                     "held-out rows)",
+                },
+            ),
+            Option(
+                ("--conj-backoff",),
+                {
+                    "choices": ("attended", "current"),
+                    "default": None,
+                    "help": "--head conj: the row the pair rows' prior leans toward: the attended token's (default; "
+                    "an infinite strength is then the single head) or the current token's (Kneser-Ney's order)",
                 },
             ),
         ),

@@ -29,7 +29,11 @@ from dist_respattn.model.rows import WindowRows
 from dist_respattn.model.scores import ScoreTotals, TopK
 from dist_respattn.model.streaming import WindowPredictions
 
-__all__ = ["ConjHead", "ConjPredictor", "pair_rows"]
+__all__ = ["BACKOFFS", "ConjHead", "ConjPredictor", "pair_rows"]
+
+#: The row a pair row's prior leans toward: the attended token's ``B[a]`` (beta = inf: the single head) or the
+#: current token's ``B[q]`` (Kneser-Ney's order: the trigram backs off to the bigram of the current token).
+BACKOFFS = ("attended", "current")
 
 #: Rows per sub-block of the NumPy predictions, bounding their (rows, T) arrays.
 _PREDICT_ROWS = 256
@@ -68,6 +72,8 @@ class ConjHead(Head):
             increasing (the cells that occur in the training rows).
         counts: (M,) float64 ``n[a, q, t]`` of each cell (the last E-step's responsibilities).
         strength, type_strength: ``beta >= 0`` (``inf``: the single head) and ``gamma >= 0`` of the pair rows' prior.
+        backoff: the row the pair rows' prior leans toward (:data:`BACKOFFS`): ``"attended"`` (``B[a]``, the default)
+            or ``"current"`` (``B[q]``).
     """
 
     kind: ClassVar[str] = "conj"
@@ -82,6 +88,8 @@ class ConjHead(Head):
         counts: Any,
         strength: float,
         type_strength: float,
+        *,
+        backoff: str = "attended",
     ) -> None:
         if not isinstance(single, ResponsibilityAttentionDistribution):
             raise TypeError(f"single is a {type(single).__name__}: expected a single-hop head")
@@ -110,6 +118,9 @@ class ConjHead(Head):
             raise ValueError("pair_keys: expected increasing pairs a * S + q in [0, S * S)")
         if m and (self.targets.min() < 0 or self.targets.max() >= self.num_targets):
             raise ValueError(f"targets: expected ids in [0, {self.num_targets})")
+        if backoff not in BACKOFFS:
+            raise ValueError(f"backoff = {backoff!r}: expected one of {', '.join(BACKOFFS)}")
+        self.backoff = backoff
         self.strength, self.type_strength = float(strength), float(type_strength)
         if not (self.strength >= 0.0 and np.isfinite(self.type_strength) and self.type_strength >= 0.0):
             raise ValueError(
@@ -121,7 +132,7 @@ class ConjHead(Head):
         return (
             f"ConjHead(S={self.num_symbols}, N={self.context_length}, D={self.query_dim}, T={self.num_targets}, "
             f"depth={self.depth}, pairs={self.num_pairs}, cells={self.num_cells}, beta={self.strength:g}, "
-            f"gamma={self.type_strength:g})"
+            f"gamma={self.type_strength:g}, backoff={self.backoff})"
         )
 
     @property
@@ -135,7 +146,7 @@ class ConjHead(Head):
     def with_counts(self, counts: np.ndarray, strength: float, type_strength: float) -> ConjHead:
         """The same support and single head with other cell counts and strengths."""
         return ConjHead(self.single, self.depth, self.pair_keys, self.indptr, self.targets, counts, strength,
-                        type_strength)  # fmt: skip
+                        type_strength, backoff=self.backoff)  # fmt: skip
 
     @functools.cached_property
     def pair_values(self) -> tuple[np.ndarray, np.ndarray]:
@@ -146,7 +157,9 @@ class ConjHead(Head):
     def parameters(self) -> ConjParameters:
         """The parameters as the compiled passes read them (built once per head)."""
         weight, value = self.pair_values
-        return ConjParameters.build(self.single, self.depth, self.pair_keys, self.indptr, self.targets, weight, value)
+        return ConjParameters.build(
+            self.single, self.depth, self.backoff == "current", self.pair_keys, self.indptr, self.targets, weight, value
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -163,7 +176,7 @@ class ConjHead(Head):
         arrays = {**arrays, "conj_pair_keys": self.pair_keys, "conj_indptr": self.indptr,
                   "conj_targets": self.targets, "conj_counts": self.counts}  # fmt: skip
         return arrays, {"single": meta, "depth": self.depth, "strength": self.strength,
-                        "type_strength": self.type_strength}  # fmt: skip
+                        "type_strength": self.type_strength, "backoff": self.backoff}  # fmt: skip
 
     @classmethod
     def from_arrays(cls, arrays: Any, meta: dict[str, Any]) -> ConjHead:
@@ -179,7 +192,7 @@ class ConjHead(Head):
         return cls(
             single, int(meta["depth"]), np.asarray(arrays["conj_pair_keys"]), np.asarray(arrays["conj_indptr"]),
             np.asarray(arrays["conj_targets"]), np.asarray(arrays["conj_counts"]), float(meta["strength"]),
-            float(meta["type_strength"]),
+            float(meta["type_strength"]), backoff=str(meta.get("backoff", "attended")),
         )  # fmt: skip
 
     def num_parameters(self) -> int:
@@ -204,10 +217,10 @@ class ConjHead(Head):
         line = (
             f"last model: pair rows (attended, current token) over the {self.depth} most recent position(s): "
             f"{self.num_pairs:,} pairs, {self.num_cells:,} cells; strength beta {self.strength:g} + gamma "
-            f"{self.type_strength:g} x types"
+            f"{self.type_strength:g} x types, toward the {self.backoff} token's row"
         )
-        return {"conj_depth": self.depth, "conj_pairs": self.num_pairs, "conj_cells": self.num_cells,
-                "conj_strength": self.strength, "conj_type_strength": self.type_strength,
+        return {"conj_depth": self.depth, "conj_backoff": self.backoff, "conj_pairs": self.num_pairs,
+                "conj_cells": self.num_cells, "conj_strength": self.strength, "conj_type_strength": self.type_strength,
                 "sigma2": float(self.single.sigma2)}, [line]  # fmt: skip
 
     def emissions(self, options: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
@@ -259,7 +272,9 @@ class ConjHead(Head):
         pair[:, conj] = pair_of_cells(self.pair_keys, context[:, conj] * self.num_symbols + current[:, None])
         pair[attention <= 0.0] = -1
         own = attention * np.where(pair >= 0, weight[np.maximum(pair, 0)], 1.0)
-        probs = self.single.emission_table.predictive(context, own)
+        # The row each position's prior part reads: B[a], or B[q] on a stored pair when the rows lean toward it.
+        leaning = np.where(pair >= 0, current[:, None], context) if self.backoff == "current" else context
+        probs = self.single.emission_table.predictive(leaning, own)
         row_of, col_of = np.nonzero(pair >= 0)
         p = pair[row_of, col_of]
         lengths = self.indptr[p + 1] - self.indptr[p]

@@ -47,10 +47,11 @@ class ConjParameters:
     Attributes:
         key_means, inv_two_sigma2, gate_const, prior, log_prior: the single head's gate (``prior`` (N,) in column
             order, ``prior[N - 1]`` the most recent).
-        depth: positions of recency ``< depth`` read the pair rows.
+        depth: positions of recency ``< depth`` read the pair rows; ``current``: their prior mean is the current
+            token's row ``B[q]`` (else the attended token's, ``B[a]``).
         num_symbols: S (a pair's key is ``a * S + q``).
-        pair_keys: (P,) int64 increasing; ``slots``, ``shift``: their hash table (:func:`pair_table`); ``indptr`` (P + 1,) int64: pair ``p``'s stored targets are
-            ``targets[indptr[p]:indptr[p + 1]]`` (int32, increasing).
+        pair_keys: (P,) int64 increasing; ``slots``, ``shift``: their hash table (:func:`pair_table`); ``indptr``
+            (P + 1,) int64: pair ``p``'s stored targets are ``targets[indptr[p]:indptr[p + 1]]`` (int32, increasing).
         pair_weight: (P,) ``s_p / (n_p + s_p)``, the weight of ``B[a, t]`` in the pair's row (1 for an infinite
             strength); ``cell_value``: (M,) ``n[p, t] / (n_p + s_p)``.
         log_emission_ts: (T, S) ``log B`` target-major for a dense emission, else (0, 0); a sparse one's
@@ -63,6 +64,7 @@ class ConjParameters:
     prior: np.ndarray
     log_prior: np.ndarray
     depth: int
+    current: bool
     num_symbols: int
     pair_keys: np.ndarray
     slots: np.ndarray
@@ -80,7 +82,7 @@ class ConjParameters:
 
     @classmethod
     def build(
-        cls, single: Any, depth: int, pair_keys: np.ndarray, indptr: np.ndarray, targets: np.ndarray,
+        cls, single: Any, depth: int, current: bool, pair_keys: np.ndarray, indptr: np.ndarray, targets: np.ndarray,
         pair_weight: np.ndarray, cell_value: np.ndarray,
     ) -> ConjParameters:  # fmt: skip
         """From a single-hop head (its keys, prior, gate variance and emission ``B``) and the pair rows."""
@@ -97,15 +99,17 @@ class ConjParameters:
         return cls(
             params.key_means, float(params.inv_two_sigma2), float(params.gate_const),
             np.asarray(single.position_prior, dtype=np.float64), np.asarray(params.log_prior, dtype=np.float64),
-            int(depth), int(single.num_symbols), pair_keys, *pair_table(pair_keys), indptr, targets, pair_weight,
+            int(depth), bool(current), int(single.num_symbols), pair_keys, *pair_table(pair_keys), indptr, targets,
+            pair_weight,
             cell_value, dense, *sparse,
         )  # fmt: skip
 
     def arrays(self) -> tuple[Any, ...]:
         """The fields in the kernels' argument order."""
         return (
-            self.key_means, self.inv_two_sigma2, self.gate_const, self.prior, self.log_prior, self.depth,
-            self.num_symbols, self.pair_keys, self.slots, self.shift, self.indptr, self.targets, self.pair_weight, self.cell_value,
+            self.key_means, self.inv_two_sigma2, self.gate_const, self.prior, self.log_prior, self.depth, self.current,
+            self.num_symbols, self.pair_keys, self.slots, self.shift, self.indptr, self.targets, self.pair_weight,
+            self.cell_value,
             self.log_emission_ts, self.b_indptr, self.b_symbols, self.log_values, self.log_backoff, self.log_base,
         )  # fmt: skip
 
@@ -210,7 +214,8 @@ def _prefetch_row(tokens, lo, hi, t, depth, num_symbols, slots, shift, log_emiss
 
 @numba.njit(cache=True, nogil=True)
 def _row_terms(
-    tokens, lo, hi, t, y, key_means, inv_two_sigma2, prior, log_prior, depth, num_symbols, pair_keys, slots, shift, indptr,
+    tokens, lo, hi, t, y, key_means, inv_two_sigma2, prior, log_prior, depth, current, num_symbols, pair_keys, slots,
+    shift, indptr,
     targets, pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base,
     logw, gate, cell, bpair,
 ):  # pragma: no cover - compiled  # fmt: skip
@@ -245,6 +250,11 @@ def _row_terms(
             if p >= 0:
                 k = find_key(targets, indptr[p], indptr[p + 1], t)
                 w = pair_weight[p]
+                if current:  # the pair rows' prior mean is the current token's row B[q]
+                    if dense:
+                        log_b = log_emission_ts[t, q]
+                    else:
+                        log_b, _ = _log_b(t, q, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base)
                 if k >= 0:
                     e = cell_value[k] + w * math.exp(log_b)
                     log_e = math.log(e) if e > 0.0 else -np.inf
@@ -264,7 +274,8 @@ def _row_terms(
 @numba.njit(cache=True, nogil=True)
 def _estep(
     tokens, begin, end, target, query_table, query_index, weights,
-    key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, num_symbols, pair_keys, slots, shift, indptr, targets,
+    key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
+    indptr, targets,
     pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base,
     key_sum, key_mass, emission_count_ts, pair_counts, recency_mass, cell_counts, scalars, impossible,
 ):  # pragma: no cover - compiled  # fmt: skip
@@ -307,7 +318,8 @@ def _estep(
             yy += v * v
         m = hi - lo
         best, total = _row_terms(
-            tokens, lo, hi, t, y, key_means, inv_two_sigma2, prior, log_prior, depth, num_symbols, pair_keys, slots, shift, indptr,
+            tokens, lo, hi, t, y, key_means, inv_two_sigma2, prior, log_prior, depth, current, num_symbols, pair_keys,
+            slots, shift, indptr,
             targets, pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff,
             log_base, logw, gate, cell, bpair,
         )  # fmt: skip
@@ -357,7 +369,8 @@ def _estep(
 @numba.njit(cache=True, nogil=True)
 def _score(
     tokens, begin, end, target, query_table, query_index, weights,
-    key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, num_symbols, pair_keys, slots, shift, indptr, targets,
+    key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
+    indptr, targets,
     pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base, attention,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Weighted ``(log_lik, target_log_prob, weight)`` of the rows; ``attention`` (n, N) receives each row's
@@ -391,7 +404,7 @@ def _score(
         for d in range(dim):
             y[d] = np.float64(query_table[q, d])
         best, _ = _row_terms(
-            tokens, lo, hi, target[row], y, key_means, inv_two_sigma2, prior, log_prior, depth, num_symbols,
+            tokens, lo, hi, target[row], y, key_means, inv_two_sigma2, prior, log_prior, depth, current, num_symbols,
             pair_keys, slots, shift, indptr, targets, pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols,
             log_values,
             log_backoff, log_base, logw, gate, cell, bpair,

@@ -29,7 +29,7 @@ from dist_respattn.model.heads.base import (
     Trainer,
     TrainerContext,
 )
-from dist_respattn.model.heads.conj.head import ConjHead
+from dist_respattn.model.heads.conj.head import BACKOFFS, ConjHead
 from dist_respattn.model.heads.conj.kernels import ConjArrays, conj_estep
 from dist_respattn.model.heads.copy.kind import fixed_single
 from dist_respattn.model.heads.single_hop.accumulator import SufficientStatistics
@@ -74,6 +74,8 @@ class ConjSpec(HeadSpec):
             the training rows (weighted); the others read ``B`` (bounds the support, see the guide).
         strength, type_strength: ``beta`` and ``gamma`` of the pair rows' prior, or ``None``: chosen on held-out
             rows among :data:`STRENGTHS` and :data:`TYPE_STRENGTHS`. ``strength = inf`` is the single head.
+        backoff: the row the pair rows' prior leans toward, the attended token's (``B[a]``) or the current token's
+            (``B[q]``) (:data:`~dist_respattn.model.heads.conj.head.BACKOFFS`).
     """
 
     kind: ClassVar[str] = "conj"
@@ -83,8 +85,11 @@ class ConjSpec(HeadSpec):
     min_count: float = 1.0
     strength: float | None = None
     type_strength: float | None = None
+    backoff: str = "attended"
 
     def __post_init__(self) -> None:
+        if self.backoff not in BACKOFFS:
+            raise ValueError(f"--conj-backoff {self.backoff}: expected one of {', '.join(BACKOFFS)}")
         if int(self.depth) < 1:
             raise ValueError(f"--conj-depth {self.depth}: expected at least 1 recent position")
         if not (math.isfinite(self.min_count) and self.min_count >= 0.0):
@@ -97,7 +102,7 @@ class ConjSpec(HeadSpec):
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "single": self.single.to_json(), "depth": int(self.depth),
                 "min_count": float(self.min_count), "strength": self.strength,
-                "type_strength": self.type_strength}  # fmt: skip
+                "type_strength": self.type_strength, "backoff": self.backoff}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ConjSpec:
@@ -107,12 +112,13 @@ class ConjSpec(HeadSpec):
         return cls(
             SingleHopSpec.from_json(dict(data["single"])), int(data.get("depth", 2)),
             float(data.get("min_count", 1.0)), number(data.get("strength")), number(data.get("type_strength")),
+            str(data.get("backoff", "attended")),
         )  # fmt: skip
 
     def trainer(self, context: TrainerContext) -> ConjTrainer:
         single = fixed_single(self.single).trainer(context)
         depth = min(int(self.depth), context.shape[1])
-        return ConjTrainer(single, depth, self.min_count, self.strength, self.type_strength)
+        return ConjTrainer(single, depth, self.min_count, self.strength, self.type_strength, self.backoff)
 
 
 # --------------------------------------------------------------------------------------------- the support
@@ -336,8 +342,10 @@ class ConjTrainer(Trainer):
         min_count: float,
         strength: float | None,
         type_strength: float | None,
+        backoff: str = "attended",
     ) -> None:
         self.single = single
+        self.backoff = backoff
         self.depth = int(depth)
         self.min_count = float(min_count)
         strengths = STRENGTHS if strength is None else (float(strength),)
@@ -363,6 +371,11 @@ class ConjTrainer(Trainer):
             raise ValueError(
                 f"a conjunction fit starts from a conjunction head or a single-hop one, not a {head.kind} one"
             )
+        if head.backoff != self.backoff:
+            raise ValueError(
+                f"the starting model's pair rows lean toward the {head.backoff} token's row but the fit asks for the "
+                f"{self.backoff} one's: give --conj-backoff {head.backoff}"
+            )
         if head.depth != self.depth:
             raise ValueError(
                 f"the starting model reads pair rows at {head.depth} position(s) but the fit asks for {self.depth}: "
@@ -386,14 +399,15 @@ class ConjTrainer(Trainer):
             f"{self.min_count:g} times)"
         )
         b, g = self.points[0]
-        return ConjHead(single, self.depth, pair_keys, indptr, targets, np.zeros(targets.size), b, g)
+        return ConjHead(single, self.depth, pair_keys, indptr, targets, np.zeros(targets.size), b, g,
+                        backoff=self.backoff)  # fmt: skip
 
     def prepare(self, start: Head | None, *, resumed: bool, passes: Passes) -> Head:
         if isinstance(start, ConjHead):
             single = self.single.prepare(start.single, resumed=resumed, passes=passes)
             assert isinstance(single, ResponsibilityAttentionDistribution)
             return ConjHead(single, start.depth, start.pair_keys, start.indptr, start.targets, start.counts,
-                            start.strength, start.type_strength)  # fmt: skip
+                            start.strength, start.type_strength, backoff=start.backoff)  # fmt: skip
         single = self.single.prepare(start, resumed=False, passes=passes)
         assert isinstance(single, ResponsibilityAttentionDistribution)
         return self.start_head(single, passes)
@@ -408,7 +422,7 @@ class ConjTrainer(Trainer):
         candidates = self.single.m_step(statistics.stats, previous.single)
         single = candidates.model(candidates.default())
         head = ConjHead(single, previous.depth, previous.pair_keys, previous.indptr, previous.targets,
-                        statistics.cell_counts, *self.points[0])  # fmt: skip
+                        statistics.cell_counts, *self.points[0], backoff=previous.backoff)  # fmt: skip
         return ConjCandidates(head, self.points)
 
     def choice_from_json(self, data: dict[str, Any]) -> ConjChoice | None:
