@@ -253,3 +253,24 @@ def test_the_distributed_fit_on_one_and_two_workers_equals_fit_em(tmp_path: Path
         np.testing.assert_allclose(fitted[0][name], value, rtol=1e-12, atol=1e-14, err_msg=name)
         assert np.array_equal(fitted[0][name], fitted[1][name]), name
     assert fitted[0]["conj_counts"].sum() > 0.0
+
+
+@pytest.mark.parametrize(("sparse", "backoff"), [(False, "attended"), (True, "current")])
+def test_the_held_out_grid_scores_every_point_as_its_head_does(sparse: bool, backoff: str) -> None:
+    """One pass over the rows at every (beta, gamma), an infinite beta among them, equals each point's own head."""
+    from dist_respattn.model.heads.conj.kind import ConjGrid
+
+    rng = np.random.default_rng(12)
+    shape = (6, 4, 2, 6)
+    tokens, starts = corpus(rng, 120, 4, 3)
+    rows = windows_of(tokens, starts, 4, rng.normal(size=(6, 2)))
+    head = random_conj_head(shape, rows.select(slice(0, 80)), 3, 13, sparse=sparse, backoff=backoff)
+    points = ((0.0, 0.0), (0.5, 1.0), (2.0, 0.0), (np.inf, 0.0))
+    weights = rng.random(rows.num_rows)
+    block = Block(rows, weights)  # held-out rows beyond the support's, weighted
+    scores = ConjGrid(head, points).score([block])
+    for (b, g), totals in zip(points, scores.totals, strict=True):
+        mine = head.with_counts(head.counts, b, g).score([block], accuracy=False)
+        assert totals.weight == pytest.approx(mine.weight, rel=1e-12)
+        assert totals.log_lik == pytest.approx(mine.log_lik, rel=1e-12)
+        assert totals.target_log_prob == pytest.approx(mine.target_log_prob, rel=1e-12)

@@ -27,6 +27,7 @@ __all__ = [
     "ConjParameters",
     "conj_estep",
     "conj_score",
+    "conj_score_grid",
     "find_key",
     "find_pair_slot",
     "pair_of_cells",
@@ -476,3 +477,103 @@ def pair_of_cells(pair_keys: np.ndarray, cells: np.ndarray) -> np.ndarray:
         return np.full(cells.shape, -1, dtype=np.int64)
     at = np.minimum(np.searchsorted(pair_keys, cells), pair_keys.size - 1)
     return np.where(pair_keys[at] == cells, at, -1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _score_grid(
+    tokens, begin, end, target, query_table, query_index, weights,
+    key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
+    indptr, targets, pair_total, counts, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base,
+    strengths, type_strengths, totals,
+):  # pragma: no cover - compiled  # fmt: skip
+    """Weighted ``(log_lik, target_log_prob, weight)`` of the rows at every grid point ``g`` (the pair rows'
+    strengths ``strengths[g] + type_strengths[g] * types``) into ``totals`` (G, 3): each row's gate, ``B`` values
+    and cell counts found once, then every point's mixture."""
+    n_pos = prior.shape[0]
+    dim = key_means.shape[1]
+    n_points = strengths.shape[0]
+    dense = b_indptr.shape[0] == 0
+    gate = np.empty(n_pos)
+    prior_row = np.empty(n_pos)  # the prior mean's value at the target: B[a, t] (or B[q, t])
+    cell_n = np.empty(n_pos)
+    pair_n = np.empty(n_pos)
+    types = np.empty(n_pos)
+    logw = np.empty(n_pos)
+    resp = np.empty(n_pos)
+    bits = np.empty(n_pos, dtype=np.int64)
+    y = np.empty(dim)
+    for row in range(target.shape[0]):
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        if w == 0.0:
+            continue
+        lo = begin[row]
+        hi = end[row]
+        m = hi - lo
+        t = target[row]
+        q = tokens[hi - 1]
+        for d in range(dim):
+            y[d] = np.float64(query_table[query_index[row], d])
+        total = 0.0
+        for r in range(m):
+            total += prior[n_pos - 1 - r]
+        log_total = 0.0 if m == n_pos else (math.log(total) if total > 0.0 else 0.0)
+        g_best = -np.inf
+        for j in range(m):
+            x = lo + j
+            r = hi - 1 - x
+            c = tokens[x]
+            gate[j] = (log_prior[n_pos - 1 - r] - log_total) - squared_distance(y, key_means, c) * inv_two_sigma2
+            g_best = max(g_best, gate[j])
+            pair_n[j] = -1.0  # no pair row: B's
+            if r < depth and pair_keys.shape[0] > 0:
+                p = find_pair_slot(slots, shift, np.int64(c) * num_symbols + q)
+                if p >= 0:
+                    k = find_key(targets, indptr[p], indptr[p + 1], t)
+                    cell_n[j] = counts[k] if k >= 0 else 0.0
+                    pair_n[j] = pair_total[p]
+                    types[j] = indptr[p + 1] - indptr[p]
+                    if current:
+                        c = q
+            if dense:
+                prior_row[j] = math.exp(log_emission_ts[t, c])
+            else:
+                log_b, _ = _log_b(t, c, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base)
+                prior_row[j] = math.exp(log_b)
+        # exp_shifted shifts its log-weights in place: the gate is shifted by g_best here, and every point's
+        # log-weights below are made from the shifted gate, so g_best goes back into each joint.
+        log_z_gate = math.log(exp_shifted(gate[:m], g_best, resp[:m], bits[:m]))
+        for g in range(n_points):
+            beta = strengths[g]
+            best = -np.inf
+            for j in range(m):
+                e = prior_row[j]
+                if pair_n[j] >= 0.0 and not math.isinf(beta):
+                    s = beta + type_strengths[g] * types[j]
+                    if pair_n[j] + s > 0.0:
+                        e = (cell_n[j] + s * prior_row[j]) / (pair_n[j] + s)
+                logw[j] = gate[j] + (math.log(e) if e > 0.0 else -np.inf)
+                best = max(best, logw[j])
+            if best == -np.inf:
+                joint = -np.inf
+            else:
+                joint = g_best + best + math.log(exp_shifted(logw[:m], best, resp[:m], bits[:m]))
+            totals[g, 0] += w * (joint + gate_const)
+            totals[g, 1] += w * (joint - (g_best + log_z_gate))
+            totals[g, 2] += w
+
+
+def conj_score_grid(rows: WindowRows, params: ConjParameters, counts: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """(G, 3) weighted ``(log_lik, target_log_prob, weight)`` of ``rows`` (checked) at every point (G, 2) of pair
+    strengths ``(beta, gamma)``, with the cell ``counts`` (M,) (``params``' own strengths are not read)."""
+    owner = np.repeat(np.arange(params.pair_keys.shape[0]), np.diff(params.indptr))
+    pair_total = np.bincount(owner, weights=counts, minlength=params.pair_keys.shape[0])
+    totals = np.zeros((points.shape[0], 3))
+    (key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
+     indptr, targets, _, _, *emission) = params.arrays()  # fmt: skip
+    _score_grid(  # type: ignore[call-arg]
+        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
+        indptr, targets, pair_total, np.ascontiguousarray(counts, dtype=np.float64), *emission,
+        np.ascontiguousarray(points[:, 0]), np.ascontiguousarray(points[:, 1]), totals,
+    )  # fmt: skip
+    return totals

@@ -30,7 +30,7 @@ from dist_respattn.model.heads.base import (
     TrainerContext,
 )
 from dist_respattn.model.heads.conj.head import BACKOFFS, ConjHead
-from dist_respattn.model.heads.conj.kernels import ConjArrays, conj_estep
+from dist_respattn.model.heads.conj.kernels import ConjArrays, conj_estep, conj_score_grid
 from dist_respattn.model.heads.copy.kind import fixed_single
 from dist_respattn.model.heads.single_hop.accumulator import SufficientStatistics
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
@@ -293,9 +293,14 @@ class ConjGrid(Grid):
         return self.head.columns
 
     def score(self, blocks: Iterable[Block]) -> ConjGridTotals:
-        blocks = list(blocks)
-        heads = [self.head.with_counts(self.head.counts, b, g) for b, g in self.points]
-        return ConjGridTotals(tuple(head.score(blocks, accuracy=False) for head in heads))
+        """Every point in one pass over the blocks (:func:`conj_score_grid`)."""
+        points = np.array(self.points, dtype=np.float64).reshape(-1, 2)
+        totals = np.zeros((points.shape[0], 3))
+        for block in blocks:
+            rows = _weighted(block.rows, block.weights)
+            self.head.check_rows(rows)
+            totals += conj_score_grid(rows, self.head.parameters, self.head.counts, points)
+        return ConjGridTotals(tuple(ScoreTotals(float(w), float(ll), float(tlp)) for ll, tlp, w in totals))
 
     def nbytes(self) -> int:
         return self.head.nbytes()
