@@ -89,7 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--conj-depths",
         default="2",
-        help="comma-separated depths of the conjunction heads fitted from the head with defaults ('' for none)",
+        help="the conjunction heads fitted from the head with defaults, comma-separated DEPTH or DEPTH:BACKOFF "
+        "(attended, current) ('' for none)",
     )
     parser.add_argument("--conj-max-iter", type=int, default=10, help="EM iterations of each conjunction head")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
@@ -211,9 +212,12 @@ def fit_and_test(
     }
 
 
-def fit_conj(client: Any, stores: dict[str, Any], work: Path, single: dict, depth: int, args: Any) -> dict:
-    """The conjunction head (``fit --head conj --conj-depth DEPTH``) started from the head with defaults (its model
-    directory ``work / "model"``), whose held-out choices it keeps; the pair strengths chosen on validation."""
+def fit_conj(
+    client: Any, stores: dict[str, Any], work: Path, single: dict, depth: int, backoff: str, args: Any
+) -> dict:
+    """The conjunction head (``fit --head conj --conj-depth DEPTH --conj-backoff BACKOFF``) started from the head with
+    defaults (its model directory ``work / "model"``), whose held-out choices it keeps; the pair strengths chosen on
+    validation."""
     from dist_respattn.engine import FitSettings
     from dist_respattn.model.heads.conj import ConjSpec
     from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
@@ -226,12 +230,13 @@ def fit_conj(client: Any, stores: dict[str, Any], work: Path, single: dict, dept
             type_strength=chosen["type_strength"],
         ),
         depth=depth,
+        backoff=backoff,
     )
-    print(f"{work.name}: fitting the conjunction head, depth {depth}", file=sys.stderr, flush=True)
+    print(f"{work.name}: fitting the conjunction head, depth {depth}, {backoff}", file=sys.stderr, flush=True)
     return fit_and_test(
         client,
         stores,
-        work / f"model-conj{depth}",
+        work / f"model-conj{depth}-{backoff}",
         FitSettings(max_iter=args.conj_max_iter),
         True,
         head=spec,
@@ -379,8 +384,10 @@ def run_corpus(name: str, client: Any, args: argparse.Namespace, work: Path) -> 
         heads["old defaults"] = fit_and_test(
             client, stores, work / name / "model-old", FitSettings(max_iter=args.max_iter, **OLD_DEFAULTS), True
         )
-    for depth in [int(d) for d in args.conj_depths.split(",") if d.strip()]:
-        heads[f"conjunction, depth {depth}"] = fit_conj(client, stores, work / name, heads["defaults"], depth, args)
+    for variant in [v.strip() for v in args.conj_depths.split(",") if v.strip()]:
+        depth, _, backoff = variant.partition(":")
+        label = f"conjunction, depth {depth}" + (f", {backoff}" if backoff else "")
+        heads[label] = fit_conj(client, stores, work / name, heads["defaults"], int(depth), backoff or "attended", args)
     baselines = heads["defaults"]["test"]["baselines"]
     print(f"{name}: the 5-gram with document caches", file=sys.stderr, flush=True)
     started = time.perf_counter()
