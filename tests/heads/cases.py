@@ -341,7 +341,8 @@ CASES.append(KindCase("copy-tied-sparse", _copy_tied_sparse, copy_ml, copy_refer
 
 
 def conj_pair_rows(head: Head) -> np.ndarray:
-    """(P, T) the pair rows ``(n[p, :] + s_p B[a, :]) / (n_p + s_p)`` in plain numpy (``B``'s row alone for an
+    """(P, T) the pair rows ``(n[p, :] - d + (s_p + sum d) B[a, :]) / (n_p + s_p)``, ``d = min(n[p, :], D)``, in
+    plain numpy (``B``'s row alone for an
     infinite strength or an empty pair)."""
     from dist_respattn.model.heads.conj import ConjHead
 
@@ -355,10 +356,11 @@ def conj_pair_rows(head: Head) -> np.ndarray:
         n = np.zeros(head.num_targets)
         n[head.targets[head.indptr[p] : head.indptr[p + 1]]] = head.counts[head.indptr[p] : head.indptr[p + 1]]
         s = head.strength + head.type_strength * (head.indptr[p + 1] - head.indptr[p])
+        taken = np.minimum(n, head.discount)  # the absolute discount's mass, moved to the prior row
         if np.isinf(head.strength) or n.sum() + s <= 0.0:
             rows[p] = emission[a]
         else:
-            rows[p] = (n + s * emission[a]) / (n.sum() + s)
+            rows[p] = (n - taken + (s + taken.sum()) * emission[a]) / (n.sum() + s)
     return rows
 
 
@@ -404,7 +406,8 @@ def conj_ml(spec: HeadSpec) -> HeadSpec:
     assert isinstance(spec, ConjSpec)
     single = single_hop_ml(spec.single)
     assert isinstance(single, SingleHopSpec)
-    return ConjSpec(single, depth=64, min_count=1.0, strength=0.0, type_strength=0.0, backoff=spec.backoff)
+    return ConjSpec(single, depth=64, min_count=1.0, strength=0.0, type_strength=0.0, backoff=spec.backoff,
+                    discount=0.0)  # fmt: skip
 
 
 def _conj_free_dense() -> tuple[HeadSpec, KindData, TrainerContext]:
@@ -412,7 +415,8 @@ def _conj_free_dense() -> tuple[HeadSpec, KindData, TrainerContext]:
 
     shape = (8, 4, 2, 8)
     single = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense")
-    return ConjSpec(single, depth=2, strength=1.0, type_strength=0.5), copy_data(600, shape, 23), TrainerContext(shape)
+    spec = ConjSpec(single, depth=2, strength=1.0, type_strength=0.5, discount=0.5)
+    return spec, copy_data(600, shape, 23), TrainerContext(shape)
 
 
 CASES.append(KindCase("conj-free-dense", _conj_free_dense, conj_ml, conj_reference, conj_tables))
@@ -424,7 +428,7 @@ def _conj_tied_sparse() -> tuple[HeadSpec, KindData, TrainerContext]:
     shape = (10, 6, 2, 10)
     single = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="sparse",
                            position_buckets=3)  # fmt: skip
-    spec = ConjSpec(single, depth=3, min_count=2.0, strength=2.0, type_strength=0.0, backoff="current")
+    spec = ConjSpec(single, depth=3, min_count=2.0, strength=2.0, type_strength=0.0, backoff="current", discount=0.0)
     return spec, copy_data(600, shape, 29), TrainerContext(shape)
 
 

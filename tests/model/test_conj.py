@@ -29,7 +29,7 @@ from tests.model.test_copy import corpus, windows_of
 
 def random_conj_head(shape: tuple[int, int, int, int], rows: WindowRows, depth: int, seed: int, *,
                      strength: float = 1.5, type_strength: float = 0.5, sparse: bool = False,
-                     backoff: str = "attended") -> ConjHead:  # fmt: skip
+                     backoff: str = "attended", discount: float = 0.0) -> ConjHead:  # fmt: skip
     """A random single head with the pair rows of ``rows`` (every pair stored) and random counts."""
     rng = np.random.default_rng(seed)
     single = random_distribution(*shape, seed=seed, sigma2=0.8)
@@ -38,7 +38,8 @@ def random_conj_head(shape: tuple[int, int, int, int], rows: WindowRows, depth: 
     tally = cell_tally(shape[0], shape[3], depth, iter([Block(rows, None)]))
     pair_keys, indptr, targets = support_of(tally, shape[3], 1.0)
     counts = rng.exponential(size=targets.size) * (rng.random(targets.size) < 0.8)  # some cells at 0
-    return ConjHead(single, depth, pair_keys, indptr, targets, counts, strength, type_strength, backoff=backoff)
+    return ConjHead(single, depth, pair_keys, indptr, targets, counts, strength, type_strength, backoff=backoff,
+                    discount=discount)  # fmt: skip
 
 
 def reference_statistics(head: ConjHead, rows: WindowRows) -> dict[str, np.ndarray]:
@@ -77,7 +78,9 @@ def reference_statistics(head: ConjHead, rows: WindowRows) -> dict[str, np.ndarr
             s_p = head.strength + head.type_strength * (hi - lo)
             cells[j] = cell_of[(p, t)]
             lean = q if head.backoff == "current" else c
-            e[j] = (head.counts[cells[j]] + s_p * emission[lean, t]) / (n_p + s_p)
+            moved = np.minimum(head.counts[lo:hi], head.discount).sum()
+            n_t = head.counts[cells[j]]
+            e[j] = (n_t - min(n_t, head.discount) + (s_p + moved) * emission[lean, t]) / (n_p + s_p)
         joint = prior / area * gauss * e
         r = joint / joint.sum()
         for j in range(m):
@@ -108,15 +111,15 @@ def kernel_statistics(head: ConjHead, rows: WindowRows) -> dict[str, np.ndarray]
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**16), n_pos=st.integers(1, 5), depth=st.integers(1, 5),
        vocab=st.sampled_from([2, 3, 7]), n_docs=st.integers(1, 3), sparse=st.booleans(),
-       backoff=st.sampled_from(["attended", "current"]))  # fmt: skip
+       backoff=st.sampled_from(["attended", "current"]), discount=st.sampled_from([0.0, 0.3, 1.5]))  # fmt: skip
 def test_kernel_equals_the_per_position_reference(
-    seed: int, n_pos: int, depth: int, vocab: int, n_docs: int, sparse: bool, backoff: str
+    seed: int, n_pos: int, depth: int, vocab: int, n_docs: int, sparse: bool, backoff: str, discount: float
 ) -> None:
     rng = np.random.default_rng(seed)
     shape = (7, n_pos, 2, 7)
     tokens, starts = corpus(rng, 40, vocab, n_docs)
     rows = windows_of(tokens, starts, n_pos, rng.normal(size=(7, 2)))
-    head = random_conj_head(shape, rows, min(depth, n_pos), seed, sparse=sparse, backoff=backoff)
+    head = random_conj_head(shape, rows, min(depth, n_pos), seed, sparse=sparse, backoff=backoff, discount=discount)
     mine, theirs = kernel_statistics(head, rows), reference_statistics(head, rows)
     for name, value in theirs.items():
         np.testing.assert_allclose(mine[name], value, rtol=1e-12, atol=1e-12, err_msg=name)
@@ -159,7 +162,7 @@ def test_the_distributions_normalize_and_the_hits_are_their_arg_max(sparse: bool
     context = rng.integers(0, 3, size=(200, 4)).astype(np.int32)
     query, target = rng.normal(size=(200, 2)), rng.integers(0, 5, size=200).astype(np.int32)
     rows = WindowRows.from_encoded(context, query, target)
-    head = random_conj_head(shape, rows, 3, 6, sparse=sparse, backoff=backoff)
+    head = random_conj_head(shape, rows, 3, 6, sparse=sparse, backoff=backoff, discount=0.4)
     probs = head.predict_proba(context, query)
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=0, atol=1e-12)
     hits = head.score([Block(rows, None)]).correct
@@ -213,6 +216,7 @@ def test_the_conj_options_make_the_spec_and_bad_ones_name_their_flag() -> None:
         (("--head", "conj", "--conj-depth", "0"), "--conj-depth 0: expected at least 1"),
         (("--head", "conj", "--conj-strength", "-1"), "--conj-strength -1.0: expected a strength >= 0"),
         (("--head", "conj", "--conj-min-count", "nan"), "--conj-min-count nan: expected a finite count"),
+        (("--head", "conj", "--conj-discount", "-0.5"), "--conj-discount -0.5: expected a finite discount"),
     ]:
         with pytest.raises(CommandError, match=message):
             spec_from_args(parsed(*flags), base, None)
@@ -234,7 +238,7 @@ def test_the_distributed_fit_on_one_and_two_workers_equals_fit_em(tmp_path: Path
     write_arrays(store, context, query, target, num_symbols=s, num_targets=s,
                  options=WriteOptions(chunk_rows=128, partition_rows=256))  # fmt: skip
     spec = ConjSpec(SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense"),
-                    depth=2, strength=1.0, type_strength=0.5)  # fmt: skip
+                    depth=2, strength=1.0, type_strength=0.5, discount=0.5)  # fmt: skip
     settings_ = FitSettings(max_iter=3, tol=0.0, holdout_fraction=0.0)
     reference = fit_em((context, query, target), spec, shape=(s, n_pos, 2, s), holdout=HoldoutRule(0.0), max_iter=3,
                        tol=0.0).distribution  # fmt: skip
@@ -257,7 +261,7 @@ def test_the_distributed_fit_on_one_and_two_workers_equals_fit_em(tmp_path: Path
 
 @pytest.mark.parametrize(("sparse", "backoff"), [(False, "attended"), (True, "current")])
 def test_the_held_out_grid_scores_every_point_as_its_head_does(sparse: bool, backoff: str) -> None:
-    """One pass over the rows at every (beta, gamma), an infinite beta among them, equals each point's own head."""
+    """One pass over the rows at every (beta, gamma, D), an infinite beta among them, equals each point's own head."""
     from dist_respattn.model.heads.conj.kind import ConjGrid
 
     rng = np.random.default_rng(12)
@@ -265,12 +269,12 @@ def test_the_held_out_grid_scores_every_point_as_its_head_does(sparse: bool, bac
     tokens, starts = corpus(rng, 120, 4, 3)
     rows = windows_of(tokens, starts, 4, rng.normal(size=(6, 2)))
     head = random_conj_head(shape, rows.select(slice(0, 80)), 3, 13, sparse=sparse, backoff=backoff)
-    points = ((0.0, 0.0), (0.5, 1.0), (2.0, 0.0), (np.inf, 0.0))
+    points = ((0.0, 0.0, 0.0), (0.5, 1.0, 0.5), (2.0, 0.0, 0.8), (0.0, 0.5, 0.8), (np.inf, 0.0, 0.5))
     weights = rng.random(rows.num_rows)
     block = Block(rows, weights)  # held-out rows beyond the support's, weighted
     scores = ConjGrid(head, points).score([block])
-    for (b, g), totals in zip(points, scores.totals, strict=True):
-        mine = head.with_counts(head.counts, b, g).score([block], accuracy=False)
+    for (b, g, d), totals in zip(points, scores.totals, strict=True):
+        mine = head.with_counts(head.counts, b, g, d).score([block], accuracy=False)
         assert totals.weight == pytest.approx(mine.weight, rel=1e-12)
         assert totals.log_lik == pytest.approx(mine.log_lik, rel=1e-12)
         assert totals.target_log_prob == pytest.approx(mine.target_log_prob, rel=1e-12)

@@ -16,7 +16,8 @@ from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 __all__ = ["KIND", "ConjHead", "ConjSpec", "spec_from_options"]
 
 _FLAGS = {"conj_depth": "--conj-depth", "conj_min_count": "--conj-min-count", "conj_strength": "--conj-strength",
-          "conj_type_strength": "--conj-type-strength", "conj_backoff": "--conj-backoff"}  # fmt: skip
+          "conj_type_strength": "--conj-type-strength", "conj_backoff": "--conj-backoff",
+          "conj_discount": "--conj-discount"}  # fmt: skip
 
 
 def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, Any] | None) -> ConjSpec | None:
@@ -38,6 +39,7 @@ def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, 
         float(given["conj_strength"]) if "conj_strength" in given else recorded.strength,
         float(given["conj_type_strength"]) if "conj_type_strength" in given else recorded.type_strength,
         str(given.get("conj_backoff", recorded.backoff)),
+        float(given["conj_discount"]) if "conj_discount" in given else recorded.discount,
     )
 
 
@@ -97,6 +99,16 @@ KIND = register_kind(
                     "default": None,
                     "help": "--head conj: the row the pair rows' prior leans toward: the attended token's (default; "
                     "an infinite strength is then the single head) or the current token's (Kneser-Ney's order)",
+                },
+            ),
+            Option(
+                ("--conj-discount",),
+                {
+                    "type": float,
+                    "metavar": "D",
+                    "default": None,
+                    "help": "--head conj: the absolute discount each stored (pair, target) cell gives its pair's "
+                    "prior row, Kneser-Ney's (default: chosen on held-out rows among 0, 0.5, 0.8)",
                 },
             ),
         ),

@@ -40,11 +40,13 @@ _PREDICT_ROWS = 256
 
 
 def pair_rows(
-    indptr: np.ndarray, counts: np.ndarray, strength: float, type_strength: float
+    indptr: np.ndarray, counts: np.ndarray, strength: float, type_strength: float, discount: float = 0.0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(pair_weight (P,), cell_value (M,))`` of stored pairs: ``s_p / (n_p + s_p)`` and ``n[p, t] / (n_p + s_p)``
-    with ``s_p = strength + type_strength * types_p`` (``types_p`` the pair's stored targets). An infinite strength,
-    or a pair with neither counts nor strength, is ``B``'s row alone (weight 1, no cell values)."""
+    """``(pair_weight (P,), cell_value (M,))`` of stored pairs: ``(s_p + d_p) / (n_p + s_p)`` and
+    ``(n[p, t] - min(n[p, t], D)) / (n_p + s_p)`` with ``s_p = strength + type_strength * types_p`` (``types_p`` the
+    pair's stored targets) and ``d_p = sum_t min(n[p, t], D)``, the mass the discount ``D`` moves to the prior row
+    (Kneser-Ney's absolute discount; 0: the Dirichlet posterior mode). An infinite strength, or a pair with neither
+    counts nor strength, is ``B``'s row alone (weight 1, no cell values)."""
     n_pairs = indptr.shape[0] - 1
     types = np.diff(indptr).astype(np.float64)
     owner = np.repeat(np.arange(n_pairs), np.diff(indptr))
@@ -52,11 +54,13 @@ def pair_rows(
     if np.isinf(strength):
         return np.ones(n_pairs), np.zeros(counts.shape[0])
     s = strength + type_strength * types
+    taken = np.minimum(counts, discount)
     denominator = totals + s
     empty = denominator <= 0.0
     safe = np.where(empty, 1.0, denominator)
-    weight = np.where(empty, 1.0, s / safe)
-    value = np.where(empty[owner], 0.0, counts / safe[owner])
+    moved = np.bincount(owner, weights=taken, minlength=n_pairs)
+    weight = np.where(empty, 1.0, (s + moved) / safe)
+    value = np.where(empty[owner], 0.0, (counts - taken) / safe[owner])
     return weight, value
 
 
@@ -72,6 +76,7 @@ class ConjHead(Head):
             increasing (the cells that occur in the training rows).
         counts: (M,) float64 ``n[a, q, t]`` of each cell (the last E-step's responsibilities).
         strength, type_strength: ``beta >= 0`` (``inf``: the single head) and ``gamma >= 0`` of the pair rows' prior.
+        discount: the absolute discount ``D`` each stored cell gives its pair's prior row (0: none).
         backoff: the row the pair rows' prior leans toward (:data:`BACKOFFS`): ``"attended"`` (``B[a]``, the default)
             or ``"current"`` (``B[q]``).
     """
@@ -90,6 +95,7 @@ class ConjHead(Head):
         type_strength: float,
         *,
         backoff: str = "attended",
+        discount: float = 0.0,
     ) -> None:
         if not isinstance(single, ResponsibilityAttentionDistribution):
             raise TypeError(f"single is a {type(single).__name__}: expected a single-hop head")
@@ -121,6 +127,9 @@ class ConjHead(Head):
         if backoff not in BACKOFFS:
             raise ValueError(f"backoff = {backoff!r}: expected one of {', '.join(BACKOFFS)}")
         self.backoff = backoff
+        self.discount = float(discount)
+        if not (np.isfinite(self.discount) and self.discount >= 0.0):
+            raise ValueError(f"discount = {discount!r}: expected a finite discount >= 0")
         self.strength, self.type_strength = float(strength), float(type_strength)
         if not (self.strength >= 0.0 and np.isfinite(self.type_strength) and self.type_strength >= 0.0):
             raise ValueError(
@@ -143,15 +152,18 @@ class ConjHead(Head):
     def num_cells(self) -> int:
         return int(self.targets.shape[0])
 
-    def with_counts(self, counts: np.ndarray, strength: float, type_strength: float) -> ConjHead:
-        """The same support and single head with other cell counts and strengths."""
+    def with_counts(
+        self, counts: np.ndarray, strength: float, type_strength: float, discount: float | None = None
+    ) -> ConjHead:
+        """The same support and single head with other cell counts, strengths and discount (``None``: its own)."""
         return ConjHead(self.single, self.depth, self.pair_keys, self.indptr, self.targets, counts, strength,
-                        type_strength, backoff=self.backoff)  # fmt: skip
+                        type_strength, backoff=self.backoff,
+                        discount=self.discount if discount is None else discount)  # fmt: skip
 
     @functools.cached_property
     def pair_values(self) -> tuple[np.ndarray, np.ndarray]:
         """``(pair_weight (P,), cell_value (M,))`` (:func:`pair_rows`)."""
-        return pair_rows(self.indptr, self.counts, self.strength, self.type_strength)
+        return pair_rows(self.indptr, self.counts, self.strength, self.type_strength, self.discount)
 
     @functools.cached_property
     def parameters(self) -> ConjParameters:
@@ -176,7 +188,8 @@ class ConjHead(Head):
         arrays = {**arrays, "conj_pair_keys": self.pair_keys, "conj_indptr": self.indptr,
                   "conj_targets": self.targets, "conj_counts": self.counts}  # fmt: skip
         return arrays, {"single": meta, "depth": self.depth, "strength": self.strength,
-                        "type_strength": self.type_strength, "backoff": self.backoff}  # fmt: skip
+                        "type_strength": self.type_strength, "backoff": self.backoff,
+                        "discount": self.discount}  # fmt: skip
 
     @classmethod
     def from_arrays(cls, arrays: Any, meta: dict[str, Any]) -> ConjHead:
@@ -193,6 +206,7 @@ class ConjHead(Head):
             single, int(meta["depth"]), np.asarray(arrays["conj_pair_keys"]), np.asarray(arrays["conj_indptr"]),
             np.asarray(arrays["conj_targets"]), np.asarray(arrays["conj_counts"]), float(meta["strength"]),
             float(meta["type_strength"]), backoff=str(meta.get("backoff", "attended")),
+            discount=float(meta.get("discount", 0.0)),
         )  # fmt: skip
 
     def num_parameters(self) -> int:
@@ -211,17 +225,21 @@ class ConjHead(Head):
         )
 
     def record(self) -> dict[str, Any]:
-        return {"conj_strength": self.strength, "conj_type_strength": self.type_strength}
+        return {
+            "conj_strength": self.strength,
+            "conj_type_strength": self.type_strength,
+            "conj_discount": self.discount,
+        }
 
     def summary(self) -> tuple[dict[str, Any], list[str]]:
         line = (
             f"last model: pair rows (attended, current token) over the {self.depth} most recent position(s): "
             f"{self.num_pairs:,} pairs, {self.num_cells:,} cells; strength beta {self.strength:g} + gamma "
-            f"{self.type_strength:g} x types, toward the {self.backoff} token's row"
+            f"{self.type_strength:g} x types, discount {self.discount:g}, toward the {self.backoff} token's row"
         )
         return {"conj_depth": self.depth, "conj_backoff": self.backoff, "conj_pairs": self.num_pairs,
                 "conj_cells": self.num_cells, "conj_strength": self.strength, "conj_type_strength": self.type_strength,
-                "sigma2": float(self.single.sigma2)}, [line]  # fmt: skip
+                "conj_discount": self.discount, "sigma2": float(self.single.sigma2)}, [line]  # fmt: skip
 
     def emissions(self, options: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
         return [("attended token's table B", self.single.emission_table)]

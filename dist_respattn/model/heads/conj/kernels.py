@@ -484,10 +484,11 @@ def _score_grid(
     tokens, begin, end, target, query_table, query_index, weights,
     key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
     indptr, targets, pair_total, counts, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base,
-    strengths, type_strengths, totals,
+    strengths, type_strengths, discounts, discount_of, moved, totals,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Weighted ``(log_lik, target_log_prob, weight)`` of the rows at every grid point ``g`` (the pair rows'
-    strengths ``strengths[g] + type_strengths[g] * types``) into ``totals`` (G, 3): each row's gate, ``B`` values
+    strengths ``strengths[g] + type_strengths[g] * types`` and the discount ``discounts[g]``, whose per-pair moved
+    mass is ``moved[discount_of[g], p]``) into ``totals`` (G, 3): each row's gate, ``B`` values
     and cell counts found once, then every point's mixture."""
     n_pos = prior.shape[0]
     dim = key_means.shape[1]
@@ -498,6 +499,7 @@ def _score_grid(
     cell_n = np.empty(n_pos)
     pair_n = np.empty(n_pos)
     types = np.empty(n_pos)
+    pair_of = np.empty(n_pos, dtype=np.int64)
     logw = np.empty(n_pos)
     resp = np.empty(n_pos)
     bits = np.empty(n_pos, dtype=np.int64)
@@ -532,6 +534,7 @@ def _score_grid(
                     cell_n[j] = counts[k] if k >= 0 else 0.0
                     pair_n[j] = pair_total[p]
                     types[j] = indptr[p + 1] - indptr[p]
+                    pair_of[j] = p
                     if current:
                         c = q
             if dense:
@@ -550,7 +553,9 @@ def _score_grid(
                 if pair_n[j] >= 0.0 and not math.isinf(beta):
                     s = beta + type_strengths[g] * types[j]
                     if pair_n[j] + s > 0.0:
-                        e = (cell_n[j] + s * prior_row[j]) / (pair_n[j] + s)
+                        taken = min(cell_n[j], discounts[g])
+                        lean = s + moved[discount_of[g], pair_of[j]]
+                        e = (cell_n[j] - taken + lean * prior_row[j]) / (pair_n[j] + s)
                 logw[j] = gate[j] + (math.log(e) if e > 0.0 else -np.inf)
                 best = max(best, logw[j])
             if best == -np.inf:
@@ -563,10 +568,14 @@ def _score_grid(
 
 
 def conj_score_grid(rows: WindowRows, params: ConjParameters, counts: np.ndarray, points: np.ndarray) -> np.ndarray:
-    """(G, 3) weighted ``(log_lik, target_log_prob, weight)`` of ``rows`` (checked) at every point (G, 2) of pair
-    strengths ``(beta, gamma)``, with the cell ``counts`` (M,) (``params``' own strengths are not read)."""
-    owner = np.repeat(np.arange(params.pair_keys.shape[0]), np.diff(params.indptr))
-    pair_total = np.bincount(owner, weights=counts, minlength=params.pair_keys.shape[0])
+    """(G, 3) weighted ``(log_lik, target_log_prob, weight)`` of ``rows`` (checked) at every point (G, 3) of pair
+    strengths and discount ``(beta, gamma, D)``, with the cell ``counts`` (M,) (``params``' own strengths and
+    discount are not read)."""
+    n_pairs = params.pair_keys.shape[0]
+    owner = np.repeat(np.arange(n_pairs), np.diff(params.indptr))
+    pair_total = np.bincount(owner, weights=counts, minlength=n_pairs)
+    distinct, discount_of = np.unique(points[:, 2], return_inverse=True)
+    moved = np.stack([np.bincount(owner, weights=np.minimum(counts, d), minlength=n_pairs) for d in distinct])
     totals = np.zeros((points.shape[0], 3))
     (key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
      indptr, targets, _, _, *emission) = params.arrays()  # fmt: skip
@@ -574,6 +583,7 @@ def conj_score_grid(rows: WindowRows, params: ConjParameters, counts: np.ndarray
         rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
         key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
         indptr, targets, pair_total, np.ascontiguousarray(counts, dtype=np.float64), *emission,
-        np.ascontiguousarray(points[:, 0]), np.ascontiguousarray(points[:, 1]), totals,
+        np.ascontiguousarray(points[:, 0]), np.ascontiguousarray(points[:, 1]), np.ascontiguousarray(points[:, 2]),
+        discount_of.astype(np.int64).reshape(-1), np.ascontiguousarray(moved, dtype=np.float64), totals,
     )  # fmt: skip
     return totals

@@ -41,6 +41,7 @@ from dist_respattn.model.memory import MemoryEstimate
 from dist_respattn.model.scores import ScoreTotals
 
 __all__ = [
+    "DISCOUNTS",
     "STRENGTHS",
     "TYPE_STRENGTHS",
     "CellTally",
@@ -59,6 +60,8 @@ __all__ = [
 #: The pair rows' strengths ``beta`` and ``gamma`` the held-out rows choose among (every pair of them).
 STRENGTHS = (0.05, 0.2, 0.5, 1.0, 2.0, 5.0)
 TYPE_STRENGTHS = (0.0, 0.5, 1.0, 2.0)
+#: The absolute discounts ``D`` the held-out rows choose among (with every pair of strengths).
+DISCOUNTS = (0.0, 0.5, 0.8)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,8 @@ class ConjSpec(HeadSpec):
             rows among :data:`STRENGTHS` and :data:`TYPE_STRENGTHS`. ``strength = inf`` is the single head.
         backoff: the row the pair rows' prior leans toward, the attended token's (``B[a]``) or the current token's
             (``B[q]``) (:data:`~dist_respattn.model.heads.conj.head.BACKOFFS`).
+        discount: the absolute discount ``D`` each stored cell gives its pair's prior row, or ``None``: chosen on
+            held-out rows among :data:`DISCOUNTS` (0: the Dirichlet posterior mode).
     """
 
     kind: ClassVar[str] = "conj"
@@ -86,8 +91,11 @@ class ConjSpec(HeadSpec):
     strength: float | None = None
     type_strength: float | None = None
     backoff: str = "attended"
+    discount: float | None = None
 
     def __post_init__(self) -> None:
+        if self.discount is not None and not (math.isfinite(self.discount) and self.discount >= 0.0):
+            raise ValueError(f"--conj-discount {self.discount}: expected a finite discount >= 0")
         if self.backoff not in BACKOFFS:
             raise ValueError(f"--conj-backoff {self.backoff}: expected one of {', '.join(BACKOFFS)}")
         if int(self.depth) < 1:
@@ -102,7 +110,8 @@ class ConjSpec(HeadSpec):
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "single": self.single.to_json(), "depth": int(self.depth),
                 "min_count": float(self.min_count), "strength": self.strength,
-                "type_strength": self.type_strength, "backoff": self.backoff}  # fmt: skip
+                "type_strength": self.type_strength, "backoff": self.backoff,
+                "discount": self.discount}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ConjSpec:
@@ -112,13 +121,15 @@ class ConjSpec(HeadSpec):
         return cls(
             SingleHopSpec.from_json(dict(data["single"])), int(data.get("depth", 2)),
             float(data.get("min_count", 1.0)), number(data.get("strength")), number(data.get("type_strength")),
-            str(data.get("backoff", "attended")),
+            str(data.get("backoff", "attended")), number(data.get("discount", 0.0)),
         )  # fmt: skip
 
     def trainer(self, context: TrainerContext) -> ConjTrainer:
         single = fixed_single(self.single).trainer(context)
         depth = min(int(self.depth), context.shape[1])
-        return ConjTrainer(single, depth, self.min_count, self.strength, self.type_strength, self.backoff)
+        return ConjTrainer(
+            single, depth, self.min_count, self.strength, self.type_strength, self.backoff, self.discount
+        )
 
 
 # --------------------------------------------------------------------------------------------- the support
@@ -255,16 +266,18 @@ def conj_statistics(head: ConjHead, blocks: Iterable[Block]) -> ConjStatistics:
 
 @dataclass(frozen=True)
 class ConjChoice:
-    """The pair rows' strengths of an M-step: ``beta`` (``strength``) and ``gamma`` (``type_strength``)."""
+    """The pair rows' prior of an M-step: ``beta`` (``strength``), ``gamma`` (``type_strength``) and the discount."""
 
     strength: float
     type_strength: float
+    discount: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"conj_strength": float(self.strength), "conj_type_strength": float(self.type_strength)}
+        return {"conj_strength": float(self.strength), "conj_type_strength": float(self.type_strength),
+                "conj_discount": float(self.discount)}  # fmt: skip
 
     def describe(self) -> str:
-        return f"pair strength {self.strength:g} + {self.type_strength:g} x types"
+        return f"pair strength {self.strength:g} + {self.type_strength:g} x types, discount {self.discount:g}"
 
 
 @dataclass(frozen=True)
@@ -283,10 +296,10 @@ class ConjGridTotals:
 
 @dataclass(frozen=True)
 class ConjGrid(Grid):
-    """The held-out pass of a conjunction M-step: the new head at each (beta, gamma) of ``points``."""
+    """The held-out pass of a conjunction M-step: the new head at each (beta, gamma, D) of ``points``."""
 
     head: ConjHead
-    points: tuple[tuple[float, float], ...]
+    points: tuple[tuple[float, float, float], ...]
 
     @property
     def columns(self) -> Columns:
@@ -294,7 +307,7 @@ class ConjGrid(Grid):
 
     def score(self, blocks: Iterable[Block]) -> ConjGridTotals:
         """Every point in one pass over the blocks (:func:`conj_score_grid`)."""
-        points = np.array(self.points, dtype=np.float64).reshape(-1, 2)
+        points = np.array(self.points, dtype=np.float64).reshape(-1, 3)
         totals = np.zeros((points.shape[0], 3))
         for block in blocks:
             rows = _weighted(block.rows, block.weights)
@@ -308,10 +321,10 @@ class ConjGrid(Grid):
 
 @dataclass(frozen=True)
 class ConjCandidates(Candidates):
-    """A conjunction M-step: the single head's M-step and the cell counts, one head per (beta, gamma)."""
+    """A conjunction M-step: the single head's M-step and the cell counts, one head per (beta, gamma, D)."""
 
     head: ConjHead
-    points: tuple[tuple[float, float], ...]
+    points: tuple[tuple[float, float, float], ...]
 
     def default(self) -> ConjChoice:
         return ConjChoice(*self.points[0])
@@ -330,7 +343,7 @@ class ConjCandidates(Candidates):
         }
 
     def model(self, choice: Any) -> ConjHead:
-        return self.head.with_counts(self.head.counts, choice.strength, choice.type_strength)
+        return self.head.with_counts(self.head.counts, choice.strength, choice.type_strength, choice.discount)
 
     def searches(self) -> bool:
         return len(self.points) > 1
@@ -348,6 +361,7 @@ class ConjTrainer(Trainer):
         strength: float | None,
         type_strength: float | None,
         backoff: str = "attended",
+        discount: float | None = 0.0,
     ) -> None:
         self.single = single
         self.backoff = backoff
@@ -355,7 +369,8 @@ class ConjTrainer(Trainer):
         self.min_count = float(min_count)
         strengths = STRENGTHS if strength is None else (float(strength),)
         types = TYPE_STRENGTHS if type_strength is None else (float(type_strength),)
-        self.points = tuple((b, g) for b in strengths for g in types)
+        discounts = DISCOUNTS if discount is None else (float(discount),)
+        self.points = tuple((b, g, d) for b in strengths for g in types for d in discounts)
 
     @property
     def columns(self) -> Columns:
@@ -403,16 +418,17 @@ class ConjTrainer(Trainer):
             f"of {tally.keys.size:,} cells seen, {targets.size:,} cells stored (pairs seen at least "
             f"{self.min_count:g} times)"
         )
-        b, g = self.points[0]
+        b, g, d = self.points[0]
         return ConjHead(single, self.depth, pair_keys, indptr, targets, np.zeros(targets.size), b, g,
-                        backoff=self.backoff)  # fmt: skip
+                        backoff=self.backoff, discount=d)  # fmt: skip
 
     def prepare(self, start: Head | None, *, resumed: bool, passes: Passes) -> Head:
         if isinstance(start, ConjHead):
             single = self.single.prepare(start.single, resumed=resumed, passes=passes)
             assert isinstance(single, ResponsibilityAttentionDistribution)
             return ConjHead(single, start.depth, start.pair_keys, start.indptr, start.targets, start.counts,
-                            start.strength, start.type_strength, backoff=start.backoff)  # fmt: skip
+                            start.strength, start.type_strength, backoff=start.backoff,
+                            discount=start.discount)  # fmt: skip
         single = self.single.prepare(start, resumed=False, passes=passes)
         assert isinstance(single, ResponsibilityAttentionDistribution)
         return self.start_head(single, passes)
@@ -426,14 +442,19 @@ class ConjTrainer(Trainer):
         assert isinstance(statistics, ConjStatistics) and isinstance(previous, ConjHead)
         candidates = self.single.m_step(statistics.stats, previous.single)
         single = candidates.model(candidates.default())
+        b, g, d = self.points[0]
         head = ConjHead(single, previous.depth, previous.pair_keys, previous.indptr, previous.targets,
-                        statistics.cell_counts, *self.points[0], backoff=previous.backoff)  # fmt: skip
+                        statistics.cell_counts, b, g, backoff=previous.backoff, discount=d)  # fmt: skip
         return ConjCandidates(head, self.points)
 
     def choice_from_json(self, data: dict[str, Any]) -> ConjChoice | None:
         if "conj_strength" not in data:
             return None
-        return ConjChoice(float(data["conj_strength"]), float(data.get("conj_type_strength", 0.0)))
+        return ConjChoice(
+            float(data["conj_strength"]),
+            float(data.get("conj_type_strength", 0.0)),
+            float(data.get("conj_discount", 0.0)),
+        )
 
     def warnings(self, head: Head, statistics: Any = None) -> list[str]:
         assert isinstance(head, ConjHead)
