@@ -19,6 +19,9 @@ For every corpus, in one run:
      makes the choices), to check it comes within 5% of the fit with a validation store;
    - **old defaults**: the fit as it was before the MAP M-step (random start, maximum-likelihood ``sigma2``,
      additive emission smoothing 1e-6), with the validation store for early stopping;
+   - **conjunction** (``--conj-depths``, e.g. ``2:current,2:attended``): the conjunction head
+     (``fit --head conj``) started from the head with defaults, with its choices, the pair rows' strengths and
+     discount chosen on validation (``--conj-max-iter`` iterations, early stopping on validation perplexity);
 4. every model and baseline scored on the test store: next-target perplexity (and accuracy), and the
    head / Kneser-Ney ratio.
 
