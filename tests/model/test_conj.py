@@ -239,8 +239,8 @@ def test_the_distributed_fit_on_one_and_two_workers_equals_fit_em(tmp_path: Path
                  options=WriteOptions(chunk_rows=128, partition_rows=256))  # fmt: skip
     spec = ConjSpec(SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense"),
                     depth=2, strength=1.0, type_strength=0.5, discount=0.5)  # fmt: skip
-    settings_ = FitSettings(max_iter=3, tol=0.0, holdout_fraction=0.0)
-    reference = fit_em((context, query, target), spec, shape=(s, n_pos, 2, s), holdout=HoldoutRule(0.0), max_iter=3,
+    settings_ = FitSettings(max_iter=2, tol=0.0, holdout_fraction=0.0)
+    reference = fit_em((context, query, target), spec, shape=(s, n_pos, 2, s), holdout=HoldoutRule(0.0), max_iter=2,
                        tol=0.0).distribution  # fmt: skip
     fitted = []
     with local_cluster(2) as (_, client):
