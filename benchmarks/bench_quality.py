@@ -19,6 +19,9 @@ For every corpus, in one run:
      makes the choices), to check it comes within 5% of the fit with a validation store;
    - **old defaults**: the fit as it was before the MAP M-step (random start, maximum-likelihood ``sigma2``,
      additive emission smoothing 1e-6), with the validation store for early stopping;
+   - **conjunction** (``--conj-depths``, e.g. ``2:current,2:attended``): the conjunction head
+     (``fit --head conj``) started from the head with defaults, with its choices, the pair rows' strengths and
+     discount chosen on validation (``--conj-max-iter`` iterations, early stopping on validation perplexity);
 4. every model and baseline scored on the test store: next-target perplexity (and accuracy), and the
    head / Kneser-Ney ratio.
 
@@ -86,6 +89,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--skip-old", action="store_true", help="do not fit the old defaults")
     parser.add_argument("--skip-holdout", action="store_true", help="do not fit without a validation store")
+    parser.add_argument(
+        "--conj-depths",
+        default="2",
+        help="the conjunction heads fitted from the head with defaults, comma-separated DEPTH or DEPTH:BACKOFF "
+        "(attended, current) ('' for none)",
+    )
+    parser.add_argument("--conj-max-iter", type=int, default=10, help="EM iterations of each conjunction head")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
     return parser.parse_args(argv)
 
@@ -166,7 +176,16 @@ def _options(partition_rows: int) -> Any:
 # ------------------------------------------------------------------------------------------ fits
 
 
-def fit_and_test(client: Any, stores: dict[str, Any], model_dir: Path, settings: Any, validation: bool) -> dict:
+def fit_and_test(
+    client: Any,
+    stores: dict[str, Any],
+    model_dir: Path,
+    settings: Any,
+    validation: bool,
+    *,
+    head: Any = None,
+    init_from: Path | None = None,
+) -> dict:
     from dist_respattn.engine import evaluate, fit
 
     started = time.perf_counter()
@@ -177,6 +196,8 @@ def fit_and_test(client: Any, stores: dict[str, Any], model_dir: Path, settings:
         validation=stores["validation"] if validation else None,
         overwrite=True,
         client=client,
+        head=head,
+        init_from=init_from,
         say=lambda message: print(f"    {message}", file=sys.stderr, flush=True),
         progress=False,
     )
@@ -192,6 +213,38 @@ def fit_and_test(client: Any, stores: dict[str, Any], model_dir: Path, settings:
         "hyperparameters": best.get("hyperparameters"),
         "warnings": result.warnings,
     }
+
+
+def fit_conj(
+    client: Any, stores: dict[str, Any], work: Path, single: dict, depth: int, backoff: str, args: Any
+) -> dict:
+    """The conjunction head (``fit --head conj --conj-depth DEPTH --conj-backoff BACKOFF``) started from the head with
+    defaults (its model directory ``work / "model"``), whose held-out choices it keeps; the pair strengths chosen on
+    validation."""
+    from dist_respattn.engine import FitSettings
+    from dist_respattn.model.heads.conj import ConjSpec
+    from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
+
+    chosen = single["hyperparameters"]
+    spec = ConjSpec(
+        SingleHopSpec(
+            sigma2=chosen["sigma2"],
+            emission_strength=chosen["emission_strength"],
+            type_strength=chosen["type_strength"],
+        ),
+        depth=depth,
+        backoff=backoff,
+    )
+    print(f"{work.name}: fitting the conjunction head, depth {depth}, {backoff}", file=sys.stderr, flush=True)
+    return fit_and_test(
+        client,
+        stores,
+        work / f"model-conj{depth}-{backoff}",
+        FitSettings(max_iter=args.conj_max_iter),
+        True,
+        head=spec,
+        init_from=work / "model",
+    )
 
 
 # ------------------------------------------------------------------------------------------ the caches
@@ -334,6 +387,10 @@ def run_corpus(name: str, client: Any, args: argparse.Namespace, work: Path) -> 
         heads["old defaults"] = fit_and_test(
             client, stores, work / name / "model-old", FitSettings(max_iter=args.max_iter, **OLD_DEFAULTS), True
         )
+    for variant in [v.strip() for v in args.conj_depths.split(",") if v.strip()]:
+        depth, _, backoff = variant.partition(":")
+        label = f"conjunction, depth {depth}" + (f", {backoff}" if backoff else "")
+        heads[label] = fit_conj(client, stores, work / name, heads["defaults"], int(depth), backoff or "attended", args)
     baselines = heads["defaults"]["test"]["baselines"]
     print(f"{name}: the 5-gram with document caches", file=sys.stderr, flush=True)
     started = time.perf_counter()
@@ -393,6 +450,7 @@ def print_table(results: list[dict[str, Any]], stream: Any = None) -> None:
         ("kneser_ney_5_caches", "KN 5-gram + document caches"),
     ]
     heads = ["defaults", "defaults, no validation store", "old defaults"]
+    heads += sorted({h for r in results for h in r["heads"] if h.startswith("conjunction")})
     width = 14
     print()
     print("test perplexity (next target), train / validation / test split by document, vocabulary from train")

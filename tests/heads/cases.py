@@ -335,3 +335,101 @@ def _copy_tied_sparse() -> tuple[HeadSpec, KindData, TrainerContext]:
 
 
 CASES.append(KindCase("copy-tied-sparse", _copy_tied_sparse, copy_ml, copy_reference, copy_tables))
+
+
+# ----------------------------------------------------------------------------------------------- conjunctions
+
+
+def conj_pair_rows(head: Head) -> np.ndarray:
+    """(P, T) the pair rows ``(n[p, :] - d + (s_p + sum d) B[a, :]) / (n_p + s_p)``, ``d = min(n[p, :], D)``, in
+    plain numpy (``B``'s row alone for an
+    infinite strength or an empty pair)."""
+    from dist_respattn.model.heads.conj import ConjHead
+
+    assert isinstance(head, ConjHead)
+    emission = head.single.emission_table.to_dense()
+    rows = np.empty((head.num_pairs, head.num_targets))
+    for p in range(head.num_pairs):
+        a = int(head.pair_keys[p]) // head.num_symbols
+        if head.backoff == "current":  # the row leans toward the current token's
+            a = int(head.pair_keys[p]) % head.num_symbols
+        n = np.zeros(head.num_targets)
+        n[head.targets[head.indptr[p] : head.indptr[p + 1]]] = head.counts[head.indptr[p] : head.indptr[p + 1]]
+        s = head.strength + head.type_strength * (head.indptr[p + 1] - head.indptr[p])
+        taken = np.minimum(n, head.discount)  # the absolute discount's mass, moved to the prior row
+        if np.isinf(head.strength) or n.sum() + s <= 0.0:
+            rows[p] = emission[a]
+        else:
+            rows[p] = (n - taken + (s + taken.sum()) * emission[a]) / (n.sum() + s)
+    return rows
+
+
+def conj_reference(head: Head, context: np.ndarray, query: np.ndarray, attribute: Any = None) -> np.ndarray:
+    """(n, T) ``sum_i a_i E_i`` with the single head's gate ``a`` and ``E_i`` the pair row of ``(c_i, c_N)`` within
+    the depth when stored (:func:`conj_pair_rows`), else ``B[c_i]``, in plain numpy."""
+    from dist_respattn.model.heads.conj import ConjHead
+
+    assert isinstance(head, ConjHead)
+    single = head.single
+    distance = ((query[:, None, :] - single.key_means[context]) ** 2).sum(axis=2)
+    with np.errstate(divide="ignore"):
+        log_a = np.log(single.position_prior)[None, :] - distance / (2.0 * single.sigma2)
+    a = np.exp(log_a - log_a.max(axis=1, keepdims=True))
+    a /= a.sum(axis=1, keepdims=True)
+    emission = single.emission_table.to_dense()
+    pair_rows = conj_pair_rows(head)
+    index = {int(key): p for p, key in enumerate(head.pair_keys)}
+    n, n_pos = context.shape
+    out = np.zeros((n, head.num_targets))
+    for row in range(n):
+        q = int(context[row, -1])
+        for i in range(n_pos):
+            c = int(context[row, i])
+            p = index.get(c * head.num_symbols + q) if n_pos - 1 - i < head.depth else None
+            out[row] += a[row, i] * (emission[c] if p is None else pair_rows[p])
+    return out
+
+
+def conj_tables(head: Head) -> dict[str, np.ndarray]:
+    """The single head's tables and the pair rows."""
+    from dist_respattn.model.heads.conj import ConjHead
+
+    assert isinstance(head, ConjHead)
+    return {**single_hop_tables(head.single), "pair_rows": conj_pair_rows(head)}
+
+
+def conj_ml(spec: HeadSpec) -> HeadSpec:
+    """Maximum likelihood: the single head's (:func:`single_hop_ml`), pair rows without a prior, at every position (so
+    ``B``, fitted on every position's responsibility, is the prior of no row the likelihood reads)."""
+    from dist_respattn.model.heads.conj import ConjSpec
+
+    assert isinstance(spec, ConjSpec)
+    single = single_hop_ml(spec.single)
+    assert isinstance(single, SingleHopSpec)
+    return ConjSpec(single, depth=64, min_count=1.0, strength=0.0, type_strength=0.0, backoff=spec.backoff,
+                    discount=0.0)  # fmt: skip
+
+
+def _conj_free_dense() -> tuple[HeadSpec, KindData, TrainerContext]:
+    from dist_respattn.model.heads.conj import ConjSpec
+
+    shape = (8, 4, 2, 8)
+    single = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense")
+    spec = ConjSpec(single, depth=2, strength=1.0, type_strength=0.5, discount=0.5)
+    return spec, copy_data(600, shape, 23), TrainerContext(shape)
+
+
+CASES.append(KindCase("conj-free-dense", _conj_free_dense, conj_ml, conj_reference, conj_tables))
+
+
+def _conj_tied_sparse() -> tuple[HeadSpec, KindData, TrainerContext]:
+    from dist_respattn.model.heads.conj import ConjSpec
+
+    shape = (10, 6, 2, 10)
+    single = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="sparse",
+                           position_buckets=3)  # fmt: skip
+    spec = ConjSpec(single, depth=3, min_count=2.0, strength=2.0, type_strength=0.0, backoff="current", discount=0.0)
+    return spec, copy_data(600, shape, 29), TrainerContext(shape)
+
+
+CASES.append(KindCase("conj-tied-sparse", _conj_tied_sparse, conj_ml, conj_reference, conj_tables))

@@ -631,6 +631,7 @@ _BUILT_IN = (
     "dist_respattn.model.heads.gated",
     "dist_respattn.model.heads.mixture",
     "dist_respattn.model.heads.copy",
+    "dist_respattn.model.heads.conj",
 )
 
 T = TypeVar("T", bound=Head)

@@ -1,0 +1,376 @@
+"""The conjunction head: a single-hop head whose emission is keyed by (attended token, current token).
+
+For a row with window ``c_1..c_N`` (``c_N`` the most recent), current token ``q = c_N`` (the token whose embedding
+is the query) and query ``y``, the single head's gate attends and position ``i`` emits::
+
+    E_i(t) = (n[a, q, t] + s_aq B[a, t]) / (n[a, q, .] + s_aq),   a = c_i, s_aq = beta + gamma * types(a, q)
+
+when ``i`` lies within the conjunction depth (recency < ``depth``) and the pair ``(a, q)`` is stored, else
+``B[a, t]``: a true trigram at the previous position, a skip-trigram further back, a bigram row of its own at the
+most recent one. ``n`` are the E-step's responsibility counts of the stored (pair, target) cells, ``B`` the single
+head's MAP emission (its own prior toward the continuation base) and ``types(a, q)`` the distinct targets stored for
+the pair; ``beta = inf`` gives the single head exactly (MacKay & Peto 1995's hierarchical Dirichlet).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dist_respattn.model.heads.base import Block, Columns, Head
+from dist_respattn.model.heads.conj.kernels import ConjParameters, conj_score, pair_of_cells
+from dist_respattn.model.heads.copy.kernels import copy_row_terms
+from dist_respattn.model.heads.single_hop.arrays import MODEL_ARRAY_NAMES
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.rows import WindowRows
+from dist_respattn.model.scores import ScoreTotals, TopK
+from dist_respattn.model.streaming import WindowPredictions
+
+__all__ = ["BACKOFFS", "ConjHead", "ConjPredictor", "pair_rows"]
+
+#: The row a pair row's prior leans toward: the attended token's ``B[a]`` (beta = inf: the single head) or the
+#: current token's ``B[q]`` (Kneser-Ney's order: the trigram backs off to the bigram of the current token).
+BACKOFFS = ("attended", "current")
+
+#: Rows per sub-block of the NumPy predictions, bounding their (rows, T) arrays.
+_PREDICT_ROWS = 256
+
+
+def pair_rows(
+    indptr: np.ndarray, counts: np.ndarray, strength: float, type_strength: float, discount: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(pair_weight (P,), cell_value (M,))`` of stored pairs: ``(s_p + d_p) / (n_p + s_p)`` and
+    ``(n[p, t] - min(n[p, t], D)) / (n_p + s_p)`` with ``s_p = strength + type_strength * types_p`` (``types_p`` the
+    pair's stored targets) and ``d_p = sum_t min(n[p, t], D)``, the mass the discount ``D`` moves to the prior row
+    (Kneser-Ney's absolute discount; 0: the Dirichlet posterior mode). An infinite strength, or a pair with neither
+    counts nor strength, is ``B``'s row alone (weight 1, no cell values)."""
+    n_pairs = indptr.shape[0] - 1
+    types = np.diff(indptr).astype(np.float64)
+    owner = np.repeat(np.arange(n_pairs), np.diff(indptr))
+    totals = np.bincount(owner, weights=counts, minlength=n_pairs)
+    if np.isinf(strength):
+        return np.ones(n_pairs), np.zeros(counts.shape[0])
+    s = strength + type_strength * types
+    taken = np.minimum(counts, discount)
+    denominator = totals + s
+    empty = denominator <= 0.0
+    safe = np.where(empty, 1.0, denominator)
+    moved = np.bincount(owner, weights=taken, minlength=n_pairs)
+    weight = np.where(empty, 1.0, (s + moved) / safe)
+    value = np.where(empty[owner], 0.0, (counts - taken) / safe[owner])
+    return weight, value
+
+
+class ConjHead(Head):
+    """A single-hop head and the (attended, current) pair rows of its emission (the head kind ``"conj"``).
+
+    Args:
+        single: the single-hop head (keys, position prior, gate variance, emission ``B``).
+        depth: positions of recency ``< depth`` read the pair rows (1: only the most recent; 2: a trigram at the
+            previous position too; N: every position).
+        pair_keys: (P,) int64, the stored pairs ``a * S + q``, increasing.
+        indptr: (P + 1,) int64; ``targets`` (M,) int32: pair ``p``'s stored targets ``targets[indptr[p]:indptr[p+1]]``,
+            increasing (the cells that occur in the training rows).
+        counts: (M,) float64 ``n[a, q, t]`` of each cell (the last E-step's responsibilities).
+        strength, type_strength: ``beta >= 0`` (``inf``: the single head) and ``gamma >= 0`` of the pair rows' prior.
+        discount: the absolute discount ``D`` each stored cell gives its pair's prior row (0: none).
+        backoff: the row the pair rows' prior leans toward (:data:`BACKOFFS`): ``"attended"`` (``B[a]``, the default)
+            or ``"current"`` (``B[q]``).
+    """
+
+    kind: ClassVar[str] = "conj"
+
+    def __init__(
+        self,
+        single: ResponsibilityAttentionDistribution,
+        depth: int,
+        pair_keys: Any,
+        indptr: Any,
+        targets: Any,
+        counts: Any,
+        strength: float,
+        type_strength: float,
+        *,
+        backoff: str = "attended",
+        discount: float = 0.0,
+    ) -> None:
+        if not isinstance(single, ResponsibilityAttentionDistribution):
+            raise TypeError(f"single is a {type(single).__name__}: expected a single-hop head")
+        self.single = single
+        self.num_symbols, self.context_length = single.num_symbols, single.context_length
+        self.query_dim, self.num_targets = single.query_dim, single.num_targets
+        if not 1 <= int(depth) <= self.context_length:
+            raise ValueError(f"depth = {depth}: expected 1 to N = {self.context_length} recent positions")
+        self.depth = int(depth)
+        self.pair_keys = np.ascontiguousarray(pair_keys, dtype=np.int64).reshape(-1)
+        self.indptr = np.ascontiguousarray(indptr, dtype=np.int64).reshape(-1)
+        self.targets = np.ascontiguousarray(targets, dtype=np.int32).reshape(-1)
+        self.counts = np.ascontiguousarray(counts, dtype=np.float64).reshape(-1)
+        p, m = self.pair_keys.shape[0], self.targets.shape[0]
+        if (
+            self.indptr.shape != (p + 1,)
+            or self.indptr[0] != 0
+            or self.indptr[-1] != m
+            or np.any(np.diff(self.indptr) < 0)
+        ):
+            raise ValueError(f"indptr: expected {p + 1} non-decreasing offsets from 0 to the {m} cells")
+        if self.counts.shape != (m,) or not (np.isfinite(self.counts).all() and (self.counts >= 0.0).all()):
+            raise ValueError(f"counts: expected {m} finite counts >= 0, one per cell")
+        if p and (np.any(np.diff(self.pair_keys) <= 0) or self.pair_keys[0] < 0 or
+                  self.pair_keys[-1] >= self.num_symbols * self.num_symbols):  # fmt: skip
+            raise ValueError("pair_keys: expected increasing pairs a * S + q in [0, S * S)")
+        if m and (self.targets.min() < 0 or self.targets.max() >= self.num_targets):
+            raise ValueError(f"targets: expected ids in [0, {self.num_targets})")
+        if backoff not in BACKOFFS:
+            raise ValueError(f"backoff = {backoff!r}: expected one of {', '.join(BACKOFFS)}")
+        self.backoff = backoff
+        self.discount = float(discount)
+        if not (np.isfinite(self.discount) and self.discount >= 0.0):
+            raise ValueError(f"discount = {discount!r}: expected a finite discount >= 0")
+        self.strength, self.type_strength = float(strength), float(type_strength)
+        if not (self.strength >= 0.0 and np.isfinite(self.type_strength) and self.type_strength >= 0.0):
+            raise ValueError(
+                f"strengths {self.strength!r}, {self.type_strength!r}: expected beta >= 0 (inf: the single head) "
+                "and a finite gamma >= 0"
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"ConjHead(S={self.num_symbols}, N={self.context_length}, D={self.query_dim}, T={self.num_targets}, "
+            f"depth={self.depth}, pairs={self.num_pairs}, cells={self.num_cells}, beta={self.strength:g}, "
+            f"gamma={self.type_strength:g}, backoff={self.backoff})"
+        )
+
+    @property
+    def num_pairs(self) -> int:
+        return int(self.pair_keys.shape[0])
+
+    @property
+    def num_cells(self) -> int:
+        return int(self.targets.shape[0])
+
+    def with_counts(
+        self, counts: np.ndarray, strength: float, type_strength: float, discount: float | None = None
+    ) -> ConjHead:
+        """The same support and single head with other cell counts, strengths and discount (``None``: its own)."""
+        return ConjHead(self.single, self.depth, self.pair_keys, self.indptr, self.targets, counts, strength,
+                        type_strength, backoff=self.backoff,
+                        discount=self.discount if discount is None else discount)  # fmt: skip
+
+    @functools.cached_property
+    def pair_values(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(pair_weight (P,), cell_value (M,))`` (:func:`pair_rows`)."""
+        return pair_rows(self.indptr, self.counts, self.strength, self.type_strength, self.discount)
+
+    @functools.cached_property
+    def parameters(self) -> ConjParameters:
+        """The parameters as the compiled passes read them (built once per head)."""
+        weight, value = self.pair_values
+        return ConjParameters.build(
+            self.single, self.depth, self.backoff == "current", self.pair_keys, self.indptr, self.targets, weight, value
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("parameters", None)
+        state.pop("pair_values", None)
+        return state
+
+    # -- the head protocol -----------------------------------------------------------------------------------------
+
+    def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The single head's arrays and the pair rows' ``conj_pair_keys``, ``conj_indptr``, ``conj_targets``,
+        ``conj_counts``; the single head's JSON under ``"single"``."""
+        arrays, meta = self.single.to_arrays()
+        arrays = {**arrays, "conj_pair_keys": self.pair_keys, "conj_indptr": self.indptr,
+                  "conj_targets": self.targets, "conj_counts": self.counts}  # fmt: skip
+        return arrays, {"single": meta, "depth": self.depth, "strength": self.strength,
+                        "type_strength": self.type_strength, "backoff": self.backoff,
+                        "discount": self.discount}  # fmt: skip
+
+    @classmethod
+    def from_arrays(cls, arrays: Any, meta: dict[str, Any]) -> ConjHead:
+        from dist_respattn.model.heads.single_hop.arrays import distribution_from_arrays
+
+        for name in ("conj_pair_keys", "conj_indptr", "conj_targets", "conj_counts"):
+            if name not in arrays:
+                raise ValueError(f"conjunction head: missing array {name!r}")
+        if not isinstance(meta.get("single"), dict):
+            raise ValueError("conjunction head: metadata needs the single head's under 'single'")
+        own = {name: np.asarray(arrays[name]) for name in MODEL_ARRAY_NAMES if name in arrays}
+        single = distribution_from_arrays(own, meta["single"], source="conjunction head")
+        return cls(
+            single, int(meta["depth"]), np.asarray(arrays["conj_pair_keys"]), np.asarray(arrays["conj_indptr"]),
+            np.asarray(arrays["conj_targets"]), np.asarray(arrays["conj_counts"]), float(meta["strength"]),
+            float(meta["type_strength"]), backoff=str(meta.get("backoff", "attended")),
+            discount=float(meta.get("discount", 0.0)),
+        )  # fmt: skip
+
+    def num_parameters(self) -> int:
+        """The single head's parameters and one count per stored cell."""
+        return int(self.single.num_parameters() + self.num_cells)
+
+    def nbytes(self) -> int:
+        return int(
+            self.single.nbytes() + self.pair_keys.nbytes + self.indptr.nbytes + self.targets.nbytes + self.counts.nbytes
+        )
+
+    def describe(self) -> str:
+        return (
+            f"conjunction head over the {self.depth} most recent position(s), {self.num_pairs:,} pairs, "
+            f"{self.num_cells:,} cells, {self.single.emission_table.layout} emission"
+        )
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "conj_strength": self.strength,
+            "conj_type_strength": self.type_strength,
+            "conj_discount": self.discount,
+        }
+
+    def summary(self) -> tuple[dict[str, Any], list[str]]:
+        line = (
+            f"last model: pair rows (attended, current token) over the {self.depth} most recent position(s): "
+            f"{self.num_pairs:,} pairs, {self.num_cells:,} cells; strength beta {self.strength:g} + gamma "
+            f"{self.type_strength:g} x types, discount {self.discount:g}, toward the {self.backoff} token's row"
+        )
+        return {"conj_depth": self.depth, "conj_backoff": self.backoff, "conj_pairs": self.num_pairs,
+                "conj_cells": self.num_cells, "conj_strength": self.strength, "conj_type_strength": self.type_strength,
+                "conj_discount": self.discount, "sigma2": float(self.single.sigma2)}, [line]  # fmt: skip
+
+    def emissions(self, options: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
+        return [("attended token's table B", self.single.emission_table)]
+
+    @property
+    def columns(self) -> Columns:
+        """Token windows: the pair rows read the window's tokens and the current token."""
+        return Columns(windows=True)
+
+    def check_rows(self, rows: WindowRows) -> None:
+        rows.check(self.num_symbols, self.num_targets, self.context_length, self.query_dim)
+
+    def score(self, blocks: Iterable[Block], *, accuracy: bool = True) -> ScoreTotals:
+        """Held-out totals of the blocks' rows: joint and predictive log-likelihoods and, with ``accuracy``, the
+        arg-max hits (O(T) a row in NumPy; the M-step's held-out pass skips them)."""
+        totals = ScoreTotals()
+        for block in blocks:
+            rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
+            self.check_rows(rows)
+            log_lik, target_log_prob, weight, attention = conj_score(rows, self.parameters)
+            correct = self.hits(rows, attention) if accuracy else 0.0
+            totals = totals + ScoreTotals(weight, log_lik, target_log_prob, correct)
+        return totals
+
+    def hits(self, rows: WindowRows, attention: np.ndarray) -> float:
+        """The weighted arg-max hits (first on ties) of ``rows`` given their predictive ``attention`` (n, N)."""
+        w = np.ones(rows.num_rows) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
+        hits = 0.0
+        for start in range(0, rows.num_rows, _PREDICT_ROWS):
+            stop = min(start + _PREDICT_ROWS, rows.num_rows)
+            live = w[start:stop] > 0.0
+            if not live.any():
+                continue
+            probs = self.window_proba(rows.select(slice(start, stop)), attention[start:stop])
+            correct = np.argmax(probs, axis=1) == rows.target[start:stop]
+            hits += float(w[start:stop][correct & live].sum())
+        return hits
+
+    def window_proba(self, rows: WindowRows, attention: np.ndarray) -> np.ndarray:
+        """(n, T) ``p(target | window, query)`` of window rows given their predictive attention (n, N): ``B``'s
+        rows weighed by each position's ``s / (n + s)`` (1 off the pair rows), then the pair rows' stored cells."""
+        n_pos = self.context_length
+        context, _ = copy_row_terms(rows, n_pos)
+        current = np.asarray(rows.tokens[rows.end - 1], dtype=np.int64)
+        weight, value = self.pair_values
+        pair = np.full(context.shape, -1, dtype=np.int64)
+        conj = slice(n_pos - self.depth, n_pos)
+        pair[:, conj] = pair_of_cells(self.pair_keys, context[:, conj] * self.num_symbols + current[:, None])
+        pair[attention <= 0.0] = -1
+        own = attention * np.where(pair >= 0, weight[np.maximum(pair, 0)], 1.0)
+        # The row each position's prior part reads: B[a], or B[q] on a stored pair when the rows lean toward it.
+        leaning = np.where(pair >= 0, current[:, None], context) if self.backoff == "current" else context
+        probs = self.single.emission_table.predictive(leaning, own)
+        row_of, col_of = np.nonzero(pair >= 0)
+        p = pair[row_of, col_of]
+        lengths = self.indptr[p + 1] - self.indptr[p]
+        at = np.repeat(self.indptr[p] - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+        np.add.at(probs, (np.repeat(row_of, lengths), self.targets[at]),
+                  np.repeat(attention[row_of, col_of], lengths) * value[at])  # fmt: skip
+        return probs
+
+    def top_k(self, block: Block, k: int) -> TopK:
+        """The ``k`` most probable targets of each row (lower id first on ties), with the predictive attention."""
+        if int(k) < 1:
+            raise ValueError(f"k = {k}: expected a positive number of targets")
+        rows = block.rows
+        self.check_rows(rows)
+        k = min(int(k), self.num_targets)
+        _, _, _, attention = conj_score(rows, self.parameters)
+        targets = np.empty((rows.num_rows, k), dtype=np.int32)
+        probabilities = np.empty((rows.num_rows, k))
+        for start in range(0, rows.num_rows, _PREDICT_ROWS):
+            stop = min(start + _PREDICT_ROWS, rows.num_rows)
+            probs = self.window_proba(rows.select(slice(start, stop)), attention[start:stop])
+            order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+            targets[start:stop] = order
+            probabilities[start:stop] = np.take_along_axis(probs, order, axis=1)
+        return TopK(targets, probabilities, attention)
+
+    def predict_proba(self, context: Any, query: Any) -> np.ndarray:
+        """``p(target | context, query)`` of full windows (the current token: the window's last): (T,) for one
+        row, (n, T) for a batch (small batches)."""
+        single = np.ndim(context) == 1
+        ctx = np.atleast_2d(np.asarray(context))
+        y = np.atleast_2d(np.asarray(query, dtype=np.float64))
+        rows = WindowRows.from_encoded(ctx, y, np.zeros(ctx.shape[0], dtype=np.int32))
+        self.check_rows(rows)
+        _, _, _, attention = conj_score(rows, self.parameters)
+        out = self.window_proba(rows, attention)
+        return out[0] if single else out
+
+    def predictor(
+        self,
+        *,
+        words: Sequence[str] | None = None,
+        query_table: np.ndarray | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> ConjPredictor:
+        """A :class:`ConjPredictor` over one history (its state: the last N tokens)."""
+        return ConjPredictor(self, query_table, words=words)
+
+
+class ConjPredictor(WindowPredictions):
+    """p(next token | history) of a :class:`ConjHead` for one history; its state is the last N token ids.
+
+    Args:
+        model: the conjunction head; ``embeddings``: (S, D) the query table (the next target's query is the last
+            token's row), or ``None`` (every prediction takes its ``query``); ``words``: (T,) names for
+            :meth:`top_words`.
+    """
+
+    def __init__(self, model: ConjHead, embeddings: np.ndarray | None = None, *, words: Sequence[str] | None = None):
+        super().__init__(model, embeddings, words=words)
+
+    def predict(self, query: Any = None) -> np.ndarray:
+        """(T,) ``p(next target | history)`` (for ``query``, default: the last token's embedding)."""
+        if not self.window:
+            raise ValueError("the history is empty: push at least one token before predicting")
+        if query is not None:
+            y = np.asarray(query, dtype=np.float64)
+            if y.shape != (self.model.query_dim,) or not np.isfinite(y).all():
+                raise ValueError(f"query of shape {y.shape}: expected {self.model.query_dim} finite numbers")
+        elif self.embeddings is None:
+            raise ValueError("no embeddings were given: pass the query (D,), or make the predictor with the table")
+        else:
+            y = self.embeddings[self.window[-1]]
+        tokens = np.fromiter(self.window, dtype=np.int64, count=len(self.window))
+        m = tokens.shape[0]
+        rows = WindowRows(
+            tokens, np.array([0]), np.array([m]), np.zeros(1, dtype=np.int64), y[None, :],
+            np.zeros(1, dtype=np.int64), None, 0,
+        )  # fmt: skip
+        _, _, _, attention = conj_score(rows, self.model.parameters)
+        return self.model.window_proba(rows, attention)[0]

@@ -1,0 +1,589 @@
+"""The conjunction head's compiled passes over token windows: the E-step and held-out scoring.
+
+Per position, over each row's window (O(N) a row, two binary searches at each position within the conjunction
+depth). Windows are :class:`~dist_respattn.model.rows.WindowRows` spans, oldest first: position ``x`` of a window
+``tokens[lo:hi]`` has recency ``hi - 1 - x`` and context column ``N - hi + x``; the row's current token (the one
+whose embedding is the query on a token-stream store) is ``q = tokens[hi - 1]``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numba
+import numpy as np
+
+from dist_respattn.model.arguments import ImpossibleEvidenceError
+from dist_respattn.model.emission.layouts import SparseEmission
+from dist_respattn.model.kernels.log_weights import exp_shifted, squared_distance
+from dist_respattn.model.kernels.per_position import find_pair
+from dist_respattn.model.kernels.prefetch import prefetch_item
+from dist_respattn.model.rows import WindowRows
+
+__all__ = [
+    "ConjArrays",
+    "ConjParameters",
+    "conj_estep",
+    "conj_score",
+    "conj_score_grid",
+    "find_key",
+    "find_pair_slot",
+    "pair_of_cells",
+    "pair_table",
+]
+
+_NO_VALUES = np.zeros(0)
+_NO_INDEX = np.zeros(0, dtype=np.int64)
+_NO_SYMBOLS = np.zeros(0, dtype=np.int32)
+_NO_TABLE = np.zeros((0, 0))
+_PREFETCH_ROWS = 8  # how many rows ahead the passes prefetch the cells a row reads
+
+
+@dataclass(frozen=True)
+class ConjParameters:
+    """A conjunction head's parameters as the kernels read them.
+
+    Attributes:
+        key_means, inv_two_sigma2, gate_const, prior, log_prior: the single head's gate (``prior`` (N,) in column
+            order, ``prior[N - 1]`` the most recent).
+        depth: positions of recency ``< depth`` read the pair rows; ``current``: their prior mean is the current
+            token's row ``B[q]`` (else the attended token's, ``B[a]``).
+        num_symbols: S (a pair's key is ``a * S + q``).
+        pair_keys: (P,) int64 increasing; ``slots``, ``shift``: their hash table (:func:`pair_table`); ``indptr``
+            (P + 1,) int64: pair ``p``'s stored targets are ``targets[indptr[p]:indptr[p + 1]]`` (int32, increasing).
+        pair_weight: (P,) ``s_p / (n_p + s_p)``, the weight of ``B[a, t]`` in the pair's row (1 for an infinite
+            strength); ``cell_value``: (M,) ``n[p, t] / (n_p + s_p)``.
+        log_emission_ts: (T, S) ``log B`` target-major for a dense emission, else (0, 0); a sparse one's
+            ``indptr`` (T + 1,), ``symbols`` (P,), ``log_values``, ``log_backoff`` (S,), ``log_base`` (T,).
+    """
+
+    key_means: np.ndarray
+    inv_two_sigma2: float
+    gate_const: float
+    prior: np.ndarray
+    log_prior: np.ndarray
+    depth: int
+    current: bool
+    num_symbols: int
+    pair_keys: np.ndarray
+    slots: np.ndarray
+    shift: int
+    indptr: np.ndarray
+    targets: np.ndarray
+    pair_weight: np.ndarray
+    cell_value: np.ndarray
+    log_emission_ts: np.ndarray
+    b_indptr: np.ndarray
+    b_symbols: np.ndarray
+    log_values: np.ndarray
+    log_backoff: np.ndarray
+    log_base: np.ndarray
+
+    @classmethod
+    def build(
+        cls, single: Any, depth: int, current: bool, pair_keys: np.ndarray, indptr: np.ndarray, targets: np.ndarray,
+        pair_weight: np.ndarray, cell_value: np.ndarray,
+    ) -> ConjParameters:  # fmt: skip
+        """From a single-hop head (its keys, prior, gate variance and emission ``B``) and the pair rows."""
+        params = single.kernel_parameters
+        table = single.emission_table
+        if isinstance(table, SparseEmission):
+            with np.errstate(divide="ignore"):
+                log_values, log_backoff, log_base = (np.log(v) for v in (table.values, table.backoff, table.base))
+            sparse = (table.support.indptr, table.support.symbols, log_values, log_backoff, log_base)
+            dense = _NO_TABLE
+        else:
+            sparse = (_NO_INDEX, _NO_SYMBOLS, _NO_VALUES, _NO_VALUES, _NO_VALUES)
+            dense = params.log_emission_ts
+        return cls(
+            params.key_means, float(params.inv_two_sigma2), float(params.gate_const),
+            np.asarray(single.position_prior, dtype=np.float64), np.asarray(params.log_prior, dtype=np.float64),
+            int(depth), bool(current), int(single.num_symbols), pair_keys, *pair_table(pair_keys), indptr, targets,
+            pair_weight,
+            cell_value, dense, *sparse,
+        )  # fmt: skip
+
+    def arrays(self) -> tuple[Any, ...]:
+        """The fields in the kernels' argument order."""
+        return (
+            self.key_means, self.inv_two_sigma2, self.gate_const, self.prior, self.log_prior, self.depth, self.current,
+            self.num_symbols, self.pair_keys, self.slots, self.shift, self.indptr, self.targets, self.pair_weight,
+            self.cell_value,
+            self.log_emission_ts, self.b_indptr, self.b_symbols, self.log_values, self.log_backoff, self.log_base,
+        )  # fmt: skip
+
+
+@dataclass
+class ConjArrays:
+    """The conjunction E-step's additive arrays beside the single head's.
+
+    Attributes:
+        recency_mass: (N,) responsibility per recency (with a short window's rejected draws).
+        cell_counts: (M,) the responsibility of each stored (pair, target) cell, ``n[a, q, t]``.
+    """
+
+    recency_mass: np.ndarray
+    cell_counts: np.ndarray
+
+    @classmethod
+    def zeros(cls, context_length: int, num_cells: int) -> ConjArrays:
+        return cls(np.zeros(context_length), np.zeros(num_cells))
+
+
+_HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
+
+
+@numba.njit(cache=True, nogil=True)
+def _slot(key, shift):  # pragma: no cover - compiled
+    """The home slot of ``key`` in a table of ``2 ** (64 - shift)`` slots (Fibonacci hashing)."""
+    return np.int64((np.uint64(key) * _HASH_MULTIPLIER) >> np.uint64(shift))
+
+
+@numba.njit(cache=True, nogil=True)
+def _fill_table(keys, table, shift):  # pragma: no cover - compiled
+    mask = table.shape[0] - 1
+    for p in range(keys.shape[0]):
+        h = _slot(keys[p], shift)
+        while table[h, 1] >= 0:
+            h = (h + 1) & mask
+        table[h, 0] = keys[p]
+        table[h, 1] = p
+
+
+def pair_table(pair_keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(table (2^b, 2) int64, shift)``: an open-addressing hash table of the pairs, each slot ``(key, pair index)``
+    (index -1: empty), at most half full: a lookup reads one cache line where a binary search over millions of pairs
+    misses the cache at every step."""
+    bits = max(int(np.ceil(np.log2(max(2 * pair_keys.shape[0], 2)))), 1)
+    table = np.full((1 << bits, 2), -1, dtype=np.int64)
+    _fill_table(np.ascontiguousarray(pair_keys, dtype=np.int64), table, 64 - bits)
+    return table, 64 - bits
+
+
+@numba.njit(cache=True, nogil=True)
+def find_pair_slot(table, shift, key):  # pragma: no cover - compiled
+    """The pair index of ``key`` through the hash ``table`` (:func:`pair_table`), or -1."""
+    mask = table.shape[0] - 1
+    h = _slot(key, shift)
+    while True:
+        p = table[h, 1]
+        if p < 0 or table[h, 0] == key:
+            return p
+        h = (h + 1) & mask
+
+
+@numba.njit(cache=True, nogil=True)
+def find_key(keys, lo, hi, key):  # pragma: no cover - compiled
+    """The index of ``key`` in the increasing ``keys[lo:hi]``, or -1."""
+    end = hi
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if keys[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < end and keys[lo] == key:
+        return lo
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _log_b(t, c, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base):  # pragma: no cover
+    """``(log B[c, t], pair index of B's sparse support or -1)`` in either layout."""
+    if b_indptr.shape[0] == 0:
+        return log_emission_ts[t, c], -1
+    p = find_pair(b_indptr, b_symbols, t, c)
+    if p >= 0:
+        return log_values[p], p
+    return log_backoff[c] + log_base[t], -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _prefetch_row(tokens, lo, hi, t, depth, num_symbols, slots, shift, log_emission_ts, counts_ts):  # pragma: no cover
+    """Prefetch a row's hash slots and, for a dense emission, its (target, symbol) cells."""
+    q = tokens[hi - 1]
+    for x in range(lo, hi):
+        c = tokens[x]
+        if log_emission_ts.shape[0] > 0:
+            prefetch_item(log_emission_ts, t, c)
+            prefetch_item(counts_ts, t, c)
+        if hi - 1 - x < depth and slots.shape[0] > 0:
+            prefetch_item(slots, _slot(np.int64(c) * num_symbols + q, shift), 0)
+
+
+@numba.njit(cache=True, nogil=True)
+def _row_terms(
+    tokens, lo, hi, t, y, key_means, inv_two_sigma2, prior, log_prior, depth, current, num_symbols, pair_keys, slots,
+    shift, indptr,
+    targets, pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base,
+    logw, gate, cell, bpair,
+):  # pragma: no cover - compiled  # fmt: skip
+    """One window's terms, position ``j`` of ``tokens[lo:hi]`` oldest first: ``logw[j]`` the joint log-weight
+    ``log pi_j - log A + log E_j(t) - d_j / (2 sigma2)``, ``gate[j]`` the same without ``log E_j(t)``, ``cell[j]``
+    the stored (pair, target) cell it reads (-1: none; -2: its pair is stored but not this target) and ``bpair[j]``
+    B's sparse pair (-1 off B's support or dense). Returns ``(max logw, A)``."""
+    n_pos = prior.shape[0]
+    m = hi - lo
+    total = 0.0
+    for r in range(m):
+        total += prior[n_pos - 1 - r]
+    log_total = 0.0 if m == n_pos else (math.log(total) if total > 0.0 else 0.0)
+    q = tokens[hi - 1]
+    dense = b_indptr.shape[0] == 0
+    best = -np.inf
+    for j in range(m):
+        x = lo + j
+        r = hi - 1 - x
+        col = n_pos - 1 - r
+        c = tokens[x]
+        # The dense lookup written out here: a call passing the sparse layout's arrays cost more than it.
+        if dense:
+            log_b = log_emission_ts[t, c]
+            bpair[j] = -1
+        else:
+            log_b, bpair[j] = _log_b(t, c, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base)
+        cell[j] = -1
+        log_e = log_b
+        if r < depth and pair_keys.shape[0] > 0:
+            p = find_pair_slot(slots, shift, np.int64(c) * num_symbols + q)
+            if p >= 0:
+                k = find_key(targets, indptr[p], indptr[p + 1], t)
+                w = pair_weight[p]
+                if current:  # the pair rows' prior mean is the current token's row B[q]
+                    if dense:
+                        log_b = log_emission_ts[t, q]
+                    else:
+                        log_b, _ = _log_b(t, q, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base)
+                if k >= 0:
+                    e = cell_value[k] + w * math.exp(log_b)
+                    log_e = math.log(e) if e > 0.0 else -np.inf
+                    cell[j] = k
+                else:
+                    log_e = (math.log(w) if w > 0.0 else -np.inf) + log_b
+                    cell[j] = -2
+        distance = squared_distance(y, key_means, c) * inv_two_sigma2
+        g = (log_prior[col] - log_total) - distance
+        gate[j] = g
+        lj = g + log_e
+        logw[j] = lj
+        best = max(best, lj)
+    return best, total
+
+
+@numba.njit(cache=True, nogil=True)
+def _estep(
+    tokens, begin, end, target, query_table, query_index, weights,
+    key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
+    indptr, targets,
+    pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base,
+    key_sum, key_mass, emission_count_ts, pair_counts, recency_mass, cell_counts, scalars, impossible,
+):  # pragma: no cover - compiled  # fmt: skip
+    """The fused E-step over the rows in order. Returns ``(n_impossible, n_outside)``: rows no position explains
+    (the first written to ``impossible``) and rows that fall on a cell or a B pair off the supports."""
+    n_pos = prior.shape[0]
+    dim = key_means.shape[1]
+    sparse = b_indptr.shape[0] > 0
+    logw = np.empty(n_pos)
+    gate = np.empty(n_pos)
+    resp = np.empty(n_pos)
+    bits = np.empty(n_pos, dtype=np.int64)
+    cell = np.empty(n_pos, dtype=np.int64)
+    bpair = np.empty(n_pos, dtype=np.int64)
+    y = np.empty(dim)
+    n_impossible = 0
+    n_outside = 0
+    query_sq = 0.0
+    n_obs = 0.0
+    log_lik = 0.0
+    n_rows = target.shape[0]
+    for row in range(n_rows):
+        ahead = row + _PREFETCH_ROWS
+        if ahead < n_rows:
+            # The cells a later row reads (and updates), scattered over tables larger than cache: their misses then
+            # overlap with this row's work (as in the single head's per-position kernel).
+            _prefetch_row(tokens, begin[ahead], end[ahead], target[ahead], depth, num_symbols, slots, shift,
+                          log_emission_ts, emission_count_ts)  # fmt: skip
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        if w == 0.0:
+            continue
+        lo = begin[row]
+        hi = end[row]
+        t = target[row]
+        q = query_index[row]
+        yy = 0.0
+        for d in range(dim):
+            v = np.float64(query_table[q, d])
+            y[d] = v
+            yy += v * v
+        m = hi - lo
+        best, total = _row_terms(
+            tokens, lo, hi, t, y, key_means, inv_two_sigma2, prior, log_prior, depth, current, num_symbols, pair_keys,
+            slots, shift, indptr,
+            targets, pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff,
+            log_base, logw, gate, cell, bpair,
+        )  # fmt: skip
+        if best == -np.inf:
+            if n_impossible < impossible.shape[0]:
+                impossible[n_impossible] = row
+            n_impossible += 1
+            continue
+        outside = False
+        for j in range(m):
+            if cell[j] == -2 or (sparse and bpair[j] < 0):
+                outside = True
+        if outside:
+            n_outside += 1
+            continue
+        z = exp_shifted(logw[:m], best, resp[:m], bits[:m])
+        scale = w / z
+        for j in range(m):
+            rj = resp[j] * scale
+            x = lo + j
+            r = hi - 1 - x
+            c = tokens[x]
+            key_mass[c] += rj
+            for d in range(dim):
+                key_sum[c, d] += rj * y[d]
+            # B's counts take every position's responsibility (the pair rows' prior mean is fitted on all of it).
+            if sparse:
+                pair_counts[bpair[j]] += rj
+            else:
+                emission_count_ts[t, c] += rj
+            if cell[j] >= 0:
+                cell_counts[cell[j]] += rj
+            recency_mass[r] += rj
+        if m < n_pos:
+            rejected = w / total
+            for r in range(m, n_pos):
+                recency_mass[r] += rejected * prior[n_pos - 1 - r]
+        query_sq += w * yy
+        n_obs += w
+        log_lik += w * (best + math.log(z) + gate_const)
+    scalars[0] += query_sq
+    scalars[1] += n_obs
+    scalars[2] += log_lik
+    return n_impossible, n_outside
+
+
+@numba.njit(cache=True, nogil=True)
+def _score(
+    tokens, begin, end, target, query_table, query_index, weights,
+    key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
+    indptr, targets,
+    pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base, attention,
+):  # pragma: no cover - compiled  # fmt: skip
+    """Weighted ``(log_lik, target_log_prob, weight)`` of the rows; ``attention`` (n, N) receives each row's
+    predictive attention in column order (zero on masked columns)."""
+    n_pos = prior.shape[0]
+    dim = key_means.shape[1]
+    logw = np.empty(n_pos)
+    gate = np.empty(n_pos)
+    resp = np.empty(n_pos)
+    bits = np.empty(n_pos, dtype=np.int64)
+    cell = np.empty(n_pos, dtype=np.int64)
+    bpair = np.empty(n_pos, dtype=np.int64)
+    y = np.empty(dim)
+    log_lik = 0.0
+    target_log_prob = 0.0
+    weight = 0.0
+    n_rows = target.shape[0]
+    for row in range(n_rows):
+        ahead = row + _PREFETCH_ROWS
+        if ahead < n_rows:
+            # The cells a later row reads (and updates), scattered over tables larger than cache: their misses then
+            # overlap with this row's work (as in the single head's per-position kernel).
+            _prefetch_row(tokens, begin[ahead], end[ahead], target[ahead], depth, num_symbols, slots, shift,
+                          log_emission_ts, log_emission_ts)  # fmt: skip
+
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        lo = begin[row]
+        hi = end[row]
+        m = hi - lo
+        q = query_index[row]
+        for d in range(dim):
+            y[d] = np.float64(query_table[q, d])
+        best, _ = _row_terms(
+            tokens, lo, hi, target[row], y, key_means, inv_two_sigma2, prior, log_prior, depth, current, num_symbols,
+            pair_keys, slots, shift, indptr, targets, pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols,
+            log_values,
+            log_backoff, log_base, logw, gate, cell, bpair,
+        )  # fmt: skip
+        g_best = -np.inf
+        for j in range(m):
+            g_best = max(g_best, gate[j])
+        z_gate = exp_shifted(gate[:m], g_best, resp[:m], bits[:m])
+        for i in range(n_pos):
+            attention[row, i] = 0.0
+        for j in range(m):
+            attention[row, n_pos - m + j] = resp[j] / z_gate
+        if w == 0.0:
+            continue
+        if best == -np.inf:
+            joint = -np.inf
+        else:
+            joint = best + math.log(exp_shifted(logw[:m], best, resp[:m], bits[:m]))
+        log_lik += w * (joint + gate_const)
+        target_log_prob += w * (joint - (g_best + math.log(z_gate)))
+        weight += w
+    return log_lik, target_log_prob, weight
+
+
+def _weights(rows: WindowRows) -> np.ndarray:
+    return np.zeros(0) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
+
+
+def conj_estep(rows: WindowRows, params: ConjParameters, stats: Any, extra: ConjArrays) -> None:
+    """The conjunction E-step over ``rows`` (checked), added into the single head's ``stats``
+    (:class:`~dist_respattn.model.kernels.per_position.StatisticArrays`, without their position counts, which
+    follow from ``extra.recency_mass``) and ``extra``. Rows the model cannot explain raise
+    ``ImpossibleEvidenceError`` after the others were added; a cell off the supports raises a ValueError."""
+    sparse = params.b_indptr.shape[0] > 0
+    found = np.empty(min(rows.num_rows, 64), dtype=np.int64)
+    n_impossible, n_outside = _estep(  # type: ignore[call-arg]
+        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        *params.arrays(),
+        stats.key_sum, stats.key_mass, stats.emission_count_ts, stats.pair_counts if sparse else _NO_VALUES,
+        extra.recency_mass, extra.cell_counts, stats.scalars, found,
+    )  # fmt: skip
+    if n_outside:
+        raise ValueError(
+            f"{n_outside} row(s) hold a (attended, current, target) cell or a (symbol, target) pair outside the "
+            "supports: the supports must come from these rows (a fit finds them in its start pass); refit"
+        )
+    if n_impossible:
+        shown = ", ".join(str(int(r)) for r in found[: min(n_impossible, 10)])
+        raise ImpossibleEvidenceError(
+            f"impossible evidence: rows {shown} have zero probability under the conjunction head (every position "
+            "of the window has a zero prior or a zero probability for the row's target)"
+        )
+
+
+def conj_score(rows: WindowRows, params: ConjParameters) -> tuple[float, float, float, np.ndarray]:
+    """``(log_lik, target_log_prob, weight, attention (n, N))`` of ``rows`` (checked) under the conjunction head."""
+    attention = np.empty((rows.num_rows, params.prior.shape[0]))
+    log_lik, target_log_prob, weight = _score(  # type: ignore[call-arg]
+        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        *params.arrays(), attention,
+    )  # fmt: skip
+    return float(log_lik), float(target_log_prob), float(weight), attention
+
+
+def pair_of_cells(pair_keys: np.ndarray, cells: np.ndarray) -> np.ndarray:
+    """The index of each ``cells[m] = a * S + q`` among the increasing ``pair_keys``: (m,) int64, -1 where absent."""
+    cells = np.asarray(cells, dtype=np.int64)
+    if pair_keys.size == 0:
+        return np.full(cells.shape, -1, dtype=np.int64)
+    at = np.minimum(np.searchsorted(pair_keys, cells), pair_keys.size - 1)
+    return np.where(pair_keys[at] == cells, at, -1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _score_grid(
+    tokens, begin, end, target, query_table, query_index, weights,
+    key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
+    indptr, targets, pair_total, counts, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base,
+    strengths, type_strengths, discounts, discount_of, moved, totals,
+):  # pragma: no cover - compiled  # fmt: skip
+    """Weighted ``(log_lik, target_log_prob, weight)`` of the rows at every grid point ``g`` (the pair rows'
+    strengths ``strengths[g] + type_strengths[g] * types`` and the discount ``discounts[g]``, whose per-pair moved
+    mass is ``moved[discount_of[g], p]``) into ``totals`` (G, 3): each row's gate, ``B`` values
+    and cell counts found once, then every point's mixture."""
+    n_pos = prior.shape[0]
+    dim = key_means.shape[1]
+    n_points = strengths.shape[0]
+    dense = b_indptr.shape[0] == 0
+    gate = np.empty(n_pos)
+    prior_row = np.empty(n_pos)  # the prior mean's value at the target: B[a, t] (or B[q, t])
+    cell_n = np.empty(n_pos)
+    pair_n = np.empty(n_pos)
+    types = np.empty(n_pos)
+    pair_of = np.empty(n_pos, dtype=np.int64)
+    logw = np.empty(n_pos)
+    resp = np.empty(n_pos)
+    bits = np.empty(n_pos, dtype=np.int64)
+    y = np.empty(dim)
+    for row in range(target.shape[0]):
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        if w == 0.0:
+            continue
+        lo = begin[row]
+        hi = end[row]
+        m = hi - lo
+        t = target[row]
+        q = tokens[hi - 1]
+        for d in range(dim):
+            y[d] = np.float64(query_table[query_index[row], d])
+        total = 0.0
+        for r in range(m):
+            total += prior[n_pos - 1 - r]
+        log_total = 0.0 if m == n_pos else (math.log(total) if total > 0.0 else 0.0)
+        g_best = -np.inf
+        for j in range(m):
+            x = lo + j
+            r = hi - 1 - x
+            c = tokens[x]
+            gate[j] = (log_prior[n_pos - 1 - r] - log_total) - squared_distance(y, key_means, c) * inv_two_sigma2
+            g_best = max(g_best, gate[j])
+            pair_n[j] = -1.0  # no pair row: B's
+            if r < depth and pair_keys.shape[0] > 0:
+                p = find_pair_slot(slots, shift, np.int64(c) * num_symbols + q)
+                if p >= 0:
+                    k = find_key(targets, indptr[p], indptr[p + 1], t)
+                    cell_n[j] = counts[k] if k >= 0 else 0.0
+                    pair_n[j] = pair_total[p]
+                    types[j] = indptr[p + 1] - indptr[p]
+                    pair_of[j] = p
+                    if current:
+                        c = q
+            if dense:
+                prior_row[j] = math.exp(log_emission_ts[t, c])
+            else:
+                log_b, _ = _log_b(t, c, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base)
+                prior_row[j] = math.exp(log_b)
+        # exp_shifted shifts its log-weights in place: the gate is shifted by g_best here, and every point's
+        # log-weights below are made from the shifted gate, so g_best goes back into each joint.
+        log_z_gate = math.log(exp_shifted(gate[:m], g_best, resp[:m], bits[:m]))
+        for g in range(n_points):
+            beta = strengths[g]
+            best = -np.inf
+            for j in range(m):
+                e = prior_row[j]
+                if pair_n[j] >= 0.0 and not math.isinf(beta):
+                    s = beta + type_strengths[g] * types[j]
+                    if pair_n[j] + s > 0.0:
+                        taken = min(cell_n[j], discounts[g])
+                        lean = s + moved[discount_of[g], pair_of[j]]
+                        e = (cell_n[j] - taken + lean * prior_row[j]) / (pair_n[j] + s)
+                logw[j] = gate[j] + (math.log(e) if e > 0.0 else -np.inf)
+                best = max(best, logw[j])
+            if best == -np.inf:
+                joint = -np.inf
+            else:
+                joint = g_best + best + math.log(exp_shifted(logw[:m], best, resp[:m], bits[:m]))
+            totals[g, 0] += w * (joint + gate_const)
+            totals[g, 1] += w * (joint - (g_best + log_z_gate))
+            totals[g, 2] += w
+
+
+def conj_score_grid(rows: WindowRows, params: ConjParameters, counts: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """(G, 3) weighted ``(log_lik, target_log_prob, weight)`` of ``rows`` (checked) at every point (G, 3) of pair
+    strengths and discount ``(beta, gamma, D)``, with the cell ``counts`` (M,) (``params``' own strengths and
+    discount are not read)."""
+    n_pairs = params.pair_keys.shape[0]
+    owner = np.repeat(np.arange(n_pairs), np.diff(params.indptr))
+    pair_total = np.bincount(owner, weights=counts, minlength=n_pairs)
+    distinct, discount_of = np.unique(points[:, 2], return_inverse=True)
+    moved = np.stack([np.bincount(owner, weights=np.minimum(counts, d), minlength=n_pairs) for d in distinct])
+    totals = np.zeros((points.shape[0], 3))
+    (key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
+     indptr, targets, _, _, *emission) = params.arrays()  # fmt: skip
+    _score_grid(  # type: ignore[call-arg]
+        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
+        indptr, targets, pair_total, np.ascontiguousarray(counts, dtype=np.float64), *emission,
+        np.ascontiguousarray(points[:, 0]), np.ascontiguousarray(points[:, 1]), np.ascontiguousarray(points[:, 2]),
+        discount_of.astype(np.int64).reshape(-1), np.ascontiguousarray(moved, dtype=np.float64), totals,
+    )  # fmt: skip
+    return totals

@@ -1,0 +1,470 @@
+"""The conjunction head as a kind of the head protocol: its spec, the support pass, additive statistics, trainer
+and M-step with the pair rows' strengths chosen on held-out rows.
+
+The E-step is the conjunction kernel's (:mod:`dist_respattn.model.heads.conj.kernels`); the M-step is the single-hop
+M-step of all the responsibilities (keys, prior, ``B``) and, per stored cell, ``n[a, q, t]`` = the responsibility
+it received; the pair rows ``(n + s B) / (n_p + s)`` follow in closed form for each strength scored.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dist_respattn.model.emission.layouts import DenseEmissionCounts, SparseEmission, SparseEmissionCounts
+from dist_respattn.model.heads.base import (
+    Block,
+    BlockPass,
+    Candidates,
+    Columns,
+    Grid,
+    Head,
+    HeadSpec,
+    Passes,
+    Trainer,
+    TrainerContext,
+)
+from dist_respattn.model.heads.conj.head import BACKOFFS, ConjHead
+from dist_respattn.model.heads.conj.kernels import ConjArrays, conj_estep, conj_score_grid
+from dist_respattn.model.heads.copy.kind import fixed_single
+from dist_respattn.model.heads.single_hop.accumulator import SufficientStatistics
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.single_hop.kind import SingleHopSpec, SingleHopTrainer
+from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys
+from dist_respattn.model.kernels.per_position import StatisticArrays
+from dist_respattn.model.memory import MemoryEstimate
+from dist_respattn.model.scores import ScoreTotals
+
+__all__ = [
+    "DISCOUNTS",
+    "STRENGTHS",
+    "TYPE_STRENGTHS",
+    "CellTally",
+    "ConjCandidates",
+    "ConjChoice",
+    "ConjGrid",
+    "ConjGridTotals",
+    "ConjSpec",
+    "ConjStatistics",
+    "ConjTrainer",
+    "cell_tally",
+    "conj_statistics",
+    "support_of",
+]
+
+#: The pair rows' strengths ``beta`` and ``gamma`` the held-out rows choose among (every pair of them).
+STRENGTHS = (0.05, 0.2, 0.5, 1.0, 2.0, 5.0)
+TYPE_STRENGTHS = (0.0, 0.5, 1.0, 2.0)
+#: The absolute discounts ``D`` the held-out rows choose among (with every pair of strengths).
+DISCOUNTS = (0.0, 0.5, 0.8)
+
+
+@dataclass(frozen=True)
+class ConjSpec(HeadSpec):
+    """The settings of a conjunction fit.
+
+    Attributes:
+        single: the single-hop head's settings (its open choices fixed, see
+            :func:`~dist_respattn.model.heads.copy.kind.fixed_single`).
+        depth: how many of the most recent positions read the pair rows (at most N; 2: the current token's own row
+            and the trigram at the previous position).
+        min_count: a pair (attended, current) is stored when it occurs at least this often at those positions in
+            the training rows (weighted); the others read ``B`` (bounds the support, see the guide).
+        strength, type_strength: ``beta`` and ``gamma`` of the pair rows' prior, or ``None``: chosen on held-out
+            rows among :data:`STRENGTHS` and :data:`TYPE_STRENGTHS`. ``strength = inf`` is the single head.
+        backoff: the row the pair rows' prior leans toward, the attended token's (``B[a]``) or the current token's
+            (``B[q]``) (:data:`~dist_respattn.model.heads.conj.head.BACKOFFS`).
+        discount: the absolute discount ``D`` each stored cell gives its pair's prior row, or ``None``: chosen on
+            held-out rows among :data:`DISCOUNTS` (0: the Dirichlet posterior mode).
+    """
+
+    kind: ClassVar[str] = "conj"
+
+    single: SingleHopSpec = field(default_factory=SingleHopSpec)
+    depth: int = 2
+    min_count: float = 1.0
+    strength: float | None = None
+    type_strength: float | None = None
+    backoff: str = "attended"
+    discount: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.discount is not None and not (math.isfinite(self.discount) and self.discount >= 0.0):
+            raise ValueError(f"--conj-discount {self.discount}: expected a finite discount >= 0")
+        if self.backoff not in BACKOFFS:
+            raise ValueError(f"--conj-backoff {self.backoff}: expected one of {', '.join(BACKOFFS)}")
+        if int(self.depth) < 1:
+            raise ValueError(f"--conj-depth {self.depth}: expected at least 1 recent position")
+        if not (math.isfinite(self.min_count) and self.min_count >= 0.0):
+            raise ValueError(f"--conj-min-count {self.min_count}: expected a finite count >= 0")
+        if self.strength is not None and not self.strength >= 0.0:
+            raise ValueError(f"--conj-strength {self.strength}: expected a strength >= 0 (inf: the single head)")
+        if self.type_strength is not None and not (math.isfinite(self.type_strength) and self.type_strength >= 0.0):
+            raise ValueError(f"--conj-type-strength {self.type_strength}: expected a finite strength >= 0")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "single": self.single.to_json(), "depth": int(self.depth),
+                "min_count": float(self.min_count), "strength": self.strength,
+                "type_strength": self.type_strength, "backoff": self.backoff,
+                "discount": self.discount}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ConjSpec:
+        def number(value: Any) -> float | None:
+            return None if value is None else float(value)
+
+        return cls(
+            SingleHopSpec.from_json(dict(data["single"])), int(data.get("depth", 2)),
+            float(data.get("min_count", 1.0)), number(data.get("strength")), number(data.get("type_strength")),
+            str(data.get("backoff", "attended")), number(data.get("discount", 0.0)),
+        )  # fmt: skip
+
+    def trainer(self, context: TrainerContext) -> ConjTrainer:
+        single = fixed_single(self.single).trainer(context)
+        depth = min(int(self.depth), context.shape[1])
+        return ConjTrainer(
+            single, depth, self.min_count, self.strength, self.type_strength, self.backoff, self.discount
+        )
+
+
+# --------------------------------------------------------------------------------------------- the support
+
+
+@dataclass(frozen=True)
+class CellTally:
+    """Weighted counts of the (attended, current, target) cells at the conjunction positions of some rows: cell
+    keys ``(a * S + q) * T + t`` (int64, increasing) and their summed row weights. Additive (a linear merge)."""
+
+    keys: np.ndarray
+    counts: np.ndarray
+
+    def __add__(self, other: CellTally) -> CellTally:
+        if other.keys.size == 0:
+            return self
+        if self.keys.size == 0:
+            return other
+        return CellTally(*merge_tallies((self.keys, self.counts), (other.keys, other.counts)))
+
+    @classmethod
+    def sum_of(cls, values: list[CellTally]) -> CellTally:
+        total = values[0]
+        for value in values[1:]:
+            total = total + value
+        return total
+
+
+def cell_tally(num_symbols: int, num_targets: int, depth: int, blocks: Iterator[Block]) -> CellTally:
+    """The cells of one partition's window rows (a pass's partition map): at each row's ``depth`` most recent
+    positions, ``(token there, the row's last token, target)``, weighted (rows of weight 0 add nothing)."""
+    total = CellTally(np.zeros(0, dtype=np.int64), np.zeros(0))
+    for block in blocks:
+        rows = block.rows
+        weights = block.weights_or_ones()
+        begin, end = np.asarray(rows.begin, dtype=np.int64), np.asarray(rows.end, dtype=np.int64)
+        current = np.asarray(rows.tokens[end - 1], dtype=np.int64)
+        target = np.asarray(rows.target, dtype=np.int64)
+        keys, counts = [], []
+        for r in range(depth):
+            live = (end - 1 - r >= begin) & (weights > 0.0)
+            attended = np.asarray(rows.tokens[(end - 1 - r)[live]], dtype=np.int64)
+            keys.append((attended * num_symbols + current[live]) * num_targets + target[live])
+            counts.append(weights[live])
+        cells = np.concatenate(keys)
+        if cells.size:
+            total = total + CellTally(*tally_keys(cells, np.concatenate(counts)))
+    return total
+
+
+def support_of(tally: CellTally, num_targets: int, min_count: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(pair_keys (P,), indptr (P + 1,), targets (M,))`` of the pairs occurring at least ``min_count`` times
+    (weighted) in ``tally``, each with every target it was seen with."""
+    pairs = tally.keys // num_targets
+    starts = np.flatnonzero(np.r_[True, pairs[1:] != pairs[:-1]]) if pairs.size else np.zeros(0, dtype=np.int64)
+    totals = np.add.reduceat(tally.counts, starts) if pairs.size else np.zeros(0)
+    lengths = np.diff(np.r_[starts, pairs.size])
+    kept = totals >= min_count
+    kept_cells = np.repeat(kept, lengths)
+    pair_keys = pairs[starts][kept]
+    indptr = np.zeros(pair_keys.size + 1, dtype=np.int64)
+    np.cumsum(lengths[kept], out=indptr[1:])
+    return pair_keys, indptr, (tally.keys[kept_cells] % num_targets).astype(np.int32)
+
+
+# --------------------------------------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class ConjStatistics:
+    """Additive statistics of a conjunction head: the single head's (every position's responsibility) and
+    ``cell_counts`` (M,), the responsibility each stored cell received."""
+
+    stats: SufficientStatistics
+    cell_counts: np.ndarray
+
+    @property
+    def log_lik(self) -> float:
+        return float(self.stats.log_lik)
+
+    @property
+    def n_obs(self) -> float:
+        return float(self.stats.n_obs)
+
+    def copy(self) -> ConjStatistics:
+        return ConjStatistics(self.stats.copy(), self.cell_counts.copy())
+
+    def add(self, other: ConjStatistics) -> ConjStatistics:
+        """``self + other`` into this value's arrays (the caller owns them: see :meth:`copy`)."""
+        np.add(self.cell_counts, other.cell_counts, out=self.cell_counts)
+        return ConjStatistics(self.stats.add(other.stats), self.cell_counts)
+
+    def __add__(self, other: ConjStatistics) -> ConjStatistics:
+        return self.copy().add(other)
+
+    @classmethod
+    def sum_of(cls, values: list[ConjStatistics]) -> ConjStatistics:
+        total = values[0].copy()
+        for value in values[1:]:
+            total = total.add(value)
+        return total
+
+
+def _weighted(rows: Any, weights: np.ndarray | None) -> Any:
+    return rows if weights is rows.weight else rows._replace(weight=weights)
+
+
+def conj_statistics(head: ConjHead, blocks: Iterable[Block]) -> ConjStatistics:
+    """The conjunction E-step of ``blocks`` (token windows, in row order) under ``head``."""
+    s, n, d, t = head.shape
+    table = head.single.emission_table
+    support = table.support if isinstance(table, SparseEmission) else None
+    arrays = StatisticArrays.zeros(s, n, d, t, support)
+    extra = ConjArrays.zeros(n, head.num_cells)
+    params = head.parameters
+    for block in blocks:
+        rows = _weighted(block.rows, block.weights)
+        head.check_rows(rows)
+        conj_estep(rows, params, arrays, extra)
+    if support is None:
+        counts: Any = DenseEmissionCounts(arrays.emission_count_ts)
+    else:
+        assert arrays.pair_counts is not None
+        counts = SparseEmissionCounts(arrays.pair_counts, None, num_symbols=s, num_targets=t)
+    query_sq, n_obs, log_lik = (float(v) for v in arrays.scalars)
+    stats = SufficientStatistics(
+        arrays.key_sum, arrays.key_mass, counts, extra.recency_mass[::-1].copy(), query_sq, n_obs, log_lik
+    )
+    return ConjStatistics(stats, extra.cell_counts)
+
+
+# --------------------------------------------------------------------------------------------- the M-step
+
+
+@dataclass(frozen=True)
+class ConjChoice:
+    """The pair rows' prior of an M-step: ``beta`` (``strength``), ``gamma`` (``type_strength``) and the discount."""
+
+    strength: float
+    type_strength: float
+    discount: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"conj_strength": float(self.strength), "conj_type_strength": float(self.type_strength),
+                "conj_discount": float(self.discount)}  # fmt: skip
+
+    def describe(self) -> str:
+        return f"pair strength {self.strength:g} + {self.type_strength:g} x types, discount {self.discount:g}"
+
+
+@dataclass(frozen=True)
+class ConjGridTotals:
+    """Held-out totals at every point of a :class:`ConjGrid` (additive)."""
+
+    totals: tuple[ScoreTotals, ...]
+
+    @property
+    def weight(self) -> float:
+        return float(self.totals[0].weight) if self.totals else 0.0
+
+    def __add__(self, other: ConjGridTotals) -> ConjGridTotals:
+        return ConjGridTotals(tuple(a + b for a, b in zip(self.totals, other.totals, strict=True)))
+
+
+@dataclass(frozen=True)
+class ConjGrid(Grid):
+    """The held-out pass of a conjunction M-step: the new head at each (beta, gamma, D) of ``points``."""
+
+    head: ConjHead
+    points: tuple[tuple[float, float, float], ...]
+
+    @property
+    def columns(self) -> Columns:
+        return self.head.columns
+
+    def score(self, blocks: Iterable[Block]) -> ConjGridTotals:
+        """Every point in one pass over the blocks (:func:`conj_score_grid`)."""
+        points = np.array(self.points, dtype=np.float64).reshape(-1, 3)
+        totals = np.zeros((points.shape[0], 3))
+        for block in blocks:
+            rows = _weighted(block.rows, block.weights)
+            self.head.check_rows(rows)
+            totals += conj_score_grid(rows, self.head.parameters, self.head.counts, points)
+        return ConjGridTotals(tuple(ScoreTotals(float(w), float(ll), float(tlp)) for ll, tlp, w in totals))
+
+    def nbytes(self) -> int:
+        return self.head.nbytes()
+
+
+@dataclass(frozen=True)
+class ConjCandidates(Candidates):
+    """A conjunction M-step: the single head's M-step and the cell counts, one head per (beta, gamma, D)."""
+
+    head: ConjHead
+    points: tuple[tuple[float, float, float], ...]
+
+    def default(self) -> ConjChoice:
+        return ConjChoice(*self.points[0])
+
+    def grid(self, around: Any) -> ConjGrid:
+        return ConjGrid(self.head, self.points)
+
+    def choose(self, grid: Grid, scores: Any) -> tuple[ConjChoice, dict[str, float] | None]:
+        if scores is None or scores.weight <= 0.0:
+            return self.default(), None
+        values = [totals.target_log_prob for totals in scores.totals]
+        best = int(np.argmax(values))  # the first of equals
+        metrics = scores.totals[best].metrics()
+        return ConjChoice(*self.points[best]), {
+            name: metrics[name] for name in ("mean_log_likelihood", "target_log_prob", "perplexity")
+        }
+
+    def model(self, choice: Any) -> ConjHead:
+        return self.head.with_counts(self.head.counts, choice.strength, choice.type_strength, choice.discount)
+
+    def searches(self) -> bool:
+        return len(self.points) > 1
+
+
+class ConjTrainer(Trainer):
+    """A conjunction fit: the single-hop trainer (its estimator, prior, layout and start), the depth, the support's
+    bound and the strengths (fixed, or the grid chosen on held-out rows)."""
+
+    def __init__(
+        self,
+        single: SingleHopTrainer,
+        depth: int,
+        min_count: float,
+        strength: float | None,
+        type_strength: float | None,
+        backoff: str = "attended",
+        discount: float | None = 0.0,
+    ) -> None:
+        self.single = single
+        self.backoff = backoff
+        self.depth = int(depth)
+        self.min_count = float(min_count)
+        strengths = STRENGTHS if strength is None else (float(strength),)
+        types = TYPE_STRENGTHS if type_strength is None else (float(type_strength),)
+        discounts = DISCOUNTS if discount is None else (float(discount),)
+        self.points = tuple((b, g, d) for b in strengths for g in types for d in discounts)
+
+    @property
+    def columns(self) -> Columns:
+        return Columns(windows=True)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return self.single.shape
+
+    def searches(self) -> bool:
+        return len(self.points) > 1
+
+    def check_start(self, head: Head, *, resumed: bool) -> None:
+        if isinstance(head, ResponsibilityAttentionDistribution) and not resumed:
+            self.single.check_start(head, resumed=False)
+            return
+        if not isinstance(head, ConjHead):
+            raise ValueError(
+                f"a conjunction fit starts from a conjunction head or a single-hop one, not a {head.kind} one"
+            )
+        if head.backoff != self.backoff:
+            raise ValueError(
+                f"the starting model's pair rows lean toward the {head.backoff} token's row but the fit asks for the "
+                f"{self.backoff} one's: give --conj-backoff {head.backoff}"
+            )
+        if head.depth != self.depth:
+            raise ValueError(
+                f"the starting model reads pair rows at {head.depth} position(s) but the fit asks for {self.depth}: "
+                f"give --conj-depth {head.depth}"
+            )
+        self.single.check_start(head.single, resumed=resumed)
+
+    def start_head(self, single: ResponsibilityAttentionDistribution, passes: Passes) -> ConjHead:
+        """The head a fit starts from: ``single`` and the pairs the training rows hold, every count 0 (so its
+        rows are ``B``'s: the first E-step is the single head's)."""
+        s, t = self.shape[0], self.shape[3]
+        tally = passes.run(
+            BlockPass(
+                "conj-cells", "finding the conjunctions", functools.partial(cell_tally, s, t, self.depth), self.columns
+            )
+        )
+        pair_keys, indptr, targets = support_of(tally, t, self.min_count)
+        passes.say(
+            f"pair rows over the {self.depth} most recent position(s): {pair_keys.size:,} (attended, current) pairs "
+            f"of {tally.keys.size:,} cells seen, {targets.size:,} cells stored (pairs seen at least "
+            f"{self.min_count:g} times)"
+        )
+        b, g, d = self.points[0]
+        return ConjHead(single, self.depth, pair_keys, indptr, targets, np.zeros(targets.size), b, g,
+                        backoff=self.backoff, discount=d)  # fmt: skip
+
+    def prepare(self, start: Head | None, *, resumed: bool, passes: Passes) -> Head:
+        if isinstance(start, ConjHead):
+            single = self.single.prepare(start.single, resumed=resumed, passes=passes)
+            assert isinstance(single, ResponsibilityAttentionDistribution)
+            return ConjHead(single, start.depth, start.pair_keys, start.indptr, start.targets, start.counts,
+                            start.strength, start.type_strength, backoff=start.backoff,
+                            discount=start.discount)  # fmt: skip
+        single = self.single.prepare(start, resumed=False, passes=passes)
+        assert isinstance(single, ResponsibilityAttentionDistribution)
+        return self.start_head(single, passes)
+
+    def statistics(self, head: Head, blocks: Iterator[Block]) -> ConjStatistics:
+        """The conjunction E-step of one partition's blocks, in row order (:func:`conj_statistics`)."""
+        assert isinstance(head, ConjHead)
+        return conj_statistics(head, blocks)
+
+    def m_step(self, statistics: Any, previous: Head | None) -> ConjCandidates:
+        assert isinstance(statistics, ConjStatistics) and isinstance(previous, ConjHead)
+        candidates = self.single.m_step(statistics.stats, previous.single)
+        single = candidates.model(candidates.default())
+        b, g, d = self.points[0]
+        head = ConjHead(single, previous.depth, previous.pair_keys, previous.indptr, previous.targets,
+                        statistics.cell_counts, b, g, backoff=previous.backoff, discount=d)  # fmt: skip
+        return ConjCandidates(head, self.points)
+
+    def choice_from_json(self, data: dict[str, Any]) -> ConjChoice | None:
+        if "conj_strength" not in data:
+            return None
+        return ConjChoice(
+            float(data["conj_strength"]),
+            float(data.get("conj_type_strength", 0.0)),
+            float(data.get("conj_discount", 0.0)),
+        )
+
+    def warnings(self, head: Head, statistics: Any = None) -> list[str]:
+        assert isinstance(head, ConjHead)
+        stats = statistics.stats if isinstance(statistics, ConjStatistics) else None
+        return self.single.warnings(head.single, stats)
+
+    def checkpoint_extras(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return self.single.checkpoint_extras()
+
+    def memory(self, *, block_rows: int, row_bytes: int, threads_per_worker: int, fan_in: int) -> MemoryEstimate:
+        return self.single.memory(
+            block_rows=block_rows, row_bytes=row_bytes, threads_per_worker=threads_per_worker, fan_in=fan_in
+        )
