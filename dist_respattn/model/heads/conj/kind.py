@@ -31,10 +31,9 @@ from dist_respattn.model.heads.base import (
 )
 from dist_respattn.model.heads.conj.head import BACKOFFS, ConjHead
 from dist_respattn.model.heads.conj.kernels import ConjArrays, conj_estep, conj_score_grid
-from dist_respattn.model.heads.copy.kind import fixed_single
 from dist_respattn.model.heads.single_hop.accumulator import SufficientStatistics
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.heads.single_hop.kind import SingleHopSpec, SingleHopTrainer
+from dist_respattn.model.heads.single_hop.kind import SingleHopSpec, SingleHopTrainer, fixed_single
 from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys
 from dist_respattn.model.kernels.per_position import StatisticArrays
 from dist_respattn.model.memory import MemoryEstimate
@@ -70,7 +69,7 @@ class ConjSpec(HeadSpec):
 
     Attributes:
         single: the single-hop head's settings (its open choices fixed, see
-            :func:`~dist_respattn.model.heads.copy.kind.fixed_single`).
+            :func:`~dist_respattn.model.heads.single_hop.kind.fixed_single`).
         depth: how many of the most recent positions read the pair rows (at most N; 2: the current token's own row
             and the trigram at the previous position).
         min_count: a pair (attended, current) is stored when it occurs at least this often at those positions in

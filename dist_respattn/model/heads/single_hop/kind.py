@@ -67,6 +67,7 @@ __all__ = [
     "SingleHopSpec",
     "SingleHopTrainer",
     "StartValue",
+    "fixed_single",
 ]
 
 #: The grid of a fit that chooses nothing: one point, the fixed hyperparameters (the held-out pass only scores).
@@ -202,6 +203,21 @@ class StartValue:
         for value in values[1:]:
             pairs = None if pairs is None or value.pairs is None else pairs + value.pairs
         return StartValue(stats, pairs)
+
+
+def fixed_single(spec: SingleHopSpec) -> SingleHopSpec:
+    """The single-hop settings with every open choice fixed at its value (1 when not given, no type strength for a
+    uniform prior): for a kind built on a single head that chooses nothing on held-out rows itself (the conjunction
+    kind), started from a fitted single head's choices."""
+    no_types = spec.emission_prior == "uniform"
+    return dataclasses.replace(
+        spec,
+        sigma2=1.0 if spec.sigma2 is None and not spec.estimate_sigma2 else spec.sigma2,
+        emission_strength=spec.emission_strength if spec.emission_strength is not None or spec.legacy_emission else 1.0,
+        type_strength=spec.type_strength
+        if spec.type_strength is not None or spec.legacy_emission
+        else (0.0 if no_types else 1.0),
+    )
 
 
 def _prior_text(buckets: PositionBuckets | None) -> str:
