@@ -605,6 +605,7 @@ _BUILT_IN = (
     "dist_respattn.model.heads.gated",
     "dist_respattn.model.heads.mixture",
     "dist_respattn.model.heads.copy",
+    "dist_respattn.model.heads.hops",
 )
 
 T = TypeVar("T", bound=Head)
