@@ -11,7 +11,7 @@ from mixle.stats.latent import chained_attention as ref
 
 from dist_respattn.model.emission.layouts import DenseEmission
 from dist_respattn.model.fitting.em import fit_em
-from dist_respattn.model.heads.base import Block
+from dist_respattn.model.heads.base import Block, TrainerContext
 from dist_respattn.model.heads.hops import HopsHead, HopsSpec
 from dist_respattn.model.heads.hops.kind import hop_m_step, hop_statistics
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
@@ -186,9 +186,14 @@ def test_statistics_and_parameters_equal_the_reference_chained_attention():
     assert stats.log_lik == pytest.approx(ll + density.sum(), rel=1e-10)
     # The M-step: the reference's key tables (the mean incoming query) on every symbol some hop reached.
     fitted = ref.ChainedAttentionEstimator(n_hops, s, t, sigma2=sigma2).estimate(None, accumulator.value())
+    spec = HopsSpec(SingleHopSpec(sigma2=sigma2, emission_smoothing=1e-4, emission_layout="dense"), 2, softmax=True)
+    ours = spec.trainer(TrainerContext((s, n_pos, s, t))).m_step(stats, head).head
+    assert (key_mass > 0).all()  # every symbol reached by every hop: the key tables are the whole tables
+    np.testing.assert_allclose(ours.single.key_means, fitted.key_tables[0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ours.keys, fitted.key_tables[1:], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ours.single.emission_table.to_dense(), fitted.emission, rtol=1e-10, atol=1e-12)
     new_keys, _ = hop_m_step(stats, head)
-    seen = key_mass[1:] > 0
-    np.testing.assert_allclose(new_keys[seen], fitted.key_tables[1:][seen], rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(new_keys, ours.keys)
 
 
 def test_maximum_likelihood_em_never_lowers_the_objective():

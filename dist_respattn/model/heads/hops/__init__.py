@@ -31,7 +31,7 @@ def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, 
     if not isinstance(base, SingleHopSpec):
         raise ValueError(f"--hops chains single-hop gates: it does not combine with a {base.kind} fit")
     if base.estimate_sigma2:
-        raise ValueError("--hops keeps the gate variance fixed: it does not combine with --estimate-sigma2")
+        raise ValueError("--hops keeps the gate variance fixed: it does not combine with --learn-sigma2")
     softmax = bool((saved or {}).get("softmax", False))
     return HopsSpec(base, hops, softmax)
 
