@@ -25,7 +25,7 @@ def test_a_chain_fits_alike_on_one_and_two_workers_and_in_process(tmp_path: Path
                  options=WriteOptions(chunk_rows=128, partition_rows=256))  # fmt: skip
     settings = FitSettings(max_iter=3, tol=0.0, holdout_fraction=0.0)
     arrays = []
-    with local_cluster(2) as (cluster, client):
+    with local_cluster(2) as (_, client):
         for n_workers in (2, 1):
             if n_workers == 1:
                 client.retire_workers(workers=[next(iter(client.scheduler_info()["workers"]))])
