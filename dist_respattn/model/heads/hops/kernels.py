@@ -17,7 +17,9 @@ import numpy as np
 
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import SparseEmission
+from dist_respattn.model.kernels.log_weights import exp_shifted
 from dist_respattn.model.kernels.per_position import find_pair
+from dist_respattn.model.kernels.prefetch import prefetch_item
 from dist_respattn.model.rows import WindowRows
 
 __all__ = ["HopArrays", "HopParameters", "hop_estep", "hop_score"]
@@ -26,6 +28,7 @@ _NO_VALUES = np.zeros(0)
 _NO_INDEX = np.zeros(0, dtype=np.int64)
 _NO_SYMBOLS = np.zeros(0, dtype=np.int32)
 _NO_TABLE = np.zeros((0, 0))
+_PREFETCH_ROWS = 8  # how many rows ahead the passes prefetch a dense emission's cells
 
 
 @dataclass(frozen=True)
@@ -123,14 +126,27 @@ class HopArrays:
         )  # fmt: skip
 
 
-@numba.njit(cache=True, nogil=True)
-def _distance(a, a_row, b, b_row):  # pragma: no cover - compiled
-    """``||a[a_row] - b[b_row]||^2`` of two (., D) tables."""
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _distance(queries, c_query, key_means, hop, c_key):  # pragma: no cover - compiled
+    """``||queries[c_query] - key_means[hop, c_key]||^2`` (the sum reassociated, so that it vectorizes, as the
+    single head's ``squared_distance``)."""
     total = 0.0
-    for d in range(a.shape[1]):
-        v = a[a_row, d] - b[b_row, d]
+    for d in range(queries.shape[1]):
+        v = queries[c_query, d] - key_means[hop, c_key, d]
         total += v * v
     return total
+
+
+@numba.njit(cache=True, nogil=True)
+def _prefetch_rows(key_rows, hop_queries, c, n_symbols):  # pragma: no cover - compiled
+    """Prefetch symbol ``c``'s key in every hop and its hop query, a cache line (8 numbers) at a time."""
+    dim = hop_queries.shape[1]
+    for h in range(key_rows.shape[0] // n_symbols):
+        for d in range(0, dim, 8):
+            prefetch_item(key_rows, h * n_symbols + c, d)
+    if key_rows.shape[0] > n_symbols:  # a single hop reads no hop queries
+        for d in range(0, dim, 8):
+            prefetch_item(hop_queries, c, d)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -151,8 +167,9 @@ def _log_sum(values, m):  # pragma: no cover - compiled
 def _chain(
     tokens, lo, hi, t, y, key_means, prior, log_prior, hop_queries, inv_two_sigma2, softmax, log_emission_ts,
     indptr, symbols, log_values, log_backoff, log_base, with_target, alpha, beta, trans, shift, log_e, pair, work,
+    flat, bits,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """Forward–backward of one window. Fills ``alpha[h, j]`` (log forward), ``trans[h - 1, i, j]`` (linear
+    """Forward–backward of one window. Fills ``alpha[h, j]`` (log forward), ``trans[h - 1, i * m + j]`` (linear
     transition scaled by ``exp(-shift[h - 1, i])``), ``log_e[j]`` (``log B[c_j, t]``, 0 without the target),
     ``pair[j]``, and ``beta[h, j]`` (log backward). Returns ``(log Z, log Z without the target)``: the path sum with
     and without the last hop's emission (the predictive's normalizer)."""
@@ -183,6 +200,7 @@ def _chain(
             for j in range(m):
                 total += prior[h, n_pos - m + j]
             log_total = math.log(total) if total > 0.0 else 0.0
+        # All m * m log-values first, each row shifted by its largest, then one vectorized exponential of them all.
         for i in range(m):
             ci = tokens[lo + i]
             best = -np.inf
@@ -191,32 +209,35 @@ def _chain(
                 lv = (
                     log_prior[h, n_pos - m + j]
                     - log_total
-                    - _distance(hop_queries, ci, key_means[h], cj) * inv_two_sigma2
+                    - _distance(hop_queries, ci, key_means, h, cj) * inv_two_sigma2
                 )
-                work[j] = lv
+                flat[i * m + j] = lv
                 best = max(best, lv)
-            total = 0.0
+            shift[h - 1, i] = best
             for j in range(m):
-                e = math.exp(work[j] - best) if best > -np.inf else 0.0
-                trans[h - 1, i, j] = e
-                total += e
-            if softmax and total > 0.0:
+                # A row no position reaches stays all -inf (its exponentials 0), whatever its shift.
+                flat[i * m + j] = flat[i * m + j] - best if best > -np.inf else -np.inf
+        exp_shifted(flat[: m * m], 0.0, trans[h - 1, : m * m], bits[: m * m])
+        if softmax:
+            for i in range(m):
+                total = 0.0
                 for j in range(m):
-                    trans[h - 1, i, j] /= total
-                shift[h - 1, i] = 0.0
-            else:
-                shift[h - 1, i] = best
+                    total += trans[h - 1, i * m + j]
+                if total > 0.0:
+                    for j in range(m):
+                        trans[h - 1, i * m + j] /= total
+                    shift[h - 1, i] = 0.0
         # Forward: alpha[h, j] = log sum_i exp(alpha[h-1, i] + shift_i) trans(i, j).
         top = -np.inf
         for i in range(m):
             work[i] = alpha[h - 1, i] + shift[h - 1, i]
             top = max(top, work[i])
+        for i in range(m):
+            work[i] = math.exp(work[i] - top) if top > -np.inf and work[i] > -np.inf else 0.0
         for j in range(m):
             acc = 0.0
-            if top > -np.inf:
-                for i in range(m):
-                    if work[i] > -np.inf:
-                        acc += math.exp(work[i] - top) * trans[h - 1, i, j]
+            for i in range(m):
+                acc += work[i] * trans[h - 1, i * m + j]
             alpha[h, j] = top + math.log(acc) if acc > 0.0 else -np.inf
     last = n_hops - 1
     for j in range(m):
@@ -243,12 +264,12 @@ def _chain(
         top = -np.inf
         for j in range(m):
             top = max(top, beta[h, j])
+        for j in range(m):
+            work[j] = math.exp(beta[h, j] - top) if top > -np.inf and beta[h, j] > -np.inf else 0.0
         for i in range(m):
             acc = 0.0
-            if top > -np.inf:
-                for j in range(m):
-                    if beta[h, j] > -np.inf:
-                        acc += trans[h - 1, i, j] * math.exp(beta[h, j] - top)
+            for j in range(m):
+                acc += trans[h - 1, i * m + j] * work[j]
             beta[h - 1, i] = shift[h - 1, i] + top + math.log(acc) if acc > 0.0 else -np.inf
     return log_z, log_z_gate
 
@@ -268,11 +289,13 @@ def _estep(
     sparse = indptr.shape[0] > 0
     alpha = np.empty((n_hops, n_pos))
     beta = np.empty((n_hops, n_pos))
-    trans = np.empty((max(n_hops - 1, 1), n_pos, n_pos))
+    trans = np.empty((max(n_hops - 1, 1), n_pos * n_pos))
+    flat = np.empty(n_pos * n_pos)
     shift = np.empty((max(n_hops - 1, 1), n_pos))
     log_e = np.empty(n_pos)
     pair = np.empty(n_pos, dtype=np.int64)
     work = np.empty(n_pos)
+    bits = np.empty(n_pos * n_pos, dtype=np.int64)
     gamma = np.empty(n_pos)
     eb = np.empty(n_pos)
     incoming = np.empty(dim)
@@ -284,7 +307,20 @@ def _estep(
     query_sq = 0.0
     n_obs = 0.0
     log_lik = 0.0
-    for row in range(target.shape[0]):
+    n_rows = target.shape[0]
+    n_symbols = key_means.shape[1]
+    key_rows = key_means.reshape(n_hops * n_symbols, dim)  # every hop's keys as rows, for the prefetches
+    for row in range(n_rows):
+        ahead = row + _PREFETCH_ROWS
+        if ahead < n_rows:
+            # The emission cells a later row reads and updates, scattered over (T, S) tables larger than cache, and
+            # its tokens' keys and hop queries: their misses then overlap with this row's work.
+            t_ahead = target[ahead]
+            for x in range(begin[ahead], end[ahead]):
+                if not sparse:
+                    prefetch_item(log_emission_ts, t_ahead, tokens[x])
+                    prefetch_item(emission_count_ts, t_ahead, tokens[x])
+                _prefetch_rows(key_rows, hop_queries, tokens[x], n_symbols)
         w = 1.0 if weights.shape[0] == 0 else weights[row]
         if w == 0.0:
             continue
@@ -301,7 +337,7 @@ def _estep(
         log_z, _ = _chain(
             tokens, lo, hi, t, y, key_means, prior, log_prior, hop_queries, inv_two_sigma2, softmax,
             log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, True, alpha, beta, trans, shift,
-            log_e, pair, work,
+            log_e, pair, work, flat, bits,
         )  # fmt: skip
         if log_z == -np.inf:
             if n_impossible < impossible.shape[0]:
@@ -344,7 +380,7 @@ def _estep(
                     g = math.exp(a - log_z) if a > -np.inf else 0.0
                     s = 0.0
                     for j in range(m):
-                        s += trans[h - 1, i, j] * eb[j]
+                        s += trans[h - 1, i * m + j] * eb[j]
                     work[i] = w * g / s if g > 0.0 and s > 0.0 else 0.0
                 for j in range(m):
                     if eb[j] == 0.0:
@@ -353,7 +389,7 @@ def _estep(
                         incoming[d] = 0.0
                     mass = 0.0
                     for i in range(m):
-                        x = work[i] * trans[h - 1, i, j] * eb[j]
+                        x = work[i] * trans[h - 1, i * m + j] * eb[j]
                         if x != 0.0:
                             mass += x
                             ci = tokens[lo + i]
@@ -403,17 +439,30 @@ def _score(
     dim = key_means.shape[2]
     alpha = np.empty((n_hops, n_pos))
     beta = np.empty((n_hops, n_pos))
-    trans = np.empty((max(n_hops - 1, 1), n_pos, n_pos))
+    trans = np.empty((max(n_hops - 1, 1), n_pos * n_pos))
+    flat = np.empty(n_pos * n_pos)
     shift = np.empty((max(n_hops - 1, 1), n_pos))
     log_e = np.empty(n_pos)
     pair = np.empty(n_pos, dtype=np.int64)
     work = np.empty(n_pos)
+    bits = np.empty(n_pos * n_pos, dtype=np.int64)
     y = np.empty(dim)
     consts = gate_const * (1 if softmax else n_hops)
     log_lik = 0.0
     target_log_prob = 0.0
     weight = 0.0
-    for row in range(target.shape[0]):
+    n_rows = target.shape[0]
+    dense = indptr.shape[0] == 0
+    n_symbols = key_means.shape[1]
+    key_rows = key_means.reshape(n_hops * n_symbols, dim)  # every hop's keys as rows, for the prefetches
+    for row in range(n_rows):
+        ahead = row + _PREFETCH_ROWS
+        if ahead < n_rows:
+            t_ahead = target[ahead]
+            for x in range(begin[ahead], end[ahead]):
+                if dense:
+                    prefetch_item(log_emission_ts, t_ahead, tokens[x])
+                _prefetch_rows(key_rows, hop_queries, tokens[x], n_symbols)
         w = 1.0 if weights.shape[0] == 0 else weights[row]
         lo = begin[row]
         hi = end[row]
@@ -424,7 +473,7 @@ def _score(
         log_z, log_z_gate = _chain(
             tokens, lo, hi, target[row], y, key_means, prior, log_prior, hop_queries, inv_two_sigma2, softmax,
             log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, True, alpha, beta, trans, shift,
-            log_e, pair, work,
+            log_e, pair, work, flat, bits,
         )  # fmt: skip
         for i in range(n_pos):
             attention[row, i] = 0.0
