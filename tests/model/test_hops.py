@@ -13,11 +13,13 @@ from dist_respattn.model.emission.layouts import DenseEmission
 from dist_respattn.model.fitting.em import fit_em
 from dist_respattn.model.heads.base import Block, TrainerContext
 from dist_respattn.model.heads.hops import HopsHead, HopsSpec
+from dist_respattn.model.heads.hops.kernels import hop_score
 from dist_respattn.model.heads.hops.kind import hop_m_step, hop_statistics
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 from dist_respattn.model.heads.single_hop.sampler import random_distribution
 from dist_respattn.model.rows import EncodedRows, WindowRows
+from dist_respattn.model.streaming import generate
 
 
 def random_chain(shape, hops, seed, *, softmax=False, sigma2=0.7):
@@ -208,3 +210,23 @@ def test_maximum_likelihood_em_never_lowers_the_objective():
     trace = np.asarray(result.log_likelihoods)
     assert len(trace) >= 5
     assert np.all(np.diff(trace) >= -1e-9 * np.abs(trace[1:]))
+
+
+def test_the_streaming_predictor_equals_recomputation_and_generates() -> None:
+    """The predictor over a growing history equals the chain's predictive over the same window, short windows
+    included, and ``sample``'s generator draws from it."""
+    shape = (9, 4, 3, 9)
+    head = random_chain(shape, 2, 5)
+    embeddings = np.random.default_rng(6).normal(size=(shape[0], shape[2]))
+    predictor = head.predictor(query_table=embeddings)
+    history = [3, 1, 4, 1, 5, 8]
+    for k, token in enumerate(history):
+        predictor.push(token)
+        window = np.array(history[max(0, k + 1 - shape[1]) : k + 1], dtype=np.int32)
+        rows = WindowRows(window, np.array([0]), np.array([len(window)]), np.zeros(1, dtype=np.int32),
+                          embeddings[[token]], np.zeros(1, dtype=np.int64), None, 0)  # fmt: skip
+        _, _, _, attention = hop_score(rows, head.parameters)
+        np.testing.assert_allclose(predictor.predict(), head.window_proba(rows, attention)[0], rtol=1e-12)
+        assert predictor.state_size == len(window)
+    drawn = generate(head, embeddings, np.array([3, 1]), 5, np.random.default_rng(0))
+    assert drawn.shape == (5,) and ((drawn >= 0) & (drawn < shape[3])).all()
