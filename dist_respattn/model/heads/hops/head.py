@@ -21,7 +21,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dist_respattn.model.heads.base import Block, Columns, Head
-from dist_respattn.model.heads.copy.kernels import copy_row_terms
+from dist_respattn.model.heads.copy.head import copy_buckets
+from dist_respattn.model.heads.copy.kernels import CopyParameters, copy_hits, copy_row_terms
 from dist_respattn.model.heads.hops.kernels import HopParameters, hop_score
 from dist_respattn.model.heads.single_hop.arrays import MODEL_ARRAY_NAMES
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
@@ -94,9 +95,19 @@ class HopsHead(Head):
         """The parameters as the compiled passes read them (built once per head)."""
         return HopParameters.build(self.single, self.keys, self.priors, self.hop_queries, self.softmax)
 
+    @functools.cached_property
+    def ranking_parameters(self) -> CopyParameters:
+        """The last hop's emission laid out for the copy head's compiled arg-max pass, with no copy or induction
+        weight: its distribution is then ``sum_j a_j B[c_j, :]``, this head's, summed in the same order."""
+        n_buckets = copy_buckets(self.single).num_buckets
+        return CopyParameters.build(
+            self.single, copy_buckets(self.single).bucket_of_recency, np.zeros(n_buckets), np.zeros(n_buckets)
+        )
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("parameters", None)
+        state.pop("ranking_parameters", None)
         return state
 
     # -- the head protocol -----------------------------------------------------------------------------------------
@@ -161,7 +172,7 @@ class HopsHead(Head):
 
     def score(self, blocks: Iterable[Block], *, accuracy: bool = True) -> ScoreTotals:
         """Held-out totals of the blocks' rows: joint and predictive log-likelihoods and, with ``accuracy``, the
-        arg-max hits (from the (rows, T) predictions of sub-blocks of rows)."""
+        arg-max hits."""
         totals = ScoreTotals()
         for block in blocks:
             rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
@@ -172,15 +183,9 @@ class HopsHead(Head):
         return totals
 
     def hits(self, rows: WindowRows, attention: np.ndarray) -> float:
-        """``sum w`` over the rows whose target is the arg-max (lower id first on ties) of their prediction."""
-        w = np.ones(rows.num_rows) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
-        correct = 0.0
-        for start in range(0, rows.num_rows, _PREDICT_ROWS):
-            stop = min(start + _PREDICT_ROWS, rows.num_rows)
-            probs = self.window_proba(rows.select(slice(start, stop)), attention[start:stop])
-            best = np.argmax(probs, axis=1)
-            correct += float(w[start:stop][best == np.asarray(rows.target[start:stop])].sum())
-        return correct
+        """``sum w`` over the rows whose target is the arg-max (lower id first on ties) of their prediction, from the
+        last hop's ``attention`` (n, N): compiled, O(T) scratch a row (the copy head's pass, its weights 0)."""
+        return copy_hits(rows, attention, self.ranking_parameters, self.single.emission_table)
 
     def window_proba(self, rows: WindowRows, attention: np.ndarray) -> np.ndarray:
         """(n, T) ``p(target | window, query)`` of window rows given their last hop's attention (n, N)."""
