@@ -352,7 +352,7 @@ def _estep(
             if outside:
                 n_outside += 1
                 continue
-        # Hop 1: gamma_1(j) = exp(alpha_1 + beta_1 - log Z).
+        # Each hop h: gamma_h(j) = exp(alpha_h + beta_h - log Z), the posterior of its position.
         for h in range(n_hops):
             for j in range(m):
                 a = alpha[h, j] + beta[h, j]
