@@ -96,6 +96,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(attended, current) ('' for none)",
     )
     parser.add_argument("--conj-max-iter", type=int, default=10, help="EM iterations of each conjunction head")
+    parser.add_argument(
+        "--hops",
+        type=int,
+        help="also fit a chain of H >= 2 attention hops (fit --hops H), started from the fit with defaults, with the "
+        "gate variance and emission strengths it chose",
+    )
+    parser.add_argument("--hops-max-iter", type=int, default=20, help="iterations at most of the chain (default 20)")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
     return parser.parse_args(argv)
 
@@ -184,8 +191,12 @@ def fit_and_test(
     validation: bool,
     *,
     head: Any = None,
+    init: Any = None,
     init_from: Path | None = None,
+    keep: dict[str, Any] | None = None,
 ) -> dict:
+    """Fit (``head``: another kind than the single head; ``init`` its start, or ``init_from`` the model directory
+    of one) and score on the test store; the fitted head goes into ``keep["model"]`` when given."""
     from dist_respattn.engine import evaluate, fit
 
     started = time.perf_counter()
@@ -194,14 +205,17 @@ def fit_and_test(
         model_dir=model_dir,
         settings=settings,
         validation=stores["validation"] if validation else None,
+        head=head,
+        init=init,
+        init_from=init_from,
         overwrite=True,
         client=client,
-        head=head,
-        init_from=init_from,
         say=lambda message: print(f"    {message}", file=sys.stderr, flush=True),
         progress=False,
     )
     seconds = time.perf_counter() - started
+    if keep is not None:
+        keep["model"] = result.model
     tested = evaluate(model_dir, stores["test"], client=client, progress=False)
     best = next((h for h in result.history if h["iteration"] == result.best_iteration), result.history[-1])
     return {
@@ -376,7 +390,23 @@ def run_corpus(name: str, client: Any, args: argparse.Namespace, work: Path) -> 
     print(f"{name}: {made['description']}; rows {rows}; {split_seconds:.1f} s", file=sys.stderr, flush=True)
     heads: dict[str, dict] = {}
     print(f"{name}: fitting the head with defaults", file=sys.stderr, flush=True)
-    heads["defaults"] = fit_and_test(client, stores, work / name / "model", FitSettings(max_iter=args.max_iter), True)
+    kept: dict[str, Any] = {}
+    heads["defaults"] = fit_and_test(
+        client, stores, work / name / "model", FitSettings(max_iter=args.max_iter), True, keep=kept
+    )
+    if args.hops:
+        from dist_respattn.model.heads.hops import HopsSpec
+        from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
+
+        chosen = heads["defaults"]["hyperparameters"] or {}
+        single = SingleHopSpec(
+            **{k: chosen[k] for k in ("sigma2", "emission_strength", "type_strength") if k in chosen}
+        )
+        print(f"{name}: fitting a chain of {args.hops} hops ({single})", file=sys.stderr, flush=True)
+        heads[f"chain of {args.hops} hops"] = fit_and_test(
+            client, stores, work / name / "model-hops", FitSettings(max_iter=args.hops_max_iter), True,
+            head=HopsSpec(single, args.hops), init=kept["model"],
+        )  # fmt: skip
     if not args.skip_holdout:
         print(f"{name}: fitting the head with defaults, without the validation store", file=sys.stderr, flush=True)
         heads["defaults, no validation store"] = fit_and_test(
@@ -450,7 +480,7 @@ def print_table(results: list[dict[str, Any]], stream: Any = None) -> None:
         ("kneser_ney_5_caches", "KN 5-gram + document caches"),
     ]
     heads = ["defaults", "defaults, no validation store", "old defaults"]
-    heads += sorted({h for r in results for h in r["heads"] if h.startswith("conjunction")})
+    heads += sorted({h for r in results for h in r["heads"]} - set(heads))  # a chain of hops, say
     width = 14
     print()
     print("test perplexity (next target), train / validation / test split by document, vocabulary from train")
@@ -485,6 +515,10 @@ def print_table(results: list[dict[str, Any]], stream: Any = None) -> None:
             f"  caches: weights {c['cache_weights']} (tuned on validation); {seen:.0%} of the test targets occur "
             f"earlier in their document; the library's KN 5-gram {c['kneser_ney_5_library']:.2f}"
         )
+        for head, fitted in r["heads"].items():
+            if head.startswith("chain of"):
+                state = f"{fitted['state']}, best {fitted['best_iteration']}"
+                print(f"  {head}: {fitted['iterations']} iterations ({state}), {fitted['seconds']} s")
         for line in verdicts(r):
             print(f"  {line}")
 

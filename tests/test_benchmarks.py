@@ -1,6 +1,6 @@
 """Smoke runs of the benchmarks (bench_kernel.py, bench_store.py, bench_fit.py, bench_quality.py,
-bench_long_context.py, bench_scale.py, bench_top_k.py, bench_copy.py) as real subprocesses: their figures exist,
-and their memory stays flat."""
+bench_long_context.py, bench_scale.py, bench_top_k.py, bench_copy.py, bench_hops.py) as real subprocesses: their
+figures exist, and their memory stays flat."""
 
 from __future__ import annotations
 
@@ -761,3 +761,28 @@ def test_copy_smoke_run_reports_every_figure():
     for name in ("copy_per_position_rows_per_second", "copy_histogram_rows_per_second",
                  "single_histogram_rows_per_second", "histogram_over_per_position"):  # fmt: skip
         assert_positive_finite(report[name], name)
+
+
+HOPS_SCRIPT = SCRIPT.parent / "bench_hops.py"
+
+
+@pytest.mark.slow
+def test_hops_smoke_run_reports_every_figure():
+    """bench_hops.py on a small shape: the kernels' rows/s, their ratios and the reference's parity."""
+    completed = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", str(HOPS_SCRIPT), "--json", "--rows", "3000",
+         "--symbols", "60", "--repeats", "1", "--parity-rows", "300"],
+        capture_output=True, text=True, timeout=180, cwd=HOPS_SCRIPT.parents[1], check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    report = json.loads(completed.stdout)
+    assert report["rows"] == 3000 and report["shape"] == {"S": 60, "N": 8, "D": 32, "T": 60}
+    for name in ("single_rows_per_second", "hops_2_rows_per_second", "hops_3_rows_per_second", "hops_2_over_single"):
+        assert_positive_finite(report[name], name)
+    parity = report["reference_parity"]
+    if importlib.util.find_spec("mixle") is not None:
+        assert parity["rows"] == 300
+        for name in ("key_statistics", "emission_counts", "key_tables", "emission"):
+            assert parity[name] < 1e-10, (name, parity)
+    else:
+        assert parity is None

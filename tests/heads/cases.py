@@ -433,3 +433,68 @@ def _conj_tied_sparse() -> tuple[HeadSpec, KindData, TrainerContext]:
 
 
 CASES.append(KindCase("conj-tied-sparse", _conj_tied_sparse, conj_ml, conj_reference, conj_tables))
+# ----------------------------------------------------------------------------------------------- chain of hops
+
+
+def hops_reference(head: Head, context: np.ndarray, query: np.ndarray, attribute: Any = None) -> np.ndarray:
+    """(n, T) ``sum_j a_j B[c_j, :]`` with ``a`` the last hop's marginal: hop 1 the single head's joint gate, each
+    later hop ``pi^h_j N(Q[c_i]; K^h[c_j], sigma2)`` (normalized over j for a softmax chain), in plain numpy."""
+    from dist_respattn.model.heads.hops import HopsHead
+
+    assert isinstance(head, HopsHead)
+    single, sigma2 = head.single, head.single.sigma2
+    distance = ((query[:, None, :] - single.key_means[context]) ** 2).sum(axis=2)
+    with np.errstate(divide="ignore"):
+        log_a = np.log(single.position_prior)[None, :] - distance / (2.0 * sigma2)
+    alpha = np.exp(log_a - log_a.max(axis=1, keepdims=True))  # (n, N), up to a factor per row
+    for keys, prior in zip(head.keys, head.priors, strict=True):
+        q = head.hop_queries[context]  # (n, N, D): the query each position asks
+        d2 = ((q[:, :, None, :] - keys[context][:, None, :, :]) ** 2).sum(axis=3)  # (n, i, j)
+        trans = prior[None, None, :] * np.exp(-d2 / (2.0 * sigma2))
+        if head.softmax:
+            trans /= trans.sum(axis=2, keepdims=True)
+        alpha = np.einsum("ni,nij->nj", alpha, trans)
+        alpha /= alpha.max(axis=1, keepdims=True)
+    a = alpha / alpha.sum(axis=1, keepdims=True)
+    return np.einsum("ni,nit->nt", a, single.emission_table.to_dense()[context])
+
+
+def hops_tables(head: Head) -> dict[str, np.ndarray]:
+    """The single head's tables and the later hops' position priors."""
+    from dist_respattn.model.heads.hops import HopsHead
+
+    assert isinstance(head, HopsHead)
+    return {**single_hop_tables(head.single), "hop_priors": head.priors}
+
+
+def hops_ml(spec: HeadSpec) -> HeadSpec:
+    """Maximum likelihood: the single head's (:func:`single_hop_ml`); the later hops have no prior."""
+    from dist_respattn.model.heads.hops import HopsSpec
+
+    assert isinstance(spec, HopsSpec)
+    single = single_hop_ml(spec.single)
+    assert isinstance(single, SingleHopSpec)
+    return HopsSpec(single, spec.hops, spec.softmax)
+
+
+def _hops_free_dense() -> tuple[HeadSpec, KindData, TrainerContext]:
+    from dist_respattn.model.heads.hops import HopsSpec
+
+    shape = (10, 5, 2, 10)
+    single = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense")
+    return HopsSpec(single, hops=2), copy_data(600, shape, seed=23), TrainerContext(shape)
+
+
+CASES.append(KindCase("hops-free-dense", _hops_free_dense, hops_ml, hops_reference, hops_tables))
+
+
+def _hops_tied_sparse() -> tuple[HeadSpec, KindData, TrainerContext]:
+    from dist_respattn.model.heads.hops import HopsSpec
+
+    shape = (12, 6, 2, 12)
+    single = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="sparse",
+                           position_buckets=3)  # fmt: skip
+    return HopsSpec(single, hops=3), copy_data(600, shape, seed=29), TrainerContext(shape)
+
+
+CASES.append(KindCase("hops-tied-sparse", _hops_tied_sparse, hops_ml, hops_reference, hops_tables))

@@ -632,6 +632,7 @@ _BUILT_IN = (
     "dist_respattn.model.heads.mixture",
     "dist_respattn.model.heads.copy",
     "dist_respattn.model.heads.conj",
+    "dist_respattn.model.heads.hops",
 )
 
 T = TypeVar("T", bound=Head)

@@ -208,7 +208,7 @@ class StartValue:
 def fixed_single(spec: SingleHopSpec) -> SingleHopSpec:
     """The single-hop settings with every open choice fixed at its value (1 when not given, no type strength for a
     uniform prior): for a kind built on a single head that chooses nothing on held-out rows itself (the conjunction
-    kind), started from a fitted single head's choices."""
+    kind, chains of hops), started from a fitted single head's choices."""
     no_types = spec.emission_prior == "uniform"
     return dataclasses.replace(
         spec,

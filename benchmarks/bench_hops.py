@@ -1,0 +1,170 @@
+"""E-step throughput per core of the chain-of-hops kernel beside the single head's, and its parity with the
+reference library's chained attention.
+
+Rows are sampled from a random single-hop head (default shape S = T = 2000, N = 8, D = 32) and run, one core,
+through the single head's per-position E-step (``ResponsibilityAttentionAccumulator.seq_update``) and through the
+chain's forward–backward kernel with H = 2 and 3 hops (random later keys and priors). The JIT is warmed up first;
+each takes the best of ``--repeats`` runs. With the reference library installed, the chain's statistics and M-step
+are also compared with its ``ChainedAttentionEstimator`` on its own sampler's rows (``--parity-rows``).
+
+Run::
+
+    python benchmarks/bench_hops.py                       # 1,000,000 rows at N = 8
+    python benchmarks/bench_hops.py --rows 20000 --json   # a smoke run
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from dist_respattn.model.emission.layouts import DenseEmission  # noqa: E402
+from dist_respattn.model.heads.base import Block, TrainerContext  # noqa: E402
+from dist_respattn.model.heads.hops import HopsHead, HopsSpec  # noqa: E402
+from dist_respattn.model.heads.hops.kind import hop_statistics  # noqa: E402
+from dist_respattn.model.heads.single_hop.accumulator import ResponsibilityAttentionAccumulator  # noqa: E402
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution  # noqa: E402
+from dist_respattn.model.heads.single_hop.kind import SingleHopSpec  # noqa: E402
+from dist_respattn.model.heads.single_hop.sampler import random_distribution  # noqa: E402
+from dist_respattn.model.rows import WindowRows  # noqa: E402
+
+
+def best_of(repeats: int, run: Callable[[], object]) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def relative_difference(ours: np.ndarray, theirs: np.ndarray) -> float:
+    """The largest ``|ours - theirs|`` relative to the largest ``|theirs|``."""
+    scale = max(float(np.abs(theirs).max()), 1e-300)
+    return float(np.abs(np.asarray(ours) - np.asarray(theirs)).max() / scale)
+
+
+def reference_parity(rows: int, seed: int = 0) -> dict[str, Any] | None:
+    """The chain against the reference library's ``ChainedAttentionEstimator`` (2 hops, softmax transitions,
+    one-hot queries, uniform priors, additive emission smoothing 1e-4) on its own sampler's rows, each position's
+    value set to its key (our windows hold one token per position): the largest relative differences of the
+    statistics and of the M-step's tables. ``None`` without the library."""
+    if importlib.util.find_spec("mixle") is None:
+        return None
+    from mixle.stats.latent import chained_attention as ref
+
+    n_hops, s, t, sigma2 = 2, 6, 5, 0.3
+    rng = np.random.RandomState(seed)
+    truth = ref.ChainedAttentionDistribution(
+        rng.normal(size=(n_hops, s, s)) * 0.5 + np.eye(s)[None], rng.dirichlet(np.ones(t), size=s), sigma2=sigma2
+    )
+    data = [(k, k, q, y) for (k, _, q, y) in truth.sampler(seed=seed + 1).sample(rows)]
+    enc = truth.dist_to_encoder().seq_encode(data)
+    keys, _, q, target = enc
+    estimator = ref.ChainedAttentionEstimator(n_hops, s, t, sigma2=sigma2, emission_smoothing=1e-4)
+    accumulator = estimator.accumulator_factory().make()
+    accumulator.seq_update(enc, np.ones(rows), truth)
+    key_num, key_mass, emission_count, _, _ = accumulator.value()
+    fitted = estimator.estimate(None, accumulator.value())
+    n_pos = keys.shape[1]
+    single = ResponsibilityAttentionDistribution(
+        truth.key_tables[0], DenseEmission(truth.emission), np.full(n_pos, 1.0 / n_pos), sigma2
+    )
+    head = HopsHead(single, truth.key_tables[1:], np.full((1, n_pos), 1.0 / n_pos), np.eye(s), softmax=True)
+    window = WindowRows.from_encoded(keys.astype(np.int32), np.eye(s)[q], target.astype(np.int32))
+    stats = hop_statistics(head, [Block(window, None)])
+    spec = HopsSpec(SingleHopSpec(sigma2=sigma2, emission_smoothing=1e-4, emission_layout="dense"), 2, softmax=True)
+    ours = spec.trainer(TrainerContext((s, n_pos, s, t))).m_step(stats, head).head
+    return {
+        "rows": rows,
+        "key_statistics": max(
+            relative_difference(stats.stats.key_sum, key_num[0]),
+            relative_difference(stats.key_sum[0], key_num[1]),
+            relative_difference(stats.stats.key_mass, key_mass[0]),
+            relative_difference(stats.key_mass[0], key_mass[1]),
+        ),
+        "emission_counts": relative_difference(stats.stats.emission_count.to_dense(), emission_count),
+        "key_tables": max(
+            relative_difference(ours.single.key_means, fitted.key_tables[0]),
+            relative_difference(ours.keys[0], fitted.key_tables[1]),
+        ),
+        "emission": relative_difference(ours.single.emission_table.to_dense(), fitted.emission),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--symbols", type=int, default=2000, help="S = T")
+    parser.add_argument("--context", type=int, default=8, help="N")
+    parser.add_argument("--dim", type=int, default=32, help="D")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--parity-rows", type=int, default=2000, help="rows of the reference comparison (0: none)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    s, n, d = args.symbols, args.context, args.dim
+    truth = random_distribution(s, n, d, s, seed=0, sigma2=1.0)
+    context, query, target = truth.sampler(1).sample_arrays(args.rows)
+    context = np.ascontiguousarray(context, dtype=np.int32)
+    query, target = query.astype(np.float32), target.astype(np.int32)
+    model = random_distribution(s, n, d, s, seed=2, sigma2=1.0)  # scored under another head, as EM does
+    rng = np.random.default_rng(3)
+    chains = {
+        h: HopsHead(
+            model, rng.normal(scale=3.0, size=(h - 1, s, d)), np.full((h - 1, n), 1.0 / n), np.asarray(truth.key_means)
+        )
+        for h in (2, 3)
+    }
+    rows = WindowRows.from_encoded(context, query, target)
+    small = slice(0, min(1000, args.rows))
+    ResponsibilityAttentionAccumulator(s, n, d, s).seq_update(
+        (context[small], query[small], target[small]), None, model
+    )
+    for head in chains.values():
+        hop_statistics(head, [Block(WindowRows.from_encoded(context[small], query[small], target[small]), None)])
+
+    def single() -> None:
+        ResponsibilityAttentionAccumulator(s, n, d, s).seq_update((context, query, target), None, model)
+
+    single_rate = args.rows / best_of(args.repeats, single)
+    rates = {
+        h: args.rows / best_of(args.repeats, lambda head=head: hop_statistics(head, [Block(rows, None)]))
+        for h, head in chains.items()
+    }
+    figures: dict[str, Any] = {
+        "shape": {"S": s, "N": n, "D": d, "T": s},
+        "rows": args.rows,
+        "single_rows_per_second": single_rate,
+        **{f"hops_{h}_rows_per_second": rate for h, rate in rates.items()},
+        **{f"hops_{h}_over_single": rate / single_rate for h, rate in rates.items()},
+        "reference_parity": reference_parity(args.parity_rows) if args.parity_rows > 0 else None,
+    }
+    if args.json:
+        print(json.dumps(figures))
+        return
+    print(f"S = T = {s}, N = {n}, D = {d}, {args.rows:,} rows, one core")
+    print(f"single head, per-position kernel: {single_rate:12,.0f} rows/s")
+    for h, rate in rates.items():
+        print(f"chain of {h} hops, forward-backward: {rate:11,.0f} rows/s  ({rate / single_rate:.2f}x)")
+    parity = figures["reference_parity"]
+    if parity is not None:
+        print(
+            f"reference chained attention, {parity['rows']} rows: largest relative difference of the key "
+            f"statistics {parity['key_statistics']:.1e}, emission counts {parity['emission_counts']:.1e}, "
+            f"key tables {parity['key_tables']:.1e}, emission {parity['emission']:.1e}"
+        )
+
+
+if __name__ == "__main__":
+    main()

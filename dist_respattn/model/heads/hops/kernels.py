@@ -1,0 +1,527 @@
+"""The chain-of-hops head's compiled passes over token windows: exact forward–backward over the hops.
+
+For a window of ``m`` present positions the hop latents ``z_1..z_H`` form a chain over the positions; every pass
+keeps each row's (H-1, m, m) transition table in scratch (O(H N^2) time and memory a row, never (n, N^H)).
+Windows are :class:`~dist_respattn.model.rows.WindowRows` spans, oldest first: position ``x`` of ``tokens[lo:hi]``
+has recency ``hi - 1 - x`` and context column ``N - hi + x``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numba
+import numpy as np
+
+from dist_respattn.model.arguments import ImpossibleEvidenceError
+from dist_respattn.model.emission.layouts import SparseEmission
+from dist_respattn.model.kernels.log_weights import exp_shifted
+from dist_respattn.model.kernels.per_position import find_pair
+from dist_respattn.model.kernels.prefetch import prefetch_item
+from dist_respattn.model.rows import WindowRows
+
+__all__ = ["HopArrays", "HopParameters", "hop_estep", "hop_score"]
+
+_NO_VALUES = np.zeros(0)
+_NO_INDEX = np.zeros(0, dtype=np.int64)
+_NO_SYMBOLS = np.zeros(0, dtype=np.int32)
+_NO_TABLE = np.zeros((0, 0))
+_PREFETCH_ROWS = 8  # how many rows ahead the passes prefetch a dense emission's cells
+
+
+@dataclass(frozen=True)
+class HopParameters:
+    """A chain-of-hops head's parameters as the kernels read them.
+
+    Attributes:
+        key_means: (H, S, D) float64, hop ``h``'s keys (hop 0's are the single head's).
+        prior: (H, N) each hop's position prior in column order (``prior[h, N - 1]`` the most recent);
+            ``log_prior`` its log.
+        hop_queries: (S, D) float64, the query a hop asks from a position holding symbol ``s`` (hops 2..H).
+        inv_two_sigma2: ``1 / (2 sigma2)``; ``gate_const``: ``-D/2 log(2 pi sigma2)``.
+        softmax: each transition normalized over the positions it goes to (the reference library's chain) rather
+            than a joint Gaussian factor.
+        log_emission_ts: (T, S) ``log B`` target-major for a dense emission, else (0, 0); a sparse one's
+            ``indptr`` (T + 1,), ``symbols`` (P,), ``log_values`` (P,), ``log_backoff`` (S,), ``log_base`` (T,).
+    """
+
+    key_means: np.ndarray
+    prior: np.ndarray
+    log_prior: np.ndarray
+    hop_queries: np.ndarray
+    inv_two_sigma2: float
+    gate_const: float
+    softmax: bool
+    log_emission_ts: np.ndarray
+    indptr: np.ndarray
+    symbols: np.ndarray
+    log_values: np.ndarray
+    log_backoff: np.ndarray
+    log_base: np.ndarray
+
+    @classmethod
+    def build(
+        cls, single: Any, keys: np.ndarray, priors: np.ndarray, hop_queries: np.ndarray, softmax: bool
+    ) -> HopParameters:
+        """From the single head of hop 1 (its keys, prior, gate variance, emission), the later hops' ``keys``
+        (H-1, S, D) and ``priors`` (H-1, N), and the hop query table (S, D)."""
+        params = single.kernel_parameters
+        table = single.emission_table
+        if isinstance(table, SparseEmission):
+            with np.errstate(divide="ignore"):
+                log_values, log_backoff, log_base = (np.log(v) for v in (table.values, table.backoff, table.base))
+            sparse = (table.support.indptr, table.support.symbols, log_values, log_backoff, log_base)
+            dense = _NO_TABLE
+        else:
+            sparse = (_NO_INDEX, _NO_SYMBOLS, _NO_VALUES, _NO_VALUES, _NO_VALUES)
+            dense = params.log_emission_ts
+        key_means = np.ascontiguousarray(np.concatenate([np.asarray(single.key_means)[None], keys]), dtype=np.float64)
+        prior = np.ascontiguousarray(np.concatenate([np.asarray(single.position_prior)[None], priors]), np.float64)
+        with np.errstate(divide="ignore"):
+            log_prior = np.log(prior)
+        return cls(
+            key_means, prior, log_prior, np.ascontiguousarray(hop_queries, dtype=np.float64),
+            float(params.inv_two_sigma2), float(params.gate_const), bool(softmax), dense, *sparse,
+        )  # fmt: skip
+
+    def arrays(self) -> tuple[Any, ...]:
+        """The fields in the kernels' argument order."""
+        return (
+            self.key_means, self.prior, self.log_prior, self.hop_queries, self.inv_two_sigma2, self.gate_const,
+            self.softmax, self.log_emission_ts, self.indptr, self.symbols, self.log_values, self.log_backoff,
+            self.log_base,
+        )  # fmt: skip
+
+
+@dataclass
+class HopArrays:
+    """The additive arrays of the chain's E-step.
+
+    Attributes:
+        key_sum: (H, S, D) sum of ``w r q`` per hop and symbol (``q`` the query the hop answered: the row's for
+            hop 1, the hop query of the previous hop's token for the later ones); ``key_mass``: (H, S) ``w r``.
+        recency_mass: (H, N) responsibility per hop and recency (with a short window's rejected draws).
+        emission_count_ts: (T, S) the last hop's responsibility per (target, symbol), dense; (0, 0) when sparse.
+        pair_counts: (P,) the same per pair of a sparse emission's support, else empty.
+        scalars: (3,) ``[query_sq, n_obs, log_lik]``.
+    """
+
+    key_sum: np.ndarray
+    key_mass: np.ndarray
+    recency_mass: np.ndarray
+    emission_count_ts: np.ndarray
+    pair_counts: np.ndarray
+    scalars: np.ndarray
+
+    @classmethod
+    def zeros(cls, n_hops: int, shape: tuple[int, int, int, int], num_pairs: int | None) -> HopArrays:
+        """Empty arrays for ``n_hops`` hops over rows of ``shape = (S, N, D, T)``; sparse with ``num_pairs``."""
+        s, n, d, t = shape
+        return cls(
+            np.zeros((n_hops, s, d)), np.zeros((n_hops, s)), np.zeros((n_hops, n)),
+            np.zeros((t, s)) if num_pairs is None else _NO_TABLE,
+            _NO_VALUES if num_pairs is None else np.zeros(num_pairs), np.zeros(3),
+        )  # fmt: skip
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _distance(queries, c_query, key_means, hop, c_key):  # pragma: no cover - compiled
+    """``||queries[c_query] - key_means[hop, c_key]||^2`` (the sum reassociated, so that it vectorizes, as the
+    single head's ``squared_distance``)."""
+    total = 0.0
+    for d in range(queries.shape[1]):
+        v = queries[c_query, d] - key_means[hop, c_key, d]
+        total += v * v
+    return total
+
+
+@numba.njit(cache=True, nogil=True)
+def _prefetch_rows(key_rows, hop_queries, c, n_symbols):  # pragma: no cover - compiled
+    """Prefetch symbol ``c``'s key in every hop and its hop query, a cache line (8 numbers) at a time."""
+    dim = hop_queries.shape[1]
+    for h in range(key_rows.shape[0] // n_symbols):
+        for d in range(0, dim, 8):
+            prefetch_item(key_rows, h * n_symbols + c, d)
+    if key_rows.shape[0] > n_symbols:  # a single hop reads no hop queries
+        for d in range(0, dim, 8):
+            prefetch_item(hop_queries, c, d)
+
+
+@numba.njit(cache=True, nogil=True)
+def _log_sum(values, m):  # pragma: no cover - compiled
+    """``log sum exp values[:m]`` (``-inf`` when every one is)."""
+    best = -np.inf
+    for i in range(m):
+        best = max(best, values[i])
+    if best == -np.inf:
+        return best
+    total = 0.0
+    for i in range(m):
+        total += math.exp(values[i] - best)
+    return best + math.log(total)
+
+
+@numba.njit(cache=True, nogil=True)
+def _chain(
+    tokens, lo, hi, t, y, key_means, prior, log_prior, hop_queries, inv_two_sigma2, softmax, log_emission_ts,
+    indptr, symbols, log_values, log_backoff, log_base, with_target, alpha, beta, trans, shift, log_e, pair, work,
+    flat, bits,
+):  # pragma: no cover - compiled  # fmt: skip
+    """Forward–backward of one window. Fills ``alpha[h, j]`` (log forward), ``trans[h - 1, i * m + j]`` (linear
+    transition scaled by ``exp(-shift[h - 1, i])``), ``log_e[j]`` (``log B[c_j, t]``, 0 without the target),
+    ``pair[j]``, and ``beta[h, j]`` (log backward). Returns ``(log Z, log Z without the target)``: the path sum with
+    and without the last hop's emission (the predictive's normalizer)."""
+    n_hops = key_means.shape[0]
+    n_pos = prior.shape[1]
+    m = hi - lo
+    dense = indptr.shape[0] == 0
+    full = m == n_pos
+    # Hop 1: the single head's joint gate log-weights (the prior renormalized over a short window's positions).
+    log_total = 0.0
+    if not full:
+        total = 0.0
+        for j in range(m):
+            total += prior[0, n_pos - m + j]
+        log_total = math.log(total) if total > 0.0 else 0.0
+    for j in range(m):
+        c = tokens[lo + j]
+        d = 0.0
+        for k in range(y.shape[0]):
+            v = y[k] - key_means[0, c, k]
+            d += v * v
+        alpha[0, j] = log_prior[0, n_pos - m + j] - log_total - d * inv_two_sigma2
+    # Later hops: the transitions, each row i shifted by its largest log-value so that its exponentials are <= 1.
+    for h in range(1, n_hops):
+        log_total = 0.0
+        if not full:
+            total = 0.0
+            for j in range(m):
+                total += prior[h, n_pos - m + j]
+            log_total = math.log(total) if total > 0.0 else 0.0
+        # All m * m log-values first, each row shifted by its largest, then one vectorized exponential of them all.
+        for i in range(m):
+            ci = tokens[lo + i]
+            best = -np.inf
+            for j in range(m):
+                cj = tokens[lo + j]
+                lv = (
+                    log_prior[h, n_pos - m + j]
+                    - log_total
+                    - _distance(hop_queries, ci, key_means, h, cj) * inv_two_sigma2
+                )
+                flat[i * m + j] = lv
+                best = max(best, lv)
+            shift[h - 1, i] = best
+            for j in range(m):
+                # A row no position reaches stays all -inf (its exponentials 0), whatever its shift.
+                flat[i * m + j] = flat[i * m + j] - best if best > -np.inf else -np.inf
+        exp_shifted(flat[: m * m], 0.0, trans[h - 1, : m * m], bits[: m * m])
+        if softmax:
+            for i in range(m):
+                total = 0.0
+                for j in range(m):
+                    total += trans[h - 1, i * m + j]
+                if total > 0.0:
+                    for j in range(m):
+                        trans[h - 1, i * m + j] /= total
+                    shift[h - 1, i] = 0.0
+        # Forward: alpha[h, j] = log sum_i exp(alpha[h-1, i] + shift_i) trans(i, j).
+        top = -np.inf
+        for i in range(m):
+            work[i] = alpha[h - 1, i] + shift[h - 1, i]
+            top = max(top, work[i])
+        for i in range(m):
+            work[i] = math.exp(work[i] - top) if top > -np.inf and work[i] > -np.inf else 0.0
+        for j in range(m):
+            acc = 0.0
+            for i in range(m):
+                acc += work[i] * trans[h - 1, i * m + j]
+            alpha[h, j] = top + math.log(acc) if acc > 0.0 else -np.inf
+    last = n_hops - 1
+    for j in range(m):
+        c = tokens[lo + j]
+        pair[j] = -1
+        if not with_target:
+            log_e[j] = 0.0
+        elif dense:
+            log_e[j] = log_emission_ts[t, c]
+        else:
+            p = find_pair(indptr, symbols, t, c)
+            pair[j] = p
+            log_e[j] = log_values[p] if p >= 0 else log_backoff[c] + log_base[t]
+    for j in range(m):
+        work[j] = alpha[last, j]
+    log_z_gate = _log_sum(work, m)
+    for j in range(m):
+        work[j] = alpha[last, j] + log_e[j]
+    log_z = _log_sum(work, m)
+    # Backward: beta[h - 1, i] = shift_i + log sum_j trans(i, j) exp(beta[h, j]).
+    for j in range(m):
+        beta[last, j] = log_e[j]
+    for h in range(last, 0, -1):
+        top = -np.inf
+        for j in range(m):
+            top = max(top, beta[h, j])
+        for j in range(m):
+            work[j] = math.exp(beta[h, j] - top) if top > -np.inf and beta[h, j] > -np.inf else 0.0
+        for i in range(m):
+            acc = 0.0
+            for j in range(m):
+                acc += trans[h - 1, i * m + j] * work[j]
+            beta[h - 1, i] = shift[h - 1, i] + top + math.log(acc) if acc > 0.0 else -np.inf
+    return log_z, log_z_gate
+
+
+@numba.njit(cache=True, nogil=True)
+def _estep(
+    tokens, begin, end, target, query_table, query_index, weights,
+    key_means, prior, log_prior, hop_queries, inv_two_sigma2, gate_const, softmax, log_emission_ts, indptr,
+    symbols, log_values, log_backoff, log_base,
+    key_sum, key_mass, recency_mass, emission_count_ts, pair_counts, scalars, impossible,
+):  # pragma: no cover - compiled  # fmt: skip
+    """The E-step over the rows in order. Returns ``(n_impossible, n_outside)``: rows no path explains (the first
+    written to ``impossible``) and rows whose last hop falls on a pair off a sparse support."""
+    n_hops = key_means.shape[0]
+    n_pos = prior.shape[1]
+    dim = key_means.shape[2]
+    sparse = indptr.shape[0] > 0
+    alpha = np.empty((n_hops, n_pos))
+    beta = np.empty((n_hops, n_pos))
+    trans = np.empty((max(n_hops - 1, 1), n_pos * n_pos))
+    flat = np.empty(n_pos * n_pos)
+    shift = np.empty((max(n_hops - 1, 1), n_pos))
+    log_e = np.empty(n_pos)
+    pair = np.empty(n_pos, dtype=np.int64)
+    work = np.empty(n_pos)
+    bits = np.empty(n_pos * n_pos, dtype=np.int64)
+    gamma = np.empty(n_pos)
+    eb = np.empty(n_pos)
+    incoming = np.empty(dim)
+    y = np.empty(dim)
+    # The Gaussian normalizers in the log-likelihood: hop 1's, and each later hop's unless it is a softmax.
+    consts = gate_const * (1 if softmax else n_hops)
+    n_impossible = 0
+    n_outside = 0
+    query_sq = 0.0
+    n_obs = 0.0
+    log_lik = 0.0
+    n_rows = target.shape[0]
+    n_symbols = key_means.shape[1]
+    key_rows = key_means.reshape(n_hops * n_symbols, dim)  # every hop's keys as rows, for the prefetches
+    for row in range(n_rows):
+        ahead = row + _PREFETCH_ROWS
+        if ahead < n_rows:
+            # The emission cells a later row reads and updates, scattered over (T, S) tables larger than cache, and
+            # its tokens' keys and hop queries: their misses then overlap with this row's work.
+            t_ahead = target[ahead]
+            for x in range(begin[ahead], end[ahead]):
+                if not sparse:
+                    prefetch_item(log_emission_ts, t_ahead, tokens[x])
+                    prefetch_item(emission_count_ts, t_ahead, tokens[x])
+                _prefetch_rows(key_rows, hop_queries, tokens[x], n_symbols)
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        if w == 0.0:
+            continue
+        lo = begin[row]
+        hi = end[row]
+        m = hi - lo
+        t = target[row]
+        q = query_index[row]
+        yy = 0.0
+        for d in range(dim):
+            v = np.float64(query_table[q, d])
+            y[d] = v
+            yy += v * v
+        log_z, _ = _chain(
+            tokens, lo, hi, t, y, key_means, prior, log_prior, hop_queries, inv_two_sigma2, softmax,
+            log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, True, alpha, beta, trans, shift,
+            log_e, pair, work, flat, bits,
+        )  # fmt: skip
+        if log_z == -np.inf:
+            if n_impossible < impossible.shape[0]:
+                impossible[n_impossible] = row
+            n_impossible += 1
+            continue
+        if sparse:
+            outside = False
+            for j in range(m):
+                if pair[j] < 0 and alpha[n_hops - 1, j] + log_e[j] > -np.inf:
+                    outside = True
+            if outside:
+                n_outside += 1
+                continue
+        # Each hop h: gamma_h(j) = exp(alpha_h + beta_h - log Z), the posterior of its position.
+        for h in range(n_hops):
+            for j in range(m):
+                a = alpha[h, j] + beta[h, j]
+                gamma[j] = w * math.exp(a - log_z) if a > -np.inf else 0.0
+            if h == 0:
+                for j in range(m):
+                    rj = gamma[j]
+                    c = tokens[lo + j]
+                    key_mass[0, c] += rj
+                    for d in range(dim):
+                        key_sum[0, c, d] += rj * y[d]
+                    recency_mass[0, m - 1 - j] += rj
+            else:
+                # xi(i, j) = gamma_{h-1}(i) trans(i, j) e^beta_j / sum_j' trans(i, j') e^beta_j': every factor
+                # bounded (shifted by the largest beta), so no exponential overflows however far the keys lie.
+                top = -np.inf
+                for j in range(m):
+                    top = max(top, beta[h, j])
+                if top == -np.inf:
+                    continue
+                for j in range(m):
+                    eb[j] = math.exp(beta[h, j] - top) if beta[h, j] > -np.inf else 0.0
+                for i in range(m):
+                    a = alpha[h - 1, i] + beta[h - 1, i]
+                    g = math.exp(a - log_z) if a > -np.inf else 0.0
+                    s = 0.0
+                    for j in range(m):
+                        s += trans[h - 1, i * m + j] * eb[j]
+                    work[i] = w * g / s if g > 0.0 and s > 0.0 else 0.0
+                for j in range(m):
+                    if eb[j] == 0.0:
+                        continue
+                    for d in range(dim):
+                        incoming[d] = 0.0
+                    mass = 0.0
+                    for i in range(m):
+                        x = work[i] * trans[h - 1, i * m + j] * eb[j]
+                        if x != 0.0:
+                            mass += x
+                            ci = tokens[lo + i]
+                            for d in range(dim):
+                                incoming[d] += x * hop_queries[ci, d]
+                    cj = tokens[lo + j]
+                    key_mass[h, cj] += mass
+                    for d in range(dim):
+                        key_sum[h, cj, d] += incoming[d]
+                    recency_mass[h, m - 1 - j] += mass
+            if h == n_hops - 1:
+                for j in range(m):
+                    rj = gamma[j]
+                    if rj != 0.0:
+                        if sparse:
+                            pair_counts[pair[j]] += rj
+                        else:
+                            emission_count_ts[t, tokens[lo + j]] += rj
+        if m < n_pos:
+            # The masked positions are draws each hop rejected (see dist_respattn.model.buckets).
+            for h in range(n_hops):
+                total = 0.0
+                for j in range(m):
+                    total += prior[h, n_pos - m + j]
+                if total > 0.0:
+                    for r in range(m, n_pos):
+                        recency_mass[h, r] += w * prior[h, n_pos - 1 - r] / total
+        query_sq += w * yy
+        n_obs += w
+        log_lik += w * (log_z + consts)
+    scalars[0] += query_sq
+    scalars[1] += n_obs
+    scalars[2] += log_lik
+    return n_impossible, n_outside
+
+
+@numba.njit(cache=True, nogil=True)
+def _score(
+    tokens, begin, end, target, query_table, query_index, weights,
+    key_means, prior, log_prior, hop_queries, inv_two_sigma2, gate_const, softmax, log_emission_ts, indptr,
+    symbols, log_values, log_backoff, log_base, attention,
+):  # pragma: no cover - compiled  # fmt: skip
+    """Weighted ``(log_lik, target_log_prob, weight)`` of the rows; ``attention`` (n, N) receives each row's last
+    hop's predictive attention in column order (zero on masked columns)."""
+    n_hops = key_means.shape[0]
+    n_pos = prior.shape[1]
+    dim = key_means.shape[2]
+    alpha = np.empty((n_hops, n_pos))
+    beta = np.empty((n_hops, n_pos))
+    trans = np.empty((max(n_hops - 1, 1), n_pos * n_pos))
+    flat = np.empty(n_pos * n_pos)
+    shift = np.empty((max(n_hops - 1, 1), n_pos))
+    log_e = np.empty(n_pos)
+    pair = np.empty(n_pos, dtype=np.int64)
+    work = np.empty(n_pos)
+    bits = np.empty(n_pos * n_pos, dtype=np.int64)
+    y = np.empty(dim)
+    consts = gate_const * (1 if softmax else n_hops)
+    log_lik = 0.0
+    target_log_prob = 0.0
+    weight = 0.0
+    n_rows = target.shape[0]
+    dense = indptr.shape[0] == 0
+    n_symbols = key_means.shape[1]
+    key_rows = key_means.reshape(n_hops * n_symbols, dim)  # every hop's keys as rows, for the prefetches
+    for row in range(n_rows):
+        ahead = row + _PREFETCH_ROWS
+        if ahead < n_rows:
+            t_ahead = target[ahead]
+            for x in range(begin[ahead], end[ahead]):
+                if dense:
+                    prefetch_item(log_emission_ts, t_ahead, tokens[x])
+                _prefetch_rows(key_rows, hop_queries, tokens[x], n_symbols)
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        lo = begin[row]
+        hi = end[row]
+        m = hi - lo
+        q = query_index[row]
+        for d in range(dim):
+            y[d] = np.float64(query_table[q, d])
+        log_z, log_z_gate = _chain(
+            tokens, lo, hi, target[row], y, key_means, prior, log_prior, hop_queries, inv_two_sigma2, softmax,
+            log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, True, alpha, beta, trans, shift,
+            log_e, pair, work, flat, bits,
+        )  # fmt: skip
+        for i in range(n_pos):
+            attention[row, i] = 0.0
+        if log_z_gate > -np.inf:
+            for j in range(m):
+                a = alpha[n_hops - 1, j]
+                attention[row, n_pos - m + j] = math.exp(a - log_z_gate) if a > -np.inf else 0.0
+        if w == 0.0:
+            continue
+        log_lik += w * (log_z + consts)
+        target_log_prob += w * (log_z - log_z_gate)
+        weight += w
+    return log_lik, target_log_prob, weight
+
+
+def _weights(rows: WindowRows) -> np.ndarray:
+    return np.zeros(0) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
+
+
+def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays) -> None:
+    """The chain's E-step over ``rows`` (checked), added into ``arrays``. Rows no path explains raise
+    ``ImpossibleEvidenceError`` after the others were added; a pair off a sparse support raises a ValueError."""
+    found = np.empty(min(rows.num_rows, 64), dtype=np.int64)
+    n_impossible, n_outside = _estep(  # type: ignore[call-arg]
+        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        *params.arrays(),
+        arrays.key_sum, arrays.key_mass, arrays.recency_mass, arrays.emission_count_ts, arrays.pair_counts,
+        arrays.scalars, found,
+    )  # fmt: skip
+    if n_outside:
+        raise ValueError(
+            f"{n_outside} row(s) hold a (symbol, target) pair outside the sparse emission's support: the support "
+            "must come from these rows (a fit finds it in its start pass); refit, or use --emission-layout dense"
+        )
+    if n_impossible:
+        shown = ", ".join(str(int(r)) for r in found[: min(n_impossible, 10)])
+        raise ImpossibleEvidenceError(
+            f"impossible evidence: rows {shown} have zero probability under the chain of hops (no path of "
+            "positions reaches a token that can emit the row's target)"
+        )
+
+
+def hop_score(rows: WindowRows, params: HopParameters) -> tuple[float, float, float, np.ndarray]:
+    """``(log_lik, target_log_prob, weight, attention (n, N))`` of ``rows`` (checked) under the chain: the last
+    hop's predictive attention is what ``p(target | row)`` weighs the emission rows by."""
+    attention = np.empty((rows.num_rows, params.prior.shape[1]))
+    log_lik, target_log_prob, weight = _score(  # type: ignore[call-arg]
+        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        *params.arrays(), attention,
+    )  # fmt: skip
+    return float(log_lik), float(target_log_prob), float(weight), attention

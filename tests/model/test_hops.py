@@ -1,0 +1,232 @@
+"""The chain of hops: forward–backward against enumeration over hop paths, the reference library's chained
+attention, the single head at H = 1, and EM's monotone objective."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from mixle.stats.latent import chained_attention as ref
+
+from dist_respattn.model.emission.layouts import DenseEmission
+from dist_respattn.model.fitting.em import fit_em
+from dist_respattn.model.heads.base import Block, TrainerContext
+from dist_respattn.model.heads.hops import HopsHead, HopsSpec
+from dist_respattn.model.heads.hops.kernels import hop_score
+from dist_respattn.model.heads.hops.kind import hop_m_step, hop_statistics
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
+from dist_respattn.model.heads.single_hop.sampler import random_distribution
+from dist_respattn.model.rows import EncodedRows, WindowRows
+from dist_respattn.model.streaming import generate
+
+
+def random_chain(shape, hops, seed, *, softmax=False, sigma2=0.7):
+    """A random chain of ``hops`` hops over rows of ``shape`` (random later keys, priors and hop queries)."""
+    s, n, d, t = shape
+    rng = np.random.default_rng(seed)
+    single = random_distribution(s, n, d, t, seed=seed, sigma2=sigma2, key_scale=1.0)
+    single = ResponsibilityAttentionDistribution(
+        single.key_means, single.emission_table.probs, rng.dirichlet(np.ones(n)), sigma2
+    )
+    keys = rng.normal(size=(hops - 1, s, d))
+    priors = rng.dirichlet(np.ones(n), size=hops - 1)
+    return HopsHead(single, keys, priors, rng.normal(size=(s, d)), softmax=softmax)
+
+
+def rows_of(context, query, target, lengths=None):
+    """Window rows of ``context`` (n, N), each ``lengths[r]`` most recent tokens kept (all without)."""
+    n, n_pos = context.shape
+    if lengths is None:
+        return WindowRows.from_encoded(context, query, target)
+    tokens = np.ascontiguousarray(context).reshape(-1)
+    end = (np.arange(n) + 1) * n_pos
+    return WindowRows(tokens, end - lengths, end, target, query, np.arange(n), None, 0)
+
+
+def gaussian(x, mean, sigma2):
+    d = x.shape[0]
+    return np.exp(-((x - mean) ** 2).sum() / (2 * sigma2)) / (2 * np.pi * sigma2) ** (d / 2)
+
+
+def enumerate_paths(head, window, y, t):
+    """Every hop path of one window: ``{path: weight}`` with and without the emission, by the definitions."""
+    single, sigma2 = head.single, head.single.sigma2
+    n_pos, m = head.context_length, len(window)
+    cols = range(n_pos - m, n_pos)
+    priors = np.vstack([single.position_prior[None], head.priors])
+    priors = priors[:, n_pos - m :] / priors[:, n_pos - m :].sum(axis=1, keepdims=True)
+    keys = np.concatenate([single.key_means[None], head.keys])
+    emission = single.emission_table.to_dense()
+    out = {}
+    for path in itertools.product(range(m), repeat=head.n_hops):
+        w = priors[0, path[0]] * gaussian(y, keys[0, window[path[0]]], sigma2)
+        for h in range(1, head.n_hops):
+            q = head.hop_queries[window[path[h - 1]]]
+            factor = lambda j: priors[h, j] * gaussian(q, keys[h, window[j]], sigma2)  # noqa: B023, E731
+            w *= factor(path[h]) / (sum(factor(j) for j in range(m)) if head.softmax else 1.0)
+        out[path] = (w * emission[window[path[-1]], t], w)
+    assert len(cols) == m
+    return out
+
+
+def brute_statistics(head, context, query, target, lengths):
+    """The chain's statistics by enumerating the paths of every row (their posteriors, weighted by definition)."""
+    s, n_pos, d, t = head.shape
+    h_n = head.n_hops
+    key_sum, key_mass, position = np.zeros((h_n, s, d)), np.zeros((h_n, s)), np.zeros((h_n, n_pos))
+    counts, log_lik = np.zeros((s, t)), 0.0
+    for r in range(context.shape[0]):
+        window = context[r, n_pos - lengths[r] :]
+        m = len(window)
+        paths = enumerate_paths(head, window, query[r], target[r])
+        z = sum(v[0] for v in paths.values())
+        log_lik += np.log(z)
+        for path, (joint, _) in paths.items():
+            p = joint / z
+            for h, j in enumerate(path):
+                q = query[r] if h == 0 else head.hop_queries[window[path[h - 1]]]
+                key_sum[h, window[j]] += p * q
+                key_mass[h, window[j]] += p
+                position[h, n_pos - m + j] += p
+            counts[window[path[-1]], target[r]] += p
+    return key_sum, key_mass, position, counts, log_lik
+
+
+@pytest.mark.parametrize("softmax", [False, True], ids=["joint", "softmax"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_forward_backward_equals_enumeration_over_hop_paths(seed, softmax):
+    shape = (5, 4, 2, 3)
+    hops = 3 if seed == 2 else 2
+    head = random_chain(shape, hops, seed, softmax=softmax)
+    rng = np.random.default_rng(seed + 10)
+    n = 6
+    context = rng.integers(0, shape[0], size=(n, shape[1])).astype(np.int32)
+    query = rng.normal(size=(n, shape[2]))
+    target = rng.integers(0, shape[3], size=n).astype(np.int32)
+    lengths = np.array([4, 4, 1, 2, 3, 4])
+    rows = rows_of(context, query, target, lengths)
+    stats = hop_statistics(head, [Block(rows, None)])
+    key_sum, key_mass, _, counts, log_lik = brute_statistics(head, context, query, target, lengths)
+    assert stats.log_lik == pytest.approx(log_lik, rel=1e-12)
+    np.testing.assert_allclose(stats.stats.key_sum, key_sum[0], rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(stats.key_sum, key_sum[1:], rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(stats.stats.key_mass, key_mass[0], rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(stats.key_mass, key_mass[1:], rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(stats.stats.emission_count.to_dense(), counts, rtol=1e-11, atol=1e-13)
+    # Full windows: the position masses are the posteriors'; a short window adds its rejected draws after them.
+    full = lengths == shape[1]
+    assert full.sum() == 3
+    sub = hop_statistics(head, [Block(rows.select(full), None)])
+    _, _, position_full, _, _ = brute_statistics(head, context[full], query[full], target[full], lengths[full])
+    np.testing.assert_allclose(sub.stats.position_count, position_full[0], rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(sub.position_mass, position_full[1:], rtol=1e-11, atol=1e-13)
+    # The scores: the joint path sum (with each Gaussian's normalizer), and the predictive over targets.
+    totals = head.score([Block(rows, None)])
+    assert totals.weight == n
+    assert totals.log_lik == pytest.approx(log_lik, rel=1e-12)
+    predictive = 0.0
+    for r in range(n):
+        paths = enumerate_paths(head, context[r, shape[1] - lengths[r] :], query[r], target[r])
+        predictive += np.log(sum(v[0] for v in paths.values()) / sum(v[1] for v in paths.values()))
+    assert totals.target_log_prob == pytest.approx(predictive, rel=1e-12)
+
+
+def test_one_hop_is_the_single_head():
+    shape = (7, 5, 3, 6)
+    single = random_distribution(*shape, seed=3, sigma2=0.6)
+    head = HopsHead(single, np.zeros((0, shape[0], shape[2])), np.zeros((0, shape[1])), np.zeros((shape[0], shape[2])))
+    context, query, target = single.sampler(4).sample_arrays(200)
+    rows = WindowRows.from_encoded(context.astype(np.int32), query, target.astype(np.int32))
+    encoded = EncodedRows(context.astype(np.int32), query, target.astype(np.int32), None, 0)
+    mine, theirs = head.score([Block(rows, None)]), single.score([Block(encoded, None)])
+    assert mine.log_lik == pytest.approx(theirs.log_lik, rel=1e-12)
+    assert mine.target_log_prob == pytest.approx(theirs.target_log_prob, rel=1e-12)
+    assert mine.correct == theirs.correct
+    np.testing.assert_allclose(head.predict_proba(context[:5], query[:5]), single.predict_proba(context[:5], query[:5]))
+
+
+def test_statistics_and_parameters_equal_the_reference_chained_attention():
+    """The reference library's chain on its own toy data: keys one-hot queries (D = S), the hop query table the
+    identity, uniform priors, softmax transitions; ours carries the query's Gaussian normalizer in the joint."""
+    n_hops, s, t, sigma2 = 2, 5, 4, 0.3
+    rng = np.random.RandomState(0)
+    truth = ref.ChainedAttentionDistribution(
+        rng.normal(size=(n_hops, s, s)) * 0.5 + np.eye(s)[None], rng.dirichlet(np.ones(t), size=s), sigma2=sigma2
+    )
+    data = truth.sampler(seed=1).sample(200)
+    enc = truth.dist_to_encoder().seq_encode(data)
+    keys, vals, q, target = enc
+    if not np.array_equal(keys, vals):
+        # The reference's contexts hold (key, value) pairs; ours one token per position: values = keys.
+        data = [(k, k, qq, tt) for (k, _, qq, tt) in data]
+        enc = truth.dist_to_encoder().seq_encode(data)
+        keys, vals, q, target = enc
+    estimate = truth
+    accumulator = ref.ChainedAttentionEstimator(n_hops, s, t, sigma2=sigma2).accumulator_factory().make()
+    accumulator.seq_update(enc, np.ones(len(data)), estimate)
+    key_num, key_mass, emission_count, ll, n = accumulator.value()
+
+    n_pos = keys.shape[1]
+    single = ResponsibilityAttentionDistribution(
+        truth.key_tables[0], DenseEmission(truth.emission), np.full(n_pos, 1.0 / n_pos), sigma2
+    )
+    head = HopsHead(single, truth.key_tables[1:], np.full((n_hops - 1, n_pos), 1.0 / n_pos), np.eye(s), softmax=True)
+    query = np.eye(s)[q]
+    rows = WindowRows.from_encoded(keys.astype(np.int32), query, target.astype(np.int32))
+    stats = hop_statistics(head, [Block(rows, None)])
+    np.testing.assert_allclose(stats.stats.key_sum, key_num[0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(stats.key_sum, key_num[1:], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(stats.stats.key_mass, key_mass[0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(stats.key_mass, key_mass[1:], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(stats.stats.emission_count.to_dense(), emission_count, rtol=1e-10, atol=1e-12)
+    assert stats.n_obs == n
+    # Ours is the joint: the reference's conditional log-likelihood and the query's density under hop 1's gate.
+    distance = ((query[:, None, :] - truth.key_tables[0][keys]) ** 2).sum(axis=2)
+    density = np.log(np.exp(-distance / (2 * sigma2)).mean(axis=1)) - s / 2 * np.log(2 * np.pi * sigma2)
+    assert stats.log_lik == pytest.approx(ll + density.sum(), rel=1e-10)
+    # The M-step: the reference's key tables (the mean incoming query) on every symbol some hop reached.
+    fitted = ref.ChainedAttentionEstimator(n_hops, s, t, sigma2=sigma2).estimate(None, accumulator.value())
+    spec = HopsSpec(SingleHopSpec(sigma2=sigma2, emission_smoothing=1e-4, emission_layout="dense"), 2, softmax=True)
+    ours = spec.trainer(TrainerContext((s, n_pos, s, t))).m_step(stats, head).head
+    assert (key_mass > 0).all()  # every symbol reached by every hop: the key tables are the whole tables
+    np.testing.assert_allclose(ours.single.key_means, fitted.key_tables[0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ours.keys, fitted.key_tables[1:], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ours.single.emission_table.to_dense(), fitted.emission, rtol=1e-10, atol=1e-12)
+    new_keys, _ = hop_m_step(stats, head)
+    np.testing.assert_array_equal(new_keys, ours.keys)
+
+
+def test_maximum_likelihood_em_never_lowers_the_objective():
+    shape = (6, 4, 2, 5)
+    truth = random_chain(shape, 2, 8)
+    rng = np.random.default_rng(9)
+    context = rng.integers(0, shape[0], size=(300, shape[1])).astype(np.int32)
+    query = (truth.hop_queries[context[:, -1]] + 0.3 * rng.normal(size=(300, shape[2]))).astype(np.float32)
+    target = rng.integers(0, shape[3], size=300).astype(np.int32)
+    spec = HopsSpec(SingleHopSpec(sigma2=0.7, emission_smoothing=0.0, emission_layout="dense"), hops=2)
+    result = fit_em((context, query.astype(np.float64), target), spec, shape=shape, max_iter=12, tol=0.0)
+    trace = np.asarray(result.log_likelihoods)
+    assert len(trace) >= 5
+    assert np.all(np.diff(trace) >= -1e-9 * np.abs(trace[1:]))
+
+
+def test_the_streaming_predictor_equals_recomputation_and_generates() -> None:
+    """The predictor over a growing history equals the chain's predictive over the same window, short windows
+    included, and ``sample``'s generator draws from it."""
+    shape = (9, 4, 3, 9)
+    head = random_chain(shape, 2, 5)
+    embeddings = np.random.default_rng(6).normal(size=(shape[0], shape[2]))
+    predictor = head.predictor(query_table=embeddings)
+    history = [3, 1, 4, 1, 5, 8]
+    for k, token in enumerate(history):
+        predictor.push(token)
+        window = np.array(history[max(0, k + 1 - shape[1]) : k + 1], dtype=np.int32)
+        rows = WindowRows(window, np.array([0]), np.array([len(window)]), np.zeros(1, dtype=np.int32),
+                          embeddings[[token]], np.zeros(1, dtype=np.int64), None, 0)  # fmt: skip
+        _, _, _, attention = hop_score(rows, head.parameters)
+        np.testing.assert_allclose(predictor.predict(), head.window_proba(rows, attention)[0], rtol=1e-12)
+        assert predictor.state_size == len(window)
+    drawn = generate(head, embeddings, np.array([3, 1]), 5, np.random.default_rng(0))
+    assert drawn.shape == (5,) and ((drawn >= 0) & (drawn < shape[3])).all()
