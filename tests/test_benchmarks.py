@@ -384,6 +384,7 @@ def test_quality_smoke_run_reports_every_figure(tmp_path):
         [
             *(sys.executable, "-W", "error::RuntimeWarning", str(QUALITY_SCRIPT), "--json"),
             *("--corpora", "stdlib", "--max-tokens", "60000", "--vocab-size", "200", "--max-iter", "3"),
+            *("--conj-max-iter", "2", "--hops", "2", "--hops-max-iter", "1"),
             *("--work", str(tmp_path), "--cache", str(tmp_path / "cache")),
         ],
         capture_output=True,
@@ -404,13 +405,16 @@ def test_quality_smoke_run_reports_every_figure(tmp_path):
     assert baselines["kneser_ney"] < baselines["unigram"]
     # The library's 5-gram on the rows read here is the one evaluate counted on the cluster.
     assert result["caches"]["kneser_ney_5_library"] == pytest.approx(baselines["kneser_ney_5"], rel=1e-9)
-    assert set(result["heads"]) == {"defaults", "defaults, no validation store", "old defaults"}
+    assert set(result["heads"]) == {
+        "defaults", "defaults, no validation store", "old defaults", "conjunction, depth 2", "chain of 2 hops"
+    }  # fmt: skip
     for name, head in result["heads"].items():
         test = head["test"]
         if name != "defaults, no validation store":  # that one's baselines are tuned on its own hold-out
             assert test["baselines"] == result["heads"]["defaults"]["test"]["baselines"], name
         assert_positive_finite(test["model"]["perplexity"], name)
         assert 1 <= head["iterations"] <= 3, name
+        assert f"{test['model']['perplexity']:.2f}" in table, name  # every head has its row
     defaults = result["heads"]["defaults"]
     assert defaults["hyperparameters"]["sigma2"] > 0
     ratio = defaults["test"]["model"]["perplexity"] / baselines["kneser_ney"]
