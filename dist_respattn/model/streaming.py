@@ -25,6 +25,7 @@ import numpy as np
 from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission.layouts import DenseEmission
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.rows import WindowRows
 
 __all__ = [
     "Predictor",
@@ -95,7 +96,8 @@ class RankedPredictions:
 
 class WindowPredictions(RankedPredictions):
     """A streaming predictor whose state is the history's last N token ids (the kinds whose prediction reads the
-    window's tokens themselves: a mixture, a copy head). A subclass defines ``predict`` from ``self.window``.
+    window's tokens themselves: a mixture, a copy head). Its ``predict`` is the head's ``window_proba`` under its
+    ``window_attention`` of the history's row (:meth:`history_rows`); a subclass may define another.
 
     Args:
         model: the head (its ``context_length`` N, ``num_symbols`` S and ``num_targets`` T).
@@ -123,6 +125,33 @@ class WindowPredictions(RankedPredictions):
     def state_size(self) -> int:
         """Token ids held: the window's (at most N), whatever the history's length."""
         return len(self.window)
+
+    def history_rows(self, query: Any = None) -> WindowRows:
+        """The history as one window row (its target 0) whose query is ``query`` (D,), default the last token's
+        embedding."""
+        if not self.window:
+            raise ValueError("the history is empty: push at least one token before predicting")
+        if query is not None:
+            y = np.asarray(query, dtype=np.float64)
+            if y.shape != (self.model.query_dim,) or not np.isfinite(y).all():
+                raise ValueError(f"query of shape {y.shape}: expected {self.model.query_dim} finite numbers")
+        elif self.embeddings is None:
+            raise ValueError("no embeddings were given: pass the query (D,), or make the predictor with the table")
+        else:
+            y = self.embeddings[self.window[-1]]
+        tokens = np.fromiter(self.window, dtype=np.int64, count=len(self.window))
+        m = tokens.shape[0]
+        return WindowRows(
+            tokens, np.array([0]), np.array([m]), np.zeros(1, dtype=np.int64), y[None, :],
+            np.zeros(1, dtype=np.int64), None, 0,
+        )  # fmt: skip
+
+    def predict(self, query: Any = None) -> np.ndarray:
+        """(T,) ``p(next target | history)`` (for ``query``, default: the last token's embedding): the head's
+        ``window_proba`` of the history's row under its ``window_attention`` (a kind whose prediction is not that
+        overrides this)."""
+        rows = self.history_rows(query)
+        return self.model.window_proba(rows, self.model.window_attention(rows))[0]
 
 
 class Predictor(RankedPredictions):

@@ -20,13 +20,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dist_respattn.model.heads.base import Block, Columns, Head
+from dist_respattn.model.heads.base import Block, Columns
 from dist_respattn.model.heads.conj.kernels import ConjParameters, conj_score, pair_of_cells
 from dist_respattn.model.heads.copy.kernels import copy_row_terms
 from dist_respattn.model.heads.single_hop.arrays import MODEL_ARRAY_NAMES
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.windowed import PREDICT_ROWS, WindowHead
 from dist_respattn.model.rows import WindowRows
-from dist_respattn.model.scores import ScoreTotals, TopK
+from dist_respattn.model.scores import ScoreTotals
 from dist_respattn.model.streaming import WindowPredictions
 
 __all__ = ["BACKOFFS", "ConjHead", "ConjPredictor", "pair_rows"]
@@ -34,9 +35,6 @@ __all__ = ["BACKOFFS", "ConjHead", "ConjPredictor", "pair_rows"]
 #: The row a pair row's prior leans toward: the attended token's ``B[a]`` (beta = inf: the single head) or the
 #: current token's ``B[q]`` (Kneser-Ney's order: the trigram backs off to the bigram of the current token).
 BACKOFFS = ("attended", "current")
-
-#: Rows per sub-block of the NumPy predictions, bounding their (rows, T) arrays.
-_PREDICT_ROWS = 256
 
 
 def pair_rows(
@@ -64,7 +62,7 @@ def pair_rows(
     return weight, value
 
 
-class ConjHead(Head):
+class ConjHead(WindowHead):
     """A single-hop head and the (attended, current) pair rows of its emission (the head kind ``"conj"``).
 
     Args:
@@ -268,8 +266,8 @@ class ConjHead(Head):
         """The weighted arg-max hits (first on ties) of ``rows`` given their predictive ``attention`` (n, N)."""
         w = np.ones(rows.num_rows) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
         hits = 0.0
-        for start in range(0, rows.num_rows, _PREDICT_ROWS):
-            stop = min(start + _PREDICT_ROWS, rows.num_rows)
+        for start in range(0, rows.num_rows, PREDICT_ROWS):
+            stop = min(start + PREDICT_ROWS, rows.num_rows)
             live = w[start:stop] > 0.0
             if not live.any():
                 continue
@@ -301,36 +299,6 @@ class ConjHead(Head):
                   np.repeat(attention[row_of, col_of], lengths) * value[at])  # fmt: skip
         return probs
 
-    def top_k(self, block: Block, k: int) -> TopK:
-        """The ``k`` most probable targets of each row (lower id first on ties), with the predictive attention."""
-        if int(k) < 1:
-            raise ValueError(f"k = {k}: expected a positive number of targets")
-        rows = block.rows
-        self.check_rows(rows)
-        k = min(int(k), self.num_targets)
-        _, _, _, attention = conj_score(rows, self.parameters)
-        targets = np.empty((rows.num_rows, k), dtype=np.int32)
-        probabilities = np.empty((rows.num_rows, k))
-        for start in range(0, rows.num_rows, _PREDICT_ROWS):
-            stop = min(start + _PREDICT_ROWS, rows.num_rows)
-            probs = self.window_proba(rows.select(slice(start, stop)), attention[start:stop])
-            order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
-            targets[start:stop] = order
-            probabilities[start:stop] = np.take_along_axis(probs, order, axis=1)
-        return TopK(targets, probabilities, attention)
-
-    def predict_proba(self, context: Any, query: Any) -> np.ndarray:
-        """``p(target | context, query)`` of full windows (the current token: the window's last): (T,) for one
-        row, (n, T) for a batch (small batches)."""
-        single = np.ndim(context) == 1
-        ctx = np.atleast_2d(np.asarray(context))
-        y = np.atleast_2d(np.asarray(query, dtype=np.float64))
-        rows = WindowRows.from_encoded(ctx, y, np.zeros(ctx.shape[0], dtype=np.int32))
-        self.check_rows(rows)
-        _, _, _, attention = conj_score(rows, self.parameters)
-        out = self.window_proba(rows, attention)
-        return out[0] if single else out
-
     def predictor(
         self,
         *,
@@ -340,6 +308,10 @@ class ConjHead(Head):
     ) -> ConjPredictor:
         """A :class:`ConjPredictor` over one history (its state: the last N tokens)."""
         return ConjPredictor(self, query_table, words=words)
+
+    def window_attention(self, rows: WindowRows) -> np.ndarray:
+        """(n, N) each window row's predictive attention in column order (what :meth:`window_proba` mixes)."""
+        return conj_score(rows, self.parameters)[3]
 
 
 class ConjPredictor(WindowPredictions):
@@ -353,24 +325,3 @@ class ConjPredictor(WindowPredictions):
 
     def __init__(self, model: ConjHead, embeddings: np.ndarray | None = None, *, words: Sequence[str] | None = None):
         super().__init__(model, embeddings, words=words)
-
-    def predict(self, query: Any = None) -> np.ndarray:
-        """(T,) ``p(next target | history)`` (for ``query``, default: the last token's embedding)."""
-        if not self.window:
-            raise ValueError("the history is empty: push at least one token before predicting")
-        if query is not None:
-            y = np.asarray(query, dtype=np.float64)
-            if y.shape != (self.model.query_dim,) or not np.isfinite(y).all():
-                raise ValueError(f"query of shape {y.shape}: expected {self.model.query_dim} finite numbers")
-        elif self.embeddings is None:
-            raise ValueError("no embeddings were given: pass the query (D,), or make the predictor with the table")
-        else:
-            y = self.embeddings[self.window[-1]]
-        tokens = np.fromiter(self.window, dtype=np.int64, count=len(self.window))
-        m = tokens.shape[0]
-        rows = WindowRows(
-            tokens, np.array([0]), np.array([m]), np.zeros(1, dtype=np.int64), y[None, :],
-            np.zeros(1, dtype=np.int64), None, 0,
-        )  # fmt: skip
-        _, _, _, attention = conj_score(rows, self.model.parameters)
-        return self.model.window_proba(rows, attention)[0]

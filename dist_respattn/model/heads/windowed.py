@@ -1,0 +1,67 @@
+"""Heads scored over token windows (the copy, conjunction and chain-of-hops kinds): their top-K and batch
+predictions, made once from each kind's window attention and its distribution given that attention."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import numpy as np
+
+from dist_respattn.model.heads.base import Block, Head
+from dist_respattn.model.rows import WindowRows
+from dist_respattn.model.scores import TopK
+
+__all__ = ["PREDICT_ROWS", "WindowHead"]
+
+#: Rows per sub-block of the NumPy predictions, bounding their (rows, T) arrays.
+PREDICT_ROWS = 256
+
+
+class WindowHead(Head):
+    """A head whose predictions read a row's window of tokens: it gives :meth:`window_attention` and
+    :meth:`window_proba`, and gets :meth:`top_k` and :meth:`predict_proba` (and its streaming predictor's
+    ``predict``, :class:`~dist_respattn.model.streaming.WindowPredictions`) from them."""
+
+    num_targets: int
+
+    @abc.abstractmethod
+    def check_rows(self, rows: WindowRows) -> None:
+        """Raise naming the first row the head cannot read."""
+
+    @abc.abstractmethod
+    def window_attention(self, rows: WindowRows) -> np.ndarray:
+        """(n, N) each row's predictive attention in column order."""
+
+    @abc.abstractmethod
+    def window_proba(self, rows: WindowRows, attention: np.ndarray) -> np.ndarray:
+        """(n, T) ``p(target | row)`` of rows whose attention (n, N) is ``attention``."""
+
+    def top_k(self, block: Block, k: int) -> TopK:
+        """The ``k`` most probable targets of each row (lower id first on ties), with the predictive attention."""
+        if int(k) < 1:
+            raise ValueError(f"k = {k}: expected a positive number of targets")
+        rows = block.rows
+        self.check_rows(rows)
+        k = min(int(k), self.num_targets)
+        attention = self.window_attention(rows)
+        targets = np.empty((rows.num_rows, k), dtype=np.int32)
+        probabilities = np.empty((rows.num_rows, k))
+        for start in range(0, rows.num_rows, PREDICT_ROWS):
+            stop = min(start + PREDICT_ROWS, rows.num_rows)
+            probs = self.window_proba(rows.select(slice(start, stop)), attention[start:stop])
+            order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+            targets[start:stop] = order
+            probabilities[start:stop] = np.take_along_axis(probs, order, axis=1)
+        return TopK(targets, probabilities, attention)
+
+    def predict_proba(self, context: Any, query: Any) -> np.ndarray:
+        """``p(target | context, query)`` of full windows (the current token: the window's last): (T,) for one row,
+        (n, T) for a batch (small batches)."""
+        single = np.ndim(context) == 1
+        ctx = np.atleast_2d(np.asarray(context))
+        y = np.atleast_2d(np.asarray(query, dtype=np.float64))
+        rows = WindowRows.from_encoded(ctx, y, np.zeros(ctx.shape[0], dtype=np.int32))
+        self.check_rows(rows)
+        out = self.window_proba(rows, self.window_attention(rows))
+        return out[0] if single else out
