@@ -252,6 +252,31 @@ def register(sub: Any) -> None:
         help="for a store made from a token stream, interpolated modified Kneser-Ney n-grams of orders 3 to N "
         "beside the bigrams (2 to 5; 2: the bigrams only; default 5)",
     )
+    ranking = evaluate.add_argument_group("next-item ranking (token-stream stores; see the guide's ranking page)")
+    ranking.add_argument(
+        "--ranking",
+        type=positive_int,
+        metavar="K",
+        help="also rank the last target of each document (the rest of it its history) under the head and three "
+        "baselines (most popular, the Kneser-Ney bigram as a Markov chain, item-KNN over the window): hit rate, "
+        "NDCG and MRR at K, against every target (full) and against sampled unseen negatives (sampled); JSON key "
+        "ranking",
+    )
+    ranking.add_argument(
+        "--ranking-negatives",
+        type=positive_int,
+        metavar="M",
+        help="with --ranking: negatives of the sampled protocol, targets the document has not seen (default 100)",
+    )
+    ranking.add_argument(
+        "--ranking-seed", type=seed, metavar="SEED", help="with --ranking: seed of the sampled negatives (default 0)"
+    )
+    ranking.add_argument(
+        "--ranking-exclude-history",
+        action="store_true",
+        help="with --ranking: in the full protocol, targets already in the document's history are no candidates "
+        "(the held-out target always is)",
+    )
     add_head_options(evaluate, "evaluate")
     add_cluster_options(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -581,9 +606,35 @@ def _print_fit(report: dict[str, Any]) -> None:
     print_fit_summary(report)
 
 
+def _ranking_settings(args: argparse.Namespace) -> Any:
+    """The ``--ranking`` flags as settings (``None`` without ``--ranking``); a flag that needs it, refused."""
+    from dist_respattn.model.ranking import DEFAULT_NEGATIVES, DEFAULT_RANKING_SEED, RankingSettings
+
+    if args.ranking is None:
+        given = [
+            flag
+            for flag, value in (
+                ("--ranking-negatives", args.ranking_negatives),
+                ("--ranking-seed", args.ranking_seed),
+                ("--ranking-exclude-history", args.ranking_exclude_history or None),
+            )
+            if value is not None
+        ]
+        if given:
+            raise CommandError(f"{', '.join(given)}: goes with --ranking K (e.g. --ranking 10)")
+        return None
+    return RankingSettings(
+        k=args.ranking,
+        negatives=DEFAULT_NEGATIVES if args.ranking_negatives is None else args.ranking_negatives,
+        seed=DEFAULT_RANKING_SEED if args.ranking_seed is None else args.ranking_seed,
+        exclude_history=bool(args.ranking_exclude_history),
+    )
+
+
 def _run_evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.engine import evaluate
 
+    ranking = _ranking_settings(args)
     evaluation = evaluate(
         args.model,
         args.store,
@@ -594,6 +645,7 @@ def _run_evaluate(args: argparse.Namespace) -> dict[str, Any]:
         storage_options=parse_storage_options(args.storage_option),
         say=_say(args),
         progress=None if not args.json else False,
+        ranking=ranking,
     )
     return evaluation.to_json()
 

@@ -27,18 +27,20 @@ import numpy as np
 
 from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.baselines.kneser_ney import MAX_ORDER, MIN_ORDER, NGramCounts, fit_kneser_ney, ngrams_of_blocks
-from dist_respattn.baselines.ngram import DEFAULT_K, MODEL_LABELS, fit_baselines
+from dist_respattn.baselines.ngram import DEFAULT_K, MODEL_LABELS, Baselines, fit_baselines
+from dist_respattn.baselines.ranking import RANKING_BASELINES, ItemKNN, RankingBaselines, cooccurrence_of_blocks
 from dist_respattn.engine import worker_tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.cluster import ClusterOptions, connect
 from dist_respattn.engine.fit import FitError, check_same_shape, open_fit_store
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
-from dist_respattn.engine.worker_tasks import ALL_ROWS, RowSelection, attribute_map
+from dist_respattn.engine.worker_tasks import ALL_ROWS, RowSelection, attribute_map, rank_task
 from dist_respattn.events import HeldoutScores
 from dist_respattn.model.emission.pairs import PairCounts, pairs_of_blocks
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import BlockPass, Columns, Head
+from dist_respattn.model.ranking import RankingSettings, RankingTable
 from dist_respattn.model.scores import ScoreTotals
 from dist_respattn.store import StoreError, StoreLocation, check_model_corpus, open_store
 from dist_respattn.store.rows import RowStore, is_stream_store
@@ -48,8 +50,10 @@ __all__ = [
     "DEFAULT_BASELINE_ORDER",
     "Evaluation",
     "check_baseline_order",
+    "check_rankable",
     "evaluate",
     "kneser_ney_key",
+    "ranking_lines",
     "score",
     "score_store",
 ]
@@ -94,6 +98,9 @@ class Evaluation:
             where their parameters were tuned (``tuned_on``: a store, the training store's hold-out, or
             ``None``: stated defaults).
         warnings: degenerate-fit warnings about the head.
+        ranking: with ``ranking=``, the next-item ranking of the last row of each document (see
+            :func:`evaluate`): its settings, the head's ``full`` and ``sampled`` figures, and the ranking
+            baselines' under ``baselines``; ``None`` otherwise (and no JSON key).
         report: what the head's kind adds (:meth:`~dist_respattn.model.heads.base.Head.report`): JSON keys beside
             these, and ``report_lines``, the lines said after the table.
     """
@@ -107,6 +114,7 @@ class Evaluation:
     warnings: list[str] = field(default_factory=list)
     report: dict[str, Any] = field(default_factory=dict)
     report_lines: list[str] = field(default_factory=list)
+    ranking: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Evaluation:
@@ -127,6 +135,7 @@ class Evaluation:
             "baselines": self.baselines,
             "baseline_counts_from": self.baseline_counts_from,
             "warnings": self.warnings,
+            **({"ranking": self.ranking} if self.ranking is not None else {}),
         }
 
     def summary(self) -> str:
@@ -161,6 +170,8 @@ class Evaluation:
                 + (f"; tuned on {source['tuned_on']}" if source.get("tuned_on") else "; parameters stated")
             )
         lines.extend(self.report_lines)
+        if self.ranking is not None:
+            lines.extend(ranking_lines(self.ranking))
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
 
@@ -256,6 +267,7 @@ def evaluate(
     storage_options: dict[str, Any] | None = None,
     say: Callable[[str], Any] | None = None,
     progress: bool | None = None,
+    ranking: RankingSettings | None = None,
 ) -> Evaluation:
     """Score ``store`` with ``model`` on a cluster: a head, a model directory (its ``best``, else ``latest``), or
     a registry's version (``REGISTRY@7``, ``REGISTRY@latest``).
@@ -265,6 +277,13 @@ def evaluate(
     :meth:`~dist_respattn.model.heads.base.Head.report`). ``baseline_order``: for a store made from a token
     stream, interpolated modified Kneser-Ney n-grams of orders 3 to it (2 to 5; 2: the bigrams only), counted
     by one more pass over each store, under the keys :func:`kneser_ney_key` gives.
+
+    ``ranking`` (a token-stream store only): rank the target of the last row of each document (the rest of the
+    document its history, the row its window) under the head and under three baselines counted on the same
+    training rows as the n-gram ones (most popular, the Kneser-Ney bigram as a Markov chain, item-KNN over the
+    window), against every target (``full``) and against ``ranking.negatives`` unseen targets (``sampled``):
+    hit rate, NDCG and MRR at ``ranking.k`` (:mod:`dist_respattn.model.ranking`), each worker ranking its own
+    rows and returning sums.
     """
     baseline_order = check_baseline_order(baseline_order)
     meta: dict[str, Any] = {}
@@ -281,6 +300,8 @@ def evaluate(
     check_model_corpus(meta.get("store"), scored)
     if scored.num_rows == 0:
         raise FitError(f"the store {scored.location} has no rows to evaluate")
+    if ranking is not None:
+        check_rankable(head, scored)
     bigram = scored.provenance.get("source") in TOKEN_SOURCES
     training = _training_store(meta, scored)
     baseline_store = training or scored
@@ -299,7 +320,8 @@ def evaluate(
         if tuning is not None:
             tune_store, tune_rows, _ = tuning
             validation_counts = _count_pairs(runner, tune_store, tune_rows, "2", "counting the held-out pairs")
-        baselines = fit_baselines(train_counts, validation=validation_counts, k=baseline_k).score(counts)
+        fitted = fit_baselines(train_counts, validation=validation_counts, k=baseline_k)
+        baselines = fitted.score(counts)
         names = ("unigram", "add_k", "jelinek_mercer", "kneser_ney") if bigram else ("unigram",)
         baseline_figures = {name: baselines[name].to_json() for name in names}
         if bigram and baseline_order > 2:
@@ -316,6 +338,9 @@ def evaluate(
         passes = ReportPasses(runner, scored, training, train_rows, held, say or (lambda line: None))
         given = {**(options or {}), "store": str(scored.location), "baselines": baseline_figures}
         report, report_lines = head.report(passes, {**given, "baseline_counts_from": counts_from})
+        ranked = None
+        if ranking is not None:
+            ranked = _rank(runner, head, scored, (baseline_store, train_rows), fitted, train_counts, ranking)
     warnings = list(meta.get("warnings") or []) or head.warnings(meta.get("settings") or {})
     # A kind's report may refine the head's own figures (a gated head's perplexity over the rows of the attributes
     # it knows): its "model" keys win.
@@ -330,7 +355,98 @@ def evaluate(
         warnings=warnings,
         report=report,
         report_lines=report_lines,
+        ranking=ranked,
     )
+
+
+def check_rankable(head: Head, store: RowStore) -> None:
+    """Raise ``ValueError`` when ``evaluate --ranking`` cannot rank ``store`` with ``head``: a store that is not a
+    token-stream store (it has no documents' last rows), or a kind that gives no ``p(target | row)``."""
+    if not is_stream_store(store.location):
+        raise ValueError(
+            f"--ranking ranks the last row of each document of a token-stream store: {store.location} is a triple "
+            "store; write it as a stream (`dist-respattn ingest --tokens ...`, `split --format stream`)"
+        )
+    if type(head).block_proba is Head.block_proba:
+        raise ValueError(f"--ranking: a {head.kind} head gives no p(target | row) of a block of rows to rank")
+
+
+def _rank(
+    runner: PassRunner,
+    head: Head,
+    scored: RowStore,
+    training: tuple[RowStore, RowSelection],
+    bigram: Baselines,
+    train_counts: PairCounts,
+    settings: RankingSettings,
+) -> dict[str, Any]:
+    """The ranking table (see :func:`evaluate`): one pass counting the training rows' co-occurrences, one ranking
+    the scored store's last rows; the head and the baselines' tables are scattered to the workers once."""
+    store, rows = training
+    fingerprint = store.fingerprint()
+    schema = store.schema
+    count = functools.partial(cooccurrence_of_blocks, schema.num_symbols, schema.num_targets)
+    cooccurrences = runner.run(
+        "cooccurrence", "0", store.num_partitions, worker_tasks.pass_task,
+        lambda part: (store.location, part, count, Columns(windows=True), fingerprint, rows),
+        description="counting the training rows' co-occurrences",
+    )  # fmt: skip
+    rankers = RankingBaselines(train_counts.target_totals(), bigram, ItemKNN.of(cooccurrences))
+    params = ParameterBroadcast(runner.client, runner.run_tag)
+    tables = ParameterBroadcast(runner.client, runner.run_tag, prefix="rankers")
+    params.publish(head, "rank")
+    tables.publish(rankers, "rank")
+    scored_fingerprint = scored.fingerprint()
+    mapping = _attribute_map(scored, head)
+    try:
+        table: RankingTable = runner.run(
+            "rank", "0", scored.num_partitions, rank_task,
+            lambda part: (scored.location, part, params.current, tables.current, settings, scored_fingerprint,
+                          mapping),
+            description=f"ranking the last row of each document of {scored.location}",
+        )  # fmt: skip
+    finally:
+        params.release()
+        tables.release()
+    figures = table.metrics()
+    model = figures.get("model", {})
+    return {
+        **settings.to_json(),
+        "rows": int(table.totals["model"]["full"].rows) if "model" in table.totals else 0,
+        "full": model.get("full"),
+        "sampled": model.get("sampled"),
+        "baselines": {name: figures[name] for name in RANKING_BASELINES if name in figures},
+        "baseline_counts_from": str(store.location),
+    }
+
+
+#: The ranking baselines' names in the summary.
+RANKING_LABELS = {"most_popular": "most popular", "markov": "Markov (KN bigram)", "item_knn": "item-KNN"}
+
+
+def ranking_lines(ranking: dict[str, Any]) -> list[str]:
+    """The summary's ranking table: a line per model, HR, NDCG and MRR at K by both protocols."""
+    k = ranking.get("k")
+    exclude = ", history excluded" if ranking.get("exclude_history") else ""
+    lines = [
+        f"ranking the last row of {ranking.get('rows', 0):,} documents at K = {k} (full: every target{exclude}; "
+        f"sampled: {ranking.get('negatives')} unseen negatives, seed {ranking.get('seed')}; ties pessimistic)",
+        f"{'':<19} {'HR':>7} {'NDCG':>7} {'MRR':>7}   {'HR':>7} {'NDCG':>7} {'MRR':>7}",
+        f"{'':<19} {'full':>23}   {'sampled':>23}",
+    ]
+
+    def row(label: str, figures: dict[str, Any]) -> str:
+        cells = [
+            f"{figures[p][m]:>7.4f}" if figures.get(p) else f"{'n/a':>7}"
+            for p in ("full", "sampled")
+            for m in ("hit_rate", "ndcg", "mrr")
+        ]
+        return f"{label:<19} {' '.join(cells[:3])}   {' '.join(cells[3:])}"
+
+    lines.append(row("head", ranking))
+    for name, figures in (ranking.get("baselines") or {}).items():
+        lines.append(row(RANKING_LABELS.get(name, name), figures))
+    return lines
 
 
 class ReportPasses:

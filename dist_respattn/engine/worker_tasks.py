@@ -17,18 +17,21 @@ from typing import Any
 
 import numpy as np
 
+from dist_respattn.baselines.ranking import RankingBaselines
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import Block, Columns, Grid, Head, Trainer, combine
+from dist_respattn.model.ranking import RankingSettings, RankingTable, rank_rows, select_block
 from dist_respattn.model.rows import EncodedRows
 from dist_respattn.model.scores import PredictionTotals
-from dist_respattn.store import StoreError, StoreLocation, open_store
+from dist_respattn.store import StoreError, StoreLocation, TokenStreamStore, open_store
 from dist_respattn.store.predictions import write_prediction_part
 from dist_respattn.store.problems import block_problems
 from dist_respattn.store.rows import RowStore
 
 __all__ = [
     "ALL_ROWS",
+    "LAST_ROWS",
     "PartitionPredictions",
     "RowSelection",
     "attribute_map",
@@ -38,6 +41,7 @@ __all__ = [
     "pass_task",
     "predict_rows_task",
     "predict_task",
+    "rank_task",
     "score_task",
     "statistics_task",
 ]
@@ -45,15 +49,16 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RowSelection:
-    """The rows of a store a task counts: all of them, or the training or held-out side of a hold-out rule."""
+    """The rows of a store a task counts: all of them, the training or held-out side of a hold-out rule, or
+    (``side="last"``, a token-stream store's) the last row of each document, which ranking holds out."""
 
     rule: HoldoutRule | None = None
     side: str = "all"
 
     def __post_init__(self) -> None:
-        if self.side not in ("all", "train", "heldout"):
-            raise ValueError(f"side = {self.side!r}: expected 'all', 'train' or 'heldout'")
-        if (self.rule is None) != (self.side == "all"):
+        if self.side not in ("all", "train", "heldout", "last"):
+            raise ValueError(f"side = {self.side!r}: expected 'all', 'train', 'heldout' or 'last'")
+        if (self.rule is None) != (self.side in ("all", "last")):
             raise ValueError("a hold-out rule goes with side 'train' or 'heldout', and only with them")
 
     def weights(self, rows: Any) -> np.ndarray | None:
@@ -65,6 +70,8 @@ class RowSelection:
 
 
 ALL_ROWS = RowSelection()
+#: The last row of each document of a token-stream store (its target: the document's last token).
+LAST_ROWS = RowSelection(side="last")
 
 
 @functools.cache
@@ -189,7 +196,7 @@ class _Blocks:
 
     def __iter__(self) -> Iterator[Block]:
         store, rows, columns = self.store, self.rows, self.columns
-        held_only = rows.rule is not None and rows.side == "heldout"
+        held_only = (rows.rule is not None and rows.side == "heldout") or rows.side == "last"
         if not held_only and not columns.attributes and not columns.documents:
             # The common path: the store's own block iteration (for a stream store, windows made in one pass).
             blocks = store.iter_windows(self.part) if columns.windows else store.iter_blocks(self.part)
@@ -201,8 +208,7 @@ class _Blocks:
             weights: np.ndarray | None
             if held_only:
                 # The held-out side is a few percent of a training store: only its rows are read and windowed.
-                assert rows.rule is not None
-                selected = rows.rule.held_out(begin, end)
+                selected = _last_rows(store, begin, end) if rows.rule is None else rows.rule.held_out(begin, end)
                 if not selected.any():
                     continue
                 if columns.windows:
@@ -227,6 +233,17 @@ class _Blocks:
         made = Block(block, weights, attribute, documents, self.part, block.start, bool(block.checked))
         self.current = made
         return made
+
+
+def _streamed(store: RowStore) -> TokenStreamStore:
+    """``store`` as a token-stream store (only those have documents' last rows); else a StoreError."""
+    if not isinstance(store, TokenStreamStore):
+        raise StoreError(f"{store.location}: the last row of each document is read from a token-stream store only")
+    return store
+
+
+def _last_rows(store: RowStore, begin: int, end: int) -> np.ndarray:
+    return _streamed(store).last_rows(begin, end)
 
 
 def partition_blocks(
@@ -436,3 +453,45 @@ def combine_values(*values: Any) -> Any:
     """The sum of additive values, added left to right in the order given (so the result is reproducible):
     :func:`~dist_respattn.model.heads.base.combine`, as the combine tree's task."""
     return combine(list(values))
+
+
+#: Rows whose (n, T) scores a ranking task holds at once.
+RANK_ROWS = 256
+
+
+def rank_task(
+    location: StoreLocation,
+    part: int,
+    head: Head,
+    baselines: RankingBaselines,
+    settings: RankingSettings,
+    fingerprint: str,
+    mapping: np.ndarray | None = None,
+) -> RankingTable:
+    """Rank the target of the last row of each document of partition ``part`` (a token-stream store's) under
+    ``head`` (``"model"``) and the ranking ``baselines``, and return the sums (never the rows).
+
+    A row's history is its document's tokens before the target (read once for a run of rows); the baselines read
+    its last N of them (the window), the protocols all of them (what to exclude, what a negative may not be).
+    """
+    store = _streamed(checked_store(location, fingerprint))
+    columns = head.columns | Columns(documents=True)
+    blocks = partition_blocks(store, part, LAST_ROWS, columns, mapping)
+    n_pos = store.schema.context_length
+    starts = store.document_starts()
+    ends = store.document_ends()
+
+    def work(iterator: Iterator[Block]) -> RankingTable:
+        table = RankingTable()
+        for block in iterator:
+            for first in range(0, block.num_rows, RANK_ROWS):
+                piece = select_block(block, slice(first, min(first + RANK_ROWS, block.num_rows)))
+                documents = np.asarray(piece.documents, dtype=np.int64)
+                begin = int(starts[documents[0]])
+                tokens = store.read_tokens(begin, int(ends[documents[-1]])).astype(np.int64)
+                histories = [tokens[int(starts[d]) - begin : int(ends[d]) - begin - 1] for d in documents]
+                scores = {"model": head.block_proba(piece), **baselines.scores([h[-n_pos:] for h in histories])}
+                table = table + rank_rows(scores, np.asarray(piece.rows.target), histories, documents, settings)
+        return table
+
+    return _run(store, part, blocks, work)

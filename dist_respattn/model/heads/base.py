@@ -275,6 +275,11 @@ class Head(abc.ABC):
         """The ``k`` most probable targets of each row of ``block`` (a :class:`~dist_respattn.model.scores.TopK`),
         without an (n, T) matrix."""
 
+    def block_proba(self, block: Block) -> np.ndarray:
+        """(n, T) ``p(target | row)`` of every target for each row of ``block`` (what ``evaluate --ranking`` ranks;
+        small blocks: the array is dense). A kind that cannot give it raises ``ValueError`` (the default)."""
+        raise ValueError(f"a {self.kind} head gives no p(target | row) of a block of rows: it cannot be ranked")
+
     @abc.abstractmethod
     def predictor(self, *, words: Sequence[str] | None = None, query_table: np.ndarray | None = None,
                   options: dict[str, Any] | None = None) -> StreamingPredictor:  # fmt: skip

@@ -55,6 +55,12 @@ class WindowHead(Head):
             probabilities[start:stop] = np.take_along_axis(probs, order, axis=1)
         return TopK(targets, probabilities, attention)
 
+    def block_proba(self, block: Block) -> np.ndarray:
+        """(n, T) ``p(target | row)`` of a block's token windows."""
+        rows = block.rows
+        self.check_rows(rows)
+        return self.window_proba(rows, self.window_attention(rows))
+
     def predict_proba(self, context: Any, query: Any) -> np.ndarray:
         """``p(target | context, query)`` of full windows (the current token: the window's last): (T,) for one row,
         (n, T) for a batch (small batches)."""

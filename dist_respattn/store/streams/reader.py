@@ -570,6 +570,22 @@ class TokenStreamStore:
             pos = pos[np.asarray(selected, dtype=bool)]
         return (np.searchsorted(self._rows.starts, pos, side="right") - 1).astype(np.int64)
 
+    def last_rows(self, start: int, stop: int) -> np.ndarray:
+        """(stop - start,) bool: which rows of ``[start, stop)`` are the last of their document (the row whose target
+        is the document's last token; a document too short for a row at this window has none)."""
+        if not 0 <= start <= stop <= self.num_rows:
+            raise IndexError(f"{self.location}: rows [{start}, {stop}) outside [0, {self.num_rows})")
+        rows = self._rows
+        last = rows.row_starts[1:][rows.rows > 0] - 1
+        mask = np.zeros(stop - start, dtype=bool)
+        inside = last[(last >= start) & (last < stop)]
+        mask[inside - start] = True
+        return mask
+
+    def document_ends(self) -> np.ndarray:
+        """(n_docs,) int64: the token after each document's last (the next document's start, or the stream's end)."""
+        return np.append(self._rows.starts[1:], self.num_tokens).astype(np.int64)
+
     def document_attributes(self) -> np.ndarray | None:
         """Each document's attribute id: (n_docs,) int32, checked in [0, A).
 

@@ -422,6 +422,24 @@ class GatedHead(Head):
             targets[mine], probabilities[mine], attention[mine] = ranked.targets, ranked.probabilities, ranked.attention
         return TopK(targets, probabilities, attention)
 
+    def block_proba(self, block: Block) -> np.ndarray:
+        """(n, T) ``p(target | row)`` of each row under its attribute's head (a row of attribute ``-1``: the
+        reference head's), as :meth:`top_k` ranks them."""
+        if block.attribute is None:
+            raise ValueError("a gated head ranks each row under its attribute: the block carries none")
+        attribute = np.asarray(block.attribute, dtype=np.int64)
+        context, query = np.asarray(block.rows.context), np.asarray(block.rows.query)
+        out = np.zeros((attribute.shape[0], self.num_targets))
+        for a in np.unique(attribute):
+            head = self.reference if a < 0 else self.attribute_head(int(a))
+            if head is None:
+                raise ValueError(
+                    "rows of an attribute the gated head does not know, and no shared head to rank them with"
+                )
+            mine = attribute == a
+            out[mine] = np.atleast_2d(head.predict_proba(context[mine], query[mine]))
+        return out
+
     def predictor(
         self,
         *,

@@ -198,6 +198,11 @@ class MixtureHead(Head):
         )
         return TopK(targets.astype(np.int32), probabilities, attention)
 
+    def block_proba(self, block: Block) -> np.ndarray:
+        """(n, T) ``p(target | row)`` of a block's rows (:meth:`predict_proba`)."""
+        rows = block.rows
+        return np.atleast_2d(self.predict_proba(rows.context, rows.query))
+
     def predictor(
         self,
         *,

@@ -208,6 +208,29 @@ class ResponsibilityAttentionDistribution(Head):
         rows = block.rows
         return predict_top_k(self, rows.context, rows.query, k, base_order=self.base_order)
 
+    def block_proba(self, block: Block) -> np.ndarray:
+        """(n, T) ``p(target | row)`` of a block's rows: encoded rows (a free prior) through :meth:`predict_proba`;
+        token windows (a tied prior), their missing positions masked as the histogram kernels mask them."""
+        from dist_respattn.model.rows import WindowRows
+
+        rows = block.rows
+        if not isinstance(rows, WindowRows):
+            return np.atleast_2d(self.predict_proba(rows.context, rows.query))
+        rows.check(self.num_symbols, self.num_targets, self.context_length, self.query_dim)
+        n_pos = self.context_length
+        # Column j of a row holds the token N - j positions back; columns before its window's begin are masked.
+        positions = rows.end[:, None] - n_pos + np.arange(n_pos)[None, :]
+        present = positions >= rows.begin[:, None]
+        context = np.where(present, rows.tokens[np.maximum(positions, 0)], 0).astype(np.int64)
+        query = np.asarray(rows.query_table, dtype=np.float64)[rows.query_index]
+        diff = query[:, None, :] - self.key_means[context]
+        with np.errstate(divide="ignore"):
+            log_w = np.log(self.position_prior)[None, :] - np.einsum("nid,nid->ni", diff, diff) * (0.5 / self.sigma2)
+        log_w[~present] = -np.inf
+        weights = np.exp(log_w - log_w.max(axis=1, keepdims=True))
+        attention = weights / weights.sum(axis=1, keepdims=True)
+        return self.emission_table.predictive(context, attention)
+
     def check_top_k(self) -> None:
         if self.buckets is not None:
             raise ValueError(
