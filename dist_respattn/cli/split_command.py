@@ -78,9 +78,17 @@ def register(sub: Any) -> None:
         "--fractions",
         nargs=3,
         type=_fraction,
-        default=[0.8, 0.1, 0.1],
         metavar=("TRAIN", "VALIDATION", "TEST"),
         help="shares of the documents, each > 0, summing to 1 (default 0.8 0.1 0.1)",
+    )
+    split.add_argument(
+        "--hold-out",
+        choices=("documents", "last"),
+        default="documents",
+        help="documents (the default): whole documents go to train, validation or test by their hash; last "
+        "(leave-one-out, with --tokens and --documents): every document goes to all three, train all its tokens but "
+        "the last two, validation and test each one held-out row (its second-to-last and last token) whose window "
+        "is its own history; documents of fewer than 3 tokens are skipped and counted",
     )
     split.add_argument("--split-seed", type=int, default=0, help="seed of the document hash (default 0)")
     split.add_argument(
@@ -102,6 +110,23 @@ def register(sub: Any) -> None:
     split.set_defaults(handler=_run_split, printer=_print_split)
 
 
+def _check_hold_out_last(args: argparse.Namespace) -> None:
+    """Refuse what leave-one-out cannot take, naming the flag."""
+    problems = {
+        "needs --tokens T.npy and --documents STARTS.npy (a document a user, items in time order)": (
+            args.tokens is None or args.documents is None
+        ),
+        "puts every document in all three stores: drop --fractions": args.fractions is not None,
+        "writes token-stream stores (a held-out row keeps its whole history): drop --format triples": (
+            args.format == "triples"
+        ),
+        "takes no --attributes": getattr(args, "attributes", None) is not None,
+    }
+    for problem, found in problems.items():
+        if found:
+            raise CommandError(f"--hold-out last {problem}")
+
+
 def _run_split(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.store import TextCorpus, TokenCorpus, default_corpus, write_split
 
@@ -114,7 +139,11 @@ def _run_split(args: argparse.Namespace) -> dict[str, Any]:
         "--vocab-size": args.vocab_size is not None and args.text is None,
         **attribute_flag_problems(args),
     }
+    if args.hold_out == "last":
+        _check_hold_out_last(args)
     check_row_order(args)
+    if args.fractions is None:
+        args.fractions = [0.8, 0.1, 0.1]
     wrong = [flag for flag, bad in misplaced.items() if bad]
     if wrong:
         raise CommandError(f"{', '.join(wrong)}: not for this source: see `dist-respattn split --help`")
@@ -149,6 +178,7 @@ def _run_split(args: argparse.Namespace) -> dict[str, Any]:
             file_progress=bar.update if args.tokens is None else None,
             options=write_options(args, bar.update if args.tokens is not None else None),
             store_format=args.format,
+            hold_out=args.hold_out,
         )
     seconds = time.perf_counter() - started
     described = {name: store.describe() for name, store in stores.items()}
@@ -159,6 +189,8 @@ def _run_split(args: argparse.Namespace) -> dict[str, Any]:
         "split_seed": args.split_seed,
         "max_tokens": args.max_tokens,
         "format": args.format,
+        "hold_out": args.hold_out,
+        **({"skipped_documents": train["provenance"]["split"]["skipped_documents"]} if args.hold_out == "last" else {}),
         "identity": train["identity"],
         **{k: train[k] for k in ("num_symbols", "context_length", "query_dim", "num_targets")},
         "seconds": round(seconds, 3),
@@ -189,4 +221,11 @@ def _print_split(report: dict[str, Any]) -> None:
         f"T={report['num_targets']}; identity {identity_line(report['identity'])}"
     )
     kind = "token-stream stores" if report.get("format") == "stream" else "triple stores"
+    if report.get("hold_out") == "last":
+        print(
+            f"held out     each document's last token (test) and the one before (validation), one row each; "
+            f"{count_text(report.get('skipped_documents', 0), 'document')} of fewer than 3 tokens skipped"
+        )
+        print(f"written in   {report['seconds']:.1f} s as {kind}")
+        return
     print(f"written in   {report['seconds']:.1f} s as {kind} (split seed {report['split_seed']})")

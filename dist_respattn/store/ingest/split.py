@@ -17,6 +17,14 @@ three stores, whichever documents each got.
 ``max_tokens`` takes documents in the order of a second hash (``"order"`` for ``"split"``) until
 at least that many tokens are taken: a deterministic, unbiased slice of a large corpus.
 
+``hold_out="last"`` (leave-one-out, as recommender benchmarks split item sequences; a token corpus with its
+document starts): every document goes to all three stores instead, cut at its end. Train gets all its tokens but
+the last two, validation all but the last, test all of them; validation and test are weighted, the row whose
+target is the document's last token (there) weighing 1 and every other row 0, so each document holds out
+exactly one row in each, and that row's window is its own history (the tokens before it are in the store). A
+document of fewer than three tokens has no item to train on before its validation target and is skipped,
+counted in the provenance (``split.skipped_documents``) and the report. ``fractions`` do not apply.
+
 ``store_format`` ``"stream"`` writes token-stream stores (:mod:`~dist_respattn.store.streams.reader`: each
 document's token ids, the rows made from them when read); ``"triples"`` writes every window
 (:mod:`~dist_respattn.store.triples.reader`). Both hold the same rows in the same order, with the same
@@ -36,7 +44,7 @@ import hashlib
 import math
 import os
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from typing import Any
 
@@ -77,6 +85,8 @@ from dist_respattn.text_format import count_text
 __all__ = [
     "DEFAULT_BLOCK_TOKENS",
     "DEFAULT_FRACTIONS",
+    "HOLD_OUTS",
+    "MIN_HOLD_OUT_LAST_TOKENS",
     "SPLIT_FORMATS",
     "SPLIT_NAMES",
     "TextCorpus",
@@ -90,6 +100,10 @@ SPLIT_NAMES = ("train", "validation", "test")
 #: What a split writes: token-stream stores (the ids, ~2 bytes a token) or triple stores (every window).
 SPLIT_FORMATS = ("stream", "triples")
 DEFAULT_FRACTIONS = (0.8, 0.1, 0.1)
+#: What a split holds out: whole documents (by their hash), or each document's last tokens (leave-one-out).
+HOLD_OUTS = ("documents", "last")
+#: Leave-one-out keeps a document of at least this many tokens: one to train on, one to validate, one to test.
+MIN_HOLD_OUT_LAST_TOKENS = 3
 #: Documents of a token stream given without starts: contiguous blocks of this many tokens.
 DEFAULT_BLOCK_TOKENS = 10_000
 
@@ -247,6 +261,7 @@ def write_split(
     file_progress: Callable[[int], None] | None = None,
     options: WriteOptions | None = None,
     store_format: str = "stream",
+    hold_out: str = "documents",
 ) -> dict[str, TripleStore | TokenStreamStore]:
     """Split one corpus into ``OUT_DIR/train.zarr``, ``validation.zarr`` and ``test.zarr`` (see the module docstring).
 
@@ -258,9 +273,12 @@ def write_split(
     ``overwrite`` each replaces its predecessor when it is complete). Every split must get at
     least one row, else nothing is kept and a ``ValueError`` names the split. ``store_format``: ``"stream"``
     (the default, as ``dist-respattn split``'s: the token ids) or ``"triples"`` (every window; the same rows, about
-    twenty times the bytes). Returns the stores by name.
+    twenty times the bytes). ``hold_out``: ``"documents"`` (the default: whole documents by their hash) or
+    ``"last"`` (leave-one-out: see the module docstring). Returns the stores by name.
     """
     options = options or WriteOptions()
+    if hold_out not in HOLD_OUTS:
+        raise ValueError(f"hold_out = {hold_out!r} (--hold-out): expected one of {', '.join(HOLD_OUTS)}")
     if store_format not in SPLIT_FORMATS:
         raise ValueError(f"store_format = {store_format!r} (--format): expected one of {', '.join(SPLIT_FORMATS)}")
     if options.append:
@@ -276,6 +294,11 @@ def write_split(
             if location.exists():
                 raise store_exists(location, appendable=False)
     if isinstance(source, TextCorpus):
+        if hold_out == "last":
+            raise ValueError(
+                "hold_out='last' (--hold-out last) holds out each document's last token: it takes a token corpus "
+                "with its document starts (--tokens T.npy --documents STARTS.npy)"
+            )
         if embeddings is not None or num_symbols is not None:
             raise ValueError("embeddings and num_symbols (--embeddings, --symbols) are for a token corpus")
         return _split_text(
@@ -294,6 +317,11 @@ def write_split(
         )
     if vocab_size is not None:
         raise ValueError("vocab_size (--vocab-size) is for a text corpus: a token corpus has S = largest id + 1")
+    if hold_out == "last":
+        return _split_last(
+            locations, source, int(context_length), split_seed, max_tokens, num_symbols, embeddings, dim, seed,
+            options, store_format,
+        )  # fmt: skip
     return _split_tokens(
         locations,
         source,
@@ -545,3 +573,124 @@ def _stream_token_documents(
             if options.progress is not None:
                 options.progress(b - a)
         position += piece.size
+
+
+def _whole_documents(
+    stream: Any, name: str, num_symbols: int, firsts: np.ndarray, wanted: np.ndarray
+) -> Iterator[tuple[int, np.ndarray]]:
+    """``(document, its tokens)`` of each ``wanted`` document, in order, reading the stream once piece by piece
+    (ids checked); one document's tokens are held at a time."""
+    position, document = 0, -1
+    held: list[np.ndarray] = []
+    for piece in checked_pieces(stream, name, num_symbols):
+        for run in document_runs(firsts, position, piece.size, document):
+            if run.begins and document >= 0 and wanted[document]:
+                yield document, np.concatenate(held)
+            if run.begins:
+                held = []
+            document = run.document
+            if wanted[document]:
+                held.append(np.asarray(piece[run.start : run.stop]))
+        position += piece.size
+    if document >= 0 and wanted[document]:
+        yield document, np.concatenate(held)
+
+
+def _split_last(
+    locations: dict[str, Any],
+    source: TokenCorpus,
+    n: int,
+    split_seed: int,
+    max_tokens: int | None,
+    num_symbols: int | None,
+    embeddings: Any,
+    dim: int | None,
+    seed: int | None,
+    options: WriteOptions,
+    store_format: str,
+) -> dict[str, TripleStore | TokenStreamStore]:
+    """Leave-one-out (see the module docstring): each document of at least three tokens cut at its end into the
+    three stores, validation and test weighting only the row of the held-out token."""
+    if source.documents is None:
+        raise ValueError(
+            "hold_out='last' (--hold-out last) holds out each document's last token: give the document starts "
+            "(--documents STARTS.npy)"
+        )
+    if store_format != "stream":
+        raise ValueError(
+            "hold_out='last' (--hold-out last) writes token-stream stores, whose held-out rows keep their whole "
+            "history: drop --format triples"
+        )
+    if source.attributes is not None:
+        raise ValueError("hold_out='last' (--hold-out last) takes no --attributes")
+    stream, name = load_token_stream(source.tokens)
+    length = int(stream.shape[0])
+    starts, starts_name, count = check_document_starts(source.documents, length, name)
+    firsts = np.concatenate(list(starts_blocks(starts)) or [np.zeros(0, dtype=np.int64)])
+    lengths = np.diff(np.append(firsts, length))
+    plan = _Plan([str(i) for i in range(count)], split_seed, DEFAULT_FRACTIONS)
+    if max_tokens is not None:
+        plan.take_until(max_tokens, lambda i: int(lengths[i]))
+    kept = plan.taken & (lengths >= MIN_HOLD_OUT_LAST_TOKENS)
+    skipped = int(np.count_nonzero(plan.taken & ~kept))
+    cut = {"train": 2, "validation": 1, "test": 0}  # tokens cut off each document's end
+    tokens = {split: int((lengths[kept] - cut[split]).sum()) for split in SPLIT_NAMES}
+    # Rows that count at the window N: train every row of its tokens; validation and test the held-out one, when
+    # it has N tokens before it (a reader with a shorter --min-context sees those of shorter histories too).
+    rows = {
+        "train": int(np.maximum(lengths[kept] - 2 - n, 0).sum()),
+        "validation": int(np.count_nonzero(lengths[kept] - 2 >= n)),
+        "test": int(np.count_nonzero(lengths[kept] - 1 >= n)),
+    }
+    what = {"train": "a training token", "validation": "its validation token", "test": "its test token"}
+    for split in SPLIT_NAMES:
+        if rows[split] == 0:
+            documents = count_text(int(kept.sum()), "document")
+            raise ValueError(
+                f"{locations[split]}: the {split} split has no rows: none of the {documents} of at least "
+                f"{MIN_HOLD_OUT_LAST_TOKENS} tokens ({skipped} shorter skipped) has N = {n} tokens before "
+                f"{what[split]}; give a smaller --context"
+            )
+    if num_symbols is None:
+        num_symbols = inferred_num_symbols(stream, name)
+    table, table_info = embedding_table(num_symbols, embeddings=embeddings, dim=dim, seed=seed or 0)
+    common: dict[str, Any] = {
+        "source": "tokens",
+        "tokens": os.path.abspath(name) if name != "tokens" else "array",
+        "documents_file": os.path.abspath(starts_name) if starts_name != "documents" else "array",
+        "embedding": table_info,
+        **identity_provenance(None, table),
+    }
+    with ExitStack() as stack:
+        writers: dict[str, Any] = {}
+        for split in SPLIT_NAMES:
+            record = {
+                **common,
+                "tokens_count": tokens[split],
+                "documents": int(kept.sum()),
+                "split": {
+                    "name": split,
+                    "hold_out": "last",
+                    "seed": split_seed,
+                    "documents": int(kept.sum()),
+                    "skipped_documents": skipped,
+                    "max_tokens": max_tokens,
+                },
+            }
+            writers[split] = stack.enter_context(
+                open_stream_writer(locations[split], options, provenance=record, weighted=split != "train",
+                                   num_symbols=num_symbols, table=table, context_length=n)
+            )  # fmt: skip
+        for _, document in _whole_documents(stream, name, num_symbols, firsts, kept):
+            for split in SPLIT_NAMES:
+                part = document[: document.size - cut[split]]
+                writers[split].start_document()
+                if split == "train":
+                    writers[split].write(part)
+                else:
+                    weight = np.zeros(part.size, dtype=np.float32)
+                    weight[-1] = 1.0
+                    writers[split].write(part, weight=weight)
+            if options.progress is not None:
+                options.progress(int(document.size))
+        return {split: writer.close() for split, writer in writers.items()}
