@@ -28,6 +28,7 @@ __all__ = [
     "baseline_order",
     "cluster_options",
     "fit_report",
+    "ranking_settings",
     "register",
     "security",
     "settings_from",
@@ -606,7 +607,7 @@ def _print_fit(report: dict[str, Any]) -> None:
     print_fit_summary(report)
 
 
-def _ranking_settings(args: argparse.Namespace) -> Any:
+def ranking_settings(args: argparse.Namespace) -> Any:
     """The ``--ranking`` flags as settings (``None`` without ``--ranking``); a flag that needs it, refused."""
     from dist_respattn.model.ranking import DEFAULT_NEGATIVES, DEFAULT_RANKING_SEED, RankingSettings
 
@@ -634,7 +635,7 @@ def _ranking_settings(args: argparse.Namespace) -> Any:
 def _run_evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.engine import evaluate
 
-    ranking = _ranking_settings(args)
+    ranking = ranking_settings(args)
     evaluation = evaluate(
         args.model,
         args.store,

@@ -28,7 +28,9 @@ def test_cooccurrences_count_a_symbol_once_a_row_and_skip_rows_of_no_weight() ->
     block = windows([([0, 0, 1], 2), ([1, 2], 2), ([0], 1), ([3], 0)], weights=[1.0, 1.0, 2.0, 0.0])
     counts = cooccurrence_of_blocks(4, 3, [block])
     # c(s, t): (0, 2) 1, (1, 2) 2, (2, 2) 1, (0, 1) 2 (weight 2); the weightless row adds nothing.
-    cells = dict(zip((counts.pairs.keys // 3 * 10 + counts.pairs.keys % 3).tolist(), counts.pairs.counts.tolist()))
+    cells = dict(
+        zip((counts.pairs.keys // 3 * 10 + counts.pairs.keys % 3).tolist(), counts.pairs.counts.tolist(), strict=True)
+    )
     assert cells == {2: 1.0, 12: 2.0, 22: 1.0, 1: 2.0}
     assert counts.symbol_rows.tolist() == [3.0, 2.0, 1.0, 0.0]
     assert counts.target_rows.tolist() == [0.0, 2.0, 2.0]

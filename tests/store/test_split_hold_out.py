@@ -64,7 +64,7 @@ def test_each_document_is_cut_at_its_end_and_documents_of_fewer_than_three_token
 
 def test_what_leave_one_out_cannot_take_is_refused_naming_it(tmp_path) -> None:
     tokens, starts, _ = corpus([3, 4, 5])
-    with pytest.raises(ValueError, match="--documents STARTS.npy"):
+    with pytest.raises(ValueError, match=r"--documents STARTS\.npy"):
         write_split(tmp_path / "a", TokenCorpus(tokens), 1, hold_out="last")
     with pytest.raises(ValueError, match="drop --format triples"):
         write_split(tmp_path / "b", TokenCorpus(tokens, starts), 1, hold_out="last", store_format="triples")
@@ -73,6 +73,6 @@ def test_what_leave_one_out_cannot_take_is_refused_naming_it(tmp_path) -> None:
     with pytest.raises(ValueError, match="--hold-out"):
         write_split(tmp_path / "d", TokenCorpus(tokens, starts), 1, hold_out="first")
     # No document has 4 tokens before a training target (the 5-token one trains on 3): the empty split is named.
-    with pytest.raises(ValueError, match="train split has no rows.*give a smaller --context"):
+    with pytest.raises(ValueError, match=r"train split has no rows.*give a smaller --context"):
         write_split(tmp_path / "e", TokenCorpus(tokens, starts), 4, hold_out="last")
     assert not (tmp_path / "e").exists() or not any((tmp_path / "e").iterdir())

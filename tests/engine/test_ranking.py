@@ -1,0 +1,96 @@
+"""``split --hold-out last`` then ``evaluate --ranking``, as a user runs them: the ranking the cluster returns equals
+the one computed here from the model and the stores; bad ranking flags refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dist_respattn import random_distribution
+from dist_respattn.artifacts import load_checkpoint
+from dist_respattn.cli import build_parser
+from dist_respattn.cli.common import CommandError
+from dist_respattn.cli.fit_commands import ranking_settings
+from dist_respattn.engine.evaluate import check_rankable
+from dist_respattn.model.heads.base import Block
+from dist_respattn.model.ranking import RankingSettings, rank_rows
+from dist_respattn.store import open_store, write_arrays
+from tests.test_cli import run
+
+
+def parsed(*flags: str):
+    return build_parser().parse_args(["evaluate", "model", "test.zarr", *flags])
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [(["--ranking", "0"], "--ranking"), (["--ranking", "10", "--ranking-negatives", "0"], "--ranking-negatives")],
+)
+def test_a_bad_k_or_count_of_negatives_is_a_usage_error_naming_the_flag(flags, named, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parsed(*flags)
+    assert exit_.value.code == 2
+    assert f"argument {named}: " in capsys.readouterr().err
+
+
+def test_ranking_flags_without_ranking_are_refused_and_the_defaults_are_stated() -> None:
+    with pytest.raises(CommandError, match="--ranking-negatives, --ranking-exclude-history: goes with --ranking K"):
+        ranking_settings(parsed("--ranking-negatives", "5", "--ranking-exclude-history"))
+    assert ranking_settings(parsed()) is None
+    assert ranking_settings(parsed("--ranking", "10")) == RankingSettings(k=10, negatives=100, seed=0)
+
+
+def test_a_triple_store_is_refused_before_any_cluster_starts(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    path = tmp_path / "rows.zarr"
+    write_arrays(path, rng.integers(0, 5, size=(6, 2)), rng.normal(size=(6, 3)), rng.integers(0, 4, size=6),
+                 num_symbols=5, num_targets=4)  # fmt: skip
+    head = random_distribution(5, 2, 3, 4, seed=0)
+    with pytest.raises(ValueError, match="--ranking ranks the last row of each document of a token-stream store"):
+        check_rankable(head, open_store(path))
+
+
+@pytest.mark.slow
+def test_leave_one_out_then_evaluate_ranking_equals_the_ranking_computed_here(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    # Users whose next item tends to follow the previous one, and a few too short to keep (1 and 2 items).
+    lengths = [1, 2, *rng.integers(3, 30, size=60).tolist()]
+    documents = [np.cumsum(rng.integers(1, 3, size=n)) % 25 for n in lengths]
+    np.save(tmp_path / "tokens.npy", np.concatenate(documents).astype(np.int64))
+    np.save(tmp_path / "starts.npy", np.cumsum([0, *lengths[:-1]]))
+    made = run("split", "--tokens", str(tmp_path / "tokens.npy"), "--documents", str(tmp_path / "starts.npy"),
+               "--context", "2", "--dim", "4", "--hold-out", "last", "--json", str(tmp_path / "split"))  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["skipped_documents"] == 2
+    stores = tmp_path / "split"
+    fitted = run("fit", str(stores / "train.zarr"), "--model-dir", str(tmp_path / "model"), "--validation",
+                 str(stores / "validation.zarr"), "--max-iter", "1", "--workers", "1", "--json")  # fmt: skip
+    assert fitted.returncode == 0, fitted.stderr
+    evaluated = run("evaluate", str(tmp_path / "model"), str(stores / "test.zarr"), "--ranking", "5",
+                    "--ranking-negatives", "7", "--ranking-seed", "3", "--baseline-order", "2", "--workers", "1",
+                    "--json")  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr
+    ranking = json.loads(evaluated.stdout)["ranking"]
+
+    # Here: the last row of each test document, its history the document's tokens before it.
+    head = load_checkpoint(str(tmp_path / "model")).model
+    test = open_store(stores / "test.zarr", window=head.context_length)
+    last = test.last_rows(0, test.num_rows)
+    rows = test.read_selected(0, test.num_rows, last)
+    docs = test.read_documents(0, test.num_rows, last)
+    starts, ends = test.document_starts(), test.document_ends()
+    histories = [test.read_tokens(int(starts[d]), int(ends[d]) - 1).astype(np.int64) for d in docs]
+    assert rows.target.tolist() == [int(test.read_tokens(int(ends[d]) - 1, int(ends[d]))[0]) for d in docs]
+    train = open_store(stores / "train.zarr", window=head.context_length)
+    popularity = np.bincount(train.read_rows(0, train.num_rows).target, minlength=head.num_targets).astype(float)
+    scores = {"model": head.block_proba(Block(rows, None)), "most_popular": np.tile(popularity, (len(docs), 1))}
+    table = rank_rows(scores, rows.target, histories, docs, RankingSettings(k=5, negatives=7, seed=3)).metrics()
+    assert ranking["rows"] == len(docs) == int(np.count_nonzero(np.array(lengths) - 1 >= 2))
+    for protocol in ("full", "sampled"):
+        assert ranking[protocol] == pytest.approx(table["model"][protocol], rel=1e-12)
+        assert ranking["baselines"]["most_popular"][protocol] == pytest.approx(table["most_popular"][protocol])
+    assert set(ranking["baselines"]) == {"most_popular", "markov", "item_knn"}
+    assert (ranking["k"], ranking["negatives"], ranking["seed"], ranking["exclude_history"]) == (5, 7, 3, False)
