@@ -50,6 +50,18 @@ What is measured, in one run:
    masked), so every head and every n-gram baseline (unigram, add-k, Jelinek-Mercer, Kneser-Ney, tuned on
    validation) is scored on the same test targets.
 
+4. **Ranking on the leave-one-out split**: every document (user, file) cut at its end by
+   ``write_split(..., hold_out="last")`` (train all but the last two items, validation the second-to-last,
+   test the last; documents of fewer than 3 items skipped). For movielens the items are those rated at least
+   5 times in the train parts (all users' histories but their last two items), the others dropped from the
+   sequences (no "other" id: it would be an easily ranked popular target), S = T = their number; for stdlib the
+   vocabulary of part 1. The head fitted on the train store (validation for early stopping)
+   for every (N, K) of ``--ranking-grid`` (default N = 8 with the free prior, N = 32 with 4 buckets), then
+   ``evaluate(..., ranking=RankingSettings(k=--ranking-k, negatives=--ranking-negatives))`` on the test store:
+   HR, NDCG and MRR at K of each user's last item, full (every target) and sampled (against 100 unseen
+   negatives, seed 0), for the head and the most-popular, Markov (Kneser-Ney bigram) and item-KNN baselines
+   (item-KNN's window is the head's N), and the head's perplexity on the same held-out targets.
+
 Targets (printed with PASS/MISS; measured, never asserted):
 
 - predictor latency flat: the slowest of the histories' median latencies at most 1.5x the fastest (below
@@ -103,6 +115,10 @@ HISTORIES = (100, 1_000, 10_000, 100_000)
 LATENCY_CONTEXT = 512
 #: (N, K) fits of the quality part: N = 8 with the free prior, longer windows with coarser buckets.
 GRID = "8:8;32:3,4,5,6;64:5,7;128:4,5,6,8;512:4,5,6,8,10"
+#: The ranking part keeps the items rated at least this many times in the leave-one-out train parts.
+MIN_ITEM_RATINGS = 5
+#: (N, K) fits of the ranking part, on the leave-one-out split.
+RANKING_GRID = "8:8;32:4"
 #: The N = 8 head the long windows are measured against.
 REFERENCE_CONTEXT = 8
 
@@ -124,6 +140,7 @@ SMOKE = {
     "histories": "100,1000",
     "latency_steps": 20,
     "grid": "8:8;32:4",
+    "ranking_grid": "8:8",
     "max_iter": 2,
     "max_tokens": 60_000,  # --sequences stdlib only
 }
@@ -153,6 +170,8 @@ def movielens_documents(args: argparse.Namespace) -> dict[str, Any]:
     num_symbols = ranked.size + 1
     return {
         "unit": "user",
+        "raw": sequences,
+        "raw_items": int(info["items"]),
         "documents": [ids[s] for s in sequences],
         "side": side,
         "num_symbols": int(num_symbols),
@@ -238,6 +257,7 @@ def write_stores(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         if not documents:
             raise ValueError(f"{args.sequences}: the {name} split has no {unit}s; take more of the corpus")
     stores, counted, tokens = {}, {}, {}
+    loo_source = (made.get("raw"), made.get("raw_items"), made["documents"], num_symbols)
     for name, documents in split.items():
         counted[name], tokens[name] = len(documents), int(sum(d.size for d in documents))
         stores[name] = write_stream(
@@ -264,6 +284,7 @@ def write_stores(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             f"{unit}s_with_full_windows": {str(n): int((lengths > n).sum()) for n in CONTEXTS},
         },
         "description": made["description"],
+        "loo_source": loo_source,
     }
 
 
@@ -649,6 +670,126 @@ def quality_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path) -
     }
 
 
+# ------------------------------------------------------------------------------------------ ranking
+
+
+def leave_one_out_stores(args: argparse.Namespace, corpus: dict[str, Any], out: Path) -> dict[str, Any]:
+    """The leave-one-out split of every document (``write_split(..., hold_out="last")``), in a vocabulary counted
+    on the train parts (movielens; stdlib: part 1's)."""
+    from dist_respattn.store import TokenCorpus, WriteOptions, write_split
+
+    raw, raw_items, documents, num_symbols = corpus["loo_source"]
+    if raw is not None:
+        # As recommender benchmarks filter items (RecBole's ``min_item_inter_num``): items rated fewer than
+        # MIN_ITEM_RATINGS times in the train parts (every user's history but its last two items) are dropped from
+        # the sequences, not folded into one "other" id, which would be a popular, easily ranked target.
+        counts = np.bincount(np.concatenate([s[:-2] for s in raw if s.size >= 3]), minlength=raw_items)
+        kept = np.flatnonzero(counts >= MIN_ITEM_RATINGS)
+        ranked = kept[np.lexsort((kept, -counts[kept]))]
+        ids = np.full(counts.size, -1, dtype=np.int64)
+        ids[ranked] = np.arange(ranked.size)
+        documents = [ids[s][ids[s] >= 0] for s in raw]
+        documents = [d for d in documents if d.size]
+        num_symbols = int(ranked.size)
+    tokens = np.concatenate(documents).astype(np.int64)
+    starts = np.cumsum([0, *(d.size for d in documents[:-1])]).astype(np.int64)
+    stores = write_split(
+        out, TokenCorpus(tokens, starts), REFERENCE_CONTEXT, num_symbols=num_symbols, dim=DIM, seed=0,
+        options=WriteOptions(overwrite=True), hold_out="last",
+    )  # fmt: skip
+    split = stores["test"].provenance["split"]
+    return {
+        "stores": {name: str(store.location) for name, store in stores.items()},
+        "num_symbols": num_symbols,
+        "min_item_ratings": MIN_ITEM_RATINGS if raw is not None else None,
+        "documents": int(split["documents"]),
+        "skipped_documents": int(split["skipped_documents"]),
+    }
+
+
+def ranking_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path) -> dict[str, Any]:
+    from dist_respattn.engine import ClusterOptions, FitSettings, connect, evaluate, fit
+    from dist_respattn.model.ranking import RankingSettings
+
+    say("ranking: writing the leave-one-out split")
+    split = leave_one_out_stores(args, corpus, work / "leave-one-out")
+    stores = split["stores"]
+    settings = RankingSettings(k=args.ranking_k, negatives=args.ranking_negatives)
+    heads = []
+    with connect(ClusterOptions(n_workers=args.workers), say=say) as client:
+        for n_pos, k in args.ranking_grid:
+            say(f"ranking: fitting N = {n_pos}, K = {k} on the leave-one-out train store")
+            fit_settings = FitSettings(max_iter=args.max_iter, position_buckets=k, context_length=n_pos)
+            model_dir = work / "models" / f"loo-n{n_pos}-k{k}"
+            started = time.perf_counter()
+            result = fit(
+                stores["train"], model_dir=model_dir, settings=fit_settings, validation=stores["validation"],
+                overwrite=True, client=client, progress=False, say=lambda m: say(f"    {m}"),
+            )  # fmt: skip
+            fitted = time.perf_counter() - started
+            started = time.perf_counter()
+            tested = evaluate(model_dir, stores["test"], client=client, progress=False, ranking=settings).to_json()
+            heads.append({
+                "context": n_pos,
+                "buckets": k,
+                "perplexity": float(tested["model"]["perplexity"]),
+                "heldout_weight": float(tested["weight"]),
+                "iterations": result.iterations,
+                "fit_seconds": fitted,
+                "evaluate_seconds": time.perf_counter() - started,
+                "ranking": tested["ranking"],
+                "baseline_perplexity": {
+                    name: float(tested["baselines"][name]["perplexity"]) for name in ("unigram", "kneser_ney")
+                },
+            })  # fmt: skip
+            rk = tested["ranking"]
+            say(
+                f"  HR@{settings.k} full {rk['full']['hit_rate']:.4f}, NDCG {rk['full']['ndcg']:.4f}; sampled HR "
+                f"{rk['sampled']['hit_rate']:.4f} ({rk['rows']} users)"
+            )
+    return {**split, "settings": settings.to_json(), "heads": heads}
+
+
+def ranking_report(ranking: dict[str, Any]) -> list[str]:
+    k = ranking["settings"]["k"]
+    negatives = ranking["settings"]["negatives"]
+    lines = [
+        "",
+        f"ranking each document's last item at K = {k}, leave-one-out split ({ranking['documents']} documents, "
+        f"{ranking['skipped_documents']} of fewer than 3 items skipped; T = {ranking['num_symbols']}"
+        + (f", items rated >= {ranking['min_item_ratings']} times" if ranking.get("min_item_ratings") else "")
+        + f"); full: every target; sampled: {negatives} unseen negatives; ties pessimistic",
+    ]
+    header = f"{'':<30}{'rows':>6}{'HR':>8}{'NDCG':>8}{'MRR':>8}  {'HR':>8}{'NDCG':>8}{'MRR':>8}{'perplexity':>12}"
+    lines += [f"{'':<36}{'full':>24}  {'sampled':>24}", header, "-" * len(header)]
+    labels = {"most_popular": "most popular", "markov": "Markov (KN bigram)", "item_knn": "item-KNN"}
+
+    def cells(figures: dict[str, Any]) -> str:
+        full, sampled = figures["full"], figures["sampled"]
+        return (
+            f"{full['rows']:>6}{full['hit_rate']:>8.4f}{full['ndcg']:>8.4f}{full['mrr']:>8.4f}  "
+            f"{sampled['hit_rate']:>8.4f}{sampled['ndcg']:>8.4f}{sampled['mrr']:>8.4f}"
+        )
+
+    for h in ranking["heads"]:
+        rk = h["ranking"]
+        lines.append(
+            f"{'head N=' + str(h['context']) + ' K=' + str(h['buckets']):<30}{cells(rk)}{h['perplexity']:>12.2f}"
+        )
+        for name, figures in rk["baselines"].items():
+            extra = f" (window {h['context']})" if name == "item_knn" else ""
+            shown = h["baseline_perplexity"]["kneser_ney"] if name == "markov" else None
+            if name == "most_popular":
+                shown = h["baseline_perplexity"]["unigram"]
+            tail = f"{shown:>12.2f}" if shown is not None else f"{'-':>12}"
+            lines.append(f"{'  ' + labels.get(name, name) + extra:<30}{cells(figures)}{tail}")
+    lines.append(
+        "  perplexity: of the held-out test targets (most popular: the add-k unigram's; Markov: the Kneser-Ney "
+        "bigram's); a head's rows are its own window's (min_context 1: every kept user)"
+    )
+    return lines
+
+
 # ------------------------------------------------------------------------------------------ report
 
 
@@ -823,6 +964,9 @@ def format_report(report: dict[str, Any]) -> str:
                 f"{label:<34}{h['perplexity']:>11.2f}{over_ref}{h['perplexity'] / kn:>8.3f}{h['iterations']:>7}"
                 f"{h['seconds']:>9.1f}{mark}"
             )
+    ranking = report.get("ranking")
+    if ranking:
+        lines += ranking_report(ranking)
     lines += ["", "targets (measured, not asserted)"]
     for t in report["targets"]:
         shown = "-" if t["measured"] is None else f"{t['measured']:.3f}"
@@ -855,12 +999,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--histories", default=",".join(map(str, HISTORIES)), help="history lengths of the latency")
     parser.add_argument("--latency-steps", type=int, default=200, help="tokens timed from each history on")
     parser.add_argument("--grid", default=GRID, help='fits of the quality part, "N:K,K;N:K" (K = N: the free prior)')
+    parser.add_argument(
+        "--ranking-grid", default=RANKING_GRID, help='fits of the ranking part on the leave-one-out split, "N:K;N:K"'
+    )
+    parser.add_argument("--ranking-k", type=int, default=10, help="the ranking part's cut-off K")
+    parser.add_argument("--ranking-negatives", type=int, default=100, help="negatives of the sampled protocol")
     parser.add_argument("--max-iter", type=int, default=15)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random heads")
     parser.add_argument("--skip-kernel", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-quality", action="store_true")
+    parser.add_argument("--skip-ranking", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="small sizes, under a minute: " + json.dumps(SMOKE))
     parser.add_argument("--json", action="store_true", help="print one JSON object after the table")
     args = parser.parse_args(argv)
@@ -870,6 +1020,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.contexts = [int(v) for v in str(args.contexts).split(",") if v.strip()]
     args.histories = [int(v) for v in str(args.histories).split(",") if v.strip()]
     args.grid = parse_grid(args.grid)
+    args.ranking_grid = parse_grid(args.ranking_grid)
     for name in (
         "kernel_positions",
         "kernel_rows",
@@ -878,6 +1029,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "latency_context",
         "latency_steps",
         "max_iter",
+        "ranking_k",
+        "ranking_negatives",
     ):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -899,11 +1052,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         work = Path(args.work or temp)
         say(f"writing the {args.sequences} stream stores")
         corpus = write_stores(args, work / "stores")
-        report["corpus"] = {k: v for k, v in corpus.items() if k not in ("stores", "stream", "table")}
+        report["corpus"] = {k: v for k, v in corpus.items() if k not in ("stores", "stream", "table", "loo_source")}
         # The single-threaded parts first, before any worker process exists.
         report["kernel"] = None if args.skip_kernel else kernel_part(args, corpus, work)
         report["latency"] = None if args.skip_latency else latency_part(args, corpus)
         report["quality"] = None if args.skip_quality else quality_part(args, corpus, work)
+        report["ranking"] = None if args.skip_ranking else ranking_part(args, corpus, work)
     report["config"] = {
         "contexts": args.contexts,
         "kernel_positions": args.kernel_positions,
@@ -918,6 +1072,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "histories": args.histories,
         "latency_steps": args.latency_steps,
         "grid": [list(p) for p in args.grid],
+        "ranking_grid": [list(p) for p in args.ranking_grid],
+        "ranking_k": args.ranking_k,
+        "ranking_negatives": args.ranking_negatives,
         "max_iter": args.max_iter,
         "workers": args.workers,
         "seed": args.seed,

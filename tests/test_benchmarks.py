@@ -509,6 +509,18 @@ def test_long_context_smoke_run_on_the_stdlib_reports_every_figure(tmp_path):
     best = min((h for h in heads if h["context"] > 8), key=lambda h: h["perplexity"])
     assert [h["best_long_context"] for h in heads] == [h is best for h in heads]
 
+    # Ranking: the leave-one-out split's users, ranked by the head and the three baselines by both protocols.
+    ranking = report["ranking"]
+    assert ranking["documents"] > 0 and [(h["context"], h["buckets"]) for h in ranking["heads"]] == [(8, 8)]
+    ranked = ranking["heads"][0]["ranking"]
+    assert set(ranked["baselines"]) == {"most_popular", "markov", "item_knn"}
+    for label, figures in [("head", ranked), *ranked["baselines"].items()]:
+        for protocol in ("full", "sampled"):
+            got = figures[protocol]
+            assert got["rows"] == ranked["rows"] > 0, (label, protocol)
+            assert 0.0 <= got["mrr"] <= got["ndcg"] <= got["hit_rate"] <= 1.0, (label, protocol, got)
+    assert "ranking each document's last item at K = 10" in table
+
     # Targets: measured from the figures above, and each printed verdict is the one its number earns.
     flatness = max(e["predictor_s"] for e in latency["histories"]) / min(e["predictor_s"] for e in latency["histories"])
     measured = [flatness, best["perplexity"] / reference["perplexity"]]
