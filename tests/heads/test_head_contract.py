@@ -291,6 +291,16 @@ class TestHeadContract:
         assert clear.sum() > data.num_rows // 2
         np.testing.assert_array_equal(top.targets[clear], np.argsort(-probs, axis=1, kind="stable")[clear, :k])
 
+    def test_block_proba_equals_predict_proba(self, fitted: Fitted) -> None:
+        """What ``evaluate --ranking`` ranks: every target's probability for each row of a block."""
+        data, head = fitted.data, fitted.head
+        if type(head).block_proba is Head.block_proba:
+            pytest.skip(f"a {head.kind} head gives no block_proba (evaluate --ranking refuses it)")
+        block = next(blocks_of(data, head.columns, 3, 40))  # a few rows, not from the first: starts are kept
+        got = head.block_proba(block)
+        assert got.shape == (37, head.num_targets)
+        np.testing.assert_allclose(got, self.reference(fitted)[3:40], rtol=1e-9, atol=1e-15)
+
     def test_the_streaming_predictor_equals_predict_proba_on_a_full_window(self, fitted: Fitted) -> None:
         data, head = fitted.data, fitted.head
         probs = self.reference(fitted)
