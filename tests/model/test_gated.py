@@ -307,3 +307,23 @@ def test_a_weight_at_zero_stays_zero_so_own_tables_stay_their_attributes():
     assert_close(moved.weights.sum(axis=1), np.ones(2), rtol=RTOL, label="rows")
     assert np.all(moved.weights[:, 2:] > 0.0)
     assert moved.num_parameters() == own.num_parameters()
+
+
+def test_block_proba_ranks_each_row_under_its_attributes_head():
+    """What ``evaluate --ranking`` ranks: each row's p(target | row) under its attribute's head, and the
+    gated head's target probabilities on the rows' own targets."""
+    from dist_respattn.model.heads.base import Block
+    from dist_respattn.model.rows import EncodedRows
+
+    shape = (10, 3, 2, 10)
+    data, attribute = rows(shape, 40, 91, num_attributes=2)
+    head = gated_head(shape, 3, 2, 92)
+    block = Block(EncodedRows(*data, None, 0), None, attribute)
+    got = head.block_proba(block)
+    for a in range(2):
+        mine = attribute == a
+        assert_close(got[mine], head.shared(a).predict_proba(data[0][mine], data[1][mine]), rtol=1e-12, label=f"{a}")
+    given = gated_log_likelihood(head, data, attribute, given_query=True)
+    assert_close(np.log(got[np.arange(40), data[2]]), given, rtol=1e-10, label="targets")
+    with pytest.raises(ValueError, match="carries none"):
+        head.block_proba(Block(EncodedRows(*data, None, 0), None))
