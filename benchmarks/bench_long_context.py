@@ -100,6 +100,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections import Counter  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from contextlib import ExitStack, nullcontext  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -613,7 +614,7 @@ def parse_grid(text: str) -> list[tuple[int, int]]:
     return grid
 
 
-def quality_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path) -> dict[str, Any]:
+def quality_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path, shared: Any = None) -> dict[str, Any]:
     from dist_respattn.engine import ClusterOptions, FitSettings, connect, evaluate, fit
 
     stores = corpus["stores"]
@@ -621,7 +622,12 @@ def quality_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path) -
     baselines: dict[str, float] | None = None
     baseline_rows = None
     same_baselines = True
-    with connect(ClusterOptions(n_workers=args.workers), say=say) as client:
+    # ``shared``: a client the parts share (one cluster started once), else a cluster of this part's own.
+    with (
+        nullcontext(shared)
+        if shared is not None
+        else connect(ClusterOptions(n_workers=args.workers), say=say) as client
+    ):
         for n_pos, k in args.grid:
             say(f"quality: fitting N = {n_pos}, K = {k}")
             settings = FitSettings(max_iter=args.max_iter, position_buckets=k, context_length=n_pos)
@@ -707,7 +713,7 @@ def leave_one_out_stores(args: argparse.Namespace, corpus: dict[str, Any], out: 
     }
 
 
-def ranking_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path) -> dict[str, Any]:
+def ranking_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path, shared: Any = None) -> dict[str, Any]:
     from dist_respattn.engine import ClusterOptions, FitSettings, connect, evaluate, fit
     from dist_respattn.model.ranking import RankingSettings
 
@@ -716,7 +722,12 @@ def ranking_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path) -
     stores = split["stores"]
     settings = RankingSettings(k=args.ranking_k, negatives=args.ranking_negatives)
     heads = []
-    with connect(ClusterOptions(n_workers=args.workers), say=say) as client:
+    # ``shared``: a client the parts share (one cluster started once), else a cluster of this part's own.
+    with (
+        nullcontext(shared)
+        if shared is not None
+        else connect(ClusterOptions(n_workers=args.workers), say=say) as client
+    ):
         for n_pos, k in args.ranking_grid:
             say(f"ranking: fitting N = {n_pos}, K = {k} on the leave-one-out train store")
             fit_settings = FitSettings(max_iter=args.max_iter, position_buckets=k, context_length=n_pos)
@@ -1056,8 +1067,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # The single-threaded parts first, before any worker process exists.
         report["kernel"] = None if args.skip_kernel else kernel_part(args, corpus, work)
         report["latency"] = None if args.skip_latency else latency_part(args, corpus)
-        report["quality"] = None if args.skip_quality else quality_part(args, corpus, work)
-        report["ranking"] = None if args.skip_ranking else ranking_part(args, corpus, work)
+        with ExitStack() as stack:
+            shared = None
+            if not (args.skip_quality or args.skip_ranking):
+                from dist_respattn.engine import ClusterOptions, connect
+
+                shared = stack.enter_context(connect(ClusterOptions(n_workers=args.workers), say=say))
+            report["quality"] = None if args.skip_quality else quality_part(args, corpus, work, shared)
+            report["ranking"] = None if args.skip_ranking else ranking_part(args, corpus, work, shared)
     report["config"] = {
         "contexts": args.contexts,
         "kernel_positions": args.kernel_positions,
