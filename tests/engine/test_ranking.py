@@ -11,13 +11,21 @@ import pytest
 
 from dist_respattn import random_distribution
 from dist_respattn.artifacts import load_checkpoint
+from dist_respattn.baselines.ngram import fit_baselines
+from dist_respattn.baselines.ranking import ItemKNN, RankingBaselines, cooccurrence_of_blocks
 from dist_respattn.cli import build_parser
 from dist_respattn.cli.common import CommandError
 from dist_respattn.cli.fit_commands import ranking_settings
 from dist_respattn.engine.evaluate import check_rankable
-from dist_respattn.model.heads.base import Block
+from dist_respattn.engine.worker_tasks import rank_task
+from dist_respattn.model.buckets import PositionBuckets
+from dist_respattn.model.emission.pairs import PairCounts
+from dist_respattn.model.heads.base import Block, combine
+from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.ranking import RankingSettings, rank_rows
+from dist_respattn.model.rows import WindowRows
 from dist_respattn.store import open_store, write_arrays
+from dist_respattn.store.streams.writer import write_stream
 from tests.test_cli import run
 
 
@@ -51,6 +59,53 @@ def test_a_triple_store_is_refused_before_any_cluster_starts(tmp_path: Path) -> 
     head = random_distribution(5, 2, 3, 4, seed=0)
     with pytest.raises(ValueError, match="--ranking ranks the last row of each document of a token-stream store"):
         check_rankable(head, open_store(path))
+
+
+def test_ranking_tasks_over_many_partitions_add_up_to_the_ranking_of_every_last_row(tmp_path: Path) -> None:
+    """``rank_task`` on each partition of a store whose documents cross token chunks and shards (called here, as a
+    worker runs it): the sums equal one ranking of every document's last row, under a tied head (token windows,
+    short histories) and the three baselines; the exclusion of history items changes only the full protocol."""
+    rng = np.random.default_rng(1)
+    documents = [rng.integers(0, 9, size=n) for n in (1, 2, 5, 17, 3, 30, 8, 2, 12)]
+    store = write_stream(
+        tmp_path / "s.zarr", [(d, None) for d in documents], num_symbols=9, table=rng.normal(size=(9, 3)),
+        context_length=4, chunk_tokens=8, partition_tokens=16,
+    ).with_context(4, 1)  # fmt: skip
+    assert store.num_partitions > 3
+    base, buckets = random_distribution(9, 4, 3, 9, seed=2), PositionBuckets.geometric(4, 3)
+    prior = buckets.spread(np.array([0.6, 0.3, 0.1]))
+    head = ResponsibilityAttentionDistribution(base.key_means, base.emission, prior, 1.0, buckets=buckets)
+    blocks = [Block(w, None) for p in range(store.num_partitions) for w in store.iter_windows(p)]
+    counts = cooccurrence_of_blocks(9, 9, blocks)
+    pairs = PairCounts.from_rows(np.array([0, 1, 2]), np.array([1, 2, 0]), None, num_symbols=9, num_targets=9)
+    rankers = RankingBaselines(np.arange(9.0), fit_baselines(pairs), ItemKNN.of(counts))
+    for exclude in (False, True):
+        settings = RankingSettings(k=3, negatives=4, seed=5, exclude_history=exclude)
+        parts = [
+            rank_task(store.location, p, head, rankers, settings, store.fingerprint())
+            for p in range(store.num_partitions)
+        ]
+        total = combine(parts)
+        # Here: every document of at least 2 tokens (min_context 1) ranks its last token after the rest.
+        kept = [(i, d) for i, d in enumerate(documents) if d.size >= 2]
+        histories = [d[:-1].astype(np.int64) for _, d in kept]
+        target = np.array([d[-1] for _, d in kept])
+        tokens = np.concatenate([h for h in histories] + [target])
+        begin = np.cumsum([0, *(h.size for h in histories[:-1])])
+        end = begin + np.array([h.size for h in histories])
+        windows = WindowRows(
+            tokens, np.maximum(begin, end - 4), end, target, store.embeddings(), tokens[end - 1], None, 0
+        )
+        scores = {"model": head.block_proba(Block(windows, None)), **rankers.scores([h[-4:] for h in histories])}
+        expected = rank_rows(scores, target, histories, np.array([i for i, _ in kept]), settings)
+        assert total.totals.keys() == expected.totals.keys()
+        for name, by in expected.totals.items():
+            for protocol, totals in by.items():
+                got = total.totals[name][protocol]
+                assert (got.rows, got.hits, got.candidates) == (totals.rows, totals.hits, totals.candidates)
+                assert got.ndcg == pytest.approx(totals.ndcg, rel=1e-12) and got.mrr == pytest.approx(
+                    totals.mrr, rel=1e-12
+                )
 
 
 @pytest.mark.slow
