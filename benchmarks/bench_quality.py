@@ -56,6 +56,7 @@ import platform
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -110,8 +111,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ------------------------------------------------------------------------------------------ corpora
 
 
-def split_text(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """The train / validation / test stores of a text corpus (the stdlib, or the wiki summaries as files)."""
+def split_text(
+    name: str, args: argparse.Namespace, out: Path, *, context: int | None = None, store_format: str = "triples"
+) -> dict[str, Any]:
+    """The train / validation / test stores of a text corpus (the stdlib, or the wiki summaries as files), with
+    window ``context`` (default ``args.context``); the figures here were measured on triple stores."""
     from dist_respattn.store import TextCorpus, write_split
 
     if name == "stdlib":
@@ -129,20 +133,24 @@ def split_text(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]
     # The stdlib's 6M windows in partitions of 1M rows: with dense (S, T) statistics per partition, fewer and
     # larger partitions move less between the workers; the smaller corpora in partitions of 131k, several a worker.
     large = name == "stdlib" and (args.max_tokens is None or args.max_tokens > 2_000_000)
+    n = context or args.context
     stores = write_split(
         out,
         corpus,
-        args.context,
+        n,
         max_tokens=args.max_tokens,
         vocab_size=args.vocab_size,
         options=_options(1 << 20 if large else 1 << 17),
-        store_format="triples",  # the figures were measured on triple stores
+        store_format=store_format,
     )
-    return {"stores": stores, "description": f"vocabulary {args.vocab_size} + OOV, N = {args.context}"}
+    return {"stores": stores, "description": f"vocabulary {args.vocab_size} + OOV, N = {n}"}
 
 
-def split_items(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """The stores of the movielens sequences: one user a document, the ``--items`` most rated train items kept."""
+def split_items(
+    args: argparse.Namespace, out: Path, *, context: int | None = None, store_format: str = "triples"
+) -> dict[str, Any]:
+    """The stores of the movielens sequences: one user a document, the ``--items`` most rated train items kept,
+    with window ``context`` (default ``--items-context``, else ``--context``)."""
     import corpora
 
     from dist_respattn.store import TokenCorpus, write_split
@@ -158,7 +166,7 @@ def split_items(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     ids[ranked] = np.arange(ranked.size)
     tokens = np.concatenate([ids[s] for s in sequences])
     starts = np.cumsum([0] + [len(s) for s in sequences[:-1]])
-    n = args.items_context or args.context
+    n = context or args.items_context or args.context
     stores = write_split(
         out,
         TokenCorpus(tokens, starts),
@@ -166,7 +174,7 @@ def split_items(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         num_symbols=ranked.size + 1,
         dim=32,
         options=_options(1 << 17),
-        store_format="triples",  # the figures were measured on triple stores
+        store_format=store_format,
     )
     return {
         "stores": stores,
@@ -288,30 +296,72 @@ def _earlier(key: np.ndarray) -> np.ndarray:
     return earlier
 
 
-def _cache_features(context: np.ndarray, target: np.ndarray, new: np.ndarray, num_symbols: int) -> dict:
-    """Per row, over the document so far: the unigram cache's P(target), and the "what followed it" cache's: of the
-    earlier occurrences of the previous token, the share the target followed (``available``: there were some).
+@dataclass(frozen=True)
+class ScoredTokens:
+    """A store's rows as the n-gram and cache baselines read them.
 
-    The follow cache is the distribution of everything that followed the previous token earlier in the document (a
-    bigram cache, Kuhn & De Mori 1990), not only what followed it the last time: on the standard library's test split
-    the last follower alone gives 13.55 with the 5-gram, the distribution 11.73."""
+    ``history`` (n, H) each row's last tokens, most recent last (``lengths`` (n,) how many count, ``None``: all
+    H); ``target`` (n,); ``tokens`` (L,) the documents one after another, ``offsets`` (n_docs,) their first tokens
+    and ``position`` (n,) each row's target in ``tokens``.
+    """
+
+    history: np.ndarray
+    lengths: np.ndarray | None
+    target: np.ndarray
+    tokens: np.ndarray
+    offsets: np.ndarray
+    position: np.ndarray
+
+
+def triple_tokens(store: Any, depth: int) -> ScoredTokens:
+    """A triple store's rows (:func:`_rows`); the documents' tokens are the first row's window, then every row's
+    target."""
+    context, target, new = _rows(store, depth)
     n, width = context.shape
     starts = np.flatnonzero(new)
     doc_of_row = np.cumsum(new) - 1
-    # The documents' tokens: the first row's window, then every row's target.
     lengths = np.diff(np.r_[starts, n]) + width
     offsets = np.r_[0, np.cumsum(lengths)[:-1]]
     tokens = np.empty(int(lengths.sum()), dtype=np.int64)
-    docs = np.repeat(np.arange(starts.size), lengths)
     first = offsets[:, None] + np.arange(width)[None, :]
     tokens[first.ravel()] = context[starts].ravel()
     position = offsets[doc_of_row] + width + (np.arange(n) - starts[doc_of_row])
     tokens[position] = target
+    return ScoredTokens(context, None, target, tokens, offsets, position)
+
+
+def stream_tokens(store: Any, depth: int, min_context: int = 1) -> ScoredTokens:
+    """A stream store's rows whose targets have at least ``min_context`` earlier tokens in their document (those a
+    head with short histories reads), each with its last ``depth`` tokens (fewer at a document's start)."""
+    tokens = np.asarray(store.read_tokens(0, store.num_tokens), dtype=np.int64)
+    offsets = np.asarray(store.document_starts(), dtype=np.int64)
+    ends = np.r_[offsets[1:], tokens.size]
+    position = np.concatenate([np.arange(a + min_context, b) for a, b in zip(offsets, ends, strict=True)])
+    first = offsets[np.searchsorted(offsets, position, side="right") - 1]
+    lengths = np.minimum(position - first, depth)
+    at = position[:, None] - depth + np.arange(depth)[None, :]
+    valid = at >= (position - lengths)[:, None]
+    history = np.where(valid, tokens[np.where(valid, at, 0)], 0)
+    return ScoredTokens(history, lengths, tokens[position], tokens, offsets, position)
+
+
+def token_cache_features(tokens: np.ndarray, offsets: np.ndarray, position: np.ndarray, num_symbols: int) -> dict:
+    """Per scored token, over its document so far: the unigram cache's P(target), and the "what followed it"
+    cache's: of the earlier occurrences of the previous token, the share the target followed (``available``: there
+    were some).
+
+    ``tokens`` (L,) are the documents one after another, ``offsets`` (n_docs,) their first tokens, ``position``
+    (n,) the scored tokens (each after its document's first). The follow cache is the distribution of everything
+    that followed the previous token earlier in the document (a bigram cache, Kuhn & De Mori 1990), not only what
+    followed it the last time: on the standard library's test split the last follower alone gives 13.55 with the
+    5-gram, the distribution 11.73."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    docs = np.searchsorted(offsets, np.arange(tokens.size), side="right") - 1
     earlier = _earlier(docs * num_symbols + tokens)  # earlier occurrences of each token in its document
     # Each token with the one before it (none at a document's start: id S) in its document.
     before = np.where(np.isin(np.arange(tokens.size), offsets), num_symbols, np.r_[0, tokens[:-1]])
     pairs = _earlier((docs * (num_symbols + 1) + before) * num_symbols + tokens)
-    so_far = position - offsets[doc_of_row]
+    so_far = position - offsets[docs[position]]
     followed = earlier[position - 1]  # earlier occurrences of the previous token: each has a follower before the target
     available = followed > 0
     follow = np.where(available, pairs[position] / np.maximum(followed, 1), 0.0)
@@ -325,28 +375,29 @@ def _mixed(p_kn: np.ndarray, features: dict, unigram: float, follow: float) -> n
     return (1.0 - unigram - follow_w) * p_kn + unigram * features["unigram"] + follow_w * features["follow"]
 
 
-def cache_interpolated(stores: dict[str, Any], order: int = 5) -> dict[str, Any]:
+def cache_interpolated(stores: dict[str, Any], order: int = 5, *, read: Any = None) -> dict[str, Any]:
     """The modified Kneser-Ney ``order``-gram on its own and with the document caches: test perplexities, the
-    cache weights chosen on the validation store (a grid of 0.05, then 0.01 around the best; (0, 0) among them)."""
+    cache weights chosen on the validation store (a grid of 0.05, then 0.01 around the best; (0, 0) among them).
+    ``read(store, order - 1)`` gives a store's :class:`ScoredTokens` (default: :func:`triple_tokens`)."""
     from dist_respattn.baselines.kneser_ney import NGramCounts, fit_kneser_ney
 
     s, t = stores["train"].schema.num_symbols, stores["train"].schema.num_targets
-    rows = {name: _rows(stores[name], order - 1) for name in ("train", "validation", "test")}
+    read = read or triple_tokens
+    rows = {name: read(stores[name], order - 1) for name in ("train", "validation", "test")}
 
     def counts(name: str) -> NGramCounts:
-        context, target, _ = rows[name]
-        depth = min(order - 1, context.shape[1])
-        lengths = np.full(target.size, depth)
-        return NGramCounts.from_rows(
-            context[:, context.shape[1] - depth :], lengths, target, None, order=order, num_symbols=s, num_targets=t
-        )
+        scored = rows[name]
+        depth = min(order - 1, scored.history.shape[1])
+        lengths = np.full(scored.target.size, depth) if scored.lengths is None else scored.lengths
+        history = scored.history[:, scored.history.shape[1] - depth :]
+        return NGramCounts.from_rows(history, lengths, scored.target, None, order=order, num_symbols=s, num_targets=t)
 
     model = fit_kneser_ney(counts("train"), validation=counts("validation"))
     probs, features = {}, {}
     for name in ("validation", "test"):
-        context, target, new = rows[name]
-        probs[name] = np.exp(model.log_prob(context, target))
-        features[name] = _cache_features(context, target, new, s)
+        scored = rows[name]
+        probs[name] = np.exp(model.log_prob(scored.history, scored.target, scored.lengths))
+        features[name] = token_cache_features(scored.tokens, scored.offsets, scored.position, s)
 
     def objective(unigram: float, follow: float) -> float:
         return float(np.log(_mixed(probs["validation"], features["validation"], unigram, follow)).sum())

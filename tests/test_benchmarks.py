@@ -1,6 +1,6 @@
 """Smoke runs of the benchmarks (bench_kernel.py, bench_store.py, bench_fit.py, bench_quality.py,
-bench_long_context.py, bench_scale.py, bench_top_k.py, bench_copy.py, bench_hops.py) as real subprocesses: their
-figures exist, and their memory stays flat."""
+bench_long_context.py, bench_scale.py, bench_top_k.py, bench_copy.py, bench_hops.py, bench_stacked.py) as real
+subprocesses: their figures exist, and their memory stays flat."""
 
 from __future__ import annotations
 
@@ -429,6 +429,45 @@ def test_quality_smoke_run_reports_every_figure(tmp_path):
         assert (verdict == "PASS") == holds, line
         assert line in table
     assert "head, defaults" in table and "Kneser-Ney, interpolated" in table
+
+
+STACKED_SCRIPT = SCRIPT.parent / "bench_stacked.py"
+
+
+@pytest.mark.slow
+def test_stacked_smoke_run_reports_every_head_beside_the_ngrams_on_its_rows(tmp_path):
+    """bench_stacked.py on a slice of the standard library (no download): every kind is fitted and scored by the
+    command line, each beside the n-grams on the rows it reads, and the cache baseline's 5-gram, counted here on the
+    long window's rows, is the one evaluate counted on the cluster for the long heads."""
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-W", "error::RuntimeWarning", str(STACKED_SCRIPT), "--json"),
+            *("--corpora", "stdlib", "--max-tokens", "30000", "--vocab-size", "200", "--max-iter", "1"),
+            *("--long-context", "32", "--buckets", "6", "--hops", "0", "--stack-gates", "joint"),
+            *("--work", str(tmp_path), "--cache", str(tmp_path / "cache")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=STACKED_SCRIPT.parents[1],
+        check=False,
+    )
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    table, _, payload = completed.stdout.partition("\n{")
+    (result,) = json.loads("{" + payload)["results"]
+    heads = result["heads"]
+    assert {"single, N = 8", "single, N = 32", "copy, N = 32", "conj, N = 8"} <= set(heads)
+    for name, head in heads.items():
+        assert_positive_finite(head["perplexity"], name)
+        assert head["iterations"] == 1 and head["parameters"] > 0, name
+        kn = head["baselines"]
+        assert kn["kneser_ney_5"] <= kn["kneser_ney"], name  # the 5-gram beats the bigram on code
+        assert f"{head['perplexity']:.2f}" in table and name in table, name
+    # The long heads read every row with an earlier token (short histories), the short ones full windows only.
+    assert heads["copy, N = 32"]["rows"] == heads["single, N = 32"]["rows"] > heads["conj, N = 8"]["rows"]
+    caches = result["caches"]
+    assert caches["kneser_ney_5_library"] == pytest.approx(heads["copy, N = 32"]["baselines"]["kneser_ney_5"], rel=1e-9)
+    assert caches["kneser_ney_5_caches"] < caches["kneser_ney_5_library"]  # code repeats itself
 
 
 LONG_CONTEXT_SCRIPT = SCRIPT.parent / "bench_long_context.py"
