@@ -55,7 +55,7 @@ def component_view(head: Head) -> WindowHead:
     if isinstance(head, ResponsibilityAttentionDistribution):
         k = copy_buckets(head).num_buckets
         return CopyHead(head, np.zeros(k), np.zeros(k))
-    if isinstance(head, WindowHead) and hasattr(head, "row_densities"):
+    if isinstance(head, WindowHead) and hasattr(head, "row_densities") and not isinstance(head, StackHead):
         return head
     raise ValueError(
         f"a stack reads single, copy, conj and hops heads (their per-row densities), not a {head.kind} head"
