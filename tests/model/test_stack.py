@@ -61,7 +61,7 @@ def test_the_gates_em_never_lowers_the_likelihood_it_fits_and_beats_every_compon
     trainer = StackSpec((), mode, components).trainer(TrainerContext(SHAPE))
     head = StackHead(np.full(3, 1 / 3), components, mode)
     objective = []
-    for _ in range(100):  # the optimum may lie at a corner of the simplex, which EM nears slowly
+    for _ in range(300):  # the optimum may lie at a corner of the simplex, which EM nears slowly
         stats = trainer.statistics(head, blocks_of(held, trainer.columns))
         objective.append(stats.log_lik if mode == "joint" else stats.target_log_prob)
         head = trainer.m_step(stats, head).model(None)
@@ -71,7 +71,7 @@ def test_the_gates_em_never_lowers_the_likelihood_it_fits_and_beats_every_compon
     for k in range(3):
         alone = trainer.statistics(head.with_gate(np.eye(3)[k]), blocks_of(held, trainer.columns))
         best_alone = alone.log_lik if mode == "joint" else alone.target_log_prob
-        assert objective[-1] >= best_alone - 1e-6 * abs(best_alone)
+        assert objective[-1] >= best_alone - 1e-7 * abs(best_alone)
 
 
 @pytest.mark.parametrize("mode", ["joint", "target"])
