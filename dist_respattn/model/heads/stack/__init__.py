@@ -12,7 +12,7 @@ from dist_respattn.model.heads.stack.kind import STACK_FROM, StackSpec, resolved
 __all__ = ["DEFAULT_GATE", "KIND", "StackHead", "StackPredictor", "StackSpec", "spec_from_options"]
 
 #: The gate mode a stack fit uses unless --stack-gate says otherwise.
-DEFAULT_GATE = "joint"
+DEFAULT_GATE = "target"
 
 
 def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, Any] | None) -> StackSpec | None:
@@ -58,9 +58,9 @@ KIND = register_kind(
                 {
                     "metavar": "{joint,target}",
                     "default": None,
-                    "help": "--head stack: joint weighs each component by pi_k p_k(query, target | window), so its "
-                    "prediction by pi_k p_k(query | window) (default); target interpolates the predictive "
-                    "distributions with pi itself",
+                    "help": "--head stack: target interpolates the components' predictive distributions with the "
+                    "gate pi itself, fitted on p(target | window, query) (default); joint weighs each component by "
+                    "pi_k p_k(query, target | window), so its prediction by pi_k p_k(query | window)",
                 },
                 ("fit",),
             ),

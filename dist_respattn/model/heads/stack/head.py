@@ -108,7 +108,7 @@ class StackHead(WindowHead):
     kind: ClassVar[str] = "stack"
 
     def __init__(
-        self, gate: Any, components: Sequence[Head], mode: str = "joint", *, context_length: int | None = None
+        self, gate: Any, components: Sequence[Head], mode: str = "target", *, context_length: int | None = None
     ) -> None:
         if mode not in GATE_MODES:
             raise ValueError(f"gate mode {mode!r}: expected one of {', '.join(GATE_MODES)}")
@@ -189,7 +189,7 @@ class StackHead(WindowHead):
             own = {name[len(prefix) :]: np.asarray(arrays[name]) for name in names if name.startswith(prefix)}
             components.append(head_from_arrays(str(entry["kind"]), own, dict(entry["meta"])))
         return cls(
-            np.asarray(arrays["stack_gate"]), components, str(meta.get("mode", "joint")),
+            np.asarray(arrays["stack_gate"]), components, str(meta.get("mode", "target")),
             context_length=int(meta["context_length"]) if "context_length" in meta else None,
         )  # fmt: skip
 

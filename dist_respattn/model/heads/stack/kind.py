@@ -55,7 +55,7 @@ class StackSpec(HeadSpec):
     kind: ClassVar[str] = "stack"
 
     paths: tuple[str, ...] = ()
-    mode: str = "joint"
+    mode: str = "target"
     components: tuple[Head, ...] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -67,7 +67,7 @@ class StackSpec(HeadSpec):
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StackSpec:
-        return cls(tuple(str(s) for s in data.get("sources", ())), str(data.get("mode", "joint")))
+        return cls(tuple(str(s) for s in data.get("sources", ())), str(data.get("mode", "target")))
 
     def sources(self) -> tuple[tuple[str, str], ...]:
         """Each component's model directory, named by the option that gave it."""
