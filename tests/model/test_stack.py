@@ -119,3 +119,17 @@ def test_a_stack_refuses_a_component_window_longer_than_its_rows_and_a_kind_it_c
     stack = StackHead([0.5, 0.3, 0.2], components)
     with pytest.raises(ValueError, match=r"a stack reads single, copy, conj and hops heads .* not a stack head"):
         StackHead([0.5, 0.5], [components[0], stack])
+
+
+def test_a_resumed_stack_starts_from_its_checkpoint_without_its_component_directories(fitted) -> None:
+    """A resumed fit loads no ``--stack-from`` directory (they may be gone): its checkpoint's head is the start."""
+    components, _, held = fitted
+    head = StackHead([0.5, 0.3, 0.2], components)
+    spec = StackSpec(("gone-a", "gone-b", "gone-c"), "target")
+    trainer = spec.trainer(TrainerContext(SHAPE, saved_meta={"iteration": 2}))
+    trainer.check_start(head, resumed=True)
+    assert trainer.prepare(head, resumed=True, passes=None) is head  # type: ignore[arg-type]
+    stats = trainer.statistics(head, blocks_of(held, trainer.columns))
+    assert stats.n_obs == held.num_rows
+    with pytest.raises(ValueError, match="a stack fit needs its components: give --stack-from MODEL_A,MODEL_B"):
+        spec.trainer(TrainerContext(SHAPE))
