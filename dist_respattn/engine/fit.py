@@ -788,7 +788,12 @@ def _fit_stage(
         page = fit_page_url(cl)
         if page is not None:
             say(f"fit page: {page} (the fit's iterations in a browser, while its cluster runs)")
-        if rule is not None and held is not None and fresh:
+        if rule is not None and held is not None and fresh and trainer.fits_heldout_rows():
+            say(
+                f"no validation store: the fit runs on {held.description}, {held_count:,} rows (--validation to "
+                "give one: rows the models it is made of were not fitted on)"
+            )
+        elif rule is not None and held is not None and fresh:
             say(
                 f"no validation store: the hyperparameters are chosen on {held.description}, "
                 f"{held_count:,} rows the fit does not train on (--validation to give one)"
