@@ -202,6 +202,13 @@ class StackTrainer(Trainer):
         self.mode = mode
         self.shape = shape
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The tasks carry the trainer to the workers, and the head they are given holds the components already:
+        # the start's copy of them (tens of MB) stays on the driver.
+        state = self.__dict__.copy()
+        state["components"] = ()
+        return state
+
     @property
     def columns(self) -> Columns:
         return Columns(windows=True)
