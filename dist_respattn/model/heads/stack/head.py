@@ -230,7 +230,8 @@ class StackHead(WindowHead):
         return f"stack of {parts}, {self.mode} gate"
 
     def record(self) -> dict[str, Any]:
-        return {"stack_gate": [float(v) for v in self.gate]}
+        """Each component's gate weight, ``stack_gate_K`` (numbers, as every kind's record holds)."""
+        return {f"stack_gate_{k}": float(v) for k, v in enumerate(self.gate)}
 
     def summary(self) -> tuple[dict[str, Any], list[str]]:
         weights = ", ".join(
