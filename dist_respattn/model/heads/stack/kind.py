@@ -106,8 +106,9 @@ class StackSpec(HeadSpec):
 
 @dataclass(frozen=True)
 class StackStatistics:
-    """Additive statistics of the gate's E-step: ``mass`` (K,) ``sum_n w_n r_nk``, the stack's joint ``log_lik`` and
-    predictive ``target_log_prob`` sums, and ``n_obs`` (the rows' weight)."""
+    """Additive statistics of the gate's E-step: ``mass`` (K,) ``sum_n w_n r_nk``, ``log_lik`` the sum the gate's EM
+    climbs (the joint log-likelihood in the joint mode, the predictive one in the target mode: what the convergence
+    rule reads), the predictive ``target_log_prob`` sum, and ``n_obs`` (the rows' weight)."""
 
     mass: np.ndarray
     log_lik: float
@@ -134,7 +135,7 @@ def gate_statistics(head: StackHead, blocks: Iterable[Block]) -> StackStatistics
         rows, w = rows.select(live), w[live]
         joint, target, log_r = mix_rows(head.gate, head.densities(rows), head.mode)
         mass += w @ np.exp(log_r)
-        log_lik += float(w @ joint)
+        log_lik += float(w @ (joint if head.mode == "joint" else target))
         target_log_prob += float(w @ target)
         n_obs += float(w.sum())
     return StackStatistics(mass, log_lik, target_log_prob, n_obs)
