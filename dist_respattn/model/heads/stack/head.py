@@ -393,7 +393,7 @@ class StackPredictor(RankedPredictions):
 
     @property
     def state_size(self) -> int:
-        """The components' states together (each bounded by its own model)."""
+        """The largest of the components' states (each bounded by its own model, the last N_k tokens at most)."""
         return max(part.state_size for part in self.parts)
 
     def predict(self, query: Any = None) -> np.ndarray:
