@@ -316,7 +316,8 @@ def _estep(
     gamma = np.empty(n_pos)
     post = np.empty((n_hops, n_pos))  # exp(alpha + beta - log Z) per hop and position (gamma without the weight)
     back = np.empty((n_hops, n_pos))  # the backward pass's exp(beta[h] - max beta[h]) (the statistics' e^beta)
-    incoming = np.empty(dim)
+    incoming = np.empty((n_pos, dim))  # each position's sum of the hop queries that reached it, weighted
+    mass = np.empty(n_pos)
     y = np.empty(dim)
     # The transition distances (times 1 / (2 sigma2)) of this row's window and of the previous one's, and where
     # each position's token sat in the previous window (-1: not there).
@@ -519,24 +520,30 @@ def _estep(
                     for j in range(m):
                         s += trans[h - 1, i * m + j] * back[h, j]
                     work[i] = w * g / s if g > 0.0 and s > 0.0 else 0.0
+                # Summed over the previous hop's positions i in order, as the shared pass does, for each j at once.
+                for j in range(m):
+                    mass[j] = 0.0
+                    for d in range(dim):
+                        incoming[j, d] = 0.0
+                for i in range(m):
+                    wi = work[i]
+                    if wi == 0.0:
+                        continue
+                    ci = tokens[lo + i]
+                    for j in range(m):
+                        x = wi * trans[h - 1, i * m + j] * back[h, j]
+                        if x != 0.0:
+                            mass[j] += x
+                            for d in range(dim):
+                                incoming[j, d] += x * hop_queries[ci, d]
                 for j in range(m):
                     if back[h, j] == 0.0:
                         continue
-                    for d in range(dim):
-                        incoming[d] = 0.0
-                    mass = 0.0
-                    for i in range(m):
-                        x = work[i] * trans[h - 1, i * m + j] * back[h, j]
-                        if x != 0.0:
-                            mass += x
-                            ci = tokens[lo + i]
-                            for d in range(dim):
-                                incoming[d] += x * hop_queries[ci, d]
                     cj = tokens[lo + j]
-                    key_mass[h, cj] += mass
+                    key_mass[h, cj] += mass[j]
                     for d in range(dim):
-                        key_sum[h, cj, d] += incoming[d]
-                    recency_mass[h, m - 1 - j] += mass
+                        key_sum[h, cj, d] += incoming[j, d]
+                    recency_mass[h, m - 1 - j] += mass[j]
             if h == last:
                 for j in range(m):
                     rj = gamma[j]
