@@ -20,7 +20,14 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["attention_of", "block_log_weights", "exp_shifted", "row_log_weights", "squared_distance"]
+__all__ = [
+    "attention_of",
+    "block_log_weights",
+    "exp_nonpositive",
+    "exp_shifted",
+    "row_log_weights",
+    "squared_distance",
+]
 
 
 # Reassociation lets LLVM vectorize the sum (4x faster at D = 32). The order of the partial sums then
@@ -68,7 +75,7 @@ _EXP_MIN = -708.0  # below this exp underflows past the normal range; those term
 
 
 @numba.njit(cache=True, nogil=True)
-def _exp_nonpositive(x, out, bits):  # pragma: no cover - compiled
+def exp_nonpositive(x, out, bits):  # pragma: no cover - compiled
     """``out[i] = exp(x[i])`` for ``x[i] <= 0`` (``-inf`` gives 0), to ~1 ulp.
 
     libm's ``exp`` is a scalar call (~10 ns); this branch-free version (Cody-Waite reduction and a
@@ -109,7 +116,7 @@ def exp_shifted(logw, best, out, bits):  # pragma: no cover - compiled
     """
     for i in range(logw.shape[0]):
         logw[i] -= best
-    _exp_nonpositive(logw, out, bits)
+    exp_nonpositive(logw, out, bits)
     total = 0.0
     for i in range(out.shape[0]):
         total += out[i]

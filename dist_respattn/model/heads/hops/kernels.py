@@ -17,7 +17,7 @@ import numpy as np
 
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import SparseEmission
-from dist_respattn.model.kernels.log_weights import exp_shifted
+from dist_respattn.model.kernels.log_weights import exp_nonpositive, exp_shifted
 from dist_respattn.model.kernels.per_position import find_pair
 from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
 from dist_respattn.model.rows import WindowRows
@@ -316,6 +316,7 @@ def _estep(
     gamma = np.empty(n_pos)
     post = np.empty((n_hops, n_pos))  # exp(alpha + beta - log Z) per hop and position (gamma without the weight)
     back = np.empty((n_hops, n_pos))  # the backward pass's exp(beta[h] - max beta[h]) (the statistics' e^beta)
+    sums = np.empty((n_hops, n_pos))  # and its sums over j of trans(i, j) times those
     incoming = np.empty((n_pos, dim))  # each position's sum of the hop queries that reached it, weighted
     mass = np.empty(n_pos)
     y = np.empty(dim)
@@ -426,7 +427,8 @@ def _estep(
                 shift[h - 1, i] = best
                 for j in range(m):
                     flat[i * m + j] = flat[i * m + j] - best if best > -np.inf else -np.inf
-            exp_shifted(flat[: m * m], 0.0, trans[h - 1, : m * m], bits[: m * m])
+            # exp_shifted's exponentials, without its shift by 0 (no change) and its sum (not read here).
+            exp_nonpositive(flat[: m * m], trans[h - 1, : m * m], bits[: m * m])
             if softmax:
                 for i in range(m):
                     total = 0.0
@@ -477,6 +479,7 @@ def _estep(
                 acc = 0.0
                 for j in range(m):
                     acc += trans[h - 1, i * m + j] * back[h, j]
+                sums[h, i] = acc
                 beta[h - 1, i] = shift[h - 1, i] + top + math.log(acc) if acc > 0.0 else -np.inf
         # -- the statistics --
         if log_z == -np.inf:
@@ -516,9 +519,7 @@ def _estep(
                     continue
                 for i in range(m):
                     g = post[h - 1, i]
-                    s = 0.0
-                    for j in range(m):
-                        s += trans[h - 1, i * m + j] * back[h, j]
+                    s = sums[h, i]  # sum_j trans(i, j) e^beta_j, the backward pass's
                     work[i] = w * g / s if g > 0.0 and s > 0.0 else 0.0
                 # Summed over the previous hop's positions i in order, as the shared pass does, for each j at once.
                 for j in range(m):
