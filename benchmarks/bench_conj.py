@@ -5,7 +5,7 @@ through the single head's per-position E-step (``ResponsibilityAttentionAccumula
 conjunction kernel (token windows, per position) with the pair rows of every (attended, current, target) cell the
 rows hold at the ``--depth`` most recent positions, random counts. Sampled rows repeat few pairs, so the support is
 nearly one pair per row and position (a worst case for its binary searches). The JIT is warmed up first; each takes
-the best of ``--repeats`` runs.
+the best of ``--repeats`` runs, in CPU time, the kernels taking turns.
 
 With ``--store`` and ``--model``, the rows are instead a real store's first ``--rows`` rows and the heads a fitted
 conjunction head (``--model``, a model directory of ``fit --head conj``) and its own single head (the same keys,
@@ -44,14 +44,15 @@ from dist_respattn.model.rows import WindowRows  # noqa: E402
 
 
 def best_times(repeats: int, runs: dict[Any, Callable[[], object]]) -> dict[Any, float]:
-    """The best of ``repeats`` wall times (s) of each run, the runs taking turns in every round: on a shared machine
-    a burst of load then slows each of them alike, and their ratios are measured side by side."""
+    """The best of ``repeats`` times (s) of each run, the runs taking turns in every round, measured in this thread's
+    CPU time: rows/s per core, which a shared machine's other processes (waits for a core) do not count in, and a
+    burst of load then slows each of the runs alike, their ratios measured side by side."""
     best = {name: math.inf for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
-            started = time.perf_counter()
+            started = time.thread_time()
             run()
-            best[name] = min(best[name], time.perf_counter() - started)
+            best[name] = min(best[name], time.thread_time() - started)
     return best
 
 

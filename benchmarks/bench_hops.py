@@ -4,8 +4,9 @@ reference library's chained attention.
 Rows are sampled from a random single-hop head (default shape S = T = 2000, N = 8, D = 32) and run, one core,
 through the single head's per-position E-step (``ResponsibilityAttentionAccumulator.seq_update``) and through the
 chain's forward–backward kernel with H = 2 and 3 hops (random later keys and priors). The JIT is warmed up first;
-each takes the best of ``--repeats`` runs. With the reference library installed, the chain's statistics and M-step
-are also compared with its ``ChainedAttentionEstimator`` on its own sampler's rows (``--parity-rows``).
+each takes the best of ``--repeats`` runs, in CPU time, the kernels taking turns. With the reference library
+installed, the chain's statistics and M-step are also compared with its ``ChainedAttentionEstimator`` on its own
+sampler's rows (``--parity-rows``).
 
 With ``--store`` and ``--model``, the rows are instead a real store's first ``--rows`` rows and the heads a fitted
 chain (``--model``, a model directory of ``fit --head hops``) and its own single head (hop 1's keys, gate and
@@ -47,14 +48,15 @@ from dist_respattn.model.rows import WindowRows  # noqa: E402
 
 
 def best_times(repeats: int, runs: dict[Any, Callable[[], object]]) -> dict[Any, float]:
-    """The best of ``repeats`` wall times (s) of each run, the runs taking turns in every round: on a shared machine
-    a burst of load then slows each of them alike, and their ratios are measured side by side."""
+    """The best of ``repeats`` times (s) of each run, the runs taking turns in every round, measured in this thread's
+    CPU time: rows/s per core, which a shared machine's other processes (waits for a core) do not count in, and a
+    burst of load then slows each of the runs alike, their ratios measured side by side."""
     best = {name: math.inf for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
-            started = time.perf_counter()
+            started = time.thread_time()
             run()
-            best[name] = min(best[name], time.perf_counter() - started)
+            best[name] = min(best[name], time.thread_time() - started)
     return best
 
 
