@@ -335,6 +335,21 @@ def _estep(
                     prefetch_element(pair_counts, p_a)
                 if hi_a - 1 - x < depth and with_pairs:
                     prefetch_item(slots, _slot(np.int64(c) * num_symbols + q_a, shift), 0)
+            near = row + _PREFETCH_ROWS // 2
+            if with_pairs:
+                # The pair rows of a nearer row: its hash slots (prefetched above, rows earlier) name the pairs,
+                # whose bounds, weights and first stored targets are then fetched.
+                hi_n = end[near]
+                q_n = tokens[hi_n - 1]
+                for x in range(max(begin[near], hi_n - depth), hi_n):
+                    p_n = find_pair_slot(slots, shift, np.int64(tokens[x]) * num_symbols + q_n)
+                    if p_n >= 0:
+                        prefetch_element(indptr, p_n)
+                        prefetch_element(pair_weight, p_n)
+                        k0 = indptr[p_n]
+                        prefetch_element(targets, k0)
+                        prefetch_element(cell_value, k0)
+                        prefetch_element(cell_counts, k0)
             far = row + 2 * _PREFETCH_ROWS
             if with_direct and far < n_rows:
                 r_f = direct_row[target[far]]
