@@ -5,12 +5,17 @@ through the single head's per-position E-step (``ResponsibilityAttentionAccumula
 conjunction kernel (token windows, per position) with the pair rows of every (attended, current, target) cell the
 rows hold at the ``--depth`` most recent positions, random counts. Sampled rows repeat few pairs, so the support is
 nearly one pair per row and position (a worst case for its binary searches). The JIT is warmed up first; each takes
-the best of ``--repeats`` runs.
+the best of ``--repeats`` runs, in CPU time, the kernels taking turns.
+
+With ``--store`` and ``--model``, the rows are instead a real store's first ``--rows`` rows and the heads a fitted
+conjunction head (``--model``, a model directory of ``fit --head conj``) and its own single head (the same keys,
+gate and emission), each E-step as a fit runs it on that store's blocks.
 
 Run::
 
     python benchmarks/bench_conj.py                       # 1,000,000 rows at N = 8, depths 2 and 8
     python benchmarks/bench_conj.py --rows 20000 --json   # a smoke run
+    python benchmarks/bench_conj.py --store train.zarr --model conj-model --rows 300000   # real rows
 """
 
 from __future__ import annotations
@@ -22,11 +27,14 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMB
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from dist_respattn.model.emission.layouts import SparseEmission  # noqa: E402
 from dist_respattn.model.heads.base import Block  # noqa: E402
 from dist_respattn.model.heads.conj import ConjHead  # noqa: E402
 from dist_respattn.model.heads.conj.kind import cell_tally, conj_statistics, support_of  # noqa: E402
@@ -35,13 +43,58 @@ from dist_respattn.model.heads.single_hop.sampler import random_distribution  # 
 from dist_respattn.model.rows import WindowRows  # noqa: E402
 
 
-def best_of(repeats: int, run: Callable[[], object]) -> float:
-    times = []
+def best_times(repeats: int, runs: dict[Any, Callable[[], object]]) -> dict[Any, float]:
+    """The best of ``repeats`` times (s) of each run, the runs taking turns in every round, measured in this thread's
+    CPU time: rows/s per core, which a shared machine's other processes (waits for a core) do not count in, and a
+    burst of load then slows each of the runs alike, their ratios measured side by side."""
+    best = {name: math.inf for name in runs}
     for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return min(times)
+        for name, run in runs.items():
+            started = time.thread_time()
+            run()
+            best[name] = min(best[name], time.thread_time() - started)
+    return best
+
+
+def single_accumulator(head: Any) -> ResponsibilityAttentionAccumulator:
+    """An empty accumulator of the single head's E-step for ``head``'s shape and emission layout."""
+    table = head.emission_table
+    if isinstance(table, SparseEmission):
+        return ResponsibilityAttentionAccumulator(*head.shape, layout="sparse", support=table.support)
+    return ResponsibilityAttentionAccumulator(*head.shape)
+
+
+def real_rows(args: argparse.Namespace) -> dict[str, Any]:
+    """The figures of a fitted conjunction head and its single head on a store's first ``--rows`` rows."""
+    from dist_respattn.artifacts.references import load_model
+    from dist_respattn.store import open_store
+
+    store = open_store(args.store)
+    head = load_model(args.model)
+    if not isinstance(head, ConjHead):
+        raise SystemExit(f"bench_conj.py: error: --model {args.model} holds a {type(head).__name__}: expected a "
+                         "conjunction head (fit --head conj)")  # fmt: skip
+    n_rows = min(args.rows, store.num_rows)
+    encoded = store.read_rows(0, n_rows)
+    rows = store.read_windows(0, n_rows)
+    small = min(1000, n_rows)
+    single_accumulator(head.single).seq_update(
+        (encoded.context[:small], encoded.query[:small], encoded.target[:small]), None, head.single
+    )
+    conj_statistics(head, [Block(store.read_windows(0, small), None)])
+
+    def single() -> None:
+        single_accumulator(head.single).seq_update(
+            (encoded.context, encoded.query, encoded.target), None, head.single, checked=encoded.checked
+        )
+
+    times = best_times(args.repeats, {"single": single, "conj": lambda: conj_statistics(head, [Block(rows, None)])})
+    single_rate, rate = n_rows / times["single"], n_rows / times["conj"]
+    s, n, d, t = head.shape
+    return {"shape": {"S": s, "N": n, "D": d, "T": t}, "rows": n_rows, "store": str(args.store),
+            "model": str(args.model), "single_rows_per_second": single_rate,
+            "conj": {head.depth: {"rows_per_second": rate, "over_single": rate / single_rate,
+                                  "pairs": int(head.pair_keys.size), "cells": int(head.targets.size)}}}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,8 +105,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dim", type=int, default=32, help="D")
     parser.add_argument("--depths", default="2,8", help="comma-separated conjunction depths")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--store", help="a store whose first --rows rows are run (with --model) instead of sampled rows"
+    )
+    parser.add_argument("--model", help="a fitted conjunction head's model directory (with --store)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if (args.store is None) != (args.model is None):
+        parser.error("--store and --model go together")
+    if args.store is not None:
+        report(real_rows(args), args.json)
+        return
     s, n, d = args.symbols, args.context, args.dim
     truth = random_distribution(s, n, d, s, seed=0, sigma2=1.0)
     context, query, target = truth.sampler(1).sample_arrays(args.rows)
@@ -69,23 +131,41 @@ def main(argv: list[str] | None = None) -> None:
     def single() -> None:
         ResponsibilityAttentionAccumulator(s, n, d, s).seq_update((context, query, target), None, model)
 
-    single_rate = args.rows / best_of(args.repeats, single)
-    figures: dict = {"shape": {"S": s, "N": n, "D": d, "T": s}, "rows": args.rows,
-                     "single_rows_per_second": single_rate, "conj": {}}  # fmt: skip
     rng = np.random.default_rng(3)
+    heads = {}
     for depth in (int(v) for v in args.depths.split(",")):
         depth = min(depth, n)
         pair_keys, indptr, targets = support_of(cell_tally(s, s, depth, iter([Block(rows, None)])), s, 1.0)
-        head = ConjHead(model, depth, pair_keys, indptr, targets, rng.exponential(size=targets.size), 1.0, 0.5)
-        conj_statistics(head, [Block(WindowRows.from_encoded(context[small], query[small], target[small]), None)])
-        rate = args.rows / best_of(args.repeats, lambda head=head: conj_statistics(head, [Block(rows, None)]))
+        heads[depth] = ConjHead(model, depth, pair_keys, indptr, targets, rng.exponential(size=targets.size), 1.0, 0.5)
+        conj_statistics(
+            heads[depth], [Block(WindowRows.from_encoded(context[small], query[small], target[small]), None)]
+        )
+    times = best_times(
+        args.repeats,
+        {
+            "single": single,
+            **{depth: (lambda head=head: conj_statistics(head, [Block(rows, None)])) for depth, head in heads.items()},
+        },
+    )
+    single_rate = args.rows / times["single"]
+    figures: dict = {"shape": {"S": s, "N": n, "D": d, "T": s}, "rows": args.rows,
+                     "single_rows_per_second": single_rate, "conj": {}}  # fmt: skip
+    for depth, head in heads.items():
+        rate = args.rows / times[depth]
         figures["conj"][depth] = {"rows_per_second": rate, "over_single": rate / single_rate,
-                                  "pairs": int(pair_keys.size), "cells": int(targets.size)}  # fmt: skip
-    if args.json:
+                                  "pairs": int(head.pair_keys.size), "cells": int(head.targets.size)}  # fmt: skip
+    report(figures, args.json)
+
+
+def report(figures: dict[str, Any], as_json: bool) -> None:
+    if as_json:
         print(json.dumps(figures))
         return
-    print(f"S = T = {s}, N = {n}, D = {d}, {args.rows:,} rows, one core")
-    print(f"single head, per-position kernel:        {single_rate:12,.0f} rows/s")
+    shape = figures["shape"]
+    where = f" of {figures['store']}" if "store" in figures else ""
+    print(f"S = {shape['S']}, T = {shape['T']}, N = {shape['N']}, D = {shape['D']}, {figures['rows']:,} rows{where}, "
+          "one core")  # fmt: skip
+    print(f"single head, per-position kernel:        {figures['single_rows_per_second']:12,.0f} rows/s")
     for depth, f in figures["conj"].items():
         print(f"conjunction head, depth {depth} ({f['pairs']:,} pairs): {f['rows_per_second']:12,.0f} rows/s  "
               f"({f['over_single']:.2f}x)")  # fmt: skip

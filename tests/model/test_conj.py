@@ -4,6 +4,7 @@ two workers equal to the in-process one."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +20,12 @@ from dist_respattn.model.fitting.em import fit_em
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import Block
 from dist_respattn.model.heads.conj import ConjHead, ConjSpec
+from dist_respattn.model.heads.conj.kernels import ConjArrays, conj_estep
 from dist_respattn.model.heads.conj.kind import cell_tally, conj_statistics, support_of
 from dist_respattn.model.heads.single_hop.accumulator import ResponsibilityAttentionAccumulator
 from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 from dist_respattn.model.heads.single_hop.sampler import random_distribution
+from dist_respattn.model.kernels.per_position import StatisticArrays
 from dist_respattn.model.rows import EncodedRows, WindowRows
 from tests.model.test_copy import corpus, windows_of
 
@@ -123,6 +126,32 @@ def test_kernel_equals_the_per_position_reference(
     mine, theirs = kernel_statistics(head, rows), reference_statistics(head, rows)
     for name, value in theirs.items():
         np.testing.assert_allclose(mine[name], value, rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("backoff", ["attended", "current"])
+def test_direct_rows_and_binary_searches_give_the_same_statistics(backoff: str) -> None:
+    """A sparse ``B`` read through the direct rows of every target, of none (binary searches) or of every other one:
+    the E-step's statistics bit for bit the same."""
+    rng = np.random.default_rng(5)
+    shape = (7, 4, 2, 7)
+    tokens, starts = corpus(rng, 60, 7, 2)
+    rows = windows_of(tokens, starts, shape[1], rng.normal(size=(7, 2)))
+    head = random_conj_head(shape, rows, 2, 5, sparse=True, backoff=backoff, discount=0.3)
+    params = head.parameters
+    assert (params.direct_row >= 0).all()  # a full support: every target has its direct row
+    some = params.direct_row.copy()
+    some[::2] = -1
+    results = []
+    for variant in (params, replace(params, direct_row=params.direct_row[:0]), replace(params, direct_row=some)):
+        stats = StatisticArrays.zeros(*shape, head.single.emission_table.support)
+        extra = ConjArrays.zeros(shape[1], head.num_cells)
+        conj_estep(rows, variant, stats, extra)
+        results.append([stats.key_sum, stats.key_mass, stats.pair_counts, stats.scalars, extra.recency_mass,
+                        extra.cell_counts])  # fmt: skip
+    assert results[0][5].sum() > 0.0  # the pair rows were read
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_an_infinite_pair_strength_is_the_single_head() -> None:

@@ -3,23 +3,25 @@ attention, the single head at H = 1, and EM's monotone objective."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
 import pytest
 from mixle.stats.latent import chained_attention as ref
 
-from dist_respattn.model.emission.layouts import DenseEmission
+from dist_respattn.model.emission.layouts import DenseEmission, PairSupport
 from dist_respattn.model.fitting.em import fit_em
 from dist_respattn.model.heads.base import Block, TrainerContext
 from dist_respattn.model.heads.hops import HopsHead, HopsSpec
-from dist_respattn.model.heads.hops.kernels import hop_score
+from dist_respattn.model.heads.hops.kernels import HopArrays, hop_estep, hop_score
 from dist_respattn.model.heads.hops.kind import hop_m_step, hop_statistics
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 from dist_respattn.model.heads.single_hop.sampler import random_distribution
 from dist_respattn.model.rows import EncodedRows, WindowRows
 from dist_respattn.model.streaming import generate
+from tests.model.test_copy import corpus, windows_of
 
 
 def random_chain(shape, hops, seed, *, softmax=False, sigma2=0.7):
@@ -230,3 +232,49 @@ def test_the_streaming_predictor_equals_recomputation_and_generates() -> None:
         assert predictor.state_size == len(window)
     drawn = generate(head, embeddings, np.array([3, 1]), 5, np.random.default_rng(0))
     assert drawn.shape == (5,) and ((drawn >= 0) & (drawn < shape[3])).all()
+
+
+def _statistic_arrays(head, rows, params):
+    arrays = HopArrays.zeros(head.n_hops, head.shape, head.single.emission_table.support.num_pairs)
+    hop_estep(rows, params, arrays)
+    return [arrays.key_sum, arrays.key_mass, arrays.recency_mass, arrays.pair_counts, arrays.scalars]
+
+
+@pytest.mark.parametrize("hops", [2, 3])
+def test_stream_windows_and_a_sparse_emission_equal_the_enumeration(hops):
+    """Windows of one token stream (each shares all but one token with the previous one, short ones at document
+    starts: the distances the kernel takes from the previous row) under a sparse emission read through direct rows,
+    binary searches, or both: the same statistics bit for bit, and the enumeration's."""
+    shape = (5, 4, 2, 5)
+    head = random_chain(shape, hops, 7)
+    support = PairSupport.full(shape[0], shape[3])
+    head = HopsHead(head.single.with_emission(head.single.emission_table.restricted(support)), head.keys,
+                    head.priors, head.hop_queries)  # fmt: skip
+    rng = np.random.default_rng(8)
+    tokens, starts = corpus(rng, 40, shape[0], 3)
+    rows = windows_of(tokens, starts, shape[1], rng.normal(size=(shape[0], shape[2])))
+    params = head.parameters
+    assert (params.direct_row >= 0).all()  # a full support: every target has its direct row
+    some = params.direct_row.copy()
+    some[::2] = -1
+    variants = [
+        _statistic_arrays(head, rows, params),
+        _statistic_arrays(head, rows, dataclasses.replace(params, direct_row=params.direct_row[:0])),
+        _statistic_arrays(head, rows, dataclasses.replace(params, direct_row=some)),
+    ]
+    for other in variants[1:]:
+        for a, b in zip(variants[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
+    lengths = rows.end - rows.begin
+    context = np.zeros((rows.num_rows, shape[1]), dtype=np.int32)
+    for r in range(rows.num_rows):
+        context[r, shape[1] - lengths[r] :] = tokens[rows.begin[r] : rows.end[r]]
+    query = rows.query_table[rows.query_index]
+    key_sum, key_mass, _, counts, log_lik = brute_statistics(head, context, query, rows.target, lengths)
+    stats = hop_statistics(head, [Block(rows, None)])
+    assert stats.log_lik == pytest.approx(log_lik, rel=1e-12)
+    np.testing.assert_allclose(stats.stats.key_sum, key_sum[0], rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(stats.key_sum, key_sum[1:], rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(stats.key_mass, key_mass[1:], rtol=1e-11, atol=1e-13)
+    emission_count = stats.stats.emission_count.on(support).to_dense()
+    np.testing.assert_allclose(emission_count, counts, rtol=1e-11, atol=1e-13)

@@ -24,6 +24,7 @@ __all__ = [
     "NO_ROWS",
     "attention_of",
     "block_log_weights",
+    "exp_nonpositive",
     "exp_shifted",
     "keep_row",
     "row_log_weights",
@@ -79,7 +80,7 @@ _EXP_MIN = -708.0  # below this exp underflows past the normal range; those term
 
 
 @numba.njit(cache=True, nogil=True)
-def _exp_nonpositive(x, out, bits):  # pragma: no cover - compiled
+def exp_nonpositive(x, out, bits):  # pragma: no cover - compiled
     """``out[i] = exp(x[i])`` for ``x[i] <= 0`` (``-inf`` gives 0), to ~1 ulp.
 
     libm's ``exp`` is a scalar call (~10 ns); this branch-free version (Cody-Waite reduction and a
@@ -120,7 +121,7 @@ def exp_shifted(logw, best, out, bits):  # pragma: no cover - compiled
     """
     for i in range(logw.shape[0]):
         logw[i] -= best
-    _exp_nonpositive(logw, out, bits)
+    exp_nonpositive(logw, out, bits)
     total = 0.0
     for i in range(out.shape[0]):
         total += out[i]

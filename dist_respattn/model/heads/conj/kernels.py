@@ -19,7 +19,7 @@ from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.kernels.log_weights import NO_ROWS, exp_shifted, keep_row, squared_distance
 from dist_respattn.model.kernels.per_position import find_pair
-from dist_respattn.model.kernels.prefetch import prefetch_item
+from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
 from dist_respattn.model.rows import WindowRows
 
 __all__ = [
@@ -38,6 +38,8 @@ _NO_VALUES = np.zeros(0)
 _NO_INDEX = np.zeros(0, dtype=np.int64)
 _NO_SYMBOLS = np.zeros(0, dtype=np.int32)
 _NO_TABLE = np.zeros((0, 0))
+_NO_ROWS = np.zeros(0, dtype=np.int32)
+_NO_SLOTS = np.zeros((0, 0), dtype=np.int32)
 _PREFETCH_ROWS = 8  # how many rows ahead the passes prefetch the cells a row reads
 
 
@@ -57,6 +59,9 @@ class ConjParameters:
             strength); ``cell_value``: (M,) ``n[p, t] / (n_p + s_p)``.
         log_emission_ts: (T, S) ``log B`` target-major for a dense emission, else (0, 0); a sparse one's
             ``indptr`` (T + 1,), ``symbols`` (P,), ``log_values``, ``log_backoff`` (S,), ``log_base`` (T,).
+        direct_row, direct_slots: a sparse emission's direct symbol -> pair rows of its most frequent targets
+            (:func:`~dist_respattn.model.kernels.per_position.direct_pair_rows`), which the E-step reads instead of
+            a binary search; empty for a dense one. Not among :meth:`arrays` (the scoring passes do not read them).
     """
 
     key_means: np.ndarray
@@ -80,6 +85,8 @@ class ConjParameters:
     log_values: np.ndarray
     log_backoff: np.ndarray
     log_base: np.ndarray
+    direct_row: np.ndarray
+    direct_slots: np.ndarray
 
     @classmethod
     def build(
@@ -94,15 +101,17 @@ class ConjParameters:
                 log_values, log_backoff, log_base = (np.log(v) for v in (table.values, table.backoff, table.base))
             sparse = (table.support.indptr, table.support.symbols, log_values, log_backoff, log_base)
             dense = _NO_TABLE
+            direct = (params.direct_row, params.direct_slots)
         else:
             sparse = (_NO_INDEX, _NO_SYMBOLS, _NO_VALUES, _NO_VALUES, _NO_VALUES)
             dense = params.log_emission_ts
+            direct = (_NO_ROWS, _NO_SLOTS)
         return cls(
             params.key_means, float(params.inv_two_sigma2), float(params.gate_const),
             np.asarray(single.position_prior, dtype=np.float64), np.asarray(params.log_prior, dtype=np.float64),
             int(depth), bool(current), int(single.num_symbols), pair_keys, *pair_table(pair_keys), indptr, targets,
             pair_weight,
-            cell_value, dense, *sparse,
+            cell_value, dense, *sparse, *direct,
         )  # fmt: skip
 
     def arrays(self) -> tuple[Any, ...]:
@@ -278,15 +287,21 @@ def _estep(
     key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
     indptr, targets,
     pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base,
+    direct_row, direct_slots,
     key_sum, key_mass, emission_count_ts, pair_counts, recency_mass, cell_counts, scalars, impossible,
 ):  # pragma: no cover - compiled  # fmt: skip
     """The fused E-step over the rows in order. Returns ``(n_impossible, n_outside)``: rows no position explains
-    (the first written to ``impossible``) and rows that fall on a cell or a B pair off the supports."""
+    (the first written to ``impossible``) and rows that fall on a cell or a B pair off the supports.
+
+    Each window's terms are :func:`_row_terms`' written out here, with a sparse ``B`` read through the direct rows:
+    a call passing some thirty arrays costs more a row than its lookups (measured: two more arrays in that call,
+    +10% a row)."""
     n_pos = prior.shape[0]
     dim = key_means.shape[1]
     sparse = b_indptr.shape[0] > 0
+    with_direct = direct_row.shape[0] > 0
+    with_pairs = pair_keys.shape[0] > 0
     logw = np.empty(n_pos)
-    gate = np.empty(n_pos)
     resp = np.empty(n_pos)
     bits = np.empty(n_pos, dtype=np.int64)
     cell = np.empty(n_pos, dtype=np.int64)
@@ -302,9 +317,45 @@ def _estep(
         ahead = row + _PREFETCH_ROWS
         if ahead < n_rows:
             # The cells a later row reads (and updates), scattered over tables larger than cache: their misses then
-            # overlap with this row's work (as in the single head's per-position kernel).
-            _prefetch_row(tokens, begin[ahead], end[ahead], target[ahead], depth, num_symbols, slots, shift,
-                          log_emission_ts, emission_count_ts)  # fmt: skip
+            # overlap with this row's work (as in the single head's per-position kernel). A sparse B's direct row
+            # cells of the row twice as far, then, here, the values and counts their pair indices name.
+            lo_a = begin[ahead]
+            hi_a = end[ahead]
+            t_a = target[ahead]
+            q_a = tokens[hi_a - 1]
+            r_a = direct_row[t_a] if with_direct else -1
+            for x in range(lo_a, hi_a):
+                c = tokens[x]
+                if not sparse:
+                    prefetch_item(log_emission_ts, t_a, c)
+                    prefetch_item(emission_count_ts, t_a, c)
+                elif r_a >= 0:
+                    p_a = max(direct_slots[r_a, c], 0)  # -1: off the support
+                    prefetch_element(log_values, p_a)
+                    prefetch_element(pair_counts, p_a)
+                if hi_a - 1 - x < depth and with_pairs:
+                    prefetch_item(slots, _slot(np.int64(c) * num_symbols + q_a, shift), 0)
+            near = row + _PREFETCH_ROWS // 2
+            if with_pairs:
+                # The pair rows of a nearer row: its hash slots (prefetched above, rows earlier) name the pairs,
+                # whose bounds, weights and first stored targets are then fetched.
+                hi_n = end[near]
+                q_n = tokens[hi_n - 1]
+                for x in range(max(begin[near], hi_n - depth), hi_n):
+                    p_n = find_pair_slot(slots, shift, np.int64(tokens[x]) * num_symbols + q_n)
+                    if p_n >= 0:
+                        prefetch_element(indptr, p_n)
+                        prefetch_element(pair_weight, p_n)
+                        k0 = indptr[p_n]
+                        prefetch_element(targets, k0)
+                        prefetch_element(cell_value, k0)
+                        prefetch_element(cell_counts, k0)
+            far = row + 2 * _PREFETCH_ROWS
+            if with_direct and far < n_rows:
+                r_f = direct_row[target[far]]
+                if r_f >= 0:
+                    for x in range(begin[far], end[far]):
+                        prefetch_item(direct_slots, r_f, tokens[x])
         w = 1.0 if weights.shape[0] == 0 else weights[row]
         if w == 0.0:
             continue
@@ -318,12 +369,57 @@ def _estep(
             y[d] = v
             yy += v * v
         m = hi - lo
-        best, total = _row_terms(
-            tokens, lo, hi, t, y, key_means, inv_two_sigma2, prior, log_prior, depth, current, num_symbols, pair_keys,
-            slots, shift, indptr,
-            targets, pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff,
-            log_base, logw, gate, cell, bpair,
-        )  # fmt: skip
+        # The window's terms (as _row_terms): logw[j] the joint log-weight, cell[j] the stored cell (-1 none, -2 the
+        # pair's row holds no such target), bpair[j] B's sparse pair (-1 off the support or dense).
+        total = 0.0
+        for r in range(m):
+            total += prior[n_pos - 1 - r]
+        log_total = 0.0 if m == n_pos else (math.log(total) if total > 0.0 else 0.0)
+        qt = tokens[hi - 1]
+        t_row = direct_row[t] if with_direct else -1
+        log_bq = 0.0  # B[qt, t], looked up once a row (at its first pair row) when the pair rows lean toward it
+        have_bq = False
+        best = -np.inf
+        for j in range(m):
+            x = lo + j
+            r = hi - 1 - x
+            col = n_pos - 1 - r
+            c = tokens[x]
+            if not sparse:
+                log_b = log_emission_ts[t, c]
+                bpair[j] = -1
+            else:
+                bp = np.int64(direct_slots[t_row, c]) if t_row >= 0 else find_pair(b_indptr, b_symbols, t, c)
+                bpair[j] = bp
+                log_b = log_values[bp] if bp >= 0 else log_backoff[c] + log_base[t]
+            cell[j] = -1
+            log_e = log_b
+            if r < depth and with_pairs:
+                p = find_pair_slot(slots, shift, np.int64(c) * num_symbols + qt)
+                if p >= 0:
+                    k = find_key(targets, indptr[p], indptr[p + 1], t)
+                    w_p = pair_weight[p]
+                    if current:  # the pair rows' prior mean is the current token's row B[q]
+                        if not have_bq:
+                            if not sparse:
+                                log_bq = log_emission_ts[t, qt]
+                            else:
+                                bq = np.int64(direct_slots[t_row, qt]) if t_row >= 0 else find_pair(
+                                    b_indptr, b_symbols, t, qt)  # fmt: skip
+                                log_bq = log_values[bq] if bq >= 0 else log_backoff[qt] + log_base[t]
+                            have_bq = True
+                        log_b = log_bq
+                    if k >= 0:
+                        e = cell_value[k] + w_p * math.exp(log_b)
+                        log_e = math.log(e) if e > 0.0 else -np.inf
+                        cell[j] = k
+                    else:
+                        log_e = (math.log(w_p) if w_p > 0.0 else -np.inf) + log_b
+                        cell[j] = -2
+            distance = squared_distance(y, key_means, c) * inv_two_sigma2
+            lj = ((log_prior[col] - log_total) - distance) + log_e
+            logw[j] = lj
+            best = max(best, lj)
         if best == -np.inf:
             if n_impossible < impossible.shape[0]:
                 impossible[n_impossible] = row
@@ -448,7 +544,7 @@ def conj_estep(rows: WindowRows, params: ConjParameters, stats: Any, extra: Conj
     found = np.empty(min(rows.num_rows, 64), dtype=np.int64)
     n_impossible, n_outside = _estep(  # type: ignore[call-arg]
         rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
-        *params.arrays(),
+        *params.arrays(), params.direct_row, params.direct_slots,
         stats.key_sum, stats.key_mass, stats.emission_count_ts, stats.pair_counts if sparse else _NO_VALUES,
         extra.recency_mass, extra.cell_counts, stats.scalars, found,
     )  # fmt: skip

@@ -17,9 +17,9 @@ import numpy as np
 
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import SparseEmission
-from dist_respattn.model.kernels.log_weights import NO_ROWS, exp_shifted, keep_row
+from dist_respattn.model.kernels.log_weights import NO_ROWS, exp_nonpositive, exp_shifted, keep_row
 from dist_respattn.model.kernels.per_position import find_pair
-from dist_respattn.model.kernels.prefetch import prefetch_item
+from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
 from dist_respattn.model.rows import WindowRows
 
 __all__ = ["HopArrays", "HopParameters", "hop_estep", "hop_score"]
@@ -28,6 +28,8 @@ _NO_VALUES = np.zeros(0)
 _NO_INDEX = np.zeros(0, dtype=np.int64)
 _NO_SYMBOLS = np.zeros(0, dtype=np.int32)
 _NO_TABLE = np.zeros((0, 0))
+_NO_ROWS = np.zeros(0, dtype=np.int32)
+_NO_SLOTS = np.zeros((0, 0), dtype=np.int32)
 _PREFETCH_ROWS = 8  # how many rows ahead the passes prefetch a dense emission's cells
 
 
@@ -45,6 +47,9 @@ class HopParameters:
             than a joint Gaussian factor.
         log_emission_ts: (T, S) ``log B`` target-major for a dense emission, else (0, 0); a sparse one's
             ``indptr`` (T + 1,), ``symbols`` (P,), ``log_values`` (P,), ``log_backoff`` (S,), ``log_base`` (T,).
+        direct_row, direct_slots: a sparse emission's direct symbol -> pair rows of its most frequent targets
+            (:func:`~dist_respattn.model.kernels.per_position.direct_pair_rows`), which the E-step reads instead of
+            a binary search; empty for a dense one. Not among :meth:`arrays` (the scoring pass does not read them).
     """
 
     key_means: np.ndarray
@@ -60,6 +65,8 @@ class HopParameters:
     log_values: np.ndarray
     log_backoff: np.ndarray
     log_base: np.ndarray
+    direct_row: np.ndarray
+    direct_slots: np.ndarray
 
     @classmethod
     def build(
@@ -74,16 +81,18 @@ class HopParameters:
                 log_values, log_backoff, log_base = (np.log(v) for v in (table.values, table.backoff, table.base))
             sparse = (table.support.indptr, table.support.symbols, log_values, log_backoff, log_base)
             dense = _NO_TABLE
+            direct = (params.direct_row, params.direct_slots)
         else:
             sparse = (_NO_INDEX, _NO_SYMBOLS, _NO_VALUES, _NO_VALUES, _NO_VALUES)
             dense = params.log_emission_ts
+            direct = (_NO_ROWS, _NO_SLOTS)
         key_means = np.ascontiguousarray(np.concatenate([np.asarray(single.key_means)[None], keys]), dtype=np.float64)
         prior = np.ascontiguousarray(np.concatenate([np.asarray(single.position_prior)[None], priors]), np.float64)
         with np.errstate(divide="ignore"):
             log_prior = np.log(prior)
         return cls(
             key_means, prior, log_prior, np.ascontiguousarray(hop_queries, dtype=np.float64),
-            float(params.inv_two_sigma2), float(params.gate_const), bool(softmax), dense, *sparse,
+            float(params.inv_two_sigma2), float(params.gate_const), bool(softmax), dense, *sparse, *direct,
         )  # fmt: skip
 
     def arrays(self) -> tuple[Any, ...]:
@@ -278,28 +287,46 @@ def _chain(
 def _estep(
     tokens, begin, end, target, query_table, query_index, weights,
     key_means, prior, log_prior, hop_queries, inv_two_sigma2, gate_const, softmax, log_emission_ts, indptr,
-    symbols, log_values, log_backoff, log_base,
+    symbols, log_values, log_backoff, log_base, direct_row, direct_slots,
     key_sum, key_mass, recency_mass, emission_count_ts, pair_counts, scalars, impossible,
 ):  # pragma: no cover - compiled  # fmt: skip
     """The E-step over the rows in order. Returns ``(n_impossible, n_outside)``: rows no path explains (the first
-    written to ``impossible``) and rows whose last hop falls on a pair off a sparse support."""
+    written to ``impossible``) and rows whose last hop falls on a pair off a sparse support.
+
+    The forward-backward is :func:`_chain`'s written out here (a call passing some thirty arrays costs a row more
+    than it does), with what the statistics need and nothing else: no predictive normalizer; the backward pass's
+    exponentials kept for the statistics' (they are the same numbers); each transition distance of a token pair
+    the previous row's window held (a stream's consecutive windows share N - 1 tokens) taken from that row; a
+    sparse emission read through its direct rows. Every number is computed as :func:`_chain` computes it."""
     n_hops = key_means.shape[0]
     n_pos = prior.shape[1]
     dim = key_means.shape[2]
     sparse = indptr.shape[0] > 0
+    with_direct = direct_row.shape[0] > 0
+    later = max(n_hops - 1, 1)
     alpha = np.empty((n_hops, n_pos))
     beta = np.empty((n_hops, n_pos))
-    trans = np.empty((max(n_hops - 1, 1), n_pos * n_pos))
+    trans = np.empty((later, n_pos * n_pos))
     flat = np.empty(n_pos * n_pos)
-    shift = np.empty((max(n_hops - 1, 1), n_pos))
+    shift = np.empty((later, n_pos))
     log_e = np.empty(n_pos)
     pair = np.empty(n_pos, dtype=np.int64)
     work = np.empty(n_pos)
     bits = np.empty(n_pos * n_pos, dtype=np.int64)
     gamma = np.empty(n_pos)
-    eb = np.empty(n_pos)
-    incoming = np.empty(dim)
+    post = np.empty((n_hops, n_pos))  # exp(alpha + beta - log Z) per hop and position (gamma without the weight)
+    back = np.empty((n_hops, n_pos))  # the backward pass's exp(beta[h] - max beta[h]) (the statistics' e^beta)
+    sums = np.empty((n_hops, n_pos))  # and its sums over j of trans(i, j) times those
+    incoming = np.empty((n_pos, dim))  # each position's sum of the hop queries that reached it, weighted
+    mass = np.empty(n_pos)
     y = np.empty(dim)
+    # The transition distances (times 1 / (2 sigma2)) of this row's window and of the previous one's, and where
+    # each position's token sat in the previous window (-1: not there).
+    scaled = np.empty((later, n_pos, n_pos))
+    scaled_prev = np.empty((later, n_pos, n_pos))
+    prev_tokens = np.empty(n_pos, dtype=np.int64)
+    prev_m = 0
+    src = np.empty(n_pos, dtype=np.int64)
     # The Gaussian normalizers in the log-likelihood: hop 1's, and each later hop's unless it is a softmax.
     consts = gate_const * (1 if softmax else n_hops)
     n_impossible = 0
@@ -310,17 +337,39 @@ def _estep(
     n_rows = target.shape[0]
     n_symbols = key_means.shape[1]
     key_rows = key_means.reshape(n_hops * n_symbols, dim)  # every hop's keys as rows, for the prefetches
+    last = n_hops - 1
     for row in range(n_rows):
         ahead = row + _PREFETCH_ROWS
         if ahead < n_rows:
-            # The emission cells a later row reads and updates, scattered over (T, S) tables larger than cache, and
-            # its tokens' keys and hop queries: their misses then overlap with this row's work.
-            t_ahead = target[ahead]
-            for x in range(begin[ahead], end[ahead]):
+            # The emission cells a later row reads and updates, scattered over tables larger than cache, and its
+            # tokens' keys and hop queries (those its predecessor's window did not hold: they were fetched for
+            # it): their misses then overlap with this row's work. A sparse emission's direct row cells of the row
+            # twice as far, then, here, the values and counts their pair indices name.
+            lo_a = begin[ahead]
+            hi_a = end[ahead]
+            t_a = target[ahead]
+            r_a = direct_row[t_a] if with_direct else -1
+            lo_p = begin[ahead - 1] if ahead > 0 else 0
+            m_p = end[ahead - 1] - lo_p if ahead > 0 else 0
+            offset = m_p - (hi_a - lo_a - 1)
+            for x in range(lo_a, hi_a):
+                c = tokens[x]
                 if not sparse:
-                    prefetch_item(log_emission_ts, t_ahead, tokens[x])
-                    prefetch_item(emission_count_ts, t_ahead, tokens[x])
-                _prefetch_rows(key_rows, hop_queries, tokens[x], n_symbols)
+                    prefetch_item(log_emission_ts, t_a, c)
+                    prefetch_item(emission_count_ts, t_a, c)
+                elif r_a >= 0:
+                    p_a = max(direct_slots[r_a, c], 0)  # -1: off the support
+                    prefetch_element(log_values, p_a)
+                    prefetch_element(pair_counts, p_a)
+                k = x - lo_a + offset
+                if not (0 <= k < m_p and tokens[lo_p + k] == c):
+                    _prefetch_rows(key_rows, hop_queries, c, n_symbols)
+            far = row + 2 * _PREFETCH_ROWS
+            if with_direct and far < n_rows:
+                r_f = direct_row[target[far]]
+                if r_f >= 0:
+                    for x in range(begin[far], end[far]):
+                        prefetch_item(direct_slots, r_f, tokens[x])
         w = 1.0 if weights.shape[0] == 0 else weights[row]
         if w == 0.0:
             continue
@@ -334,11 +383,105 @@ def _estep(
             v = np.float64(query_table[q, d])
             y[d] = v
             yy += v * v
-        log_z, _ = _chain(
-            tokens, lo, hi, t, y, key_means, prior, log_prior, hop_queries, inv_two_sigma2, softmax,
-            log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, True, alpha, beta, trans, shift,
-            log_e, pair, work, flat, bits,
-        )  # fmt: skip
+        # -- the forward-backward (as _chain) --
+        full = m == n_pos
+        log_total = 0.0
+        if not full:
+            total = 0.0
+            for j in range(m):
+                total += prior[0, n_pos - m + j]
+            log_total = math.log(total) if total > 0.0 else 0.0
+        for j in range(m):
+            c = tokens[lo + j]
+            d2 = 0.0
+            for k in range(dim):
+                v = y[k] - key_means[0, c, k]
+                d2 += v * v
+            alpha[0, j] = log_prior[0, n_pos - m + j] - log_total - d2 * inv_two_sigma2
+        if n_hops > 1:
+            offset = prev_m - (m - 1)  # the previous window's last token aligned with this one's last but one
+            for i in range(m):
+                k = i + offset
+                src[i] = k if 0 <= k < prev_m and prev_tokens[k] == tokens[lo + i] else -1
+        for h in range(1, n_hops):
+            log_total = 0.0
+            if not full:
+                total = 0.0
+                for j in range(m):
+                    total += prior[h, n_pos - m + j]
+                log_total = math.log(total) if total > 0.0 else 0.0
+            for i in range(m):
+                ci = tokens[lo + i]
+                si = src[i]
+                best = -np.inf
+                for j in range(m):
+                    sj = src[j]
+                    if si >= 0 and sj >= 0:
+                        dd = scaled_prev[h - 1, si, sj]
+                    else:
+                        dd = _distance(hop_queries, ci, key_means, h, tokens[lo + j]) * inv_two_sigma2
+                    scaled[h - 1, i, j] = dd
+                    lv = log_prior[h, n_pos - m + j] - log_total - dd
+                    flat[i * m + j] = lv
+                    best = max(best, lv)
+                shift[h - 1, i] = best
+                for j in range(m):
+                    flat[i * m + j] = flat[i * m + j] - best if best > -np.inf else -np.inf
+            # exp_shifted's exponentials, without its shift by 0 (no change) and its sum (not read here).
+            exp_nonpositive(flat[: m * m], trans[h - 1, : m * m], bits[: m * m])
+            if softmax:
+                for i in range(m):
+                    total = 0.0
+                    for j in range(m):
+                        total += trans[h - 1, i * m + j]
+                    if total > 0.0:
+                        for j in range(m):
+                            trans[h - 1, i * m + j] /= total
+                        shift[h - 1, i] = 0.0
+            top = -np.inf
+            for i in range(m):
+                work[i] = alpha[h - 1, i] + shift[h - 1, i]
+                top = max(top, work[i])
+            for i in range(m):
+                work[i] = math.exp(work[i] - top) if top > -np.inf and work[i] > -np.inf else 0.0
+            for j in range(m):
+                acc = 0.0
+                for i in range(m):
+                    acc += work[i] * trans[h - 1, i * m + j]
+                alpha[h, j] = top + math.log(acc) if acc > 0.0 else -np.inf
+        if n_hops > 1:
+            scaled, scaled_prev = scaled_prev, scaled
+            for i in range(m):
+                prev_tokens[i] = tokens[lo + i]
+            prev_m = m
+        t_row = direct_row[t] if with_direct else -1
+        for j in range(m):
+            c = tokens[lo + j]
+            pair[j] = -1
+            if not sparse:
+                log_e[j] = log_emission_ts[t, c]
+            else:
+                p = np.int64(direct_slots[t_row, c]) if t_row >= 0 else find_pair(indptr, symbols, t, c)
+                pair[j] = p
+                log_e[j] = log_values[p] if p >= 0 else log_backoff[c] + log_base[t]
+        for j in range(m):
+            work[j] = alpha[last, j] + log_e[j]
+        log_z = _log_sum(work, m)
+        for j in range(m):
+            beta[last, j] = log_e[j]
+        for h in range(last, 0, -1):
+            top = -np.inf
+            for j in range(m):
+                top = max(top, beta[h, j])
+            for j in range(m):
+                back[h, j] = math.exp(beta[h, j] - top) if top > -np.inf and beta[h, j] > -np.inf else 0.0
+            for i in range(m):
+                acc = 0.0
+                for j in range(m):
+                    acc += trans[h - 1, i * m + j] * back[h, j]
+                sums[h, i] = acc
+                beta[h - 1, i] = shift[h - 1, i] + top + math.log(acc) if acc > 0.0 else -np.inf
+        # -- the statistics --
         if log_z == -np.inf:
             if n_impossible < impossible.shape[0]:
                 impossible[n_impossible] = row
@@ -347,7 +490,7 @@ def _estep(
         if sparse:
             outside = False
             for j in range(m):
-                if pair[j] < 0 and alpha[n_hops - 1, j] + log_e[j] > -np.inf:
+                if pair[j] < 0 and alpha[last, j] + log_e[j] > -np.inf:
                     outside = True
             if outside:
                 n_outside += 1
@@ -356,7 +499,8 @@ def _estep(
         for h in range(n_hops):
             for j in range(m):
                 a = alpha[h, j] + beta[h, j]
-                gamma[j] = w * math.exp(a - log_z) if a > -np.inf else 0.0
+                post[h, j] = math.exp(a - log_z) if a > -np.inf else 0.0
+                gamma[j] = w * post[h, j]
             if h == 0:
                 for j in range(m):
                     rj = gamma[j]
@@ -373,34 +517,35 @@ def _estep(
                     top = max(top, beta[h, j])
                 if top == -np.inf:
                     continue
-                for j in range(m):
-                    eb[j] = math.exp(beta[h, j] - top) if beta[h, j] > -np.inf else 0.0
                 for i in range(m):
-                    a = alpha[h - 1, i] + beta[h - 1, i]
-                    g = math.exp(a - log_z) if a > -np.inf else 0.0
-                    s = 0.0
-                    for j in range(m):
-                        s += trans[h - 1, i * m + j] * eb[j]
+                    g = post[h - 1, i]
+                    s = sums[h, i]  # sum_j trans(i, j) e^beta_j, the backward pass's
                     work[i] = w * g / s if g > 0.0 and s > 0.0 else 0.0
+                # Summed over the previous hop's positions i in order, as the shared pass does, for each j at once.
                 for j in range(m):
-                    if eb[j] == 0.0:
+                    mass[j] = 0.0
+                    for d in range(dim):
+                        incoming[j, d] = 0.0
+                for i in range(m):
+                    wi = work[i]
+                    if wi == 0.0:
                         continue
-                    for d in range(dim):
-                        incoming[d] = 0.0
-                    mass = 0.0
-                    for i in range(m):
-                        x = work[i] * trans[h - 1, i * m + j] * eb[j]
+                    ci = tokens[lo + i]
+                    for j in range(m):
+                        x = wi * trans[h - 1, i * m + j] * back[h, j]
                         if x != 0.0:
-                            mass += x
-                            ci = tokens[lo + i]
+                            mass[j] += x
                             for d in range(dim):
-                                incoming[d] += x * hop_queries[ci, d]
+                                incoming[j, d] += x * hop_queries[ci, d]
+                for j in range(m):
+                    if back[h, j] == 0.0:
+                        continue
                     cj = tokens[lo + j]
-                    key_mass[h, cj] += mass
+                    key_mass[h, cj] += mass[j]
                     for d in range(dim):
-                        key_sum[h, cj, d] += incoming[d]
-                    recency_mass[h, m - 1 - j] += mass
-            if h == n_hops - 1:
+                        key_sum[h, cj, d] += incoming[j, d]
+                    recency_mass[h, m - 1 - j] += mass[j]
+            if h == last:
                 for j in range(m):
                     rj = gamma[j]
                     if rj != 0.0:
@@ -501,7 +646,7 @@ def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays) -> Non
     found = np.empty(min(rows.num_rows, 64), dtype=np.int64)
     n_impossible, n_outside = _estep(  # type: ignore[call-arg]
         rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
-        *params.arrays(),
+        *params.arrays(), params.direct_row, params.direct_slots,
         arrays.key_sum, arrays.key_mass, arrays.recency_mass, arrays.emission_count_ts, arrays.pair_counts,
         arrays.scalars, found,
     )  # fmt: skip
