@@ -39,7 +39,15 @@ from dist_respattn.engine.settings import FitSettings
 from dist_respattn.engine.worker_tasks import ALL_ROWS, RowSelection, attribute_map
 from dist_respattn.events import FitState, IterationRecord, Metric, history_from_json
 from dist_respattn.model.fitting.holdout import HoldoutRule
-from dist_respattn.model.heads.base import Head, HeadSpec, Stage, Trainer, TrainerContext, spec_from_json
+from dist_respattn.model.heads.base import (
+    PREVIOUS_STAGE,
+    Head,
+    HeadSpec,
+    Stage,
+    Trainer,
+    TrainerContext,
+    spec_from_json,
+)
 from dist_respattn.store import (
     StoreLocation,
     TokenStreamStore,
@@ -593,8 +601,10 @@ def _fit_stages(store: Any, stages: list[Stage], *, model_dir: Any, settings: Fi
                 start = init.stage_heads().get(stage.directory)
             result = _fit_stage(
                 store, model_dir=directories[index], settings=_stage_settings(settings, stage), spec=stage.spec,
-                validation=validation if first else None, init=start if first else None,
-                init_from=init_from if first else directories[index - 1],
+                validation=validation if first or not stage.spec.continues_from_init else None,
+                init=start if first else None,
+                init_from=init_from if first else _stage_start(stages, directories, index),
+                fit_dir=model_dir,
                 # A later stage not yet started (the fit stopped between stages) starts; its directory holds the
                 # earlier stages' own, which is not a sign of the wrong directory.
                 resume=resume and (first or ModelDir(directories[index]).has_checkpoint()), overwrite=overwrite,
@@ -604,6 +614,19 @@ def _fit_stages(store: Any, stages: list[Stage], *, model_dir: Any, settings: Fi
             done.append(dataclasses.replace(result, dashboard=None) if embedded else result)
     last = done[-1]
     return dataclasses.replace(last, stages=done[:-1])
+
+
+def _stage_start(stages: list[Stage], directories: list[str], index: int) -> str | None:
+    """The model directory a later stage starts from (:attr:`Stage.start_from`), or ``None``: its own start."""
+    wanted = stages[index].start_from
+    if wanted is None:
+        return None
+    if wanted == PREVIOUS_STAGE:
+        return directories[index - 1]
+    earlier = [i for i, stage in enumerate(stages[:index]) if stage.directory == wanted]
+    if not earlier:
+        raise FitError(f"stage {stages[index].directory!r} starts from {wanted!r}, which is no earlier stage")
+    return directories[earlier[0]]
 
 
 def _kept_stage(directory: str) -> FitResult:
@@ -635,9 +658,10 @@ def _fit_stage(
     progress: bool | None,
     verbose: bool,
     before_run: Callable[[], None] | None = None,
+    fit_dir: str | os.PathLike[str] | None = None,
 ) -> FitResult:
     """One fit of one kind (see :func:`fit`); ``before_run`` is called just before its first iteration (not when
-    the fit had already ended)."""
+    the fit had already ended). ``fit_dir``: the whole fit's model directory when this is one of its stages."""
     called = time.perf_counter()
     say = say if say is not None else logger.info
     train = open_fit_store(store, storage_options, settings.context_length)
@@ -666,6 +690,7 @@ def _fit_stage(
         dict(source.arrays) if source is not None else {},
         dict(checkpoint.meta) if checkpoint is not None else {},
         dict(checkpoint.arrays) if checkpoint is not None else {},
+        os.path.abspath(fit_dir if fit_dir is not None else model_dir),
     )
     try:
         trainer = spec.trainer(context)

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 import numpy as np
 
 __all__ = [
+    "PREVIOUS_STAGE",
     "Block",
     "BlockPass",
     "Candidates",
@@ -436,6 +437,8 @@ class TrainerContext:
             ``None``; ``init_meta`` and ``init_arrays``: the JSON and the extra arrays of that fit's checkpoint.
         saved_meta, saved_arrays: the JSON and extra arrays (:meth:`Trainer.checkpoint_extras`) of this fit's own
             checkpoint when it is resumed (``{}`` otherwise).
+        model_dir: the fit's model directory (a staged fit's own, not its stage's), against which a spec resolves
+            the relative paths it names (its earlier stages' models, say); ``None``: not known.
     """
 
     shape: tuple[int, int, int, int]
@@ -445,6 +448,7 @@ class TrainerContext:
     init_arrays: dict[str, np.ndarray] = field(default_factory=dict)
     saved_meta: dict[str, Any] = field(default_factory=dict)
     saved_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    model_dir: str | None = None
 
 
 class Trainer(abc.ABC):
@@ -513,16 +517,25 @@ class Trainer(abc.ABC):
         return None
 
 
+#: :attr:`Stage.start_from`: the stage starts from the model of the stage before it.
+PREVIOUS_STAGE = "<previous>"
+
+
 @dataclass(frozen=True)
 class Stage:
     """One fit of a staged spec: its kind's spec, the model directory under the fit's, relative (``"."``: the
-    fit's own), and the loop settings it runs with instead of the fit's (``max_iter``, ``tol``, ``patience``...,
-    by their ``FitSettings`` names). A stage after the first starts from the previous stage's model, on its
-    held-out rows."""
+    fit's own), and the loop settings it runs with instead of the fit's (``max_iter``, ``tol``, ``context_length``...,
+    by their ``FitSettings`` names).
+
+    A stage after the first starts from the model of ``start_from``: :data:`PREVIOUS_STAGE` (the stage before it),
+    the directory of an earlier stage, or ``None``: its own start. A stage that continues from its start
+    (:attr:`HeadSpec.continues_from_init`) keeps that stage's held-out rows; any other is validated as the first.
+    """
 
     spec: HeadSpec
     directory: str = "."
     settings: dict[str, Any] = field(default_factory=dict)
+    start_from: str | None = PREVIOUS_STAGE
 
 
 class HeadSpec(abc.ABC):
