@@ -259,6 +259,28 @@ def _starting_point(
     return _Start(None, None, None, {"kind": init_kind})
 
 
+def _load_sources(spec: HeadSpec, train: RowStore, fit_dir: str) -> tuple[Head, ...]:
+    """The heads of the fitted models ``spec`` is made of (:meth:`HeadSpec.sources`; a relative path is under the
+    fit's model directory ``fit_dir``: an earlier stage's), each checked to be of the training store's corpus; a
+    missing one or one of another corpus is a :class:`FitError` naming its option."""
+    heads = []
+    for option, named in spec.sources():
+        path = named if os.path.isabs(named) else os.path.join(fit_dir, named)
+        try:
+            checkpoint = load_checkpoint(path)
+        except (CheckpointError, OSError) as exc:
+            raise FitError(f"{option} {path}: {exc}") from None
+        try:
+            check_recorded_corpus(
+                checkpoint.meta.get("store"), train, reference_role=f"training store of {option} {path}",
+                other_role="store",
+            )  # fmt: skip
+        except ValueError as exc:
+            raise FitError(f"{option} {path}: {exc}") from None
+        heads.append(checkpoint.model)
+    return tuple(heads)
+
+
 def _continued_source(folder: ModelDir, record: dict[str, Any]) -> Checkpoint:
     """The fit a resumed continuing fit started from, as it was then (a moved one is refused: the fit's prior would
     change under it)."""
@@ -288,7 +310,7 @@ def _holdout(
         return HoldoutRule.from_json(saved) if saved else None
     if heldout is not None or settings.holdout_fraction <= 0.0:
         return None
-    if not trainer.searches() and settings.early_stop_metric is None:
+    if not trainer.searches() and settings.early_stop_metric is None and not trainer.fits_heldout_rows():
         return None
     # Rows sorted by target: consecutive rows share a target, so hold out single rows, not stripes.
     by_target = train.attributes.get("row_order") == "target"
@@ -666,7 +688,7 @@ def _fit_stage(
     say = say if say is not None else logger.info
     train = open_fit_store(store, storage_options, settings.context_length)
     try:
-        min_context = settings.min_context_for(train.schema.context_length)
+        min_context = settings.min_context_for(train.schema.context_length, short_histories=spec.short_histories)
         settings.buckets(train.schema.context_length)  # refuses a K that does not fit this window
     except ValueError as exc:
         raise FitError(str(exc)) from None
@@ -681,6 +703,9 @@ def _fit_stage(
     )  # fmt: skip
     checkpoint = start.checkpoint
     source = start.source
+    # A resumed fit's checkpoint holds the heads it is made of: their directories may be gone by now.
+    fit_root = os.path.abspath(fit_dir if fit_dir is not None else model_dir)
+    sources = _load_sources(spec, train, fit_root) if checkpoint is None else ()
     names = train.attribute_names if hasattr(train, "attribute_names") else None
     context = TrainerContext(
         _shape(train),
@@ -690,7 +715,7 @@ def _fit_stage(
         dict(source.arrays) if source is not None else {},
         dict(checkpoint.meta) if checkpoint is not None else {},
         dict(checkpoint.arrays) if checkpoint is not None else {},
-        os.path.abspath(fit_dir if fit_dir is not None else model_dir),
+        sources,
     )
     try:
         trainer = spec.trainer(context)
@@ -730,6 +755,11 @@ def _fit_stage(
         held, train_rows = HeldoutRows(heldout, heldout.fingerprint(), ALL_ROWS, mapping), ALL_ROWS
     else:
         held, train_rows = None, ALL_ROWS
+    # A kind fitted on held-out rows (a stack's gate) runs its E-steps over them, when there are any; its checkpoints
+    # still record the training store, whose corpus and rows its components were fitted on.
+    estep_store, estep_rows, estep_map = train, train_rows, train_map
+    if held is not None and trainer.fits_heldout_rows():
+        estep_store, estep_rows, estep_map = held.store, held.rows, held.mapping
     metric = Metric(settings.early_stop_metric) if settings.early_stop_metric else None
     if metric is None and held is not None:
         metric = Metric.PERPLEXITY
@@ -785,7 +815,12 @@ def _fit_stage(
         page = fit_page_url(cl)
         if page is not None:
             say(f"fit page: {page} (the fit's iterations in a browser, while its cluster runs)")
-        if rule is not None and held is not None and fresh:
+        if rule is not None and held is not None and fresh and trainer.fits_heldout_rows():
+            say(
+                f"no validation store: the fit runs on {held.description}, {held_count:,} rows (--validation to "
+                "give one: rows the models it is made of were not fitted on)"
+            )
+        elif rule is not None and held is not None and fresh:
             say(
                 f"no validation store: the hyperparameters are chosen on {held.description}, "
                 f"{held_count:,} rows the fit does not train on (--validation to give one)"
@@ -798,9 +833,9 @@ def _fit_stage(
         plan_now()
         loop = FitLoop(
             cl,
-            train=train,
-            train_rows=train_rows,
-            train_map=train_map,
+            train=estep_store,
+            train_rows=estep_rows,
+            train_map=estep_map,
             heldout=held,
             settings=settings,
             spec=spec,

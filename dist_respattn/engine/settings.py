@@ -169,18 +169,22 @@ class FitSettings:
             if f.name not in ignore and getattr(self, f.name) != getattr(other, f.name)
         ]
 
-    def min_context_for(self, context_length: int) -> int:
-        """The fewest earlier tokens a row of a token-stream store read with window N has (see ``min_context``)."""
+    def min_context_for(self, context_length: int, *, short_histories: bool | None = None) -> int:
+        """The fewest earlier tokens a row of a token-stream store read with window N has (see ``min_context``).
+
+        ``short_histories``: whether the head reads histories shorter than N whatever its buckets (a kind's
+        :attr:`~dist_respattn.model.heads.base.HeadSpec.short_histories`); ``None``: when it has buckets."""
+        short = self.position_buckets is not None if short_histories is None else short_histories
         if self.min_context is not None:
             if self.min_context > context_length:
                 raise ValueError(f"min_context = {self.min_context}: expected at most the window N = {context_length}")
-            if self.min_context < context_length and self.position_buckets is None:
+            if self.min_context < context_length and not short:
                 raise ValueError(
                     f"--min-context {self.min_context} < N = {context_length}: short histories are fitted by the "
                     "histogram kernel; add --position-buckets K (K = N keeps a free prior)"
                 )
             return self.min_context
-        return 1 if self.position_buckets is not None else context_length
+        return 1 if short else context_length
 
     def head_spec(self) -> SingleHopSpec:
         """The single-hop head these settings describe (the head's own settings: its start, gate, emission and

@@ -146,6 +146,12 @@ class WindowPredictions(RankedPredictions):
             np.zeros(1, dtype=np.int64), None, 0,
         )  # fmt: skip
 
+    def log_query_density(self, query: Any = None) -> float:
+        """``log p(query | history)`` (``query``, default: the last token's embedding) under a head that gives its
+        rows' densities (``row_densities``: the copy, conjunction and chain kinds); what a stack of heads weighs
+        their predictions by."""
+        return float(self.model.row_densities(self.history_rows(query))[0, 0])
+
     def predict(self, query: Any = None) -> np.ndarray:
         """(T,) ``p(next target | history)`` (for ``query``, default: the last token's embedding): the head's
         ``window_proba`` of the history's row under its ``window_attention`` (a kind whose prediction is not that

@@ -498,3 +498,99 @@ def _hops_tied_sparse() -> tuple[HeadSpec, KindData, TrainerContext]:
 
 
 CASES.append(KindCase("hops-tied-sparse", _hops_tied_sparse, hops_ml, hops_reference, hops_tables))
+
+
+# ----------------------------------------------------------------------------------------------- a stack of heads
+
+
+def _log_query_density(head: Head, context: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """(n,) ``log sum_i pi_i N(y; K[c_i], sigma2 I)`` of a single-hop gate (a copy or conjunction head's own), in plain
+    numpy."""
+    single: Any = getattr(head, "single", head)
+    distance = ((query[:, None, :] - single.key_means[context]) ** 2).sum(axis=2)
+    with np.errstate(divide="ignore"):
+        part = np.log(single.position_prior)[None, :] - distance / (2.0 * single.sigma2)
+    best = part.max(axis=1, keepdims=True)
+    d = query.shape[1]
+    return (best + np.log(np.exp(part - best).sum(axis=1, keepdims=True)))[:, 0] - 0.5 * d * np.log(
+        2.0 * np.pi * single.sigma2
+    )
+
+
+def stack_reference(head: Head, context: np.ndarray, query: np.ndarray, attribute: Any = None) -> np.ndarray:
+    """(n, T) ``sum_k w_k p_k(t | c_k, q)``, each component reading its last ``N_k`` columns through its own case's
+    reference, ``w_k ∝ pi_k p_k(q | c_k)`` (joint gate) or ``pi_k`` (target gate), in plain numpy."""
+    from dist_respattn.model.heads.conj import ConjHead
+    from dist_respattn.model.heads.copy import CopyHead
+    from dist_respattn.model.heads.stack import StackHead
+
+    assert isinstance(head, StackHead)
+    parts, log_q = [], []
+    for component in head.components:
+        ctx = context[:, context.shape[1] - component.context_length :]
+        reference = (
+            copy_reference if isinstance(component, CopyHead)
+            else conj_reference if isinstance(component, ConjHead)
+            else single_hop_reference
+        )  # fmt: skip
+        parts.append(reference(component, ctx, query))
+        log_q.append(_log_query_density(component, ctx, query))
+    if head.mode == "joint":
+        part = np.log(head.gate)[None, :] + np.stack(log_q, axis=1)
+        w = np.exp(part - part.max(axis=1, keepdims=True))
+        w /= w.sum(axis=1, keepdims=True)
+    else:
+        w = np.broadcast_to(head.gate, (context.shape[0], len(parts)))
+    return np.einsum("nk,knt->nt", w, np.stack(parts))
+
+
+def stack_tables(head: Head) -> dict[str, np.ndarray]:
+    """The gate."""
+    from dist_respattn.model.heads.stack import StackHead
+
+    assert isinstance(head, StackHead)
+    return {"gate": head.gate[None, :]}
+
+
+def stack_components(data: KindData, shape: tuple[int, int, int, int]) -> tuple[Head, ...]:
+    """Three small heads fitted on ``data``'s last columns: a conjunction head of N = 2, a copy head of N = 4 and a
+    single head of the whole window."""
+    from dist_respattn.model.fitting.em import fit_em
+    from dist_respattn.model.heads.conj import ConjSpec
+    from dist_respattn.model.heads.copy import CopySpec
+
+    s, n_pos, d, t = shape
+    single = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense")
+    specs = ((ConjSpec(single, depth=2, strength=1.0, type_strength=0.5, discount=0.5), 2), (CopySpec(single), 4),
+             (single, n_pos))  # fmt: skip
+    heads = []
+    for spec, n in specs:
+        rows = (np.ascontiguousarray(data.context[:, n_pos - n :]), data.query, data.target)
+        heads.append(fit_em(rows, spec, shape=(s, n, d, t), max_iter=3, tol=0.0).distribution)
+    return tuple(heads)
+
+
+def _stack_joint() -> tuple[HeadSpec, KindData, TrainerContext]:
+    import atexit
+    import shutil
+    import tempfile
+
+    from dist_respattn.artifacts.checkpoints import ModelDir
+    from dist_respattn.model.heads.stack import StackSpec
+
+    shape = (10, 5, 2, 10)
+    data = copy_data(600, shape, seed=31)
+    components = stack_components(data, shape)
+    # The engine's fit loads the components from model directories, as --stack-from names them.
+    root = tempfile.mkdtemp(prefix="stack-case-")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    paths = []
+    for k, head in enumerate(components):
+        folder = ModelDir(f"{root}/component-{k}")
+        folder.commit("ckpt-000000-case", head, {"iteration": 0}, latest={"iteration": 0}, best=None, keep_best=None)
+        paths.append(str(folder.path))
+    spec = StackSpec(tuple(paths), "joint", components)
+    return spec, data, TrainerContext(shape)
+
+
+CASES.append(KindCase("stack-joint", _stack_joint, lambda spec: spec, stack_reference, stack_tables))

@@ -437,8 +437,9 @@ class TrainerContext:
             ``None``; ``init_meta`` and ``init_arrays``: the JSON and the extra arrays of that fit's checkpoint.
         saved_meta, saved_arrays: the JSON and extra arrays (:meth:`Trainer.checkpoint_extras`) of this fit's own
             checkpoint when it is resumed (``{}`` otherwise).
-        model_dir: the fit's model directory (a staged fit's own, not its stage's), against which a spec resolves
-            the relative paths it names (its earlier stages' models, say); ``None``: not known.
+        sources: the heads of the fitted models the spec is made of (:meth:`HeadSpec.sources`), loaded in that
+            order, each checked to be of the training store's corpus (``()``: none, or a resumed fit, whose
+            checkpoint holds them).
     """
 
     shape: tuple[int, int, int, int]
@@ -448,7 +449,7 @@ class TrainerContext:
     init_arrays: dict[str, np.ndarray] = field(default_factory=dict)
     saved_meta: dict[str, Any] = field(default_factory=dict)
     saved_arrays: dict[str, np.ndarray] = field(default_factory=dict)
-    model_dir: str | None = None
+    sources: tuple[Head, ...] = ()
 
 
 class Trainer(abc.ABC):
@@ -474,6 +475,12 @@ class Trainer(abc.ABC):
     def searches(self) -> bool:
         """Whether its M-steps have open choices to make on held-out rows (else a fit holds out no rows for them)."""
         return True
+
+    def fits_heldout_rows(self) -> bool:
+        """Whether its E-steps read the fit's held-out rows instead of its training rows (a stack of fitted heads,
+        whose gate is learned on rows its components did not see); a fit then holds out rows for it. A fit without
+        any held-out rows runs its E-steps on the training rows. False by default."""
+        return False
 
     def check_start(self, head: Head, *, resumed: bool) -> None:  # noqa: B027 - any start is fine unless refused
         """Refuse (``ValueError``, naming the option that fixes it) a starting head this fit cannot start from;
@@ -576,6 +583,18 @@ class HeadSpec(abc.ABC):
         """The fits this spec is made of, in order (one, itself, by default)."""
         return [Stage(self)]
 
+    def sources(self) -> tuple[tuple[str, str], ...]:
+        """The fitted models a fit of this spec is made of, as ``(option, model directory)`` pairs (the option names
+        the flag that gave it, for errors): a new fit loads them (:attr:`TrainerContext.sources`) and refuses one of
+        another corpus before any cluster starts. None by default."""
+        return ()
+
+    @property
+    def short_histories(self) -> bool | None:
+        """Whether a fit of this spec reads a token stream's rows shorter than its window (so ``min_context``
+        defaults to 1 and may be below N), whatever the position buckets; ``None``: as the buckets say."""
+        return None
+
     @property
     def continues_from_init(self) -> bool:
         """Whether a fit of this spec starts from another fit (then given as ``init_from``) and keeps that fit's
@@ -651,6 +670,7 @@ _BUILT_IN = (
     "dist_respattn.model.heads.copy",
     "dist_respattn.model.heads.conj",
     "dist_respattn.model.heads.hops",
+    "dist_respattn.model.heads.stack",
 )
 
 T = TypeVar("T", bound=Head)

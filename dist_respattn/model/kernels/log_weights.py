@@ -20,7 +20,18 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["attention_of", "block_log_weights", "exp_shifted", "row_log_weights", "squared_distance"]
+__all__ = [
+    "NO_ROWS",
+    "attention_of",
+    "block_log_weights",
+    "exp_shifted",
+    "keep_row",
+    "row_log_weights",
+    "squared_distance",
+]
+
+#: The per-row output of a scoring kernel when none is asked for: (0, 2).
+NO_ROWS = np.zeros((0, 2))
 
 
 # Reassociation lets LLVM vectorize the sum (4x faster at D = 32). The order of the partial sums then
@@ -114,6 +125,15 @@ def exp_shifted(logw, best, out, bits):  # pragma: no cover - compiled
     for i in range(out.shape[0]):
         total += out[i]
     return total
+
+
+@numba.njit(cache=True, nogil=True)
+def keep_row(per_row, row, log_query, log_target):  # pragma: no cover - compiled
+    """``per_row[row] = (log p(query | window), log p(target | window, query))`` when the scoring kernel was asked
+    for its rows (``per_row`` (n, 2)); nothing when ``per_row`` is :data:`NO_ROWS`."""
+    if per_row.shape[0] > 0:
+        per_row[row, 0] = log_query
+        per_row[row, 1] = log_target
 
 
 @numba.njit(cache=True, nogil=True)

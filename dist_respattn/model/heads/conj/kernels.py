@@ -17,7 +17,7 @@ import numpy as np
 
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import SparseEmission
-from dist_respattn.model.kernels.log_weights import exp_shifted, squared_distance
+from dist_respattn.model.kernels.log_weights import NO_ROWS, exp_shifted, keep_row, squared_distance
 from dist_respattn.model.kernels.per_position import find_pair
 from dist_respattn.model.kernels.prefetch import prefetch_item
 from dist_respattn.model.rows import WindowRows
@@ -373,9 +373,11 @@ def _score(
     key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
     indptr, targets,
     pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base, attention,
+    per_row,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Weighted ``(log_lik, target_log_prob, weight)`` of the rows; ``attention`` (n, N) receives each row's
-    predictive attention in column order (zero on masked columns)."""
+    predictive attention in column order (zero on masked columns), ``per_row`` (n, 2) each row's
+    ``(log p(query | window), log p(target | window, query))`` unweighted (:func:`keep_row`; (0, 2): none)."""
     n_pos = prior.shape[0]
     dim = key_means.shape[1]
     logw = np.empty(n_pos)
@@ -418,12 +420,15 @@ def _score(
             attention[row, i] = 0.0
         for j in range(m):
             attention[row, n_pos - m + j] = resp[j] / z_gate
-        if w == 0.0:
+        if w == 0.0 and per_row.shape[0] == 0:
             continue
         if best == -np.inf:
             joint = -np.inf
         else:
             joint = best + math.log(exp_shifted(logw[:m], best, resp[:m], bits[:m]))
+        keep_row(per_row, row, g_best + math.log(z_gate) + gate_const, joint - (g_best + math.log(z_gate)))
+        if w == 0.0:
+            continue
         log_lik += w * (joint + gate_const)
         target_log_prob += w * (joint - (g_best + math.log(z_gate)))
         weight += w
@@ -460,12 +465,15 @@ def conj_estep(rows: WindowRows, params: ConjParameters, stats: Any, extra: Conj
         )
 
 
-def conj_score(rows: WindowRows, params: ConjParameters) -> tuple[float, float, float, np.ndarray]:
-    """``(log_lik, target_log_prob, weight, attention (n, N))`` of ``rows`` (checked) under the conjunction head."""
+def conj_score(
+    rows: WindowRows, params: ConjParameters, per_row: np.ndarray = NO_ROWS
+) -> tuple[float, float, float, np.ndarray]:
+    """``(log_lik, target_log_prob, weight, attention (n, N))`` of ``rows`` (checked) under the conjunction head;
+    with ``per_row`` (n, 2) also each row's ``(log p(query | window), log p(target | window, query))`` into it."""
     attention = np.empty((rows.num_rows, params.prior.shape[0]))
     log_lik, target_log_prob, weight = _score(  # type: ignore[call-arg]
         rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
-        *params.arrays(), attention,
+        *params.arrays(), attention, per_row,
     )  # fmt: skip
     return float(log_lik), float(target_log_prob), float(weight), attention
 

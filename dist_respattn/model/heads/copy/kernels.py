@@ -18,7 +18,7 @@ import numpy as np
 
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import SparseEmission
-from dist_respattn.model.kernels.log_weights import exp_shifted, squared_distance
+from dist_respattn.model.kernels.log_weights import NO_ROWS, exp_shifted, keep_row, squared_distance
 from dist_respattn.model.kernels.per_position import find_pair
 from dist_respattn.model.kernels.prefetch import prefetch_item
 from dist_respattn.model.rows import WindowRows
@@ -307,10 +307,11 @@ def _estep(
 def _score(
     tokens, begin, end, target, query_table, query_index, weights,
     key_means, inv_two_sigma2, gate_const, prior, log_prior, bucket_of_recency, kappa, rho, log_own,
-    log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, attention,
+    log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, attention, per_row,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Weighted ``(log_lik, target_log_prob, weight)`` of the rows; ``attention`` (n, N) receives each row's
-    predictive attention in column order (zero on masked columns)."""
+    predictive attention in column order (zero on masked columns), ``per_row`` (n, 2) each row's
+    ``(log p(query | window), log p(target | window, query))`` unweighted (:func:`keep_row`; (0, 2): none)."""
     n_pos = prior.shape[0]
     dim = key_means.shape[1]
     logw, gate, resp, bits, own, cop, ind, pair, y = _row_scratch(n_pos, dim)
@@ -338,12 +339,15 @@ def _score(
             attention[row, i] = 0.0
         for j in range(m):
             attention[row, n_pos - m + j] = resp[j] / z_gate
-        if w == 0.0:
+        if w == 0.0 and per_row.shape[0] == 0:
             continue
         if best == -np.inf:
             joint = -np.inf
         else:
             joint = best + math.log(exp_shifted(logw[:m], best, resp[:m], bits[:m]))
+        keep_row(per_row, row, g_best + math.log(z_gate) + gate_const, joint - (g_best + math.log(z_gate)))
+        if w == 0.0:
+            continue
         log_lik += w * (joint + gate_const)
         target_log_prob += w * (joint - (g_best + math.log(z_gate)))
         weight += w
@@ -386,12 +390,15 @@ def raise_row_problems(n_outside: int, n_impossible: int, found: np.ndarray) -> 
         )
 
 
-def copy_score(rows: WindowRows, params: CopyParameters) -> tuple[float, float, float, np.ndarray]:
-    """``(log_lik, target_log_prob, weight, attention (n, N))`` of ``rows`` (checked) under the copy head."""
+def copy_score(
+    rows: WindowRows, params: CopyParameters, per_row: np.ndarray = NO_ROWS
+) -> tuple[float, float, float, np.ndarray]:
+    """``(log_lik, target_log_prob, weight, attention (n, N))`` of ``rows`` (checked) under the copy head; with
+    ``per_row`` (n, 2) also each row's ``(log p(query | window), log p(target | window, query))`` into it."""
     attention = np.empty((rows.num_rows, params.prior.shape[0]))
     log_lik, target_log_prob, weight = _score(  # type: ignore[call-arg]
         rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
-        *params.arrays(), attention,
+        *params.arrays(), attention, per_row,
     )  # fmt: skip
     return float(log_lik), float(target_log_prob), float(weight), attention
 

@@ -212,6 +212,14 @@ class HopsHead(WindowHead):
         """A :class:`HopsPredictor` over one history (its state: the last N tokens)."""
         return HopsPredictor(self, query_table, words=words)
 
+    def row_densities(self, rows: WindowRows) -> np.ndarray:
+        """(n, 2) each window row's ``(log p(query | window), log p(target | window, query))``, whatever its weight
+        (the scoring kernel's own per-row terms: their weighted sums are :meth:`score`'s totals)."""
+        self.check_rows(rows)
+        out = np.empty((rows.num_rows, 2))
+        hop_score(rows, self.parameters, out)
+        return out
+
     def window_attention(self, rows: WindowRows) -> np.ndarray:
         """(n, N) each window row's predictive attention in column order (what :meth:`window_proba` mixes)."""
         return hop_score(rows, self.parameters)[3]

@@ -17,7 +17,7 @@ import numpy as np
 
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import SparseEmission
-from dist_respattn.model.kernels.log_weights import exp_shifted
+from dist_respattn.model.kernels.log_weights import NO_ROWS, exp_shifted, keep_row
 from dist_respattn.model.kernels.per_position import find_pair
 from dist_respattn.model.kernels.prefetch import prefetch_item
 from dist_respattn.model.rows import WindowRows
@@ -430,10 +430,11 @@ def _estep(
 def _score(
     tokens, begin, end, target, query_table, query_index, weights,
     key_means, prior, log_prior, hop_queries, inv_two_sigma2, gate_const, softmax, log_emission_ts, indptr,
-    symbols, log_values, log_backoff, log_base, attention,
+    symbols, log_values, log_backoff, log_base, attention, per_row,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Weighted ``(log_lik, target_log_prob, weight)`` of the rows; ``attention`` (n, N) receives each row's last
-    hop's predictive attention in column order (zero on masked columns)."""
+    hop's predictive attention in column order (zero on masked columns), ``per_row`` (n, 2) each row's
+    ``(log p(query | window), log p(target | window, query))`` unweighted (:func:`keep_row`; (0, 2): none)."""
     n_hops = key_means.shape[0]
     n_pos = prior.shape[1]
     dim = key_means.shape[2]
@@ -481,6 +482,7 @@ def _score(
             for j in range(m):
                 a = alpha[n_hops - 1, j]
                 attention[row, n_pos - m + j] = math.exp(a - log_z_gate) if a > -np.inf else 0.0
+        keep_row(per_row, row, log_z_gate + consts, log_z - log_z_gate)
         if w == 0.0:
             continue
         log_lik += w * (log_z + consts)
@@ -516,12 +518,15 @@ def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays) -> Non
         )
 
 
-def hop_score(rows: WindowRows, params: HopParameters) -> tuple[float, float, float, np.ndarray]:
+def hop_score(
+    rows: WindowRows, params: HopParameters, per_row: np.ndarray = NO_ROWS
+) -> tuple[float, float, float, np.ndarray]:
     """``(log_lik, target_log_prob, weight, attention (n, N))`` of ``rows`` (checked) under the chain: the last
-    hop's predictive attention is what ``p(target | row)`` weighs the emission rows by."""
+    hop's predictive attention is what ``p(target | row)`` weighs the emission rows by. With ``per_row`` (n, 2),
+    also each row's ``(log p(query | window), log p(target | window, query))`` into it."""
     attention = np.empty((rows.num_rows, params.prior.shape[1]))
     log_lik, target_log_prob, weight = _score(  # type: ignore[call-arg]
         rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
-        *params.arrays(), attention,
+        *params.arrays(), attention, per_row,
     )  # fmt: skip
     return float(log_lik), float(target_log_prob), float(weight), attention

@@ -1,0 +1,263 @@
+"""The stack of fitted heads as a kind of the head protocol: its spec, the gate's additive statistics, its trainer.
+
+Only the gate is fitted, by exact EM: a row's responsibility for component ``k`` is ``r_k ∝ pi_k p_k(q, t | c_k)``
+(the ``joint`` mode) or ``r_k ∝ pi_k p_k(t | c_k, q)`` (the ``target`` mode), the statistics are ``sum_n w_n r_nk``
+and the M-step ``pi_k ∝ sum_n w_n r_nk`` (maximum likelihood). Its E-steps read the fit's held-out rows
+(:meth:`~dist_respattn.model.heads.base.Trainer.fits_heldout_rows`), which the components did not see: the
+held-out log-likelihood is concave in the gate, so EM climbs to its maximum, at least every single component's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dist_respattn.model.heads.base import (
+    Block,
+    Candidates,
+    Columns,
+    Grid,
+    Head,
+    HeadSpec,
+    Passes,
+    Trainer,
+    TrainerContext,
+)
+from dist_respattn.model.heads.stack.head import GATE_MODES, StackHead, component_view, mix_rows
+from dist_respattn.model.scores import ScoreTotals
+
+__all__ = [
+    "STACK_FROM",
+    "StackCandidates",
+    "StackChoice",
+    "StackGrid",
+    "StackSpec",
+    "StackStatistics",
+    "StackTrainer",
+    "gate_statistics",
+    "resolved_sources",
+]
+
+#: The option that names a stack's components (errors name it).
+STACK_FROM = "--stack-from"
+
+
+@dataclass(frozen=True)
+class StackSpec(HeadSpec):
+    """The settings of a stack fit: the model directories of its components (``paths``, in order) and the gate's
+    ``mode`` (``"joint"`` or ``"target"``). ``components``: the components' heads themselves, for a fit in this
+    process (``fit_em``); not part of the JSON (a fit on a cluster loads ``paths``)."""
+
+    kind: ClassVar[str] = "stack"
+
+    paths: tuple[str, ...] = ()
+    mode: str = "target"
+    components: tuple[Head, ...] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.mode not in GATE_MODES:
+            raise ValueError(f"--stack-gate {self.mode}: expected one of {', '.join(GATE_MODES)}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "sources": list(self.paths), "mode": self.mode}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StackSpec:
+        return cls(tuple(str(s) for s in data.get("sources", ())), str(data.get("mode", "target")))
+
+    def sources(self) -> tuple[tuple[str, str], ...]:
+        """Each component's model directory, named by the option that gave it."""
+        return tuple((STACK_FROM, path) for path in self.paths)
+
+    @property
+    def short_histories(self) -> bool:
+        """A stack reads a stream's short histories (its components mask the missing positions)."""
+        return True
+
+    def trainer(self, context: TrainerContext) -> StackTrainer:
+        """The fit's trainer; refuses a component of another kind, corpus shape, or a window longer than the rows'."""
+        heads = tuple(self.components) if self.components is not None else tuple(context.sources)
+        paths = self.paths or tuple(f"component {k}" for k in range(len(heads)))
+        s, n, d, t = context.shape
+        for path, head in zip(paths, heads, strict=False):
+            try:
+                component_view(head)
+            except ValueError as exc:
+                raise ValueError(f"{STACK_FROM} {path}: {exc}") from None
+            if (head.num_symbols, head.query_dim, head.num_targets) != (s, d, t):
+                raise ValueError(
+                    f"{STACK_FROM} {path}: its (S, D, T) = {(head.num_symbols, head.query_dim, head.num_targets)} "
+                    f"but the training store's are {(s, d, t)}: a stack's components are fitted on its corpus"
+                )
+            if head.context_length > n:
+                raise ValueError(
+                    f"{STACK_FROM} {path}: its window N = {head.context_length} is longer than the training rows' "
+                    f"N = {n}: read the store with --context {head.context_length} or more (a token-stream store "
+                    "is read at any window; a triple store's is fixed)"
+                )
+        if not heads and not context.saved_meta:
+            raise ValueError(f"a stack fit needs its components: give {STACK_FROM} MODEL_A,MODEL_B")
+        return StackTrainer(heads, self.mode, context.shape)
+
+
+@dataclass(frozen=True)
+class StackStatistics:
+    """Additive statistics of the gate's E-step: ``mass`` (K,) ``sum_n w_n r_nk``, the stack's joint ``log_lik`` and
+    predictive ``target_log_prob`` sums, and ``n_obs`` (the rows' weight)."""
+
+    mass: np.ndarray
+    log_lik: float
+    target_log_prob: float
+    n_obs: float
+
+    def __add__(self, other: StackStatistics) -> StackStatistics:
+        return StackStatistics(
+            self.mass + other.mass, self.log_lik + other.log_lik, self.target_log_prob + other.target_log_prob,
+            self.n_obs + other.n_obs,
+        )  # fmt: skip
+
+
+def gate_statistics(head: StackHead, blocks: Iterable[Block]) -> StackStatistics:
+    """The gate's E-step over the blocks' rows of weight > 0 (each component's per-row densities, mixed)."""
+    mass = np.zeros(len(head.components))
+    log_lik = target_log_prob = n_obs = 0.0
+    for block in blocks:
+        rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
+        w = np.ones(rows.num_rows) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
+        live = np.flatnonzero(w > 0.0)
+        if live.size == 0:
+            continue
+        rows, w = rows.select(live), w[live]
+        joint, target, log_r = mix_rows(head.gate, head.densities(rows), head.mode)
+        mass += w @ np.exp(log_r)
+        log_lik += float(w @ joint)
+        target_log_prob += float(w @ target)
+        n_obs += float(w.sum())
+    return StackStatistics(mass, log_lik, target_log_prob, n_obs)
+
+
+@dataclass(frozen=True)
+class StackChoice:
+    """A stack M-step's (empty) choice: the gate follows from the statistics alone."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {}
+
+    def describe(self) -> str:
+        return "gate by EM"
+
+
+@dataclass(frozen=True)
+class StackGrid(Grid):
+    """The held-out pass of a stack M-step: one point, the new head, scored (for early stopping and the fit page)."""
+
+    head: StackHead
+
+    @property
+    def columns(self) -> Columns:
+        return Columns(windows=True)
+
+    def score(self, blocks: Iterable[Block]) -> ScoreTotals:
+        return self.head.score(blocks, accuracy=False)
+
+    def nbytes(self) -> int:
+        return self.head.nbytes()
+
+
+@dataclass(frozen=True)
+class StackCandidates(Candidates):
+    """A stack M-step: one head, the new gate."""
+
+    head: StackHead
+
+    def default(self) -> StackChoice:
+        return StackChoice()
+
+    def grid(self, around: Any) -> StackGrid:
+        return StackGrid(self.head)
+
+    def choose(self, grid: Grid, scores: Any) -> tuple[StackChoice, dict[str, float] | None]:
+        if scores is None or scores.weight <= 0.0:
+            return StackChoice(), None
+        metrics = scores.metrics()
+        return StackChoice(), {name: metrics[name] for name in ("mean_log_likelihood", "target_log_prob", "perplexity")}
+
+    def model(self, choice: Any) -> StackHead:
+        return self.head
+
+    def searches(self) -> bool:
+        return False
+
+
+class StackTrainer(Trainer):
+    """A stack fit: the components (``()`` for a resumed fit, whose checkpoint holds them), the gate's mode, and the
+    shape ``(S, N, D, T)`` of the rows."""
+
+    def __init__(self, components: tuple[Head, ...], mode: str, shape: tuple[int, int, int, int]) -> None:
+        self.components = components
+        self.mode = mode
+        self.shape = shape
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The tasks carry the trainer to the workers, and the head they are given holds the components already:
+        # the start's copy of them (tens of MB) stays on the driver.
+        state = self.__dict__.copy()
+        state["components"] = ()
+        return state
+
+    @property
+    def columns(self) -> Columns:
+        return Columns(windows=True)
+
+    def searches(self) -> bool:
+        return False
+
+    def fits_heldout_rows(self) -> bool:
+        """The gate is learned on rows the components were not fitted on."""
+        return True
+
+    def check_start(self, head: Head, *, resumed: bool) -> None:
+        if not isinstance(head, StackHead):
+            raise ValueError(f"a stack fit starts from its components ({STACK_FROM}), not from a {head.kind} head")
+        if head.mode != self.mode:
+            raise ValueError(f"the stack to start from has a {head.mode} gate, this fit a {self.mode} one")
+
+    def prepare(self, start: Head | None, *, resumed: bool, passes: Passes) -> Head:
+        if start is not None:
+            assert isinstance(start, StackHead)
+            return start
+        k = len(self.components)
+        head = StackHead(np.full(k, 1.0 / k), self.components, self.mode, context_length=self.shape[1])
+        windows = ", ".join(f"{h.kind} N = {n}" for h, n in zip(head.components, head.windows, strict=True))
+        passes.say(f"stack of {k} heads ({windows}), {self.mode} gate fitted by EM from a uniform start")
+        return head
+
+    def statistics(self, head: Head, blocks: Iterator[Block]) -> StackStatistics:
+        """The gate's E-step over one partition's blocks, in row order (:func:`gate_statistics`)."""
+        assert isinstance(head, StackHead)
+        return gate_statistics(head, blocks)
+
+    def m_step(self, statistics: Any, previous: Head) -> StackCandidates:
+        assert isinstance(statistics, StackStatistics) and isinstance(previous, StackHead)
+        total = float(statistics.mass.sum())
+        if total <= 0.0:
+            return StackCandidates(previous)
+        return StackCandidates(previous.with_gate(statistics.mass / total))
+
+    def warnings(self, head: Head, statistics: Any = None) -> list[str]:
+        assert isinstance(head, StackHead)
+        return [
+            f"stack component {k} ({h.kind}, N = {n}) has gate weight {g:.2e}: it adds nothing on the held-out rows"
+            for k, (h, n, g) in enumerate(zip(head.components, head.windows, head.gate, strict=True))
+            if g < 1e-4
+        ]
+
+
+def resolved_sources(text: str) -> tuple[str, ...]:
+    """``--stack-from A,B`` as absolute directories (a resumed fit compares them), in order."""
+    paths = tuple(part.strip() for part in str(text).split(",") if part.strip())
+    return tuple(os.path.abspath(p) for p in paths)
