@@ -58,7 +58,7 @@ from dist_respattn.store import (
 )
 from dist_respattn.store.rows import RowStore
 
-__all__ = ["FitError", "FitResult", "check_same_shape", "fit", "open_fit_store"]
+__all__ = ["FitError", "FitResult", "check_same_shape", "fit", "open_fit_store", "stage_start"]
 
 logger = logging.getLogger("dist_respattn.fit")
 
@@ -421,6 +421,13 @@ def fit(
     """
     settings = settings or FitSettings()
     spec = head if head is not None else settings.head_spec()
+    if spec.window_dependent:
+        try:
+            spec = spec.for_window(
+                open_fit_store(store, storage_options, settings.context_length).schema.context_length
+            )
+        except ValueError as exc:
+            raise FitError(str(exc)) from None
     stages = spec.stages()
     if resume:
         validation, init_from = _check_recorded(ModelDir(model_dir), settings, spec, validation, init, init_from)
@@ -625,7 +632,7 @@ def _fit_stages(store: Any, stages: list[Stage], *, model_dir: Any, settings: Fi
                 store, model_dir=directories[index], settings=_stage_settings(settings, stage), spec=stage.spec,
                 validation=validation if first or not stage.spec.continues_from_init else None,
                 init=start if first else None,
-                init_from=init_from if first else _stage_start(stages, directories, index),
+                init_from=init_from if first else stage_start(stages, directories, index),
                 fit_dir=model_dir,
                 # A later stage not yet started (the fit stopped between stages) starts; its directory holds the
                 # earlier stages' own, which is not a sign of the wrong directory.
@@ -638,7 +645,7 @@ def _fit_stages(store: Any, stages: list[Stage], *, model_dir: Any, settings: Fi
     return dataclasses.replace(last, stages=done[:-1])
 
 
-def _stage_start(stages: list[Stage], directories: list[str], index: int) -> str | None:
+def stage_start(stages: list[Stage], directories: list[str], index: int) -> str | None:
     """The model directory a later stage starts from (:attr:`Stage.start_from`), or ``None``: its own start."""
     wanted = stages[index].start_from
     if wanted is None:

@@ -583,6 +583,14 @@ class HeadSpec(abc.ABC):
         """The fits this spec is made of, in order (one, itself, by default)."""
         return [Stage(self)]
 
+    #: Whether the spec's settings depend on the window its rows are read with (then :meth:`for_window` fixes them
+    #: before the fit starts, and the fit records the result).
+    window_dependent: ClassVar[bool] = False
+
+    def for_window(self, context_length: int) -> HeadSpec:
+        """This spec as it runs on rows of window N = ``context_length`` (itself unless :attr:`window_dependent`)."""
+        return self
+
     def sources(self) -> tuple[tuple[str, str], ...]:
         """The fitted models a fit of this spec is made of, as ``(option, model directory)`` pairs (the option names
         the flag that gave it, for errors): a new fit loads them (:attr:`TrainerContext.sources`) and refuses one of
@@ -671,6 +679,7 @@ _BUILT_IN = (
     "dist_respattn.model.heads.conj",
     "dist_respattn.model.heads.hops",
     "dist_respattn.model.heads.stack",
+    "dist_respattn.model.heads.recipe",
 )
 
 T = TypeVar("T", bound=Head)
