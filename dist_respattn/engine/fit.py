@@ -39,7 +39,15 @@ from dist_respattn.engine.settings import FitSettings
 from dist_respattn.engine.worker_tasks import ALL_ROWS, RowSelection, attribute_map
 from dist_respattn.events import FitState, IterationRecord, Metric, history_from_json
 from dist_respattn.model.fitting.holdout import HoldoutRule
-from dist_respattn.model.heads.base import Head, HeadSpec, Stage, Trainer, TrainerContext, spec_from_json
+from dist_respattn.model.heads.base import (
+    PREVIOUS_STAGE,
+    Head,
+    HeadSpec,
+    Stage,
+    Trainer,
+    TrainerContext,
+    spec_from_json,
+)
 from dist_respattn.store import (
     StoreLocation,
     TokenStreamStore,
@@ -50,7 +58,7 @@ from dist_respattn.store import (
 )
 from dist_respattn.store.rows import RowStore
 
-__all__ = ["FitError", "FitResult", "check_same_shape", "fit", "open_fit_store"]
+__all__ = ["FitError", "FitResult", "check_same_shape", "fit", "open_fit_store", "stage_start"]
 
 logger = logging.getLogger("dist_respattn.fit")
 
@@ -251,11 +259,13 @@ def _starting_point(
     return _Start(None, None, None, {"kind": init_kind})
 
 
-def _load_sources(spec: HeadSpec, train: RowStore) -> tuple[Head, ...]:
-    """The heads of the fitted models ``spec`` is made of (:meth:`HeadSpec.sources`), each checked to be of the
-    training store's corpus; a missing one or one of another corpus is a :class:`FitError` naming its option."""
+def _load_sources(spec: HeadSpec, train: RowStore, fit_dir: str) -> tuple[Head, ...]:
+    """The heads of the fitted models ``spec`` is made of (:meth:`HeadSpec.sources`; a relative path is under the
+    fit's model directory ``fit_dir``: an earlier stage's), each checked to be of the training store's corpus; a
+    missing one or one of another corpus is a :class:`FitError` naming its option."""
     heads = []
-    for option, path in spec.sources():
+    for option, named in spec.sources():
+        path = named if os.path.isabs(named) else os.path.join(fit_dir, named)
         try:
             checkpoint = load_checkpoint(path)
         except (CheckpointError, OSError) as exc:
@@ -411,6 +421,13 @@ def fit(
     """
     settings = settings or FitSettings()
     spec = head if head is not None else settings.head_spec()
+    if spec.window_dependent:
+        try:
+            spec = spec.for_window(
+                open_fit_store(store, storage_options, settings.context_length).schema.context_length
+            )
+        except ValueError as exc:
+            raise FitError(str(exc)) from None
     stages = spec.stages()
     if resume:
         validation, init_from = _check_recorded(ModelDir(model_dir), settings, spec, validation, init, init_from)
@@ -613,8 +630,10 @@ def _fit_stages(store: Any, stages: list[Stage], *, model_dir: Any, settings: Fi
                 start = init.stage_heads().get(stage.directory)
             result = _fit_stage(
                 store, model_dir=directories[index], settings=_stage_settings(settings, stage), spec=stage.spec,
-                validation=validation if first else None, init=start if first else None,
-                init_from=init_from if first else directories[index - 1],
+                validation=validation if first or not stage.spec.continues_from_init else None,
+                init=start if first else None,
+                init_from=init_from if first else stage_start(stages, directories, index),
+                fit_dir=model_dir,
                 # A later stage not yet started (the fit stopped between stages) starts; its directory holds the
                 # earlier stages' own, which is not a sign of the wrong directory.
                 resume=resume and (first or ModelDir(directories[index]).has_checkpoint()), overwrite=overwrite,
@@ -624,6 +643,19 @@ def _fit_stages(store: Any, stages: list[Stage], *, model_dir: Any, settings: Fi
             done.append(dataclasses.replace(result, dashboard=None) if embedded else result)
     last = done[-1]
     return dataclasses.replace(last, stages=done[:-1])
+
+
+def stage_start(stages: list[Stage], directories: list[str], index: int) -> str | None:
+    """The model directory a later stage starts from (:attr:`Stage.start_from`), or ``None``: its own start."""
+    wanted = stages[index].start_from
+    if wanted is None:
+        return None
+    if wanted == PREVIOUS_STAGE:
+        return directories[index - 1]
+    earlier = [i for i, stage in enumerate(stages[:index]) if stage.directory == wanted]
+    if not earlier:
+        raise FitError(f"stage {stages[index].directory!r} starts from {wanted!r}, which is no earlier stage")
+    return directories[earlier[0]]
 
 
 def _kept_stage(directory: str) -> FitResult:
@@ -655,9 +687,10 @@ def _fit_stage(
     progress: bool | None,
     verbose: bool,
     before_run: Callable[[], None] | None = None,
+    fit_dir: str | os.PathLike[str] | None = None,
 ) -> FitResult:
     """One fit of one kind (see :func:`fit`); ``before_run`` is called just before its first iteration (not when
-    the fit had already ended)."""
+    the fit had already ended). ``fit_dir``: the whole fit's model directory when this is one of its stages."""
     called = time.perf_counter()
     say = say if say is not None else logger.info
     train = open_fit_store(store, storage_options, settings.context_length)
@@ -678,7 +711,8 @@ def _fit_stage(
     checkpoint = start.checkpoint
     source = start.source
     # A resumed fit's checkpoint holds the heads it is made of: their directories may be gone by now.
-    sources = _load_sources(spec, train) if checkpoint is None else ()
+    fit_root = os.path.abspath(fit_dir if fit_dir is not None else model_dir)
+    sources = _load_sources(spec, train, fit_root) if checkpoint is None else ()
     names = train.attribute_names if hasattr(train, "attribute_names") else None
     context = TrainerContext(
         _shape(train),

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 import numpy as np
 
 __all__ = [
+    "PREVIOUS_STAGE",
     "Block",
     "BlockPass",
     "Candidates",
@@ -523,16 +524,25 @@ class Trainer(abc.ABC):
         return None
 
 
+#: :attr:`Stage.start_from`: the stage starts from the model of the stage before it.
+PREVIOUS_STAGE = "<previous>"
+
+
 @dataclass(frozen=True)
 class Stage:
     """One fit of a staged spec: its kind's spec, the model directory under the fit's, relative (``"."``: the
-    fit's own), and the loop settings it runs with instead of the fit's (``max_iter``, ``tol``, ``patience``...,
-    by their ``FitSettings`` names). A stage after the first starts from the previous stage's model, on its
-    held-out rows."""
+    fit's own), and the loop settings it runs with instead of the fit's (``max_iter``, ``tol``, ``context_length``...,
+    by their ``FitSettings`` names).
+
+    A stage after the first starts from the model of ``start_from``: :data:`PREVIOUS_STAGE` (the stage before it),
+    the directory of an earlier stage, or ``None``: its own start. A stage that continues from its start
+    (:attr:`HeadSpec.continues_from_init`) keeps that stage's held-out rows; any other is validated as the first.
+    """
 
     spec: HeadSpec
     directory: str = "."
     settings: dict[str, Any] = field(default_factory=dict)
+    start_from: str | None = PREVIOUS_STAGE
 
 
 class HeadSpec(abc.ABC):
@@ -572,6 +582,14 @@ class HeadSpec(abc.ABC):
     def stages(self) -> list[Stage]:
         """The fits this spec is made of, in order (one, itself, by default)."""
         return [Stage(self)]
+
+    #: Whether the spec's settings depend on the window its rows are read with (then :meth:`for_window` fixes them
+    #: before the fit starts, and the fit records the result).
+    window_dependent: ClassVar[bool] = False
+
+    def for_window(self, context_length: int) -> HeadSpec:
+        """This spec as it runs on rows of window N = ``context_length`` (itself unless :attr:`window_dependent`)."""
+        return self
 
     def sources(self) -> tuple[tuple[str, str], ...]:
         """The fitted models a fit of this spec is made of, as ``(option, model directory)`` pairs (the option names
@@ -661,6 +679,7 @@ _BUILT_IN = (
     "dist_respattn.model.heads.conj",
     "dist_respattn.model.heads.hops",
     "dist_respattn.model.heads.stack",
+    "dist_respattn.model.heads.recipe",
 )
 
 T = TypeVar("T", bound=Head)

@@ -1,0 +1,115 @@
+"""The recipe: the combination of kinds that predicts text best here, fitted in stages, as one spec.
+
+A long-window copy head (cache and induction over recency buckets, started from a single head of that window) and a
+short-window conjunction head (skip-trigrams, a trigram at the previous position) under a stack's gate learned on
+held-out rows: the way a Kneser-Ney n-gram is interpolated with a document cache. Each part makes its own choices on
+the fit's held-out rows; the stack's gate is fitted on them too (see ``docs/guide/recipe.md``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from dist_respattn.model.buckets import max_geometric_buckets
+from dist_respattn.model.heads.base import HeadSpec, Stage, Trainer, TrainerContext
+from dist_respattn.model.heads.conj.kind import ConjSpec
+from dist_respattn.model.heads.copy.kind import CopySpec
+from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
+from dist_respattn.model.heads.stack.head import GATE_MODES
+from dist_respattn.model.heads.stack.kind import StackSpec
+
+__all__ = ["RECIPE_BUCKETS", "RECIPE_SHORT_CONTEXT", "STAGE_DIRECTORIES", "RecipeSpec"]
+
+#: The window of the conjunction head (its rows are the long window's last tokens).
+RECIPE_SHORT_CONTEXT = 8
+#: Recency buckets of the long heads at most (a window of N has at most log2(N) + 1 geometric buckets).
+RECIPE_BUCKETS = 10
+#: Where each part goes under the fit's model directory (the stack itself is the directory's own model).
+STAGE_DIRECTORIES = {"single": "single", "copy": "copy", "conj": "conj"}
+
+
+@dataclass(frozen=True)
+class RecipeSpec(HeadSpec):
+    """The recipe's settings.
+
+    Attributes:
+        single: the single-hop settings the fit options describe (each part's start and its open choices, chosen on
+            held-out rows as a single-hop fit chooses them).
+        buckets: the long heads' recency buckets (``None``: the window's geometric buckets, at most
+            :data:`RECIPE_BUCKETS`; fixed by :meth:`for_window`).
+        short_context: the conjunction head's window (at most the long one).
+        gate: the stack's gate mode (``"target"``: the predictive distributions interpolated).
+    """
+
+    kind: ClassVar[str] = "recipe"
+    window_dependent: ClassVar[bool] = True
+
+    single: SingleHopSpec = field(default_factory=SingleHopSpec)
+    buckets: int | None = None
+    short_context: int = RECIPE_SHORT_CONTEXT
+    gate: str = "target"
+
+    def __post_init__(self) -> None:
+        if self.short_context < 1:
+            raise ValueError(f"short_context = {self.short_context}: expected a positive window")
+        if self.gate not in GATE_MODES:
+            raise ValueError(f"--stack-gate {self.gate}: expected one of {', '.join(GATE_MODES)}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "single": self.single.to_json(),
+            "buckets": self.buckets,
+            "short_context": self.short_context,
+            "gate": self.gate,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RecipeSpec:
+        single = dict(data.get("single") or {})
+        single.pop("kind", None)
+        buckets = data.get("buckets")
+        return cls(
+            SingleHopSpec(**single),
+            None if buckets is None else int(buckets),
+            int(data.get("short_context", RECIPE_SHORT_CONTEXT)),
+            str(data.get("gate", "target")),
+        )
+
+    def for_window(self, context_length: int) -> RecipeSpec:
+        """The recipe on rows of window N: the long heads get the window's geometric buckets (at most
+        :data:`RECIPE_BUCKETS`) unless given, and the conjunction head a window no longer than N."""
+        n = int(context_length)
+        buckets = self.buckets if self.buckets is not None else min(RECIPE_BUCKETS, max_geometric_buckets(n))
+        return dataclasses.replace(self, buckets=buckets, short_context=min(self.short_context, n))
+
+    def stages(self) -> list[Stage]:
+        """The single head of the long window into ``single/``, the copy head started from it into ``copy/``, the
+        conjunction head of the short window into ``conj/`` (its own start), then the stack of the conjunction and
+        copy heads into the model directory itself."""
+        # A fit fixes the buckets first (for_window); only the stages' directories are read without.
+        buckets = self.buckets if self.buckets is not None else RECIPE_BUCKETS
+        long = dataclasses.replace(self.single, position_buckets=buckets)
+        short = dataclasses.replace(self.single, position_buckets=None)
+        directories = STAGE_DIRECTORIES
+        return [
+            Stage(long, directories["single"], settings={"position_buckets": buckets}),
+            Stage(CopySpec(long), directories["copy"], settings={"position_buckets": buckets}),
+            Stage(
+                ConjSpec(short),
+                directories["conj"],
+                settings={"context_length": self.short_context, "position_buckets": None, "min_context": None},
+                start_from=None,
+            ),
+            Stage(
+                StackSpec((directories["conj"], directories["copy"]), self.gate),
+                ".",
+                settings={"position_buckets": None, "min_context": None},
+                start_from=None,
+            ),
+        ]
+
+    def trainer(self, context: TrainerContext) -> Trainer:
+        raise ValueError("a recipe is fitted by its stages (RecipeSpec.stages), each by its own kind's trainer")

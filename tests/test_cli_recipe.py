@@ -1,0 +1,82 @@
+"""``fit --head recipe``: the stages it makes of a window, where each starts from, and one real fit of them all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dist_respattn.artifacts import load_checkpoint
+from dist_respattn.cli import build_parser, main
+from dist_respattn.cli.head_options import spec_from_args
+from dist_respattn.engine.fit import FitError, stage_start
+from dist_respattn.model.heads.base import PREVIOUS_STAGE, Stage, spec_from_json
+from dist_respattn.model.heads.conj.kind import ConjSpec
+from dist_respattn.model.heads.copy.kind import CopySpec
+from dist_respattn.model.heads.recipe import RecipeSpec
+from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
+from dist_respattn.model.heads.stack import StackHead, StackSpec
+from dist_respattn.store import WriteOptions
+from dist_respattn.store.ingest.to_stream import write_stream_tokens
+
+
+def parsed(*flags: str) -> object:
+    return build_parser().parse_args(["fit", "train.zarr", "--model-dir", "model", *flags])
+
+
+def test_the_recipe_fixes_its_buckets_and_short_window_from_the_rows_window() -> None:
+    spec = spec_from_args(parsed("--head", "recipe"), SingleHopSpec(), None)
+    assert spec == RecipeSpec(SingleHopSpec(), None, 8, "target")
+    assert spec.window_dependent
+    assert spec.for_window(512).buckets == 10  # 1, 1, 2, ..., 256: every geometric bucket of 512 positions
+    assert spec.for_window(32).buckets == 6
+    assert spec.for_window(4).short_context == 4  # never longer than the rows' window
+    given = spec_from_args(parsed("--head", "recipe", "--position-buckets", "3"), SingleHopSpec(position_buckets=3),
+                           None)  # fmt: skip
+    assert given.for_window(512).buckets == 3
+    concrete = spec.for_window(64)
+    assert spec_from_json(json.loads(json.dumps(concrete.to_json()))) == concrete
+
+
+def test_the_recipe_stages_start_where_each_part_needs() -> None:
+    single, copy, conj, stack = RecipeSpec(SingleHopSpec(sigma2=0.5)).for_window(64).stages()
+    assert single == Stage(SingleHopSpec(sigma2=0.5, position_buckets=7), "single", {"position_buckets": 7})
+    assert isinstance(copy.spec, CopySpec) and copy.spec.single == single.spec
+    assert (copy.directory, copy.start_from) == ("copy", PREVIOUS_STAGE)  # continues the long single head
+    assert isinstance(conj.spec, ConjSpec) and conj.spec.single.position_buckets is None
+    assert (conj.directory, conj.start_from, conj.settings["context_length"]) == ("conj", None, 8)  # its own start
+    assert stack.spec == StackSpec(("conj", "copy"), "target")  # the stages' models, under the fit's directory
+    assert (stack.directory, stack.start_from) == (".", None)
+
+
+def test_a_stage_starts_from_the_stage_it_names() -> None:
+    stages = [Stage(SingleHopSpec(), "a"), Stage(SingleHopSpec(), "b", start_from=None),
+              Stage(SingleHopSpec(), "c", start_from="a"), Stage(SingleHopSpec(), "d")]  # fmt: skip
+    directories = ["m/a", "m/b", "m/c", "m/d"]
+    assert [stage_start(stages, directories, i) for i in (1, 2, 3)] == [None, "m/a", "m/c"]
+    with pytest.raises(FitError, match="stage 'b' starts from 'z', which is no earlier stage"):
+        stage_start([stages[0], Stage(SingleHopSpec(), "b", start_from="z")], directories, 1)
+
+
+@pytest.mark.slow
+def test_one_fit_of_the_recipe_leaves_each_part_and_a_stack_of_them(tmp_path: Path) -> None:
+    """Every stage on one cluster (one iteration each): the parts in their directories, the stack's checkpoint in
+    the model directory holding both (evaluate reads it alone), its gate learned on the validation store."""
+    tokens = np.random.default_rng(0).integers(0, 12, 3000)
+    tokens[1::7] = tokens[::7][: tokens[1::7].size]  # some repetition for the copy head to find
+    options = WriteOptions(chunk_rows=512, partition_rows=1024)
+    for name, part in (("train", tokens[:2400]), ("validation", tokens[2400:])):
+        write_stream_tokens(tmp_path / f"{name}.zarr", part, 16, num_symbols=12, dim=3, seed=0, options=options)
+    model = tmp_path / "model"
+    status = main(["fit", str(tmp_path / "train.zarr"), "--validation", str(tmp_path / "validation.zarr"),
+                   "--model-dir", str(model), "--head", "recipe", "--max-iter", "1", "--workers", "1"])  # fmt: skip
+    assert status == 0
+    for part, kind in (("single", "single_hop"), ("copy", "copy"), ("conj", "conj")):
+        assert load_checkpoint(model / part).model.kind == kind, part
+    head = load_checkpoint(model).model
+    assert isinstance(head, StackHead) and [c.kind for c in head.components] == ["conj", "copy"]
+    assert head.windows == (8, 16) and head.gate.sum() == pytest.approx(1.0)
+    record = json.loads((model / "fit.json").read_text())
+    assert record["head"]["kind"] == "recipe" and record["head"]["buckets"] == 5
