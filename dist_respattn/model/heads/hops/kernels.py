@@ -135,6 +135,33 @@ class HopArrays:
         )  # fmt: skip
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _forward_hop(h, m, softmax, trans, shift, alpha, work):  # pragma: no cover - compiled
+    """Hop h's forward step over a window of m positions, from its transitions' exponentials ``trans[h - 1]`` (m*m,
+    each source row shifted by ``shift[h - 1]``): with ``softmax`` each row normalized (its shift then 0), then
+    ``alpha[h, j] = log sum_i exp(alpha[h - 1, i] + shift_i) trans(i, j)``; ``work`` (m,) is scratch."""
+    if softmax:
+        for i in range(m):
+            total = 0.0
+            for j in range(m):
+                total += trans[h - 1, i * m + j]
+            if total > 0.0:
+                for j in range(m):
+                    trans[h - 1, i * m + j] /= total
+                shift[h - 1, i] = 0.0
+    top = -np.inf
+    for i in range(m):
+        work[i] = alpha[h - 1, i] + shift[h - 1, i]
+        top = max(top, work[i])
+    for i in range(m):
+        work[i] = math.exp(work[i] - top) if top > -np.inf and work[i] > -np.inf else 0.0
+    for j in range(m):
+        acc = 0.0
+        for i in range(m):
+            acc += work[i] * trans[h - 1, i * m + j]
+        alpha[h, j] = top + math.log(acc) if acc > 0.0 else -np.inf
+
+
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
 def _distance(queries, c_query, key_means, hop, c_key):  # pragma: no cover - compiled
     """``||queries[c_query] - key_means[hop, c_key]||^2`` (the sum reassociated, so that it vectorizes, as the
@@ -227,27 +254,7 @@ def _chain(
                 # A row no position reaches stays all -inf (its exponentials 0), whatever its shift.
                 flat[i * m + j] = flat[i * m + j] - best if best > -np.inf else -np.inf
         exp_shifted(flat[: m * m], 0.0, trans[h - 1, : m * m], bits[: m * m])
-        if softmax:
-            for i in range(m):
-                total = 0.0
-                for j in range(m):
-                    total += trans[h - 1, i * m + j]
-                if total > 0.0:
-                    for j in range(m):
-                        trans[h - 1, i * m + j] /= total
-                    shift[h - 1, i] = 0.0
-        # Forward: alpha[h, j] = log sum_i exp(alpha[h-1, i] + shift_i) trans(i, j).
-        top = -np.inf
-        for i in range(m):
-            work[i] = alpha[h - 1, i] + shift[h - 1, i]
-            top = max(top, work[i])
-        for i in range(m):
-            work[i] = math.exp(work[i] - top) if top > -np.inf and work[i] > -np.inf else 0.0
-        for j in range(m):
-            acc = 0.0
-            for i in range(m):
-                acc += work[i] * trans[h - 1, i * m + j]
-            alpha[h, j] = top + math.log(acc) if acc > 0.0 else -np.inf
+        _forward_hop(h, m, softmax, trans, shift, alpha, work)
     last = n_hops - 1
     for j in range(m):
         c = tokens[lo + j]
@@ -429,26 +436,7 @@ def _estep(
                     flat[i * m + j] = flat[i * m + j] - best if best > -np.inf else -np.inf
             # exp_shifted's exponentials, without its shift by 0 (no change) and its sum (not read here).
             exp_nonpositive(flat[: m * m], trans[h - 1, : m * m], bits[: m * m])
-            if softmax:
-                for i in range(m):
-                    total = 0.0
-                    for j in range(m):
-                        total += trans[h - 1, i * m + j]
-                    if total > 0.0:
-                        for j in range(m):
-                            trans[h - 1, i * m + j] /= total
-                        shift[h - 1, i] = 0.0
-            top = -np.inf
-            for i in range(m):
-                work[i] = alpha[h - 1, i] + shift[h - 1, i]
-                top = max(top, work[i])
-            for i in range(m):
-                work[i] = math.exp(work[i] - top) if top > -np.inf and work[i] > -np.inf else 0.0
-            for j in range(m):
-                acc = 0.0
-                for i in range(m):
-                    acc += work[i] * trans[h - 1, i * m + j]
-                alpha[h, j] = top + math.log(acc) if acc > 0.0 else -np.inf
+            _forward_hop(h, m, softmax, trans, shift, alpha, work)
         if n_hops > 1:
             scaled, scaled_prev = scaled_prev, scaled
             for i in range(m):
