@@ -16,12 +16,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dist_respattn.model.emission.layouts import DenseEmissionCounts, SparseEmission, SparseEmissionCounts
+from dist_respattn.model.fitting.fixed import OneCandidate
 from dist_respattn.model.heads.base import (
     Block,
     BlockPass,
-    Candidates,
     Columns,
-    Grid,
     Head,
     HeadSpec,
     Passes,
@@ -34,12 +33,9 @@ from dist_respattn.model.heads.single_hop.accumulator import SufficientStatistic
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.heads.single_hop.kind import SingleHopSpec, SingleHopTrainer, fixed_single
 from dist_respattn.model.memory import MemoryEstimate
-from dist_respattn.model.scores import ScoreTotals
 
 __all__ = [
-    "HopsCandidates",
     "HopsChoice",
-    "HopsGrid",
     "HopsSpec",
     "HopsStatistics",
     "HopsTrainer",
@@ -180,50 +176,6 @@ class HopsChoice:
         return f"sigma2 {self.sigma2:.3g} (fixed)"
 
 
-@dataclass(frozen=True)
-class HopsGrid(Grid):
-    """The held-out pass of a chain's M-step: one point, the new head, scored (early stopping and the fit page)."""
-
-    head: HopsHead
-
-    @property
-    def columns(self) -> Columns:
-        return self.head.columns
-
-    def score(self, blocks: Iterable[Block]) -> ScoreTotals:
-        return self.head.score(blocks, accuracy=False)
-
-    def nbytes(self) -> int:
-        return self.head.nbytes()
-
-
-@dataclass(frozen=True)
-class HopsCandidates(Candidates):
-    """A chain's M-step: one head, its hyperparameters fixed by the single-hop settings."""
-
-    head: HopsHead
-
-    def default(self) -> HopsChoice:
-        return HopsChoice(self.head.single.sigma2)
-
-    def grid(self, around: Any) -> HopsGrid:
-        return HopsGrid(self.head)
-
-    def choose(self, grid: Grid, scores: Any) -> tuple[HopsChoice, dict[str, float] | None]:
-        if scores is None or scores.weight <= 0.0:
-            return self.default(), None
-        metrics = scores.metrics()
-        return self.default(), {
-            name: metrics[name] for name in ("mean_log_likelihood", "target_log_prob", "perplexity")
-        }
-
-    def model(self, choice: Any) -> HopsHead:
-        return self.head
-
-    def searches(self) -> bool:
-        return False
-
-
 def hop_statistics(head: HopsHead, blocks: Iterable[Block]) -> HopsStatistics:
     """The chain's E-step of ``blocks`` (token windows, in row order) under ``head``."""
     s, _, _, t = head.shape
@@ -315,12 +267,13 @@ class HopsTrainer(Trainer):
         assert isinstance(head, HopsHead)
         return hop_statistics(head, blocks)
 
-    def m_step(self, statistics: Any, previous: Head | None) -> HopsCandidates:
+    def m_step(self, statistics: Any, previous: Head | None) -> OneCandidate:
         assert isinstance(statistics, HopsStatistics) and isinstance(previous, HopsHead)
         candidates = self.single.m_step(statistics.stats, previous.single)
         single = candidates.model(candidates.default())
         keys, priors = hop_m_step(statistics, previous)
-        return HopsCandidates(HopsHead(single, keys, priors, previous.hop_queries, softmax=previous.softmax))
+        head = HopsHead(single, keys, priors, previous.hop_queries, softmax=previous.softmax)
+        return OneCandidate(head, HopsChoice(head.single.sigma2))
 
     def warnings(self, head: Head, statistics: Any = None) -> list[str]:
         assert isinstance(head, HopsHead)

@@ -16,11 +16,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dist_respattn.model.fitting.fixed import OneCandidate
 from dist_respattn.model.heads.base import (
     Block,
-    Candidates,
     Columns,
-    Grid,
     Head,
     HeadSpec,
     Passes,
@@ -28,13 +27,10 @@ from dist_respattn.model.heads.base import (
     TrainerContext,
 )
 from dist_respattn.model.heads.stack.head import GATE_MODES, StackHead, component_view, mix_rows
-from dist_respattn.model.scores import ScoreTotals
 
 __all__ = [
     "STACK_FROM",
-    "StackCandidates",
     "StackChoice",
-    "StackGrid",
     "StackSpec",
     "StackStatistics",
     "StackTrainer",
@@ -152,48 +148,6 @@ class StackChoice:
         return "gate by EM"
 
 
-@dataclass(frozen=True)
-class StackGrid(Grid):
-    """The held-out pass of a stack M-step: one point, the new head, scored (for early stopping and the fit page)."""
-
-    head: StackHead
-
-    @property
-    def columns(self) -> Columns:
-        return Columns(windows=True)
-
-    def score(self, blocks: Iterable[Block]) -> ScoreTotals:
-        return self.head.score(blocks, accuracy=False)
-
-    def nbytes(self) -> int:
-        return self.head.nbytes()
-
-
-@dataclass(frozen=True)
-class StackCandidates(Candidates):
-    """A stack M-step: one head, the new gate."""
-
-    head: StackHead
-
-    def default(self) -> StackChoice:
-        return StackChoice()
-
-    def grid(self, around: Any) -> StackGrid:
-        return StackGrid(self.head)
-
-    def choose(self, grid: Grid, scores: Any) -> tuple[StackChoice, dict[str, float] | None]:
-        if scores is None or scores.weight <= 0.0:
-            return StackChoice(), None
-        metrics = scores.metrics()
-        return StackChoice(), {name: metrics[name] for name in ("mean_log_likelihood", "target_log_prob", "perplexity")}
-
-    def model(self, choice: Any) -> StackHead:
-        return self.head
-
-    def searches(self) -> bool:
-        return False
-
-
 class StackTrainer(Trainer):
     """A stack fit: the components (``()`` for a resumed fit, whose checkpoint holds them), the gate's mode, and the
     shape ``(S, N, D, T)`` of the rows."""
@@ -242,12 +196,12 @@ class StackTrainer(Trainer):
         assert isinstance(head, StackHead)
         return gate_statistics(head, blocks)
 
-    def m_step(self, statistics: Any, previous: Head) -> StackCandidates:
+    def m_step(self, statistics: Any, previous: Head) -> OneCandidate:
         assert isinstance(statistics, StackStatistics) and isinstance(previous, StackHead)
         total = float(statistics.mass.sum())
         if total <= 0.0:
-            return StackCandidates(previous)
-        return StackCandidates(previous.with_gate(statistics.mass / total))
+            return OneCandidate(previous, StackChoice())
+        return OneCandidate(previous.with_gate(statistics.mass / total), StackChoice())
 
     def warnings(self, head: Head, statistics: Any = None) -> list[str]:
         assert isinstance(head, StackHead)
