@@ -40,8 +40,8 @@ def test_a_bad_head_is_one_line_before_anything_is_written(tmp_path: Path) -> No
     result = run("fit", str(tmp_path / "train.zarr"), "--model-dir", str(tmp_path / "model"), "--head", "cpy")
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        "dist-respattn fit: error: --head cpy: expected one of conj, copy, recipe, single, stack (other kinds have their "
-        "options)"
+        "dist-respattn fit: error: --head cpy: expected one of conj, copy, recipe, single, stack (other kinds have "
+        "their options)"
     ]
     assert not (tmp_path / "model").exists()
 
