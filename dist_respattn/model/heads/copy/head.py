@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dist_respattn.model.buckets import PositionBuckets
+from dist_respattn.model.emission.mixture import symbol_mixture
 from dist_respattn.model.heads.base import Block, Columns
 from dist_respattn.model.heads.copy.kernels import CopyParameters, copy_hits, copy_row_terms, copy_score
 from dist_respattn.model.heads.single_hop.arrays import MODEL_ARRAY_NAMES
@@ -157,7 +158,8 @@ class CopyHead(WindowHead):
         context, successor = copy_row_terms(rows, self.context_length)
         bucket = self.buckets.bucket_of_position
         own = attention * (1.0 - self.kappa - self.rho)[bucket][None, :]
-        probs = self.single.emission_table.predictive(context, own)
+        # Per distinct symbol: a long window holds each symbol many times (O(N + distinct symbols' rows) a row).
+        probs = symbol_mixture(self.single.emission_table, context, own)
         n = context.shape[0]
         row_of = np.repeat(np.arange(n), self.context_length)
         live = attention.reshape(-1) > 0.0

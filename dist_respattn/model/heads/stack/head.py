@@ -30,7 +30,6 @@ __all__ = [
     "StackHead",
     "StackPredictor",
     "component_prefix",
-    "component_proba",
     "component_view",
     "logsumexp_rows",
     "mix_rows",
@@ -61,30 +60,6 @@ def component_view(head: Head) -> WindowHead:
     raise ValueError(
         f"a stack reads single, copy, conj and hops heads (their per-row densities), not a {head.kind} head"
     )
-
-
-def component_proba(view: WindowHead, rows: WindowRows, attention: np.ndarray) -> np.ndarray:
-    """(n, T) ``view.window_proba(rows, attention)``, a copy head's (and a single head's) own-table part mixed per
-    distinct symbol (:func:`~dist_respattn.model.heads.stack.kernels.symbol_mixture`: a long window's rows in
-    O(N + its distinct symbols' rows), not N of them); other kinds' as they give it."""
-    from dist_respattn.model.heads.copy import CopyHead
-    from dist_respattn.model.heads.copy.kernels import copy_row_terms
-    from dist_respattn.model.heads.stack.kernels import symbol_mixture
-
-    if not isinstance(view, CopyHead):
-        return view.window_proba(rows, attention)
-    context, successor = copy_row_terms(rows, view.context_length)
-    bucket = view.buckets.bucket_of_position
-    probs = symbol_mixture(view.single.emission_table, context, attention * (1.0 - view.kappa - view.rho)[bucket])
-    n = context.shape[0]
-    row_of = np.repeat(np.arange(n), view.context_length)
-    live = attention.reshape(-1) > 0.0
-    np.add.at(probs, (row_of[live], context.reshape(-1)[live]), (attention * view.kappa[bucket]).reshape(-1)[live])
-    has_next = live & (successor.reshape(-1) >= 0)
-    np.add.at(
-        probs, (row_of[has_next], successor.reshape(-1)[has_next]), (attention * view.rho[bucket]).reshape(-1)[has_next]
-    )
-    return probs
 
 
 def logsumexp_rows(a: np.ndarray) -> np.ndarray:
@@ -300,7 +275,7 @@ class StackHead(WindowHead):
                 continue
             sub = self.component_rows(rows, k)
             att = view.window_attention(sub)
-            probs += weights[:, k : k + 1] * component_proba(view, sub, att)
+            probs += weights[:, k : k + 1] * view.window_proba(sub, att)
             attention[:, self.context_length - self.windows[k] :] += weights[:, k : k + 1] * att
         return probs, attention
 

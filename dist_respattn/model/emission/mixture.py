@@ -1,6 +1,5 @@
-"""The stack's compiled prediction pass: a block of windows' emission mixtures, each row's weight summed per distinct
-symbol first (a long window holds each symbol many times), so a row costs its window plus its distinct symbols'
-stored rows, not N of them."""
+"""A block of windows' emission mixtures, compiled: each row's weight summed per distinct symbol first (a long window
+holds each symbol many times), so a row costs its window plus its distinct symbols' stored rows, not N of them."""
 
 from __future__ import annotations
 
