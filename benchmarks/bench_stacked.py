@@ -151,8 +151,10 @@ def run_corpus(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any
     buckets = ("--position-buckets", str(args.buckets))
     heads: dict[str, dict[str, Any]] = {}
     heads[f"single, N = {short}"] = fit_and_test("the single head, short", stores, folder / "single-short", args,
-                                                 "--context", short)  # fmt: skip
-    heads[f"single, N = {long}"] = fit_and_test("the single head, long", stores, folder / "single-long", args, *buckets)
+                                                 "--head", "single", "--context", short)  # fmt: skip
+    heads[f"single, N = {long}"] = fit_and_test(
+        "the single head, long", stores, folder / "single-long", args, "--head", "single", *buckets
+    )
     heads[f"copy, N = {long}"] = fit_and_test(
         "the copy head", stores, folder / "copy-long", args, "--head", "copy", "--init-from",
         str(folder / "single-long"), *buckets,

@@ -71,7 +71,8 @@ def test_iteration_lines_lead_with_the_heldout_perplexity_and_mark_the_best(stor
     """Each line gives the iteration's held-out perplexity and chosen settings as the checkpoint saved them, marks
     the best iteration so far, and names no joint log-likelihood; the summary names the checkpoint kept."""
     model = tmp_path / "model"
-    done = run("fit", store, "--model-dir", str(model), "--max-iter", "6", "--tol", "0", "--scheduler", address)
+    done = run("fit", store, "--model-dir", str(model), "--head", "single", "--max-iter", "6", "--tol", "0",
+               "--scheduler", address)  # fmt: skip
     assert done.returncode == 0, done.stderr
     history = load_checkpoint(model, "latest").meta["history"]
     lines = list(LINE.finditer(done.stderr))
@@ -106,8 +107,8 @@ def test_early_stopping_by_loglik_says_so_in_the_mark(store, address, tmp_path):
     perplexity the line leads with: the mark names the metric, and follows the log-likelihood the checkpoint saved."""
     model = tmp_path / "model"
     done = run(
-        "fit", store, "--model-dir", str(model), "--max-iter", "3", "--tol", "0", "--scheduler", address,
-        "--early-stop-metric", "loglik",
+        "fit", store, "--model-dir", str(model), "--head", "single", "--max-iter", "3", "--tol", "0", "--scheduler",
+        address, "--early-stop-metric", "loglik",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     history = load_checkpoint(model, "latest").meta["history"]
@@ -121,7 +122,8 @@ def test_verbose_and_json_keep_the_joint_log_likelihood(store, address, tmp_path
     """``-v`` appends the training and held-out joint log-likelihoods the checkpoint saved; ``--json`` keeps its
     keys (``mean_log_likelihood``, ``heldout``) and adds the checkpoints the directory's pointers name."""
     model = tmp_path / "model"
-    done = run("fit", store, "--model-dir", str(model), "--max-iter", "3", "--tol", "0", "--scheduler", address, "-v")
+    done = run("fit", store, "--model-dir", str(model), "--head", "single", "--max-iter", "3", "--tol", "0",
+               "--scheduler", address, "-v")  # fmt: skip
     assert done.returncode == 0, done.stderr
     history = load_checkpoint(model, "latest").meta["history"]
     rests = [m["rest"] for m in LINE.finditer(done.stderr)]
@@ -138,8 +140,8 @@ def test_verbose_and_json_keep_the_joint_log_likelihood(store, address, tmp_path
     )
 
     again = run(
-        "fit", store, "--model-dir", str(model), "--max-iter", "3", "--tol", "0", "--scheduler", address, "--overwrite",
-        "--json",
+        "fit", store, "--model-dir", str(model), "--head", "single", "--max-iter", "3", "--tol", "0", "--scheduler",
+        address, "--overwrite", "--json",
     )  # fmt: skip
     assert again.returncode == 0, again.stderr
     report = json.loads(again.stdout)

@@ -10,7 +10,9 @@ import pytest
 
 from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.cli import build_parser, main
+from dist_respattn.cli.fit_commands import default_spec, settings_from
 from dist_respattn.cli.head_options import spec_from_args
+from dist_respattn.engine import FitSettings
 from dist_respattn.engine.fit import FitError, stage_start
 from dist_respattn.model.heads.base import PREVIOUS_STAGE, Stage, spec_from_json
 from dist_respattn.model.heads.conj.kind import ConjSpec
@@ -18,7 +20,7 @@ from dist_respattn.model.heads.copy.kind import CopySpec
 from dist_respattn.model.heads.recipe import RecipeSpec
 from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 from dist_respattn.model.heads.stack import StackHead, StackSpec
-from dist_respattn.store import WriteOptions
+from dist_respattn.store import TokenStreamStore, TripleStore, WriteOptions, write_synthetic
 from dist_respattn.store.ingest.to_stream import write_stream_tokens
 
 
@@ -60,6 +62,31 @@ def test_a_stage_starts_from_the_stage_it_names() -> None:
         stage_start([stages[0], Stage(SingleHopSpec(), "b", start_from="z")], directories, 1)
 
 
+def test_fit_picks_the_recipe_on_a_token_stream_store_when_nothing_picks_a_kind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ``--head``, no kind's options, nothing to resume or start from: the recipe on a token stream, the single
+    head on a store of fixed windows; any of those flags keeps what it asks for."""
+    write_stream_tokens(tmp_path / "s.zarr", np.arange(200) % 7, 4, num_symbols=7, dim=2, seed=0)
+    write_synthetic(tmp_path / "t.zarr", 50, num_symbols=7, context_length=4, query_dim=2, num_targets=7)
+    stream, triples = TokenStreamStore.open(tmp_path / "s.zarr"), TripleStore.open(tmp_path / "t.zarr")
+
+    def picked(store: object, *flags: str) -> object:
+        args = parsed(*flags)
+        settings = settings_from(args, FitSettings())
+        return default_spec(args, settings, spec_from_args(args, settings.head_spec(), None), store)
+
+    assert picked(stream) == RecipeSpec(SingleHopSpec(), None, 8, "target")
+    assert "fitting --head recipe, the default on a token-stream store" in capsys.readouterr().err
+    assert picked(stream, "--position-buckets", "3") == RecipeSpec(SingleHopSpec(position_buckets=3), 3, 8, "target")
+    assert picked(triples) == SingleHopSpec()
+    assert picked(stream, "--head", "single") == SingleHopSpec()
+    assert picked(stream, "--mixture-components", "2").kind == "mixture"
+    assert picked(stream, "--init-from", str(tmp_path / "old")) == SingleHopSpec()
+    monkeypatch.chdir(tmp_path)  # parsed() fits into "model": nothing there to resume
+    assert picked(stream, "--resume") == RecipeSpec(SingleHopSpec(), None, 8, "target")
+
+
 @pytest.mark.slow
 def test_one_fit_of_the_recipe_leaves_each_part_and_a_stack_of_them(tmp_path: Path) -> None:
     """Every stage on one cluster (one iteration each): the parts in their directories, the stack's checkpoint in
@@ -70,8 +97,9 @@ def test_one_fit_of_the_recipe_leaves_each_part_and_a_stack_of_them(tmp_path: Pa
     for name, part in (("train", tokens[:2400]), ("validation", tokens[2400:])):
         write_stream_tokens(tmp_path / f"{name}.zarr", part, 16, num_symbols=12, dim=3, seed=0, options=options)
     model = tmp_path / "model"
+    # No --head: the recipe is what fit picks on a token-stream store.
     status = main(["fit", str(tmp_path / "train.zarr"), "--validation", str(tmp_path / "validation.zarr"),
-                   "--model-dir", str(model), "--head", "recipe", "--max-iter", "1", "--workers", "1"])  # fmt: skip
+                   "--model-dir", str(model), "--max-iter", "1", "--workers", "1"])  # fmt: skip
     assert status == 0
     for part, kind in (("single", "single_hop"), ("copy", "copy"), ("conj", "conj")):
         assert load_checkpoint(model / part).model.kind == kind, part
@@ -80,3 +108,33 @@ def test_one_fit_of_the_recipe_leaves_each_part_and_a_stack_of_them(tmp_path: Pa
     assert head.windows == (8, 16) and head.gate.sum() == pytest.approx(1.0)
     record = json.loads((model / "fit.json").read_text())
     assert record["head"]["kind"] == "recipe" and record["head"]["buckets"] == 5
+
+    # A warm start from it (retraining) fits a recipe again, its first part from the first part's model.
+    again = tmp_path / "again"
+    status = main(["fit", str(tmp_path / "train.zarr"), "--validation", str(tmp_path / "validation.zarr"),
+                   "--model-dir", str(again), "--init-from", str(model), "--max-iter", "1",
+                   "--workers", "1"])  # fmt: skip
+    assert status == 0
+    assert json.loads((again / "fit.json").read_text())["head"]["kind"] == "recipe"
+    assert load_checkpoint(again / "single").meta["init"]["source"] == str(model / "single")
+    assert load_checkpoint(again).meta["fit_head"]["kind"] == "recipe"  # what a registry version of it keeps
+
+
+@pytest.mark.slow
+def test_retrain_publishes_a_recipe_on_a_token_stream_and_retrains_it_as_one(tmp_path: Path) -> None:
+    """A registry's first version on a token-stream store is what ``fit`` picks there; the next retrain fits the
+    version's whole recipe again (not its stack stage alone, whose parts a registry does not hold)."""
+    tokens = np.random.default_rng(1).integers(0, 10, 1600)
+    for name, part in (("train", tokens[:1300]), ("validation", tokens[1300:])):
+        write_stream_tokens(tmp_path / f"{name}.zarr", part, 8, num_symbols=10, dim=2, seed=0)
+    registry = tmp_path / "registry"
+    for _ in range(2):
+        status = main(["retrain", "--registry", str(registry), "--store", str(tmp_path / "train.zarr"),
+                       "--validation", str(tmp_path / "validation.zarr"), "--tolerance", "1", "--max-iter", "1",
+                       "--workers", "1", "--json"])  # fmt: skip
+        assert status == 0
+    from dist_respattn.registry import Registry
+
+    versions = [Registry(registry).load(number) for number in (1, 2)]
+    assert [v.meta["fit_head"]["kind"] for v in versions] == ["recipe", "recipe"]
+    assert all(isinstance(v.model, StackHead) for v in versions)

@@ -27,6 +27,7 @@ __all__ = [
     "add_em_options",
     "baseline_order",
     "cluster_options",
+    "default_spec",
     "fit_report",
     "ranking_settings",
     "register",
@@ -504,6 +505,7 @@ def _run_fit(args: argparse.Namespace) -> dict[str, Any]:
     options = parse_storage_options(args.storage_option)
     settings, spec = _settings(args)  # a bad option is reported before any store is opened
     store = open_store(args.store, storage_options=options, window=settings.context_length)
+    spec = default_spec(args, settings, spec, store)
     names = getattr(store, "attribute_names", None)
     for note in spec.notes(tuple(names) if names else None):
         if not args.resume:  # said before the fit, so it can be stopped and run again
@@ -526,6 +528,36 @@ def _run_fit(args: argparse.Namespace) -> dict[str, Any]:
     if args.verbose:
         args.printer = lambda report: print_fit_summary(report, verbose=True)
     return fit_report(result, store)
+
+
+def default_spec(args: argparse.Namespace, settings: Any, spec: Any, store: Any) -> Any:
+    """``spec``, or, when no ``--head`` or kind's option picked a kind and no fit is resumed, the kind ``fit`` picks
+    itself: with ``--init-from``, the kind of the fit it starts from (a recipe is retrained as a recipe, each part
+    from its own); else, on a token-stream store, the kind the model layer fits there by default (the recipe)."""
+    from dist_respattn.engine import ModelDir
+    from dist_respattn.model.heads.base import head_kind, token_stream_default
+    from dist_respattn.store import TokenStreamStore
+
+    if args.head is not None or any(value is not None for value in head_options(args, "fit").values()):
+        return spec
+    if args.resume and (ModelDir(args.model_dir).fit_record() is not None or ModelDir(args.model_dir).has_checkpoint()):
+        return spec
+    if args.init_from:
+        recorded = (ModelDir(args.init_from).fit_record() or {}).get("head") or {}
+        try:
+            name = head_kind(str(recorded.get("kind"))).head_name if recorded else None
+        except ValueError:
+            return spec
+        if name is None or recorded.get("kind") == spec.kind:
+            return spec
+        _say(args)(f"fitting --head {name}, the kind of the fit in {args.init_from}")
+    else:
+        name = token_stream_default()
+        if name is None or not isinstance(store, TokenStreamStore):
+            return spec
+        _say(args)(f"fitting --head {name}, the default on a token-stream store (--head single: one head alone)")
+    args.head = name
+    return spec_from_args(args, settings.head_spec(), None)
 
 
 def print_fit_summary(report: dict[str, Any], *, verbose: bool = False) -> None:

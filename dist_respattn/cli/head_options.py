@@ -29,6 +29,13 @@ def _dest(option: Any) -> str:
     return long.lstrip("-").replace("-", "_")
 
 
+def _default_text() -> str:
+    from dist_respattn.model.heads.base import token_stream_default
+
+    name = token_stream_default()
+    return "single" if name is None else f"{name} on a token-stream store, else single"
+
+
 def add_head_options(parser: argparse.ArgumentParser, command: str) -> None:
     """Add every kind's options that ``command`` takes, each kind's in a group titled by its summary; ``fit`` also
     takes ``--head NAME``, a kind picked by the name it registered (``HeadKind.head_name``)."""
@@ -41,7 +48,7 @@ def add_head_options(parser: argparse.ArgumentParser, command: str) -> None:
             default=None,
             help="the kind of head: "
             + "; ".join(f"{kind.head_name}, {kind.summary}" for kind in named)
-            + " (default: single; the other kinds are picked by their own options below)",
+            + f" (default: {_default_text()}; the other kinds are picked by their own options below)",
         )
     for kind in _kinds():
         options = [option for option in kind.options if command in option.commands]

@@ -172,6 +172,7 @@ def _run_retrain(args: argparse.Namespace) -> dict[str, Any]:
             validation=args.validation,
             settings=settings,
             head=None if chosen is default else chosen,
+            first_head=None if chosen is not default else _first_head(args, settings),
             tolerance=args.tolerance,
             gate_metric=args.gate_metric,
             keep=args.keep,
@@ -185,6 +186,22 @@ def _run_retrain(args: argparse.Namespace) -> dict[str, Any]:
     except RegistryLocked as exc:
         return {"published": False, "locked": True, "error": " ".join(str(exc).split()), "exit_status": EXIT_LOCKED}
     return result.to_json()
+
+
+def _first_head(args: argparse.Namespace, settings: Any) -> Any:
+    """What a first version is fitted as when nothing picks a kind: what ``fit`` picks on the store (the recipe on
+    a token-stream store, else the single head)."""
+    from dist_respattn.model.heads.base import token_stream_default
+    from dist_respattn.store import StoreError, TokenStreamStore, open_store
+
+    name = token_stream_default()
+    try:
+        store = open_store(args.store, storage_options=parse_storage_options(args.storage_option))
+    except (StoreError, OSError, ValueError):
+        return None  # retrain reports a store it cannot open in its own words
+    if name is None or not isinstance(store, TokenStreamStore):
+        return None
+    return spec_from_args(argparse.Namespace(head=name), settings.head_spec(), None)
 
 
 def _print_retrain(report: dict[str, Any]) -> None:

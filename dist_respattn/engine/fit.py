@@ -445,6 +445,8 @@ def fit(
         },
         [_stage_dir(model_dir, stage) for stage in stages],
     )
+    if len(stages) > 1 and init_from is not None:
+        init_from = _first_stage_start(init_from, spec, stages)
     try:
         if len(stages) == 1:
             return _fit_stage(
@@ -454,8 +456,8 @@ def fit(
                 verbose=verbose, before_run=record.write,
             )  # fmt: skip
         return _fit_stages(
-            store, stages, model_dir=model_dir, settings=settings, validation=validation, init=init,
-            init_from=init_from, resume=resume, overwrite=overwrite, client=client, cluster=cluster,
+            store, stages, model_dir=model_dir, settings=settings, fit_head=spec.to_json(), validation=validation,
+            init=init, init_from=init_from, resume=resume, overwrite=overwrite, client=client, cluster=cluster,
             storage_options=storage_options, say=say, progress=progress, verbose=verbose, before_run=record.write,
         )  # fmt: skip
     except Exception:
@@ -583,7 +585,9 @@ def _stage_dir(model_dir: str | os.PathLike[str], stage: Stage) -> str:
     return os.fspath(model_dir) if stage.directory == "." else os.path.join(os.fspath(model_dir), stage.directory)
 
 
-def _fit_stages(store: Any, stages: list[Stage], *, model_dir: Any, settings: FitSettings, **options: Any) -> FitResult:
+def _fit_stages(
+    store: Any, stages: list[Stage], *, model_dir: Any, settings: FitSettings, fit_head: dict[str, Any], **options: Any
+) -> FitResult:
     """The stages of a staged kind, in order, on one cluster: each stage in its directory, from the stage before.
 
     Resuming continues the first stage not yet ended; a stage whose successor has started is not continued (more
@@ -634,6 +638,7 @@ def _fit_stages(store: Any, stages: list[Stage], *, model_dir: Any, settings: Fi
                 init=start if first else None,
                 init_from=init_from if first else stage_start(stages, directories, index),
                 fit_dir=model_dir,
+                fit_head=fit_head if stage.directory == "." else None,
                 # A later stage not yet started (the fit stopped between stages) starts; its directory holds the
                 # earlier stages' own, which is not a sign of the wrong directory.
                 resume=resume and (first or ModelDir(directories[index]).has_checkpoint()), overwrite=overwrite,
@@ -643,6 +648,20 @@ def _fit_stages(store: Any, stages: list[Stage], *, model_dir: Any, settings: Fi
             done.append(dataclasses.replace(result, dashboard=None) if embedded else result)
     last = done[-1]
     return dataclasses.replace(last, stages=done[:-1])
+
+
+def _first_stage_start(init_from: str | os.PathLike[str], spec: HeadSpec, stages: list[Stage]) -> str:
+    """Where a staged fit warm-started from ``init_from`` starts its first stage: from the first stage of the fit
+    in ``init_from`` when that is a staged fit of the same kind (retraining a recipe retrains each of its parts from
+    its own), else from ``init_from`` itself."""
+    try:
+        recorded = ModelDir(init_from).fit_record()
+    except CheckpointError:
+        recorded = None
+    first = os.path.join(os.fspath(init_from), stages[0].directory)
+    if recorded and (recorded.get("head") or {}).get("kind") == spec.kind and ModelDir(first).has_checkpoint():
+        return first
+    return os.fspath(init_from)
 
 
 def stage_start(stages: list[Stage], directories: list[str], index: int) -> str | None:
@@ -688,9 +707,12 @@ def _fit_stage(
     verbose: bool,
     before_run: Callable[[], None] | None = None,
     fit_dir: str | os.PathLike[str] | None = None,
+    fit_head: dict[str, Any] | None = None,
 ) -> FitResult:
     """One fit of one kind (see :func:`fit`); ``before_run`` is called just before its first iteration (not when
-    the fit had already ended). ``fit_dir``: the whole fit's model directory when this is one of its stages."""
+    the fit had already ended). ``fit_dir``: the whole fit's model directory when this is one of its stages;
+    ``fit_head``: the whole staged fit's spec (JSON), recorded in the checkpoints of the stage that is the directory's
+    own model, so a registry version of it is retrained as that kind."""
     called = time.perf_counter()
     say = say if say is not None else logger.info
     train = open_fit_store(store, storage_options, settings.context_length)
@@ -856,6 +878,7 @@ def _fit_stage(
                 "holdout": rule.to_json() if rule is not None else None,
                 "init": start.record,
                 "package_version": __version__,
+                **({"fit_head": fit_head} if fit_head is not None else {}),
             },
             last_choice=_last_choice(checkpoint, trainer),
             resumed=checkpoint is not None,

@@ -204,7 +204,9 @@ def _heldout_scores(checkpoint: Checkpoint) -> HeldoutScores | None:
 def _recorded_spec(version: Any, settings: FitSettings) -> HeadSpec:
     """What a retrain fits: the version's kind with its recorded settings, or (a head of the kind ``settings``
     describe, or no version yet) the head ``settings`` describe, so the options given apply."""
-    recorded = (version.meta.get("head") or {}) if version is not None else {}
+    # A staged fit's model (a recipe's stack) records the whole fit's spec beside its own stage's: retrain that.
+    meta = version.meta if version is not None else {}
+    recorded = meta.get("fit_head") or meta.get("head") or {}
     default = settings.head_spec()
     if recorded and recorded.get("kind") != default.kind:
         return spec_from_json(recorded)
@@ -233,6 +235,7 @@ def retrain(
     validation: str | os.PathLike[str] | None = None,
     settings: FitSettings | None = None,
     head: HeadSpec | None = None,
+    first_head: HeadSpec | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     gate_metric: Metric | str | None = None,
     keep: int | None = None,
@@ -256,6 +259,8 @@ def retrain(
         head: the kind of head and its settings; default: the latest version's kind as it was fitted (a single-hop
             head: the one ``settings`` describe), warm-started from that version (a staged kind's earlier stages
             from its own, e.g. a gated head's shared head).
+        first_head: what a registry with no version yet gets when ``head`` is ``None`` (default: the single-hop
+            head ``settings`` describe; the command line gives the recipe on a token-stream store, as ``fit`` does).
         keep: after publishing, keep only this many newest versions.
         work_dir: where the fit's checkpoints go (kept); default a temporary directory, removed after.
         stale_after: seconds without a heartbeat after which another run's lock counts as abandoned.
@@ -296,7 +301,8 @@ def retrain(
             if current is not None:
                 _check_corpus(current.record, train, heldout)
             warm = loaded.model if loaded is not None else None
-            spec = head or _recorded_spec(loaded, settings)
+            spec = head or (first_head if loaded is None and first_head is not None else None)
+            spec = spec or _recorded_spec(loaded, settings)
             say(
                 f"{reg}: warm start from version {current.number}"
                 if current is not None

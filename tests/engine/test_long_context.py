@@ -138,8 +138,8 @@ def test_fit_with_buckets_and_predict_stream_through_the_command_line(stream, cl
     command = [str(Path(sys.executable).parent / "dist-respattn")]
     # On the module's cluster: the command's flags are what is tested here, not a cluster of its own.
     fitted = subprocess.run(
-        [*command, "fit", str(stream.location), "--model-dir", str(tmp_path / "m"), "--position-buckets", str(K),
-         "--max-iter", "2", "--scheduler", client.scheduler.address, "--json"],
+        [*command, "fit", str(stream.location), "--model-dir", str(tmp_path / "m"), "--head", "single",
+         "--position-buckets", str(K), "--max-iter", "2", "--scheduler", client.scheduler.address, "--json"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert fitted.returncode == 0, fitted.stderr
@@ -159,7 +159,8 @@ def test_fit_with_buckets_and_predict_stream_through_the_command_line(stream, cl
     )  # fmt: skip
     assert bad.returncode == 2 and "stdin line 1: 'x' is not a token id" in bad.stderr
     refused = subprocess.run(
-        [*command, "fit", str(stream.location), "--model-dir", str(tmp_path / "n"), "--position-buckets", "9"],
+        [*command, "fit", str(stream.location), "--model-dir", str(tmp_path / "n"), "--head", "single",
+         "--position-buckets", "9"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert refused.returncode == 2 and "--position-buckets 9 with a window of N = 24" in refused.stderr
@@ -170,8 +171,9 @@ def test_a_long_window_fit_is_planned_by_what_the_histogram_kernel_holds(stream,
     Dask lets a 400 MiB worker plan for; token windows need about the worker's own footprint."""
     command = [str(Path(sys.executable).parent / "dist-respattn")]
     fitted = subprocess.run(
-        [*command, "fit", str(stream.location), "--model-dir", str(tmp_path / "m"), "--context", "5000",
-         "--position-buckets", "10", "--max-iter", "1", "--workers", "1", "--memory-limit", "400MiB", "--json"],
+        [*command, "fit", str(stream.location), "--model-dir", str(tmp_path / "m"), "--head", "single",
+         "--context", "5000", "--position-buckets", "10", "--max-iter", "1", "--workers", "1", "--memory-limit",
+         "400MiB", "--json"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert fitted.returncode == 0, fitted.stderr

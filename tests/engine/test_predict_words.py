@@ -50,7 +50,8 @@ def text_model(tmp_path_factory, client):
     store, model = str(base / "text.zarr"), str(base / "model")
     done = cli("ingest", "--text", str(corpus), "--vocab-size", "150", "--dim", "4", "--context", "3", store, "--json")
     assert done.returncode == 0, done.stderr
-    done = cli("fit", store, "--model-dir", model, "--max-iter", "2", "--scheduler", client.scheduler.address, "--json")
+    done = cli("fit", store, "--model-dir", model, "--head", "single", "--max-iter", "2", "--scheduler",
+               client.scheduler.address, "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     return store, model
 

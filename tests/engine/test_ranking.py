@@ -122,7 +122,8 @@ def test_leave_one_out_then_evaluate_ranking_equals_the_ranking_computed_here(tm
     assert json.loads(made.stdout)["skipped_documents"] == 2
     stores = tmp_path / "split"
     fitted = run("fit", str(stores / "train.zarr"), "--model-dir", str(tmp_path / "model"), "--validation",
-                 str(stores / "validation.zarr"), "--max-iter", "1", "--workers", "1", "--json")  # fmt: skip
+                 str(stores / "validation.zarr"), "--head", "single", "--max-iter", "1", "--workers", "1",
+                 "--json")  # fmt: skip
     assert fitted.returncode == 0, fitted.stderr
     evaluated = run("evaluate", str(tmp_path / "model"), str(stores / "test.zarr"), "--ranking", "5",
                     "--ranking-negatives", "7", "--ranking-seed", "3", "--baseline-order", "2", "--workers", "1",

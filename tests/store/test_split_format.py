@@ -86,7 +86,7 @@ def test_the_split_command_writes_streams_that_fit_and_evaluate_take_and_triples
             model = tmp_path / f"model-{kind}"
             done = run(
                 "fit", str(out / "train.zarr"), "--validation", str(out / "validation.zarr"), "--model-dir",
-                str(model), "--max-iter", "3", "--scheduler", address, "--json",
+                str(model), "--head", "single", "--max-iter", "3", "--scheduler", address, "--json",
             )  # fmt: skip
             assert done.returncode == 0, done.stderr
             fitted = json.loads(done.stdout)

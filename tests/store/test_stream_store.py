@@ -216,7 +216,8 @@ def test_the_cli_writes_checks_and_fits_a_stream_with_a_chosen_window(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "30,000 in 4 documents" in done.stdout
     assert run("validate", "s.zarr").returncode == 0
-    fitted = run("fit", "s.zarr", "--model-dir", "m", "--context", "3", "--max-iter", "2", "--workers", "1", "--json")
+    fitted = run("fit", "s.zarr", "--model-dir", "m", "--head", "single", "--context", "3", "--max-iter", "2",
+                 "--workers", "1", "--json")  # fmt: skip
     assert fitted.returncode == 0, fitted.stderr
     from dist_respattn.engine import load_checkpoint
 

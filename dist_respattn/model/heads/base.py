@@ -54,6 +54,7 @@ __all__ = [
     "register_kind",
     "spec_from_json",
     "sum_into_copy",
+    "token_stream_default",
 ]
 
 
@@ -651,6 +652,8 @@ class HeadKind:
             resumed fit recorded (or ``None``). A ``ValueError`` names the flag at fault.
         head_name: the name ``fit --head NAME`` picks this kind by (``None``: the kind is picked by its own
             options only); ``spec_from_options`` then sees ``options["head"] == NAME``.
+        token_stream_default: ``fit`` picks this kind (by its ``head_name``) on a token-stream store when no option
+            picks one; at most one kind says so (without one, the single-hop head the fit options describe).
     """
 
     name: str
@@ -660,6 +663,7 @@ class HeadKind:
     options: tuple[Option, ...] = ()
     spec_from_options: Callable[[dict[str, Any], HeadSpec, dict[str, Any] | None], HeadSpec | None] | None = None
     head_name: str | None = None
+    token_stream_default: bool = False
 
     def spec_from_json(self, data: dict[str, Any]) -> HeadSpec:
         """The spec :meth:`HeadSpec.to_json` wrote."""
@@ -723,6 +727,16 @@ def head_names() -> list[str]:
     """The names ``fit --head`` takes, sorted: those the registered kinds give (:attr:`HeadKind.head_name`)."""
     _load_built_in()
     return sorted(kind.head_name for kind in _KINDS.values() if kind.head_name is not None)
+
+
+def token_stream_default() -> str | None:
+    """The ``--head`` name of the kind ``fit`` picks on a token-stream store when no option picks one (``None``:
+    the single-hop head); see :attr:`HeadKind.token_stream_default`."""
+    _load_built_in()
+    names = [kind.head_name for kind in _KINDS.values() if kind.token_stream_default and kind.head_name]
+    if len(names) > 1:
+        raise ValueError(f"head kinds {' and '.join(sorted(names))} are both the default on token streams")
+    return names[0] if names else None
 
 
 def spec_from_json(data: dict[str, Any]) -> HeadSpec:

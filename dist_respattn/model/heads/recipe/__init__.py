@@ -34,5 +34,6 @@ KIND = register_kind(
         f"head over the last {RECIPE_SHORT_CONTEXT} tokens under a gate learned on held-out rows, fitted in stages",
         spec_from_options=spec_from_options,
         head_name="recipe",
+        token_stream_default=True,  # the best on every token corpus measured (docs/guide/recipe.md)
     )
 )

@@ -14,7 +14,7 @@ KIND = register_kind(
         "single_hop",
         ResponsibilityAttentionDistribution,
         SingleHopSpec,
-        summary="one attention head over the context positions (the default)",
+        summary="one attention head over the context positions (the default on stores of fixed windows)",
         head_name="single",
     )
 )
