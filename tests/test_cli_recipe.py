@@ -12,7 +12,7 @@ from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.cli import build_parser, main
 from dist_respattn.cli.fit_commands import default_spec, settings_from
 from dist_respattn.cli.head_options import spec_from_args
-from dist_respattn.engine import FitSettings
+from dist_respattn.engine import FitSettings, open_store
 from dist_respattn.engine.fit import FitError, stage_start
 from dist_respattn.model.heads.base import PREVIOUS_STAGE, Stage, spec_from_json
 from dist_respattn.model.heads.conj.kind import ConjSpec
@@ -108,6 +108,12 @@ def test_one_fit_of_the_recipe_leaves_each_part_and_a_stack_of_them(tmp_path: Pa
     assert head.windows == (8, 16) and head.gate.sum() == pytest.approx(1.0)
     record = json.loads((model / "fit.json").read_text())
     assert record["head"]["kind"] == "recipe" and record["head"]["buckets"] == 5
+    # predict ranks the rows evaluate scores: the short histories too (the long parts were fitted on them).
+    out = tmp_path / "p.jsonl"
+    assert main(["predict", str(model), str(tmp_path / "validation.zarr"), "--out", str(out), "--top", "2",
+                 "--workers", "1"]) == 0  # fmt: skip
+    rows = open_store(tmp_path / "validation.zarr", window=16, min_context=1).num_rows
+    assert len(out.read_text().splitlines()) == rows > open_store(tmp_path / "validation.zarr", window=16).num_rows
 
     # A warm start from it (retraining) fits a recipe again, its first part from the first part's model.
     again = tmp_path / "again"
