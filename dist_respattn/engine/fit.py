@@ -629,6 +629,13 @@ def _fit_stages(
                 done.append(_kept_stage(directories[index]))
                 continue
             first = index == 0
+            if say is not None and len(stages) > 1:
+                # The stages' iteration lines look alike: each block is headed by what it fits and where.
+                window = stage.settings.get("context_length")
+                say(
+                    f"stage {index + 1} of {len(stages)}: {stage.spec.kind}"
+                    f"{f', N = {window}' if window else ''} -> {directories[index]}"
+                )
             start = init
             if init is not None and init.kind != stage.spec.kind:
                 start = init.stage_heads().get(stage.directory)
