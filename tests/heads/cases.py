@@ -670,7 +670,8 @@ def _codebook() -> tuple[HeadSpec, KindData, TrainerContext]:
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     folder = ModelDir(f"{root}/single")
     folder.commit("ckpt-000000-case", single, {"iteration": 0}, latest={"iteration": 0}, best=None, keep_best=None)
-    spec = CodebookSpec(str(folder.path), near_window=3, codebooks=2, codewords=3, start=single)
+    spec = CodebookSpec(str(folder.path), near_window=3, codebooks=2, codewords=3, emission_strength=1.0,
+                        code_strength=1.0, start=single)  # fmt: skip
     return spec, data, TrainerContext(shape)
 
 

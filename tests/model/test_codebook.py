@@ -219,7 +219,8 @@ def test_maximum_likelihood_em_never_lowers_the_likelihood_on_short_windows_and_
     for _ in range(15):
         stats = trainer.statistics(head, iter([Block(rows, rows.weight)]))
         history.append(stats.log_lik / stats.n_obs)
-        head = trainer.m_step(stats, head).model(None)
+        candidates = trainer.m_step(stats, head)
+        head = candidates.model(candidates.default())
     for before, after in itertools.pairwise(history):
         assert after >= before - 1e-12 * abs(before), history
     assert history[-1] > history[0] + 1e-3

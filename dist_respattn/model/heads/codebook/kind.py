@@ -1,11 +1,12 @@
 """The codebook head as a kind of the head protocol: its spec, additive statistics, trainer and (closed-form) M-step.
 
 A fit starts from a fitted single head (``--codebook-from MODEL``, of any window): its keys, gate variance, near
-position prior and emission table become the near part; the codebooks are a k-means of its key means
-(:mod:`dist_respattn.model.heads.codebook.quantize`), recorded in every checkpoint; each codeword starts from its
-members' mean key and mean emission row. Every EM step is then exact and closed form: the statistics are
+position prior and emission table become the near part; the codebooks are a k-means of its symbols' keys and
+emission rows (:mod:`dist_respattn.model.heads.codebook.quantize`), recorded in every checkpoint; each codeword
+starts from its members' mean key and mean emission row. Every EM step is then exact and closed form: the statistics are
 responsibility-weighted sums (:mod:`dist_respattn.model.heads.codebook.kernels`), the M-step their ratios, the two
-tables MAP-smoothed toward a fixed target distribution. The gate variance stays the start's.
+tables MAP-smoothed toward a fixed target distribution, their pseudo-counts chosen on held-out rows unless given.
+The gate variance stays the start's.
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ from dist_respattn.model.heads.base import (
 )
 from dist_respattn.model.heads.codebook.head import CodebookHead
 from dist_respattn.model.heads.codebook.kernels import CodebookArrays, codebook_estep
-from dist_respattn.model.heads.codebook.quantize import LLOYD_STEPS, codebook_assignment
+from dist_respattn.model.heads.codebook.quantize import LLOYD_STEPS, codebook_assignment, symbol_features
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.scores import ScoreTotals
 
 __all__ = [
     "CODEBOOK_FROM",
+    "CODE_STRENGTHS",
     "MAX_TABLE_CELLS",
+    "STRENGTHS",
     "CodebookCandidates",
     "CodebookChoice",
     "CodebookSpec",
@@ -53,6 +56,15 @@ CODEBOOK_FROM = "--codebook-from"
 MAX_TABLE_CELLS = 50_000_000
 
 
+#: The pseudo-counts a fit chooses from on held-out rows, for the near table and for the codeword tables.
+STRENGTHS = (1.0, 10.0, 30.0, 100.0, 300.0)
+CODE_STRENGTHS = (1.0, 10.0, 100.0)
+
+
+def _json_float(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
 @dataclass(frozen=True)
 class CodebookSpec(HeadSpec):
     """The settings of a codebook fit.
@@ -63,7 +75,8 @@ class CodebookSpec(HeadSpec):
         codebooks: B (``--codebooks``); ``codewords``: W, codewords per codebook (``--codewords``).
         seed: the codebooks' k-means seed; ``lloyd_steps``: its Lloyd steps.
         emission_strength: the Dirichlet pseudo-count of each near table row toward the base distribution (0:
-            maximum likelihood); ``code_strength``: the same for the codeword tables.
+            maximum likelihood; ``None``: chosen on held-out rows after every M-step from :data:`STRENGTHS`);
+            ``code_strength``: the same for the codeword tables.
         init_far: the far field's prior at the start.
         start: the single head itself, for a fit in this process (``fit_em``); not part of the JSON.
     """
@@ -76,8 +89,8 @@ class CodebookSpec(HeadSpec):
     codewords: int = 16
     seed: int = 0
     lloyd_steps: int = LLOYD_STEPS
-    emission_strength: float = 1.0
-    code_strength: float = 1.0
+    emission_strength: float | None = None
+    code_strength: float | None = None
     init_far: float = 0.25
     start: Head | None = field(default=None, compare=False, repr=False)
 
@@ -91,7 +104,7 @@ class CodebookSpec(HeadSpec):
         if self.lloyd_steps < 0:
             raise ValueError(f"lloyd_steps = {self.lloyd_steps}: expected 0 or more")
         for name, strength in (("emission_strength", self.emission_strength), ("code_strength", self.code_strength)):
-            if not (math.isfinite(strength) and strength >= 0.0):
+            if strength is not None and not (math.isfinite(strength) and strength >= 0.0):
                 raise ValueError(f"{name} = {strength!r}: expected a pseudo-count >= 0")
         if not 0.0 < self.init_far < 1.0:
             raise ValueError(f"init_far = {self.init_far!r}: expected a prior in (0, 1)")
@@ -100,8 +113,8 @@ class CodebookSpec(HeadSpec):
         return {
             "kind": self.kind, "source": self.source, "near_window": int(self.near_window),
             "codebooks": int(self.codebooks), "codewords": int(self.codewords), "seed": int(self.seed),
-            "lloyd_steps": int(self.lloyd_steps), "emission_strength": float(self.emission_strength),
-            "code_strength": float(self.code_strength), "init_far": float(self.init_far),
+            "lloyd_steps": int(self.lloyd_steps), "emission_strength": _json_float(self.emission_strength),
+            "code_strength": _json_float(self.code_strength), "init_far": float(self.init_far),
         }  # fmt: skip
 
     @classmethod
@@ -229,12 +242,14 @@ def _means(sums: np.ndarray, mass: np.ndarray, previous: np.ndarray) -> np.ndarr
 
 def start_head(single: ResponsibilityAttentionDistribution, spec: CodebookSpec, context_length: int) -> CodebookHead:
     """The codebook head a fit starts from: ``single``'s keys, σ², emission and (recency-ordered) prior for the N0
-    near positions, the far field at ``spec.init_far``; the codebooks a k-means of its key means, every codeword
-    starting from its members' mean key and mean emission row, the codebooks weighed alike."""
+    near positions, the far field at ``spec.init_far``; the codebooks a k-means of its symbols' keys and emission
+    rows (``quantize.symbol_features``), every codeword starting from its members' mean key and mean emission row,
+    the codebooks weighed alike."""
     n0 = spec.near_window
-    codes = codebook_assignment(single.key_means, codebooks=spec.codebooks, codewords=spec.codewords,
-                                seed=spec.seed, steps=spec.lloyd_steps)  # fmt: skip
     emission = np.asarray(single.emission_table.to_dense(), dtype=np.float64)
+    features = symbol_features(single.key_means, single.sigma2, emission)
+    codes = codebook_assignment(features, codebooks=spec.codebooks, codewords=spec.codewords, seed=spec.seed,
+                                steps=spec.lloyd_steps)  # fmt: skip
     base = emission.mean(axis=0)
     base = base / base.sum()
     by_recency = np.asarray(single.position_prior, dtype=np.float64)[::-1]
@@ -258,57 +273,100 @@ def start_head(single: ResponsibilityAttentionDistribution, spec: CodebookSpec, 
 
 @dataclass(frozen=True)
 class CodebookChoice:
-    """A codebook M-step's (fixed) hyperparameters: nothing is chosen on held-out rows."""
+    """A codebook M-step's open choice: the two tables' pseudo-counts (σ² is the start's, fixed)."""
 
     sigma2: float
+    emission_strength: float
+    code_strength: float
 
     def to_json(self) -> dict[str, Any]:
-        return {"sigma2": float(self.sigma2)}
+        return {"sigma2": float(self.sigma2), "emission_strength": float(self.emission_strength),
+                "code_strength": float(self.code_strength)}  # fmt: skip
 
     def describe(self) -> str:
-        return f"sigma2 {self.sigma2:.3g} (fixed)"
+        return (f"sigma2 {self.sigma2:.3g} (fixed), near table strength {self.emission_strength:g}, codeword "
+                f"tables {self.code_strength:g}")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CodebookGridTotals:
+    """Held-out totals at every point of a :class:`CodebookGrid` (additive)."""
+
+    totals: tuple[ScoreTotals, ...]
+
+    @property
+    def weight(self) -> float:
+        return float(self.totals[0].weight) if self.totals else 0.0
+
+    def __add__(self, other: CodebookGridTotals) -> CodebookGridTotals:
+        return CodebookGridTotals(tuple(a + b for a, b in zip(self.totals, other.totals, strict=True)))
 
 
 @dataclass(frozen=True)
 class CodebookGrid(Grid):
-    """The held-out pass of a codebook M-step: one point, the new head, scored (early stopping, the fit page)."""
+    """The held-out pass of a codebook M-step: every point's head scored (the chosen one also gives early stopping
+    and the fit page their held-out curve)."""
 
-    head: CodebookHead
+    heads: tuple[CodebookHead, ...]
 
     @property
     def columns(self) -> Columns:
         return Columns(windows=True)
 
-    def score(self, blocks: Iterable[Block]) -> ScoreTotals:
-        return self.head.score(blocks, accuracy=False)
+    def score(self, blocks: Iterable[Block]) -> CodebookGridTotals:
+        totals = [ScoreTotals() for _ in self.heads]
+        for block in blocks:
+            for k, head in enumerate(self.heads):
+                totals[k] = totals[k] + head.score([block], accuracy=False)
+        return CodebookGridTotals(tuple(totals))
 
     def nbytes(self) -> int:
-        return self.head.nbytes()
+        return int(sum(head.nbytes() for head in self.heads))
 
 
 @dataclass(frozen=True)
 class CodebookCandidates(Candidates):
-    """A codebook M-step: one head."""
+    """A codebook M-step: the head of every choice of the tables' pseudo-counts in ``points`` (one point when the
+    spec fixes both), from the statistics ``stats`` and the previous head."""
 
-    head: CodebookHead
+    stats: CodebookStatistics
+    previous: CodebookHead
+    points: tuple[CodebookChoice, ...]
 
     def default(self) -> CodebookChoice:
-        return CodebookChoice(self.head.sigma2)
+        return self.points[len(self.points) // 2]
 
     def grid(self, around: Any) -> CodebookGrid:
-        return CodebookGrid(self.head)
+        return CodebookGrid(tuple(self.model(point) for point in self.points))
 
     def choose(self, grid: Grid, scores: Any) -> tuple[CodebookChoice, dict[str, float] | None]:
         if scores is None or scores.weight <= 0.0:
             return self.default(), None
-        metrics = scores.metrics()
-        return self.default(), {k: metrics[k] for k in ("mean_log_likelihood", "target_log_prob", "perplexity")}
+        # The best predictive likelihood p(target | window, query), what perplexity reports (first on ties).
+        values = [t.target_log_prob for t in scores.totals]
+        best = int(np.argmax(values))
+        metrics = scores.totals[best].metrics()
+        return self.points[best], {k: metrics[k] for k in ("mean_log_likelihood", "target_log_prob", "perplexity")}
 
     def model(self, choice: Any) -> CodebookHead:
-        return self.head
+        st, previous = self.stats, self.previous
+        prior = st.prior_mass / st.prior_mass.sum() if st.prior_mass.sum() > 0.0 else previous.prior
+        omega = st.omega_mass / st.omega_mass.sum() if st.omega_mass.sum() > 0.0 else previous.omega
+        return CodebookHead(
+            previous.codes,
+            _means(st.key_sum, st.key_mass, previous.key_means),
+            previous.sigma2,
+            prior,
+            omega,
+            _means(st.code_sum, st.code_mass, previous.code_means),
+            _smoothed(st.emission_count, choice.emission_strength, previous.base, previous.emission),
+            _smoothed(st.code_count, choice.code_strength, previous.base, previous.code_emission),
+            previous.base,
+            previous.context_length,
+        )
 
     def searches(self) -> bool:
-        return False
+        return len(self.points) > 1
 
 
 class CodebookTrainer(Trainer):
@@ -331,7 +389,7 @@ class CodebookTrainer(Trainer):
         return Columns(windows=True)
 
     def searches(self) -> bool:
-        return False
+        return self.spec.emission_strength is None or self.spec.code_strength is None
 
     def check_start(self, head: Head, *, resumed: bool) -> None:
         if not isinstance(head, CodebookHead):
@@ -349,11 +407,11 @@ class CodebookTrainer(Trainer):
             return start
         if not isinstance(self.single, ResponsibilityAttentionDistribution):
             raise ValueError(f"a codebook fit starts from a fitted single head: give {CODEBOOK_FROM} MODEL_DIR")
-        # The k-means reads the model alone (S x D numbers, well under a second), not the rows: the driver runs it.
+        # The k-means reads the model alone (S x (D + T) numbers, a second or two), not the rows: the driver runs it.
         head = start_head(self.single, self.spec, self.shape[1])
         used = [len(np.unique(head.codes[:, b])) for b in range(head.num_codebooks)]
         passes.say(
-            f"codebooks: {head.num_codebooks} x {head.num_codewords} codewords from the single head's key means "
+            f"codebooks: {head.num_codebooks} x {head.num_codewords} codewords from the single head's keys and rows "
             f"(k-means, seed {self.spec.seed}); codewords in use per codebook {min(used)}..{max(used)}"
         )
         return head
@@ -365,22 +423,15 @@ class CodebookTrainer(Trainer):
 
     def m_step(self, statistics: Any, previous: Head | None) -> CodebookCandidates:
         assert isinstance(statistics, CodebookStatistics) and isinstance(previous, CodebookHead)
-        st = statistics
-        prior = st.prior_mass / st.prior_mass.sum() if st.prior_mass.sum() > 0.0 else previous.prior
-        omega = st.omega_mass / st.omega_mass.sum() if st.omega_mass.sum() > 0.0 else previous.omega
-        head = CodebookHead(
-            previous.codes,
-            _means(st.key_sum, st.key_mass, previous.key_means),
-            previous.sigma2,
-            prior,
-            omega,
-            _means(st.code_sum, st.code_mass, previous.code_means),
-            _smoothed(st.emission_count, self.spec.emission_strength, previous.base, previous.emission),
-            _smoothed(st.code_count, self.spec.code_strength, previous.base, previous.code_emission),
-            previous.base,
-            previous.context_length,
-        )
-        return CodebookCandidates(head)
+        near = STRENGTHS if self.spec.emission_strength is None else (float(self.spec.emission_strength),)
+        code = CODE_STRENGTHS if self.spec.code_strength is None else (float(self.spec.code_strength),)
+        points = tuple(CodebookChoice(previous.sigma2, a, c) for a in near for c in code)
+        return CodebookCandidates(statistics, previous, points)
+
+    def choice_from_json(self, data: dict[str, Any]) -> CodebookChoice | None:
+        if not data or "emission_strength" not in data:
+            return None
+        return CodebookChoice(float(data["sigma2"]), float(data["emission_strength"]), float(data["code_strength"]))
 
     def warnings(self, head: Head, statistics: Any = None) -> list[str]:
         assert isinstance(head, CodebookHead)

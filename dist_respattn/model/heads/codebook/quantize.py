@@ -1,11 +1,12 @@
-"""Codebooks of symbols: seeded, deterministic k-means of the symbols' key means, one random subspace per codebook.
+"""Codebooks of symbols: seeded, deterministic k-means of the symbols' features, one random subspace per codebook.
 
-Codebook ``b`` projects the (S, D) key means onto a seeded Gaussian subspace of ``ceil(D / B)`` dimensions (at
-least 2, at most D) and runs k-means there: k-means++ seeding from ``np.random.default_rng([seed, b])``, then a fixed
-number of Lloyd steps. Different subspaces give the codebooks different partitions of the symbols (independent runs
-on the same vectors mostly find the same one), each still grouping symbols whose keys are close, as product
-quantization's sub-vectors do. Distances are summed per dimension in a fixed order (no BLAS), so the assignment is
-the same on any machine and any number of workers.
+Codebook ``b`` projects the (S, F) features (the codebook head's: each symbol's key and emission row, see
+:func:`symbol_features`) onto a seeded Gaussian subspace of ``ceil(F / B)`` dimensions (at least 2, at most
+:data:`MAX_WIDTH` and F) and runs k-means there: k-means++ seeding from ``np.random.default_rng([seed, b])``,
+then a fixed number of Lloyd steps. Different subspaces give the codebooks different partitions of the symbols
+(independent runs on the same vectors mostly find the same one), each still grouping symbols whose features are
+close, as product quantization's sub-vectors do. Distances are summed per dimension in a fixed order (no BLAS),
+so the assignment is the same on any machine and any number of workers.
 """
 
 from __future__ import annotations
@@ -14,10 +15,21 @@ import math
 
 import numpy as np
 
-__all__ = ["LLOYD_STEPS", "codebook_assignment", "kmeans"]
+__all__ = ["LLOYD_STEPS", "MAX_WIDTH", "codebook_assignment", "kmeans", "symbol_features"]
 
 #: Lloyd steps of every codebook's k-means.
 LLOYD_STEPS = 20
+#: The most dimensions a codebook's subspace has.
+MAX_WIDTH = 32
+
+
+def symbol_features(key_means: np.ndarray, sigma2: float, emission: np.ndarray) -> np.ndarray:
+    """(S, D + T) each symbol's key over ``sqrt(2 sigma2)`` beside the square root of its emission row: squared
+    distances between them add the gate's log-ratio scale and the emission rows' Hellinger distance, so symbols
+    share a codeword when they are attended alike and predict alike (with a flat gate, a large σ², the emission
+    rows alone decide)."""
+    keys = np.asarray(key_means, dtype=np.float64) / math.sqrt(2.0 * sigma2)
+    return np.concatenate([keys, np.sqrt(np.asarray(emission, dtype=np.float64))], axis=1)
 
 
 def _distances(points: np.ndarray, centres: np.ndarray) -> np.ndarray:
@@ -57,15 +69,15 @@ def kmeans(points: np.ndarray, k: int, rng: np.random.Generator, steps: int = LL
 
 
 def codebook_assignment(
-    key_means: np.ndarray, *, codebooks: int, codewords: int, seed: int = 0, steps: int = LLOYD_STEPS
+    features: np.ndarray, *, codebooks: int, codewords: int, seed: int = 0, steps: int = LLOYD_STEPS
 ) -> np.ndarray:
     """(S, B) int64: the codeword of each symbol in each of B = ``codebooks`` codebooks of W = ``codewords``
-    codewords, from the symbols' key means (S, D) (see the module's docstring)."""
-    keys = np.asarray(key_means, dtype=np.float64)
+    codewords, from the symbols' features (S, F) (see the module's docstring)."""
+    keys = np.asarray(features, dtype=np.float64)
     s, d = keys.shape
     if codewords > s:
         raise ValueError(f"--codewords {codewords}: more codewords than the S = {s} symbols; give at most {s}")
-    width = min(d, max(2, math.ceil(d / codebooks)))
+    width = min(d, MAX_WIDTH, max(2, math.ceil(d / codebooks)))
     codes = np.empty((s, codebooks), dtype=np.int64)
     for b in range(codebooks):
         rng = np.random.default_rng([seed, b])
