@@ -45,7 +45,7 @@ def random_head(seed: int, s: int = 9, n_pos: int = 12, d: int = 3, t: int = 9, 
     return CodebookHead(
         codes, rng.normal(size=(s, d)), 0.5 + rng.random(), prior, rng.dirichlet(np.ones(books)),
         rng.normal(size=(books, words, d)), rng.dirichlet(np.ones(t), size=s),
-        rng.dirichlet(np.ones(t), size=(books, words)), rng.dirichlet(np.ones(t)), n_pos,
+        rng.dirichlet(np.ones(t), size=(books, words)), n_pos,
     )  # fmt: skip
 
 

@@ -35,7 +35,7 @@ __all__ = ["ARRAY_NAMES", "CodebookHead", "CodebookPredictor"]
 #: The arrays a codebook head's checkpoint holds.
 ARRAY_NAMES = (
     "codebook_codes", "codebook_key_means", "codebook_prior", "codebook_omega", "codebook_code_means",
-    "codebook_emission", "codebook_code_emission", "codebook_base",
+    "codebook_emission", "codebook_code_emission",
 )  # fmt: skip
 
 
@@ -55,7 +55,6 @@ class CodebookHead(Head):
         prior: (N0 + 1,) the prior of each near recency (most recent first), then of the far field.
         omega: (B,) the codebooks' weights; ``code_means``: (B, W, D) the codewords' keys ``nu``.
         emission: (S, T) the near table ``B``; ``code_emission``: (B, W, T) the codeword tables ``E``.
-        base: (T,) the distribution the MAP M-step smooths both tables toward.
         context_length: N, the window the head reads (N > N0).
     """
 
@@ -63,7 +62,7 @@ class CodebookHead(Head):
 
     def __init__(
         self, codes: Any, key_means: Any, sigma2: float, prior: Any, omega: Any, code_means: Any, emission: Any,
-        code_emission: Any, base: Any, context_length: int,
+        code_emission: Any, context_length: int,
     ) -> None:  # fmt: skip
         self.codes = np.array(codes, dtype=np.int64)
         self.key_means = np.array(key_means, dtype=np.float64)
@@ -73,7 +72,6 @@ class CodebookHead(Head):
         self.code_means = np.array(code_means, dtype=np.float64)
         self.emission = np.array(emission, dtype=np.float64)
         self.code_emission = np.array(code_emission, dtype=np.float64)
-        self.base = np.array(base, dtype=np.float64).reshape(-1)
         s, d = self.key_means.shape
         n_books, n_words, d2 = self.code_means.shape
         t = self.emission.shape[1]
@@ -86,12 +84,12 @@ class CodebookHead(Head):
                              f"ids in [0, {n_words})")  # fmt: skip
         if d2 != d or self.emission.shape[0] != s or self.code_emission.shape != (n_books, n_words, t):
             raise ValueError("codebook head: the arrays' shapes disagree (S, D, T, B, W)")
-        if self.omega.shape != (n_books,) or self.base.shape != (t,):
-            raise ValueError("codebook head: omega needs one weight per codebook and base one per target")
+        if self.omega.shape != (n_books,):
+            raise ValueError("codebook head: omega needs one weight per codebook")
         if not (np.isfinite(self.sigma2) and self.sigma2 > 0.0):
             raise ValueError(f"codebook head: sigma2 = {sigma2!r}: expected a positive number")
         for name, value in (("prior", self.prior), ("omega", self.omega), ("emission", self.emission),
-                            ("code_emission", self.code_emission), ("base", self.base)):  # fmt: skip
+                            ("code_emission", self.code_emission)):  # fmt: skip
             _probabilities(name, value)
 
     @property
@@ -124,7 +122,7 @@ class CodebookHead(Head):
     def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """Its arrays (:data:`ARRAY_NAMES`, the codebook assignment among them) and σ², N in the JSON."""
         values = (self.codes, self.key_means, self.prior, self.omega, self.code_means, self.emission,
-                  self.code_emission, self.base)  # fmt: skip
+                  self.code_emission)  # fmt: skip
         arrays = {name: value.copy() for name, value in zip(ARRAY_NAMES, values, strict=True)}
         meta = {"sigma2": self.sigma2, "context_length": self.context_length, "near_window": self.near_window,
                 "codebooks": self.num_codebooks, "codewords": self.num_codewords}  # fmt: skip
@@ -135,8 +133,8 @@ class CodebookHead(Head):
         missing = [name for name in ARRAY_NAMES if name not in arrays]
         if missing:
             raise ValueError(f"codebook head: missing array {missing[0]!r}")
-        codes, keys, prior, omega, means, emission, code_emission, base = (np.asarray(arrays[n]) for n in ARRAY_NAMES)
-        return cls(codes, keys, float(meta["sigma2"]), prior, omega, means, emission, code_emission, base,
+        codes, keys, prior, omega, means, emission, code_emission = (np.asarray(arrays[n]) for n in ARRAY_NAMES)
+        return cls(codes, keys, float(meta["sigma2"]), prior, omega, means, emission, code_emission,
                    int(meta["context_length"]))  # fmt: skip
 
     def num_parameters(self) -> int:

@@ -5,7 +5,8 @@ position prior and emission table become the near part; the codebooks are a k-me
 emission rows (:mod:`dist_respattn.model.heads.codebook.quantize`), recorded in every checkpoint; each codeword
 starts from its members' mean key and mean emission row. Every EM step is then exact and closed form: the statistics are
 responsibility-weighted sums (:mod:`dist_respattn.model.heads.codebook.kernels`), the M-step their ratios, the two
-tables MAP-smoothed toward a fixed target distribution, their pseudo-counts chosen on held-out rows unless given.
+tables MAP estimates under Dirichlet priors centred on the start's tables, their pseudo-counts chosen on held-out rows
+unless given.
 The gate variance stays the start's.
 """
 
@@ -40,6 +41,7 @@ __all__ = [
     "CODEBOOK_FROM",
     "CODE_STRENGTHS",
     "MAX_TABLE_CELLS",
+    "PRIOR_ARRAYS",
     "STRENGTHS",
     "CodebookCandidates",
     "CodebookChoice",
@@ -52,13 +54,15 @@ __all__ = [
 
 #: The option that names the fitted single head a codebook fit starts from (errors name it).
 CODEBOOK_FROM = "--codebook-from"
+#: The checkpoint arrays of the tables the priors are centred on.
+PRIOR_ARRAYS = ("codebook_prior_emission", "codebook_prior_code_emission")
 #: The largest near table (S x T cells, dense float64) a codebook fit keeps: 400 MB.
 MAX_TABLE_CELLS = 50_000_000
 
 
 #: The pseudo-counts a fit chooses from on held-out rows, for the near table and for the codeword tables.
-STRENGTHS = (1.0, 10.0, 30.0, 100.0, 300.0)
-CODE_STRENGTHS = (1.0, 10.0, 100.0)
+STRENGTHS = (3.0, 30.0, 300.0, 3000.0)
+CODE_STRENGTHS = (10.0, 100.0, 1000.0)
 
 
 def _json_float(value: float | None) -> float | None:
@@ -74,9 +78,9 @@ class CodebookSpec(HeadSpec):
         near_window: N0, the positions that keep their token's identity (``--near-window``).
         codebooks: B (``--codebooks``); ``codewords``: W, codewords per codebook (``--codewords``).
         seed: the codebooks' k-means seed; ``lloyd_steps``: its Lloyd steps.
-        emission_strength: the Dirichlet pseudo-count of each near table row toward the base distribution (0:
+        emission_strength: the Dirichlet pseudo-count of each near table row toward that row at the start (0:
             maximum likelihood; ``None``: chosen on held-out rows after every M-step from :data:`STRENGTHS`);
-            ``code_strength``: the same for the codeword tables.
+            ``code_strength``: the same for the codeword tables (from :data:`CODE_STRENGTHS`).
         init_far: the far field's prior at the start.
         start: the single head itself, for a fit in this process (``fit_em``); not part of the JSON.
     """
@@ -159,7 +163,13 @@ class CodebookSpec(HeadSpec):
                 )
         elif not context.saved_meta:
             raise ValueError(f"a codebook fit starts from a fitted single head: give {CODEBOOK_FROM} MODEL_DIR")
-        return CodebookTrainer(self, context.shape, single)
+        saved = context.saved_arrays
+        centres = (
+            (np.asarray(saved[PRIOR_ARRAYS[0]]), np.asarray(saved[PRIOR_ARRAYS[1]]))
+            if all(name in saved for name in PRIOR_ARRAYS)
+            else None
+        )
+        return CodebookTrainer(self, context.shape, single, centres)
 
 
 @dataclass(frozen=True)
@@ -227,12 +237,13 @@ def codebook_statistics(head: CodebookHead, blocks: Iterable[Block]) -> Codebook
     return CodebookStatistics(*arrays.fields())
 
 
-def _smoothed(counts: np.ndarray, strength: float, base: np.ndarray, previous: np.ndarray) -> np.ndarray:
-    """Rows ``(counts + strength base) / (row total + strength)``: the MAP table under a Dirichlet prior of
-    ``strength`` pseudo-counts spread as ``base``; a row with nothing to go by keeps ``previous``'s."""
+def _smoothed(counts: np.ndarray, strength: float, centre: np.ndarray, previous: np.ndarray) -> np.ndarray:
+    """Rows ``(counts + strength centre) / (row total + strength)``: the MAP table under a Dirichlet prior of
+    ``strength`` pseudo-counts a row, spread as that row of ``centre``; a row with nothing to go by keeps
+    ``previous``'s."""
     totals = counts.sum(axis=-1, keepdims=True) + strength
     seen = totals > 0.0
-    return np.where(seen, (counts + strength * base) / np.where(seen, totals, 1.0), previous)
+    return np.where(seen, (counts + strength * centre) / np.where(seen, totals, 1.0), previous)
 
 
 def _means(sums: np.ndarray, mass: np.ndarray, previous: np.ndarray) -> np.ndarray:
@@ -250,8 +261,7 @@ def start_head(single: ResponsibilityAttentionDistribution, spec: CodebookSpec, 
     features = symbol_features(single.key_means, single.sigma2, emission)
     codes = codebook_assignment(features, codebooks=spec.codebooks, codewords=spec.codewords, seed=spec.seed,
                                 steps=spec.lloyd_steps)  # fmt: skip
-    base = emission.mean(axis=0)
-    base = base / base.sum()
+    base = emission.mean(axis=0)  # a codeword without members (it keeps its start): the mean row
     by_recency = np.asarray(single.position_prior, dtype=np.float64)[::-1]
     near = np.resize(by_recency, n0) if by_recency.shape[0] < n0 else by_recency[:n0].copy()
     if by_recency.shape[0] < n0:  # positions the single head had not: the oldest one's prior
@@ -268,7 +278,7 @@ def start_head(single: ResponsibilityAttentionDistribution, spec: CodebookSpec, 
             tables[b, w] = emission[members].mean(axis=0) if members.any() else base
     tables /= tables.sum(axis=2, keepdims=True)
     omega = np.full(spec.codebooks, 1.0 / spec.codebooks)
-    return CodebookHead(codes, keys, single.sigma2, prior, omega, means, emission, tables, base, context_length)
+    return CodebookHead(codes, keys, single.sigma2, prior, omega, means, emission, tables, context_length)
 
 
 @dataclass(frozen=True)
@@ -327,11 +337,13 @@ class CodebookGrid(Grid):
 @dataclass(frozen=True)
 class CodebookCandidates(Candidates):
     """A codebook M-step: the head of every choice of the tables' pseudo-counts in ``points`` (one point when the
-    spec fixes both), from the statistics ``stats`` and the previous head."""
+    spec fixes both), from the statistics ``stats`` and the previous head; ``centres``: the (S, T) and (B, W, T)
+    tables the priors are centred on (the start's)."""
 
     stats: CodebookStatistics
     previous: CodebookHead
     points: tuple[CodebookChoice, ...]
+    centres: tuple[np.ndarray, np.ndarray]
 
     def default(self) -> CodebookChoice:
         return self.points[len(self.points) // 2]
@@ -359,9 +371,8 @@ class CodebookCandidates(Candidates):
             prior,
             omega,
             _means(st.code_sum, st.code_mass, previous.code_means),
-            _smoothed(st.emission_count, choice.emission_strength, previous.base, previous.emission),
-            _smoothed(st.code_count, choice.code_strength, previous.base, previous.code_emission),
-            previous.base,
+            _smoothed(st.emission_count, choice.emission_strength, self.centres[0], previous.emission),
+            _smoothed(st.code_count, choice.code_strength, self.centres[1], previous.code_emission),
             previous.context_length,
         )
 
@@ -370,16 +381,25 @@ class CodebookCandidates(Candidates):
 
 
 class CodebookTrainer(Trainer):
-    """A codebook fit: its spec, the rows' shape and the single head it starts from (driver only)."""
+    """A codebook fit: its spec, the rows' shape, the single head it starts from and, once it has started, the tables
+    the priors are centred on (the driver's alone: the M-step runs there)."""
 
-    def __init__(self, spec: CodebookSpec, shape: tuple[int, int, int, int], single: Head | None) -> None:
+    def __init__(
+        self,
+        spec: CodebookSpec,
+        shape: tuple[int, int, int, int],
+        single: Head | None,
+        centres: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         self.spec = spec
         self.shape = shape
         self.single = single
+        self.centres = centres
 
     def __getstate__(self) -> dict[str, Any]:
-        # The workers run the E-step from the head alone: the starting single head stays on the driver.
-        return {"spec": self.spec.__class__.from_json(self.spec.to_json()), "shape": self.shape, "single": None}
+        # The workers run the E-step from the head alone: the start and the priors' tables stay on the driver.
+        spec = self.spec.__class__.from_json(self.spec.to_json())
+        return {"spec": spec, "shape": self.shape, "single": None, "centres": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -404,11 +424,14 @@ class CodebookTrainer(Trainer):
 
     def prepare(self, start: Head | None, *, resumed: bool, passes: Passes) -> Head:
         if isinstance(start, CodebookHead):
+            if self.centres is None:  # a checkpoint without them: centred on the head it resumes
+                self.centres = (start.emission.copy(), start.code_emission.copy())
             return start
         if not isinstance(self.single, ResponsibilityAttentionDistribution):
             raise ValueError(f"a codebook fit starts from a fitted single head: give {CODEBOOK_FROM} MODEL_DIR")
         # The k-means reads the model alone (S x (D + T) numbers, a second or two), not the rows: the driver runs it.
         head = start_head(self.single, self.spec, self.shape[1])
+        self.centres = (head.emission.copy(), head.code_emission.copy())
         used = [len(np.unique(head.codes[:, b])) for b in range(head.num_codebooks)]
         passes.say(
             f"codebooks: {head.num_codebooks} x {head.num_codewords} codewords from the single head's keys and rows "
@@ -426,12 +449,19 @@ class CodebookTrainer(Trainer):
         near = STRENGTHS if self.spec.emission_strength is None else (float(self.spec.emission_strength),)
         code = CODE_STRENGTHS if self.spec.code_strength is None else (float(self.spec.code_strength),)
         points = tuple(CodebookChoice(previous.sigma2, a, c) for a in near for c in code)
-        return CodebookCandidates(statistics, previous, points)
+        centres = self.centres if self.centres is not None else (previous.emission, previous.code_emission)
+        return CodebookCandidates(statistics, previous, points, centres)
 
     def choice_from_json(self, data: dict[str, Any]) -> CodebookChoice | None:
         if not data or "emission_strength" not in data:
             return None
         return CodebookChoice(float(data["sigma2"]), float(data["emission_strength"]), float(data["code_strength"]))
+
+    def checkpoint_extras(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The tables the priors are centred on, so a resumed fit keeps its prior."""
+        if self.centres is None:
+            return {}, {}
+        return {PRIOR_ARRAYS[0]: self.centres[0], PRIOR_ARRAYS[1]: self.centres[1]}, {}
 
     def warnings(self, head: Head, statistics: Any = None) -> list[str]:
         assert isinstance(head, CodebookHead)
