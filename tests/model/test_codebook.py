@@ -131,7 +131,8 @@ def case_rows(seed: int, head: CodebookHead, weighted: bool) -> WindowRows:
     rng = np.random.default_rng(seed + 100)
     tokens = rng.integers(0, head.num_symbols, size=90).astype(np.int32)
     starts = sorted({0, *rng.choice(np.arange(1, 88), size=4, replace=False).tolist()})
-    table = rng.normal(size=(head.num_symbols, head.query_dim)).astype(np.float32)
+    # A query table of more rows than a block (odd seeds) makes every row compute its own codeword distances.
+    table = rng.normal(size=(head.num_symbols if seed % 2 == 0 else 200, head.query_dim)).astype(np.float32)
     weight = None
     if weighted:
         weight = rng.random(90) * 2

@@ -83,7 +83,8 @@ class CodebookParameters:
 
 @dataclass
 class CodebookArrays:
-    """The E-step's additive arrays (see :class:`~dist_respattn.model.heads.codebook.kind.CodebookStatistics`)."""
+    """The E-step's additive arrays (see :class:`~dist_respattn.model.heads.codebook.kind.CodebookStatistics`;
+    ``code_count`` here target-major, (T, B, W))."""
 
     key_sum: np.ndarray
     key_mass: np.ndarray
@@ -99,7 +100,7 @@ class CodebookArrays:
     def zeros(cls, s: int, d: int, t: int, near: int, b: int, w: int) -> CodebookArrays:
         return cls(
             np.zeros((s, d)), np.zeros(s), np.zeros((s, t)), np.zeros((b, w, d)), np.zeros((b, w)),
-            np.zeros((b, w, t)), np.zeros(near + 1), np.zeros(b), np.zeros(2),
+            np.zeros((t, b, w)), np.zeros(near + 1), np.zeros(b), np.zeros(2),
         )  # fmt: skip
 
     def fields(self) -> tuple[np.ndarray, ...]:
@@ -110,37 +111,63 @@ class CodebookArrays:
 
 
 @numba.njit(cache=True, nogil=True)
-def _slide(tokens, codes, hist, cur_lo, cur_hi, lo, hi):  # pragma: no cover - compiled
-    """Move the far counts ``hist`` (B, W) from the span ``[cur_lo, cur_hi)`` to ``[lo, hi)``: token by token when
-    the new span starts and ends no earlier and overlaps the old one, else rebuilt. Returns ``(lo, hi)``."""
+def _count(hist, log_hist, b, w, step):  # pragma: no cover - compiled
+    """``hist[b, w] += step`` and its log kept beside it (``-inf`` at 0), so a row reads no log of its counts."""
+    h = hist[b, w] + step
+    hist[b, w] = h
+    log_hist[b, w] = math.log(h) if h > 0.0 else -np.inf
+
+
+@numba.njit(cache=True, nogil=True)
+def _slide(tokens, codes, hist, log_hist, cur_lo, cur_hi, lo, hi):  # pragma: no cover - compiled
+    """Move the far counts ``hist`` (B, W) (and their logs) from the span ``[cur_lo, cur_hi)`` to ``[lo, hi)``: token
+    by token when the new span starts and ends no earlier and overlaps the old one, else rebuilt. Returns
+    ``(lo, hi)``."""
     n_books = hist.shape[0]
     if lo >= cur_lo and hi >= cur_hi and lo <= cur_hi:
         for x in range(cur_lo, lo):
             s = tokens[x]
             for b in range(n_books):
-                hist[b, codes[s, b]] -= 1.0
+                _count(hist, log_hist, b, codes[s, b], -1.0)
         for x in range(cur_hi, hi):
             s = tokens[x]
             for b in range(n_books):
-                hist[b, codes[s, b]] += 1.0
+                _count(hist, log_hist, b, codes[s, b], 1.0)
         return lo, hi
     hist[:, :] = 0.0
     for x in range(lo, hi):
         s = tokens[x]
         for b in range(n_books):
             hist[b, codes[s, b]] += 1.0
+    for b in range(n_books):
+        for w in range(hist.shape[1]):
+            log_hist[b, w] = math.log(hist[b, w]) if hist[b, w] > 0.0 else -np.inf
     return lo, hi
 
 
 @numba.njit(cache=True, nogil=True)
+def _cell_distances(y, code_means, out):  # pragma: no cover - compiled
+    """``out[b, w] = ||y - nu[b, w]||^2``."""
+    n_books, n_words, n_dim = code_means.shape
+    for b in range(n_books):
+        for w in range(n_words):
+            dist = 0.0
+            for d in range(n_dim):
+                a = y[d] - code_means[b, w, d]
+                dist += a * a
+            out[b, w] = dist
+
+
+@numba.njit(cache=True, nogil=True)
 def _row_terms(
-    tokens, hi, m0, hist, n_far, t, y, key_means, inv_two_sigma2, prior, log_prior, log_omega, code_means,
+    tokens, hi, m0, hist, log_hist, n_far, t, y, cell_dist, key_means, inv_two_sigma2, prior, log_prior, log_omega,
     log_emission_ts, log_code_ts, with_emission, near_logw, cell_logw,
 ):  # pragma: no cover - compiled  # fmt: skip
     """One row's log-weights: ``near_logw[r]`` of its near recency r (< m0; the token ``tokens[hi - 1 - r]``) and
     ``cell_logw[b, w]`` of its far cells (``-inf`` where no far token has that codeword), each
     ``log pi - log A - ||y - key||^2 / (2 sigma2)`` plus, ``with_emission``, the emission's ``log`` of target t.
-    Returns ``(max log-weight, A)``, A the prior mass of the options the row has."""
+    ``cell_dist`` (B, W): the squared distances of ``y`` to the codewords' keys. Returns ``(max log-weight, A)``,
+    A the prior mass of the options the row has."""
     n_near = prior.shape[0] - 1
     total = 0.0
     for r in range(m0):
@@ -161,22 +188,35 @@ def _row_terms(
         near_logw[r] = lw
         best = max(best, lw)
     n_books, n_words = hist.shape
+    if n_far == 0:
+        cell_logw[:, :] = -np.inf
+        return best, total
+    far_const = log_prior[n_near] - math.log(n_far) - log_total
     for b in range(n_books):
+        book_const = far_const + log_omega[b]
         for w in range(n_words):
-            h = hist[b, w]
-            if n_far == 0 or h <= 0.0:
+            if hist[b, w] <= 0.0:
                 cell_logw[b, w] = -np.inf
                 continue
-            dist = 0.0
-            for d in range(y.shape[0]):
-                a = y[d] - code_means[b, w, d]
-                dist += a * a
-            lw = log_prior[n_near] + log_omega[b] + math.log(h / n_far) - log_total - dist * inv_two_sigma2
+            lw = book_const + log_hist[b, w] - cell_dist[b, w] * inv_two_sigma2
             if with_emission:
                 lw += log_code_ts[t, b, w]
             cell_logw[b, w] = lw
             best = max(best, lw)
     return best, total
+
+
+@numba.njit(cache=True, nogil=True)
+def _distances_of(row_query, query_table, code_means, cache, done, scratch):  # pragma: no cover - compiled
+    """(B, W) the squared distances of query-table row ``row_query`` to the codewords' keys: from ``cache``
+    (V, B, W), filled on first use (``done`` (V,)), or, without a cache (V = 0), computed into ``scratch``."""
+    if cache.shape[0] == 0:
+        _cell_distances(query_table[row_query].astype(np.float64), code_means, scratch)
+        return scratch
+    if not done[row_query]:
+        _cell_distances(query_table[row_query].astype(np.float64), code_means, cache[row_query])
+        done[row_query] = True
+    return cache[row_query]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -199,15 +239,18 @@ def _log_sum(near_logw, m0, cell_logw, best):  # pragma: no cover - compiled
 def _estep(
     tokens, begin, end, target, query_table, query_index, weight, key_means, inv_two_sigma2, gate_const, prior,
     log_prior, log_omega, codes, code_means, log_emission_ts, log_code_ts, key_sum, key_mass, emission_count,
-    code_sum, code_mass, code_count, prior_mass, omega_mass, scalars,
+    code_sum, code_mass, code_count, prior_mass, omega_mass, scalars, cache, done, code_query,
 ):  # pragma: no cover - compiled  # fmt: skip
     n_near = prior.shape[0] - 1
     n_books = code_means.shape[0]
     n_words = code_means.shape[1]
     n_dim = key_means.shape[1]
     hist = np.zeros((n_books, n_words))
+    log_hist = np.full((n_books, n_words), -np.inf)
+    scratch = np.empty((n_books, n_words))
     near_logw = np.empty(n_near)
     cell_logw = np.empty((n_books, n_words))
+    cached = cache.shape[0] > 0
     cur_lo = 0
     cur_hi = 0
     weighted = weight.shape[0] > 0
@@ -221,23 +264,26 @@ def _estep(
         m0 = min(m, n_near)
         n_far = m - m0
         far_hi = hi - m0 if n_far > 0 else lo
-        cur_lo, cur_hi = _slide(tokens, codes, hist, cur_lo, cur_hi, lo, far_hi)
+        cur_lo, cur_hi = _slide(tokens, codes, hist, log_hist, cur_lo, cur_hi, lo, far_hi)
         t = target[row]
-        y = query_table[query_index[row]].astype(np.float64)
+        v = query_index[row]
+        y = query_table[v].astype(np.float64)
+        cell_dist = _distances_of(v, query_table, code_means, cache, done, scratch) if n_far > 0 else scratch
         best, total = _row_terms(
             tokens,
             hi,
             m0,
             hist,
+            log_hist,
             n_far,
             t,
             y,
+            cell_dist,
             key_means,
             inv_two_sigma2,
             prior,
             log_prior,
             log_omega,
-            code_means,
             log_emission_ts,
             log_code_ts,
             True,
@@ -257,23 +303,60 @@ def _estep(
                 key_sum[c, d] += resp * y[d]
             emission_count[c, t] += resp
             prior_mass[r] += resp
-        for b in range(n_books):
-            for w in range(n_words):
-                if cell_logw[b, w] == -np.inf:
-                    continue
-                resp = wt * math.exp(cell_logw[b, w] - log_p)
-                code_mass[b, w] += resp
-                for d in range(n_dim):
-                    code_sum[b, w, d] += resp * y[d]
-                code_count[b, w, t] += resp
-                omega_mass[b] += resp
-                prior_mass[n_near] += resp
+        if n_far > 0:
+            far = 0.0
+            for b in range(n_books):
+                book = 0.0
+                for w in range(n_words):
+                    if cell_logw[b, w] == -np.inf:
+                        continue
+                    resp = wt * math.exp(cell_logw[b, w] - log_p)
+                    code_mass[b, w] += resp
+                    # With a query table of few rows, the query sums are made per table row once, at the end.
+                    if cached:
+                        code_query[v, b, w] += resp
+                    else:
+                        for d in range(n_dim):
+                            code_sum[b, w, d] += resp * y[d]
+                    code_count[t, b, w] += resp  # target-major: a row's cells are adjacent
+                    book += resp
+                omega_mass[b] += book
+                far += book
+            prior_mass[n_near] += far
         # The options this row lacks were drawn and rejected: pi_o / A expected draws each (exact EM of the
         # renormalized prior, as the single head's short windows count them).
         for r in range(m0, n_near):
             prior_mass[r] += wt * prior[r] / total
         if n_far == 0:
             prior_mass[n_near] += wt * prior[n_near] / total
+    if cached:
+        for v in range(code_query.shape[0]):
+            if not done[v]:
+                continue
+            y = query_table[v].astype(np.float64)
+            for b in range(n_books):
+                for w in range(n_words):
+                    a = code_query[v, b, w]
+                    if a != 0.0:
+                        for d in range(n_dim):
+                            code_sum[b, w, d] += a * y[d]
+
+
+#: The most (query-table rows x cells) whose codeword distances a pass keeps (64 MB of float64).
+CACHE_CELLS = 8_000_000
+
+
+def _cache_for(rows: Any, params: CodebookParameters, with_queries: bool) -> tuple[np.ndarray, ...]:
+    """The per-query-table-row cache of codeword distances (and of responsibilities, for the E-step's query sums):
+    used when the table has no more rows than the block (a token stream's embedding table, read by every row) and
+    fits :data:`CACHE_CELLS`; else empty (each row computes its own)."""
+    n_books, n_words, _ = params.code_means.shape
+    v = rows.query_table.shape[0]
+    if v <= rows.num_rows and v * n_books * n_words <= CACHE_CELLS:
+        cache = np.empty((v, n_books, n_words))
+        queries = np.zeros((v, n_books, n_words)) if with_queries else np.zeros((0, 0, 0))
+        return cache, np.zeros(v, dtype=np.bool_), queries
+    return np.zeros((0, n_books, n_words)), np.zeros(0, dtype=np.bool_), np.zeros((0, 0, 0))
 
 
 def codebook_estep(rows: Any, params: CodebookParameters, arrays: CodebookArrays) -> None:
@@ -282,18 +365,21 @@ def codebook_estep(rows: Any, params: CodebookParameters, arrays: CodebookArrays
     _estep(
         rows.tokens, np.asarray(rows.begin, dtype=np.int64), np.asarray(rows.end, dtype=np.int64), rows.target,
         rows.query_table, np.asarray(rows.query_index, dtype=np.int64), weight, *params.arrays(), *arrays.fields(),
+        *_cache_for(rows, params, True),
     )  # fmt: skip
 
 
 @numba.njit(cache=True, nogil=True)
 def _score(
     tokens, begin, end, target, query_table, query_index, key_means, inv_two_sigma2, gate_const, prior, log_prior,
-    log_omega, codes, code_means, log_emission_ts, log_code_ts, out,
+    log_omega, codes, code_means, log_emission_ts, log_code_ts, out, cache, done,
 ):  # pragma: no cover - compiled  # fmt: skip
     n_near = prior.shape[0] - 1
     n_books = code_means.shape[0]
     n_words = code_means.shape[1]
     hist = np.zeros((n_books, n_words))
+    log_hist = np.full((n_books, n_words), -np.inf)
+    scratch = np.empty((n_books, n_words))
     near_logw = np.empty(n_near)
     cell_logw = np.empty((n_books, n_words))
     cur_lo = 0
@@ -305,23 +391,26 @@ def _score(
         m0 = min(m, n_near)
         n_far = m - m0
         far_hi = hi - m0 if n_far > 0 else lo
-        cur_lo, cur_hi = _slide(tokens, codes, hist, cur_lo, cur_hi, lo, far_hi)
+        cur_lo, cur_hi = _slide(tokens, codes, hist, log_hist, cur_lo, cur_hi, lo, far_hi)
         t = target[row]
-        y = query_table[query_index[row]].astype(np.float64)
+        v = query_index[row]
+        y = query_table[v].astype(np.float64)
+        cell_dist = _distances_of(v, query_table, code_means, cache, done, scratch) if n_far > 0 else scratch
         best, _ = _row_terms(
             tokens,
             hi,
             m0,
             hist,
+            log_hist,
             n_far,
             t,
             y,
+            cell_dist,
             key_means,
             inv_two_sigma2,
             prior,
             log_prior,
             log_omega,
-            code_means,
             log_emission_ts,
             log_code_ts,
             False,
@@ -334,15 +423,16 @@ def _score(
             hi,
             m0,
             hist,
+            log_hist,
             n_far,
             t,
             y,
+            cell_dist,
             key_means,
             inv_two_sigma2,
             prior,
             log_prior,
             log_omega,
-            code_means,
             log_emission_ts,
             log_code_ts,
             True,
@@ -357,9 +447,10 @@ def _score(
 def codebook_score(rows: Any, params: CodebookParameters) -> np.ndarray:
     """(n, 2) each window row's ``(log p(query | window), log p(target | window, query))``."""
     out = np.empty((rows.num_rows, 2))
+    cache, done, _ = _cache_for(rows, params, False)
     _score(  # type: ignore[call-arg]
         rows.tokens, np.asarray(rows.begin, dtype=np.int64), np.asarray(rows.end, dtype=np.int64), rows.target,
-        rows.query_table, np.asarray(rows.query_index, dtype=np.int64), *params.arrays(), out,
+        rows.query_table, np.asarray(rows.query_index, dtype=np.int64), *params.arrays(), out, cache, done,
     )  # fmt: skip
     return out
 
@@ -397,6 +488,8 @@ def _proba(
     n_books = code_means.shape[0]
     n_words = code_means.shape[1]
     hist = np.zeros((n_books, n_words))
+    log_hist = np.full((n_books, n_words), -np.inf)
+    cell_dist = np.empty((n_books, n_words))
     near_logw = np.empty(n_near)
     cell_logw = np.empty((n_books, n_words))
     cur_lo = 0
@@ -408,22 +501,24 @@ def _proba(
         m0 = min(m, n_near)
         n_far = m - m0
         far_hi = hi - m0 if n_far > 0 else lo
-        cur_lo, cur_hi = _slide(tokens, codes, hist, cur_lo, cur_hi, lo, far_hi)
+        cur_lo, cur_hi = _slide(tokens, codes, hist, log_hist, cur_lo, cur_hi, lo, far_hi)
         y = query_table[query_index[row]].astype(np.float64)
+        _cell_distances(y, code_means, cell_dist)
         best, _ = _row_terms(
             tokens,
             hi,
             m0,
             hist,
+            log_hist,
             n_far,
             0,
             y,
+            cell_dist,
             key_means,
             inv_two_sigma2,
             prior,
             log_prior,
             log_omega,
-            code_means,
             log_emission_ts,
             log_code_ts,
             False,
@@ -456,7 +551,7 @@ def far_histogram(tokens: np.ndarray, codes: np.ndarray, num_codewords: int) -> 
     """(B, W) the codeword counts of ``tokens`` (a far part, any order)."""
     hist = np.zeros((codes.shape[1], num_codewords))
     if len(tokens):
-        _slide(np.asarray(tokens, dtype=np.int64), codes, hist, 0, 0, 0, len(tokens))
+        _slide(np.asarray(tokens, dtype=np.int64), codes, hist, np.empty_like(hist), 0, 0, 0, len(tokens))
     return hist
 
 
@@ -470,10 +565,15 @@ def state_proba(
     n_near = params.prior.shape[0] - 1
     near_logw = np.empty(n_near)
     cell_logw = np.empty(hist.shape)
+    y = np.asarray(y, dtype=np.float64)
+    cell_dist = np.empty(hist.shape)
+    _cell_distances(y, params.code_means, cell_dist)
+    with np.errstate(divide="ignore"):
+        log_hist = np.log(hist)
     best, _ = _row_terms(
-        tokens, m0, m0, hist, n_far, 0, np.asarray(y, dtype=np.float64), params.key_means, params.inv_two_sigma2,
-        params.prior, params.log_prior, params.log_omega, params.code_means, params.log_emission_ts,
-        params.log_code_ts, False, near_logw, cell_logw,
+        tokens, m0, m0, hist, log_hist, n_far, 0, y, cell_dist, params.key_means, params.inv_two_sigma2,
+        params.prior, params.log_prior, params.log_omega, params.log_emission_ts, params.log_code_ts, False,
+        near_logw, cell_logw,
     )  # fmt: skip
     log_q = _log_sum(near_logw, m0, cell_logw, best)
     probs = np.empty(params.emission.shape[1])

@@ -234,7 +234,9 @@ def codebook_statistics(head: CodebookHead, blocks: Iterable[Block]) -> Codebook
         rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
         head.check_rows(rows)
         codebook_estep(rows, params, arrays)
-    return CodebookStatistics(*arrays.fields())
+    fields = list(arrays.fields())
+    fields[5] = np.ascontiguousarray(arrays.code_count.transpose(1, 2, 0))  # (T, B, W) -> (B, W, T)
+    return CodebookStatistics(*fields)
 
 
 def _smoothed(counts: np.ndarray, strength: float, centre: np.ndarray, previous: np.ndarray) -> np.ndarray:
