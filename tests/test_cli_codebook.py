@@ -89,7 +89,7 @@ def test_fit_head_codebook_then_evaluate_predict_and_stream(stores: dict[str, Pa
         address = cluster.scheduler_address
         fitted = run("fit", str(stores["train"]), "--model-dir", str(model), "--head", "codebook", "--codebook-from",
                      str(stores["single"]), "--near-window", "4", "--codebooks", "3", "--codewords", "5",
-                     "--max-iter", "3", "--scheduler", address, "--json")  # fmt: skip
+                     "--max-iter", "1", "--scheduler", address, "--json")  # fmt: skip
         assert fitted.returncode == 0, fitted.stderr
         report = json.loads(fitted.stdout)
         assert report["kind"] == "codebook" and len(report["codebook_weights"]) == 3, report
