@@ -285,3 +285,23 @@ def test_codebook_options_without_the_head_are_refused() -> None:
     with pytest.raises(ValueError, match="--codebooks is an option of --head codebook"):
         spec_from_options({"head": None, "codebooks": 4}, SingleHopSpec(), None)
     assert spec_from_options({"head": None}, SingleHopSpec(), None) is None
+
+
+def test_a_resumed_fit_keeps_the_priors_centres_from_its_checkpoint() -> None:
+    from dist_respattn.model.heads.base import TrainerContext
+
+    single = single_start()
+    spec = CodebookSpec(near_window=3, codebooks=2, codewords=4, start=single)
+    trainer = spec.trainer(TrainerContext((10, 12, 2, 10)))
+
+    class Quiet:
+        def say(self, line: str) -> None:
+            pass
+
+    head = trainer.prepare(None, resumed=False, passes=Quiet())  # type: ignore[arg-type]
+    extras, _ = trainer.checkpoint_extras()
+    saved = CodebookSpec(near_window=3, codebooks=2, codewords=4)  # a resumed fit: no start, its checkpoint's arrays
+    resumed = saved.trainer(TrainerContext((10, 12, 2, 10), saved_meta={"iteration": 1}, saved_arrays=extras))
+    assert resumed.centres is not None
+    np.testing.assert_array_equal(resumed.centres[0], head.emission)
+    np.testing.assert_array_equal(resumed.centres[1], head.code_emission)
