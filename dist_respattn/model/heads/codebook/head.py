@@ -70,8 +70,9 @@ class CodebookHead(Head):
         self.prior = np.array(prior, dtype=np.float64).reshape(-1)
         self.omega = np.array(omega, dtype=np.float64).reshape(-1)
         self.code_means = np.array(code_means, dtype=np.float64)
-        self.emission = np.array(emission, dtype=np.float64)
-        self.code_emission = np.array(code_emission, dtype=np.float64)
+        # The tables are not copied: the heads of one M-step's held-out grid share them (they are never written).
+        self.emission = np.asarray(emission, dtype=np.float64)
+        self.code_emission = np.asarray(code_emission, dtype=np.float64)
         s, d = self.key_means.shape
         n_books, n_words, d2 = self.code_means.shape
         t = self.emission.shape[1]

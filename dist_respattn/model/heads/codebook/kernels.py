@@ -57,14 +57,19 @@ class CodebookParameters:
     code_emission: np.ndarray
 
     @classmethod
-    def build(cls, head: Any) -> CodebookParameters:
-        """From a :class:`~dist_respattn.model.heads.codebook.head.CodebookHead`."""
+    def build(cls, head: Any, logs: dict[int, np.ndarray] | None = None) -> CodebookParameters:
+        """From a :class:`~dist_respattn.model.heads.codebook.head.CodebookHead`. ``logs``: the target-major logs of
+        tables already made, by the table's ``id`` (heads that share a table share its log)."""
         d = head.query_dim
+        logs = {} if logs is None else logs
         with np.errstate(divide="ignore"):
             log_prior = np.log(head.prior)
             log_omega = np.log(head.omega)
-            log_emission_ts = np.ascontiguousarray(np.log(head.emission).T)
-            log_code_ts = np.ascontiguousarray(np.log(head.code_emission).transpose(2, 0, 1))
+            if id(head.emission) not in logs:
+                logs[id(head.emission)] = np.ascontiguousarray(np.log(head.emission).T)
+            if id(head.code_emission) not in logs:
+                logs[id(head.code_emission)] = np.ascontiguousarray(np.log(head.code_emission).transpose(2, 0, 1))
+            log_emission_ts, log_code_ts = logs[id(head.emission)], logs[id(head.code_emission)]
         return cls(
             np.ascontiguousarray(head.key_means), 1.0 / (2.0 * head.sigma2),
             -0.5 * d * math.log(2.0 * math.pi * head.sigma2), head.prior, log_prior, log_omega,

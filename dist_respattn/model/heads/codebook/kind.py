@@ -12,6 +12,7 @@ The gate variance stays the start's.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from dist_respattn.model.heads.base import (
     sum_into_copy,
 )
 from dist_respattn.model.heads.codebook.head import CodebookHead
-from dist_respattn.model.heads.codebook.kernels import CodebookArrays, codebook_estep
+from dist_respattn.model.heads.codebook.kernels import CodebookArrays, CodebookParameters, codebook_estep
 from dist_respattn.model.heads.codebook.quantize import LLOYD_STEPS, codebook_assignment, symbol_features
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.scores import ScoreTotals
@@ -326,6 +327,12 @@ class CodebookGrid(Grid):
         return Columns(windows=True)
 
     def score(self, blocks: Iterable[Block]) -> CodebookGridTotals:
+        # The points share their tables (one near table per pseudo-count, one set of codeword tables per other), and
+        # so their logs: the grid holds 4 + 3 tables, not 12 heads' worth.
+        logs: dict[int, np.ndarray] = {}
+        for head in self.heads:
+            if "parameters" not in head.__dict__:
+                head.__dict__["parameters"] = CodebookParameters.build(head, logs)
         totals = [ScoreTotals() for _ in self.heads]
         for block in blocks:
             for k, head in enumerate(self.heads):
@@ -353,6 +360,21 @@ class CodebookCandidates(Candidates):
     def grid(self, around: Any) -> CodebookGrid:
         return CodebookGrid(tuple(self.model(point) for point in self.points))
 
+    @functools.cached_property
+    def _tables(self) -> dict[tuple[str, float], np.ndarray]:
+        """The tables made so far, by (``"near"`` or ``"code"``, pseudo-count): the points' heads share them."""
+        return {}
+
+    def _table(self, which: str, strength: float) -> np.ndarray:
+        key = (which, float(strength))
+        if key not in self._tables:
+            st, previous = self.stats, self.previous
+            if which == "near":
+                self._tables[key] = _smoothed(st.emission_count, strength, self.centres[0], previous.emission)
+            else:
+                self._tables[key] = _smoothed(st.code_count, strength, self.centres[1], previous.code_emission)
+        return self._tables[key]
+
     def choose(self, grid: Grid, scores: Any) -> tuple[CodebookChoice, dict[str, float] | None]:
         if scores is None or scores.weight <= 0.0:
             return self.default(), None
@@ -373,8 +395,8 @@ class CodebookCandidates(Candidates):
             prior,
             omega,
             _means(st.code_sum, st.code_mass, previous.code_means),
-            _smoothed(st.emission_count, choice.emission_strength, self.centres[0], previous.emission),
-            _smoothed(st.code_count, choice.code_strength, self.centres[1], previous.code_emission),
+            self._table("near", choice.emission_strength),
+            self._table("code", choice.code_strength),
             previous.context_length,
         )
 
