@@ -50,6 +50,11 @@ What is measured, in one run:
    masked), so every head and every n-gram baseline (unigram, add-k, Jelinek-Mercer, Kneser-Ney, tuned on
    validation) is scored on the same test targets.
 
+   Beside them, the **codebook far field** (``dist_respattn.model.heads.codebook``) for every N of
+   ``--codebook-contexts`` (default 128, 512; ``""`` for none), started from the grid's N = 8 head with
+   ``--near-window`` (8), ``--codebooks`` (8) and ``--codewords`` (16), fitted and scored the same way; the kernel
+   part times its E-step (``codebook_statistics``) at those of ``--contexts`` longer than the near window.
+
 4. **Ranking on the leave-one-out split**: every document (user, file) cut at its end by
    ``write_split(..., hold_out="last")`` (train all but the last two items, validation the second-to-last,
    test the last; documents of fewer than 3 items skipped). For movielens the items are those rated at least
