@@ -50,6 +50,11 @@ What is measured, in one run:
    masked), so every head and every n-gram baseline (unigram, add-k, Jelinek-Mercer, Kneser-Ney, tuned on
    validation) is scored on the same test targets.
 
+   Beside them, the **codebook far field** (``dist_respattn.model.heads.codebook``) for every N of
+   ``--codebook-contexts`` (default 128, 512; ``""`` for none), started from the grid's N = 8 head with
+   ``--near-window`` (8), ``--codebooks`` (8) and ``--codewords`` (16), fitted and scored the same way; the kernel
+   part times its E-step (``codebook_statistics``) at those of ``--contexts`` longer than the near window.
+
 4. **Ranking on the leave-one-out split**: every document (user, file) cut at its end by
    ``write_split(..., hold_out="last")`` (train all but the last two items, validation the second-to-last,
    test the last; documents of fewer than 3 items skipped). For movielens the items are those rated at least
@@ -120,6 +125,8 @@ GRID = "8:8;32:3,4,5,6;64:5,7;128:4,5,6,8;512:4,5,6,8,10"
 MIN_ITEM_RATINGS = 5
 #: (N, K) fits of the ranking part, on the leave-one-out split.
 RANKING_GRID = "8:8;32:4"
+#: Windows of the codebook heads (near window 8) the quality part fits from its N = 8 head.
+CODEBOOK_CONTEXTS = "128,512"
 #: The N = 8 head the long windows are measured against.
 REFERENCE_CONTEXT = 8
 
@@ -141,6 +148,7 @@ SMOKE = {
     "histories": "100,1000",
     "latency_steps": 20,
     "grid": "8:8;32:4",
+    "codebook_contexts": "32",
     "ranking_grid": "8:8",
     "max_iter": 2,
     "max_tokens": 60_000,  # --sequences stdlib only
@@ -489,7 +497,35 @@ def kernel_figures(args: argparse.Namespace, source: dict[str, Any], n_pos: int)
             f"  {layout}: per-position {slow['rows_per_s']:,.0f} rows/s, histogram {fast['rows_per_s']:,.0f} "
             f"rows/s ({fast['rows_per_s'] / slow['rows_per_s']:.2f}x); agreement {agreement:.1e}"
         )
+    if args.codebook_contexts and n_pos > args.near_window:
+        figures["codebook"] = codebook_rate(args, model, windows, rows)
     return figures
+
+
+def codebook_head_for(args: argparse.Namespace, single: Any, n_pos: int) -> Any:
+    """A codebook head of window ``n_pos`` started from ``single`` (near window, B, W of the options)."""
+    from dist_respattn.model.heads.codebook import CodebookSpec
+    from dist_respattn.model.heads.codebook.kind import start_head
+
+    spec = CodebookSpec(near_window=args.near_window, codebooks=args.codebooks, codewords=args.codewords)
+    return start_head(single, spec, n_pos)
+
+
+def codebook_rate(args: argparse.Namespace, single: Any, windows: Any, rows: int) -> dict[str, Any]:
+    """Rows/s of the codebook head's E-step (``codebook_statistics``) on the timed windows, the head started from
+    the random single head of the kernel timings."""
+    from dist_respattn.model.heads.base import Block
+    from dist_respattn.model.heads.codebook.kind import codebook_statistics
+
+    head = codebook_head_for(args, single, int((windows.end - windows.begin).max()))
+
+    def run() -> Any:
+        return codebook_statistics(head, [Block(windows, None)])
+
+    run()  # compile (or load from numba's cache) before anything is timed
+    rate = best_rate(run, rows, args.repeats, args.min_seconds)
+    say(f"  codebook (N0 = {args.near_window}, {args.codebooks} x {args.codewords}): {rate['rows_per_s']:,.0f} rows/s")
+    return rate
 
 
 # ------------------------------------------------------------------------------------------ latency
@@ -660,6 +696,11 @@ def quality_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path, s
                 ),
             })  # fmt: skip
             say(f"  test perplexity {heads[-1]['perplexity']:.2f} ({seconds:.1f} s)")
+        source = next((n, k) for n, k in args.grid if n == REFERENCE_CONTEXT) if args.codebook_contexts else None
+        for n_pos in args.codebook_contexts if source is not None else ():
+            heads.append(
+                fit_codebook(args, stores, work, client, n_pos, work / "models" / f"n{source[0]}-k{source[1]}")
+            )
     reference = next((h for h in heads if h["context"] == REFERENCE_CONTEXT), None)
     longer = [h for h in heads if h["context"] > REFERENCE_CONTEXT]
     best = min(longer, key=lambda h: h["perplexity"]) if longer else None
@@ -673,6 +714,46 @@ def quality_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path, s
         "reference": reference,
         "best_long_context": best,
         "best_over_reference": best["perplexity"] / reference["perplexity"] if best and reference else None,
+    }
+
+
+def fit_codebook(
+    args: argparse.Namespace, stores: dict[str, Any], work: Path, client: Any, n_pos: int, single_dir: Path
+) -> dict[str, Any]:
+    """The codebook head of window ``n_pos`` started from the N = 8 head in ``single_dir``, fitted and tested as the
+    quality part's heads are."""
+    from dist_respattn.engine import FitSettings, evaluate, fit
+    from dist_respattn.model.heads.codebook import CodebookSpec
+
+    say(f"quality: fitting the codebook head N = {n_pos}, N0 = {args.near_window}, {args.codebooks} x {args.codewords}")
+    spec = CodebookSpec(
+        str(single_dir), near_window=args.near_window, codebooks=args.codebooks, codewords=args.codewords
+    )
+    model_dir = work / "models" / f"codebook-n{n_pos}"
+    started = time.perf_counter()
+    result = fit(
+        stores["train"], model_dir=model_dir, settings=FitSettings(max_iter=args.max_iter, context_length=n_pos),
+        head=spec, validation=stores["validation"], overwrite=True, client=client, progress=False,
+        say=lambda m: say(f"    {m}"),
+    )  # fmt: skip
+    seconds = time.perf_counter() - started
+    tested = evaluate(model_dir, stores["test"], client=client, progress=False).to_json()
+    say(f"  test perplexity {float(tested['model']['perplexity']):.2f} ({seconds:.1f} s)")
+    return {
+        "kind": "codebook",
+        "context": n_pos,
+        "buckets": None,
+        "bucket_sizes": None,
+        "near_window": args.near_window,
+        "codebooks": args.codebooks,
+        "codewords": args.codewords,
+        "perplexity": float(tested["model"]["perplexity"]),
+        "test_rows": tested["rows"],
+        "iterations": result.iterations,
+        "best_iteration": result.best_iteration,
+        "state": str(getattr(result.state, "value", result.state)),
+        "seconds": seconds,
+        "far_prior": float(result.model.prior[-1]),
     }
 
 
@@ -886,6 +967,20 @@ def format_report(report: dict[str, Any]) -> str:
                         f"{g['histogram']['rows_per_s']:>13,.0f}{g['histogram_over_per_position']:>9.2f}x"
                         f"{g['agreement']:>9.1e}"
                     )
+            reference = next((f for f in figures if f["context"] == REFERENCE_CONTEXT and "dense" in f), None)
+            for f in figures:
+                if "codebook" not in f:
+                    continue
+                rate = f["codebook"]["rows_per_s"]
+                versus = (
+                    f" ({rate / reference['dense']['per_position']['rows_per_s']:.2f}x the N = 8 head's per-position)"
+                    if reference
+                    else ""
+                )
+                lines.append(
+                    f"  codebook head N = {f['context']} (N0 = {cfg['codebook'][0]}, {cfg['codebook'][1]} x "
+                    f"{cfg['codebook'][2]}): {rate:,.0f} rows/s{versus}"
+                )
             for f in figures:
                 per = ", ".join(f"{v:.1f}" for v in f["distinct"]["per_bucket"])
                 support = f.get("sparse_support")
@@ -969,6 +1064,8 @@ def format_report(report: dict[str, Any]) -> str:
             sizes = h["bucket_sizes"]
             kind = "free" if sizes is not None and len(sizes) == h["context"] else "buckets"
             label = f"head N={h['context']} K={h['buckets']} ({kind})"
+            if h.get("kind") == "codebook":
+                label = f"codebook N={h['context']} N0={h['near_window']} {h['codebooks']}x{h['codewords']}"
             over_ref = f"{h['perplexity'] / ref['perplexity']:>8.3f}" if ref else f"{'-':>8}"
             mark = "  <- best N > 8" if h["best_long_context"] else ""
             lines.append(
@@ -1013,6 +1110,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--ranking-grid", default=RANKING_GRID, help='fits of the ranking part on the leave-one-out split, "N:K;N:K"'
     )
+    parser.add_argument(
+        "--codebook-contexts",
+        default=CODEBOOK_CONTEXTS,
+        help="windows N of the codebook heads the quality part fits from its N = 8 head, and whose E-step the kernel "
+        'part times ("" for none)',
+    )
+    parser.add_argument("--near-window", type=int, default=8, help="the codebook heads' near window N0")
+    parser.add_argument("--codebooks", type=int, default=8, help="the codebook heads' B")
+    parser.add_argument("--codewords", type=int, default=16, help="the codebook heads' W")
     parser.add_argument("--ranking-k", type=int, default=10, help="the ranking part's cut-off K")
     parser.add_argument("--ranking-negatives", type=int, default=100, help="negatives of the sampled protocol")
     parser.add_argument("--max-iter", type=int, default=15)
@@ -1031,6 +1137,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.contexts = [int(v) for v in str(args.contexts).split(",") if v.strip()]
     args.histories = [int(v) for v in str(args.histories).split(",") if v.strip()]
     args.grid = parse_grid(args.grid)
+    args.codebook_contexts = [int(v) for v in str(args.codebook_contexts).split(",") if v.strip()]
     args.ranking_grid = parse_grid(args.ranking_grid)
     for name in (
         "kernel_positions",
@@ -1089,6 +1196,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "histories": args.histories,
         "latency_steps": args.latency_steps,
         "grid": [list(p) for p in args.grid],
+        "codebook_contexts": args.codebook_contexts,
+        "codebook": [args.near_window, args.codebooks, args.codewords],
         "ranking_grid": [list(p) for p in args.ranking_grid],
         "ranking_k": args.ranking_k,
         "ranking_negatives": args.ranking_negatives,

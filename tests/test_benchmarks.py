@@ -514,6 +514,9 @@ def test_long_context_smoke_run_on_the_stdlib_reports_every_figure(tmp_path):
                 assert f[layout][path]["rows"] == f["rows"], label
                 assert_positive_finite(f[layout][path]["rows_per_s"], f"{label}, {path} rows/s")
             assert 0.0 <= f[layout]["agreement"] <= 1e-11, f"{label}: the kernels differ by {f[layout]['agreement']}"
+    # The codebook head's E-step is timed at the windows longer than its near window (N0 = 8).
+    assert ["codebook" in f for f in figures] == [False, True]
+    assert_positive_finite(figures[1]["codebook"]["rows_per_s"], "codebook rows/s")
 
     # Latency: every history measured, the predictor as accurate as a recomputation.
     latency = report["latency"]
@@ -543,8 +546,17 @@ def test_long_context_smoke_run_on_the_stdlib_reports_every_figure(tmp_path):
         assert h["test_rows"] == quality["test_rows"], h
     (reference,) = [h for h in heads if h["context"] == 8]
     assert reference["buckets"] == 8 and len(reference["bucket_sizes"]) == 8  # the free prior
-    bucketed = [h for h in heads if h["context"] > 8 and len(h["bucket_sizes"]) == h["buckets"] < h["context"]]
+    bucketed = [
+        h
+        for h in heads
+        if h.get("kind") != "codebook" and h["context"] > 8 and len(h["bucket_sizes"]) == h["buckets"] < h["context"]
+    ]
     assert bucketed, heads
+    # The codebook far field, started from the N = 8 head, at every --codebook-contexts window.
+    codebook = [h for h in heads if h.get("kind") == "codebook"]
+    assert [h["context"] for h in codebook] == config["codebook_contexts"] == [32], heads
+    assert all(0.0 < h["far_prior"] < 1.0 and h["near_window"] == 8 for h in codebook), codebook
+    assert "codebook N=32 N0=8 8x16" in table
     best = min((h for h in heads if h["context"] > 8), key=lambda h: h["perplexity"])
     assert [h["best_long_context"] for h in heads] == [h is best for h in heads]
 

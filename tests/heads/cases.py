@@ -594,3 +594,85 @@ def _stack_joint() -> tuple[HeadSpec, KindData, TrainerContext]:
 
 
 CASES.append(KindCase("stack-joint", _stack_joint, lambda spec: spec, stack_reference, stack_tables))
+
+
+# ----------------------------------------------------------------------------------------------- codebook
+
+
+def codebook_reference(head: Head, context: np.ndarray, query: np.ndarray, attribute: Any = None) -> np.ndarray:
+    """(n, T) the near positions' single-head terms and the far positions' codeword terms, one term per (far
+    position, codebook), weighed by ``pi_far omega_b / n_far``, in plain numpy (full windows)."""
+    from dist_respattn.model.heads.codebook import CodebookHead
+
+    assert isinstance(head, CodebookHead)
+    n, n_pos = context.shape
+    n0 = head.near_window
+    near = context[:, n_pos - n0 :][:, ::-1]  # (n, N0) by recency
+    far = context[:, : n_pos - n0]  # (n, N - N0)
+    two_s2 = 2.0 * head.sigma2
+    near_log = np.log(head.prior[:n0])[None, :] - ((query[:, None, :] - head.key_means[near]) ** 2).sum(2) / two_s2
+    books = np.arange(head.num_codebooks)
+    cells = head.codes[far][:, :, books]  # (n, N - N0, B) each far position's codeword per codebook
+    means = head.code_means[books[None, None, :], cells]  # (n, N - N0, B, D)
+    far_log = (
+        np.log(head.prior[-1] * head.omega / far.shape[1])[None, None, :]
+        - ((query[:, None, None, :] - means) ** 2).sum(3) / two_s2
+    )
+    logs = np.concatenate([near_log, far_log.reshape(n, -1)], axis=1)
+    a = np.exp(logs - logs.max(axis=1, keepdims=True))
+    a /= a.sum(axis=1, keepdims=True)
+    rows = np.concatenate(
+        [head.emission[near], head.code_emission[books[None, None, :], cells].reshape(n, -1, head.num_targets)], axis=1
+    )
+    return np.einsum("nk,nkt->nt", a, rows)
+
+
+def codebook_tables(head: Head) -> dict[str, np.ndarray]:
+    """The near table, the codeword tables, the prior (near recencies and the far field) and the codebook weights."""
+    from dist_respattn.model.heads.codebook import CodebookHead
+
+    assert isinstance(head, CodebookHead)
+    return {
+        "emission": head.emission,
+        "code_emission": head.code_emission.reshape(-1, head.num_targets),
+        "prior": head.prior[None, :],
+        "omega": head.omega[None, :],
+    }
+
+
+def codebook_ml(spec: HeadSpec) -> HeadSpec:
+    """Maximum likelihood: no pseudo-counts on either table."""
+    import dataclasses
+
+    from dist_respattn.model.heads.codebook import CodebookSpec
+
+    assert isinstance(spec, CodebookSpec)
+    return dataclasses.replace(spec, emission_strength=0.0, code_strength=0.0)
+
+
+def _codebook() -> tuple[HeadSpec, KindData, TrainerContext]:
+    import atexit
+    import shutil
+    import tempfile
+
+    from dist_respattn.artifacts.checkpoints import ModelDir
+    from dist_respattn.model.fitting.em import fit_em
+    from dist_respattn.model.heads.codebook import CodebookSpec
+
+    shape = (10, 8, 2, 10)
+    data = copy_data(600, shape, seed=37)
+    s, n_pos, d, t = shape
+    single_spec = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense")
+    rows = (np.ascontiguousarray(data.context[:, n_pos - 3 :]), data.query, data.target)
+    single = fit_em(rows, single_spec, shape=(s, 3, d, t), max_iter=3, tol=0.0).distribution
+    # The engine's fit loads the single head from a model directory, as --codebook-from names it.
+    root = tempfile.mkdtemp(prefix="codebook-case-")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    folder = ModelDir(f"{root}/single")
+    folder.commit("ckpt-000000-case", single, {"iteration": 0}, latest={"iteration": 0}, best=None, keep_best=None)
+    spec = CodebookSpec(str(folder.path), near_window=3, codebooks=2, codewords=3, emission_strength=1.0,
+                        code_strength=1.0, start=single)  # fmt: skip
+    return spec, data, TrainerContext(shape)
+
+
+CASES.append(KindCase("codebook", _codebook, codebook_ml, codebook_reference, codebook_tables))

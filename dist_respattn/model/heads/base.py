@@ -684,6 +684,7 @@ _BUILT_IN = (
     "dist_respattn.model.heads.hops",
     "dist_respattn.model.heads.stack",
     "dist_respattn.model.heads.recipe",
+    "dist_respattn.model.heads.codebook",
 )
 
 T = TypeVar("T", bound=Head)

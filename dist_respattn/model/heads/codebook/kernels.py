@@ -1,0 +1,587 @@
+"""The codebook head's compiled passes over token windows: the E-step, held-out scoring and predictions.
+
+A row's window ``tokens[lo:hi]`` (oldest first) splits into its near part, the last ``m0 = min(hi - lo, N0)``
+tokens (recency ``r = 0..m0-1``, token ``tokens[hi - 1 - r]``), and its far part ``tokens[lo:hi - N0]`` (when the
+window is longer than N0), which the head reads only through the counts ``hist[b, w]`` of its tokens' codewords.
+Consecutive rows of a token stream slide by one token, so the counts are updated, not rebuilt: B updates a token
+entering or leaving the far part. A row then costs O(N0 D + B W D) whatever N.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numba
+import numpy as np
+
+__all__ = [
+    "CodebookArrays",
+    "CodebookParameters",
+    "codebook_estep",
+    "codebook_proba",
+    "codebook_score",
+    "far_histogram",
+    "state_proba",
+]
+
+_NO_WEIGHTS = np.zeros(0)
+
+
+@dataclass(frozen=True)
+class CodebookParameters:
+    """A codebook head's parameters as the kernels read them.
+
+    Attributes:
+        key_means: (S, D) float64; ``inv_two_sigma2``: ``1 / (2 sigma2)``; ``gate_const``: ``-D/2 log(2 pi sigma2)``.
+        prior: (N0 + 1,) the prior of each near recency, then of the far field; ``log_prior`` its log.
+        log_omega: (B,) log of the codebooks' weights.
+        codes: (S, B) int64, each symbol's codeword in each codebook.
+        code_means: (B, W, D) the codewords' key means.
+        log_emission_ts: (T, S) ``log B`` target-major; ``log_code_ts``: (T, B, W) ``log E_b[w, t]`` target-major.
+        emission: (S, T) ``B``; ``code_emission``: (B, W, T) ``E`` (the predictions' mixtures read rows of them).
+    """
+
+    key_means: np.ndarray
+    inv_two_sigma2: float
+    gate_const: float
+    prior: np.ndarray
+    log_prior: np.ndarray
+    log_omega: np.ndarray
+    codes: np.ndarray
+    code_means: np.ndarray
+    log_emission_ts: np.ndarray
+    log_code_ts: np.ndarray
+    emission: np.ndarray
+    code_emission: np.ndarray
+
+    @classmethod
+    def build(cls, head: Any, logs: dict[int, np.ndarray] | None = None) -> CodebookParameters:
+        """From a :class:`~dist_respattn.model.heads.codebook.head.CodebookHead`. ``logs``: the target-major logs of
+        tables already made, by the table's ``id`` (heads that share a table share its log)."""
+        d = head.query_dim
+        logs = {} if logs is None else logs
+        with np.errstate(divide="ignore"):
+            log_prior = np.log(head.prior)
+            log_omega = np.log(head.omega)
+            if id(head.emission) not in logs:
+                logs[id(head.emission)] = np.ascontiguousarray(np.log(head.emission).T)
+            if id(head.code_emission) not in logs:
+                logs[id(head.code_emission)] = np.ascontiguousarray(np.log(head.code_emission).transpose(2, 0, 1))
+            log_emission_ts, log_code_ts = logs[id(head.emission)], logs[id(head.code_emission)]
+        return cls(
+            np.ascontiguousarray(head.key_means), 1.0 / (2.0 * head.sigma2),
+            -0.5 * d * math.log(2.0 * math.pi * head.sigma2), head.prior, log_prior, log_omega,
+            np.ascontiguousarray(head.codes, dtype=np.int64), np.ascontiguousarray(head.code_means),
+            log_emission_ts, log_code_ts, np.ascontiguousarray(head.emission),
+            np.ascontiguousarray(head.code_emission),
+        )  # fmt: skip
+
+    def arrays(self) -> tuple[Any, ...]:
+        """The fields in the kernels' argument order."""
+        return (
+            self.key_means, self.inv_two_sigma2, self.gate_const, self.prior, self.log_prior, self.log_omega,
+            self.codes, self.code_means, self.log_emission_ts, self.log_code_ts,
+        )  # fmt: skip
+
+
+@dataclass
+class CodebookArrays:
+    """The E-step's additive arrays (see :class:`~dist_respattn.model.heads.codebook.kind.CodebookStatistics`;
+    ``code_count`` here target-major, (T, B, W))."""
+
+    key_sum: np.ndarray
+    key_mass: np.ndarray
+    emission_count: np.ndarray
+    code_sum: np.ndarray
+    code_mass: np.ndarray
+    code_count: np.ndarray
+    prior_mass: np.ndarray
+    omega_mass: np.ndarray
+    scalars: np.ndarray  # (n_obs, log_lik)
+
+    @classmethod
+    def zeros(cls, s: int, d: int, t: int, near: int, b: int, w: int) -> CodebookArrays:
+        return cls(
+            np.zeros((s, d)), np.zeros(s), np.zeros((s, t)), np.zeros((b, w, d)), np.zeros((b, w)),
+            np.zeros((t, b, w)), np.zeros(near + 1), np.zeros(b), np.zeros(2),
+        )  # fmt: skip
+
+    def fields(self) -> tuple[np.ndarray, ...]:
+        return (
+            self.key_sum, self.key_mass, self.emission_count, self.code_sum, self.code_mass, self.code_count,
+            self.prior_mass, self.omega_mass, self.scalars,
+        )  # fmt: skip
+
+
+@numba.njit(cache=True, nogil=True)
+def _count(hist, log_hist, b, w, step):  # pragma: no cover - compiled
+    """``hist[b, w] += step`` and its log kept beside it (``-inf`` at 0), so a row reads no log of its counts."""
+    h = hist[b, w] + step
+    hist[b, w] = h
+    log_hist[b, w] = math.log(h) if h > 0.0 else -np.inf
+
+
+@numba.njit(cache=True, nogil=True)
+def _slide(tokens, codes, hist, log_hist, cur_lo, cur_hi, lo, hi):  # pragma: no cover - compiled
+    """Move the far counts ``hist`` (B, W) (and their logs) from the span ``[cur_lo, cur_hi)`` to ``[lo, hi)``: token
+    by token when the new span starts and ends no earlier and overlaps the old one, else rebuilt. Returns
+    ``(lo, hi)``."""
+    n_books = hist.shape[0]
+    if lo >= cur_lo and hi >= cur_hi and lo <= cur_hi:
+        for x in range(cur_lo, lo):
+            s = tokens[x]
+            for b in range(n_books):
+                _count(hist, log_hist, b, codes[s, b], -1.0)
+        for x in range(cur_hi, hi):
+            s = tokens[x]
+            for b in range(n_books):
+                _count(hist, log_hist, b, codes[s, b], 1.0)
+        return lo, hi
+    hist[:, :] = 0.0
+    for x in range(lo, hi):
+        s = tokens[x]
+        for b in range(n_books):
+            hist[b, codes[s, b]] += 1.0
+    for b in range(n_books):
+        for w in range(hist.shape[1]):
+            log_hist[b, w] = math.log(hist[b, w]) if hist[b, w] > 0.0 else -np.inf
+    return lo, hi
+
+
+@numba.njit(cache=True, nogil=True)
+def _cell_distances(y, code_means, out):  # pragma: no cover - compiled
+    """``out[b, w] = ||y - nu[b, w]||^2``."""
+    n_books, n_words, n_dim = code_means.shape
+    for b in range(n_books):
+        for w in range(n_words):
+            dist = 0.0
+            for d in range(n_dim):
+                a = y[d] - code_means[b, w, d]
+                dist += a * a
+            out[b, w] = dist
+
+
+@numba.njit(cache=True, nogil=True)
+def _row_terms(
+    tokens, hi, m0, hist, log_hist, n_far, t, y, cell_dist, key_means, inv_two_sigma2, prior, log_prior, log_omega,
+    log_emission_ts, log_code_ts, with_emission, near_logw, cell_logw,
+):  # pragma: no cover - compiled  # fmt: skip
+    """One row's log-weights: ``near_logw[r]`` of its near recency r (< m0; the token ``tokens[hi - 1 - r]``) and
+    ``cell_logw[b, w]`` of its far cells (``-inf`` where no far token has that codeword), each
+    ``log pi - log A - ||y - key||^2 / (2 sigma2)`` plus, ``with_emission``, the emission's ``log`` of target t.
+    ``cell_dist`` (B, W): the squared distances of ``y`` to the codewords' keys. Returns ``(max log-weight, A)``,
+    A the prior mass of the options the row has."""
+    n_near = prior.shape[0] - 1
+    total = 0.0
+    for r in range(m0):
+        total += prior[r]
+    if n_far > 0:
+        total += prior[n_near]
+    log_total = math.log(total) if total > 0.0 else 0.0
+    best = -np.inf
+    for r in range(m0):
+        c = tokens[hi - 1 - r]
+        dist = 0.0
+        for d in range(y.shape[0]):
+            a = y[d] - key_means[c, d]
+            dist += a * a
+        lw = log_prior[r] - log_total - dist * inv_two_sigma2
+        if with_emission:
+            lw += log_emission_ts[t, c]
+        near_logw[r] = lw
+        best = max(best, lw)
+    n_books, n_words = hist.shape
+    if n_far == 0:
+        cell_logw[:, :] = -np.inf
+        return best, total
+    far_const = log_prior[n_near] - math.log(n_far) - log_total
+    for b in range(n_books):
+        book_const = far_const + log_omega[b]
+        for w in range(n_words):
+            if hist[b, w] <= 0.0:
+                cell_logw[b, w] = -np.inf
+                continue
+            lw = book_const + log_hist[b, w] - cell_dist[b, w] * inv_two_sigma2
+            if with_emission:
+                lw += log_code_ts[t, b, w]
+            cell_logw[b, w] = lw
+            best = max(best, lw)
+    return best, total
+
+
+@numba.njit(cache=True, nogil=True)
+def _distances_of(row_query, query_table, code_means, cache, done, scratch):  # pragma: no cover - compiled
+    """(B, W) the squared distances of query-table row ``row_query`` to the codewords' keys: from ``cache``
+    (V, B, W), filled on first use (``done`` (V,)), or, without a cache (V = 0), computed into ``scratch``."""
+    if cache.shape[0] == 0:
+        _cell_distances(query_table[row_query].astype(np.float64), code_means, scratch)
+        return scratch
+    if not done[row_query]:
+        _cell_distances(query_table[row_query].astype(np.float64), code_means, cache[row_query])
+        done[row_query] = True
+    return cache[row_query]
+
+
+@numba.njit(cache=True, nogil=True)
+def _log_sum(near_logw, m0, cell_logw, best):  # pragma: no cover - compiled
+    """``log sum exp`` of a row's log-weights (``best`` their max; ``-inf`` when every weight is 0)."""
+    if best == -np.inf:
+        return -np.inf
+    total = 0.0
+    for r in range(m0):
+        total += math.exp(near_logw[r] - best)
+    n_books, n_words = cell_logw.shape
+    for b in range(n_books):
+        for w in range(n_words):
+            if cell_logw[b, w] > -np.inf:
+                total += math.exp(cell_logw[b, w] - best)
+    return best + math.log(total)
+
+
+@numba.njit(cache=True, nogil=True)
+def _estep(
+    tokens, begin, end, target, query_table, query_index, weight, key_means, inv_two_sigma2, gate_const, prior,
+    log_prior, log_omega, codes, code_means, log_emission_ts, log_code_ts, key_sum, key_mass, emission_count,
+    code_sum, code_mass, code_count, prior_mass, omega_mass, scalars, cache, done, code_query,
+):  # pragma: no cover - compiled  # fmt: skip
+    n_near = prior.shape[0] - 1
+    n_books = code_means.shape[0]
+    n_words = code_means.shape[1]
+    n_dim = key_means.shape[1]
+    hist = np.zeros((n_books, n_words))
+    log_hist = np.full((n_books, n_words), -np.inf)
+    scratch = np.empty((n_books, n_words))
+    near_logw = np.empty(n_near)
+    cell_logw = np.empty((n_books, n_words))
+    cached = cache.shape[0] > 0
+    cur_lo = 0
+    cur_hi = 0
+    weighted = weight.shape[0] > 0
+    for row in range(target.shape[0]):
+        wt = weight[row] if weighted else 1.0
+        if wt == 0.0:
+            continue
+        lo = begin[row]
+        hi = end[row]
+        m = hi - lo
+        m0 = min(m, n_near)
+        n_far = m - m0
+        far_hi = hi - m0 if n_far > 0 else lo
+        cur_lo, cur_hi = _slide(tokens, codes, hist, log_hist, cur_lo, cur_hi, lo, far_hi)
+        t = target[row]
+        v = query_index[row]
+        y = query_table[v].astype(np.float64)
+        cell_dist = _distances_of(v, query_table, code_means, cache, done, scratch) if n_far > 0 else scratch
+        best, total = _row_terms(
+            tokens,
+            hi,
+            m0,
+            hist,
+            log_hist,
+            n_far,
+            t,
+            y,
+            cell_dist,
+            key_means,
+            inv_two_sigma2,
+            prior,
+            log_prior,
+            log_omega,
+            log_emission_ts,
+            log_code_ts,
+            True,
+            near_logw,
+            cell_logw,
+        )
+        log_p = _log_sum(near_logw, m0, cell_logw, best)
+        scalars[0] += wt
+        scalars[1] += wt * (gate_const + log_p)
+        if log_p == -np.inf:
+            continue
+        for r in range(m0):
+            resp = wt * math.exp(near_logw[r] - log_p)
+            c = tokens[hi - 1 - r]
+            key_mass[c] += resp
+            for d in range(n_dim):
+                key_sum[c, d] += resp * y[d]
+            emission_count[c, t] += resp
+            prior_mass[r] += resp
+        if n_far > 0:
+            far = 0.0
+            for b in range(n_books):
+                book = 0.0
+                for w in range(n_words):
+                    if cell_logw[b, w] == -np.inf:
+                        continue
+                    resp = wt * math.exp(cell_logw[b, w] - log_p)
+                    code_mass[b, w] += resp
+                    # With a query table of few rows, the query sums are made per table row once, at the end.
+                    if cached:
+                        code_query[v, b, w] += resp
+                    else:
+                        for d in range(n_dim):
+                            code_sum[b, w, d] += resp * y[d]
+                    code_count[t, b, w] += resp  # target-major: a row's cells are adjacent
+                    book += resp
+                omega_mass[b] += book
+                far += book
+            prior_mass[n_near] += far
+        # The options this row lacks were drawn and rejected: pi_o / A expected draws each (exact EM of the
+        # renormalized prior, as the single head's short windows count them).
+        for r in range(m0, n_near):
+            prior_mass[r] += wt * prior[r] / total
+        if n_far == 0:
+            prior_mass[n_near] += wt * prior[n_near] / total
+    if cached:
+        for v in range(code_query.shape[0]):
+            if not done[v]:
+                continue
+            y = query_table[v].astype(np.float64)
+            for b in range(n_books):
+                for w in range(n_words):
+                    a = code_query[v, b, w]
+                    if a != 0.0:
+                        for d in range(n_dim):
+                            code_sum[b, w, d] += a * y[d]
+
+
+#: The most (query-table rows x cells) whose codeword distances a pass keeps (64 MB of float64).
+CACHE_CELLS = 8_000_000
+
+
+def _cache_for(rows: Any, params: CodebookParameters, with_queries: bool) -> tuple[np.ndarray, ...]:
+    """The per-query-table-row cache of codeword distances (and of responsibilities, for the E-step's query sums):
+    used when the table has no more rows than the block (a token stream's embedding table, read by every row) and
+    fits :data:`CACHE_CELLS`; else empty (each row computes its own)."""
+    n_books, n_words, _ = params.code_means.shape
+    v = rows.query_table.shape[0]
+    if v <= rows.num_rows and v * n_books * n_words <= CACHE_CELLS:
+        cache = np.empty((v, n_books, n_words))
+        queries = np.zeros((v, n_books, n_words)) if with_queries else np.zeros((0, 0, 0))
+        return cache, np.zeros(v, dtype=np.bool_), queries
+    return np.zeros((0, n_books, n_words)), np.zeros(0, dtype=np.bool_), np.zeros((0, 0, 0))
+
+
+def codebook_estep(rows: Any, params: CodebookParameters, arrays: CodebookArrays) -> None:
+    """Add the E-step statistics of window ``rows`` (in order; weights in ``rows.weight``) into ``arrays``."""
+    weight = _NO_WEIGHTS if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
+    _estep(
+        rows.tokens, np.asarray(rows.begin, dtype=np.int64), np.asarray(rows.end, dtype=np.int64), rows.target,
+        rows.query_table, np.asarray(rows.query_index, dtype=np.int64), weight, *params.arrays(), *arrays.fields(),
+        *_cache_for(rows, params, True),
+    )  # fmt: skip
+
+
+@numba.njit(cache=True, nogil=True)
+def _score(
+    tokens, begin, end, target, query_table, query_index, key_means, inv_two_sigma2, gate_const, prior, log_prior,
+    log_omega, codes, code_means, log_emission_ts, log_code_ts, out, cache, done,
+):  # pragma: no cover - compiled  # fmt: skip
+    n_near = prior.shape[0] - 1
+    n_books = code_means.shape[0]
+    n_words = code_means.shape[1]
+    hist = np.zeros((n_books, n_words))
+    log_hist = np.full((n_books, n_words), -np.inf)
+    scratch = np.empty((n_books, n_words))
+    near_logw = np.empty(n_near)
+    cell_logw = np.empty((n_books, n_words))
+    cur_lo = 0
+    cur_hi = 0
+    for row in range(target.shape[0]):
+        lo = begin[row]
+        hi = end[row]
+        m = hi - lo
+        m0 = min(m, n_near)
+        n_far = m - m0
+        far_hi = hi - m0 if n_far > 0 else lo
+        cur_lo, cur_hi = _slide(tokens, codes, hist, log_hist, cur_lo, cur_hi, lo, far_hi)
+        t = target[row]
+        v = query_index[row]
+        y = query_table[v].astype(np.float64)
+        cell_dist = _distances_of(v, query_table, code_means, cache, done, scratch) if n_far > 0 else scratch
+        best, _ = _row_terms(
+            tokens,
+            hi,
+            m0,
+            hist,
+            log_hist,
+            n_far,
+            t,
+            y,
+            cell_dist,
+            key_means,
+            inv_two_sigma2,
+            prior,
+            log_prior,
+            log_omega,
+            log_emission_ts,
+            log_code_ts,
+            False,
+            near_logw,
+            cell_logw,
+        )
+        log_q = _log_sum(near_logw, m0, cell_logw, best)
+        best, _ = _row_terms(
+            tokens,
+            hi,
+            m0,
+            hist,
+            log_hist,
+            n_far,
+            t,
+            y,
+            cell_dist,
+            key_means,
+            inv_two_sigma2,
+            prior,
+            log_prior,
+            log_omega,
+            log_emission_ts,
+            log_code_ts,
+            True,
+            near_logw,
+            cell_logw,
+        )
+        log_p = _log_sum(near_logw, m0, cell_logw, best)
+        out[row, 0] = gate_const + log_q
+        out[row, 1] = log_p - log_q
+
+
+def codebook_score(rows: Any, params: CodebookParameters) -> np.ndarray:
+    """(n, 2) each window row's ``(log p(query | window), log p(target | window, query))``."""
+    out = np.empty((rows.num_rows, 2))
+    cache, done, _ = _cache_for(rows, params, False)
+    _score(  # type: ignore[call-arg]
+        rows.tokens, np.asarray(rows.begin, dtype=np.int64), np.asarray(rows.end, dtype=np.int64), rows.target,
+        rows.query_table, np.asarray(rows.query_index, dtype=np.int64), *params.arrays(), out, cache, done,
+    )  # fmt: skip
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _mix(tokens, hi, m0, near_logw, cell_logw, log_q, emission, code_emission, probs, near_att, cell_att):
+    # pragma: no cover - compiled
+    """``probs = sum_r a_r B[c_r] + sum_bw a_bw E_b[w]`` with the attention ``a = exp(logw - log_q)``."""
+    probs[:] = 0.0
+    for r in range(m0):
+        a = math.exp(near_logw[r] - log_q)
+        near_att[r] = a
+        row = emission[tokens[hi - 1 - r]]
+        for t in range(probs.shape[0]):
+            probs[t] += a * row[t]
+    n_books, n_words = cell_logw.shape
+    for b in range(n_books):
+        for w in range(n_words):
+            if cell_logw[b, w] == -np.inf:
+                cell_att[b, w] = 0.0
+                continue
+            a = math.exp(cell_logw[b, w] - log_q)
+            cell_att[b, w] = a
+            row = code_emission[b, w]
+            for t in range(probs.shape[0]):
+                probs[t] += a * row[t]
+
+
+@numba.njit(cache=True, nogil=True)
+def _proba(
+    tokens, begin, end, query_table, query_index, key_means, inv_two_sigma2, gate_const, prior, log_prior,
+    log_omega, codes, code_means, log_emission_ts, log_code_ts, emission, code_emission, out, near_att, cell_att,
+):  # pragma: no cover - compiled  # fmt: skip
+    n_near = prior.shape[0] - 1
+    n_books = code_means.shape[0]
+    n_words = code_means.shape[1]
+    hist = np.zeros((n_books, n_words))
+    log_hist = np.full((n_books, n_words), -np.inf)
+    cell_dist = np.empty((n_books, n_words))
+    near_logw = np.empty(n_near)
+    cell_logw = np.empty((n_books, n_words))
+    cur_lo = 0
+    cur_hi = 0
+    for row in range(begin.shape[0]):
+        lo = begin[row]
+        hi = end[row]
+        m = hi - lo
+        m0 = min(m, n_near)
+        n_far = m - m0
+        far_hi = hi - m0 if n_far > 0 else lo
+        cur_lo, cur_hi = _slide(tokens, codes, hist, log_hist, cur_lo, cur_hi, lo, far_hi)
+        y = query_table[query_index[row]].astype(np.float64)
+        _cell_distances(y, code_means, cell_dist)
+        best, _ = _row_terms(
+            tokens,
+            hi,
+            m0,
+            hist,
+            log_hist,
+            n_far,
+            0,
+            y,
+            cell_dist,
+            key_means,
+            inv_two_sigma2,
+            prior,
+            log_prior,
+            log_omega,
+            log_emission_ts,
+            log_code_ts,
+            False,
+            near_logw,
+            cell_logw,
+        )
+        log_q = _log_sum(near_logw, m0, cell_logw, best)
+        near_att[row, :] = 0.0
+        _mix(tokens, hi, m0, near_logw, cell_logw, log_q, emission, code_emission, out[row], near_att[row],
+             cell_att[row])  # fmt: skip
+
+
+def codebook_proba(rows: Any, params: CodebookParameters) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(probs (n, T), near attention (n, N0) by recency, cell attention (n, B, W))`` of window rows: each row's
+    ``p(target | window, query)`` and the predictive attention it mixes."""
+    n = rows.num_rows
+    n_books, n_words, _ = params.code_means.shape
+    out = np.empty((n, params.emission.shape[1]))
+    near_att = np.zeros((n, params.prior.shape[0] - 1))
+    cell_att = np.zeros((n, n_books, n_words))
+    _proba(  # type: ignore[call-arg]
+        rows.tokens, np.asarray(rows.begin, dtype=np.int64), np.asarray(rows.end, dtype=np.int64), rows.query_table,
+        np.asarray(rows.query_index, dtype=np.int64), *params.arrays(), params.emission, params.code_emission, out,
+        near_att, cell_att,
+    )  # fmt: skip
+    return out, near_att, cell_att
+
+
+def far_histogram(tokens: np.ndarray, codes: np.ndarray, num_codewords: int) -> np.ndarray:
+    """(B, W) the codeword counts of ``tokens`` (a far part, any order)."""
+    hist = np.zeros((codes.shape[1], num_codewords))
+    if len(tokens):
+        _slide(np.asarray(tokens, dtype=np.int64), codes, hist, np.empty_like(hist), 0, 0, 0, len(tokens))
+    return hist
+
+
+def state_proba(
+    near: np.ndarray, hist: np.ndarray, n_far: int, y: np.ndarray, params: CodebookParameters
+) -> np.ndarray:
+    """(T,) ``p(target | state, query y)`` of a streaming state: ``near`` the last min(history, N0) tokens, oldest
+    first, and ``hist`` (B, W) the far tokens' codeword counts (``n_far`` of them). O((N0 + B W)(D + T))."""
+    tokens = np.ascontiguousarray(near, dtype=np.int64)
+    m0 = tokens.shape[0]
+    n_near = params.prior.shape[0] - 1
+    near_logw = np.empty(n_near)
+    cell_logw = np.empty(hist.shape)
+    y = np.asarray(y, dtype=np.float64)
+    cell_dist = np.empty(hist.shape)
+    _cell_distances(y, params.code_means, cell_dist)
+    with np.errstate(divide="ignore"):
+        log_hist = np.log(hist)
+    best, _ = _row_terms(
+        tokens, m0, m0, hist, log_hist, n_far, 0, y, cell_dist, params.key_means, params.inv_two_sigma2,
+        params.prior, params.log_prior, params.log_omega, params.log_emission_ts, params.log_code_ts, False,
+        near_logw, cell_logw,
+    )  # fmt: skip
+    log_q = _log_sum(near_logw, m0, cell_logw, best)
+    probs = np.empty(params.emission.shape[1])
+    _mix(tokens, m0, m0, near_logw, cell_logw, log_q, params.emission, params.code_emission, probs,
+         np.zeros(n_near), np.zeros(hist.shape))  # fmt: skip
+    return probs
