@@ -308,6 +308,16 @@ _BATCH_ROWS = 8
 
 _SPARSE_PREFETCH_ROWS = 8  # the same for the sparse E-step
 
+#: How many loads of a map fill one step of a binary search costs: a step waits on the load before it.
+_SEARCH_STEP_COST = 4.0
+
+#: The sparse E-step prefetches all of the next group's pairs when it has at most this many.
+_GROUP_PREFETCH_PAIRS = 512
+
+#: Key tables (``key_means``, and ``key_sum`` as large) of at least this many bytes make the sparse E-step
+#: prefetch the key rows of a later row's symbols; smaller ones stay in the core's own cache.
+_KEY_PREFETCH_BYTES = 2**20
+
 
 @numba.njit(cache=True, nogil=True)
 def _row_log_weights(
@@ -560,8 +570,12 @@ def _estep_sparse_numba(
     slot,
     direct_row,
     direct_slots,
+    prefetch_keys,
 ):  # pragma: no cover - compiled
     """Fused E-step and scatter over rows ``order[...]``, which come grouped by target.
+
+    ``prefetch_keys`` makes it prefetch the key rows (of ``key_means`` and ``key_sum``) of the symbols of a later
+    row: worth it when they outgrow the core's own cache (``_KEY_PREFETCH_BYTES``).
 
     A target's pairs are found through its row of ``direct_slots`` when it has one, else through ``slot``
     (an all -1 int32 map of S entries, filled for the group and cleared after) when the group has enough
@@ -582,7 +596,6 @@ def _estep_sparse_numba(
     query_sq = 0.0
     n_obs = 0.0
     log_lik = 0.0
-    last_col = dim - 1
     k = 0
     while k < n:
         tn = target[order[k]]
@@ -597,10 +610,27 @@ def _estep_sparse_numba(
         if row_index >= 0:
             table = direct_slots[row_index]
         else:
-            # A map costs 2 writes per pair of the target; a search ~log2(degree) steps per lookup.
-            fill = (group_end - k) * n_pos * (np.log2(degree + 1.0) + 1.0) > 2.0 * degree
+            # A map costs 2 writes per pair of the target, in order; a search ~log2(degree) steps per lookup, each
+            # a load that depends on the one before (so weighted as _SEARCH_STEP_COST writes).
+            fill = (group_end - k) * n_pos * (np.log2(degree + 1.0) + 1.0) * _SEARCH_STEP_COST > 2.0 * degree
             table = slot
         use_map = fill or row_index >= 0
+        if group_end < n:
+            # The next group's pairs are contiguous: when they are few, fetch all of their symbols, values and
+            # counts while this group runs (a group holds a few rows at tens of thousands of targets).
+            t_next = target[order[group_end]]
+            lo_next = indptr[t_next]
+            hi_next = indptr[t_next + 1]
+            if hi_next - lo_next <= _GROUP_PREFETCH_PAIRS:
+                for j in range(lo_next, hi_next, 16):
+                    prefetch_element(symbols, j)
+                for j in range(lo_next, hi_next, 8):
+                    prefetch_element(log_values, j)
+                    prefetch_element(pair_counts, j)
+                if hi_next > lo_next:
+                    prefetch_element(symbols, hi_next - 1)
+                    prefetch_element(log_values, hi_next - 1)
+                    prefetch_element(pair_counts, hi_next - 1)
         if fill:
             for j in range(lo, hi):
                 slot[symbols[j]] = j
@@ -609,10 +639,14 @@ def _estep_sparse_numba(
             far = kk + 2 * _SPARSE_PREFETCH_ROWS
             if far < n:
                 row_far = order[far]
-                prefetch_item(context, row_far, 0)
-                prefetch_item(query, row_far, 0)
-                prefetch_item(query, row_far, last_col)
+                prefetch_row(context, row_far)
+                prefetch_row(query, row_far)
             ahead = kk + _SPARSE_PREFETCH_ROWS
+            if prefetch_keys and ahead < n:
+                row_ahead = order[ahead]
+                for i in range(n_pos):
+                    prefetch_row(key_means, context[row_ahead, i])
+                    prefetch_row(key_sum, context[row_ahead, i])
             if use_map and ahead < group_end:
                 # ...and, as the dense kernel does, the values and counts of a later row of the group: its
                 # context has arrived by now, and its pairs' cells are spread over the target's P / T pairs.
@@ -916,6 +950,7 @@ def _accumulate_sparse(
             slot,
             params.direct_row,
             params.direct_slots,
+            params.key_means.nbytes >= _KEY_PREFETCH_BYTES,
         )
         impossible.extend((start + np.sort(found[:n_found])[:_IMPOSSIBLE_SHOWN]).tolist())
         n_impossible += n_found
