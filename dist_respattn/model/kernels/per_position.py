@@ -300,7 +300,7 @@ def target_order(target, num_targets):  # pragma: no cover - compiled
 
 
 #: How many rows ahead the E-step prefetches emission cells (their context, query and target twice as far).
-_PREFETCH_ROWS = 16
+_PREFETCH_ROWS = 4
 
 #: Rows the E-step takes through each step together: their log-weights are exponentiated in one pass, so the
 #: exponential's long chain of dependent multiply-adds runs for many rows at once instead of one row at a time.
