@@ -10,7 +10,9 @@ the compiled kernel is measured against.
 The emission tables are stored target-major, ``(T, S)``: every lookup and scatter of a row touches
 one row ``t`` of them. When they outgrow cache, the compiled kernel visits each block's rows grouped
 by target (a counting sort), and it prefetches the rows and emission cells it will visit next; both
-are measured in ``benchmarks/bench_kernel.py``, as is the symbol-major layout.
+are measured in ``benchmarks/bench_kernel.py``, as is the symbol-major layout. It takes the exponentials of
+a few rows' log-weights in one pass (``_BATCH_ROWS``); ``benchmarks/bench_kernel_speed.py`` times it beside
+another revision's.
 """
 
 from __future__ import annotations
