@@ -453,8 +453,25 @@ def _estep_numba(
                 c = context[row, i]
                 key_mass[c] += r
                 position_count[i] += r
+            # Two key rows a pass over the query: half the loop's overhead and its run-time overlap checks. Each
+            # cell still gets its terms in the same order (a symbol at both positions: the first one's, then the
+            # second's), so the sums are the same to the bit.
+            i = 0
+            while i + 1 < n_pos:
+                r0 = resp[b, i]
+                c0 = context[row, i]
+                r1 = resp[b, i + 1]
+                c1 = context[row, i + 1]
                 for d in range(dim):
-                    key_sum[c, d] += r * ys[b, d]
+                    yd = ys[b, d]
+                    key_sum[c0, d] += r0 * yd
+                    key_sum[c1, d] += r1 * yd
+                i += 2
+            if i < n_pos:
+                r0 = resp[b, i]
+                c0 = context[row, i]
+                for d in range(dim):
+                    key_sum[c0, d] += r0 * ys[b, d]
             query_sq += w * batch_yy[b]
             n_obs += w
             log_lik += w * (batch_best[b] + np.log(total) + gate_const)
