@@ -704,12 +704,28 @@ def _estep_sparse_numba(
             scale = w / total
             for i in range(n_pos):
                 r = resp[i] * scale
+                resp[i] = r
                 c = context[row, i]
                 pair_counts[pair[i]] += r
                 key_mass[c] += r
                 position_count[i] += r
+            # Two key rows a pass over the query, each cell's terms in the same order (as the dense E-step).
+            i = 0
+            while i + 1 < n_pos:
+                r0 = resp[i]
+                c0 = context[row, i]
+                r1 = resp[i + 1]
+                c1 = context[row, i + 1]
                 for d in range(dim):
-                    key_sum[c, d] += r * y[d]
+                    yd = y[d]
+                    key_sum[c0, d] += r0 * yd
+                    key_sum[c1, d] += r1 * yd
+                i += 2
+            if i < n_pos:
+                r0 = resp[i]
+                c0 = context[row, i]
+                for d in range(dim):
+                    key_sum[c0, d] += r0 * y[d]
             query_sq += w * yy
             n_obs += w
             log_lik += w * (best + np.log(total) + gate_const)
