@@ -1,6 +1,6 @@
 """Smoke runs of the benchmarks (bench_kernel.py, bench_store.py, bench_fit.py, bench_quality.py,
-bench_long_context.py, bench_scale.py, bench_top_k.py, bench_copy.py, bench_hops.py, bench_stacked.py) as real
-subprocesses: their figures exist, and their memory stays flat."""
+bench_long_context.py, bench_scale.py, bench_top_k.py, bench_copy.py, bench_hops.py, bench_stacked.py,
+bench_kernel_speed.py) as real subprocesses: their figures exist, and their memory stays flat."""
 
 from __future__ import annotations
 
@@ -853,3 +853,32 @@ def test_hops_smoke_run_reports_every_figure():
             assert parity[name] < 1e-10, (name, parity)
     else:
         assert parity is None
+
+
+SPEED_SCRIPT = SCRIPT.parent / "bench_kernel_speed.py"
+
+
+@pytest.mark.slow
+def test_kernel_speed_runs_this_tree_beside_an_exported_revision():
+    """bench_kernel_speed.py --against HEAD: both kernels timed in turns, the other one imported from an export of
+    that revision (not from this tree), their rows/s, ratio and whether their statistics are bit-identical."""
+    if subprocess.run(["git", "-C", str(SCRIPT.parents[1]), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("not a git checkout: no revision to export")
+    completed = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", str(SPEED_SCRIPT), "--json", "--against", "HEAD",
+         "--rows", "3000", "--symbols", "100", "--targets", "100", "--rounds", "2"],
+        capture_output=True, text=True, timeout=240, cwd=SPEED_SCRIPT.parents[1], check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    report = json.loads(completed.stdout)
+    ours, theirs = report["ours"], report["against"]
+    assert Path(ours["package"]) == SCRIPT.parents[1] / "dist_respattn"
+    assert Path(theirs["package"]).parent.name == "against" and Path(theirs["package"]).name == "dist_respattn"
+    for fig in (ours, theirs):
+        assert len(fig["seconds"]) == len(fig["cpu_seconds"]) == 2
+        for name in ("best_rows_per_s", "median_rows_per_s", "best_rows_per_cpu_s", "ns_per_row_best_cpu"):
+            assert_positive_finite(fig[name], name)
+    for name in ("ratios", "ratios_cpu"):
+        assert_positive_finite(report[name]["best"], name)
+        assert len(report[name]["per_round"]) == 2
+    assert isinstance(report["identical"], bool)

@@ -10,7 +10,9 @@ the compiled kernel is measured against.
 The emission tables are stored target-major, ``(T, S)``: every lookup and scatter of a row touches
 one row ``t`` of them. When they outgrow cache, the compiled kernel visits each block's rows grouped
 by target (a counting sort), and it prefetches the rows and emission cells it will visit next; both
-are measured in ``benchmarks/bench_kernel.py``, as is the symbol-major layout.
+are measured in ``benchmarks/bench_kernel.py``, as is the symbol-major layout. It takes the exponentials of
+a few rows' log-weights in one pass (``_BATCH_ROWS``); ``benchmarks/bench_kernel_speed.py`` times it beside
+another revision's.
 """
 
 from __future__ import annotations
@@ -24,7 +26,12 @@ import numpy as np
 
 from dist_respattn.model.arguments import ImpossibleEvidenceError, scan_values
 from dist_respattn.model.emission.layouts import DenseEmission, Emission, PairSupport, SparseEmission
-from dist_respattn.model.kernels.log_weights import block_log_weights, exp_shifted, row_log_weights
+from dist_respattn.model.kernels.log_weights import (
+    block_log_weights,
+    exp_nonpositive,
+    exp_shifted,
+    row_log_weights,
+)
 from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
 
 __all__ = [
@@ -294,7 +301,24 @@ def target_order(target, num_targets):  # pragma: no cover - compiled
     return order
 
 
-_PREFETCH_ROWS = 8  # how many rows ahead the E-step prefetches emission cells
+#: How many rows ahead the E-step prefetches emission cells (their context, query and target twice as far).
+_PREFETCH_ROWS = 4
+
+#: Rows the E-step takes through each step together: their log-weights are exponentiated in one pass, so the
+#: exponential's long chain of dependent multiply-adds runs for many rows at once instead of one row at a time.
+_BATCH_ROWS = 8
+
+_SPARSE_PREFETCH_ROWS = 8  # the same for the sparse E-step
+
+#: How many loads of a map fill one step of a binary search costs: a step waits on the load before it.
+_SEARCH_STEP_COST = 4.0
+
+#: The sparse E-step prefetches all of the next group's pairs when it has at most this many.
+_GROUP_PREFETCH_PAIRS = 512
+
+#: Key tables (``key_means``, and ``key_sum`` as large) of at least this many bytes make the sparse E-step
+#: prefetch the key rows of a later row's symbols; smaller ones stay in the core's own cache.
+_KEY_PREFETCH_BYTES = 2**20
 
 
 @numba.njit(cache=True, nogil=True)
@@ -306,6 +330,15 @@ def _row_log_weights(
     for i in range(context.shape[1]):
         out[i] = log_emission_ts[tn, context[row, i]]
     return row_log_weights(context, row, y, key_means, log_prior, inv_two_sigma2, out, out[:0])
+
+
+@numba.njit(cache=True, nogil=True)
+def prefetch_row(array, row):  # pragma: no cover - compiled
+    """Prefetch every cache line of row ``row`` of a 2-D C-order array (rows need not start on a line)."""
+    step = max(64 // array.itemsize, 1)
+    for j in range(0, array.shape[1], step):
+        prefetch_item(array, row, j)
+    prefetch_item(array, row, array.shape[1] - 1)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -329,71 +362,119 @@ def _estep_numba(
 ):  # pragma: no cover - compiled
     """Fused E-step and scatter over rows ``order[0], order[1], ...``.
 
+    Rows go through in batches of ``_BATCH_ROWS`` possible, weighted rows: the log-weights of each, then the
+    exponentials of the whole batch in one pass, then each row's statistics in visiting order. Every number is
+    computed as one row at a time would, and added in the same order, so the statistics do not depend on the
+    batching.
+
     Rows with no possible position are skipped; the first ``len(impossible)`` of them are written to
     ``impossible``. Returns how many there were.
     """
     n, n_pos = context.shape
     dim = query.shape[1]
-    logw = np.empty(n_pos)
-    resp = np.empty(n_pos)
-    bits = np.empty(n_pos, dtype=np.int64)
-    y = np.empty(dim)  # the current row's query in float64
+    logw = np.empty((_BATCH_ROWS, n_pos))
+    resp = np.empty((_BATCH_ROWS, n_pos))
+    bits = np.empty((_BATCH_ROWS, n_pos), dtype=np.int64)
+    flat_logw = logw.reshape(_BATCH_ROWS * n_pos)
+    flat_resp = resp.reshape(_BATCH_ROWS * n_pos)
+    flat_bits = bits.reshape(_BATCH_ROWS * n_pos)
+    ys = np.empty((_BATCH_ROWS, dim))  # the batch's queries in float64
+    batch_row = np.empty(_BATCH_ROWS, dtype=np.int64)
+    batch_best = np.empty(_BATCH_ROWS)
+    batch_w = np.empty(_BATCH_ROWS)
+    batch_yy = np.empty(_BATCH_ROWS)
     n_impossible = 0
     query_sq = 0.0
     n_obs = 0.0
     log_lik = 0.0
-    last_col = dim - 1
-    for k in range(n):
-        row = order[k]
-        far = k + 2 * _PREFETCH_ROWS
-        if far < n:
-            # Rows are visited out of order: fetch a later row's context, query and target first...
-            row_far = order[far]
-            prefetch_item(context, row_far, 0)
-            prefetch_item(query, row_far, 0)
-            prefetch_item(query, row_far, last_col)
-            prefetch_element(target, row_far)
-        ahead = k + _PREFETCH_ROWS
-        if ahead < n:
-            # ...then, once those have arrived, the emission cells it will read and update, scattered
-            # over a (T, S) table far larger than cache, so the misses overlap with this row's work.
-            row_ahead = order[ahead]
-            t_ahead = target[row_ahead]
-            for i in range(n_pos):
-                prefetch_item(log_emission_ts, t_ahead, context[row_ahead, i])
-                prefetch_item(emission_count_ts, t_ahead, context[row_ahead, i])
-        w = weights[row] if weights.shape[0] > 0 else 1.0
-        if w == 0.0:
-            # A zero-weight row contributes nothing, even when the model cannot explain it.
-            continue
-        yy = 0.0
-        for d in range(dim):
-            v = np.float64(query[row, d])
-            y[d] = v
-            yy += v * v
-        tn = target[row]
-        best = _row_log_weights(context, row, y, tn, key_means, log_emission_ts, log_prior, inv_two_sigma2, logw)
-        if best == -np.inf:
-            if n_impossible < impossible.shape[0]:
-                impossible[n_impossible] = row
-            n_impossible += 1
-            continue
-        total = exp_shifted(logw, best, resp, bits)
-        scale = w / total
-        for i in range(n_pos):
-            resp[i] *= scale
-        for i in range(n_pos):
-            emission_count_ts[tn, context[row, i]] += resp[i]
-        for i in range(n_pos):
-            r = resp[i]
-            c = context[row, i]
-            key_mass[c] += r
-            position_count[i] += r
+    k = 0
+    while k < n:
+        m = 0
+        while k < n and m < _BATCH_ROWS:
+            row = order[k]
+            far = k + 2 * _PREFETCH_ROWS
+            if far < n:
+                # Rows are visited out of order: fetch a later row's context, query and target first (every
+                # cache line of them: the rows need not start on one)...
+                row_far = order[far]
+                prefetch_row(context, row_far)
+                prefetch_row(query, row_far)
+                prefetch_element(target, row_far)
+            ahead = k + _PREFETCH_ROWS
+            if ahead < n:
+                # ...then, once those have arrived, the emission cells it will read and update, scattered
+                # over a (T, S) table far larger than cache, so the misses overlap with this row's work.
+                row_ahead = order[ahead]
+                t_ahead = target[row_ahead]
+                for i in range(n_pos):
+                    prefetch_item(log_emission_ts, t_ahead, context[row_ahead, i])
+                    prefetch_item(emission_count_ts, t_ahead, context[row_ahead, i])
+            k += 1
+            w = weights[row] if weights.shape[0] > 0 else 1.0
+            if w == 0.0:
+                # A zero-weight row contributes nothing, even when the model cannot explain it.
+                continue
+            yy = 0.0
             for d in range(dim):
-                key_sum[c, d] += r * y[d]
-        query_sq += w * yy
-        n_obs += w
-        log_lik += w * (best + np.log(total) + gate_const)
+                v = np.float64(query[row, d])
+                ys[m, d] = v
+                yy += v * v
+            best = _row_log_weights(
+                context, row, ys[m], target[row], key_means, log_emission_ts, log_prior, inv_two_sigma2, logw[m]
+            )
+            if best == -np.inf:
+                if n_impossible < impossible.shape[0]:
+                    impossible[n_impossible] = row
+                n_impossible += 1
+                continue
+            for i in range(n_pos):
+                logw[m, i] -= best
+            batch_row[m] = row
+            batch_best[m] = best
+            batch_w[m] = w
+            batch_yy[m] = yy
+            m += 1
+        size = m * n_pos
+        exp_nonpositive(flat_logw[:size], flat_resp[:size], flat_bits[:size])
+        for b in range(m):
+            row = batch_row[b]
+            tn = target[row]
+            w = batch_w[b]
+            total = 0.0
+            for i in range(n_pos):
+                total += resp[b, i]
+            scale = w / total
+            for i in range(n_pos):
+                resp[b, i] *= scale
+            for i in range(n_pos):
+                emission_count_ts[tn, context[row, i]] += resp[b, i]
+            for i in range(n_pos):
+                r = resp[b, i]
+                c = context[row, i]
+                key_mass[c] += r
+                position_count[i] += r
+            # Two key rows a pass over the query: half the loop's overhead and its run-time overlap checks. Each
+            # cell still gets its terms in the same order (a symbol at both positions: the first one's, then the
+            # second's), so the sums are the same to the bit.
+            i = 0
+            while i + 1 < n_pos:
+                r0 = resp[b, i]
+                c0 = context[row, i]
+                r1 = resp[b, i + 1]
+                c1 = context[row, i + 1]
+                for d in range(dim):
+                    yd = ys[b, d]
+                    key_sum[c0, d] += r0 * yd
+                    key_sum[c1, d] += r1 * yd
+                i += 2
+            if i < n_pos:
+                r0 = resp[b, i]
+                c0 = context[row, i]
+                for d in range(dim):
+                    key_sum[c0, d] += r0 * ys[b, d]
+            query_sq += w * batch_yy[b]
+            n_obs += w
+            log_lik += w * (batch_best[b] + np.log(total) + gate_const)
     scalars[0] += query_sq
     scalars[1] += n_obs
     scalars[2] += log_lik
@@ -508,8 +589,12 @@ def _estep_sparse_numba(
     slot,
     direct_row,
     direct_slots,
+    prefetch_keys,
 ):  # pragma: no cover - compiled
     """Fused E-step and scatter over rows ``order[...]``, which come grouped by target.
+
+    ``prefetch_keys`` makes it prefetch the key rows (of ``key_means`` and ``key_sum``) of the symbols of a later
+    row: worth it when they outgrow the core's own cache (``_KEY_PREFETCH_BYTES``).
 
     A target's pairs are found through its row of ``direct_slots`` when it has one, else through ``slot``
     (an all -1 int32 map of S entries, filled for the group and cleared after) when the group has enough
@@ -530,7 +615,6 @@ def _estep_sparse_numba(
     query_sq = 0.0
     n_obs = 0.0
     log_lik = 0.0
-    last_col = dim - 1
     k = 0
     while k < n:
         tn = target[order[k]]
@@ -545,22 +629,43 @@ def _estep_sparse_numba(
         if row_index >= 0:
             table = direct_slots[row_index]
         else:
-            # A map costs 2 writes per pair of the target; a search ~log2(degree) steps per lookup.
-            fill = (group_end - k) * n_pos * (np.log2(degree + 1.0) + 1.0) > 2.0 * degree
+            # A map costs 2 writes per pair of the target, in order; a search ~log2(degree) steps per lookup, each
+            # a load that depends on the one before (so weighted as _SEARCH_STEP_COST writes).
+            fill = (group_end - k) * n_pos * (np.log2(degree + 1.0) + 1.0) * _SEARCH_STEP_COST > 2.0 * degree
             table = slot
         use_map = fill or row_index >= 0
+        if group_end < n:
+            # The next group's pairs are contiguous: when they are few, fetch all of their symbols, values and
+            # counts while this group runs (a group holds a few rows at tens of thousands of targets).
+            t_next = target[order[group_end]]
+            lo_next = indptr[t_next]
+            hi_next = indptr[t_next + 1]
+            if hi_next - lo_next <= _GROUP_PREFETCH_PAIRS:
+                for j in range(lo_next, hi_next, 16):
+                    prefetch_element(symbols, j)
+                for j in range(lo_next, hi_next, 8):
+                    prefetch_element(log_values, j)
+                    prefetch_element(pair_counts, j)
+                if hi_next > lo_next:
+                    prefetch_element(symbols, hi_next - 1)
+                    prefetch_element(log_values, hi_next - 1)
+                    prefetch_element(pair_counts, hi_next - 1)
         if fill:
             for j in range(lo, hi):
                 slot[symbols[j]] = j
         for kk in range(k, group_end):
             row = order[kk]
-            far = kk + 2 * _PREFETCH_ROWS
+            far = kk + 2 * _SPARSE_PREFETCH_ROWS
             if far < n:
                 row_far = order[far]
-                prefetch_item(context, row_far, 0)
-                prefetch_item(query, row_far, 0)
-                prefetch_item(query, row_far, last_col)
-            ahead = kk + _PREFETCH_ROWS
+                prefetch_row(context, row_far)
+                prefetch_row(query, row_far)
+            ahead = kk + _SPARSE_PREFETCH_ROWS
+            if prefetch_keys and ahead < n:
+                row_ahead = order[ahead]
+                for i in range(n_pos):
+                    prefetch_row(key_means, context[row_ahead, i])
+                    prefetch_row(key_sum, context[row_ahead, i])
             if use_map and ahead < group_end:
                 # ...and, as the dense kernel does, the values and counts of a later row of the group: its
                 # context has arrived by now, and its pairs' cells are spread over the target's P / T pairs.
@@ -599,12 +704,28 @@ def _estep_sparse_numba(
             scale = w / total
             for i in range(n_pos):
                 r = resp[i] * scale
+                resp[i] = r
                 c = context[row, i]
                 pair_counts[pair[i]] += r
                 key_mass[c] += r
                 position_count[i] += r
+            # Two key rows a pass over the query, each cell's terms in the same order (as the dense E-step).
+            i = 0
+            while i + 1 < n_pos:
+                r0 = resp[i]
+                c0 = context[row, i]
+                r1 = resp[i + 1]
+                c1 = context[row, i + 1]
                 for d in range(dim):
-                    key_sum[c, d] += r * y[d]
+                    yd = y[d]
+                    key_sum[c0, d] += r0 * yd
+                    key_sum[c1, d] += r1 * yd
+                i += 2
+            if i < n_pos:
+                r0 = resp[i]
+                c0 = context[row, i]
+                for d in range(dim):
+                    key_sum[c0, d] += r0 * y[d]
             query_sq += w * yy
             n_obs += w
             log_lik += w * (best + np.log(total) + gate_const)
@@ -864,6 +985,7 @@ def _accumulate_sparse(
             slot,
             params.direct_row,
             params.direct_slots,
+            params.key_means.nbytes >= _KEY_PREFETCH_BYTES,
         )
         impossible.extend((start + np.sort(found[:n_found])[:_IMPOSSIBLE_SHOWN]).tolist())
         n_impossible += n_found
