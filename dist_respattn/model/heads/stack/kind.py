@@ -5,6 +5,11 @@ Only the gate is fitted, by exact EM: a row's responsibility for component ``k``
 and the M-step ``pi_k ∝ sum_n w_n r_nk`` (maximum likelihood). Its E-steps read the fit's held-out rows
 (:meth:`~dist_respattn.model.heads.base.Trainer.fits_heldout_rows`), which the components did not see: the
 held-out log-likelihood is concave in the gate, so EM climbs to its maximum, at least every single component's.
+
+EM on mixture weights climbs slowly where a component's weight is small (each step moves it by a fraction of what
+is left), so the M-step also offers steps past EM's, ``pi ∝ pi_old (pi_EM / pi_old)^alpha`` for each ``alpha`` of
+:data:`GATE_STEPS`; the held-out pass scores them all on the rows the E-step read and keeps the best, which is never
+worse there than EM's own (``alpha = 1``).
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dist_respattn.model.fitting.fixed import OneCandidate
+from dist_respattn.model.fitting.fixed import PointTotals
 from dist_respattn.model.heads.base import (
     Block,
+    Candidates,
     Columns,
+    Grid,
     Head,
     HeadSpec,
     Passes,
@@ -27,19 +34,26 @@ from dist_respattn.model.heads.base import (
     TrainerContext,
 )
 from dist_respattn.model.heads.stack.head import GATE_MODES, StackHead, component_view, mix_rows
+from dist_respattn.model.scores import ScoreTotals
 
 __all__ = [
+    "GATE_STEPS",
     "STACK_FROM",
+    "StackCandidates",
     "StackChoice",
+    "StackGateGrid",
     "StackSpec",
     "StackStatistics",
     "StackTrainer",
+    "extrapolated_gate",
     "gate_statistics",
     "resolved_sources",
 ]
 
 #: The option that names a stack's components (errors name it).
 STACK_FROM = "--stack-from"
+#: The steps the gate's M-step offers, as multiples of EM's own in log space (1: EM's).
+GATE_STEPS = (1.0, 2.0, 4.0, 8.0, 16.0)
 
 
 @dataclass(frozen=True)
@@ -139,13 +153,95 @@ def gate_statistics(head: StackHead, blocks: Iterable[Block]) -> StackStatistics
 
 @dataclass(frozen=True)
 class StackChoice:
-    """A stack M-step's (empty) choice: the gate follows from the statistics alone."""
+    """A stack M-step's choice: the step ``alpha`` past EM's the held-out rows kept (1: EM's own)."""
+
+    step: float = 1.0
 
     def to_json(self) -> dict[str, Any]:
-        return {}
+        return {"gate_step": float(self.step)}
 
     def describe(self) -> str:
-        return "gate by EM"
+        return "gate by EM" if self.step == 1.0 else f"gate by EM, {self.step:g}x its step"
+
+
+def extrapolated_gate(old: np.ndarray, em: np.ndarray, step: float) -> np.ndarray:
+    """(K,) ``pi ∝ old (em / old)^step``: EM's step (``step = 1``) taken ``step`` times in log space; a weight EM
+    sets to 0 stays 0."""
+    old, em = np.asarray(old, dtype=np.float64), np.asarray(em, dtype=np.float64)
+    live = (old > 0.0) & (em > 0.0)
+    log = np.full(old.shape, -np.inf)
+    log[live] = np.log(old[live]) + float(step) * (np.log(em[live]) - np.log(old[live]))
+    if not live.any():
+        return em
+    gate = np.exp(log - log[live].max())
+    return gate / gate.sum()
+
+
+@dataclass(frozen=True)
+class StackGateGrid(Grid):
+    """The held-out pass of a stack M-step: ``head`` under each of ``gates`` (its components' densities of a row are
+    read once, then mixed under every gate)."""
+
+    head: StackHead
+    gates: tuple[np.ndarray, ...]
+
+    @property
+    def columns(self) -> Columns:
+        return self.head.columns
+
+    def score(self, blocks: Iterable[Block]) -> PointTotals:
+        totals = [ScoreTotals() for _ in self.gates]
+        for block in blocks:
+            rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
+            self.head.check_rows(rows)
+            w = np.ones(rows.num_rows) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
+            live = np.flatnonzero(w > 0.0)
+            if live.size == 0:
+                continue
+            rows, w = rows.select(live), w[live]
+            densities = self.head.densities(rows)
+            for i, gate in enumerate(self.gates):
+                joint, target, _ = mix_rows(gate, densities, self.head.mode)
+                totals[i] = totals[i] + ScoreTotals(float(w.sum()), float(w @ joint), float(w @ target))
+        return PointTotals(tuple(totals))
+
+    def nbytes(self) -> int:
+        return self.head.nbytes()
+
+
+@dataclass(frozen=True)
+class StackCandidates(Candidates):
+    """A stack M-step: ``head`` (the previous gate) and the gates of :data:`GATE_STEPS` from EM's ``em`` gate."""
+
+    head: StackHead
+    em: np.ndarray
+
+    @property
+    def gates(self) -> tuple[np.ndarray, ...]:
+        return tuple(extrapolated_gate(self.head.gate, self.em, step) for step in GATE_STEPS)
+
+    def default(self) -> StackChoice:
+        return StackChoice(GATE_STEPS[0])
+
+    def grid(self, around: Any) -> StackGateGrid:
+        return StackGateGrid(self.head, self.gates)
+
+    def choose(self, grid: Grid, scores: Any) -> tuple[StackChoice, dict[str, float] | None]:
+        if scores is None or scores.weight <= 0.0:
+            return self.default(), None
+        # What the gate's EM climbs: the predictive log-likelihood in the target mode, the joint one in the joint.
+        values = [t.target_log_prob if self.head.mode == "target" else t.log_lik for t in scores.totals]
+        best = int(np.argmax(values))  # the first of equals: EM's own step first
+        metrics = scores.totals[best].metrics()
+        return StackChoice(GATE_STEPS[best]), {
+            name: metrics[name] for name in ("mean_log_likelihood", "target_log_prob", "perplexity")
+        }
+
+    def model(self, choice: Any) -> StackHead:
+        return self.head.with_gate(self.gates[GATE_STEPS.index(float(choice.step))])
+
+    def searches(self) -> bool:
+        return False  # the gate is not a setting: without held-out rows there is no gate to fit at all
 
 
 class StackTrainer(Trainer):
@@ -196,12 +292,11 @@ class StackTrainer(Trainer):
         assert isinstance(head, StackHead)
         return gate_statistics(head, blocks)
 
-    def m_step(self, statistics: Any, previous: Head) -> OneCandidate:
+    def m_step(self, statistics: Any, previous: Head) -> StackCandidates:
         assert isinstance(statistics, StackStatistics) and isinstance(previous, StackHead)
         total = float(statistics.mass.sum())
-        if total <= 0.0:
-            return OneCandidate(previous, StackChoice())
-        return OneCandidate(previous.with_gate(statistics.mass / total), StackChoice())
+        em = previous.gate if total <= 0.0 else statistics.mass / total
+        return StackCandidates(previous, np.asarray(em, dtype=np.float64))
 
     def warnings(self, head: Head, statistics: Any = None) -> list[str]:
         assert isinstance(head, StackHead)
