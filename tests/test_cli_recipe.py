@@ -49,7 +49,9 @@ def test_the_recipe_stages_start_where_each_part_needs() -> None:
     assert (copy.directory, copy.start_from) == ("copy", PREVIOUS_STAGE)  # continues the long single head
     assert isinstance(conj.spec, ConjSpec) and conj.spec.single.position_buckets is None
     assert (conj.directory, conj.start_from, conj.settings["context_length"]) == ("conj", None, 8)  # its own start
-    assert stack.spec == StackSpec(("conj", "copy"), "target")  # the stages' models, under the fit's directory
+    assert stack.spec == StackSpec(
+        ("conj", "copy", "single"), "target"
+    )  # the stages' models, under the fit's directory
     assert (stack.directory, stack.start_from) == (".", None)
 
 
@@ -104,8 +106,8 @@ def test_one_fit_of_the_recipe_leaves_each_part_and_a_stack_of_them(tmp_path: Pa
     for part, kind in (("single", "single_hop"), ("copy", "copy"), ("conj", "conj")):
         assert load_checkpoint(model / part).model.kind == kind, part
     head = load_checkpoint(model).model
-    assert isinstance(head, StackHead) and [c.kind for c in head.components] == ["conj", "copy"]
-    assert head.windows == (8, 16) and head.gate.sum() == pytest.approx(1.0)
+    assert isinstance(head, StackHead) and [c.kind for c in head.components] == ["conj", "copy", "single_hop"]
+    assert head.windows == (8, 16, 16) and head.gate.sum() == pytest.approx(1.0)
     record = json.loads((model / "fit.json").read_text())
     assert record["head"]["kind"] == "recipe" and record["head"]["buckets"] == 5
     # predict ranks the rows evaluate scores: the short histories too (the long parts were fitted on them).

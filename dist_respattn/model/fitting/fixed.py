@@ -10,10 +10,24 @@ from typing import Any
 from dist_respattn.model.heads.base import Block, Candidates, Choice, Columns, Grid, Head
 from dist_respattn.model.scores import ScoreTotals
 
-__all__ = ["HeadGrid", "OneCandidate"]
+__all__ = ["HeadGrid", "OneCandidate", "PointTotals"]
 
 #: The held-out figures a fixed choice reports.
 _REPORTED = ("mean_log_likelihood", "target_log_prob", "perplexity")
+
+
+@dataclass(frozen=True)
+class PointTotals:
+    """Held-out totals at every point of a grid of heads, in the grid's order (additive)."""
+
+    totals: tuple[ScoreTotals, ...]
+
+    @property
+    def weight(self) -> float:
+        return float(self.totals[0].weight) if self.totals else 0.0
+
+    def __add__(self, other: PointTotals) -> PointTotals:
+        return PointTotals(tuple(a + b for a, b in zip(self.totals, other.totals, strict=True)))
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,9 @@ KIND = register_kind(
         "recipe",
         StackHead,
         RecipeSpec,
-        summary=f"a copy head over the whole window ({RECIPE_BUCKETS} recency buckets at most) and a conjunction "
-        f"head over the last {RECIPE_SHORT_CONTEXT} tokens under a gate learned on held-out rows, fitted in stages",
+        summary=f"a copy head and a single head over the whole window ({RECIPE_BUCKETS} recency buckets at most) and "
+        f"a conjunction head over the last {RECIPE_SHORT_CONTEXT} tokens under a gate learned on held-out rows, fitted "
+        "in stages",
         spec_from_options=spec_from_options,
         head_name="recipe",
         token_stream_default=True,  # the best on every token corpus measured (docs/guide/recipe.md)

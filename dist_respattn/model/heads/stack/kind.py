@@ -5,6 +5,11 @@ Only the gate is fitted, by exact EM: a row's responsibility for component ``k``
 and the M-step ``pi_k ∝ sum_n w_n r_nk`` (maximum likelihood). Its E-steps read the fit's held-out rows
 (:meth:`~dist_respattn.model.heads.base.Trainer.fits_heldout_rows`), which the components did not see: the
 held-out log-likelihood is concave in the gate, so EM climbs to its maximum, at least every single component's.
+
+EM on mixture weights climbs slowly where components overlap or a weight is small (each step moves it by a fraction
+of what is left), so the M-step also offers steps past EM's, ``pi ∝ pi_old (pi_EM / pi_old)^alpha`` for each
+``alpha`` of :data:`GATE_STEPS`, and Newton's steps on the objective (its curvature is additive too); the held-out
+pass scores them all on the rows the E-step read and keeps the best, which is never worse there than EM's own.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dist_respattn.model.fitting.fixed import OneCandidate
+from dist_respattn.model.fitting.fixed import PointTotals
 from dist_respattn.model.heads.base import (
     Block,
+    Candidates,
     Columns,
+    Grid,
     Head,
     HeadSpec,
     Passes,
@@ -27,19 +34,28 @@ from dist_respattn.model.heads.base import (
     TrainerContext,
 )
 from dist_respattn.model.heads.stack.head import GATE_MODES, StackHead, component_view, mix_rows
+from dist_respattn.model.scores import ScoreTotals
 
 __all__ = [
+    "GATE_STEPS",
+    "NEWTON_STEPS",
     "STACK_FROM",
+    "StackCandidates",
     "StackChoice",
+    "StackGateGrid",
     "StackSpec",
     "StackStatistics",
     "StackTrainer",
+    "extrapolated_gate",
     "gate_statistics",
+    "newton_gate",
     "resolved_sources",
 ]
 
 #: The option that names a stack's components (errors name it).
 STACK_FROM = "--stack-from"
+#: The steps the gate's M-step offers, as multiples of EM's own in log space (1: EM's).
+GATE_STEPS = (1.0, 2.0, 4.0, 8.0, 16.0)
 
 
 @dataclass(frozen=True)
@@ -110,17 +126,21 @@ class StackStatistics:
     log_lik: float
     target_log_prob: float
     n_obs: float
+    #: (K, K) ``sum_n w_n r_nk r_nj``: with ``mass``, the curvature of the objective in the gate (Newton's step).
+    cross: np.ndarray | None = None
 
     def __add__(self, other: StackStatistics) -> StackStatistics:
+        cross = None if self.cross is None or other.cross is None else self.cross + other.cross
         return StackStatistics(
             self.mass + other.mass, self.log_lik + other.log_lik, self.target_log_prob + other.target_log_prob,
-            self.n_obs + other.n_obs,
+            self.n_obs + other.n_obs, cross,
         )  # fmt: skip
 
 
 def gate_statistics(head: StackHead, blocks: Iterable[Block]) -> StackStatistics:
     """The gate's E-step over the blocks' rows of weight > 0 (each component's per-row densities, mixed)."""
     mass = np.zeros(len(head.components))
+    cross = np.zeros((mass.size, mass.size))
     log_lik = target_log_prob = n_obs = 0.0
     for block in blocks:
         rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
@@ -130,22 +150,154 @@ def gate_statistics(head: StackHead, blocks: Iterable[Block]) -> StackStatistics
             continue
         rows, w = rows.select(live), w[live]
         joint, target, log_r = mix_rows(head.gate, head.densities(rows), head.mode)
-        mass += w @ np.exp(log_r)
+        r = np.exp(log_r)
+        mass += w @ r
+        cross += (r * w[:, None]).T @ r
         log_lik += float(w @ (joint if head.mode == "joint" else target))
         target_log_prob += float(w @ target)
         n_obs += float(w.sum())
-    return StackStatistics(mass, log_lik, target_log_prob, n_obs)
+    return StackStatistics(mass, log_lik, target_log_prob, n_obs, cross)
 
 
 @dataclass(frozen=True)
 class StackChoice:
-    """A stack M-step's (empty) choice: the gate follows from the statistics alone."""
+    """A stack M-step's choice: the gate of EM's step taken ``step`` times (1: EM's own), or with ``newton``, of
+    Newton's step on the held-out objective taken ``step`` times."""
+
+    step: float = 1.0
+    newton: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {}
+        return {"gate_step": float(self.step), "gate_by": "newton" if self.newton else "em"}
 
     def describe(self) -> str:
-        return "gate by EM"
+        if self.newton:
+            return "gate by Newton's step" + ("" if self.step == 1.0 else f" x {self.step:g}")
+        return "gate by EM" if self.step == 1.0 else f"gate by EM, {self.step:g}x its step"
+
+
+#: The Newton steps the gate's M-step offers (fractions of the full step).
+NEWTON_STEPS = (1.0, 0.5)
+
+
+def newton_gate(gate: np.ndarray, mass: np.ndarray, cross: np.ndarray, step: float) -> np.ndarray | None:
+    """(K,) the gate after ``step`` times Newton's step on the held-out objective ``sum_n w_n log sum_k pi_k p_nk``
+    over the simplex (``None`` where it has no curvature to use), its weights clipped at 0 and renormalized.
+
+    In the gate, the objective's gradient is ``mass_k / pi_k`` and its Hessian ``-cross_kj / (pi_k pi_j)``
+    (:class:`StackStatistics`); the step solves the quadratic model under ``sum_k delta_k = 0``. A weight at 0
+    stays at 0, as under EM."""
+    live = np.flatnonzero(gate > 0.0)
+    if live.size < 2:
+        return None
+    pi = gate[live]
+    g = mass[live] / pi
+    h = -cross[np.ix_(live, live)] / np.outer(pi, pi)
+    k = live.size
+    kkt = np.zeros((k + 1, k + 1))
+    kkt[:k, :k], kkt[:k, k], kkt[k, :k] = h, 1.0, 1.0
+    try:
+        delta = np.linalg.solve(kkt, np.concatenate([-g, [0.0]]))[:k]
+    except np.linalg.LinAlgError:
+        return None
+    if not np.all(np.isfinite(delta)):
+        return None
+    new = np.zeros_like(gate)
+    new[live] = np.maximum(pi + float(step) * delta, 0.0)
+    total = new.sum()
+    return None if total <= 0.0 else new / total
+
+
+def extrapolated_gate(old: np.ndarray, em: np.ndarray, step: float) -> np.ndarray:
+    """(K,) ``pi ∝ old (em / old)^step``: EM's step (``step = 1``) taken ``step`` times in log space; a weight EM
+    sets to 0 stays 0."""
+    old, em = np.asarray(old, dtype=np.float64), np.asarray(em, dtype=np.float64)
+    live = (old > 0.0) & (em > 0.0)
+    log = np.full(old.shape, -np.inf)
+    log[live] = np.log(old[live]) + float(step) * (np.log(em[live]) - np.log(old[live]))
+    if not live.any():
+        return em
+    gate = np.exp(log - log[live].max())
+    return gate / gate.sum()
+
+
+@dataclass(frozen=True)
+class StackGateGrid(Grid):
+    """The held-out pass of a stack M-step: ``head`` under each of ``gates`` (its components' densities of a row are
+    read once, then mixed under every gate)."""
+
+    head: StackHead
+    gates: tuple[np.ndarray, ...]
+
+    @property
+    def columns(self) -> Columns:
+        return self.head.columns
+
+    def score(self, blocks: Iterable[Block]) -> PointTotals:
+        totals = [ScoreTotals() for _ in self.gates]
+        for block in blocks:
+            rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
+            self.head.check_rows(rows)
+            w = np.ones(rows.num_rows) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
+            live = np.flatnonzero(w > 0.0)
+            if live.size == 0:
+                continue
+            rows, w = rows.select(live), w[live]
+            densities = self.head.densities(rows)
+            for i, gate in enumerate(self.gates):
+                joint, target, _ = mix_rows(gate, densities, self.head.mode)
+                totals[i] = totals[i] + ScoreTotals(float(w.sum()), float(w @ joint), float(w @ target))
+        return PointTotals(tuple(totals))
+
+    def nbytes(self) -> int:
+        return self.head.nbytes()
+
+
+@dataclass(frozen=True)
+class StackCandidates(Candidates):
+    """A stack M-step: ``head`` (the previous gate), EM's gate ``em`` taken each step of :data:`GATE_STEPS`, and,
+    from the statistics' curvature ``cross``, Newton's steps of :data:`NEWTON_STEPS`."""
+
+    head: StackHead
+    em: np.ndarray
+    mass: np.ndarray | None = None
+    cross: np.ndarray | None = None
+
+    @property
+    def points(self) -> tuple[tuple[StackChoice, np.ndarray], ...]:
+        points = [(StackChoice(step), extrapolated_gate(self.head.gate, self.em, step)) for step in GATE_STEPS]
+        if self.mass is not None and self.cross is not None:
+            for step in NEWTON_STEPS:
+                gate = newton_gate(self.head.gate, self.mass, self.cross, step)
+                if gate is not None:
+                    points.append((StackChoice(step, newton=True), gate))
+        return tuple(points)
+
+    def default(self) -> StackChoice:
+        return StackChoice(GATE_STEPS[0])
+
+    def grid(self, around: Any) -> StackGateGrid:
+        return StackGateGrid(self.head, tuple(gate for _, gate in self.points))
+
+    def choose(self, grid: Grid, scores: Any) -> tuple[StackChoice, dict[str, float] | None]:
+        if scores is None or scores.weight <= 0.0:
+            return self.default(), None
+        # What the gate's EM climbs: the predictive log-likelihood in the target mode, the joint one in the joint.
+        values = [t.target_log_prob if self.head.mode == "target" else t.log_lik for t in scores.totals]
+        best = int(np.argmax(values))  # the first of equals: EM's own step first
+        metrics = scores.totals[best].metrics()
+        return self.points[best][0], {
+            name: metrics[name] for name in ("mean_log_likelihood", "target_log_prob", "perplexity")
+        }
+
+    def model(self, choice: Any) -> StackHead:
+        for point, gate in self.points:
+            if point == choice:
+                return self.head.with_gate(gate)
+        return self.head.with_gate(self.points[0][1])
+
+    def searches(self) -> bool:
+        return False  # the gate is not a setting: without held-out rows there is no gate to fit at all
 
 
 class StackTrainer(Trainer):
@@ -196,12 +348,11 @@ class StackTrainer(Trainer):
         assert isinstance(head, StackHead)
         return gate_statistics(head, blocks)
 
-    def m_step(self, statistics: Any, previous: Head) -> OneCandidate:
+    def m_step(self, statistics: Any, previous: Head) -> StackCandidates:
         assert isinstance(statistics, StackStatistics) and isinstance(previous, StackHead)
         total = float(statistics.mass.sum())
-        if total <= 0.0:
-            return OneCandidate(previous, StackChoice())
-        return OneCandidate(previous.with_gate(statistics.mass / total), StackChoice())
+        em = previous.gate if total <= 0.0 else statistics.mass / total
+        return StackCandidates(previous, np.asarray(em, dtype=np.float64), statistics.mass, statistics.cross)
 
     def warnings(self, head: Head, statistics: Any = None) -> list[str]:
         assert isinstance(head, StackHead)
