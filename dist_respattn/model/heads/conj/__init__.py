@@ -41,6 +41,9 @@ def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, 
         str(given.get("conj_backoff", recorded.backoff)),
         float(given["conj_discount"]) if "conj_discount" in given else recorded.discount,
         int(given.get("conj_order", recorded.order)),
+        recorded.triple_strength,
+        recorded.triple_type_strength,
+        recorded.triple_discount,
     )
 
 

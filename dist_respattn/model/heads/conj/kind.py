@@ -87,6 +87,9 @@ class ConjSpec(HeadSpec):
         order: 2, rows keyed by (attended, current token); 3, triple rows keyed by (the token before the attended
             one, attended, current token) too, below the pair rows in the hierarchy, their strengths and discount
             chosen on held-out rows as the pair rows' are (:data:`~dist_respattn.model.heads.conj.head.ORDERS`).
+        triple_strength, triple_type_strength, triple_discount: ``beta3``, ``gamma3`` and ``D3`` of the triple
+            rows' prior toward the pair rows (order 3), or ``None``: chosen on held-out rows among
+            :data:`STRENGTHS`, :data:`TYPE_STRENGTHS` and :data:`DISCOUNTS` (``beta3 = inf``: order 2).
     """
 
     kind: ClassVar[str] = "conj"
@@ -99,8 +102,17 @@ class ConjSpec(HeadSpec):
     backoff: str = "attended"
     discount: float | None = None
     order: int = 2
+    triple_strength: float | None = None
+    triple_type_strength: float | None = None
+    triple_discount: float | None = None
 
     def __post_init__(self) -> None:
+        for name, value in (("triple_type_strength", self.triple_type_strength),
+                            ("triple_discount", self.triple_discount)):  # fmt: skip
+            if value is not None and not (math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"{name} {value}: expected a finite value >= 0")
+        if self.triple_strength is not None and not self.triple_strength >= 0.0:
+            raise ValueError(f"triple_strength {self.triple_strength}: expected a strength >= 0 (inf: order 2)")
         if self.order not in ORDERS:
             raise ValueError(
                 f"--conj-order {self.order}: expected 2 (rows keyed by the attended and the current token) or 3 (and "
@@ -123,7 +135,9 @@ class ConjSpec(HeadSpec):
         return {"kind": self.kind, "single": self.single.to_json(), "depth": int(self.depth),
                 "min_count": float(self.min_count), "strength": self.strength,
                 "type_strength": self.type_strength, "backoff": self.backoff,
-                "discount": self.discount, "order": int(self.order)}  # fmt: skip
+                "discount": self.discount, "order": int(self.order), "triple_strength": self.triple_strength,
+                "triple_type_strength": self.triple_type_strength,
+                "triple_discount": self.triple_discount}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ConjSpec:
@@ -134,6 +148,8 @@ class ConjSpec(HeadSpec):
             SingleHopSpec.from_json(dict(data["single"])), int(data.get("depth", 2)),
             float(data.get("min_count", 1.0)), number(data.get("strength")), number(data.get("type_strength")),
             str(data.get("backoff", "attended")), number(data.get("discount", 0.0)), int(data.get("order", 2)),
+            number(data.get("triple_strength")), number(data.get("triple_type_strength")),
+            number(data.get("triple_discount")),
         )  # fmt: skip
 
     def trainer(self, context: TrainerContext) -> ConjTrainer:
@@ -148,6 +164,7 @@ class ConjSpec(HeadSpec):
             self.backoff,
             self.discount,
             order=self.order,
+            triple=(self.triple_strength, self.triple_type_strength, self.triple_discount),
         )
 
 
@@ -458,6 +475,7 @@ class ConjTrainer(Trainer):
         discount: float | None = 0.0,
         *,
         order: int = 2,
+        triple: tuple[float | None, float | None, float | None] = (None, None, None),
     ) -> None:
         self.single = single
         self.order = int(order)
@@ -470,7 +488,9 @@ class ConjTrainer(Trainer):
         self.points = tuple((b, g, d) for b in strengths for g in types for d in discounts)
         self.triple_points: tuple[tuple[float, float, float], ...] = ()
         if self.order == 3:
-            self.triple_points = tuple((b, g, d) for b in STRENGTHS for g in TYPE_STRENGTHS for d in DISCOUNTS)
+            b3, g3, d3 = ((float(v),) if v is not None else grid for v, grid in
+                          zip(triple, (STRENGTHS, TYPE_STRENGTHS, DISCOUNTS), strict=True))  # fmt: skip
+            self.triple_points = tuple((b, g, d) for b in b3 for g in g3 for d in d3)
 
     @property
     def columns(self) -> Columns:
