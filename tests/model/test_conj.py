@@ -292,7 +292,8 @@ def test_the_conj_options_make_the_spec_and_bad_ones_name_their_flag() -> None:
 @pytest.mark.slow
 def test_the_distributed_fit_on_one_and_two_workers_equals_fit_em(tmp_path: Path) -> None:
     """One store of three partitions fitted on two workers, then on one (the other retired): the same head as the
-    in-process fit to 1e-12, and the two distributed fits bit for bit."""
+    in-process fit to 1e-12, and the two distributed fits bit for bit (order 3: the triple rows' support pass and
+    counts with the pair rows')."""
     from dist_respattn.engine import FitSettings, fit
     from dist_respattn.store import WriteOptions, write_arrays
     from tests.engine.clusters import local_cluster
@@ -305,7 +306,8 @@ def test_the_distributed_fit_on_one_and_two_workers_equals_fit_em(tmp_path: Path
     write_arrays(store, context, query, target, num_symbols=s, num_targets=s,
                  options=WriteOptions(chunk_rows=128, partition_rows=256))  # fmt: skip
     spec = ConjSpec(SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense"),
-                    depth=2, strength=1.0, type_strength=0.5, discount=0.5)  # fmt: skip
+                    depth=2, strength=1.0, type_strength=0.5, discount=0.5, order=3, triple_strength=0.5,
+                    triple_type_strength=1.0, triple_discount=0.5)  # fmt: skip
     settings_ = FitSettings(max_iter=2, tol=0.0, holdout_fraction=0.0)
     reference = fit_em((context, query, target), spec, shape=(s, n_pos, 2, s), holdout=HoldoutRule(0.0), max_iter=2,
                        tol=0.0).distribution  # fmt: skip
@@ -323,7 +325,7 @@ def test_the_distributed_fit_on_one_and_two_workers_equals_fit_em(tmp_path: Path
     for name, value in theirs.items():
         np.testing.assert_allclose(fitted[0][name], value, rtol=1e-12, atol=1e-14, err_msg=name)
         assert np.array_equal(fitted[0][name], fitted[1][name]), name
-    assert fitted[0]["conj_counts"].sum() > 0.0
+    assert fitted[0]["conj_counts"].sum() > 0.0 and fitted[0]["conj_triple_counts"].sum() > 0.0
 
 
 @pytest.mark.parametrize(("sparse", "backoff"), [(False, "attended"), (True, "current")])
