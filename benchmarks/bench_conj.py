@@ -71,11 +71,12 @@ def real_rows(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.artifacts.references import load_model
     from dist_respattn.store import open_store
 
-    store = open_store(args.store)
     head = load_model(args.model)
     if not isinstance(head, ConjHead):
         raise SystemExit(f"bench_conj.py: error: --model {args.model} holds a {type(head).__name__}: expected a "
                          "conjunction head (fit --head conj)")  # fmt: skip
+    # A token-stream store is read at the head's window (a store split at N = 128 serves a head fitted at N = 8).
+    store = open_store(args.store, window=head.context_length)
     n_rows = min(args.rows, store.num_rows)
     encoded = store.read_rows(0, n_rows)
     rows = store.read_windows(0, n_rows)
