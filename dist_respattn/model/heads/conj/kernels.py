@@ -387,6 +387,9 @@ def _estep(
                     prefetch_element(pair_counts, p_a)
                 if hi_a - 1 - x < depth and with_pairs:
                     prefetch_item(slots, _slot(np.int64(c) * num_symbols + q_a, shift), 0)
+                    if with_triples and x > lo_a:
+                        key3 = (np.int64(tokens[x - 1]) * num_symbols + c) * num_symbols + q_a
+                        prefetch_item(triple_slots, _slot(key3, triple_shift), 0)
             near = row + _PREFETCH_ROWS // 2
             if with_pairs:
                 # The pair rows of a nearer row: its hash slots (prefetched above, rows earlier) name the pairs,
@@ -402,6 +405,17 @@ def _estep(
                         prefetch_element(targets, k0)
                         prefetch_element(cell_value, k0)
                         prefetch_element(cell_counts, k0)
+                        if with_triples and x > begin[near]:
+                            # The triple row the same way (its slot prefetched with the pair's).
+                            key3 = (np.int64(tokens[x - 1]) * num_symbols + tokens[x]) * num_symbols + q_n
+                            u_n = find_pair_slot(triple_slots, triple_shift, key3)
+                            if u_n >= 0:
+                                prefetch_element(triple_indptr, u_n)
+                                prefetch_element(triple_weight, u_n)
+                                k3 = triple_indptr[u_n]
+                                prefetch_element(triple_targets, k3)
+                                prefetch_element(triple_value, k3)
+                                prefetch_element(triple_counts, k3)
             far = row + 2 * _PREFETCH_ROWS
             if with_direct and far < n_rows:
                 r_f = direct_row[target[far]]
