@@ -248,13 +248,20 @@ class ConjHead(WindowHead):
         return pair_rows(self.indptr, self.counts, self.strength, self.type_strength, self.discount)
 
     @functools.cached_property
+    def triple_values(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(triple_weight (U,), cell_value (M3,))`` of the triple rows (:func:`pair_rows`; empty at order 2)."""
+        if self.triples is None:
+            return np.zeros(0), np.zeros(0)
+        return self.triples.values
+
+    @functools.cached_property
     def parameters(self) -> ConjParameters:
         """The parameters as the compiled passes read them (built once per head)."""
         weight, value = self.pair_values
         triples = None
         if self.triples is not None:
             rows = self.triples
-            triples = (rows.keys, rows.indptr, rows.targets, *rows.values)
+            triples = (rows.keys, rows.indptr, rows.targets, *self.triple_values)
         return ConjParameters.build(
             self.single,
             self.depth,
@@ -271,6 +278,7 @@ class ConjHead(WindowHead):
         state = self.__dict__.copy()
         state.pop("parameters", None)
         state.pop("pair_values", None)
+        state.pop("triple_values", None)
         return state
 
     # -- the head protocol -----------------------------------------------------------------------------------------
@@ -428,7 +436,7 @@ class ConjHead(WindowHead):
         triple = self.triple_of(rows, context, current, pair)
         scale = np.ones(context.shape)
         if self.triples is not None:
-            weight3, _ = self.triples.values
+            weight3, _ = self.triple_values
             scale = np.where(triple >= 0, weight3[np.maximum(triple, 0)], 1.0)
         own = attention * scale * np.where(pair >= 0, weight[np.maximum(pair, 0)], 1.0)
         # The row each position's prior part reads: B[a], or B[q] on a stored pair when the rows lean toward it.
@@ -441,7 +449,7 @@ class ConjHead(WindowHead):
         np.add.at(probs, (np.repeat(row_of, lengths), self.targets[at]),
                   np.repeat((attention * scale)[row_of, col_of], lengths) * value[at])  # fmt: skip
         if self.triples is not None:
-            _, value3 = self.triples.values
+            _, value3 = self.triple_values
             row_of, col_of = np.nonzero(triple >= 0)
             u = triple[row_of, col_of]
             indptr3 = self.triples.indptr
