@@ -9,7 +9,8 @@ the best of ``--repeats`` runs, in CPU time, the kernels taking turns.
 
 With ``--store`` and ``--model``, the rows are instead a real store's first ``--rows`` rows and the heads a fitted
 conjunction head (``--model``, a model directory of ``fit --head conj``) and its own single head (the same keys,
-gate and emission), each E-step as a fit runs it on that store's blocks.
+gate and emission), each E-step as a fit runs it on that store's blocks; a head of order 3 (``--conj-order 3``) runs
+beside its order-2 self (the same pair rows without the triple rows) too.
 
 Run::
 
@@ -26,6 +27,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMB
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
@@ -69,11 +71,12 @@ def real_rows(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.artifacts.references import load_model
     from dist_respattn.store import open_store
 
-    store = open_store(args.store)
     head = load_model(args.model)
     if not isinstance(head, ConjHead):
         raise SystemExit(f"bench_conj.py: error: --model {args.model} holds a {type(head).__name__}: expected a "
                          "conjunction head (fit --head conj)")  # fmt: skip
+    # A token-stream store is read at the head's window (a store split at N = 128 serves a head fitted at N = 8).
+    store = open_store(args.store, window=head.context_length)
     n_rows = min(args.rows, store.num_rows)
     encoded = store.read_rows(0, n_rows)
     rows = store.read_windows(0, n_rows)
@@ -88,13 +91,29 @@ def real_rows(args: argparse.Namespace) -> dict[str, Any]:
             (encoded.context, encoded.query, encoded.target), None, head.single, checked=encoded.checked
         )
 
-    times = best_times(args.repeats, {"single": single, "conj": lambda: conj_statistics(head, [Block(rows, None)])})
-    single_rate, rate = n_rows / times["single"], n_rows / times["conj"]
+    heads: dict[Any, ConjHead] = {head.depth if head.order == 2 else f"{head.depth}, order 3": head}
+    if head.order == 3:
+        heads[f"{head.depth}, order 2"] = ConjHead(
+            head.single, head.depth, head.pair_keys, head.indptr, head.targets, head.counts, head.strength,
+            head.type_strength, backoff=head.backoff, discount=head.discount,
+        )  # fmt: skip
+    for each in heads.values():
+        conj_statistics(each, [Block(store.read_windows(0, small), None)])
+    runs: dict[Any, Callable[[], object]] = {"single": single}
+    for name, each in heads.items():
+        runs[name] = functools.partial(conj_statistics, each, [Block(rows, None)])
+    times = best_times(args.repeats, runs)
+    single_rate = n_rows / times["single"]
     s, n, d, t = head.shape
+    conj = {}
+    for name, each in heads.items():
+        rate = n_rows / times[name]
+        conj[name] = {"rows_per_second": rate, "over_single": rate / single_rate, "pairs": int(each.pair_keys.size),
+                      "cells": int(each.targets.size), "bytes": int(each.nbytes())}  # fmt: skip
+        if each.triples is not None:
+            conj[name].update(triples=int(each.triples.keys.size), triple_cells=int(each.triples.targets.size))
     return {"shape": {"S": s, "N": n, "D": d, "T": t}, "rows": n_rows, "store": str(args.store),
-            "model": str(args.model), "single_rows_per_second": single_rate,
-            "conj": {head.depth: {"rows_per_second": rate, "over_single": rate / single_rate,
-                                  "pairs": int(head.pair_keys.size), "cells": int(head.targets.size)}}}  # fmt: skip
+            "model": str(args.model), "single_rows_per_second": single_rate, "conj": conj}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -167,8 +186,9 @@ def report(figures: dict[str, Any], as_json: bool) -> None:
           "one core")  # fmt: skip
     print(f"single head, per-position kernel:        {figures['single_rows_per_second']:12,.0f} rows/s")
     for depth, f in figures["conj"].items():
-        print(f"conjunction head, depth {depth} ({f['pairs']:,} pairs): {f['rows_per_second']:12,.0f} rows/s  "
-              f"({f['over_single']:.2f}x)")  # fmt: skip
+        triples = f", {f['triples']:,} triples" if "triples" in f else ""
+        print(f"conjunction head, depth {depth} ({f['pairs']:,} pairs{triples}): {f['rows_per_second']:12,.0f} rows/s"
+              f"  ({f['over_single']:.2f}x)")  # fmt: skip
 
 
 if __name__ == "__main__":

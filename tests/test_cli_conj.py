@@ -15,9 +15,9 @@ from tests.test_cli import COMMAND, run
 
 @pytest.mark.slow
 def test_fit_head_conj_then_evaluate_and_stream(tmp_path: Path) -> None:
-    """A token stream whose next token the previous two decide: the conjunction head fits on a cluster (the pair
-    strengths chosen on the held-out rows), beats the unigram and bigram baselines in ``evaluate``, and
-    ``predict --stream`` reads it."""
+    """A token stream whose next token the previous two decide: the conjunction head of order 3 fits on a cluster
+    (the pair and triple strengths chosen on the held-out rows), beats the unigram and bigram baselines in
+    ``evaluate``, and ``predict --stream`` reads it."""
     rng = np.random.default_rng(0)
     s = 30
     table = rng.dirichlet(np.full(s, 0.05), size=(s, s))
@@ -33,10 +33,13 @@ def test_fit_head_conj_then_evaluate_and_stream(tmp_path: Path) -> None:
     with local_cluster(1) as (cluster, _):
         address = cluster.scheduler_address
         fitted = run("fit", str(stores / "train.zarr"), "--model-dir", str(model), "--head", "conj", "--conj-depth",
-                     "2", "--sigma2", "1", "--max-iter", "3", "--scheduler", address, "--json")  # fmt: skip
+                     "2", "--conj-order", "3", "--sigma2", "1", "--max-iter", "3", "--scheduler", address,
+                     "--json")  # fmt: skip
         assert fitted.returncode == 0, fitted.stderr
         report = json.loads(fitted.stdout)
         assert report["kind"] == "conj" and report["conj_depth"] == 2 and report["conj_pairs"] > 0, report
+        assert report["conj_order"] == 3 and report["conj_triples"] > 0, report
+        assert report["conj_triple_strength"] in (0.05, 0.2, 0.5, 1.0, 2.0, 5.0), report
         evaluated = run("evaluate", str(model), str(stores / "test.zarr"), "--scheduler", address, "--json")
         assert evaluated.returncode == 0, evaluated.stderr
     scores = json.loads(evaluated.stdout)

@@ -47,7 +47,10 @@ def test_the_recipe_stages_start_where_each_part_needs() -> None:
     assert single == Stage(SingleHopSpec(sigma2=0.5, position_buckets=7), "single", {"position_buckets": 7})
     assert isinstance(copy.spec, CopySpec) and copy.spec.single == single.spec
     assert (copy.directory, copy.start_from) == ("copy", PREVIOUS_STAGE)  # continues the long single head
-    assert isinstance(conj.spec, ConjSpec) and conj.spec.single.position_buckets is None
+    assert isinstance(conj.spec, ConjSpec) and conj.spec.single.position_buckets is None and conj.spec.order == 3
+    old = RecipeSpec(SingleHopSpec(sigma2=0.5)).for_window(64).to_json()
+    del old["conj_order"]  # a recipe recorded before the order: resumed as it was fitted
+    assert spec_from_json(old).stages()[2].spec.order == 2  # type: ignore[attr-defined]
     assert (conj.directory, conj.start_from, conj.settings["context_length"]) == ("conj", None, 8)  # its own start
     assert stack.spec == StackSpec(
         ("conj", "copy", "single"), "target"

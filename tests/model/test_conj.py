@@ -1,9 +1,10 @@
-"""The conjunction head's math: its kernel against a per-position NumPy writing of the model, the single head when
-the pair strength is infinite, rows that normalize, a trigram source it learns, and the distributed fit on one and
-two workers equal to the in-process one."""
+"""The conjunction head's math: its kernel against a per-position NumPy writing of the model (orders 2 and 3), the
+single head when the pair strength is infinite and order 2 when the triple strength is, rows that normalize, a
+trigram source it learns, and the distributed fit on one and two workers equal to the in-process one."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,8 +21,9 @@ from dist_respattn.model.fitting.em import fit_em
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import Block
 from dist_respattn.model.heads.conj import ConjHead, ConjSpec
+from dist_respattn.model.heads.conj.head import TripleRows
 from dist_respattn.model.heads.conj.kernels import ConjArrays, conj_estep
-from dist_respattn.model.heads.conj.kind import cell_tally, conj_statistics, support_of
+from dist_respattn.model.heads.conj.kind import cell_tally, conj_statistics, support_of, triple_tally
 from dist_respattn.model.heads.single_hop.accumulator import ResponsibilityAttentionAccumulator
 from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 from dist_respattn.model.heads.single_hop.sampler import random_distribution
@@ -32,8 +34,10 @@ from tests.model.test_copy import corpus, windows_of
 
 def random_conj_head(shape: tuple[int, int, int, int], rows: WindowRows, depth: int, seed: int, *,
                      strength: float = 1.5, type_strength: float = 0.5, sparse: bool = False,
-                     backoff: str = "attended", discount: float = 0.0) -> ConjHead:  # fmt: skip
-    """A random single head with the pair rows of ``rows`` (every pair stored) and random counts."""
+                     backoff: str = "attended", discount: float = 0.0,
+                     triple: tuple[float, float, float] | None = None) -> ConjHead:  # fmt: skip
+    """A random single head with the pair rows of ``rows`` (every pair stored) and random counts; with ``triple``
+    (beta3, gamma3, D3), order 3 with every triple of ``rows`` stored."""
     rng = np.random.default_rng(seed)
     single = random_distribution(*shape, seed=seed, sigma2=0.8)
     if sparse:
@@ -41,49 +45,76 @@ def random_conj_head(shape: tuple[int, int, int, int], rows: WindowRows, depth: 
     tally = cell_tally(shape[0], shape[3], depth, iter([Block(rows, None)]))
     pair_keys, indptr, targets = support_of(tally, shape[3], 1.0)
     counts = rng.exponential(size=targets.size) * (rng.random(targets.size) < 0.8)  # some cells at 0
+    triples = None
+    if triple is not None:
+        keys3, indptr3, targets3 = support_of(triple_tally(shape[0], shape[3], depth, iter([Block(rows, None)])),
+                                              shape[3], 1.0)  # fmt: skip
+        counts3 = rng.exponential(size=targets3.size) * (rng.random(targets3.size) < 0.8)
+        triples = TripleRows(keys3, indptr3, targets3, counts3, *triple)
     return ConjHead(single, depth, pair_keys, indptr, targets, counts, strength, type_strength, backoff=backoff,
-                    discount=discount)  # fmt: skip
+                    discount=discount, triples=triples)  # fmt: skip
+
+
+def reference_row_rates(head: ConjHead, window: np.ndarray, t: int) -> tuple[np.ndarray, list[int], list[int]]:
+    """(m,) each position's ``E_j(t)`` of a window (oldest first) by the hierarchy written out (triple row -> pair
+    row -> B), and the stored pair and triple cells each reads (-1: none)."""
+    s = head.num_symbols
+    emission = head.single.emission_table.to_dense()
+    q, m = int(window[-1]), window.shape[0]
+    pair_index = {int(key): p for p, key in enumerate(head.pair_keys)}
+    triples = head.triples
+    triple_index = {} if triples is None else {int(key): u for u, key in enumerate(triples.keys)}
+    e, cells, triple_cells = np.empty(m), [-1] * m, [-1] * m
+    for j in range(m):
+        c = int(window[j])
+        p = pair_index.get(c * s + q) if m - 1 - j < head.depth else None
+        if p is None:
+            e[j] = emission[c, t]
+            continue
+        lo, hi = head.indptr[p], head.indptr[p + 1]
+        stored = list(head.targets[lo:hi])
+        n_t = head.counts[lo + stored.index(t)] if t in stored else 0.0
+        cells[j] = lo + stored.index(t) if t in stored else -2
+        n_p, s_p = head.counts[lo:hi].sum(), head.strength + head.type_strength * (hi - lo)
+        lean = q if head.backoff == "current" else c
+        moved = np.minimum(head.counts[lo:hi], head.discount).sum()
+        e[j] = emission[lean, t]
+        if np.isfinite(s_p) and n_p + s_p > 0:
+            e[j] = (n_t - min(n_t, head.discount) + (s_p + moved) * emission[lean, t]) / (n_p + s_p)
+        u = triple_index.get((int(window[j - 1]) * s + c) * s + q) if triples is not None and j > 0 else None
+        if u is None:
+            continue
+        assert triples is not None
+        lo, hi = triples.indptr[u], triples.indptr[u + 1]
+        stored = list(triples.targets[lo:hi])
+        n3_t = triples.counts[lo + stored.index(t)] if t in stored else 0.0
+        triple_cells[j] = lo + stored.index(t) if t in stored else -2
+        n_u, s_u = triples.counts[lo:hi].sum(), triples.strength + triples.type_strength * (hi - lo)
+        moved3 = np.minimum(triples.counts[lo:hi], triples.discount).sum()
+        if np.isfinite(s_u) and n_u + s_u > 0:
+            e[j] = (n3_t - min(n3_t, triples.discount) + (s_u + moved3) * e[j]) / (n_u + s_u)
+    return e, cells, triple_cells
 
 
 def reference_statistics(head: ConjHead, rows: WindowRows) -> dict[str, np.ndarray]:
     """The E-step written position by position: responsibilities under the pair rows, the rejected draws."""
     single = head.single
     s, n_pos, d, t_n = head.shape
-    emission = single.emission_table.to_dense()
-    index = {int(key): p for p, key in enumerate(head.pair_keys)}
-    cell_of = {}
-    for p in range(head.num_pairs):
-        for m in range(head.indptr[p], head.indptr[p + 1]):
-            cell_of[(p, int(head.targets[m]))] = m
+    n_triple_cells = 0 if head.triples is None else head.triples.targets.size
     out = {"key_sum": np.zeros((s, d)), "key_mass": np.zeros(s), "emission_count": np.zeros((s, t_n)),
            "recency_mass": np.zeros(n_pos), "cell_counts": np.zeros(head.num_cells),
-           "log_lik": np.zeros(1)}  # fmt: skip
+           "triple_counts": np.zeros(n_triple_cells), "log_lik": np.zeros(1)}  # fmt: skip
     for row in range(rows.num_rows):
         window = rows.tokens[rows.begin[row] : rows.end[row]]
         m = window.shape[0]
         y = rows.query_table[rows.query_index[row]].astype(np.float64)
-        t, q = int(rows.target[row]), int(window[-1])
+        t = int(rows.target[row])
         recency = np.arange(m)[::-1]
         prior = single.position_prior[n_pos - 1 - recency]
         area = single.position_prior[n_pos - m :].sum()
         gauss = np.exp(-((y - single.key_means[window]) ** 2).sum(axis=1) / (2 * single.sigma2))
         gauss *= (2 * np.pi * single.sigma2) ** (-d / 2)
-        e = np.empty(m)
-        cells = [-1] * m
-        for j in range(m):
-            c = int(window[j])
-            p = index.get(c * s + q) if recency[j] < head.depth else None
-            if p is None:
-                e[j] = emission[c, t]
-                continue
-            lo, hi = head.indptr[p], head.indptr[p + 1]
-            n_p = head.counts[lo:hi].sum()
-            s_p = head.strength + head.type_strength * (hi - lo)
-            cells[j] = cell_of[(p, t)]
-            lean = q if head.backoff == "current" else c
-            moved = np.minimum(head.counts[lo:hi], head.discount).sum()
-            n_t = head.counts[cells[j]]
-            e[j] = (n_t - min(n_t, head.discount) + (s_p + moved) * emission[lean, t]) / (n_p + s_p)
+        e, cells, triple_cells = reference_row_rates(head, window, t)
         joint = prior / area * gauss * e
         r = joint / joint.sum()
         for j in range(m):
@@ -93,6 +124,8 @@ def reference_statistics(head: ConjHead, rows: WindowRows) -> dict[str, np.ndarr
             out["emission_count"][c, t] += r[j]
             if cells[j] >= 0:
                 out["cell_counts"][cells[j]] += r[j]
+            if triple_cells[j] >= 0:
+                out["triple_counts"][triple_cells[j]] += r[j]
             out["recency_mass"][recency[j]] += r[j]
         out["recency_mass"][m:] += single.position_prior[: n_pos - m][::-1] / area
         out["log_lik"] += np.log(joint.sum())
@@ -108,24 +141,29 @@ def kernel_statistics(head: ConjHead, rows: WindowRows) -> dict[str, np.ndarray]
         counts = counts.on(table.support)  # type: ignore[attr-defined]
     return {"key_sum": stats.key_sum, "key_mass": stats.key_mass, "emission_count": counts.to_dense(),
             "recency_mass": stats.position_count[::-1], "cell_counts": value.cell_counts,
-            "log_lik": np.array([stats.log_lik])}  # fmt: skip
+            "triple_counts": value.triple_counts, "log_lik": np.array([stats.log_lik])}  # fmt: skip
 
 
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**16), n_pos=st.integers(1, 5), depth=st.integers(1, 5),
        vocab=st.sampled_from([2, 3, 7]), n_docs=st.integers(1, 3), sparse=st.booleans(),
-       backoff=st.sampled_from(["attended", "current"]), discount=st.sampled_from([0.0, 0.3, 1.5]))  # fmt: skip
+       backoff=st.sampled_from(["attended", "current"]), discount=st.sampled_from([0.0, 0.3, 1.5]),
+       triple=st.sampled_from([None, (0.7, 0.5, 0.0), (0.0, 1.0, 0.4), (2.0, 0.0, 1.5)]))  # fmt: skip
 def test_kernel_equals_the_per_position_reference(
-    seed: int, n_pos: int, depth: int, vocab: int, n_docs: int, sparse: bool, backoff: str, discount: float
-) -> None:
+    seed: int, n_pos: int, depth: int, vocab: int, n_docs: int, sparse: bool, backoff: str, discount: float,
+    triple: tuple[float, float, float] | None,
+) -> None:  # fmt: skip
+    """The E-step's statistics and the scoring pass's per-row densities, at order 2 (``triple`` None) and 3."""
     rng = np.random.default_rng(seed)
     shape = (7, n_pos, 2, 7)
     tokens, starts = corpus(rng, 40, vocab, n_docs)
     rows = windows_of(tokens, starts, n_pos, rng.normal(size=(7, 2)))
-    head = random_conj_head(shape, rows, min(depth, n_pos), seed, sparse=sparse, backoff=backoff, discount=discount)
+    head = random_conj_head(shape, rows, min(depth, n_pos), seed, sparse=sparse, backoff=backoff, discount=discount,
+                            triple=triple)  # fmt: skip
     mine, theirs = kernel_statistics(head, rows), reference_statistics(head, rows)
     for name, value in theirs.items():
         np.testing.assert_allclose(mine[name], value, rtol=1e-12, atol=1e-12, err_msg=name)
+    assert mine["log_lik"][0] == pytest.approx(head.row_densities(rows).sum(), rel=1e-12)
 
 
 @pytest.mark.parametrize("backoff", ["attended", "current"])
@@ -254,7 +292,8 @@ def test_the_conj_options_make_the_spec_and_bad_ones_name_their_flag() -> None:
 @pytest.mark.slow
 def test_the_distributed_fit_on_one_and_two_workers_equals_fit_em(tmp_path: Path) -> None:
     """One store of three partitions fitted on two workers, then on one (the other retired): the same head as the
-    in-process fit to 1e-12, and the two distributed fits bit for bit."""
+    in-process fit to 1e-12, and the two distributed fits bit for bit (order 3: the triple rows' support pass and
+    counts with the pair rows')."""
     from dist_respattn.engine import FitSettings, fit
     from dist_respattn.store import WriteOptions, write_arrays
     from tests.engine.clusters import local_cluster
@@ -267,7 +306,8 @@ def test_the_distributed_fit_on_one_and_two_workers_equals_fit_em(tmp_path: Path
     write_arrays(store, context, query, target, num_symbols=s, num_targets=s,
                  options=WriteOptions(chunk_rows=128, partition_rows=256))  # fmt: skip
     spec = ConjSpec(SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense"),
-                    depth=2, strength=1.0, type_strength=0.5, discount=0.5)  # fmt: skip
+                    depth=2, strength=1.0, type_strength=0.5, discount=0.5, order=3, triple_strength=0.5,
+                    triple_type_strength=1.0, triple_discount=0.5)  # fmt: skip
     settings_ = FitSettings(max_iter=2, tol=0.0, holdout_fraction=0.0)
     reference = fit_em((context, query, target), spec, shape=(s, n_pos, 2, s), holdout=HoldoutRule(0.0), max_iter=2,
                        tol=0.0).distribution  # fmt: skip
@@ -285,7 +325,7 @@ def test_the_distributed_fit_on_one_and_two_workers_equals_fit_em(tmp_path: Path
     for name, value in theirs.items():
         np.testing.assert_allclose(fitted[0][name], value, rtol=1e-12, atol=1e-14, err_msg=name)
         assert np.array_equal(fitted[0][name], fitted[1][name]), name
-    assert fitted[0]["conj_counts"].sum() > 0.0
+    assert fitted[0]["conj_counts"].sum() > 0.0 and fitted[0]["conj_triple_counts"].sum() > 0.0
 
 
 @pytest.mark.parametrize(("sparse", "backoff"), [(False, "attended"), (True, "current")])
@@ -307,3 +347,149 @@ def test_the_held_out_grid_scores_every_point_as_its_head_does(sparse: bool, bac
         assert totals.weight == pytest.approx(mine.weight, rel=1e-12)
         assert totals.log_lik == pytest.approx(mine.log_lik, rel=1e-12)
         assert totals.target_log_prob == pytest.approx(mine.target_log_prob, rel=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------- order 3
+
+
+def stream_rows(seed: int, n_pos: int, n_tokens: int = 150, vocab: int = 4) -> tuple[WindowRows, np.ndarray]:
+    """Window rows of a few short documents (windows shorter than N at their starts) and the query table."""
+    rng = np.random.default_rng(seed)
+    tokens, starts = corpus(rng, n_tokens, vocab, 3)
+    table = rng.normal(size=(6, 2))
+    return windows_of(tokens, starts, n_pos, table), table
+
+
+@pytest.mark.parametrize(("sparse", "backoff"), [(False, "attended"), (True, "current")])
+def test_an_infinite_triple_strength_is_order_two_exactly(sparse: bool, backoff: str) -> None:
+    """``beta3 = inf``: order 2's statistics, per-row densities and distributions bit for bit, though the triple
+    rows are read (their cells take responsibility); a finite one changes the scores."""
+    shape = (6, 4, 2, 6)
+    rows, _ = stream_rows(21, shape[1])
+    head3 = random_conj_head(shape, rows, 3, 22, sparse=sparse, backoff=backoff, discount=0.4,
+                             triple=(np.inf, 0.5, 0.3))  # fmt: skip
+    head2 = ConjHead(head3.single, head3.depth, head3.pair_keys, head3.indptr, head3.targets, head3.counts,
+                     head3.strength, head3.type_strength, backoff=backoff, discount=0.4)  # fmt: skip
+    assert head3.order == 3 and head2.order == 2
+    mine, theirs = kernel_statistics(head3, rows), kernel_statistics(head2, rows)
+    assert mine.pop("triple_counts").sum() > 0.0 and theirs.pop("triple_counts").size == 0
+    for name, value in theirs.items():
+        np.testing.assert_array_equal(mine[name], value, err_msg=name)
+    np.testing.assert_array_equal(head3.row_densities(rows), head2.row_densities(rows))
+    np.testing.assert_array_equal(head3.window_proba(rows, head3.window_attention(rows)),
+                                  head2.window_proba(rows, head2.window_attention(rows)))  # fmt: skip
+    assert head3.score([Block(rows, None)]) == head2.score([Block(rows, None)])
+    finite = head3.with_counts(head3.counts, head3.strength, head3.type_strength,
+                               triples=head3.triples.with_counts(head3.triples.counts, 0.2, 0.5, 0.3))  # type: ignore[union-attr]  # fmt: skip
+    assert not np.allclose(finite.row_densities(rows)[:, 1], head2.row_densities(rows)[:, 1])
+
+
+@pytest.mark.parametrize(("sparse", "discount"), [(False, 0.0), (True, 0.6)])
+def test_order_three_rows_normalize_and_stream_as_the_kernel_scores(sparse: bool, discount: float) -> None:
+    """The hierarchical MAP rows (triple -> pair -> B -> base) sum to 1 over the targets; the NumPy distribution
+    at each row's target is the kernel's ``p(target | window, query)``; the streaming predictor over a growing
+    history equals both; the hits are the arg-max."""
+    shape = (6, 4, 2, 6)
+    rows, table = stream_rows(23, shape[1])
+    head = random_conj_head(shape, rows, 2, 24, sparse=sparse, discount=discount, triple=(0.3, 0.5, discount))
+    probs = head.window_proba(rows, head.window_attention(rows))
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+    at_target = probs[np.arange(rows.num_rows), rows.target]
+    np.testing.assert_allclose(np.log(at_target), head.row_densities(rows)[:, 1], rtol=1e-12)
+    hits = head.score([Block(rows, None)]).correct
+    assert hits == float(np.sum(np.argmax(probs, axis=1) == rows.target))
+    history = rows.tokens[: int(rows.end[6])]  # the first document's first rows: short windows, then full ones
+    predictor = head.predictor(query_table=table)
+    for k, token in enumerate(history):
+        predictor.push(int(token))
+        window = np.asarray(history[max(0, k + 1 - shape[1]) : k + 1], dtype=np.int32)
+        one = WindowRows(window, np.array([0]), np.array([window.size]), np.zeros(1, dtype=np.int32),
+                         table, window[-1:].astype(np.int64), None, 0)  # fmt: skip
+        np.testing.assert_allclose(predictor.predict(), head.window_proba(one, head.window_attention(one))[0],
+                                   rtol=1e-12)  # fmt: skip
+    # The triple rows were read: positions on a stored triple.
+    assert head.triples is not None and head.triples.keys.size > 0
+    assert (head.triple_of(rows, *_context_and_pairs(head, rows)) >= 0).any()
+
+
+def _context_and_pairs(head: ConjHead, rows: WindowRows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    from dist_respattn.model.heads.conj.kernels import pair_of_cells
+    from dist_respattn.model.heads.copy.kernels import copy_row_terms
+
+    context, _ = copy_row_terms(rows, head.context_length)
+    current = np.asarray(rows.tokens[rows.end - 1], dtype=np.int64)
+    pair = np.full(context.shape, -1, dtype=np.int64)
+    cols = slice(head.context_length - head.depth, head.context_length)
+    pair[:, cols] = pair_of_cells(head.pair_keys, context[:, cols] * head.num_symbols + current[:, None])
+    pair[head.window_attention(rows) <= 0.0] = -1
+    return context, current, pair
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_order_three_grid_scores_every_point_as_its_head_does(sparse: bool) -> None:
+    """One pass at every (beta, gamma, D, beta3, gamma3, D3), infinite strengths among them, equals each point's
+    own head on weighted held-out rows beyond the support's."""
+    from dist_respattn.model.heads.conj.kind import ConjGrid
+
+    shape = (6, 4, 2, 6)
+    rows, _ = stream_rows(25, shape[1], n_tokens=200)
+    head = random_conj_head(shape, rows.select(slice(0, 120)), 3, 26, sparse=sparse, triple=(1.0, 0.0, 0.0))
+    assert head.triples is not None
+    points = ((0.5, 1.0, 0.5, 0.0, 0.0, 0.0), (2.0, 0.0, 0.8, 0.5, 1.0, 0.8), (np.inf, 0.0, 0.5, 0.2, 0.5, 0.5),
+              (0.5, 0.5, 0.0, np.inf, 0.0, 0.0), (0.0, 0.5, 0.8, 5.0, 2.0, 0.5))  # fmt: skip
+    block = Block(rows, np.random.default_rng(27).random(rows.num_rows))
+    scores = ConjGrid(head, points).score([block])
+    for point, totals in zip(points, scores.totals, strict=True):
+        triples = head.triples.with_counts(head.triples.counts, *point[3:])
+        mine = head.with_counts(head.counts, *point[:3], triples=triples).score([block], accuracy=False)
+        assert totals.log_lik == pytest.approx(mine.log_lik, rel=1e-12)
+        assert totals.target_log_prob == pytest.approx(mine.target_log_prob, rel=1e-12)
+
+
+def test_order_three_maximum_likelihood_em_never_lowers_the_likelihood() -> None:
+    """Every strength and discount 0 (maximum likelihood) and the rows' own supports: the training likelihood never
+    falls. The positions of the ``depth`` most recent read their triple rows (their own counts) or, without a
+    predecessor, the pair rows; with ``depth = N`` and full windows only the oldest position reads a pair row."""
+    rng = np.random.default_rng(28)
+    s, n_pos = 5, 3
+    table = rng.dirichlet(np.full(s, 0.3), size=(s, s))
+    context, query, target = trigram_rows(rng, table, 500, n_pos)
+    spec = ConjSpec(SingleHopSpec(sigma2=1.0, emission_smoothing=0.0, emission_layout="dense"), depth=n_pos,
+                    strength=0.0, type_strength=0.0, discount=0.0, order=3, triple_strength=0.0,
+                    triple_type_strength=0.0, triple_discount=0.0)  # fmt: skip
+    lls: list[float] = []
+    result = fit_em((context, query, target), spec, shape=(s, n_pos, 2, s), holdout=HoldoutRule(0.0), max_iter=8,
+                    tol=0.0, callback=lambda it, head: lls.append(it.mean_log_likelihood))  # fmt: skip
+    assert isinstance(result.distribution, ConjHead)
+    assert result.distribution.triples is not None and result.distribution.triples.strength == 0.0
+    assert len(lls) == 8 and lls[-1] > lls[0]
+    assert all(b >= a - 1e-12 * abs(a) for a, b in itertools.pairwise(lls)), lls
+
+
+def test_order_three_round_trips_and_old_checkpoints_load_as_order_two() -> None:
+    shape = (6, 4, 2, 6)
+    rows, _ = stream_rows(29, shape[1])
+    head = random_conj_head(shape, rows, 2, 30, triple=(0.4, 0.5, 0.2))
+    arrays, meta = head.to_arrays()
+    again = ConjHead.from_arrays(arrays, meta)
+    assert again.order == 3 and again.triples is not None and head.triples is not None
+    np.testing.assert_array_equal(again.row_densities(rows), head.row_densities(rows))
+    old_meta = {k: v for k, v in meta.items() if not k.startswith(("order", "triple_"))}
+    old = ConjHead.from_arrays({k: v for k, v in arrays.items() if "triple" not in k}, old_meta)
+    assert old.order == 2 and old.triples is None
+    assert head.summary()[0]["conj_triples"] == head.triples.keys.size
+
+
+def test_the_conj_order_option_makes_the_spec_and_a_bad_one_names_its_flag() -> None:
+    base = SingleHopSpec(sigma2=0.5)
+    assert spec_from_args(parsed("--head", "conj", "--conj-order", "3"), base, None) == ConjSpec(base, order=3)
+    assert spec_from_args(parsed("--head", "conj"), base, None).order == 2  # type: ignore[union-attr]
+    old = ConjSpec(base).to_json()
+    del old["order"]
+    assert ConjSpec.from_json(old).order == 2
+    for flags, message in [
+        (("--head", "conj", "--conj-order", "4"), "--conj-order 4: expected 2 .* or 3"),
+        (("--conj-order", "3"), "--conj-order sets a conjunction head: add --head conj"),
+    ]:
+        with pytest.raises(CommandError, match=message):
+            spec_from_args(parsed(*flags), base, None)

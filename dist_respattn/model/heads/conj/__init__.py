@@ -17,7 +17,7 @@ __all__ = ["KIND", "ConjHead", "ConjSpec", "spec_from_options"]
 
 _FLAGS = {"conj_depth": "--conj-depth", "conj_min_count": "--conj-min-count", "conj_strength": "--conj-strength",
           "conj_type_strength": "--conj-type-strength", "conj_backoff": "--conj-backoff",
-          "conj_discount": "--conj-discount"}  # fmt: skip
+          "conj_discount": "--conj-discount", "conj_order": "--conj-order"}  # fmt: skip
 
 
 def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, Any] | None) -> ConjSpec | None:
@@ -40,6 +40,10 @@ def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, 
         float(given["conj_type_strength"]) if "conj_type_strength" in given else recorded.type_strength,
         str(given.get("conj_backoff", recorded.backoff)),
         float(given["conj_discount"]) if "conj_discount" in given else recorded.discount,
+        int(given.get("conj_order", recorded.order)),
+        recorded.triple_strength,
+        recorded.triple_type_strength,
+        recorded.triple_discount,
     )
 
 
@@ -109,6 +113,17 @@ KIND = register_kind(
                     "default": None,
                     "help": "--head conj: the absolute discount each stored (pair, target) cell gives its pair's "
                     "prior row, Kneser-Ney's (default: chosen on held-out rows among 0, 0.5, 0.8)",
+                },
+            ),
+            Option(
+                ("--conj-order",),
+                {
+                    "type": int,
+                    "metavar": "K",
+                    "default": None,
+                    "help": "--head conj: 2 (default): rows keyed by the attended and the current token; 3: rows "
+                    "keyed by the token before the attended one too (a 4-gram at the previous position), leaning "
+                    "toward the pair rows, their strengths and discount chosen on held-out rows",
                 },
             ),
         ),

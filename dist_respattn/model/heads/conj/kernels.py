@@ -9,7 +9,7 @@ whose embedding is the query on a token-stream store) is ``q = tokens[hi - 1]``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numba
@@ -59,6 +59,10 @@ class ConjParameters:
             strength); ``cell_value``: (M,) ``n[p, t] / (n_p + s_p)``.
         log_emission_ts: (T, S) ``log B`` target-major for a dense emission, else (0, 0); a sparse one's
             ``indptr`` (T + 1,), ``symbols`` (P,), ``log_values``, ``log_backoff`` (S,), ``log_base`` (T,).
+        triple_keys: (U,) int64 increasing, the stored triples ``(p * S + a) * S + q`` (``p`` the token before the
+            attended one), empty at order 2; ``triple_slots``, ``triple_shift``: their hash table; ``triple_indptr``
+            (U + 1,), ``triple_targets`` (M3,) int32, ``triple_weight`` (U,) and ``triple_value`` (M3,): their rows
+            as the pair rows' (:func:`~dist_respattn.model.heads.conj.head.pair_rows`), leaning toward the pair row.
         direct_row, direct_slots: a sparse emission's direct symbol -> pair rows of its most frequent targets
             (:func:`~dist_respattn.model.kernels.per_position.direct_pair_rows`), which the E-step reads instead of
             a binary search; empty for a dense one. Not among :meth:`arrays` (the scoring passes do not read them).
@@ -85,6 +89,13 @@ class ConjParameters:
     log_values: np.ndarray
     log_backoff: np.ndarray
     log_base: np.ndarray
+    triple_keys: np.ndarray
+    triple_slots: np.ndarray
+    triple_shift: int
+    triple_indptr: np.ndarray
+    triple_targets: np.ndarray
+    triple_weight: np.ndarray
+    triple_value: np.ndarray
     direct_row: np.ndarray
     direct_slots: np.ndarray
 
@@ -92,8 +103,10 @@ class ConjParameters:
     def build(
         cls, single: Any, depth: int, current: bool, pair_keys: np.ndarray, indptr: np.ndarray, targets: np.ndarray,
         pair_weight: np.ndarray, cell_value: np.ndarray,
+        triples: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
     ) -> ConjParameters:  # fmt: skip
-        """From a single-hop head (its keys, prior, gate variance and emission ``B``) and the pair rows."""
+        """From a single-hop head (its keys, prior, gate variance and emission ``B``), the pair rows and, at order
+        3, the triple rows ``(keys, indptr, targets, weight, value)``."""
         params = single.kernel_parameters
         table = single.emission_table
         if isinstance(table, SparseEmission):
@@ -106,12 +119,16 @@ class ConjParameters:
             sparse = (_NO_INDEX, _NO_SYMBOLS, _NO_VALUES, _NO_VALUES, _NO_VALUES)
             dense = params.log_emission_ts
             direct = (_NO_ROWS, _NO_SLOTS)
+        if triples is None:
+            triples = (_NO_INDEX, np.zeros(1, dtype=np.int64), _NO_SYMBOLS, _NO_VALUES, _NO_VALUES)
+        triple_keys, triple_indptr, triple_targets, triple_weight, triple_value = triples
         return cls(
             params.key_means, float(params.inv_two_sigma2), float(params.gate_const),
             np.asarray(single.position_prior, dtype=np.float64), np.asarray(params.log_prior, dtype=np.float64),
             int(depth), bool(current), int(single.num_symbols), pair_keys, *pair_table(pair_keys), indptr, targets,
             pair_weight,
-            cell_value, dense, *sparse, *direct,
+            cell_value, dense, *sparse, triple_keys, *pair_table(triple_keys), triple_indptr, triple_targets,
+            triple_weight, triple_value, *direct,
         )  # fmt: skip
 
     def arrays(self) -> tuple[Any, ...]:
@@ -121,6 +138,8 @@ class ConjParameters:
             self.num_symbols, self.pair_keys, self.slots, self.shift, self.indptr, self.targets, self.pair_weight,
             self.cell_value,
             self.log_emission_ts, self.b_indptr, self.b_symbols, self.log_values, self.log_backoff, self.log_base,
+            self.triple_keys, self.triple_slots, self.triple_shift, self.triple_indptr, self.triple_targets,
+            self.triple_weight, self.triple_value,
         )  # fmt: skip
 
 
@@ -131,14 +150,16 @@ class ConjArrays:
     Attributes:
         recency_mass: (N,) responsibility per recency (with a short window's rejected draws).
         cell_counts: (M,) the responsibility of each stored (pair, target) cell, ``n[a, q, t]``.
+        triple_counts: (M3,) the responsibility of each stored (triple, target) cell (order 3; empty at order 2).
     """
 
     recency_mass: np.ndarray
     cell_counts: np.ndarray
+    triple_counts: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @classmethod
-    def zeros(cls, context_length: int, num_cells: int) -> ConjArrays:
-        return cls(np.zeros(context_length), np.zeros(num_cells))
+    def zeros(cls, context_length: int, num_cells: int, num_triple_cells: int = 0) -> ConjArrays:
+        return cls(np.zeros(context_length), np.zeros(num_cells), np.zeros(num_triple_cells))
 
 
 _HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
@@ -210,6 +231,27 @@ def _log_b(t, c, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, 
 
 
 @numba.njit(cache=True, nogil=True)
+def _triple_log_e(
+    t, key, log_e, value, w, log_b, triple_slots, triple_shift, triple_indptr, triple_targets, triple_weight,
+    triple_value,
+):  # pragma: no cover - compiled  # fmt: skip
+    """``(log E3(t), triple cell)`` of a position whose pair row gives ``log_e`` = log E2(t) (E2 = ``value + w B``,
+    ``B`` = exp(``log_b``)): the triple ``key``'s row ``v3[t] + w3 E2(t)`` (cell -1: no such triple, its ``log_e``
+    unchanged; -2: the triple is stored but not this target). An infinite triple strength (w3 = 1, v3 = 0) gives
+    ``log_e`` back bit for bit."""
+    u = find_pair_slot(triple_slots, triple_shift, key)
+    if u < 0:
+        return log_e, -1
+    w3 = triple_weight[u]
+    k3 = find_key(triple_targets, triple_indptr[u], triple_indptr[u + 1], t)
+    if k3 < 0:
+        return (math.log(w3) if w3 > 0.0 else -np.inf) + log_e, -2
+    # E2 in the pair row's own writing (its value plus the leaning row's part), so w3 = 1, v3 = 0 is E2 itself.
+    e3 = triple_value[k3] + w3 * (value + w * math.exp(log_b))
+    return (math.log(e3) if e3 > 0.0 else -np.inf), k3
+
+
+@numba.njit(cache=True, nogil=True)
 def _prefetch_row(tokens, lo, hi, t, depth, num_symbols, slots, shift, log_emission_ts, counts_ts):  # pragma: no cover
     """Prefetch a row's hash slots and, for a dense emission, its (target, symbol) cells."""
     q = tokens[hi - 1]
@@ -227,6 +269,7 @@ def _row_terms(
     tokens, lo, hi, t, y, key_means, inv_two_sigma2, prior, log_prior, depth, current, num_symbols, pair_keys, slots,
     shift, indptr,
     targets, pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base,
+    triple_keys, triple_slots, triple_shift, triple_indptr, triple_targets, triple_weight, triple_value,
     logw, gate, cell, bpair,
 ):  # pragma: no cover - compiled  # fmt: skip
     """One window's terms, position ``j`` of ``tokens[lo:hi]`` oldest first: ``logw[j]`` the joint log-weight
@@ -272,6 +315,12 @@ def _row_terms(
                 else:
                     log_e = (math.log(w) if w > 0.0 else -np.inf) + log_b
                     cell[j] = -2
+                if j > 0 and triple_keys.shape[0] > 0:
+                    log_e = _triple_log_e(
+                        t, (np.int64(tokens[x - 1]) * num_symbols + c) * num_symbols + q, log_e,
+                        cell_value[k] if k >= 0 else 0.0, w, log_b, triple_slots, triple_shift, triple_indptr,
+                        triple_targets, triple_weight, triple_value,
+                    )[0]  # fmt: skip
         distance = squared_distance(y, key_means, c) * inv_two_sigma2
         g = (log_prior[col] - log_total) - distance
         gate[j] = g
@@ -287,8 +336,9 @@ def _estep(
     key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
     indptr, targets,
     pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base,
+    triple_keys, triple_slots, triple_shift, triple_indptr, triple_targets, triple_weight, triple_value,
     direct_row, direct_slots,
-    key_sum, key_mass, emission_count_ts, pair_counts, recency_mass, cell_counts, scalars, impossible,
+    key_sum, key_mass, emission_count_ts, pair_counts, recency_mass, cell_counts, triple_counts, scalars, impossible,
 ):  # pragma: no cover - compiled  # fmt: skip
     """The fused E-step over the rows in order. Returns ``(n_impossible, n_outside)``: rows no position explains
     (the first written to ``impossible``) and rows that fall on a cell or a B pair off the supports.
@@ -301,10 +351,12 @@ def _estep(
     sparse = b_indptr.shape[0] > 0
     with_direct = direct_row.shape[0] > 0
     with_pairs = pair_keys.shape[0] > 0
+    with_triples = triple_keys.shape[0] > 0
     logw = np.empty(n_pos)
     resp = np.empty(n_pos)
     bits = np.empty(n_pos, dtype=np.int64)
     cell = np.empty(n_pos, dtype=np.int64)
+    tcell = np.empty(n_pos, dtype=np.int64)
     bpair = np.empty(n_pos, dtype=np.int64)
     y = np.empty(dim)
     n_impossible = 0
@@ -335,6 +387,9 @@ def _estep(
                     prefetch_element(pair_counts, p_a)
                 if hi_a - 1 - x < depth and with_pairs:
                     prefetch_item(slots, _slot(np.int64(c) * num_symbols + q_a, shift), 0)
+                    if with_triples and x > lo_a:
+                        key3 = (np.int64(tokens[x - 1]) * num_symbols + c) * num_symbols + q_a
+                        prefetch_item(triple_slots, _slot(key3, triple_shift), 0)
             near = row + _PREFETCH_ROWS // 2
             if with_pairs:
                 # The pair rows of a nearer row: its hash slots (prefetched above, rows earlier) name the pairs,
@@ -350,6 +405,17 @@ def _estep(
                         prefetch_element(targets, k0)
                         prefetch_element(cell_value, k0)
                         prefetch_element(cell_counts, k0)
+                        if with_triples and x > begin[near]:
+                            # The triple row the same way (its slot prefetched with the pair's).
+                            key3 = (np.int64(tokens[x - 1]) * num_symbols + tokens[x]) * num_symbols + q_n
+                            u_n = find_pair_slot(triple_slots, triple_shift, key3)
+                            if u_n >= 0:
+                                prefetch_element(triple_indptr, u_n)
+                                prefetch_element(triple_weight, u_n)
+                                k3 = triple_indptr[u_n]
+                                prefetch_element(triple_targets, k3)
+                                prefetch_element(triple_value, k3)
+                                prefetch_element(triple_counts, k3)
             far = row + 2 * _PREFETCH_ROWS
             if with_direct and far < n_rows:
                 r_f = direct_row[target[far]]
@@ -393,6 +459,7 @@ def _estep(
                 bpair[j] = bp
                 log_b = log_values[bp] if bp >= 0 else log_backoff[c] + log_base[t]
             cell[j] = -1
+            tcell[j] = -1
             log_e = log_b
             if r < depth and with_pairs:
                 p = find_pair_slot(slots, shift, np.int64(c) * num_symbols + qt)
@@ -416,6 +483,12 @@ def _estep(
                     else:
                         log_e = (math.log(w_p) if w_p > 0.0 else -np.inf) + log_b
                         cell[j] = -2
+                    if with_triples and j > 0:
+                        log_e, tcell[j] = _triple_log_e(
+                            t, (np.int64(tokens[x - 1]) * num_symbols + c) * num_symbols + qt, log_e,
+                            cell_value[k] if k >= 0 else 0.0, w_p, log_b, triple_slots, triple_shift,
+                            triple_indptr, triple_targets, triple_weight, triple_value,
+                        )  # fmt: skip
             distance = squared_distance(y, key_means, c) * inv_two_sigma2
             lj = ((log_prior[col] - log_total) - distance) + log_e
             logw[j] = lj
@@ -427,7 +500,7 @@ def _estep(
             continue
         outside = False
         for j in range(m):
-            if cell[j] == -2 or (sparse and bpair[j] < 0):
+            if cell[j] == -2 or (sparse and bpair[j] < 0) or (with_triples and tcell[j] == -2):
                 outside = True
         if outside:
             n_outside += 1
@@ -449,6 +522,9 @@ def _estep(
                 emission_count_ts[t, c] += rj
             if cell[j] >= 0:
                 cell_counts[cell[j]] += rj
+            # The pair cell takes the responsibility too (its row is the triple rows' prior mean, fitted on all).
+            if with_triples and tcell[j] >= 0:
+                triple_counts[tcell[j]] += rj
             recency_mass[r] += rj
         if m < n_pos:
             rejected = w / total
@@ -468,7 +544,8 @@ def _score(
     tokens, begin, end, target, query_table, query_index, weights,
     key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
     indptr, targets,
-    pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base, attention,
+    pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base,
+    triple_keys, triple_slots, triple_shift, triple_indptr, triple_targets, triple_weight, triple_value, attention,
     per_row,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Weighted ``(log_lik, target_log_prob, weight)`` of the rows; ``attention`` (n, N) receives each row's
@@ -505,8 +582,8 @@ def _score(
         best, _ = _row_terms(
             tokens, lo, hi, target[row], y, key_means, inv_two_sigma2, prior, log_prior, depth, current, num_symbols,
             pair_keys, slots, shift, indptr, targets, pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols,
-            log_values,
-            log_backoff, log_base, logw, gate, cell, bpair,
+            log_values, log_backoff, log_base, triple_keys, triple_slots, triple_shift, triple_indptr, triple_targets,
+            triple_weight, triple_value, logw, gate, cell, bpair,
         )  # fmt: skip
         g_best = -np.inf
         for j in range(m):
@@ -546,7 +623,7 @@ def conj_estep(rows: WindowRows, params: ConjParameters, stats: Any, extra: Conj
         rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
         *params.arrays(), params.direct_row, params.direct_slots,
         stats.key_sum, stats.key_mass, stats.emission_count_ts, stats.pair_counts if sparse else _NO_VALUES,
-        extra.recency_mass, extra.cell_counts, stats.scalars, found,
+        extra.recency_mass, extra.cell_counts, extra.triple_counts, stats.scalars, found,
     )  # fmt: skip
     if n_outside:
         raise ValueError(
@@ -588,12 +665,15 @@ def _score_grid(
     tokens, begin, end, target, query_table, query_index, weights,
     key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
     indptr, targets, pair_total, counts, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base,
-    strengths, type_strengths, discounts, discount_of, moved, totals,
+    strengths, type_strengths, discounts, discount_of, moved,
+    triple_keys, triple_slots, triple_shift, triple_indptr, triple_targets, triple_total, triple_counts,
+    strengths3, type_strengths3, discounts3, discount3_of, moved3, totals,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Weighted ``(log_lik, target_log_prob, weight)`` of the rows at every grid point ``g`` (the pair rows'
     strengths ``strengths[g] + type_strengths[g] * types`` and the discount ``discounts[g]``, whose per-pair moved
-    mass is ``moved[discount_of[g], p]``) into ``totals`` (G, 3): each row's gate, ``B`` values
-    and cell counts found once, then every point's mixture."""
+    mass is ``moved[discount_of[g], p]``; at order 3 the triple rows' the same way, ``strengths3[g]`` ...
+    ``moved3[discount3_of[g], u]``) into ``totals`` (G, 3): each row's gate, ``B`` values and cell counts found
+    once, then every point's mixture."""
     n_pos = prior.shape[0]
     dim = key_means.shape[1]
     n_points = strengths.shape[0]
@@ -604,6 +684,11 @@ def _score_grid(
     pair_n = np.empty(n_pos)
     types = np.empty(n_pos)
     pair_of = np.empty(n_pos, dtype=np.int64)
+    with_triples = triple_keys.shape[0] > 0
+    tcell_n = np.empty(n_pos)
+    triple_n = np.full(n_pos, -1.0)
+    ttypes = np.empty(n_pos)
+    triple_of = np.empty(n_pos, dtype=np.int64)
     logw = np.empty(n_pos)
     resp = np.empty(n_pos)
     bits = np.empty(n_pos, dtype=np.int64)
@@ -631,6 +716,7 @@ def _score_grid(
             gate[j] = (log_prior[n_pos - 1 - r] - log_total) - squared_distance(y, key_means, c) * inv_two_sigma2
             g_best = max(g_best, gate[j])
             pair_n[j] = -1.0  # no pair row: B's
+            triple_n[j] = -1.0  # no triple row: the pair's
             if r < depth and pair_keys.shape[0] > 0:
                 p = find_pair_slot(slots, shift, np.int64(c) * num_symbols + q)
                 if p >= 0:
@@ -639,6 +725,15 @@ def _score_grid(
                     pair_n[j] = pair_total[p]
                     types[j] = indptr[p + 1] - indptr[p]
                     pair_of[j] = p
+                    if with_triples and j > 0:
+                        u = find_pair_slot(triple_slots, triple_shift,
+                                           (np.int64(tokens[x - 1]) * num_symbols + c) * num_symbols + q)  # fmt: skip
+                        if u >= 0:
+                            k3 = find_key(triple_targets, triple_indptr[u], triple_indptr[u + 1], t)
+                            tcell_n[j] = triple_counts[k3] if k3 >= 0 else 0.0
+                            triple_n[j] = triple_total[u]
+                            ttypes[j] = triple_indptr[u + 1] - triple_indptr[u]
+                            triple_of[j] = u
                     if current:
                         c = q
             if dense:
@@ -660,6 +755,12 @@ def _score_grid(
                         taken = min(cell_n[j], discounts[g])
                         lean = s + moved[discount_of[g], pair_of[j]]
                         e = (cell_n[j] - taken + lean * prior_row[j]) / (pair_n[j] + s)
+                if triple_n[j] >= 0.0 and not math.isinf(strengths3[g]):
+                    s3 = strengths3[g] + type_strengths3[g] * ttypes[j]
+                    if triple_n[j] + s3 > 0.0:
+                        taken3 = min(tcell_n[j], discounts3[g])
+                        lean3 = s3 + moved3[discount3_of[g], triple_of[j]]
+                        e = (tcell_n[j] - taken3 + lean3 * e) / (triple_n[j] + s3)
                 logw[j] = gate[j] + (math.log(e) if e > 0.0 else -np.inf)
                 best = max(best, logw[j])
             if best == -np.inf:
@@ -671,23 +772,47 @@ def _score_grid(
             totals[g, 2] += w
 
 
-def conj_score_grid(rows: WindowRows, params: ConjParameters, counts: np.ndarray, points: np.ndarray) -> np.ndarray:
+def _moved(indptr: np.ndarray, counts: np.ndarray, discounts: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``(row totals (R,), moved (K, R), discount_of (G,))`` of rows ``indptr`` (R + 1,) with cell ``counts``: each
+    row's summed counts and, per distinct discount among ``discounts`` (G,), the mass it moves to the row's prior."""
+    n_rows = indptr.shape[0] - 1
+    owner = np.repeat(np.arange(n_rows), np.diff(indptr))
+    total = np.bincount(owner, weights=counts, minlength=n_rows)
+    distinct, discount_of = np.unique(discounts, return_inverse=True)
+    moved = np.stack([np.bincount(owner, weights=np.minimum(counts, d), minlength=n_rows) for d in distinct])
+    return total, np.ascontiguousarray(moved, dtype=np.float64), discount_of.astype(np.int64).reshape(-1)
+
+
+def conj_score_grid(
+    rows: WindowRows, params: ConjParameters, counts: np.ndarray, points: np.ndarray, triple_counts: Any = None
+) -> np.ndarray:
     """(G, 3) weighted ``(log_lik, target_log_prob, weight)`` of ``rows`` (checked) at every point (G, 3) of pair
-    strengths and discount ``(beta, gamma, D)``, with the cell ``counts`` (M,) (``params``' own strengths and
-    discount are not read)."""
-    n_pairs = params.pair_keys.shape[0]
-    owner = np.repeat(np.arange(n_pairs), np.diff(params.indptr))
-    pair_total = np.bincount(owner, weights=counts, minlength=n_pairs)
-    distinct, discount_of = np.unique(points[:, 2], return_inverse=True)
-    moved = np.stack([np.bincount(owner, weights=np.minimum(counts, d), minlength=n_pairs) for d in distinct])
+    strengths and discount ``(beta, gamma, D)`` (at order 3, (G, 6): the triple rows' ``(beta3, gamma3, D3)``
+    after them), with the cell ``counts`` (M,) and ``triple_counts`` (M3,) (``params``' own strengths and
+    discounts are not read)."""
+    counts = np.ascontiguousarray(counts, dtype=np.float64)
+    pair_total, moved, discount_of = _moved(params.indptr, counts, points[:, 2])
     totals = np.zeros((points.shape[0], 3))
     (key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
-     indptr, targets, _, _, *emission) = params.arrays()  # fmt: skip
+     indptr, targets, _, _, *rest) = params.arrays()  # fmt: skip
+    emission = rest[:6]
+    if points.shape[1] == 6:
+        triple_counts = np.ascontiguousarray(triple_counts, dtype=np.float64)
+        triple_total, moved3, discount3_of = _moved(params.triple_indptr, triple_counts, points[:, 5])
+        triple_points = points[:, 3:6]
+    else:  # order 2: no triple rows read
+        triple_counts, triple_total = _NO_VALUES, _NO_VALUES
+        moved3, discount3_of = np.zeros((1, 0)), np.zeros(points.shape[0], dtype=np.int64)
+        triple_points = np.tile([np.inf, 0.0, 0.0], (points.shape[0], 1))
+    triple_keys = params.triple_keys if points.shape[1] == 6 else _NO_INDEX
     _score_grid(  # type: ignore[call-arg]
         rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
         key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
-        indptr, targets, pair_total, np.ascontiguousarray(counts, dtype=np.float64), *emission,
+        indptr, targets, pair_total, counts, *emission,
         np.ascontiguousarray(points[:, 0]), np.ascontiguousarray(points[:, 1]), np.ascontiguousarray(points[:, 2]),
-        discount_of.astype(np.int64).reshape(-1), np.ascontiguousarray(moved, dtype=np.float64), totals,
+        discount_of, moved,
+        triple_keys, params.triple_slots, params.triple_shift, params.triple_indptr, params.triple_targets,
+        triple_total, triple_counts, *(np.ascontiguousarray(triple_points[:, i]) for i in range(3)), discount3_of,
+        moved3, totals,
     )  # fmt: skip
     return totals

@@ -29,7 +29,7 @@ from dist_respattn.model.heads.base import (
     Trainer,
     TrainerContext,
 )
-from dist_respattn.model.heads.conj.head import BACKOFFS, ConjHead
+from dist_respattn.model.heads.conj.head import BACKOFFS, ORDERS, ConjHead, TripleRows
 from dist_respattn.model.heads.conj.kernels import ConjArrays, conj_estep, conj_score_grid
 from dist_respattn.model.heads.single_hop.accumulator import SufficientStatistics
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
@@ -54,6 +54,7 @@ __all__ = [
     "cell_tally",
     "conj_statistics",
     "support_of",
+    "triple_tally",
 ]
 
 #: The pair rows' strengths ``beta`` and ``gamma`` the held-out rows choose among (every pair of them).
@@ -61,6 +62,9 @@ STRENGTHS = (0.05, 0.2, 0.5, 1.0, 2.0, 5.0)
 TYPE_STRENGTHS = (0.0, 0.5, 1.0, 2.0)
 #: The absolute discounts ``D`` the held-out rows choose among (with every pair of strengths).
 DISCOUNTS = (0.0, 0.5, 0.8)
+#: Where an order-3 search starts: the triple rows' prior the pair grid is first scored with, and the pair rows'
+#: the triple grid (the same :data:`STRENGTHS` x :data:`TYPE_STRENGTHS` x :data:`DISCOUNTS`) is first scored with.
+START_POINT = (0.5, 0.5, 0.0)
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,12 @@ class ConjSpec(HeadSpec):
             (``B[q]``) (:data:`~dist_respattn.model.heads.conj.head.BACKOFFS`).
         discount: the absolute discount ``D`` each stored cell gives its pair's prior row, or ``None``: chosen on
             held-out rows among :data:`DISCOUNTS` (0: the Dirichlet posterior mode).
+        order: 2, rows keyed by (attended, current token); 3, triple rows keyed by (the token before the attended
+            one, attended, current token) too, below the pair rows in the hierarchy, their strengths and discount
+            chosen on held-out rows as the pair rows' are (:data:`~dist_respattn.model.heads.conj.head.ORDERS`).
+        triple_strength, triple_type_strength, triple_discount: ``beta3``, ``gamma3`` and ``D3`` of the triple
+            rows' prior toward the pair rows (order 3), or ``None``: chosen on held-out rows among
+            :data:`STRENGTHS`, :data:`TYPE_STRENGTHS` and :data:`DISCOUNTS` (``beta3 = inf``: order 2).
     """
 
     kind: ClassVar[str] = "conj"
@@ -91,8 +101,23 @@ class ConjSpec(HeadSpec):
     type_strength: float | None = None
     backoff: str = "attended"
     discount: float | None = None
+    order: int = 2
+    triple_strength: float | None = None
+    triple_type_strength: float | None = None
+    triple_discount: float | None = None
 
     def __post_init__(self) -> None:
+        for name, value in (("triple_type_strength", self.triple_type_strength),
+                            ("triple_discount", self.triple_discount)):  # fmt: skip
+            if value is not None and not (math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"{name} {value}: expected a finite value >= 0")
+        if self.triple_strength is not None and not self.triple_strength >= 0.0:
+            raise ValueError(f"triple_strength {self.triple_strength}: expected a strength >= 0 (inf: order 2)")
+        if self.order not in ORDERS:
+            raise ValueError(
+                f"--conj-order {self.order}: expected 2 (rows keyed by the attended and the current token) or 3 (and "
+                "by the token before the attended one)"
+            )
         if self.discount is not None and not (math.isfinite(self.discount) and self.discount >= 0.0):
             raise ValueError(f"--conj-discount {self.discount}: expected a finite discount >= 0")
         if self.backoff not in BACKOFFS:
@@ -110,7 +135,9 @@ class ConjSpec(HeadSpec):
         return {"kind": self.kind, "single": self.single.to_json(), "depth": int(self.depth),
                 "min_count": float(self.min_count), "strength": self.strength,
                 "type_strength": self.type_strength, "backoff": self.backoff,
-                "discount": self.discount}  # fmt: skip
+                "discount": self.discount, "order": int(self.order), "triple_strength": self.triple_strength,
+                "triple_type_strength": self.triple_type_strength,
+                "triple_discount": self.triple_discount}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ConjSpec:
@@ -120,14 +147,24 @@ class ConjSpec(HeadSpec):
         return cls(
             SingleHopSpec.from_json(dict(data["single"])), int(data.get("depth", 2)),
             float(data.get("min_count", 1.0)), number(data.get("strength")), number(data.get("type_strength")),
-            str(data.get("backoff", "attended")), number(data.get("discount", 0.0)),
+            str(data.get("backoff", "attended")), number(data.get("discount", 0.0)), int(data.get("order", 2)),
+            number(data.get("triple_strength")), number(data.get("triple_type_strength")),
+            number(data.get("triple_discount")),
         )  # fmt: skip
 
     def trainer(self, context: TrainerContext) -> ConjTrainer:
         single = fixed_single(self.single).trainer(context)
         depth = min(int(self.depth), context.shape[1])
         return ConjTrainer(
-            single, depth, self.min_count, self.strength, self.type_strength, self.backoff, self.discount
+            single,
+            depth,
+            self.min_count,
+            self.strength,
+            self.type_strength,
+            self.backoff,
+            self.discount,
+            order=self.order,
+            triple=(self.triple_strength, self.triple_type_strength, self.triple_discount),
         )
 
 
@@ -179,6 +216,32 @@ def cell_tally(num_symbols: int, num_targets: int, depth: int, blocks: Iterator[
     return total
 
 
+def triple_tally(num_symbols: int, num_targets: int, depth: int, blocks: Iterator[Block]) -> CellTally:
+    """The triple cells of one partition's window rows: at each row's ``depth`` most recent positions that have a
+    predecessor in the window, ``(token before it, token there, the row's last token, target)`` as the key
+    ``((p * S + a) * S + q) * T + t``, weighted (rows of weight 0 add nothing)."""
+    total = CellTally(np.zeros(0, dtype=np.int64), np.zeros(0))
+    s = np.int64(num_symbols)
+    for block in blocks:
+        rows = block.rows
+        weights = block.weights_or_ones()
+        begin, end = np.asarray(rows.begin, dtype=np.int64), np.asarray(rows.end, dtype=np.int64)
+        current = np.asarray(rows.tokens[end - 1], dtype=np.int64)
+        target = np.asarray(rows.target, dtype=np.int64)
+        keys, counts = [], []
+        for r in range(depth):
+            live = (end - 2 - r >= begin) & (weights > 0.0)
+            at = (end - 1 - r)[live]
+            attended = np.asarray(rows.tokens[at], dtype=np.int64)
+            before = np.asarray(rows.tokens[at - 1], dtype=np.int64)
+            keys.append(((before * s + attended) * s + current[live]) * num_targets + target[live])
+            counts.append(weights[live])
+        cells = np.concatenate(keys)
+        if cells.size:
+            total = total + CellTally(*tally_keys(cells, np.concatenate(counts)))
+    return total
+
+
 def support_of(tally: CellTally, num_targets: int, min_count: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(pair_keys (P,), indptr (P + 1,), targets (M,))`` of the pairs occurring at least ``min_count`` times
     (weighted) in ``tally``, each with every target it was seen with."""
@@ -199,11 +262,13 @@ def support_of(tally: CellTally, num_targets: int, min_count: float) -> tuple[np
 
 @dataclass(frozen=True)
 class ConjStatistics:
-    """Additive statistics of a conjunction head: the single head's (every position's responsibility) and
-    ``cell_counts`` (M,), the responsibility each stored cell received."""
+    """Additive statistics of a conjunction head: the single head's (every position's responsibility),
+    ``cell_counts`` (M,), the responsibility each stored cell received, and ``triple_counts`` (M3,) each stored
+    triple cell's (order 3; empty at order 2)."""
 
     stats: SufficientStatistics
     cell_counts: np.ndarray
+    triple_counts: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def log_lik(self) -> float:
@@ -214,12 +279,13 @@ class ConjStatistics:
         return float(self.stats.n_obs)
 
     def copy(self) -> ConjStatistics:
-        return ConjStatistics(self.stats.copy(), self.cell_counts.copy())
+        return ConjStatistics(self.stats.copy(), self.cell_counts.copy(), self.triple_counts.copy())
 
     def add(self, other: ConjStatistics) -> ConjStatistics:
         """``self + other`` into this value's arrays (the caller owns them: see :meth:`copy`)."""
         np.add(self.cell_counts, other.cell_counts, out=self.cell_counts)
-        return ConjStatistics(self.stats.add(other.stats), self.cell_counts)
+        np.add(self.triple_counts, other.triple_counts, out=self.triple_counts)
+        return ConjStatistics(self.stats.add(other.stats), self.cell_counts, self.triple_counts)
 
     def __add__(self, other: ConjStatistics) -> ConjStatistics:
         return self.copy().add(other)
@@ -242,7 +308,7 @@ def conj_statistics(head: ConjHead, blocks: Iterable[Block]) -> ConjStatistics:
     table = head.single.emission_table
     support = table.support if isinstance(table, SparseEmission) else None
     arrays = StatisticArrays.zeros(s, n, d, t, support)
-    extra = ConjArrays.zeros(n, head.num_cells)
+    extra = ConjArrays.zeros(n, head.num_cells, 0 if head.triples is None else head.triples.targets.size)
     params = head.parameters
     for block in blocks:
         rows = _weighted(block.rows, block.weights)
@@ -257,7 +323,7 @@ def conj_statistics(head: ConjHead, blocks: Iterable[Block]) -> ConjStatistics:
     stats = SufficientStatistics(
         arrays.key_sum, arrays.key_mass, counts, extra.recency_mass[::-1].copy(), query_sq, n_obs, log_lik
     )
-    return ConjStatistics(stats, extra.cell_counts)
+    return ConjStatistics(stats, extra.cell_counts, extra.triple_counts)
 
 
 # --------------------------------------------------------------------------------------------- the M-step
@@ -270,13 +336,35 @@ class ConjChoice:
     strength: float
     type_strength: float
     discount: float = 0.0
+    triple_strength: float = math.inf
+    triple_type_strength: float = 0.0
+    triple_discount: float = 0.0
+
+    @property
+    def pair(self) -> tuple[float, float, float]:
+        return (self.strength, self.type_strength, self.discount)
+
+    @property
+    def triple(self) -> tuple[float, float, float]:
+        return (self.triple_strength, self.triple_type_strength, self.triple_discount)
 
     def to_json(self) -> dict[str, Any]:
-        return {"conj_strength": float(self.strength), "conj_type_strength": float(self.type_strength),
+        data = {"conj_strength": float(self.strength), "conj_type_strength": float(self.type_strength),
                 "conj_discount": float(self.discount)}  # fmt: skip
+        if math.isfinite(self.triple_strength):  # order 3 (an order-2 choice keeps its three keys)
+            data.update(conj_triple_strength=float(self.triple_strength),
+                        conj_triple_type_strength=float(self.triple_type_strength),
+                        conj_triple_discount=float(self.triple_discount))  # fmt: skip
+        return data
 
     def describe(self) -> str:
-        return f"pair strength {self.strength:g} + {self.type_strength:g} x types, discount {self.discount:g}"
+        line = f"pair strength {self.strength:g} + {self.type_strength:g} x types, discount {self.discount:g}"
+        if math.isfinite(self.triple_strength):
+            line += (
+                f"; triple strength {self.triple_strength:g} + {self.triple_type_strength:g} x types, discount "
+                f"{self.triple_discount:g}"
+            )
+        return line
 
 
 @dataclass(frozen=True)
@@ -295,10 +383,11 @@ class ConjGridTotals:
 
 @dataclass(frozen=True)
 class ConjGrid(Grid):
-    """The held-out pass of a conjunction M-step: the new head at each (beta, gamma, D) of ``points``."""
+    """The held-out pass of a conjunction M-step: the new head at each (beta, gamma, D) of ``points`` (at order 3,
+    each (beta, gamma, D, beta3, gamma3, D3))."""
 
     head: ConjHead
-    points: tuple[tuple[float, float, float], ...]
+    points: tuple[tuple[float, ...], ...]
 
     @property
     def columns(self) -> Columns:
@@ -306,12 +395,14 @@ class ConjGrid(Grid):
 
     def score(self, blocks: Iterable[Block]) -> ConjGridTotals:
         """Every point in one pass over the blocks (:func:`conj_score_grid`)."""
-        points = np.array(self.points, dtype=np.float64).reshape(-1, 3)
+        triples = self.head.triples
+        points = np.array(self.points, dtype=np.float64).reshape(-1, 3 if triples is None else 6)
         totals = np.zeros((points.shape[0], 3))
         for block in blocks:
             rows = _weighted(block.rows, block.weights)
             self.head.check_rows(rows)
-            totals += conj_score_grid(rows, self.head.parameters, self.head.counts, points)
+            totals += conj_score_grid(rows, self.head.parameters, self.head.counts, points,
+                                      None if triples is None else triples.counts)  # fmt: skip
         return ConjGridTotals(tuple(ScoreTotals(float(w), float(ll), float(tlp)) for ll, tlp, w in totals))
 
     def nbytes(self) -> int:
@@ -320,16 +411,31 @@ class ConjGrid(Grid):
 
 @dataclass(frozen=True)
 class ConjCandidates(Candidates):
-    """A conjunction M-step: the single head's M-step and the cell counts, one head per (beta, gamma, D)."""
+    """A conjunction M-step: the single head's M-step and the cell counts, one head per (beta, gamma, D) of
+    ``points``; at order 3, per (beta3, gamma3, D3) of ``triple_points`` too, searched a coordinate at a time: each
+    grid is the pair points under the last choice's triple prior beside the triple points under its pair prior
+    (:data:`START_POINT` before any choice), so successive M-steps climb both."""
 
     head: ConjHead
     points: tuple[tuple[float, float, float], ...]
+    triple_points: tuple[tuple[float, float, float], ...] = ()
 
     def default(self) -> ConjChoice:
-        return ConjChoice(*self.points[0])
+        if not self.triple_points:
+            return ConjChoice(*self.points[0])
+        return ConjChoice(*self.points[0], *self.triple_points[0])
 
     def grid(self, around: Any) -> ConjGrid:
-        return ConjGrid(self.head, self.points)
+        if not self.triple_points:
+            return ConjGrid(self.head, self.points)
+        if isinstance(around, ConjChoice) and math.isfinite(around.triple_strength):
+            pair, triple = around.pair, around.triple
+        else:
+            pair = START_POINT if START_POINT in self.points else self.points[0]
+            triple = START_POINT if START_POINT in self.triple_points else self.triple_points[0]
+        points = [(*p, *triple) for p in self.points]
+        points += [(*pair, *u) for u in self.triple_points if (*pair, *u) not in points]
+        return ConjGrid(self.head, tuple(points))
 
     def choose(self, grid: Grid, scores: Any) -> tuple[ConjChoice, dict[str, float] | None]:
         if scores is None or scores.weight <= 0.0:
@@ -337,20 +443,26 @@ class ConjCandidates(Candidates):
         values = [totals.target_log_prob for totals in scores.totals]
         best = int(np.argmax(values))  # the first of equals
         metrics = scores.totals[best].metrics()
-        return ConjChoice(*self.points[best]), {
+        assert isinstance(grid, ConjGrid)
+        return ConjChoice(*grid.points[best]), {
             name: metrics[name] for name in ("mean_log_likelihood", "target_log_prob", "perplexity")
         }
 
     def model(self, choice: Any) -> ConjHead:
-        return self.head.with_counts(self.head.counts, choice.strength, choice.type_strength, choice.discount)
+        triples = self.head.triples
+        if triples is not None:
+            triples = triples.with_counts(triples.counts, *choice.triple)
+        return self.head.with_counts(self.head.counts, choice.strength, choice.type_strength, choice.discount,
+                                     triples)  # fmt: skip
 
     def searches(self) -> bool:
-        return len(self.points) > 1
+        return len(self.points) > 1 or len(self.triple_points) > 1
 
 
 class ConjTrainer(Trainer):
     """A conjunction fit: the single-hop trainer (its estimator, prior, layout and start), the depth, the support's
-    bound and the strengths (fixed, or the grid chosen on held-out rows)."""
+    bound, the strengths (fixed, or the grid chosen on held-out rows) and the order (3: triple rows too, their
+    strengths and discount always chosen on held-out rows)."""
 
     def __init__(
         self,
@@ -361,8 +473,12 @@ class ConjTrainer(Trainer):
         type_strength: float | None,
         backoff: str = "attended",
         discount: float | None = 0.0,
+        *,
+        order: int = 2,
+        triple: tuple[float | None, float | None, float | None] = (None, None, None),
     ) -> None:
         self.single = single
+        self.order = int(order)
         self.backoff = backoff
         self.depth = int(depth)
         self.min_count = float(min_count)
@@ -370,6 +486,11 @@ class ConjTrainer(Trainer):
         types = TYPE_STRENGTHS if type_strength is None else (float(type_strength),)
         discounts = DISCOUNTS if discount is None else (float(discount),)
         self.points = tuple((b, g, d) for b in strengths for g in types for d in discounts)
+        self.triple_points: tuple[tuple[float, float, float], ...] = ()
+        if self.order == 3:
+            b3, g3, d3 = ((float(v),) if v is not None else grid for v, grid in
+                          zip(triple, (STRENGTHS, TYPE_STRENGTHS, DISCOUNTS), strict=True))  # fmt: skip
+            self.triple_points = tuple((b, g, d) for b in b3 for g in g3 for d in d3)
 
     @property
     def columns(self) -> Columns:
@@ -380,7 +501,7 @@ class ConjTrainer(Trainer):
         return self.single.shape
 
     def searches(self) -> bool:
-        return len(self.points) > 1
+        return len(self.points) > 1 or len(self.triple_points) > 1
 
     def check_start(self, head: Head, *, resumed: bool) -> None:
         if isinstance(head, ResponsibilityAttentionDistribution) and not resumed:
@@ -394,6 +515,11 @@ class ConjTrainer(Trainer):
             raise ValueError(
                 f"the starting model's pair rows lean toward the {head.backoff} token's row but the fit asks for the "
                 f"{self.backoff} one's: give --conj-backoff {head.backoff}"
+            )
+        if head.order != self.order:
+            raise ValueError(
+                f"the starting model is a conjunction head of order {head.order} but the fit asks for order "
+                f"{self.order}: give --conj-order {head.order}"
             )
         if head.depth != self.depth:
             raise ValueError(
@@ -418,8 +544,26 @@ class ConjTrainer(Trainer):
             f"{self.min_count:g} times)"
         )
         b, g, d = self.points[0]
+        triples = None
+        if self.order == 3:
+            if float(s) ** 3 * t >= 2.0**63:
+                raise ValueError(f"--conj-order 3: S ** 3 * T = {s} ** 3 * {t} overflows the 64-bit cell keys")
+            tally3 = passes.run(
+                BlockPass(
+                    "conj-triples",
+                    "finding the triples",
+                    functools.partial(triple_tally, s, t, self.depth),
+                    self.columns,
+                )
+            )
+            keys3, indptr3, targets3 = support_of(tally3, t, self.min_count)
+            passes.say(
+                f"triple rows over the {self.depth} most recent position(s): {keys3.size:,} (previous, attended, "
+                f"current) triples of {tally3.keys.size:,} cells seen, {targets3.size:,} cells stored"
+            )
+            triples = TripleRows(keys3, indptr3, targets3, np.zeros(targets3.size), *self.triple_points[0])
         return ConjHead(single, self.depth, pair_keys, indptr, targets, np.zeros(targets.size), b, g,
-                        backoff=self.backoff, discount=d)  # fmt: skip
+                        backoff=self.backoff, discount=d, triples=triples)  # fmt: skip
 
     def prepare(self, start: Head | None, *, resumed: bool, passes: Passes) -> Head:
         if isinstance(start, ConjHead):
@@ -427,7 +571,7 @@ class ConjTrainer(Trainer):
             assert isinstance(single, ResponsibilityAttentionDistribution)
             return ConjHead(single, start.depth, start.pair_keys, start.indptr, start.targets, start.counts,
                             start.strength, start.type_strength, backoff=start.backoff,
-                            discount=start.discount)  # fmt: skip
+                            discount=start.discount, triples=start.triples)  # fmt: skip
         single = self.single.prepare(start, resumed=False, passes=passes)
         assert isinstance(single, ResponsibilityAttentionDistribution)
         return self.start_head(single, passes)
@@ -442,9 +586,13 @@ class ConjTrainer(Trainer):
         candidates = self.single.m_step(statistics.stats, previous.single)
         single = candidates.model(candidates.default())
         b, g, d = self.points[0]
+        triples = previous.triples
+        if triples is not None:
+            triples = triples.with_counts(statistics.triple_counts, *self.triple_points[0])
         head = ConjHead(single, previous.depth, previous.pair_keys, previous.indptr, previous.targets,
-                        statistics.cell_counts, b, g, backoff=previous.backoff, discount=d)  # fmt: skip
-        return ConjCandidates(head, self.points)
+                        statistics.cell_counts, b, g, backoff=previous.backoff, discount=d,
+                        triples=triples)  # fmt: skip
+        return ConjCandidates(head, self.points, self.triple_points)
 
     def choice_from_json(self, data: dict[str, Any]) -> ConjChoice | None:
         if "conj_strength" not in data:
@@ -453,6 +601,9 @@ class ConjTrainer(Trainer):
             float(data["conj_strength"]),
             float(data.get("conj_type_strength", 0.0)),
             float(data.get("conj_discount", 0.0)),
+            float(data.get("conj_triple_strength", math.inf)),
+            float(data.get("conj_triple_type_strength", 0.0)),
+            float(data.get("conj_triple_discount", 0.0)),
         )
 
     def warnings(self, head: Head, statistics: Any = None) -> list[str]:

@@ -1,10 +1,10 @@
 """The recipe: the combination of kinds that predicts text best here, fitted in stages, as one spec.
 
 A long-window copy head (cache and induction over recency buckets, started from a single head of that window), that
-single head itself, and a short-window conjunction head (skip-trigrams, a trigram at the previous position) under a
-stack's gate learned on held-out rows: the way a Kneser-Ney n-gram is interpolated with a document cache. Each part
-makes its own choices on the fit's held-out rows; the stack's gate is fitted on them too (see
-``docs/guide/recipe.md``).
+single head itself, and a short-window conjunction head of order 3 (a 4-gram at the previous position, skip-grams
+further back) under a stack's gate learned on held-out rows: the way a Kneser-Ney n-gram is interpolated with a
+document cache. Each part makes its own choices on the fit's held-out rows; the stack's gate is fitted on them too
+(see ``docs/guide/recipe.md``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 from dist_respattn.model.heads.stack.head import GATE_MODES
 from dist_respattn.model.heads.stack.kind import StackSpec
 
-__all__ = ["RECIPE_BUCKETS", "RECIPE_SHORT_CONTEXT", "STAGE_DIRECTORIES", "RecipeSpec"]
+__all__ = ["RECIPE_BUCKETS", "RECIPE_CONJ_ORDER", "RECIPE_SHORT_CONTEXT", "STAGE_DIRECTORIES", "RecipeSpec"]
 
 #: The window of the conjunction head (its rows are the long window's last tokens).
 RECIPE_SHORT_CONTEXT = 8
 #: Recency buckets of the long heads at most (a window of N has at most log2(N) + 1 geometric buckets).
 RECIPE_BUCKETS = 10
+#: The conjunction head's order (3: triple rows under the pair rows; a recipe recorded before it had one was 2).
+RECIPE_CONJ_ORDER = 3
 #: Where each part goes under the fit's model directory (the stack itself is the directory's own model).
 STAGE_DIRECTORIES = {"single": "single", "copy": "copy", "conj": "conj"}
 
@@ -42,6 +44,8 @@ class RecipeSpec(HeadSpec):
             :data:`RECIPE_BUCKETS`; fixed by :meth:`for_window`).
         short_context: the conjunction head's window (at most the long one).
         gate: the stack's gate mode (``"target"``: the predictive distributions interpolated).
+        conj_order: the conjunction head's order (:data:`RECIPE_CONJ_ORDER`; a recipe recorded without one, and so
+            resumed, keeps order 2).
     """
 
     kind: ClassVar[str] = "recipe"
@@ -51,6 +55,7 @@ class RecipeSpec(HeadSpec):
     buckets: int | None = None
     short_context: int = RECIPE_SHORT_CONTEXT
     gate: str = "target"
+    conj_order: int = RECIPE_CONJ_ORDER
 
     def __post_init__(self) -> None:
         if self.short_context < 1:
@@ -65,6 +70,7 @@ class RecipeSpec(HeadSpec):
             "buckets": self.buckets,
             "short_context": self.short_context,
             "gate": self.gate,
+            "conj_order": self.conj_order,
         }
 
     @classmethod
@@ -77,6 +83,7 @@ class RecipeSpec(HeadSpec):
             None if buckets is None else int(buckets),
             int(data.get("short_context", RECIPE_SHORT_CONTEXT)),
             str(data.get("gate", "target")),
+            int(data.get("conj_order", 2)),
         )
 
     def for_window(self, context_length: int) -> RecipeSpec:
@@ -99,7 +106,7 @@ class RecipeSpec(HeadSpec):
             Stage(long, directories["single"], settings={"position_buckets": buckets}),
             Stage(CopySpec(long), directories["copy"], settings={"position_buckets": buckets}),
             Stage(
-                ConjSpec(short),
+                ConjSpec(short, order=self.conj_order),
                 directories["conj"],
                 settings={"context_length": self.short_context, "position_buckets": None, "min_context": None},
                 start_from=None,
