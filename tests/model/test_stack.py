@@ -153,3 +153,11 @@ def test_a_resumed_stack_starts_from_its_checkpoint_without_its_component_direct
     assert stats.n_obs == held.num_rows
     with pytest.raises(ValueError, match="a stack fit needs its components: give --stack-from MODEL_A,MODEL_B"):
         spec.trainer(TrainerContext(SHAPE))
+
+
+def test_only_a_gate_that_keeps_one_component_alone_is_warned_of(fitted) -> None:
+    components, _, _ = fitted
+    trainer = StackSpec((), "target", components).trainer(TrainerContext(SHAPE))
+    assert trainer.warnings(StackHead(np.array([0.6, 0.4, 0.0]), components, "target")) == []
+    (alone,) = trainer.warnings(StackHead(np.array([0.0, 1.0, 0.0]), components, "target"))
+    assert alone.startswith("the stack's gate keeps component 1 (") and "alone" in alone

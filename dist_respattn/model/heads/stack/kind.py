@@ -355,11 +355,17 @@ class StackTrainer(Trainer):
         return StackCandidates(previous, np.asarray(em, dtype=np.float64), statistics.mass, statistics.cross)
 
     def warnings(self, head: Head, statistics: Any = None) -> list[str]:
+        """A stack whose gate keeps one component alone: it is that component, at the cost of all of them. (A part
+        the gate leaves out beside others is no fault: the recipe's single head on text, say; the gate line shows
+        it.)"""
         assert isinstance(head, StackHead)
+        kept = [k for k, g in enumerate(head.gate) if g >= 1e-4]
+        if len(kept) != 1 or len(head.components) < 2:
+            return []
+        k = kept[0]
         return [
-            f"stack component {k} ({h.kind}, N = {n}) has gate weight {g:.2e}: it adds nothing on the held-out rows"
-            for k, (h, n, g) in enumerate(zip(head.components, head.windows, head.gate, strict=True))
-            if g < 1e-4
+            f"the stack's gate keeps component {k} ({head.components[k].kind}, N = {head.windows[k]}) alone: the "
+            "others add nothing on the held-out rows, and that component's own model predicts as well, more cheaply"
         ]
 
 
