@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import distributed
@@ -71,16 +71,18 @@ class ParameterBroadcast:
         self._future: distributed.Future | None = None
         self._label = ""
 
-    def publish(self, model: Any, label: str) -> distributed.Future:
-        """The future of ``model`` under key ``respattn-<prefix>-<label>-<tag>``; scatters only a new one."""
+    def publish(self, model: Any, label: str, *, workers: Sequence[str] | None = None) -> distributed.Future:
+        """The future of ``model`` under key ``respattn-<prefix>-<label>-<tag>``; scatters only a new one, to
+        ``workers`` (those of them alive; ``None``: every worker), where the pass reading it runs."""
         if model is not self._model or self._future is None:
             self.release()
-            self._future = self._scatter(f"respattn-{self.prefix}-{label}-{self.run_tag}", model)
+            self._future = self._scatter(f"respattn-{self.prefix}-{label}-{self.run_tag}", model, workers)
             self._model, self._label = model, label
         return self._future
 
-    def _scatter(self, key: str, model: Any) -> distributed.Future:
-        """Send ``model`` to every worker, again (under a new key) if a worker dies during the transfer.
+    def _scatter(self, key: str, model: Any, workers: Sequence[str] | None = None) -> distributed.Future:
+        """Send ``model`` to ``workers`` (``None``, or none of them alive: to every worker), again (under a new
+        key) if a worker dies during the transfer.
 
         A worker killed mid-transfer fails the send (its stream closed); a deadline guards the rest.
         """
@@ -92,8 +94,10 @@ class ParameterBroadcast:
                 # Straight from the client to each worker in turn. The scheduler's own broadcast waits
                 # for good on a worker that died during its replication, and so would every later one.
                 self.client.wait_for_workers(1, timeout=deadline)  # lost workers may still be restarting
+                alive = list(self.client.ncores())
+                chosen = [w for w in alive if workers is not None and w in workers] or alive
                 future = None
-                for worker in self.client.ncores():
+                for worker in chosen:
                     future = self.client.scatter({name: model}, workers=[worker], direct=True)[name]
                 if future is None:
                     raise TimeoutError("the cluster has no workers")
@@ -108,7 +112,8 @@ class ParameterBroadcast:
         raise AssertionError("unreachable")
 
     def republish(self, attempt: int) -> None:
-        """Scatter the current model again under a new key after a pass lost it with its workers (attempt > 0)."""
+        """Scatter the current model again, to every worker alive, under a new key after a pass lost it with its
+        workers (attempt > 0)."""
         model, label = self._model, self._label
         if attempt > 0 and model is not None:
             self.release()

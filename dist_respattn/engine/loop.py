@@ -23,7 +23,7 @@ import numpy as np
 
 from dist_respattn.artifacts.checkpoints import BackgroundCheckpoints, ModelDir, checkpoint_name
 from dist_respattn.engine import worker_tasks
-from dist_respattn.engine.broadcast import ParameterBroadcast
+from dist_respattn.engine.broadcast import ParameterBroadcast, payload_bytes
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.settings import FitSettings
@@ -168,6 +168,12 @@ class ClusterPasses:
         self.spans = contextlib.ExitStack()
         self.span_name: str | None = None
         self.run_id = run_id
+        self.train_sizes = [p.stop - p.start for p in train.partitions()]
+        # A hold-out's held-out side reads only its share of each partition's rows.
+        share = 1.0 if heldout is None or heldout.rows.rule is None else heldout.rows.rule.fraction
+        self.heldout_sizes = (
+            [] if heldout is None else [int((p.stop - p.start) * share) for p in heldout.store.partitions()]
+        )
         #: The last E-step's statistics (for the head's warnings).
         self.last_statistics: Any = None
 
@@ -199,7 +205,8 @@ class ClusterPasses:
         """The trainer's statistics of the training rows under ``head`` (the span stays open through the held-out
         pass; the loop closes it after the iteration's checkpoint)."""
         self._in_span(f"respattn-iteration-{iteration}")
-        self.params.publish(head, str(iteration))
+        plan = self.runner.plan(self.train_sizes, payload_bytes(head))
+        self.params.publish(head, str(iteration), workers=plan.workers)
         train = self.train
         value = self.runner.run(
             "estep", str(iteration), train.num_partitions, worker_tasks.statistics_task,
@@ -208,6 +215,7 @@ class ClusterPasses:
             ),
             description=f"iteration {iteration}",
             before_attempt=self.params.republish,
+            plan=plan,
         )  # fmt: skip
         self.last_statistics = value
         return value
@@ -219,7 +227,8 @@ class ClusterPasses:
             return None
         if label == "0":
             self._in_span("respattn-init")
-        self.grids.publish(grid, label)
+        plan = self.runner.plan(self.heldout_sizes, payload_bytes(grid))
+        self.grids.publish(grid, label, workers=plan.workers)
         try:
             return self.runner.run(
                 "heldout", label, heldout.store.num_partitions, worker_tasks.grid_task,
@@ -229,6 +238,7 @@ class ClusterPasses:
                 ),
                 description=f"held-out choice {label}",
                 before_attempt=self.grids.republish,
+                plan=plan,
             )  # fmt: skip
         finally:
             self.grids.release()
