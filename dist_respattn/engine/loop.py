@@ -23,7 +23,7 @@ import numpy as np
 
 from dist_respattn.artifacts.checkpoints import BackgroundCheckpoints, ModelDir, checkpoint_name
 from dist_respattn.engine import worker_tasks
-from dist_respattn.engine.broadcast import ParameterBroadcast, payload_bytes
+from dist_respattn.engine.broadcast import FitTables, ParameterBroadcast, payload_bytes
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.settings import FitSettings
@@ -142,7 +142,8 @@ class ClusterPasses:
     """The passes of one fit on the cluster (:class:`~dist_respattn.model.fitting.em.EMPasses`), under one run tag.
 
     Each iteration's E-step and held-out pass run in a span of their own (``respattn-iteration-<k>-<tag>``), the
-    preparation's in ``respattn-init-<tag>``; the head and each grid are scattered once and released after.
+    preparation's in ``respattn-init-<tag>``; the head and each grid are scattered once and released after, the
+    tables fixed for the fit that they hold (a sparse support) once a fit.
     """
 
     def __init__(
@@ -163,8 +164,10 @@ class ClusterPasses:
         self.plan = plan_memory
         self.fingerprint = train.fingerprint()
         self.runner = PassRunner(client, run_id, fan_in=fan_in, make_bar=reporter.make_bar)
-        self.params = ParameterBroadcast(client, run_id)
-        self.grids = ParameterBroadcast(client, run_id, prefix="grid")
+        # The tables fixed for the fit (a sparse support) that the models and grids hold go once, apart.
+        self.tables = FitTables(client, run_id)
+        self.params = ParameterBroadcast(client, run_id, tables=self.tables)
+        self.grids = ParameterBroadcast(client, run_id, prefix="grid", tables=self.tables)
         self.spans = contextlib.ExitStack()
         self.span_name: str | None = None
         self.run_id = run_id
@@ -253,6 +256,7 @@ class ClusterPasses:
         self.close_span()
         self.params.release()
         self.grids.release()
+        self.tables.release()
 
 
 class FitLoop:
