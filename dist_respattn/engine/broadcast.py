@@ -8,6 +8,7 @@ iteration sends only what changed.
 from __future__ import annotations
 
 import logging
+import pickle
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -170,7 +171,10 @@ class ParameterBroadcast:
             self.release()
             sent: Any = model
             if self.tables is not None:
-                shared, tables = split_payload(model, self.tables.key_for)
+                try:
+                    shared, tables = split_payload(model, self.tables.key_for)
+                except (pickle.PicklingError, TypeError, AttributeError):
+                    tables = {}  # a payload only Dask's own pickling (cloudpickle) handles goes as it is, whole
                 if tables:  # else the model goes as it is: nothing in it is fixed for the fit
                     self._table_futures = self.tables.futures(tables, workers)
                     sent = shared
