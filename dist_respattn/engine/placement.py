@@ -93,8 +93,10 @@ def plan_pass(
                 best = (estimate, level, used)
     assert best is not None
     _, level, used = best
-    if level == 0 and used >= min(len(workers), len(sizes)):
+    if level == 0 and used >= len(workers):
         return EVERY_PARTITION
+    # Fewer workers than the cluster's: the payload goes to those alone (a store of one partition on two workers
+    # sends its parameters to one), and the tasks run where it is.
     return PassPlan(level, None if used >= len(workers) else tuple(chosen_workers(workers, used, run_tag)))
 
 
