@@ -10,6 +10,9 @@ Measures, in one run on the reference shape (S=2000, N=16, D=32, T=2000) and a l
   scaling 2 vs 1 workers;
 - where an iteration's time goes (2 workers), from the scheduler's task stream and the driver's clock: scatter of
   the parameters + submission, the E-step tasks, the combine tree, gather + M-step, checkpoint hand-off + log line;
+- the whole fit on 2 workers against 1, side by side as a ratio: ``result.seconds`` with the cluster up, the same
+  with the cluster's start and shutdown, and the iterations after the first; for the fits above and ``--pairs``
+  more pairs on fresh clusters (alternating which goes first), since a 2-core host's figures move from run to run;
 - time to the first iteration: ``result.first_iteration_seconds`` with the cluster already up, and the same for
   a ``fit`` that starts its own embedded cluster (``n_workers=2``, one iteration; the cluster start included);
 - the bare kernel in this process on the same rows: every partition read into memory (untimed), then
@@ -29,7 +32,7 @@ Measures, in one run on the reference shape (S=2000, N=16, D=32, T=2000) and a l
 Targets (measured, not asserted: PASS/MISS beside each): ours >= 30x mixle in rows/s per iteration; 2 workers
 >= 1.6x 1 worker; per-iteration time <= 1.3x the kernel's time / workers; first iteration < 10 s; worker
 peak flat (the largest worker peak at the larger of ``--rows`` / ``--memory-rows`` at most 1.25x the one at the
-smaller).
+smaller); the whole fit on 2 workers no slower than on 1 (the median ratio of the pairs).
 
 Every process runs one thread (the thread-count variables are set to 1 before NumPy is imported; worker
 processes inherit them). The host's cores are shared by the workers, the scheduler and this driver, which the
@@ -39,6 +42,7 @@ Run::
 
     python benchmarks/bench_fit.py                                  # 1,000,000 rows, 5 iterations
     python benchmarks/bench_fit.py --rows 50000 --iterations 2 --mixle-rows 2000 --json   # a smoke run
+    python benchmarks/bench_fit.py --rows 300000 --skip-mixle --skip-embedded --pairs 2   # a small store: 2 vs 1
 
 Worker processes are spawned, so everything runs under ``if __name__ == "__main__":``.
 """
@@ -357,6 +361,22 @@ def fit_figures(rows: int, workers: int, run: FitRun) -> dict[str, Any]:
     }
 
 
+def whole_fit_pair(two: dict[str, Any], one: dict[str, Any], two_wall: float, one_wall: float) -> dict[str, Any]:
+    """One fit on 2 workers beside the same fit on 1: the whole call (``result.seconds``, cluster up), the same
+    with the cluster's start and shutdown (``*_wall``), the iterations after the first, and their ratios 2/1."""
+    later_two = float(sum(two["iteration_seconds"][1:]))
+    later_one = float(sum(one["iteration_seconds"][1:]))
+    return {
+        "fit_seconds": {"2": two["fit_seconds"], "1": one["fit_seconds"]},
+        "with_cluster_seconds": {"2": two_wall, "1": one_wall},
+        "later_iterations_seconds": {"2": later_two, "1": later_one},
+        "first_iteration_seconds": {"2": two["first_iteration_seconds"], "1": one["first_iteration_seconds"]},
+        "fit_ratio": ratio(two["fit_seconds"], one["fit_seconds"]),
+        "with_cluster_ratio": ratio(two_wall, one_wall),
+        "later_iterations_ratio": ratio(later_two, later_one) if later_one > 0 else None,
+    }
+
+
 # -------------------------------------------------------------------------------------------- kernel
 
 
@@ -442,6 +462,7 @@ def build_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     ratios, res = report["ratios"], report["results"]
     first = res["ours_2"]["first_iteration_seconds"]
     growth = report["memory"]["worker_peak_growth"]
+    whole = ratios["whole_fit_2_over_1"]
 
     def at_least(value: float | None, threshold: float) -> bool | None:
         return None if value is None else bool(value >= threshold)
@@ -487,6 +508,13 @@ def build_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             f"<= {TARGET_MEMORY_GROWTH:g}x",
             at_most(growth, TARGET_MEMORY_GROWTH),
             x(growth),
+        ),
+        target_line(
+            "whole fit, 2 workers / 1 worker (median)",
+            whole,
+            "<= 1x",
+            at_most(whole, 1.0),
+            x(whole),
         ),
     ]
 
@@ -629,6 +657,22 @@ def format_report(report: dict[str, Any]) -> str:
     else:
         lines.append("  embedded cluster: skipped (--skip-embedded)")
 
+    lines += [
+        "",
+        "the whole fit, 2 workers against 1 (s; result.seconds with the cluster up; the cluster's start and",
+        "shutdown added; iterations 2.. only); pair 1 is the fits above, the others on fresh clusters, alternating",
+        "which ran first",
+        f"{'pair':<6}{'fit 2w':>9}{'fit 1w':>9}{'2/1':>8}{'+cluster 2w':>13}{'1w':>8}{'2/1':>8}"
+        f"{'iter 2.. 2w':>13}{'1w':>8}{'2/1':>8}",
+    ]
+    for index, pair in enumerate(res["pairs"], start=1):
+        fits, walls, later = pair["fit_seconds"], pair["with_cluster_seconds"], pair["later_iterations_seconds"]
+        lines.append(
+            f"{index:<6}{fits['2']:>9.2f}{fits['1']:>9.2f}{times(pair['fit_ratio'], '.2f'):>8}"
+            f"{walls['2']:>13.2f}{walls['1']:>8.2f}{times(pair['with_cluster_ratio'], '.2f'):>8}"
+            f"{later['2']:>13.2f}{later['1']:>8.2f}{times(pair['later_iterations_ratio'], '.2f'):>8}"
+        )
+
     parts = ours2["breakdown_median_after_first"]
     lines += [
         "",
@@ -745,6 +789,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--memory-iterations", type=int, default=2, help="iterations of that fit (default 2)")
     parser.add_argument("--skip-embedded", action="store_true", help="do not time a fit that starts its own cluster")
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="more whole fits on 2 and on 1 workers (fresh clusters, alternating which goes first), side by side",
+    )
     parser.add_argument("--kernel-repeats", type=int, default=3, help="timed kernel passes (the best is kept)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the true model; the start model uses seed + 1")
     parser.add_argument("--workdir", default=None, help="where the stores and models go (default: a temp directory)")
@@ -754,6 +804,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("rows", "iterations", "mixle_iterations", "memory_iterations", "kernel_repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.pairs < 0:
+        parser.error("--pairs must be >= 0")
     if args.memory_rows is None:
         args.memory_rows = 4 * args.rows
     if args.memory_rows < 1 or args.memory_rows == args.rows:
@@ -843,6 +895,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with phase("ours_1"), cluster_client(1) as (client, _):
             fitted = run_fit(store, os.path.join(workdir, "model-1"), start_model(), args.iterations, client=client)
             results["ours_1"] = {**fit_figures(args.rows, 1, fitted), **cluster_peaks(client)}
+
+        # The whole fit on 2 workers against 1, side by side: the pair above, then --pairs more on fresh clusters.
+        results["pairs"] = [whole_fit_pair(results["ours_2"], results["ours_1"], phases["ours_2"], phases["ours_1"])]
+        for index in range(args.pairs):
+            timed: dict[int, tuple[FitRun, float]] = {}
+            for workers in (1, 2) if index % 2 == 0 else (2, 1):
+                started = time.perf_counter()
+                with cluster_client(workers) as (client, _):
+                    run = run_fit(
+                        store, os.path.join(workdir, f"model-p{index}-{workers}"), start_model(), args.iterations,
+                        client=client,
+                    )  # fmt: skip
+                timed[workers] = (run, time.perf_counter() - started)
+            results["pairs"].append(
+                whole_fit_pair(
+                    fit_figures(args.rows, 2, timed[2][0]),
+                    fit_figures(args.rows, 1, timed[1][0]),
+                    timed[2][1],
+                    timed[1][1],
+                )
+            )
 
         with phase("ours_memory"), cluster_client(2) as (client, _):
             fitted = run_fit(
@@ -952,6 +1025,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "iteration_over_kernel_share": ratio(ours2["seconds_per_iteration"], kernel["seconds"] / 2),
             "iteration_over_kernel_share_1_worker": ratio(ours1["seconds_per_iteration"], kernel["seconds"]),
             "ours_2_over_kernel": ratio(ours2["rows_per_s"], kernel["rows_per_s"]),
+            "whole_fit_2_over_1": float(statistics.median(p["fit_ratio"] for p in results["pairs"])),
         },
         "memory": {
             "driver_peak_bytes": driver_peak,

@@ -339,8 +339,15 @@ def test_fit_smoke_run_reports_every_figure(monkeypatch):
     smaller, larger = max(results["ours_memory"]["worker_peak_bytes"]), max(results["ours_2"]["worker_peak_bytes"])
     assert_close(memory["worker_peak_growth"], larger / smaller, "worker_peak_growth")
 
+    # The whole fit on 2 workers against 1, side by side (no --pairs: the fits above alone).
+    (pair,) = results["pairs"]
+    assert_close(
+        pair["fit_ratio"], results["ours_2"]["fit_seconds"] / results["ours_1"]["fit_seconds"], "pairs.fit_ratio"
+    )
+    assert_close(report["ratios"]["whole_fit_2_over_1"], pair["fit_ratio"], "whole_fit_2_over_1")
+
     targets = {t["name"]: t for t in report["targets"]}
-    assert len(targets) == 5
+    assert len(targets) == 6
     for name, target in targets.items():
         if "mixle" in name and not has_mixle:
             assert target["pass"] is None
@@ -365,7 +372,7 @@ def test_fit_smoke_run_reports_every_figure(monkeypatch):
     table = module.format_report(report)
     assert "ours, fit, 2 workers x 1 thread" in table and "bare kernel" in table
     assert "where an iteration goes" in table and "peak memory" in table
-    assert table.count("PASS") + table.count("MISS") == (5 if has_mixle else 4)
+    assert table.count("PASS") + table.count("MISS") == (6 if has_mixle else 5)
     for target in report["targets"]:
         if target["pass"] is None:
             continue

@@ -23,7 +23,7 @@ import numpy as np
 
 from dist_respattn.artifacts.checkpoints import BackgroundCheckpoints, ModelDir, checkpoint_name
 from dist_respattn.engine import worker_tasks
-from dist_respattn.engine.broadcast import ParameterBroadcast
+from dist_respattn.engine.broadcast import FitTables, ParameterBroadcast, payload_bytes
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.settings import FitSettings
@@ -142,7 +142,8 @@ class ClusterPasses:
     """The passes of one fit on the cluster (:class:`~dist_respattn.model.fitting.em.EMPasses`), under one run tag.
 
     Each iteration's E-step and held-out pass run in a span of their own (``respattn-iteration-<k>-<tag>``), the
-    preparation's in ``respattn-init-<tag>``; the head and each grid are scattered once and released after.
+    preparation's in ``respattn-init-<tag>``; the head and each grid are scattered once and released after, the
+    tables fixed for the fit that they hold (a sparse support) once a fit.
     """
 
     def __init__(
@@ -163,11 +164,19 @@ class ClusterPasses:
         self.plan = plan_memory
         self.fingerprint = train.fingerprint()
         self.runner = PassRunner(client, run_id, fan_in=fan_in, make_bar=reporter.make_bar)
-        self.params = ParameterBroadcast(client, run_id)
-        self.grids = ParameterBroadcast(client, run_id, prefix="grid")
+        # The tables fixed for the fit (a sparse support) that the models and grids hold go once, apart.
+        self.tables = FitTables(client, run_id)
+        self.params = ParameterBroadcast(client, run_id, tables=self.tables)
+        self.grids = ParameterBroadcast(client, run_id, prefix="grid", tables=self.tables)
         self.spans = contextlib.ExitStack()
         self.span_name: str | None = None
         self.run_id = run_id
+        self.train_sizes = [p.stop - p.start for p in train.partitions()]
+        # A hold-out's held-out side reads only its share of each partition's rows.
+        share = 1.0 if heldout is None or heldout.rows.rule is None else heldout.rows.rule.fraction
+        self.heldout_sizes = (
+            [] if heldout is None else [int((p.stop - p.start) * share) for p in heldout.store.partitions()]
+        )
         #: The last E-step's statistics (for the head's warnings).
         self.last_statistics: Any = None
 
@@ -199,7 +208,8 @@ class ClusterPasses:
         """The trainer's statistics of the training rows under ``head`` (the span stays open through the held-out
         pass; the loop closes it after the iteration's checkpoint)."""
         self._in_span(f"respattn-iteration-{iteration}")
-        self.params.publish(head, str(iteration))
+        plan = self.runner.plan(self.train_sizes, payload_bytes(head))
+        self.params.publish(head, str(iteration), workers=plan.workers)
         train = self.train
         value = self.runner.run(
             "estep", str(iteration), train.num_partitions, worker_tasks.statistics_task,
@@ -208,6 +218,7 @@ class ClusterPasses:
             ),
             description=f"iteration {iteration}",
             before_attempt=self.params.republish,
+            plan=plan,
         )  # fmt: skip
         self.last_statistics = value
         return value
@@ -219,7 +230,8 @@ class ClusterPasses:
             return None
         if label == "0":
             self._in_span("respattn-init")
-        self.grids.publish(grid, label)
+        plan = self.runner.plan(self.heldout_sizes, payload_bytes(grid))
+        self.grids.publish(grid, label, workers=plan.workers)
         try:
             return self.runner.run(
                 "heldout", label, heldout.store.num_partitions, worker_tasks.grid_task,
@@ -229,6 +241,7 @@ class ClusterPasses:
                 ),
                 description=f"held-out choice {label}",
                 before_attempt=self.grids.republish,
+                plan=plan,
             )  # fmt: skip
         finally:
             self.grids.release()
@@ -243,6 +256,7 @@ class ClusterPasses:
         self.close_span()
         self.params.release()
         self.grids.release()
+        self.tables.release()
 
 
 class FitLoop:

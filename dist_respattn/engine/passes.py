@@ -16,13 +16,21 @@ import concurrent.futures
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import distributed
 
 from dist_respattn.engine.cluster import ClusterError
-from dist_respattn.engine.reduction import DEFAULT_FAN_IN, reduce_partitions
+from dist_respattn.engine.placement import EVERY_PARTITION, PassPlan, plan_pass
+from dist_respattn.engine.reduction import (
+    DEFAULT_FAN_IN,
+    fold_task,
+    reduce_partitions,
+    subtree,
+    subtree_partitions,
+    tree_shape,
+)
 
 __all__ = ["LOST_WORK_ERRORS", "PassRunner"]
 
@@ -74,13 +82,16 @@ class PassRunner:
         *,
         description: str = "",
         before_attempt: Callable[[int], None] | None = None,
+        plan: PassPlan = EVERY_PARTITION,
     ) -> Any:
         """Run ``task(*args_for(part))`` on every partition and return the combined value.
 
         Keys: ``respattn-<name>-<label>-<part>-<tag>`` for the partition tasks and
         ``respattn-<name>-combine-<label>-<level>-<i>-<tag>`` for the combines (the E-step's ``name``
         is ``estep`` with combines ``respattn-combine-…``). ``before_attempt(attempt)`` runs before every
-        submission (it may re-scatter inputs a lost worker took with it).
+        submission (it may re-scatter inputs a lost worker took with it). ``plan`` (see :meth:`plan`): with a
+        level above 0, a task folds a whole subtree of the partitions (its key: its first partition's), with
+        the same value.
         """
         combine_name = "combine" if name == "estep" else f"{name}-combine"
         for attempt in range(MAX_ATTEMPTS):
@@ -90,7 +101,7 @@ class PassRunner:
             try:
                 return self._run_once(
                     f"respattn-{name}-{label}", f"respattn-{combine_name}-{label}", tag,
-                    n_partitions, task, args_for, description,
+                    n_partitions, task, args_for, description, plan.level,
                 )  # fmt: skip
             except LOST_WORK_ERRORS as exc:
                 self._check_scheduler(name, label, exc)
@@ -100,6 +111,14 @@ class PassRunner:
             except distributed.client.ClosedClientError as exc:
                 raise self._scheduler_lost(name, label, "") from exc
         raise AssertionError("unreachable")
+
+    def plan(self, sizes: Sequence[int], payload_bytes: int) -> PassPlan:
+        """How a pass over partitions of ``sizes`` rows, whose tasks read a payload of ``payload_bytes``, runs on
+        the workers alive now (see :mod:`~dist_respattn.engine.placement`): the same plan for the same cluster,
+        and the same workers for every pass of this runner's run."""
+        return plan_pass(
+            sizes, self.fan_in, list(self.client.ncores()), payload_bytes=payload_bytes, run_tag=self.run_tag
+        )
 
     def run_ordered(
         self,
@@ -190,9 +209,22 @@ class PassRunner:
         task: Callable[..., Any],
         args_for: Callable[[int], tuple[Any, ...]],
         description: str,
+        level: int = 0,
     ) -> Any:
-        def submit_leaf(part: int, key: str) -> distributed.Future:
-            return self.client.submit(task, *args_for(part), key=key, pure=False)
+        levels = tree_shape(n_partitions, self.fan_in)
+        #: Partitions under each leaf task, by key (for the progress bar).
+        weights: dict[str, int] = {}
+
+        def submit_leaf(node: int, key: str) -> distributed.Future:
+            if level == 0:
+                weights[key] = 1
+                return self.client.submit(task, *args_for(node), key=key, pure=False)
+            tree = subtree(levels, level, node)
+            parts = subtree_partitions(tree)
+            weights[key] = len(parts)
+            return self.client.submit(
+                fold_task, task, tree, {part: args_for(part) for part in parts}, key=key, pure=False
+            )
 
         bar = self.make_bar(n_partitions, description) if self.make_bar is not None else None
         # Progress holds each leaf only until it has finished and been counted. Bound to this pass's client's
@@ -207,11 +239,12 @@ class PassRunner:
             tag=tag,
             fan_in=self.fan_in,
             on_leaf=completed.add if completed is not None else None,
+            level=level,
         )
         try:
             if bar is not None and completed is not None:
-                for _ in completed:
-                    bar.update(1)
+                for leaf in completed:
+                    bar.update(weights.get(str(leaf.key), 1))
             return root.result()
         finally:
             if bar is not None:

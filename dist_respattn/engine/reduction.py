@@ -16,7 +16,15 @@ import distributed
 
 from dist_respattn.engine.worker_tasks import combine_values
 
-__all__ = ["DEFAULT_FAN_IN", "reduce_partitions", "tree_shape"]
+__all__ = [
+    "DEFAULT_FAN_IN",
+    "fold_subtree",
+    "fold_task",
+    "reduce_partitions",
+    "subtree",
+    "subtree_partitions",
+    "tree_shape",
+]
 
 #: Values a combine task adds. Each E-step value holds the dense (S, T) emission counts, so a combine
 #: holds fan-in + 1 of them; 4 keeps that at 5 × 32 MB at S = T = 2000 and the tree shallow.
@@ -40,6 +48,37 @@ def tree_shape(n_leaves: int, fan_in: int) -> list[list[list[int]]]:
     return levels
 
 
+def subtree(levels: list[list[list[int]]], level: int, index: int) -> int | list[Any]:
+    """Node ``(level, index)`` of the tree ``levels`` (:func:`tree_shape`) as nested lists of its children down to
+    its partitions' numbers (a node of level 0 is its partition's number)."""
+    if level == 0:
+        return index
+    return [subtree(levels, level - 1, child) for child in levels[level - 1][index]]
+
+
+def subtree_partitions(node: int | list[Any]) -> list[int]:
+    """The partitions under a :func:`subtree` node, in order."""
+    if isinstance(node, int):
+        return [node]
+    return [part for child in node for part in subtree_partitions(child)]
+
+
+def fold_subtree(node: int | list[Any], leaf: Callable[[int], Any]) -> Any:
+    """A :func:`subtree` node's value: ``leaf(part)`` for its partitions in order, each node's children added left
+    to right by :func:`combine_values` as the tree's combine tasks add them (a node of one child is that child),
+    so the value is the tree's to the bit. Holds at most ``fan_in`` values a level, as the tree does."""
+    if isinstance(node, int):
+        return leaf(node)
+    values = [fold_subtree(child, leaf) for child in node]
+    return values[0] if len(values) == 1 else combine_values(*values)
+
+
+def fold_task(task: Callable[..., Any], node: int | list[Any], args: dict[int, tuple[Any, ...]]) -> Any:
+    """One task for a whole subtree of a pass (run on a worker): ``task(*args[part])`` for every partition under
+    ``node``, folded by :func:`fold_subtree`."""
+    return fold_subtree(node, lambda part: task(*args[part]))
+
+
 def reduce_partitions(
     client: distributed.Client,
     n_partitions: int,
@@ -50,18 +89,23 @@ def reduce_partitions(
     tag: str,
     fan_in: int = DEFAULT_FAN_IN,
     on_leaf: Callable[[distributed.Future], Any] | None = None,
+    level: int = 0,
 ) -> distributed.Future:
-    """Submit ``submit_leaf(part, key)`` for every partition and the combine tree over them; return the root.
+    """Submit ``submit_leaf(node, key)`` for every node of the tree's level ``level`` (level 0, the default: every
+    partition) and the combine tree above them; return the root.
 
-    Keys are ``f"{key_prefix}-{part}-{tag}"`` for leaves and ``f"{combine_prefix}-{level}-{i}-{tag}"``
-    for combines (``tag`` keeps concurrent fits on one cluster apart). ``on_leaf`` sees each leaf
-    future (for progress). Only the root is kept: the scheduler frees each value as soon as its
-    parent has consumed it, so a worker holds O(fan-in × depth) values, not one per partition.
-    A single partition is its own root.
+    A node of a higher level is a whole subtree, whose task folds it itself (:func:`fold_task`, given
+    :func:`subtree` of it): fewer, larger tasks, with the same value. Keys are ``f"{key_prefix}-{part}-{tag}"``
+    for leaves (``part``: the node's first partition) and ``f"{combine_prefix}-{level}-{i}-{tag}"`` for combines
+    (``tag`` keeps concurrent fits on one cluster apart). ``on_leaf`` sees each leaf future (for progress). Only
+    the root is kept: the scheduler frees each value as soon as its parent has consumed it, so a worker holds
+    O(fan-in × depth) values, not one per partition. A single partition is its own root.
     """
     if n_partitions < 1:
         raise ValueError("there are no partitions to reduce")
     levels = tree_shape(n_partitions, fan_in)
+    if not 0 <= level <= len(levels):
+        raise ValueError(f"level = {level}: the tree over {n_partitions} partitions has levels 0 to {len(levels)}")
     # nodes[l][i]: the future of node i at level l (level 0: leaves), filled as submitted.
     nodes: list[dict[int, distributed.Future]] = [{} for _ in range(len(levels) + 1)]
 
@@ -84,11 +128,13 @@ def reduce_partitions(
             del inputs
             level, index = level + 1, parent
 
-    for part in range(n_partitions):
-        future = submit_leaf(part, f"{key_prefix}-{part}-{tag}")
+    width = n_partitions if level == 0 else len(levels[level - 1])
+    for node in range(width):
+        first = subtree_partitions(subtree(levels, level, node))[0]
+        future = submit_leaf(node, f"{key_prefix}-{first}-{tag}")
         if on_leaf is not None:
             on_leaf(future)
-        nodes[0][part] = future
+        nodes[level][node] = future
         del future
-        submit_ready(0, part)
+        submit_ready(level, node)
     return nodes[-1].pop(0)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.baselines.ranking import RankingBaselines
+from dist_respattn.engine.payload import opened
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import Block, Columns, Grid, Head, Trainer, combine
@@ -305,8 +306,9 @@ def statistics_task(
     """The E-step statistics of partition ``part``'s selected rows under ``head``, its blocks visited in row order.
 
     Holds one block of rows (one chunk, plus zarr's decode buffers) and the trainer's running statistics at a
-    time.
+    time. ``head`` may come as a shared payload and its tables (:func:`~dist_respattn.engine.payload.opened`).
     """
+    head = opened(head)
     store = checked_store(location, fingerprint)
     blocks = partition_blocks(store, part, rows, trainer.columns, mapping)
     return _run(store, part, blocks, functools.partial(trainer.statistics, head))
@@ -334,7 +336,9 @@ def grid_task(
     rows: RowSelection,
     mapping: np.ndarray | None = None,
 ) -> Any:
-    """Held-out totals of partition ``part``'s selected rows at every point of an M-step's grid."""
+    """Held-out totals of partition ``part``'s selected rows at every point of an M-step's grid (which may come as
+    a shared payload and its tables: :func:`~dist_respattn.engine.payload.opened`)."""
+    grid = opened(grid)
     store = checked_store(location, fingerprint)
     return _run(store, part, partition_blocks(store, part, rows, grid.columns, mapping), grid.score)
 

@@ -8,6 +8,7 @@ starts; degenerate fits being reported; and the memory check refusing a shape th
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -32,6 +33,8 @@ from dist_respattn.engine import (
 )
 from dist_respattn.engine.loop import EarlyStopping
 from dist_respattn.engine.memory import check_memory
+from dist_respattn.engine.passes import PassRunner
+from dist_respattn.engine.placement import PassPlan
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.store import StoreSchema, TripleStore, WriteOptions, write_arrays, write_synthetic
 from tests.engine.clusters import local_cluster
@@ -160,6 +163,35 @@ def test_fits_on_one_two_and_three_workers_are_bit_identical(small_store, client
     assert other_seed.history[0]["mean_log_likelihood"] != first["random"]
 
 
+def ordered_value(part: int) -> np.ndarray:
+    """Partition ``part``'s value for :func:`test_a_pass_folded_into_fewer_tasks_gives_the_same_bits`: numbers of
+    scales far apart, whose sum depends on the order of the additions."""
+    rng = np.random.default_rng(part)
+    return rng.standard_normal(256) * 10.0 ** rng.integers(-9, 9, 256)
+
+
+@pytest.mark.slow
+def test_a_pass_folded_into_fewer_tasks_gives_the_same_bits(client):
+    """A pass over 11 partitions run a task a partition, or a task a subtree of the combine tree (levels 1 to 3,
+    on one worker or both), gives the same bits; another order of the same additions does not."""
+    runner = PassRunner(client, "0a1b2c3d", fan_in=2)
+    everywhere = runner.run("t", "0", 11, ordered_value, lambda part: (part,))
+    values = [ordered_value(part) for part in range(11)]
+    assert not np.array_equal(everywhere, functools.reduce(np.add, values))  # the order shows in the bits
+    workers = sorted(client.ncores())
+    with distributed.get_task_stream(client=client) as stream:
+        for level in (1, 2, 3, 4):
+            for chosen in (tuple(workers[:1]), None):
+                folded = runner.run(
+                    "t", str(level), 11, ordered_value, lambda part: (part,), plan=PassPlan(level, chosen)
+                )
+                assert np.array_equal(folded, everywhere), (level, chosen)
+    leaves = sorted({str(r["key"]) for r in stream.data if str(r["key"]).startswith("respattn-t-4-")})
+    assert leaves == ["respattn-t-4-0-0a1b2c3d"]  # level 4 is the root: one task for the whole pass
+    level_1 = {str(r["key"]) for r in stream.data if str(r["key"]).startswith("respattn-t-1-")}
+    assert level_1 == {f"respattn-t-1-{first}-0a1b2c3d" for first in range(0, 11, 2)}
+
+
 # -------------------------------------------------------------------- keys, spans, events, no leaks
 
 
@@ -181,12 +213,11 @@ def test_tasks_spans_and_events_are_named_per_iteration(small_store, small_valid
     expected = [f"respattn-init-0-{p}" for p in range(PARTITIONS)]
     expected += [f"respattn-init-combine-0-{c}" for c in COMBINES]
     # The start's M-step makes its choices on the validation store too.
-    expected += ["respattn-heldout-0-0", "respattn-heldout-0-1", "respattn-heldout-combine-0-1-0"]
+    # The passes that read the parameters or a grid are small enough here to run as one task each, which folds
+    # the whole combine tree itself (named by its first partition; see engine/placement.py).
+    expected += ["respattn-heldout-0-0"]
     for k in (1, 2):
-        expected += [f"respattn-estep-{k}-{p}" for p in range(PARTITIONS)]
-        expected += [f"respattn-combine-{k}-{c}" for c in COMBINES]
-        # The validation store (5,000 rows) has 2 partitions: two score tasks and one combine.
-        expected += [f"respattn-heldout-{k}-0", f"respattn-heldout-{k}-1", f"respattn-heldout-combine-{k}-1-0"]
+        expected += [f"respattn-estep-{k}-0", f"respattn-heldout-{k}-0"]
     assert names == sorted(expected)
 
     def spans_of_run(dask_scheduler, tag=tag):
@@ -197,14 +228,9 @@ def test_tasks_spans_and_events_are_named_per_iteration(small_store, small_valid
         return found
 
     spans = client.run_on_scheduler(spans_of_run)
-    per_iteration = {"respattn-estep": 5, "respattn-combine": 2, "respattn-heldout": 2, "respattn-heldout-combine": 1}
+    per_iteration = {"respattn-estep": 1, "respattn-heldout": 1}
     assert spans == {
-        (f"respattn-init-{tag}",): {
-            "respattn-init": 5,
-            "respattn-init-combine": 2,
-            "respattn-heldout": 2,
-            "respattn-heldout-combine": 1,
-        },
+        (f"respattn-init-{tag}",): {"respattn-init": 5, "respattn-init-combine": 2, "respattn-heldout": 1},
         (f"respattn-iteration-1-{tag}",): per_iteration,
         (f"respattn-iteration-2-{tag}",): per_iteration,
     }

@@ -6,6 +6,8 @@ support the start pass finds is every (context symbol, target) pair the training
 
 from __future__ import annotations
 
+import pickle
+
 import distributed
 import numpy as np
 import pytest
@@ -89,6 +91,28 @@ def test_sparse_fits_on_one_two_and_three_workers_are_bit_identical(small_store,
         assert_bit_identical(result.model, two.model)
         for key in ("mean_log_likelihood", "hyperparameters", "heldout"):
             assert [e[key] for e in result.history] == [e[key] for e in two.history], key
+
+
+@pytest.mark.slow
+def test_a_sparse_fit_sends_its_support_once(small_store, client, tmp_path):
+    """The support goes to the workers once a fit, apart: at every iteration's end the cluster holds the same one
+    table, and parameters that are smaller than the model pickled whole by more than the support's symbols."""
+    held: list[dict[str, int]] = []
+
+    def say(line: str) -> None:
+        if line.startswith("iteration "):
+            held.append({str(k): v for k, v in client.nbytes(summary=False).items() if str(k).startswith("respattn-")})
+
+    result = fit(small_store, model_dir=tmp_path / "model", client=client, settings=SPARSE, say=say, progress=False)
+    support = result.model.emission_table.support
+    assert len(held) == result.iterations == 3
+    tables = [{key: size for key, size in keys.items() if key.startswith("respattn-table-")} for keys in held]
+    assert all(len(t) == 1 and t == tables[0] for t in tables), tables
+    whole = len(pickle.dumps(result.model, protocol=5))
+    for iteration, keys in enumerate(held, start=1):
+        params = [size for key, size in keys.items() if key.startswith(f"respattn-params-{iteration}-")]
+        # The iteration's parameters, without the support: its pairs' values (8 bytes each) but not their symbols.
+        assert len(params) == 1 and params[0] < whole - support.symbols.nbytes, (iteration, keys, whole)
 
 
 @pytest.mark.slow

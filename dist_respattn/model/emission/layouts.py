@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from dist_respattn.model.fixed import FitConstant
 from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys
 
 __all__ = [
@@ -67,8 +68,9 @@ def choose_layout(num_symbols: int, num_targets: int, layout: str = "auto") -> L
 
 
 @dataclass(frozen=True, eq=False)
-class PairSupport:
-    """A fixed set of (symbol, target) pairs, target-major (CSR by target).
+class PairSupport(FitConstant):
+    """A fixed set of (symbol, target) pairs, target-major (CSR by target); fixed for a fit (a :class:`FitConstant`:
+    never changed once made).
 
     Attributes:
         num_symbols, num_targets: S and T.
