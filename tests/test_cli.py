@@ -44,7 +44,9 @@ def test_demo_fits_the_standard_library_and_compares_it_with_the_baselines(tmp_p
     assert report["heldout_rows"].startswith("the validation store")
     # What fit picks on a token-stream store: the recipe, its parts fitted first, then their stack's gate.
     assert report["kind"] == "stack" and {"single", "copy", "conj"} <= set(report)
-    assert sum(report["stack_gate"]) == pytest.approx(1.0) and min(report["stack_gate"]) > 0
+    # Code: the conjunction and copy heads share the gate (the long single head is there for item sequences).
+    conj, copy, _ = report["stack_gate"]
+    assert sum(report["stack_gate"]) == pytest.approx(1.0) and conj > 0 and copy > 0
     test = report["test"]
     assert test["store"].endswith("test.zarr")
     bigrams = {"unigram", "add_k", "jelinek_mercer", "kneser_ney"}
