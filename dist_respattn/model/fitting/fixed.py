@@ -1,5 +1,5 @@
-"""The M-step of a kind with nothing to choose on held-out rows: one candidate, the new head, scored all the same
-(for early stopping and the fit page)."""
+"""Pieces of M-steps the kinds share: the one candidate of a kind with nothing to choose on held-out rows (the new
+head, scored all the same, for early stopping and the fit page), and the held-out totals of a grid of heads."""
 
 from __future__ import annotations
 

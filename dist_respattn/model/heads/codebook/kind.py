@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dist_respattn.model.fitting.fixed import PointTotals
 from dist_respattn.model.heads.base import (
     Block,
     Candidates,
@@ -302,20 +303,6 @@ class CodebookChoice:
 
 
 @dataclass(frozen=True)
-class CodebookGridTotals:
-    """Held-out totals at every point of a :class:`CodebookGrid` (additive)."""
-
-    totals: tuple[ScoreTotals, ...]
-
-    @property
-    def weight(self) -> float:
-        return float(self.totals[0].weight) if self.totals else 0.0
-
-    def __add__(self, other: CodebookGridTotals) -> CodebookGridTotals:
-        return CodebookGridTotals(tuple(a + b for a, b in zip(self.totals, other.totals, strict=True)))
-
-
-@dataclass(frozen=True)
 class CodebookGrid(Grid):
     """The held-out pass of a codebook M-step: every point's head scored (the chosen one also gives early stopping
     and the fit page their held-out curve)."""
@@ -326,7 +313,7 @@ class CodebookGrid(Grid):
     def columns(self) -> Columns:
         return Columns(windows=True)
 
-    def score(self, blocks: Iterable[Block]) -> CodebookGridTotals:
+    def score(self, blocks: Iterable[Block]) -> PointTotals:
         # The points share their tables (one near table per pseudo-count, one set of codeword tables per other), and
         # so their logs: the grid holds 4 + 3 tables, not 12 heads' worth.
         logs: dict[int, np.ndarray] = {}
@@ -337,7 +324,7 @@ class CodebookGrid(Grid):
         for block in blocks:
             for k, head in enumerate(self.heads):
                 totals[k] = totals[k] + head.score([block], accuracy=False)
-        return CodebookGridTotals(tuple(totals))
+        return PointTotals(tuple(totals))
 
     def nbytes(self) -> int:
         return int(sum(head.nbytes() for head in self.heads))

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dist_respattn.model.emission.layouts import DenseEmissionCounts, SparseEmission, SparseEmissionCounts
+from dist_respattn.model.fitting.fixed import PointTotals
 from dist_respattn.model.heads.base import (
     Block,
     BlockPass,
@@ -47,7 +48,6 @@ __all__ = [
     "ConjCandidates",
     "ConjChoice",
     "ConjGrid",
-    "ConjGridTotals",
     "ConjSpec",
     "ConjStatistics",
     "ConjTrainer",
@@ -368,20 +368,6 @@ class ConjChoice:
 
 
 @dataclass(frozen=True)
-class ConjGridTotals:
-    """Held-out totals at every point of a :class:`ConjGrid` (additive)."""
-
-    totals: tuple[ScoreTotals, ...]
-
-    @property
-    def weight(self) -> float:
-        return float(self.totals[0].weight) if self.totals else 0.0
-
-    def __add__(self, other: ConjGridTotals) -> ConjGridTotals:
-        return ConjGridTotals(tuple(a + b for a, b in zip(self.totals, other.totals, strict=True)))
-
-
-@dataclass(frozen=True)
 class ConjGrid(Grid):
     """The held-out pass of a conjunction M-step: the new head at each (beta, gamma, D) of ``points`` (at order 3,
     each (beta, gamma, D, beta3, gamma3, D3))."""
@@ -393,7 +379,7 @@ class ConjGrid(Grid):
     def columns(self) -> Columns:
         return self.head.columns
 
-    def score(self, blocks: Iterable[Block]) -> ConjGridTotals:
+    def score(self, blocks: Iterable[Block]) -> PointTotals:
         """Every point in one pass over the blocks (:func:`conj_score_grid`)."""
         triples = self.head.triples
         points = np.array(self.points, dtype=np.float64).reshape(-1, 3 if triples is None else 6)
@@ -403,7 +389,7 @@ class ConjGrid(Grid):
             self.head.check_rows(rows)
             totals += conj_score_grid(rows, self.head.parameters, self.head.counts, points,
                                       None if triples is None else triples.counts)  # fmt: skip
-        return ConjGridTotals(tuple(ScoreTotals(float(w), float(ll), float(tlp)) for ll, tlp, w in totals))
+        return PointTotals(tuple(ScoreTotals(float(w), float(ll), float(tlp)) for ll, tlp, w in totals))
 
     def nbytes(self) -> int:
         return self.head.nbytes()
