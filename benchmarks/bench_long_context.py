@@ -66,12 +66,21 @@ What is measured, in one run:
    HR, NDCG and MRR at K of each user's last item, full (every target) and sampled (against 100 unseen
    negatives, seed 0), for the head and the most-popular, Markov (Kneser-Ney bigram) and item-KNN baselines
    (item-KNN's window is the head's N), and the head's perplexity on the same held-out targets.
+   Beside the single heads, on the same split and by the same protocols: the **recipe** (``fit --head recipe``)
+   at every N of ``--ranking-recipes`` (default 8, 32), and the **stacks** of ``--ranking-stacks`` (default
+   ``conj+8+32``: the first recipe's conjunction head of N = 8 and the grid's single heads of N = 8 and 32, under
+   the ``target`` gate fitted on the validation store, as ``fit --head stack --stack-from`` fits it), each row with
+   its gate. ``--ranking-exclude-history`` ranks every model a second time with the items of the user's history
+   excluded from the full protocol's candidates (``evaluate --ranking-exclude-history``) and prints those columns
+   beside.
 
 Targets (printed with PASS/MISS; measured, never asserted):
 
 - predictor latency flat: the slowest of the histories' median latencies at most 1.5x the fastest (below
   N = 512 the window itself is shorter, so the same ratio over the histories >= N is printed beside);
-- long context pays: the best N > 8 head's test perplexity at least 10% below the N = 8 head's (ratio <= 0.90).
+- long context pays: the best N > 8 head's test perplexity at least 10% below the N = 8 head's (ratio <= 0.90);
+- ranking: the best model of a window N > 8 (single head, recipe or stack) at least 10% above the N = 8 head's full
+  NDCG@K (ratio >= 1.10), and the lowest perplexity among them at least 10% below its (ratio <= 0.90).
 
 Run::
 
@@ -124,7 +133,11 @@ GRID = "8:8;32:3,4,5,6;64:5,7;128:4,5,6,8;512:4,5,6,8,10"
 #: The ranking part keeps the items rated at least this many times in the leave-one-out train parts.
 MIN_ITEM_RATINGS = 5
 #: (N, K) fits of the ranking part, on the leave-one-out split.
-RANKING_GRID = "8:8;32:4"
+RANKING_GRID = "8:8;32:6"
+#: Windows of the recipes (``fit --head recipe --context N``) the ranking part fits.
+RANKING_RECIPES = "8,32"
+#: Stacks the ranking part fits: ``conj`` (the recipe's conjunction head of N = 8) and single heads of the grid.
+RANKING_STACKS = "conj+8+32"
 #: Windows of the codebook heads (near window 8) the quality part fits from its N = 8 head.
 CODEBOOK_CONTEXTS = "128,512"
 #: The N = 8 head the long windows are measured against.
@@ -135,6 +148,8 @@ DIM = 32
 TARGET_LATENCY_FLAT = 1.5
 #: The best long-context head's test perplexity over the N = 8 head's.
 TARGET_LONG_OVER_SHORT = 0.90
+#: The best long-history model's full-ranking NDCG@K over the N = 8 head's.
+TARGET_RANKING_OVER_SHORT = 1.10
 #: The histogram kernel's rows/s over the per-position kernel's at this N, on the item sequences, dense emission.
 TARGET_KERNEL_CONTEXT = 512
 TARGET_KERNEL_SPEEDUP = 8.0
@@ -150,6 +165,8 @@ SMOKE = {
     "grid": "8:8;32:4",
     "codebook_contexts": "32",
     "ranking_grid": "8:8",
+    "ranking_recipes": "32",
+    "ranking_stacks": "conj+8",
     "max_iter": 2,
     "max_tokens": 60_000,  # --sequences stdlib only
 }
@@ -794,90 +811,253 @@ def leave_one_out_stores(args: argparse.Namespace, corpus: dict[str, Any], out: 
     }
 
 
+def parse_stacks(text: str) -> list[tuple[str, ...]]:
+    """``"conj+8+32;conj+8+32+128"`` -> [("conj", "8", "32"), ("conj", "8", "32", "128")]: each stack's parts, ``conj``
+    (the recipe's conjunction head of N = 8) or a window N of ``--ranking-grid`` (its single head; ``N:K`` picks
+    among several K of one N)."""
+    stacks = []
+    for part in text.split(";"):
+        names = tuple(name.strip() for name in part.split("+") if name.strip())
+        if not names:
+            continue
+        for name in names:
+            if name != "conj" and not all(v.isdigit() for v in name.split(":")):
+                raise ValueError(
+                    f"--ranking-stacks: {name!r} is neither conj nor a window N (or N:K) of --ranking-grid"
+                )
+        if len(names) < 2:
+            raise ValueError(f"--ranking-stacks: {part.strip()!r} stacks fewer than two heads")
+        stacks.append(names)
+    return stacks
+
+
+def _ranked(model_dir: Path, stores: dict[str, str], settings: Any, client: Any, exclude: bool) -> dict[str, Any]:
+    """``evaluate --ranking`` of ``model_dir`` on the test store: its perplexity, ranking, and with ``exclude`` the
+    full protocol with the history excluded (``--ranking-exclude-history``) beside."""
+    import dataclasses
+
+    from dist_respattn.engine import evaluate
+
+    started = time.perf_counter()
+    tested = evaluate(model_dir, stores["test"], client=client, progress=False, ranking=settings).to_json()
+    figures = {
+        "perplexity": float(tested["model"]["perplexity"]),
+        "heldout_weight": float(tested["weight"]),
+        "ranking": tested["ranking"],
+        "excluded": None,
+        "baseline_perplexity": {
+            name: float(tested["baselines"][name]["perplexity"]) for name in ("unigram", "kneser_ney")
+        },
+    }
+    if exclude:
+        excluded = dataclasses.replace(settings, exclude_history=True)
+        figures["excluded"] = evaluate(
+            model_dir, stores["test"], client=client, progress=False, ranking=excluded, baseline_order=2
+        ).to_json()["ranking"]
+    figures["evaluate_seconds"] = time.perf_counter() - started
+    rk = figures["ranking"]
+    shown = f", history excluded {figures['excluded']['full']['ndcg']:.4f}" if exclude else ""
+    say(
+        f"  full HR@{settings.k} {rk['full']['hit_rate']:.4f}, NDCG {rk['full']['ndcg']:.4f}{shown}; sampled HR "
+        f"{rk['sampled']['hit_rate']:.4f}; perplexity {figures['perplexity']:.2f} ({rk['rows']} users)"
+    )
+    return figures
+
+
+def _gate(model_dir: Path) -> list[float] | None:
+    """A stack's gate as its checkpoint holds it (``None`` when it cannot be read)."""
+    from dist_respattn.artifacts import load_checkpoint
+
+    head = load_checkpoint(model_dir).model
+    gate = getattr(head, "gate", None)
+    return None if gate is None else [float(v) for v in np.asarray(gate)]
+
+
 def ranking_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path, shared: Any = None) -> dict[str, Any]:
-    from dist_respattn.engine import ClusterOptions, FitSettings, connect, evaluate, fit
+    from dist_respattn.engine import ClusterOptions, FitSettings, connect, fit
+    from dist_respattn.model.heads.conj.kind import ConjSpec
+    from dist_respattn.model.heads.recipe.kind import RECIPE_CONJ_ORDER, RECIPE_SHORT_CONTEXT, RecipeSpec
+    from dist_respattn.model.heads.stack.kind import StackSpec
     from dist_respattn.model.ranking import RankingSettings
 
     say("ranking: writing the leave-one-out split")
     split = leave_one_out_stores(args, corpus, work / "leave-one-out")
     stores = split["stores"]
     settings = RankingSettings(k=args.ranking_k, negatives=args.ranking_negatives)
-    heads = []
+    exclude = args.ranking_exclude_history
+    heads: list[dict[str, Any]] = []
+    recipes: list[dict[str, Any]] = []
+    stacks: list[dict[str, Any]] = []
+    models = work / "models"
+
+    def fitted(model_dir: Path, fit_settings: Any, head: Any = None) -> tuple[Any, float]:
+        started = time.perf_counter()
+        result = fit(
+            stores["train"], model_dir=model_dir, settings=fit_settings, head=head, validation=stores["validation"],
+            overwrite=True, client=client, progress=False, say=lambda m: say(f"    {m}"),
+        )  # fmt: skip
+        return result, time.perf_counter() - started
+
     # ``shared``: a client the parts share (one cluster started once), else a cluster of this part's own.
     with (
         nullcontext(shared)
         if shared is not None
         else connect(ClusterOptions(n_workers=args.workers), say=say) as client
     ):
+        single_dirs: dict[str, Path] = {}
         for n_pos, k in args.ranking_grid:
             say(f"ranking: fitting N = {n_pos}, K = {k} on the leave-one-out train store")
-            fit_settings = FitSettings(max_iter=args.max_iter, position_buckets=k, context_length=n_pos)
-            model_dir = work / "models" / f"loo-n{n_pos}-k{k}"
-            started = time.perf_counter()
-            result = fit(
-                stores["train"], model_dir=model_dir, settings=fit_settings, validation=stores["validation"],
-                overwrite=True, client=client, progress=False, say=lambda m: say(f"    {m}"),
-            )  # fmt: skip
-            fitted = time.perf_counter() - started
-            started = time.perf_counter()
-            tested = evaluate(model_dir, stores["test"], client=client, progress=False, ranking=settings).to_json()
-            heads.append({
-                "context": n_pos,
-                "buckets": k,
-                "perplexity": float(tested["model"]["perplexity"]),
-                "heldout_weight": float(tested["weight"]),
-                "iterations": result.iterations,
-                "fit_seconds": fitted,
-                "evaluate_seconds": time.perf_counter() - started,
-                "ranking": tested["ranking"],
-                "baseline_perplexity": {
-                    name: float(tested["baselines"][name]["perplexity"]) for name in ("unigram", "kneser_ney")
-                },
-            })  # fmt: skip
-            rk = tested["ranking"]
-            say(
-                f"  HR@{settings.k} full {rk['full']['hit_rate']:.4f}, NDCG {rk['full']['ndcg']:.4f}; sampled HR "
-                f"{rk['sampled']['hit_rate']:.4f} ({rk['rows']} users)"
+            model_dir = models / f"loo-n{n_pos}-k{k}"
+            single_dirs.setdefault(str(n_pos), model_dir)
+            single_dirs[f"{n_pos}:{k}"] = model_dir
+            result, seconds = fitted(
+                model_dir, FitSettings(max_iter=args.max_iter, position_buckets=k, context_length=n_pos)
             )
-    return {**split, "settings": settings.to_json(), "heads": heads}
+            heads.append({
+                "context": n_pos, "buckets": k, "iterations": result.iterations, "fit_seconds": seconds,
+                **_ranked(model_dir, stores, settings, client, exclude),
+            })  # fmt: skip
+        conj_dir: Path | None = None
+        for n_pos in args.ranking_recipes:
+            # What `fit --head recipe --context N` fits: the single head of N's geometric buckets, the copy head from
+            # it, the conjunction head of N = 8 and their stack, its gate on the validation store.
+            say(f"ranking: fitting the recipe at N = {n_pos} on the leave-one-out train store")
+            model_dir = models / f"loo-recipe-n{n_pos}"
+            fit_settings = FitSettings(max_iter=args.max_iter, context_length=n_pos)
+            result, seconds = fitted(model_dir, fit_settings, RecipeSpec(fit_settings.head_spec()))
+            conj_dir = conj_dir or model_dir / "conj"
+            recipes.append({
+                "context": n_pos, "iterations": result.iterations, "fit_seconds": seconds,
+                "parts": ["conj", "copy", "single"], "gate": _gate(model_dir),
+                **_ranked(model_dir, stores, settings, client, exclude),
+            })  # fmt: skip
+        for names in args.ranking_stacks:
+            if "conj" in names and conj_dir is None:
+                # No recipe fitted: the conjunction head as the recipe fits it (its own start, N = 8, free prior).
+                say("ranking: fitting the conjunction head of N = 8 on the leave-one-out train store")
+                conj_dir = models / "loo-conj-n8"
+                fitted(
+                    conj_dir,
+                    FitSettings(max_iter=args.max_iter, context_length=RECIPE_SHORT_CONTEXT),
+                    ConjSpec(FitSettings().head_spec(), order=RECIPE_CONJ_ORDER),
+                )
+            missing = [name for name in names if name != "conj" and name not in single_dirs]
+            if missing:
+                raise ValueError(f"--ranking-stacks: {', '.join(missing)} not a window of --ranking-grid")
+            paths = tuple(str(conj_dir if name == "conj" else single_dirs[name]) for name in names)
+            window = max(RECIPE_SHORT_CONTEXT if name == "conj" else int(name.split(":")[0]) for name in names)
+            say(f"ranking: fitting the stack {' + '.join(names)} (N = {window}), its gate on the validation store")
+            model_dir = models / ("loo-stack-" + "-".join(name.replace(":", "k") for name in names))
+            result, seconds = fitted(
+                model_dir, FitSettings(max_iter=args.max_iter, context_length=window), StackSpec(paths, "target")
+            )
+            stacks.append({
+                "context": window, "parts": list(names), "iterations": result.iterations, "fit_seconds": seconds,
+                "gate": _gate(model_dir), **_ranked(model_dir, stores, settings, client, exclude),
+            })  # fmt: skip
+    return {**split, "settings": settings.to_json(), "exclude_history": exclude, "heads": heads,
+            "recipes": recipes, "stacks": stacks}  # fmt: skip
+
+
+def _part_label(name: str) -> str:
+    return "conj N=8" if name == "conj" else f"N={name.replace(':', ' K=')}"
+
+
+def ranking_rows(ranking: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(label, figures) of every fitted model of the ranking part: single heads, recipes, stacks."""
+    rows = [(f"head N={h['context']} K={h['buckets']}", h) for h in ranking["heads"]]
+    for r in ranking.get("recipes", []):
+        gate = "/".join(f"{g:.2f}" for g in r["gate"]) if r.get("gate") else "-"
+        rows.append((f"recipe N={r['context']} (gate {gate})", r))
+    for s in ranking.get("stacks", []):
+        gate = "/".join(f"{g:.2f}" for g in s["gate"]) if s.get("gate") else "-"
+        rows.append((f"stack {' + '.join(_part_label(n) for n in s['parts'])} (gate {gate})", s))
+    return rows
+
+
+def ranking_best(ranking: dict[str, Any]) -> dict[str, Any] | None:
+    """The ranking targets: the best full NDCG@K among the long-history models (single heads, recipes and stacks whose
+    window is longer than N = 8), and the lowest perplexity among them, each over the N = 8 head's."""
+    reference = next(
+        (h for h in ranking["heads"] if h["context"] == REFERENCE_CONTEXT and h["buckets"] == REFERENCE_CONTEXT), None
+    )
+    others = [(label, f) for label, f in ranking_rows(ranking) if f["context"] > REFERENCE_CONTEXT]
+    if reference is None or not others:
+        return None
+    ndcg = max(others, key=lambda row: row[1]["ranking"]["full"]["ndcg"])
+    perplexity = min(others, key=lambda row: row[1]["perplexity"])
+    return {
+        "ndcg_model": ndcg[0],
+        "ndcg_over_reference": ndcg[1]["ranking"]["full"]["ndcg"] / reference["ranking"]["full"]["ndcg"],
+        "perplexity_model": perplexity[0],
+        "perplexity_over_reference": perplexity[1]["perplexity"] / reference["perplexity"],
+    }
 
 
 def ranking_report(ranking: dict[str, Any]) -> list[str]:
     k = ranking["settings"]["k"]
     negatives = ranking["settings"]["negatives"]
+    excluded = bool(ranking.get("exclude_history"))
     lines = [
         "",
         f"ranking each document's last item at K = {k}, leave-one-out split ({ranking['documents']} documents, "
         f"{ranking['skipped_documents']} of fewer than 3 items skipped; T = {ranking['num_symbols']}"
         + (f", items rated >= {ranking['min_item_ratings']} times" if ranking.get("min_item_ratings") else "")
-        + f"); full: every target; sampled: {negatives} unseen negatives; ties pessimistic",
+        + f"); full: every target; sampled: {negatives} unseen negatives; ties pessimistic"
+        + ("; excl.: full, the history's items excluded" if excluded else ""),
     ]
-    header = f"{'':<30}{'rows':>6}{'HR':>8}{'NDCG':>8}{'MRR':>8}  {'HR':>8}{'NDCG':>8}{'MRR':>8}{'perplexity':>12}"
-    lines += [f"{'':<36}{'full':>24}  {'sampled':>24}", header, "-" * len(header)]
-    labels = {"most_popular": "most popular", "markov": "Markov (KN bigram)", "item_knn": "item-KNN"}
+    width = max(len(label) for label, _ in ranking_rows(ranking)) + 2
+    extra = f"  {'HR':>8}{'NDCG':>8}{'MRR':>8}" if excluded else ""
+    header = (
+        f"{'':<{width}}{'rows':>6}{'HR':>8}{'NDCG':>8}{'MRR':>8}  {'HR':>8}{'NDCG':>8}{'MRR':>8}{extra}"
+        f"{'perplexity':>12}"
+    )
+    lines += [
+        f"{'':<{width + 6}}{'full':>24}  {'sampled':>24}" + (f"  {'full, excl.':>24}" if excluded else ""),
+        header,
+        "-" * len(header),
+    ]
 
-    def cells(figures: dict[str, Any]) -> str:
+    def cells(figures: dict[str, Any], excl: dict[str, Any] | None) -> str:
         full, sampled = figures["full"], figures["sampled"]
-        return (
+        text = (
             f"{full['rows']:>6}{full['hit_rate']:>8.4f}{full['ndcg']:>8.4f}{full['mrr']:>8.4f}  "
             f"{sampled['hit_rate']:>8.4f}{sampled['ndcg']:>8.4f}{sampled['mrr']:>8.4f}"
         )
+        if excluded:
+            if excl is None:
+                return text + f"  {'-':>24}"
+            e = excl["full"]
+            text += f"  {e['hit_rate']:>8.4f}{e['ndcg']:>8.4f}{e['mrr']:>8.4f}"
+        return text
 
-    for h in ranking["heads"]:
-        rk = h["ranking"]
-        lines.append(
-            f"{'head N=' + str(h['context']) + ' K=' + str(h['buckets']):<30}{cells(rk)}{h['perplexity']:>12.2f}"
-        )
+    for label, f in ranking_rows(ranking):
+        excl = f["excluded"] if excluded else None
+        lines.append(f"{label:<{width}}{cells(f['ranking'], excl)}{f['perplexity']:>12.2f}")
+    # The baselines: most popular and the Markov chain do not depend on the window; item-KNN once per window.
+    labels = {"most_popular": "most popular", "markov": "Markov (KN bigram)", "item_knn": "item-KNN"}
+    seen: set[tuple[str, int]] = set()
+    for _label, f in ranking_rows(ranking):
+        rk, excl = f["ranking"], f["excluded"] if excluded else None
+        window = int(f["context"])
         for name, figures in rk["baselines"].items():
-            extra = f" (window {h['context']})" if name == "item_knn" else ""
-            shown = h["baseline_perplexity"]["kneser_ney"] if name == "markov" else None
-            if name == "most_popular":
-                shown = h["baseline_perplexity"]["unigram"]
+            key = (name, window if name == "item_knn" else 0)
+            if key in seen:
+                continue
+            seen.add(key)
+            shown = None
+            if name == "markov":
+                shown = f["baseline_perplexity"]["kneser_ney"]
+            elif name == "most_popular":
+                shown = f["baseline_perplexity"]["unigram"]
             tail = f"{shown:>12.2f}" if shown is not None else f"{'-':>12}"
-            lines.append(f"{'  ' + labels.get(name, name) + extra:<30}{cells(figures)}{tail}")
+            extra_label = f" (window {window})" if name == "item_knn" else ""
+            base_excl = excl["baselines"][name] if excl is not None else None
+            lines.append(f"{labels.get(name, name) + extra_label:<{width}}{cells(figures, base_excl)}{tail}")
     lines.append(
         "  perplexity: of the held-out test targets (most popular: the add-k unigram's; Markov: the Kneser-Ney "
-        "bigram's); a head's rows are its own window's (min_context 1: every kept user)"
+        "bigram's); a head's rows are its own window's (min_context 1: every kept user); gates in the order of "
+        "the parts (a recipe's: conj, copy, single)"
     )
     return lines
 
@@ -887,6 +1067,7 @@ def ranking_report(ranking: dict[str, Any]) -> list[str]:
 
 def targets_of(report: dict[str, Any]) -> list[dict[str, Any]]:
     latency, quality, kernel = report.get("latency"), report.get("quality"), report.get("kernel")
+    best = ranking_best(report["ranking"]) if report.get("ranking") else None
     flat = latency.get("predictor_flatness") if latency else None
     ratio = quality.get("best_over_reference") if quality else None
     corpus = kernel["corpora"][0]["corpus"] if kernel and kernel.get("corpora") else None
@@ -916,6 +1097,20 @@ def targets_of(report: dict[str, Any]) -> list[dict[str, Any]]:
             "target": f"<= {TARGET_LONG_OVER_SHORT}",
             "measured": ratio,
             "pass": None if ratio is None else bool(ratio <= TARGET_LONG_OVER_SHORT),
+        },
+        {
+            "name": f"ranking: best N > {REFERENCE_CONTEXT} model / N = {REFERENCE_CONTEXT} head (full NDCG)",
+            "target": f">= {TARGET_RANKING_OVER_SHORT}",
+            "measured": best["ndcg_over_reference"] if best else None,
+            "pass": None if best is None else bool(best["ndcg_over_reference"] >= TARGET_RANKING_OVER_SHORT),
+            "model": best["ndcg_model"] if best else None,
+        },
+        {
+            "name": f"ranking: best N > {REFERENCE_CONTEXT} model / N = {REFERENCE_CONTEXT} head (perplexity)",
+            "target": f"<= {TARGET_LONG_OVER_SHORT}",
+            "measured": best["perplexity_over_reference"] if best else None,
+            "pass": None if best is None else bool(best["perplexity_over_reference"] <= TARGET_LONG_OVER_SHORT),
+            "model": best["perplexity_model"] if best else None,
         },
     ]
 
@@ -1079,7 +1274,8 @@ def format_report(report: dict[str, Any]) -> str:
     for t in report["targets"]:
         shown = "-" if t["measured"] is None else f"{t['measured']:.3f}"
         verdict = "not measured" if t["pass"] is None else ("PASS" if t["pass"] else "MISS")
-        lines.append(f"  {t['name']:<62}{t['target']:<9}{shown:>8}  {verdict}")
+        model = f" ({t['model']})" if t.get("model") else ""
+        lines.append(f"  {t['name']:<62}{t['target']:<9}{shown:>8}  {verdict}{model}")
     return "\n".join(lines)
 
 
@@ -1119,6 +1315,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--near-window", type=int, default=8, help="the codebook heads' near window N0")
     parser.add_argument("--codebooks", type=int, default=8, help="the codebook heads' B")
     parser.add_argument("--codewords", type=int, default=16, help="the codebook heads' W")
+    parser.add_argument(
+        "--ranking-recipes",
+        default=RANKING_RECIPES,
+        help='windows N of the recipes the ranking part fits ("" for none)',
+    )
+    parser.add_argument(
+        "--ranking-stacks",
+        default=RANKING_STACKS,
+        help='stacks the ranking part fits, "conj+8+32;8+128": conj (the first recipe\'s conjunction head of '
+        'N = 8) and windows N (or N:K) of --ranking-grid, their gate on the validation store ("" for none)',
+    )
+    parser.add_argument(
+        "--ranking-exclude-history",
+        action="store_true",
+        help="also rank every model with the history's items excluded from the full protocol's candidates",
+    )
     parser.add_argument("--ranking-k", type=int, default=10, help="the ranking part's cut-off K")
     parser.add_argument("--ranking-negatives", type=int, default=100, help="negatives of the sampled protocol")
     parser.add_argument("--max-iter", type=int, default=15)
@@ -1139,6 +1351,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.grid = parse_grid(args.grid)
     args.codebook_contexts = [int(v) for v in str(args.codebook_contexts).split(",") if v.strip()]
     args.ranking_grid = parse_grid(args.ranking_grid)
+    args.ranking_recipes = [int(v) for v in str(args.ranking_recipes).split(",") if v.strip()]
+    try:
+        args.ranking_stacks = parse_stacks(str(args.ranking_stacks))
+    except ValueError as exc:
+        parser.error(str(exc))
     for name in (
         "kernel_positions",
         "kernel_rows",
@@ -1199,6 +1416,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "codebook_contexts": args.codebook_contexts,
         "codebook": [args.near_window, args.codebooks, args.codewords],
         "ranking_grid": [list(p) for p in args.ranking_grid],
+        "ranking_recipes": args.ranking_recipes,
+        "ranking_stacks": ["+".join(names) for names in args.ranking_stacks],
+        "ranking_exclude_history": args.ranking_exclude_history,
         "ranking_k": args.ranking_k,
         "ranking_negatives": args.ranking_negatives,
         "max_iter": args.max_iter,
