@@ -680,6 +680,47 @@ def test_scale_smoke_run_reports_every_figure(tmp_path):
 
 
 @pytest.mark.slow
+def test_scale_recipe_smoke_run_reports_each_stage(tmp_path):
+    """bench_scale.py --head recipe on the ``email`` package: the recipe's four stages in order, each with its
+    parameters and iteration times, the memory peaks and the test perplexity beside the Kneser-Ney n-grams."""
+    import sysconfig
+
+    corpus = Path(sysconfig.get_paths()["stdlib"]) / "email"
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-W", "error::RuntimeWarning", str(SCALE_SCRIPT), "--json", "--corpus", str(corpus)),
+            *("--vocab-size", "1999", "--reference-rows", "0", "--iterations", "1", "--test-fraction", "0.2"),
+            *("--head", "recipe", "--share", "1"),
+            *("--work", str(tmp_path), "--cache", str(tmp_path / "cache"), "--memory-limit", "2GiB"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=SCALE_SCRIPT.parents[1],
+        check=False,
+    )
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    table, _, payload = completed.stdout.partition("\n{")
+    report = json.loads("{" + payload)
+    assert "reference" not in report  # --reference-rows 0
+    fitted = report["fit"]
+    stages = fitted["stages"]
+    assert [stage["kind"] for stage in stages] == ["single_hop", "copy", "conj", "stack"]
+    assert [stage["directory"] for stage in stages] == ["single", "copy", "conj", "."]
+    for stage in stages:
+        assert stage["parameters"] > 0 and stage["iterations"] == 1
+        assert 0 < stage["first_iteration_seconds"] <= stage["seconds"]
+        assert f"{stage['seconds']:8.1f}" in table
+    # The stack holds its parts: its parameters are theirs (and its gate's).
+    assert stages[3]["parameters"] >= sum(stage["parameters"] for stage in stages[:3])
+    assert fitted["worker_peak_gib"] > 0 and fitted["driver_peak_gib"] > 0
+    assert_positive_finite(fitted["head_perplexity"], "recipe")
+    assert set(fitted["baselines"]) == {"kneser_ney", *NGRAM_BASELINES}
+    assert f"recipe {fitted['head_perplexity']:.2f}; KN 2 {fitted['baselines']['kneser_ney']:.2f}" in table
+    assert table.count("PASS") + table.count("MISS") == 4  # store, ingest, worker and driver peaks
+
+
+@pytest.mark.slow
 def test_scale_ingest_only_reports_the_ingest_figure(tmp_path):
     """``bench_scale.py --ingest-only``: the ingest and store figures of a small corpus, nothing else."""
     corpus = tmp_path / "corpus"
