@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
 import logging
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
@@ -27,7 +26,6 @@ from dist_respattn.engine.placement import EVERY_PARTITION, PassPlan, plan_pass
 from dist_respattn.engine.reduction import (
     DEFAULT_FAN_IN,
     fold_task,
-    placed_on,
     reduce_partitions,
     subtree,
     subtree_partitions,
@@ -43,9 +41,6 @@ LOST_WORK_ERRORS: tuple[type[BaseException], ...] = (distributed.KilledWorker, c
 
 #: How many times a pass is submitted before a lost-work failure is reported.
 MAX_ATTEMPTS = 3
-
-#: How often a pass of placed tasks checks that their workers are alive (see ``PassRunner._await_placed``).
-PLACED_CHECK_SECONDS = 2.0
 
 #: What a fit's user can do once the scheduler is lost (the tail of the error).
 RESUME_FIT = "the fit can continue from its last checkpoint with --resume once the cluster is back"
@@ -96,20 +91,17 @@ class PassRunner:
         is ``estep`` with combines ``respattn-combine-…``). ``before_attempt(attempt)`` runs before every
         submission (it may re-scatter inputs a lost worker took with it). ``plan`` (see :meth:`plan`): with a
         level above 0, a task folds a whole subtree of the partitions (its key: its first partition's), with
-        the same value; with placed tasks, each task and combine goes to its worker (any other once it is gone).
+        the same value.
         """
         combine_name = "combine" if name == "estep" else f"{name}-combine"
         for attempt in range(MAX_ATTEMPTS):
             if before_attempt is not None:
                 before_attempt(attempt)
             tag = self.run_tag if attempt == 0 else f"{self.run_tag}.{attempt}"
-            # After lost work the payload is on every worker alive (``before_attempt``) and the scheduler places
-            # the tasks: the plan's workers may be the ones lost.
-            planned = plan if attempt == 0 else dataclasses.replace(plan, workers=None, placed=None, combines=())
             try:
                 return self._run_once(
                     f"respattn-{name}-{label}", f"respattn-{combine_name}-{label}", tag,
-                    n_partitions, task, args_for, description, planned,
+                    n_partitions, task, args_for, description, plan.level,
                 )  # fmt: skip
             except LOST_WORK_ERRORS as exc:
                 self._check_scheduler(name, label, exc)
@@ -190,20 +182,6 @@ class PassRunner:
                 bar.close()
         raise AssertionError("unreachable")
 
-    def _await_placed(self, root: distributed.Future, plan: PassPlan) -> Any:
-        """The value of a pass of placed tasks, checking every ``PLACED_CHECK_SECONDS`` that its workers are alive:
-        a strictly placed task (see :func:`~dist_respattn.engine.reduction.placed_on`) whose worker is gone would
-        wait for it for good, so the pass is then given up as lost work (``run`` submits it again, unplaced)."""
-        workers = set(plan.placed or ()) | {worker for level in plan.combines for worker in level}
-        while True:
-            try:
-                return root.result(timeout=PLACED_CHECK_SECONDS)
-            except TimeoutError:
-                if not workers <= set(self.client.ncores()):
-                    raise concurrent.futures.CancelledError(
-                        f"a worker of this pass's placed tasks left: {sorted(workers)}"
-                    ) from None
-
     def _cancel(self, futures: deque[distributed.Future]) -> None:
         """Cancel tasks nobody will read (a failed pass, or one its caller left): they stop using the workers."""
         if futures and self.client.status == "running":
@@ -231,31 +209,21 @@ class PassRunner:
         task: Callable[..., Any],
         args_for: Callable[[int], tuple[Any, ...]],
         description: str,
-        plan: PassPlan = EVERY_PARTITION,
+        level: int = 0,
     ) -> Any:
         levels = tree_shape(n_partitions, self.fan_in)
-        level = plan.level
         #: Partitions under each leaf task, by key (for the progress bar).
         weights: dict[str, int] = {}
 
-        def worker_of(tree_level: int, index: int) -> str | None:
-            """Where the plan places node ``(tree_level, index)`` (the tasks are the nodes of ``level``)."""
-            if plan.placed is None or tree_level < level:
-                return None
-            if tree_level == level:
-                return plan.placed[index]
-            return plan.combines[tree_level - level - 1][index]
-
         def submit_leaf(node: int, key: str) -> distributed.Future:
-            placed = placed_on(worker_of(level, node))
             if level == 0:
                 weights[key] = 1
-                return self.client.submit(task, *args_for(node), key=key, pure=False, **placed)
+                return self.client.submit(task, *args_for(node), key=key, pure=False)
             tree = subtree(levels, level, node)
             parts = subtree_partitions(tree)
             weights[key] = len(parts)
             return self.client.submit(
-                fold_task, task, tree, {part: args_for(part) for part in parts}, key=key, pure=False, **placed
+                fold_task, task, tree, {part: args_for(part) for part in parts}, key=key, pure=False
             )
 
         bar = self.make_bar(n_partitions, description) if self.make_bar is not None else None
@@ -272,14 +240,11 @@ class PassRunner:
             fan_in=self.fan_in,
             on_leaf=completed.add if completed is not None else None,
             level=level,
-            worker_of=worker_of,
         )
         try:
             if bar is not None and completed is not None:
                 for leaf in completed:
                     bar.update(weights.get(str(leaf.key), 1))
-            if plan.placed is not None:
-                return self._await_placed(root, plan)
             return root.result()
         finally:
             if bar is not None:

@@ -7,11 +7,6 @@ rows: a second worker saves the smaller one and pays for 64 MB of tables, and it
 kernels), so such a pass runs as fewer, larger tasks: one task computes a whole subtree of the combine tree,
 its partitions one after another and their combines in the tree's own order, on fewer workers. The value is
 the same to the bit: the tree and the order of every addition are fixed by the partitions and the fan-in alone.
-
-A pass of no more tasks than workers may also place them (:attr:`PassPlan.placed`): its payload goes from the driver
-to one worker, which runs the largest task, and the others fetch it from that worker while it computes, run their
-smaller tasks and send their values back to it before it has finished its own. The second worker's costs then
-leave the critical path: the 300,000-row store's smaller partition runs beside the larger one instead of after it.
 """
 
 from __future__ import annotations
@@ -28,7 +23,6 @@ __all__ = [
     "WORKER_ROWS",
     "PassPlan",
     "chosen_workers",
-    "combine_workers",
     "makespan",
     "plan_pass",
     "subtree_sizes",
@@ -51,15 +45,10 @@ TASK_ROWS = 2_000.0
 class PassPlan:
     """How one pass runs: ``level``, the level of the combine tree whose nodes are its tasks (0: a task a
     partition; 1: a task a combine of ``fan_in`` partitions...); ``workers``, those its payload goes to
-    (``None``: every worker); ``placed``, the worker each of the level's tasks runs on, in node order (``None``:
-    the scheduler places them where the payload is), and ``combines``, each combine's worker by level (above the
-    tasks), in node order. A placed task's worker that lacks the payload fetches it from one that has it; a placed
-    task whose worker is gone runs on any other."""
+    (``None``: every worker)."""
 
     level: int = 0
     workers: tuple[str, ...] | None = None
-    placed: tuple[str, ...] | None = None
-    combines: tuple[tuple[str, ...], ...] = ()
 
 
 #: Today's shape of every pass: a task a partition, the payload on every worker.
@@ -103,59 +92,12 @@ def plan_pass(
             if best is None or estimate < best[0]:
                 best = (estimate, level, used)
     assert best is not None
-    relayed = _best_relay(sizes, fan_in, len(workers), payload_bytes)
-    if relayed is not None and relayed[0] < best[0]:
-        _, level, order = relayed
-        used_workers = chosen_workers(workers, len(order), run_tag)
-        placed = [""] * len(order)
-        for worker, node in zip(used_workers, order, strict=True):
-            placed[node] = worker
-        groups = subtree_sizes(sizes, fan_in, level)
-        return PassPlan(level, (used_workers[0],), tuple(placed), combine_workers(groups, fan_in, level, sizes, placed))
     _, level, used = best
     if level == 0 and used >= len(workers):
         return EVERY_PARTITION
     # Fewer workers than the cluster's: the payload goes to those alone (a store of one partition on two workers
     # sends its parameters to one), and the tasks run where it is.
     return PassPlan(level, None if used >= len(workers) else tuple(chosen_workers(workers, used, run_tag)))
-
-
-def _best_relay(
-    sizes: Sequence[float], fan_in: int, n_workers: int, payload_bytes: int
-) -> tuple[float, int, list[int]] | None:
-    """The best plan placing one task a worker (see the module's docstring), as (estimated rows, level, its nodes
-    largest first: the first runs where the payload is sent), or ``None`` when no level has 2 to ``n_workers``
-    tasks. A worker other than the payload's holder starts once the payload has reached it through the holder,
-    and its value must then travel back (both counted as ``payload_bytes / BYTES_PER_ROW`` rows); the holder runs
-    the largest task; each worker beyond the first costs ``WORKER_ROWS`` (its combine)."""
-    transfer = max(int(payload_bytes), 0) / BYTES_PER_ROW
-    best: tuple[float, int, list[int]] | None = None
-    for level in range(len(tree_shape(len(sizes), fan_in)) + 1):
-        groups = subtree_sizes(sizes, fan_in, level)
-        if not 2 <= len(groups) <= n_workers:
-            continue
-        order = sorted(range(len(groups)), key=lambda node: (-groups[node], node))
-        others = max(2 * transfer + groups[node] for node in order[1:])
-        estimate = max(groups[order[0]], others) + TASK_ROWS + (len(groups) - 1) * WORKER_ROWS
-        if best is None or estimate < best[0]:
-            best = (estimate, level, order)
-    return best
-
-
-def combine_workers(
-    groups: Sequence[float], fan_in: int, level: int, sizes: Sequence[float], placed: Sequence[str]
-) -> tuple[tuple[str, ...], ...]:
-    """Each combine's worker above a pass's tasks (of ``groups`` rows, on ``placed`` workers) at ``level`` of the
-    tree over partitions of ``sizes``: that of its child with the most rows (the first such), whose value comes
-    last, so that only the values that are ready earlier travel."""
-    rows, where = list(groups), list(placed)
-    out = []
-    for nodes in tree_shape(len(sizes), fan_in)[level:]:
-        picks = [max(children, key=lambda child: (rows[child], -child)) for children in nodes]
-        rows = [sum(rows[child] for child in children) for children in nodes]
-        where = [where[pick] for pick in picks]
-        out.append(tuple(where))
-    return tuple(out)
 
 
 def chosen_workers(workers: Sequence[str], count: int, run_tag: str) -> list[str]:

@@ -18,10 +18,8 @@ from dist_respattn.engine.worker_tasks import combine_values
 
 __all__ = [
     "DEFAULT_FAN_IN",
-    "carried",
     "fold_subtree",
     "fold_task",
-    "placed_on",
     "reduce_partitions",
     "subtree",
     "subtree_partitions",
@@ -81,22 +79,6 @@ def fold_task(task: Callable[..., Any], node: int | list[Any], args: dict[int, t
     return fold_subtree(node, lambda part: task(*args[part]))
 
 
-def carried(value: Any) -> Any:
-    """A value as it is (run on a worker): a task on the worker of the combine that will add it fetches it from
-    the worker that made it as soon as it exists, while that worker is still busy with a larger child."""
-    return value
-
-
-def placed_on(worker: str | None, *, strict: bool = False) -> dict[str, Any]:
-    """``submit``'s keywords placing a task on ``worker``: loosely, so that it runs on another once it is gone, or
-    (``strict``) there alone, so that the scheduler never moves it to an idle worker (a carrier waiting behind its
-    worker's larger task would be moved to the worker that made its value, and the value travel late after all):
-    a pass whose strictly placed task lost its worker must be given up (see ``PassRunner``)."""
-    if worker is None:
-        return {}
-    return {"workers": [worker], "allow_other_workers": not strict}
-
-
 def reduce_partitions(
     client: distributed.Client,
     n_partitions: int,
@@ -108,7 +90,6 @@ def reduce_partitions(
     fan_in: int = DEFAULT_FAN_IN,
     on_leaf: Callable[[distributed.Future], Any] | None = None,
     level: int = 0,
-    worker_of: Callable[[int, int], str | None] | None = None,
 ) -> distributed.Future:
     """Submit ``submit_leaf(node, key)`` for every node of the tree's level ``level`` (level 0, the default: every
     partition) and the combine tree above them; return the root.
@@ -116,11 +97,7 @@ def reduce_partitions(
     A node of a higher level is a whole subtree, whose task folds it itself (:func:`fold_task`, given
     :func:`subtree` of it): fewer, larger tasks, with the same value. Keys are ``f"{key_prefix}-{part}-{tag}"``
     for leaves (``part``: the node's first partition) and ``f"{combine_prefix}-{level}-{i}-{tag}"`` for combines
-    (``tag`` keeps concurrent fits on one cluster apart). ``on_leaf`` sees each leaf future (for progress);
-    ``worker_of(level, i)`` names the worker node ``(level, i)`` runs on (``None``: where the scheduler puts it),
-    the leaves' as they were submitted: a combine goes there (any other once it is gone), and a child's value made
-    on another worker is carried to it as soon as it exists (:func:`carried`, strictly placed), not once the last
-    child is done. Only
+    (``tag`` keeps concurrent fits on one cluster apart). ``on_leaf`` sees each leaf future (for progress). Only
     the root is kept: the scheduler frees each value as soon as its parent has consumed it, so a worker holds
     O(fan-in × depth) values, not one per partition. A single partition is its own root.
     """
@@ -145,20 +122,9 @@ def reduce_partitions(
             if len(inputs) == 1:  # carried up unchanged
                 nodes[level + 1][parent] = inputs[0]
             else:
-                to = worker_of(level + 1, parent) if worker_of is not None else None
-                if to is not None and worker_of is not None:
-                    inputs = [
-                        future if worker_of(level, c) in (None, to)
-                        else client.submit(
-                            carried, future, key=f"{combine_prefix}-carry-{level}-{c}-{tag}", pure=False,
-                            **placed_on(to, strict=True),
-                        )
-                        for c, future in zip(children, inputs, strict=True)
-                    ]  # fmt: skip
                 nodes[level + 1][parent] = client.submit(
-                    combine_values, *inputs, key=f"{combine_prefix}-{level + 1}-{parent}-{tag}", pure=False,
-                    **placed_on(to),
-                )  # fmt: skip
+                    combine_values, *inputs, key=f"{combine_prefix}-{level + 1}-{parent}-{tag}", pure=False
+                )
             del inputs
             level, index = level + 1, parent
 

@@ -34,7 +34,7 @@ from dist_respattn.engine import (
 from dist_respattn.engine.loop import EarlyStopping
 from dist_respattn.engine.memory import check_memory
 from dist_respattn.engine.passes import PassRunner
-from dist_respattn.engine.placement import PassPlan, plan_pass
+from dist_respattn.engine.placement import PassPlan
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.store import StoreSchema, TripleStore, WriteOptions, write_arrays, write_synthetic
 from tests.engine.clusters import local_cluster
@@ -190,89 +190,6 @@ def test_a_pass_folded_into_fewer_tasks_gives_the_same_bits(client):
     assert leaves == ["respattn-t-4-0-0a1b2c3d"]  # level 4 is the root: one task for the whole pass
     level_1 = {str(r["key"]) for r in stream.data if str(r["key"]).startswith("respattn-t-1-")}
     assert level_1 == {f"respattn-t-1-{first}-0a1b2c3d" for first in range(0, 11, 2)}
-
-
-def slow_first_value(part: int) -> np.ndarray:
-    """:func:`ordered_value`, partition 0's a while after the others' (as a larger partition's would be)."""
-    if part == 0:
-        time.sleep(1.0)
-    return ordered_value(part)
-
-
-@pytest.mark.slow
-def test_a_pass_placed_one_task_a_worker_gives_the_same_bits_and_moves_the_smaller_value_early(client):
-    """The 300,000-row store's plan on 2 workers (see engine/placement.py): partition 0 where the payload is,
-    partition 1 on the other worker, whose value is carried to the first while partition 0 still runs, so the
-    combine moves nothing; the value is the bits of the pass run a task a partition, or folded into one task."""
-    runner = PassRunner(client, "0a1b2c3d", fan_in=2)
-    workers = sorted(client.ncores())
-    plan = plan_pass([262_144, 37_856], 2, workers, payload_bytes=32_512_000, run_tag="0a1b2c3d")
-    holder, other = plan.placed or ("", "")
-    assert plan.workers == (holder,) and {holder, other} == set(workers)
-    everywhere = runner.run("t", "0", 2, ordered_value, lambda part: (part,))
-    assert np.array_equal(runner.run("t", "1", 2, ordered_value, lambda part: (part,), plan=PassPlan(1)), everywhere)
-    with distributed.get_task_stream(client=client) as stream:
-        placed = runner.run("t", "2", 2, slow_first_value, lambda part: (part,), plan=plan)
-    assert np.array_equal(placed, everywhere)
-    records = {str(r["key"]).removesuffix("-0a1b2c3d"): r for r in stream.data}
-    assert {key: r["worker"] for key, r in records.items()} == {
-        "respattn-t-2-0": holder,
-        "respattn-t-2-1": other,
-        "respattn-t-combine-2-carry-0-1": holder,
-        "respattn-t-combine-2-1-0": holder,
-    }
-
-    def span(key: str, action: str) -> tuple[float, float]:
-        (ss,) = [ss for ss in records[key]["startstops"] if ss["action"] == action]
-        return ss["start"], ss["stop"]
-
-    # The smaller value reached the first worker while it still computed partition 0; the combine fetched nothing.
-    assert span("respattn-t-combine-2-carry-0-1", "transfer")[1] < span("respattn-t-2-0", "compute")[1]
-    assert [ss["action"] for ss in records["respattn-t-combine-2-1-0"]["startstops"]] == ["compute"]
-
-
-@pytest.mark.slow
-def test_a_pass_whose_placed_worker_is_gone_runs_again_unplaced(client):
-    """A plan naming a worker that is not (or no longer) in the cluster: the carried value could never reach it,
-    so the pass is given up after a check and submitted again with the scheduler placing its tasks: same bits."""
-    runner = PassRunner(client, "0a1b2c3d", fan_in=2)
-    everywhere = runner.run("t", "0", 2, ordered_value, lambda part: (part,))
-    first, gone = sorted(client.ncores())[0], "tcp://127.0.0.1:9"
-    plan = PassPlan(0, (first,), (first, gone), ((gone,),))
-    with distributed.get_task_stream(client=client) as stream:
-        again = runner.run("t", "3", 2, ordered_value, lambda part: (part,), plan=plan)
-    assert np.array_equal(again, everywhere)
-    assert any(str(r["key"]).endswith("-0a1b2c3d.1") for r in stream.data)  # the second attempt's keys
-
-
-@pytest.mark.slow
-def test_fits_placed_one_task_a_worker_are_bit_identical_on_one_two_and_three_workers(client, tmp_path):
-    """A store of a large and a small partition (81,920 and 28,080 rows), whose E-step on 2 or 3 workers runs the
-    smaller partition beside the larger and carries its statistics to the larger's worker: the fit, its held-out
-    choices included, has the bits of the fit on one worker, where the pass is one task."""
-    path = str(tmp_path / "two-partitions.zarr")
-    write_synthetic(
-        path, 110_000, model=small_truth(), seed=3, options=WriteOptions(chunk_rows=4096, partition_rows=81_920)
-    )
-    settings = FitSettings(max_iter=2, tol=0)
-    with distributed.get_task_stream(client=client) as stream:
-        two = fit(path, model_dir=tmp_path / "w2", client=client, settings=settings)
-    tag = run_id(two)
-    estep = {str(r["key"]).removesuffix(f"-{tag}"): r["worker"] for r in stream.data if "-estep-" in str(r["key"])}
-    assert set(estep) == {"respattn-estep-1-0", "respattn-estep-2-0", "respattn-estep-1-1", "respattn-estep-2-1"}
-    assert estep["respattn-estep-1-0"] != estep["respattn-estep-1-1"]  # one partition a worker
-    carried = {str(r["key"]).removesuffix(f"-{tag}"): r["worker"] for r in stream.data if "-carry-" in str(r["key"])}
-    assert carried == {f"respattn-combine-{k}-carry-0-1": estep[f"respattn-estep-{k}-0"] for k in (1, 2)}
-    results = {2: two}
-    with local_cluster(1) as (cluster, other):
-        results[1] = fit(path, model_dir=tmp_path / "w1", client=other, settings=settings)
-        cluster.scale(3)
-        other.wait_for_workers(3, timeout=60)
-        results[3] = fit(path, model_dir=tmp_path / "w3", client=other, settings=settings)
-    for workers in (1, 3):
-        assert_bit_identical(results[workers].model, two.model)
-        for key in ("mean_log_likelihood", "hyperparameters", "heldout"):
-            assert [e[key] for e in results[workers].history] == [e[key] for e in two.history], (workers, key)
 
 
 # -------------------------------------------------------------------- keys, spans, events, no leaks

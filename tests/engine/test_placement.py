@@ -9,7 +9,6 @@ from dist_respattn.engine.placement import (
     EVERY_PARTITION,
     PassPlan,
     chosen_workers,
-    combine_workers,
     makespan,
     plan_pass,
     subtree_sizes,
@@ -21,39 +20,13 @@ WORKERS = ["tcp://127.0.0.1:4001", "tcp://127.0.0.1:4002"]
 MODEL_BYTES = 32_512_000
 
 
-def test_a_store_of_300k_rows_runs_its_smaller_partition_beside_the_larger():
-    """Partitions of 262,144 and 37,856 rows on 2 workers: the 32 MB parameters go to one worker, which runs the
-    larger partition and the combine; the other fetches them from it, runs the smaller one meanwhile and sends its
-    statistics back before the larger is done. On one worker the whole tree is one task."""
+def test_a_store_of_300k_rows_runs_as_one_task_on_one_worker():
+    """Partitions of 262,144 and 37,856 rows: a second worker would save the smaller one and pay for its copy of
+    32 MB of parameters and the transfer of its statistics, so the whole tree is one task on one worker."""
     plan = plan_pass([262_144, 37_856], 4, WORKERS, payload_bytes=MODEL_BYTES, run_tag="0a1b2c3d")
-    holder = chosen_workers(WORKERS, 1, "0a1b2c3d")[0]
-    (other,) = set(WORKERS) - {holder}
-    assert plan == PassPlan(0, (holder,), (holder, other), ((holder,),))
-    # The larger partition runs where the payload is, whichever partition it is; the tag picks the holder.
-    flipped = plan_pass([37_856, 262_144], 4, WORKERS, payload_bytes=MODEL_BYTES, run_tag="0a1b2c3e")
-    assert flipped == PassPlan(0, (other,), (holder, other), ((other,),))
-    alone = plan_pass([262_144, 37_856], 4, WORKERS[:1], payload_bytes=MODEL_BYTES, run_tag="0a1b2c3d")
-    assert alone.level == 1 and alone.placed is None
-    # Without a payload worth sending, the second worker's share pays for it the usual way.
+    assert plan.level == 1 and plan.workers is not None and len(plan.workers) == 1
+    # Without a payload worth sending, the second worker's share pays for it.
     assert plan_pass([262_144, 262_144], 4, WORKERS, payload_bytes=0, run_tag="0a1b2c3d") == EVERY_PARTITION
-
-
-def test_a_small_partition_beside_one_too_small_to_pay_for_the_transfers_is_folded_into_one_task():
-    """Where the second worker would get its parameters and return its statistics after the larger task is done,
-    the pass stays one task on one worker (a 20,000-row store of partitions of 5,000 rows: a 32 MB payload costs
-    more than any of them)."""
-    plan = plan_pass([5_000] * 4, 4, WORKERS, payload_bytes=MODEL_BYTES, run_tag="0a1b2c3d")
-    assert plan.level == 1 and plan.placed is None and plan.workers is not None and len(plan.workers) == 1
-    # More tasks than workers: the scheduler places them, with the payload on every worker.
-    assert plan_pass([262_144] * 3, 4, WORKERS, payload_bytes=MODEL_BYTES, run_tag="0a1b2c3d") == EVERY_PARTITION
-
-
-def test_each_combine_goes_where_its_largest_child_is():
-    """Three tasks placed on three workers under a fan-in of 2: the first combine adds tasks 0 and 1 where the
-    larger runs; the root adds it to task 2 where the larger of the two subtrees is."""
-    workers = ["w0", "w1", "w2"]
-    assert combine_workers([10.0, 30.0, 25.0], 2, 0, [10.0, 30.0, 25.0], workers) == (("w1", "w2"), ("w1",))
-    assert combine_workers([10.0, 5.0, 25.0], 2, 0, [10.0, 5.0, 25.0], workers) == (("w0", "w2"), ("w2",))
 
 
 @pytest.mark.parametrize("n_partitions", [4, 5, 13])
