@@ -181,6 +181,26 @@ def _distance(queries, c_query, key_means, hop, c_key):  # pragma: no cover - co
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _distances4(queries, c_query, key_means, hop, c0, c1, c2, c3):  # pragma: no cover - compiled
+    """:func:`_distance` of one query to four keys, in one pass over the query."""
+    a0 = 0.0
+    a1 = 0.0
+    a2 = 0.0
+    a3 = 0.0
+    for d in range(queries.shape[1]):
+        q = queries[c_query, d]
+        v0 = q - key_means[hop, c0, d]
+        v1 = q - key_means[hop, c1, d]
+        v2 = q - key_means[hop, c2, d]
+        v3 = q - key_means[hop, c3, d]
+        a0 += v0 * v0
+        a1 += v1 * v1
+        a2 += v2 * v2
+        a3 += v3 * v3
+    return a0, a1, a2, a3
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
 def _query_distance(y, key_means, c):  # pragma: no cover - compiled
     """``||y - key_means[0, c]||^2``, hop 1's distance of a query ``y`` (D,) (reassociated, as :func:`_distance`)."""
     total = 0.0
@@ -565,14 +585,28 @@ def _estep(
             for i in range(m):
                 ci = tokens[lo + i]
                 si = src[i]
-                best = -np.inf
-                for j in range(m):
+                first = 0  # the first column not yet done
+                if si < 0:
+                    # A token the previous window did not hold: its whole row, four keys a pass over its hop query.
+                    while first + 4 <= m:
+                        k = lo + first
+                        d0, d1, d2, d3 = _distances4(
+                            hop_queries, ci, key_means, h, tokens[k], tokens[k + 1], tokens[k + 2], tokens[k + 3]
+                        )
+                        scaled[h - 1, i, first] = d0 * inv_two_sigma2
+                        scaled[h - 1, i, first + 1] = d1 * inv_two_sigma2
+                        scaled[h - 1, i, first + 2] = d2 * inv_two_sigma2
+                        scaled[h - 1, i, first + 3] = d3 * inv_two_sigma2
+                        first += 4
+                for j in range(first, m):
                     sj = src[j]
                     if si >= 0 and sj >= 0:
-                        dd = scaled_prev[h - 1, si, sj]
+                        scaled[h - 1, i, j] = scaled_prev[h - 1, si, sj]
                     else:
-                        dd = _distance(hop_queries, ci, key_means, h, tokens[lo + j]) * inv_two_sigma2
-                    scaled[h - 1, i, j] = dd
+                        scaled[h - 1, i, j] = _distance(hop_queries, ci, key_means, h, tokens[lo + j]) * inv_two_sigma2
+                best = -np.inf
+                for j in range(m):
+                    dd = scaled[h - 1, i, j]
                     lv = log_prior[h, n_pos - m + j] - log_total - dd
                     flat[i * m + j] = lv
                     best = max(best, lv)
