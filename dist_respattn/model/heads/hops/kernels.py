@@ -426,6 +426,25 @@ def _log_domain_row(
 
 
 @numba.njit(cache=True, nogil=True)
+def _flush_sources(ring, x_lo, x_hi, tokens, hop_queries, key_sum, n_pos):  # pragma: no cover - compiled
+    """The pair weights ``ring[h - 1, x % R, y - x + N - 1]`` of the sources ``x`` in ``[x_lo, x_hi)`` (stream
+    positions) into the key sums, ``key_sum[h, c_y] += weight * Q[c_x]``; their slots emptied."""
+    mask = ring.shape[1] - 1
+    dim = hop_queries.shape[1]
+    for x in range(x_lo, x_hi):
+        slot = x & mask
+        cx = tokens[x]
+        for g in range(ring.shape[0]):
+            for off in range(ring.shape[2]):
+                v = ring[g, slot, off]
+                if v != 0.0:
+                    cy = tokens[x + off - (n_pos - 1)]
+                    for d in range(dim):
+                        key_sum[g + 1, cy, d] += v * hop_queries[cx, d]
+                    ring[g, slot, off] = 0.0
+
+
+@numba.njit(cache=True, nogil=True)
 def _estep(
     tokens, begin, end, target, query_table, query_index, weights,
     key_means, prior, log_prior, hop_queries, inv_two_sigma2, gate_const, softmax, log_emission_ts, indptr,
@@ -490,6 +509,18 @@ def _estep(
     prev_m = 0
     src = np.empty(n_pos, dtype=np.int64)
     ahead_pairs = np.empty((_AHEAD_SLOTS, n_pos), dtype=np.int64)  # the pairs the prefetch pass found, by row
+    # A stream's windows slide: the pair weights xi_h(x, y) of stream positions x (source) and y are summed over
+    # the rows that hold both, and each source's hop query is added into the key sums once, when no later row
+    # can hold it (``pend_lo..pend_hi``: the sources still in the ring).
+    ring_rows = 1
+    while ring_rows < 2 * n_pos:
+        ring_rows *= 2
+    ring = np.zeros((later, ring_rows, 2 * n_pos - 1))
+    ring_mask = ring_rows - 1
+    pend_lo = 0
+    pend_hi = 0
+    prev_lo = -1
+    prev_hi = -1
     # The Gaussian normalizers in the log-likelihood: hop 1's, and each later hop's unless it is a softmax.
     consts = gate_const * (1 if softmax else n_hops)
     n_impossible = 0
@@ -554,6 +585,16 @@ def _estep(
         m = hi - lo
         t = target[row]
         q = query_index[row]
+        if pend_hi > pend_lo:
+            if lo < pend_lo or lo >= pend_hi:
+                _flush_sources(ring, pend_lo, pend_hi, tokens, hop_queries, key_sum, n_pos)
+                pend_hi = pend_lo
+            elif lo > pend_lo:
+                _flush_sources(ring, pend_lo, lo, tokens, hop_queries, key_sum, n_pos)
+                pend_lo = lo
+        sliding = prev_lo < lo < prev_hi  # the window moved forward within the previous one's tokens
+        prev_lo = lo
+        prev_hi = hi
         yy = 0.0
         for d in range(dim):
             v = np.float64(query_table[q, d])
@@ -777,30 +818,36 @@ def _estep(
                         u = src_weight[h, i] * inv
                         for j in range(m):
                             coef[i * m + j] = u * trans[h - 1, i * m + j] * bwd[h * n_pos + j]
-                    # Four sources at a time into each j's row: a quarter of the read-modify-writes of the row.
-                    for j in range(m):
-                        cj = tokens[lo + j]
-                        i = 0
-                        while i + 4 <= m:
-                            x0 = coef[i * m + j]
-                            x1 = coef[(i + 1) * m + j]
-                            x2 = coef[(i + 2) * m + j]
-                            x3 = coef[(i + 3) * m + j]
-                            c0 = tokens[lo + i]
-                            c1 = tokens[lo + i + 1]
-                            c2 = tokens[lo + i + 2]
-                            c3 = tokens[lo + i + 3]
-                            for d in range(dim):
-                                key_sum[h, cj, d] += (x0 * hop_queries[c0, d] + x1 * hop_queries[c1, d]) + (
-                                    x2 * hop_queries[c2, d] + x3 * hop_queries[c3, d]
-                                )
-                            i += 4
-                        while i < m:
-                            x = coef[i * m + j]
-                            ci = tokens[lo + i]
-                            for d in range(dim):
-                                key_sum[h, cj, d] += x * hop_queries[ci, d]
-                            i += 1
+                    if sliding:
+                        for i in range(m):
+                            slot = (lo + i) & ring_mask
+                            for j in range(m):
+                                ring[h - 1, slot, j - i + n_pos - 1] += coef[i * m + j]
+                    else:
+                        # Four sources at a time into each j's row: a quarter of the read-modify-writes of the row.
+                        for j in range(m):
+                            cj = tokens[lo + j]
+                            i = 0
+                            while i + 4 <= m:
+                                x0 = coef[i * m + j]
+                                x1 = coef[(i + 1) * m + j]
+                                x2 = coef[(i + 2) * m + j]
+                                x3 = coef[(i + 3) * m + j]
+                                c0 = tokens[lo + i]
+                                c1 = tokens[lo + i + 1]
+                                c2 = tokens[lo + i + 2]
+                                c3 = tokens[lo + i + 3]
+                                for d in range(dim):
+                                    key_sum[h, cj, d] += (x0 * hop_queries[c0, d] + x1 * hop_queries[c1, d]) + (
+                                        x2 * hop_queries[c2, d] + x3 * hop_queries[c3, d]
+                                    )
+                                i += 4
+                            while i < m:
+                                x = coef[i * m + j]
+                                ci = tokens[lo + i]
+                                for d in range(dim):
+                                    key_sum[h, cj, d] += x * hop_queries[ci, d]
+                                i += 1
                 if h == last:
                     for j in range(m):
                         rj = gamma[j]
@@ -809,6 +856,9 @@ def _estep(
                                 pair_counts[pair[j]] += rj
                             else:
                                 emission_count_ts[t, tokens[lo + j]] += rj
+        if ok and sliding and n_hops > 1:
+            pend_hi = max(pend_hi, hi) if pend_hi > pend_lo else hi
+            pend_lo = lo
         if m < n_pos:
             # The masked positions are draws each hop rejected (see dist_respattn.model.buckets).
             for h in range(n_hops):
@@ -821,6 +871,7 @@ def _estep(
         query_sq += w * yy
         n_obs += w
         log_lik += w * (log_z + consts)
+    _flush_sources(ring, pend_lo, pend_hi, tokens, hop_queries, key_sum, n_pos)
     scalars[0] += query_sq
     scalars[1] += n_obs
     scalars[2] += log_lik
