@@ -532,7 +532,6 @@ def _estep(
     n_rows = target.shape[0]
     n_symbols = key_means.shape[1]
     key_rows = key_means.reshape(n_hops * n_symbols, dim)  # every hop's keys as rows, for the prefetches
-    sum_rows = key_sum.reshape(n_hops * n_symbols, dim)  # and the key sums
     last = n_hops - 1
     for row in range(n_rows):
         ahead = row + _PREFETCH_ROWS
@@ -566,11 +565,6 @@ def _estep(
                 k = x - lo_a + offset
                 if not (0 <= k < m_p and tokens[lo_p + k] == c):
                     _prefetch_rows(key_rows, hop_queries, c, n_symbols)
-                    # and the statistics' rows it will add to (its key sums and masses, every hop)
-                    for h in range(n_hops):
-                        for d in range(0, dim, 8):
-                            prefetch_item(sum_rows, h * n_symbols + c, d)
-                        prefetch_item(key_mass, h, c)
             far = row + 2 * _PREFETCH_ROWS
             if with_direct and far < n_rows:
                 r_f = direct_row[target[far]]
