@@ -465,8 +465,9 @@ def _estep(
     sum_j trans_h(i, j) G_h(j)`` (``G`` the scaled backward vector) and ``D_h = sum_i u_h(i) s_h(i)``:
     ``gamma_{h-1}(i) = u_h(i) s_h(i) / D_h``, ``xi_h(i, j) = u_h(i) trans_h(i, j) G_h(j) / D_h``, and the last
     hop's ``gamma(j) = F(j) G(j) / sum_j F(j) G(j)``. Each transition distance of a token pair the previous row's
-    window held (a stream's consecutive windows share N - 1 tokens) is taken from that row; a sparse emission is
-    read through its direct rows."""
+    window held (a stream's consecutive windows share N - 1 tokens) is taken from that row; on a stream the hop-query
+    sums go through a ring of pair weights by stream position (:func:`_flush_sources`); a sparse emission is read
+    through its direct rows, a target without one searched in the prefetch pass."""
     n_hops = key_means.shape[0]
     n_pos = prior.shape[1]
     dim = key_means.shape[2]
