@@ -278,3 +278,46 @@ def test_stream_windows_and_a_sparse_emission_equal_the_enumeration(hops):
     np.testing.assert_allclose(stats.key_mass, key_mass[1:], rtol=1e-11, atol=1e-13)
     emission_count = stats.stats.emission_count.on(support).to_dense()
     np.testing.assert_allclose(emission_count, counts, rtol=1e-11, atol=1e-13)
+
+
+@pytest.mark.parametrize("hops", [2, 3])
+def test_rows_the_linear_domain_cannot_scale_are_redone_in_the_log_domain(hops):
+    """The E-step scales each hop's forward and backward vectors by one number; where the paths' weights lie too far
+    apart for that (here the query's favourite position, symbol 0, asks a hop query no later key is near, and every
+    other path starts e^-500 lower: a normalizer below 1e-200), the row is redone in the log domain. Both kinds of
+    rows, in full windows of 6 and short ones, give the enumeration's statistics; a random chain's rows never
+    leave the linear domain."""
+    s, n_pos, d, t = 3, 6, 1, 3
+    rng = np.random.default_rng(5)
+    # sigma2 = 1/2: a log-weight is minus the squared distance. Hop 1 from y = 0: symbol 0 at 0, symbol 1 at
+    # sqrt(500) (e^-500), symbol 2 at 1; hop queries: symbol 0's 100 (every later key is near 0), the others' near 0.
+    single = ResponsibilityAttentionDistribution(
+        np.array([[0.0], [np.sqrt(500.0)], [1.0]]),
+        rng.dirichlet(np.ones(t), size=s),
+        rng.dirichlet(np.ones(n_pos)),
+        0.5,
+    )
+    keys = rng.normal(scale=0.3, size=(hops - 1, s, d))
+    head = HopsHead(single, keys, rng.dirichlet(np.ones(n_pos), size=hops - 1), np.array([[100.0], [0.0], [0.5]]))
+    n = 8
+    far = rng.integers(0, 2, size=(n, n_pos))  # symbols 0 and 1 only: the rows past the linear domain
+    far[:, -1], far[:, -2] = 0, 1
+    near = rng.integers(0, s, size=(n, n_pos))
+    near[:, -1] = 2
+    context = np.concatenate([far, near]).astype(np.int32)
+    query = np.concatenate([np.zeros((n, d)), rng.normal(scale=0.5, size=(n, d))])
+    target = rng.integers(0, t, size=2 * n).astype(np.int32)
+    lengths = np.tile([6, 5, 2, 6, 4, 3, 6, 6], 2)
+    rows = rows_of(context, query, target, lengths)
+    arrays = HopArrays.zeros(hops, head.shape, None)
+    assert hop_estep(rows, head.parameters, arrays) == n
+    key_sum, key_mass, _, counts, log_lik = brute_statistics(head, context, query, target, lengths)
+    assert log_lik < -400 * n  # the far rows' likelihoods are ~e^-500
+    assert arrays.scalars[2] == pytest.approx(log_lik, rel=1e-12)
+    np.testing.assert_allclose(arrays.key_sum, key_sum, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(arrays.key_mass, key_mass, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(arrays.emission_count_ts, counts.T, rtol=1e-11, atol=1e-13)
+    ordinary = random_chain((5, 6, 2, 4), hops, 3)
+    context = rng.integers(0, 5, size=(50, 6)).astype(np.int32)
+    rows = rows_of(context, rng.normal(size=(50, 2)), rng.integers(0, 4, size=50).astype(np.int32))
+    assert hop_estep(rows, ordinary.parameters, HopArrays.zeros(hops, ordinary.shape, None)) == 0

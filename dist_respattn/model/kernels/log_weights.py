@@ -25,6 +25,7 @@ __all__ = [
     "attention_of",
     "block_log_weights",
     "exp_nonpositive",
+    "exp_nonpositive_range",
     "exp_shifted",
     "keep_row",
     "row_log_weights",
@@ -79,6 +80,25 @@ _LN2_LO = 1.90821492927058770002e-10
 _EXP_MIN = -708.0  # below this exp underflows past the normal range; those terms are set to 0
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _exp_reduced(r):  # pragma: no cover - compiled
+    """``exp(r)`` on ``|r| <= ln2/2``: a degree-13 Taylor polynomial (error < 1e-17)."""
+    p = 1.0 / 6227020800.0
+    p = p * r + 1.0 / 479001600.0
+    p = p * r + 1.0 / 39916800.0
+    p = p * r + 1.0 / 3628800.0
+    p = p * r + 1.0 / 362880.0
+    p = p * r + 1.0 / 40320.0
+    p = p * r + 1.0 / 5040.0
+    p = p * r + 1.0 / 720.0
+    p = p * r + 1.0 / 120.0
+    p = p * r + 1.0 / 24.0
+    p = p * r + 1.0 / 6.0
+    p = p * r + 0.5
+    p = p * r + 1.0
+    return p * r + 1.0
+
+
 @numba.njit(cache=True, nogil=True)
 def exp_nonpositive(x, out, bits):  # pragma: no cover - compiled
     """``out[i] = exp(x[i])`` for ``x[i] <= 0`` (``-inf`` gives 0), to ~1 ulp.
@@ -92,24 +112,25 @@ def exp_nonpositive(x, out, bits):  # pragma: no cover - compiled
         v = max(x[i], _EXP_MIN)
         k = np.floor(v * _LOG2E + 0.5)
         r = (v - k * _LN2_HI) - k * _LN2_LO
-        p = 1.0 / 6227020800.0
-        p = p * r + 1.0 / 479001600.0
-        p = p * r + 1.0 / 39916800.0
-        p = p * r + 1.0 / 3628800.0
-        p = p * r + 1.0 / 362880.0
-        p = p * r + 1.0 / 40320.0
-        p = p * r + 1.0 / 5040.0
-        p = p * r + 1.0 / 720.0
-        p = p * r + 1.0 / 120.0
-        p = p * r + 1.0 / 24.0
-        p = p * r + 1.0 / 6.0
-        p = p * r + 0.5
-        p = p * r + 1.0
-        p = p * r + 1.0
-        out[i] = p
+        out[i] = _exp_reduced(r)
         bits[i] = (np.int64(k) + 1023) << 52
     for i in range(x.shape[0]):
         out[i] = out[i] * scale[i] if x[i] >= _EXP_MIN else 0.0
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def exp_nonpositive_range(x, x0, out, o0, n, bits, scale):  # pragma: no cover - compiled
+    """``out[o0 + i] = exp(x[x0 + i])`` for ``i < n``, as :func:`exp_nonpositive` (the same numbers), on 1-d
+    arrays at offsets: no slice is made (a kernel's views of its scratch cost a row more than the exponentials
+    do). ``bits`` is int64 scratch of at least ``n`` and ``scale`` its float64 view (``bits.view(np.float64)``)."""
+    for i in range(n):
+        v = max(x[x0 + i], _EXP_MIN)
+        k = np.floor(v * _LOG2E + 0.5)
+        r = (v - k * _LN2_HI) - k * _LN2_LO
+        out[o0 + i] = _exp_reduced(r)
+        bits[i] = (np.int64(k) + 1023) << 52
+    for i in range(n):
+        out[o0 + i] = out[o0 + i] * scale[i] if x[x0 + i] >= _EXP_MIN else 0.0
 
 
 @numba.njit(cache=True, nogil=True)

@@ -17,7 +17,12 @@ import numpy as np
 
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import SparseEmission
-from dist_respattn.model.kernels.log_weights import NO_ROWS, exp_nonpositive, exp_shifted, keep_row
+from dist_respattn.model.kernels.log_weights import (
+    NO_ROWS,
+    exp_nonpositive_range,
+    exp_shifted,
+    keep_row,
+)
 from dist_respattn.model.kernels.per_position import find_pair
 from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
 from dist_respattn.model.rows import WindowRows
@@ -31,6 +36,8 @@ _NO_TABLE = np.zeros((0, 0))
 _NO_ROWS = np.zeros(0, dtype=np.int32)
 _NO_SLOTS = np.zeros((0, 0), dtype=np.int32)
 _PREFETCH_ROWS = 8  # how many rows ahead the passes prefetch a dense emission's cells
+_AHEAD_SLOTS = 16  # rows of pair indices the E-step's prefetch pass keeps (> _PREFETCH_ROWS)
+_TINY = 1e-200  # a linear-domain normalizer below this: the E-step redoes the row in the log domain
 
 
 @dataclass(frozen=True)
@@ -173,6 +180,36 @@ def _distance(queries, c_query, key_means, hop, c_key):  # pragma: no cover - co
     return total
 
 
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _distances4(queries, c_query, key_means, hop, c0, c1, c2, c3):  # pragma: no cover - compiled
+    """:func:`_distance` of one query to four keys, in one pass over the query."""
+    a0 = 0.0
+    a1 = 0.0
+    a2 = 0.0
+    a3 = 0.0
+    for d in range(queries.shape[1]):
+        q = queries[c_query, d]
+        v0 = q - key_means[hop, c0, d]
+        v1 = q - key_means[hop, c1, d]
+        v2 = q - key_means[hop, c2, d]
+        v3 = q - key_means[hop, c3, d]
+        a0 += v0 * v0
+        a1 += v1 * v1
+        a2 += v2 * v2
+        a3 += v3 * v3
+    return a0, a1, a2, a3
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _query_distance(y, key_means, c):  # pragma: no cover - compiled
+    """``||y - key_means[0, c]||^2``, hop 1's distance of a query ``y`` (D,) (reassociated, as :func:`_distance`)."""
+    total = 0.0
+    for d in range(y.shape[0]):
+        v = y[d] - key_means[0, c, d]
+        total += v * v
+    return total
+
+
 @numba.njit(cache=True, nogil=True)
 def _prefetch_rows(key_rows, hop_queries, c, n_symbols):  # pragma: no cover - compiled
     """Prefetch symbol ``c``'s key in every hop and its hop query, a cache line (8 numbers) at a time."""
@@ -291,20 +328,146 @@ def _chain(
 
 
 @numba.njit(cache=True, nogil=True)
+def _log_domain_row(
+    tokens, lo, m, t, w, y, hop_queries, sparse, alpha, trans, shift, log_e, pair, beta, work, back, sums, post,
+    gamma, incoming, mass, key_sum, key_mass, recency_mass, emission_count_ts, pair_counts,
+):  # pragma: no cover - compiled  # fmt: skip
+    """One row's forward–backward and statistics in the log domain, from hop 1's log-weights ``alpha[0]``, the
+    transitions (``trans``, ``shift``; a softmax's rows already normalized) and the emission ``log_e``, ``pair``:
+    the rows :func:`_estep`'s linear-domain pass cannot scale (a normalizer it would take below ``_TINY``), or
+    whose last hop may fall on a pair off a sparse support. Returns ``(status, log Z)``: status 0 when the
+    statistics were added, 1 when no path explains the row, 2 when a pair off the support does."""
+    n_hops = alpha.shape[0]
+    last = n_hops - 1
+    dim = y.shape[0]
+    for h in range(1, n_hops):
+        _forward_hop(h, m, False, trans, shift, alpha, work)
+    for j in range(m):
+        work[j] = alpha[last, j] + log_e[j]
+    log_z = _log_sum(work, m)
+    for j in range(m):
+        beta[last, j] = log_e[j]
+    for h in range(last, 0, -1):
+        top = -np.inf
+        for j in range(m):
+            top = max(top, beta[h, j])
+        for j in range(m):
+            back[h, j] = math.exp(beta[h, j] - top) if top > -np.inf and beta[h, j] > -np.inf else 0.0
+        for i in range(m):
+            acc = 0.0
+            for j in range(m):
+                acc += trans[h - 1, i * m + j] * back[h, j]
+            sums[h, i] = acc
+            beta[h - 1, i] = shift[h - 1, i] + top + math.log(acc) if acc > 0.0 else -np.inf
+    if log_z == -np.inf:
+        return 1, log_z
+    if sparse:
+        for j in range(m):
+            if pair[j] < 0 and alpha[last, j] + log_e[j] > -np.inf:
+                return 2, log_z
+    # Each hop h: gamma_h(j) = exp(alpha_h + beta_h - log Z), the posterior of its position.
+    for h in range(n_hops):
+        for j in range(m):
+            a = alpha[h, j] + beta[h, j]
+            post[h, j] = math.exp(a - log_z) if a > -np.inf else 0.0
+            gamma[j] = w * post[h, j]
+        if h == 0:
+            for j in range(m):
+                rj = gamma[j]
+                c = tokens[lo + j]
+                key_mass[0, c] += rj
+                for d in range(dim):
+                    key_sum[0, c, d] += rj * y[d]
+                recency_mass[0, m - 1 - j] += rj
+        else:
+            # xi(i, j) = gamma_{h-1}(i) trans(i, j) e^beta_j / sum_j' trans(i, j') e^beta_j': every factor
+            # bounded (shifted by the largest beta), so no exponential overflows however far the keys lie.
+            top = -np.inf
+            for j in range(m):
+                top = max(top, beta[h, j])
+            if top == -np.inf:
+                continue
+            for i in range(m):
+                g = post[h - 1, i]
+                s = sums[h, i]
+                work[i] = w * g / s if g > 0.0 and s > 0.0 else 0.0
+            for j in range(m):
+                mass[j] = 0.0
+                for d in range(dim):
+                    incoming[j, d] = 0.0
+            for i in range(m):
+                wi = work[i]
+                if wi == 0.0:
+                    continue
+                ci = tokens[lo + i]
+                for j in range(m):
+                    x = wi * trans[h - 1, i * m + j] * back[h, j]
+                    if x != 0.0:
+                        mass[j] += x
+                        for d in range(dim):
+                            incoming[j, d] += x * hop_queries[ci, d]
+            for j in range(m):
+                if back[h, j] == 0.0:
+                    continue
+                cj = tokens[lo + j]
+                key_mass[h, cj] += mass[j]
+                for d in range(dim):
+                    key_sum[h, cj, d] += incoming[j, d]
+                recency_mass[h, m - 1 - j] += mass[j]
+        if h == last:
+            for j in range(m):
+                rj = gamma[j]
+                if rj != 0.0:
+                    if sparse:
+                        pair_counts[pair[j]] += rj
+                    else:
+                        emission_count_ts[t, tokens[lo + j]] += rj
+    return 0, log_z
+
+
+@numba.njit(cache=True, nogil=True)
+def _flush_sources(ring, x_lo, x_hi, tokens, hop_queries, key_sum, n_pos):  # pragma: no cover - compiled
+    """The pair weights ``ring[h - 1, x % R, y - x + N - 1]`` of the sources ``x`` in ``[x_lo, x_hi)`` (stream
+    positions) into the key sums, ``key_sum[h, c_y] += weight * Q[c_x]``; their slots emptied."""
+    mask = ring.shape[1] - 1
+    dim = hop_queries.shape[1]
+    for x in range(x_lo, x_hi):
+        slot = x & mask
+        cx = tokens[x]
+        for g in range(ring.shape[0]):
+            for off in range(ring.shape[2]):
+                v = ring[g, slot, off]
+                if v != 0.0:
+                    cy = tokens[x + off - (n_pos - 1)]
+                    for d in range(dim):
+                        key_sum[g + 1, cy, d] += v * hop_queries[cx, d]
+                    ring[g, slot, off] = 0.0
+
+
+@numba.njit(cache=True, nogil=True)
 def _estep(
     tokens, begin, end, target, query_table, query_index, weights,
     key_means, prior, log_prior, hop_queries, inv_two_sigma2, gate_const, softmax, log_emission_ts, indptr,
     symbols, log_values, log_backoff, log_base, direct_row, direct_slots,
     key_sum, key_mass, recency_mass, emission_count_ts, pair_counts, scalars, impossible,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """The E-step over the rows in order. Returns ``(n_impossible, n_outside)``: rows no path explains (the first
-    written to ``impossible``) and rows whose last hop falls on a pair off a sparse support.
+    """The E-step over the rows in order. Returns ``(n_impossible, n_outside, n_log_domain)``: rows no path
+    explains (the first written to ``impossible``), rows whose last hop falls on a pair off a sparse support, and
+    rows redone in the log domain.
 
-    The forward-backward is :func:`_chain`'s written out here (a call passing some thirty arrays costs a row more
-    than it does), with what the statistics need and nothing else: no predictive normalizer; the backward pass's
-    exponentials kept for the statistics' (they are the same numbers); each transition distance of a token pair
-    the previous row's window held (a stream's consecutive windows share N - 1 tokens) taken from that row; a
-    sparse emission read through its direct rows. Every number is computed as :func:`_chain` computes it."""
+    The forward–backward of :func:`_chain`, in the linear domain: each hop's forward and backward vectors scaled
+    by one number (their largest), so that a row takes one ``log`` and its exponentials in vectorized batches
+    (hop 1's log-weights, each hop's transitions and row shifts, the emission) instead of some fifty scalar
+    ``exp`` and ``log`` calls. Every factor is then <= 1, so a path term that underflows is below 1e-308 and a
+    row whose normalizers all exceed ``_TINY`` loses nothing measurable; any other row (and a row whose last hop
+    may fall off a sparse support) is redone in the log domain by :func:`_log_domain_row`. With
+    ``u_h(i) = F_{h-1}(i) exp(shift_h(i) - max shift_h)`` (``F`` the scaled forward vector), ``s_h(i) =
+    sum_j trans_h(i, j) G_h(j)`` (``G`` the scaled backward vector) and ``D_h = sum_i u_h(i) s_h(i)``:
+    ``gamma_{h-1}(i) = u_h(i) s_h(i) / D_h``, ``xi_h(i, j) = u_h(i) trans_h(i, j) G_h(j) / D_h``, and the last
+    hop's ``gamma(j) = F(j) G(j) / sum_j F(j) G(j)``. Each transition distance of a token pair the previous row's
+    window held (a stream's consecutive windows share N - 1 tokens) is taken from that row; on a stream the hop-query
+    sums go through a ring of pair weights by stream position (:func:`_flush_sources`); a sparse emission is read
+    through its direct rows, a target without one searched in the prefetch pass."""
     n_hops = key_means.shape[0]
     n_pos = prior.shape[1]
     dim = key_means.shape[2]
@@ -313,19 +476,31 @@ def _estep(
     later = max(n_hops - 1, 1)
     alpha = np.empty((n_hops, n_pos))
     beta = np.empty((n_hops, n_pos))
-    trans = np.empty((later, n_pos * n_pos))
+    trans_flat = np.empty(later * n_pos * n_pos)
+    trans = trans_flat.reshape(later, n_pos * n_pos)
     flat = np.empty(n_pos * n_pos)
     shift = np.empty((later, n_pos))
     log_e = np.empty(n_pos)
     pair = np.empty(n_pos, dtype=np.int64)
     work = np.empty(n_pos)
     bits = np.empty(n_pos * n_pos, dtype=np.int64)
+    scale = bits.view(np.float64)
     gamma = np.empty(n_pos)
-    post = np.empty((n_hops, n_pos))  # exp(alpha + beta - log Z) per hop and position (gamma without the weight)
-    back = np.empty((n_hops, n_pos))  # the backward pass's exp(beta[h] - max beta[h]) (the statistics' e^beta)
-    sums = np.empty((n_hops, n_pos))  # and its sums over j of trans(i, j) times those
-    incoming = np.empty((n_pos, dim))  # each position's sum of the hop queries that reached it, weighted
+    post = np.empty((n_hops, n_pos))
+    back = np.empty((n_hops, n_pos))
+    sums = np.empty((n_hops, n_pos))
+    incoming = np.empty((n_pos, dim))
     mass = np.empty(n_pos)
+    # The linear-domain vectors: F (forward), G (backward), u (forward weight of each transition's source).
+    # (flat, hop h at h * N: the exponentials are written at offsets, no view made a row)
+    fwd = np.empty(n_hops * n_pos)
+    bwd = np.empty(n_hops * n_pos)
+    src_weight = np.empty((n_hops, n_pos))
+    exp_shift = np.empty(n_hops * n_pos)
+    sums_lin = np.empty((n_hops, n_pos))
+    norm = np.empty(n_hops)
+    tmp = np.empty(n_pos)
+    coef = np.empty(n_pos * n_pos)
     y = np.empty(dim)
     # The transition distances (times 1 / (2 sigma2)) of this row's window and of the previous one's, and where
     # each position's token sat in the previous window (-1: not there).
@@ -334,10 +509,24 @@ def _estep(
     prev_tokens = np.empty(n_pos, dtype=np.int64)
     prev_m = 0
     src = np.empty(n_pos, dtype=np.int64)
+    ahead_pairs = np.empty((_AHEAD_SLOTS, n_pos), dtype=np.int64)  # the pairs the prefetch pass found, by row
+    # A stream's windows slide: the pair weights xi_h(x, y) of stream positions x (source) and y are summed over
+    # the rows that hold both, and each source's hop query is added into the key sums once, when no later row
+    # can hold it (``pend_lo..pend_hi``: the sources still in the ring).
+    ring_rows = 1
+    while ring_rows < 2 * n_pos:
+        ring_rows *= 2
+    ring = np.zeros((later, ring_rows, 2 * n_pos - 1))
+    ring_mask = ring_rows - 1
+    pend_lo = 0
+    pend_hi = 0
+    prev_lo = -1
+    prev_hi = -1
     # The Gaussian normalizers in the log-likelihood: hop 1's, and each later hop's unless it is a softmax.
     consts = gate_const * (1 if softmax else n_hops)
     n_impossible = 0
     n_outside = 0
+    n_log_domain = 0
     query_sq = 0.0
     n_obs = 0.0
     log_lik = 0.0
@@ -364,8 +553,14 @@ def _estep(
                 if not sparse:
                     prefetch_item(log_emission_ts, t_a, c)
                     prefetch_item(emission_count_ts, t_a, c)
-                elif r_a >= 0:
-                    p_a = max(direct_slots[r_a, c], 0)  # -1: off the support
+                else:
+                    if r_a >= 0:
+                        p_a = max(direct_slots[r_a, c], 0)  # -1: off the support
+                    else:
+                        # A target without a direct row: its binary search now, its cells' misses with this row's.
+                        p_a = find_pair(indptr, symbols, t_a, c)
+                        ahead_pairs[ahead % _AHEAD_SLOTS, x - lo_a] = p_a
+                        p_a = max(p_a, 0)
                     prefetch_element(log_values, p_a)
                     prefetch_element(pair_counts, p_a)
                 k = x - lo_a + offset
@@ -385,12 +580,22 @@ def _estep(
         m = hi - lo
         t = target[row]
         q = query_index[row]
+        if pend_hi > pend_lo:
+            if lo < pend_lo or lo >= pend_hi:
+                _flush_sources(ring, pend_lo, pend_hi, tokens, hop_queries, key_sum, n_pos)
+                pend_hi = pend_lo
+            elif lo > pend_lo:
+                _flush_sources(ring, pend_lo, lo, tokens, hop_queries, key_sum, n_pos)
+                pend_lo = lo
+        sliding = prev_lo < lo < prev_hi  # the window moved forward within the previous one's tokens
+        prev_lo = lo
+        prev_hi = hi
         yy = 0.0
         for d in range(dim):
             v = np.float64(query_table[q, d])
             y[d] = v
             yy += v * v
-        # -- the forward-backward (as _chain) --
+        # -- hop 1's log-weights, the transitions, the emission --
         full = m == n_pos
         log_total = 0.0
         if not full:
@@ -399,11 +604,7 @@ def _estep(
                 total += prior[0, n_pos - m + j]
             log_total = math.log(total) if total > 0.0 else 0.0
         for j in range(m):
-            c = tokens[lo + j]
-            d2 = 0.0
-            for k in range(dim):
-                v = y[k] - key_means[0, c, k]
-                d2 += v * v
+            d2 = _query_distance(y, key_means, tokens[lo + j])
             alpha[0, j] = log_prior[0, n_pos - m + j] - log_total - d2 * inv_two_sigma2
         if n_hops > 1:
             offset = prev_m - (m - 1)  # the previous window's last token aligned with this one's last but one
@@ -420,127 +621,239 @@ def _estep(
             for i in range(m):
                 ci = tokens[lo + i]
                 si = src[i]
-                best = -np.inf
-                for j in range(m):
+                first = 0  # the first column not yet done
+                if si < 0:
+                    # A token the previous window did not hold: its whole row, four keys a pass over its hop query.
+                    while first + 4 <= m:
+                        k = lo + first
+                        d0, d1, d2, d3 = _distances4(
+                            hop_queries, ci, key_means, h, tokens[k], tokens[k + 1], tokens[k + 2], tokens[k + 3]
+                        )
+                        scaled[h - 1, i, first] = d0 * inv_two_sigma2
+                        scaled[h - 1, i, first + 1] = d1 * inv_two_sigma2
+                        scaled[h - 1, i, first + 2] = d2 * inv_two_sigma2
+                        scaled[h - 1, i, first + 3] = d3 * inv_two_sigma2
+                        first += 4
+                for j in range(first, m):
                     sj = src[j]
                     if si >= 0 and sj >= 0:
-                        dd = scaled_prev[h - 1, si, sj]
+                        scaled[h - 1, i, j] = scaled_prev[h - 1, si, sj]
                     else:
-                        dd = _distance(hop_queries, ci, key_means, h, tokens[lo + j]) * inv_two_sigma2
-                    scaled[h - 1, i, j] = dd
+                        scaled[h - 1, i, j] = _distance(hop_queries, ci, key_means, h, tokens[lo + j]) * inv_two_sigma2
+                best = -np.inf
+                for j in range(m):
+                    dd = scaled[h - 1, i, j]
                     lv = log_prior[h, n_pos - m + j] - log_total - dd
                     flat[i * m + j] = lv
                     best = max(best, lv)
                 shift[h - 1, i] = best
                 for j in range(m):
                     flat[i * m + j] = flat[i * m + j] - best if best > -np.inf else -np.inf
-            # exp_shifted's exponentials, without its shift by 0 (no change) and its sum (not read here).
-            exp_nonpositive(flat[: m * m], trans[h - 1, : m * m], bits[: m * m])
-            _forward_hop(h, m, softmax, trans, shift, alpha, work)
+            exp_nonpositive_range(flat, 0, trans_flat, (h - 1) * n_pos * n_pos, m * m, bits, scale)
+            if softmax:
+                for i in range(m):
+                    total = 0.0
+                    for j in range(m):
+                        total += trans[h - 1, i * m + j]
+                    if total > 0.0:
+                        for j in range(m):
+                            trans[h - 1, i * m + j] /= total
+                        shift[h - 1, i] = 0.0
         if n_hops > 1:
             scaled, scaled_prev = scaled_prev, scaled
             for i in range(m):
                 prev_tokens[i] = tokens[lo + i]
             prev_m = m
         t_row = direct_row[t] if with_direct else -1
+        searched = row >= _PREFETCH_ROWS  # the prefetch pass found this row's pairs (a target without a direct row)
+        off_support = False
         for j in range(m):
             c = tokens[lo + j]
             pair[j] = -1
             if not sparse:
                 log_e[j] = log_emission_ts[t, c]
             else:
-                p = np.int64(direct_slots[t_row, c]) if t_row >= 0 else find_pair(indptr, symbols, t, c)
+                if t_row >= 0:
+                    p = np.int64(direct_slots[t_row, c])
+                elif searched:
+                    p = ahead_pairs[row % _AHEAD_SLOTS, j]
+                else:
+                    p = find_pair(indptr, symbols, t, c)
                 pair[j] = p
-                log_e[j] = log_values[p] if p >= 0 else log_backoff[c] + log_base[t]
-        for j in range(m):
-            work[j] = alpha[last, j] + log_e[j]
-        log_z = _log_sum(work, m)
-        for j in range(m):
-            beta[last, j] = log_e[j]
-        for h in range(last, 0, -1):
+                if p >= 0:
+                    log_e[j] = log_values[p]
+                else:
+                    log_e[j] = log_backoff[c] + log_base[t]
+                    off_support = True
+        # -- the forward-backward in the linear domain --
+        ok = not off_support
+        log_scale = -np.inf
+        if ok:
             top = -np.inf
             for j in range(m):
-                top = max(top, beta[h, j])
+                top = max(top, alpha[0, j])
+            ok = top > -np.inf
+            log_scale = top
+        if ok:
             for j in range(m):
-                back[h, j] = math.exp(beta[h, j] - top) if top > -np.inf and beta[h, j] > -np.inf else 0.0
+                tmp[j] = alpha[0, j] - top
+            exp_nonpositive_range(tmp, 0, fwd, 0, m, bits, scale)
+        for h in range(1, n_hops):
+            if not ok:
+                break
+            top = -np.inf
             for i in range(m):
-                acc = 0.0
-                for j in range(m):
-                    acc += trans[h - 1, i * m + j] * back[h, j]
-                sums[h, i] = acc
-                beta[h - 1, i] = shift[h - 1, i] + top + math.log(acc) if acc > 0.0 else -np.inf
-        # -- the statistics --
-        if log_z == -np.inf:
-            if n_impossible < impossible.shape[0]:
-                impossible[n_impossible] = row
-            n_impossible += 1
-            continue
-        if sparse:
-            outside = False
+                top = max(top, shift[h - 1, i])
+            if top == -np.inf:
+                ok = False
+                break
+            for i in range(m):
+                tmp[i] = shift[h - 1, i] - top
+            exp_nonpositive_range(tmp, 0, exp_shift, h * n_pos, m, bits, scale)
+            for i in range(m):
+                src_weight[h, i] = fwd[(h - 1) * n_pos + i] * exp_shift[h * n_pos + i]
             for j in range(m):
-                if pair[j] < 0 and alpha[last, j] + log_e[j] > -np.inf:
-                    outside = True
-            if outside:
+                fwd[h * n_pos + j] = 0.0
+            for i in range(m):
+                u = src_weight[h, i]
+                if u != 0.0:
+                    for j in range(m):
+                        fwd[h * n_pos + j] += u * trans[h - 1, i * m + j]
+            log_scale += top
+            if h < last:
+                top = 0.0
+                for j in range(m):
+                    top = max(top, fwd[h * n_pos + j])
+                if not top > _TINY:
+                    ok = False
+                    break
+                for j in range(m):
+                    fwd[h * n_pos + j] /= top
+                log_scale += math.log(top)
+        log_z = -np.inf
+        if ok:
+            top = -np.inf
+            for j in range(m):
+                top = max(top, log_e[j])
+            ok = top > -np.inf
+            if ok:
+                for j in range(m):
+                    tmp[j] = log_e[j] - top
+                exp_nonpositive_range(tmp, 0, bwd, last * n_pos, m, bits, scale)
+                total = 0.0
+                for j in range(m):
+                    total += fwd[last * n_pos + j] * bwd[last * n_pos + j]
+                ok = total > _TINY
+                norm[last] = total
+                log_z = log_scale + top + math.log(total) if ok else -np.inf
+        if ok:
+            for h in range(last, 0, -1):
+                total = 0.0
+                for i in range(m):
+                    acc = 0.0
+                    for j in range(m):
+                        acc += trans[h - 1, i * m + j] * bwd[h * n_pos + j]
+                    sums_lin[h, i] = acc
+                    total += src_weight[h, i] * acc
+                if not total > _TINY:
+                    ok = False
+                    break
+                norm[h - 1] = total
+                if h > 1:
+                    top = 0.0
+                    for i in range(m):
+                        bwd[(h - 1) * n_pos + i] = exp_shift[h * n_pos + i] * sums_lin[h, i]
+                        top = max(top, bwd[(h - 1) * n_pos + i])
+                    if not top > _TINY:
+                        ok = False
+                        break
+                    for i in range(m):
+                        bwd[(h - 1) * n_pos + i] /= top
+        if not ok:
+            n_log_domain += 1
+            status, log_z = _log_domain_row(
+                tokens, lo, m, t, w, y, hop_queries, sparse, alpha, trans, shift, log_e, pair, beta, work, back,
+                sums, post, gamma, incoming, mass, key_sum, key_mass, recency_mass, emission_count_ts, pair_counts,
+            )  # fmt: skip
+            if status == 1:
+                if n_impossible < impossible.shape[0]:
+                    impossible[n_impossible] = row
+                n_impossible += 1
+                continue
+            if status == 2:
                 n_outside += 1
                 continue
-        # Each hop h: gamma_h(j) = exp(alpha_h + beta_h - log Z), the posterior of its position.
-        for h in range(n_hops):
-            for j in range(m):
-                a = alpha[h, j] + beta[h, j]
-                post[h, j] = math.exp(a - log_z) if a > -np.inf else 0.0
-                gamma[j] = w * post[h, j]
-            if h == 0:
-                for j in range(m):
-                    rj = gamma[j]
-                    c = tokens[lo + j]
-                    key_mass[0, c] += rj
-                    for d in range(dim):
-                        key_sum[0, c, d] += rj * y[d]
-                    recency_mass[0, m - 1 - j] += rj
-            else:
-                # xi(i, j) = gamma_{h-1}(i) trans(i, j) e^beta_j / sum_j' trans(i, j') e^beta_j': every factor
-                # bounded (shifted by the largest beta), so no exponential overflows however far the keys lie.
-                top = -np.inf
-                for j in range(m):
-                    top = max(top, beta[h, j])
-                if top == -np.inf:
-                    continue
-                for i in range(m):
-                    g = post[h - 1, i]
-                    s = sums[h, i]  # sum_j trans(i, j) e^beta_j, the backward pass's
-                    work[i] = w * g / s if g > 0.0 and s > 0.0 else 0.0
-                # Summed over the previous hop's positions i in order, as the shared pass does, for each j at once.
-                for j in range(m):
-                    mass[j] = 0.0
-                    for d in range(dim):
-                        incoming[j, d] = 0.0
-                for i in range(m):
-                    wi = work[i]
-                    if wi == 0.0:
-                        continue
-                    ci = tokens[lo + i]
+        else:
+            # -- the statistics --
+            for h in range(n_hops):
+                if h == last:
+                    inv = w / norm[last]
                     for j in range(m):
-                        x = wi * trans[h - 1, i * m + j] * back[h, j]
-                        if x != 0.0:
-                            mass[j] += x
-                            for d in range(dim):
-                                incoming[j, d] += x * hop_queries[ci, d]
-                for j in range(m):
-                    if back[h, j] == 0.0:
-                        continue
-                    cj = tokens[lo + j]
-                    key_mass[h, cj] += mass[j]
-                    for d in range(dim):
-                        key_sum[h, cj, d] += incoming[j, d]
-                    recency_mass[h, m - 1 - j] += mass[j]
-            if h == last:
-                for j in range(m):
-                    rj = gamma[j]
-                    if rj != 0.0:
-                        if sparse:
-                            pair_counts[pair[j]] += rj
-                        else:
-                            emission_count_ts[t, tokens[lo + j]] += rj
+                        gamma[j] = inv * fwd[last * n_pos + j] * bwd[last * n_pos + j]
+                else:
+                    inv = w / norm[h]
+                    for i in range(m):
+                        gamma[i] = inv * src_weight[h + 1, i] * sums_lin[h + 1, i]
+                if h == 0:
+                    for j in range(m):
+                        rj = gamma[j]
+                        c = tokens[lo + j]
+                        key_mass[0, c] += rj
+                        for d in range(dim):
+                            key_sum[0, c, d] += rj * y[d]
+                        recency_mass[0, m - 1 - j] += rj
+                else:
+                    for j in range(m):
+                        rj = gamma[j]
+                        key_mass[h, tokens[lo + j]] += rj
+                        recency_mass[h, m - 1 - j] += rj
+                    # key_sum_h[c_j] += sum_i xi_h(i, j) Q[c_i]: each source's hop query once, into every j.
+                    inv = w / norm[h - 1]
+                    for i in range(m):
+                        u = src_weight[h, i] * inv
+                        for j in range(m):
+                            coef[i * m + j] = u * trans[h - 1, i * m + j] * bwd[h * n_pos + j]
+                    if sliding:
+                        for i in range(m):
+                            slot = (lo + i) & ring_mask
+                            for j in range(m):
+                                ring[h - 1, slot, j - i + n_pos - 1] += coef[i * m + j]
+                    else:
+                        # Four sources at a time into each j's row: a quarter of the read-modify-writes of the row.
+                        for j in range(m):
+                            cj = tokens[lo + j]
+                            i = 0
+                            while i + 4 <= m:
+                                x0 = coef[i * m + j]
+                                x1 = coef[(i + 1) * m + j]
+                                x2 = coef[(i + 2) * m + j]
+                                x3 = coef[(i + 3) * m + j]
+                                c0 = tokens[lo + i]
+                                c1 = tokens[lo + i + 1]
+                                c2 = tokens[lo + i + 2]
+                                c3 = tokens[lo + i + 3]
+                                for d in range(dim):
+                                    key_sum[h, cj, d] += (x0 * hop_queries[c0, d] + x1 * hop_queries[c1, d]) + (
+                                        x2 * hop_queries[c2, d] + x3 * hop_queries[c3, d]
+                                    )
+                                i += 4
+                            while i < m:
+                                x = coef[i * m + j]
+                                ci = tokens[lo + i]
+                                for d in range(dim):
+                                    key_sum[h, cj, d] += x * hop_queries[ci, d]
+                                i += 1
+                if h == last:
+                    for j in range(m):
+                        rj = gamma[j]
+                        if rj != 0.0:
+                            if sparse:
+                                pair_counts[pair[j]] += rj
+                            else:
+                                emission_count_ts[t, tokens[lo + j]] += rj
+        if ok and sliding and n_hops > 1:
+            pend_hi = max(pend_hi, hi) if pend_hi > pend_lo else hi
+            pend_lo = lo
         if m < n_pos:
             # The masked positions are draws each hop rejected (see dist_respattn.model.buckets).
             for h in range(n_hops):
@@ -553,10 +866,11 @@ def _estep(
         query_sq += w * yy
         n_obs += w
         log_lik += w * (log_z + consts)
+    _flush_sources(ring, pend_lo, pend_hi, tokens, hop_queries, key_sum, n_pos)
     scalars[0] += query_sq
     scalars[1] += n_obs
     scalars[2] += log_lik
-    return n_impossible, n_outside
+    return n_impossible, n_outside, n_log_domain
 
 
 @numba.njit(cache=True, nogil=True)
@@ -628,11 +942,13 @@ def _weights(rows: WindowRows) -> np.ndarray:
     return np.zeros(0) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
 
 
-def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays) -> None:
-    """The chain's E-step over ``rows`` (checked), added into ``arrays``. Rows no path explains raise
-    ``ImpossibleEvidenceError`` after the others were added; a pair off a sparse support raises a ValueError."""
+def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays) -> int:
+    """The chain's E-step over ``rows`` (checked), added into ``arrays``; returns how many rows it redid in the log
+    domain (their path weights too far apart for the linear-domain pass to scale: the same statistics, slower).
+    Rows no path explains raise ``ImpossibleEvidenceError`` after the others were added; a pair off a sparse
+    support raises a ValueError."""
     found = np.empty(min(rows.num_rows, 64), dtype=np.int64)
-    n_impossible, n_outside = _estep(  # type: ignore[call-arg]
+    n_impossible, n_outside, n_log_domain = _estep(  # type: ignore[call-arg]
         rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
         *params.arrays(), params.direct_row, params.direct_slots,
         arrays.key_sum, arrays.key_mass, arrays.recency_mass, arrays.emission_count_ts, arrays.pair_counts,
@@ -649,6 +965,7 @@ def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays) -> Non
             f"impossible evidence: rows {shown} have zero probability under the chain of hops (no path of "
             "positions reaches a token that can emit the row's target)"
         )
+    return int(n_log_domain)
 
 
 def hop_score(
