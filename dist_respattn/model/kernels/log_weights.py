@@ -94,13 +94,14 @@ def row_log_weights(context, row, y, key_means, log_prior, inv_two_sigma2, out, 
 
 # Inlined into its caller: a call would pass every array as a dozen fields on the stack, once a row.
 @numba.njit(cache=True, nogil=True, inline="always")
-def row_log_weights_at(context, row, ys, m, key_means, log_prior, inv_two_sigma2, out, at):  # pragma: no cover
-    """:func:`row_log_weights` without a gate, for a query that is row ``m`` of a 2-D array ``ys`` and log-weights
-    at ``out[at : at + N]``: the same expression, without the array views ``ys[m]`` and ``out[at:]`` (see
-    :func:`squared_distance_at`). For kernels that hold a batch of rows in 2-D scratch arrays."""
+def row_log_weights_at(symbols, ys, m, key_means, log_prior, inv_two_sigma2, out, at):  # pragma: no cover
+    """:func:`row_log_weights` without a gate, for kernels that hold a batch of rows in flat scratch arrays: the
+    row's N symbols are ``symbols[at : at + N]``, its query row ``m`` of ``ys``, its log-weights
+    ``out[at : at + N]``. The same expression, without the array views ``ys[m]`` and ``out[at:]`` (see
+    :func:`squared_distance_at`); unsigned ``symbols`` index without numba's check for a negative index."""
     best = -np.inf
-    for i in range(context.shape[1]):
-        distance = squared_distance_at(ys, m, key_means, context[row, i]) * inv_two_sigma2
+    for i in range(log_prior.shape[0]):
+        distance = squared_distance_at(ys, m, key_means, symbols[at + i]) * inv_two_sigma2
         li = log_prior[i] + out[at + i] - distance
         out[at + i] = li
         best = max(best, li)

@@ -403,7 +403,9 @@ def _estep_numba(
     flat_bits = np.empty(_BATCH_ROWS * n_pos, dtype=np.int64)
     flat_scale = flat_bits.view(np.float64)
     ys = np.empty((_BATCH_ROWS, dim))  # the batch's queries in float64
-    batch_row = np.empty(_BATCH_ROWS, dtype=np.int64)
+    # The batch's symbols and targets, unsigned: they index the tables without a check for a negative index.
+    sym = np.empty(_BATCH_ROWS * n_pos, dtype=np.uint64)
+    batch_t = np.empty(_BATCH_ROWS, dtype=np.uint64)
     batch_best = np.empty(_BATCH_ROWS)
     batch_w = np.empty(_BATCH_ROWS)
     batch_yy = np.empty(_BATCH_ROWS)
@@ -481,12 +483,14 @@ def _estep_numba(
                 v = np.float64(query[row, d])
                 ys[m, d] = v
                 yy += v * v
-            tn = target[row]
+            tn = np.uint64(target[row])
             at = m * n_pos
+            for i in range(n_pos):
+                sym[at + i] = np.uint64(context[row, i])
             # Issue the N emission loads together, before the arithmetic, so their cache misses overlap.
             for i in range(n_pos):
-                flat_logw[at + i] = log_emission_ts[tn, context[row, i]]
-            best = row_log_weights_at(context, row, ys, m, key_means, log_prior, inv_two_sigma2, flat_logw, at)
+                flat_logw[at + i] = log_emission_ts[tn, sym[at + i]]
+            best = row_log_weights_at(sym, ys, m, key_means, log_prior, inv_two_sigma2, flat_logw, at)
             if best == -np.inf:
                 if n_impossible < impossible.shape[0]:
                     impossible[n_impossible] = row
@@ -494,15 +498,14 @@ def _estep_numba(
                 continue
             for i in range(n_pos):
                 flat_logw[at + i] -= best
-            batch_row[m] = row
+            batch_t[m] = tn
             batch_best[m] = best
             batch_w[m] = w
             batch_yy[m] = yy
             m += 1
         exp_nonpositive_n(flat_logw, flat_resp, flat_bits, flat_scale, m * n_pos)
         for b in range(m):
-            row = batch_row[b]
-            tn = target[row]
+            tn = batch_t[b]
             w = batch_w[b]
             at = b * n_pos
             total = 0.0
@@ -512,10 +515,10 @@ def _estep_numba(
             for i in range(n_pos):
                 flat_resp[at + i] *= scale
             for i in range(n_pos):
-                emission_count_ts[tn, context[row, i]] += flat_resp[at + i]
+                emission_count_ts[tn, sym[at + i]] += flat_resp[at + i]
             for i in range(n_pos):
                 r = flat_resp[at + i]
-                c = context[row, i]
+                c = sym[at + i]
                 key_mass[c] += r
                 position_count[i] += r
             # Two key rows a pass over the query: half the loop's overhead and its run-time overlap checks. Each
@@ -524,9 +527,9 @@ def _estep_numba(
             i = 0
             while i + 1 < n_pos:
                 r0 = flat_resp[at + i]
-                c0 = context[row, i]
+                c0 = sym[at + i]
                 r1 = flat_resp[at + i + 1]
-                c1 = context[row, i + 1]
+                c1 = sym[at + i + 1]
                 for d in range(dim):
                     yd = ys[b, d]
                     key_sum[c0, d] += r0 * yd
@@ -534,7 +537,7 @@ def _estep_numba(
                 i += 2
             if i < n_pos:
                 r0 = flat_resp[at + i]
-                c0 = context[row, i]
+                c0 = sym[at + i]
                 for d in range(dim):
                     key_sum[c0, d] += r0 * ys[b, d]
             query_sq += w * batch_yy[b]
