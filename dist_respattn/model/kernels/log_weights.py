@@ -10,7 +10,8 @@ predictive gate, the target unseen, is the same expression with ``log B[c_i, t] 
 
 Two implementations of that one expression, beside each other and held equal by
 ``tests/model/test_log_weights.py``: :func:`row_log_weights`, compiled, one row at a time, called by every
-compiled kernel (the E-steps, the row log-likelihoods, held-out scoring, top-K prediction), and
+compiled kernel (the E-steps, the row log-likelihoods, held-out scoring, top-K prediction; the dense E-step
+through :func:`row_log_weights_at`, the same loop on a row of its batch's scratch arrays), and
 :func:`block_log_weights`, vectorized NumPy over a block, called by the NumPy backend and the
 distribution's attention. Both compute ``(log pi_i + log B) - d_i / (2 sigma2)`` in that order.
 """
@@ -25,11 +26,15 @@ __all__ = [
     "attention_of",
     "block_log_weights",
     "exp_nonpositive",
+    "exp_nonpositive_n",
     "exp_nonpositive_range",
     "exp_shifted",
+    "exp_shifted_into",
     "keep_row",
     "row_log_weights",
+    "row_log_weights_at",
     "squared_distance",
+    "squared_distance_at",
 ]
 
 #: The per-row output of a scoring kernel when none is asked for: (0, 2).
@@ -45,6 +50,20 @@ def squared_distance(y, key_means, c):  # pragma: no cover - compiled
     total = 0.0
     for d in range(y.shape[0]):
         a = y[d] - key_means[c, d]
+        total += a * a
+    return total
+
+
+# The same loop as squared_distance's, so the same sum to the bit.
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def squared_distance_at(ys, m, key_means, c):  # pragma: no cover - compiled
+    """``||ys[m] - K[c]||^2``: :func:`squared_distance` of row ``m`` of a 2-D array of queries.
+
+    Without the array view ``ys[m]``: in compiled code each view costs two atomic reference-count updates, and
+    an atomic update waits for every store before it (in the E-step, a row's whole scatter) to complete."""
+    total = 0.0
+    for d in range(ys.shape[1]):
+        a = ys[m, d] - key_means[c, d]
         total += a * a
     return total
 
@@ -70,6 +89,22 @@ def row_log_weights(context, row, y, key_means, log_prior, inv_two_sigma2, out, 
             gate[i] = log_prior[i] - distance
         li = log_prior[i] + out[i] - distance
         out[i] = li
+        best = max(best, li)
+    return best
+
+
+# Inlined into its caller: a call would pass every array as a dozen fields on the stack, once a row.
+@numba.njit(cache=True, nogil=True, inline="always")
+def row_log_weights_at(symbols, ys, m, key_means, log_prior, inv_two_sigma2, out, at):  # pragma: no cover
+    """:func:`row_log_weights` without a gate, for kernels that hold a batch of rows in flat scratch arrays: the
+    row's N symbols are ``symbols[at : at + N]``, its query row ``m`` of ``ys``, its log-weights
+    ``out[at : at + N]``. The same expression, without the array views ``ys[m]`` and ``out[at:]`` (see
+    :func:`squared_distance_at`); unsigned ``symbols`` index without numba's check for a negative index."""
+    best = -np.inf
+    for i in range(log_prior.shape[0]):
+        distance = squared_distance_at(ys, m, key_means, symbols[at + i]) * inv_two_sigma2
+        li = log_prior[i] + out[at + i] - distance
+        out[at + i] = li
         best = max(best, li)
     return best
 
@@ -107,15 +142,14 @@ def exp_nonpositive(x, out, bits):  # pragma: no cover - compiled
     degree-13 Taylor polynomial, error < 1e-17 on |r| <= ln2/2) vectorizes across the N positions.
     ``bits`` is an int64 scratch array of the same length, viewed as float64 to build ``2**k``.
     """
-    scale = bits.view(np.float64)
-    for i in range(x.shape[0]):
-        v = max(x[i], _EXP_MIN)
-        k = np.floor(v * _LOG2E + 0.5)
-        r = (v - k * _LN2_HI) - k * _LN2_LO
-        out[i] = _exp_reduced(r)
-        bits[i] = (np.int64(k) + 1023) << 52
-    for i in range(x.shape[0]):
-        out[i] = out[i] * scale[i] if x[i] >= _EXP_MIN else 0.0
+    exp_nonpositive_n(x, out, bits, bits.view(np.float64), x.shape[0])
+
+
+@numba.njit(cache=True, nogil=True)
+def exp_nonpositive_n(x, out, bits, scale, size):  # pragma: no cover - compiled
+    """:func:`exp_nonpositive` of the first ``size`` values of ``x``, ``scale`` being ``bits.view(np.float64)``:
+    a kernel calling it row after row makes that view (and its slices) once instead of each time."""
+    exp_nonpositive_range(x, 0, out, 0, size, bits, scale)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -140,9 +174,16 @@ def exp_shifted(logw, best, out, bits):  # pragma: no cover - compiled
     With ``best = max(logw)`` this is the softmax numerator of the log-weights: the responsibilities are
     ``out / sum``, the row's log-likelihood ``best + log(sum)`` plus the Gaussian normalizer.
     """
+    return exp_shifted_into(logw, best, out, bits, bits.view(np.float64))
+
+
+@numba.njit(cache=True, nogil=True)
+def exp_shifted_into(logw, best, out, bits, scale):  # pragma: no cover - compiled
+    """:func:`exp_shifted` with ``scale = bits.view(np.float64)`` made once by the caller (see
+    :func:`exp_nonpositive_n`)."""
     for i in range(logw.shape[0]):
         logw[i] -= best
-    exp_nonpositive(logw, out, bits)
+    exp_nonpositive_n(logw, out, bits, scale, logw.shape[0])
     total = 0.0
     for i in range(out.shape[0]):
         total += out[i]

@@ -26,11 +26,14 @@ import numpy as np
 
 from dist_respattn.model.arguments import ImpossibleEvidenceError, scan_values
 from dist_respattn.model.emission.layouts import DenseEmission, Emission, PairSupport, SparseEmission
+from dist_respattn.model.kernels.aligned import aligned_copy, aligned_zeros
 from dist_respattn.model.kernels.log_weights import (
     block_log_weights,
-    exp_nonpositive,
+    exp_nonpositive_n,
     exp_shifted,
+    exp_shifted_into,
     row_log_weights,
+    row_log_weights_at,
 )
 from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
 
@@ -105,7 +108,7 @@ class KernelParameters:
             return SparseKernelParameters.build(key_means, emission, position_prior, sigma2)
         probs = emission.probs if isinstance(emission, DenseEmission) else np.asarray(emission)
         with np.errstate(divide="ignore"):
-            log_emission_ts = np.ascontiguousarray(np.log(probs.T))
+            log_emission_ts = aligned_copy(np.log(probs.T))
         return cls(log_emission_ts=log_emission_ts, **_gate_fields(key_means, position_prior, sigma2))
 
 
@@ -113,7 +116,7 @@ def _gate_fields(key_means: np.ndarray, position_prior: np.ndarray, sigma2: floa
     with np.errstate(divide="ignore"):
         log_prior = np.log(position_prior)
     return {
-        "key_means": np.ascontiguousarray(key_means, dtype=np.float64),
+        "key_means": aligned_copy(key_means),
         "log_prior": log_prior,
         "inv_two_sigma2": 0.5 / sigma2,
         "gate_const": -0.5 * key_means.shape[1] * float(np.log(2.0 * np.pi * sigma2)),
@@ -257,13 +260,14 @@ class StatisticArrays:
         still collecting its pairs counts them apart); by default the counts are dense without a support.
         """
         dense = support is None if dense is None else dense
+        # The tables the kernels update by row start on a cache line (see kernels/aligned.py).
         return cls(
-            key_sum=np.zeros((num_symbols, query_dim)),
-            key_mass=np.zeros(num_symbols),
-            emission_count_ts=np.zeros((num_targets, num_symbols)) if dense else _NO_TABLE,
+            key_sum=aligned_zeros((num_symbols, query_dim)),
+            key_mass=aligned_zeros(num_symbols),
+            emission_count_ts=aligned_zeros((num_targets, num_symbols)) if dense else _NO_TABLE,
             position_count=np.zeros(context_length),
             scalars=np.zeros(3),
-            pair_counts=None if support is None else np.zeros(support.num_pairs),
+            pair_counts=None if support is None else aligned_zeros(support.num_pairs),
             support=support,
         )
 
@@ -308,6 +312,10 @@ _PREFETCH_ROWS = 4
 #: exponential's long chain of dependent multiply-adds runs for many rows at once instead of one row at a time.
 _BATCH_ROWS = 8
 
+#: A streamed group of rows (see ``_estep_numba``) is prefetched over the rows of the group before it, at most this
+#: many cache lines of each emission table a row; a shorter group before it leaves its cells to the prefetch by row.
+_STREAM_LINES_PER_ROW = 32
+
 _SPARSE_PREFETCH_ROWS = 8  # the same for the sparse E-step
 
 #: How many loads of a map fill one step of a binary search costs: a step waits on the load before it.
@@ -342,6 +350,16 @@ def prefetch_row(array, row):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
+def _group_end(target, order, k):  # pragma: no cover - compiled
+    """The end of the group of rows ``order[k], ...`` that share ``order[k]``'s target (rows come grouped)."""
+    t = target[order[k]]
+    end = k + 1
+    while end < order.shape[0] and target[order[end]] == t:
+        end += 1
+    return end
+
+
+@numba.njit(cache=True, nogil=True)
 def _estep_numba(
     context,
     query,
@@ -365,21 +383,29 @@ def _estep_numba(
     Rows go through in batches of ``_BATCH_ROWS`` possible, weighted rows: the log-weights of each, then the
     exponentials of the whole batch in one pass, then each row's statistics in visiting order. Every number is
     computed as one row at a time would, and added in the same order, so the statistics do not depend on the
-    batching.
+    batching. The loop makes no array views (each costs atomic reference counts, which wait for the stores
+    before them): the batch lives in flat scratch arrays indexed by position.
+
+    When rows come grouped by target (``order`` from :func:`target_order`), a group that will read at least as
+    many emission cells as its target's row of the (T, S) tables has cache lines is streamed: while the group
+    before it runs, every line of that row of both tables is prefetched, a few a row, instead of its cells one
+    by one a few rows ahead (``_STREAM_LINES_PER_ROW``).
 
     Rows with no possible position are skipped; the first ``len(impossible)`` of them are written to
     ``impossible``. Returns how many there were.
     """
     n, n_pos = context.shape
     dim = query.shape[1]
-    logw = np.empty((_BATCH_ROWS, n_pos))
-    resp = np.empty((_BATCH_ROWS, n_pos))
-    bits = np.empty((_BATCH_ROWS, n_pos), dtype=np.int64)
-    flat_logw = logw.reshape(_BATCH_ROWS * n_pos)
-    flat_resp = resp.reshape(_BATCH_ROWS * n_pos)
-    flat_bits = bits.reshape(_BATCH_ROWS * n_pos)
+    n_sym = log_emission_ts.shape[1]
+    lines = (n_sym + 7) // 8  # cache lines of a row of the emission tables (8 float64 a line)
+    flat_logw = np.empty(_BATCH_ROWS * n_pos)
+    flat_resp = np.empty(_BATCH_ROWS * n_pos)
+    flat_bits = np.empty(_BATCH_ROWS * n_pos, dtype=np.int64)
+    flat_scale = flat_bits.view(np.float64)
     ys = np.empty((_BATCH_ROWS, dim))  # the batch's queries in float64
-    batch_row = np.empty(_BATCH_ROWS, dtype=np.int64)
+    # The batch's symbols and targets, unsigned: they index the tables without a check for a negative index.
+    sym = np.empty(_BATCH_ROWS * n_pos, dtype=np.uint64)
+    batch_t = np.empty(_BATCH_ROWS, dtype=np.uint64)
     batch_best = np.empty(_BATCH_ROWS)
     batch_w = np.empty(_BATCH_ROWS)
     batch_yy = np.empty(_BATCH_ROWS)
@@ -387,11 +413,49 @@ def _estep_numba(
     query_sq = 0.0
     n_obs = 0.0
     log_lik = 0.0
+    # The group of rows visited now, ending before order[group_end], and the next one, order[group_end:next_end]
+    # of target t_next; whether each has its emission rows streamed, and how far the next one's is.
+    group_end = 0
+    group_streamed = False
+    next_end = 0
+    next_streamed = False
+    t_next = 0
+    stream_at = 0
+    stream_step = 0
     k = 0
     while k < n:
         m = 0
         while k < n and m < _BATCH_ROWS:
             row = order[k]
+            if k >= group_end:
+                if k == 0:
+                    group_end = _group_end(target, order, k)
+                    group_streamed = False
+                else:
+                    group_end = next_end
+                    group_streamed = next_streamed
+                next_end = group_end
+                next_streamed = False
+                if group_end < n:
+                    t_next = target[order[group_end]]
+                    next_end = _group_end(target, order, group_end)
+                    # Streamed when its rows read at least `lines` cells and this group is long enough to spread
+                    # the prefetches over.
+                    next_streamed = (next_end - group_end) * n_pos >= lines and lines <= _STREAM_LINES_PER_ROW * (
+                        group_end - k
+                    )
+                rows_left = group_end - k
+                stream_step = 8 * ((lines + rows_left - 1) // rows_left)
+                stream_at = 0
+            if next_streamed and stream_at < n_sym:
+                stream_stop = min(stream_at + stream_step, n_sym)
+                for j in range(stream_at, stream_stop, 8):
+                    prefetch_item(log_emission_ts, t_next, j)
+                    prefetch_item(emission_count_ts, t_next, j)
+                stream_at = stream_stop
+                if stream_at == n_sym:  # a row need not start on a line: its last one too
+                    prefetch_item(log_emission_ts, t_next, n_sym - 1)
+                    prefetch_item(emission_count_ts, t_next, n_sym - 1)
             far = k + 2 * _PREFETCH_ROWS
             if far < n:
                 # Rows are visited out of order: fetch a later row's context, query and target first (every
@@ -401,7 +465,7 @@ def _estep_numba(
                 prefetch_row(query, row_far)
                 prefetch_element(target, row_far)
             ahead = k + _PREFETCH_ROWS
-            if ahead < n:
+            if ahead < n and not (group_streamed if ahead < group_end else next_streamed and ahead < next_end):
                 # ...then, once those have arrived, the emission cells it will read and update, scattered
                 # over a (T, S) table far larger than cache, so the misses overlap with this row's work.
                 row_ahead = order[ahead]
@@ -419,38 +483,42 @@ def _estep_numba(
                 v = np.float64(query[row, d])
                 ys[m, d] = v
                 yy += v * v
-            best = _row_log_weights(
-                context, row, ys[m], target[row], key_means, log_emission_ts, log_prior, inv_two_sigma2, logw[m]
-            )
+            tn = np.uint64(target[row])
+            at = m * n_pos
+            for i in range(n_pos):
+                sym[at + i] = np.uint64(context[row, i])
+            # Issue the N emission loads together, before the arithmetic, so their cache misses overlap.
+            for i in range(n_pos):
+                flat_logw[at + i] = log_emission_ts[tn, sym[at + i]]
+            best = row_log_weights_at(sym, ys, m, key_means, log_prior, inv_two_sigma2, flat_logw, at)
             if best == -np.inf:
                 if n_impossible < impossible.shape[0]:
                     impossible[n_impossible] = row
                 n_impossible += 1
                 continue
             for i in range(n_pos):
-                logw[m, i] -= best
-            batch_row[m] = row
+                flat_logw[at + i] -= best
+            batch_t[m] = tn
             batch_best[m] = best
             batch_w[m] = w
             batch_yy[m] = yy
             m += 1
-        size = m * n_pos
-        exp_nonpositive(flat_logw[:size], flat_resp[:size], flat_bits[:size])
+        exp_nonpositive_n(flat_logw, flat_resp, flat_bits, flat_scale, m * n_pos)
         for b in range(m):
-            row = batch_row[b]
-            tn = target[row]
+            tn = batch_t[b]
             w = batch_w[b]
+            at = b * n_pos
             total = 0.0
             for i in range(n_pos):
-                total += resp[b, i]
+                total += flat_resp[at + i]
             scale = w / total
             for i in range(n_pos):
-                resp[b, i] *= scale
+                flat_resp[at + i] *= scale
             for i in range(n_pos):
-                emission_count_ts[tn, context[row, i]] += resp[b, i]
+                emission_count_ts[tn, sym[at + i]] += flat_resp[at + i]
             for i in range(n_pos):
-                r = resp[b, i]
-                c = context[row, i]
+                r = flat_resp[at + i]
+                c = sym[at + i]
                 key_mass[c] += r
                 position_count[i] += r
             # Two key rows a pass over the query: half the loop's overhead and its run-time overlap checks. Each
@@ -458,18 +526,18 @@ def _estep_numba(
             # second's), so the sums are the same to the bit.
             i = 0
             while i + 1 < n_pos:
-                r0 = resp[b, i]
-                c0 = context[row, i]
-                r1 = resp[b, i + 1]
-                c1 = context[row, i + 1]
+                r0 = flat_resp[at + i]
+                c0 = sym[at + i]
+                r1 = flat_resp[at + i + 1]
+                c1 = sym[at + i + 1]
                 for d in range(dim):
                     yd = ys[b, d]
                     key_sum[c0, d] += r0 * yd
                     key_sum[c1, d] += r1 * yd
                 i += 2
             if i < n_pos:
-                r0 = resp[b, i]
-                c0 = context[row, i]
+                r0 = flat_resp[at + i]
+                c0 = sym[at + i]
                 for d in range(dim):
                     key_sum[c0, d] += r0 * ys[b, d]
             query_sq += w * batch_yy[b]
@@ -610,6 +678,10 @@ def _estep_sparse_numba(
     bits = np.empty(n_pos, dtype=np.int64)
     pair = np.empty(n_pos, dtype=np.int64)
     y = np.empty(dim)
+    # Views made once, not a row or a group at a time (each costs atomic reference counts in the loop).
+    no_gate = logw[:0]
+    scale_bits = bits.view(np.float64)
+    slot_table = slot.reshape(1, slot.shape[0])
     n_impossible = 0
     n_outside = 0
     query_sq = 0.0
@@ -626,13 +698,16 @@ def _estep_sparse_numba(
         degree = hi - lo
         row_index = direct_row[tn]
         fill = False
+        # The map read is row `table_row` of `table`: the target's direct row, or the map filled for the group.
         if row_index >= 0:
-            table = direct_slots[row_index]
+            table = direct_slots
+            table_row = row_index
         else:
             # A map costs 2 writes per pair of the target, in order; a search ~log2(degree) steps per lookup, each
             # a load that depends on the one before (so weighted as _SEARCH_STEP_COST writes).
             fill = (group_end - k) * n_pos * (np.log2(degree + 1.0) + 1.0) * _SEARCH_STEP_COST > 2.0 * degree
-            table = slot
+            table = slot_table
+            table_row = 0
         use_map = fill or row_index >= 0
         if group_end < n:
             # The next group's pairs are contiguous: when they are few, fetch all of their symbols, values and
@@ -671,7 +746,7 @@ def _estep_sparse_numba(
                 # context has arrived by now, and its pairs' cells are spread over the target's P / T pairs.
                 row_ahead = order[ahead]
                 for i in range(n_pos):
-                    p_ahead = max(table[context[row_ahead, i]], 0)  # -1: outside the support
+                    p_ahead = max(table[table_row, context[row_ahead, i]], 0)  # -1: outside the support
                     prefetch_element(log_values, p_ahead)
                     prefetch_element(pair_counts, p_ahead)
             w = weights[row] if weights.shape[0] > 0 else 1.0
@@ -680,7 +755,7 @@ def _estep_sparse_numba(
             outside = False
             for i in range(n_pos):
                 c = context[row, i]
-                p = table[c] if use_map else find_pair(indptr, symbols, tn, c)
+                p = table[table_row, c] if use_map else find_pair(indptr, symbols, tn, c)
                 pair[i] = p
                 if p < 0:
                     outside = True
@@ -694,13 +769,13 @@ def _estep_sparse_numba(
                 yy += v * v
             for i in range(n_pos):
                 logw[i] = log_values[pair[i]]
-            best = row_log_weights(context, row, y, key_means, log_prior, inv_two_sigma2, logw, logw[:0])
+            best = row_log_weights(context, row, y, key_means, log_prior, inv_two_sigma2, logw, no_gate)
             if best == -np.inf:
                 if n_impossible < impossible.shape[0]:
                     impossible[n_impossible] = row
                 n_impossible += 1
                 continue
-            total = exp_shifted(logw, best, resp, bits)
+            total = exp_shifted_into(logw, best, resp, bits, scale_bits)
             scale = w / total
             for i in range(n_pos):
                 r = resp[i] * scale

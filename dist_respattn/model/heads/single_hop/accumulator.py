@@ -25,6 +25,7 @@ from dist_respattn.model.encoder import ResponsibilityAttentionDataEncoder
 from dist_respattn.model.heads.base import sum_into_copy
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.kernels import histogram, per_position
+from dist_respattn.model.kernels.aligned import aligned_zeros
 from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys, tally_rows
 from dist_respattn.model.rows import WindowRows
 
@@ -163,6 +164,13 @@ class SufficientStatistics(NamedTuple):
             raise ValueError(f"log_lik = {log_lik!r}: expected a finite number (or nan when unknown)")
         key_sum, key_mass, emission_count, position_count = arrays
         return cls(key_sum, key_mass, emission_count, position_count, query_sq, n_obs, log_lik)
+
+
+def _aligned_copy(array: np.ndarray) -> np.ndarray:
+    """A copy of ``array`` starting on a cache line, as the kernels' tables do (see kernels/aligned.py)."""
+    out = aligned_zeros(array.shape, array.dtype)
+    out[...] = array
+    return out
 
 
 def _owned(array: np.ndarray, copy: bool) -> np.ndarray:
@@ -520,12 +528,14 @@ class ResponsibilityAttentionAccumulator:
         if counts.layout != self.layout:
             raise ValueError(f"cannot set {counts.layout} statistics on a {self.layout} accumulator")
         self._stats = per_position.StatisticArrays(
-            key_sum=stats.key_sum.copy(),
-            key_mass=stats.key_mass.copy(),
-            emission_count_ts=counts.values_array().copy() if self.layout == "dense" else np.zeros((0, 0)),
+            key_sum=_aligned_copy(stats.key_sum),
+            key_mass=_aligned_copy(stats.key_mass),
+            emission_count_ts=_aligned_copy(counts.values_array()) if self.layout == "dense" else np.zeros((0, 0)),
             position_count=stats.position_count.copy(),
             scalars=np.array([stats.query_sq, stats.n_obs, stats.log_lik]),
-            pair_counts=counts.values_array().copy() if self.layout == "sparse" and self.support is not None else None,
+            pair_counts=(
+                _aligned_copy(counts.values_array()) if self.layout == "sparse" and self.support is not None else None
+            ),
             support=self.support,
         )
         self._collected = [counts.copy()] if self.layout == "sparse" and self.support is None else []  # type: ignore[list-item]
