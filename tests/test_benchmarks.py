@@ -625,18 +625,16 @@ def test_long_context_smoke_run_on_the_stdlib_reports_every_figure(tmp_path):
 SCALE_SCRIPT = SCRIPT.parent / "bench_scale.py"
 
 
-@pytest.mark.slow
-def test_scale_smoke_run_reports_every_figure(tmp_path):
-    """bench_scale.py on the standard library's ``email`` package (no download) at 2,000 words, forced sparse
-    by the reference shape only: every figure is measured, and they agree with each other."""
+def run_scale_on_email(tmp_path: Path, *args: str) -> tuple[str, dict]:
+    """bench_scale.py on the standard library's ``email`` package (no download), 2,000 words, one iteration: its
+    printed table and its JSON report."""
     import sysconfig
 
     corpus = Path(sysconfig.get_paths()["stdlib"]) / "email"
     completed = subprocess.run(
         [
             *(sys.executable, "-W", "error::RuntimeWarning", str(SCALE_SCRIPT), "--json", "--corpus", str(corpus)),
-            *("--vocab-size", "1999", "--reference-rows", "20000", "--iterations", "1", "--test-fraction", "0.2"),
-            *("--share", "1"),
+            *("--vocab-size", "1999", "--iterations", "1", "--test-fraction", "0.2", "--share", "1", *args),
             *("--work", str(tmp_path), "--cache", str(tmp_path / "cache"), "--memory-limit", "2GiB"),
         ],
         capture_output=True,
@@ -647,7 +645,14 @@ def test_scale_smoke_run_reports_every_figure(tmp_path):
     )
     assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
     table, _, payload = completed.stdout.partition("\n{")
-    report = json.loads("{" + payload)
+    return table, json.loads("{" + payload)
+
+
+@pytest.mark.slow
+def test_scale_smoke_run_reports_every_figure(tmp_path):
+    """bench_scale.py on the standard library's ``email`` package (no download) at 2,000 words, forced sparse
+    by the reference shape only: every figure is measured, and they agree with each other."""
+    table, report = run_scale_on_email(tmp_path, "--reference-rows", "20000")
     reference = report["reference"]
     assert reference["statistics_difference"] <= 1e-12
     assert reference["pairs"] > 0 and reference["sparse_rows_per_second"] > 0
@@ -683,25 +688,7 @@ def test_scale_smoke_run_reports_every_figure(tmp_path):
 def test_scale_recipe_smoke_run_reports_each_stage(tmp_path):
     """bench_scale.py --head recipe on the ``email`` package: the recipe's four stages in order, each with its
     parameters and iteration times, the memory peaks and the test perplexity beside the Kneser-Ney n-grams."""
-    import sysconfig
-
-    corpus = Path(sysconfig.get_paths()["stdlib"]) / "email"
-    completed = subprocess.run(
-        [
-            *(sys.executable, "-W", "error::RuntimeWarning", str(SCALE_SCRIPT), "--json", "--corpus", str(corpus)),
-            *("--vocab-size", "1999", "--reference-rows", "0", "--iterations", "1", "--test-fraction", "0.2"),
-            *("--head", "recipe", "--share", "1"),
-            *("--work", str(tmp_path), "--cache", str(tmp_path / "cache"), "--memory-limit", "2GiB"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=SCALE_SCRIPT.parents[1],
-        check=False,
-    )
-    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
-    table, _, payload = completed.stdout.partition("\n{")
-    report = json.loads("{" + payload)
+    table, report = run_scale_on_email(tmp_path, "--reference-rows", "0", "--head", "recipe")
     assert "reference" not in report  # --reference-rows 0
     fitted = report["fit"]
     stages = fitted["stages"]
