@@ -4,14 +4,17 @@ Measures, in one run on the reference shape (S=2000, N=16, D=32, T=2000) and a l
 ``--rows`` triples (default 1,000,000; default chunking) sampled from ``random_distribution(..., seed=0)``:
 
 - our fit, ``dist_respattn.engine.fit(store, client=..., init=<fixed start>, FitSettings(max_iter, tol=0))``, on a
-  ``LocalCluster`` of 2 worker processes x 1 thread and on a fresh one of 1 worker x 1 thread (127.0.0.1):
+  ``LocalCluster`` of 2 worker processes x 1 thread and on a fresh one of 1 worker x 1 thread (127.0.0.1; both
+  with the embedded cluster's quieter Dask settings, ``dist_respattn.engine.cluster.embedded_cluster_config()``):
   rows/s per iteration (the median over the iterations of rows / seconds, the seconds from ``result.history``:
   E-step + gather + M-step; what follows it, the checkpoint hand-off and the log line, is timed apart), and the
   scaling 2 vs 1 workers;
 - where an iteration's time goes (2 workers), from the scheduler's task stream and the driver's clock: scatter of
   the parameters + submission, the E-step tasks, the combine tree, gather + M-step, checkpoint hand-off + log line;
 - the whole fit on 2 workers against 1, side by side as a ratio: ``result.seconds`` with the cluster up, the same
-  with the cluster's start and shutdown, and the iterations after the first; for the fits above and ``--pairs``
+  with the cluster's start and shutdown, the iterations after the first, and the CPU seconds the fit cost (this
+  process, which runs the scheduler and the nannies, and every worker process: ``getrusage`` before and after the
+  fit, steadier than wall time when other work shares the host); for the fits above and ``--pairs``
   more pairs on fresh clusters (alternating which goes first), since a 2-core host's figures move from run to run;
 - time to the first iteration: ``result.first_iteration_seconds`` with the cluster already up, and the same for
   a ``fit`` that starts its own embedded cluster (``n_workers=2``, one iteration; the cluster start included);
@@ -63,6 +66,7 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import platform  # noqa: E402
 import re  # noqa: E402
+import resource  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -72,6 +76,7 @@ import warnings  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from typing import Any  # noqa: E402
 
+import dask.config  # noqa: E402
 import distributed  # noqa: E402
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
@@ -88,6 +93,7 @@ from measure import (  # noqa: E402
 import dist_respattn  # noqa: E402
 from dist_respattn import ResponsibilityAttentionDistribution, random_distribution  # noqa: E402
 from dist_respattn.engine import ClusterOptions, FitResult, FitSettings, estimate_memory, fit  # noqa: E402
+from dist_respattn.engine.cluster import embedded_cluster_config  # noqa: E402
 from dist_respattn.store import TripleStore, WriteOptions, write_synthetic  # noqa: E402
 
 #: The engine's figures are measured with the reference library's M-step (learned sigma2, additive smoothing,
@@ -124,16 +130,18 @@ KEY_PATTERN = re.compile(r"^respattn-(estep|combine)-(\d+)-(\d+)-(?:(\d+)-)?[0-9
 
 
 def local_cluster(workers: int) -> distributed.LocalCluster:
-    """Worker processes x 1 thread on 127.0.0.1; no bokeh dashboard, the scheduler's HTTP server on a free port."""
-    return distributed.LocalCluster(
-        n_workers=workers,
-        threads_per_worker=1,
-        processes=True,
-        host="127.0.0.1",
-        dashboard_address="127.0.0.1:0",
-        scheduler_kwargs={"dashboard": False},
-        silence_logs=logging.ERROR,
-    )
+    """Worker processes x 1 thread on 127.0.0.1; no bokeh dashboard, the scheduler's HTTP server on a free port; the
+    embedded cluster's quieter Dask settings (``embedded_cluster_config``), as a fit that starts its own has."""
+    with dask.config.set(embedded_cluster_config()):
+        return distributed.LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+            scheduler_kwargs={"dashboard": False},
+            silence_logs=logging.ERROR,
+        )
 
 
 @contextlib.contextmanager
@@ -143,6 +151,17 @@ def cluster_client(workers: int) -> Iterator[tuple[distributed.Client, float]]:
     with local_cluster(workers) as cluster, distributed.Client(cluster, set_as_default=False) as client:
         client.wait_for_workers(workers, timeout=60)
         yield client, time.perf_counter() - start
+
+
+def process_cpu_seconds() -> float:
+    """CPU seconds of the calling process, every thread (run on the workers through ``client.run``)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cluster_cpu_seconds(client: distributed.Client) -> float:
+    """CPU seconds of this process and of every worker process so far."""
+    return process_cpu_seconds() + sum(client.run(process_cpu_seconds).values())
 
 
 def process_peak_bytes() -> int:
@@ -218,6 +237,8 @@ class FitRun:
     called: float
     records: list[dict[str, Any]]
     workers: list[str]
+    #: CPU seconds the fit cost: this process (driver, scheduler, nannies) and every worker process, or ``None``.
+    cpu_seconds: float | None = None
 
 
 class Clock:
@@ -249,6 +270,7 @@ def run_fit(
         {"client": client} if client is not None else {"cluster": ClusterOptions(n_workers=n_workers)}
     )
     stream: Any = distributed.get_task_stream(client) if client is not None else contextlib.nullcontext()
+    cpu_before = cluster_cpu_seconds(client) if client is not None else 0.0
     with stream as tasks:
         called = time.time()
         result = fit(store, model_dir=model_dir, init=start, settings=settings, say=clock, progress=False, **kwargs)
@@ -256,7 +278,9 @@ def run_fit(
         raise RuntimeError(f"expected {result.iterations} iteration lines, got {clock.lines}")
     if client is None:
         return FitRun(result, clock, called, [], [])
-    return FitRun(result, clock, called, list(tasks.data), sorted(client.scheduler_info(n_workers=-1)["workers"]))
+    cpu = cluster_cpu_seconds(client) - cpu_before
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    return FitRun(result, clock, called, list(tasks.data), workers, cpu)
 
 
 def iteration_breakdown(run: FitRun) -> list[dict[str, Any]]:
@@ -341,6 +365,7 @@ def fit_figures(rows: int, workers: int, run: FitRun) -> dict[str, Any]:
         "wall_seconds_per_iteration": median_of(later or breakdown, "wall"),
         "first_iteration_seconds": result.first_iteration_seconds,
         "fit_seconds": result.seconds,
+        "cpu_seconds": run.cpu_seconds,
         "mean_log_likelihoods": [float(h["mean_log_likelihood"]) for h in result.history],
         "breakdown": breakdown,
         "breakdown_median_after_first": {
@@ -371,7 +396,9 @@ def whole_fit_pair(two: dict[str, Any], one: dict[str, Any], two_wall: float, on
         "with_cluster_seconds": {"2": two_wall, "1": one_wall},
         "later_iterations_seconds": {"2": later_two, "1": later_one},
         "first_iteration_seconds": {"2": two["first_iteration_seconds"], "1": one["first_iteration_seconds"]},
+        "cpu_seconds": {"2": two["cpu_seconds"], "1": one["cpu_seconds"]},
         "fit_ratio": ratio(two["fit_seconds"], one["fit_seconds"]),
+        "cpu_ratio": ratio(two["cpu_seconds"], one["cpu_seconds"]),
         "with_cluster_ratio": ratio(two_wall, one_wall),
         "later_iterations_ratio": ratio(later_two, later_one) if later_one > 0 else None,
     }
@@ -663,7 +690,7 @@ def format_report(report: dict[str, Any]) -> str:
         "shutdown added; iterations 2.. only); pair 1 is the fits above, the others on fresh clusters, alternating",
         "which ran first",
         f"{'pair':<6}{'fit 2w':>9}{'fit 1w':>9}{'2/1':>8}{'+cluster 2w':>13}{'1w':>8}{'2/1':>8}"
-        f"{'iter 2.. 2w':>13}{'1w':>8}{'2/1':>8}",
+        f"{'iter 2.. 2w':>13}{'1w':>8}{'2/1':>8}{'CPU 2w':>9}{'1w':>7}{'2/1':>8}",
     ]
     for index, pair in enumerate(res["pairs"], start=1):
         fits, walls, later = pair["fit_seconds"], pair["with_cluster_seconds"], pair["later_iterations_seconds"]
@@ -671,7 +698,14 @@ def format_report(report: dict[str, Any]) -> str:
             f"{index:<6}{fits['2']:>9.2f}{fits['1']:>9.2f}{times(pair['fit_ratio'], '.2f'):>8}"
             f"{walls['2']:>13.2f}{walls['1']:>8.2f}{times(pair['with_cluster_ratio'], '.2f'):>8}"
             f"{later['2']:>13.2f}{later['1']:>8.2f}{times(pair['later_iterations_ratio'], '.2f'):>8}"
+            f"{fig(pair['cpu_seconds']['2'], '.2f'):>9}{fig(pair['cpu_seconds']['1'], '.2f'):>7}"
+            f"{times(pair['cpu_ratio'], '.2f'):>8}"
         )
+    lines.append(
+        f"median  fit 2/1 {times(report['ratios']['whole_fit_2_over_1'], '.2f')}, CPU 2/1 "
+        f"{times(report['ratios']['whole_fit_cpu_2_over_1'], '.2f')} (CPU: this process, which runs the scheduler, "
+        "and every worker process)"
+    )
 
     parts = ours2["breakdown_median_after_first"]
     lines += [
@@ -1026,6 +1060,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "iteration_over_kernel_share_1_worker": ratio(ours1["seconds_per_iteration"], kernel["seconds"]),
             "ours_2_over_kernel": ratio(ours2["rows_per_s"], kernel["rows_per_s"]),
             "whole_fit_2_over_1": float(statistics.median(p["fit_ratio"] for p in results["pairs"])),
+            # The CPU the whole fit cost (driver + workers), 2 workers over 1: steadier than wall time on a busy host.
+            "whole_fit_cpu_2_over_1": float(statistics.median(p["cpu_ratio"] for p in results["pairs"])),
         },
         "memory": {
             "driver_peak_bytes": driver_peak,

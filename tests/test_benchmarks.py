@@ -345,6 +345,14 @@ def test_fit_smoke_run_reports_every_figure(monkeypatch):
         pair["fit_ratio"], results["ours_2"]["fit_seconds"] / results["ours_1"]["fit_seconds"], "pairs.fit_ratio"
     )
     assert_close(report["ratios"]["whole_fit_2_over_1"], pair["fit_ratio"], "whole_fit_2_over_1")
+    # The CPU each fit cost (this process and its workers): at least the kernel's share of its E-steps.
+    for workers in ("2", "1"):
+        assert_positive_finite(pair["cpu_seconds"][workers], f"pairs.cpu_seconds[{workers}]")
+        name = "ours_2" if workers == "2" else "ours_1"
+        assert pair["cpu_seconds"][workers] == results[name]["cpu_seconds"]
+        assert pair["cpu_seconds"][workers] > 0.5 * results["kernel"]["seconds"] * iterations, pair
+    assert_close(pair["cpu_ratio"], pair["cpu_seconds"]["2"] / pair["cpu_seconds"]["1"], "pairs.cpu_ratio")
+    assert_close(report["ratios"]["whole_fit_cpu_2_over_1"], pair["cpu_ratio"], "whole_fit_cpu_2_over_1")
 
     targets = {t["name"]: t for t in report["targets"]}
     assert len(targets) == 6

@@ -21,6 +21,8 @@ __all__ = [
     "as_simplex",
     "as_weights",
     "check_batch",
+    "first_where",
+    "nonfinite_free",
     "plain",
     "scan_values",
 ]
@@ -36,6 +38,24 @@ class ImpossibleEvidenceError(ValueError):
 def plain(value: Any) -> str:
     """``repr`` of a value with NumPy scalars shown as Python numbers (``2500``, not ``np.int64(2500)``)."""
     return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def nonfinite_free(array: np.ndarray) -> bool:
+    """Whether every entry of a float ``array`` is finite, in one pass that makes no temporary array.
+
+    A sum is finite only when every term is (an infinity or a NaN never cancels back to a finite value), so a
+    finite sum settles it; a sum that is not finite (an overflow of finite terms, or a bad entry) is checked entry
+    by entry. The check on every model and every E-step's statistics, so it must not cost a mask and a search.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.add.reduce(array, axis=None)):
+            return True
+    return bool(np.isfinite(array).all())
+
+
+def first_where(mask: np.ndarray) -> tuple[int, ...]:
+    """The index of the first ``True`` entry of ``mask`` in C order (a caller has found there is one)."""
+    return tuple(int(v) for v in np.unravel_index(int(np.argmax(mask)), mask.shape))
 
 
 def _as_real(value: Any, name: str) -> float:
@@ -85,9 +105,8 @@ def as_finite_matrix(value: Any, name: str, *, shape: tuple[int | None, int | No
             raise ValueError(f"{name} has shape {result.shape}: expected {want} along axis {axis}")
     if result.size == 0:
         raise ValueError(f"{name} is empty (shape {result.shape}): expected at least one row and column")
-    bad = np.argwhere(~np.isfinite(result))
-    if bad.size:
-        i, j = (int(v) for v in bad[0])
+    if not nonfinite_free(result):
+        i, j = first_where(~np.isfinite(result))
         raise ValueError(f"{name}[{i}, {j}] = {plain(result[i, j])}: expected finite values")
     return result
 
@@ -95,9 +114,8 @@ def as_finite_matrix(value: Any, name: str, *, shape: tuple[int | None, int | No
 def as_row_simplex(value: Any, name: str) -> np.ndarray:
     """Return a float64 matrix whose rows are probability vectors (non-negative, summing to one)."""
     result = as_finite_matrix(value, name)
-    negative = np.argwhere(result < 0.0)
-    if negative.size:
-        i, j = (int(v) for v in negative[0])
+    if float(result.min()) < 0.0:  # finite by now, so the least entry tells
+        i, j = first_where(result < 0.0)
         raise ValueError(f"{name}[{i}, {j}] = {plain(result[i, j])}: expected non-negative probabilities")
     sums = result.sum(axis=1)
     off = np.flatnonzero(np.abs(sums - 1.0) > SIMPLEX_ATOL)

@@ -23,11 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import dask.config
 import distributed
 import psutil
 import pytest
 
-from dist_respattn.engine import EVENT_TOPIC, cluster_info, load_checkpoint, load_model
+from dist_respattn.engine import EVENT_TOPIC, ClusterOptions, cluster_info, load_checkpoint, load_model
+from dist_respattn.engine.cluster import QUIET_CLUSTER, connect, embedded_cluster_config
 from dist_respattn.events import EndEvent, IterationEvent, StartEvent
 from dist_respattn.model.fitting.holdout import HoldoutRule
 
@@ -328,6 +330,38 @@ def test_embedded_cluster_is_announced_with_its_dashboard(small_store, tmp_path,
     assert "dashboard" not in completed.stdout, completed.stdout
     assert [int(i) for i, _ in ITERATION_LINE.findall(completed.stderr)] == [1, 2]
     assert load_checkpoint(tmp_path / "model").iteration == 2
+
+
+def _worker_settings(dask_worker: Any) -> dict[str, Any]:
+    """What a worker process runs with: its periodic callbacks, its event loop's tick, its memory monitor."""
+    return {
+        "callbacks": sorted(dask_worker.periodic_callbacks),
+        "tick": dask_worker._tick_interval,
+        "memory_monitor": dask_worker.memory_manager.memory_monitor_interval,
+    }
+
+
+@pytest.mark.slow
+def test_embedded_cluster_runs_quieter_than_dask_defaults_and_keeps_what_the_user_set():
+    """An embedded cluster's workers run without Dask's profiler and with the slower tick, system monitor and
+    memory monitor of ``QUIET_CLUSTER`` (its scheduler too); a setting the user changed from Dask's default (the
+    tick, here) is kept, and the caller's own Dask config is left as it was."""
+    with dask.config.set({"distributed.admin.tick.interval": "500ms"}), connect(ClusterOptions(n_workers=1)) as client:
+        (worker,) = client.run(_worker_settings).values()
+        scheduler_tick = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler._tick_interval)
+        assert dask.config.get("distributed.worker.profile.enabled") is True
+    assert "profile" not in worker["callbacks"] and "profile-cycle" not in worker["callbacks"], worker
+    assert (worker["tick"], scheduler_tick) == (0.5, 0.5)
+    assert worker["memory_monitor"] == 0.25
+
+
+def test_embedded_cluster_config_leaves_out_what_the_user_changed():
+    """Every quieter setting applies while it has Dask's default value; one the user changed is left out."""
+    assert embedded_cluster_config() == QUIET_CLUSTER
+    with dask.config.set({"distributed.admin.tick.interval": "500ms", "distributed.worker.profile.interval": "5ms"}):
+        assert embedded_cluster_config() == {
+            key: value for key, value in QUIET_CLUSTER.items() if key != "distributed.admin.tick.interval"
+        }
 
 
 @pytest.mark.slow

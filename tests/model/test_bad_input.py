@@ -608,6 +608,17 @@ def test_non_finite_key_means(bad):
         build(key_means=keys)
 
 
+def test_key_means_whose_sum_overflows_are_finite():
+    """The finiteness check sums the entries first; finite entries whose sum overflows are still finite."""
+    keys = GOOD_KEYS.copy()
+    keys[:, 0] = 1e308
+    keys[:, 1] = -1e308  # the sum's order makes no difference: inf + (-inf) is nan, the entries are checked
+    assert np.array_equal(build(key_means=keys).key_means, keys)
+    keys[7, 2], keys[9, 0] = np.inf, -np.inf
+    with pytest.raises(ValueError, match=r"key_means\[7, 2\] = inf: expected finite values"):
+        build(key_means=keys)
+
+
 def test_key_means_not_a_matrix():
     with pytest.raises(ValueError, match=r"key_means must be two-dimensional, got shape \(50,\)"):
         build(key_means=GOOD_KEYS[:, 0])
@@ -834,6 +845,19 @@ def test_estimate_non_finite_statistics_names_entry(field, bad):
     where = ", ".join(map(str, index))
     with pytest.raises(ValueError, match=rf"{field}\[{where}\] = .*expected finite"):
         ESTIMATOR.estimate(None, stats._replace(**{field: array}))
+
+
+def test_statistics_whose_sums_overflow_are_accepted():
+    """The check sums each array first; huge finite counts (their sum overflows) pass, and nothing is changed."""
+    from dist_respattn.model.heads.single_hop.accumulator import SufficientStatistics
+
+    stats = good_statistics()
+    huge = np.full((S, T), 1e308)
+    key_sum = np.array(stats.key_sum)
+    key_sum[3, 1] = -5.0  # key sums may be negative
+    value = SufficientStatistics.checked(stats._replace(key_sum=key_sum, emission_count=huge), (S, N, D, T))
+    assert np.array_equal(np.asarray(value.emission_count), huge)
+    assert np.array_equal(value.key_sum, key_sum)
 
 
 @pytest.mark.parametrize("field", list(FIELD_SHAPES))

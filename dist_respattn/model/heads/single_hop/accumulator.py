@@ -11,6 +11,8 @@ from dist_respattn.model.arguments import (
     ImpossibleEvidenceError,
     as_nonnegative_float,
     check_batch,
+    first_where,
+    nonfinite_free,
     plain,
 )
 from dist_respattn.model.buckets import PositionBuckets
@@ -37,12 +39,10 @@ __all__ = [
 
 
 def _raise_at_first(array: np.ndarray, bad: np.ndarray, name: str, what: str, expected: str) -> None:
-    """Raise a ValueError naming the first entry of ``array`` where ``bad`` holds."""
-    where = np.argwhere(bad)
-    if where.size:
-        index = tuple(int(v) for v in where[0])
-        label = ", ".join(str(v) for v in index)
-        raise ValueError(f"{name} holds {what}: {name}[{label}] = {plain(array[index])}, expected {expected}")
+    """Raise a ValueError naming the first entry of ``array`` where ``bad`` holds (there is one)."""
+    index = first_where(bad)
+    label = ", ".join(str(v) for v in index)
+    raise ValueError(f"{name} holds {what}: {name}[{label}] = {plain(array[index])}, expected {expected}")
 
 
 class SufficientStatistics(NamedTuple):
@@ -151,8 +151,10 @@ class SufficientStatistics(NamedTuple):
                 a = np.asarray(array, dtype=np.float64)
                 if a.shape != want:
                     raise ValueError(f"{name} has shape {a.shape}: expected {want}")
-            _raise_at_first(a, ~np.isfinite(a), name, "a non-finite value", "finite values")
-            if name != "key_sum":
+            # Cheap tests first (this runs on every E-step's value); the entry is searched for only when one fails.
+            if not nonfinite_free(a):
+                _raise_at_first(a, ~np.isfinite(a), name, "a non-finite value", "finite values")
+            if name != "key_sum" and a.size and float(a.min()) < 0.0:
                 _raise_at_first(a, a < 0.0, name, "a negative value", "non-negative masses")
             if name == "emission_count" and not isinstance(array, EmissionCounts):
                 array = DenseEmissionCounts.from_symbol_major(a)
