@@ -7,7 +7,10 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import dask.config
 import distributed
+
+from dist_respattn.engine.cluster import embedded_cluster_config
 
 
 @contextlib.contextmanager
@@ -16,7 +19,9 @@ def local_cluster(n_workers: int = 2, **kwargs: Any) -> Iterator[tuple[distribut
 
     The scheduler's HTTP server takes a free port: with ``dashboard_address=None`` it still binds 8787
     and warns when another cluster holds it, which the warnings-as-errors config turns into a cluster
-    that fails to start. ``kwargs`` go to ``LocalCluster`` (e.g. ``memory_limit``).
+    that fails to start. ``kwargs`` go to ``LocalCluster`` (e.g. ``memory_limit``). It starts under the
+    embedded cluster's quieter Dask settings, as ``fit`` does: a module's cluster mostly sits idle between
+    tests, and Dask's profiler and ticks would spend a share of the cores the other tests run on.
     """
     options: dict[str, Any] = {
         "threads_per_worker": 1,
@@ -26,8 +31,10 @@ def local_cluster(n_workers: int = 2, **kwargs: Any) -> Iterator[tuple[distribut
         "silence_logs": logging.ERROR,
     }
     options.update(kwargs)
+    with dask.config.set(embedded_cluster_config()):
+        cluster = distributed.LocalCluster(n_workers=n_workers, **options)
     with (
-        distributed.LocalCluster(n_workers=n_workers, **options) as cluster,
+        cluster,
         distributed.Client(cluster, set_as_default=False) as client,
     ):
         yield cluster, client
