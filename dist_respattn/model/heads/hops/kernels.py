@@ -427,10 +427,11 @@ def _block_distances(
     hop_queries, query_rows, key_means, key_rows, h, tokens, lo, m, src, scaled, scaled_prev, inv_two_sigma2, block
 ):  # pragma: no cover - compiled
     """Hop ``h``'s transition distances ``scaled[h - 1, i, j] = ||Q[c_i] - K_h[c_j]||^2 / (2 sigma2)`` of a window
-    of ``m`` positions, D a multiple of 8: a token the previous window did not hold (``src[i] < 0``) has its row
-    computed 8 keys a pass (:func:`~dist_respattn.model.kernels.lanes.sq_distances_8`), then its column (its key
-    against 8 hop queries a pass: the same numbers, ``(a - b)^2 = (b - a)^2`` lane by lane), the others' pairs are
-    the previous row's. Every pair's distance is thus the same number whichever way it was reached."""
+    of ``m`` positions, D a multiple of 8, for a window most of whose tokens the previous one did not hold (a
+    stream's window, one new token, is cheaper pair by pair): a new token (``src[i] < 0``) has its row computed 8
+    keys a pass (:func:`~dist_respattn.model.kernels.lanes.sq_distances_8`), then its column (its key against 8
+    hop queries a pass: the same numbers, ``(a - b)^2 = (b - a)^2`` lane by lane), the others' pairs are the
+    previous row's."""
     n_symbols = key_means.shape[1]
     for i in range(m):
         if src[i] < 0:
@@ -674,6 +675,18 @@ def _estep(
             y[d] = v
             yy += v * v
         # -- hop 1's log-weights, the transitions, the emission --
+        # Hop 1's and the transitions' distances 8 keys a pass when most of the window's tokens are new (on a
+        # stream, one is: its 15 new distances a hop are cheaper pair by pair).
+        block_rows = lanes and n_hops == 1
+        if n_hops > 1:
+            offset = prev_m - (m - 1)  # the previous window's last token aligned with this one's last but one
+            n_fresh = 0
+            for i in range(m):
+                k = i + offset
+                src[i] = k if 0 <= k < prev_m and prev_tokens[k] == tokens[lo + i] else -1
+                if src[i] < 0:
+                    n_fresh += 1
+            block_rows = lanes and 2 * n_fresh > m
         full = m == n_pos
         log_total = 0.0
         if not full:
@@ -681,7 +694,7 @@ def _estep(
             for j in range(m):
                 total += prior[0, n_pos - m + j]
             log_total = math.log(total) if total > 0.0 else 0.0
-        if lanes:
+        if block_rows:
             for jb in range(0, m, LANES):
                 nb = min(LANES, m - jb)
                 sq_distances_8(y_row, 0, key_means, 0, tokens, lo + jb, nb, block, 0, inv_two_sigma2)
@@ -691,13 +704,8 @@ def _estep(
             for j in range(m):
                 d2 = _query_distance(y, key_means, tokens[lo + j])
                 alpha[0, j] = log_prior[0, n_pos - m + j] - log_total - d2 * inv_two_sigma2
-        if n_hops > 1:
-            offset = prev_m - (m - 1)  # the previous window's last token aligned with this one's last but one
-            for i in range(m):
-                k = i + offset
-                src[i] = k if 0 <= k < prev_m and prev_tokens[k] == tokens[lo + i] else -1
         for h in range(1, n_hops):
-            if lanes:
+            if block_rows:
                 _block_distances(
                     hop_queries, query_rows, key_means, key_rows, h, tokens, lo, m, src, scaled, scaled_prev,
                     inv_two_sigma2, block,
@@ -705,8 +713,8 @@ def _estep(
             for i in range(m):
                 ci = tokens[lo + i]
                 si = src[i]
-                first = m if lanes else 0  # the first column not yet done
-                if si < 0 and not lanes:
+                first = m if block_rows else 0  # the first column not yet done
+                if si < 0 and not block_rows:
                     # A token the previous window did not hold: its whole row, four keys a pass over its hop query.
                     while first + 4 <= m:
                         k = lo + first
