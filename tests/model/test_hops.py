@@ -96,10 +96,13 @@ def brute_statistics(head, context, query, target, lengths):
     return key_sum, key_mass, position, counts, log_lik
 
 
+@pytest.mark.parametrize("dim", [2, 8], ids=["D2", "D8-lanes"])
 @pytest.mark.parametrize("softmax", [False, True], ids=["joint", "softmax"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_forward_backward_equals_enumeration_over_hop_paths(seed, softmax):
-    shape = (5, 4, 2, 3)
+def test_forward_backward_equals_enumeration_over_hop_paths(seed, softmax, dim):
+    """The E-step's statistics and the scores equal the enumeration over hop paths, with D = 2 and with D a multiple
+    of 8 (the distances and hop-query sums then run as 8-lane vector code)."""
+    shape = (5, 4, dim, 3)
     hops = 3 if seed == 2 else 2
     head = random_chain(shape, hops, seed, softmax=softmax)
     rng = np.random.default_rng(seed + 10)
@@ -240,12 +243,13 @@ def _statistic_arrays(head, rows, params):
     return [arrays.key_sum, arrays.key_mass, arrays.recency_mass, arrays.pair_counts, arrays.scalars]
 
 
+@pytest.mark.parametrize("shape", [(5, 4, 2, 5), (5, 10, 16, 5)], ids=["N4-D2", "N10-D16-lanes"])
 @pytest.mark.parametrize("hops", [2, 3])
-def test_stream_windows_and_a_sparse_emission_equal_the_enumeration(hops):
+def test_stream_windows_and_a_sparse_emission_equal_the_enumeration(hops, shape):
     """Windows of one token stream (each shares all but one token with the previous one, short ones at document
     starts: the distances the kernel takes from the previous row) under a sparse emission read through direct rows,
-    binary searches, or both: the same statistics bit for bit, and the enumeration's."""
-    shape = (5, 4, 2, 5)
+    binary searches, or both: the same statistics bit for bit, and the enumeration's; with D a multiple of 8 and
+    windows of more than 8 positions too (the distances 8 keys a pass, a window in blocks)."""
     head = random_chain(shape, hops, 7)
     support = PairSupport.full(shape[0], shape[3])
     head = HopsHead(head.single.with_emission(head.single.emission_table.restricted(support)), head.keys,

@@ -17,13 +17,14 @@ import numpy as np
 
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import SparseEmission
+from dist_respattn.model.kernels.lanes import LANES, add_weighted_rows, sq_distances_8
 from dist_respattn.model.kernels.log_weights import (
     NO_ROWS,
     exp_nonpositive_range,
     exp_shifted,
     keep_row,
 )
-from dist_respattn.model.kernels.per_position import find_pair
+from dist_respattn.model.kernels.per_position import find_pair, prefetch_row
 from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
 from dist_respattn.model.rows import WindowRows
 
@@ -169,6 +170,18 @@ def _forward_hop(h, m, softmax, trans, shift, alpha, work):  # pragma: no cover 
         alpha[h, j] = top + math.log(acc) if acc > 0.0 else -np.inf
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _backward_sums(h, m, trans, vector, v0, sums):  # pragma: no cover - compiled
+    """The backward step's sums over hop h's transitions, ``sums[h, i] = sum_j trans[h - 1, i * m + j]
+    vector[v0 + j]``: of the scaled backward vector in the E-step's linear domain, of ``exp(beta_h - max beta_h)``
+    in its log-domain redo (which adds ``shift_i``, the largest beta and the log)."""
+    for i in range(m):
+        acc = 0.0
+        for j in range(m):
+            acc += trans[h - 1, i * m + j] * vector[v0 + j]
+        sums[h, i] = acc
+
+
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
 def _distance(queries, c_query, key_means, hop, c_key):  # pragma: no cover - compiled
     """``||queries[c_query] - key_means[hop, c_key]||^2`` (the sum reassociated, so that it vectorizes, as the
@@ -239,13 +252,13 @@ def _log_sum(values, m):  # pragma: no cover - compiled
 @numba.njit(cache=True, nogil=True)
 def _chain(
     tokens, lo, hi, t, y, key_means, prior, log_prior, hop_queries, inv_two_sigma2, softmax, log_emission_ts,
-    indptr, symbols, log_values, log_backoff, log_base, with_target, alpha, beta, trans, shift, log_e, pair, work,
+    indptr, symbols, log_values, log_backoff, log_base, with_target, alpha, trans, shift, log_e, pair, work,
     flat, bits,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """Forward–backward of one window. Fills ``alpha[h, j]`` (log forward), ``trans[h - 1, i * m + j]`` (linear
-    transition scaled by ``exp(-shift[h - 1, i])``), ``log_e[j]`` (``log B[c_j, t]``, 0 without the target),
-    ``pair[j]``, and ``beta[h, j]`` (log backward). Returns ``(log Z, log Z without the target)``: the path sum with
-    and without the last hop's emission (the predictive's normalizer)."""
+    """The forward pass of one window (scoring needs no backward pass). Fills ``alpha[h, j]`` (log forward),
+    ``trans[h - 1, i * m + j]`` (linear transition scaled by ``exp(-shift[h - 1, i])``), ``log_e[j]``
+    (``log B[c_j, t]``, 0 without the target) and ``pair[j]``. Returns ``(log Z, log Z without the target)``: the
+    path sum with and without the last hop's emission (the predictive's normalizer)."""
     n_hops = key_means.shape[0]
     n_pos = prior.shape[1]
     m = hi - lo
@@ -310,20 +323,6 @@ def _chain(
     for j in range(m):
         work[j] = alpha[last, j] + log_e[j]
     log_z = _log_sum(work, m)
-    # Backward: beta[h - 1, i] = shift_i + log sum_j trans(i, j) exp(beta[h, j]).
-    for j in range(m):
-        beta[last, j] = log_e[j]
-    for h in range(last, 0, -1):
-        top = -np.inf
-        for j in range(m):
-            top = max(top, beta[h, j])
-        for j in range(m):
-            work[j] = math.exp(beta[h, j] - top) if top > -np.inf and beta[h, j] > -np.inf else 0.0
-        for i in range(m):
-            acc = 0.0
-            for j in range(m):
-                acc += trans[h - 1, i * m + j] * work[j]
-            beta[h - 1, i] = shift[h - 1, i] + top + math.log(acc) if acc > 0.0 else -np.inf
     return log_z, log_z_gate
 
 
@@ -337,7 +336,7 @@ def _log_domain_row(
     the rows :func:`_estep`'s linear-domain pass cannot scale (a normalizer it would take below ``_TINY``), or
     whose last hop may fall on a pair off a sparse support. Returns ``(status, log Z)``: status 0 when the
     statistics were added, 1 when no path explains the row, 2 when a pair off the support does."""
-    n_hops = alpha.shape[0]
+    n_hops, n_pos = alpha.shape
     last = n_hops - 1
     dim = y.shape[0]
     for h in range(1, n_hops):
@@ -352,12 +351,10 @@ def _log_domain_row(
         for j in range(m):
             top = max(top, beta[h, j])
         for j in range(m):
-            back[h, j] = math.exp(beta[h, j] - top) if top > -np.inf and beta[h, j] > -np.inf else 0.0
+            back[h * n_pos + j] = math.exp(beta[h, j] - top) if top > -np.inf and beta[h, j] > -np.inf else 0.0
+        _backward_sums(h, m, trans, back, h * n_pos, sums)
         for i in range(m):
-            acc = 0.0
-            for j in range(m):
-                acc += trans[h - 1, i * m + j] * back[h, j]
-            sums[h, i] = acc
+            acc = sums[h, i]
             beta[h - 1, i] = shift[h - 1, i] + top + math.log(acc) if acc > 0.0 else -np.inf
     if log_z == -np.inf:
         return 1, log_z
@@ -401,13 +398,13 @@ def _log_domain_row(
                     continue
                 ci = tokens[lo + i]
                 for j in range(m):
-                    x = wi * trans[h - 1, i * m + j] * back[h, j]
+                    x = wi * trans[h - 1, i * m + j] * back[h * n_pos + j]
                     if x != 0.0:
                         mass[j] += x
                         for d in range(dim):
                             incoming[j, d] += x * hop_queries[ci, d]
             for j in range(m):
-                if back[h, j] == 0.0:
+                if back[h * n_pos + j] == 0.0:
                     continue
                 cj = tokens[lo + j]
                 key_mass[h, cj] += mass[j]
@@ -423,6 +420,71 @@ def _log_domain_row(
                     else:
                         emission_count_ts[t, tokens[lo + j]] += rj
     return 0, log_z
+
+
+@numba.njit(cache=True, nogil=True)
+def _block_distances(
+    hop_queries, query_rows, key_means, key_rows, h, tokens, lo, m, src, scaled, scaled_prev, inv_two_sigma2, block
+):  # pragma: no cover - compiled
+    """Hop ``h``'s transition distances ``scaled[h - 1, i, j] = ||Q[c_i] - K_h[c_j]||^2 / (2 sigma2)`` of a window
+    of ``m`` positions, D a multiple of 8, for a window most of whose tokens the previous one did not hold (a
+    stream's window, one new token, is cheaper pair by pair): a new token (``src[i] < 0``) has its row computed 8
+    keys a pass (:func:`~dist_respattn.model.kernels.lanes.sq_distances_8`), then its column (its key against 8
+    hop queries a pass: the same numbers, ``(a - b)^2 = (b - a)^2`` lane by lane), the others' pairs are the
+    previous row's."""
+    n_symbols = key_means.shape[1]
+    for i in range(m):
+        if src[i] < 0:
+            ci = tokens[lo + i]
+            for jb in range(0, m, LANES):
+                sq_distances_8(hop_queries, ci, key_means, h, tokens, lo + jb, min(LANES, m - jb), block, 0,
+                               inv_two_sigma2)  # fmt: skip
+                for k in range(min(LANES, m - jb)):
+                    scaled[h - 1, i, jb + k] = block[k]
+    kept = 0
+    for i in range(m):
+        if src[i] >= 0:
+            kept += 1
+    for j in range(m):
+        if src[j] < 0 and kept > 0:
+            cj = tokens[lo + j]
+            for ib in range(0, m, LANES):
+                sq_distances_8(key_rows, h * n_symbols + cj, query_rows, 0, tokens, lo + ib, min(LANES, m - ib),
+                               block, 0, inv_two_sigma2)  # fmt: skip
+                for k in range(min(LANES, m - ib)):
+                    if src[ib + k] >= 0:
+                        scaled[h - 1, ib + k, j] = block[k]
+    for i in range(m):
+        si = src[i]
+        if si >= 0:
+            for j in range(m):
+                sj = src[j]
+                if sj >= 0:
+                    scaled[h - 1, i, j] = scaled_prev[h - 1, si, sj]
+
+
+@numba.njit(cache=True, nogil=True)
+def _find_pairs(indptr, symbols, t, tokens, lo, m, out):  # pragma: no cover - compiled
+    """``out[k]`` = the index of pair ``(tokens[lo + k], t)`` in a sparse support, or -1, for ``k < m``: the
+    :func:`~dist_respattn.model.kernels.per_position.find_pair` of each, as branch-free lower bounds taken in step
+    (each halving done for every symbol before the next), so that their loads overlap."""
+    start = indptr[t]
+    end = indptr[t + 1]
+    for k in range(m):
+        out[k] = start
+    n = end - start
+    while n > 1:
+        half = n >> 1
+        for k in range(m):
+            b = out[k]
+            out[k] = b + half if symbols[b + half] < tokens[lo + k] else b
+        n -= half
+    for k in range(m):
+        b = out[k]
+        c = tokens[lo + k]
+        if n > 0 and symbols[b] < c:
+            b += 1
+        out[k] = b if b < end and symbols[b] == c else -1
 
 
 @numba.njit(cache=True, nogil=True)
@@ -487,7 +549,7 @@ def _estep(
     scale = bits.view(np.float64)
     gamma = np.empty(n_pos)
     post = np.empty((n_hops, n_pos))
-    back = np.empty((n_hops, n_pos))
+    back = np.empty(n_hops * n_pos)
     sums = np.empty((n_hops, n_pos))
     incoming = np.empty((n_pos, dim))
     mass = np.empty(n_pos)
@@ -509,6 +571,11 @@ def _estep(
     prev_tokens = np.empty(n_pos, dtype=np.int64)
     prev_m = 0
     src = np.empty(n_pos, dtype=np.int64)
+    # With D a multiple of 8 the distances and the hop-query sums run as 8-lane vector code (kernels.lanes).
+    lanes = dim % LANES == 0
+    block = np.empty(LANES)
+    query_rows = hop_queries.reshape(1, hop_queries.shape[0], dim)  # the hop queries as a one-hop key table
+    y_row = y.reshape(1, dim)  # the row's query as a table of one
     ahead_pairs = np.empty((_AHEAD_SLOTS, n_pos), dtype=np.int64)  # the pairs the prefetch pass found, by row
     # A stream's windows slide: the pair weights xi_h(x, y) of stream positions x (source) and y are summed over
     # the rows that hold both, and each source's hop query is added into the key sums once, when no later row
@@ -533,6 +600,7 @@ def _estep(
     n_rows = target.shape[0]
     n_symbols = key_means.shape[1]
     key_rows = key_means.reshape(n_hops * n_symbols, dim)  # every hop's keys as rows, for the prefetches
+    sum_rows = key_sum.reshape(n_hops * n_symbols, dim)
     last = n_hops - 1
     for row in range(n_rows):
         ahead = row + _PREFETCH_ROWS
@@ -548,6 +616,11 @@ def _estep(
             lo_p = begin[ahead - 1] if ahead > 0 else 0
             m_p = end[ahead - 1] - lo_p if ahead > 0 else 0
             offset = m_p - (hi_a - lo_a - 1)
+            slides_ahead = ahead > 0 and lo_p < lo_a < lo_p + m_p
+            if sparse and r_a < 0:
+                # A target without a direct row: the binary searches of all its window's symbols now, in step (their
+                # loads overlap, no branch on a comparison), the pairs' cells' misses with this row's work.
+                _find_pairs(indptr, symbols, t_a, tokens, lo_a, hi_a - lo_a, ahead_pairs[ahead % _AHEAD_SLOTS])
             for x in range(lo_a, hi_a):
                 c = tokens[x]
                 if not sparse:
@@ -557,16 +630,22 @@ def _estep(
                     if r_a >= 0:
                         p_a = max(direct_slots[r_a, c], 0)  # -1: off the support
                     else:
-                        # A target without a direct row: its binary search now, its cells' misses with this row's.
-                        p_a = find_pair(indptr, symbols, t_a, c)
-                        ahead_pairs[ahead % _AHEAD_SLOTS, x - lo_a] = p_a
-                        p_a = max(p_a, 0)
+                        p_a = max(ahead_pairs[ahead % _AHEAD_SLOTS, x - lo_a], 0)
                     prefetch_element(log_values, p_a)
                     prefetch_element(pair_counts, p_a)
                 k = x - lo_a + offset
                 if not (0 <= k < m_p and tokens[lo_p + k] == c):
                     _prefetch_rows(key_rows, hop_queries, c, n_symbols)
+                    if slides_ahead:
+                        # On a stream, the one new token's rows of the sums too (for every token of a sampled
+                        # window, that many lines at once would wait on each other).
+                        for g in range(n_hops):
+                            for d in range(0, dim, 8):
+                                prefetch_item(sum_rows, g * n_symbols + c, d)
+                            prefetch_item(key_mass, g, c)
             far = row + 2 * _PREFETCH_ROWS
+            if far < n_rows:
+                prefetch_row(query_table, query_index[far])  # its query, widened when the row comes
             if with_direct and far < n_rows:
                 r_f = direct_row[target[far]]
                 if r_f >= 0:
@@ -596,6 +675,18 @@ def _estep(
             y[d] = v
             yy += v * v
         # -- hop 1's log-weights, the transitions, the emission --
+        # Hop 1's and the transitions' distances 8 keys a pass when most of the window's tokens are new (on a
+        # stream, one is: its 15 new distances a hop are cheaper pair by pair).
+        block_rows = lanes and n_hops == 1
+        if n_hops > 1:
+            offset = prev_m - (m - 1)  # the previous window's last token aligned with this one's last but one
+            n_fresh = 0
+            for i in range(m):
+                k = i + offset
+                src[i] = k if 0 <= k < prev_m and prev_tokens[k] == tokens[lo + i] else -1
+                if src[i] < 0:
+                    n_fresh += 1
+            block_rows = lanes and 2 * n_fresh > m
         full = m == n_pos
         log_total = 0.0
         if not full:
@@ -603,26 +694,27 @@ def _estep(
             for j in range(m):
                 total += prior[0, n_pos - m + j]
             log_total = math.log(total) if total > 0.0 else 0.0
-        for j in range(m):
-            d2 = _query_distance(y, key_means, tokens[lo + j])
-            alpha[0, j] = log_prior[0, n_pos - m + j] - log_total - d2 * inv_two_sigma2
-        if n_hops > 1:
-            offset = prev_m - (m - 1)  # the previous window's last token aligned with this one's last but one
-            for i in range(m):
-                k = i + offset
-                src[i] = k if 0 <= k < prev_m and prev_tokens[k] == tokens[lo + i] else -1
+        if block_rows:
+            for jb in range(0, m, LANES):
+                nb = min(LANES, m - jb)
+                sq_distances_8(y_row, 0, key_means, 0, tokens, lo + jb, nb, block, 0, inv_two_sigma2)
+                for k in range(nb):
+                    alpha[0, jb + k] = log_prior[0, n_pos - m + jb + k] - log_total - block[k]
+        else:
+            for j in range(m):
+                d2 = _query_distance(y, key_means, tokens[lo + j])
+                alpha[0, j] = log_prior[0, n_pos - m + j] - log_total - d2 * inv_two_sigma2
         for h in range(1, n_hops):
-            log_total = 0.0
-            if not full:
-                total = 0.0
-                for j in range(m):
-                    total += prior[h, n_pos - m + j]
-                log_total = math.log(total) if total > 0.0 else 0.0
+            if block_rows:
+                _block_distances(
+                    hop_queries, query_rows, key_means, key_rows, h, tokens, lo, m, src, scaled, scaled_prev,
+                    inv_two_sigma2, block,
+                )  # fmt: skip
             for i in range(m):
                 ci = tokens[lo + i]
                 si = src[i]
-                first = 0  # the first column not yet done
-                if si < 0:
+                first = m if block_rows else 0  # the first column not yet done
+                if si < 0 and not block_rows:
                     # A token the previous window did not hold: its whole row, four keys a pass over its hop query.
                     while first + 4 <= m:
                         k = lo + first
@@ -640,6 +732,13 @@ def _estep(
                         scaled[h - 1, i, j] = scaled_prev[h - 1, si, sj]
                     else:
                         scaled[h - 1, i, j] = _distance(hop_queries, ci, key_means, h, tokens[lo + j]) * inv_two_sigma2
+            log_total = 0.0
+            if not full:
+                total = 0.0
+                for j in range(m):
+                    total += prior[h, n_pos - m + j]
+                log_total = math.log(total) if total > 0.0 else 0.0
+            for i in range(m):
                 best = -np.inf
                 for j in range(m):
                     dd = scaled[h - 1, i, j]
@@ -748,13 +847,10 @@ def _estep(
                 log_z = log_scale + top + math.log(total) if ok else -np.inf
         if ok:
             for h in range(last, 0, -1):
+                _backward_sums(h, m, trans, bwd, h * n_pos, sums_lin)
                 total = 0.0
                 for i in range(m):
-                    acc = 0.0
-                    for j in range(m):
-                        acc += trans[h - 1, i * m + j] * bwd[h * n_pos + j]
-                    sums_lin[h, i] = acc
-                    total += src_weight[h, i] * acc
+                    total += src_weight[h, i] * sums_lin[h, i]
                 if not total > _TINY:
                     ok = False
                     break
@@ -818,6 +914,10 @@ def _estep(
                             slot = (lo + i) & ring_mask
                             for j in range(m):
                                 ring[h - 1, slot, j - i + n_pos - 1] += coef[i * m + j]
+                    elif lanes:
+                        # Each j's row 8 dimensions at a time, the m sources added into them in registers.
+                        for j in range(m):
+                            add_weighted_rows(key_sum, h, tokens[lo + j], hop_queries, tokens, lo, m, coef, j, m)
                     else:
                         # Four sources at a time into each j's row: a quarter of the read-modify-writes of the row.
                         for j in range(m):
@@ -886,7 +986,6 @@ def _score(
     n_pos = prior.shape[1]
     dim = key_means.shape[2]
     alpha = np.empty((n_hops, n_pos))
-    beta = np.empty((n_hops, n_pos))
     trans = np.empty((max(n_hops - 1, 1), n_pos * n_pos))
     flat = np.empty(n_pos * n_pos)
     shift = np.empty((max(n_hops - 1, 1), n_pos))
@@ -920,7 +1019,7 @@ def _score(
             y[d] = np.float64(query_table[q, d])
         log_z, log_z_gate = _chain(
             tokens, lo, hi, target[row], y, key_means, prior, log_prior, hop_queries, inv_two_sigma2, softmax,
-            log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, True, alpha, beta, trans, shift,
+            log_emission_ts, indptr, symbols, log_values, log_backoff, log_base, True, alpha, trans, shift,
             log_e, pair, work, flat, bits,
         )  # fmt: skip
         for i in range(n_pos):

@@ -1,0 +1,165 @@
+"""Loops over blocks of 8 float64 lanes (one 512-bit vector, two 256-bit ones) usable inside numba kernels.
+
+Numba leaves LLVM's superword vectorizer off, and its loop vectorizer takes only innermost loops: a loop over 8
+positions with an accumulator per position, or over D dimensions with a sum over a few sources inside, then runs
+one number at a time or ends each pass in a horizontal sum. These intrinsics write the two loops of the
+chain-of-hops E-step that are small matrix products as vector code: the squared distances of one query to a block
+of 8 keys (stored dimension-major), and a weighted sum of table rows added into a row. Each lane adds its terms in
+the same order every time (deterministic, whatever the caller's row order).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+__all__ = ["LANES", "add_weighted_rows", "sq_distances_8"]
+
+#: Lanes of a block: the keys of one :func:`sq_distances_8`, the dimensions of one step of :func:`add_weighted_rows`.
+LANES = 8
+
+_GROUP = 4  # vectors of a row :func:`add_weighted_rows` holds a pass over its sources
+_DOUBLE = ir.DoubleType()
+_VECTOR = ir.VectorType(_DOUBLE, LANES)
+
+
+def _splat(builder: Any, value: Any) -> Any:  # pragma: no cover - compiled
+    undefined = ir.Constant(_VECTOR, ir.Undefined)
+    one = builder.insert_element(undefined, value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(one, undefined, ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+
+
+def _fma(builder: Any, a: Any, b: Any, c: Any) -> Any:  # pragma: no cover - compiled
+    fnty = ir.FunctionType(_VECTOR, [_VECTOR, _VECTOR, _VECTOR])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.v8f64")
+    return builder.call(fn, [a, b, c])
+
+
+def _vector_at(builder: Any, ptr: Any) -> Any:  # pragma: no cover - compiled
+    return builder.bitcast(ptr, _VECTOR.as_pointer())
+
+
+def _shuffle_add(builder: Any, a: Any, b: Any, first: list[int], second: list[int]) -> Any:  # pragma: no cover
+    """``shuffle(a, b, first) + shuffle(a, b, second)`` (indices into the 16 lanes of ``a`` then ``b``)."""
+    i32s = ir.VectorType(ir.IntType(32), LANES)
+    return builder.fadd(
+        builder.shuffle_vector(a, b, ir.Constant(i32s, first)), builder.shuffle_vector(a, b, ir.Constant(i32s, second))
+    )
+
+
+def _sq_distances_8(typingctx, queries, row, keys, h, symbols, lo, n, out, at, scale):  # pragma: no cover
+    """``sq_distances_8(queries, row, keys, h, symbols, lo, n, out, at, scale)``: ``out[at + k] = scale * sum_d
+    (queries[row, d] - keys[h, symbols[lo + min(k, n - 1)], d]) ** 2`` for ``k < 8`` (``n >= 1``; lanes past ``n``
+    repeat the last key); ``queries`` a C-order (S', D) float64 table, ``keys`` (H, S, D), ``D`` a multiple of 8 (the
+    caller's check), ``out`` (>= at + 8,) float64. A step holds 8 dimensions of the query and of each key: each key's
+    8 partial sums are then added by a transposing tree, so the 8 distances leave in one vector, no horizontal sum
+    each. Deterministic: every distance's terms are added in the same order."""
+    sig = types.void(queries, row, keys, h, symbols, lo, n, out, at, scale)
+
+    def codegen(context, builder, signature, args):
+        q_ty, row_ty, k_ty, h_ty, s_ty, lo_ty, n_ty, out_ty, at_ty, _ = signature.args
+        intp = context.get_value_type(types.intp)
+
+        def as_intp(value, ty):
+            return context.cast(builder, value, ty, types.intp)
+
+        q = context.make_array(q_ty)(context, builder, args[0])
+        keys_a = context.make_array(k_ty)(context, builder, args[2])
+        sym = context.make_array(s_ty)(context, builder, args[4])
+        res = context.make_array(out_ty)(context, builder, args[7])
+        row_i, h_i, lo_i = as_intp(args[1], row_ty), as_intp(args[3], h_ty), as_intp(args[5], lo_ty)
+        n_i, at_i = as_intp(args[6], n_ty), as_intp(args[8], at_ty)
+        dim = cgutils.unpack_tuple(builder, q.shape, 2)[1]
+        q_row = cgutils.get_item_pointer(context, builder, q_ty, q, [row_i, intp(0)], wraparound=False)
+        rows = []
+        last = builder.sub(n_i, intp(1))
+        for k in range(LANES):
+            kk = builder.select(builder.icmp_signed("<", intp(k), last), intp(k), last)
+            s_ptr = cgutils.get_item_pointer(context, builder, s_ty, sym, [builder.add(lo_i, kk)], wraparound=False)
+            s = context.cast(builder, builder.load(s_ptr), s_ty.dtype, types.intp)
+            rows.append(cgutils.get_item_pointer(context, builder, k_ty, keys_a, [h_i, s, intp(0)], wraparound=False))
+        zero = ir.Constant(_VECTOR, [0.0] * LANES)
+        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(LANES)]
+        with cgutils.for_range(builder, builder.udiv(dim, intp(LANES))) as step:
+            d0 = builder.mul(step.index, intp(LANES))
+            qv = builder.load(_vector_at(builder, builder.gep(q_row, [d0])), align=8)
+            for k in range(LANES):
+                kv = builder.load(_vector_at(builder, builder.gep(rows[k], [d0])), align=8)
+                v = builder.fsub(qv, kv)
+                builder.store(_fma(builder, v, v, builder.load(accs[k])), accs[k])
+        a = [builder.load(acc) for acc in accs]
+        evens, odds = [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]
+        t = [_shuffle_add(builder, a[2 * k], a[2 * k + 1], evens, odds) for k in range(4)]
+        u = [_shuffle_add(builder, t[2 * k], t[2 * k + 1], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])
+             for k in range(2)]  # fmt: skip
+        total = _shuffle_add(builder, u[0], u[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+        out_ptr = cgutils.get_item_pointer(context, builder, out_ty, res, [at_i], wraparound=False)
+        builder.store(builder.fmul(total, _splat(builder, args[9])), _vector_at(builder, out_ptr), align=8)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _add_weighted_rows(typingctx, dst, h, row, table, symbols, lo, n, weights, w0, stride):  # pragma: no cover
+    """``add_weighted_rows(dst, h, row, table, symbols, lo, n, weights, w0, stride)``: ``dst[h, row, d] += sum_k
+    weights[w0 + k * stride] * table[symbols[lo + k], d]`` for ``k < n``, ``d < D``; ``dst`` a C-order (H, S, D)
+    float64 array, ``table`` (S', D), ``D`` a multiple of 8 (the caller's check). A pass holds 32 dimensions of the
+    row in 4 vectors (then any 8 left, one vector a pass) and adds the ``n`` sources into them in order of ``k``,
+    each source's weight loaded once a pass, each term by one fused multiply-add."""
+    sig = types.void(dst, h, row, table, symbols, lo, n, weights, w0, stride)
+
+    def codegen(context, builder, signature, args):
+        dst_ty, h_ty, row_ty, t_ty, s_ty, lo_ty, n_ty, w_ty, w0_ty, st_ty = signature.args
+        intp = context.get_value_type(types.intp)
+
+        def as_intp(value, ty):
+            return context.cast(builder, value, ty, types.intp)
+
+        out = context.make_array(dst_ty)(context, builder, args[0])
+        tab = context.make_array(t_ty)(context, builder, args[3])
+        sym = context.make_array(s_ty)(context, builder, args[4])
+        wts = context.make_array(w_ty)(context, builder, args[7])
+        h_i, row_i, lo_i = as_intp(args[1], h_ty), as_intp(args[2], row_ty), as_intp(args[5], lo_ty)
+        n_i, w0_i, st_i = as_intp(args[6], n_ty), as_intp(args[8], w0_ty), as_intp(args[9], st_ty)
+        dim = cgutils.unpack_tuple(builder, tab.shape, 2)[1]
+        out_row = cgutils.get_item_pointer(context, builder, dst_ty, out, [h_i, row_i, intp(0)], wraparound=False)
+        accs = [cgutils.alloca_once(builder, _VECTOR) for _ in range(_GROUP)]
+
+        def add_sources(d0, width):
+            """Dimensions d0 .. d0 + 8 width of the row: ``width`` vectors held while the n sources are added."""
+            ptrs = [_vector_at(builder, builder.gep(out_row, [builder.add(d0, intp(LANES * g))])) for g in range(width)]
+            for g in range(width):
+                builder.store(builder.load(ptrs[g], align=8), accs[g])
+            with cgutils.for_range(builder, n_i) as source:
+                k = source.index
+                s_ptr = cgutils.get_item_pointer(context, builder, s_ty, sym, [builder.add(lo_i, k)], wraparound=False)
+                s = context.cast(builder, builder.load(s_ptr), s_ty.dtype, types.intp)
+                w_at = builder.add(w0_i, builder.mul(k, st_i))
+                w_ptr = cgutils.get_item_pointer(context, builder, w_ty, wts, [w_at], wraparound=False)
+                wv = _splat(builder, builder.load(w_ptr))
+                t_ptr = cgutils.get_item_pointer(context, builder, t_ty, tab, [s, d0], wraparound=False)
+                for g in range(width):
+                    tv = builder.load(_vector_at(builder, builder.gep(t_ptr, [intp(LANES * g)])), align=8)
+                    builder.store(_fma(builder, wv, tv, builder.load(accs[g])), accs[g])
+            for g in range(width):
+                builder.store(builder.load(accs[g]), ptrs[g], align=8)
+
+        # Groups of 4 vectors (32 dimensions) a pass over the sources, then the rest one vector a pass.
+        groups = builder.udiv(dim, intp(LANES * _GROUP))
+        with cgutils.for_range(builder, groups) as group:
+            add_sources(builder.mul(group.index, intp(LANES * _GROUP)), _GROUP)
+        rest = builder.udiv(builder.urem(dim, intp(LANES * _GROUP)), intp(LANES))
+        with cgutils.for_range(builder, rest) as step:
+            add_sources(builder.add(builder.mul(groups, intp(LANES * _GROUP)), builder.mul(step.index, intp(LANES))), 1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# Typed as Any: the intrinsics' call signatures exist only inside numba's typing, not for mypy.
+sq_distances_8: Any = intrinsic(_sq_distances_8)
+add_weighted_rows: Any = intrinsic(_add_weighted_rows)

@@ -1,0 +1,73 @@
+"""The 8-lane vector loops of the chain-of-hops E-step (``dist_respattn.model.kernels.lanes``) and its lock-step pair
+searches, against plain NumPy and the one-at-a-time search."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from dist_respattn.model.heads.hops.kernels import _find_pairs
+from dist_respattn.model.kernels.lanes import LANES, add_weighted_rows, sq_distances_8
+from dist_respattn.model.kernels.per_position import find_pair
+
+
+@numba.njit(cache=True)
+def _distances(queries, row, keys, h, symbols, lo, n, scale):
+    out = np.full(LANES + 2, -1.0)
+    sq_distances_8(queries, row, keys, h, symbols, lo, n, out, 1, scale)
+    return out
+
+
+@numba.njit(cache=True)
+def _add(dst, h, row, table, symbols, lo, n, weights, w0, stride):
+    add_weighted_rows(dst, h, row, table, symbols, lo, n, weights, w0, stride)
+
+
+@pytest.mark.parametrize("dim", [8, 16, 32, 40, 72])
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_squared_distances_of_a_query_to_8_keys(dim, n):
+    rng = np.random.default_rng(dim * 10 + n)
+    queries = rng.normal(size=(6, dim))
+    keys = rng.normal(scale=2.0, size=(2, 9, dim))
+    symbols = rng.integers(0, 9, size=12).astype(np.int32)
+    out = _distances(queries, 4, keys, 1, symbols, 3, n, 0.25)
+    lanes = symbols[3 + np.minimum(np.arange(LANES), n - 1)]  # lanes past n repeat the last key
+    expected = 0.25 * ((queries[4] - keys[1, lanes]) ** 2).sum(axis=1)
+    np.testing.assert_allclose(out[1 : LANES + 1], expected, rtol=1e-14)
+    assert out[0] == -1.0 and out[LANES + 1] == -1.0  # nothing written outside the 8 lanes
+    # The same numbers with the roles of the two tables swapped: (a - b)^2 = (b - a)^2 lane by lane, so a pair's
+    # distance does not depend on which side is the query.
+    for k in range(n):
+        back = _distances(
+            keys[1], int(symbols[3 + k]), queries.reshape(1, 6, dim), 0, np.array([4], np.int32), 0, 1, 0.25
+        )
+        assert back[1] == out[1 + k]
+
+
+@pytest.mark.parametrize("dim", [8, 32, 40, 64, 72])
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_weighted_rows_added_into_a_row(dim, n):
+    rng = np.random.default_rng(dim + n)
+    table = rng.normal(size=(7, dim))
+    symbols = rng.integers(0, 7, size=12).astype(np.int32)
+    weights = rng.normal(size=40)
+    dst = rng.normal(size=(3, 7, dim))
+    expected = dst.copy()
+    expected[2, 5] += sum(weights[1 + 4 * k] * table[symbols[2 + k]] for k in range(n))
+    _add(dst, 2, 5, table, symbols, 2, n, weights, 1, 4)
+    np.testing.assert_allclose(dst, expected, rtol=1e-13, atol=1e-14)
+
+
+def test_lock_step_pair_searches_equal_the_one_at_a_time_search():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        s, t = 30, 6
+        degree = rng.integers(0, 12, size=t)
+        indptr = np.concatenate([[0], np.cumsum(degree)]).astype(np.int64)
+        symbols = np.concatenate([np.sort(rng.choice(s, size=k, replace=False)) for k in degree]).astype(np.int32)
+        tokens = rng.integers(0, s, size=20).astype(np.int32)
+        target, m, lo = int(rng.integers(0, t)), int(rng.integers(0, 9)), int(rng.integers(0, 10))
+        out = np.full(8, -7, dtype=np.int64)
+        _find_pairs(indptr, symbols, target, tokens, lo, m, out)
+        assert out[:m].tolist() == [find_pair(indptr, symbols, target, tokens[lo + k]) for k in range(m)]
