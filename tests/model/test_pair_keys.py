@@ -56,6 +56,25 @@ def test_a_block_tally_skips_entries_of_no_mass():
     assert_same(tally_rows(context, target, mass, 50), numpy_tally(cells[live], mass.reshape(-1)[live]))
 
 
+@settings(deadline=None, max_examples=40)
+@given(
+    n=st.integers(0, 2000),
+    # Keys of 32 bits (S x T < 2^32), of 64 (past it), and blocks whose targets share their high digits.
+    symbols=st.sampled_from([3, 5001, 50_000, 70_000]),
+    targets=st.sampled_from([1, 2, 5001, 70_000]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_block_tally_is_unique_and_bincount_to_the_bit(n, symbols, targets, seed):
+    rng = np.random.default_rng(seed)
+    context = rng.integers(0, symbols, (n, 8)).astype(np.int32)
+    target = (targets - 1 - rng.integers(0, min(targets, 3), n)).astype(np.int32)  # a few targets, the top ones
+    mass = rng.exponential(size=(n, 8)) * 10.0 ** rng.integers(-8, 8, (n, 8))
+    mass[rng.random((n, 8)) < 0.2] = 0.0
+    live = mass.reshape(-1) > 0
+    cells = (target.astype(np.int64)[:, None] * symbols + context).reshape(-1)
+    assert_same(tally_rows(context, target, mass, symbols), numpy_tally(cells[live], mass.reshape(-1)[live]))
+
+
 def test_negative_keys_are_refused():
     with pytest.raises(ValueError, match="keys hold -1: expected non-negative cells"):
         tally_keys(np.array([3, -1]), np.ones(2))
