@@ -263,7 +263,9 @@ class StagePeaks:
     def __call__(self, line: str) -> None:
         self.lines.append(line)
         stage = STAGE_LINE.match(line)
-        if stage:
+        if stage and self.phase == "fit":
+            self.phase = stage.group(1)  # the first stage: the fit's setup is its own
+        elif stage:
             self.begin(stage.group(1))
 
     def begin(self, phase: str) -> None:
@@ -352,12 +354,12 @@ def fit_and_score(
     ) as cluster, distributed.Client(cluster) as client:  # fmt: skip
         # The ingest's peak is the driver's so far; the workers start here.
         peaks = StagePeaks(client, lines, "ingest")
-        peaks.begin("single_hop" if head == "recipe" else "fit")
+        peaks.begin("fit")
         with distributed.get_task_stream(client) as stream:
             called = time.time()
             result = fit(data["train"], model_dir=model_dir, settings=settings, client=client, overwrite=True,
                          head=RecipeSpec() if head == "recipe" else None, say=peaks, progress=False)  # fmt: skip
-        fit_worker_peak = max(worker_peak(client), *(p["worker_gib"] * GIB for p in peaks.peaks[1:]))
+        fit_worker_peak = max([worker_peak(client), *(p["worker_gib"] * GIB for p in peaks.peaks[1:])])
         figures = recipe_figures(result) if head == "recipe" else None
         if figures is not None:
             del result  # as a fit command's process ends before an evaluate: no stage's model is held
@@ -398,7 +400,7 @@ def fit_and_score(
         "kernel_seconds_over_two": kernel_time_per_worker,
         "iteration_over_kernel": float(np.median(seconds)) / kernel_time_per_worker,
         "worker_peak_gib": fit_worker_peak / GIB,
-        "driver_peak_gib": max(peak_rss_bytes() / GIB, *(p["driver_gib"] for p in peaks.peaks)),
+        "driver_peak_gib": max([peak_rss_bytes() / GIB, *(p["driver_gib"] for p in peaks.peaks)]),
         "phase_peaks": peaks.peaks,
         "head_perplexity": scores.model["perplexity"],
         "kneser_ney_perplexity": scores.baselines["kneser_ney"]["perplexity"],
