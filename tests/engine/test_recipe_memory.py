@@ -84,3 +84,23 @@ def test_a_stage_whose_best_is_not_its_latest_is_loaded_from_its_checkpoint(tmp_
     loaded = _load_sources(spec, train, str(tmp_path), held)[0]
     assert loaded is not result.model
     np.testing.assert_array_equal(loaded.to_arrays()[0]["key_means"], other.model.to_arrays()[0]["key_means"])
+
+
+def test_the_conj_and_copy_kernels_read_the_single_heads_own_log_tables() -> None:
+    """One copy of ``log B`` a process: the conjunction and copy heads' kernel parameters are the single head's
+    log tables themselves (the same logarithms, so the same scores)."""
+    from dist_respattn.model.emission.layouts import PairSupport
+    from dist_respattn.model.heads.copy import CopyHead
+    from tests.model.test_conj import random_conj_head, stream_rows
+
+    rows, _ = stream_rows(3, 4)
+    conj = random_conj_head((6, 4, 2, 6), rows, 2, 4, sparse=True)
+    single = conj.single
+    copy = CopyHead(single, np.full(4, 0.1), np.full(4, 0.2))
+    for params in (conj.parameters, copy.parameters):
+        for name in ("log_values", "log_backoff", "log_base"):
+            assert getattr(params, name) is getattr(single.kernel_parameters, name), name
+    assert isinstance(single.emission_table.support, PairSupport)
+    before = conj.score([Block(rows, None)])
+    release_caches(conj)
+    assert conj.score([Block(rows, None)]) == before
