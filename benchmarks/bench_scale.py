@@ -54,7 +54,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from measure import peak_rss_bytes
+from measure import peak_rss_bytes, reset_peak_rss
 
 GIB = 2**30
 TARGETS = {
@@ -247,6 +247,37 @@ def worker_peak(client: Any) -> int:
     return max(client.run(peak_rss_bytes).values())
 
 
+#: A staged fit's line that starts a stage: ``stage 2 of 4: copy -> DIR``.
+STAGE_LINE = re.compile(r"stage \d+ of \d+: (\w+)")
+
+
+class StagePeaks:
+    """The driver's and the workers' high-water marks (``VmHWM``) phase by phase: each phase's peak is read, and
+    every process's reset (Linux ``clear_refs``), when the next begins. Used as a fit's ``say``: a staged fit's
+    ``stage N of M: KIND`` line starts a phase."""
+
+    def __init__(self, client: Any, lines: list[str], first: str) -> None:
+        self.client, self.lines, self.phase = client, lines, first
+        self.peaks: list[dict[str, Any]] = []
+
+    def __call__(self, line: str) -> None:
+        self.lines.append(line)
+        stage = STAGE_LINE.match(line)
+        if stage and self.phase == "fit":
+            self.phase = stage.group(1)  # the first stage: the fit's setup is its own
+        elif stage:
+            self.begin(stage.group(1))
+
+    def begin(self, phase: str) -> None:
+        """End the current phase (its peaks recorded, every process's reset) and begin ``phase``."""
+        workers = self.client.run(peak_rss_bytes)
+        self.peaks.append({"phase": self.phase, "driver_gib": peak_rss_bytes() / GIB,
+                           "worker_gib": max(workers.values()) / GIB})  # fmt: skip
+        reset_peak_rss()
+        self.client.run(reset_peak_rss)
+        self.phase = phase
+
+
 def bare_kernel(model_dir: Path, train_url: str, n: int) -> dict[str, Any]:
     """The sparse kernel alone on the training rows of one partition, in this process (without the scan of the
     values when the store checked them, as the fit's tasks do)."""
@@ -321,17 +352,37 @@ def fit_and_score(
     with distributed.LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, memory_limit=memory_limit, dashboard_address=None
     ) as cluster, distributed.Client(cluster) as client:  # fmt: skip
+        # The ingest's peak is the driver's so far; the workers start here.
+        peaks = StagePeaks(client, lines, "ingest")
+        peaks.begin("fit")
         with distributed.get_task_stream(client) as stream:
             called = time.time()
             result = fit(data["train"], model_dir=model_dir, settings=settings, client=client, overwrite=True,
-                         head=RecipeSpec() if head == "recipe" else None, say=lines.append,
-                         progress=False)  # fmt: skip
-        fit_worker_peak = worker_peak(client)
+                         head=RecipeSpec() if head == "recipe" else None, say=peaks, progress=False)  # fmt: skip
+        fit_worker_peak = max([worker_peak(client), *(p["worker_gib"] * GIB for p in peaks.peaks[1:])])
+        figures = recipe_figures(result) if head == "recipe" else None
+        if figures is not None:
+            del result  # as a fit command's process ends before an evaluate: no stage's model is held
+        peaks.begin("evaluate")
         # The recipe is judged against the 5-gram a user modelling text would pick; the single head the bigram.
+        evaluated = time.perf_counter()
         scores = evaluate(model_dir, data["test"], client=client, progress=False, say=lines.append,
                           baseline_order=5 if head == "recipe" else 2)  # fmt: skip
-    if head == "recipe":
-        return recipe_figures(result, scores, fit_worker_peak, lines)
+        evaluate_seconds = time.perf_counter() - evaluated
+        peaks.begin("end")
+    if figures is not None:
+        baselines = {name: value["perplexity"] for name, value in scores.baselines.items()
+                     if name.startswith("kneser_ney")}  # fmt: skip
+        return {
+            **figures,
+            "worker_peak_gib": max(p["worker_gib"] for p in peaks.peaks),
+            "driver_peak_gib": max(p["driver_gib"] for p in peaks.peaks),
+            "phase_peaks": peaks.peaks,
+            "head_perplexity": scores.model["perplexity"],
+            "baselines": baselines,
+            "evaluate_seconds": evaluate_seconds,
+            "log": lines,
+        }
     table = result.model.emission_table
     seconds = [h["seconds"] for h in result.history]
     kernel = bare_kernel(model_dir, data["train"], n)
@@ -349,7 +400,8 @@ def fit_and_score(
         "kernel_seconds_over_two": kernel_time_per_worker,
         "iteration_over_kernel": float(np.median(seconds)) / kernel_time_per_worker,
         "worker_peak_gib": fit_worker_peak / GIB,
-        "driver_peak_gib": peak_rss_bytes() / GIB,
+        "driver_peak_gib": max([peak_rss_bytes() / GIB, *(p["driver_gib"] for p in peaks.peaks)]),
+        "phase_peaks": peaks.peaks,
         "head_perplexity": scores.model["perplexity"],
         "kneser_ney_perplexity": scores.baselines["kneser_ney"]["perplexity"],
         "head_over_kneser_ney": scores.model["perplexity"] / scores.baselines["kneser_ney"]["perplexity"],
@@ -359,9 +411,9 @@ def fit_and_score(
     }
 
 
-def recipe_figures(result: Any, scores: Any, fit_worker_peak: int, lines: list[str]) -> dict[str, Any]:
+def recipe_figures(result: Any) -> dict[str, Any]:
     """The recipe's figures: per stage (each part's fit, then the stack's) its parameters, median and first
-    iteration; the whole fit's memory peaks and time; the test perplexity beside the Kneser-Ney n-grams."""
+    iteration, and the whole fit's time."""
     stages = []
     for stage in [*result.stages, result]:
         seconds = [h["seconds"] for h in stage.history]
@@ -374,18 +426,7 @@ def recipe_figures(result: Any, scores: Any, fit_worker_peak: int, lines: list[s
             "first_iteration_seconds": stage.first_iteration_seconds,
             "seconds": stage.seconds,
         })  # fmt: skip
-    baselines = {name: value["perplexity"] for name, value in scores.baselines.items()
-                 if name.startswith("kneser_ney")}  # fmt: skip
-    return {
-        "head": "recipe",
-        "stages": stages,
-        "fit_seconds": sum(stage["seconds"] for stage in stages),
-        "worker_peak_gib": fit_worker_peak / GIB,
-        "driver_peak_gib": peak_rss_bytes() / GIB,
-        "head_perplexity": scores.model["perplexity"],
-        "baselines": baselines,
-        "log": lines,
-    }
+    return {"head": "recipe", "stages": stages, "fit_seconds": sum(stage["seconds"] for stage in stages)}
 
 
 def print_recipe(rows: list[tuple[str, str, str | None, float | None]], fitted: dict[str, Any]) -> None:
@@ -399,8 +440,13 @@ def print_recipe(rows: list[tuple[str, str, str | None, float | None]], fitted: 
         ("driver peak", f"{fitted['driver_peak_gib']:.2f} GiB", "driver_peak_gib", fitted["driver_peak_gib"]),
         ("fit", f"{fitted['fit_seconds']:.0f} s in {len(fitted['stages'])} stages", None, None),
         ("test perplexity", f"recipe {fitted['head_perplexity']:.2f}; {baselines}", None, None),
+        ("evaluate", f"{fitted['evaluate_seconds']:.0f} s (the test store, the Kneser-Ney counts included)", None,
+         None),
     ]  # fmt: skip
     _print_rows(rows)
+    print("  phase       driver peak  worker peak (GiB, VmHWM within the phase)")
+    for phase in fitted["phase_peaks"]:
+        print(f"  {phase['phase']:<11} {phase['driver_gib']:11.2f}  {phase['worker_gib']:11.2f}")
     print("  stage      directory   parameters  iterations  median s  first s  stage s")
     for stage in fitted["stages"]:
         median = stage["median_iteration_seconds"]

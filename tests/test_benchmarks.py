@@ -709,6 +709,15 @@ def test_scale_recipe_smoke_run_reports_each_stage(tmp_path):
     # The stack holds its parts: its parameters are theirs (and its gate's).
     assert stages[3]["parameters"] >= sum(stage["parameters"] for stage in stages[:3])
     assert fitted["worker_peak_gib"] > 0 and fitted["driver_peak_gib"] > 0
+    # Each phase's own peaks, read and reset as the next begins; the whole run's are their largest.
+    phases = fitted["phase_peaks"]
+    assert [p["phase"] for p in phases] == ["ingest", "single_hop", "copy", "conj", "stack", "evaluate"]
+    assert all(p["driver_gib"] > 0 and p["worker_gib"] > 0 for p in phases)
+    assert fitted["driver_peak_gib"] == max(p["driver_gib"] for p in phases)
+    assert fitted["worker_peak_gib"] == max(p["worker_gib"] for p in phases)
+    for p in phases:
+        assert f"  {p['phase']:<11} {p['driver_gib']:11.2f}  {p['worker_gib']:11.2f}" in table
+    assert fitted["evaluate_seconds"] > 0
     assert_positive_finite(fitted["head_perplexity"], "recipe")
     assert set(fitted["baselines"]) == {"kneser_ney", *NGRAM_BASELINES}
     assert f"recipe {fitted['head_perplexity']:.2f}; KN 2 {fitted['baselines']['kneser_ney']:.2f}" in table

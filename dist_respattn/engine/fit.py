@@ -38,6 +38,7 @@ from dist_respattn.engine.memory import block_row_bytes, check_memory
 from dist_respattn.engine.settings import FitSettings
 from dist_respattn.engine.worker_tasks import ALL_ROWS, RowSelection, attribute_map
 from dist_respattn.events import FitState, IterationRecord, Metric, history_from_json
+from dist_respattn.model.caches import release_caches
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import (
     PREVIOUS_STAGE,
@@ -259,13 +260,24 @@ def _starting_point(
     return _Start(None, None, None, {"kind": init_kind})
 
 
-def _load_sources(spec: HeadSpec, train: RowStore, fit_dir: str) -> tuple[Head, ...]:
+def _load_sources(
+    spec: HeadSpec, train: RowStore, fit_dir: str, fitted: dict[str, Head] | None = None
+) -> tuple[Head, ...]:
     """The heads of the fitted models ``spec`` is made of (:meth:`HeadSpec.sources`; a relative path is under the
     fit's model directory ``fit_dir``: an earlier stage's), each checked to be of the training store's corpus; a
-    missing one or one of another corpus is a :class:`FitError` naming its option."""
+    missing one or one of another corpus is a :class:`FitError` naming its option. ``fitted``: the heads this call's
+    earlier stages ended with, by their directory (absolute, normalized): fitted on this training store, they are
+    used as they are rather than loaded again (one copy of each in the driver, not two)."""
     heads = []
     for option, named in spec.sources():
         path = named if os.path.isabs(named) else os.path.join(fit_dir, named)
+        held = (fitted or {}).get(os.path.normpath(os.path.abspath(path)))
+        if held is not None:
+            folder = ModelDir(path)
+            # The head the stage ended with is the one loading gives when no earlier checkpoint is its best.
+            if folder.pointed(BEST) in (None, folder.pointed(LATEST)):
+                heads.append(held)
+                continue
         try:
             checkpoint = load_checkpoint(path)
         except (CheckpointError, OSError) as exc:
@@ -622,11 +634,13 @@ def _fit_stages(
                 )
     # The stages run on a client of the cluster connected here, so each thinks the cluster outlives it.
     embedded = starts_embedded_cluster(cluster, client)
+    fitted: dict[str, Head] = {}
     with connect(cluster, client=client, say=say or logger.info) as cl:
         for index, stage in enumerate(stages):
             later_started = resume and any(started[index + 1 :])
             if later_started:
                 done.append(_kept_stage(directories[index]))
+                fitted[os.path.normpath(os.path.abspath(directories[index]))] = done[-1].model
                 continue
             first = index == 0
             if say is not None and len(stages) > 1:
@@ -649,10 +663,13 @@ def _fit_stages(
                 # A later stage not yet started (the fit stopped between stages) starts; its directory holds the
                 # earlier stages' own, which is not a sign of the wrong directory.
                 resume=resume and (first or ModelDir(directories[index]).has_checkpoint()), overwrite=overwrite,
-                client=cl, cluster=None, say=say, **options,
+                client=cl, cluster=None, say=say, fitted=fitted, **options,
             )  # fmt: skip
             # An embedded cluster's dashboard closes with it: no stage has one to show.
             done.append(dataclasses.replace(result, dashboard=None) if embedded else result)
+            # What the stage's passes built from its head (kernel tables, scoring caches) is not kept with it.
+            release_caches(result.model)
+            fitted[os.path.normpath(os.path.abspath(directories[index]))] = result.model
     last = done[-1]
     return dataclasses.replace(last, stages=done[:-1])
 
@@ -715,11 +732,13 @@ def _fit_stage(
     before_run: Callable[[], None] | None = None,
     fit_dir: str | os.PathLike[str] | None = None,
     fit_head: dict[str, Any] | None = None,
+    fitted: dict[str, Head] | None = None,
 ) -> FitResult:
     """One fit of one kind (see :func:`fit`); ``before_run`` is called just before its first iteration (not when
     the fit had already ended). ``fit_dir``: the whole fit's model directory when this is one of its stages;
     ``fit_head``: the whole staged fit's spec (JSON), recorded in the checkpoints of the stage that is the directory's
-    own model, so a registry version of it is retrained as that kind."""
+    own model, so a registry version of it is retrained as that kind. ``fitted``: the heads of the earlier stages
+    of this call, by directory (:func:`_load_sources`)."""
     called = time.perf_counter()
     say = say if say is not None else logger.info
     train = open_fit_store(store, storage_options, settings.context_length)
@@ -741,7 +760,7 @@ def _fit_stage(
     source = start.source
     # A resumed fit's checkpoint holds the heads it is made of: their directories may be gone by now.
     fit_root = os.path.abspath(fit_dir if fit_dir is not None else model_dir)
-    sources = _load_sources(spec, train, fit_root) if checkpoint is None else ()
+    sources = _load_sources(spec, train, fit_root, fitted) if checkpoint is None else ()
     names = train.attribute_names if hasattr(train, "attribute_names") else None
     context = TrainerContext(
         _shape(train),

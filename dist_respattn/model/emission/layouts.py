@@ -355,6 +355,11 @@ class SparseEmission(Emission):
         order = np.lexsort((targets, -probs, self.support.symbols[pair]))
         return indptr, targets[order], probs[order]
 
+    @functools.cached_property
+    def base_order(self) -> np.ndarray:
+        """(T,) int64 the targets by decreasing base, lowest id first among equals (the arg-max's tie rule)."""
+        return np.argsort(-self.base, kind="stable").astype(np.int64)
+
     def predictive(self, context: np.ndarray, attention: np.ndarray) -> np.ndarray:
         # The backoff part is rank one per row, then each position adds its symbol's stored pairs.
         out = np.multiply.outer((attention * self.backoff[context]).sum(axis=1), self.base)
@@ -417,6 +422,7 @@ class SparseEmission(Emission):
         state = self.__dict__.copy()
         state.pop("symbol_rows", None)
         state.pop("ranked_rows", None)
+        state.pop("base_order", None)
         return state
 
 

@@ -9,13 +9,17 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.model.heads.base import Block, Head
+from dist_respattn.model.heads.sparse_top import SparseTerms, top_targets
 from dist_respattn.model.rows import WindowRows
 from dist_respattn.model.scores import TopK
 
-__all__ = ["PREDICT_ROWS", "WindowHead"]
+__all__ = ["PREDICT_ROWS", "TERMS_ROWS", "WindowHead"]
 
 #: Rows per sub-block of the NumPy predictions, bounding their (rows, T) arrays.
 PREDICT_ROWS = 256
+
+#: Rows per sub-block of the sparse predictions (:mod:`~dist_respattn.model.heads.sparse_top`): no (rows, T) array.
+TERMS_ROWS = 4096
 
 
 class WindowHead(Head):
@@ -37,6 +41,39 @@ class WindowHead(Head):
     def window_proba(self, rows: WindowRows, attention: np.ndarray) -> np.ndarray:
         """(n, T) ``p(target | row)`` of rows whose attention (n, N) is ``attention``."""
 
+    @property
+    def has_terms(self) -> bool:
+        """Whether :meth:`window_terms` gives the terms of its predictions (else they are :meth:`window_proba`'s)."""
+        return False
+
+    def window_terms(self, rows: WindowRows, attention: np.ndarray) -> SparseTerms | None:
+        """The terms :meth:`window_proba` sums, for predictions without an (n, T) array
+        (:class:`~dist_respattn.model.heads.sparse_top.SparseTerms`), or ``None``: the kind (or its dense emission)
+        has none (:attr:`has_terms`), and its predictions are :meth:`window_proba`'s."""
+        return None
+
+    def window_hits(self, rows: WindowRows, attention: np.ndarray) -> float:
+        """``sum w`` over the rows (of weight ``w > 0``) whose target is the arg-max (first on ties) of
+        :meth:`window_proba` given their predictive ``attention`` (n, N): from :meth:`window_terms` when the head has
+        them (no (n, T) array), else from :meth:`window_proba`."""
+        w = np.ones(rows.num_rows) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
+        hits = 0.0
+        step = TERMS_ROWS if self.has_terms else PREDICT_ROWS
+        for start in range(0, rows.num_rows, step):
+            stop = min(start + step, rows.num_rows)
+            live = np.flatnonzero(w[start:stop] > 0.0)
+            if live.size == 0:
+                continue
+            sub = rows.select(live + start)
+            att = attention[start:stop][live]
+            terms = self.window_terms(sub, att)
+            if terms is not None:
+                best = top_targets([terms], np.ones((live.size, 1)), 1)[0][:, 0]
+            else:
+                best = np.argmax(self.window_proba(sub, att), axis=1)
+            hits += float(w[start:stop][live][best == np.asarray(sub.target)].sum())
+        return hits
+
     def top_k(self, block: Block, k: int) -> TopK:
         """The ``k`` most probable targets of each row (lower id first on ties), with the predictive attention."""
         if int(k) < 1:
@@ -47,6 +84,14 @@ class WindowHead(Head):
         attention = self.window_attention(rows)
         targets = np.empty((rows.num_rows, k), dtype=np.int32)
         probabilities = np.empty((rows.num_rows, k))
+        if self.has_terms:
+            for start in range(0, rows.num_rows, TERMS_ROWS):
+                stop = min(start + TERMS_ROWS, rows.num_rows)
+                terms = self.window_terms(rows.select(slice(start, stop)), attention[start:stop])
+                assert terms is not None
+                best, values = top_targets([terms], np.ones((stop - start, 1)), k)
+                targets[start:stop], probabilities[start:stop] = best, values
+            return TopK(targets, probabilities, attention)
         for start in range(0, rows.num_rows, PREDICT_ROWS):
             stop = min(start + PREDICT_ROWS, rows.num_rows)
             probs = self.window_proba(rows.select(slice(start, stop)), attention[start:stop])

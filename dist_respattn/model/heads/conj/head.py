@@ -27,12 +27,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.heads.base import Block, Columns
 from dist_respattn.model.heads.conj.kernels import ConjParameters, conj_score, pair_of_cells
 from dist_respattn.model.heads.copy.kernels import copy_row_terms
 from dist_respattn.model.heads.single_hop.arrays import MODEL_ARRAY_NAMES
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.heads.windowed import PREDICT_ROWS, WindowHead
+from dist_respattn.model.heads.sparse_top import CellRows, SparseTerms
+from dist_respattn.model.heads.windowed import WindowHead
 from dist_respattn.model.rows import WindowRows
 from dist_respattn.model.scores import ScoreTotals
 from dist_respattn.model.streaming import WindowPredictions
@@ -255,6 +257,16 @@ class ConjHead(WindowHead):
         return self.triples.values
 
     @functools.cached_property
+    def cell_rows(self) -> tuple[CellRows, CellRows | None]:
+        """The pair rows' and the triple rows' cells with their values, ranked (the sparse predictions' lists; built
+        once per head)."""
+        _, value = self.pair_values
+        triples = None
+        if self.triples is not None:
+            triples = CellRows.build(self.triples.indptr, self.triples.targets, self.triple_values[1])
+        return CellRows.build(self.indptr, self.targets, value), triples
+
+    @functools.cached_property
     def parameters(self) -> ConjParameters:
         """The parameters as the compiled passes read them (built once per head)."""
         weight, value = self.pair_values
@@ -279,6 +291,7 @@ class ConjHead(WindowHead):
         state.pop("parameters", None)
         state.pop("pair_values", None)
         state.pop("triple_values", None)
+        state.pop("cell_rows", None)
         return state
 
     # -- the head protocol -----------------------------------------------------------------------------------------
@@ -396,7 +409,8 @@ class ConjHead(WindowHead):
 
     def score(self, blocks: Iterable[Block], *, accuracy: bool = True) -> ScoreTotals:
         """Held-out totals of the blocks' rows: joint and predictive log-likelihoods and, with ``accuracy``, the
-        arg-max hits (O(T) a row in NumPy; the M-step's held-out pass skips them)."""
+        arg-max hits (from the sparse terms under a sparse emission, else O(T) a row in NumPy; the M-step's held-out
+        pass skips them)."""
         totals = ScoreTotals()
         for block in blocks:
             rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
@@ -407,18 +421,9 @@ class ConjHead(WindowHead):
         return totals
 
     def hits(self, rows: WindowRows, attention: np.ndarray) -> float:
-        """The weighted arg-max hits (first on ties) of ``rows`` given their predictive ``attention`` (n, N)."""
-        w = np.ones(rows.num_rows) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
-        hits = 0.0
-        for start in range(0, rows.num_rows, PREDICT_ROWS):
-            stop = min(start + PREDICT_ROWS, rows.num_rows)
-            live = w[start:stop] > 0.0
-            if not live.any():
-                continue
-            probs = self.window_proba(rows.select(slice(start, stop)), attention[start:stop])
-            correct = np.argmax(probs, axis=1) == rows.target[start:stop]
-            hits += float(w[start:stop][correct & live].sum())
-        return hits
+        """The weighted arg-max hits (first on ties) of ``rows`` given their predictive ``attention`` (n, N)
+        (:meth:`window_hits`)."""
+        return self.window_hits(rows, attention)
 
     def window_proba(self, rows: WindowRows, attention: np.ndarray) -> np.ndarray:
         """(n, T) ``p(target | window, query)`` of window rows given their predictive attention (n, N): ``B``'s
@@ -435,7 +440,7 @@ class ConjHead(WindowHead):
         # then adds the triple's own cells: E3 = v3 + w3 (v2 + w2 B).
         triple = self.triple_of(rows, context, current, pair)
         scale = np.ones(context.shape)
-        if self.triples is not None:
+        if self.triples is not None and self.triples.keys.size:
             weight3, _ = self.triple_values
             scale = np.where(triple >= 0, weight3[np.maximum(triple, 0)], 1.0)
         own = attention * scale * np.where(pair >= 0, weight[np.maximum(pair, 0)], 1.0)
@@ -458,6 +463,58 @@ class ConjHead(WindowHead):
             np.add.at(probs, (np.repeat(row_of, lengths), self.triples.targets[at]),
                       np.repeat(attention[row_of, col_of], lengths) * value3[at])  # fmt: skip
         return probs
+
+    @property
+    def has_terms(self) -> bool:
+        """Under a sparse emission (:meth:`window_terms`)."""
+        return isinstance(self.single.emission_table, SparseEmission)
+
+    def window_terms(self, rows: WindowRows, attention: np.ndarray) -> SparseTerms | None:
+        """The terms :meth:`window_proba` sums (:class:`~dist_respattn.model.heads.sparse_top.SparseTerms`: the
+        emission's backoff part and each position's stored pairs, then the pair rows' and the triple rows' cells, in
+        that order), or ``None`` under a dense emission."""
+        table = self.single.emission_table
+        if not isinstance(table, SparseEmission):
+            return None
+        n_pos = self.context_length
+        context, _ = copy_row_terms(rows, n_pos)
+        current = np.asarray(rows.tokens[rows.end - 1], dtype=np.int64)
+        weight, _ = self.pair_values
+        pair = np.full(context.shape, -1, dtype=np.int64)
+        conj = slice(n_pos - self.depth, n_pos)
+        pair[:, conj] = pair_of_cells(self.pair_keys, context[:, conj] * self.num_symbols + current[:, None])
+        pair[attention <= 0.0] = -1
+        triple = self.triple_of(rows, context, current, pair)
+        scale = np.ones(context.shape)
+        if self.triples is not None and self.triples.keys.size:
+            weight3, _ = self.triple_values
+            scale = np.where(triple >= 0, weight3[np.maximum(triple, 0)], 1.0)
+        own = attention * scale * np.where(pair >= 0, weight[np.maximum(pair, 0)], 1.0)
+        leaning = np.where(pair >= 0, current[:, None], context) if self.backoff == "current" else context
+        backoff_part = (own * table.backoff[leaning]).sum(axis=1)
+        # Each position on a stored pair adds its pair row's cells (times attention * w3), then each on a stored
+        # triple its triple row's (times attention): lists the threshold search walks by decreasing value.
+        n = rows.num_rows
+        row_of, col_of = np.nonzero(pair >= 0)
+        lists = [
+            (row_of, np.zeros(row_of.size, dtype=np.int64), pair[row_of, col_of], (attention * scale)[row_of, col_of])
+        ]
+        pair_cells, triple_cells = self.cell_rows
+        cells = [pair_cells]
+        if triple_cells is not None:
+            row_of, col_of = np.nonzero(triple >= 0)
+            lists.append(
+                (row_of, np.ones(row_of.size, dtype=np.int64), triple[row_of, col_of], attention[row_of, col_of])
+            )
+            cells.append(triple_cells)
+        row = np.concatenate([x[0] for x in lists])
+        order = np.argsort(row, kind="stable")
+        list_indptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(row, minlength=n), out=list_indptr[1:])
+        no_entries = np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
+        return SparseTerms(table, backoff_part, leaning, own, *no_entries, tuple(cells), list_indptr,
+                           np.concatenate([x[1] for x in lists])[order], np.concatenate([x[2] for x in lists])[order],
+                           np.concatenate([x[3] for x in lists])[order])  # fmt: skip
 
     def triple_of(self, rows: WindowRows, context: np.ndarray, current: np.ndarray, pair: np.ndarray) -> np.ndarray:
         """(n, N) int64 each position's stored triple (-1: none; order 2: none) given

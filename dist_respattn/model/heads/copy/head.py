@@ -20,11 +20,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dist_respattn.model.buckets import PositionBuckets
+from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.emission.mixture import symbol_mixture
 from dist_respattn.model.heads.base import Block, Columns
 from dist_respattn.model.heads.copy.kernels import CopyParameters, copy_hits, copy_row_terms, copy_score
 from dist_respattn.model.heads.single_hop.arrays import MODEL_ARRAY_NAMES
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+from dist_respattn.model.heads.sparse_top import SparseTerms, group_symbols, rows_in_order
 from dist_respattn.model.heads.windowed import WindowHead
 from dist_respattn.model.rows import WindowRows
 from dist_respattn.model.scores import ScoreTotals
@@ -141,14 +143,18 @@ class CopyHead(WindowHead):
 
     def score(self, blocks: Iterable[Block], *, accuracy: bool = True) -> ScoreTotals:
         """Held-out totals of the blocks' rows: joint and predictive log-likelihoods and, with ``accuracy``, the
-        arg-max hits (compiled, O(T) a row and more: the M-step's held-out pass, which reads only the likelihoods,
-        skips them)."""
+        arg-max hits (from the sparse terms under a sparse emission, without O(T) a row; compiled, O(T) a row under a
+        dense one: the M-step's held-out pass, which reads only the likelihoods, skips them)."""
         totals = ScoreTotals()
         for block in blocks:
             rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
             self.check_rows(rows)
             log_lik, target_log_prob, weight, attention = copy_score(rows, self.parameters)
-            correct = copy_hits(rows, attention, self.parameters, self.single.emission_table) if accuracy else 0.0
+            correct = 0.0
+            if accuracy and self.has_terms:
+                correct = self.window_hits(rows, attention)
+            elif accuracy:
+                correct = copy_hits(rows, attention, self.parameters, self.single.emission_table)
             totals = totals + ScoreTotals(weight, log_lik, target_log_prob, correct)
         return totals
 
@@ -171,6 +177,35 @@ class CopyHead(WindowHead):
             (attention * self.rho[bucket]).reshape(-1)[has_next],
         )
         return probs
+
+    @property
+    def has_terms(self) -> bool:
+        """Under a sparse emission (:meth:`window_terms`)."""
+        return isinstance(self.single.emission_table, SparseEmission)
+
+    def window_terms(self, rows: WindowRows, attention: np.ndarray) -> SparseTerms | None:
+        """The terms :meth:`window_proba` sums (:class:`~dist_respattn.model.heads.sparse_top.SparseTerms`: the own
+        table's backoff part and each distinct symbol's stored pairs, then the copies and the inductions, in that
+        order), or ``None`` under a dense emission."""
+        table = self.single.emission_table
+        if not isinstance(table, SparseEmission):
+            return None
+        context, successor = copy_row_terms(rows, self.context_length)
+        bucket = self.buckets.bucket_of_position
+        own = np.ascontiguousarray(attention * (1.0 - self.kappa - self.rho)[bucket][None, :])
+        backoff_part = (own * table.backoff[context]).sum(axis=1)
+        symbols, weights = group_symbols(context, own)
+        n = context.shape[0]
+        row_of = np.repeat(np.arange(n), self.context_length)
+        entries = []
+        # Zero addends (a single head read as a copy head has no copy weights) change no sum: they are left out.
+        copies = (attention * self.kappa[bucket]).reshape(-1)
+        live = (attention.reshape(-1) > 0.0) & (copies != 0.0)
+        entries.append((row_of[live], context.reshape(-1)[live], copies[live]))
+        inductions = (attention * self.rho[bucket]).reshape(-1)
+        has_next = (attention.reshape(-1) > 0.0) & (successor.reshape(-1) >= 0) & (inductions != 0.0)
+        entries.append((row_of[has_next], successor.reshape(-1)[has_next], inductions[has_next]))
+        return SparseTerms(table, backoff_part, symbols, weights, *rows_in_order(n, entries))
 
     def predictor(
         self,

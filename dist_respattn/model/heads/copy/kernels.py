@@ -19,7 +19,7 @@ import numpy as np
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.kernels.log_weights import NO_ROWS, exp_shifted, keep_row, squared_distance
-from dist_respattn.model.kernels.per_position import find_pair
+from dist_respattn.model.kernels.per_position import SparseKernelParameters, find_pair
 from dist_respattn.model.kernels.prefetch import prefetch_item
 from dist_respattn.model.rows import WindowRows
 
@@ -77,9 +77,10 @@ class CopyParameters:
         params = single.kernel_parameters
         table = single.emission_table
         if isinstance(table, SparseEmission):
-            with np.errstate(divide="ignore"):
-                log_values, log_backoff, log_base = (np.log(v) for v in (table.values, table.backoff, table.base))
-            sparse = (table.support.indptr, table.support.symbols, log_values, log_backoff, log_base)
+            # The single head's own log tables (the same logarithms): one copy of them in a process, not two.
+            assert isinstance(params, SparseKernelParameters)
+            sparse = (table.support.indptr, table.support.symbols, params.log_values, params.log_backoff,
+                      params.log_base)  # fmt: skip
             dense = _NO_TABLE
         else:
             sparse = (_NO_INDEX, _NO_SYMBOLS, _NO_VALUES, _NO_VALUES, _NO_VALUES)

@@ -20,7 +20,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dist_respattn.model.heads.base import Block, Columns, Head, head_from_arrays
-from dist_respattn.model.heads.windowed import PREDICT_ROWS, WindowHead
+from dist_respattn.model.heads.sparse_top import top_targets
+from dist_respattn.model.heads.windowed import PREDICT_ROWS, TERMS_ROWS, WindowHead
 from dist_respattn.model.rows import WindowRows
 from dist_respattn.model.scores import ScoreTotals, TopK
 from dist_respattn.model.streaming import RankedPredictions, checked_tables
@@ -281,7 +282,8 @@ class StackHead(WindowHead):
 
     def score(self, blocks: Iterable[Block], *, accuracy: bool = True) -> ScoreTotals:
         """Held-out totals of the blocks' rows (those of weight > 0): joint and predictive log-likelihoods and, with
-        ``accuracy``, the arg-max hits (O(T) a row in NumPy)."""
+        ``accuracy``, the arg-max hits (from the components' sparse terms when :attr:`has_terms`, else O(T) a row in
+        NumPy)."""
         totals = ScoreTotals()
         for block in blocks:
             rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
@@ -291,14 +293,49 @@ class StackHead(WindowHead):
             if live.size == 0:
                 continue
             rows, w = rows.select(live), w[live]
-            joint, target, _ = mix_rows(self.gate, self.densities(rows), self.mode)
-            correct = self.hits(rows, w) if accuracy else 0.0
+            densities = self.densities(rows)
+            joint, target, _ = mix_rows(self.gate, densities, self.mode)
+            correct = self.hits(rows, w, densities) if accuracy else 0.0
             totals = totals + ScoreTotals(float(w.sum()), float(w @ joint), float(w @ target), correct)
         return totals
 
-    def hits(self, rows: WindowRows, w: np.ndarray) -> float:
-        """``sum w`` over the rows whose target is the arg-max (first on ties) of their prediction."""
+    @property
+    def has_terms(self) -> bool:
+        """Whether every component of positive weight gives its predictions' terms (sparse emissions): then the
+        stack's top-K needs no (n, T) array (:func:`~dist_respattn.model.heads.sparse_top.top_targets`)."""
+        return all(view.has_terms for view, g in zip(self.views, self.gate, strict=True) if g > 0.0)
+
+    def mixed_top(self, rows: WindowRows, k: int, densities: np.ndarray | None = None) -> TopK:
+        """The ``k`` best targets of each row (lower id first on ties), their probabilities and the mixed attention,
+        from the components' sparse terms (:attr:`has_terms`), equal to :meth:`predict_rows`' (n, T) rows' bit for
+        bit; ``densities``: :meth:`densities` of the rows when the caller has them."""
+        weights = self.prediction_weights(self.densities(rows) if densities is None else densities)
+        attention = np.zeros((rows.num_rows, self.context_length))
+        parts, mix = [], []
+        for j, view in enumerate(self.views):
+            if not self.gate[j] > 0.0:
+                continue
+            sub = self.component_rows(rows, j)
+            att = view.window_attention(sub)
+            attention[:, self.context_length - self.windows[j] :] += weights[:, j : j + 1] * att
+            terms = view.window_terms(sub, att)
+            assert terms is not None
+            parts.append(terms)
+            mix.append(weights[:, j])
+        targets, probabilities = top_targets(parts, np.stack(mix, axis=1), k)
+        return TopK(targets.astype(np.int32), probabilities, attention)
+
+    def hits(self, rows: WindowRows, w: np.ndarray, densities: np.ndarray | None = None) -> float:
+        """``sum w`` over the rows whose target is the arg-max (first on ties) of their prediction (from the sparse
+        terms when :attr:`has_terms`, else :meth:`predict_rows`' (n, T) rows)."""
         hits = 0.0
+        if self.has_terms:
+            for start in range(0, rows.num_rows, TERMS_ROWS):
+                stop = min(start + TERMS_ROWS, rows.num_rows)
+                part = None if densities is None else densities[start:stop]
+                best = self.mixed_top(rows.select(slice(start, stop)), 1, part).targets[:, 0]
+                hits += float(w[start:stop][best == rows.target[start:stop]].sum())
+            return hits
         for start in range(0, rows.num_rows, PREDICT_ROWS):
             stop = min(start + PREDICT_ROWS, rows.num_rows)
             probs, _ = self.predict_rows(rows.select(slice(start, stop)))
@@ -324,6 +361,14 @@ class StackHead(WindowHead):
         targets = np.empty((rows.num_rows, k), dtype=np.int32)
         probabilities = np.empty((rows.num_rows, k))
         attention = np.empty((rows.num_rows, self.context_length))
+        if self.has_terms:
+            for start in range(0, rows.num_rows, TERMS_ROWS):
+                stop = min(start + TERMS_ROWS, rows.num_rows)
+                top = self.mixed_top(rows.select(slice(start, stop)), k)
+                targets[start:stop], probabilities[start:stop], attention[start:stop] = (
+                    top.targets, top.probabilities, top.attention,
+                )  # fmt: skip
+            return TopK(targets, probabilities, attention)
         for start in range(0, rows.num_rows, PREDICT_ROWS):
             stop = min(start + PREDICT_ROWS, rows.num_rows)
             probs, attention[start:stop] = self.predict_rows(rows.select(slice(start, stop)))
