@@ -170,23 +170,6 @@ def group_symbols(context: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, 
 
 
 @numba.njit(cache=True, nogil=True)
-def _find_cell(indptr, targets, u, t):  # pragma: no cover - compiled
-    """The index of target ``t`` among row ``u``'s cells (targets increasing), or -1."""
-    lo = indptr[u]
-    end = indptr[u + 1]
-    hi = end
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if targets[mid] < t:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo < end and targets[lo] == t:
-        return lo
-    return -1
-
-
-@numba.njit(cache=True, nogil=True)
 def _densify_lists(l_indptr, l_table, l_row, l_scale, c_indptr, c_targets, c_values, out):  # pragma: no cover
     for r in range(out.shape[0]):
         for j in range(l_indptr[r], l_indptr[r + 1]):
@@ -267,7 +250,7 @@ def _part_value(
         e = nexts[k][e]
     for j in range(l_indptr[r], l_indptr[r + 1]):
         tab = 2 * k + l_table[j]
-        at = _find_cell(c_indptr[tab], c_targets[tab], l_row[j], t)
+        at = find_pair(c_indptr[tab], c_targets[tab], t=l_row[j], c=t)  # row l_row[j]'s cell of target t
         if at >= 0:
             v += l_scale[j] * c_values[tab][at]
     return v
