@@ -22,6 +22,7 @@ __all__ = [
     "as_weights",
     "check_batch",
     "first_where",
+    "kernel_ids",
     "nonfinite_free",
     "plain",
     "scan_values",
@@ -329,4 +330,12 @@ def check_batch(
     w = as_weights(weights, context.shape[0])
     if not values_checked:
         scan_values(context, query, target, w, num_symbols=num_symbols, num_targets=num_targets)
-    return CheckedBatch(context, query, target, w)
+    return CheckedBatch(kernel_ids(context), query, kernel_ids(target), w)
+
+
+def kernel_ids(ids: np.ndarray) -> np.ndarray:
+    """``ids`` (contexts (n, N) or targets (n,), checked to lie in [0, S) or [0, T)) as the compiled kernels take
+    them: C-ordered int32, the dtype a store reads. A kernel compiles once for each combination of its arguments'
+    types, so int64 arrays would build (and cache) every kernel a second time; they are copied instead (after
+    the check: a cast first could wrap an id out of range into it)."""
+    return np.ascontiguousarray(ids, dtype=np.int32)

@@ -9,7 +9,23 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["EncodedRows", "WindowRows"]
+__all__ = ["EncodedRows", "WindowArrays", "WindowRows"]
+
+#: The weights of rows that all weigh 1, as the window kernels take them.
+_NO_WEIGHTS = np.zeros(0, dtype=np.float64)
+
+
+class WindowArrays(NamedTuple):
+    """:class:`WindowRows` in the kernels' dtypes (:meth:`WindowRows.kernel_arrays`); unpacked into a kernel's first
+    seven arguments."""
+
+    tokens: np.ndarray
+    begin: np.ndarray
+    end: np.ndarray
+    target: np.ndarray
+    query_table: np.ndarray
+    query_index: np.ndarray
+    weight: np.ndarray
 
 
 class EncodedRows(NamedTuple):
@@ -92,6 +108,27 @@ class WindowRows(NamedTuple):
             weight,
             start,
             checked,
+        )
+
+    def kernel_arrays(self) -> WindowArrays:
+        """The rows as the compiled window kernels take them, one dtype an array: ``tokens`` (L,) int32, ``begin``,
+        ``end`` (n,) int64, ``target`` (n,) int64, ``query_table`` (V, D) as given (float32 or float64: a real
+        choice of the store), ``query_index`` (n,) int64 and ``weight`` (n,) float64, or (0,) when every row
+        weighs 1.
+
+        A kernel compiles once for each combination of its arguments' types, so rows from a uint8 or uint16
+        stream, an int32 triple store and int64 test arrays would each compile (and cache) every kernel again;
+        cast here, they share one build. The casts copy at most a block's tokens and ids, never a row's query.
+        """
+        weight = _NO_WEIGHTS if self.weight is None else np.asarray(self.weight, dtype=np.float64)
+        return WindowArrays(
+            np.ascontiguousarray(self.tokens, dtype=np.int32),  # ids checked to lie in [0, S), S < 2**31
+            np.ascontiguousarray(self.begin, dtype=np.int64),
+            np.ascontiguousarray(self.end, dtype=np.int64),
+            np.ascontiguousarray(self.target, dtype=np.int64),
+            np.ascontiguousarray(self.query_table),
+            np.ascontiguousarray(self.query_index, dtype=np.int64),
+            np.ascontiguousarray(weight),
         )
 
     def select(self, rows: np.ndarray | slice) -> WindowRows:

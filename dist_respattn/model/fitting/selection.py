@@ -417,7 +417,8 @@ def score_grid(table: GridTable, x: tuple[Any, Any, Any], weights: Any = None, *
         indptr,
         symbols,
         pair_counts,
-        table.row_totals,
+        # Counts are whole numbers (exact in float64): one type, so the kernel builds once for dense and sparse tables.
+        np.asarray(table.row_totals, dtype=np.float64),
         table.base,
         table.types,
         0.5 / table.sigma2,

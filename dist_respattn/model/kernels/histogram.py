@@ -613,10 +613,6 @@ def window_block_ranges(rows: WindowRows, context_length: int) -> list[tuple[int
     return list(per_position.block_ranges(rows.num_rows, step))
 
 
-def _weights(rows: WindowRows) -> np.ndarray:
-    return np.zeros(0) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
-
-
 def _slot(num_symbols: int) -> np.ndarray:
     return np.full(num_symbols, -1, dtype=np.int64)
 
@@ -633,7 +629,7 @@ def accumulate_windows(
     bucket_mass = np.zeros(buckets.num_buckets)
     found = np.empty(min(rows.num_rows, 64), dtype=np.int64)
     n_impossible, n_outside = _estep_windows_numba(  # type: ignore[call-arg]
-        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        *rows.kernel_arrays(),
         params.key_means, params.inv_two_sigma2, params.gate_const, params.bucket_of_recency, params.sizes,
         params.share, *params.emission_arrays(),
         stats.key_sum, stats.key_mass, stats.emission_count_ts, stats.pair_counts if sparse else _NO_VALUES,
@@ -665,7 +661,7 @@ def initialize_windows(
     cells = np.empty(capacity, dtype=np.int64)
     masses = np.empty(capacity)
     written = _initialize_windows_numba(
-        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        *rows.kernel_arrays(),
         buckets.bucket_of_recency, np.asarray(buckets.sizes, dtype=np.int64), int(num_symbols),
         stats.key_sum, stats.key_mass, stats.emission_count_ts, bucket_mass, stats.scalars, _slot(num_symbols),
         cells, masses,
@@ -688,7 +684,7 @@ def score_windows(model: Any, rows: WindowRows) -> ScoreTotals:
         ranked = (_NO_INDEX, _NO_INDEX, _NO_VALUES)
         order = _NO_INDEX
     log_lik, target_log_prob, correct, weight = _score_windows_numba(
-        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        *rows.kernel_arrays(),
         params.key_means, params.inv_two_sigma2, params.gate_const, params.bucket_of_recency, params.share,
         params.log_emission_ts, dense, params.indptr, params.symbols, values, backoff, base, params.direct_row,
         params.direct_slots, *ranked, order, _slot(params.num_symbols),
@@ -773,7 +769,7 @@ def grid_windows(table: Any, rows: WindowRows) -> Any:
     joint = np.zeros((g1, g2 * g3))
     dim = table.key_means.shape[1]
     weight = _grid_windows_numba(  # type: ignore[call-arg]
-        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        *rows.kernel_arrays(),
         table.key_means, buckets.bucket_of_recency, weights / np.asarray(buckets.sizes), dense_ts, indptr, symbols,
         pair_counts, table.row_totals, table.base, table.types, 0.5 / table.sigma2,
         -0.5 * dim * np.log(2.0 * np.pi * table.sigma2), table.emission_strengths, table.type_strengths,

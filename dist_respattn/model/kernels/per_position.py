@@ -24,7 +24,7 @@ from typing import Any, Literal
 import numba
 import numpy as np
 
-from dist_respattn.model.arguments import ImpossibleEvidenceError, scan_values
+from dist_respattn.model.arguments import ImpossibleEvidenceError, kernel_ids, scan_values
 from dist_respattn.model.emission.layouts import DenseEmission, Emission, PairSupport, SparseEmission
 from dist_respattn.model.kernels.aligned import aligned_copy, aligned_zeros
 from dist_respattn.model.kernels.log_weights import (
@@ -911,7 +911,7 @@ _NO_WEIGHTS = np.zeros(0)
 
 def _kernel_weights(weights: np.ndarray | None) -> np.ndarray:
     # The compiled kernels read an empty array as "every weight is 1" so no (n,) array of ones is made.
-    return _NO_WEIGHTS if weights is None else weights.astype(np.float64, copy=False)
+    return _NO_WEIGHTS if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
 
 
 #: How many impossible rows an error message lists.
@@ -962,6 +962,7 @@ def accumulate_estep(
     """
     if not checked:
         scan_values(context, query, target, weights, num_symbols=params.num_symbols, num_targets=params.num_targets)
+    context, target = kernel_ids(context), kernel_ids(target)
     if isinstance(params, SparseKernelParameters):
         if backend != "numba":
             raise ValueError(f"backend = {backend!r}: a sparse emission runs on the compiled kernel ('numba') only")
@@ -1115,6 +1116,7 @@ def row_log_likelihood(
     if not checked:
         scan_values(context, query, target, None, num_symbols=params.num_symbols, num_targets=params.num_targets)
     out = np.empty(context.shape[0])
+    context, target = kernel_ids(context), kernel_ids(target)
     if isinstance(params, SparseKernelParameters):
         _row_log_likelihood_sparse_numba(
             context, query, target, params.key_means, params.indptr, params.symbols, params.log_values,

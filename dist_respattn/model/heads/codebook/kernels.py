@@ -26,8 +26,6 @@ __all__ = [
     "state_proba",
 ]
 
-_NO_WEIGHTS = np.zeros(0)
-
 
 @dataclass(frozen=True)
 class CodebookParameters:
@@ -366,11 +364,8 @@ def _cache_for(rows: Any, params: CodebookParameters, with_queries: bool) -> tup
 
 def codebook_estep(rows: Any, params: CodebookParameters, arrays: CodebookArrays) -> None:
     """Add the E-step statistics of window ``rows`` (in order; weights in ``rows.weight``) into ``arrays``."""
-    weight = _NO_WEIGHTS if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
     _estep(
-        rows.tokens, np.asarray(rows.begin, dtype=np.int64), np.asarray(rows.end, dtype=np.int64), rows.target,
-        rows.query_table, np.asarray(rows.query_index, dtype=np.int64), weight, *params.arrays(), *arrays.fields(),
-        *_cache_for(rows, params, True),
+        *rows.kernel_arrays(), *params.arrays(), *arrays.fields(), *_cache_for(rows, params, True),
     )  # fmt: skip
 
 
@@ -454,8 +449,7 @@ def codebook_score(rows: Any, params: CodebookParameters) -> np.ndarray:
     out = np.empty((rows.num_rows, 2))
     cache, done, _ = _cache_for(rows, params, False)
     _score(  # type: ignore[call-arg]
-        rows.tokens, np.asarray(rows.begin, dtype=np.int64), np.asarray(rows.end, dtype=np.int64), rows.target,
-        rows.query_table, np.asarray(rows.query_index, dtype=np.int64), *params.arrays(), out, cache, done,
+        *rows.kernel_arrays()[:6], *params.arrays(), out, cache, done,  # every array but the weights
     )  # fmt: skip
     return out
 
@@ -544,10 +538,10 @@ def codebook_proba(rows: Any, params: CodebookParameters) -> tuple[np.ndarray, n
     out = np.empty((n, params.emission.shape[1]))
     near_att = np.zeros((n, params.prior.shape[0] - 1))
     cell_att = np.zeros((n, n_books, n_words))
+    window = rows.kernel_arrays()
     _proba(  # type: ignore[call-arg]
-        rows.tokens, np.asarray(rows.begin, dtype=np.int64), np.asarray(rows.end, dtype=np.int64), rows.query_table,
-        np.asarray(rows.query_index, dtype=np.int64), *params.arrays(), params.emission, params.code_emission, out,
-        near_att, cell_att,
+        window.tokens, window.begin, window.end, window.query_table, window.query_index, *params.arrays(),
+        params.emission, params.code_emission, out, near_att, cell_att,
     )  # fmt: skip
     return out, near_att, cell_att
 
@@ -556,7 +550,7 @@ def far_histogram(tokens: np.ndarray, codes: np.ndarray, num_codewords: int) -> 
     """(B, W) the codeword counts of ``tokens`` (a far part, any order)."""
     hist = np.zeros((codes.shape[1], num_codewords))
     if len(tokens):
-        _slide(np.asarray(tokens, dtype=np.int64), codes, hist, np.empty_like(hist), 0, 0, 0, len(tokens))
+        _slide(np.asarray(tokens, dtype=np.int32), codes, hist, np.empty_like(hist), 0, 0, 0, len(tokens))
     return hist
 
 
@@ -565,7 +559,7 @@ def state_proba(
 ) -> np.ndarray:
     """(T,) ``p(target | state, query y)`` of a streaming state: ``near`` the last min(history, N0) tokens, oldest
     first, and ``hist`` (B, W) the far tokens' codeword counts (``n_far`` of them). O((N0 + B W)(D + T))."""
-    tokens = np.ascontiguousarray(near, dtype=np.int64)
+    tokens = np.ascontiguousarray(near, dtype=np.int32)  # the window kernels' token dtype: their build, reused
     m0 = tokens.shape[0]
     n_near = params.prior.shape[0] - 1
     near_logw = np.empty(n_near)

@@ -609,10 +609,6 @@ def _score(
     return log_lik, target_log_prob, weight
 
 
-def _weights(rows: WindowRows) -> np.ndarray:
-    return np.zeros(0) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
-
-
 def conj_estep(rows: WindowRows, params: ConjParameters, stats: Any, extra: ConjArrays) -> None:
     """The conjunction E-step over ``rows`` (checked), added into the single head's ``stats``
     (:class:`~dist_respattn.model.kernels.per_position.StatisticArrays`, without their position counts, which
@@ -621,7 +617,7 @@ def conj_estep(rows: WindowRows, params: ConjParameters, stats: Any, extra: Conj
     sparse = params.b_indptr.shape[0] > 0
     found = np.empty(min(rows.num_rows, 64), dtype=np.int64)
     n_impossible, n_outside = _estep(  # type: ignore[call-arg]
-        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        *rows.kernel_arrays(),
         *params.arrays(), params.direct_row, params.direct_slots,
         stats.key_sum, stats.key_mass, stats.emission_count_ts, stats.pair_counts if sparse else _NO_VALUES,
         extra.recency_mass, extra.cell_counts, extra.triple_counts, stats.scalars, found,
@@ -646,7 +642,7 @@ def conj_score(
     with ``per_row`` (n, 2) also each row's ``(log p(query | window), log p(target | window, query))`` into it."""
     attention = np.empty((rows.num_rows, params.prior.shape[0]))
     log_lik, target_log_prob, weight = _score(  # type: ignore[call-arg]
-        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        *rows.kernel_arrays(),
         *params.arrays(), attention, per_row,
     )  # fmt: skip
     return float(log_lik), float(target_log_prob), float(weight), attention
@@ -807,7 +803,7 @@ def conj_score_grid(
         triple_points = np.tile([np.inf, 0.0, 0.0], (points.shape[0], 1))
     triple_keys = params.triple_keys if points.shape[1] == 6 else _NO_INDEX
     _score_grid(  # type: ignore[call-arg]
-        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        *rows.kernel_arrays(),
         key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
         indptr, targets, pair_total, counts, *emission,
         np.ascontiguousarray(points[:, 0]), np.ascontiguousarray(points[:, 1]), np.ascontiguousarray(points[:, 2]),

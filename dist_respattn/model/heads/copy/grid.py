@@ -184,13 +184,12 @@ def copy_grid(table: GridTable, rows: WindowRows, bucket_of_recency: np.ndarray,
     pred = np.zeros((g1, g2 * g3))
     joint = np.zeros((g1, g2 * g3))
     dim = table.key_means.shape[1]
-    weights = _NO_VALUES if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
     kappa, rho = np.asarray(kappa, dtype=np.float64), np.asarray(rho, dtype=np.float64)
     bucket_of_recency = np.asarray(bucket_of_recency, dtype=np.int64)
     emission = (dense_ts, indptr, symbols, pair_counts, table.row_totals, table.base, table.types)
     gates = (0.5 / table.sigma2, -0.5 * dim * np.log(2.0 * np.pi * table.sigma2))
     strengths = (table.emission_strengths, table.type_strengths, *table.direct_pair_rows)
-    window = (rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, weights)
+    window = rows.kernel_arrays()
     buckets = table.buckets
     if buckets is None:
         weight = _copy_grid_numba(

@@ -259,12 +259,11 @@ def copy_estep_windows(rows: WindowRows, params: CopyParameters, stats: Any, ext
     share = params.prior[::-1][np.concatenate([[0], np.cumsum(sizes)[:-1]])].astype(np.float64)
     own = np.maximum(1.0 - params.kappa - params.rho, 0.0)
     sparse = params.indptr.shape[0] > 0
-    tokens = np.asarray(rows.tokens)
-    previous = previous_occurrences(tokens, params.key_means.shape[0])
+    window = rows.kernel_arrays()
+    previous = previous_occurrences(window.tokens, params.key_means.shape[0])
     found = np.empty(min(rows.num_rows, 64), dtype=np.int64)
-    weights = _NO_VALUES if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
     n_impossible, n_outside = _estep(
-        tokens, previous, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, weights,
+        window.tokens, previous, *window[1:],
         params.key_means, params.inv_two_sigma2, params.gate_const, bucket_of_recency, sizes, share, share * own,
         params.kappa, params.rho, params.log_emission_ts, params.indptr, params.symbols, params.log_values,
         params.log_backoff, params.log_base, stats.key_sum, stats.key_mass, stats.emission_count_ts,

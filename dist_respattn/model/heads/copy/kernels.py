@@ -355,10 +355,6 @@ def _score(
     return log_lik, target_log_prob, weight
 
 
-def _weights(rows: WindowRows) -> np.ndarray:
-    return np.zeros(0) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
-
-
 def copy_estep(rows: WindowRows, params: CopyParameters, stats: Any, extra: CopyArrays) -> None:
     """The copy E-step over ``rows`` (checked), added into the single head's ``stats``
     (:class:`~dist_respattn.model.kernels.per_position.StatisticArrays`, without their position counts, which
@@ -367,7 +363,7 @@ def copy_estep(rows: WindowRows, params: CopyParameters, stats: Any, extra: Copy
     sparse = params.indptr.shape[0] > 0
     found = np.empty(min(rows.num_rows, 64), dtype=np.int64)
     n_impossible, n_outside = _estep(  # type: ignore[call-arg]
-        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        *rows.kernel_arrays(),
         *params.arrays(),
         stats.key_sum, stats.key_mass, stats.emission_count_ts, stats.pair_counts if sparse else _NO_VALUES,
         extra.recency_mass, extra.copy_mass, extra.induction_mass, extra.bucket_mass, stats.scalars, found,
@@ -398,7 +394,7 @@ def copy_score(
     ``per_row`` (n, 2) also each row's ``(log p(query | window), log p(target | window, query))`` into it."""
     attention = np.empty((rows.num_rows, params.prior.shape[0]))
     log_lik, target_log_prob, weight = _score(  # type: ignore[call-arg]
-        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        *rows.kernel_arrays(),
         *params.arrays(), attention, per_row,
     )  # fmt: skip
     return float(log_lik), float(target_log_prob), float(weight), attention
@@ -462,8 +458,9 @@ def copy_hits_dense(rows: WindowRows, attention: np.ndarray, params: CopyParamet
     """The weighted arg-max hits of ``rows`` (their predictive ``attention`` (n, N) from :func:`copy_score`) under a
     dense emission ``probs`` (S, T): O(N T) a row, compiled, with O(T) scratch."""
     own = 1.0 - params.kappa - params.rho
+    window = rows.kernel_arrays()
     hits = _hits_dense(
-        rows.tokens, rows.begin, rows.end, rows.target, _weights(rows), attention, params.bucket_of_recency, own,
+        window.tokens, window.begin, window.end, window.target, window.weight, attention, params.bucket_of_recency, own,
         params.kappa, params.rho, probs, np.empty(probs.shape[1]),
     )  # fmt: skip
     return float(hits)
@@ -518,8 +515,9 @@ def copy_hits(rows: WindowRows, attention: np.ndarray, params: CopyParameters, e
         return copy_hits_dense(rows, attention, params, emission.to_dense())
     own = 1.0 - params.kappa - params.rho
     indptr, targets, excess = emission.symbol_rows
+    window = rows.kernel_arrays()
     hits = _hits_sparse(
-        rows.tokens, rows.begin, rows.end, rows.target, _weights(rows), attention, params.bucket_of_recency, own,
+        window.tokens, window.begin, window.end, window.target, window.weight, attention, params.bucket_of_recency, own,
         params.kappa, params.rho, emission.backoff, emission.base, indptr, targets, excess,
         np.empty(emission.num_targets),
     )  # fmt: skip

@@ -1037,10 +1037,6 @@ def _score(
     return log_lik, target_log_prob, weight
 
 
-def _weights(rows: WindowRows) -> np.ndarray:
-    return np.zeros(0) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
-
-
 def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays) -> int:
     """The chain's E-step over ``rows`` (checked), added into ``arrays``; returns how many rows it redid in the log
     domain (their path weights too far apart for the linear-domain pass to scale: the same statistics, slower).
@@ -1048,7 +1044,7 @@ def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays) -> int
     support raises a ValueError."""
     found = np.empty(min(rows.num_rows, 64), dtype=np.int64)
     n_impossible, n_outside, n_log_domain = _estep(  # type: ignore[call-arg]
-        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        *rows.kernel_arrays(),
         *params.arrays(), params.direct_row, params.direct_slots,
         arrays.key_sum, arrays.key_mass, arrays.recency_mass, arrays.emission_count_ts, arrays.pair_counts,
         arrays.scalars, found,
@@ -1075,7 +1071,7 @@ def hop_score(
     also each row's ``(log p(query | window), log p(target | window, query))`` into it."""
     attention = np.empty((rows.num_rows, params.prior.shape[1]))
     log_lik, target_log_prob, weight = _score(  # type: ignore[call-arg]
-        rows.tokens, rows.begin, rows.end, rows.target, rows.query_table, rows.query_index, _weights(rows),
+        *rows.kernel_arrays(),
         *params.arrays(), attention, per_row,
     )  # fmt: skip
     return float(log_lik), float(target_log_prob), float(weight), attention
