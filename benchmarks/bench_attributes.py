@@ -73,7 +73,8 @@ Run::
     python benchmarks/bench_attributes.py --cache /work/qcache/attributes --json   # a few minutes on 2 cores
     python benchmarks/bench_attributes.py --smoke --json                          # 3 small packages, < 1 min
 
-Worker processes are spawned, so everything runs under ``if __name__ == "__main__":``.
+``--smoke`` makes its small sizes the defaults; a flag given beside it wins (``--smoke --max-iter 1``). Worker
+processes are spawned, so everything runs under ``if __name__ == "__main__":``.
 """
 
 from __future__ import annotations
@@ -1022,12 +1023,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--min-seconds", type=float, default=0.2, help="a timed run loops until it lasts this long")
     parser.add_argument("--samples", type=int, default=2, help="samples per package")
     parser.add_argument("--sample-tokens", type=int, default=40)
-    parser.add_argument("--smoke", action="store_true", help="small sizes, under a minute: " + json.dumps(SMOKE))
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="small sizes, under a minute (flags given beside it win): " + json.dumps(SMOKE),
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object after the table")
     args = parser.parse_args(argv)
-    if args.smoke:
-        for name, value in SMOKE.items():
-            setattr(args, name, value)
+    if args.smoke:  # the smoke sizes become the defaults: a flag given beside --smoke still wins
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
     args.packages = [p.strip() for p in str(args.packages).split(",") if p.strip()]
     args.held_out = [p.strip() for p in str(args.held_out).split(",") if p.strip()]
     args.factors = sorted({int(v) for v in str(args.factors).split(",") if v.strip()})

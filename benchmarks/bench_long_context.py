@@ -88,7 +88,8 @@ Run::
     python benchmarks/bench_long_context.py --cache /work/qcache --smoke --json  # a smoke run, under a minute
     python benchmarks/bench_long_context.py --sequences stdlib --smoke --json    # the same, no download
 
-The MovieLens data is fetched into ``--cache`` on first use (``benchmarks/corpora.py``); ``--sequences stdlib``
+``--smoke`` makes its small sizes the defaults; a flag given beside it wins (``--smoke --max-iter 1``). The
+MovieLens data is fetched into ``--cache`` on first use (``benchmarks/corpora.py``); ``--sequences stdlib``
 reads nothing from ``--cache``. Worker processes are spawned, so everything runs under
 ``if __name__ == "__main__":``.
 """
@@ -1340,12 +1341,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--skip-ranking", action="store_true")
-    parser.add_argument("--smoke", action="store_true", help="small sizes, under a minute: " + json.dumps(SMOKE))
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="small sizes, under a minute (flags given beside it win): " + json.dumps(SMOKE),
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object after the table")
     args = parser.parse_args(argv)
-    if args.smoke:
-        for name, value in SMOKE.items():
-            setattr(args, name, value)
+    if args.smoke:  # the smoke sizes become the defaults: a flag given beside --smoke still wins
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
     args.contexts = [int(v) for v in str(args.contexts).split(",") if v.strip()]
     args.histories = [int(v) for v in str(args.histories).split(",") if v.strip()]
     args.grid = parse_grid(args.grid)
