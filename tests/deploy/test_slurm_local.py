@@ -87,8 +87,9 @@ def test_fit_sbatch_fits_on_worker_jobs_over_tls(tmp_path):
         RESPATTN_VENV=str(BIN.parent),
         RESPATTN_CERTS=str(certs["ca"].parent),
         RESPATTN_JOBS="2",
-        # This machine's loopback instead of the site's network, and a free dashboard port.
-        RESPATTN_ARGS=f"--interface lo --dashboard-address 127.0.0.1:{dashboard}",
+        # This machine's loopback instead of the site's network, a free dashboard port, and 3 EM iterations at most
+        # (what is tested is the fit running on the worker jobs, not how many iterations it takes to converge).
+        RESPATTN_ARGS=f"--interface lo --dashboard-address 127.0.0.1:{dashboard} --max-iter 3",
     )
     shared = tmp_path / "shared"
     try:

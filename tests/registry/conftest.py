@@ -120,7 +120,7 @@ def dead_pid() -> int:
 def run_in_process(*args: str) -> subprocess.CompletedProcess[str]:
     """``dist-respattn ARGS`` through the command's own ``main`` in this process: its exit status and what it printed.
 
-    For the read-only ``models`` commands, whose answers are what is tested: a process for each would only load the
+    For commands whose answers are what is tested, not the process boundary: a process for each would only load the
     package again. The exit statuses as a shell sees them are tested with real subprocesses in test_cli.py.
     """
     out, err = io.StringIO(), io.StringIO()

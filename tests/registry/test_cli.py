@@ -1,5 +1,5 @@
-"""``dist-respattn retrain`` and ``dist-respattn models list|show|check`` as real subprocesses (the ``models`` answers
-besides one of each exit status through the command's ``main`` in this process).
+"""``dist-respattn retrain`` and ``dist-respattn models list|show|check`` as real subprocesses, one for each exit
+status of each command (the other answers through the command's ``main`` in this process).
 
 The retrain commands run on this module's LocalCluster (``--scheduler``). What is checked is what a user or
 a cron job sees: the exit status (0 published, 1 the gate kept the current version, 2 an error, 3 locked),
@@ -53,7 +53,8 @@ def runs(tmp_path_factory, stores, address):
     """
     root = tmp_path_factory.mktemp("cli") / "registry"
     common = ("--validation", stores.validation, "--max-iter", "5")
-    first = run_cli(*retrain_args(root, stores.train, address, *common, "--json"))
+    # The first in this process (its --json answer is what is tested; the second shows exit 0 as a shell sees it).
+    first = run_in_process(*retrain_args(root, stores.train, address, *common, "--json"))
     after_first = tree_state(root)
     first_record = Registry(str(root)).version(1).record if first.returncode == 0 else None
     refused = run_cli(*retrain_args(root, stores.other_head, address, *common, "--tolerance", "0"))
@@ -229,14 +230,15 @@ def test_retrain_errors_exit_2(tmp_path, runs, stores, address):
     other.mkdir()
     (other / "data.csv").write_text("a,b\n")
     shape = Launched(retrain_args(registry, stores.other_shape, address), deadline=120)
-    not_registry = Launched(retrain_args(other, stores.train, address), deadline=120)
+    # While that process starts: the second error through main in this process (exit 2 as a shell sees it is above).
+    not_registry = run_in_process(*retrain_args(other, stores.train, address))
     line = error_line(shape.wait(), "retrain")
     assert line.endswith(
         f"the initial model has (S, N, D, T) = (30, 4, 5, 12) but the store {stores.other_shape} has "
         "(13, 4, 5, 12): a model only fits stores of its own shape"
     )
     assert tree_state(registry) == before
-    line = error_line(not_registry.wait(), "retrain")
+    line = error_line(not_registry, "retrain")
     assert f"missing, but {other} holds data.csv: not a model registry" in line
     assert sorted(os.listdir(other)) == ["data.csv"]
 
@@ -249,8 +251,9 @@ def test_retrain_on_a_registry_held_by_another_run_exits_3(tmp_path, runs, store
     with RegistryLock(Registry(str(registry)).files) as held:
         before = tree_state(registry)
         text = Launched(retrain_args(registry, stores.train, address), deadline=60)
-        as_json = Launched(retrain_args(registry, stores.train, address, "--json"), deadline=60)
-        text_result, json_result = text.wait(), as_json.wait()
+        # While that process starts: the --json answer through main in this process.
+        json_result = run_in_process(*retrain_args(registry, stores.train, address, "--json"))
+        text_result = text.wait()
         held.check()
         assert tree_state(registry) == before
     holder = f"pid {os.getpid()} on {HOST}, last heartbeat"
@@ -289,7 +292,7 @@ def test_lock_timeout_breaks_a_lock_without_heartbeat(tmp_path, runs, stores, ad
 
     args = retrain_args(registry, stores.train, address, "--max-iter", "2", "--tolerance", "1")
     leave_stale_lock()
-    respected = run_cli(*args)
+    respected = run_in_process(*args)  # exit 3 as a shell sees it: the test above
     assert respected.returncode == 3, respected.stderr
     assert re.search(
         r"pid 1 on elsewhere\.example, last heartbeat 6\d s ago\); it counts as abandoned after 300 s", respected.stdout

@@ -2,9 +2,9 @@
 
 The training and validation stores are written to ``s3://`` through the store writer, the cluster's workers
 read them (they inherit the test credentials: the cluster starts after the environment is set), and
-``dist-respattn retrain`` runs as subprocesses and ``models list|check`` through the command's ``main`` in this
-process, against ``s3://respattn/registry`` with ``--storage-option endpoint_url=…``. The lock's exclusive
-create is S3's conditional PUT (``If-None-Match``), which moto honours.
+``dist-respattn retrain`` and ``models list|check`` run through the command's ``main`` in this process, against
+``s3://respattn/registry`` with ``--storage-option endpoint_url=…`` (what a shell sees of those commands is
+test_cli.py's). The lock's exclusive create is S3's conditional PUT (``If-None-Match``), which moto honours.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import threading
+import urllib.request
 
 import boto3
 import pytest
@@ -24,7 +25,6 @@ from dist_respattn.artifacts.registry_lock import LOCK_FILE
 from dist_respattn.registry import Registry, RegistryFiles, RegistryLock, RegistryLocked
 from dist_respattn.store import write_synthetic
 from tests.engine.clusters import local_cluster
-from tests.engine.test_bad_input import Launched, run_cli
 from tests.registry.conftest import LAYOUT, dead_pid, run_in_process, truth
 
 #: The module's fixture alone (the object store, stores on it, a cluster, two commands) takes ~20 s.
@@ -71,6 +71,9 @@ def s3():
         try:
             host, port = server.get_host_and_port()
             endpoint = f"http://{host}:{port}"
+            # moto keeps its buckets in this process, across servers: when xdist's work stealing splits the module,
+            # this fixture is set up again in the same process, and must start from an empty object store.
+            urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30)
             boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
             layout = dataclasses.replace(LAYOUT, storage_options={"endpoint_url": endpoint})
             paths = S3(endpoint, f"s3://{BUCKET}/stores/train.zarr", f"s3://{BUCKET}/stores/validation.zarr")
@@ -112,8 +115,10 @@ def runs(s3, address):
         "--max-iter",
         "4",
     )
-    first = run_cli(*common, "--json", timeout=180)
-    second = run_cli(*common, "--tolerance", "0.5", "--keep", "1", timeout=180)
+    # Through the command's main in this process: what is tested here is S3, not the process boundary, and a
+    # process for each would load the package again.
+    first = run_in_process(*common, "--json")
+    second = run_in_process(*common, "--tolerance", "0.5", "--keep", "1")
     listing = run_in_process("models", "list", REGISTRY, *s3.cli_options, "--json")
     check = run_in_process("models", "check", REGISTRY, *s3.cli_options)
     return {"first": first, "second": second, "list": listing, "check": check}
@@ -203,10 +208,9 @@ def test_stale_lock_of_a_dead_process_on_s3_is_broken(s3):
 def test_retrain_on_an_s3_registry_held_by_another_run_exits_3(s3, runs, address):
     files = Registry(REGISTRY, s3.options).files
     with RegistryLock(files):
-        result = Launched(
-            ("retrain", "--registry", REGISTRY, "--store", s3.train, *s3.cli_options, "--scheduler", address),
-            deadline=120,
-        ).wait()
+        result = run_in_process(
+            "retrain", "--registry", REGISTRY, "--store", s3.train, *s3.cli_options, "--scheduler", address
+        )
     assert result.returncode == 3, result.stderr
     assert result.stdout.startswith(f"not run: {REGISTRY}/{LOCK_FILE}: the registry is locked by another run (")
     assert f"pid {os.getpid()} on {socket.gethostname()}" in result.stdout
