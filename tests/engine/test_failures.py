@@ -186,60 +186,60 @@ def long_references(tmp_path_factory, long_store, engine_client):
 # in a sparse fit: it loses the parameters and the support too, which the fit sent once, apart, and sends again.
 @pytest.mark.parametrize(("victims", "layout"), [("one", "dense"), ("every", "sparse")])
 def test_worker_killed_mid_iteration_gives_identical_parameters(
-    tmp_path, long_store, long_references, victims, layout, passes_log
+    tmp_path, long_store, long_references, engine_client, victims, layout, passes_log
 ):
     """SIGKILL of worker processes while E-step tasks of iteration 2 run: the fit finishes, bit-identical.
 
     ``one``: the worker holding the scattered parameters (or, if none is seen, one running an E-step task);
     the tasks lost with it (running, or finished and held in its memory) are recomputed. ``every``: both
     workers, so the parameters themselves are lost and the pass must be resubmitted after a new scatter.
-    The nannies restart the workers, and the fixed combine tree gives the same sums as the uninterrupted fit
-    on the module's cluster.
+    The nannies restart the workers, and the fixed combine tree gives the same sums as the uninterrupted fit.
+    On the module's cluster (a cluster of its own would add its start-up): the test waits for both workers to be
+    back before it ends, and the fits of the other tests keep nothing on the workers that a kill could take.
     """
-    with local_cluster() as (_, client):
-        pids = client.run(os.getpid)
-        kill: dict = {}
-        said: list[tuple[float, str]] = []
+    client = engine_client
+    client.wait_for_workers(2, timeout=60)
+    pids = client.run(os.getpid)
+    kill: dict = {}
+    said: list[tuple[float, str]] = []
 
-        def kill_during_iteration_2() -> None:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                running = {
-                    worker: [str(k) for k in keys if str(k).startswith("respattn-estep-2-")]
-                    for worker, keys in client.processing().items()
-                }
-                running = {worker: keys for worker, keys in running.items() if keys}
-                if running:
-                    time.sleep(0.02)  # into the tasks
-                    if victims == "every":
-                        targets = list(pids)
-                    else:
-                        holders = [
-                            worker
-                            for worker, keys in client.has_what().items()
-                            if any(str(k).startswith("respattn-params-2-") for k in keys)
-                        ]
-                        targets = holders[:1] or list(running)[:1]
-                    for worker in targets:
-                        os.kill(pids[worker], signal.SIGKILL)
-                    kill.update(pids=[pids[w] for w in targets], running=running, at=time.monotonic())
-                    return
-                time.sleep(0.002)
+    def kill_during_iteration_2() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            running = {
+                worker: [str(k) for k in keys if str(k).startswith("respattn-estep-2-")]
+                for worker, keys in client.processing().items()
+            }
+            running = {worker: keys for worker, keys in running.items() if keys}
+            if running:
+                time.sleep(0.02)  # into the tasks
+                if victims == "every":
+                    targets = list(pids)
+                else:
+                    holders = [
+                        worker
+                        for worker, keys in client.has_what().items()
+                        if any(str(k).startswith("respattn-params-2-") for k in keys)
+                    ]
+                    targets = holders[:1] or list(running)[:1]
+                for worker in targets:
+                    os.kill(pids[worker], signal.SIGKILL)
+                kill.update(pids=[pids[w] for w in targets], running=running, at=time.monotonic())
+                return
+            time.sleep(0.002)
 
-        killer = threading.Thread(target=kill_during_iteration_2, daemon=True)
+    killer = threading.Thread(target=kill_during_iteration_2, daemon=True)
 
-        def say(line: str) -> None:
-            said.append((time.monotonic(), line))
-            if line.startswith("iteration 1:"):
-                killer.start()
+    def say(line: str) -> None:
+        said.append((time.monotonic(), line))
+        if line.startswith("iteration 1:"):
+            killer.start()
 
-        settings = dataclasses.replace(LONG_SETTINGS, emission_layout=layout)
-        result = fit(
-            long_store, model_dir=tmp_path / "model", settings=settings, client=client, say=say, progress=False
-        )
-        killer.join(timeout=60)
-        client.wait_for_workers(2, timeout=60)
-        after = client.run(os.getpid)
+    settings = dataclasses.replace(LONG_SETTINGS, emission_layout=layout)
+    result = fit(long_store, model_dir=tmp_path / "model", settings=settings, client=client, say=say, progress=False)
+    killer.join(timeout=60)
+    client.wait_for_workers(2, timeout=60)
+    after = client.run(os.getpid)
     assert kill, "no E-step task of iteration 2 was seen running"
     assert len(kill["pids"]) == (1 if victims == "one" else 2)
     assert set(kill["pids"]).isdisjoint(after.values()), "a killed worker is still there"

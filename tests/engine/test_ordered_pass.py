@@ -211,7 +211,8 @@ def test_a_lost_scheduler_is_a_cluster_error_saying_what_to_do():
 def test_predict_into_a_rows_file_survives_losing_every_worker_and_the_model_with_them(tmp_path, passes_log):
     head = random_distribution(30, 4, 5, 12, seed=4)
     store = str(tmp_path / "store.zarr")
-    write_synthetic(store, 240_000, model=head, seed=5, options=WriteOptions(chunk_rows=8192, partition_rows=16_384))
+    # 15 partitions (the last one partial): once the first is in the file, 14 are left to lose with the workers.
+    write_synthetic(store, 120_000, model=head, seed=5, options=WriteOptions(chunk_rows=4096, partition_rows=8192))
     with local_cluster(2) as (_, client):
         reference = predict(head, store, out=tmp_path / "reference.jsonl", top_k=3, client=client, progress=False)
         pids = client.run(os.getpid)

@@ -26,6 +26,7 @@ from dist_respattn.model.ranking import RankingSettings, rank_rows
 from dist_respattn.model.rows import WindowRows
 from dist_respattn.store import open_store, write_arrays
 from dist_respattn.store.streams.writer import write_stream
+from tests.engine.clusters import local_cluster
 from tests.test_cli import run
 
 
@@ -121,13 +122,16 @@ def test_leave_one_out_then_evaluate_ranking_equals_the_ranking_computed_here(tm
     assert made.returncode == 0, made.stderr
     assert json.loads(made.stdout)["skipped_documents"] == 2
     stores = tmp_path / "split"
-    fitted = run("fit", str(stores / "train.zarr"), "--model-dir", str(tmp_path / "model"), "--validation",
-                 str(stores / "validation.zarr"), "--head", "single", "--max-iter", "1", "--workers", "1",
-                 "--json")  # fmt: skip
-    assert fitted.returncode == 0, fitted.stderr
-    evaluated = run("evaluate", str(tmp_path / "model"), str(stores / "test.zarr"), "--ranking", "5",
-                    "--ranking-negatives", "7", "--ranking-seed", "3", "--baseline-order", "2", "--workers", "1",
-                    "--json")  # fmt: skip
+    # Both commands join one cluster: one started for each would add its start-up twice and check nothing more.
+    with local_cluster(1) as (_, client):
+        address = client.scheduler.address
+        fitted = run("fit", str(stores / "train.zarr"), "--model-dir", str(tmp_path / "model"), "--validation",
+                     str(stores / "validation.zarr"), "--head", "single", "--max-iter", "1", "--scheduler", address,
+                     "--json")  # fmt: skip
+        assert fitted.returncode == 0, fitted.stderr
+        evaluated = run("evaluate", str(tmp_path / "model"), str(stores / "test.zarr"), "--ranking", "5",
+                        "--ranking-negatives", "7", "--ranking-seed", "3", "--baseline-order", "2", "--scheduler",
+                        address, "--json")  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr
     ranking = json.loads(evaluated.stdout)["ranking"]
 
