@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import dist_respattn
+from dist_respattn.cli import main
 
 pytestmark = pytest.mark.slow  # every test here starts a cluster or a command
 
@@ -18,6 +19,15 @@ COMMAND = str(Path(sys.executable).parent / "dist-respattn")
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([COMMAND, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def run_here(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``dist-respattn ARGS`` as :func:`run` gives it, by the command's own ``main`` in this process: for the steps
+    of a test that checks what a command does, not its process (each subprocess start re-imports the package)."""
+    capsys.readouterr()
+    status = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["dist-respattn", *args], status, out, err)
 
 
 def test_version_and_help():
@@ -33,9 +43,13 @@ def test_version_and_help():
 def test_demo_fits_the_standard_library_and_compares_it_with_the_baselines(tmp_path):
     """The main job: a slice of the Python standard library's source split into train, validation and test stores
     of one vocabulary, a fit on an embedded cluster, and the head's test perplexity beside every baseline's."""
+    # Three iterations a stage (early stopping takes 8, 18, 6 and 5 here): the head's margins below stay wide (test
+    # perplexity 11.6 fitted to the end, against 21 for Kneser-Ney and 40 for the unigram), most of it the
+    # conjunction part's, whose counts are near their best after its first iterations.
     result = run(
-        "demo", "--dir", str(tmp_path), "--max-tokens", "150000", "--vocab-size", "300", "--workers", "1", "--json"
-    )
+        "demo", "--dir", str(tmp_path), "--max-tokens", "150000", "--vocab-size", "300", "--max-iter", "3",
+        "--workers", "1", "--json",
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert set(report["rows"]) == {"train", "validation", "test"} and min(report["rows"].values()) > 0
@@ -58,15 +72,8 @@ def test_demo_fits_the_standard_library_and_compares_it_with_the_baselines(tmp_p
     assert head < 0.6 * baselines["unigram"]
     assert head < baselines["add_k"] and head < baselines["kneser_ney"], (head, baselines)
     assert baselines["kneser_ney"] > baselines["kneser_ney_3"] > baselines["kneser_ney_4"] > baselines["kneser_ney_5"]
-
-    text = run(
-        "demo", "--dir", str(tmp_path / "again"), "--max-tokens", "60000", "--vocab-size", "200", "--max-iter", "2",
-        "--workers", "1",
-    )  # fmt: skip
-    assert text.returncode == 0, text.stderr
-    assert "split 60,000 tokens of the Python standard library's source" in text.stderr
-    assert "Kneser-Ney" in text.stdout and "head / Kneser-Ney perplexity:" in text.stdout
-    assert "Kneser-Ney 5-gram" in text.stdout and "head / Kneser-Ney 5-gram perplexity:" in text.stdout
+    # The demo's text output (its split line, the table and the head / baseline ratios): the text run of
+    # tests/test_cli_newcomer.py::test_the_demo_names_its_fit_page_and_prints_the_baselines_as_evaluate_does.
 
 
 def test_demo_recovers_the_true_head(tmp_path):

@@ -1,7 +1,9 @@
 """What ``fit`` prints while it runs and at the end, read by a person: each iteration's held-out perplexity, its
 chosen settings and which iteration is best so far; the joint log-likelihood only with ``-v``; which checkpoint the
-model directory serves. Every fit here is a real subprocess on a real store, run on this module's cluster
-(``--scheduler``): the lines read the same whoever's workers run the tasks, and a fit's own cluster is tested apart."""
+model directory serves. Every fit here is the real command on a real store (its ``main`` in this process: what it
+prints is the subject, not its process; a fit as a subprocess is tested in tests/test_cli.py), run on this module's
+cluster (``--scheduler``): the lines read the same whoever's workers run the tasks, and a fit's own cluster is tested
+apart."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 from dist_respattn.artifacts import load_checkpoint
 from tests.engine.clusters import local_cluster
 from tests.stdlib_packages import package_corpus
-from tests.test_cli import run
+from tests.test_cli import run, run_here
 
 pytestmark = pytest.mark.slow  # every test here starts a cluster or a command
 
@@ -67,12 +69,12 @@ def _marks(perplexities: list[float]) -> list[str]:
     return marks
 
 
-def test_iteration_lines_lead_with_the_heldout_perplexity_and_mark_the_best(store, address, tmp_path):
+def test_iteration_lines_lead_with_the_heldout_perplexity_and_mark_the_best(store, address, tmp_path, capsys):
     """Each line gives the iteration's held-out perplexity and chosen settings as the checkpoint saved them, marks
     the best iteration so far, and names no joint log-likelihood; the summary names the checkpoint kept."""
     model = tmp_path / "model"
-    done = run("fit", store, "--model-dir", str(model), "--head", "single", "--max-iter", "6", "--tol", "0",
-               "--scheduler", address)  # fmt: skip
+    done = run_here(capsys, "fit", store, "--model-dir", str(model), "--head", "single", "--max-iter", "6", "--tol",
+                    "0", "--scheduler", address)  # fmt: skip
     assert done.returncode == 0, done.stderr
     history = load_checkpoint(model, "latest").meta["history"]
     lines = list(LINE.finditer(done.stderr))
@@ -102,11 +104,12 @@ def test_iteration_lines_lead_with_the_heldout_perplexity_and_mark_the_best(stor
         assert "  it is also the last iteration's" in done.stdout
 
 
-def test_early_stopping_by_loglik_says_so_in_the_mark(store, address, tmp_path):
+def test_early_stopping_by_loglik_says_so_in_the_mark(store, address, tmp_path, capsys):
     """With ``--early-stop-metric loglik`` the best iteration is judged by the held-out joint log-likelihood, not the
     perplexity the line leads with: the mark names the metric, and follows the log-likelihood the checkpoint saved."""
     model = tmp_path / "model"
-    done = run(
+    done = run_here(
+        capsys,
         "fit", store, "--model-dir", str(model), "--head", "single", "--max-iter", "3", "--tol", "0", "--scheduler",
         address, "--early-stop-metric", "loglik",
     )  # fmt: skip
@@ -118,12 +121,12 @@ def test_early_stopping_by_loglik_says_so_in_the_mark(store, address, tmp_path):
     assert marks == [m.replace("best so far", "best so far by loglik") for m in expected], done.stderr
 
 
-def test_verbose_and_json_keep_the_joint_log_likelihood(store, address, tmp_path):
+def test_verbose_and_json_keep_the_joint_log_likelihood(store, address, tmp_path, capsys):
     """``-v`` appends the training and held-out joint log-likelihoods the checkpoint saved; ``--json`` keeps its
     keys (``mean_log_likelihood``, ``heldout``) and adds the checkpoints the directory's pointers name."""
     model = tmp_path / "model"
-    done = run("fit", store, "--model-dir", str(model), "--head", "single", "--max-iter", "3", "--tol", "0",
-               "--scheduler", address, "-v")  # fmt: skip
+    done = run_here(capsys, "fit", store, "--model-dir", str(model), "--head", "single", "--max-iter", "3", "--tol",
+                    "0", "--scheduler", address, "-v")  # fmt: skip
     assert done.returncode == 0, done.stderr
     history = load_checkpoint(model, "latest").meta["history"]
     rests = [m["rest"] for m in LINE.finditer(done.stderr)]
@@ -139,7 +142,8 @@ def test_verbose_and_json_keep_the_joint_log_likelihood(store, address, tmp_path
         in (done.stdout)
     )
 
-    again = run(
+    again = run_here(
+        capsys,
         "fit", store, "--model-dir", str(model), "--head", "single", "--max-iter", "3", "--tol", "0", "--scheduler",
         address, "--overwrite", "--json",
     )  # fmt: skip
@@ -156,14 +160,15 @@ def test_verbose_and_json_keep_the_joint_log_likelihood(store, address, tmp_path
     assert report["last_iteration"] == 3
 
 
-def test_a_gated_fit_with_fewer_factors_than_attributes_says_so_and_its_lines_read_alike(store, address, tmp_path):
+def test_a_gated_fit_with_fewer_factors_than_attributes_says_so_and_its_lines_read_alike(
+    store, address, tmp_path, capsys
+):
     """``--attribute-factors 2`` on 4 attributes warns, before the shared fit, that the attributes will be clustered
     and names ``--per-attribute emission``; with that flag (or F >= A) nothing is said. The gated lines lead with
     the held-out perplexity as the checkpoint saved it and mark the best so far."""
     model = tmp_path / "model"
-    done = run(
-        "fit", store, "--model-dir", str(model), "--attribute-factors", "2", "--max-iter", "2", "--scheduler", address
-    )
+    done = run_here(capsys, "fit", store, "--model-dir", str(model), "--attribute-factors", "2", "--max-iter", "2",
+                    "--scheduler", address)  # fmt: skip
     assert done.returncode == 0, done.stderr
     (note,) = [line for line in done.stderr.splitlines() if line.startswith("note: --attribute-factors 2")]
     assert "4 attributes" in note and "clustered into 2 groups" in note and "--per-attribute emission" in note
@@ -184,7 +189,8 @@ def test_a_gated_fit_with_fewer_factors_than_attributes_says_so_and_its_lines_re
     assert re.search(r"^gated head: 2 tables, 4 attributes, [\d,]+ parameters$", done.stdout, re.MULTILINE), done.stdout
 
     for extra in (("--attribute-factors", "2", "--per-attribute", "emission"), ("--attribute-factors", "4")):
-        done = run(
+        done = run_here(
+            capsys,
             "fit",
             store,
             "--model-dir",

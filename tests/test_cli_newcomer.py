@@ -1,5 +1,7 @@
 """What a newcomer trips on at the command line: errors in the words of the command typed, counts that read as
-numbers, one name for each baseline, and the fit page the demo's cluster serves. Every command is a subprocess."""
+numbers, one name for each baseline, and the fit page the demo's cluster serves. A command whose exit or
+environment is the point is a subprocess; one whose output is the point runs as the command's ``main`` in this
+process (no package import per command)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dist_respattn.baselines.ngram import MODEL_LABELS
-from tests.test_cli import COMMAND, run
+from tests.test_cli import COMMAND, run, run_here
 
 pytestmark = pytest.mark.slow  # every test here starts a command
 
@@ -42,7 +44,7 @@ def test_the_demo_names_its_fit_page_and_prints_the_baselines_as_evaluate_does(t
     """The demo's cluster serves the fit page (beside its dashboard), and the demo says where, even with an HTTP
     proxy in the environment (here one that answers nothing: the page is on the cluster's own host); its table
     names the baselines as ``evaluate`` does on the same model and store."""
-    argv = ["--dir", str(tmp_path), "--max-tokens", "60000", "--vocab-size", "200", "--max-iter", "2", "--workers", "1"]
+    argv = ["--dir", str(tmp_path), "--max-tokens", "60000", "--vocab-size", "200", "--max-iter", "1", "--workers", "1"]
     proxied = {**os.environ, "http_proxy": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "no_proxy": ""}
     done = subprocess.run([COMMAND, "demo", *argv], capture_output=True, text=True, timeout=120, env=proxied)
     assert done.returncode == 0, done.stderr
@@ -52,6 +54,9 @@ def test_the_demo_names_its_fit_page_and_prints_the_baselines_as_evaluate_does(t
     labels = ["head", *MODEL_LABELS.values()]
     assert _table(done.stdout, labels) == labels, done.stdout
     assert "head / Kneser-Ney perplexity: " in done.stdout
+    # The demo's text output beside its JSON (tests/test_cli.py): one demo run checks both.
+    assert "split 60,000 tokens of the Python standard library's source" in done.stderr
+    assert "Kneser-Ney 5-gram" in done.stdout and "head / Kneser-Ney 5-gram perplexity:" in done.stdout
 
     scored = run("evaluate", str(tmp_path / "model"), str(tmp_path / "test.zarr"), "--workers", "1")
     assert scored.returncode == 0, scored.stderr
@@ -59,7 +64,7 @@ def test_the_demo_names_its_fit_page_and_prints_the_baselines_as_evaluate_does(t
     assert "head / Kneser-Ney perplexity: " in scored.stdout
 
 
-def test_a_directory_of_extensionless_files_is_refused_with_the_glob_that_reads_them(tmp_path):
+def test_a_directory_of_extensionless_files_is_refused_with_the_glob_that_reads_them(tmp_path, capsys):
     """A directory is searched by suffix; files of other names are read when a glob names them, and the error gives
     that glob, which then works."""
     text = (Path(sysconfig.get_paths()["stdlib"]) / "json" / "decoder.py").read_text(encoding="utf-8")
@@ -70,24 +75,24 @@ def test_a_directory_of_extensionless_files_is_refused_with_the_glob_that_reads_
         (folder / "CHAPTER2").write_text(text, encoding="utf-8")
     for corpus, pattern in ((flat, f"{flat}/*"), (nested, f"{nested}/**/*")):
         out = tmp_path / f"{corpus.name}.zarr"
-        refused = run("ingest", "--text", str(corpus), "--context", "3", str(out))
+        refused = run_here(capsys, "ingest", "--text", str(corpus), "--context", "3", str(out))
         assert refused.returncode == 2
         assert f"no text files under {corpus}" in refused.stderr
         assert "2 files of other names" in refused.stderr
         assert f"--text '{pattern}' (quoted" in refused.stderr, refused.stderr
-        done = run("ingest", "--text", pattern, "--context", "3", str(out))
+        done = run_here(capsys, "ingest", "--text", pattern, "--context", "3", str(out))
         assert done.returncode == 0, done.stderr
         assert "the store now holds" in done.stdout
 
 
-def test_validate_prints_counts_with_thousands_separators(tmp_path):
+def test_validate_prints_counts_with_thousands_separators(tmp_path, capsys):
     """``validate`` names what it scanned, as a number a person reads: rows of a triple store, tokens of a stream."""
     corpus = Path(sysconfig.get_paths()["stdlib"]) / "json"
     for kind, unit in (("stream", "tokens"), ("triples", "rows")):
         out = tmp_path / f"{kind}.zarr"
-        done = run("ingest", "--text", str(corpus), "--context", "3", "--format", kind, str(out))
+        done = run_here(capsys, "ingest", "--text", str(corpus), "--context", "3", "--format", kind, str(out))
         assert done.returncode == 0, done.stderr
-        checked = run("validate", str(out))
+        checked = run_here(capsys, "validate", str(out))
         assert checked.returncode == 0, checked.stderr
         counted = re.search(rf": valid \(([\d,]+) {unit}, ", checked.stdout)
         assert counted, checked.stdout
@@ -103,13 +108,14 @@ def test_a_demo_too_small_to_split_names_the_demos_own_flags(tmp_path):
     assert "started a local cluster" not in done.stderr
 
 
-def test_info_on_a_small_store_reads_in_its_own_sizes(tmp_path):
+def test_info_on_a_small_store_reads_in_its_own_sizes(tmp_path, capsys):
     """A 22 KiB store is not "0.0 MiB on disk"; a partition size is a bound ("of up to"); long array names keep
     the table's columns aligned."""
     sources = sorted(Path(sysconfig.get_paths()["stdlib"], "json").glob("*.py"))
     store = str(tmp_path / "s.zarr")
-    assert run("ingest", "--text", *map(str, sources), "--vocab-size", "150", "--context", "4", store).returncode == 0
-    done = run("info", store)
+    made = run_here(capsys, "ingest", "--text", *map(str, sources), "--vocab-size", "150", "--context", "4", store)
+    assert made.returncode == 0, made.stderr
+    done = run_here(capsys, "info", store)
     assert done.returncode == 0, done.stderr
     assert "0.0 MiB" not in done.stdout and re.search(r"\d KiB on disk", done.stdout), done.stdout
     assert " partition of up to " in done.stdout
@@ -118,7 +124,7 @@ def test_info_on_a_small_store_reads_in_its_own_sizes(tmp_path):
     assert len(rows) >= 2 and len(dtype_columns) == 1, done.stdout
 
 
-def test_split_counts_the_documents_its_stores_hold_as_info_does(tmp_path):
+def test_split_counts_the_documents_its_stores_hold_as_info_does(tmp_path, capsys):
     """An empty file is assigned to a split but becomes no document: split's summary counts what the store holds,
     as ``info`` does, and ``info`` calls what the split assigned files."""
     corpus = tmp_path / "corpus"
@@ -128,15 +134,17 @@ def test_split_counts_the_documents_its_stores_hold_as_info_does(tmp_path):
             (corpus / f"{package}_{path.name}").write_text(path.read_text())
     for k in range(6):
         (corpus / f"empty{k}.py").write_text("")
-    done = run("split", str(tmp_path / "out"), "--text", str(corpus), "--context", "4", "--vocab-size", "100", "--json")
+    done = run_here(
+        capsys, "split", str(tmp_path / "out"), "--text", str(corpus), "--context", "4", "--vocab-size", "100", "--json"
+    )
     assert done.returncode == 0, done.stderr
     stores = json.loads(done.stdout)["stores"]
     assigned = 0
     for name, store in stores.items():
-        info = json.loads(run("info", store["url"], "--json").stdout)
+        info = json.loads(run_here(capsys, "info", store["url"], "--json").stdout)
         assert store["documents"] == info["documents"], name
         assigned += info["provenance"]["split"]["documents"]
-        assert "files assigned by a " in run("info", store["url"]).stdout
+        assert "files assigned by a " in run_here(capsys, "info", store["url"]).stdout
     assert sum(store["documents"] for store in stores.values()) == assigned - 6  # the empty files
 
 
