@@ -414,8 +414,8 @@ def _rows_on(support: PairSupport, rows: int, n: int, d: int, seed: int):
 
 @pytest.mark.slow
 def test_a_sparse_e_step_takes_memory_for_its_pairs_and_its_block_not_its_rows_or_s_times_t():
-    """Traced peak of E-steps block by block: flat from 40,000 to 160,000 rows, and growing by a few bytes a pair
-    between two supports (S = T = 3,000: an (S, T) float64 table would be 72 MB)."""
+    """Traced peak of E-steps block by block: flat from 20,000 to 80,000 rows (3 and 10 blocks of 8,192), and growing
+    by a few bytes a pair between two supports (S = T = 3,000: an (S, T) float64 table would be 72 MB)."""
     import tracemalloc
 
     shape = (3000, 4, 3, 3000)
@@ -440,9 +440,9 @@ def test_a_sparse_e_step_takes_memory_for_its_pairs_and_its_block_not_its_rows_o
             tracemalloc.stop()
 
     peak(small, 8192)  # the first E-step compiles its kernels, whose allocations are traced too
-    few, many = peak(small, 40_000), peak(small, 160_000)
-    wide = peak(large, 40_000)
-    assert abs(many - few) < 2**20, f"{few / 2**20:.1f} MiB at 40,000 rows, {many / 2**20:.1f} MiB at 160,000"
+    few, many = peak(small, 20_000), peak(small, 80_000)
+    wide = peak(large, 20_000)
+    assert abs(many - few) < 2**20, f"{few / 2**20:.1f} MiB at 20,000 rows, {many / 2**20:.1f} MiB at 80,000"
     per_pair = (wide - few) / (large.num_pairs - small.num_pairs)
     assert 8 <= per_pair <= 40, f"{per_pair:.1f} bytes a pair"
     assert wide < 72e6 / 2, f"{wide / 2**20:.1f} MiB traced"

@@ -29,8 +29,9 @@ from dist_respattn.monitor import API_PATH, PAGE_PATH
 from dist_respattn.store import WriteOptions, write_synthetic
 from tests.engine.test_cluster import COMMAND, DASK, DaskProcesses, clean_env, stop
 
-#: Training rows: about a third of a second an iteration on two one-thread workers (7 partitions).
-ROWS = 200_000
+#: Training rows: about a sixth of a second an iteration on two one-thread workers (4 partitions): enough to watch
+#: a fit run, and half the rows (and time) the page needs.
+ROWS = 100_000
 VALIDATION_ROWS = 5_000
 LAYOUT = WriteOptions(chunk_rows=16_384, partition_rows=32_768)
 #: The head the stores are sampled from (S, N, D, T).

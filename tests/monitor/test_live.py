@@ -34,9 +34,9 @@ from .conftest import (
 
 pytestmark = pytest.mark.slow  # the tests here share a cluster or start commands
 
-#: Iterations of the watched fit: about a third of a second each here, so it runs for several seconds after the
-#: first poll that sees iteration 2 (the pages are polled every 0.1 s): long enough to watch it run.
-MAX_ITER = 20
+#: Iterations of the watched fit: about a sixth of a second each here, so it runs for a couple of seconds after
+#: the first poll that sees iteration 2 (the pages are polled every 0.1 s): long enough to watch it run.
+MAX_ITER = 12
 
 
 @dataclass

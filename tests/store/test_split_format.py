@@ -67,55 +67,69 @@ def test_a_stream_split_of_no_rows_names_the_split(tmp_path):
 def test_the_split_command_writes_streams_that_fit_and_evaluate_take_and_triples_on_request(tmp_path):
     """``split`` writes token-stream stores by default; ``fit`` and ``evaluate`` take them, and give the figures
     of the same split written with ``--format triples``; a bad ``--format`` is refused in split's own words."""
-    from tests.test_cli import run
+    from tests.test_cli_store import run_many
 
     root = tmp_path / "corpus"
     make_tree(root, files=40)
-    reports = {}
+    kinds = {"stream": (), "triples": ("--format", "triples")}
+    # The commands of each step are independent of each other, so they run at once (as run_many does elsewhere).
+    *splits, bad = run_many(
+        *(("split", str(tmp_path / kind), "--text", str(root), "--context", "3", *extra, "--json")
+          for kind, extra in kinds.items()),
+        ("split", str(tmp_path / "bad"), "--text", str(root), "--context", "3", "--format", "csv"),
+    )  # fmt: skip
+    for kind, done in zip(kinds, splits, strict=True):
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["format"] == kind
+        opened = (TokenStreamStore if kind == "stream" else TripleStore).open(tmp_path / kind / "train.zarr")
+        assert opened.num_rows > 0
     # fit and evaluate join one cluster (--scheduler) rather than each starting its own: what is tested is that they
     # take either format and agree, whoever's workers run them.
     with local_cluster(1) as (_, client):
         address = client.scheduler.address
-        for kind, extra in (("stream", ()), ("triples", ("--format", "triples"))):
-            out = tmp_path / kind
-            done = run("split", str(out), "--text", str(root), "--context", "3", *extra, "--json")
+        fits = run_many(
+            *(("fit", str(tmp_path / kind / "train.zarr"), "--validation", str(tmp_path / kind / "validation.zarr"),
+               "--model-dir", str(tmp_path / f"model-{kind}"), "--head", "single", "--max-iter", "3", "--scheduler",
+               address, "--json") for kind in kinds),
+        )  # fmt: skip
+        for done in fits:
             assert done.returncode == 0, done.stderr
-            assert json.loads(done.stdout)["format"] == kind
-            opened = (TokenStreamStore if kind == "stream" else TripleStore).open(out / "train.zarr")
-            assert opened.num_rows > 0
-            model = tmp_path / f"model-{kind}"
-            done = run(
-                "fit", str(out / "train.zarr"), "--validation", str(out / "validation.zarr"), "--model-dir",
-                str(model), "--head", "single", "--max-iter", "3", "--scheduler", address, "--json",
-            )  # fmt: skip
-            assert done.returncode == 0, done.stderr
-            fitted = json.loads(done.stdout)
-            done = run("evaluate", str(model), str(out / "test.zarr"), "--scheduler", address, "--json")
-            assert done.returncode == 0, done.stderr
-            reports[kind] = (fitted["heldout"], json.loads(done.stdout)["model"])
+        evaluations = run_many(
+            *(("evaluate", str(tmp_path / f"model-{kind}"), str(tmp_path / kind / "test.zarr"), "--scheduler",
+               address, "--json") for kind in kinds),
+        )  # fmt: skip
+    reports = {}
+    for kind, fitted, done in zip(kinds, fits, evaluations, strict=True):
+        assert done.returncode == 0, done.stderr
+        reports[kind] = (json.loads(fitted.stdout)["heldout"], json.loads(done.stdout)["model"])
     for a, b in zip(reports["stream"], reports["triples"], strict=True):
         assert a["perplexity"] == pytest.approx(b["perplexity"], rel=1e-12)
 
-    bad = run("split", str(tmp_path / "bad"), "--text", str(root), "--context", "3", "--format", "csv")
     assert bad.returncode == 2
     assert "dist-respattn split: error: argument --format: invalid choice: 'csv'" in bad.stderr
     assert bad.stderr.startswith("usage: dist-respattn split")
     assert not Path(tmp_path / "bad").exists()
 
 
-@pytest.mark.slow  # tokenizes two million lines (about 12 s)
-def test_a_stream_split_writes_a_large_file_a_piece_at_a_time(tmp_path):
-    """A file of two million tokens (100 pieces of 20,000 lines) is written without holding its ids: the peak of
-    traced memory (about 6 MB, a piece's tokenizing) stays below the 8 MB its int32 ids alone would take (holding
-    them, as a whole file's ids and their concatenation, peaked at 17 MB), and its document holds every token."""
+@pytest.mark.slow  # tokenizes half a million lines (about 6 s)
+def test_a_stream_split_writes_a_large_file_a_piece_at_a_time(tmp_path, monkeypatch):
+    """A file of half a million tokens (100 pieces of 5,000 lines) is written without holding its ids: the peak of
+    traced memory (about 1.2 MB, a piece's tokenizing and the writer's buffers) stays below the 2 MB its int32 ids
+    alone would take (the file read as one piece peaks at 68 MB), and its document holds every token.
+
+    The pieces are a quarter of the reader's 20,000 lines (its ``_LINES_PER_PIECE``) and the file a quarter of two
+    million lines: the same hundred pieces at a quarter of the time."""
     import tracemalloc
 
+    from dist_respattn.store.ingest import text
+
+    monkeypatch.setattr(text, "_LINES_PER_PIECE", 5_000)
     root = tmp_path / "corpus"
     make_tree(root)
-    lines = 2_000_000
+    lines = 500_000
     words = np.array(WORDS)[np.random.default_rng(3).integers(0, len(WORDS), lines)]
     (root / "docs" / "large.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
-    options = WriteOptions(chunk_rows=1 << 16, partition_rows=1 << 16)
+    options = WriteOptions(chunk_rows=1 << 14, partition_rows=1 << 14)
     tracemalloc.start()
     try:
         stores = write_split(

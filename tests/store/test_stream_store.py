@@ -21,7 +21,7 @@ from dist_respattn.store.errors import StoreCorruptError
 from dist_respattn.store.ingest.to_stream import write_stream_tokens
 from dist_respattn.store.rows import open_store
 from dist_respattn.store.streams.reader import TokenStreamStore, token_dtype
-from tests.engine.test_bad_input import run_cli
+from tests.engine.test_bad_input import Launched, run_cli
 
 
 def reference_rows(tokens, starts, n, table, weights=None):
@@ -215,9 +215,18 @@ def test_the_cli_writes_checks_and_fits_a_stream_with_a_chosen_window(tmp_path):
     done = run("ingest", "s.zarr", "--tokens", "t.npy", "--documents", "d.npy", "--context", "6", "--format", "stream")
     assert done.returncode == 0, done.stderr
     assert "30,000 in 4 documents" in done.stdout
-    assert run("validate", "s.zarr").returncode == 0
-    fitted = run("fit", "s.zarr", "--model-dir", "m", "--head", "single", "--context", "3", "--max-iter", "2",
-                 "--workers", "1", "--json")  # fmt: skip
+    # validate, fit and a refused fit only read the store: they run at once.
+    launched = [
+        Launched(args, cwd=tmp_path, deadline=300)
+        for args in (
+            ("validate", "s.zarr"),
+            ("fit", "s.zarr", "--model-dir", "m", "--head", "single", "--context", "3", "--max-iter", "2",
+             "--workers", "1", "--json"),
+            ("fit", "s.zarr", "--model-dir", "m2", "--context", "0"),
+        )
+    ]  # fmt: skip
+    validated, fitted, wrong = (command.wait() for command in launched)
+    assert validated.returncode == 0, validated.stdout
     assert fitted.returncode == 0, fitted.stderr
     from dist_respattn.engine import load_checkpoint
 
@@ -225,5 +234,4 @@ def test_the_cli_writes_checks_and_fits_a_stream_with_a_chosen_window(tmp_path):
     assert checkpoint.model.context_length == 3
     assert checkpoint.meta["store"]["window"] == 3
     assert checkpoint.meta["store"]["rows"] == 30_000 - 3 * 3 - 3  # three documents of 3 heads, one of 3 tokens
-    wrong = run("fit", "s.zarr", "--model-dir", "m2", "--context", "0")
     assert wrong.returncode == 2 and "--context" in wrong.stderr

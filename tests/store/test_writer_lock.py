@@ -19,7 +19,7 @@ import pytest
 import zarr
 
 from dist_respattn.store import StoreError, TripleStore, WriteOptions, rollback_append, validate, write_synthetic
-from tests.engine.test_bad_input import run_cli
+from tests.engine.test_bad_input import Launched, run_cli
 from tests.store.helpers import D, N, S, T, as_if_killed, random_rows
 
 #: Small partitions, so a writer flushes a shard every few hundred rows.
@@ -43,6 +43,12 @@ while not os.path.exists(stop) or written < 4096:
 writer.close()
 print(written)
 """
+
+
+def run_at_once(*commands: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:
+    """Several ``dist-respattn`` commands started together (none depends on another's end); their results in order."""
+    launched = [Launched(command, deadline=120) for command in commands]
+    return [command.wait() for command in launched]
 
 
 def start_writer(path: Path, mode: str, stop: Path) -> subprocess.Popen[str]:
@@ -85,7 +91,7 @@ def appending(path: Path) -> bool:
         return False
 
 
-@pytest.mark.slow  # three processes started one after another: ~5 s, more on a busy machine
+@pytest.mark.slow  # a writer, then two commands at once beside it: ~4 s, more on a busy machine
 def test_repair_during_a_running_append_is_refused_and_the_append_loses_nothing(tmp_path):
     """The reported loss: ``repair`` while ``ingest --append`` runs rolled the append's rows back under it
     ("still damaged after the rollback"), then the append marked the store complete with chunks missing.
@@ -96,7 +102,7 @@ def test_repair_during_a_running_append_is_refused_and_the_append_loses_nothing(
     writer = start_writer(path, "append", stop)
     wait_until(lambda: appending(path), "the append to write new shards", writer)
 
-    repair, info = run_cli("repair", str(path)), run_cli("info", str(path))
+    repair, info = run_at_once(("repair", str(path)), ("info", str(path)))
     appended = finish(writer, stop)
 
     assert repair.returncode == 2, (repair.stdout, repair.stderr)
@@ -113,18 +119,17 @@ def test_repair_during_a_running_append_is_refused_and_the_append_loses_nothing(
     assert "run `dist-respattn repair`" not in info.stderr, info.stderr
 
 
-@pytest.mark.slow  # four processes: ~6 s
+@pytest.mark.slow  # a writer, then three commands at once beside it: ~4 s
 def test_a_second_writer_is_refused_while_the_first_runs(tmp_path):
     """Two writers to one new path: the second is refused at once, and the first writes a sound store."""
     path, stop = tmp_path / "new.zarr", tmp_path / "stop"
     first = start_writer(path, "new", stop)
     wait_until(lambda: (path / "target" / "c").is_dir(), "the first writer to write rows", first)
-    refused = [
-        run_cli("synth", str(path), "--rows", "10", "--symbols", "3", "--context", "2", "--dim", "2",
-                "--targets", "3", *extra)
-        for extra in ((), ("--overwrite",))
-    ]  # fmt: skip
-    refused.append(run_cli("synth", str(path), "--rows", "10", "--append"))
+    refused = run_at_once(
+        *(("synth", str(path), "--rows", "10", "--symbols", "3", "--context", "2", "--dim", "2", "--targets", "3",
+           *extra) for extra in ((), ("--overwrite",))),
+        ("synth", str(path), "--rows", "10", "--append"),
+    )  # fmt: skip
     written = finish(first, stop)
     for second in refused:
         assert second.returncode == 2, second.stderr
@@ -310,7 +315,7 @@ def stream_appending(path: Path) -> bool:
         return False
 
 
-@pytest.mark.slow  # three processes started one after another: ~5 s, more on a busy machine
+@pytest.mark.slow  # a writer, then two commands at once beside it: ~4 s, more on a busy machine
 def test_repair_during_a_running_stream_append_is_refused_and_the_append_loses_nothing(tmp_path):
     """The reported loss, for a token-stream store: ``repair`` while an append ran cut the store back to its
     committed tokens under the writer (or failed with "still damaged after the rollback"), and the append then
@@ -325,7 +330,7 @@ def test_repair_during_a_running_stream_append_is_refused_and_the_append_loses_n
     writer = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_until(lambda: stream_appending(path), "the append to write new shards", writer)
 
-    repair, info = run_cli("repair", str(path)), run_cli("info", str(path))
+    repair, info = run_at_once(("repair", str(path)), ("info", str(path)))
     appended = finish(writer, stop)
 
     assert repair.returncode == 2, (repair.stdout, repair.stderr)
