@@ -191,6 +191,21 @@ class TestHeadContract:
         assert_identical(trainer.statistics(head, blocks_of(fitted.data, trainer.columns, 0, n)),
                          statistics_of(fitted, 0, n))  # fmt: skip
 
+    def test_float32_queries_give_what_their_float64_values_give(self, fitted: Fitted) -> None:
+        """A store may keep its queries, and a token stream its embedding table, as float32: the statistics, the
+        scores and the held-out grid's totals are those of the same numbers in float64. (In CI's first pass this
+        also builds every kind's float32 kernels once, before the suite's worker processes would each build them.)"""
+        trainer, head, n = fitted.trainer, fitted.head, fitted.data.num_rows
+        low = dataclasses.replace(fitted.data, query=fitted.data.query.astype(np.float32))
+        high = dataclasses.replace(fitted.data, query=low.query.astype(np.float64))
+        assert low.query.dtype == np.float32
+        assert_close(trainer.statistics(head, blocks_of(low, trainer.columns, 0, n)),
+                     trainer.statistics(head, blocks_of(high, trainer.columns, 0, n)), 1e-13)  # fmt: skip
+        assert_close(head.score(blocks_of(low, head.columns)), head.score(blocks_of(high, head.columns)), 1e-13)
+        candidates = trainer.m_step(statistics_of(fitted, 0, n), head)
+        grid = candidates.grid(None)
+        assert_close(grid.score(blocks_of(low, grid.columns)), grid.score(blocks_of(high, grid.columns)), 1e-13)
+
     # -- the M-step ------------------------------------------------------------------------------------------
 
     def test_the_m_steps_probability_tables_normalize(self, fitted: Fitted) -> None:
