@@ -325,6 +325,8 @@ def check_batch(
     ``values_checked`` skips the scan of the values (the shapes and dtypes are still checked): for rows whose
     maker has checked them already, as a token-stream store does (its ids are checked as they are read, its
     queries are rows of its checked embedding table). The scan costs about a tenth of the E-step's own time.
+
+    The ids come back as :func:`kernel_ids` (C-ordered int32: no copy of a store's rows, one of int64 arrays).
     """
     context, query, target = as_encoded(x, context_length=context_length, query_dim=query_dim)
     w = as_weights(weights, context.shape[0])
