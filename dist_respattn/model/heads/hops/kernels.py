@@ -144,6 +144,18 @@ class HopArrays:
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _window_log_total(prior, h, n_pos, m):  # pragma: no cover - compiled
+    """``log`` of hop h's prior mass on a window's m most recent positions (0 for a full window, whose prior sums
+    to one): what a short window's prior is renormalized by."""
+    if m == n_pos:
+        return 0.0
+    total = 0.0
+    for j in range(m):
+        total += prior[h, n_pos - m + j]
+    return math.log(total) if total > 0.0 else 0.0
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _forward_hop(h, m, softmax, trans, shift, alpha, work):  # pragma: no cover - compiled
     """Hop h's forward step over a window of m positions, from its transitions' exponentials ``trans[h - 1]`` (m*m,
     each source row shifted by ``shift[h - 1]``): with ``softmax`` each row normalized (its shift then 0), then
@@ -263,14 +275,8 @@ def _chain(
     n_pos = prior.shape[1]
     m = hi - lo
     dense = indptr.shape[0] == 0
-    full = m == n_pos
     # Hop 1: the single head's joint gate log-weights (the prior renormalized over a short window's positions).
-    log_total = 0.0
-    if not full:
-        total = 0.0
-        for j in range(m):
-            total += prior[0, n_pos - m + j]
-        log_total = math.log(total) if total > 0.0 else 0.0
+    log_total = _window_log_total(prior, 0, n_pos, m)
     for j in range(m):
         c = tokens[lo + j]
         d = 0.0
@@ -280,12 +286,7 @@ def _chain(
         alpha[0, j] = log_prior[0, n_pos - m + j] - log_total - d * inv_two_sigma2
     # Later hops: the transitions, each row i shifted by its largest log-value so that its exponentials are <= 1.
     for h in range(1, n_hops):
-        log_total = 0.0
-        if not full:
-            total = 0.0
-            for j in range(m):
-                total += prior[h, n_pos - m + j]
-            log_total = math.log(total) if total > 0.0 else 0.0
+        log_total = _window_log_total(prior, h, n_pos, m)
         # All m * m log-values first, each row shifted by its largest, then one vectorized exponential of them all.
         for i in range(m):
             ci = tokens[lo + i]
@@ -687,13 +688,7 @@ def _estep(
                 if src[i] < 0:
                     n_fresh += 1
             block_rows = lanes and 2 * n_fresh > m
-        full = m == n_pos
-        log_total = 0.0
-        if not full:
-            total = 0.0
-            for j in range(m):
-                total += prior[0, n_pos - m + j]
-            log_total = math.log(total) if total > 0.0 else 0.0
+        log_total = _window_log_total(prior, 0, n_pos, m)
         if block_rows:
             for jb in range(0, m, LANES):
                 nb = min(LANES, m - jb)
@@ -732,12 +727,7 @@ def _estep(
                         scaled[h - 1, i, j] = scaled_prev[h - 1, si, sj]
                     else:
                         scaled[h - 1, i, j] = _distance(hop_queries, ci, key_means, h, tokens[lo + j]) * inv_two_sigma2
-            log_total = 0.0
-            if not full:
-                total = 0.0
-                for j in range(m):
-                    total += prior[h, n_pos - m + j]
-                log_total = math.log(total) if total > 0.0 else 0.0
+            log_total = _window_log_total(prior, h, n_pos, m)
             for i in range(m):
                 best = -np.inf
                 for j in range(m):
