@@ -156,6 +156,34 @@ def test_the_estep_equals_the_per_position_reference(seed: int, weighted: bool) 
             np.testing.assert_allclose(getattr(got, name), want, rtol=0, atol=1e-12 * scale, err_msg=name)
 
 
+@pytest.mark.parametrize("cached", [True, False])
+def test_far_terms_far_below_the_nearest_codeword_are_kept(cached: bool) -> None:
+    """Every query sits on codeword 0 of each codebook, which no symbol uses, and at a squared distance of about 2,700
+    (2 sigma2 = 1) from the codewords in use and from every key: the far cells' terms relative to the nearest codeword
+    underflow (exp(-2700)), yet the far field holds a fair share of each row against the near positions, and the
+    E-step must still count it."""
+    rng = np.random.default_rng(7)
+    s, n_pos, d, t, n0, books, words = 9, 12, 3, 9, 3, 2, 4
+    codes = rng.integers(1, words, size=(s, books))
+    code_means = rng.normal(size=(books, words, d)) * 0.1 + 30.0
+    code_means[:, 0] = 0.0
+    head = CodebookHead(
+        codes, rng.normal(size=(s, d)) * 0.1 + 30.0, 0.5, rng.dirichlet(np.ones(n0 + 1)),
+        rng.dirichlet(np.ones(books)), code_means, rng.dirichlet(np.ones(t), size=s),
+        rng.dirichlet(np.ones(t), size=(books, words)), n_pos,
+    )  # fmt: skip
+    tokens = rng.integers(0, s, size=60).astype(np.int32)
+    table = rng.normal(size=(s if cached else 100, d)) * 0.01
+    rows = stream_rows(tokens, [0, 25], n_pos, table)
+    expected = reference_statistics(head, rows)
+    got = codebook_statistics(head, [Block(rows, None)])
+    assert expected["omega_mass"].sum() > 0.05 * expected["scalars"][0]  # the far field matters
+    for name in FIELDS:
+        want = expected[name]
+        scale = max(float(np.abs(want).max()), 1.0)
+        np.testing.assert_allclose(getattr(got, name), want, rtol=0, atol=1e-12 * scale, err_msg=name)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_scores_and_predictions_equal_the_reference(seed: int) -> None:
     head = random_head(seed + 10, n0=2 + seed % 3)

@@ -20,6 +20,7 @@ import numpy as np
 from dist_respattn.model.heads.base import Block, Columns, Head
 from dist_respattn.model.heads.codebook.kernels import (
     CodebookParameters,
+    EstepTables,
     codebook_proba,
     codebook_score,
     far_histogram,
@@ -113,9 +114,15 @@ class CodebookHead(Head):
         """The parameters as the compiled passes read them (built once per head)."""
         return CodebookParameters.build(self)
 
+    @functools.cached_property
+    def estep_tables(self) -> EstepTables:
+        """The tables as the E-step reads them (built once per head)."""
+        return EstepTables.build(self)
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("parameters", None)
+        state.pop("estep_tables", None)
         return state
 
     # -- the head protocol -----------------------------------------------------------------------------------------

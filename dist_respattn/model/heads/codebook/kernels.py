@@ -5,6 +5,14 @@ tokens (recency ``r = 0..m0-1``, token ``tokens[hi - 1 - r]``), and its far part
 window is longer than N0), which the head reads only through the counts ``hist[b, w]`` of its tokens' codewords.
 Consecutive rows of a token stream slide by one token, so the counts are updated, not rebuilt: B updates a token
 entering or leaving the far part. A row then costs O(N0 D + B W D) whatever N.
+
+The E-step takes the far field in the linear domain, over flat cells ``k = b W + w``: a row's far term is
+``pi_far / (n_far A) exp(-shift) sum_k n_k g_k omega_b E_b[w, t]``, where ``g_k = exp(-(||y - nu_k||^2 - min) /
+(2 sigma2))`` are the query's gates, made once per row of the query table (``shift = min / (2 sigma2)``), and
+``omega_b E_b[w, t]`` one row of a target-major table: three contiguous rows multiplied, no logarithm or exponential
+per cell, one exponential per row for the far field's share. A row whose far sum falls below :data:`FAR_TINY`
+(every cell in use far beyond the query's nearest codeword) takes its cells in the log domain instead. The
+responsibilities are the same numbers as the log domain's, to rounding.
 """
 
 from __future__ import annotations
@@ -16,9 +24,14 @@ from typing import Any
 import numba
 import numpy as np
 
+from dist_respattn.model.kernels.log_weights import exp_nonpositive_range
+from dist_respattn.model.kernels.per_position import prefetch_row
+from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
+
 __all__ = [
     "CodebookArrays",
     "CodebookParameters",
+    "EstepTables",
     "codebook_estep",
     "codebook_proba",
     "codebook_score",
@@ -238,26 +251,171 @@ def _log_sum(near_logw, m0, cell_logw, best):  # pragma: no cover - compiled
     return best + math.log(total)
 
 
+#: A row's far sum (its cells' linear terms, :func:`_far_terms`) below this is recomputed in the log domain: its
+#: largest term may then have lost digits, or underflowed, against the query's nearest codeword.
+FAR_TINY = 1e-200
+
+#: How many rows ahead the E-step prefetches the table cells a row reads and updates.
+PREFETCH_ROWS = 4
+
+
+@numba.njit(cache=True, nogil=True)
+def _slide_counts(tokens, flat_codes, hist, cur_lo, cur_hi, lo, hi):  # pragma: no cover - compiled
+    """:func:`_slide` of flat counts ``hist`` (B W,) (cell ``b W + w``, ``flat_codes[s, b]`` a symbol's cells),
+    without their logs."""
+    n_books = flat_codes.shape[1]
+    if lo >= cur_lo and hi >= cur_hi and lo <= cur_hi:
+        for x in range(cur_lo, lo):
+            s = tokens[x]
+            for b in range(n_books):
+                hist[flat_codes[s, b]] -= 1.0
+        for x in range(cur_hi, hi):
+            s = tokens[x]
+            for b in range(n_books):
+                hist[flat_codes[s, b]] += 1.0
+        return lo, hi
+    hist[:] = 0.0
+    for x in range(lo, hi):
+        s = tokens[x]
+        for b in range(n_books):
+            hist[flat_codes[s, b]] += 1.0
+    return lo, hi
+
+
+# Reassociated sums vectorize; they are kept in loops that store nothing, so that LLVM compiles one path for them:
+# a loop that also stores gets a runtime check that the arrays do not overlap, whose outcome depends on where they
+# lie, and the vector and scalar paths sum in different orders (a fit would then differ in its last bits).
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _cell_distance(y, code_means, k):  # pragma: no cover - compiled
+    """``||y - nu_k||^2`` of flat cell k (``code_means`` (B W, D))."""
+    dist = 0.0
+    for d in range(y.shape[0]):
+        a = y[d] - code_means[k, d]
+        dist += a * a
+    return dist
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _total(values):  # pragma: no cover - compiled
+    """``sum(values)``."""
+    total = 0.0
+    for k in range(values.shape[0]):
+        total += values[k]
+    return total
+
+
+@numba.njit(cache=True, nogil=True)
+def _query_gates(y, code_means, inv_two_sigma2, gates, at, scratch, bits, scale):  # pragma: no cover - compiled
+    """``gates[at + k] = exp(-(||y - nu_k||^2 - min_k' ||y - nu_k'||^2) / (2 sigma2))`` over the flat cells k, each in
+    [0, 1]; returns the shift ``min_k ||y - nu_k||^2 / (2 sigma2)`` (``code_means`` (B W, D); ``scratch`` float64
+    and ``bits`` int64 of B W, ``scale`` the float64 view of ``bits``)."""
+    n_cells = code_means.shape[0]
+    least = np.inf
+    for k in range(n_cells):
+        dist = _cell_distance(y, code_means, k)
+        scratch[k] = dist
+        least = min(least, dist)
+    for k in range(n_cells):
+        scratch[k] = -(scratch[k] - least) * inv_two_sigma2
+    exp_nonpositive_range(scratch, 0, gates, at, n_cells, bits, scale)
+    return least * inv_two_sigma2
+
+
+@numba.njit(cache=True, nogil=True)
+def _far_terms(hist, gates, at, code_ts, t, terms):  # pragma: no cover - compiled
+    """``terms[k] = n_k gates[at + k] omega_b E_b[w, t]`` over the flat cells (``code_ts`` (T, B W) the codeword
+    tables times their codebook's weight, target-major); returns their sum: the far field's term of the row up to
+    the factor ``pi_far / (n_far A) exp(-shift)``, one product of three contiguous rows."""
+    for k in range(hist.shape[0]):
+        terms[k] = hist[k] * gates[at + k] * code_ts[t, k]
+    return _total(terms)
+
+
+@numba.njit(cache=True, nogil=True)
+def _far_terms_log(hist, y, code_means, inv_two_sigma2, log_omega, log_code_ts, t, terms):
+    # pragma: no cover - compiled
+    """:func:`_far_terms` in the log domain, for a row whose linear sum is below :data:`FAR_TINY`: ``terms[k] =
+    exp(l_k - max l)`` with ``l_k = log n_k + log omega_b + log E_b[w, t] - ||y - nu_k||^2 / (2 sigma2)``. Returns
+    ``(sum, max l + log sum)`` (``(0, -inf)`` when no cell is possible)."""
+    n_books, n_words = log_code_ts.shape[1], log_code_ts.shape[2]
+    best = -np.inf
+    for b in range(n_books):
+        for w in range(n_words):
+            k = b * n_words + w
+            lw = -np.inf
+            if hist[k] > 0.0:
+                dist = _cell_distance(y, code_means, k)
+                lw = math.log(hist[k]) + log_omega[b] + log_code_ts[t, b, w] - dist * inv_two_sigma2
+            terms[k] = lw
+            best = max(best, lw)
+    if best == -np.inf:
+        terms[:] = 0.0
+        return 0.0, -np.inf
+    total = 0.0
+    for k in range(terms.shape[0]):
+        terms[k] = math.exp(terms[k] - best)
+        total += terms[k]
+    return total, best + math.log(total)
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _near_distance(y, key_means, c):  # pragma: no cover - compiled
+    """``||y - mu[c]||^2``."""
+    dist = 0.0
+    for d in range(y.shape[0]):
+        a = y[d] - key_means[c, d]
+        dist += a * a
+    return dist
+
+
 @numba.njit(cache=True, nogil=True)
 def _estep(
     tokens, begin, end, target, query_table, query_index, weight, key_means, inv_two_sigma2, gate_const, prior,
-    log_prior, log_omega, codes, code_means, log_emission_ts, log_code_ts, key_sum, key_mass, emission_count,
-    code_sum, code_mass, code_count, prior_mass, omega_mass, scalars, cache, done, code_query,
+    log_prior, log_omega, log_emission_ts, log_code_ts, flat_codes, flat_means, code_ts, key_sum, key_mass,
+    emission_count, code_sum, code_mass, code_count, prior_mass, omega_mass, scalars, gates, shifts, done,
+    code_query,
 ):  # pragma: no cover - compiled  # fmt: skip
+    """The E-step of window rows. Flat cells ``k = b W + w``: ``flat_means`` (B W, D), ``code_ts`` (T, B W),
+    ``code_sum`` (B W, D), ``code_mass`` (B W,), ``code_count`` (T, B W). ``gates``/``shifts``/``done``/``code_query``
+    ((V B W,), (V,), (V,), (V, B W)): each query-table row's cell gates (:func:`_query_gates`), filled on first use,
+    and its cells' responsibilities (the query sums are made per table row at the end); empty (V = 0), every row
+    makes its own gates and adds its query sums."""
     n_near = prior.shape[0] - 1
-    n_books = code_means.shape[0]
-    n_words = code_means.shape[1]
+    n_books = log_code_ts.shape[1]
+    n_words = log_code_ts.shape[2]
+    n_cells = n_books * n_words
     n_dim = key_means.shape[1]
-    hist = np.zeros((n_books, n_words))
-    log_hist = np.full((n_books, n_words), -np.inf)
-    scratch = np.empty((n_books, n_words))
+    hist = np.zeros(n_cells)
+    terms = np.empty(n_cells)
     near_logw = np.empty(n_near)
-    cell_logw = np.empty((n_books, n_words))
-    cached = cache.shape[0] > 0
+    y = np.empty(n_dim)
+    cached = done.shape[0] > 0
+    own_gates = np.empty(n_cells)
+    scratch = np.empty(max(n_cells, n_near + 1))
+    bits = np.empty(scratch.shape[0], dtype=np.int64)
+    scale = bits.view(np.float64)
     cur_lo = 0
     cur_hi = 0
     weighted = weight.shape[0] > 0
-    for row in range(target.shape[0]):
+    n_rows = target.shape[0]
+    for row in range(n_rows):
+        # The table cells a later row reads and updates: its near (symbol, target) cells and its far rows.
+        ahead = row + PREFETCH_ROWS
+        if ahead < n_rows:
+            t_ahead = target[ahead]
+            hi_ahead = end[ahead]
+            for r in range(min(hi_ahead - begin[ahead], n_near)):
+                c = tokens[hi_ahead - 1 - r]
+                prefetch_item(log_emission_ts, t_ahead, c)
+                prefetch_item(emission_count, c, t_ahead)
+            prefetch_row(code_ts, t_ahead)
+            prefetch_row(code_count, t_ahead)
+            if cached:
+                at_ahead = query_index[ahead] * n_cells
+                for k in range(0, n_cells, 8):
+                    prefetch_element(gates, at_ahead + k)
+                prefetch_element(gates, at_ahead + n_cells - 1)
+                prefetch_row(code_query, query_index[ahead])
         wt = weight[row] if weighted else 1.0
         if wt == 0.0:
             continue
@@ -267,64 +425,89 @@ def _estep(
         m0 = min(m, n_near)
         n_far = m - m0
         far_hi = hi - m0 if n_far > 0 else lo
-        cur_lo, cur_hi = _slide(tokens, codes, hist, log_hist, cur_lo, cur_hi, lo, far_hi)
+        cur_lo, cur_hi = _slide_counts(tokens, flat_codes, hist, cur_lo, cur_hi, lo, far_hi)
         t = target[row]
         v = query_index[row]
-        y = query_table[v].astype(np.float64)
-        cell_dist = _distances_of(v, query_table, code_means, cache, done, scratch) if n_far > 0 else scratch
-        best, total = _row_terms(
-            tokens,
-            hi,
-            m0,
-            hist,
-            log_hist,
-            n_far,
-            t,
-            y,
-            cell_dist,
-            key_means,
-            inv_two_sigma2,
-            prior,
-            log_prior,
-            log_omega,
-            log_emission_ts,
-            log_code_ts,
-            True,
-            near_logw,
-            cell_logw,
-        )
-        log_p = _log_sum(near_logw, m0, cell_logw, best)
+        for d in range(n_dim):
+            y[d] = query_table[v, d]
+        total = 0.0
+        for r in range(m0):
+            total += prior[r]
+        if n_far > 0:
+            total += prior[n_near]
+        log_total = math.log(total) if total > 0.0 else 0.0
+        best = -np.inf
+        for r in range(m0):
+            c = tokens[hi - 1 - r]
+            lw = log_prior[r] - log_total - _near_distance(y, key_means, c) * inv_two_sigma2 + log_emission_ts[t, c]
+            near_logw[r] = lw
+            best = max(best, lw)
+        far_sum = 0.0
+        far_log = -np.inf
+        if n_far > 0:
+            if cached:
+                at = v * n_cells
+                if not done[v]:
+                    shifts[v] = _query_gates(y, flat_means, inv_two_sigma2, gates, at, scratch, bits, scale)
+                    done[v] = True
+                shift = shifts[v]
+                cell_gates = gates
+            else:
+                at = 0
+                shift = _query_gates(y, flat_means, inv_two_sigma2, own_gates, 0, scratch, bits, scale)
+                cell_gates = own_gates
+            far_const = log_prior[n_near] - math.log(n_far) - log_total
+            far_sum = _far_terms(hist, cell_gates, at, code_ts, t, terms)
+            if far_sum > FAR_TINY:
+                far_log = far_const - shift + math.log(far_sum)
+            else:
+                far_sum, far_log = _far_terms_log(hist, y, flat_means, inv_two_sigma2, log_omega, log_code_ts, t,
+                                                  terms)  # fmt: skip
+                far_log += far_const
+            best = max(best, far_log)
+        if best == -np.inf:
+            scalars[0] += wt
+            scalars[1] += wt * (gate_const - np.inf)
+            continue
+        # The near positions' and the far field's weights, exponentiated in one vectorized pass.
+        for r in range(m0):
+            scratch[r] = near_logw[r] - best
+        scratch[m0] = far_log - best
+        exp_nonpositive_range(scratch, 0, near_logw, 0, m0, bits, scale)
+        far_e = math.exp(scratch[m0]) if far_sum > 0.0 else 0.0
+        z = far_e
+        for r in range(m0):
+            z += near_logw[r]
+        log_p = best + math.log(z)
         scalars[0] += wt
         scalars[1] += wt * (gate_const + log_p)
-        if log_p == -np.inf:
-            continue
+        share = wt / z
         for r in range(m0):
-            resp = wt * math.exp(near_logw[r] - log_p)
+            resp = near_logw[r] * share
             c = tokens[hi - 1 - r]
             key_mass[c] += resp
             for d in range(n_dim):
                 key_sum[c, d] += resp * y[d]
             emission_count[c, t] += resp
             prior_mass[r] += resp
-        if n_far > 0:
-            far = 0.0
+        if far_sum > 0.0:
+            far = far_e * share
+            per_term = far / far_sum
             for b in range(n_books):
                 book = 0.0
                 for w in range(n_words):
-                    if cell_logw[b, w] == -np.inf:
-                        continue
-                    resp = wt * math.exp(cell_logw[b, w] - log_p)
-                    code_mass[b, w] += resp
+                    k = b * n_words + w
+                    resp = terms[k] * per_term
+                    code_mass[k] += resp
+                    code_count[t, k] += resp
                     # With a query table of few rows, the query sums are made per table row once, at the end.
                     if cached:
-                        code_query[v, b, w] += resp
+                        code_query[v, k] += resp
                     else:
                         for d in range(n_dim):
-                            code_sum[b, w, d] += resp * y[d]
-                    code_count[t, b, w] += resp  # target-major: a row's cells are adjacent
+                            code_sum[k, d] += resp * y[d]
                     book += resp
                 omega_mass[b] += book
-                far += book
             prior_mass[n_near] += far
         # The options this row lacks were drawn and rejected: pi_o / A expected draws each (exact EM of the
         # renormalized prior, as the single head's short windows count them).
@@ -332,41 +515,89 @@ def _estep(
             prior_mass[r] += wt * prior[r] / total
         if n_far == 0:
             prior_mass[n_near] += wt * prior[n_near] / total
-    if cached:
-        for v in range(code_query.shape[0]):
-            if not done[v]:
-                continue
-            y = query_table[v].astype(np.float64)
-            for b in range(n_books):
-                for w in range(n_words):
-                    a = code_query[v, b, w]
-                    if a != 0.0:
-                        for d in range(n_dim):
-                            code_sum[b, w, d] += a * y[d]
 
 
-#: The most (query-table rows x cells) whose codeword distances a pass keeps (64 MB of float64).
+#: The most (query-table rows x cells) whose codeword distances (scores) or gates (the E-step) a pass keeps (64 MB
+#: of float64).
 CACHE_CELLS = 8_000_000
 
 
-def _cache_for(rows: Any, params: CodebookParameters, with_queries: bool) -> tuple[np.ndarray, ...]:
-    """The per-query-table-row cache of codeword distances (and of responsibilities, for the E-step's query sums):
-    used when the table has no more rows than the block (a token stream's embedding table, read by every row) and
-    fits :data:`CACHE_CELLS`; else empty (each row computes its own)."""
+def _cache_for(rows: Any, params: CodebookParameters) -> tuple[np.ndarray, np.ndarray]:
+    """The per-query-table-row cache of codeword distances: used when the table has no more rows than the block (a
+    token stream's embedding table, read by every row) and fits :data:`CACHE_CELLS`; else empty (each row computes
+    its own)."""
     n_books, n_words, _ = params.code_means.shape
     v = rows.query_table.shape[0]
-    if v <= rows.num_rows and v * n_books * n_words <= CACHE_CELLS:
-        cache = np.empty((v, n_books, n_words))
-        queries = np.zeros((v, n_books, n_words)) if with_queries else np.zeros((0, 0, 0))
-        return cache, np.zeros(v, dtype=np.bool_), queries
-    return np.zeros((0, n_books, n_words)), np.zeros(0, dtype=np.bool_), np.zeros((0, 0, 0))
+    if _caches(rows, n_books * n_words):
+        return np.empty((v, n_books, n_words)), np.zeros(v, dtype=np.bool_)
+    return np.zeros((0, n_books, n_words)), np.zeros(0, dtype=np.bool_)
 
 
-def codebook_estep(rows: Any, params: CodebookParameters, arrays: CodebookArrays) -> None:
+def _caches(rows: Any, cells: int) -> bool:
+    """Whether a pass over ``rows`` keeps a value per (query-table row, cell) (see :func:`_cache_for`)."""
+    v = rows.query_table.shape[0]
+    return bool(v <= rows.num_rows and v * cells <= CACHE_CELLS)
+
+
+@dataclass(frozen=True)
+class EstepTables:
+    """A head's tables as the E-step reads them, over flat cells ``k = b W + w`` (built once per head).
+
+    Attributes:
+        flat_codes: (S, B) int64, each symbol's cell in each codebook, ``b W + codes[s, b]``.
+        flat_means: (B W, D) the codewords' keys.
+        code_ts: (T, B W) ``omega_b E_b[w, t]``, target-major: a row's cells are one contiguous row.
+    """
+
+    flat_codes: np.ndarray
+    flat_means: np.ndarray
+    code_ts: np.ndarray
+
+    @classmethod
+    def build(cls, head: Any) -> EstepTables:
+        n_books, n_words, d = head.code_means.shape
+        cells = n_books * n_words
+        flat_codes = head.codes.astype(np.int64) + np.arange(n_books, dtype=np.int64)[None, :] * n_words
+        weighted = head.code_emission * head.omega[:, None, None]
+        code_ts = np.ascontiguousarray(weighted.transpose(2, 0, 1).reshape(-1, cells))
+        return cls(np.ascontiguousarray(flat_codes), np.ascontiguousarray(head.code_means.reshape(cells, d)), code_ts)
+
+
+def codebook_estep(rows: Any, params: CodebookParameters, tables: EstepTables, arrays: CodebookArrays) -> None:
     """Add the E-step statistics of window ``rows`` (in order; weights in ``rows.weight``) into ``arrays``."""
-    _estep(
-        *rows.kernel_arrays(), *params.arrays(), *arrays.fields(), *_cache_for(rows, params, True),
+    n_books, n_words, d = params.code_means.shape
+    cells = n_books * n_words
+    cached = _caches(rows, cells)
+    size = rows.query_table.shape[0] if cached else 0
+    gates, shifts, done = np.empty(size * cells), np.empty(size), np.zeros(size, dtype=np.bool_)
+    code_query = np.zeros((size, cells))
+    p = params
+    _estep(  # type: ignore[call-arg]
+        *rows.kernel_arrays(), p.key_means, p.inv_two_sigma2, p.gate_const, p.prior, p.log_prior, p.log_omega,
+        p.log_emission_ts, p.log_code_ts, tables.flat_codes, tables.flat_means, tables.code_ts, arrays.key_sum,
+        arrays.key_mass, arrays.emission_count, arrays.code_sum.reshape(cells, d), arrays.code_mass.reshape(cells),
+        arrays.code_count.reshape(-1, cells), arrays.prior_mass, arrays.omega_mass, arrays.scalars, gates, shifts,
+        done, code_query,
     )  # fmt: skip
+    if cached:
+        _query_sums(code_query, done, rows.query_table, arrays.code_sum.reshape(cells, d))
+
+
+@numba.njit(cache=True, nogil=True)
+def _query_sums(code_query, done, query_table, code_sum):  # pragma: no cover - compiled
+    """``code_sum[k] += sum_v code_query[v, k] y_v`` over the query-table rows used, in row order."""
+    n_dim = code_sum.shape[1]
+    y = np.empty(n_dim)
+    for v in range(code_query.shape[0]):
+        if not done[v]:
+            continue
+        for d in range(n_dim):
+            y[d] = query_table[v, d]
+        for k in range(code_query.shape[1]):
+            a = code_query[v, k]
+            if a != 0.0:
+                for d in range(n_dim):
+                    code_sum[k, d] += a * y[d]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -447,7 +678,7 @@ def _score(
 def codebook_score(rows: Any, params: CodebookParameters) -> np.ndarray:
     """(n, 2) each window row's ``(log p(query | window), log p(target | window, query))``."""
     out = np.empty((rows.num_rows, 2))
-    cache, done, _ = _cache_for(rows, params, False)
+    cache, done = _cache_for(rows, params)
     _score(  # type: ignore[call-arg]
         *rows.kernel_arrays()[:6], *params.arrays(), out, cache, done,  # every array but the weights
     )  # fmt: skip

@@ -231,11 +231,11 @@ def codebook_statistics(head: CodebookHead, blocks: Iterable[Block]) -> Codebook
     """The E-step of ``blocks`` (token windows, in row order) under ``head``."""
     s, _, d, t = head.shape
     arrays = CodebookArrays.zeros(s, d, t, head.near_window, head.num_codebooks, head.num_codewords)
-    params = head.parameters
+    params, tables = head.parameters, head.estep_tables
     for block in blocks:
         rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
         head.check_rows(rows)
-        codebook_estep(rows, params, arrays)
+        codebook_estep(rows, params, tables, arrays)
     fields = list(arrays.fields())
     fields[5] = np.ascontiguousarray(arrays.code_count.transpose(1, 2, 0))  # (T, B, W) -> (B, W, T)
     return CodebookStatistics(*fields)
