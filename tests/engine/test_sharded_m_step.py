@@ -335,3 +335,27 @@ def test_a_kind_without_a_sharded_m_step_keeps_the_driver_s(small_store, client,
     assert "this kind's M-step runs on the driver (it has no sharded M-step)" in said
     same_head(asked.model, plain.model)
     assert "parts" not in load_checkpoint(tmp_path / "asked", "latest").meta
+
+
+def test_the_owners_warnings_are_the_head_s():
+    """The warnings a sharded M-step gives from its common part (a collapsed prior, symbols with no mass) are those
+    the driver's M-step gives of the whole head."""
+    from dist_respattn.model.emission.prior import EmissionPrior
+    from dist_respattn.model.fitting.selection import Hyperparameters
+    from dist_respattn.model.heads.single_hop.diagnostics import degeneracy_warnings
+    from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
+    from dist_respattn.model.heads.single_hop.sharded import CommonPart, SingleHopSharding
+
+    s, n, d, t = 30, 4, 5, 12
+    estimator = SingleHopSpec(emission_prior="uniform").estimator((s, n, d, t)).resolved(EmissionPrior.uniform(s, t))
+    sharding = SingleHopSharding(estimator, "dense", None, 3)
+    rng = np.random.default_rng(0)
+    key_mass = rng.random(s)
+    key_mass[[3, 17]] = 0.0
+    prior = np.array([0.997, 0.001, 0.001, 0.001])
+    part = CommonPart(rng.standard_normal((s, d)), prior, key_mass, summary=None)  # type: ignore[arg-type]
+    choice = Hyperparameters(0.5, 1.0, 0.0)
+    head = ResponsibilityAttentionDistribution(part.key_means, np.full((s, t), 1.0 / t), prior, 0.5)
+    expected = degeneracy_warnings(head, key_mass=key_mass)
+    assert len(expected) == 2
+    assert sharding.warnings(choice, part) == expected

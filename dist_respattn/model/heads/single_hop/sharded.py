@@ -369,10 +369,12 @@ class SingleHopSharding(ShardedMStep):
 
     def warnings(self, choice: Any, common_part: Any) -> list[str]:
         est = self.estimator
+        # What the warnings read of a head, without its emission.
         head = types.SimpleNamespace(
             sigma2=float(choice.sigma2),
             position_prior=common_part.position_prior,
             context_length=int(est.context_length),
+            num_symbols=int(est.num_symbols),
         )
         return degeneracy_warnings(
             head,  # type: ignore[arg-type]
