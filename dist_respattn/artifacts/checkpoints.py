@@ -9,6 +9,10 @@ A model directory holds, for a head of any kind (its ``to_arrays``; a single-hop
     fit.json                          what the fit was asked: its head spec, settings, validation store and start,
                                       written before its first iteration (a resume continues it as asked)
 
+A fit whose M-step ran in shards on the workers writes its head in parts instead (``part-common.npz``, one
+``part-<k>.npz`` per shard, each by the worker that owns it), its ``meta.json`` saying where (``"parts"``, version 2):
+:meth:`ModelDir.commit_parts`; :meth:`ModelDir.load` joins them with the kind's ``Head.from_shards``.
+
 A checkpoint is written into a temporary directory, flushed, and renamed into place; only then is
 the pointer replaced (its own temporary file, then an atomic rename): :mod:`dist_respattn.durable.files`'
 writes. A process killed at any moment therefore leaves the pointers on complete checkpoints. Old
@@ -26,6 +30,7 @@ import logging
 import os
 import shutil
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
@@ -34,7 +39,7 @@ import numpy as np
 
 from dist_respattn.durable.files import TEMP_PREFIX, place_directory, replace_file, temporary_path, write_synced
 from dist_respattn.model.emission.prior import EmissionPrior
-from dist_respattn.model.heads.base import Head, head_from_arrays
+from dist_respattn.model.heads.base import Head, head_from_arrays, head_kind
 
 __all__ = [
     "BEST",
@@ -57,6 +62,8 @@ LATEST = "latest"
 BEST = "best"
 FORMAT = "dist_respattn.checkpoint"
 FORMAT_VERSION = 1
+#: The version of a checkpoint whose head is in parts (a sharded M-step's: ``"parts"`` in its ``meta.json``).
+PARTS_VERSION = 2
 #: The file in a model directory that records what its fit was asked (see :meth:`ModelDir.write_fit_record`).
 FIT_RECORD = "fit.json"
 FIT_FORMAT = "dist_respattn.fit"
@@ -239,6 +246,43 @@ class ModelDir:
             shutil.rmtree(temp, ignore_errors=True)  # a failed write (a full disk) leaves nothing; a kill, prune's
             raise
 
+    def commit_parts(
+        self,
+        name: str,
+        write_parts: Callable[[Path], dict[str, Any]],
+        model_meta: dict[str, Any],
+        meta: dict[str, Any],
+        *,
+        latest: dict[str, Any],
+        best: dict[str, Any] | None,
+        keep_best: str | None,
+        arrays: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        """:meth:`commit` of a head written in parts by others (a sharded M-step's owners, on the workers).
+
+        ``write_parts(directory)`` writes the parts into the checkpoint's temporary directory and returns the record
+        of them (``{"common": file, "shards": [file, ...]}``); then ``params.npz`` (``arrays``: the fit's extras) and
+        ``meta.json`` (with ``"parts"``, ``model_meta`` as its ``"model"``) are written, the directory renamed into
+        place and the pointers moved, as :meth:`commit` does: a kill at any moment leaves the pointers on complete
+        checkpoints.
+        """
+        self.path.mkdir(parents=True, exist_ok=True)
+        final = self.path / name
+        temp = Path(temporary_path(final))
+        temp.mkdir()
+        try:
+            parts = write_parts(temp)
+            params = io.BytesIO()
+            np.savez(params, **(arrays or {}))  # type: ignore[arg-type]
+            record = {"format": FORMAT, "version": PARTS_VERSION, "model": model_meta, "parts": parts, **meta}
+            write_synced(temp / PARAMS_FILE, params.getvalue())
+            write_synced(temp / META_FILE, _json_bytes(record))
+            place_directory(temp, final)
+        except BaseException:
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+        self._point_and_prune(name, latest=latest, best=best, keep_best=keep_best)
+
     def point(self, pointer: str, name: str, **info: Any) -> None:
         """Atomically make ``pointer`` name checkpoint ``name`` (which must be complete)."""
         replace_file(self.pointer_path(pointer), _json_bytes({"checkpoint": name, **info}))
@@ -251,13 +295,24 @@ class ModelDir:
             if not path.is_file():
                 raise CheckpointError(f"{path}: missing (the checkpoint is incomplete or was removed)")
         return parse_checkpoint(
-            name, read_json_file(meta_path), params_path, meta_source=str(meta_path), params_source=str(params_path)
-        )
+            name, read_json_file(meta_path), params_path, meta_source=str(meta_path), params_source=str(params_path),
+            folder=folder,
+        )  # fmt: skip
 
     def read_files(self, name: str) -> CheckpointFiles:
-        """The bytes of checkpoint ``name``'s files, to copy it elsewhere unchanged (a registry version)."""
+        """The bytes of checkpoint ``name``'s files, to copy it elsewhere unchanged (a registry version); a
+        checkpoint written in parts is copied as one ``params.npz`` (its parts joined) and its ``meta.json``."""
         folder = self.path / name
-        return CheckpointFiles((folder / PARAMS_FILE).read_bytes(), (folder / META_FILE).read_bytes())
+        meta = read_json_file(folder / META_FILE)
+        if "parts" not in meta:
+            return CheckpointFiles((folder / PARAMS_FILE).read_bytes(), (folder / META_FILE).read_bytes())
+        checkpoint = self.load(name)
+        model_arrays, _ = checkpoint.model.to_arrays()
+        params = io.BytesIO()
+        np.savez(params, **{**checkpoint.arrays, **model_arrays})  # type: ignore[arg-type]
+        single = {k: v for k, v in meta.items() if k != "parts"}
+        single["version"] = FORMAT_VERSION
+        return CheckpointFiles(params.getvalue(), _json_bytes(single))
 
     def commit(
         self,
@@ -276,6 +331,11 @@ class ModelDir:
         (left by a fit this one overwrote) is removed, so it cannot shadow ``latest``.
         """
         self.write(name, model, meta, arrays)
+        self._point_and_prune(name, latest=latest, best=best, keep_best=keep_best)
+
+    def _point_and_prune(
+        self, name: str, *, latest: dict[str, Any], best: dict[str, Any] | None, keep_best: str | None
+    ) -> None:
         self.point(LATEST, name, **latest)
         if best is not None:
             self.point(BEST, name, **best)
@@ -304,36 +364,51 @@ def parse_checkpoint(
     *,
     meta_source: str,
     params_source: str,
+    folder: Path | None = None,
 ) -> Checkpoint:
     """A checkpoint from its ``meta.json`` content and its ``params.npz`` (a path or a binary file).
 
     Checks the format and rebuilds the head; a damaged file raises :class:`CheckpointError` naming
-    ``meta_source`` or ``params_source``.
+    ``meta_source`` or ``params_source``. A head written in parts (``"parts"`` in ``meta``) is read from its part
+    files in ``folder``.
     """
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{meta_source}: format {meta.get('format')!r}, expected {FORMAT!r}")
-    if int(meta.get("version", 0)) > FORMAT_VERSION:
+    if int(meta.get("version", 0)) > PARTS_VERSION:
         raise CheckpointError(
             f"{meta_source}: checkpoint format version {meta['version']} is newer than this release reads "
-            f"({FORMAT_VERSION}); upgrade dist_respattn"
+            f"({PARTS_VERSION}); upgrade dist_respattn"
         )
-    try:
-        with np.load(params, allow_pickle=False) as npz:
-            arrays = {key: npz[key] for key in npz.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        # A truncated or overwritten npz fails inside zipfile, whose errors are neither OSError nor ValueError.
-        raise CheckpointError(
-            f"{params_source}: cannot be read ({type(exc).__name__}: {exc}): the checkpoint is damaged; restore it "
-            "from a copy, or fit again (overwrite=True starts over in this model directory)"
-        ) from exc
+    arrays = _read_npz(params, params_source)
     model_meta = meta.get("model") or {}
     # A checkpoint older than recorded kinds holds a single-hop head; an older gated one says so at its top.
     kind = model_meta.get("kind") or meta.get("kind") or "single_hop"
+    parts = meta.get("parts")
     try:
-        model = head_from_arrays(kind, arrays, model_meta if "kind" in model_meta else {**meta, **model_meta})
+        if parts:
+            if folder is None:
+                raise CheckpointError(f"{meta_source}: a checkpoint in parts is read from its directory")
+            common = _read_npz(folder / parts["common"], str(folder / parts["common"]))
+            shards = [_read_npz(folder / file, str(folder / file)) for file in parts["shards"]]
+            model = head_kind(kind).head.from_shards(common, shards, model_meta)
+        else:
+            model = head_from_arrays(kind, arrays, model_meta if "kind" in model_meta else {**meta, **model_meta})
     except (TypeError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{params_source}: {exc}") from exc
     return Checkpoint(name, model, meta, arrays)
+
+
+def _read_npz(params: str | os.PathLike[str] | BinaryIO, source: str) -> dict[str, np.ndarray]:
+    """The arrays of an npz file; a damaged one raises :class:`CheckpointError` naming ``source``."""
+    try:
+        with np.load(params, allow_pickle=False) as npz:
+            return {key: npz[key] for key in npz.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        # A truncated or overwritten npz fails inside zipfile, whose errors are neither OSError nor ValueError.
+        raise CheckpointError(
+            f"{source}: cannot be read ({type(exc).__name__}: {exc}): the checkpoint is damaged; restore it "
+            "from a copy, or fit again (overwrite=True starts over in this model directory)"
+        ) from exc
 
 
 def checkpoint_name(iteration: int, run_id: str) -> str:

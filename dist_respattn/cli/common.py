@@ -58,6 +58,7 @@ ARGUMENT_FLAGS = {
     "min_improvement": "--min-improvement",
     "max_iter": "--max-iter",
     "fan_in": "--fan-in",
+    "m_step_shards": "--m-step-shards",
     "context_length": "--context",
 }
 # Longest first, so ``estimate_sigma2=True`` is replaced before a shorter name inside it could be; a name inside a

@@ -117,6 +117,13 @@ def add_em_options(parser: argparse.ArgumentParser, title: str) -> None:
     )
     em.add_argument("--fan-in", type=positive_int, help="children per combine task (default 4)")
     em.add_argument(
+        "--m-step-shards",
+        type=int,
+        metavar="K",
+        help="run the M-step in K shards of the symbols on the workers that reduce them (default 0: on the driver; "
+        "the same parameters either way; the model directory must be writable by every worker)",
+    )
+    em.add_argument(
         "--context",
         dest="context_length",
         type=positive_int,
@@ -350,6 +357,7 @@ _SETTING_OPTIONS = (
     "position_buckets",
     "min_context",
     "fan_in",
+    "m_step_shards",
     "emission_layout",
     "context_length",
     "early_stop_metric",

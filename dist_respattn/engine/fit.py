@@ -165,6 +165,10 @@ def check_same_shape(model: Head, what: str, store: RowStore) -> None:
         )
 
 
+#: Settings a resume may give other values: when to stop, and where the M-step runs (the same bits either way).
+RESUME_MAY_CHANGE = ("max_iter", "m_step_shards")
+
+
 def _saved_spec(checkpoint: Checkpoint, settings: FitSettings) -> HeadSpec:
     """The spec a checkpoint's fit ran with (a checkpoint older than recorded specs: a single-hop fit of its
     settings)."""
@@ -203,7 +207,7 @@ def _starting_point(
         if resume:
             checkpoint = load_checkpoint(folder.path, LATEST)
             saved = FitSettings.from_json(checkpoint.meta.get("settings", {}))
-            differences = saved.differences(settings, ignore=("max_iter",))
+            differences = saved.differences(settings, ignore=RESUME_MAY_CHANGE)
             differences += _saved_spec(checkpoint, settings).differences(spec)
             if differences:
                 raise FitError(
@@ -563,7 +567,7 @@ def _check_recorded(
     if recorded is None:
         return validation, init_from
     saved = FitSettings.from_json(recorded["settings"])
-    differences = saved.differences(settings, ignore=("max_iter",))
+    differences = saved.differences(settings, ignore=RESUME_MAY_CHANGE)
     if recorded.get("head"):
         differences += spec_from_json(recorded["head"]).differences(spec)
     if differences:

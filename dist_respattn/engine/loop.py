@@ -10,6 +10,7 @@ and stops early after every M-step, holding what a fit carries from one iteratio
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 import uuid
@@ -27,6 +28,7 @@ from dist_respattn.engine.broadcast import FitTables, ParameterBroadcast, payloa
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.settings import FitSettings
+from dist_respattn.engine.sharded import RemoteGrid, RemoteHead, ShardedRun, ShardedTrainer
 from dist_respattn.engine.worker_tasks import ALL_ROWS, RowSelection
 from dist_respattn.events import FitState, HeldoutScores, IterationRecord, Metric
 from dist_respattn.model.fitting.em import EMIteration, EMResult, HeldoutChoice, run_head_em
@@ -158,8 +160,11 @@ class ClusterPasses:
         fan_in: int,
         reporter: FitReporter,
         plan_memory: Callable[[], None],
+        sharded: ShardedRun | None = None,
     ) -> None:
         self.train, self.train_rows, self.train_map, self.held = train, train_rows, train_map, heldout
+        #: The sharded M-step's run (``None``: every M-step runs on the driver).
+        self.sharded = sharded
         self.reporter = reporter
         self.plan = plan_memory
         self.fingerprint = train.fingerprint()
@@ -208,6 +213,13 @@ class ClusterPasses:
         """The trainer's statistics of the training rows under ``head`` (the span stays open through the held-out
         pass; the loop closes it after the iteration's checkpoint)."""
         self._in_span(f"respattn-iteration-{iteration}")
+        if isinstance(trainer, ShardedTrainer):
+            if self.sharded is not None and self.sharded.ready(trainer.inner):
+                value: Any = self.sharded.statistics(self, trainer.inner, head, iteration)
+                self.params.release()  # the start's head, sent once: the next passes read the owners' parts
+                self.last_statistics = value
+                return cast("Statistics", value)
+            trainer = trainer.inner
         plan = self.runner.plan(self.train_sizes, payload_bytes(head))
         self.params.publish(head, str(iteration), workers=plan.workers)
         train = self.train
@@ -230,6 +242,16 @@ class ClusterPasses:
             return None
         if label == "0":
             self._in_span("respattn-init")
+        if isinstance(grid, RemoteGrid):  # made where it is scored, from the sharded M-step's parts
+            argument = grid.argument
+            return self.runner.run(
+                "heldout", label, heldout.store.num_partitions, worker_tasks.grid_task,
+                lambda part: (
+                    heldout.store.location, part, argument, heldout.fingerprint, heldout.rows, heldout.mapping,
+                ),
+                description=f"held-out choice {label}",
+                plan=self.runner.plan(self.heldout_sizes, 0),
+            )  # fmt: skip
         plan = self.runner.plan(self.heldout_sizes, payload_bytes(grid))
         self.grids.publish(grid, label, workers=plan.workers)
         try:
@@ -257,6 +279,8 @@ class ClusterPasses:
         self.params.release()
         self.grids.release()
         self.tables.release()
+        if self.sharded is not None:
+            self.sharded.release()
 
 
 class FitLoop:
@@ -315,9 +339,13 @@ class FitLoop:
         self.say = say
         self.verbose = verbose
         self.reporter = FitReporter(client, say=say, bar=progress)
+        sharded = ShardedRun(client, self.run_id, settings.m_step_shards, say) if settings.m_step_shards > 0 else None
+        #: The trainer the loop runs: the fit's, its M-steps in shards on the workers when asked for.
+        self.loop_trainer: Trainer = trainer if sharded is None else ShardedTrainer(trainer, sharded)
         self.passes = ClusterPasses(
             client, self.run_id, train=train, train_rows=train_rows, train_map=train_map, heldout=heldout,
             fan_in=settings.fan_in, reporter=self.reporter, plan_memory=plan_memory or (lambda: None),
+            sharded=sharded,
         )  # fmt: skip
         self.choice = HeldoutChoice(self.passes, last_choice)
         self.checkpoints = BackgroundCheckpoints(folder)
@@ -339,7 +367,7 @@ class FitLoop:
         )
         try:
             result = run_head_em(
-                self.trainer,
+                self.loop_trainer,
                 self.passes,
                 start=start,
                 resumed=self.resumed,
@@ -358,6 +386,12 @@ class FitLoop:
             self.checkpoints.close()
         finally:
             self.passes.release()
+        head = result.distribution
+        if isinstance(head, RemoteHead):
+            # The fit's head, from its last checkpoint: the driver reads it once, at the end.
+            assert head.checkpoint is not None
+            head.release()
+            result = dataclasses.replace(result, distribution=self.folder.load(head.checkpoint).model)
         if not self.history:  # max_iter = 0: the starting model is the fit, and a new fit must replace an old one
             self.folder.commit(
                 checkpoint_name(0, self.run_id),
@@ -431,7 +465,7 @@ class FitLoop:
             else FitState.MAX_ITER if iteration >= settings.max_iter
             else FitState.RUNNING
         )  # fmt: skip
-        warnings = self.trainer.warnings(model, self.passes.last_statistics)
+        warnings = self.loop_trainer.warnings(model, self.passes.last_statistics)
         choice = record.hyperparameters
         entry: IterationRecord = {
             "iteration": iteration,
@@ -449,15 +483,21 @@ class FitLoop:
             "run_id": self.run_id,
         }
         self.history.append(entry)
-        self.checkpoints.submit(
-            name,
-            model,
-            self.checkpoint_meta(iteration, state, warnings),
-            latest={"iteration": iteration, "state": state},
-            best={"iteration": iteration, "metric": stopping.metric, "value": stopping.best} if improved else None,
-            keep_best=stopping.best_checkpoint,
-            arrays=self.checkpoint_arrays(),
-        )
+        pointers: dict[str, Any] = {
+            "latest": {"iteration": iteration, "state": state},
+            "best": {"iteration": iteration, "metric": stopping.metric, "value": stopping.best} if improved else None,
+            "keep_best": stopping.best_checkpoint,
+            "arrays": self.checkpoint_arrays(),
+        }
+        if isinstance(model, RemoteHead):
+            # The owners write its parts; the next passes read them from there, so it is committed now.
+            assert self.passes.sharded is not None
+            self.checkpoints.wait()
+            self.passes.sharded.commit(
+                self.folder, name, model, self.checkpoint_meta(iteration, state, warnings), **pointers
+            )
+        else:
+            self.checkpoints.submit(name, model, self.checkpoint_meta(iteration, state, warnings), **pointers)
         if state.final:  # the fit ends here: its last checkpoint must be on disk when fit returns
             self.checkpoints.wait()
         self.reporter.iteration(

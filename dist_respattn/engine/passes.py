@@ -27,12 +27,15 @@ from dist_respattn.engine.reduction import (
     DEFAULT_FAN_IN,
     fold_task,
     reduce_partitions,
+    reduce_scatter_partitions,
+    split_fold_task,
+    split_task,
     subtree,
     subtree_partitions,
     tree_shape,
 )
 
-__all__ = ["LOST_WORK_ERRORS", "PassRunner"]
+__all__ = ["LOST_WORK_ERRORS", "PassRunner", "finished"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +47,14 @@ MAX_ATTEMPTS = 3
 
 #: What a fit's user can do once the scheduler is lost (the tail of the error).
 RESUME_FIT = "the fit can continue from its last checkpoint with --resume once the cluster is back"
+
+
+def finished(client: distributed.Client, futures: Sequence[distributed.Future]) -> None:
+    """Wait until ``futures`` are computed, on the workers (nothing is gathered); raise the first one's error (or
+    the lost work's)."""
+    for future in distributed.as_completed(list(futures), loop=client.loop):
+        if future.status != "finished":
+            future.result()  # raises the task's error
 
 
 class PassRunner:
@@ -111,6 +122,91 @@ class PassRunner:
             except distributed.client.ClosedClientError as exc:
                 raise self._scheduler_lost(name, label, "") from exc
         raise AssertionError("unreachable")
+
+    def run_scattered(
+        self,
+        name: str,
+        label: str,
+        n_partitions: int,
+        task: Callable[..., Any],
+        args_for: Callable[[int], tuple[Any, ...]],
+        *,
+        sharding: Any,
+        tables: Any,
+        owners: Callable[[], list[str]],
+        description: str = "",
+        before_attempt: Callable[[int], None] | None = None,
+        plan: PassPlan = EVERY_PARTITION,
+    ) -> list[distributed.Future]:
+        """:meth:`run` as a reduce-scatter (:func:`~dist_respattn.engine.reduction.reduce_scatter_partitions`): each
+        value split by ``sharding`` (with ``tables``, a future) into its common part and ``sharding.n_shards`` shards,
+        each part reduced by the tree onto ``owners()[j]``. Returns the parts' roots, computed and left on the
+        workers; lost work is resubmitted as :meth:`run` does."""
+        combine_name = "combine" if name == "estep" else f"{name}-combine"
+        for attempt in range(MAX_ATTEMPTS):
+            if before_attempt is not None:
+                before_attempt(attempt)
+            tag = self.run_tag if attempt == 0 else f"{self.run_tag}.{attempt}"
+            try:
+                return self._run_scattered_once(
+                    f"respattn-{name}-{label}", f"respattn-{combine_name}-{label}", tag, n_partitions, task, args_for,
+                    description, plan.level, sharding, tables, owners(),
+                )  # fmt: skip
+            except LOST_WORK_ERRORS as exc:
+                self._check_scheduler(name, label, exc)
+                if attempt + 1 == MAX_ATTEMPTS:
+                    raise
+                logger.warning("%s %s lost work with a worker (%s); resubmitting it", name, label, exc)
+            except distributed.client.ClosedClientError as exc:
+                raise self._scheduler_lost(name, label, "") from exc
+        raise AssertionError("unreachable")
+
+    def _run_scattered_once(
+        self,
+        key_prefix: str,
+        combine_prefix: str,
+        tag: str,
+        n_partitions: int,
+        task: Callable[..., Any],
+        args_for: Callable[[int], tuple[Any, ...]],
+        description: str,
+        level: int,
+        sharding: Any,
+        tables: Any,
+        owners: list[str],
+    ) -> list[distributed.Future]:
+        levels = tree_shape(n_partitions, self.fan_in)
+        weights: dict[str, int] = {}
+
+        def submit_leaf(node: int, key: str) -> distributed.Future:
+            if level == 0:
+                weights[key] = 1
+                return self.client.submit(split_task, sharding, tables, task, *args_for(node), key=key, pure=False)
+            tree = subtree(levels, level, node)
+            parts = subtree_partitions(tree)
+            weights[key] = len(parts)
+            return self.client.submit(
+                split_fold_task, sharding, tables, task, tree, {part: args_for(part) for part in parts},
+                key=key, pure=False,
+            )  # fmt: skip
+
+        bar = self.make_bar(n_partitions, description) if self.make_bar is not None else None
+        completed = distributed.as_completed(loop=self.client.loop) if bar is not None else None
+        roots = reduce_scatter_partitions(
+            self.client, n_partitions, submit_leaf, sharding.n_shards, owners, key_prefix=key_prefix,
+            combine_prefix=combine_prefix, tag=tag, fan_in=self.fan_in,
+            on_leaf=completed.add if completed is not None else None, level=level,
+        )  # fmt: skip
+        try:
+            if bar is not None and completed is not None:
+                for leaf in completed:
+                    bar.update(weights.get(str(leaf.key), 1))
+            finished(self.client, roots)
+            return roots
+        finally:
+            if bar is not None:
+                bar.close()
+            del completed
 
     def plan(self, sizes: Sequence[int], payload_bytes: int) -> PassPlan:
         """How a pass over partitions of ``sizes`` rows, whose tasks read a payload of ``payload_bytes``, runs on

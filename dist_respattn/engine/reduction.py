@@ -21,6 +21,9 @@ __all__ = [
     "fold_subtree",
     "fold_task",
     "reduce_partitions",
+    "reduce_scatter_partitions",
+    "split_fold_task",
+    "split_task",
     "subtree",
     "subtree_partitions",
     "tree_shape",
@@ -138,3 +141,86 @@ def reduce_partitions(
         del future
         submit_ready(level, node)
     return nodes[-1].pop(0)
+
+
+def piece(value: tuple[Any, tuple[Any, ...]], index: int) -> Any:
+    """Part ``index`` of a split value ``(common, shards)``: 0 the common part, ``k + 1`` shard ``k``."""
+    common, shards = value
+    return common if index == 0 else shards[index - 1]
+
+
+def reduce_scatter_partitions(
+    client: distributed.Client,
+    n_partitions: int,
+    submit_leaf: Callable[[int, str], distributed.Future],
+    n_shards: int,
+    owners: list[str],
+    *,
+    key_prefix: str,
+    combine_prefix: str,
+    tag: str,
+    fan_in: int = DEFAULT_FAN_IN,
+    on_leaf: Callable[[distributed.Future], Any] | None = None,
+    level: int = 0,
+) -> list[distributed.Future]:
+    """:func:`reduce_partitions` of values split into parts (a leaf's value is ``(common, shards)``): each part has a
+    tree of its own, of the same shape, its combines adding children in the same order, so each part's root is that
+    part of the whole tree's sum, to the bit. Returns the roots: the common part's, then each shard's.
+
+    A leaf's parts are taken out on its worker (``<key_prefix>-part<j>-<part>-<tag>``), so a combine of part ``j``
+    moves that part alone; the root combine of part ``j`` runs on ``owners[j]`` (while it is alive: else anywhere),
+    where that part's M-step runs. Combine keys are ``<combine_prefix>-p<j>-<level>-<i>-<tag>``.
+    """
+    if n_partitions < 1:
+        raise ValueError("there are no partitions to reduce")
+    levels = tree_shape(n_partitions, fan_in)
+    if not 0 <= level <= len(levels):
+        raise ValueError(f"level = {level}: the tree over {n_partitions} partitions has levels 0 to {len(levels)}")
+    n_parts = n_shards + 1
+    nodes: list[list[dict[int, distributed.Future]]] = [[{} for _ in range(len(levels) + 1)] for _ in range(n_parts)]
+
+    def submit_ready(part: int, lvl: int, index: int) -> None:
+        tree = nodes[part]
+        while lvl < len(levels):
+            parent = index // fan_in
+            children = levels[lvl][parent]
+            if index != children[-1]:
+                return
+            inputs = [tree[lvl].pop(c) for c in children]
+            if len(inputs) == 1:
+                tree[lvl + 1][parent] = inputs[0]
+            else:
+                # The root goes to the part's owner (or anywhere, once it is lost).
+                placed = {"workers": [owners[part]], "allow_other_workers": True} if lvl + 1 == len(levels) else {}
+                tree[lvl + 1][parent] = client.submit(
+                    combine_values, *inputs, key=f"{combine_prefix}-p{part}-{lvl + 1}-{parent}-{tag}", pure=False,
+                    **placed,
+                )  # fmt: skip
+            del inputs
+            lvl, index = lvl + 1, parent
+
+    width = n_partitions if level == 0 else len(levels[level - 1])
+    for node in range(width):
+        first = subtree_partitions(subtree(levels, level, node))[0]
+        leaf = submit_leaf(node, f"{key_prefix}-{first}-{tag}")
+        if on_leaf is not None:
+            on_leaf(leaf)
+        for part in range(n_parts):
+            nodes[part][level][node] = client.submit(
+                piece, leaf, part, key=f"{key_prefix}-part{part}-{first}-{tag}", pure=False
+            )
+            submit_ready(part, level, node)
+        del leaf
+    return [nodes[part][-1].pop(0) for part in range(n_parts)]
+
+
+def split_task(sharding: Any, tables: Any, task: Callable[..., Any], *args: Any) -> Any:
+    """A leaf of a reduce-scatter (run on a worker): ``task(*args)`` split into parts by ``sharding``."""
+    return sharding.split(task(*args), tables)
+
+
+def split_fold_task(
+    sharding: Any, tables: Any, task: Callable[..., Any], node: int | list[Any], args: dict[int, tuple[Any, ...]]
+) -> Any:
+    """A leaf of a reduce-scatter that folds a whole subtree (:func:`fold_task`), then splits the sum into parts."""
+    return sharding.split(fold_task(task, node, args), tables)

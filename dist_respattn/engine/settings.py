@@ -64,6 +64,10 @@ class FitSettings:
             :mod:`dist_respattn.model.buckets`.
         min_context: the fewest earlier tokens a token-stream row has (1 to N); ``None``: 1 with buckets
             (short histories, the missing positions masked), N without (full windows only).
+        m_step_shards: K >= 1 runs the M-step in K shards of the symbol range on the workers (a kind that has
+            one; see ``docs/guide/fitting.md``), 0 (the default) on the driver. The parameters are the same to the
+            bit either way (so a resume may change it); the owners write their parts of every checkpoint, so the
+            model directory must be on a filesystem every worker can write.
     """
 
     max_iter: int = 100
@@ -87,6 +91,7 @@ class FitSettings:
     min_improvement: float = 1e-3
     position_buckets: int | None = None
     min_context: int | None = None
+    m_step_shards: int = 0
 
     def __post_init__(self) -> None:
         if self.max_iter < 0 or isinstance(self.max_iter, bool):
@@ -135,6 +140,8 @@ class FitSettings:
                 raise ValueError(
                     f"min_context = {self.min_context}: expected at most the window N = {self.context_length}"
                 )
+        if isinstance(self.m_step_shards, bool) or not isinstance(self.m_step_shards, int) or self.m_step_shards < 0:
+            raise ValueError(f"m_step_shards = {self.m_step_shards!r}: expected an integer >= 0 (0: on the driver)")
         as_positive_int(self.patience, "patience")
         as_nonnegative_float(self.min_improvement, "min_improvement")
 

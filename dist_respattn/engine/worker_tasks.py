@@ -10,7 +10,10 @@ hold-out); the others are read but weigh nothing. Nothing here talks to the clie
 
 from __future__ import annotations
 
+import collections
 import functools
+import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,12 +35,16 @@ from dist_respattn.store.rows import RowStore
 
 __all__ = [
     "ALL_ROWS",
+    "BUILD",
     "LAST_ROWS",
     "PartitionPredictions",
     "RowSelection",
     "attribute_map",
+    "built",
     "combine_values",
+    "common_m_step_task",
     "grid_task",
+    "load_part_task",
     "partition_blocks",
     "pass_task",
     "predict_rows_task",
@@ -45,6 +52,7 @@ __all__ = [
     "rank_task",
     "score_task",
     "statistics_task",
+    "write_part_task",
 ]
 
 
@@ -294,6 +302,68 @@ def _run(store: RowStore, part: int, blocks: _Blocks, work: Callable[[Iterator[B
     return result
 
 
+#: The first item of a task argument made on the worker (:func:`built`).
+BUILD = "respattn-build"
+
+#: What :func:`built` made, by key: at most two at a time (a pass's head or grid, and the next one's).
+_BUILT: collections.OrderedDict[str, Any] = collections.OrderedDict()
+_BUILT_LOCK = threading.Lock()
+_BUILT_KEPT = 2
+
+
+def built(value: Any) -> Any:
+    """A task's argument as it is used: ``(BUILD, key, function, args)`` is ``function(*args)`` (its args the parts
+    of a head or a grid, which Dask brought to this worker from the workers holding them), made once per worker
+    and ``key`` and shared by the worker's tasks; a shared payload opened
+    (:func:`~dist_respattn.engine.payload.opened`); anything else as it is."""
+    if not (isinstance(value, tuple) and len(value) == 4 and value[0] == BUILD):
+        return opened(value)
+    _, key, function, args = value
+    with _BUILT_LOCK:
+        if key in _BUILT:
+            _BUILT.move_to_end(key)
+            return _BUILT[key]
+        made = function(*args)
+        _BUILT[key] = made
+        while len(_BUILT) > _BUILT_KEPT:
+            _BUILT.popitem(last=False)
+        return made
+
+
+def common_m_step_task(sharding: Any, common: Any, previous: Any, previous_meta: dict[str, Any] | None) -> Any:
+    """A sharded M-step's common part (on its owner): ``previous`` is the E-step's head as a task read it (a shared
+    payload, or its common part's arrays)."""
+    return sharding.common_m_step(common, built(previous), previous_meta)
+
+
+def write_part_task(path: str, arrays: dict[str, np.ndarray]) -> int:
+    """Write one part of a sharded checkpoint (an npz of ``arrays``) at ``path`` in the checkpoint's temporary
+    directory, flushed to disk, and return its bytes (run on the worker that holds the part)."""
+    import io
+
+    from dist_respattn.durable.files import write_synced
+
+    data = io.BytesIO()
+    np.savez(data, **arrays)  # type: ignore[arg-type]
+    payload = data.getvalue()
+    try:
+        write_synced(path, payload)
+    except FileNotFoundError as exc:
+        raise OSError(
+            f"{exc}: the sharded M-step's owners write their parts of each checkpoint into the model directory, so "
+            "it must be on a filesystem every worker can write (or turn the sharded M-step off: --m-step-shards 0)"
+        ) from exc
+    return len(payload)
+
+
+def load_part_task(path: str) -> dict[str, np.ndarray]:
+    """One part of a sharded checkpoint, read from ``path`` (the head's part the next passes read)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: a part of a sharded checkpoint is missing")
+    with np.load(path, allow_pickle=False) as npz:
+        return {name: npz[name] for name in npz.files}
+
+
 def statistics_task(
     location: StoreLocation,
     part: int,
@@ -308,7 +378,7 @@ def statistics_task(
     Holds one block of rows (one chunk, plus zarr's decode buffers) and the trainer's running statistics at a
     time. ``head`` may come as a shared payload and its tables (:func:`~dist_respattn.engine.payload.opened`).
     """
-    head = opened(head)
+    head = built(head)
     store = checked_store(location, fingerprint)
     blocks = partition_blocks(store, part, rows, trainer.columns, mapping)
     return _run(store, part, blocks, functools.partial(trainer.statistics, head))
@@ -338,7 +408,7 @@ def grid_task(
 ) -> Any:
     """Held-out totals of partition ``part``'s selected rows at every point of an M-step's grid (which may come as
     a shared payload and its tables: :func:`~dist_respattn.engine.payload.opened`)."""
-    grid = opened(grid)
+    grid = built(grid)
     store = checked_store(location, fingerprint)
     return _run(store, part, partition_blocks(store, part, rows, grid.columns, mapping), grid.score)
 

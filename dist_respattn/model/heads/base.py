@@ -41,6 +41,8 @@ __all__ = [
     "HeadSpec",
     "Option",
     "Passes",
+    "ShardedCandidates",
+    "ShardedMStep",
     "Stage",
     "Statistics",
     "StreamingPredictor",
@@ -227,6 +229,12 @@ class Head(abc.ABC):
     def from_arrays(cls, arrays: Any, meta: dict[str, Any]) -> Head:
         """The head :meth:`to_arrays` wrote (``arrays``: a mapping of name to array)."""
 
+    @classmethod
+    def from_shards(cls, common: Any, shards: Sequence[Any], meta: dict[str, Any]) -> Head:
+        """The head whose parts a sharded M-step wrote (:meth:`ShardedMStep.common_arrays` and
+        :meth:`ShardedMStep.shard_arrays`, mappings of name to array). A kind without a sharded M-step has none."""
+        raise ValueError(f"a {cls.kind} head is not written in shards")
+
     def completed(self, directory: str, meta: dict[str, Any], load: Callable[[str], Head]) -> Head:
         """The head as its checkpoint in model directory ``directory`` (with ``meta.json`` ``meta``) describes it,
         when the arrays alone do not: an older format may name another fit the head needs, which ``load(path)``
@@ -386,6 +394,100 @@ class Candidates(abc.ABC):
         return True
 
 
+# ----------------------------------------------------------------------------------------------- sharded M-step
+
+
+class ShardedCandidates(abc.ABC):
+    """A sharded M-step's open choices as the driver holds them: scalars and the grid's points, never an array of
+    the statistics (the grid's tables and every head are made on the workers, from the shards)."""
+
+    @abc.abstractmethod
+    def default(self) -> Choice:
+        """The choice made when nothing is chosen on held-out rows."""
+
+    @abc.abstractmethod
+    def grid(self, around: Choice | None) -> Any:
+        """The points to score (small and picklable: they go with the held-out tasks), as :meth:`Candidates.grid`."""
+
+    @abc.abstractmethod
+    def choose(self, points: Any, scores: GridScores) -> tuple[Choice, dict[str, float] | None]:
+        """The best of ``points`` by their held-out ``scores``, as :meth:`Candidates.choose`."""
+
+
+class ShardedMStep(abc.ABC):
+    """A kind's M-step cut into shards of its symbol range, run on the workers that own them (see
+    ``docs/guide/fitting.md``, "The sharded M-step"): what a trainer gives when it opts in
+    (:meth:`Trainer.sharded_m_step`). Picklable: it travels with the tasks. Every method but :meth:`candidates`,
+    :meth:`head_meta` and :meth:`record` runs on a worker.
+
+    An E-step's statistics are split (:meth:`split`) into a common part and ``n_shards`` shards, each reduced by
+    the combine tree's own shape and order (so the sums are those of the whole statistics, to the bit); the common
+    part's M-step gives the driver only a summary (``log_lik``, ``n_obs`` and the scalars of the choice); each shard's
+    M-step runs on its owner. The held-out grid and the chosen head are made on the workers from the parts, and a
+    head's parts are its checkpoint's files: :meth:`common_arrays` and :meth:`shard_arrays`, which
+    :meth:`Head.from_shards` joins.
+    """
+
+    #: The number of shards.
+    n_shards: int
+
+    @abc.abstractmethod
+    def tables(self) -> Any:
+        """The tables fixed for the fit that the workers' parts of the M-step read (an emission prior, a support):
+        sent to the workers once a fit."""
+
+    @abc.abstractmethod
+    def split(self, statistics: Statistics, tables: Any) -> tuple[Any, tuple[Any, ...]]:
+        """A partition's statistics as ``(common, shards)``; each part is additive (``sum_of`` or ``+``), and the sum
+        of the parts of many values is the part of their sum, element by element."""
+
+    @abc.abstractmethod
+    def common_m_step(self, common: Any, previous: Any, previous_meta: dict[str, Any] | None) -> Any:
+        """The M-step of the reduced common part; ``previous``: the E-step's head (a :class:`Head`, or its common
+        arrays with ``previous_meta``)."""
+
+    @abc.abstractmethod
+    def shard_m_step(self, index: int, shard: Any, tables: Any) -> Any:
+        """The M-step of reduced shard ``index`` up to the open choices."""
+
+    @abc.abstractmethod
+    def summary(self, common_part: Any) -> Any:
+        """What the driver receives of an M-step: ``log_lik``, ``n_obs`` and the scalars its choice needs."""
+
+    @abc.abstractmethod
+    def candidates(self, summary: Any) -> ShardedCandidates:
+        """The open choices on the driver, from :meth:`summary`."""
+
+    @abc.abstractmethod
+    def grid(self, points: Any, common_part: Any, shard_parts: list[Any], tables: Any) -> Grid:
+        """The held-out grid at ``points``, made where it is scored."""
+
+    @abc.abstractmethod
+    def head_meta(self, choice: Choice) -> dict[str, Any]:
+        """The head's JSON under ``choice`` (``to_arrays``' metadata, with ``"kind"``)."""
+
+    @abc.abstractmethod
+    def common_arrays(self, choice: Choice, common_part: Any, tables: Any) -> dict[str, np.ndarray]:
+        """The head's arrays under ``choice`` that are not a shard's (its checkpoint's common file)."""
+
+    @abc.abstractmethod
+    def shard_arrays(self, index: int, choice: Choice, shard_part: Any, tables: Any) -> dict[str, np.ndarray]:
+        """Shard ``index``'s arrays of the head under ``choice`` (its checkpoint's file of that shard)."""
+
+    def head(self, meta: dict[str, Any], common: Any, shards: Sequence[Any], tables: Any) -> Head:
+        """The head from its parts (:meth:`common_arrays`, :meth:`shard_arrays`), where a pass reads it: by default
+        its kind's :meth:`Head.from_shards`."""
+        return head_kind(str(meta["kind"])).head.from_shards(common, shards, meta)
+
+    def warnings(self, choice: Choice, common_part: Any) -> list[str]:
+        """Signs of a degenerate fit, as :meth:`Trainer.warnings` (none by default)."""
+        return []
+
+    def record(self, choice: Choice) -> dict[str, Any]:
+        """The numbers an iteration's record carries of the head, as :meth:`Head.record` (none by default)."""
+        return {}
+
+
 # ----------------------------------------------------------------------------------------------- training
 
 
@@ -502,6 +604,11 @@ class Trainer(abc.ABC):
     @abc.abstractmethod
     def m_step(self, statistics: Statistics, previous: Head) -> Candidates:
         """The M-step of these (reduced) statistics, its open choices left to :class:`Candidates`."""
+
+    def sharded_m_step(self, n_shards: int) -> ShardedMStep | None:
+        """The M-step in ``n_shards`` shards on the workers (:class:`ShardedMStep`), once :meth:`prepare` ran, or
+        ``None``: this kind's M-step runs on the driver (the default)."""
+        return None
 
     def choice_from_json(self, data: dict[str, Any]) -> Choice | None:
         """A choice a checkpoint recorded (``Choice.to_json``), for a resumed fit's next search."""

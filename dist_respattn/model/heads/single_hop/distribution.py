@@ -162,6 +162,14 @@ class ResponsibilityAttentionDistribution(Head):
 
         return distribution_from_arrays(arrays, meta)
 
+    @classmethod
+    def from_shards(cls, common: Any, shards: Any, meta: dict[str, Any]) -> ResponsibilityAttentionDistribution:
+        """The head a sharded M-step wrote in parts (:mod:`~dist_respattn.model.heads.single_hop.sharded`)."""
+        from dist_respattn.model.heads.single_hop.arrays import distribution_from_arrays
+        from dist_respattn.model.heads.single_hop.sharded import join_shards
+
+        return distribution_from_arrays(join_shards(common, shards), meta)
+
     def num_parameters(self) -> int:
         """Keys (S D), the emission's free cells (a sparse one's pairs and backoff), the prior and sigma2."""
         table = self.emission_table

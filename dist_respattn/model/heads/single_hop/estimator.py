@@ -33,10 +33,15 @@ from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAtte
 from dist_respattn.model.kernels import per_position
 
 __all__ = [
+    "GridPoints",
     "MStepCandidates",
     "ResponsibilityAttentionEstimator",
     "estimate_key_means",
     "estimate_parameters",
+    "grid_points",
+    "grid_table_of",
+    "position_prior_of",
+    "select_point",
 ]
 
 #: The reference library's additive emission smoothing, used when no emission prior is given.
@@ -60,7 +65,7 @@ def estimate_key_means(stats: SufficientStatistics, previous_key_means: np.ndarr
     return key_means
 
 
-def _position_prior(
+def position_prior_of(
     stats: SufficientStatistics, pseudo_count: float | None, buckets: PositionBuckets | None = None
 ) -> np.ndarray:
     """``pi_i ∝ position_count[i] + pseudo_count / N``; uniform when there is no mass.
@@ -110,7 +115,7 @@ def estimate_parameters(
     """
     key_means = estimate_key_means(stats, previous_key_means)
     emission = stats.emission_count.additive_emission(emission_smoothing).to_dense()
-    position_prior = _position_prior(stats, pseudo_count)
+    position_prior = position_prior_of(stats, pseudo_count)
     new_sigma2 = _learned_sigma2(stats, kept=sigma2, min_sigma2=min_sigma2) if estimate_sigma2 else sigma2
     return key_means, emission, position_prior, new_sigma2
 
@@ -157,46 +162,99 @@ class MStepCandidates:
 
     def grid_table(self, search: HyperparameterSearch) -> GridTable:
         """The arrays the held-out grid pass reads, with the values ``search`` tries (the defaults elsewhere)."""
-        d = self.defaults
-        scales = search.sigma2_scales
-        sigma2 = (d.sigma2,) if scales is None else tuple(self.query_scale * s for s in scales)
         counts = self.emission_count
-        if self.prior is None:
-            prior = EmissionPrior.uniform(counts.num_symbols, counts.num_targets)
-            # The additive smoothing a is the uniform base with strength T a; it is not searched.
-            strengths: tuple[float, ...] = (counts.num_targets * self.emission_smoothing,)
-            type_strengths: tuple[float, ...] = (0.0,)
-        else:
-            prior = self.prior
-            strengths = (d.emission_strength,) if search.emission_strengths is None else search.emission_strengths
-            type_strengths = (d.type_strength,) if search.type_strengths is None else search.type_strengths
-        with np.errstate(divide="ignore"):
-            log_prior = np.log(self.position_prior)
-        return GridTable(
-            key_means=np.ascontiguousarray(self.key_means, dtype=np.float64),
-            log_prior=log_prior,
-            counts=counts,
-            row_totals=counts.row_totals(),
-            base=prior.base,
-            types=prior.types,
-            sigma2=np.array(sigma2, dtype=np.float64),
-            emission_strengths=np.array(strengths, dtype=np.float64),
-            type_strengths=np.array(type_strengths, dtype=np.float64),
-            buckets=self.buckets,
-        )
+        points = grid_points(
+            search, self.defaults, self.query_scale, additive=self.prior is None,
+            num_targets=counts.num_targets, emission_smoothing=self.emission_smoothing,
+        )  # fmt: skip
+        prior = EmissionPrior.uniform(counts.num_symbols, counts.num_targets) if self.prior is None else self.prior
+        return grid_table_of(
+            points, self.key_means, self.position_prior, counts, counts.row_totals(), prior.base, prior.types,
+            self.buckets,
+        )  # fmt: skip
 
     def select(self, table: GridTable, totals: GridTotals) -> Selection:
         """The grid point of ``table`` with the best held-out predictive likelihood in ``totals``.
 
         Without held-out weight nothing can be chosen: the defaults, with no scores.
         """
-        if totals.weight <= 0.0:
-            return Selection(self.defaults, None)
-        index = totals.best()
-        hp = table.hyperparameters(index)
-        if self.prior is None:  # the additive smoothing keeps its own strength
-            hp = dataclasses.replace(self.defaults, sigma2=hp.sigma2)
-        return Selection(hp, totals.metrics(index))
+        return select_point(table.hyperparameters, totals, self.defaults, additive=self.prior is None)
+
+
+@dataclass(frozen=True)
+class GridPoints:
+    """The values a grid tries on each axis (gate variances, emission strengths, type strengths): what the held-out
+    pass scores, apart from the M-step's arrays."""
+
+    sigma2: tuple[float, ...]
+    emission_strengths: tuple[float, ...]
+    type_strengths: tuple[float, ...]
+
+    def hyperparameters(self, index: tuple[int, int, int]) -> Hyperparameters:
+        g, h, b = index
+        return Hyperparameters(float(self.sigma2[g]), float(self.emission_strengths[h]), float(self.type_strengths[b]))
+
+
+def grid_points(
+    search: HyperparameterSearch,
+    defaults: Hyperparameters,
+    query_scale: float,
+    *,
+    additive: bool,
+    num_targets: int,
+    emission_smoothing: float,
+) -> GridPoints:
+    """The values ``search`` tries (the defaults on the axes it does not search); an ``additive`` smoothing ``a`` is
+    the uniform base with strength ``T a``, not searched."""
+    d = defaults
+    scales = search.sigma2_scales
+    sigma2 = (d.sigma2,) if scales is None else tuple(query_scale * s for s in scales)
+    if additive:
+        strengths: tuple[float, ...] = (num_targets * emission_smoothing,)
+        type_strengths: tuple[float, ...] = (0.0,)
+    else:
+        strengths = (d.emission_strength,) if search.emission_strengths is None else search.emission_strengths
+        type_strengths = (d.type_strength,) if search.type_strengths is None else search.type_strengths
+    return GridPoints(sigma2, strengths, type_strengths)
+
+
+def grid_table_of(
+    points: GridPoints,
+    key_means: np.ndarray,
+    position_prior: np.ndarray,
+    counts: EmissionCounts,
+    row_totals: np.ndarray,
+    base: np.ndarray,
+    types: np.ndarray,
+    buckets: PositionBuckets | None,
+) -> GridTable:
+    """The :class:`GridTable` of an M-step's arrays at ``points`` (``base`` and ``types``: its emission prior's)."""
+    with np.errstate(divide="ignore"):
+        log_prior = np.log(position_prior)
+    return GridTable(
+        key_means=np.ascontiguousarray(key_means, dtype=np.float64),
+        log_prior=log_prior,
+        counts=counts,
+        row_totals=row_totals,
+        base=base,
+        types=types,
+        sigma2=np.array(points.sigma2, dtype=np.float64),
+        emission_strengths=np.array(points.emission_strengths, dtype=np.float64),
+        type_strengths=np.array(points.type_strengths, dtype=np.float64),
+        buckets=buckets,
+    )
+
+
+def select_point(hyperparameters: Any, totals: GridTotals, defaults: Hyperparameters, *, additive: bool) -> Selection:
+    """The grid point (``hyperparameters(index)``) with the best held-out predictive likelihood in ``totals``; the
+    defaults, with no scores, without held-out weight. An additive smoothing keeps its own strength."""
+    if totals.weight <= 0.0:
+        return Selection(defaults, None)
+    index = totals.best()
+    hp = hyperparameters(index)
+    if additive:
+        hp = dataclasses.replace(defaults, sigma2=hp.sigma2)
+    return Selection(hp, totals.metrics(index))
 
 
 class ResponsibilityAttentionEstimator:
@@ -361,17 +419,10 @@ class ResponsibilityAttentionEstimator:
             if not isinstance(table, SparseEmission):
                 raise ValueError("sparse statistics without a support need the sparse model of their E-step (previous)")
             counts = counts.on(table.support)
-        kept = self.sigma2 if previous is None or not self.estimate_sigma2 else previous.sigma2
-        sigma2 = _learned_sigma2(stats, kept=kept, min_sigma2=self.min_sigma2) if self.estimate_sigma2 else kept
-        if self.emission_prior is None:
-            defaults = Hyperparameters(sigma2, self.num_targets * self.emission_smoothing, 0.0)
-        else:
-            defaults = Hyperparameters(sigma2, self.emission_strength, self.type_strength)
-        n_obs = stats.n_obs if stats.n_obs > 0.0 else float(stats.position_count.sum())
-        query_scale = stats.query_sq / (n_obs * self.query_dim) if n_obs > 0.0 and stats.query_sq > 0.0 else 1.0
+        sigma2, defaults, query_scale = self.choice_scalars(stats, None if previous is None else previous.sigma2)
         return MStepCandidates(
             key_means=estimate_key_means(stats, None if previous is None else previous.key_means),
-            position_prior=_position_prior(stats, self.pseudo_count, self.buckets),
+            position_prior=position_prior_of(stats, self.pseudo_count, self.buckets),
             emission_count=counts,
             prior=self.emission_prior,
             emission_smoothing=self.emission_smoothing,
@@ -381,6 +432,23 @@ class ResponsibilityAttentionEstimator:
             name=self.name,
             buckets=self.buckets,
         )
+
+    def choice_scalars(
+        self, stats: SufficientStatistics, previous_sigma2: float | None
+    ) -> tuple[float, Hyperparameters, float]:
+        """``(sigma2, defaults, query_scale)`` of an M-step: the gate variance the estimator gives (learned, or kept:
+        the previous head's ``previous_sigma2`` when learned), the hyperparameters used when nothing is chosen, and
+        ``query_sq / (n_obs D)``, the scale a searched gate variance is a multiple of. Read from the statistics'
+        keys, position counts and scalars alone (not the emission counts)."""
+        kept = self.sigma2 if previous_sigma2 is None or not self.estimate_sigma2 else previous_sigma2
+        sigma2 = _learned_sigma2(stats, kept=kept, min_sigma2=self.min_sigma2) if self.estimate_sigma2 else kept
+        if self.emission_prior is None:
+            defaults = Hyperparameters(sigma2, self.num_targets * self.emission_smoothing, 0.0)
+        else:
+            defaults = Hyperparameters(sigma2, self.emission_strength, self.type_strength)
+        n_obs = stats.n_obs if stats.n_obs > 0.0 else float(stats.position_count.sum())
+        query_scale = stats.query_sq / (n_obs * self.query_dim) if n_obs > 0.0 and stats.query_sq > 0.0 else 1.0
+        return sigma2, defaults, query_scale
 
     def estimate(
         self,

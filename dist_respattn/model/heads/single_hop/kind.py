@@ -45,6 +45,7 @@ from dist_respattn.model.heads.base import (
     Head,
     HeadSpec,
     Passes,
+    ShardedMStep,
     Trainer,
     TrainerContext,
 )
@@ -469,6 +470,15 @@ class SingleHopTrainer(Trainer):
         assert previous is None or isinstance(previous, ResponsibilityAttentionDistribution)
         candidates = self.estimator.candidates(stats, previous=previous)
         return SingleHopCandidates(candidates, self.estimator.search)
+
+    def sharded_m_step(self, n_shards: int) -> ShardedMStep | None:
+        """The M-step in shards of the symbol range (:mod:`~dist_respattn.model.heads.single_hop.sharded`); none for
+        heads tied by ``keys`` (their pool is summed over every head)."""
+        if n_shards < 1 or self.factory.keys is not None:
+            return None
+        from dist_respattn.model.heads.single_hop.sharded import SingleHopSharding
+
+        return SingleHopSharding(self.estimator, self.layout, self.support, n_shards)
 
     def warnings(self, head: Head, statistics: Any = None) -> list[str]:
         assert isinstance(head, ResponsibilityAttentionDistribution)

@@ -1,0 +1,413 @@
+"""The sharded M-step on the cluster: the statistics reduce-scattered onto the workers that own their shards, each
+owner running its shard's M-step, the driver holding scalars and choices only.
+
+For a kind whose trainer opts in (:meth:`~dist_respattn.model.heads.base.Trainer.sharded_m_step`), an iteration is:
+
+1. the E-step as a reduce-scatter (:meth:`~dist_respattn.engine.passes.PassRunner.run_scattered`): every partition's
+   statistics split into a common part and the shards, each part reduced by the combine tree's own shape and order
+   onto its owner;
+2. the common part's M-step on its owner, whose summary (scalars: ``log_lik``, ``n_obs``, the choice's scale) alone
+   comes to the driver; each shard's M-step on its owner;
+3. the held-out grid made on the workers that score it, from the parts (Dask moves them worker to worker);
+4. the chosen head's parts made by the owners, who write them into the iteration's checkpoint; the driver writes
+   the manifest (``meta.json``) last and moves the pointers;
+5. the next passes read the head from those files (a task per part, on its owner): nothing is chained across
+   iterations, and a part lost with its worker is read again from the checkpoint by another.
+
+The same fit with and without it, on any number of workers, gives the same bits. Nothing here knows a kind.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import distributed
+
+from dist_respattn.artifacts.checkpoints import ModelDir
+from dist_respattn.engine import worker_tasks
+from dist_respattn.engine.broadcast import payload_bytes, scatter_to
+from dist_respattn.engine.passes import LOST_WORK_ERRORS, MAX_ATTEMPTS, finished
+from dist_respattn.engine.worker_tasks import BUILD
+from dist_respattn.model.heads.base import Candidates, Choice, Columns, Grid, Head, ShardedMStep, Trainer
+
+if TYPE_CHECKING:
+    from dist_respattn.engine.loop import ClusterPasses
+
+__all__ = ["RemoteGrid", "RemoteHead", "ShardedRun", "ShardedStatistics", "ShardedTrainer"]
+
+logger = logging.getLogger(__name__)
+
+
+class ShardedStatistics:
+    """An E-step's statistics left on the workers: its M-step's parts (futures) and the summary the driver holds."""
+
+    def __init__(self, summary: Any, common: distributed.Future, shards: list[distributed.Future]) -> None:
+        self.summary, self.common, self.shards = summary, common, shards
+
+    def release(self) -> None:
+        """Let the workers drop the parts (once the head made from them is in its checkpoint)."""
+        self.common, self.shards = None, []  # type: ignore[assignment]
+
+    @property
+    def log_lik(self) -> float:
+        return float(self.summary.log_lik)
+
+    @property
+    def n_obs(self) -> float:
+        return float(self.summary.n_obs)
+
+
+class RemoteHead:
+    """A head that lives on the workers in parts (futures of its arrays), made by a sharded M-step: the driver holds
+    its JSON, its choice and what its iteration's record says of it, never its arrays.
+
+    Once its checkpoint is committed, its parts are that checkpoint's files, read by a task each
+    (:meth:`ShardedRun.reroot`); :attr:`checkpoint` names it.
+    """
+
+    def __init__(
+        self,
+        meta: dict[str, Any],
+        choice: Choice,
+        common: distributed.Future,
+        shards: list[distributed.Future],
+        warnings: list[str],
+        record: dict[str, Any],
+    ) -> None:
+        self.meta, self.choice, self.common, self.shards = meta, choice, common, shards
+        self.warnings, self._record = warnings, record
+        self.checkpoint: str | None = None
+        #: The statistics' parts it was made from, released once it is read from its checkpoint.
+        self.made_from: ShardedStatistics | None = None
+
+    @property
+    def kind(self) -> str:
+        return str(self.meta["kind"])
+
+    def record(self) -> dict[str, Any]:
+        return dict(self._record)
+
+    def nbytes(self) -> int:
+        """Nothing is sent from the driver: the passes read the parts where they are."""
+        return 0
+
+    def release(self) -> None:
+        self.common, self.shards = None, []  # type: ignore[assignment]
+
+
+class RemoteGrid(Grid):
+    """A held-out grid made on the workers that score it (:func:`~dist_respattn.engine.worker_tasks.built`)."""
+
+    def __init__(self, points: Any, argument: tuple[Any, ...]) -> None:
+        self.points, self.argument = points, argument
+
+    @property
+    def columns(self) -> Columns:
+        return Columns()
+
+    def score(self, blocks: Any) -> Any:
+        raise TypeError("a sharded M-step's grid is scored on the workers")
+
+
+class RemoteCandidates(Candidates):
+    """A sharded M-step's candidates: the kind's driver side (:class:`~dist_respattn.model.heads.base.
+    ShardedCandidates`), its grid and its heads made on the workers."""
+
+    def __init__(self, run: ShardedRun, stats: ShardedStatistics) -> None:
+        assert run.sharding is not None
+        self.run, self.stats = run, stats
+        self.inner = run.sharding.candidates(stats.summary)
+
+    def default(self) -> Choice:
+        return self.inner.default()
+
+    def grid(self, around: Choice | None) -> RemoteGrid:
+        return self.run.grid(self.inner.grid(around), self.stats)
+
+    def choose(self, grid: Grid, scores: Any) -> tuple[Choice, dict[str, float] | None]:
+        assert isinstance(grid, RemoteGrid)
+        return self.inner.choose(grid.points, scores)
+
+    def model(self, choice: Choice) -> Head:
+        return self.run.head(choice, self.stats)  # type: ignore[return-value]
+
+
+class ShardedTrainer(Trainer):
+    """A fit's trainer whose M-steps run in shards on the workers once it has prepared (when its kind opts in; else
+    exactly the trainer it wraps)."""
+
+    def __init__(self, inner: Trainer, run: ShardedRun) -> None:
+        self.inner, self.run = inner, run
+
+    @property
+    def columns(self) -> Columns:
+        return self.inner.columns
+
+    def attribute_names(self) -> tuple[str, ...] | None:
+        return self.inner.attribute_names()
+
+    def searches(self) -> bool:
+        return self.inner.searches()
+
+    def fits_heldout_rows(self) -> bool:
+        return self.inner.fits_heldout_rows()
+
+    def check_start(self, head: Head, *, resumed: bool) -> None:
+        self.inner.check_start(head, resumed=resumed)
+
+    def prepare(self, start: Head | None, *, resumed: bool, passes: Any) -> Head:
+        return self.inner.prepare(start, resumed=resumed, passes=passes)
+
+    def statistics(self, head: Head, blocks: Any) -> Any:
+        return self.inner.statistics(head, blocks)
+
+    def m_step(self, statistics: Any, previous: Head) -> Candidates:
+        if isinstance(statistics, ShardedStatistics):
+            return RemoteCandidates(self.run, statistics)
+        return self.inner.m_step(statistics, previous)
+
+    def choice_from_json(self, data: dict[str, Any]) -> Choice | None:
+        return self.inner.choice_from_json(data)
+
+    def checkpoint_extras(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.inner.checkpoint_extras()
+
+    def warnings(self, head: Any, statistics: Any = None) -> list[str]:
+        if isinstance(head, RemoteHead):
+            return list(head.warnings)
+        return self.inner.warnings(head, statistics)
+
+    def memory(self, *, block_rows: int, row_bytes: int, threads_per_worker: int, fan_in: int) -> Any:
+        return self.inner.memory(
+            block_rows=block_rows, row_bytes=row_bytes, threads_per_worker=threads_per_worker, fan_in=fan_in
+        )
+
+
+class ShardedRun:
+    """The sharded M-step of one fit on the cluster: its shards' owners, the tables sent once, the parts' tasks.
+
+    Args:
+        client: the cluster's client; ``run_id``: the fit's run tag (in every key).
+        n_shards: the shards asked for (``FitSettings.m_step_shards``).
+        say: where the fit's lines go.
+    """
+
+    def __init__(self, client: distributed.Client, run_id: str, n_shards: int, say: Callable[[str], Any]) -> None:
+        self.client, self.run_id, self.n_wanted, self.say = client, run_id, n_shards, say
+        self.sharding: ShardedMStep | None = None
+        self.decided = False
+        self.tables: distributed.Future | None = None
+        self._count = itertools.count()
+
+    # -- set-up -------------------------------------------------------------------------------------------------
+
+    def ready(self, trainer: Trainer) -> bool:
+        """Whether the M-steps run in shards: asked of the trainer once, after it prepared."""
+        if not self.decided:
+            self.decided = True
+            self.sharding = trainer.sharded_m_step(self.n_wanted)
+            if self.sharding is None:
+                self.say("this kind's M-step runs on the driver (it has no sharded M-step)")
+            else:
+                self.say(
+                    f"sharded M-step: {self.sharding.n_shards} shards of the symbols on "
+                    f"{min(len(self.client.ncores()), self.sharding.n_shards + 1)} workers"
+                )
+                self._send_tables()
+        return self.sharding is not None
+
+    def _send_tables(self) -> None:
+        assert self.sharding is not None
+        attempt = next(self._count)
+        self.tables = scatter_to(self.client, f"respattn-shard-tables-{attempt}-{self.run_id}", self.sharding.tables())
+
+    def owners(self) -> list[str]:
+        """The owner of each part (the common part's first, then each shard's): the workers alive, in address
+        order from a place fixed by the run (a lost owner's parts go to the next)."""
+        assert self.sharding is not None
+        alive = sorted(self.client.ncores())
+        if not alive:
+            self.client.wait_for_workers(1, timeout=60)
+            alive = sorted(self.client.ncores())
+        first = int(self.run_id.split(".")[0], 16) % len(alive)
+        return [alive[(first + j) % len(alive)] for j in range(self.sharding.n_shards + 1)]
+
+    def _key(self, what: str, label: str) -> str:
+        return f"respattn-{what}-{label}-{next(self._count)}-{self.run_id}"
+
+    def _on(self, owner: str) -> dict[str, Any]:
+        return {"workers": [owner], "allow_other_workers": True, "pure": False}
+
+    def _again(self, what: str, attempt: int, exc: BaseException) -> None:
+        """After lost work: give up on the last attempt, else send the tables again (they may be lost too)."""
+        if attempt + 1 == MAX_ATTEMPTS:
+            raise exc
+        logger.warning("%s lost work with a worker (%s); submitting it again", what, exc)
+        self._send_tables()
+
+    # -- an iteration -------------------------------------------------------------------------------------------
+
+    def statistics(self, passes: ClusterPasses, trainer: Trainer, head: Any, iteration: int) -> ShardedStatistics:
+        """The E-step reduce-scattered onto the owners and the M-step of every part there; the summary to the driver."""
+        sharding = self.sharding
+        assert sharding is not None
+        label = str(iteration)
+        before_attempt: Callable[[int], None] | None = None
+        if isinstance(head, RemoteHead):
+            remote = self.head_argument(head)
+            plan = passes.runner.plan(passes.train_sizes, 0)
+
+            def argument() -> Any:
+                return remote
+
+            def previous() -> tuple[Any, dict[str, Any] | None]:
+                return head.common, head.meta
+        else:  # the start (or a resumed head): sent once, as a driver's M-step head is
+            plan = passes.runner.plan(passes.train_sizes, payload_bytes(head))
+            passes.params.publish(head, label, workers=plan.workers)
+            before_attempt = passes.params.republish
+
+            def argument() -> Any:
+                return passes.params.current  # a new key once republished
+
+            def previous() -> tuple[Any, dict[str, Any] | None]:
+                return passes.params.current, None
+
+        train = passes.train
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                roots = passes.runner.run_scattered(
+                    "estep", label, train.num_partitions, worker_tasks.statistics_task,
+                    lambda part: (
+                        train.location, part, trainer, argument(), passes.fingerprint, passes.train_rows,
+                        passes.train_map,
+                    ),
+                    sharding=sharding, tables=self.tables, owners=self.owners, description=f"iteration {iteration}",
+                    before_attempt=before_attempt, plan=plan,
+                )  # fmt: skip
+                owners = self.owners()
+                previous_head, previous_meta = previous()
+                common = self.client.submit(
+                    worker_tasks.common_m_step_task, sharding, roots[0], previous_head, previous_meta,
+                    key=self._key("mstep-common", label), **self._on(owners[0]),
+                )  # fmt: skip
+                shards = [
+                    self.client.submit(
+                        sharding.shard_m_step,
+                        k,
+                        roots[k + 1],
+                        self.tables,
+                        key=self._key(f"mstep-shard{k}", label),
+                        **self._on(owners[k + 1]),
+                    )
+                    for k in range(sharding.n_shards)
+                ]
+                del roots
+                summary = self.client.submit(sharding.summary, common, key=self._key("summary", label)).result()
+                finished(self.client, shards)
+                return ShardedStatistics(summary, common, shards)
+            except LOST_WORK_ERRORS as exc:
+                self._again(f"the M-step of iteration {label}", attempt, exc)
+        raise AssertionError("unreachable")
+
+    def head_argument(self, head: RemoteHead) -> tuple[Any, ...]:
+        """The task argument a pass reads ``head`` by: made from its parts on each worker, once."""
+        assert self.sharding is not None
+        parts = (head.meta, head.common, head.shards, self.tables)
+        return (BUILD, f"head-{head.common.key}", self.sharding.head, parts)
+
+    def grid(self, points: Any, stats: ShardedStatistics) -> RemoteGrid:
+        """The held-out grid at ``points``, made from the M-step's parts where it is scored."""
+        assert self.sharding is not None
+        key = f"grid-{stats.common.key}-{next(self._count)}"
+        return RemoteGrid(points, (BUILD, key, self.sharding.grid, (points, stats.common, stats.shards, self.tables)))
+
+    def head(self, choice: Choice, stats: ShardedStatistics) -> RemoteHead:
+        """The head under ``choice``: its parts made by the owners (its shards' rows of the emission...)."""
+        sharding = self.sharding
+        assert sharding is not None
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                owners = self.owners()
+                common = self.client.submit(
+                    sharding.common_arrays, choice, stats.common, self.tables,
+                    key=self._key("head-common", "m"), **self._on(owners[0]),
+                )  # fmt: skip
+                shards = [
+                    self.client.submit(
+                        sharding.shard_arrays,
+                        k,
+                        choice,
+                        stats.shards[k],
+                        self.tables,
+                        key=self._key(f"head-shard{k}", "m"),
+                        **self._on(owners[k + 1]),
+                    )
+                    for k in range(sharding.n_shards)
+                ]
+                warnings = self.client.submit(
+                    sharding.warnings, choice, stats.common, key=self._key("warnings", "m"), pure=False
+                ).result()
+                finished(self.client, [common, *shards])
+                made = RemoteHead(sharding.head_meta(choice), choice, common, shards, warnings, sharding.record(choice))
+                made.made_from = stats
+                return made
+            except LOST_WORK_ERRORS as exc:
+                self._again("the sharded M-step's head", attempt, exc)
+        raise AssertionError("unreachable")
+
+    # -- checkpoints ----------------------------------------------------------------------------------------------
+
+    def commit(self, folder: ModelDir, name: str, head: RemoteHead, meta: dict[str, Any], **pointers: Any) -> None:
+        """Checkpoint ``name``: each part written by the worker holding it, then the manifest and the pointers by
+        the driver (:meth:`~dist_respattn.artifacts.checkpoints.ModelDir.commit_parts`); the head's parts are then
+        that checkpoint's files (:meth:`reroot`)."""
+        files = ["part-common.npz"] + [f"part-{k:05d}.npz" for k in range(len(head.shards))]
+
+        def write_parts(directory: Path) -> dict[str, Any]:
+            for attempt in range(MAX_ATTEMPTS):
+                try:
+                    owners = self.owners()
+                    writes = [
+                        self.client.submit(
+                            worker_tasks.write_part_task,
+                            str(directory / file),
+                            part,
+                            key=self._key(f"write{j}", name),
+                            **self._on(owners[j]),
+                        )
+                        for j, (file, part) in enumerate(zip(files, [head.common, *head.shards], strict=True))
+                    ]
+                    sizes = self.client.gather(writes)
+                    return {"common": files[0], "shards": files[1:], "bytes": int(sum(sizes))}
+                except LOST_WORK_ERRORS as exc:
+                    self._again(f"writing checkpoint {name}", attempt, exc)
+            raise AssertionError("unreachable")
+
+        folder.commit_parts(name, write_parts, head.meta, meta, **pointers)
+        self.reroot(head, folder, name)
+
+    def reroot(self, head: RemoteHead, folder: ModelDir, name: str) -> None:
+        """Make ``head``'s parts the files of its checkpoint ``name``: a task reads each (on its owner while it
+        lives), so the next passes depend on no earlier task, and a part lost with its worker is read again."""
+        owners = self.owners()
+        directory = folder.path / name
+        files = ["part-common.npz"] + [f"part-{k:05d}.npz" for k in range(len(head.shards))]
+        loads = [
+            self.client.submit(
+                worker_tasks.load_part_task, str(directory / file), key=self._key(f"load{j}", name), **self._on(owner)
+            )
+            for j, (file, owner) in enumerate(zip(files, owners, strict=True))
+        ]
+        head.common, head.shards = loads[0], loads[1:]
+        head.checkpoint = name
+        if head.made_from is not None:
+            head.made_from.release()
+            head.made_from = None
+
+    def release(self) -> None:
+        self.tables = None
