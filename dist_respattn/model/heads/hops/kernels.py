@@ -448,8 +448,8 @@ def _log_domain_row(
 
 @numba.njit(cache=True, nogil=True)
 def _new_pairs(
-    hop_queries, query_rows, key_means, key_rows, h, tokens, lo, m, f, by_block, inv_two_sigma2, neg, exps, at,
-    width, ring_rows, new_at, new_neg, new_exp, bits, scale, block,
+    hop_queries, query_rows, key_means, key_rows, h, tokens, lo, m, f, f_exps, by_block, inv_two_sigma2, neg, exps,
+    at, width, ring_rows, new_at, new_neg, new_exp, bits, scale, block,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Hop ``h``'s transition factors of the pairs of a window ``tokens[lo : lo + m]`` that the ring does not hold
     yet: every pair with a position at or past ``lo + f``. Pair ``(x, y)`` of stream positions is at
@@ -458,7 +458,8 @@ def _new_pairs(
     (:func:`~dist_respattn.model.kernels.lanes.sq_distances_8`) with ``by_block`` (D a multiple of 8, most of the
     window new): a new position's row, then a new position's column (its key against 8 hop queries a pass: the same
     numbers, ``(a - b)^2 = (b - a)^2`` lane by lane); else pair by pair, a new row four keys a pass. The
-    exponentials of all the new pairs in one vectorized pass (``new_*`` (N * N,) scratch)."""
+    exponentials of the pairs with a position at or past ``lo + f_exps`` (none when it is negative) in one
+    vectorized pass (``new_*`` (N * N + 15,) scratch)."""
     n_symbols = key_means.shape[1]
     n_pos = (width + 1) // 2
     mask = ring_rows - 1
@@ -519,11 +520,13 @@ def _new_pairs(
                 )
                 i += 1
     # Their exponentials, gathered into one vectorized pass.
+    if f_exps < 0:
+        return
     count = 0
     for i in range(m):
         x = lo + i
         row0 = at + (x & mask) * width + n_pos - 1 - i
-        for j in range(0 if i >= f else f, m):
+        for j in range(0 if i >= f_exps else f_exps, m):
             new_at[count] = row0 + j
             new_neg[count] = neg[row0 + j]
             count += 1
@@ -694,9 +697,11 @@ def _estep(
     distances and exponentials of its new token's 2m - 1 pairs a hop and no other exponential of its transitions.
     The same path terms as the shifted ones up to one factor ``exp(max shift)`` a hop, so a hop whose largest
     transition in the window is below ``_UNSCALED_FLOOR`` (or a softmax's) is shifted as before, and a row redone in
-    the log domain gets shifted transitions first. On a stream the hop-query sums go through a ring of pair weights
-    by stream position (:func:`_flush_sources`); a sparse emission is read through its direct rows, a target without
-    one searched in the prefetch pass. A window of 8 positions runs its m * m loops with a literal 8 (vector code)."""
+    the log domain gets shifted transitions first. A window none of whose pairs the previous one held (sampled rows,
+    a document's first) takes its transitions shifted too: all m * m exponentials either way, in one pass. On a
+    stream the hop-query sums go through a ring of pair weights by stream position (:func:`_flush_sources`); a sparse
+    emission is read through its direct rows, a target without one searched in the prefetch pass. A window of 8
+    positions runs its m * m loops with a literal 8 (vector code)."""
     n_hops = key_means.shape[0]
     n_pos = prior.shape[1]
     dim = key_means.shape[2]
@@ -757,6 +762,7 @@ def _estep(
     exp_ring = np.zeros(later * ring_rows * width)
     held_lo = -1
     held_hi = -1
+    exps_held = False  # whether exp_ring holds the exponentials of the pairs of held_lo..held_hi too
     new_at = np.empty(n_pos * n_pos, dtype=np.int64)
     new_neg = np.empty(n_pos * n_pos + 15)
     new_exp = np.empty(n_pos * n_pos + 15)
@@ -876,30 +882,36 @@ def _estep(
             for j in range(m):
                 d2 = _query_distance(y, key_means, tokens[lo + j])
                 alpha[0, j] = log_prior[0, n_pos - m + j] - log_total - d2 * inv_two_sigma2
+        # A joint Gaussian factor's transitions unshifted when the window holds pairs the previous one's did (their
+        # exponentials kept), unless a hop's are all too small for it; a window of new pairs takes them shifted, its
+        # m * m exponentials in one pass either way (the next window then computes all of its pairs' if it slides).
+        with_exps = not softmax and held > 0
+        f_exps = (held if exps_held else 0) if with_exps else -1
         for h in range(1, n_hops):
             at = (h - 1) * ring_rows * width
-            if held < m:
+            if held < m or f_exps == 0:
                 _new_pairs(
-                    hop_queries, query_rows, key_means, key_rows, h, tokens, lo, m, held, block_rows, inv_two_sigma2,
-                    neg_ring, exp_ring, at, width, ring_rows, new_at, new_neg, new_exp, bits, scale, block,
+                    hop_queries, query_rows, key_means, key_rows, h, tokens, lo, m, held, f_exps, block_rows,
+                    inv_two_sigma2, neg_ring, exp_ring, at, width, ring_rows, new_at, new_neg, new_exp, bits, scale,
+                    block,
                 )  # fmt: skip
-            # A joint Gaussian factor's transitions unshifted, unless they are all too small for it.
             # (A window of 8 positions passes a literal 8: the inlined loops then run as vector code.)
             largest = 0.0
-            if not softmax and m == LANES:
+            if with_exps and m == LANES:
                 largest = _unscaled_transitions(
                     h, lo, LANES, window_prior, exp_ring, at, width, ring_rows, trans, shift, work
                 )  # fmt: skip
-            elif not softmax:
+            elif with_exps:
                 largest = _unscaled_transitions(
                     h, lo, m, window_prior, exp_ring, at, width, ring_rows, trans, shift, work
                 )  # fmt: skip
-            unscaled[h] = not softmax and largest >= _UNSCALED_FLOOR
+            unscaled[h] = with_exps and largest >= _UNSCALED_FLOOR
             if not unscaled[h]:
                 _scaled_transitions(
                     h, lo, m, log_prior, _window_log_total(prior, h, n_pos, m), softmax, neg_ring, at, width,
                     ring_rows, flat, trans_flat, trans, shift, bits, scale,
                 )  # fmt: skip
+        exps_held = with_exps
         t_row = direct_row[t] if with_direct else -1
         searched = row >= _PREFETCH_ROWS  # the prefetch pass found this row's pairs (a target without a direct row)
         off_support = False
