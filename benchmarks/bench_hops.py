@@ -8,6 +8,10 @@ each takes the best of ``--repeats`` runs, in CPU time, the kernels taking turns
 installed, the chain's statistics and M-step are also compared with its ``ChainedAttentionEstimator`` on its own
 sampler's rows (``--parity-rows``).
 
+With ``--previous FILE`` (another checkout's ``dist_respattn/model/heads/hops/kernels.py``, e.g. main's), that
+kernel's E-step is timed on the same rows and parameters, taking turns with the others: a change's before and after
+in one run.
+
 With ``--store`` and ``--model``, the rows are instead a real store's first ``--rows`` rows and the heads a fitted
 chain (``--model``, a model directory of ``fit --head hops``) and its own single head (hop 1's keys, gate and
 emission), each E-step as a fit runs it on that store's blocks.
@@ -17,6 +21,7 @@ Run::
     python benchmarks/bench_hops.py                       # 1,000,000 rows at N = 8
     python benchmarks/bench_hops.py --rows 20000 --json   # a smoke run
     python benchmarks/bench_hops.py --store train.zarr --model hops-model --rows 300000 --parity-rows 0   # real rows
+    python benchmarks/bench_hops.py --rows 30000 --repeats 40 --previous OLD/dist_respattn/model/heads/hops/kernels.py
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import argparse  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
@@ -58,6 +64,33 @@ def best_times(repeats: int, runs: dict[Any, Callable[[], object]]) -> dict[Any,
             run()
             best[name] = min(best[name], time.thread_time() - started)
     return best
+
+
+def previous_kernels(path: str | None) -> Any:
+    """The hops kernels module at ``path`` (another checkout's), or ``None``."""
+    if path is None:
+        return None
+    spec = importlib.util.spec_from_file_location("previous_hop_kernels", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"bench_hops.py: error: --previous {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def previous_run(module: Any, head: HopsHead, rows: WindowRows) -> Callable[[], object]:
+    """The E-step of ``module`` (another checkout's hops kernels) over ``rows`` under ``head``, as
+    :func:`hop_statistics` runs this checkout's (the rows checked, the arrays new)."""
+    table = head.single.emission_table
+    num_pairs = table.support.num_pairs if isinstance(table, SparseEmission) else None
+    params = head.parameters
+
+    def run() -> None:
+        head.check_rows(rows)
+        module.hop_estep(rows, params, module.HopArrays.zeros(head.n_hops, head.shape, num_pairs))
+
+    return run
 
 
 def relative_difference(ours: np.ndarray, theirs: np.ndarray) -> float:
@@ -140,11 +173,20 @@ def real_rows(args: argparse.Namespace) -> tuple[dict[str, Any], dict[int, float
     small = min(1000, n_rows)
     single(small)
     hop_statistics(head, [Block(store.read_windows(0, small), None)])
-    times = best_times(args.repeats, {"single": single, "hops": lambda: hop_statistics(head, [Block(rows, None)])})
+    runs: dict[Any, Callable[[], object]] = {
+        "single": single, "hops": lambda: hop_statistics(head, [Block(rows, None)])
+    }  # fmt: skip
+    previous = previous_kernels(args.previous)
+    if previous is not None:
+        previous_run(previous, head, store.read_windows(0, small))()
+        runs["previous"] = previous_run(previous, head, rows)
+    times = best_times(args.repeats, runs)
     single_rate, rate = n_rows / times["single"], n_rows / times["hops"]
     s, n, d, t = head.shape
     figures = {"shape": {"S": s, "N": n, "D": d, "T": t}, "rows": n_rows, "store": str(args.store),
                "model": str(args.model), "single_rows_per_second": single_rate}  # fmt: skip
+    if previous is not None:
+        figures["previous"] = {head.n_hops: n_rows / times["previous"]}
     return figures, {head.n_hops: rate}
 
 
@@ -160,6 +202,9 @@ def main(argv: list[str] | None = None) -> None:
         "--store", help="a store whose first --rows rows are run (with --model) instead of sampled rows"
     )
     parser.add_argument("--model", help="a fitted chain's model directory (with --store)")
+    parser.add_argument(
+        "--previous", help="another checkout's hops kernels.py: its E-step timed on the same rows, beside this one's"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if (args.store is None) != (args.model is None):
@@ -194,11 +239,18 @@ def main(argv: list[str] | None = None) -> None:
 
     runs: dict[Any, Callable[[], object]] = {"single": single}
     runs.update({h: (lambda head=head: hop_statistics(head, [Block(rows, None)])) for h, head in chains.items()})
+    previous = previous_kernels(args.previous)
+    if previous is not None:
+        for h, head in chains.items():
+            previous_run(previous, head, WindowRows.from_encoded(context[small], query[small], target[small]))()
+            runs[("previous", h)] = previous_run(previous, head, rows)
     times = best_times(args.repeats, runs)
     single_rate = args.rows / times["single"]
     rates = {h: args.rows / times[h] for h in chains}
     figures: dict[str, Any] = {"shape": {"S": s, "N": n, "D": d, "T": s}, "rows": args.rows,
                                "single_rows_per_second": single_rate}  # fmt: skip
+    if previous is not None:
+        figures["previous"] = {h: args.rows / times[("previous", h)] for h in chains}
     report(figures, rates, args)
 
 
@@ -208,6 +260,7 @@ def report(figures: dict[str, Any], rates: dict[int, float], args: argparse.Name
         {
             **{f"hops_{h}_rows_per_second": rate for h, rate in rates.items()},
             **{f"hops_{h}_over_single": rate / single_rate for h, rate in rates.items()},
+            **{f"previous_{h}_rows_per_second": rate for h, rate in figures.pop("previous", {}).items()},
             "reference_parity": reference_parity(args.parity_rows) if args.parity_rows > 0 else None,
         }
     )
@@ -219,8 +272,16 @@ def report(figures: dict[str, Any], rates: dict[int, float], args: argparse.Name
     print(f"S = {shape['S']}, T = {shape['T']}, N = {shape['N']}, D = {shape['D']}, {figures['rows']:,} rows{where}, "
           "one core")  # fmt: skip
     print(f"single head, per-position kernel: {single_rate:12,.0f} rows/s")
+    previous = {
+        h: figures[f"previous_{h}_rows_per_second"] for h in rates if f"previous_{h}_rows_per_second" in figures
+    }
     for h, rate in rates.items():
-        print(f"chain of {h} hops, forward-backward: {rate:11,.0f} rows/s  ({rate / single_rate:.2f}x)")
+        print(f"chain of {h} hops, forward-backward: {rate:11,.0f} rows/s  ({rate / single_rate:.3f}x)")
+        if h in previous:
+            was = previous[h]
+            print(f"  the previous kernel (--previous): {was:11,.0f} rows/s  ({was / single_rate:.3f}x; this one "
+                  f"{rate / was:.3f}x it)")  # fmt: skip
+    print(f"load average {' '.join(open('/proc/loadavg').read().split()[:3])}")
     parity = figures["reference_parity"]
     if parity is not None:
         print(

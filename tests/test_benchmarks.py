@@ -925,16 +925,19 @@ HOPS_SCRIPT = SCRIPT.parent / "bench_hops.py"
 
 @pytest.mark.slow
 def test_hops_smoke_run_reports_every_figure():
-    """bench_hops.py on a small shape: the kernels' rows/s, their ratios and the reference's parity."""
+    """bench_hops.py on a small shape: the kernels' rows/s, their ratios and the reference's parity; with
+    ``--previous`` a kernels file's E-step timed beside (here this checkout's own)."""
+    kernels = HOPS_SCRIPT.parents[1] / "dist_respattn" / "model" / "heads" / "hops" / "kernels.py"
     completed = subprocess.run(
         [sys.executable, "-W", "error::RuntimeWarning", str(HOPS_SCRIPT), "--json", "--rows", "3000",
-         "--symbols", "60", "--repeats", "1", "--parity-rows", "300"],
+         "--symbols", "60", "--repeats", "1", "--parity-rows", "300", "--previous", str(kernels)],
         capture_output=True, text=True, timeout=180, cwd=HOPS_SCRIPT.parents[1], check=False,
     )  # fmt: skip
     assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
     report = json.loads(completed.stdout)
     assert report["rows"] == 3000 and report["shape"] == {"S": 60, "N": 8, "D": 32, "T": 60}
-    for name in ("single_rows_per_second", "hops_2_rows_per_second", "hops_3_rows_per_second", "hops_2_over_single"):
+    for name in ("single_rows_per_second", "hops_2_rows_per_second", "hops_3_rows_per_second", "hops_2_over_single",
+                 "previous_2_rows_per_second", "previous_3_rows_per_second"):  # fmt: skip
         assert_positive_finite(report[name], name)
     parity = report["reference_parity"]
     if importlib.util.find_spec("mixle") is not None:

@@ -325,3 +325,38 @@ def test_rows_the_linear_domain_cannot_scale_are_redone_in_the_log_domain(hops):
     context = rng.integers(0, 5, size=(50, 6)).astype(np.int32)
     rows = rows_of(context, rng.normal(size=(50, 2)), rng.integers(0, 4, size=50).astype(np.int32))
     assert hop_estep(rows, ordinary.parameters, HopArrays.zeros(hops, ordinary.shape, None)) == 0
+
+
+@pytest.mark.parametrize("hops", [2, 3])
+def test_stream_rows_past_the_linear_domain_are_redone_from_shifted_transitions(hops):
+    """A stream's windows take a joint factor's transitions unshifted (each pair's exponential kept from the window
+    before); a row the linear domain cannot scale is redone in the log domain from shifted transitions, rebuilt from
+    the rings. The chain of the test above on one stream of two documents, the query 0 every row: windows of symbols
+    0 and 1 only are past the linear domain, with symbol 2 they are not; every row gives the enumeration's
+    statistics."""
+    s, n_pos, d, t = 3, 6, 1, 3
+    rng = np.random.default_rng(5)
+    single = ResponsibilityAttentionDistribution(
+        np.array([[0.0], [np.sqrt(500.0)], [1.0]]),
+        rng.dirichlet(np.ones(t), size=s),
+        rng.dirichlet(np.ones(n_pos)),
+        0.5,
+    )
+    keys = rng.normal(scale=0.3, size=(hops - 1, s, d))
+    head = HopsHead(single, keys, rng.dirichlet(np.ones(n_pos), size=hops - 1), np.array([[100.0], [0.0], [0.5]]))
+    tokens = np.concatenate([rng.integers(0, 2, size=50), rng.integers(0, s, size=50)]).astype(np.int32)
+    tokens[::3] = 1  # every window holds a 1 (a window of 0s only is ~e^-10000: zero for the enumeration)
+    rows = windows_of(tokens, [0, 30], n_pos, np.zeros((s, d)))
+    arrays = HopArrays.zeros(hops, head.shape, None)
+    redone = hop_estep(rows, head.parameters, arrays)
+    assert 0 < redone < rows.num_rows
+    lengths = rows.end - rows.begin
+    context = np.zeros((rows.num_rows, n_pos), dtype=np.int32)
+    for r in range(rows.num_rows):
+        context[r, n_pos - lengths[r] :] = tokens[rows.begin[r] : rows.end[r]]
+    query = rows.query_table[rows.query_index]
+    key_sum, key_mass, _, counts, log_lik = brute_statistics(head, context, query, rows.target, lengths)
+    assert arrays.scalars[2] == pytest.approx(log_lik, rel=1e-12)
+    np.testing.assert_allclose(arrays.key_sum, key_sum, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(arrays.key_mass, key_mass, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(arrays.emission_count_ts, counts.T, rtol=1e-11, atol=1e-13)

@@ -39,6 +39,9 @@ _NO_SLOTS = np.zeros((0, 0), dtype=np.int32)
 _PREFETCH_ROWS = 8  # how many rows ahead the passes prefetch a dense emission's cells
 _AHEAD_SLOTS = 16  # rows of pair indices the E-step's prefetch pass keeps (> _PREFETCH_ROWS)
 _TINY = 1e-200  # a linear-domain normalizer below this: the E-step redoes the row in the log domain
+# A hop whose largest unshifted transition in a window is below this takes its rows shifted (``_scaled_transitions``):
+# the unshifted ones would bring its forward vector within this factor of ``_TINY``.
+_UNSCALED_FLOOR = 1e-100
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,26 @@ def _distances4(queries, c_query, key_means, hop, c0, c1, c2, c3):  # pragma: no
         v1 = q - key_means[hop, c1, d]
         v2 = q - key_means[hop, c2, d]
         v3 = q - key_means[hop, c3, d]
+        a0 += v0 * v0
+        a1 += v1 * v1
+        a2 += v2 * v2
+        a3 += v3 * v3
+    return a0, a1, a2, a3
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _key_distances4(queries, c0, c1, c2, c3, key_means, hop, c_key):  # pragma: no cover - compiled
+    """:func:`_distance` of four queries to one key, in one pass over the key (a new token's column)."""
+    a0 = 0.0
+    a1 = 0.0
+    a2 = 0.0
+    a3 = 0.0
+    for d in range(queries.shape[1]):
+        k = key_means[hop, c_key, d]
+        v0 = queries[c0, d] - k
+        v1 = queries[c1, d] - k
+        v2 = queries[c2, d] - k
+        v3 = queries[c3, d] - k
         a0 += v0 * v0
         a1 += v1 * v1
         a2 += v2 * v2
@@ -424,44 +447,183 @@ def _log_domain_row(
 
 
 @numba.njit(cache=True, nogil=True)
-def _block_distances(
-    hop_queries, query_rows, key_means, key_rows, h, tokens, lo, m, src, scaled, scaled_prev, inv_two_sigma2, block
-):  # pragma: no cover - compiled
-    """Hop ``h``'s transition distances ``scaled[h - 1, i, j] = ||Q[c_i] - K_h[c_j]||^2 / (2 sigma2)`` of a window
-    of ``m`` positions, D a multiple of 8, for a window most of whose tokens the previous one did not hold (a
-    stream's window, one new token, is cheaper pair by pair): a new token (``src[i] < 0``) has its row computed 8
-    keys a pass (:func:`~dist_respattn.model.kernels.lanes.sq_distances_8`), then its column (its key against 8
-    hop queries a pass: the same numbers, ``(a - b)^2 = (b - a)^2`` lane by lane), the others' pairs are the
-    previous row's."""
+def _new_pairs(
+    hop_queries, query_rows, key_means, key_rows, h, tokens, lo, m, f, f_exps, by_block, inv_two_sigma2, neg, exps,
+    at, width, ring_rows, new_at, new_neg, new_exp, bits, scale, block,
+):  # pragma: no cover - compiled  # fmt: skip
+    """Hop ``h``'s transition factors of the pairs of a window ``tokens[lo : lo + m]`` that the ring does not hold
+    yet: every pair with a position at or past ``lo + f``. Pair ``(x, y)`` of stream positions is at
+    ``at + (x % ring_rows) * width + y - x + N - 1`` of the flat rings (``at`` hop h's start, ``width = 2N - 1``):
+    ``neg`` receives ``-||Q[c_x] - K_h[c_y]||^2 / (2 sigma2)``, ``exps`` its exponential. The distances 8 keys a pass
+    (:func:`~dist_respattn.model.kernels.lanes.sq_distances_8`) with ``by_block`` (D a multiple of 8, most of the
+    window new): a new position's row, then a new position's column (its key against 8 hop queries a pass: the same
+    numbers, ``(a - b)^2 = (b - a)^2`` lane by lane); else pair by pair, a new row four keys a pass. The
+    exponentials of the pairs with a position at or past ``lo + f_exps`` (none when it is negative) in one
+    vectorized pass (``new_*`` (N * N + 15,) scratch)."""
     n_symbols = key_means.shape[1]
-    for i in range(m):
-        if src[i] < 0:
-            ci = tokens[lo + i]
+    n_pos = (width + 1) // 2
+    mask = ring_rows - 1
+    for i in range(f, m):
+        x = lo + i
+        ci = tokens[x]
+        row0 = at + (x & mask) * width + n_pos - 1 - i  # pair (x, lo + j) at row0 + j
+        first = 0
+        if by_block:
             for jb in range(0, m, LANES):
-                sq_distances_8(hop_queries, ci, key_means, h, tokens, lo + jb, min(LANES, m - jb), block, 0,
-                               inv_two_sigma2)  # fmt: skip
-                for k in range(min(LANES, m - jb)):
-                    scaled[h - 1, i, jb + k] = block[k]
-    kept = 0
-    for i in range(m):
-        if src[i] >= 0:
-            kept += 1
-    for j in range(m):
-        if src[j] < 0 and kept > 0:
+                nb = min(LANES, m - jb)
+                sq_distances_8(hop_queries, ci, key_means, h, tokens, lo + jb, nb, block, 0, inv_two_sigma2)
+                for k in range(nb):
+                    neg[row0 + jb + k] = -block[k]
+            first = m
+        while first + 4 <= m:
+            k = lo + first
+            d0, d1, d2, d3 = _distances4(
+                hop_queries, ci, key_means, h, tokens[k], tokens[k + 1], tokens[k + 2], tokens[k + 3]
+            )
+            neg[row0 + first] = -(d0 * inv_two_sigma2)
+            neg[row0 + first + 1] = -(d1 * inv_two_sigma2)
+            neg[row0 + first + 2] = -(d2 * inv_two_sigma2)
+            neg[row0 + first + 3] = -(d3 * inv_two_sigma2)
+            first += 4
+        for j in range(first, m):
+            neg[row0 + j] = -(_distance(hop_queries, ci, key_means, h, tokens[lo + j]) * inv_two_sigma2)
+    # The old positions' pairs with the new ones.
+    if by_block and f > 0:
+        for j in range(f, m):
             cj = tokens[lo + j]
-            for ib in range(0, m, LANES):
-                sq_distances_8(key_rows, h * n_symbols + cj, query_rows, 0, tokens, lo + ib, min(LANES, m - ib),
-                               block, 0, inv_two_sigma2)  # fmt: skip
-                for k in range(min(LANES, m - ib)):
-                    if src[ib + k] >= 0:
-                        scaled[h - 1, ib + k, j] = block[k]
+            for ib in range(0, f, LANES):
+                nb = min(LANES, f - ib)
+                sq_distances_8(key_rows, h * n_symbols + cj, query_rows, 0, tokens, lo + ib, nb, block, 0,
+                               inv_two_sigma2)  # fmt: skip
+                for k in range(nb):
+                    x = lo + ib + k
+                    neg[at + (x & mask) * width + n_pos - 1 - (ib + k) + j] = -block[k]
+    else:
+        # A new position's column, four old positions' hop queries a pass over its key.
+        for j in range(f, m):
+            cj = tokens[lo + j]
+            i = 0
+            while i + 4 <= f:
+                x = lo + i
+                d0, d1, d2, d3 = _key_distances4(
+                    hop_queries, tokens[x], tokens[x + 1], tokens[x + 2], tokens[x + 3], key_means, h, cj
+                )
+                neg[at + (x & mask) * width + n_pos - 1 - i + j] = -(d0 * inv_two_sigma2)
+                neg[at + ((x + 1) & mask) * width + n_pos - 2 - i + j] = -(d1 * inv_two_sigma2)
+                neg[at + ((x + 2) & mask) * width + n_pos - 3 - i + j] = -(d2 * inv_two_sigma2)
+                neg[at + ((x + 3) & mask) * width + n_pos - 4 - i + j] = -(d3 * inv_two_sigma2)
+                i += 4
+            while i < f:
+                x = lo + i
+                neg[at + (x & mask) * width + n_pos - 1 - i + j] = -(
+                    _distance(hop_queries, tokens[x], key_means, h, cj) * inv_two_sigma2
+                )
+                i += 1
+    # Their exponentials, gathered into one vectorized pass.
+    if f_exps < 0:
+        return
+    count = 0
     for i in range(m):
-        si = src[i]
-        if si >= 0:
+        x = lo + i
+        row0 = at + (x & mask) * width + n_pos - 1 - i
+        for j in range(0 if i >= f_exps else f_exps, m):
+            new_at[count] = row0 + j
+            new_neg[count] = neg[row0 + j]
+            count += 1
+    # Padded to 16, the vectorized loop's step: fewer would run one at a time.
+    padded = min((count + 15) & ~15, new_neg.shape[0])
+    for k in range(count, padded):
+        new_neg[k] = 0.0
+    exp_nonpositive_range(new_neg, 0, new_exp, 0, padded, bits, scale)
+    for k in range(count):
+        exps[new_at[k]] = new_exp[k]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _scaled_transitions(
+    h, lo, m, log_prior, log_total, softmax, neg, at, width, ring_rows, flat, trans_flat, trans, shift, bits, scale
+):  # pragma: no cover - compiled  # fmt: skip
+    """Hop h's transitions of a window from the ring of its pairs' ``-d / (2 sigma2)`` (``neg``, as
+    :func:`_new_pairs` lays it out), each source row ``i`` shifted by its largest log-value ``shift[h - 1, i]`` so that
+    its exponentials are <= 1 (with ``softmax`` each row then normalized, its shift 0): ``trans[h - 1, i * m + j]``,
+    ``trans`` a (H - 1, N * N) view of ``trans_flat``."""
+    n_pos = (width + 1) // 2
+    mask = ring_rows - 1
+    # All m * m log-values first, each row shifted by its largest, then one vectorized exponential of them all.
+    for i in range(m):
+        row0 = at + ((lo + i) & mask) * width + n_pos - 1 - i
+        best = -np.inf
+        for j in range(m):
+            lv = log_prior[h, n_pos - m + j] - log_total + neg[row0 + j]
+            flat[i * m + j] = lv
+            best = max(best, lv)
+        shift[h - 1, i] = best
+        for j in range(m):
+            # A row no position reaches stays all -inf (its exponentials 0), whatever its shift.
+            flat[i * m + j] = flat[i * m + j] - best if best > -np.inf else -np.inf
+    exp_nonpositive_range(flat, 0, trans_flat, (h - 1) * n_pos * n_pos, m * m, bits, scale)
+    if softmax:
+        for i in range(m):
+            total = 0.0
             for j in range(m):
-                sj = src[j]
-                if sj >= 0:
-                    scaled[h - 1, i, j] = scaled_prev[h - 1, si, sj]
+                total += trans[h - 1, i * m + j]
+            if total > 0.0:
+                for j in range(m):
+                    trans[h - 1, i * m + j] /= total
+                shift[h - 1, i] = 0.0
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _unscaled_transitions(h, lo, m, window_prior, exps, at, width, ring_rows, trans, shift, col_max):
+    """Hop h's transitions of a window unshifted, ``trans[h - 1, i * m + j] = pi'_j exp(-d_ij / (2 sigma2))`` from the
+    ring of its pairs' exponentials (``pi'`` the prior renormalized over the window, ``window_prior[h, m]``), its
+    shifts 0: no exponential a row, the pairs the previous window held keep theirs. Returns the largest."""
+    n_pos = (width + 1) // 2
+    mask = ring_rows - 1
+    for j in range(m):
+        col_max[j] = 0.0
+    for i in range(m):
+        row0 = at + ((lo + i) & mask) * width + n_pos - 1 - i
+        for j in range(m):
+            v = window_prior[h, m, j] * exps[row0 + j]
+            trans[h - 1, i * m + j] = v
+            col_max[j] = v if v > col_max[j] else col_max[j]
+        shift[h - 1, i] = 0.0
+    best = 0.0
+    for j in range(m):
+        best = max(best, col_max[j])
+    return best
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _forward_sums(h, m, n_pos, src_weight, trans, fwd):  # pragma: no cover - compiled
+    """``fwd[h * N + j] = sum_i src_weight[h, i] trans[h - 1, i * m + j]``, the linear forward step's products."""
+    for j in range(m):
+        fwd[h * n_pos + j] = 0.0
+    for i in range(m):
+        u = src_weight[h, i]
+        if u != 0.0:
+            for j in range(m):
+                fwd[h * n_pos + j] += u * trans[h - 1, i * m + j]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _pair_weights(h, m, n_pos, inv, src_weight, trans, bwd, coef):  # pragma: no cover - compiled
+    """``coef[i * m + j] = inv src_weight[h, i] trans[h - 1, i * m + j] bwd[h * N + j]``: hop h's pair posteriors."""
+    for i in range(m):
+        u = src_weight[h, i] * inv
+        for j in range(m):
+            coef[i * m + j] = u * trans[h - 1, i * m + j] * bwd[h * n_pos + j]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _ring_add(h, lo, m, n_pos, ring_mask, coef, ring):  # pragma: no cover - compiled
+    """The pair weights of a stream's window into the ring by stream position: ``ring[h - 1, (lo + i) % R,
+    j - i + N - 1] += coef[i * m + j]``."""
+    for i in range(m):
+        slot = (lo + i) & ring_mask
+        for j in range(m):
+            ring[h - 1, slot, j - i + n_pos - 1] += coef[i * m + j]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -527,10 +689,19 @@ def _estep(
     ``u_h(i) = F_{h-1}(i) exp(shift_h(i) - max shift_h)`` (``F`` the scaled forward vector), ``s_h(i) =
     sum_j trans_h(i, j) G_h(j)`` (``G`` the scaled backward vector) and ``D_h = sum_i u_h(i) s_h(i)``:
     ``gamma_{h-1}(i) = u_h(i) s_h(i) / D_h``, ``xi_h(i, j) = u_h(i) trans_h(i, j) G_h(j) / D_h``, and the last
-    hop's ``gamma(j) = F(j) G(j) / sum_j F(j) G(j)``. Each transition distance of a token pair the previous row's
-    window held (a stream's consecutive windows share N - 1 tokens) is taken from that row; on a stream the hop-query
-    sums go through a ring of pair weights by stream position (:func:`_flush_sources`); a sparse emission is read
-    through its direct rows, a target without one searched in the prefetch pass."""
+    hop's ``gamma(j) = F(j) G(j) / sum_j F(j) G(j)``.
+
+    A joint Gaussian factor's transitions are taken unshifted, ``trans_h(i, j) = pi'_j exp(-d_ij / (2 sigma2))``
+    (``pi'`` the prior renormalized over the window, shifts 0), from rings of each pair of stream positions'
+    ``-d / (2 sigma2)`` and its exponential: a stream's window (N - 1 tokens the previous one's) computes the
+    distances and exponentials of its new token's 2m - 1 pairs a hop and no other exponential of its transitions.
+    The same path terms as the shifted ones up to one factor ``exp(max shift)`` a hop, so a hop whose largest
+    transition in the window is below ``_UNSCALED_FLOOR`` (or a softmax's) is shifted as before, and a row redone in
+    the log domain gets shifted transitions first. A window none of whose pairs the previous one held (sampled rows,
+    a document's first) takes its transitions shifted too: all m * m exponentials either way, in one pass. On a
+    stream the hop-query sums go through a ring of pair weights by stream position (:func:`_flush_sources`); a sparse
+    emission is read through its direct rows, a target without one searched in the prefetch pass. A window of 8
+    positions runs its m * m loops with a literal 8 (vector code)."""
     n_hops = key_means.shape[0]
     n_pos = prior.shape[1]
     dim = key_means.shape[2]
@@ -546,7 +717,7 @@ def _estep(
     log_e = np.empty(n_pos)
     pair = np.empty(n_pos, dtype=np.int64)
     work = np.empty(n_pos)
-    bits = np.empty(n_pos * n_pos, dtype=np.int64)
+    bits = np.empty(n_pos * n_pos + 15, dtype=np.int64)
     scale = bits.view(np.float64)
     gamma = np.empty(n_pos)
     post = np.empty((n_hops, n_pos))
@@ -565,13 +736,6 @@ def _estep(
     tmp = np.empty(n_pos)
     coef = np.empty(n_pos * n_pos)
     y = np.empty(dim)
-    # The transition distances (times 1 / (2 sigma2)) of this row's window and of the previous one's, and where
-    # each position's token sat in the previous window (-1: not there).
-    scaled = np.empty((later, n_pos, n_pos))
-    scaled_prev = np.empty((later, n_pos, n_pos))
-    prev_tokens = np.empty(n_pos, dtype=np.int64)
-    prev_m = 0
-    src = np.empty(n_pos, dtype=np.int64)
     # With D a multiple of 8 the distances and the hop-query sums run as 8-lane vector code (kernels.lanes).
     lanes = dim % LANES == 0
     block = np.empty(LANES)
@@ -590,6 +754,26 @@ def _estep(
     pend_hi = 0
     prev_lo = -1
     prev_hi = -1
+    # Each later hop's transition factors of the pairs of stream positions of the windows, laid out as ``ring``
+    # (flat, hop h's from (h - 1) * ring_rows * width): ``-d / (2 sigma2)`` and its exponential. A stream's next window
+    # computes its new token's pairs only (2m - 1 a hop, not m^2); ``held_lo..held_hi`` the positions they hold.
+    width = 2 * n_pos - 1
+    neg_ring = np.zeros(later * ring_rows * width)
+    exp_ring = np.zeros(later * ring_rows * width)
+    held_lo = -1
+    held_hi = -1
+    exps_held = False  # whether exp_ring holds the exponentials of the pairs of held_lo..held_hi too
+    new_at = np.empty(n_pos * n_pos, dtype=np.int64)
+    new_neg = np.empty(n_pos * n_pos + 15)
+    new_exp = np.empty(n_pos * n_pos + 15)
+    unscaled = np.zeros(n_hops, dtype=np.bool_)  # whose transitions this row are unshifted
+    # Each hop's position prior renormalized over a window of m positions: window_prior[h, m, j].
+    window_prior = np.zeros((n_hops, n_pos + 1, n_pos))
+    for h in range(n_hops):
+        for mm in range(1, n_pos + 1):
+            log_total = _window_log_total(prior, h, n_pos, mm)
+            for j in range(mm):
+                window_prior[h, mm, j] = math.exp(log_prior[h, n_pos - mm + j] - log_total)
     # The Gaussian normalizers in the log-likelihood: hop 1's, and each later hop's unless it is a softmax.
     consts = gate_const * (1 if softmax else n_hops)
     n_impossible = 0
@@ -676,18 +860,17 @@ def _estep(
             y[d] = v
             yy += v * v
         # -- hop 1's log-weights, the transitions, the emission --
+        # The pairs of stream positions the rings hold: the previous row's window's, when this one starts inside it (a
+        # stream's next window, a document's first ones growing); the first ``held`` positions have theirs.
+        held = 0
+        if n_hops > 1:
+            if held_lo <= lo < held_hi:
+                held = min(held_hi, hi) - lo
+            held_lo = lo
+            held_hi = hi
         # Hop 1's and the transitions' distances 8 keys a pass when most of the window's tokens are new (on a
         # stream, one is: its 15 new distances a hop are cheaper pair by pair).
-        block_rows = lanes and n_hops == 1
-        if n_hops > 1:
-            offset = prev_m - (m - 1)  # the previous window's last token aligned with this one's last but one
-            n_fresh = 0
-            for i in range(m):
-                k = i + offset
-                src[i] = k if 0 <= k < prev_m and prev_tokens[k] == tokens[lo + i] else -1
-                if src[i] < 0:
-                    n_fresh += 1
-            block_rows = lanes and 2 * n_fresh > m
+        block_rows = lanes and 2 * (m - held) > m
         log_total = _window_log_total(prior, 0, n_pos, m)
         if block_rows:
             for jb in range(0, m, LANES):
@@ -699,60 +882,36 @@ def _estep(
             for j in range(m):
                 d2 = _query_distance(y, key_means, tokens[lo + j])
                 alpha[0, j] = log_prior[0, n_pos - m + j] - log_total - d2 * inv_two_sigma2
+        # A joint Gaussian factor's transitions unshifted when the window holds pairs the previous one's did (their
+        # exponentials kept), unless a hop's are all too small for it; a window of new pairs takes them shifted, its
+        # m * m exponentials in one pass either way (the next window then computes all of its pairs' if it slides).
+        with_exps = not softmax and held > 0
+        f_exps = (held if exps_held else 0) if with_exps else -1
         for h in range(1, n_hops):
-            if block_rows:
-                _block_distances(
-                    hop_queries, query_rows, key_means, key_rows, h, tokens, lo, m, src, scaled, scaled_prev,
-                    inv_two_sigma2, block,
+            at = (h - 1) * ring_rows * width
+            if held < m or f_exps == 0:
+                _new_pairs(
+                    hop_queries, query_rows, key_means, key_rows, h, tokens, lo, m, held, f_exps, block_rows,
+                    inv_two_sigma2, neg_ring, exp_ring, at, width, ring_rows, new_at, new_neg, new_exp, bits, scale,
+                    block,
                 )  # fmt: skip
-            for i in range(m):
-                ci = tokens[lo + i]
-                si = src[i]
-                first = m if block_rows else 0  # the first column not yet done
-                if si < 0 and not block_rows:
-                    # A token the previous window did not hold: its whole row, four keys a pass over its hop query.
-                    while first + 4 <= m:
-                        k = lo + first
-                        d0, d1, d2, d3 = _distances4(
-                            hop_queries, ci, key_means, h, tokens[k], tokens[k + 1], tokens[k + 2], tokens[k + 3]
-                        )
-                        scaled[h - 1, i, first] = d0 * inv_two_sigma2
-                        scaled[h - 1, i, first + 1] = d1 * inv_two_sigma2
-                        scaled[h - 1, i, first + 2] = d2 * inv_two_sigma2
-                        scaled[h - 1, i, first + 3] = d3 * inv_two_sigma2
-                        first += 4
-                for j in range(first, m):
-                    sj = src[j]
-                    if si >= 0 and sj >= 0:
-                        scaled[h - 1, i, j] = scaled_prev[h - 1, si, sj]
-                    else:
-                        scaled[h - 1, i, j] = _distance(hop_queries, ci, key_means, h, tokens[lo + j]) * inv_two_sigma2
-            log_total = _window_log_total(prior, h, n_pos, m)
-            for i in range(m):
-                best = -np.inf
-                for j in range(m):
-                    dd = scaled[h - 1, i, j]
-                    lv = log_prior[h, n_pos - m + j] - log_total - dd
-                    flat[i * m + j] = lv
-                    best = max(best, lv)
-                shift[h - 1, i] = best
-                for j in range(m):
-                    flat[i * m + j] = flat[i * m + j] - best if best > -np.inf else -np.inf
-            exp_nonpositive_range(flat, 0, trans_flat, (h - 1) * n_pos * n_pos, m * m, bits, scale)
-            if softmax:
-                for i in range(m):
-                    total = 0.0
-                    for j in range(m):
-                        total += trans[h - 1, i * m + j]
-                    if total > 0.0:
-                        for j in range(m):
-                            trans[h - 1, i * m + j] /= total
-                        shift[h - 1, i] = 0.0
-        if n_hops > 1:
-            scaled, scaled_prev = scaled_prev, scaled
-            for i in range(m):
-                prev_tokens[i] = tokens[lo + i]
-            prev_m = m
+            # (A window of 8 positions passes a literal 8: the inlined loops then run as vector code.)
+            largest = 0.0
+            if with_exps and m == LANES:
+                largest = _unscaled_transitions(
+                    h, lo, LANES, window_prior, exp_ring, at, width, ring_rows, trans, shift, work
+                )  # fmt: skip
+            elif with_exps:
+                largest = _unscaled_transitions(
+                    h, lo, m, window_prior, exp_ring, at, width, ring_rows, trans, shift, work
+                )  # fmt: skip
+            unscaled[h] = with_exps and largest >= _UNSCALED_FLOOR
+            if not unscaled[h]:
+                _scaled_transitions(
+                    h, lo, m, log_prior, _window_log_total(prior, h, n_pos, m), softmax, neg_ring, at, width,
+                    ring_rows, flat, trans_flat, trans, shift, bits, scale,
+                )  # fmt: skip
+        exps_held = with_exps
         t_row = direct_row[t] if with_direct else -1
         searched = row >= _PREFETCH_ROWS  # the prefetch pass found this row's pairs (a target without a direct row)
         off_support = False
@@ -790,25 +949,28 @@ def _estep(
         for h in range(1, n_hops):
             if not ok:
                 break
-            top = -np.inf
-            for i in range(m):
-                top = max(top, shift[h - 1, i])
-            if top == -np.inf:
-                ok = False
-                break
-            for i in range(m):
-                tmp[i] = shift[h - 1, i] - top
-            exp_nonpositive_range(tmp, 0, exp_shift, h * n_pos, m, bits, scale)
-            for i in range(m):
-                src_weight[h, i] = fwd[(h - 1) * n_pos + i] * exp_shift[h * n_pos + i]
-            for j in range(m):
-                fwd[h * n_pos + j] = 0.0
-            for i in range(m):
-                u = src_weight[h, i]
-                if u != 0.0:
-                    for j in range(m):
-                        fwd[h * n_pos + j] += u * trans[h - 1, i * m + j]
-            log_scale += top
+            if unscaled[h]:
+                # No shifts: the sources' weights are the forward vector.
+                for i in range(m):
+                    exp_shift[h * n_pos + i] = 1.0
+                    src_weight[h, i] = fwd[(h - 1) * n_pos + i]
+            else:
+                top = -np.inf
+                for i in range(m):
+                    top = max(top, shift[h - 1, i])
+                if top == -np.inf:
+                    ok = False
+                    break
+                for i in range(m):
+                    tmp[i] = shift[h - 1, i] - top
+                exp_nonpositive_range(tmp, 0, exp_shift, h * n_pos, m, bits, scale)
+                for i in range(m):
+                    src_weight[h, i] = fwd[(h - 1) * n_pos + i] * exp_shift[h * n_pos + i]
+                log_scale += top
+            if m == LANES:
+                _forward_sums(h, LANES, n_pos, src_weight, trans, fwd)
+            else:
+                _forward_sums(h, m, n_pos, src_weight, trans, fwd)
             if h < last:
                 top = 0.0
                 for j in range(m):
@@ -837,7 +999,10 @@ def _estep(
                 log_z = log_scale + top + math.log(total) if ok else -np.inf
         if ok:
             for h in range(last, 0, -1):
-                _backward_sums(h, m, trans, bwd, h * n_pos, sums_lin)
+                if m == LANES:
+                    _backward_sums(h, LANES, trans, bwd, h * n_pos, sums_lin)
+                else:
+                    _backward_sums(h, m, trans, bwd, h * n_pos, sums_lin)
                 total = 0.0
                 for i in range(m):
                     total += src_weight[h, i] * sums_lin[h, i]
@@ -857,6 +1022,13 @@ def _estep(
                         bwd[(h - 1) * n_pos + i] /= top
         if not ok:
             n_log_domain += 1
+            # The log domain from shifted transitions: unshifted ones may have lost a path's factor below 1e-308.
+            for h in range(1, n_hops):
+                if unscaled[h]:
+                    _scaled_transitions(
+                        h, lo, m, log_prior, _window_log_total(prior, h, n_pos, m), softmax, neg_ring,
+                        (h - 1) * ring_rows * width, width, ring_rows, flat, trans_flat, trans, shift, bits, scale,
+                    )  # fmt: skip
             status, log_z = _log_domain_row(
                 tokens, lo, m, t, w, y, hop_queries, sparse, alpha, trans, shift, log_e, pair, beta, work, back,
                 sums, post, gamma, incoming, mass, key_sum, key_mass, recency_mass, emission_count_ts, pair_counts,
@@ -895,15 +1067,14 @@ def _estep(
                         recency_mass[h, m - 1 - j] += rj
                     # key_sum_h[c_j] += sum_i xi_h(i, j) Q[c_i]: each source's hop query once, into every j.
                     inv = w / norm[h - 1]
-                    for i in range(m):
-                        u = src_weight[h, i] * inv
-                        for j in range(m):
-                            coef[i * m + j] = u * trans[h - 1, i * m + j] * bwd[h * n_pos + j]
-                    if sliding:
-                        for i in range(m):
-                            slot = (lo + i) & ring_mask
-                            for j in range(m):
-                                ring[h - 1, slot, j - i + n_pos - 1] += coef[i * m + j]
+                    if m == LANES:
+                        _pair_weights(h, LANES, n_pos, inv, src_weight, trans, bwd, coef)
+                    else:
+                        _pair_weights(h, m, n_pos, inv, src_weight, trans, bwd, coef)
+                    if sliding and m == LANES:
+                        _ring_add(h, lo, LANES, n_pos, ring_mask, coef, ring)
+                    elif sliding:
+                        _ring_add(h, lo, m, n_pos, ring_mask, coef, ring)
                     elif lanes:
                         # Each j's row 8 dimensions at a time, the m sources added into them in registers.
                         for j in range(m):
