@@ -17,7 +17,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import distributed
 
@@ -38,6 +38,8 @@ from dist_respattn.engine.reduction import (
 __all__ = ["LOST_WORK_ERRORS", "PassRunner", "finished"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Failures that mean work was lost with a worker, not that the work itself is wrong.
 LOST_WORK_ERRORS: tuple[type[BaseException], ...] = (distributed.KilledWorker, concurrent.futures.CancelledError)
@@ -104,16 +106,29 @@ class PassRunner:
         level above 0, a task folds a whole subtree of the partitions (its key: its first partition's), with
         the same value.
         """
+        return self._with_retries(
+            name, label, before_attempt,
+            lambda key_prefix, combine_prefix, tag: self._run_once(
+                key_prefix, combine_prefix, tag, n_partitions, task, args_for, description, plan.level
+            ),
+        )  # fmt: skip
+
+    def _with_retries(
+        self,
+        name: str,
+        label: str,
+        before_attempt: Callable[[int], None] | None,
+        once: Callable[[str, str, str], T],
+    ) -> T:
+        """``once(key_prefix, combine_prefix, tag)``, submitted again under a new tag (up to ``MAX_ATTEMPTS`` times)
+        when a worker took its work with it; a lost scheduler is an error that says so."""
         combine_name = "combine" if name == "estep" else f"{name}-combine"
         for attempt in range(MAX_ATTEMPTS):
             if before_attempt is not None:
                 before_attempt(attempt)
             tag = self.run_tag if attempt == 0 else f"{self.run_tag}.{attempt}"
             try:
-                return self._run_once(
-                    f"respattn-{name}-{label}", f"respattn-{combine_name}-{label}", tag,
-                    n_partitions, task, args_for, description, plan.level,
-                )  # fmt: skip
+                return once(f"respattn-{name}-{label}", f"respattn-{combine_name}-{label}", tag)
             except LOST_WORK_ERRORS as exc:
                 self._check_scheduler(name, label, exc)
                 if attempt + 1 == MAX_ATTEMPTS:
@@ -142,24 +157,13 @@ class PassRunner:
         value split by ``sharding`` (with ``tables``, a future) into its common part and ``sharding.n_shards`` shards,
         each part reduced by the tree onto ``owners()[j]``. Returns the parts' roots, computed and left on the
         workers; lost work is resubmitted as :meth:`run` does."""
-        combine_name = "combine" if name == "estep" else f"{name}-combine"
-        for attempt in range(MAX_ATTEMPTS):
-            if before_attempt is not None:
-                before_attempt(attempt)
-            tag = self.run_tag if attempt == 0 else f"{self.run_tag}.{attempt}"
-            try:
-                return self._run_scattered_once(
-                    f"respattn-{name}-{label}", f"respattn-{combine_name}-{label}", tag, n_partitions, task, args_for,
-                    description, plan.level, sharding, tables, owners(),
-                )  # fmt: skip
-            except LOST_WORK_ERRORS as exc:
-                self._check_scheduler(name, label, exc)
-                if attempt + 1 == MAX_ATTEMPTS:
-                    raise
-                logger.warning("%s %s lost work with a worker (%s); resubmitting it", name, label, exc)
-            except distributed.client.ClosedClientError as exc:
-                raise self._scheduler_lost(name, label, "") from exc
-        raise AssertionError("unreachable")
+        return self._with_retries(
+            name, label, before_attempt,
+            lambda key_prefix, combine_prefix, tag: self._run_scattered_once(
+                key_prefix, combine_prefix, tag, n_partitions, task, args_for, description, plan.level, sharding,
+                tables, owners(),
+            ),
+        )  # fmt: skip
 
     def _run_scattered_once(
         self,
