@@ -82,6 +82,65 @@ def fold_task(task: Callable[..., Any], node: int | list[Any], args: dict[int, t
     return fold_subtree(node, lambda part: task(*args[part]))
 
 
+class _CombineTree:
+    """The combine tasks above one level of a pass's tree, each submitted as soon as its last child exists.
+
+    Combine ``(level, index)``'s key is ``f"{prefix}-{level}-{index}-{tag}"``; ``root_on`` places the root combine
+    (task options, e.g. a worker). Each node's children are popped once their parent is submitted: a future kept
+    would keep its tens-of-MB value on a worker until the whole pass ends.
+    """
+
+    def __init__(
+        self,
+        client: distributed.Client,
+        levels: list[list[list[int]]],
+        fan_in: int,
+        prefix: str,
+        tag: str,
+        root_on: dict[str, Any] | None = None,
+    ) -> None:
+        self.client, self.levels, self.fan_in, self.prefix, self.tag = client, levels, fan_in, prefix, tag
+        self.root_on = root_on or {}
+        # nodes[l][i]: the future of node i at level l (level 0: leaves), held until its parent is submitted.
+        self.nodes: list[dict[int, distributed.Future]] = [{} for _ in range(len(levels) + 1)]
+
+    def add(self, level: int, index: int, future: distributed.Future) -> None:
+        """Node ``(level, index)`` exists: submit its parent if this was the parent's last child (and so on up)."""
+        levels = self.levels
+        self.nodes[level][index] = future
+        del future
+        while level < len(levels):
+            parent = index // self.fan_in
+            children = levels[level][parent]
+            if index != children[-1]:
+                return
+            inputs = [self.nodes[level].pop(c) for c in children]
+            if len(inputs) == 1:  # carried up unchanged
+                self.nodes[level + 1][parent] = inputs[0]
+            else:
+                placed = self.root_on if level + 1 == len(levels) else {}
+                self.nodes[level + 1][parent] = self.client.submit(
+                    combine_values, *inputs, key=f"{self.prefix}-{level + 1}-{parent}-{self.tag}", pure=False, **placed
+                )
+            del inputs
+            level, index = level + 1, parent
+
+    def root(self) -> distributed.Future:
+        return self.nodes[-1].pop(0)
+
+
+def _leaf_nodes(n_partitions: int, fan_in: int, level: int) -> tuple[list[list[list[int]]], list[int]]:
+    """The tree over ``n_partitions`` and, for each node of its level ``level`` (the pass's leaves), its first
+    partition (which names its task)."""
+    if n_partitions < 1:
+        raise ValueError("there are no partitions to reduce")
+    levels = tree_shape(n_partitions, fan_in)
+    if not 0 <= level <= len(levels):
+        raise ValueError(f"level = {level}: the tree over {n_partitions} partitions has levels 0 to {len(levels)}")
+    width = n_partitions if level == 0 else len(levels[level - 1])
+    return levels, [subtree_partitions(subtree(levels, level, node))[0] for node in range(width)]
+
+
 def reduce_partitions(
     client: distributed.Client,
     n_partitions: int,
@@ -104,43 +163,15 @@ def reduce_partitions(
     the root is kept: the scheduler frees each value as soon as its parent has consumed it, so a worker holds
     O(fan-in × depth) values, not one per partition. A single partition is its own root.
     """
-    if n_partitions < 1:
-        raise ValueError("there are no partitions to reduce")
-    levels = tree_shape(n_partitions, fan_in)
-    if not 0 <= level <= len(levels):
-        raise ValueError(f"level = {level}: the tree over {n_partitions} partitions has levels 0 to {len(levels)}")
-    # nodes[l][i]: the future of node i at level l (level 0: leaves), filled as submitted.
-    nodes: list[dict[int, distributed.Future]] = [{} for _ in range(len(levels) + 1)]
-
-    def submit_ready(level: int, index: int) -> None:
-        """After node (level, index) exists, submit its parent if this was the parent's last child."""
-        while level < len(levels):
-            parent = index // fan_in
-            children = levels[level][parent]
-            if index != children[-1]:
-                return
-            # Pop the children: once their parent is submitted nothing here needs them, and a future
-            # kept would keep its tens-of-MB value on a worker until the whole pass ends.
-            inputs = [nodes[level].pop(c) for c in children]
-            if len(inputs) == 1:  # carried up unchanged
-                nodes[level + 1][parent] = inputs[0]
-            else:
-                nodes[level + 1][parent] = client.submit(
-                    combine_values, *inputs, key=f"{combine_prefix}-{level + 1}-{parent}-{tag}", pure=False
-                )
-            del inputs
-            level, index = level + 1, parent
-
-    width = n_partitions if level == 0 else len(levels[level - 1])
-    for node in range(width):
-        first = subtree_partitions(subtree(levels, level, node))[0]
+    levels, firsts = _leaf_nodes(n_partitions, fan_in, level)
+    tree = _CombineTree(client, levels, fan_in, combine_prefix, tag)
+    for node, first in enumerate(firsts):
         future = submit_leaf(node, f"{key_prefix}-{first}-{tag}")
         if on_leaf is not None:
             on_leaf(future)
-        nodes[level][node] = future
+        tree.add(level, node, future)
         del future
-        submit_ready(level, node)
-    return nodes[-1].pop(0)
+    return tree.root()
 
 
 def piece(value: tuple[Any, tuple[Any, ...]], index: int) -> Any:
@@ -171,47 +202,21 @@ def reduce_scatter_partitions(
     moves that part alone; the root combine of part ``j`` runs on ``owners[j]`` (while it is alive: else anywhere),
     where that part's M-step runs. Combine keys are ``<combine_prefix>-p<j>-<level>-<i>-<tag>``.
     """
-    if n_partitions < 1:
-        raise ValueError("there are no partitions to reduce")
-    levels = tree_shape(n_partitions, fan_in)
-    if not 0 <= level <= len(levels):
-        raise ValueError(f"level = {level}: the tree over {n_partitions} partitions has levels 0 to {len(levels)}")
-    n_parts = n_shards + 1
-    nodes: list[list[dict[int, distributed.Future]]] = [[{} for _ in range(len(levels) + 1)] for _ in range(n_parts)]
-
-    def submit_ready(part: int, lvl: int, index: int) -> None:
-        tree = nodes[part]
-        while lvl < len(levels):
-            parent = index // fan_in
-            children = levels[lvl][parent]
-            if index != children[-1]:
-                return
-            inputs = [tree[lvl].pop(c) for c in children]
-            if len(inputs) == 1:
-                tree[lvl + 1][parent] = inputs[0]
-            else:
-                # The root goes to the part's owner (or anywhere, once it is lost).
-                placed = {"workers": [owners[part]], "allow_other_workers": True} if lvl + 1 == len(levels) else {}
-                tree[lvl + 1][parent] = client.submit(
-                    combine_values, *inputs, key=f"{combine_prefix}-p{part}-{lvl + 1}-{parent}-{tag}", pure=False,
-                    **placed,
-                )  # fmt: skip
-            del inputs
-            lvl, index = lvl + 1, parent
-
-    width = n_partitions if level == 0 else len(levels[level - 1])
-    for node in range(width):
-        first = subtree_partitions(subtree(levels, level, node))[0]
+    levels, firsts = _leaf_nodes(n_partitions, fan_in, level)
+    # The root of part j goes to its owner (or anywhere, once that worker is lost).
+    on_owner = [{"workers": [owner], "allow_other_workers": True} for owner in owners[: n_shards + 1]]
+    trees = [
+        _CombineTree(client, levels, fan_in, f"{combine_prefix}-p{j}", tag, on_owner[j]) for j in range(n_shards + 1)
+    ]
+    for node, first in enumerate(firsts):
         leaf = submit_leaf(node, f"{key_prefix}-{first}-{tag}")
         if on_leaf is not None:
             on_leaf(leaf)
-        for part in range(n_parts):
-            nodes[part][level][node] = client.submit(
-                piece, leaf, part, key=f"{key_prefix}-part{part}-{first}-{tag}", pure=False
-            )
-            submit_ready(part, level, node)
+        for part, tree in enumerate(trees):
+            tree.add(level, node, client.submit(piece, leaf, part, key=f"{key_prefix}-part{part}-{first}-{tag}",
+                                                pure=False))  # fmt: skip
         del leaf
-    return [nodes[part][-1].pop(0) for part in range(n_parts)]
+    return [tree.root() for tree in trees]
 
 
 def split_task(sharding: Any, tables: Any, task: Callable[..., Any], *args: Any) -> Any:
