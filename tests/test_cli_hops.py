@@ -45,7 +45,7 @@ def test_bad_hops_are_refused_naming_the_flag(flags: tuple[str, ...], message: s
 
 
 def test_hops_refuses_a_learned_gate_variance_and_a_non_integer(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(CommandError, match=r"--hops keeps the gate variance fixed: .* --learn-sigma2"):
+    with pytest.raises(CommandError, match=r"--hops chooses the gate variance or keeps it fixed: .* --learn-sigma2"):
         spec_from_args(parsed("--hops", "2"), SingleHopSpec(estimate_sigma2=True), None)
     with pytest.raises(SystemExit) as exited:
         parsed("--hops", "two")
