@@ -83,6 +83,10 @@ def test_fit_hops_then_evaluate_predict_and_stream(tmp_path: Path, capsys: pytes
         assert fitted.returncode == 0, fitted.stderr
         report = json.loads(fitted.stdout)
         assert report["kind"] == "hops" and report["n_hops"] == 2, report
+        # --sigma2 given stays fixed; the emission's strengths, not given, are chosen on the fit's held-out rows.
+        chosen = report["hyperparameters"]
+        assert chosen["sigma2"] == 0.5 and {"emission_strength", "type_strength"} <= chosen.keys(), report
+        assert "emission prior strength" in report["choice"] and report["heldout"], report
         evaluated = run_here(capsys, "evaluate", str(model), str(stores / "test.zarr"), "--scheduler", address,
                              "--json")  # fmt: skip
         assert evaluated.returncode == 0, evaluated.stderr
