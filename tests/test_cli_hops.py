@@ -45,7 +45,7 @@ def test_bad_hops_are_refused_naming_the_flag(flags: tuple[str, ...], message: s
 
 
 def test_hops_refuses_a_learned_gate_variance_and_a_non_integer(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(CommandError, match=r"--hops keeps the gate variance fixed: .* --learn-sigma2"):
+    with pytest.raises(CommandError, match=r"--hops chooses the gate variance or keeps it fixed: .* --learn-sigma2"):
         spec_from_args(parsed("--hops", "2"), SingleHopSpec(estimate_sigma2=True), None)
     with pytest.raises(SystemExit) as exited:
         parsed("--hops", "two")
@@ -83,6 +83,10 @@ def test_fit_hops_then_evaluate_predict_and_stream(tmp_path: Path, capsys: pytes
         assert fitted.returncode == 0, fitted.stderr
         report = json.loads(fitted.stdout)
         assert report["kind"] == "hops" and report["n_hops"] == 2, report
+        # --sigma2 given stays fixed; the emission's strengths, not given, are chosen on the fit's held-out rows.
+        chosen = report["hyperparameters"]
+        assert chosen["sigma2"] == 0.5 and {"emission_strength", "type_strength"} <= chosen.keys(), report
+        assert "emission prior strength" in report["choice"] and report["heldout"], report
         evaluated = run_here(capsys, "evaluate", str(model), str(stores / "test.zarr"), "--scheduler", address,
                              "--json")  # fmt: skip
         assert evaluated.returncode == 0, evaluated.stderr

@@ -13,6 +13,7 @@ held-out estimation, done by grid).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import asdict, dataclass
@@ -35,6 +36,9 @@ __all__ = [
     "HyperparameterSearch",
     "Hyperparameters",
     "Selection",
+    "as_hyperparameters",
+    "coordinate_steps",
+    "nearby",
     "score_grid",
 ]
 
@@ -141,6 +145,43 @@ class HyperparameterSearch:
 
 
 DEFAULT_SEARCH = HyperparameterSearch()
+
+
+def nearby(values: tuple[float, ...] | None, current: float) -> tuple[float, ...] | None:
+    """The value of ``values`` (a logarithmic grid) nearest ``current`` and its two neighbours (``None``: a fixed
+    axis). :meth:`HyperparameterSearch.around`'s step on one axis, without the flat gate added."""
+    if values is None:
+        return None
+    keys = [abs(math.log(v) - math.log(current)) if v > 0 and current > 0 else abs(v - current) for v in values]
+    i = min(range(len(values)), key=keys.__getitem__)
+    return values[max(0, i - 1) : i + 2]
+
+
+def as_hyperparameters(choice: Any, fallback: Hyperparameters) -> Hyperparameters:
+    """A choice as the single head's hyperparameters: its ``sigma2``, ``emission_strength`` and ``type_strength``
+    where it has them (``None`` or missing: ``fallback``'s; a choice recorded with the gate variance alone, say)."""
+
+    def value(name: str) -> float:
+        v = getattr(choice, name, None)
+        return float(getattr(fallback, name)) if v is None else float(v)
+
+    return Hyperparameters(value("sigma2"), value("emission_strength"), value("type_strength"))
+
+
+def coordinate_steps(
+    search: HyperparameterSearch, current: Hyperparameters, query_scale: float
+) -> list[Hyperparameters]:
+    """The points one step from ``current`` along one searched axis at a time: on each axis the grid values
+    :func:`nearby` it (gate variances as multiples of ``query_scale``) other than its own, the other two kept."""
+    steps: list[Hyperparameters] = []
+    for values, name, scale in ((search.sigma2_scales, "sigma2", query_scale),
+                                (search.emission_strengths, "emission_strength", 1.0),
+                                (search.type_strengths, "type_strength", 1.0)):  # fmt: skip
+        own = float(getattr(current, name))
+        for value in nearby(values, own / scale) or ():
+            if value * scale != own:
+                steps.append(dataclasses.replace(current, **{name: value * scale}))
+    return steps
 
 
 @dataclass(frozen=True)

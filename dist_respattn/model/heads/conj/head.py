@@ -244,6 +244,12 @@ class ConjHead(WindowHead):
                         discount=self.discount if discount is None else discount,
                         triples=self.triples if triples is None else triples)  # fmt: skip
 
+    def with_single(self, single: ResponsibilityAttentionDistribution) -> ConjHead:
+        """The same pair rows over another single head (its gate and ``B``: a candidate of its M-step)."""
+        return ConjHead(single, self.depth, self.pair_keys, self.indptr, self.targets, self.counts, self.strength,
+                        self.type_strength, backoff=self.backoff, discount=self.discount,
+                        triples=self.triples)  # fmt: skip
+
     @functools.cached_property
     def pair_values(self) -> tuple[np.ndarray, np.ndarray]:
         """``(pair_weight (P,), cell_value (M,))`` (:func:`pair_rows`)."""

@@ -1,5 +1,6 @@
 """The conjunction head as a kind of the head protocol: its spec, the support pass, additive statistics, trainer
-and M-step with the pair rows' strengths chosen on held-out rows.
+and M-step with the pair rows' strengths, and the single head's open choices (its gate variance and emission
+strengths), chosen on held-out rows.
 
 The E-step is the conjunction kernel's (:mod:`dist_respattn.model.heads.conj.kernels`); the M-step is the single-hop
 M-step of all the responsibilities (keys, prior, ``B``) and, per stored cell, ``n[a, q, t]`` = the responsibility
@@ -18,6 +19,12 @@ import numpy as np
 
 from dist_respattn.model.emission.layouts import DenseEmissionCounts, SparseEmission, SparseEmissionCounts
 from dist_respattn.model.fitting.fixed import PointTotals
+from dist_respattn.model.fitting.selection import (
+    Hyperparameters,
+    HyperparameterSearch,
+    as_hyperparameters,
+    coordinate_steps,
+)
 from dist_respattn.model.heads.base import (
     Block,
     BlockPass,
@@ -34,7 +41,8 @@ from dist_respattn.model.heads.conj.head import BACKOFFS, ORDERS, ConjHead, Trip
 from dist_respattn.model.heads.conj.kernels import ConjArrays, conj_estep, conj_score_grid
 from dist_respattn.model.heads.single_hop.accumulator import SufficientStatistics
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.heads.single_hop.kind import SingleHopSpec, SingleHopTrainer, fixed_single
+from dist_respattn.model.heads.single_hop.estimator import MStepCandidates
+from dist_respattn.model.heads.single_hop.kind import SingleHopCandidates, SingleHopSpec, SingleHopTrainer
 from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys
 from dist_respattn.model.kernels.per_position import StatisticArrays
 from dist_respattn.model.memory import MemoryEstimate
@@ -72,8 +80,9 @@ class ConjSpec(HeadSpec):
     """The settings of a conjunction fit.
 
     Attributes:
-        single: the single-hop head's settings (its open choices fixed, see
-            :func:`~dist_respattn.model.heads.single_hop.kind.fixed_single`).
+        single: the single-hop head's settings; its open choices (the gate variance and the emission's strengths
+            not given) are chosen on held-out rows a step at a time beside the pair rows' (see
+            :class:`ConjCandidates`).
         depth: how many of the most recent positions read the pair rows (at most N; 2: the current token's own row
             and the trigram at the previous position).
         min_count: a pair (attended, current) is stored when it occurs at least this often at those positions in
@@ -153,7 +162,7 @@ class ConjSpec(HeadSpec):
         )  # fmt: skip
 
     def trainer(self, context: TrainerContext) -> ConjTrainer:
-        single = fixed_single(self.single).trainer(context)
+        single = self.single.trainer(context)
         depth = min(int(self.depth), context.shape[1])
         return ConjTrainer(
             single,
@@ -165,6 +174,7 @@ class ConjSpec(HeadSpec):
             self.discount,
             order=self.order,
             triple=(self.triple_strength, self.triple_type_strength, self.triple_discount),
+            start=context.init_meta.get("hyperparameters"),
         )
 
 
@@ -339,6 +349,8 @@ class ConjChoice:
     triple_strength: float = math.inf
     triple_type_strength: float = 0.0
     triple_discount: float = 0.0
+    #: The single head's hyperparameters when the fit chooses them (``None``: its M-step's defaults, all given).
+    single: Hyperparameters | None = None
 
     @property
     def pair(self) -> tuple[float, float, float]:
@@ -355,10 +367,13 @@ class ConjChoice:
             data.update(conj_triple_strength=float(self.triple_strength),
                         conj_triple_type_strength=float(self.triple_type_strength),
                         conj_triple_discount=float(self.triple_discount))  # fmt: skip
+        if self.single is not None:
+            data.update(self.single.to_json())
         return data
 
     def describe(self) -> str:
-        line = f"pair strength {self.strength:g} + {self.type_strength:g} x types, discount {self.discount:g}"
+        line = "" if self.single is None else f"{self.single.describe()}; "
+        line += f"pair strength {self.strength:g} + {self.type_strength:g} x types, discount {self.discount:g}"
         if math.isfinite(self.triple_strength):
             line += (
                 f"; triple strength {self.triple_strength:g} + {self.triple_type_strength:g} x types, discount "
@@ -370,29 +385,50 @@ class ConjChoice:
 @dataclass(frozen=True)
 class ConjGrid(Grid):
     """The held-out pass of a conjunction M-step: the new head at each (beta, gamma, D) of ``points`` (at order 3,
-    each (beta, gamma, D, beta3, gamma3, D3))."""
+    each (beta, gamma, D, beta3, gamma3, D3)); with ``singles``, point ``k`` over the single head of the M-step
+    ``single`` under ``singles[k]`` (made where the grid is scored), else over ``head``'s own."""
 
     head: ConjHead
     points: tuple[tuple[float, ...], ...]
+    single: MStepCandidates | None = None
+    singles: tuple[Hyperparameters, ...] = ()
 
     @property
     def columns(self) -> Columns:
         return self.head.columns
 
+    def groups(self) -> list[tuple[Hyperparameters | None, np.ndarray]]:
+        """The points by the single head they are scored over, in order of first appearance: ``(its
+        hyperparameters, or None: the head's own; the points' indices)``."""
+        if not self.singles:
+            return [(None, np.arange(len(self.points)))]
+        order: dict[Hyperparameters, list[int]] = {}
+        for k, hp in enumerate(self.singles):
+            order.setdefault(hp, []).append(k)
+        return [(hp, np.array(ks)) for hp, ks in order.items()]
+
     def score(self, blocks: Iterable[Block]) -> PointTotals:
-        """Every point in one pass over the blocks (:func:`conj_score_grid`)."""
+        """Every point in one pass over the blocks (:func:`conj_score_grid`, once per single head)."""
         triples = self.head.triples
         points = np.array(self.points, dtype=np.float64).reshape(-1, 3 if triples is None else 6)
+        groups = self.groups()
+        if self.single is None:
+            heads = [self.head for _ in groups]
+        else:
+            single = self.single
+            heads = [self.head if hp is None else self.head.with_single(single.model(hp)) for hp, _ in groups]
         totals = np.zeros((points.shape[0], 3))
         for block in blocks:
             rows = _weighted(block.rows, block.weights)
             self.head.check_rows(rows)
-            totals += conj_score_grid(rows, self.head.parameters, self.head.counts, points,
-                                      None if triples is None else triples.counts)  # fmt: skip
+            for head, (_, at) in zip(heads, groups, strict=True):
+                totals[at] += conj_score_grid(rows, head.parameters, self.head.counts, points[at],
+                                              None if triples is None else triples.counts)  # fmt: skip
         return PointTotals(tuple(ScoreTotals(float(w), float(ll), float(tlp)) for ll, tlp, w in totals))
 
     def nbytes(self) -> int:
-        return self.head.nbytes()
+        extra = 0 if self.single is None else int(self.single.emission_count.nbytes)
+        return self.head.nbytes() + extra
 
 
 @dataclass(frozen=True)
@@ -400,11 +436,20 @@ class ConjCandidates(Candidates):
     """A conjunction M-step: the single head's M-step and the cell counts, one head per (beta, gamma, D) of
     ``points``; at order 3, per (beta3, gamma3, D3) of ``triple_points`` too, searched a coordinate at a time: each
     grid is the pair points under the last choice's triple prior beside the triple points under its pair prior
-    (:data:`START_POINT` before any choice), so successive M-steps climb both."""
+    (:data:`START_POINT` before any choice), so successive M-steps climb both.
+
+    With ``single`` (the single head's candidates, when it has open choices) the single head's hyperparameters are
+    a third coordinate: those points are scored over the single head of the last choice (before any, ``centre``),
+    and beside them the last choice's pair (and triple) point over each single head one step away from it on one
+    of its searched axes (:func:`~dist_respattn.model.fitting.selection.coordinate_steps`; each such head costs
+    one more scoring of the held-out rows).
+    """
 
     head: ConjHead
     points: tuple[tuple[float, float, float], ...]
     triple_points: tuple[tuple[float, float, float], ...] = ()
+    single: SingleHopCandidates | None = None
+    centre: Hyperparameters | None = None
 
     def default(self) -> ConjChoice:
         if not self.triple_points:
@@ -412,16 +457,33 @@ class ConjCandidates(Candidates):
         return ConjChoice(*self.points[0], *self.triple_points[0])
 
     def grid(self, around: Any) -> ConjGrid:
+        start = START_POINT if START_POINT in self.points else self.points[0]
+        points: list[tuple[float, ...]]
         if not self.triple_points:
-            return ConjGrid(self.head, self.points)
-        if isinstance(around, ConjChoice) and math.isfinite(around.triple_strength):
-            pair, triple = around.pair, around.triple
+            points = list(self.points)
+            pair: tuple[float, ...] = around.pair if isinstance(around, ConjChoice) else start
         else:
-            pair = START_POINT if START_POINT in self.points else self.points[0]
-            triple = START_POINT if START_POINT in self.triple_points else self.triple_points[0]
-        points = [(*p, *triple) for p in self.points]
-        points += [(*pair, *u) for u in self.triple_points if (*pair, *u) not in points]
-        return ConjGrid(self.head, tuple(points))
+            if isinstance(around, ConjChoice) and math.isfinite(around.triple_strength):
+                first, triple = around.pair, around.triple
+            else:
+                first = start
+                triple = START_POINT if START_POINT in self.triple_points else self.triple_points[0]
+            points = [(*p, *triple) for p in self.points]
+            points += [(*first, *u) for u in self.triple_points if (*first, *u) not in points]
+            pair = (*first, *triple)
+        if self.single is None or not self.single.searches():
+            return ConjGrid(self.head, tuple(points))
+        candidates = self.single.candidates
+        if isinstance(around, ConjChoice) and around.single is not None:
+            current = around.single
+        elif isinstance(around, Hyperparameters):  # the single head's own choice at the start
+            current = as_hyperparameters(around, candidates.defaults)
+        else:
+            current = self.centre or candidates.defaults
+        search = self.single.search or HyperparameterSearch(None, None, None)
+        steps = coordinate_steps(search, current, candidates.query_scale)
+        singles = (current,) * len(points) + tuple(steps)
+        return ConjGrid(self.head, (*points, *((pair,) * len(steps))), candidates, singles)
 
     def choose(self, grid: Grid, scores: Any) -> tuple[ConjChoice, dict[str, float] | None]:
         if scores is None or scores.weight <= 0.0:
@@ -430,19 +492,26 @@ class ConjCandidates(Candidates):
         best = int(np.argmax(values))  # the first of equals
         metrics = scores.totals[best].metrics()
         assert isinstance(grid, ConjGrid)
-        return ConjChoice(*grid.points[best]), {
+        single = grid.singles[best] if grid.singles else None
+        point = grid.points[best]
+        triple = point[3:6] if len(point) == 6 else (math.inf, 0.0, 0.0)
+        return ConjChoice(point[0], point[1], point[2], *triple, single), {
             name: metrics[name] for name in ("mean_log_likelihood", "target_log_prob", "perplexity")
         }
 
     def model(self, choice: Any) -> ConjHead:
-        triples = self.head.triples
+        head = self.head
+        if choice.single is not None and self.single is not None:
+            head = head.with_single(self.single.model(choice.single))
+        triples = head.triples
         if triples is not None:
             triples = triples.with_counts(triples.counts, *choice.triple)
-        return self.head.with_counts(self.head.counts, choice.strength, choice.type_strength, choice.discount,
-                                     triples)  # fmt: skip
+        return head.with_counts(head.counts, choice.strength, choice.type_strength, choice.discount,
+                                triples)  # fmt: skip
 
     def searches(self) -> bool:
-        return len(self.points) > 1 or len(self.triple_points) > 1
+        single = self.single is not None and self.single.searches()
+        return len(self.points) > 1 or len(self.triple_points) > 1 or single
 
 
 class ConjTrainer(Trainer):
@@ -462,8 +531,13 @@ class ConjTrainer(Trainer):
         *,
         order: int = 2,
         triple: tuple[float | None, float | None, float | None] = (None, None, None),
+        start: dict[str, Any] | None = None,
     ) -> None:
         self.single = single
+        #: The single head's strengths the fit starts from (its start fit's choice), where its search is centred
+        #: before any choice.
+        self.start = {k: float(v) for k, v in (start or {}).items()
+                      if k in ("emission_strength", "type_strength") and v is not None}  # fmt: skip
         self.order = int(order)
         self.backoff = backoff
         self.depth = int(depth)
@@ -487,7 +561,7 @@ class ConjTrainer(Trainer):
         return self.single.shape
 
     def searches(self) -> bool:
-        return len(self.points) > 1 or len(self.triple_points) > 1
+        return len(self.points) > 1 or len(self.triple_points) > 1 or self.single.searches()
 
     def check_start(self, head: Head, *, resumed: bool) -> None:
         if isinstance(head, ResponsibilityAttentionDistribution) and not resumed:
@@ -578,11 +652,25 @@ class ConjTrainer(Trainer):
         head = ConjHead(single, previous.depth, previous.pair_keys, previous.indptr, previous.targets,
                         statistics.cell_counts, b, g, backoff=previous.backoff, discount=d,
                         triples=triples)  # fmt: skip
-        return ConjCandidates(head, self.points, self.triple_points)
+        if not candidates.searches():
+            return ConjCandidates(head, self.points, self.triple_points)
+        defaults = candidates.default()
+        # Before any choice: the gate variance the head runs with now, the strengths of the fit it started from.
+        centre = Hyperparameters(
+            previous.single.sigma2,
+            self.start.get("emission_strength", defaults.emission_strength),
+            self.start.get("type_strength", defaults.type_strength),
+        )
+        return ConjCandidates(head, self.points, self.triple_points, candidates, centre)
 
-    def choice_from_json(self, data: dict[str, Any]) -> ConjChoice | None:
+    def choice_from_json(self, data: dict[str, Any]) -> ConjChoice | Hyperparameters | None:
+        """A recorded choice: the pair rows' (and the single head's, when chosen; a choice recorded before the
+        single head's were has none), or the single head's alone (a start's)."""
+        single = None
+        if all(k in data for k in ("sigma2", "emission_strength", "type_strength")):
+            single = Hyperparameters.from_json(data)
         if "conj_strength" not in data:
-            return None
+            return single
         return ConjChoice(
             float(data["conj_strength"]),
             float(data.get("conj_type_strength", 0.0)),
@@ -590,6 +678,7 @@ class ConjTrainer(Trainer):
             float(data.get("conj_triple_strength", math.inf)),
             float(data.get("conj_triple_type_strength", 0.0)),
             float(data.get("conj_triple_discount", 0.0)),
+            single,
         )
 
     def warnings(self, head: Head, statistics: Any = None) -> list[str]:

@@ -18,7 +18,8 @@ __all__ = ["KIND", "HopsHead", "HopsSpec", "spec_from_options"]
 
 def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, Any] | None) -> HopsSpec | None:
     """The chain a ``fit --hops H`` asks for (``None`` without it, and for H = 1: the single head itself): H hops
-    over the single-hop settings the other fit options describe (``base``), their open choices fixed."""
+    over the single-hop settings the other fit options describe (``base``), their open choices made on held-out
+    rows."""
     hops = options.get("hops")
     if hops is None:
         return None
@@ -31,7 +32,7 @@ def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, 
     if not isinstance(base, SingleHopSpec):
         raise ValueError(f"--hops chains single-hop gates: it does not combine with a {base.kind} fit")
     if base.estimate_sigma2:
-        raise ValueError("--hops keeps the gate variance fixed: it does not combine with --learn-sigma2")
+        raise ValueError("--hops chooses the gate variance or keeps it fixed: it does not combine with --learn-sigma2")
     softmax = bool((saved or {}).get("softmax", False))
     return HopsSpec(base, hops, softmax)
 
@@ -51,7 +52,8 @@ KIND = register_kind(
                     "default": None,
                     "help": "fit a chain of H attention hops: hop 1 attends from the row's query, each later hop "
                     "from the embedding of the token the one before found; the target is emitted from the last "
-                    "(1: the single head; the gate variance fixed, not searched)",
+                    "(1: the single head; the gate variance and emission strengths not given are chosen on "
+                    "held-out rows)",
                 },
                 ("fit",),
             ),

@@ -1,9 +1,10 @@
-"""The chain of hops as a kind of the head protocol: its spec, additive statistics, trainer and (one-point) M-step.
+"""The chain of hops as a kind of the head protocol: its spec, additive statistics, trainer and M-step.
 
 The E-step is exact forward–backward over the hops (:mod:`dist_respattn.model.heads.hops.kernels`). The M-step is
 closed form: hop 1 and the emission are the single-hop M-step of hop 1's responsibilities and the last hop's (its
 MAP emission unchanged); each later hop's key of symbol ``s`` is the mean of the hop queries its transitions into
-``s`` answered, its position prior the normalized transition mass per position.
+``s`` answered, its position prior the normalized transition mass per position. The single head's open choices (the
+gate variance, the emission's strengths) are chosen on held-out rows (:mod:`dist_respattn.model.heads.hops.grid`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from dist_respattn.model.emission.layouts import DenseEmissionCounts, SparseEmission, SparseEmissionCounts
 from dist_respattn.model.fitting.fixed import OneCandidate
+from dist_respattn.model.fitting.selection import Hyperparameters
 from dist_respattn.model.heads.base import (
     Block,
     BlockPass,
@@ -27,11 +29,12 @@ from dist_respattn.model.heads.base import (
     Trainer,
     TrainerContext,
 )
+from dist_respattn.model.heads.hops.grid import HopsCandidates
 from dist_respattn.model.heads.hops.head import HopsHead
 from dist_respattn.model.heads.hops.kernels import HopArrays, hop_estep
 from dist_respattn.model.heads.single_hop.accumulator import SufficientStatistics
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
-from dist_respattn.model.heads.single_hop.kind import SingleHopSpec, SingleHopTrainer, fixed_single
+from dist_respattn.model.heads.single_hop.kind import SingleHopSpec, SingleHopTrainer
 from dist_respattn.model.memory import MemoryEstimate
 
 __all__ = [
@@ -50,7 +53,8 @@ __all__ = [
 @dataclass(frozen=True)
 class HopsSpec(HeadSpec):
     """The settings of a chain-of-hops fit: the single-hop head's (``single``, hop 1 and the emission; its open
-    choices fixed, see :func:`~dist_respattn.model.heads.single_hop.kind.fixed_single`), the number of hops ``hops``
+    choices, the gate variance and the emission's strengths not given, chosen on held-out rows as the single head
+    chooses them, see :class:`~dist_respattn.model.heads.hops.grid.HopsCandidates`), the number of hops ``hops``
     (H >= 1; 1 is the single head) and ``softmax`` (normalize each later hop over the positions it goes to, as the
     reference library's chained attention does; its M-step is then not exact EM)."""
 
@@ -64,7 +68,10 @@ class HopsSpec(HeadSpec):
         if isinstance(self.hops, bool) or not isinstance(self.hops, (int, np.integer)) or self.hops < 1:
             raise ValueError(f"hops = {self.hops!r}: expected a whole number of hops >= 1")
         if self.single.estimate_sigma2:
-            raise ValueError("a chain of hops keeps its gate variance fixed: it does not estimate sigma2")
+            raise ValueError(
+                "a chain of hops chooses its gate variance on held-out rows or keeps it fixed: it does not estimate "
+                "sigma2"
+            )
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "single": self.single.to_json(), "hops": int(self.hops),
@@ -75,7 +82,7 @@ class HopsSpec(HeadSpec):
         return cls(SingleHopSpec.from_json(dict(data["single"])), int(data["hops"]), bool(data.get("softmax", False)))
 
     def trainer(self, context: TrainerContext) -> HopsTrainer:
-        return HopsTrainer(fixed_single(self.single).trainer(context), int(self.hops), bool(self.softmax))
+        return HopsTrainer(self.single.trainer(context), int(self.hops), bool(self.softmax))
 
 
 @dataclass(frozen=True)
@@ -165,15 +172,24 @@ def hop_queries_of(value: QuerySums, num_symbols: int, query_dim: int) -> np.nda
 
 @dataclass(frozen=True)
 class HopsChoice:
-    """A chain's M-step's (fixed) hyperparameters: the gate variance."""
+    """A chain's M-step's hyperparameters when it has none to choose (every one given): the gate variance and the
+    emission's strengths (``None``: the reference library's additive smoothing, or a choice recorded with the gate
+    variance alone)."""
 
     sigma2: float
+    emission_strength: float | None = None
+    type_strength: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"sigma2": float(self.sigma2)}
+        data = {"sigma2": float(self.sigma2)}
+        if self.emission_strength is not None and self.type_strength is not None:
+            data.update(emission_strength=float(self.emission_strength), type_strength=float(self.type_strength))
+        return data
 
     def describe(self) -> str:
-        return f"sigma2 {self.sigma2:.3g} (fixed)"
+        if self.emission_strength is None or self.type_strength is None:
+            return f"sigma2 {self.sigma2:.3g} (fixed)"
+        return f"{Hyperparameters(self.sigma2, self.emission_strength, self.type_strength).describe()} (fixed)"
 
 
 def hop_statistics(head: HopsHead, blocks: Iterable[Block]) -> HopsStatistics:
@@ -228,7 +244,7 @@ class HopsTrainer(Trainer):
         return self.single.shape
 
     def searches(self) -> bool:
-        return False
+        return self.single.searches()
 
     def check_start(self, head: Head, *, resumed: bool) -> None:
         if isinstance(head, ResponsibilityAttentionDistribution) and not resumed:
@@ -267,13 +283,32 @@ class HopsTrainer(Trainer):
         assert isinstance(head, HopsHead)
         return hop_statistics(head, blocks)
 
-    def m_step(self, statistics: Any, previous: Head | None) -> OneCandidate:
+    def m_step(self, statistics: Any, previous: Head | None) -> HopsCandidates | OneCandidate:
+        """The closed-form M-step; the single head's open choices (if any) left to :class:`HopsCandidates`."""
         assert isinstance(statistics, HopsStatistics) and isinstance(previous, HopsHead)
         candidates = self.single.m_step(statistics.stats, previous.single)
-        single = candidates.model(candidates.default())
         keys, priors = hop_m_step(statistics, previous)
-        head = HopsHead(single, keys, priors, previous.hop_queries, softmax=previous.softmax)
-        return OneCandidate(head, HopsChoice(head.single.sigma2))
+        if not candidates.searches():
+            # Every value given: the one head, scored as it is.
+            single = candidates.model(candidates.default())
+            head = HopsHead(single, keys, priors, previous.hop_queries, softmax=previous.softmax)
+            chosen = candidates.default()
+            legacy = candidates.candidates.prior is None
+            return OneCandidate(head, HopsChoice(head.single.sigma2, None if legacy else chosen.emission_strength,
+                                                 None if legacy else chosen.type_strength))  # fmt: skip
+        defaults = candidates.default()
+        # Before any choice, the gate variances are searched around the one the chain runs with now.
+        centre = Hyperparameters(previous.single.sigma2, defaults.emission_strength, defaults.type_strength)
+        return HopsCandidates(candidates, keys, priors, previous.hop_queries, previous.softmax, centre)
+
+    def choice_from_json(self, data: dict[str, Any]) -> Hyperparameters | HopsChoice | None:
+        """A recorded choice: the single head's hyperparameters, or (a chain fitted before it chose them) the gate
+        variance alone."""
+        if not data or "sigma2" not in data:
+            return None
+        if "emission_strength" in data and "type_strength" in data:
+            return Hyperparameters.from_json(data)
+        return HopsChoice(float(data["sigma2"]))
 
     def warnings(self, head: Head, statistics: Any = None) -> list[str]:
         assert isinstance(head, HopsHead)
