@@ -21,7 +21,7 @@ from tests.heads.cases import copy_data
 
 SPECS: dict[str, Any] = {
     "hops": HopsSpec(SingleHopSpec(emission_layout="sparse", position_buckets=3), hops=2),
-    "conj": ConjSpec(SingleHopSpec(emission_layout="dense"), depth=2, order=3),
+    "conj": ConjSpec(SingleHopSpec(emission_layout="dense"), depth=2, order=3, choose_single=True),
 }
 
 

@@ -1,4 +1,5 @@
-"""The chain of hops and the conjunction head choose their single head's open hyperparameters on held-out rows.
+"""The chain of hops and the conjunction head (asked with ``choose_single``) choose their single head's open
+hyperparameters on held-out rows.
 
 Every point of a grid is scored as the head it names scores the same rows (to 1e-10), the choice is the best point,
 a value given stays fixed, and the choices round-trip through their JSON (a checkpoint's, today's and older).
@@ -6,6 +7,7 @@ a value given stays fixed, and the choices round-trip through their JSON (a chec
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import Any
@@ -138,8 +140,23 @@ def conj_case(order: int, **given: Any) -> tuple[ConjSpec, KindData, TrainerCont
     shape = (8, 4, 2, 8)
     single = SingleHopSpec(emission_layout="dense" if order == 2 else "sparse", **given)
     spec = ConjSpec(single, depth=2, order=order, strength=None if order == 2 else 1.0, type_strength=0.5,
-                    discount=0.5)  # fmt: skip
+                    discount=0.5, choose_single=True)  # fmt: skip
     return spec, copy_data(600, shape, 23), TrainerContext(shape)
+
+
+def test_the_conj_head_chooses_its_single_heads_values_only_when_asked() -> None:
+    """By default the single head's open values are fixed (1 when not given): today's grid over one single head,
+    and the spec says so in its JSON; ``choose_single`` opens the search and is read back."""
+    spec, data, context = conj_case(2)
+    fixed = dataclasses.replace(spec, choose_single=False)
+    _, head, candidates = m_step_of(fixed, data, context)
+    assert candidates.single is None or not candidates.single.searches()
+    grid = candidates.grid(None)
+    assert grid.singles == () and grid.single is None
+    assert head.single.sigma2 == 1.0
+    assert ConjSpec.from_json(fixed.to_json()) == fixed and ConjSpec.from_json(spec.to_json()) == spec
+    older = {k: v for k, v in spec.to_json().items() if k != "choose_single"}  # a spec recorded before
+    assert ConjSpec.from_json(older).choose_single is False
 
 
 @pytest.mark.parametrize("order", [2, 3])

@@ -17,12 +17,14 @@ __all__ = ["KIND", "ConjHead", "ConjSpec", "spec_from_options"]
 
 _FLAGS = {"conj_depth": "--conj-depth", "conj_min_count": "--conj-min-count", "conj_strength": "--conj-strength",
           "conj_type_strength": "--conj-type-strength", "conj_backoff": "--conj-backoff",
-          "conj_discount": "--conj-discount", "conj_order": "--conj-order"}  # fmt: skip
+          "conj_discount": "--conj-discount", "conj_order": "--conj-order",
+          "conj_choose_single": "--conj-choose-single"}  # fmt: skip
 
 
 def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, Any] | None) -> ConjSpec | None:
     """The conjunction spec a ``fit --head conj`` asks for (``None`` otherwise): the single-hop settings the other
-    fit options describe (``base``, their open choices fixed) and the ``--conj-*`` options. A resumed conjunction
+    fit options describe (``base``; their open choices fixed unless ``--conj-choose-single``) and the ``--conj-*``
+    options. A resumed conjunction
     fit keeps what it recorded for the options not given again."""
     given: dict[str, Any] = {name: options[name] for name in _FLAGS if options.get(name) is not None}
     if options.get("head") != "conj":
@@ -44,6 +46,7 @@ def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, 
         recorded.triple_strength,
         recorded.triple_type_strength,
         recorded.triple_discount,
+        bool(given.get("conj_choose_single", recorded.choose_single)),
     )
 
 
@@ -124,6 +127,17 @@ KIND = register_kind(
                     "help": "--head conj: 2 (default): rows keyed by the attended and the current token; 3: rows "
                     "keyed by the token before the attended one too (a 4-gram at the previous position), leaning "
                     "toward the pair rows, their strengths and discount chosen on held-out rows",
+                },
+            ),
+            Option(
+                ("--conj-choose-single",),
+                {
+                    "action": "store_const",
+                    "const": True,
+                    "default": None,
+                    "help": "--head conj: choose the single head's open values (sigma2, --emission-strength, "
+                    "--type-strength not given) on held-out rows too, a step at a time beside the pair rows' "
+                    "(default: fixed at the values given, 1 when not given)",
                 },
             ),
         ),

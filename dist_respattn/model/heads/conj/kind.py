@@ -42,7 +42,12 @@ from dist_respattn.model.heads.conj.kernels import ConjArrays, conj_estep, conj_
 from dist_respattn.model.heads.single_hop.accumulator import SufficientStatistics
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.heads.single_hop.estimator import MStepCandidates
-from dist_respattn.model.heads.single_hop.kind import SingleHopCandidates, SingleHopSpec, SingleHopTrainer
+from dist_respattn.model.heads.single_hop.kind import (
+    SingleHopCandidates,
+    SingleHopSpec,
+    SingleHopTrainer,
+    fixed_single,
+)
 from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys
 from dist_respattn.model.kernels.per_position import StatisticArrays
 from dist_respattn.model.memory import MemoryEstimate
@@ -80,9 +85,9 @@ class ConjSpec(HeadSpec):
     """The settings of a conjunction fit.
 
     Attributes:
-        single: the single-hop head's settings; its open choices (the gate variance and the emission's strengths
-            not given) are chosen on held-out rows a step at a time beside the pair rows' (see
-            :class:`ConjCandidates`).
+        single: the single-hop head's settings. Its open choices (the gate variance and the emission's strengths
+            not given) are fixed (see :func:`~dist_respattn.model.heads.single_hop.kind.fixed_single`) unless
+            ``choose_single``.
         depth: how many of the most recent positions read the pair rows (at most N; 2: the current token's own row
             and the trigram at the previous position).
         min_count: a pair (attended, current) is stored when it occurs at least this often at those positions in
@@ -99,6 +104,9 @@ class ConjSpec(HeadSpec):
         triple_strength, triple_type_strength, triple_discount: ``beta3``, ``gamma3`` and ``D3`` of the triple
             rows' prior toward the pair rows (order 3), or ``None``: chosen on held-out rows among
             :data:`STRENGTHS`, :data:`TYPE_STRENGTHS` and :data:`DISCOUNTS` (``beta3 = inf``: order 2).
+        choose_single: choose the single head's open choices on held-out rows too, a step at a time beside the pair
+            rows' (see :class:`ConjCandidates`). Off by default: on the recipe's conjunction head, fitted from the
+            data, the walk of its gate variance raised the held-out perplexity from one iteration to the next.
     """
 
     kind: ClassVar[str] = "conj"
@@ -114,6 +122,7 @@ class ConjSpec(HeadSpec):
     triple_strength: float | None = None
     triple_type_strength: float | None = None
     triple_discount: float | None = None
+    choose_single: bool = False
 
     def __post_init__(self) -> None:
         for name, value in (("triple_type_strength", self.triple_type_strength),
@@ -146,7 +155,8 @@ class ConjSpec(HeadSpec):
                 "type_strength": self.type_strength, "backoff": self.backoff,
                 "discount": self.discount, "order": int(self.order), "triple_strength": self.triple_strength,
                 "triple_type_strength": self.triple_type_strength,
-                "triple_discount": self.triple_discount}  # fmt: skip
+                "triple_discount": self.triple_discount,
+                "choose_single": bool(self.choose_single)}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ConjSpec:
@@ -158,11 +168,11 @@ class ConjSpec(HeadSpec):
             float(data.get("min_count", 1.0)), number(data.get("strength")), number(data.get("type_strength")),
             str(data.get("backoff", "attended")), number(data.get("discount", 0.0)), int(data.get("order", 2)),
             number(data.get("triple_strength")), number(data.get("triple_type_strength")),
-            number(data.get("triple_discount")),
+            number(data.get("triple_discount")), bool(data.get("choose_single", False)),
         )  # fmt: skip
 
     def trainer(self, context: TrainerContext) -> ConjTrainer:
-        single = self.single.trainer(context)
+        single = (self.single if self.choose_single else fixed_single(self.single)).trainer(context)
         depth = min(int(self.depth), context.shape[1])
         return ConjTrainer(
             single,
