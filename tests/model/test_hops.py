@@ -360,3 +360,38 @@ def test_stream_rows_past_the_linear_domain_are_redone_from_shifted_transitions(
     np.testing.assert_allclose(arrays.key_sum, key_sum, rtol=1e-11, atol=1e-13)
     np.testing.assert_allclose(arrays.key_mass, key_mass, rtol=1e-11, atol=1e-13)
     np.testing.assert_allclose(arrays.emission_count_ts, counts.T, rtol=1e-11, atol=1e-13)
+
+
+@pytest.mark.parametrize("hops", [2, 3])
+def test_windows_of_new_pairs_between_stream_windows_equal_the_enumeration(hops):
+    """With D a multiple of 8, a window none of whose pairs the previous row's window held and that the next row's
+    does not slide into (a sampled row) has its transition distances computed straight into a plain table, the
+    rings left alone and marked as holding no window. Stream rows taken out of order around such windows, and a
+    weightless row between a window and the one sliding into it (the window before it then is one of new pairs
+    whose successor it skips): every row gives the enumeration's statistics, the weightless ones none."""
+    shape = (6, 4, 8, 6)
+    head = random_chain(shape, hops, 11)
+    rng = np.random.default_rng(12)
+    tokens, starts = corpus(rng, 40, shape[0], 2)
+    stream = windows_of(tokens, starts, shape[1], rng.normal(size=(shape[0], shape[2])))
+    n = stream.num_rows
+    # In stream order, with windows of rows far away in between (rows n - 1 and 20: windows of new pairs), and
+    # weightless rows: 30 between the windows of rows 5 (of new pairs: 20 before it, 30 after) and 6, 25 between 7
+    # and 8.
+    order = [0, 1, 2, n - 1, 3, 4, 20, 5, 30, 6, 7, 25, 8, 9, n - 5, 10, 11, 12]
+    weight = np.ones(len(order))
+    weight[[8, 11]] = 0.0
+    rows = stream.select(np.array(order))._replace(weight=weight)
+    arrays = HopArrays.zeros(hops, head.shape, None)
+    assert hop_estep(rows, head.parameters, arrays) == 0
+    kept = rows.select(weight > 0)
+    lengths = kept.end - kept.begin
+    context = np.zeros((kept.num_rows, shape[1]), dtype=np.int32)
+    for r in range(kept.num_rows):
+        context[r, shape[1] - lengths[r] :] = tokens[kept.begin[r] : kept.end[r]]
+    query = kept.query_table[kept.query_index]
+    key_sum, key_mass, _, counts, log_lik = brute_statistics(head, context, query, kept.target, lengths)
+    assert arrays.scalars[2] == pytest.approx(log_lik, rel=1e-12)
+    np.testing.assert_allclose(arrays.key_sum, key_sum, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(arrays.key_mass, key_mass, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(arrays.emission_count_ts, counts.T, rtol=1e-11, atol=1e-13)

@@ -698,7 +698,9 @@ def _estep(
     The same path terms as the shifted ones up to one factor ``exp(max shift)`` a hop, so a hop whose largest
     transition in the window is below ``_UNSCALED_FLOOR`` (or a softmax's) is shifted as before, and a row redone in
     the log domain gets shifted transitions first. A window none of whose pairs the previous one held (sampled rows,
-    a document's first) takes its transitions shifted too: all m * m exponentials either way, in one pass. On a
+    a document's first) takes its transitions shifted too: all m * m exponentials either way, in one pass; with D a
+    multiple of 8 and the next row's window not sliding into it, its distances go straight into a plain table, past
+    the rings (whose writes and reads made sampled rows of 3 hops ~12% slower), the rings then holding none. On a
     stream the hop-query sums go through a ring of pair weights by stream position (:func:`_flush_sources`); a sparse
     emission is read through its direct rows, a target without one searched in the prefetch pass. A window of 8
     positions runs its m * m loops with a literal 8 (vector code)."""
@@ -764,6 +766,7 @@ def _estep(
     held_hi = -1
     exps_held = False  # whether exp_ring holds the exponentials of the pairs of held_lo..held_hi too
     new_at = np.empty(n_pos * n_pos, dtype=np.int64)
+    plain = np.empty(n_pos * (width - 1) + LANES)  # a fresh window's -d / (2 sigma2), pair (i, j) at i * (2N - 2) + j
     new_neg = np.empty(n_pos * n_pos + 15)
     new_exp = np.empty(n_pos * n_pos + 15)
     unscaled = np.zeros(n_hops, dtype=np.bool_)  # whose transitions this row are unshifted
@@ -863,11 +866,15 @@ def _estep(
         # The pairs of stream positions the rings hold: the previous row's window's, when this one starts inside it (a
         # stream's next window, a document's first ones growing); the first ``held`` positions have theirs.
         held = 0
+        fresh = False
         if n_hops > 1:
             if held_lo <= lo < held_hi:
                 held = min(held_hi, hi) - lo
-            held_lo = lo
-            held_hi = hi
+            # A window of new pairs that the next row's does not slide into (sampled rows): its distances go straight
+            # into ``plain`` (pair (i, j) at i * (2N - 2) + j), the rings untouched and no longer holding a window.
+            fresh = lanes and held == 0 and not (row + 1 < n_rows and lo <= begin[row + 1] < hi)
+            held_lo = -1 if fresh else lo
+            held_hi = -1 if fresh else hi
         # Hop 1's and the transitions' distances 8 keys a pass when most of the window's tokens are new (on a
         # stream, one is: its 15 new distances a hop are cheaper pair by pair).
         block_rows = lanes and 2 * (m - held) > m
@@ -889,7 +896,13 @@ def _estep(
         f_exps = (held if exps_held else 0) if with_exps else -1
         for h in range(1, n_hops):
             at = (h - 1) * ring_rows * width
-            if held < m or f_exps == 0:
+            if fresh:
+                # Row i's distances 8 keys a pass, scaled by -1 / (2 sigma2) (the ring's numbers exactly).
+                for i in range(m):
+                    for jb in range(0, m, LANES):
+                        sq_distances_8(hop_queries, tokens[lo + i], key_means, h, tokens, lo + jb, min(LANES, m - jb),
+                                       plain, i * (width - 1) + jb, -inv_two_sigma2)  # fmt: skip
+            elif held < m or f_exps == 0:
                 _new_pairs(
                     hop_queries, query_rows, key_means, key_rows, h, tokens, lo, m, held, f_exps, block_rows,
                     inv_two_sigma2, neg_ring, exp_ring, at, width, ring_rows, new_at, new_neg, new_exp, bits, scale,
@@ -907,9 +920,12 @@ def _estep(
                 )  # fmt: skip
             unscaled[h] = with_exps and largest >= _UNSCALED_FLOOR
             if not unscaled[h]:
+                # ``plain`` read through the rings' indexing: window start 0 and offset 1 - N put pair (i, j) at
+                # i * (width - 1) + j.
                 _scaled_transitions(
-                    h, lo, m, log_prior, _window_log_total(prior, h, n_pos, m), softmax, neg_ring, at, width,
-                    ring_rows, flat, trans_flat, trans, shift, bits, scale,
+                    h, 0 if fresh else lo, m, log_prior, _window_log_total(prior, h, n_pos, m), softmax,
+                    plain if fresh else neg_ring, 1 - n_pos if fresh else at, width, ring_rows, flat, trans_flat, trans,
+                    shift, bits, scale,
                 )  # fmt: skip
         exps_held = with_exps
         t_row = direct_row[t] if with_direct else -1
@@ -999,10 +1015,8 @@ def _estep(
                 log_z = log_scale + top + math.log(total) if ok else -np.inf
         if ok:
             for h in range(last, 0, -1):
-                if m == LANES:
-                    _backward_sums(h, LANES, trans, bwd, h * n_pos, sums_lin)
-                else:
-                    _backward_sums(h, m, trans, bwd, h * n_pos, sums_lin)
+                # (No literal 8 here: a sum a source, its 8-term loop would be unrolled into scalar code.)
+                _backward_sums(h, m, trans, bwd, h * n_pos, sums_lin)
                 total = 0.0
                 for i in range(m):
                     total += src_weight[h, i] * sums_lin[h, i]
