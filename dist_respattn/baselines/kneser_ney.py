@@ -34,6 +34,13 @@ Keys are exact: a history's id is built order by order (the id of ``(w_1 .. w_j)
 ``searchsorted`` over sorted keys, vectorized over rows. Memory: O(distinct n-grams × order) for the counts
 and the fitted model (int32 columns, int64 keys, float64 counts); nothing is S×T.
 
+Sums over rows (the log-likelihoods, the correct weight, the weight) are taken in a fixed order of
+:data:`SHARDS` parts (:func:`split_counts`): the n-grams whose history's most recent token is ``w`` go to part
+``w mod SHARDS``, the rows without a history to part 0; each part's terms are summed exactly (``math.fsum``) and
+the parts added in order. Every suffix of a history keeps its most recent token, so a part's n-grams are scored
+from that part's counts alone and the unigram level (``T`` numbers): the cluster counts, fits and scores each
+part on a worker (:mod:`dist_respattn.engine.ngram_shards`) to the same bits as this module in one process.
+
 Accuracy is the weighted fraction of rows whose target is the first arg-max of ``P_n(· | h)``: that arg-max lies
 among h's observed continuations and the arg-max one order down (the rest of the row is ``γ P_{k-1}``), so it is
 found per history, order by order, in O(distinct n-grams).
@@ -41,6 +48,8 @@ found per history, order by order, in O(distinct n-grams).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -54,19 +63,32 @@ __all__ = [
     "MAX_ORDER",
     "MIN_ORDER",
     "SCALE_GRID",
+    "SHARDS",
     "KneserNey",
     "NGramCounts",
+    "PartScore",
+    "Unigrams",
     "block_histories",
     "block_ngrams",
+    "counts_of_counts",
+    "discounts_of_counts",
+    "distinct_bigram_targets",
     "fit_kneser_ney",
+    "kneser_ney_parameters",
     "modified_discounts",
     "ngrams_of_blocks",
+    "scaled_discounts",
+    "split_counts",
+    "tuned_scale",
+    "unigram_level",
 ]
 
 #: The orders ``--baseline-order`` takes (2 is today's bigrams only).
 MIN_ORDER, MAX_ORDER = 2, 5
 #: Candidate scales of the closed-form discounts, tried on held-out counts.
 SCALE_GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5)
+#: The parts the sums over rows are taken in (and the cluster's shards of the counts): see the module.
+SHARDS = 8
 _DISCOUNT_FLOOR = 0.01
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -238,7 +260,84 @@ def ngrams_of_blocks(order: int, num_symbols: int, num_targets: int, blocks: Ite
     return counts
 
 
+def split_counts(counts: NGramCounts, n_shards: int = SHARDS) -> tuple[NGramCounts, tuple[NGramCounts, ...]]:
+    """``(common, shards)``: the counts of the rows without a history (the 1-grams), and ``n_shards`` counts of
+    the n-grams whose history's most recent token is ``w``, in shard ``w mod n_shards`` (order kept: each part is
+    sorted). Additive part by part: the parts of a sum are the sums of the parts."""
+    empty = NGramCounts.empty(counts.order, counts.num_symbols, counts.num_targets)
+    common = dataclasses.replace(
+        empty, grams=(counts.grams[0], *empty.grams[1:]), counts=(counts.counts[0], *empty.counts[1:])
+    )
+    owner = [np.zeros(0, dtype=np.int64)] + [g[:, -2] % n_shards for g in counts.grams[1:]]
+    shards = []
+    for j in range(n_shards):
+        grams, values = [empty.grams[0]], [empty.counts[0]]
+        for g, c, o in zip(counts.grams[1:], counts.counts[1:], owner[1:], strict=True):
+            mine = o == j
+            grams.append(g[mine])
+            values.append(c[mine])
+        shards.append(dataclasses.replace(counts, grams=tuple(grams), counts=tuple(values)))
+    return common, tuple(shards)
+
+
+def _canonical_parts(counts: NGramCounts) -> list[NGramCounts]:
+    """The :data:`SHARDS` parts the sums over ``counts``' rows are taken in: shard 0 with the rows without a
+    history, then shards 1, 2, ..."""
+    common, shards = split_counts(counts)
+    return [common + shards[0], *shards[1:]]
+
+
+def distinct_bigram_targets(counts: NGramCounts) -> np.ndarray:
+    """(T,) int64: for each target t, the distinct bigrams ``(v, t)`` that end some counted n-gram of order 2 or
+    more (its last two tokens): the bigram level's n-grams, so their number by target is ``N1+(• t)``, the left
+    extensions of the unigram t. Disjoint shards' (:func:`split_counts`) add up to the whole's."""
+    pairs = [g[:, -2:].astype(np.int64) for g in counts.grams[1:] if g.shape[0]]
+    if not pairs:
+        return np.zeros(counts.num_targets, dtype=np.int64)
+    keys = np.unique(np.concatenate([p[:, 0] * counts.num_targets + p[:, 1] for p in pairs]))
+    return np.bincount(keys % counts.num_targets, minlength=counts.num_targets).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Unigrams:
+    """The unigram level of a model: ``grams`` (m, 1) int32 the targets, sorted; ``adjusted`` (m,) a_1 of each
+    (``N1+(• t) + c_top(t)``). Shared by every shard's model."""
+
+    grams: np.ndarray
+    adjusted: np.ndarray
+
+
+def unigram_level(common: NGramCounts, *bigram_targets: np.ndarray) -> Unigrams:
+    """The unigram level from the 1-gram counts ``common`` and the shards' :func:`distinct_bigram_targets`:
+    added as the whole model adds them (each bigram's 1, then the 1-gram's count), so to the same bits."""
+    per_target = np.sum(np.stack(bigram_targets), axis=0) if bigram_targets else np.zeros(common.num_targets, int)
+    targets = np.repeat(np.arange(common.num_targets, dtype=np.int32), per_target)
+    cols = np.concatenate([targets[:, None], common.grams[0]])
+    values = np.concatenate([np.ones(targets.size), common.counts[0]])
+    grams, adjusted = _unique_rows(cols, values)
+    return Unigrams(grams, adjusted)
+
+
 # -- the model --------------------------------------------------------------------------------------------
+
+
+def counts_of_counts(adjusted: np.ndarray) -> dict[str, int]:
+    """The n_r (r = 1 to 4) of one order's (adjusted) counts, rounded to the nearest integer first (``[0.5, 1.5)``
+    is a 1, ...): additive over disjoint sets of n-grams."""
+    rounded = np.floor(np.asarray(adjusted, dtype=np.float64) + 0.5)
+    return {f"n{r}": int(np.count_nonzero(rounded == float(r))) for r in (1, 2, 3, 4)}
+
+
+def discounts_of_counts(n: dict[str, int]) -> tuple[float, float, float]:
+    """Chen & Goodman's closed-form ``(D1, D2, D3+)`` from one order's counts of counts (:func:`counts_of_counts`)."""
+    n1, n2, n3, n4 = (int(n[f"n{r}"]) for r in (1, 2, 3, 4))
+    fallback = FALLBACK_DISCOUNT
+    y = n1 / (n1 + 2 * n2) if n1 + 2 * n2 else None
+    d1 = 1.0 - 2.0 * y * n2 / n1 if y is not None and n1 else fallback
+    d2 = 2.0 - 3.0 * y * n3 / n2 if y is not None and n2 else fallback
+    d3 = 3.0 - 4.0 * y * n4 / n3 if y is not None and n3 else fallback
+    clipped = tuple(float(np.clip(d, _DISCOUNT_FLOOR, r)) for r, d in ((1, d1), (2, d2), (3, d3)))
+    return clipped[0], clipped[1], clipped[2]
 
 
 def modified_discounts(adjusted: np.ndarray) -> tuple[tuple[float, float, float], dict[str, int]]:
@@ -246,15 +345,8 @@ def modified_discounts(adjusted: np.ndarray) -> tuple[tuple[float, float, float]
 
     Counts are rounded to the nearest integer before they are counted (``[0.5, 1.5)`` is a 1, ...).
     """
-    rounded = np.floor(np.asarray(adjusted, dtype=np.float64) + 0.5)
-    n1, n2, n3, n4 = (int(np.count_nonzero(rounded == r)) for r in (1.0, 2.0, 3.0, 4.0))
-    fallback = FALLBACK_DISCOUNT
-    y = n1 / (n1 + 2 * n2) if n1 + 2 * n2 else None
-    d1 = 1.0 - 2.0 * y * n2 / n1 if y is not None and n1 else fallback
-    d2 = 2.0 - 3.0 * y * n3 / n2 if y is not None and n2 else fallback
-    d3 = 3.0 - 4.0 * y * n4 / n3 if y is not None and n3 else fallback
-    clipped = tuple(float(np.clip(d, _DISCOUNT_FLOOR, r)) for r, d in ((1, d1), (2, d2), (3, d3)))
-    return (clipped[0], clipped[1], clipped[2]), {"n1": n1, "n2": n2, "n3": n3, "n4": n4}
+    n = counts_of_counts(adjusted)
+    return discounts_of_counts(n), n
 
 
 def _taken(a: np.ndarray, discounts: np.ndarray) -> np.ndarray:
@@ -298,12 +390,14 @@ class KneserNey:
     """Interpolated modified Kneser-Ney of order n, fitted from merged :class:`NGramCounts` (see the module).
 
     ``discounts`` (n + 1, 3): row k holds order k's ``(D1, D2, D3+)`` (row 0 unused). Build with
-    :func:`fit_kneser_ney`.
+    :func:`fit_kneser_ney`. ``unigrams``: the unigram level made elsewhere (:func:`unigram_level`), for the model
+    of one shard of the counts (:func:`split_counts`): it scores that shard's rows as the whole model does.
     """
 
     train: NGramCounts
     discounts: np.ndarray
     parameters: dict[str, Any]
+    unigrams: Unigrams | None = field(default=None, repr=False)
     #: trie[j]: (H_j,) sorted keys ``id(h[1:]) * S + h[0]`` of the histories of j tokens (trie[0]: the empty one).
     trie: list[np.ndarray] = field(init=False, repr=False)
     levels: list[_Level] = field(init=False, repr=False)
@@ -316,6 +410,9 @@ class KneserNey:
         adjusted: list[np.ndarray] = [np.zeros(0)] * (order + 1)
         grams[order], adjusted[order] = self.train.grams[order - 1], self.train.counts[order - 1]
         for k in range(order - 1, 0, -1):
+            if k == 1 and self.unigrams is not None:
+                grams[k], adjusted[k] = self.unigrams.grams, self.unigrams.adjusted
+                continue
             upper = grams[k + 1]
             cols = np.concatenate([upper[:, 1:], self.train.grams[k - 1]])
             values = np.concatenate([np.ones(upper.shape[0]), self.train.counts[k - 1]])
@@ -466,31 +563,45 @@ class KneserNey:
             out = np.where(known, best[level + 1][np.where(known, ids[level], 0)], out)
         return out
 
-    def score(self, counts: NGramCounts) -> BaselineScore:
-        """The model's score on an evaluated store's counts (each top n-gram weighted by its count)."""
+    def with_discounts(self, discounts: np.ndarray, parameters: dict[str, Any] | None = None) -> KneserNey:
+        """This model (its n-grams shared, not copied) with other discounts (n + 1, 3) and parameters."""
+        model = copy.copy(self)
+        object.__setattr__(model, "discounts", np.asarray(discounts, dtype=np.float64))
+        object.__setattr__(model, "gammas", self._gammas(model.discounts))
+        if parameters is not None:
+            object.__setattr__(model, "parameters", dict(parameters))
+        return model
+
+    def part_score(self, counts: NGramCounts, best: list[np.ndarray] | None = None) -> PartScore:
+        """The sums of :meth:`score` over ``counts``' rows as they are (one part: see the module); ``best``: the
+        model's :meth:`best_targets`, when made already."""
         if (counts.num_symbols, counts.num_targets) != (self.train.num_symbols, self.num_targets):
             raise ValueError("the evaluated counts are of another vocabulary than the training counts")
-        weight = counts.total
-        if weight <= 0.0:
-            nan = float("nan")
-            return BaselineScore(nan, nan, nan, 0.0, dict(self.parameters))
-        best = self.best_targets()
-        sum_log = correct = 0.0
+        if counts.total <= 0.0:
+            return PartScore(0.0, 0.0, 0.0)
+        best = self.best_targets() if best is None else best
+        sum_log, correct, weight = [], [], []
         for grams, w in zip(counts.grams, counts.counts, strict=True):
             if grams.shape[0] == 0:
                 continue
             j = min(grams.shape[1] - 1, self.order - 1)
             history = grams[:, grams.shape[1] - 1 - j : -1].astype(np.int64)
             targets = grams[:, -1].astype(np.int64)
-            sum_log += float(w @ np.log(self._probs(self._lookup(history, targets), self.discounts, self.gammas)))
-            correct += float(w @ (self._predicted(history, best) == targets))
-        mean = sum_log / weight
-        perplexity = math.exp(-mean) if mean > -700.0 else float("inf")
-        return BaselineScore(perplexity, mean, correct / weight, weight, dict(self.parameters))
+            sum_log.append(
+                math.fsum(w * np.log(self._probs(self._lookup(history, targets), self.discounts, self.gammas)))
+            )
+            correct.append(math.fsum(w[self._predicted(history, best) == targets]))
+            weight.append(math.fsum(w))
+        return PartScore(math.fsum(sum_log), math.fsum(correct), math.fsum(weight))
 
-    def sum_log_prob(self, counts: NGramCounts, candidates: list[np.ndarray]) -> list[float]:
-        """``Σ w log P`` of ``counts`` under these n-grams with each of other ``candidates`` discounts (n + 1, 3):
-        the rows are looked up once, only the discounting is redone per candidate."""
+    def score(self, counts: NGramCounts) -> BaselineScore:
+        """The model's score on an evaluated store's counts (each top n-gram weighted by its count)."""
+        parts = _canonical_parts(counts)
+        best = self.best_targets() if any(part.total > 0.0 for part in parts) else None
+        return PartScore.total([self.part_score(part, best) for part in parts], self.parameters)
+
+    def part_sum_log_prob(self, counts: NGramCounts, candidates: list[np.ndarray]) -> list[float]:
+        """:meth:`sum_log_prob` over ``counts``' rows as they are (one part: see the module)."""
         lookups = []
         for grams, w in zip(counts.grams, counts.counts, strict=True):
             if grams.shape[0]:
@@ -500,8 +611,89 @@ class KneserNey:
         totals = []
         for discounts in candidates:
             gammas = self._gammas(discounts)
-            totals.append(sum(float(w @ np.log(self._probs(lookup, discounts, gammas))) for lookup, w in lookups))
+            totals.append(
+                math.fsum([math.fsum(w * np.log(self._probs(lookup, discounts, gammas))) for lookup, w in lookups])
+            )
         return totals
+
+    def sum_log_prob(self, counts: NGramCounts, candidates: list[np.ndarray]) -> list[float]:
+        """``Σ w log P`` of ``counts`` under these n-grams with each of other ``candidates`` discounts (n + 1, 3):
+        the rows are looked up once, only the discounting is redone per candidate."""
+        parts = [self.part_sum_log_prob(part, candidates) for part in _canonical_parts(counts)]
+        return [_added([part[i] for part in parts]) for i in range(len(candidates))]
+
+    def counts_of_counts(self) -> dict[str, dict[str, int]]:
+        """Each order's n_r (:func:`counts_of_counts`) of this model's n-grams (a shard's: its own)."""
+        return {str(k): counts_of_counts(self.levels[k].adjusted) for k in range(1, self.order + 1)}
+
+
+def _added(values: list[float]) -> float:
+    """The parts' sums added in order (the fixed order of the module)."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total
+
+
+@dataclass(frozen=True)
+class PartScore:
+    """One part's sums for a :class:`~dist_respattn.baselines.ngram.BaselineScore`: ``Σ w log P``, the weight of
+    the rows whose target is the arg-max, ``Σ w``."""
+
+    sum_log: float
+    correct: float
+    weight: float
+
+    @staticmethod
+    def total(parts: list[PartScore], parameters: dict[str, Any]) -> BaselineScore:
+        """The score of the parts, added in order."""
+        weight = _added([p.weight for p in parts])
+        if weight <= 0.0:
+            nan = float("nan")
+            return BaselineScore(nan, nan, nan, 0.0, dict(parameters))
+        mean = _added([p.sum_log for p in parts]) / weight
+        perplexity = math.exp(-mean) if mean > -700.0 else float("inf")
+        return BaselineScore(perplexity, mean, _added([p.correct for p in parts]) / weight, weight, dict(parameters))
+
+
+def scaled_discounts(closed: np.ndarray, scale: float) -> np.ndarray:
+    """The closed-form discounts (n + 1, 3) times ``scale``, clipped to [0.01, r]."""
+    return np.clip(closed * scale, _DISCOUNT_FLOOR, np.array([1.0, 2.0, 3.0]))
+
+
+def tuned_scale(objective: dict[float, float]) -> float:
+    """The scale of :data:`SCALE_GRID` of the largest held-out log-likelihood (1, the closed form, wins ties)."""
+    best = max(objective.values())
+    return 1.0 if objective[1.0] >= best else max(objective, key=lambda x: objective[x])
+
+
+def kneser_ney_parameters(
+    order: int,
+    closed: np.ndarray,
+    counts: dict[str, dict[str, int]],
+    num_grams: int,
+    objective: dict[float, float] | None,
+    weight: float,
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """The fitted discounts and the parameters' description, from the closed-form discounts, the counts of counts
+    and, when tuned, the held-out objective by scale and the held-out weight."""
+    scale, tuned_on, details = 1.0, "stated: Chen & Goodman's closed form from counts of counts", {}
+    discounts = closed
+    if objective is not None:
+        scale = tuned_scale(objective)
+        tuned_on = "validation"
+        details["validation_perplexity"] = math.exp(-objective[scale] / weight)
+        discounts = scaled_discounts(closed, scale)
+    parameters = {
+        "order": order,
+        "discounts": {str(k): [float(v) for v in discounts[k]] for k in range(1, order + 1)},
+        "discount_scale": scale,
+        "tuned_on": tuned_on,
+        "counts_of_counts": counts,
+        "ngrams": num_grams,
+        **details,
+    }
+    return discounts, parameters
 
 
 def fit_kneser_ney(train: NGramCounts, *, validation: NGramCounts | None = None) -> KneserNey:
@@ -510,12 +702,10 @@ def fit_kneser_ney(train: NGramCounts, *, validation: NGramCounts | None = None)
     :data:`SCALE_GRID`."""
     closed = np.zeros((train.order + 1, 3))
     model = KneserNey(train, closed, {})
-    counts_of_counts = {}
+    counts = model.counts_of_counts()
     for k in range(1, train.order + 1):
-        d, n = modified_discounts(model.levels[k].adjusted)
-        closed[k] = d
-        counts_of_counts[str(k)] = n
-    scale, tuned_on, details = 1.0, "stated: Chen & Goodman's closed form from counts of counts", {}
+        closed[k] = discounts_of_counts(counts[str(k)])
+    objective, weight = None, 0.0
     if validation is not None and validation.total > 0.0:
         if (validation.order, validation.num_symbols, validation.num_targets) != (
             train.order,
@@ -523,27 +713,9 @@ def fit_kneser_ney(train: NGramCounts, *, validation: NGramCounts | None = None)
             train.num_targets,
         ):
             raise ValueError("the validation counts are of another order or vocabulary than the training counts")
-        weight = validation.total
-
-        def scaled(x: float) -> np.ndarray:
-            return np.clip(closed * x, _DISCOUNT_FLOOR, np.array([1.0, 2.0, 3.0]))
-
-        objective = dict(zip(SCALE_GRID, model.sum_log_prob(validation, [scaled(x) for x in SCALE_GRID]), strict=True))
-        best = max(objective.values())
-        scale = 1.0 if objective[1.0] >= best else max(objective, key=lambda x: objective[x])
-        tuned_on = "validation"
-        details["validation_perplexity"] = math.exp(-objective[scale] / weight)
-        closed[:] = scaled(scale)
-    parameters = {
-        "order": train.order,
-        "discounts": {str(k): [float(v) for v in closed[k]] for k in range(1, train.order + 1)},
-        "discount_scale": scale,
-        "tuned_on": tuned_on,
-        "counts_of_counts": counts_of_counts,
-        "ngrams": model.num_grams,
-        **details,
-    }
+        weight = _added([math.fsum([math.fsum(c) for c in part.counts]) for part in _canonical_parts(validation)])
+        sums = model.sum_log_prob(validation, [scaled_discounts(closed, x) for x in SCALE_GRID])
+        objective = dict(zip(SCALE_GRID, sums, strict=True))
+    discounts, parameters = kneser_ney_parameters(train.order, closed, counts, model.num_grams, objective, weight)
     # The n-grams are counted once: the fitted model is this one with its discounts and their description set.
-    object.__setattr__(model, "gammas", model._gammas(closed))
-    object.__setattr__(model, "parameters", parameters)
-    return model
+    return model.with_discounts(discounts, parameters)

@@ -26,13 +26,14 @@ import distributed
 import numpy as np
 
 from dist_respattn.artifacts import load_checkpoint
-from dist_respattn.baselines.kneser_ney import MAX_ORDER, MIN_ORDER, NGramCounts, fit_kneser_ney, ngrams_of_blocks
+from dist_respattn.baselines.kneser_ney import MAX_ORDER, MIN_ORDER
 from dist_respattn.baselines.ngram import DEFAULT_K, MODEL_LABELS, Baselines, fit_baselines
 from dist_respattn.baselines.ranking import RANKING_BASELINES, ItemKNN, RankingBaselines, cooccurrence_of_blocks
 from dist_respattn.engine import worker_tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.cluster import ClusterOptions, connect
 from dist_respattn.engine.fit import FitError, check_same_shape, open_fit_store
+from dist_respattn.engine.ngram_shards import ShardedNGrams
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.worker_tasks import ALL_ROWS, RowSelection, attribute_map, rank_task
@@ -543,36 +544,21 @@ def _ngram_baselines(
 ) -> dict[str, dict[str, Any]]:
     """The Kneser-Ney n-grams of orders 3 to ``order``: counted once at ``order`` on the scored, training and
     tuning rows (one pass each; the training counts are the scored ones when the stores are the same), then
-    fitted and scored at each order."""
-    scored_counts = _count_ngrams(runner, order, scored, ALL_ROWS, "0", f"counting the n-grams of {scored.location}")
+    fitted and scored at each order, all on the workers in shards (:mod:`~dist_respattn.engine.ngram_shards`):
+    the driver receives scalars."""
+    sharded = ShardedNGrams(runner)
+    scored_parts = sharded.count(order, scored, ALL_ROWS, "0", f"counting the n-grams of {scored.location}")
     store, rows = training
-    train_counts = (
-        scored_counts
+    train_parts = (
+        scored_parts
         if store is scored and rows is ALL_ROWS
-        else _count_ngrams(runner, order, store, rows, "1", "counting the training n-grams")
+        else sharded.count(order, store, rows, "1", "counting the training n-grams")
     )
     held = None
     if tuning is not None:
-        held = _count_ngrams(runner, order, tuning[0], tuning[1], "2", "counting the held-out n-grams")
-    figures = {}
-    for k in range(3, order + 1):
-        model = fit_kneser_ney(train_counts.truncated(k), validation=None if held is None else held.truncated(k))
-        figures[kneser_ney_key(k)] = model.score(scored_counts.truncated(k)).to_json()
-    return figures
-
-
-def _count_ngrams(
-    runner: PassRunner, order: int, store: RowStore, rows: RowSelection, label: str, description: str
-) -> NGramCounts:
-    """The top n-grams (up to ``order``) of ``store``'s selected rows: windows cut at a document start read short."""
-    fingerprint = store.fingerprint()
-    schema = store.schema
-    count = functools.partial(ngrams_of_blocks, order, schema.num_symbols, schema.num_targets)
-    columns = Columns(windows=bool(getattr(store, "short_histories", False)))
-    return runner.run(
-        "ngrams", label, store.num_partitions, worker_tasks.pass_task,
-        lambda part: (store.location, part, count, columns, fingerprint, rows), description=description,
-    )  # fmt: skip
+        held = sharded.count(order, tuning[0], tuning[1], "2", "counting the held-out n-grams")
+    figures = sharded.figures(order, scored_parts, train_parts, held)
+    return {kneser_ney_key(k): value for k, value in figures.items()}
 
 
 def _count_pairs(runner: PassRunner, store: RowStore, rows: RowSelection, label: str, description: str) -> PairCounts:

@@ -232,6 +232,10 @@ class ClusterPasses:
             before_attempt=self.params.republish,
             plan=plan,
         )  # fmt: skip
+        # The workers drop the E-step's head (and what its tasks built from it) before the held-out pass brings
+        # its grid, which may hold a head as large (a stack's): they never hold both at once. The next E-step
+        # sends its own head.
+        self.params.release()
         self.last_statistics = value
         return value
 
