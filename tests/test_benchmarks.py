@@ -404,6 +404,9 @@ def test_quality_smoke_run_reports_every_figure(tmp_path):
             # one iteration), and every baseline is still tuned and scored on its own rows.
             *("--corpora", "stdlib", "--max-tokens", "20000", "--vocab-size", "200", "--max-iter", "2"),
             *("--conj-max-iter", "1", "--hops", "2", "--hops-max-iter", "1"),
+            # One worker process instead of two: every fit and evaluation still runs on a cluster, and a second
+            # worker is only another process start (the figures asserted here are not per-worker).
+            *("--workers", "1"),
             *("--work", str(tmp_path), "--cache", str(tmp_path / "cache")),
         ],
         capture_output=True,
@@ -505,6 +508,9 @@ def test_long_context_smoke_run_on_the_stdlib_reports_every_figure(tmp_path):
             # Smaller than --smoke's own sizes (flags beside --smoke win): a third of its tokens, a quarter of its
             # timed kernel rows and one EM iteration a fit; every part, head, window and verdict is still there.
             *("--max-tokens", "20000", "--kernel-rows", "5000", "--max-iter", "1"),
+            # One worker process instead of two: every fit, score and ranking still runs on the cluster; a second
+            # worker is only another process start (nothing asserted here is per-worker).
+            *("--workers", "1"),
             *("--work", str(tmp_path / "work"), "--cache", str(tmp_path / "cache")),
         ],
         capture_output=True,
@@ -770,6 +776,9 @@ def test_attributes_smoke_run_reports_every_figure(tmp_path):
             # Smaller than --smoke's own sizes (flags beside --smoke win): one EM iteration a fit and a fold-in,
             # and a quarter of its E-step timing rows; every store, fit, score, sample and verdict is still there.
             *("--max-iter", "1", "--fold-in-iterations", "1", "--estep-rows", "5000"),
+            # One worker process instead of two: the commands still join the benchmark's cluster with --scheduler;
+            # a second worker is only another process start (nothing asserted here is per-worker).
+            *("--workers", "1"),
             *("--work", str(tmp_path / "work"), "--cache", str(tmp_path / "cache")),
         ],
         capture_output=True,

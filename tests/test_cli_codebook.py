@@ -20,7 +20,6 @@ from dist_respattn.model.heads.codebook import CodebookSpec
 from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 from dist_respattn.store import WriteOptions, open_store
 from dist_respattn.store.ingest.to_stream import write_stream_tokens
-from tests.engine.clusters import local_cluster
 from tests.test_cli import COMMAND, run_here
 
 
@@ -84,23 +83,22 @@ def test_a_fit_the_head_cannot_make_is_refused_before_any_cluster(
 
 @pytest.mark.slow
 def test_fit_head_codebook_then_evaluate_predict_and_stream(
-    stores: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    stores: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], one_worker_address: str
 ) -> None:
     model = tmp_path / "model"
-    with local_cluster(1) as (cluster, _):
-        address = cluster.scheduler_address
-        fitted = run_here(capsys, "fit", str(stores["train"]), "--model-dir", str(model), "--head", "codebook",
-                          "--codebook-from", str(stores["single"]), "--near-window", "4", "--codebooks", "3",
-                          "--codewords", "5", "--max-iter", "1", "--scheduler", address, "--json")  # fmt: skip
-        assert fitted.returncode == 0, fitted.stderr
-        report = json.loads(fitted.stdout)
-        assert report["kind"] == "codebook" and len(report["codebook_weights"]) == 3, report
-        evaluated = run_here(capsys, "evaluate", str(model), str(stores["train"]), "--scheduler", address, "--json")
-        assert evaluated.returncode == 0, evaluated.stderr
-        assert json.loads(evaluated.stdout)["model"]["perplexity"] > 1.0
-        predicted = run_here(capsys, "predict", str(model), str(stores["train"]), "--top", "2", "--out",
-                             str(tmp_path / "top.jsonl"), "--scheduler", address)  # fmt: skip
-        assert predicted.returncode == 0, predicted.stderr
+    address = one_worker_address  # the cluster the command-line tests share (tests/conftest.py)
+    fitted = run_here(capsys, "fit", str(stores["train"]), "--model-dir", str(model), "--head", "codebook",
+                      "--codebook-from", str(stores["single"]), "--near-window", "4", "--codebooks", "3",
+                      "--codewords", "5", "--max-iter", "1", "--scheduler", address, "--json")  # fmt: skip
+    assert fitted.returncode == 0, fitted.stderr
+    report = json.loads(fitted.stdout)
+    assert report["kind"] == "codebook" and len(report["codebook_weights"]) == 3, report
+    evaluated = run_here(capsys, "evaluate", str(model), str(stores["train"]), "--scheduler", address, "--json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert json.loads(evaluated.stdout)["model"]["perplexity"] > 1.0
+    predicted = run_here(capsys, "predict", str(model), str(stores["train"]), "--top", "2", "--out",
+                         str(tmp_path / "top.jsonl"), "--scheduler", address)  # fmt: skip
+    assert predicted.returncode == 0, predicted.stderr
     rows = [json.loads(line) for line in (tmp_path / "top.jsonl").read_text().splitlines()]
     assert rows and all(len(row["ids"]) == 2 for row in rows)
     history = " ".join(str(t) for t in stores["tokens"][:40])  # type: ignore[index]

@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.engine.clusters import local_cluster
 from tests.test_cli import COMMAND, run_here
 
 
 @pytest.mark.slow
-def test_fit_head_conj_then_evaluate_and_stream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_fit_head_conj_then_evaluate_and_stream(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], one_worker_address: str
+) -> None:
     """A token stream whose next token the previous two decide: the conjunction head of order 3 fits on a cluster
     (the pair and triple strengths chosen on the held-out rows), beats the unigram and bigram baselines in
     ``evaluate``, and ``predict --stream`` reads it."""
@@ -30,19 +31,18 @@ def test_fit_head_conj_then_evaluate_and_stream(tmp_path: Path, capsys: pytest.C
                     "300", "--dim", "4", str(stores))  # fmt: skip
     assert made.returncode == 0, made.stderr
     model = tmp_path / "model"
-    with local_cluster(1) as (cluster, _):
-        address = cluster.scheduler_address
-        fitted = run_here(capsys, "fit", str(stores / "train.zarr"), "--model-dir", str(model), "--head", "conj",
-                          "--conj-depth", "2", "--conj-order", "3", "--sigma2", "1", "--max-iter", "3", "--scheduler",
-                          address, "--json")  # fmt: skip
-        assert fitted.returncode == 0, fitted.stderr
-        report = json.loads(fitted.stdout)
-        assert report["kind"] == "conj" and report["conj_depth"] == 2 and report["conj_pairs"] > 0, report
-        assert report["conj_order"] == 3 and report["conj_triples"] > 0, report
-        assert report["conj_triple_strength"] in (0.05, 0.2, 0.5, 1.0, 2.0, 5.0), report
-        evaluated = run_here(capsys, "evaluate", str(model), str(stores / "test.zarr"), "--scheduler", address,
-                             "--json")  # fmt: skip
-        assert evaluated.returncode == 0, evaluated.stderr
+    address = one_worker_address  # the cluster the command-line tests share (tests/conftest.py)
+    fitted = run_here(capsys, "fit", str(stores / "train.zarr"), "--model-dir", str(model), "--head", "conj",
+                      "--conj-depth", "2", "--conj-order", "3", "--sigma2", "1", "--max-iter", "3", "--scheduler",
+                      address, "--json")  # fmt: skip
+    assert fitted.returncode == 0, fitted.stderr
+    report = json.loads(fitted.stdout)
+    assert report["kind"] == "conj" and report["conj_depth"] == 2 and report["conj_pairs"] > 0, report
+    assert report["conj_order"] == 3 and report["conj_triples"] > 0, report
+    assert report["conj_triple_strength"] in (0.05, 0.2, 0.5, 1.0, 2.0, 5.0), report
+    evaluated = run_here(capsys, "evaluate", str(model), str(stores / "test.zarr"), "--scheduler", address,
+                         "--json")  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr
     scores = json.loads(evaluated.stdout)
     perplexity = scores["model"]["perplexity"]
     assert perplexity < scores["baselines"]["kneser_ney"]["perplexity"], scores

@@ -15,7 +15,6 @@ from dist_respattn.cli.common import CommandError
 from dist_respattn.cli.head_options import spec_from_args
 from dist_respattn.model.heads.copy import CopySpec
 from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
-from tests.engine.clusters import local_cluster
 from tests.test_cli import COMMAND, run, run_here
 
 
@@ -47,7 +46,9 @@ def test_a_bad_head_is_one_line_before_anything_is_written(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_fit_head_copy_then_evaluate_predict_and_stream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_fit_head_copy_then_evaluate_predict_and_stream(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], one_worker_address: str
+) -> None:
     """A token stream of recurring phrases: the copy head fits on a cluster, and evaluate, predict --top and
     predict --stream read the result."""
     rng = np.random.default_rng(0)
@@ -59,20 +60,19 @@ def test_fit_head_copy_then_evaluate_predict_and_stream(tmp_path: Path, capsys: 
                     "500", "--dim", "4", str(stores))  # fmt: skip
     assert made.returncode == 0, made.stderr
     model = tmp_path / "model"
-    with local_cluster(1) as (cluster, _):
-        address = cluster.scheduler_address
-        fitted = run_here(capsys, "fit", str(stores / "train.zarr"), "--model-dir", str(model), "--head", "copy",
-                          "--position-buckets", "5", "--max-iter", "3", "--scheduler", address, "--json")  # fmt: skip
-        assert fitted.returncode == 0, fitted.stderr
-        report = json.loads(fitted.stdout)
-        assert report["kind"] == "copy" and max(report["copy_kappa"]) + max(report["copy_rho"]) > 0.2, report
-        evaluated = run_here(capsys, "evaluate", str(model), str(stores / "test.zarr"), "--scheduler", address,
-                             "--json")  # fmt: skip
-        assert evaluated.returncode == 0, evaluated.stderr
-        scores = json.loads(evaluated.stdout)
-        predicted = run_here(capsys, "predict", str(model), str(stores / "test.zarr"), "--top", "2", "--out",
-                             str(tmp_path / "top.jsonl"), "--scheduler", address)  # fmt: skip
-        assert predicted.returncode == 0, predicted.stderr
+    address = one_worker_address  # the cluster the command-line tests share (tests/conftest.py)
+    fitted = run_here(capsys, "fit", str(stores / "train.zarr"), "--model-dir", str(model), "--head", "copy",
+                      "--position-buckets", "5", "--max-iter", "3", "--scheduler", address, "--json")  # fmt: skip
+    assert fitted.returncode == 0, fitted.stderr
+    report = json.loads(fitted.stdout)
+    assert report["kind"] == "copy" and max(report["copy_kappa"]) + max(report["copy_rho"]) > 0.2, report
+    evaluated = run_here(capsys, "evaluate", str(model), str(stores / "test.zarr"), "--scheduler", address,
+                         "--json")  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr
+    scores = json.loads(evaluated.stdout)
+    predicted = run_here(capsys, "predict", str(model), str(stores / "test.zarr"), "--top", "2", "--out",
+                         str(tmp_path / "top.jsonl"), "--scheduler", address)  # fmt: skip
+    assert predicted.returncode == 0, predicted.stderr
     rows = [json.loads(line) for line in (tmp_path / "top.jsonl").read_text().splitlines()]
     assert rows and all(len(row["ids"]) == 2 for row in rows)
     assert scores["model"]["perplexity"] < scores["baselines"]["unigram"]["perplexity"], scores

@@ -1,20 +1,18 @@
 """What ``fit`` prints while it runs and at the end, read by a person: each iteration's held-out perplexity, its
 chosen settings and which iteration is best so far; the joint log-likelihood only with ``-v``; which checkpoint the
 model directory serves. Every fit here is the real command on a real store (its ``main`` in this process: what it
-prints is the subject, not its process; a fit as a subprocess is tested in tests/test_cli.py), run on this module's
-cluster (``--scheduler``): the lines read the same whoever's workers run the tasks, and a fit's own cluster is tested
-apart."""
+prints is the subject, not its process; a fit as a subprocess is tested in tests/test_cli.py), run on the cluster the
+command-line tests share (``--scheduler``): the lines read the same whoever's workers run the tasks, and a fit's own
+cluster is tested apart."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 
 import pytest
 
 from dist_respattn.artifacts import load_checkpoint
-from tests.engine.clusters import local_cluster
 from tests.stdlib_packages import package_corpus
 from tests.test_cli import run, run_here
 
@@ -51,10 +49,10 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def address() -> Iterator[str]:
-    """The scheduler of this module's cluster (two worker processes), which every fit joins."""
-    with local_cluster(2) as (_, client):
-        yield client.scheduler.address
+def address(one_worker_address: str) -> str:
+    """The scheduler of the one-worker cluster the command-line tests share (tests/conftest.py), which every fit
+    joins."""
+    return one_worker_address
 
 
 def _marks(perplexities: list[float]) -> list[str]:

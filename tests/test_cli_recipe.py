@@ -22,7 +22,6 @@ from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 from dist_respattn.model.heads.stack import StackHead, StackSpec
 from dist_respattn.store import TokenStreamStore, TripleStore, WriteOptions, write_synthetic
 from dist_respattn.store.ingest.to_stream import write_stream_tokens
-from tests.engine.clusters import local_cluster
 
 
 def parsed(*flags: str) -> object:
@@ -94,7 +93,7 @@ def test_fit_picks_the_recipe_on_a_token_stream_store_when_nothing_picks_a_kind(
 
 
 @pytest.mark.slow
-def test_one_fit_of_the_recipe_leaves_each_part_and_a_stack_of_them(tmp_path: Path) -> None:
+def test_one_fit_of_the_recipe_leaves_each_part_and_a_stack_of_them(tmp_path: Path, one_worker_address: str) -> None:
     """Every stage on one cluster (one iteration each): the parts in their directories, the stack's checkpoint in
     the model directory holding both (evaluate reads it alone), its gate learned on the validation store."""
     tokens = np.random.default_rng(0).integers(0, 12, 3000)
@@ -103,32 +102,31 @@ def test_one_fit_of_the_recipe_leaves_each_part_and_a_stack_of_them(tmp_path: Pa
     for name, part in (("train", tokens[:2400]), ("validation", tokens[2400:])):
         write_stream_tokens(tmp_path / f"{name}.zarr", part, 16, num_symbols=12, dim=3, seed=0, options=options)
     model = tmp_path / "model"
-    # One cluster serves the three commands (with --workers each would start its own, a few seconds apiece).
-    with local_cluster(1) as (cluster, _):
-        address = cluster.scheduler_address
-        # No --head: the recipe is what fit picks on a token-stream store.
-        status = main(["fit", str(tmp_path / "train.zarr"), "--validation", str(tmp_path / "validation.zarr"),
-                       "--model-dir", str(model), "--max-iter", "1", "--scheduler", address])  # fmt: skip
-        assert status == 0
-        for part, kind in (("single", "single_hop"), ("copy", "copy"), ("conj", "conj")):
-            assert load_checkpoint(model / part).model.kind == kind, part
-        head = load_checkpoint(model).model
-        assert isinstance(head, StackHead) and [c.kind for c in head.components] == ["conj", "copy", "single_hop"]
-        assert head.windows == (8, 16, 16) and head.gate.sum() == pytest.approx(1.0)
-        record = json.loads((model / "fit.json").read_text())
-        assert record["head"]["kind"] == "recipe" and record["head"]["buckets"] == 5
-        # predict ranks the rows evaluate scores: the short histories too (the long parts were fitted on them).
-        out = tmp_path / "p.jsonl"
-        assert main(["predict", str(model), str(tmp_path / "validation.zarr"), "--out", str(out), "--top", "2",
-                     "--scheduler", address]) == 0  # fmt: skip
-        rows = open_store(tmp_path / "validation.zarr", window=16, min_context=1).num_rows
-        assert len(out.read_text().splitlines()) == rows > open_store(tmp_path / "validation.zarr", window=16).num_rows
+    # The shared cluster serves the three commands (with --workers each would start its own, a few seconds apiece).
+    address = one_worker_address
+    # No --head: the recipe is what fit picks on a token-stream store.
+    status = main(["fit", str(tmp_path / "train.zarr"), "--validation", str(tmp_path / "validation.zarr"),
+                   "--model-dir", str(model), "--max-iter", "1", "--scheduler", address])  # fmt: skip
+    assert status == 0
+    for part, kind in (("single", "single_hop"), ("copy", "copy"), ("conj", "conj")):
+        assert load_checkpoint(model / part).model.kind == kind, part
+    head = load_checkpoint(model).model
+    assert isinstance(head, StackHead) and [c.kind for c in head.components] == ["conj", "copy", "single_hop"]
+    assert head.windows == (8, 16, 16) and head.gate.sum() == pytest.approx(1.0)
+    record = json.loads((model / "fit.json").read_text())
+    assert record["head"]["kind"] == "recipe" and record["head"]["buckets"] == 5
+    # predict ranks the rows evaluate scores: the short histories too (the long parts were fitted on them).
+    out = tmp_path / "p.jsonl"
+    assert main(["predict", str(model), str(tmp_path / "validation.zarr"), "--out", str(out), "--top", "2",
+                 "--scheduler", address]) == 0  # fmt: skip
+    rows = open_store(tmp_path / "validation.zarr", window=16, min_context=1).num_rows
+    assert len(out.read_text().splitlines()) == rows > open_store(tmp_path / "validation.zarr", window=16).num_rows
 
-        # A warm start from it (retraining) fits a recipe again, its first part from the first part's model.
-        again = tmp_path / "again"
-        status = main(["fit", str(tmp_path / "train.zarr"), "--validation", str(tmp_path / "validation.zarr"),
-                       "--model-dir", str(again), "--init-from", str(model), "--max-iter", "1",
-                       "--scheduler", address])  # fmt: skip
+    # A warm start from it (retraining) fits a recipe again, its first part from the first part's model.
+    again = tmp_path / "again"
+    status = main(["fit", str(tmp_path / "train.zarr"), "--validation", str(tmp_path / "validation.zarr"),
+                   "--model-dir", str(again), "--init-from", str(model), "--max-iter", "1",
+                   "--scheduler", address])  # fmt: skip
     assert status == 0
     assert json.loads((again / "fit.json").read_text())["head"]["kind"] == "recipe"
     assert load_checkpoint(again / "single").meta["init"]["source"] == str(model / "single")
@@ -136,19 +134,20 @@ def test_one_fit_of_the_recipe_leaves_each_part_and_a_stack_of_them(tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_retrain_publishes_a_recipe_on_a_token_stream_and_retrains_it_as_one(tmp_path: Path) -> None:
+def test_retrain_publishes_a_recipe_on_a_token_stream_and_retrains_it_as_one(
+    tmp_path: Path, one_worker_address: str
+) -> None:
     """A registry's first version on a token-stream store is what ``fit`` picks there; the next retrain fits the
     version's whole recipe again (not its stack stage alone, whose parts a registry does not hold)."""
     tokens = np.random.default_rng(1).integers(0, 10, 1600)
     for name, part in (("train", tokens[:1300]), ("validation", tokens[1300:])):
         write_stream_tokens(tmp_path / f"{name}.zarr", part, 8, num_symbols=10, dim=2, seed=0)
     registry = tmp_path / "registry"
-    with local_cluster(1) as (cluster, _):  # one cluster for both (--workers would start one for each)
-        for _ in range(2):
-            status = main(["retrain", "--registry", str(registry), "--store", str(tmp_path / "train.zarr"),
-                           "--validation", str(tmp_path / "validation.zarr"), "--tolerance", "1", "--max-iter", "1",
-                           "--scheduler", cluster.scheduler_address, "--json"])  # fmt: skip
-            assert status == 0
+    for _ in range(2):  # both on the shared cluster (--workers would start one for each)
+        status = main(["retrain", "--registry", str(registry), "--store", str(tmp_path / "train.zarr"),
+                       "--validation", str(tmp_path / "validation.zarr"), "--tolerance", "1", "--max-iter", "1",
+                       "--scheduler", one_worker_address, "--json"])  # fmt: skip
+        assert status == 0
     from dist_respattn.registry import Registry
 
     versions = [Registry(registry).load(number) for number in (1, 2)]

@@ -30,11 +30,10 @@ import numpy as np
 import pytest
 
 from dist_respattn import random_distribution
-from dist_respattn.engine import FitSettings, fit
+from dist_respattn.engine import ClusterOptions, FitSettings, fit
 from dist_respattn.registry import Registry
 from dist_respattn.store import WriteOptions, write_synthetic
 from dist_respattn.store.ingest.to_stream import write_stream_tokens
-from tests.engine.clusters import local_cluster
 
 pytestmark = pytest.mark.slow  # every test here starts a command (and the module a cluster)
 
@@ -133,14 +132,13 @@ def stores(tmp_path_factory) -> Stores:
 
 
 @pytest.fixture(scope="module")
-def address(stores) -> str:
-    """The scheduler address of this module's cluster (one worker process); the model is fitted on it."""
-    with local_cluster(1) as (_, client):
-        fit(
-            stores.train, model_dir=stores.model, settings=FitSettings(max_iter=2), validation=stores.validation,
-            client=client, progress=False,
-        )  # fmt: skip
-        yield client.scheduler.address
+def address(stores, one_worker_address) -> str:
+    """The scheduler address of the one-worker cluster the command-line tests share; the model is fitted on it."""
+    fit(
+        stores.train, model_dir=stores.model, settings=FitSettings(max_iter=2), validation=stores.validation,
+        cluster=ClusterOptions(scheduler=one_worker_address), progress=False,
+    )  # fmt: skip
+    return one_worker_address
 
 
 def test_demo_on_a_terminal(tmp_path):

@@ -1,4 +1,4 @@
-"""Shared fixtures of the engine tests: small synthetic stores and one local cluster per module."""
+"""Shared fixtures of the engine tests: small synthetic stores and one local cluster for the package."""
 
 from __future__ import annotations
 
@@ -36,8 +36,11 @@ def small_validation_store(tmp_path_factory) -> str:
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def client():
-    """A client of a LocalCluster of two single-threaded worker processes on 127.0.0.1 (one per module)."""
+    """A client of a LocalCluster of two single-threaded worker processes on 127.0.0.1, shared by the modules of
+    tests/engine that run one after another in a test process (each cluster start is three processes and a few
+    seconds: one a module was ~10 clusters a run). Its users only submit fits, passes and reads to it; a module
+    that kills, retires or adds workers, or needs other worker settings, starts a cluster of its own."""
     with local_cluster(2) as (_, c):
         yield c

@@ -31,7 +31,6 @@ import zarr
 
 from dist_respattn.engine import FitSettings, fit
 from dist_respattn.store import WriteOptions, validate, write_arrays
-from tests.engine.clusters import local_cluster
 
 pytestmark = pytest.mark.slow  # the tests here share a cluster or start commands
 
@@ -215,10 +214,9 @@ class Scene:
 
 
 @pytest.fixture(scope="module")
-def address():
-    """The scheduler address of this module's LocalCluster (2 single-threaded worker processes)."""
-    with local_cluster() as (cluster, _):
-        yield cluster.scheduler_address
+def address(client):
+    """The scheduler address of the engine tests' shared LocalCluster (2 single-threaded worker processes)."""
+    return client.scheduler.address
 
 
 #: The tests that read each background run (a run starts only when one of its tests was selected).

@@ -4,6 +4,8 @@ end to end on a real text store with attributes."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 from dist_respattn.artifacts import load_checkpoint
+from dist_respattn.cli import main
 from dist_respattn.engine import FitSettings, fit, open_store
 from dist_respattn.engine.fit import FitError
 from dist_respattn.model.fitting.em import fit_em
@@ -40,6 +43,18 @@ COMMAND = str(Path(sys.executable).parent / "dist-respattn")
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([COMMAND, *args], capture_output=True, text=True, timeout=600)
+
+
+def _here(*args: str) -> subprocess.CompletedProcess:
+    """``dist-respattn ARGS`` by the command's own ``main`` in this process, as :func:`_cli` gives it: for the steps
+    whose answers are tested, not their process (each process start loads the package again)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exit_:  # argparse's usage errors
+            code = exit_.code if isinstance(exit_.code, int) else 2
+    return subprocess.CompletedProcess(["dist-respattn", *args], code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +194,8 @@ def test_a_store_without_attributes_is_refused_naming_the_flags(small_store, clu
 def test_the_commands_end_to_end(stores, cluster, tmp_path):
     train, test = stores
     # fit and evaluate join the module's cluster: what they compute does not depend on whose workers run it (the
-    # bit-identity test above), and starting a cluster of their own is tested with the single head's commands.
+    # bit-identity test above), and starting a cluster of their own is tested with the single head's commands. The
+    # fit is a real process, as a shell runs it; the commands after it run by the same main in this process.
     address = cluster[1].scheduler.address
     model = str(tmp_path / "model")
     done = _cli(
@@ -191,7 +207,7 @@ def test_the_commands_end_to_end(stores, cluster, tmp_path):
     assert report["kind"] == "gated" and report["factors"] == 2 and report["attributes"] == len(PACKAGES)
     assert os.path.isdir(os.path.join(model, "shared"))
 
-    done = _cli("evaluate", model, test, "--classify-attributes", "--fold-in", "--scheduler", address, "--json")
+    done = _here("evaluate", model, test, "--classify-attributes", "--fold-in", "--scheduler", address, "--json")
     assert done.returncode == 0, done.stderr
     evaluation = json.loads(done.stdout)
     assert set(evaluation["by_attribute"]) == {*PACKAGES[:2], NEW_PACKAGE}
@@ -206,14 +222,14 @@ def test_the_commands_end_to_end(stores, cluster, tmp_path):
     # measured, not assumed.
     assert folded["perplexity_uniform_weights"] > 1
 
-    texts = [_cli("sample", model, "--attribute", "json", "--tokens", "30", "--seed", s, "--json") for s in "112"]
+    texts = [_here("sample", model, "--attribute", "json", "--tokens", "30", "--seed", s, "--json") for s in "112"]
     for done in texts:
         assert done.returncode == 0, done.stderr
     first, again, other = (json.loads(t.stdout)["tokens"] for t in texts)
     assert first == again and first != other and len(first) == 30
-    done = _cli("sample", model, "--mix", "json=0.5,tomllib=0.5", "--tokens", "10", "--json")
+    done = _here("sample", model, "--mix", "json=0.5,tomllib=0.5", "--tokens", "10", "--json")
     assert done.returncode == 0, done.stderr
-    done = _cli("sample", model, "--attribute", "nosuch", "--tokens", "10")
+    done = _here("sample", model, "--attribute", "nosuch", "--tokens", "10")
     assert done.returncode != 0 and "nosuch" in done.stderr and "json" in done.stderr
     # A document shorter than N opens a sample as well as a long one (a short prompt is padded): here json's only
     # document is one line of three tokens.
@@ -221,9 +237,9 @@ def test_the_commands_end_to_end(stores, cluster, tmp_path):
     (tmp_path / "short" / "json").mkdir()
     (tmp_path / "short" / "json" / "one.py").write_text("x = 1\n", encoding="utf-8")
     short_store = str(tmp_path / "short.zarr")
-    done = _cli("ingest", "--text", short, "--attribute-by", "directory", "--like", train, short_store, "--json")
+    done = _here("ingest", "--text", short, "--attribute-by", "directory", "--like", train, short_store, "--json")
     assert done.returncode == 0, done.stderr
-    done = _cli("sample", model, "--store", short_store, "--attribute", "json", "--tokens", "5", "--json")
+    done = _here("sample", model, "--store", short_store, "--attribute", "json", "--tokens", "5", "--json")
     assert done.returncode == 0, done.stderr
     opened = open_store(short_store)
     ids = opened.document_attributes()
@@ -239,15 +255,15 @@ def test_the_commands_end_to_end(stores, cluster, tmp_path):
     sampled = json.loads(done.stdout)
     assert sampled["prompt"] == expected and len(expected) < opened.schema.context_length and len(sampled["ids"]) == 5
 
-    done = _cli("neighbours", model, "def", "--attribute", "json", "--top", "5", "--json")
+    done = _here("neighbours", model, "def", "--attribute", "json", "--top", "5", "--json")
     assert done.returncode == 0, done.stderr
     listed = json.loads(done.stdout)
     assert listed["distance"] == "hellinger" and len(listed["neighbours"]["json"]) == 5
 
     # Resuming the finished fit is a no-op that reports the same model: its settings are its own, not repeated. On
     # the module's cluster too: a cluster of the command's own adds nothing to what is checked here.
-    done = _cli("fit", train, "--model-dir", model, "--attribute-factors", "2", "--scheduler", address, "--resume",
-                "--json")  # fmt: skip
+    done = _here("fit", train, "--model-dir", model, "--attribute-factors", "2", "--scheduler", address, "--resume",
+                 "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     resumed = json.loads(done.stdout)
     assert resumed["iterations"] == report["iterations"] and resumed["settings"] == report["settings"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,6 @@ from dist_respattn.model.heads.base import Block
 from dist_respattn.model.heads.gated.head import GatedHead
 from dist_respattn.model.streaming import Predictor
 from dist_respattn.store.predictions import target_words
-from tests.engine.clusters import local_cluster
 from tests.stdlib_packages import PACKAGES, package_corpus
 
 # Every test here starts a command (and the module a cluster).
@@ -55,10 +53,9 @@ def stores(tmp_path_factory) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def address() -> Iterator[str]:
-    """The scheduler of this module's cluster (two worker processes), which every command joins."""
-    with local_cluster(2) as (_, client):
-        yield client.scheduler.address
+def address(client) -> str:
+    """The scheduler of the engine tests' shared cluster (two worker processes), which every command joins."""
+    return client.scheduler.address
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Shared fixtures and helpers of the registry tests: small synthetic stores, real checkpoint bytes, one
-cluster per module, and what a registry directory holds.
+cluster for the package's modules, and what a registry directory holds.
 
 The stores are small (S, N, D, T = 30, 4, 5, 12; 20,000 training rows in 5 partitions): a fit iteration
 takes ~0.1 s on two single-threaded workers, so the tests can retrain many times.
@@ -62,16 +62,17 @@ def stores(tmp_path_factory) -> Stores:
     return paths
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def client():
-    """A client of this module's LocalCluster (two single-threaded worker processes on 127.0.0.1)."""
+    """A client of a LocalCluster (two single-threaded worker processes on 127.0.0.1) shared by the registry modules
+    that run one after another in a test process: their retrains and fits only submit work to it."""
     with local_cluster(2) as (_, c):
         yield c
 
 
 @pytest.fixture(scope="module")
 def address(client) -> str:
-    """The scheduler address of this module's cluster, for ``--scheduler`` and child processes."""
+    """The scheduler address of the module's cluster, for ``--scheduler`` and child processes."""
     return client.scheduler.address
 
 

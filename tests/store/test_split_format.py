@@ -11,7 +11,6 @@ import pytest
 
 from dist_respattn.store import SPLIT_NAMES, TextCorpus, TokenCorpus, TripleStore, WriteOptions, validate, write_split
 from dist_respattn.store.streams.reader import TokenStreamStore
-from tests.engine.clusters import local_cluster
 from tests.store.helpers import assert_same_rows
 from tests.store.test_split import FRACTIONS, WORDS, make_tree
 
@@ -64,7 +63,9 @@ def test_a_stream_split_of_no_rows_names_the_split(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_split_command_writes_streams_that_fit_and_evaluate_take_and_triples_on_request(tmp_path):
+def test_the_split_command_writes_streams_that_fit_and_evaluate_take_and_triples_on_request(
+    tmp_path, one_worker_address
+):
     """``split`` writes token-stream stores by default; ``fit`` and ``evaluate`` take them, and give the figures
     of the same split written with ``--format triples``; a bad ``--format`` is refused in split's own words."""
     from tests.test_cli_store import run_many
@@ -83,21 +84,20 @@ def test_the_split_command_writes_streams_that_fit_and_evaluate_take_and_triples
         assert json.loads(done.stdout)["format"] == kind
         opened = (TokenStreamStore if kind == "stream" else TripleStore).open(tmp_path / kind / "train.zarr")
         assert opened.num_rows > 0
-    # fit and evaluate join one cluster (--scheduler) rather than each starting its own: what is tested is that they
-    # take either format and agree, whoever's workers run them.
-    with local_cluster(1) as (_, client):
-        address = client.scheduler.address
-        fits = run_many(
-            *(("fit", str(tmp_path / kind / "train.zarr"), "--validation", str(tmp_path / kind / "validation.zarr"),
-               "--model-dir", str(tmp_path / f"model-{kind}"), "--head", "single", "--max-iter", "3", "--scheduler",
-               address, "--json") for kind in kinds),
-        )  # fmt: skip
-        for done in fits:
-            assert done.returncode == 0, done.stderr
-        evaluations = run_many(
-            *(("evaluate", str(tmp_path / f"model-{kind}"), str(tmp_path / kind / "test.zarr"), "--scheduler",
-               address, "--json") for kind in kinds),
-        )  # fmt: skip
+    # fit and evaluate join one cluster (--scheduler; the one the command-line tests share) rather than each starting
+    # its own: what is tested is that they take either format and agree, whoever's workers run them.
+    address = one_worker_address
+    fits = run_many(
+        *(("fit", str(tmp_path / kind / "train.zarr"), "--validation", str(tmp_path / kind / "validation.zarr"),
+           "--model-dir", str(tmp_path / f"model-{kind}"), "--head", "single", "--max-iter", "3", "--scheduler",
+           address, "--json") for kind in kinds),
+    )  # fmt: skip
+    for done in fits:
+        assert done.returncode == 0, done.stderr
+    evaluations = run_many(
+        *(("evaluate", str(tmp_path / f"model-{kind}"), str(tmp_path / kind / "test.zarr"), "--scheduler",
+           address, "--json") for kind in kinds),
+    )  # fmt: skip
     reports = {}
     for kind, fitted, done in zip(kinds, fits, evaluations, strict=True):
         assert done.returncode == 0, done.stderr
