@@ -38,6 +38,7 @@ __all__ = [
     "Selection",
     "as_hyperparameters",
     "coordinate_steps",
+    "grid_count_arrays",
     "nearby",
     "score_grid",
 ]
@@ -420,6 +421,18 @@ _NO_DIRECT_ROW = np.zeros(0, dtype=np.int32)
 _NO_DIRECT_SLOTS = np.zeros((0, 0), dtype=np.int32)
 
 
+def grid_count_arrays(table: GridTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A grid table's counts as :func:`grid_count` reads them: ``(dense (T, S) counts, support indptr (T + 1,),
+    support symbols (P,), pair counts (P,))``, the layout's unused side empty."""
+    counts = table.counts
+    if isinstance(counts, SparseEmissionCounts):
+        support = counts.support
+        assert support is not None, "a grid table's sparse counts carry their support"
+        return _NO_TABLE, support.indptr, support.symbols, counts.counts
+    assert isinstance(counts, DenseEmissionCounts)
+    return counts.count_ts, _NO_INDEX, _NO_SYMBOLS, _NO_COUNTS
+
+
 def score_grid(table: GridTable, x: tuple[Any, Any, Any], weights: Any = None, *, checked: bool = False) -> GridTotals:
     """Held-out totals of an encoded batch ``(context (n, N), query (n, D), target (n,))`` at every grid point.
 
@@ -436,13 +449,7 @@ def score_grid(table: GridTable, x: tuple[Any, Any, Any], weights: Any = None, *
         num_targets=counts.num_targets,
         values_checked=checked,
     )
-    if isinstance(counts, SparseEmissionCounts):
-        support = counts.support
-        assert support is not None, "a grid table's sparse counts carry their support"
-        dense_ts, indptr, symbols, pair_counts = _NO_TABLE, support.indptr, support.symbols, counts.counts
-    else:
-        assert isinstance(counts, DenseEmissionCounts)
-        dense_ts, indptr, symbols, pair_counts = counts.count_ts, _NO_INDEX, _NO_SYMBOLS, _NO_COUNTS
+    dense_ts, indptr, symbols, pair_counts = grid_count_arrays(table)
     g1, g2, g3 = table.shape
     pred = np.zeros((g1, g2 * g3))
     joint = np.zeros((g1, g2 * g3))

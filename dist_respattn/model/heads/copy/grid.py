@@ -18,17 +18,18 @@ from typing import Any
 import numba
 import numpy as np
 
-from dist_respattn.model.emission.layouts import DenseEmissionCounts, SparseEmissionCounts
-from dist_respattn.model.fitting.selection import GridTable, GridTotals, grid_count, grid_points, map_emissions
+from dist_respattn.model.fitting.selection import (
+    GridTable,
+    GridTotals,
+    grid_count,
+    grid_count_arrays,
+    grid_points,
+    map_emissions,
+)
 from dist_respattn.model.kernels.log_weights import squared_distance
 from dist_respattn.model.rows import WindowRows
 
 __all__ = ["copy_grid"]
-
-_NO_TABLE = np.zeros((0, 0))
-_NO_INDEX = np.zeros(0, dtype=np.int64)
-_NO_SYMBOLS = np.zeros(0, dtype=np.int32)
-_NO_VALUES = np.zeros(0)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -173,13 +174,7 @@ def copy_grid(table: GridTable, rows: WindowRows, bucket_of_recency: np.ndarray,
     the copy weights ``kappa``, ``rho`` (K,) of the buckets ``bucket_of_recency`` (N,) maps recencies to."""
     counts = table.counts
     rows.check(counts.num_symbols, counts.num_targets, table.log_prior.shape[0], table.key_means.shape[1])
-    if isinstance(counts, SparseEmissionCounts):
-        support = counts.support
-        assert support is not None, "a grid table's sparse counts carry their support"
-        dense_ts, indptr, symbols, pair_counts = _NO_TABLE, support.indptr, support.symbols, counts.counts
-    else:
-        assert isinstance(counts, DenseEmissionCounts)
-        dense_ts, indptr, symbols, pair_counts = counts.count_ts, _NO_INDEX, _NO_SYMBOLS, _NO_VALUES
+    dense_ts, indptr, symbols, pair_counts = grid_count_arrays(table)
     g1, g2, g3 = table.shape
     pred = np.zeros((g1, g2 * g3))
     joint = np.zeros((g1, g2 * g3))

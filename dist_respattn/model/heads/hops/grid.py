@@ -20,7 +20,6 @@ from typing import Any
 import numba
 import numpy as np
 
-from dist_respattn.model.emission.layouts import DenseEmissionCounts, SparseEmissionCounts
 from dist_respattn.model.fitting.selection import (
     GridTable,
     GridTotals,
@@ -28,6 +27,7 @@ from dist_respattn.model.fitting.selection import (
     HyperparameterSearch,
     as_hyperparameters,
     grid_count,
+    grid_count_arrays,
     nearby,
 )
 from dist_respattn.model.heads.base import Block, Candidates, Columns, Grid
@@ -36,11 +36,6 @@ from dist_respattn.model.heads.hops.kernels import hop_score
 from dist_respattn.model.heads.single_hop.kind import SingleHopCandidates
 
 __all__ = ["HopsCandidates", "HopsGrid"]
-
-_NO_TABLE = np.zeros((0, 0))
-_NO_INDEX = np.zeros(0, dtype=np.int64)
-_NO_SYMBOLS = np.zeros(0, dtype=np.int32)
-_NO_COUNTS = np.zeros(0)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -104,14 +99,7 @@ class HopsGrid(Grid):
 
     def score(self, blocks: Iterable[Block]) -> GridTotals:
         table, head = self.table, self.head
-        counts = table.counts
-        if isinstance(counts, SparseEmissionCounts):
-            support = counts.support
-            assert support is not None, "a grid table's sparse counts carry their support"
-            dense_ts, indptr, symbols, pair_counts = _NO_TABLE, support.indptr, support.symbols, counts.counts
-        else:
-            assert isinstance(counts, DenseEmissionCounts)
-            dense_ts, indptr, symbols, pair_counts = counts.count_ts, _NO_INDEX, _NO_SYMBOLS, _NO_COUNTS
+        dense_ts, indptr, symbols, pair_counts = grid_count_arrays(table)
         direct_row, direct_slots = table.direct_pair_rows
         g1, g2, g3 = table.shape
         pred, joint = np.zeros((g1, g2 * g3)), np.zeros((g1, g2 * g3))
