@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -20,43 +19,3 @@ def one_worker_address() -> Iterator[str]:
 
     with local_cluster(1) as (cluster, _):
         yield cluster.scheduler_address
-
-
-#: The tests that call every compiled kernel in process (the model's, every kind's contract, the store's tokenizer and
-#: window gathers). They run first on each test process, so numba's on-disk cache is written before the tests that
-#: start worker and command processes, which then load the kernels instead of each compiling them (a cold cache
-#: otherwise costs ~150 s of CPU across those processes).
-COMPILING_FIRST = (
-    "tests/model/",
-    "tests/heads/test_head_contract.py",
-    "tests/store/test_byte_tokenizer.py",
-    "tests/store/test_selected_rows.py",
-)
-
-
-def _compiles_first(item: pytest.Item) -> bool:
-    return item.nodeid.startswith(COMPILING_FIRST)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order the tests so that each test process runs its share of :data:`COMPILING_FIRST` before anything else.
-
-    pytest-xdist's ``worksteal`` scheduler (the suite's ``--dist``) hands its W workers consecutive slices of the
-    collected list (``len(pending) // (W - i)`` items to the i-th), so each slice is made to start with its share of
-    the compiling tests; stolen work comes from the slices' ends. Within each group the collection order is kept.
-    """
-    first = [item for item in items if _compiles_first(item)]
-    rest = [item for item in items if not _compiles_first(item)]
-    n_workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    ordered: list[pytest.Item] = []
-    left = len(items)
-    for worker in range(n_workers):
-        size = left // (n_workers - worker)
-        share = len(first) // (n_workers - worker)
-        take = min(share, size)
-        ordered += first[:take] + rest[: size - take]
-        first, rest = first[take:], rest[size - take :]
-        left -= size
-    ordered += first + rest
-    items[:] = ordered
