@@ -40,6 +40,7 @@ __all__ = ["LOST_WORK_ERRORS", "PassRunner", "finished"]
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 #: Failures that mean work was lost with a worker, not that the work itself is wrong.
 LOST_WORK_ERRORS: tuple[type[BaseException], ...] = (distributed.KilledWorker, concurrent.futures.CancelledError)
@@ -179,38 +180,24 @@ class PassRunner:
         tables: Any,
         owners: list[str],
     ) -> list[distributed.Future]:
-        levels = tree_shape(n_partitions, self.fan_in)
-        weights: dict[str, int] = {}
-
-        def submit_leaf(node: int, key: str) -> distributed.Future:
-            if level == 0:
-                weights[key] = 1
-                return self.client.submit(split_task, sharding, tables, task, *args_for(node), key=key, pure=False)
-            tree = subtree(levels, level, node)
-            parts = subtree_partitions(tree)
-            weights[key] = len(parts)
-            return self.client.submit(
-                split_fold_task, sharding, tables, task, tree, {part: args_for(part) for part in parts},
-                key=key, pure=False,
+        def reduce(submit_leaf: Callable[[int, str], distributed.Future], on_leaf: Any) -> list[distributed.Future]:
+            return reduce_scatter_partitions(
+                self.client, n_partitions, submit_leaf, sharding.n_shards, owners, key_prefix=key_prefix,
+                combine_prefix=combine_prefix, tag=tag, fan_in=self.fan_in, on_leaf=on_leaf, level=level,
             )  # fmt: skip
 
-        bar = self.make_bar(n_partitions, description) if self.make_bar is not None else None
-        completed = distributed.as_completed(loop=self.client.loop) if bar is not None else None
-        roots = reduce_scatter_partitions(
-            self.client, n_partitions, submit_leaf, sharding.n_shards, owners, key_prefix=key_prefix,
-            combine_prefix=combine_prefix, tag=tag, fan_in=self.fan_in,
-            on_leaf=completed.add if completed is not None else None, level=level,
-        )  # fmt: skip
-        try:
-            if bar is not None and completed is not None:
-                for leaf in completed:
-                    bar.update(weights.get(str(leaf.key), 1))
+        def finish(roots: list[distributed.Future]) -> list[distributed.Future]:
             finished(self.client, roots)
             return roots
-        finally:
-            if bar is not None:
-                bar.close()
-            del completed
+
+        return self._tree_once(
+            n_partitions, args_for, description, level,
+            lambda args, key: self.client.submit(split_task, sharding, tables, task, *args, key=key, pure=False),
+            lambda tree, args, key: self.client.submit(
+                split_fold_task, sharding, tables, task, tree, args, key=key, pure=False
+            ),
+            reduce, finish,
+        )  # fmt: skip
 
     def plan(self, sizes: Sequence[int], payload_bytes: int) -> PassPlan:
         """How a pass over partitions of ``sizes`` rows, whose tasks read a payload of ``payload_bytes``, runs on
@@ -311,6 +298,33 @@ class PassRunner:
         description: str,
         level: int = 0,
     ) -> Any:
+        def reduce(submit_leaf: Callable[[int, str], distributed.Future], on_leaf: Any) -> distributed.Future:
+            return reduce_partitions(
+                self.client, n_partitions, submit_leaf, key_prefix=key_prefix, combine_prefix=combine_prefix,
+                tag=tag, fan_in=self.fan_in, on_leaf=on_leaf, level=level,
+            )  # fmt: skip
+
+        return self._tree_once(
+            n_partitions, args_for, description, level,
+            lambda args, key: self.client.submit(task, *args, key=key, pure=False),
+            lambda tree, args, key: self.client.submit(fold_task, task, tree, args, key=key, pure=False),
+            reduce, lambda root: root.result(),
+        )  # fmt: skip
+
+    def _tree_once(
+        self,
+        n_partitions: int,
+        args_for: Callable[[int], tuple[Any, ...]],
+        description: str,
+        level: int,
+        submit_one: Callable[[tuple[Any, ...], str], distributed.Future],
+        submit_fold: Callable[[Any, dict[int, tuple[Any, ...]], str], distributed.Future],
+        reduce: Callable[[Callable[[int, str], distributed.Future], Any], R],
+        finish: Callable[[R], T],
+    ) -> T:
+        """One submission of a tree pass: its leaves (``submit_one(args, key)`` a partition at level 0, else
+        ``submit_fold(subtree, args by partition, key)`` a whole subtree), ``reduce(submit_leaf, on_leaf)`` the
+        tree above them, the progress bar fed as leaves finish, and ``finish(roots)`` the pass's value."""
         levels = tree_shape(n_partitions, self.fan_in)
         #: Partitions under each leaf task, by key (for the progress bar).
         weights: dict[str, int] = {}
@@ -318,36 +332,24 @@ class PassRunner:
         def submit_leaf(node: int, key: str) -> distributed.Future:
             if level == 0:
                 weights[key] = 1
-                return self.client.submit(task, *args_for(node), key=key, pure=False)
+                return submit_one(args_for(node), key)
             tree = subtree(levels, level, node)
             parts = subtree_partitions(tree)
             weights[key] = len(parts)
-            return self.client.submit(
-                fold_task, task, tree, {part: args_for(part) for part in parts}, key=key, pure=False
-            )
+            return submit_fold(tree, {part: args_for(part) for part in parts}, key)
 
         bar = self.make_bar(n_partitions, description) if self.make_bar is not None else None
         # Progress holds each leaf only until it has finished and been counted. Bound to this pass's client's
         # loop: without one, as_completed looks for a default client, and ours are never the default.
         completed = distributed.as_completed(loop=self.client.loop) if bar is not None else None
-        root = reduce_partitions(
-            self.client,
-            n_partitions,
-            submit_leaf,
-            key_prefix=key_prefix,
-            combine_prefix=combine_prefix,
-            tag=tag,
-            fan_in=self.fan_in,
-            on_leaf=completed.add if completed is not None else None,
-            level=level,
-        )
+        roots = reduce(submit_leaf, completed.add if completed is not None else None)
         try:
             if bar is not None and completed is not None:
                 for leaf in completed:
                     bar.update(weights.get(str(leaf.key), 1))
-            return root.result()
+            return finish(roots)
         finally:
             if bar is not None:
                 bar.close()
             # Forget the pass: the scheduler drops its tasks and results once no client holds them.
-            del root, completed
+            del roots, completed
