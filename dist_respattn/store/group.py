@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +20,7 @@ __all__ = [
     "Partition",
     "array_summary",
     "damaged_metadata",
+    "delete_interrupted_writes",
     "delete_shards_from",
     "named_metadata_errors",
     "open_group_at",
@@ -25,6 +28,12 @@ __all__ = [
     "read_whole",
     "shard_key",
 ]
+
+logger = logging.getLogger(__name__)
+
+#: zarr's local store writes each file to ``<file>.<32 hex digits>.partial`` and renames it into place;
+#: a writer killed between the two leaves that file behind.
+_INTERRUPTED_WRITE = re.compile(r"\.[0-9a-f]{32}\.partial$")
 
 #: How zarr's ``crc32c`` codec says a chunk's bytes changed ("Stored and computed checksum do not match").
 _CHECKSUM_MISMATCH = "checksum do not match"
@@ -109,6 +118,20 @@ def delete_shards_from(location: StoreLocation, name: str, first: int) -> None:
         parts = key.split("/")  # <name>/c/<partition>[/0]
         if len(parts) >= 3 and parts[2].isdigit() and int(parts[2]) >= first:
             fs.rm(f"{root}/{key}")
+
+
+def delete_interrupted_writes(location: StoreLocation) -> list[str]:
+    """Delete the half-written files (``<file>.<hex>.partial``) a killed writer left in the store; return their keys.
+
+    Call only under the store's writer lock: a live writer's files in flight look the same.
+    """
+    fs, root = location.filesystem()
+    removed = sorted(key for key in location.list_keys("") if _INTERRUPTED_WRITE.search(key))
+    for key in removed:
+        fs.rm(f"{root}/{key}")
+    if removed:
+        logger.warning("%s: removed the files a killed writer left half-written: %s", location, ", ".join(removed))
+    return removed
 
 
 def read_failure(exc: BaseException) -> str:

@@ -89,9 +89,9 @@ class StoreLocation:
         return bool(fs.exists(f"{root}/{key}"))
 
     def list_keys(self, prefix: str) -> set[str]:
-        """Every file key under ``prefix`` (e.g. ``'query/c'``), relative to the store root."""
+        """Every file key under ``prefix`` (``'query/c'``; ``''``: the whole store), relative to the store root."""
         fs, root = self.filesystem()
-        base = f"{root}/{prefix}"
+        base = f"{root}/{prefix}" if prefix else root
         if not fs.exists(base):
             return set()
         return {path[len(root) + 1 :] for path in fs.find(base)}

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,10 @@ def test_a_killed_append_is_refused_by_readers_and_repaired_to_the_committed_tok
             proc.stderr.close()
     attributes = json.loads((path / "zarr.json").read_text())["attributes"]["dist_respattn"]
     assert attributes["state"] == "appending" and attributes["committed"] == {"tokens": 250, "documents": 1}
+    # A kill between zarr's write of a file and its rename leaves `<file>.<hex>.partial` (the kill above
+    # may or may not land there): one in a committed shard's place and one of the group's metadata.
+    for leftover in (shards / f"1.{uuid.uuid4().hex}.partial", path / f"zarr.{uuid.uuid4().hex}.partial"):
+        leftover.write_bytes(b"half a file")
     with pytest.raises(IncompleteStoreError, match="an append did not finish; `dist-respattn repair"):
         TokenStreamStore.open(path)
     assert "an append did not finish" in run_cli("validate", str(path)).stdout
@@ -142,6 +147,7 @@ def test_a_killed_append_is_refused_by_readers_and_repaired_to_the_committed_tok
     assert after.fingerprint() == before.fingerprint()
     assert_same_store(after, before)
     assert sorted(p.name for p in shards.iterdir()) == ["0", "1", "2"]
+    assert not list(path.rglob("*.partial"))
     assert rollback_stream_append(path) == 250  # a complete store is left as it is
     again = write_stream_tokens(path, stream(1, 50), None, options=WriteOptions(append=True))
     assert again.num_tokens == 300

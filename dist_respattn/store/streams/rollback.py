@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from dist_respattn.store.errors import StoreError
-from dist_respattn.store.group import delete_shards_from, open_group_at
+from dist_respattn.store.group import delete_interrupted_writes, delete_shards_from, open_group_at
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLock, remove_partials
 from dist_respattn.store.schema import ATTRIBUTE_KEY, StoreState
@@ -36,6 +36,7 @@ def rollback_stream_locked(location: StoreLocation) -> int:
     """:func:`rollback_stream_append` for a caller that holds the store's lock (a writer's abort, ``repair``)."""
 
     location = location.with_window(None)
+    delete_interrupted_writes(location)
     group = open_group_at(location, mode="r+")
     attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
     state = attributes.get("state")

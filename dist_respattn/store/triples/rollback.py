@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from dist_respattn.store.errors import StoreError
-from dist_respattn.store.group import delete_shards_from, open_group_at
+from dist_respattn.store.group import delete_interrupted_writes, delete_shards_from, open_group_at
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLock, remove_partials
 from dist_respattn.store.not_a_store import not_a_store
@@ -34,6 +34,7 @@ def rollback_append(
 
 def rollback_locked(location: StoreLocation) -> int:
     """:func:`rollback_append` for a caller that holds the store's lock."""
+    delete_interrupted_writes(location)
     group = open_group_at(location, mode="r+")
     attributes = dict(group.attrs.get(ATTRIBUTE_KEY) or {})
     if not attributes:
