@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -77,11 +78,33 @@ def named_metadata_errors(location: StoreLocation) -> Iterator[None]:
     try:
         yield
     except json.JSONDecodeError as exc:
+        _settle_zarr_reads()
         damaged = damaged_metadata(location) or f"a zarr.json under {location}"
         raise StoreCorruptError(
             f"{damaged}: not valid JSON ({exc}): the store's metadata is damaged; write the store again "
             "(overwrite=True), or restore the file from a copy"
         ) from None
+
+
+def _settle_zarr_reads() -> None:
+    """Wait for the metadata reads zarr still has in flight after one of them failed.
+
+    zarr gathers its members' reads on its own event loop, and a failed gather leaves the others
+    running; a command that exits at once destroys them and asyncio prints "Task was destroyed but it
+    is pending!" after the command's one-line error.
+    """
+    from zarr.core import sync
+
+    zarr_loop = getattr(sync, "loop", [None])[0]
+    if zarr_loop is None or zarr_loop.is_closed():
+        return
+
+    async def settle() -> None:
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        await asyncio.gather(*others, return_exceptions=True)
+
+    with contextlib.suppress(Exception):
+        asyncio.run_coroutine_threadsafe(settle(), zarr_loop).result(timeout=30)
 
 
 def open_group_at(location: StoreLocation, mode: str = "r") -> Any:
