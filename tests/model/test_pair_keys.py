@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dist_respattn.model.heads.single_hop.accumulator import ResponsibilityAttentionAccumulator
-from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys, tally_rows
+from dist_respattn.model.kernels.pair_keys import _one_exact_mass, merge_tallies, tally_keys, tally_rows
 
 
 def numpy_tally(keys: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -100,3 +100,48 @@ def test_a_collecting_accumulator_adds_its_blocks_pairs_in_row_order():
     want = numpy_tally(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
     counts = accumulator.value().emission_count
     assert_same((counts.support.keys(), counts.counts), want)
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    n=st.integers(0, 2000),
+    symbols=st.sampled_from([3, 5001, 50_000, 70_000]),
+    # Powers of two (uniform responsibilities 1/N, N = 8, and others; a subnormal), and masses that are not.
+    mass=st.sampled_from([0.125, 1.0, 0.5, 2.0**-20, 2.0**-1074, 1.0 / 3.0, 0.1, 0.2]),
+    odd=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_block_of_one_mass_is_tallied_by_its_keys_to_the_bit(n, symbols, mass, odd, seed):
+    """Entries of one mass (a power of two: its keys sorted alone, each run its length times the mass), of one
+    mass that is not, or of one mass but an entry (``odd``): the bits of unique and bincount either way."""
+    rng = np.random.default_rng(seed)
+    context = rng.integers(0, symbols, (n, 8)).astype(np.int32)
+    target = rng.integers(0, symbols, n).astype(np.int32)
+    masses = np.full((n, 8), mass)
+    masses[rng.random((n, 8)) < 0.1] = 0.0  # another side of a hold-out: no pair
+    if odd and n:
+        masses[rng.integers(0, n), rng.integers(0, 8)] = mass * 3.0
+    live = masses.reshape(-1) > 0
+    cells = (target.astype(np.int64)[:, None] * symbols + context).reshape(-1)
+    assert_same(tally_rows(context, target, masses, symbols), numpy_tally(cells[live], masses.reshape(-1)[live]))
+
+
+def test_a_uniform_start_on_real_rows_tallies_its_keys_to_the_bit(tmp_path):
+    """A uniform start's masses on rows of Python source (1/8 each, 0 on a hold-out's rows) by the keys alone."""
+    from dist_respattn.store import WriteOptions
+    from dist_respattn.store.ingest.text import iter_text_files
+    from dist_respattn.store.ingest.to_stream import write_stream_text
+    from tests.stdlib_packages import package_corpus
+
+    files = iter_text_files([package_corpus(tmp_path / "corpus", ("json", "tomllib"))])
+    store = write_stream_text(tmp_path / "s.zarr", files, 8, vocab_size=500, dim=4, options=WriteOptions())
+    context, _, target = store.read_rows(0, store.num_rows).encoded
+    symbols = store.schema.num_symbols
+    masses = np.full(context.shape, 0.125)
+    masses[np.arange(len(target)) % 20 < 1] = 0.0
+    live = masses.reshape(-1) > 0
+    cells = (target.astype(np.int64)[:, None] * symbols + context).reshape(-1)
+    assert _one_exact_mass(masses) == 0.125  # the keys alone are sorted
+    got = tally_rows(context, target, masses, symbols)
+    assert_same(got, numpy_tally(cells[live], masses.reshape(-1)[live]))
+    assert got[1].max() > 1.0  # pairs met many times: sums of many entries

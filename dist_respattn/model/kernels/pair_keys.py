@@ -15,6 +15,8 @@ token stream (1M cells, about 110,000 distinct pairs).
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
@@ -66,6 +68,79 @@ def _row_histograms(context, target, mass, num_symbols, passes, digit_bits):  # 
                     hist[p, (key >> (p * digit_bits)) & mask] += 1
                 live += 1
     return hist, live
+
+
+@numba.njit(cache=True, nogil=True)
+def _one_exact_mass(mass):  # pragma: no cover - compiled
+    """The mass every live entry of ``mass`` holds when they all hold one, a power of two (a sum of k of them is
+    k times it, exactly, in any order); else 0 (or when no entry is live)."""
+    flat = mass.reshape(-1)
+    one = 0.0
+    for i in range(flat.shape[0]):
+        m = flat[i]
+        if m > 0.0:
+            if one == 0.0:
+                one = m
+            elif m != one:
+                return 0.0
+    if one == 0.0 or math.isinf(one) or math.frexp(one)[0] != 0.5:
+        return 0.0
+    return one
+
+
+@numba.njit(cache=True, nogil=True)
+def _scatter_row_keys(context, target, mass, num_symbols, counts, digit_bits, out_k):  # pragma: no cover
+    """:func:`_scatter_rows` of the keys alone (their masses all one)."""
+    n, n_pos = context.shape
+    mask = (1 << digit_bits) - 1
+    at = _starts(counts)
+    for row in range(n):
+        base = np.int64(target[row]) * num_symbols
+        for i in range(n_pos):
+            if mass[row, i] > 0.0:
+                key = base + context[row, i]
+                d = key & mask
+                j = at[d]
+                out_k[j] = key
+                at[d] = j + 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _scatter_keys(src_k, counts, shift, digit_bits, dst_k):  # pragma: no cover - compiled
+    """:func:`_scatter` of the keys alone."""
+    mask = (1 << digit_bits) - 1
+    at = _starts(counts)
+    for i in range(src_k.shape[0]):
+        key = src_k[i]
+        d = (np.int64(key) >> shift) & mask
+        j = at[d]
+        dst_k[j] = key
+        at[d] = j + 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_runs(sorted_keys, mass):  # pragma: no cover - compiled
+    """Each distinct key of sorted ``sorted_keys`` once (int64), with ``k * mass`` for its k entries: their sum
+    from 0 in any order when ``mass`` is a power of two."""
+    n = sorted_keys.shape[0]
+    out_keys = np.empty(n, dtype=np.int64)
+    sums = np.empty(n)
+    j = -1
+    previous = np.int64(-1)
+    run = 0
+    for i in range(n):
+        key = np.int64(sorted_keys[i])
+        if j < 0 or key != previous:
+            if j >= 0:
+                sums[j] = run * mass
+            j += 1
+            out_keys[j] = key
+            previous = key
+            run = 0
+        run += 1
+    if j >= 0:
+        sums[j] = run * mass
+    return out_keys[: j + 1], sums[: j + 1]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -191,9 +266,27 @@ def tally_rows(
     passes, digit_bits = _digits(top)
     hist, live = _row_histograms(context, target, mass, num_symbols, passes, digit_bits)
     keys = np.empty(live, dtype=_key_dtype(top))
+    one = float(_one_exact_mass(mass))
+    if one > 0.0:
+        # Every live entry holds one mass, a power of two (uniform responsibilities 1/N, N = 8, on unweighted rows):
+        # the keys are sorted alone and each run's sum is its length times the mass, the same bits.
+        _scatter_row_keys(context, target, mass, num_symbols, hist[0], digit_bits, keys)
+        return _count_runs(_sorted_keys(keys, hist, passes, digit_bits), one)
     weights = np.empty(live)
     _scatter_rows(context, target, mass, num_symbols, hist[0], digit_bits, keys, weights)
     return _sorted_tally(keys, weights, hist, passes, digit_bits, 1)
+
+
+def _sorted_keys(src_k: np.ndarray, hist: np.ndarray, passes: int, digit_bits: int) -> np.ndarray:
+    """:func:`_sorted_tally`'s radix passes (after the first) of the keys alone."""
+    n = src_k.shape[0]
+    dst_k = np.empty_like(src_k)
+    for p in range(1, passes):
+        if _one_bucket(hist[p], n):
+            continue
+        _scatter_keys(src_k, hist[p], p * digit_bits, digit_bits, dst_k)
+        src_k, dst_k = dst_k, src_k
+    return src_k
 
 
 def tally_keys(keys: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

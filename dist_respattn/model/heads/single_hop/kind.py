@@ -30,6 +30,7 @@ from dist_respattn.model.emission.prior import EmissionPrior
 from dist_respattn.model.fitting.em import START_KINDS
 from dist_respattn.model.fitting.selection import (
     DEFAULT_SEARCH,
+    GridRowCache,
     GridTable,
     GridTotals,
     Hyperparameters,
@@ -283,11 +284,16 @@ class SingleHopGrid(Grid):
     def score(self, blocks: Iterable[Block]) -> GridTotals:
         table = self.table
         totals = GridTotals.zeros(table.shape)
+        # The rows remembered from one block to the next (repeated rows cost their additions only).
+        remembered: GridRowCache | None = None
         for block in blocks:
             if table.buckets is not None:
                 totals = totals + grid_windows(table, _weighted(block.rows, block.weights))
-            else:
-                totals = totals + score_grid(table, block.rows.encoded, block.weights, checked=block.rows.checked)
+                continue
+            x = block.rows.encoded
+            if remembered is None:
+                remembered = GridRowCache(table, x[1].shape[1], x[0].shape[1])
+            totals = totals + score_grid(table, x, block.weights, checked=block.rows.checked, rows=remembered)
         return totals
 
 

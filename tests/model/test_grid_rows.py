@@ -1,0 +1,159 @@
+"""The held-out grid kernel (strength pairs side by side, repeated rows read back from their slots) against the
+per-row kernel it replaced, on real rows: the totals must be the same bits, or a fit's choices could change."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from dist_respattn import ResponsibilityAttentionEstimator
+from dist_respattn.model.emission.pairs import PairCounts
+from dist_respattn.model.emission.prior import EmissionPrior
+from dist_respattn.model.fitting.selection import (
+    DEFAULT_SEARCH,
+    GridRowCache,
+    GridTotals,
+    grid_count,
+    grid_count_arrays,
+    grid_row,
+    score_grid,
+)
+from dist_respattn.model.kernels.log_weights import squared_distance
+from dist_respattn.store import WriteOptions
+from dist_respattn.store.ingest.text import iter_text_files
+from dist_respattn.store.ingest.to_stream import write_stream_text
+from tests.stdlib_packages import package_corpus
+
+
+@numba.njit(cache=True, nogil=True)
+def _per_row_grid(
+    context, query, target, weights, key_means, log_prior, emission_count_ts, indptr, symbols, pair_counts,
+    row_totals, base, types, inv_two_sigma2, gate_const, emission_strengths, type_strengths, direct_row,
+    direct_slots, out_pred, out_joint,
+):  # pragma: no cover - compiled  # fmt: skip
+    """The grid pass as it was: every row on its own through ``grid_row`` (each strength pair's emissions, then
+    each gate variance's softmax and every pair's sum, logarithm and terms)."""
+    n_rows, n_pos = context.shape
+    n_emis = emission_strengths.shape[0] * type_strengths.shape[0]
+    dist, count, total, typ = np.empty(n_pos), np.empty(n_pos), np.empty(n_pos), np.empty(n_pos)
+    emis, gate, y = np.empty((n_emis, n_pos)), np.empty(n_pos), np.empty(query.shape[1])
+    weight = 0.0
+    for row in range(n_rows):
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        if w == 0.0:
+            continue
+        for d in range(query.shape[1]):
+            y[d] = np.float64(query[row, d])
+        t = target[row]
+        for i in range(n_pos):
+            c = context[row, i]
+            dist[i] = squared_distance(y, key_means, c)
+            count[i] = grid_count(t, c, emission_count_ts, indptr, symbols, pair_counts, direct_row, direct_slots)
+            total[i] = row_totals[c]
+            typ[i] = types[c]
+        grid_row(
+            w, n_pos, log_prior, dist, count, total, typ, base[t], inv_two_sigma2, gate_const, emission_strengths,
+            type_strengths, emis, gate, out_pred, out_joint,
+        )  # fmt: skip
+        weight += w
+    return weight
+
+
+def per_row_totals(table, x, weights=None) -> GridTotals:
+    context, query, target = (np.asarray(a) for a in x)
+    g1, g2, g3 = table.shape
+    pred, joint = np.zeros((g1, g2 * g3)), np.zeros((g1, g2 * g3))
+    weight = _per_row_grid(
+        context, query, target, np.zeros(0) if weights is None else np.asarray(weights, np.float64),
+        table.key_means, table.log_prior, *grid_count_arrays(table), np.asarray(table.row_totals, np.float64),
+        table.base, table.types, 0.5 / table.sigma2, -0.5 * query.shape[1] * np.log(2.0 * np.pi * table.sigma2),
+        table.emission_strengths, table.type_strengths, *table.direct_pair_rows, pred, joint,
+    )  # fmt: skip
+    return GridTotals(float(weight), pred.reshape(g1, g2, g3), joint.reshape(g1, g2, g3))
+
+
+@pytest.fixture(scope="module")
+def real_rows(tmp_path_factory):
+    """Rows of Python source (standard-library packages, 400 words, N = 8, D = 16) and the whole first grid of a
+    uniform start over them (600 points), sparse and dense."""
+    base = tmp_path_factory.mktemp("grid-rows")
+    files = iter_text_files([package_corpus(base / "corpus")])
+    store = write_stream_text(base / "train.zarr", files, 8, vocab_size=400, dim=16, options=WriteOptions())
+    data = store.read_rows(0, store.num_rows).encoded
+    s = store.schema
+    shape = (s.num_symbols, s.context_length, s.query_dim, s.num_targets)
+    pairs = PairCounts.from_rows(data[0][:, -1], data[2], None, num_symbols=shape[0], num_targets=shape[3])
+    estimator = ResponsibilityAttentionEstimator(
+        *shape, emission_prior=EmissionPrior.from_pairs(pairs, "continuation"), search=DEFAULT_SEARCH
+    )
+    tables = {}
+    for layout in ("sparse", "dense"):
+        accumulator = estimator.accumulator_factory(layout=layout).make()
+        accumulator.seq_initialize_uniform(data, None)
+        tables[layout] = estimator.candidates(accumulator.value()).grid_table(DEFAULT_SEARCH)
+    return data, tables
+
+
+def _same(a: GridTotals, b: GridTotals) -> bool:
+    return (
+        a.weight == b.weight
+        and np.array_equal(a.target_log_prob, b.target_log_prob)
+        and np.array_equal(a.log_lik, b.log_lik)
+    )
+
+
+def _repeated_rows(x) -> int:
+    context, query, target = x
+    rows = np.concatenate(
+        [context.astype(np.int64).view(np.uint8).reshape(len(target), -1),
+         np.ascontiguousarray(query).view(np.uint8).reshape(len(target), -1),
+         target.astype(np.int64).view(np.uint8).reshape(len(target), -1)], axis=1,
+    )  # fmt: skip
+    return len(target) - len(np.unique(rows, axis=0))
+
+
+@pytest.mark.parametrize("layout", ["sparse", "dense"])
+def test_the_grid_kernel_equals_the_per_row_one_to_the_bit(real_rows, layout):
+    data, tables = real_rows
+    table = tables[layout]
+    assert table.shape == (10, 10, 6)
+    repeated = _repeated_rows(data)
+    assert repeated > len(data[2]) // 10  # source code repeats itself: the slots have rows to find
+    want = per_row_totals(table, data)
+    for slots in (0, 1, 16, 1024):
+        rows = GridRowCache(table, data[1].shape[1], data[0].shape[1], slots)
+        assert _same(score_grid(table, data, rows=rows), want), slots
+        assert (rows.hits[0] == 0) == (slots == 0)
+    # 1024 slots find most repeated rows.
+    assert rows.hits[0] > repeated // 2
+    if layout == "sparse":  # the direct rows and the binary searches both met
+        direct_row, _ = table.direct_pair_rows
+        assert (direct_row >= 0).any() and (direct_row[data[2]] < 0).any()
+
+
+def test_weighted_rows_in_blocks_with_one_cache(real_rows):
+    """Weights (a hold-out's zeros among them) and blocks sharing the cache, as a partition's grid pass scores them:
+    the same bits as the per-row kernel block by block, and a row of weight 0 neither scored nor kept."""
+    data, tables = real_rows
+    table = tables["sparse"]
+    rng = np.random.default_rng(7)
+    weights = rng.uniform(0.5, 2.0, len(data[2]))
+    weights[rng.random(len(weights)) < 0.3] = 0.0
+    rows = GridRowCache(table, data[1].shape[1], data[0].shape[1])
+    got = want = GridTotals.zeros(table.shape)
+    for start in range(0, len(weights), 5000):
+        block = tuple(a[start : start + 5000] for a in data)
+        got = got + score_grid(table, block, weights[start : start + 5000], checked=True, rows=rows)
+        want = want + per_row_totals(table, block, weights[start : start + 5000])
+    assert _same(got, want) and rows.hits[0] > 0
+    assert not _same(got, per_row_totals(table, data, weights))  # the blocks' order of sums is the one compared
+
+
+def test_a_cache_serves_its_own_table(real_rows):
+    data, tables = real_rows
+    rows = GridRowCache(tables["sparse"], data[1].shape[1], data[0].shape[1])
+    with pytest.raises(ValueError, match="the table it was made for"):
+        score_grid(tables["dense"], data, rows=rows)
+    with pytest.raises(ValueError, match="a power of two"):
+        GridRowCache(tables["sparse"], data[1].shape[1], data[0].shape[1], 1000)
