@@ -238,6 +238,9 @@ class ShardedRun:
         self.whole_tables = True
         self.tables_part: distributed.Future | None = None
         self.source: RemoteHead | None = None
+        #: Whether the tables were made again from :attr:`source` (else they are the start's, which Dask can make
+        #: again from the start's tasks).
+        self.tables_rebuilt = False
         #: The parts: the common part and the shards.
         self.n_parts = 0
         #: The fit's passes on the cluster (:meth:`attach`).
@@ -281,9 +284,16 @@ class ShardedRun:
         self.tables_part = scatter_to(self.client, f"respattn-shard-table-part-{attempt}-{self.run_id}",
                                       self.sharding.tables())  # fmt: skip
         if self.source is not None:
-            self.tables = self.client.submit(
-                self.sharding.tables_from, self.tables_part, self.source.common, key=key, pure=False
-            )
+            self._tables_from_source(key)
+
+    def _tables_from_source(self, key: str) -> None:
+        """The tables made whole from the common part of :attr:`source` (read from its files): after lost work, and
+        again after every later head is read from its checkpoint (an earlier one's files may be pruned)."""
+        assert self.sharding is not None and self.source is not None
+        self.tables = self.client.submit(
+            self.sharding.tables_from, self.tables_part, self.source.common, key=key, pure=False
+        )
+        self.tables_rebuilt = True
 
     def owners(self) -> list[str]:
         """The owner of each part (the common part's first, then each shard's): the workers alive, in address
@@ -561,6 +571,8 @@ class ShardedRun:
         head.common, head.shards = loads[0], loads[1:]
         head.checkpoint = name
         self.source = head
+        if self.tables_rebuilt:
+            self._tables_from_source(self._key("shard-tables", name))
         if head.made_from is not None:
             head.made_from.release()
             head.made_from = None

@@ -285,6 +285,53 @@ def test_a_worker_killed_mid_iteration_gives_the_same_bits(long_store, tmp_path,
 
 
 @pytest.mark.slow
+def test_a_worker_killed_during_the_sharded_start_gives_the_same_bits(long_store, tmp_path):
+    """SIGKILL of an owner of the start's M-step parts while the start's held-out choice runs: the parts it held are
+    made again (by Dask from the start's tasks it still knows; else the whole start is made again), and the fit is
+    the same to the bit."""
+    with local_cluster(2) as (_, client):
+        pids = client.run(os.getpid)
+        kill: dict[str, Any] = {}
+
+        def kill_an_owner() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                running = [k for keys in client.processing().values() for k in keys if "heldout-0-" in str(k)]
+                if running:
+                    holders = [
+                        worker
+                        for worker, keys in client.has_what().items()
+                        if any(str(k).startswith("respattn-mstep-shard") for k in keys)
+                    ]
+                    if holders:
+                        os.kill(pids[holders[0]], signal.SIGKILL)
+                        kill.update(worker=holders[0], at=time.monotonic())
+                        return
+                time.sleep(0.002)
+
+        killer = threading.Thread(target=kill_an_owner, daemon=True)
+        said: list[tuple[float, str]] = []
+
+        def say(line: str) -> None:
+            said.append((time.monotonic(), line))
+            if line.startswith("sharded M-step:") and not killer.is_alive() and not kill:
+                killer.start()
+
+        settings = dataclasses.replace(SETTINGS, emission_layout="sparse", m_step_shards=2, max_iter=1)
+        result = fit(long_store, model_dir=tmp_path / "model", client=client, settings=settings, say=say)
+        killer.join(timeout=60)
+        client.wait_for_workers(2, timeout=60)
+        reference = fit(long_store, model_dir=tmp_path / "reference", client=client,
+                        settings=dataclasses.replace(settings, m_step_shards=0))  # fmt: skip
+    assert kill, "no owner was killed during the start's held-out choice"
+    assert kill["at"] < next(t for t, line in said if line.startswith("iteration 1:"))
+    same_head(result.model, reference.model)
+    same_history(result, reference)
+    # The start's head was kept beside the checkpoints until the first commit, which removed it.
+    assert not [entry.name for entry in (tmp_path / "model").iterdir() if "start-" in entry.name]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_killed_driver_resumes_from_the_owners_parts(small_store, client, tmp_path, layout):
     """The driver SIGKILLed at iteration 2's line: its latest checkpoint is in parts (the owners' files and the
@@ -432,3 +479,33 @@ def _context(shape: tuple[int, int, int, int]) -> Any:
     from dist_respattn.model.heads.base import TrainerContext
 
     return TrainerContext(shape, None, None, {}, {}, {}, {})
+
+
+def test_a_driver_s_part_of_the_tables_is_made_whole_from_a_head_s_common_part():
+    """After a sharded start the driver holds the tables' part of a fixed size (the prior's base and type counts);
+    a worker makes them whole from a head's common arrays (its checkpoint's common file): the support of the whole
+    tables, the same base and types. A dense fit's, and whole tables, are as they are."""
+    from dist_respattn.model.emission.layouts import PairSupport
+    from dist_respattn.model.emission.prior import EmissionPrior
+    from dist_respattn.model.fitting.selection import Hyperparameters
+    from dist_respattn.model.heads.single_hop.sharded import CommonPart, SingleHopSharding
+
+    s, n, d, t = 30, 4, 5, 12
+    rng = np.random.default_rng(3)
+    keys = np.unique(rng.integers(0, s * t, 150))
+    support = PairSupport.from_keys(keys, s, t)
+    base = rng.random(t) + 0.1
+    prior = EmissionPrior("continuation", base / base.sum(), rng.integers(1, 5, s).astype(np.float64))
+    estimator = SingleHopSpec().estimator((s, n, d, t)).resolved(prior)
+    whole = SingleHopSharding(estimator, "sparse", support, 2)
+    part = SingleHopSharding(estimator, "sparse", None, 2)
+    assert part.tables().support is None and whole.tables().support is support
+    common = CommonPart(rng.standard_normal((s, d)), np.full(n, 1.0 / n), rng.random(s), summary=None)  # type: ignore[arg-type]
+    arrays = whole.common_arrays(Hyperparameters(0.5, 1.0, 1.0), common, whole.tables())
+    made = part.tables_from(part.tables(), arrays)
+    assert np.array_equal(made.support.indptr, support.indptr) and np.array_equal(made.support.symbols, support.symbols)
+    assert made.base is part.tables().base and made.types is part.tables().types
+    assert np.array_equal(made.base, prior.base) and np.array_equal(made.types, prior.types)
+    assert whole.tables_from(whole.tables(), arrays) is whole.tables()
+    dense = SingleHopSharding(estimator, "dense", None, 2)
+    assert dense.tables_from(dense.tables(), arrays) is dense.tables()
