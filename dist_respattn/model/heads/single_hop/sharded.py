@@ -571,8 +571,13 @@ def join_shards(
     known = shard_pairs(support, bounds) if support is not None else None
     for k, shard in enumerate(ordered):
         a, b = bounds[k], bounds[k + 1]
-        at = known[k].pairs if known is not None else np.flatnonzero((symbols >= a) & (symbols < b))
-        values[at] = np.asarray(shard["emission_values"])
+        if known is not None:
+            values[known[k].pairs] = np.asarray(shard["emission_values"])
+        else:  # a mask, not the pairs' indices: a byte a pair where the indices take eight (the driver's final read)
+            mine = symbols >= a
+            np.logical_and(mine, symbols < b, out=mine)
+            values[mine] = np.asarray(shard["emission_values"])
+            del mine
         backoff.append(np.asarray(shard["emission_backoff_symbol"]))
     arrays["emission_values"] = values
     arrays["emission_backoff_symbol"] = np.concatenate(backoff)
