@@ -184,6 +184,12 @@ class ClusterPasses:
         )
         #: The last E-step's statistics (for the head's warnings).
         self.last_statistics: Any = None
+        if sharded is not None:
+            sharded.attach(self)
+
+    def in_span(self, name: str) -> None:
+        """Run the next tasks in span ``name`` (of this run)."""
+        self._in_span(name)
 
     def _in_span(self, name: str) -> None:
         if self.span_name != name:
@@ -343,7 +349,14 @@ class FitLoop:
         self.say = say
         self.verbose = verbose
         self.reporter = FitReporter(client, say=say, bar=progress)
-        sharded = ShardedRun(client, self.run_id, settings.m_step_shards, say) if settings.m_step_shards > 0 else None
+        sharded = (
+            # A fit of no iterations keeps its start on the driver: its start is its model, committed by the driver.
+            ShardedRun(
+                client, self.run_id, settings.m_step_shards, say, folder=folder if settings.max_iter > 0 else None
+            )
+            if settings.m_step_shards > 0
+            else None
+        )
         #: The trainer the loop runs: the fit's, its M-steps in shards on the workers when asked for.
         self.loop_trainer: Trainer = trainer if sharded is None else ShardedTrainer(trainer, sharded)
         self.passes = ClusterPasses(

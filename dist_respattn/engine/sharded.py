@@ -14,6 +14,12 @@ For a kind whose trainer opts in (:meth:`~dist_respattn.model.heads.base.Trainer
 5. the next passes read the head from those files (a task per part, on its owner): nothing is chained across
    iterations, and a part lost with its worker is read again from the checkpoint by another.
 
+A fit from the data starts the same way when the trainer gives a :class:`~dist_respattn.model.heads.base.
+ShardedStart` (:meth:`ShardedRun.start`): its start pass reduce-scattered by the same shards, the driver told only
+what the trainer needs to finish preparing (the single head's emission prior, each shard's count of pairs), the
+tables made on a worker from the shards, then the start's M-step, choice and head as an iteration's; the start's
+head is written beside the checkpoints and read from there. The driver never holds the support.
+
 The same fit with and without it, on any number of workers, gives the same bits. Nothing here knows a kind.
 """
 
@@ -28,11 +34,22 @@ from typing import TYPE_CHECKING, Any
 import distributed
 
 from dist_respattn.artifacts.checkpoints import ModelDir
+from dist_respattn.durable.files import temporary_path
 from dist_respattn.engine import worker_tasks
 from dist_respattn.engine.broadcast import payload_bytes, scatter_to
 from dist_respattn.engine.passes import LOST_WORK_ERRORS, MAX_ATTEMPTS, finished
 from dist_respattn.engine.worker_tasks import BUILD
-from dist_respattn.model.heads.base import Candidates, Choice, Columns, Grid, Head, ShardedMStep, Trainer
+from dist_respattn.model.heads.base import (
+    Candidates,
+    Choice,
+    Columns,
+    Grid,
+    Head,
+    Passes,
+    ShardedMStep,
+    ShardedStart,
+    Trainer,
+)
 
 if TYPE_CHECKING:
     from dist_respattn.engine.loop import ClusterPasses
@@ -160,6 +177,10 @@ class ShardedTrainer(Trainer):
         self.inner.check_start(head, resumed=resumed)
 
     def prepare(self, start: Head | None, *, resumed: bool, passes: Any) -> Head:
+        if start is None:
+            head = self.run.start(self.inner, passes)
+            if head is not None:
+                return head
         return self.inner.prepare(start, resumed=resumed, passes=passes)
 
     def statistics(self, head: Head, blocks: Any) -> Any:
@@ -196,45 +217,94 @@ class ShardedRun:
         say: where the fit's lines go.
     """
 
-    def __init__(self, client: distributed.Client, run_id: str, n_shards: int, say: Callable[[str], Any]) -> None:
+    def __init__(
+        self,
+        client: distributed.Client,
+        run_id: str,
+        n_shards: int,
+        say: Callable[[str], Any],
+        *,
+        folder: ModelDir | None = None,
+    ) -> None:
         self.client, self.run_id, self.n_wanted, self.say = client, run_id, n_shards, say
+        #: Where a sharded start keeps the first head's parts (beside the checkpoints, as a temporary directory
+        #: the first checkpoint's commit prunes); ``None``: the start runs on the driver.
+        self.folder = folder
         self.sharding: ShardedMStep | None = None
         self.decided = False
         self.tables: distributed.Future | None = None
+        #: Whether the driver holds the whole tables (else their driver's part is :attr:`tables_part` and the rest
+        #: comes from the common part of :attr:`source`, the last head read from files).
+        self.whole_tables = True
+        self.tables_part: distributed.Future | None = None
+        self.source: RemoteHead | None = None
+        #: Whether the tables were made again from :attr:`source` (else they are the start's, which Dask can make
+        #: again from the start's tasks).
+        self.tables_rebuilt = False
+        #: The parts: the common part and the shards.
+        self.n_parts = 0
+        #: The fit's passes on the cluster (:meth:`attach`).
+        self.cluster: ClusterPasses | None = None
         self._count = itertools.count()
+
+    def attach(self, cluster: ClusterPasses) -> None:
+        self.cluster = cluster
 
     # -- set-up -------------------------------------------------------------------------------------------------
 
     def ready(self, trainer: Trainer) -> bool:
         """Whether the M-steps run in shards: asked of the trainer once, after it prepared."""
         if not self.decided:
-            self.decided = True
-            self.sharding = trainer.sharded_m_step(self.n_wanted)
-            if self.sharding is None:
-                self.say("this kind's M-step runs on the driver (it has no sharded M-step)")
-            else:
-                self.say(
-                    f"sharded M-step: {self.sharding.n_shards} shards of the symbols on "
-                    f"{min(len(self.client.ncores()), self.sharding.n_shards + 1)} workers"
-                )
+            self._use(trainer.sharded_m_step(self.n_wanted))
+            if self.sharding is not None:
                 self._send_tables()
         return self.sharding is not None
 
+    def _use(self, sharding: ShardedMStep | None) -> None:
+        self.decided = True
+        self.sharding = sharding
+        if sharding is None:
+            self.say("this kind's M-step runs on the driver (it has no sharded M-step)")
+            return
+        self.n_parts = sharding.n_shards + 1
+        self.say(
+            f"sharded M-step: {sharding.n_shards} shards of the symbols on "
+            f"{min(len(self.client.ncores()), self.n_parts)} workers"
+        )
+
     def _send_tables(self) -> None:
+        """The tables to the workers: sent whole by the driver, or (after a sharded start) their driver's part sent
+        and the rest read from the common part of the last head read from files, on a worker."""
         assert self.sharding is not None
         attempt = next(self._count)
-        self.tables = scatter_to(self.client, f"respattn-shard-tables-{attempt}-{self.run_id}", self.sharding.tables())
+        key = f"respattn-shard-tables-{attempt}-{self.run_id}"
+        if self.whole_tables:
+            self.tables = scatter_to(self.client, key, self.sharding.tables())
+            return
+        self.tables_part = scatter_to(self.client, f"respattn-shard-table-part-{attempt}-{self.run_id}",
+                                      self.sharding.tables())  # fmt: skip
+        if self.source is not None:
+            self._tables_from_source(key)
+
+    def _tables_from_source(self, key: str) -> None:
+        """The tables made whole from the common part of :attr:`source` (read from its files): after lost work, and
+        again after every later head is read from its checkpoint (an earlier one's files may be pruned)."""
+        assert self.sharding is not None and self.source is not None
+        self.tables = self.client.submit(
+            self.sharding.tables_from, self.tables_part, self.source.common, key=key, pure=False
+        )
+        self.tables_rebuilt = True
 
     def owners(self) -> list[str]:
         """The owner of each part (the common part's first, then each shard's): the workers alive, in address
         order from a place fixed by the run (a lost owner's parts go to the next)."""
-        assert self.sharding is not None
+        assert self.n_parts > 0
         alive = sorted(self.client.ncores())
         if not alive:
             self.client.wait_for_workers(1, timeout=60)
             alive = sorted(self.client.ncores())
         first = int(self.run_id.split(".")[0], 16) % len(alive)
-        return [alive[(first + j) % len(alive)] for j in range(self.sharding.n_shards + 1)]
+        return [alive[(first + j) % len(alive)] for j in range(self.n_parts)]
 
     def _key(self, what: str, label: str) -> str:
         return f"respattn-{what}-{label}-{next(self._count)}-{self.run_id}"
@@ -248,6 +318,100 @@ class ShardedRun:
             raise exc
         logger.warning("%s lost work with a worker (%s); submitting it again", what, exc)
         self._send_tables()
+
+    # -- the start ---------------------------------------------------------------------------------------------
+
+    def start(self, trainer: Trainer, preparing: Passes) -> Head | None:
+        """The fit's start in shards, when the trainer opts in (:meth:`~dist_respattn.model.heads.base.Trainer.
+        sharded_start`; ``None``: it runs on the driver): the start pass reduce-scattered onto the owners, the
+        trainer's preparation finished from what the owners tell (a prior's tables, the pairs' count), the tables
+        made on a worker, the start's M-step on the owners, its held-out choice made as an iteration's, and the
+        first head's parts written beside the checkpoints and read from there. The driver holds nothing that
+        grows with the data. Lost work makes the whole start again."""
+        if self.folder is None or self.cluster is None:
+            return None
+        begin = trainer.sharded_start(self.n_wanted)
+        if begin is None:
+            return None
+        cluster = self.cluster
+        cluster.in_span("respattn-init")
+        request, train = begin.request(), cluster.train
+        self.n_parts = begin.n_shards + 1
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                roots = cluster.runner.run_scattered(
+                    request.name, "0", train.num_partitions, worker_tasks.pass_task,
+                    lambda part: (
+                        train.location, part, request.map_partition, request.columns, cluster.fingerprint,
+                        cluster.train_rows, cluster.train_map,
+                    ),
+                    sharding=begin, tables=None, owners=self.owners, description=request.description,
+                )  # fmt: skip
+                owners = self.owners()
+                info = self.client.submit(
+                    begin.common_info, roots[0], key=self._key("start-info", "0"), **self._on(owners[0])
+                )
+                sizes = [
+                    self.client.submit(
+                        begin.shard_info,
+                        k,
+                        roots[k + 1],
+                        key=self._key(f"start-info{k}", "0"),
+                        **self._on(owners[k + 1]),
+                    )
+                    for k in range(begin.n_shards)
+                ]
+                sharding = begin.prepared(info.result(), self.client.gather(sizes), preparing)
+                del info, sizes
+                self._use(sharding)
+                self.whole_tables = False
+                self._send_tables()
+                self.tables = self.client.submit(
+                    begin.tables, sharding, self.tables_part, roots[1:], key=self._key("shard-tables", "0"),
+                    **self._on(owners[0]),
+                )  # fmt: skip
+                common = self.client.submit(
+                    start_common_m_step, begin, sharding, roots[0], key=self._key("mstep-common", "0"),
+                    **self._on(owners[0]),
+                )  # fmt: skip
+                shards = [
+                    self.client.submit(
+                        start_shard_m_step,
+                        begin,
+                        sharding,
+                        k,
+                        roots[k + 1],
+                        self.tables,
+                        key=self._key(f"mstep-shard{k}", "0"),
+                        **self._on(owners[k + 1]),
+                    )
+                    for k in range(sharding.n_shards)
+                ]
+                del roots
+                summary = self.client.submit(sharding.summary, common, key=self._key("summary", "0")).result()
+                finished(self.client, shards)
+                stats = ShardedStatistics(summary, common, shards)
+                del common, shards
+                head = preparing.choose(RemoteCandidates(self, stats))
+                assert isinstance(head, RemoteHead)
+                self.keep(head)
+                return head
+            except LOST_WORK_ERRORS as exc:
+                if attempt + 1 == MAX_ATTEMPTS:
+                    raise
+                logger.warning("the sharded start lost work with a worker (%s); making it again", exc)
+        raise AssertionError("unreachable")
+
+    def keep(self, head: RemoteHead) -> None:
+        """The start's head written by its owners into a temporary directory beside the checkpoints (the first
+        checkpoint's commit prunes it) and read from there (:meth:`reroot`), as a checkpoint's head is."""
+        assert self.folder is not None
+        self.folder.path.mkdir(parents=True, exist_ok=True)
+        directory = Path(temporary_path(self.folder.path / f"start-{self.run_id}"))
+        directory.mkdir()
+        self._write_parts(directory, head, "start")
+        self.reroot(head, directory, "start")
+        head.checkpoint = None
 
     # -- an iteration -------------------------------------------------------------------------------------------
 
@@ -366,37 +530,38 @@ class ShardedRun:
         """Checkpoint ``name``: each part written by the worker holding it, then the manifest and the pointers by
         the driver (:meth:`~dist_respattn.artifacts.checkpoints.ModelDir.commit_parts`); the head's parts are then
         that checkpoint's files (:meth:`reroot`)."""
-        files = ["part-common.npz"] + [f"part-{k:05d}.npz" for k in range(len(head.shards))]
+        folder.commit_parts(name, lambda directory: self._write_parts(directory, head, name), head.meta, meta,
+                            **pointers)  # fmt: skip
+        self.reroot(head, folder.path / name, name)
 
-        def write_parts(directory: Path) -> dict[str, Any]:
-            for attempt in range(MAX_ATTEMPTS):
-                try:
-                    owners = self.owners()
-                    writes = [
-                        self.client.submit(
-                            worker_tasks.write_part_task,
-                            str(directory / file),
-                            part,
-                            key=self._key(f"write{j}", name),
-                            **self._on(owners[j]),
-                        )
-                        for j, (file, part) in enumerate(zip(files, [head.common, *head.shards], strict=True))
-                    ]
-                    sizes = self.client.gather(writes)
-                    return {"common": files[0], "shards": files[1:], "bytes": int(sum(sizes))}
-                except LOST_WORK_ERRORS as exc:
-                    self._again(f"writing checkpoint {name}", attempt, exc)
-            raise AssertionError("unreachable")
+    def _write_parts(self, directory: Path, head: RemoteHead, name: str) -> dict[str, Any]:
+        """``head``'s parts written into ``directory``, each by the worker holding it: the record of them."""
+        files = _part_files(len(head.shards))
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                owners = self.owners()
+                writes = [
+                    self.client.submit(
+                        worker_tasks.write_part_task,
+                        str(directory / file),
+                        part,
+                        key=self._key(f"write{j}", name),
+                        **self._on(owners[j]),
+                    )
+                    for j, (file, part) in enumerate(zip(files, [head.common, *head.shards], strict=True))
+                ]
+                sizes = self.client.gather(writes)
+                return {"common": files[0], "shards": files[1:], "bytes": int(sum(sizes))}
+            except LOST_WORK_ERRORS as exc:
+                self._again(f"writing checkpoint {name}", attempt, exc)
+        raise AssertionError("unreachable")
 
-        folder.commit_parts(name, write_parts, head.meta, meta, **pointers)
-        self.reroot(head, folder, name)
-
-    def reroot(self, head: RemoteHead, folder: ModelDir, name: str) -> None:
-        """Make ``head``'s parts the files of its checkpoint ``name``: a task reads each (on its owner while it
-        lives), so the next passes depend on no earlier task, and a part lost with its worker is read again."""
+    def reroot(self, head: RemoteHead, directory: Path, name: str) -> None:
+        """Make ``head``'s parts the files in ``directory`` (its checkpoint ``name``'s): a task reads each (on its
+        owner while it lives), so the next passes depend on no earlier task, and a part lost with its worker is
+        read again."""
         owners = self.owners()
-        directory = folder.path / name
-        files = ["part-common.npz"] + [f"part-{k:05d}.npz" for k in range(len(head.shards))]
+        files = _part_files(len(head.shards))
         loads = [
             self.client.submit(
                 worker_tasks.load_part_task, str(directory / file), key=self._key(f"load{j}", name), **self._on(owner)
@@ -405,9 +570,27 @@ class ShardedRun:
         ]
         head.common, head.shards = loads[0], loads[1:]
         head.checkpoint = name
+        self.source = head
+        if self.tables_rebuilt:
+            self._tables_from_source(self._key("shard-tables", name))
         if head.made_from is not None:
             head.made_from.release()
             head.made_from = None
 
     def release(self) -> None:
-        self.tables = None
+        self.tables = self.tables_part = self.source = None
+
+
+def _part_files(n_shards: int) -> list[str]:
+    """The files of a head's parts: the common part's, then each shard's."""
+    return ["part-common.npz"] + [f"part-{k:05d}.npz" for k in range(n_shards)]
+
+
+def start_common_m_step(begin: ShardedStart, sharding: ShardedMStep, common: Any) -> Any:
+    """The start's M-step of the reduced common part (on its owner)."""
+    return sharding.common_m_step(begin.common_statistics(common), None, None)
+
+
+def start_shard_m_step(begin: ShardedStart, sharding: ShardedMStep, index: int, shard: Any, tables: Any) -> Any:
+    """The start's M-step of reduced shard ``index`` (on its owner)."""
+    return sharding.shard_m_step(index, begin.shard_statistics(index, shard), tables)

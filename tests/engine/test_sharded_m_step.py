@@ -154,8 +154,11 @@ def test_sharded_fits_on_one_two_and_three_workers_are_the_driver_s_fit(small_st
         shard_steps = [r for r in stream.data if str(r["key"]).startswith("respattn-mstep-shard")]
         assert shard_steps and len({r["worker"] for r in shard_steps}) >= 2
         # Each E-step value was split into its common part and 3 shards (a small store's pass folds its whole tree
-        # into one task, so the parts' trees have no combine task of their own here).
+        # into one task, so the parts' trees have no combine task of their own here); so was the start pass's, whose
+        # M-step ran on the owners too.
         assert any(key.startswith("respattn-estep-2-part3-") for key in keys), keys
+        assert any(key.startswith("respattn-init-0-part3-") for key in keys), keys
+        assert any(key.startswith("respattn-mstep-shard2-0-") for key in keys), keys
     assert any(line.startswith("sharded M-step: 3 shards") for line in said), said
     for layout in LAYOUTS:
         reference = references[layout]
@@ -178,9 +181,14 @@ def test_sharded_fits_on_one_two_and_three_workers_are_the_driver_s_fit(small_st
 
 @pytest.mark.slow
 def test_the_driver_receives_no_statistics_array(small_store, client, references, tmp_path, monkeypatch):
-    """Every value the driver gathers during a sharded fit's iterations is a few scalars (a summary, warnings, a
-    checkpoint part's size, the held-out grid's totals): never statistics, never an array of S or T entries; the
-    driver's M-step fit gathers the whole statistics (so the check can fail)."""
+    """Every value the driver gathers during a sharded fit, its start included, is a few scalars (a summary,
+    warnings, a checkpoint part's size, the held-out grid's totals, a shard's count of pairs): never statistics,
+    never an array of S or T entries, but for the emission prior the start's common part makes (its (T,) base and
+    (S,) type counts, once); the driver's M-step fit gathers the whole statistics at its start and in every
+    iteration (so the check can fail)."""
+    from dist_respattn.model.emission.prior import EmissionPrior
+    from dist_respattn.model.heads.single_hop.kind import StartValue
+
     received: list[tuple[str, Any]] = []
     real_result = distributed.Future.result
     real_gather = distributed.Client.gather
@@ -199,14 +207,21 @@ def test_the_driver_receives_no_statistics_array(small_store, client, references
     monkeypatch.setattr(distributed.Future, "result", result)
     monkeypatch.setattr(distributed.Client, "gather", gather)
 
-    def iterations_only(values: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-        # The start (its pass and its choice, label 0) stays on the driver, as the issue's later items say.
-        return [(k, v) for k, v in values if "-init-" not in k and not k.startswith("respattn-heldout-0-")]
-
     sharded = dataclasses.replace(SETTINGS, emission_layout="sparse", m_step_shards=2)
-    fit(small_store, model_dir=tmp_path / "sharded", client=client, settings=sharded)
-    gathered = iterations_only(received)
-    assert gathered
+    said: list[str] = []
+    fit(small_store, model_dir=tmp_path / "sharded", client=client, settings=sharded, say=said.append)
+    priors = [(key, value) for key, value in received if isinstance(value, EmissionPrior)]
+    assert len(priors) == 1 and priors[0][0].startswith("respattn-start-info-0-"), priors
+    prior = priors[0][1]
+    assert prior.base.shape == (references["sparse"].model.num_targets,)
+    assert prior.types.shape == (references["sparse"].model.num_symbols,)
+    # The shards' counts of pairs add up to the support the driver never holds.
+    counts = [value for key, value in received if key.startswith("respattn-start-info") and isinstance(value, int)]
+    table = references["sparse"].model.emission_table
+    assert len(counts) == 2 and sum(counts) == table.support.num_pairs
+    assert f"sparse emission over {table.support.num_pairs:,} (symbol, target) pairs" in " ".join(said)
+    gathered = [(key, value) for key, value in received if not isinstance(value, EmissionPrior)]
+    assert any(key.startswith("respattn-heldout-0-") for key, _ in gathered)  # the start's choice is covered
     for key, value in gathered:
         assert not isinstance(value, (SufficientStatistics, CountsShard, dict)), key
         size = len(pickle.dumps(value))
@@ -219,14 +234,16 @@ def test_the_driver_receives_no_statistics_array(small_store, client, references
     received.clear()
     driver = dataclasses.replace(sharded, m_step_shards=0)
     fit(small_store, model_dir=tmp_path / "driver", client=client, settings=driver)
-    assert any(isinstance(value, SufficientStatistics) for _, value in iterations_only(received))
+    assert any(isinstance(value, StartValue) for _, value in received)
+    assert any(isinstance(value, SufficientStatistics) for _, value in received)
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_iteration_gives_the_same_bits(long_store, tmp_path):
-    """SIGKILL of the worker holding a part of the head (an owner) while iteration 2's E-step runs: its tasks and the
-    parts it held are made again (the parts read again from iteration 1's checkpoint), and the fit is the same to
-    the bit."""
+@pytest.mark.parametrize("iteration", [1, 2])
+def test_a_worker_killed_mid_iteration_gives_the_same_bits(long_store, tmp_path, iteration):
+    """SIGKILL of the worker holding a part of the head (an owner) while iteration 1's or 2's E-step runs: its tasks
+    and the parts it held are made again (the parts read again from the files the owners wrote: the start's head's,
+    or iteration 1's checkpoint; the tables from them), and the fit is the same to the bit."""
     with local_cluster(2) as (_, client):
         pids = client.run(os.getpid)
         kill: dict[str, Any] = {}
@@ -234,7 +251,7 @@ def test_a_worker_killed_mid_iteration_gives_the_same_bits(long_store, tmp_path)
         def kill_an_owner() -> None:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                running = [k for keys in client.processing().values() for k in keys if "estep-2-" in str(k)]
+                running = [k for keys in client.processing().values() for k in keys if f"estep-{iteration}-" in str(k)]
                 if running:
                     holders = [
                         worker
@@ -252,7 +269,7 @@ def test_a_worker_killed_mid_iteration_gives_the_same_bits(long_store, tmp_path)
 
         def say(line: str) -> None:
             said.append((time.monotonic(), line))
-            if line.startswith("iteration 1:"):
+            if line.startswith("iteration 1:" if iteration == 2 else "sharded M-step:"):
                 killer.start()
 
         settings = dataclasses.replace(SETTINGS, emission_layout="sparse", m_step_shards=2)
@@ -261,10 +278,57 @@ def test_a_worker_killed_mid_iteration_gives_the_same_bits(long_store, tmp_path)
         client.wait_for_workers(2, timeout=60)
         reference = fit(long_store, model_dir=tmp_path / "reference", client=client,
                         settings=dataclasses.replace(settings, m_step_shards=0))  # fmt: skip
-    assert kill, "no owner was killed during iteration 2's E-step"
-    assert kill["at"] < next(t for t, line in said if line.startswith("iteration 2:"))
+    assert kill, f"no owner was killed during iteration {iteration}'s E-step"
+    assert kill["at"] < next(t for t, line in said if line.startswith(f"iteration {iteration}:"))
     same_head(result.model, reference.model)
     same_history(result, reference)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_during_the_sharded_start_gives_the_same_bits(long_store, tmp_path):
+    """SIGKILL of an owner of the start's M-step parts while the start's held-out choice runs: the parts it held are
+    made again (by Dask from the start's tasks it still knows; else the whole start is made again), and the fit is
+    the same to the bit."""
+    with local_cluster(2) as (_, client):
+        pids = client.run(os.getpid)
+        kill: dict[str, Any] = {}
+
+        def kill_an_owner() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                running = [k for keys in client.processing().values() for k in keys if "heldout-0-" in str(k)]
+                if running:
+                    holders = [
+                        worker
+                        for worker, keys in client.has_what().items()
+                        if any(str(k).startswith("respattn-mstep-shard") for k in keys)
+                    ]
+                    if holders:
+                        os.kill(pids[holders[0]], signal.SIGKILL)
+                        kill.update(worker=holders[0], at=time.monotonic())
+                        return
+                time.sleep(0.002)
+
+        killer = threading.Thread(target=kill_an_owner, daemon=True)
+        said: list[tuple[float, str]] = []
+
+        def say(line: str) -> None:
+            said.append((time.monotonic(), line))
+            if line.startswith("sharded M-step:") and not killer.is_alive() and not kill:
+                killer.start()
+
+        settings = dataclasses.replace(SETTINGS, emission_layout="sparse", m_step_shards=2, max_iter=1)
+        result = fit(long_store, model_dir=tmp_path / "model", client=client, settings=settings, say=say)
+        killer.join(timeout=60)
+        client.wait_for_workers(2, timeout=60)
+        reference = fit(long_store, model_dir=tmp_path / "reference", client=client,
+                        settings=dataclasses.replace(settings, m_step_shards=0))  # fmt: skip
+    assert kill, "no owner was killed during the start's held-out choice"
+    assert kill["at"] < next(t for t, line in said if line.startswith("iteration 1:"))
+    same_head(result.model, reference.model)
+    same_history(result, reference)
+    # The start's head was kept beside the checkpoints until the first commit, which removed it.
+    assert not [entry.name for entry in (tmp_path / "model").iterdir() if "start-" in entry.name]
 
 
 @pytest.mark.slow
@@ -359,3 +423,89 @@ def test_the_owners_warnings_are_the_head_s():
     expected = degeneracy_warnings(head, key_mass=key_mass)
     assert len(expected) == 2
     assert sharding.warnings(choice, part) == expected
+
+
+def test_a_sharded_start_s_parts_add_up_to_the_whole_start_s():
+    """The start values of three partitions, split by symbol range (a sparse shard keeps the support of its own
+    pairs) and summed part by part, are the split of their sum to the bit: the common part's statistics and pairs,
+    each shard's counts in the whole support's order; the shards' supports join into the whole support."""
+    import functools
+
+    from dist_respattn.model.emission.layouts import PairSupport
+    from dist_respattn.model.emission.pairs import PairCounts
+    from dist_respattn.model.heads.base import combine
+    from dist_respattn.model.heads.single_hop.kind import StartValue
+    from dist_respattn.model.heads.single_hop.sharded import SingleHopStart, join_supports, shard_pairs
+
+    s, n, d, t = 60, 4, 3, 40  # 1,200 draws a partition over 2,400 cells: each partition has pairs of its own
+    spec = SingleHopSpec(emission_layout="sparse")
+    trainer = spec.trainer(_context((s, n, d, t)))
+    begin = SingleHopStart(trainer, trainer.start_request(), 3)
+    rng = np.random.default_rng(7)
+    values = []
+    for _ in range(3):
+        context = rng.integers(0, s, (300, n)).astype(np.int32)
+        target = rng.integers(0, t, 300).astype(np.int32)
+        weights = rng.random(300) * 10.0 ** rng.integers(-3, 3, 300)
+        accumulator = trainer.factory.make()
+        accumulator.seq_initialize_uniform((context, rng.standard_normal((300, d)), target), weights)
+        pairs = PairCounts.from_rows(context[:, -1], target, weights, num_symbols=s, num_targets=t)
+        values.append(StartValue(accumulator.value(copy=True), pairs))
+    whole = combine(values)
+    sizes = {v.stats.emission_count.support.num_pairs for v in values}
+    assert len(sizes) > 1 and whole.stats.emission_count.support.num_pairs > max(sizes)
+    parts = [begin.split(v, None) for v in values]
+    common = combine([p[0] for p in parts])
+    shards = [combine([p[1][k] for p in parts]) for k in range(3)]
+    for name in ("key_sum", "key_mass", "position_count"):
+        assert np.array_equal(getattr(common.stats, name), getattr(whole.stats, name)), name
+    assert (common.stats.query_sq, common.stats.n_obs) == (whole.stats.query_sq, whole.stats.n_obs)
+    assert np.array_equal(common.pairs.keys, whole.pairs.keys)
+    assert np.array_equal(common.pairs.counts, whole.pairs.counts)
+    support = whole.stats.emission_count.support
+    joined = join_supports([shard.counts.support for shard in shards])
+    assert np.array_equal(joined.indptr, support.indptr) and np.array_equal(joined.symbols, support.symbols)
+    assert isinstance(joined, PairSupport) and joined.symbols.dtype == support.symbols.dtype
+    for k, pairs in enumerate(shard_pairs(support, begin.bounds)):
+        assert np.array_equal(
+            begin.shard_statistics(k, shards[k]).counts, whole.stats.emission_count.counts[pairs.pairs]
+        )
+    # The order of the additions shows in the bits (so the equalities above can fail).
+    reversed_sum = functools.reduce(lambda a, b: a + b, values[::-1])
+    assert not np.array_equal(reversed_sum.stats.emission_count.to_dense(), whole.stats.emission_count.to_dense())
+
+
+def _context(shape: tuple[int, int, int, int]) -> Any:
+    from dist_respattn.model.heads.base import TrainerContext
+
+    return TrainerContext(shape, None, None, {}, {}, {}, {})
+
+
+def test_a_driver_s_part_of_the_tables_is_made_whole_from_a_head_s_common_part():
+    """After a sharded start the driver holds the tables' part of a fixed size (the prior's base and type counts);
+    a worker makes them whole from a head's common arrays (its checkpoint's common file): the support of the whole
+    tables, the same base and types. A dense fit's, and whole tables, are as they are."""
+    from dist_respattn.model.emission.layouts import PairSupport
+    from dist_respattn.model.emission.prior import EmissionPrior
+    from dist_respattn.model.fitting.selection import Hyperparameters
+    from dist_respattn.model.heads.single_hop.sharded import CommonPart, SingleHopSharding
+
+    s, n, d, t = 30, 4, 5, 12
+    rng = np.random.default_rng(3)
+    keys = np.unique(rng.integers(0, s * t, 150))
+    support = PairSupport.from_keys(keys, s, t)
+    base = rng.random(t) + 0.1
+    prior = EmissionPrior("continuation", base / base.sum(), rng.integers(1, 5, s).astype(np.float64))
+    estimator = SingleHopSpec().estimator((s, n, d, t)).resolved(prior)
+    whole = SingleHopSharding(estimator, "sparse", support, 2)
+    part = SingleHopSharding(estimator, "sparse", None, 2)
+    assert part.tables().support is None and whole.tables().support is support
+    common = CommonPart(rng.standard_normal((s, d)), np.full(n, 1.0 / n), rng.random(s), summary=None)  # type: ignore[arg-type]
+    arrays = whole.common_arrays(Hyperparameters(0.5, 1.0, 1.0), common, whole.tables())
+    made = part.tables_from(part.tables(), arrays)
+    assert np.array_equal(made.support.indptr, support.indptr) and np.array_equal(made.support.symbols, support.symbols)
+    assert made.base is part.tables().base and made.types is part.tables().types
+    assert np.array_equal(made.base, prior.base) and np.array_equal(made.types, prior.types)
+    assert whole.tables_from(whole.tables(), arrays) is whole.tables()
+    dense = SingleHopSharding(estimator, "dense", None, 2)
+    assert dense.tables_from(dense.tables(), arrays) is dense.tables()

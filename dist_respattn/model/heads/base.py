@@ -43,6 +43,7 @@ __all__ = [
     "Passes",
     "ShardedCandidates",
     "ShardedMStep",
+    "ShardedStart",
     "Stage",
     "Statistics",
     "StreamingPredictor",
@@ -434,7 +435,14 @@ class ShardedMStep(abc.ABC):
     @abc.abstractmethod
     def tables(self) -> Any:
         """The tables fixed for the fit that the workers' parts of the M-step read (an emission prior, a support):
-        sent to the workers once a fit."""
+        sent to the workers once a fit. After a sharded start (:class:`ShardedStart`) the driver holds only their
+        part of a fixed size, the rest made on the workers (:meth:`ShardedStart.tables`, :meth:`tables_from`)."""
+
+    def tables_from(self, tables: Any, common: Any) -> Any:
+        """On a worker: the whole tables from the driver's part of them (:meth:`tables`) and a head's common arrays
+        (:meth:`common_arrays`, a checkpoint's common file), for a fit whose driver does not hold them whole
+        (after a sharded start); by default the driver's are whole."""
+        return tables
 
     @abc.abstractmethod
     def split(self, statistics: Statistics, tables: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -486,6 +494,59 @@ class ShardedMStep(abc.ABC):
     def record(self, choice: Choice) -> dict[str, Any]:
         """The numbers an iteration's record carries of the head, as :meth:`Head.record` (none by default)."""
         return {}
+
+
+class ShardedStart(abc.ABC):
+    """A kind's start in the shards of its sharded M-step (what a trainer gives when it opts in:
+    :meth:`Trainer.sharded_start`): the start pass's value reduce-scattered by the M-step's shards as an E-step's
+    statistics are, so the driver never holds what grows with the data (a sparse emission's support, the first
+    counts). Picklable: it travels with the tasks (its driver's side stays behind). Every method but
+    :meth:`request` and :meth:`prepared` runs on a worker.
+
+    The engine runs :meth:`request`'s pass as a reduce-scatter by :meth:`split`; asks the common part's owner for
+    :meth:`common_info` and each shard's owner for :meth:`shard_info` (small, of a size fixed for the fit); gives
+    them to :meth:`prepared`, where the trainer finishes its preparation and returns its :class:`ShardedMStep`;
+    then makes the M-step's tables on a worker (:meth:`tables`) and runs the start's M-step on the owners, from
+    :meth:`common_statistics` and :meth:`shard_statistics`, exactly as an iteration's. The first head is the
+    driver's M-step's, to the bit.
+    """
+
+    #: The number of shards (the M-step's).
+    n_shards: int
+
+    @abc.abstractmethod
+    def request(self) -> BlockPass:
+        """The start pass (the one :meth:`Trainer.prepare` runs without a starting head)."""
+
+    @abc.abstractmethod
+    def split(self, value: Any, tables: Any) -> tuple[Any, tuple[Any, ...]]:
+        """A partition's start value as ``(common, shards)``, each part additive, as :meth:`ShardedMStep.split`."""
+
+    @abc.abstractmethod
+    def common_info(self, common: Any) -> Any:
+        """What the driver needs of the reduced common part to finish preparing (a prior's tables, say)."""
+
+    @abc.abstractmethod
+    def shard_info(self, index: int, shard: Any) -> Any:
+        """What the driver needs of reduced shard ``index`` (a scalar: its pairs' count, say)."""
+
+    @abc.abstractmethod
+    def prepared(self, common: Any, shards: list[Any], passes: Passes) -> ShardedMStep:
+        """On the driver: the trainer's preparation finished from :meth:`common_info` and each :meth:`shard_info`
+        (what it says, its memory plan checked again), and its sharded M-step."""
+
+    @abc.abstractmethod
+    def tables(self, sharding: ShardedMStep, tables: Any, shards: Sequence[Any]) -> Any:
+        """On a worker: the M-step's whole tables from the driver's part of them (``sharding.tables()``) and the
+        reduced shards."""
+
+    @abc.abstractmethod
+    def common_statistics(self, common: Any) -> Any:
+        """The reduced common part as the common part of :meth:`ShardedMStep.split` of the start's statistics."""
+
+    @abc.abstractmethod
+    def shard_statistics(self, index: int, shard: Any) -> Any:
+        """Reduced shard ``index`` as shard ``index`` of :meth:`ShardedMStep.split` of the start's statistics."""
 
 
 # ----------------------------------------------------------------------------------------------- training
@@ -608,6 +669,11 @@ class Trainer(abc.ABC):
     def sharded_m_step(self, n_shards: int) -> ShardedMStep | None:
         """The M-step in ``n_shards`` shards on the workers (:class:`ShardedMStep`), once :meth:`prepare` ran, or
         ``None``: this kind's M-step runs on the driver (the default)."""
+        return None
+
+    def sharded_start(self, n_shards: int) -> ShardedStart | None:
+        """The start in ``n_shards`` shards on the workers (:class:`ShardedStart`), which then prepares the fit in
+        place of :meth:`prepare` without a starting head, or ``None``: the start runs on the driver (the default)."""
         return None
 
     def choice_from_json(self, data: dict[str, Any]) -> Choice | None:

@@ -47,6 +47,7 @@ from dist_respattn.model.heads.base import (
     HeadSpec,
     Passes,
     ShardedMStep,
+    ShardedStart,
     Trainer,
     TrainerContext,
 )
@@ -346,8 +347,11 @@ class SingleHopTrainer(Trainer):
         # An int seeds each partition's draws by (seed, partition); a generator (in process) is drawn from as is.
         self.seed = seed
         self.factory = estimator.accumulator_factory(backend=backend, layout=layout)  # type: ignore[arg-type]
-        #: A sparse fit's support, once the start pass (or the support pass of a warm start) found it.
+        #: A sparse fit's support, once the start pass (or the support pass of a warm start) found it (on the driver:
+        #: a sharded start leaves it on the workers, its size alone in :attr:`num_pairs`).
         self.support: PairSupport | None = None
+        #: The number of pairs of a sparse fit's support, once found.
+        self.num_pairs: int | None = None
         #: A tied prior's recency buckets (``None``: a free prior). Kept apart from the estimator, which is not
         #: pickled: a worker's E-step task reads its blocks' columns from them.
         self.buckets: PositionBuckets | None = estimator.buckets
@@ -371,7 +375,7 @@ class SingleHopTrainer(Trainer):
         # The workers need the factory and the start only: the estimator's prior is an (S,)/(T,) table set the
         # driver alone uses.
         return {"factory": self.factory, "start": self.start, "seed": self.seed, "estimator": None,
-                "layout": self.layout, "support": None, "buckets": self.buckets}  # fmt: skip
+                "layout": self.layout, "support": None, "num_pairs": None, "buckets": self.buckets}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -399,26 +403,32 @@ class SingleHopTrainer(Trainer):
         counts = stats.emission_count
         if not isinstance(counts, SparseEmissionCounts) or counts.support is None:
             return None
-        support = counts.support
-        self.support = support
-        passes.say(
-            f"sparse emission over {support.num_pairs:,} (symbol, target) pairs "
-            f"({support.num_pairs / (support.num_symbols * support.num_targets):.2%} of S x T)"
-        )
+        self.support = counts.support
+        self.found_pairs(counts.support.num_pairs, passes)
+        return counts.support
+
+    def found_pairs(self, num_pairs: int, passes: Passes) -> None:
+        """Say how many pairs a sparse fit's support holds, and check the memory plan again with them."""
+        self.num_pairs = num_pairs
+        s, t = self.shape[0], self.shape[3]
+        passes.say(f"sparse emission over {num_pairs:,} (symbol, target) pairs ({num_pairs / (s * t):.2%} of S x T)")
         passes.plan_memory()
-        return support
+
+    def start_request(self) -> BlockPass:
+        """The start pass: the statistics of the first responsibilities (and the pairs of the emission prior)."""
+        return BlockPass(
+            "init", "initializing",
+            functools.partial(
+                start_partition, self.factory, self.start, self.seed, self.estimator.needs_pairs, self.buckets
+            ),
+            self.columns,
+        )  # fmt: skip
 
     def prepare(self, start: Head | None, *, resumed: bool, passes: Passes) -> Head:
         s, t = self.shape[0], self.shape[3]
         needs_pairs = self.estimator.needs_pairs
         if start is None:
-            value = passes.run(
-                BlockPass(
-                    "init", "initializing",
-                    functools.partial(start_partition, self.factory, self.start, self.seed, needs_pairs, self.buckets),
-                    self.columns,
-                )
-            )  # fmt: skip
+            value = passes.run(self.start_request())
             if needs_pairs:
                 self._resolve_prior(value.pairs)
             self._found_support(value.stats, passes)
@@ -428,7 +438,7 @@ class SingleHopTrainer(Trainer):
             # A resumed fit's own model lies on this store's support already; its prior is its checkpoint's.
             table = start.emission_table
             if isinstance(table, SparseEmission):
-                self.support = table.support
+                self.support, self.num_pairs = table.support, table.support.num_pairs
         elif self.layout == "sparse":
             value = passes.run(
                 BlockPass(
@@ -486,6 +496,15 @@ class SingleHopTrainer(Trainer):
 
         return SingleHopSharding(self.estimator, self.layout, self.support, n_shards)
 
+    def sharded_start(self, n_shards: int) -> ShardedStart | None:
+        """The start in the M-step's shards (:class:`~dist_respattn.model.heads.single_hop.sharded.SingleHopStart`),
+        when the M-step runs in shards (:meth:`sharded_m_step`)."""
+        if n_shards < 1 or self.factory.keys is not None:
+            return None
+        from dist_respattn.model.heads.single_hop.sharded import SingleHopStart
+
+        return SingleHopStart(self, self.start_request(), n_shards)
+
     def warnings(self, head: Head, statistics: Any = None) -> list[str]:
         assert isinstance(head, ResponsibilityAttentionDistribution)
         if statistics is None:  # a fit of no iterations: the starting model as it is
@@ -508,7 +527,7 @@ class SingleHopTrainer(Trainer):
     def memory(self, *, block_rows: int, row_bytes: int, threads_per_worker: int, fan_in: int) -> MemoryEstimate:
         return estimate_single_hop_memory(
             self.shape, block_rows=block_rows, row_bytes=row_bytes, threads_per_worker=threads_per_worker,
-            fan_in=fan_in, layout=self.layout, num_pairs=None if self.support is None else self.support.num_pairs,
+            fan_in=fan_in, layout=self.layout, num_pairs=self.num_pairs,
         )  # fmt: skip
 
 

@@ -27,9 +27,17 @@ from dist_respattn.model.emission.layouts import (
     SparseEmissionCounts,
     map_values,
 )
+from dist_respattn.model.emission.pairs import PairCounts
 from dist_respattn.model.emission.prior import EmissionPrior
 from dist_respattn.model.fitting.selection import GridTotals, Hyperparameters, HyperparameterSearch
-from dist_respattn.model.heads.base import ShardedCandidates, ShardedMStep, sum_into_copy
+from dist_respattn.model.heads.base import (
+    BlockPass,
+    Passes,
+    ShardedCandidates,
+    ShardedMStep,
+    ShardedStart,
+    sum_into_copy,
+)
 from dist_respattn.model.heads.single_hop.accumulator import SufficientStatistics
 from dist_respattn.model.heads.single_hop.diagnostics import degeneracy_warnings
 from dist_respattn.model.heads.single_hop.estimator import (
@@ -50,7 +58,11 @@ __all__ = [
     "ShardTables",
     "SingleHopShardedCandidates",
     "SingleHopSharding",
+    "SingleHopStart",
+    "StartCommon",
+    "StartShard",
     "join_shards",
+    "join_supports",
     "shard_bounds",
     "shard_pairs",
 ]
@@ -214,8 +226,8 @@ class SingleHopSharding(ShardedMStep):
         prior = estimator.emission_prior
         if isinstance(prior, str):
             raise ValueError("the sharded M-step needs the emission prior made from the training rows first")
-        if layout == "sparse" and support is None:
-            raise ValueError("a sparse fit's sharded M-step needs its support")
+        #: Whether the driver holds the whole tables (else the support is on the workers alone: a sharded start's).
+        self.whole = layout != "sparse" or support is not None
         s, t = estimator.num_symbols, estimator.num_targets
         self.bounds = shard_bounds(s, n_shards)
         self.n_shards = len(self.bounds) - 1
@@ -240,6 +252,12 @@ class SingleHopSharding(ShardedMStep):
     def tables(self) -> ShardTables:
         assert self._tables is not None, "the tables stay on the driver"
         return self._tables
+
+    def tables_from(self, tables: Any, common: Any) -> ShardTables:
+        if tables.support is not None or self.layout != "sparse":
+            return cast("ShardTables", tables)
+        support = PairSupport.from_arrays(common, self.num_symbols)
+        return ShardTables(tables.base, tables.types, support)
 
     def _range(self, index: int) -> tuple[int, int]:
         return self.bounds[index], self.bounds[index + 1]
@@ -386,6 +404,155 @@ class SingleHopSharding(ShardedMStep):
         return {"sigma2": float(choice.sigma2)}
 
 
+# --------------------------------------------------------------------------------------------- the start
+
+
+@dataclass(frozen=True)
+class StartCommon:
+    """A start value's common part: its statistics without the emission counts, and the pairs its emission prior
+    is made from (``None``: none asked for); added as the whole start value is (statistics, then pairs)."""
+
+    stats: SufficientStatistics
+    pairs: PairCounts | None
+
+    def __add__(self, other: StartCommon) -> StartCommon:
+        return StartCommon.sum_of([self, other])
+
+    @classmethod
+    def sum_of(cls, values: Sequence[StartCommon]) -> StartCommon:
+        stats = values[0].stats.copy()
+        for value in values[1:]:
+            stats = stats.add(value.stats)
+        pairs = values[0].pairs
+        for value in values[1:]:
+            pairs = None if pairs is None or value.pairs is None else pairs + value.pairs
+        return StartCommon(stats, pairs)
+
+
+@dataclass
+class StartShard:
+    """A sparse start value's shard: the counts of its symbols' pairs, carrying their own support (the pairs seen
+    so far); added as the whole counts are (the union of the pairs, each sum in the same order)."""
+
+    counts: SparseEmissionCounts
+
+    def copy(self) -> StartShard:
+        return StartShard(self.counts.copy())
+
+    def add(self, other: StartShard) -> StartShard:
+        self.counts.add(other.counts)
+        return self
+
+    @classmethod
+    def sum_of(cls, values: Sequence[StartShard]) -> StartShard:
+        return sum_into_copy(values)
+
+    def __add__(self, other: StartShard) -> StartShard:
+        return self.copy().add(other)
+
+
+def join_supports(supports: Sequence[PairSupport]) -> PairSupport:
+    """The support whose pairs are those of ``supports`` (of disjoint, increasing symbol ranges, in that order):
+    target by target, each one's pairs after the previous ones', so the symbols stay increasing; linear in the
+    pairs."""
+    first = supports[0]
+    sizes = [np.diff(support.indptr) for support in supports]
+    indptr = np.zeros(first.num_targets + 1, dtype=np.int64)
+    np.cumsum(np.sum(sizes, axis=0), out=indptr[1:])
+    symbols = np.empty(int(indptr[-1]), dtype=np.int32)
+    at = indptr[:-1].copy()
+    for support, size in zip(supports, sizes, strict=True):
+        targets = support.targets
+        symbols[at[targets] + (np.arange(support.num_pairs) - support.indptr[targets])] = support.symbols
+        at += size
+    return PairSupport(first.num_symbols, first.num_targets, indptr, symbols)
+
+
+class SingleHopStart(ShardedStart):
+    """A single-hop fit's start in the shards of its M-step (:class:`~dist_respattn.model.heads.base.ShardedStart`):
+    the start pass's statistics split as an E-step's are (a sparse shard keeps the support of its own pairs), its
+    emission prior's pairs in the common part. The common part's owner makes the prior (``(S,)`` and ``(T,)``:
+    what the driver receives), each shard's owner counts its pairs (a number); the support is joined on a worker.
+
+    Args:
+        trainer: the fit's :class:`~dist_respattn.model.heads.single_hop.kind.SingleHopTrainer` (stays on the
+            driver: :meth:`prepared` finishes its preparation).
+        request: its start pass; ``n_shards``: shards wanted (at most S).
+    """
+
+    def __init__(self, trainer: Any, request: BlockPass, n_shards: int) -> None:
+        s, _, _, t = trainer.shape
+        self.num_symbols, self.num_targets = int(s), int(t)
+        self.bounds = shard_bounds(s, n_shards)
+        self.n_shards = len(self.bounds) - 1
+        self.layout = trainer.layout
+        kind = trainer.estimator.emission_prior
+        #: The prior's kind to make from the pairs (``None``: the estimator's prior needs no pass).
+        self.prior_kind: str | None = kind if isinstance(kind, str) else None
+        self._trainer, self._request = trainer, request
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_trainer": None, "_request": None}
+
+    def request(self) -> BlockPass:
+        return self._request
+
+    def split(self, value: Any, tables: Any) -> tuple[StartCommon, tuple[Any, ...]]:
+        stats = value.stats
+        counts = stats.emission_count
+        common = StartCommon(stats._replace(emission_count=cast("Any", _NO_COUNTS)), value.pairs)
+        if isinstance(counts, DenseEmissionCounts):
+            ts = counts.count_ts
+            return common, tuple(
+                CountsShard(np.ascontiguousarray(ts[:, a:b])) for a, b in itertools.pairwise(self.bounds)
+            )
+        assert isinstance(counts, SparseEmissionCounts) and counts.support is not None
+        support = counts.support
+        keys, symbols = support.keys(), support.symbols
+        shards = []
+        for a, b in itertools.pairwise(self.bounds):
+            mine = (symbols >= a) & (symbols < b)
+            shards.append(
+                StartShard(
+                    SparseEmissionCounts(
+                        counts.counts[mine], PairSupport.from_keys(keys[mine], self.num_symbols, self.num_targets),
+                        num_symbols=self.num_symbols, num_targets=self.num_targets,
+                    )
+                )
+            )  # fmt: skip
+        return common, tuple(shards)
+
+    def common_info(self, common: Any) -> EmissionPrior | None:
+        if self.prior_kind is None:
+            return None
+        return EmissionPrior.from_pairs(common.pairs, self.prior_kind)
+
+    def shard_info(self, index: int, shard: Any) -> int:
+        return int(shard.counts.counts.shape[0]) if isinstance(shard, StartShard) else 0
+
+    def prepared(self, common: Any, shards: list[Any], passes: Passes) -> SingleHopSharding:
+        trainer = self._trainer
+        if common is not None and trainer.prior is None:
+            trainer.estimator = trainer.estimator.resolved(common)
+        if self.layout == "sparse":
+            trainer.found_pairs(int(sum(shards)), passes)
+        return SingleHopSharding(trainer.estimator, self.layout, None, self.n_shards)
+
+    def tables(self, sharding: ShardedMStep, tables: Any, shards: Sequence[Any]) -> ShardTables:
+        if self.layout != "sparse":
+            return cast("ShardTables", tables)
+        support = join_supports([cast("PairSupport", shard.counts.support) for shard in shards])
+        return ShardTables(tables.base, tables.types, support)
+
+    def common_statistics(self, common: Any) -> SufficientStatistics:
+        return cast("SufficientStatistics", common.stats)
+
+    def shard_statistics(self, index: int, shard: Any) -> CountsShard:
+        if isinstance(shard, StartShard):
+            return CountsShard(shard.counts.counts)
+        return cast("CountsShard", shard)
+
+
 def join_shards(
     common: Mapping[str, Any], shards: Sequence[Mapping[str, Any]], *, support: PairSupport | None = None
 ) -> dict[str, np.ndarray]:
@@ -404,8 +571,13 @@ def join_shards(
     known = shard_pairs(support, bounds) if support is not None else None
     for k, shard in enumerate(ordered):
         a, b = bounds[k], bounds[k + 1]
-        at = known[k].pairs if known is not None else np.flatnonzero((symbols >= a) & (symbols < b))
-        values[at] = np.asarray(shard["emission_values"])
+        if known is not None:
+            values[known[k].pairs] = np.asarray(shard["emission_values"])
+        else:  # a mask, not the pairs' indices: a byte a pair where the indices take eight (the driver's final read)
+            mine = symbols >= a
+            np.logical_and(mine, symbols < b, out=mine)
+            values[mine] = np.asarray(shard["emission_values"])
+            del mine
         backoff.append(np.asarray(shard["emission_backoff_symbol"]))
     arrays["emission_values"] = values
     arrays["emission_backoff_symbol"] = np.concatenate(backoff)
