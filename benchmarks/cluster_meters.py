@@ -50,12 +50,22 @@ def snapshot() -> dict[str, Any]:
     return {"written": dict(_WRITTEN), "pid": os.getpid(), "cpu": usage.ru_utime + usage.ru_stime}
 
 
+def _kind(key: Any) -> str:
+    """A fit's key's kind: ``respattn-estep-3-part1-…`` -> ``estep``, ``respattn-load2-…`` -> ``load``."""
+    words = str(key[0] if isinstance(key, tuple) else key).split("-")
+    return words[1].rstrip("0123456789") if len(words) > 1 and words[0] == "respattn" else words[0]
+
+
 def _worker_snapshot(dask_worker: Any) -> dict[str, Any]:
     tasks: defaultdict[str, float] = defaultdict(float)
     for key, value in dask_worker.digests_total.items():
         if isinstance(key, tuple) and key and key[0] == "execute" and key[-2:] == ("thread-cpu", "seconds"):
             tasks[str(key[-3])] += float(value)
-    return {**snapshot(), "task_cpu": dict(tasks), "address": dask_worker.address}
+    # What it fetched from other workers: Dask's log of its transfers (the last 1,000), each key's bytes as Dask
+    # sized it (``sizeof``: exact for arrays and containers of arrays, not for other objects), by the key's kind.
+    fetched = [(entry["start"], _kind(key), int(nbytes)) for entry in dask_worker.transfer_incoming_log
+               for key, nbytes in entry["keys"].items()]  # fmt: skip
+    return {**snapshot(), "task_cpu": dict(tasks), "address": dask_worker.address, "fetched": fetched}
 
 
 def _scheduler_snapshot(dask_scheduler: Any) -> dict[str, Any]:
@@ -117,5 +127,11 @@ class ClusterMeters:
             tasks = {k: v for k, v in tasks.items() if v > 0}
             process = worker["cpu"] - before["cpu"]
             cpu[address] = {"process": process, "tasks": tasks, "beyond_tasks": process - sum(tasks.values())}
+        fetched: defaultdict[str, int] = defaultdict(int)
+        for worker in b["workers"].values():
+            for start, prefix, nbytes in worker["fetched"]:
+                if a["time"] < start <= b["time"]:
+                    fetched[prefix] += nbytes
         return {"from": a["label"], "to": b["label"], "seconds": b["time"] - a["time"], "bytes": dict(routes),
+                "fetched_by_prefix": dict(fetched),
                 "driver_cpu": b["driver"]["cpu"] - a["driver"]["cpu"], "workers": cpu}  # fmt: skip
