@@ -774,6 +774,22 @@ def test_scale_sharded_m_step_moves_no_bytes_through_the_driver(tmp_path):
 
 
 @pytest.mark.slow
+def test_scheduler_benchmark_reports_its_cpu_a_task():
+    """bench_scheduler.py: a scheduler and 2 workers of their own processes, 300 leaves and their fan-in-4 tree; the
+    tasks counted and the scheduler's CPU a task measured."""
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "bench_scheduler.py"), "--tasks", "300", "--json"],
+        capture_output=True, text=True, timeout=240, cwd=SCRIPT.parents[1], check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    report = json.loads(completed.stdout)
+    (run,) = report["runs"]
+    assert run["leaves"] == 300 and run["tasks"] == 300 + 75 + 19 + 5 + 2 + 1
+    assert_positive_finite(run["scheduler_cpu_seconds"], "scheduler CPU")
+    assert math.isclose(run["ms_a_task"], 1e3 * run["scheduler_cpu_seconds"] / run["tasks"])
+
+
+@pytest.mark.slow
 def test_scale_ingest_only_reports_the_ingest_figure(tmp_path):
     """``bench_scale.py --ingest-only``: the ingest and store figures of a small corpus, nothing else."""
     corpus = tmp_path / "corpus"
