@@ -9,10 +9,15 @@ In one run:
    once into ``--cache``), or any ``--corpus DIR``; files go to train or test by a hash of their path
    (``--test-fraction``), the vocabulary (``--vocab-size`` words, S = K + 1) is counted on train.
    ``ingest --text --format stream`` as a function call: its tokens/s and bytes a token on disk.
-3. **Fit** on a LocalCluster of 2 single-threaded workers (``fit --context 8``, the emission sparse by
-   size, its hyperparameters chosen on the fit's own 5% hold-out): the support's size, per-iteration
-   time against the bare kernel on the same rows (one partition timed in this process, scaled to the
-   training rows and halved for 2 workers), the first iteration's time, worker and driver peak memory.
+3. **Fit** on a LocalCluster of ``--workers`` single-threaded workers (default 2; ``fit --context 8``, the
+   emission sparse by size, its hyperparameters chosen on the fit's own 5% hold-out; ``--m-step-shards K``
+   as ``fit``'s): the support's size, per-iteration time against the bare kernel on the same rows (one
+   partition timed in this process, scaled to the training rows and divided by the workers), the first
+   iteration's time, worker and driver peak memory (the driver's also over the iterations after the first).
+   Where the wall time went, pass by pass (Dask's task stream; with the sharded M-step, the owners' tasks
+   between the passes), and between each iteration's line: the bytes every process wrote to its TCP comms
+   by route (driver -> workers, worker -> worker, workers -> driver) and each worker's CPU seconds beside
+   its tasks' thread CPU (``cluster_meters.py``).
 4. **Quality**: the test store's next-token perplexity, the head beside the Kneser-Ney bigram (``evaluate``).
 
 ``--head recipe`` fits what ``fit`` fits on a token stream instead (the single head, the copy head, the
@@ -32,6 +37,7 @@ Run::
     python benchmarks/bench_scale.py --share 0.05 --work DIR --start-pass   # the start pass alone, per partition
     python benchmarks/bench_scale.py --share 0.2 --ingest-only          # the ingest figure alone (~240 MiB of text)
     python benchmarks/bench_scale.py --head recipe --reference-rows 0   # the recipe at 109M tokens, stage by stage
+    python benchmarks/bench_scale.py --reference-rows 0 --iterations 3 --m-step-shards 2   # the sharded M-step
 
 Worker processes are spawned, so everything runs under ``if __name__ == "__main__":``.
 """
@@ -54,6 +60,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from cluster_meters import ClusterMeters
 from measure import peak_rss_bytes, reset_peak_rss
 
 GIB = 2**30
@@ -171,11 +178,18 @@ def _relative(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b), initial=0.0) / max(float(np.max(np.abs(b), initial=0.0)), 1e-300))
 
 
-def ingest(train_files: list[str], test_files: list[str], out: Path, vocab_size: int, n: int) -> dict[str, Any]:
+def ingest(
+    train_files: list[str],
+    test_files: list[str],
+    out: Path,
+    vocab_size: int,
+    n: int,
+    partition_rows: int | None = None,
+) -> dict[str, Any]:
     from dist_respattn.store import WriteOptions
     from dist_respattn.store.ingest.to_stream import write_stream_text
 
-    options = WriteOptions(overwrite=True)
+    options = WriteOptions(overwrite=True, partition_rows=partition_rows)
     start, cpu_start = time.perf_counter(), time.process_time()
     train = write_stream_text(out / "train.zarr", train_files, n, vocab_size=vocab_size, options=options)
     # CPU seconds of every thread beside the wall time: on a shared machine the wall time counts the others too.
@@ -249,6 +263,8 @@ def worker_peak(client: Any) -> int:
 
 #: A staged fit's line that starts a stage: ``stage 2 of 4: copy -> DIR``.
 STAGE_LINE = re.compile(r"stage \d+ of \d+: (\w+)")
+#: A fit's line at the end of an iteration: ``iteration 3: ...``.
+ITERATION_LINE = re.compile(r"iteration \d+:")
 
 
 class StagePeaks:
@@ -256,12 +272,16 @@ class StagePeaks:
     every process's reset (Linux ``clear_refs``), when the next begins. Used as a fit's ``say``: a staged fit's
     ``stage N of M: KIND`` line starts a phase."""
 
-    def __init__(self, client: Any, lines: list[str], first: str) -> None:
-        self.client, self.lines, self.phase = client, lines, first
+    def __init__(self, client: Any, lines: list[str], first: str, meters: ClusterMeters | None = None) -> None:
+        self.client, self.lines, self.phase, self.meters = client, lines, first, meters
         self.peaks: list[dict[str, Any]] = []
 
     def __call__(self, line: str) -> None:
         self.lines.append(line)
+        if self.meters is not None and ITERATION_LINE.match(line):
+            self.meters.mark(line.split(":")[0])
+            if line.startswith("iteration 1:") and self.phase == "fit":
+                self.begin("iterations after the first")  # the driver's and workers' steady peaks, apart
         stage = STAGE_LINE.match(line)
         if stage and self.phase == "fit":
             self.phase = stage.group(1)  # the first stage: the fit's setup is its own
@@ -299,14 +319,16 @@ def bare_kernel(model_dir: Path, train_url: str, n: int) -> dict[str, Any]:
     support = getattr(table, "support", None)
     params = model.kernel_parameters
     count = sum(b.num_rows for b in blocks)
-    best = float("inf")
+    best = best_cpu = float("inf")
     for _ in range(2):
         stats = per_position.StatisticArrays.zeros(model.num_symbols, n, model.query_dim, model.num_targets, support)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for block, w in zip(blocks, weights, strict=True):
             per_position.accumulate_estep(*block.encoded, w, params, stats, checked=block.checked)
         best = min(best, time.perf_counter() - start)
-    return {"rows": count, "rows_per_second": count / best}
+        best_cpu = min(best_cpu, time.process_time() - cpu)
+    # The CPU figure beside the wall time: on a machine shared with other work, the wall time counts the others.
+    return {"rows": count, "rows_per_second": count / best, "rows_per_cpu_second": count / best_cpu}
 
 
 def m_step_cost(model_dir: Path) -> dict[str, Any]:
@@ -339,7 +361,15 @@ def m_step_cost(model_dir: Path) -> dict[str, Any]:
 
 
 def fit_and_score(
-    data: dict[str, Any], work: Path, n: int, iterations: int, memory_limit: str, head: str = "single"
+    data: dict[str, Any],
+    work: Path,
+    n: int,
+    iterations: int,
+    memory_limit: str,
+    head: str = "single",
+    *,
+    workers: int = 2,
+    m_step_shards: int = 0,
 ) -> dict[str, Any]:
     import distributed
 
@@ -347,18 +377,24 @@ def fit_and_score(
     from dist_respattn.model.heads.recipe import RecipeSpec
 
     model_dir = work / "model"
-    settings = FitSettings(max_iter=iterations, tol=0.0, context_length=n, patience=100)
+    settings = FitSettings(max_iter=iterations, tol=0.0, context_length=n, patience=100, m_step_shards=m_step_shards)
     lines: list[str] = []
     with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, memory_limit=memory_limit, dashboard_address=None
+        n_workers=workers, threads_per_worker=1, processes=True, memory_limit=memory_limit, dashboard_address=None
     ) as cluster, distributed.Client(cluster) as client:  # fmt: skip
+        # Bytes on the wire and the workers' CPU, read at each iteration's line (the single head's fit).
+        meters = ClusterMeters(client) if head == "single" else None
         # The ingest's peak is the driver's so far; the workers start here.
-        peaks = StagePeaks(client, lines, "ingest")
+        peaks = StagePeaks(client, lines, "ingest", meters)
         peaks.begin("fit")
+        if meters is not None:
+            meters.mark("fit called")
         with distributed.get_task_stream(client) as stream:
             called = time.time()
             result = fit(data["train"], model_dir=model_dir, settings=settings, client=client, overwrite=True,
                          head=RecipeSpec() if head == "recipe" else None, say=peaks, progress=False)  # fmt: skip
+        if meters is not None:
+            meters.mark("fit returned")
         fit_worker_peak = max([worker_peak(client), *(p["worker_gib"] * GIB for p in peaks.peaks[1:])])
         figures = recipe_figures(result) if head == "recipe" else None
         if figures is not None:
@@ -388,7 +424,9 @@ def fit_and_score(
     kernel = bare_kernel(model_dir, data["train"], n)
     driver = m_step_cost(model_dir)
     train_rows = result.history[-1]["n_obs"]
-    kernel_time_per_worker = train_rows / kernel["rows_per_second"] / 2
+    kernel_time_per_worker = train_rows / kernel["rows_per_second"] / workers
+    assert meters is not None
+    traffic = [meters.between(i, i + 1) for i in range(len(meters.marks) - 1)]
     return {
         "pairs": getattr(getattr(table, "support", None), "num_pairs", None),
         "layout": table.layout,
@@ -397,6 +435,7 @@ def fit_and_score(
         "median_iteration_seconds": float(np.median(seconds)),
         "first_iteration_seconds": result.first_iteration_seconds,
         "kernel_rows_per_second": kernel["rows_per_second"],
+        "kernel_rows_per_cpu_second": kernel["rows_per_cpu_second"],
         "kernel_seconds_over_two": kernel_time_per_worker,
         "iteration_over_kernel": float(np.median(seconds)) / kernel_time_per_worker,
         "worker_peak_gib": fit_worker_peak / GIB,
@@ -407,6 +446,11 @@ def fit_and_score(
         "head_over_kneser_ney": scores.model["perplexity"] / scores.baselines["kneser_ney"]["perplexity"],
         **driver,
         "phases": fit_phases(stream.data, called),
+        "between_passes": owner_tasks(stream.data, called),
+        "traffic": traffic,
+        "workers": workers,
+        "m_step_shards": m_step_shards,
+        "heldout_perplexities": [h["heldout"]["perplexity"] for h in result.history],
         "log": lines,
     }
 
@@ -486,6 +530,27 @@ def fit_phases(records: list[dict[str, Any]], called: float) -> list[dict[str, A
     return sorted(({"pass": k[0], "label": k[1], **v} for k, v in phases.items()), key=lambda p: p["begin"])
 
 
+#: The sharded M-step's tasks (:mod:`dist_respattn.engine.sharded`): ``respattn-<what>-<label>-<n>-<tag>``, the
+#: M-step of each part, the summary, the head's parts, its warnings, the checkpoint's part writes and reads.
+OWNER_KEY = re.compile(r"respattn-(mstep|summary|head|warnings|write|load)")
+
+
+def owner_tasks(records: list[dict[str, Any]], called: float) -> list[dict[str, Any]]:
+    """The sharded M-step's tasks on the workers (none with the driver's M-step), each with its start (seconds from
+    the ``fit`` call), what it is, its compute and transfer seconds: the time between passes they take."""
+    tasks = []
+    for record in records:
+        match = OWNER_KEY.match(str(record["key"]))
+        if match is None:
+            continue
+        compute = sum(ss["stop"] - ss["start"] for ss in record["startstops"] if ss["action"] == "compute")
+        transfer = sum(ss["stop"] - ss["start"] for ss in record["startstops"] if ss["action"] == "transfer")
+        begin = min(ss["start"] for ss in record["startstops"]) - called
+        end = max(ss["stop"] for ss in record["startstops"]) - called
+        tasks.append({"what": match.group(1), "begin": begin, "end": end, "compute": compute, "transfer": transfer})
+    return sorted(tasks, key=lambda t: t["begin"])
+
+
 # ------------------------------------------------------------------------------------------ report
 
 
@@ -526,10 +591,15 @@ def print_report(report: dict[str, Any]) -> None:
         return
     rows += [
         ("support", f"{fitted['pairs'] or 0:,} pairs ({fitted['layout']})", None, None),
-        ("iteration", f"{fitted['median_iteration_seconds']:.1f} s median over {len(fitted['iteration_seconds'])}; "
+        ("M-step", "on the driver" if not fitted.get("m_step_shards") else
+         f"{fitted['m_step_shards']} shards on the workers", None, None),
+        ("iteration", f"{fitted['median_iteration_seconds']:.1f} s median over {len(fitted['iteration_seconds'])} "
+         f"({', '.join(f'{s:.1f}' for s in fitted['iteration_seconds'])}); "
          f"kernel {fitted['kernel_rows_per_second'] / 1e6:.2f} M rows/s -> {fitted['kernel_seconds_over_two']:.1f} s "
-         f"on 2 workers; ratio {fitted['iteration_over_kernel']:.2f}x", "iteration_over_kernel",
-         fitted["iteration_over_kernel"]),
+         f"on {fitted.get('workers', 2)} workers; ratio {fitted['iteration_over_kernel']:.2f}x",
+         "iteration_over_kernel", fitted["iteration_over_kernel"]),
+        ("kernel CPU", f"{fitted['kernel_rows_per_cpu_second'] / 1e6:.2f} M rows a CPU second (the kernel's CPU "
+         f"time, beside the wall time above)", None, None),
         ("first iteration", f"{fitted['first_iteration_seconds']:.1f} s", "first_iteration_seconds",
          fitted["first_iteration_seconds"]),
         ("worker peak", f"{fitted['worker_peak_gib']:.2f} GiB", "worker_peak_gib", fitted["worker_peak_gib"]),
@@ -547,12 +617,59 @@ def print_report(report: dict[str, Any]) -> None:
     _print_rows(rows)
     print("  where the fit's wall time went (seconds from the fit call; compute summed over the pass's tasks):")
     previous_end = 0.0
+    owners = fitted.get("between_passes", [])
     for phase in fitted.get("phases", []):
         print(f"    {phase['pass']:<8} {phase['label']:>4}  {phase['begin']:7.1f} -> {phase['end']:7.1f}  "
               f"(driver before it {phase['begin'] - previous_end:5.1f})  {phase['tasks']:3d} tasks, "
               f"compute {phase['compute']:7.1f}, combines {phase['combine']:5.1f}, "
               f"transfers {phase['transfer']:5.1f}")  # fmt: skip
+        inside = [t for t in owners if previous_end <= t["begin"] < phase["begin"]]
+        if inside:
+            print("      " + _owner_line(inside))
         previous_end = phase["end"]
+    after = [t for t in owners if t["begin"] >= previous_end]
+    if after:
+        print("      after the last pass: " + _owner_line(after))
+    print_traffic(fitted)
+    perplexities = ", ".join(f"{p:.6f}" for p in fitted.get("heldout_perplexities", []))
+    print(f"  held-out perplexity by iteration: {perplexities}")
+
+
+def _owner_line(tasks: list[dict[str, Any]]) -> str:
+    """The sharded M-step's tasks in a gap between passes: their count, compute and transfer seconds by kind."""
+    kinds: dict[str, list[float]] = {}
+    for task in tasks:
+        kind = kinds.setdefault(task["what"], [0, 0.0, 0.0])
+        kind[0] += 1
+        kind[1] += task["compute"]
+        kind[2] += task["transfer"]
+    parts = [f"{what} {int(n)}: {c:.2f} s (transfers {t:.2f})" for what, (n, c, t) in kinds.items()]
+    span = max(t["end"] for t in tasks) - min(t["begin"] for t in tasks)
+    return f"owners' tasks over {span:.1f} s: " + "; ".join(parts)
+
+
+def print_traffic(fitted: dict[str, Any]) -> None:
+    """Bytes on the wire by route, the driver's CPU and each worker's CPU (all of it, its tasks', and beyond them)
+    between the fit's marks (its call, each iteration's line, its return)."""
+    traffic = fitted.get("traffic") or []
+    if not traffic:
+        return
+    print("  bytes on the wire (MiB, by route) and CPU seconds, between the fit's marks:")
+    for span in traffic:
+        routes = ", ".join(f"{route} {n / 2**20:,.1f}" for route, n in sorted(span["bytes"].items())
+                           if n >= 2**16)  # fmt: skip
+        print(f"    {span['from']} -> {span['to']} ({span['seconds']:.1f} s): {routes}; driver CPU "
+              f"{span['driver_cpu']:.1f}")  # fmt: skip
+        by_prefix = sorted(span.get("fetched_by_prefix", {}).items())
+        fetched = ", ".join(f"{prefix.removeprefix('respattn-')} {n / 2**20:,.1f}" for prefix, n in by_prefix
+                            if n >= 2**16)  # fmt: skip
+        if fetched:
+            print(f"      fetched worker to worker, by task prefix (MiB, as Dask sizes them): {fetched}")
+        for address, cpu in sorted(span["workers"].items()):
+            tasks = ", ".join(f"{k.removeprefix('respattn-')} {v:.1f}" for k, v in sorted(cpu["tasks"].items())
+                              if v >= 0.05)  # fmt: skip
+            print(f"      worker {address.rsplit(':', 1)[-1]}: CPU {cpu['process']:.1f} s, tasks "
+                  f"{sum(cpu['tasks'].values()):.1f} ({tasks}), beyond tasks {cpu['beyond_tasks']:.1f}")  # fmt: skip
 
 
 def _print_rows(rows: list[tuple[str, str, str | None, float | None]]) -> None:
@@ -584,6 +701,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--reference-rows", type=int, default=1_000_000, help="0: no reference-shape kernels")
     parser.add_argument("--memory-limit", default="10GiB", help="each worker's limit")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes of one thread each (default 2)")
+    parser.add_argument("--partition-rows", type=int, help="the stores' rows a partition (default: the ingest's)")
+    parser.add_argument(
+        "--m-step-shards", type=int, default=0,
+        help="the fit's --m-step-shards: K >= 1 runs the M-step in K shards on the workers (default 0: the driver)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the report as JSON too")
     parser.add_argument(
         "--start-pass", action="store_true", help="after ingest, time the sparse start pass per partition and stop"
@@ -608,15 +731,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     train_files = [f for f in files if not goes_to_test(f, root, args.test_fraction)]
     test_files = [f for f in files if goes_to_test(f, root, args.test_fraction)]
     work = Path(args.work or tempfile.mkdtemp(prefix="respattn-scale-"))
-    report["corpus"] = ingest(train_files, test_files, work, args.vocab_size, args.context)
+    report["corpus"] = ingest(train_files, test_files, work, args.vocab_size, args.context, args.partition_rows)
     if args.start_pass:
         timed = start_pass(report["corpus"]["train"], args.context)
         print_start_pass(report["corpus"], timed)
         return {**report, "start_pass": timed}
     if not args.ingest_only:
         report["fit"] = fit_and_score(
-            report["corpus"], work, args.context, args.iterations, args.memory_limit, head=args.head
-        )
+            report["corpus"], work, args.context, args.iterations, args.memory_limit, head=args.head,
+            workers=args.workers, m_step_shards=args.m_step_shards,
+        )  # fmt: skip
     print_report(report)
     if args.json:
         print(json.dumps({k: v for k, v in report.items()}, default=float))

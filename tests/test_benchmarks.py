@@ -740,6 +740,56 @@ def test_scale_recipe_smoke_run_reports_each_stage(tmp_path):
 
 
 @pytest.mark.slow
+def test_scale_sharded_m_step_moves_no_bytes_through_the_driver(tmp_path):
+    """bench_scale.py with the M-step on the driver and with ``--m-step-shards 2`` on the ``email`` package, two
+    iterations each: the same held-out perplexities; with shards, after the first iteration, no statistics or model
+    bytes between the driver and the workers while the workers still move bytes between them; the driver's M-step
+    sends every worker its payload each iteration; every worker's CPU is at least its tasks' thread CPU."""
+    reports = {}
+    for shards in ("0", "2"):
+        table, report = run_scale_on_email(
+            tmp_path / shards, "--reference-rows", "0", "--iterations", "2", "--m-step-shards", shards
+        )
+        reports[shards] = report["fit"]
+        assert ("on the driver" if shards == "0" else "2 shards on the workers") in table
+        assert "bytes on the wire" in table and "held-out perplexity by iteration" in table
+    driver, sharded = reports["0"], reports["2"]
+    assert sharded["m_step_shards"] == 2 and driver["m_step_shards"] == 0
+    assert sharded["heldout_perplexities"] == driver["heldout_perplexities"]
+    assert len(driver["heldout_perplexities"]) == 2
+    for fitted in (driver, sharded):
+        spans = fitted["traffic"]
+        assert [s["from"] for s in spans] == ["fit called", "iteration 1", "iteration 2"]
+        for span in spans[:2]:
+            assert len(span["workers"]) == 2
+            for cpu in span["workers"].values():
+                assert cpu["process"] > 0 and cpu["beyond_tasks"] >= -0.05  # thread CPU read a moment apart
+        assert fitted["phase_peaks"][2]["phase"] == "iterations after the first"
+    second_driver, second_sharded = driver["traffic"][1]["bytes"], sharded["traffic"][1]["bytes"]
+    assert second_driver.get("driver -> worker", 0) > 2**20 and second_driver.get("worker -> driver", 0) > 2**20
+    assert second_sharded.get("driver -> worker", 0) < 2**20 and second_sharded.get("worker -> driver", 0) < 2**20
+    assert second_sharded.get("worker -> worker", 0) > 2**20
+    assert any(task["what"] == "mstep" for task in sharded["between_passes"])
+    assert driver["between_passes"] == []
+
+
+@pytest.mark.slow
+def test_scheduler_benchmark_reports_its_cpu_a_task():
+    """bench_scheduler.py: a scheduler and 2 workers of their own processes, 300 leaves and their fan-in-4 tree; the
+    tasks counted and the scheduler's CPU a task measured."""
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "bench_scheduler.py"), "--tasks", "300", "--json"],
+        capture_output=True, text=True, timeout=240, cwd=SCRIPT.parents[1], check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    report = json.loads(completed.stdout)
+    (run,) = report["runs"]
+    assert run["leaves"] == 300 and run["tasks"] == 300 + 75 + 19 + 5 + 2 + 1
+    assert_positive_finite(run["scheduler_cpu_seconds"], "scheduler CPU")
+    assert math.isclose(run["ms_a_task"], 1e3 * run["scheduler_cpu_seconds"] / run["tasks"])
+
+
+@pytest.mark.slow
 def test_scale_ingest_only_reports_the_ingest_figure(tmp_path):
     """``bench_scale.py --ingest-only``: the ingest and store figures of a small corpus, nothing else."""
     corpus = tmp_path / "corpus"
