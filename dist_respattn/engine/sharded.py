@@ -225,8 +225,11 @@ class ShardedRun:
         say: Callable[[str], Any],
         *,
         folder: ModelDir | None = None,
+        bounds: list[int] | None = None,
     ) -> None:
         self.client, self.run_id, self.n_wanted, self.say = client, run_id, n_shards, say
+        #: The shards' bounds the resumed checkpoint recorded (kept when their count is the one asked for).
+        self.recorded = bounds
         #: Where a sharded start keeps the first head's parts (beside the checkpoints, as a temporary directory
         #: the first checkpoint's commit prunes); ``None``: the start runs on the driver.
         self.folder = folder
@@ -255,7 +258,8 @@ class ShardedRun:
     def ready(self, trainer: Trainer) -> bool:
         """Whether the M-steps run in shards: asked of the trainer once, after it prepared."""
         if not self.decided:
-            self._use(trainer.sharded_m_step(self.n_wanted))
+            kept = self.recorded if self.recorded is not None and len(self.recorded) == self.n_wanted + 1 else None
+            self._use(trainer.sharded_m_step(self.n_wanted, bounds=kept))
             if self.sharding is not None:
                 self._send_tables()
         return self.sharding is not None
@@ -335,6 +339,7 @@ class ShardedRun:
             return None
         cluster = self.cluster
         cluster.in_span("respattn-init")
+        begin.cut(preparing)
         request, train = begin.request(), cluster.train
         self.n_parts = begin.n_shards + 1
         for attempt in range(MAX_ATTEMPTS):
@@ -551,7 +556,10 @@ class ShardedRun:
                     for j, (file, part) in enumerate(zip(files, [head.common, *head.shards], strict=True))
                 ]
                 sizes = self.client.gather(writes)
-                return {"common": files[0], "shards": files[1:], "bytes": int(sum(sizes))}
+                record: dict[str, Any] = {"common": files[0], "shards": files[1:], "bytes": int(sum(sizes))}
+                if self.sharding is not None and self.sharding.bounds:
+                    record["bounds"] = [int(b) for b in self.sharding.bounds]
+                return record
             except LOST_WORK_ERRORS as exc:
                 self._again(f"writing checkpoint {name}", attempt, exc)
         raise AssertionError("unreachable")
