@@ -585,3 +585,52 @@ def test_a_sparse_fit_s_shards_hold_about_equal_pairs_and_a_resumed_fit_keeps_th
                     settings=dataclasses.replace(longer, m_step_shards=0))  # fmt: skip
     same_head(resumed.model, reference.model)
     same_history(resumed, reference)
+
+
+def _holds_support(value: Any) -> bool:
+    """Whether a task's value carries a sparse support: a common part's arrays, or the tables."""
+    if isinstance(value, dict):
+        return "support_symbols" in value
+    return getattr(value, "support", None) is not None
+
+
+class SupportWatch(distributed.WorkerPlugin):
+    """Records, on each worker, every value holding the support that arrives: read by a task of the checkpoints'
+    parts (``respattn-load``) or fetched from another worker."""
+
+    name = "support-watch"
+
+    def setup(self, worker: Any) -> None:
+        self.worker = worker
+        worker.support_arrivals = []
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        if finish != "memory":
+            return
+        value = self.worker.data.get(key) if key in self.worker.data else None
+        read = start == "executing" and str(key).startswith("respattn-load")
+        if (read or start == "flight") and _holds_support(value):
+            self.worker.support_arrivals.append((str(key), start))
+
+
+@pytest.mark.slow
+def test_the_head_s_parts_read_each_iteration_leave_the_support_out(small_store, references, tmp_path):
+    """A sparse sharded fit of 3 iterations on 2 workers: the checkpoints hold the support, but no read of a
+    checkpoint's common part for the next passes brings it (the tables hold it), and the only values holding it that
+    Dask moves between the workers are the tables; the fit is the driver's to the bit."""
+    settings = dataclasses.replace(SETTINGS, emission_layout="sparse", m_step_shards=2)
+    with local_cluster(2) as (_, client):
+        client.register_plugin(SupportWatch())
+        said: list[str] = []
+        result = fit(small_store, model_dir=tmp_path / "model", client=client, settings=settings, say=said.append)
+        arrivals = client.run(lambda dask_worker: dask_worker.support_arrivals)
+    assert sum(line.startswith("iteration ") for line in said) == 3
+    folder = tmp_path / "model"
+    latest = load_checkpoint(folder, "latest")
+    with np.load(folder / str(ModelDir(folder).pointed("latest")) / latest.meta["parts"]["common"]) as common:
+        assert "support_symbols" in common.files
+    got = [(key, start) for keys in arrivals.values() for key, start in keys]
+    assert [key for key, start in got if start == "executing"] == [], got
+    assert all(key.startswith("respattn-shard-tables") for key, _ in got), got
+    same_head(result.model, references["sparse"].model)
+    same_history(result, references["sparse"])

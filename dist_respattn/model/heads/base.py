@@ -433,6 +433,10 @@ class ShardedMStep(abc.ABC):
     n_shards: int
     #: The shards' symbol bounds, recorded in a checkpoint's manifest for a resumed fit to keep (``()``: none).
     bounds: tuple[int, ...] = ()
+    #: The arrays of a head's common part (:meth:`common_arrays`) that are fixed for the fit and held in the tables
+    #: (a support): written into every checkpoint, but left out when the next passes read the head from it, so the
+    #: workers get them once a fit, with the tables (:meth:`head` puts them back).
+    fixed_names: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def tables(self) -> Any:

@@ -327,6 +327,7 @@ class SingleHopSharding(ShardedMStep):
             self.bounds = shard_bounds(s, n_shards)
         self.n_shards = len(self.bounds) - 1
         self.layout = layout
+        self.fixed_names = ("support_indptr", "support_symbols") if layout == "sparse" else ()
         self.additive = prior is None
         used = EmissionPrior.uniform(s, t) if prior is None else prior
         self._tables: ShardTables | None = ShardTables(used.base, used.types, support)
@@ -449,6 +450,8 @@ class SingleHopSharding(ShardedMStep):
         from dist_respattn.model.heads.single_hop.arrays import distribution_from_arrays
 
         support = tables.support if self.layout == "sparse" else None
+        if support is not None and "support_symbols" not in common:  # read without it: the tables hold it
+            common = {**common, **support.to_arrays()}
         head = distribution_from_arrays(join_shards(common, shards, support=support), meta)
         if support is not None:
             table = head.emission_table
