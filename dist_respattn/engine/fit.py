@@ -912,6 +912,7 @@ def _fit_stage(
             },
             last_choice=_last_choice(checkpoint, trainer),
             resumed=checkpoint is not None,
+            shard_bounds=(checkpoint.meta.get("parts") or {}).get("bounds") if checkpoint is not None else None,
             plan_memory=plan_now,
             say=say,
             progress=progress,

@@ -312,6 +312,7 @@ class FitLoop:
         last_choice: the last choice made on held-out rows by the fit being resumed, which the next
             search centres on (``None``: the first search is the whole grid).
         resumed: whether the start head given to :meth:`run` is this fit's own checkpoint.
+        shard_bounds: the sharded M-step's bounds that checkpoint recorded (``None``: none), which the fit keeps.
         plan_memory: checks the trainer's memory plan against the cluster (called again by the trainer once a
             pass told it more).
         say / progress: where the lines go, and whether to show bars.
@@ -336,6 +337,7 @@ class FitLoop:
         record: dict[str, Any],
         last_choice: Any = None,
         resumed: bool = False,
+        shard_bounds: list[int] | None = None,
         plan_memory: Callable[[], None] | None = None,
         say: Callable[[str], Any],
         progress: bool | None,
@@ -352,7 +354,12 @@ class FitLoop:
         sharded = (
             # A fit of no iterations keeps its start on the driver: its start is its model, committed by the driver.
             ShardedRun(
-                client, self.run_id, settings.m_step_shards, say, folder=folder if settings.max_iter > 0 else None
+                client,
+                self.run_id,
+                settings.m_step_shards,
+                say,
+                folder=folder if settings.max_iter > 0 else None,
+                bounds=shard_bounds,
             )
             if settings.m_step_shards > 0
             else None

@@ -225,8 +225,11 @@ class ShardedRun:
         say: Callable[[str], Any],
         *,
         folder: ModelDir | None = None,
+        bounds: list[int] | None = None,
     ) -> None:
         self.client, self.run_id, self.n_wanted, self.say = client, run_id, n_shards, say
+        #: The shards' bounds the resumed checkpoint recorded (kept when their count is the one asked for).
+        self.recorded = bounds
         #: Where a sharded start keeps the first head's parts (beside the checkpoints, as a temporary directory
         #: the first checkpoint's commit prunes); ``None``: the start runs on the driver.
         self.folder = folder
@@ -234,13 +237,13 @@ class ShardedRun:
         self.decided = False
         self.tables: distributed.Future | None = None
         #: Whether the driver holds the whole tables (else their driver's part is :attr:`tables_part` and the rest
-        #: comes from the common part of :attr:`source`, the last head read from files).
+        #: comes from the common file of :attr:`source`, the checkpoint the last head was read from).
         self.whole_tables = True
         self.tables_part: distributed.Future | None = None
-        self.source: RemoteHead | None = None
-        #: Whether the tables were made again from :attr:`source` (else they are the start's, which Dask can make
-        #: again from the start's tasks).
+        self.source: str | None = None
+        #: Whether the tables were made again from :attr:`source` (else they are the start's), and from which.
         self.tables_rebuilt = False
+        self.tables_source: str | None = None
         #: The parts: the common part and the shards.
         self.n_parts = 0
         #: The fit's passes on the cluster (:meth:`attach`).
@@ -255,7 +258,8 @@ class ShardedRun:
     def ready(self, trainer: Trainer) -> bool:
         """Whether the M-steps run in shards: asked of the trainer once, after it prepared."""
         if not self.decided:
-            self._use(trainer.sharded_m_step(self.n_wanted))
+            kept = self.recorded if self.recorded is not None and len(self.recorded) == self.n_wanted + 1 else None
+            self._use(trainer.sharded_m_step(self.n_wanted, bounds=kept))
             if self.sharding is not None:
                 self._send_tables()
         return self.sharding is not None
@@ -287,13 +291,13 @@ class ShardedRun:
             self._tables_from_source(key)
 
     def _tables_from_source(self, key: str) -> None:
-        """The tables made whole from the common part of :attr:`source` (read from its files): after lost work, and
-        again after every later head is read from its checkpoint (an earlier one's files may be pruned)."""
+        """The tables made whole from the common file of :attr:`source` (its fixed arrays read again, on a worker):
+        after lost work, and again when the checkpoint they were read from is pruned (so that Dask can make them
+        again for a replacement worker). Each worker fetches them once per making, not per iteration."""
         assert self.sharding is not None and self.source is not None
-        self.tables = self.client.submit(
-            self.sharding.tables_from, self.tables_part, self.source.common, key=key, pure=False
-        )
-        self.tables_rebuilt = True
+        common = self.client.submit(worker_tasks.load_part_task, self.source, key=f"{key}-read", pure=False)
+        self.tables = self.client.submit(self.sharding.tables_from, self.tables_part, common, key=key, pure=False)
+        self.tables_rebuilt, self.tables_source = True, self.source
 
     def owners(self) -> list[str]:
         """The owner of each part (the common part's first, then each shard's): the workers alive, in address
@@ -335,6 +339,7 @@ class ShardedRun:
             return None
         cluster = self.cluster
         cluster.in_span("respattn-init")
+        begin.cut(preparing)
         request, train = begin.request(), cluster.train
         self.n_parts = begin.n_shards + 1
         for attempt in range(MAX_ATTEMPTS):
@@ -551,7 +556,10 @@ class ShardedRun:
                     for j, (file, part) in enumerate(zip(files, [head.common, *head.shards], strict=True))
                 ]
                 sizes = self.client.gather(writes)
-                return {"common": files[0], "shards": files[1:], "bytes": int(sum(sizes))}
+                record: dict[str, Any] = {"common": files[0], "shards": files[1:], "bytes": int(sum(sizes))}
+                if self.sharding is not None and self.sharding.bounds:
+                    record["bounds"] = [int(b) for b in self.sharding.bounds]
+                return record
             except LOST_WORK_ERRORS as exc:
                 self._again(f"writing checkpoint {name}", attempt, exc)
         raise AssertionError("unreachable")
@@ -560,18 +568,27 @@ class ShardedRun:
         """Make ``head``'s parts the files in ``directory`` (its checkpoint ``name``'s): a task reads each (on its
         owner while it lives), so the next passes depend on no earlier task, and a part lost with its worker is
         read again."""
+        assert self.sharding is not None
         owners = self.owners()
         files = _part_files(len(head.shards))
+        # The common part without the arrays fixed for the fit (the support): the tables hold them, on every worker
+        # that ran a pass, so they are not read or sent again each iteration.
+        fixed = self.sharding.fixed_names
         loads = [
             self.client.submit(
-                worker_tasks.load_part_task, str(directory / file), key=self._key(f"load{j}", name), **self._on(owner)
+                worker_tasks.load_part_task,
+                str(directory / file),
+                fixed if j == 0 else (),
+                key=self._key(f"load{j}", name),
+                **self._on(owner),
             )
             for j, (file, owner) in enumerate(zip(files, owners, strict=True))
         ]
         head.common, head.shards = loads[0], loads[1:]
         head.checkpoint = name
-        self.source = head
-        if self.tables_rebuilt:
+        previous, self.source = self.tables_source, str(directory / files[0])
+        if self.tables_rebuilt and previous is not None and not Path(previous).is_file():
+            # The checkpoint the tables were read again from is pruned: read them from this one, for a replacement.
             self._tables_from_source(self._key("shard-tables", name))
         if head.made_from is not None:
             head.made_from.release()

@@ -356,12 +356,13 @@ def write_part_task(path: str, arrays: dict[str, np.ndarray]) -> int:
     return len(payload)
 
 
-def load_part_task(path: str) -> dict[str, np.ndarray]:
-    """One part of a sharded checkpoint, read from ``path`` (the head's part the next passes read)."""
+def load_part_task(path: str, leave_out: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """One part of a sharded checkpoint, read from ``path`` (the head's part the next passes read), but for the
+    arrays named in ``leave_out`` (not read: those the fit's tables hold)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: a part of a sharded checkpoint is missing")
     with np.load(path, allow_pickle=False) as npz:
-        return {name: npz[name] for name in npz.files}
+        return {name: npz[name] for name in npz.files if name not in leave_out}
 
 
 def statistics_task(

@@ -8,6 +8,7 @@ iteration, and killed then resumed from the parts the owners wrote.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import pickle
@@ -509,3 +510,127 @@ def test_a_driver_s_part_of_the_tables_is_made_whole_from_a_head_s_common_part()
     assert whole.tables_from(whole.tables(), arrays) is whole.tables()
     dense = SingleHopSharding(estimator, "dense", None, 2)
     assert dense.tables_from(dense.tables(), arrays) is dense.tables()
+
+
+def test_bounds_cut_at_equal_work_are_ranges_of_about_equal_work():
+    """Cut at a skewed work (ids in frequency order, as a vocabulary's): every shard at least one symbol, the largest
+    near the mean (or the heaviest symbol's), where equal ranges put most of the work in the first; no work gives
+    equal ranges."""
+    from dist_respattn.model.heads.single_hop.sharded import shard_bounds
+
+    work = 1000.0 / np.arange(1, 2001) ** 0.8
+    for n in (2, 8, 64):
+        bounds = shard_bounds(2000, n, work)
+        assert bounds[0] == 0 and bounds[-1] == 2000 and len(bounds) == n + 1
+        assert all(a < b for a, b in itertools.pairwise(bounds))
+        held = [work[a:b].sum() for a, b in itertools.pairwise(bounds)]
+        equal = shard_bounds(2000, n)
+        even = [work[a:b].sum() for a, b in itertools.pairwise(equal)]
+        # No cut does better than the mean or the heaviest symbol alone.
+        assert max(held) < 1.1 * max(np.mean(held), work.max()) and max(even) / np.mean(even) > 1.5, (n, held, even)
+    assert shard_bounds(5, 3, np.array([100.0, 0, 0, 0, 0])) == (0, 1, 2, 5)  # one symbol a shard at least
+    assert shard_bounds(10, 3, np.zeros(10)) == shard_bounds(10, 3)
+
+
+@pytest.fixture(scope="module")
+def skewed_store(tmp_path_factory) -> str:
+    """A token stream of 400 symbols whose ids follow frequency (a Zipf law): equal ranges of ids hold very unequal
+    numbers of (symbol, target) pairs."""
+    from dist_respattn.store.ingest.to_stream import write_stream_tokens
+
+    rng = np.random.default_rng(7)
+    tokens = np.minimum(rng.zipf(1.3, 60_000) - 1, 399).astype(np.int64)
+    path = tmp_path_factory.mktemp("skewed") / "skewed.zarr"
+    write_stream_tokens(path, tokens, 4, num_symbols=400, options=WriteOptions(chunk_rows=8192, partition_rows=16_384))
+    return str(path)
+
+
+def _shard_pairs(folder: Path) -> tuple[list[int], list[int]]:
+    """The bounds a checkpoint's manifest records and each shard's count of pairs (its part's emission values)."""
+    latest = load_checkpoint(folder, "latest")
+    name = ModelDir(folder).pointed("latest")
+    assert name is not None
+    pairs = []
+    for file in latest.meta["parts"]["shards"]:
+        with np.load(folder / name / file) as part:
+            pairs.append(int(part["emission_values"].shape[0]))
+    return latest.meta["parts"]["bounds"], pairs
+
+
+@pytest.mark.slow
+def test_a_sparse_fit_s_shards_hold_about_equal_pairs_and_a_resumed_fit_keeps_their_bounds(
+    skewed_store, client, tmp_path
+):
+    """On a skewed store the sharded start cuts its 4 shards at about equal pairs (where equal ranges of ids put most
+    in the first); the manifest records the bounds; a resumed fit, whose driver holds the support and would cut it
+    otherwise, keeps them; both fits are the driver's M-step's to the bit."""
+    from dist_respattn.model.heads.single_hop.sharded import shard_bounds, support_bounds
+
+    settings = FitSettings(max_iter=1, tol=0.0, patience=100, emission_layout="sparse", m_step_shards=4)
+    said: list[str] = []
+    fit(skewed_store, model_dir=tmp_path / "model", client=client, settings=settings, say=said.append)
+    bounds, pairs = _shard_pairs(tmp_path / "model")
+    assert len(bounds) == 5 and max(pairs) / np.mean(pairs) < 1.35, (bounds, pairs)
+    assert any(line.startswith("the 4 shards hold") for line in said), said
+    support = load_checkpoint(tmp_path / "model", "latest").model.emission_table.support
+    equal = shard_bounds(400, 4)
+    by_range = [int(np.count_nonzero((support.symbols >= a) & (support.symbols < b))) for a, b in
+                itertools.pairwise(equal)]  # fmt: skip
+    assert sum(by_range) == sum(pairs) and max(by_range) / np.mean(by_range) > 2.0, by_range
+    assert list(support_bounds(support, 4)) != bounds  # what a resumed fit would cut without the record
+    longer = dataclasses.replace(settings, max_iter=3)
+    resumed = fit(skewed_store, model_dir=tmp_path / "model", client=client, settings=longer, resume=True)
+    assert _shard_pairs(tmp_path / "model")[0] == bounds
+    reference = fit(skewed_store, model_dir=tmp_path / "reference", client=client,
+                    settings=dataclasses.replace(longer, m_step_shards=0))  # fmt: skip
+    same_head(resumed.model, reference.model)
+    same_history(resumed, reference)
+
+
+def _holds_support(value: Any) -> bool:
+    """Whether a task's value carries a sparse support: a common part's arrays, or the tables."""
+    if isinstance(value, dict):
+        return "support_symbols" in value
+    return getattr(value, "support", None) is not None
+
+
+class SupportWatch(distributed.WorkerPlugin):
+    """Records, on each worker, every value holding the support that arrives: read by a task of the checkpoints'
+    parts (``respattn-load``) or fetched from another worker."""
+
+    name = "support-watch"
+
+    def setup(self, worker: Any) -> None:
+        self.worker = worker
+        worker.support_arrivals = []
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        if finish != "memory":
+            return
+        value = self.worker.data.get(key) if key in self.worker.data else None
+        read = start == "executing" and str(key).startswith("respattn-load")
+        if (read or start == "flight") and _holds_support(value):
+            self.worker.support_arrivals.append((str(key), start))
+
+
+@pytest.mark.slow
+def test_the_head_s_parts_read_each_iteration_leave_the_support_out(small_store, references, tmp_path):
+    """A sparse sharded fit of 3 iterations on 2 workers: the checkpoints hold the support, but no read of a
+    checkpoint's common part for the next passes brings it (the tables hold it), and the only values holding it that
+    Dask moves between the workers are the tables; the fit is the driver's to the bit."""
+    settings = dataclasses.replace(SETTINGS, emission_layout="sparse", m_step_shards=2)
+    with local_cluster(2) as (_, client):
+        client.register_plugin(SupportWatch())
+        said: list[str] = []
+        result = fit(small_store, model_dir=tmp_path / "model", client=client, settings=settings, say=said.append)
+        arrivals = client.run(lambda dask_worker: dask_worker.support_arrivals)
+    assert sum(line.startswith("iteration ") for line in said) == 3
+    folder = tmp_path / "model"
+    latest = load_checkpoint(folder, "latest")
+    with np.load(folder / str(ModelDir(folder).pointed("latest")) / latest.meta["parts"]["common"]) as common:
+        assert "support_symbols" in common.files
+    got = [(key, start) for keys in arrivals.values() for key, start in keys]
+    assert [key for key, start in got if start == "executing"] == [], got
+    assert all(key.startswith("respattn-shard-tables") for key, _ in got), got
+    same_head(result.model, references["sparse"].model)
+    same_history(result, references["sparse"])

@@ -431,6 +431,12 @@ class ShardedMStep(abc.ABC):
 
     #: The number of shards.
     n_shards: int
+    #: The shards' symbol bounds, recorded in a checkpoint's manifest for a resumed fit to keep (``()``: none).
+    bounds: tuple[int, ...] = ()
+    #: The arrays of a head's common part (:meth:`common_arrays`) that are fixed for the fit and held in the tables
+    #: (a support): written into every checkpoint, but left out when the next passes read the head from it, so the
+    #: workers get them once a fit, with the tables (:meth:`head` puts them back).
+    fixed_names: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def tables(self) -> Any:
@@ -517,6 +523,11 @@ class ShardedStart(abc.ABC):
     @abc.abstractmethod
     def request(self) -> BlockPass:
         """The start pass (the one :meth:`Trainer.prepare` runs without a starting head)."""
+
+    def cut(self, passes: Passes) -> None:
+        """Settle the shards' bounds before the start pass, from passes of its own if it needs any (the default:
+        none). They must be the same on any number of workers."""
+        return None
 
     @abc.abstractmethod
     def split(self, value: Any, tables: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -666,9 +677,10 @@ class Trainer(abc.ABC):
     def m_step(self, statistics: Statistics, previous: Head) -> Candidates:
         """The M-step of these (reduced) statistics, its open choices left to :class:`Candidates`."""
 
-    def sharded_m_step(self, n_shards: int) -> ShardedMStep | None:
+    def sharded_m_step(self, n_shards: int, *, bounds: Sequence[int] | None = None) -> ShardedMStep | None:
         """The M-step in ``n_shards`` shards on the workers (:class:`ShardedMStep`), once :meth:`prepare` ran, or
-        ``None``: this kind's M-step runs on the driver (the default)."""
+        ``None``: this kind's M-step runs on the driver (the default). ``bounds``: the shards' bounds a resumed fit's
+        checkpoint recorded (``n_shards + 1`` of them), to keep."""
         return None
 
     def sharded_start(self, n_shards: int) -> ShardedStart | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -487,14 +487,14 @@ class SingleHopTrainer(Trainer):
         candidates = self.estimator.candidates(stats, previous=previous)
         return SingleHopCandidates(candidates, self.estimator.search)
 
-    def sharded_m_step(self, n_shards: int) -> ShardedMStep | None:
+    def sharded_m_step(self, n_shards: int, *, bounds: Sequence[int] | None = None) -> ShardedMStep | None:
         """The M-step in shards of the symbol range (:mod:`~dist_respattn.model.heads.single_hop.sharded`); none for
         heads tied by ``keys`` (their pool is summed over every head)."""
         if n_shards < 1 or self.factory.keys is not None:
             return None
         from dist_respattn.model.heads.single_hop.sharded import SingleHopSharding
 
-        return SingleHopSharding(self.estimator, self.layout, self.support, n_shards)
+        return SingleHopSharding(self.estimator, self.layout, self.support, n_shards, bounds=bounds)
 
     def sharded_start(self, n_shards: int) -> ShardedStart | None:
         """The start in the M-step's shards (:class:`~dist_respattn.model.heads.single_hop.sharded.SingleHopStart`),
