@@ -672,10 +672,11 @@ def run_scale_on_email(tmp_path: Path, *args: str) -> tuple[str, dict]:
 
 
 @pytest.mark.slow
-def test_scale_smoke_run_reports_every_figure(tmp_path):
+def test_scale_smoke_run_reports_every_figure_and_the_sharded_m_step_moves_no_bytes_through_the_driver(tmp_path):
     """bench_scale.py on the standard library's ``email`` package (no download) at 2,000 words, forced sparse
-    by the reference shape only: every figure is measured, and they agree with each other."""
-    table, report = run_scale_on_email(tmp_path, "--reference-rows", "20000")
+    by the reference shape only: every figure is measured, and they agree with each other; then the same fit with
+    ``--m-step-shards 2`` (one test, so the driver's M-step run serves both)."""
+    table, report = run_scale_on_email(tmp_path / "0", "--reference-rows", "20000", "--iterations", "2")
     reference = report["reference"]
     assert reference["statistics_difference"] <= 1e-12
     assert reference["pairs"] > 0 and reference["sparse_rows_per_second"] > 0
@@ -683,7 +684,7 @@ def test_scale_smoke_run_reports_every_figure(tmp_path):
     assert corpus_report["vocabulary"] == 2000 and corpus_report["tokens"] > 10_000
     assert 0 < corpus_report["bytes_per_token"] < 100
     assert corpus_report["ingest_cpu_seconds"] > 0 and corpus_report["train_bytes"] > 0
-    assert len(fitted["iteration_seconds"]) == 1 and fitted["kernel_rows_per_second"] > 0
+    assert len(fitted["iteration_seconds"]) == 2 and fitted["kernel_rows_per_second"] > 0
     assert fitted["worker_peak_gib"] > 0 and fitted["driver_peak_gib"] > 0
     assert_positive_finite(fitted["head_perplexity"], "head")
     assert f"{fitted['head_over_kneser_ney']:.3f}" in table
@@ -705,6 +706,7 @@ def test_scale_smoke_run_reports_every_figure(tmp_path):
         met = value >= target if operator == ">=" else value <= target
         (line,) = [line for line in table.splitlines() if line.strip().startswith(label + " ") and "target" in line]
         assert line.endswith("PASS" if met else "MISS"), (line, key, value)
+    check_sharded_m_step_moves_no_bytes_through_the_driver(tmp_path, table, report)
 
 
 @pytest.mark.slow
@@ -739,21 +741,19 @@ def test_scale_recipe_smoke_run_reports_each_stage(tmp_path):
     assert table.count("PASS") + table.count("MISS") == 4  # store, ingest, worker and driver peaks
 
 
-@pytest.mark.slow
-def test_scale_sharded_m_step_moves_no_bytes_through_the_driver(tmp_path):
-    """bench_scale.py with the M-step on the driver and with ``--m-step-shards 2`` on the ``email`` package, two
-    iterations each: the same held-out perplexities; with shards, after the first iteration, no statistics or model
-    bytes between the driver and the workers while the workers still move bytes between them; the driver's M-step
-    sends every worker its payload each iteration; every worker's CPU is at least its tasks' thread CPU."""
-    reports = {}
-    for shards in ("0", "2"):
-        table, report = run_scale_on_email(
-            tmp_path / shards, "--reference-rows", "0", "--iterations", "2", "--m-step-shards", shards
-        )
-        reports[shards] = report["fit"]
-        assert ("on the driver" if shards == "0" else "2 shards on the workers") in table
-        assert "bytes on the wire" in table and "held-out perplexity by iteration" in table
-    driver, sharded = reports["0"], reports["2"]
+def check_sharded_m_step_moves_no_bytes_through_the_driver(tmp_path: Path, table: str, report: dict) -> None:
+    """bench_scale.py with the M-step on the driver (``table``, ``report``: two iterations) and with
+    ``--m-step-shards 2`` on the ``email`` package: the same held-out perplexities; with shards, after the first
+    iteration, no statistics or model bytes between the driver and the workers while the workers still move bytes
+    between them; the driver's M-step sends every worker its payload each iteration; every worker's CPU is at least
+    its tasks' thread CPU."""
+    sharded_table, sharded_report = run_scale_on_email(
+        tmp_path / "2", "--reference-rows", "0", "--iterations", "2", "--m-step-shards", "2"
+    )
+    assert "on the driver" in table and "2 shards on the workers" in sharded_table
+    for printed in (table, sharded_table):
+        assert "bytes on the wire" in printed and "held-out perplexity by iteration" in printed
+    driver, sharded = report["fit"], sharded_report["fit"]
     assert sharded["m_step_shards"] == 2 and driver["m_step_shards"] == 0
     assert sharded["heldout_perplexities"] == driver["heldout_perplexities"]
     assert len(driver["heldout_perplexities"]) == 2

@@ -239,6 +239,26 @@ def test_the_driver_receives_no_statistics_array(small_store, client, references
     assert any(isinstance(value, SufficientStatistics) for _, value in received)
 
 
+def owner_killer(
+    client: distributed.Client, pids: dict[str, int], kill: dict[str, Any], *, running: str, held: str
+) -> threading.Thread:
+    """A thread that, once a task whose key holds ``running`` runs, SIGKILLs the first worker holding a key that
+    starts with ``held`` and records it in ``kill`` (``worker``, ``at``); it gives up after 60 s."""
+
+    def kill_an_owner() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if any(running in str(k) for keys in client.processing().values() for k in keys):
+                holders = [w for w, keys in client.has_what().items() if any(str(k).startswith(held) for k in keys)]
+                if holders:
+                    os.kill(pids[holders[0]], signal.SIGKILL)
+                    kill.update(worker=holders[0], at=time.monotonic())
+                    return
+            time.sleep(0.002)
+
+    return threading.Thread(target=kill_an_owner, daemon=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("iteration", [1, 2])
 def test_a_worker_killed_mid_iteration_gives_the_same_bits(long_store, tmp_path, iteration):
@@ -248,24 +268,7 @@ def test_a_worker_killed_mid_iteration_gives_the_same_bits(long_store, tmp_path,
     with local_cluster(2) as (_, client):
         pids = client.run(os.getpid)
         kill: dict[str, Any] = {}
-
-        def kill_an_owner() -> None:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                running = [k for keys in client.processing().values() for k in keys if f"estep-{iteration}-" in str(k)]
-                if running:
-                    holders = [
-                        worker
-                        for worker, keys in client.has_what().items()
-                        if any(str(k).startswith("respattn-load") for k in keys)
-                    ]
-                    if holders:
-                        os.kill(pids[holders[0]], signal.SIGKILL)
-                        kill.update(worker=holders[0], at=time.monotonic())
-                        return
-                time.sleep(0.002)
-
-        killer = threading.Thread(target=kill_an_owner, daemon=True)
+        killer = owner_killer(client, pids, kill, running=f"estep-{iteration}-", held="respattn-load")
         said: list[tuple[float, str]] = []
 
         def say(line: str) -> None:
@@ -293,24 +296,7 @@ def test_a_worker_killed_during_the_sharded_start_gives_the_same_bits(long_store
     with local_cluster(2) as (_, client):
         pids = client.run(os.getpid)
         kill: dict[str, Any] = {}
-
-        def kill_an_owner() -> None:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                running = [k for keys in client.processing().values() for k in keys if "heldout-0-" in str(k)]
-                if running:
-                    holders = [
-                        worker
-                        for worker, keys in client.has_what().items()
-                        if any(str(k).startswith("respattn-mstep-shard") for k in keys)
-                    ]
-                    if holders:
-                        os.kill(pids[holders[0]], signal.SIGKILL)
-                        kill.update(worker=holders[0], at=time.monotonic())
-                        return
-                time.sleep(0.002)
-
-        killer = threading.Thread(target=kill_an_owner, daemon=True)
+        killer = owner_killer(client, pids, kill, running="heldout-0-", held="respattn-mstep-shard")
         said: list[tuple[float, str]] = []
 
         def say(line: str) -> None:

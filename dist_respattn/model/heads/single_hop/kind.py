@@ -194,11 +194,10 @@ class StartValue:
     pairs: PairCounts | None
 
     def __add__(self, other: StartValue) -> StartValue:
-        pairs = None if self.pairs is None or other.pairs is None else self.pairs + other.pairs
-        return StartValue(self.stats.copy().add(other.stats), pairs)
+        return StartValue.sum_of([self, other])
 
     @classmethod
-    def sum_of(cls, values: list[StartValue]) -> StartValue:
+    def sum_of(cls, values: Sequence[StartValue]) -> StartValue:
         stats = values[0].stats.copy()
         for value in values[1:]:
             stats = stats.add(value.stats)

@@ -28,7 +28,6 @@ from dist_respattn.model.emission.layouts import (
     SparseEmissionCounts,
     map_values,
 )
-from dist_respattn.model.emission.pairs import PairCounts
 from dist_respattn.model.emission.prior import EmissionPrior
 from dist_respattn.model.fitting.selection import GridTotals, Hyperparameters, HyperparameterSearch
 from dist_respattn.model.heads.base import (
@@ -50,6 +49,7 @@ from dist_respattn.model.heads.single_hop.estimator import (
     position_prior_of,
     select_point,
 )
+from dist_respattn.model.heads.single_hop.kind import StartValue
 
 __all__ = [
     "CommonPart",
@@ -60,7 +60,6 @@ __all__ = [
     "SingleHopShardedCandidates",
     "SingleHopSharding",
     "SingleHopStart",
-    "StartCommon",
     "StartShard",
     "SymbolCounts",
     "estimated_pairs",
@@ -505,28 +504,6 @@ class SingleHopSharding(ShardedMStep):
 # --------------------------------------------------------------------------------------------- the start
 
 
-@dataclass(frozen=True)
-class StartCommon:
-    """A start value's common part: its statistics without the emission counts, and the pairs its emission prior
-    is made from (``None``: none asked for); added as the whole start value is (statistics, then pairs)."""
-
-    stats: SufficientStatistics
-    pairs: PairCounts | None
-
-    def __add__(self, other: StartCommon) -> StartCommon:
-        return StartCommon.sum_of([self, other])
-
-    @classmethod
-    def sum_of(cls, values: Sequence[StartCommon]) -> StartCommon:
-        stats = values[0].stats.copy()
-        for value in values[1:]:
-            stats = stats.add(value.stats)
-        pairs = values[0].pairs
-        for value in values[1:]:
-            pairs = None if pairs is None or value.pairs is None else pairs + value.pairs
-        return StartCommon(stats, pairs)
-
-
 @dataclass
 class StartShard:
     """A sparse start value's shard: the counts of its symbols' pairs, carrying their own support (the pairs seen
@@ -613,10 +590,11 @@ class SingleHopStart(ShardedStart):
         self.bounds = shard_bounds(self.num_symbols, self.n_wanted, estimated_pairs(counts, self.context_length))
         self.n_shards = len(self.bounds) - 1
 
-    def split(self, value: Any, tables: Any) -> tuple[StartCommon, tuple[Any, ...]]:
+    def split(self, value: Any, tables: Any) -> tuple[StartValue, tuple[Any, ...]]:
         stats = value.stats
         counts = stats.emission_count
-        common = StartCommon(stats._replace(emission_count=cast("Any", _NO_COUNTS)), value.pairs)
+        # The common part is a start value without its emission counts (its pairs are the emission prior's).
+        common = StartValue(stats._replace(emission_count=cast("Any", _NO_COUNTS)), value.pairs)
         if isinstance(counts, DenseEmissionCounts):
             ts = counts.count_ts
             return common, tuple(
