@@ -407,14 +407,7 @@ def _grid_numba(
                     emis[i, k] = (cnt + a * u) / den if den > 0.0 else u
             # grid_points' values, each pair's sum over the positions in the same order.
             for g in range(n_sigma):
-                best = -np.inf
-                for i in range(n_pos):
-                    gate[i] = log_prior[i] - dist[i] * inv_two_sigma2[g]
-                    best = max(best, gate[i])
-                z = 0.0
-                for i in range(n_pos):
-                    gate[i] = math.exp(gate[i] - best)
-                    z += gate[i]
+                best, z = gate_softmax(n_pos, log_prior, dist, inv_two_sigma2[g], gate)
                 for k in range(n_k):
                     num[k] = 0.0
                 for i in range(n_pos):
@@ -482,19 +475,27 @@ def map_emissions(n, count, total, typ, base_t, emission_strengths, type_strengt
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def gate_softmax(n, log_prior, dist, inv_two_sigma2, gate):  # pragma: no cover - compiled
+    """The unnormalized gate of the first ``n`` positions at one gate variance into ``gate``: their log prior less
+    the scaled squared distance, shifted by its maximum and exponentiated; returns ``(maximum, sum)``."""
+    best = -np.inf
+    for i in range(n):
+        gate[i] = log_prior[i] - dist[i] * inv_two_sigma2
+        best = max(best, gate[i])
+    z = 0.0
+    for i in range(n):
+        gate[i] = math.exp(gate[i] - best)
+        z += gate[i]
+    return best, z
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def grid_points(w, n, log_prior, dist, inv_two_sigma2, gate_const, emis, gate, out_pred, out_joint):  # pragma: no cover
     """Add one row into ``out_*`` (G1, G2*G3) from its first ``n`` positions' log prior, squared distance and
     emission of the target at every strength pair (``emis`` (G2*G3, N)): one softmax per gate variance."""
     n_sigma = inv_two_sigma2.shape[0]
     for g in range(n_sigma):
-        best = -np.inf
-        for i in range(n):
-            gate[i] = log_prior[i] - dist[i] * inv_two_sigma2[g]
-            best = max(best, gate[i])
-        z = 0.0
-        for i in range(n):
-            gate[i] = math.exp(gate[i] - best)
-            z += gate[i]
+        best, z = gate_softmax(n, log_prior, dist, inv_two_sigma2[g], gate)
         log_z = math.log(z)
         for k in range(emis.shape[0]):
             num = 0.0
