@@ -205,19 +205,37 @@ def as_weights(weights: Any, n: int) -> np.ndarray | None:
     return array
 
 
+#: Pairs a block in :func:`as_sparse_emission`: its temporaries stay ~20 MB whatever the support's size, so reading a
+#: head (e.g. the driver joining a sharded fit's last checkpoint) costs the head's own arrays and little more.
+_CHECK_BLOCK_PAIRS = 1 << 20
+
+
 def as_sparse_emission(value: Any, name: str) -> Any:
     """Check a :class:`~dist_respattn.model.emission.layouts.SparseEmission`: finite non-negative values,
-    rows summing to 1."""
-    parts = {"values": value.values, "backoff": value.backoff, "base": value.base}
-    for part, array in parts.items():
-        bad = np.flatnonzero(~np.isfinite(array) | (array < 0.0))
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(f"{name} {part}[{i}] = {plain(array[i])}: expected finite, non-negative probabilities")
+    rows summing to 1. The (P,) values are read a block of pairs at a time (no temporary the size of the support)."""
     support = value.support
-    stored_base = np.bincount(support.symbols, weights=value.base[support.targets], minlength=support.num_symbols)
+    num_pairs = int(value.values.shape[0])
+    blocks = [(start, min(num_pairs, start + _CHECK_BLOCK_PAIRS)) for start in range(0, num_pairs, _CHECK_BLOCK_PAIRS)]
+    for part, array, spans in (
+        ("values", value.values, blocks),
+        ("backoff", value.backoff, [(0, value.backoff.shape[0])]),
+        ("base", value.base, [(0, value.base.shape[0])]),
+    ):
+        for start, stop in spans:
+            block = array[start:stop]
+            bad = np.flatnonzero(~np.isfinite(block) | (block < 0.0))
+            if bad.size:
+                i = start + int(bad[0])
+                raise ValueError(f"{name} {part}[{i}] = {plain(array[i])}: expected finite, non-negative probabilities")
     # float64 even when the support is empty (bincount of no weights is int64)
-    sums = np.bincount(support.symbols, weights=value.values, minlength=support.num_symbols).astype(np.float64)
+    sums = np.zeros(support.num_symbols, dtype=np.float64)
+    stored_base = np.zeros(support.num_symbols, dtype=np.float64)
+    for start, stop in blocks:
+        symbols = support.symbols[start:stop]
+        # each pair's target: the CSR row whose range holds the pair's index
+        targets = np.searchsorted(support.indptr, np.arange(start, stop), side="right") - 1
+        stored_base += np.bincount(symbols, weights=value.base[targets], minlength=support.num_symbols)
+        sums += np.bincount(symbols, weights=value.values[start:stop], minlength=support.num_symbols)
     sums += value.backoff * (float(value.base.sum()) - stored_base)
     off = np.flatnonzero(np.abs(sums - 1.0) > SIMPLEX_ATOL)
     if off.size:

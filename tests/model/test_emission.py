@@ -375,6 +375,40 @@ def test_a_sparse_emission_whose_rows_do_not_sum_to_one_is_refused():
         ResponsibilityAttentionDistribution(key_means, bad, context_length=3)
 
 
+@pytest.mark.parametrize("block_pairs", [1, 3, 1 << 20])
+def test_the_sparse_check_finds_the_same_faults_a_block_of_pairs_at_a_time(monkeypatch, block_pairs):
+    """Blocks of 1 and 3 pairs split every target's pairs (and the support) across blocks: the row sums and the
+    first bad value are those of one block."""
+    from dist_respattn.model import arguments
+
+    monkeypatch.setattr(arguments, "_CHECK_BLOCK_PAIRS", block_pairs)
+    emission, *_ = make_emission("sparse")
+    assert emission.support.num_pairs > 3
+    assert arguments.as_sparse_emission(emission, "emission") is emission
+    scaled = SparseEmission(emission.support, emission.values * 1.5, emission.backoff, emission.base)
+    with pytest.raises(ValueError, match=r"emission row 0 sums to .*expected every row to sum to 1"):
+        arguments.as_sparse_emission(scaled, "emission")
+    # half of one pair's mass moved onto a pair of another symbol: both rows are off, the smaller one is named
+    symbols = emission.support.symbols
+    a = 0
+    b = int(np.flatnonzero(symbols != symbols[a])[-1])
+    moved = emission.values.copy()
+    moved[b] += moved[a] / 2
+    moved[a] /= 2
+    first = min(int(symbols[a]), int(symbols[b]))
+    with pytest.raises(ValueError, match=rf"emission row {first} sums to .*expected every row to sum to 1"):
+        arguments.as_sparse_emission(
+            SparseEmission(emission.support, moved, emission.backoff, emission.base), "emission"
+        )
+    negative = emission.values.copy()
+    last = emission.support.num_pairs - 1
+    negative[last] = -negative[last]
+    with pytest.raises(ValueError, match=rf"emission values\[{last}\] = -.*expected finite, non-negative"):
+        arguments.as_sparse_emission(
+            SparseEmission(emission.support, negative, emission.backoff, emission.base), "emission"
+        )
+
+
 def test_kernel_parameters_follow_the_layout():
     emission, *_ = make_emission("sparse")
     params = per_position.KernelParameters.from_arrays(np.zeros((S, 2)), emission, np.full(3, 1 / 3), 1.0)
