@@ -304,7 +304,8 @@ class ShardedRun:
     def _tables_from_source(self, key: str) -> None:
         """The tables made whole from the common file of :attr:`source` (its fixed arrays read again, on a worker):
         after lost work, and again when the checkpoint they were read from is pruned (so that Dask can make them
-        again for a replacement worker). Each worker fetches them once per making, not per iteration."""
+        again for a replacement worker). A worker that kept them finds them by their digest: they are the same
+        bytes, and are not fetched again."""
         assert self.sharding is not None and self.source is not None
         common = self.client.submit(worker_tasks.load_part_task, self.source, key=f"{key}-read", pure=False)
         self._made(self.client.submit(self.sharding.tables_from, self.tables_part, common, key=key, pure=False))
