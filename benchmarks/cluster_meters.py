@@ -65,6 +65,12 @@ def _worker_snapshot(dask_worker: Any) -> dict[str, Any]:
     # sized it (``sizeof``: exact for arrays and containers of arrays, not for other objects), by the key's kind.
     fetched = [(entry["start"], _kind(key), int(nbytes)) for entry in dask_worker.transfer_incoming_log
                for key, nbytes in entry["keys"].items()]  # fmt: skip
+    # And the fit's tables its tasks fetched themselves, to keep to the fit's end (their pickles' bytes).
+    try:
+        from dist_respattn.engine.held_tables import FETCHED
+    except ImportError:  # a version without them
+        FETCHED = []
+    fetched += [(when, f"{_kind(key)} (held)", int(nbytes)) for when, key, nbytes in FETCHED]
     return {**snapshot(), "task_cpu": dict(tasks), "address": dask_worker.address, "fetched": fetched}
 
 

@@ -1,8 +1,8 @@
 """The current parameters on the cluster: scattered once per model to every worker, the previous ones released.
 
 The same holds for the other per-iteration payload, the M-step's grid table the held-out pass reads. The tables
-fixed for a fit that they hold (a sparse emission's support) go once a fit, apart (:class:`FitTables`): an
-iteration sends only what changed.
+fixed for a fit that they hold (a sparse emission's support) go once a fit, apart (:class:`FitTables`), and each
+worker keeps them to the fit's end (:mod:`~dist_respattn.engine.held_tables`): an iteration sends only what changed.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import distributed
 
 from dist_respattn.engine.cluster import ClusterError
+from dist_respattn.engine.held_tables import TableRef, table_digest
 from dist_respattn.engine.payload import split_payload
 from dist_respattn.model.fixed import FitConstant
 
@@ -96,9 +97,11 @@ class FitTables:
     """The tables fixed for one fit (:class:`~dist_respattn.model.fixed.FitConstant`) on the workers, each sent once.
 
     A table is known by identity (the same object in every model and grid of the fit) under the key
-    ``respattn-table-<n>-<tag>``. Its future lives until :meth:`release`; Dask copies it to a worker that lacks
-    it (one that replaced a lost worker) when a task there needs it. :meth:`forget` drops them all after a pass
-    lost work with every holder: the next payload sends them again, under new keys.
+    ``respattn-table-<n>-<tag>``. Its future lives until :meth:`release`; the tasks get a
+    :class:`~dist_respattn.engine.held_tables.TableRef` to it, which each worker resolves once and keeps to the fit's
+    end (a worker that lacks it, one that replaced a lost worker, fetches it on its first task). :meth:`forget` drops
+    them all after a pass lost work with every holder: the next payload sends them again, under new keys (and a worker
+    that kept them finds them by their digest).
     """
 
     def __init__(self, client: distributed.Client, run_tag: str) -> None:
@@ -106,6 +109,9 @@ class FitTables:
         self.run_tag = run_tag
         self._keys: dict[int, tuple[FitConstant, str]] = {}
         self._futures: dict[str, distributed.Future] = {}
+        self._refs: dict[str, TableRef] = {}
+        #: Each table's digest and bytes, by identity (computed once a fit).
+        self._digests: dict[int, tuple[FitConstant, tuple[str, int]]] = {}
         self._count = 0
         #: Tables sent so far (a table sent again after :meth:`forget` counts again).
         self.sent = 0
@@ -120,21 +126,40 @@ class FitTables:
         self._keys[id(table)] = (table, key)  # held: its id is never another table's while it is here
         return key
 
-    def futures(self, tables: dict[str, FitConstant], workers: Sequence[str] | None) -> dict[str, distributed.Future]:
-        """The futures of ``tables`` (by key), each sent to ``workers`` the first time it is asked for."""
+    def _digest(self, table: FitConstant) -> tuple[str, int]:
+        known = self._digests.get(id(table))
+        if known is None or known[0] is not table:
+            known = (table, table_digest(table))
+            self._digests[id(table)] = known
+        return known[1]
+
+    def futures(self, tables: dict[str, FitConstant], workers: Sequence[str] | None) -> dict[str, TableRef]:
+        """The references of ``tables`` (by key) the tasks get, each table sent to ``workers`` the first time it is
+        asked for (and again, under a new key, if it was lost with every worker holding it)."""
+        if any(future.status in ("lost", "cancelled", "error") for future in self._futures.values()):
+            self.forget()
+            raise _Rekey()
         for key, table in tables.items():
             if key not in self._futures:
                 self._futures[key] = scatter_to(self.client, key, table, workers)
+                digest, size = self._digest(table)
+                self._refs[key] = TableRef(key, self.run_tag, digest, size)
                 self.sent += 1
-        return {key: self._futures[key] for key in tables}
+        return {key: self._refs[key] for key in tables}
 
     def forget(self) -> None:
         """Drop every table's future and key: the next payload sends its tables again (after lost work)."""
         self._futures.clear()
+        self._refs.clear()
         self._keys.clear()
 
     def release(self) -> None:
         self.forget()
+        self._digests.clear()
+
+
+class _Rekey(Exception):
+    """The fit's tables were lost with their workers and forgotten: the payload is split again, under new keys."""
 
 
 class ParameterBroadcast:
@@ -148,7 +173,7 @@ class ParameterBroadcast:
 
     With ``tables``, the fit-constant tables the payload holds are sent apart, once a fit: the payload travels
     as a :class:`~dist_respattn.engine.payload.SharedPayload` and :attr:`current` is the pair (its future, the
-    tables' futures by key) that a task opens with :func:`~dist_respattn.engine.payload.opened`.
+    tables' references by key) that a task opens with :func:`~dist_respattn.engine.payload.opened`.
     """
 
     def __init__(
@@ -160,7 +185,7 @@ class ParameterBroadcast:
         self.tables = tables
         self._model: Any = None
         self._future: distributed.Future | None = None
-        self._table_futures: dict[str, distributed.Future] = {}
+        self._table_futures: dict[str, TableRef] = {}
         self._label = ""
         self._workers: Sequence[str] | None = None
 
@@ -171,13 +196,19 @@ class ParameterBroadcast:
             self.release()
             sent: Any = model
             if self.tables is not None:
-                try:
-                    shared, tables = split_payload(model, self.tables.key_for)
-                except (pickle.PicklingError, TypeError, AttributeError):
-                    tables = {}  # a payload only Dask's own pickling (cloudpickle) handles goes as it is, whole
-                if tables:  # else the model goes as it is: nothing in it is fixed for the fit
-                    self._table_futures = self.tables.futures(tables, workers)
+                for _ in range(2):  # a second time under new keys if the tables were lost and forgotten
+                    try:
+                        shared, tables = split_payload(model, self.tables.key_for)
+                    except (pickle.PicklingError, TypeError, AttributeError):
+                        tables = {}  # a payload only Dask's own pickling (cloudpickle) handles goes as it is, whole
+                    if not tables:  # the model goes as it is: nothing in it is fixed for the fit
+                        break
+                    try:
+                        self._table_futures = self.tables.futures(tables, workers)
+                    except _Rekey:
+                        continue
                     sent = shared
+                    break
             self._future = scatter_to(self.client, f"respattn-{self.prefix}-{label}-{self.run_tag}", sent, workers)
             self._model, self._label, self._workers = model, label, workers
         return self.current
@@ -194,7 +225,8 @@ class ParameterBroadcast:
 
     @property
     def current(self) -> Any:
-        """The payload's future, or with fit-constant tables sent apart the pair (its future, theirs by key)."""
+        """The payload's future, or with fit-constant tables sent apart the pair (its future, their references by
+        key)."""
         if self._future is None:
             raise RuntimeError("no parameters have been published")
         if self._table_futures:

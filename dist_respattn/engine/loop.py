@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import time
 import uuid
@@ -25,6 +26,7 @@ import numpy as np
 from dist_respattn.artifacts.checkpoints import BackgroundCheckpoints, ModelDir, checkpoint_name
 from dist_respattn.engine import worker_tasks
 from dist_respattn.engine.broadcast import FitTables, ParameterBroadcast, payload_bytes
+from dist_respattn.engine.held_tables import release_run
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.settings import FitSettings
@@ -36,6 +38,8 @@ from dist_respattn.model.heads.base import BlockPass, Grid, Head, HeadSpec, Stat
 from dist_respattn.store.rows import RowStore
 
 __all__ = ["ClusterPasses", "EarlyStopping", "FitLoop", "HeldoutRows", "store_record"]
+
+logger = logging.getLogger(__name__)
 
 
 class EarlyStopping:
@@ -291,6 +295,19 @@ class ClusterPasses:
         self.tables.release()
         if self.sharded is not None:
             self.sharded.release()
+        self._release_held_tables()
+
+    def _release_held_tables(self) -> None:
+        """Let every worker drop the tables it kept for this fit (:mod:`~dist_respattn.engine.held_tables`). Best
+        effort: a worker that misses this (or a fit that ended with its driver) keeps them only until newer tables
+        push them out."""
+        client = self.runner.client
+        if client.status != "running":
+            return
+        try:
+            client.run(release_run, self.run_id)
+        except Exception as exc:  # a cluster going away: nothing is left to release
+            logger.debug("could not tell the workers to drop the fit's tables: %s", exc)
 
 
 class FitLoop:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import distributed
 
 from dist_respattn.engine.cluster import ClusterError
+from dist_respattn.engine.held_tables import TableLostError
 from dist_respattn.engine.placement import EVERY_PARTITION, PassPlan, plan_pass
 from dist_respattn.engine.reduction import (
     DEFAULT_FAN_IN,
@@ -42,8 +43,13 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 
-#: Failures that mean work was lost with a worker, not that the work itself is wrong.
-LOST_WORK_ERRORS: tuple[type[BaseException], ...] = (distributed.KilledWorker, concurrent.futures.CancelledError)
+#: Failures that mean work was lost with a worker, not that the work itself is wrong (a table of the fit lost with
+#: every worker holding it among them).
+LOST_WORK_ERRORS: tuple[type[BaseException], ...] = (
+    distributed.KilledWorker,
+    concurrent.futures.CancelledError,
+    TableLostError,
+)
 
 #: How many times a pass is submitted before a lost-work failure is reported.
 MAX_ATTEMPTS = 3

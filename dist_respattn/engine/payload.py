@@ -1,9 +1,11 @@
 """A model or a grid table sent to the workers without the tables fixed for the fit that it holds.
 
 Such a table (a :class:`~dist_respattn.model.fixed.FitConstant`: a sparse emission's support) is pickled as a
-reference, by key; the engine sends the table itself once a fit, as a future of its own that every task reading the
-payload is given beside it, so Dask moves it to a worker that lacks it (a replacement worker too) and recreates
-nothing. A worker opens a payload once, on its first task, and its tasks share what it opened.
+reference, by key; the engine sends the table itself once a fit, as a future of its own, and every task reading the
+payload is given a reference to it beside it, which a worker resolves once a fit
+(:func:`~dist_respattn.engine.held_tables.held`: a worker that lacks it, a replacement worker too, fetches it), so
+nothing is recreated or sent again. A worker opens a payload once, on its first task, and its tasks share what it
+opened.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dist_respattn.engine.held_tables import held
 from dist_respattn.model.fixed import FitConstant
 
 __all__ = ["SharedPayload", "opened", "split_payload"]
@@ -58,13 +61,16 @@ class SharedPayload:
         self._lock = threading.Lock()
 
     def open(self, tables: Mapping[str, Any]) -> Any:
-        """The payload, its tables those given by key; made once per object (a worker's threads share it)."""
+        """The payload, its tables those given by key (values, or references a worker resolves:
+        :func:`~dist_respattn.engine.held_tables.held`); made once per object (a worker's threads share it)."""
+        missing = [key for key in self.keys if key not in tables]
+        if missing:
+            raise KeyError(f"the payload's tables {missing} were not given to the task")
+        # Resolved outside the lock: a fetch waits seceded from the worker's pool, the others must not hold a thread.
+        values = {key: held(tables[key]) for key in self.keys} if self._opened is None else {}
         with self._lock:
             if self._opened is None:
-                missing = [key for key in self.keys if key not in tables]
-                if missing:
-                    raise KeyError(f"the payload's tables {missing} were not given to the task")
-                self._opened = _Unpickler(io.BytesIO(self.data), tables, list(self.buffers)).load()
+                self._opened = _Unpickler(io.BytesIO(self.data), values, list(self.buffers)).load()
             return self._opened
 
     def __sizeof__(self) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 
 import distributed
 
+from dist_respattn.engine.held_tables import held
 from dist_respattn.engine.worker_tasks import combine_values
 
 __all__ = [
@@ -220,12 +221,13 @@ def reduce_scatter_partitions(
 
 
 def split_task(sharding: Any, tables: Any, task: Callable[..., Any], *args: Any) -> Any:
-    """A leaf of a reduce-scatter (run on a worker): ``task(*args)`` split into parts by ``sharding``."""
-    return sharding.split(task(*args), tables)
+    """A leaf of a reduce-scatter (run on a worker): ``task(*args)`` split into parts by ``sharding`` (``tables``: the
+    fit's tables, or a reference to them: :func:`~dist_respattn.engine.held_tables.held`)."""
+    return sharding.split(task(*args), held(tables))
 
 
 def split_fold_task(
     sharding: Any, tables: Any, task: Callable[..., Any], node: int | list[Any], args: dict[int, tuple[Any, ...]]
 ) -> Any:
     """A leaf of a reduce-scatter that folds a whole subtree (:func:`fold_task`), then splits the sum into parts."""
-    return sharding.split(fold_task(task, node, args), tables)
+    return sharding.split(fold_task(task, node, args), held(tables))

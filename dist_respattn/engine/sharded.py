@@ -29,7 +29,7 @@ import itertools
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import distributed
 
@@ -37,6 +37,7 @@ from dist_respattn.artifacts.checkpoints import ModelDir
 from dist_respattn.durable.files import temporary_path
 from dist_respattn.engine import worker_tasks
 from dist_respattn.engine.broadcast import payload_bytes, scatter_to
+from dist_respattn.engine.held_tables import TableRef, held, table_digest
 from dist_respattn.engine.passes import LOST_WORK_ERRORS, MAX_ATTEMPTS, finished
 from dist_respattn.engine.worker_tasks import BUILD
 from dist_respattn.model.heads.base import (
@@ -236,6 +237,12 @@ class ShardedRun:
         self.sharding: ShardedMStep | None = None
         self.decided = False
         self.tables: distributed.Future | None = None
+        #: The digest and bytes of :attr:`tables` (a future of them while they are made on a worker), and the
+        #: reference the tasks get (:meth:`table_ref`).
+        self._digest: distributed.Future | tuple[str, int] | None = None
+        self._ref: TableRef | None = None
+        #: The whole tables' digest, computed once a fit (the driver's tables are the same object all along).
+        self._whole_digest: tuple[Any, tuple[str, int]] | None = None
         #: Whether the driver holds the whole tables (else their driver's part is :attr:`tables_part` and the rest
         #: comes from the common file of :attr:`source`, the checkpoint the last head was read from).
         self.whole_tables = True
@@ -283,7 +290,11 @@ class ShardedRun:
         attempt = next(self._count)
         key = f"respattn-shard-tables-{attempt}-{self.run_id}"
         if self.whole_tables:
-            self.tables = scatter_to(self.client, key, self.sharding.tables())
+            tables = self.sharding.tables()
+            self.tables = scatter_to(self.client, key, tables)
+            if self._whole_digest is None or self._whole_digest[0] is not tables:
+                self._whole_digest = (tables, table_digest(tables))
+            self._digest = self._whole_digest[1]
             return
         self.tables_part = scatter_to(self.client, f"respattn-shard-table-part-{attempt}-{self.run_id}",
                                       self.sharding.tables())  # fmt: skip
@@ -293,11 +304,31 @@ class ShardedRun:
     def _tables_from_source(self, key: str) -> None:
         """The tables made whole from the common file of :attr:`source` (its fixed arrays read again, on a worker):
         after lost work, and again when the checkpoint they were read from is pruned (so that Dask can make them
-        again for a replacement worker). Each worker fetches them once per making, not per iteration."""
+        again for a replacement worker). A worker that kept them finds them by their digest: they are the same
+        bytes, and are not fetched again."""
         assert self.sharding is not None and self.source is not None
         common = self.client.submit(worker_tasks.load_part_task, self.source, key=f"{key}-read", pure=False)
-        self.tables = self.client.submit(self.sharding.tables_from, self.tables_part, common, key=key, pure=False)
+        self._made(self.client.submit(self.sharding.tables_from, self.tables_part, common, key=key, pure=False))
         self.tables_rebuilt, self.tables_source = True, self.source
+
+    def _made(self, tables: distributed.Future) -> None:
+        """:attr:`tables` made on a worker: their digest computed there too (the driver never holds them)."""
+        self.tables = tables
+        self._digest = self.client.submit(table_digest, tables, key=f"{tables.key}-digest", pure=False)
+
+    def table_ref(self) -> TableRef:
+        """The reference to the fit's tables the tasks get (:mod:`~dist_respattn.engine.held_tables`): each worker
+        resolves it once, and keeps the tables to the fit's end. Tables lost with every worker holding them (sent,
+        not made) are sent again first."""
+        if self.tables is None or self.tables.status in ("lost", "cancelled", "error"):
+            self._send_tables()
+        assert self.tables is not None and self._digest is not None
+        if self._ref is None or self._ref.key != self.tables.key:
+            if isinstance(self._digest, distributed.Future):
+                self._digest = cast("tuple[str, int]", self._digest.result())
+            digest, size = self._digest
+            self._ref = TableRef(str(self.tables.key), self.run_id, digest, size)
+        return self._ref
 
     def owners(self) -> list[str]:
         """The owner of each part (the common part's first, then each shard's): the workers alive, in address
@@ -371,10 +402,10 @@ class ShardedRun:
                 self._use(sharding)
                 self.whole_tables = False
                 self._send_tables()
-                self.tables = self.client.submit(
+                self._made(self.client.submit(
                     begin.tables, sharding, self.tables_part, roots[1:], key=self._key("shard-tables", "0"),
                     **self._on(owners[0]),
-                )  # fmt: skip
+                ))  # fmt: skip
                 common = self.client.submit(
                     start_common_m_step, begin, sharding, roots[0], key=self._key("mstep-common", "0"),
                     **self._on(owners[0]),
@@ -386,7 +417,7 @@ class ShardedRun:
                         sharding,
                         k,
                         roots[k + 1],
-                        self.tables,
+                        self.table_ref(),
                         key=self._key(f"mstep-shard{k}", "0"),
                         **self._on(owners[k + 1]),
                     )
@@ -455,8 +486,8 @@ class ShardedRun:
                         train.location, part, trainer, argument(), passes.fingerprint, passes.train_rows,
                         passes.train_map,
                     ),
-                    sharding=sharding, tables=self.tables, owners=self.owners, description=f"iteration {iteration}",
-                    before_attempt=before_attempt, plan=plan,
+                    sharding=sharding, tables=self.table_ref(), owners=self.owners,
+                    description=f"iteration {iteration}", before_attempt=before_attempt, plan=plan,
                 )  # fmt: skip
                 owners = self.owners()
                 previous_head, previous_meta = previous()
@@ -466,10 +497,11 @@ class ShardedRun:
                 )  # fmt: skip
                 shards = [
                     self.client.submit(
-                        sharding.shard_m_step,
+                        worker_tasks.shard_m_step_task,
+                        sharding,
                         k,
                         roots[k + 1],
-                        self.tables,
+                        self.table_ref(),
                         key=self._key(f"mstep-shard{k}", label),
                         **self._on(owners[k + 1]),
                     )
@@ -486,14 +518,15 @@ class ShardedRun:
     def head_argument(self, head: RemoteHead) -> tuple[Any, ...]:
         """The task argument a pass reads ``head`` by: made from its parts on each worker, once."""
         assert self.sharding is not None
-        parts = (head.meta, head.common, head.shards, self.tables)
+        parts = (head.meta, head.common, head.shards, self.table_ref())
         return (BUILD, f"head-{head.common.key}", self.sharding.head, parts)
 
     def grid(self, points: Any, stats: ShardedStatistics) -> RemoteGrid:
         """The held-out grid at ``points``, made from the M-step's parts where it is scored."""
         assert self.sharding is not None
         key = f"grid-{stats.common.key}-{next(self._count)}"
-        return RemoteGrid(points, (BUILD, key, self.sharding.grid, (points, stats.common, stats.shards, self.tables)))
+        parts = (points, stats.common, stats.shards, self.table_ref())
+        return RemoteGrid(points, (BUILD, key, self.sharding.grid, parts))
 
     def head(self, choice: Choice, stats: ShardedStatistics) -> RemoteHead:
         """The head under ``choice``: its parts made by the owners (its shards' rows of the emission...)."""
@@ -503,16 +536,17 @@ class ShardedRun:
             try:
                 owners = self.owners()
                 common = self.client.submit(
-                    sharding.common_arrays, choice, stats.common, self.tables,
+                    worker_tasks.common_arrays_task, sharding, choice, stats.common, self.table_ref(),
                     key=self._key("head-common", "m"), **self._on(owners[0]),
                 )  # fmt: skip
                 shards = [
                     self.client.submit(
-                        sharding.shard_arrays,
+                        worker_tasks.shard_arrays_task,
+                        sharding,
                         k,
                         choice,
                         stats.shards[k],
-                        self.tables,
+                        self.table_ref(),
                         key=self._key(f"head-shard{k}", "m"),
                         **self._on(owners[k + 1]),
                     )
@@ -596,6 +630,7 @@ class ShardedRun:
 
     def release(self) -> None:
         self.tables = self.tables_part = self.source = None
+        self._digest = self._ref = self._whole_digest = None
 
 
 def _part_files(n_shards: int) -> list[str]:
@@ -609,5 +644,5 @@ def start_common_m_step(begin: ShardedStart, sharding: ShardedMStep, common: Any
 
 
 def start_shard_m_step(begin: ShardedStart, sharding: ShardedMStep, index: int, shard: Any, tables: Any) -> Any:
-    """The start's M-step of reduced shard ``index`` (on its owner)."""
-    return sharding.shard_m_step(index, begin.shard_statistics(index, shard), tables)
+    """The start's M-step of reduced shard ``index`` (on its owner); ``tables``: the fit's, by reference."""
+    return sharding.shard_m_step(index, begin.shard_statistics(index, shard), held(tables))

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.baselines.ranking import RankingBaselines
+from dist_respattn.engine.held_tables import held, held_args
 from dist_respattn.engine.payload import opened
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.fitting.holdout import HoldoutRule
@@ -42,6 +43,7 @@ __all__ = [
     "attribute_map",
     "built",
     "combine_values",
+    "common_arrays_task",
     "common_m_step_task",
     "grid_task",
     "load_part_task",
@@ -51,6 +53,8 @@ __all__ = [
     "predict_task",
     "rank_task",
     "score_task",
+    "shard_arrays_task",
+    "shard_m_step_task",
     "statistics_task",
     "write_part_task",
 ]
@@ -313,12 +317,18 @@ _BUILT_KEPT = 2
 
 def built(value: Any) -> Any:
     """A task's argument as it is used: ``(BUILD, key, function, args)`` is ``function(*args)`` (its args the parts
-    of a head or a grid, which Dask brought to this worker from the workers holding them), made once per worker
-    and ``key`` and shared by the worker's tasks; a shared payload opened
+    of a head or a grid, which Dask brought to this worker from the workers holding them, and the fit's tables by
+    reference: :func:`~dist_respattn.engine.held_tables.held`), made once per worker and ``key`` and shared by the
+    worker's tasks; a shared payload opened
     (:func:`~dist_respattn.engine.payload.opened`); anything else as it is."""
     if not (isinstance(value, tuple) and len(value) == 4 and value[0] == BUILD):
         return opened(value)
     _, key, function, args = value
+    with _BUILT_LOCK:
+        if key in _BUILT:
+            _BUILT.move_to_end(key)
+            return _BUILT[key]
+    args = held_args(args)  # the fit's tables, by reference (outside the lock: a fetch waits seceded)
     with _BUILT_LOCK:
         if key in _BUILT:
             _BUILT.move_to_end(key)
@@ -334,6 +344,21 @@ def common_m_step_task(sharding: Any, common: Any, previous: Any, previous_meta:
     """A sharded M-step's common part (on its owner): ``previous`` is the E-step's head as a task read it (a shared
     payload, or its common part's arrays)."""
     return sharding.common_m_step(common, built(previous), previous_meta)
+
+
+def shard_m_step_task(sharding: Any, index: int, shard: Any, tables: Any) -> Any:
+    """A sharded M-step's shard ``index`` (on its owner); ``tables``: the fit's, by reference."""
+    return sharding.shard_m_step(index, shard, held(tables))
+
+
+def common_arrays_task(sharding: Any, choice: Any, common_part: Any, tables: Any) -> Any:
+    """A head's common part under ``choice`` (on its owner); ``tables``: the fit's, by reference."""
+    return sharding.common_arrays(choice, common_part, held(tables))
+
+
+def shard_arrays_task(sharding: Any, index: int, choice: Any, shard_part: Any, tables: Any) -> Any:
+    """A head's shard ``index`` under ``choice`` (on its owner); ``tables``: the fit's, by reference."""
+    return sharding.shard_arrays(index, choice, shard_part, held(tables))
 
 
 def write_part_task(path: str, arrays: dict[str, np.ndarray]) -> int:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import dask
 import distributed
 import numpy as np
 import pytest
@@ -620,3 +621,59 @@ def test_the_head_s_parts_read_each_iteration_leave_the_support_out(small_store,
     assert all(key.startswith("respattn-shard-tables") for key, _ in got), got
     same_head(result.model, references["sparse"].model)
     same_history(result, references["sparse"])
+
+
+def _fixed_table(key: str) -> bool:
+    """Whether ``key`` is a table fixed for a fit (the driver's sparse support, the sharded M-step's tables or their
+    driver's part), not a task reading or digesting one."""
+    words = key.split("-")
+    return key.startswith(("respattn-table-", "respattn-shard-table")) and words[-1] not in ("read", "digest")
+
+
+class TableServes(distributed.WorkerPlugin):
+    """Records, on each worker, every fixed table of a fit it sends to another process (its key, its pickle's bytes,
+    the peer): the transfers Dask makes to a worker whose task needs it and the fetches of a task alike go through the
+    worker's ``get_data``."""
+
+    name = "table-serves"
+
+    def setup(self, worker: Any) -> None:
+        worker.table_serves = []
+        original = worker.handlers["get_data"]
+
+        async def get_data(comm: Any, keys: Any, who: Any = None, serializers: Any = None) -> Any:
+            for key in keys:
+                if _fixed_table(str(key)) and key in worker.data:
+                    size = len(pickle.dumps(worker.data[key], protocol=5))
+                    worker.table_serves.append((str(key), size, str(comm.peer_address)))
+            return await original(comm, keys=keys, who=who, serializers=serializers)
+
+        worker.handlers["get_data"] = get_data
+
+
+@pytest.mark.slow
+def test_the_fit_s_tables_reach_each_worker_once(long_store, tmp_path):
+    """A sparse fit of 3 iterations on 2 workers, its M-step on the driver and in 2 shards, under a memory manager
+    that drops the spare copies of every value no task waits for every 20 ms (Dask's default: 2 s): every table fixed
+    for the fit goes from one worker to another at most once (each worker fetched them again for each pass before);
+    the fits are the same to the bit."""
+    serves: dict[int, list[tuple[str, int, str]]] = {}
+    results = {}
+    with (
+        dask.config.set({"distributed.scheduler.active-memory-manager.interval": "20ms"}),
+        local_cluster(2) as (_, client),
+    ):
+        client.register_plugin(TableServes())
+        for shards in (0, 2):
+            settings = dataclasses.replace(SETTINGS, emission_layout="sparse", m_step_shards=shards)
+            results[shards] = fit(long_store, model_dir=tmp_path / f"model-{shards}", client=client, settings=settings)
+            got = client.run(lambda dask_worker: list(dask_worker.table_serves))
+            client.run(lambda dask_worker: dask_worker.table_serves.clear())
+            serves[shards] = [serve for values in got.values() for serve in values]
+    for shards, served in serves.items():
+        assert served, serves  # the meter sees the transfers it counts: one worker lacks the tables at first
+        keys = [key for key, _, _ in served]
+        assert all(keys.count(key) == 1 for key in keys), (shards, served)  # 2 workers: one fetch at most
+        assert len(set(keys)) <= 2, (shards, served)  # the tables (and a sharded start's driver's part), made once
+    same_head(results[2].model, results[0].model)
+    same_history(results[2], results[0])
