@@ -1,20 +1,22 @@
 """One E-step task of the 109M-token fit, in this process, part by part: where a task's time goes beside the kernel's.
 
 Loads the single head of a fitted model directory (its keys, sparse emission and prior; a tied prior is untied, its
-per-position prior kept, so the free-prior kernel the default fit runs is the one timed) and one partition of its
-training store, then times, on that partition's training rows (the fit's hold-out applied as the task applies it):
+per-position prior kept, and its support widened to every pair of the partition at the probability the backoff gave
+it, so the free-prior kernel the default fit runs is the one timed) and one partition of its training store, then
+times, on that partition's training rows (the fit's hold-out applied as the task applies it), two ways of reading
+them side by side, interleaved: encoded rows (each row's N ids and its (D,) query copied into (n, N) and (n, D)
+arrays) and token windows (the rows where they lie in the stream, each query read from the embedding table by id):
 
 - ``read``: the token chunks read and decompressed (zarr), and their ids checked;
-- ``windows``: the rows made from the tokens, as the E-step reads them;
+- ``windows``: the rows made from the tokens (``read+windows+weights`` less the other two);
 - ``weights``: the hold-out's training weights of each block;
-- ``stats``: the empty statistics (zeroed arrays over the support) and the value handed over;
-- ``kernel``: the E-step kernel alone on rows already made (``bench_scale.py``'s bare kernel);
-- ``serialise``: the value as Dask sends it to the worker that combines it (``distributed.protocol.serialize``);
+- ``kernel``: the trainer's E-step on rows already made (the empty statistics, the kernel, the value handed over);
 - ``task``: :func:`~dist_respattn.engine.worker_tasks.statistics_task` whole, as a worker runs it (the store
-  opened and checked before and after included).
+  opened and checked before and after included), and ``rest of the task``: what it spends beyond the parts above.
 
-Every part is timed ``--repeat`` times, in CPU seconds of this thread; the best of each is printed, in ns a row.
-Nothing is written anywhere. Run::
+The process keeps freed blocks for the next as a worker does. Every part is timed ``--repeat`` times, in CPU seconds
+of this process (zarr decodes on threads of its own); the best of each is printed, with ns a row, and whether the two
+ways gave the same statistics to the bit. Nothing is written anywhere. Run::
 
     python benchmarks/profile_estep.py --model /work/cache/scale/recipe109/model/single \\
         --store /work/cache/scale/recipe109/train.zarr --partition 3 --repeat 5
@@ -76,7 +78,7 @@ def profile(model_dir: str, store_url: str, part: int, repeat: int) -> dict[str,
     import distributed.protocol
 
     from dist_respattn.engine import load_checkpoint
-    from dist_respattn.engine.worker_tasks import RowSelection, partition_blocks, statistics_task
+    from dist_respattn.engine.worker_tasks import RowSelection, _keep_freed_blocks, partition_blocks, statistics_task
     from dist_respattn.model.fitting.holdout import HoldoutRule
     from dist_respattn.model.heads.base import Columns
     from dist_respattn.model.heads.single_hop.estimator import ResponsibilityAttentionEstimator
@@ -91,6 +93,7 @@ def profile(model_dir: str, store_url: str, part: int, repeat: int) -> dict[str,
         def columns(self) -> Columns:
             return Columns()
 
+    _keep_freed_blocks()  # as a worker does: one block's arrays reused by the next, not mapped afresh
     checkpoint = load_checkpoint(model_dir, "latest")
     rule = HoldoutRule.from_json(checkpoint.meta["holdout"])
     selection = RowSelection(rule, "train")

@@ -33,6 +33,7 @@ __all__ = [
     "keep_row",
     "row_log_weights",
     "row_log_weights_at",
+    "span_log_weights",
     "squared_distance",
     "squared_distance_at",
 ]
@@ -87,6 +88,20 @@ def row_log_weights(context, row, y, key_means, log_prior, inv_two_sigma2, out, 
         distance = squared_distance(y, key_means, context[row, i]) * inv_two_sigma2
         if with_gate:
             gate[i] = log_prior[i] - distance
+        li = log_prior[i] + out[i] - distance
+        out[i] = li
+        best = max(best, li)
+    return best
+
+
+# Inlined into its caller: a call would pass every array as a dozen fields on the stack, once a row.
+@numba.njit(cache=True, nogil=True, inline="always")
+def span_log_weights(tokens, base, y, key_means, log_prior, inv_two_sigma2, out):  # pragma: no cover - compiled
+    """:func:`row_log_weights` without a gate, of the row whose N symbols are ``tokens[base : base + N]`` (a token
+    window where it lies, or a row of an (n, N) context array seen as one token array): the same expression."""
+    best = -np.inf
+    for i in range(log_prior.shape[0]):
+        distance = squared_distance(y, key_means, tokens[base + i]) * inv_two_sigma2
         li = log_prior[i] + out[i] - distance
         out[i] = li
         best = max(best, li)

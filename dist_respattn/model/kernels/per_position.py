@@ -34,6 +34,7 @@ from dist_respattn.model.kernels.log_weights import (
     exp_shifted_into,
     row_log_weights,
     row_log_weights_at,
+    span_log_weights,
 )
 from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
 from dist_respattn.model.rows import WindowArrays
@@ -352,35 +353,31 @@ def prefetch_row(array, row):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _row_start(begin, row, n_pos):  # pragma: no cover - compiled
-    """Where row ``row``'s N symbols start in the token array: ``begin[row]``, or ``row N`` when ``begin`` is empty
-    (the tokens are then an (n, N) context array's, row after row)."""
-    return begin[row] if begin.shape[0] > 0 else row * n_pos
+def _row_start(begin, k, row, n_pos):  # pragma: no cover - compiled
+    """Where the symbols of row ``row``, visited ``k``-th, start in the token array: ``begin[k]``, or ``row N`` when
+    ``begin`` is ``None`` (the tokens are then an (n, N) context array's, row after row)."""
+    if begin is None:
+        return row * n_pos
+    return begin[k]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _query_row(query_index, row):  # pragma: no cover - compiled
-    """The row of the query table holding row ``row``'s query: ``query_index[row]``, or ``row`` when
-    ``query_index`` is empty (the table is then an (n, D) query array)."""
-    return query_index[row] if query_index.shape[0] > 0 else row
+def _query_row(query_index, k, row):  # pragma: no cover - compiled
+    """The row of the query table holding the query of row ``row``, visited ``k``-th: ``query_index[k]``, or ``row``
+    when ``query_index`` is ``None`` (the table is then an (n, D) query array)."""
+    if query_index is None:
+        return row
+    return query_index[k]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _prefetch_indices(begin, query_index, row):  # pragma: no cover - compiled
-    """Prefetch row ``row``'s window start and query row (nothing when they are implied by the row number)."""
-    if begin.shape[0] > 0:
-        prefetch_element(begin, row)
-    if query_index.shape[0] > 0:
-        prefetch_element(query_index, row)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _prefetch_window(tokens, begin, query_table, query_index, row, n_pos):  # pragma: no cover - compiled
-    """Prefetch row ``row``'s N symbols and its query row (every cache line of them: they need not start on one)."""
-    base = _row_start(begin, row, n_pos)
+def _prefetch_window(tokens, begin, query_table, query_index, k, row, n_pos):  # pragma: no cover - compiled
+    """Prefetch the N symbols and the query row of row ``row``, visited ``k``-th (every cache line of them: they need
+    not start on one)."""
+    base = _row_start(begin, k, row, n_pos)
     prefetch_element(tokens, base)
     prefetch_element(tokens, base + n_pos - 1)
-    prefetch_row(query_table, _query_row(query_index, row))
+    prefetch_row(query_table, _query_row(query_index, k, row))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -498,15 +495,11 @@ def _estep_numba(
                 if stream_at == n_sym:  # a row need not start on a line: its last one too
                     prefetch_item(log_emission_ts, t_next, n_sym - 1)
                     prefetch_item(emission_count_ts, t_next, n_sym - 1)
-            farthest = k + 3 * _PREFETCH_ROWS
-            if farthest < n:
-                # Rows are visited out of order: fetch a later row's window start and query row first...
-                _prefetch_indices(begin, query_index, order[farthest])
             far = k + 2 * _PREFETCH_ROWS
             if far < n:
-                # ...then its context, query and target...
+                # Rows are visited out of order: fetch a later row's context, query and target first...
                 row_far = order[far]
-                _prefetch_window(tokens, begin, query_table, query_index, row_far, n_pos)
+                _prefetch_window(tokens, begin, query_table, query_index, far, row_far, n_pos)
                 prefetch_element(target, row_far)
             ahead = k + _PREFETCH_ROWS
             if ahead < n and not (group_streamed if ahead < group_end else next_streamed and ahead < next_end):
@@ -514,24 +507,25 @@ def _estep_numba(
                 # over a (T, S) table far larger than cache, so the misses overlap with this row's work.
                 row_ahead = order[ahead]
                 t_ahead = target[row_ahead]
-                base_ahead = _row_start(begin, row_ahead, n_pos)
+                base_ahead = _row_start(begin, ahead, row_ahead, n_pos)
                 for i in range(n_pos):
                     prefetch_item(log_emission_ts, t_ahead, tokens[base_ahead + i])
                     prefetch_item(emission_count_ts, t_ahead, tokens[base_ahead + i])
+            visited = k
             k += 1
             w = weights[row] if weights.shape[0] > 0 else 1.0
             if w == 0.0:
                 # A zero-weight row contributes nothing, even when the model cannot explain it.
                 continue
             yy = 0.0
-            q = _query_row(query_index, row)
+            q = _query_row(query_index, visited, row)
             for d in range(dim):
                 v = np.float64(query_table[q, d])
                 ys[m, d] = v
                 yy += v * v
             tn = np.uint64(target[row])
             at = m * n_pos
-            base = _row_start(begin, row, n_pos)
+            base = _row_start(begin, visited, row, n_pos)
             for i in range(n_pos):
                 sym[at + i] = np.uint64(tokens[base + i])
             # Issue the N emission loads together, before the arithmetic, so their cache misses overlap.
@@ -724,15 +718,12 @@ def _estep_sparse_numba(
     n = target.shape[0]
     n_pos = log_prior.shape[0]
     dim = query_table.shape[1]
-    # The row's symbols, as a (1, N) context for the log-weights (a copy in the core's own cache).
-    ctx = np.empty((1, n_pos), dtype=tokens.dtype)
     logw = np.empty(n_pos)
     resp = np.empty(n_pos)
     bits = np.empty(n_pos, dtype=np.int64)
     pair = np.empty(n_pos, dtype=np.int64)
     y = np.empty(dim)
     # Views made once, not a row or a group at a time (each costs atomic reference counts in the loop).
-    no_gate = logw[:0]
     scale_bits = bits.view(np.float64)
     slot_table = slot.reshape(1, slot.shape[0])
     n_impossible = 0
@@ -783,22 +774,19 @@ def _estep_sparse_numba(
                 slot[symbols[j]] = j
         for kk in range(k, group_end):
             row = order[kk]
-            farthest = kk + 3 * _SPARSE_PREFETCH_ROWS
-            if farthest < n:
-                _prefetch_indices(begin, query_index, order[farthest])
             far = kk + 2 * _SPARSE_PREFETCH_ROWS
             if far < n:
-                _prefetch_window(tokens, begin, query_table, query_index, order[far], n_pos)
+                _prefetch_window(tokens, begin, query_table, query_index, far, order[far], n_pos)
             ahead = kk + _SPARSE_PREFETCH_ROWS
             if prefetch_keys and ahead < n:
-                base_ahead = _row_start(begin, order[ahead], n_pos)
+                base_ahead = _row_start(begin, ahead, order[ahead], n_pos)
                 for i in range(n_pos):
                     prefetch_row(key_means, tokens[base_ahead + i])
                     prefetch_row(key_sum, tokens[base_ahead + i])
             if use_map and ahead < group_end:
                 # ...and, as the dense kernel does, the values and counts of a later row of the group: its
                 # context has arrived by now, and its pairs' cells are spread over the target's P / T pairs.
-                base_ahead = _row_start(begin, order[ahead], n_pos)
+                base_ahead = _row_start(begin, ahead, order[ahead], n_pos)
                 for i in range(n_pos):
                     p_ahead = max(table[table_row, tokens[base_ahead + i]], 0)  # -1: outside the support
                     prefetch_element(log_values, p_ahead)
@@ -807,10 +795,9 @@ def _estep_sparse_numba(
             if w == 0.0:
                 continue
             outside = False
-            base = _row_start(begin, row, n_pos)
+            base = _row_start(begin, kk, row, n_pos)
             for i in range(n_pos):
                 c = tokens[base + i]
-                ctx[0, i] = c
                 p = table[table_row, c] if use_map else find_pair(indptr, symbols, tn, c)
                 pair[i] = p
                 if p < 0:
@@ -819,14 +806,14 @@ def _estep_sparse_numba(
                 n_outside += 1
                 continue
             yy = 0.0
-            q = _query_row(query_index, row)
+            q = _query_row(query_index, kk, row)
             for d in range(dim):
                 v = np.float64(query_table[q, d])
                 y[d] = v
                 yy += v * v
             for i in range(n_pos):
                 logw[i] = log_values[pair[i]]
-            best = row_log_weights(ctx, 0, y, key_means, log_prior, inv_two_sigma2, logw, no_gate)
+            best = span_log_weights(tokens, base, y, key_means, log_prior, inv_two_sigma2, logw)
             if best == -np.inf:
                 if n_impossible < impossible.shape[0]:
                     impossible[n_impossible] = row
@@ -837,7 +824,7 @@ def _estep_sparse_numba(
             for i in range(n_pos):
                 r = resp[i] * scale
                 resp[i] = r
-                c = ctx[0, i]
+                c = tokens[base + i]
                 pair_counts[pair[i]] += r
                 key_mass[c] += r
                 position_count[i] += r
@@ -845,9 +832,9 @@ def _estep_sparse_numba(
             i = 0
             while i + 1 < n_pos:
                 r0 = resp[i]
-                c0 = ctx[0, i]
+                c0 = tokens[base + i]
                 r1 = resp[i + 1]
-                c1 = ctx[0, i + 1]
+                c1 = tokens[base + i + 1]
                 for d in range(dim):
                     yd = y[d]
                     key_sum[c0, d] += r0 * yd
@@ -855,7 +842,7 @@ def _estep_sparse_numba(
                 i += 2
             if i < n_pos:
                 r0 = resp[i]
-                c0 = ctx[0, i]
+                c0 = tokens[base + i]
                 for d in range(dim):
                     key_sum[c0, d] += r0 * y[d]
             query_sq += w * yy
@@ -966,7 +953,7 @@ def _scatter_numpy(
 _NO_WEIGHTS = np.zeros(0)
 
 #: An empty index: the kernels' rows are then an (n, N) context and an (n, D) query array, row ``r`` at row ``r``.
-_NO_INDEX = np.zeros(0, dtype=np.int64)
+_NO_INDEX = None
 
 
 def _kernel_weights(weights: np.ndarray | None) -> np.ndarray:
@@ -1079,7 +1066,7 @@ def _accumulate_sparse_rows(
         order = target_order(target[start:stop], params.num_targets)
         found = np.empty(stop - start, dtype=np.int64)
         n_found, outside = _estep_sparse_numba(  # type: ignore[call-arg]
-            *rows_of(start, stop),
+            *_in_order(rows_of(start, stop), order),
             target[start:stop],
             kernel_weights[start:stop] if kernel_weights.shape[0] else kernel_weights,
             params.key_means,
@@ -1113,10 +1100,19 @@ def _accumulate_sparse_rows(
         raise ImpossibleEvidenceError(_impossible_rows_message(np.asarray(impossible), n_impossible))
 
 
+def _in_order(rows: tuple[Any, ...], order: np.ndarray) -> tuple[Any, ...]:
+    """A block's ``(tokens, begin, query_table, query_index)`` with its window starts and query rows in the kernel's
+    visiting ``order`` (the kernel then reads them one after the other, not scattered); encoded rows as they are."""
+    tokens, begin, query_table, query_index = rows
+    if begin is None:
+        return rows
+    return tokens, begin[order], query_table, query_index[order]
+
+
 def _encoded_blocks(context: np.ndarray, query: np.ndarray) -> Any:
     """``rows_of(start, stop)`` of encoded rows: block ``[start, stop)``'s ``(tokens, begin, query_table,
     query_index)`` as the compiled E-steps take them (its (n, N) contexts as one token array, its (n, D) queries)."""
-    return lambda start, stop: (context[start:stop].reshape(-1), _NO_INDEX, query[start:stop], _NO_INDEX)
+    return lambda start, stop: (context[start:stop].reshape(-1), None, query[start:stop], None)
 
 
 def _window_blocks(rows: WindowArrays) -> Any:
@@ -1152,7 +1148,7 @@ def _accumulate_dense_rows(
         # lists the first ones in row order.
         found = np.empty(stop - start, dtype=np.int64)
         n_found = _estep_numba(  # type: ignore[call-arg]
-            *rows_of(start, stop),
+            *_in_order(rows_of(start, stop), order),
             target[start:stop],
             kernel_weights[start:stop] if kernel_weights.shape[0] else kernel_weights,
             params.key_means,
