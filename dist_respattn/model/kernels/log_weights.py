@@ -11,7 +11,8 @@ predictive gate, the target unseen, is the same expression with ``log B[c_i, t] 
 Two implementations of that one expression, beside each other and held equal by
 ``tests/model/test_log_weights.py``: :func:`row_log_weights`, compiled, one row at a time, called by every
 compiled kernel (the E-steps, the row log-likelihoods, held-out scoring, top-K prediction; the dense E-step
-through :func:`row_log_weights_at`, the same loop on a row of its batch's scratch arrays), and
+through :func:`row_log_weights_at`, the same loop on a row of its batch's scratch arrays, the sparse E-step through
+:func:`span_log_weights`, the same loop on a row's span of a token array), and
 :func:`block_log_weights`, vectorized NumPy over a block, called by the NumPy backend and the
 distribution's attention. Both compute ``(log pi_i + log B) - d_i / (2 sigma2)`` in that order.
 """
