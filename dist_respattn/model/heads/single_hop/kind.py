@@ -358,9 +358,10 @@ class SingleHopTrainer(Trainer):
 
     @property
     def columns(self) -> Columns:
-        """The E-step reads token windows: a tied prior's histogram kernel, or a free prior's kernel reading a token
-        stream's rows where they lie and each query from its embedding table by id (no (n, D) copy a block)."""
-        return Columns(windows=True)
+        """The E-step reads token windows: a tied prior's histogram kernel, or a free prior's compiled kernel reading a
+        token stream's rows where they lie and each query from its embedding table by id (no (n, D) copy a block);
+        the NumPy backend reads encoded rows."""
+        return Columns(windows=self.buckets is not None or self.factory.backend == "numba")
 
     @property
     def start_columns(self) -> Columns:
