@@ -18,7 +18,7 @@ from dist_respattn.model.emission.layouts import DenseEmission, SparseEmission
 from dist_respattn.model.heads.single_hop.scoring import score_rows
 from dist_respattn.model.heads.single_hop.top_k import predict_top_k
 from dist_respattn.model.kernels import per_position
-from dist_respattn.model.kernels.log_weights import block_log_weights, row_log_weights
+from dist_respattn.model.kernels.log_weights import block_log_weights, row_log_weights, span_log_weights
 from tests.model.emission_layouts import support_of
 
 # (S, N, D, T): ordinary, S < N (repeated symbols in a context), N = 1.
@@ -143,3 +143,35 @@ def test_every_path_gives_the_same_responsibilities_attention_and_log_likelihood
                 )
             else:
                 assert totals.log_lik == 0.0 and totals.weight == 0.0, f"scored row {row} of weight 0 counted"
+
+
+@numba.njit(cache=True)
+def _span_rows(tokens, begin, query, log_emission, key_means, log_prior, inv_two_sigma2, out):
+    y = np.empty(query.shape[1])
+    for row in range(begin.shape[0]):
+        for d in range(query.shape[1]):
+            y[d] = query[row, d]
+        out[row] = log_emission[row]
+        span_log_weights(tokens, begin[row], y, key_means, log_prior, inv_two_sigma2, out[row])
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "S{}-N{}-D{}-T{}".format(*s))
+def test_a_span_of_tokens_gives_the_rows_log_weights_to_the_bit(shape):
+    """The sparse E-step's log-weights of a row read where it lies in a token array: row_log_weights' numbers."""
+    rows, _, model, _ = heads(shape, seed=11)
+    context, query, _ = rows
+    n, n_pos = context.shape
+    rng = np.random.default_rng(5)
+    log_emission = np.log(rng.uniform(0.01, 1.0, size=(n, n_pos)))
+    # The rows' windows at scattered places of one token array, other tokens between them.
+    begin = np.arange(n, dtype=np.int64) * (n_pos + 3) + 2
+    tokens = rng.integers(0, shape[0], size=int(begin[-1]) + n_pos + 5).astype(np.int32)
+    for r in range(n):
+        tokens[begin[r] : begin[r] + n_pos] = context[r]
+    params = model.kernel_parameters
+    want, got = np.empty((n, n_pos)), np.empty((n, n_pos))
+    gate = np.empty((n, n_pos))
+    y = np.ascontiguousarray(query, dtype=np.float64)
+    _compiled_rows(context, y, log_emission, params.key_means, params.log_prior, params.inv_two_sigma2, want, gate)
+    _span_rows(tokens, begin, y, log_emission, params.key_means, params.log_prior, params.inv_two_sigma2, got)
+    assert np.array_equal(want, got)

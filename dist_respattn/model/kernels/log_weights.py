@@ -11,7 +11,8 @@ predictive gate, the target unseen, is the same expression with ``log B[c_i, t] 
 Two implementations of that one expression, beside each other and held equal by
 ``tests/model/test_log_weights.py``: :func:`row_log_weights`, compiled, one row at a time, called by every
 compiled kernel (the E-steps, the row log-likelihoods, held-out scoring, top-K prediction; the dense E-step
-through :func:`row_log_weights_at`, the same loop on a row of its batch's scratch arrays), and
+through :func:`row_log_weights_at`, the same loop on a row of its batch's scratch arrays, the sparse E-step through
+:func:`span_log_weights`, the same loop on a row's span of a token array), and
 :func:`block_log_weights`, vectorized NumPy over a block, called by the NumPy backend and the
 distribution's attention. Both compute ``(log pi_i + log B) - d_i / (2 sigma2)`` in that order.
 """
@@ -33,6 +34,7 @@ __all__ = [
     "keep_row",
     "row_log_weights",
     "row_log_weights_at",
+    "span_log_weights",
     "squared_distance",
     "squared_distance_at",
 ]
@@ -87,6 +89,20 @@ def row_log_weights(context, row, y, key_means, log_prior, inv_two_sigma2, out, 
         distance = squared_distance(y, key_means, context[row, i]) * inv_two_sigma2
         if with_gate:
             gate[i] = log_prior[i] - distance
+        li = log_prior[i] + out[i] - distance
+        out[i] = li
+        best = max(best, li)
+    return best
+
+
+# Inlined into its caller: a call would pass every array as a dozen fields on the stack, once a row.
+@numba.njit(cache=True, nogil=True, inline="always")
+def span_log_weights(tokens, base, y, key_means, log_prior, inv_two_sigma2, out):  # pragma: no cover - compiled
+    """:func:`row_log_weights` without a gate, of the row whose N symbols are ``tokens[base : base + N]`` (a token
+    window where it lies, or a row of an (n, N) context array seen as one token array): the same expression."""
+    best = -np.inf
+    for i in range(log_prior.shape[0]):
+        distance = squared_distance(y, key_means, tokens[base + i]) * inv_two_sigma2
         li = log_prior[i] + out[i] - distance
         out[i] = li
         best = max(best, li)

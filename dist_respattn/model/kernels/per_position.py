@@ -34,8 +34,10 @@ from dist_respattn.model.kernels.log_weights import (
     exp_shifted_into,
     row_log_weights,
     row_log_weights_at,
+    span_log_weights,
 )
 from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
+from dist_respattn.model.rows import WindowArrays
 
 __all__ = [
     "DEFAULT_BLOCK_ROWS",
@@ -43,6 +45,7 @@ __all__ = [
     "SparseKernelParameters",
     "StatisticArrays",
     "accumulate_estep",
+    "accumulate_estep_windows",
     "accumulate_responsibilities",
     "block_ranges",
     "direct_pair_rows",
@@ -349,6 +352,34 @@ def prefetch_row(array, row):  # pragma: no cover - compiled
     prefetch_item(array, row, array.shape[1] - 1)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _row_start(begin, k, row, n_pos):  # pragma: no cover - compiled
+    """Where the symbols of row ``row``, visited ``k``-th, start in the token array: ``begin[k]``, or ``row N`` when
+    ``begin`` is ``None`` (the tokens are then an (n, N) context array's, row after row)."""
+    if begin is None:
+        return row * n_pos
+    return begin[k]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _query_row(query_index, k, row):  # pragma: no cover - compiled
+    """The row of the query table holding the query of row ``row``, visited ``k``-th: ``query_index[k]``, or ``row``
+    when ``query_index`` is ``None`` (the table is then an (n, D) query array)."""
+    if query_index is None:
+        return row
+    return query_index[k]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _prefetch_window(tokens, begin, query_table, query_index, k, row, n_pos):  # pragma: no cover - compiled
+    """Prefetch the N symbols and the query row of row ``row``, visited ``k``-th (every cache line of them: they need
+    not start on one)."""
+    base = _row_start(begin, k, row, n_pos)
+    prefetch_element(tokens, base)
+    prefetch_element(tokens, base + n_pos - 1)
+    prefetch_row(query_table, _query_row(query_index, k, row))
+
+
 @numba.njit(cache=True, nogil=True)
 def _group_end(target, order, k):  # pragma: no cover - compiled
     """The end of the group of rows ``order[k], ...`` that share ``order[k]``'s target (rows come grouped)."""
@@ -361,8 +392,10 @@ def _group_end(target, order, k):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def _estep_numba(
-    context,
-    query,
+    tokens,
+    begin,
+    query_table,
+    query_index,
     target,
     weights,
     key_means,
@@ -380,6 +413,11 @@ def _estep_numba(
 ):  # pragma: no cover - compiled
     """Fused E-step and scatter over rows ``order[0], order[1], ...``.
 
+    Row ``r``'s context is ``tokens[s : s + N]`` (``s = begin[r]``, or ``r N`` when ``begin`` is empty: the tokens
+    of an (n, N) context array) and its query row ``query_index[r]`` of ``query_table`` (row ``r`` when
+    ``query_index`` is empty: an (n, D) query array), so a token stream's rows are read where they lie, and
+    their queries from its embedding table, without an (n, N) or (n, D) copy; both give the same numbers.
+
     Rows go through in batches of ``_BATCH_ROWS`` possible, weighted rows: the log-weights of each, then the
     exponentials of the whole batch in one pass, then each row's statistics in visiting order. Every number is
     computed as one row at a time would, and added in the same order, so the statistics do not depend on the
@@ -394,8 +432,9 @@ def _estep_numba(
     Rows with no possible position are skipped; the first ``len(impossible)`` of them are written to
     ``impossible``. Returns how many there were.
     """
-    n, n_pos = context.shape
-    dim = query.shape[1]
+    n = target.shape[0]
+    n_pos = log_prior.shape[0]
+    dim = query_table.shape[1]
     n_sym = log_emission_ts.shape[1]
     lines = (n_sym + 7) // 8  # cache lines of a row of the emission tables (8 float64 a line)
     flat_logw = np.empty(_BATCH_ROWS * n_pos)
@@ -458,11 +497,9 @@ def _estep_numba(
                     prefetch_item(emission_count_ts, t_next, n_sym - 1)
             far = k + 2 * _PREFETCH_ROWS
             if far < n:
-                # Rows are visited out of order: fetch a later row's context, query and target first (every
-                # cache line of them: the rows need not start on one)...
+                # Rows are visited out of order: fetch a later row's context, query and target first...
                 row_far = order[far]
-                prefetch_row(context, row_far)
-                prefetch_row(query, row_far)
+                _prefetch_window(tokens, begin, query_table, query_index, far, row_far, n_pos)
                 prefetch_element(target, row_far)
             ahead = k + _PREFETCH_ROWS
             if ahead < n and not (group_streamed if ahead < group_end else next_streamed and ahead < next_end):
@@ -470,23 +507,27 @@ def _estep_numba(
                 # over a (T, S) table far larger than cache, so the misses overlap with this row's work.
                 row_ahead = order[ahead]
                 t_ahead = target[row_ahead]
+                base_ahead = _row_start(begin, ahead, row_ahead, n_pos)
                 for i in range(n_pos):
-                    prefetch_item(log_emission_ts, t_ahead, context[row_ahead, i])
-                    prefetch_item(emission_count_ts, t_ahead, context[row_ahead, i])
+                    prefetch_item(log_emission_ts, t_ahead, tokens[base_ahead + i])
+                    prefetch_item(emission_count_ts, t_ahead, tokens[base_ahead + i])
+            visited = k
             k += 1
             w = weights[row] if weights.shape[0] > 0 else 1.0
             if w == 0.0:
                 # A zero-weight row contributes nothing, even when the model cannot explain it.
                 continue
             yy = 0.0
+            q = _query_row(query_index, visited, row)
             for d in range(dim):
-                v = np.float64(query[row, d])
+                v = np.float64(query_table[q, d])
                 ys[m, d] = v
                 yy += v * v
             tn = np.uint64(target[row])
             at = m * n_pos
+            base = _row_start(begin, visited, row, n_pos)
             for i in range(n_pos):
-                sym[at + i] = np.uint64(context[row, i])
+                sym[at + i] = np.uint64(tokens[base + i])
             # Issue the N emission loads together, before the arithmetic, so their cache misses overlap.
             for i in range(n_pos):
                 flat_logw[at + i] = log_emission_ts[tn, sym[at + i]]
@@ -636,8 +677,10 @@ def _log_emission_sparse(indptr, symbols, log_values, log_backoff, log_base, t, 
 
 @numba.njit(cache=True, nogil=True)
 def _estep_sparse_numba(
-    context,
-    query,
+    tokens,
+    begin,
+    query_table,
+    query_index,
     target,
     weights,
     key_means,
@@ -659,7 +702,8 @@ def _estep_sparse_numba(
     direct_slots,
     prefetch_keys,
 ):  # pragma: no cover - compiled
-    """Fused E-step and scatter over rows ``order[...]``, which come grouped by target.
+    """Fused E-step and scatter over rows ``order[...]``, which come grouped by target; rows' contexts and queries
+    are read as ``_estep_numba`` reads them (from a token array and a query table, or (n, N) and (n, D) arrays).
 
     ``prefetch_keys`` makes it prefetch the key rows (of ``key_means`` and ``key_sum``) of the symbols of a later
     row: worth it when they outgrow the core's own cache (``_KEY_PREFETCH_BYTES``).
@@ -671,15 +715,15 @@ def _estep_sparse_numba(
     Returns ``(n_impossible, n_outside)``: rows the model cannot explain (the first ones written to
     ``impossible``), and rows holding a pair outside the support (counted, not added: the caller raises).
     """
-    n, n_pos = context.shape
-    dim = query.shape[1]
+    n = target.shape[0]
+    n_pos = log_prior.shape[0]
+    dim = query_table.shape[1]
     logw = np.empty(n_pos)
     resp = np.empty(n_pos)
     bits = np.empty(n_pos, dtype=np.int64)
     pair = np.empty(n_pos, dtype=np.int64)
     y = np.empty(dim)
     # Views made once, not a row or a group at a time (each costs atomic reference counts in the loop).
-    no_gate = logw[:0]
     scale_bits = bits.view(np.float64)
     slot_table = slot.reshape(1, slot.shape[0])
     n_impossible = 0
@@ -732,29 +776,28 @@ def _estep_sparse_numba(
             row = order[kk]
             far = kk + 2 * _SPARSE_PREFETCH_ROWS
             if far < n:
-                row_far = order[far]
-                prefetch_row(context, row_far)
-                prefetch_row(query, row_far)
+                _prefetch_window(tokens, begin, query_table, query_index, far, order[far], n_pos)
             ahead = kk + _SPARSE_PREFETCH_ROWS
             if prefetch_keys and ahead < n:
-                row_ahead = order[ahead]
+                base_ahead = _row_start(begin, ahead, order[ahead], n_pos)
                 for i in range(n_pos):
-                    prefetch_row(key_means, context[row_ahead, i])
-                    prefetch_row(key_sum, context[row_ahead, i])
+                    prefetch_row(key_means, tokens[base_ahead + i])
+                    prefetch_row(key_sum, tokens[base_ahead + i])
             if use_map and ahead < group_end:
                 # ...and, as the dense kernel does, the values and counts of a later row of the group: its
                 # context has arrived by now, and its pairs' cells are spread over the target's P / T pairs.
-                row_ahead = order[ahead]
+                base_ahead = _row_start(begin, ahead, order[ahead], n_pos)
                 for i in range(n_pos):
-                    p_ahead = max(table[table_row, context[row_ahead, i]], 0)  # -1: outside the support
+                    p_ahead = max(table[table_row, tokens[base_ahead + i]], 0)  # -1: outside the support
                     prefetch_element(log_values, p_ahead)
                     prefetch_element(pair_counts, p_ahead)
             w = weights[row] if weights.shape[0] > 0 else 1.0
             if w == 0.0:
                 continue
             outside = False
+            base = _row_start(begin, kk, row, n_pos)
             for i in range(n_pos):
-                c = context[row, i]
+                c = tokens[base + i]
                 p = table[table_row, c] if use_map else find_pair(indptr, symbols, tn, c)
                 pair[i] = p
                 if p < 0:
@@ -763,13 +806,14 @@ def _estep_sparse_numba(
                 n_outside += 1
                 continue
             yy = 0.0
+            q = _query_row(query_index, kk, row)
             for d in range(dim):
-                v = np.float64(query[row, d])
+                v = np.float64(query_table[q, d])
                 y[d] = v
                 yy += v * v
             for i in range(n_pos):
                 logw[i] = log_values[pair[i]]
-            best = row_log_weights(context, row, y, key_means, log_prior, inv_two_sigma2, logw, no_gate)
+            best = span_log_weights(tokens, base, y, key_means, log_prior, inv_two_sigma2, logw)
             if best == -np.inf:
                 if n_impossible < impossible.shape[0]:
                     impossible[n_impossible] = row
@@ -780,7 +824,7 @@ def _estep_sparse_numba(
             for i in range(n_pos):
                 r = resp[i] * scale
                 resp[i] = r
-                c = context[row, i]
+                c = tokens[base + i]
                 pair_counts[pair[i]] += r
                 key_mass[c] += r
                 position_count[i] += r
@@ -788,9 +832,9 @@ def _estep_sparse_numba(
             i = 0
             while i + 1 < n_pos:
                 r0 = resp[i]
-                c0 = context[row, i]
+                c0 = tokens[base + i]
                 r1 = resp[i + 1]
-                c1 = context[row, i + 1]
+                c1 = tokens[base + i + 1]
                 for d in range(dim):
                     yd = y[d]
                     key_sum[c0, d] += r0 * yd
@@ -798,7 +842,7 @@ def _estep_sparse_numba(
                 i += 2
             if i < n_pos:
                 r0 = resp[i]
-                c0 = context[row, i]
+                c0 = tokens[base + i]
                 for d in range(dim):
                     key_sum[c0, d] += r0 * y[d]
             query_sq += w * yy
@@ -908,6 +952,9 @@ def _scatter_numpy(
 
 _NO_WEIGHTS = np.zeros(0)
 
+#: An empty index: the kernels' rows are then an (n, N) context and an (n, D) query array, row ``r`` at row ``r``.
+_NO_INDEX = None
+
 
 def _kernel_weights(weights: np.ndarray | None) -> np.ndarray:
     # The compiled kernels read an empty array as "every weight is 1" so no (n,) array of ones is made.
@@ -970,44 +1017,10 @@ def accumulate_estep(
             raise ValueError("the statistics are dense but the emission is sparse: make them over its support")
         _accumulate_sparse(context, query, target, _kernel_weights(weights), params, stats, block_rows)
     elif backend == "numba":
-        kernel_weights = _kernel_weights(weights)
-        impossible: list[int] = []
-        n_impossible = 0
-        # Visiting a block's rows grouped by target pays when the emission tables outgrow cache (rows
-        # of one target then read and update one row of the (T, S) tables); with a small table,
-        # reading rows in their own order is cheaper.
-        if group_by_target is None:
-            group_by_target = params.log_emission_ts.nbytes >= _GROUP_BY_TARGET_TABLE_BYTES
-        for start, stop in block_ranges(context.shape[0], block_rows or DEFAULT_BLOCK_ROWS):
-            if group_by_target:
-                order = target_order(target[start:stop], params.num_targets)
-            else:
-                order = np.arange(stop - start, dtype=np.int64)
-            # Room for every row of the block: they are found in visiting order, and the message
-            # lists the first ones in row order.
-            found = np.empty(stop - start, dtype=np.int64)
-            n_found = _estep_numba(
-                context[start:stop],
-                query[start:stop],
-                target[start:stop],
-                kernel_weights[start:stop] if kernel_weights.shape[0] else kernel_weights,
-                params.key_means,
-                params.log_emission_ts,
-                params.log_prior,
-                params.inv_two_sigma2,
-                params.gate_const,
-                stats.key_sum,
-                stats.key_mass,
-                stats.emission_count_ts,
-                stats.position_count,
-                stats.scalars,
-                found,
-                order,
-            )
-            impossible.extend((start + np.sort(found[:n_found])[:_IMPOSSIBLE_SHOWN]).tolist())
-            n_impossible += n_found
-        if n_impossible:
-            raise ImpossibleEvidenceError(_impossible_rows_message(np.asarray(impossible), n_impossible))
+        _accumulate_dense_rows(
+            _encoded_blocks(context, query), target, _kernel_weights(weights), params, stats, block_rows,
+            group_by_target,
+        )  # fmt: skip
     elif backend == "numpy":
         bad_rows: list[int] = []
         for start, stop in block_ranges(context.shape[0], block_rows or NUMPY_BLOCK_ROWS):
@@ -1032,16 +1045,28 @@ def _accumulate_sparse(
     stats: StatisticArrays,
     block_rows: int | None,
 ) -> None:
-    """The sparse E-step over blocks, each visited grouped by target (see ``_estep_sparse_numba``)."""
+    """The sparse E-step over blocks of encoded rows (see :func:`_accumulate_sparse_rows`)."""
+    _accumulate_sparse_rows(_encoded_blocks(context, query), target, kernel_weights, params, stats, block_rows)
+
+
+def _accumulate_sparse_rows(
+    rows_of: Any,
+    target: np.ndarray,
+    kernel_weights: np.ndarray,
+    params: SparseKernelParameters,
+    stats: StatisticArrays,
+    block_rows: int | None,
+) -> None:
+    """The sparse E-step over blocks, each visited grouped by target (see ``_estep_sparse_numba``): block
+    ``[start, stop)``'s ``(tokens, begin, query_table, query_index)`` are ``rows_of(start, stop)``."""
     impossible: list[int] = []
     n_impossible = n_outside = 0
     slot = np.full(params.num_symbols, -1, dtype=np.int32)
-    for start, stop in block_ranges(context.shape[0], block_rows or DEFAULT_BLOCK_ROWS):
+    for start, stop in block_ranges(target.shape[0], block_rows or DEFAULT_BLOCK_ROWS):
         order = target_order(target[start:stop], params.num_targets)
         found = np.empty(stop - start, dtype=np.int64)
-        n_found, outside = _estep_sparse_numba(
-            context[start:stop],
-            query[start:stop],
+        n_found, outside = _estep_sparse_numba(  # type: ignore[call-arg]
+            *_in_order(rows_of(start, stop), order),
             target[start:stop],
             kernel_weights[start:stop] if kernel_weights.shape[0] else kernel_weights,
             params.key_means,
@@ -1073,6 +1098,119 @@ def _accumulate_sparse(
         )
     if n_impossible:
         raise ImpossibleEvidenceError(_impossible_rows_message(np.asarray(impossible), n_impossible))
+
+
+def _in_order(rows: tuple[Any, ...], order: np.ndarray) -> tuple[Any, ...]:
+    """A block's ``(tokens, begin, query_table, query_index)`` with its window starts and query rows in the kernel's
+    visiting ``order`` (the kernel then reads them one after the other, not scattered); encoded rows as they are."""
+    tokens, begin, query_table, query_index = rows
+    if begin is None:
+        return rows
+    return tokens, begin[order], query_table, query_index[order]
+
+
+def _encoded_blocks(context: np.ndarray, query: np.ndarray) -> Any:
+    """``rows_of(start, stop)`` of encoded rows: block ``[start, stop)``'s ``(tokens, begin, query_table,
+    query_index)`` as the compiled E-steps take them (its (n, N) contexts as one token array, its (n, D) queries)."""
+    return lambda start, stop: (context[start:stop].reshape(-1), None, query[start:stop], None)
+
+
+def _window_blocks(rows: WindowArrays) -> Any:
+    """``rows_of(start, stop)`` of token windows: the whole token array and query table, block ``[start, stop)``'s
+    window starts and query rows."""
+    return lambda start, stop: (rows.tokens, rows.begin[start:stop], rows.query_table, rows.query_index[start:stop])
+
+
+def _accumulate_dense_rows(
+    rows_of: Any,
+    target: np.ndarray,
+    kernel_weights: np.ndarray,
+    params: KernelParameters,
+    stats: StatisticArrays,
+    block_rows: int | None,
+    group_by_target: bool | None,
+) -> None:
+    """The dense E-step over blocks (see ``_estep_numba``): block ``[start, stop)``'s ``(tokens, begin, query_table,
+    query_index)`` are ``rows_of(start, stop)``."""
+    impossible: list[int] = []
+    n_impossible = 0
+    # Visiting a block's rows grouped by target pays when the emission tables outgrow cache (rows
+    # of one target then read and update one row of the (T, S) tables); with a small table,
+    # reading rows in their own order is cheaper.
+    if group_by_target is None:
+        group_by_target = params.log_emission_ts.nbytes >= _GROUP_BY_TARGET_TABLE_BYTES
+    for start, stop in block_ranges(target.shape[0], block_rows or DEFAULT_BLOCK_ROWS):
+        if group_by_target:
+            order = target_order(target[start:stop], params.num_targets)
+        else:
+            order = np.arange(stop - start, dtype=np.int64)
+        # Room for every row of the block: they are found in visiting order, and the message
+        # lists the first ones in row order.
+        found = np.empty(stop - start, dtype=np.int64)
+        n_found = _estep_numba(  # type: ignore[call-arg]
+            *_in_order(rows_of(start, stop), order),
+            target[start:stop],
+            kernel_weights[start:stop] if kernel_weights.shape[0] else kernel_weights,
+            params.key_means,
+            params.log_emission_ts,
+            params.log_prior,
+            params.inv_two_sigma2,
+            params.gate_const,
+            stats.key_sum,
+            stats.key_mass,
+            stats.emission_count_ts,
+            stats.position_count,
+            stats.scalars,
+            found,
+            order,
+        )
+        impossible.extend((start + np.sort(found[:n_found])[:_IMPOSSIBLE_SHOWN]).tolist())
+        n_impossible += n_found
+    if n_impossible:
+        raise ImpossibleEvidenceError(_impossible_rows_message(np.asarray(impossible), n_impossible))
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_short_window(begin, end, n_pos):  # pragma: no cover - compiled
+    """The first row whose window ``[begin, end)`` does not hold ``n_pos`` tokens, or -1."""
+    for r in range(begin.shape[0]):
+        if end[r] - begin[r] != n_pos:
+            return r
+    return -1
+
+
+def accumulate_estep_windows(
+    rows: WindowArrays,
+    params: KernelParameters | SparseKernelParameters,
+    stats: StatisticArrays,
+    *,
+    block_rows: int | None = None,
+    group_by_target: bool | None = None,
+) -> None:
+    """:func:`accumulate_estep` (the compiled kernel) of full token windows, checked: row ``r``'s context is
+    ``rows.tokens[rows.begin[r] : rows.begin[r] + N]`` and its query ``rows.query_table[rows.query_index[r]]``.
+
+    A token stream's rows are read where they lie (the block's tokens, its embedding table): no (n, N) context or
+    (n, D) query is made. The rows are visited in the same blocks and order, every number computed and added as
+    :func:`accumulate_estep` does from the encoded arrays of the same rows, so the statistics are the same to
+    the bit. Every window must hold N tokens (a ValueError names the first that does not, before anything is
+    added).
+    """
+    n_pos = params.log_prior.shape[0]
+    short = _first_short_window(rows.begin, rows.end, n_pos)
+    if short >= 0:
+        raise ValueError(
+            f"row {short}: a window of {int(rows.end[short] - rows.begin[short])} tokens: a free position prior reads "
+            f"full windows of N = {n_pos} (short histories need --position-buckets)"
+        )
+    if isinstance(params, SparseKernelParameters):
+        if stats.pair_counts is None:
+            raise ValueError("the statistics are dense but the emission is sparse: make them over its support")
+        _accumulate_sparse_rows(_window_blocks(rows), rows.target, rows.weight, params, stats, block_rows)
+    else:
+        _accumulate_dense_rows(
+            _window_blocks(rows), rows.target, rows.weight, params, stats, block_rows, group_by_target
+        )
 
 
 def accumulate_responsibilities(

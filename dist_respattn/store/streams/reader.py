@@ -61,7 +61,7 @@ from dist_respattn.store.lock import StoreLocked, live_writer
 from dist_respattn.store.not_a_store import not_a_store
 from dist_respattn.store.problems import EncodedRows
 from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, STREAM_SCHEMA_NAME, StoreSchema, StoreState
-from dist_respattn.store.streams.windows import make_windows, target_positions
+from dist_respattn.store.streams.windows import full_window_rows, make_windows, target_positions
 
 __all__ = [
     "ATTRIBUTE_ARRAYS",
@@ -398,13 +398,17 @@ class TokenStreamStore:
             )  # fmt: skip
         first, last = max(int(pos[0]) - s.context_length, 0), int(pos[-1]) + 1
         span = self._checked_span(first, last)
-        starts = self._rows.starts
-        doc_start = starts[np.searchsorted(starts, pos, side="right") - 1]
-        end = pos - first
-        begin = np.maximum(np.maximum(doc_start, pos - s.context_length) - first, 0)
+        end = pos
+        end -= first
+        if self.short_histories:
+            starts = self._rows.starts
+            doc_start = starts[np.searchsorted(starts, end + first, side="right") - 1]
+            begin = np.maximum(np.maximum(doc_start - first, end - s.context_length), 0)
+            target = span[end].astype(np.int64)
+            query_index = span[end - 1].astype(np.int64)
+        else:  # every row has N tokens of its document before it: its window, target and query in one pass
+            begin, target, query_index = full_window_rows(span, end, s.context_length)
         weight = self._checked_weights(first, last, end)
-        target = span[end].astype(np.int64)
-        query_index = span[end - 1].astype(np.int64)
         return WindowRows(span, begin, end, target, table, query_index, weight, start, True)
 
     def iter_windows(self, part: Partition | int, block_rows: int | None = None) -> Iterator[WindowRows]:

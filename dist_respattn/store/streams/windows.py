@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["make_windows", "target_positions"]
+__all__ = ["full_window_rows", "make_windows", "target_positions"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -82,3 +82,26 @@ def make_windows(
     if n:
         _windows_numba(np.ascontiguousarray(span), local, np.ascontiguousarray(table), context, query, target)
     return context, query, target
+
+
+@numba.njit(cache=True, nogil=True)
+def _full_window_rows_numba(span, end, n_pos, begin, target, query_index):  # pragma: no cover - compiled
+    for r in range(end.shape[0]):
+        j = end[r]
+        begin[r] = j - n_pos
+        target[r] = span[j]
+        query_index[r] = span[j - 1]
+
+
+def full_window_rows(
+    span: np.ndarray, end: np.ndarray, context_length: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(begin, target, query_index)`` (n,) int64 of the full windows ending at ``span[end]`` (their targets): each
+    row's window ``span[end - N : end]``, its target ``span[end]`` and its query's row of the embedding table, the
+    previous token ``span[end - 1]``; in one pass over the rows (``end`` (n,) int64, at least N tokens before each)."""
+    end = np.ascontiguousarray(end, dtype=np.int64)
+    n = end.shape[0]
+    begin, target, query_index = (np.empty(n, dtype=np.int64) for _ in range(3))
+    if n:
+        _full_window_rows_numba(np.ascontiguousarray(span), end, int(context_length), begin, target, query_index)
+    return begin, target, query_index

@@ -339,18 +339,24 @@ class ResponsibilityAttentionAccumulator:
             raise
 
     def seq_update_windows(self, rows: WindowRows, estimate: ResponsibilityAttentionDistribution) -> None:
-        """:meth:`seq_update` of rows given as token windows (:class:`~dist_respattn.model.rows.WindowRows`), by
-        the histogram kernel: ``estimate`` must tie its prior over buckets. Windows may be shorter than N
-        (short histories; see :mod:`dist_respattn.model.buckets`)."""
+        """:meth:`seq_update` of rows given as token windows (:class:`~dist_respattn.model.rows.WindowRows`).
+
+        An ``estimate`` that ties its prior over buckets runs the histogram kernel, and windows may be shorter than
+        N (short histories; see :mod:`dist_respattn.model.buckets`). A free prior runs :meth:`seq_update`'s kernel
+        on the windows where they lie (:func:`~dist_respattn.model.kernels.per_position.accumulate_estep_windows`:
+        each query read from the query table by its row, no (n, N) or (n, D) copy), with the same statistics to
+        the bit as :meth:`seq_update` of the same rows encoded; every window must then hold N tokens.
+        """
         self._check_usable()
         if not isinstance(estimate, ResponsibilityAttentionDistribution):
             raise TypeError(f"estimate must be a ResponsibilityAttentionDistribution, got {type(estimate).__name__}")
         got = (estimate.num_symbols, estimate.context_length, estimate.query_dim, estimate.num_targets)
         if got != self._shape():
             raise ValueError(f"estimate has (S, N, D, T) = {got}: expected {self._shape()} like this accumulator")
-        if estimate.buckets is None:
+        if estimate.buckets is None and self.backend != "numba":
             raise ValueError(
-                "window rows are fitted by the histogram kernel: the estimate must tie its prior over buckets"
+                f"backend = {self.backend!r}: token windows under a free prior run on the compiled kernel ('numba') "
+                "only; give encoded rows"
             )
         table = estimate.emission_table
         if self.layout == "sparse" and not (
@@ -363,7 +369,12 @@ class ResponsibilityAttentionAccumulator:
             )
         rows.check(self.num_symbols, self.num_targets, self.context_length, self.query_dim)
         try:
-            histogram.accumulate_windows(rows, histogram.histogram_parameters(estimate), self._stats, estimate.buckets)
+            if estimate.buckets is None:
+                per_position.accumulate_estep_windows(rows.kernel_arrays(), estimate.kernel_parameters, self._stats)
+            else:
+                histogram.accumulate_windows(
+                    rows, histogram.histogram_parameters(estimate), self._stats, estimate.buckets
+                )
         except ImpossibleEvidenceError as exc:
             self._broken = f"holds a partial update ({exc})"
             raise

@@ -60,6 +60,7 @@ from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAtte
 from dist_respattn.model.heads.single_hop.estimator import MStepCandidates, ResponsibilityAttentionEstimator
 from dist_respattn.model.kernels.histogram import grid_windows
 from dist_respattn.model.memory import MemoryEstimate, estimate_single_hop_memory
+from dist_respattn.model.rows import WindowRows
 
 __all__ = [
     "SCORE_ONLY",
@@ -357,6 +358,14 @@ class SingleHopTrainer(Trainer):
 
     @property
     def columns(self) -> Columns:
+        """The E-step reads token windows: a tied prior's histogram kernel, or a free prior's compiled kernel reading a
+        token stream's rows where they lie and each query from its embedding table by id (no (n, D) copy a block);
+        the NumPy backend reads encoded rows."""
+        return Columns(windows=self.buckets is not None or self.factory.backend == "numba")
+
+    @property
+    def start_columns(self) -> Columns:
+        """What the passes before iteration 1 read: token windows for a tied prior, else encoded rows."""
         return Columns(windows=self.buckets is not None)
 
     @property
@@ -420,7 +429,7 @@ class SingleHopTrainer(Trainer):
             functools.partial(
                 start_partition, self.factory, self.start, self.seed, self.estimator.needs_pairs, self.buckets
             ),
-            self.columns,
+            self.start_columns,
         )  # fmt: skip
 
     def prepare(self, start: Head | None, *, resumed: bool, passes: Passes) -> Head:
@@ -443,7 +452,7 @@ class SingleHopTrainer(Trainer):
                 BlockPass(
                     "support", "finding the pairs",
                     functools.partial(start_partition, self.factory, "uniform", 0, False, self.buckets),
-                    self.columns,
+                    self.start_columns,
                 )
             )  # fmt: skip
             support = self._found_support(value.stats, passes)
@@ -453,7 +462,7 @@ class SingleHopTrainer(Trainer):
             start = start.with_emission(DenseEmission(start.emission_table.to_dense()))
         if needs_pairs and self.prior is None:
             pairs = passes.run(
-                BlockPass("pairs", "counting pairs", functools.partial(pairs_of_blocks, s, t), self.columns)
+                BlockPass("pairs", "counting pairs", functools.partial(pairs_of_blocks, s, t), self.start_columns)
             )
             self._resolve_prior(pairs)
         return start
@@ -466,7 +475,7 @@ class SingleHopTrainer(Trainer):
         accumulator = self.factory.make_for(head)
         for block in blocks:
             rows = block.rows
-            if head.buckets is not None:  # a tied prior: the histogram kernel, over token windows
+            if isinstance(rows, WindowRows):  # token windows: a tied prior's histogram kernel, or a free prior's
                 accumulator.seq_update_windows(_weighted(rows, block.weights), head)
             else:
                 accumulator.seq_update(rows.encoded, block.weights, head, checked=rows.checked)
