@@ -816,6 +816,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mixle-iterations", type=int, default=3, help="mixle iterations (>= 2 to time one)")
     parser.add_argument("--skip-mixle", action="store_true", help="do not run mixle")
     parser.add_argument(
+        "--mixle-one-cluster",
+        action="store_true",
+        help="run both mixle row counts on one cluster (a quicker smoke run; their cluster_start_seconds are 0)",
+    )
+    parser.add_argument(
         "--memory-rows",
         type=int,
         default=None,
@@ -856,9 +861,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_mixle(
-    store: TripleStore, start: ResponsibilityAttentionDistribution, rows_used: int, args: argparse.Namespace
+    store: TripleStore,
+    start: ResponsibilityAttentionDistribution,
+    rows_used: int,
+    args: argparse.Namespace,
+    client: Any | None = None,
 ) -> dict[str, Any]:
-    """mixle's dask backend on the first ``rows_used`` rows of the store, from the same start model."""
+    """mixle's dask backend on the first ``rows_used`` rows of the store, from the same start model (on a fresh
+    cluster of 2 workers, or on ``client``'s, a ``mixle_cluster(2, 1)``)."""
     from mixle_dask import mixle_dask_seconds_per_iteration
 
     rows = store.read_rows(0, rows_used)
@@ -876,6 +886,7 @@ def run_mixle(
             workers=2,
             threads_per_worker=1,
             init=start,
+            client=client,
         )
     figures = {k: v for k, v in figures.items() if k != "log_likelihoods"}
     figures["rows_per_s"] = figures["rows_per_second"]
@@ -989,11 +1000,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(f"{mixle_status}: skipping its column", file=sys.stderr)
             else:
                 mixle_version = getattr(mixle, "__version__", None) or "installed"
-                with phase("mixle"):
-                    results["mixle"] = run_mixle(store, start_model(), args.mixle_rows, args)
-                if args.mixle_rows_large:
-                    with phase("mixle_large"):
-                        results["mixle_large"] = run_mixle(store, start_model(), args.mixle_rows_large, args)
+                with contextlib.ExitStack() as shared:
+                    client = None
+                    if args.mixle_one_cluster:
+                        from mixle_dask import mixle_cluster
+
+                        with phase("mixle_cluster"):
+                            client = shared.enter_context(mixle_cluster(2, 1))
+                    with phase("mixle"):
+                        results["mixle"] = run_mixle(store, start_model(), args.mixle_rows, args, client)
+                    if args.mixle_rows_large:
+                        with phase("mixle_large"):
+                            results["mixle_large"] = run_mixle(
+                                store, start_model(), args.mixle_rows_large, args, client
+                            )
                 mixle_status = "measured"
         config = {
             "rows": args.rows,
@@ -1006,6 +1026,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "mixle_rows": args.mixle_rows,
             "mixle_rows_large": args.mixle_rows_large,
             "mixle_iterations": args.mixle_iterations,
+            "mixle_one_cluster": args.mixle_one_cluster,
             "memory_rows": args.memory_rows,
             "memory_iterations": args.memory_iterations,
             "memory_partitions": memory_store.num_partitions,

@@ -99,10 +99,13 @@ def main() -> None:
                              "ms_a_task": 1e3 * seconds / tasks, "wall_seconds": wall,
                              "load": os.getloadavg()[0]})  # fmt: skip
     finally:
-        for process in [*workers, scheduler]:
-            process.terminate()
-        for process in [*workers, scheduler]:
-            process.wait(timeout=60)
+        # The workers first, while their scheduler still answers: a worker whose scheduler went away at the same
+        # time took about 8 s to exit in one stop of two.
+        for group in (workers, [scheduler]):
+            for process in group:
+                process.terminate()
+            for process in group:
+                process.wait(timeout=60)
     if args.json:
         print(json.dumps({"workers": args.workers, "runs": rows}))
         return

@@ -3,8 +3,8 @@
 What is measured
 ----------------
 ``mixle_dask_seconds_per_iteration`` starts a fresh ``distributed.LocalCluster`` (worker processes, on
-127.0.0.1, no dashboard), hands the rows to mixle's Dask backend and fits
-``mixle.stats.latent.responsibility_attention.ResponsibilityAttentionEstimator`` with
+127.0.0.1, no dashboard; or runs on one of ``mixle_cluster`` it is given), hands the rows to mixle's Dask
+backend and fits ``mixle.stats.latent.responsibility_attention.ResponsibilityAttentionEstimator`` with
 ``mixle.inference.optimize(..., backend="dask", delta=None, max_its=iterations)`` from a fixed starting
 model. ``seconds_per_iteration`` is the mean wall time between consecutive ``on_step`` callbacks of that
 one ``optimize`` call, i.e. of iterations 2..k. Each of those iterations is exactly what mixle's loop does
@@ -64,10 +64,12 @@ Worker processes are spawned, so a script importing this helper must call it und
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -98,6 +100,27 @@ def _as_mixle_model(init: Any, sigma2: float) -> Any:
     )
 
 
+@contextlib.contextmanager
+def mixle_cluster(workers: int = 2, threads_per_worker: int = 1) -> Iterator[Any]:
+    """A client of a fresh ``LocalCluster`` (worker processes, on 127.0.0.1, no dashboard) with mixle imported on
+    every worker up front, so that the ingest figure is not a module-import figure; closed on exit."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=workers,
+            threads_per_worker=threads_per_worker,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(workers)
+        client.run(importlib.import_module, "mixle.stats.latent.responsibility_attention")
+        yield client
+
+
 def mixle_dask_seconds_per_iteration(
     context: np.ndarray,
     query: np.ndarray,
@@ -112,6 +135,7 @@ def mixle_dask_seconds_per_iteration(
     partitions: int | None = None,
     init: Any | None = None,
     seed: int = 0,
+    client: Any | None = None,
 ) -> dict[str, Any]:
     """Time mixle 0.8.2's ``optimize(..., backend="dask")`` on these rows; see the module docstring.
 
@@ -129,6 +153,8 @@ def mixle_dask_seconds_per_iteration(
         init: optional starting model (a mixle or dist_respattn ``ResponsibilityAttentionDistribution``);
             ``None`` uses mixle's distributed random initialization, timed as ``init_seconds``.
         seed: seed of that random initialization.
+        client: the client of a ``mixle_cluster(workers, threads_per_worker)`` to run on instead of a fresh
+            cluster, so that several runs share one cluster start (``cluster_start_seconds`` is then 0).
 
     Returns:
         ``rows``, ``iterations`` (run; mixle's monotone gate can end a ``delta=None`` run early),
@@ -149,7 +175,6 @@ def mixle_dask_seconds_per_iteration(
     num_partitions = workers if partitions is None else int(partitions)
 
     import mixle
-    from distributed import Client, LocalCluster
     from mixle.inference.estimation import optimize
     from mixle.stats.compute.sequence import seq_initialize
     from mixle.stats.latent.responsibility_attention import ResponsibilityAttentionEstimator
@@ -169,20 +194,11 @@ def mixle_dask_seconds_per_iteration(
     wall_start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_LARGE_GRAPH_WARNING, category=UserWarning)
-        with (
-            LocalCluster(
-                n_workers=workers,
-                threads_per_worker=threads_per_worker,
-                processes=True,
-                host="127.0.0.1",
-                dashboard_address=None,
-            ) as cluster,
-            Client(cluster) as client,
-        ):
-            client.wait_for_workers(workers)
-            # Import mixle on every worker up front, so that the ingest figure is not a module-import figure.
-            client.run(importlib.import_module, "mixle.stats.latent.responsibility_attention")
-            cluster_ready = time.perf_counter()
+        with contextlib.ExitStack() as stack:
+            own_cluster = client is None
+            if own_cluster:
+                client = stack.enter_context(mixle_cluster(workers, threads_per_worker))
+            cluster_ready = time.perf_counter() if own_cluster else wall_start
             # The call optimize() itself makes for raw rows and backend="dask", plus the partition-count workaround.
             handle = encoded_data(rows, estimator=estimator, backend="dask", client=client, num_chunks=num_partitions)
             try:

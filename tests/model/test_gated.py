@@ -184,6 +184,26 @@ def test_sparse_factors_mix_into_each_attributes_sparse_emission():
     assert_close(table[np.arange(500), attribute], per_row, rtol=RTOL, label="candidates")
 
 
+def test_float32_queries_give_what_their_float64_values_give():
+    """A store keeps its queries as float32: the E-step and every score are those of the same numbers in float64.
+    (In CI's warm-up this also builds the gated kernels' float32 versions once, before the suite's worker processes
+    would each build them.)"""
+    shape = (12, 4, 3, 9)
+    data, attribute = rows(shape, 300, 51, num_attributes=3)
+    head = sparse_gated_head(shape, 2, 3, 52, data)
+    low = (data[0], data[1].astype(np.float32), data[2])
+    high = (data[0], low[1].astype(np.float64), data[2])
+    assert low[1].dtype == np.float32
+    statistics = gated_estep(head, low, attribute), gated_estep(head, high, attribute)
+    for name, a, b in zip(GatedStatistics._fields, *statistics, strict=True):
+        assert_close(a, b, rtol=1e-13, label=name)
+    for given_query in (False, True):
+        assert_close(gated_log_likelihood(head, low, attribute, given_query=given_query),
+                     gated_log_likelihood(head, high, attribute, given_query=given_query), rtol=1e-13)  # fmt: skip
+    assert_close(gated_log_likelihood(head, low, candidates=np.arange(3)),
+                 gated_log_likelihood(head, high, candidates=np.arange(3)), rtol=1e-13)  # fmt: skip
+
+
 def test_one_sparse_factor_is_the_shared_sparse_head():
     shape = (12, 4, 3, 9)
     data, attribute = rows(shape, 500, 41, num_attributes=2)
