@@ -1,20 +1,22 @@
-"""CI's warm-up step and its main step: two runs that hold every test of the suite once between them.
+"""The suite's order: the quick tests that compile every kernel first, the slow tests next, the quick rest last.
 
-``.ci/run`` first runs the quick tests (those not marked ``slow``) of :data:`WARM_UP_PATHS`: they call every
-compiled kernel once, which writes numba's on-disk cache, so the suite's many processes load the kernels instead
-of each compiling them. Its main step then runs ``python -m pytest --after-warm-up``: the whole suite without
-those tests, which passed a minute earlier on the same tree (they take about 30 s of the main step's wall time
-with the kernels compiled). ``tests/test_warm_up.py`` checks that the warm-up command in ``.ci/run`` names
-these paths, so the two steps cannot drift apart. Without the option, ``python -m pytest`` runs everything.
+numba compiles a kernel the first time a process calls it and writes it to its on-disk cache, from which every later
+process (the suite's many cluster workers and commands, same user, same checkout) loads it instead of compiling it
+again: ~150 s of a run on a fresh clone is compiling. The quick tests of :data:`WARM_UP_PATHS` call every compiled
+kernel once, in-process, so they run first; with ``--dist load`` (the suite's default) xdist hands the collection
+out in its order, a chunk to each test process in turn, so both start on them and the clusters start after.
+Then the tests marked ``slow``, a module's tests together, so the run does not end with one process on a long test
+while the others wait; the quick tests of the other paths last, to fill the end. One ``python -m pytest`` runs
+every test once: the README's test command is what CI runs.
 """
 
 from __future__ import annotations
 
 import pytest
 
-__all__ = ["WARM_UP_PATHS", "warmed_up"]
+__all__ = ["WARM_UP_PATHS", "order"]
 
-#: The paths of CI's warm-up command (``python -m pytest -m "not slow" PATHS``), relative to the repository root.
+#: Paths (relative to the repository root) whose quick tests call every compiled kernel once.
 WARM_UP_PATHS = (
     "tests/model",
     "tests/heads/test_head_contract.py",
@@ -22,28 +24,28 @@ WARM_UP_PATHS = (
     "tests/store/test_selected_rows.py",
 )
 
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--after-warm-up",
-        action="store_true",
-        default=False,
-        help="leave out the quick tests of CI's warm-up step (tests/warm_up.py), which ran them already",
-    )
+_WARM, _SLOW_MODULE, _REST = 0, 1, 2
 
 
-def warmed_up(nodeid: str, slow: bool) -> bool:
-    """Whether CI's warm-up step runs the test ``nodeid`` (relative to the repository root)."""
+def _in_warm_paths(nodeid: str) -> bool:
     path = nodeid.split("::", 1)[0]
-    return not slow and any(path == p or path.startswith(p + "/") for p in WARM_UP_PATHS)
+    return any(path == p or path.startswith(p + "/") for p in WARM_UP_PATHS)
 
 
+def order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """``items`` in the suite's order (a stable sort: the collection's order within each group): the quick tests of
+    the warm-up paths, then every other test of a module that holds a slow one, then the rest."""
+    slow = {id(item): item.get_closest_marker("slow") is not None for item in items}
+    slow_modules = {item.nodeid.split("::", 1)[0] for item in items if slow[id(item)]}
+
+    def group(item: pytest.Item) -> int:
+        if _in_warm_paths(item.nodeid) and not slow[id(item)]:
+            return _WARM
+        return _SLOW_MODULE if item.nodeid.split("::", 1)[0] in slow_modules else _REST
+
+    return sorted(items, key=group)
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption("--after-warm-up"):
-        return
-    kept, left = [], []
-    for item in items:
-        (left if warmed_up(item.nodeid, item.get_closest_marker("slow") is not None) else kept).append(item)
-    if left:
-        config.hook.pytest_deselected(items=left)
-        items[:] = kept
+    items[:] = order(items)
