@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
 pytest_plugins = ["pytester", "tests.bytecode", "tests.slow_budget", "tests.warm_up"]
-
-
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto`` (the suite's default): half again as many test processes as cores this process may use (3 on 2).
-    Much of the suite's time is spent waiting on other processes (clusters starting, commands run, workers killed
-    and replaced), which leaves the cores idle under one test process a core."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(2, (3 * cores + 1) // 2)
 
 
 @pytest.fixture(scope="session")
