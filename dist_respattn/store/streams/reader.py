@@ -398,7 +398,7 @@ class TokenStreamStore:
             )  # fmt: skip
         first, last = max(int(pos[0]) - s.context_length, 0), int(pos[-1]) + 1
         span = self._checked_span(first, last)
-        end = pos
+        end = pos  # this call's own array (computed by positions): shifted in place, not copied
         end -= first
         if self.short_histories:
             starts = self._rows.starts
