@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -129,6 +130,8 @@ def main() -> None:
     if args.child:
         child(args)
         return
+    if args.work:  # made here, once, so each child's model directory has a parent
+        Path(args.work).mkdir(parents=True, exist_ok=True)
 
     import distributed
 
