@@ -69,11 +69,11 @@ QUIET_CLUSTER: dict[str, Any] = {
 
 #: Dask splits a message's buffers larger than ``distributed.comm.shard`` (64 MiB by default) into frames of that
 #: size, and the receiver copies the frames back into one buffer: a sparse fit's E-step value (8 bytes a support pair,
-#: 121 MiB at 14.2M pairs) and its head cost a fresh allocation and a copy each time they reach a worker (45-75 ms of
-#: CPU for 113 MB, page faults included). An embedded cluster's workers send them whole, in frames of up to 1 GiB
-#: (below the 2 GiB a single TLS write can take). Dask reads the setting when its comm module is imported, before a
-#: worker process applies the nanny's config, so it goes as an environment variable set before the worker starts
-#: (the nanny's ``pre-spawn-environ``), which a worker the nanny restarts gets too.
+#: 121 MiB at 14.2M pairs) and its head cost a fresh allocation and a copy each time they reach a worker (40-84 ms of
+#: CPU to take in a 113 MB value, against 2 ms whole). An embedded cluster's workers send them whole, in frames of up
+#: to 1 GiB (below the 2 GiB a single TLS write can take). Dask reads the setting when its comm module is imported,
+#: before a worker process applies the nanny's config, so it goes as an environment variable set before the worker
+#: starts (the nanny's ``pre-spawn-environ``), which a worker the nanny restarts gets too.
 WHOLE_VALUES: dict[str, Any] = {"distributed.nanny.pre-spawn-environ.DASK_DISTRIBUTED__COMM__SHARD": "1GiB"}
 
 
