@@ -24,6 +24,7 @@ from dist_respattn.text_format import count_text
 
 __all__ = [
     "QUIET_CLUSTER",
+    "WHOLE_VALUES",
     "ClusterError",
     "ClusterInfo",
     "ClusterOptions",
@@ -66,18 +67,32 @@ QUIET_CLUSTER: dict[str, Any] = {
 }
 
 
+#: Dask splits a message's buffers larger than ``distributed.comm.shard`` (64 MiB by default) into frames of that
+#: size, and the receiver copies the frames back into one buffer: a sparse fit's E-step value (8 bytes a support pair,
+#: 121 MiB at 14.2M pairs) and its head cost a fresh allocation and a copy each time they reach a worker (40-84 ms of
+#: CPU to take in a 113 MB value, against 2 ms whole). An embedded cluster's workers send them whole, in frames of up
+#: to 1 GiB (below the 2 GiB a single TLS write can take). Dask reads the setting when its comm module is imported,
+#: before a worker process applies the nanny's config, so it goes as an environment variable set before the worker
+#: starts (the nanny's ``pre-spawn-environ``), which a worker the nanny restarts gets too.
+WHOLE_VALUES: dict[str, Any] = {"distributed.nanny.pre-spawn-environ.DASK_DISTRIBUTED__COMM__SHARD": "1GiB"}
+
+
 def embedded_cluster_config() -> dict[str, Any]:
-    """The settings of :data:`QUIET_CLUSTER` that still have Dask's default value here (a value the user set, in a
-    config file, ``DASK_*`` variable or ``dask.config.set``, is kept): what an embedded cluster starts under.
+    """The settings of :data:`QUIET_CLUSTER` and :data:`WHOLE_VALUES` that still have Dask's default value here (a
+    value the user set, in a config file, ``DASK_*`` variable or ``dask.config.set``, is kept; a shard size the user
+    set keeps :data:`WHOLE_VALUES` out): what an embedded cluster starts under.
 
     Set while the cluster starts, they reach its scheduler and, through their nannies, its worker processes
     (and a worker a nanny restarts)."""
     shipped = dask.config.merge(*dask.config.defaults)
-    return {
-        key: value
-        for key, value in QUIET_CLUSTER.items()
-        if dask.config.get(key, None) == dask.config.get(key, None, config=shipped)
-    }
+
+    def unchanged(key: str) -> bool:
+        return bool(dask.config.get(key, None) == dask.config.get(key, None, config=shipped))
+
+    settings = {key: value for key, value in QUIET_CLUSTER.items() if unchanged(key)}
+    if unchanged("distributed.comm.shard"):
+        settings.update({key: value for key, value in WHOLE_VALUES.items() if unchanged(key)})
+    return settings
 
 
 class ClusterError(RuntimeError):

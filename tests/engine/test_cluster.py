@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from dist_respattn.engine import EVENT_TOPIC, ClusterOptions, cluster_info, load_checkpoint, load_model
-from dist_respattn.engine.cluster import QUIET_CLUSTER, connect, embedded_cluster_config
+from dist_respattn.engine.cluster import QUIET_CLUSTER, WHOLE_VALUES, connect, embedded_cluster_config
 from dist_respattn.events import EndEvent, IterationEvent, StartEvent
 from dist_respattn.model.fitting.holdout import HoldoutRule
 
@@ -338,6 +338,7 @@ def _worker_settings(dask_worker: Any) -> dict[str, Any]:
         "callbacks": sorted(dask_worker.periodic_callbacks),
         "tick": dask_worker._tick_interval,
         "memory_monitor": dask_worker.memory_manager.memory_monitor_interval,
+        "shard": distributed.comm.tcp.TCP.max_shard_size,
     }
 
 
@@ -353,15 +354,21 @@ def test_embedded_cluster_runs_quieter_than_dask_defaults_and_keeps_what_the_use
     assert "profile" not in worker["callbacks"] and "profile-cycle" not in worker["callbacks"], worker
     assert (worker["tick"], scheduler_tick) == (0.5, 0.5)
     assert worker["memory_monitor"] == 0.25
+    # Values up to 1 GiB go in one frame, not in 64 MiB frames the receiver copies back together.
+    assert worker["shard"] == 2**30
 
 
 def test_embedded_cluster_config_leaves_out_what_the_user_changed():
-    """Every quieter setting applies while it has Dask's default value; one the user changed is left out."""
-    assert embedded_cluster_config() == QUIET_CLUSTER
+    """Every quieter setting applies while it has Dask's default value; one the user changed is left out, and a
+    shard size the user set keeps the whole-values setting out."""
+    assert embedded_cluster_config() == {**QUIET_CLUSTER, **WHOLE_VALUES}
     with dask.config.set({"distributed.admin.tick.interval": "500ms", "distributed.worker.profile.interval": "5ms"}):
         assert embedded_cluster_config() == {
-            key: value for key, value in QUIET_CLUSTER.items() if key != "distributed.admin.tick.interval"
+            **{key: value for key, value in QUIET_CLUSTER.items() if key != "distributed.admin.tick.interval"},
+            **WHOLE_VALUES,
         }
+    with dask.config.set({"distributed.comm.shard": "32MiB"}):
+        assert embedded_cluster_config() == QUIET_CLUSTER
 
 
 @pytest.mark.slow
