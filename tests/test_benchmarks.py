@@ -797,6 +797,25 @@ def test_scheduler_benchmark_reports_its_cpu_a_task():
 
 
 @pytest.mark.slow
+def test_frames_benchmark_takes_a_value_in_from_64_mib_frames_and_whole():
+    """bench_frames.py on a 72 MB value: split into 64 MiB frames by Dask's default and sent whole with the embedded
+    cluster's shard size, each received twice in its own process, the value checked and both timings finite."""
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "bench_frames.py"), "--pairs", "9000000", "--repeats", "2", "--json"],
+        capture_output=True, text=True, timeout=240, cwd=SCRIPT.parents[1], check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, f"benchmark failed:\n{completed.stdout}\n{completed.stderr}"
+    report = json.loads(completed.stdout.strip().splitlines()[-1])
+    split, whole = report["results"]["64MiB"], report["results"]["1GiB"]
+    # The pickle's frame and the counts' buffer: one more frame when the 72 MB buffer goes in 64 MiB pieces.
+    assert (split["shard"], whole["shard"]) == ("64MiB", "1GiB")
+    assert split["frames"] == whole["frames"] + 1
+    for seconds in (*split["seconds"], *whole["seconds"]):
+        assert_positive_finite(seconds, "CPU seconds to take a value in")
+    assert math.isclose(report["ratio"], min(split["seconds"]) / min(whole["seconds"]))
+
+
+@pytest.mark.slow
 def test_scale_ingest_only_reports_the_ingest_figure(tmp_path):
     """``bench_scale.py --ingest-only``: the ingest and store figures of a small corpus, nothing else."""
     corpus = tmp_path / "corpus"
