@@ -382,8 +382,8 @@ def fit_and_score(
     model_dir = work / "model"
     settings = FitSettings(max_iter=iterations, tol=0.0, context_length=n, patience=100, m_step_shards=m_step_shards)
     lines: list[str] = []
-    # The settings `fit` starts its own cluster under (the Dask profiler off, slower health ticks), unless asked for
-    # Dask's defaults: what a worker spends beyond its tasks depends on them.
+    # The settings `fit` starts its own cluster under (the Dask profiler off, slower ticks, values sent whole), unless
+    # asked for Dask's defaults: what a worker spends beyond its tasks depends on them.
     with dask.config.set({} if dask_defaults else embedded_cluster_config()), distributed.LocalCluster(
         n_workers=workers, threads_per_worker=1, processes=True, memory_limit=memory_limit, dashboard_address=None
     ) as cluster, distributed.Client(cluster) as client:  # fmt: skip
@@ -600,7 +600,7 @@ def print_report(report: dict[str, Any]) -> None:
         ("M-step", "on the driver" if not fitted.get("m_step_shards") else
          f"{fitted['m_step_shards']} shards on the workers", None, None),
         ("cluster", "Dask's default settings" if fitted.get("dask_defaults") else
-         "the settings fit starts its own cluster with (Dask's profiler off)", None, None),
+         "the settings fit starts its own cluster with (Dask's profiler off, values sent whole)", None, None),
         ("iteration", f"{fitted['median_iteration_seconds']:.1f} s median over {len(fitted['iteration_seconds'])} "
          f"({', '.join(f'{s:.1f}' for s in fitted['iteration_seconds'])}); "
          f"kernel {fitted['kernel_rows_per_second'] / 1e6:.2f} M rows/s -> {fitted['kernel_seconds_over_two']:.1f} s "
