@@ -302,6 +302,29 @@ def test_no_dashboard_is_reported_when_the_scheduler_serves_none(dashboardless_s
         assert cluster_info(client).dashboard is None
 
 
+def _bokeh_sessions(dask_scheduler: Any) -> int:
+    """The Bokeh sessions the scheduler's dashboard holds (one a page someone opened, until it expires)."""
+    return sum(
+        len(app.get_sessions(path)) for app in dask_scheduler.http_application.applications for path in app.app_paths
+    )
+
+
+def test_the_dashboard_is_found_without_opening_its_page(client):
+    """Describing a cluster finds its dashboard (a link that answers) without the scheduler building the status
+    page's Bokeh document: the check asks with ``HEAD``, which opens no session (a ``GET`` opened one, and the
+    scheduler kept it updating until it expired)."""
+    from dist_respattn.engine import cluster
+
+    cluster._serves_dashboard.cache_clear()  # the check is made once per link: make it here
+    before = client.run_on_scheduler(_bokeh_sessions)
+    info = cluster_info(client)
+    assert info.dashboard is not None and info.dashboard.startswith("http://127.0.0.1:")
+    assert client.run_on_scheduler(_bokeh_sessions) == before
+    with urllib.request.urlopen(info.dashboard, timeout=30) as page:  # the page itself is there: one session more
+        assert page.status == 200
+    assert client.run_on_scheduler(_bokeh_sessions) == before + 1
+
+
 # ------------------------------------------------------------------------- the embedded cluster
 
 
