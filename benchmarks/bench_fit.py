@@ -1,6 +1,7 @@
 """Distributed EM fit throughput, side by side: our engine on 2 and 1 workers, the bare kernel, mixle's Dask backend.
 
-Measures, in one run on the reference shape (S=2000, N=16, D=32, T=2000) and a local synthetic store of
+Measures, in one run on the reference shape (S=2000, N=16, D=32, T=2000; ``--symbols`` / ``--targets`` set a smaller S
+and T for a quicker smoke run) and a local synthetic store of
 ``--rows`` triples (default 1,000,000; default chunking) sampled from ``random_distribution(..., seed=0)``:
 
 - our fit, ``dist_respattn.engine.fit(store, client=..., init=<fixed start>, FitSettings(max_iter, tol=0))``, on a
@@ -45,6 +46,7 @@ Run::
 
     python benchmarks/bench_fit.py                                  # 1,000,000 rows, 5 iterations
     python benchmarks/bench_fit.py --rows 50000 --iterations 2 --mixle-rows 2000 --json   # a smoke run
+    python benchmarks/bench_fit.py --rows 8000 --symbols 300 --targets 300 --json         # a quicker one, S = T = 300
     python benchmarks/bench_fit.py --rows 300000 --skip-mixle --skip-embedded --pairs 2   # a small store: 2 vs 1
 
 Worker processes are spawned, so everything runs under ``if __name__ == "__main__":``.
@@ -805,6 +807,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows in the store our fit runs on")
     parser.add_argument("--iterations", type=int, default=5, help="EM iterations of our fits (tol=0)")
     parser.add_argument(
+        "--symbols", type=int, default=SHAPE[0], help=f"S of the model and store (default {SHAPE[0]}: the reference)"
+    )
+    parser.add_argument(
+        "--targets", type=int, default=SHAPE[3], help=f"T of the model and store (default {SHAPE[3]}: the reference)"
+    )
+    parser.add_argument(
         "--mixle-rows", type=int, default=20_000, help="rows mixle's dask backend runs on (the first ones)"
     )
     parser.add_argument(
@@ -840,7 +848,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the stores and model directories")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every figure instead")
     args = parser.parse_args(argv)
-    for name in ("rows", "iterations", "mixle_iterations", "memory_iterations", "kernel_repeats"):
+    for name in ("rows", "iterations", "symbols", "targets", "mixle_iterations", "memory_iterations", "kernel_repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.pairs < 0:
@@ -896,7 +904,8 @@ def run_mixle(
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     host_load = HostLoad()
-    truth = random_distribution(*SHAPE, seed=args.seed)
+    shape = (args.symbols, SHAPE[1], SHAPE[2], args.targets)
+    truth = random_distribution(*shape, seed=args.seed)
     parent = args.workdir
     if parent is not None:
         os.makedirs(parent, exist_ok=True)
@@ -924,7 +933,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         def start_model() -> ResponsibilityAttentionDistribution:
             # A fresh object each time: a model caches its kernel tables, which would then travel with it.
-            return random_distribution(*SHAPE, seed=args.seed + 1)
+            return random_distribution(*shape, seed=args.seed + 1)
 
         # Our fit on 2 workers; the driver's peak is this fit's (reset after writing the stores).
         release_free_memory()
@@ -1017,10 +1026,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 mixle_status = "measured"
         config = {
             "rows": args.rows,
-            "symbols": SHAPE[0],
-            "context": SHAPE[1],
-            "dim": SHAPE[2],
-            "targets": SHAPE[3],
+            "symbols": shape[0],
+            "context": shape[1],
+            "dim": shape[2],
+            "targets": shape[3],
             "iterations": args.iterations,
             "seed": args.seed,
             "mixle_rows": args.mixle_rows,
