@@ -2,7 +2,7 @@
 
 The scheduler, the two workers, make-data, fit and retrain run exactly as compose.yaml writes them,
 after the substitutions of :func:`localizer` and nothing else: the host name and ports, the
-volumes' mount points, the sizes of the sampled stores, and a cap of 3 EM iterations on the fit and the retrain.
+volumes' mount points, the sizes of the sampled stores, and a cap of 1 EM iteration on the fit and the retrain.
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ def localizer(tmp: Path, port: int, dashboard: int) -> Localizer:
             ("--rows 99999", "--rows 3999"),
             ("--symbols 2000", "--symbols 40"),
             ("--targets 2000", "--targets 12"),
-            # Iterations: 3 at most, for the fit and the retrain. What is tested is that the commands run on this
-            # cluster as written, not how many iterations the fit takes to converge; a fit capped at 3 still
+            # Iterations: 1, for the fit and the retrain. What is tested is that the commands run on this
+            # cluster as written, not how many iterations the fit takes to converge; a fit capped at 1 still
             # ends as a finished fit, which `--resume` then reports.
-            ("--resume", "--resume --max-iter 3"),
-            ("--keep 10", "--keep 10 --max-iter 3"),
+            ("--resume", "--resume --max-iter 1"),
+            ("--keep 10", "--keep 10 --max-iter 1"),
         ]
     )
 

@@ -6,7 +6,7 @@ reach theirs, through the AWS_* variables of the Secret respattn-s3. Each proces
 its container declares and no others, so the scheduler, which declares none, cannot reach the S3
 server at all (it does not even know its address): the fit and the retrain passing shows that the
 scheduler needs no access to the stores or the registry. The stores are made with the README's own
-commands. Substituted: host names and ports, the mount points, the sizes, a cap of 3 EM iterations on
+commands. Substituted: host names and ports, the mount points, the sizes, a cap of 1 EM iteration on
 the fit and the retrain, and the worker names Kubernetes fills into $(DASK_WORKER_NAME).
 """
 
@@ -58,10 +58,10 @@ def localizer(tmp: Path, port: int, dashboard: int) -> Localizer:
             ("--rows 99999", "--rows 2047"),
             ("--symbols 2000", "--symbols 40"),
             ("--targets 2000", "--targets 12"),
-            # Iterations: 3 at most, for the fit and the retrain (what is tested is where each process reaches
+            # Iterations: 1, for the fit and the retrain (what is tested is where each process reaches
             # S3 from, not how many iterations the fit takes to converge).
-            ("--resume", "--resume --max-iter 3"),
-            ("--keep ", "--max-iter 3 --keep "),
+            ("--resume", "--resume --max-iter 1"),
+            ("--keep ", "--max-iter 1 --keep "),
         ]
     )
 

@@ -234,7 +234,7 @@ def test_a_fit_whose_driver_is_killed_shows_failed(monitored_cluster, stores, tm
 def test_an_embedded_cluster_serves_the_page_once_a_fit_installed_the_monitor(stores, tmp_path):
     """A LocalCluster without any preload has no fit page; ``fit(..., client=client)`` installs the monitor and
     the page, its JSON and the gauges are then served on that cluster's dashboard port."""
-    with local_cluster() as (_, client):
+    with local_cluster(1) as (_, client):
         web = WebServer(client.dashboard_link.rsplit("/", 1)[0])
         assert http_get(web.url(API_PATH)).status == 404
         result = fit(

@@ -52,7 +52,7 @@ def runs(tmp_path_factory, stores, address):
     on another head's store that the gate refuses (tolerance 0, text), and a second version (text, ``--keep 1``).
     """
     root = tmp_path_factory.mktemp("cli") / "registry"
-    common = ("--validation", stores.validation, "--max-iter", "5")
+    common = ("--validation", stores.validation, "--max-iter", "2")
     # The first in this process (its --json answer is what is tested; the second shows exit 0 as a shell sees it).
     first = run_in_process(*retrain_args(root, stores.train, address, *common, "--json"))
     after_first = tree_state(root)
@@ -92,10 +92,10 @@ def test_retrain_json_publishes_the_first_version(runs, stores):
     gate = report["gate"]
     assert (gate["metric"], gate["current"], gate["limit"], gate["passed"]) == ("perplexity", None, None, True)
     assert (gate["store"], gate["in_sample"], gate["tolerance"]) == (stores.validation, False, 0.01)
-    assert report["fit"]["iterations"] <= 5 and report["fit"]["state"] in ("max_iter", "early_stopped", "converged")
+    assert report["fit"]["iterations"] <= 2 and report["fit"]["state"] in ("max_iter", "early_stopped", "converged")
     record = runs["first_record"]
     assert record["gate"] == gate
-    assert record["provenance"]["settings"]["max_iter"] == 5
+    assert record["provenance"]["settings"]["max_iter"] == 2
 
 
 def test_retrain_refused_by_the_gate_exits_1(runs, stores):

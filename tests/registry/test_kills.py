@@ -40,7 +40,7 @@ def base(tmp_path_factory, stores, client) -> Path:
         root,
         stores.train,
         validation=stores.validation,
-        settings=FitSettings(max_iter=4),
+        settings=FitSettings(max_iter=1),
         client=client,
         progress=False,
     )
@@ -89,7 +89,7 @@ def test_cli_killed_mid_fit_leaves_the_registry_valid_and_the_next_run_recovers(
     check = run_cli("models", "check", str(registry))
     assert (check.returncode, check.stdout) == (0, f"{registry}: 1 version, latest 1: every file checks out\n")
 
-    recovered = run_cli(*args, "--max-iter", "3", "--tolerance", "1")
+    recovered = run_cli(*args, "--max-iter", "1", "--tolerance", "1")
     assert recovered.returncode == 0, recovered.stderr
     assert f"{registry}/{LOCK_FILE}: breaking a stale lock (its process {proc.pid} on this host is gone)" in (
         recovered.stderr.splitlines()
@@ -139,7 +139,7 @@ CHILD = textwrap.dedent(
         RegistryFiles.write = counted(RegistryFiles.write)
         RegistryFiles.create = counted(RegistryFiles.create)
         RegistryFiles._write_temp = temp_written(RegistryFiles._write_temp)
-        retrain(registry, store, validation=validation, settings=FitSettings(max_iter=2), tolerance=1.0,
+        retrain(registry, store, validation=validation, settings=FitSettings(max_iter=1), tolerance=1.0,
                 cluster=ClusterOptions(scheduler=address), progress=False)
         print("not killed", file=sys.stderr, flush=True)
 
@@ -257,7 +257,7 @@ def test_next_run_recovers(killed, name, stores, client):
         registry,
         stores.train,
         validation=stores.validation,
-        settings=FitSettings(max_iter=2),
+        settings=FitSettings(max_iter=1),
         tolerance=1.0,
         client=client,
         progress=False,

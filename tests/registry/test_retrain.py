@@ -113,16 +113,18 @@ def test_second_run_warm_starts_from_latest(registry, stores, client):
 
 
 def test_keep_prunes_old_versions(registry, stores, client):
-    second = run(registry, stores.train, client, validation=stores.validation, tolerance=0.5, keep=2)
+    # What is tested is which versions each publish prunes: one iteration a retrain shows it.
+    one = FitSettings(max_iter=1)
+    second = run(registry, stores.train, client, validation=stores.validation, tolerance=0.5, keep=2, settings=one)
     assert (second.version, second.pruned) == (2, [])
-    third = run(registry, stores.train, client, validation=stores.validation, tolerance=0.5, keep=2)
+    third = run(registry, stores.train, client, validation=stores.validation, tolerance=0.5, keep=2, settings=one)
     assert (third.version, third.pruned, third.previous) == (3, [1], 2)
     assert third.to_json()["pruned"] == [1]
     reg = Registry(str(registry))
     assert reg.numbers() == [2, 3] and reg.latest_number() == 3
     assert len(list((registry / "models").iterdir())) == 2
     assert {p.relative_to(registry).as_posix() for p in registry.rglob("*") if p.is_file()} == expected_layout(registry)
-    fourth = run(registry, stores.train, client, validation=stores.validation, tolerance=0.5, keep=1)
+    fourth = run(registry, stores.train, client, validation=stores.validation, tolerance=0.5, keep=1, settings=one)
     assert (fourth.version, fourth.pruned) == (4, [2, 3])
     assert reg.numbers() == [4] and reg.problems() == []
 

@@ -87,8 +87,9 @@ def s3():
 
 @pytest.fixture(scope="module")
 def client(s3):
-    """This module's cluster, started once the credentials are in the environment its workers inherit."""
-    with local_cluster(2) as (_, c):
+    """This module's cluster, started once the credentials are in the environment its workers inherit: one worker
+    process, which reads the stores from S3 as any number would (what several workers do is tested elsewhere)."""
+    with local_cluster(1) as (_, c):
         yield c
 
 
@@ -113,7 +114,7 @@ def runs(s3, address):
         "--scheduler",
         address,
         "--max-iter",
-        "4",
+        "2",
     )
     # Through the command's main in this process: what is tested here is S3, not the process boundary, and a
     # process for each would load the package again.
@@ -226,7 +227,7 @@ def test_a_store_on_s3_takes_its_writer_lock_beside_it(s3):
 
     url = f"s3://{BUCKET}/stores/locked.zarr"
     layout = dataclasses.replace(LAYOUT, storage_options=s3.options)
-    write_synthetic(url, 3000, model=truth(0), seed=5, options=layout)
+    write_synthetic(url, 1000, model=truth(0), seed=5, options=layout)
     files = RegistryFiles(f"s3://{BUCKET}/stores", s3.options)
     assert files.read("locked.zarr.lock") is None  # released by the writer
     append = WriteOptions(append=True, storage_options=s3.options)
@@ -236,7 +237,7 @@ def test_a_store_on_s3_takes_its_writer_lock_beside_it(s3):
             write_synthetic(url, 100, seed=6, options=append)
         with pytest.raises(StoreLocked):
             rollback_append(url, storage_options=s3.options)
-    assert rollback_append(url, storage_options=s3.options) == 3000
-    assert write_synthetic(url, 100, seed=6, options=append).num_rows == 3100
-    assert TripleStore.open(StoreLocation.of(url, s3.options)).num_rows == 3100
+    assert rollback_append(url, storage_options=s3.options) == 1000
+    assert write_synthetic(url, 100, seed=6, options=append).num_rows == 1100
+    assert TripleStore.open(StoreLocation.of(url, s3.options)).num_rows == 1100
     assert files.read("locked.zarr.lock") is None

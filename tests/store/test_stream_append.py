@@ -104,7 +104,7 @@ APPENDER = textwrap.dedent(
     import numpy as np
     from dist_respattn.store import WriteOptions
     from dist_respattn.store.ingest.to_stream import write_stream_tokens
-    tokens = np.random.default_rng(1).integers(0, 40, 200_000_000).astype(np.uint8)
+    tokens = np.random.default_rng(1).integers(0, 40, 20_000_000, dtype=np.uint8)
     write_stream_tokens(sys.argv[1], tokens, None, options=WriteOptions(append=True))
     """
 )
