@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from dist_respattn import random_distribution
 from dist_respattn.store import WriteOptions, write_synthetic
 from tests.engine.clusters import local_cluster
+from tests.stdlib_packages import PACKAGES, package_corpus
 
 #: A small head: S symbols, context length N, query dim D, T targets.
 S, N, D, T = 30, 4, 5, 12
@@ -44,3 +49,31 @@ def client():
     that kills, retires or adds workers, or needs other worker settings, starts a cluster of its own."""
     with local_cluster(2) as (_, c):
         yield c
+
+
+#: A package the gated stores' training rows lack and their test rows hold.
+NEW_PACKAGE = "html"
+
+
+@pytest.fixture(scope="package")
+def package_stores(tmp_path_factory) -> tuple[str, str]:
+    """``(train, test)`` token-stream stores of stdlib text, each file's package its attribute, made by
+    ``dist-respattn ingest`` (a real command); the test store is made ``--like`` the training store and holds one more
+    package, ``NEW_PACKAGE``. Shared by the gated fit and serving modules (each made the same two stores); read-only."""
+    base = tmp_path_factory.mktemp("package-stores")
+    train, test = str(base / "train.zarr"), str(base / "test.zarr")
+    command = str(Path(sys.executable).parent / "dist-respattn")
+    corpus = package_corpus(base / "corpus")
+    done = subprocess.run(
+        [command, "ingest", "--text", corpus, "--attribute-by", "directory", "--vocab-size", "300", "--dim", "6",
+         "--context", "4", train, "--json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    held = package_corpus(base / "held", (*PACKAGES[:2], NEW_PACKAGE))
+    done = subprocess.run(
+        [command, "ingest", "--text", held, "--attribute-by", "directory", "--like", train, test, "--json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return train, test

@@ -286,10 +286,16 @@ BAD_VALUES = {
 
 @pytest.fixture(scope="module")
 def bad_value_runs(tmp_path_factory, address):
-    """``fit --json --scheduler`` on a store holding each bad value, all at once; and one in text mode."""
+    """``fit --json --scheduler`` on a store holding each bad value, all at once; and one in text mode.
+
+    The bad context id is run in text mode (row 5) and, in ``--json``, at row 600 (``later_chunk``): one command
+    more for it in ``--json`` at row 5 would take the same path as the second (each command is an interpreter's
+    start, ~1.5 CPU s)."""
     root = tmp_path_factory.mktemp("bad-values")
     runs = {}
     for name, (array, index, value, _) in BAD_VALUES.items():
+        if name == "context":
+            continue
         (root / name).mkdir()
         at = Scene.make(root / name, corrupt_store(root / name / "bad.zarr", array, index, value))
         runs[name] = (at, at.fit("--max-iter", "2", "--scheduler", address, "--json"))
@@ -299,9 +305,10 @@ def bad_value_runs(tmp_path_factory, address):
     return runs
 
 
-@pytest.mark.parametrize("case", ["context", "target", "query"])
+@pytest.mark.parametrize("case", ["target", "query"])
 def test_bad_value_is_a_one_line_error(bad_value_runs, case):
     """An id out of range or a NaN query, found by the workers, fails the fit naming the array, cell and value.
+    (A bad context id: the text-mode test and the later-chunk test below.)
 
     Nothing is written: no model directory, the store untouched. (``--json`` keeps the cluster
     announcement off stderr, so the error is its only line.)

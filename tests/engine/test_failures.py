@@ -440,26 +440,32 @@ GATED_PHASES = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase", GATED_PHASES)
-def test_a_gated_fit_killed_at_any_phase_resumes_alone_bit_identical(
-    tmp_path, gated_store, gated_reference, address, phase
-):
-    """``fit --attribute-factors 2 --max-iter 3 ...`` SIGKILLed during its shared stage, between the stages (before
-    the gated stage's first checkpoint), or during its gated stage; then ``fit STORE --model-dir DIR --resume``
-    alone. Before: refused in the first two phases (the directory "holds shared"), and given the gated options
-    again, the gated stage ran with its defaults (up to 30 iterations, tol 1e-6, patience 2). Now both stages end
-    bit-identical to the uninterrupted fit, with the same histories."""
-    model_dir = tmp_path / "model"
-    proc = start_cli(*gated_fit_args(gated_store, model_dir, address))
-    deadline = time.monotonic() + 120
-    while not GATED_PHASES[phase](model_dir):
-        assert proc.poll() is None, f"the fit ended before the {phase} phase was seen: {proc.communicate()[1]}"
-        assert time.monotonic() < deadline, f"no {phase} phase after 120 s"
-        time.sleep(0.002)
-    sigkill(proc)
-    assert GATED_PHASES[phase](model_dir), f"the fit left the {phase} phase before it died"
+def test_a_gated_fit_killed_at_each_phase_resumes_alone_bit_identical(tmp_path, gated_store, gated_reference, address):
+    """``fit --attribute-factors 2 --max-iter 3 ...`` SIGKILLed during its shared stage; then ``fit STORE --model-dir
+    DIR --resume`` alone, SIGKILLed between the stages (before the gated stage's first checkpoint); then the same,
+    SIGKILLed during its gated stage; then the same to the end. Before: refused in the first two phases (the
+    directory "holds shared"), and given the gated options again, the gated stage ran with its defaults (up to 30
+    iterations, tol 1e-6, patience 2). Now each resumed command goes on from where the last one died, and both stages
+    end bit-identical to the uninterrupted fit, with the same histories and settings.
 
-    resumed = run_cli("fit", gated_store, "--model-dir", str(model_dir), "--resume", "--scheduler", address, "--json")
+    One fit killed at each phase in turn, not a fit from the start for each phase: a resume that went wrong at any
+    phase shows in the phases after it (a refusal or an early end as a command that ends before the next phase is
+    seen; a stage run with other settings in the recorded settings, histories and bits compared at the end)."""
+    model_dir = tmp_path / "model"
+    resume = ("fit", gated_store, "--model-dir", str(model_dir), "--resume", "--scheduler", address, "--json")
+    command = gated_fit_args(gated_store, model_dir, address)
+    for phase in GATED_PHASES:
+        proc = start_cli(*command)
+        deadline = time.monotonic() + 120
+        while not GATED_PHASES[phase](model_dir):
+            assert proc.poll() is None, f"the fit ended before the {phase} phase was seen: {proc.communicate()[1]}"
+            assert time.monotonic() < deadline, f"no {phase} phase after 120 s"
+            time.sleep(0.002)
+        sigkill(proc)
+        assert GATED_PHASES[phase](model_dir), f"the fit left the {phase} phase before it died"
+        command = resume
+
+    resumed = run_cli(*resume)
     assert resumed.returncode == 0, resumed.stderr
     report = json.loads(resumed.stdout)
     assert (report["kind"], report["state"], report["iterations"]) == ("gated", "max_iter", GATED_ITERATIONS)
@@ -487,7 +493,8 @@ def test_a_gated_fit_killed_at_any_phase_resumes_alone_bit_identical(
 def resume_runs(tmp_path_factory, small_store, engine_client, address):
     """Fits made through the API, then ``--resume`` commands on them, all started at once.
 
-    ``tol``/``seed``: a finished fit (2 iterations, tol 0) resumed with another ``--tol`` / ``--seed``.
+    ``settings``: a finished fit (2 iterations, tol 0) resumed with another ``--tol`` and another ``--seed`` (one
+    command: both differences are found by one comparison, and the line must name each).
     ``store``: the same fit resumed on another store. ``empty``: ``--resume`` into an empty directory.
     ``converged``: a converged fit resumed with its own settings, with ``DASK_SCHEDULER_ADDRESS`` naming a
     port nothing listens on (a fit that tried to reach a cluster would fail).
@@ -513,8 +520,7 @@ def resume_runs(tmp_path_factory, small_store, engine_client, address):
     common = ("--max-iter", "2", "--tol", "0", "--scheduler", address)
     resume_finished = ("fit", small_store, "--model-dir", str(finished), "--resume", "--scheduler", address)
     launched = {
-        "tol": Launched((*resume_finished, "--tol", "0.001"), deadline=60),
-        "seed": Launched((*resume_finished, "--seed", "5"), deadline=60),
+        "settings": Launched((*resume_finished, "--tol", "0.001", "--seed", "5"), deadline=60),
         "store": Launched(("fit", str(other_store), "--model-dir", str(finished), "--resume", *common), deadline=60),
         "empty": Launched(("fit", small_store, "--model-dir", str(empty), "--resume", *common, "--json"), deadline=60),
         "converged": Launched(
@@ -529,15 +535,13 @@ def resume_runs(tmp_path_factory, small_store, engine_client, address):
     }  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("option", "setting"), [("tol", "tol: 0.0 -> 0.001"), ("seed", "seed: 0 -> 5")], ids=["tol", "seed"]
-)
+@pytest.mark.parametrize("setting", ["tol: 0.0 -> 0.001", "seed: 0 -> 5"], ids=["tol", "seed"])
 @pytest.mark.slow
-def test_resume_with_other_settings_is_refused(resume_runs, option, setting):
-    """``--resume`` with another ``--tol`` or ``--seed`` than the checkpoint's: one line naming the setting
-    and both values, exit 2, and the model directory unchanged (contents and mtimes)."""
+def test_resume_with_other_settings_is_refused(resume_runs, setting):
+    """``--resume`` with another ``--tol`` and ``--seed`` than the checkpoint's: one line naming each setting
+    and both its values, exit 2, and the model directory unchanged (contents and mtimes)."""
     finished = resume_runs["finished"]
-    assert_fit_error(resume_runs[option].wait(), str(finished), "cannot resume with other settings", setting)
+    assert_fit_error(resume_runs["settings"].wait(), str(finished), "cannot resume with other settings", setting)
     assert tree_state(finished) == resume_runs["before"][finished]
 
 

@@ -26,13 +26,11 @@ from dist_respattn.model.heads.gated.kind import GatedSpec
 from dist_respattn.store import WriteOptions, write_arrays
 from dist_respattn.store.predictions import target_words
 from tests.engine.clusters import local_cluster
+from tests.engine.conftest import NEW_PACKAGE
 from tests.stdlib_packages import PACKAGES, package_corpus
 
 # Every test here starts a cluster or a command.
 pytestmark = pytest.mark.slow
-
-#: A package left out of training, folded in at evaluation.
-NEW_PACKAGE = "html"
 
 #: The shared stage's loop settings in these tests.
 SHARED = FitSettings(max_iter=3, seed=0)
@@ -58,21 +56,11 @@ def _here(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory):
+def stores(package_stores):
     """``(train, test)`` token-stream stores of stdlib text with the package as each file's attribute; the test
-    store is made --like the training store and holds one more package."""
-    base = tmp_path_factory.mktemp("gated")
-    train, test = str(base / "train.zarr"), str(base / "test.zarr")
-    corpus = package_corpus(base / "corpus")
-    done = _cli(
-        "ingest", "--text", corpus, "--attribute-by", "directory", "--vocab-size", "300", "--dim", "6",
-        "--context", "4", train, "--json",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    held = package_corpus(base / "held", (*PACKAGES[:2], NEW_PACKAGE))
-    done = _cli("ingest", "--text", held, "--attribute-by", "directory", "--like", train, test, "--json")
-    assert done.returncode == 0, done.stderr
-    return train, test
+    store is made --like the training store and holds one more package (``package_stores``, shared with the
+    serving tests)."""
+    return package_stores
 
 
 @pytest.fixture(scope="module")

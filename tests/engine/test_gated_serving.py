@@ -21,14 +21,13 @@ from dist_respattn.model.heads.base import Block
 from dist_respattn.model.heads.gated.head import GatedHead
 from dist_respattn.model.streaming import Predictor
 from dist_respattn.store.predictions import target_words
-from tests.stdlib_packages import PACKAGES, package_corpus
+from tests.engine.conftest import NEW_PACKAGE
+from tests.stdlib_packages import package_corpus
 
 # Every test here starts a command (and the module a cluster).
 pytestmark = pytest.mark.slow
 
 COMMAND = str(Path(sys.executable).parent / "dist-respattn")
-#: A package the model never saw: its rows are ranked under the shared head.
-NEW_PACKAGE = "html"
 TOP = 3
 
 
@@ -37,19 +36,10 @@ def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory) -> tuple[str, str]:
-    """``(train, test)``: stdlib text, each file's package its attribute; the test store holds a package more."""
-    base = tmp_path_factory.mktemp("gated-serving")
-    train, test = str(base / "train.zarr"), str(base / "test.zarr")
-    done = _cli(
-        "ingest", "--text", package_corpus(base / "corpus"), "--attribute-by", "directory", "--vocab-size", "300",
-        "--dim", "6", "--context", "4", train, "--json",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    held = package_corpus(base / "held", (*PACKAGES[:2], NEW_PACKAGE))
-    done = _cli("ingest", "--text", held, "--attribute-by", "directory", "--like", train, test, "--json")
-    assert done.returncode == 0, done.stderr
-    return train, test
+def stores(package_stores) -> tuple[str, str]:
+    """``(train, test)``: stdlib text, each file's package its attribute; the test store holds a package more
+    (``package_stores``, shared with the gated fit tests)."""
+    return package_stores
 
 
 @pytest.fixture(scope="module")

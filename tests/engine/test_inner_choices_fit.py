@@ -5,9 +5,11 @@ choice is made (and recorded in the checkpoint and the fit's lines) the same way
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import distributed
 import numpy as np
 import pytest
 
@@ -25,9 +27,19 @@ SPECS: dict[str, Any] = {
 }
 
 
+@pytest.fixture(scope="module")
+def one_worker() -> Iterator[distributed.Client]:
+    """A client of this module's cluster of one worker process; the two-worker fits run on the engine tests' shared
+    cluster (``client``). Neither is changed: a fit leaves nothing on its workers."""
+    with local_cluster(1) as (_, client):
+        yield client
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(SPECS))
-def test_the_inner_choices_are_made_alike_on_one_and_two_workers(kind: str, tmp_path: Path) -> None:
+def test_the_inner_choices_are_made_alike_on_one_and_two_workers(
+    kind: str, tmp_path: Path, client: distributed.Client, one_worker: distributed.Client
+) -> None:
     spec = SPECS[kind]
     shape = (12, 6, 2, 12)
     data = copy_data(900, shape, seed=41)
@@ -36,15 +48,11 @@ def test_the_inner_choices_are_made_alike_on_one_and_two_workers(kind: str, tmp_
                  options=WriteOptions(chunk_rows=128, partition_rows=256))  # fmt: skip
     settings = FitSettings(max_iter=3, tol=0.0, holdout_fraction=0.25)
     fitted, histories = [], []
-    with local_cluster(2) as (_, client):
-        for n_workers in (2, 1):
-            if n_workers == 1:
-                client.retire_workers([next(iter(client.scheduler_info()["workers"]))])
-                client.wait_for_workers(1)
-            assert len(client.scheduler_info()["workers"]) == n_workers
-            result = fit(store, model_dir=tmp_path / f"model-{n_workers}", settings=settings, head=spec, client=client)
-            fitted.append(result.model.to_arrays()[0])
-            histories.append(result.history)
+    for n_workers, on in ((2, client), (1, one_worker)):
+        assert len(on.scheduler_info()["workers"]) == n_workers
+        result = fit(store, model_dir=tmp_path / f"model-{n_workers}", settings=settings, head=spec, client=on)
+        fitted.append(result.model.to_arrays()[0])
+        histories.append(result.history)
     two, one = fitted
     assert two.keys() == one.keys()
     for name in two:
