@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-pytest_plugins = ["pytester", "tests.bytecode", "tests.slow_budget", "tests.warm_up"]
+pytest_plugins = ["pytester", "tests.bytecode", "tests.cpu_report", "tests.slow_budget", "tests.warm_up"]
 
 
 @pytest.fixture(scope="session")
