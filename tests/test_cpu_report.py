@@ -49,7 +49,7 @@ def test_the_costliest_tests_are_named_with_their_children_s_cpu(pytester: pytes
     child, fixture = spent["test_suite.py::test_in_a_child_process"], spent["test_suite.py::test_in_its_fixture"]
     assert child > 0.2 and fixture > 0.1, spent  # the child's loop counts (reaped), as does the fixture's setup
     assert "test_suite.py::test_quick" not in spent  # only the two costliest
-    assert spent["test_suite.py"] >= child + fixture
+    assert spent["test_suite.py"] >= child + fixture - 0.02  # each figure is printed rounded to 0.01 s
 
 
 @pytest.mark.slow
