@@ -309,6 +309,7 @@ def _bokeh_sessions(dask_scheduler: Any) -> int:
     )
 
 
+@pytest.mark.slow
 def test_the_dashboard_is_found_without_opening_its_page(client):
     """Describing a cluster finds its dashboard (a link that answers) without the scheduler building the status
     page's Bokeh document: the check asks with ``HEAD``, which opens no session (a ``GET`` opened one, and the
