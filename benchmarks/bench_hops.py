@@ -12,6 +12,9 @@ With ``--previous FILE`` (another checkout's ``dist_respattn/model/heads/hops/ke
 kernel's E-step is timed on the same rows and parameters, taking turns with the others: a change's before and after
 in one run.
 
+With ``--stream`` the rows are instead a synthetic token stream's (each window the previous one's but one token),
+and with ``--sparse`` the emission is sparse over the rows' own (symbol, target) pairs.
+
 With ``--store`` and ``--model``, the rows are instead a real store's first ``--rows`` rows and the heads a fitted
 chain (``--model``, a model directory of ``fit --head hops``) and its own single head (hop 1's keys, gate and
 emission), each E-step as a fit runs it on that store's blocks.
@@ -22,6 +25,7 @@ Run::
     python benchmarks/bench_hops.py --rows 20000 --json   # a smoke run
     python benchmarks/bench_hops.py --store train.zarr --model hops-model --rows 300000 --parity-rows 0   # real rows
     python benchmarks/bench_hops.py --rows 30000 --repeats 40 --previous OLD/dist_respattn/model/heads/hops/kernels.py
+    python benchmarks/bench_hops.py --rows 300000 --repeats 5 --stream --parity-rows 0   # a token stream's rows
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from dist_respattn.model.emission.layouts import DenseEmission, SparseEmission  # noqa: E402
+from dist_respattn.model.emission.layouts import DenseEmission, PairSupport, SparseEmission  # noqa: E402
 from dist_respattn.model.heads.base import Block, TrainerContext  # noqa: E402
 from dist_respattn.model.heads.hops import HopsHead, HopsSpec  # noqa: E402
 from dist_respattn.model.heads.hops.kind import hop_statistics  # noqa: E402
@@ -190,6 +194,18 @@ def real_rows(args: argparse.Namespace) -> tuple[dict[str, Any], dict[int, float
     return figures, {head.n_hops: rate}
 
 
+def stream_rows(n_rows: int, s: int, n: int, d: int, seed: int = 4) -> WindowRows:
+    """The rows of a synthetic token stream (``--stream``): Zipfian tokens over ``s`` symbols, each row's window the
+    ``n`` tokens before its target (the next token), its query its last token's row of a random (S, D) embedding
+    table, which is also the chain's hop-query table."""
+    rng = np.random.default_rng(seed)
+    frequency = 1.0 / np.arange(1, s + 1)
+    tokens = rng.choice(s, size=n_rows + n, p=frequency / frequency.sum()).astype(np.int32)
+    end = np.arange(n, n_rows + n, dtype=np.int64)
+    embedding = rng.normal(size=(s, d))
+    return WindowRows(tokens, end - n, end, tokens[end], embedding, tokens[end - 1].astype(np.int64), None, 0)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -205,6 +221,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--previous", help="another checkout's hops kernels.py: its E-step timed on the same rows, beside this one's"
     )
+    parser.add_argument(
+        "--stream", action="store_true", help="the rows of a synthetic token stream instead of sampled rows"
+    )
+    parser.add_argument(
+        "--sparse", action="store_true", help="a sparse emission over the rows' own (symbol, target) pairs"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if (args.store is None) != (args.model is None):
@@ -215,34 +237,48 @@ def main(argv: list[str] | None = None) -> None:
         return
     s, n, d = args.symbols, args.context, args.dim
     truth = random_distribution(s, n, d, s, seed=0, sigma2=1.0)
-    context, query, target = truth.sampler(1).sample_arrays(args.rows)
-    context = np.ascontiguousarray(context, dtype=np.int32)
-    query, target = query.astype(np.float32), target.astype(np.int32)
     model = random_distribution(s, n, d, s, seed=2, sigma2=1.0)  # scored under another head, as EM does
+    if args.stream:
+        rows = stream_rows(args.rows, s, n, d)
+        hop_queries = np.asarray(rows.query_table)
+    else:
+        context, query, target = truth.sampler(1).sample_arrays(args.rows)
+        context = np.ascontiguousarray(context, dtype=np.int32)
+        query, target = query.astype(np.float32), target.astype(np.int32)
+        rows = WindowRows.from_encoded(context, query, target)
+        hop_queries = np.asarray(truth.key_means)
+    support = None
+    if args.sparse:
+        # The rows' own (symbol, target) pairs, as a fit's start pass finds them.
+        pairs = [rows.target[:, None].astype(np.int64) * s + rows.tokens[rows.begin[:, None] + np.arange(n)]]
+        support = PairSupport.from_keys(np.unique(np.concatenate(pairs, axis=None)), s, s)
+        model = model.with_emission(model.emission_table.restricted(support))
     rng = np.random.default_rng(3)
     chains = {
-        h: HopsHead(
-            model, rng.normal(scale=3.0, size=(h - 1, s, d)), np.full((h - 1, n), 1.0 / n), np.asarray(truth.key_means)
-        )
+        h: HopsHead(model, rng.normal(scale=3.0, size=(h - 1, s, d)), np.full((h - 1, n), 1.0 / n), hop_queries)
         for h in (2, 3)
     }
-    rows = WindowRows.from_encoded(context, query, target)
-    small = slice(0, min(1000, args.rows))
-    ResponsibilityAttentionAccumulator(s, n, d, s).seq_update(
-        (context[small], query[small], target[small]), None, model
-    )
+    small = rows.select(slice(0, min(1000, args.rows)))
+
+    def single(batch: WindowRows = rows) -> None:
+        accumulator = ResponsibilityAttentionAccumulator(
+            s, n, d, s, layout="dense" if support is None else "sparse", support=support
+        )
+        if args.stream:
+            accumulator.seq_update_windows(batch, model)
+        else:
+            stop = batch.num_rows
+            accumulator.seq_update((context[:stop], query[:stop], target[:stop]), None, model)
+
+    single(small)
     for head in chains.values():
-        hop_statistics(head, [Block(WindowRows.from_encoded(context[small], query[small], target[small]), None)])
-
-    def single() -> None:
-        ResponsibilityAttentionAccumulator(s, n, d, s).seq_update((context, query, target), None, model)
-
+        hop_statistics(head, [Block(small, None)])
     runs: dict[Any, Callable[[], object]] = {"single": single}
     runs.update({h: (lambda head=head: hop_statistics(head, [Block(rows, None)])) for h, head in chains.items()})
     previous = previous_kernels(args.previous)
     if previous is not None:
         for h, head in chains.items():
-            previous_run(previous, head, WindowRows.from_encoded(context[small], query[small], target[small]))()
+            previous_run(previous, head, small)()
             runs[("previous", h)] = previous_run(previous, head, rows)
     times = best_times(args.repeats, runs)
     single_rate = args.rows / times["single"]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from mixle.stats.latent import chained_attention as ref
 
+from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import DenseEmission, PairSupport
 from dist_respattn.model.fitting.em import fit_em
 from dist_respattn.model.heads.base import Block, TrainerContext
@@ -395,3 +396,45 @@ def test_windows_of_new_pairs_between_stream_windows_equal_the_enumeration(hops)
     np.testing.assert_allclose(arrays.key_sum, key_sum, rtol=1e-11, atol=1e-13)
     np.testing.assert_allclose(arrays.key_mass, key_mass, rtol=1e-11, atol=1e-13)
     np.testing.assert_allclose(arrays.emission_count_ts, counts.T, rtol=1e-11, atol=1e-13)
+
+
+@pytest.mark.parametrize("hops", [2, 3])
+def test_sampled_rows_visited_by_target_equal_the_enumeration(hops):
+    """Rows that are not a stream's, visited grouped by target (their windows' tokens copied into that order, short
+    windows and weightless rows among them): the enumeration's statistics, and row order's to rounding; rows no path
+    explains are named in row order, not in the order they were visited."""
+    shape = (6, 4, 8, 5)
+    head = random_chain(shape, hops, 13)
+    rng = np.random.default_rng(14)
+    n = 24
+    context = rng.integers(0, shape[0], size=(n, shape[1])).astype(np.int32)
+    query = rng.normal(size=(n, shape[2]))
+    target = rng.integers(0, shape[3], size=n).astype(np.int32)
+    lengths = rng.integers(1, shape[1] + 1, size=n)
+    weight = np.ones(n)
+    weight[[3, 10]] = 0.0
+    rows = rows_of(context, query, target, lengths)._replace(weight=weight)
+    grouped = HopArrays.zeros(hops, head.shape, None)
+    assert hop_estep(rows, head.parameters, grouped, group_by_target=True) == 0
+    in_rows = HopArrays.zeros(hops, head.shape, None)
+    hop_estep(rows, head.parameters, in_rows, group_by_target=False)
+    kept = weight > 0
+    key_sum, key_mass, _, counts, log_lik = brute_statistics(
+        head, context[kept], query[kept], target[kept], lengths[kept]
+    )
+    assert grouped.scalars[2] == pytest.approx(log_lik, rel=1e-12)
+    np.testing.assert_allclose(grouped.key_sum, key_sum, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(grouped.key_mass, key_mass, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(grouped.emission_count_ts, counts.T, rtol=1e-11, atol=1e-13)
+    for a, b in zip(dataclasses.astuple(grouped), dataclasses.astuple(in_rows), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
+    # Targets 1 and 4 no symbol emits: rows 2 (target 4) and 9 (target 1), visited 9 first.
+    probs = head.single.emission_table.to_dense()
+    probs[:, [1, 4]] = 0.0
+    impossible = HopsHead(head.single.with_emission(DenseEmission(probs / probs.sum(axis=1, keepdims=True))),
+                          head.keys, head.priors, head.hop_queries)  # fmt: skip
+    target = np.where(np.isin(target, [1, 4]), 0, target).astype(np.int32)
+    target[2], target[9] = 4, 1
+    rows = rows_of(context, query, target, lengths)
+    with pytest.raises(ImpossibleEvidenceError, match=r"rows 2, 9 have"):
+        hop_estep(rows, impossible.parameters, HopArrays.zeros(hops, head.shape, None), group_by_target=True)
