@@ -36,6 +36,7 @@ __all__ = [
     "codebook_proba",
     "codebook_score",
     "far_histogram",
+    "far_masses",
     "state_proba",
 ]
 
@@ -372,14 +373,14 @@ def _near_distance(y, key_means, c):  # pragma: no cover - compiled
 def _estep(
     tokens, begin, end, target, query_table, query_index, weight, key_means, inv_two_sigma2, gate_const, prior,
     log_prior, log_omega, log_emission_ts, log_code_ts, flat_codes, flat_means, code_ts, key_sum, key_mass,
-    emission_count, code_sum, code_mass, code_count, prior_mass, omega_mass, scalars, gates, shifts, done,
-    code_query,
+    emission_count, code_sum, code_count, prior_mass, scalars, gates, shifts, done, code_query,
 ):  # pragma: no cover - compiled  # fmt: skip
     """The E-step of window rows. Flat cells ``k = b W + w``: ``flat_means`` (B W, D), ``code_ts`` (T, B W),
-    ``code_sum`` (B W, D), ``code_mass`` (B W,), ``code_count`` (T, B W). ``gates``/``shifts``/``done``/``code_query``
-    ((V B W,), (V,), (V,), (V, B W)): each query-table row's cell gates (:func:`_query_gates`), filled on first use,
-    and its cells' responsibilities (the query sums are made per table row at the end); empty (V = 0), every row
-    makes its own gates and adds its query sums."""
+    ``code_sum`` (B W, D), ``code_count`` (T, B W) (the cells' and codebooks' masses are its sums, made at the end:
+    :func:`far_masses`). ``gates``/``shifts``/``done``/``code_query`` ((V B W,), (V,), (V,), (V, B W)): each
+    query-table row's cell gates (:func:`_query_gates`), filled on first use, and its cells' responsibilities (the
+    query sums are made per table row at the end); empty (V = 0), every row makes its own gates and adds its query
+    sums."""
     n_near = prior.shape[0] - 1
     n_books = log_code_ts.shape[1]
     n_words = log_code_ts.shape[2]
@@ -493,21 +494,19 @@ def _estep(
         if far_sum > 0.0:
             far = far_e * share
             per_term = far / far_sum
-            for b in range(n_books):
-                book = 0.0
-                for w in range(n_words):
-                    k = b * n_words + w
+            # The cells' masses and the codebooks' are the sums of the codeword counts, made once at the end.
+            if cached:
+                for k in range(n_cells):
                     resp = terms[k] * per_term
-                    code_mass[k] += resp
                     code_count[t, k] += resp
                     # With a query table of few rows, the query sums are made per table row once, at the end.
-                    if cached:
-                        code_query[v, k] += resp
-                    else:
-                        for d in range(n_dim):
-                            code_sum[k, d] += resp * y[d]
-                    book += resp
-                omega_mass[b] += book
+                    code_query[v, k] += resp
+            else:
+                for k in range(n_cells):
+                    resp = terms[k] * per_term
+                    code_count[t, k] += resp
+                    for d in range(n_dim):
+                        code_sum[k, d] += resp * y[d]
             prior_mass[n_near] += far
         # The options this row lacks were drawn and rejected: pi_o / A expected draws each (exact EM of the
         # renormalized prior, as the single head's short windows count them).
@@ -564,7 +563,9 @@ class EstepTables:
 
 
 def codebook_estep(rows: Any, params: CodebookParameters, tables: EstepTables, arrays: CodebookArrays) -> None:
-    """Add the E-step statistics of window ``rows`` (in order; weights in ``rows.weight``) into ``arrays``."""
+    """Add the E-step statistics of window ``rows`` (in order; weights in ``rows.weight``) into ``arrays``, all but
+    the far masses ``code_mass`` and ``omega_mass``, which :func:`far_masses` makes from the counts once the blocks
+    are in."""
     n_books, n_words, d = params.code_means.shape
     cells = n_books * n_words
     cached = _caches(rows, cells)
@@ -575,29 +576,64 @@ def codebook_estep(rows: Any, params: CodebookParameters, tables: EstepTables, a
     _estep(  # type: ignore[call-arg]
         *rows.kernel_arrays(), p.key_means, p.inv_two_sigma2, p.gate_const, p.prior, p.log_prior, p.log_omega,
         p.log_emission_ts, p.log_code_ts, tables.flat_codes, tables.flat_means, tables.code_ts, arrays.key_sum,
-        arrays.key_mass, arrays.emission_count, arrays.code_sum.reshape(cells, d), arrays.code_mass.reshape(cells),
-        arrays.code_count.reshape(-1, cells), arrays.prior_mass, arrays.omega_mass, arrays.scalars, gates, shifts,
-        done, code_query,
+        arrays.key_mass, arrays.emission_count, arrays.code_sum.reshape(cells, d), arrays.code_count.reshape(-1, cells),
+        arrays.prior_mass, arrays.scalars, gates, shifts, done, code_query,
     )  # fmt: skip
     if cached:
         _query_sums(code_query, done, rows.query_table, arrays.code_sum.reshape(cells, d))
 
 
+def far_masses(arrays: CodebookArrays) -> None:
+    """Set ``arrays.code_mass`` and ``arrays.omega_mass`` from the codeword counts (the E-step adds neither: a far
+    cell's mass is its counts' sum over the targets, a codebook's its cells')."""
+    _far_masses(arrays.code_count.reshape(arrays.code_count.shape[0], -1), arrays.code_mass.reshape(-1),
+                arrays.omega_mass)  # fmt: skip
+
+
+@numba.njit(cache=True, nogil=True)
+def _far_masses(code_count, code_mass, omega_mass):  # pragma: no cover - compiled
+    """``code_mass[k] = sum_t code_count[t, k]`` (targets in order) and ``omega_mass[b]`` the sum of its cells'."""
+    code_mass[:] = 0.0
+    for t in range(code_count.shape[0]):
+        for k in range(code_count.shape[1]):
+            code_mass[k] += code_count[t, k]
+    n_words = code_mass.shape[0] // omega_mass.shape[0]
+    for b in range(omega_mass.shape[0]):
+        total = 0.0
+        for w in range(n_words):
+            total += code_mass[b * n_words + w]
+        omega_mass[b] = total
+
+
 @numba.njit(cache=True, nogil=True)
 def _query_sums(code_query, done, query_table, code_sum):  # pragma: no cover - compiled
-    """``code_sum[k] += sum_v code_query[v, k] y_v`` over the query-table rows used, in row order."""
+    """``code_sum[k] += sum_v code_query[v, k] y_v`` over the query-table rows used, in row order, four rows at a
+    time (their four terms summed, then added: each cell's sums are loaded and stored once per four rows)."""
     n_dim = code_sum.shape[1]
-    y = np.empty(n_dim)
-    for v in range(code_query.shape[0]):
-        if not done[v]:
-            continue
+    n_cells = code_query.shape[1]
+    used = np.flatnonzero(done)
+    ys = np.empty((4, n_dim))
+    n_used = used.shape[0]
+    full = n_used - n_used % 4
+    for i in range(0, full, 4):
+        v0, v1, v2, v3 = used[i], used[i + 1], used[i + 2], used[i + 3]
         for d in range(n_dim):
-            y[d] = query_table[v, d]
-        for k in range(code_query.shape[1]):
+            ys[0, d] = query_table[v0, d]
+            ys[1, d] = query_table[v1, d]
+            ys[2, d] = query_table[v2, d]
+            ys[3, d] = query_table[v3, d]
+        for k in range(n_cells):
+            a0, a1, a2, a3 = code_query[v0, k], code_query[v1, k], code_query[v2, k], code_query[v3, k]
+            for d in range(n_dim):
+                code_sum[k, d] += ((a0 * ys[0, d] + a1 * ys[1, d]) + a2 * ys[2, d]) + a3 * ys[3, d]
+    for i in range(full, n_used):
+        v = used[i]
+        for d in range(n_dim):
+            ys[0, d] = query_table[v, d]
+        for k in range(n_cells):
             a = code_query[v, k]
-            if a != 0.0:
-                for d in range(n_dim):
-                    code_sum[k, d] += a * y[d]
+            for d in range(n_dim):
+                code_sum[k, d] += a * ys[0, d]
 
 
 @numba.njit(cache=True, nogil=True)

@@ -34,7 +34,7 @@ from dist_respattn.model.heads.base import (
     sum_into_copy,
 )
 from dist_respattn.model.heads.codebook.head import CodebookHead
-from dist_respattn.model.heads.codebook.kernels import CodebookArrays, CodebookParameters, codebook_estep
+from dist_respattn.model.heads.codebook.kernels import CodebookArrays, CodebookParameters, codebook_estep, far_masses
 from dist_respattn.model.heads.codebook.quantize import LLOYD_STEPS, codebook_assignment, symbol_features
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.scores import ScoreTotals
@@ -181,7 +181,8 @@ class CodebookStatistics:
     Attributes:
         key_sum: (S, D), ``key_mass``: (S,), ``emission_count``: (S, T): the near positions' query sums,
             responsibilities and (symbol, target) counts.
-        code_sum: (B, W, D), ``code_mass``: (B, W), ``code_count``: (B, W, T): the same per far cell.
+        code_sum: (B, W, D), ``code_mass``: (B, W), ``code_count``: (T, B, W): the same per far cell, the counts
+            target-major as the E-step adds them (a row adds one contiguous row of them).
         prior_mass: (N0 + 1,) per near recency and the far field (with a short window's rejected draws).
         omega_mass: (B,) the far field's responsibility per codebook.
         scalars: (2,) the rows' weight and their log-likelihood.
@@ -236,9 +237,8 @@ def codebook_statistics(head: CodebookHead, blocks: Iterable[Block]) -> Codebook
         rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
         head.check_rows(rows)
         codebook_estep(rows, params, tables, arrays)
-    fields = list(arrays.fields())
-    fields[5] = np.ascontiguousarray(arrays.code_count.transpose(1, 2, 0))  # (T, B, W) -> (B, W, T)
-    return CodebookStatistics(*fields)
+    far_masses(arrays)
+    return CodebookStatistics(*arrays.fields())
 
 
 def _smoothed(counts: np.ndarray, strength: float, centre: np.ndarray, previous: np.ndarray) -> np.ndarray:
@@ -359,7 +359,8 @@ class CodebookCandidates(Candidates):
             if which == "near":
                 self._tables[key] = _smoothed(st.emission_count, strength, self.centres[0], previous.emission)
             else:
-                self._tables[key] = _smoothed(st.code_count, strength, self.centres[1], previous.code_emission)
+                counts = np.ascontiguousarray(st.code_count.transpose(1, 2, 0))  # (T, B, W) -> (B, W, T)
+                self._tables[key] = _smoothed(counts, strength, self.centres[1], previous.code_emission)
         return self._tables[key]
 
     def choose(self, grid: Grid, scores: Any) -> tuple[CodebookChoice, dict[str, float] | None]:
