@@ -12,7 +12,8 @@ the kept store was opened from. The same bytes are the same attributes, hence th
 checks (every write and append records new attributes: a rewritten store carries its creation time), so a
 replaced store is still seen as before; different or unreadable bytes open the store anew. A kept store
 forgets which shard files it saw present (:meth:`renew`), so a file removed between tasks is still refused by
-name. At most :data:`KEPT` stores are kept, the least recently used dropped first.
+name. At most :data:`KEPT` stores holding at most :data:`KEPT_BYTES` between them (a stream store holds its
+embedding table) are kept, the least recently used dropped first.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ import threading
 from dist_respattn.store import StoreLocation, open_store
 from dist_respattn.store.rows import RowStore
 
-__all__ = ["KEPT", "ROOT_METADATA", "forget", "open_kept", "unchanged"]
+__all__ = ["KEPT", "KEPT_BYTES", "ROOT_METADATA", "forget", "open_kept", "unchanged"]
 
 #: The store file whose bytes say whether a kept store is still the one at its location.
 ROOT_METADATA = "zarr.json"
 #: Stores kept at once (a fit's training and validation stores, an evaluation's test store...).
 KEPT = 4
+#: The memory kept stores may hold between them; a store holding more is opened for each task as before.
+KEPT_BYTES = 256 * 2**20
 
 _lock = threading.Lock()
 #: location -> (the root metadata's bytes the store was opened from, the store)
@@ -47,11 +50,11 @@ def open_kept(location: StoreLocation) -> RowStore:
             store.renew()
             return store
     store = open_store(location)
-    if metadata is not None:
+    if metadata is not None and store.resident_nbytes() <= KEPT_BYTES:
         with _lock:
             _kept[location] = (metadata, store)
             _kept.move_to_end(location)
-            while len(_kept) > KEPT:
+            while len(_kept) > KEPT or sum(s.resident_nbytes() for _, s in _kept.values()) > KEPT_BYTES:
                 _kept.popitem(last=False)
     return store
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dist_respattn import random_distribution
 from dist_respattn.engine import kept_stores
 from dist_respattn.engine.worker_tasks import score_task
 from dist_respattn.store import StoreCorruptError, StoreError, StoreLocation, WriteOptions, open_store, write_synthetic
+from dist_respattn.store.ingest.to_stream import write_stream_tokens
 
 TRUTH = random_distribution(12, 3, 2, 12, seed=0)  # S, N, D, T
 LAYOUT = WriteOptions(chunk_rows=256, partition_rows=1024)
@@ -71,3 +73,19 @@ def test_an_unreadable_root_metadata_keeps_nothing(tmp_path):
     assert location.read_key(kept_stores.ROOT_METADATA) is None
     with pytest.raises(StoreError):
         kept_stores.open_kept(location)
+
+
+def test_stores_are_kept_within_their_count_and_memory(tmp_path, monkeypatch):
+    locations = [_store(tmp_path / f"s{i}.zarr", i) for i in range(kept_stores.KEPT + 1)]
+    opened = [kept_stores.open_kept(location) for location in locations]
+    assert kept_stores.open_kept(locations[0]) is not opened[0]  # the least recently used went first
+    assert all(
+        kept_stores.open_kept(location) is store for location, store in zip(locations[2:], opened[2:], strict=True)
+    )
+    stream = tmp_path / "stream.zarr"
+    location = write_stream_tokens(stream, np.arange(4096) % 12, 3, num_symbols=12, dim=4, seed=0).location
+    held = kept_stores.open_kept(location).resident_nbytes()
+    assert held >= 12 * 4 * 4  # its (S, D) embedding table
+    monkeypatch.setattr(kept_stores, "KEPT_BYTES", held - 1)
+    kept_stores.forget()
+    assert kept_stores.open_kept(location) is not kept_stores.open_kept(location)

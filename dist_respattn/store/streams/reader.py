@@ -629,6 +629,13 @@ class TokenStreamStore:
         task to the next: a file removed in between must be refused by name, not read as zeros)."""
         self._verified_shards.clear()
 
+    def resident_nbytes(self) -> int:
+        """The bytes this opened store holds in memory: the embedding table, the documents' row numbering and the
+        document attributes once read."""
+        rows = self._rows
+        held = [self._table, rows.starts, rows.rows, rows.row_starts, self._document_attribute]
+        return sum(int(a.nbytes) for a in held if a is not None)
+
     def true_model(self) -> None:
         return None
 

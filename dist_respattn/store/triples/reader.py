@@ -288,6 +288,10 @@ class TripleStore:
         task to the next: a file removed in between must be refused by name, not read as fill values)."""
         self._verified_shards.clear()
 
+    def resident_nbytes(self) -> int:
+        """The bytes this opened store holds in memory: none beyond its metadata (rows are read by block)."""
+        return 0
+
     def true_model(self) -> Head | None:
         """The head a synthetic store was sampled from, or ``None`` (read by its kind: a store written before kinds
         were recorded holds a single-hop head)."""
