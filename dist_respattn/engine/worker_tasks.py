@@ -1,6 +1,7 @@
 """The functions that run on the workers: one task reads one partition of a store, block by block.
 
-Every task opens the store itself (a store pickles as its location), checks that it is still the store the
+Every task opens the store itself (a store pickles as its location; a worker keeps the stores it opened while
+their root metadata is unchanged: :mod:`~dist_respattn.engine.kept_stores`), checks that it is still the store the
 pass was planned on, turns its blocks into the :class:`~dist_respattn.model.heads.base.Block` a head reads
 (the columns it asks for: encoded rows or token windows, attributes, documents) and hands them to the head's
 own code: a trainer's statistics, a preparation pass, a grid's or a head's scores, a head's top-K. It returns
@@ -22,6 +23,7 @@ import numpy as np
 
 from dist_respattn.baselines.ranking import RankingBaselines
 from dist_respattn.engine.held_tables import held, held_args
+from dist_respattn.engine.kept_stores import open_kept, unchanged
 from dist_respattn.engine.payload import opened
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.fitting.holdout import HoldoutRule
@@ -143,10 +145,12 @@ def checked_store(location: StoreLocation, fingerprint: str) -> RowStore:
     """Open the store on the worker and check it is the one the pass was planned on.
 
     Tasks carry the store's location, not an opened store: the scheduler unpickles every task, and
-    must neither read the store (it may have no access to it) nor pay for opening it once per task.
+    must neither read the store (it may have no access to it) nor pay for opening it once per task. The worker
+    opens it once and keeps it for the next tasks while its root metadata is unchanged
+    (:func:`~dist_respattn.engine.kept_stores.open_kept`).
     """
     _configure_worker_process()
-    store = open_store(location)
+    store = open_kept(location)
     if store.fingerprint() != fingerprint:
         raise StoreError(
             f"{store.location}: the store changed while the fit ran (fingerprint {store.fingerprint()}, "
@@ -274,6 +278,8 @@ def _replaced(store: RowStore) -> StoreError | None:
     Asked when a task's pass over the rows ends, failed or not: a store replaced under a running pass fails as
     whatever its half-written bytes give (a missing chunk, an id out of range), which would send the user to
     ``validate`` a store that is fine, or reads without an error the rows of two stores."""
+    if unchanged(store):  # the root metadata's bytes it was opened from: the same attributes, the same fingerprint
+        return None
     try:
         now: str | None = open_store(store).fingerprint()
     except Exception:  # any failure to open it again means it is not the store the pass began on

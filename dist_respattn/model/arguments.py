@@ -7,6 +7,8 @@ from typing import Any, NamedTuple
 import numba
 import numpy as np
 
+from dist_respattn.model.kernels.emission_rows import pair_row_sums
+
 __all__ = [
     "SIMPLEX_ATOL",
     "CheckedBatch",
@@ -227,15 +229,15 @@ def as_sparse_emission(value: Any, name: str) -> Any:
             if bad.size:
                 i = start + int(bad[0])
                 raise ValueError(f"{name} {part}[{i}] = {plain(array[i])}: expected finite, non-negative probabilities")
-    # float64 even when the support is empty (bincount of no weights is int64)
-    sums = np.zeros(support.num_symbols, dtype=np.float64)
-    stored_base = np.zeros(support.num_symbols, dtype=np.float64)
-    for start, stop in blocks:
-        symbols = support.symbols[start:stop]
-        # each pair's target: the CSR row whose range holds the pair's index
-        targets = np.searchsorted(support.indptr, np.arange(start, stop), side="right") - 1
-        stored_base += np.bincount(symbols, weights=value.base[targets], minlength=support.num_symbols)
-        sums += np.bincount(symbols, weights=value.values[start:stop], minlength=support.num_symbols)
+    # One pass over the support's rows (a target each): the pairs' targets known without a search (a
+    # SparseEmission's arrays have its support's shapes, checked when it was made).
+    sums, stored_base = pair_row_sums(
+        np.asarray(value.values, dtype=np.float64),
+        np.asarray(value.base, dtype=np.float64),
+        support.indptr,
+        support.symbols,
+        support.num_symbols,
+    )
     sums += value.backoff * (float(value.base.sum()) - stored_base)
     off = np.flatnonzero(np.abs(sums - 1.0) > SIMPLEX_ATOL)
     if off.size:

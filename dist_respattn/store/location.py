@@ -88,6 +88,17 @@ class StoreLocation:
         fs, root = self.filesystem()
         return bool(fs.exists(f"{root}/{key}"))
 
+    def read_key(self, key: str) -> bytes | None:
+        """The bytes of the store's file ``key`` (``'zarr.json'``), or ``None`` when it cannot be read."""
+        try:
+            if "://" not in self.url:
+                with open(os.path.join(self.url, key), "rb") as file:
+                    return file.read()
+            fs, root = self.filesystem()
+            return bytes(fs.cat_file(f"{root}/{key}"))
+        except (OSError, ValueError):
+            return None
+
     def list_keys(self, prefix: str) -> set[str]:
         """Every file key under ``prefix`` (``'query/c'``; ``''``: the whole store), relative to the store root."""
         fs, root = self.filesystem()

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from dist_respattn.model.fixed import FitConstant
+from dist_respattn.model.kernels.emission_rows import map_pair_values
 from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys
 
 __all__ = [
@@ -687,7 +688,15 @@ class SparseEmissionCounts(EmissionCounts):
 
     def map_emission(self, strength: np.ndarray, base: np.ndarray) -> Emission:
         support = self._require_support()
-        values, backoff = map_values(self.counts, self.row_totals(), strength, base, support.symbols, support.targets)
+        row_total = self.row_totals()
+        strength = np.asarray(strength, dtype=np.float64)
+        base = np.asarray(base, dtype=np.float64)
+        # map_values' arithmetic in one pass over the pairs, target by target (the same bits, no temporaries)
+        values = map_pair_values(
+            np.asarray(self.counts, dtype=np.float64), row_total, strength, base, support.indptr, support.symbols
+        )
+        den = row_total + strength
+        backoff = np.where(den <= 0.0, 1.0, strength / np.where(den <= 0.0, 1.0, den))
         return SparseEmission(support, values, backoff, base)
 
     def to_dense(self) -> np.ndarray:

@@ -206,6 +206,7 @@ class TokenStreamStore:
         self.partition_rows = self.partition_tokens
         self._verified_shards: set[tuple[str, int]] = set()
         self._identity: dict[str, str | None] | None = None
+        self._fingerprint: str | None = None
         #: The attribute names (``None``: the store has no attributes) and what one id belongs to (``document``
         #: or ``token``; ``None`` without attributes).
         self._attribute_names: tuple[str, ...] | None = None
@@ -616,9 +617,24 @@ class TokenStreamStore:
         return dict(self.attributes.get("provenance") or {})
 
     def fingerprint(self) -> str:
-        """A digest of the attributes and the window: one written store read with one N."""
-        text = json.dumps({**self.attributes, "window": self.schema.context_length}, sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        """A digest of the attributes and the window: one written store read with one N (made once: a text
+        corpus's attributes list its files, megabytes of JSON to digest)."""
+        if self._fingerprint is None:
+            text = json.dumps({**self.attributes, "window": self.schema.context_length}, sort_keys=True, default=str)
+            self._fingerprint = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return self._fingerprint
+
+    def renew(self) -> None:
+        """Forget the shard files seen present, so the next reads check them again (a store kept open from one
+        task to the next: a file removed in between must be refused by name, not read as zeros)."""
+        self._verified_shards.clear()
+
+    def resident_nbytes(self) -> int:
+        """The bytes this opened store holds in memory: the embedding table, the documents' row numbering and the
+        document attributes once read."""
+        rows = self._rows
+        held = [self._table, rows.starts, rows.rows, rows.row_starts, self._document_attribute]
+        return sum(int(a.nbytes) for a in held if a is not None)
 
     def true_model(self) -> None:
         return None

@@ -67,6 +67,7 @@ class TripleStore:
         self._attribute = group["attribute"] if names is not None else None
         self._verified_shards: set[tuple[str, int]] = set()
         self._identity: dict[str, str | None] | None = None
+        self._fingerprint: str | None = None
 
     @classmethod
     def open(
@@ -277,8 +278,19 @@ class TripleStore:
         It identifies one written store: it changes with every append, and two stores written
         separately differ even when they hold the same rows.
         """
-        text = json.dumps(self.attributes, sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        if self._fingerprint is None:  # made once: a text corpus's attributes list its files
+            text = json.dumps(self.attributes, sort_keys=True, default=str)
+            self._fingerprint = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return self._fingerprint
+
+    def renew(self) -> None:
+        """Forget the shard files seen present, so the next reads check them again (a store kept open from one
+        task to the next: a file removed in between must be refused by name, not read as fill values)."""
+        self._verified_shards.clear()
+
+    def resident_nbytes(self) -> int:
+        """The bytes this opened store holds in memory: none beyond its metadata (rows are read by block)."""
+        return 0
 
     def true_model(self) -> Head | None:
         """The head a synthetic store was sampled from, or ``None`` (read by its kind: a store written before kinds
