@@ -41,6 +41,7 @@ from dist_respattn.model.rows import WindowArrays
 
 __all__ = [
     "DEFAULT_BLOCK_ROWS",
+    "GROUP_BY_TARGET_TABLE_BYTES",
     "KernelParameters",
     "SparseKernelParameters",
     "StatisticArrays",
@@ -62,7 +63,7 @@ DEFAULT_BLOCK_ROWS = 131072
 #: Emission tables of at least this many bytes make the kernel visit rows grouped by target.
 #: Measured at S = 2000, N = 16, D = 32: T = 2000 (32 MB), 1.16 M rows/s in row order, 1.52 M grouped;
 #: T = 20 (0.3 MB), 2.0 M rows/s in row order, 1.8 M grouped.
-_GROUP_BY_TARGET_TABLE_BYTES = 4 * 2**20
+GROUP_BY_TARGET_TABLE_BYTES = 4 * 2**20
 
 #: Rows per block of the NumPy backend, whose (block, N, D) float64 gathers dominate its memory.
 NUMPY_BLOCK_ROWS = 16384
@@ -999,7 +1000,7 @@ def accumulate_estep(
     added: the caller must then discard ``stats``.
 
     ``group_by_target`` makes the compiled kernel visit each block's rows grouped by target; by
-    default it does so when the emission table is at least ``_GROUP_BY_TARGET_TABLE_BYTES`` (a sparse
+    default it does so when the emission table is at least ``GROUP_BY_TARGET_TABLE_BYTES`` (a sparse
     emission's rows are always grouped).
 
     Rows are processed in blocks of ``block_rows`` (default ``DEFAULT_BLOCK_ROWS`` for the compiled
@@ -1138,7 +1139,7 @@ def _accumulate_dense_rows(
     # of one target then read and update one row of the (T, S) tables); with a small table,
     # reading rows in their own order is cheaper.
     if group_by_target is None:
-        group_by_target = params.log_emission_ts.nbytes >= _GROUP_BY_TARGET_TABLE_BYTES
+        group_by_target = params.log_emission_ts.nbytes >= GROUP_BY_TARGET_TABLE_BYTES
     for start, stop in block_ranges(target.shape[0], block_rows or DEFAULT_BLOCK_ROWS):
         if group_by_target:
             order = target_order(target[start:stop], params.num_targets)

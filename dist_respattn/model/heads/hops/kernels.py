@@ -25,7 +25,7 @@ from dist_respattn.model.kernels.log_weights import (
     keep_row,
 )
 from dist_respattn.model.kernels.per_position import (
-    _GROUP_BY_TARGET_TABLE_BYTES,
+    GROUP_BY_TARGET_TABLE_BYTES,
     find_pair,
     prefetch_row,
     target_order,
@@ -1233,7 +1233,7 @@ def _sampled_order(rows: WindowRows, params: HopParameters) -> np.ndarray | None
     (most windows sliding from the previous row's: their pairs are kept from row to row) or a small emission."""
     begin, end = np.asarray(rows.begin), np.asarray(rows.end)
     n = begin.shape[0]
-    if n < 2 or _emission_bytes(params) < _GROUP_BY_TARGET_TABLE_BYTES:
+    if n < 2 or _emission_bytes(params) < GROUP_BY_TARGET_TABLE_BYTES:
         return None
     sliding = np.count_nonzero((begin[1:] > begin[:-1]) & (begin[1:] < end[:-1]))
     return None if 2 * sliding >= n - 1 else _by_target(rows, params)
