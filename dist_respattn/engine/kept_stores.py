@@ -10,7 +10,10 @@ worker's CPU a task, ~1.4 s a pass a worker.
 A task now reads the root metadata's bytes alone (``zarr.json``, a millisecond) and compares them with those
 the kept store was opened from. The same bytes are the same attributes, hence the same fingerprint the pass
 checks (every write and append records new attributes: a rewritten store carries its creation time), so a
-replaced store is still seen as before; different or unreadable bytes open the store anew. A kept store
+replaced store is still seen as before; different or unreadable bytes open the store anew. On a local disk the
+file's inode and modification time must match too: a store written again within the same second with attributes
+to the byte the same (its creation time is kept to the second) is a new file, and the kept store's embedding table
+and document starts are not taken for its. A kept store
 forgets which shard files it saw present (:meth:`renew`), so a file removed between tasks is still refused by
 name. At most :data:`KEPT` stores holding at most :data:`KEPT_BYTES` between them (a stream store holds its
 embedding table) are kept, the least recently used dropped first.
@@ -19,6 +22,7 @@ embedding table) are kept, the least recently used dropped first.
 from __future__ import annotations
 
 import collections
+import os
 import threading
 
 from dist_respattn.store import StoreLocation, open_store
@@ -34,14 +38,29 @@ KEPT = 4
 KEPT_BYTES = 256 * 2**20
 
 _lock = threading.Lock()
-#: location -> (the root metadata's bytes the store was opened from, the store)
-_kept: collections.OrderedDict[StoreLocation, tuple[bytes, RowStore]] = collections.OrderedDict()
+#: location -> (the root metadata the store was opened from (:func:`_metadata`), the store)
+_kept: collections.OrderedDict[StoreLocation, tuple[tuple[object, ...], RowStore]] = collections.OrderedDict()
+
+
+def _metadata(location: StoreLocation) -> tuple[object, ...] | None:
+    """The root metadata's bytes, with the file's inode and modification time on a local disk; ``None`` when they
+    cannot be read."""
+    data = location.read_key(ROOT_METADATA)
+    if data is None:
+        return None
+    if "://" in location.url:
+        return (data,)
+    try:
+        stat = os.stat(os.path.join(location.url, ROOT_METADATA))
+    except OSError:
+        return None
+    return data, stat.st_ino, stat.st_mtime_ns
 
 
 def open_kept(location: StoreLocation) -> RowStore:
     """The store at ``location``: the one kept from an earlier task when its root metadata is unchanged, else
     opened now (and kept when its metadata could be read)."""
-    metadata = location.read_key(ROOT_METADATA)
+    metadata = _metadata(location)
     with _lock:
         hit = _kept.get(location)
         if hit is not None and metadata is not None and hit[0] == metadata:
@@ -66,7 +85,7 @@ def unchanged(store: RowStore) -> bool:
         entry = next((e for e in _kept.values() if e[1] is store), None)
     if entry is None:
         return False
-    return store.location.read_key(ROOT_METADATA) == entry[0]
+    return _metadata(store.location) == entry[0]
 
 
 def forget() -> None:

@@ -89,3 +89,15 @@ def test_stores_are_kept_within_their_count_and_memory(tmp_path, monkeypatch):
     monkeypatch.setattr(kept_stores, "KEPT_BYTES", held - 1)
     kept_stores.forget()
     assert kept_stores.open_kept(location) is not kept_stores.open_kept(location)
+
+
+def test_a_store_written_again_with_the_same_root_metadata_is_opened_anew(tmp_path):
+    path = tmp_path / "train.zarr"
+    location = _store(path, 1)
+    before = kept_stores.open_kept(location)
+    metadata = (path / "zarr.json").read_bytes()
+    shutil.rmtree(path)
+    _store(path, 2)
+    (path / "zarr.json").write_bytes(metadata)  # attributes to the byte the same (written within one second)
+    assert not kept_stores.unchanged(before)
+    assert kept_stores.open_kept(location) is not before
