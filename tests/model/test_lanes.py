@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dist_respattn.model.heads.hops.kernels import _find_pairs
-from dist_respattn.model.kernels.lanes import LANES, add_weighted_rows, sq_distances_8
+from dist_respattn.model.kernels.lanes import LANES, add_weighted_rows, add_weighted_rows_2, sq_distances_8
 from dist_respattn.model.kernels.per_position import find_pair
 
 
@@ -22,6 +22,11 @@ def _distances(queries, row, keys, h, symbols, lo, n, scale):
 @numba.njit(cache=True)
 def _add(dst, h, row, table, symbols, lo, n, weights, w0, stride):
     add_weighted_rows(dst, h, row, table, symbols, lo, n, weights, w0, stride)
+
+
+@numba.njit(cache=True)
+def _add_2(dst, h, row, row2, table, symbols, lo, n, weights, w0, w02, stride):
+    add_weighted_rows_2(dst, h, row, row2, table, symbols, lo, n, weights, w0, w02, stride)
 
 
 @pytest.mark.parametrize("dim", [8, 16, 32, 40, 72])
@@ -71,3 +76,18 @@ def test_lock_step_pair_searches_equal_the_one_at_a_time_search():
         out = np.full(8, -7, dtype=np.int64)
         _find_pairs(indptr, symbols, target, tokens, lo, m, out)
         assert out[:m].tolist() == [find_pair(indptr, symbols, target, tokens[lo + k]) for k in range(m)]
+
+
+@pytest.mark.parametrize("dim", [8, 32, 40, 72])
+@pytest.mark.parametrize("n", [1, 5, 8])
+def test_two_rows_added_in_one_pass_as_one_at_a_time(dim, n):
+    rng = np.random.default_rng(dim * 3 + n)
+    table = rng.normal(size=(7, dim))
+    symbols = rng.integers(0, 7, size=12).astype(np.int32)
+    weights = rng.normal(size=40)
+    dst = rng.normal(size=(3, 7, dim))
+    expected = dst.copy()
+    _add(expected, 1, 5, table, symbols, 2, n, weights, 1, 4)
+    _add(expected, 1, 3, table, symbols, 2, n, weights, 2, 4)
+    _add_2(dst, 1, 5, 3, table, symbols, 2, n, weights, 1, 2, 4)
+    np.testing.assert_array_equal(dst, expected)  # the same numbers, each row's terms in the same order

@@ -17,7 +17,7 @@ import numpy as np
 
 from dist_respattn.model.arguments import ImpossibleEvidenceError, kernel_ids
 from dist_respattn.model.emission.layouts import SparseEmission
-from dist_respattn.model.kernels.lanes import LANES, add_weighted_rows, sq_distances_8
+from dist_respattn.model.kernels.lanes import LANES, add_weighted_rows, add_weighted_rows_2, sq_distances_8
 from dist_respattn.model.kernels.log_weights import (
     NO_ROWS,
     exp_nonpositive_range,
@@ -1095,8 +1095,19 @@ def _estep(
                     elif sliding:
                         _ring_add(h, lo, m, n_pos, ring_mask, coef, ring)
                     elif lanes:
-                        # Each j's row 8 dimensions at a time, the m sources added into them in registers.
-                        for j in range(m):
+                        # Two j's rows at a time (each source's hop query loaded once for both), 8 dimensions a
+                        # vector, the m sources added into them in registers; a token repeated, one row at a time.
+                        j = 0
+                        while j + 1 < m:
+                            ca = tokens[lo + j]
+                            cb = tokens[lo + j + 1]
+                            if ca != cb:
+                                add_weighted_rows_2(key_sum, h, ca, cb, hop_queries, tokens, lo, m, coef, j, j + 1, m)
+                            else:
+                                add_weighted_rows(key_sum, h, ca, hop_queries, tokens, lo, m, coef, j, m)
+                                add_weighted_rows(key_sum, h, cb, hop_queries, tokens, lo, m, coef, j + 1, m)
+                            j += 2
+                        if j < m:
                             add_weighted_rows(key_sum, h, tokens[lo + j], hop_queries, tokens, lo, m, coef, j, m)
                     else:
                         # Four sources at a time into each j's row: a quarter of the read-modify-writes of the row.
