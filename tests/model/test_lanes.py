@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dist_respattn.model.heads.hops.kernels import _find_pairs
-from dist_respattn.model.kernels.lanes import LANES, add_weighted_rows, add_weighted_rows_2, sq_distances_8
+from dist_respattn.model.kernels.lanes import LANES, add_weighted_rows, add_window_rows_8, sq_distances_8
 from dist_respattn.model.kernels.per_position import find_pair
 
 
@@ -25,8 +25,8 @@ def _add(dst, h, row, table, symbols, lo, n, weights, w0, stride):
 
 
 @numba.njit(cache=True)
-def _add_2(dst, h, row, row2, table, symbols, lo, n, weights, w0, w02, stride):
-    add_weighted_rows_2(dst, h, row, row2, table, symbols, lo, n, weights, w0, w02, stride)
+def _add_8(dst, h, table, symbols, lo, n, weights, j0, stride):
+    add_window_rows_8(dst, h, table, symbols, lo, n, weights, j0, stride)
 
 
 @pytest.mark.parametrize("dim", [8, 16, 32, 40, 72])
@@ -78,16 +78,16 @@ def test_lock_step_pair_searches_equal_the_one_at_a_time_search():
         assert out[:m].tolist() == [find_pair(indptr, symbols, target, tokens[lo + k]) for k in range(m)]
 
 
-@pytest.mark.parametrize("dim", [8, 32, 40, 72])
+@pytest.mark.parametrize("dim", [8, 16, 32, 40, 72])
 @pytest.mark.parametrize("n", [1, 5, 8])
-def test_two_rows_added_in_one_pass_as_one_at_a_time(dim, n):
+def test_a_windows_8_rows_added_in_one_pass_as_one_at_a_time(dim, n):
     rng = np.random.default_rng(dim * 3 + n)
-    table = rng.normal(size=(7, dim))
-    symbols = rng.integers(0, 7, size=12).astype(np.int32)
-    weights = rng.normal(size=40)
-    dst = rng.normal(size=(3, 7, dim))
+    table = rng.normal(size=(12, dim))
+    symbols = np.array([11, 0, 7, 3, 9, 1, 4, 10, 2, 6, 5, 8], dtype=np.int32)  # 8 distinct from 2 on
+    weights = rng.normal(size=80)
+    dst = rng.normal(size=(3, 12, dim))
     expected = dst.copy()
-    _add(expected, 1, 5, table, symbols, 2, n, weights, 1, 4)
-    _add(expected, 1, 3, table, symbols, 2, n, weights, 2, 4)
-    _add_2(dst, 1, 5, 3, table, symbols, 2, n, weights, 1, 2, 4)
-    np.testing.assert_array_equal(dst, expected)  # the same numbers, each row's terms in the same order
+    for r in range(LANES):
+        _add(expected, 1, int(symbols[2 + 1 + r]), table, symbols, 2, n, weights, 1 + r, 9)
+    _add_8(dst, 1, table, symbols, 2, n, weights, 1, 9)  # rows symbols[3 .. 10], weights from 1 + r, stride 9
+    np.testing.assert_array_equal(dst, expected)  # the same numbers: each row's terms in the same order
