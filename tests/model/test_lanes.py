@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dist_respattn.model.heads.hops.kernels import _find_pairs
-from dist_respattn.model.kernels.lanes import LANES, add_weighted_rows, sq_distances_8
+from dist_respattn.model.kernels.lanes import LANES, add_weighted_rows, add_window_rows_8, sq_distances_8
 from dist_respattn.model.kernels.per_position import find_pair
 
 
@@ -22,6 +22,11 @@ def _distances(queries, row, keys, h, symbols, lo, n, scale):
 @numba.njit(cache=True)
 def _add(dst, h, row, table, symbols, lo, n, weights, w0, stride):
     add_weighted_rows(dst, h, row, table, symbols, lo, n, weights, w0, stride)
+
+
+@numba.njit(cache=True)
+def _add_8(dst, h, table, symbols, lo, n, weights, j0, stride):
+    add_window_rows_8(dst, h, table, symbols, lo, n, weights, j0, stride)
 
 
 @pytest.mark.parametrize("dim", [8, 16, 32, 40, 72])
@@ -71,3 +76,18 @@ def test_lock_step_pair_searches_equal_the_one_at_a_time_search():
         out = np.full(8, -7, dtype=np.int64)
         _find_pairs(indptr, symbols, target, tokens, lo, m, out)
         assert out[:m].tolist() == [find_pair(indptr, symbols, target, tokens[lo + k]) for k in range(m)]
+
+
+@pytest.mark.parametrize("dim", [8, 16, 32, 40, 72])
+@pytest.mark.parametrize("n", [1, 5, 8])
+def test_a_windows_8_rows_added_in_one_pass_as_one_at_a_time(dim, n):
+    rng = np.random.default_rng(dim * 3 + n)
+    table = rng.normal(size=(12, dim))
+    symbols = np.array([11, 0, 7, 3, 9, 1, 4, 10, 2, 6, 5, 8], dtype=np.int32)  # 8 distinct from 2 on
+    weights = rng.normal(size=80)
+    dst = rng.normal(size=(3, 12, dim))
+    expected = dst.copy()
+    for r in range(LANES):
+        _add(expected, 1, int(symbols[2 + 1 + r]), table, symbols, 2, n, weights, 1 + r, 9)
+    _add_8(dst, 1, table, symbols, 2, n, weights, 1, 9)  # rows symbols[3 .. 10], weights from 1 + r, stride 9
+    np.testing.assert_array_equal(dst, expected)  # the same numbers: each row's terms in the same order

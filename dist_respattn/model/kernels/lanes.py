@@ -17,7 +17,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["LANES", "add_weighted_rows", "sq_distances_8"]
+__all__ = ["LANES", "add_weighted_rows", "add_window_rows_8", "sq_distances_8"]
 
 #: Lanes of a block: the keys of one :func:`sq_distances_8`, the dimensions of one step of :func:`add_weighted_rows`.
 LANES = 8
@@ -160,6 +160,86 @@ def _add_weighted_rows(typingctx, dst, h, row, table, symbols, lo, n, weights, w
     return sig, codegen
 
 
+def _window_rows(n_rows: int, group: int) -> Any:  # pragma: no cover - compiled
+    """The typing function of an intrinsic ``f(dst, h, table, symbols, lo, n, weights, j0, stride)`` adding into
+    ``n_rows`` rows at once what :func:`add_weighted_rows` adds into one: row ``r`` is ``dst[h, symbols[lo + j0 + r]]``
+    with the weights ``weights[j0 + r + k * stride]`` (a window's destinations ``j0 .. j0 + n_rows - 1``, which must
+    hold distinct symbols: each row is read before any is written). Each table row is loaded once for all of them
+    and each row's terms are added in the order :func:`add_weighted_rows` adds them (the same numbers); a pass holds
+    ``8 group`` dimensions of every row, then any 8 left one vector a pass."""
+
+    def typer(typingctx, dst, h, table, symbols, lo, n, weights, j0, stride):
+        sig = types.void(dst, h, table, symbols, lo, n, weights, j0, stride)
+
+        def codegen(context, builder, signature, args):
+            dst_ty, h_ty, t_ty, s_ty, lo_ty, n_ty, w_ty, j0_ty, st_ty = signature.args
+            intp = context.get_value_type(types.intp)
+
+            def as_intp(value, ty):
+                return context.cast(builder, value, ty, types.intp)
+
+            out = context.make_array(dst_ty)(context, builder, args[0])
+            tab = context.make_array(t_ty)(context, builder, args[2])
+            sym = context.make_array(s_ty)(context, builder, args[3])
+            wts = context.make_array(w_ty)(context, builder, args[6])
+            h_i, lo_i, n_i = as_intp(args[1], h_ty), as_intp(args[4], lo_ty), as_intp(args[5], n_ty)
+            j0_i, st_i = as_intp(args[7], j0_ty), as_intp(args[8], st_ty)
+            dim = cgutils.unpack_tuple(builder, tab.shape, 2)[1]
+
+            def symbol(at):
+                ptr = cgutils.get_item_pointer(context, builder, s_ty, sym, [builder.add(lo_i, at)], wraparound=False)
+                return context.cast(builder, builder.load(ptr), s_ty.dtype, types.intp)
+
+            out_rows = [
+                cgutils.get_item_pointer(
+                    context, builder, dst_ty, out, [h_i, symbol(builder.add(j0_i, intp(r))), intp(0)], wraparound=False
+                )
+                for r in range(n_rows)
+            ]
+            accs = [[cgutils.alloca_once(builder, _VECTOR) for _ in range(group)] for _ in range(n_rows)]
+
+            def add_sources(d0, width):
+                """Dimensions d0 .. d0 + 8 width of every row, held while the n sources are added."""
+                ptrs = [
+                    [_vector_at(builder, builder.gep(o, [builder.add(d0, intp(LANES * g))])) for g in range(width)]
+                    for o in out_rows
+                ]
+                for r in range(n_rows):
+                    for g in range(width):
+                        builder.store(builder.load(ptrs[r][g], align=8), accs[r][g])
+                with cgutils.for_range(builder, n_i) as source:
+                    k = source.index
+                    base = builder.add(j0_i, builder.mul(k, st_i))
+                    wvs = []
+                    for r in range(n_rows):
+                        w_at = builder.add(base, intp(r))
+                        w_ptr = cgutils.get_item_pointer(context, builder, w_ty, wts, [w_at], wraparound=False)
+                        wvs.append(_splat(builder, builder.load(w_ptr)))
+                    t_ptr = cgutils.get_item_pointer(context, builder, t_ty, tab, [symbol(k), d0], wraparound=False)
+                    for g in range(width):
+                        tv = builder.load(_vector_at(builder, builder.gep(t_ptr, [intp(LANES * g)])), align=8)
+                        for r in range(n_rows):
+                            builder.store(_fma(builder, wvs[r], tv, builder.load(accs[r][g])), accs[r][g])
+                for r in range(n_rows):
+                    for g in range(width):
+                        builder.store(builder.load(accs[r][g]), ptrs[r][g], align=8)
+
+            groups = builder.udiv(dim, intp(LANES * group))
+            with cgutils.for_range(builder, groups) as step:
+                add_sources(builder.mul(step.index, intp(LANES * group)), group)
+            rest = builder.udiv(builder.urem(dim, intp(LANES * group)), intp(LANES))
+            with cgutils.for_range(builder, rest) as step:
+                add_sources(
+                    builder.add(builder.mul(groups, intp(LANES * group)), builder.mul(step.index, intp(LANES))), 1
+                )
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return typer
+
+
 # Typed as Any: the intrinsics' call signatures exist only inside numba's typing, not for mypy.
 sq_distances_8: Any = intrinsic(_sq_distances_8)
 add_weighted_rows: Any = intrinsic(_add_weighted_rows)
+add_window_rows_8: Any = intrinsic(_window_rows(8, 2))

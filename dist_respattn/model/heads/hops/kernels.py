@@ -17,7 +17,12 @@ import numpy as np
 
 from dist_respattn.model.arguments import ImpossibleEvidenceError, kernel_ids
 from dist_respattn.model.emission.layouts import SparseEmission
-from dist_respattn.model.kernels.lanes import LANES, add_weighted_rows, sq_distances_8
+from dist_respattn.model.kernels.lanes import (
+    LANES,
+    add_weighted_rows,
+    add_window_rows_8,
+    sq_distances_8,
+)
 from dist_respattn.model.kernels.log_weights import (
     NO_ROWS,
     exp_nonpositive_range,
@@ -655,6 +660,16 @@ def _find_pairs(indptr, symbols, t, tokens, lo, m, out):  # pragma: no cover - c
         out[k] = b if b < end and symbols[b] == c else -1
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _distinct(tokens, at, n):  # pragma: no cover - compiled
+    """Whether ``tokens[at : at + n]`` are all different."""
+    for a in range(1, n):
+        for b in range(a):
+            if tokens[at + a] == tokens[at + b]:
+                return False
+    return True
+
+
 @numba.njit(cache=True, nogil=True)
 def _flush_sources(ring, x_lo, x_hi, tokens, hop_queries, key_sum, n_pos):  # pragma: no cover - compiled
     """The pair weights ``ring[h - 1, x % R, y - x + N - 1]`` of the sources ``x`` in ``[x_lo, x_hi)`` (stream
@@ -1095,9 +1110,16 @@ def _estep(
                     elif sliding:
                         _ring_add(h, lo, m, n_pos, ring_mask, coef, ring)
                     elif lanes:
-                        # Each j's row 8 dimensions at a time, the m sources added into them in registers.
-                        for j in range(m):
+                        # A window of 8 distinct tokens: its 8 j's rows in one pass over the sources (each source's
+                        # hop query loaded once for all 8), 16 dimensions of each held in registers; else each j's
+                        # row 8 dimensions a vector, the m sources added into them in registers.
+                        j = 0
+                        while j + 8 <= m and _distinct(tokens, lo + j, 8):
+                            add_window_rows_8(key_sum, h, hop_queries, tokens, lo, m, coef, j, m)
+                            j += 8
+                        while j < m:
                             add_weighted_rows(key_sum, h, tokens[lo + j], hop_queries, tokens, lo, m, coef, j, m)
+                            j += 1
                     else:
                         # Four sources at a time into each j's row: a quarter of the read-modify-writes of the row.
                         for j in range(m):
