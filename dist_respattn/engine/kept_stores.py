@@ -13,10 +13,10 @@ checks (every write and append records new attributes: a rewritten store carries
 replaced store is still seen as before; different or unreadable bytes open the store anew. On a local disk the
 file's inode and modification time must match too: a store written again within the same second with attributes
 to the byte the same (its creation time is kept to the second) is a new file, and the kept store's embedding table
-and document starts are not taken for its. A kept store
-forgets which shard files it saw present (:meth:`renew`), so a file removed between tasks is still refused by
-name. At most :data:`KEPT` stores holding at most :data:`KEPT_BYTES` between them (a stream store holds its
-embedding table) are kept, the least recently used dropped first.
+and document starts are not taken for its. A kept store forgets which shard files it saw present (``renew``), so
+a file removed between tasks is still refused by name. At most :data:`KEPT` stores holding at most
+:data:`KEPT_BYTES` between them (a stream store holds its embedding table) are kept, the least recently used
+dropped first.
 """
 
 from __future__ import annotations

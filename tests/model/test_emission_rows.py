@@ -1,5 +1,5 @@
-"""The compiled passes over a sparse emission's pairs: the M-step's MAP values the same bits as NumPy's, the check's
-row sums equal to a per-pair reference, and a row off the simplex still refused by number."""
+"""The compiled passes over a sparse emission's pairs: the M-step's MAP values the same bits as NumPy's whole-array
+form, the check's row sums equal to a per-pair reference, and a row off the simplex still refused by number."""
 
 from __future__ import annotations
 
@@ -31,8 +31,17 @@ def test_map_values_are_numpys_to_the_bit(seed):
     base /= base.sum()
     made = counts.map_emission(strength, base)
     support = counts.support
-    values, backoff = map_values(counts.counts, counts.row_totals(), strength, base, support.symbols, support.targets)
-    assert np.array_equal(made.values, values) and np.array_equal(made.backoff, backoff)
+    symbols, targets = support.symbols, support.targets
+    # NumPy's whole-array form of the MAP rows, as map_values computed them before its compiled pass
+    den = counts.row_totals() + strength
+    empty = den <= 0.0
+    safe = np.where(empty, 1.0, den)
+    values = np.where(
+        empty[symbols], base[targets], (counts.counts + strength[symbols] * base[targets]) / safe[symbols]
+    )
+    assert np.array_equal(made.values, values)
+    assert np.array_equal(made.backoff, np.where(empty, 1.0, strength / safe))
+    assert np.array_equal(map_values(counts.counts, den - strength, strength, base, symbols, targets)[0], values)
     assert np.array_equal(made.values[support.symbols == 3], base[support.targets[support.symbols == 3]])
     as_sparse_emission(made, "emission")  # rows sum to 1
 

@@ -451,14 +451,22 @@ def map_values(
     symbols: np.ndarray,
     targets: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(values, backoff)`` of the MAP rows ``(c + a_s u_t) / (c_s + a_s)`` at pairs; an empty row is the base."""
+    """``(values, backoff)`` of the MAP rows ``(c + a_s u_t) / (c_s + a_s)`` at pairs; an empty row is the base.
+
+    The (P,) values in one compiled pass over the pairs (:func:`~dist_respattn.model.kernels.emission_rows.
+    map_pair_values`): no temporary the size of the support, on the driver's or an owner's M-step every
+    iteration."""
     den = row_total + strength
     empty = den <= 0.0
-    safe = np.where(empty, 1.0, den)
-    backoff = np.where(empty, 1.0, strength / safe)
-    values = (count + strength[symbols] * base[targets]) / safe[symbols]
-    if empty.any():
-        values = np.where(empty[symbols], base[targets], values)
+    backoff = np.where(empty, 1.0, strength / np.where(empty, 1.0, den))
+    values = map_pair_values(
+        np.asarray(count, dtype=np.float64),
+        np.asarray(row_total, dtype=np.float64),
+        np.asarray(strength, dtype=np.float64),
+        np.asarray(base, dtype=np.float64),
+        np.asarray(symbols),
+        np.asarray(targets),
+    )
     return values, backoff
 
 
@@ -688,15 +696,7 @@ class SparseEmissionCounts(EmissionCounts):
 
     def map_emission(self, strength: np.ndarray, base: np.ndarray) -> Emission:
         support = self._require_support()
-        row_total = self.row_totals()
-        strength = np.asarray(strength, dtype=np.float64)
-        base = np.asarray(base, dtype=np.float64)
-        # map_values' arithmetic in one pass over the pairs, target by target (the same bits, no temporaries)
-        values = map_pair_values(
-            np.asarray(self.counts, dtype=np.float64), row_total, strength, base, support.indptr, support.symbols
-        )
-        den = row_total + strength
-        backoff = np.where(den <= 0.0, 1.0, strength / np.where(den <= 0.0, 1.0, den))
+        values, backoff = map_values(self.counts, self.row_totals(), strength, base, support.symbols, support.targets)
         return SparseEmission(support, values, backoff, base)
 
     def to_dense(self) -> np.ndarray:
