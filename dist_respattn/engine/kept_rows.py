@@ -25,7 +25,19 @@ import threading
 from collections.abc import Hashable
 from typing import Any
 
-__all__ = ["KEPT_BYTES", "find", "forget", "held_parts", "keep", "kept_bytes", "release_run"]
+__all__ = [
+    "KEPT_BYTES",
+    "SERVED",
+    "drop",
+    "find",
+    "forget",
+    "held_parts",
+    "keep",
+    "kept_bytes",
+    "note_served",
+    "release_run",
+    "served",
+]
 
 #: The bytes a worker process keeps between every fit's held-out rows (a 109M-token store's 5.4M held-out rows
 #: plan into ~90 MB a worker of two).
@@ -34,6 +46,20 @@ KEPT_BYTES = 512 * 2**20
 _lock = threading.Lock()
 #: (run, key) -> (what the grid kept, its bytes), the most recently used last.
 _kept: collections.OrderedDict[tuple[str, Hashable], tuple[Any, int]] = collections.OrderedDict()
+#: The grid tasks each fit scored from what was kept, by run tag (for the benchmarks' and tests' meters).
+SERVED: collections.Counter[str] = collections.Counter()
+
+
+def served(run: str) -> int:
+    """How many grid tasks of fit ``run`` this process scored from what it kept."""
+    with _lock:
+        return SERVED[run]
+
+
+def note_served(run: str) -> None:
+    """Count a grid task of fit ``run`` scored from what was kept."""
+    with _lock:
+        SERVED[run] += 1
 
 
 def find(run: str, key: Hashable) -> Any | None:
@@ -89,6 +115,7 @@ def release_run(run: str) -> int:
 
 
 def forget() -> None:
-    """Drop everything kept (tests)."""
+    """Drop everything kept and the counts served (tests)."""
     with _lock:
         _kept.clear()
+        SERVED.clear()

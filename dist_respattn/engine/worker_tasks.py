@@ -453,6 +453,7 @@ def grid_task(
         if found is not None:
             totals = grid.score_kept(found)
             if totals is not None:
+                kept_rows.note_served(run)
                 return totals
             kept_rows.drop(run, key)  # made for another support or kind: planned again below
     blocks = partition_blocks(store, part, rows, grid.columns, mapping)
