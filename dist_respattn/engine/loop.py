@@ -24,7 +24,7 @@ import distributed
 import numpy as np
 
 from dist_respattn.artifacts.checkpoints import BackgroundCheckpoints, ModelDir, checkpoint_name
-from dist_respattn.engine import worker_tasks
+from dist_respattn.engine import kept_rows, worker_tasks
 from dist_respattn.engine.broadcast import FitTables, ParameterBroadcast, payload_bytes
 from dist_respattn.engine.held_tables import release_run
 from dist_respattn.engine.passes import PassRunner
@@ -188,6 +188,8 @@ class ClusterPasses:
         )
         #: The last E-step's statistics (for the head's warnings).
         self.last_statistics: Any = None
+        #: Whether a held-out pass ran (the workers may keep its rows: :meth:`_kept_heldout`).
+        self._heldout_kept = False
         if sharded is not None:
             sharded.attach(self)
 
@@ -256,15 +258,19 @@ class ClusterPasses:
             return None
         if label == "0":
             self._in_span("respattn-init")
+        # Each worker keeps what a grid task planned from its partition's rows for the fit's later grids
+        # (:mod:`~dist_respattn.engine.kept_rows`): a partition's task goes back to the worker that holds it.
+        run = self.run_id
         if isinstance(grid, RemoteGrid):  # made where it is scored, from the sharded M-step's parts
             argument = grid.argument
             return self.runner.run(
                 "heldout", label, heldout.store.num_partitions, worker_tasks.grid_task,
                 lambda part: (
-                    heldout.store.location, part, argument, heldout.fingerprint, heldout.rows, heldout.mapping,
+                    heldout.store.location, part, argument, heldout.fingerprint, heldout.rows, heldout.mapping, run,
                 ),
                 description=f"held-out choice {label}",
                 plan=self.runner.plan(self.heldout_sizes, 0),
+                prefer=self._kept_heldout,
             )  # fmt: skip
         plan = self.runner.plan(self.heldout_sizes, payload_bytes(grid))
         self.grids.publish(grid, label, workers=plan.workers)
@@ -273,14 +279,28 @@ class ClusterPasses:
                 "heldout", label, heldout.store.num_partitions, worker_tasks.grid_task,
                 lambda part: (
                     heldout.store.location, part, self.grids.current, heldout.fingerprint, heldout.rows,
-                    heldout.mapping,
+                    heldout.mapping, run,
                 ),
                 description=f"held-out choice {label}",
                 before_attempt=self.grids.republish,
                 plan=plan,
+                prefer=self._kept_heldout,
             )  # fmt: skip
         finally:
             self.grids.release()
+
+    def _kept_heldout(self) -> dict[int, str]:
+        """The worker keeping each held-out partition's rows for this fit (none before the first held-out pass)."""
+        if self.held is None or not self._heldout_kept:
+            self._heldout_kept = True  # the first pass keeps them: ask from the next one on
+            return {}
+        client = self.runner.client
+        try:
+            held = client.run(kept_rows.held_parts, self.run_id, self.held.fingerprint)
+        except Exception as exc:  # a worker going away: the tasks run where the scheduler puts them
+            logger.debug("could not ask the workers which held-out rows they keep: %s", exc)
+            return {}
+        return {part: worker for worker, parts in sorted(held.items()) for part in parts}
 
     def say(self, line: str) -> None:
         self.reporter.line(line)
@@ -306,6 +326,7 @@ class ClusterPasses:
             return
         try:
             client.run(release_run, self.run_id)
+            client.run(kept_rows.release_run, self.run_id)
         except Exception as exc:  # a cluster going away: nothing is left to release
             logger.debug("could not tell the workers to drop the fit's tables: %s", exc)
 

@@ -16,7 +16,7 @@ import concurrent.futures
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import distributed
@@ -56,6 +56,12 @@ MAX_ATTEMPTS = 3
 
 #: What a fit's user can do once the scheduler is lost (the tail of the error).
 RESUME_FIT = "the fit can continue from its last checkpoint with --resume once the cluster is back"
+
+
+def _placed(worker: str | None) -> dict[str, Any]:
+    """``submit``'s arguments placing a task on ``worker`` when it can run there (else anywhere; ``None``: no
+    preference)."""
+    return {} if worker is None else {"workers": [worker], "allow_other_workers": True}
 
 
 def finished(client: distributed.Client, futures: Sequence[distributed.Future]) -> None:
@@ -103,6 +109,7 @@ class PassRunner:
         description: str = "",
         before_attempt: Callable[[int], None] | None = None,
         plan: PassPlan = EVERY_PARTITION,
+        prefer: Callable[[], Mapping[int, str]] | None = None,
     ) -> Any:
         """Run ``task(*args_for(part))`` on every partition and return the combined value.
 
@@ -111,12 +118,14 @@ class PassRunner:
         is ``estep`` with combines ``respattn-combine-…``). ``before_attempt(attempt)`` runs before every
         submission (it may re-scatter inputs a lost worker took with it). ``plan`` (see :meth:`plan`): with a
         level above 0, a task folds a whole subtree of the partitions (its key: its first partition's), with
-        the same value.
+        the same value. ``prefer()`` (asked at each submission): the worker a partition's task should run on when it
+        can (one that holds what the task would otherwise read again; Dask may still run it elsewhere).
         """
         return self._with_retries(
             name, label, before_attempt,
             lambda key_prefix, combine_prefix, tag: self._run_once(
-                key_prefix, combine_prefix, tag, n_partitions, task, args_for, description, plan.level
+                key_prefix, combine_prefix, tag, n_partitions, task, args_for, description, plan.level,
+                {} if prefer is None or plan.level > 0 else prefer(),
             ),
         )  # fmt: skip
 
@@ -198,7 +207,9 @@ class PassRunner:
 
         return self._tree_once(
             n_partitions, args_for, description, level,
-            lambda args, key: self.client.submit(split_task, sharding, tables, task, *args, key=key, pure=False),
+            lambda node, args, key: self.client.submit(
+                split_task, sharding, tables, task, *args, key=key, pure=False
+            ),
             lambda tree, args, key: self.client.submit(
                 split_fold_task, sharding, tables, task, tree, args, key=key, pure=False
             ),
@@ -303,6 +314,7 @@ class PassRunner:
         args_for: Callable[[int], tuple[Any, ...]],
         description: str,
         level: int = 0,
+        preferred: Mapping[int, str] | None = None,
     ) -> Any:
         def reduce(submit_leaf: Callable[[int, str], distributed.Future], on_leaf: Any) -> distributed.Future:
             return reduce_partitions(
@@ -312,7 +324,9 @@ class PassRunner:
 
         return self._tree_once(
             n_partitions, args_for, description, level,
-            lambda args, key: self.client.submit(task, *args, key=key, pure=False),
+            lambda node, args, key: self.client.submit(
+                task, *args, key=key, pure=False, **_placed((preferred or {}).get(node)),
+            ),
             lambda tree, args, key: self.client.submit(fold_task, task, tree, args, key=key, pure=False),
             reduce, lambda root: root.result(),
         )  # fmt: skip
@@ -323,12 +337,12 @@ class PassRunner:
         args_for: Callable[[int], tuple[Any, ...]],
         description: str,
         level: int,
-        submit_one: Callable[[tuple[Any, ...], str], distributed.Future],
+        submit_one: Callable[[int, tuple[Any, ...], str], distributed.Future],
         submit_fold: Callable[[Any, dict[int, tuple[Any, ...]], str], distributed.Future],
         reduce: Callable[[Callable[[int, str], distributed.Future], Any], R],
         finish: Callable[[R], T],
     ) -> T:
-        """One submission of a tree pass: its leaves (``submit_one(args, key)`` a partition at level 0, else
+        """One submission of a tree pass: its leaves (``submit_one(part, args, key)`` a partition at level 0, else
         ``submit_fold(subtree, args by partition, key)`` a whole subtree), ``reduce(submit_leaf, on_leaf)`` the
         tree above them, the progress bar fed as leaves finish, and ``finish(roots)`` the pass's value."""
         levels = tree_shape(n_partitions, self.fan_in)
@@ -338,7 +352,7 @@ class PassRunner:
         def submit_leaf(node: int, key: str) -> distributed.Future:
             if level == 0:
                 weights[key] = 1
-                return submit_one(args_for(node), key)
+                return submit_one(node, args_for(node), key)
             tree = subtree(levels, level, node)
             parts = subtree_partitions(tree)
             weights[key] = len(parts)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.baselines.ranking import RankingBaselines
+from dist_respattn.engine import kept_rows
 from dist_respattn.engine.held_tables import held, held_args
 from dist_respattn.engine.kept_stores import open_kept, unchanged
 from dist_respattn.engine.payload import opened
@@ -437,12 +438,41 @@ def grid_task(
     fingerprint: str,
     rows: RowSelection,
     mapping: np.ndarray | None = None,
+    run: str | None = None,
 ) -> Any:
     """Held-out totals of partition ``part``'s selected rows at every point of an M-step's grid (which may come as
-    a shared payload and its tables: :func:`~dist_respattn.engine.payload.opened`)."""
+    a shared payload and its tables: :func:`~dist_respattn.engine.payload.opened`).
+
+    With ``run`` (the fit's run tag), what the grid planned from the rows is kept on this worker for the fit's next
+    grids, which score it without reading the rows again (:mod:`~dist_respattn.engine.kept_rows`)."""
     grid = built(grid)
     store = checked_store(location, fingerprint)
-    return _run(store, part, partition_blocks(store, part, rows, grid.columns, mapping), grid.score)
+    key = _rows_key(location, part, fingerprint, rows, mapping)
+    if run is not None:
+        found = kept_rows.find(run, key)
+        if found is not None:
+            totals = grid.score_kept(found)
+            if totals is not None:
+                kept_rows.note_served(run)
+                return totals
+            kept_rows.drop(run, key)  # made for another support or kind: planned again below
+    blocks = partition_blocks(store, part, rows, grid.columns, mapping)
+    if run is None:
+        return _run(store, part, blocks, grid.score)
+    budget = kept_rows.KEPT_BYTES
+    totals, kept = _run(store, part, blocks, lambda it: grid.score_keeping(it, budget))
+    if kept is not None:
+        kept_rows.keep(run, key, kept, int(kept.nbytes))
+    return totals
+
+
+def _rows_key(
+    location: StoreLocation, part: int, fingerprint: str, rows: RowSelection, mapping: np.ndarray | None
+) -> tuple[Any, ...]:
+    """What a partition's kept rows are found by: the store (its fingerprint first: the pass's name among what a
+    worker keeps, :func:`~dist_respattn.engine.kept_rows.held_parts`), the partition, the rows counted and the
+    attribute map."""
+    return (fingerprint, int(part), location, rows, None if mapping is None else np.asarray(mapping).tobytes())
 
 
 def score_task(

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from dist_respattn import fit_em
-from dist_respattn.engine import FitSettings, estimate_memory, evaluate, fit, load_checkpoint, load_model
+from dist_respattn.engine import FitSettings, estimate_memory, evaluate, fit, kept_rows, load_checkpoint, load_model
 from dist_respattn.engine.memory import InsufficientMemoryError, check_memory
 from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.fitting.holdout import HoldoutRule
@@ -175,3 +175,26 @@ def test_the_memory_plan_follows_the_pairs_not_s_times_t():
         check_memory(large, worker_limit=2 * 2**30, shape="(S, N, D, T) = (50000, 8, 32, 50000)")
     with pytest.raises(InsufficientMemoryError, match=r"--emission-layout sparse"):
         check_memory(dense, worker_limit=2 * 2**30, shape="(S, N, D, T) = (50000, 8, 32, 50000)")
+
+
+@pytest.mark.slow
+def test_later_held_out_passes_score_the_rows_each_worker_kept(small_store, client, tmp_path):
+    """The first held-out pass keeps each partition's planned rows on the worker that scored it; every later pass
+    sends each partition back there and scores it without reading the store; the fit's end drops them all. The fit
+    is the one whose held-out rows are read at every pass (the workers given no room to keep them), to the bit."""
+    kept = fit(small_store, model_dir=tmp_path / "kept", client=client, settings=SPARSE, progress=False)
+    run = kept.history[-1]["run_id"]
+    parts = TripleStore.open(small_store).num_partitions
+    served = client.run(kept_rows.served, run)
+    assert sum(served.values()) == kept.iterations * parts, (served, parts)
+    assert all(size == 0 for size in client.run(kept_rows.kept_bytes).values())
+    room = kept_rows.KEPT_BYTES
+    client.run(lambda: setattr(kept_rows, "KEPT_BYTES", 0))
+    try:
+        read = fit(small_store, model_dir=tmp_path / "read", client=client, settings=SPARSE, progress=False)
+    finally:
+        client.run(lambda: setattr(kept_rows, "KEPT_BYTES", room))
+    assert sum(client.run(kept_rows.served, read.history[-1]["run_id"]).values()) == 0
+    assert_bit_identical(kept.model, read.model)
+    for key in ("mean_log_likelihood", "hyperparameters", "heldout"):
+        assert [e[key] for e in kept.history] == [e[key] for e in read.history], key

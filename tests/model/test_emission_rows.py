@@ -69,3 +69,18 @@ def test_a_row_off_the_simplex_is_refused_by_number():
     off[np.flatnonzero(counts.support.symbols == row)[0]] += 0.5
     with pytest.raises(ValueError, match=f"emission row {row} sums to"):
         as_sparse_emission(SparseEmission(counts.support, off, good.backoff, base), "emission")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_row_totals_are_bincounts_to_the_bit(seed):
+    """The counts' row totals in one compiled pass: ``np.bincount``'s sums, in its order (fractional counts, so a
+    different order of additions would show)."""
+    counts = _counts(seed, num_symbols=300, num_targets=200)
+    counts.counts *= np.random.default_rng(seed).random(counts.support.num_pairs) * 1e3
+    want = np.bincount(counts.support.symbols, weights=counts.counts, minlength=counts.num_symbols)
+    got = counts.row_totals()
+    assert got.shape == (counts.num_symbols,) and got.tobytes() == want.tobytes()
+    # The same counts added in another order differ somewhere in their last bits: the order is what is compared.
+    order = np.argsort(counts.support.symbols, kind="stable")[::-1]
+    other = np.bincount(counts.support.symbols[order], weights=counts.counts[order], minlength=counts.num_symbols)
+    assert other.tobytes() != want.tobytes()

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from dist_respattn.model.fixed import FitConstant
-from dist_respattn.model.kernels.emission_rows import map_pair_values
+from dist_respattn.model.kernels.emission_rows import map_pair_values, pair_count_totals
 from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys
 
 __all__ = [
@@ -497,9 +497,10 @@ class EmissionCounts(abc.ABC):
         """``c[s, t]`` of pairs: (m,) float64 (0 for a pair outside a sparse support)."""
 
     @abc.abstractmethod
-    def map_emission(self, strength: np.ndarray, base: np.ndarray) -> Emission:
+    def map_emission(self, strength: np.ndarray, base: np.ndarray, row_totals: np.ndarray | None = None) -> Emission:
         """The MAP emission ``(c[s, t] + a_s u[t]) / (c[s] + a_s)`` for strengths (S,) and base (T,);
-        a row with neither counts nor strength is the base itself."""
+        a row with neither counts nor strength is the base itself. ``row_totals``: these counts' own
+        (:meth:`row_totals`), when the caller already has them (``None``: computed here)."""
 
     def additive_emission(self, smoothing: float) -> Emission:
         """The reference library's ``(c + a) / (c[s] + T a)``: the uniform base with strength ``T a``.
@@ -559,8 +560,8 @@ class DenseEmissionCounts(EmissionCounts):
     def lookup(self, symbols: np.ndarray, targets: np.ndarray) -> np.ndarray:
         return self.count_ts[np.asarray(targets), np.asarray(symbols)]
 
-    def map_emission(self, strength: np.ndarray, base: np.ndarray) -> Emission:
-        row_total = self.row_totals() + strength
+    def map_emission(self, strength: np.ndarray, base: np.ndarray, row_totals: np.ndarray | None = None) -> Emission:
+        row_total = (self.row_totals() if row_totals is None else row_totals) + strength
         empty = row_total <= 0.0
         probs = np.multiply.outer(strength, base)  # the only (S, T) array made: the rest is in place
         probs += self.count_ts.T
@@ -688,15 +689,17 @@ class SparseEmissionCounts(EmissionCounts):
             self.support = theirs
 
     def row_totals(self) -> np.ndarray:
-        return np.bincount(self._require_support().symbols, weights=self.counts, minlength=self.num_symbols)
+        symbols = self._require_support().symbols
+        return pair_count_totals(np.asarray(self.counts, dtype=np.float64), symbols, self.num_symbols)
 
     def lookup(self, symbols: np.ndarray, targets: np.ndarray) -> np.ndarray:
         at = self._require_support().locate(symbols, targets)
         return np.where(at >= 0, self.counts[np.maximum(at, 0)] if self.counts.size else 0.0, 0.0)
 
-    def map_emission(self, strength: np.ndarray, base: np.ndarray) -> Emission:
+    def map_emission(self, strength: np.ndarray, base: np.ndarray, row_totals: np.ndarray | None = None) -> Emission:
         support = self._require_support()
-        values, backoff = map_values(self.counts, self.row_totals(), strength, base, support.symbols, support.targets)
+        totals = self.row_totals() if row_totals is None else row_totals
+        values, backoff = map_values(self.counts, totals, strength, base, support.symbols, support.targets)
         return SparseEmission(support, values, backoff, base)
 
     def to_dense(self) -> np.ndarray:

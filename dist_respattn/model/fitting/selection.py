@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -33,16 +34,20 @@ __all__ = [
     "FLAT_GATE_SCALE",
     "GRID_ROW_SLOTS",
     "GridRowCache",
+    "GridRows",
     "GridTable",
     "GridTotals",
     "HyperparameterSearch",
     "Hyperparameters",
+    "PlannedRows",
     "Selection",
     "as_hyperparameters",
     "coordinate_steps",
     "grid_count_arrays",
     "nearby",
+    "plan_grid_rows",
     "score_grid",
+    "score_planned",
 ]
 
 #: A gate variance this many times the query scale makes the gate flat: the attention is the prior.
@@ -313,17 +318,106 @@ def _same_row(context, query_bits, row, t, slot_context, slot_query, slot_target
 
 
 @numba.njit(cache=True, nogil=True)
-def _grid_numba(
-    context,
-    query,
-    query_bits,
-    target,
+def _plan_rows(
+    context, query_bits, target, weights, slot_context, slot_query, slot_target, remember, hits, plan, counted, fresh
+):  # pragma: no cover - compiled  # fmt: skip
+    """Which rows of a batch the grid kernel computes and which it reads back from their slot; returns ``(n, m)``.
+
+    The rows of nonzero weight (``n`` of them, their indices in ``counted[:n]``) in order, each with ``plan``: its
+    slot ``s`` when it is computed (and kept in slot ``s`` when ``remember``: its context ids, target and query
+    bits in ``slot_*``), ``~s`` (negative) when slot ``s`` holds the same row (the same context ids, target and
+    query bits, so the same values), counted in ``hits[0]``. ``fresh[:m]``: the indices of the rows computed.
+    A row of weight 0 is neither scored nor kept.
+    """
+    n_rows = context.shape[0]
+    n_slots = slot_target.shape[0]
+    n = 0
+    m = 0
+    for row in range(n_rows):
+        w = 1.0 if weights.shape[0] == 0 else weights[row]
+        if w == 0.0:
+            continue
+        t = target[row]
+        s = _row_slot(context, row, t, n_slots)
+        counted[n] = row
+        if _same_row(context, query_bits, row, t, slot_context, slot_query, slot_target, s):
+            hits[0] += 1
+            plan[n] = ~s
+        else:
+            plan[n] = s
+            fresh[m] = row
+            m += 1
+            if remember:
+                slot_target[s] = t
+                for i in range(context.shape[1]):
+                    slot_context[s, i] = context[row, i]
+                for d in range(query_bits.shape[1]):
+                    slot_query[s, d] = query_bits[row, d]
+        n += 1
+    return n, m
+
+
+@numba.njit(cache=True, nogil=True)
+def _fresh_pairs(context, target, indptr, symbols, direct_row, direct_slots, out):  # pragma: no cover - compiled
+    """``out[j, i]``: the support's index of the pair (``context[j, i]``, ``target[j]``), -1 off the support: through
+    the target's direct row when it has one, else a binary search."""
+    for j in range(context.shape[0]):
+        t = target[j]
+        direct = direct_row[t]
+        for i in range(context.shape[1]):
+            c = context[j, i]
+            out[j, i] = direct_slots[direct, c] if direct >= 0 else per_position.find_pair(indptr, symbols, t, c)
+
+
+@numba.njit(cache=True, nogil=True)
+def _intern_rows(bits, out):  # pragma: no cover - compiled
+    """``out[j]``: the index among the distinct rows of ``bits`` (m, W), in order of first appearance, of row ``j``;
+    returns the first row of each distinct one (an open-addressing table over their words)."""
+    m, width = bits.shape
+    size = 1
+    while size < 2 * m:
+        size *= 2
+    table = np.full(size, -1, dtype=np.int64)
+    first = np.empty(m, dtype=np.int64)
+    u = 0
+    for j in range(m):
+        h = np.uint64(0x9E3779B97F4A7C15)
+        for d in range(width):
+            h = (h ^ np.uint64(bits[j, d])) * np.uint64(0x9E3779B97F4A7C15)
+        s = np.int64((h >> np.uint64(32)) & np.uint64(size - 1))
+        while True:
+            k = table[s]
+            if k < 0:
+                table[s] = u
+                first[u] = j
+                out[j] = u
+                u += 1
+                break
+            r = first[k]
+            same = True
+            for d in range(width):
+                if bits[r, d] != bits[j, d]:
+                    same = False
+                    break
+            if same:
+                out[j] = k
+                break
+            s = (s + 1) & (size - 1)
+    return first[:u]
+
+
+@numba.njit(cache=True, nogil=True)
+def _grid_planned(
+    plan,
     weights,
+    context,
+    query_row,
+    queries,
+    target,
+    pairs,
     key_means,
     log_prior,
     emission_count_ts,
-    indptr,
-    symbols,
     pair_counts,
     row_totals,
     base,
@@ -332,38 +426,32 @@ def _grid_numba(
     gate_const,
     strength_k,
     type_k,
-    direct_row,
-    direct_slots,
-    slot_context,
-    slot_query,
-    slot_target,
     slot_log_num,
     slot_log_z,
     slot_best,
-    remember,
-    hits,
     out_pred,
     out_joint,
 ):  # pragma: no cover - compiled
-    """Adds every grid point's predictive and joint log-likelihood into ``out_*`` (G1, K = G2*G3); returns the weight.
+    """Adds every grid point's predictive and joint log-likelihood of planned rows (:func:`_plan_rows`) into
+    ``out_*`` (G1, K = G2*G3); returns their weight.
 
-    Counts are read from the dense (T, S) ``emission_count_ts``, or, when ``indptr`` is not empty, from the
-    sparse ``pair_counts`` over the support ``(indptr, symbols)``: a target's pair through its row of
-    ``direct_slots`` when ``direct_row`` gives it one, else by a binary search. ``strength_k``, ``type_k`` (K,): each
+    ``plan`` (n,): each row's slot, computed into it (``s >= 0``, the next of the computed rows: ``context`` (m, N)
+    ids, ``queries[query_row]`` (m,) queries, ``target`` (m,), ``pairs`` (m, N) the support's index of each
+    position's pair with the target, -1 off it; empty for dense counts, read from the (T, S) ``emission_count_ts``)
+    or read back from it (``~s``); ``weights`` (n,), empty for weight 1 each. ``strength_k``, ``type_k`` (K,): each
     strength pair's emission and type strength.
 
     A row's values are :func:`grid_row`'s, to the bit, in the same order into ``out_*``: per position the MAP
     emissions of every strength pair side by side (K lanes), per gate variance its softmax and for every pair the
-    sum over the positions in position order, its logarithm, and the row's terms. A row's logarithms (G1, K), log
-    normalizers and log-gate maxima (G1) are kept in the slot its ids hash to (``slot_*``, M slots; a slot's target
-    -1 holds no row; ``remember`` False: no row is kept): a row found there again (the same context ids, target and
-    query bits, so the same values) adds them as they are, counted in ``hits[0]``.
+    sum over the positions in position order, its logarithm, and the row's terms. A computed row's logarithms
+    (G1, K), log normalizers and log-gate maxima (G1) go into its slot (``slot_*``), from which a row read back adds
+    them as they are.
     """
-    n_rows, n_pos = context.shape
-    dim = query.shape[1]
+    n_rows = plan.shape[0]
+    n_pos = context.shape[1]
+    dim = queries.shape[1]
     n_sigma = inv_two_sigma2.shape[0]
     n_k = strength_k.shape[0]
-    n_slots = slot_target.shape[0]
     dist = np.empty(n_pos)
     count = np.empty(n_pos)
     total = np.empty(n_pos)
@@ -373,31 +461,31 @@ def _grid_numba(
     num = np.empty(n_k)
     y = np.empty(dim)
     weight = 0.0
-    sparse = indptr.shape[0] > 0
+    sparse = pairs.shape[0] > 0
+    j = 0
     for row in range(n_rows):
         w = 1.0 if weights.shape[0] == 0 else weights[row]
-        if w == 0.0:
-            continue
-        t = target[row]
-        s = _row_slot(context, row, t, n_slots)
-        if _same_row(context, query_bits, row, t, slot_context, slot_query, slot_target, s):
-            hits[0] += 1
+        s = plan[row]
+        if s < 0:
+            s = ~s
         else:
+            q = query_row[j]
             for d in range(dim):
-                y[d] = np.float64(query[row, d])
+                y[d] = np.float64(queries[q, d])
+            t = target[j]
             u = base[t]
-            direct = direct_row[t] if sparse else -1
             for i in range(n_pos):
-                c = context[row, i]
+                c = context[j, i]
                 # The distance once for every sigma2 of the grid: the gate below is row_log_weights' expression.
                 dist[i] = squared_distance(y, key_means, c)
                 if sparse:
-                    p = direct_slots[direct, c] if direct >= 0 else per_position.find_pair(indptr, symbols, t, c)
+                    p = pairs[j, i]
                     count[i] = pair_counts[p] if p >= 0 else 0.0
                 else:
                     count[i] = emission_count_ts[t, c]
                 total[i] = row_totals[c]
                 typ[i] = types[c]
+            j += 1
             # map_emissions' values, the strength pairs side by side.
             for i in range(n_pos):
                 cnt, tot, ty = count[i], total[i], typ[i]
@@ -419,12 +507,6 @@ def _grid_numba(
                     slot_log_num[s, g, k] = math.log(v) if v > 0.0 else -np.inf
                 slot_log_z[s, g] = math.log(z)
                 slot_best[s, g] = best
-            if remember:
-                slot_target[s] = t
-            for i in range(n_pos):
-                slot_context[s, i] = context[row, i]
-            for d in range(query_bits.shape[1]):
-                slot_query[s, d] = query_bits[row, d]
         for g in range(n_sigma):
             log_z, best, constant = slot_log_z[s, g], slot_best[s, g], gate_const[g]
             for k in range(n_k):
@@ -553,6 +635,134 @@ def _query_bits(query: np.ndarray) -> np.ndarray:
     return query.view(np.dtype(f"u{query.dtype.itemsize}"))
 
 
+@dataclass(frozen=True)
+class PlannedRows:
+    """A batch of rows as the grid kernel scores them (:func:`plan_grid_rows`): what it reads of them, whatever the
+    grid's points and the M-step's values, so the rows of a held-out partition can be scored again at the next
+    M-step's grid without being read, windowed and looked up in the support again.
+
+    Attributes:
+        plan: (n,) int32, the rows of nonzero weight in order, each its slot ``s`` when computed or ``~s`` when read
+            back from it (:func:`_plan_rows`).
+        weights: (n,) float64 their weights; empty when each is 1.
+        context: (m, N) int32, the computed rows' context ids; ``target``: (m,) int32 their targets.
+        query_row: (m,) int32, each computed row's query among ``queries`` (u, D) (the distinct ones, in the batch's
+            dtype).
+        pairs: (m, N) int32, the support's index of each position's pair with the target (-1 off the support);
+            (0, N) for dense counts.
+        hits: how many rows are read back.
+    """
+
+    plan: np.ndarray
+    weights: np.ndarray
+    context: np.ndarray
+    query_row: np.ndarray
+    queries: np.ndarray
+    target: np.ndarray
+    pairs: np.ndarray
+    hits: int
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.plan, self.weights, self.context, self.query_row, self.queries, self.target, self.pairs)
+        return sum(int(a.nbytes) for a in arrays)
+
+
+def plan_grid_rows(
+    table: GridTable,
+    x: tuple[Any, Any, Any],
+    weights: Any = None,
+    *,
+    checked: bool = False,
+    rows: GridRowCache,
+) -> PlannedRows:
+    """An encoded batch ``(context (n, N), query (n, D), target (n,))`` planned for :func:`score_planned` under
+    ``table``'s counts (their support's pairs found now), its repeated rows found through ``rows`` (the rows
+    remembered from the blocks before; updated). Bad ids or values raise naming the row, unless ``checked`` says the
+    caller has checked them."""
+    counts = table.counts
+    context, query, target, w = check_batch(
+        x,
+        weights,
+        num_symbols=counts.num_symbols,
+        context_length=table.log_prior.shape[0],
+        query_dim=table.key_means.shape[1],
+        num_targets=counts.num_targets,
+        values_checked=checked,
+    )
+    if rows.table is not table:
+        raise ValueError("a grid row cache serves the table it was made for")
+    weights64 = np.zeros(0) if w is None else w.astype(np.float64, copy=False)
+    n_rows = context.shape[0]
+    plan = np.empty(n_rows, dtype=np.int32)
+    counted = np.empty(n_rows, dtype=np.int64)
+    fresh = np.empty(n_rows, dtype=np.int64)
+    query_bits = _query_bits(query)
+    n, m = _plan_rows(
+        context, query_bits, target, weights64, rows.context, rows.query, rows.target, rows.slots > 0, rows.hits,
+        plan, counted, fresh,
+    )  # fmt: skip
+    counted, fresh = counted[:n], fresh[:m]
+    kept_weights = weights64[counted] if weights64.shape[0] else weights64
+    if kept_weights.shape[0] and bool(np.all(kept_weights == 1.0)):
+        kept_weights = np.zeros(0)
+    fresh_context = np.ascontiguousarray(context[fresh], dtype=np.int32)
+    fresh_target = np.ascontiguousarray(target[fresh], dtype=np.int32)
+    query_row = np.empty(m, dtype=np.int32)
+    first = _intern_rows(np.ascontiguousarray(query_bits[fresh]), query_row)
+    queries = np.ascontiguousarray(query[fresh[first]])
+    _, indptr, symbols, _ = grid_count_arrays(table)
+    if indptr.shape[0]:
+        pairs = np.empty(fresh_context.shape, dtype=np.int32)
+        _fresh_pairs(fresh_context, fresh_target, indptr, symbols, *table.direct_pair_rows, pairs)
+    else:
+        pairs = np.zeros((0, fresh_context.shape[1]), dtype=np.int32)
+    return PlannedRows(plan[:n].copy(), kept_weights, fresh_context, query_row, queries, fresh_target, pairs, n - m)
+
+
+def score_planned(table: GridTable, planned: PlannedRows, rows: GridRowCache) -> GridTotals:
+    """Held-out totals of planned rows (:func:`plan_grid_rows`, under counts over the same support as ``table``'s)
+    at every point of ``table``; ``rows``: the slots the rows are computed into and read back from (made for
+    ``table``, with as many slots as the plan's, given to every batch of a partition in order)."""
+    if rows.table is not table:
+        raise ValueError("a grid row cache serves the table it was made for")
+    dense_ts, indptr, _, pair_counts = grid_count_arrays(table)
+    if (planned.pairs.shape[0] > 0) != (indptr.shape[0] > 0) and planned.context.shape[0] > 0:
+        raise ValueError("rows planned for one layout of counts are scored against the other")
+    g1, g2, g3 = table.shape
+    pred = np.zeros((g1, g2 * g3))
+    joint = np.zeros((g1, g2 * g3))
+    dim = table.key_means.shape[1]
+    weight = _grid_planned(
+        planned.plan,
+        planned.weights,
+        planned.context,
+        planned.query_row,
+        planned.queries,
+        planned.target,
+        planned.pairs,
+        table.key_means,
+        table.log_prior,
+        dense_ts,
+        pair_counts,
+        # Counts are whole numbers (exact in float64): one type, so the kernel builds once for dense and sparse tables.
+        np.asarray(table.row_totals, dtype=np.float64),
+        table.base,
+        table.types,
+        0.5 / table.sigma2,
+        -0.5 * dim * np.log(2.0 * np.pi * table.sigma2),
+        # Strength pair k = h * G3 + b: emission strength h, type strength b (grid_row's order).
+        np.repeat(table.emission_strengths, g3),
+        np.tile(table.type_strengths, g2),
+        rows.log_num,
+        rows.log_z,
+        rows.best,
+        pred,
+        joint,
+    )
+    return GridTotals(float(weight), pred.reshape(g1, g2, g3), joint.reshape(g1, g2, g3))
+
+
 def score_grid(
     table: GridTable,
     x: tuple[Any, Any, Any],
@@ -568,57 +778,52 @@ def score_grid(
     ``rows``: the rows remembered from the blocks before (:class:`GridRowCache`, made for ``table``; ``None``: a
     new one for this batch). The totals are the same bits with or without it.
     """
-    counts = table.counts
-    context, query, target, w = check_batch(
-        x,
-        weights,
-        num_symbols=counts.num_symbols,
-        context_length=table.log_prior.shape[0],
-        query_dim=table.key_means.shape[1],
-        num_targets=counts.num_targets,
-        values_checked=checked,
-    )
     if rows is None:
-        rows = GridRowCache(table, query.shape[1], context.shape[1])
-    elif rows.table is not table:
-        raise ValueError("a grid row cache serves the table it was made for")
-    dense_ts, indptr, symbols, pair_counts = grid_count_arrays(table)
-    g1, g2, g3 = table.shape
-    pred = np.zeros((g1, g2 * g3))
-    joint = np.zeros((g1, g2 * g3))
-    dim = table.key_means.shape[1]
-    query_bits = _query_bits(query)
-    weight = _grid_numba(
-        context,
-        query,
-        query_bits,
-        target,
-        np.zeros(0) if w is None else w.astype(np.float64, copy=False),
-        table.key_means,
-        table.log_prior,
-        dense_ts,
-        indptr,
-        symbols,
-        pair_counts,
-        # Counts are whole numbers (exact in float64): one type, so the kernel builds once for dense and sparse tables.
-        np.asarray(table.row_totals, dtype=np.float64),
-        table.base,
-        table.types,
-        0.5 / table.sigma2,
-        -0.5 * dim * np.log(2.0 * np.pi * table.sigma2),
-        # Strength pair k = h * G3 + b: emission strength h, type strength b (grid_row's order).
-        np.repeat(table.emission_strengths, g3),
-        np.tile(table.type_strengths, g2),
-        *table.direct_pair_rows,
-        rows.context,
-        rows.query,
-        rows.target,
-        rows.log_num,
-        rows.log_z,
-        rows.best,
-        rows.slots > 0,
-        rows.hits,
-        pred,
-        joint,
-    )
-    return GridTotals(float(weight), pred.reshape(g1, g2, g3), joint.reshape(g1, g2, g3))
+        query_dim, context_length = table.key_means.shape[1], table.log_prior.shape[0]
+        rows = GridRowCache(table, query_dim, context_length)
+    return score_planned(table, plan_grid_rows(table, x, weights, checked=checked, rows=rows), rows)
+
+
+class GridRows:
+    """A partition's held-out rows planned for the grid kernel, batch by batch (:class:`PlannedRows`), which a
+    worker keeps to score the fit's later grids on them (:meth:`score`) without reading them again.
+
+    The plan holds the support's pair indices: it serves tables whose counts lie on the same support (the same
+    object, or the same pairs), in the same layout; the support is held weakly, so a plan never keeps a fit's
+    support alive nor is taken for another one made at the same address.
+    """
+
+    def __init__(self, blocks: tuple[PlannedRows, ...], table: GridTable, slots: int) -> None:
+        self.blocks = blocks
+        self.slots = slots
+        self.query_dim, self.context_length = table.key_means.shape[1], table.log_prior.shape[0]
+        support = getattr(table.counts, "support", None)
+        self.sparse = isinstance(table.counts, SparseEmissionCounts)
+        self._support = None if support is None else weakref.ref(support)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(block.nbytes for block in self.blocks)
+
+    def serves(self, table: GridTable) -> bool:
+        """Whether ``table`` may be scored from this plan: the same layout, shape and support."""
+        if table.buckets is not None or isinstance(table.counts, SparseEmissionCounts) != self.sparse:
+            return False
+        if (table.key_means.shape[1], table.log_prior.shape[0]) != (self.query_dim, self.context_length):
+            return False
+        if not self.sparse:
+            return True
+        mine = None if self._support is None else self._support()
+        theirs = getattr(table.counts, "support", None)
+        return mine is not None and theirs is not None and mine.same_as(theirs)
+
+    def score(self, table: GridTable) -> GridTotals:
+        """The totals :func:`score_grid` gives these rows' blocks in order under ``table`` (which it :meth:`serves`),
+        to the bit."""
+        if not self.serves(table):
+            raise ValueError("these planned rows do not serve this grid table (another support, layout or shape)")
+        rows = GridRowCache(table, self.query_dim, self.context_length, self.slots)
+        totals = GridTotals.zeros(table.shape)
+        for block in self.blocks:
+            totals = totals + score_planned(table, block, rows)
+        return totals

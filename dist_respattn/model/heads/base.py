@@ -367,6 +367,18 @@ class Grid(abc.ABC):
         """The bytes of its arrays (what sending it to the workers moves); 0 when unknown."""
         return 0
 
+    def score_keeping(self, blocks: Iterable[Block], budget: int) -> tuple[GridScores, Any]:
+        """:meth:`score`, and what the fit's later grids may score these rows from (:meth:`score_kept`) without
+        reading them again, when it holds at most ``budget`` bytes (else ``None``). A kind that keeps nothing
+        returns ``None``."""
+        return self.score(blocks), None
+
+    def score_kept(self, kept: Any) -> GridScores | None:
+        """The held-out totals of the rows ``kept`` (what :meth:`score_keeping` returned for a grid of the same
+        fit) at this grid's points, the same bits as :meth:`score` on the rows; ``None`` when ``kept`` cannot serve
+        this grid (another kind, support or shape): the rows are read again."""
+        return None
+
 
 class Candidates(abc.ABC):
     """An M-step with its open choices left open: every head it can give, one per :class:`Choice`."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["map_pair_values", "pair_row_sums"]
+__all__ = ["map_pair_values", "pair_count_totals", "pair_row_sums"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -26,6 +26,16 @@ def map_pair_values(count, row_total, strength, base, symbols, targets):  # prag
         den = row_total[s] + strength[s]
         values[p] = (count[p] + strength[s] * u) / den if den > 0.0 else u
     return values
+
+
+@numba.njit(cache=True, nogil=True)
+def pair_count_totals(count, symbols, num_symbols):  # pragma: no cover - compiled
+    """(S,) each symbol's total count ``c_s``: its pairs' ``count`` (P,) added in pair order from 0, as
+    ``np.bincount(symbols, weights=count)`` adds them (the same bits), without its checks and conversions."""
+    totals = np.zeros(num_symbols)
+    for p in range(count.shape[0]):
+        totals[symbols[p]] += count[p]
+    return totals
 
 
 @numba.njit(cache=True, nogil=True)

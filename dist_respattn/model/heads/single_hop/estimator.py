@@ -9,6 +9,7 @@ out of them, either fixed by the estimator or chosen on held-out rows by the EM 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,7 +152,13 @@ class MStepCandidates:
         if self.prior is None:
             return self.emission_count.additive_emission(self.emission_smoothing)
         strengths = self.prior.strengths(hyperparameters.emission_strength, hyperparameters.type_strength)
-        return self.emission_count.map_emission(strengths, self.prior.base)
+        return self.emission_count.map_emission(strengths, self.prior.base, self.row_totals)
+
+    @functools.cached_property
+    def row_totals(self) -> np.ndarray:
+        """(S,) the counts' row totals, computed once for the grid table and the chosen model (a pass over the
+        support's pairs: ~0.1 s at 14M pairs)."""
+        return self.emission_count.row_totals()
 
     def model(self, hyperparameters: Hyperparameters | None = None) -> ResponsibilityAttentionDistribution:
         """The head under ``hyperparameters`` (default: :attr:`defaults`)."""
@@ -169,7 +176,7 @@ class MStepCandidates:
         )  # fmt: skip
         prior = EmissionPrior.uniform(counts.num_symbols, counts.num_targets) if self.prior is None else self.prior
         return grid_table_of(
-            points, self.key_means, self.position_prior, counts, counts.row_totals(), prior.base, prior.types,
+            points, self.key_means, self.position_prior, counts, self.row_totals, prior.base, prior.types,
             self.buckets,
         )  # fmt: skip
 

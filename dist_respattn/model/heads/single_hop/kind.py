@@ -30,12 +30,16 @@ from dist_respattn.model.emission.prior import EmissionPrior
 from dist_respattn.model.fitting.em import START_KINDS
 from dist_respattn.model.fitting.selection import (
     DEFAULT_SEARCH,
+    GRID_ROW_SLOTS,
     GridRowCache,
+    GridRows,
     GridTable,
     GridTotals,
     Hyperparameters,
     HyperparameterSearch,
-    score_grid,
+    PlannedRows,
+    plan_grid_rows,
+    score_planned,
 )
 from dist_respattn.model.heads.base import (
     Block,
@@ -283,10 +287,17 @@ class SingleHopGrid(Grid):
         return int(self.table.counts.nbytes)
 
     def score(self, blocks: Iterable[Block]) -> GridTotals:
+        return self.score_keeping(blocks, 0)[0]
+
+    def score_keeping(self, blocks: Iterable[Block], budget: int) -> tuple[GridTotals, GridRows | None]:
+        """The totals, and the rows planned block by block (:class:`GridRows`: their windows, queries and pairs
+        with the support, what the next M-step's grid reads again) when they hold at most ``budget`` bytes."""
         table = self.table
         totals = GridTotals.zeros(table.shape)
         # The rows remembered from one block to the next (repeated rows cost their additions only).
         remembered: GridRowCache | None = None
+        planned: list[PlannedRows] | None = [] if table.buckets is None else None
+        size = 0
         for block in blocks:
             if table.buckets is not None:
                 totals = totals + grid_windows(table, _weighted(block.rows, block.weights))
@@ -294,8 +305,22 @@ class SingleHopGrid(Grid):
             x = block.rows.encoded
             if remembered is None:
                 remembered = GridRowCache(table, x[1].shape[1], x[0].shape[1])
-            totals = totals + score_grid(table, x, block.weights, checked=block.rows.checked, rows=remembered)
-        return totals
+            rows = plan_grid_rows(table, x, block.weights, checked=block.rows.checked, rows=remembered)
+            totals = totals + score_planned(table, rows, remembered)
+            if planned is not None:
+                size += rows.nbytes
+                if size <= budget:
+                    planned.append(rows)
+                else:
+                    planned = None  # more than the budget: scored, not kept
+        if planned is None:
+            return totals, None
+        return totals, GridRows(tuple(planned), table, GRID_ROW_SLOTS)
+
+    def score_kept(self, kept: Any) -> GridTotals | None:
+        if not isinstance(kept, GridRows) or not kept.serves(self.table):
+            return None
+        return kept.score(self.table)
 
 
 @dataclass(frozen=True)
