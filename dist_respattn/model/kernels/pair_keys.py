@@ -20,7 +20,7 @@ import math
 import numba
 import numpy as np
 
-__all__ = ["merge_tallies", "tally_keys", "tally_rows"]
+__all__ = ["merge_tallies", "tally_keys", "tally_rows", "tally_uniform_windows"]
 
 _DIGIT_BITS = 11  # at most 2048 buckets: the counts stay in L1, and a 32-bit key range takes 3 passes
 
@@ -275,6 +275,109 @@ def tally_rows(
     weights = np.empty(live)
     _scatter_rows(context, target, mass, num_symbols, hist[0], digit_bits, keys, weights)
     return _sorted_tally(keys, weights, hist, passes, digit_bits, 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _window_histograms(
+    tokens, begin, target, weights, uniform, n_pos, num_symbols, passes, digit_bits
+):  # pragma: no cover - compiled
+    """:func:`_row_histograms` of full windows' cells ``target[r] * S + tokens[begin[r] + i]``, each of mass
+    ``uniform * weights[r]`` (``uniform`` when ``weights`` is empty); the live cells are those of positive mass."""
+    size = 1 << digit_bits
+    mask = size - 1
+    hist = np.zeros((passes, size), dtype=np.int64)
+    live = 0
+    for row in range(begin.shape[0]):
+        w = weights[row] if weights.shape[0] > 0 else 1.0
+        if not uniform * w > 0.0:
+            continue
+        base = np.int64(target[row]) * num_symbols
+        at = begin[row]
+        for i in range(n_pos):
+            key = base + tokens[at + i]
+            for p in range(passes):
+                hist[p, (key >> (p * digit_bits)) & mask] += 1
+        live += n_pos
+    return hist, live
+
+
+@numba.njit(cache=True, nogil=True)
+def _window_one_exact_mass(weights, uniform):  # pragma: no cover - compiled
+    """:func:`_one_exact_mass` of the masses ``uniform * weights[r]`` (``uniform`` each when ``weights`` is empty)."""
+    one = 0.0
+    if weights.shape[0] == 0:
+        one = uniform * 1.0
+    for row in range(weights.shape[0]):
+        m = uniform * weights[row]
+        if m > 0.0:
+            if one == 0.0:
+                one = m
+            elif m != one:
+                return 0.0
+    if not one > 0.0 or math.isinf(one) or math.frexp(one)[0] != 0.5:
+        return 0.0
+    return one
+
+
+@numba.njit(cache=True, nogil=True)
+def _scatter_windows(
+    tokens, begin, target, weights, uniform, n_pos, num_symbols, counts, digit_bits, out_k, out_w, with_masses
+):  # pragma: no cover - compiled
+    """:func:`_scatter_rows` (or :func:`_scatter_row_keys`, without ``with_masses``) of full windows' live cells."""
+    mask = (1 << digit_bits) - 1
+    at = _starts(counts)
+    for row in range(begin.shape[0]):
+        w = weights[row] if weights.shape[0] > 0 else 1.0
+        m = uniform * w
+        if not m > 0.0:
+            continue
+        base = np.int64(target[row]) * num_symbols
+        first = begin[row]
+        for i in range(n_pos):
+            key = base + tokens[first + i]
+            d = key & mask
+            j = at[d]
+            out_k[j] = key
+            if with_masses:
+                out_w[j] = m
+            at[d] = j + 1
+
+
+def tally_uniform_windows(
+    tokens: np.ndarray,
+    begin: np.ndarray,
+    target: np.ndarray,
+    weights: np.ndarray,
+    uniform: float,
+    n_pos: int,
+    num_symbols: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`tally_rows` of full token windows under uniform responsibilities: row ``r``'s cells are
+    ``target[r] * S + tokens[begin[r] + i]`` for its ``n_pos`` positions, each of mass ``uniform * weights[r]``
+    (``weights`` (0,): every row weighs 1). The same tally, to the bit, as :func:`tally_rows` of the rows'
+    ``(n, N)`` contexts and masses (the cells in the same order, sorted the same way), without making them."""
+    n_pos, num_symbols = int(n_pos), int(num_symbols)
+    if target.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    top = (int(target.max()) + 1) * num_symbols - 1
+    passes, digit_bits = _digits(top)
+    uniform = float(uniform)
+    hist, live = _window_histograms(tokens, begin, target, weights, uniform, n_pos, num_symbols, passes, digit_bits)
+    keys = np.empty(live, dtype=_key_dtype(top))
+    one = float(_window_one_exact_mass(weights, uniform))
+    if one > 0.0:
+        _scatter_windows(
+            tokens, begin, target, weights, uniform, n_pos, num_symbols, hist[0], digit_bits, keys, _NO_MASSES, False
+        )
+        return _count_runs(_sorted_keys(keys, hist, passes, digit_bits), one)
+    masses = np.empty(live)
+    _scatter_windows(
+        tokens, begin, target, weights, uniform, n_pos, num_symbols, hist[0], digit_bits, keys, masses, True
+    )
+    return _sorted_tally(keys, masses, hist, passes, digit_bits, 1)
+
+
+_NO_MASSES = np.zeros(0)
 
 
 def _sorted_keys(src_k: np.ndarray, hist: np.ndarray, passes: int, digit_bits: int) -> np.ndarray:

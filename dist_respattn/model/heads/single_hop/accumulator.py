@@ -28,8 +28,8 @@ from dist_respattn.model.heads.base import sum_into_copy
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.kernels import histogram, per_position
 from dist_respattn.model.kernels.aligned import aligned_zeros
-from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys, tally_rows
-from dist_respattn.model.rows import WindowRows
+from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys, tally_rows, tally_uniform_windows
+from dist_respattn.model.rows import WindowArrays, WindowRows
 
 __all__ = [
     "ResponsibilityAttentionAccumulator",
@@ -438,6 +438,34 @@ class ResponsibilityAttentionAccumulator:
         uniform = 1.0 / self.context_length
         self._initialize(x, weights, lambda rows: np.full((rows, self.context_length), uniform), checked)
 
+    def seq_initialize_uniform_windows(self, rows: WindowRows) -> None:
+        """:meth:`seq_initialize_uniform` of rows given as full token windows
+        (:class:`~dist_respattn.model.rows.WindowRows`), read where they lie: each query from the query table by its
+        row, no (n, N) context, (n, D) query or (n, N) responsibilities made. The same statistics, to the bit, as
+        :meth:`seq_initialize_uniform` of the same rows encoded (visited in the same blocks, every number added in
+        the same order); every window must hold N tokens."""
+        self._check_usable()
+        rows.check(self.num_symbols, self.num_targets, self.context_length, self.query_dim)
+        if self.layout == "sparse" and self.support is not None:
+            # The window tally is the start pass's (which finds the support): counts on a support read encoded rows.
+            self.seq_initialize_uniform(_encoded_windows(rows, self.context_length), rows.weight, checked=True)
+            return
+        arrays = rows.kernel_arrays()
+        uniform = 1.0 / self.context_length
+        for start, stop in per_position.block_ranges(arrays.begin.shape[0], per_position.DEFAULT_BLOCK_ROWS):
+            block = WindowArrays(
+                arrays.tokens, arrays.begin[start:stop], arrays.end[start:stop], arrays.target[start:stop],
+                arrays.query_table, arrays.query_index[start:stop],
+                arrays.weight[start:stop] if arrays.weight.shape[0] else arrays.weight,
+            )  # fmt: skip
+            per_position.accumulate_uniform_windows(block, uniform, self._stats)
+            if self.layout == "sparse":
+                tally = tally_uniform_windows(
+                    block.tokens, block.begin, block.target, block.weight, uniform, self.context_length,
+                    self.num_symbols,
+                )  # fmt: skip
+                self._row_pairs = tally if self._row_pairs is None else merge_tallies(self._row_pairs, tally)
+
     def _initialize(
         self, x: tuple[np.ndarray, np.ndarray, np.ndarray], weights: Any, draw: Any, checked: bool = False
     ) -> None:
@@ -616,3 +644,12 @@ class ResponsibilityAttentionAccumulatorFactory:
         """A new, empty accumulator for E-steps under ``model`` (over its support when its emission is sparse)."""
         table = model.emission_table
         return self.make(table.support if isinstance(table, SparseEmission) else None)
+
+
+def _encoded_windows(rows: WindowRows, context_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Full token windows as an encoded batch ``(context (n, N), query (n, D), target (n,))`` (copies)."""
+    begin = np.asarray(rows.begin, dtype=np.int64)
+    if np.any(np.asarray(rows.end, dtype=np.int64) - begin != context_length):
+        raise ValueError(f"a free position prior reads full windows of N = {context_length} tokens")
+    context = np.asarray(rows.tokens)[begin[:, None] + np.arange(context_length)]
+    return context, np.asarray(rows.query_table)[np.asarray(rows.query_index)], np.asarray(rows.target)

@@ -254,6 +254,8 @@ def start_partition(
         rows = block.rows
         if buckets is not None:
             accumulator.seq_initialize_windows(_weighted(rows, block.weights), buckets)
+        elif start == "uniform" and isinstance(rows, WindowRows):
+            accumulator.seq_initialize_uniform_windows(_weighted(rows, block.weights))
         elif start == "uniform":
             accumulator.seq_initialize_uniform(rows.encoded, block.weights, checked=rows.checked)
         else:
@@ -365,8 +367,9 @@ class SingleHopTrainer(Trainer):
 
     @property
     def start_columns(self) -> Columns:
-        """What the passes before iteration 1 read: token windows for a tied prior, else encoded rows."""
-        return Columns(windows=self.buckets is not None)
+        """What the passes before iteration 1 read: token windows for a tied prior or a uniform start (whose kernel
+        reads a token stream's rows where they lie, each query from its embedding table by id), else encoded rows."""
+        return Columns(windows=self.buckets is not None or self.start == "uniform")
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
