@@ -8,7 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dist_respattn.model.heads.single_hop.accumulator import ResponsibilityAttentionAccumulator
-from dist_respattn.model.kernels.pair_keys import _one_exact_mass, merge_tallies, tally_keys, tally_rows
+from dist_respattn.model.kernels.pair_keys import (
+    _one_exact_mass,
+    merge_supports,
+    merge_tallies,
+    tally_keys,
+    tally_rows,
+)
 
 
 def numpy_tally(keys: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -145,3 +151,35 @@ def test_a_uniform_start_on_real_rows_tallies_its_keys_to_the_bit(tmp_path):
     got = tally_rows(context, target, masses, symbols)
     assert_same(got, numpy_tally(cells[live], masses.reshape(-1)[live]))
     assert got[1].max() > 1.0  # pairs met many times: sums of many entries
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    k=st.integers(1, 6),
+    size=st.integers(0, 400),
+    shape=st.sampled_from([(3, 2), (50, 40), (50_000, 50_000)]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_k_way_merge_of_supports_is_the_chain_of_merges_to_the_bit(k, size, shape, seed):
+    """Counts whose sums show their order in the bits, each part's pairs target-major; the union is the parts'
+    tallies merged one after the other, in list order."""
+    rng = np.random.default_rng(seed)
+    symbols, targets = shape
+    top = min(symbols * targets, 3 * size + 1)  # pairs that the parts share, often
+    parts, tallies = [], []
+    for _ in range(k):
+        n = int(rng.integers(0, size + 1))
+        keys = np.unique(rng.integers(0, symbols * targets, n) % max(top, 1) * (symbols * targets // max(top, 1)))
+        counts = rng.exponential(size=keys.size) * 10.0 ** rng.integers(-8, 8, keys.size)
+        t, s = keys // symbols, keys % symbols
+        indptr = np.zeros(targets + 1, dtype=np.int64)
+        np.cumsum(np.bincount(t, minlength=targets), out=indptr[1:])
+        parts.append((indptr, s.astype(np.int32), counts))
+        tallies.append((keys, counts))
+    want = tallies[0]
+    for tally in tallies[1:]:
+        want = merge_tallies(want, tally)
+    indptr, got_symbols, got_counts = merge_supports(parts)
+    got_keys = np.repeat(np.arange(targets, dtype=np.int64), np.diff(indptr)) * symbols + got_symbols
+    assert got_symbols.dtype == np.int32 and indptr[-1] == got_symbols.size
+    assert np.array_equal(got_keys, want[0]) and np.array_equal(got_counts, want[1])

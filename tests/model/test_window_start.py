@@ -12,7 +12,7 @@ from dist_respattn import ResponsibilityAttentionEstimator
 from dist_respattn.engine.worker_tasks import RowSelection, pass_task
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import Columns
-from dist_respattn.model.heads.single_hop.kind import SingleHopTrainer, start_partition
+from dist_respattn.model.heads.single_hop.kind import SingleHopTrainer, StartValue, start_partition
 from dist_respattn.model.kernels.pair_keys import tally_rows, tally_uniform_windows
 from dist_respattn.store import WriteOptions
 from dist_respattn.store.ingest.text import iter_text_files
@@ -136,3 +136,28 @@ def test_counts_on_a_support_read_the_windows_encoded(real_store):
     a, b = encoded.value(), windows.value()
     assert np.array_equal(a.emission_count.counts, b.emission_count.counts) and a.emission_count.counts.sum() > 0
     assert np.array_equal(a.key_sum, b.key_sum) and a.n_obs == b.n_obs
+
+
+def test_start_values_combine_as_their_pairwise_sum(real_store):
+    """The combine of start values (the union of their supports, all parts at once) gives what adding them one
+    after the other gives, to the bit: real rows' partitions, weighted (sums whose order shows)."""
+    store, estimator = real_store
+    factory = estimator.accumulator_factory(layout="sparse")
+    start_map = functools.partial(start_partition, factory, "uniform", 0, True, None)
+
+    class Weighted(RowSelection):
+        def weights(self, block):
+            return np.random.default_rng(block.start).uniform(0.0, 3.0, block.num_rows)
+
+    values = [
+        pass_task(store.location, part, start_map, Columns(windows=True), store.fingerprint(), Weighted())
+        for part in range(store.num_partitions)
+    ]
+    assert len(values) > 2
+    got = StartValue.sum_of(values)
+    stats = values[0].stats.copy()
+    for value in values[1:]:
+        stats = stats.add(value.stats)  # SparseEmissionCounts.add: the union of two, each in turn
+    want = StartValue(stats, functools.reduce(lambda a, b: a + b, [v.pairs for v in values]))
+    assert _same_start(got, want)
+    assert got.stats.emission_count.counts.size > max(v.stats.emission_count.counts.size for v in values)

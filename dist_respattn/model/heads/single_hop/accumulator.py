@@ -100,8 +100,17 @@ class SufficientStatistics(NamedTuple):
 
     @classmethod
     def sum_of(cls, values: list[SufficientStatistics]) -> SufficientStatistics:
-        """The sum of ``values``, added left to right into one copy of the first (the combine tree's sum)."""
-        return sum_into_copy(values)
+        """The sum of ``values``, added left to right into one copy of the first (the combine tree's sum). Sparse
+        counts that each carry their own support (a start pass's) are merged all at once, with the same sums
+        (:meth:`~dist_respattn.model.emission.layouts.SparseEmissionCounts.union`)."""
+        counts = [value.emission_count for value in values]
+        if len(values) < 2 or not all(isinstance(c, SparseEmissionCounts) and c.support is not None for c in counts):
+            return sum_into_copy(values)
+        first = counts[0]
+        union = SparseEmissionCounts.union(counts, first.num_symbols, first.num_targets)  # type: ignore[arg-type]
+        # The rest as :meth:`add` adds it, the counts aside (an empty stand-in: they are the union).
+        rest = [value._replace(emission_count=_NO_COUNTS) for value in values]
+        return sum_into_copy(rest)._replace(emission_count=union)
 
     def __add__(self, other: object) -> SufficientStatistics:
         """``self + other`` as a new value (neither changes)."""
@@ -653,3 +662,16 @@ def _encoded_windows(rows: WindowRows, context_length: int) -> tuple[np.ndarray,
         raise ValueError(f"a free position prior reads full windows of N = {context_length} tokens")
     context = np.asarray(rows.tokens)[begin[:, None] + np.arange(context_length)]
     return context, np.asarray(rows.query_table)[np.asarray(rows.query_index)], np.asarray(rows.target)
+
+
+class _NoCounts:
+    """The emission counts of a value whose counts are summed apart (:meth:`SufficientStatistics.sum_of`)."""
+
+    def copy(self) -> _NoCounts:
+        return self
+
+    def add(self, other: Any) -> None:
+        pass
+
+
+_NO_COUNTS: Any = _NoCounts()

@@ -199,9 +199,7 @@ class StartValue:
 
     @classmethod
     def sum_of(cls, values: Sequence[StartValue]) -> StartValue:
-        stats = values[0].stats.copy()
-        for value in values[1:]:
-            stats = stats.add(value.stats)
+        stats = type(values[0].stats).sum_of([value.stats for value in values])
         pairs = values[0].pairs
         for value in values[1:]:
             pairs = None if pairs is None or value.pairs is None else pairs + value.pairs
