@@ -13,7 +13,13 @@ from dist_respattn.engine.worker_tasks import RowSelection, pass_task
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import Columns
 from dist_respattn.model.heads.single_hop.kind import SingleHopTrainer, StartValue, start_partition
-from dist_respattn.model.kernels.pair_keys import tally_rows, tally_uniform_windows
+from dist_respattn.model.kernels.pair_keys import (
+    ExactWindowCounts,
+    merge_tallies,
+    tally_rows,
+    tally_uniform_windows,
+    window_exact_mass,
+)
 from dist_respattn.store import WriteOptions
 from dist_respattn.store.ingest.text import iter_text_files
 from dist_respattn.store.ingest.to_stream import write_stream_text
@@ -161,3 +167,56 @@ def test_start_values_combine_as_their_pairwise_sum(real_store):
     want = StartValue(stats, functools.reduce(lambda a, b: a + b, [v.pairs for v in values]))
     assert _same_start(got, want)
     assert got.stats.emission_count.counts.size > max(v.stats.emission_count.counts.size for v in values)
+
+
+def test_blocks_of_one_exact_mass_are_counted_as_their_tallies_merge():
+    """Blocks whose cells all hold 1/8 (weights 0 and 1), counted in a hash table that grows (a block of more
+    distinct cells than its first slots), then sorted once: the tallies of the blocks merged in turn, to the bit."""
+    rng = np.random.default_rng(11)
+    counter = ExactWindowCounts(1.0 / 8)
+    want = None
+    for rows, symbols in ((5000, 50_000), (40_000, 50_000), (3000, 7)):
+        tokens = rng.integers(0, symbols, rows + 8).astype(np.int32)
+        begin = np.arange(rows, dtype=np.int64)
+        target = rng.integers(0, 50_000, rows).astype(np.int64)
+        weights = (rng.random(rows) < 0.9) * 1.0
+        assert window_exact_mass(weights, 1.0 / 8) == 1.0 / 8
+        counter.add(tokens, begin, target, weights, 1.0 / 8, 8, 50_000)
+        tally = tally_uniform_windows(tokens, begin, target, weights, 1.0 / 8, 8, 50_000)
+        want = tally if want is None else merge_tallies(want, tally)
+    assert counter.bits > 16  # the 40,000 rows' cells did not fit the first table
+    got = counter.tally()
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert window_exact_mass(np.array([1.0, 0.5]), 1.0 / 8) == 0.0
+    assert window_exact_mass(np.array([0.0, 3.0]), 1.0 / 8) == 0.0  # 3/8: not a power of two
+    assert window_exact_mass(np.zeros(0), 1.0 / 8) == 1.0 / 8
+
+
+def test_a_start_over_blocks_of_other_masses_gives_the_encoded_value(real_store):
+    """Blocks of one exact mass, then one of real-valued weights, one of another exact mass (weights 2), one with no
+    live row, and exact ones again: the counted blocks end where the others begin, with the encoded rows' value."""
+    store, estimator = real_store
+    factory = estimator.accumulator_factory(layout="sparse")
+    start_map = functools.partial(start_partition, factory, "uniform", 0, True, None)
+    kinds = {}
+
+    class Mixed(RowSelection):
+        def weights(self, block):
+            index = kinds.setdefault(block.start, len(kinds))  # blocks in order of first reading: every kind
+            rng = np.random.default_rng(block.start)
+            kind = index % 6
+            if kind == 2:
+                return rng.uniform(0.0, 3.0, block.num_rows)
+            if kind == 3:
+                return np.full(block.num_rows, 2.0)
+            if kind == 4:
+                return np.zeros(block.num_rows)
+            return (rng.random(block.num_rows) < 0.7) * 1.0
+
+    rows = Mixed()
+    for part in range(store.num_partitions):
+        args = (store.location, part, start_map)
+        got = pass_task(*args, Columns(windows=True), store.fingerprint(), rows)
+        want = pass_task(*args, Columns(), store.fingerprint(), rows)  # the same blocks: the same weights
+        assert _same_start(got, want)
+    assert len(kinds) >= 6 and len(store.block_ranges(0)) >= 4

@@ -20,7 +20,15 @@ import math
 import numba
 import numpy as np
 
-__all__ = ["merge_supports", "merge_tallies", "tally_keys", "tally_rows", "tally_uniform_windows"]
+__all__ = [
+    "ExactWindowCounts",
+    "merge_supports",
+    "merge_tallies",
+    "tally_keys",
+    "tally_rows",
+    "tally_uniform_windows",
+    "window_exact_mass",
+]
 
 _DIGIT_BITS = 11  # at most 2048 buckets: the counts stay in L1, and a 32-bit key range takes 3 passes
 
@@ -477,3 +485,112 @@ def merge_supports(
     out_counts = np.empty(symbols.shape[0])
     m = _merge_supports(indptr, symbols, counts, starts, out_indptr, out_symbols, out_counts)
     return out_indptr, out_symbols[:m].copy(), out_counts[:m].copy()
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_windows(
+    tokens, begin, target, weights, uniform, n_pos, num_symbols, slots, counts, bits, out_keys, out_counts
+):  # pragma: no cover - compiled
+    """Count the live cells of full windows (:func:`tally_uniform_windows`'s) in an open-addressing table of
+    ``2^bits`` slots (``slots`` -1 when empty), then move each distinct cell and its count to ``out_keys`` and
+    ``out_counts`` (unsorted), leaving the table empty. Returns how many, or -1 when the table filled past 3/4 (it
+    is emptied, nothing counted: count again in a larger one)."""
+    size = np.int64(1) << bits
+    mask = size - 1
+    shift = np.uint64(64 - bits)
+    limit = (size >> 1) + (size >> 2)
+    used = 0
+    full = False
+    for row in range(begin.shape[0]):
+        w = weights[row] if weights.shape[0] > 0 else 1.0
+        if not uniform * w > 0.0:
+            continue
+        base = np.int64(target[row]) * num_symbols
+        first = begin[row]
+        for i in range(n_pos):
+            key = base + tokens[first + i]
+            h = np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+            while True:
+                k = slots[h]
+                if k == key:
+                    counts[h] += 1
+                    break
+                if k < 0:
+                    slots[h] = key
+                    counts[h] = 1
+                    used += 1
+                    break
+                h = (h + 1) & mask
+            if used > limit:
+                full = True
+                break
+        if full:
+            break
+    m = 0
+    for slot in range(size):
+        if slots[slot] >= 0:
+            if not full:
+                out_keys[m] = slots[slot]
+                out_counts[m] = counts[slot]
+                m += 1
+            slots[slot] = -1
+    return -1 if full else m
+
+
+def window_exact_mass(weights: np.ndarray, uniform: float) -> float:
+    """The one mass every live cell of full windows holds under uniform responsibilities ``uniform`` and row
+    ``weights`` (float64 (n,), or (0,): every row weighs 1), when it is one power of two; else 0."""
+    return float(_window_one_exact_mass(weights, float(uniform)))
+
+
+class ExactWindowCounts:
+    """The tally of full windows' cells that all hold one mass ``mass``, a power of two (:func:`window_exact_mass`),
+    counted block by block in a hash table small enough for the cache and sorted once at the end
+    (:meth:`tally`). Each cell's sum is its count times ``mass``: exactly what :func:`tally_uniform_windows` of each
+    block, merged block after block by :func:`merge_tallies`, gives (a sum of k × mass is exact in any order)."""
+
+    def __init__(self, mass: float) -> None:
+        self.mass = float(mass)
+        self.parts: list[tuple[np.ndarray, np.ndarray]] = []
+        self.bits = 16
+        self.slots = np.full(1 << self.bits, -1, dtype=np.int64)
+        self.counts = np.zeros(1 << self.bits, dtype=np.int64)
+
+    def add(
+        self,
+        tokens: np.ndarray,
+        begin: np.ndarray,
+        target: np.ndarray,
+        weights: np.ndarray,
+        uniform: float,
+        n_pos: int,
+        num_symbols: int,
+    ) -> None:
+        """Count one block's live cells (its rows' masses ``uniform * weights``, each this tally's ``mass``)."""
+        live = int(begin.shape[0]) * int(n_pos)
+        if live == 0:
+            return
+        while True:
+            size = 1 << self.bits
+            out_keys = np.empty(min(live, size), dtype=np.int64)
+            out_counts = np.empty(min(live, size), dtype=np.int64)
+            m = _count_windows(
+                tokens, begin, target, weights, float(uniform), int(n_pos), int(num_symbols), self.slots,
+                self.counts, self.bits, out_keys, out_counts,
+            )  # fmt: skip
+            if m >= 0:
+                self.parts.append((out_keys[:m].copy(), out_counts[:m].copy()))
+                return
+            self.bits += 2  # four times the slots, and count the block again
+            self.slots = np.full(1 << self.bits, -1, dtype=np.int64)
+            self.counts = np.zeros(1 << self.bits, dtype=np.int64)
+
+    def tally(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(cells (P,) int64 increasing, sums (P,) float64)`` of every block counted."""
+        if not self.parts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        keys = np.concatenate([p[0] for p in self.parts])
+        counts = np.concatenate([p[1] for p in self.parts]).astype(np.float64)  # integers below 2^53: exact sums
+        cells, sums = tally_keys(keys, counts)
+        sums *= self.mass
+        return cells, sums

@@ -28,7 +28,14 @@ from dist_respattn.model.heads.base import sum_into_copy
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.kernels import histogram, per_position
 from dist_respattn.model.kernels.aligned import aligned_zeros
-from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys, tally_rows, tally_uniform_windows
+from dist_respattn.model.kernels.pair_keys import (
+    ExactWindowCounts,
+    merge_tallies,
+    tally_keys,
+    tally_rows,
+    tally_uniform_windows,
+    window_exact_mass,
+)
 from dist_respattn.model.rows import WindowArrays, WindowRows
 
 __all__ = [
@@ -243,6 +250,8 @@ class ResponsibilityAttentionAccumulator:
         # The pairs of the rows added since the last value or combine: (cells increasing, counts), merged block by
         # block in row order, so a partition holds O(its pairs), never O(its rows).
         self._row_pairs: tuple[np.ndarray, np.ndarray] | None = None
+        #: Blocks of token windows counted at one exact mass, not yet in ``_row_pairs`` (which is empty meanwhile).
+        self._exact: ExactWindowCounts | None = None
         self._stats = per_position.StatisticArrays.zeros(
             self.num_symbols, self.context_length, self.query_dim, self.num_targets, support, dense=layout == "dense"
         )
@@ -405,8 +414,7 @@ class ResponsibilityAttentionAccumulator:
     def _count_cells(self, cells: np.ndarray, masses: np.ndarray) -> None:
         """Add responsibility masses at target-major cells ``t * S + s`` to the sparse counts."""
         if self.support is None:
-            block = tally_keys(cells, masses)
-            self._row_pairs = block if self._row_pairs is None else merge_tallies(self._row_pairs, block)
+            self._add_row_pairs(tally_keys(cells, masses))
             return
         at = self.support.locate(cells % self.num_symbols, cells // self.num_symbols)
         if np.any(at < 0):
@@ -468,12 +476,19 @@ class ResponsibilityAttentionAccumulator:
                 arrays.weight[start:stop] if arrays.weight.shape[0] else arrays.weight,
             )  # fmt: skip
             per_position.accumulate_uniform_windows(block, uniform, self._stats)
-            if self.layout == "sparse":
-                tally = tally_uniform_windows(
-                    block.tokens, block.begin, block.target, block.weight, uniform, self.context_length,
-                    self.num_symbols,
-                )  # fmt: skip
-                self._row_pairs = tally if self._row_pairs is None else merge_tallies(self._row_pairs, tally)
+            if self.layout != "sparse":
+                continue
+            cells = (block.tokens, block.begin, block.target, block.weight, uniform, self.context_length)
+            mass = window_exact_mass(block.weight, uniform)
+            exact = self._exact
+            if mass > 0.0 and self._row_pairs is None and (exact is None or exact.mass == mass):
+                # Blocks of one exact mass (a uniform start on unweighted rows) are counted, not sorted, until the
+                # value is taken: their sums are the same as the blocks' tallies merged one after the other.
+                if exact is None:
+                    exact = self._exact = ExactWindowCounts(mass)
+                exact.add(*cells, self.num_symbols)
+            else:
+                self._add_row_pairs(tally_uniform_windows(*cells, self.num_symbols))
 
     def _initialize(
         self, x: tuple[np.ndarray, np.ndarray, np.ndarray], weights: Any, draw: Any, checked: bool = False
@@ -497,8 +512,7 @@ class ResponsibilityAttentionAccumulator:
         """Add the (n, N) responsibility masses of a block's pairs to the sparse counts."""
         if self.support is None:
             # Rows of weight 0 (another side of a hold-out) hold no pair.
-            block = tally_rows(context, target, mass, self.num_symbols)
-            self._row_pairs = block if self._row_pairs is None else merge_tallies(self._row_pairs, block)
+            self._add_row_pairs(tally_rows(context, target, mass, self.num_symbols))
             return
         live = mass.reshape(-1) > 0.0  # rows of weight 0 (another side of a hold-out) hold no pair
         cells = (target.astype(np.int64)[:, None] * self.num_symbols + context).reshape(-1)[live]
@@ -526,8 +540,21 @@ class ResponsibilityAttentionAccumulator:
         self._stats.scalars += (other.query_sq, other.n_obs, other.log_lik)
         return self
 
+    def _add_row_pairs(self, tally: tuple[np.ndarray, np.ndarray]) -> None:
+        """Add a block's tally to the rows' pairs, after the blocks before it."""
+        self._flush_exact()
+        self._row_pairs = tally if self._row_pairs is None else merge_tallies(self._row_pairs, tally)
+
+    def _flush_exact(self) -> None:
+        """The blocks counted at one exact mass become the rows' pairs (there were none before them)."""
+        if self._exact is not None:
+            assert self._row_pairs is None
+            self._row_pairs = self._exact.tally()
+            self._exact = None
+
     def _flush_row_pairs(self) -> None:
         """Move the rows' pairs into the collected counts, after those collected before them (a fixed order)."""
+        self._flush_exact()
         if self._row_pairs is not None:
             cells, counts = self._row_pairs
             self._collected.append(SparseEmissionCounts.from_tally(cells, counts, self.num_symbols, self.num_targets))
@@ -590,6 +617,7 @@ class ResponsibilityAttentionAccumulator:
         )
         self._collected = [counts.copy()] if self.layout == "sparse" and self.support is None else []  # type: ignore[list-item]
         self._row_pairs = None
+        self._exact = None
         self._broken = None
         return self
 
