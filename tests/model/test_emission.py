@@ -480,3 +480,14 @@ def test_a_sparse_e_step_takes_memory_for_its_pairs_and_its_block_not_its_rows_o
     per_pair = (wide - few) / (large.num_pairs - small.num_pairs)
     assert 8 <= per_pair <= 40, f"{per_pair:.1f} bytes a pair"
     assert wide < 72e6 / 2, f"{wide / 2**20:.1f} MiB traced"
+
+
+def test_sparse_row_totals_are_bincounts_to_the_bit():
+    """Each symbol's total adds its pairs' counts in pair order (sums whose order shows in the bits)."""
+    rng = np.random.default_rng(4)
+    keys = np.unique(rng.integers(0, 300 * 200, 20_000))
+    support = PairSupport.from_keys(keys, 300, 200)
+    counts = rng.exponential(size=keys.size) * 10.0 ** rng.integers(-8, 8, keys.size)
+    sparse = SparseEmissionCounts(counts, support, num_symbols=300, num_targets=200)
+    want = np.bincount(support.symbols, weights=counts, minlength=300)
+    assert np.array_equal(sparse.row_totals(), want) and want.shape == (300,)

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from dist_respattn.model.fixed import FitConstant
-from dist_respattn.model.kernels.emission_rows import map_pair_values
+from dist_respattn.model.kernels.emission_rows import map_pair_values, pair_row_totals
 from dist_respattn.model.kernels.pair_keys import merge_supports, tally_keys
 
 __all__ = [
@@ -692,7 +692,8 @@ class SparseEmissionCounts(EmissionCounts):
             self.support = theirs
 
     def row_totals(self) -> np.ndarray:
-        return np.bincount(self._require_support().symbols, weights=self.counts, minlength=self.num_symbols)
+        counts = np.ascontiguousarray(self.counts, dtype=np.float64)
+        return pair_row_totals(self._require_support().symbols, counts, self.num_symbols)
 
     def lookup(self, symbols: np.ndarray, targets: np.ndarray) -> np.ndarray:
         at = self._require_support().locate(symbols, targets)

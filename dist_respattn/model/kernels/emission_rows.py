@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["map_pair_values", "pair_row_sums"]
+__all__ = ["map_pair_values", "pair_row_sums", "pair_row_totals"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -41,3 +41,14 @@ def pair_row_sums(values, base, indptr, symbols, num_symbols):  # pragma: no cov
             sums[s] += values[p]
             stored_base[s] += u
     return sums, stored_base
+
+
+@numba.njit(cache=True, nogil=True)
+def pair_row_totals(symbols, counts, num_symbols):  # pragma: no cover - compiled
+    """(S,) per symbol, the sum of its pairs' ``counts`` (P,), added pair by pair in order from 0: what
+    ``np.bincount(symbols, weights=counts, minlength=S)`` gives, to the bit, without its (P,) intp copy of the
+    symbols."""
+    totals = np.zeros(num_symbols)
+    for p in range(symbols.shape[0]):
+        totals[symbols[p]] += counts[p]
+    return totals
