@@ -7,11 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dist_respattn.model.emission.pairs import PairCounts
 from dist_respattn.model.heads.single_hop.accumulator import ResponsibilityAttentionAccumulator
 from dist_respattn.model.kernels.pair_keys import (
     _one_exact_mass,
+    equal_mass,
     merge_supports,
     merge_tallies,
+    tally_equal_keys,
     tally_keys,
     tally_rows,
 )
@@ -183,3 +186,33 @@ def test_a_k_way_merge_of_supports_is_the_chain_of_merges_to_the_bit(k, size, sh
     got_keys = np.repeat(np.arange(targets, dtype=np.int64), np.diff(indptr)) * symbols + got_symbols
     assert got_symbols.dtype == np.int32 and indptr[-1] == got_symbols.size
     assert np.array_equal(got_keys, want[0]) and np.array_equal(got_counts, want[1])
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    n=st.integers(0, 3000),
+    top=st.sampled_from([1, 7, 2048, 2049, 5_000_000, 2_500_000_000, 2**40]),
+    mass=st.sampled_from([1.0, 0.125, 2.0**-60, 2.0**40]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_keys_of_one_power_of_two_weight_tally_as_their_weighted_tally(n, top, mass, seed):
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(0, top, n) // rng.integers(1, 3)  # repeats, and sometimes one digit all keys share
+    weights = np.full(n, mass)
+    assert n == 0 or equal_mass(weights) == mass
+    assert_same(tally_equal_keys(keys, mass), tally_keys(keys, weights))
+
+
+def test_pair_counts_of_unit_weights_are_the_weighted_tally():
+    """Rows of weight 1, of weights 0 and 1 (a hold-out's side), and of other weights: the same counts as the tally
+    of every row's weight."""
+    rng = np.random.default_rng(8)
+    symbols, targets = rng.integers(0, 5000, 20_000), rng.integers(0, 5000, 20_000)
+    cells = symbols * 5000 + targets
+    for weights in (None, (rng.random(20_000) < 0.9) * 1.0, rng.uniform(0.0, 2.0, 20_000)):
+        got = PairCounts.from_rows(symbols, targets, weights, num_symbols=5000, num_targets=5000)
+        w = np.ones(20_000) if weights is None else weights
+        live = w > 0
+        want = tally_keys(cells[live], w[live])
+        assert np.array_equal(got.keys, want[0]) and np.array_equal(got.counts, want[1])
+    assert equal_mass(np.array([0.0, 1.0, 0.5])) == 0.0

@@ -22,8 +22,10 @@ import numpy as np
 
 __all__ = [
     "ExactWindowCounts",
+    "equal_mass",
     "merge_supports",
     "merge_tallies",
+    "tally_equal_keys",
     "tally_keys",
     "tally_rows",
     "tally_uniform_windows",
@@ -594,3 +596,28 @@ class ExactWindowCounts:
         cells, sums = tally_keys(keys, counts)
         sums *= self.mass
         return cells, sums
+
+
+def equal_mass(weights: np.ndarray) -> float:
+    """The one weight every positive entry of ``weights`` holds when it is one power of two (a sum of k of them is k
+    times it, exactly, in any order); else 0 (or when none is positive)."""
+    return float(_one_exact_mass(np.ascontiguousarray(weights, dtype=np.float64)))
+
+
+def tally_equal_keys(keys: np.ndarray, mass: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`tally_keys` of ``keys`` whose weights all equal ``mass``, a power of two (:func:`equal_mass`): the keys
+    sorted alone, each run's sum its length times ``mass``, the same bits."""
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    if keys.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    if int(keys.min()) < 0:
+        raise ValueError(f"keys hold {int(keys.min())}: expected non-negative cells")
+    top = int(keys.max())
+    passes, digit_bits = _digits(top)
+    hist = _key_histograms(keys, passes, digit_bits)
+    src: np.ndarray = keys.astype(_key_dtype(top))
+    if not _one_bucket(hist[0], src.shape[0]):
+        first = np.empty_like(src)
+        _scatter_keys(src, hist[0], 0, digit_bits, first)
+        src = first
+    return _count_runs(_sorted_keys(src, hist, passes, digit_bits), float(mass))
