@@ -81,8 +81,7 @@ class RowSelection:
         """(n,) weights of a block's rows (``None``: the store's rows are unweighted and all count)."""
         if self.rule is None:
             return rows.weight
-        train, heldout = self.rule.split_weights(rows.start, rows.num_rows, rows.weight)
-        return train if self.side == "train" else heldout
+        return self.rule.side_weights(rows.start, rows.num_rows, rows.weight, self.side)
 
 
 ALL_ROWS = RowSelection()

@@ -18,7 +18,7 @@ from dist_respattn import (
 )
 from dist_respattn.model.emission.pairs import PairCounts
 from dist_respattn.model.emission.prior import BASE_PSEUDO_COUNT, EmissionPrior
-from dist_respattn.model.fitting.holdout import HoldoutRule
+from dist_respattn.model.fitting.holdout import HoldoutRule, _splitmix64
 from dist_respattn.model.fitting.selection import (
     DEFAULT_SEARCH,
     GridTotals,
@@ -256,6 +256,32 @@ def test_the_holdout_takes_whole_stripes_near_the_fraction():
     assert np.all(stripes.all(axis=1) | ~stripes.any(axis=1)), "a stripe is held out whole or not at all"
     assert HoldoutRule.for_rows(1000).stripe_rows == 16
     assert not HoldoutRule(0.0).held_out(0, 100).any()
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 50_000), start=st.integers(0, 10**9), length=st.integers(0, 9000))
+def test_the_holdout_is_each_row_s_stripe_choice(rows, start, length):
+    """The mask repeats each stripe's choice (its hash under the fraction) over its rows: each row's own stripe's,
+    looked up row by row."""
+    rule = HoldoutRule.for_rows(rows, 0.3)
+    stop = start + length
+    first = start // rule.stripe_rows
+    stripe_of_row = np.arange(start, stop, dtype=np.int64) // rule.stripe_rows
+    stripes = np.arange(first, (stop - 1) // rule.stripe_rows + 1, dtype=np.uint64)
+    chosen = (_splitmix64(stripes) >> np.uint64(11)).astype(np.float64) * 2.0**-53 < rule.fraction
+    want = chosen[stripe_of_row - first] if length else np.zeros(0, bool)
+    assert np.array_equal(rule.held_out(start, stop), want)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_one_side_s_weights_are_those_split_weights_gives(weighted):
+    rule = HoldoutRule.for_rows(50_000, 0.2)
+    weights = np.random.default_rng(0).uniform(size=7000) if weighted else None
+    train, heldout = rule.split_weights(12_345, 7000, weights)
+    for side, want in (("train", train), ("heldout", heldout)):
+        got = rule.side_weights(12_345, 7000, weights, side)
+        assert got.dtype == np.float64 and np.array_equal(got, want)
+    assert 0 < heldout.astype(bool).sum() < 7000
 
 
 def test_split_weights_partition_the_rows():

@@ -7,8 +7,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dist_respattn.model.emission.pairs import PairCounts
 from dist_respattn.model.heads.single_hop.accumulator import ResponsibilityAttentionAccumulator
-from dist_respattn.model.kernels.pair_keys import _one_exact_mass, merge_tallies, tally_keys, tally_rows
+from dist_respattn.model.kernels.pair_keys import (
+    _one_exact_mass,
+    equal_mass,
+    merge_supports,
+    merge_tallies,
+    tally_equal_keys,
+    tally_keys,
+    tally_rows,
+)
 
 
 def numpy_tally(keys: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -145,3 +154,65 @@ def test_a_uniform_start_on_real_rows_tallies_its_keys_to_the_bit(tmp_path):
     got = tally_rows(context, target, masses, symbols)
     assert_same(got, numpy_tally(cells[live], masses.reshape(-1)[live]))
     assert got[1].max() > 1.0  # pairs met many times: sums of many entries
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    k=st.integers(1, 6),
+    size=st.integers(0, 400),
+    shape=st.sampled_from([(3, 2), (50, 40), (50_000, 50_000)]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_k_way_merge_of_supports_is_the_chain_of_merges_to_the_bit(k, size, shape, seed):
+    """Counts whose sums show their order in the bits, each part's pairs target-major; the union is the parts'
+    tallies merged one after the other, in list order."""
+    rng = np.random.default_rng(seed)
+    symbols, targets = shape
+    top = min(symbols * targets, 3 * size + 1)  # pairs that the parts share, often
+    parts, tallies = [], []
+    for _ in range(k):
+        n = int(rng.integers(0, size + 1))
+        keys = np.unique(rng.integers(0, symbols * targets, n) % max(top, 1) * (symbols * targets // max(top, 1)))
+        counts = rng.exponential(size=keys.size) * 10.0 ** rng.integers(-8, 8, keys.size)
+        t, s = keys // symbols, keys % symbols
+        indptr = np.zeros(targets + 1, dtype=np.int64)
+        np.cumsum(np.bincount(t, minlength=targets), out=indptr[1:])
+        parts.append((indptr, s.astype(np.int32), counts))
+        tallies.append((keys, counts))
+    want = tallies[0]
+    for tally in tallies[1:]:
+        want = merge_tallies(want, tally)
+    indptr, got_symbols, got_counts = merge_supports(parts)
+    got_keys = np.repeat(np.arange(targets, dtype=np.int64), np.diff(indptr)) * symbols + got_symbols
+    assert got_symbols.dtype == np.int32 and indptr[-1] == got_symbols.size
+    assert np.array_equal(got_keys, want[0]) and np.array_equal(got_counts, want[1])
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    n=st.integers(0, 3000),
+    top=st.sampled_from([1, 7, 2048, 2049, 5_000_000, 2_500_000_000, 2**40]),
+    mass=st.sampled_from([1.0, 0.125, 2.0**-60, 2.0**40]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_keys_of_one_power_of_two_weight_tally_as_their_weighted_tally(n, top, mass, seed):
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(0, top, n) // rng.integers(1, 3)  # repeats, and sometimes one digit all keys share
+    weights = np.full(n, mass)
+    assert n == 0 or equal_mass(weights) == mass
+    assert_same(tally_equal_keys(keys, mass), tally_keys(keys, weights))
+
+
+def test_pair_counts_of_unit_weights_are_the_weighted_tally():
+    """Rows of weight 1, of weights 0 and 1 (a hold-out's side), and of other weights: the same counts as the tally
+    of every row's weight."""
+    rng = np.random.default_rng(8)
+    symbols, targets = rng.integers(0, 5000, 20_000), rng.integers(0, 5000, 20_000)
+    cells = symbols * 5000 + targets
+    for weights in (None, (rng.random(20_000) < 0.9) * 1.0, rng.uniform(0.0, 2.0, 20_000)):
+        got = PairCounts.from_rows(symbols, targets, weights, num_symbols=5000, num_targets=5000)
+        w = np.ones(20_000) if weights is None else weights
+        live = w > 0
+        want = tally_keys(cells[live], w[live])
+        assert np.array_equal(got.keys, want[0]) and np.array_equal(got.counts, want[1])
+    assert equal_mass(np.array([0.0, 1.0, 0.5])) == 0.0

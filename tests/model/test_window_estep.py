@@ -134,7 +134,7 @@ def test_the_e_step_task_reads_windows_and_gives_the_encoded_statistics(real_sto
             return Columns()
 
     trainer = SingleHopTrainer(estimator, "sparse", "uniform", 0)
-    assert trainer.columns.windows and not trainer.start_columns.windows
+    assert trainer.columns.windows and trainer.start_columns.windows  # a uniform start reads windows too
     selection = RowSelection(HoldoutRule.for_rows(store.num_rows), "train")
     for part in range(store.num_partitions):
         args = (store.location, part)

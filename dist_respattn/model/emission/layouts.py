@@ -28,8 +28,8 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from dist_respattn.model.fixed import FitConstant
-from dist_respattn.model.kernels.emission_rows import map_pair_values, pair_count_totals
-from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys
+from dist_respattn.model.kernels.emission_rows import map_pair_values, pair_row_totals
+from dist_respattn.model.kernels.pair_keys import merge_supports, tally_keys
 
 __all__ = [
     "DENSE_CELL_LIMIT",
@@ -632,16 +632,20 @@ class SparseEmissionCounts(EmissionCounts):
         """The sum of counts that carry their supports, over the union of their pairs.
 
         Each pair's sum adds the parts' counts in list order (from 0), so it does not depend on how they were
-        grouped: the parts are merged left to right, each merge one linear pass over two sorted tallies.
+        grouped: the parts are merged in one pass over their pairs, target by target
+        (:func:`~dist_respattn.model.kernels.pair_keys.merge_supports`).
         """
         if not parts:
             return cls.empty(num_symbols, num_targets)
         if len(parts) == 1:
             return parts[0]
-        total = (parts[0]._require_support().keys(), parts[0].counts)
-        for part in parts[1:]:
-            total = merge_tallies(total, (part._require_support().keys(), part.counts))
-        return cls.from_tally(*total, num_symbols, num_targets)
+        indptr, symbols, counts = merge_supports(
+            [(part._require_support().indptr, part._require_support().symbols, part.counts) for part in parts]
+        )
+        return cls(
+            counts, PairSupport(num_symbols, num_targets, indptr, symbols), num_symbols=num_symbols,
+            num_targets=num_targets,
+        )  # fmt: skip
 
     @classmethod
     def empty(cls, num_symbols: int, num_targets: int) -> SparseEmissionCounts:
@@ -689,8 +693,8 @@ class SparseEmissionCounts(EmissionCounts):
             self.support = theirs
 
     def row_totals(self) -> np.ndarray:
-        symbols = self._require_support().symbols
-        return pair_count_totals(np.asarray(self.counts, dtype=np.float64), symbols, self.num_symbols)
+        counts = np.ascontiguousarray(self.counts, dtype=np.float64)
+        return pair_row_totals(self._require_support().symbols, counts, self.num_symbols)
 
     def lookup(self, symbols: np.ndarray, targets: np.ndarray) -> np.ndarray:
         at = self._require_support().locate(symbols, targets)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys
+from dist_respattn.model.kernels.pair_keys import equal_mass, merge_tallies, tally_equal_keys, tally_keys
 
 __all__ = ["PairCounts", "block_pairs", "pairs_of_blocks"]
 
@@ -58,7 +58,11 @@ class PairCounts:
             w = np.asarray(weights, dtype=np.float64)[live]
         if cells.size == 0:
             return cls.empty(num_symbols, num_targets)
-        keys, counts = tally_keys(cells, np.ones(cells.shape[0]) if w is None else w)
+        mass = 1.0 if w is None else equal_mass(w)
+        if mass > 0.0:  # every row weighs one power of two (1, or 0 and 1: a hold-out's side): counted, same bits
+            keys, counts = tally_equal_keys(cells, mass)
+        else:
+            keys, counts = tally_keys(cells, w if w is not None else np.ones(cells.shape[0]))
         return cls(int(num_symbols), int(num_targets), keys, counts)
 
     def __add__(self, other: PairCounts) -> PairCounts:

@@ -76,8 +76,9 @@ class HoldoutRule:
         # The top 53 bits of the hash as a uniform number in [0, 1).
         uniform = (_splitmix64(stripes) >> np.uint64(11)).astype(np.float64) * 2.0**-53
         chosen = uniform < self.fraction
-        rows = np.arange(start, stop, dtype=np.int64) // self.stripe_rows - first
-        return chosen[rows]
+        # Each stripe's choice repeated over its rows in [start, stop) (no row's stripe computed one by one).
+        edges = np.clip(np.arange(first, last + 2, dtype=np.int64) * self.stripe_rows, start, stop)
+        return np.repeat(chosen, np.diff(edges))
 
     def count(self, num_rows: int) -> int:
         """How many of rows ``[0, num_rows)`` are held out."""
@@ -92,6 +93,15 @@ class HoldoutRule:
         held = self.held_out(start, start + num_rows)
         w = np.ones(num_rows) if weights is None else np.asarray(weights, dtype=np.float64)
         return np.where(held, 0.0, w), np.where(held, w, 0.0)
+
+    def side_weights(self, start: int, num_rows: int, weights: np.ndarray | None, side: str) -> np.ndarray:
+        """One side of :meth:`split_weights` (``"train"`` or ``"heldout"``), the same values, without the other."""
+        keep = self.held_out(start, start + num_rows)
+        if side == "train":
+            keep = ~keep
+        if weights is None:
+            return keep.astype(np.float64)
+        return np.where(keep, np.asarray(weights, dtype=np.float64), 0.0)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

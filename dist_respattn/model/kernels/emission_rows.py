@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["map_pair_values", "pair_count_totals", "pair_row_sums"]
+__all__ = ["map_pair_values", "pair_row_sums", "pair_row_totals"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -29,16 +29,6 @@ def map_pair_values(count, row_total, strength, base, symbols, targets):  # prag
 
 
 @numba.njit(cache=True, nogil=True)
-def pair_count_totals(count, symbols, num_symbols):  # pragma: no cover - compiled
-    """(S,) each symbol's total count ``c_s``: its pairs' ``count`` (P,) added in pair order from 0, as
-    ``np.bincount(symbols, weights=count)`` adds them (the same bits), without its checks and conversions."""
-    totals = np.zeros(num_symbols)
-    for p in range(count.shape[0]):
-        totals[symbols[p]] += count[p]
-    return totals
-
-
-@numba.njit(cache=True, nogil=True)
 def pair_row_sums(values, base, indptr, symbols, num_symbols):  # pragma: no cover - compiled
     """``(sums, stored_base)``, each (S,): per symbol, the sum of its pairs' ``values`` (P,) and of the base (T,)
     of their targets."""
@@ -51,3 +41,14 @@ def pair_row_sums(values, base, indptr, symbols, num_symbols):  # pragma: no cov
             sums[s] += values[p]
             stored_base[s] += u
     return sums, stored_base
+
+
+@numba.njit(cache=True, nogil=True)
+def pair_row_totals(symbols, counts, num_symbols):  # pragma: no cover - compiled
+    """(S,) per symbol, the sum of its pairs' ``counts`` (P,), added pair by pair in order from 0: what
+    ``np.bincount(symbols, weights=counts, minlength=S)`` gives, to the bit, without its (P,) intp copy of the
+    symbols."""
+    totals = np.zeros(num_symbols)
+    for p in range(symbols.shape[0]):
+        totals[symbols[p]] += counts[p]
+    return totals

@@ -20,7 +20,17 @@ import math
 import numba
 import numpy as np
 
-__all__ = ["merge_tallies", "tally_keys", "tally_rows"]
+__all__ = [
+    "ExactWindowCounts",
+    "equal_mass",
+    "merge_supports",
+    "merge_tallies",
+    "tally_equal_keys",
+    "tally_keys",
+    "tally_rows",
+    "tally_uniform_windows",
+    "window_exact_mass",
+]
 
 _DIGIT_BITS = 11  # at most 2048 buckets: the counts stay in L1, and a 32-bit key range takes 3 passes
 
@@ -277,6 +287,109 @@ def tally_rows(
     return _sorted_tally(keys, weights, hist, passes, digit_bits, 1)
 
 
+@numba.njit(cache=True, nogil=True)
+def _window_histograms(
+    tokens, begin, target, weights, uniform, n_pos, num_symbols, passes, digit_bits
+):  # pragma: no cover - compiled
+    """:func:`_row_histograms` of full windows' cells ``target[r] * S + tokens[begin[r] + i]``, each of mass
+    ``uniform * weights[r]`` (``uniform`` when ``weights`` is empty); the live cells are those of positive mass."""
+    size = 1 << digit_bits
+    mask = size - 1
+    hist = np.zeros((passes, size), dtype=np.int64)
+    live = 0
+    for row in range(begin.shape[0]):
+        w = weights[row] if weights.shape[0] > 0 else 1.0
+        if not uniform * w > 0.0:
+            continue
+        base = np.int64(target[row]) * num_symbols
+        at = begin[row]
+        for i in range(n_pos):
+            key = base + tokens[at + i]
+            for p in range(passes):
+                hist[p, (key >> (p * digit_bits)) & mask] += 1
+        live += n_pos
+    return hist, live
+
+
+@numba.njit(cache=True, nogil=True)
+def _window_one_exact_mass(weights, uniform):  # pragma: no cover - compiled
+    """:func:`_one_exact_mass` of the masses ``uniform * weights[r]`` (``uniform`` each when ``weights`` is empty)."""
+    one = 0.0
+    if weights.shape[0] == 0:
+        one = uniform * 1.0
+    for row in range(weights.shape[0]):
+        m = uniform * weights[row]
+        if m > 0.0:
+            if one == 0.0:
+                one = m
+            elif m != one:
+                return 0.0
+    if not one > 0.0 or math.isinf(one) or math.frexp(one)[0] != 0.5:
+        return 0.0
+    return one
+
+
+@numba.njit(cache=True, nogil=True)
+def _scatter_windows(
+    tokens, begin, target, weights, uniform, n_pos, num_symbols, counts, digit_bits, out_k, out_w, with_masses
+):  # pragma: no cover - compiled
+    """:func:`_scatter_rows` (or :func:`_scatter_row_keys`, without ``with_masses``) of full windows' live cells."""
+    mask = (1 << digit_bits) - 1
+    at = _starts(counts)
+    for row in range(begin.shape[0]):
+        w = weights[row] if weights.shape[0] > 0 else 1.0
+        m = uniform * w
+        if not m > 0.0:
+            continue
+        base = np.int64(target[row]) * num_symbols
+        first = begin[row]
+        for i in range(n_pos):
+            key = base + tokens[first + i]
+            d = key & mask
+            j = at[d]
+            out_k[j] = key
+            if with_masses:
+                out_w[j] = m
+            at[d] = j + 1
+
+
+def tally_uniform_windows(
+    tokens: np.ndarray,
+    begin: np.ndarray,
+    target: np.ndarray,
+    weights: np.ndarray,
+    uniform: float,
+    n_pos: int,
+    num_symbols: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`tally_rows` of full token windows under uniform responsibilities: row ``r``'s cells are
+    ``target[r] * S + tokens[begin[r] + i]`` for its ``n_pos`` positions, each of mass ``uniform * weights[r]``
+    (``weights`` (0,): every row weighs 1). The same tally, to the bit, as :func:`tally_rows` of the rows'
+    ``(n, N)`` contexts and masses (the cells in the same order, sorted the same way), without making them."""
+    n_pos, num_symbols = int(n_pos), int(num_symbols)
+    if target.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    top = (int(target.max()) + 1) * num_symbols - 1
+    passes, digit_bits = _digits(top)
+    uniform = float(uniform)
+    hist, live = _window_histograms(tokens, begin, target, weights, uniform, n_pos, num_symbols, passes, digit_bits)
+    keys = np.empty(live, dtype=_key_dtype(top))
+    one = float(_window_one_exact_mass(weights, uniform))
+    if one > 0.0:
+        _scatter_windows(
+            tokens, begin, target, weights, uniform, n_pos, num_symbols, hist[0], digit_bits, keys, _NO_MASSES, False
+        )
+        return _count_runs(_sorted_keys(keys, hist, passes, digit_bits), one)
+    masses = np.empty(live)
+    _scatter_windows(
+        tokens, begin, target, weights, uniform, n_pos, num_symbols, hist[0], digit_bits, keys, masses, True
+    )
+    return _sorted_tally(keys, masses, hist, passes, digit_bits, 1)
+
+
+_NO_MASSES = np.zeros(0)
+
+
 def _sorted_keys(src_k: np.ndarray, hist: np.ndarray, passes: int, digit_bits: int) -> np.ndarray:
     """:func:`_sorted_tally`'s radix passes (after the first) of the keys alone."""
     n = src_k.shape[0]
@@ -316,3 +429,195 @@ def merge_tallies(
         np.ascontiguousarray(second[0], dtype=np.int64),
         np.ascontiguousarray(second[1], dtype=np.float64),
     )
+
+
+@numba.njit(cache=True, nogil=True)
+def _merge_supports(indptr, symbols, counts, starts, out_indptr, out_symbols, out_counts):  # pragma: no cover
+    """The k-way merge of :func:`merge_supports`: part ``j``'s pairs of target ``t`` are
+    ``starts[j] + indptr[j, t] : starts[j] + indptr[j, t + 1]`` of ``symbols`` and ``counts``."""
+    k, width = indptr.shape
+    at = np.empty(k, dtype=np.int64)
+    stop = np.empty(k, dtype=np.int64)
+    m = 0
+    out_indptr[0] = 0
+    for t in range(width - 1):
+        for j in range(k):
+            at[j] = starts[j] + indptr[j, t]
+            stop[j] = starts[j] + indptr[j, t + 1]
+        while True:
+            low = np.int64(-1)
+            for j in range(k):
+                if at[j] < stop[j]:
+                    c = np.int64(symbols[at[j]])
+                    if low < 0 or c < low:
+                        low = c
+            if low < 0:
+                break
+            total = 0.0
+            first = True
+            for j in range(k):  # in part order: merge_tallies' sums, folded left to right
+                if at[j] < stop[j] and symbols[at[j]] == low:
+                    if first:
+                        total = 0.0 + counts[at[j]]
+                        first = False
+                    else:
+                        total = total + counts[at[j]]
+                    at[j] += 1
+            out_symbols[m] = low
+            out_counts[m] = total
+            m += 1
+        out_indptr[t + 1] = m
+    return m
+
+
+def merge_supports(
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The union of ``k`` sparse counts given target-major, each ``(indptr (T + 1,), symbols (P,), counts (P,))``
+    (symbols increasing within a target), as one ``(indptr, symbols int32, counts)``: a pair's count is the parts'
+    counts added in list order, as :func:`merge_tallies` of the parts' tallies, one after the other, gives it to the
+    bit, in one pass over the pairs instead of ``k - 1`` (and no cell keys made or divided back)."""
+    sizes = [int(p[1].shape[0]) for p in parts]
+    starts = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
+    indptr = np.ascontiguousarray(np.stack([np.asarray(p[0], dtype=np.int64) for p in parts]))
+    symbols = np.concatenate([np.asarray(p[1], dtype=np.int32) for p in parts])
+    counts = np.concatenate([np.asarray(p[2], dtype=np.float64) for p in parts])
+    out_indptr = np.empty(indptr.shape[1], dtype=np.int64)
+    out_symbols = np.empty(symbols.shape[0], dtype=np.int32)
+    out_counts = np.empty(symbols.shape[0])
+    m = _merge_supports(indptr, symbols, counts, starts, out_indptr, out_symbols, out_counts)
+    return out_indptr, out_symbols[:m].copy(), out_counts[:m].copy()
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_windows(
+    tokens, begin, target, weights, uniform, n_pos, num_symbols, slots, counts, bits, out_keys, out_counts
+):  # pragma: no cover - compiled
+    """Count the live cells of full windows (:func:`tally_uniform_windows`'s) in an open-addressing table of
+    ``2^bits`` slots (``slots`` -1 when empty), then move each distinct cell and its count to ``out_keys`` and
+    ``out_counts`` (unsorted), leaving the table empty. Returns how many, or -1 when the table filled past 3/4 (it
+    is emptied, nothing counted: count again in a larger one)."""
+    size = np.int64(1) << bits
+    mask = size - 1
+    shift = np.uint64(64 - bits)
+    limit = (size >> 1) + (size >> 2)
+    used = 0
+    full = False
+    for row in range(begin.shape[0]):
+        w = weights[row] if weights.shape[0] > 0 else 1.0
+        if not uniform * w > 0.0:
+            continue
+        base = np.int64(target[row]) * num_symbols
+        first = begin[row]
+        for i in range(n_pos):
+            key = base + tokens[first + i]
+            h = np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+            while True:
+                k = slots[h]
+                if k == key:
+                    counts[h] += 1
+                    break
+                if k < 0:
+                    slots[h] = key
+                    counts[h] = 1
+                    used += 1
+                    break
+                h = (h + 1) & mask
+            if used > limit:
+                full = True
+                break
+        if full:
+            break
+    m = 0
+    for slot in range(size):
+        if slots[slot] >= 0:
+            if not full:
+                out_keys[m] = slots[slot]
+                out_counts[m] = counts[slot]
+                m += 1
+            slots[slot] = -1
+    return -1 if full else m
+
+
+def window_exact_mass(weights: np.ndarray, uniform: float) -> float:
+    """The one mass every live cell of full windows holds under uniform responsibilities ``uniform`` and row
+    ``weights`` (float64 (n,), or (0,): every row weighs 1), when it is one power of two; else 0."""
+    return float(_window_one_exact_mass(weights, float(uniform)))
+
+
+class ExactWindowCounts:
+    """The tally of full windows' cells that all hold one mass ``mass``, a power of two (:func:`window_exact_mass`),
+    counted block by block in a hash table small enough for the cache and sorted once at the end
+    (:meth:`tally`). Each cell's sum is its count times ``mass``: exactly what :func:`tally_uniform_windows` of each
+    block, merged block after block by :func:`merge_tallies`, gives (a sum of k × mass is exact in any order)."""
+
+    def __init__(self, mass: float) -> None:
+        self.mass = float(mass)
+        self.parts: list[tuple[np.ndarray, np.ndarray]] = []
+        self.bits = 16
+        self.slots = np.full(1 << self.bits, -1, dtype=np.int64)
+        self.counts = np.zeros(1 << self.bits, dtype=np.int64)
+
+    def add(
+        self,
+        tokens: np.ndarray,
+        begin: np.ndarray,
+        target: np.ndarray,
+        weights: np.ndarray,
+        uniform: float,
+        n_pos: int,
+        num_symbols: int,
+    ) -> None:
+        """Count one block's live cells (its rows' masses ``uniform * weights``, each this tally's ``mass``)."""
+        live = int(begin.shape[0]) * int(n_pos)
+        if live == 0:
+            return
+        while True:
+            size = 1 << self.bits
+            out_keys = np.empty(min(live, size), dtype=np.int64)
+            out_counts = np.empty(min(live, size), dtype=np.int64)
+            m = _count_windows(
+                tokens, begin, target, weights, float(uniform), int(n_pos), int(num_symbols), self.slots,
+                self.counts, self.bits, out_keys, out_counts,
+            )  # fmt: skip
+            if m >= 0:
+                self.parts.append((out_keys[:m].copy(), out_counts[:m].copy()))
+                return
+            self.bits += 2  # four times the slots, and count the block again
+            self.slots = np.full(1 << self.bits, -1, dtype=np.int64)
+            self.counts = np.zeros(1 << self.bits, dtype=np.int64)
+
+    def tally(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(cells (P,) int64 increasing, sums (P,) float64)`` of every block counted."""
+        if not self.parts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        keys = np.concatenate([p[0] for p in self.parts])
+        counts = np.concatenate([p[1] for p in self.parts]).astype(np.float64)  # integers below 2^53: exact sums
+        cells, sums = tally_keys(keys, counts)
+        sums *= self.mass
+        return cells, sums
+
+
+def equal_mass(weights: np.ndarray) -> float:
+    """The one weight every positive entry of ``weights`` holds when it is one power of two (a sum of k of them is k
+    times it, exactly, in any order); else 0 (or when none is positive)."""
+    return float(_one_exact_mass(np.ascontiguousarray(weights, dtype=np.float64)))
+
+
+def tally_equal_keys(keys: np.ndarray, mass: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`tally_keys` of ``keys`` whose weights all equal ``mass``, a power of two (:func:`equal_mass`): the keys
+    sorted alone, each run's sum its length times ``mass``, the same bits."""
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    if keys.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    if int(keys.min()) < 0:
+        raise ValueError(f"keys hold {int(keys.min())}: expected non-negative cells")
+    top = int(keys.max())
+    passes, digit_bits = _digits(top)
+    hist = _key_histograms(keys, passes, digit_bits)
+    src: np.ndarray = keys.astype(_key_dtype(top))
+    if not _one_bucket(hist[0], src.shape[0]):
+        first = np.empty_like(src)
+        _scatter_keys(src, hist[0], 0, digit_bits, first)
+        src = first
+    return _count_runs(_sorted_keys(src, hist, passes, digit_bits), float(mass))

@@ -48,6 +48,7 @@ __all__ = [
     "accumulate_estep",
     "accumulate_estep_windows",
     "accumulate_responsibilities",
+    "accumulate_uniform_windows",
     "block_ranges",
     "direct_pair_rows",
     "find_pair",
@@ -1239,6 +1240,71 @@ def accumulate_responsibilities(
         stats.position_count,
         stats.scalars,
     )
+
+
+@numba.njit(cache=True, nogil=True)
+def _scatter_uniform_windows_numba(
+    tokens,
+    begin,
+    query_table,
+    query_index,
+    weights,
+    target,
+    uniform,
+    key_sum,
+    key_mass,
+    emission_count_ts,
+    position_count,
+    scalars,
+):  # pragma: no cover - compiled
+    """:func:`_scatter_numba` of full token windows under uniform responsibilities ``uniform`` (1/N) on every
+    position: row ``r``'s context is ``tokens[begin[r] : begin[r] + N]``, its query ``query_table[query_index[r]]``.
+    Every product and sum is :func:`_scatter_numba`'s, in its order."""
+    n = begin.shape[0]
+    n_pos = position_count.shape[0]
+    dim = query_table.shape[1]
+    query_sq = 0.0
+    n_obs = 0.0
+    dense = emission_count_ts.shape[0] > 0
+    for row in range(n):
+        w = weights[row] if weights.shape[0] > 0 else 1.0
+        tn = target[row]
+        at = begin[row]
+        q = query_index[row]
+        r = uniform * w
+        for i in range(n_pos):
+            c = tokens[at + i]
+            key_mass[c] += r
+            position_count[i] += r
+            if dense:
+                emission_count_ts[tn, c] += r
+            for d in range(dim):
+                key_sum[c, d] += r * np.float64(query_table[q, d])
+        yy = 0.0
+        for d in range(dim):
+            v = np.float64(query_table[q, d])
+            yy += v * v
+        query_sq += w * yy
+        n_obs += w
+    scalars[0] += query_sq
+    scalars[1] += n_obs
+
+
+def accumulate_uniform_windows(rows: WindowArrays, uniform: float, stats: StatisticArrays) -> None:
+    """:func:`accumulate_responsibilities` of full token windows (checked) under uniform responsibilities
+    ``uniform`` on every position, read where they lie: no (n, N) context, (n, D) query or (n, N) responsibilities
+    are made, and the statistics are those of the same rows encoded, to the bit. Every window must hold N tokens."""
+    n_pos = stats.position_count.shape[0]
+    short = _first_short_window(rows.begin, rows.end, n_pos)
+    if short >= 0:
+        raise ValueError(
+            f"row {short}: a window of {int(rows.end[short] - rows.begin[short])} tokens: a free position prior reads "
+            f"full windows of N = {n_pos} (short histories need --position-buckets)"
+        )
+    _scatter_uniform_windows_numba(
+        rows.tokens, rows.begin, rows.query_table, rows.query_index, rows.weight, rows.target, float(uniform),
+        stats.key_sum, stats.key_mass, stats.emission_count_ts, stats.position_count, stats.scalars,
+    )  # fmt: skip
 
 
 def row_log_likelihood(

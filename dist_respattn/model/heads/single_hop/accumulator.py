@@ -28,8 +28,15 @@ from dist_respattn.model.heads.base import sum_into_copy
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.kernels import histogram, per_position
 from dist_respattn.model.kernels.aligned import aligned_zeros
-from dist_respattn.model.kernels.pair_keys import merge_tallies, tally_keys, tally_rows
-from dist_respattn.model.rows import WindowRows
+from dist_respattn.model.kernels.pair_keys import (
+    ExactWindowCounts,
+    merge_tallies,
+    tally_keys,
+    tally_rows,
+    tally_uniform_windows,
+    window_exact_mass,
+)
+from dist_respattn.model.rows import WindowArrays, WindowRows
 
 __all__ = [
     "ResponsibilityAttentionAccumulator",
@@ -100,8 +107,17 @@ class SufficientStatistics(NamedTuple):
 
     @classmethod
     def sum_of(cls, values: list[SufficientStatistics]) -> SufficientStatistics:
-        """The sum of ``values``, added left to right into one copy of the first (the combine tree's sum)."""
-        return sum_into_copy(values)
+        """The sum of ``values``, added left to right into one copy of the first (the combine tree's sum). Sparse
+        counts that each carry their own support (a start pass's) are merged all at once, with the same sums
+        (:meth:`~dist_respattn.model.emission.layouts.SparseEmissionCounts.union`)."""
+        counts = [value.emission_count for value in values]
+        if len(values) < 2 or not all(isinstance(c, SparseEmissionCounts) and c.support is not None for c in counts):
+            return sum_into_copy(values)
+        first = counts[0]
+        union = SparseEmissionCounts.union(counts, first.num_symbols, first.num_targets)  # type: ignore[arg-type]
+        # The rest as :meth:`add` adds it, the counts aside (an empty stand-in: they are the union).
+        rest = [value._replace(emission_count=_NO_COUNTS) for value in values]
+        return sum_into_copy(rest)._replace(emission_count=union)
 
     def __add__(self, other: object) -> SufficientStatistics:
         """``self + other`` as a new value (neither changes)."""
@@ -234,6 +250,8 @@ class ResponsibilityAttentionAccumulator:
         # The pairs of the rows added since the last value or combine: (cells increasing, counts), merged block by
         # block in row order, so a partition holds O(its pairs), never O(its rows).
         self._row_pairs: tuple[np.ndarray, np.ndarray] | None = None
+        #: Blocks of token windows counted at one exact mass, not yet in ``_row_pairs`` (which is empty meanwhile).
+        self._exact: ExactWindowCounts | None = None
         self._stats = per_position.StatisticArrays.zeros(
             self.num_symbols, self.context_length, self.query_dim, self.num_targets, support, dense=layout == "dense"
         )
@@ -396,8 +414,7 @@ class ResponsibilityAttentionAccumulator:
     def _count_cells(self, cells: np.ndarray, masses: np.ndarray) -> None:
         """Add responsibility masses at target-major cells ``t * S + s`` to the sparse counts."""
         if self.support is None:
-            block = tally_keys(cells, masses)
-            self._row_pairs = block if self._row_pairs is None else merge_tallies(self._row_pairs, block)
+            self._add_row_pairs(tally_keys(cells, masses))
             return
         at = self.support.locate(cells % self.num_symbols, cells // self.num_symbols)
         if np.any(at < 0):
@@ -438,6 +455,41 @@ class ResponsibilityAttentionAccumulator:
         uniform = 1.0 / self.context_length
         self._initialize(x, weights, lambda rows: np.full((rows, self.context_length), uniform), checked)
 
+    def seq_initialize_uniform_windows(self, rows: WindowRows) -> None:
+        """:meth:`seq_initialize_uniform` of rows given as full token windows
+        (:class:`~dist_respattn.model.rows.WindowRows`), read where they lie: each query from the query table by its
+        row, no (n, N) context, (n, D) query or (n, N) responsibilities made. The same statistics, to the bit, as
+        :meth:`seq_initialize_uniform` of the same rows encoded (visited in the same blocks, every number added in
+        the same order); every window must hold N tokens."""
+        self._check_usable()
+        rows.check(self.num_symbols, self.num_targets, self.context_length, self.query_dim)
+        if self.layout == "sparse" and self.support is not None:
+            # The window tally is the start pass's (which finds the support): counts on a support read encoded rows.
+            self.seq_initialize_uniform(_encoded_windows(rows, self.context_length), rows.weight, checked=True)
+            return
+        arrays = rows.kernel_arrays()
+        uniform = 1.0 / self.context_length
+        for start, stop in per_position.block_ranges(arrays.begin.shape[0], per_position.DEFAULT_BLOCK_ROWS):
+            block = WindowArrays(
+                arrays.tokens, arrays.begin[start:stop], arrays.end[start:stop], arrays.target[start:stop],
+                arrays.query_table, arrays.query_index[start:stop],
+                arrays.weight[start:stop] if arrays.weight.shape[0] else arrays.weight,
+            )  # fmt: skip
+            per_position.accumulate_uniform_windows(block, uniform, self._stats)
+            if self.layout != "sparse":
+                continue
+            cells = (block.tokens, block.begin, block.target, block.weight, uniform, self.context_length)
+            mass = window_exact_mass(block.weight, uniform)
+            exact = self._exact
+            if mass > 0.0 and self._row_pairs is None and (exact is None or exact.mass == mass):
+                # Blocks of one exact mass (a uniform start on unweighted rows) are counted, not sorted, until the
+                # value is taken: their sums are the same as the blocks' tallies merged one after the other.
+                if exact is None:
+                    exact = self._exact = ExactWindowCounts(mass)
+                exact.add(*cells, self.num_symbols)
+            else:
+                self._add_row_pairs(tally_uniform_windows(*cells, self.num_symbols))
+
     def _initialize(
         self, x: tuple[np.ndarray, np.ndarray, np.ndarray], weights: Any, draw: Any, checked: bool = False
     ) -> None:
@@ -460,8 +512,7 @@ class ResponsibilityAttentionAccumulator:
         """Add the (n, N) responsibility masses of a block's pairs to the sparse counts."""
         if self.support is None:
             # Rows of weight 0 (another side of a hold-out) hold no pair.
-            block = tally_rows(context, target, mass, self.num_symbols)
-            self._row_pairs = block if self._row_pairs is None else merge_tallies(self._row_pairs, block)
+            self._add_row_pairs(tally_rows(context, target, mass, self.num_symbols))
             return
         live = mass.reshape(-1) > 0.0  # rows of weight 0 (another side of a hold-out) hold no pair
         cells = (target.astype(np.int64)[:, None] * self.num_symbols + context).reshape(-1)[live]
@@ -489,8 +540,21 @@ class ResponsibilityAttentionAccumulator:
         self._stats.scalars += (other.query_sq, other.n_obs, other.log_lik)
         return self
 
+    def _add_row_pairs(self, tally: tuple[np.ndarray, np.ndarray]) -> None:
+        """Add a block's tally to the rows' pairs, after the blocks before it."""
+        self._flush_exact()
+        self._row_pairs = tally if self._row_pairs is None else merge_tallies(self._row_pairs, tally)
+
+    def _flush_exact(self) -> None:
+        """The blocks counted at one exact mass become the rows' pairs (there were none before them)."""
+        if self._exact is not None:
+            assert self._row_pairs is None
+            self._row_pairs = self._exact.tally()
+            self._exact = None
+
     def _flush_row_pairs(self) -> None:
         """Move the rows' pairs into the collected counts, after those collected before them (a fixed order)."""
+        self._flush_exact()
         if self._row_pairs is not None:
             cells, counts = self._row_pairs
             self._collected.append(SparseEmissionCounts.from_tally(cells, counts, self.num_symbols, self.num_targets))
@@ -553,6 +617,7 @@ class ResponsibilityAttentionAccumulator:
         )
         self._collected = [counts.copy()] if self.layout == "sparse" and self.support is None else []  # type: ignore[list-item]
         self._row_pairs = None
+        self._exact = None
         self._broken = None
         return self
 
@@ -616,3 +681,25 @@ class ResponsibilityAttentionAccumulatorFactory:
         """A new, empty accumulator for E-steps under ``model`` (over its support when its emission is sparse)."""
         table = model.emission_table
         return self.make(table.support if isinstance(table, SparseEmission) else None)
+
+
+def _encoded_windows(rows: WindowRows, context_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Full token windows as an encoded batch ``(context (n, N), query (n, D), target (n,))`` (copies)."""
+    begin = np.asarray(rows.begin, dtype=np.int64)
+    if np.any(np.asarray(rows.end, dtype=np.int64) - begin != context_length):
+        raise ValueError(f"a free position prior reads full windows of N = {context_length} tokens")
+    context = np.asarray(rows.tokens)[begin[:, None] + np.arange(context_length)]
+    return context, np.asarray(rows.query_table)[np.asarray(rows.query_index)], np.asarray(rows.target)
+
+
+class _NoCounts:
+    """The emission counts of a value whose counts are summed apart (:meth:`SufficientStatistics.sum_of`)."""
+
+    def copy(self) -> _NoCounts:
+        return self
+
+    def add(self, other: Any) -> None:
+        pass
+
+
+_NO_COUNTS: Any = _NoCounts()

@@ -203,9 +203,7 @@ class StartValue:
 
     @classmethod
     def sum_of(cls, values: Sequence[StartValue]) -> StartValue:
-        stats = values[0].stats.copy()
-        for value in values[1:]:
-            stats = stats.add(value.stats)
+        stats = type(values[0].stats).sum_of([value.stats for value in values])
         pairs = values[0].pairs
         for value in values[1:]:
             pairs = None if pairs is None or value.pairs is None else pairs + value.pairs
@@ -258,6 +256,8 @@ def start_partition(
         rows = block.rows
         if buckets is not None:
             accumulator.seq_initialize_windows(_weighted(rows, block.weights), buckets)
+        elif start == "uniform" and isinstance(rows, WindowRows):
+            accumulator.seq_initialize_uniform_windows(_weighted(rows, block.weights))
         elif start == "uniform":
             accumulator.seq_initialize_uniform(rows.encoded, block.weights, checked=rows.checked)
         else:
@@ -390,8 +390,9 @@ class SingleHopTrainer(Trainer):
 
     @property
     def start_columns(self) -> Columns:
-        """What the passes before iteration 1 read: token windows for a tied prior, else encoded rows."""
-        return Columns(windows=self.buckets is not None)
+        """What the passes before iteration 1 read: token windows for a tied prior or a uniform start (whose kernel
+        reads a token stream's rows where they lie, each query from its embedding table by id), else encoded rows."""
+        return Columns(windows=self.buckets is not None or self.start == "uniform")
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
