@@ -35,15 +35,15 @@ __all__ = [
     "CodebookArrays",
     "CodebookParameters",
     "EstepTables",
-    "NearCells",
     "NearCounts",
     "codebook_estep",
     "codebook_proba",
     "codebook_score",
     "far_histogram",
     "far_masses",
-    "near_cells",
+    "near_table",
     "state_proba",
+    "take_near_counts",
 ]
 
 
@@ -107,69 +107,37 @@ class CodebookParameters:
 @dataclass
 class CodebookArrays:
     """The E-step's additive arrays (see :class:`~dist_respattn.model.heads.codebook.kind.CodebookStatistics`;
-    ``code_count`` here target-major, (T, B, W); the near (symbol, target) counts kept compact, :class:`NearCells`)."""
+    ``code_count`` here target-major, (T, B, W))."""
 
     key_sum: np.ndarray
     key_mass: np.ndarray
-    near: NearCells
+    emission_count: np.ndarray
     code_sum: np.ndarray
     code_mass: np.ndarray
     code_count: np.ndarray
     prior_mass: np.ndarray
     omega_mass: np.ndarray
     scalars: np.ndarray  # (n_obs, log_lik)
+    #: The flat cells ``s T + t`` of ``emission_count`` the E-step found at 0 before adding to them, in that order
+    #: (one array a call): :func:`take_near_counts` reads and clears only these.
+    touched: list[np.ndarray] = field(default_factory=list)
 
     @classmethod
-    def zeros(cls, s: int, d: int, t: int, near: int, b: int, w: int, cells: NearCells | None = None) -> CodebookArrays:
-        """Zeroed arrays; ``cells``: the near counts' table to count into (see :func:`near_cells`), else a new one."""
+    def zeros(
+        cls, s: int, d: int, t: int, near: int, b: int, w: int, emission_count: np.ndarray | None = None
+    ) -> CodebookArrays:
+        """Zeroed arrays; ``emission_count``: an (S, T) table of zeros to count into instead of a new one (see
+        :func:`near_table`)."""
         return cls(
-            np.zeros((s, d)), np.zeros(s), NearCells.new(s, t) if cells is None else cells, np.zeros((b, w, d)),
-            np.zeros((b, w)), np.zeros((t, b, w)), np.zeros(near + 1), np.zeros(b), np.zeros(2),
+            np.zeros((s, d)), np.zeros(s), np.zeros((s, t)) if emission_count is None else emission_count,
+            np.zeros((b, w, d)), np.zeros((b, w)), np.zeros((t, b, w)), np.zeros(near + 1), np.zeros(b), np.zeros(2),
         )  # fmt: skip
 
-    def fields(self) -> tuple[Any, ...]:
-        """The statistics in :class:`~dist_respattn.model.heads.codebook.kind.CodebookStatistics`' order, the near
-        counts as :class:`NearCounts`."""
+    def fields(self) -> tuple[np.ndarray, ...]:
         return (
-            self.key_sum, self.key_mass, self.near.counts(), self.code_sum, self.code_mass, self.code_count,
+            self.key_sum, self.key_mass, self.emission_count, self.code_sum, self.code_mass, self.code_count,
             self.prior_mass, self.omega_mass, self.scalars,
         )  # fmt: skip
-
-
-@dataclass
-class NearCells:
-    """The near (symbol, target) counts of one E-step pass, kept compact: ``values[i]`` is the count of flat cell
-    ``keys[i] = s T + t``, the pass's i-th new cell, and ``index`` (S, T) int64 stamps which slot a cell has: a stamp
-    ``e >= base`` means slot ``e - base``, anything lower a cell this pass has not counted into. A pass leaves its
-    stamps behind; the next starts at ``base + count``, above all of them, so the table is never cleared, and a
-    thread keeps it mapped from pass to pass (:func:`near_cells`): a pass neither makes nor first touches an S x T
-    table (32 MB at S = T = 2,001), and its counts are compact from the start.
-    """
-
-    index: np.ndarray
-    base: int
-    keys: np.ndarray
-    values: np.ndarray
-    count: int = 0
-
-    @classmethod
-    def new(cls, s: int, t: int, index: np.ndarray | None = None, base: int = 1) -> NearCells:
-        return cls(np.zeros((s, t), dtype=np.int64) if index is None else index, base, np.empty(0, dtype=np.int64),
-                   np.empty(0))  # fmt: skip
-
-    def reserve(self, extra: int) -> None:
-        """Room for ``extra`` more cells (the arrays grown at least twofold when full)."""
-        need = self.count + extra
-        if need > self.keys.shape[0]:
-            size = max(need, 2 * self.keys.shape[0])
-            keys, values = np.empty(size, dtype=np.int64), np.empty(size)
-            keys[: self.count] = self.keys[: self.count]
-            values[: self.count] = self.values[: self.count]
-            self.keys, self.values = keys, values
-
-    def counts(self) -> NearCounts:
-        """The counts so far as :class:`NearCounts` (a copy)."""
-        return NearCounts(self.index.shape, self.keys[: self.count].copy(), self.values[: self.count].copy())
 
 
 @numba.njit(cache=True, nogil=True)
@@ -418,23 +386,22 @@ def _near_distance(y, key_means, c):  # pragma: no cover - compiled
 def _estep(
     tokens, begin, end, target, query_table, query_index, weight, key_means, inv_two_sigma2, gate_const, prior,
     log_prior, log_omega, log_emission_ts, log_code_ts, flat_codes, flat_means, code_ts, key_sum, key_mass,
-    near_index, near_base, near_keys, near_values, near_count, code_sum, code_count, prior_mass, scalars, gates,
-    shifts, done, code_query,
+    emission_count, code_sum, code_count, prior_mass, scalars, gates, shifts, done, code_query, touched,
 ):  # pragma: no cover - compiled  # fmt: skip
     """The E-step of window rows. Flat cells ``k = b W + w``: ``flat_means`` (B W, D), ``code_ts`` (T, B W),
     ``code_sum`` (B W, D), ``code_count`` (T, B W) (the cells' and codebooks' masses are its sums, made at the end:
     :func:`far_masses`). ``gates``/``shifts`` ((V B W,), (V,)): each query-table row's cell gates and their shift
     (:func:`_query_gates`, made beforehand: :meth:`EstepTables.query_gates`); ``done``/``code_query`` ((V,),
     (V, B W)): the table rows used and their cells' responsibilities (the query sums are made per table row at the
-    end); all empty (V = 0), every row makes its own gates and adds its query sums. ``near_*``: the near counts'
-    :class:`NearCells` (its first ``near_count`` cells in use, room for rows x N0 more); returns its new count."""
+    end); all empty (V = 0), every row makes its own gates and adds its query sums. ``touched`` (at least rows x N0):
+    the flat cells ``c T + t`` of ``emission_count`` found at 0 before an add, in order; returns how many."""
     n_near = prior.shape[0] - 1
     n_books = log_code_ts.shape[1]
     n_words = log_code_ts.shape[2]
     n_cells = n_books * n_words
     n_dim = key_means.shape[1]
-    n_targets = near_index.shape[1]
-    n_used = near_count
+    n_targets = emission_count.shape[1]
+    n_touched = 0
     hist = np.zeros(n_cells)
     terms = np.empty(n_cells)
     near_logw = np.empty(n_near)
@@ -457,7 +424,7 @@ def _estep(
             for r in range(min(hi_ahead - begin[ahead], n_near)):
                 c = tokens[hi_ahead - 1 - r]
                 prefetch_item(log_emission_ts, t_ahead, c)
-                prefetch_item(near_index, c, t_ahead)
+                prefetch_item(emission_count, c, t_ahead)
             prefetch_row(code_ts, t_ahead)
             prefetch_row(code_count, t_ahead)
             if cached:
@@ -466,15 +433,6 @@ def _estep(
                     prefetch_element(gates, at_ahead + k)
                 prefetch_element(gates, at_ahead + n_cells - 1)
                 prefetch_row(code_query, query_index[ahead])
-        # The slots of the near cells two rows ahead (their stamps fetched two rows ago).
-        soon = row + 2
-        if soon < n_rows:
-            t_soon = target[soon]
-            hi_soon = end[soon]
-            for r in range(min(hi_soon - begin[soon], n_near)):
-                slot = near_index[tokens[hi_soon - 1 - r], t_soon] - near_base
-                if slot >= 0:
-                    prefetch_element(near_values, slot)
         wt = weight[row] if weighted else 1.0
         if wt == 0.0:
             continue
@@ -545,14 +503,11 @@ def _estep(
             key_mass[c] += resp
             for d in range(n_dim):
                 key_sum[c, d] += resp * y[d]
-            slot = near_index[c, t] - near_base
-            if slot < 0:  # the pass's first count of (c, t)
-                slot = n_used
-                n_used += 1
-                near_index[c, t] = near_base + slot
-                near_keys[slot] = c * n_targets + t
-                near_values[slot] = 0.0
-            near_values[slot] += resp
+            count = emission_count[c, t]
+            if count == 0.0:  # listed for the table's clearing (a cell back at 0 is listed again)
+                touched[n_touched] = c * n_targets + t
+                n_touched += 1
+            emission_count[c, t] = count + resp
             prior_mass[r] += resp
         if far_sum > 0.0:
             far = far_e * share
@@ -577,7 +532,7 @@ def _estep(
             prior_mass[r] += wt * prior[r] / total
         if n_far == 0:
             prior_mass[n_near] += wt * prior[n_near] / total
-    return n_used
+    return n_touched
 
 
 #: The most (query-table rows x cells) whose codeword distances (scores) or gates (the E-step) a pass keeps (64 MB
@@ -668,12 +623,12 @@ def _all_gates(query_table, flat_means, inv_two_sigma2, gates, shifts):  # pragm
 
 
 class _Scratch(threading.local):
-    """A thread's tables kept between E-step passes, so that a pass neither makes nor first touches them (their
-    pages stay mapped): the near counts' (S, T) stamps with the next pass's base (:class:`NearCells`), and the
-    (V, B W) query responsibilities, kept zeroed. A pass takes a table (so a nested pass makes its own) and gives it
-    back when done (an exception drops it)."""
+    """A thread's tables kept zeroed between E-step passes, so that a pass neither makes nor first touches them
+    (their pages stay mapped): the dense (S, T) near count table (32 MB at S = T = 2,001) and the (V, B W) query
+    responsibilities. A pass takes a table (so a nested pass makes its own), clears the cells it wrote and gives it
+    back (an exception drops it)."""
 
-    near: tuple[np.ndarray, int] | None = None
+    near: np.ndarray | None = None
     code_query: np.ndarray | None = None
 
 
@@ -681,20 +636,29 @@ _SCRATCH = _Scratch()
 
 
 @contextmanager
-def near_cells(s: int, t: int) -> Iterator[NearCells]:
-    """Empty near counts for the E-step calls of one pass, on this thread's (S, T) stamps when it has them: the
-    arrays ``CodebookArrays.zeros(..., cells)`` count into them. The stamps go back to the thread once the pass is
-    done."""
+def near_table(s: int, t: int) -> Iterator[NearTable]:
+    """This thread's (S, T) near count table, zeroed, for the E-step calls of one pass: the arrays
+    ``CodebookArrays.zeros(..., emission_count=table.counts)`` count into it, and :func:`take_near_counts` reads the
+    counts out and clears it. It goes back to the thread only once cleared."""
     kept, _SCRATCH.near = _SCRATCH.near, None
-    cells = NearCells.new(s, t) if kept is None or kept[0].shape != (s, t) else NearCells.new(s, t, *kept)
-    yield cells
-    _SCRATCH.near = (cells.index, cells.base + cells.count)
+    table = NearTable(kept if kept is not None and kept.shape == (s, t) else np.zeros((s, t)))
+    yield table
+    if table.clean:
+        _SCRATCH.near = table.counts
+
+
+class NearTable:
+    """A zeroed (S, T) count table lent by :func:`near_table`; ``clean`` once :func:`take_near_counts` cleared it."""
+
+    def __init__(self, counts: np.ndarray) -> None:
+        self.counts = counts
+        self.clean = False
 
 
 def codebook_estep(rows: Any, params: CodebookParameters, tables: EstepTables, arrays: CodebookArrays) -> None:
     """Add the E-step statistics of window ``rows`` (in order; weights in ``rows.weight``) into ``arrays``, all but
     the far masses ``code_mass`` and ``omega_mass``, which :func:`far_masses` makes from the counts once the blocks
-    are in."""
+    are in; the near count cells found at 0 are listed in ``arrays.touched``."""
     n_books, n_words, d = params.code_means.shape
     cells = n_books * n_words
     cached = _caches(rows, cells)
@@ -706,15 +670,15 @@ def codebook_estep(rows: Any, params: CodebookParameters, tables: EstepTables, a
     else:
         gates, shifts, code_query = np.empty(0), np.empty(0), np.zeros((0, cells))
     done = np.zeros(size, dtype=np.bool_)
-    near = arrays.near
-    near.reserve(rows.num_rows * (params.prior.shape[0] - 1))
+    touched = np.empty(rows.num_rows * (params.prior.shape[0] - 1), dtype=np.int64)
     p = params
-    near.count = _estep(  # type: ignore[call-arg]
+    n_touched = _estep(  # type: ignore[call-arg]
         *rows.kernel_arrays(), p.key_means, p.inv_two_sigma2, p.gate_const, p.prior, p.log_prior, p.log_omega,
         p.log_emission_ts, p.log_code_ts, tables.flat_codes, tables.flat_means, tables.code_ts, arrays.key_sum,
-        arrays.key_mass, near.index, near.base, near.keys, near.values, near.count, arrays.code_sum.reshape(cells, d),
-        arrays.code_count.reshape(-1, cells), arrays.prior_mass, arrays.scalars, gates, shifts, done, code_query,
+        arrays.key_mass, arrays.emission_count, arrays.code_sum.reshape(cells, d), arrays.code_count.reshape(-1, cells),
+        arrays.prior_mass, arrays.scalars, gates, shifts, done, code_query, touched,
     )  # fmt: skip
+    arrays.touched.append(touched[:n_touched])
     if cached:
         _query_sums(code_query, done, rows.query_table, arrays.code_sum.reshape(cells, d))
         _SCRATCH.code_query = code_query  # zeroed by the query sums
@@ -724,10 +688,10 @@ class NearCounts:
     """The near positions' (symbol, target) counts of an (S, T) table, held as the pairs (flat cell ``s T + t``,
     count) of the cells a pass counted into, in the order it first did (a cell may recur: its counts add up), or as
     the dense table once that is smaller. A pass over a few thousand rows counts into a few tens of thousands of
-    cells of millions, so neither it nor the statistics' sums make or ship the dense table; the M-step reads
-    :meth:`toarray`. Each cell's sum is the dense table's to the bit: a pass adds a cell's terms in row order from 0,
-    its pairs are added in order into zeros, as the dense tables would be added cell by cell, and adding counts
-    keeps the order (``self`` first)."""
+    cells of millions, so neither the statistics nor their sums make or ship the dense table; the M-step reads
+    :meth:`toarray`. Each cell's sum is the dense table's to the bit: a pass adds a cell's terms in row order from 0
+    (into a thread's table kept zeroed, :func:`near_table`), its pairs are added in order into zeros, as the dense
+    tables would be added cell by cell, and adding counts keeps the order (``self`` first)."""
 
     def __init__(self, shape: tuple[int, int], keys: np.ndarray, values: np.ndarray) -> None:
         self.shape = (int(shape[0]), int(shape[1]))
@@ -800,6 +764,27 @@ def _scatter_add(flat, keys, values):  # pragma: no cover - compiled
     """``flat[keys[i]] += values[i]`` in order."""
     for i in range(keys.shape[0]):
         flat[keys[i]] += values[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def _take(flat, keys, values):  # pragma: no cover - compiled
+    """``values[i] = flat[keys[i]]``, then the cell cleared (a cell listed again gives 0 the second time)."""
+    for i in range(keys.shape[0]):
+        k = keys[i]
+        values[i] = flat[k]
+        flat[k] = 0.0
+
+
+def take_near_counts(arrays: CodebookArrays, table: NearTable | None = None) -> NearCounts:
+    """The near counts of ``arrays.emission_count`` as :class:`NearCounts`, the cells read cleared (the table is
+    zero again; ``table``, the :class:`NearTable` it came from, marked clean)."""
+    keys = np.concatenate(arrays.touched) if arrays.touched else np.empty(0, dtype=np.int64)
+    values = np.empty(keys.shape[0])
+    _take(arrays.emission_count.reshape(-1), keys, values)
+    arrays.touched.clear()
+    if table is not None:
+        table.clean = True
+    return NearCounts(arrays.emission_count.shape, keys, values)
 
 
 def far_masses(arrays: CodebookArrays) -> None:

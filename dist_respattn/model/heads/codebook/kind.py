@@ -40,7 +40,8 @@ from dist_respattn.model.heads.codebook.kernels import (
     NearCounts,
     codebook_estep,
     far_masses,
-    near_cells,
+    near_table,
+    take_near_counts,
 )
 from dist_respattn.model.heads.codebook.quantize import LLOYD_STEPS, codebook_assignment, symbol_features
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
@@ -244,14 +245,16 @@ def codebook_statistics(head: CodebookHead, blocks: Iterable[Block]) -> Codebook
     """The E-step of ``blocks`` (token windows, in row order) under ``head``."""
     s, _, d, t = head.shape
     params, tables = head.parameters, head.estep_tables
-    with near_cells(s, t) as cells:  # the thread's table of the near counts' slots, kept from pass to pass
-        arrays = CodebookArrays.zeros(s, d, t, head.near_window, head.num_codebooks, head.num_codewords, cells)
+    with near_table(s, t) as table:  # the thread's table, kept zeroed from pass to pass
+        arrays = CodebookArrays.zeros(s, d, t, head.near_window, head.num_codebooks, head.num_codewords, table.counts)
         for block in blocks:
             rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
             head.check_rows(rows)
             codebook_estep(rows, params, tables, arrays)
         far_masses(arrays)
-    return CodebookStatistics(*arrays.fields())
+        counts = take_near_counts(arrays, table)
+    fields = arrays.fields()
+    return CodebookStatistics(fields[0], fields[1], counts, *fields[3:])
 
 
 def _smoothed(counts: np.ndarray, strength: float, centre: np.ndarray, previous: np.ndarray) -> np.ndarray:
