@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import pickle
+import sys
 import threading
 
 import numpy as np
@@ -422,7 +424,8 @@ def test_near_counts_add_as_the_dense_tables_do() -> None:
         np.testing.assert_array_equal(np.asarray(total), want)
     assert total.dense is not None  # 53 pairs outweigh the 35 cells' table
     first = parts[0].copy().add(parts[1])
-    assert first.dense is None and first.nbytes == 16 * 11
+    assert first.dense is None and first.nbytes == 16 * 11 and sys.getsizeof(first) >= 16 * 11
+    np.testing.assert_array_equal(np.asarray(pickle.loads(pickle.dumps(first))), dense[0] + dense[1])
     np.testing.assert_array_equal(np.asarray(parts[0]), dense[0])  # added into a copy: the first unchanged
     with pytest.raises(ValueError, match="shape"):
         total.add(NearCounts((7, 5), np.zeros(0, dtype=np.int64), np.zeros(0)))

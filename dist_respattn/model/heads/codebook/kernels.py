@@ -710,6 +710,9 @@ class NearCounts:
         assert self.keys is not None and self.values is not None
         return int(self.keys.nbytes + self.values.nbytes)
 
+    def __sizeof__(self) -> int:  # what a worker's memory accounting (``sys.getsizeof``) sees
+        return object.__sizeof__(self) + self.nbytes
+
     def _densify(self) -> np.ndarray:
         if self.dense is None:
             assert self.keys is not None and self.values is not None
