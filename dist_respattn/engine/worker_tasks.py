@@ -17,7 +17,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -45,6 +45,7 @@ __all__ = [
     "RowSelection",
     "attribute_map",
     "built",
+    "chosen_argument",
     "combine_values",
     "common_arrays_task",
     "common_m_step_task",
@@ -55,6 +56,7 @@ __all__ = [
     "predict_rows_task",
     "predict_task",
     "rank_task",
+    "release_chosen",
     "score_task",
     "shard_arrays_task",
     "shard_m_step_task",
@@ -347,6 +349,33 @@ def built(value: Any) -> Any:
         return made
 
 
+#: The first part of a chosen head's :func:`built` key (:func:`chosen_argument`), then the fit's run tag.
+CHOSEN = "respattn-chosen"
+
+
+def chosen_argument(run: str, label: str, grid: Any, choice: Any) -> tuple[Any, ...]:
+    """A task argument that is the head under ``choice`` made on the worker from ``grid`` (the held-out pass's
+    grid, or its future: :meth:`~dist_respattn.model.heads.base.Grid.model`), once per worker (:func:`built`)."""
+    return (BUILD, f"{CHOSEN}-{run}-{label}", _chosen_head, (grid, choice))
+
+
+def _chosen_head(grid: Any, choice: Any) -> Head:
+    return cast("Head", opened(grid).model(choice))
+
+
+def release_chosen(run: str) -> int:
+    """Drop the heads this process made for fit ``run`` from its grids (:func:`chosen_argument`): how many.
+
+    A held-out pass's first task on a worker drops the head the E-step before it read, as that pass's head used to
+    go when its future was released: the worker does not keep it through the held-out pass and the next E-step."""
+    prefix = f"{CHOSEN}-{run}-"
+    with _BUILT_LOCK:
+        keys = [key for key in _BUILT if key.startswith(prefix)]
+        for key in keys:
+            del _BUILT[key]
+    return len(keys)
+
+
 def common_m_step_task(sharding: Any, common: Any, previous: Any, previous_meta: dict[str, Any] | None) -> Any:
     """A sharded M-step's common part (on its owner): ``previous`` is the E-step's head as a task read it (a shared
     payload, or its common part's arrays)."""
@@ -445,6 +474,8 @@ def grid_task(
 
     With ``run`` (the fit's run tag), what the grid planned from the rows is kept on this worker for the fit's next
     grids, which score it without reading the rows again (:mod:`~dist_respattn.engine.kept_rows`)."""
+    if run is not None:
+        release_chosen(run)  # the E-step before this pass is over
     grid = built(grid)
     store = checked_store(location, fingerprint)
     key = _rows_key(location, part, fingerprint, rows, mapping)
