@@ -17,7 +17,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -328,7 +328,7 @@ def built(value: Any) -> Any:
     """A task's argument as it is used: ``(BUILD, key, function, args)`` is ``function(*args)`` (its args the parts
     of a head or a grid, which Dask brought to this worker from the workers holding them, and the fit's tables by
     reference: :func:`~dist_respattn.engine.held_tables.held`), made once per worker and ``key`` and shared by the
-    worker's tasks; a shared payload opened
+    worker's tasks, each shared payload among them opened; a shared payload opened
     (:func:`~dist_respattn.engine.payload.opened`); anything else as it is."""
     if not (isinstance(value, tuple) and len(value) == 4 and value[0] == BUILD):
         return opened(value)
@@ -337,7 +337,9 @@ def built(value: Any) -> Any:
         if key in _BUILT:
             _BUILT.move_to_end(key)
             return _BUILT[key]
-    args = held_args(args)  # the fit's tables, by reference (outside the lock: a fetch waits seceded)
+    # The fit's tables, by reference, and shared payloads opened (outside the lock: a fetch waits seceded, and a
+    # function run on the worker's event loop may wait for the lock: release_chosen).
+    args = tuple(opened(arg) for arg in held_args(args))
     with _BUILT_LOCK:
         if key in _BUILT:
             _BUILT.move_to_end(key)
@@ -349,6 +351,9 @@ def built(value: Any) -> Any:
         return made
 
 
+#: How long :func:`release_chosen` waits for a head being made.
+RELEASE_WAIT_SECONDS = 1.0
+
 #: The first part of a chosen head's :func:`built` key (:func:`chosen_argument`), then the fit's run tag.
 CHOSEN = "respattn-chosen"
 
@@ -359,8 +364,8 @@ def chosen_argument(run: str, label: str, grid: Any, choice: Any) -> tuple[Any, 
     return (BUILD, f"{CHOSEN}-{run}-{label}", _chosen_head, (grid, choice))
 
 
-def _chosen_head(grid: Any, choice: Any) -> Head:
-    return cast("Head", opened(grid).model(choice))
+def _chosen_head(grid: Grid, choice: Any) -> Head:
+    return grid.model(choice)
 
 
 def release_chosen(run: str) -> int:
@@ -369,10 +374,16 @@ def release_chosen(run: str) -> int:
     A held-out pass's first task on a worker drops the head the E-step before it read, as that pass's head used to
     go when its future was released: the worker does not keep it through the held-out pass and the next E-step."""
     prefix = f"{CHOSEN}-{run}-"
-    with _BUILT_LOCK:
+    # Run on a worker's event loop at the fit's end (client.run): it does not wait long for a build under way (what
+    # it leaves is bounded by what built keeps).
+    if not _BUILT_LOCK.acquire(timeout=RELEASE_WAIT_SECONDS):
+        return 0
+    try:
         keys = [key for key in _BUILT if key.startswith(prefix)]
         for key in keys:
             del _BUILT[key]
+    finally:
+        _BUILT_LOCK.release()
     return len(keys)
 
 
