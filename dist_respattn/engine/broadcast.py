@@ -224,6 +224,11 @@ class ParameterBroadcast:
             self.publish(model, f"{label}.{attempt}")
 
     @property
+    def current_model(self) -> Any:
+        """The payload :attr:`current` sends (``None``: none now)."""
+        return self._model if self._future is not None else None
+
+    @property
     def current(self) -> Any:
         """The payload's future, or with fit-constant tables sent apart the pair (its future, their references by
         key)."""

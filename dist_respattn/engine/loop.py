@@ -190,6 +190,8 @@ class ClusterPasses:
         self.last_statistics: Any = None
         #: Whether a held-out pass ran (the workers may keep its rows: :meth:`_kept_heldout`).
         self._heldout_kept = False
+        #: The head chosen on the grid still on the workers, and its choice (:meth:`chosen`).
+        self._chosen: tuple[Head, Any] | None = None
         if sharded is not None:
             sharded.attach(self)
 
@@ -233,23 +235,59 @@ class ClusterPasses:
                 return cast("Statistics", value)
             trainer = trainer.inner
         plan = self.runner.plan(self.train_sizes, payload_bytes(head))
-        self.params.publish(head, str(iteration), workers=plan.workers)
+        # The head chosen on the grid the workers scored is made there, from that grid (the driver's own copy is the
+        # checkpoint's); any other head is sent. After lost work the driver's copy is sent instead.
+        chosen = self._chosen_argument(head, iteration)
+        argument: list[Any] = [chosen]
+        if chosen is None:
+            self.params.publish(head, str(iteration), workers=plan.workers)
+            argument[0] = self.params.current
+
+        def before_attempt(attempt: int) -> None:
+            if attempt == 0:
+                return
+            if chosen is not None and self.params.current_model is None:
+                self.tables.forget()  # they may have gone with the workers too
+                self.params.publish(head, f"{iteration}.{attempt}")
+            else:
+                self.params.republish(attempt)
+            argument[0] = self.params.current
+
         train = self.train
-        value = self.runner.run(
-            "estep", str(iteration), train.num_partitions, worker_tasks.statistics_task,
-            lambda part: (
-                train.location, part, trainer, self.params.current, self.fingerprint, self.train_rows, self.train_map,
-            ),
-            description=f"iteration {iteration}",
-            before_attempt=self.params.republish,
-            plan=plan,
-        )  # fmt: skip
-        # The workers drop the E-step's head (and what its tasks built from it) before the held-out pass brings
-        # its grid, which may hold a head as large (a stack's): they never hold both at once. The next E-step
-        # sends its own head.
-        self.params.release()
+        try:
+            value = self.runner.run(
+                "estep", str(iteration), train.num_partitions, worker_tasks.statistics_task,
+                lambda part: (
+                    train.location, part, trainer, argument[0], self.fingerprint, self.train_rows, self.train_map,
+                ),
+                description=f"iteration {iteration}",
+                before_attempt=before_attempt,
+                plan=plan,
+            )  # fmt: skip
+        finally:
+            # The workers drop the E-step's head (and what its tasks built from it) before the held-out pass brings
+            # its grid, which may hold a head as large (a stack's): a head sent and the next grid are never held at
+            # once. A head made from the grid is held with that grid through the E-step, and goes with the next
+            # held-out pass's first task on each worker (:func:`~dist_respattn.engine.worker_tasks.release_chosen`).
+            self.params.release()
+            self.grids.release()
+            self._chosen = None
         self.last_statistics = value
         return value
+
+    def chosen(self, head: Head, choice: Any) -> None:
+        """``head`` is the one chosen (``choice``) on the last held-out pass's grid: when that grid makes heads
+        (:attr:`~dist_respattn.model.heads.base.Grid.makes_heads`) and is still on the workers, the next E-step's
+        tasks make it from there."""
+        grid = self.grids.current_model
+        self._chosen = (head, choice) if isinstance(grid, Grid) and grid.makes_heads else None
+
+    def _chosen_argument(self, head: Head, iteration: int) -> Any:
+        """The E-step's head argument made on the workers from the kept grid (``None``: the head is sent)."""
+        if self._chosen is None or self._chosen[0] is not head or self.grids.current_model is None:
+            self.grids.release()
+            return None
+        return worker_tasks.chosen_argument(self.run_id, str(iteration), self.grids.current, self._chosen[1])
 
     def heldout(self, grid: Grid, label: str) -> Any:
         """Every point of ``grid`` scored on the held-out rows in one pass (``None``: the fit has none)."""
@@ -274,8 +312,9 @@ class ClusterPasses:
             )  # fmt: skip
         plan = self.runner.plan(self.heldout_sizes, payload_bytes(grid))
         self.grids.publish(grid, label, workers=plan.workers)
+        keep = False
         try:
-            return self.runner.run(
+            scores = self.runner.run(
                 "heldout", label, heldout.store.num_partitions, worker_tasks.grid_task,
                 lambda part: (
                     heldout.store.location, part, self.grids.current, heldout.fingerprint, heldout.rows,
@@ -286,8 +325,12 @@ class ClusterPasses:
                 plan=plan,
                 prefer=self._kept_heldout,
             )  # fmt: skip
+            # A grid that makes heads stays on the workers until the next E-step has made the chosen one from it.
+            keep = grid.makes_heads
+            return scores
         finally:
-            self.grids.release()
+            if not keep:
+                self.grids.release()
 
     def _kept_heldout(self) -> dict[int, str]:
         """The worker keeping each held-out partition's rows for this fit (none before the first held-out pass)."""
@@ -327,6 +370,7 @@ class ClusterPasses:
         try:
             client.run(release_run, self.run_id)
             client.run(kept_rows.release_run, self.run_id)
+            client.run(worker_tasks.release_chosen, self.run_id)
         except Exception as exc:  # a cluster going away: nothing is left to release
             logger.debug("could not tell the workers to drop the fit's tables: %s", exc)
 
@@ -470,6 +514,7 @@ class FitLoop:
     def choose(self, candidates: Any, label: str) -> Any:
         """The M-step's choice on the held-out rows; the start's (label ``"0"``) is kept for its checkpoint."""
         head, selection = self.choice(candidates, label)
+        self.passes.chosen(head, selection.hyperparameters)
         if label == "0":
             self.initial_choice = selection.hyperparameters
         return head, selection

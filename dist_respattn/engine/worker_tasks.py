@@ -45,6 +45,7 @@ __all__ = [
     "RowSelection",
     "attribute_map",
     "built",
+    "chosen_argument",
     "combine_values",
     "common_arrays_task",
     "common_m_step_task",
@@ -55,6 +56,7 @@ __all__ = [
     "predict_rows_task",
     "predict_task",
     "rank_task",
+    "release_chosen",
     "score_task",
     "shard_arrays_task",
     "shard_m_step_task",
@@ -325,7 +327,7 @@ def built(value: Any) -> Any:
     """A task's argument as it is used: ``(BUILD, key, function, args)`` is ``function(*args)`` (its args the parts
     of a head or a grid, which Dask brought to this worker from the workers holding them, and the fit's tables by
     reference: :func:`~dist_respattn.engine.held_tables.held`), made once per worker and ``key`` and shared by the
-    worker's tasks; a shared payload opened
+    worker's tasks, each shared payload among them opened; a shared payload opened
     (:func:`~dist_respattn.engine.payload.opened`); anything else as it is."""
     if not (isinstance(value, tuple) and len(value) == 4 and value[0] == BUILD):
         return opened(value)
@@ -334,7 +336,9 @@ def built(value: Any) -> Any:
         if key in _BUILT:
             _BUILT.move_to_end(key)
             return _BUILT[key]
-    args = held_args(args)  # the fit's tables, by reference (outside the lock: a fetch waits seceded)
+    # The fit's tables, by reference, and shared payloads opened (outside the lock: a fetch waits seceded, and a
+    # function run on the worker's event loop may wait for the lock: release_chosen).
+    args = tuple(opened(arg) for arg in held_args(args))
     with _BUILT_LOCK:
         if key in _BUILT:
             _BUILT.move_to_end(key)
@@ -344,6 +348,42 @@ def built(value: Any) -> Any:
         while len(_BUILT) > _BUILT_KEPT:
             _BUILT.popitem(last=False)
         return made
+
+
+#: How long :func:`release_chosen` waits for a head being made.
+RELEASE_WAIT_SECONDS = 1.0
+
+#: The first part of a chosen head's :func:`built` key (:func:`chosen_argument`), then the fit's run tag.
+CHOSEN = "respattn-chosen"
+
+
+def chosen_argument(run: str, label: str, grid: Any, choice: Any) -> tuple[Any, ...]:
+    """A task argument that is the head under ``choice`` made on the worker from ``grid`` (the held-out pass's
+    grid, or its future: :meth:`~dist_respattn.model.heads.base.Grid.model`), once per worker (:func:`built`)."""
+    return (BUILD, f"{CHOSEN}-{run}-{label}", _chosen_head, (grid, choice))
+
+
+def _chosen_head(grid: Grid, choice: Any) -> Head:
+    return grid.model(choice)
+
+
+def release_chosen(run: str) -> int:
+    """Drop the heads this process made for fit ``run`` from its grids (:func:`chosen_argument`): how many.
+
+    A held-out pass's first task on a worker drops the head the E-step before it read, as that pass's head used to
+    go when its future was released: the worker does not keep it through the held-out pass and the next E-step."""
+    prefix = f"{CHOSEN}-{run}-"
+    # Run on a worker's event loop at the fit's end (client.run): it does not wait long for a build under way (what
+    # it leaves is bounded by what built keeps).
+    if not _BUILT_LOCK.acquire(timeout=RELEASE_WAIT_SECONDS):
+        return 0
+    try:
+        keys = [key for key in _BUILT if key.startswith(prefix)]
+        for key in keys:
+            del _BUILT[key]
+    finally:
+        _BUILT_LOCK.release()
+    return len(keys)
 
 
 def common_m_step_task(sharding: Any, common: Any, previous: Any, previous_meta: dict[str, Any] | None) -> Any:
@@ -444,6 +484,8 @@ def grid_task(
 
     With ``run`` (the fit's run tag), what the grid planned from the rows is kept on this worker for the fit's next
     grids, which score it without reading the rows again (:mod:`~dist_respattn.engine.kept_rows`)."""
+    if run is not None:
+        release_chosen(run)  # the E-step before this pass is over
     grid = built(grid)
     store = checked_store(location, fingerprint)
     key = _rows_key(location, part, fingerprint, rows, mapping)

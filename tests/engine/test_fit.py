@@ -193,6 +193,29 @@ def test_a_pass_folded_into_fewer_tasks_gives_the_same_bits(client):
     assert level_1 == {f"respattn-t-1-{first}-0a1b2c3d" for first in range(0, 11, 2)}
 
 
+@pytest.mark.slow
+def test_a_pass_value_comes_straight_from_its_worker(client):
+    """The driver takes a pass's value from the worker holding it: the scheduler (here in the driver's process)
+    gathers nothing, as it does for a future's value asked for the default way."""
+    scheduler = client.cluster.scheduler
+    handler = scheduler.handlers["gather"]
+    gathered: list = []
+
+    async def gather(*args, **kwargs):
+        gathered.append(kwargs.get("keys"))
+        return await handler(*args, **kwargs)
+
+    scheduler.handlers["gather"] = gather
+    try:
+        value = PassRunner(client, "0a1b2c3e", fan_in=2).run("t", "0", 5, ordered_value, lambda part: (part,))
+        assert not gathered, gathered
+        assert value.shape == (256,) and np.all(np.isfinite(value))
+        assert np.array_equal(client.submit(ordered_value, 3, pure=False).result(), ordered_value(3))
+        assert gathered  # the default way
+    finally:
+        scheduler.handlers["gather"] = handler
+
+
 # -------------------------------------------------------------------- keys, spans, events, no leaks
 
 

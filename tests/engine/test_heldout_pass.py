@@ -209,3 +209,49 @@ def test_kept_rows_stay_within_their_bytes(stream_store, monkeypatch):
     got = worker_tasks.grid_task(store.location, 0, SingleHopGrid(later), *args, run="r1")
     assert _same(got, worker_tasks.grid_task(store.location, 0, SingleHopGrid(later), *args))
     assert kept_rows.kept_bytes() == 0
+
+
+@pytest.mark.parametrize("layout", ["sparse", "dense"])
+def test_a_grid_makes_the_chosen_head_where_it_is_scored_to_the_bit(stream_store, layout):
+    """A single-hop grid carries its candidates for a few bytes (they hold the table's own arrays): sent apart from
+    the fit's tables and opened on a worker, it makes the head under any of its points with the driver's function,
+    the same bits; a worker makes it once per key, and the fit's next held-out pass drops it."""
+    from dist_respattn.engine.payload import split_payload
+    from dist_respattn.model.heads.single_hop.kind import SingleHopCandidates
+
+    store = stream_store
+    s = store.schema
+    shape = (s.num_symbols, s.context_length, s.query_dim, s.num_targets)
+    data = store.read_rows(0, store.num_rows).encoded
+    pairs = PairCounts.from_rows(data[0][:, -1], data[2], None, num_symbols=shape[0], num_targets=shape[3])
+    estimator = ResponsibilityAttentionEstimator(
+        *shape, emission_prior=EmissionPrior.from_pairs(pairs, "continuation"), search=DEFAULT_SEARCH
+    )
+    accumulator = estimator.accumulator_factory(layout=layout).make()
+    accumulator.seq_initialize_uniform(data, None)
+    candidates = SingleHopCandidates(estimator.candidates(accumulator.value()), DEFAULT_SEARCH)
+    grid = candidates.grid(None)
+    assert grid.makes_heads and not SingleHopGrid(grid.table).makes_heads
+    keys: dict[int, str] = {}
+    shared, tables = split_payload(grid, lambda table: keys.setdefault(id(table), f"t{len(keys)}"))
+    bare, _ = split_payload(SingleHopGrid(grid.table), lambda table: keys.setdefault(id(table), f"t{len(keys)}"))
+    size = len(shared.data) + sum(memoryview(b).nbytes for b in shared.buffers)
+    bare_size = len(bare.data) + sum(memoryview(b).nbytes for b in bare.buffers)
+    assert size - bare_size < 2048 + 8 * s.context_length, (size, bare_size)  # the arrays go once
+    table = grid.table
+    points = [table.hyperparameters((g, h, b)) for g in (0, table.sigma2.size - 1) for h in (0, 1) for b in (0, 1)]
+    for n, choice in enumerate(points):
+        argument = worker_tasks.chosen_argument("r1", str(n), (shared, tables), choice)
+        made = worker_tasks.built(argument)
+        assert worker_tasks.built(argument) is made
+        driver = candidates.model(choice)
+        assert made.sigma2 == driver.sigma2
+        assert np.array_equal(made.key_means, driver.key_means)
+        assert np.array_equal(made.position_prior, driver.position_prior)
+        assert np.array_equal(made.emission, driver.emission)
+    held = worker_tasks.chosen_argument("r1", "held", (shared, tables), points[0])
+    worker_tasks.built(held)
+    assert worker_tasks.release_chosen("r2") == 0
+    worker_tasks.grid_task(store.location, 0, grid, store.fingerprint(), RowSelection(HoldoutRule(0.25, 16), "heldout"),
+                           run="r1")  # fmt: skip
+    assert worker_tasks.release_chosen("r1") == 0

@@ -16,7 +16,16 @@ import numpy as np
 import pytest
 
 from dist_respattn import fit_em
-from dist_respattn.engine import FitSettings, estimate_memory, evaluate, fit, kept_rows, load_checkpoint, load_model
+from dist_respattn.engine import (
+    FitSettings,
+    estimate_memory,
+    evaluate,
+    fit,
+    kept_rows,
+    load_checkpoint,
+    load_model,
+    worker_tasks,
+)
 from dist_respattn.engine.memory import InsufficientMemoryError, check_memory
 from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.fitting.holdout import HoldoutRule
@@ -99,26 +108,39 @@ def test_sparse_fits_on_one_two_and_three_workers_are_bit_identical(small_store,
 
 
 @pytest.mark.slow
-def test_a_sparse_fit_sends_its_support_once(small_store, client, tmp_path):
+def test_a_sparse_fit_sends_its_support_once(small_store, client, tmp_path, monkeypatch):
     """The support goes to the workers once a fit, apart: at every iteration's end the cluster holds the same one
-    table, and parameters that are smaller than the model pickled whole by more than the support's symbols. The
-    workers drop each E-step's parameters before the held-out pass: at an iteration's end none are held."""
+    table, and grids that are smaller than the model pickled whole by more than the support's symbols. No E-step's
+    parameters are sent: the workers make each head from the grid they chose it on."""
     held: list[dict[str, int]] = []
     sent: dict[str, int] = {}
+    grids_sent: dict[str, int] = {}
     done = threading.Event()
 
     def watch() -> None:
-        # The parameters are on the workers while the E-step runs: seen there, with their size.
+        # The parameters and grids are on the workers while their passes run: seen there, with their size.
         while not done.is_set():
             for key, size in client.nbytes(summary=False).items():
                 if str(key).startswith("respattn-params-"):
                     sent[str(key)] = size
+                if str(key).startswith("respattn-grid-"):
+                    grids_sent[str(key)] = size
             time.sleep(0.002)
 
     def say(line: str) -> None:
         if line.startswith("iteration "):
             held.append({str(k): v for k, v in client.nbytes(summary=False).items() if str(k).startswith("respattn-")})
 
+    from dist_respattn.model.heads.single_hop import kind
+
+    made: list = []
+    make_grid = kind.SingleHopCandidates.grid
+
+    def grid(self, around):
+        made.append(make_grid(self, around))
+        return made[-1]
+
+    monkeypatch.setattr(kind.SingleHopCandidates, "grid", grid)
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
@@ -132,11 +154,14 @@ def test_a_sparse_fit_sends_its_support_once(small_store, client, tmp_path):
     tables = [{key: size for key, size in keys.items() if key.startswith("respattn-table-")} for keys in held]
     assert all(len(t) == 1 and t == tables[0] for t in tables), tables
     assert not [key for keys in held for key in keys if key.startswith("respattn-params-")], held
-    whole = len(pickle.dumps(result.model, protocol=5))
-    for iteration in range(1, result.iterations + 1):
-        params = [size for key, size in sent.items() if key.startswith(f"respattn-params-{iteration}-")]
-        # The iteration's parameters, without the support: its pairs' values (8 bytes each) but not their symbols.
-        assert len(params) == 1 and params[0] < whole - support.symbols.nbytes, (iteration, sent, whole)
+    # Every E-step's head was made on the workers from the grid they scored it on (the held-out pass's): none sent.
+    assert not sent, sent
+    assert len(made) == result.iterations + 1
+    for label, grid in enumerate(made):
+        whole = len(pickle.dumps(grid, protocol=5))
+        grids = [size for key, size in grids_sent.items() if key.startswith(f"respattn-grid-{label}-")]
+        # Each grid, without the support: its pairs' counts (8 bytes each) but not their symbols.
+        assert len(grids) == 1 and grids[0] < whole - support.symbols.nbytes, (label, grids_sent, whole)
 
 
 @pytest.mark.slow
@@ -198,3 +223,36 @@ def test_later_held_out_passes_score_the_rows_each_worker_kept(small_store, clie
     assert_bit_identical(kept.model, read.model)
     for key in ("mean_log_likelihood", "hyperparameters", "heldout"):
         assert [e[key] for e in kept.history] == [e[key] for e in read.history], key
+
+
+@pytest.mark.slow
+def test_heads_made_on_the_workers_from_the_grid_are_the_heads_sent(small_store, client, tmp_path, monkeypatch):
+    """Every E-step's head is made on the workers from the held-out pass's grid (the driver sends none), with the
+    driver's function: the fit is the one whose heads the driver sends (its grids made without their candidates),
+    to the bit, held-out scores and checkpoint included."""
+    from dist_respattn.engine import broadcast
+    from dist_respattn.model.heads.single_hop import kind
+
+    scattered: list[str] = []
+    scatter = broadcast.scatter_to
+
+    def recording(client_, key, value, workers=None):
+        scattered.append(key)
+        return scatter(client_, key, value, workers)
+
+    monkeypatch.setattr(broadcast, "scatter_to", recording)
+    made = fit(small_store, model_dir=tmp_path / "made", client=client, settings=SPARSE, progress=False)
+    made_keys, scattered[:] = list(scattered), []
+    grid = kind.SingleHopCandidates.grid
+    monkeypatch.setattr(
+        kind.SingleHopCandidates, "grid", lambda self, around: dataclasses.replace(grid(self, around), candidates=None)
+    )
+    sent = fit(small_store, model_dir=tmp_path / "sent", client=client, settings=SPARSE, progress=False)
+    assert not [key for key in made_keys if key.startswith("respattn-params-")], made_keys
+    assert [key.split("-")[2] for key in scattered if key.startswith("respattn-params-")] == ["1", "2", "3"]
+    assert_bit_identical(made.model, sent.model)
+    assert_bit_identical(load_model(tmp_path / "made"), load_model(tmp_path / "sent"))
+    for key in ("mean_log_likelihood", "hyperparameters", "heldout"):
+        assert [e[key] for e in made.history] == [e[key] for e in sent.history], key
+    # The fit's end drops what the workers made.
+    assert all(n == 0 for n in client.run(worker_tasks.release_chosen, made.history[-1]["run_id"]).values())

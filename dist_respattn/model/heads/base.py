@@ -379,6 +379,17 @@ class Grid(abc.ABC):
         this grid (another kind, support or shape): the rows are read again."""
         return None
 
+    @property
+    def makes_heads(self) -> bool:
+        """Whether :meth:`model` makes heads: where the grid was scored, the chosen head is then made from it
+        instead of being sent there."""
+        return False
+
+    def model(self, choice: Choice) -> Head:
+        """The head under ``choice``, made from what the grid holds: the same bits as its candidates'
+        :meth:`Candidates.model` (only when :attr:`makes_heads`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not make heads")
+
 
 class Candidates(abc.ABC):
     """An M-step with its open choices left open: every head it can give, one per :class:`Choice`."""

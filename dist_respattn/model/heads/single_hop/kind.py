@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -274,9 +274,15 @@ def start_partition(
 
 @dataclass(frozen=True)
 class SingleHopGrid(Grid):
-    """The held-out pass of a single-hop M-step: its :class:`GridTable` (every candidate scored in one pass)."""
+    """The held-out pass of a single-hop M-step: its :class:`GridTable` (every candidate scored in one pass).
+
+    ``candidates``: the M-step's candidates the table was made from (``None``: the grid makes no heads). They hold
+    the table's own arrays (its keys, counts, row totals and prior), pickled once with it, and the position prior:
+    the grid adds a few kB and makes the chosen head where it was scored (:meth:`model`).
+    """
 
     table: GridTable
+    candidates: MStepCandidates | None = field(default=None, compare=False, repr=False)
 
     @property
     def columns(self) -> Columns:
@@ -322,6 +328,16 @@ class SingleHopGrid(Grid):
             return None
         return kept.score(self.table)
 
+    @property
+    def makes_heads(self) -> bool:
+        return self.candidates is not None
+
+    def model(self, choice: Any) -> ResponsibilityAttentionDistribution:
+        """The head under ``choice``: :meth:`MStepCandidates.model`, as the driver makes it."""
+        if self.candidates is None:
+            raise NotImplementedError("this grid was made without its candidates: it makes no heads")
+        return self.candidates.model(choice)
+
 
 @dataclass(frozen=True)
 class SingleHopCandidates(Candidates):
@@ -337,7 +353,7 @@ class SingleHopCandidates(Candidates):
         search = self.search or SCORE_ONLY
         if around is not None:
             search = search.around(around, self.candidates.query_scale)
-        return SingleHopGrid(self.candidates.grid_table(search))
+        return SingleHopGrid(self.candidates.grid_table(search), self.candidates)
 
     def choose(self, grid: Grid, scores: Any) -> tuple[Hyperparameters, dict[str, float] | None]:
         assert isinstance(grid, SingleHopGrid)
