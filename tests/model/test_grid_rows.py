@@ -1,7 +1,10 @@
-"""The held-out grid kernel (strength pairs side by side, repeated rows read back from their slots) against the
-per-row kernel it replaced, on real rows: the totals must be the same bits, or a fit's choices could change."""
+"""The held-out grid kernel (strength pairs side by side, their logarithms at once, repeated rows read back from their
+slots) against the per-row kernel it replaced, on real rows: the same bits as that kernel taking its logarithms as
+the grid kernel does (each within 1 ulp of ``math.log``'s), and within 1e-12 of it taking ``math.log``'s."""
 
 from __future__ import annotations
+
+import math
 
 import numba
 import numpy as np
@@ -14,12 +17,14 @@ from dist_respattn.model.fitting.selection import (
     DEFAULT_SEARCH,
     GridRowCache,
     GridTotals,
+    gate_softmax,
     grid_count,
     grid_count_arrays,
     grid_row,
+    map_emissions,
     score_grid,
 )
-from dist_respattn.model.kernels.log_weights import squared_distance
+from dist_respattn.model.kernels.log_weights import log_positive_range, squared_distance
 from dist_respattn.store import WriteOptions
 from dist_respattn.store.ingest.text import iter_text_files
 from dist_respattn.store.ingest.to_stream import write_stream_text
@@ -30,14 +35,16 @@ from tests.stdlib_packages import package_corpus
 def _per_row_grid(
     context, query, target, weights, key_means, log_prior, emission_count_ts, indptr, symbols, pair_counts,
     row_totals, base, types, inv_two_sigma2, gate_const, emission_strengths, type_strengths, direct_row,
-    direct_slots, out_pred, out_joint,
+    direct_slots, vector_log, out_pred, out_joint,
 ):  # pragma: no cover - compiled  # fmt: skip
     """The grid pass as it was: every row on its own through ``grid_row`` (each strength pair's emissions, then
-    each gate variance's softmax and every pair's sum, logarithm and terms)."""
+    each gate variance's softmax and every pair's sum, logarithm and terms); with ``vector_log`` the same steps,
+    the pairs' logarithms by ``log_positive_range`` instead of ``math.log``."""
     n_rows, n_pos = context.shape
     n_emis = emission_strengths.shape[0] * type_strengths.shape[0]
     dist, count, total, typ = np.empty(n_pos), np.empty(n_pos), np.empty(n_pos), np.empty(n_pos)
     emis, gate, y = np.empty((n_emis, n_pos)), np.empty(n_pos), np.empty(query.shape[1])
+    num, log_num, bits = np.empty(n_emis), np.empty(n_emis), np.empty(n_emis, dtype=np.int64)
     weight = 0.0
     for row in range(n_rows):
         w = 1.0 if weights.shape[0] == 0 else weights[row]
@@ -52,15 +59,31 @@ def _per_row_grid(
             count[i] = grid_count(t, c, emission_count_ts, indptr, symbols, pair_counts, direct_row, direct_slots)
             total[i] = row_totals[c]
             typ[i] = types[c]
-        grid_row(
-            w, n_pos, log_prior, dist, count, total, typ, base[t], inv_two_sigma2, gate_const, emission_strengths,
-            type_strengths, emis, gate, out_pred, out_joint,
-        )  # fmt: skip
+        if not vector_log:
+            grid_row(
+                w, n_pos, log_prior, dist, count, total, typ, base[t], inv_two_sigma2, gate_const, emission_strengths,
+                type_strengths, emis, gate, out_pred, out_joint,
+            )  # fmt: skip
+            weight += w
+            continue
+        map_emissions(n_pos, count, total, typ, base[t], emission_strengths, type_strengths, emis)
+        for g in range(inv_two_sigma2.shape[0]):
+            best, z = gate_softmax(n_pos, log_prior, dist, inv_two_sigma2[g], gate)
+            log_z = math.log(z)
+            for k in range(n_emis):
+                num[k] = 0.0
+                for i in range(n_pos):
+                    num[k] += gate[i] * emis[k, i]
+            log_positive_range(num, log_num, n_emis, bits, bits.view(np.float64))
+            for k in range(n_emis):
+                out_pred[g, k] += w * (log_num[k] - log_z)
+                out_joint[g, k] += w * (log_num[k] + best + gate_const[g])
         weight += w
     return weight
 
 
-def per_row_totals(table, x, weights=None) -> GridTotals:
+def per_row_totals(table, x, weights=None, *, vector_log=True) -> GridTotals:
+    """The per-row kernel's totals; ``vector_log=False``: its logarithms ``math.log``'s."""
     context, query, target = (np.asarray(a) for a in x)
     g1, g2, g3 = table.shape
     pred, joint = np.zeros((g1, g2 * g3)), np.zeros((g1, g2 * g3))
@@ -68,7 +91,7 @@ def per_row_totals(table, x, weights=None) -> GridTotals:
         context, query, target, np.zeros(0) if weights is None else np.asarray(weights, np.float64),
         table.key_means, table.log_prior, *grid_count_arrays(table), np.asarray(table.row_totals, np.float64),
         table.base, table.types, 0.5 / table.sigma2, -0.5 * query.shape[1] * np.log(2.0 * np.pi * table.sigma2),
-        table.emission_strengths, table.type_strengths, *table.direct_pair_rows, pred, joint,
+        table.emission_strengths, table.type_strengths, *table.direct_pair_rows, vector_log, pred, joint,
     )  # fmt: skip
     return GridTotals(float(weight), pred.reshape(g1, g2, g3), joint.reshape(g1, g2, g3))
 
@@ -103,6 +126,15 @@ def _same(a: GridTotals, b: GridTotals) -> bool:
     )
 
 
+def _close(a: GridTotals, b: GridTotals, rtol: float = 1e-12) -> bool:
+    """Every point's totals within ``rtol`` of ``b``'s, relatively, and the same weight."""
+    return (
+        a.weight == b.weight
+        and bool(np.all(np.abs(a.target_log_prob - b.target_log_prob) <= rtol * np.abs(b.target_log_prob)))
+        and bool(np.all(np.abs(a.log_lik - b.log_lik) <= rtol * np.abs(b.log_lik)))
+    )
+
+
 def _repeated_rows(x) -> int:
     context, query, target = x
     rows = np.concatenate(
@@ -125,6 +157,9 @@ def test_the_grid_kernel_equals_the_per_row_one_to_the_bit(real_rows, layout):
         rows = GridRowCache(table, data[1].shape[1], data[0].shape[1], slots)
         assert _same(score_grid(table, data, rows=rows), want), slots
         assert (rows.hits[0] == 0) == (slots == 0)
+    # Against math.log's logarithms: close, not the same bits.
+    with_libm = per_row_totals(table, data, vector_log=False)
+    assert _close(want, with_libm) and not _same(want, with_libm)
     # 1024 slots find most repeated rows.
     assert rows.hits[0] > repeated // 2
     if layout == "sparse":  # the direct rows and the binary searches both met
@@ -148,6 +183,11 @@ def test_weighted_rows_in_blocks_with_one_cache(real_rows):
         want = want + per_row_totals(table, block, weights[start : start + 5000])
     assert _same(got, want) and rows.hits[0] > 0
     assert not _same(got, per_row_totals(table, data, weights))  # the blocks' order of sums is the one compared
+    libm = GridTotals.zeros(table.shape)
+    for start in range(0, len(weights), 5000):
+        block = tuple(a[start : start + 5000] for a in data)
+        libm = libm + per_row_totals(table, block, weights[start : start + 5000], vector_log=False)
+    assert _close(got, libm)
 
 
 def test_a_cache_serves_its_own_table(real_rows):

@@ -9,6 +9,8 @@ emission stored both ways (the sparse one over the rows' pairs and a few more, t
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 import pytest
@@ -18,7 +20,12 @@ from dist_respattn.model.emission.layouts import DenseEmission, SparseEmission
 from dist_respattn.model.heads.single_hop.scoring import score_rows
 from dist_respattn.model.heads.single_hop.top_k import predict_top_k
 from dist_respattn.model.kernels import per_position
-from dist_respattn.model.kernels.log_weights import block_log_weights, row_log_weights, span_log_weights
+from dist_respattn.model.kernels.log_weights import (
+    block_log_weights,
+    log_positive_range,
+    row_log_weights,
+    span_log_weights,
+)
 from tests.model.emission_layouts import support_of
 
 # (S, N, D, T): ordinary, S < N (repeated symbols in a context), N = 1.
@@ -175,3 +182,50 @@ def test_a_span_of_tokens_gives_the_rows_log_weights_to_the_bit(shape):
     _compiled_rows(context, y, log_emission, params.key_means, params.log_prior, params.inv_two_sigma2, want, gate)
     _span_rows(tokens, begin, y, log_emission, params.key_means, params.log_prior, params.inv_two_sigma2, got)
     assert np.array_equal(want, got)
+
+
+# ------------------------------------------------------------------------------------------- the vectorized logarithm
+
+
+def _log_of(x: np.ndarray, n: int | None = None) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    out = np.full(x.size, 7.0)
+    bits = np.empty(x.size, dtype=np.int64)
+    log_positive_range(x, out, x.size if n is None else n, bits, bits.view(np.float64))
+    return out
+
+
+def test_the_vectorized_log_is_within_one_ulp_of_math_log_over_every_float():
+    rng = np.random.default_rng(11)
+    # Every binade of the normal floats (each exponent, 64 random mantissas, and its first and last mantissas), the
+    # subnormals (random ones, each power of two, the largest), and mantissas about 1, about sqrt(2) (where the
+    # mantissa is halved) and about the bounds where the last terms are summed another way.
+    exponents = np.repeat(np.arange(1, 2047, dtype=np.int64), 66)
+    mantissas = rng.integers(0, 1 << 52, exponents.size)
+    mantissas[::66], mantissas[1::66] = 0, (1 << 52) - 1
+    normal = ((exponents << 52) | mantissas).view(np.float64)
+    subnormal = np.concatenate([
+        rng.integers(1, 1 << 52, 20_000), 1 << np.arange(52, dtype=np.int64), [(1 << 52) - 1],
+    ]).view(np.float64)  # fmt: skip
+    edges = np.array([1.0, math.sqrt(2.0), math.sqrt(0.5), 1.0 + 0x6147B / 2**20, 1.0 + 0x6B851 / 2**20])
+    steps = np.arange(-300, 301)
+    near = np.concatenate([e + steps * np.spacing(e) for e in edges])
+    near = np.concatenate([near * 2.0**k for k in (-1000, -1, 0, 1, 1000)])
+    x = np.concatenate([normal, subnormal, near, rng.uniform(0.0, 1.0, 50_000)])
+    x = x[x > 0.0]
+    assert np.any(x < 2.2250738585072014e-308) and np.isfinite(x).all()
+    got = _log_of(x)
+    want = np.array([math.log(v) for v in x])
+    error = np.abs(got - want)
+    assert np.all(error <= np.spacing(np.abs(want))), float(np.max(error / np.spacing(np.abs(want))))
+    assert got[x == 1.0].tolist() == [0.0] * int(np.sum(x == 1.0))
+
+
+def test_the_vectorized_log_of_zero_negatives_nan_and_inf():
+    x = np.array([0.0, -0.0, -1e-300, -5.0, -np.inf, np.nan, np.inf, 5e-324, 1.7976931348623157e308])
+    got = _log_of(x)
+    assert got[:6].tolist() == [-np.inf] * 6  # as ``math.log(v) if v > 0.0 else -inf``
+    assert got[6] == np.inf
+    assert got[7] == math.log(5e-324) and got[8] == math.log(1.7976931348623157e308)
+    # Only the first n values are written.
+    assert _log_of(np.array([2.0, 3.0, 4.0]), 2)[2] == 7.0

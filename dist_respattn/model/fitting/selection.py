@@ -27,7 +27,7 @@ from dist_respattn.model.arguments import check_batch
 from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission.layouts import DenseEmissionCounts, EmissionCounts, SparseEmissionCounts
 from dist_respattn.model.kernels import per_position
-from dist_respattn.model.kernels.log_weights import squared_distance
+from dist_respattn.model.kernels.log_weights import log_positive_range, squared_distance
 
 __all__ = [
     "DEFAULT_SEARCH",
@@ -441,11 +441,12 @@ def _grid_planned(
     or read back from it (``~s``); ``weights`` (n,), empty for weight 1 each. ``strength_k``, ``type_k`` (K,): each
     strength pair's emission and type strength.
 
-    A row's values are :func:`grid_row`'s, to the bit, in the same order into ``out_*``: per position the MAP
-    emissions of every strength pair side by side (K lanes), per gate variance its softmax and for every pair the
-    sum over the positions in position order, its logarithm, and the row's terms. A computed row's logarithms
-    (G1, K), log normalizers and log-gate maxima (G1) go into its slot (``slot_*``), from which a row read back adds
-    them as they are.
+    A row's values are :func:`grid_row`'s, in the same order into ``out_*``: per position the MAP emissions of every
+    strength pair side by side (K lanes), per gate variance its softmax and for every pair the sum over the positions
+    in position order, its logarithm, and the row's terms; the sums are the same bits, their logarithms the K of them
+    at once (:func:`~dist_respattn.model.kernels.log_weights.log_positive_range`, within 1 ulp of ``math.log``'s).
+    A computed row's logarithms (G1, K), log normalizers and log-gate maxima (G1) go into its slot (``slot_*``), from
+    which a row read back adds them as they are.
     """
     n_rows = plan.shape[0]
     n_pos = context.shape[1]
@@ -459,6 +460,9 @@ def _grid_planned(
     emis = np.empty((n_pos, n_k))
     gate = np.empty(n_pos)
     num = np.empty(n_k)
+    logs = np.empty(n_k)
+    bits = np.empty(n_k, dtype=np.int64)
+    scale = bits.view(np.float64)
     y = np.empty(dim)
     weight = 0.0
     sparse = pairs.shape[0] > 0
@@ -502,9 +506,9 @@ def _grid_planned(
                     gi = gate[i]
                     for k in range(n_k):
                         num[k] += gi * emis[i, k]
+                log_positive_range(num, logs, n_k, bits, scale)
                 for k in range(n_k):
-                    v = num[k]
-                    slot_log_num[s, g, k] = math.log(v) if v > 0.0 else -np.inf
+                    slot_log_num[s, g, k] = logs[k]
                 slot_log_z[s, g] = math.log(z)
                 slot_best[s, g] = best
         for g in range(n_sigma):
