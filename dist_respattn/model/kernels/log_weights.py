@@ -184,7 +184,11 @@ def exp_nonpositive_range(x, x0, out, o0, n, bits, scale):  # pragma: no cover -
         out[o0 + i] = out[o0 + i] * scale[i] if x[x0 + i] >= _EXP_MIN else 0.0
 
 
-# fdlibm's e_log.c (Sun Microsystems, 1993), its polynomial and its two ways of adding up, without its branches.
+# fdlibm's e_log.c, its polynomial and its two ways of adding up, without its branches. Its notice:
+#   Copyright (C) 1993 by Sun Microsystems, Inc. All rights reserved.
+#   Developed at SunPro, a Sun Microsystems, Inc. business.
+#   Permission to use, copy, modify, and distribute this software is freely granted, provided that this notice
+#   is preserved.
 _LG1 = 6.666666666666735130e-01
 _LG2 = 3.999999999940941908e-01
 _LG3 = 2.857142874366239149e-01
