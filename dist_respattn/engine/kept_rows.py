@@ -12,7 +12,7 @@ addition are the same.
 
 What is kept is found by the fit's run tag, the store's location and fingerprint, the partition, the rows counted
 and the attribute map; the grid itself checks that it may be scored from it (for the single head: counts over the
-same support, in the same layout). At most :data:`KEPT_BYTES` are kept in a process, the least recently used
+same support, in the same layout). At most :func:`budget` bytes are kept in a process, the least recently used
 dropped first; a partition's rows that would take more are scored without being kept. The fit's end drops them on
 every worker (:func:`release_run`). The driver asks the workers which partitions they hold (:func:`held_parts`)
 and places each partition's task on its holder when it can.
@@ -27,7 +27,9 @@ from typing import Any
 
 __all__ = [
     "KEPT_BYTES",
+    "KEPT_FRACTION",
     "SERVED",
+    "budget",
     "drop",
     "find",
     "forget",
@@ -42,6 +44,9 @@ __all__ = [
 #: The bytes a worker process keeps between every fit's held-out rows (a 109M-token text store's 5.4M held-out rows
 #: plan into ~67 bytes a row: ~180 MB a worker of two).
 KEPT_BYTES = 512 * 2**20
+#: At most this share of a worker's memory limit is kept (the rows kept grow with the held-out rows, which a worker's
+#: memory must not: 16 MiB of a 512 MiB worker, 384 MiB of a 12 GiB one).
+KEPT_FRACTION = 1 / 32
 
 _lock = threading.Lock()
 #: (run, key) -> (what the grid kept, its bytes), the most recently used last.
@@ -72,16 +77,29 @@ def find(run: str, key: Hashable) -> Any | None:
         return entry[0]
 
 
-def keep(run: str, key: Hashable, kept: Any, nbytes: int) -> bool:
+def budget() -> int:
+    """The bytes this process may keep: :data:`KEPT_BYTES`, and in a worker with a memory limit at most
+    :data:`KEPT_FRACTION` of it."""
+    try:
+        import distributed
+
+        limit = distributed.get_worker().memory_manager.memory_limit
+    except (ImportError, ValueError, AttributeError):  # not in a worker
+        return KEPT_BYTES
+    return KEPT_BYTES if not limit else min(KEPT_BYTES, int(limit * KEPT_FRACTION))
+
+
+def keep(run: str, key: Hashable, kept: Any, nbytes: int, room: int | None = None) -> bool:
     """Keep ``kept`` (``nbytes`` bytes) for fit ``run`` and ``key``, dropping the least recently used beyond
-    :data:`KEPT_BYTES`; ``False`` (nothing kept) when it alone is larger."""
-    if nbytes > KEPT_BYTES:
+    ``room`` (default :func:`budget`); ``False`` (nothing kept) when it alone is larger."""
+    room = budget() if room is None else room
+    if nbytes > room:
         return False
     with _lock:
         _kept[run, key] = (kept, int(nbytes))
         _kept.move_to_end((run, key))
         total = sum(size for _, size in _kept.values())
-        while total > KEPT_BYTES:
+        while total > room:
             _, (_, size) = _kept.popitem(last=False)
             total -= size
     return True

@@ -30,7 +30,7 @@ from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import Block, Columns, Grid, Head, Trainer, combine
 from dist_respattn.model.ranking import RankingSettings, RankingTable, rank_rows, select_block
-from dist_respattn.model.rows import EncodedRows
+from dist_respattn.model.rows import EncodedRows, WindowRows
 from dist_respattn.model.scores import PredictionTotals
 from dist_respattn.store import StoreError, StoreLocation, TokenStreamStore, open_store
 from dist_respattn.store.predictions import write_prediction_part
@@ -161,6 +161,21 @@ def checked_store(location: StoreLocation, fingerprint: str) -> RowStore:
     return store
 
 
+def _as_encoded(rows: Any) -> Any:
+    """Token windows of N tokens each (a triple store's rows read as windows) as the encoded rows they are, for the
+    store's checks (on an error only: copies); any other rows as they are."""
+    if not isinstance(rows, WindowRows):
+        return rows
+    begin = np.asarray(rows.begin, dtype=np.int64)
+    width = np.asarray(rows.end, dtype=np.int64) - begin
+    if width.size == 0 or np.any(width != width[0]):
+        return rows
+    context = np.asarray(rows.tokens)[begin[:, None] + np.arange(int(width[0]))]
+    query = np.asarray(rows.query_table)[np.asarray(rows.query_index)]
+    weight = None if rows.weight is None or rows.weight.shape[0] == 0 else rows.weight
+    return EncodedRows(context, query, np.asarray(rows.target), weight, rows.start)
+
+
 def _located(store: RowStore, part: int, block: Block, exc: ValueError) -> ValueError:
     """The kernels count rows from the block's start; name the store, its array and the store row instead.
 
@@ -168,7 +183,7 @@ def _located(store: RowStore, part: int, block: Block, exc: ValueError) -> Value
     which give the global row and chunk; rows the model finds impossible keep the kernel's message,
     with the block's position in the store.
     """
-    rows = block.rows
+    rows = _as_encoded(block.rows)
     if not isinstance(exc, ImpossibleEvidenceError) and isinstance(rows, EncodedRows):
         problems = block_problems(rows, store.schema, rows.start // store.chunk_rows)
         if problems:
@@ -500,10 +515,10 @@ def grid_task(
     blocks = partition_blocks(store, part, rows, grid.columns, mapping)
     if run is None:
         return _run(store, part, blocks, grid.score)
-    budget = kept_rows.KEPT_BYTES
-    totals, kept = _run(store, part, blocks, lambda it: grid.score_keeping(it, budget))
+    room = kept_rows.budget()
+    totals, kept = _run(store, part, blocks, lambda it: grid.score_keeping(it, room))
     if kept is not None:
-        kept_rows.keep(run, key, kept, int(kept.nbytes))
+        kept_rows.keep(run, key, kept, int(kept.nbytes), room)
     return totals
 
 
