@@ -53,7 +53,7 @@ def previous_statistics(module: Any, head: Any, rows: Any) -> Callable[[], list[
         module.codebook_estep(rows, params, tables, arrays)
         if hasattr(module, "far_masses"):
             module.far_masses(arrays)
-        return list(arrays.fields())  # the codeword counts target-major, (T, B, W), as this revision's
+        return [np.asarray(a) for a in arrays.fields()]  # the codeword counts target-major, (T, B, W), as here
 
     return run
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
                 old_run = previous_statistics(previous, head, windows)
                 runs["previous"] = old_run
                 st = new_run()
-                mine = [getattr(st, f.name) for f in dataclasses.fields(st)]
+                mine = [np.asarray(getattr(st, f.name)) for f in dataclasses.fields(st)]
                 worst = max(
                     float(np.max(np.abs(a - b), initial=0.0)) / max(float(np.max(np.abs(b), initial=0.0)), 1e-300)
                     for a, b in zip(mine, old_run(), strict=True)

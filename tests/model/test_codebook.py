@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import pickle
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ import pytest
 from dist_respattn.model.fitting.em import fit_em
 from dist_respattn.model.heads.base import Block
 from dist_respattn.model.heads.codebook import CodebookHead, CodebookSpec, spec_from_options
+from dist_respattn.model.heads.codebook.kernels import NearCounts
 from dist_respattn.model.heads.codebook.kind import CodebookTrainer, codebook_statistics, start_head
 from dist_respattn.model.heads.codebook.quantize import codebook_assignment
 from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
@@ -339,3 +343,89 @@ def test_a_resumed_fit_keeps_the_priors_centres_from_its_checkpoint() -> None:
     assert resumed.centres is not None
     np.testing.assert_array_equal(resumed.centres[0], head.emission)
     np.testing.assert_array_equal(resumed.centres[1], head.code_emission)
+
+
+def _exact_fields(stats: object) -> list[np.ndarray]:
+    return [np.array(field(stats, name)) for name in FIELDS]
+
+
+def _fresh_thread(run):  # type: ignore[no-untyped-def]
+    """``run()`` on a new thread, whose E-step tables start empty."""
+    out: list = []
+    worker = threading.Thread(target=lambda: out.append(run()))
+    worker.start()
+    worker.join()
+    return out[0]
+
+
+def test_the_tables_kept_from_pass_to_pass_give_the_same_statistics() -> None:
+    """A thread keeps its near count table and query responsibilities between passes, and a head its gates: a pass
+    after passes of other shapes, of another query table, or one that failed halfway gives, bit for bit, the
+    statistics of a pass on new tables, which equal the reference."""
+    head = random_head(3, n0=2, books=2, words=3)
+    rows = case_rows(2, head, weighted=True)  # a query table of S rows: the gates and query sums kept per table row
+    other = random_head(5, s=7, t=11, n0=3, books=3, words=2)
+    other_rows = case_rows(4, other, weighted=False)
+    fresh = _exact_fields(_fresh_thread(lambda: codebook_statistics(head, [Block(rows, rows.weight)])))
+    expected = reference_statistics(head, rows)
+    for name, got in zip(FIELDS, fresh, strict=True):
+        scale = max(float(np.abs(expected[name]).max()), 1.0)
+        np.testing.assert_allclose(got, expected[name], rtol=0, atol=1e-12 * scale, err_msg=name)
+
+    def again() -> None:
+        for name, a, b in zip(FIELDS, _exact_fields(codebook_statistics(head, [Block(rows, rows.weight)])), fresh,
+                              strict=True):  # fmt: skip
+            np.testing.assert_array_equal(a, b, err_msg=name)
+
+    def failing():  # type: ignore[no-untyped-def]
+        yield Block(rows, rows.weight)
+        raise RuntimeError("the block reader failed")
+
+    again()
+    again()  # the thread's tables now hold the last pass's stamps and have been cleared once
+    codebook_statistics(other, [Block(other_rows, None)])  # other shapes: S, T, N0 and B W
+    again()
+    moved = rows._replace(query_table=rows.query_table + np.float32(0.5))  # the same shapes, another query table
+    codebook_statistics(head, [Block(moved, rows.weight)])
+    again()
+    with pytest.raises(RuntimeError, match="block reader"):
+        codebook_statistics(head, failing())
+    again()
+    rows.query_table[0] += np.float32(1.0)  # a table changed in place is not taken for the one whose gates are kept
+    changed = _exact_fields(_fresh_thread(lambda: codebook_statistics(head, [Block(rows, rows.weight)])))
+    for name, a, b in zip(FIELDS, _exact_fields(codebook_statistics(head, [Block(rows, rows.weight)])), changed,
+                          strict=True):  # fmt: skip
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    assert not np.array_equal(changed[FIELDS.index("code_sum")], fresh[FIELDS.index("code_sum")])
+    expected = reference_statistics(head, rows)
+    for name, got in zip(FIELDS, changed, strict=True):
+        scale = max(float(np.abs(expected[name]).max()), 1.0)
+        np.testing.assert_allclose(got, expected[name], rtol=0, atol=1e-12 * scale, err_msg=name)
+
+
+def test_near_counts_add_as_the_dense_tables_do() -> None:
+    """The compact near counts of several passes, added in the combine tree's order (pairs appended, then dense once
+    the pairs outweigh the table), equal the dense tables' sums bit for bit, and a copy does not share them."""
+    rng = np.random.default_rng(11)
+    shape = (5, 7)
+    parts, dense = [], []
+    for n in (3, 8, 0, 30, 12):
+        keys = rng.choice(35, size=n, replace=False).astype(np.int64)
+        values = rng.random(n) * 10.0 ** rng.integers(-8, 8, size=n)
+        table = np.zeros(35)
+        table[keys] += values
+        parts.append(NearCounts(shape, keys, values))
+        dense.append(table.reshape(shape))
+    total = parts[0].copy()
+    want = dense[0].copy()
+    for part, table in zip(parts[1:], dense[1:], strict=True):
+        total.add(part)
+        want = want + table
+        np.testing.assert_array_equal(np.asarray(total), want)
+    assert total.dense is not None  # 53 pairs outweigh the 35 cells' table
+    first = parts[0].copy().add(parts[1])
+    assert first.dense is None and first.nbytes == 16 * 11 and sys.getsizeof(first) >= 16 * 11
+    np.testing.assert_array_equal(np.asarray(pickle.loads(pickle.dumps(first))), dense[0] + dense[1])
+    np.testing.assert_array_equal(np.asarray(parts[0]), dense[0])  # added into a copy: the first unchanged
+    with pytest.raises(ValueError, match="shape"):
+        total.add(NearCounts((7, 5), np.zeros(0, dtype=np.int64), np.zeros(0)))
