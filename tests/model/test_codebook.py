@@ -403,29 +403,53 @@ def test_the_tables_kept_from_pass_to_pass_give_the_same_statistics() -> None:
         np.testing.assert_allclose(got, expected[name], rtol=0, atol=1e-12 * scale, err_msg=name)
 
 
+def _form(counts: NearCounts) -> dict[str, np.ndarray]:
+    """What a value holds, by attribute (``None`` left out): its form and its numbers."""
+    return {name: np.array(value) for name, value in vars(counts).items() if value is not None}
+
+
 def test_near_counts_add_as_the_dense_tables_do() -> None:
-    """The compact near counts of several passes, added in the combine tree's order (pairs appended, then dense once
-    the pairs outweigh the table), equal the dense tables' sums bit for bit, and a copy does not share them."""
+    """The near counts of several passes, summed in any grouping of the same order, equal the dense tables' sums bit
+    for bit and hold the same form (the nonzero cells in order while at most half the table, then the table), and
+    neither adding nor reading an operand changes it."""
     rng = np.random.default_rng(11)
     shape = (5, 7)
     parts, dense = [], []
-    for n in (3, 8, 0, 30, 12):
-        keys = rng.choice(35, size=n, replace=False).astype(np.int64)
-        values = rng.random(n) * 10.0 ** rng.integers(-8, 8, size=n)
+    for n in (3, 8, 0, 12, 9):
         table = np.zeros(35)
-        table[keys] += values
-        parts.append(NearCounts(shape, keys, values))
+        table[rng.choice(35, size=n, replace=False)] = rng.random(n) * 10.0 ** rng.integers(-8, 8, size=n)
         dense.append(table.reshape(shape))
-    total = parts[0].copy()
+        parts.append(NearCounts.from_dense(dense[-1]))
+    before = [_form(part) for part in parts]
     want = dense[0].copy()
+    total = parts[0].copy()
     for part, table in zip(parts[1:], dense[1:], strict=True):
         total.add(part)
         want = want + table
         np.testing.assert_array_equal(np.asarray(total), want)
-    assert total.dense is not None  # 53 pairs outweigh the 35 cells' table
+        assert (total.dense is not None) == (np.count_nonzero(want) > 17)  # more than half the 35 cells
+        if total.dense is None:
+            assert total.keys is not None
+            np.testing.assert_array_equal(total.keys, np.flatnonzero(want))
+    assert total.dense is not None
+    for grouping in (
+        lambda a, b, c, d, e: a.copy().add(b.copy().add(c).add(d)).add(e),
+        lambda a, b, c, d, e: a.copy().add(b).add(c.copy().add(d).add(e)),
+        lambda a, b, c, d, e: NearCounts.from_dense(np.asarray(a.copy().add(b).add(c))).add(d.copy().add(e)),
+    ):
+        again = grouping(*parts)
+        assert _form(again).keys() == _form(total).keys()
+        np.testing.assert_array_equal(np.asarray(again), want)
     first = parts[0].copy().add(parts[1])
-    assert first.dense is None and first.nbytes == 16 * 11 and sys.getsizeof(first) >= 16 * 11
+    assert first.dense is None and first.keys is not None and first.nbytes == 16 * first.keys.shape[0]
+    assert sys.getsizeof(first) >= first.nbytes
     np.testing.assert_array_equal(np.asarray(pickle.loads(pickle.dumps(first))), dense[0] + dense[1])
-    np.testing.assert_array_equal(np.asarray(parts[0]), dense[0])  # added into a copy: the first unchanged
+    with pytest.raises(ValueError, match="read-only"):
+        np.asarray(total)[0, 0] = 1.0  # the dense form is lent read-only
+    for part, saved in zip(parts, before, strict=True):
+        got = _form(part)
+        assert got.keys() == saved.keys()
+        for name in got:
+            np.testing.assert_array_equal(got[name], saved[name])
     with pytest.raises(ValueError, match="shape"):
-        total.add(NearCounts((7, 5), np.zeros(0, dtype=np.int64), np.zeros(0)))
+        total.add(NearCounts.from_dense(np.zeros((7, 5))))

@@ -28,6 +28,7 @@ import numba
 import numpy as np
 
 from dist_respattn.model.kernels.log_weights import exp_nonpositive_range
+from dist_respattn.model.kernels.pair_keys import merge_tallies
 from dist_respattn.model.kernels.per_position import prefetch_row
 from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
 
@@ -685,19 +686,54 @@ def codebook_estep(rows: Any, params: CodebookParameters, tables: EstepTables, a
 
 
 class NearCounts:
-    """The near positions' (symbol, target) counts of an (S, T) table, held as the pairs (flat cell ``s T + t``,
-    count) of the cells a pass counted into, in the order it first did (a cell may recur: its counts add up), or as
-    the dense table once that is smaller. A pass over a few thousand rows counts into a few tens of thousands of
-    cells of millions, so neither the statistics nor their sums make or ship the dense table; the M-step reads
-    :meth:`toarray`. Each cell's sum is the dense table's to the bit: a pass adds a cell's terms in row order from 0
-    (into a thread's table kept zeroed, :func:`near_table`), its pairs are added in order into zeros, as the dense
-    tables would be added cell by cell, and adding counts keeps the order (``self`` first)."""
+    """The near positions' (symbol, target) counts of an (S, T) table, in one form that depends only on the counts:
+    the cells with a nonzero count, as flat cells ``s T + t`` in increasing order (``keys``, int64) with their counts
+    (``values``), while they are at most half the table's cells (16 bytes a cell: never more than the dense table);
+    the dense (S, T) table (``dense``) once more are nonzero. A pass over a few thousand rows counts into a few tens
+    of thousands of cells of millions, so neither the statistics nor their sums make or ship the dense table; the
+    M-step reads :meth:`toarray`.
 
-    def __init__(self, shape: tuple[int, int], keys: np.ndarray, values: np.ndarray) -> None:
+    The counts are non-negative, so a sum's nonzero cells are the union of its terms' whichever way the terms are
+    grouped: the sum of the same counts has the same form whatever the order and number of the operands, and a
+    combine tree's value is the same bits on any number of workers. Each cell's sum is the dense table's to the bit:
+    a pass adds a cell's terms in row order from 0 (into a thread's table kept zeroed, :func:`near_table`), and
+    adding counts adds each cell's two counts (``self``'s first) as the dense tables would. Nothing but :meth:`add`
+    on the value itself changes it: reading it (:meth:`toarray`, ``np.asarray``) makes a new table or gives a
+    read-only view."""
+
+    def __init__(
+        self, shape: tuple[int, int], keys: np.ndarray | None, values: np.ndarray | None, dense: np.ndarray | None
+    ) -> None:
+        """The value of either form as given (use :meth:`from_cells` or :meth:`from_dense` to make one)."""
         self.shape = (int(shape[0]), int(shape[1]))
-        self.keys: np.ndarray | None = keys
-        self.values: np.ndarray | None = values
-        self.dense: np.ndarray | None = None
+        self.keys = keys
+        self.values = values
+        self.dense = dense
+
+    @staticmethod
+    def _dense_above(shape: tuple[int, int]) -> int:
+        """The most nonzero cells the pairs form holds (half the table's cells)."""
+        return shape[0] * shape[1] // 2
+
+    @classmethod
+    def from_cells(cls, shape: tuple[int, int], keys: np.ndarray, values: np.ndarray) -> NearCounts:
+        """The counts of distinct flat cells ``keys`` (increasing) holding ``values`` (all nonzero)."""
+        shape = (int(shape[0]), int(shape[1]))
+        if keys.shape[0] > cls._dense_above(shape):
+            dense = np.zeros(shape)
+            dense.reshape(-1)[keys] = values
+            return cls(shape, None, None, dense)
+        return cls(shape, np.ascontiguousarray(keys, dtype=np.int64), np.ascontiguousarray(values, dtype=np.float64),
+                   None)  # fmt: skip
+
+    @classmethod
+    def from_dense(cls, table: np.ndarray) -> NearCounts:
+        """The counts of an (S, T) table (copied)."""
+        table = np.asarray(table, dtype=np.float64)
+        keys = np.flatnonzero(table)
+        if keys.shape[0] > cls._dense_above(table.shape):
+            return cls(table.shape, None, None, np.array(table, order="C"))
+        return cls(table.shape, keys.astype(np.int64), table.reshape(-1)[keys], None)
 
     @property
     def ndim(self) -> int:
@@ -713,52 +749,51 @@ class NearCounts:
     def __sizeof__(self) -> int:  # what a worker's memory accounting (``sys.getsizeof``) sees
         return object.__sizeof__(self) + self.nbytes
 
-    def _densify(self) -> np.ndarray:
-        if self.dense is None:
-            assert self.keys is not None and self.values is not None
-            dense = np.zeros(self.shape)
-            _scatter_add(dense.reshape(-1), self.keys, self.values)
-            self.dense, self.keys, self.values = dense, None, None
-        return self.dense
-
     def toarray(self) -> np.ndarray:
-        """The (S, T) counts, read-only (made once, then kept in place of the pairs)."""
-        view = self._densify().view()
-        view.flags.writeable = False
-        return view
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        out = self.toarray()
-        if dtype is not None:
-            return out.astype(dtype)
-        return out.copy() if copy else out
-
-    def copy(self) -> NearCounts:
-        if self.dense is None:
-            assert self.keys is not None and self.values is not None
-            return NearCounts(self.shape, self.keys.copy(), self.values.copy())
-        out = NearCounts(self.shape, np.empty(0, dtype=np.int64), np.empty(0))
-        out.keys, out.values, out.dense = None, None, self.dense.copy()
+        """The (S, T) counts: a new table from the pairs, or a read-only view of the dense one."""
+        if self.dense is not None:
+            view = self.dense.view()
+            view.flags.writeable = False
+            return view
+        assert self.keys is not None and self.values is not None
+        out = np.zeros(self.shape)
+        out.reshape(-1)[self.keys] = self.values
         return out
 
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if copy is False and self.dense is None:
+            raise ValueError("near counts held as pairs make their (S, T) table: np.asarray cannot avoid a copy")
+        out = self.toarray()
+        if dtype is not None and np.dtype(dtype) != out.dtype:
+            return out.astype(dtype)
+        return out.copy() if copy and self.dense is not None else out
+
+    def copy(self) -> NearCounts:
+        if self.dense is not None:
+            return NearCounts(self.shape, None, None, self.dense.copy())
+        assert self.keys is not None and self.values is not None
+        return NearCounts(self.shape, self.keys.copy(), self.values.copy(), None)
+
     def add(self, other: NearCounts) -> NearCounts:
-        """``self + other`` in place (the pairs appended, or the dense tables added once either is dense or the
-        pairs would outweigh the dense table)."""
+        """``self + other`` into this value (the caller owns it: see :meth:`copy`); ``other`` is only read. Two
+        pair lists are merged in one pass (a cell in both: ``self``'s count + ``other``'s), and the result becomes
+        the dense table once more than half its cells are nonzero; a dense operand makes the result dense."""
         if other.shape != self.shape:
             raise ValueError(f"near counts of shape {other.shape} added to {self.shape}")
         if self.dense is None and other.dense is None:
             assert self.keys is not None and self.values is not None
             assert other.keys is not None and other.values is not None
-            self.keys = np.concatenate([self.keys, other.keys])
-            self.values = np.concatenate([self.values, other.values])
-            if self.keys.nbytes + self.values.nbytes < 8 * self.shape[0] * self.shape[1]:
-                return self
-        dense = self._densify()
+            keys, values = merge_tallies((self.keys, self.values), (other.keys, other.values))
+            merged = NearCounts.from_cells(self.shape, keys, values)
+            self.keys, self.values, self.dense = merged.keys, merged.values, merged.dense
+            return self
+        dense = self.dense if self.dense is not None else self.toarray()  # a table of our own either way
         if other.dense is not None:
             np.add(dense, other.dense, out=dense)
         else:
             assert other.keys is not None and other.values is not None
             _scatter_add(dense.reshape(-1), other.keys, other.values)
+        self.keys, self.values, self.dense = None, None, dense
         return self
 
 
@@ -770,24 +805,38 @@ def _scatter_add(flat, keys, values):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _take(flat, keys, values):  # pragma: no cover - compiled
-    """``values[i] = flat[keys[i]]``, then the cell cleared (a cell listed again gives 0 the second time)."""
-    for i in range(keys.shape[0]):
-        k = keys[i]
-        values[i] = flat[k]
+def _take(flat, sorted_keys, keys, values):  # pragma: no cover - compiled
+    """The cells ``sorted_keys`` (increasing, a cell possibly listed more than once) read once each and cleared;
+    those of nonzero count go to ``keys``/``values`` in order. Returns how many."""
+    m = 0
+    previous = -1
+    for i in range(sorted_keys.shape[0]):
+        k = sorted_keys[i]
+        if k == previous:
+            continue
+        previous = k
+        count = flat[k]
         flat[k] = 0.0
+        if count != 0.0:
+            keys[m] = k
+            values[m] = count
+            m += 1
+    return m
 
 
 def take_near_counts(arrays: CodebookArrays, table: NearTable | None = None) -> NearCounts:
     """The near counts of ``arrays.emission_count`` as :class:`NearCounts`, the cells read cleared (the table is
-    zero again; ``table``, the :class:`NearTable` it came from, marked clean)."""
-    keys = np.concatenate(arrays.touched) if arrays.touched else np.empty(0, dtype=np.int64)
-    values = np.empty(keys.shape[0])
-    _take(arrays.emission_count.reshape(-1), keys, values)
+    zero again; ``table``, the :class:`NearTable` it came from, marked clean). The listed cells are sorted first, so
+    the counts come out in the table's order whatever the order the rows reached them in."""
+    listed = np.sort(np.concatenate(arrays.touched)) if arrays.touched else np.empty(0, dtype=np.int64)
+    keys, values = np.empty(listed.shape[0], dtype=np.int64), np.empty(listed.shape[0])
+    m = _take(arrays.emission_count.reshape(-1), listed, keys, values)
     arrays.touched.clear()
     if table is not None:
         table.clean = True
-    return NearCounts(arrays.emission_count.shape, keys, values)
+    if m < listed.shape[0]:  # cells listed twice or left at 0: the pairs kept at their size
+        keys, values = keys[:m].copy(), values[:m].copy()
+    return NearCounts.from_cells(arrays.emission_count.shape, keys, values)
 
 
 def far_masses(arrays: CodebookArrays) -> None:

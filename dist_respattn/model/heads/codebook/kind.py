@@ -188,8 +188,8 @@ class CodebookStatistics:
 
     Attributes:
         key_sum: (S, D), ``key_mass``: (S,), ``emission_count``: (S, T): the near positions' query sums,
-            responsibilities and (symbol, target) counts (:class:`NearCounts`: the cells counted into, until the
-            dense table is smaller; ``np.asarray`` gives the (S, T) table).
+            responsibilities and (symbol, target) counts (:class:`NearCounts`: the nonzero cells in order while
+            they are at most half the table, else the dense table; ``np.asarray`` gives the (S, T) table).
         code_sum: (B, W, D), ``code_mass``: (B, W), ``code_count``: (T, B, W): the same per far cell, the counts
             target-major as the E-step adds them (a row adds one contiguous row of them).
         prior_mass: (N0 + 1,) per near recency and the far field (with a short window's rejected draws).
@@ -364,6 +364,11 @@ class CodebookCandidates(Candidates):
         return CodebookGrid(tuple(self.model(point) for point in self.points))
 
     @functools.cached_property
+    def _near_counts(self) -> np.ndarray:
+        """The (S, T) near counts, made once for every pseudo-count's table."""
+        return self.stats.emission_count.toarray()
+
+    @functools.cached_property
     def _tables(self) -> dict[tuple[str, float], np.ndarray]:
         """The tables made so far, by (``"near"`` or ``"code"``, pseudo-count): the points' heads share them."""
         return {}
@@ -373,7 +378,7 @@ class CodebookCandidates(Candidates):
         if key not in self._tables:
             st, previous = self.stats, self.previous
             if which == "near":
-                self._tables[key] = _smoothed(st.emission_count.toarray(), strength, self.centres[0], previous.emission)
+                self._tables[key] = _smoothed(self._near_counts, strength, self.centres[0], previous.emission)
             else:
                 counts = np.ascontiguousarray(st.code_count.transpose(1, 2, 0))  # (T, B, W) -> (B, W, T)
                 self._tables[key] = _smoothed(counts, strength, self.centres[1], previous.code_emission)
