@@ -394,8 +394,9 @@ def _estep(
     :func:`far_masses`). ``gates``/``shifts`` ((V B W,), (V,)): each query-table row's cell gates and their shift
     (:func:`_query_gates`, made beforehand: :meth:`EstepTables.query_gates`); ``done``/``code_query`` ((V,),
     (V, B W)): the table rows used and their cells' responsibilities (the query sums are made per table row at the
-    end); all empty (V = 0), every row makes its own gates and adds its query sums. ``touched`` (at least rows x N0):
-    the flat cells ``c T + t`` of ``emission_count`` found at 0 before an add, in order; returns how many."""
+    end); all empty (V = 0), every row makes its own gates and adds its query sums. ``touched`` (at least rows x N0;
+    uint32 when S T <= 2^32, else int64): the flat cells ``c T + t`` of ``emission_count`` found at 0 before an add,
+    in order; returns how many."""
     n_near = prior.shape[0] - 1
     n_books = log_code_ts.shape[1]
     n_words = log_code_ts.shape[2]
@@ -671,7 +672,8 @@ def codebook_estep(rows: Any, params: CodebookParameters, tables: EstepTables, a
     else:
         gates, shifts, code_query = np.empty(0), np.empty(0), np.zeros((0, cells))
     done = np.zeros(size, dtype=np.bool_)
-    touched = np.empty(rows.num_rows * (params.prior.shape[0] - 1), dtype=np.int64)
+    cell_type = np.uint32 if arrays.emission_count.size <= 2**32 else np.int64  # np.sort: uint32 twice as fast
+    touched = np.empty(rows.num_rows * (params.prior.shape[0] - 1), dtype=cell_type)
     p = params
     n_touched = _estep(  # type: ignore[call-arg]
         *rows.kernel_arrays(), p.key_means, p.inv_two_sigma2, p.gate_const, p.prior, p.log_prior, p.log_omega,
@@ -804,14 +806,21 @@ def _scatter_add(flat, keys, values):  # pragma: no cover - compiled
         flat[keys[i]] += values[i]
 
 
+#: How many listed cells ahead :func:`_take` prefetches.
+TAKE_AHEAD = 16
+
+
 @numba.njit(cache=True, nogil=True)
 def _take(flat, sorted_keys, keys, values):  # pragma: no cover - compiled
     """The cells ``sorted_keys`` (increasing, a cell possibly listed more than once) read once each and cleared;
     those of nonzero count go to ``keys``/``values`` in order. Returns how many."""
     m = 0
-    previous = -1
-    for i in range(sorted_keys.shape[0]):
-        k = sorted_keys[i]
+    previous = np.int64(-1)
+    n = sorted_keys.shape[0]
+    for i in range(n):
+        if i + TAKE_AHEAD < n:  # the cells lie spread over the table, each a cache miss: started ahead
+            prefetch_element(flat, np.int64(sorted_keys[i + TAKE_AHEAD]))
+        k = np.int64(sorted_keys[i])
         if k == previous:
             continue
         previous = k
@@ -828,7 +837,7 @@ def take_near_counts(arrays: CodebookArrays, table: NearTable | None = None) -> 
     """The near counts of ``arrays.emission_count`` as :class:`NearCounts`, the cells read cleared (the table is
     zero again; ``table``, the :class:`NearTable` it came from, marked clean). The listed cells are sorted first, so
     the counts come out in the table's order whatever the order the rows reached them in."""
-    listed = np.sort(np.concatenate(arrays.touched)) if arrays.touched else np.empty(0, dtype=np.int64)
+    listed = np.sort(np.concatenate(arrays.touched)) if arrays.touched else np.empty(0, dtype=np.uint32)
     keys, values = np.empty(listed.shape[0], dtype=np.int64), np.empty(listed.shape[0])
     m = _take(arrays.emission_count.reshape(-1), listed, keys, values)
     arrays.touched.clear()
