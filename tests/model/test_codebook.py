@@ -15,7 +15,7 @@ import pytest
 from dist_respattn.model.fitting.em import fit_em
 from dist_respattn.model.heads.base import Block
 from dist_respattn.model.heads.codebook import CodebookHead, CodebookSpec, spec_from_options
-from dist_respattn.model.heads.codebook.kernels import NearCounts
+from dist_respattn.model.heads.codebook.kernels import CodebookArrays, NearCounts, take_near_counts
 from dist_respattn.model.heads.codebook.kind import CodebookTrainer, codebook_statistics, start_head
 from dist_respattn.model.heads.codebook.quantize import codebook_assignment
 from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
@@ -453,3 +453,19 @@ def test_near_counts_add_as_the_dense_tables_do() -> None:
             np.testing.assert_array_equal(got[name], saved[name])
     with pytest.raises(ValueError, match="shape"):
         total.add(NearCounts.from_dense(np.zeros((7, 5))))
+
+
+def test_a_pass_takes_its_near_counts_in_the_tables_order_and_leaves_the_table_zero() -> None:
+    """The cells a pass listed (in the order the rows reached them, one listed twice: it was at 0 again after an
+    add of 0, and one still at 0) come out once each, increasing, with their counts; the cells at 0 are left out and
+    the thread's table is zero again."""
+    arrays = CodebookArrays.zeros(3, 2, 4, 2, 1, 2)
+    flat = arrays.emission_count.reshape(-1)
+    flat[[9, 2, 5]] = [0.25, 3.0, 1e-300]
+    arrays.touched.extend([np.array([9, 5, 7], dtype=np.uint32), np.array([2, 9], dtype=np.uint32)])
+    counts = take_near_counts(arrays)
+    assert counts.dense is None and counts.keys is not None and counts.values is not None
+    np.testing.assert_array_equal(counts.keys, [2, 5, 9])
+    np.testing.assert_array_equal(counts.values, [3.0, 1e-300, 0.25])
+    assert not arrays.emission_count.any() and arrays.touched == []
+    assert counts.keys.dtype == np.int64
