@@ -7,6 +7,8 @@ and, with ``--previous PATH`` (a copy of another revision's ``dist_respattn/mode
 ``git show main:dist_respattn/model/heads/codebook/kernels.py > /tmp/kernels_main.py``), that file's E-step, loaded
 as a module of its own. The kernels take turns, each first in turn; each figure is the best of ``--repeats`` runs in
 CPU time (``time.process_time``), one call per run. Prints rows/s, ns a row, and each over the N = 8 head's rows/s.
+With ``--parts``, also this revision's pass over each block timed part by part (wall time, the least of
+``--repeats`` passes a part), in ns a row.
 
     python benchmarks/bench_codebook_estep.py --cache CACHE --previous /tmp/kernels_main.py --rows 8192,65536
 """
@@ -53,9 +55,60 @@ def previous_statistics(module: Any, head: Any, rows: Any) -> Callable[[], list[
         module.codebook_estep(rows, params, tables, arrays)
         if hasattr(module, "far_masses"):
             module.far_masses(arrays)
-        return list(arrays.fields())  # the codeword counts target-major, (T, B, W), as this revision's
+        return [np.asarray(a) for a in arrays.fields()]  # the codeword counts target-major, (T, B, W), as here
 
     return run
+
+
+def pass_parts(head: Any, rows: Any, repeats: int) -> dict[str, float]:
+    """Seconds of each part of this revision's ``codebook_statistics`` over ``rows`` (one block), the least of
+    ``repeats`` passes, the parts run as it runs them."""
+    from dist_respattn.model.heads.codebook import kernels as k
+
+    params, tables = head.parameters, head.estep_tables
+    s, _, d, t = head.shape
+    cells = head.num_codebooks * head.num_codewords
+    size = rows.query_table.shape[0]
+    best: dict[str, float] = {}
+    for _ in range(repeats):
+        with k.near_table(s, t) as table:
+            at = time.perf_counter()
+
+            def done_with(name: str) -> None:
+                nonlocal at
+                now = time.perf_counter()
+                best[name] = min(best.get(name, float("inf")), now - at)
+                at = now
+
+            arrays = k.CodebookArrays.zeros(s, d, t, head.near_window, head.num_codebooks, head.num_codewords,
+                                            table.counts)  # fmt: skip
+            done_with("the statistics' new arrays")
+            head.check_rows(rows)
+            kernel_rows = rows.kernel_arrays()
+            gates, shifts = tables.query_gates(rows.query_table, params.inv_two_sigma2)
+            done_with("the rows checked, the kept gates' table compared")
+            kept, k._SCRATCH.code_query = k._SCRATCH.code_query, None
+            code_query = kept if kept is not None and kept.shape == (size, cells) else np.zeros((size, cells))
+            done = np.zeros(size, dtype=np.bool_)
+            touched = np.empty(rows.num_rows * (params.prior.shape[0] - 1), dtype=np.uint32)
+            p = params
+            n_touched = k._estep(
+                *kernel_rows, p.key_means, p.inv_two_sigma2, p.gate_const, p.prior, p.log_prior, p.log_omega,
+                p.log_emission_ts, p.log_code_ts, tables.flat_codes, tables.flat_means, tables.code_ts,
+                arrays.key_sum, arrays.key_mass, arrays.emission_count, arrays.code_sum.reshape(cells, d),
+                arrays.code_count.reshape(-1, cells), arrays.prior_mass, arrays.scalars, gates, shifts, done,
+                code_query, touched,
+            )  # fmt: skip
+            arrays.touched.append(touched[:n_touched])
+            done_with("the rows (the compiled E-step)")
+            k._query_sums(code_query, done, rows.query_table, arrays.code_sum.reshape(cells, d))
+            k._SCRATCH.code_query = code_query
+            done_with(f"the query sums ({int(done.sum()):,} of {size:,} query-table rows used)")
+            k.far_masses(arrays)
+            done_with("the far masses")
+            k.take_near_counts(arrays, table)
+            done_with(f"the {n_touched:,} listed near cells sorted, read and cleared")
+    return best
 
 
 def cpu_best(run: Callable[[], Any], repeats: int) -> float:
@@ -79,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--codebooks", type=int, default=8)
     parser.add_argument("--codewords", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--parts", action="store_true", help="also time this revision's pass part by part")
     args = parser.parse_args(argv)
     from dist_respattn.model.heads.base import Block
     from dist_respattn.model.heads.codebook.kind import codebook_statistics
@@ -120,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
                 old_run = previous_statistics(previous, head, windows)
                 runs["previous"] = old_run
                 st = new_run()
-                mine = [getattr(st, f.name) for f in dataclasses.fields(st)]
+                mine = [np.asarray(getattr(st, f.name)) for f in dataclasses.fields(st)]
                 worst = max(
                     float(np.max(np.abs(a - b), initial=0.0)) / max(float(np.max(np.abs(b), initial=0.0)), 1e-300)
                     for a, b in zip(mine, old_run(), strict=True)
@@ -135,6 +189,13 @@ def main(argv: list[str] | None = None) -> None:
                 # and frees moves the next call's cost)
                 for name in names[i % len(names) :] + names[: i % len(names)]:
                     best[name] = min(best[name], cpu_best(runs[name], 1))
+            if args.parts:
+                codebook_statistics(head, blocks)  # the thread's tables and the head's gates made
+                parts = pass_parts(head, windows, args.repeats)
+                print(f"  codebook N = {args.context}, {n:,} rows, this revision's pass part by part (wall time):")
+                for part, seconds in parts.items():
+                    print(f"    {1e9 * seconds / n:7.1f} ns a row  {part}")
+                print(f"    {1e9 * sum(parts.values()) / n:7.1f} ns a row  in all")
             best_single = best.pop("single")
             single_rate = encoded.target.shape[0] / best_single
             print(

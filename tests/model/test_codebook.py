@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import pickle
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ import pytest
 from dist_respattn.model.fitting.em import fit_em
 from dist_respattn.model.heads.base import Block
 from dist_respattn.model.heads.codebook import CodebookHead, CodebookSpec, spec_from_options
+from dist_respattn.model.heads.codebook.kernels import CodebookArrays, NearCounts, take_near_counts
 from dist_respattn.model.heads.codebook.kind import CodebookTrainer, codebook_statistics, start_head
 from dist_respattn.model.heads.codebook.quantize import codebook_assignment
 from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
@@ -339,3 +343,129 @@ def test_a_resumed_fit_keeps_the_priors_centres_from_its_checkpoint() -> None:
     assert resumed.centres is not None
     np.testing.assert_array_equal(resumed.centres[0], head.emission)
     np.testing.assert_array_equal(resumed.centres[1], head.code_emission)
+
+
+def _exact_fields(stats: object) -> list[np.ndarray]:
+    return [np.array(field(stats, name)) for name in FIELDS]
+
+
+def _fresh_thread(run):  # type: ignore[no-untyped-def]
+    """``run()`` on a new thread, whose E-step tables start empty."""
+    out: list = []
+    worker = threading.Thread(target=lambda: out.append(run()))
+    worker.start()
+    worker.join()
+    return out[0]
+
+
+def test_the_tables_kept_from_pass_to_pass_give_the_same_statistics() -> None:
+    """A thread keeps its near count table and query responsibilities between passes, and a head its gates: a pass
+    after passes of other shapes, of another query table, or one that failed halfway gives, bit for bit, the
+    statistics of a pass on new tables, which equal the reference."""
+    head = random_head(3, n0=2, books=2, words=3)
+    rows = case_rows(2, head, weighted=True)  # a query table of S rows: the gates and query sums kept per table row
+    other = random_head(5, s=7, t=11, n0=3, books=3, words=2)
+    other_rows = case_rows(4, other, weighted=False)
+    fresh = _exact_fields(_fresh_thread(lambda: codebook_statistics(head, [Block(rows, rows.weight)])))
+    expected = reference_statistics(head, rows)
+    for name, got in zip(FIELDS, fresh, strict=True):
+        scale = max(float(np.abs(expected[name]).max()), 1.0)
+        np.testing.assert_allclose(got, expected[name], rtol=0, atol=1e-12 * scale, err_msg=name)
+
+    def again() -> None:
+        for name, a, b in zip(FIELDS, _exact_fields(codebook_statistics(head, [Block(rows, rows.weight)])), fresh,
+                              strict=True):  # fmt: skip
+            np.testing.assert_array_equal(a, b, err_msg=name)
+
+    def failing():  # type: ignore[no-untyped-def]
+        yield Block(rows, rows.weight)
+        raise RuntimeError("the block reader failed")
+
+    again()
+    again()  # the thread's tables now hold the last pass's stamps and have been cleared once
+    codebook_statistics(other, [Block(other_rows, None)])  # other shapes: S, T, N0 and B W
+    again()
+    moved = rows._replace(query_table=rows.query_table + np.float32(0.5))  # the same shapes, another query table
+    codebook_statistics(head, [Block(moved, rows.weight)])
+    again()
+    with pytest.raises(RuntimeError, match="block reader"):
+        codebook_statistics(head, failing())
+    again()
+    rows.query_table[0] += np.float32(1.0)  # a table changed in place is not taken for the one whose gates are kept
+    changed = _exact_fields(_fresh_thread(lambda: codebook_statistics(head, [Block(rows, rows.weight)])))
+    for name, a, b in zip(FIELDS, _exact_fields(codebook_statistics(head, [Block(rows, rows.weight)])), changed,
+                          strict=True):  # fmt: skip
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    assert not np.array_equal(changed[FIELDS.index("code_sum")], fresh[FIELDS.index("code_sum")])
+    expected = reference_statistics(head, rows)
+    for name, got in zip(FIELDS, changed, strict=True):
+        scale = max(float(np.abs(expected[name]).max()), 1.0)
+        np.testing.assert_allclose(got, expected[name], rtol=0, atol=1e-12 * scale, err_msg=name)
+
+
+def _form(counts: NearCounts) -> dict[str, np.ndarray]:
+    """What a value holds, by attribute (``None`` left out): its form and its numbers."""
+    return {name: np.array(value) for name, value in vars(counts).items() if value is not None}
+
+
+def test_near_counts_add_as_the_dense_tables_do() -> None:
+    """The near counts of several passes, summed in any grouping of the same order, equal the dense tables' sums bit
+    for bit and hold the same form (the nonzero cells in order while at most half the table, then the table), and
+    neither adding nor reading an operand changes it."""
+    rng = np.random.default_rng(11)
+    shape = (5, 7)
+    parts, dense = [], []
+    for n in (3, 8, 0, 12, 9):
+        table = np.zeros(35)
+        table[rng.choice(35, size=n, replace=False)] = rng.random(n) * 10.0 ** rng.integers(-8, 8, size=n)
+        dense.append(table.reshape(shape))
+        parts.append(NearCounts.from_dense(dense[-1]))
+    before = [_form(part) for part in parts]
+    want = dense[0].copy()
+    total = parts[0].copy()
+    for part, table in zip(parts[1:], dense[1:], strict=True):
+        total.add(part)
+        want = want + table
+        np.testing.assert_array_equal(np.asarray(total), want)
+        assert (total.dense is not None) == (np.count_nonzero(want) > 17)  # more than half the 35 cells
+        if total.dense is None:
+            assert total.keys is not None
+            np.testing.assert_array_equal(total.keys, np.flatnonzero(want))
+    assert total.dense is not None
+    for grouping in (
+        lambda a, b, c, d, e: a.copy().add(b.copy().add(c).add(d)).add(e),
+        lambda a, b, c, d, e: a.copy().add(b).add(c.copy().add(d).add(e)),
+        lambda a, b, c, d, e: NearCounts.from_dense(np.asarray(a.copy().add(b).add(c))).add(d.copy().add(e)),
+    ):
+        again = grouping(*parts)
+        assert _form(again).keys() == _form(total).keys()
+        np.testing.assert_array_equal(np.asarray(again), want)
+    first = parts[0].copy().add(parts[1])
+    assert first.dense is None and first.keys is not None and first.nbytes == 16 * first.keys.shape[0]
+    assert sys.getsizeof(first) >= first.nbytes
+    np.testing.assert_array_equal(np.asarray(pickle.loads(pickle.dumps(first))), dense[0] + dense[1])
+    with pytest.raises(ValueError, match="read-only"):
+        np.asarray(total)[0, 0] = 1.0  # the dense form is lent read-only
+    for part, saved in zip(parts, before, strict=True):
+        got = _form(part)
+        assert got.keys() == saved.keys()
+        for name in got:
+            np.testing.assert_array_equal(got[name], saved[name])
+    with pytest.raises(ValueError, match="shape"):
+        total.add(NearCounts.from_dense(np.zeros((7, 5))))
+
+
+def test_a_pass_takes_its_near_counts_in_the_tables_order_and_leaves_the_table_zero() -> None:
+    """The cells a pass listed (in the order the rows reached them, one listed twice: it was at 0 again after an
+    add of 0, and one still at 0) come out once each, increasing, with their counts; the cells at 0 are left out and
+    the thread's table is zero again."""
+    arrays = CodebookArrays.zeros(3, 2, 4, 2, 1, 2)
+    flat = arrays.emission_count.reshape(-1)
+    flat[[9, 2, 5]] = [0.25, 3.0, 1e-300]
+    arrays.touched.extend([np.array([9, 5, 7], dtype=np.uint32), np.array([2, 9], dtype=np.uint32)])
+    counts = take_near_counts(arrays)
+    assert counts.dense is None and counts.keys is not None and counts.values is not None
+    np.testing.assert_array_equal(counts.keys, [2, 5, 9])
+    np.testing.assert_array_equal(counts.values, [3.0, 1e-300, 0.25])
+    assert not arrays.emission_count.any() and arrays.touched == []
+    assert counts.keys.dtype == np.int64

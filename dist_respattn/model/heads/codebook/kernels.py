@@ -18,13 +18,17 @@ responsibilities are the same numbers as the log domain's, to rounding.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import numba
 import numpy as np
 
 from dist_respattn.model.kernels.log_weights import exp_nonpositive_range
+from dist_respattn.model.kernels.pair_keys import merge_tallies
 from dist_respattn.model.kernels.per_position import prefetch_row
 from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
 
@@ -32,12 +36,15 @@ __all__ = [
     "CodebookArrays",
     "CodebookParameters",
     "EstepTables",
+    "NearCounts",
     "codebook_estep",
     "codebook_proba",
     "codebook_score",
     "far_histogram",
     "far_masses",
+    "near_table",
     "state_proba",
+    "take_near_counts",
 ]
 
 
@@ -112,12 +119,19 @@ class CodebookArrays:
     prior_mass: np.ndarray
     omega_mass: np.ndarray
     scalars: np.ndarray  # (n_obs, log_lik)
+    #: The flat cells ``s T + t`` of ``emission_count`` the E-step found at 0 before adding to them, in that order
+    #: (one array a call): :func:`take_near_counts` reads and clears only these.
+    touched: list[np.ndarray] = field(default_factory=list)
 
     @classmethod
-    def zeros(cls, s: int, d: int, t: int, near: int, b: int, w: int) -> CodebookArrays:
+    def zeros(
+        cls, s: int, d: int, t: int, near: int, b: int, w: int, emission_count: np.ndarray | None = None
+    ) -> CodebookArrays:
+        """Zeroed arrays; ``emission_count``: an (S, T) table of zeros to count into instead of a new one (see
+        :func:`near_table`)."""
         return cls(
-            np.zeros((s, d)), np.zeros(s), np.zeros((s, t)), np.zeros((b, w, d)), np.zeros((b, w)),
-            np.zeros((t, b, w)), np.zeros(near + 1), np.zeros(b), np.zeros(2),
+            np.zeros((s, d)), np.zeros(s), np.zeros((s, t)) if emission_count is None else emission_count,
+            np.zeros((b, w, d)), np.zeros((b, w)), np.zeros((t, b, w)), np.zeros(near + 1), np.zeros(b), np.zeros(2),
         )  # fmt: skip
 
     def fields(self) -> tuple[np.ndarray, ...]:
@@ -373,19 +387,23 @@ def _near_distance(y, key_means, c):  # pragma: no cover - compiled
 def _estep(
     tokens, begin, end, target, query_table, query_index, weight, key_means, inv_two_sigma2, gate_const, prior,
     log_prior, log_omega, log_emission_ts, log_code_ts, flat_codes, flat_means, code_ts, key_sum, key_mass,
-    emission_count, code_sum, code_count, prior_mass, scalars, gates, shifts, done, code_query,
+    emission_count, code_sum, code_count, prior_mass, scalars, gates, shifts, done, code_query, touched,
 ):  # pragma: no cover - compiled  # fmt: skip
     """The E-step of window rows. Flat cells ``k = b W + w``: ``flat_means`` (B W, D), ``code_ts`` (T, B W),
     ``code_sum`` (B W, D), ``code_count`` (T, B W) (the cells' and codebooks' masses are its sums, made at the end:
-    :func:`far_masses`). ``gates``/``shifts``/``done``/``code_query`` ((V B W,), (V,), (V,), (V, B W)): each
-    query-table row's cell gates (:func:`_query_gates`), filled on first use, and its cells' responsibilities (the
-    query sums are made per table row at the end); empty (V = 0), every row makes its own gates and adds its query
-    sums."""
+    :func:`far_masses`). ``gates``/``shifts`` ((V B W,), (V,)): each query-table row's cell gates and their shift
+    (:func:`_query_gates`, made beforehand: :meth:`EstepTables.query_gates`); ``done``/``code_query`` ((V,),
+    (V, B W)): the table rows used and their cells' responsibilities (the query sums are made per table row at the
+    end); all empty (V = 0), every row makes its own gates and adds its query sums. ``touched`` (at least rows x N0;
+    uint32 when S T <= 2^32, else int64): the flat cells ``c T + t`` of ``emission_count`` found at 0 before an add,
+    in order; returns how many."""
     n_near = prior.shape[0] - 1
     n_books = log_code_ts.shape[1]
     n_words = log_code_ts.shape[2]
     n_cells = n_books * n_words
     n_dim = key_means.shape[1]
+    n_targets = emission_count.shape[1]
+    n_touched = 0
     hist = np.zeros(n_cells)
     terms = np.empty(n_cells)
     near_logw = np.empty(n_near)
@@ -448,9 +466,7 @@ def _estep(
         if n_far > 0:
             if cached:
                 at = v * n_cells
-                if not done[v]:
-                    shifts[v] = _query_gates(y, flat_means, inv_two_sigma2, gates, at, scratch, bits, scale)
-                    done[v] = True
+                done[v] = True
                 shift = shifts[v]
                 cell_gates = gates
             else:
@@ -489,7 +505,11 @@ def _estep(
             key_mass[c] += resp
             for d in range(n_dim):
                 key_sum[c, d] += resp * y[d]
-            emission_count[c, t] += resp
+            count = emission_count[c, t]
+            if count == 0.0:  # listed for the table's clearing (a cell back at 0 is listed again)
+                touched[n_touched] = c * n_targets + t
+                n_touched += 1
+            emission_count[c, t] = count + resp
             prior_mass[r] += resp
         if far_sum > 0.0:
             far = far_e * share
@@ -514,6 +534,7 @@ def _estep(
             prior_mass[r] += wt * prior[r] / total
         if n_far == 0:
             prior_mass[n_near] += wt * prior[n_near] / total
+    return n_touched
 
 
 #: The most (query-table rows x cells) whose codeword distances (scores) or gates (the E-step) a pass keeps (64 MB
@@ -546,11 +567,17 @@ class EstepTables:
         flat_codes: (S, B) int64, each symbol's cell in each codebook, ``b W + codes[s, b]``.
         flat_means: (B W, D) the codewords' keys.
         code_ts: (T, B W) ``omega_b E_b[w, t]``, target-major: a row's cells are one contiguous row.
+        gate_cache: the gates of the last query table :meth:`query_gates` was asked for (its copy, ``1 / (2
+            sigma2)``, the gates and their shifts): they depend only on the head and the table, which a token
+            stream's blocks share.
     """
 
     flat_codes: np.ndarray
     flat_means: np.ndarray
     code_ts: np.ndarray
+    gate_cache: dict[str, tuple[np.ndarray, float, np.ndarray, np.ndarray]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @classmethod
     def build(cls, head: Any) -> EstepTables:
@@ -561,26 +588,264 @@ class EstepTables:
         code_ts = np.ascontiguousarray(weighted.transpose(2, 0, 1).reshape(-1, cells))
         return cls(np.ascontiguousarray(flat_codes), np.ascontiguousarray(head.code_means.reshape(cells, d)), code_ts)
 
+    def query_gates(self, query_table: np.ndarray, inv_two_sigma2: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(gates (V B W,), shifts (V,))`` of every row of ``query_table`` (:func:`_query_gates`): made on the
+        first call with a table, then reused while the calls bring a table equal to it (compared in full, so a
+        table changed in place is not mistaken for the one kept). Concurrent callers may each make them; the
+        values are the same and the kept ones are never written."""
+        kept = self.gate_cache.get("last")
+        if kept is not None:
+            table, inv, gates, shifts = kept
+            if (
+                inv == inv_two_sigma2
+                and table.shape == query_table.shape
+                and table.dtype == query_table.dtype
+                and np.array_equal(table, query_table)
+            ):
+                return gates, shifts
+        cells = self.flat_means.shape[0]
+        gates, shifts = np.empty(query_table.shape[0] * cells), np.empty(query_table.shape[0])
+        _all_gates(query_table, self.flat_means, inv_two_sigma2, gates, shifts)
+        self.gate_cache["last"] = (np.array(query_table, copy=True), inv_two_sigma2, gates, shifts)
+        return gates, shifts
+
+
+@numba.njit(cache=True, nogil=True)
+def _all_gates(query_table, flat_means, inv_two_sigma2, gates, shifts):  # pragma: no cover - compiled
+    """:func:`_query_gates` of every query-table row v into ``gates[v B W:(v + 1) B W]`` and ``shifts[v]``."""
+    n_cells = flat_means.shape[0]
+    y = np.empty(query_table.shape[1])
+    scratch = np.empty(n_cells)
+    bits = np.empty(n_cells, dtype=np.int64)
+    scale = bits.view(np.float64)
+    for v in range(query_table.shape[0]):
+        for d in range(y.shape[0]):
+            y[d] = query_table[v, d]
+        shifts[v] = _query_gates(y, flat_means, inv_two_sigma2, gates, v * n_cells, scratch, bits, scale)
+
+
+class _Scratch(threading.local):
+    """A thread's tables kept zeroed between E-step passes, so that a pass neither makes nor first touches them
+    (their pages stay mapped): the dense (S, T) near count table (32 MB at S = T = 2,001) and the (V, B W) query
+    responsibilities. A pass takes a table (so a nested pass makes its own), clears the cells it wrote and gives it
+    back (an exception drops it)."""
+
+    near: np.ndarray | None = None
+    code_query: np.ndarray | None = None
+
+
+_SCRATCH = _Scratch()
+
+
+@contextmanager
+def near_table(s: int, t: int) -> Iterator[NearTable]:
+    """This thread's (S, T) near count table, zeroed, for the E-step calls of one pass: the arrays
+    ``CodebookArrays.zeros(..., emission_count=table.counts)`` count into it, and :func:`take_near_counts` reads the
+    counts out and clears it. It goes back to the thread only once cleared."""
+    kept, _SCRATCH.near = _SCRATCH.near, None
+    table = NearTable(kept if kept is not None and kept.shape == (s, t) else np.zeros((s, t)))
+    yield table
+    if table.clean:
+        _SCRATCH.near = table.counts
+
+
+class NearTable:
+    """A zeroed (S, T) count table lent by :func:`near_table`; ``clean`` once :func:`take_near_counts` cleared it."""
+
+    def __init__(self, counts: np.ndarray) -> None:
+        self.counts = counts
+        self.clean = False
+
 
 def codebook_estep(rows: Any, params: CodebookParameters, tables: EstepTables, arrays: CodebookArrays) -> None:
     """Add the E-step statistics of window ``rows`` (in order; weights in ``rows.weight``) into ``arrays``, all but
     the far masses ``code_mass`` and ``omega_mass``, which :func:`far_masses` makes from the counts once the blocks
-    are in."""
+    are in; the near count cells found at 0 are listed in ``arrays.touched``."""
     n_books, n_words, d = params.code_means.shape
     cells = n_books * n_words
     cached = _caches(rows, cells)
     size = rows.query_table.shape[0] if cached else 0
-    gates, shifts, done = np.empty(size * cells), np.empty(size), np.zeros(size, dtype=np.bool_)
-    code_query = np.zeros((size, cells))
+    if cached:
+        gates, shifts = tables.query_gates(rows.query_table, params.inv_two_sigma2)
+        kept, _SCRATCH.code_query = _SCRATCH.code_query, None
+        code_query = kept if kept is not None and kept.shape == (size, cells) else np.zeros((size, cells))
+    else:
+        gates, shifts, code_query = np.empty(0), np.empty(0), np.zeros((0, cells))
+    done = np.zeros(size, dtype=np.bool_)
+    cell_type = np.uint32 if arrays.emission_count.size <= 2**32 else np.int64  # np.sort: uint32 twice as fast
+    touched = np.empty(rows.num_rows * (params.prior.shape[0] - 1), dtype=cell_type)
     p = params
-    _estep(  # type: ignore[call-arg]
+    n_touched = _estep(  # type: ignore[call-arg]
         *rows.kernel_arrays(), p.key_means, p.inv_two_sigma2, p.gate_const, p.prior, p.log_prior, p.log_omega,
         p.log_emission_ts, p.log_code_ts, tables.flat_codes, tables.flat_means, tables.code_ts, arrays.key_sum,
         arrays.key_mass, arrays.emission_count, arrays.code_sum.reshape(cells, d), arrays.code_count.reshape(-1, cells),
-        arrays.prior_mass, arrays.scalars, gates, shifts, done, code_query,
+        arrays.prior_mass, arrays.scalars, gates, shifts, done, code_query, touched,
     )  # fmt: skip
+    arrays.touched.append(touched[:n_touched])
     if cached:
         _query_sums(code_query, done, rows.query_table, arrays.code_sum.reshape(cells, d))
+        _SCRATCH.code_query = code_query  # zeroed by the query sums
+
+
+class NearCounts:
+    """The near positions' (symbol, target) counts of an (S, T) table, in one form that depends only on the counts:
+    the cells with a nonzero count, as flat cells ``s T + t`` in increasing order (``keys``, int64) with their counts
+    (``values``), while they are at most half the table's cells (16 bytes a cell: never more than the dense table);
+    the dense (S, T) table (``dense``) once more are nonzero. A pass over a few thousand rows counts into a few tens
+    of thousands of cells of millions, so neither the statistics nor their sums make or ship the dense table; the
+    M-step reads :meth:`toarray`.
+
+    The counts are non-negative, so a sum's nonzero cells are the union of its terms' whichever way the terms are
+    grouped: the sum of the same counts has the same form whatever the order and number of the operands, and a
+    combine tree's value is the same bits on any number of workers. Each cell's sum is the dense table's to the bit:
+    a pass adds a cell's terms in row order from 0 (into a thread's table kept zeroed, :func:`near_table`), and
+    adding counts adds each cell's two counts (``self``'s first) as the dense tables would. Nothing but :meth:`add`
+    on the value itself changes it: reading it (:meth:`toarray`, ``np.asarray``) makes a new table or gives a
+    read-only view."""
+
+    def __init__(
+        self, shape: tuple[int, int], keys: np.ndarray | None, values: np.ndarray | None, dense: np.ndarray | None
+    ) -> None:
+        """The value of either form as given (use :meth:`from_cells` or :meth:`from_dense` to make one)."""
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.keys = keys
+        self.values = values
+        self.dense = dense
+
+    @staticmethod
+    def _dense_above(shape: tuple[int, int]) -> int:
+        """The most nonzero cells the pairs form holds (half the table's cells)."""
+        return shape[0] * shape[1] // 2
+
+    @classmethod
+    def from_cells(cls, shape: tuple[int, int], keys: np.ndarray, values: np.ndarray) -> NearCounts:
+        """The counts of distinct flat cells ``keys`` (increasing) holding ``values`` (all nonzero)."""
+        shape = (int(shape[0]), int(shape[1]))
+        if keys.shape[0] > cls._dense_above(shape):
+            dense = np.zeros(shape)
+            dense.reshape(-1)[keys] = values
+            return cls(shape, None, None, dense)
+        return cls(shape, np.ascontiguousarray(keys, dtype=np.int64), np.ascontiguousarray(values, dtype=np.float64),
+                   None)  # fmt: skip
+
+    @classmethod
+    def from_dense(cls, table: np.ndarray) -> NearCounts:
+        """The counts of an (S, T) table (copied)."""
+        table = np.asarray(table, dtype=np.float64)
+        keys = np.flatnonzero(table)
+        if keys.shape[0] > cls._dense_above(table.shape):
+            return cls(table.shape, None, None, np.array(table, order="C"))
+        return cls(table.shape, keys.astype(np.int64), table.reshape(-1)[keys], None)
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    @property
+    def nbytes(self) -> int:
+        if self.dense is not None:
+            return int(self.dense.nbytes)
+        assert self.keys is not None and self.values is not None
+        return int(self.keys.nbytes + self.values.nbytes)
+
+    def __sizeof__(self) -> int:  # what a worker's memory accounting (``sys.getsizeof``) sees
+        return object.__sizeof__(self) + self.nbytes
+
+    def toarray(self) -> np.ndarray:
+        """The (S, T) counts: a new table from the pairs, or a read-only view of the dense one."""
+        if self.dense is not None:
+            view = self.dense.view()
+            view.flags.writeable = False
+            return view
+        assert self.keys is not None and self.values is not None
+        out = np.zeros(self.shape)
+        out.reshape(-1)[self.keys] = self.values
+        return out
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if copy is False and self.dense is None:
+            raise ValueError("near counts held as pairs make their (S, T) table: np.asarray cannot avoid a copy")
+        out = self.toarray()
+        if dtype is not None and np.dtype(dtype) != out.dtype:
+            return out.astype(dtype)
+        return out.copy() if copy and self.dense is not None else out
+
+    def copy(self) -> NearCounts:
+        if self.dense is not None:
+            return NearCounts(self.shape, None, None, self.dense.copy())
+        assert self.keys is not None and self.values is not None
+        return NearCounts(self.shape, self.keys.copy(), self.values.copy(), None)
+
+    def add(self, other: NearCounts) -> NearCounts:
+        """``self + other`` into this value (the caller owns it: see :meth:`copy`); ``other`` is only read. Two
+        pair lists are merged in one pass (a cell in both: ``self``'s count + ``other``'s), and the result becomes
+        the dense table once more than half its cells are nonzero; a dense operand makes the result dense."""
+        if other.shape != self.shape:
+            raise ValueError(f"near counts of shape {other.shape} added to {self.shape}")
+        if self.dense is None and other.dense is None:
+            assert self.keys is not None and self.values is not None
+            assert other.keys is not None and other.values is not None
+            keys, values = merge_tallies((self.keys, self.values), (other.keys, other.values))
+            merged = NearCounts.from_cells(self.shape, keys, values)
+            self.keys, self.values, self.dense = merged.keys, merged.values, merged.dense
+            return self
+        dense = self.dense if self.dense is not None else self.toarray()  # a table of our own either way
+        if other.dense is not None:
+            np.add(dense, other.dense, out=dense)
+        else:
+            assert other.keys is not None and other.values is not None
+            _scatter_add(dense.reshape(-1), other.keys, other.values)
+        self.keys, self.values, self.dense = None, None, dense
+        return self
+
+
+@numba.njit(cache=True, nogil=True)
+def _scatter_add(flat, keys, values):  # pragma: no cover - compiled
+    """``flat[keys[i]] += values[i]`` in order."""
+    for i in range(keys.shape[0]):
+        flat[keys[i]] += values[i]
+
+
+#: How many listed cells ahead :func:`_take` prefetches.
+TAKE_AHEAD = 16
+
+
+@numba.njit(cache=True, nogil=True)
+def _take(flat, sorted_keys, keys, values):  # pragma: no cover - compiled
+    """The cells ``sorted_keys`` (increasing, a cell possibly listed more than once) read once each and cleared;
+    those of nonzero count go to ``keys``/``values`` in order. Returns how many."""
+    m = 0
+    previous = np.int64(-1)
+    n = sorted_keys.shape[0]
+    for i in range(n):
+        if i + TAKE_AHEAD < n:  # the cells lie spread over the table, each a cache miss: started ahead
+            prefetch_element(flat, np.int64(sorted_keys[i + TAKE_AHEAD]))
+        k = np.int64(sorted_keys[i])
+        if k == previous:
+            continue
+        previous = k
+        count = flat[k]
+        flat[k] = 0.0
+        if count != 0.0:
+            keys[m] = k
+            values[m] = count
+            m += 1
+    return m
+
+
+def take_near_counts(arrays: CodebookArrays, table: NearTable | None = None) -> NearCounts:
+    """The near counts of ``arrays.emission_count`` as :class:`NearCounts`, the cells read cleared (the table is
+    zero again; ``table``, the :class:`NearTable` it came from, marked clean). The listed cells are sorted first, so
+    the counts come out in the table's order whatever the order the rows reached them in."""
+    listed = np.sort(np.concatenate(arrays.touched)) if arrays.touched else np.empty(0, dtype=np.uint32)
+    keys, values = np.empty(listed.shape[0], dtype=np.int64), np.empty(listed.shape[0])
+    m = _take(arrays.emission_count.reshape(-1), listed, keys, values)
+    arrays.touched.clear()
+    if table is not None:
+        table.clean = True
+    if m < listed.shape[0]:  # cells listed twice or left at 0: the pairs kept at their size
+        keys, values = keys[:m].copy(), values[:m].copy()
+    return NearCounts.from_cells(arrays.emission_count.shape, keys, values)
 
 
 def far_masses(arrays: CodebookArrays) -> None:
@@ -608,7 +873,8 @@ def _far_masses(code_count, code_mass, omega_mass):  # pragma: no cover - compil
 @numba.njit(cache=True, nogil=True)
 def _query_sums(code_query, done, query_table, code_sum):  # pragma: no cover - compiled
     """``code_sum[k] += sum_v code_query[v, k] y_v`` over the query-table rows used, in row order, four rows at a
-    time (their four terms summed, then added: each cell's sums are loaded and stored once per four rows)."""
+    time (their four terms summed, then added: each cell's sums are loaded and stored once per four rows); the rows
+    read are cleared (``code_query`` is zero again)."""
     n_dim = code_sum.shape[1]
     n_cells = code_query.shape[1]
     used = np.flatnonzero(done)
@@ -624,6 +890,10 @@ def _query_sums(code_query, done, query_table, code_sum):  # pragma: no cover - 
             ys[3, d] = query_table[v3, d]
         for k in range(n_cells):
             a0, a1, a2, a3 = code_query[v0, k], code_query[v1, k], code_query[v2, k], code_query[v3, k]
+            code_query[v0, k] = 0.0
+            code_query[v1, k] = 0.0
+            code_query[v2, k] = 0.0
+            code_query[v3, k] = 0.0
             for d in range(n_dim):
                 code_sum[k, d] += ((a0 * ys[0, d] + a1 * ys[1, d]) + a2 * ys[2, d]) + a3 * ys[3, d]
     for i in range(full, n_used):
@@ -632,6 +902,7 @@ def _query_sums(code_query, done, query_table, code_sum):  # pragma: no cover - 
             ys[0, d] = query_table[v, d]
         for k in range(n_cells):
             a = code_query[v, k]
+            code_query[v, k] = 0.0
             for d in range(n_dim):
                 code_sum[k, d] += a * ys[0, d]
 

@@ -34,7 +34,15 @@ from dist_respattn.model.heads.base import (
     sum_into_copy,
 )
 from dist_respattn.model.heads.codebook.head import CodebookHead
-from dist_respattn.model.heads.codebook.kernels import CodebookArrays, CodebookParameters, codebook_estep, far_masses
+from dist_respattn.model.heads.codebook.kernels import (
+    CodebookArrays,
+    CodebookParameters,
+    NearCounts,
+    codebook_estep,
+    far_masses,
+    near_table,
+    take_near_counts,
+)
 from dist_respattn.model.heads.codebook.quantize import LLOYD_STEPS, codebook_assignment, symbol_features
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 from dist_respattn.model.scores import ScoreTotals
@@ -180,7 +188,8 @@ class CodebookStatistics:
 
     Attributes:
         key_sum: (S, D), ``key_mass``: (S,), ``emission_count``: (S, T): the near positions' query sums,
-            responsibilities and (symbol, target) counts.
+            responsibilities and (symbol, target) counts (:class:`NearCounts`: the nonzero cells in order while
+            they are at most half the table, else the dense table; ``np.asarray`` gives the (S, T) table).
         code_sum: (B, W, D), ``code_mass``: (B, W), ``code_count``: (T, B, W): the same per far cell, the counts
             target-major as the E-step adds them (a row adds one contiguous row of them).
         prior_mass: (N0 + 1,) per near recency and the far field (with a short window's rejected draws).
@@ -190,7 +199,7 @@ class CodebookStatistics:
 
     key_sum: np.ndarray
     key_mass: np.ndarray
-    emission_count: np.ndarray
+    emission_count: NearCounts
     code_sum: np.ndarray
     code_mass: np.ndarray
     code_count: np.ndarray
@@ -206,7 +215,8 @@ class CodebookStatistics:
     def n_obs(self) -> float:
         return float(self.scalars[0])
 
-    def arrays(self) -> tuple[np.ndarray, ...]:
+    def arrays(self) -> tuple[Any, ...]:
+        """The fields in order (``emission_count`` a :class:`NearCounts`, the others arrays)."""
         return (self.key_sum, self.key_mass, self.emission_count, self.code_sum, self.code_mass, self.code_count,
                 self.prior_mass, self.omega_mass, self.scalars)  # fmt: skip
 
@@ -216,7 +226,10 @@ class CodebookStatistics:
     def add(self, other: CodebookStatistics) -> CodebookStatistics:
         """``self + other`` into this value's arrays (the caller owns them: see :meth:`copy`)."""
         for mine, theirs in zip(self.arrays(), other.arrays(), strict=True):
-            np.add(mine, theirs, out=mine)
+            if isinstance(mine, NearCounts):
+                mine.add(theirs)
+            else:
+                np.add(mine, theirs, out=mine)
         return self
 
     def __add__(self, other: CodebookStatistics) -> CodebookStatistics:
@@ -231,14 +244,17 @@ class CodebookStatistics:
 def codebook_statistics(head: CodebookHead, blocks: Iterable[Block]) -> CodebookStatistics:
     """The E-step of ``blocks`` (token windows, in row order) under ``head``."""
     s, _, d, t = head.shape
-    arrays = CodebookArrays.zeros(s, d, t, head.near_window, head.num_codebooks, head.num_codewords)
     params, tables = head.parameters, head.estep_tables
-    for block in blocks:
-        rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
-        head.check_rows(rows)
-        codebook_estep(rows, params, tables, arrays)
-    far_masses(arrays)
-    return CodebookStatistics(*arrays.fields())
+    with near_table(s, t) as table:  # the thread's table, kept zeroed from pass to pass
+        arrays = CodebookArrays.zeros(s, d, t, head.near_window, head.num_codebooks, head.num_codewords, table.counts)
+        for block in blocks:
+            rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
+            head.check_rows(rows)
+            codebook_estep(rows, params, tables, arrays)
+        far_masses(arrays)
+        counts = take_near_counts(arrays, table)
+    fields = arrays.fields()
+    return CodebookStatistics(fields[0], fields[1], counts, *fields[3:])
 
 
 def _smoothed(counts: np.ndarray, strength: float, centre: np.ndarray, previous: np.ndarray) -> np.ndarray:
@@ -348,6 +364,11 @@ class CodebookCandidates(Candidates):
         return CodebookGrid(tuple(self.model(point) for point in self.points))
 
     @functools.cached_property
+    def _near_counts(self) -> np.ndarray:
+        """The (S, T) near counts, made once for every pseudo-count's table."""
+        return self.stats.emission_count.toarray()
+
+    @functools.cached_property
     def _tables(self) -> dict[tuple[str, float], np.ndarray]:
         """The tables made so far, by (``"near"`` or ``"code"``, pseudo-count): the points' heads share them."""
         return {}
@@ -357,7 +378,7 @@ class CodebookCandidates(Candidates):
         if key not in self._tables:
             st, previous = self.stats, self.previous
             if which == "near":
-                self._tables[key] = _smoothed(st.emission_count, strength, self.centres[0], previous.emission)
+                self._tables[key] = _smoothed(self._near_counts, strength, self.centres[0], previous.emission)
             else:
                 counts = np.ascontiguousarray(st.code_count.transpose(1, 2, 0))  # (T, B, W) -> (B, W, T)
                 self._tables[key] = _smoothed(counts, strength, self.centres[1], previous.code_emission)
