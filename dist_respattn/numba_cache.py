@@ -7,6 +7,13 @@ and leaves a ``site-packages/dist_respattn`` of cache files only, which then sha
 an empty namespace package. So the package points ``NUMBA_CACHE_DIR`` at a directory of the user's own
 before any of its modules imports numba (:mod:`dist_respattn` calls :func:`use_user_cache_dir` first).
 
+Numba keys each cached kernel by its own source file's stamp only, not by the modules whose compiled
+functions it calls: a kernel in ``model/heads/hops/kernels.py`` has ``model/kernels/lanes.py``'s intrinsics
+compiled into it, and after a change to ``lanes.py`` alone (an edit, a ``git pull``) numba would load the old
+machine code. So the directory is one of ``kernels-<stamp>`` folders, the stamp taken over every module
+that defines compiled functions (:data:`KERNEL_MODULES`): a change to any of them starts a fresh cache.
+Folders of stamps unused for :data:`UNUSED_DAYS` days are removed.
+
 Worker processes get the same directory: a nanny's workers inherit the environment, and a worker started
 elsewhere imports this package (and so runs the same choice) before it runs any of its tasks. Numba keys
 each cached kernel by its source file's directory and stamp, so installs in different places, or of
@@ -16,19 +23,57 @@ different versions, never share an entry.
 from __future__ import annotations
 
 import getpass
+import hashlib
 import logging
 import os
+import shutil
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, MutableMapping
 
-__all__ = ["CACHE_ENV", "cache_dir_for", "use_user_cache_dir"]
+__all__ = ["CACHE_ENV", "KERNEL_MODULES", "cache_dir_for", "kernel_sources_stamp", "use_user_cache_dir"]
 
 logger = logging.getLogger(__name__)
 
 #: The variable numba reads its cache directory from; a value the user set is always kept.
 CACHE_ENV = "NUMBA_CACHE_DIR"
+
+#: The package's modules that define compiled functions (each imports numba), relative to the package's folder.
+#: A test checks this list against the modules that import numba, so a new kernel module cannot be left out.
+KERNEL_MODULES = (
+    "model/arguments.py",
+    "model/emission/mixture.py",
+    "model/fitting/selection.py",
+    "model/heads/codebook/kernels.py",
+    "model/heads/conj/kernels.py",
+    "model/heads/copy/grid.py",
+    "model/heads/copy/histogram.py",
+    "model/heads/copy/kernels.py",
+    "model/heads/gated/head.py",
+    "model/heads/hops/grid.py",
+    "model/heads/hops/kernels.py",
+    "model/heads/mixture/kernels.py",
+    "model/heads/single_hop/scoring.py",
+    "model/heads/single_hop/top_k.py",
+    "model/heads/sparse_top.py",
+    "model/kernels/emission_rows.py",
+    "model/kernels/histogram.py",
+    "model/kernels/lanes.py",
+    "model/kernels/log_weights.py",
+    "model/kernels/pair_keys.py",
+    "model/kernels/per_position.py",
+    "model/kernels/prefetch.py",
+    "model/streaming.py",
+    "store/ingest/byte_tokenizer.py",
+    "store/streams/windows.py",
+)
+
+#: A ``kernels-<stamp>`` folder no process has used for this many days is removed (a stamp of sources since changed).
+UNUSED_DAYS = 14
+
+_PACKAGE_ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
 def cache_dir_for(environ: Mapping[str, str]) -> str | None:
@@ -63,8 +108,23 @@ def cache_dir_for(environ: Mapping[str, str]) -> str | None:
     return None
 
 
-def use_user_cache_dir(environ: MutableMapping[str, str] | None = None) -> str | None:
-    """Set ``NUMBA_CACHE_DIR`` to :func:`cache_dir_for` unless it is set already; returns the directory in use.
+def kernel_sources_stamp(root: str = _PACKAGE_ROOT) -> str:
+    """A 16-hex-digit stamp of :data:`KERNEL_MODULES` under ``root``: their sizes and modification times, as numba
+    stamps a single source file (a module missing counts as such)."""
+    digest = hashlib.sha1()
+    for name in KERNEL_MODULES:
+        try:
+            info = os.stat(os.path.join(root, name))
+            size, mtime = info.st_size, info.st_mtime_ns
+        except OSError:
+            size, mtime = -1, -1
+        digest.update(f"{name}\0{size}\0{mtime}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def use_user_cache_dir(environ: MutableMapping[str, str] | None = None, root: str = _PACKAGE_ROOT) -> str | None:
+    """Set ``NUMBA_CACHE_DIR`` to the ``kernels-<stamp>`` folder of :func:`cache_dir_for` (the stamp of the kernel
+    modules under ``root``, :func:`kernel_sources_stamp`) unless it is set already; returns the directory in use.
 
     When numba is already imported (by the user, before this package), its ``CACHE_DIR`` is set directly so the
     kernels this package is about to define see the directory; reloading numba's whole configuration from the
@@ -76,14 +136,48 @@ def use_user_cache_dir(environ: MutableMapping[str, str] | None = None) -> str |
     environ = os.environ if environ is None else environ
     if environ.get(CACHE_ENV):
         return environ[CACHE_ENV]
-    chosen = cache_dir_for(environ)
-    if chosen is None:
+    base = cache_dir_for(environ)
+    if base is None:
         return None
+    chosen = os.path.join(base, f"kernels-{kernel_sources_stamp(root)}")
+    if not _writable(chosen):
+        return None
+    _mark_used(chosen)
+    _remove_unused_siblings(base, keep=chosen)
     environ[CACHE_ENV] = chosen
     config = sys.modules.get("numba.core.config")
     if config is not None and environ is os.environ:
         setattr(config, "CACHE_DIR", chosen)  # noqa: B010 (a module found at run time, unknown to mypy)
     return chosen
+
+
+def _mark_used(path: str) -> None:
+    """Set ``path``'s modification time to now: the folder's last use, which :func:`_remove_unused_siblings` reads."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _remove_unused_siblings(base: str, keep: str) -> None:
+    """Remove the ``kernels-*`` folders under ``base`` other than ``keep`` unused for :data:`UNUSED_DAYS` days.
+
+    Best effort: a folder another process is removing, or one this user cannot remove, is left alone.
+    """
+    oldest = time.time() - UNUSED_DAYS * 86400
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.startswith("kernels-") or entry.path == keep:
+            continue
+        try:
+            unused = entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < oldest
+        except OSError:
+            continue
+        if unused:
+            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def _writable(path: str) -> bool:

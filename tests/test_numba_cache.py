@@ -8,10 +8,19 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
-from dist_respattn.numba_cache import CACHE_ENV, cache_dir_for, use_user_cache_dir
+import dist_respattn
+from dist_respattn.numba_cache import (
+    CACHE_ENV,
+    KERNEL_MODULES,
+    UNUSED_DAYS,
+    cache_dir_for,
+    kernel_sources_stamp,
+    use_user_cache_dir,
+)
 
 
 @pytest.fixture
@@ -77,7 +86,63 @@ def test_a_directory_the_user_set_is_kept(tmp_path):
     assert environ[CACHE_ENV] == "/somewhere/else"
     assert not (tmp_path / ".cache").exists()
     unset = {"HOME": str(tmp_path)}
-    assert use_user_cache_dir(unset) == str(tmp_path / ".cache" / "dist_respattn" / "numba") == unset[CACHE_ENV]
+    chosen = use_user_cache_dir(unset)
+    assert chosen == str(tmp_path / ".cache" / "dist_respattn" / "numba" / f"kernels-{kernel_sources_stamp()}")
+    assert unset[CACHE_ENV] == chosen and os.path.isdir(chosen)
+
+
+def test_the_kernel_modules_are_the_package_modules_that_import_numba():
+    """The cache's stamp covers every module with compiled functions: one left out could be loaded stale."""
+    package = os.path.dirname(dist_respattn.__file__)
+    importing = set()
+    for folder, _, files in os.walk(package):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as source:
+                    lines = [line.strip() for line in source]
+                if any(line.startswith(("import numba", "from numba")) for line in lines):
+                    importing.add(os.path.relpath(path, package).replace(os.sep, "/"))
+    assert importing == set(KERNEL_MODULES)
+
+
+def fake_package(root) -> None:
+    for name in KERNEL_MODULES:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("# kernels\n")
+
+
+def test_a_change_to_any_kernel_module_alone_starts_a_fresh_cache(tmp_path):
+    """numba stamps a cached kernel by its own file only; a change to a module it calls (lanes.py) must not
+    leave the old machine code in use."""
+    root = tmp_path / "package"
+    fake_package(root)
+    environ = {"HOME": str(tmp_path)}
+    before = use_user_cache_dir(environ, root=str(root))
+    assert use_user_cache_dir({"HOME": str(tmp_path)}, root=str(root)) == before  # the same sources, the same cache
+    for changed in ("model/kernels/lanes.py", "store/streams/windows.py"):
+        (root / changed).write_text("# kernels, edited\n")
+        after = use_user_cache_dir({"HOME": str(tmp_path)}, root=str(root))
+        assert after is not None and after != before and os.path.dirname(after) == os.path.dirname(before)
+        before = after
+    stamp = kernel_sources_stamp(str(root))
+    (root / "model/kernels/lanes.py").unlink()
+    assert kernel_sources_stamp(str(root)) != stamp
+
+
+def test_cache_folders_unused_for_two_weeks_are_removed_and_recent_ones_kept(tmp_path):
+    base = tmp_path / ".cache" / "dist_respattn" / "numba"
+    stale, recent, other = base / "kernels-0000000000000000", base / "kernels-1111111111111111", base / "mine"
+    for folder in (stale, recent, other):
+        folder.mkdir(parents=True)
+        (folder / "entry.nbi").write_text("")
+    long_ago = time.time() - (UNUSED_DAYS + 1) * 86400
+    os.utime(stale, (long_ago, long_ago))
+    os.utime(other, (long_ago, long_ago))
+    chosen = use_user_cache_dir({"HOME": str(tmp_path)})
+    assert not stale.exists()
+    assert recent.exists() and other.exists()  # in use lately, or not a folder of this package's making
+    assert chosen is not None and os.path.isdir(chosen)
 
 
 @pytest.mark.slow
@@ -98,6 +163,6 @@ def test_numba_imported_before_the_package_still_caches_in_the_users_directory(t
     )
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    directory = tmp_path / ".cache" / "dist_respattn" / "numba"
+    directory = tmp_path / ".cache" / "dist_respattn" / "numba" / f"kernels-{kernel_sources_stamp()}"
     assert done.stdout.strip() == str(directory)
     assert [p.name for p in directory.rglob("*.nbi") if "target_positions" in p.name]
