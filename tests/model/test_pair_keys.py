@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from dist_respattn.model.emission.pairs import PairCounts
 from dist_respattn.model.heads.single_hop.accumulator import ResponsibilityAttentionAccumulator
 from dist_respattn.model.kernels.pair_keys import (
+    ExactWindowCounts,
     _one_exact_mass,
     equal_mass,
     merge_supports,
@@ -216,3 +217,19 @@ def test_pair_counts_of_unit_weights_are_the_weighted_tally():
         want = tally_keys(cells[live], w[live])
         assert np.array_equal(got.keys, want[0]) and np.array_equal(got.counts, want[1])
     assert equal_mass(np.array([0.0, 1.0, 0.5])) == 0.0
+
+
+@pytest.mark.parametrize("top", [7, 2049, 2_500_000_000, 2**32 - 1, 2**40])
+def test_counted_blocks_tally_as_their_counts_tallied(top):
+    """The counted blocks' cells (each with its whole count, cells past 2^31 and 2^32 too) sorted once give
+    :func:`tally_keys` of the counts times the mass, to the bit."""
+    rng = np.random.default_rng(top)
+    counted = ExactWindowCounts(0.125)
+    parts = []
+    for size in (5000, 0, 3000):
+        keys = rng.integers(0, top, size, endpoint=True) // rng.integers(1, 3, size)
+        parts.append((keys, rng.integers(1, 2**32, size) // rng.integers(1, 2**22, size)))
+    counted.parts = list(parts)
+    keys = np.concatenate([p[0] for p in parts])
+    cells, sums = tally_keys(keys, np.concatenate([p[1] for p in parts]).astype(np.float64))
+    assert_same(counted.tally(), (cells, sums * 0.125))
