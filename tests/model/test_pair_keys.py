@@ -221,15 +221,19 @@ def test_pair_counts_of_unit_weights_are_the_weighted_tally():
 
 @pytest.mark.parametrize("top", [7, 2049, 2_500_000_000, 2**32 - 1, 2**40])
 def test_counted_blocks_tally_as_their_counts_tallied(top):
-    """The counted blocks' cells (each with its whole count, cells past 2^31 and 2^32 too) sorted once give
-    :func:`tally_keys` of the counts times the mass, to the bit."""
+    """The counted blocks' cells with their whole counts, kept as one 64-bit word each (cells below 2^32: past 2^31
+    too), as a key and a count (past 2^32), or some each way, sorted once: :func:`tally_keys` of the counts times the
+    mass, to the bit."""
     rng = np.random.default_rng(top)
-    counted = ExactWindowCounts(0.125)
     parts = []
     for size in (5000, 0, 3000):
         keys = rng.integers(0, top, size, endpoint=True) // rng.integers(1, 3, size)
         parts.append((keys, rng.integers(1, 2**32, size) // rng.integers(1, 2**22, size)))
-    counted.parts = list(parts)
     keys = np.concatenate([p[0] for p in parts])
-    cells, sums = tally_keys(keys, np.concatenate([p[1] for p in parts]).astype(np.float64))
-    assert_same(counted.tally(), (cells, sums * 0.125))
+    want = tally_keys(keys, np.concatenate([p[1] for p in parts]).astype(np.float64))
+    words = [(k.astype(np.uint64) << np.uint64(32)) | c.astype(np.uint64) for k, c in parts]
+    for split in ([], [0], [0, 1, 2]) if top < 2**32 else ([0, 1, 2],):
+        counted = ExactWindowCounts(0.125)
+        counted.parts = [parts[i] for i in split]
+        counted.words = [words[i] for i in range(3) if i not in split]
+        assert_same(counted.tally(), (want[0], want[1] * 0.125))
