@@ -22,6 +22,7 @@ import numpy as np
 
 __all__ = [
     "ExactWindowCounts",
+    "PairWordCounts",
     "equal_mass",
     "merge_supports",
     "merge_tallies",
@@ -667,6 +668,88 @@ class ExactWindowCounts:
             cells, sums = _tally_words(np.concatenate(self.words))
         sums *= self.mass
         return cells, sums
+
+
+class PairWordCounts:
+    """Counts of cells below 2^32 (``s * T + t``, S × T ≤ 2^32), each with its count in one 64-bit slot of an
+    open-addressing table (the cell in the high half; 0: empty) that persists from one call of :meth:`add` to the
+    next and is emptied into a list of such words when it fills past 3/4 (at most ``2^32 - 1`` entries in all).
+    :meth:`tally` sorts the words once and adds each cell's counts: whole numbers, the same in any order."""
+
+    def __init__(self, bits: int = 18) -> None:
+        self.bits = bits
+        self.table = np.zeros(1 << bits, dtype=np.uint64)
+        self.used = np.zeros(1, dtype=np.int64)
+        self.words: list[np.ndarray] = []
+        self.entries = 0
+
+    def add(self, symbols: np.ndarray, targets: np.ndarray, num_targets: int, live: np.ndarray) -> None:
+        """Count the cells ``symbols * num_targets + targets`` ((n,) ids each, the cells below 2^32) where ``live``
+        (n,) float64 is positive (empty: every one)."""
+        self.entries += int(targets.shape[0])
+        row, n = 0, int(targets.shape[0])
+        while row < n:
+            row = _count_words(symbols, targets, num_targets, live, row, self.table, self.bits, self.used)
+            if row < n:
+                self._drain()
+
+    def _drain(self) -> None:
+        out = np.empty(int(self.used[0]), dtype=np.uint64)
+        _drain_words(self.table, out)
+        self.words.append(out)
+        self.used[0] = 0
+
+    def tally(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(cells (P,) int64 increasing, counts (P,) float64)``; the table is left empty."""
+        if self.used[0]:
+            self._drain()
+        words, self.words = self.words, []
+        if not words:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        return _tally_words(words[0] if len(words) == 1 else np.concatenate(words))
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_words(symbols, targets, num_targets, live, row, table, bits, used):  # pragma: no cover - compiled
+    """Count the cells of rows ``row, row + 1, ...`` (those of positive ``live``, or all when it is empty) into
+    ``table``; returns the row after the last one counted: ``n``, or sooner when the table filled past 3/4."""
+    size = np.int64(1) << bits
+    mask = size - 1
+    shift = np.uint64(64 - bits)
+    limit = (size >> 1) + (size >> 2)
+    high = np.uint64(32)
+    n = targets.shape[0]
+    while row < n:
+        if live.shape[0] > 0 and not live[row] > 0.0:
+            row += 1
+            continue
+        key = np.uint64(symbols[row]) * np.uint64(num_targets) + np.uint64(targets[row])
+        h = np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+        while True:
+            word = table[h]
+            if word == 0:
+                table[h] = (key << high) | np.uint64(1)
+                used[0] += 1
+                break
+            if (word >> high) == key:
+                table[h] = word + np.uint64(1)
+                break
+            h = (h + 1) & mask
+        row += 1
+        if used[0] > limit:
+            break
+    return row
+
+
+@numba.njit(cache=True, nogil=True)
+def _drain_words(table, out):  # pragma: no cover - compiled
+    m = 0
+    for slot in range(table.shape[0]):
+        word = table[slot]
+        if word != 0:
+            out[m] = word
+            m += 1
+            table[slot] = 0
 
 
 @numba.njit(cache=True, nogil=True)
