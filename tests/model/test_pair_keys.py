@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dist_respattn.model.emission.pairs import PairCounts
+from dist_respattn.model.emission.pairs import PairCounts, PairTally, block_pairs
 from dist_respattn.model.heads.single_hop.accumulator import ResponsibilityAttentionAccumulator
 from dist_respattn.model.kernels.pair_keys import (
+    ExactWindowCounts,
+    PairWordCounts,
     _one_exact_mass,
     equal_mass,
     merge_supports,
@@ -216,3 +220,72 @@ def test_pair_counts_of_unit_weights_are_the_weighted_tally():
         want = tally_keys(cells[live], w[live])
         assert np.array_equal(got.keys, want[0]) and np.array_equal(got.counts, want[1])
     assert equal_mass(np.array([0.0, 1.0, 0.5])) == 0.0
+
+
+@pytest.mark.parametrize("top", [7, 2049, 2_500_000_000, 2**32 - 1, 2**40])
+def test_counted_blocks_tally_as_their_counts_tallied(top):
+    """The counted blocks' cells with their whole counts, kept as one 64-bit word each (cells below 2^32: past 2^31
+    too), as a key and a count (past 2^32), or some each way, sorted once: :func:`tally_keys` of the counts times the
+    mass, to the bit."""
+    rng = np.random.default_rng(top)
+    parts = []
+    for size in (5000, 0, 3000):
+        keys = rng.integers(0, top, size, endpoint=True) // rng.integers(1, 3, size)
+        parts.append((keys, rng.integers(1, 2**32, size) // rng.integers(1, 2**22, size)))
+    keys = np.concatenate([p[0] for p in parts])
+    want = tally_keys(keys, np.concatenate([p[1] for p in parts]).astype(np.float64))
+    words = [(k.astype(np.uint64) << np.uint64(32)) | c.astype(np.uint64) for k, c in parts]
+    for split in ([], [0], [0, 1, 2]) if top < 2**32 else ([0, 1, 2],):
+        counted = ExactWindowCounts(0.125)
+        counted.parts = [parts[i] for i in split]
+        counted.words = [words[i] for i in range(3) if i not in split]
+        assert_same(counted.tally(), (want[0], want[1] * 0.125))
+
+
+def test_a_pair_tally_is_its_blocks_pairs_added_in_order():
+    """Blocks of weight 1, of 0 and 1, of another power of two, of none, of other weights, on windows and on
+    encoded rows, cells below and past 2^32: counted once in runs, the bits of adding each block's pairs in order."""
+    rng = np.random.default_rng(11)
+    n = 3000
+
+    def block(weights: np.ndarray | None, s: int, t: int, windows: bool) -> SimpleNamespace:
+        target = rng.integers(0, t, n) // rng.integers(1, 4, n)  # repeated pairs
+        if windows:
+            tokens = (rng.integers(0, s, n + 4) // rng.integers(1, 4, n + 4)).astype(np.int32)
+            rows = SimpleNamespace(tokens=tokens, begin=np.arange(n), end=np.arange(n) + 4, target=target)
+        else:
+            rows = SimpleNamespace(context=rng.integers(0, s, (n, 4)).astype(np.int32), target=target.astype(np.int32))
+        return SimpleNamespace(rows=rows, weights=weights)
+
+    unit, side = None, (rng.random(n) < 0.8) * 1.0
+    for masses in (
+        [unit, side, unit, unit],
+        [unit, np.full(n, 0.5), unit, rng.uniform(0.0, 2.0, n), side, np.zeros(n), unit, side * 0.25, side * 0.25],
+        [rng.uniform(0.0, 2.0, n), unit],
+        [],
+    ):
+        for s, t, windows in ((300, 200, True), (300, 200, False), (100_000, 50_000, True)):
+            blocks = [block(w, s, t, windows) for w in masses]
+            tally, want = PairTally(s, t), PairCounts.empty(s, t)
+            for b in blocks:
+                tally.add(b)
+                want = want + block_pairs(b, s, t)
+            got = tally.value()
+            assert np.array_equal(got.keys, want.keys) and np.array_equal(got.counts, want.counts)
+            assert got.counts.dtype == np.float64 and got.keys.dtype == np.int64
+    table = PairTally(300, 200)
+    table.add(block(None, 300, 200, True))
+    assert table._counted is not None and table._counted.entries == n  # the counted way was taken
+
+
+def test_pair_word_counts_empty_a_full_table_and_count_on():
+    """A table of 2^6 slots filled past 3/4 many times over: its words emptied and counted on, the counts whole."""
+    rng = np.random.default_rng(3)
+    symbols, targets = rng.integers(0, 40, 5000), rng.integers(0, 30, 5000)
+    live = (rng.random(5000) < 0.7) * 1.0
+    counts = PairWordCounts(bits=6)
+    counts.add(symbols[:2000], targets[:2000], 30, live[:2000])
+    counts.add(symbols[2000:], targets[2000:], 30, live[2000:])
+    assert len(counts.words) > 5
+    keys = symbols * 30 + targets
+    assert_same(counts.tally(), tally_keys(keys[live > 0], np.ones(int((live > 0).sum()))))

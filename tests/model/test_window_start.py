@@ -175,17 +175,30 @@ def test_blocks_of_one_exact_mass_are_counted_as_their_tallies_merge():
     rng = np.random.default_rng(11)
     counter = ExactWindowCounts(1.0 / 8)
     want = None
-    for rows, symbols in ((5000, 50_000), (40_000, 50_000), (3000, 7)):
+    for rows, symbols, num_symbols in ((5000, 50_000, 50_000), (40_000, 50_000, 50_000), (3000, 7, 50_000)):
         tokens = rng.integers(0, symbols, rows + 8).astype(np.int32)
         begin = np.arange(rows, dtype=np.int64)
         target = rng.integers(0, 50_000, rows).astype(np.int64)
         weights = (rng.random(rows) < 0.9) * 1.0
         assert window_exact_mass(weights, 1.0 / 8) == 1.0 / 8
-        counter.add(tokens, begin, target, weights, 1.0 / 8, 8, 50_000)
-        tally = tally_uniform_windows(tokens, begin, target, weights, 1.0 / 8, 8, 50_000)
+        counter.add(tokens, begin, target, weights, 1.0 / 8, 8, num_symbols)
+        tally = tally_uniform_windows(tokens, begin, target, weights, 1.0 / 8, 8, num_symbols)
         want = tally if want is None else merge_tallies(want, tally)
     assert counter.bits > 16  # the 40,000 rows' cells did not fit the first table
     got = counter.tally()
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    # Cells past 2^32 (S x T of 100,000 words) are counted as keys and counts, after and among the others.
+    wide = ExactWindowCounts(1.0 / 8)
+    want = None
+    for rows, targets in ((3000, 40_000), (3000, 50_000), (2000, 40_000)):  # (40,000 + 1) x 100,000 < 2^32
+        tokens = rng.integers(0, 100_000, rows + 8).astype(np.int32)
+        begin = np.arange(rows, dtype=np.int64)
+        target = rng.integers(0, targets, rows).astype(np.int64)
+        wide.add(tokens, begin, target, np.zeros(0), 1.0 / 8, 8, 100_000)
+        tally = tally_uniform_windows(tokens, begin, target, np.zeros(0), 1.0 / 8, 8, 100_000)
+        want = tally if want is None else merge_tallies(want, tally)
+    assert wide.parts and wide.words
+    got = wide.tally()
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
     assert window_exact_mass(np.array([1.0, 0.5]), 1.0 / 8) == 0.0
     assert window_exact_mass(np.array([0.0, 3.0]), 1.0 / 8) == 0.0  # 3/8: not a power of two

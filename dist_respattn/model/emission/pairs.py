@@ -15,9 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from dist_respattn.model.kernels.pair_keys import equal_mass, merge_tallies, tally_equal_keys, tally_keys
+from dist_respattn.model.kernels.pair_keys import (
+    PairWordCounts,
+    equal_mass,
+    merge_tallies,
+    tally_equal_keys,
+    tally_keys,
+)
 
-__all__ = ["PairCounts", "block_pairs", "pairs_of_blocks"]
+__all__ = ["PairCounts", "PairTally", "block_pairs", "pairs_of_blocks"]
 
 
 @dataclass(frozen=True)
@@ -125,18 +131,71 @@ class PairCounts:
         return np.where(self.keys[at] == cells, self.counts[at], 0.0)
 
 
+def _previous_symbols(block: Any) -> np.ndarray:
+    """A block's rows' previous symbols: a window's last token, or the context's last id."""
+    rows = block.rows
+    return rows.tokens[rows.end - 1] if hasattr(rows, "tokens") else rows.context[:, -1]
+
+
 def block_pairs(block: Any, num_symbols: int, num_targets: int) -> PairCounts:
     """The weighted (previous symbol, target) pairs of a :class:`~dist_respattn.model.heads.base.Block`'s rows (a
     window's last token, or the context's last id, is the previous symbol)."""
-    rows = block.rows
-    previous = rows.tokens[rows.end - 1] if hasattr(rows, "tokens") else rows.context[:, -1]
-    return PairCounts.from_rows(previous, rows.target, block.weights, num_symbols=num_symbols, num_targets=num_targets)
+    return PairCounts.from_rows(
+        _previous_symbols(block), block.rows.target, block.weights, num_symbols=num_symbols, num_targets=num_targets
+    )
+
+
+class PairTally:
+    """:func:`block_pairs` of blocks added one after the other, the same counts to the bit, with the pairs of
+    consecutive blocks whose rows all weigh one power of two (1, or 0 and 1: a hold-out's side) counted in one hash
+    table and sorted once (:class:`~dist_respattn.model.kernels.pair_keys.PairWordCounts`) instead of sorted a block
+    at a time and merged: a pair's count is then its number of rows times that weight, what adding the blocks' counts
+    one after the other gives (sums of whole multiples of a power of two are exact in any order). Cells past 2^32
+    (S × T) and blocks of other weights are added as :func:`block_pairs` adds them, after the counted ones."""
+
+    def __init__(self, num_symbols: int, num_targets: int) -> None:
+        self.num_symbols, self.num_targets = int(num_symbols), int(num_targets)
+        self.pairs = PairCounts.empty(num_symbols, num_targets)
+        self._counted: PairWordCounts | None = None
+        self._mass = 0.0
+
+    def add(self, block: Any) -> None:
+        rows = block.rows
+        n = int(rows.target.shape[0])
+        weights = block.weights
+        live = np.zeros(0) if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
+        mass = 1.0 if weights is None else equal_mass(live)
+        if mass == 0.0 and not bool(np.any(live > 0)):
+            return  # no row counts: no pair
+        counted = self._counted
+        fits = self.num_symbols * self.num_targets <= 2**32 and (counted is None or counted.entries + n < 2**32)
+        if mass > 0.0 and fits and (counted is None or mass == self._mass):
+            if counted is None:
+                counted = self._counted = PairWordCounts()
+                self._mass = mass
+            counted.add(_previous_symbols(block), rows.target, self.num_targets, live)
+            return
+        self._flush()
+        self.pairs = self.pairs + block_pairs(block, self.num_symbols, self.num_targets)
+
+    def _flush(self) -> None:
+        if self._counted is not None:
+            keys, counts = self._counted.tally()
+            self._counted = None
+            if keys.size:
+                counts *= self._mass
+                self.pairs = self.pairs + PairCounts(self.num_symbols, self.num_targets, keys, counts)
+
+    def value(self) -> PairCounts:
+        """The pairs of every block added."""
+        self._flush()
+        return self.pairs
 
 
 def pairs_of_blocks(num_symbols: int, num_targets: int, blocks: Iterable[Any]) -> PairCounts:
     """The weighted (previous symbol, target) pairs of blocks' rows, added block by block in order (a pass's
     partition map: the emission prior's counts and the n-gram baselines')."""
-    pairs = PairCounts.empty(num_symbols, num_targets)
+    tally = PairTally(num_symbols, num_targets)
     for block in blocks:
-        pairs = pairs + block_pairs(block, num_symbols, num_targets)
-    return pairs
+        tally.add(block)
+    return tally.value()

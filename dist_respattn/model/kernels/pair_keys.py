@@ -22,6 +22,7 @@ import numpy as np
 
 __all__ = [
     "ExactWindowCounts",
+    "PairWordCounts",
     "equal_mass",
     "merge_supports",
     "merge_tallies",
@@ -539,6 +540,56 @@ def _count_windows(
     return -1 if full else m
 
 
+@numba.njit(cache=True, nogil=True)
+def _count_window_words(
+    tokens, begin, target, weights, uniform, n_pos, num_symbols, slots, bits, out
+):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`_count_windows` with each slot one word, the cell in its high half and its count in the low half (0:
+    empty; a cell's count is at least 1), for cells below 2^32 and blocks of fewer than 2^32 cells: one load a probe
+    and half the table. The distinct cells go to ``out`` as such words (unsorted). Returns how many, or -1 when the
+    table filled past 3/4 (emptied, nothing counted)."""
+    size = np.int64(1) << bits
+    mask = size - 1
+    shift = np.uint64(64 - bits)
+    limit = (size >> 1) + (size >> 2)
+    used = 0
+    full = False
+    high = np.uint64(32)
+    for row in range(begin.shape[0]):
+        w = weights[row] if weights.shape[0] > 0 else 1.0
+        if not uniform * w > 0.0:
+            continue
+        base = np.uint64(target[row]) * np.uint64(num_symbols)
+        first = begin[row]
+        for i in range(n_pos):
+            key = base + np.uint64(tokens[first + i])
+            h = np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+            while True:
+                word = slots[h]
+                if word == 0:
+                    slots[h] = (key << high) | np.uint64(1)
+                    used += 1
+                    break
+                if (word >> high) == key:
+                    slots[h] = word + np.uint64(1)
+                    break
+                h = (h + 1) & mask
+            if used > limit:
+                full = True
+                break
+        if full:
+            break
+    m = 0
+    for slot in range(size):
+        word = slots[slot]
+        if word != 0:
+            if not full:
+                out[m] = word
+                m += 1
+            slots[slot] = 0
+    return -1 if full else m
+
+
 def window_exact_mass(weights: np.ndarray, uniform: float) -> float:
     """The one mass every live cell of full windows holds under uniform responsibilities ``uniform`` and row
     ``weights`` (float64 (n,), or (0,): every row weighs 1), when it is one power of two; else 0."""
@@ -549,14 +600,19 @@ class ExactWindowCounts:
     """The tally of full windows' cells that all hold one mass ``mass``, a power of two (:func:`window_exact_mass`),
     counted block by block in a hash table small enough for the cache and sorted once at the end
     (:meth:`tally`). Each cell's sum is its count times ``mass``: exactly what :func:`tally_uniform_windows` of each
-    block, merged block after block by :func:`merge_tallies`, gives (a sum of k × mass is exact in any order)."""
+    block, merged block after block by :func:`merge_tallies`, gives (a sum of k × mass is exact in any order).
+
+    Cells below 2^32 (S × T < 2^32: 50,000 words) are counted with the cell and its count in one 64-bit slot and
+    sorted as such words (:func:`_count_window_words`, :func:`_tally_words`); larger ones as a key and a count."""
 
     def __init__(self, mass: float) -> None:
         self.mass = float(mass)
         self.parts: list[tuple[np.ndarray, np.ndarray]] = []
+        self.words: list[np.ndarray] = []
         self.bits = 16
         self.slots = np.full(1 << self.bits, -1, dtype=np.int64)
         self.counts = np.zeros(1 << self.bits, dtype=np.int64)
+        self.word_slots = np.zeros(1 << self.bits, dtype=np.uint64)
 
     def add(
         self,
@@ -572,30 +628,204 @@ class ExactWindowCounts:
         live = int(begin.shape[0]) * int(n_pos)
         if live == 0:
             return
+        packed = live < 2**32 and (int(target.max()) + 1) * int(num_symbols) <= 2**32
         while True:
             size = 1 << self.bits
-            out_keys = np.empty(min(live, size), dtype=np.int64)
-            out_counts = np.empty(min(live, size), dtype=np.int64)
-            m = _count_windows(
-                tokens, begin, target, weights, float(uniform), int(n_pos), int(num_symbols), self.slots,
-                self.counts, self.bits, out_keys, out_counts,
-            )  # fmt: skip
-            if m >= 0:
-                self.parts.append((out_keys[:m].copy(), out_counts[:m].copy()))
-                return
+            if packed:
+                out = np.empty(min(live, size), dtype=np.uint64)
+                m = _count_window_words(
+                    tokens, begin, target, weights, float(uniform), int(n_pos), int(num_symbols), self.word_slots,
+                    self.bits, out,
+                )  # fmt: skip
+                if m >= 0:
+                    self.words.append(out[:m].copy())
+                    return
+            else:
+                out_keys = np.empty(min(live, size), dtype=np.int64)
+                out_counts = np.empty(min(live, size), dtype=np.int64)
+                m = _count_windows(
+                    tokens, begin, target, weights, float(uniform), int(n_pos), int(num_symbols), self.slots,
+                    self.counts, self.bits, out_keys, out_counts,
+                )  # fmt: skip
+                if m >= 0:
+                    self.parts.append((out_keys[:m].copy(), out_counts[:m].copy()))
+                    return
             self.bits += 2  # four times the slots, and count the block again
             self.slots = np.full(1 << self.bits, -1, dtype=np.int64)
             self.counts = np.zeros(1 << self.bits, dtype=np.int64)
+            self.word_slots = np.zeros(1 << self.bits, dtype=np.uint64)
 
     def tally(self) -> tuple[np.ndarray, np.ndarray]:
         """``(cells (P,) int64 increasing, sums (P,) float64)`` of every block counted."""
-        if not self.parts:
+        if not self.parts and not self.words:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        keys = np.concatenate([p[0] for p in self.parts])
-        counts = np.concatenate([p[1] for p in self.parts]).astype(np.float64)  # integers below 2^53: exact sums
-        cells, sums = tally_keys(keys, counts)
+        if self.parts:  # cells past 2^32: every part as a key and a count
+            parts = self.parts + [(_high_halves(w), _low_halves(w)) for w in self.words]
+            keys = np.concatenate([p[0] for p in parts])
+            counts = np.concatenate([p[1] for p in parts]).astype(np.float64)  # integers below 2^53: exact sums
+            cells, sums = tally_keys(keys, counts)
+        else:
+            cells, sums = _tally_words(np.concatenate(self.words))
         sums *= self.mass
         return cells, sums
+
+
+class PairWordCounts:
+    """Counts of cells below 2^32 (``s * T + t``, S × T ≤ 2^32), each with its count in one 64-bit slot of an
+    open-addressing table (the cell in the high half; 0: empty) that persists from one call of :meth:`add` to the
+    next and is emptied into a list of such words when it fills past 3/4 (at most ``2^32 - 1`` entries in all).
+    :meth:`tally` sorts the words once and adds each cell's counts: whole numbers, the same in any order."""
+
+    def __init__(self, bits: int = 18) -> None:
+        self.bits = bits
+        self.table = np.zeros(1 << bits, dtype=np.uint64)
+        self.used = np.zeros(1, dtype=np.int64)
+        self.words: list[np.ndarray] = []
+        self.entries = 0
+
+    def add(self, symbols: np.ndarray, targets: np.ndarray, num_targets: int, live: np.ndarray) -> None:
+        """Count the cells ``symbols * num_targets + targets`` ((n,) ids each, the cells below 2^32) where ``live``
+        (n,) float64 is positive (empty: every one)."""
+        self.entries += int(targets.shape[0])
+        row, n = 0, int(targets.shape[0])
+        while row < n:
+            row = _count_words(symbols, targets, num_targets, live, row, self.table, self.bits, self.used)
+            if row < n:
+                self._drain()
+
+    def _drain(self) -> None:
+        out = np.empty(int(self.used[0]), dtype=np.uint64)
+        _drain_words(self.table, out)
+        self.words.append(out)
+        self.used[0] = 0
+
+    def tally(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(cells (P,) int64 increasing, counts (P,) float64)``; the table is left empty."""
+        if self.used[0]:
+            self._drain()
+        words, self.words = self.words, []
+        if not words:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        return _tally_words(words[0] if len(words) == 1 else np.concatenate(words))
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_words(symbols, targets, num_targets, live, row, table, bits, used):  # pragma: no cover - compiled
+    """Count the cells of rows ``row, row + 1, ...`` (those of positive ``live``, or all when it is empty) into
+    ``table``; returns the row after the last one counted: ``n``, or sooner when the table filled past 3/4."""
+    size = np.int64(1) << bits
+    mask = size - 1
+    shift = np.uint64(64 - bits)
+    limit = (size >> 1) + (size >> 2)
+    high = np.uint64(32)
+    n = targets.shape[0]
+    while row < n:
+        if live.shape[0] > 0 and not live[row] > 0.0:
+            row += 1
+            continue
+        key = np.uint64(symbols[row]) * np.uint64(num_targets) + np.uint64(targets[row])
+        h = np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+        while True:
+            word = table[h]
+            if word == 0:
+                table[h] = (key << high) | np.uint64(1)
+                used[0] += 1
+                break
+            if (word >> high) == key:
+                table[h] = word + np.uint64(1)
+                break
+            h = (h + 1) & mask
+        row += 1
+        if used[0] > limit:
+            break
+    return row
+
+
+@numba.njit(cache=True, nogil=True)
+def _drain_words(table, out):  # pragma: no cover - compiled
+    m = 0
+    for slot in range(table.shape[0]):
+        word = table[slot]
+        if word != 0:
+            out[m] = word
+            m += 1
+            table[slot] = 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _high_halves(words):  # pragma: no cover - compiled
+    out = np.empty(words.shape[0], dtype=np.int64)
+    for i in range(words.shape[0]):
+        out[i] = np.int64(words[i] >> np.uint64(32))
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _low_halves(words):  # pragma: no cover - compiled
+    out = np.empty(words.shape[0], dtype=np.int64)
+    for i in range(words.shape[0]):
+        out[i] = np.int64(words[i] & np.uint64(0xFFFFFFFF))
+    return out
+
+
+def _tally_words(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`tally_keys` of cells below 2^32 with whole counts below 2^32 given as one 64-bit word each (the cell in
+    the high half): the words sorted by the high half's digits (8 bytes moved an entry a pass instead of a 4-byte
+    key and an 8-byte weight) and each cell's counts added up. The sums are whole numbers (below 2^53 here), so the
+    same as adding them as float64 in any order."""
+    cells = _high_halves(words)
+    top = int(cells.max())
+    passes, digit_bits = _digits(top)
+    hist = _key_histograms(cells, passes, digit_bits)
+    src = words
+    dst = np.empty_like(src)
+    for p in range(passes):
+        if _one_bucket(hist[p], src.shape[0]):
+            continue
+        _scatter_words(src, hist[p], 32 + p * digit_bits, digit_bits, dst)
+        src, dst = dst, src
+    return _sum_packed_runs(src)
+
+
+@numba.njit(cache=True, nogil=True)
+def _scatter_words(src, counts, shift, digit_bits, dst):  # pragma: no cover - compiled
+    """:func:`_scatter_keys` of uint64 words by the digit at ``shift`` (an unsigned shift: a digit may reach past
+    the word's top bit, where the cell's bits end)."""
+    mask = np.uint64((1 << digit_bits) - 1)
+    at = _starts(counts)
+    ushift = np.uint64(shift)
+    for i in range(src.shape[0]):
+        word = src[i]
+        d = np.int64((word >> ushift) & mask)
+        j = at[d]
+        dst[j] = word
+        at[d] = j + 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _sum_packed_runs(words):  # pragma: no cover - compiled
+    """Each distinct high half of sorted ``words`` once (int64), with the sum of its low halves (float64)."""
+    n = words.shape[0]
+    out_keys = np.empty(n, dtype=np.int64)
+    sums = np.empty(n)
+    j = -1
+    previous = np.int64(-1)
+    run = np.int64(0)
+    low = np.uint64(0xFFFFFFFF)
+    for i in range(n):
+        word = words[i]
+        key = np.int64(word >> np.uint64(32))
+        if j < 0 or key != previous:
+            if j >= 0:
+                sums[j] = np.float64(run)
+            j += 1
+            out_keys[j] = key
+            previous = key
+            run = np.int64(0)
+        run += np.int64(word & low)
+    if j >= 0:
+        sums[j] = np.float64(run)
+    return out_keys[: j + 1], sums[: j + 1]
 
 
 def equal_mass(weights: np.ndarray) -> float:

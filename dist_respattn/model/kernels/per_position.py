@@ -1259,31 +1259,42 @@ def _scatter_uniform_windows_numba(
 ):  # pragma: no cover - compiled
     """:func:`_scatter_numba` of full token windows under uniform responsibilities ``uniform`` (1/N) on every
     position: row ``r``'s context is ``tokens[begin[r] : begin[r] + N]``, its query ``query_table[query_index[r]]``.
-    Every product and sum is :func:`_scatter_numba`'s, in its order."""
+    Every product and sum is :func:`_scatter_numba`'s, in its order.
+
+    A row's N key rows take one product ``r y_d`` each, made once for the row (the same product N times); a query
+    row's ``||y||^2``, a chain of D dependent additions, is made the first time the block meets that row and read
+    back after (the same sum): 0.29-0.36 -> 0.20 s for a 4.2M-row partition of the 109M-token store."""
     n = begin.shape[0]
     n_pos = position_count.shape[0]
     dim = query_table.shape[1]
     query_sq = 0.0
     n_obs = 0.0
     dense = emission_count_ts.shape[0] > 0
+    scaled = np.empty(dim)
+    norms = np.full(query_table.shape[0], -1.0)  # each query row's ||y||^2 once met (-1: not yet)
     for row in range(n):
         w = weights[row] if weights.shape[0] > 0 else 1.0
         tn = target[row]
         at = begin[row]
         q = query_index[row]
         r = uniform * w
+        for d in range(dim):
+            scaled[d] = r * np.float64(query_table[q, d])
         for i in range(n_pos):
-            c = tokens[at + i]
+            c = np.uint32(tokens[at + i])  # checked ids: unsigned, no test for a negative index
             key_mass[c] += r
             position_count[i] += r
             if dense:
                 emission_count_ts[tn, c] += r
             for d in range(dim):
-                key_sum[c, d] += r * np.float64(query_table[q, d])
-        yy = 0.0
-        for d in range(dim):
-            v = np.float64(query_table[q, d])
-            yy += v * v
+                key_sum[c, d] += scaled[d]
+        yy = norms[q]
+        if yy < 0.0:
+            yy = 0.0
+            for d in range(dim):
+                v = np.float64(query_table[q, d])
+                yy += v * v
+            norms[q] = yy
         query_sq += w * yy
         n_obs += w
     scalars[0] += query_sq

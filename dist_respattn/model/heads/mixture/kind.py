@@ -21,7 +21,7 @@ import numpy as np
 
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import DenseEmission, PairSupport, SparseEmission, SparseEmissionCounts
-from dist_respattn.model.emission.pairs import PairCounts, block_pairs, pairs_of_blocks
+from dist_respattn.model.emission.pairs import PairCounts, PairTally, pairs_of_blocks
 from dist_respattn.model.emission.prior import EmissionPrior
 from dist_respattn.model.heads.base import (
     Block,
@@ -229,7 +229,7 @@ def mixture_start_partition(
     gate_mass = np.zeros(num_components)
     n_obs = 0.0
     s, t = factory.num_symbols, factory.num_targets
-    pairs = PairCounts.empty(s, t) if with_pairs else None
+    pairs = PairTally(s, t) if with_pairs else None
     for block in blocks:
         rows = block.rows
         w = block.weights_or_ones()
@@ -239,9 +239,9 @@ def mixture_start_partition(
         gate_mass += w @ r
         n_obs += float(w.sum())
         if pairs is not None:
-            pairs = pairs + block_pairs(block, s, t)
+            pairs.add(block)
     stats = tuple(a.value(copy=False) for a in accumulators)
-    return MixtureStatistics(stats, gate_mass, 0.0, n_obs, pairs)
+    return MixtureStatistics(stats, gate_mass, 0.0, n_obs, None if pairs is None else pairs.value())
 
 
 def mixture_estep(

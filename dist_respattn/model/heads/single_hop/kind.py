@@ -25,7 +25,7 @@ from dist_respattn.model.emission.layouts import (
     SparseEmissionCounts,
     choose_layout,
 )
-from dist_respattn.model.emission.pairs import PairCounts, block_pairs, pairs_of_blocks
+from dist_respattn.model.emission.pairs import PairCounts, PairTally, pairs_of_blocks
 from dist_respattn.model.emission.prior import EmissionPrior
 from dist_respattn.model.fitting.em import START_KINDS
 from dist_respattn.model.fitting.selection import (
@@ -250,7 +250,7 @@ def start_partition(
     """
     accumulator = factory.make()
     s, t = factory.num_symbols, factory.num_targets
-    pairs = PairCounts.empty(s, t) if with_pairs else None
+    pairs = PairTally(s, t) if with_pairs else None
     rng: np.random.Generator | None = None
     for block in blocks:
         rows = block.rows
@@ -265,8 +265,8 @@ def start_partition(
                 rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng([seed, block.partition])
             accumulator.seq_initialize(rows.encoded, block.weights, rng, checked=rows.checked)
         if pairs is not None:
-            pairs = pairs + block_pairs(block, s, t)
-    return StartValue(accumulator.value(copy=False), pairs)
+            pairs.add(block)
+    return StartValue(accumulator.value(copy=False), None if pairs is None else pairs.value())
 
 
 # --------------------------------------------------------------------------------------------- the M-step
