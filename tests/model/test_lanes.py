@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from dist_respattn.model.heads.hops.kernels import _find_pairs
-from dist_respattn.model.kernels.lanes import LANES, add_weighted_rows, add_window_rows_8, sq_distances_8
+from dist_respattn.model.kernels.lanes import (
+    LANES,
+    add_weighted_rows,
+    add_window_rows_8,
+    sq_distances_8,
+    transition_logs_8,
+)
 from dist_respattn.model.kernels.per_position import find_pair
 
 
@@ -17,6 +23,14 @@ def _distances(queries, row, keys, h, symbols, lo, n, scale):
     out = np.full(LANES + 2, -1.0)
     sq_distances_8(queries, row, keys, h, symbols, lo, n, out, 1, scale)
     return out
+
+
+@numba.njit(cache=True)
+def _transition_logs(queries, keys, h, symbols, lo, scale, bias):
+    out = np.full(LANES * LANES + 1, 7.0)
+    shifts = np.full(LANES + 2, 7.0)
+    transition_logs_8(queries, keys, h, symbols, lo, scale, bias, out, shifts, 1)
+    return out, shifts
 
 
 @numba.njit(cache=True)
@@ -91,3 +105,25 @@ def test_a_windows_8_rows_added_in_one_pass_as_one_at_a_time(dim, n):
         _add(expected, 1, int(symbols[2 + 1 + r]), table, symbols, 2, n, weights, 1 + r, 9)
     _add_8(dst, 1, table, symbols, 2, n, weights, 1, 9)  # rows symbols[3 .. 10], weights from 1 + r, stride 9
     np.testing.assert_array_equal(dst, expected)  # the same numbers: each row's terms in the same order
+
+
+@pytest.mark.parametrize("dim", [8, 32, 40])
+def test_a_windows_transition_logs_as_the_scalar_loops(dim):
+    rng = np.random.default_rng(dim)
+    queries = rng.normal(size=(12, dim))
+    keys = rng.normal(scale=2.0, size=(3, 12, dim))
+    symbols = rng.permutation(12).astype(np.int32)
+    bias = np.log(rng.dirichlet(np.ones(LANES)))
+    bias[5] = -np.inf  # a position no transition reaches
+    out, shifts = _transition_logs(queries, keys, 2, symbols, 3, -0.3, bias)
+    window = symbols[3 : 3 + LANES]
+    for i in range(LANES):
+        distances = _distances(queries, int(window[i]), keys, 2, symbols, 3, LANES, -0.3)[1 : LANES + 1]
+        lv = [bias[k] + distances[k] for k in range(LANES)]  # the scalar loops' numbers, one at a time
+        best = max(lv)
+        assert shifts[1 + i] == best
+        assert out[LANES * i : LANES * (i + 1)].tolist() == [v - best for v in lv]
+    assert out[-1] == 7.0 and shifts[0] == 7.0 and shifts[-1] == 7.0  # nothing written past them
+    # A source no position reaches: its row all -inf.
+    out, shifts = _transition_logs(queries, keys, 2, symbols, 3, -0.3, np.full(LANES, -np.inf))
+    assert np.all(out[: LANES * LANES] == -np.inf) and np.all(shifts[1 : 1 + LANES] == -np.inf)

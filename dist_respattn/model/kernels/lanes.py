@@ -17,7 +17,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["LANES", "add_weighted_rows", "add_window_rows_8", "sq_distances_8"]
+__all__ = ["LANES", "add_weighted_rows", "add_window_rows_8", "sq_distances_8", "transition_logs_8"]
 
 #: Lanes of a block: the keys of one :func:`sq_distances_8`, the dimensions of one step of :func:`add_weighted_rows`.
 LANES = 8
@@ -61,44 +61,130 @@ def _sq_distances_8(typingctx, queries, row, keys, h, symbols, lo, n, out, at, s
     sig = types.void(queries, row, keys, h, symbols, lo, n, out, at, scale)
 
     def codegen(context, builder, signature, args):
-        q_ty, row_ty, k_ty, h_ty, s_ty, lo_ty, n_ty, out_ty, at_ty, _ = signature.args
+        out_ty, at_ty = signature.args[7], signature.args[8]
+        total = _distances_vector(context, builder, signature.args[:7], args[:7])
+        res = context.make_array(out_ty)(context, builder, args[7])
+        at_i = context.cast(builder, args[8], at_ty, types.intp)
+        out_ptr = cgutils.get_item_pointer(context, builder, out_ty, res, [at_i], wraparound=False)
+        builder.store(builder.fmul(total, _splat(builder, args[9])), _vector_at(builder, out_ptr), align=8)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _distances_vector(context: Any, builder: Any, arg_types: Any, args: Any) -> Any:  # pragma: no cover - compiled
+    """The vector of :func:`sq_distances_8`'s 8 sums (unscaled) from its first 7 arguments ``(queries, row, keys, h,
+    symbols, lo, n)``."""
+    q_ty, row_ty, k_ty, h_ty, s_ty, lo_ty, n_ty = arg_types
+    intp = context.get_value_type(types.intp)
+
+    def as_intp(value, ty):
+        return context.cast(builder, value, ty, types.intp)
+
+    q = context.make_array(q_ty)(context, builder, args[0])
+    keys_a = context.make_array(k_ty)(context, builder, args[2])
+    sym = context.make_array(s_ty)(context, builder, args[4])
+    row_i, h_i, lo_i = as_intp(args[1], row_ty), as_intp(args[3], h_ty), as_intp(args[5], lo_ty)
+    n_i = as_intp(args[6], n_ty)
+    dim = cgutils.unpack_tuple(builder, q.shape, 2)[1]
+    q_row = cgutils.get_item_pointer(context, builder, q_ty, q, [row_i, intp(0)], wraparound=False)
+    rows = []
+    last = builder.sub(n_i, intp(1))
+    for k in range(LANES):
+        kk = builder.select(builder.icmp_signed("<", intp(k), last), intp(k), last)
+        s_ptr = cgutils.get_item_pointer(context, builder, s_ty, sym, [builder.add(lo_i, kk)], wraparound=False)
+        s = context.cast(builder, builder.load(s_ptr), s_ty.dtype, types.intp)
+        rows.append(cgutils.get_item_pointer(context, builder, k_ty, keys_a, [h_i, s, intp(0)], wraparound=False))
+    zero = ir.Constant(_VECTOR, [0.0] * LANES)
+    accs = [cgutils.alloca_once_value(builder, zero) for _ in range(LANES)]
+    with cgutils.for_range(builder, builder.udiv(dim, intp(LANES))) as step:
+        d0 = builder.mul(step.index, intp(LANES))
+        qv = builder.load(_vector_at(builder, builder.gep(q_row, [d0])), align=8)
+        for k in range(LANES):
+            kv = builder.load(_vector_at(builder, builder.gep(rows[k], [d0])), align=8)
+            v = builder.fsub(qv, kv)
+            builder.store(_fma(builder, v, v, builder.load(accs[k])), accs[k])
+    return _transposed_sum(builder, [builder.load(acc) for acc in accs])
+
+
+def _transposed_sum(builder: Any, a: list[Any]) -> Any:  # pragma: no cover - compiled
+    """The 8 vectors' lane sums in one vector (lane k: the sum of ``a[k]``'s lanes, in the order
+    ``((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))``), by a transposing tree of shuffles and adds."""
+    evens, odds = [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]
+    t = [_shuffle_add(builder, a[2 * k], a[2 * k + 1], evens, odds) for k in range(4)]
+    u = [_shuffle_add(builder, t[2 * k], t[2 * k + 1], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])
+         for k in range(2)]  # fmt: skip
+    return _shuffle_add(builder, u[0], u[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+
+
+def _transition_logs_8(typingctx, queries, keys, h, symbols, lo, scale, bias, out, shifts, s0):  # pragma: no cover
+    """``transition_logs_8(queries, keys, h, symbols, lo, scale, bias, out, shifts, s0)``: a later hop's transition
+    log-values over a window of 8 positions ``symbols[lo : lo + 8]``, each source's row shifted by its largest. For
+    source ``i``, with ``lv[k] = bias[k] + scale * d[k]`` and ``d`` the 8 squared distances of :func:`sq_distances_8`
+    of ``queries[symbols[lo + i]]`` to the window's keys ``keys[h, symbols[lo + k]]`` (the same numbers):
+    ``shifts[s0 + i] = max(lv)`` and ``out[8 i + k] = lv[k] - max(lv)``, or ``-inf`` for all 8 when ``max(lv)`` is
+    (the numbers of the scalar loops, their max taken by a tree of compares). The 8 keys' rows are found once for
+    the 8 sources. ``bias`` (>= 8,), ``out`` (>= 64,) and ``shifts`` (>= s0 + 8,) float64."""
+    sig = types.void(queries, keys, h, symbols, lo, scale, bias, out, shifts, s0)
+
+    def codegen(context, builder, signature, args):
+        q_ty, k_ty, h_ty, s_ty, lo_ty, _, b_ty, out_ty, sh_ty, s0_ty = signature.args
         intp = context.get_value_type(types.intp)
 
         def as_intp(value, ty):
             return context.cast(builder, value, ty, types.intp)
 
         q = context.make_array(q_ty)(context, builder, args[0])
-        keys_a = context.make_array(k_ty)(context, builder, args[2])
-        sym = context.make_array(s_ty)(context, builder, args[4])
+        keys_a = context.make_array(k_ty)(context, builder, args[1])
+        sym = context.make_array(s_ty)(context, builder, args[3])
+        b_arr = context.make_array(b_ty)(context, builder, args[6])
         res = context.make_array(out_ty)(context, builder, args[7])
-        row_i, h_i, lo_i = as_intp(args[1], row_ty), as_intp(args[3], h_ty), as_intp(args[5], lo_ty)
-        n_i, at_i = as_intp(args[6], n_ty), as_intp(args[8], at_ty)
+        sh_arr = context.make_array(sh_ty)(context, builder, args[8])
+        h_i, lo_i, s0_i = as_intp(args[2], h_ty), as_intp(args[4], lo_ty), as_intp(args[9], s0_ty)
         dim = cgutils.unpack_tuple(builder, q.shape, 2)[1]
-        q_row = cgutils.get_item_pointer(context, builder, q_ty, q, [row_i, intp(0)], wraparound=False)
-        rows = []
-        last = builder.sub(n_i, intp(1))
-        for k in range(LANES):
-            kk = builder.select(builder.icmp_signed("<", intp(k), last), intp(k), last)
-            s_ptr = cgutils.get_item_pointer(context, builder, s_ty, sym, [builder.add(lo_i, kk)], wraparound=False)
-            s = context.cast(builder, builder.load(s_ptr), s_ty.dtype, types.intp)
-            rows.append(cgutils.get_item_pointer(context, builder, k_ty, keys_a, [h_i, s, intp(0)], wraparound=False))
+
+        def symbol(k):
+            ptr = cgutils.get_item_pointer(context, builder, s_ty, sym, [builder.add(lo_i, k)], wraparound=False)
+            return context.cast(builder, builder.load(ptr), s_ty.dtype, types.intp)
+
+        rows = [
+            cgutils.get_item_pointer(context, builder, k_ty, keys_a, [h_i, symbol(intp(k)), intp(0)], wraparound=False)
+            for k in range(LANES)
+        ]
+        b_ptr = cgutils.get_item_pointer(context, builder, b_ty, b_arr, [intp(0)], wraparound=False)
+        bias_v = builder.load(_vector_at(builder, b_ptr), align=8)
+        scale_v = _splat(builder, args[5])
+        i32s = ir.VectorType(ir.IntType(32), LANES)
+        minus_inf = ir.Constant(_DOUBLE, float("-inf"))
         zero = ir.Constant(_VECTOR, [0.0] * LANES)
-        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(LANES)]
-        with cgutils.for_range(builder, builder.udiv(dim, intp(LANES))) as step:
-            d0 = builder.mul(step.index, intp(LANES))
-            qv = builder.load(_vector_at(builder, builder.gep(q_row, [d0])), align=8)
-            for k in range(LANES):
-                kv = builder.load(_vector_at(builder, builder.gep(rows[k], [d0])), align=8)
-                v = builder.fsub(qv, kv)
-                builder.store(_fma(builder, v, v, builder.load(accs[k])), accs[k])
-        a = [builder.load(acc) for acc in accs]
-        evens, odds = [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]
-        t = [_shuffle_add(builder, a[2 * k], a[2 * k + 1], evens, odds) for k in range(4)]
-        u = [_shuffle_add(builder, t[2 * k], t[2 * k + 1], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])
-             for k in range(2)]  # fmt: skip
-        total = _shuffle_add(builder, u[0], u[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
-        out_ptr = cgutils.get_item_pointer(context, builder, out_ty, res, [at_i], wraparound=False)
-        builder.store(builder.fmul(total, _splat(builder, args[9])), _vector_at(builder, out_ptr), align=8)
+        accs = [cgutils.alloca_once(builder, _VECTOR) for _ in range(LANES)]
+        with cgutils.for_range(builder, intp(LANES)) as source:
+            i = source.index
+            q_row = cgutils.get_item_pointer(context, builder, q_ty, q, [symbol(i), intp(0)], wraparound=False)
+            for acc in accs:
+                builder.store(zero, acc)
+            with cgutils.for_range(builder, builder.udiv(dim, intp(LANES))) as step:
+                d0 = builder.mul(step.index, intp(LANES))
+                qv = builder.load(_vector_at(builder, builder.gep(q_row, [d0])), align=8)
+                for k in range(LANES):
+                    kv = builder.load(_vector_at(builder, builder.gep(rows[k], [d0])), align=8)
+                    v = builder.fsub(qv, kv)
+                    builder.store(_fma(builder, v, v, builder.load(accs[k])), accs[k])
+            total = _transposed_sum(builder, [builder.load(acc) for acc in accs])
+            lv = builder.fadd(bias_v, builder.fmul(total, scale_v))
+            top = lv
+            for pattern in ([4, 5, 6, 7, 0, 1, 2, 3], [2, 3, 0, 1, 6, 7, 4, 5], [1, 0, 3, 2, 5, 4, 7, 6]):
+                other = builder.shuffle_vector(top, top, ir.Constant(i32s, pattern))
+                top = builder.select(builder.fcmp_ordered(">", other, top), other, top)
+            best = builder.extract_element(top, ir.Constant(ir.IntType(32), 0))
+            reached = builder.fcmp_ordered(">", best, minus_inf)
+            shifted = builder.select(reached, builder.fsub(lv, top), ir.Constant(_VECTOR, [float("-inf")] * LANES))
+            out_ptr = cgutils.get_item_pointer(
+                context, builder, out_ty, res, [builder.mul(i, intp(LANES))], wraparound=False
+            )
+            builder.store(shifted, _vector_at(builder, out_ptr), align=8)
+            sh_ptr = cgutils.get_item_pointer(context, builder, sh_ty, sh_arr, [builder.add(s0_i, i)], wraparound=False)
+            builder.store(best, sh_ptr)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -243,3 +329,4 @@ def _window_rows(n_rows: int, group: int) -> Any:  # pragma: no cover - compiled
 sq_distances_8: Any = intrinsic(_sq_distances_8)
 add_weighted_rows: Any = intrinsic(_add_weighted_rows)
 add_window_rows_8: Any = intrinsic(_window_rows(8, 2))
+transition_logs_8: Any = intrinsic(_transition_logs_8)
