@@ -15,6 +15,7 @@ from dist_respattn.model.kernels.lanes import (
     sq_distances_8,
     transition_logs_8,
 )
+from dist_respattn.model.kernels.log_weights import exp_nonpositive_range
 from dist_respattn.model.kernels.per_position import find_pair
 
 
@@ -27,10 +28,18 @@ def _distances(queries, row, keys, h, symbols, lo, n, scale):
 
 @numba.njit(cache=True)
 def _transition_logs(queries, keys, h, symbols, lo, scale, bias):
-    out = np.full(LANES * LANES + 1, 7.0)
+    out = np.full(LANES * LANES + 2, 7.0)
     shifts = np.full(LANES + 2, 7.0)
-    transition_logs_8(queries, keys, h, symbols, lo, scale, bias, out, shifts, 1)
+    transition_logs_8(queries, keys, h, symbols, lo, scale, bias, out, 1, shifts, 1)
     return out, shifts
+
+
+@numba.njit(cache=True)
+def _exps(x):
+    out = np.empty(x.shape[0])
+    bits = np.empty(x.shape[0], dtype=np.int64)
+    exp_nonpositive_range(x, 0, out, 0, x.shape[0], bits, bits.view(np.float64))
+    return out
 
 
 @numba.njit(cache=True)
@@ -108,22 +117,27 @@ def test_a_windows_8_rows_added_in_one_pass_as_one_at_a_time(dim, n):
 
 
 @pytest.mark.parametrize("dim", [8, 32, 40])
-def test_a_windows_transition_logs_as_the_scalar_loops(dim):
+def test_a_windows_transitions_in_one_pass(dim):
+    """Each source's shifted log-values over a window of 8 and their exponentials: NumPy's distances to rounding,
+    and the exponentials exp_nonpositive_range's numbers exactly."""
     rng = np.random.default_rng(dim)
     queries = rng.normal(size=(12, dim))
     keys = rng.normal(scale=2.0, size=(3, 12, dim))
     symbols = rng.permutation(12).astype(np.int32)
     bias = np.log(rng.dirichlet(np.ones(LANES)))
     bias[5] = -np.inf  # a position no transition reaches
-    out, shifts = _transition_logs(queries, keys, 2, symbols, 3, -0.3, bias)
     window = symbols[3 : 3 + LANES]
-    for i in range(LANES):
-        distances = _distances(queries, int(window[i]), keys, 2, symbols, 3, LANES, -0.3)[1 : LANES + 1]
-        lv = [bias[k] + distances[k] for k in range(LANES)]  # the scalar loops' numbers, one at a time
-        best = max(lv)
-        assert shifts[1 + i] == best
-        assert out[LANES * i : LANES * (i + 1)].tolist() == [v - best for v in lv]
-    assert out[-1] == 7.0 and shifts[0] == 7.0 and shifts[-1] == 7.0  # nothing written past them
-    # A source no position reaches: its row all -inf.
+    out, shifts = _transition_logs(queries, keys, 2, symbols, 3, -0.3, bias)
+    lv = bias[None, :] - 0.3 * ((queries[window][:, None, :] - keys[2, window][None, :, :]) ** 2).sum(axis=2)
+    np.testing.assert_allclose(shifts[1 : 1 + LANES], lv.max(axis=1), rtol=1e-13)
+    np.testing.assert_allclose(out[1:-1].reshape(LANES, LANES), np.exp(lv - lv.max(axis=1, keepdims=True)), rtol=1e-12)
+    assert out[0] == 7.0 and out[-1] == 7.0 and shifts[0] == 7.0 and shifts[-1] == 7.0  # nothing written past them
+    # With a zero scale the log-values are the bias: the exponentials are exp_nonpositive_range's, bit for bit (from
+    # 0 down past its underflow bound).
+    bias = np.array([0.0, -1e-3, -0.7, -20.0, -300.0, -707.5, -720.0, -np.inf])
+    out, shifts = _transition_logs(queries, keys, 2, symbols, 3, 0.0, bias)
+    assert shifts[1 : 1 + LANES].tolist() == [0.0] * LANES
+    assert out[1:-1].tolist() == np.tile(_exps(bias), LANES).tolist()
+    # A source no position reaches: its row all 0.
     out, shifts = _transition_logs(queries, keys, 2, symbols, 3, -0.3, np.full(LANES, -np.inf))
-    assert np.all(out[: LANES * LANES] == -np.inf) and np.all(shifts[1 : 1 + LANES] == -np.inf)
+    assert np.all(out[1:-1] == 0.0) and np.all(shifts[1 : 1 + LANES] == -np.inf)

@@ -926,15 +926,16 @@ def _estep(
         for h in range(1, n_hops):
             at = (h - 1) * ring_rows * width
             if fresh and m == LANES:
-                # Each source's 8 log-values, their largest and the shifted ones in one vector pass (the numbers of
-                # the distances into ``plain`` and _scaled_transitions below), then their 64 exponentials.
+                # Each source's 8 distances, log-values, largest and shifted exponentials in registers, one pass of
+                # vector code for the window (what the distances into ``plain`` and _scaled_transitions below give,
+                # the distances' terms added in another order).
                 log_total = _window_log_total(prior, h, n_pos, LANES)
                 for j in range(LANES):
                     bias[j] = log_prior[h, n_pos - LANES + j] - log_total
                 transition_logs_8(
-                    hop_queries, key_means, h, tokens, lo, -inv_two_sigma2, bias, flat, shift_flat, (h - 1) * n_pos
-                )
-                exp_nonpositive_range(flat, 0, trans_flat, (h - 1) * n_pos * n_pos, LANES * LANES, bits, scale)
+                    hop_queries, key_means, h, tokens, lo, -inv_two_sigma2, bias, trans_flat, (h - 1) * n_pos * n_pos,
+                    shift_flat, (h - 1) * n_pos,
+                )  # fmt: skip
                 if softmax:
                     _normalize_rows(h, LANES, trans, shift)
                 unscaled[h] = False
