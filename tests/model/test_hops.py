@@ -139,6 +139,29 @@ def test_forward_backward_equals_enumeration_over_hop_paths(seed, softmax, dim):
     assert totals.target_log_prob == pytest.approx(predictive, rel=1e-12)
 
 
+@pytest.mark.parametrize("softmax", [False, True], ids=["joint", "softmax"])
+@pytest.mark.parametrize(("hops", "n_pos"), [(2, 8), (3, 10)])
+def test_windows_of_8_new_positions_equal_the_enumeration(hops, n_pos, softmax):
+    """Windows of 8 positions that share no pair with a neighbour (sampled rows: each later hop's transitions in one
+    8-lane pass a source), full at N = 8 and short at N = 10, against the enumeration over hop paths."""
+    shape = (11, n_pos, 8, 4)
+    head = random_chain(shape, hops, 20 + hops, softmax=softmax)
+    rng = np.random.default_rng(30 + hops)
+    n = 4
+    context = np.stack([rng.permutation(shape[0])[:n_pos] for _ in range(n)]).astype(np.int32)
+    query = rng.normal(size=(n, shape[2]))
+    target = rng.integers(0, shape[3], size=n).astype(np.int32)
+    lengths = np.full(n, 8)
+    rows = rows_of(context, query, target, lengths)
+    arrays = HopArrays.zeros(hops, head.shape, None)
+    assert hop_estep(rows, head.parameters, arrays) == 0
+    key_sum, key_mass, _, counts, log_lik = brute_statistics(head, context, query, target, lengths)
+    assert arrays.scalars[2] == pytest.approx(log_lik, rel=1e-12)
+    np.testing.assert_allclose(arrays.key_sum, key_sum, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(arrays.key_mass, key_mass, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(arrays.emission_count_ts, counts.T, rtol=1e-11, atol=1e-13)
+
+
 def test_one_hop_is_the_single_head():
     shape = (7, 5, 3, 6)
     single = random_distribution(*shape, seed=3, sigma2=0.6)

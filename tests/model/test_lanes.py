@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from dist_respattn.model.heads.hops.kernels import _find_pairs
-from dist_respattn.model.kernels.lanes import LANES, add_weighted_rows, add_window_rows_8, sq_distances_8
+from dist_respattn.model.kernels.lanes import (
+    LANES,
+    add_weighted_rows,
+    add_window_rows_8,
+    sq_distances_8,
+    transition_logs_8,
+)
+from dist_respattn.model.kernels.log_weights import exp_nonpositive_range
 from dist_respattn.model.kernels.per_position import find_pair
 
 
@@ -16,6 +23,22 @@ from dist_respattn.model.kernels.per_position import find_pair
 def _distances(queries, row, keys, h, symbols, lo, n, scale):
     out = np.full(LANES + 2, -1.0)
     sq_distances_8(queries, row, keys, h, symbols, lo, n, out, 1, scale)
+    return out
+
+
+@numba.njit(cache=True)
+def _transition_logs(queries, keys, h, symbols, lo, scale, bias):
+    out = np.full(LANES * LANES + 2, 7.0)
+    shifts = np.full(LANES + 2, 7.0)
+    transition_logs_8(queries, keys, h, symbols, lo, scale, bias, out, 1, shifts, 1)
+    return out, shifts
+
+
+@numba.njit(cache=True)
+def _exps(x):
+    out = np.empty(x.shape[0])
+    bits = np.empty(x.shape[0], dtype=np.int64)
+    exp_nonpositive_range(x, 0, out, 0, x.shape[0], bits, bits.view(np.float64))
     return out
 
 
@@ -91,3 +114,30 @@ def test_a_windows_8_rows_added_in_one_pass_as_one_at_a_time(dim, n):
         _add(expected, 1, int(symbols[2 + 1 + r]), table, symbols, 2, n, weights, 1 + r, 9)
     _add_8(dst, 1, table, symbols, 2, n, weights, 1, 9)  # rows symbols[3 .. 10], weights from 1 + r, stride 9
     np.testing.assert_array_equal(dst, expected)  # the same numbers: each row's terms in the same order
+
+
+@pytest.mark.parametrize("dim", [8, 32, 40])
+def test_a_windows_transitions_in_one_pass(dim):
+    """Each source's shifted log-values over a window of 8 and their exponentials: NumPy's distances to rounding,
+    and the exponentials exp_nonpositive_range's numbers exactly."""
+    rng = np.random.default_rng(dim)
+    queries = rng.normal(size=(12, dim))
+    keys = rng.normal(scale=2.0, size=(3, 12, dim))
+    symbols = rng.permutation(12).astype(np.int32)
+    bias = np.log(rng.dirichlet(np.ones(LANES)))
+    bias[5] = -np.inf  # a position no transition reaches
+    window = symbols[3 : 3 + LANES]
+    out, shifts = _transition_logs(queries, keys, 2, symbols, 3, -0.3, bias)
+    lv = bias[None, :] - 0.3 * ((queries[window][:, None, :] - keys[2, window][None, :, :]) ** 2).sum(axis=2)
+    np.testing.assert_allclose(shifts[1 : 1 + LANES], lv.max(axis=1), rtol=1e-13)
+    np.testing.assert_allclose(out[1:-1].reshape(LANES, LANES), np.exp(lv - lv.max(axis=1, keepdims=True)), rtol=1e-12)
+    assert out[0] == 7.0 and out[-1] == 7.0 and shifts[0] == 7.0 and shifts[-1] == 7.0  # nothing written past them
+    # With a zero scale the log-values are the bias: the exponentials are exp_nonpositive_range's, bit for bit (from
+    # 0 down past its underflow bound).
+    bias = np.array([0.0, -1e-3, -0.7, -20.0, -300.0, -707.5, -720.0, -np.inf])
+    out, shifts = _transition_logs(queries, keys, 2, symbols, 3, 0.0, bias)
+    assert shifts[1 : 1 + LANES].tolist() == [0.0] * LANES
+    assert out[1:-1].tolist() == np.tile(_exps(bias), LANES).tolist()
+    # A source no position reaches: its row all 0.
+    out, shifts = _transition_logs(queries, keys, 2, symbols, 3, -0.3, np.full(LANES, -np.inf))
+    assert np.all(out[1:-1] == 0.0) and np.all(shifts[1 : 1 + LANES] == -np.inf)

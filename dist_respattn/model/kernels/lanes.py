@@ -17,7 +17,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["LANES", "add_weighted_rows", "add_window_rows_8", "sq_distances_8"]
+__all__ = ["LANES", "add_weighted_rows", "add_window_rows_8", "sq_distances_8", "transition_logs_8"]
 
 #: Lanes of a block: the keys of one :func:`sq_distances_8`, the dimensions of one step of :func:`add_weighted_rows`.
 LANES = 8
@@ -61,44 +61,193 @@ def _sq_distances_8(typingctx, queries, row, keys, h, symbols, lo, n, out, at, s
     sig = types.void(queries, row, keys, h, symbols, lo, n, out, at, scale)
 
     def codegen(context, builder, signature, args):
-        q_ty, row_ty, k_ty, h_ty, s_ty, lo_ty, n_ty, out_ty, at_ty, _ = signature.args
+        out_ty, at_ty = signature.args[7], signature.args[8]
+        total = _distances_vector(context, builder, signature.args[:7], args[:7])
+        res = context.make_array(out_ty)(context, builder, args[7])
+        at_i = context.cast(builder, args[8], at_ty, types.intp)
+        out_ptr = cgutils.get_item_pointer(context, builder, out_ty, res, [at_i], wraparound=False)
+        builder.store(builder.fmul(total, _splat(builder, args[9])), _vector_at(builder, out_ptr), align=8)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _distances_vector(context: Any, builder: Any, arg_types: Any, args: Any) -> Any:  # pragma: no cover - compiled
+    """The vector of :func:`sq_distances_8`'s 8 sums (unscaled) from its first 7 arguments ``(queries, row, keys, h,
+    symbols, lo, n)``."""
+    q_ty, row_ty, k_ty, h_ty, s_ty, lo_ty, n_ty = arg_types
+    intp = context.get_value_type(types.intp)
+
+    def as_intp(value, ty):
+        return context.cast(builder, value, ty, types.intp)
+
+    q = context.make_array(q_ty)(context, builder, args[0])
+    keys_a = context.make_array(k_ty)(context, builder, args[2])
+    sym = context.make_array(s_ty)(context, builder, args[4])
+    row_i, h_i, lo_i = as_intp(args[1], row_ty), as_intp(args[3], h_ty), as_intp(args[5], lo_ty)
+    n_i = as_intp(args[6], n_ty)
+    dim = cgutils.unpack_tuple(builder, q.shape, 2)[1]
+    q_row = cgutils.get_item_pointer(context, builder, q_ty, q, [row_i, intp(0)], wraparound=False)
+    rows = []
+    last = builder.sub(n_i, intp(1))
+    for k in range(LANES):
+        kk = builder.select(builder.icmp_signed("<", intp(k), last), intp(k), last)
+        s_ptr = cgutils.get_item_pointer(context, builder, s_ty, sym, [builder.add(lo_i, kk)], wraparound=False)
+        s = context.cast(builder, builder.load(s_ptr), s_ty.dtype, types.intp)
+        rows.append(cgutils.get_item_pointer(context, builder, k_ty, keys_a, [h_i, s, intp(0)], wraparound=False))
+    zero = ir.Constant(_VECTOR, [0.0] * LANES)
+    accs = [cgutils.alloca_once_value(builder, zero) for _ in range(LANES)]
+    with cgutils.for_range(builder, builder.udiv(dim, intp(LANES))) as step:
+        d0 = builder.mul(step.index, intp(LANES))
+        qv = builder.load(_vector_at(builder, builder.gep(q_row, [d0])), align=8)
+        for k in range(LANES):
+            kv = builder.load(_vector_at(builder, builder.gep(rows[k], [d0])), align=8)
+            v = builder.fsub(qv, kv)
+            builder.store(_fma(builder, v, v, builder.load(accs[k])), accs[k])
+    return _transposed_sum(builder, [builder.load(acc) for acc in accs])
+
+
+def _transposed_sum(builder: Any, a: list[Any]) -> Any:  # pragma: no cover - compiled
+    """The 8 vectors' lane sums in one vector (lane k: the sum of ``a[k]``'s lanes, in the order
+    ``((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))``), by a transposing tree of shuffles and adds."""
+    evens, odds = [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]
+    t = [_shuffle_add(builder, a[2 * k], a[2 * k + 1], evens, odds) for k in range(4)]
+    u = [_shuffle_add(builder, t[2 * k], t[2 * k + 1], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])
+         for k in range(2)]  # fmt: skip
+    return _shuffle_add(builder, u[0], u[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+
+
+# exp_nonpositive_range's constants (dist_respattn.model.kernels.log_weights), its numbers lane by lane.
+_LOG2E = 1.4426950408889634
+_LN2_HI = 6.93147180369123816490e-01
+_LN2_LO = 1.90821492927058770002e-10
+_EXP_MIN = -708.0
+_TAYLOR = [1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0,
+           1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0]  # fmt: skip
+
+
+def _exp_nonpositive(builder: Any, x: Any) -> Any:  # pragma: no cover - compiled
+    """``exp`` of 8 lanes as :func:`~dist_respattn.model.kernels.log_weights.exp_nonpositive_range` computes it
+    (the same operations in the same order, no fused multiply-add: the same numbers), in registers."""
+
+    def splat(value: float) -> Any:
+        return ir.Constant(_VECTOR, [value] * LANES)
+
+    v = builder.select(builder.fcmp_ordered(">", x, splat(_EXP_MIN)), x, splat(_EXP_MIN))
+    floor = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VECTOR, [_VECTOR]), "llvm.floor.v8f64")
+    k = builder.call(floor, [builder.fadd(builder.fmul(v, splat(_LOG2E)), splat(0.5))])
+    r = builder.fsub(builder.fsub(v, builder.fmul(k, splat(_LN2_HI))), builder.fmul(k, splat(_LN2_LO)))
+    p = splat(1.0 / 6227020800.0)
+    for c in _TAYLOR:
+        p = builder.fadd(builder.fmul(p, r), splat(c))
+    i64s = ir.VectorType(ir.IntType(64), LANES)
+    biased = builder.add(builder.fptosi(k, i64s), ir.Constant(i64s, [1023] * LANES))
+    scale = builder.bitcast(builder.shl(biased, ir.Constant(i64s, [52] * LANES)), _VECTOR)
+    return builder.select(builder.fcmp_ordered(">=", x, splat(_EXP_MIN)), builder.fmul(p, scale), splat(0.0))
+
+
+def _transpose_8(builder: Any, rows: list[Any]) -> list[Any]:  # pragma: no cover - compiled
+    """The 8 x 8 transpose of 8 vectors: ``out[d]`` holds lane ``d`` of ``rows[0], ..., rows[7]`` (3 rounds of 8
+    shuffles)."""
+    i32s = ir.VectorType(ir.IntType(32), LANES)
+
+    def shuffle(a: Any, b: Any, pattern: list[int]) -> Any:
+        return builder.shuffle_vector(a, b, ir.Constant(i32s, pattern))
+
+    first = []
+    for p in range(4):
+        a, b = rows[2 * p], rows[2 * p + 1]
+        first += [shuffle(a, b, [0, 8, 2, 10, 4, 12, 6, 14]), shuffle(a, b, [1, 9, 3, 11, 5, 13, 7, 15])]
+    second = []
+    for q in range(2):
+        for e in range(2):
+            a, b = first[4 * q + e], first[4 * q + 2 + e]
+            second += [shuffle(a, b, [0, 1, 8, 9, 4, 5, 12, 13]), shuffle(a, b, [2, 3, 10, 11, 6, 7, 14, 15])]
+    third = []
+    for e in range(4):
+        a, b = second[e], second[4 + e]
+        third += [shuffle(a, b, [0, 1, 2, 3, 8, 9, 10, 11]), shuffle(a, b, [4, 5, 6, 7, 12, 13, 14, 15])]
+    lane_of = [0, 4, 2, 6, 1, 5, 3, 7]  # third[k] holds lane lane_of[k] of the rows
+    out = [None] * LANES
+    for k, d in enumerate(lane_of):
+        out[d] = third[k]
+    return out
+
+
+def _transition_logs_8(typingctx, queries, keys, h, symbols, lo, scale, bias, out, o0, shifts, s0):  # pragma: no cover
+    """``transition_logs_8(queries, keys, h, symbols, lo, scale, bias, out, o0, shifts, s0)``: a later hop's
+    transitions over a window of 8 positions ``symbols[lo : lo + 8]``, each source's row shifted by its largest. For
+    source ``i``, with ``lv[k] = bias[k] + scale * d[k]`` and ``d[k]`` the squared distance of ``queries[symbols[lo +
+    i]]`` to the key ``keys[h, symbols[lo + k]]`` (its terms added in the order of the dimensions):
+    ``shifts[s0 + i] = max(lv)`` and ``out[o0 + 8 i + k] = exp(lv[k] - max(lv))`` (0 for all 8 when ``max(lv)`` is
+    ``-inf``), the exponential :func:`~dist_respattn.model.kernels.log_weights.exp_nonpositive_range`'s numbers.
+    Each step transposes 8 dimensions of the 8 keys (8 vectors of 8 keys' numbers) and adds every source's terms
+    into its own vector, each query number broadcast: the 8 sources' distances leave in 8 vectors, no sum across
+    lanes. ``D`` a multiple of 8 (the caller's check); ``bias`` (>= 8,), ``out`` (>= o0 + 64,) and ``shifts``
+    (>= s0 + 8,) float64."""
+    sig = types.void(queries, keys, h, symbols, lo, scale, bias, out, o0, shifts, s0)
+
+    def codegen(context, builder, signature, args):
+        q_ty, k_ty, h_ty, s_ty, lo_ty, _, b_ty, out_ty, o0_ty, sh_ty, s0_ty = signature.args
         intp = context.get_value_type(types.intp)
 
         def as_intp(value, ty):
             return context.cast(builder, value, ty, types.intp)
 
         q = context.make_array(q_ty)(context, builder, args[0])
-        keys_a = context.make_array(k_ty)(context, builder, args[2])
-        sym = context.make_array(s_ty)(context, builder, args[4])
+        keys_a = context.make_array(k_ty)(context, builder, args[1])
+        sym = context.make_array(s_ty)(context, builder, args[3])
+        b_arr = context.make_array(b_ty)(context, builder, args[6])
         res = context.make_array(out_ty)(context, builder, args[7])
-        row_i, h_i, lo_i = as_intp(args[1], row_ty), as_intp(args[3], h_ty), as_intp(args[5], lo_ty)
-        n_i, at_i = as_intp(args[6], n_ty), as_intp(args[8], at_ty)
+        sh_arr = context.make_array(sh_ty)(context, builder, args[9])
+        h_i, lo_i, s0_i = as_intp(args[2], h_ty), as_intp(args[4], lo_ty), as_intp(args[10], s0_ty)
+        o0_i = as_intp(args[8], o0_ty)
         dim = cgutils.unpack_tuple(builder, q.shape, 2)[1]
-        q_row = cgutils.get_item_pointer(context, builder, q_ty, q, [row_i, intp(0)], wraparound=False)
-        rows = []
-        last = builder.sub(n_i, intp(1))
+
+        def symbol(k):
+            ptr = cgutils.get_item_pointer(context, builder, s_ty, sym, [builder.add(lo_i, intp(k))], wraparound=False)
+            return context.cast(builder, builder.load(ptr), s_ty.dtype, types.intp)
+
+        key_rows, query_rows = [], []
         for k in range(LANES):
-            kk = builder.select(builder.icmp_signed("<", intp(k), last), intp(k), last)
-            s_ptr = cgutils.get_item_pointer(context, builder, s_ty, sym, [builder.add(lo_i, kk)], wraparound=False)
-            s = context.cast(builder, builder.load(s_ptr), s_ty.dtype, types.intp)
-            rows.append(cgutils.get_item_pointer(context, builder, k_ty, keys_a, [h_i, s, intp(0)], wraparound=False))
+            c = symbol(k)
+            key_rows.append(
+                cgutils.get_item_pointer(context, builder, k_ty, keys_a, [h_i, c, intp(0)], wraparound=False)
+            )
+            query_rows.append(cgutils.get_item_pointer(context, builder, q_ty, q, [c, intp(0)], wraparound=False))
         zero = ir.Constant(_VECTOR, [0.0] * LANES)
         accs = [cgutils.alloca_once_value(builder, zero) for _ in range(LANES)]
         with cgutils.for_range(builder, builder.udiv(dim, intp(LANES))) as step:
             d0 = builder.mul(step.index, intp(LANES))
-            qv = builder.load(_vector_at(builder, builder.gep(q_row, [d0])), align=8)
-            for k in range(LANES):
-                kv = builder.load(_vector_at(builder, builder.gep(rows[k], [d0])), align=8)
-                v = builder.fsub(qv, kv)
-                builder.store(_fma(builder, v, v, builder.load(accs[k])), accs[k])
-        a = [builder.load(acc) for acc in accs]
-        evens, odds = [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]
-        t = [_shuffle_add(builder, a[2 * k], a[2 * k + 1], evens, odds) for k in range(4)]
-        u = [_shuffle_add(builder, t[2 * k], t[2 * k + 1], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])
-             for k in range(2)]  # fmt: skip
-        total = _shuffle_add(builder, u[0], u[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
-        out_ptr = cgutils.get_item_pointer(context, builder, out_ty, res, [at_i], wraparound=False)
-        builder.store(builder.fmul(total, _splat(builder, args[9])), _vector_at(builder, out_ptr), align=8)
+            columns = _transpose_8(
+                builder, [builder.load(_vector_at(builder, builder.gep(r, [d0])), align=8) for r in key_rows]
+            )
+            for d in range(LANES):
+                at = builder.add(d0, intp(d))
+                for i in range(LANES):
+                    v = builder.fsub(columns[d], _splat(builder, builder.load(builder.gep(query_rows[i], [at]))))
+                    builder.store(_fma(builder, v, v, builder.load(accs[i])), accs[i])
+        b_ptr = cgutils.get_item_pointer(context, builder, b_ty, b_arr, [intp(0)], wraparound=False)
+        bias_v = builder.load(_vector_at(builder, b_ptr), align=8)
+        scale_v = _splat(builder, args[5])
+        i32s = ir.VectorType(ir.IntType(32), LANES)
+        minus_inf = ir.Constant(_DOUBLE, float("-inf"))
+        for i in range(LANES):
+            lv = builder.fadd(bias_v, builder.fmul(builder.load(accs[i]), scale_v))
+            top = lv
+            for pattern in ([4, 5, 6, 7, 0, 1, 2, 3], [2, 3, 0, 1, 6, 7, 4, 5], [1, 0, 3, 2, 5, 4, 7, 6]):
+                other = builder.shuffle_vector(top, top, ir.Constant(i32s, pattern))
+                top = builder.select(builder.fcmp_ordered(">", other, top), other, top)
+            best = builder.extract_element(top, ir.Constant(ir.IntType(32), 0))
+            reached = builder.fcmp_ordered(">", best, minus_inf)
+            shifted = builder.select(reached, builder.fsub(lv, top), ir.Constant(_VECTOR, [float("-inf")] * LANES))
+            out_at = builder.add(o0_i, intp(LANES * i))
+            out_ptr = cgutils.get_item_pointer(context, builder, out_ty, res, [out_at], wraparound=False)
+            builder.store(_exp_nonpositive(builder, shifted), _vector_at(builder, out_ptr), align=8)
+            sh_ptr = cgutils.get_item_pointer(
+                context, builder, sh_ty, sh_arr, [builder.add(s0_i, intp(i))], wraparound=False
+            )
+            builder.store(best, sh_ptr)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -243,3 +392,4 @@ def _window_rows(n_rows: int, group: int) -> Any:  # pragma: no cover - compiled
 sq_distances_8: Any = intrinsic(_sq_distances_8)
 add_weighted_rows: Any = intrinsic(_add_weighted_rows)
 add_window_rows_8: Any = intrinsic(_window_rows(8, 2))
+transition_logs_8: Any = intrinsic(_transition_logs_8)

@@ -22,6 +22,7 @@ from dist_respattn.model.kernels.lanes import (
     add_weighted_rows,
     add_window_rows_8,
     sq_distances_8,
+    transition_logs_8,
 )
 from dist_respattn.model.kernels.log_weights import (
     NO_ROWS,
@@ -573,14 +574,20 @@ def _scaled_transitions(
             flat[i * m + j] = flat[i * m + j] - best if best > -np.inf else -np.inf
     exp_nonpositive_range(flat, 0, trans_flat, (h - 1) * n_pos * n_pos, m * m, bits, scale)
     if softmax:
-        for i in range(m):
-            total = 0.0
+        _normalize_rows(h, m, trans, shift)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _normalize_rows(h, m, trans, shift):  # pragma: no cover - compiled
+    """A softmax's transitions: each source row of ``trans[h - 1]`` (m * m) divided by its sum, its shift 0."""
+    for i in range(m):
+        total = 0.0
+        for j in range(m):
+            total += trans[h - 1, i * m + j]
+        if total > 0.0:
             for j in range(m):
-                total += trans[h - 1, i * m + j]
-            if total > 0.0:
-                for j in range(m):
-                    trans[h - 1, i * m + j] /= total
-                shift[h - 1, i] = 0.0
+                trans[h - 1, i * m + j] /= total
+            shift[h - 1, i] = 0.0
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -735,7 +742,8 @@ def _estep(
     trans_flat = np.empty(later * n_pos * n_pos)
     trans = trans_flat.reshape(later, n_pos * n_pos)
     flat = np.empty(n_pos * n_pos)
-    shift = np.empty((later, n_pos))
+    shift_flat = np.empty(later * n_pos)
+    shift = shift_flat.reshape(later, n_pos)
     log_e = np.empty(n_pos)
     pair = np.empty(n_pos, dtype=np.int64)
     work = np.empty(n_pos)
@@ -761,6 +769,7 @@ def _estep(
     # With D a multiple of 8 the distances and the hop-query sums run as 8-lane vector code (kernels.lanes).
     lanes = dim % LANES == 0
     block = np.empty(LANES)
+    bias = np.empty(LANES)  # a later hop's log prior over a window of 8 positions
     query_rows = hop_queries.reshape(1, hop_queries.shape[0], dim)  # the hop queries as a one-hop key table
     y_row = y.reshape(1, dim)  # the row's query as a table of one
     ahead_pairs = np.empty((_AHEAD_SLOTS, n_pos), dtype=np.int64)  # the pairs the prefetch pass found, by row
@@ -916,6 +925,21 @@ def _estep(
         f_exps = (held if exps_held else 0) if with_exps else -1
         for h in range(1, n_hops):
             at = (h - 1) * ring_rows * width
+            if fresh and m == LANES:
+                # Each source's 8 distances, log-values, largest and shifted exponentials in registers, one pass of
+                # vector code for the window (what the distances into ``plain`` and _scaled_transitions below give,
+                # the distances' terms added in another order).
+                log_total = _window_log_total(prior, h, n_pos, LANES)
+                for j in range(LANES):
+                    bias[j] = log_prior[h, n_pos - LANES + j] - log_total
+                transition_logs_8(
+                    hop_queries, key_means, h, tokens, lo, -inv_two_sigma2, bias, trans_flat, (h - 1) * n_pos * n_pos,
+                    shift_flat, (h - 1) * n_pos,
+                )  # fmt: skip
+                if softmax:
+                    _normalize_rows(h, LANES, trans, shift)
+                unscaled[h] = False
+                continue
             if fresh:
                 # Row i's distances 8 keys a pass, scaled by -1 / (2 sigma2) (the ring's numbers exactly).
                 for i in range(m):
