@@ -418,7 +418,10 @@ def _estep(
     weighted = weight.shape[0] > 0
     n_rows = target.shape[0]
     for row in range(n_rows):
-        # The table cells a later row reads and updates: its near (symbol, target) cells and its far rows.
+        # The table cells a later row reads and updates: its near (symbol, target) cells, and the far rows it reads
+        # (its codeword-table row and its gates). The far rows it updates (its codeword counts and query
+        # responsibilities) are not prefetched: the rows it reads just before them are contiguous 1 KB rows too, and
+        # prefetching the updated ones as well cost a row 4-8% more (see docs/guide/codebook-head.md).
         ahead = row + PREFETCH_ROWS
         if ahead < n_rows:
             t_ahead = target[ahead]
@@ -428,13 +431,11 @@ def _estep(
                 prefetch_item(log_emission_ts, t_ahead, c)
                 prefetch_item(emission_count, c, t_ahead)
             prefetch_row(code_ts, t_ahead)
-            prefetch_row(code_count, t_ahead)
             if cached:
                 at_ahead = query_index[ahead] * n_cells
                 for k in range(0, n_cells, 8):
                     prefetch_element(gates, at_ahead + k)
                 prefetch_element(gates, at_ahead + n_cells - 1)
-                prefetch_row(code_query, query_index[ahead])
         wt = weight[row] if weighted else 1.0
         if wt == 0.0:
             continue
