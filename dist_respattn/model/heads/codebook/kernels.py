@@ -28,12 +28,12 @@ import numba
 import numpy as np
 
 from dist_respattn.model.kernels.log_weights import (
-    _EXP_MIN,
-    _LN2_HI,
-    _LN2_LO,
-    _LOG2E,
-    _exp_reduced,
+    EXP_MIN,
+    LN2_HI,
+    LN2_LO,
+    LOG2E,
     exp_nonpositive_range,
+    exp_reduced,
 )
 from dist_respattn.model.kernels.pair_keys import merge_tallies
 from dist_respattn.model.kernels.per_position import prefetch_row
@@ -507,12 +507,12 @@ def _estep(
         scratch[m0] = far_log - best
         # exp_nonpositive_range's loops, written out: inlined as a call, it counted its arrays' references each row.
         for r in range(m0):
-            e = max(scratch[r], _EXP_MIN)
-            k_e = np.floor(e * _LOG2E + 0.5)
-            near_logw[r] = _exp_reduced((e - k_e * _LN2_HI) - k_e * _LN2_LO)
+            e = max(scratch[r], EXP_MIN)
+            k_e = np.floor(e * LOG2E + 0.5)
+            near_logw[r] = exp_reduced((e - k_e * LN2_HI) - k_e * LN2_LO)
             bits[r] = (np.int64(k_e) + 1023) << 52
         for r in range(m0):
-            near_logw[r] = near_logw[r] * scale[r] if scratch[r] >= _EXP_MIN else 0.0
+            near_logw[r] = near_logw[r] * scale[r] if scratch[r] >= EXP_MIN else 0.0
         far_e = math.exp(scratch[m0]) if far_sum > 0.0 else 0.0
         z = far_e
         for r in range(m0):
