@@ -23,12 +23,17 @@ import numba
 import numpy as np
 
 __all__ = [
+    "EXP_MIN",
+    "LN2_HI",
+    "LN2_LO",
+    "LOG2E",
     "NO_ROWS",
     "attention_of",
     "block_log_weights",
     "exp_nonpositive",
     "exp_nonpositive_n",
     "exp_nonpositive_range",
+    "exp_reduced",
     "exp_shifted",
     "exp_shifted_into",
     "keep_row",
@@ -126,14 +131,14 @@ def row_log_weights_at(symbols, ys, m, key_means, log_prior, inv_two_sigma2, out
     return best
 
 
-_LOG2E = 1.4426950408889634
-_LN2_HI = 6.93147180369123816490e-01  # ln 2 split so that k * _LN2_HI is exact for |k| < 2**20
-_LN2_LO = 1.90821492927058770002e-10
-_EXP_MIN = -708.0  # below this exp underflows past the normal range; those terms are set to 0
+LOG2E = 1.4426950408889634
+LN2_HI = 6.93147180369123816490e-01  # ln 2 split so that k * LN2_HI is exact for |k| < 2**20
+LN2_LO = 1.90821492927058770002e-10
+EXP_MIN = -708.0  # below this exp underflows past the normal range; those terms are set to 0
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _exp_reduced(r):  # pragma: no cover - compiled
+def exp_reduced(r):  # pragma: no cover - compiled
     """``exp(r)`` on ``|r| <= ln2/2``: a degree-13 Taylor polynomial (error < 1e-17)."""
     p = 1.0 / 6227020800.0
     p = p * r + 1.0 / 479001600.0
@@ -175,13 +180,13 @@ def exp_nonpositive_range(x, x0, out, o0, n, bits, scale):  # pragma: no cover -
     arrays at offsets: no slice is made (a kernel's views of its scratch cost a row more than the exponentials
     do). ``bits`` is int64 scratch of at least ``n`` and ``scale`` its float64 view (``bits.view(np.float64)``)."""
     for i in range(n):
-        v = max(x[x0 + i], _EXP_MIN)
-        k = np.floor(v * _LOG2E + 0.5)
-        r = (v - k * _LN2_HI) - k * _LN2_LO
-        out[o0 + i] = _exp_reduced(r)
+        v = max(x[x0 + i], EXP_MIN)
+        k = np.floor(v * LOG2E + 0.5)
+        r = (v - k * LN2_HI) - k * LN2_LO
+        out[o0 + i] = exp_reduced(r)
         bits[i] = (np.int64(k) + 1023) << 52
     for i in range(n):
-        out[o0 + i] = out[o0 + i] * scale[i] if x[x0 + i] >= _EXP_MIN else 0.0
+        out[o0 + i] = out[o0 + i] * scale[i] if x[x0 + i] >= EXP_MIN else 0.0
 
 
 # fdlibm's e_log.c, its polynomial and its two ways of adding up, without its branches. Its notice:
@@ -238,9 +243,9 @@ def log_positive_range(x, out, n, bits, scale):  # pragma: no cover - compiled
         hfsq = 0.5 * f * f
         near_sqrt2 = (m >= _OTHER_SUM_FROM) | (m < _OTHER_SUM_BELOW)
         if near_sqrt2:
-            y = dk * _LN2_HI - ((hfsq - (s * (hfsq + r) + dk * _LN2_LO)) - f)
+            y = dk * LN2_HI - ((hfsq - (s * (hfsq + r) + dk * LN2_LO)) - f)
         else:
-            y = dk * _LN2_HI - ((s * (f - r) - dk * _LN2_LO) - f)
+            y = dk * LN2_HI - ((s * (f - r) - dk * LN2_LO) - f)
         y = y if v < np.inf else np.inf
         out[i] = y if v > 0.0 else -np.inf
 

@@ -27,7 +27,14 @@ from typing import Any
 import numba
 import numpy as np
 
-from dist_respattn.model.kernels.log_weights import exp_nonpositive_range
+from dist_respattn.model.kernels.log_weights import (
+    EXP_MIN,
+    LN2_HI,
+    LN2_LO,
+    LOG2E,
+    exp_nonpositive_range,
+    exp_reduced,
+)
 from dist_respattn.model.kernels.pair_keys import merge_tallies
 from dist_respattn.model.kernels.per_position import prefetch_row
 from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
@@ -266,8 +273,9 @@ def _log_sum(near_logw, m0, cell_logw, best):  # pragma: no cover - compiled
     return best + math.log(total)
 
 
-#: A row's far sum (its cells' linear terms, :func:`_far_terms`) below this is recomputed in the log domain: its
-#: largest term may then have lost digits, or underflowed, against the query's nearest codeword.
+#: A row's far sum (its cells' linear terms ``n_k g_k omega_b E_b[w, t]``, see :func:`_estep`) below this is
+#: recomputed in the log domain: its largest term may then have lost digits, or underflowed, against the query's
+#: nearest codeword.
 FAR_TINY = 1e-200
 
 #: How many rows ahead the E-step prefetches the table cells a row reads and updates.
@@ -337,19 +345,9 @@ def _query_gates(y, code_means, inv_two_sigma2, gates, at, scratch, bits, scale)
 
 
 @numba.njit(cache=True, nogil=True)
-def _far_terms(hist, gates, at, code_ts, t, terms):  # pragma: no cover - compiled
-    """``terms[k] = n_k gates[at + k] omega_b E_b[w, t]`` over the flat cells (``code_ts`` (T, B W) the codeword
-    tables times their codebook's weight, target-major); returns their sum: the far field's term of the row up to
-    the factor ``pi_far / (n_far A) exp(-shift)``, one product of three contiguous rows."""
-    for k in range(hist.shape[0]):
-        terms[k] = hist[k] * gates[at + k] * code_ts[t, k]
-    return _total(terms)
-
-
-@numba.njit(cache=True, nogil=True)
 def _far_terms_log(hist, y, code_means, inv_two_sigma2, log_omega, log_code_ts, t, terms):
     # pragma: no cover - compiled
-    """:func:`_far_terms` in the log domain, for a row whose linear sum is below :data:`FAR_TINY`: ``terms[k] =
+    """The far cells' terms in the log domain, for a row whose linear sum is below :data:`FAR_TINY`: ``terms[k] =
     exp(l_k - max l)`` with ``l_k = log n_k + log omega_b + log E_b[w, t] - ||y - nu_k||^2 / (2 sigma2)``. Returns
     ``(sum, max l + log sum)`` (``(0, -inf)`` when no cell is possible)."""
     n_books, n_words = log_code_ts.shape[1], log_code_ts.shape[2]
@@ -445,7 +443,19 @@ def _estep(
         m0 = min(m, n_near)
         n_far = m - m0
         far_hi = hi - m0 if n_far > 0 else lo
-        cur_lo, cur_hi = _slide_counts(tokens, flat_codes, hist, cur_lo, cur_hi, lo, far_hi)
+        if far_hi >= cur_hi and lo >= cur_lo and lo <= cur_hi:
+            # The far part slid by a token or so (the usual row): its counts moved here, not through a call.
+            for x in range(cur_lo, lo):
+                s = tokens[x]
+                for b in range(n_books):
+                    hist[flat_codes[s, b]] -= 1.0
+            for x in range(cur_hi, far_hi):
+                s = tokens[x]
+                for b in range(n_books):
+                    hist[flat_codes[s, b]] += 1.0
+            cur_lo, cur_hi = lo, far_hi
+        else:
+            cur_lo, cur_hi = _slide_counts(tokens, flat_codes, hist, cur_lo, cur_hi, lo, far_hi)
         t = target[row]
         v = query_index[row]
         for d in range(n_dim):
@@ -465,17 +475,21 @@ def _estep(
         far_sum = 0.0
         far_log = -np.inf
         if n_far > 0:
+            # The cells' terms n_k g_k omega_b E_b[w, t] (their sum: the far field's term up to the factor
+            # pi_far / (n_far A) exp(-shift)), made here, each branch reading its own gates: a call, or one name for
+            # either array, cost a row a call's arguments or the array's reference counting.
             if cached:
                 at = v * n_cells
                 done[v] = True
                 shift = shifts[v]
-                cell_gates = gates
+                for k in range(n_cells):
+                    terms[k] = hist[k] * gates[at + k] * code_ts[t, k]
             else:
-                at = 0
                 shift = _query_gates(y, flat_means, inv_two_sigma2, own_gates, 0, scratch, bits, scale)
-                cell_gates = own_gates
+                for k in range(n_cells):
+                    terms[k] = hist[k] * own_gates[k] * code_ts[t, k]
             far_const = log_prior[n_near] - math.log(n_far) - log_total
-            far_sum = _far_terms(hist, cell_gates, at, code_ts, t, terms)
+            far_sum = _total(terms)
             if far_sum > FAR_TINY:
                 far_log = far_const - shift + math.log(far_sum)
             else:
@@ -491,7 +505,14 @@ def _estep(
         for r in range(m0):
             scratch[r] = near_logw[r] - best
         scratch[m0] = far_log - best
-        exp_nonpositive_range(scratch, 0, near_logw, 0, m0, bits, scale)
+        # exp_nonpositive_range's loops, written out: inlined as a call, it counted its arrays' references each row.
+        for r in range(m0):
+            e = max(scratch[r], EXP_MIN)
+            k_e = np.floor(e * LOG2E + 0.5)
+            near_logw[r] = exp_reduced((e - k_e * LN2_HI) - k_e * LN2_LO)
+            bits[r] = (np.int64(k_e) + 1023) << 52
+        for r in range(m0):
+            near_logw[r] = near_logw[r] * scale[r] if scratch[r] >= EXP_MIN else 0.0
         far_e = math.exp(scratch[m0]) if far_sum > 0.0 else 0.0
         z = far_e
         for r in range(m0):
