@@ -283,26 +283,16 @@ PREFETCH_ROWS = 4
 
 
 @numba.njit(cache=True, nogil=True)
-def _slide_counts(tokens, flat_codes, hist, cur_lo, cur_hi, lo, hi):  # pragma: no cover - compiled
-    """:func:`_slide` of flat counts ``hist`` (B W,) (cell ``b W + w``, ``flat_codes[s, b]`` a symbol's cells),
-    without their logs."""
+def _recount(tokens, flat_codes, hist, lo, hi):  # pragma: no cover - compiled
+    """Flat counts ``hist`` (B W,) (cell ``b W + w``, ``flat_codes[s, b]`` a symbol's cells) of ``tokens[lo:hi]``
+    made afresh: for a far part that did not slide from the last row's (the E-step slides the usual one in its
+    loop, as :func:`_slide` does with logs)."""
     n_books = flat_codes.shape[1]
-    if lo >= cur_lo and hi >= cur_hi and lo <= cur_hi:
-        for x in range(cur_lo, lo):
-            s = tokens[x]
-            for b in range(n_books):
-                hist[flat_codes[s, b]] -= 1.0
-        for x in range(cur_hi, hi):
-            s = tokens[x]
-            for b in range(n_books):
-                hist[flat_codes[s, b]] += 1.0
-        return lo, hi
     hist[:] = 0.0
     for x in range(lo, hi):
         s = tokens[x]
         for b in range(n_books):
             hist[flat_codes[s, b]] += 1.0
-    return lo, hi
 
 
 # Reassociated sums vectorize; they are kept in loops that store nothing, so that LLVM compiles one path for them:
@@ -453,9 +443,9 @@ def _estep(
                 s = tokens[x]
                 for b in range(n_books):
                     hist[flat_codes[s, b]] += 1.0
-            cur_lo, cur_hi = lo, far_hi
         else:
-            cur_lo, cur_hi = _slide_counts(tokens, flat_codes, hist, cur_lo, cur_hi, lo, far_hi)
+            _recount(tokens, flat_codes, hist, lo, far_hi)
+        cur_lo, cur_hi = lo, far_hi
         t = target[row]
         v = query_index[row]
         for d in range(n_dim):
