@@ -290,6 +290,75 @@ def test_the_predictor_reads_a_sparse_emission_like_its_dense_view():
         assert_close(a.predict(), b.predict(), rtol=RTOL, label="sparse against dense")
 
 
+def peaked_model(n_pos, s, t, seed, emission=None):
+    """A head whose attention decays fast with the key's distance (keys spread wide, a small sigma2), with an
+    emission that has targets a million times rarer under some symbols than others."""
+    rng = np.random.default_rng(seed)
+    buckets = PositionBuckets.geometric(n_pos, max_geometric_buckets(n_pos))
+    if emission is None:
+        emission = rng.dirichlet(np.full(t, 0.3), size=s) + 1e-12
+        emission[:, : t // 4] *= 1e-6  # targets rare under every symbol: a relative bound is needed for them
+        emission /= emission.sum(axis=1, keepdims=True)
+    keys = rng.normal(scale=3.0, size=(s, 4))
+    prior = buckets.spread(rng.dirichlet(np.ones(buckets.num_buckets)))
+    return ResponsibilityAttentionDistribution(keys, emission, prior, 0.5, buckets=buckets), rng.normal(size=(s, 4))
+
+
+def test_the_predictor_reads_only_the_rows_that_count_and_each_target_stays_within_a_rounding():
+    # Every target's probability is the full mixture of the predictor's own attention to a relative 2**-53, plus the
+    # rounding of sums taken in another order; rows are left unread (else the bound is never exercised).
+    model, embeddings = peaked_model(64, 120, 40, seed=5)
+    history = np.random.default_rng(6).integers(0, 120, size=300)
+    predictor = Predictor(model, embeddings)
+    skipped = 0
+    for i, token in enumerate(history):
+        predictor.push(int(token))
+        got = predictor.predict()
+        symbols, a = predictor.attention()
+        full = a @ model.emission[symbols]
+        assert np.all(np.abs(got - full) <= 1e-14 * full), f"after {i + 1} tokens"
+        assert_close(got, recomputed(model, embeddings, history[: i + 1]), rtol=RTOL, label=f"after {i + 1} tokens")
+        assert predictor.rows_read <= symbols.shape[0]
+        skipped += symbols.shape[0] - predictor.rows_read
+    assert skipped > 0.5 * history.size  # most predictions leave rows unread
+
+
+def test_a_target_no_symbol_emits_stays_exactly_zero_and_an_emission_of_zeros_is_read_in_full():
+    s, t = 30, 12
+    emission = np.random.default_rng(3).dirichlet(np.ones(t), size=s)
+    emission[:, 4] = 0.0  # a target no symbol emits
+    emission[:15, 7] = 0.0  # and one half the symbols never emit: unread rows could hide its mass
+    emission /= emission.sum(axis=1, keepdims=True)
+    model, embeddings = peaked_model(16, s, t, seed=8, emission=emission)
+    predictor = Predictor(model, embeddings)
+    history = np.random.default_rng(9).integers(0, s, size=80)
+    for i, token in enumerate(history):
+        predictor.push(int(token))
+        got = predictor.predict()
+        symbols, a = predictor.attention()
+        full = a @ model.emission[symbols]
+        assert got[4] == 0.0
+        assert np.all(np.abs(got - full) <= 1e-14 * full), f"after {i + 1} tokens"
+
+
+def test_the_state_holds_the_window_counts_after_symbols_leave_and_return():
+    # A symbol that leaves the window frees its slot (the last slot moves in); counts stay those of the window.
+    buckets = PositionBuckets.geometric(8, 4)
+    model = tied_model((5, 8, 3, 4), buckets, 2, "dense")
+    predictor = Predictor(model, np.random.default_rng(0).normal(size=(5, 3)))
+    history = [0, 1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 1, 4, 4, 2, 0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1]
+    for i, token in enumerate(history):
+        predictor.push(token)
+        window = history[max(0, i + 1 - 8) : i + 1]
+        symbols, _ = predictor.attention()
+        assert list(symbols) == sorted(set(window)), f"after {i + 1} tokens"
+        recency = np.arange(len(window))[::-1]
+        bucket_of = np.searchsorted(buckets.starts, recency, side="right") - 1
+        per_bucket = set(zip(window, bucket_of.tolist(), strict=True))
+        assert predictor.state_size == len(per_bucket)
+        assert predictor.length == i + 1
+
+
 # ------------------------------------------------------------------------------------------ bad specs
 
 
