@@ -24,6 +24,7 @@ history of 100 to 300 tokens); with a flat gate (a large ``sigma2``) every row i
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -107,42 +108,73 @@ def _push(s, ring, counts, slot_of, slot_symbol, total, starts, meta):  # pragma
 
 
 @numba.njit(cache=True, nogil=True)
-def _attention(counts, slot_symbol, used, share, sizes, starts, length, key_means, y, inv_2s2, a):  # pragma: no cover
-    """``a[:used]``: the predictive attention on each slot's symbol,
-    ``a(s) ∝ (rho(s) / A) exp(-|K[s] - y|^2 / (2 sigma2))``, normalized."""
-    mass = 0.0  # A: the prior mass of the positions the history has
-    for b in range(share.shape[0]):
-        mass += share[b] * min(max(length - starts[b], 0), sizes[b])
+def _attention(
+    counts, slot_symbol, used, share, sizes, starts, length, key_means, y, inv_2s2, rho, a
+):  # pragma: no cover
+    """``a[:used]``: the predictive attention on each slot's symbol, ``a(s) ∝ rho(s) exp(-|K[s] - y|^2 / (2 sigma2))``
+    normalized (``rho`` (>= used,) work space). One exponential a symbol, scaled by the largest exponent; should the
+    weights all be tiny (the prior's shares near the smallest doubles), the logarithms' form instead."""
     best = -np.inf
     for i in range(used):
         s = slot_symbol[i]
-        rho = 0.0
+        r = 0.0
         for b in range(share.shape[0]):
             c = counts[i, b]
             if c != 0:
-                rho += share[b] * c
+                r += share[b] * c
         d = 0.0
         for j in range(y.shape[0]):
             diff = key_means[s, j] - y[j]
             d += diff * diff
-        lw = np.log(rho / mass) - d * inv_2s2
-        a[i] = lw
-        best = max(best, lw)
+        x = -d * inv_2s2
+        rho[i] = r
+        a[i] = x
+        if r > 0.0:
+            best = max(best, x)
     total = 0.0
     for i in range(used):
-        w = np.exp(a[i] - best)
+        w = rho[i] * np.exp(a[i] - best)
         a[i] = w
         total += w
+    if not 1e-280 <= total < np.inf:  # every weight near underflow: the logarithms' form
+        mass = 0.0  # A: the prior mass of the positions the history has
+        for b in range(share.shape[0]):
+            mass += share[b] * min(max(length - starts[b], 0), sizes[b])
+        best = -np.inf
+        for i in range(used):
+            s = slot_symbol[i]
+            d = 0.0
+            for j in range(y.shape[0]):
+                diff = key_means[s, j] - y[j]
+                d += diff * diff
+            lw = np.log(rho[i] / mass) - d * inv_2s2
+            a[i] = lw
+            best = max(best, lw)
+        total = 0.0
+        for i in range(used):
+            w = np.exp(a[i] - best)
+            a[i] = w
+            total += w
     for i in range(used):
         a[i] = a[i] / total
 
 
 @numba.njit(cache=True, nogil=True)
 def _add_rows(probs, symbols, a, order, start, stop, out):  # pragma: no cover - compiled
-    """``out += sum_{k in [start, stop)} a[order[k]] probs[symbols[order[k]]]``, four rows a pass over ``out``
-    (the emission rows read in place: the mixture is bound by reading them)."""
+    """``out += sum_{k in [start, stop)} a[order[k]] probs[symbols[order[k]]]``, eight rows a pass over ``out`` (then
+    four, then one): the emission rows read in place, the mixture being bound by reading them."""
     k = start
-    while k + 4 <= stop:
+    while k + 8 <= stop:
+        i0, i1, i2, i3 = order[k], order[k + 1], order[k + 2], order[k + 3]
+        i4, i5, i6, i7 = order[k + 4], order[k + 5], order[k + 6], order[k + 7]
+        r0, r1, r2, r3 = probs[symbols[i0]], probs[symbols[i1]], probs[symbols[i2]], probs[symbols[i3]]
+        r4, r5, r6, r7 = probs[symbols[i4]], probs[symbols[i5]], probs[symbols[i6]], probs[symbols[i7]]
+        a0, a1, a2, a3, a4, a5, a6, a7 = a[i0], a[i1], a[i2], a[i3], a[i4], a[i5], a[i6], a[i7]
+        for t in range(out.shape[0]):
+            first = (a0 * r0[t] + a1 * r1[t]) + (a2 * r2[t] + a3 * r3[t])
+            out[t] += first + ((a4 * r4[t] + a5 * r5[t]) + (a6 * r6[t] + a7 * r7[t]))
+        k += 8
+    if k + 4 <= stop:
         i0, i1, i2, i3 = order[k], order[k + 1], order[k + 2], order[k + 3]
         r0, r1, r2, r3 = probs[symbols[i0]], probs[symbols[i1]], probs[symbols[i2]], probs[symbols[i3]]
         a0, a1, a2, a3 = a[i0], a[i1], a[i2], a[i3]
@@ -158,35 +190,54 @@ def _add_rows(probs, symbols, a, order, start, stop, out):  # pragma: no cover -
         k += 1
 
 
+#: Attention is binned by its power of two (bin e holds [2**-(e+1), 2**-e)); the last bin takes all below.
+ATTENTION_BINS = 256
+
+
 @numba.njit(cache=True, nogil=True)
-def _read_mixture(probs, column_max, symbols, a, tolerance, out):  # pragma: no cover - compiled
-    """``out = sum_k a[k] probs[symbols[k]]`` to a relative ``tolerance`` on every target: the rows read in
-    decreasing ``a``, until the unread attention ``R`` has ``R * column_max[t] <= tolerance * out[t]`` for every
-    ``t`` (the unread rows add at most ``R * column_max[t]``). Returns the rows read."""
+def _read_mixture(probs, column_max, symbols, a, tolerance, binned, picked, mass, out):  # pragma: no cover - compiled
+    """``out = sum_k a[k] probs[symbols[k]]`` to a relative ``tolerance`` on every target: the rows read by
+    decreasing powers of two of ``a``, until the unread attention ``R`` has ``R * column_max[t] <= tolerance *
+    out[t]`` for every ``t`` (the unread rows add at most ``R * column_max[t]``). Rows of zero attention are never
+    read. ``binned``, ``picked`` (>= u,) and ``mass`` (ATTENTION_BINS + 1,) are work space. Returns the rows read."""
     u = symbols.shape[0]
-    order = np.argsort(-a)
-    unread = np.empty(u + 1)  # unread[k]: the attention of the rows after the k most attended, smallest first
-    unread[u] = 0.0
-    for k in range(u - 1, -1, -1):
-        unread[k] = unread[k + 1] + a[order[k]]
+    last = mass.shape[0] - 2
+    for e in range(mass.shape[0]):
+        mass[e] = 0.0
+    for k in range(u):
+        if a[k] > 0.0:
+            e = min(max(-math.frexp(a[k])[1], 0), last)  # a in [2**-(e+1), 2**-e)
+            binned[k] = e
+            mass[e] += a[k]
+        else:
+            binned[k] = -1
+    for e in range(last, -1, -1):  # mass[e]: the attention in bins e and after (smallest first)
+        mass[e] += mass[e + 1]
     for t in range(out.shape[0]):
         out[t] = 0.0
     read = 0
+    done = 0  # bins [0, done) are read; the unread attention is mass[done]
     bound = 1.0  # min_t out[t] / column_max[t], at most 1 (out[t] <= column_max[t])
     while True:
-        stop = read
-        while stop < u and unread[stop] > tolerance * bound:
+        stop = done
+        while stop <= last and mass[stop] > tolerance * bound:
             stop += 1
-        _add_rows(probs, symbols, a, order, read, stop, out)
-        read = stop
-        if unread[read] == 0.0:
+        n = 0
+        for k in range(u):
+            if done <= binned[k] < stop:
+                picked[n] = k
+                n += 1
+        _add_rows(probs, symbols, a, picked, 0, n, out)
+        read += n
+        done = stop
+        if mass[done] == 0.0:
             return read
         bound = np.inf
         for t in range(out.shape[0]):
             c = column_max[t]
             if c > 0.0:
                 bound = min(bound, out[t] / c)
-        if unread[read] <= tolerance * bound:
+        if mass[done] <= tolerance * bound:
             return read
 
 
@@ -349,6 +400,9 @@ class Predictor(RankedPredictions):
         self._total = np.zeros(num_symbols, dtype=np.int64)  # occurrences in the window
         self._meta = np.zeros(3, dtype=np.int64)  # tokens pushed, slots used, nonzero counts
         self._a = np.empty(slots)
+        self._rho = np.empty(slots)
+        self._work = np.empty((2, slots), dtype=np.int64)  # the mixture's work space
+        self._mass = np.empty(ATTENTION_BINS + 1)
         self._key_means = np.ascontiguousarray(model.key_means, dtype=np.float64)
         self._inv_two_sigma2 = 0.5 / float(model.sigma2)
         #: Emission rows the last :meth:`predict` read (with a dense emission; else every distinct symbol's).
@@ -405,7 +459,7 @@ class Predictor(RankedPredictions):
         a = self._a[:used]
         _attention(
             self._counts, self._slot_symbol, used, self._share, self._sizes, self._starts, self._meta[0],
-            self._key_means, y, self._inv_two_sigma2, a,
+            self._key_means, y, self._inv_two_sigma2, self._rho, a,
         )  # fmt: skip
         return self._slot_symbol[:used], a
 
@@ -423,8 +477,12 @@ class Predictor(RankedPredictions):
         symbols, a = self._slot_attention(query)
         if self._dense is not None:
             out = np.empty(self.model.num_targets)
-            dense = self._dense
-            self.rows_read = int(_read_mixture(dense.probs, dense.column_max, symbols, a, UNREAD_TOLERANCE, out))
+            dense, work = self._dense, self._work
+            self.rows_read = int(
+                _read_mixture(
+                    dense.probs, dense.column_max, symbols, a, UNREAD_TOLERANCE, work[0], work[1], self._mass, out
+                )
+            )
             return out
         self.rows_read = int(symbols.shape[0])
         return self.model.emission_table.predictive(symbols[None, :], a[None, :])[0]

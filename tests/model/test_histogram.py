@@ -341,6 +341,25 @@ def test_a_target_no_symbol_emits_stays_exactly_zero_and_an_emission_of_zeros_is
         assert np.all(np.abs(got - full) <= 1e-14 * full), f"after {i + 1} tokens"
 
 
+def test_attention_on_symbols_whose_prior_is_near_the_smallest_doubles_is_computed_from_logarithms():
+    # The far buckets' shares are subnormal (exact multiples of 2**-1074) and hold the symbols nearest the query: their
+    # weights, rho(s) exp(...), are too small for doubles to resolve, so the predictor takes logarithms first.
+    tiny = 2.0**-1074
+    buckets = PositionBuckets.geometric(8, 4)  # sizes 1, 1, 2, 4
+    by_recency = np.array([1.0, 3 * tiny, 5 * tiny, 5 * tiny, 7 * tiny, 7 * tiny, 7 * tiny, 7 * tiny])
+    keys = np.array([[0.0], [40.0], [40.5]])
+    emission = np.random.default_rng(4).dirichlet(np.ones(4), size=3)
+    model = ResponsibilityAttentionDistribution(keys, emission, by_recency[::-1].copy(), 1.0, buckets=buckets)
+    embeddings = np.full((3, 1), 40.0)  # every query next to symbols 1 and 2, 40 away from symbol 0
+    predictor = Predictor(model, embeddings)
+    history = [1, 2, 2, 1, 0]
+    for i, token in enumerate(history):
+        predictor.push(token)
+        assert_close(predictor.predict(), recomputed(model, embeddings, history[: i + 1]), rtol=RTOL, label=str(i))
+    symbols, a = predictor.attention()
+    assert list(symbols) == [0, 1, 2] and a[0] < 1e-20 < a[2] < a[1]  # the far symbols, not the newest
+
+
 def test_the_state_holds_the_window_counts_after_symbols_leave_and_return():
     # A symbol that leaves the window frees its slot (the last slot moves in); counts stay those of the window.
     buckets = PositionBuckets.geometric(8, 4)
