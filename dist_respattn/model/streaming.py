@@ -48,6 +48,10 @@ __all__ = [
 ]
 
 
+#: Priors of at most this many buckets keep each distinct symbol's bucket counts (a push moves K of them); a prior of
+#: more (a free prior over a long window) keeps only the window, and a prediction sums its N positions' shares.
+COUNTED_BUCKETS = 64
+
 #: The unread attention may move each target's probability by at most this fraction of it: a double's unit roundoff.
 UNREAD_TOLERANCE = 2.0**-53
 
@@ -108,20 +112,59 @@ def _push(s, ring, counts, slot_of, slot_symbol, total, starts, meta):  # pragma
 
 
 @numba.njit(cache=True, nogil=True)
+def _push_positions(s, ring, slot_of, slot_symbol, total, meta):  # pragma: no cover - compiled
+    """:func:`_push` without bucket counts (a prior of many buckets: the prediction sums the positions instead): the
+    window's oldest token leaves once N are held, ``s`` enters."""
+    n_pos = ring.shape[0]
+    length = meta[0]
+    if length >= n_pos:
+        leaving = ring[length % n_pos]
+        total[leaving] -= 1
+        if total[leaving] == 0:  # the last slot takes its place
+            i, last = slot_of[leaving], meta[1] - 1
+            if i != last:
+                moved = slot_symbol[last]
+                slot_symbol[i] = moved
+                slot_of[moved] = i
+            slot_of[leaving] = -1
+            meta[1] = last
+    if slot_of[s] < 0:
+        slot_of[s] = meta[1]
+        slot_symbol[meta[1]] = s
+        meta[1] += 1
+    total[s] += 1
+    ring[length % n_pos] = s
+    meta[0] = length + 1
+    meta[2] = min(length + 1, n_pos)  # each position its own bucket: one count a position held
+
+
+@numba.njit(cache=True, nogil=True)
 def _attention(
-    counts, slot_symbol, used, share, sizes, starts, length, key_means, y, inv_2s2, rho, a
+    counts, ring, slot_of, slot_symbol, used, share, by_recency, sizes, starts, length, key_means, y, inv_2s2, rho, a
 ):  # pragma: no cover
     """``a[:used]``: the predictive attention on each slot's symbol, ``a(s) ∝ rho(s) exp(-|K[s] - y|^2 / (2 sigma2))``
-    normalized (``rho`` (>= used,) work space). One exponential a symbol, scaled by the largest exponent; should the
-    weights all be tiny (the prior's shares near the smallest doubles), the logarithms' form instead."""
+    normalized (``rho`` (>= used,) work space). ``rho`` from the slots' bucket counts, or, without them (``counts``
+    of no rows: many buckets), summed over the window's positions (``by_recency`` (N,) the share of each recency).
+    One exponential a symbol, scaled by the largest exponent; should the weights all be tiny (the prior's shares
+    near the smallest doubles), the logarithms' form instead."""
+    counted = counts.shape[0] > 0
+    if not counted:
+        for i in range(used):
+            rho[i] = 0.0
+        n_pos = ring.shape[0]
+        for age in range(min(length, n_pos)):
+            rho[slot_of[ring[(length - 1 - age) % n_pos]]] += by_recency[age]
     best = -np.inf
     for i in range(used):
         s = slot_symbol[i]
         r = 0.0
-        for b in range(share.shape[0]):
-            c = counts[i, b]
-            if c != 0:
-                r += share[b] * c
+        if counted:
+            for b in range(share.shape[0]):
+                c = counts[i, b]
+                if c != 0:
+                    r += share[b] * c
+        else:
+            r = rho[i]
         d = 0.0
         for j in range(y.shape[0]):
             diff = key_means[s, j] - y[j]
@@ -368,7 +411,9 @@ class Predictor(RankedPredictions):
     reads a document's first rows: the missing positions masked, the prior renormalized over those it has.
 
     The state: the last N token ids, and each distinct symbol of the window's K bucket counts (a slot of K
-    int32, at most min(N, S) slots), compiled: a push or a prediction allocates nothing the size of the window.
+    int32, at most min(N, S) slots), compiled: a push or a prediction allocates nothing the size of the window. A
+    prior of more than :data:`COUNTED_BUCKETS` buckets (a free prior over a long window) keeps no counts: a push
+    costs O(1) and a prediction sums the window's N positions' shares instead of reading K counts a symbol.
 
     Example::
 
@@ -394,7 +439,10 @@ class Predictor(RankedPredictions):
         n_pos, num_symbols = model.context_length, model.num_symbols
         slots = min(n_pos, num_symbols)
         self._ring = np.zeros(n_pos, dtype=np.int64)  # the last N tokens: token j (0-based) at j % N
-        self._counts = np.zeros((slots, sizes.shape[0]), dtype=np.int32)  # a slot's K bucket counts
+        # A slot's K bucket counts; a prior of more buckets (a free prior's N) sums the window's positions instead.
+        self._counted = sizes.shape[0] <= COUNTED_BUCKETS
+        self._counts = np.zeros((slots if self._counted else 0, sizes.shape[0]), dtype=np.int32)
+        self._by_recency = np.repeat(self._share, sizes)
         self._slot_of = np.full(num_symbols, -1, dtype=np.int64)  # symbol -> its slot, -1 outside the window
         self._slot_symbol = np.zeros(slots, dtype=np.int64)
         self._total = np.zeros(num_symbols, dtype=np.int64)  # occurrences in the window
@@ -421,7 +469,10 @@ class Predictor(RankedPredictions):
         s = int(token)
         if not 0 <= s < self.model.num_symbols:
             raise ValueError(f"token {token!r}: expected a symbol id in [0, {self.model.num_symbols})")
-        _push(s, self._ring, self._counts, self._slot_of, self._slot_symbol, self._total, self._starts, self._meta)
+        if self._counted:
+            _push(s, self._ring, self._counts, self._slot_of, self._slot_symbol, self._total, self._starts, self._meta)
+        else:
+            _push_positions(s, self._ring, self._slot_of, self._slot_symbol, self._total, self._meta)
 
     def extend(self, tokens: Any) -> None:
         for token in np.asarray(tokens).reshape(-1):
@@ -458,8 +509,8 @@ class Predictor(RankedPredictions):
         used = int(self._meta[1])
         a = self._a[:used]
         _attention(
-            self._counts, self._slot_symbol, used, self._share, self._sizes, self._starts, self._meta[0],
-            self._key_means, y, self._inv_two_sigma2, self._rho, a,
+            self._counts, self._ring, self._slot_of, self._slot_symbol, used, self._share, self._by_recency,
+            self._sizes, self._starts, self._meta[0], self._key_means, y, self._inv_two_sigma2, self._rho, a,
         )  # fmt: skip
         return self._slot_symbol[:used], a
 

@@ -249,7 +249,7 @@ def recomputed(model, embeddings, history):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize(("n_pos", "k"), [(1, 1), (8, 4), (16, 16), (13, 5)])
+@pytest.mark.parametrize(("n_pos", "k"), [(1, 1), (8, 4), (16, 16), (13, 5), (70, 70)])  # 70: no counts
 def test_the_streaming_predictor_equals_recomputing_the_window(layout, n_pos, k):
     rng = np.random.default_rng(n_pos + 100 * k)
     buckets = PositionBuckets.geometric(n_pos, k)
@@ -360,15 +360,17 @@ def test_attention_on_symbols_whose_prior_is_near_the_smallest_doubles_is_comput
     assert list(symbols) == [0, 1, 2] and a[0] < 1e-20 < a[2] < a[1]  # the far symbols, not the newest
 
 
-def test_the_state_holds_the_window_counts_after_symbols_leave_and_return():
+@pytest.mark.parametrize(("n_pos", "k"), [(8, 4), (70, 70)])  # 70 buckets: the window's positions, no counts
+def test_the_state_holds_the_window_counts_after_symbols_leave_and_return(n_pos, k):
     # A symbol that leaves the window frees its slot (the last slot moves in); counts stay those of the window.
-    buckets = PositionBuckets.geometric(8, 4)
-    model = tied_model((5, 8, 3, 4), buckets, 2, "dense")
+    buckets = PositionBuckets.geometric(n_pos, k)
+    model = tied_model((5, n_pos, 3, 4), buckets, 2, "dense")
     predictor = Predictor(model, np.random.default_rng(0).normal(size=(5, 3)))
     history = [0, 1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 1, 4, 4, 2, 0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1]
+    history = history + [2] * (n_pos + 3) + history  # the window empties of every symbol but 2, then fills again
     for i, token in enumerate(history):
         predictor.push(token)
-        window = history[max(0, i + 1 - 8) : i + 1]
+        window = history[max(0, i + 1 - n_pos) : i + 1]
         symbols, _ = predictor.attention()
         assert list(symbols) == sorted(set(window)), f"after {i + 1} tokens"
         recency = np.arange(len(window))[::-1]
