@@ -624,19 +624,25 @@ def latency_part(args: argparse.Namespace, corpus: dict[str, Any]) -> dict[str, 
                 for token in stream[:history]:
                     predictor.push(int(token))
                 entry["fill_s_per_token"] = (time.perf_counter() - started) / history
-                latencies = []
+                latencies, rows_read, distinct = [], [], []
                 for j in range(steps):
                     token = int(stream[history + j])
                     started = time.perf_counter()
                     predictor.push(token)
                     predicted = predictor.predict()
                     latencies.append(time.perf_counter() - started)
+                    rows_read.append(getattr(predictor, "rows_read", None))
+                    distinct.append(np.unique(stream[max(0, history + j + 1 - n_pos) : history + j + 1]).size)
                 stop = history + steps
                 window = stream[max(0, stop - n_pos) : stop]
                 expected = recompute(model, emission, window, table[window[-1]])
                 entry["predictor_s"] = float(np.median(latencies))
                 entry["predictor_p90_s"] = float(np.quantile(latencies, 0.9))
                 entry["predictor_max_abs_difference"] = float(np.max(np.abs(np.asarray(predicted) - expected)))
+                entry["distinct_symbols"] = float(np.median(distinct))
+                # Emission rows a prediction read, when the predictor says (it may leave unread the rows whose
+                # attention cannot move a probability by more than a rounding).
+                entry["predictor_rows_read"] = None if None in rows_read else float(np.median(rows_read))
             except Exception as exc:  # the predictor is new: report what it did, and keep the other figures
                 entry["predictor_error"] = f"{type(exc).__name__}: {exc}"
                 say(f"predictor at history {history}: {entry['predictor_error']}")
@@ -1207,7 +1213,7 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"  predictor: not available ({latency['predictor_missing']})")
         header = (
             f"{'history':>9}{'predictor':>12}{'p90':>10}{'recompute':>12}{'predict_proba':>15}"
-            f"{'recompute/predictor':>21}{'max |diff|':>12}"
+            f"{'recompute/predictor':>21}{'max |diff|':>12}{'distinct':>10}{'rows read':>11}"
         )
         lines += [header, "-" * len(header)]
         for e in latency["histories"]:
@@ -1224,12 +1230,19 @@ def format_report(report: dict[str, Any]) -> str:
                 + (f"{proba * 1e6:>13,.0f}us" if proba is not None else f"{'-':>15}")
                 + (f"{e['recompute_numpy_s'] / e['predictor_s']:>20.1f}x" if has else f"{'-':>21}")
                 + (f"{e['predictor_max_abs_difference']:>12.1e}" if has else f"{'-':>12}")
+                + (f"{e['distinct_symbols']:>10,.1f}" if has else f"{'-':>10}")
+                + (
+                    f"{e['predictor_rows_read']:>11,.1f}"
+                    if has and e["predictor_rows_read"] is not None
+                    else f"{'-':>11}"
+                )
             )
             if "predictor_error" in e:
                 lines.append(f"  predictor failed: {e['predictor_error']}")
         lines.append(
             "  recompute: from scratch per token in NumPy over the last min(history, N) tokens; predict_proba: the "
-            "package's per-window path (full windows only); max |diff|: predictor vs recompute after the last step"
+            "package's per-window path (full windows only); max |diff|: predictor vs recompute after the last step; "
+            "distinct: the window's distinct symbols, rows read: the emission rows a prediction read (medians)"
         )
         full = latency.get("predictor_flatness_full_windows")
         if full is not None:

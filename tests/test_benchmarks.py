@@ -563,6 +563,7 @@ def test_long_context_smoke_run_on_the_stdlib_reports_every_figure(tmp_path):
         else:
             assert e["recompute_predict_proba_s"] is None, label
         assert 0.0 <= e["predictor_max_abs_difference"] <= 1e-12, (label, e["predictor_max_abs_difference"])
+        assert 1 <= e["predictor_rows_read"] <= e["distinct_symbols"] <= latency["context"], label
 
     # Quality: the N = 8 head, a bucketed head and the baselines, all on the same test targets.
     quality = report["quality"]

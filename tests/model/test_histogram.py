@@ -249,7 +249,7 @@ def recomputed(model, embeddings, history):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize(("n_pos", "k"), [(1, 1), (8, 4), (16, 16), (13, 5)])
+@pytest.mark.parametrize(("n_pos", "k"), [(1, 1), (8, 4), (16, 16), (13, 5), (70, 70)])  # 70: no counts
 def test_the_streaming_predictor_equals_recomputing_the_window(layout, n_pos, k):
     rng = np.random.default_rng(n_pos + 100 * k)
     buckets = PositionBuckets.geometric(n_pos, k)
@@ -288,6 +288,96 @@ def test_the_predictor_reads_a_sparse_emission_like_its_dense_view():
         a.push(int(token))
         b.push(int(token))
         assert_close(a.predict(), b.predict(), rtol=RTOL, label="sparse against dense")
+
+
+def peaked_model(n_pos, s, t, seed, emission=None):
+    """A head whose attention decays fast with the key's distance (keys spread wide, a small sigma2), with an
+    emission that has targets a million times rarer under some symbols than others."""
+    rng = np.random.default_rng(seed)
+    buckets = PositionBuckets.geometric(n_pos, max_geometric_buckets(n_pos))
+    if emission is None:
+        emission = rng.dirichlet(np.full(t, 0.3), size=s) + 1e-12
+        emission[:, : t // 4] *= 1e-6  # targets rare under every symbol: a relative bound is needed for them
+        emission /= emission.sum(axis=1, keepdims=True)
+    keys = rng.normal(scale=3.0, size=(s, 4))
+    prior = buckets.spread(rng.dirichlet(np.ones(buckets.num_buckets)))
+    return ResponsibilityAttentionDistribution(keys, emission, prior, 0.5, buckets=buckets), rng.normal(size=(s, 4))
+
+
+def test_the_predictor_reads_only_the_rows_that_count_and_each_target_stays_within_a_rounding():
+    # Every target's probability is the full mixture of the predictor's own attention to a relative 2**-53, plus the
+    # rounding of sums taken in another order; rows are left unread (else the bound is never exercised).
+    model, embeddings = peaked_model(64, 120, 40, seed=5)
+    history = np.random.default_rng(6).integers(0, 120, size=300)
+    predictor = Predictor(model, embeddings)
+    skipped = 0
+    for i, token in enumerate(history):
+        predictor.push(int(token))
+        got = predictor.predict()
+        symbols, a = predictor.attention()
+        full = a @ model.emission[symbols]
+        assert np.all(np.abs(got - full) <= 1e-14 * full), f"after {i + 1} tokens"
+        assert_close(got, recomputed(model, embeddings, history[: i + 1]), rtol=RTOL, label=f"after {i + 1} tokens")
+        assert predictor.rows_read <= symbols.shape[0]
+        skipped += symbols.shape[0] - predictor.rows_read
+    assert skipped > 0.5 * history.size  # most predictions leave rows unread
+
+
+def test_a_target_no_symbol_emits_stays_exactly_zero_and_an_emission_of_zeros_is_read_in_full():
+    s, t = 30, 12
+    emission = np.random.default_rng(3).dirichlet(np.ones(t), size=s)
+    emission[:, 4] = 0.0  # a target no symbol emits
+    emission[:15, 7] = 0.0  # and one half the symbols never emit: unread rows could hide its mass
+    emission /= emission.sum(axis=1, keepdims=True)
+    model, embeddings = peaked_model(16, s, t, seed=8, emission=emission)
+    predictor = Predictor(model, embeddings)
+    history = np.random.default_rng(9).integers(0, s, size=80)
+    for i, token in enumerate(history):
+        predictor.push(int(token))
+        got = predictor.predict()
+        symbols, a = predictor.attention()
+        full = a @ model.emission[symbols]
+        assert got[4] == 0.0
+        assert np.all(np.abs(got - full) <= 1e-14 * full), f"after {i + 1} tokens"
+
+
+def test_attention_on_symbols_whose_prior_is_near_the_smallest_doubles_is_computed_from_logarithms():
+    # The far buckets' shares are subnormal (exact multiples of 2**-1074) and hold the symbols nearest the query: their
+    # weights, rho(s) exp(...), are too small for doubles to resolve, so the predictor takes logarithms first.
+    tiny = 2.0**-1074
+    buckets = PositionBuckets.geometric(8, 4)  # sizes 1, 1, 2, 4
+    by_recency = np.array([1.0, 3 * tiny, 5 * tiny, 5 * tiny, 7 * tiny, 7 * tiny, 7 * tiny, 7 * tiny])
+    keys = np.array([[0.0], [40.0], [40.5]])
+    emission = np.random.default_rng(4).dirichlet(np.ones(4), size=3)
+    model = ResponsibilityAttentionDistribution(keys, emission, by_recency[::-1].copy(), 1.0, buckets=buckets)
+    embeddings = np.full((3, 1), 40.0)  # every query next to symbols 1 and 2, 40 away from symbol 0
+    predictor = Predictor(model, embeddings)
+    history = [1, 2, 2, 1, 0]
+    for i, token in enumerate(history):
+        predictor.push(token)
+        assert_close(predictor.predict(), recomputed(model, embeddings, history[: i + 1]), rtol=RTOL, label=str(i))
+    symbols, a = predictor.attention()
+    assert list(symbols) == [0, 1, 2] and a[0] < 1e-20 < a[2] < a[1]  # the far symbols, not the newest
+
+
+@pytest.mark.parametrize(("n_pos", "k"), [(8, 4), (70, 70)])  # 70 buckets: the window's positions, no counts
+def test_the_state_holds_the_window_counts_after_symbols_leave_and_return(n_pos, k):
+    # A symbol that leaves the window frees its slot (the last slot moves in); counts stay those of the window.
+    buckets = PositionBuckets.geometric(n_pos, k)
+    model = tied_model((5, n_pos, 3, 4), buckets, 2, "dense")
+    predictor = Predictor(model, np.random.default_rng(0).normal(size=(5, 3)))
+    history = [0, 1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 1, 4, 4, 2, 0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1]
+    history = history + [2] * (n_pos + 3) + history  # the window empties of every symbol but 2, then fills again
+    for i, token in enumerate(history):
+        predictor.push(token)
+        window = history[max(0, i + 1 - n_pos) : i + 1]
+        symbols, _ = predictor.attention()
+        assert list(symbols) == sorted(set(window)), f"after {i + 1} tokens"
+        recency = np.arange(len(window))[::-1]
+        bucket_of = np.searchsorted(buckets.starts, recency, side="right") - 1
+        per_bucket = set(zip(window, bucket_of.tolist(), strict=True))
+        assert predictor.state_size == len(per_bucket)
+        assert predictor.length == i + 1
 
 
 # ------------------------------------------------------------------------------------------ bad specs

@@ -257,6 +257,11 @@ class DenseEmission(Emission):
         return self.probs[np.asarray(symbols, dtype=np.int64)]
 
     @functools.cached_property
+    def column_max(self) -> np.ndarray:
+        """(T,) each target's largest probability over the symbols: what bounds the rows a mixture leaves unread."""
+        return np.ascontiguousarray(self.probs.max(axis=0))
+
+    @functools.cached_property
     def _offset_cdf(self) -> np.ndarray:
         # Symbol s owns the interval [s, s + 1) of one flattened CDF: one searchsorted draws every row.
         cdf = np.cumsum(self.probs, axis=1)
