@@ -96,8 +96,8 @@ def pass_parts(head: Any, rows: Any, repeats: int) -> dict[str, float]:
                 *kernel_rows, p.key_means, p.inv_two_sigma2, p.gate_const, p.prior, p.log_prior, p.log_omega,
                 p.log_emission_ts, p.log_code_ts, tables.flat_codes, tables.flat_means, tables.code_ts,
                 arrays.key_sum, arrays.key_mass, arrays.emission_count, arrays.code_sum.reshape(cells, d),
-                arrays.code_count.reshape(-1, cells), arrays.prior_mass, arrays.scalars, gates, shifts, done,
-                code_query, touched,
+                arrays.code_count.reshape(-1, cells), arrays.prior_mass, arrays.scalars, gates.reshape(-1, cells),
+                shifts, done, code_query, touched,
             )  # fmt: skip
             arrays.touched.append(touched[:n_touched])
             done_with("the rows (the compiled E-step)")

@@ -15,7 +15,7 @@ import pytest
 from dist_respattn.model.fitting.em import fit_em
 from dist_respattn.model.heads.base import Block
 from dist_respattn.model.heads.codebook import CodebookHead, CodebookSpec, spec_from_options
-from dist_respattn.model.heads.codebook.kernels import CodebookArrays, NearCounts, take_near_counts
+from dist_respattn.model.heads.codebook.kernels import CodebookArrays, NearCounts, _query_sums, take_near_counts
 from dist_respattn.model.heads.codebook.kind import CodebookTrainer, codebook_statistics, start_head
 from dist_respattn.model.heads.codebook.quantize import codebook_assignment
 from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
@@ -469,3 +469,28 @@ def test_a_pass_takes_its_near_counts_in_the_tables_order_and_leaves_the_table_z
     np.testing.assert_array_equal(counts.values, [3.0, 1e-300, 0.25])
     assert not arrays.emission_count.any() and arrays.touched == []
     assert counts.keys.dtype == np.int64
+
+
+@pytest.mark.parametrize("dim", [7, 8, 32, 40])
+def test_query_sums_add_four_query_rows_at_a_time_in_order(dim):
+    """The query sums over the used query-table rows: four rows' terms summed, then added, in row order, the rest one
+    at a time (NumPy's numbers in that order, bit for bit, with D a multiple of 8 or not); the rows read cleared."""
+    rng = np.random.default_rng(dim)
+    v, cells = 23, 12
+    done = rng.random(v) < 0.6
+    done[[0, 22]] = True
+    code_query = rng.random((v, cells)) * done[:, None]
+    query_table = rng.normal(size=(v, dim)).astype(np.float32)
+    code_sum = rng.normal(size=(cells, dim))
+    expected = code_sum.copy()
+    used = np.flatnonzero(done)
+    ys = query_table.astype(np.float64)
+    full = used.shape[0] - used.shape[0] % 4
+    for i in range(0, full, 4):
+        a, y = code_query[used[i : i + 4]], ys[used[i : i + 4]]
+        expected += ((a[0][:, None] * y[0] + a[1][:, None] * y[1]) + a[2][:, None] * y[2]) + a[3][:, None] * y[3]
+    for i in range(full, used.shape[0]):
+        expected += code_query[used[i]][:, None] * ys[used[i]]
+    _query_sums(code_query, done, query_table, code_sum)
+    np.testing.assert_array_equal(code_sum, expected)
+    assert not code_query.any()

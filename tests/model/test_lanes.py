@@ -10,6 +10,7 @@ import pytest
 from dist_respattn.model.heads.hops.kernels import _find_pairs
 from dist_respattn.model.kernels.lanes import (
     LANES,
+    add_four_products,
     add_weighted_rows,
     add_window_rows_8,
     sq_distances_8,
@@ -50,6 +51,11 @@ def _add(dst, h, row, table, symbols, lo, n, weights, w0, stride):
 @numba.njit(cache=True)
 def _add_8(dst, h, table, symbols, lo, n, weights, j0, stride):
     add_window_rows_8(dst, h, table, symbols, lo, n, weights, j0, stride)
+
+
+@numba.njit(cache=True)
+def _four_products(dst, table, rows, ys):
+    add_four_products(dst, table, rows, ys)
 
 
 @pytest.mark.parametrize("dim", [8, 16, 32, 40, 72])
@@ -141,3 +147,21 @@ def test_a_windows_transitions_in_one_pass(dim):
     # A source no position reaches: its row all 0.
     out, shifts = _transition_logs(queries, keys, 2, symbols, 3, -0.3, np.full(LANES, -np.inf))
     assert np.all(out[1:-1] == 0.0) and np.all(shifts[1 : 1 + LANES] == -np.inf)
+
+
+@pytest.mark.parametrize("dim", [8, 32, 40, 72])
+@pytest.mark.parametrize("cells", [1, 5, 128])
+def test_four_rows_products_added_over_the_cells(dim, cells):
+    """Each cell's four products summed in order, then added: NumPy's numbers in the same order, bit for bit (no
+    fused multiply-add), and nothing of the table or the rows changed."""
+    rng = np.random.default_rng(dim * 1000 + cells)
+    table = rng.random((9, cells))
+    rows = np.array([7, 2, 5, 0], dtype=np.int64)
+    ys = rng.normal(size=(4, dim))
+    dst = rng.normal(size=(cells, dim))
+    a = table[rows]  # (4, cells)
+    expected = dst + (((a[0][:, None] * ys[0] + a[1][:, None] * ys[1]) + a[2][:, None] * ys[2]) + a[3][:, None] * ys[3])
+    before = table.copy()
+    _four_products(dst, table, rows, ys)
+    np.testing.assert_array_equal(dst, expected)
+    np.testing.assert_array_equal(table, before)

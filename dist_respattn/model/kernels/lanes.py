@@ -17,7 +17,14 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["LANES", "add_weighted_rows", "add_window_rows_8", "sq_distances_8", "transition_logs_8"]
+__all__ = [
+    "LANES",
+    "add_four_products",
+    "add_weighted_rows",
+    "add_window_rows_8",
+    "sq_distances_8",
+    "transition_logs_8",
+]
 
 #: Lanes of a block: the keys of one :func:`sq_distances_8`, the dimensions of one step of :func:`add_weighted_rows`.
 LANES = 8
@@ -388,8 +395,63 @@ def _window_rows(n_rows: int, group: int) -> Any:  # pragma: no cover - compiled
     return typer
 
 
+def _add_four_products(typingctx, dst, table, rows, ys):  # pragma: no cover - compiled
+    """``add_four_products(dst, table, rows, ys)``: ``dst[k, d] += ((table[rows[0], k] ys[0, d] + table[rows[1], k]
+    ys[1, d]) + table[rows[2], k] ys[2, d]) + table[rows[3], k] ys[3, d]`` for every k < K and d < D, each sum in
+    that order (the scalar loop's numbers, 8 lanes at a time, no fused multiply-add); ``dst`` a C-order (K, D)
+    float64 array, ``table`` (V, K) float64, ``rows`` 4 int64 row indices, ``ys`` (4, D) float64 C-order, ``D`` a
+    multiple of 8 (the caller's check). A pass holds 32 dimensions of the four ``ys`` rows in 16 vectors (then any 8
+    left, 4 vectors a pass) and goes over the K rows of ``dst``, each row's 4 weights loaded once a pass."""
+    sig = types.void(dst, table, rows, ys)
+
+    def codegen(context, builder, signature, args):
+        dst_ty, t_ty, r_ty, y_ty = signature.args
+        intp = context.get_value_type(types.intp)
+        out = context.make_array(dst_ty)(context, builder, args[0])
+        tab = context.make_array(t_ty)(context, builder, args[1])
+        idx = context.make_array(r_ty)(context, builder, args[2])
+        yarr = context.make_array(y_ty)(context, builder, args[3])
+        n_rows_out, dim = cgutils.unpack_tuple(builder, out.shape, 2)
+        rows = []
+        for i in range(4):
+            ptr = cgutils.get_item_pointer(context, builder, r_ty, idx, [intp(i)], wraparound=False)
+            rows.append(context.cast(builder, builder.load(ptr), r_ty.dtype, types.intp))
+
+        def add_rows(d0, width):
+            """Dimensions d0 .. d0 + 8 width: the ``ys`` vectors held while every row of ``dst`` gets its terms."""
+            yv = []
+            for i in range(4):
+                y_ptr = cgutils.get_item_pointer(context, builder, y_ty, yarr, [intp(i), d0], wraparound=False)
+                yv.append([builder.load(_vector_at(builder, builder.gep(y_ptr, [intp(LANES * g)])), align=8)
+                           for g in range(width)])  # fmt: skip
+            with cgutils.for_range(builder, n_rows_out) as cell:
+                k = cell.index
+                weights = []
+                for i in range(4):
+                    w_ptr = cgutils.get_item_pointer(context, builder, t_ty, tab, [rows[i], k], wraparound=False)
+                    weights.append(_splat(builder, builder.load(w_ptr)))
+                o_ptr = cgutils.get_item_pointer(context, builder, dst_ty, out, [k, d0], wraparound=False)
+                for g in range(width):
+                    at = _vector_at(builder, builder.gep(o_ptr, [intp(LANES * g)]))
+                    term = builder.fadd(builder.fmul(weights[0], yv[0][g]), builder.fmul(weights[1], yv[1][g]))
+                    term = builder.fadd(term, builder.fmul(weights[2], yv[2][g]))
+                    term = builder.fadd(term, builder.fmul(weights[3], yv[3][g]))
+                    builder.store(builder.fadd(builder.load(at, align=8), term), at, align=8)
+
+        groups = builder.udiv(dim, intp(LANES * _GROUP))
+        with cgutils.for_range(builder, groups) as group:
+            add_rows(builder.mul(group.index, intp(LANES * _GROUP)), _GROUP)
+        rest = builder.udiv(builder.urem(dim, intp(LANES * _GROUP)), intp(LANES))
+        with cgutils.for_range(builder, rest) as step:
+            add_rows(builder.add(builder.mul(groups, intp(LANES * _GROUP)), builder.mul(step.index, intp(LANES))), 1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 # Typed as Any: the intrinsics' call signatures exist only inside numba's typing, not for mypy.
 sq_distances_8: Any = intrinsic(_sq_distances_8)
 add_weighted_rows: Any = intrinsic(_add_weighted_rows)
 add_window_rows_8: Any = intrinsic(_window_rows(8, 2))
 transition_logs_8: Any = intrinsic(_transition_logs_8)
+add_four_products: Any = intrinsic(_add_four_products)

@@ -27,6 +27,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from dist_respattn.model.kernels.lanes import LANES, add_four_products
 from dist_respattn.model.kernels.log_weights import (
     EXP_MIN,
     LN2_HI,
@@ -379,7 +380,7 @@ def _estep(
 ):  # pragma: no cover - compiled  # fmt: skip
     """The E-step of window rows. Flat cells ``k = b W + w``: ``flat_means`` (B W, D), ``code_ts`` (T, B W),
     ``code_sum`` (B W, D), ``code_count`` (T, B W) (the cells' and codebooks' masses are its sums, made at the end:
-    :func:`far_masses`). ``gates``/``shifts`` ((V B W,), (V,)): each query-table row's cell gates and their shift
+    :func:`far_masses`). ``gates``/``shifts`` ((V, B W), (V,)): each query-table row's cell gates and their shift
     (:func:`_query_gates`, made beforehand: :meth:`EstepTables.query_gates`); ``done``/``code_query`` ((V,),
     (V, B W)): the table rows used and their cells' responsibilities (the query sums are made per table row at the
     end); all empty (V = 0), every row makes its own gates and adds its query sums. ``touched`` (at least rows x N0;
@@ -420,10 +421,7 @@ def _estep(
                 prefetch_item(emission_count, c, t_ahead)
             prefetch_row(code_ts, t_ahead)
             if cached:
-                at_ahead = query_index[ahead] * n_cells
-                for k in range(0, n_cells, 8):
-                    prefetch_element(gates, at_ahead + k)
-                prefetch_element(gates, at_ahead + n_cells - 1)
+                prefetch_row(gates, query_index[ahead])
         wt = weight[row] if weighted else 1.0
         if wt == 0.0:
             continue
@@ -469,11 +467,10 @@ def _estep(
             # pi_far / (n_far A) exp(-shift)), made here, each branch reading its own gates: a call, or one name for
             # either array, cost a row a call's arguments or the array's reference counting.
             if cached:
-                at = v * n_cells
                 done[v] = True
                 shift = shifts[v]
                 for k in range(n_cells):
-                    terms[k] = hist[k] * gates[at + k] * code_ts[t, k]
+                    terms[k] = hist[k] * gates[v, k] * code_ts[t, k]
             else:
                 shift = _query_gates(y, flat_means, inv_two_sigma2, own_gates, 0, scratch, bits, scale)
                 for k in range(n_cells):
@@ -691,7 +688,7 @@ def codebook_estep(rows: Any, params: CodebookParameters, tables: EstepTables, a
         *rows.kernel_arrays(), p.key_means, p.inv_two_sigma2, p.gate_const, p.prior, p.log_prior, p.log_omega,
         p.log_emission_ts, p.log_code_ts, tables.flat_codes, tables.flat_means, tables.code_ts, arrays.key_sum,
         arrays.key_mass, arrays.emission_count, arrays.code_sum.reshape(cells, d), arrays.code_count.reshape(-1, cells),
-        arrays.prior_mass, arrays.scalars, gates, shifts, done, code_query, touched,
+        arrays.prior_mass, arrays.scalars, gates.reshape(-1, cells), shifts, done, code_query, touched,
     )  # fmt: skip
     arrays.touched.append(touched[:n_touched])
     if cached:
@@ -885,29 +882,33 @@ def _far_masses(code_count, code_mass, omega_mass):  # pragma: no cover - compil
 @numba.njit(cache=True, nogil=True)
 def _query_sums(code_query, done, query_table, code_sum):  # pragma: no cover - compiled
     """``code_sum[k] += sum_v code_query[v, k] y_v`` over the query-table rows used, in row order, four rows at a
-    time (their four terms summed, then added: each cell's sums are loaded and stored once per four rows); the rows
-    read are cleared (``code_query`` is zero again)."""
+    time (their four terms summed, then added: each cell's sums are loaded and stored once per four rows; with D a
+    multiple of 8, 8 dimensions a vector, the four rows' 32 dimensions held over the cells: :func:`add_four_products`,
+    the same numbers); the rows read are cleared (``code_query`` is zero again)."""
     n_dim = code_sum.shape[1]
     n_cells = code_query.shape[1]
     used = np.flatnonzero(done)
     ys = np.empty((4, n_dim))
+    vs = np.empty(4, dtype=np.int64)
     n_used = used.shape[0]
     full = n_used - n_used % 4
+    lanes = n_dim % LANES == 0
     for i in range(0, full, 4):
-        v0, v1, v2, v3 = used[i], used[i + 1], used[i + 2], used[i + 3]
-        for d in range(n_dim):
-            ys[0, d] = query_table[v0, d]
-            ys[1, d] = query_table[v1, d]
-            ys[2, d] = query_table[v2, d]
-            ys[3, d] = query_table[v3, d]
-        for k in range(n_cells):
-            a0, a1, a2, a3 = code_query[v0, k], code_query[v1, k], code_query[v2, k], code_query[v3, k]
-            code_query[v0, k] = 0.0
-            code_query[v1, k] = 0.0
-            code_query[v2, k] = 0.0
-            code_query[v3, k] = 0.0
+        for j in range(4):
+            vs[j] = used[i + j]
             for d in range(n_dim):
-                code_sum[k, d] += ((a0 * ys[0, d] + a1 * ys[1, d]) + a2 * ys[2, d]) + a3 * ys[3, d]
+                ys[j, d] = query_table[vs[j], d]
+        if lanes:
+            add_four_products(code_sum, code_query, vs, ys)
+        else:
+            v0, v1, v2, v3 = vs[0], vs[1], vs[2], vs[3]
+            for k in range(n_cells):
+                a0, a1, a2, a3 = code_query[v0, k], code_query[v1, k], code_query[v2, k], code_query[v3, k]
+                for d in range(n_dim):
+                    code_sum[k, d] += ((a0 * ys[0, d] + a1 * ys[1, d]) + a2 * ys[2, d]) + a3 * ys[3, d]
+        for j in range(4):
+            for k in range(n_cells):
+                code_query[vs[j], k] = 0.0
     for i in range(full, n_used):
         v = used[i]
         for d in range(n_dim):
