@@ -28,6 +28,7 @@ from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission.layouts import DenseEmissionCounts, EmissionCounts, SparseEmissionCounts
 from dist_respattn.model.kernels import per_position
 from dist_respattn.model.kernels.log_weights import log_positive_range, squared_distance
+from dist_respattn.model.kernels.prefetch import prefetch_element
 
 __all__ = [
     "DEFAULT_SEARCH",
@@ -293,6 +294,9 @@ class GridTotals:
 #: slots taking 5 MB at the whole grid's 600 points.
 GRID_ROW_SLOTS = 1024
 
+#: How many computed rows ahead the grid kernel prefetches the key rows and pair counts a row reads.
+GRID_PREFETCH_ROWS = 4
+
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _row_slot(context, row, t, slots):  # pragma: no cover - compiled
@@ -466,6 +470,7 @@ def _grid_planned(
     y = np.empty(dim)
     weight = 0.0
     sparse = pairs.shape[0] > 0
+    n_fresh = context.shape[0]
     j = 0
     for row in range(n_rows):
         w = 1.0 if weights.shape[0] == 0 else weights[row]
@@ -473,6 +478,15 @@ def _grid_planned(
         if s < 0:
             s = ~s
         else:
+            ahead = j + GRID_PREFETCH_ROWS
+            if ahead < n_fresh:
+                # The rows a computed row a few ahead reads at random: its key rows and its pairs' counts.
+                for i in range(n_pos):
+                    per_position.prefetch_row(key_means, context[ahead, i])
+                    if sparse:
+                        p = pairs[ahead, i]
+                        if p >= 0:
+                            prefetch_element(pair_counts, p)
             q = query_row[j]
             for d in range(dim):
                 y[d] = np.float64(queries[q, d])
