@@ -162,6 +162,33 @@ def test_windows_of_8_new_positions_equal_the_enumeration(hops, n_pos, softmax):
     np.testing.assert_allclose(arrays.emission_count_ts, counts.T, rtol=1e-11, atol=1e-13)
 
 
+@pytest.mark.parametrize("hops", [2, 3])
+def test_windows_of_8_with_keys_near_their_hop_queries_equal_the_enumeration(hops):
+    """Later hops' keys a hair from the hop queries and far from the origin (|q|^2 ~ 800: the distances from norms,
+    |q|^2 + |k|^2 - 2 q.k, cancel to near 0 on the "same token" pairs), windows of 8 new positions: the statistics
+    still equal the enumeration over hop paths, which takes the distances directly."""
+    shape = (11, 8, 8, 4)
+    head = random_chain(shape, hops, 40 + hops, sigma2=2.0)
+    rng = np.random.default_rng(50 + hops)
+    hop_queries = 10.0 + rng.normal(size=(shape[0], shape[2]))
+    keys = hop_queries[None] + rng.normal(scale=1e-6, size=(hops - 1, shape[0], shape[2]))
+    keys[:, ::2] += rng.normal(scale=0.5, size=(hops - 1, (shape[0] + 1) // 2, shape[2]))  # some far, some near
+    head = HopsHead(head.single, keys, np.asarray(head.priors), hop_queries, softmax=False)
+    n = 6
+    context = np.stack([rng.permutation(shape[0])[:8] for _ in range(n)]).astype(np.int32)
+    query = rng.normal(size=(n, shape[2]))
+    target = rng.integers(0, shape[3], size=n).astype(np.int32)
+    lengths = np.full(n, 8)
+    rows = rows_of(context, query, target, lengths)
+    arrays = HopArrays.zeros(hops, head.shape, None)
+    assert hop_estep(rows, head.parameters, arrays) == 0
+    key_sum, key_mass, _, counts, log_lik = brute_statistics(head, context, query, target, lengths)
+    assert arrays.scalars[2] == pytest.approx(log_lik, rel=1e-12)
+    np.testing.assert_allclose(arrays.key_sum, key_sum, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(arrays.key_mass, key_mass, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(arrays.emission_count_ts, counts.T, rtol=1e-11, atol=1e-13)
+
+
 def test_one_hop_is_the_single_head():
     shape = (7, 5, 3, 6)
     single = random_distribution(*shape, seed=3, sigma2=0.6)

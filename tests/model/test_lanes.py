@@ -14,6 +14,7 @@ from dist_respattn.model.kernels.lanes import (
     add_weighted_rows,
     add_window_rows_8,
     sq_distances_8,
+    transition_dots_8,
     transition_logs_8,
 )
 from dist_respattn.model.kernels.log_weights import exp_nonpositive_range
@@ -32,6 +33,16 @@ def _transition_logs(queries, keys, h, symbols, lo, scale, bias):
     out = np.full(LANES * LANES + 2, 7.0)
     shifts = np.full(LANES + 2, 7.0)
     transition_logs_8(queries, keys, h, symbols, lo, scale, bias, out, 1, shifts, 1)
+    return out, shifts
+
+
+@numba.njit(cache=True)
+def _transition_dots(queries, keys, h, symbols, lo, scale, bias, common):
+    out = np.full(LANES * LANES + 2, 7.0)
+    shifts = np.full(LANES + 2, 7.0)
+    query_norms = (queries * queries).sum(axis=1)
+    key_norms = (keys * keys).sum(axis=2)
+    transition_dots_8(queries, query_norms, keys, key_norms, h, symbols, lo, scale, bias, common, out, 1, shifts, 1)
     return out, shifts
 
 
@@ -165,3 +176,56 @@ def test_four_rows_products_added_over_the_cells(dim, cells):
     _four_products(dst, table, rows, ys)
     np.testing.assert_array_equal(dst, expected)
     np.testing.assert_array_equal(table, before)
+
+
+@pytest.mark.parametrize("common", [False, True], ids=["own-shift", "common-shift"])
+@pytest.mark.parametrize("dim", [8, 32, 40])
+def test_a_windows_transitions_from_norms(dim, common):
+    """Each distance as |q|^2 + |k|^2 - 2 q.k from the symbols' norms: NumPy's direct distances to rounding; each
+    source's row shifted by its own largest log-value, or all by the window's largest."""
+    rng = np.random.default_rng(dim + 100)
+    queries = rng.normal(size=(12, dim))
+    keys = rng.normal(scale=2.0, size=(3, 12, dim))
+    symbols = rng.permutation(12).astype(np.int32)
+    bias = np.log(rng.dirichlet(np.ones(LANES)))
+    bias[5] = -np.inf  # a position no transition reaches
+    window = symbols[3 : 3 + LANES]
+    out, shifts = _transition_dots(queries, keys, 2, symbols, 3, -0.3, bias, common)
+    lv = bias[None, :] - 0.3 * ((queries[window][:, None, :] - keys[2, window][None, :, :]) ** 2).sum(axis=2)
+    top = np.full((LANES, 1), lv.max()) if common else lv.max(axis=1, keepdims=True)
+    np.testing.assert_allclose(shifts[1 : 1 + LANES], top[:, 0], rtol=1e-13)
+    np.testing.assert_allclose(out[1:-1].reshape(LANES, LANES), np.exp(lv - top), rtol=1e-12)
+    assert out[0] == 7.0 and out[-1] == 7.0 and shifts[0] == 7.0 and shifts[-1] == 7.0  # nothing written past them
+    # With a zero scale the log-values are the bias: exp_nonpositive_range's exponentials within two ulps (the
+    # polynomial's steps fused), 0 below its underflow bound.
+    bias = np.array([0.0, -1e-3, -0.7, -20.0, -300.0, -707.5, -720.0, -np.inf])
+    out, shifts = _transition_dots(queries, keys, 2, symbols, 3, 0.0, bias, common)
+    assert shifts[1 : 1 + LANES].tolist() == [0.0] * LANES
+    np.testing.assert_allclose(out[1:-1], np.tile(_exps(bias), LANES), rtol=5e-16, atol=0.0)
+    assert out[1:-1].reshape(LANES, LANES)[:, 6:].tolist() == [[0.0, 0.0]] * LANES
+    # A source no position reaches: its row all 0.
+    out, shifts = _transition_dots(queries, keys, 2, symbols, 3, -0.3, np.full(LANES, -np.inf), common)
+    assert np.all(out[1:-1] == 0.0) and np.all(shifts[1 : 1 + LANES] == -np.inf)
+
+
+def test_near_identical_queries_and_keys_keep_their_distances_from_norms_nonnegative():
+    """Keys a hair from the hop queries, far from the origin (|q|^2 ~ 3,200): |q|^2 + |k|^2 - 2 q.k cancels to
+    within rounding of the norms, and the clamp keeps each distance >= 0, so no log-value exceeds its bias."""
+    rng = np.random.default_rng(7)
+    dim = 32
+    queries = 10.0 + rng.normal(size=(12, dim))
+    keys = np.stack([queries + rng.normal(scale=1e-9, size=(12, dim)) for _ in range(3)])
+    symbols = rng.permutation(12).astype(np.int32)
+    window = symbols[3 : 3 + LANES]
+    bias = np.zeros(LANES)
+    out, shifts = _transition_dots(queries, keys, 2, symbols, 3, -1.0, bias, False)
+    assert np.all(shifts[1 : 1 + LANES] <= 0.0)  # the diagonal's distance ~1e-17, taken as >= 0
+    assert np.all(out[1:-1] >= 0.0) and np.all(out[1:-1] <= 1.0)
+    lv = -((queries[window][:, None, :] - keys[2, window][None, :, :]) ** 2).sum(axis=2)
+    norms = (queries[window] ** 2).sum(axis=1)[:, None] + (keys[2, window] ** 2).sum(axis=1)[None, :]
+    # Within rounding of the norms: a few ulps of |q|^2 + |k|^2.
+    assert np.all(np.abs(shifts[1 : 1 + LANES] - lv.max(axis=1)) <= 8 * np.finfo(float).eps * norms.max())
+    np.testing.assert_allclose(
+        out[1:-1].reshape(LANES, LANES), np.exp(lv - lv.max(axis=1, keepdims=True)), rtol=0.0,
+        atol=16 * np.finfo(float).eps * norms.max(),
+    )  # fmt: skip

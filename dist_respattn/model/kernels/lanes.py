@@ -23,6 +23,7 @@ __all__ = [
     "add_weighted_rows",
     "add_window_rows_8",
     "sq_distances_8",
+    "transition_dots_8",
     "transition_logs_8",
 ]
 
@@ -133,20 +134,26 @@ _TAYLOR = [1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
            1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0]  # fmt: skip
 
 
-def _exp_nonpositive(builder: Any, x: Any) -> Any:  # pragma: no cover - compiled
+def _exp_nonpositive(builder: Any, x: Any, fused: bool = False) -> Any:  # pragma: no cover - compiled
     """``exp`` of 8 lanes as :func:`~dist_respattn.model.kernels.log_weights.exp_nonpositive_range` computes it
-    (the same operations in the same order, no fused multiply-add: the same numbers), in registers."""
+    (the same operations in the same order, no fused multiply-add: the same numbers), in registers; with ``fused``
+    the polynomial's steps are fused multiply-adds (half the operations, not the same numbers: within an ulp or
+    two)."""
 
     def splat(value: float) -> Any:
         return ir.Constant(_VECTOR, [value] * LANES)
 
     v = builder.select(builder.fcmp_ordered(">", x, splat(_EXP_MIN)), x, splat(_EXP_MIN))
     floor = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VECTOR, [_VECTOR]), "llvm.floor.v8f64")
-    k = builder.call(floor, [builder.fadd(builder.fmul(v, splat(_LOG2E)), splat(0.5))])
-    r = builder.fsub(builder.fsub(v, builder.fmul(k, splat(_LN2_HI))), builder.fmul(k, splat(_LN2_LO)))
+    if fused:
+        k = builder.call(floor, [_fma(builder, v, splat(_LOG2E), splat(0.5))])
+        r = _fma(builder, k, splat(-_LN2_LO), _fma(builder, k, splat(-_LN2_HI), v))
+    else:
+        k = builder.call(floor, [builder.fadd(builder.fmul(v, splat(_LOG2E)), splat(0.5))])
+        r = builder.fsub(builder.fsub(v, builder.fmul(k, splat(_LN2_HI))), builder.fmul(k, splat(_LN2_LO)))
     p = splat(1.0 / 6227020800.0)
     for c in _TAYLOR:
-        p = builder.fadd(builder.fmul(p, r), splat(c))
+        p = _fma(builder, p, r, splat(c)) if fused else builder.fadd(builder.fmul(p, r), splat(c))
     i64s = ir.VectorType(ir.IntType(64), LANES)
     biased = builder.add(builder.fptosi(k, i64s), ir.Constant(i64s, [1023] * LANES))
     scale = builder.bitcast(builder.shl(biased, ir.Constant(i64s, [52] * LANES)), _VECTOR)
@@ -191,7 +198,8 @@ def _transition_logs_8(typingctx, queries, keys, h, symbols, lo, scale, bias, ou
     Each step transposes 8 dimensions of the 8 keys (8 vectors of 8 keys' numbers) and adds every source's terms
     into its own vector, each query number broadcast: the 8 sources' distances leave in 8 vectors, no sum across
     lanes. ``D`` a multiple of 8 (the caller's check); ``bias`` (>= 8,), ``out`` (>= o0 + 64,) and ``shifts``
-    (>= s0 + 8,) float64."""
+    (>= s0 + 8,) float64. The E-step now takes :func:`transition_dots_8`; this one (the distances taken directly,
+    the exponentials bit for bit) stays for the kernels before it, which ``bench_hops.py --previous`` times."""
     sig = types.void(queries, keys, h, symbols, lo, scale, bias, out, o0, shifts, s0)
 
     def codegen(context, builder, signature, args):
@@ -258,6 +266,114 @@ def _transition_logs_8(typingctx, queries, keys, h, symbols, lo, scale, bias, ou
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _transition_dots_8(
+    typingctx, queries, query_norms, keys, key_norms, h, symbols, lo, scale, bias, common, out, o0, shifts, s0
+):  # pragma: no cover - compiled
+    """``transition_dots_8(queries, query_norms, keys, key_norms, h, symbols, lo, scale, bias, common, out, o0,
+    shifts, s0)``: :func:`transition_logs_8`'s transitions with each squared distance taken as ``max(|q|^2 + |k|^2 -
+    2 q.k, 0)`` from the norms ``query_norms[s] = |queries[s]|^2`` (S,) and ``key_norms[h, s] = |keys[h, s]|^2``
+    (H, S), read once a symbol: one product a pair (a fused multiply-add a dimension) instead of a difference and its
+    square. The distances then differ from the direct ones by rounding of the order of ``2^-52 (|q|^2 + |k|^2)``
+    (the clamp keeps a near-zero one from going negative), and the exponentials are :func:`_exp_nonpositive`'s
+    with fused multiply-adds. With ``common`` true every source's row is shifted by the largest of all 64
+    log-values instead of its own (``shifts[s0 + i]`` that one number for every ``i``): the transitions are then the
+    unshifted ones times one factor, and a forward pass needs no exponential of the row shifts."""
+    sig = types.void(queries, query_norms, keys, key_norms, h, symbols, lo, scale, bias, common, out, o0, shifts, s0)
+
+    def codegen(context, builder, signature, args):
+        q_ty, qn_ty, k_ty, kn_ty, h_ty, s_ty, lo_ty, _, b_ty, c_ty, out_ty, o0_ty, sh_ty, s0_ty = signature.args
+        intp = context.get_value_type(types.intp)
+
+        def as_intp(value, ty):
+            return context.cast(builder, value, ty, types.intp)
+
+        q = context.make_array(q_ty)(context, builder, args[0])
+        qn = context.make_array(qn_ty)(context, builder, args[1])
+        keys_a = context.make_array(k_ty)(context, builder, args[2])
+        kn = context.make_array(kn_ty)(context, builder, args[3])
+        sym = context.make_array(s_ty)(context, builder, args[5])
+        b_arr = context.make_array(b_ty)(context, builder, args[8])
+        common = context.cast(builder, args[9], c_ty, types.boolean)
+        res = context.make_array(out_ty)(context, builder, args[10])
+        sh_arr = context.make_array(sh_ty)(context, builder, args[12])
+        h_i, lo_i, s0_i = as_intp(args[4], h_ty), as_intp(args[6], lo_ty), as_intp(args[13], s0_ty)
+        o0_i = as_intp(args[11], o0_ty)
+        dim = cgutils.unpack_tuple(builder, q.shape, 2)[1]
+
+        def symbol(k):
+            ptr = cgutils.get_item_pointer(context, builder, s_ty, sym, [builder.add(lo_i, intp(k))], wraparound=False)
+            return context.cast(builder, builder.load(ptr), s_ty.dtype, types.intp)
+
+        key_rows, query_rows, query_sq = [], [], []
+        key_sq = ir.Constant(_VECTOR, ir.Undefined)
+        for k in range(LANES):
+            c = symbol(k)
+            key_rows.append(
+                cgutils.get_item_pointer(context, builder, k_ty, keys_a, [h_i, c, intp(0)], wraparound=False)
+            )
+            query_rows.append(cgutils.get_item_pointer(context, builder, q_ty, q, [c, intp(0)], wraparound=False))
+            query_sq.append(builder.load(cgutils.get_item_pointer(context, builder, qn_ty, qn, [c], wraparound=False)))
+            kn_ptr = cgutils.get_item_pointer(context, builder, kn_ty, kn, [h_i, c], wraparound=False)
+            key_sq = builder.insert_element(key_sq, builder.load(kn_ptr), ir.Constant(ir.IntType(32), k))
+        zero = ir.Constant(_VECTOR, [0.0] * LANES)
+        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(LANES)]
+        with cgutils.for_range(builder, builder.udiv(dim, intp(LANES))) as step:
+            d0 = builder.mul(step.index, intp(LANES))
+            columns = _transpose_8(
+                builder, [builder.load(_vector_at(builder, builder.gep(r, [d0])), align=8) for r in key_rows]
+            )
+            for d in range(LANES):
+                at = builder.add(d0, intp(d))
+                for i in range(LANES):
+                    qv = _splat(builder, builder.load(builder.gep(query_rows[i], [at])))
+                    builder.store(_fma(builder, columns[d], qv, builder.load(accs[i])), accs[i])
+        b_ptr = cgutils.get_item_pointer(context, builder, b_ty, b_arr, [intp(0)], wraparound=False)
+        bias_v = builder.load(_vector_at(builder, b_ptr), align=8)
+        scale_v = _splat(builder, args[7])
+        minus_two = ir.Constant(_VECTOR, [-2.0] * LANES)
+        lvs, tops = [], []
+        for i in range(LANES):
+            norms = builder.fadd(key_sq, _splat(builder, query_sq[i]))
+            dist = _fma(builder, builder.load(accs[i]), minus_two, norms)
+            dist = builder.select(builder.fcmp_ordered(">", dist, zero), dist, zero)
+            lvs.append(builder.fadd(bias_v, builder.fmul(dist, scale_v)))
+            tops.append(_lane_max(builder, lvs[-1]))
+        largest = tops[0]
+        for top in tops[1:]:
+            largest = builder.select(builder.fcmp_ordered(">", top, largest), top, largest)
+        for i in range(LANES):
+            top = builder.select(common, largest, tops[i])
+            _shifted_exps(context, builder, lvs[i], top, res, out_ty, o0_i, i, sh_arr, sh_ty, s0_i, True)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _lane_max(builder: Any, v: Any) -> Any:  # pragma: no cover - compiled
+    """The largest of ``v``'s 8 lanes in every lane (3 shuffles and compares)."""
+    i32s = ir.VectorType(ir.IntType(32), LANES)
+    top = v
+    for pattern in ([4, 5, 6, 7, 0, 1, 2, 3], [2, 3, 0, 1, 6, 7, 4, 5], [1, 0, 3, 2, 5, 4, 7, 6]):
+        other = builder.shuffle_vector(top, top, ir.Constant(i32s, pattern))
+        top = builder.select(builder.fcmp_ordered(">", other, top), other, top)
+    return top
+
+
+def _shifted_exps(context, builder, lv, top, res, out_ty, o0_i, i, sh_arr, sh_ty, s0_i, fused):  # pragma: no cover
+    """Source ``i``'s log-values ``lv`` (8 lanes) shifted by ``top`` (a vector of one number): it into ``shifts[s0 +
+    i]`` and ``exp(lv - top)`` into ``out[o0 + 8 i : o0 + 8 i + 8]`` (0 for all 8 when it is ``-inf``)."""
+    intp = context.get_value_type(types.intp)
+    minus_inf = ir.Constant(_DOUBLE, float("-inf"))
+    best = builder.extract_element(top, ir.Constant(ir.IntType(32), 0))
+    reached = builder.fcmp_ordered(">", best, minus_inf)
+    shifted = builder.select(reached, builder.fsub(lv, top), ir.Constant(_VECTOR, [float("-inf")] * LANES))
+    out_at = builder.add(o0_i, intp(LANES * i))
+    out_ptr = cgutils.get_item_pointer(context, builder, out_ty, res, [out_at], wraparound=False)
+    builder.store(_exp_nonpositive(builder, shifted, fused), _vector_at(builder, out_ptr), align=8)
+    sh_ptr = cgutils.get_item_pointer(context, builder, sh_ty, sh_arr, [builder.add(s0_i, intp(i))], wraparound=False)
+    builder.store(best, sh_ptr)
 
 
 def _add_weighted_rows(typingctx, dst, h, row, table, symbols, lo, n, weights, w0, stride):  # pragma: no cover
@@ -455,3 +571,4 @@ add_weighted_rows: Any = intrinsic(_add_weighted_rows)
 add_window_rows_8: Any = intrinsic(_window_rows(8, 2))
 transition_logs_8: Any = intrinsic(_transition_logs_8)
 add_four_products: Any = intrinsic(_add_four_products)
+transition_dots_8: Any = intrinsic(_transition_dots_8)

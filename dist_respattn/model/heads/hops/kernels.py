@@ -22,7 +22,7 @@ from dist_respattn.model.kernels.lanes import (
     add_weighted_rows,
     add_window_rows_8,
     sq_distances_8,
-    transition_logs_8,
+    transition_dots_8,
 )
 from dist_respattn.model.kernels.log_weights import (
     NO_ROWS,
@@ -53,6 +53,7 @@ _TINY = 1e-200  # a linear-domain normalizer below this: the E-step redoes the r
 # A hop whose largest unshifted transition in a window is below this takes its rows shifted (``_scaled_transitions``):
 # the unshifted ones would bring its forward vector within this factor of ``_TINY``.
 _UNSCALED_FLOOR = 1e-100
+_LN2 = math.log(2.0)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,9 @@ class HopParameters:
         direct_row, direct_slots: a sparse emission's direct symbol -> pair rows of its most frequent targets
             (:func:`~dist_respattn.model.kernels.per_position.direct_pair_rows`), which the E-step reads instead of
             a binary search; empty for a dense one. Not among :meth:`arrays` (the scoring pass does not read them).
+        key_norms, query_norms: (H, S) ``|key_means[h, s]|^2`` and (S,) ``|hop_queries[s]|^2``, which the E-step's
+            windows of 8 new positions take their transitions' distances from (``|q|^2 + |k|^2 - 2 q.k``, one product
+            a pair). Not among :meth:`arrays` either.
     """
 
     key_means: np.ndarray
@@ -89,6 +93,8 @@ class HopParameters:
     log_base: np.ndarray
     direct_row: np.ndarray
     direct_slots: np.ndarray
+    key_norms: np.ndarray
+    query_norms: np.ndarray
 
     @classmethod
     def build(
@@ -112,9 +118,12 @@ class HopParameters:
         prior = np.ascontiguousarray(np.concatenate([np.asarray(single.position_prior)[None], priors]), np.float64)
         with np.errstate(divide="ignore"):
             log_prior = np.log(prior)
+        hop_queries = np.ascontiguousarray(hop_queries, dtype=np.float64)
+        key_norms = np.einsum("hsd,hsd->hs", key_means, key_means)
+        query_norms = np.einsum("sd,sd->s", hop_queries, hop_queries)
         return cls(
-            key_means, prior, log_prior, np.ascontiguousarray(hop_queries, dtype=np.float64),
-            float(params.inv_two_sigma2), float(params.gate_const), bool(softmax), dense, *sparse, *direct,
+            key_means, prior, log_prior, hop_queries, float(params.inv_two_sigma2), float(params.gate_const),
+            bool(softmax), dense, *sparse, *direct, key_norms, query_norms,
         )  # fmt: skip
 
     def arrays(self) -> tuple[Any, ...]:
@@ -279,6 +288,17 @@ def _prefetch_rows(key_rows, hop_queries, c, n_symbols):  # pragma: no cover - c
     if key_rows.shape[0] > n_symbols:  # a single hop reads no hop queries
         for d in range(0, dim, 8):
             prefetch_item(hop_queries, c, d)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _binary_exponent(top, bits, scale):  # pragma: no cover - compiled
+    """``(e, 2^-e)`` with ``top = f 2^e``, ``0.5 <= f < 1``, for a normal positive ``top``: a vector whose largest is
+    ``top`` scaled by ``2^-e`` (exactly) has its largest in [0.5, 1), and its log scale grows by ``e log 2``, no
+    ``log`` taken. ``bits`` int64 scratch (>= 2) and ``scale`` its float64 view."""
+    scale[0] = top
+    e = ((bits[0] >> 52) & 0x7FF) - 1022
+    bits[1] = (1023 - e) << 52
+    return e, scale[1]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -696,41 +716,43 @@ def _flush_sources(ring, x_lo, x_hi, tokens, hop_queries, key_sum, n_pos):  # pr
                     ring[g, slot, off] = 0.0
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
 def _estep(
     tokens, begin, end, target, query_table, query_index, weights,
     key_means, prior, log_prior, hop_queries, inv_two_sigma2, gate_const, softmax, log_emission_ts, indptr,
-    symbols, log_values, log_backoff, log_base, direct_row, direct_slots,
+    symbols, log_values, log_backoff, log_base, direct_row, direct_slots, key_norms, query_norms,
     key_sum, key_mass, recency_mass, emission_count_ts, pair_counts, scalars, impossible,
 ):  # pragma: no cover - compiled  # fmt: skip
     """The E-step over the rows in order. Returns ``(n_impossible, n_outside, n_log_domain)``: rows no path
     explains (the first written to ``impossible``), rows whose last hop falls on a pair off a sparse support, and
     rows redone in the log domain.
 
-    The forward–backward of :func:`_chain`, in the linear domain: each hop's forward and backward vectors scaled
-    by one number (their largest), so that a row takes one ``log`` and its exponentials in vectorized batches
-    (hop 1's log-weights, each hop's transitions and row shifts, the emission) instead of some fifty scalar
-    ``exp`` and ``log`` calls. Every factor is then <= 1, so a path term that underflows is below 1e-308 and a
-    row whose normalizers all exceed ``_TINY`` loses nothing measurable; any other row (and a row whose last hop
-    may fall off a sparse support) is redone in the log domain by :func:`_log_domain_row`. With
-    ``u_h(i) = F_{h-1}(i) exp(shift_h(i) - max shift_h)`` (``F`` the scaled forward vector), ``s_h(i) =
-    sum_j trans_h(i, j) G_h(j)`` (``G`` the scaled backward vector) and ``D_h = sum_i u_h(i) s_h(i)``:
-    ``gamma_{h-1}(i) = u_h(i) s_h(i) / D_h``, ``xi_h(i, j) = u_h(i) trans_h(i, j) G_h(j) / D_h``, and the last
-    hop's ``gamma(j) = F(j) G(j) / sum_j F(j) G(j)``.
+    The forward–backward of :func:`_chain`, in the linear domain: each hop's forward and backward vectors scaled by
+    one number (the power of two at their largest, exactly), so that a row takes one ``log`` and its exponentials in
+    vectorized batches (hop 1's log-weights, each hop's transitions and row shifts, the emission) instead of some
+    fifty scalar ``exp`` and ``log`` calls. Every factor is then <= 1, so a path term that underflows is below
+    1e-308 and a row whose normalizers all exceed ``_TINY`` loses nothing measurable; any other row (and a row whose
+    last hop may fall off a sparse support) is redone in the log domain by :func:`_log_domain_row`. With ``u_h(i) =
+    F_{h-1}(i) exp(shift_h(i) - max shift_h)`` (``F`` the scaled forward vector), ``s_h(i) = sum_j trans_h(i, j)
+    G_h(j)`` (``G`` the scaled backward vector) and ``D_h = sum_i u_h(i) s_h(i)``: ``gamma_{h-1}(i) = u_h(i) s_h(i)
+    / D_h``, ``xi_h(i, j) = u_h(i) trans_h(i, j) G_h(j) / D_h``, and the last hop's ``gamma(j) = F(j) G(j) / sum_j
+    F(j) G(j)``.
 
     A joint Gaussian factor's transitions are taken unshifted, ``trans_h(i, j) = pi'_j exp(-d_ij / (2 sigma2))``
-    (``pi'`` the prior renormalized over the window, shifts 0), from rings of each pair of stream positions'
-    ``-d / (2 sigma2)`` and its exponential: a stream's window (N - 1 tokens the previous one's) computes the
-    distances and exponentials of its new token's 2m - 1 pairs a hop and no other exponential of its transitions.
-    The same path terms as the shifted ones up to one factor ``exp(max shift)`` a hop, so a hop whose largest
-    transition in the window is below ``_UNSCALED_FLOOR`` (or a softmax's) is shifted as before, and a row redone in
-    the log domain gets shifted transitions first. A window none of whose pairs the previous one held (sampled rows,
-    a document's first) takes its transitions shifted too: all m * m exponentials either way, in one pass; with D a
-    multiple of 8 and the next row's window not sliding into it, its distances go straight into a plain table, past
-    the rings (whose writes and reads made sampled rows of 3 hops ~12% slower), the rings then holding none. On a
-    stream the hop-query sums go through a ring of pair weights by stream position (:func:`_flush_sources`); a sparse
-    emission is read through its direct rows, a target without one searched in the prefetch pass. A window of 8
-    positions runs its m * m loops with a literal 8 (vector code)."""
+    (``pi'`` the prior renormalized over the window, shifts 0), from rings of each pair of stream positions' ``-d /
+    (2 sigma2)`` and its exponential: a stream's window (N - 1 tokens the previous one's) computes the distances and
+    exponentials of its new token's 2m - 1 pairs a hop and no other exponential of its transitions. The same path
+    terms as the shifted ones up to one factor ``exp(max shift)`` a hop, so a hop whose largest transition in the
+    window is below ``_UNSCALED_FLOOR`` (or a softmax's) is shifted as before, and a row redone in the log domain
+    gets shifted transitions first. A window none of whose pairs the previous one held (sampled rows, a document's
+    first) takes its transitions shifted too: all m * m exponentials either way, in one pass (a joint factor's
+    window of 8 such positions shifted by the hop's largest log-value, one number for every source, as unshifted
+    ones are; its rows each by their own before a log-domain redo); with D a multiple of 8 and the next row's window
+    not sliding into it, its distances go straight into a plain table, past the rings (whose writes and reads made
+    sampled rows of 3 hops ~12% slower), the rings then holding none. On a stream the hop-query sums go through a
+    ring of pair weights by stream position (:func:`_flush_sources`); a sparse emission is read through its direct
+    rows, a target without one searched in the prefetch pass. A window of 8 positions runs its m * m loops with a
+    literal 8 (vector code)."""
     n_hops = key_means.shape[0]
     n_pos = prior.shape[1]
     dim = key_means.shape[2]
@@ -769,7 +791,7 @@ def _estep(
     # With D a multiple of 8 the distances and the hop-query sums run as 8-lane vector code (kernels.lanes).
     lanes = dim % LANES == 0
     block = np.empty(LANES)
-    bias = np.empty(LANES)  # a later hop's log prior over a window of 8 positions
+    bias_of = np.empty((n_hops, LANES))  # each later hop's log prior over a window of 8 positions
     query_rows = hop_queries.reshape(1, hop_queries.shape[0], dim)  # the hop queries as a one-hop key table
     y_row = y.reshape(1, dim)  # the row's query as a table of one
     ahead_pairs = np.empty((_AHEAD_SLOTS, n_pos), dtype=np.int64)  # the pairs the prefetch pass found, by row
@@ -798,7 +820,7 @@ def _estep(
     plain = np.empty(n_pos * (width - 1) + LANES)  # a fresh window's -d / (2 sigma2), pair (i, j) at i * (2N - 2) + j
     new_neg = np.empty(n_pos * n_pos + 15)
     new_exp = np.empty(n_pos * n_pos + 15)
-    unscaled = np.zeros(n_hops, dtype=np.bool_)  # whose transitions this row are unshifted
+    unscaled = np.zeros(n_hops, dtype=np.bool_)  # whose transitions this row have one shift for every source
     # Each hop's position prior renormalized over a window of m positions: window_prior[h, m, j].
     window_prior = np.zeros((n_hops, n_pos + 1, n_pos))
     for h in range(n_hops):
@@ -927,18 +949,21 @@ def _estep(
             at = (h - 1) * ring_rows * width
             if fresh and m == LANES:
                 # Each source's 8 distances, log-values, largest and shifted exponentials in registers, one pass of
-                # vector code for the window (what the distances into ``plain`` and _scaled_transitions below give,
-                # the distances' terms added in another order).
+                # vector code for the window (what the distances into ``plain`` and _scaled_transitions below give to
+                # rounding: each distance |q|^2 + |k|^2 - 2 q.k from the symbols' norms, one product a pair).
                 log_total = _window_log_total(prior, h, n_pos, LANES)
+                bias = bias_of[h]
                 for j in range(LANES):
                     bias[j] = log_prior[h, n_pos - LANES + j] - log_total
-                transition_logs_8(
-                    hop_queries, key_means, h, tokens, lo, -inv_two_sigma2, bias, trans_flat, (h - 1) * n_pos * n_pos,
-                    shift_flat, (h - 1) * n_pos,
+                # A joint factor's rows all shifted by the hop's largest log-value (one factor for the hop, as unshifted
+                # transitions are: no exponential of the row shifts in the forward pass); a softmax's each by its own.
+                transition_dots_8(
+                    hop_queries, query_norms, key_means, key_norms, h, tokens, lo, -inv_two_sigma2, bias, not softmax,
+                    trans_flat, (h - 1) * n_pos * n_pos, shift_flat, (h - 1) * n_pos,
                 )  # fmt: skip
                 if softmax:
                     _normalize_rows(h, LANES, trans, shift)
-                unscaled[h] = False
+                unscaled[h] = not softmax
                 continue
             if fresh:
                 # Row i's distances 8 keys a pass, scaled by -1 / (2 sigma2) (the ring's numbers exactly).
@@ -996,6 +1021,7 @@ def _estep(
         # -- the forward-backward in the linear domain --
         ok = not off_support
         log_scale = -np.inf
+        exponent = 0  # the forward vector's powers of two (log_scale's other part, exponent log 2)
         if ok:
             top = -np.inf
             for j in range(m):
@@ -1010,10 +1036,11 @@ def _estep(
             if not ok:
                 break
             if unscaled[h]:
-                # No shifts: the sources' weights are the forward vector.
+                # One shift for every source (0 when unshifted): the sources' weights are the forward vector.
                 for i in range(m):
                     exp_shift[h * n_pos + i] = 1.0
                     src_weight[h, i] = fwd[(h - 1) * n_pos + i]
+                log_scale += shift[h - 1, 0]
             else:
                 top = -np.inf
                 for i in range(m):
@@ -1038,9 +1065,11 @@ def _estep(
                 if not top > _TINY:
                     ok = False
                     break
+                # Scaled by a power of two (exactly): its exponent counted, no log taken a hop.
+                e, factor = _binary_exponent(top, bits, scale)
                 for j in range(m):
-                    fwd[h * n_pos + j] /= top
-                log_scale += math.log(top)
+                    fwd[h * n_pos + j] *= factor
+                exponent += e
         log_z = -np.inf
         if ok:
             top = -np.inf
@@ -1056,7 +1085,7 @@ def _estep(
                     total += fwd[last * n_pos + j] * bwd[last * n_pos + j]
                 ok = total > _TINY
                 norm[last] = total
-                log_z = log_scale + top + math.log(total) if ok else -np.inf
+                log_z = log_scale + exponent * _LN2 + top + math.log(total) if ok else -np.inf
         if ok:
             for h in range(last, 0, -1):
                 # (No literal 8 here: a sum a source, its 8-term loop would be unrolled into scalar code.)
@@ -1076,13 +1105,20 @@ def _estep(
                     if not top > _TINY:
                         ok = False
                         break
+                    e, factor = _binary_exponent(top, bits, scale)
                     for i in range(m):
-                        bwd[(h - 1) * n_pos + i] /= top
+                        bwd[(h - 1) * n_pos + i] *= factor
         if not ok:
             n_log_domain += 1
             # The log domain from shifted transitions: unshifted ones may have lost a path's factor below 1e-308.
             for h in range(1, n_hops):
-                if unscaled[h]:
+                if unscaled[h] and fresh and m == LANES:
+                    # Each source's row shifted by its own largest log-value, as a softmax's are.
+                    transition_dots_8(
+                        hop_queries, query_norms, key_means, key_norms, h, tokens, lo, -inv_two_sigma2, bias_of[h],
+                        False, trans_flat, (h - 1) * n_pos * n_pos, shift_flat, (h - 1) * n_pos,
+                    )  # fmt: skip
+                elif unscaled[h]:
                     _scaled_transitions(
                         h, lo, m, log_prior, _window_log_total(prior, h, n_pos, m), softmax, neg_ring,
                         (h - 1) * ring_rows * width, width, ring_rows, flat, trans_flat, trans, shift, bits, scale,
@@ -1347,7 +1383,7 @@ def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays, group_
     found = np.empty(min(rows.num_rows, 64) if order is None else rows.num_rows, dtype=np.int64)
     n_impossible, n_outside, n_log_domain = _estep(  # type: ignore[call-arg]
         *window,
-        *params.arrays(), params.direct_row, params.direct_slots,
+        *params.arrays(), params.direct_row, params.direct_slots, params.key_norms, params.query_norms,
         arrays.key_sum, arrays.key_mass, arrays.recency_mass, arrays.emission_count_ts, arrays.pair_counts,
         arrays.scalars, found,
     )  # fmt: skip
