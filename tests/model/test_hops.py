@@ -488,3 +488,51 @@ def test_sampled_rows_visited_by_target_equal_the_enumeration(hops):
     rows = rows_of(context, query, target, lengths)
     with pytest.raises(ImpossibleEvidenceError, match=r"rows 2, 9 have"):
         hop_estep(rows, impossible.parameters, HopArrays.zeros(hops, head.shape, None), group_by_target=True)
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["row-order", "by-target"])
+def test_float32_queries_give_their_float64_copy_s_statistics(grouped):
+    """A float32 query table is read as it is, each row's query widened as the E-step takes it (a read-only one, a
+    store's, copied first): the statistics of the same queries as a float64 table, bit for bit."""
+    shape = (11, 8, 8, 4)
+    head = random_chain(shape, 3, 5)
+    rng = np.random.default_rng(6)
+    n = 40
+    context = np.stack([rng.permutation(shape[0])[:8] for _ in range(n)]).astype(np.int32)
+    narrow = rng.normal(size=(n, shape[2])).astype(np.float32)
+    target = rng.integers(0, shape[3], size=n).astype(np.int32)
+    lengths = rng.integers(5, 9, size=n)
+    read_only = narrow.copy()
+    read_only.flags.writeable = False
+    results = []
+    for table in (narrow.astype(np.float64), narrow, read_only):
+        arrays = HopArrays.zeros(3, head.shape, None)
+        hop_estep(rows_of(context, table, target, lengths), head.parameters, arrays, group_by_target=grouped)
+        results.append(arrays)
+    for other in results[1:]:
+        for a, b in zip(dataclasses.astuple(results[0]), dataclasses.astuple(other), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_window_rows_name_the_first_row_with_a_non_finite_query():
+    """The rows' own query table is checked whole, a table larger than the rows' queries by the rows it gives them:
+    either way the first row reading a non-finite number is named, and a non-finite row no row reads is accepted."""
+    rng = np.random.default_rng(7)
+    context = rng.integers(0, 5, size=(6, 4)).astype(np.int32)
+    target = rng.integers(0, 3, size=6).astype(np.int32)
+    query = rng.normal(size=(6, 2))
+    rows = WindowRows.from_encoded(context, query, target)
+    rows.check(5, 3, 4, 2)
+    for bad in (np.nan, np.inf):
+        table = query.copy()
+        table[[4, 2], 1] = bad
+        with pytest.raises(ValueError, match=r"row 2: its query holds a non-finite value"):
+            rows._replace(query_table=table).check(5, 3, 4, 2)
+        # Rows reading a table of 7 rows through an index: the bad row 6 read by row 3 only, then by none.
+        wide = np.vstack([query, np.full((1, 2), bad)])
+        index = np.array([0, 1, 2, 6, 4, 5])
+        with pytest.raises(ValueError, match=r"row 3: its query holds a non-finite value"):
+            rows._replace(query_table=wide, query_index=index).check(5, 3, 4, 2)
+        rows._replace(query_table=wide).check(5, 3, 4, 2)
+        # As many rows as the table's, one of them unread: accepted, the bad one never read.
+        rows._replace(query_table=wide[1:], query_index=np.array([0, 1, 2, 3, 4, 4])).check(5, 3, 4, 2)

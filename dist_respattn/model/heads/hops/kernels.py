@@ -45,6 +45,7 @@ _NO_VALUES = np.zeros(0)
 _NO_INDEX = np.zeros(0, dtype=np.int64)
 _NO_SYMBOLS = np.zeros(0, dtype=np.int32)
 _NO_TABLE = np.zeros((0, 0))
+_NO_NARROW = np.zeros((0, 0), dtype=np.float32)
 _NO_ROWS = np.zeros(0, dtype=np.int32)
 _NO_SLOTS = np.zeros((0, 0), dtype=np.int32)
 _PREFETCH_ROWS = 8  # how many rows ahead the passes prefetch a dense emission's cells
@@ -718,7 +719,7 @@ def _flush_sources(ring, x_lo, x_hi, tokens, hop_queries, key_sum, n_pos):  # pr
 
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
 def _estep(
-    tokens, begin, end, target, query_table, query_index, weights,
+    tokens, begin, end, target, query_table, query_index, weights, narrow_table,
     key_means, prior, log_prior, hop_queries, inv_two_sigma2, gate_const, softmax, log_emission_ts, indptr,
     symbols, log_values, log_backoff, log_base, direct_row, direct_slots, key_norms, query_norms,
     key_sum, key_mass, recency_mass, emission_count_ts, pair_counts, scalars, impossible,
@@ -758,6 +759,7 @@ def _estep(
     dim = key_means.shape[2]
     sparse = indptr.shape[0] > 0
     with_direct = direct_row.shape[0] > 0
+    wide = narrow_table.shape[0] == 0  # the queries in query_table (float64), else in narrow_table (float32)
     later = max(n_hops - 1, 1)
     alpha = np.empty((n_hops, n_pos))
     beta = np.empty((n_hops, n_pos))
@@ -884,7 +886,11 @@ def _estep(
                             prefetch_item(key_mass, g, c)
             far = row + 2 * _PREFETCH_ROWS
             if far < n_rows:
-                prefetch_row(query_table, query_index[far])  # its query, widened when the row comes
+                # Its query, widened when the row comes.
+                if wide:
+                    prefetch_row(query_table, query_index[far])
+                else:
+                    prefetch_row(narrow_table, query_index[far])
             if with_direct and far < n_rows:
                 r_f = direct_row[target[far]]
                 if r_f >= 0:
@@ -910,7 +916,7 @@ def _estep(
         prev_hi = hi
         yy = 0.0
         for d in range(dim):
-            v = np.float64(query_table[q, d])
+            v = query_table[q, d] if wide else np.float64(narrow_table[q, d])
             y[d] = v
             yy += v * v
         # -- hop 1's log-weights, the transitions, the emission --
@@ -1308,6 +1314,19 @@ def _chain_rows(rows: WindowRows) -> WindowArrays:
     return arrays._replace(query_table=np.ascontiguousarray(arrays.query_table, dtype=np.float64))
 
 
+def _estep_rows(arrays: WindowArrays) -> tuple[WindowArrays, np.ndarray]:
+    """``(arrays, narrow)`` as the E-step takes a block's rows: a float32 query table as ``narrow`` (read and widened
+    a row at a time, exactly, as :func:`_chain_rows`'s copy would give; ``arrays``' table then empty), any other as
+    float64 (``narrow`` empty). One build either way, and no float64 copy of a table of the rows' own queries
+    (77 MB at 300,000 rows of D = 32, ~13 ms: 2% of an E-step of 3 hops), whose rows the E-step then fetches at half
+    the lines."""
+    table = arrays.query_table
+    if table.dtype == np.float32:
+        # (A read-only table is copied: numba would build the E-step again for its type.)
+        return arrays._replace(query_table=_NO_TABLE), table if table.flags.writeable else table.copy()
+    return arrays._replace(query_table=np.ascontiguousarray(table, dtype=np.float64)), _NO_NARROW
+
+
 def _sampled_order(rows: WindowRows, params: HopParameters) -> np.ndarray | None:
     """The order in which the E-step visits rows that are not a token stream's: grouped by target (a stable
     counting sort, the single head's), so that the rows of one target read and update one row of the emission
@@ -1337,31 +1356,41 @@ def _emission_bytes(params: HopParameters) -> int:
 
 @numba.njit(cache=True, nogil=True)
 def _gather_windows(tokens, begin, end, order):  # pragma: no cover - compiled
-    """``(tokens, begin, end)`` of the rows ``order[0], order[1], ...``: their windows' tokens one after another."""
+    """``(tokens, begin, end)`` of the rows ``order[0], order[1], ...``: their windows' tokens one after another.
+    A first pass reads each row's span (its ``begin`` and ``end`` prefetched rows ahead), a second copies the windows
+    (each prefetched rows ahead from the span the first pass kept: no load waits on another's miss)."""
     n = order.shape[0]
+    ahead = 2 * _PREFETCH_ROWS
     new_begin = np.empty(n, dtype=np.int64)
     new_end = np.empty(n, dtype=np.int64)
+    source = np.empty(n, dtype=np.int64)
     total = 0
     for k in range(n):
+        if k + ahead < n:
+            prefetch_element(begin, order[k + ahead])
+            prefetch_element(end, order[k + ahead])
+        r = order[k]
+        source[k] = begin[r]
         new_begin[k] = total
-        total += end[order[k]] - begin[order[k]]
+        total += end[r] - begin[r]
         new_end[k] = total
     new_tokens = np.empty(total, dtype=np.int32)
     for k in range(n):
-        if k + 2 * _PREFETCH_ROWS < n:
-            prefetch_element(tokens, begin[order[k + 2 * _PREFETCH_ROWS]])  # windows anywhere in the stream
-        lo = begin[order[k]]
+        if k + ahead < n:
+            prefetch_element(tokens, source[k + ahead])  # windows anywhere in the stream
+        lo = source[k]
         for x in range(new_end[k] - new_begin[k]):
             new_tokens[new_begin[k] + x] = tokens[lo + x]
     return new_tokens, new_begin, new_end
 
 
 def _in_order(rows: WindowRows, order: np.ndarray) -> WindowArrays:
-    """``rows`` as the chain's kernels take them (:func:`_chain_rows`), visited in ``order``, their windows' tokens
-    copied into that order: the E-step then reads them one after another, not from anywhere in a block (grouping
-    by target gained half as much that way, at 300,000 sampled rows). The queries are not copied (a float64 copy
-    of 300,000 rows in their order cost more than it saved): the E-step prefetches each row's."""
-    arrays = _chain_rows(rows)
+    """``rows`` as the window kernels take them (:meth:`~dist_respattn.model.rows.WindowRows.kernel_arrays`),
+    visited in ``order``, their windows' tokens copied into that order: the E-step then reads them one after another,
+    not from anywhere in a block (grouping by target gained half as much that way, at 300,000 sampled rows). The
+    queries are not copied (a float64 copy of 300,000 rows in their order cost more than it saved): the E-step
+    prefetches each row's."""
+    arrays = rows.kernel_arrays()
     tokens, begin, end = _gather_windows(arrays.tokens, arrays.begin, arrays.end, order)
     weight = arrays.weight[order] if arrays.weight.shape[0] > 0 else arrays.weight
     return WindowArrays(tokens, begin, end, arrays.target[order], arrays.query_table, arrays.query_index[order], weight)
@@ -1378,11 +1407,11 @@ def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays, group_
         order = _sampled_order(rows, params)
     else:
         order = _by_target(rows, params) if group_by_target and rows.num_rows > 1 else None
-    window = _chain_rows(rows) if order is None else _in_order(rows, order)
+    window, narrow = _estep_rows(rows.kernel_arrays() if order is None else _in_order(rows, order))
     # Room for every row when they are visited out of order: the message lists the first ones in row order.
     found = np.empty(min(rows.num_rows, 64) if order is None else rows.num_rows, dtype=np.int64)
     n_impossible, n_outside, n_log_domain = _estep(  # type: ignore[call-arg]
-        *window,
+        *window, narrow,
         *params.arrays(), params.direct_row, params.direct_slots, params.key_norms, params.query_norms,
         arrays.key_sum, arrays.key_mass, arrays.recency_mass, arrays.emission_count_ts, arrays.pair_counts,
         arrays.scalars, found,
