@@ -43,7 +43,10 @@ What is measured, in one run:
    ``.predict()`` (``dist_respattn.model.streaming``), the median of ``--latency-steps`` steps taken from
    that history on, against recomputing the prediction from scratch per token from the last N tokens (in
    NumPy, and with ``predict_proba`` once the history holds a full window). Without the predictor module,
-   its column prints "predictor: not available".
+   its column prints "predictor: not available". Beside it, the **codebook far field**'s predictor
+   (``CodebookHead.predictor``: the N0 near tokens and the (B, W) codeword counts) of the head started from
+   the same one (``--near-window``, ``--codebooks``, ``--codewords``), timed the same way and checked against
+   its ``predict_proba`` on the last full window.
 3. **Held-out quality**: the head fitted on a ``--workers``-worker LocalCluster (validation store for early
    stopping, ``--max-iter``) for every (N, K) of ``--grid`` (default N = 8 with the free prior K = 8, and
    N = 32, 64, 128, 512 with several bucket counts), all with ``min_context = 1`` (short histories included and
@@ -76,8 +79,9 @@ What is measured, in one run:
 
 Targets (printed with PASS/MISS; measured, never asserted):
 
-- predictor latency flat: the slowest of the histories' median latencies at most 1.5x the fastest (below
-  N = 512 the window itself is shorter, so the same ratio over the histories >= N is printed beside);
+- predictor latency flat: the slowest of the histories' median latencies at most 1.5x the fastest, for the
+  histogram head's predictor and for the codebook far field's (below N = 512 the window itself is shorter, so
+  the histogram's ratio over the histories >= N is printed beside);
 - long context pays: the best N > 8 head's test perplexity at least 10% below the N = 8 head's (ratio <= 0.90);
 - ranking: the best model of a window N > 8 (single head, recipe or stack) at least 10% above the N = 8 head's full
   NDCG@K (ratio >= 1.10), and the lowest perplexity among them at least 10% below its (ratio <= 0.90).
@@ -593,12 +597,17 @@ def latency_part(args: argparse.Namespace, corpus: dict[str, Any]) -> dict[str, 
         "steps": args.latency_steps,
         "predictor": None if missing else "dist_respattn.model.streaming.Predictor",
         "predictor_missing": missing,
+        "codebook": None,  # the codebook far field's predictor, when the window is longer than its near window
         "histories": [],
     }
     if missing:
         say(f"predictor: not available ({missing})")
     # Warm the package's path (a numba kernel may compile on first use).
     model.predict_proba(stream[:n_pos], table[stream[n_pos - 1]])
+    codebook = codebook_head_for(args, model, n_pos) if args.near_window < n_pos else None
+    if codebook is not None:
+        figures["codebook"] = f"N0 = {args.near_window}, {args.codebooks} x {args.codewords}"
+        codebook.predict_proba(stream[:n_pos], table[stream[n_pos - 1]])
     for history in args.histories:
         steps = args.latency_steps
         entry: dict[str, Any] = {"history": history, "steps": steps}
@@ -646,6 +655,8 @@ def latency_part(args: argparse.Namespace, corpus: dict[str, Any]) -> dict[str, 
             except Exception as exc:  # the predictor is new: report what it did, and keep the other figures
                 entry["predictor_error"] = f"{type(exc).__name__}: {exc}"
                 say(f"predictor at history {history}: {entry['predictor_error']}")
+        if codebook is not None:
+            entry.update(codebook_latency(codebook, table, stream, history, steps, n_pos))
         figures["histories"].append(entry)
         shown = f"{entry['predictor_s'] * 1e6:,.0f} us" if "predictor_s" in entry else "not available"
         say(f"latency at history {history:,}: predictor {shown}, recompute {entry['recompute_numpy_s'] * 1e6:,.0f} us")
@@ -655,6 +666,37 @@ def latency_part(args: argparse.Namespace, corpus: dict[str, Any]) -> dict[str, 
     # Informational: from the first history that fills the window on (below N the window itself is shorter).
     full = [e["predictor_s"] for e in figures["histories"] if "predictor_s" in e and e["history"] >= n_pos]
     figures["predictor_flatness_full_windows"] = max(full) / min(full) if complete and full else None
+    far = [e["codebook_s"] for e in figures["histories"] if "codebook_s" in e]
+    figures["codebook_flatness"] = max(far) / min(far) if far else None
+    return figures
+
+
+def codebook_latency(
+    head: Any, table: np.ndarray, stream: np.ndarray, history: int, steps: int, n_pos: int
+) -> dict[str, Any]:
+    """The codebook far field's predictor after ``history`` tokens: the median and 90th percentile of ``steps``
+    push-and-predict steps, and its largest difference from ``predict_proba`` on the last full window."""
+    predictor = head.predictor(query_table=table)
+    for token in stream[:history]:
+        predictor.push(int(token))
+    latencies = []
+    for j in range(steps):
+        token = int(stream[history + j])
+        started = time.perf_counter()
+        predictor.push(token)
+        predicted = predictor.predict()
+        latencies.append(time.perf_counter() - started)
+    stop = history + steps
+    figures: dict[str, Any] = {
+        "codebook_s": float(np.median(latencies)),
+        "codebook_p90_s": float(np.quantile(latencies, 0.9)),
+        "codebook_max_abs_difference": None,
+    }
+    if stop >= n_pos:  # predict_proba reads full windows only
+        window = stream[stop - n_pos : stop]
+        expected = head.predict_proba(window, table[window[-1]])
+        figures["codebook_max_abs_difference"] = float(np.max(np.abs(np.asarray(predicted) - expected)))
+    say(f"  codebook far field's predictor at history {history:,}: {figures['codebook_s'] * 1e6:,.0f} us")
     return figures
 
 
@@ -1076,6 +1118,7 @@ def targets_of(report: dict[str, Any]) -> list[dict[str, Any]]:
     latency, quality, kernel = report.get("latency"), report.get("quality"), report.get("kernel")
     best = ranking_best(report["ranking"]) if report.get("ranking") else None
     flat = latency.get("predictor_flatness") if latency else None
+    far_flat = latency.get("codebook_flatness") if latency else None
     ratio = quality.get("best_over_reference") if quality else None
     corpus = kernel["corpora"][0]["corpus"] if kernel and kernel.get("corpora") else None
     speedup = next(
@@ -1094,10 +1137,16 @@ def targets_of(report: dict[str, Any]) -> list[dict[str, Any]]:
             "pass": None if speedup is None else bool(speedup >= TARGET_KERNEL_SPEEDUP),
         },
         {
-            "name": "predictor latency, slowest / fastest history",
+            "name": "histogram predictor latency, slowest / fastest history",
             "target": f"<= {TARGET_LATENCY_FLAT}",
             "measured": flat,
             "pass": None if flat is None else bool(flat <= TARGET_LATENCY_FLAT),
+        },
+        {
+            "name": "codebook predictor latency, slowest / fastest history",
+            "target": f"<= {TARGET_LATENCY_FLAT}",
+            "measured": far_flat,
+            "pass": None if far_flat is None else bool(far_flat <= TARGET_LATENCY_FLAT),
         },
         {
             "name": f"best N > {REFERENCE_CONTEXT} head / N = {REFERENCE_CONTEXT} head (perplexity)",
@@ -1247,6 +1296,14 @@ def format_report(report: dict[str, Any]) -> str:
         full = latency.get("predictor_flatness_full_windows")
         if full is not None:
             lines.append(f"  informational: slowest / fastest over the histories >= N only: {full:.3f}")
+        if latency.get("codebook"):
+            lines.append(f"  codebook far field's predictor ({latency['codebook']}), per token, median (p90):")
+            for e in latency["histories"]:
+                diff = e["codebook_max_abs_difference"]
+                lines.append(
+                    f"{e['history']:>9,}{e['codebook_s'] * 1e6:>10,.0f}us ({e['codebook_p90_s'] * 1e6:,.0f}us)"
+                    + (f"  max |diff| from predict_proba {diff:.1e}" if diff is not None else "")
+                )
     quality = report.get("quality")
     if quality:
         ref = quality["reference"]

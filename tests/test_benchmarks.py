@@ -564,6 +564,14 @@ def test_long_context_smoke_run_on_the_stdlib_reports_every_figure(tmp_path):
             assert e["recompute_predict_proba_s"] is None, label
         assert 0.0 <= e["predictor_max_abs_difference"] <= 1e-12, (label, e["predictor_max_abs_difference"])
         assert 1 <= e["predictor_rows_read"] <= e["distinct_symbols"] <= latency["context"], label
+        # The codebook far field's predictor, beside it: its prediction that of predict_proba on a full window.
+        assert_positive_finite(e["codebook_s"], f"{label}: codebook_s")
+        assert e["codebook_p90_s"] >= e["codebook_s"], label
+        if e["history"] + e["steps"] >= latency["context"]:
+            assert 0.0 <= e["codebook_max_abs_difference"] <= 1e-12, (label, e["codebook_max_abs_difference"])
+        else:
+            assert e["codebook_max_abs_difference"] is None, label
+    assert latency["codebook"] == "N0 = 8, 8 x 16" and "codebook far field's predictor (N0 = 8, 8 x 16)" in table
 
     # Quality: the N = 8 head, a bucketed head and the baselines, all on the same test targets.
     quality = report["quality"]
@@ -624,8 +632,10 @@ def test_long_context_smoke_run_on_the_stdlib_reports_every_figure(tmp_path):
     flatness = max(e["predictor_s"] for e in latency["histories"]) / min(e["predictor_s"] for e in latency["histories"])
     others = [m for m in models if m["context"] > 8]  # the long-history models: here the recipe
     assert others == ranking["recipes"]
+    far = [e["codebook_s"] for e in latency["histories"]]
     measured = [
         flatness,
+        max(far) / min(far),
         best["perplexity"] / reference["perplexity"],
         max(m["ranking"]["full"]["ndcg"] for m in others) / ranked["full"]["ndcg"],
         min(m["perplexity"] for m in others) / ranking["heads"][0]["perplexity"],
