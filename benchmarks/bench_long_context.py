@@ -633,15 +633,9 @@ def latency_part(args: argparse.Namespace, corpus: dict[str, Any]) -> dict[str, 
                 for token in stream[:history]:
                     predictor.push(int(token))
                 entry["fill_s_per_token"] = (time.perf_counter() - started) / history
-                latencies, rows_read, distinct = [], [], []
-                for j in range(steps):
-                    token = int(stream[history + j])
-                    started = time.perf_counter()
-                    predictor.push(token)
-                    predicted = predictor.predict()
-                    latencies.append(time.perf_counter() - started)
-                    rows_read.append(getattr(predictor, "rows_read", None))
-                    distinct.append(np.unique(stream[max(0, history + j + 1 - n_pos) : history + j + 1]).size)
+                latencies, rows_read, predicted = timed_steps(predictor, stream[history : history + steps])
+                ends = range(history + 1, history + steps + 1)  # each step's window ends there
+                distinct = [np.unique(stream[max(0, end - n_pos) : end]).size for end in ends]
                 stop = history + steps
                 window = stream[max(0, stop - n_pos) : stop]
                 expected = recompute(model, emission, window, table[window[-1]])
@@ -671,6 +665,21 @@ def latency_part(args: argparse.Namespace, corpus: dict[str, Any]) -> dict[str, 
     return figures
 
 
+def timed_steps(predictor: Any, tokens: np.ndarray) -> tuple[list[float], list[Any], np.ndarray]:
+    """Push each token then predict, timed: (each step's seconds, the rows each prediction read when the predictor
+    says, else None; the last prediction)."""
+    latencies: list[float] = []
+    rows_read: list[Any] = []
+    predicted = None
+    for token in tokens:
+        started = time.perf_counter()
+        predictor.push(int(token))
+        predicted = predictor.predict()
+        latencies.append(time.perf_counter() - started)
+        rows_read.append(getattr(predictor, "rows_read", None))
+    return latencies, rows_read, np.asarray(predicted)
+
+
 def codebook_latency(
     head: Any, table: np.ndarray, stream: np.ndarray, history: int, steps: int, n_pos: int
 ) -> dict[str, Any]:
@@ -679,13 +688,7 @@ def codebook_latency(
     predictor = head.predictor(query_table=table)
     for token in stream[:history]:
         predictor.push(int(token))
-    latencies = []
-    for j in range(steps):
-        token = int(stream[history + j])
-        started = time.perf_counter()
-        predictor.push(token)
-        predicted = predictor.predict()
-        latencies.append(time.perf_counter() - started)
+    latencies, _, predicted = timed_steps(predictor, stream[history : history + steps])
     stop = history + steps
     figures: dict[str, Any] = {
         "codebook_s": float(np.median(latencies)),

@@ -74,6 +74,20 @@ def enumerate_paths(head, window, y, t):
     return out
 
 
+def assert_estep_equals_enumeration(head, hops, context, query, target, lengths, log_domain_rows=0):
+    """The kernel's E-step (:func:`hop_estep`) on these rows equals the enumeration over hop paths; it redid
+    ``log_domain_rows`` rows in the log domain. Returns the enumeration's log-likelihood."""
+    rows = rows_of(context, query, target, lengths)
+    arrays = HopArrays.zeros(hops, head.shape, None)
+    assert hop_estep(rows, head.parameters, arrays) == log_domain_rows
+    key_sum, key_mass, _, counts, log_lik = brute_statistics(head, context, query, target, lengths)
+    assert arrays.scalars[2] == pytest.approx(log_lik, rel=1e-12)
+    np.testing.assert_allclose(arrays.key_sum, key_sum, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(arrays.key_mass, key_mass, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(arrays.emission_count_ts, counts.T, rtol=1e-11, atol=1e-13)
+    return log_lik
+
+
 def brute_statistics(head, context, query, target, lengths):
     """The chain's statistics by enumerating the paths of every row (their posteriors, weighted by definition)."""
     s, n_pos, d, t = head.shape
@@ -152,14 +166,7 @@ def test_windows_of_8_new_positions_equal_the_enumeration(hops, n_pos, softmax):
     query = rng.normal(size=(n, shape[2]))
     target = rng.integers(0, shape[3], size=n).astype(np.int32)
     lengths = np.full(n, 8)
-    rows = rows_of(context, query, target, lengths)
-    arrays = HopArrays.zeros(hops, head.shape, None)
-    assert hop_estep(rows, head.parameters, arrays) == 0
-    key_sum, key_mass, _, counts, log_lik = brute_statistics(head, context, query, target, lengths)
-    assert arrays.scalars[2] == pytest.approx(log_lik, rel=1e-12)
-    np.testing.assert_allclose(arrays.key_sum, key_sum, rtol=1e-11, atol=1e-13)
-    np.testing.assert_allclose(arrays.key_mass, key_mass, rtol=1e-11, atol=1e-13)
-    np.testing.assert_allclose(arrays.emission_count_ts, counts.T, rtol=1e-11, atol=1e-13)
+    assert_estep_equals_enumeration(head, hops, context, query, target, lengths)
 
 
 @pytest.mark.parametrize("hops", [2, 3])
@@ -179,14 +186,7 @@ def test_windows_of_8_with_keys_near_their_hop_queries_equal_the_enumeration(hop
     query = rng.normal(size=(n, shape[2]))
     target = rng.integers(0, shape[3], size=n).astype(np.int32)
     lengths = np.full(n, 8)
-    rows = rows_of(context, query, target, lengths)
-    arrays = HopArrays.zeros(hops, head.shape, None)
-    assert hop_estep(rows, head.parameters, arrays) == 0
-    key_sum, key_mass, _, counts, log_lik = brute_statistics(head, context, query, target, lengths)
-    assert arrays.scalars[2] == pytest.approx(log_lik, rel=1e-12)
-    np.testing.assert_allclose(arrays.key_sum, key_sum, rtol=1e-11, atol=1e-13)
-    np.testing.assert_allclose(arrays.key_mass, key_mass, rtol=1e-11, atol=1e-13)
-    np.testing.assert_allclose(arrays.emission_count_ts, counts.T, rtol=1e-11, atol=1e-13)
+    assert_estep_equals_enumeration(head, hops, context, query, target, lengths)
 
 
 def test_one_hop_is_the_single_head():
@@ -363,15 +363,8 @@ def test_rows_the_linear_domain_cannot_scale_are_redone_in_the_log_domain(hops):
     query = np.concatenate([np.zeros((n, d)), rng.normal(scale=0.5, size=(n, d))])
     target = rng.integers(0, t, size=2 * n).astype(np.int32)
     lengths = np.tile([6, 5, 2, 6, 4, 3, 6, 6], 2)
-    rows = rows_of(context, query, target, lengths)
-    arrays = HopArrays.zeros(hops, head.shape, None)
-    assert hop_estep(rows, head.parameters, arrays) == n
-    key_sum, key_mass, _, counts, log_lik = brute_statistics(head, context, query, target, lengths)
+    log_lik = assert_estep_equals_enumeration(head, hops, context, query, target, lengths, log_domain_rows=n)
     assert log_lik < -400 * n  # the far rows' likelihoods are ~e^-500
-    assert arrays.scalars[2] == pytest.approx(log_lik, rel=1e-12)
-    np.testing.assert_allclose(arrays.key_sum, key_sum, rtol=1e-11, atol=1e-13)
-    np.testing.assert_allclose(arrays.key_mass, key_mass, rtol=1e-11, atol=1e-13)
-    np.testing.assert_allclose(arrays.emission_count_ts, counts.T, rtol=1e-11, atol=1e-13)
     ordinary = random_chain((5, 6, 2, 4), hops, 3)
     context = rng.integers(0, 5, size=(50, 6)).astype(np.int32)
     rows = rows_of(context, rng.normal(size=(50, 2)), rng.integers(0, 4, size=50).astype(np.int32))
