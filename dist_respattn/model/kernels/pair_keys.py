@@ -226,27 +226,33 @@ def _sum_runs(sorted_keys, sorted_weights):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _merge(a_keys, a_sums, b_keys, b_sums):  # pragma: no cover - compiled
+def _merge(a_keys, a_sums, b_keys, b_sums, keys, sums):  # pragma: no cover - compiled
+    """The union of two tallies into ``keys`` and ``sums`` (of their total size): a key in both gets
+    ``(0.0 + a) + b``, one alone ``0.0 + its sum``, by selects instead of branches (``x + 0.0`` is ``x`` for every
+    ``x = 0.0 + y``). Returns the union's size."""
     na, nb = a_keys.shape[0], b_keys.shape[0]
-    keys = np.empty(na + nb, dtype=np.int64)
-    sums = np.empty(na + nb)
     i = j = m = 0
-    while i < na or j < nb:
-        if j >= nb or (i < na and a_keys[i] < b_keys[j]):
-            keys[m] = a_keys[i]
-            sums[m] = 0.0 + a_sums[i]
-            i += 1
-        elif i >= na or b_keys[j] < a_keys[i]:
-            keys[m] = b_keys[j]
-            sums[m] = 0.0 + b_sums[j]
-            j += 1
-        else:
-            keys[m] = a_keys[i]
-            sums[m] = (0.0 + a_sums[i]) + b_sums[j]
-            i += 1
-            j += 1
+    while i < na and j < nb:
+        x = a_keys[i]
+        y = b_keys[j]
+        take_a = x <= y
+        take_b = y <= x
+        keys[m] = x if take_a else y
+        sums[m] = (0.0 + (a_sums[i] if take_a else 0.0)) + (b_sums[j] if take_b else 0.0)
+        i += take_a
+        j += take_b
         m += 1
-    return keys[:m].copy(), sums[:m].copy()
+    while i < na:
+        keys[m] = a_keys[i]
+        sums[m] = 0.0 + a_sums[i]
+        i += 1
+        m += 1
+    while j < nb:
+        keys[m] = b_keys[j]
+        sums[m] = 0.0 + b_sums[j]
+        j += 1
+        m += 1
+    return m
 
 
 def _sorted_tally(src_k, src_w, hist, passes, digit_bits, first_done):
@@ -424,49 +430,83 @@ def merge_tallies(
     first: tuple[np.ndarray, np.ndarray], second: tuple[np.ndarray, np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
     """The union of two tallies ``(keys increasing, sums)``: a key in both gets ``first's + second's``."""
-    return _merge(
-        np.ascontiguousarray(first[0], dtype=np.int64),
-        np.ascontiguousarray(first[1], dtype=np.float64),
-        np.ascontiguousarray(second[0], dtype=np.int64),
-        np.ascontiguousarray(second[1], dtype=np.float64),
-    )
+    a_keys, b_keys = (np.ascontiguousarray(x[0], dtype=np.int64) for x in (first, second))
+    a_sums, b_sums = (np.ascontiguousarray(x[1], dtype=np.float64) for x in (first, second))
+    keys = np.empty(a_keys.shape[0] + b_keys.shape[0], dtype=np.int64)
+    sums = np.empty(keys.shape[0])
+    m = _merge(a_keys, a_sums, b_keys, b_sums, keys, sums)
+    return _cut(keys, m), _cut(sums, m)
+
+
+def _cut(array: np.ndarray, size: int) -> np.ndarray:
+    """``array[:size]`` as an array of its own, cut in place (its pages past ``size``, never written, were never
+    mapped: no copy)."""
+    array.resize(size, refcheck=False)
+    return array
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _union_run(a_s, a_c, i, a_end, b_s, b_c, j, b_end, out_s, out_c, m):  # pragma: no cover - compiled
+    """The union of the increasing runs ``a_s[i:a_end]`` and ``b_s[j:b_end]`` written from ``out_s[m]``, a symbol
+    in both getting ``(0.0 + a) + b`` (:func:`merge_tallies`' sum), one alone ``0.0 + its count``: selects instead
+    of branches, the same additions either way (``x + 0.0`` is ``x`` for every ``x = 0.0 + y``). Returns the end."""
+    while i < a_end and j < b_end:
+        x = a_s[i]
+        y = b_s[j]
+        take_a = x <= y
+        take_b = y <= x
+        out_s[m] = x if take_a else y
+        out_c[m] = (0.0 + (a_c[i] if take_a else 0.0)) + (b_c[j] if take_b else 0.0)
+        i += take_a
+        j += take_b
+        m += 1
+    while i < a_end:
+        out_s[m] = a_s[i]
+        out_c[m] = 0.0 + a_c[i]
+        i += 1
+        m += 1
+    while j < b_end:
+        out_s[m] = b_s[j]
+        out_c[m] = 0.0 + b_c[j]
+        j += 1
+        m += 1
+    return m
 
 
 @numba.njit(cache=True, nogil=True)
-def _merge_supports(indptr, symbols, counts, starts, out_indptr, out_symbols, out_counts):  # pragma: no cover
-    """The k-way merge of :func:`merge_supports`: part ``j``'s pairs of target ``t`` are
-    ``starts[j] + indptr[j, t] : starts[j] + indptr[j, t + 1]`` of ``symbols`` and ``counts``."""
-    k, width = indptr.shape
-    at = np.empty(k, dtype=np.int64)
-    stop = np.empty(k, dtype=np.int64)
+def _merge_supports(indptrs, symbols, counts, out_indptr, out_symbols, out_counts):  # pragma: no cover
+    """The union of :func:`merge_supports`, target by target: part 0's pairs of a target merged with part 1's, that
+    with part 2's, ... (each run in a scratch pair of the target's size, the last into the output), so a pair's sum
+    is the parts' counts folded in part order from 0, what the chain of :func:`merge_tallies` gives. ``indptrs``,
+    ``symbols`` and ``counts`` are tuples of the parts' arrays (none copied or concatenated). Returns the pairs."""
+    k = len(indptrs)
+    width = out_indptr.shape[0]
+    longest = 0
+    for t in range(width - 1):
+        size = 0
+        for q in range(k):
+            size += indptrs[q][t + 1] - indptrs[q][t]
+        longest = max(longest, size)
+    scratch_s = np.empty((2, longest), dtype=out_symbols.dtype)
+    scratch_c = np.empty((2, longest))
     m = 0
     out_indptr[0] = 0
     for t in range(width - 1):
-        for j in range(k):
-            at[j] = starts[j] + indptr[j, t]
-            stop[j] = starts[j] + indptr[j, t + 1]
-        while True:
-            low = np.int64(-1)
-            for j in range(k):
-                if at[j] < stop[j]:
-                    c = np.int64(symbols[at[j]])
-                    if low < 0 or c < low:
-                        low = c
-            if low < 0:
-                break
-            total = 0.0
-            first = True
-            for j in range(k):  # in part order: merge_tallies' sums, folded left to right
-                if at[j] < stop[j] and symbols[at[j]] == low:
-                    if first:
-                        total = 0.0 + counts[at[j]]
-                        first = False
-                    else:
-                        total = total + counts[at[j]]
-                    at[j] += 1
-            out_symbols[m] = low
-            out_counts[m] = total
-            m += 1
+        a_s = symbols[0]
+        a_c = counts[0]
+        i, a_end = indptrs[0][t], indptrs[0][t + 1]
+        for q in range(1, k):
+            b_s = symbols[q]
+            b_c = counts[q]
+            j, b_end = indptrs[q][t], indptrs[q][t + 1]
+            if q == k - 1:
+                m = _union_run(a_s, a_c, i, a_end, b_s, b_c, j, b_end, out_symbols, out_counts, m)
+            else:
+                into = q & 1
+                end = _union_run(a_s, a_c, i, a_end, b_s, b_c, j, b_end, scratch_s[into], scratch_c[into], 0)
+                a_s = scratch_s[into]
+                a_c = scratch_c[into]
+                i, a_end = 0, end
         out_indptr[t + 1] = m
     return m
 
@@ -477,17 +517,25 @@ def merge_supports(
     """The union of ``k`` sparse counts given target-major, each ``(indptr (T + 1,), symbols (P,), counts (P,))``
     (symbols increasing within a target), as one ``(indptr, symbols int32, counts)``: a pair's count is the parts'
     counts added in list order, as :func:`merge_tallies` of the parts' tallies, one after the other, gives it to the
-    bit, in one pass over the pairs instead of ``k - 1`` (and no cell keys made or divided back)."""
-    sizes = [int(p[1].shape[0]) for p in parts]
-    starts = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
-    indptr = np.ascontiguousarray(np.stack([np.asarray(p[0], dtype=np.int64) for p in parts]))
-    symbols = np.concatenate([np.asarray(p[1], dtype=np.int32) for p in parts])
-    counts = np.concatenate([np.asarray(p[2], dtype=np.float64) for p in parts])
-    out_indptr = np.empty(indptr.shape[1], dtype=np.int64)
-    out_symbols = np.empty(symbols.shape[0], dtype=np.int32)
-    out_counts = np.empty(symbols.shape[0])
-    m = _merge_supports(indptr, symbols, counts, starts, out_indptr, out_symbols, out_counts)
-    return out_indptr, out_symbols[:m].copy(), out_counts[:m].copy()
+    bit, in one pass over the targets (and no cell keys made or divided back). The parts' arrays are read where
+    they lie; the union is written once into arrays of the parts' total size, cut to its own in place."""
+    if not parts:
+        raise ValueError("merge_supports of no parts: expected at least one")
+    indptrs = tuple(np.ascontiguousarray(p[0], dtype=np.int64) for p in parts)
+    symbols = tuple(np.ascontiguousarray(p[1], dtype=np.int32) for p in parts)
+    counts = tuple(np.ascontiguousarray(p[2], dtype=np.float64) for p in parts)
+    width = indptrs[0].shape[0]
+    sizes_differ = any(s.shape != c.shape for s, c in zip(symbols, counts, strict=True))
+    if sizes_differ or any(i.shape != (width,) for i in indptrs):
+        raise ValueError("merge_supports: parts of different targets, or symbols and counts of different sizes")
+    if len(parts) == 1:
+        return indptrs[0].copy(), symbols[0].copy(), 0.0 + counts[0]
+    total = sum(int(s.shape[0]) for s in symbols)
+    out_indptr = np.empty(width, dtype=np.int64)
+    out_symbols = np.empty(total, dtype=np.int32)
+    out_counts = np.empty(total)
+    m = _merge_supports(indptrs, symbols, counts, out_indptr, out_symbols, out_counts)
+    return out_indptr, _cut(out_symbols, m), _cut(out_counts, m)
 
 
 @numba.njit(cache=True, nogil=True)
