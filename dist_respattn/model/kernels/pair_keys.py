@@ -227,32 +227,9 @@ def _sum_runs(sorted_keys, sorted_weights):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def _merge(a_keys, a_sums, b_keys, b_sums, keys, sums):  # pragma: no cover - compiled
-    """The union of two tallies into ``keys`` and ``sums`` (of their total size): a key in both gets
-    ``(0.0 + a) + b``, one alone ``0.0 + its sum``, by selects instead of branches (``x + 0.0`` is ``x`` for every
-    ``x = 0.0 + y``). Returns the union's size."""
-    na, nb = a_keys.shape[0], b_keys.shape[0]
-    i = j = m = 0
-    while i < na and j < nb:
-        x = a_keys[i]
-        y = b_keys[j]
-        take_a = x <= y
-        take_b = y <= x
-        keys[m] = x if take_a else y
-        sums[m] = (0.0 + (a_sums[i] if take_a else 0.0)) + (b_sums[j] if take_b else 0.0)
-        i += take_a
-        j += take_b
-        m += 1
-    while i < na:
-        keys[m] = a_keys[i]
-        sums[m] = 0.0 + a_sums[i]
-        i += 1
-        m += 1
-    while j < nb:
-        keys[m] = b_keys[j]
-        sums[m] = 0.0 + b_sums[j]
-        j += 1
-        m += 1
-    return m
+    """The union of two tallies into ``keys`` and ``sums`` (of their total size), a key in both getting
+    ``(0.0 + a) + b`` (:func:`_union_run` over the whole of both). Returns the union's size."""
+    return _union_run(a_keys, a_sums, 0, a_keys.shape[0], b_keys, b_sums, 0, b_keys.shape[0], keys, sums, 0)
 
 
 def _sorted_tally(src_k, src_w, hist, passes, digit_bits, first_done):
