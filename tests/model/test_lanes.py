@@ -133,17 +133,23 @@ def test_a_windows_8_rows_added_in_one_pass_as_one_at_a_time(dim, n):
     np.testing.assert_array_equal(dst, expected)  # the same numbers: each row's terms in the same order
 
 
-@pytest.mark.parametrize("dim", [8, 32, 40])
-def test_a_windows_transitions_in_one_pass(dim):
-    """Each source's shifted log-values over a window of 8 and their exponentials: NumPy's distances to rounding,
-    and the exponentials exp_nonpositive_range's numbers exactly."""
-    rng = np.random.default_rng(dim)
+def _window_case(dim, seed):
+    """12 hop queries and 3 hops' keys of ``dim`` dimensions, the symbols in a random order, a window of 8 positions
+    from position 3 and a bias over them with one position no transition reaches."""
+    rng = np.random.default_rng(seed)
     queries = rng.normal(size=(12, dim))
     keys = rng.normal(scale=2.0, size=(3, 12, dim))
     symbols = rng.permutation(12).astype(np.int32)
     bias = np.log(rng.dirichlet(np.ones(LANES)))
     bias[5] = -np.inf  # a position no transition reaches
-    window = symbols[3 : 3 + LANES]
+    return queries, keys, symbols, bias, symbols[3 : 3 + LANES]
+
+
+@pytest.mark.parametrize("dim", [8, 32, 40])
+def test_a_windows_transitions_in_one_pass(dim):
+    """Each source's shifted log-values over a window of 8 and their exponentials: NumPy's distances to rounding,
+    and the exponentials exp_nonpositive_range's numbers exactly."""
+    queries, keys, symbols, bias, window = _window_case(dim, seed=dim)
     out, shifts = _transition_logs(queries, keys, 2, symbols, 3, -0.3, bias)
     lv = bias[None, :] - 0.3 * ((queries[window][:, None, :] - keys[2, window][None, :, :]) ** 2).sum(axis=2)
     np.testing.assert_allclose(shifts[1 : 1 + LANES], lv.max(axis=1), rtol=1e-13)
@@ -183,13 +189,7 @@ def test_four_rows_products_added_over_the_cells(dim, cells):
 def test_a_windows_transitions_from_norms(dim, common):
     """Each distance as |q|^2 + |k|^2 - 2 q.k from the symbols' norms: NumPy's direct distances to rounding; each
     source's row shifted by its own largest log-value, or all by the window's largest."""
-    rng = np.random.default_rng(dim + 100)
-    queries = rng.normal(size=(12, dim))
-    keys = rng.normal(scale=2.0, size=(3, 12, dim))
-    symbols = rng.permutation(12).astype(np.int32)
-    bias = np.log(rng.dirichlet(np.ones(LANES)))
-    bias[5] = -np.inf  # a position no transition reaches
-    window = symbols[3 : 3 + LANES]
+    queries, keys, symbols, bias, window = _window_case(dim, seed=dim + 100)
     out, shifts = _transition_dots(queries, keys, 2, symbols, 3, -0.3, bias, common)
     lv = bias[None, :] - 0.3 * ((queries[window][:, None, :] - keys[2, window][None, :, :]) ** 2).sum(axis=2)
     top = np.full((LANES, 1), lv.max()) if common else lv.max(axis=1, keepdims=True)
