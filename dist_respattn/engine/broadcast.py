@@ -7,6 +7,7 @@ worker keeps them to the fit's end (:mod:`~dist_respattn.engine.held_tables`): a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pickle
 import threading
@@ -16,7 +17,7 @@ from typing import Any
 import distributed
 
 from dist_respattn.engine.cluster import ClusterError
-from dist_respattn.engine.held_tables import TableRef, table_digest
+from dist_respattn.engine.held_tables import SentTable, TableRef, table_digest
 from dist_respattn.engine.payload import split_payload
 from dist_respattn.model.fixed import FitConstant
 
@@ -60,10 +61,17 @@ def payload_bytes(payload: Any) -> int:
 
 
 def scatter_to(
-    client: distributed.Client, key: str, value: Any, workers: Sequence[str] | None = None
+    client: distributed.Client,
+    key: str,
+    value: Any,
+    workers: Sequence[str] | None = None,
+    *,
+    keep: TableRef | None = None,
 ) -> distributed.Future:
     """Send ``value`` to ``workers`` (those of them alive; ``None``, or none of them alive: to every worker) under
-    ``key``, again (under a new key) if a worker dies during the transfer.
+    ``key``, again (under a new key) if a worker dies during the transfer. With ``keep`` (a table fixed for the fit,
+    ``keep`` its reference under whatever key it goes as), each worker keeps it for the fit as it arrives (it goes as
+    a :class:`~dist_respattn.engine.held_tables.SentTable`).
 
     A worker killed mid-transfer fails the send (its stream closed); a deadline guards the rest.
     """
@@ -78,8 +86,9 @@ def scatter_to(
             alive = list(client.ncores())
             chosen = [w for w in alive if workers is not None and w in workers] or alive
             future = None
+            sent = value if keep is None else SentTable(dataclasses.replace(keep, key=name), value)
             for worker in chosen:
-                future = client.scatter({name: value}, workers=[worker], direct=True)[name]
+                future = client.scatter({name: sent}, workers=[worker], direct=True)[name]
             if future is None:
                 raise TimeoutError("the cluster has no workers")
             return future
@@ -98,8 +107,9 @@ class FitTables:
 
     A table is known by identity (the same object in every model and grid of the fit) under the key
     ``respattn-table-<n>-<tag>``. Its future lives until :meth:`release`; the tasks get a
-    :class:`~dist_respattn.engine.held_tables.TableRef` to it, which each worker resolves once and keeps to the fit's
-    end (a worker that lacks it, one that replaced a lost worker, fetches it on its first task). :meth:`forget` drops
+    :class:`~dist_respattn.engine.held_tables.TableRef` to it. Each worker it is sent to keeps it to the fit's end from
+    its arrival (a worker that lacks it, one outside the pass it was sent for or one that replaced a lost worker,
+    fetches it on its first task, and keeps it from then on). :meth:`forget` drops
     them all after a pass lost work with every holder: the next payload sends them again, under new keys (and a worker
     that kept them finds them by their digest).
     """
@@ -141,9 +151,12 @@ class FitTables:
             raise _Rekey()
         for key, table in tables.items():
             if key not in self._futures:
-                self._futures[key] = scatter_to(self.client, key, table, workers)
                 digest, size = self._digest(table)
-                self._refs[key] = TableRef(key, self.run_tag, digest, size)
+                ref = TableRef(key, self.run_tag, digest, size)
+                future = scatter_to(self.client, key, table, workers, keep=ref)
+                self._futures[key] = future
+                # Sent again after a worker died mid-transfer, it went under a new key: the one a worker fetches.
+                self._refs[key] = dataclasses.replace(ref, key=str(future.key))
                 self.sent += 1
         return {key: self._refs[key] for key in tables}
 

@@ -1,12 +1,15 @@
-"""The tables fixed for a fit, held by each worker from the first task that reads them to the fit's end.
+"""The tables fixed for a fit, held by each worker from the moment it receives them to the fit's end.
 
 Dask's active memory manager (its ``ReduceReplicas`` policy, on by default) drops the spare copies of a value that no
 task is waiting for, every few seconds: a table handed to each pass's tasks as a future was dropped from all but one
 worker between the passes, and every other worker fetched it again for the next one. The tasks are given a
 :class:`TableRef` instead (the table's key, the fit's run tag and the digest of its bytes), which Dask does not see
-as a dependency; a worker resolves it (:func:`held`) from what it holds for the fit, else from its own copy in Dask's
-memory (where the driver's scatter put it), else by fetching it from a worker that holds it, once. It keeps the table
-until the fit ends (:func:`release_run`, run on every worker) or until :data:`HELD_KEPT` newer tables push it out.
+as a dependency. The driver sends each worker the table wrapped as a :class:`SentTable`, which the worker keeps for
+the fit as it unpickles it, on arrival: before the memory manager can drop its copy, so no worker the driver sent it
+to fetches it from another. A task resolves the reference (:func:`held`) from what its worker holds for the fit,
+else from the worker's own copy in Dask's memory, else by fetching it from a worker that holds it, once (a table made
+on a worker, a worker that joined later). A worker keeps the table until the fit ends (:func:`release_run`, run on
+every worker) or until :data:`HELD_KEPT` newer tables push it out.
 
 The choice leaves the scheduler's memory manager alone (a user's own scheduler keeps its settings; the driver
 changes nothing there). A worker that joins (a replacement) fetches the tables on its first task; a table remade under
@@ -25,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["HELD_KEPT", "TableLostError", "TableRef", "held", "held_args", "release_run", "table_digest"]
+__all__ = ["HELD_KEPT", "SentTable", "TableLostError", "TableRef", "held", "held_args", "release_run", "table_digest"]
 
 #: Tables a worker keeps at most (over every fit it serves); the oldest goes first, to be fetched again if needed.
 HELD_KEPT = 8
@@ -91,6 +94,40 @@ def _keep(ref: TableRef, table: Any) -> None:
             _HELD.popitem(last=False)
 
 
+class SentTable:
+    """A table fixed for the fit as the driver sends it to each worker (``ref`` its reference, under the key it is
+    sent as): the process that unpickles it keeps ``table`` for the fit at once.
+
+    A worker unpickles what the driver's scatter sends it as the message arrives, before Dask's memory manager knows
+    of its copy: a copy the manager drops later (a spare, once another worker holds one) is then no loss. Kept by a
+    call to the worker after the scatter instead, the copy could be dropped in between (the manager may run at any
+    moment, and drops the spare copy of a value no task waits for), and that worker would fetch the table from
+    another on its first task; so would a worker whose first task comes after a drop, as before.
+    """
+
+    __slots__ = ("ref", "table")
+
+    def __init__(self, ref: TableRef, table: Any) -> None:
+        self.ref, self.table = ref, table
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_arrived, (self.ref, self.table))
+
+    def __sizeof__(self) -> int:  # what a worker's memory accounting sees: the table's bytes, not the wrapper's
+        return object.__sizeof__(self) + self.ref.nbytes
+
+
+def _arrived(ref: TableRef, table: Any) -> SentTable:
+    """A :class:`SentTable` unpickled: its table kept for the fit."""
+    _keep(ref, table)
+    return SentTable(ref, table)
+
+
+def _table(value: Any) -> Any:
+    """The table a copy in Dask's memory holds (a :class:`SentTable`'s, or one made on a worker as it is)."""
+    return value.table if isinstance(value, SentTable) else value
+
+
 def held(value: Any) -> Any:
     """A task's argument as it is used: a :class:`TableRef` as its table (see the module's text), anything else as
     it is."""
@@ -126,7 +163,7 @@ def held_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
 async def _own_copy(worker: Any, key: str) -> tuple[bool, Any]:
     """This worker's copy of ``key`` in Dask's memory, read on its event loop (which owns the store)."""
     if key in worker.data:
-        return True, worker.data[key]
+        return True, _table(worker.data[key])
     return False, None
 
 
@@ -144,7 +181,7 @@ def _fetch(client: Any, ref: TableRef) -> Any:
     finally:
         future.release()
     FETCHED.append((time.time(), ref.key, ref.nbytes))
-    return table
+    return _table(table)
 
 
 def release_run(run: str) -> int:

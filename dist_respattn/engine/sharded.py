@@ -291,10 +291,11 @@ class ShardedRun:
         key = f"respattn-shard-tables-{attempt}-{self.run_id}"
         if self.whole_tables:
             tables = self.sharding.tables()
-            self.tables = scatter_to(self.client, key, tables)
             if self._whole_digest is None or self._whole_digest[0] is not tables:
                 self._whole_digest = (tables, table_digest(tables))
             self._digest = self._whole_digest[1]
+            digest, size = self._digest
+            self.tables = scatter_to(self.client, key, tables, keep=TableRef(key, self.run_id, digest, size))
             return
         self.tables_part = scatter_to(self.client, f"respattn-shard-table-part-{attempt}-{self.run_id}",
                                       self.sharding.tables())  # fmt: skip

@@ -236,9 +236,9 @@ def test_heads_made_on_the_workers_from_the_grid_are_the_heads_sent(small_store,
     scattered: list[str] = []
     scatter = broadcast.scatter_to
 
-    def recording(client_, key, value, workers=None):
+    def recording(client_, key, value, workers=None, **kwargs):
         scattered.append(key)
-        return scatter(client_, key, value, workers)
+        return scatter(client_, key, value, workers, **kwargs)
 
     monkeypatch.setattr(broadcast, "scatter_to", recording)
     made = fit(small_store, model_dir=tmp_path / "made", client=client, settings=SPARSE, progress=False)
