@@ -167,6 +167,45 @@ def test_the_grid_kernel_equals_the_per_row_one_to_the_bit(real_rows, layout):
         assert (direct_row >= 0).any() and (direct_row[data[2]] < 0).any()
 
 
+def _lru_hits(x, slots: int) -> int:
+    """How many rows a least-recently-used cache of ``slots`` rows would find, the batch's rows in order."""
+    context, query, target = x
+    cache: dict[bytes, None] = {}
+    hits = 0
+    for j in range(len(target)):
+        key = context[j].tobytes() + np.ascontiguousarray(query[j]).tobytes() + int(target[j]).to_bytes(8, "little")
+        if key in cache:
+            hits += 1
+            cache[key] = cache.pop(key)
+        else:
+            cache[key] = None
+            if len(cache) > slots:
+                del cache[next(iter(cache))]
+    return hits
+
+
+def test_the_slots_keep_the_rows_used_again_soonest(real_rows):
+    """The rows a batch keeps are chosen knowing it: with a slot for every distinct row each repeated row is found,
+    in one batch or in blocks; with fewer, at least what a least-recently-used cache finds; the same bits."""
+    data, tables = real_rows
+    table = tables["sparse"]
+    repeated = _repeated_rows(data)
+    want = per_row_totals(table, data)
+    many = 1 << (len(data[2]) - repeated).bit_length()
+    rows = GridRowCache(table, data[1].shape[1], data[0].shape[1], many)
+    assert _same(score_grid(table, data, rows=rows), want)
+    assert rows.hits[0] == repeated
+    rows = GridRowCache(table, data[1].shape[1], data[0].shape[1], many)
+    got = GridTotals.zeros(table.shape)
+    for start in range(0, len(data[2]), 3000):
+        got = got + score_grid(table, tuple(a[start : start + 3000] for a in data), checked=True, rows=rows)
+    assert rows.hits[0] == repeated  # rows kept from the blocks before are found
+    for slots in (1, 16, 256):
+        rows = GridRowCache(table, data[1].shape[1], data[0].shape[1], slots)
+        assert _same(score_grid(table, data, rows=rows), want), slots
+        assert rows.hits[0] >= _lru_hits(data, slots) > 0, slots
+
+
 def test_weighted_rows_in_blocks_with_one_cache(real_rows):
     """Weights (a hold-out's zeros among them) and blocks sharing the cache, as a partition's grid pass scores them:
     the same bits as the per-row kernel block by block, and a row of weight 0 neither scored nor kept."""

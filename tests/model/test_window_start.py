@@ -184,9 +184,25 @@ def test_blocks_of_one_exact_mass_are_counted_as_their_tallies_merge():
         counter.add(tokens, begin, target, weights, 1.0 / 8, 8, num_symbols)
         tally = tally_uniform_windows(tokens, begin, target, weights, 1.0 / 8, 8, num_symbols)
         want = tally if want is None else merge_tallies(want, tally)
-    assert counter.bits > 16  # the 40,000 rows' cells did not fit the first table
+    assert counter.word_bits > 18 and counter.words  # the 40,000 rows' cells filled the first table: emptied, grown
     got = counter.tally()
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    again = counter.tally()  # taking the tally leaves the counts as they were
+    assert np.array_equal(again[0], want[0]) and np.array_equal(again[1], want[1])
+    # A small table, emptied many times in the middle of blocks (and grown), then more blocks after a tally.
+    small = ExactWindowCounts(1.0 / 8)
+    small.word_bits, small.word_slots = 6, np.zeros(1 << 6, dtype=np.uint64)
+    want = None
+    for rows in (700, 2000, 50, 3000):
+        tokens = (rng.integers(0, 3000, rows + 8) // rng.integers(1, 30, rows + 8)).astype(np.int32)
+        begin = np.arange(rows, dtype=np.int64)
+        target = (rng.integers(0, 3000, rows) // rng.integers(1, 30, rows)).astype(np.int64)
+        small.add(tokens, begin, target, np.zeros(0), 1.0 / 8, 8, 3000)
+        tally = tally_uniform_windows(tokens, begin, target, np.zeros(0), 1.0 / 8, 8, 3000)
+        want = tally if want is None else merge_tallies(want, tally)
+        got = small.tally()
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert len(small.words) > 5 and small.word_bits > 6
     # Cells past 2^32 (S x T of 100,000 words) are counted as keys and counts, after and among the others.
     wide = ExactWindowCounts(1.0 / 8)
     want = None
@@ -197,7 +213,7 @@ def test_blocks_of_one_exact_mass_are_counted_as_their_tallies_merge():
         wide.add(tokens, begin, target, np.zeros(0), 1.0 / 8, 8, 100_000)
         tally = tally_uniform_windows(tokens, begin, target, np.zeros(0), 1.0 / 8, 8, 100_000)
         want = tally if want is None else merge_tallies(want, tally)
-    assert wide.parts and wide.words
+    assert wide.parts and wide.word_used[0] > 0  # both kinds, the small cells still in the word table
     got = wide.tally()
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
     assert window_exact_mass(np.array([1.0, 0.5]), 1.0 / 8) == 0.0

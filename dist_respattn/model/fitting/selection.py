@@ -290,8 +290,9 @@ class GridTotals:
 
 #: Held-out rows the grid pass remembers (a worker's pass, per partition): a row met again (the same context, query
 #: and target, as runs of source code often repeat) takes its logarithms from the row before instead of computing
-#: them. 1024 slots hold 18-27% of a 50,000-word code store's held-out rows (34% repeat within a partition), the
-#: slots taking 5 MB at the whole grid's 600 points.
+#: them. The rows kept are chosen knowing each batch (:func:`_plan_rows`): 1024 slots find 27.6% of a 50,000-word
+#: code store's held-out rows (29.4% repeat a row before them in their partition; a slot chosen by a row's hash
+#: found 21.6%), the slots taking 5 MB at the whole grid's 600 points.
 GRID_ROW_SLOTS = 1024
 
 #: How many computed rows ahead the grid kernel prefetches the key rows and pair counts a row reads.
@@ -299,12 +300,25 @@ GRID_PREFETCH_ROWS = 4
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _row_slot(context, row, t, slots):  # pragma: no cover - compiled
-    """The cache slot of a row's context ids and target (a multiplicative hash; ``slots`` a power of two)."""
+def _row_hash(context, row, t, size):  # pragma: no cover - compiled
+    """A row's place in a table of ``size`` (a power of two) by its context ids and target (a multiplicative hash)."""
     h = np.uint64(t) * np.uint64(0x9E3779B97F4A7C15)
     for i in range(context.shape[1]):
         h = (h ^ np.uint64(context[row, i])) * np.uint64(0x9E3779B97F4A7C15)
-    return np.int64((h >> np.uint64(32)) & np.uint64(slots - 1))
+    return np.int64((h >> np.uint64(32)) & np.uint64(size - 1))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _same_rows(context, query_bits, a, b):  # pragma: no cover - compiled
+    """Whether rows ``a`` and ``b`` of a batch hold the same context ids and query bits (their targets compared
+    by the caller)."""
+    for i in range(context.shape[1]):
+        if context[a, i] != context[b, i]:
+            return False
+    for d in range(query_bits.shape[1]):
+        if query_bits[a, d] != query_bits[b, d]:
+            return False
+    return True
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -321,43 +335,164 @@ def _same_row(context, query_bits, row, t, slot_context, slot_query, slot_target
     return True
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _heap_push(heap, size, entry):  # pragma: no cover - compiled
+    """Push ``entry`` on the max-heap ``heap[:size]``; returns the new size."""
+    j = size
+    while j > 0:
+        parent = (j - 1) >> 1
+        if heap[parent] >= entry:
+            break
+        heap[j] = heap[parent]
+        j = parent
+    heap[j] = entry
+    return size + 1
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _heap_pop(heap, size):  # pragma: no cover - compiled
+    """Remove the largest entry of the max-heap ``heap[:size]`` (not empty); returns the new size."""
+    size -= 1
+    last = heap[size]
+    j = 0
+    while True:
+        child = 2 * j + 1
+        if child >= size:
+            break
+        if child + 1 < size and heap[child + 1] > heap[child]:
+            child += 1
+        if heap[child] <= last:
+            break
+        heap[j] = heap[child]
+        j = child
+    if size > 0:
+        heap[j] = last
+    return size
+
+
 @numba.njit(cache=True, nogil=True)
 def _plan_rows(
-    context, query_bits, target, weights, slot_context, slot_query, slot_target, remember, hits, plan, counted, fresh
+    context, query_bits, target, weights, slot_context, slot_query, slot_target, hits, plan, counted, fresh
 ):  # pragma: no cover - compiled  # fmt: skip
-    """Which rows of a batch the grid kernel computes and which it reads back from their slot; returns ``(n, m)``.
+    """Which rows of a batch the grid kernel computes and which it reads back from a slot; returns ``(n, m)``.
 
-    The rows of nonzero weight (``n`` of them, their indices in ``counted[:n]``) in order, each with ``plan``: its
-    slot ``s`` when it is computed (and kept in slot ``s`` when ``remember``: its context ids, target and query
-    bits in ``slot_*``), ``~s`` (negative) when slot ``s`` holds the same row (the same context ids, target and
-    query bits, so the same values), counted in ``hits[0]``. ``fresh[:m]``: the indices of the rows computed.
-    A row of weight 0 is neither scored nor kept.
+    The rows of nonzero weight (``n`` of them, their indices in ``counted[:n]``) in order, each with ``plan``: the
+    slot ``s`` it is computed into, or ``~s`` (negative) when slot ``s`` holds the same row (the same context ids,
+    target and query bits, so the same values), counted in ``hits[0]``. ``fresh[:m]``: the indices of the rows
+    computed. A row of weight 0 is neither scored nor kept.
+
+    The slots (``slot_*``: the ids, target and query bits of the row each holds, target -1 when none) are the
+    first S of S + 1; a row computed but not kept goes to the last one, which is never read back. Which rows are
+    kept is decided knowing the batch: each row's next use in it, and the slots' (rows kept from the batches
+    before, found in this one). A computed row takes the slot whose row is used furthest ahead, or not in this
+    batch (the least recently used of those first, an empty slot before any), when that is further ahead than
+    its own next use; otherwise it is not kept. Within a batch that is the best choice there is (Belady's).
     """
     n_rows = context.shape[0]
-    n_slots = slot_target.shape[0]
+    n_slots = slot_target.shape[0] - 1
     n = 0
-    m = 0
     for row in range(n_rows):
         w = 1.0 if weights.shape[0] == 0 else weights[row]
-        if w == 0.0:
-            continue
+        if w != 0.0:
+            counted[n] = row
+            n += 1
+    # The distinct rows of the batch (by their first row), and each row's next use.
+    size = 2
+    while size < 2 * n:
+        size *= 2
+    table = np.full(size, -1, dtype=np.int64)
+    first = np.empty(max(n, 1), dtype=np.int64)
+    ids = np.empty(max(n, 1), dtype=np.int64)
+    u = 0
+    for j in range(n):
+        row = counted[j]
         t = target[row]
-        s = _row_slot(context, row, t, n_slots)
-        counted[n] = row
-        if _same_row(context, query_bits, row, t, slot_context, slot_query, slot_target, s):
+        h = _row_hash(context, row, t, size)
+        while True:
+            k = table[h]
+            if k < 0:
+                table[h] = u
+                first[u] = j
+                ids[j] = u
+                u += 1
+                break
+            r = counted[first[k]]
+            if target[r] == t and _same_rows(context, query_bits, r, row):
+                ids[j] = k
+                break
+            h = (h + 1) & (size - 1)
+    next_use = np.empty(max(n, 1), dtype=np.int64)
+    last = np.full(max(u, 1), -1, dtype=np.int64)
+    for j in range(n - 1, -1, -1):
+        next_use[j] = last[ids[j]]
+        last[ids[j]] = j
+    # Slot priorities (the larger, the sooner replaced): the next use in this batch, else past every use: the less
+    # recently used the larger, rows of the batches before larger still, empty slots the largest.
+    far = 2 * n + 2
+    slot_of = np.full(max(u, 1), -1, dtype=np.int64)
+    held = np.full(max(n_slots, 1), -1, dtype=np.int64)
+    rank = np.empty(max(n_slots, 1), dtype=np.int64)
+    heap = np.empty(n_slots + n + 1, dtype=np.int64)
+    top = 0
+    span = np.int64(n_slots + 1)
+    for s in range(n_slots):
+        rank[s] = far + n + 2
+        t = slot_target[s]
+        if t < 0:
+            top = _heap_push(heap, top, rank[s] * span + s)
+            continue
+        rank[s] = far + n + 1
+        h = _row_hash(slot_context, s, t, size)
+        while True:
+            k = table[h]
+            if k < 0:
+                break
+            r = counted[first[k]]
+            if _same_row(context, query_bits, r, target[r], slot_context, slot_query, slot_target, s):
+                if slot_of[k] < 0:
+                    slot_of[k] = s
+                    held[s] = k
+                    rank[s] = first[k]
+                break
+            h = (h + 1) & (size - 1)
+        top = _heap_push(heap, top, rank[s] * span + s)
+    m = 0
+    for j in range(n):
+        row = counted[j]
+        k = ids[j]
+        own = next_use[j] if next_use[j] >= 0 else far + (n - j)
+        s = slot_of[k]
+        if s >= 0:
             hits[0] += 1
-            plan[n] = ~s
-        else:
-            plan[n] = s
-            fresh[m] = row
-            m += 1
-            if remember:
-                slot_target[s] = t
-                for i in range(context.shape[1]):
-                    slot_context[s, i] = context[row, i]
-                for d in range(query_bits.shape[1]):
-                    slot_query[s, d] = query_bits[row, d]
-        n += 1
+            plan[j] = ~s
+            rank[s] = own
+            top = _heap_push(heap, top, own * span + s)
+            continue
+        fresh[m] = row
+        m += 1
+        plan[j] = n_slots  # computed, not kept
+        while top > 0:
+            entry = heap[0]
+            s = entry % span
+            if entry // span == rank[s]:
+                break
+            top = _heap_pop(heap, top)  # a stale priority
+        if top == 0 or heap[0] // span <= own:
+            continue
+        s = heap[0] % span
+        top = _heap_pop(heap, top)
+        if held[s] >= 0:
+            slot_of[held[s]] = -1
+        held[s] = k
+        slot_of[k] = s
+        rank[s] = own
+        top = _heap_push(heap, top, own * span + s)
+        plan[j] = s
+        slot_target[s] = target[row]
+        for i in range(context.shape[1]):
+            slot_context[s, i] = context[row, i]
+        for d in range(query_bits.shape[1]):
+            slot_query[s, d] = query_bits[row, d]
     return n, m
 
 
@@ -634,7 +769,7 @@ class GridRowCache:
         if slots < 0 or slots & (slots - 1):
             raise ValueError(f"slots = {slots}: expected 0 or a power of two")
         g1, g2, g3 = table.shape
-        m = max(slots, 1)  # one slot that never holds a row when there are none
+        m = slots + 1  # and one for the rows computed and not kept, never read back
         self.context = np.zeros((m, context_length), dtype=np.int64)
         self.query = np.zeros((m, query_dim), dtype=np.uint64)
         self.target = np.full(m, -1, dtype=np.int64)
@@ -717,7 +852,7 @@ def plan_grid_rows(
     fresh = np.empty(n_rows, dtype=np.int64)
     query_bits = _query_bits(query)
     n, m = _plan_rows(
-        context, query_bits, target, weights64, rows.context, rows.query, rows.target, rows.slots > 0, rows.hits,
+        context, query_bits, target, weights64, rows.context, rows.query, rows.target, rows.hits,
         plan, counted, fresh,
     )  # fmt: skip
     counted, fresh = counted[:n], fresh[:m]

@@ -20,6 +20,8 @@ import math
 import numba
 import numpy as np
 
+from dist_respattn.model.kernels.prefetch import prefetch_element
+
 __all__ = [
     "ExactWindowCounts",
     "PairWordCounts",
@@ -565,54 +567,57 @@ def _count_windows(
     return -1 if full else m
 
 
+#: How many rows ahead :func:`_count_window_words` prefetches the slots of a row's cells (the table is larger than
+#: L2 once it holds a partition's cells).
+_COUNT_PREFETCH_ROWS = 2
+
+
 @numba.njit(cache=True, nogil=True)
 def _count_window_words(
-    tokens, begin, target, weights, uniform, n_pos, num_symbols, slots, bits, out
+    tokens, begin, target, weights, uniform, n_pos, num_symbols, row, slots, bits, used
 ):  # pragma: no cover - compiled  # fmt: skip
-    """:func:`_count_windows` with each slot one word, the cell in its high half and its count in the low half (0:
-    empty; a cell's count is at least 1), for cells below 2^32 and blocks of fewer than 2^32 cells: one load a probe
-    and half the table. The distinct cells go to ``out`` as such words (unsorted). Returns how many, or -1 when the
-    table filled past 3/4 (emptied, nothing counted)."""
+    """Count the live cells of full windows (:func:`tally_uniform_windows`'s) from row ``row`` on into an
+    open-addressing table of ``2^bits`` words that persists from one block to the next, the cell in a word's high
+    half and its count in the low half (0: empty; a cell's count is at least 1), for cells below 2^32: one load a
+    probe. ``used[0]``: the table's cells, updated. Returns the row after the last one counted: the block's end, or
+    a row whose cells could take the table past 3/4 (empty it, or a larger one, and count on from there)."""
     size = np.int64(1) << bits
     mask = size - 1
     shift = np.uint64(64 - bits)
     limit = (size >> 1) + (size >> 2)
-    used = 0
-    full = False
+    u = used[0]
     high = np.uint64(32)
-    for row in range(begin.shape[0]):
-        w = weights[row] if weights.shape[0] > 0 else 1.0
-        if not uniform * w > 0.0:
-            continue
-        base = np.uint64(target[row]) * np.uint64(num_symbols)
-        first = begin[row]
-        for i in range(n_pos):
-            key = base + np.uint64(tokens[first + i])
-            h = np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> shift)
-            while True:
-                word = slots[h]
-                if word == 0:
-                    slots[h] = (key << high) | np.uint64(1)
-                    used += 1
-                    break
-                if (word >> high) == key:
-                    slots[h] = word + np.uint64(1)
-                    break
-                h = (h + 1) & mask
-            if used > limit:
-                full = True
-                break
-        if full:
+    n = begin.shape[0]
+    while row < n:
+        if u + n_pos > limit:
             break
-    m = 0
-    for slot in range(size):
-        word = slots[slot]
-        if word != 0:
-            if not full:
-                out[m] = word
-                m += 1
-            slots[slot] = 0
-    return -1 if full else m
+        ahead = row + _COUNT_PREFETCH_ROWS
+        if ahead < n:
+            base_ahead = np.uint64(target[ahead]) * np.uint64(num_symbols)
+            first_ahead = begin[ahead]
+            for i in range(n_pos):
+                key = base_ahead + np.uint64(tokens[first_ahead + i])
+                prefetch_element(slots, np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> shift))
+        w = weights[row] if weights.shape[0] > 0 else 1.0
+        if uniform * w > 0.0:
+            base = np.uint64(target[row]) * np.uint64(num_symbols)
+            first = begin[row]
+            for i in range(n_pos):
+                key = base + np.uint64(tokens[first + i])
+                h = np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+                while True:
+                    word = slots[h]
+                    if word == 0:
+                        slots[h] = (key << high) | np.uint64(1)
+                        u += 1
+                        break
+                    if (word >> high) == key:
+                        slots[h] = word + np.uint64(1)
+                        break
+                    h = (h + 1) & mask
+        row += 1
+    used[0] = u
+    return row
 
 
 def window_exact_mass(weights: np.ndarray, uniform: float) -> float:
@@ -621,14 +626,23 @@ def window_exact_mass(weights: np.ndarray, uniform: float) -> float:
     return float(_window_one_exact_mass(weights, float(uniform)))
 
 
+#: The word table of :class:`ExactWindowCounts`: 2^18 slots (2 MB) to start with, grown a slot bit at a time when
+#: it fills, to 2^20 at most (8 MB; a 4.2M-row partition of a 50,000-word store holds 1.37M distinct cells).
+_WORD_TABLE_BITS = 18
+_WORD_TABLE_MAX_BITS = 20
+
+
 class ExactWindowCounts:
     """The tally of full windows' cells that all hold one mass ``mass``, a power of two (:func:`window_exact_mass`),
-    counted block by block in a hash table small enough for the cache and sorted once at the end
-    (:meth:`tally`). Each cell's sum is its count times ``mass``: exactly what :func:`tally_uniform_windows` of each
-    block, merged block after block by :func:`merge_tallies`, gives (a sum of k × mass is exact in any order).
+    counted in a hash table and sorted once at the end (:meth:`tally`). Each cell's sum is its count times
+    ``mass``: exactly what :func:`tally_uniform_windows` of each block, merged block after block by
+    :func:`merge_tallies`, gives (a sum of k × mass is exact in any order).
 
-    Cells below 2^32 (S × T < 2^32: 50,000 words) are counted with the cell and its count in one 64-bit slot and
-    sorted as such words (:func:`_count_window_words`, :func:`_tally_words`); larger ones as a key and a count."""
+    Cells below 2^32 (S × T < 2^32: 50,000 words) are counted with the cell and its count in one 64-bit word of a
+    table kept from one block to the next (:func:`_count_window_words`), emptied into a list of such words only
+    when it fills (and then grown, up to ``2^_WORD_TABLE_MAX_BITS`` slots), and the words sorted once
+    (:func:`_tally_words`): a cell met in many blocks is sorted about once, not once a block. Larger cells are
+    counted block by block as a key and a count."""
 
     def __init__(self, mass: float) -> None:
         self.mass = float(mass)
@@ -637,7 +651,10 @@ class ExactWindowCounts:
         self.bits = 16
         self.slots = np.full(1 << self.bits, -1, dtype=np.int64)
         self.counts = np.zeros(1 << self.bits, dtype=np.int64)
-        self.word_slots = np.zeros(1 << self.bits, dtype=np.uint64)
+        self.word_bits = _WORD_TABLE_BITS
+        self.word_slots = np.zeros(1 << self.word_bits, dtype=np.uint64)
+        self.word_used = np.zeros(1, dtype=np.int64)
+        self.word_entries = 0  # cells counted into the word table since it was last emptied (< 2^32)
 
     def add(
         self,
@@ -653,35 +670,55 @@ class ExactWindowCounts:
         live = int(begin.shape[0]) * int(n_pos)
         if live == 0:
             return
-        packed = live < 2**32 and (int(target.max()) + 1) * int(num_symbols) <= 2**32
+        if live < 2**32 and (int(target.max()) + 1) * int(num_symbols) <= 2**32:
+            if self.word_entries + live >= 2**32:  # a count must stay below 2^32
+                self._drain_words()
+            self.word_entries += live
+            row, n = 0, int(begin.shape[0])
+            while row < n:
+                while 3 * (1 << self.word_bits) < 4 * int(n_pos) and not self.word_used[0]:
+                    self._grow_words()
+                row = _count_window_words(
+                    tokens, begin, target, weights, float(uniform), int(n_pos), int(num_symbols), row,
+                    self.word_slots, self.word_bits, self.word_used,
+                )  # fmt: skip
+                if row < n:
+                    self._drain_words()
+                    if self.word_bits < _WORD_TABLE_MAX_BITS:
+                        self._grow_words()
+            return
         while True:
             size = 1 << self.bits
-            if packed:
-                out = np.empty(min(live, size), dtype=np.uint64)
-                m = _count_window_words(
-                    tokens, begin, target, weights, float(uniform), int(n_pos), int(num_symbols), self.word_slots,
-                    self.bits, out,
-                )  # fmt: skip
-                if m >= 0:
-                    self.words.append(out[:m].copy())
-                    return
-            else:
-                out_keys = np.empty(min(live, size), dtype=np.int64)
-                out_counts = np.empty(min(live, size), dtype=np.int64)
-                m = _count_windows(
-                    tokens, begin, target, weights, float(uniform), int(n_pos), int(num_symbols), self.slots,
-                    self.counts, self.bits, out_keys, out_counts,
-                )  # fmt: skip
-                if m >= 0:
-                    self.parts.append((out_keys[:m].copy(), out_counts[:m].copy()))
-                    return
+            out_keys = np.empty(min(live, size), dtype=np.int64)
+            out_counts = np.empty(min(live, size), dtype=np.int64)
+            m = _count_windows(
+                tokens, begin, target, weights, float(uniform), int(n_pos), int(num_symbols), self.slots,
+                self.counts, self.bits, out_keys, out_counts,
+            )  # fmt: skip
+            if m >= 0:
+                self.parts.append((out_keys[:m].copy(), out_counts[:m].copy()))
+                return
             self.bits += 2  # four times the slots, and count the block again
             self.slots = np.full(1 << self.bits, -1, dtype=np.int64)
             self.counts = np.zeros(1 << self.bits, dtype=np.int64)
-            self.word_slots = np.zeros(1 << self.bits, dtype=np.uint64)
+
+    def _drain_words(self) -> None:
+        """Move the word table's cells to :attr:`words`, leaving it empty."""
+        if self.word_used[0]:
+            out = np.empty(int(self.word_used[0]), dtype=np.uint64)
+            _drain_words(self.word_slots, out)
+            self.words.append(out)
+            self.word_used[0] = 0
+        self.word_entries = 0
+
+    def _grow_words(self) -> None:
+        """A word table of twice the slots (the current one empty)."""
+        self.word_bits += 1
+        self.word_slots = np.zeros(1 << self.word_bits, dtype=np.uint64)
 
     def tally(self) -> tuple[np.ndarray, np.ndarray]:
         """``(cells (P,) int64 increasing, sums (P,) float64)`` of every block counted."""
+        self._drain_words()
         if not self.parts and not self.words:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
         if self.parts:  # cells past 2^32: every part as a key and a count
@@ -690,7 +727,7 @@ class ExactWindowCounts:
             counts = np.concatenate([p[1] for p in parts]).astype(np.float64)  # integers below 2^53: exact sums
             cells, sums = tally_keys(keys, counts)
         else:
-            cells, sums = _tally_words(np.concatenate(self.words))
+            cells, sums = _tally_words(np.concatenate(self.words))  # a copy: the sort reuses its input
         sums *= self.mass
         return cells, sums
 
