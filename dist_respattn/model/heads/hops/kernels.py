@@ -77,6 +77,10 @@ class HopParameters:
         key_norms, query_norms: (H, S) ``|key_means[h, s]|^2`` and (S,) ``|hop_queries[s]|^2``, which the E-step's
             windows of 8 new positions take their transitions' distances from (``|q|^2 + |k|^2 - 2 q.k``, one product
             a pair). Not among :meth:`arrays` either.
+        by_symbol: (S, (H + 1) D) each symbol's keys of every hop then its hop query, one after another (the same
+            numbers as ``key_means`` and ``hop_queries``): the E-step's vector code reads its keys and hop queries
+            through views of it (:meth:`symbol_views`), so that a token's rows are one run of lines, which its
+            prefetch pass fetches in one loop. Not among :meth:`arrays`.
     """
 
     key_means: np.ndarray
@@ -96,6 +100,7 @@ class HopParameters:
     direct_slots: np.ndarray
     key_norms: np.ndarray
     query_norms: np.ndarray
+    by_symbol: np.ndarray
 
     @classmethod
     def build(
@@ -122,10 +127,21 @@ class HopParameters:
         hop_queries = np.ascontiguousarray(hop_queries, dtype=np.float64)
         key_norms = np.einsum("hsd,hsd->hs", key_means, key_means)
         query_norms = np.einsum("sd,sd->s", hop_queries, hop_queries)
+        n_hops, n_symbols, dim = key_means.shape
+        by_symbol = np.empty((n_symbols, n_hops + 1, dim))
+        by_symbol[:, :n_hops] = key_means.transpose(1, 0, 2)
+        by_symbol[:, n_hops] = hop_queries
         return cls(
             key_means, prior, log_prior, hop_queries, float(params.inv_two_sigma2), float(params.gate_const),
-            bool(softmax), dense, *sparse, *direct, key_norms, query_norms,
+            bool(softmax), dense, *sparse, *direct, key_norms, query_norms, by_symbol.reshape(n_symbols, -1),
         )  # fmt: skip
+
+    def symbol_views(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(key_means, hop_queries)`` as strided views of :attr:`by_symbol` ((H, S, D) and (S, D)): the fields'
+        numbers."""
+        n_hops, n_symbols, dim = self.key_means.shape
+        tables = self.by_symbol.reshape(n_symbols, n_hops + 1, dim)
+        return tables[:, :n_hops].transpose(1, 0, 2), tables[:, n_hops]
 
     def arrays(self) -> tuple[Any, ...]:
         """The fields in the kernels' argument order."""
@@ -721,8 +737,8 @@ def _flush_sources(ring, x_lo, x_hi, tokens, hop_queries, key_sum, n_pos):  # pr
 def _estep(
     tokens, begin, end, target, query_table, query_index, weights, narrow_table,
     key_means, prior, log_prior, hop_queries, inv_two_sigma2, gate_const, softmax, log_emission_ts, indptr,
-    symbols, log_values, log_backoff, log_base, direct_row, direct_slots, key_norms, query_norms,
-    key_sum, key_mass, recency_mass, emission_count_ts, pair_counts, scalars, impossible,
+    symbols, log_values, log_backoff, log_base, direct_row, direct_slots, key_norms, query_norms, by_symbol,
+    key_view, query_view, key_sum, key_mass, recency_mass, emission_count_ts, pair_counts, scalars, impossible,
 ):  # pragma: no cover - compiled  # fmt: skip
     """The E-step over the rows in order. Returns ``(n_impossible, n_outside, n_log_domain)``: rows no path
     explains (the first written to ``impossible``), rows whose last hop falls on a pair off a sparse support, and
@@ -753,7 +769,10 @@ def _estep(
     sampled rows of 3 hops ~12% slower), the rings then holding none. On a stream the hop-query sums go through a
     ring of pair weights by stream position (:func:`_flush_sources`); a sparse emission is read through its direct
     rows, a target without one searched in the prefetch pass. A window of 8 positions runs its m * m loops with a
-    literal 8 (vector code)."""
+    literal 8 (vector code). The vector code (kernels.lanes) reads the keys and hop queries through ``key_view`` and
+    ``query_view``, views of ``by_symbol`` (S, (H + 1) D), each symbol's keys of every hop and its hop query in one
+    run of lines, which the prefetch pass fetches in one loop for a window that does not slide (on a stream, whose
+    distances are pair by pair, the tables' rows)."""
     n_hops = key_means.shape[0]
     n_pos = prior.shape[1]
     dim = key_means.shape[2]
@@ -841,6 +860,7 @@ def _estep(
     n_rows = target.shape[0]
     n_symbols = key_means.shape[1]
     key_rows = key_means.reshape(n_hops * n_symbols, dim)  # every hop's keys as rows, for the prefetches
+    symbol_lines = by_symbol.shape[1] if n_hops > 1 else dim  # a single hop reads no hop queries
     sum_rows = key_sum.reshape(n_hops * n_symbols, dim)
     last = n_hops - 1
     for row in range(n_rows):
@@ -876,7 +896,12 @@ def _estep(
                     prefetch_element(pair_counts, p_a)
                 k = x - lo_a + offset
                 if not (0 <= k < m_p and tokens[lo_p + k] == c):
-                    _prefetch_rows(key_rows, hop_queries, c, n_symbols)
+                    if not slides_ahead:
+                        # Its keys of every hop and its hop query, as the vector code reads them: one run of lines.
+                        for d in range(0, symbol_lines, 8):
+                            prefetch_item(by_symbol, c, d)
+                    else:
+                        _prefetch_rows(key_rows, hop_queries, c, n_symbols)
                     if slides_ahead:
                         # On a stream, the one new token's rows of the sums too (for every token of a sampled
                         # window, that many lines at once would wait on each other).
@@ -939,7 +964,7 @@ def _estep(
         if block_rows:
             for jb in range(0, m, LANES):
                 nb = min(LANES, m - jb)
-                sq_distances_8(y_row, 0, key_means, 0, tokens, lo + jb, nb, block, 0, inv_two_sigma2)
+                sq_distances_8(y_row, 0, key_view, 0, tokens, lo + jb, nb, block, 0, inv_two_sigma2)
                 for k in range(nb):
                     alpha[0, jb + k] = log_prior[0, n_pos - m + jb + k] - log_total - block[k]
         else:
@@ -964,7 +989,7 @@ def _estep(
                 # A joint factor's rows all shifted by the hop's largest log-value (one factor for the hop, as unshifted
                 # transitions are: no exponential of the row shifts in the forward pass); a softmax's each by its own.
                 transition_dots_8(
-                    hop_queries, query_norms, key_means, key_norms, h, tokens, lo, -inv_two_sigma2, bias, not softmax,
+                    query_view, query_norms, key_view, key_norms, h, tokens, lo, -inv_two_sigma2, bias, not softmax,
                     trans_flat, (h - 1) * n_pos * n_pos, shift_flat, (h - 1) * n_pos,
                 )  # fmt: skip
                 if softmax:
@@ -975,7 +1000,7 @@ def _estep(
                 # Row i's distances 8 keys a pass, scaled by -1 / (2 sigma2) (the ring's numbers exactly).
                 for i in range(m):
                     for jb in range(0, m, LANES):
-                        sq_distances_8(hop_queries, tokens[lo + i], key_means, h, tokens, lo + jb, min(LANES, m - jb),
+                        sq_distances_8(query_view, tokens[lo + i], key_view, h, tokens, lo + jb, min(LANES, m - jb),
                                        plain, i * (width - 1) + jb, -inv_two_sigma2)  # fmt: skip
             elif held < m or f_exps == 0:
                 _new_pairs(
@@ -1121,7 +1146,7 @@ def _estep(
                 if unscaled[h] and fresh and m == LANES:
                     # Each source's row shifted by its own largest log-value, as a softmax's are.
                     transition_dots_8(
-                        hop_queries, query_norms, key_means, key_norms, h, tokens, lo, -inv_two_sigma2, bias_of[h],
+                        query_view, query_norms, key_view, key_norms, h, tokens, lo, -inv_two_sigma2, bias_of[h],
                         False, trans_flat, (h - 1) * n_pos * n_pos, shift_flat, (h - 1) * n_pos,
                     )  # fmt: skip
                 elif unscaled[h]:
@@ -1181,10 +1206,10 @@ def _estep(
                         # row 8 dimensions a vector, the m sources added into them in registers.
                         j = 0
                         while j + 8 <= m and _distinct(tokens, lo + j, 8):
-                            add_window_rows_8(key_sum, h, hop_queries, tokens, lo, m, coef, j, m)
+                            add_window_rows_8(key_sum, h, query_view, tokens, lo, m, coef, j, m)
                             j += 8
                         while j < m:
-                            add_weighted_rows(key_sum, h, tokens[lo + j], hop_queries, tokens, lo, m, coef, j, m)
+                            add_weighted_rows(key_sum, h, tokens[lo + j], query_view, tokens, lo, m, coef, j, m)
                             j += 1
                     else:
                         # Four sources at a time into each j's row: a quarter of the read-modify-writes of the row.
@@ -1413,8 +1438,8 @@ def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays, group_
     n_impossible, n_outside, n_log_domain = _estep(  # type: ignore[call-arg]
         *window, narrow,
         *params.arrays(), params.direct_row, params.direct_slots, params.key_norms, params.query_norms,
-        arrays.key_sum, arrays.key_mass, arrays.recency_mass, arrays.emission_count_ts, arrays.pair_counts,
-        arrays.scalars, found,
+        params.by_symbol, *params.symbol_views(), arrays.key_sum, arrays.key_mass, arrays.recency_mass,
+        arrays.emission_count_ts, arrays.pair_counts, arrays.scalars, found,
     )  # fmt: skip
     if order is not None:
         found = np.sort(order[found[: min(n_impossible, found.shape[0])]])
