@@ -567,6 +567,22 @@ def _count_windows(
     return -1 if full else m
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _count_word(table, key, h, mask):  # pragma: no cover - compiled
+    """Count cell ``key`` (below 2^32) once in a word table (a word: the cell in its high half, its count in the low
+    half; 0 empty), probing from slot ``h`` on; returns 1 when the cell is new to the table, else 0."""
+    high = np.uint64(32)
+    while True:
+        word = table[h]
+        if word == 0:
+            table[h] = (key << high) | np.uint64(1)
+            return 1
+        if (word >> high) == key:
+            table[h] = word + np.uint64(1)
+            return 0
+        h = (h + 1) & mask
+
+
 #: How many rows ahead :func:`_count_window_words` prefetches the slots of a row's cells (the table is larger than
 #: L2 once it holds a partition's cells).
 _COUNT_PREFETCH_ROWS = 2
@@ -586,7 +602,6 @@ def _count_window_words(
     shift = np.uint64(64 - bits)
     limit = (size >> 1) + (size >> 2)
     u = used[0]
-    high = np.uint64(32)
     n = begin.shape[0]
     while row < n:
         if u + n_pos > limit:
@@ -604,17 +619,7 @@ def _count_window_words(
             first = begin[row]
             for i in range(n_pos):
                 key = base + np.uint64(tokens[first + i])
-                h = np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> shift)
-                while True:
-                    word = slots[h]
-                    if word == 0:
-                        slots[h] = (key << high) | np.uint64(1)
-                        u += 1
-                        break
-                    if (word >> high) == key:
-                        slots[h] = word + np.uint64(1)
-                        break
-                    h = (h + 1) & mask
+                u += _count_word(slots, key, np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> shift), mask)
         row += 1
     used[0] = u
     return row
@@ -779,24 +784,13 @@ def _count_words(symbols, targets, num_targets, live, row, table, bits, used):  
     mask = size - 1
     shift = np.uint64(64 - bits)
     limit = (size >> 1) + (size >> 2)
-    high = np.uint64(32)
     n = targets.shape[0]
     while row < n:
         if live.shape[0] > 0 and not live[row] > 0.0:
             row += 1
             continue
         key = np.uint64(symbols[row]) * np.uint64(num_targets) + np.uint64(targets[row])
-        h = np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> shift)
-        while True:
-            word = table[h]
-            if word == 0:
-                table[h] = (key << high) | np.uint64(1)
-                used[0] += 1
-                break
-            if (word >> high) == key:
-                table[h] = word + np.uint64(1)
-                break
-            h = (h + 1) & mask
+        used[0] += _count_word(table, key, np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> shift), mask)
         row += 1
         if used[0] > limit:
             break
