@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mixle.stats.latent import responsibility_attention as ref
 
 import dist_respattn
 from dist_respattn import (
@@ -22,8 +21,12 @@ from dist_respattn import (
     sequence_to_triples,
     sequence_windows,
 )
+from tests.lazy_module import LazyModule
 from tests.model.reference import reference_row_statistics
 from tests.model.test_kernel_parity import assert_close
+
+#: The reference library's module, imported by the first test that reads it (tests/lazy_module.py).
+ref = LazyModule("mixle.stats.latent.responsibility_attention")
 
 # (S, N, D, T): ordinary, S < N (repeated symbols), T = 1, N = 1, D = 1, odd sizes.
 SHAPES = [(12, 4, 3, 7), (3, 6, 2, 5), (9, 3, 4, 1), (10, 1, 5, 6), (8, 5, 1, 4), (31, 7, 13, 17)]

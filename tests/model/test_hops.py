@@ -8,7 +8,6 @@ import itertools
 
 import numpy as np
 import pytest
-from mixle.stats.latent import chained_attention as ref
 
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import DenseEmission, PairSupport
@@ -22,7 +21,11 @@ from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 from dist_respattn.model.heads.single_hop.sampler import random_distribution
 from dist_respattn.model.rows import EncodedRows, WindowRows
 from dist_respattn.model.streaming import generate
+from tests.lazy_module import LazyModule
 from tests.model.test_copy import corpus, windows_of
+
+#: The reference library's module, imported by the first test that reads it (tests/lazy_module.py).
+ref = LazyModule("mixle.stats.latent.chained_attention")
 
 
 def random_chain(shape, hops, seed, *, softmax=False, sigma2=0.7):
