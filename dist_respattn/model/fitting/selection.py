@@ -27,7 +27,7 @@ from dist_respattn.model.arguments import check_batch
 from dist_respattn.model.buckets import PositionBuckets
 from dist_respattn.model.emission.layouts import DenseEmissionCounts, EmissionCounts, SparseEmissionCounts
 from dist_respattn.model.kernels import per_position
-from dist_respattn.model.kernels.log_weights import log_positive_range, squared_distance
+from dist_respattn.model.kernels.log_weights import exp_nonpositive_range, log_positive_range, squared_distance
 from dist_respattn.model.kernels.prefetch import prefetch_element
 
 __all__ = [
@@ -612,7 +612,12 @@ def _grid_planned(
     total = np.empty(n_pos)
     typ = np.empty(n_pos)
     emis = np.empty((n_pos, n_k))
-    gate = np.empty(n_pos)
+    n_gates = n_sigma * n_pos
+    shifted = np.empty(n_gates)
+    gates = np.empty(n_gates)
+    gate_best = np.empty(n_sigma)
+    gate_bits = np.empty(n_gates, dtype=np.int64)
+    gate_scale = gate_bits.view(np.float64)
     num = np.empty(n_k)
     logs = np.empty(n_k)
     bits = np.empty(n_k, dtype=np.int64)
@@ -668,13 +673,27 @@ def _grid_planned(
                     a = strength_k[k] + type_k[k] * ty
                     den = tot + a
                     emis[i, k] = (cnt + a * u) / den if den > 0.0 else u
+            # Every gate variance's shifted log gates (gate_softmax's), then their exponentials at once, in lanes.
+            for g in range(n_sigma):
+                best = -np.inf
+                for i in range(n_pos):
+                    v = log_prior[i] - dist[i] * inv_two_sigma2[g]
+                    shifted[g * n_pos + i] = v
+                    best = max(best, v)
+                gate_best[g] = best
+                for i in range(n_pos):
+                    shifted[g * n_pos + i] -= best
+            exp_nonpositive_range(shifted, 0, gates, 0, n_gates, gate_bits, gate_scale)
             # grid_points' values, each pair's sum over the positions in the same order.
             for g in range(n_sigma):
-                best, z = gate_softmax(n_pos, log_prior, dist, inv_two_sigma2[g], gate)
+                best = gate_best[g]
+                z = 0.0
+                for i in range(n_pos):
+                    z += gates[g * n_pos + i]
                 for k in range(n_k):
                     num[k] = 0.0
                 for i in range(n_pos):
-                    gi = gate[i]
+                    gi = gates[g * n_pos + i]
                     for k in range(n_k):
                         num[k] += gi * emis[i, k]
                 for k in range(n_k):
