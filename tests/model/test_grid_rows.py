@@ -1,6 +1,8 @@
-"""The held-out grid kernel (strength pairs side by side, their logarithms at once, repeated rows read back from their
-slots) against the per-row kernel it replaced, on real rows: the same bits as that kernel taking its logarithms as
-the grid kernel does (each within 1 ulp of ``math.log``'s), and within 1e-12 of it taking ``math.log``'s."""
+"""The held-out grid kernel (strength pairs side by side, repeated rows read back from their slots, each point's rows
+of weight 1 added as one running product's logarithm) against the per-row kernel it replaced, on real rows: the same
+choice and every total within 1e-12 of that kernel's (its logarithms ``math.log``'s or, as the grid kernel takes the
+weighted rows', within 1 ulp of them), the same bits whatever the slots; and the running products against the
+correctly rounded sum of the logarithms."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from dist_respattn.model.fitting.selection import (
     grid_count_arrays,
     grid_row,
     map_emissions,
+    multiply_in,
+    product_log,
     score_grid,
 )
 from dist_respattn.model.kernels.log_weights import log_positive_range, squared_distance
@@ -146,20 +150,21 @@ def _repeated_rows(x) -> int:
 
 
 @pytest.mark.parametrize("layout", ["sparse", "dense"])
-def test_the_grid_kernel_equals_the_per_row_one_to_the_bit(real_rows, layout):
+def test_the_grid_kernel_agrees_with_the_per_row_one_and_its_slots_change_no_bit(real_rows, layout):
     data, tables = real_rows
     table = tables[layout]
     assert table.shape == (10, 10, 6)
     repeated = _repeated_rows(data)
     assert repeated > len(data[2]) // 10  # source code repeats itself: the slots have rows to find
-    want = per_row_totals(table, data)
-    for slots in (0, 1, 16, 1024):
-        rows = GridRowCache(table, data[1].shape[1], data[0].shape[1], slots)
-        assert _same(score_grid(table, data, rows=rows), want), slots
-        assert (rows.hits[0] == 0) == (slots == 0)
-    # Against math.log's logarithms: close, not the same bits.
+    per_row = per_row_totals(table, data)
     with_libm = per_row_totals(table, data, vector_log=False)
-    assert _close(want, with_libm) and not _same(want, with_libm)
+    want = score_grid(table, data, rows=GridRowCache(table, data[1].shape[1], data[0].shape[1], 0))
+    assert _close(want, per_row) and _close(want, with_libm) and want.best() == with_libm.best()
+    assert not _same(want, with_libm)  # the order of the sums differs: the comparison is not of one code with itself
+    for slots in (1, 16, 1024):
+        rows = GridRowCache(table, data[1].shape[1], data[0].shape[1], slots)
+        assert _same(score_grid(table, data, rows=rows), want), slots  # a row read back adds what it computed
+        assert rows.hits[0] > 0
     # 1024 slots find most repeated rows.
     assert rows.hits[0] > repeated // 2
     if layout == "sparse":  # the direct rows and the binary searches both met
@@ -190,7 +195,7 @@ def test_the_slots_keep_the_rows_used_again_soonest(real_rows):
     data, tables = real_rows
     table = tables["sparse"]
     repeated = _repeated_rows(data)
-    want = per_row_totals(table, data)
+    want = score_grid(table, data, rows=GridRowCache(table, data[1].shape[1], data[0].shape[1], 0))
     many = 1 << (len(data[2]) - repeated).bit_length()
     rows = GridRowCache(table, data[1].shape[1], data[0].shape[1], many)
     assert _same(score_grid(table, data, rows=rows), want)
@@ -200,6 +205,7 @@ def test_the_slots_keep_the_rows_used_again_soonest(real_rows):
     for start in range(0, len(data[2]), 3000):
         got = got + score_grid(table, tuple(a[start : start + 3000] for a in data), checked=True, rows=rows)
     assert rows.hits[0] == repeated  # rows kept from the blocks before are found
+    assert _close(got, want)  # each block's products' logarithms taken on their own
     for slots in (1, 16, 256):
         rows = GridRowCache(table, data[1].shape[1], data[0].shape[1], slots)
         assert _same(score_grid(table, data, rows=rows), want), slots
@@ -207,21 +213,22 @@ def test_the_slots_keep_the_rows_used_again_soonest(real_rows):
 
 
 def test_weighted_rows_in_blocks_with_one_cache(real_rows):
-    """Weights (a hold-out's zeros among them) and blocks sharing the cache, as a partition's grid pass scores them:
-    the same bits as the per-row kernel block by block, and a row of weight 0 neither scored nor kept."""
+    """Weights (a hold-out's zeros and ones among them) and blocks sharing the cache, as a partition's grid pass
+    scores them: the per-row kernel's totals block by block to 1e-12, and a row of weight 0 neither scored nor
+    kept."""
     data, tables = real_rows
     table = tables["sparse"]
     rng = np.random.default_rng(7)
     weights = rng.uniform(0.5, 2.0, len(data[2]))
     weights[rng.random(len(weights)) < 0.3] = 0.0
+    weights[rng.random(len(weights)) < 0.3] = 1.0  # rows of weight 1 go by the products, the others by logarithms
     rows = GridRowCache(table, data[1].shape[1], data[0].shape[1])
     got = want = GridTotals.zeros(table.shape)
     for start in range(0, len(weights), 5000):
         block = tuple(a[start : start + 5000] for a in data)
         got = got + score_grid(table, block, weights[start : start + 5000], checked=True, rows=rows)
         want = want + per_row_totals(table, block, weights[start : start + 5000])
-    assert _same(got, want) and rows.hits[0] > 0
-    assert not _same(got, per_row_totals(table, data, weights))  # the blocks' order of sums is the one compared
+    assert _close(got, want) and rows.hits[0] > 0 and got.best() == want.best()
     libm = GridTotals.zeros(table.shape)
     for start in range(0, len(weights), 5000):
         block = tuple(a[start : start + 5000] for a in data)
@@ -236,3 +243,27 @@ def test_a_cache_serves_its_own_table(real_rows):
         score_grid(tables["dense"], data, rows=rows)
     with pytest.raises(ValueError, match="a power of two"):
         GridRowCache(tables["sparse"], data[1].shape[1], data[0].shape[1], 1000)
+
+
+def test_running_products_give_the_sum_of_the_logarithms_to_rounding():
+    """Factors from 0 and 1e-300 (under 2^-500: added as logarithms) to 8, in runs that push the product past 2^-500
+    and past 2^500, against ``math.fsum`` of their ``math.log``'s: within a rounding a factor (a product of n factors is
+    within n ulp of the exact one); a zero factor makes its total -inf and no other."""
+    rng = np.random.default_rng(3)
+    n, k = 20_000, 6
+    factors = np.exp(rng.uniform(-12.0, 2.0, (n, k)))
+    factors[:, 1] = rng.uniform(1.0, 8.0, n)  # large factors: the product rescaled downwards
+    factors[3000:6000, 2] = rng.uniform(1e-40, 1e-30, 3000)  # and of small ones: rescaled upwards, many times
+    factors[rng.integers(0, n, 50), 3] = 1e-300
+    factors[1234, 4] = 0.0
+    product, steps, logged = np.ones(k), np.zeros(k), np.zeros(k)
+    for row in factors:
+        multiply_in(row, product, steps, logged)
+    assert steps[1] > 0 and steps[2] < -100 and logged[3] < 0.0  # every path taken
+    got = np.array([product_log(product[j], steps[j], logged[j]) for j in range(k)])
+    for j in range(k):
+        if j == 4:
+            assert got[j] == -np.inf
+            continue
+        want = math.fsum(math.log(v) for v in factors[:, j])
+        assert abs(got[j] - want) <= n * 2.0**-52 + 4 * np.spacing(abs(want)), (j, got[j], want)
