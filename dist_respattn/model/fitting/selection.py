@@ -299,9 +299,9 @@ GRID_ROW_SLOTS = 1024
 GRID_PREFETCH_ROWS = 4
 
 # A grid point's rows of weight 1 add their logarithms as one running product's (:func:`_grid_planned`), kept in
-# [2^-500, 2^500] by exact powers of two: a row's factor, a predictive numerator, is at most 8 (the N gates' sum,
-# each gate and emission at most 1), so the product never leaves the normal range between two rescalings. A factor
-# under 2^-500 (or 0) is not multiplied in: its logarithm is added as it is.
+# [2^-500, 2^500] by exact powers of two: a row's factor, a predictive numerator, is at most N (a sum of N gates
+# times emissions, each at most 1), far below 2^500, so the product never leaves the normal range between two
+# rescalings. A factor under 2^-500 (or 0) is not multiplied in: its logarithm is added as it is.
 _PRODUCT_HIGH = 2.0**500
 _PRODUCT_LOW = 2.0**-500
 #: The natural logarithm of 2^500: one rescaling of a running product.
@@ -723,9 +723,9 @@ def _grid_planned(
 def multiply_in(factors, product, steps, logged):  # pragma: no cover - compiled
     """Adds ``log(factors[k])`` (>= 0: a zero's is -inf) to running total ``k`` of a sum of logarithms kept as
     ``product_log(product[k], steps[k], logged[k])``: the factor multiplied into the product, which is rescaled by
-    2^500 when it leaves [2^-500, 2^500] (exactly: a power of two, and a factor is at most 8, so the product stays
-    normal in between) and the rescaling counted in ``steps``; a factor under 2^-500 has its logarithm added to
-    ``logged`` instead. All (K,) float64, starting at 1, 0 and 0."""
+    2^500 when it leaves [2^-500, 2^500] (exactly: a power of two; a factor under 2^500, as a grid's of at most N
+    is, keeps the product normal in between) and the rescaling counted in ``steps``; a factor under 2^-500 has its
+    logarithm added to ``logged`` instead. All (K,) float64, starting at 1, 0 and 0."""
     n = factors.shape[0]
     # Branch-free, so that it runs in vector lanes; a factor too small to multiply in is counted and added below
     # (in the grid's rows, never: a factor is a predictive probability's numerator).
