@@ -590,9 +590,10 @@ def _grid_planned(
     strength pair's emission and type strength.
 
     A row's values are :func:`grid_row`'s: per position the MAP emissions of every strength pair side by side (K
-    lanes), per gate variance its softmax and for every pair the sum over the positions in position order (the same
-    bits as :func:`grid_row`'s). A computed row's sums (G1, K), log normalizers and log-gate maxima (G1) go into its
-    slot (``slot_*``), from which a row read back takes them as they are.
+    lanes), per gate variance its softmax and for every pair the sum over the positions in position order; the
+    gates' exponentials are the E-step's branch-free ones (within ~1 ulp of ``math.exp``'s), all G1 * N of a row
+    at once. A computed row's sums (G1, K), log normalizers and log-gate maxima (G1) go into its slot (``slot_*``),
+    from which a row read back takes them as they are.
 
     What is added up differs from :func:`grid_row`: a row's K sums' logarithms are not taken one by one. Each point's
     sums over the rows of weight 1 are multiplied into a running product, rescaled by exact powers of two (only its
@@ -673,16 +674,9 @@ def _grid_planned(
                     a = strength_k[k] + type_k[k] * ty
                     den = tot + a
                     emis[i, k] = (cnt + a * u) / den if den > 0.0 else u
-            # Every gate variance's shifted log gates (gate_softmax's), then their exponentials at once, in lanes.
+            # Every gate variance's shifted log gates, then their exponentials at once, in lanes.
             for g in range(n_sigma):
-                best = -np.inf
-                for i in range(n_pos):
-                    v = log_prior[i] - dist[i] * inv_two_sigma2[g]
-                    shifted[g * n_pos + i] = v
-                    best = max(best, v)
-                gate_best[g] = best
-                for i in range(n_pos):
-                    shifted[g * n_pos + i] -= best
+                gate_best[g] = shifted_log_gates(n_pos, log_prior, dist, inv_two_sigma2[g], shifted, g * n_pos)
             exp_nonpositive_range(shifted, 0, gates, 0, n_gates, gate_bits, gate_scale)
             # grid_points' values, each pair's sum over the positions in the same order.
             for g in range(n_sigma):
@@ -794,15 +788,26 @@ def map_emissions(n, count, total, typ, base_t, emission_strengths, type_strengt
 def gate_softmax(n, log_prior, dist, inv_two_sigma2, gate):  # pragma: no cover - compiled
     """The unnormalized gate of the first ``n`` positions at one gate variance into ``gate``: their log prior less
     the scaled squared distance, shifted by its maximum and exponentiated; returns ``(maximum, sum)``."""
-    best = -np.inf
-    for i in range(n):
-        gate[i] = log_prior[i] - dist[i] * inv_two_sigma2
-        best = max(best, gate[i])
+    best = shifted_log_gates(n, log_prior, dist, inv_two_sigma2, gate, 0)
     z = 0.0
     for i in range(n):
-        gate[i] = math.exp(gate[i] - best)
+        gate[i] = math.exp(gate[i])
         z += gate[i]
     return best, z
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def shifted_log_gates(n, log_prior, dist, inv_two_sigma2, out, o0):  # pragma: no cover - compiled
+    """``out[o0 + i]``: position ``i``'s log prior less its scaled squared distance, less the largest of the first
+    ``n`` (so at most 0, ready to exponentiate); returns that largest."""
+    best = -np.inf
+    for i in range(n):
+        v = log_prior[i] - dist[i] * inv_two_sigma2
+        out[o0 + i] = v
+        best = max(best, v)
+    for i in range(n):
+        out[o0 + i] -= best
+    return best
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
