@@ -75,7 +75,12 @@ What is measured, in one run:
    the ``target`` gate fitted on the validation store, as ``fit --head stack --stack-from`` fits it), each row with
    its gate. ``--ranking-exclude-history`` ranks every model a second time with the items of the user's history
    excluded from the full protocol's candidates (``evaluate --ranking-exclude-history``) and prints those columns
-   beside.
+   beside. ``--ranking-repeat-gate`` scores every model a second time through a **repeat gate** over the user's
+   whole history, computed here from the model's distributions (no head kind has it yet): RepeatNet's split (Ren
+   et al., AAAI 2019) into "an item of the history again" with probability ``r`` and "a new one" with ``1 - r``,
+   each the model's distribution renormalized over its set, ``r`` the share of the training documents' targets
+   already in their document before them (add-half). It prints the gated model's perplexity and full ranking
+   beside the model's (not counted in the targets: no fitted model gives it).
 
 Targets (printed with PASS/MISS; measured, never asserted):
 
@@ -883,9 +888,12 @@ def parse_stacks(text: str) -> list[tuple[str, ...]]:
     return stacks
 
 
-def _ranked(model_dir: Path, stores: dict[str, str], settings: Any, client: Any, exclude: bool) -> dict[str, Any]:
+def _ranked(
+    model_dir: Path, stores: dict[str, str], settings: Any, client: Any, exclude: bool, repeat: float | None = None
+) -> dict[str, Any]:
     """``evaluate --ranking`` of ``model_dir`` on the test store: its perplexity, ranking, and with ``exclude`` the
-    full protocol with the history excluded (``--ranking-exclude-history``) beside."""
+    full protocol with the history excluded (``--ranking-exclude-history``) beside; with ``repeat`` (a repeat rate
+    ``r``), the model through the repeat gate too (:func:`repeat_gated`)."""
     import dataclasses
 
     from dist_respattn.engine import evaluate
@@ -907,6 +915,7 @@ def _ranked(model_dir: Path, stores: dict[str, str], settings: Any, client: Any,
             model_dir, stores["test"], client=client, progress=False, ranking=excluded, baseline_order=2
         ).to_json()["ranking"]
     figures["evaluate_seconds"] = time.perf_counter() - started
+    figures["repeat_gate"] = None if repeat is None else repeat_gated(model_dir, stores["test"], repeat, settings.k)
     rk = figures["ranking"]
     shown = f", history excluded {figures['excluded']['full']['ndcg']:.4f}" if exclude else ""
     say(
@@ -914,6 +923,66 @@ def _ranked(model_dir: Path, stores: dict[str, str], settings: Any, client: Any,
         f"{rk['sampled']['hit_rate']:.4f}; perplexity {figures['perplexity']:.2f} ({rk['rows']} users)"
     )
     return figures
+
+
+def repeat_rate(train_url: str) -> dict[str, Any]:
+    """The repeat gate's ``r``: the share of the training documents' targets (every token after a document's first)
+    already in their document before them, add-half: ``(repeats + 1/2) / (targets + 1)``."""
+    from dist_respattn.store import open_store
+
+    store = open_store(train_url)
+    starts, ends = store.document_starts(), store.document_ends()
+    tokens = store.read_tokens(0, int(ends[-1])) if len(ends) else np.zeros(0, dtype=np.int64)
+    repeats = targets = 0
+    for begin, end in zip(starts.tolist(), ends.tolist(), strict=True):
+        document = tokens[begin:end]
+        # A target repeats when its value occurred earlier in the document: not the first occurrence of its value.
+        _, first = np.unique(document, return_index=True)
+        targets += max(document.size - 1, 0)
+        repeats += document.size - first.size
+    return {"r": (repeats + 0.5) / (targets + 1.0), "repeats": int(repeats), "targets": int(targets)}
+
+
+def repeat_gated(model_dir: Path, test_url: str, r: float, k: int) -> dict[str, Any]:
+    """The model of ``model_dir`` through the repeat gate on each test document's last target, with the document's
+    tokens before it as the history ``H``: ``p'(t) = r p(t) / p(H)`` for ``t`` in ``H``, ``(1 - r) p(t) / (1 - p(H))``
+    otherwise (``p(H)``: the model's probability of the history's distinct items). Its perplexity and full ranking
+    (ties pessimistic, as ``evaluate --ranking``), computed in this process from the model's (n, T) distributions
+    of the rows ``evaluate --ranking`` ranks."""
+    from dist_respattn.artifacts import load_checkpoint
+    from dist_respattn.engine.worker_tasks import LAST_ROWS, partition_blocks
+    from dist_respattn.model.heads.base import Columns
+    from dist_respattn.model.ranking import RankingTotals, target_ranks
+    from dist_respattn.store import open_store
+
+    checkpoint = load_checkpoint(model_dir)
+    head, record = checkpoint.model, checkpoint.meta.get("store") or {}
+    store = open_store(test_url, window=record.get("window"), min_context=record.get("min_context"))
+    starts, ends = store.document_starts(), store.document_ends()
+    columns = head.columns | Columns(documents=True)
+    gated_logs, ranks = [], []
+    num_targets = 0
+    for part in range(store.num_partitions):
+        for block in partition_blocks(store, part, LAST_ROWS, columns):
+            proba = np.asarray(head.block_proba(block), dtype=np.float64)
+            target = np.asarray(block.rows.target, dtype=np.int64)
+            num_targets = proba.shape[1]
+            for i, document in enumerate(np.asarray(block.documents, dtype=np.int64)):
+                history = store.read_tokens(int(starts[document]), int(ends[document]) - 1).astype(np.int64)
+                seen = np.zeros(proba.shape[1], dtype=bool)
+                seen[history[history < proba.shape[1]]] = True
+                p_seen = float(proba[i, seen].sum())
+                if seen.any():
+                    gated = np.where(
+                        seen, r * proba[i] / max(p_seen, 1e-300), (1.0 - r) * proba[i] / max(1.0 - p_seen, 1e-300)
+                    )
+                else:  # no history: nothing to repeat
+                    gated = proba[i]
+                gated_logs.append(math.log(gated[target[i]]))
+                ranks.append(int(target_ranks(gated[None, :], target[i : i + 1])[0]))
+    rows = len(ranks)
+    full = RankingTotals.of(np.asarray(ranks, dtype=np.int64), k, rows * num_targets).metrics()
+    return {"r": r, "rows": rows, "perplexity": math.exp(-float(np.mean(gated_logs))), "full": full}
 
 
 def _gate(model_dir: Path) -> list[float] | None:
@@ -937,6 +1006,8 @@ def ranking_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path, s
     stores = split["stores"]
     settings = RankingSettings(k=args.ranking_k, negatives=args.ranking_negatives)
     exclude = args.ranking_exclude_history
+    rate = repeat_rate(stores["train"]) if args.ranking_repeat_gate else None
+    repeat = None if rate is None else rate["r"]
     heads: list[dict[str, Any]] = []
     recipes: list[dict[str, Any]] = []
     stacks: list[dict[str, Any]] = []
@@ -967,7 +1038,7 @@ def ranking_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path, s
             )
             heads.append({
                 "context": n_pos, "buckets": k, "iterations": result.iterations, "fit_seconds": seconds,
-                **_ranked(model_dir, stores, settings, client, exclude),
+                **_ranked(model_dir, stores, settings, client, exclude, repeat),
             })  # fmt: skip
         conj_dir: Path | None = None
         for n_pos in args.ranking_recipes:
@@ -981,7 +1052,7 @@ def ranking_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path, s
             recipes.append({
                 "context": n_pos, "iterations": result.iterations, "fit_seconds": seconds,
                 "parts": ["conj", "copy", "single"], "gate": _gate(model_dir),
-                **_ranked(model_dir, stores, settings, client, exclude),
+                **_ranked(model_dir, stores, settings, client, exclude, repeat),
             })  # fmt: skip
         for names in args.ranking_stacks:
             if "conj" in names and conj_dir is None:
@@ -1005,9 +1076,9 @@ def ranking_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path, s
             )
             stacks.append({
                 "context": window, "parts": list(names), "iterations": result.iterations, "fit_seconds": seconds,
-                "gate": _gate(model_dir), **_ranked(model_dir, stores, settings, client, exclude),
+                "gate": _gate(model_dir), **_ranked(model_dir, stores, settings, client, exclude, repeat),
             })  # fmt: skip
-    return {**split, "settings": settings.to_json(), "exclude_history": exclude, "heads": heads,
+    return {**split, "settings": settings.to_json(), "exclude_history": exclude, "repeat_rate": rate, "heads": heads,
             "recipes": recipes, "stacks": stacks}  # fmt: skip
 
 
@@ -1086,6 +1157,12 @@ def ranking_report(ranking: dict[str, Any]) -> list[str]:
     for label, f in ranking_rows(ranking):
         excl = f["excluded"] if excluded else None
         lines.append(f"{label:<{width}}{cells(f['ranking'], excl)}{f['perplexity']:>12.2f}")
+        gated = f.get("repeat_gate")
+        if gated is not None:
+            full = gated["full"]
+            text = f"{full['rows']:>6}{full['hit_rate']:>8.4f}{full['ndcg']:>8.4f}{full['mrr']:>8.4f}  {'-':>24}"
+            text += f"  {'-':>24}" if excluded else ""
+            lines.append(f"{'  + repeat gate':<{width}}{text}{gated['perplexity']:>12.2f}")
     # The baselines: most popular and the Markov chain do not depend on the window; item-KNN once per window.
     labels = {"most_popular": "most popular", "markov": "Markov (KN bigram)", "item_knn": "item-KNN"}
     seen: set[tuple[str, int]] = set()
@@ -1111,6 +1188,13 @@ def ranking_report(ranking: dict[str, Any]) -> list[str]:
         "bigram's); a head's rows are its own window's (min_context 1: every kept user); gates in the order of "
         "the parts (a recipe's: conj, copy, single)"
     )
+    rate = ranking.get("repeat_rate")
+    if rate is not None:
+        lines.append(
+            f"  + repeat gate: the model above it, its distribution split into the user's whole history (r = "
+            f"{rate['r']:.3g}: {rate['repeats']:,} of the training documents' {rate['targets']:,} targets repeat an "
+            "earlier item) and the rest, each renormalized; computed by this benchmark, not a fitted head"
+        )
     return lines
 
 
@@ -1405,6 +1489,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="also rank every model with the history's items excluded from the full protocol's candidates",
     )
+    parser.add_argument(
+        "--ranking-repeat-gate",
+        action="store_true",
+        help="also score every model through a repeat gate over the user's whole history (computed here)",
+    )
     parser.add_argument("--ranking-k", type=int, default=10, help="the ranking part's cut-off K")
     parser.add_argument("--ranking-negatives", type=int, default=100, help="negatives of the sampled protocol")
     parser.add_argument("--max-iter", type=int, default=15)
@@ -1497,6 +1586,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ranking_recipes": args.ranking_recipes,
         "ranking_stacks": ["+".join(names) for names in args.ranking_stacks],
         "ranking_exclude_history": args.ranking_exclude_history,
+        "ranking_repeat_gate": args.ranking_repeat_gate,
         "ranking_k": args.ranking_k,
         "ranking_negatives": args.ranking_negatives,
         "max_iter": args.max_iter,

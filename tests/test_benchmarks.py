@@ -505,7 +505,8 @@ def test_long_context_smoke_run_on_the_stdlib_reports_every_figure(tmp_path):
     completed = subprocess.run(
         [
             *(sys.executable, "-W", "error::RuntimeWarning", str(LONG_CONTEXT_SCRIPT), "--json"),
-            *("--sequences", "stdlib", "--smoke", "--items", "500", "--ranking-exclude-history"),
+            *("--sequences", "stdlib", "--smoke", "--items", "500"),
+            *("--ranking-exclude-history", "--ranking-repeat-gate"),
             # Smaller than --smoke's own sizes (flags beside --smoke win): a third of its tokens, a quarter of its
             # timed kernel rows and one EM iteration a fit; every part, head, window and verdict is still there.
             *("--max-tokens", "20000", "--kernel-rows", "5000", "--max-iter", "1"),
@@ -627,6 +628,19 @@ def test_long_context_smoke_run_on_the_stdlib_reports_every_figure(tmp_path):
         assert excluded["full"]["hit_rate"] >= plain["full"]["hit_rate"], model
         assert excluded["sampled"] == plain["sampled"]  # the sampled protocol never had the history as candidates
     assert "recipe N=32 (gate " in table and "stack conj N=8 + N=8 (gate " in table and "full, excl." in table
+    # Every model through the repeat gate too: source code repeats its tokens, so r is large; the same rows ranked.
+    rate = ranking["repeat_rate"]
+    assert 0 < rate["repeats"] < rate["targets"] and math.isclose(
+        rate["r"], (rate["repeats"] + 0.5) / (rate["targets"] + 1)
+    )
+    assert rate["r"] > 0.5, rate
+    for model in models:
+        gated = model["repeat_gate"]
+        assert gated["r"] == rate["r"] and gated["full"]["rows"] == gated["rows"] == ranked["rows"]
+        assert 0.0 <= gated["full"]["mrr"] <= gated["full"]["ndcg"] <= gated["full"]["hit_rate"] <= 1.0, gated
+        assert_positive_finite(gated["perplexity"], "repeat gate: perplexity")
+    gated_rows = [line for line in table.splitlines() if line.startswith("  + repeat gate ")]
+    assert len(gated_rows) == len(models) and "computed by this benchmark, not a fitted head" in table
 
     # Targets: measured from the figures above, and each printed verdict is the one its number earns.
     flatness = max(e["predictor_s"] for e in latency["histories"]) / min(e["predictor_s"] for e in latency["histories"])
