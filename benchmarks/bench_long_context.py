@@ -80,7 +80,7 @@ What is measured, in one run:
    et al., AAAI 2019) into "an item of the history again" with probability ``r`` and "a new one" with ``1 - r``,
    each the model's distribution renormalized over its set, ``r`` the share of the training documents' targets
    already in their document before them (add-half). It prints the gated model's perplexity and full ranking
-   beside the model's (not counted in the targets: no fitted model gives it).
+   beside the model's (not counted in the targets: no fitted model gives it); ``bench_repeat_gate.py`` has the gate.
 
 Targets (printed with PASS/MISS; measured, never asserted):
 
@@ -893,7 +893,7 @@ def _ranked(
 ) -> dict[str, Any]:
     """``evaluate --ranking`` of ``model_dir`` on the test store: its perplexity, ranking, and with ``exclude`` the
     full protocol with the history excluded (``--ranking-exclude-history``) beside; with ``repeat`` (a repeat rate
-    ``r``), the model through the repeat gate too (:func:`repeat_gated`)."""
+    ``r``), the model through the repeat gate too (``bench_repeat_gate.repeat_gated``)."""
     import dataclasses
 
     from dist_respattn.engine import evaluate
@@ -915,7 +915,12 @@ def _ranked(
             model_dir, stores["test"], client=client, progress=False, ranking=excluded, baseline_order=2
         ).to_json()["ranking"]
     figures["evaluate_seconds"] = time.perf_counter() - started
-    figures["repeat_gate"] = None if repeat is None else repeat_gated(model_dir, stores["test"], repeat, settings.k)
+    if repeat is not None:
+        from bench_repeat_gate import repeat_gated
+
+        figures["repeat_gate"] = repeat_gated(model_dir, stores["test"], repeat, settings.k)
+    else:
+        figures["repeat_gate"] = None
     rk = figures["ranking"]
     shown = f", history excluded {figures['excluded']['full']['ndcg']:.4f}" if exclude else ""
     say(
@@ -923,66 +928,6 @@ def _ranked(
         f"{rk['sampled']['hit_rate']:.4f}; perplexity {figures['perplexity']:.2f} ({rk['rows']} users)"
     )
     return figures
-
-
-def repeat_rate(train_url: str) -> dict[str, Any]:
-    """The repeat gate's ``r``: the share of the training documents' targets (every token after a document's first)
-    already in their document before them, add-half: ``(repeats + 1/2) / (targets + 1)``."""
-    from dist_respattn.store import open_store
-
-    store = open_store(train_url)
-    starts, ends = store.document_starts(), store.document_ends()
-    tokens = store.read_tokens(0, int(ends[-1])) if len(ends) else np.zeros(0, dtype=np.int64)
-    repeats = targets = 0
-    for begin, end in zip(starts.tolist(), ends.tolist(), strict=True):
-        document = tokens[begin:end]
-        # A target repeats when its value occurred earlier in the document: not the first occurrence of its value.
-        _, first = np.unique(document, return_index=True)
-        targets += max(document.size - 1, 0)
-        repeats += document.size - first.size
-    return {"r": (repeats + 0.5) / (targets + 1.0), "repeats": int(repeats), "targets": int(targets)}
-
-
-def repeat_gated(model_dir: Path, test_url: str, r: float, k: int) -> dict[str, Any]:
-    """The model of ``model_dir`` through the repeat gate on each test document's last target, with the document's
-    tokens before it as the history ``H``: ``p'(t) = r p(t) / p(H)`` for ``t`` in ``H``, ``(1 - r) p(t) / (1 - p(H))``
-    otherwise (``p(H)``: the model's probability of the history's distinct items). Its perplexity and full ranking
-    (ties pessimistic, as ``evaluate --ranking``), computed in this process from the model's (n, T) distributions
-    of the rows ``evaluate --ranking`` ranks."""
-    from dist_respattn.artifacts import load_checkpoint
-    from dist_respattn.engine.worker_tasks import LAST_ROWS, partition_blocks
-    from dist_respattn.model.heads.base import Columns
-    from dist_respattn.model.ranking import RankingTotals, target_ranks
-    from dist_respattn.store import open_store
-
-    checkpoint = load_checkpoint(model_dir)
-    head, record = checkpoint.model, checkpoint.meta.get("store") or {}
-    store = open_store(test_url, window=record.get("window"), min_context=record.get("min_context"))
-    starts, ends = store.document_starts(), store.document_ends()
-    columns = head.columns | Columns(documents=True)
-    gated_logs, ranks = [], []
-    num_targets = 0
-    for part in range(store.num_partitions):
-        for block in partition_blocks(store, part, LAST_ROWS, columns):
-            proba = np.asarray(head.block_proba(block), dtype=np.float64)
-            target = np.asarray(block.rows.target, dtype=np.int64)
-            num_targets = proba.shape[1]
-            for i, document in enumerate(np.asarray(block.documents, dtype=np.int64)):
-                history = store.read_tokens(int(starts[document]), int(ends[document]) - 1).astype(np.int64)
-                seen = np.zeros(proba.shape[1], dtype=bool)
-                seen[history[history < proba.shape[1]]] = True
-                p_seen = float(proba[i, seen].sum())
-                if seen.any():
-                    gated = np.where(
-                        seen, r * proba[i] / max(p_seen, 1e-300), (1.0 - r) * proba[i] / max(1.0 - p_seen, 1e-300)
-                    )
-                else:  # no history: nothing to repeat
-                    gated = proba[i]
-                gated_logs.append(math.log(gated[target[i]]))
-                ranks.append(int(target_ranks(gated[None, :], target[i : i + 1])[0]))
-    rows = len(ranks)
-    full = RankingTotals.of(np.asarray(ranks, dtype=np.int64), k, rows * num_targets).metrics()
-    return {"r": r, "rows": rows, "perplexity": math.exp(-float(np.mean(gated_logs))), "full": full}
 
 
 def _gate(model_dir: Path) -> list[float] | None:
@@ -1006,7 +951,12 @@ def ranking_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path, s
     stores = split["stores"]
     settings = RankingSettings(k=args.ranking_k, negatives=args.ranking_negatives)
     exclude = args.ranking_exclude_history
-    rate = repeat_rate(stores["train"]) if args.ranking_repeat_gate else None
+    if args.ranking_repeat_gate:
+        from bench_repeat_gate import repeat_rate
+
+        rate = repeat_rate(stores["train"])
+    else:
+        rate = None
     repeat = None if rate is None else rate["r"]
     heads: list[dict[str, Any]] = []
     recipes: list[dict[str, Any]] = []

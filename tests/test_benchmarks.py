@@ -670,8 +670,44 @@ def test_long_context_smoke_run_on_the_stdlib_reports_every_figure(tmp_path):
         assert (verdict == "PASS") == met == target["pass"], (line, target)
         assert model == target.get("model"), (line, target)
 
+    # The gate on every test row (bench_repeat_gate.py), on the split and the N = 8 head the run left: the same r;
+    # the model's own perplexity from its distributions is its scoring's, and the rows follow one another.
+    work = tmp_path / "work"
+    split = work / "leave-one-out"
+    gate = subprocess.run(
+        [
+            *(sys.executable, "-W", "error::RuntimeWarning", str(REPEAT_GATE_SCRIPT), "--json"),
+            *("--train", str(split / "train.zarr"), "--test", str(split / "test.zarr")),
+            str(work / "models" / "loo-n8-k8"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPEAT_GATE_SCRIPT.parents[1],
+        check=False,
+    )
+    assert gate.returncode == 0, f"benchmark failed:\n{gate.stdout}\n{gate.stderr}"
+    gated = json.loads(gate.stdout[gate.stdout.index("\n{") :])
+    assert gated["repeat_rate"] == rate
+    (figures,) = gated["models"]
+    from dist_respattn.artifacts import load_checkpoint
+    from dist_respattn.engine.worker_tasks import ALL_ROWS, partition_blocks
+    from dist_respattn.store import open_store
+
+    checkpoint = load_checkpoint(work / "models" / "loo-n8-k8")
+    record = checkpoint.meta["store"]
+    test = open_store(split / "test.zarr", window=record["window"], min_context=record["min_context"])
+    head = checkpoint.model
+    blocks = (b for part in range(test.num_partitions) for b in partition_blocks(test, part, ALL_ROWS, head.columns))
+    scored = head.score(blocks)
+    # The split's test store holds each document whole, its last target weighted 1 and the others 0: those rows.
+    assert figures["rows"] == scored.weight == ranking["heads"][0]["ranking"]["rows"] > 0
+    assert math.isclose(figures["perplexity"], scored.metrics()["perplexity"], rel_tol=1e-9), (figures, scored)
+    assert_positive_finite(figures["gated_perplexity"], "gated perplexity")
+
 
 SCALE_SCRIPT = SCRIPT.parent / "bench_scale.py"
+REPEAT_GATE_SCRIPT = SCRIPT.parent / "bench_repeat_gate.py"
 
 
 def run_scale_on_email(tmp_path: Path, *args: str) -> tuple[str, dict]:
