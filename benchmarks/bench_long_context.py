@@ -132,6 +132,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from bench_repeat_gate import repeat_gated, repeat_rate  # noqa: E402
 from measure import max_relative_difference, time_once  # noqa: E402
 
 SEQUENCES = ("movielens", "stdlib")
@@ -915,12 +916,7 @@ def _ranked(
             model_dir, stores["test"], client=client, progress=False, ranking=excluded, baseline_order=2
         ).to_json()["ranking"]
     figures["evaluate_seconds"] = time.perf_counter() - started
-    if repeat is not None:
-        from bench_repeat_gate import repeat_gated
-
-        figures["repeat_gate"] = repeat_gated(model_dir, stores["test"], repeat, settings.k)
-    else:
-        figures["repeat_gate"] = None
+    figures["repeat_gate"] = None if repeat is None else repeat_gated(model_dir, stores["test"], repeat, settings.k)
     rk = figures["ranking"]
     shown = f", history excluded {figures['excluded']['full']['ndcg']:.4f}" if exclude else ""
     say(
@@ -951,12 +947,7 @@ def ranking_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path, s
     stores = split["stores"]
     settings = RankingSettings(k=args.ranking_k, negatives=args.ranking_negatives)
     exclude = args.ranking_exclude_history
-    if args.ranking_repeat_gate:
-        from bench_repeat_gate import repeat_rate
-
-        rate = repeat_rate(stores["train"])
-    else:
-        rate = None
+    rate = repeat_rate(stores["train"]) if args.ranking_repeat_gate else None
     repeat = None if rate is None else rate["r"]
     heads: list[dict[str, Any]] = []
     recipes: list[dict[str, Any]] = []
