@@ -146,7 +146,7 @@ def predict(
             raise FitError(f"--out {location} is the store being predicted: give another location")
         header = PredictionsHeader(
             top_k=kept,
-            context_length=head.context_length,
+            context_length=head.attention_length,
             num_targets=head.num_targets,
             num_rows=scored.num_rows,
             partitions=tuple((p.start, p.stop) for p in scored.partitions()),

@@ -594,7 +594,7 @@ def predict_task(
     partition = store.partition(part)
     write_prediction_part(
         out, part, partition.start, partition.stop, blocks(), top_k=min(top_k, head.num_targets),
-        context_length=head.context_length,
+        context_length=head.attention_length,
     )  # fmt: skip
     return totals
 

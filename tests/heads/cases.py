@@ -676,3 +676,76 @@ def _codebook() -> tuple[HeadSpec, KindData, TrainerContext]:
 
 
 CASES.append(KindCase("codebook", _codebook, codebook_ml, codebook_reference, codebook_tables))
+
+
+# ----------------------------------------------------------------------------------------------- a repeat gate
+
+
+def repeat_reference(head: Head, context: np.ndarray, query: np.ndarray, attribute: Any = None) -> np.ndarray:
+    """(n, T) the wrapped single head's distribution (over its last ``N_w`` columns) gated by each row's whole window,
+    in plain numpy: ``r p / p(H)`` on the window's distinct tokens, ``(1 - r) p / (1 - p(H))`` off them."""
+    from dist_respattn.model.heads.repeat import RepeatHead
+
+    assert isinstance(head, RepeatHead)
+    n, n_pos = context.shape
+    probs = single_hop_reference(head.base, context[:, n_pos - head.base.context_length :], query)
+    out = probs.copy()
+    t = head.num_targets
+    for i in range(n):
+        seen = np.zeros(t, dtype=bool)
+        seen[np.unique(context[i])] = True
+        distinct = int(seen.sum())
+        if distinct in (0, t):
+            continue
+        r = head.rates[min(int(np.floor(np.log2(n_pos))), head.rates.shape[0] - 1)]
+        p_seen, p_new = probs[i, seen].sum(), probs[i, ~seen].sum()
+        out[i, seen] = r * probs[i, seen] / p_seen if p_seen > 0 else r / distinct
+        out[i, ~seen] = (1.0 - r) * probs[i, ~seen] / p_new if p_new > 0 else (1.0 - r) / (t - distinct)
+    return out
+
+
+def repeat_tables(head: Head) -> dict[str, np.ndarray]:
+    """Each bucket's repeat / new split."""
+    from dist_respattn.model.heads.repeat import RepeatHead
+
+    assert isinstance(head, RepeatHead)
+    return {"rates": np.stack([head.rates, 1.0 - head.rates], axis=1)}
+
+
+def repeat_ml(spec: HeadSpec) -> HeadSpec:
+    """Maximum likelihood: no pseudo-rows in the rates."""
+    import dataclasses
+
+    from dist_respattn.model.heads.repeat import RepeatSpec
+
+    assert isinstance(spec, RepeatSpec)
+    return dataclasses.replace(spec, prior=0.0)
+
+
+def _repeat() -> tuple[HeadSpec, KindData, TrainerContext]:
+    import atexit
+    import shutil
+    import tempfile
+
+    from dist_respattn.artifacts.checkpoints import ModelDir
+    from dist_respattn.model.fitting.em import fit_em
+    from dist_respattn.model.heads.repeat import RepeatHead, RepeatSpec
+    from dist_respattn.model.heads.repeat.head import history_buckets
+
+    shape = (12, 8, 2, 12)
+    data = copy_data(600, shape, seed=41)
+    s, n_pos, d, t = shape
+    single_spec = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense")
+    rows = (np.ascontiguousarray(data.context[:, n_pos - 3 :]), data.query, data.target)
+    single = fit_em(rows, single_spec, shape=(s, 3, d, t), max_iter=3, tol=0.0).distribution
+    # The engine's fit loads the wrapped head from a model directory, as --repeat-from names it.
+    root = tempfile.mkdtemp(prefix="repeat-case-")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    folder = ModelDir(f"{root}/single")
+    folder.commit("ckpt-000000-case", single, {"iteration": 0}, latest={"iteration": 0}, best=None, keep_best=None)
+    # Started from even rates (a fit of its own starts from the rates counted on its rows, where EM ends).
+    start = RepeatHead(single, np.full(history_buckets(n_pos), 0.5), context_length=n_pos)
+    return RepeatSpec(str(folder.path), prior=1.0, base=single), data, TrainerContext(shape, init=start)
+
+
+CASES.append(KindCase("repeat", _repeat, repeat_ml, repeat_reference, repeat_tables))

@@ -29,8 +29,10 @@ from tests.heads.cases import CASES, KindCase, case_ids
 #: The kinds tested elsewhere (see the module's docstring). The stack's E-step is a fixed-order sum of its
 #: components' per-row terms with nothing kept between iterations; its distributed fit equals ``fit_em`` in the
 #: engine contract, and a resumed stack's start is its checkpoint (``tests/model/test_stack.py``): its ~20 s here
-#: are left to the suite's budget.
-TESTED_IN_ENGINE = ("single_hop", "mixture", "gated", "stack")
+#: are left to the suite's budget. The repeat gate's likewise (its per-row terms summed in a fixed order, its rates
+#: counted before the first iteration, so EM does not move from a start of its own: ``tests/test_cli_repeat.py`` fits
+#: it on a token stream on two workers and resumes it).
+TESTED_IN_ENGINE = ("single_hop", "mixture", "gated", "stack", "repeat")
 #: The first case of every other kind.
 FIRST_OF_EACH_KIND = list(
     {case.name.split("-")[0]: case for case in reversed(CASES) if case.name.split("-")[0] not in TESTED_IN_ENGINE}

@@ -219,6 +219,12 @@ class Head(abc.ABC):
         """``(S, N, D, T)``: the stores this head fits."""
         return (self.num_symbols, self.context_length, self.query_dim, self.num_targets)
 
+    @property
+    def attention_length(self) -> int:
+        """The columns of the attention :meth:`top_k` reports (``predict``'s output): its last positions of the
+        window, N by default (a kind whose window is a long history, not attended, reports fewer)."""
+        return int(self.context_length)
+
     # -- persistence -----------------------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -796,8 +802,9 @@ class HeadSpec(abc.ABC):
     #: before the fit starts, and the fit records the result).
     window_dependent: ClassVar[bool] = False
 
-    def for_window(self, context_length: int) -> HeadSpec:
-        """This spec as it runs on rows of window N = ``context_length`` (itself unless :attr:`window_dependent`)."""
+    def for_window(self, context_length: int, *, num_targets: int | None = None) -> HeadSpec:
+        """This spec as it runs on rows of window N = ``context_length`` of a store of ``num_targets`` targets (itself
+        unless :attr:`window_dependent`)."""
         return self
 
     def sources(self) -> tuple[tuple[str, str], ...]:
@@ -891,6 +898,7 @@ _BUILT_IN = (
     "dist_respattn.model.heads.conj",
     "dist_respattn.model.heads.hops",
     "dist_respattn.model.heads.stack",
+    "dist_respattn.model.heads.repeat",
     "dist_respattn.model.heads.recipe",
     "dist_respattn.model.heads.codebook",
 )

@@ -51,12 +51,14 @@ def component_view(head: Head) -> WindowHead:
     per-row terms). Raises ``ValueError`` for a kind a stack cannot read."""
     from dist_respattn.model.heads.copy import CopyHead
     from dist_respattn.model.heads.copy.head import copy_buckets
+    from dist_respattn.model.heads.repeat.head import RepeatHead
     from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
 
     if isinstance(head, ResponsibilityAttentionDistribution):
         k = copy_buckets(head).num_buckets
         return CopyHead(head, np.zeros(k), np.zeros(k))
-    if isinstance(head, WindowHead) and hasattr(head, "row_densities") and not isinstance(head, StackHead):
+    # A repeat gate reads the history beyond a component's window: it goes over a stack, not into one.
+    if isinstance(head, WindowHead) and hasattr(head, "row_densities") and not isinstance(head, StackHead | RepeatHead):
         return head
     raise ValueError(
         f"a stack reads single, copy, conj and hops heads (their per-row densities), not a {head.kind} head"

@@ -1,0 +1,163 @@
+"""The repeat gate: its pass over stream windows against a per-row NumPy reference, its rates, its predictor and its
+refusals. (The head contract suite runs the kind's promises on full windows: ``tests/heads/cases.py``.)"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dist_respattn.model.heads.base import Block
+from dist_respattn.model.heads.repeat import RepeatHead
+from dist_respattn.model.heads.repeat.head import history_buckets
+from dist_respattn.model.heads.repeat.kind import chained_rates, repeat_counts
+from dist_respattn.model.heads.single_hop.sampler import random_distribution
+from dist_respattn.model.rows import WindowRows
+
+S = 12
+D = 2
+
+
+def single_head(n_pos: int, seed: int = 0):
+    return random_distribution(S, n_pos, D, S, seed=seed, sigma2=0.8)
+
+
+def stream_rows(tokens: np.ndarray, starts: list[int], n_pos: int, table: np.ndarray) -> WindowRows:
+    """Every target with at least one earlier token of its document, its window the N tokens before it, cut at the
+    document's start (what a stream store's reader gives with ``min_context 1``)."""
+    bounds = [*starts, tokens.size]
+    begin, end = [], []
+    for doc, first in enumerate(starts):
+        for pos in range(first + 1, bounds[doc + 1]):
+            begin.append(max(first, pos - n_pos))
+            end.append(pos)
+    end_a = np.asarray(end, dtype=np.int64)
+    return WindowRows(
+        tokens.astype(np.int64), np.asarray(begin, dtype=np.int64), end_a, tokens[end_a].astype(np.int64), table,
+        tokens[end_a - 1].astype(np.int64), None, 0,
+    )  # fmt: skip
+
+
+def reference_gate(head: RepeatHead, rows: WindowRows) -> np.ndarray:
+    """(n, T) each row's wrapped distribution gated by its window's distinct tokens, in plain NumPy."""
+    base = head.base_rows(rows)
+    probs = head.view.window_proba(base, head.view.window_attention(base))
+    out = probs.copy()
+    for i in range(rows.num_rows):
+        window = rows.tokens[rows.begin[i] : rows.end[i]]
+        seen = np.zeros(S, dtype=bool)
+        seen[window] = True
+        distinct = int(seen.sum())
+        if distinct in (0, S):
+            continue
+        r = head.rates[min(math.floor(math.log2(window.size)), head.rates.size - 1)]
+        out[i, seen] = r * probs[i, seen] / probs[i, seen].sum()
+        out[i, ~seen] = (1.0 - r) * probs[i, ~seen] / probs[i, ~seen].sum()
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=2, max_value=40), min_size=1, max_size=5),
+    n_pos=st.sampled_from([4, 8, 64]),
+    vocabulary=st.integers(min_value=3, max_value=S),
+    seed=st.integers(min_value=0, max_value=2**16),
+)
+def test_the_gate_equals_a_per_row_reference_across_document_starts(
+    lengths: list[int], n_pos: int, vocabulary: int, seed: int
+) -> None:
+    """Windows that slide, are cut at document starts and (at N = 64) hold whole documents; few symbols, so some
+    histories hold every one (the gate then does not act); pieces of the block carry the counts."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, vocabulary, size=sum(lengths))
+    starts = np.cumsum([0, *lengths[:-1]]).tolist()
+    head = RepeatHead(single_head(3), rng.uniform(0.05, 0.95, history_buckets(n_pos)), context_length=n_pos)
+    rows = stream_rows(tokens, starts, n_pos, rng.normal(size=(S, D)))
+    got = head.block_proba(Block(rows, None))
+    np.testing.assert_allclose(got, reference_gate(head, rows), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(got.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+    # The joint scores are the wrapped head's query density and the gated target's probability.
+    densities = head.row_densities(rows)
+    np.testing.assert_allclose(densities[:, 1], np.log(got[np.arange(rows.num_rows), rows.target]), rtol=1e-12)
+
+
+def test_a_side_without_mass_is_spread_evenly() -> None:
+    """A wrapped distribution with no mass on the history (or off it) still gives a distribution whose repeat
+    probability is the rate."""
+    tokens = np.array([0, 1, 0, 1, 2], dtype=np.int64)
+    rows = WindowRows(tokens, np.array([0]), np.array([4]), np.array([2]), np.zeros((S, D)), np.array([3]), None, 0)
+    head = RepeatHead(single_head(3), np.full(history_buckets(4), 0.25), context_length=4)
+    proba = np.zeros((1, S))
+    proba[0, 5] = 1.0  # all of it off the history {0, 1}
+    from dist_respattn.model.heads.repeat.head import GatedRows
+    from dist_respattn.model.heads.repeat.kernels import UNIFORM
+
+    flags, _, log_factor = GatedRows(head, rows).gate(0, 1, proba)
+    np.testing.assert_allclose(proba[0, [0, 1]], [0.125, 0.125])
+    assert proba[0, 5] == 0.75 and proba.sum() == pytest.approx(1.0, abs=1e-15)
+    assert not flags[0] & UNIFORM and log_factor[0] == pytest.approx(math.log(0.75))
+
+
+def test_rates_are_counts_pulled_toward_the_bucket_before() -> None:
+    repeats, rows = np.array([1.0, 6.0, 0.0, 0.0]), np.array([4.0, 8.0, 0.0, 2.0])
+    mean = (7.0 + 0.5) / (14.0 + 1.0)
+    r0 = (1.0 + mean) / 5.0
+    r1 = (6.0 + r0) / 9.0
+    r3 = (0.0 + r1) / 3.0
+    np.testing.assert_allclose(chained_rates(repeats, rows, 1.0), [r0, r1, r1, r3], rtol=1e-15)
+    # Maximum likelihood where there are rows; a bucket without any takes the one before's.
+    np.testing.assert_allclose(chained_rates(repeats, rows, 0.0), [0.25, 0.75, 0.75, 0.0])
+    np.testing.assert_array_equal(chained_rates(np.zeros(3), np.zeros(3), 1.0), [0.5, 0.5, 0.5])
+
+
+def test_the_counting_pass_counts_what_the_gate_reads() -> None:
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(0, 6, size=300)
+    rows = stream_rows(tokens, [0, 100, 180], 16, rng.normal(size=(S, D)))
+    weights = rng.integers(0, 2, size=rows.num_rows).astype(np.float64)  # a hold-out's side
+    counts = repeat_counts(S, history_buckets(16), [Block(rows, weights)])
+    expected_repeats, expected_rows = np.zeros(history_buckets(16)), np.zeros(history_buckets(16))
+    for i in range(rows.num_rows):
+        window = rows.tokens[rows.begin[i] : rows.end[i]]
+        b = min(math.floor(math.log2(window.size)), history_buckets(16) - 1)
+        expected_rows[b] += weights[i]
+        expected_repeats[b] += weights[i] * (rows.target[i] in window)
+    np.testing.assert_array_equal(counts.rows, expected_rows)
+    np.testing.assert_array_equal(counts.repeats, expected_repeats)
+
+
+def test_the_predictor_slides_its_history_over_n_tokens() -> None:
+    """After a history longer than N, the predictor's distribution is the block's for the last N tokens."""
+    rng = np.random.default_rng(2)
+    n_pos = 6
+    table = rng.normal(size=(S, D))
+    head = RepeatHead(single_head(3), rng.uniform(0.1, 0.9, history_buckets(n_pos)), context_length=n_pos)
+    history = rng.integers(0, 8, size=40)
+    predictor = head.predictor(query_table=table)
+    for length in range(1, history.size + 1):
+        predictor.push(int(history[length - 1]))
+        window = history[max(0, length - n_pos) : length]
+        rows = WindowRows(window, np.array([0]), np.array([window.size]), np.array([0]), table,
+                          np.array([window[-1]]), None, 0)  # fmt: skip
+        np.testing.assert_allclose(predictor.predict(), head.block_proba(Block(rows, None))[0], rtol=1e-12,
+                                   atol=1e-16)  # fmt: skip
+        assert predictor.state_size == min(length, n_pos)
+
+
+def test_bad_heads_are_refused() -> None:
+    single = single_head(4)
+    with pytest.raises(ValueError, match="history holds the wrapped head's window, N = 4"):
+        RepeatHead(single, [0.5, 0.5], context_length=2)
+    with pytest.raises(ValueError, match="expected one per history bucket of N, 4"):
+        RepeatHead(single, [0.5], context_length=8)
+    with pytest.raises(ValueError, match="expected probabilities"):
+        RepeatHead(single, [0.5, 1.5, 0.5, 0.5], context_length=8)
+    items = random_distribution(S, 4, D, S + 1, seed=0)
+    with pytest.raises(ValueError, match="S = 12 symbols but T = 13 targets: a repeat gate reads a store whose"):
+        RepeatHead(items, [0.5, 0.5, 0.5], context_length=4)
+    gated_twice = RepeatHead(single, [0.5, 0.5, 0.5], context_length=4)
+    with pytest.raises(ValueError, match=r"wraps a single, copy, conj, hops or stack head .* not a repeat head"):
+        RepeatHead(gated_twice, [0.5, 0.5, 0.5], context_length=4)
