@@ -18,6 +18,7 @@ from dist_respattn.model.heads.base import PREVIOUS_STAGE, Stage, spec_from_json
 from dist_respattn.model.heads.conj.kind import ConjSpec
 from dist_respattn.model.heads.copy.kind import CopySpec
 from dist_respattn.model.heads.recipe import RecipeSpec
+from dist_respattn.model.heads.repeat import RepeatHead
 from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 from dist_respattn.model.heads.stack import StackHead, StackSpec
 from dist_respattn.store import TokenStreamStore, TripleStore, WriteOptions, write_synthetic
@@ -56,6 +57,29 @@ def test_the_recipe_stages_start_where_each_part_needs() -> None:
         ("conj", "copy", "single"), "target"
     )  # the stages' models, under the fit's directory
     assert (stack.directory, stack.start_from) == (".", None)
+
+
+def test_the_recipe_puts_a_repeat_gate_over_its_stack_where_the_targets_are_few_enough() -> None:
+    from dist_respattn.model.heads.recipe.kind import RECIPE_REPEAT_MAX_TARGETS
+    from dist_respattn.model.heads.repeat import RepeatSpec
+
+    spec = RecipeSpec(SingleHopSpec(sigma2=0.5))
+    *parts, stack, gate = spec.for_window(64, num_targets=RECIPE_REPEAT_MAX_TARGETS).stages()
+    assert [p.directory for p in parts] == ["single", "copy", "conj"]
+    assert (stack.directory, stack.spec) == ("stack", StackSpec(("conj", "copy", "single"), "target"))
+    assert (gate.directory, gate.spec, gate.start_from) == (".", RepeatSpec("stack"), None)
+    assert gate.settings["context_length"] == 100_000 and gate.settings["max_iter"] == 1
+    # More targets: no gate (its E-step sums the stack's (T,) distribution a row); the stack is the model itself.
+    assert [s.directory for s in spec.for_window(64, num_targets=RECIPE_REPEAT_MAX_TARGETS + 1).stages()][-1] == "."
+    assert len(spec.for_window(64, num_targets=RECIPE_REPEAT_MAX_TARGETS + 1).stages()) == 4
+    # Said by hand, or recorded: a recipe recorded before it had the gate resumes without one.
+    assert len(RecipeSpec(SingleHopSpec(), repeat=False).for_window(64, num_targets=10).stages()) == 4
+    old = spec.for_window(64, num_targets=10).to_json()
+    assert old["repeat"] is True
+    del old["repeat"]
+    assert spec_from_json(old).repeat is False  # type: ignore[attr-defined]
+    resumed = spec_from_args(parsed("--head", "recipe"), SingleHopSpec(), old)
+    assert isinstance(resumed, RecipeSpec) and resumed.repeat is False and resumed.conj_order == 3
 
 
 def test_a_stage_starts_from_the_stage_it_names() -> None:
@@ -110,11 +134,15 @@ def test_one_fit_of_the_recipe_leaves_each_part_and_a_stack_of_them(tmp_path: Pa
     assert status == 0
     for part, kind in (("single", "single_hop"), ("copy", "copy"), ("conj", "conj")):
         assert load_checkpoint(model / part).model.kind == kind, part
-    head = load_checkpoint(model).model
+    # 12 targets: over the stack (in stack/) a repeat gate over each row's whole document, in the model directory.
+    gated = load_checkpoint(model).model
+    assert isinstance(gated, RepeatHead) and gated.context_length == 100_000
+    head = load_checkpoint(model / "stack").model
     assert isinstance(head, StackHead) and [c.kind for c in head.components] == ["conj", "copy", "single_hop"]
     assert head.windows == (8, 16, 16) and head.gate.sum() == pytest.approx(1.0)
+    np.testing.assert_array_equal(gated.base.gate, head.gate)
     record = json.loads((model / "fit.json").read_text())
-    assert record["head"]["kind"] == "recipe" and record["head"]["buckets"] == 5
+    assert record["head"]["kind"] == "recipe" and record["head"]["buckets"] == 5 and record["head"]["repeat"]
     # predict ranks the rows evaluate scores: the short histories too (the long parts were fitted on them).
     out = tmp_path / "p.jsonl"
     assert main(["predict", str(model), str(tmp_path / "validation.zarr"), "--out", str(out), "--top", "2",
@@ -152,4 +180,4 @@ def test_retrain_publishes_a_recipe_on_a_token_stream_and_retrains_it_as_one(
 
     versions = [Registry(registry).load(number) for number in (1, 2)]
     assert [v.meta["fit_head"]["kind"] for v in versions] == ["recipe", "recipe"]
-    assert all(isinstance(v.model, StackHead) for v in versions)
+    assert all(isinstance(v.model, RepeatHead) and isinstance(v.model.base, StackHead) for v in versions)

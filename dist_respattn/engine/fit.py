@@ -439,9 +439,8 @@ def fit(
     spec = head if head is not None else settings.head_spec()
     if spec.window_dependent:
         try:
-            spec = spec.for_window(
-                open_fit_store(store, storage_options, settings.context_length).schema.context_length
-            )
+            schema = open_fit_store(store, storage_options, settings.context_length).schema
+            spec = spec.for_window(schema.context_length, num_targets=schema.num_targets)
         except ValueError as exc:
             raise FitError(str(exc)) from None
     stages = spec.stages()

@@ -19,6 +19,7 @@ from dist_respattn.engine.fit import _load_sources
 from dist_respattn.model.caches import release_caches
 from dist_respattn.model.heads.base import Block
 from dist_respattn.model.heads.recipe import RecipeSpec
+from dist_respattn.model.heads.repeat import RepeatHead
 from dist_respattn.model.heads.stack import StackHead, StackSpec
 from dist_respattn.store import TokenStreamStore, WriteOptions
 from dist_respattn.store.ingest.to_stream import write_stream_tokens
@@ -39,9 +40,12 @@ def test_the_stack_stage_reads_the_earlier_stages_heads_and_their_caches_are_dro
     model = tmp_path / "model"
     result = fit(tmp_path / "train.zarr", model_dir=model, settings=FitSettings(max_iter=1, context_length=16),
                  head=RecipeSpec(), client=client, progress=False)  # fmt: skip
-    stack = result.model
+    gated = result.model
+    assert isinstance(gated, RepeatHead)  # 12 targets: the recipe's repeat gate goes over its stack
+    stack = gated.base
     assert isinstance(stack, StackHead)
     by_kind = {stage.model.kind: stage.model for stage in result.stages}
+    assert by_kind["stack"] is stack
     # One object per part in the driver: the stack's components are the stages' own heads...
     for component in stack.components:
         assert component is by_kind[component.kind]
@@ -52,7 +56,7 @@ def test_the_stack_stage_reads_the_earlier_stages_heads_and_their_caches_are_dro
         assert mine.keys() == theirs.keys()
         for name in mine:
             np.testing.assert_array_equal(mine[name], theirs[name], err_msg=name)
-    saved = load_checkpoint(model).model
+    saved = load_checkpoint(model / "stack").model
     np.testing.assert_array_equal(saved.gate, stack.gate)
     # The stages' heads keep no cache of their fit's passes (kernel tables are built again when used).
     for head in by_kind.values():

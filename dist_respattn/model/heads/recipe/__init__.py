@@ -22,7 +22,12 @@ def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, 
         return None
     if not isinstance(base, SingleHopSpec):
         raise ValueError(f"--head recipe starts from single-hop heads: it does not combine with a {base.kind} fit")
-    return RecipeSpec(base, base.position_buckets, RECIPE_SHORT_CONTEXT, "target")
+    # A resumed recipe keeps its conjunction head's order and its repeat gate (none, for one recorded before it had).
+    recorded = RecipeSpec.from_json(saved) if saved else None
+    return RecipeSpec(
+        base, base.position_buckets, RECIPE_SHORT_CONTEXT, "target",
+        **({"conj_order": recorded.conj_order, "repeat": recorded.repeat} if recorded is not None else {}),
+    )  # fmt: skip
 
 
 KIND = register_kind(

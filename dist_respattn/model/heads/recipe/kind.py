@@ -3,8 +3,9 @@
 A long-window copy head (cache and induction over recency buckets, started from a single head of that window), that
 single head itself, and a short-window conjunction head of order 3 (a 4-gram at the previous position, skip-grams
 further back) under a stack's gate learned on held-out rows: the way a Kneser-Ney n-gram is interpolated with a
-document cache. Each part makes its own choices on the fit's held-out rows; the stack's gate is fitted on them too
-(see ``docs/guide/recipe.md``).
+document cache. Each part makes its own choices on the fit's held-out rows; the stack's gate is fitted on them too.
+Over the stack, a repeat gate reads each row's whole document (its rates counted on the held-out rows) where the
+targets are few enough for its (T,) sum a row (see ``docs/guide/recipe.md``).
 """
 
 from __future__ import annotations
@@ -17,11 +18,20 @@ from dist_respattn.model.buckets import max_geometric_buckets
 from dist_respattn.model.heads.base import HeadSpec, Stage, Trainer, TrainerContext
 from dist_respattn.model.heads.conj.kind import ConjSpec
 from dist_respattn.model.heads.copy.kind import CopySpec
+from dist_respattn.model.heads.repeat.kind import RepeatSpec
 from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 from dist_respattn.model.heads.stack.head import GATE_MODES
 from dist_respattn.model.heads.stack.kind import StackSpec
 
-__all__ = ["RECIPE_BUCKETS", "RECIPE_CONJ_ORDER", "RECIPE_SHORT_CONTEXT", "STAGE_DIRECTORIES", "RecipeSpec"]
+__all__ = [
+    "RECIPE_BUCKETS",
+    "RECIPE_CONJ_ORDER",
+    "RECIPE_HISTORY",
+    "RECIPE_REPEAT_MAX_TARGETS",
+    "RECIPE_SHORT_CONTEXT",
+    "STAGE_DIRECTORIES",
+    "RecipeSpec",
+]
 
 #: The window of the conjunction head (its rows are the long window's last tokens).
 RECIPE_SHORT_CONTEXT = 8
@@ -29,8 +39,14 @@ RECIPE_SHORT_CONTEXT = 8
 RECIPE_BUCKETS = 10
 #: The conjunction head's order (3: triple rows under the pair rows; a recipe recorded before it had one was 2).
 RECIPE_CONJ_ORDER = 3
-#: Where each part goes under the fit's model directory (the stack itself is the directory's own model).
-STAGE_DIRECTORIES = {"single": "single", "copy": "copy", "conj": "conj"}
+#: Where each part goes under the fit's model directory (the last stage's model is the directory's own: the repeat gate,
+#: or the stack of a recipe without one).
+STAGE_DIRECTORIES = {"single": "single", "copy": "copy", "conj": "conj", "stack": "stack"}
+#: The repeat gate's history: longer than most documents, so each row's reaches its document's start.
+RECIPE_HISTORY = 100_000
+#: The recipe adds the repeat gate up to this many targets: its E-step sums the stack's distribution of each held-out
+#: row, (T,) a row (0.26 ms a row on one core at T = 2,000; a 50,000-word corpus would take 25 times that).
+RECIPE_REPEAT_MAX_TARGETS = 20_000
 
 
 @dataclass(frozen=True)
@@ -46,6 +62,9 @@ class RecipeSpec(HeadSpec):
         gate: the stack's gate mode (``"target"``: the predictive distributions interpolated).
         conj_order: the conjunction head's order (:data:`RECIPE_CONJ_ORDER`; a recipe recorded without one, and so
             resumed, keeps order 2).
+        repeat: whether a repeat gate over the whole document goes over the stack (``None``: when the corpus has at
+            most :data:`RECIPE_REPEAT_MAX_TARGETS` targets, fixed by :meth:`for_window`; a recipe recorded without
+            one, and so resumed, has none).
     """
 
     kind: ClassVar[str] = "recipe"
@@ -56,6 +75,7 @@ class RecipeSpec(HeadSpec):
     short_context: int = RECIPE_SHORT_CONTEXT
     gate: str = "target"
     conj_order: int = RECIPE_CONJ_ORDER
+    repeat: bool | None = None
 
     def __post_init__(self) -> None:
         if self.short_context < 1:
@@ -71,6 +91,7 @@ class RecipeSpec(HeadSpec):
             "short_context": self.short_context,
             "gate": self.gate,
             "conj_order": self.conj_order,
+            "repeat": self.repeat,
         }
 
     @classmethod
@@ -84,25 +105,32 @@ class RecipeSpec(HeadSpec):
             int(data.get("short_context", RECIPE_SHORT_CONTEXT)),
             str(data.get("gate", "target")),
             int(data.get("conj_order", 2)),
+            None if data.get("repeat", False) is None else bool(data.get("repeat", False)),
         )
 
-    def for_window(self, context_length: int) -> RecipeSpec:
+    def for_window(self, context_length: int, *, num_targets: int | None = None) -> RecipeSpec:
         """The recipe on rows of window N: the long heads get the window's geometric buckets (at most
-        :data:`RECIPE_BUCKETS`) unless given, and the conjunction head a window no longer than N."""
+        :data:`RECIPE_BUCKETS`) unless given, the conjunction head a window no longer than N, and the repeat gate
+        goes over the stack unless said otherwise when the store's ``num_targets`` are at most
+        :data:`RECIPE_REPEAT_MAX_TARGETS`."""
         n = int(context_length)
         buckets = self.buckets if self.buckets is not None else min(RECIPE_BUCKETS, max_geometric_buckets(n))
-        return dataclasses.replace(self, buckets=buckets, short_context=min(self.short_context, n))
+        repeat = self.repeat
+        if repeat is None:
+            repeat = num_targets is not None and int(num_targets) <= RECIPE_REPEAT_MAX_TARGETS
+        return dataclasses.replace(self, buckets=buckets, short_context=min(self.short_context, n), repeat=repeat)
 
     def stages(self) -> list[Stage]:
         """The single head of the long window into ``single/``, the copy head started from it into ``copy/``, the
         conjunction head of the short window into ``conj/`` (its own start), then the stack of the three (the
-        conjunction, copy and single heads) into the model directory itself."""
+        conjunction, copy and single heads) and, with :attr:`repeat`, the repeat gate over it: the stack into
+        ``stack/`` and the gate into the model directory itself (without, the stack into the model directory)."""
         # A fit fixes the buckets first (for_window); only the stages' directories are read without.
         buckets = self.buckets if self.buckets is not None else RECIPE_BUCKETS
         long = dataclasses.replace(self.single, position_buckets=buckets)
         short = dataclasses.replace(self.single, position_buckets=None)
         directories = STAGE_DIRECTORIES
-        return [
+        stages = [
             Stage(long, directories["single"], settings={"position_buckets": buckets}),
             Stage(CopySpec(long), directories["copy"], settings={"position_buckets": buckets}),
             Stage(
@@ -115,11 +143,27 @@ class RecipeSpec(HeadSpec):
                 # The long single head too: on item sequences, where the copy head has little to copy, it is the
                 # part the gate weighs most (0.55 on users' ratings at N = 128); on text the gate gives it little.
                 StackSpec((directories["conj"], directories["copy"], directories["single"]), self.gate),
-                ".",
+                directories["stack"] if self.repeat else ".",
                 settings={"position_buckets": None, "min_context": None},
                 start_from=None,
             ),
         ]
+        if self.repeat:
+            # One iteration: the start counts the rates, the first M-step finds the same ones (they are counts).
+            stages.append(
+                Stage(
+                    RepeatSpec(directories["stack"]),
+                    ".",
+                    settings={
+                        "context_length": RECIPE_HISTORY,
+                        "position_buckets": None,
+                        "min_context": None,
+                        "max_iter": 1,
+                    },
+                    start_from=None,
+                )
+            )
+        return stages
 
     def trainer(self, context: TrainerContext) -> Trainer:
         raise ValueError("a recipe is fitted by its stages (RecipeSpec.stages), each by its own kind's trainer")
