@@ -69,18 +69,19 @@ What is measured, in one run:
    HR, NDCG and MRR at K of each user's last item, full (every target) and sampled (against 100 unseen
    negatives, seed 0), for the head and the most-popular, Markov (Kneser-Ney bigram) and item-KNN baselines
    (item-KNN's window is the head's N), and the head's perplexity on the same held-out targets.
-   Beside the single heads, on the same split and by the same protocols: the **recipe** (``fit --head recipe``)
-   at every N of ``--ranking-recipes`` (default 8, 32), and the **stacks** of ``--ranking-stacks`` (default
+   Beside the single heads, on the same split and by the same protocols: the **recipe** (``fit --head recipe``:
+   with few enough items, a repeat gate over its stack, so its history is the user's whole one) at every N of
+   ``--ranking-recipes`` (default 8, 32), and the **stacks** of ``--ranking-stacks`` (default
    ``conj+8+32``: the first recipe's conjunction head of N = 8 and the grid's single heads of N = 8 and 32, under
    the ``target`` gate fitted on the validation store, as ``fit --head stack --stack-from`` fits it), each row with
    its gate. ``--ranking-exclude-history`` ranks every model a second time with the items of the user's history
    excluded from the full protocol's candidates (``evaluate --ranking-exclude-history``) and prints those columns
-   beside. ``--ranking-repeat-gate`` scores every model a second time through a **repeat gate** over the user's
-   whole history, computed here from the model's distributions (no head kind has it yet): RepeatNet's split (Ren
-   et al., AAAI 2019) into "an item of the history again" with probability ``r`` and "a new one" with ``1 - r``,
-   each the model's distribution renormalized over its set, ``r`` the share of the training documents' targets
-   already in their document before them (add-half). It prints the gated model's perplexity and full ranking
-   beside the model's (not counted in the targets: no fitted model gives it); ``bench_repeat_gate.py`` has the gate.
+   beside. ``--ranking-repeat-gate`` fits a **repeat gate** on every model (``fit --head repeat --repeat-from
+   MODEL --context 100000``: RepeatNet's split, Ren et al., AAAI 2019, into "an item of the user's whole history
+   again" and "a new one", each the model's distribution renormalized over its set, the repeat rate by history
+   length counted on the validation store) and ranks it as every model, on the row below the model's; a gated
+   model reads the whole history, so it counts among the long-history models of the targets (a recipe gated already
+   is not gated again).
 
 Targets (printed with PASS/MISS; measured, never asserted):
 
@@ -88,8 +89,9 @@ Targets (printed with PASS/MISS; measured, never asserted):
   histogram head's predictor and for the codebook far field's (below N = 512 the window itself is shorter, so
   the histogram's ratio over the histories >= N is printed beside);
 - long context pays: the best N > 8 head's test perplexity at least 10% below the N = 8 head's (ratio <= 0.90);
-- ranking: the best model of a window N > 8 (single head, recipe or stack) at least 10% above the N = 8 head's full
-  NDCG@K (ratio >= 1.10), and the lowest perplexity among them at least 10% below its (ratio <= 0.90).
+- ranking: the best model of a history longer than 8 items (a single head, recipe or stack of a window N > 8, or
+  a model under a repeat gate over the whole history, the recipe's own included) at least 10% above the N = 8 head's
+  full NDCG@K (ratio >= 1.10), and the lowest perplexity among them at least 10% below its (ratio <= 0.90).
 
 Run::
 
@@ -132,7 +134,6 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_repeat_gate import repeat_gated, repeat_rate  # noqa: E402
 from measure import max_relative_difference, time_once  # noqa: E402
 
 SEQUENCES = ("movielens", "stdlib")
@@ -153,6 +154,8 @@ RANKING_STACKS = "conj+8+32"
 CODEBOOK_CONTEXTS = "128,512"
 #: The N = 8 head the long windows are measured against.
 REFERENCE_CONTEXT = 8
+#: The repeat gate's history (``fit --head repeat --context``): longer than any user's, so each reaches its start.
+REPEAT_HISTORY = 100_000
 
 DIM = 32
 #: Latency flat: slowest / fastest median per-token latency over the histories.
@@ -890,11 +893,11 @@ def parse_stacks(text: str) -> list[tuple[str, ...]]:
 
 
 def _ranked(
-    model_dir: Path, stores: dict[str, str], settings: Any, client: Any, exclude: bool, repeat: float | None = None
+    model_dir: Path, stores: dict[str, str], settings: Any, client: Any, exclude: bool, repeat: Callable | None = None
 ) -> dict[str, Any]:
     """``evaluate --ranking`` of ``model_dir`` on the test store: its perplexity, ranking, and with ``exclude`` the
-    full protocol with the history excluded (``--ranking-exclude-history``) beside; with ``repeat`` (a repeat rate
-    ``r``), the model through the repeat gate too (``bench_repeat_gate.repeat_gated``)."""
+    full protocol with the history excluded (``--ranking-exclude-history``) beside; with ``repeat``
+    (``model_dir -> figures``), the model under a fitted repeat gate too (:func:`repeat_gated`)."""
     import dataclasses
 
     from dist_respattn.engine import evaluate
@@ -916,7 +919,7 @@ def _ranked(
             model_dir, stores["test"], client=client, progress=False, ranking=excluded, baseline_order=2
         ).to_json()["ranking"]
     figures["evaluate_seconds"] = time.perf_counter() - started
-    figures["repeat_gate"] = None if repeat is None else repeat_gated(model_dir, stores["test"], repeat, settings.k)
+    figures["repeat_gate"] = None if repeat is None else repeat(model_dir)
     rk = figures["ranking"]
     shown = f", history excluded {figures['excluded']['full']['ndcg']:.4f}" if exclude else ""
     say(
@@ -926,19 +929,50 @@ def _ranked(
     return figures
 
 
+def repeat_gated(
+    model_dir: Path, stores: dict[str, str], settings: Any, client: Any, exclude: bool, fitted: Callable, max_iter: int
+) -> dict[str, Any] | None:
+    """``fit --head repeat --repeat-from MODEL_DIR --context REPEAT_HISTORY`` (its rates counted on the validation
+    store) into ``MODEL_DIR-repeat``, ranked as every model is (:func:`_ranked`): the model under a repeat gate over
+    the user's whole history (``None`` for a model that is one: the recipe where the targets are few)."""
+    from dist_respattn.artifacts import load_checkpoint
+    from dist_respattn.engine import FitSettings
+    from dist_respattn.model.heads.repeat import RepeatSpec
+
+    if load_checkpoint(model_dir).model.kind == "repeat":
+        return None  # the recipe's own last stage is a repeat gate already
+    gated_dir = model_dir.parent / f"{model_dir.name}-repeat"
+    say(f"ranking: fitting a repeat gate on {model_dir.name} (its rates on the validation store)")
+    result, seconds = fitted(
+        gated_dir, FitSettings(max_iter=max_iter, context_length=REPEAT_HISTORY), RepeatSpec(str(model_dir))
+    )
+    rates = [float(v) for v in load_checkpoint(gated_dir).model.rates]
+    return {
+        "context": REPEAT_HISTORY, "rates": rates, "iterations": result.iterations, "fit_seconds": seconds,
+        **_ranked(gated_dir, stores, settings, client, exclude),
+    }  # fmt: skip
+
+
 def _gate(model_dir: Path) -> list[float] | None:
     """A stack's gate as its checkpoint holds it (``None`` when it cannot be read)."""
     from dist_respattn.artifacts import load_checkpoint
 
     head = load_checkpoint(model_dir).model
+    head = head.base if head.kind == "repeat" else head  # the recipe's stack under its repeat gate
     gate = getattr(head, "gate", None)
     return None if gate is None else [float(v) for v in np.asarray(gate)]
 
 
 def ranking_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path, shared: Any = None) -> dict[str, Any]:
+    from dist_respattn.artifacts import load_checkpoint
     from dist_respattn.engine import ClusterOptions, FitSettings, connect, fit
     from dist_respattn.model.heads.conj.kind import ConjSpec
-    from dist_respattn.model.heads.recipe.kind import RECIPE_CONJ_ORDER, RECIPE_SHORT_CONTEXT, RecipeSpec
+    from dist_respattn.model.heads.recipe.kind import (
+        RECIPE_CONJ_ORDER,
+        RECIPE_HISTORY,
+        RECIPE_SHORT_CONTEXT,
+        RecipeSpec,
+    )
     from dist_respattn.model.heads.stack.kind import StackSpec
     from dist_respattn.model.ranking import RankingSettings
 
@@ -947,8 +981,6 @@ def ranking_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path, s
     stores = split["stores"]
     settings = RankingSettings(k=args.ranking_k, negatives=args.ranking_negatives)
     exclude = args.ranking_exclude_history
-    rate = repeat_rate(stores["train"]) if args.ranking_repeat_gate else None
-    repeat = None if rate is None else rate["r"]
     heads: list[dict[str, Any]] = []
     recipes: list[dict[str, Any]] = []
     stacks: list[dict[str, Any]] = []
@@ -961,6 +993,11 @@ def ranking_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path, s
             overwrite=True, client=client, progress=False, say=lambda m: say(f"    {m}"),
         )  # fmt: skip
         return result, time.perf_counter() - started
+
+    def gate(model_dir: Path) -> dict[str, Any] | None:
+        return repeat_gated(model_dir, stores, settings, client, exclude, fitted, args.max_iter)
+
+    repeat = gate if args.ranking_repeat_gate else None
 
     # ``shared``: a client the parts share (one cluster started once), else a cluster of this part's own.
     with (
@@ -990,10 +1027,13 @@ def ranking_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path, s
             fit_settings = FitSettings(max_iter=args.max_iter, context_length=n_pos)
             result, seconds = fitted(model_dir, fit_settings, RecipeSpec(fit_settings.head_spec()))
             conj_dir = conj_dir or model_dir / "conj"
+            # Where the items are few enough, the recipe's last stage is a repeat gate over its stack: its history
+            # is then the user's whole one.
+            gated = load_checkpoint(model_dir).model.kind == "repeat"
             recipes.append({
-                "context": n_pos, "iterations": result.iterations, "fit_seconds": seconds,
-                "parts": ["conj", "copy", "single"], "gate": _gate(model_dir),
-                **_ranked(model_dir, stores, settings, client, exclude, repeat),
+                "context": n_pos, "history": RECIPE_HISTORY if gated else n_pos, "repeat": gated,
+                "iterations": result.iterations, "fit_seconds": seconds, "parts": ["conj", "copy", "single"],
+                "gate": _gate(model_dir), **_ranked(model_dir, stores, settings, client, exclude, repeat),
             })  # fmt: skip
         for names in args.ranking_stacks:
             if "conj" in names and conj_dir is None:
@@ -1019,8 +1059,8 @@ def ranking_part(args: argparse.Namespace, corpus: dict[str, Any], work: Path, s
                 "context": window, "parts": list(names), "iterations": result.iterations, "fit_seconds": seconds,
                 "gate": _gate(model_dir), **_ranked(model_dir, stores, settings, client, exclude, repeat),
             })  # fmt: skip
-    return {**split, "settings": settings.to_json(), "exclude_history": exclude, "repeat_rate": rate, "heads": heads,
-            "recipes": recipes, "stacks": stacks}  # fmt: skip
+    return {**split, "settings": settings.to_json(), "exclude_history": exclude, "repeat_gate": repeat is not None,
+            "heads": heads, "recipes": recipes, "stacks": stacks}  # fmt: skip
 
 
 def _part_label(name: str) -> str:
@@ -1028,15 +1068,21 @@ def _part_label(name: str) -> str:
 
 
 def ranking_rows(ranking: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(label, figures) of every fitted model of the ranking part: single heads, recipes, stacks."""
+    """(label, figures) of every fitted model of the ranking part: single heads, recipes, stacks, each followed by the
+    repeat gate fitted on it (``--ranking-repeat-gate``)."""
     rows = [(f"head N={h['context']} K={h['buckets']}", h) for h in ranking["heads"]]
     for r in ranking.get("recipes", []):
         gate = "/".join(f"{g:.2f}" for g in r["gate"]) if r.get("gate") else "-"
-        rows.append((f"recipe N={r['context']} (gate {gate})", r))
+        rows.append((f"recipe N={r['context']}{' + repeat' if r.get('repeat') else ''} (gate {gate})", r))
     for s in ranking.get("stacks", []):
         gate = "/".join(f"{g:.2f}" for g in s["gate"]) if s.get("gate") else "-"
         rows.append((f"stack {' + '.join(_part_label(n) for n in s['parts'])} (gate {gate})", s))
-    return rows
+    with_gates = []
+    for label, figures in rows:
+        with_gates.append((label, figures))
+        if figures.get("repeat_gate") is not None:
+            with_gates.append(("  + repeat gate", figures["repeat_gate"]))
+    return with_gates
 
 
 def ranking_best(ranking: dict[str, Any]) -> dict[str, Any] | None:
@@ -1045,7 +1091,7 @@ def ranking_best(ranking: dict[str, Any]) -> dict[str, Any] | None:
     reference = next(
         (h for h in ranking["heads"] if h["context"] == REFERENCE_CONTEXT and h["buckets"] == REFERENCE_CONTEXT), None
     )
-    others = [(label, f) for label, f in ranking_rows(ranking) if f["context"] > REFERENCE_CONTEXT]
+    others = [(label, f) for label, f in ranking_rows(ranking) if f.get("history", f["context"]) > REFERENCE_CONTEXT]
     if reference is None or not others:
         return None
     ndcg = max(others, key=lambda row: row[1]["ranking"]["full"]["ndcg"])
@@ -1098,12 +1144,6 @@ def ranking_report(ranking: dict[str, Any]) -> list[str]:
     for label, f in ranking_rows(ranking):
         excl = f["excluded"] if excluded else None
         lines.append(f"{label:<{width}}{cells(f['ranking'], excl)}{f['perplexity']:>12.2f}")
-        gated = f.get("repeat_gate")
-        if gated is not None:
-            full = gated["full"]
-            text = f"{full['rows']:>6}{full['hit_rate']:>8.4f}{full['ndcg']:>8.4f}{full['mrr']:>8.4f}  {'-':>24}"
-            text += f"  {'-':>24}" if excluded else ""
-            lines.append(f"{'  + repeat gate':<{width}}{text}{gated['perplexity']:>12.2f}")
     # The baselines: most popular and the Markov chain do not depend on the window; item-KNN once per window.
     labels = {"most_popular": "most popular", "markov": "Markov (KN bigram)", "item_knn": "item-KNN"}
     seen: set[tuple[str, int]] = set()
@@ -1129,12 +1169,11 @@ def ranking_report(ranking: dict[str, Any]) -> list[str]:
         "bigram's); a head's rows are its own window's (min_context 1: every kept user); gates in the order of "
         "the parts (a recipe's: conj, copy, single)"
     )
-    rate = ranking.get("repeat_rate")
-    if rate is not None:
+    if ranking.get("repeat_gate"):
         lines.append(
-            f"  + repeat gate: the model above it, its distribution split into the user's whole history (r = "
-            f"{rate['r']:.3g}: {rate['repeats']:,} of the training documents' {rate['targets']:,} targets repeat an "
-            "earlier item) and the rest, each renormalized; computed by this benchmark, not a fitted head"
+            "  + repeat gate: the model above it under a fitted repeat gate (fit --head repeat --repeat-from MODEL "
+            f"--context {REPEAT_HISTORY:,}): its distribution split into the user's whole history and the rest, each "
+            "renormalized, the repeat rate by history length counted on the validation store"
         )
     return lines
 
@@ -1433,7 +1472,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--ranking-repeat-gate",
         action="store_true",
-        help="also score every model through a repeat gate over the user's whole history (computed here)",
+        help="also fit a repeat gate over the user's whole history on every model (fit --head repeat) and rank it",
     )
     parser.add_argument("--ranking-k", type=int, default=10, help="the ranking part's cut-off K")
     parser.add_argument("--ranking-negatives", type=int, default=100, help="negatives of the sampled protocol")

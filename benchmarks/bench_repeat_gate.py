@@ -8,17 +8,18 @@ distribution renormalized over its set:
           = (1 - r) p(t) / (1 - p(H))  otherwise,        p(H) = the sum of p over H's distinct tokens
 
 a proper distribution for any model ``p``, whatever the window it reads. ``r``'s maximum-likelihood value is the
-share of targets already in their history, a ratio of counts; here ``(repeats + 1/2) / (targets + 1)`` over the
-training store's documents. No head kind has the gate: this benchmark computes it in one process from each model's
-(n, T) distributions of the rows ``evaluate`` scores (a token-stream test store, with S = T), and prints each model's
-test perplexity with and without it, side by side. ``bench_long_context.py --ranking-repeat-gate`` uses the same
-functions for each user's last item (ranking).
+share of targets already in their history, a ratio of counts; here one rate, ``(repeats + 1/2) / (targets + 1)`` over
+the training store's documents. This benchmark computes the gate in one process from each model's (n, T)
+distributions of the rows ``evaluate`` scores (a token-stream test store, with S = T), and prints each model's test
+perplexity with and without it, side by side: a second implementation of the gate, and the gate on any fitted model
+without a fit. The head kind (``fit --head repeat``, ``docs/guide/repeat-gate.md``) fits a rate per history length,
+counted on held-out rows; under this one rate it scores the same rows alike (``tests/test_benchmarks.py`` checks it).
 
 Run::
 
     dist-respattn demo      # its stores and models under respattn-demo/
     python benchmarks/bench_repeat_gate.py --train respattn-demo/train.zarr --test respattn-demo/test.zarr \\
-        respattn-demo/model/single respattn-demo/model/conj respattn-demo/model/copy respattn-demo/model
+        respattn-demo/model/single respattn-demo/model/conj respattn-demo/model/copy respattn-demo/model/stack
 """
 
 from __future__ import annotations

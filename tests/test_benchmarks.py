@@ -12,7 +12,9 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_kernel.py"
@@ -627,25 +629,27 @@ def test_long_context_smoke_run_on_the_stdlib_reports_every_figure(tmp_path):
         assert excluded["full"]["mean_candidates"] < plain["full"]["mean_candidates"]
         assert excluded["full"]["hit_rate"] >= plain["full"]["hit_rate"], model
         assert excluded["sampled"] == plain["sampled"]  # the sampled protocol never had the history as candidates
-    assert "recipe N=32 (gate " in table and "stack conj N=8 + N=8 (gate " in table and "full, excl." in table
-    # Every model through the repeat gate too: source code repeats its tokens, so r is large; the same rows ranked.
-    rate = ranking["repeat_rate"]
-    assert 0 < rate["repeats"] < rate["targets"] and math.isclose(
-        rate["r"], (rate["repeats"] + 0.5) / (rate["targets"] + 1)
-    )
-    assert rate["r"] > 0.5, rate
-    for model in models:
+    assert "recipe N=32 + repeat (gate " in table and "stack conj N=8 + N=8 (gate " in table and "full, excl." in table
+    # The recipe (500 items) ends in a repeat gate over its stack; every other model gets one fitted on it
+    # (fit --head repeat), ranked on the same rows. Source code repeats its tokens: long histories repeat most.
+    (recipe,) = ranking["recipes"]
+    assert recipe["repeat"] and recipe["history"] == 100_000 and recipe["repeat_gate"] is None
+    gated_models = [model for model in models if model["repeat_gate"] is not None]
+    assert gated_models == [ranking["heads"][0], *ranking["stacks"]]
+    for model in gated_models:
         gated = model["repeat_gate"]
-        assert gated["r"] == rate["r"] and gated["full"]["rows"] == gated["rows"] == ranked["rows"]
-        assert 0.0 <= gated["full"]["mrr"] <= gated["full"]["ndcg"] <= gated["full"]["hit_rate"] <= 1.0, gated
+        assert gated["context"] == 100_000 and len(gated["rates"]) == 17 and max(gated["rates"]) > 0.5, gated
+        assert gated["ranking"]["rows"] == ranked["rows"] and gated["excluded"]["rows"] == ranked["rows"]
+        full = gated["ranking"]["full"]
+        assert 0.0 <= full["mrr"] <= full["ndcg"] <= full["hit_rate"] <= 1.0, gated
         assert_positive_finite(gated["perplexity"], "repeat gate: perplexity")
     gated_rows = [line for line in table.splitlines() if line.startswith("  + repeat gate ")]
-    assert len(gated_rows) == len(models) and "computed by this benchmark, not a fitted head" in table
+    assert len(gated_rows) == len(gated_models) and "under a fitted repeat gate (fit --head repeat" in table
 
     # Targets: measured from the figures above, and each printed verdict is the one its number earns.
     flatness = max(e["predictor_s"] for e in latency["histories"]) / min(e["predictor_s"] for e in latency["histories"])
-    others = [m for m in models if m["context"] > 8]  # the long-history models: here the recipe
-    assert others == ranking["recipes"]
+    # The long-history models: the recipe (its gate reads the whole history) and every gated model.
+    others = [*ranking["recipes"], *(m["repeat_gate"] for m in gated_models)]
     far = [e["codebook_s"] for e in latency["histories"]]
     measured = [
         flatness,
@@ -670,8 +674,8 @@ def test_long_context_smoke_run_on_the_stdlib_reports_every_figure(tmp_path):
         assert (verdict == "PASS") == met == target["pass"], (line, target)
         assert model == target.get("model"), (line, target)
 
-    # The gate on every test row (bench_repeat_gate.py), on the split and the N = 8 head the run left: the same r;
-    # the model's own perplexity from its distributions is its scoring's, and the rows follow one another.
+    # The gate of one rate on every test row (bench_repeat_gate.py), computed from the N = 8 head's distributions:
+    # the head kind under that rate scores the same rows alike, and the head's own perplexity is its scoring's.
     work = tmp_path / "work"
     split = work / "leave-one-out"
     gate = subprocess.run(
@@ -688,22 +692,32 @@ def test_long_context_smoke_run_on_the_stdlib_reports_every_figure(tmp_path):
     )
     assert gate.returncode == 0, f"benchmark failed:\n{gate.stdout}\n{gate.stderr}"
     gated = json.loads(gate.stdout[gate.stdout.index("\n{") :])
-    assert gated["repeat_rate"] == rate
+    rate = gated["repeat_rate"]
+    assert 0 < rate["repeats"] < rate["targets"] and rate["r"] == (rate["repeats"] + 0.5) / (rate["targets"] + 1)
     (figures,) = gated["models"]
     from dist_respattn.artifacts import load_checkpoint
     from dist_respattn.engine.worker_tasks import ALL_ROWS, partition_blocks
+    from dist_respattn.model.heads.repeat import RepeatHead
+    from dist_respattn.model.heads.repeat.head import history_buckets
     from dist_respattn.store import open_store
 
     checkpoint = load_checkpoint(work / "models" / "loo-n8-k8")
     record = checkpoint.meta["store"]
-    test = open_store(split / "test.zarr", window=record["window"], min_context=record["min_context"])
     head = checkpoint.model
-    blocks = (b for part in range(test.num_partitions) for b in partition_blocks(test, part, ALL_ROWS, head.columns))
-    scored = head.score(blocks)
+
+    def scored(model: Any, window: int) -> Any:
+        test = open_store(split / "test.zarr", window=window, min_context=record["min_context"])
+        parts = range(test.num_partitions)
+        return model.score(b for part in parts for b in partition_blocks(test, part, ALL_ROWS, model.columns))
+
+    plain = scored(head, record["window"])
     # The split's test store holds each document whole, its last target weighted 1 and the others 0: those rows.
-    assert figures["rows"] == scored.weight == ranking["heads"][0]["ranking"]["rows"] > 0
-    assert math.isclose(figures["perplexity"], scored.metrics()["perplexity"], rel_tol=1e-9), (figures, scored)
-    assert_positive_finite(figures["gated_perplexity"], "gated perplexity")
+    assert figures["rows"] == plain.weight == ranking["heads"][0]["ranking"]["rows"] > 0
+    assert math.isclose(figures["perplexity"], plain.metrics()["perplexity"], rel_tol=1e-9), (figures, plain)
+    one_rate = RepeatHead(head, np.full(history_buckets(100_000), rate["r"]), context_length=100_000)
+    kind = scored(one_rate, 100_000)
+    assert kind.weight == figures["rows"]
+    assert math.isclose(figures["gated_perplexity"], kind.metrics()["perplexity"], rel_tol=1e-9), (figures, kind)
 
 
 SCALE_SCRIPT = SCRIPT.parent / "bench_scale.py"

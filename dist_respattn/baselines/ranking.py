@@ -73,11 +73,16 @@ def _window_cooccurrences(rows: Any, weights: np.ndarray | None, num_symbols: in
     )
 
 
-def cooccurrence_of_blocks(num_symbols: int, num_targets: int, blocks: Iterable[Any]) -> CooccurrenceCounts:
-    """The co-occurrence counts of blocks of token windows, added block by block in order (a pass's partition map)."""
+def cooccurrence_of_blocks(
+    num_symbols: int, num_targets: int, blocks: Iterable[Any], *, max_window: int | None = None
+) -> CooccurrenceCounts:
+    """The co-occurrence counts of blocks of token windows, added block by block in order (a pass's partition map);
+    with ``max_window``, of each window's last ``max_window`` tokens."""
     total = CooccurrenceCounts.empty(num_symbols, num_targets)
     for block in blocks:
         rows = block.rows
+        if max_window is not None:
+            rows = rows._replace(begin=np.maximum(np.asarray(rows.begin), np.asarray(rows.end) - int(max_window)))
         for start in range(0, rows.num_rows, _COUNT_ROWS):
             part = slice(start, min(start + _COUNT_ROWS, rows.num_rows))
             weights = None if block.weights is None else block.weights[part]

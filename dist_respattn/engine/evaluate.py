@@ -386,7 +386,11 @@ def _rank(
     store, rows = training
     fingerprint = store.fingerprint()
     schema = store.schema
-    count = functools.partial(cooccurrence_of_blocks, schema.num_symbols, schema.num_targets)
+    # Item-KNN counts over the window the head attends over (a repeat gate's wrapped head's, not the whole history
+    # its gate reads: a row's count costs its window's length).
+    count = functools.partial(
+        cooccurrence_of_blocks, schema.num_symbols, schema.num_targets, max_window=head.attention_length
+    )
     cooccurrences = runner.run(
         "cooccurrence", "0", store.num_partitions, worker_tasks.pass_task,
         lambda part: (store.location, part, count, Columns(windows=True), fingerprint, rows),

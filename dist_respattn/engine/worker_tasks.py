@@ -664,12 +664,13 @@ def rank_task(
     ``head`` (``"model"``) and the ranking ``baselines``, and return the sums (never the rows).
 
     A row's history is its document's tokens before the target (read once for a run of rows); the baselines read
-    its last N of them (the window), the protocols all of them (what to exclude, what a negative may not be).
+    its last N of them (the window the head attends over: a repeat gate's wrapped head's), the protocols all of them
+    (what to exclude, what a negative may not be).
     """
     store = _streamed(checked_store(location, fingerprint))
     columns = head.columns | Columns(documents=True)
     blocks = partition_blocks(store, part, LAST_ROWS, columns, mapping)
-    n_pos = store.schema.context_length
+    n_pos = head.attention_length
     starts = store.document_starts()
     ends = store.document_ends()
 
