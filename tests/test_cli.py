@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import dist_respattn
+from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.cli import main
 
 pytestmark = pytest.mark.slow  # every test here starts a cluster or a command
@@ -56,11 +57,16 @@ def test_demo_fits_the_standard_library_and_compares_it_with_the_baselines(tmp_p
     assert report["model_dir"] == str(tmp_path / "model")
     assert report["state"] in ("early_stopped", "converged", "max_iter")
     assert report["heldout_rows"].startswith("the validation store")
-    # What fit picks on a token-stream store: the recipe, its parts fitted first, then their stack's gate.
-    assert report["kind"] == "stack" and {"single", "copy", "conj"} <= set(report)
-    # Code: the conjunction and copy heads share the gate (the long single head is there for item sequences).
-    conj, copy, _ = report["stack_gate"]
-    assert sum(report["stack_gate"]) == pytest.approx(1.0) and conj > 0 and copy > 0
+    # What fit picks on a token-stream store: the recipe, its parts fitted first, then their stack's gate, and over
+    # the stack a repeat gate (300 words: few enough targets) in the model directory.
+    assert report["kind"] == "repeat" and {"single", "copy", "conj", "stack"} <= set(report)
+    assert report["stack"]["model_dir"] == str(tmp_path / "model" / "stack")
+    # Code repeats itself: the longer the file so far, the likelier its next token is one it has had.
+    rates = report["repeat_rates"]
+    assert len(rates) == 17 and rates[2] < 0.8 and rates[-1] > 0.9, rates
+    # Code: the conjunction and copy heads share the stack's gate (the long single head is there for item sequences).
+    gate = load_checkpoint(tmp_path / "model" / "stack").model.gate
+    assert sum(gate) == pytest.approx(1.0) and gate[0] > 0 and gate[1] > 0
     test = report["test"]
     assert test["store"].endswith("test.zarr")
     bigrams = {"unigram", "add_k", "jelinek_mercer", "kneser_ney"}
