@@ -21,7 +21,8 @@ In one run:
 4. **Quality**: the test store's next-token perplexity, the head beside the Kneser-Ney bigram (``evaluate``).
 
 ``--head recipe`` fits what ``fit`` fits on a token stream instead (the single head, the copy head, the
-conjunction head and their stack, each stage on the fit's hold-out) and prints, per stage, its parameters, its
+conjunction head and their stack, each stage on the fit's hold-out; at 50,000 words no repeat gate over the stack,
+at the smoke run's few words one) and prints, per stage, its parameters, its
 median and first iteration and the memory figures, with the test perplexity beside the Kneser-Ney 2-, 3- and
 5-grams. Its stage 1 is the single head the default run fits, so the two are compared in the same run.
 

@@ -787,24 +787,26 @@ def test_scale_smoke_run_reports_every_figure_and_the_sharded_m_step_moves_no_by
 
 @pytest.mark.slow
 def test_scale_recipe_smoke_run_reports_each_stage(tmp_path):
-    """bench_scale.py --head recipe on the ``email`` package: the recipe's four stages in order, each with its
-    parameters and iteration times, the memory peaks and the test perplexity beside the Kneser-Ney n-grams."""
+    """bench_scale.py --head recipe on the ``email`` package: the recipe's five stages in order (its few words get
+    the repeat gate over the stack), each with its parameters and iteration times, the memory peaks and the test
+    perplexity beside the Kneser-Ney n-grams."""
     table, report = run_scale_on_email(tmp_path, "--reference-rows", "0", "--head", "recipe")
     assert "reference" not in report  # --reference-rows 0
     fitted = report["fit"]
     stages = fitted["stages"]
-    assert [stage["kind"] for stage in stages] == ["single_hop", "copy", "conj", "stack"]
-    assert [stage["directory"] for stage in stages] == ["single", "copy", "conj", "."]
+    assert [stage["kind"] for stage in stages] == ["single_hop", "copy", "conj", "stack", "repeat"]
+    assert [stage["directory"] for stage in stages] == ["single", "copy", "conj", "stack", "."]
     for stage in stages:
         assert stage["parameters"] > 0 and stage["iterations"] == 1
         assert 0 < stage["first_iteration_seconds"] <= stage["seconds"]
         assert f"{stage['seconds']:8.1f}" in table
-    # The stack holds its parts: its parameters are theirs (and its gate's).
+    # The stack holds its parts: its parameters are theirs (and its gate's); the repeat gate holds the stack.
     assert stages[3]["parameters"] >= sum(stage["parameters"] for stage in stages[:3])
+    assert stages[4]["parameters"] > stages[3]["parameters"]
     assert fitted["worker_peak_gib"] > 0 and fitted["driver_peak_gib"] > 0
     # Each phase's own peaks, read and reset as the next begins; the whole run's are their largest.
     phases = fitted["phase_peaks"]
-    assert [p["phase"] for p in phases] == ["ingest", "single_hop", "copy", "conj", "stack", "evaluate"]
+    assert [p["phase"] for p in phases] == ["ingest", "single_hop", "copy", "conj", "stack", "repeat", "evaluate"]
     assert all(p["driver_gib"] > 0 and p["worker_gib"] > 0 for p in phases)
     assert fitted["driver_peak_gib"] == max(p["driver_gib"] for p in phases)
     assert fitted["worker_peak_gib"] == max(p["worker_gib"] for p in phases)
