@@ -1081,7 +1081,7 @@ def ranking_rows(ranking: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     for label, figures in rows:
         with_gates.append((label, figures))
         if figures.get("repeat_gate") is not None:
-            with_gates.append(("  + repeat gate", figures["repeat_gate"]))
+            with_gates.append((f"{label} + repeat gate", figures["repeat_gate"]))
     return with_gates
 
 
@@ -1147,7 +1147,9 @@ def ranking_report(ranking: dict[str, Any]) -> list[str]:
     # The baselines: most popular and the Markov chain do not depend on the window; item-KNN once per window.
     labels = {"most_popular": "most popular", "markov": "Markov (KN bigram)", "item_knn": "item-KNN"}
     seen: set[tuple[str, int]] = set()
-    for _label, f in ranking_rows(ranking):
+    for label, f in ranking_rows(ranking):
+        if label.endswith(" + repeat gate"):
+            continue  # its baselines are its wrapped model's (item-KNN over that model's window)
         rk, excl = f["ranking"], f["excluded"] if excluded else None
         window = int(f["context"])
         for name, figures in rk["baselines"].items():

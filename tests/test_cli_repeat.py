@@ -19,6 +19,13 @@ from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 from tests.test_cli import COMMAND, run, run_here
 
 
+def context():
+    from dist_respattn.model.heads.base import TrainerContext
+    from dist_respattn.model.heads.single_hop.sampler import random_distribution
+
+    return TrainerContext((6, 4, 2, 6), sources=(random_distribution(6, 4, 2, 6, seed=0),))
+
+
 def parsed(*flags: str) -> object:
     return build_parser().parse_args(["fit", "train.zarr", "--model-dir", "model", *flags])
 
@@ -28,12 +35,17 @@ def test_the_repeat_options_read_back_and_are_refused_alone_or_bad() -> None:
     assert spec == RepeatSpec(str(Path("base").absolute()), 1.0)
     ml = spec_from_args(parsed("--head", "repeat", "--repeat-from", "base", "--repeat-prior", "0"), SingleHopSpec(),
                         None)  # fmt: skip
-    assert isinstance(ml, RepeatSpec) and ml.prior == 0.0
+    assert isinstance(ml, RepeatSpec) and ml.prior == 0.0 and ml.mix is None
+    fixed = spec_from_args(parsed("--head", "repeat", "--repeat-from", "base", "--repeat-mix", "0.3"), SingleHopSpec(),
+                           None)  # fmt: skip
+    assert isinstance(fixed, RepeatSpec) and fixed.mix == 0.3 and not fixed.trainer(context()).searches()
+    assert spec.trainer(context()).searches()  # the wrapped head's share chosen on held-out rows
     refusals = {
         ("--head", "repeat"): "--head repeat needs --repeat-from MODEL",
         ("--head", "repeat", "--repeat-from", "a,b"): "--head repeat needs --repeat-from MODEL",
         ("--repeat-from", "a"): "--repeat-from is an option of --head repeat",
         ("--head", "copy", "--repeat-prior", "2"): "--repeat-prior is an option of --head repeat",
+        ("--repeat-mix", "0.5"): "--repeat-mix is an option of --head repeat",
     }
     for flags, message in refusals.items():
         with pytest.raises(CommandError, match=message):
@@ -48,6 +60,13 @@ def test_a_bad_prior_is_one_line_of_the_real_command(tmp_path: Path) -> None:
         "dist-respattn fit: error: argument --repeat-prior: '-1': expected a finite number >= 0 (pseudo-rows)"
     )
     assert not (tmp_path / "model").exists()
+    share = run("fit", str(tmp_path / "train.zarr"), "--model-dir", str(tmp_path / "model"), "--head", "repeat",
+                "--repeat-from", "a", "--repeat-mix", "2")  # fmt: skip
+    assert share.returncode == 2
+    assert share.stderr.splitlines()[-1] == (
+        "dist-respattn fit: error: argument --repeat-mix: '2': expected the wrapped head's share of the prediction, "
+        "in [0, 1]"
+    )
 
 
 @pytest.mark.slow
@@ -84,7 +103,10 @@ def test_fit_head_repeat_on_a_fitted_head_then_evaluate_predict_stream_and_resum
     repeated = run_here(capsys, *args, "--json")
     assert repeated.returncode == 0, repeated.stderr
     report = json.loads(repeated.stdout)
-    assert report["kind"] == "repeat" and report["iterations"] == 2, report
+    # The rates are counted before iteration 1, under the gate alone; its held-out pass chooses the wrapped head's
+    # share (none, here: these documents repeat five tokens each), and an iteration under the same head confirms it.
+    assert report["kind"] == "repeat" and report["repeat_mix"] == 0.0, report
+    assert report["iterations"] == 2 and report["state"] == "converged", report
     head = load_checkpoint(gated).model
     assert head.kind == "repeat" and head.context_length == 1000 and head.base.context_length == 4
     assert head.rates.shape == (10,) and max(head.rates) > 0.9, head.rates  # documents repeat their five tokens

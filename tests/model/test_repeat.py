@@ -56,6 +56,7 @@ def reference_gate(head: RepeatHead, rows: WindowRows) -> np.ndarray:
         r = head.rates[min(math.floor(math.log2(window.size)), head.rates.size - 1)]
         out[i, seen] = r * probs[i, seen] / probs[i, seen].sum()
         out[i, ~seen] = (1.0 - r) * probs[i, ~seen] / probs[i, ~seen].sum()
+        out[i] = head.mix * probs[i] + (1.0 - head.mix) * out[i]
     return out
 
 
@@ -64,17 +65,19 @@ def reference_gate(head: RepeatHead, rows: WindowRows) -> np.ndarray:
     lengths=st.lists(st.integers(min_value=2, max_value=40), min_size=1, max_size=5),
     n_pos=st.sampled_from([4, 8, 64]),
     vocabulary=st.integers(min_value=3, max_value=S),
+    mix=st.sampled_from([0.0, 0.3, 1.0]),
     seed=st.integers(min_value=0, max_value=2**16),
 )
 def test_the_gate_equals_a_per_row_reference_across_document_starts(
-    lengths: list[int], n_pos: int, vocabulary: int, seed: int
+    lengths: list[int], n_pos: int, vocabulary: int, mix: float, seed: int
 ) -> None:
     """Windows that slide, are cut at document starts and (at N = 64) hold whole documents; few symbols, so some
     histories hold every one (the gate then does not act); pieces of the block carry the counts."""
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, vocabulary, size=sum(lengths))
     starts = np.cumsum([0, *lengths[:-1]]).tolist()
-    head = RepeatHead(single_head(3), rng.uniform(0.05, 0.95, history_buckets(n_pos)), context_length=n_pos)
+    rates = rng.uniform(0.05, 0.95, history_buckets(n_pos))
+    head = RepeatHead(single_head(3), rates, context_length=n_pos, mix=mix)
     rows = stream_rows(tokens, starts, n_pos, rng.normal(size=(S, D)))
     got = head.block_proba(Block(rows, None))
     np.testing.assert_allclose(got, reference_gate(head, rows), rtol=1e-12, atol=1e-15)
@@ -134,7 +137,7 @@ def test_the_predictor_slides_its_history_over_n_tokens() -> None:
     rng = np.random.default_rng(2)
     n_pos = 6
     table = rng.normal(size=(S, D))
-    head = RepeatHead(single_head(3), rng.uniform(0.1, 0.9, history_buckets(n_pos)), context_length=n_pos)
+    head = RepeatHead(single_head(3), rng.uniform(0.1, 0.9, history_buckets(n_pos)), context_length=n_pos, mix=0.4)
     history = rng.integers(0, 8, size=40)
     predictor = head.predictor(query_table=table)
     for length in range(1, history.size + 1):
@@ -161,3 +164,22 @@ def test_bad_heads_are_refused() -> None:
     gated_twice = RepeatHead(single, [0.5, 0.5, 0.5], context_length=4)
     with pytest.raises(ValueError, match=r"wraps a single, copy, conj, hops or stack head .* not a repeat head"):
         RepeatHead(gated_twice, [0.5, 0.5, 0.5], context_length=4)
+
+
+def test_the_held_out_pass_scores_every_share_as_the_head_under_it_scores() -> None:
+    """One pass over the rows gives each share's totals; each equals the head's own score under that share, and the
+    shares 0 and 1 are the gate alone and the wrapped head alone."""
+    from dist_respattn.model.heads.repeat.kind import MIX_GRID, RepeatGrid
+
+    rng = np.random.default_rng(4)
+    tokens = rng.integers(0, 7, size=400)
+    rows = stream_rows(tokens, [0, 150, 260], 32, rng.normal(size=(S, D)))
+    head = RepeatHead(single_head(3), rng.uniform(0.2, 0.9, history_buckets(32)), context_length=32)
+    scores = RepeatGrid(head, MIX_GRID).score([Block(rows, None)])
+    for mix, totals in zip(MIX_GRID, scores.totals, strict=True):
+        own = head.with_rates(head.rates, mix).score([Block(rows, None)], accuracy=False)
+        assert totals.weight == own.weight == rows.num_rows
+        assert totals.target_log_prob == pytest.approx(own.target_log_prob, rel=1e-12)
+        assert totals.log_lik == pytest.approx(own.log_lik, rel=1e-12)
+    plain = head.view.score([Block(head.base_rows(rows), None)])
+    assert scores.totals[-1].target_log_prob == pytest.approx(plain.target_log_prob, rel=1e-12)

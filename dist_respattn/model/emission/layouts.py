@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from dist_respattn.model.fixed import FitConstant
-from dist_respattn.model.kernels.emission_rows import map_pair_values, pair_row_totals
+from dist_respattn.model.kernels.emission_rows import add_stored_rows, map_pair_values, pair_row_totals
 from dist_respattn.model.kernels.pair_keys import merge_supports, tally_keys
 
 __all__ = [
@@ -370,12 +370,10 @@ class SparseEmission(Emission):
         # The backoff part is rank one per row, then each position adds its symbol's stored pairs.
         out = np.multiply.outer((attention * self.backoff[context]).sum(axis=1), self.base)
         indptr, targets, excess = self.symbol_rows
-        for i in range(context.shape[1]):
-            sym = context[:, i]
-            lengths = indptr[sym + 1] - indptr[sym]
-            rows = np.repeat(np.arange(context.shape[0]), lengths)
-            at = np.repeat(indptr[sym] - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
-            np.add.at(out, (rows, targets[at]), attention[rows, i] * excess[at])
+        add_stored_rows(
+            np.ascontiguousarray(context, dtype=np.int64), np.ascontiguousarray(attention, dtype=np.float64),
+            indptr, targets, excess, out,
+        )  # fmt: skip
         return out
 
     def sample(self, symbols: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["map_pair_values", "pair_row_sums", "pair_row_totals"]
+__all__ = ["add_stored_rows", "map_pair_values", "pair_row_sums", "pair_row_totals"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -52,3 +52,18 @@ def pair_row_totals(symbols, counts, num_symbols):  # pragma: no cover - compile
     for p in range(symbols.shape[0]):
         totals[symbols[p]] += counts[p]
     return totals
+
+
+@numba.njit(cache=True, nogil=True)
+def add_stored_rows(context, attention, indptr, targets, excess, out):  # pragma: no cover - compiled
+    """Add each position's symbol's stored pairs to ``out`` (n, T) in place: ``out[r, targets[p]] += attention[r, i]
+    * excess[p]`` for every pair ``p`` of symbol ``context[r, i]`` (CSR ``indptr`` (S + 1,)), position by position,
+    row by row, pair by pair: the order ``np.add.at`` over the same index lists adds in, so the same bits, without
+    its per-element dispatch (it was most of a conjunction head's predictions at T = 5,000)."""
+    n, n_pos = context.shape
+    for i in range(n_pos):
+        for r in range(n):
+            s = context[r, i]
+            a = attention[r, i]
+            for p in range(indptr[s], indptr[s + 1]):
+                out[r, targets[p]] += a * excess[p]

@@ -3,6 +3,7 @@ gate, fitted in stages, each part's choices on held-out rows; registered as ``"r
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from dist_respattn.model.heads.base import HeadKind, HeadSpec, register_kind
@@ -23,11 +24,11 @@ def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, 
     if not isinstance(base, SingleHopSpec):
         raise ValueError(f"--head recipe starts from single-hop heads: it does not combine with a {base.kind} fit")
     # A resumed recipe keeps its conjunction head's order and its repeat gate (none, for one recorded before it had).
-    recorded = RecipeSpec.from_json(saved) if saved else None
-    return RecipeSpec(
-        base, base.position_buckets, RECIPE_SHORT_CONTEXT, "target",
-        **({"conj_order": recorded.conj_order, "repeat": recorded.repeat} if recorded is not None else {}),
-    )  # fmt: skip
+    spec = RecipeSpec(base, base.position_buckets, RECIPE_SHORT_CONTEXT, "target")
+    if saved:
+        recorded = RecipeSpec.from_json(saved)
+        spec = dataclasses.replace(spec, conj_order=recorded.conj_order, repeat=recorded.repeat)
+    return spec
 
 
 KIND = register_kind(

@@ -16,11 +16,12 @@ __all__ = ["KIND", "RepeatHead", "RepeatPredictor", "RepeatSpec", "spec_from_opt
 def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, Any] | None) -> RepeatSpec | None:
     """The repeat spec a ``fit --head repeat`` asks for (``None`` otherwise): the model ``--repeat-from`` names and
     the ``--repeat-prior``. Either option without ``--head repeat`` is refused."""
-    source, prior = options.get("repeat_from"), options.get("repeat_prior")
+    source, prior, mix = options.get("repeat_from"), options.get("repeat_prior"), options.get("repeat_mix")
     if options.get("head") != "repeat":
-        if source is not None or prior is not None:
-            flag = REPEAT_FROM if source is not None else "--repeat-prior"
-            raise ValueError(f"{flag} is an option of --head repeat: add --head repeat, or leave it out")
+        given = [flag for flag, value in ((REPEAT_FROM, source), ("--repeat-prior", prior), ("--repeat-mix", mix))
+                 if value is not None]  # fmt: skip
+        if given:
+            raise ValueError(f"{given[0]} is an option of --head repeat: add --head repeat, or leave it out")
         return None
     if source is None or not str(source).strip() or "," in str(source):
         raise ValueError(
@@ -29,7 +30,21 @@ def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, 
         )
     if prior is None:
         prior = float((saved or {}).get("prior", 1.0))
-    return RepeatSpec(os.path.abspath(str(source).strip()), float(prior))
+    if mix is None and saved is not None and saved.get("mix") is not None:
+        mix = float(saved["mix"])
+    return RepeatSpec(os.path.abspath(str(source).strip()), float(prior), mix)
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= 1.0:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"{text!r}: expected the wrapped head's share of the prediction, in [0, 1]")
+    return value
 
 
 def _prior(text: str) -> float:
@@ -69,6 +84,17 @@ KIND = register_kind(
                     "default": None,
                     "help": "--head repeat: pseudo-rows pulling each history-length bucket's repeat rate toward the "
                     "rate of the bucket of shorter histories (default 1; 0: maximum likelihood)",
+                },
+                ("fit",),
+            ),
+            Option(
+                ("--repeat-mix",),
+                {
+                    "metavar": "M",
+                    "type": _share,
+                    "default": None,
+                    "help": "--head repeat: the wrapped head's own share of the prediction, m p + (1 - m) gate(p), "
+                    "fixed (default: chosen on the held-out rows among 0, 0.1, ..., 1; 1 is the wrapped head alone)",
                 },
                 ("fit",),
             ),

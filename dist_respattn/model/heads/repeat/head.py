@@ -2,10 +2,11 @@
 
 The next token is either one of the tokens already in the row's history ``H`` (its window of N tokens: up to the
 whole document), with probability ``r_b``, or a new one (``1 - r_b``), each drawn from the wrapped head's own
-distribution ``p`` renormalized over its side (RepeatNet's repeat/explore split, Ren et al., AAAI 2019)::
+distribution ``p`` renormalized over its side (RepeatNet's repeat/explore split, Ren et al., AAAI 2019), and the
+gate is mixed with ``p`` itself, ``m`` of it (``m = 1``: the wrapped head; chosen on held-out rows)::
 
-    p'(t | c, q) = r_b p(t | c, q) / p(H)              t in H
-                 = (1 - r_b) p(t | c, q) / (1 - p(H))  t not in H
+    p'(t | c, q) = m p(t | c, q) + (1 - m) r_b p(t | c, q) / p(H)              t in H
+                 = m p(t | c, q) + (1 - m) (1 - r_b) p(t | c, q) / (1 - p(H))  t not in H
 
 ``b`` is the history's length bucket (``floor(log2 |window|)``: a file's tenth token repeats less often than its
 thousandth), ``p(H)`` the wrapped distribution's mass on ``H``'s distinct tokens. The wrapped head reads the last
@@ -29,7 +30,7 @@ from dist_respattn.model.rows import WindowRows
 from dist_respattn.model.scores import ScoreTotals, TopK
 from dist_respattn.model.streaming import RankedPredictions, checked_tables
 
-__all__ = ["BASE_PREFIX", "GatedRows", "RepeatHead", "RepeatPredictor", "base_view", "history_buckets"]
+__all__ = ["BASE_PREFIX", "GatedRows", "RepeatHead", "RepeatPredictor", "base_proba", "base_view", "history_buckets"]
 
 #: The prefix of the wrapped head's arrays in a repeat head's checkpoint.
 BASE_PREFIX = "repeat_base_"
@@ -56,6 +57,15 @@ def base_view(head: Head) -> WindowHead:
         ) from None
 
 
+def base_proba(view: WindowHead, rows: WindowRows) -> np.ndarray:
+    """(n, T) the wrapped head's distributions of ``rows``: a stack's from one pass over its components (its
+    ``window_attention`` and ``window_proba`` would each run them)."""
+    predict_rows = getattr(view, "predict_rows", None)
+    if predict_rows is not None:
+        return np.asarray(predict_rows(rows)[0])
+    return np.asarray(view.window_proba(rows, view.window_attention(rows)))
+
+
 class GatedRows:
     """Rows of one block gated a piece at a time, in row order: the history counts carry from one piece to the next.
 
@@ -69,9 +79,12 @@ class GatedRows:
         self.counts = np.zeros(head.num_symbols, dtype=np.int64)
         self.state = np.zeros(3, dtype=np.int64)
 
-    def gate(self, start: int, stop: int, proba: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def gate(
+        self, start: int, stop: int, proba: np.ndarray | None, mix: float | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(flags, buckets, log_factor)`` of rows ``start:stop`` (the next piece), their (m, T) ``proba`` gated in
-        place (``None``: only the flags and buckets, no distribution read)."""
+        place (``None``: only the flags and buckets, no distribution read), keeping ``mix`` of it (default: the
+        head's)."""
         a = self.arrays
         m = stop - start
         dense = np.zeros((0, self.head.num_targets)) if proba is None else proba
@@ -79,7 +92,8 @@ class GatedRows:
         buckets = np.zeros(m, dtype=np.int64)
         log_factor = np.zeros(m)
         history_gate(
-            a.tokens, a.begin[start:stop], a.end[start:stop], a.target[start:stop], self.head.rates, dense,
+            a.tokens, a.begin[start:stop], a.end[start:stop], a.target[start:stop], self.head.rates,
+            self.head.mix if mix is None else float(mix), dense,
             self.counts, self.state, flags, buckets, log_factor,
         )  # fmt: skip
         return flags, buckets, log_factor
@@ -94,11 +108,13 @@ class RepeatHead(WindowHead):
         rates: (K,) ``r_b``, the probability of a repeat after a history of bucket ``b`` (:func:`history_buckets`
             of N).
         context_length: N, how far back the history reaches (at least the wrapped head's window).
+        mix: ``m`` in [0, 1], the wrapped head's own share: where its own ``p(H)`` says more about a repeat than a
+            rate by history length (prose), the gate keeps some of it.
     """
 
     kind: ClassVar[str] = "repeat"
 
-    def __init__(self, base: Head, rates: Any, *, context_length: int) -> None:
+    def __init__(self, base: Head, rates: Any, *, context_length: int, mix: float = 0.0) -> None:
         base_view(base)  # refuses a kind it cannot read
         if base.num_symbols != base.num_targets:
             raise ValueError(
@@ -118,10 +134,14 @@ class RepeatHead(WindowHead):
             raise ValueError(f"{self.rates.shape[0]} repeat rates: expected one per history bucket of N, {k}")
         if not (np.isfinite(self.rates).all() and (self.rates >= 0.0).all() and (self.rates <= 1.0).all()):
             raise ValueError(f"repeat rates {self.rates.tolist()}: expected probabilities")
+        self.mix = float(mix)
+        if not 0.0 <= self.mix <= 1.0:
+            raise ValueError(f"mix = {mix}: expected the wrapped head's share, in [0, 1]")
         self.num_symbols, self.query_dim, self.num_targets = base.num_symbols, base.query_dim, base.num_targets
 
     def __repr__(self) -> str:
-        return f"RepeatHead(N={self.context_length}, rates={np.round(self.rates, 4).tolist()}, base={self.base!r})"
+        rates = np.round(self.rates, 4).tolist()
+        return f"RepeatHead(N={self.context_length}, rates={rates}, mix={self.mix:g}, base={self.base!r})"
 
     @functools.cached_property
     def view(self) -> WindowHead:
@@ -133,9 +153,9 @@ class RepeatHead(WindowHead):
         state.pop("view", None)
         return state
 
-    def with_rates(self, rates: Any) -> RepeatHead:
-        """The same wrapped head under other rates."""
-        return RepeatHead(self.base, rates, context_length=self.context_length)
+    def with_rates(self, rates: Any, mix: float | None = None) -> RepeatHead:
+        """The same wrapped head under other rates (and another share ``mix`` of its own, when given)."""
+        return RepeatHead(self.base, rates, context_length=self.context_length, mix=self.mix if mix is None else mix)
 
     @property
     def attention_length(self) -> int:
@@ -145,10 +165,10 @@ class RepeatHead(WindowHead):
     # -- persistence -----------------------------------------------------------------------------------------------
 
     def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """``repeat_rates`` (K,) and the wrapped head's arrays under :data:`BASE_PREFIX`; JSON with its kind and
-        metadata (so a model directory stands alone)."""
+        """``repeat_rates`` (K,), ``repeat_mix`` () and the wrapped head's arrays under :data:`BASE_PREFIX`; JSON
+        with its kind and metadata (so a model directory stands alone)."""
         own, meta = self.base.to_arrays()
-        arrays = {"repeat_rates": self.rates.copy()}
+        arrays = {"repeat_rates": self.rates.copy(), "repeat_mix": np.array(self.mix)}
         arrays.update({BASE_PREFIX + name: np.asarray(value) for name, value in own.items()})
         return arrays, {
             "base": {"kind": self.base.kind, "meta": meta}, "num_symbols": self.num_symbols,
@@ -165,11 +185,12 @@ class RepeatHead(WindowHead):
         names = list(arrays.keys()) if hasattr(arrays, "keys") else list(arrays)
         own = {name[len(BASE_PREFIX) :]: np.asarray(arrays[name]) for name in names if name.startswith(BASE_PREFIX)}
         head = head_from_arrays(str(base["kind"]), own, dict(base.get("meta") or {}))
-        return cls(head, np.asarray(arrays["repeat_rates"]), context_length=int(meta["context_length"]))
+        mix = float(np.asarray(arrays["repeat_mix"])) if "repeat_mix" in names else 0.0
+        return cls(head, np.asarray(arrays["repeat_rates"]), context_length=int(meta["context_length"]), mix=mix)
 
     def num_parameters(self) -> int:
-        """The wrapped head's parameters and the K rates."""
-        return int(self.base.num_parameters() + self.rates.shape[0])
+        """The wrapped head's parameters, the K rates and the mix."""
+        return int(self.base.num_parameters() + self.rates.shape[0] + 1)
 
     def nbytes(self) -> int:
         return int(self.base.nbytes() + self.rates.nbytes)
@@ -178,13 +199,14 @@ class RepeatHead(WindowHead):
         return f"repeat gate over {self.context_length} tokens of history on {self.base.describe()}"
 
     def record(self) -> dict[str, Any]:
-        """Each history bucket's repeat rate, ``repeat_rate_B`` (numbers, as every kind's record holds)."""
-        return {f"repeat_rate_{b}": float(v) for b, v in enumerate(self.rates)}
+        """Each history bucket's repeat rate, ``repeat_rate_B``, and the mix (numbers, as every kind's record holds)."""
+        return {"repeat_mix": self.mix, **{f"repeat_rate_{b}": float(v) for b, v in enumerate(self.rates)}}
 
     def summary(self) -> tuple[dict[str, Any], list[str]]:
         rates = ", ".join(f"{1 << b}+: {v:.4f}" for b, v in enumerate(self.rates))
-        return {"repeat_rates": [float(v) for v in self.rates]}, [
-            f"last model: repeat rate by history length (tokens) {rates}; wrapped head: {self.base.describe()}"
+        return {"repeat_rates": [float(v) for v in self.rates], "repeat_mix": self.mix}, [
+            f"last model: repeat rate by history length (tokens) {rates}; the wrapped head's own share "
+            f"{self.mix:g}; wrapped head: {self.base.describe()}"
         ]
 
     def emissions(self, options: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
@@ -208,10 +230,12 @@ class RepeatHead(WindowHead):
         begin = np.maximum(np.asarray(rows.begin), np.asarray(rows.end) - int(self.base.context_length))
         return rows._replace(begin=begin.astype(np.asarray(rows.begin).dtype, copy=False))
 
-    def pieces(self, rows: WindowRows, *, densities: bool = False) -> Iterator[tuple[int, int, np.ndarray, Any]]:
+    def pieces(
+        self, rows: WindowRows, *, densities: bool = False, mix: float | None = None
+    ) -> Iterator[tuple[int, int, np.ndarray, Any]]:
         """``(start, stop, gated (m, T), (flags, buckets, log_factor) [, densities (m, 2)])`` of the rows,
-        :data:`PREDICT_ROWS` at a time in row order: the wrapped head's distributions gated, and with ``densities``
-        each row's ``(log p(q | c), log p'(t | c, q))``."""
+        :data:`PREDICT_ROWS` at a time in row order: the wrapped head's distributions gated (keeping ``mix`` of them;
+        default: the head's), and with ``densities`` each row's ``(log p(q | c), log p'(t | c, q))``."""
         self.check_rows(rows)
         gated = GatedRows(self, rows)
         inner = self.base_rows(rows)
@@ -219,8 +243,8 @@ class RepeatHead(WindowHead):
         for start in range(0, rows.num_rows, PREDICT_ROWS):
             stop = min(start + PREDICT_ROWS, rows.num_rows)
             sub = inner.select(slice(start, stop))
-            proba = np.array(view.window_proba(sub, view.window_attention(sub)), dtype=np.float64, order="C")
-            flags, buckets, log_factor = gated.gate(start, stop, proba)
+            proba = np.array(base_proba(view, sub), dtype=np.float64, order="C")
+            flags, buckets, log_factor = gated.gate(start, stop, proba, mix)
             if not densities:
                 yield start, stop, proba, (flags, buckets, log_factor)
                 continue
@@ -345,17 +369,8 @@ class RepeatPredictor(RankedPredictions):
         """(T,) ``p'(next target | history)`` for ``query`` (default: the last token's embedding)."""
         proba = np.array(self.inner.predict(query), dtype=np.float64)
         if 0 < self.distinct < self.model.num_targets:
-            gate_distribution(proba, self.counts, self.distinct, self.repeat_rate())
+            gate_distribution(proba, self.counts, self.distinct, self.repeat_rate(), self.model.mix)
         return proba
-        tokens = np.fromiter(self.window, dtype=np.int32, count=len(self.window))
-        n = np.array([0], dtype=np.int64)
-        end = np.array([tokens.shape[0]], dtype=np.int64)
-        # The history as one row (its target any id): the kernel's counts are its own, built over the window.
-        history_gate(
-            tokens, n, end, n, self.model.rates, proba, np.zeros(self.model.num_symbols, dtype=np.int64),
-            np.zeros(3, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(1),
-        )  # fmt: skip
-        return proba[0]
 
     def repeat_rate(self) -> float:
         """The gate's ``r_b`` for the history as it is now."""

@@ -56,11 +56,13 @@ def _slide(tokens, counts, state, lo, hi):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def gate_distribution(proba, counts, distinct, r):  # pragma: no cover - compiled
+def gate_distribution(proba, counts, distinct, r, mix):  # pragma: no cover - compiled
     """Gate one distribution ``proba`` (T,) in place, the history's ``counts`` (S,) (``distinct`` of them nonzero,
-    ``0 < distinct < T``) with repeat rate ``r``. Returns ``(seen scale, new scale, seen uniform, new uniform)``:
-    a side whose mass under ``proba`` is 0 is spread evenly (its flag 1.0, its scale then the probability of each of
-    its targets)."""
+    ``0 < distinct < T``) with repeat rate ``r``, keeping ``mix`` of ``proba`` itself: ``mix p + (1 - mix) gate(p)``.
+
+    Returns ``(seen value, new value, seen uniform, new uniform)``: each side's factor of ``p``,
+    ``mix + (1 - mix) r / p(H)`` (or ``(1 - r) / (1 - p(H))``), or, for a side whose mass under ``proba`` is 0
+    (spread evenly instead; its flag 1.0), the probability of each of its targets, ``(1 - mix) r / |H|``."""
     num_targets = proba.shape[0]
     seen_mass = 0.0
     new_mass = 0.0
@@ -71,26 +73,28 @@ def gate_distribution(proba, counts, distinct, r):  # pragma: no cover - compile
             new_mass += proba[s]
     seen_uniform = not seen_mass > 0.0
     new_uniform = not new_mass > 0.0
-    seen_scale = r / distinct if seen_uniform else r / seen_mass
-    new_scale = (1.0 - r) / (num_targets - distinct) if new_uniform else (1.0 - r) / new_mass
+    keep = 1.0 - mix
+    seen_value = keep * r / distinct if seen_uniform else mix + keep * (r / seen_mass)
+    new_value = keep * (1.0 - r) / (num_targets - distinct) if new_uniform else mix + keep * ((1.0 - r) / new_mass)
     for s in range(num_targets):
         if counts[s] > 0:
-            proba[s] = seen_scale if seen_uniform else proba[s] * seen_scale
+            proba[s] = seen_value if seen_uniform else proba[s] * seen_value
         else:
-            proba[s] = new_scale if new_uniform else proba[s] * new_scale
-    return seen_scale, new_scale, 1.0 if seen_uniform else 0.0, 1.0 if new_uniform else 0.0
+            proba[s] = new_value if new_uniform else proba[s] * new_value
+    return seen_value, new_value, 1.0 if seen_uniform else 0.0, 1.0 if new_uniform else 0.0
 
 
 @numba.njit(cache=True, nogil=True)
 def history_gate(  # pragma: no cover - compiled
-    tokens, begin, end, target, rates, proba, counts, state, flags, buckets, log_factor
+    tokens, begin, end, target, rates, mix, proba, counts, state, flags, buckets, log_factor
 ):
     """The gate of every row of a block, in row order.
 
     Args:
         tokens: (L,) int32 the block's token span; ``begin``, ``end`` (n,) int64: row ``r``'s window (its history).
         target: (n,) int64 each row's target (a token id: the store's targets are its tokens).
-        rates: (K,) ``r_b``: the probability that the next token repeats one of a history of bucket ``b``.
+        rates: (K,) ``r_b``: the probability that the next token repeats one of a history of bucket ``b``; ``mix``:
+            the wrapped head's own share of the gated distribution (:func:`gate_distribution`).
         proba: (n, T) float64 each row's distribution under the wrapped head, gated in place; or (0, T): only the
             flags and buckets are wanted (the counting pass).
         counts: (S,) int64 and ``state`` (3,) int64: the counted window, kept from one call to the next over one
@@ -101,8 +105,8 @@ def history_gate(  # pragma: no cover - compiled
 
     The gate, for a row of history ``H`` (``r = rates[b]``, ``p(H)`` the wrapped distribution's mass on ``H``)::
 
-        p'(t) = r p(t) / p(H)              t in H
-              = (1 - r) p(t) / (1 - p(H))  t not in H
+        p'(t) = mix p(t) + (1 - mix) r p(t) / p(H)              t in H
+              = mix p(t) + (1 - mix) (1 - r) p(t) / (1 - p(H))  t not in H
 
     It acts only where ``H`` is neither empty nor every target; where ``p(H)`` (or ``1 - p(H)``) is 0 that side's
     mass is spread evenly over its targets instead, so ``p'`` is always a distribution and ``r`` always the
@@ -129,7 +133,7 @@ def history_gate(  # pragma: no cover - compiled
         if flag == 0:
             log_factor[row] = 0.0
             continue
-        scales = gate_distribution(proba[row], counts, distinct, rates[buckets[row]])
+        scales = gate_distribution(proba[row], counts, distinct, rates[buckets[row]], mix)
         repeats = counts[t] > 0
         if scales[2 if repeats else 3] > 0.0:
             flags[row] |= UNIFORM

@@ -8,8 +8,11 @@ the maximum-likelihood rate is a ratio of counts, whatever the wrapped head; the
     r_b = (repeats_b + a r_(b-1)) / (rows_b + a)
 
 (:func:`chained_rates`: a bucket of longer histories than any row had takes the longest's rate, not an even one).
-The start counts the rates with a pass that reads no distribution, so EM starts where its M-step lands; the first
-iteration scores them, the second confirms them and the fit stops. Its E-steps read the fit's held-out rows, as a
+The start counts the rates with a pass that reads no distribution, so EM starts where its M-step lands. The gate is
+mixed with the wrapped head's own distribution, ``m p + (1 - m) gate(p)``: on prose the wrapped head's own ``p(H)``
+says more of a repeat than a rate by history length does, and the gate alone would lose it. ``m`` is chosen on the
+held-out rows from :data:`MIX_GRID` after each M-step (one pass scores every share: a row's gate is computed once),
+so a gated model is never worse there than the wrapped head (``m = 1``). Its E-steps read the fit's held-out rows, as a
 stack's do: the wrapped head was fitted on the training rows, and the gate is judged on rows it did not see.
 """
 
@@ -22,11 +25,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dist_respattn.model.fitting.fixed import OneCandidate
+from dist_respattn.model.fitting.fixed import PointTotals
 from dist_respattn.model.heads.base import (
     Block,
     BlockPass,
+    Candidates,
     Columns,
+    Grid,
     Head,
     HeadSpec,
     Passes,
@@ -34,12 +39,16 @@ from dist_respattn.model.heads.base import (
     TrainerContext,
 )
 from dist_respattn.model.heads.repeat.head import RepeatHead, base_view, history_buckets
-from dist_respattn.model.heads.repeat.kernels import ACTIVE, REPEATS, history_gate
+from dist_respattn.model.heads.repeat.kernels import ACTIVE, REPEATS, UNIFORM, history_gate
+from dist_respattn.model.scores import ScoreTotals
 
 __all__ = [
+    "MIX_GRID",
     "REPEAT_FROM",
+    "RepeatCandidates",
     "RepeatChoice",
     "RepeatCounts",
+    "RepeatGrid",
     "RepeatSpec",
     "RepeatStatistics",
     "RepeatTrainer",
@@ -56,27 +65,35 @@ EVEN_RATE = 0.5
 
 @dataclass(frozen=True)
 class RepeatSpec(HeadSpec):
-    """The settings of a repeat fit: the wrapped model's directory (``path``) and the rates' ``prior`` (pseudo-rows
-    at the rate of the bucket before, :func:`chained_rates`). ``base``: the wrapped head itself, for a fit in this
-    process (``fit_em``); not part of the JSON (a fit on a cluster loads ``path``)."""
+    """The settings of a repeat fit: the wrapped model's directory (``path``), the rates' ``prior`` (pseudo-rows at
+    the rate of the bucket before, :func:`chained_rates`) and the wrapped head's own share ``mix`` (``None``: chosen
+    on held-out rows from :data:`MIX_GRID`). ``base``: the wrapped head itself, for a fit in this process
+    (``fit_em``); not part of the JSON (a fit on a cluster loads ``path``)."""
 
     kind: ClassVar[str] = "repeat"
 
     path: str = ""
     prior: float = 1.0
+    mix: float | None = None
     base: Head | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.prior) and self.prior >= 0.0):
             raise ValueError(f"--repeat-prior {self.prior}: expected a finite number >= 0")
+        if self.mix is not None and not 0.0 <= self.mix <= 1.0:
+            raise ValueError(f"--repeat-mix {self.mix}: expected the wrapped head's share, in [0, 1]")
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "sources": [self.path] if self.path else [], "prior": float(self.prior)}
+        return {
+            "kind": self.kind, "sources": [self.path] if self.path else [], "prior": float(self.prior),
+            "mix": None if self.mix is None else float(self.mix),
+        }  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RepeatSpec:
         sources = [str(s) for s in data.get("sources", ())]
-        return cls(sources[0] if sources else "", float(data.get("prior", 1.0)))
+        mix = data.get("mix")
+        return cls(sources[0] if sources else "", float(data.get("prior", 1.0)), None if mix is None else float(mix))
 
     def sources(self) -> tuple[tuple[str, str], ...]:
         return ((REPEAT_FROM, self.path),) if self.path else ()
@@ -116,7 +133,7 @@ class RepeatSpec(HeadSpec):
                 )
         elif not context.saved_meta and context.init is None:
             raise ValueError(f"a repeat fit needs the model it gates: give {REPEAT_FROM} MODEL")
-        return RepeatTrainer(heads[0] if heads else None, float(self.prior), context.shape)
+        return RepeatTrainer(heads[0] if heads else None, float(self.prior), context.shape, self.mix)
 
 
 @dataclass(frozen=True)
@@ -186,7 +203,7 @@ def repeat_counts(num_targets: int, num_buckets: int, blocks: Iterable[Block]) -
         flags, buckets = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
         num_symbols = max(int(a.tokens.max(initial=0)) + 1, num_targets)
         history_gate(
-            a.tokens, a.begin, a.end, a.target, no_rates, np.zeros((0, num_targets)),
+            a.tokens, a.begin, a.end, a.target, no_rates, 0.0, np.zeros((0, num_targets)),
             np.zeros(num_symbols, dtype=np.int64), np.zeros(3, dtype=np.int64), flags, buckets, np.zeros(m),
         )  # fmt: skip
         active = (flags & ACTIVE) != 0
@@ -221,25 +238,111 @@ def repeat_statistics(head: RepeatHead, blocks: Iterable[Block]) -> RepeatStatis
 
 @dataclass(frozen=True)
 class RepeatChoice:
-    """A repeat M-step has nothing to choose: the rates are counts. Recorded as the prior it used."""
+    """A repeat M-step's choice: the wrapped head's own share ``mix`` (the rates are counts, under ``prior``)."""
 
     prior: float
+    mix: float
 
     def to_json(self) -> dict[str, Any]:
-        return {"repeat_prior": float(self.prior)}
+        return {"repeat_prior": float(self.prior), "repeat_mix": float(self.mix)}
 
     def describe(self) -> str:
-        return f"repeat rates by count (prior {self.prior:g})"
+        return f"repeat rates by count (prior {self.prior:g}), the wrapped head's own share {self.mix:g}"
+
+
+#: The wrapped head's own shares a repeat M-step offers the held-out pass: 0 (the gate alone) to 1 (no gate).
+MIX_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+@dataclass(frozen=True)
+class RepeatGrid(Grid):
+    """The held-out pass of a repeat M-step: ``head`` (the new rates) under each of ``mixes``. A row's gate is
+    computed once: its target's probability under a share ``m`` is ``p(t) (m + (1 - m) s)``, ``s`` the gate's factor
+    of the target's side (or ``(1 - m) u`` where that side was spread evenly)."""
+
+    head: RepeatHead
+    mixes: tuple[float, ...]
+
+    @property
+    def columns(self) -> Columns:
+        return self.head.columns
+
+    def score(self, blocks: Iterable[Block]) -> PointTotals:
+        mixes = np.asarray(self.mixes, dtype=np.float64)[None, :]
+        totals = [ScoreTotals() for _ in self.mixes]
+        for block in blocks:
+            rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
+            w = np.ones(rows.num_rows) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
+            live = np.flatnonzero(w > 0.0)
+            if live.size == 0:
+                continue
+            rows, w = rows.select(live), w[live]
+            # The gate alone (mix 0): each row's own target log-probability and its side's factor.
+            for start, stop, _, (flags, _, log_factor, own) in self.head.pieces(rows, densities=True, mix=0.0):
+                ws = w[start:stop]
+                uniform = ((flags & UNIFORM) != 0)[:, None]
+                plain = (own[:, 1] - log_factor)[:, None]  # log p(t): the wrapped head's (own: the gated one)
+                factor = np.exp(log_factor)[:, None]
+                with np.errstate(divide="ignore"):
+                    target = np.where(
+                        uniform, np.log(1.0 - mixes) + log_factor[:, None],
+                        plain + np.log(mixes + (1.0 - mixes) * factor),
+                    )  # fmt: skip
+                joint = own[:, 0:1] + target
+                for i in range(len(self.mixes)):
+                    totals[i] = totals[i] + ScoreTotals(
+                        float(ws.sum()), float(ws @ joint[:, i]), float(ws @ target[:, i])
+                    )
+        return PointTotals(tuple(totals))
+
+    def nbytes(self) -> int:
+        return self.head.nbytes()
+
+
+@dataclass(frozen=True)
+class RepeatCandidates(Candidates):
+    """A repeat M-step: ``head`` under the counted rates, and the wrapped head's own shares ``mixes`` to choose from
+    on held-out rows (one: fixed)."""
+
+    head: RepeatHead
+    prior: float
+    mixes: tuple[float, ...]
+
+    def default(self) -> RepeatChoice:
+        return RepeatChoice(self.prior, self.head.mix if self.head.mix in self.mixes else self.mixes[0])
+
+    def grid(self, around: Any) -> RepeatGrid:
+        return RepeatGrid(self.head, self.mixes)
+
+    def choose(self, grid: Grid, scores: Any) -> tuple[RepeatChoice, dict[str, float] | None]:
+        if scores is None or scores.weight <= 0.0:
+            return self.default(), None
+        values = [t.target_log_prob for t in scores.totals]
+        best = int(np.argmax(values))  # the first of equals: the smaller share of the wrapped head
+        metrics = scores.totals[best].metrics()
+        return RepeatChoice(self.prior, self.mixes[best]), {
+            name: metrics[name] for name in ("mean_log_likelihood", "target_log_prob", "perplexity")
+        }
+
+    def model(self, choice: Any) -> RepeatHead:
+        return self.head.with_rates(self.head.rates, float(choice.mix))
+
+    def searches(self) -> bool:
+        return len(self.mixes) > 1
 
 
 class RepeatTrainer(Trainer):
     """A repeat fit: the wrapped head (``None`` for a resumed fit, whose checkpoint holds it), the rates' prior, and
     the shape ``(S, N, D, T)`` of the rows."""
 
-    def __init__(self, base: Head | None, prior: float, shape: tuple[int, int, int, int]) -> None:
+    def __init__(
+        self, base: Head | None, prior: float, shape: tuple[int, int, int, int], mix: float | None = None
+    ) -> None:
         self.base = base
         self.prior = prior
         self.shape = shape
+        #: The wrapped head's own share, fixed; ``None``: chosen on held-out rows from :data:`MIX_GRID`.
+        self.mix = mix
 
     def __getstate__(self) -> dict[str, Any]:
         # The tasks carry the trainer to the workers, and the head they are given holds the wrapped head already.
@@ -252,7 +355,8 @@ class RepeatTrainer(Trainer):
         return Columns(windows=True)
 
     def searches(self) -> bool:
-        return False
+        """Whether the wrapped head's share is chosen on held-out rows (not fixed)."""
+        return self.mix is None
 
     def fits_heldout_rows(self) -> bool:
         """The gate is learned on rows the wrapped head was not fitted on."""
@@ -275,7 +379,8 @@ class RepeatTrainer(Trainer):
         # iteration scores them, its second confirms them). It reads the E-steps' rows: the held-out ones if any.
         count = BlockPass("repeats", "counting repeats", functools.partial(repeat_counts, t, k), Columns(windows=True))
         counts = passes.run(count)
-        head = RepeatHead(self.base, self.rates(counts), context_length=n)
+        # The gate alone to start: the first M-step's held-out pass chooses the wrapped head's share, unless fixed.
+        head = RepeatHead(self.base, self.rates(counts), context_length=n, mix=0.0 if self.mix is None else self.mix)
         passes.say(
             f"repeat gate over the last {n} tokens of each row's history ({k} length buckets) on "
             f"{self.base.describe()}: its rates counted on {float(counts.rows.sum()):,.0f} rows"
@@ -291,10 +396,17 @@ class RepeatTrainer(Trainer):
         """(K,) the rates of these counts (:func:`chained_rates` under the spec's prior)."""
         return chained_rates(counts.repeats, counts.rows, self.prior)
 
-    def m_step(self, statistics: Any, previous: Head) -> OneCandidate:
-        """The rates of the statistics' counts (:meth:`rates`)."""
+    def m_step(self, statistics: Any, previous: Head) -> RepeatCandidates:
+        """The rates of the statistics' counts (:meth:`rates`), the wrapped head's share left to the held-out pass
+        (unless fixed)."""
         assert isinstance(statistics, RepeatStatistics) and isinstance(previous, RepeatHead)
-        return OneCandidate(previous.with_rates(self.rates(statistics)), RepeatChoice(self.prior))
+        mixes = MIX_GRID if self.mix is None else (float(self.mix),)
+        return RepeatCandidates(previous.with_rates(self.rates(statistics)), self.prior, mixes)
+
+    def choice_from_json(self, data: dict[str, Any]) -> RepeatChoice | None:
+        if "repeat_mix" not in data:
+            return None
+        return RepeatChoice(float(data.get("repeat_prior", self.prior)), float(data["repeat_mix"]))
 
     def warnings(self, head: Head, statistics: Any = None) -> list[str]:
         """Rows the gate cannot act on: histories of every target (never on text), or no rows in any bucket."""
