@@ -55,6 +55,7 @@ KERNEL_MODULES = (
     "model/heads/hops/grid.py",
     "model/heads/hops/kernels.py",
     "model/heads/mixture/kernels.py",
+    "model/heads/repeat/kernels.py",
     "model/heads/single_hop/scoring.py",
     "model/heads/single_hop/top_k.py",
     "model/heads/sparse_top.py",

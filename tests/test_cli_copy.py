@@ -28,7 +28,8 @@ def test_head_names_the_kind_and_the_other_options_describe_its_single_head() ->
     assert isinstance(spec, CopySpec) and spec.single == base
     assert spec_from_args(parsed("--head", "single"), base, None) == base
     assert spec_from_args(parsed(), base, None) == base
-    with pytest.raises(CommandError, match="--head bogus: expected one of codebook, conj, copy, recipe, single, stack"):
+    kinds = "codebook, conj, copy, recipe, repeat, single, stack"
+    with pytest.raises(CommandError, match=f"--head bogus: expected one of {kinds}"):
         spec_from_args(parsed("--head", "bogus"), base, None)
     with pytest.raises(CommandError, match="copy and mixture heads were given together"):
         spec_from_args(parsed("--head", "copy", "--mixture-components", "2"), SingleHopSpec(), None)
@@ -39,8 +40,8 @@ def test_a_bad_head_is_one_line_before_anything_is_written(tmp_path: Path) -> No
     result = run("fit", str(tmp_path / "train.zarr"), "--model-dir", str(tmp_path / "model"), "--head", "cpy")
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        "dist-respattn fit: error: --head cpy: expected one of codebook, conj, copy, recipe, single, stack (other "
-        "kinds have their options)"
+        "dist-respattn fit: error: --head cpy: expected one of codebook, conj, copy, recipe, repeat, single, stack "
+        "(other kinds have their options)"
     ]
     assert not (tmp_path / "model").exists()
 

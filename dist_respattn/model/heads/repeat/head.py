@@ -212,9 +212,6 @@ class RepeatHead(WindowHead):
     def emissions(self, options: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
         return self.base.emissions(options)
 
-    def stage_heads(self) -> dict[str, Head]:
-        return {}
-
     # -- reading rows ----------------------------------------------------------------------------------------------
 
     @property
