@@ -44,8 +44,8 @@ RECIPE_CONJ_ORDER = 3
 STAGE_DIRECTORIES = {"single": "single", "copy": "copy", "conj": "conj", "stack": "stack"}
 #: The repeat gate's history: longer than most documents, so each row's reaches its document's start.
 RECIPE_HISTORY = 100_000
-#: The recipe adds the repeat gate up to this many targets: its E-step sums the stack's distribution of each held-out
-#: row, (T,) a row (0.26 ms a row on one core at T = 2,000; a 50,000-word corpus would take 25 times that).
+#: The recipe adds the repeat gate up to this many targets: its passes make and sum the stack's distribution of each
+#: held-out row, (T,) a row (0.19 ms a row a pass on one core at T = 2,000, 0.40 ms at 5,000; it grows with T).
 RECIPE_REPEAT_MAX_TARGETS = 20_000
 
 
