@@ -13,13 +13,25 @@ from dist_respattn.model.heads.sparse_top import SparseTerms, top_targets
 from dist_respattn.model.rows import WindowRows
 from dist_respattn.model.scores import TopK
 
-__all__ = ["PREDICT_ROWS", "TERMS_ROWS", "WindowHead"]
+__all__ = ["PREDICT_ROWS", "TERMS_ROWS", "WindowHead", "live_rows"]
 
 #: Rows per sub-block of the NumPy predictions, bounding their (rows, T) arrays.
 PREDICT_ROWS = 256
 
 #: Rows per sub-block of the sparse predictions (:mod:`~dist_respattn.model.heads.sparse_top`): no (rows, T) array.
 TERMS_ROWS = 4096
+
+
+def live_rows(block: Block) -> tuple[WindowRows, np.ndarray] | None:
+    """The block's token-window rows of weight > 0 and their weights (the block's, else the rows' own, else 1), or
+    ``None`` when none weighs anything. A row's window is its own span of the token array: the rows left out change
+    no other row's window."""
+    rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
+    w = np.ones(rows.num_rows) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
+    live = np.flatnonzero(w > 0.0)
+    if live.size == 0:
+        return None
+    return rows.select(live), w[live]
 
 
 class WindowHead(Head):

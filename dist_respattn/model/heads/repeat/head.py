@@ -25,7 +25,7 @@ import numpy as np
 
 from dist_respattn.model.heads.base import Block, Columns, Head, head_from_arrays
 from dist_respattn.model.heads.repeat.kernels import UNIFORM, gate_distribution, history_bucket, history_gate
-from dist_respattn.model.heads.windowed import PREDICT_ROWS, WindowHead
+from dist_respattn.model.heads.windowed import PREDICT_ROWS, WindowHead, live_rows
 from dist_respattn.model.rows import WindowRows
 from dist_respattn.model.scores import ScoreTotals, TopK
 from dist_respattn.model.streaming import RankedPredictions, checked_tables
@@ -278,13 +278,10 @@ class RepeatHead(WindowHead):
         only the live rows are scored."""
         totals = ScoreTotals()
         for block in blocks:
-            rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
-            w = np.ones(rows.num_rows) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
-            live = np.flatnonzero(w > 0.0)
-            if live.size == 0:
+            found = live_rows(block)  # a row's history is its own window: dropping rows changes no history
+            if found is None:
                 continue
-            # The live rows only: a row's history is its window, read whole, so dropping rows changes no history.
-            rows, w = rows.select(live), w[live]
+            rows, w = found
             joint = target = correct = 0.0
             for start, stop, proba, parts in self.pieces(rows, densities=True):
                 own, ws = parts[3], w[start:stop]

@@ -40,6 +40,7 @@ from dist_respattn.model.heads.base import (
 )
 from dist_respattn.model.heads.repeat.head import RepeatHead, base_view, history_buckets
 from dist_respattn.model.heads.repeat.kernels import ACTIVE, REPEATS, UNIFORM, history_gate
+from dist_respattn.model.heads.windowed import live_rows
 from dist_respattn.model.scores import ScoreTotals
 
 __all__ = [
@@ -193,13 +194,11 @@ def repeat_counts(num_targets: int, num_buckets: int, blocks: Iterable[Block]) -
     repeats, rows_of = np.zeros(num_buckets), np.zeros(num_buckets)
     no_rates = np.zeros(num_buckets)
     for block in blocks:
-        rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
-        w = np.ones(rows.num_rows) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
-        live = np.flatnonzero(w > 0.0)
-        if live.size == 0:
+        found = live_rows(block)
+        if found is None:
             continue
-        a = rows.select(live).kernel_arrays()
-        m = live.size
+        a = found[0].kernel_arrays()
+        m = a.target.shape[0]
         flags, buckets = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
         num_symbols = max(int(a.tokens.max(initial=0)) + 1, num_targets)
         history_gate(
@@ -207,7 +206,7 @@ def repeat_counts(num_targets: int, num_buckets: int, blocks: Iterable[Block]) -
             np.zeros(num_symbols, dtype=np.int64), np.zeros(3, dtype=np.int64), flags, buckets, np.zeros(m),
         )  # fmt: skip
         active = (flags & ACTIVE) != 0
-        ws = w[live][active]
+        ws = found[1][active]
         repeats += np.bincount(buckets[active], weights=ws * ((flags[active] & REPEATS) != 0), minlength=num_buckets)
         rows_of += np.bincount(buckets[active], weights=ws, minlength=num_buckets)
     return RepeatCounts(repeats, rows_of)
@@ -219,12 +218,10 @@ def repeat_statistics(head: RepeatHead, blocks: Iterable[Block]) -> RepeatStatis
     repeats, rows_of = np.zeros(k), np.zeros(k)
     log_lik = target_log_prob = n_obs = 0.0
     for block in blocks:
-        rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
-        w = np.ones(rows.num_rows) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
-        live = np.flatnonzero(w > 0.0)
-        if live.size == 0:
+        found = live_rows(block)
+        if found is None:
             continue
-        rows, w = rows.select(live), w[live]
+        rows, w = found
         for start, stop, _, (flags, buckets, _, own) in head.pieces(rows, densities=True):
             ws = w[start:stop]
             active = (flags & ACTIVE) != 0
@@ -271,12 +268,10 @@ class RepeatGrid(Grid):
         mixes = np.asarray(self.mixes, dtype=np.float64)[None, :]
         totals = [ScoreTotals() for _ in self.mixes]
         for block in blocks:
-            rows = block.rows if block.weights is block.rows.weight else block.rows._replace(weight=block.weights)
-            w = np.ones(rows.num_rows) if rows.weight is None else np.asarray(rows.weight, dtype=np.float64)
-            live = np.flatnonzero(w > 0.0)
-            if live.size == 0:
+            found = live_rows(block)
+            if found is None:
                 continue
-            rows, w = rows.select(live), w[live]
+            rows, w = found
             # The gate alone (mix 0): each row's own target log-probability and its side's factor.
             for start, stop, _, (flags, _, log_factor, own) in self.head.pieces(rows, densities=True, mix=0.0):
                 ws = w[start:stop]
