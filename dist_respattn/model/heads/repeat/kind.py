@@ -1,9 +1,10 @@
 """The repeat gate as a kind of the head protocol: its spec, its additive statistics, its trainer.
 
-Only the rates are fitted, and in closed form. The gated log-likelihood of a row of bucket ``b`` is ``log r_b`` plus
-terms free of ``r`` when its target repeats a token of its history, ``log (1 - r_b)`` plus such terms when not, so
-the maximum-likelihood rate is a ratio of counts, whatever the wrapped head; the M-step's, with ``a`` pseudo-rows
-(the spec's ``prior``, 1 by default; 0 is maximum likelihood) at the rate of the bucket before::
+The rates are fitted in closed form, the wrapped head's share chosen on held-out rows. Under the gate alone the
+log-likelihood of a row of bucket ``b`` is ``log r_b`` plus terms free of ``r`` when its target repeats a token of
+its history, ``log (1 - r_b)`` plus such terms when not, so the maximum-likelihood rate is a ratio of counts,
+whatever the wrapped head; the M-step's, with ``a`` pseudo-rows (the spec's ``prior``, 1 by default; 0 is maximum
+likelihood) at the rate of the bucket before::
 
     r_b = (repeats_b + a r_(b-1)) / (rows_b + a)
 
@@ -370,8 +371,8 @@ class RepeatTrainer(Trainer):
         assert self.base is not None
         n, t = self.shape[1], self.shape[3]
         k = history_buckets(n)
-        # The rates are counts: one pass that reads no distribution finds them, so EM starts where it ends (its first
-        # iteration scores them, its second confirms them). It reads the E-steps' rows: the held-out ones if any.
+        # The rates are counts: one pass that reads no distribution finds them, so EM starts where its M-steps land
+        # (the first iteration's held-out pass then chooses the share). It reads the E-steps' rows: the held-out ones.
         count = BlockPass("repeats", "counting repeats", functools.partial(repeat_counts, t, k), Columns(windows=True))
         counts = passes.run(count)
         # The gate alone to start: the first M-step's held-out pass chooses the wrapped head's share, unless fixed.
