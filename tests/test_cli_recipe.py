@@ -118,8 +118,9 @@ def test_fit_picks_the_recipe_on_a_token_stream_store_when_nothing_picks_a_kind(
 
 @pytest.mark.slow
 def test_one_fit_of_the_recipe_leaves_each_part_and_a_stack_of_them(tmp_path: Path, one_worker_address: str) -> None:
-    """Every stage on one cluster (one iteration each): the parts in their directories, the stack's checkpoint in
-    the model directory holding both (evaluate reads it alone), its gate learned on the validation store."""
+    """Every stage on one cluster (one iteration each): the parts in their directories, the stack in ``stack/`` (its
+    gate learned on the validation store) and the repeat gate over it in the model directory (evaluate reads it
+    alone)."""
     tokens = np.random.default_rng(0).integers(0, 12, 3000)
     tokens[1::7] = tokens[::7][: tokens[1::7].size]  # some repetition for the copy head to find
     options = WriteOptions(chunk_rows=512, partition_rows=1024)
