@@ -183,3 +183,16 @@ def test_the_held_out_pass_scores_every_share_as_the_head_under_it_scores() -> N
         assert totals.log_lik == pytest.approx(own.log_lik, rel=1e-12)
     plain = head.view.score([Block(head.base_rows(rows), None)])
     assert scores.totals[-1].target_log_prob == pytest.approx(plain.target_log_prob, rel=1e-12)
+
+
+def test_top_k_reports_the_wrapped_heads_attention() -> None:
+    """``predict``'s attention of a gated row is the wrapped head's, over its own window (N_w columns)."""
+    rng = np.random.default_rng(6)
+    tokens = rng.integers(0, 9, size=120)
+    rows = stream_rows(tokens, [0, 70], 64, rng.normal(size=(S, D)))
+    head = RepeatHead(single_head(3), rng.uniform(0.2, 0.9, history_buckets(64)), context_length=64, mix=0.2)
+    top = head.top_k(Block(rows, None), 3)
+    assert top.attention.shape == (rows.num_rows, 3) == (rows.num_rows, head.attention_length)
+    expected = head.view.window_attention(head.base_rows(rows))
+    np.testing.assert_allclose(top.attention, expected, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(top.probabilities[:, 0], head.block_proba(Block(rows, None)).max(axis=1), rtol=1e-12)

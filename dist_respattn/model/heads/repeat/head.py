@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -30,7 +30,16 @@ from dist_respattn.model.rows import WindowRows
 from dist_respattn.model.scores import ScoreTotals, TopK
 from dist_respattn.model.streaming import RankedPredictions, checked_tables
 
-__all__ = ["BASE_PREFIX", "GatedRows", "RepeatHead", "RepeatPredictor", "base_proba", "base_view", "history_buckets"]
+__all__ = [
+    "BASE_PREFIX",
+    "GatedRows",
+    "Piece",
+    "RepeatHead",
+    "RepeatPredictor",
+    "base_predictions",
+    "base_view",
+    "history_buckets",
+]
 
 #: The prefix of the wrapped head's arrays in a repeat head's checkpoint.
 BASE_PREFIX = "repeat_base_"
@@ -57,13 +66,35 @@ def base_view(head: Head) -> WindowHead:
         ) from None
 
 
-def base_proba(view: WindowHead, rows: WindowRows) -> np.ndarray:
-    """(n, T) the wrapped head's distributions of ``rows``: a stack's from one pass over its components (its
-    ``window_attention`` and ``window_proba`` would each run them)."""
+def base_predictions(view: WindowHead, rows: WindowRows) -> tuple[np.ndarray, np.ndarray]:
+    """``(p (n, T), attention (n, N_w))``: the wrapped head's distributions of ``rows`` and its attention, a stack's
+    from one pass over its components (its ``window_attention`` and ``window_proba`` would each run them)."""
     predict_rows = getattr(view, "predict_rows", None)
     if predict_rows is not None:
-        return np.asarray(predict_rows(rows)[0])
-    return np.asarray(view.window_proba(rows, view.window_attention(rows)))
+        proba, attention = predict_rows(rows)
+        return np.asarray(proba), np.asarray(attention)
+    attention = view.window_attention(rows)
+    return np.asarray(view.window_proba(rows, attention)), np.asarray(attention)
+
+
+class Piece(NamedTuple):
+    """Rows ``start:stop`` of a block under a repeat head (what :meth:`RepeatHead.pieces` yields).
+
+    Attributes:
+        proba: (m, T) the gated distributions; ``attention``: (m, N_w) the wrapped head's.
+        flags, buckets: (m,) int64 (:mod:`~dist_respattn.model.heads.repeat.kernels`'s flags, the history buckets);
+            ``log_factor``: (m,) float64, the gate's factor of each row's target (its probability where uniform).
+        densities: (m, 2) ``(log p(q | c), log p'(t | c, q))``, or ``None`` when not asked for.
+    """
+
+    start: int
+    stop: int
+    proba: np.ndarray
+    attention: np.ndarray
+    flags: np.ndarray
+    buckets: np.ndarray
+    log_factor: np.ndarray
+    densities: np.ndarray | None
 
 
 class GatedRows:
@@ -227,12 +258,10 @@ class RepeatHead(WindowHead):
         begin = np.maximum(np.asarray(rows.begin), np.asarray(rows.end) - int(self.base.context_length))
         return rows._replace(begin=begin.astype(np.asarray(rows.begin).dtype, copy=False))
 
-    def pieces(
-        self, rows: WindowRows, *, densities: bool = False, mix: float | None = None
-    ) -> Iterator[tuple[int, int, np.ndarray, Any]]:
-        """``(start, stop, gated (m, T), (flags, buckets, log_factor) [, densities (m, 2)])`` of the rows,
-        :data:`PREDICT_ROWS` at a time in row order: the wrapped head's distributions gated (keeping ``mix`` of them;
-        default: the head's), and with ``densities`` each row's ``(log p(q | c), log p'(t | c, q))``."""
+    def pieces(self, rows: WindowRows, *, densities: bool = False, mix: float | None = None) -> Iterator[Piece]:
+        """The rows :data:`PREDICT_ROWS` at a time, in row order (:class:`Piece`): the wrapped head's distributions
+        gated (keeping ``mix`` of them; default: the head's), its attention, and with ``densities`` each row's
+        ``(log p(q | c), log p'(t | c, q))``."""
         self.check_rows(rows)
         gated = GatedRows(self, rows)
         inner = self.base_rows(rows)
@@ -240,21 +269,21 @@ class RepeatHead(WindowHead):
         for start in range(0, rows.num_rows, PREDICT_ROWS):
             stop = min(start + PREDICT_ROWS, rows.num_rows)
             sub = inner.select(slice(start, stop))
-            proba = np.array(base_proba(view, sub), dtype=np.float64, order="C")
+            proba, attention = base_predictions(view, sub)
+            proba = np.array(proba, dtype=np.float64, order="C")
             flags, buckets, log_factor = gated.gate(start, stop, proba, mix)
-            if not densities:
-                yield start, stop, proba, (flags, buckets, log_factor)
-                continue
-            own = np.array(view.row_densities(sub), dtype=np.float64)  # type: ignore[attr-defined]
-            uniform = (flags & UNIFORM) != 0
-            own[:, 1] = np.where(uniform, log_factor, own[:, 1] + log_factor)
-            yield start, stop, proba, (flags, buckets, log_factor, own)
+            own = None
+            if densities:
+                own = np.array(view.row_densities(sub), dtype=np.float64)  # type: ignore[attr-defined]
+                uniform = (flags & UNIFORM) != 0
+                own[:, 1] = np.where(uniform, log_factor, own[:, 1] + log_factor)
+            yield Piece(start, stop, proba, attention, flags, buckets, log_factor, own)
 
     def row_densities(self, rows: WindowRows) -> np.ndarray:
         """(n, 2) each row's ``(log p(q | c), log p'(t | c, q))``: the wrapped head's query density, gated target."""
         out = np.empty((rows.num_rows, 2))
-        for start, stop, _, parts in self.pieces(rows, densities=True):
-            out[start:stop] = parts[3]
+        for piece in self.pieces(rows, densities=True):
+            out[piece.start : piece.stop] = piece.densities
         return out
 
     def window_attention(self, rows: WindowRows) -> np.ndarray:
@@ -264,8 +293,8 @@ class RepeatHead(WindowHead):
     def window_proba(self, rows: WindowRows, attention: np.ndarray) -> np.ndarray:
         """(n, T) ``p'(target | history, query)`` (the wrapped head's own attention is read; ``attention`` is not)."""
         out = np.empty((rows.num_rows, self.num_targets))
-        for start, stop, proba, _ in self.pieces(rows):
-            out[start:stop] = proba
+        for piece in self.pieces(rows):
+            out[piece.start : piece.stop] = piece.proba
         return out
 
     def block_proba(self, block: Block) -> np.ndarray:
@@ -283,13 +312,14 @@ class RepeatHead(WindowHead):
                 continue
             rows, w = found
             joint = target = correct = 0.0
-            for start, stop, proba, parts in self.pieces(rows, densities=True):
-                own, ws = parts[3], w[start:stop]
+            for piece in self.pieces(rows, densities=True):
+                own, ws = piece.densities, w[piece.start : piece.stop]
+                assert own is not None
                 joint += float(ws @ (own[:, 0] + own[:, 1]))
                 target += float(ws @ own[:, 1])
                 if accuracy:
-                    best = np.argmax(proba, axis=1)
-                    correct += float(ws[best == np.asarray(rows.target[start:stop])].sum())
+                    best = np.argmax(piece.proba, axis=1)
+                    correct += float(ws[best == np.asarray(rows.target[piece.start : piece.stop])].sum())
             totals = totals + ScoreTotals(float(w.sum()), joint, target, correct)
         return totals
 
@@ -302,11 +332,13 @@ class RepeatHead(WindowHead):
         k = min(int(k), self.num_targets)
         targets = np.empty((rows.num_rows, k), dtype=np.int32)
         probabilities = np.empty((rows.num_rows, k))
-        for start, stop, proba, _ in self.pieces(rows):
-            order = np.argsort(-proba, axis=1, kind="stable")[:, :k]
-            targets[start:stop] = order
-            probabilities[start:stop] = np.take_along_axis(proba, order, axis=1)
-        return TopK(targets, probabilities, self.window_attention(rows))
+        attention = np.empty((rows.num_rows, self.attention_length))
+        for piece in self.pieces(rows):
+            order = np.argsort(-piece.proba, axis=1, kind="stable")[:, :k]
+            targets[piece.start : piece.stop] = order
+            probabilities[piece.start : piece.stop] = np.take_along_axis(piece.proba, order, axis=1)
+            attention[piece.start : piece.stop] = piece.attention
+        return TopK(targets, probabilities, attention)
 
     def predictor(
         self,

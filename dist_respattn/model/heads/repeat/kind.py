@@ -223,8 +223,9 @@ def repeat_statistics(head: RepeatHead, blocks: Iterable[Block]) -> RepeatStatis
         if found is None:
             continue
         rows, w = found
-        for start, stop, _, (flags, buckets, _, own) in head.pieces(rows, densities=True):
-            ws = w[start:stop]
+        for piece in head.pieces(rows, densities=True):
+            ws, flags, buckets, own = w[piece.start : piece.stop], piece.flags, piece.buckets, piece.densities
+            assert own is not None
             active = (flags & ACTIVE) != 0
             repeats += np.bincount(buckets[active], weights=ws[active] * ((flags[active] & REPEATS) != 0), minlength=k)
             rows_of += np.bincount(buckets[active], weights=ws[active], minlength=k)
@@ -274,8 +275,9 @@ class RepeatGrid(Grid):
                 continue
             rows, w = found
             # The gate alone (mix 0): each row's own target log-probability and its side's factor.
-            for start, stop, _, (flags, _, log_factor, own) in self.head.pieces(rows, densities=True, mix=0.0):
-                ws = w[start:stop]
+            for piece in self.head.pieces(rows, densities=True, mix=0.0):
+                ws, flags, log_factor, own = w[piece.start : piece.stop], piece.flags, piece.log_factor, piece.densities
+                assert own is not None
                 uniform = ((flags & UNIFORM) != 0)[:, None]
                 plain = (own[:, 1] - log_factor)[:, None]  # log p(t): the wrapped head's (own: the gated one)
                 factor = np.exp(log_factor)[:, None]
