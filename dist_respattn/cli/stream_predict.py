@@ -115,6 +115,7 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
         "seconds": round(spent, 6),
         "microseconds_per_token": round(1e6 * spent / count, 2) if count else None,
         "state_counts": predictor.state_size,
+        "window": int(model.context_length),
         "buckets": list(getattr(getattr(predictor, "buckets", None), "sizes", ())),
     }
 
@@ -129,6 +130,6 @@ def print_stream_summary(report: dict[str, Any]) -> None:
         f"{ready}predicted after {report['tokens']:,} tokens{timing}; the history is held as "
         f"{report['state_counts']:,} counts"
         + (f" in {len(report['buckets'])} recency buckets" if report["buckets"] else "")
-        + ", whatever its length",
+        + f", within the model's window of {report['window']:,} tokens, whatever its length",
         file=sys.stderr,
     )

@@ -179,6 +179,9 @@ def test_predict_stream_gives_words_and_ids_and_reports_the_start_up_apart(text_
     report = cli("predict", model, store, "--stream", "--json", stdin=text).stdout
     summary = json.loads(report[report.index("{\n") :])
     assert summary["startup_seconds"] > 0 and summary["tokens"] == len(lines)
+    # The state is bounded by the model's window (a repeat gate's: the history's last N tokens), not the history.
+    assert summary["window"] == head.context_length and 0 < summary["state_counts"]
+    assert f"within the model's window of {head.context_length:,} tokens, whatever its length" in done.stderr
     # Both figures are rounded (the seconds to the microsecond, the rate to 0.01 µs): they agree to those roundings,
     # which at tens of microseconds a token over ~20 tokens exceed a relative 1e-3.
     rounding = 0.5 / len(lines) + 0.005 + 1e-9
