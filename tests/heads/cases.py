@@ -650,27 +650,34 @@ def codebook_ml(spec: HeadSpec) -> HeadSpec:
     return dataclasses.replace(spec, emission_strength=0.0, code_strength=0.0)
 
 
-def _codebook() -> tuple[HeadSpec, KindData, TrainerContext]:
+def short_single_source(data: KindData, shape: tuple[int, int, int, int], prefix: str) -> tuple[Head, str]:
+    """A dense single head of N = 3 fitted on ``data``'s last columns, and the model directory it is written to (the
+    engine's fit loads a source from there, as ``--codebook-from`` or ``--repeat-from`` names it)."""
     import atexit
     import shutil
     import tempfile
 
     from dist_respattn.artifacts.checkpoints import ModelDir
     from dist_respattn.model.fitting.em import fit_em
-    from dist_respattn.model.heads.codebook import CodebookSpec
 
-    shape = (10, 8, 2, 10)
-    data = copy_data(600, shape, seed=37)
     s, n_pos, d, t = shape
     single_spec = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense")
     rows = (np.ascontiguousarray(data.context[:, n_pos - 3 :]), data.query, data.target)
     single = fit_em(rows, single_spec, shape=(s, 3, d, t), max_iter=3, tol=0.0).distribution
-    # The engine's fit loads the single head from a model directory, as --codebook-from names it.
-    root = tempfile.mkdtemp(prefix="codebook-case-")
+    root = tempfile.mkdtemp(prefix=prefix)
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     folder = ModelDir(f"{root}/single")
     folder.commit("ckpt-000000-case", single, {"iteration": 0}, latest={"iteration": 0}, best=None, keep_best=None)
-    spec = CodebookSpec(str(folder.path), near_window=3, codebooks=2, codewords=3, emission_strength=1.0,
+    return single, str(folder.path)
+
+
+def _codebook() -> tuple[HeadSpec, KindData, TrainerContext]:
+    from dist_respattn.model.heads.codebook import CodebookSpec
+
+    shape = (10, 8, 2, 10)
+    data = copy_data(600, shape, seed=37)
+    single, path = short_single_source(data, shape, "codebook-case-")
+    spec = CodebookSpec(path, near_window=3, codebooks=2, codewords=3, emission_strength=1.0,
                         code_strength=1.0, start=single)  # fmt: skip
     return spec, data, TrainerContext(shape)
 
@@ -725,30 +732,17 @@ def repeat_ml(spec: HeadSpec) -> HeadSpec:
 
 
 def _repeat() -> tuple[HeadSpec, KindData, TrainerContext]:
-    import atexit
-    import shutil
-    import tempfile
-
-    from dist_respattn.artifacts.checkpoints import ModelDir
-    from dist_respattn.model.fitting.em import fit_em
     from dist_respattn.model.heads.repeat import RepeatHead, RepeatSpec
     from dist_respattn.model.heads.repeat.head import history_buckets
 
     shape = (12, 8, 2, 12)
     data = copy_data(600, shape, seed=41)
-    s, n_pos, d, t = shape
-    single_spec = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense")
-    rows = (np.ascontiguousarray(data.context[:, n_pos - 3 :]), data.query, data.target)
-    single = fit_em(rows, single_spec, shape=(s, 3, d, t), max_iter=3, tol=0.0).distribution
-    # The engine's fit loads the wrapped head from a model directory, as --repeat-from names it.
-    root = tempfile.mkdtemp(prefix="repeat-case-")
-    atexit.register(shutil.rmtree, root, ignore_errors=True)
-    folder = ModelDir(f"{root}/single")
-    folder.commit("ckpt-000000-case", single, {"iteration": 0}, latest={"iteration": 0}, best=None, keep_best=None)
+    n_pos = shape[1]
+    single, path = short_single_source(data, shape, "repeat-case-")
     # Started from even rates (a fit of its own starts from the rates counted on its rows, where EM ends); a fixed
     # share of the wrapped head (chosen on held-out rows otherwise), so the fit chooses nothing.
     start = RepeatHead(single, np.full(history_buckets(n_pos), 0.5), context_length=n_pos, mix=0.25)
-    return RepeatSpec(str(folder.path), prior=1.0, mix=0.25, base=single), data, TrainerContext(shape, init=start)
+    return RepeatSpec(path, prior=1.0, mix=0.25, base=single), data, TrainerContext(shape, init=start)
 
 
 CASES.append(KindCase("repeat", _repeat, repeat_ml, repeat_reference, repeat_tables))
