@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,60 @@ def test_the_kernels_quick_tests_run_first_then_slow_modules_then_the_rest(pytes
         "tests/test_top.py::test_marked_module",
         "tests/model_extra/test_near.py::test_quick_beside_the_path",
     ]
+
+
+def test_a_kernel_family_is_a_kind_s_contract_cases_and_model_tests_else_a_module() -> None:
+    contract = "tests/heads/test_head_contract.py::TestHeadContract::test_statistics_add[hops-free-dense-0]"
+    assert warm_up.kernel_family(contract) == "hops"
+    assert warm_up.kernel_family("tests/heads/test_head_contract.py::test_plain") == "tests/heads/test_head_contract.py"
+    assert warm_up.kernel_family("tests/model/test_hops.py::test_chain[2]") == "hops"
+    assert warm_up.kernel_family("tests/model/test_gated_kind.py::test_x") == "gated"
+    assert warm_up.kernel_family("tests/model/test_lanes.py::test_x") == "tests/model/test_lanes.py"
+    assert warm_up.kernel_family("tests/store/test_hops.py::test_x") == "tests/store/test_hops.py"
+
+
+FAMILIES = {
+    "tests/heads/test_head_contract.py": """
+import pytest
+
+@pytest.mark.parametrize("case", ["hops-a", "conj-a", "hops-b", "conj-b"])
+def test_case(case):
+    pass
+""",
+    "tests/model/test_hops.py": "def test_one():\n    pass\n\ndef test_two():\n    pass\n",
+    "tests/model/test_conj.py": "def test_one():\n    pass\n",
+    "tests/test_rest.py": "".join(f"def test_{n}():\n    pass\n\n" for n in range(6)),
+}
+
+#: Each test's worker and id, one a line in ``ran.txt``, as the process that runs it has them.
+RECORD_WORKERS = """
+
+import os
+
+def pytest_runtest_call(item):
+    with open(item.config.rootpath / "ran.txt", "a") as ran:
+        ran.write(os.environ["PYTEST_XDIST_WORKER"] + " " + item.nodeid + "\\n")
+"""
+
+
+def test_two_processes_each_compile_whole_kernel_families(pytester: pytest.Pytester) -> None:
+    """Under ``--dist load`` the plugin's scheduler hands each kernel family's warm-up tests to one process. The
+    test processes load the plugin as the root's conftest (a plugin object given here stays in this process)."""
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
+    pytester.makeconftest(Path(warm_up.__file__).read_text() + RECORD_WORKERS)
+    for name, source in FAMILIES.items():
+        path = pytester.path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+    result = pytester.runpytest_subprocess("-p", "no:hypothesispytest", "-n", "2", "--dist", "load")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    workers = defaultdict(set)
+    ran = [line.split(" ", 1) for line in (pytester.path / "ran.txt").read_text().splitlines()]
+    for worker, nodeid in ran:
+        workers["tests/test_rest.py" if "test_rest" in nodeid else warm_up.kernel_family(nodeid)].add(worker)
+    assert len(ran) == 13
+    assert len(workers["hops"]) == len(workers["conj"]) == 1
+    assert workers["tests/test_rest.py"] == {"gw0", "gw1"}  # one test at a time to whichever is free
 
 
 def test_ci_runs_the_readme_s_test_command_and_the_suite_hands_tests_out_in_order() -> None:

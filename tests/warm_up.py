@@ -3,18 +3,26 @@
 numba compiles a kernel the first time a process calls it and writes it to its on-disk cache, from which every later
 process (the suite's many cluster workers and commands, same user, same checkout) loads it instead of compiling it
 again: ~150 s of a run on a fresh clone is compiling. The quick tests of :data:`WARM_UP_PATHS` call every compiled
-kernel once, in-process, so they run first; with ``--dist load`` (the suite's default) xdist hands the collection
-out in its order, a chunk to each test process in turn, so both start on them and the clusters start after.
-Then the tests marked ``slow``, a module's tests together, so the run does not end with one process on a long test
-while the others wait; the quick tests of the other paths last, to fill the end. One ``python -m pytest`` runs
-every test once: the README's test command is what CI runs.
+kernel once, in-process, so they run first, and the clusters start after. Then the tests marked ``slow``, a
+module's tests together, so the run does not end with one process on a long test while the others wait; the quick
+tests of the other paths last, to fill the end. One ``python -m pytest`` runs every test once: the README's test
+command is what CI runs.
+
+Under the suite's ``--dist load`` this plugin hands the tests out (:class:`KernelFamilyScheduling`): in the
+collection's order, one at a time to whichever test process has fewest waiting, except that the warm-up tests of
+one kernel family (:func:`kernel_family`: a kind's contract cases and its own model tests, or one module) go to one
+process together. xdist's own ``load`` hands out neighbouring tests to each process in turn, so both processes
+called the same new kernels at once and both compiled each of them: ~300 CPU s of warm-up instead of ~210. (Its
+``loadgroup`` would group marked tests, but with pytest 9 the mark no longer reaches the test's id it groups by.)
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-__all__ = ["WARM_UP_PATHS", "order"]
+__all__ = ["WARM_UP_PATHS", "kernel_family", "order"]
 
 #: Paths (relative to the repository root) whose quick tests call every compiled kernel once.
 WARM_UP_PATHS = (
@@ -24,12 +32,42 @@ WARM_UP_PATHS = (
     "tests/store/test_selected_rows.py",
 )
 
+#: The kernel contract's module, whose cases (``[<kind>-...]``) join their kind's family.
+_CONTRACT_PATH = "tests/heads/test_head_contract.py"
+
+#: The kind whose compiled passes a module ``tests/model/test_<name>.py`` exercises, as the contract's cases of that
+#: kind do (``gated`` and ``gated_kind`` are one kind's two modules).
+_KIND_MODULES = {
+    "codebook": "codebook",
+    "conj": "conj",
+    "copy": "copy",
+    "gated": "gated",
+    "gated_kind": "gated",
+    "hops": "hops",
+    "mixture": "mixture",
+    "repeat": "repeat",
+    "stack": "stack",
+}
+
 _WARM, _SLOW_MODULE, _REST = 0, 1, 2
 
 
 def _in_warm_paths(nodeid: str) -> bool:
     path = nodeid.split("::", 1)[0]
     return any(path == p or path.startswith(p + "/") for p in WARM_UP_PATHS)
+
+
+def kernel_family(nodeid: str) -> str:
+    """The group a warm-up test compiles its kernels in: a contract case's kind (``hops`` for
+    ``...test_head_contract.py::TestHeadContract::test_x[hops-free-dense-0]``), the kind a module
+    ``tests/model/test_<kind>.py`` is about, else the test's own module path."""
+    path, _, name = nodeid.partition("::")
+    if path == _CONTRACT_PATH and "[" in name:
+        return name[name.index("[") + 1 :].split("-", 1)[0]
+    stem = path.rsplit("/", 1)[-1].removesuffix(".py").removeprefix("test_")
+    if path.startswith("tests/model/") and stem in _KIND_MODULES:
+        return _KIND_MODULES[stem]
+    return path
 
 
 def order(items: list[pytest.Item]) -> list[pytest.Item]:
@@ -49,3 +87,38 @@ def order(items: list[pytest.Item]) -> list[pytest.Item]:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items[:] = order(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """The suite's scheduler under ``--dist load`` (:class:`KernelFamilyScheduling`); xdist's own under any other."""
+    if config.getvalue("dist") != "load":
+        return None
+    return _kernel_family_scheduling()(config, log)
+
+
+def _kernel_family_scheduling() -> type:
+    from xdist.scheduler import LoadScopeScheduling  # only where xdist runs the suite
+
+    class KernelFamilyScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        """xdist's scope scheduling, a scope a test except the warm-up tests', a scope a kernel family.
+
+        The controller knows the tests by id only: the warm-up tests are the collection's leading run of tests in
+        :data:`WARM_UP_PATHS` (:func:`order` puts them first). Scopes go out largest first (xdist's default
+        ``--loadscope-reorder``; sorting is stable, so the tests of one test each keep the collection's order).
+        """
+
+        def schedule(self) -> None:
+            if self.collection is None and self.collection_is_completed:
+                collection = next(iter(self.registered_collections.values()))
+                self.families: dict[str, str] = {}
+                for nodeid in collection:
+                    if not _in_warm_paths(nodeid):
+                        break
+                    self.families[nodeid] = f"kernels of {kernel_family(nodeid)}"
+            super().schedule()
+
+        def _split_scope(self, nodeid: str) -> str:
+            return getattr(self, "families", {}).get(nodeid, nodeid)
+
+    return KernelFamilyScheduling
