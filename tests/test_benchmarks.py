@@ -752,7 +752,11 @@ def test_scale_smoke_run_reports_every_figure_and_the_sharded_m_step_moves_no_by
     """bench_scale.py on the standard library's ``email`` package (no download) at 2,000 words, forced sparse
     by the reference shape only: every figure is measured, and they agree with each other; then the same fit with
     ``--m-step-shards 2`` (one test, so the driver's M-step run serves both)."""
-    table, report = run_scale_on_email(tmp_path / "0", "--reference-rows", "20000", "--iterations", "2")
+    # 5,000 reference rows timed once: both kernels still run on the same rows and their statistics are compared
+    # (the 20,000 rows and best of 3 the docs quote took ~2 s of this run).
+    table, report = run_scale_on_email(
+        tmp_path / "0", "--reference-rows", "5000", "--reference-repeats", "1", "--iterations", "2"
+    )
     reference = report["reference"]
     assert reference["statistics_difference"] <= 1e-12
     assert reference["pairs"] > 0 and reference["sparse_rows_per_second"] > 0
@@ -790,7 +794,9 @@ def test_scale_recipe_smoke_run_reports_each_stage(tmp_path):
     """bench_scale.py --head recipe on the ``email`` package: the recipe's five stages in order (its few words get
     the repeat gate over the stack), each with its parameters and iteration times, the memory peaks and the test
     perplexity beside the Kneser-Ney n-grams."""
-    table, report = run_scale_on_email(tmp_path, "--reference-rows", "0", "--head", "recipe")
+    # One worker process instead of two: every stage still fits on the cluster and the peaks are read on its worker
+    # (nothing asserted here is per-worker); a second worker is only another process start.
+    table, report = run_scale_on_email(tmp_path, "--reference-rows", "0", "--head", "recipe", "--workers", "1")
     assert "reference" not in report  # --reference-rows 0
     fitted = report["fit"]
     stages = fitted["stages"]
