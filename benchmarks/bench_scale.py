@@ -35,7 +35,7 @@ Run::
     pip install -e '.[bench]'
     python benchmarks/bench_scale.py                         # 60% of linux-source-6.1: 109M tokens (~8 min)
     python benchmarks/bench_scale.py --corpus DIR --vocab-size 1999 --reference-rows 20000 --iterations 1 --json
-    python benchmarks/bench_scale.py --corpus DIR --vocab-size 1999 --reference-rows 5000 --reference-repeats 1 --json
+    python benchmarks/bench_scale.py --corpus DIR --vocab-size 999 --reference-rows 5000 --reference-repeats 1 --json
     python benchmarks/bench_scale.py --share 0.05 --work DIR --start-pass   # the start pass alone, per partition
     python benchmarks/bench_scale.py --share 0.2 --ingest-only          # the ingest figure alone (~240 MiB of text)
     python benchmarks/bench_scale.py --head recipe --reference-rows 0   # the recipe at 109M tokens, stage by stage
