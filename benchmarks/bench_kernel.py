@@ -334,7 +334,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     mixle_version = None
     try:
         import mixle
-        from mixle.stats.latent import responsibility_attention as mixle_ra
+
+        if args.mixle_rows > 0:  # its statistics modules take seconds to import; with 0 rows only the version shows
+            from mixle.stats.latent import responsibility_attention as mixle_ra
     except ImportError:
         # On stderr, so that --json output stays one JSON object.
         print("mixle is not installed: skipping its column (pip install mixle==0.8.2)", file=sys.stderr)

@@ -725,15 +725,16 @@ REPEAT_GATE_SCRIPT = SCRIPT.parent / "bench_repeat_gate.py"
 
 
 def run_scale_on_email(tmp_path: Path, *args: str) -> tuple[str, dict]:
-    """bench_scale.py on the standard library's ``email`` package (no download), 2,000 words, one iteration: its
-    printed table and its JSON report."""
+    """bench_scale.py on the standard library's ``email`` package (no download), 1,000 words, one iteration: its
+    printed table and its JSON report. (1,000 words, not 2,000: each dense S x T table the fits, the driver's M-step
+    and the evaluation move is a quarter the size, ~8 MiB, still well above the 1 MiB the traffic checks tell apart.)"""
     import sysconfig
 
     corpus = Path(sysconfig.get_paths()["stdlib"]) / "email"
     completed = subprocess.run(
         [
             *(sys.executable, "-W", "error::RuntimeWarning", str(SCALE_SCRIPT), "--json", "--corpus", str(corpus)),
-            *("--vocab-size", "1999", "--iterations", "1", "--test-fraction", "0.2", "--share", "1", *args),
+            *("--vocab-size", "999", "--iterations", "1", "--test-fraction", "0.2", "--share", "1", *args),
             *("--work", str(tmp_path), "--cache", str(tmp_path / "cache"), "--memory-limit", "2GiB"),
         ],
         capture_output=True,
@@ -749,15 +750,19 @@ def run_scale_on_email(tmp_path: Path, *args: str) -> tuple[str, dict]:
 
 @pytest.mark.slow
 def test_scale_smoke_run_reports_every_figure_and_the_sharded_m_step_moves_no_bytes_through_the_driver(tmp_path):
-    """bench_scale.py on the standard library's ``email`` package (no download) at 2,000 words, forced sparse
+    """bench_scale.py on the standard library's ``email`` package (no download) at 1,000 words, forced sparse
     by the reference shape only: every figure is measured, and they agree with each other; then the same fit with
     ``--m-step-shards 2`` (one test, so the driver's M-step run serves both)."""
-    table, report = run_scale_on_email(tmp_path / "0", "--reference-rows", "20000", "--iterations", "2")
+    # 5,000 reference rows timed once: both kernels still run on the same rows and their statistics are compared
+    # (the 20,000 rows and best of 3 the docs quote took ~2 s of this run).
+    table, report = run_scale_on_email(
+        tmp_path / "0", "--reference-rows", "5000", "--reference-repeats", "1", "--iterations", "2"
+    )
     reference = report["reference"]
     assert reference["statistics_difference"] <= 1e-12
     assert reference["pairs"] > 0 and reference["sparse_rows_per_second"] > 0
     corpus_report, fitted = report["corpus"], report["fit"]
-    assert corpus_report["vocabulary"] == 2000 and corpus_report["tokens"] > 10_000
+    assert corpus_report["vocabulary"] == 1000 and corpus_report["tokens"] > 10_000
     assert 0 < corpus_report["bytes_per_token"] < 100
     assert corpus_report["ingest_cpu_seconds"] > 0 and corpus_report["train_bytes"] > 0
     assert len(fitted["iteration_seconds"]) == 2 and fitted["kernel_rows_per_second"] > 0
@@ -790,7 +795,9 @@ def test_scale_recipe_smoke_run_reports_each_stage(tmp_path):
     """bench_scale.py --head recipe on the ``email`` package: the recipe's five stages in order (its few words get
     the repeat gate over the stack), each with its parameters and iteration times, the memory peaks and the test
     perplexity beside the Kneser-Ney n-grams."""
-    table, report = run_scale_on_email(tmp_path, "--reference-rows", "0", "--head", "recipe")
+    # One worker process instead of two: every stage still fits on the cluster and the peaks are read on its worker
+    # (nothing asserted here is per-worker); a second worker is only another process start.
+    table, report = run_scale_on_email(tmp_path, "--reference-rows", "0", "--head", "recipe", "--workers", "1")
     assert "reference" not in report  # --reference-rows 0
     fitted = report["fit"]
     stages = fitted["stages"]
