@@ -8,12 +8,13 @@ module's tests together, so the run does not end with one process on a long test
 tests of the other paths last, to fill the end. One ``python -m pytest`` runs every test once: the README's test
 command is what CI runs.
 
-Under the suite's ``--dist load`` this plugin hands the tests out (:class:`KernelFamilyScheduling`): in the
-collection's order, one at a time to whichever test process has fewest waiting, except that the warm-up tests of
-one kernel family (:func:`kernel_family`: a kind's contract cases and its own model tests, or one module) go to one
-process together. xdist's own ``load`` hands out neighbouring tests to each process in turn, so both processes
-called the same new kernels at once and both compiled each of them: ~300 CPU s of warm-up instead of ~210. (Its
-``loadgroup`` would group marked tests, but with pytest 9 the mark no longer reaches the test's id it groups by.)
+Under the suite's ``--dist load`` this plugin hands the tests out (:class:`KernelFamilyScheduling`), in the
+collection's order, a unit at a time to whichever test process has fewest waiting: the warm-up tests of one kernel
+family (:func:`kernel_family`: a kind's contract cases and its own model tests, or one module) together, then every
+other module whole. xdist's own ``load`` hands out neighbouring tests to each process in turn, so both processes
+called the same new kernels at once and both compiled each of them (~300 CPU s of warm-up instead of ~210), and
+both built a module's shared stores, clusters and reference fits (its ``scope="module"`` fixtures). (xdist's
+``loadgroup`` would group marked tests, but with pytest 9 the mark no longer reaches the test id it groups by.)
 """
 
 from __future__ import annotations
@@ -101,12 +102,17 @@ def _kernel_family_scheduling() -> type:
     from xdist.scheduler import LoadScopeScheduling  # only where xdist runs the suite
 
     class KernelFamilyScheduling(LoadScopeScheduling):  # type: ignore[misc]
-        """xdist's scope scheduling, a scope a test except the warm-up tests', a scope a kernel family.
+        """xdist's scope scheduling: the warm-up tests a scope a kernel family, the others a scope a module.
 
         The controller knows the tests by id only: the warm-up tests are the collection's leading run of tests in
-        :data:`WARM_UP_PATHS` (:func:`order` puts them first). Scopes go out largest first (xdist's default
-        ``--loadscope-reorder``; sorting is stable, so the tests of one test each keep the collection's order).
+        :data:`WARM_UP_PATHS` (:func:`order` puts them first). Scopes go out in the collection's order, never
+        sorted by size (xdist's ``--loadscope-reorder``): the slow modules before the quick ones, so the run ends on
+        short work.
         """
+
+        def __init__(self, config: pytest.Config, log: Any = None) -> None:
+            super().__init__(config, log)
+            config.option.loadscopereorder = False  # read by schedule(); the order is the collection's
 
         def schedule(self) -> None:
             if self.collection is None and self.collection_is_completed:
@@ -119,6 +125,7 @@ def _kernel_family_scheduling() -> type:
             super().schedule()
 
         def _split_scope(self, nodeid: str) -> str:
-            return getattr(self, "families", {}).get(nodeid, nodeid)
+            family = getattr(self, "families", {}).get(nodeid)
+            return family if family is not None else nodeid.split("::", 1)[0]
 
     return KernelFamilyScheduling
