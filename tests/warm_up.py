@@ -113,11 +113,11 @@ def _kernel_family_scheduling() -> type:
         def __init__(self, config: pytest.Config, log: Any = None) -> None:
             super().__init__(config, log)
             config.option.loadscopereorder = False  # read by schedule(); the order is the collection's
+            self.families: dict[str, str] = {}  # a warm-up test's id -> its kernel family's scope
 
         def schedule(self) -> None:
             if self.collection is None and self.collection_is_completed:
                 collection = next(iter(self.registered_collections.values()))
-                self.families: dict[str, str] = {}
                 for nodeid in collection:
                     if not _in_warm_paths(nodeid):
                         break
@@ -125,7 +125,7 @@ def _kernel_family_scheduling() -> type:
             super().schedule()
 
         def _split_scope(self, nodeid: str) -> str:
-            family = getattr(self, "families", {}).get(nodeid)
+            family = self.families.get(nodeid)
             return family if family is not None else nodeid.split("::", 1)[0]
 
     return KernelFamilyScheduling
