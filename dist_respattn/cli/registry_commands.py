@@ -44,9 +44,10 @@ def register(sub: Any) -> None:
         help="warm-start from a registry's latest model, fit, gate on held-out scores, publish a new version",
         description=(
             "Scheduled retraining: warm-start from the registry's latest version, fit on --store, score the "
-            "fitted model and the current version on the same validation store, and publish a new numbered "
-            "version only when the fitted one is not worse by more than --tolerance. Exit status: 0 published, "
-            "1 kept the current version (gate), 2 error, 3 another run holds the registry."
+            "fitted model and the current version on the same validation store and the same rows, each as "
+            "evaluate scores it (its own window), and publish a new numbered version only when the fitted one is "
+            "not worse by more than --tolerance. Exit status: 0 published, 1 kept the current version (gate), 2 "
+            "error, 3 another run holds the registry."
         ),
     )
     retrain.add_argument("--registry", required=True, help="the registry: a directory or an fsspec URL (s3://...)")
