@@ -195,6 +195,12 @@ def claim_work_dir(work_dir: Path) -> None:
         mark.write_text(json.dumps({"written_by": "dist-respattn retrain", "replaces": "model/"}) + "\n")
 
 
+def _fitted_kind(version: Checkpoint) -> str:
+    """The kind ``version`` was fitted as: a staged fit's whole kind (a recipe's), else its head's."""
+    recorded = version.meta.get("fit_head") or version.meta.get("head") or {}
+    return str(recorded.get("kind") or version.model.kind)
+
+
 def _gate_stores(
     store: RowStore, candidate: Checkpoint, current: Checkpoint | None, storage_options: dict[str, Any] | None
 ) -> tuple[RowStore, RowStore | None, str | None]:
@@ -284,8 +290,9 @@ def retrain(
         settings: the fit's settings. ``gate_metric`` defaults to ``settings.early_stop_metric``, else
             perplexity; ``tolerance`` is the relative slack of the gate.
         head: the kind of head and its settings; default: the latest version's kind as it was fitted (a single-hop
-            head: the one ``settings`` describe), warm-started from that version (a staged kind's earlier stages
-            from its own, e.g. a gated head's shared head).
+            head: the one ``settings`` describe). A fit of the kind the latest version was fitted as is warm-started
+            from it (a staged kind's earlier stages from its own, e.g. a gated head's shared head); a ``head`` of
+            another kind starts from the data, and is gated against that version all the same.
         first_head: what a registry with no version yet gets when ``head`` is ``None`` (default: the single-hop
             head ``settings`` describe; the command line gives the recipe on a token-stream store, as ``fit`` does).
         keep: after publishing, keep only this many newest versions.
@@ -330,11 +337,19 @@ def retrain(
             spec = head or (first_head if loaded is None and first_head is not None else None)
             spec = spec or _recorded_spec(loaded, settings)
             warm = loaded.model if loaded is not None else None
-            say(
-                f"{reg}: warm start from version {current.number}"
-                if current is not None
-                else f"{reg}: no published version yet; a fresh fit ({_start(settings)})"
-            )
+            if current is None:
+                say(f"{reg}: no published version yet; a fresh fit ({_start(settings)})")
+            elif loaded is not None and spec.kind != _fitted_kind(loaded):
+                # Another kind than the version's (``head`` picked it): a head of another kind is in general no start
+                # for this fit (a recipe's repeat gate reads whole documents, a single head N tokens), so it starts
+                # from the data; the gate still compares it with the version.
+                warm = None
+                say(
+                    f"{reg}: version {current.number} is a {_fitted_kind(loaded)} fit and this one a {spec.kind} fit: "
+                    f"a fresh fit ({_start(settings)}), gated against version {current.number}"
+                )
+            else:
+                say(f"{reg}: warm start from version {current.number}")
             with connect(cluster, client=client, say=say) as cl:
                 fitted = fit(
                     train, model_dir=model_dir, settings=settings, head=spec, validation=heldout, init=warm,

@@ -1,6 +1,7 @@
 """``dist-respattn retrain`` on a token-stream store, where the default fit is the recipe: the gate scores the
 candidate and the current version as ``evaluate`` scores each (the recipe's repeat gate reads whole documents and
-short histories, not the training store's window), so a worse candidate is refused.
+short histories, not the training store's window), so a worse candidate is refused; and ``--head`` picks what is
+fitted, ``single`` too, on an empty registry and on one whose latest version is a recipe.
 
 The commands run through the command's ``main`` in this process, on the registry modules' cluster (``--scheduler``).
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dist_respattn.engine import evaluate
+from dist_respattn.engine import evaluate, load_checkpoint, open_store, score
 from dist_respattn.model.heads.repeat import RepeatHead
 from dist_respattn.registry import Registry
 from dist_respattn.store import WriteOptions
@@ -86,3 +87,36 @@ def test_the_gate_scores_both_models_as_evaluate_does_and_refuses_a_worse_candid
     assert candidate > current * 1.01  # worse by more than the default tolerance
     assert (status, report["published"], gate["passed"]) == (1, False, False)
     assert Registry(str(registry)).numbers() == [1]
+
+
+def test_head_single_fits_one_head_on_an_empty_registry(streams, address, tmp_path):
+    """``--head single`` on a token stream: the first version is one single-hop head, not the recipe."""
+    registry = tmp_path / "registry"
+    status, report = retrain(registry, streams, address, "--head", "single", "--max-iter", "2")
+    assert (status, report["version"]) == (0, 1)
+    version = Registry(str(registry)).load(1)
+    assert version.model.kind == "single_hop" and "fit_head" not in version.meta
+    assert version.model.context_length == WINDOW
+
+
+def test_head_single_over_a_recipe_fits_one_head_from_the_data_gated_on_the_same_rows(
+    recipe_registry, streams, address, client, tmp_path
+):
+    """``--head single`` over a recipe version fits a single head (a recipe is no start for one: from the data), and
+    the gate scores both on the rows the single head scores, those with a whole window, each model with its own."""
+    registry = tmp_path / "registry"
+    shutil.copytree(recipe_registry, registry)
+    work = tmp_path / "work"
+    status, report = retrain(registry, streams, address, "--head", "single", "--max-iter", "2", "--work-dir", str(work))
+    candidate = load_checkpoint(work / "model")
+    assert candidate.model.kind == "single_hop" and candidate.meta["init"] == {"kind": "uniform"}
+    _, validation = streams
+    full_windows = open_store(validation)
+    version = Registry(str(registry)).load(1)
+    recipe_rows = open_store(validation, window=version.model.context_length, min_context=WINDOW)
+    assert recipe_rows.num_rows == full_windows.num_rows
+    gate = report["gate"]
+    assert math.isclose(gate["current"], score(version.model, recipe_rows, client=client)["perplexity"], rel_tol=1e-12)
+    assert math.isclose(gate["candidate"], score(candidate.model, full_windows, client=client)["perplexity"],
+                        rel_tol=1e-12)  # fmt: skip
+    assert status == (0 if gate["passed"] else 1)
