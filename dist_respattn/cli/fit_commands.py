@@ -18,7 +18,7 @@ from dist_respattn.cli.common import (
     positive_int,
     seed,
 )
-from dist_respattn.cli.head_options import add_head_options, head_options, spec_from_args
+from dist_respattn.cli.head_options import add_head_options, head_options, kind_picked, spec_from_args
 from dist_respattn.cli.stream_predict import print_stream_summary, run_stream
 from dist_respattn.events import Metric
 
@@ -546,7 +546,7 @@ def default_spec(args: argparse.Namespace, settings: Any, spec: Any, store: Any)
     from dist_respattn.model.heads.base import head_kind, token_stream_default
     from dist_respattn.store import TokenStreamStore
 
-    if args.head is not None or any(value is not None for value in head_options(args, "fit").values()):
+    if kind_picked(args):
         return spec
     if args.resume and (ModelDir(args.model_dir).fit_record() is not None or ModelDir(args.model_dir).has_checkpoint()):
         return spec

@@ -13,7 +13,7 @@ from typing import Any
 
 from dist_respattn.cli.common import CommandError
 
-__all__ = ["add_head_options", "head_options", "spec_from_args"]
+__all__ = ["add_head_options", "default_kind_text", "head_options", "kind_picked", "spec_from_args"]
 
 
 def _kinds() -> list[Any]:
@@ -29,18 +29,21 @@ def _dest(option: Any) -> str:
     return long.lstrip("-").replace("-", "_")
 
 
-def _default_text() -> str:
+def default_kind_text() -> str:
+    """The kind ``fit`` picks when nothing picks one, in words for a help text."""
     from dist_respattn.model.heads.base import token_stream_default
 
     name = token_stream_default()
     return "single" if name is None else f"{name} on a token-stream store, else single"
 
 
-def add_head_options(parser: argparse.ArgumentParser, command: str) -> None:
+def add_head_options(parser: argparse.ArgumentParser, command: str, *, head_default: str | None = None) -> None:
     """Add every kind's options that ``command`` takes, each kind's in a group titled by its summary; ``fit`` also
-    takes ``--head NAME``, a kind picked by the name it registered (``HeadKind.head_name``)."""
+    takes ``--head NAME``, a kind picked by the name it registered (``HeadKind.head_name``). ``head_default``: what
+    ``--head``'s help says is fitted without it (default: what ``fit`` picks)."""
     if command == "fit":
         named = sorted((kind for kind in _kinds() if kind.head_name is not None), key=lambda kind: kind.head_name)
+        default = head_default or default_kind_text()
         # Checked in spec_from_args, so that a bad name is one line (argparse's choices would print the usage too).
         parser.add_argument(
             "--head",
@@ -48,7 +51,7 @@ def add_head_options(parser: argparse.ArgumentParser, command: str) -> None:
             default=None,
             help="the kind of head: "
             + "; ".join(f"{kind.head_name}, {kind.summary}" for kind in named)
-            + f" (default: {_default_text()}; the other kinds are picked by their own options below)",
+            + f" (default: {default}; the other kinds are picked by their own options below)",
         )
     for kind in _kinds():
         options = [option for option in kind.options if command in option.commands]
@@ -67,6 +70,18 @@ def head_options(args: argparse.Namespace, command: str) -> dict[str, Any]:
         for option in kind.options
         if command in option.commands
     }
+
+
+def kind_picked(args: argparse.Namespace) -> bool:
+    """Whether the command line picks a kind of head: ``--head NAME`` (``single`` too) or one of a kind's options.
+
+    ``fit`` and ``retrain`` then fit that kind instead of one they would pick themselves (a warm start's, a registry
+    version's, the recipe on a token-stream store). Asked here, not of the spec: :func:`spec_from_args` gives
+    ``--head single`` as the very spec it gives when nothing picks a kind.
+    """
+    if getattr(args, "head", None) is not None:
+        return True
+    return any(value is not None for value in head_options(args, "fit").values())
 
 
 def spec_from_args(args: argparse.Namespace, base: Any, saved: dict[str, Any] | None) -> Any:

@@ -20,7 +20,7 @@ from dist_respattn.cli.common import (
     positive_int,
 )
 from dist_respattn.cli.fit_commands import add_cluster_options, add_em_options, cluster_options, settings_from
-from dist_respattn.cli.head_options import add_head_options, spec_from_args
+from dist_respattn.cli.head_options import add_head_options, default_kind_text, kind_picked, spec_from_args
 from dist_respattn.events import Metric
 from dist_respattn.text_format import count_text
 
@@ -43,10 +43,12 @@ def register(sub: Any) -> None:
         "retrain",
         help="warm-start from a registry's latest model, fit, gate on held-out scores, publish a new version",
         description=(
-            "Scheduled retraining: warm-start from the registry's latest version, fit on --store, score the "
-            "fitted model and the current version on the same validation store, and publish a new numbered "
-            "version only when the fitted one is not worse by more than --tolerance. Exit status: 0 published, "
-            "1 kept the current version (gate), 2 error, 3 another run holds the registry."
+            "Scheduled retraining: warm-start from the registry's latest version (its kind, unless --head or a "
+            "kind's options pick another, fitted from the data), fit on --store, score the fitted model and the "
+            "current version on the same validation store and the same rows, each as evaluate scores it (its own "
+            "window), and publish a new numbered version only when the fitted one is not worse by more than "
+            "--tolerance. Exit status: 0 published, 1 kept the current version (gate), 2 error, 3 another run holds "
+            "the registry."
         ),
     )
     retrain.add_argument("--registry", required=True, help="the registry: a directory or an fsspec URL (s3://...)")
@@ -80,7 +82,11 @@ def register(sub: Any) -> None:
         help="another run's lock without a heartbeat for this long is abandoned and broken (default 300)",
     )
     add_em_options(retrain, "EM settings")
-    add_head_options(retrain, "fit")
+    add_head_options(
+        retrain,
+        "fit",
+        head_default=f"the latest version's kind, warm-started from it; for an empty registry {default_kind_text()}",
+    )
     add_cluster_options(retrain)
     retrain.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     retrain.set_defaults(handler=_run_retrain, printer=_print_retrain)
@@ -163,16 +169,18 @@ def _run_retrain(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.registry import RegistryLocked, retrain
 
     settings = settings_from(args, FitSettings())
-    default = settings.head_spec()
-    chosen = spec_from_args(args, default, None)
+    chosen = spec_from_args(args, settings.head_spec(), None)
+    # A kind the command line picks (--head single too) is fitted whatever the latest version is; else the version's
+    # kind, and for an empty registry what fit picks on the store.
+    picked = kind_picked(args)
     try:
         result = retrain(
             args.registry,
             args.store,
             validation=args.validation,
             settings=settings,
-            head=None if chosen is default else chosen,
-            first_head=None if chosen is not default else _first_head(args, settings),
+            head=chosen if picked else None,
+            first_head=None if picked else _first_head(args, settings),
             tolerance=args.tolerance,
             gate_metric=args.gate_metric,
             keep=args.keep,

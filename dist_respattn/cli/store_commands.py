@@ -113,17 +113,29 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
-def add_layout_options(parser: argparse.ArgumentParser, default_order: str = "input", *, append: bool = True) -> None:
-    """The layout flags, and ``--append``/``--overwrite`` (``--overwrite`` alone where appending makes no sense)."""
+def add_layout_options(
+    parser: argparse.ArgumentParser, default_order: str = "input", *, append: bool = True, streams: bool = True
+) -> None:
+    """The layout flags, and ``--append``/``--overwrite`` (``--overwrite`` alone where appending makes no sense).
+    ``streams``: the command writes token-stream stores too, whose chunks and shards count tokens."""
     from dist_respattn.store.layout import COMPRESSION_CHOICES
+    from dist_respattn.store.streams.reader import DEFAULT_CHUNK_TOKENS, DEFAULT_CHUNKS_PER_PARTITION
 
     title = "layout (a new store; an appended one keeps its own)" if append else "layout (of every store written)"
     group = parser.add_argument_group(title)
+    # A stream store's chunks are tokens, 2**20 of them, and its shards 4 chunks: said beside a triple store's.
+    chunk_tokens = f"2**{DEFAULT_CHUNK_TOKENS.bit_length() - 1}"
     group.add_argument(
-        "--chunk-rows", type=positive_int, help="rows per chunk, the unit of a block read (default ~32 MiB of rows)"
+        "--chunk-rows",
+        type=positive_int,
+        help="rows per chunk, the unit of a block read (default ~32 MiB of rows"
+        + (f"; a token-stream store: tokens, default {chunk_tokens})" if streams else ")"),
     )
     group.add_argument(
-        "--partition-rows", type=positive_int, help="rows per partition/shard, one task (default 2 chunks)"
+        "--partition-rows",
+        type=positive_int,
+        help="rows per partition/shard, one task (default 2 chunks"
+        + (f"; a token-stream store: tokens, default {DEFAULT_CHUNKS_PER_PARTITION} chunks)" if streams else ")"),
     )
     group.add_argument(
         "--compression", choices=COMPRESSION_CHOICES, default="auto", help="auto: ids lz4+bitshuffle, floats raw"
@@ -166,7 +178,7 @@ def register(sub: Any) -> None:
         "--sigma2", type=positive_float, default=1.0, help="gate variance of the random head (default 1)"
     )
     synth.add_argument("--seed", type=seed, default=0, help="seed of the head and of the sample (default 0)")
-    add_layout_options(synth, default_order="target")
+    add_layout_options(synth, default_order="target", streams=False)
     add_common_options(synth)
     synth.set_defaults(handler=_run_synth, printer=_print_written)
 

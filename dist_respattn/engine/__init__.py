@@ -2,8 +2,9 @@
 
 ``fit`` runs exact EM over a store of rows on a Dask cluster (an embedded ``LocalCluster`` by
 default, or as :class:`ClusterOptions` say), checkpointing every iteration; ``evaluate`` scores a store
-with a model next to n-gram baselines, ``score`` without them; ``predict`` writes each row's top-K
-targets; ``load_model`` reads a model directory (or a registry's version) back; ``store_record`` is what
+with a model next to n-gram baselines, ``score`` without them (``scored_store``: the store read with the
+rows and windows ``evaluate`` scores a model on); ``predict`` writes each row's top-K targets;
+``load_model`` reads a model directory (or a registry's version) back; ``store_record`` is what
 a checkpoint records of a store; ``open_store`` is the store layer's one opener for any store, re-exported
 (``open_fit_store``: the same, its refusals a :class:`FitError`).
 """
@@ -19,7 +20,7 @@ from dist_respattn.artifacts import (
     load_model,
 )
 from dist_respattn.engine.cluster import ClusterError, ClusterInfo, ClusterOptions, cluster_info, connect
-from dist_respattn.engine.evaluate import Evaluation, evaluate, score
+from dist_respattn.engine.evaluate import Evaluation, evaluate, score, scored_store
 from dist_respattn.engine.fit import FitError, FitResult, fit, open_fit_store
 from dist_respattn.engine.loop import store_record
 from dist_respattn.engine.memory import InsufficientMemoryError, MemoryEstimate, check_memory, estimate_memory
@@ -56,5 +57,6 @@ __all__ = [
     "open_store",
     "predict",
     "score",
+    "scored_store",
     "store_record",
 ]

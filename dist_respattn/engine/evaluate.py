@@ -57,6 +57,7 @@ __all__ = [
     "ranking_lines",
     "score",
     "score_store",
+    "scored_store",
 ]
 
 #: The unigram's add-k smoothing (and add-k's k when it cannot be tuned).
@@ -198,6 +199,21 @@ def min_context_for(head: Head, meta: dict[str, Any]) -> int | None:
     return int(recorded) if recorded else 1
 
 
+def scored_store(
+    model: Head,
+    meta: dict[str, Any],
+    store: str | os.PathLike[str] | StoreLocation | RowStore,
+    storage_options: dict[str, Any] | None = None,
+) -> RowStore:
+    """``store`` opened as :func:`evaluate` (and ``predict``) read it for ``model``: a token-stream store with the
+    model's own window N (:func:`window_for`) and rows with the fewest earlier tokens its fit trained on
+    (:func:`min_context_for`, from its checkpoint's ``meta``); a triple store as it is. Its rows are the targets the
+    model's figures are of: two models of other windows or kinds may score other rows of one store."""
+    return open_fit_store(
+        store, storage_options, window_for(model, store, storage_options), min_context_for(model, meta)
+    )
+
+
 def _open_recorded(record: dict[str, Any] | None, scored: RowStore) -> RowStore | None:
     """The store a checkpoint recorded, when it still opens as it was (same fingerprint) with the scored store's
     S and T; ``None`` otherwise."""
@@ -294,9 +310,7 @@ def evaluate(
         checkpoint = load_checkpoint(model, storage_options=storage_options)
         head, meta = checkpoint.model, checkpoint.meta
     # A token-stream store is read with the model's window.
-    scored = open_fit_store(
-        store, storage_options, window_for(head, store, storage_options), min_context_for(head, meta)
-    )
+    scored = scored_store(head, meta, store, storage_options)
     check_same_shape(head, "the model", scored)
     check_model_corpus(meta.get("store"), scored)
     if scored.num_rows == 0:

@@ -27,8 +27,8 @@ from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.engine import worker_tasks
 from dist_respattn.engine.broadcast import ParameterBroadcast
 from dist_respattn.engine.cluster import ClusterOptions, connect
-from dist_respattn.engine.evaluate import min_context_for, window_for
-from dist_respattn.engine.fit import FitError, check_same_shape, open_fit_store
+from dist_respattn.engine.evaluate import scored_store
+from dist_respattn.engine.fit import FitError, check_same_shape
 from dist_respattn.engine.passes import PassRunner
 from dist_respattn.engine.progress import FitReporter
 from dist_respattn.engine.worker_tasks import attribute_map
@@ -127,9 +127,7 @@ def predict(
     except ValueError as exc:
         raise FitError(f"{source}: {exc}") from None
     # The rows evaluate scores: a head of token windows predicts the short histories its fit trained on too.
-    scored = open_fit_store(
-        store, storage_options, window_for(head, store, storage_options), min_context_for(head, meta)
-    )
+    scored = scored_store(head, meta, store, storage_options)
     names = getattr(scored, "attribute_names", None)
     mapping = attribute_map(tuple(names) if names else None, head.attribute_names())
     check_same_shape(head, "the model", scored)

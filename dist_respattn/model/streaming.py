@@ -399,7 +399,9 @@ class Predictor(RankedPredictions):
     """p(next token | history) for one growing history.
 
     Args:
-        model: the head; its ``buckets`` (a free prior is its N singleton buckets).
+        model: a single-hop head; its ``buckets`` (a free prior is its N singleton buckets). Every kind's streaming
+            predictor, this one for a single-hop head, is ``model.predictor(query_table=embeddings, words=words)``;
+            a head of another kind is refused here with a ``TypeError`` saying so.
         embeddings: (S, D) the query table (a token-stream store's ``embeddings()``): the query of the next
             target is then the row of the last token. Without it, every prediction takes its ``query`` (D,).
         words: (T,) the word of each target id, for :meth:`top_words` (a store's, from
@@ -429,6 +431,15 @@ class Predictor(RankedPredictions):
         *,
         words: Sequence[str] | None = None,
     ) -> None:
+        if not isinstance(model, ResponsibilityAttentionDistribution):
+            # Other kinds keep other states (a copy head's last positions, a repeat gate's whole document): each
+            # gives its own predictor, and the one call that works for all is the head's.
+            kind = getattr(model, "kind", type(model).__name__)
+            raise TypeError(
+                f"Predictor streams a single-hop head, and this is a {kind} head: use "
+                "model.predictor(query_table=embeddings, words=words), every kind's streaming predictor (what "
+                "predict --stream uses)"
+            )
         self.model = model
         self.embeddings, self.words = checked_tables(model, embeddings, words)
         self.buckets = model.buckets if model.buckets is not None else PositionBuckets.free(model.context_length)

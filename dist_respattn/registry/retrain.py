@@ -5,7 +5,8 @@ One run, under the registry's lock:
 1. load ``latest`` (if any) and warm-start the fit from it;
 2. fit on the training store (checkpoints in a work directory), validating after every iteration;
 3. score the fitted model (its ``best`` checkpoint with validation) and the current version on the
-   same store: the validation store, else the training store (marked in-sample);
+   same store, the validation store, else the training store (marked in-sample), each as ``evaluate`` scores it
+   (its own window on a token stream) and both on the same rows;
 4. publish a new version only when the candidate is not worse than the current version by more
    than ``tolerance`` (relative) on the gate metric; otherwise leave ``latest`` where it was.
 """
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import distributed
 
@@ -37,11 +38,12 @@ from dist_respattn.engine import (
     load_checkpoint,
     open_fit_store,
     score,
+    scored_store,
     store_record,
 )
-from dist_respattn.events import HeldoutScores, Metric
+from dist_respattn.events import Metric
 from dist_respattn.model.heads.base import HeadSpec, spec_from_json
-from dist_respattn.store import check_model_corpus, check_recorded_corpus
+from dist_respattn.store import TokenStreamStore, check_model_corpus, check_recorded_corpus
 from dist_respattn.store.rows import RowStore
 
 __all__ = [
@@ -193,12 +195,42 @@ def claim_work_dir(work_dir: Path) -> None:
         mark.write_text(json.dumps({"written_by": "dist-respattn retrain", "replaces": "model/"}) + "\n")
 
 
-def _heldout_scores(checkpoint: Checkpoint) -> HeldoutScores | None:
-    """The validation scores the fit recorded for ``checkpoint``'s iteration, if it recorded them."""
-    for entry in checkpoint.meta.get("history", []):
-        if entry.get("iteration") == checkpoint.iteration and entry.get("heldout"):
-            return cast(HeldoutScores, dict(entry["heldout"]))
-    return None
+def _fitted_kind(version: Checkpoint) -> str:
+    """The kind ``version`` was fitted as: a staged fit's whole kind (a recipe's), else its head's."""
+    recorded = version.meta.get("fit_head") or version.meta.get("head") or {}
+    return str(recorded.get("kind") or version.model.kind)
+
+
+def _gate_stores(
+    store: RowStore, candidate: Checkpoint, current: Checkpoint | None, storage_options: dict[str, Any] | None
+) -> tuple[RowStore, RowStore | None, str | None]:
+    """``store`` opened for the candidate and for the current version (``None``: none yet) as ``evaluate`` opens it
+    for each, and why they score different rows when they do (``None``: the same rows).
+
+    On a token stream each model reads its own window N, and the rows of a model that reads token windows start at
+    the short histories its fit trained on, those of a model of fixed windows at N earlier tokens: both are then read
+    from the most earlier tokens either starts at, so the two are scored on the same targets. A triple store's rows
+    are every model's.
+    """
+    new = scored_store(candidate.model, candidate.meta, store.location, storage_options)
+    if current is None:
+        return new, None, None
+    old = scored_store(current.model, current.meta, store.location, storage_options)
+    if not (isinstance(new, TokenStreamStore) and isinstance(old, TokenStreamStore)):
+        return new, old, None
+    fewest = max(new.min_context, old.min_context)
+    # A stream's rows have at most N earlier tokens: a window shorter than the other model's whole one keeps its own.
+    new, old = (
+        s if fewest > s.schema.context_length else s.with_context(s.schema.context_length, fewest) for s in (new, old)
+    )
+    if new.num_rows == old.num_rows:
+        return new, old, None
+    short = min(new.schema.context_length, old.schema.context_length)
+    why = (
+        f"the new model and the current version are scored on different rows of {store.location}: {new.num_rows:,} "
+        f"and {old.num_rows:,} (rows of at least {fewest} earlier tokens cannot be read with a window of N = {short})"
+    )
+    return new, old, why
 
 
 def _recorded_spec(version: Any, settings: FitSettings) -> HeadSpec:
@@ -253,12 +285,14 @@ def retrain(
         registry: the registry (local directory or fsspec URL; created on first publish).
         store: the training store.
         validation: the store both models are scored on for the gate (without one, the training store,
-            marked in-sample).
+            marked in-sample): each as ``evaluate`` scores it (on a token stream, with its own window), both on the
+            same rows.
         settings: the fit's settings. ``gate_metric`` defaults to ``settings.early_stop_metric``, else
             perplexity; ``tolerance`` is the relative slack of the gate.
         head: the kind of head and its settings; default: the latest version's kind as it was fitted (a single-hop
-            head: the one ``settings`` describe), warm-started from that version (a staged kind's earlier stages
-            from its own, e.g. a gated head's shared head).
+            head: the one ``settings`` describe). A fit of the kind the latest version was fitted as is warm-started
+            from it (a staged kind's earlier stages from its own, e.g. a gated head's shared head); a ``head`` of
+            another kind starts from the data, and is gated against that version all the same.
         first_head: what a registry with no version yet gets when ``head`` is ``None`` (default: the single-hop
             head ``settings`` describe; the command line gives the recipe on a token-stream store, as ``fit`` does).
         keep: after publishing, keep only this many newest versions.
@@ -300,14 +334,22 @@ def retrain(
             loaded = reg.load(current.number) if current is not None else None
             if current is not None:
                 _check_corpus(current.record, train, heldout)
-            warm = loaded.model if loaded is not None else None
             spec = head or (first_head if loaded is None and first_head is not None else None)
             spec = spec or _recorded_spec(loaded, settings)
-            say(
-                f"{reg}: warm start from version {current.number}"
-                if current is not None
-                else f"{reg}: no published version yet; a fresh fit ({_start(settings)})"
-            )
+            warm = loaded.model if loaded is not None else None
+            if current is None:
+                say(f"{reg}: no published version yet; a fresh fit ({_start(settings)})")
+            elif loaded is not None and spec.kind != _fitted_kind(loaded):
+                # Another kind than the version's (``head`` picked it): a head of another kind is in general no start
+                # for this fit (a recipe's repeat gate reads whole documents, a single head N tokens), so it starts
+                # from the data; the gate still compares it with the version.
+                warm = None
+                say(
+                    f"{reg}: version {current.number} is a {_fitted_kind(loaded)} fit and this one a {spec.kind} fit: "
+                    f"a fresh fit ({_start(settings)}), gated against version {current.number}"
+                )
+            else:
+                say(f"{reg}: warm start from version {current.number}")
             with connect(cluster, client=client, say=say) as cl:
                 fitted = fit(
                     train, model_dir=model_dir, settings=settings, head=spec, validation=heldout, init=warm,
@@ -315,12 +357,17 @@ def retrain(
                 )  # fmt: skip
                 candidate = load_checkpoint(model_dir)  # best with validation, else latest
                 gate_store = heldout if heldout is not None else train
-                # The fit already scored its best checkpoint on the validation store; only the in-sample gate
-                # needs a pass for the candidate. Each pass has its own run tag, so their keys never meet.
-                scores = _heldout_scores(candidate) if heldout is not None else None
-                if scores is None:
-                    scores = score(candidate.model, gate_store, client=cl)
-                current_scores = score(warm, gate_store, client=cl) if warm is not None else None
+                # Both by the pass evaluate runs, each read as evaluate reads the store for it: through the training
+                # store's window the current version scored other rows and windows than evaluate gives it (a
+                # recipe's repeat gate reads whole documents, short histories too), and the fit's own held-out
+                # figures are its stage's. Each pass has its own run tag, so their keys never meet.
+                new_rows, old_rows, unlike = _gate_stores(gate_store, candidate, loaded, storage_options)
+                if unlike is not None:
+                    say(f"warning: {unlike}")
+                scores = score(candidate.model, new_rows, client=cl)
+                current_scores = (
+                    score(loaded.model, old_rows, client=cl) if loaded is not None and old_rows is not None else None
+                )
             decision = gate(
                 metric,
                 metric.of(scores),

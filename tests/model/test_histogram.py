@@ -473,3 +473,20 @@ def test_a_predictor_without_embeddings_takes_the_query_with_each_prediction():
         bare.top_k(2, query=np.zeros(4))
     with pytest.raises(ValueError, match="the history is empty"):
         Predictor(model, table).predict()
+
+
+def test_a_predictor_of_another_kind_is_refused_naming_the_call_every_kind_answers():
+    """``Predictor`` keeps a single-hop head's bucket counts; given another kind (the default model on a token
+    stream is a repeat gate over a stack) it says which call serves every kind, instead of failing on a missing
+    attribute. That call gives the kind's own predictor, and for a single-hop head a ``Predictor``."""
+    from dist_respattn.model.heads.mixture import MixtureHead
+
+    shape = (6, 4, 3, 5)
+    table = np.random.default_rng(1).normal(size=(6, 3))
+    mixture = MixtureHead([0.6, 0.4], [random_distribution(*shape, seed=s) for s in (1, 2)])
+    with pytest.raises(TypeError, match=r"this is a mixture head: use model\.predictor\(query_table=embeddings"):
+        Predictor(mixture, table)
+    predictor = mixture.predictor(query_table=table)
+    predictor.extend([1, 4, 4, 0])
+    assert predictor.predict().shape == (5,)
+    assert type(mixture.components[0].predictor(query_table=table)) is Predictor

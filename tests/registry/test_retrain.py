@@ -175,9 +175,8 @@ def test_gate_on_loglik(registry, stores, client, tmp_path):
     )
     gate = worse.gate
     assert (worse.published, gate.metric, gate.passed) == (False, "loglik", False)
-    # The version's record holds what its fit's held-out grid gave (each point's rows as one running product's
-    # logarithm), the gate's current what the scoring pass gives it (a sum of the rows' logarithms): the same figure
-    # to rounding, as the candidate's below.
+    # The version's record holds what the scoring pass gave it as a candidate, the gate's current what the same pass
+    # gives it now: the same figure (to the order the tasks' sums are combined in), as the candidate's below.
     recorded = Registry(str(registry)).version(1).record["metrics"]["mean_log_likelihood"]
     assert math.isclose(gate.current, recorded, rel_tol=1e-12)
     assert gate.candidate < gate.current - 1.0
