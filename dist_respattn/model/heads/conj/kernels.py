@@ -463,7 +463,8 @@ def _estep(
     pair and triple rows of the counts ``loo_cells`` (M,) and ``loo_triple_cells`` (M3,) without the row's own
     counts in them (leaving one out, :func:`_held_out_row`; ``loo_pairs`` (P, 3) and ``loo_triples`` (U, 3) each
     row's ``(total, types, moved)``): what rows counted from the data need, so that EM does not move the prior
-    toward the positions whose rows hold the very row they explain.
+    toward the positions whose rows hold the very row they explain. The cells' responsibilities are then not summed
+    (``cell_counts`` and ``triple_counts`` may be empty).
 
     Each window's terms are :func:`_row_terms`' written out here, with a sparse ``B`` read through the direct rows:
     a call passing some thirty arrays costs more a row than its lookups (measured: two more arrays in that call,
@@ -527,7 +528,11 @@ def _estep(
                         k0 = indptr[p_n]
                         prefetch_element(targets, k0)
                         prefetch_element(cell_value, k0)
-                        prefetch_element(cell_counts, k0)
+                        if leave_out:  # the counts the row is taken out of (the cells' sums are not kept)
+                            prefetch_element(loo_cells, k0)
+                            prefetch_item(loo_pairs, p_n, 0)
+                        else:
+                            prefetch_element(cell_counts, k0)
                         if with_triples and x > begin[near]:
                             # The triple row the same way (its slot prefetched with the pair's).
                             key3 = (np.int64(tokens[x - 1]) * num_symbols + tokens[x]) * num_symbols + q_n
@@ -538,7 +543,11 @@ def _estep(
                                 k3 = triple_indptr[u_n]
                                 prefetch_element(triple_targets, k3)
                                 prefetch_element(triple_value, k3)
-                                prefetch_element(triple_counts, k3)
+                                if leave_out:
+                                    prefetch_element(loo_triple_cells, k3)
+                                    prefetch_item(loo_triples, u_n, 0)
+                                else:
+                                    prefetch_element(triple_counts, k3)
             far = row + 2 * _PREFETCH_ROWS
             if with_direct and far < n_rows:
                 r_f = direct_row[target[far]]
@@ -660,10 +669,12 @@ def _estep(
                 pair_counts[bpair[j]] += rj
             else:
                 emission_count_ts[t, c] += rj
-            if cell[j] >= 0:
+            # The cells' responsibilities, the rows' counts when EM fits them (rows counted from the data keep
+            # theirs: no sums, and ``cell_counts`` may be empty then).
+            if cell[j] >= 0 and not leave_out:
                 cell_counts[cell[j]] += rj
             # The pair cell takes the responsibility too (its row is the triple rows' prior mean, fitted on all).
-            if with_triples and tcell[j] >= 0:
+            if with_triples and tcell[j] >= 0 and not leave_out:
                 triple_counts[tcell[j]] += rj
             recency_mass[r] += rj
         if m < n_pos:

@@ -318,7 +318,7 @@ def _kept_cells(tally: CellTally, num_targets: int, min_count: float) -> tuple[n
 class ConjStatistics:
     """Additive statistics of a conjunction head: the single head's (every position's responsibility),
     ``cell_counts`` (M,), the responsibility each stored cell received, and ``triple_counts`` (M3,) each stored
-    triple cell's (order 3; empty at order 2)."""
+    triple cell's (order 3; empty at order 2); both empty for rows counted from the data, which keep their counts."""
 
     stats: SufficientStatistics
     cell_counts: np.ndarray
@@ -358,12 +358,16 @@ def _weighted(rows: Any, weights: np.ndarray | None) -> Any:
 
 def conj_statistics(head: ConjHead, blocks: Iterable[Block], leave_one_out: bool = False) -> ConjStatistics:
     """The conjunction E-step of ``blocks`` (token windows, in row order) under ``head``; with ``leave_one_out``,
-    each row explained by the pair and triple rows without its own counts (rows counted from these rows' data)."""
+    each row explained by the pair and triple rows without its own counts (rows counted from these rows' data), and
+    no cell's responsibility summed (the statistics' ``cell_counts`` and ``triple_counts`` empty)."""
     s, n, d, t = head.shape
     table = head.single.emission_table
     support = table.support if isinstance(table, SparseEmission) else None
     arrays = StatisticArrays.zeros(s, n, d, t, support)
-    extra = ConjArrays.zeros(n, head.num_cells, 0 if head.triples is None else head.triples.targets.size)
+    # Rows counted from the data keep their counts: no cell's responsibility is summed (nor sent up the tree).
+    cells = 0 if leave_one_out else head.num_cells
+    triple_cells = 0 if leave_one_out or head.triples is None else head.triples.targets.size
+    extra = ConjArrays.zeros(n, cells, triple_cells)
     params = head.parameters
     held_out = head.leave_one_out if leave_one_out else None
     for block in blocks:
