@@ -1,10 +1,11 @@
-"""A token-stream store changed on disk after it was written is refused in one line naming the array, what was found
-and what was expected, by every reader: opening it, ``validate``, ``fit`` and ``evaluate``. Nothing is written: the
-damaged store is left byte for byte as it was damaged.
+"""A token-stream store changed on disk after it was written is refused in one line naming the array (and the chunk
+and its file), what was found and what was expected, by every reader: opening it, ``validate``, ``fit`` and
+``evaluate``. Nothing is written: the damaged store is left byte for byte as it was damaged.
 
 The stores are written by the project's own writer, then damaged as a person or a disk would: an array's ``zarr.json``
 rewritten with another shape, dtype or shard size (a store so edited used to pass ``validate``, crash a fit's workers
-until it hung, or read queries past the end of the table).
+until it hung, or read queries past the end of the table), or 4 bytes inside one chunk of a shard file flipped
+(named by the chunk the bytes are in, not by the chunk before it whose last tokens a partition's first windows read).
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ TOKENS, CHUNK, SHARD = 4000, 256, 1024
 FIX = (
     "no longer matches the store's record: restore the store from a copy, or write it again (the same command with "
     "--overwrite)"
+)
+#: What a read says of a chunk whose bytes changed, after the chunk and its file.
+CHANGED = (
+    "cannot be read: its checksum does not match its bytes: the chunk file was changed after it was written; "
+    "restore the file or write the store again"
 )
 
 
@@ -60,6 +66,18 @@ def edit_metadata(store: Path, array: str, change: Callable[[dict[str, Any]], No
     metadata = json.loads(path.read_text())
     change(metadata)
     path.write_text(json.dumps(metadata, indent=2))
+
+
+def damage_chunk(store: Path, array: str, chunk: int) -> None:
+    """Flip 4 bytes in the middle of chunk ``chunk``'s stored bytes, inside its shard file (located by the
+    shard's index: an (offset, length) uint64 pair per chunk, then a 4-byte checksum, at the file's end)."""
+    path = store / array / "c" / str(chunk // (SHARD // CHUNK))
+    data = bytearray(path.read_bytes())
+    index = np.frombuffer(bytes(data[-(16 * (SHARD // CHUNK) + 4) : -4]), dtype="<u8").reshape(-1, 2)
+    offset, length = (int(v) for v in index[chunk % (SHARD // CHUNK)])
+    at = offset + length // 2
+    data[at : at + 4] = bytes(b ^ 0xFF for b in data[at : at + 4])
+    path.write_bytes(bytes(data))
 
 
 def set_shape(shape: list[int]) -> Callable[[dict[str, Any]], None]:
@@ -144,6 +162,40 @@ def test_a_store_appended_to_keeps_its_recorded_documents(store_path):
         open_store(store_path)
 
 
+#: Damaged chunks: (array, chunk). Chunk 3 is the last of shard 0, whose last N tokens partition 1's first windows
+#: read; chunk 4 the first of shard 1.
+DAMAGED = [("tokens", 4), ("tokens", 3), ("weight", 4)]
+
+
+@pytest.mark.parametrize(("array", "chunk"), DAMAGED, ids=[f"{a}-{c}" for a, c in DAMAGED])
+def test_changed_bytes_are_named_by_their_chunk_and_its_file_whatever_read_finds_them(store_path, array, chunk):
+    damage_chunk(store_path, array, chunk)
+    before = tree_state(store_path)
+    first = chunk * CHUNK
+    named = (
+        f"{store_path}: array '{array}' chunk {chunk} (tokens {first}..{first + CHUNK - 1}, in file "
+        f"'{array}/c/{chunk // (SHARD // CHUNK)}') {CHANGED}"
+    )
+    store = open_store(store_path)
+    part = store.partition(1)
+    reads = {
+        "blocks": lambda: list(store.iter_blocks(1)),
+        "windows": lambda: list(store.iter_windows(1)),
+        "rows": lambda: store.read_rows(part.start, part.stop),
+        "selected": lambda: store.read_selected(part.start, part.stop, np.arange(part.num_rows) % 16 == 0),
+    }
+    for name, read in reads.items():
+        with pytest.raises(StoreCorruptError) as raised:
+            read()
+        assert str(raised.value) == named, name
+    if chunk == 4:  # partition 0 reads no token of shard 1
+        assert store.read_partition(0).num_rows == store.partition(0).num_rows
+    report = validate(store_path)
+    assert [(p.array, p.chunk, p.row) for p in report.problems] == [(array, chunk, first)], report.summary()
+    assert report.problems[0].message == named.split(": ", 1)[1]
+    assert tree_state(store_path) == before
+
+
 # -- the commands ---------------------------------------------------------------------------------------------------
 
 
@@ -188,4 +240,22 @@ def test_fit_evaluate_and_validate_refuse_a_shrunk_token_array_at_once(store_pat
     result = validated.wait()
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert result.stdout.splitlines()[1:] == [f"  {message.split(': ', 1)[1]}"], result.stdout
+    scene.assert_nothing_written()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_fit_and_evaluate_name_the_changed_chunk_and_its_file(store_path, tmp_path, one_worker_address):
+    """The workers' reads of partition 1 (its first windows read the last tokens of chunk 3) name chunk 4 and its
+    shard file, not chunk 3."""
+    model = write_model(tmp_path, store_path)
+    damage_chunk(store_path, "tokens", 4)
+    (tmp_path / "fit").mkdir()
+    scene = Scene.make(tmp_path / "fit", str(store_path), str(model))
+    message = f"{store_path}: array 'tokens' chunk 4 (tokens 1024..1279, in file 'tokens/c/1') {CHANGED}"
+    at = ("--scheduler", one_worker_address, "--json")
+    fit = scene.fit("--head", "single", "--max-iter", "1", *at, deadline=90)
+    evaluate = Launched(("evaluate", str(model), str(store_path), *at), cwd=scene.cwd, deadline=90)
+    assert_one_error_line(fit, "fit", message)
+    assert_one_error_line(evaluate, "evaluate", message)
     scene.assert_nothing_written()

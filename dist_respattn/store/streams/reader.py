@@ -401,13 +401,32 @@ class TokenStreamStore:
         try:
             return array[start:stop]
         except Exception as exc:
-            chunk = start // self.chunk_tokens
-            why = read_failure(exc)
-            if why.startswith(type(exc).__name__):  # not a checksum: zarr's own words, and a likely cause
-                why = f"(a truncated or damaged shard?): {why}"
-            raise StoreCorruptError(
-                f"{self.location}: array '{name}' chunk {chunk} (tokens {start}..{stop - 1}) cannot be read: {why}"
-            ) from exc
+            raise self._unreadable_chunk(name, array, start, stop, exc) from exc
+
+    def _unreadable_chunk(self, name: str, array: Any, start: int, stop: int, exc: Exception) -> StoreCorruptError:
+        """The error for tokens ``[start, stop)`` of ``name`` that could not be read, naming the chunk at fault and its
+        file: the chunks the read spans (a block's and, for its look-back, the one before) are read again one by one.
+        """
+        chunk, cause = None, exc
+        for index in range(start // self.chunk_tokens, max(stop - 1, start) // self.chunk_tokens + 1):
+            try:
+                array[max(start, index * self.chunk_tokens) : min(stop, (index + 1) * self.chunk_tokens)]
+            except Exception as again:
+                chunk, cause = index, again
+                break
+        why = read_failure(cause)
+        if why.startswith(type(cause).__name__):  # not a checksum: zarr's own words, and a likely cause
+            why = f"(a truncated or damaged shard?): {why}"
+        if chunk is None:  # each chunk reads on its own now: name the read
+            where = (
+                f"chunks {start // self.chunk_tokens}..{(stop - 1) // self.chunk_tokens} (tokens {start}..{stop - 1})"
+            )
+        else:
+            first = chunk * self.chunk_tokens
+            key = shard_key(array, name, first // self.partition_tokens)
+            last = min(first + self.chunk_tokens, self.num_tokens) - 1
+            where = f"chunk {chunk} (tokens {first}..{last}, in file '{key}')"
+        return StoreCorruptError(f"{self.location}: array '{name}' {where} cannot be read: {why}")
 
     def read_rows(self, start: int, stop: int) -> EncodedRows:
         """Rows ``[start, stop)``: their windows made from the tokens they span and the N tokens before."""
