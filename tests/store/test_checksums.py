@@ -86,7 +86,7 @@ def test_changed_bytes_in_a_token_shard_are_found_by_validate_and_by_a_read(stre
     with pytest.raises(StoreCorruptError) as raised:
         list(store.iter_blocks(0))
     message = str(raised.value)
-    assert "\n" not in message and "array 'tokens' chunk 0 (tokens 0..63)" in message, message
+    assert "\n" not in message and "array 'tokens' chunk 0 (tokens 0..63, in file 'tokens/c/0')" in message, message
     assert "checksum does not match" in message
     store.read_rows(store.partition(1).start, store.partition(1).stop)  # the other shards read as before
 

@@ -59,9 +59,10 @@ from dist_respattn.store.identity import corpus_identity, identity_changes, reco
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.lock import StoreLocked, live_writer
 from dist_respattn.store.not_a_store import not_a_store
-from dist_respattn.store.problems import EncodedRows
+from dist_respattn.store.problems import EncodedRows, Problem
 from dist_respattn.store.schema import ATTRIBUTE_KEY, SCHEMA_NAME, STREAM_SCHEMA_NAME, StoreSchema, StoreState
 from dist_respattn.store.streams.windows import full_window_rows, make_windows, target_positions
+from dist_respattn.text_format import count_text
 
 __all__ = [
     "ATTRIBUTE_ARRAYS",
@@ -73,6 +74,7 @@ __all__ = [
     "TOKEN_ARRAYS",
     "StreamRows",
     "TokenStreamStore",
+    "array_problems",
     "is_stream_group",
     "missing_arrays",
     "starts_problem",
@@ -103,6 +105,68 @@ def missing_arrays(group: Any, attributes: dict[str, Any]) -> list[tuple[str, st
     if attributes.get("has_weight"):
         expected["weight"] = "float32 (L,), a weight per token"
     return [(name, what) for name, what in expected.items() if name not in group]
+
+
+def _recorded_documents(attributes: dict[str, Any]) -> int | None:
+    """The documents the store's provenance records (those it was written with and those of each append), or
+    ``None`` when a record lacks the count."""
+    provenance = attributes.get("provenance") or {}
+    appends = provenance.get("appends") or []
+    counts = [provenance.get("documents"), *(a.get("documents") if isinstance(a, dict) else None for a in appends)]
+    whole = [count for count in counts if isinstance(count, int) and not isinstance(count, bool)]
+    return sum(whole) if len(whole) == len(counts) else None
+
+
+def array_problems(group: Any, attributes: dict[str, Any]) -> list[Problem]:
+    """The arrays whose dtype, shape or chunking is not what the store's attributes record (token count, S, D,
+    documents, chunk and shard sizes): one problem each, naming what was found and what was expected.
+
+    Only the arrays' metadata is read. An array the store lacks is left to :func:`missing_arrays`, the attribute
+    arrays to the checks of their own. A read of an array that does not match would crash or return garbage (tokens
+    past the end of a shrunk array, queries past the end of a shrunk table) rather than name it.
+    """
+    num_symbols, dim, length = (int(attributes[k]) for k in ("num_symbols", "query_dim", "tokens"))
+    chunk, shard = int(attributes["chunk_tokens"]), int(attributes["partition_tokens"])
+    documents = _recorded_documents(attributes)
+    tokens = count_text(length, "token")
+    expected: dict[str, tuple[np.dtype, str, tuple[int | None, ...], str]] = {
+        "tokens": (token_dtype(num_symbols), f"the smallest unsigned type that holds S = {num_symbols:,} ids",
+                   (length,), f"the store's {tokens}"),
+        "document_starts": (np.dtype(np.int64), "document starts", (documents,),
+                            "its documents" if documents is None else f"the {count_text(documents, 'document')} its "
+                            "provenance records"),
+        "embeddings": (np.dtype(np.float32), "the table queries are looked up in", (num_symbols, dim),
+                       f"S = {num_symbols:,} symbols by D = {dim}"),
+    }  # fmt: skip
+    if attributes.get("has_weight"):
+        expected["weight"] = (np.dtype(np.float32), "a weight per token", (length,), f"the store's {tokens}")
+    problems = []
+    for name, (dtype, what, shape, of) in expected.items():
+        try:
+            array = group[name]
+        except KeyError:  # missing: named by missing_arrays
+            continue
+        fix = (
+            f"'{name}/zarr.json' no longer matches the store's record: restore the store from a copy, or write it "
+            "again (the same command with --overwrite)"
+        )
+        if array.dtype != dtype:
+            problems.append(Problem(f"dtype {array.dtype}: expected {dtype}, {what}; {fix}", array=name))
+        found = tuple(int(n) for n in array.shape)
+        if len(found) != len(shape) or any(w not in (None, n) for w, n in zip(shape, found, strict=True)):
+            problems.append(Problem(f"shape {found}: expected {_shape_text(shape)}, {of}; {fix}", array=name))
+        elif name in TOKEN_ARRAYS and (array.chunks[0], (array.shards or array.chunks)[0]) != (chunk, shard):
+            problems.append(Problem(
+                f"chunked {array.chunks[0]} tokens per chunk and {(array.shards or array.chunks)[0]} per shard: "
+                f"expected {chunk} and {shard}, the store's chunk_tokens and partition_tokens; {fix}",
+                array=name,
+            ))  # fmt: skip
+    return problems
+
+
+def _shape_text(shape: tuple[int | None, ...]) -> str:
+    """``(4000,)``, ``(300, 3)``; a length the store does not record as ``n``: ``(n,)``."""
+    return str(tuple("n" if n is None else n for n in shape)).replace("'", "")
 
 
 def token_dtype(num_symbols: int) -> np.dtype:
@@ -268,6 +332,11 @@ class TokenStreamStore:
                     f"{location}: array '{name}': missing: expected {expected}; write the store again "
                     "(the same command with --overwrite)"
                 )
+            problems = array_problems(group, attributes)
+            if problems:  # else a read goes past an array's end (a worker crashes) or decodes garbage
+                more = len(problems) - 1
+                also = f" (and {more} more: `dist-respattn validate {location}` lists them)" if more else ""
+                raise StoreCorruptError(f"{location}: {problems[0]}{also}")
             return cls(location, group, attributes, n)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
@@ -332,13 +401,32 @@ class TokenStreamStore:
         try:
             return array[start:stop]
         except Exception as exc:
-            chunk = start // self.chunk_tokens
-            why = read_failure(exc)
-            if why.startswith(type(exc).__name__):  # not a checksum: zarr's own words, and a likely cause
-                why = f"(a truncated or damaged shard?): {why}"
-            raise StoreCorruptError(
-                f"{self.location}: array '{name}' chunk {chunk} (tokens {start}..{stop - 1}) cannot be read: {why}"
-            ) from exc
+            raise self._unreadable_chunk(name, array, start, stop, exc) from exc
+
+    def _unreadable_chunk(self, name: str, array: Any, start: int, stop: int, exc: Exception) -> StoreCorruptError:
+        """The error for tokens ``[start, stop)`` of ``name`` that could not be read, naming the chunk at fault and its
+        file: the chunks the read spans (a block's and, for its look-back, the one before) are read again one by one.
+        """
+        chunk, cause = None, exc
+        for index in range(start // self.chunk_tokens, max(stop - 1, start) // self.chunk_tokens + 1):
+            try:
+                array[max(start, index * self.chunk_tokens) : min(stop, (index + 1) * self.chunk_tokens)]
+            except Exception as again:
+                chunk, cause = index, again
+                break
+        why = read_failure(cause)
+        if why.startswith(type(cause).__name__):  # not a checksum: zarr's own words, and a likely cause
+            why = f"(a truncated or damaged shard?): {why}"
+        if chunk is None:  # each chunk reads on its own now: name the read
+            where = (
+                f"chunks {start // self.chunk_tokens}..{(stop - 1) // self.chunk_tokens} (tokens {start}..{stop - 1})"
+            )
+        else:
+            first = chunk * self.chunk_tokens
+            key = shard_key(array, name, first // self.partition_tokens)
+            last = min(first + self.chunk_tokens, self.num_tokens) - 1
+            where = f"chunk {chunk} (tokens {first}..{last}, in file '{key}')"
+        return StoreCorruptError(f"{self.location}: array '{name}' {where} cannot be read: {why}")
 
     def read_rows(self, start: int, stop: int) -> EncodedRows:
         """Rows ``[start, stop)``: their windows made from the tokens they span and the N tokens before."""

@@ -1,5 +1,5 @@
-"""Validating a token-stream store: its document starts, its corpus identity, its attribute arrays and every chunk of
-token values."""
+"""Validating a token-stream store: its arrays' dtypes and shapes against its record, its document starts, its corpus
+identity, its attribute arrays and every chunk of token values."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from dist_respattn.store.streams.reader import (
     ATTRIBUTE_ARRAYS,
     STARTS_CHUNK,
     TokenStreamStore,
+    array_problems,
     missing_arrays,
     starts_problem,
 )
@@ -52,6 +53,9 @@ def validate_stream(
     missing = missing_arrays(group, attributes)
     if missing:  # nothing can be located without them
         return [Problem(f"missing: expected {expected}", array=name) for name, expected in missing], 0, 0
+    mismatched = array_problems(group, attributes)
+    if mismatched:  # chunks read past an array's end or decoded as another dtype: every one would fail, or lie
+        return mismatched, 0, 0
     num_tokens = int(attributes["tokens"])
     try:
         starts = np.asarray(read_whole(location, group, "document_starts"), dtype=np.int64)
