@@ -9,7 +9,7 @@ implementations.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -61,6 +61,9 @@ class KindCase:
         batch_top_k: whether :meth:`Head.top_k` predicts blocks (else it refuses them with a ``ValueError``).
         predictor_options: ``(data, row) -> options`` for :meth:`Head.predictor` predicting that row (an attribute,
             say); ``None``: no options.
+        scoring_spec: ``spec -> spec``: a fit whose E-step reads the rows as scoring does, for a kind whose E-step
+            explains each training row by rows counted without it (the conjunction head's rows counted from the
+            data); ``None``: the spec itself.
     """
 
     name: str
@@ -70,6 +73,7 @@ class KindCase:
     tables: Callable[[Head], dict[str, np.ndarray]]
     batch_top_k: bool = True
     predictor_options: Callable[[KindData, int], dict[str, Any]] | None = field(default=None)
+    scoring_spec: Callable[[HeadSpec], HeadSpec] | None = field(default=None)
 
 
 def blocks_of(data: KindData, columns: Columns, start: int = 0, stop: int | None = None) -> Iterator[Block]:
@@ -400,14 +404,16 @@ def conj_tables(head: Head) -> dict[str, np.ndarray]:
 
 def conj_ml(spec: HeadSpec) -> HeadSpec:
     """Maximum likelihood: the single head's (:func:`single_hop_ml`), pair rows without a prior, at every position (so
-    ``B``, fitted on every position's responsibility, is the prior of no row the likelihood reads)."""
+    ``B``, fitted on every position's responsibility, is the prior of no row the likelihood reads), their counts
+    EM's (rows counted from the data leave each training row out, and without a prior a target a pair held once
+    has no probability left)."""
     from dist_respattn.model.heads.conj import ConjSpec
 
     assert isinstance(spec, ConjSpec)
     single = single_hop_ml(spec.single)
     assert isinstance(single, SingleHopSpec)
     return ConjSpec(single, depth=64, min_count=1.0, strength=0.0, type_strength=0.0, backoff=spec.backoff,
-                    discount=0.0)  # fmt: skip
+                    discount=0.0, row_counts="responsibilities")  # fmt: skip
 
 
 def _conj_free_dense() -> tuple[HeadSpec, KindData, TrainerContext]:
@@ -419,7 +425,17 @@ def _conj_free_dense() -> tuple[HeadSpec, KindData, TrainerContext]:
     return spec, copy_data(600, shape, 23), TrainerContext(shape)
 
 
-CASES.append(KindCase("conj-free-dense", _conj_free_dense, conj_ml, conj_reference, conj_tables))
+def conj_scoring(spec: HeadSpec) -> HeadSpec:
+    """The same fit with EM's row counts, whose E-step reads every row as scoring does (no row left out)."""
+    from dist_respattn.model.heads.conj import ConjSpec
+
+    assert isinstance(spec, ConjSpec)
+    return replace(spec, row_counts="responsibilities")
+
+
+CASES.append(
+    KindCase("conj-free-dense", _conj_free_dense, conj_ml, conj_reference, conj_tables, scoring_spec=conj_scoring)
+)
 
 
 def _conj_tied_sparse() -> tuple[HeadSpec, KindData, TrainerContext]:
@@ -432,7 +448,9 @@ def _conj_tied_sparse() -> tuple[HeadSpec, KindData, TrainerContext]:
     return spec, copy_data(600, shape, 29), TrainerContext(shape)
 
 
-CASES.append(KindCase("conj-tied-sparse", _conj_tied_sparse, conj_ml, conj_reference, conj_tables))
+CASES.append(
+    KindCase("conj-tied-sparse", _conj_tied_sparse, conj_ml, conj_reference, conj_tables, scoring_spec=conj_scoring)
+)
 # ----------------------------------------------------------------------------------------------- chain of hops
 
 

@@ -23,7 +23,14 @@ from dist_respattn.model.heads.base import Block
 from dist_respattn.model.heads.conj import ConjHead, ConjSpec
 from dist_respattn.model.heads.conj.head import TripleRows
 from dist_respattn.model.heads.conj.kernels import ConjArrays, conj_estep
-from dist_respattn.model.heads.conj.kind import cell_tally, conj_statistics, support_of, triple_tally
+from dist_respattn.model.heads.conj.kind import (
+    ROW_COUNTS,
+    cell_tally,
+    conj_statistics,
+    support_counts,
+    support_of,
+    triple_tally,
+)
 from dist_respattn.model.heads.single_hop.accumulator import ResponsibilityAttentionAccumulator
 from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 from dist_respattn.model.heads.single_hop.sampler import random_distribution
@@ -454,9 +461,11 @@ def test_order_three_maximum_likelihood_em_never_lowers_the_likelihood() -> None
     s, n_pos = 5, 3
     table = rng.dirichlet(np.full(s, 0.3), size=(s, s))
     context, query, target = trigram_rows(rng, table, 500, n_pos)
+    # The rows' counts EM's own (responsibilities): rows counted from the data leave each row out, and at strength 0
+    # a target a pair held once has nothing left without it.
     spec = ConjSpec(SingleHopSpec(sigma2=1.0, emission_smoothing=0.0, emission_layout="dense"), depth=n_pos,
                     strength=0.0, type_strength=0.0, discount=0.0, order=3, triple_strength=0.0,
-                    triple_type_strength=0.0, triple_discount=0.0)  # fmt: skip
+                    triple_type_strength=0.0, triple_discount=0.0, row_counts="responsibilities")  # fmt: skip
     lls: list[float] = []
     result = fit_em((context, query, target), spec, shape=(s, n_pos, 2, s), holdout=HoldoutRule(0.0), max_iter=8,
                     tol=0.0, callback=lambda it, head: lls.append(it.mean_log_likelihood))  # fmt: skip
@@ -493,3 +502,105 @@ def test_the_conj_order_option_makes_the_spec_and_a_bad_one_names_its_flag() -> 
     ]:
         with pytest.raises(CommandError, match=message):
             spec_from_args(parsed(*flags), base, None)
+
+
+def rows_at(rows: WindowRows, keep: np.ndarray) -> WindowRows:
+    """The rows ``keep`` (indices or a mask) of ``rows``, over the same tokens."""
+    return WindowRows(rows.tokens, rows.begin[keep], rows.end[keep], rows.target[keep], rows.query_table,
+                      rows.query_index[keep], None, 0)  # fmt: skip
+
+
+def data_counted_head(single: object, rows: WindowRows, depth: int, pair: tuple[float, float, float],
+                      triple: tuple[float, float, float] | None, backoff: str) -> ConjHead:  # fmt: skip
+    """A head over ``single`` whose pair (and triple) rows are ``rows``' own counts, as a fit with
+    ``row_counts="data"`` starts: every cell the rows hold, each occurrence counted once."""
+    s, t = single.num_symbols, single.num_targets  # type: ignore[attr-defined]
+    tally = cell_tally(s, t, depth, iter([Block(rows, None)]))
+    triples = None
+    if triple is not None:
+        tally3 = triple_tally(s, t, depth, iter([Block(rows, None)]))
+        triples = TripleRows(*support_of(tally3, t, 1.0), support_counts(tally3, t, 1.0), *triple)
+    return ConjHead(single, depth, *support_of(tally, t, 1.0), support_counts(tally, t, 1.0), *pair[:2],  # type: ignore[arg-type]
+                    backoff=backoff, discount=pair[2], triples=triples)  # fmt: skip
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**16), n_pos=st.integers(1, 5), depth=st.integers(1, 5),
+       vocab=st.sampled_from([2, 3, 7]), n_docs=st.integers(1, 3), sparse=st.booleans(),
+       backoff=st.sampled_from(["attended", "current"]),
+       pair=st.sampled_from([(1.5, 0.5, 0.0), (0.0, 1.0, 0.4), (0.2, 0.0, 1.5)]),
+       triple=st.sampled_from([None, (0.7, 0.5, 0.0), (0.0, 1.0, 0.4), (2.0, 0.0, 1.5)]))  # fmt: skip
+def test_leaving_one_out_explains_each_row_by_the_rows_counted_without_it(
+    seed: int, n_pos: int, depth: int, vocab: int, n_docs: int, sparse: bool, backoff: str,
+    pair: tuple[float, float, float], triple: tuple[float, float, float] | None,
+) -> None:  # fmt: skip
+    """Rows counted from the data: the E-step with ``leave_one_out`` over all rows equals, row by row, the
+    per-position reference of the head whose rows were counted from every other row (a cell only that row held, and
+    its type, gone; windows with repeats count a cell once for each of its positions). Some strength keeps every
+    row possible: under maximum likelihood a target a pair held once has no probability left without it."""
+    rng = np.random.default_rng(seed)
+    shape = (7, n_pos, 2, 7)
+    tokens, starts = corpus(rng, 30, vocab, n_docs)
+    rows = windows_of(tokens, starts, n_pos, rng.normal(size=(7, 2)))
+    single = random_distribution(*shape, seed=seed, sigma2=0.8)
+    if sparse:
+        single = single.with_emission(single.emission_table.restricted(PairSupport.full(shape[0], shape[3])))
+    depth = min(depth, n_pos)
+    head = data_counted_head(single, rows, depth, pair, triple, backoff)
+    value = conj_statistics(head, [Block(rows, None)], leave_one_out=True)
+    stats = value.stats
+    counts = stats.emission_count
+    if sparse:
+        counts = counts.on(single.emission_table.support)  # type: ignore[attr-defined]
+    theirs: dict[str, np.ndarray] = {}
+    for i in range(rows.num_rows):
+        others = data_counted_head(single, rows_at(rows, np.arange(rows.num_rows) != i), depth, pair, triple, backoff)
+        for name, v in reference_statistics(others, rows_at(rows, np.array([i]))).items():
+            if name not in ("cell_counts", "triple_counts"):  # each head of its own support
+                theirs[name] = theirs[name] + v if name in theirs else v
+    mine = {"key_sum": stats.key_sum, "key_mass": stats.key_mass, "emission_count": counts.to_dense(),
+            "recency_mass": stats.position_count[::-1], "log_lik": np.array([stats.log_lik])}  # fmt: skip
+    for name, v in mine.items():
+        np.testing.assert_allclose(v, theirs[name], rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+def test_rows_counted_from_the_data_stay_the_tally_and_beat_fitted_rows_on_held_out_rows() -> None:
+    """The default rows (``row_counts="data"``): the fitted head's pair and triple counts are the training rows'
+    tally, every occurrence once, unchanged by EM; and on a trigram source its held-out perplexity is below that of
+    rows whose counts EM fits (the responsibilities), which remember their own training rows."""
+    rng = np.random.default_rng(31)
+    s, n_pos = 12, 4
+    table = rng.dirichlet(np.full(s, 0.2), size=(s, s))
+    train, test = trigram_rows(rng, table, 1500, n_pos), trigram_rows(rng, table, 1000, n_pos)
+    single_spec = SingleHopSpec(sigma2=1.0, emission_strength=1.0, type_strength=1.0, emission_layout="dense")
+    fixed = ConjSpec(single_spec, strength=0.5, type_strength=0.5, discount=0.5, order=3, triple_strength=0.5,
+                     triple_type_strength=0.5, triple_discount=0.5)  # fmt: skip
+    head = fit_em(train, fixed, shape=(s, n_pos, 2, s), holdout=HoldoutRule(0.0), max_iter=3, tol=0.0).distribution
+    assert isinstance(head, ConjHead) and head.triples is not None
+    rows = WindowRows.from_encoded(*train)
+    np.testing.assert_array_equal(head.counts, support_counts(cell_tally(s, s, 2, iter([Block(rows, None)])), s, 1.0))
+    tally3 = triple_tally(s, s, 2, iter([Block(rows, None)]))
+    np.testing.assert_array_equal(head.triples.counts, support_counts(tally3, s, 1.0))
+    perplexity = {}
+    for row_counts in ROW_COUNTS:  # the strengths chosen on the fit's held-out rows
+        spec = ConjSpec(single_spec, order=3, row_counts=row_counts)
+        fitted = fit_em(train, spec, shape=(s, n_pos, 2, s), max_iter=5, tol=0.0).distribution
+        assert isinstance(fitted, ConjHead)
+        score = fitted.score([Block(WindowRows.from_encoded(*test), None)])
+        perplexity[row_counts] = float(np.exp(-score.target_log_prob / score.weight))
+    assert perplexity["data"] < perplexity["responsibilities"], perplexity
+
+
+def test_the_conj_counts_option_makes_the_spec_and_old_specs_keep_fitted_rows() -> None:
+    base = SingleHopSpec(sigma2=0.5)
+    assert spec_from_args(parsed("--head", "conj"), base, None).row_counts == "data"  # type: ignore[union-attr]
+    fitted = spec_from_args(parsed("--head", "conj", "--conj-counts", "responsibilities"), base, None)
+    assert fitted == ConjSpec(base, row_counts="responsibilities")
+    assert ConjSpec.from_json(fitted.to_json()) == fitted  # type: ignore[union-attr]
+    old = ConjSpec(base).to_json()
+    del old["row_counts"]
+    assert ConjSpec.from_json(old).row_counts == "responsibilities"  # a fit recorded before the choice resumes so
+    with pytest.raises(ValueError, match="--conj-counts hard: expected one of data, responsibilities"):
+        ConjSpec(base, row_counts="hard")
+    with pytest.raises(CommandError, match="--conj-counts sets a conjunction head: add --head conj"):
+        spec_from_args(parsed("--conj-counts", "data"), base, None)

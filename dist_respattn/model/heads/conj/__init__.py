@@ -18,7 +18,7 @@ __all__ = ["KIND", "ConjHead", "ConjSpec", "spec_from_options"]
 _FLAGS = {"conj_depth": "--conj-depth", "conj_min_count": "--conj-min-count", "conj_strength": "--conj-strength",
           "conj_type_strength": "--conj-type-strength", "conj_backoff": "--conj-backoff",
           "conj_discount": "--conj-discount", "conj_order": "--conj-order",
-          "conj_choose_single": "--conj-choose-single"}  # fmt: skip
+          "conj_choose_single": "--conj-choose-single", "conj_counts": "--conj-counts"}  # fmt: skip
 
 
 def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, Any] | None) -> ConjSpec | None:
@@ -47,6 +47,7 @@ def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, 
         recorded.triple_type_strength,
         recorded.triple_discount,
         bool(given.get("conj_choose_single", recorded.choose_single)),
+        str(given.get("conj_counts", recorded.row_counts)),
     )
 
 
@@ -138,6 +139,16 @@ KIND = register_kind(
                     "help": "--head conj: choose the single head's open values (sigma2, --emission-strength, "
                     "--type-strength not given) on held-out rows too, a step at a time beside the pair rows' "
                     "(default: fixed at the values given, 1 when not given)",
+                },
+            ),
+            Option(
+                ("--conj-counts",),
+                {
+                    "choices": ("data", "responsibilities"),
+                    "default": None,
+                    "help": "--head conj: where the pair and triple rows' counts come from: data (default): each "
+                    "occurrence in the training rows, counted once, as an n-gram model counts them; "
+                    "responsibilities: what each cell received in the last E-step (EM fits the rows too)",
                 },
             ),
         ),

@@ -29,7 +29,7 @@ import numpy as np
 
 from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.heads.base import Block, Columns
-from dist_respattn.model.heads.conj.kernels import ConjParameters, conj_score, pair_of_cells
+from dist_respattn.model.heads.conj.kernels import ConjParameters, LeaveOneOut, conj_score, pair_of_cells
 from dist_respattn.model.heads.copy.kernels import copy_row_terms
 from dist_respattn.model.heads.single_hop.arrays import MODEL_ARRAY_NAMES
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
@@ -273,6 +273,17 @@ class ConjHead(WindowHead):
         return CellRows.build(self.indptr, self.targets, value), triples
 
     @functools.cached_property
+    def leave_one_out(self) -> LeaveOneOut:
+        """The counts and strengths by which the E-step explains each of its training rows without its own counts
+        (rows counted from the data; built once per head)."""
+        triples = None
+        if self.triples is not None:
+            rows = self.triples
+            triples = (rows.indptr, rows.counts, (rows.strength, rows.type_strength, rows.discount))
+        strengths = (self.strength, self.type_strength, self.discount)
+        return LeaveOneOut.of_rows(self.indptr, self.counts, strengths, triples)
+
+    @functools.cached_property
     def parameters(self) -> ConjParameters:
         """The parameters as the compiled passes read them (built once per head)."""
         weight, value = self.pair_values
@@ -295,6 +306,7 @@ class ConjHead(WindowHead):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("parameters", None)
+        state.pop("leave_one_out", None)
         state.pop("pair_values", None)
         state.pop("triple_values", None)
         state.pop("cell_rows", None)

@@ -25,6 +25,7 @@ from dist_respattn.model.rows import WindowRows
 __all__ = [
     "ConjArrays",
     "ConjParameters",
+    "LeaveOneOut",
     "conj_estep",
     "conj_score",
     "conj_score_grid",
@@ -163,6 +164,58 @@ class ConjArrays:
         return cls(np.zeros(context_length), np.zeros(num_cells), np.zeros(num_triple_cells))
 
 
+@dataclass(frozen=True)
+class LeaveOneOut:
+    """What the E-step needs to explain each training row by rows counted without it: the stored counts and
+    strengths of the pair rows and (order 3) the triple rows.
+
+    Attributes:
+        strengths: (6,) ``(beta, gamma, D, beta3, gamma3, D3)`` (the triple ones unread at order 2).
+        cells: (M,) each pair cell's count; ``pairs``: (P, 3) each pair row's ``(total, types, moved)`` (its count,
+            its stored targets, the mass its discount moves), as :func:`~dist_respattn.model.heads.conj.head.pair_rows`
+            computes them.
+        triple_cells: (M3,) and ``triples`` (U, 3): the same of the triple rows ((0,) and (0, 3) at order 2).
+    """
+
+    strengths: np.ndarray
+    cells: np.ndarray
+    pairs: np.ndarray
+    triple_cells: np.ndarray
+    triples: np.ndarray
+
+    @classmethod
+    def of_rows(
+        cls, indptr: np.ndarray, counts: np.ndarray, strengths: tuple[float, float, float],
+        triples: tuple[np.ndarray, np.ndarray, tuple[float, float, float]] | None = None,
+    ) -> LeaveOneOut:  # fmt: skip
+        """From the pair rows' ``indptr`` (P + 1,), ``counts`` (M,) and ``(beta, gamma, D)``, and the triple rows'
+        ``(indptr, counts, (beta3, gamma3, D3))`` at order 3."""
+        cells = np.ascontiguousarray(counts, dtype=np.float64)
+        pairs = _row_stats(indptr, cells, strengths[2])
+        if triples is None:
+            triple_cells, triple_stats, third = _NO_VALUES, np.zeros((0, 3)), (math.inf, 0.0, 0.0)
+        else:
+            triple_cells = np.ascontiguousarray(triples[1], dtype=np.float64)
+            triple_stats, third = _row_stats(triples[0], triple_cells, triples[2][2]), triples[2]
+        return cls(np.array([*strengths, *third], dtype=np.float64), cells, pairs, triple_cells, triple_stats)
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return self.strengths, self.cells, self.pairs, self.triple_cells, self.triples
+
+
+def _row_stats(indptr: np.ndarray, counts: np.ndarray, discount: float) -> np.ndarray:
+    """(P, 3) each row's ``(total count, stored targets, mass the discount moves)``."""
+    n_rows = indptr.shape[0] - 1
+    owner = np.repeat(np.arange(n_rows), np.diff(indptr))
+    stats = np.empty((n_rows, 3))
+    stats[:, 0] = np.bincount(owner, weights=counts, minlength=n_rows)
+    stats[:, 1] = np.diff(indptr)
+    stats[:, 2] = np.bincount(owner, weights=np.minimum(counts, discount), minlength=n_rows)
+    return stats
+
+
+_NO_LEAVE_OUT = (_NO_VALUES, _NO_VALUES, np.zeros((0, 3)), _NO_VALUES, np.zeros((0, 3)))
+
 _HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -253,6 +306,68 @@ def _triple_log_e(
 
 
 @numba.njit(cache=True, nogil=True)
+def _held_out_triple_log_e(
+    t, key, log_e, value, w, log_b, own, triple_slots, triple_shift, triple_indptr, triple_targets, cells, stats,
+    strength, type_strength, discount,
+):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`_triple_log_e` with the triple row of the counts ``cells`` (M3,) without the row's ``own`` count
+    (:func:`_held_out_row`; ``stats`` (U, 3)), under the pair row ``value + w B`` the row already left out of."""
+    u = find_pair_slot(triple_slots, triple_shift, key)
+    if u < 0:
+        return log_e, -1
+    k3 = find_key(triple_targets, triple_indptr[u], triple_indptr[u + 1], t)
+    if k3 < 0:
+        w3 = _stored_weight(stats, u, strength, type_strength)
+        return (math.log(w3) if w3 > 0.0 else -np.inf) + log_e, -2
+    w3, v3 = _held_out_row(own, cells[k3], stats, u, strength, type_strength, discount)
+    e3 = v3 + w3 * (value + w * math.exp(log_b))
+    return (math.log(e3) if e3 > 0.0 else -np.inf), k3
+
+
+@numba.njit(cache=True, nogil=True)
+def _stored_weight(stats, u, strength, type_strength):  # pragma: no cover - compiled
+    """The prior row's weight ``(s + moved) / (total + s)`` of a row as stored (``stats[u]`` its ``(total, types,
+    moved)``), 1 for a row with neither counts nor strength."""
+    s = strength + type_strength * stats[u, 1]
+    denominator = stats[u, 0] + s
+    return (s + stats[u, 2]) / denominator if denominator > 0.0 and math.isfinite(s) else 1.0
+
+
+@numba.njit(cache=True, nogil=True)
+def _held_out_row(own, n, pair_stats, p, strength, type_strength, discount):  # pragma: no cover - compiled
+    """``(weight, value)`` of a row (:func:`~dist_respattn.model.heads.conj.head.pair_rows`) whose cell held ``n``
+    of the row's total, with ``own`` of it taken out: the row the cell would have without the training row that is
+    being explained (leaving one out). ``pair_stats[p]`` is ``(total, types, moved)`` of the row as stored."""
+    left = n - own
+    if left < 1e-9 * max(n, 1.0):  # the row was the cell's only occurrence: the cell (and its type) goes
+        left = 0.0
+    total = max(pair_stats[p, 0] - own, 0.0)
+    types = pair_stats[p, 1] - (1.0 if left == 0.0 and n > 0.0 else 0.0)
+    moved = pair_stats[p, 2] - min(n, discount) + min(left, discount)
+    s = strength + type_strength * types
+    denominator = total + s
+    if not (denominator > 0.0 and math.isfinite(s)):  # an infinite strength, or no counts and none: B's row alone
+        return 1.0, 0.0
+    return (s + moved) / denominator, (left - min(left, discount)) / denominator
+
+
+@numba.njit(cache=True, nogil=True)
+def _own_count(tokens, lo, hi, depth, x, w, with_before):  # pragma: no cover - compiled
+    """The weight the row ``tokens[lo:hi]`` (weight ``w``) gave, in the start pass's tally, to the cell its position
+    ``x`` reads: ``w`` for each of its ``depth`` most recent positions holding the same token (a pair cell: the
+    current token and the target are the row's), and with ``with_before`` the same token before it too (a triple
+    cell; positions with a predecessor in the window only)."""
+    own = 0.0
+    for x2 in range(max(lo, hi - depth), hi):
+        if tokens[x2] != tokens[x]:
+            continue
+        if with_before and (x2 == lo or tokens[x2 - 1] != tokens[x - 1]):
+            continue
+        own += w
+    return own
+
+
+@numba.njit(cache=True, nogil=True)
 def _prefetch_row(tokens, lo, hi, t, depth, num_symbols, slots, shift, log_emission_ts, counts_ts):  # pragma: no cover
     """Prefetch a row's hash slots and, for a dense emission, its (target, symbol) cells."""
     q = tokens[hi - 1]
@@ -338,11 +453,18 @@ def _estep(
     indptr, targets,
     pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base,
     triple_keys, triple_slots, triple_shift, triple_indptr, triple_targets, triple_weight, triple_value,
-    direct_row, direct_slots,
+    direct_row, direct_slots, loo_strengths, loo_cells, loo_pairs, loo_triple_cells, loo_triples,
     key_sum, key_mass, emission_count_ts, pair_counts, recency_mass, cell_counts, triple_counts, scalars, impossible,
 ):  # pragma: no cover - compiled  # fmt: skip
     """The fused E-step over the rows in order. Returns ``(n_impossible, n_outside)``: rows no position explains
     (the first written to ``impossible``) and rows that fall on a cell or a B pair off the supports.
+
+    With ``loo_strengths`` (6,) ``(beta, gamma, D, beta3, gamma3, D3)`` (else (0,)), each row is explained by the
+    pair and triple rows of the counts ``loo_cells`` (M,) and ``loo_triple_cells`` (M3,) without the row's own
+    counts in them (leaving one out, :func:`_held_out_row`; ``loo_pairs`` (P, 3) and ``loo_triples`` (U, 3) each
+    row's ``(total, types, moved)``): what rows counted from the data need, so that EM does not move the prior
+    toward the positions whose rows hold the very row they explain. The cells' responsibilities are then not summed
+    (``cell_counts`` and ``triple_counts`` may be empty).
 
     Each window's terms are :func:`_row_terms`' written out here, with a sparse ``B`` read through the direct rows:
     a call passing some thirty arrays costs more a row than its lookups (measured: two more arrays in that call,
@@ -353,6 +475,7 @@ def _estep(
     with_direct = direct_row.shape[0] > 0
     with_pairs = pair_keys.shape[0] > 0
     with_triples = triple_keys.shape[0] > 0
+    leave_out = loo_strengths.shape[0] > 0
     logw = np.empty(n_pos)
     resp = np.empty(n_pos)
     bits = np.empty(n_pos, dtype=np.int64)
@@ -405,7 +528,11 @@ def _estep(
                         k0 = indptr[p_n]
                         prefetch_element(targets, k0)
                         prefetch_element(cell_value, k0)
-                        prefetch_element(cell_counts, k0)
+                        if leave_out:  # the counts the row is taken out of (the cells' sums are not kept)
+                            prefetch_element(loo_cells, k0)
+                            prefetch_item(loo_pairs, p_n, 0)
+                        else:
+                            prefetch_element(cell_counts, k0)
                         if with_triples and x > begin[near]:
                             # The triple row the same way (its slot prefetched with the pair's).
                             key3 = (np.int64(tokens[x - 1]) * num_symbols + tokens[x]) * num_symbols + q_n
@@ -416,7 +543,11 @@ def _estep(
                                 k3 = triple_indptr[u_n]
                                 prefetch_element(triple_targets, k3)
                                 prefetch_element(triple_value, k3)
-                                prefetch_element(triple_counts, k3)
+                                if leave_out:
+                                    prefetch_element(loo_triple_cells, k3)
+                                    prefetch_item(loo_triples, u_n, 0)
+                                else:
+                                    prefetch_element(triple_counts, k3)
             far = row + 2 * _PREFETCH_ROWS
             if with_direct and far < n_rows:
                 r_f = direct_row[target[far]]
@@ -464,6 +595,11 @@ def _estep(
             log_e = log_b
             if r < depth and with_pairs:
                 p = find_pair_slot(slots, shift, np.int64(c) * num_symbols + qt)
+                own = 0.0
+                if p >= 0 and leave_out:
+                    own = _own_count(tokens, lo, hi, depth, x, w, False)
+                    if loo_pairs[p, 0] - own <= 1e-9 * max(loo_pairs[p, 0], 1.0):
+                        p = -1  # a pair only this row holds: without it, no pair row (B's row of the attended token)
                 if p >= 0:
                     k = find_key(targets, indptr[p], indptr[p + 1], t)
                     w_p = pair_weight[p]
@@ -477,17 +613,29 @@ def _estep(
                                 log_bq = log_values[bq] if bq >= 0 else log_backoff[qt] + log_base[t]
                             have_bq = True
                         log_b = log_bq
+                    value = cell_value[k] if k >= 0 else 0.0
+                    if leave_out and k >= 0:
+                        w_p, value = _held_out_row(
+                            own, loo_cells[k], loo_pairs, p, loo_strengths[0], loo_strengths[1], loo_strengths[2]
+                        )
                     if k >= 0:
-                        e = cell_value[k] + w_p * math.exp(log_b)
+                        e = value + w_p * math.exp(log_b)
                         log_e = math.log(e) if e > 0.0 else -np.inf
                         cell[j] = k
                     else:
                         log_e = (math.log(w_p) if w_p > 0.0 else -np.inf) + log_b
                         cell[j] = -2
-                    if with_triples and j > 0:
+                    if with_triples and j > 0 and leave_out:
+                        log_e, tcell[j] = _held_out_triple_log_e(
+                            t, (np.int64(tokens[x - 1]) * num_symbols + c) * num_symbols + qt, log_e, value, w_p,
+                            log_b, _own_count(tokens, lo, hi, depth, x, w, True), triple_slots, triple_shift,
+                            triple_indptr, triple_targets, loo_triple_cells, loo_triples, loo_strengths[3],
+                            loo_strengths[4], loo_strengths[5],
+                        )  # fmt: skip
+                    elif with_triples and j > 0:
                         log_e, tcell[j] = _triple_log_e(
                             t, (np.int64(tokens[x - 1]) * num_symbols + c) * num_symbols + qt, log_e,
-                            cell_value[k] if k >= 0 else 0.0, w_p, log_b, triple_slots, triple_shift,
+                            value, w_p, log_b, triple_slots, triple_shift,
                             triple_indptr, triple_targets, triple_weight, triple_value,
                         )  # fmt: skip
             distance = squared_distance(y, key_means, c) * inv_two_sigma2
@@ -521,10 +669,12 @@ def _estep(
                 pair_counts[bpair[j]] += rj
             else:
                 emission_count_ts[t, c] += rj
-            if cell[j] >= 0:
+            # The cells' responsibilities, the rows' counts when EM fits them (rows counted from the data keep
+            # theirs: no sums, and ``cell_counts`` may be empty then).
+            if cell[j] >= 0 and not leave_out:
                 cell_counts[cell[j]] += rj
             # The pair cell takes the responsibility too (its row is the triple rows' prior mean, fitted on all).
-            if with_triples and tcell[j] >= 0:
+            if with_triples and tcell[j] >= 0 and not leave_out:
                 triple_counts[tcell[j]] += rj
             recency_mass[r] += rj
         if m < n_pos:
@@ -609,16 +759,20 @@ def _score(
     return log_lik, target_log_prob, weight
 
 
-def conj_estep(rows: WindowRows, params: ConjParameters, stats: Any, extra: ConjArrays) -> None:
+def conj_estep(
+    rows: WindowRows, params: ConjParameters, stats: Any, extra: ConjArrays, leave_one_out: LeaveOneOut | None = None
+) -> None:
     """The conjunction E-step over ``rows`` (checked), added into the single head's ``stats``
     (:class:`~dist_respattn.model.kernels.per_position.StatisticArrays`, without their position counts, which
-    follow from ``extra.recency_mass``) and ``extra``. Rows the model cannot explain raise
-    ``ImpossibleEvidenceError`` after the others were added; a cell off the supports raises a ValueError."""
+    follow from ``extra.recency_mass``) and ``extra``; with ``leave_one_out``, each row explained by the rows of
+    those counts without its own (the training rows of rows counted from the data). Rows the model cannot explain
+    raise ``ImpossibleEvidenceError`` after the others were added; a cell off the supports raises a ValueError."""
     sparse = params.b_indptr.shape[0] > 0
     found = np.empty(min(rows.num_rows, 64), dtype=np.int64)
+    loo = leave_one_out.arrays() if leave_one_out is not None else _NO_LEAVE_OUT
     n_impossible, n_outside = _estep(  # type: ignore[call-arg]
         *rows.kernel_arrays(),
-        *params.arrays(), params.direct_row, params.direct_slots,
+        *params.arrays(), params.direct_row, params.direct_slots, *loo,
         stats.key_sum, stats.key_mass, stats.emission_count_ts, stats.pair_counts if sparse else _NO_VALUES,
         extra.recency_mass, extra.cell_counts, extra.triple_counts, stats.scalars, found,
     )  # fmt: skip

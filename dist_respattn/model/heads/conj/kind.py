@@ -55,6 +55,7 @@ from dist_respattn.model.scores import ScoreTotals
 
 __all__ = [
     "DISCOUNTS",
+    "ROW_COUNTS",
     "STRENGTHS",
     "TYPE_STRENGTHS",
     "CellTally",
@@ -66,6 +67,7 @@ __all__ = [
     "ConjTrainer",
     "cell_tally",
     "conj_statistics",
+    "support_counts",
     "support_of",
     "triple_tally",
 ]
@@ -78,6 +80,15 @@ DISCOUNTS = (0.0, 0.5, 0.8)
 #: Where an order-3 search starts: the triple rows' prior the pair grid is first scored with, and the pair rows'
 #: the triple grid (the same :data:`STRENGTHS` x :data:`TYPE_STRENGTHS` x :data:`DISCOUNTS`) is first scored with.
 START_POINT = (0.5, 0.5, 0.0)
+#: Where the pair and triple rows' counts come from: ``"data"``, each occurrence of a cell at a position within the
+#: depth counted once (its row weight) in the start pass and kept; ``"responsibilities"``, the responsibility each
+#: cell received in the last E-step (an EM parameter of the rows).
+ROW_COUNTS = ("data", "responsibilities")
+#: What a fit's start says of each.
+ROW_COUNT_SAYS = {
+    "data": "their counts the data's, each training row explained by the rows without its own",
+    "responsibilities": "their counts fitted by EM",
+}
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,11 @@ class ConjSpec(HeadSpec):
         choose_single: choose the single head's open choices on held-out rows too, a step at a time beside the pair
             rows' (see :class:`ConjCandidates`). Off by default: on the recipe's conjunction head, fitted from the
             data, the walk of its gate variance raised the held-out perplexity from one iteration to the next.
+        row_counts: where the pair and triple rows' counts come from (:data:`ROW_COUNTS`): ``"data"``, every
+            occurrence of a cell at the depth's positions in the training rows, counted once in the start pass and
+            fixed (the rows an n-gram model would count; EM fits the gate, the prior and ``B`` around them);
+            ``"responsibilities"``, the E-step's responsibility of each cell (EM fits the rows too, and on its own
+            training rows moves the prior toward the positions whose rows remember them).
     """
 
     kind: ClassVar[str] = "conj"
@@ -123,8 +139,11 @@ class ConjSpec(HeadSpec):
     triple_type_strength: float | None = None
     triple_discount: float | None = None
     choose_single: bool = False
+    row_counts: str = "data"
 
     def __post_init__(self) -> None:
+        if self.row_counts not in ROW_COUNTS:
+            raise ValueError(f"--conj-counts {self.row_counts}: expected one of {', '.join(ROW_COUNTS)}")
         for name, value in (("triple_type_strength", self.triple_type_strength),
                             ("triple_discount", self.triple_discount)):  # fmt: skip
             if value is not None and not (math.isfinite(value) and value >= 0.0):
@@ -156,7 +175,7 @@ class ConjSpec(HeadSpec):
                 "discount": self.discount, "order": int(self.order), "triple_strength": self.triple_strength,
                 "triple_type_strength": self.triple_type_strength,
                 "triple_discount": self.triple_discount,
-                "choose_single": bool(self.choose_single)}  # fmt: skip
+                "choose_single": bool(self.choose_single), "row_counts": self.row_counts}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ConjSpec:
@@ -169,6 +188,8 @@ class ConjSpec(HeadSpec):
             str(data.get("backoff", "attended")), number(data.get("discount", 0.0)), int(data.get("order", 2)),
             number(data.get("triple_strength")), number(data.get("triple_type_strength")),
             number(data.get("triple_discount")), bool(data.get("choose_single", False)),
+            # A spec recorded before the choice had the rows' counts from the responsibilities.
+            str(data.get("row_counts", "responsibilities")),
         )  # fmt: skip
 
     def trainer(self, context: TrainerContext) -> ConjTrainer:
@@ -185,6 +206,7 @@ class ConjSpec(HeadSpec):
             order=self.order,
             triple=(self.triple_strength, self.triple_type_strength, self.triple_discount),
             start=context.init_meta.get("hyperparameters"),
+            row_counts=self.row_counts,
         )
 
 
@@ -265,16 +287,28 @@ def triple_tally(num_symbols: int, num_targets: int, depth: int, blocks: Iterato
 def support_of(tally: CellTally, num_targets: int, min_count: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(pair_keys (P,), indptr (P + 1,), targets (M,))`` of the pairs occurring at least ``min_count`` times
     (weighted) in ``tally``, each with every target it was seen with."""
+    pair_keys, indptr, kept_cells = _kept_cells(tally, num_targets, min_count)
+    return pair_keys, indptr, (tally.keys[kept_cells] % num_targets).astype(np.int32)
+
+
+def support_counts(tally: CellTally, num_targets: int, min_count: float) -> np.ndarray:
+    """(M,) the weighted count of each cell of :func:`support_of`'s support in ``tally``, in its order: the rows'
+    counts when they are counted from the data (``row_counts="data"``)."""
+    return np.ascontiguousarray(tally.counts[_kept_cells(tally, num_targets, min_count)[2]], dtype=np.float64)
+
+
+def _kept_cells(tally: CellTally, num_targets: int, min_count: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(pair_keys (P,), indptr (P + 1,), kept (C,) bool)``: the pairs seen at least ``min_count`` times and which
+    of the tally's cells are theirs."""
     pairs = tally.keys // num_targets
     starts = np.flatnonzero(np.r_[True, pairs[1:] != pairs[:-1]]) if pairs.size else np.zeros(0, dtype=np.int64)
     totals = np.add.reduceat(tally.counts, starts) if pairs.size else np.zeros(0)
     lengths = np.diff(np.r_[starts, pairs.size])
     kept = totals >= min_count
-    kept_cells = np.repeat(kept, lengths)
     pair_keys = pairs[starts][kept]
     indptr = np.zeros(pair_keys.size + 1, dtype=np.int64)
     np.cumsum(lengths[kept], out=indptr[1:])
-    return pair_keys, indptr, (tally.keys[kept_cells] % num_targets).astype(np.int32)
+    return pair_keys, indptr, np.repeat(kept, lengths)
 
 
 # --------------------------------------------------------------------------------------------- statistics
@@ -284,7 +318,7 @@ def support_of(tally: CellTally, num_targets: int, min_count: float) -> tuple[np
 class ConjStatistics:
     """Additive statistics of a conjunction head: the single head's (every position's responsibility),
     ``cell_counts`` (M,), the responsibility each stored cell received, and ``triple_counts`` (M3,) each stored
-    triple cell's (order 3; empty at order 2)."""
+    triple cell's (order 3; empty at order 2); both empty for rows counted from the data, which keep their counts."""
 
     stats: SufficientStatistics
     cell_counts: np.ndarray
@@ -322,18 +356,24 @@ def _weighted(rows: Any, weights: np.ndarray | None) -> Any:
     return rows if weights is rows.weight else rows._replace(weight=weights)
 
 
-def conj_statistics(head: ConjHead, blocks: Iterable[Block]) -> ConjStatistics:
-    """The conjunction E-step of ``blocks`` (token windows, in row order) under ``head``."""
+def conj_statistics(head: ConjHead, blocks: Iterable[Block], leave_one_out: bool = False) -> ConjStatistics:
+    """The conjunction E-step of ``blocks`` (token windows, in row order) under ``head``; with ``leave_one_out``,
+    each row explained by the pair and triple rows without its own counts (rows counted from these rows' data), and
+    no cell's responsibility summed (the statistics' ``cell_counts`` and ``triple_counts`` empty)."""
     s, n, d, t = head.shape
     table = head.single.emission_table
     support = table.support if isinstance(table, SparseEmission) else None
     arrays = StatisticArrays.zeros(s, n, d, t, support)
-    extra = ConjArrays.zeros(n, head.num_cells, 0 if head.triples is None else head.triples.targets.size)
+    # Rows counted from the data keep their counts: no cell's responsibility is summed (nor sent up the tree).
+    cells = 0 if leave_one_out else head.num_cells
+    triple_cells = 0 if leave_one_out or head.triples is None else head.triples.targets.size
+    extra = ConjArrays.zeros(n, cells, triple_cells)
     params = head.parameters
+    held_out = head.leave_one_out if leave_one_out else None
     for block in blocks:
         rows = _weighted(block.rows, block.weights)
         head.check_rows(rows)
-        conj_estep(rows, params, arrays, extra)
+        conj_estep(rows, params, arrays, extra, held_out)
     if support is None:
         counts: Any = DenseEmissionCounts(arrays.emission_count_ts)
     else:
@@ -542,8 +582,10 @@ class ConjTrainer(Trainer):
         order: int = 2,
         triple: tuple[float | None, float | None, float | None] = (None, None, None),
         start: dict[str, Any] | None = None,
+        row_counts: str = "data",
     ) -> None:
         self.single = single
+        self.row_counts = row_counts
         #: The single head's strengths the fit starts from (its start fit's choice), where its search is centred
         #: before any choice.
         self.start = {k: float(v) for k, v in (start or {}).items()
@@ -599,8 +641,9 @@ class ConjTrainer(Trainer):
         self.single.check_start(head.single, resumed=resumed)
 
     def start_head(self, single: ResponsibilityAttentionDistribution, passes: Passes) -> ConjHead:
-        """The head a fit starts from: ``single`` and the pairs the training rows hold, every count 0 (so its
-        rows are ``B``'s: the first E-step is the single head's)."""
+        """The head a fit starts from: ``single`` and the pairs the training rows hold, with their counts in the
+        rows (``row_counts="data"``) or every count 0 (so its rows are ``B``'s: the first E-step is the single
+        head's)."""
         s, t = self.shape[0], self.shape[3]
         tally = passes.run(
             BlockPass(
@@ -608,10 +651,11 @@ class ConjTrainer(Trainer):
             )
         )
         pair_keys, indptr, targets = support_of(tally, t, self.min_count)
+        counts = support_counts(tally, t, self.min_count) if self.row_counts == "data" else np.zeros(targets.size)
         passes.say(
             f"pair rows over the {self.depth} most recent position(s): {pair_keys.size:,} (attended, current) pairs "
             f"of {tally.keys.size:,} cells seen, {targets.size:,} cells stored (pairs seen at least "
-            f"{self.min_count:g} times)"
+            f"{self.min_count:g} times); {ROW_COUNT_SAYS[self.row_counts]}"
         )
         b, g, d = self.points[0]
         triples = None
@@ -627,18 +671,23 @@ class ConjTrainer(Trainer):
                 )
             )
             keys3, indptr3, targets3 = support_of(tally3, t, self.min_count)
+            data = self.row_counts == "data"
+            counts3 = support_counts(tally3, t, self.min_count) if data else np.zeros(targets3.size)
             passes.say(
                 f"triple rows over the {self.depth} most recent position(s): {keys3.size:,} (previous, attended, "
                 f"current) triples of {tally3.keys.size:,} cells seen, {targets3.size:,} cells stored"
             )
-            triples = TripleRows(keys3, indptr3, targets3, np.zeros(targets3.size), *self.triple_points[0])
-        return ConjHead(single, self.depth, pair_keys, indptr, targets, np.zeros(targets.size), b, g,
+            triples = TripleRows(keys3, indptr3, targets3, counts3, *self.triple_points[0])
+        return ConjHead(single, self.depth, pair_keys, indptr, targets, counts, b, g,
                         backoff=self.backoff, discount=d, triples=triples)  # fmt: skip
 
     def prepare(self, start: Head | None, *, resumed: bool, passes: Passes) -> Head:
         if isinstance(start, ConjHead):
             single = self.single.prepare(start.single, resumed=resumed, passes=passes)
             assert isinstance(single, ResponsibilityAttentionDistribution)
+            if not resumed and self.row_counts == "data":
+                # Another fit's rows (responsibilities, or other rows' data): counted again from these rows.
+                return self.start_head(single, passes)
             return ConjHead(single, start.depth, start.pair_keys, start.indptr, start.targets, start.counts,
                             start.strength, start.type_strength, backoff=start.backoff,
                             discount=start.discount, triples=start.triples)  # fmt: skip
@@ -647,21 +696,25 @@ class ConjTrainer(Trainer):
         return self.start_head(single, passes)
 
     def statistics(self, head: Head, blocks: Iterator[Block]) -> ConjStatistics:
-        """The conjunction E-step of one partition's blocks, in row order (:func:`conj_statistics`)."""
+        """The conjunction E-step of one partition's blocks, in row order (:func:`conj_statistics`): rows counted
+        from the data explain each training row without its own counts."""
         assert isinstance(head, ConjHead)
-        return conj_statistics(head, blocks)
+        return conj_statistics(head, blocks, leave_one_out=self.row_counts == "data")
 
     def m_step(self, statistics: Any, previous: Head | None) -> ConjCandidates:
         assert isinstance(statistics, ConjStatistics) and isinstance(previous, ConjHead)
         candidates = self.single.m_step(statistics.stats, previous.single)
         single = candidates.model(candidates.default())
         b, g, d = self.points[0]
+        # Rows counted from the data keep their counts; the others take the responsibilities the cells received.
+        fitted = self.row_counts == "responsibilities"
         triples = previous.triples
         if triples is not None:
-            triples = triples.with_counts(statistics.triple_counts, *self.triple_points[0])
+            counts3 = statistics.triple_counts if fitted else triples.counts
+            triples = triples.with_counts(counts3, *self.triple_points[0])
         head = ConjHead(single, previous.depth, previous.pair_keys, previous.indptr, previous.targets,
-                        statistics.cell_counts, b, g, backoff=previous.backoff, discount=d,
-                        triples=triples)  # fmt: skip
+                        statistics.cell_counts if fitted else previous.counts, b, g, backoff=previous.backoff,
+                        discount=d, triples=triples)  # fmt: skip
         if not candidates.searches():
             return ConjCandidates(head, self.points, self.triple_points)
         defaults = candidates.default()
