@@ -1,9 +1,9 @@
 """A writer lock on a local disk or behind any fsspec URL: one writer at a time, and recovery from a holder that died.
 
-The lock is one file (the registry's ``lock.json``, a store's ``<store>.lock``), created exclusively (see
-:meth:`AtomicFiles.create`), naming its holder (a random token, host, pid and when that process started,
-command, purpose) and a heartbeat the holder rewrites every ``stale_after / 4`` seconds from a background
-thread. A lock is stale, and may be broken by the next run, when its heartbeat is older than
+The lock is one file (the registry's ``lock.json``, a store's ``<store>.lock``, a model directory's ``lock.json``),
+created exclusively (see :meth:`AtomicFiles.create`), naming its holder (a random token, host, pid and when that
+process started, command, purpose) and a heartbeat the holder rewrites every ``stale_after / 4`` seconds from a
+background thread. A lock is stale, and may be broken by the next run, when its heartbeat is older than
 ``stale_after`` or when its holder was on this host and its process is gone: no process has its pid, or
 (where ``/proc`` says when a process started) the one that has it started at another moment, the holder
 having been killed and its pid reused (a container restarted in its pod runs its command under the same
@@ -89,6 +89,10 @@ class WriterLock:
 
     def acquire(self) -> None:
         self.acquired = time.time()
+        # A live holder is refused before this run writes anything, not even the temporary file of its create.
+        found = self.files.read_json(self.name)
+        if found is not None and self._stale_reason(found) is None:
+            raise self.locked_error(self._describe(found))
         if not self.files.create_json(self.name, self.record()):
             holder = self.files.read_json(self.name)
             if holder is not None:  # (None: it was released as we looked; try once more)
