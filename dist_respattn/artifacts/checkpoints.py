@@ -8,6 +8,8 @@ A model directory holds, for a head of any kind (its ``to_arrays``; a single-hop
     best.json                         the best checkpoint by the early-stopping metric (with validation)
     fit.json                          what the fit was asked: its head spec, settings, validation store and start,
                                       written before its first iteration (a resume continues it as asked)
+    lock.json                         the writer lock of the fit writing the directory, while one runs
+                                      (:mod:`~dist_respattn.artifacts.model_dir_lock`)
 
 A fit whose M-step ran in shards on the workers writes its head in parts instead (``part-common.npz``, one
 ``part-<k>.npz`` per shard, each by the worker that owns it), its ``meta.json`` saying where (``"parts"``, version 2):
@@ -45,6 +47,7 @@ __all__ = [
     "BEST",
     "FIT_RECORD",
     "LATEST",
+    "LOCK_FILE",
     "BackgroundCheckpoints",
     "Checkpoint",
     "CheckpointError",
@@ -67,6 +70,8 @@ PARTS_VERSION = 2
 #: The file in a model directory that records what its fit was asked (see :meth:`ModelDir.write_fit_record`).
 FIT_RECORD = "fit.json"
 FIT_FORMAT = "dist_respattn.fit"
+#: The writer lock of the fit writing a model directory (:mod:`~dist_respattn.artifacts.model_dir_lock`).
+LOCK_FILE = "lock.json"
 
 logger = logging.getLogger(__name__)
 
@@ -132,10 +137,15 @@ def read_json_file(path: Path) -> dict[str, Any]:
 
 
 class ModelDir:
-    """A directory of checkpoints with ``latest`` and ``best`` pointers (a local path)."""
+    """A directory of checkpoints with ``latest`` and ``best`` pointers (a local path).
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    ``guard``: called before a pointer moves (raising stops the write): the check that the writer still holds the
+    directory's lock (:func:`~dist_respattn.artifacts.model_dir_lock.held_lock_check`).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, guard: Callable[[], None] | None = None) -> None:
         self.path = Path(path)
+        self.guard = guard
 
     def __str__(self) -> str:
         return str(self.path)
@@ -169,7 +179,7 @@ class ModelDir:
         return sorted(
             entry.name
             for entry in self.path.iterdir()
-            if entry.name not in ours and not entry.name.startswith(("ckpt-", TEMP_PREFIX))
+            if entry.name not in ours and not entry.name.startswith(("ckpt-", TEMP_PREFIX, LOCK_FILE))
         )
 
     def write_fit_record(self, record: dict[str, Any]) -> None:
@@ -285,6 +295,8 @@ class ModelDir:
 
     def point(self, pointer: str, name: str, **info: Any) -> None:
         """Atomically make ``pointer`` name checkpoint ``name`` (which must be complete)."""
+        if self.guard is not None:
+            self.guard()
         replace_file(self.pointer_path(pointer), _json_bytes({"checkpoint": name, **info}))
 
     def load(self, name: str) -> Checkpoint:
@@ -344,11 +356,16 @@ class ModelDir:
         self.prune({name} | ({keep_best} if keep_best else set()))
 
     def prune(self, keep: set[str]) -> None:
-        """Remove checkpoints not in ``keep`` and leftovers of interrupted writes."""
+        """Remove checkpoints not in ``keep`` and leftovers of interrupted writes.
+
+        Only the holder of the directory's lock may (the fit whose checkpoints these are): any other checkpoint or
+        temporary is then a dead writer's. The lock's own temporary files (``.tmp-lock.json.*``, its heartbeat's)
+        are spared, not to fail a beat.
+        """
         if not self.path.is_dir():
             return
         for entry in self.path.iterdir():
-            stale_temp = entry.name.startswith(TEMP_PREFIX)
+            stale_temp = entry.name.startswith(TEMP_PREFIX) and not entry.name.startswith(TEMP_PREFIX + LOCK_FILE)
             old_checkpoint = entry.is_dir() and entry.name.startswith("ckpt-") and entry.name not in keep
             if stale_temp or old_checkpoint:
                 if entry.is_dir():

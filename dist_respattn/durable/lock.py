@@ -1,11 +1,13 @@
 """A writer lock on a local disk or behind any fsspec URL: one writer at a time, and recovery from a holder that died.
 
-The lock is one file (the registry's ``lock.json``, a store's ``<store>.lock``), created exclusively (see
-:meth:`AtomicFiles.create`), naming its holder (a random token, host, pid, command, purpose) and a
-heartbeat the holder rewrites every
-``stale_after / 4`` seconds from a background thread. A lock is stale, and may be broken by the next
-run, when its heartbeat is older than ``stale_after`` or when its holder was on this host and its
-process is gone. To break a stale lock a run must first create ``<lock>.broken-<its token>``
+The lock is one file (the registry's ``lock.json``, a store's ``<store>.lock``, a model directory's ``lock.json``),
+created exclusively (see :meth:`AtomicFiles.create`), naming its holder (a random token, host, pid and when that
+process started, command, purpose) and a heartbeat the holder rewrites every ``stale_after / 4`` seconds from a
+background thread. A lock is stale, and may be broken by the next run, when its heartbeat is older than
+``stale_after`` or when its holder was on this host and its process is gone: no process has its pid, or
+(where ``/proc`` says when a process started) the one that has it started at another moment, the holder
+having been killed and its pid reused (a container restarted in its pod runs its command under the same
+host name and pid, often 1). To break a stale lock a run must first create ``<lock>.broken-<its token>``
 exclusively; only the winner of that create deletes the stale lock (after checking it is still the
 same one) and creates its own, then removes the claim. Of any number of runs breaking the same stale
 lock, exactly one acquires; the others report it locked.
@@ -77,6 +79,7 @@ class WriterLock:
             "token": self.token,
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            "process_started": _process_started(os.getpid()),
             "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:3]]) if sys.argv else "?",
             "purpose": self.purpose,
             "acquired": self.acquired,
@@ -86,6 +89,10 @@ class WriterLock:
 
     def acquire(self) -> None:
         self.acquired = time.time()
+        # A live holder is refused before this run writes anything, not even the temporary file of its create.
+        found = self.files.read_json(self.name)
+        if found is not None and self._stale_reason(found) is None:
+            raise self.locked_error(self._describe(found))
         if not self.files.create_json(self.name, self.record()):
             holder = self.files.read_json(self.name)
             if holder is not None:  # (None: it was released as we looked; try once more)
@@ -141,8 +148,13 @@ class WriterLock:
         age = time.time() - float(holder.get("heartbeat") or 0.0)
         if age > _holder_stale_after(holder, self.stale_after):
             return f"no heartbeat for {age:.0f} s"
-        if holder.get("host") == socket.gethostname() and not _process_alive(holder.get("pid")):
-            return f"its process {holder.get('pid')} on this host is gone"
+        if holder.get("host") == socket.gethostname():
+            pid = holder.get("pid")
+            if not _process_alive(pid):
+                return f"its process {pid} on this host is gone"
+            started = holder.get("process_started")
+            if started is not None and _process_started(pid) not in (None, started):
+                return f"its process {pid} on this host is gone: the pid is another process's now"
         return None
 
     def _break(self, stale: dict[str, Any]) -> None:
@@ -205,3 +217,14 @@ def _process_alive(pid: Any) -> bool:
             if f.read().rsplit(")", 1)[-1].split()[0] == "Z":
                 return False
     return True
+
+
+def _process_started(pid: Any) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat``), or ``None`` where that is
+    unknown (no such process, no ``/proc``): with the pid, it names one process, even after the pid is reused."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            # Split after the command's name, which is in parentheses and may hold spaces: field 22 is the start.
+            return int(f.read().rsplit(")", 1)[-1].split()[19])
+    except (OSError, TypeError, ValueError, IndexError):
+        return None

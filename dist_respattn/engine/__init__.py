@@ -16,6 +16,7 @@ from dist_respattn.artifacts import (
     CheckpointError,
     CheckpointFiles,
     ModelDir,
+    ModelDirLocked,
     load_checkpoint,
     load_model,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "InsufficientMemoryError",
     "MemoryEstimate",
     "ModelDir",
+    "ModelDirLocked",
     "PredictionRun",
     "check_memory",
     "cluster_info",

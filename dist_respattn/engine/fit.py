@@ -16,7 +16,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import distributed
@@ -24,6 +23,7 @@ import numpy as np
 
 from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.artifacts.checkpoints import BEST, FIT_RECORD, LATEST, Checkpoint, CheckpointError, ModelDir
+from dist_respattn.artifacts.model_dir_lock import held_lock_check, hold_model_dirs
 from dist_respattn.engine.cluster import (
     ClusterError,
     ClusterOptions,
@@ -433,6 +433,8 @@ def fit(
     Raises:
         StoreError: a store is missing, incomplete or holds bad values (named by array and row).
         FitError: the model directory, starting model or settings do not fit the request.
+        ModelDirLocked: another fit is writing ``model_dir`` (or one of its stages' directories), on this host or
+            another sharing the directory: refused before the directory is read or written.
         ClusterError / InsufficientMemoryError: no cluster, or not enough memory for this shape.
     """
     settings = settings or FitSettings()
@@ -444,48 +446,52 @@ def fit(
         except ValueError as exc:
             raise FitError(str(exc)) from None
     stages = spec.stages()
-    if resume:
-        validation, init_from = _check_recorded(ModelDir(model_dir), settings, spec, validation, init, init_from)
-    if len(stages) > 1:
-        # Refused before the first stage runs: a later one would find the store lacking only after it.
-        _check_columns(open_fit_store(store, storage_options, settings.context_length), spec)
+    # Held from before the directories are read until the fit returns, its stages' too (a fit given one of them
+    # would prune this one's checkpoints there): a second fit, a resume or an overwrite, is refused at once.
+    with hold_model_dirs([model_dir, *(_stage_dir(model_dir, stage) for stage in stages)]):
+        if resume:
+            validation, init_from = _check_recorded(ModelDir(model_dir), settings, spec, validation, init, init_from)
+        if len(stages) > 1:
+            # Refused before the first stage runs: a later one would find the store lacking only after it.
+            _check_columns(open_fit_store(store, storage_options, settings.context_length), spec)
 
-    record = _FitRecord(
-        model_dir,
-        {
-            "head": spec.to_json(),
-            "settings": settings.to_json(),
-            "validation": _store_argument(validation),
-            "init_from": None if init_from is None else os.path.abspath(init_from),
-        },
-        [_stage_dir(model_dir, stage) for stage in stages],
-    )
-    if len(stages) > 1 and init_from is not None:
-        init_from = _first_stage_start(init_from, spec, stages)
-    try:
-        if len(stages) == 1:
-            return _fit_stage(
-                store, model_dir=model_dir, settings=_stage_settings(settings, stages[0]), spec=stages[0].spec,
-                validation=validation, init=init, init_from=init_from, resume=resume, overwrite=overwrite,
-                client=client, cluster=cluster, storage_options=storage_options, say=say, progress=progress,
-                verbose=verbose, before_run=record.write,
+        record = _FitRecord(
+            model_dir,
+            {
+                "head": spec.to_json(),
+                "settings": settings.to_json(),
+                "validation": _store_argument(validation),
+                "init_from": None if init_from is None else os.path.abspath(init_from),
+            },
+            [_stage_dir(model_dir, stage) for stage in stages],
+        )
+        if len(stages) > 1 and init_from is not None:
+            init_from = _first_stage_start(init_from, spec, stages)
+        try:
+            if len(stages) == 1:
+                return _fit_stage(
+                    store, model_dir=model_dir, settings=_stage_settings(settings, stages[0]), spec=stages[0].spec,
+                    validation=validation, init=init, init_from=init_from, resume=resume, overwrite=overwrite,
+                    client=client, cluster=cluster, storage_options=storage_options, say=say, progress=progress,
+                    verbose=verbose, before_run=record.write,
+                )  # fmt: skip
+            return _fit_stages(
+                store, stages, model_dir=model_dir, settings=settings, fit_head=spec.to_json(), validation=validation,
+                init=init, init_from=init_from, resume=resume, overwrite=overwrite, client=client, cluster=cluster,
+                storage_options=storage_options, say=say, progress=progress, verbose=verbose, before_run=record.write,
             )  # fmt: skip
-        return _fit_stages(
-            store, stages, model_dir=model_dir, settings=settings, fit_head=spec.to_json(), validation=validation,
-            init=init, init_from=init_from, resume=resume, overwrite=overwrite, client=client, cluster=cluster,
-            storage_options=storage_options, say=say, progress=progress, verbose=verbose, before_run=record.write,
-        )  # fmt: skip
-    except Exception:
-        # A fit that failed (not one interrupted: Ctrl-C leaves the record, as a kill does) before any checkpoint
-        # leaves nothing behind: there is nothing to resume.
-        record.withdraw()
-        raise
+        except Exception:
+            # A fit that failed (not one interrupted: Ctrl-C leaves the record, as a kill does) before any checkpoint
+            # leaves nothing behind: there is nothing to resume.
+            record.withdraw()
+            raise
 
 
 class _FitRecord:
     """The ``fit.json`` of one call of :func:`fit`: written just before its first iteration (whichever stage that
     is in), so a kill at any moment leaves every stage's settings, a later stage's own included, for a resume;
-    put back as it was when the call fails before it wrote any checkpoint (nothing of it to resume)."""
+    put back as it was when the call fails before it wrote any checkpoint (nothing of it to resume). A directory
+    made for it is removed with the fit's lock, which made it (:func:`hold_model_dirs`)."""
 
     def __init__(self, model_dir: str | os.PathLike[str], record: dict[str, Any], stage_dirs: list[str]) -> None:
         self.folder = ModelDir(model_dir)
@@ -493,7 +499,6 @@ class _FitRecord:
         self.stage_dirs = stage_dirs
         self.written = False
         self.previous: dict[str, Any] | None = None
-        self.created: list[Path] = []
         self.pointers: list[str | None] = []
 
     def latest_checkpoints(self) -> list[str | None]:
@@ -509,10 +514,6 @@ class _FitRecord:
     def write(self) -> None:
         if self.written:
             return
-        path = self.folder.path.absolute()
-        while not path.exists():  # the directories this write makes, innermost first
-            self.created.append(path)
-            path = path.parent
         try:
             self.previous = self.folder.fit_record()
         except CheckpointError:  # a damaged record of no fit (a resume refuses one first): replaced
@@ -528,11 +529,6 @@ class _FitRecord:
             self.folder.write_fit_record(self.previous)
         else:
             (self.folder.path / FIT_RECORD).unlink(missing_ok=True)
-        for directory in self.created:
-            try:
-                directory.rmdir()
-            except OSError:  # something else is in it now: it stays
-                break
 
 
 def _store_argument(store: str | os.PathLike[str] | StoreLocation | RowStore | None) -> str | None:
@@ -753,7 +749,8 @@ def _fit_stage(
     train = open_fit_store(train, storage_options, None, min_context)
     if train.num_rows == 0:
         raise FitError(_no_rows(train, min_context))
-    folder = ModelDir(model_dir)
+    # Its pointers move only while this fit still holds the directory's lock (see fit).
+    folder = ModelDir(model_dir, guard=held_lock_check(model_dir))
     folder.check_writable()
     start = _starting_point(
         folder, spec=spec, resume=resume, overwrite=overwrite, settings=settings, train=train, init=init,

@@ -27,7 +27,7 @@ from typing import Any
 
 import distributed
 
-from dist_respattn.artifacts import DEFAULT_STALE_AFTER, Registry, RegistryError
+from dist_respattn.artifacts import DEFAULT_STALE_AFTER, Registry, RegistryError, hold_model_dirs
 from dist_respattn.engine import (
     Checkpoint,
     ClusterOptions,
@@ -306,6 +306,7 @@ def retrain(
 
     Raises:
         RegistryLocked: another run holds the registry.
+        ModelDirLocked: another fit is writing ``work_dir``'s model (another retrain given the same ``work_dir``).
         RegistryError / StoreError / FitError / ClusterError: as their messages say; nothing is published.
     """
     started = time.perf_counter()
@@ -324,7 +325,10 @@ def retrain(
     scratch = None if work_dir is not None else Path(tempfile.mkdtemp(prefix="respattn-retrain-"))
     model_dir = Path(work_dir or scratch or ".") / "model"
     try:
-        with reg.lock(stale_after=stale_after) as lock:
+        # The work directory's model is held from before the registry is touched until its checkpoint is read for
+        # publishing: no fit (another retrain sharing --work-dir) replaces it in between.
+        held = hold_model_dirs([model_dir], purpose="retrain", advice="wait for it to end, or give another --work-dir")
+        with held, reg.lock(stale_after=stale_after) as lock:
             reg.remove_orphans(lock)  # what a killed run left: an unclaimed version's files, temporary files
             unusable = reg.missing_latest()
             if unusable is not None:  # a fresh fit published past versions nobody compared it with: no gate

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from dist_respattn.artifacts.registry_lock import LOCK_FILE
+from dist_respattn.durable.lock import _process_started
 from dist_respattn.registry import RegistryError, RegistryFiles, RegistryLock, RegistryLocked
 from tests.registry.conftest import dead_pid, read_json
 
@@ -236,6 +237,25 @@ def test_lock_of_a_killed_unreaped_process_is_broken(files):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_lock_of_a_process_whose_pid_was_reused_is_broken(files):
+    """The holder's pid on this host is alive, but the process that has it started at another moment than the one
+    the lock records (the holder was killed and its pid given to another, as a container restarted in its pod runs
+    its command as pid 1 again): broken. The same pid with its own start, or a record without one (written before
+    starts were recorded), is respected."""
+    started = _process_started(os.getpid())
+    assert started is not None  # Linux: /proc says when a process started
+    files.write_json(LOCK_FILE, lock_record(process_started=started))
+    with pytest.raises(RegistryLocked, match=f"pid {os.getpid()} on {HOST}"):
+        RegistryLock(files).acquire()
+    files.write_json(LOCK_FILE, lock_record())
+    with pytest.raises(RegistryLocked, match=f"pid {os.getpid()} on {HOST}"):
+        RegistryLock(files).acquire()
+    files.write_json(LOCK_FILE, lock_record(process_started=started - 1))
+    with RegistryLock(files) as lock:
+        record = files.read_json(LOCK_FILE)
+        assert (record["token"], record["pid"], record["process_started"]) == (lock.token, os.getpid(), started)
 
 
 @pytest.mark.slow

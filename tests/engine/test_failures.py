@@ -495,7 +495,8 @@ def resume_runs(tmp_path_factory, small_store, engine_client, address):
 
     ``settings``: a finished fit (2 iterations, tol 0) resumed with another ``--tol`` and another ``--seed`` (one
     command: both differences are found by one comparison, and the line must name each).
-    ``store``: the same fit resumed on another store. ``empty``: ``--resume`` into an empty directory.
+    ``store``: a copy of the same fit resumed on another store (a copy: two fits of one directory at once, even
+    two refused ones, would find each other's lock). ``empty``: ``--resume`` into an empty directory.
     ``converged``: a converged fit resumed with its own settings, with ``DASK_SCHEDULER_ADDRESS`` naming a
     port nothing listens on (a fit that tried to reach a cluster would fail).
     """
@@ -516,12 +517,14 @@ def resume_runs(tmp_path_factory, small_store, engine_client, address):
     )  # fmt: skip
     empty = root / "empty"
     empty.mkdir()
-    before = {path: tree_state(path) for path in (finished, converged_dir)}
+    copied = root / "finished-copy"
+    shutil.copytree(finished, copied)
+    before = {path: tree_state(path) for path in (finished, copied, converged_dir)}
     common = ("--max-iter", "2", "--tol", "0", "--scheduler", address)
     resume_finished = ("fit", small_store, "--model-dir", str(finished), "--resume", "--scheduler", address)
     launched = {
         "settings": Launched((*resume_finished, "--tol", "0.001", "--seed", "5"), deadline=60),
-        "store": Launched(("fit", str(other_store), "--model-dir", str(finished), "--resume", *common), deadline=60),
+        "store": Launched(("fit", str(other_store), "--model-dir", str(copied), "--resume", *common), deadline=60),
         "empty": Launched(("fit", small_store, "--model-dir", str(empty), "--resume", *common, "--json"), deadline=60),
         "converged": Launched(
             ("fit", small_store, "--model-dir", str(converged_dir), "--resume"),
@@ -530,8 +533,8 @@ def resume_runs(tmp_path_factory, small_store, engine_client, address):
         ),
     }
     return {
-        "finished": finished, "converged_dir": converged_dir, "converged_fit": converged_fit, "empty_dir": empty,
-        "reference": reference, "other_store": str(other_store), "before": before, **launched,
+        "finished": finished, "copied": copied, "converged_dir": converged_dir, "converged_fit": converged_fit,
+        "empty_dir": empty, "reference": reference, "other_store": str(other_store), "before": before, **launched,
     }  # fmt: skip
 
 
@@ -548,9 +551,9 @@ def test_resume_with_other_settings_is_refused(resume_runs, setting):
 @pytest.mark.slow
 def test_resume_on_another_store_is_refused(resume_runs):
     """``--resume`` of a fit on another store than its own: one line naming the store, nothing changed."""
-    finished = resume_runs["finished"]
-    assert_fit_error(resume_runs["store"].wait(), str(finished), resume_runs["other_store"], "fingerprint")
-    assert tree_state(finished) == resume_runs["before"][finished]
+    copied = resume_runs["copied"]
+    assert_fit_error(resume_runs["store"].wait(), str(copied), resume_runs["other_store"], "fingerprint")
+    assert tree_state(copied) == resume_runs["before"][copied]
 
 
 @pytest.mark.slow
