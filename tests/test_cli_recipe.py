@@ -182,3 +182,27 @@ def test_retrain_publishes_a_recipe_on_a_token_stream_and_retrains_it_as_one(
     versions = [Registry(registry).load(number) for number in (1, 2)]
     assert [v.meta["fit_head"]["kind"] for v in versions] == ["recipe", "recipe"]
     assert all(isinstance(v.model, RepeatHead) and isinstance(v.model.base, StackHead) for v in versions)
+
+
+def test_the_recipe_reads_conjunctions_at_every_short_position_on_stores_of_at_most_so_many_rows() -> None:
+    from dist_respattn.model.heads.recipe.kind import RECIPE_CONJ_DEPTH, RECIPE_DEEP_CONJ_MAX_ROWS
+
+    spec = RecipeSpec(SingleHopSpec(sigma2=0.5))
+
+    def depth_of(recipe: RecipeSpec) -> int:
+        conj = recipe.stages()[2].spec
+        assert isinstance(conj, ConjSpec)
+        return conj.depth
+
+    assert depth_of(spec.for_window(64, num_rows=RECIPE_DEEP_CONJ_MAX_ROWS)) == 8  # the whole short window
+    assert depth_of(spec.for_window(4, num_rows=1000)) == 4  # never deeper than the rows' window
+    assert depth_of(spec.for_window(64, num_rows=RECIPE_DEEP_CONJ_MAX_ROWS + 1)) == RECIPE_CONJ_DEPTH == 2
+    assert depth_of(spec.for_window(64)) == 2  # the rows unknown: the smaller support
+    assert depth_of(RecipeSpec(SingleHopSpec(), conj_depth=3).for_window(64, num_rows=1000)) == 3  # given
+    concrete = spec.for_window(64, num_rows=1000)
+    assert concrete.conj_depth == 8 and spec_from_json(json.loads(json.dumps(concrete.to_json()))) == concrete
+    old = concrete.to_json()
+    del old["conj_depth"]  # a recipe recorded before the depth was chosen: resumed as it was fitted
+    assert depth_of(spec_from_json(old)) == 2  # type: ignore[arg-type]
+    resumed = spec_from_args(parsed("--head", "recipe"), SingleHopSpec(), concrete.to_json())
+    assert resumed.conj_depth == 8  # type: ignore[union-attr]

@@ -441,8 +441,9 @@ def fit(
     spec = head if head is not None else settings.head_spec()
     if spec.window_dependent:
         try:
-            schema = open_fit_store(store, storage_options, settings.context_length).schema
-            spec = spec.for_window(schema.context_length, num_targets=schema.num_targets)
+            opened = open_fit_store(store, storage_options, settings.context_length)
+            schema = opened.schema
+            spec = spec.for_window(schema.context_length, num_targets=schema.num_targets, num_rows=opened.num_rows)
         except ValueError as exc:
             raise FitError(str(exc)) from None
     stages = spec.stages()

@@ -802,9 +802,11 @@ class HeadSpec(abc.ABC):
     #: before the fit starts, and the fit records the result).
     window_dependent: ClassVar[bool] = False
 
-    def for_window(self, context_length: int, *, num_targets: int | None = None) -> HeadSpec:
-        """This spec as it runs on rows of window N = ``context_length`` of a store of ``num_targets`` targets (itself
-        unless :attr:`window_dependent`)."""
+    def for_window(
+        self, context_length: int, *, num_targets: int | None = None, num_rows: int | None = None
+    ) -> HeadSpec:
+        """This spec as it runs on rows of window N = ``context_length`` of a store of ``num_targets`` targets and
+        ``num_rows`` rows (itself unless :attr:`window_dependent`)."""
         return self
 
     def sources(self) -> tuple[tuple[str, str], ...]:

@@ -23,11 +23,14 @@ def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, 
         return None
     if not isinstance(base, SingleHopSpec):
         raise ValueError(f"--head recipe starts from single-hop heads: it does not combine with a {base.kind} fit")
-    # A resumed recipe keeps its conjunction head's order and its repeat gate (none, for one recorded before it had).
+    # A resumed recipe keeps its conjunction head's order and depth and its repeat gate (none, for one recorded before
+    # it had).
     spec = RecipeSpec(base, base.position_buckets, RECIPE_SHORT_CONTEXT, "target")
     if saved:
         recorded = RecipeSpec.from_json(saved)
-        spec = dataclasses.replace(spec, conj_order=recorded.conj_order, repeat=recorded.repeat)
+        spec = dataclasses.replace(
+            spec, conj_order=recorded.conj_order, repeat=recorded.repeat, conj_depth=recorded.conj_depth
+        )
     return spec
 
 

@@ -25,7 +25,9 @@ from dist_respattn.model.heads.stack.kind import StackSpec
 
 __all__ = [
     "RECIPE_BUCKETS",
+    "RECIPE_CONJ_DEPTH",
     "RECIPE_CONJ_ORDER",
+    "RECIPE_DEEP_CONJ_MAX_ROWS",
     "RECIPE_HISTORY",
     "RECIPE_REPEAT_MAX_TARGETS",
     "RECIPE_SHORT_CONTEXT",
@@ -39,6 +41,14 @@ RECIPE_SHORT_CONTEXT = 8
 RECIPE_BUCKETS = 10
 #: The conjunction head's order (3: triple rows under the pair rows; a recipe recorded before it had one was 2).
 RECIPE_CONJ_ORDER = 3
+#: The conjunction head reads its pair and triple rows at every position of its window on stores of at most this many
+#: rows, else at the :data:`RECIPE_CONJ_DEPTH` most recent. Every position's rows took 5% off the stack's test
+#: perplexity on the Wikipedia summaries (0.74M training tokens) once each training row was left out of the rows that
+#: explain it; they also hold about four times the cells, and at 109M tokens and 50,000 words the conjunction stage
+#: of depth 2 already took 5.8 GiB of a worker (docs/guide/recipe.md).
+RECIPE_DEEP_CONJ_MAX_ROWS = 20_000_000
+#: The conjunction head's depth on larger stores (and in a recipe recorded before the depth was chosen).
+RECIPE_CONJ_DEPTH = 2
 #: Where each part goes under the fit's model directory (the last stage's model is the directory's own: the repeat gate,
 #: or the stack of a recipe without one).
 STAGE_DIRECTORIES = {"single": "single", "copy": "copy", "conj": "conj", "stack": "stack"}
@@ -65,6 +75,9 @@ class RecipeSpec(HeadSpec):
         repeat: whether a repeat gate over the whole document goes over the stack (``None``: when the corpus has at
             most :data:`RECIPE_REPEAT_MAX_TARGETS` targets, fixed by :meth:`for_window`; a recipe recorded without
             one, and so resumed, has none).
+        conj_depth: how many of the most recent positions read the conjunction head's rows (``None``: its whole
+            window on a store of at most :data:`RECIPE_DEEP_CONJ_MAX_ROWS` rows, else :data:`RECIPE_CONJ_DEPTH`,
+            fixed by :meth:`for_window`; a recipe recorded without one, and so resumed, reads 2).
     """
 
     kind: ClassVar[str] = "recipe"
@@ -76,6 +89,7 @@ class RecipeSpec(HeadSpec):
     gate: str = "target"
     conj_order: int = RECIPE_CONJ_ORDER
     repeat: bool | None = None
+    conj_depth: int | None = None
 
     def __post_init__(self) -> None:
         if self.short_context < 1:
@@ -92,6 +106,7 @@ class RecipeSpec(HeadSpec):
             "gate": self.gate,
             "conj_order": self.conj_order,
             "repeat": self.repeat,
+            "conj_depth": self.conj_depth,
         }
 
     @classmethod
@@ -99,6 +114,7 @@ class RecipeSpec(HeadSpec):
         single = dict(data.get("single") or {})
         single.pop("kind", None)
         buckets = data.get("buckets")
+        depth = data.get("conj_depth", RECIPE_CONJ_DEPTH)  # a recipe recorded before the choice read 2
         return cls(
             SingleHopSpec(**single),
             None if buckets is None else int(buckets),
@@ -106,19 +122,29 @@ class RecipeSpec(HeadSpec):
             str(data.get("gate", "target")),
             int(data.get("conj_order", 2)),
             None if data.get("repeat", False) is None else bool(data.get("repeat", False)),
+            None if depth is None else int(depth),
         )
 
-    def for_window(self, context_length: int, *, num_targets: int | None = None) -> RecipeSpec:
+    def for_window(
+        self, context_length: int, *, num_targets: int | None = None, num_rows: int | None = None
+    ) -> RecipeSpec:
         """The recipe on rows of window N: the long heads get the window's geometric buckets (at most
-        :data:`RECIPE_BUCKETS`) unless given, the conjunction head a window no longer than N, and the repeat gate
-        goes over the stack unless said otherwise when the store's ``num_targets`` are at most
-        :data:`RECIPE_REPEAT_MAX_TARGETS`."""
+        :data:`RECIPE_BUCKETS`) unless given, the conjunction head a window no longer than N (its rows at each of its
+        positions on a store of at most :data:`RECIPE_DEEP_CONJ_MAX_ROWS` ``num_rows``, else at the
+        :data:`RECIPE_CONJ_DEPTH` most recent, unless given), and the repeat gate goes over the stack unless said
+        otherwise when the store's ``num_targets`` are at most :data:`RECIPE_REPEAT_MAX_TARGETS`."""
         n = int(context_length)
         buckets = self.buckets if self.buckets is not None else min(RECIPE_BUCKETS, max_geometric_buckets(n))
         repeat = self.repeat
         if repeat is None:
             repeat = num_targets is not None and int(num_targets) <= RECIPE_REPEAT_MAX_TARGETS
-        return dataclasses.replace(self, buckets=buckets, short_context=min(self.short_context, n), repeat=repeat)
+        short = min(self.short_context, n)
+        depth = self.conj_depth
+        if depth is None:
+            depth = short if num_rows is not None and int(num_rows) <= RECIPE_DEEP_CONJ_MAX_ROWS else RECIPE_CONJ_DEPTH
+        return dataclasses.replace(
+            self, buckets=buckets, short_context=short, repeat=repeat, conj_depth=min(int(depth), short)
+        )
 
     def stages(self) -> list[Stage]:
         """The single head of the long window into ``single/``, the copy head started from it into ``copy/``, the
@@ -134,7 +160,7 @@ class RecipeSpec(HeadSpec):
             Stage(long, directories["single"], settings={"position_buckets": buckets}),
             Stage(CopySpec(long), directories["copy"], settings={"position_buckets": buckets}),
             Stage(
-                ConjSpec(short, order=self.conj_order),
+                ConjSpec(short, depth=self.conj_depth or RECIPE_CONJ_DEPTH, order=self.conj_order),
                 directories["conj"],
                 settings={"context_length": self.short_context, "position_buckets": None, "min_context": None},
                 start_from=None,
