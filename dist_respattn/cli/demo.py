@@ -33,8 +33,8 @@ DEMO_PARTITION_ROWS = 131072
 DEMO_TOKENS = 1_000_000
 DEMO_VOCAB_SIZE = 2000
 #: The window the text demo's rows are read with: long enough for the copy head to find a file's repetitions
-#: (on the default slice the recipe's stack is 0.893x the Kneser-Ney 5-gram's test perplexity at 32, and the repeat gate
-#: over it 0.814x; at 8, with the conjunction head of order 2 and its rows' counts EM's then, the stack was 1.121x).
+#: (on the default slice the recipe's stack is 0.871x the Kneser-Ney 5-gram's test perplexity at 32, and the repeat gate
+#: over it 0.797x; at 8, with the conjunction head of order 2 and its rows' counts EM's then, the stack was 1.121x).
 DEMO_CONTEXT = 32
 #: The recovery demo's window.
 SYNTHETIC_CONTEXT = 8
