@@ -157,6 +157,18 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
+def refuse_a_worker_reimport() -> None:
+    """Raise :class:`ClusterError` in a worker process of an embedded cluster that is importing the main script
+    again (a script without a ``__main__`` guard): it would start a cluster of its own. A call that starts one checks
+    this first, before it takes any lock its parent holds."""
+    if _importing_main_in_a_worker():
+        raise ClusterError(
+            "this script is being imported again by a worker process of the cluster it starts (each worker "
+            "process imports the main script), so it would start one of its own: put the calls under "
+            '`if __name__ == "__main__":` (see the docs\' quickstart)'
+        )
+
+
 def starts_embedded_cluster(options: ClusterOptions | None, client: distributed.Client | None) -> bool:
     """Whether :func:`connect` with these arguments starts (and at the end closes) a LocalCluster of its own."""
     scheduler = options.scheduler if options is not None else None
@@ -238,12 +250,7 @@ def _local_cluster(n_workers: int | None, threads_per_worker: int, memory_limit:
     One thread a worker: the E-step kernel is single-threaded and each task holds its own statistics,
     so processes (not threads) are what scale, and each gets an even share of the machine's memory.
     """
-    if _importing_main_in_a_worker():
-        raise ClusterError(
-            "this script is being imported again by a worker process of the cluster it starts (each worker "
-            "process imports the main script), so it would start one of its own: put the calls under "
-            '`if __name__ == "__main__":` (see the docs\' quickstart)'
-        )
+    refuse_a_worker_reimport()
     try:
         # The quieter settings reach the scheduler and, through their nannies, the worker processes.
         with dask.config.set(embedded_cluster_config()):

@@ -9,6 +9,7 @@ too (in-process here: they are refused before any cluster is reached).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -74,6 +75,22 @@ def live_holder(directory: Path) -> dict:
     return record
 
 
+def wait_stopped(pid: int, timeout: float = 30.0) -> None:
+    """Wait until every thread of process ``pid`` is stopped (state ``T`` in ``/proc``): ``kill`` returns before a
+    SIGSTOP has reached them, and a loaded machine may let one run on for a while."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(FileNotFoundError):  # a thread that ended
+                with open(f"/proc/{pid}/task/{task}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if states and all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop within {timeout} s")
+
+
 def test_a_second_fit_resume_or_overwrite_is_refused_at_once_and_the_first_completes(tmp_path, small_store, address):
     model_dir = tmp_path / "model"
     first = start_cli(*fit_args(small_store, model_dir, address))
@@ -82,6 +99,7 @@ def test_a_second_fit_resume_or_overwrite_is_refused_at_once_and_the_first_compl
         read_until(first, "iteration 2:")
         os.kill(first.pid, signal.SIGSTOP)
         try:
+            wait_stopped(first.pid)  # the signal is delivered later: a thread may still be writing a checkpoint
             before = tree_state(model_dir), model_dir.stat().st_mtime_ns
             held = (model_dir / LOCK_FILE).read_text() if (model_dir / LOCK_FILE).exists() else "{}"
             launched = {

@@ -207,6 +207,9 @@ def test_later_held_out_passes_score_the_rows_each_worker_kept(small_store, clie
     """The first held-out pass keeps each partition's planned rows on the worker that scored it; every later pass
     sends each partition back there and scores it without reading the store; the fit's end drops them all. The fit
     is the one whose held-out rows are read at every pass (the workers given no room to keep them), to the bit."""
+    # The cluster is the package's: a fit another module killed (its driver gone, nothing told the workers) may have
+    # left rows kept there, which only newer ones push out.
+    client.run(kept_rows.forget)
     kept = fit(small_store, model_dir=tmp_path / "kept", client=client, settings=SPARSE, progress=False)
     run = kept.history[-1]["run_id"]
     parts = TripleStore.open(small_store).num_partitions
