@@ -20,7 +20,14 @@ from dist_respattn.artifacts import (
     load_checkpoint,
     load_model,
 )
-from dist_respattn.engine.cluster import ClusterError, ClusterInfo, ClusterOptions, cluster_info, connect
+from dist_respattn.engine.cluster import (
+    ClusterError,
+    ClusterInfo,
+    ClusterOptions,
+    cluster_info,
+    connect,
+    refuse_a_worker_reimport,
+)
 from dist_respattn.engine.evaluate import Evaluation, evaluate, score, scored_store
 from dist_respattn.engine.fit import FitError, FitResult, fit, open_fit_store
 from dist_respattn.engine.loop import store_record
@@ -58,6 +65,7 @@ __all__ = [
     "open_fit_store",
     "open_store",
     "predict",
+    "refuse_a_worker_reimport",
     "score",
     "scored_store",
     "store_record",

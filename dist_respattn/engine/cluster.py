@@ -157,11 +157,11 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
-def refuse_a_worker_reimport() -> None:
+def refuse_a_worker_reimport(options: ClusterOptions | None = None, client: distributed.Client | None = None) -> None:
     """Raise :class:`ClusterError` in a worker process of an embedded cluster that is importing the main script
-    again (a script without a ``__main__`` guard): it would start a cluster of its own. A call that starts one checks
-    this first, before it takes any lock its parent holds."""
-    if _importing_main_in_a_worker():
+    again (a script without a ``__main__`` guard), when these arguments of :func:`connect` would start a cluster of
+    its own. A call that starts one checks this first, before it takes any lock its parent holds."""
+    if starts_embedded_cluster(options, client) and _importing_main_in_a_worker():
         raise ClusterError(
             "this script is being imported again by a worker process of the cluster it starts (each worker "
             "process imports the main script), so it would start one of its own: put the calls under "

@@ -438,10 +438,9 @@ def fit(
             another sharing the directory: refused before the directory is read or written.
         ClusterError / InsufficientMemoryError: no cluster, or not enough memory for this shape.
     """
-    if starts_embedded_cluster(cluster, client):
-        # Before the model directory's lock: a worker importing a script without a main guard would find it held by
-        # the script's own fit, and fail with that instead of what to fix.
-        refuse_a_worker_reimport()
+    # Before the model directory's lock: a worker importing a script without a main guard would find it held by the
+    # script's own fit, and fail with that instead of what to fix.
+    refuse_a_worker_reimport(cluster, client)
     settings = settings or FitSettings()
     spec = head if head is not None else settings.head_spec()
     if spec.window_dependent:

@@ -37,11 +37,11 @@ from dist_respattn.engine import (
     fit,
     load_checkpoint,
     open_fit_store,
+    refuse_a_worker_reimport,
     score,
     scored_store,
     store_record,
 )
-from dist_respattn.engine.cluster import refuse_a_worker_reimport, starts_embedded_cluster
 from dist_respattn.events import Metric
 from dist_respattn.model.heads.base import HeadSpec, spec_from_json
 from dist_respattn.store import TokenStreamStore, check_model_corpus, check_recorded_corpus
@@ -317,8 +317,7 @@ def retrain(
     metric = gate(chosen, 0.0, None, tolerance, store="", in_sample=False).metric  # checked before any work
     if keep is not None and keep < 1:
         raise ValueError(f"keep = {keep}: expected at least 1")
-    if starts_embedded_cluster(cluster, client):
-        refuse_a_worker_reimport()  # before the registry's lock, which a script's own run holds (see fit)
+    refuse_a_worker_reimport(cluster, client)  # before the registry's lock, which a script's own run holds (see fit)
     reg = Registry(str(registry), storage_options)
     reg.check_format()
     train = open_fit_store(store, storage_options, settings.context_length)
