@@ -29,7 +29,7 @@ import numpy as np
 
 from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.heads.base import Block, Columns
-from dist_respattn.model.heads.conj.kernels import ConjParameters, LeaveOneOut, conj_score, pair_of_cells
+from dist_respattn.model.heads.conj.kernels import ConjParameters, LeaveOneOut, conj_score, pair_of_cells, row_stats
 from dist_respattn.model.heads.copy.kernels import copy_row_terms
 from dist_respattn.model.heads.single_hop.arrays import MODEL_ARRAY_NAMES
 from dist_respattn.model.heads.single_hop.distribution import ResponsibilityAttentionDistribution
@@ -115,19 +115,16 @@ def pair_rows(
     (Kneser-Ney's absolute discount; 0: the Dirichlet posterior mode). An infinite strength, or a pair with neither
     counts nor strength, is ``B``'s row alone (weight 1, no cell values)."""
     n_pairs = indptr.shape[0] - 1
-    types = np.diff(indptr).astype(np.float64)
-    owner = np.repeat(np.arange(n_pairs), np.diff(indptr))
-    totals = np.bincount(owner, weights=counts, minlength=n_pairs)
     if np.isinf(strength):
         return np.ones(n_pairs), np.zeros(counts.shape[0])
+    totals, types, moved = row_stats(indptr, counts, discount).T
     s = strength + type_strength * types
-    taken = np.minimum(counts, discount)
     denominator = totals + s
     empty = denominator <= 0.0
     safe = np.where(empty, 1.0, denominator)
-    moved = np.bincount(owner, weights=taken, minlength=n_pairs)
     weight = np.where(empty, 1.0, (s + moved) / safe)
-    value = np.where(empty[owner], 0.0, (counts - taken) / safe[owner])
+    owner = np.repeat(np.arange(n_pairs), np.diff(indptr))
+    value = np.where(empty[owner], 0.0, (counts - np.minimum(counts, discount)) / safe[owner])
     return weight, value
 
 

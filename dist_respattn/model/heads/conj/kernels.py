@@ -33,6 +33,7 @@ __all__ = [
     "find_pair_slot",
     "pair_of_cells",
     "pair_table",
+    "row_stats",
 ]
 
 _NO_VALUES = np.zeros(0)
@@ -191,20 +192,22 @@ class LeaveOneOut:
         """From the pair rows' ``indptr`` (P + 1,), ``counts`` (M,) and ``(beta, gamma, D)``, and the triple rows'
         ``(indptr, counts, (beta3, gamma3, D3))`` at order 3."""
         cells = np.ascontiguousarray(counts, dtype=np.float64)
-        pairs = _row_stats(indptr, cells, strengths[2])
+        pairs = row_stats(indptr, cells, strengths[2])
         if triples is None:
             triple_cells, triple_stats, third = _NO_VALUES, np.zeros((0, 3)), (math.inf, 0.0, 0.0)
         else:
             triple_cells = np.ascontiguousarray(triples[1], dtype=np.float64)
-            triple_stats, third = _row_stats(triples[0], triple_cells, triples[2][2]), triples[2]
+            triple_stats, third = row_stats(triples[0], triple_cells, triples[2][2]), triples[2]
         return cls(np.array([*strengths, *third], dtype=np.float64), cells, pairs, triple_cells, triple_stats)
 
     def arrays(self) -> tuple[np.ndarray, ...]:
         return self.strengths, self.cells, self.pairs, self.triple_cells, self.triples
 
 
-def _row_stats(indptr: np.ndarray, counts: np.ndarray, discount: float) -> np.ndarray:
-    """(P, 3) each row's ``(total count, stored targets, mass the discount moves)``."""
+def row_stats(indptr: np.ndarray, counts: np.ndarray, discount: float) -> np.ndarray:
+    """(P, 3) float64 each row's ``(total count, stored targets, mass the discount moves)``: ``indptr`` (P + 1,)
+    the rows' cell offsets, ``counts`` (M,) float64 their cells' counts, ``discount`` D (a cell moves
+    ``min(count, D)``)."""
     n_rows = indptr.shape[0] - 1
     owner = np.repeat(np.arange(n_rows), np.diff(indptr))
     stats = np.empty((n_rows, 3))
