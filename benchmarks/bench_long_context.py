@@ -655,6 +655,9 @@ def latency_part(args: argparse.Namespace, corpus: dict[str, Any]) -> dict[str, 
                 # Emission rows a prediction read, when the predictor says (it may leave unread the rows whose
                 # attention cannot move a probability by more than a rounding).
                 entry["predictor_rows_read"] = None if None in rows_read else float(np.median(rows_read))
+                entry["fewest_rows_exact"] = fewest_rows_at(
+                    make_predictor(Predictor, model, table), emission, stream, history, min(steps, FEWEST_ROWS_STEPS)
+                )
             except Exception as exc:  # the predictor is new: report what it did, and keep the other figures
                 entry["predictor_error"] = f"{type(exc).__name__}: {exc}"
                 say(f"predictor at history {history}: {entry['predictor_error']}")
@@ -672,6 +675,42 @@ def latency_part(args: argparse.Namespace, corpus: dict[str, Any]) -> dict[str, 
     far = [e["codebook_s"] for e in figures["histories"] if "codebook_s" in e]
     figures["codebook_flatness"] = max(far) / min(far) if far else None
     return figures
+
+
+#: Steps of each history whose fewest exact rows are counted (a pass over a (distinct, T) table a step).
+FEWEST_ROWS_STEPS = 50
+
+
+def fewest_rows(emission: np.ndarray, symbols: np.ndarray, attention: np.ndarray, tolerance: float) -> int:
+    """The fewest emission rows a prediction ``attention @ emission[symbols]`` can read, by decreasing attention,
+    and still equal the whole mixture to a relative ``tolerance`` on every target: the first r for which the unread
+    rows' own sum (not a bound of it) is at most ``tolerance`` times the read rows' on every target. No rule that
+    reads rows by attention and stays exact reads fewer."""
+    order = np.argsort(-attention, kind="stable")
+    rows = attention[order, None] * emission[symbols[order]]  # (u, T)
+    read = np.cumsum(rows, axis=0)
+    unread = read[-1] - read  # after r + 1 rows
+    exact = np.all(unread <= tolerance * read, axis=1)
+    return int(np.argmax(exact)) + 1 if exact.any() else int(rows.shape[0])
+
+
+def fewest_rows_at(predictor: Any, emission: np.ndarray, stream: np.ndarray, history: int, steps: int) -> float | None:
+    """The median :func:`fewest_rows` over ``steps`` tokens from ``history`` on (None: a predictor without
+    ``attention``)."""
+    if not hasattr(predictor, "attention"):
+        return None
+    try:
+        from dist_respattn.model.streaming import UNREAD_TOLERANCE as tolerance
+    except ImportError:
+        tolerance = 2.0**-53
+    for token in stream[:history]:
+        predictor.push(int(token))
+    counts = []
+    for token in stream[history : history + steps]:
+        predictor.push(int(token))
+        symbols, attention = predictor.attention()
+        counts.append(fewest_rows(emission, np.asarray(symbols), np.asarray(attention), tolerance))
+    return float(np.median(counts))
 
 
 def timed_steps(predictor: Any, tokens: np.ndarray) -> tuple[list[float], list[Any], np.ndarray]:
@@ -1331,7 +1370,7 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"  predictor: not available ({latency['predictor_missing']})")
         header = (
             f"{'history':>9}{'predictor':>12}{'p90':>10}{'recompute':>12}{'predict_proba':>15}"
-            f"{'recompute/predictor':>21}{'max |diff|':>12}{'distinct':>10}{'rows read':>11}"
+            f"{'recompute/predictor':>21}{'max |diff|':>12}{'distinct':>10}{'rows read':>11}{'fewest':>8}"
         )
         lines += [header, "-" * len(header)]
         for e in latency["histories"]:
@@ -1354,13 +1393,16 @@ def format_report(report: dict[str, Any]) -> str:
                     if has and e["predictor_rows_read"] is not None
                     else f"{'-':>11}"
                 )
+                + (f"{e['fewest_rows_exact']:>8,.1f}" if e.get("fewest_rows_exact") is not None else f"{'-':>8}")
             )
             if "predictor_error" in e:
                 lines.append(f"  predictor failed: {e['predictor_error']}")
         lines.append(
             "  recompute: from scratch per token in NumPy over the last min(history, N) tokens; predict_proba: the "
             "package's per-window path (full windows only); max |diff|: predictor vs recompute after the last step; "
-            "distinct: the window's distinct symbols, rows read: the emission rows a prediction read (medians)"
+            "distinct: the window's distinct symbols, rows read: the emission rows a prediction read; fewest: the "
+            "fewest rows any prediction exact to the predictor's tolerance could read (the unread rows' own sum, "
+            f"over {FEWEST_ROWS_STEPS} steps) (medians)"
         )
         full = latency.get("predictor_flatness_full_windows")
         if full is not None:

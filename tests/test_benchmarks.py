@@ -567,6 +567,7 @@ def test_long_context_smoke_run_on_the_stdlib_reports_every_figure(tmp_path):
             assert e["recompute_predict_proba_s"] is None, label
         assert 0.0 <= e["predictor_max_abs_difference"] <= 1e-12, (label, e["predictor_max_abs_difference"])
         assert 1 <= e["predictor_rows_read"] <= e["distinct_symbols"] <= latency["context"], label
+        assert 1 <= e["fewest_rows_exact"] <= e["distinct_symbols"], label
         # The codebook far field's predictor, beside it: its prediction that of predict_proba on a full window.
         assert_positive_finite(e["codebook_s"], f"{label}: codebook_s")
         assert e["codebook_p90_s"] >= e["codebook_s"], label
@@ -1140,3 +1141,23 @@ def test_kernel_speed_runs_this_tree_beside_an_exported_revision():
         assert_positive_finite(report[name]["best"], name)
         assert len(report[name]["per_round"]) == 2
     assert isinstance(report["identical"], bool)
+
+
+def test_fewest_exact_rows_read_only_what_the_tolerance_leaves_out(monkeypatch):
+    """bench_long_context.fewest_rows: one row where the other's attention is below the tolerance; every row where
+    each holds a target no other row predicts; the rows in decreasing attention, not in the order given."""
+    environment = dict(os.environ)
+    try:
+        spec = importlib.util.spec_from_file_location("bench_long_context_under_test", LONG_CONTEXT_SCRIPT)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, spec.name, module)
+        spec.loader.exec_module(module)
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+    uniform = np.full((3, 4), 0.25)
+    assert module.fewest_rows(uniform, np.array([0, 1]), np.array([1.0, 1e-20]), 2.0**-53) == 1
+    assert module.fewest_rows(uniform, np.array([0, 1]), np.array([1.0, 1e-10]), 2.0**-53) == 2
+    assert module.fewest_rows(np.eye(3), np.array([0, 1, 2]), np.array([0.6, 0.3, 0.1]), 2.0**-53) == 3
+    assert module.fewest_rows(uniform, np.array([2, 0]), np.array([1e-20, 1.0]), 2.0**-53) == 1
