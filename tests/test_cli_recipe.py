@@ -206,3 +206,28 @@ def test_the_recipe_reads_conjunctions_at_every_short_position_on_stores_of_at_m
     assert depth_of(spec_from_json(old)) == 2  # type: ignore[arg-type]
     resumed = spec_from_args(parsed("--head", "recipe"), SingleHopSpec(), concrete.to_json())
     assert resumed.conj_depth == 8  # type: ignore[union-attr]
+
+
+def test_the_recipes_conjunction_part_takes_its_depth_and_order_from_the_command_line() -> None:
+    from dist_respattn.cli.common import CommandError
+
+    given = spec_from_args(parsed("--head", "recipe", "--conj-depth", "4", "--conj-order", "2"), SingleHopSpec(), None)
+    assert isinstance(given, RecipeSpec) and (given.conj_depth, given.conj_order) == (4, 2)
+    conj = given.for_window(64, num_rows=10**9).stages()[2].spec  # given: not the depth the store's rows would pick
+    assert isinstance(conj, ConjSpec) and (conj.depth, conj.order) == (4, 2)
+    for flags, words in (
+        (("--head", "recipe", "--conj-depth", "9"), ("--conj-depth 9", "1 to 8")),
+        (("--head", "recipe", "--conj-depth", "0"), ("--conj-depth 0", "1 to 8")),
+        (("--head", "recipe", "--conj-order", "4"), ("--conj-order 4", "2, 3")),
+        (("--head", "recipe", "--conj-strength", "1"), ("--conj-strength", "--conj-depth and --conj-order only")),
+        (("--conj-depth", "4"), ("--conj-depth", "add --head conj, or --head recipe")),
+    ):
+        with pytest.raises(CommandError) as caught:
+            spec_from_args(parsed(*flags), SingleHopSpec(), None)
+        assert all(word in str(caught.value) for word in words), (flags, str(caught.value))
+    # A resumed recipe keeps what its stages were fitted with: the same value again is fine, another is refused.
+    fitted = RecipeSpec(SingleHopSpec()).for_window(64, num_rows=1000).to_json()
+    again = spec_from_args(parsed("--head", "recipe", "--conj-depth", "8"), SingleHopSpec(), fitted)
+    assert again.conj_depth == 8  # type: ignore[union-attr]
+    with pytest.raises(CommandError, match="fitted with --conj-depth 8; resume without the option"):
+        spec_from_args(parsed("--head", "recipe", "--conj-depth", "2"), SingleHopSpec(), fitted)

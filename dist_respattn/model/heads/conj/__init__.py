@@ -19,6 +19,8 @@ _FLAGS = {"conj_depth": "--conj-depth", "conj_min_count": "--conj-min-count", "c
           "conj_type_strength": "--conj-type-strength", "conj_backoff": "--conj-backoff",
           "conj_discount": "--conj-discount", "conj_order": "--conj-order",
           "conj_choose_single": "--conj-choose-single", "conj_counts": "--conj-counts"}  # fmt: skip
+#: The options that also set the recipe's conjunction part (``fit --head recipe``).
+RECIPE_OPTIONS = ("conj_depth", "conj_order")
 
 
 def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, Any] | None) -> ConjSpec | None:
@@ -28,8 +30,18 @@ def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, 
     fit keeps what it recorded for the options not given again."""
     given: dict[str, Any] = {name: options[name] for name in _FLAGS if options.get(name) is not None}
     if options.get("head") != "conj":
+        recipe = options.get("head") == "recipe"
+        if recipe:  # the recipe reads these itself
+            given = {name: value for name, value in given.items() if name not in RECIPE_OPTIONS}
         if given:
-            raise ValueError(f"{_FLAGS[next(iter(given))]} sets a conjunction head: add --head conj")
+            name = next(iter(given))
+            if recipe:
+                hint = " (the recipe's conjunction part takes --conj-depth and --conj-order only)"
+            elif name in RECIPE_OPTIONS:
+                hint = ", or --head recipe for the recipe's conjunction part"
+            else:
+                hint = ""
+            raise ValueError(f"{_FLAGS[name]} sets a conjunction head: add --head conj{hint}")
         return None
     if not isinstance(base, SingleHopSpec):
         raise ValueError(f"--head conj extends the single-hop head: it does not combine with a {base.kind} fit")
@@ -67,7 +79,8 @@ KIND = register_kind(
                     "default": None,
                     "help": "--head conj: how many of the most recent positions read the (attended, current token) "
                     "rows (default 2: the current token's own row and the trigram at the previous position; "
-                    "at most N)",
+                    "at most N); --head recipe: its conjunction part's (default: all 8 on a store of at most 20M "
+                    "rows, else 2)",
                 },
             ),
             Option(
@@ -127,7 +140,8 @@ KIND = register_kind(
                     "default": None,
                     "help": "--head conj: 2 (default): rows keyed by the attended and the current token; 3: rows "
                     "keyed by the token before the attended one too (a 4-gram at the previous position), leaning "
-                    "toward the pair rows, their strengths and discount chosen on held-out rows",
+                    "toward the pair rows, their strengths and discount chosen on held-out rows; --head recipe: "
+                    "its conjunction part's (default 3)",
                 },
             ),
             Option(
