@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -308,7 +309,7 @@ def _written(store: Any, started: float, before: int) -> dict[str, Any]:
 
 
 def _run_synth(args: argparse.Namespace) -> dict[str, Any]:
-    from dist_respattn.store import write_synthetic
+    from dist_respattn.store import SchemaMismatchError, write_synthetic
 
     shape = {"--symbols": args.symbols, "--context": args.context, "--dim": args.dim, "--targets": args.targets}
     missing = [flag for flag, value in shape.items() if value is None]
@@ -318,17 +319,22 @@ def _run_synth(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     before = _rows_before(args)
     with progress_bar(args.rows, "rows", "sampling") as bar:
-        store = write_synthetic(
-            args.out,
-            args.rows,
-            num_symbols=args.symbols,
-            context_length=args.context,
-            query_dim=args.dim,
-            num_targets=args.targets,
-            sigma2=args.sigma2,
-            seed=args.seed,
-            options=write_options(args, bar.update),
-        )
+        try:
+            store = write_synthetic(
+                args.out,
+                args.rows,
+                num_symbols=args.symbols,
+                context_length=args.context,
+                query_dim=args.dim,
+                num_targets=args.targets,
+                sigma2=args.sigma2,
+                seed=args.seed,
+                options=write_options(args, bar.update),
+            )
+        except SchemaMismatchError as exc:
+            # The requested shape is synth's flags (the others are named by every command's own mapping); here
+            # query_dim is --dim, which elsewhere is not always what sets D (an --arrays query's columns do).
+            raise CommandError(re.sub(r"(?<![\w'])query_dim(?![\w'])", "--dim", str(exc))) from exc
     return _written(store, started, before)
 
 
