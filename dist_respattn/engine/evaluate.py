@@ -43,7 +43,7 @@ from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import BlockPass, Columns, Head
 from dist_respattn.model.ranking import RankingSettings, RankingTable
 from dist_respattn.model.scores import ScoreTotals
-from dist_respattn.store import StoreError, StoreLocation, check_model_corpus, open_store
+from dist_respattn.store import StoreError, StoreLocation, TokenStreamStore, check_model_corpus, open_store
 from dist_respattn.store.rows import RowStore, is_stream_store
 
 __all__ = [
@@ -105,6 +105,8 @@ class Evaluation:
             baselines' under ``baselines``; ``None`` otherwise (and no JSON key).
         report: what the head's kind adds (:meth:`~dist_respattn.model.heads.base.Head.report`): JSON keys beside
             these, and ``report_lines``, the lines said after the table.
+        window: a token-stream store's windows: ``{"read_with": N, "recorded": N}``, the model's N its rows are
+            windows of and the N the store records (its writer's default); ``None`` for a triple store.
     """
 
     store: str
@@ -117,6 +119,7 @@ class Evaluation:
     report: dict[str, Any] = field(default_factory=dict)
     report_lines: list[str] = field(default_factory=list)
     ranking: dict[str, Any] | None = None
+    window: dict[str, int] | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Evaluation:
@@ -138,13 +141,14 @@ class Evaluation:
             "baseline_counts_from": self.baseline_counts_from,
             "warnings": self.warnings,
             **({"ranking": self.ranking} if self.ranking is not None else {}),
+            **({"window": self.window} if self.window is not None else {}),
         }
 
     def summary(self) -> str:
         """A small table: one row for the head and one per baseline, then where the baselines came from."""
         width = max([15, *(len(_label(name)) for name in self.baselines)])
         header = f"{'':<{width}} {'log-lik/row':>12} {'perplexity':>12} {'accuracy':>9}"
-        lines = [f"{self.store}: {self.rows:,} rows", header]
+        lines = [f"{self.store}: {self.rows:,} rows{self._window_text()}", header]
 
         def cell(value: Any, spec: str, width: int) -> str:
             # A head that weighs none of the store's rows (each of an attribute it lacks, say) has no figures.
@@ -176,6 +180,16 @@ class Evaluation:
             lines.extend(ranking_lines(self.ranking))
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
+
+    def _window_text(self) -> str:
+        """What the header adds when a token-stream store was written with another N than the model reads it with."""
+        window = self.window or {}
+        if window.get("read_with") in (None, window.get("recorded")):
+            return ""
+        return (
+            f", windows of the model's N = {window['read_with']} (the store records N = {window['recorded']}, its "
+            "writer's default: a token-stream store is read with any window)"
+        )
 
 
 def _parameters_text(parameters: dict[str, Any]) -> str:
@@ -371,6 +385,11 @@ def evaluate(
         report=report,
         report_lines=report_lines,
         ranking=ranked,
+        window=(
+            {"read_with": scored.schema.context_length, "recorded": scored.recorded_window}
+            if isinstance(scored, TokenStreamStore)
+            else None
+        ),
     )
 
 
