@@ -153,3 +153,34 @@ def test_a_value_that_looks_like_a_flag_is_reported_by_the_flag_that_takes_it(tm
     done = run("fit", str(tmp_path / "s.zarr"), "--model-dir", str(tmp_path / "m"), "--tol", "-1e-3")
     assert done.returncode == 2
     assert done.stderr.splitlines()[-1] == "dist-respattn fit: error: argument --tol: expected one argument"
+
+
+def test_sample_without_a_prompt_opens_with_the_start_of_a_document_not_its_whole_window(tmp_path, capsys):
+    """A head of a long window (a repeat gate's N is 100,000) printed a whole file as its opening: the opening is the
+    first few tokens of a document of the store, whatever N, and the help says how many."""
+    from dist_respattn import random_distribution
+    from dist_respattn.artifacts.checkpoints import LATEST, ModelDir
+    from dist_respattn.cli.head_commands import OPENING_TOKENS
+    from dist_respattn.store import open_store, write_stream_text
+    from dist_respattn.store.predictions import target_words
+
+    sources = sorted(Path(sysconfig.get_paths()["stdlib"], "json").glob("*.py"))
+    store = write_stream_text(tmp_path / "s.zarr", sources, 4, vocab_size=100)
+    schema = store.schema
+    model = ModelDir(tmp_path / "model")
+    head = random_distribution(schema.num_symbols, 200, schema.query_dim, schema.num_targets, seed=0)
+    model.write("ckpt-000001-0123abcd", head, {"iteration": 1, "store": {"url": str(store.location)}})
+    model.point(LATEST, "ckpt-000001-0123abcd", iteration=1, state="running")
+    done = run_here(capsys, "sample", str(model.path), "--tokens", "5", "--seed", "3", "--json")
+    assert done.returncode == 0, done.stderr
+    prompt = json.loads(done.stdout)["prompt"]
+    opened = open_store(store.location)
+    words = target_words(opened.vocabulary(), schema.num_targets)
+    assert words is not None
+    starts = opened.document_starts()
+    openings = [[words[t] for t in opened.read_tokens(int(s), int(s) + OPENING_TOKENS)] for s in starts]
+    assert len(prompt) == OPENING_TOKENS < head.context_length and prompt in openings
+    text = run_here(capsys, "sample", str(model.path), "--tokens", "5", "--seed", "3")
+    assert text.stdout.splitlines()[0] == " ".join(prompt) + " ..."
+    helped = run("sample", "--help")
+    assert f"the first {OPENING_TOKENS} tokens, at most N," in " ".join(helped.stdout.split())
