@@ -143,6 +143,31 @@ def test_a_token_stream_store_is_named_by_the_window_it_records(client, tmp_path
     )
 
 
+def test_the_header_counts_the_rows_scored_not_those_of_weight_0(client, tmp_path):
+    """A store whose rows of weight 0 are context only (a held-out sequence's history): the figures are of the rows of
+    positive weight, and the header counts those, beside the store's rows; a store without such rows, its rows."""
+    from dist_respattn import random_distribution
+
+    weights = np.zeros(600, dtype=np.float32)
+    weights[::10] = 1.0
+    path = tmp_path / "weighted.zarr"
+    tokens = markov_tokens(600, 2)
+    write_stream_tokens(path, tokens, N_TOK, num_symbols=V, dim=D_TOK, seed=0, weights=weights, options=TOKENS)
+    head = random_distribution(V, N_TOK, D_TOK, V, seed=0)
+    evaluation = evaluate(head, path, client=client)
+    rows, scored = 600 - N_TOK, int(np.count_nonzero(weights[N_TOK:]))
+    assert (evaluation.rows, evaluation.scored_rows, evaluation.weight) == (rows, scored, scored)
+    assert evaluation.to_json()["scored_rows"] == scored
+    assert evaluation.summary().splitlines()[0] == (
+        f"{path}: {scored} rows scored, of {rows} (the other {rows - scored} weigh 0: context only)"
+    )
+    whole = tmp_path / "whole.zarr"
+    write_stream_tokens(whole, tokens, N_TOK, num_symbols=V, dim=D_TOK, seed=0, options=TOKENS)
+    evaluation = evaluate(head, whole, client=client)
+    assert evaluation.scored_rows == evaluation.rows == rows
+    assert evaluation.summary().splitlines()[0] == f"{whole}: {rows} rows"
+
+
 # ------------------------------------------------------------------------------------ baselines
 
 
