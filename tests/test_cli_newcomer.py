@@ -184,3 +184,57 @@ def test_sample_without_a_prompt_opens_with_the_start_of_a_document_not_its_whol
     assert text.stdout.splitlines()[0] == " ".join(prompt) + " ..."
     helped = run("sample", "--help")
     assert f"the first {OPENING_TOKENS} tokens, at most N," in " ".join(helped.stdout.split())
+
+
+def test_split_counts_the_same_documents_in_either_format_and_for_the_same_tokens_and_names_empty_files(
+    tmp_path, capsys
+):
+    """A text file with no token becomes no document: the text split counts the documents its stores hold whether
+    it writes streams or triples, as many as a token split of the same documents, and says how many files it
+    skipped (in its summary, its --json and info)."""
+    import numpy as np
+
+    from dist_respattn.store import write_stream_text
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    rng = np.random.default_rng(0)
+    for k in range(30):
+        (corpus / f"doc{k:02d}.txt").write_text(" ".join(rng.choice(words, 60)) + "\n")
+    for k in range(6):
+        (corpus / f"empty{k}.txt").write_text("" if k % 2 else "\n  \n")
+    whole = write_stream_text(tmp_path / "whole.zarr", [corpus], 4)
+    np.save(tmp_path / "tokens.npy", whole.read_tokens(0, whole.num_tokens))
+    np.save(tmp_path / "starts.npy", whole.document_starts())
+    given = {
+        "stream": ("--text", str(corpus)),
+        "triples": ("--text", str(corpus), "--format", "triples"),
+        "tokens": ("--tokens", str(tmp_path / "tokens.npy"), "--documents", str(tmp_path / "starts.npy")),
+    }
+    reports, texts = {}, {}
+    for kind, source in given.items():
+        done = run_here(capsys, "split", str(tmp_path / kind), *source, "--context", "4", "--json")
+        assert done.returncode == 0, done.stderr
+        reports[kind] = json.loads(done.stdout)["stores"]
+        texts[kind] = run_here(capsys, "split", str(tmp_path / f"{kind}-text"), *source, "--context", "4").stdout
+    assert {kind: sum(store["documents"] for store in stores.values()) for kind, stores in reports.items()} == {
+        "stream": 30, "triples": 30, "tokens": 30,
+    }  # fmt: skip
+    for kind, stores in reports.items():
+        assert sum(store["empty_files"] for store in stores.values()) == (0 if kind == "tokens" else 6), kind
+
+    def counts(kind: str) -> list[tuple[int, int]]:
+        return [(store["documents"], store["empty_files"]) for store in reports[kind].values()]
+
+    assert counts("stream") == counts("triples")  # a text file goes to the same split in either format
+    for kind in ("stream", "triples"):
+        skipped = [(name, s["empty_files"]) for name, s in reports[kind].items() if s["empty_files"]]
+        lines = texts[kind].splitlines()
+        for name, count in skipped:
+            (line,) = [line for line in lines if line.startswith(name)]
+            assert line.endswith(f"({count} empty file{'s' if count > 1 else ''} skipped)"), line
+        name, count = skipped[0]
+        info = run_here(capsys, "info", reports[kind][name]["url"]).stdout
+        assert f"; {count} empty file{'s' if count > 1 else ''} skipped (no token: no document)" in info
+    assert "skipped" not in texts["tokens"]

@@ -563,9 +563,11 @@ def _print_info(report: dict[str, Any]) -> None:
         fractions = "/".join(f"{f:g}" for f in split["fractions"])
         # A text split assigns files (an empty one becomes no document), a token split documents.
         unit = "file" if provenance.get("source") == "text" else "document"
+        empty = int(provenance.get("empty_files") or 0)
         print(
             f"split        {split['name']}: {count_text(split['documents'], unit)} assigned by a {fractions} split "
             f"(train/validation/test, split seed {split['seed']})"
+            + (f"; {count_text(empty, 'empty file')} skipped (no token: no document)" if empty else "")
         )
     if report.get("attributes"):
         _print_attributes(report)

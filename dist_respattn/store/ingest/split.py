@@ -458,6 +458,10 @@ def _split_text(
     tokens = dict.fromkeys(SPLIT_NAMES, 0)
     oov = dict.fromkeys(SPLIT_NAMES, 0)
     rows = dict.fromkeys(SPLIT_NAMES, 0)
+    # A file of no tokens is assigned to a split but is no document of its store (a stream keeps none): counted
+    # apart, so both formats count the documents a store holds and say how many files were skipped.
+    held = dict.fromkeys(SPLIT_NAMES, 0)
+    empty = dict.fromkeys(SPLIT_NAMES, 0)
     stream = store_format == "stream"
     with ExitStack() as stack:
         writers: dict[str, Any] = {}
@@ -493,16 +497,21 @@ def _split_text(
                 )
             tokens[owner] += counted_tokens
             oov[owner] += unknown
+            held[owner] += counted_tokens > 0
+            empty[owner] += counted_tokens == 0
             if file_progress is not None:
                 file_progress(1)
         if not stream:
             rows = {name: writer.rows_written for name, writer in writers.items()}
         _check_rows(locations, plan, tokens, rows, n)
         for name, writer in writers.items():
-            if stream:
-                writer.provenance["oov_count"] = oov[name]  # the token count is the stream's own
+            if stream:  # the token and document counts are the stream's own
+                writer.provenance.update({"oov_count": oov[name], "empty_files": empty[name]})
             else:
-                writer.add_provenance({"tokens_count": tokens[name], "oov_count": oov[name]})
+                writer.add_provenance(
+                    {"tokens_count": tokens[name], "oov_count": oov[name], "documents": held[name],
+                     "empty_files": empty[name]}
+                )  # fmt: skip
         return {name: writer.close() for name, writer in writers.items()}
 
 
