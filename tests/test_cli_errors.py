@@ -245,6 +245,41 @@ def test_invalid_json_in_a_store_names_the_file(tmp_path, store):
     assert str(member / "context" / "zarr.json") in member_validate.stdout
 
 
+def test_an_unknown_data_type_in_a_store_names_the_file_the_array_and_the_fix(tmp_path, store):
+    """A ``zarr.json`` naming a data type zarr does not know: zarr's own error names neither file nor array; the
+    commands that open the store name both, what was expected and how to write it again, and leave it as it is."""
+    triples = copy_of(store, tmp_path / "triples")
+    stream = write_stream_tokens(tmp_path / "stream.zarr", np.arange(200) % 7, 4, num_symbols=7, dim=2, seed=0)
+    damaged = {triples / "target" / "zarr.json": "int33", tmp_path / "stream.zarr" / "tokens" / "zarr.json": "u8"}
+    for path, data_type in damaged.items():
+        metadata = json.loads(path.read_text())
+        metadata["data_type"] = data_type
+        path.write_text(json.dumps(metadata))
+    before = {path: path.read_bytes() for path in damaged}
+    info, fitted, validated, stream_info, stream_validated = run_many(
+        ("info", str(triples)),
+        ("fit", str(triples), "--model-dir", str(tmp_path / "model"), "--workers", "1"),
+        ("validate", str(triples)),
+        ("info", str(stream.location)),
+        ("validate", str(stream.location)),
+    )
+    fix = "write the store again with `dist-respattn ingest` or `dist-respattn split` (--overwrite)"
+    target = (f"{triples / 'target' / 'zarr.json'}: array 'target' has data type 'int33', which zarr cannot read: "
+              "expected int32 (each row's target id)")  # fmt: skip
+    tokens = (f"{tmp_path / 'stream.zarr' / 'tokens' / 'zarr.json'}: array 'tokens' has data type 'u8', which zarr "
+              "cannot read: expected uint8 (the smallest unsigned type that holds S = 7 ids)")  # fmt: skip
+    for command, result in (("info", info), ("fit", fitted)):
+        line = assert_error(result, command, target, fix)
+        assert "No Zarr data type" not in line
+    assert_error(stream_info, "info", tokens, fix)
+    assert_no_cluster(fitted)
+    for result, expected in ((validated, target), (stream_validated, tokens)):
+        assert result.returncode == 1, result.stderr
+        assert expected in result.stdout and fix in result.stdout and "Traceback" not in result.stderr
+    assert {path: path.read_bytes() for path in damaged} == before
+    assert not (tmp_path / "model").exists()
+
+
 def test_a_string_array_is_named_by_its_file(tmp_path):
     n = 20
     np.save(tmp_path / "context.npy", np.array([["a", "b", "c"]] * n))
