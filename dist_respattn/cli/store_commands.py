@@ -559,7 +559,14 @@ def _print_info(report: dict[str, Any]) -> None:
     if provenance.get("like"):
         print(f"made like    {provenance['like']} (its vocabulary, N and embedding table)")
     split = provenance.get("split")
-    if split:
+    if split and split.get("hold_out") == "last":  # leave-one-out: every document in all three stores, no fractions
+        skipped = int(split.get("skipped_documents") or 0)
+        documents = count_text(split["documents"], "document")
+        print(
+            f"split        {split['name']}: leave-one-out (--hold-out last) of {documents}"
+            + (f", {count_text(skipped, 'document')} of fewer than 3 tokens skipped" if skipped else "")
+        )
+    elif split:
         fractions = "/".join(f"{f:g}" for f in split["fractions"])
         # A text split assigns files (an empty one becomes no document), a token split documents.
         unit = "file" if provenance.get("source") == "text" else "document"
