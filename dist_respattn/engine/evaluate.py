@@ -357,8 +357,8 @@ def evaluate(
         totals = score_store(runner, head, scored)
         # The pass over the scored store counts the rows a score counts too (a weighted store's rows of weight 0
         # are context only).
-        scored_pairs: ScoredPairs = _count_pairs(
-            runner, scored, ALL_ROWS, "0", f"counting the pairs of {scored.location}", scored_pairs_of_blocks
+        scored_pairs: _ScoredPairs = _count_pairs(
+            runner, scored, ALL_ROWS, "0", f"counting the pairs of {scored.location}", _scored_pairs_of_blocks
         )
         counts = scored_pairs.pairs
         if baseline_store is scored:
@@ -628,7 +628,7 @@ def _count_pairs(
     count: Callable[..., Any] = pairs_of_blocks,
 ) -> Any:
     """The (previous symbol, target) pairs of ``store``'s selected rows (token windows for short histories), as
-    ``count(S, T, blocks)`` gives them on each partition: :func:`pairs_of_blocks`, or :func:`scored_pairs_of_blocks`."""
+    ``count(S, T, blocks)`` gives them on each partition (with the rows scored: ``_scored_pairs_of_blocks``)."""
     fingerprint = store.fingerprint()
     schema = store.schema
     counted = functools.partial(count, schema.num_symbols, schema.num_targets)
@@ -640,7 +640,7 @@ def _count_pairs(
 
 
 @dataclass(frozen=True)
-class ScoredPairs:
+class _ScoredPairs:
     """A pass's (previous symbol, target) pairs and how many of its rows weigh more than 0 (add two with ``+``).
 
     Attributes:
@@ -651,11 +651,11 @@ class ScoredPairs:
     pairs: PairCounts
     rows: int
 
-    def __add__(self, other: ScoredPairs) -> ScoredPairs:
-        return ScoredPairs(self.pairs + other.pairs, self.rows + other.rows)
+    def __add__(self, other: _ScoredPairs) -> _ScoredPairs:
+        return _ScoredPairs(self.pairs + other.pairs, self.rows + other.rows)
 
 
-def scored_pairs_of_blocks(num_symbols: int, num_targets: int, blocks: Any) -> ScoredPairs:
+def _scored_pairs_of_blocks(num_symbols: int, num_targets: int, blocks: Any) -> _ScoredPairs:
     """:func:`pairs_of_blocks` of a partition's blocks, with the number of their rows of positive weight."""
     rows = 0
 
@@ -665,4 +665,4 @@ def scored_pairs_of_blocks(num_symbols: int, num_targets: int, blocks: Any) -> S
             rows += block.num_rows if block.weights is None else int(np.count_nonzero(block.weights > 0))
             yield block
 
-    return ScoredPairs(pairs_of_blocks(num_symbols, num_targets, counted()), rows)
+    return _ScoredPairs(pairs_of_blocks(num_symbols, num_targets, counted()), rows)

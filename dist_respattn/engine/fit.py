@@ -826,7 +826,7 @@ def _fit_stage(
         heldout = _validation_store(validation, checkpoint, storage_options, train.location.window, min_context)
         rule = _holdout(settings, trainer, train, heldout, checkpoint)
     if heldout is not None and _shape(heldout) != _shape(train):
-        streams = "stream" in (getattr(heldout, "kind", None), getattr(train, "kind", None))
+        streams = getattr(heldout, "kind", None) == getattr(train, "kind", None) == "stream"
         raise FitError(
             f"the validation store {heldout.location} has (S, N, D, T) = {_own_shape(heldout)} but the training "
             f"store {train.location} has {_own_shape(train)}"

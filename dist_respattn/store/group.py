@@ -111,7 +111,7 @@ def _store_attributes(fs: Any, root: str) -> dict[str, Any]:
 
 
 def _expected_dtype(attributes: dict[str, Any], name: str) -> str | None:
-    """``int32 (a context row's symbol ids)``: the data type a store with ``attributes`` writes array ``name`` in, and
+    """``int32 (each row's target id)``: the data type a store with ``attributes`` writes array ``name`` in, and
     what it holds; ``None`` for an array the store does not write (or attributes that do not say)."""
     from dist_respattn.store.schema import STREAM_SCHEMA_NAME
 
