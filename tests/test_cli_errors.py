@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from dist_respattn.artifacts.checkpoints import LATEST, ModelDir, checkpoint_name
-from dist_respattn.store import TripleStore
+from dist_respattn.store import TripleStore, write_stream_tokens
 from tests.test_cli import run
-from tests.test_cli_store import LAYOUT_ARGS, SHAPE_ARGS, assert_error, copy_of, run_many
+from tests.test_cli_store import LAYOUT_ARGS, SHAPE_ARGS, D, N, S, T, assert_error, copy_of, run_many
 
 pytestmark = pytest.mark.slow  # every test here starts a cluster or a command
 
@@ -138,6 +138,46 @@ def test_messages_name_flags_not_python_arguments(tmp_path, store, model_dir):
         assert "=True" not in line and "init_from" not in line, line
 
 
+def test_layout_shape_and_window_errors_name_their_flags(tmp_path, store):
+    """A message about an option names its flag (``--min-context``, ``--partition-rows``, ``--symbols``), not the
+    Python argument it sets; a store's own attribute (what is on disk) keeps its name."""
+    stream = write_stream_tokens(tmp_path / "stream.zarr", np.arange(200) % 7, 4, num_symbols=7, dim=2, seed=0)
+    np.save(tmp_path / "tokens.npy", np.arange(200) % 7)
+    rows = 20
+    np.save(tmp_path / "c.npy", np.zeros((rows, N), dtype=np.int64))
+    np.save(tmp_path / "q.npy", np.zeros((rows, D), dtype=np.float32))
+    np.save(tmp_path / "t.npy", np.zeros(rows, dtype=np.int64))
+    arrays = [str(tmp_path / f"{name}.npy") for name in ("c", "q", "t")]
+    damaged = copy_of(store, tmp_path / "damaged")
+    metadata = json.loads((damaged / "zarr.json").read_text())
+    metadata["attributes"]["dist_respattn"]["context_length"] = 0
+    (damaged / "zarr.json").write_text(json.dumps(metadata))
+    layout = ("--chunk-rows", "30", "--partition-rows", "50")
+    window, synth_layout, stream_layout, synth_shape, ingest_shape, on_disk = run_many(
+        ("fit", str(stream.location), "--model-dir", str(tmp_path / "m"), "--head", "single", "--min-context", "9"),
+        ("synth", str(tmp_path / "new.zarr"), "--rows", "10", *SHAPE_ARGS, *layout),
+        ("ingest", str(tmp_path / "s.zarr"), "--tokens", str(tmp_path / "tokens.npy"), "--context", "2", *layout),
+        ("synth", str(store), "--rows", "10", "--append", "--symbols", "8", "--dim", "5", "--targets", "6"),
+        ("ingest", str(store), "--arrays", *arrays, "--append", "--symbols", "9", "--targets", "6"),
+        ("info", str(damaged)),
+    )
+    shape = (f"--symbols 8 (the store has {S})", f"--dim 5 (the store has {D})", f"--targets 6 (the store has {T})")
+    lines = [
+        assert_error(window, "fit", "--min-context = 9: expected at most the window N = 4"),
+        assert_error(synth_layout, "synth", "--partition-rows = 50: expected a positive multiple of --chunk-rows = 30"),
+        assert_error(stream_layout, "ingest", "50 tokens (--partition-rows)", "30 tokens (--chunk-rows)"),
+        assert_error(synth_shape, "synth", *shape),
+        assert_error(ingest_shape, "ingest", f"--symbols 9 (store has {S})", f"--targets 6 (store has {T})"),
+    ]
+    for line in lines:
+        for name in ("min_context", "partition_rows", "chunk_rows", "num_symbols", "num_targets", "query_dim"):
+            assert name not in line, line
+    assert_error(on_disk, "info", str(damaged), "bad schema attribute: context_length = 0")
+    assert not (tmp_path / "m").exists() and not (tmp_path / "new.zarr").exists()
+    assert not (tmp_path / "s.zarr").exists()
+    assert TripleStore.open(store).num_rows == 2000
+
+
 # -- the cluster -----------------------------------------------------------------------------------
 
 
@@ -203,6 +243,41 @@ def test_invalid_json_in_a_store_names_the_file(tmp_path, store):
         assert_error(result, command, str(member / "context" / "zarr.json"), "not valid JSON")
     assert member_validate.returncode == 1, member_validate.stderr
     assert str(member / "context" / "zarr.json") in member_validate.stdout
+
+
+def test_an_unknown_data_type_in_a_store_names_the_file_the_array_and_the_fix(tmp_path, store):
+    """A ``zarr.json`` naming a data type zarr does not know: zarr's own error names neither file nor array; the
+    commands that open the store name both, what was expected and how to write it again, and leave it as it is."""
+    triples = copy_of(store, tmp_path / "triples")
+    stream = write_stream_tokens(tmp_path / "stream.zarr", np.arange(200) % 7, 4, num_symbols=7, dim=2, seed=0)
+    damaged = {triples / "target" / "zarr.json": "int33", tmp_path / "stream.zarr" / "tokens" / "zarr.json": "u8"}
+    for path, data_type in damaged.items():
+        metadata = json.loads(path.read_text())
+        metadata["data_type"] = data_type
+        path.write_text(json.dumps(metadata))
+    before = {path: path.read_bytes() for path in damaged}
+    info, fitted, validated, stream_info, stream_validated = run_many(
+        ("info", str(triples)),
+        ("fit", str(triples), "--model-dir", str(tmp_path / "model"), "--workers", "1"),
+        ("validate", str(triples)),
+        ("info", str(stream.location)),
+        ("validate", str(stream.location)),
+    )
+    fix = "write the store again with `dist-respattn ingest` or `dist-respattn split` (--overwrite)"
+    target = (f"{triples / 'target' / 'zarr.json'}: array 'target' has data type 'int33', which zarr cannot read: "
+              "expected int32 (each row's target id)")  # fmt: skip
+    tokens = (f"{tmp_path / 'stream.zarr' / 'tokens' / 'zarr.json'}: array 'tokens' has data type 'u8', which zarr "
+              "cannot read: expected uint8 (the smallest unsigned type that holds S = 7 ids)")  # fmt: skip
+    for command, result in (("info", info), ("fit", fitted)):
+        line = assert_error(result, command, target, fix)
+        assert "No Zarr data type" not in line
+    assert_error(stream_info, "info", tokens, fix)
+    assert_no_cluster(fitted)
+    for result, expected in ((validated, target), (stream_validated, tokens)):
+        assert result.returncode == 1, result.stderr
+        assert expected in result.stdout and fix in result.stdout and "Traceback" not in result.stderr
+    assert {path: path.read_bytes() for path in damaged} == before
+    assert not (tmp_path / "model").exists()
 
 
 def test_a_string_array_is_named_by_its_file(tmp_path):

@@ -153,3 +153,88 @@ def test_a_value_that_looks_like_a_flag_is_reported_by_the_flag_that_takes_it(tm
     done = run("fit", str(tmp_path / "s.zarr"), "--model-dir", str(tmp_path / "m"), "--tol", "-1e-3")
     assert done.returncode == 2
     assert done.stderr.splitlines()[-1] == "dist-respattn fit: error: argument --tol: expected one argument"
+
+
+def test_sample_without_a_prompt_opens_with_the_start_of_a_document_not_its_whole_window(tmp_path, capsys):
+    """A head of a long window (a repeat gate's N is 100,000) printed a whole file as its opening: the opening is the
+    first few tokens of a document of the store, whatever N, and the help says how many."""
+    from dist_respattn import random_distribution
+    from dist_respattn.artifacts.checkpoints import LATEST, ModelDir
+    from dist_respattn.cli.head_commands import OPENING_TOKENS
+    from dist_respattn.store import open_store, write_stream_text
+    from dist_respattn.store.predictions import target_words
+
+    sources = sorted(Path(sysconfig.get_paths()["stdlib"], "json").glob("*.py"))
+    store = write_stream_text(tmp_path / "s.zarr", sources, 4, vocab_size=100)
+    schema = store.schema
+    model = ModelDir(tmp_path / "model")
+    head = random_distribution(schema.num_symbols, 200, schema.query_dim, schema.num_targets, seed=0)
+    model.write("ckpt-000001-0123abcd", head, {"iteration": 1, "store": {"url": str(store.location)}})
+    model.point(LATEST, "ckpt-000001-0123abcd", iteration=1, state="running")
+    done = run_here(capsys, "sample", str(model.path), "--tokens", "5", "--seed", "3", "--json")
+    assert done.returncode == 0, done.stderr
+    prompt = json.loads(done.stdout)["prompt"]
+    opened = open_store(store.location)
+    words = target_words(opened.vocabulary(), schema.num_targets)
+    assert words is not None
+    starts = opened.document_starts()
+    openings = [[words[t] for t in opened.read_tokens(int(s), int(s) + OPENING_TOKENS)] for s in starts]
+    assert len(prompt) == OPENING_TOKENS < head.context_length and prompt in openings
+    text = run_here(capsys, "sample", str(model.path), "--tokens", "5", "--seed", "3")
+    assert text.stdout.splitlines()[0] == " ".join(prompt) + " ..."
+    helped = run("sample", "--help")
+    assert f"the first {OPENING_TOKENS} tokens, at most N," in " ".join(helped.stdout.split())
+
+
+def test_split_counts_the_same_documents_in_either_format_and_for_the_same_tokens_and_names_empty_files(
+    tmp_path, capsys
+):
+    """A text file with no token becomes no document: the text split counts the documents its stores hold whether
+    it writes streams or triples, as many as a token split of the same documents, and says how many files it
+    skipped (in its summary, its --json and info)."""
+    import numpy as np
+
+    from dist_respattn.store import write_stream_text
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    rng = np.random.default_rng(0)
+    for k in range(30):
+        (corpus / f"doc{k:02d}.txt").write_text(" ".join(rng.choice(words, 60)) + "\n")
+    for k in range(6):
+        (corpus / f"empty{k}.txt").write_text("" if k % 2 else "\n  \n")
+    whole = write_stream_text(tmp_path / "whole.zarr", [corpus], 4)
+    np.save(tmp_path / "tokens.npy", whole.read_tokens(0, whole.num_tokens))
+    np.save(tmp_path / "starts.npy", whole.document_starts())
+    given = {
+        "stream": ("--text", str(corpus)),
+        "triples": ("--text", str(corpus), "--format", "triples"),
+        "tokens": ("--tokens", str(tmp_path / "tokens.npy"), "--documents", str(tmp_path / "starts.npy")),
+    }
+    reports, texts = {}, {}
+    for kind, source in given.items():
+        done = run_here(capsys, "split", str(tmp_path / kind), *source, "--context", "4", "--json")
+        assert done.returncode == 0, done.stderr
+        reports[kind] = json.loads(done.stdout)["stores"]
+        texts[kind] = run_here(capsys, "split", str(tmp_path / f"{kind}-text"), *source, "--context", "4").stdout
+    assert {kind: sum(store["documents"] for store in stores.values()) for kind, stores in reports.items()} == {
+        "stream": 30, "triples": 30, "tokens": 30,
+    }  # fmt: skip
+    for kind, stores in reports.items():
+        assert sum(store["empty_files"] for store in stores.values()) == (0 if kind == "tokens" else 6), kind
+
+    def counts(kind: str) -> list[tuple[int, int]]:
+        return [(store["documents"], store["empty_files"]) for store in reports[kind].values()]
+
+    assert counts("stream") == counts("triples")  # a text file goes to the same split in either format
+    for kind in ("stream", "triples"):
+        skipped = [(name, s["empty_files"]) for name, s in reports[kind].items() if s["empty_files"]]
+        lines = texts[kind].splitlines()
+        for name, count in skipped:
+            (line,) = [line for line in lines if line.startswith(name)]
+            assert line.endswith(f"({count} empty file{'s' if count > 1 else ''} skipped)"), line
+        name, count = skipped[0]
+        info = run_here(capsys, "info", reports[kind][name]["url"]).stdout
+        assert f"; {count} empty file{'s' if count > 1 else ''} skipped (no token: no document)" in info
+    assert "skipped" not in texts["tokens"]

@@ -731,6 +731,30 @@ def test_split_refusals_are_one_line_errors(tmp_path, corpus_stores, capsys):
         assert_error(subprocess.CompletedProcess(argv, status, printed.out, printed.err), "split", *fragments)
 
 
+def test_a_failed_split_leaves_no_output_folder(tmp_path, capsys):
+    """``--block-tokens`` no longer than N is refused before a store is begun; a text split whose documents give no
+    rows (known once they are written) removes what it made. No OUT_DIR is left, and one that was there is kept."""
+    np.save(tmp_path / "tokens.npy", np.arange(400) % 9)
+    text = tmp_path / "text"
+    text.mkdir()
+    for k in range(30):
+        (text / f"f{k}.txt").write_text("a few words on one line\n")
+    (tmp_path / "kept").mkdir()
+    cases = [
+        ("out0", ("--tokens", str(tmp_path / "tokens.npy"), "--context", "8", "--block-tokens", "5"),
+         ["block_tokens = 5 (--block-tokens)", "N = 8", "expected more than N tokens a block"]),
+        ("out1", ("--text", str(text), "--context", "50"), ["the train split has no rows", "--context"]),
+        ("out2", ("--text", str(text), "--context", "50", "--format", "triples"), ["the train split has no rows"]),
+        ("kept", ("--text", str(text), "--context", "50"), ["the train split has no rows"]),
+    ]  # fmt: skip
+    for out, argv, fragments in cases:
+        status = main(["split", str(tmp_path / out), *argv])
+        printed = capsys.readouterr()
+        assert_error(subprocess.CompletedProcess(argv, status, printed.out, printed.err), "split", *fragments)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "text", "tokens.npy"]
+    assert not any((tmp_path / "kept").iterdir())
+
+
 def test_split_and_ingest_refuse_a_sorted_stream_store_in_the_same_words(tmp_path, capsys):
     """``--row-order target`` needs ``--format triples`` for ``split`` as for ``ingest``: one line, the same one."""
     np.save(tmp_path / "long.npy", np.random.default_rng(1).integers(0, 9, 1000))

@@ -12,6 +12,7 @@ of a line (after ``&&``, ``|``, ``;`` or a parenthesis) that starts with ``dist-
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import re
 import shlex
@@ -151,6 +152,24 @@ def test_a_python_example_runs_as_a_script(block: Block, tmp_path: Path):
         [sys.executable, script.name], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT
     )
     assert done.returncode == 0, f"{block.where} exited {done.returncode}:\n{done.stderr[-4000:]}"
+
+
+def test_the_cli_reference_reads_as_markdown_with_the_parsers_commands():
+    """``docs/reference/cli.md`` as GitHub shows it (without the site's hook): every command and action with its
+    one-line help, as the parsers give them, and where its flags are; the hook adds each one's --help on the site."""
+    spec = importlib.util.spec_from_file_location("cli_reference", ROOT / "docs" / "hooks" / "cli_reference.py")
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    assert hook.with_table(page) == page, (
+        "docs/reference/cli.md's table of commands is not the parsers': run `python docs/hooks/cli_reference.py`"
+    )
+    plain = page.split(hook.MARKER)[0]
+    for name in subcommand_names():
+        assert f"| [`{name}`](#dist-respattn-{name}) | " in plain, name
+    assert "| [`models list`](#dist-respattn-models-list) | " in plain
+    assert "`dist-respattn COMMAND --help`" in plain
 
 
 @pytest.mark.slow

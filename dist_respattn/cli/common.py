@@ -60,11 +60,24 @@ ARGUMENT_FLAGS = {
     "fan_in": "--fan-in",
     "m_step_shards": "--m-step-shards",
     "context_length": "--context",
+    "min_context": "--min-context",
+    "position_buckets": "--position-buckets",
+    "chunk_rows": "--chunk-rows",
+    "partition_rows": "--partition-rows",
+    "num_symbols": "--symbols",
+    "num_targets": "--targets",
+    "query_dtype": "--query-dtype",
+    "row_order": "--row-order",
+    "memory_limit": "--memory-limit",
+    "attribute_factors": "--attribute-factors",
+    "per_attribute": "--per-attribute",
 }
-# Longest first, so ``estimate_sigma2=True`` is replaced before a shorter name inside it could be; a name inside a
-# path (``runs/model_dir/``) is left alone.
+# Longest first, so ``estimate_sigma2=True`` is replaced before a shorter name inside it could be. Left alone: a name
+# inside a path (``runs/model_dir/``) or quoted (``'num_symbols'``; ``scheduler='x'`` is the argument with its
+# value), and a store's own attribute (``attribute chunk_rows = 0``, ``bad schema attribute: num_symbols = 0``),
+# which names what is on disk, not a flag.
 _ARGUMENT_RE = re.compile(
-    r"(?<![\w/.-])("
+    r"(?<![\w/.'-])(?<!attribute )(?<!attribute: )("
     + "|".join(re.escape(name) for name in sorted(ARGUMENT_FLAGS, key=len, reverse=True))
     + r")(?![\w=/.])"
 )

@@ -12,7 +12,11 @@ import numpy as np
 from dist_respattn.cli.common import CommandError, embedding_table, parse_storage_options, positive_int, seed
 from dist_respattn.cli.head_options import add_head_options, head_options
 
-__all__ = ["register"]
+__all__ = ["OPENING_TOKENS", "register"]
+
+#: The tokens ``sample`` opens with when no ``--prompt`` is given: the start of a document, no more than this (a
+#: repeat gate's window of N = 100,000 would otherwise print a whole file as the opening), nor more than N.
+OPENING_TOKENS = 16
 
 
 def _model_and_store(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -71,7 +75,8 @@ def _run_sample(args: argparse.Namespace) -> dict[str, Any]:
         if prompt.shape[0] == 0:
             raise CommandError(f"--prompt {args.prompt!r} holds no token: give some text to start from")
     else:  # a document of the predictor's attribute (the first of a mix), for a head that reads one
-        prompt = _opening(store, n_pos, rng, attribute=getattr(predictor, "opening_attribute", None))
+        opening = min(n_pos, OPENING_TOKENS)
+        prompt = _opening(store, opening, rng, attribute=getattr(predictor, "opening_attribute", None))
     tokens = generate(model, table, prompt, args.tokens, rng, options=options)
 
     def word(t: int) -> str:
@@ -89,10 +94,10 @@ def _run_sample(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _opening(store: Any, n_pos: int, rng: Any, *, attribute: str | None = None) -> np.ndarray:
-    """A prompt from the store, seeded: the first N tokens of a document of a token-stream store (fewer for a
-    shorter one: generation pads a short prompt), of ``attribute``'s documents when given; or, without
-    ``attribute``, the window of a row of a triple store."""
+def _opening(store: Any, n_tokens: int, rng: Any, *, attribute: str | None = None) -> np.ndarray:
+    """A prompt from the store, seeded: the first ``n_tokens`` tokens of a document of a token-stream store (fewer
+    for a shorter one: generation pads a short prompt), of ``attribute``'s documents when given; or, without
+    ``attribute``, the last ``n_tokens`` tokens of the window of a row of a triple store."""
     of = "" if attribute is None else f" of {attribute!r}"
     if getattr(store, "kind", None) != "stream":
         if attribute is not None:
@@ -100,7 +105,7 @@ def _opening(store: Any, n_pos: int, rng: Any, *, attribute: str | None = None) 
         if store.num_rows == 0:
             raise CommandError(f"{store.location}: holds no rows to open with: give --prompt TEXT")
         row = int(rng.integers(store.num_rows))
-        return np.asarray(store.read_rows(row, row + 1).context[0], dtype=np.int64)
+        return np.asarray(store.read_rows(row, row + 1).context[0][-n_tokens:], dtype=np.int64)
     starts = store.document_starts()
     ends = np.append(starts[1:], store.num_tokens)
     wanted = ends > starts
@@ -115,7 +120,7 @@ def _opening(store: Any, n_pos: int, rng: Any, *, attribute: str | None = None) 
         raise CommandError(f"{store.location}: no document{of} holds a token to open with: give --prompt TEXT")
     d = int(rng.choice(documents))
     first = int(starts[d])
-    return np.asarray(store.read_tokens(first, min(first + n_pos, int(ends[d]))), dtype=np.int64)
+    return np.asarray(store.read_tokens(first, min(first + n_tokens, int(ends[d]))), dtype=np.int64)
 
 
 def _print_sample(report: dict[str, Any]) -> None:
@@ -192,8 +197,8 @@ def register(sub: Any) -> None:
     sample.add_argument(
         "--prompt",
         metavar="TEXT",
-        help="text to start from, any length from one token (default: the opening of one of the store's documents, "
-        "of the attribute for a gated head)",
+        help=f"text to start from, any length from one token (default: the first {OPENING_TOKENS} tokens, at most "
+        "N, of one of the store's documents chosen by --seed, of the attribute for a gated head)",
     )
     sample.add_argument("--store", metavar="STORE", help="the store of the vocabulary and embeddings")
     sample.add_argument("--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option (repeatable)")

@@ -197,9 +197,12 @@ def _run_split(args: argparse.Namespace) -> dict[str, Any]:
         "stores": {
             name: {
                 **report,
-                # A stream store counts the documents it holds (a text file with no token is none); a triple
-                # store, the documents the split assigned it.
-                "documents": report.get("documents", report["provenance"]["split"]["documents"]),
+                # The documents a store holds, in either format: a text file with no token is none, and is counted
+                # apart (a stream store counts its own; a triple store, what its provenance records).
+                "documents": report.get(
+                    "documents", report["provenance"].get("documents", report["provenance"]["split"]["documents"])
+                ),
+                "empty_files": int(report["provenance"].get("empty_files", 0)),
                 "tokens": report["provenance"].get("tokens_count"),
             }
             for name, report in described.items()
@@ -209,9 +212,11 @@ def _run_split(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print_split(report: dict[str, Any]) -> None:
     for name, store in report["stores"].items():
+        skipped = store.get("empty_files", 0)
         print(
             f"{name:<11}  {store['url']}: {count_text(store['rows'], 'row')}, "
             f"{count_text(store['documents'], 'document')}, {count_text(store['tokens'], 'token')}"
+            + (f" ({count_text(skipped, 'empty file')} skipped)" if skipped else "")
         )
     train = report["stores"]["train"]
     if train.get("attributes"):

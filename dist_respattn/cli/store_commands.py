@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -308,7 +309,7 @@ def _written(store: Any, started: float, before: int) -> dict[str, Any]:
 
 
 def _run_synth(args: argparse.Namespace) -> dict[str, Any]:
-    from dist_respattn.store import write_synthetic
+    from dist_respattn.store import SchemaMismatchError, write_synthetic
 
     shape = {"--symbols": args.symbols, "--context": args.context, "--dim": args.dim, "--targets": args.targets}
     missing = [flag for flag, value in shape.items() if value is None]
@@ -318,17 +319,22 @@ def _run_synth(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     before = _rows_before(args)
     with progress_bar(args.rows, "rows", "sampling") as bar:
-        store = write_synthetic(
-            args.out,
-            args.rows,
-            num_symbols=args.symbols,
-            context_length=args.context,
-            query_dim=args.dim,
-            num_targets=args.targets,
-            sigma2=args.sigma2,
-            seed=args.seed,
-            options=write_options(args, bar.update),
-        )
+        try:
+            store = write_synthetic(
+                args.out,
+                args.rows,
+                num_symbols=args.symbols,
+                context_length=args.context,
+                query_dim=args.dim,
+                num_targets=args.targets,
+                sigma2=args.sigma2,
+                seed=args.seed,
+                options=write_options(args, bar.update),
+            )
+        except SchemaMismatchError as exc:
+            # The requested shape is synth's flags (the others are named by every command's own mapping); here
+            # query_dim is --dim, which elsewhere is not always what sets D (an --arrays query's columns do).
+            raise CommandError(re.sub(r"(?<![\w'])query_dim(?![\w'])", "--dim", str(exc))) from exc
     return _written(store, started, before)
 
 
@@ -553,13 +559,22 @@ def _print_info(report: dict[str, Any]) -> None:
     if provenance.get("like"):
         print(f"made like    {provenance['like']} (its vocabulary, N and embedding table)")
     split = provenance.get("split")
-    if split:
+    if split and split.get("hold_out") == "last":  # leave-one-out: every document in all three stores, no fractions
+        skipped = int(split.get("skipped_documents") or 0)
+        documents = count_text(split["documents"], "document")
+        print(
+            f"split        {split['name']}: leave-one-out (--hold-out last) of {documents}"
+            + (f", {count_text(skipped, 'document')} of fewer than 3 tokens skipped" if skipped else "")
+        )
+    elif split:
         fractions = "/".join(f"{f:g}" for f in split["fractions"])
         # A text split assigns files (an empty one becomes no document), a token split documents.
         unit = "file" if provenance.get("source") == "text" else "document"
+        empty = int(provenance.get("empty_files") or 0)
         print(
             f"split        {split['name']}: {count_text(split['documents'], unit)} assigned by a {fractions} split "
             f"(train/validation/test, split seed {split['seed']})"
+            + (f"; {count_text(empty, 'empty file')} skipped (no token: no document)" if empty else "")
         )
     if report.get("attributes"):
         _print_attributes(report)

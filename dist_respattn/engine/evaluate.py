@@ -43,8 +43,9 @@ from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import BlockPass, Columns, Head
 from dist_respattn.model.ranking import RankingSettings, RankingTable
 from dist_respattn.model.scores import ScoreTotals
-from dist_respattn.store import StoreError, StoreLocation, check_model_corpus, open_store
+from dist_respattn.store import StoreError, StoreLocation, TokenStreamStore, check_model_corpus, open_store
 from dist_respattn.store.rows import RowStore, is_stream_store
+from dist_respattn.text_format import count_text
 
 __all__ = [
     "DEFAULT_BASELINE_K",
@@ -105,6 +106,10 @@ class Evaluation:
             baselines' under ``baselines``; ``None`` otherwise (and no JSON key).
         report: what the head's kind adds (:meth:`~dist_respattn.model.heads.base.Head.report`): JSON keys beside
             these, and ``report_lines``, the lines said after the table.
+        window: a token-stream store's windows: ``{"read_with": N, "recorded": N}``, the model's N its rows are
+            windows of and the N the store records (its writer's default); ``None`` for a triple store.
+        scored_rows: the rows the figures are of, those of positive weight (of ``rows``: a weighted store's rows of
+            weight 0 are context only); ``None`` when not counted.
     """
 
     store: str
@@ -117,6 +122,8 @@ class Evaluation:
     report: dict[str, Any] = field(default_factory=dict)
     report_lines: list[str] = field(default_factory=list)
     ranking: dict[str, Any] | None = None
+    window: dict[str, int] | None = None
+    scored_rows: int | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Evaluation:
@@ -132,19 +139,21 @@ class Evaluation:
             **({"report_lines": self.report_lines} if self.report_lines else {}),
             "store": self.store,
             "rows": self.rows,
+            **({"scored_rows": self.scored_rows} if self.scored_rows is not None else {}),
             "weight": self.weight,
             "model": self.model,
             "baselines": self.baselines,
             "baseline_counts_from": self.baseline_counts_from,
             "warnings": self.warnings,
             **({"ranking": self.ranking} if self.ranking is not None else {}),
+            **({"window": self.window} if self.window is not None else {}),
         }
 
     def summary(self) -> str:
         """A small table: one row for the head and one per baseline, then where the baselines came from."""
         width = max([15, *(len(_label(name)) for name in self.baselines)])
         header = f"{'':<{width}} {'log-lik/row':>12} {'perplexity':>12} {'accuracy':>9}"
-        lines = [f"{self.store}: {self.rows:,} rows", header]
+        lines = [f"{self.store}: {self._rows_text()}{self._window_text()}", header]
 
         def cell(value: Any, spec: str, width: int) -> str:
             # A head that weighs none of the store's rows (each of an attribute it lacks, say) has no figures.
@@ -176,6 +185,26 @@ class Evaluation:
             lines.extend(ranking_lines(self.ranking))
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
+
+    def _rows_text(self) -> str:
+        """``4,992 rows``; on a store with rows of weight 0, the rows scored and those left out."""
+        scored = self.scored_rows
+        if scored is None or scored == self.rows:
+            return count_text(self.rows, "row")
+        return (
+            f"{count_text(scored, 'row')} scored, of {self.rows:,} (the other {self.rows - scored:,} weigh 0: context "
+            "only)"
+        )
+
+    def _window_text(self) -> str:
+        """What the header adds when a token-stream store was written with another N than the model reads it with."""
+        window = self.window or {}
+        if window.get("read_with") in (None, window.get("recorded")):
+            return ""
+        return (
+            f", windows of the model's N = {window['read_with']} (the store records N = {window['recorded']}, its "
+            "writer's default: a token-stream store is read with any window)"
+        )
 
 
 def _parameters_text(parameters: dict[str, Any]) -> str:
@@ -326,7 +355,12 @@ def evaluate(
         reporter = FitReporter(cl, say=say, bar=progress)
         runner = PassRunner(cl, run_id, make_bar=reporter.make_bar)
         totals = score_store(runner, head, scored)
-        counts = _count_pairs(runner, scored, ALL_ROWS, "0", f"counting the pairs of {scored.location}")
+        # The pass over the scored store counts the rows a score counts too (a weighted store's rows of weight 0
+        # are context only).
+        scored_pairs: _ScoredPairs = _count_pairs(
+            runner, scored, ALL_ROWS, "0", f"counting the pairs of {scored.location}", _scored_pairs_of_blocks
+        )
+        counts = scored_pairs.pairs
         if baseline_store is scored:
             train_counts = counts
         else:
@@ -371,6 +405,12 @@ def evaluate(
         report=report,
         report_lines=report_lines,
         ranking=ranked,
+        scored_rows=scored_pairs.rows,
+        window=(
+            {"read_with": scored.schema.context_length, "recorded": scored.recorded_window}
+            if isinstance(scored, TokenStreamStore)
+            else None
+        ),
     )
 
 
@@ -579,13 +619,50 @@ def _ngram_baselines(
     return {kneser_ney_key(k): value for k, value in figures.items()}
 
 
-def _count_pairs(runner: PassRunner, store: RowStore, rows: RowSelection, label: str, description: str) -> PairCounts:
-    """The (previous symbol, target) pairs of ``store``'s selected rows (token windows for short histories)."""
+def _count_pairs(
+    runner: PassRunner,
+    store: RowStore,
+    rows: RowSelection,
+    label: str,
+    description: str,
+    count: Callable[..., Any] = pairs_of_blocks,
+) -> Any:
+    """The (previous symbol, target) pairs of ``store``'s selected rows (token windows for short histories), as
+    ``count(S, T, blocks)`` gives them on each partition (with the rows scored: ``_scored_pairs_of_blocks``)."""
     fingerprint = store.fingerprint()
     schema = store.schema
-    count = functools.partial(pairs_of_blocks, schema.num_symbols, schema.num_targets)
+    counted = functools.partial(count, schema.num_symbols, schema.num_targets)
     columns = Columns(windows=bool(getattr(store, "short_histories", False)))
     return runner.run(
         "pairs", label, store.num_partitions, worker_tasks.pass_task,
-        lambda part: (store.location, part, count, columns, fingerprint, rows), description=description,
+        lambda part: (store.location, part, counted, columns, fingerprint, rows), description=description,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _ScoredPairs:
+    """A pass's (previous symbol, target) pairs and how many of its rows weigh more than 0 (add two with ``+``).
+
+    Attributes:
+        pairs: the weighted pair counts (:class:`~dist_respattn.model.emission.pairs.PairCounts`).
+        rows: the rows of positive weight: those a score counts (a row of weight 0 is context only).
+    """
+
+    pairs: PairCounts
+    rows: int
+
+    def __add__(self, other: _ScoredPairs) -> _ScoredPairs:
+        return _ScoredPairs(self.pairs + other.pairs, self.rows + other.rows)
+
+
+def _scored_pairs_of_blocks(num_symbols: int, num_targets: int, blocks: Any) -> _ScoredPairs:
+    """:func:`pairs_of_blocks` of a partition's blocks, with the number of their rows of positive weight."""
+    rows = 0
+
+    def counted() -> Any:
+        nonlocal rows
+        for block in blocks:
+            rows += block.num_rows if block.weights is None else int(np.count_nonzero(block.weights > 0))
+            yield block
+
+    return _ScoredPairs(pairs_of_blocks(num_symbols, num_targets, counted()), rows)

@@ -157,13 +157,48 @@ def _shape(obj: Any) -> tuple[int, int, int, int]:
     return (obj.num_symbols, obj.context_length, obj.query_dim, obj.num_targets)
 
 
+def _own_shape(store: RowStore) -> tuple[int, int, int, int]:
+    """(S, N, D, T) as ``store`` was written: a token-stream store is opened with the window it is read with (the
+    model's, the fit's), but records its own N, its writer's default."""
+    found = _shape(store)
+    if getattr(store, "kind", None) != "stream":
+        return found
+    return (found[0], int(store.recorded_window), found[2], found[3])
+
+
+def _differ(a: tuple[int, ...], b: tuple[int, ...], names: str = "SNDT") -> str:
+    """``S, D and T differ``: which of (S, N, D, T) differ between ``a`` and ``b``."""
+    found = [name for name, x, y in zip(names, a, b, strict=True) if x != y]
+    listed = found[0] if len(found) == 1 else f"{', '.join(found[:-1])} and {found[-1]}"
+    return f"{listed} {'differs' if len(found) == 1 else 'differ'}"
+
+
 def check_same_shape(model: Head, what: str, store: RowStore) -> None:
-    """Raise :class:`FitError` naming both shapes when ``model`` (described as ``what``) does not fit ``store``."""
-    if _shape(model) != _shape(store):
+    """Raise :class:`FitError` naming both shapes when ``model`` (described as ``what``) does not fit ``store``.
+
+    A token-stream store is named by the shape it was written with; the N it records is only its default window
+    (it is read with any), so what is held against the model is its S, D and T and the window it is read with."""
+    shape, found = _shape(model), _shape(store)
+    if shape == found:
+        return
+    own = _own_shape(store)
+    if getattr(store, "kind", None) != "stream":
         raise FitError(
-            f"{what} has (S, N, D, T) = {_shape(model)} but the store {store.location} has {_shape(store)}: "
+            f"{what} has (S, N, D, T) = {shape} but the store {store.location} has {own}: "
             "a model only fits stores of its own shape"
         )
+    mine, theirs = (shape[0], *shape[2:]), (found[0], *found[2:])
+    clauses = (
+        []
+        if mine == theirs
+        else [f"{_differ(mine, theirs, 'SDT')}, and a model only fits stores of its own S, D and T"]
+    )
+    if shape[1] != found[1]:
+        clauses.append(f"the window N = {found[1]} is not the model's N = {shape[1]}")
+    raise FitError(
+        f"{what} has (S, N, D, T) = {shape} but the store {store.location} has {own} (its N = {own[1]} is only a "
+        f"default: a token-stream store is read with any window, here N = {found[1]}): {'; '.join(clauses)}"
+    )
 
 
 #: Settings a resume may give other values: when to stop, and where the M-step runs (the same bits either way).
@@ -791,9 +826,16 @@ def _fit_stage(
         heldout = _validation_store(validation, checkpoint, storage_options, train.location.window, min_context)
         rule = _holdout(settings, trainer, train, heldout, checkpoint)
     if heldout is not None and _shape(heldout) != _shape(train):
+        streams = getattr(heldout, "kind", None) == getattr(train, "kind", None) == "stream"
         raise FitError(
-            f"the validation store {heldout.location} has (S, N, D, T) = {_shape(heldout)} but the training "
-            f"store {train.location} has {_shape(train)}"
+            f"the validation store {heldout.location} has (S, N, D, T) = {_own_shape(heldout)} but the training "
+            f"store {train.location} has {_own_shape(train)}"
+            + (
+                f": {_differ(_shape(heldout), _shape(train))} (a token-stream store's own N does not matter: both "
+                f"are read with the window N = {train.schema.context_length})"
+                if streams
+                else ""
+            )
         )
     if heldout is not None:
         check_same_corpus(train, heldout, reference_role="training store", other_role="validation store")

@@ -13,7 +13,7 @@ from typing import Any
 
 import zarr
 
-from dist_respattn.store.errors import StoreCorruptError
+from dist_respattn.store.errors import StoreCorruptError, StoreError
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.not_a_store import not_a_store
 
@@ -28,6 +28,7 @@ __all__ = [
     "read_failure",
     "read_whole",
     "shard_key",
+    "unreadable_data_type",
 ]
 
 logger = logging.getLogger(__name__)
@@ -69,11 +70,85 @@ def damaged_metadata(location: StoreLocation) -> str | None:
     return None
 
 
+def unreadable_data_type(location: StoreLocation) -> str | None:
+    """What is wrong with the first array ``zarr.json`` of the store whose data type zarr does not know (``PATH:
+    array 'NAME' has data type 'int33', ...: expected int32 ...``), or ``None`` when there is none. Read only once
+    zarr has failed: zarr's own error names the data type but no file or array."""
+    from zarr.core.dtype import get_data_type_from_json  # what zarr 3.1+ reads an array's data type with
+
+    fs, root = location.filesystem()
+    for pattern in _METADATA_PATTERNS[1:]:  # the arrays' (the root is the group's)
+        for path in sorted(fs.glob(f"{root.rstrip('/')}/{pattern}")):
+            try:
+                metadata = json.loads(fs.cat_file(path))
+            except (ValueError, UnicodeDecodeError):
+                continue  # not JSON: damaged_metadata names it
+            if not isinstance(metadata, dict) or metadata.get("node_type") != "array":
+                continue
+            try:
+                get_data_type_from_json(metadata.get("data_type"), zarr_format=3)
+            except (ValueError, TypeError):
+                name = str(path)[len(root.rstrip("/")) + 1 :].removesuffix("/zarr.json")
+                expected = _expected_dtype(_store_attributes(fs, root), name)
+                return (
+                    f"{path}: array '{name}' has data type {metadata.get('data_type')!r}, which zarr cannot read: "
+                    f"expected {expected or 'one of the data types zarr reads, as the store was written'}; the file "
+                    "was changed after the store was written: write the store again with `dist-respattn ingest` or "
+                    "`dist-respattn split` (--overwrite), or restore the file from a copy"
+                )
+    return None
+
+
+def _store_attributes(fs: Any, root: str) -> dict[str, Any]:
+    """The store's own attributes from its group's ``zarr.json`` (empty when they cannot be read)."""
+    from dist_respattn.store.schema import ATTRIBUTE_KEY
+
+    try:
+        attributes = json.loads(fs.cat_file(f"{root.rstrip('/')}/zarr.json")).get("attributes") or {}
+        return dict(attributes.get(ATTRIBUTE_KEY) or {})
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        return {}
+
+
+def _expected_dtype(attributes: dict[str, Any], name: str) -> str | None:
+    """``int32 (each row's target id)``: the data type a store with ``attributes`` writes array ``name`` in, and
+    what it holds; ``None`` for an array the store does not write (or attributes that do not say)."""
+    from dist_respattn.store.schema import STREAM_SCHEMA_NAME
+
+    kinds = {
+        "embeddings": "float32 (the (S, D) table queries are looked up in)",
+        "weight": "float32 (a weight per row or token)",
+        "attribute": "int32 (an attribute id per row)",
+        "token_attribute": "int32 (an attribute id per token)",
+        "document_attribute": "int32 (an attribute id per document)",
+    }
+    if attributes.get("schema") == STREAM_SCHEMA_NAME:
+        num_symbols = attributes.get("num_symbols")
+        if isinstance(num_symbols, int) and num_symbols >= 1:
+            bits = next((b for b in (8, 16, 32) if num_symbols - 1 < 2**b), 64)
+            kinds["tokens"] = f"uint{bits} (the smallest unsigned type that holds S = {num_symbols:,} ids)"
+        kinds["document_starts"] = "int64 (each document's first token)"
+    else:
+        query_dtype = attributes.get("query_dtype", "float32")
+        kinds.update(
+            {
+                "context": "int32 (each row's context symbol ids)",
+                "query": f"{query_dtype} (each row's query, the store's query_dtype)",
+                "target": "int32 (each row's target id)",
+            }
+        )
+    if name.startswith("truth/"):
+        return "float64 (the true head's parameters)"
+    return kinds.get(name)
+
+
 @contextlib.contextmanager
 def named_metadata_errors(location: StoreLocation) -> Iterator[None]:
-    """Turn zarr's bare ``JSONDecodeError`` on damaged metadata into a :class:`StoreCorruptError` naming the file.
+    """Turn zarr's errors on damaged metadata, which name no file, into a :class:`StoreCorruptError` naming the file
+    and the array: a ``zarr.json`` that is not JSON (``JSONDecodeError``), or one naming a data type zarr does not
+    know (a bare ``ValueError``).
 
-    zarr reads a member's ``zarr.json`` lazily and its error names no file; the file is found afterwards.
+    zarr reads a member's ``zarr.json`` lazily; the file is found afterwards.
     """
     try:
         yield
@@ -84,6 +159,14 @@ def named_metadata_errors(location: StoreLocation) -> Iterator[None]:
             f"{damaged}: not valid JSON ({exc}): the store's metadata is damaged; write the store again "
             "(overwrite=True), or restore the file from a copy"
         ) from None
+    except StoreError:
+        raise
+    except ValueError:
+        _settle_zarr_reads()
+        problem = unreadable_data_type(location)
+        if problem is None:
+            raise
+        raise StoreCorruptError(problem) from None
 
 
 def _settle_zarr_reads() -> None:

@@ -99,7 +99,7 @@ class StoreSchema:
         fields = [f.name for f in dataclasses.fields(cls)]
         missing = [f for f in fields[:4] if f not in attrs]
         if missing:
-            raise StoreError(f"{where}: attribute '{ATTRIBUTE_KEY}' lacks {', '.join(missing)}")
+            raise StoreError(f"{where}: attribute '{ATTRIBUTE_KEY}' lacks {', '.join(repr(f) for f in missing)}")
         try:
             return cls(**{f: attrs[f] for f in fields if f in attrs})
         except (TypeError, ValueError) as exc:

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.model.rows import EncodedRows
-from dist_respattn.store.group import damaged_metadata, open_group_at, read_failure, shard_key
+from dist_respattn.store.errors import StoreError
+from dist_respattn.store.group import damaged_metadata, open_group_at, read_failure, shard_key, unreadable_data_type
 from dist_respattn.store.location import StoreLocation
 from dist_respattn.store.not_a_store import not_a_store
 from dist_respattn.store.problems import (
@@ -190,7 +191,15 @@ def validate(
     if dict(group.attrs.get(ATTRIBUTE_KEY) or {}).get("schema") not in (SCHEMA_NAME, STREAM_SCHEMA_NAME):
         raise not_a_store(location)  # nor is a group that is no store (predict's output, another program's)
     if is_stream_group(dict(group.attrs[ATTRIBUTE_KEY])):
-        found, tokens, chunks = validate_stream(location, progress=progress, total=total)
+        try:
+            found, tokens, chunks = validate_stream(location, progress=progress, total=total)
+        except StoreError:
+            raise
+        except ValueError:  # an array's zarr.json names a data type zarr does not know: a finding, named by its file
+            problem = unreadable_data_type(location)
+            if problem is None:
+                raise
+            return ValidationReport(str(location), [Problem(problem)])
         notes = [note] if (note := checksum_note(group, ("tokens", "weight", "token_attribute"))) else []
         return ValidationReport(
             str(location), found, rows_scanned=tokens, chunks_scanned=chunks, unit="tokens", notes=notes
@@ -200,6 +209,11 @@ def validate(
     except json.JSONDecodeError as exc:  # a member's zarr.json is damaged: a finding, named by its file
         damaged = damaged_metadata(location) or "a zarr.json"
         return ValidationReport(str(location), [Problem(f"{damaged}: not valid JSON ({exc}): its metadata is damaged")])
+    except ValueError:  # one naming a data type zarr does not know: a finding too
+        problem = unreadable_data_type(location)
+        if problem is None:
+            raise
+        return ValidationReport(str(location), [Problem(problem)])
     report = ValidationReport(str(location), list(problems))
     if schema is None or any(p.array is None for p in problems) or not _shapes_agree(group, schema):
         return report  # values cannot be located reliably; the structural problems say why

@@ -24,7 +24,7 @@ from dist_respattn.engine import FitError, FitSettings, evaluate, fit, load_mode
 from dist_respattn.engine.evaluate import DEFAULT_BASELINE_K
 from dist_respattn.model.emission.pairs import PairCounts
 from dist_respattn.model.fitting.holdout import HoldoutRule
-from dist_respattn.store import TripleStore, WriteOptions, write_arrays, write_tokens
+from dist_respattn.store import TripleStore, WriteOptions, write_arrays, write_stream_tokens, write_tokens
 
 from .conftest import SMALL, small_truth
 
@@ -117,6 +117,55 @@ def test_evaluate_refuses_a_model_of_another_shape(small_validation_store, clien
 
     with pytest.raises(FitError, match=r"\(30, 4, 5, 13\).*\(30, 4, 5, 12\)"):
         evaluate(random_distribution(30, 4, 5, 13, seed=0), small_validation_store, client=client)
+
+
+def test_a_token_stream_store_is_named_by_the_window_it_records(client, tmp_path):
+    """A token-stream store is read with the model's window whatever N it records: the evaluation says both when they
+    differ, and a refused model is told the store's own shape (not the store's S, D and T at the model's N) and
+    what differs."""
+    from dist_respattn import random_distribution
+
+    path = tmp_path / "six.zarr"
+    write_stream_tokens(path, markov_tokens(600, 1), 6, num_symbols=V, dim=D_TOK, seed=0, options=TOKENS)
+    evaluation = evaluate(random_distribution(V, N_TOK, D_TOK, V, seed=0), path, client=client)
+    assert evaluation.rows == 600 - N_TOK
+    assert evaluation.window == {"read_with": N_TOK, "recorded": 6} == evaluation.to_json()["window"]
+    assert evaluation.summary().splitlines()[0] == (
+        f"{path}: {600 - N_TOK:,} rows, windows of the model's N = {N_TOK} (the store records N = 6, its writer's "
+        "default: a token-stream store is read with any window)"
+    )
+    with pytest.raises(FitError) as caught:
+        evaluate(random_distribution(V + 1, N_TOK, D_TOK, V + 1, seed=0), path, client=client)
+    assert str(caught.value) == (
+        f"the model has (S, N, D, T) = ({V + 1}, {N_TOK}, {D_TOK}, {V + 1}) but the store {path} has "
+        f"({V}, 6, {D_TOK}, {V}) (its N = 6 is only a default: a token-stream store is read with any window, here "
+        f"N = {N_TOK}): S and T differ, and a model only fits stores of its own S, D and T"
+    )
+
+
+def test_the_header_counts_the_rows_scored_not_those_of_weight_0(client, tmp_path):
+    """A store whose rows of weight 0 are context only (a held-out sequence's history): the figures are of the rows of
+    positive weight, and the header counts those, beside the store's rows; a store without such rows, its rows."""
+    from dist_respattn import random_distribution
+
+    weights = np.zeros(600, dtype=np.float32)
+    weights[::10] = 1.0
+    path = tmp_path / "weighted.zarr"
+    tokens = markov_tokens(600, 2)
+    write_stream_tokens(path, tokens, N_TOK, num_symbols=V, dim=D_TOK, seed=0, weights=weights, options=TOKENS)
+    head = random_distribution(V, N_TOK, D_TOK, V, seed=0)
+    evaluation = evaluate(head, path, client=client)
+    rows, scored = 600 - N_TOK, int(np.count_nonzero(weights[N_TOK:]))
+    assert (evaluation.rows, evaluation.scored_rows, evaluation.weight) == (rows, scored, scored)
+    assert evaluation.to_json()["scored_rows"] == scored
+    assert evaluation.summary().splitlines()[0] == (
+        f"{path}: {scored} rows scored, of {rows} (the other {rows - scored} weigh 0: context only)"
+    )
+    whole = tmp_path / "whole.zarr"
+    write_stream_tokens(whole, tokens, N_TOK, num_symbols=V, dim=D_TOK, seed=0, options=TOKENS)
+    evaluation = evaluate(head, whole, client=client)
+    assert evaluation.scored_rows == evaluation.rows == rows
+    assert evaluation.summary().splitlines()[0] == f"{whole}: {rows} rows"
 
 
 # ------------------------------------------------------------------------------------ baselines

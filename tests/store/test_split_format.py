@@ -56,10 +56,10 @@ def test_an_unknown_store_format_is_refused():
 
 def test_a_stream_split_of_no_rows_names_the_split(tmp_path):
     tokens = np.random.default_rng(5).integers(0, 9, 400)
-    short = TokenCorpus(tokens, block_tokens=3)  # documents of 3 tokens: no window of N = 3 fits
+    short = TokenCorpus(tokens, documents=np.arange(0, 400, 3))  # documents of 3 tokens: no window of N = 3 fits
     with pytest.raises(ValueError, match=r"train\.zarr: the train split has no rows: .* longer than N = 3"):
         write_split(tmp_path / "out", short, 3, options=OPTIONS, store_format="stream")
-    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

@@ -76,3 +76,22 @@ def test_what_leave_one_out_cannot_take_is_refused_naming_it(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"train split has no rows.*give a smaller --context"):
         write_split(tmp_path / "e", TokenCorpus(tokens, starts), 4, hold_out="last")
     assert not (tmp_path / "e").exists() or not any((tmp_path / "e").iterdir())
+
+
+def test_info_describes_a_leave_one_out_store(tmp_path, capsys) -> None:
+    """``info`` on a store of ``split --hold-out last`` (whose split has no fractions) says what the split was."""
+    from dist_respattn.cli import main
+
+    tokens, starts, _ = corpus([1, 2, 3, 4, 11, 2, 6])
+    np.save(tmp_path / "tokens.npy", tokens)
+    np.save(tmp_path / "starts.npy", starts)
+    argv = ["--tokens", str(tmp_path / "tokens.npy"), "--documents", str(tmp_path / "starts.npy"), "--context", "2"]
+    assert main(["split", str(tmp_path / "out"), *argv, "--hold-out", "last"]) == 0
+    for name in ("train", "validation", "test"):
+        capsys.readouterr()
+        assert main(["info", str(tmp_path / "out" / f"{name}.zarr")]) == 0
+        lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("split ")]
+        assert lines == [
+            f"split        {name}: leave-one-out (--hold-out last) of 4 documents, 3 documents of fewer than 3 tokens "
+            "skipped"
+        ]

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import math
 import os
 from collections import Counter
@@ -95,6 +96,8 @@ __all__ = [
     "split_locations",
     "write_split",
 ]
+
+logger = logging.getLogger(__name__)
 
 SPLIT_NAMES = ("train", "validation", "test")
 #: What a split writes: token-stream stores (the ids, ~2 bytes a token) or triple stores (every window).
@@ -201,8 +204,23 @@ class _Plan:
                 )
 
 
-def _check_rows(locations: dict[str, Any], plan: _Plan, tokens: dict[str, int], rows: dict[str, int], n: int) -> None:
-    """Every split must hold a row: a store of none cannot be fitted or scored."""
+def _check_rows(
+    locations: dict[str, Any],
+    plan: _Plan,
+    tokens: dict[str, int],
+    rows: dict[str, int],
+    n: int,
+    *,
+    block_tokens: int | None = None,
+) -> None:
+    """Every split must hold a row: a store of none cannot be fitted or scored. ``block_tokens``: the documents are
+    blocks of a stream of that many tokens (none given), which no row can have when they are N tokens or fewer."""
+    if block_tokens is not None and block_tokens <= n:
+        raise ValueError(
+            f"block_tokens = {block_tokens} (--block-tokens): each document is a block of {block_tokens} tokens, "
+            f"and a row needs N = {n} tokens of its document before its target: expected more than N tokens a block "
+            "(or the documents' starts: --documents STARTS.npy)"
+        )
     for index, name in enumerate(SPLIT_NAMES):
         if rows[name] == 0:
             raise ValueError(
@@ -301,10 +319,55 @@ def write_split(
             )
         if embeddings is not None or num_symbols is not None:
             raise ValueError("embeddings and num_symbols (--embeddings, --symbols) are for a token corpus")
+    elif vocab_size is not None:
+        raise ValueError("vocab_size (--vocab-size) is for a text corpus: a token corpus has S = largest id + 1")
+    # The stores' writers make OUT_DIR; a split that fails leaves none of its stores, nor a folder it made for them.
+    base = StoreLocation.of(out_dir, options.storage_options)
+    made_here = not base.exists()
+    try:
+        return _write_stores(
+            locations, source, int(context_length), fractions, split_seed, max_tokens, vocab_size, num_symbols,
+            embeddings, dim, seed, file_progress, options, store_format, hold_out,
+        )  # fmt: skip
+    except BaseException:
+        if made_here:
+            _remove_empty_folder(base)
+        raise
+
+
+def _remove_empty_folder(location: StoreLocation) -> None:
+    """Remove the folder at ``location`` when it is there and empty (anything in it is kept)."""
+    fs, root = location.filesystem()
+    try:
+        if fs.isdir(root) and not fs.ls(root):
+            fs.rmdir(root)
+    except OSError:  # the failure being raised says more than this one
+        logger.warning("%s: could not remove the empty folder a failed split made", location)
+
+
+def _write_stores(
+    locations: dict[str, Any],
+    source: TextCorpus | TokenCorpus,
+    context_length: int,
+    fractions: Sequence[float],
+    split_seed: int,
+    max_tokens: int | None,
+    vocab_size: int | None,
+    num_symbols: int | None,
+    embeddings: Any,
+    dim: int | None,
+    seed: int | None,
+    file_progress: Callable[[int], None] | None,
+    options: WriteOptions,
+    store_format: str,
+    hold_out: str,
+) -> dict[str, TripleStore | TokenStreamStore]:
+    """The three stores of :func:`write_split`, its arguments checked."""
+    if isinstance(source, TextCorpus):
         return _split_text(
             locations,
             source,
-            int(context_length),
+            context_length,
             fractions,
             split_seed,
             max_tokens,
@@ -315,17 +378,15 @@ def write_split(
             options,
             store_format,
         )
-    if vocab_size is not None:
-        raise ValueError("vocab_size (--vocab-size) is for a text corpus: a token corpus has S = largest id + 1")
     if hold_out == "last":
         return _split_last(
-            locations, source, int(context_length), split_seed, max_tokens, num_symbols, embeddings, dim, seed,
+            locations, source, context_length, split_seed, max_tokens, num_symbols, embeddings, dim, seed,
             options, store_format,
         )  # fmt: skip
     return _split_tokens(
         locations,
         source,
-        int(context_length),
+        context_length,
         fractions,
         split_seed,
         max_tokens,
@@ -397,6 +458,10 @@ def _split_text(
     tokens = dict.fromkeys(SPLIT_NAMES, 0)
     oov = dict.fromkeys(SPLIT_NAMES, 0)
     rows = dict.fromkeys(SPLIT_NAMES, 0)
+    # A file of no tokens is assigned to a split but is no document of its store (a stream keeps none): counted
+    # apart, so both formats count the documents a store holds and say how many files were skipped.
+    held = dict.fromkeys(SPLIT_NAMES, 0)
+    empty = dict.fromkeys(SPLIT_NAMES, 0)
     stream = store_format == "stream"
     with ExitStack() as stack:
         writers: dict[str, Any] = {}
@@ -432,16 +497,21 @@ def _split_text(
                 )
             tokens[owner] += counted_tokens
             oov[owner] += unknown
+            held[owner] += counted_tokens > 0
+            empty[owner] += counted_tokens == 0
             if file_progress is not None:
                 file_progress(1)
         if not stream:
             rows = {name: writer.rows_written for name, writer in writers.items()}
         _check_rows(locations, plan, tokens, rows, n)
         for name, writer in writers.items():
-            if stream:
-                writer.provenance["oov_count"] = oov[name]  # the token count is the stream's own
+            if stream:  # the token and document counts are the stream's own
+                writer.provenance.update({"oov_count": oov[name], "empty_files": empty[name]})
             else:
-                writer.add_provenance({"tokens_count": tokens[name], "oov_count": oov[name]})
+                writer.add_provenance(
+                    {"tokens_count": tokens[name], "oov_count": oov[name], "documents": held[name],
+                     "empty_files": empty[name]}
+                )  # fmt: skip
         return {name: writer.close() for name, writer in writers.items()}
 
 
@@ -505,6 +575,9 @@ def _split_tokens(
         for index, split in enumerate(SPLIT_NAMES)
     }
     names = None if ids is None else ids.merged.names
+    # Checked before a store is begun: a split of no rows makes nothing.
+    blocked = None if source.documents is not None else int(source.block_tokens)
+    _check_rows(locations, plan, tokens, rows, n, block_tokens=blocked)
     with ExitStack() as stack:
         writers: dict[str, Any] = {}
         for index, split in enumerate(SPLIT_NAMES):
@@ -524,8 +597,6 @@ def _split_tokens(
             else:
                 writers[split] = stack.enter_context(open_writer(locations[split], schema, options, record, names))
                 writers[split].write_embeddings(table)
-        # Checked before a token is written: a split of no rows keeps nothing.
-        _check_rows(locations, plan, tokens, rows, n)
         if store_format == "stream":
             _stream_token_documents(writers, stream, name, num_symbols, firsts, plan, ids, options)
         else:

@@ -83,7 +83,9 @@ def store_table_for_append(
     requested, _ = embedding_table(stored.shape[0], embeddings=embeddings, dim=dim, seed=seed)
     if requested.shape[1] != stored.shape[1]:
         raise SchemaMismatchError(
-            f"{store.location}: cannot append: query_dim {requested.shape[1]} (store has {stored.shape[1]})"
+            f"{store.location}: cannot append: query_dim {requested.shape[1]} (store has {stored.shape[1]}): the "
+            "query table asked for (dim or embeddings: --dim, --embeddings) is not the store's; omit them: an append "
+            "embeds its rows with the store's own table"
         )
     if not np.array_equal(requested, stored):
         raise SchemaMismatchError(

@@ -357,6 +357,12 @@ class TokenStreamStore:
         )
 
     @property
+    def recorded_window(self) -> int:
+        """The window N the store records: its writer's, the default a reader takes (``schema.context_length`` is
+        the one it is read with)."""
+        return int(self.attributes["context_length"])
+
+    @property
     def short_histories(self) -> bool:
         """Whether some rows may have fewer than N earlier tokens (they are read as token windows only)."""
         return self.min_context < self.schema.context_length

@@ -111,7 +111,8 @@ class StreamWriter:
         self.partition_tokens = int(partition_tokens or self.chunk_tokens * DEFAULT_CHUNKS_PER_PARTITION)
         if self.partition_tokens % self.chunk_tokens:
             raise ValueError(
-                f"partition size {self.partition_tokens}: expected a multiple of the chunk size {self.chunk_tokens}"
+                f"a partition of {self.partition_tokens} tokens (partition_rows): expected a multiple of the chunk, "
+                f"{self.chunk_tokens} tokens (chunk_rows)"
             )
         self.num_symbols = int(num_symbols)
         self.dtype = token_dtype(self.num_symbols)
