@@ -6,11 +6,12 @@ the stripe length), never on partitions or workers, so every cluster holds out t
 stripes, rather than scattered rows, keep a held-out row's neighbours (the overlapping windows of a
 token stream) mostly held out too, so the choices are made on text the fit has not read.
 
-On a token-stream store the rows are numbered as the stream's (``numbering="stream"``): row ``i`` is the stream's
-``i``-th target that has an earlier token in its document (every token but each document's first), whatever the window
-N and the shortest history the store is read with. So every reading of one store (the recipe's long stages and its
-conjunction stage of N = 8, say) holds out the same tokens, and a later stage fitted on held-out rows (a stack's gate)
-never scores a row an earlier stage was fitted on.
+A staged fit whose stages read a token-stream store at several windows (the recipe's long stages, with short
+histories, and its conjunction stage of N = 8, full windows only) numbers the rows as the stream's
+(``numbering="stream"``): row ``i`` is the stream's ``i``-th target that has an earlier token in its document (every
+token but each document's first), whatever the window and the shortest history the store is read with. So every stage
+holds out the same tokens, and a later stage fitted on held-out rows (a stack's gate) never scores a row an earlier
+stage was fitted on.
 """
 
 from __future__ import annotations
