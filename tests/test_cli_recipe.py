@@ -14,7 +14,9 @@ from dist_respattn.cli.fit_commands import default_spec, settings_from
 from dist_respattn.cli.head_options import spec_from_args
 from dist_respattn.engine import FitSettings, open_store
 from dist_respattn.engine.fit import FitError, stage_start
+from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import PREVIOUS_STAGE, Stage, spec_from_json
+from dist_respattn.model.heads.conj import ConjHead
 from dist_respattn.model.heads.conj.kind import ConjSpec
 from dist_respattn.model.heads.copy.kind import CopySpec
 from dist_respattn.model.heads.recipe import RecipeSpec
@@ -160,6 +162,47 @@ def test_one_fit_of_the_recipe_leaves_each_part_and_a_stack_of_them(tmp_path: Pa
     assert json.loads((again / "fit.json").read_text())["head"]["kind"] == "recipe"
     assert load_checkpoint(again / "single").meta["init"]["source"] == str(model / "single")
     assert load_checkpoint(again).meta["fit_head"]["kind"] == "recipe"  # what a registry version of it keeps
+
+
+@pytest.mark.slow
+def test_without_a_validation_store_every_stage_holds_out_the_same_tokens(
+    tmp_path: Path, one_worker_address: str
+) -> None:
+    """The recipe's parts read the stream at two windows (the conjunction head at N = 8, full windows only; the long
+    heads at N with short histories), so a row number is another token in each. Their hold-out numbers rows as the
+    stream's: the stack's gate is fitted on held-out rows that no part was fitted on. The conjunction head counts its
+    rows from the data, so its counts are exactly the tally of the rows it was fitted on: none held out by the stack."""
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(150, 400, 14)  # many documents: each shifts the two windows' row numbers apart
+    tokens = rng.integers(0, 12, int(lengths.sum()))
+    tokens[1::5] = tokens[::5][: tokens[1::5].size]
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    write_stream_tokens(tmp_path / "train.zarr", tokens, 16, num_symbols=12, dim=3, seed=0, documents=starts)
+    model = tmp_path / "model"
+    status = main(["fit", str(tmp_path / "train.zarr"), "--model-dir", str(model), "--max-iter", "1",
+                   "--scheduler", one_worker_address])  # fmt: skip
+    assert status == 0
+    rules = {part: load_checkpoint(model / part).meta["holdout"] for part in ("single", "copy", "conj", "stack")}
+    assert all(rule == rules["stack"] and rule["numbering"] == "stream" for rule in rules.values()), rules
+    held = HoldoutRule.from_json(rules["stack"])
+    conj = load_checkpoint(model / "conj").model
+    assert isinstance(conj, ConjHead) and conj.context_length == 8
+    expected: dict[tuple[int, int, int], float] = {}
+    for document, (start, length) in enumerate(zip(starts, lengths, strict=True)):
+        for target in range(int(start) + 8, int(start + length)):
+            if held.held_out_at(np.array([target - document - 1]))[0]:
+                continue  # held out by the stack (every token but each document's first is a stream row)
+            for r in range(conj.depth):
+                cell = (int(tokens[target - 1 - r]), int(tokens[target - 1]), int(tokens[target]))
+                expected[cell] = expected.get(cell, 0.0) + 1.0
+    counted: dict[tuple[int, int, int], float] = {}
+    for p, key in enumerate(conj.pair_keys):
+        a, q = divmod(int(key), 12)
+        for cell in range(int(conj.indptr[p]), int(conj.indptr[p + 1])):
+            counted[(a, q, int(conj.targets[cell]))] = float(conj.counts[cell])
+    assert held.count(int(tokens.size - lengths.size)) > 0 and counted == expected
+    # A rule recorded before the choice numbered the rows as read: a fit resumed from it keeps doing so.
+    assert HoldoutRule.from_json({"fraction": 0.05, "stripe_rows": 16}).numbering == "rows"
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ from dist_respattn.engine.cluster import (
 from dist_respattn.engine.loop import EarlyStopping, FitLoop, HeldoutRows, store_record
 from dist_respattn.engine.memory import block_row_bytes, check_memory
 from dist_respattn.engine.settings import FitSettings
-from dist_respattn.engine.worker_tasks import ALL_ROWS, RowSelection, attribute_map
+from dist_respattn.engine.worker_tasks import ALL_ROWS, RowSelection, attribute_map, held_out_count
 from dist_respattn.events import FitState, IterationRecord, Metric, history_from_json
 from dist_respattn.model.caches import release_caches
 from dist_respattn.model.fitting.holdout import HoldoutRule
@@ -354,9 +354,14 @@ def _holdout(
     train: RowStore,
     heldout: RowStore | None,
     checkpoint: Checkpoint | None,
+    stream_rows: bool = False,
 ) -> HoldoutRule | None:
     """The automatic hold-out of the training store: only without a validation store, and when there is a choice
-    to make or an early-stopping metric asked for; a resumed fit keeps its own."""
+    to make or an early-stopping metric asked for; a resumed fit keeps its own. ``stream_rows``: this is a stage of
+    a fit whose stages read a token stream at several windows (the recipe's conjunction head at N = 8, its other parts
+    and their stack at the long one, with short histories), so its rows are numbered as the stream's: every stage
+    holds out the same tokens, and a stage fitted on the held-out rows (the stack's gate) never reads a row a part was
+    fitted on."""
     if checkpoint is not None:
         saved = checkpoint.meta.get("holdout")
         return HoldoutRule.from_json(saved) if saved else None
@@ -364,6 +369,8 @@ def _holdout(
         return None
     if not trainer.searches() and settings.early_stop_metric is None and not trainer.fits_heldout_rows():
         return None
+    if stream_rows and isinstance(train, TokenStreamStore):
+        return HoldoutRule.for_rows(train.num_stream_rows, settings.holdout_fraction, numbering="stream")
     # Rows sorted by target: consecutive rows share a target, so hold out single rows, not stripes.
     by_target = train.attributes.get("row_order") == "target"
     return HoldoutRule.for_rows(train.num_rows, settings.holdout_fraction, stripes=not by_target)
@@ -674,6 +681,8 @@ def _fit_stages(
     # The stages run on a client of the cluster connected here, so each thinks the cluster outlives it.
     embedded = starts_embedded_cluster(cluster, client)
     fitted: dict[str, Head] = {}
+    # Stages that read the store at other windows than the first's hold out the same tokens (see _holdout).
+    stream_rows = any(key in stage.settings for stage in stages for key in ("context_length", "min_context"))
     with connect(cluster, client=client, say=say or logger.info) as cl:
         for index, stage in enumerate(stages):
             later_started = resume and any(started[index + 1 :])
@@ -698,6 +707,7 @@ def _fit_stages(
                 init=start if first else None,
                 init_from=init_from if first else stage_start(stages, directories, index),
                 fit_dir=model_dir,
+                stream_rows=stream_rows,
                 fit_head=fit_head if stage.directory == "." else None,
                 # A later stage not yet started (the fit stopped between stages) starts; its directory holds the
                 # earlier stages' own, which is not a sign of the wrong directory.
@@ -772,9 +782,11 @@ def _fit_stage(
     fit_dir: str | os.PathLike[str] | None = None,
     fit_head: dict[str, Any] | None = None,
     fitted: dict[str, Head] | None = None,
+    stream_rows: bool = False,
 ) -> FitResult:
     """One fit of one kind (see :func:`fit`); ``before_run`` is called just before its first iteration (not when
-    the fit had already ended). ``fit_dir``: the whole fit's model directory when this is one of its stages;
+    the fit had already ended). ``stream_rows``: a hold-out of the training store numbers a token stream's rows as
+    the stream's (:func:`_holdout`). ``fit_dir``: the whole fit's model directory when this is one of its stages;
     ``fit_head``: the whole staged fit's spec (JSON), recorded in the checkpoints of the stage that is the directory's
     own model, so a registry version of it is retrained as that kind. ``fitted``: the heads of the earlier stages
     of this call, by directory (:func:`_load_sources`)."""
@@ -824,7 +836,7 @@ def _fit_stage(
         heldout, rule = _continued_heldout(source, train, storage_options, min_context)
     else:
         heldout = _validation_store(validation, checkpoint, storage_options, train.location.window, min_context)
-        rule = _holdout(settings, trainer, train, heldout, checkpoint)
+        rule = _holdout(settings, trainer, train, heldout, checkpoint, stream_rows)
     if heldout is not None and _shape(heldout) != _shape(train):
         streams = getattr(heldout, "kind", None) == getattr(train, "kind", None) == "stream"
         raise FitError(
@@ -843,7 +855,7 @@ def _fit_stage(
         say(f"{folder}: no fit to resume there yet (no latest.json): starting a new fit")
     # Counting reads no rows, but visits every row index: once.
     fresh = checkpoint is None and not spec.continues_from_init
-    held_count = rule.count(train.num_rows) if rule is not None and fresh else 0
+    held_count = held_out_count(rule, train) if rule is not None and fresh else 0
     if rule is not None and fresh and held_count == 0:
         rule = None  # a store too small for one stripe: nothing is held out, the choices keep their defaults
     trained_names = trainer.attribute_names()

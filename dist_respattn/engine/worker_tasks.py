@@ -50,6 +50,8 @@ __all__ = [
     "common_arrays_task",
     "common_m_step_task",
     "grid_task",
+    "held_out_count",
+    "held_out_rows",
     "load_part_task",
     "partition_blocks",
     "pass_task",
@@ -79,11 +81,42 @@ class RowSelection:
         if (self.rule is None) != (self.side in ("all", "last")):
             raise ValueError("a hold-out rule goes with side 'train' or 'heldout', and only with them")
 
-    def weights(self, rows: Any) -> np.ndarray | None:
-        """(n,) weights of a block's rows (``None``: the store's rows are unweighted and all count)."""
+    def weights(self, rows: Any, store: RowStore | None = None) -> np.ndarray | None:
+        """(n,) weights of a block's rows of ``store`` (``None``: the store's rows are unweighted and all count; the
+        store is read only by a rule that numbers a token stream's rows)."""
         if self.rule is None:
             return rows.weight
-        return self.rule.side_weights(rows.start, rows.num_rows, rows.weight, self.side)
+        if self.rule.numbering == "rows":
+            return self.rule.side_weights(rows.start, rows.num_rows, rows.weight, self.side)
+        if store is None:
+            raise ValueError("a hold-out of a token stream's rows needs the store the rows are read from")
+        keep = held_out_rows(self.rule, store, rows.start, rows.start + rows.num_rows)
+        if self.side == "train":
+            keep = ~keep
+        if rows.weight is None:
+            return keep.astype(np.float64)
+        return np.where(keep, np.asarray(rows.weight, dtype=np.float64), 0.0)
+
+
+def held_out_rows(rule: HoldoutRule, store: RowStore, start: int, stop: int) -> np.ndarray:
+    """(stop - start,) bool: which rows ``[start, stop)`` of ``store`` ``rule`` holds out (a rule numbering a token
+    stream's rows reads each row's number among them from the store)."""
+    if rule.numbering == "rows":
+        return rule.held_out(start, stop)
+    if not isinstance(store, TokenStreamStore):
+        raise StoreError(f"{store.location}: a hold-out of a token stream's rows is read from a token-stream store")
+    return rule.held_out_at(store.stream_rows(start, stop))
+
+
+def held_out_count(rule: HoldoutRule, store: RowStore) -> int:
+    """How many rows of ``store`` ``rule`` holds out."""
+    if rule.numbering == "rows":
+        return rule.count(store.num_rows)
+    step = 1 << 20
+    return sum(
+        int(held_out_rows(rule, store, start, min(start + step, store.num_rows)).sum())
+        for start in range(0, store.num_rows, step)
+    )
 
 
 ALL_ROWS = RowSelection()
@@ -235,14 +268,17 @@ class _Blocks:
             # The common path: the store's own block iteration (for a stream store, windows made in one pass).
             blocks = store.iter_windows(self.part) if columns.windows else store.iter_blocks(self.part)
             for block in blocks:
-                yield self._made(block, rows.weights(block), None)
+                yield self._made(block, rows.weights(block, store), None)
             return
         for begin, end in store.block_ranges(self.part):
             selected = None
             weights: np.ndarray | None
             if held_only:
                 # The held-out side is a few percent of a training store: only its rows are read and windowed.
-                selected = _last_rows(store, begin, end) if rows.rule is None else rows.rule.held_out(begin, end)
+                if rows.rule is None:
+                    selected = _last_rows(store, begin, end)
+                else:
+                    selected = held_out_rows(rows.rule, store, begin, end)
                 if not selected.any():
                     continue
                 if columns.windows:
@@ -252,7 +288,7 @@ class _Blocks:
                 weights = np.ones(block.num_rows) if block.weight is None else np.asarray(block.weight, np.float64)
             else:
                 block = store.read_windows(begin, end) if columns.windows else store.read_rows(begin, end)
-                weights = rows.weights(block)
+                weights = rows.weights(block, store)
             yield self._made(block, weights, selected)
 
     def _made(self, block: Any, weights: np.ndarray | None, selected: np.ndarray | None) -> Block:

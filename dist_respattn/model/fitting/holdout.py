@@ -5,6 +5,13 @@ falls below the fraction. It depends only on the row index (and the store's row 
 the stripe length), never on partitions or workers, so every cluster holds out the same rows. Whole
 stripes, rather than scattered rows, keep a held-out row's neighbours (the overlapping windows of a
 token stream) mostly held out too, so the choices are made on text the fit has not read.
+
+A staged fit whose stages read a token-stream store at several windows (the recipe's long stages, with short
+histories, and its conjunction stage of N = 8, full windows only) numbers the rows as the stream's
+(``numbering="stream"``): row ``i`` is the stream's ``i``-th target that has an earlier token in its document (every
+token but each document's first), whatever the window and the shortest history the store is read with. So every stage
+holds out the same tokens, and a later stage fitted on held-out rows (a stack's gate) never scores a row an earlier
+stage was fitted on.
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ _MAX_STRIPE_ROWS = 2048
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
+#: How a rule's rows are numbered: the rows as read (``"rows"``), or a token stream's targets (``"stream"``).
+NUMBERINGS = ("rows", "stream")
+
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
     """The SplitMix64 finalizer: a fixed, well-mixed hash of uint64 values (wrapping arithmetic)."""
@@ -42,30 +52,37 @@ class HoldoutRule:
     Attributes:
         fraction: the expected share of rows held out, in [0, 1).
         stripe_rows: rows per stripe (see :meth:`for_rows`).
+        numbering: ``"rows"``: the row indices given are the rule's; ``"stream"``: a token-stream store's rows are
+            numbered as the stream's targets first (the store's ``stream_rows``), so that every window and shortest
+            history of the store holds out the same tokens. A rule recorded without one numbers rows.
     """
 
     fraction: float = DEFAULT_HOLDOUT_FRACTION
     stripe_rows: int = _MAX_STRIPE_ROWS
+    numbering: str = "rows"
 
     def __post_init__(self) -> None:
         if not 0.0 <= float(self.fraction) < 1.0:
             raise ValueError(f"hold-out fraction = {self.fraction!r}: expected a number in [0, 1)")
         if isinstance(self.stripe_rows, bool) or int(self.stripe_rows) < 1:
             raise ValueError(f"stripe_rows = {self.stripe_rows!r}: expected a positive integer")
+        if self.numbering not in NUMBERINGS:
+            raise ValueError(f"numbering = {self.numbering!r}: expected one of {', '.join(NUMBERINGS)}")
 
     @classmethod
     def for_rows(
-        cls, num_rows: int, fraction: float = DEFAULT_HOLDOUT_FRACTION, *, stripes: bool = True
+        cls, num_rows: int, fraction: float = DEFAULT_HOLDOUT_FRACTION, *, stripes: bool = True, numbering: str = "rows"
     ) -> HoldoutRule:
         """The rule for a store of ``num_rows`` rows: stripes of ``num_rows / 400`` rows, clipped to [16, 2048].
 
         ``stripes=False`` holds out single rows: for rows sorted by target (``--row-order target``), where a
         stripe of neighbours would hold one or two targets and the held-out rows would not look like the store.
+        ``numbering="stream"``: ``num_rows`` counts a token stream's targets (see :attr:`numbering`).
         """
         if not stripes:
-            return cls(float(fraction), 1)
+            return cls(float(fraction), 1, numbering)
         stripe = min(_MAX_STRIPE_ROWS, max(_MIN_STRIPE_ROWS, int(num_rows) // _STRIPES_PER_STORE))
-        return cls(float(fraction), stripe)
+        return cls(float(fraction), stripe, numbering)
 
     def held_out(self, start: int, stop: int) -> np.ndarray:
         """(stop - start,) bool: which of the rows ``[start, stop)`` are held out."""
@@ -79,6 +96,14 @@ class HoldoutRule:
         # Each stripe's choice repeated over its rows in [start, stop) (no row's stripe computed one by one).
         edges = np.clip(np.arange(first, last + 2, dtype=np.int64) * self.stripe_rows, start, stop)
         return np.repeat(chosen, np.diff(edges))
+
+    def held_out_at(self, rows: np.ndarray) -> np.ndarray:
+        """(n,) bool: which of the rows numbered ``rows`` (n,) int are held out (any order)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self.fraction <= 0.0 or rows.size == 0:
+            return np.zeros(rows.size, dtype=bool)
+        stripes = (rows // self.stripe_rows).astype(np.uint64)
+        return (_splitmix64(stripes) >> np.uint64(11)).astype(np.float64) * 2.0**-53 < self.fraction
 
     def count(self, num_rows: int) -> int:
         """How many of rows ``[0, num_rows)`` are held out."""
@@ -108,4 +133,4 @@ class HoldoutRule:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> HoldoutRule:
-        return cls(float(data["fraction"]), int(data["stripe_rows"]))
+        return cls(float(data["fraction"]), int(data["stripe_rows"]), str(data.get("numbering", "rows")))

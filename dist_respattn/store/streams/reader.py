@@ -434,6 +434,22 @@ class TokenStreamStore:
             where = f"chunk {chunk} (tokens {first}..{last}, in file '{key}')"
         return StoreCorruptError(f"{self.location}: array '{name}' {where} cannot be read: {why}")
 
+    @property
+    def num_stream_rows(self) -> int:
+        """The stream's targets with an earlier token in their document (every token but each document's first): the
+        rows of the store read with the shortest history, whatever the window."""
+        return self.num_tokens - int(self._rows.starts.size)
+
+    def stream_rows(self, start: int, stop: int) -> np.ndarray:
+        """(stop - start,) int64: the index of each row of ``[start, stop)`` among the stream's rows
+        (:attr:`num_stream_rows`), which every window N and shortest history of the store number alike (a fit's
+        hold-out numbers rows so, to hold out the same tokens at every window)."""
+        if not 0 <= start <= stop <= self.num_rows:
+            raise IndexError(f"{self.location}: rows [{start}, {stop}) outside [0, {self.num_rows})")
+        pos = self._rows.positions(start, stop)
+        document = np.searchsorted(self._rows.starts, pos, side="right") - 1
+        return (pos - document - 1).astype(np.int64)
+
     def read_rows(self, start: int, stop: int) -> EncodedRows:
         """Rows ``[start, stop)``: their windows made from the tokens they span and the N tokens before."""
         if not 0 <= start <= stop <= self.num_rows:
