@@ -231,7 +231,7 @@ def register(sub: Any) -> None:
         "the target: a density, which falls when a larger sigma2 is chosen even as the perplexity improves)",
     )
     fit.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    fit.set_defaults(handler=_run_fit, printer=_print_fit)
+    fit.set_defaults(handler=_run_fit, printer=_print_fit, interrupted=fit_interrupted)
 
     evaluate = sub.add_parser(
         "evaluate",
@@ -536,6 +536,41 @@ def _run_fit(args: argparse.Namespace) -> dict[str, Any]:
     if args.verbose:
         args.printer = lambda report: print_fit_summary(report, verbose=True)
     return fit_report(result, store)
+
+
+def fit_interrupted(args: argparse.Namespace) -> str:
+    """What a fit stopped by a signal kept, for the line ``dist-respattn fit: interrupted...``: the last good checkpoint
+    in its model directory (a staged fit's, in the directory of the stage it was in), which ``--resume`` continues."""
+    found = _last_checkpoint(args.model_dir)
+    if found is None:
+        return f" before the first checkpoint: {args.model_dir} holds none (run the fit again)"
+    directory, iteration = found
+    stage = os.path.relpath(directory, args.model_dir)
+    of_stage = f" of its {stage} stage" if stage != "." else ""
+    return (
+        f"; the last good checkpoint in {args.model_dir} (iteration {iteration}{of_stage}) is kept: resume with "
+        "--resume"
+    )
+
+
+def _last_checkpoint(model_dir: str) -> tuple[str, Any] | None:
+    """``(directory, iteration)`` of the checkpoint last committed in ``model_dir`` or a stage's directory in it (the
+    ``latest.json`` written last), or ``None`` when there is none."""
+    from dist_respattn.artifacts.checkpoints import LATEST, ModelDir, read_json_file
+
+    found: list[tuple[float, str, Any]] = []
+    for directory, subdirectories, _ in os.walk(model_dir):
+        # A checkpoint's own directory (and a write's leftover) holds no stage.
+        subdirectories[:] = [name for name in subdirectories if not name.startswith(("ckpt-", "."))]
+        pointer = ModelDir(directory).pointer_path(LATEST)
+        try:
+            found.append((pointer.stat().st_mtime, directory, read_json_file(pointer).get("iteration")))
+        except (OSError, ValueError):  # none here, or one a person damaged: the others still say where the fit is
+            continue
+    if not found:
+        return None
+    _, directory, iteration = max(found)
+    return directory, iteration
 
 
 def default_spec(args: argparse.Namespace, settings: Any, spec: Any, store: Any) -> Any:
