@@ -121,7 +121,8 @@ def add_em_options(parser: argparse.ArgumentParser, title: str) -> None:
         type=int,
         metavar="K",
         help="run the M-step in K shards of the symbols on the workers that reduce them (default 0: on the driver; "
-        "the same parameters either way; the model directory must be writable by every worker)",
+        "the same parameters either way; one symbol a shard at least, so a K above the S symbols runs S; the model "
+        "directory must be writable by every worker)",
     )
     em.add_argument(
         "--context",
