@@ -18,7 +18,13 @@ from dist_respattn.cli.common import (
     positive_int,
     seed,
 )
-from dist_respattn.cli.head_options import add_head_options, head_options, kind_picked, spec_from_args
+from dist_respattn.cli.head_options import (
+    add_head_options,
+    given_head_options,
+    head_options,
+    kind_picked,
+    spec_from_args,
+)
 from dist_respattn.cli.stream_predict import print_stream_summary, run_stream
 from dist_respattn.events import Metric
 
@@ -736,6 +742,17 @@ def _print_evaluate(report: dict[str, Any]) -> None:
 def _run_predict(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.engine import predict
 
+    given = given_head_options(args, "predict")
+    if given and not args.stream:
+        # Predicting a store, a head predicts each row as the store holds it (a gated head, under the row's own
+        # attribute): the kinds' options of predict say how to predict one history, and were ignored here.
+        named = ", ".join(words for words, _ in given)
+        kinds = " and ".join(dict.fromkeys(kind for _, kind in given))
+        what, it = ("options", "them") if len(given) > 1 else ("an option", "it")
+        raise CommandError(
+            f"{named}: {what} of {kinds} heads for --stream (one history read from stdin); predicting a store, each "
+            f"row is predicted as the store holds it: give --stream, or leave {it} out"
+        )
     if args.stream:
         if args.out:
             raise CommandError("--stream writes JSON lines to stdout: give it or --out, not both")
