@@ -98,7 +98,7 @@ def given_head_options(args: argparse.Namespace, command: str) -> list[tuple[str
 
 def refuse_other_kinds_options(args: argparse.Namespace, command: str, model: Any, where: str) -> None:
     """Refuse an option of ``command`` that a kind other than ``model``'s added (an attribute-gated head's
-    ``--attribute`` given for a model of one head): only its own kind reads it, and ``model`` would ignore it.
+    ``--attribute`` given for a single head's model): only its own kind reads it, and ``model`` would ignore it.
     ``where`` names the model (its directory or registry version)."""
     own = str(model.kind).replace("_", "-")
     for words, kind in given_head_options(args, command):
