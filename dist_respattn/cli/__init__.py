@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 from dist_respattn.cli import demo, fit_commands, head_commands, registry_commands, split_command, store_commands
 from dist_respattn.cli.common import CommandError, in_flags
+from dist_respattn.cli.signals import exit_status, stop_signals_raise
 
 __all__ = ["build_parser", "main", "subcommands"]
 
@@ -147,9 +148,29 @@ def _one_line_error(args: argparse.Namespace, exc: BaseException) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 1 a check failed, 2 an error)."""
+    """Run the command line; returns the exit status (0 ok, 1 a check failed, 2 an error, 130 or 143 stopped by
+    SIGINT or SIGTERM)."""
+    ran: list[argparse.Namespace] = []  # the command's arguments, once parsed (a signal may come before)
+    with stop_signals_raise():
+        try:
+            return _run(argv, ran)
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (see signals.py): everything it stopped has unwound
+            print(_interrupted(ran[0] if ran else None), file=sys.stderr)
+            return exit_status(exc)
+
+
+def _interrupted(args: argparse.Namespace | None) -> str:
+    """The one line a command stopped by a signal ends with: its own words on what it kept, where it has them."""
+    if args is None or getattr(args, "command", None) is None:
+        return "dist-respattn: interrupted"
+    kept = getattr(args, "interrupted", None)
+    return f"dist-respattn {args.command}: interrupted{kept(args) if kept is not None else ''}"
+
+
+def _run(argv: Sequence[str] | None, ran: list[argparse.Namespace]) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
+    ran.append(args)
     if unknown:
         error_parser = getattr(args, "error_parser", parser)
         error_parser.error(_unrecognized(error_parser, unknown))
@@ -166,9 +187,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _one_line_error(args, exc)
     except _cluster_errors() as exc:  # evaluated only once the handler raised: the engine is loaded if it raised this
         return _one_line_error(args, exc)
-    except KeyboardInterrupt:
-        print(f"dist-respattn {args.command}: interrupted", file=sys.stderr)
-        return 130
     try:
         if args.json:
             print(json.dumps(report, indent=2))

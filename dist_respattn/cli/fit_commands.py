@@ -18,7 +18,13 @@ from dist_respattn.cli.common import (
     positive_int,
     seed,
 )
-from dist_respattn.cli.head_options import add_head_options, head_options, kind_picked, spec_from_args
+from dist_respattn.cli.head_options import (
+    add_head_options,
+    given_head_options,
+    head_options,
+    kind_picked,
+    spec_from_args,
+)
 from dist_respattn.cli.stream_predict import print_stream_summary, run_stream
 from dist_respattn.events import Metric
 
@@ -121,7 +127,8 @@ def add_em_options(parser: argparse.ArgumentParser, title: str) -> None:
         type=int,
         metavar="K",
         help="run the M-step in K shards of the symbols on the workers that reduce them (default 0: on the driver; "
-        "the same parameters either way; the model directory must be writable by every worker)",
+        "the same parameters either way; one symbol a shard at least, so a K above the S symbols runs S; the model "
+        "directory must be writable by every worker)",
     )
     em.add_argument(
         "--context",
@@ -231,7 +238,7 @@ def register(sub: Any) -> None:
         "the target: a density, which falls when a larger sigma2 is chosen even as the perplexity improves)",
     )
     fit.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    fit.set_defaults(handler=_run_fit, printer=_print_fit)
+    fit.set_defaults(handler=_run_fit, printer=_print_fit, interrupted=fit_interrupted)
 
     evaluate = sub.add_parser(
         "evaluate",
@@ -538,6 +545,41 @@ def _run_fit(args: argparse.Namespace) -> dict[str, Any]:
     return fit_report(result, store)
 
 
+def fit_interrupted(args: argparse.Namespace) -> str:
+    """What a fit stopped by a signal kept, for the line ``dist-respattn fit: interrupted...``: the last good checkpoint
+    in its model directory (a staged fit's, in the directory of the stage it was in), which ``--resume`` continues."""
+    found = _last_checkpoint(args.model_dir)
+    if found is None:
+        return f" before the first checkpoint: {args.model_dir} holds none (run the fit again)"
+    directory, iteration = found
+    stage = os.path.relpath(directory, args.model_dir)
+    of_stage = f" of its {stage} stage" if stage != "." else ""
+    return (
+        f"; the last good checkpoint in {args.model_dir} (iteration {iteration}{of_stage}) is kept: resume with "
+        "--resume"
+    )
+
+
+def _last_checkpoint(model_dir: str) -> tuple[str, Any] | None:
+    """``(directory, iteration)`` of the checkpoint last committed in ``model_dir`` or a stage's directory in it (the
+    ``latest.json`` written last), or ``None`` when there is none."""
+    from dist_respattn.artifacts.checkpoints import LATEST, ModelDir, read_json_file
+
+    found: list[tuple[float, str, Any]] = []
+    for directory, subdirectories, _ in os.walk(model_dir):
+        # A checkpoint's own directory (and a write's leftover) holds no stage.
+        subdirectories[:] = [name for name in subdirectories if not name.startswith(("ckpt-", "."))]
+        pointer = ModelDir(directory).pointer_path(LATEST)
+        try:
+            found.append((pointer.stat().st_mtime, directory, read_json_file(pointer).get("iteration")))
+        except (OSError, ValueError):  # none here, or one a person damaged: the others still say where the fit is
+            continue
+    if not found:
+        return None
+    _, directory, iteration = max(found)
+    return directory, iteration
+
+
 def default_spec(args: argparse.Namespace, settings: Any, spec: Any, store: Any) -> Any:
     """``spec``, or, when no ``--head`` or kind's option picked a kind and no fit is resumed, the kind ``fit`` picks
     itself: with ``--init-from``, the kind of the fit it starts from (a recipe is retrained as a recipe, each part
@@ -700,6 +742,17 @@ def _print_evaluate(report: dict[str, Any]) -> None:
 def _run_predict(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.engine import predict
 
+    given = given_head_options(args, "predict")
+    if given and not args.stream:
+        # Predicting a store, a head predicts each row as the store holds it (a gated head, under the row's own
+        # attribute): the kinds' options of predict say how to predict one history, and were ignored here.
+        named = ", ".join(words for words, _ in given)
+        kinds = " and ".join(dict.fromkeys(kind for _, kind in given))
+        what, it = ("options", "them") if len(given) > 1 else ("an option", "it")
+        raise CommandError(
+            f"{named}: {what} of {kinds} heads for --stream (one history read from stdin); predicting a store, each "
+            f"row is predicted as the store holds it: give --stream, or leave {it} out"
+        )
     if args.stream:
         if args.out:
             raise CommandError("--stream writes JSON lines to stdout: give it or --out, not both")

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from dist_respattn.cli.common import CommandError, embedding_table, parse_storage_options, positive_int, seed
-from dist_respattn.cli.head_options import add_head_options, head_options
+from dist_respattn.cli.head_options import add_head_options, head_options, refuse_other_kinds_options
 
 __all__ = ["OPENING_TOKENS", "register"]
 
@@ -51,6 +51,7 @@ def _run_sample(args: argparse.Namespace) -> dict[str, Any]:
 
     checkpoint, store = _model_and_store(args)
     model, vocabulary = checkpoint.model, store.vocabulary()
+    refuse_other_kinds_options(args, "sample", model, args.model)
     if model.num_targets != model.num_symbols:  # each drawn target is fed back as the next symbol
         raise CommandError(
             f"{args.model}: sample needs a head fitted on a token stream (T = S); this head has "
@@ -137,6 +138,7 @@ def _run_neighbours(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.store.predictions import target_words
 
     checkpoint, store = _model_and_store(args)
+    refuse_other_kinds_options(args, "neighbours", checkpoint.model, args.model)
     vocabulary = store.vocabulary()
     known = list((vocabulary or {}).get("tokens", []))
     # Every symbol's word, the out-of-vocabulary id's included (it may be a neighbour like any other).

@@ -13,7 +13,15 @@ from typing import Any
 
 from dist_respattn.cli.common import CommandError
 
-__all__ = ["add_head_options", "default_kind_text", "head_options", "kind_picked", "spec_from_args"]
+__all__ = [
+    "add_head_options",
+    "default_kind_text",
+    "given_head_options",
+    "head_options",
+    "kind_picked",
+    "refuse_other_kinds_options",
+    "spec_from_args",
+]
 
 
 def _kinds() -> list[Any]:
@@ -70,6 +78,34 @@ def head_options(args: argparse.Namespace, command: str) -> dict[str, Any]:
         for option in kind.options
         if command in option.commands
     }
+
+
+def given_head_options(args: argparse.Namespace, command: str) -> list[tuple[str, str]]:
+    """The kinds' options of ``command`` given on the command line, each as ``(its words, its kind's label)``:
+    ``("--attribute asyncio", "gated")``; an option left at its default is not given."""
+    given = []
+    for kind in _kinds():
+        for option in kind.options:
+            if command not in option.commands:
+                continue
+            value = getattr(args, _dest(option), None)
+            if value is None or value is False or value == option.settings.get("default"):
+                continue
+            flag = next((f for f in option.flags if f.startswith("--")), option.flags[0])
+            given.append((flag if value is True else f"{flag} {value}", kind.name.replace("_", "-")))
+    return given
+
+
+def refuse_other_kinds_options(args: argparse.Namespace, command: str, model: Any, where: str) -> None:
+    """Refuse an option of ``command`` that a kind other than ``model``'s added (an attribute-gated head's
+    ``--attribute`` given for a single head's model): only its own kind reads it, and ``model`` would ignore it.
+    ``where`` names the model (its directory or registry version)."""
+    own = str(model.kind).replace("_", "-")
+    for words, kind in given_head_options(args, command):
+        if kind != own:
+            raise CommandError(
+                f"{words}: an option of {kind} heads, and {where} holds a {own} head, which takes none: leave it out"
+            )
 
 
 def kind_picked(args: argparse.Namespace) -> bool:

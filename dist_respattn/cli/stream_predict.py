@@ -55,7 +55,7 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
     per token after the start-up)."""
     begun = time.perf_counter()
     from dist_respattn.artifacts import load_checkpoint
-    from dist_respattn.cli.head_options import head_options
+    from dist_respattn.cli.head_options import head_options, refuse_other_kinds_options
     from dist_respattn.store import check_model_corpus, open_store
     from dist_respattn.store.predictions import target_words
 
@@ -64,6 +64,7 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
     storage_options = parse_storage_options(args.storage_option)
     checkpoint = load_checkpoint(args.model, storage_options=storage_options)
     model = checkpoint.model
+    refuse_other_kinds_options(args, "predict", model, args.model)
     store = open_store(args.store, storage_options=storage_options)
     check_model_corpus(checkpoint.meta.get("store"), store)
     table = embedding_table(

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import logging
 import os
+import signal
 import threading
 import urllib.error
 import urllib.request
@@ -253,7 +254,7 @@ def _local_cluster(n_workers: int | None, threads_per_worker: int, memory_limit:
     refuse_a_worker_reimport()
     try:
         # The quieter settings reach the scheduler and, through their nannies, the worker processes.
-        with dask.config.set(embedded_cluster_config()):
+        with dask.config.set(embedded_cluster_config()), _started_deaf_to_ctrl_c():
             return distributed.LocalCluster(
                 n_workers=n_workers or machine_cores(),
                 threads_per_worker=threads_per_worker,
@@ -270,6 +271,102 @@ def _local_cluster(n_workers: int | None, threads_per_worker: int, memory_limit:
             f"the local cluster did not start ({exc})"
             + ("; a worker process that failed printed its own error above" if "Nanny failed" in str(exc) else "")
         ) from exc
+
+
+#: The signals that stop a run: Ctrl-C's, and ``kill``'s or a service manager's.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM, where Python code handles them (Ctrl-C's ``KeyboardInterrupt``, the command
+    line's handlers), until the block ends, then give the first to its handler.
+
+    For what must not stop half-way: a local cluster stopped in the middle of its start or its close leaves
+    worker processes behind, and distributed's exit hook then fails on them (``AssertionError: Status.init``).
+    A second signal while one is held is given at once, so a start that hangs can still be stopped. Only the
+    main thread can set handlers; elsewhere the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    # Only handlers of Python code: the default action of a signal (SIGTERM's: the end of the process) is as it was.
+    handlers: dict[int, Callable[[int, Any], Any]] = {}
+    for stop in _STOP_SIGNALS:
+        handler = signal.getsignal(stop)
+        if callable(handler):
+            handlers[int(stop)] = handler
+    received: list[int] = []
+
+    def restore() -> None:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+    def hold(signum: int, frame: Any) -> None:
+        received.append(signum)
+        if len(received) > 1:  # asked again: stop now
+            restore()
+            handlers[signum](signum, frame)
+
+    for signum in handlers:
+        signal.signal(signum, hold)
+    try:
+        yield
+    finally:
+        restore()
+        if len(received) == 1:
+            handlers[received[0]](received[0], None)
+
+
+@contextlib.contextmanager
+def _started_deaf_to_ctrl_c() -> Iterator[None]:
+    """SIGINT blocked in this thread for the block, so that the threads started in it (a cluster's event loop, and
+    the threads it starts worker processes from) block it too, and so do the processes they start (a signal mask
+    is kept through fork and exec). Ctrl-C at a terminal signals the whole foreground process group: a worker
+    process that took it died printing asyncio's traceback, and its nanny started another, while the command closed
+    the cluster. The command stops the workers itself; SIGTERM still ends a worker as it would."""
+    if not hasattr(signal, "pthread_sigmask"):  # not on POSIX
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    # Started before, once a process: the thread that starts multiprocessing's resource tracker (the first worker
+    # process's does) unblocks SIGINT after it, whatever was blocked before.
+    resource_tracker.ensure_running()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _close_whole(resource: distributed.Client | distributed.LocalCluster) -> None:
+    """Close ``resource`` with the stop signals held (see :func:`_stop_signals_held`)."""
+    with _stop_signals_held():
+        resource.close()
+
+
+def _drop_abandoned_gathers(client: distributed.Client) -> None:
+    """Keep the asyncio loop of ``client`` (one the engine made) from logging the ``AllExit`` of a gather that was
+    given up: a call stopped by Ctrl-C cancels its gather, whose waits on each result distributed leaves running,
+    and when the client closes they end in ``AllExit``, distributed's own signal to stop waiting, which asyncio
+    printed with a traceback as "Task exception was never retrieved". Other errors reach the handler there was."""
+    from distributed.client import AllExit
+
+    if client.loop is None:  # a client being closed
+        return
+    loop = client.loop.asyncio_loop  # type: ignore[attr-defined]
+    previous = loop.get_exception_handler()
+
+    def handle(loop: Any, context: dict[str, Any]) -> None:
+        if isinstance(context.get("exception"), AllExit):
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handle)
 
 
 def _importing_main_in_a_worker() -> bool:
@@ -308,14 +405,21 @@ def connect(
     if address:
         own_client = _client_for(address, options.security)
         with own_client:
+            _drop_abandoned_gathers(own_client)
             install_monitor(own_client)
             _announce(own_client, f"connected to the scheduler at {address}", say)
             yield own_client
         return
-    with (
-        _local_cluster(options.n_workers, options.threads_per_worker, options.memory_limit) as cluster,
-        distributed.Client(cluster, set_as_default=False) as own_client,
-    ):
+    with contextlib.ExitStack() as closing:
+        # Started whole and closed whole, a signal held meanwhile: a cluster stopped half-way leaves worker processes
+        # behind (a client half-made lingers), and a signal held through the start is given only once both are
+        # sure to be closed.
+        with _stop_signals_held():
+            cluster = _local_cluster(options.n_workers, options.threads_per_worker, options.memory_limit)
+            closing.callback(_close_whole, cluster)
+            own_client = distributed.Client(cluster, set_as_default=False)
+            closing.callback(_close_whole, own_client)
+        _drop_abandoned_gathers(own_client)
         install_monitor(own_client)
         requested = len(cluster.worker_spec)
         with contextlib.suppress(TimeoutError):  # the fit itself waits for a first worker, and says so

@@ -601,8 +601,9 @@ class FitLoop:
             assert self.passes.sharded is not None
             self.checkpoints.wait()
             self.passes.sharded.commit(
-                self.folder, name, model, self.checkpoint_meta(iteration, state, warnings), **pointers
-            )
+                self.folder, name, model, self.checkpoint_meta(iteration, state, warnings), final=state.final,
+                **pointers,
+            )  # fmt: skip
         else:
             self.checkpoints.submit(name, model, self.checkpoint_meta(iteration, state, warnings), **pointers)
         if state.final:  # the fit ends here: its last checkpoint must be on disk when fit returns

@@ -65,7 +65,8 @@ class FitSettings:
         min_context: the fewest earlier tokens a token-stream row has (1 to N); ``None``: 1 with buckets
             (short histories, the missing positions masked), N without (full windows only).
         m_step_shards: K >= 1 runs the M-step in K shards of the symbol range on the workers (a kind that has
-            one; see ``docs/guide/fitting.md``), 0 (the default) on the driver. The parameters are the same to the
+            one; see ``docs/guide/fitting.md``), 0 (the default) on the driver. A shard holds one symbol at least:
+            a K above the S symbols runs S shards, and the fit says so. The parameters are the same to the
             bit either way (so a resume may change it); the owners write their parts of every checkpoint, so the
             model directory must be on a filesystem every worker can write.
     """

@@ -51,6 +51,7 @@ from dist_respattn.model.heads.base import (
     ShardedStart,
     Trainer,
 )
+from dist_respattn.text_format import count_text
 
 if TYPE_CHECKING:
     from dist_respattn.engine.loop import ClusterPasses
@@ -278,9 +279,10 @@ class ShardedRun:
             self.say("this kind's M-step runs on the driver (it has no sharded M-step)")
             return
         self.n_parts = sharding.n_shards + 1
+        workers = count_text(min(len(self.client.ncores()), self.n_parts), "worker")
         self.say(
-            f"sharded M-step: {sharding.n_shards} shards of the symbols on "
-            f"{min(len(self.client.ncores()), self.n_parts)} workers"
+            f"sharded M-step: {count_text(sharding.n_shards, 'shard')} of the symbols on {workers}"
+            f"{_fewer_shards(sharding, self.n_wanted)}"
         )
 
     def _send_tables(self) -> None:
@@ -566,13 +568,23 @@ class ShardedRun:
 
     # -- checkpoints ----------------------------------------------------------------------------------------------
 
-    def commit(self, folder: ModelDir, name: str, head: RemoteHead, meta: dict[str, Any], **pointers: Any) -> None:
+    def commit(
+        self, folder: ModelDir, name: str, head: RemoteHead, meta: dict[str, Any], *, final: bool, **pointers: Any
+    ) -> None:
         """Checkpoint ``name``: each part written by the worker holding it, then the manifest and the pointers by
         the driver (:meth:`~dist_respattn.artifacts.checkpoints.ModelDir.commit_parts`); the head's parts are then
-        that checkpoint's files (:meth:`reroot`)."""
+        that checkpoint's files (:meth:`reroot`). ``final``: the fit's last checkpoint, whose head the driver reads
+        from its files: no pass reads its parts again, so no task reads them (a read a shard, left running as the
+        fit's client closed, made the scheduler log a traceback for each result it could no longer report)."""
         folder.commit_parts(name, lambda directory: self._write_parts(directory, head, name), head.meta, meta,
                             **pointers)  # fmt: skip
-        self.reroot(head, folder.path / name, name)
+        if not final:
+            self.reroot(head, folder.path / name, name)
+            return
+        head.checkpoint = name
+        if head.made_from is not None:
+            head.made_from.release()
+            head.made_from = None
 
     def _write_parts(self, directory: Path, head: RemoteHead, name: str) -> dict[str, Any]:
         """``head``'s parts written into ``directory``, each by the worker holding it: the record of them."""
@@ -632,6 +644,19 @@ class ShardedRun:
     def release(self) -> None:
         self.tables = self.tables_part = self.source = None
         self._digest = self._ref = self._whole_digest = None
+
+
+def _fewer_shards(sharding: ShardedMStep, wanted: int) -> str:
+    """Why ``sharding`` has fewer shards than the ``wanted`` ones, for the line that announces them (``""``: it has
+    as many): a shard holds one symbol at least, so a kind cuts its symbol range into that many shards at most."""
+    if sharding.n_shards >= wanted:
+        return ""
+    if sharding.bounds:
+        return (
+            f" (m_step_shards {wanted} asks for more shards than the {sharding.bounds[-1]:,} symbols; each shard "
+            "holds one at least)"
+        )
+    return f" (m_step_shards {wanted} asks for more shards than this head's symbols can be cut into)"
 
 
 def _part_files(n_shards: int) -> list[str]:

@@ -92,6 +92,27 @@ def test_predict_top_k_ranks_every_row_under_its_own_attribute(stores, model, ad
     assert run["top_k_accuracy"] == pytest.approx(among, rel=1e-12)
 
 
+def test_predict_of_a_store_refuses_the_attribute_options_which_go_with_stream(stores, model, tmp_path):
+    """Predicting a store, a gated head ranks each row under its own attribute: ``--attribute`` and ``--mix`` say
+    what one history read by ``--stream`` is predicted as, and were ignored without it. Refused in one line naming
+    the flags and ``--stream``, before anything is written or started."""
+    _, test = stores
+    out = tmp_path / "top.jsonl"
+    for given, named, what, it in (
+        (("--attribute", "json"), "--attribute json", "an option", "it"),
+        (("--mix", "json=0.5,tomllib=0.5"), "--mix json=0.5,tomllib=0.5", "an option", "it"),
+        (("--attribute", "json", "--mix", "json=1"), "--attribute json, --mix json=1", "options", "them"),
+    ):
+        done = _cli("predict", model, test, "--out", str(out), *given, "--workers", "1")
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        assert done.stderr.splitlines() == [
+            f"dist-respattn predict: error: {named}: {what} of gated heads for --stream (one history read from "
+            "stdin); predicting a store, each row is predicted as the store holds it: give --stream, or leave "
+            f"{it} out"
+        ]
+    assert not out.exists()
+
+
 def test_predict_stream_predicts_as_the_attribute_asked_for(stores, model):
     """Every line is the plain head of that attribute's prediction after the tokens so far; without an attribute
     the command says what to give, naming both flags."""

@@ -204,7 +204,33 @@ def test_sample_generates_from_a_plain_head_reproducibly_from_a_short_prompt(tex
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.splitlines()) == 2
     refused = cli("sample", model, "--attribute", "json", "--tokens", "5")
-    assert refused.returncode == 2 and "is a plain head, without attributes" in refused.stderr
+    assert refused.returncode == 2 and refused.stderr.splitlines() == [
+        f"dist-respattn sample: error: --attribute json: an option of gated heads, and {model} holds a single-hop "
+        "head, which takes none: leave it out"
+    ]
+
+
+def test_a_single_heads_predict_refuses_a_gated_heads_options_with_stream_or_without(text_model, tmp_path):
+    """``--attribute`` and ``--mix`` are a gated head's: on a single head's model ``predict`` ignored them without
+    ``--stream`` (and a kind other than the single head's ignored them with it). Each is refused in one line naming
+    the flag, with ``--stream`` the model's kind, before a cluster starts or a file is written."""
+    store, model = text_model
+    out = tmp_path / "top.jsonl"
+    for flag, value in (("--attribute", "json"), ("--mix", "json=0.5,email=0.5")):
+        done = cli("predict", model, store, "--out", str(out), flag, value, "--workers", "1")
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        assert done.stderr.splitlines() == [
+            f"dist-respattn predict: error: {flag} {value}: an option of gated heads for --stream (one history read "
+            "from stdin); predicting a store, each row is predicted as the store holds it: give --stream, or leave "
+            "it out"
+        ]
+        done = cli("predict", model, store, "--stream", flag, value, stdin="def encode(self, o):\n")
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        assert done.stderr.splitlines() == [
+            f"dist-respattn predict: error: {flag} {value}: an option of gated heads, and {model} holds a single-hop "
+            "head, which takes none: leave it out"
+        ]
+    assert not out.exists()
 
 
 def test_predict_stream_typed_on_a_terminal_says_what_it_waits_for(text_model):

@@ -34,6 +34,7 @@ from dist_respattn.model.heads.single_hop.kind import SingleHopSpec
 from dist_respattn.model.heads.single_hop.sharded import CountsShard
 from dist_respattn.store import WriteOptions, write_synthetic
 from tests.engine.clusters import local_cluster
+from tests.engine.test_bad_input import COMMAND, cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Three iterations with the hold-out's choices after every M-step: the second and third E-steps read heads the
@@ -410,6 +411,70 @@ def test_a_checkpoint_of_the_previous_format_resumes_sharded_and_parts_copy_as_o
     assert "parts" not in meta and meta["version"] == 1
     single = parse_checkpoint(name, meta, copy, meta_source="meta", params_source=str(copy))
     same_head(single.model, references["dense"].model)
+
+
+class KeysSeen(distributed.diagnostics.plugin.SchedulerPlugin):
+    """Every key the scheduler was given while it is registered (its first transition)."""
+
+    name = "keys-seen"
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if start == "released" and finish == "waiting":
+            self.keys.append(str(key))
+
+
+@pytest.mark.slow
+def test_more_shards_than_symbols_are_one_a_symbol_said_so_and_the_last_head_is_not_read_again(
+    small_store, client, tmp_path
+):
+    """m_step_shards beyond the store's S = 30 symbols: the M-step runs in 30 shards, one a symbol, and the line
+    that announces them says why; the fit is that of 30 shards. The fit's last checkpoint is not read back by
+    a task a part (no pass comes after it: the driver reads its head from the files); before, those reads were still
+    running as the command's client closed, and the embedded scheduler logged a traceback for each."""
+    settings = dataclasses.replace(SETTINGS, m_step_shards=100_000)
+    said: list[str] = []
+    client.register_plugin(KeysSeen())
+    try:
+        result = fit(small_store, model_dir=tmp_path / "model", client=client, settings=settings, say=said.append)
+        # Through the same stream as the fit's last submissions: the scheduler has been given them all by now.
+        client.submit(int, 0, pure=False).result()
+        keys = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins[KeysSeen.name].keys))
+    finally:
+        client.unregister_scheduler_plugin(KeysSeen.name)
+    assert (
+        "sharded M-step: 30 shards of the symbols on 2 workers (m_step_shards 100000 asks for more shards than the "
+        "30 symbols; each shard holds one at least)"
+    ) in said, said
+    one_a_symbol = fit(small_store, model_dir=tmp_path / "thirty", client=client,
+                       settings=dataclasses.replace(SETTINGS, m_step_shards=30))  # fmt: skip
+    same_head(result.model, one_a_symbol.model)
+    same_history(result, one_a_symbol)
+    last = str(ModelDir(tmp_path / "model").pointed("latest"))
+    reads = [key for key in keys if key.startswith("respattn-load")]
+    assert any("ckpt-000002" in key for key in reads), reads  # the iterations' heads are read from their checkpoints
+    assert [key for key in reads if last in key] == []
+
+
+@pytest.mark.slow
+def test_the_command_says_in_one_line_how_many_shards_it_runs_and_closes_its_cluster_without_a_traceback(
+    small_store, tmp_path
+):
+    """``fit --m-step-shards 100000`` on its own cluster (whose scheduler logs into the command's stderr): the
+    shards it runs and why in one line, in the command line's words, and no traceback as the cluster closes."""
+    done = subprocess.run(
+        [COMMAND, "fit", small_store, "--model-dir", str(tmp_path / "model"), "--m-step-shards", "100000",
+         "--max-iter", "2", "--workers", "1"],
+        capture_output=True, text=True, env=cli_env(), timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (
+        "sharded M-step: 30 shards of the symbols on 1 worker (--m-step-shards 100000 asks for more shards than the "
+        "30 symbols; each shard holds one at least)"
+    ) in done.stderr.splitlines(), done.stderr
+    assert "Traceback" not in done.stderr and "CRITICAL" not in done.stderr, done.stderr
 
 
 @pytest.mark.slow

@@ -789,7 +789,11 @@ OPTIONS = (
     ),
     Option(
         ("--mix",),
-        {"metavar": "NAME=SHARE,...", "help": "a gated head: a mix of attributes instead, e.g. a=0.5,b=0.5"},
+        {
+            "metavar": "NAME=SHARE,...",
+            "help": "a gated head: a mix of attributes to write as instead (sample, predict --stream), e.g. "
+            "a=0.5,b=0.5",
+        },
         ("sample", "predict"),
     ),
 )
