@@ -16,6 +16,7 @@ from dist_respattn import ResponsibilityAttentionEstimator, fit_em, random_distr
 from dist_respattn.model.emission.layouts import (
     DENSE_CELL_LIMIT,
     DenseEmission,
+    DenseEmissionCounts,
     PairSupport,
     SparseEmission,
     SparseEmissionCounts,
@@ -480,3 +481,13 @@ def test_a_sparse_e_step_takes_memory_for_its_pairs_and_its_block_not_its_rows_o
     per_pair = (wide - few) / (large.num_pairs - small.num_pairs)
     assert 8 <= per_pair <= 40, f"{per_pair:.1f} bytes a pair"
     assert wide < 72e6 / 2, f"{wide / 2**20:.1f} MiB traced"
+
+
+def test_a_dense_tables_row_totals_are_its_columns_whatever_columns_are_taken():
+    """A sharded M-step totals each shard's columns of the (T, S) counts: every slice, one column wide or several,
+    gives the bits of the whole table's totals (NumPy's own column sum adds a lone column pairwise)."""
+    counts = np.random.default_rng(3).random((1001, 7)) * 1e3
+    whole = DenseEmissionCounts(counts).row_totals()
+    for a, b in ((0, 1), (3, 4), (0, 2), (2, 7), (0, 7)):
+        assert np.array_equal(DenseEmissionCounts(np.ascontiguousarray(counts[:, a:b])).row_totals(), whole[a:b])
+    assert np.array_equal(whole, np.cumsum(counts, axis=0)[-1])  # row by row, from the first

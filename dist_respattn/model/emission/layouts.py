@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from dist_respattn.model.fixed import FitConstant
-from dist_respattn.model.kernels.emission_rows import add_stored_rows, map_pair_values, pair_row_totals
+from dist_respattn.model.kernels.emission_rows import add_stored_rows, column_totals, map_pair_values, pair_row_totals
 from dist_respattn.model.kernels.pair_keys import merge_supports, tally_keys
 
 __all__ = [
@@ -558,7 +558,7 @@ class DenseEmissionCounts(EmissionCounts):
         self.count_ts += other.count_ts
 
     def row_totals(self) -> np.ndarray:
-        return self.count_ts.sum(axis=0)
+        return column_totals(np.asarray(self.count_ts, dtype=np.float64))
 
     def lookup(self, symbols: np.ndarray, targets: np.ndarray) -> np.ndarray:
         return self.count_ts[np.asarray(targets), np.asarray(symbols)]

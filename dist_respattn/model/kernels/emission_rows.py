@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["add_stored_rows", "map_pair_values", "pair_row_sums", "pair_row_totals"]
+__all__ = ["add_stored_rows", "column_totals", "map_pair_values", "pair_row_sums", "pair_row_totals"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -51,6 +51,18 @@ def pair_row_totals(symbols, counts, num_symbols):  # pragma: no cover - compile
     totals = np.zeros(num_symbols)
     for p in range(symbols.shape[0]):
         totals[symbols[p]] += counts[p]
+    return totals
+
+
+@numba.njit(cache=True, nogil=True)
+def column_totals(count_ts):  # pragma: no cover - compiled
+    """(S,) per column of ``count_ts`` (T, S), its sum added row by row from the first: the same bits whatever the
+    number of columns, so a shard of the columns (a sharded M-step's) totals them as the whole table does. NumPy's
+    ``sum(axis=0)`` adds a lone contiguous column pairwise but several columns row by row."""
+    totals = np.zeros(count_ts.shape[1])
+    for t in range(count_ts.shape[0]):
+        for s in range(count_ts.shape[1]):
+            totals[s] += count_ts[t, s]
     return totals
 
 
