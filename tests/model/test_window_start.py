@@ -74,7 +74,7 @@ def test_the_start_task_on_windows_gives_the_encoded_rows_value_to_the_bit(real_
     if side == "weighted":
         # A selection whose weights are not 0 and 1: the rows' own (a weighted store's) are the same to the kernels.
         class Weighted(RowSelection):
-            def weights(self, block):
+            def weights(self, block, store=None):
                 return np.random.default_rng(block.start).uniform(0.0, 3.0, block.num_rows) * (
                     np.arange(block.num_rows) % 5 != 0
                 )
@@ -152,7 +152,7 @@ def test_start_values_combine_as_their_pairwise_sum(real_store):
     start_map = functools.partial(start_partition, factory, "uniform", 0, True, None)
 
     class Weighted(RowSelection):
-        def weights(self, block):
+        def weights(self, block, store=None):
             return np.random.default_rng(block.start).uniform(0.0, 3.0, block.num_rows)
 
     values = [
@@ -230,7 +230,7 @@ def test_a_start_over_blocks_of_other_masses_gives_the_encoded_value(real_store)
     kinds = {}
 
     class Mixed(RowSelection):
-        def weights(self, block):
+        def weights(self, block, store=None):
             index = kinds.setdefault(block.start, len(kinds))  # blocks in order of first reading: every kind
             rng = np.random.default_rng(block.start)
             kind = index % 6
