@@ -161,7 +161,7 @@ def _own_shape(store: RowStore) -> tuple[int, int, int, int]:
     """(S, N, D, T) as ``store`` was written: a token-stream store is opened with the window it is read with (the
     model's, the fit's), but records its own N, its writer's default."""
     found = _shape(store)
-    if getattr(store, "kind", None) != "stream":
+    if not isinstance(store, TokenStreamStore):
         return found
     return (found[0], int(store.recorded_window), found[2], found[3])
 
