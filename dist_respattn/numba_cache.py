@@ -56,6 +56,7 @@ KERNEL_MODULES = (
     "model/heads/hops/kernels.py",
     "model/heads/mixture/kernels.py",
     "model/heads/repeat/kernels.py",
+    "model/heads/repeat/masses.py",
     "model/heads/single_hop/scoring.py",
     "model/heads/single_hop/top_k.py",
     "model/heads/sparse_top.py",

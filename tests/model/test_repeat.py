@@ -4,6 +4,7 @@ refusals. (The head contract suite runs the kind's promises on full windows: ``t
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -12,10 +13,14 @@ from hypothesis import strategies as st
 
 from dist_respattn.model.heads.base import Block
 from dist_respattn.model.heads.repeat import RepeatHead
+from dist_respattn.model.heads.repeat import head as repeat_head
 from dist_respattn.model.heads.repeat.head import history_buckets
 from dist_respattn.model.heads.repeat.kind import chained_rates, repeat_counts
 from dist_respattn.model.heads.single_hop.sampler import random_distribution
+from dist_respattn.model.heads.stack import StackHead
 from dist_respattn.model.rows import WindowRows
+from tests.model.test_copy import corpus, windows_of
+from tests.model.test_sparse_top import heads_of
 
 S = 12
 D = 2
@@ -196,3 +201,41 @@ def test_top_k_reports_the_wrapped_heads_attention() -> None:
     expected = head.view.window_attention(head.base_rows(rows))
     np.testing.assert_allclose(top.attention, expected, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(top.probabilities[:, 0], head.block_proba(Block(rows, None)).max(axis=1), rtol=1e-12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    n_pos=st.integers(1, 4),
+    vocab=st.sampled_from([3, 7, 20]),
+    history=st.sampled_from([8, 64]),
+    mix=st.sampled_from([0.0, 0.3]),
+    piece=st.sampled_from([5, 4096]),
+    top=st.sampled_from([1, 6]),
+)
+def test_sparse_heads_are_gated_from_their_masses_as_from_their_dense_rows(
+    seed: int, n_pos: int, vocab: int, history: int, mix: float, piece: int, top: int
+) -> None:
+    """A wrapped head with sparse terms (copy, conjunction, single, their stack) is scored from its masses on the
+    histories: the same densities as its (T,) rows give (to rounding), the same arg-maxes exactly, whether its top
+    targets settle them (6) or not (1: each row reads its (T,) row), in pieces that carry the histories (5 rows)."""
+    short, copy, conj, plain = heads_of(seed, n_pos, vocab, seed % 3 == 0, 0.2, 2 + seed % 2)
+    rng = np.random.default_rng(seed)
+    tokens, starts = corpus(rng, 120, vocab, 3)  # heads_of's corpus, read with the history's window
+    rows = windows_of(tokens, starts, history, np.asarray(short.query_table))
+    stack = StackHead(np.array([0.5, 0.3, 0.2]), [conj, copy, plain], "joint")
+    for wrapped in (copy, conj, plain, stack):
+        head = RepeatHead(wrapped, rng.uniform(0.1, 0.9, history_buckets(history)), context_length=history, mix=mix)
+        assert head.view.has_terms
+        dense = np.concatenate([p.densities for p in head.pieces(rows, densities=True, best=True)])
+        dense_best = np.concatenate([p.best for p in head.pieces(rows, best=True)])
+        with mock.patch.object(repeat_head, "TERMS_ROWS", piece), mock.patch.object(repeat_head, "BEST_OF_TOP", top):
+            pieces = list(head.pieces(rows, densities=True, distributions=False, best=True))
+            totals = head.score([Block(rows, None)])
+        assert all(p.proba is None for p in pieces) and len(pieces) == -(-rows.num_rows // piece)
+        got = np.concatenate([p.densities for p in pieces])
+        np.testing.assert_array_equal(got[:, 0], dense[:, 0])
+        np.testing.assert_allclose(got[:, 1], dense[:, 1], rtol=1e-10, atol=1e-12)
+        np.testing.assert_array_equal(np.concatenate([p.best for p in pieces]), dense_best)
+        assert totals.correct == float(np.sum(dense_best == rows.target))
+        assert totals.target_log_prob == pytest.approx(float(dense[:, 1].sum()), rel=1e-10)

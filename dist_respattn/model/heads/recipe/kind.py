@@ -54,8 +54,10 @@ RECIPE_CONJ_DEPTH = 2
 STAGE_DIRECTORIES = {"single": "single", "copy": "copy", "conj": "conj", "stack": "stack"}
 #: The repeat gate's history: longer than most documents, so each row's reaches its document's start.
 RECIPE_HISTORY = 100_000
-#: The recipe adds the repeat gate up to this many targets: its passes make and sum the stack's distribution of each
-#: held-out row, (T,) a row (0.19 ms a row a pass on one core at T = 2,000, 0.40 ms at 5,000; it grows with T).
+#: The recipe adds the repeat gate up to this many targets: under dense emissions its passes make and sum the stack's
+#: distribution of each held-out row, (T,) a row (0.19 ms a row a pass on one core at T = 2,000, 0.40 ms at 5,000; it
+#: grows with T). Under sparse ones they read the stack's masses on the histories instead
+#: (:mod:`~dist_respattn.model.heads.repeat.masses`), which do not grow with T.
 RECIPE_REPEAT_MAX_TARGETS = 20_000
 
 

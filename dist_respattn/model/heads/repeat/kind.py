@@ -223,7 +223,7 @@ def repeat_statistics(head: RepeatHead, blocks: Iterable[Block]) -> RepeatStatis
         if found is None:
             continue
         rows, w = found
-        for piece in head.pieces(rows, densities=True):
+        for piece in head.pieces(rows, densities=True, distributions=False):
             ws, flags, buckets, own = w[piece.start : piece.stop], piece.flags, piece.buckets, piece.densities
             assert own is not None
             active = (flags & ACTIVE) != 0
@@ -275,7 +275,7 @@ class RepeatGrid(Grid):
                 continue
             rows, w = found
             # The gate alone (mix 0): each row's own target log-probability and its side's factor.
-            for piece in self.head.pieces(rows, densities=True, mix=0.0):
+            for piece in self.head.pieces(rows, densities=True, mix=0.0, distributions=False):
                 ws, flags, log_factor, own = w[piece.start : piece.stop], piece.flags, piece.log_factor, piece.densities
                 assert own is not None
                 uniform = ((flags & UNIFORM) != 0)[:, None]
