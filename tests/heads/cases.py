@@ -668,9 +668,12 @@ def codebook_ml(spec: HeadSpec) -> HeadSpec:
     return dataclasses.replace(spec, emission_strength=0.0, code_strength=0.0)
 
 
-def short_single_source(data: KindData, shape: tuple[int, int, int, int], prefix: str) -> tuple[Head, str]:
-    """A dense single head of N = 3 fitted on ``data``'s last columns, and the model directory it is written to (the
-    engine's fit loads a source from there, as ``--codebook-from`` or ``--repeat-from`` names it)."""
+def short_single_source(
+    data: KindData, shape: tuple[int, int, int, int], prefix: str, layout: str = "dense"
+) -> tuple[Head, str]:
+    """A single head of N = 3 (its emission ``layout``) fitted on ``data``'s last columns, and the model directory it
+    is written to (the engine's fit loads a source from there, as ``--codebook-from`` or ``--repeat-from`` names
+    it)."""
     import atexit
     import shutil
     import tempfile
@@ -679,7 +682,7 @@ def short_single_source(data: KindData, shape: tuple[int, int, int, int], prefix
     from dist_respattn.model.fitting.em import fit_em
 
     s, n_pos, d, t = shape
-    single_spec = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout="dense")
+    single_spec = SingleHopSpec(sigma2=0.7, emission_strength=0.5, type_strength=0.5, emission_layout=layout)
     rows = (np.ascontiguousarray(data.context[:, n_pos - 3 :]), data.query, data.target)
     single = fit_em(rows, single_spec, shape=(s, 3, d, t), max_iter=3, tol=0.0).distribution
     root = tempfile.mkdtemp(prefix=prefix)
@@ -749,18 +752,24 @@ def repeat_ml(spec: HeadSpec) -> HeadSpec:
     return dataclasses.replace(spec, prior=0.0)
 
 
-def _repeat() -> tuple[HeadSpec, KindData, TrainerContext]:
+def _repeat(layout: str = "dense") -> tuple[HeadSpec, KindData, TrainerContext]:
     from dist_respattn.model.heads.repeat import RepeatHead, RepeatSpec
     from dist_respattn.model.heads.repeat.head import history_buckets
 
     shape = (12, 8, 2, 12)
     data = copy_data(600, shape, seed=41)
     n_pos = shape[1]
-    single, path = short_single_source(data, shape, "repeat-case-")
+    single, path = short_single_source(data, shape, "repeat-case-", layout)
     # Started from even rates (a fit of its own starts from the rates counted on its rows, where EM ends); a fixed
     # share of the wrapped head (chosen on held-out rows otherwise), so the fit chooses nothing.
     start = RepeatHead(single, np.full(history_buckets(n_pos), 0.5), context_length=n_pos, mix=0.25)
     return RepeatSpec(path, prior=1.0, mix=0.25, base=single), data, TrainerContext(shape, init=start)
 
 
+def _repeat_sparse() -> tuple[HeadSpec, KindData, TrainerContext]:
+    """The gate over a sparse head: its passes read the head's masses on the histories, not its (T,) rows."""
+    return _repeat("sparse")
+
+
 CASES.append(KindCase("repeat", _repeat, repeat_ml, repeat_reference, repeat_tables))
+CASES.append(KindCase("repeat-sparse", _repeat_sparse, repeat_ml, repeat_reference, repeat_tables))
