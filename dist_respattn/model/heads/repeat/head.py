@@ -24,17 +24,8 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from dist_respattn.model.heads.base import Block, Columns, Head, head_from_arrays
-from dist_respattn.model.heads.repeat.kernels import (
-    UNIFORM,
-    best_of_rows,
-    best_of_top,
-    gate_distribution,
-    history_bucket,
-    history_gate,
-    mass_gate,
-)
+from dist_respattn.model.heads.repeat.kernels import UNIFORM, gate_distribution, history_bucket, history_gate, mass_gate
 from dist_respattn.model.heads.repeat.masses import HistoryMasses, TargetColumns, has_masses
-from dist_respattn.model.heads.sparse_top import MARGIN, top_targets
 from dist_respattn.model.heads.windowed import PREDICT_ROWS, TERMS_ROWS, WindowHead, live_rows
 from dist_respattn.model.rows import WindowRows
 from dist_respattn.model.scores import ScoreTotals, TopK
@@ -53,11 +44,6 @@ __all__ = [
 
 #: The prefix of the wrapped head's arrays in a repeat head's checkpoint.
 BASE_PREFIX = "repeat_base_"
-
-#: The wrapped head's top targets an arg-max under the gate reads first (from its sparse terms); a row they do not
-#: settle reads its (T,) distribution. On 3,000 rows of the whole standard library's stack (T = 5,001), 4 left 172
-#: rows unsettled and 6 left 13, at about the same cost a row (the threshold search, not K, is most of it).
-BEST_OF_TOP = 6
 
 
 def history_buckets(context_length: int) -> int:
@@ -101,8 +87,6 @@ class Piece(NamedTuple):
         flags, buckets: (m,) int64 (:mod:`~dist_respattn.model.heads.repeat.kernels`'s flags, the history buckets);
             ``log_factor``: (m,) float64, the gate's factor of each row's target (its probability where uniform).
         densities: (m, 2) ``(log p(q | c), log p'(t | c, q))``, or ``None`` when not asked for.
-        best: (m,) int64 each row's arg-max under the gate (first on ties), for pieces read without distributions
-            with ``best`` asked for; else ``None``.
     """
 
     start: int
@@ -113,7 +97,6 @@ class Piece(NamedTuple):
     buckets: np.ndarray
     log_factor: np.ndarray
     densities: np.ndarray | None
-    best: np.ndarray | None = None
 
 
 class GatedRows:
@@ -128,10 +111,6 @@ class GatedRows:
         self.arrays = rows.kernel_arrays()
         self.counts = np.zeros(head.num_symbols, dtype=np.int64)
         self.state = np.zeros(3, dtype=np.int64)
-        self.sides = np.zeros((0, 4))  # the last piece's side values (:meth:`gate_masses`)
-        # The histories again, for the arg-max passes (:meth:`best`): slid apart from the gate's.
-        self.best_counts = np.zeros(head.num_symbols, dtype=np.int64)
-        self.best_state = np.zeros(3, dtype=np.int64)
 
     def gate(
         self, start: int, stop: int, proba: np.ndarray | None, mix: float | None = None
@@ -162,36 +141,12 @@ class GatedRows:
         flags = np.zeros(m, dtype=np.int64)
         buckets = np.zeros(m, dtype=np.int64)
         log_factor = np.zeros(m)
-        self.sides = np.zeros((m, 4))
         mass_gate(
             a.tokens, a.begin[start:stop], a.end[start:stop], a.target[start:stop], self.head.rates,
             self.head.mix if mix is None else float(mix), self.head.num_targets, seen, total,
-            self.counts, self.state, flags, buckets, log_factor, self.sides,
+            self.counts, self.state, flags, buckets, log_factor,
         )  # fmt: skip
         return flags, buckets, log_factor
-
-    def best(
-        self, start: int, stop: int, flags: np.ndarray, top: tuple[np.ndarray, np.ndarray], inner: WindowRows
-    ) -> np.ndarray:
-        """(m,) int64 the arg-max under the gate (first on ties) of rows ``start:stop``, gated by :meth:`gate_masses`
-        just before: from the wrapped head's ``top`` ``(targets (m, K), probabilities (m, K))`` where they settle it,
-        else from the row's (T,) distribution (``inner``: the piece's rows as the wrapped head reads them)."""
-        a = self.arrays
-        begin, end = a.begin[start:stop], a.end[start:stop]
-        m = stop - start
-        best = np.zeros(m, dtype=np.int64)
-        certain = np.zeros(m, dtype=np.bool_)
-        counts, state = self.best_counts.copy(), self.best_state.copy()
-        targets, probs = top
-        best_of_top(a.tokens, begin, end, self.best_counts, self.best_state, flags, self.sides,
-                    np.ascontiguousarray(targets, dtype=np.int64), np.ascontiguousarray(probs, dtype=np.float64),
-                    MARGIN, best, certain)  # fmt: skip
-        unsettled = np.flatnonzero(~certain)
-        if unsettled.size:
-            proba, _ = base_predictions(self.head.view, inner.select(unsettled))
-            best_of_rows(a.tokens, begin, end, counts, state, self.sides, unsettled.astype(np.int64),
-                         np.ascontiguousarray(proba, dtype=np.float64), best)  # fmt: skip
-        return best
 
 
 class RepeatHead(WindowHead):
@@ -336,23 +291,21 @@ class RepeatHead(WindowHead):
         densities: bool = False,
         mix: float | None = None,
         distributions: bool = True,
-        best: bool = False,
     ) -> Iterator[Piece]:
         """The rows :data:`PREDICT_ROWS` at a time, in row order (:class:`Piece`): the wrapped head's distributions
         gated (keeping ``mix`` of them; default: the head's), its attention, and with ``densities`` each row's
         ``(log p(q | c), log p'(t | c, q))``.
 
-        Without ``distributions`` only the densities (and with ``best`` the arg-max) are wanted: a wrapped head whose
-        predictions have sparse terms (:func:`~dist_respattn.model.heads.repeat.masses.has_masses`) then gives its
-        masses on the histories and its top :data:`BEST_OF_TOP` instead of (m, T) rows, :data:`TERMS_ROWS` at a
-        time, and the pieces carry no distribution or attention.
+        Without ``distributions`` only the densities are wanted: a wrapped head whose predictions have sparse terms
+        (:func:`~dist_respattn.model.heads.repeat.masses.has_masses`) then gives its masses on the histories instead
+        of (m, T) rows, :data:`TERMS_ROWS` at a time, and the pieces carry no distribution or attention.
         """
         self.check_rows(rows)
         gated = GatedRows(self, rows)
         inner = self.base_rows(rows)
         view = self.view
         if not distributions and has_masses(view):
-            yield from self._mass_pieces(rows, gated, inner, mix, best)
+            yield from self._mass_pieces(rows, gated, inner, mix)
             return
         for start in range(0, rows.num_rows, PREDICT_ROWS):
             stop = min(start + PREDICT_ROWS, rows.num_rows)
@@ -365,14 +318,9 @@ class RepeatHead(WindowHead):
                 own = np.array(view.row_densities(sub), dtype=np.float64)  # type: ignore[attr-defined]
                 uniform = (flags & UNIFORM) != 0
                 own[:, 1] = np.where(uniform, log_factor, own[:, 1] + log_factor)
-            top = None
-            if best:
-                top = np.argmax(proba, axis=1).astype(np.int64)
-            yield Piece(start, stop, proba, attention, flags, buckets, log_factor, own, top)
+            yield Piece(start, stop, proba, attention, flags, buckets, log_factor, own)
 
-    def _mass_pieces(
-        self, rows: WindowRows, gated: GatedRows, inner: WindowRows, mix: float | None, best: bool
-    ) -> Iterator[Piece]:
+    def _mass_pieces(self, rows: WindowRows, gated: GatedRows, inner: WindowRows, mix: float | None) -> Iterator[Piece]:
         """:meth:`pieces` with densities and no distributions, from the wrapped head's masses on the histories."""
         a = gated.arrays
         masses = HistoryMasses(self.view, a.tokens, self.mass_columns)
@@ -384,11 +332,7 @@ class RepeatHead(WindowHead):
             own = piece.own
             uniform = (flags & UNIFORM) != 0
             own[:, 1] = np.where(uniform, log_factor, own[:, 1] + log_factor)
-            top = None
-            if best:
-                k = min(BEST_OF_TOP, self.num_targets)
-                top = gated.best(start, stop, flags, top_targets(piece.terms, piece.weights, k), sub)
-            yield Piece(start, stop, None, None, flags, buckets, log_factor, own, top)
+            yield Piece(start, stop, None, None, flags, buckets, log_factor, own)
 
     def row_densities(self, rows: WindowRows) -> np.ndarray:
         """(n, 2) each row's ``(log p(q | c), log p'(t | c, q))``: the wrapped head's query density, gated target."""
@@ -424,14 +368,16 @@ class RepeatHead(WindowHead):
                 continue
             rows, w = found
             joint = target = correct = 0.0
-            for piece in self.pieces(rows, densities=True, distributions=False, best=accuracy):
+            # The arg-max needs each row's (T,) distribution; the densities alone, the masses on the histories.
+            for piece in self.pieces(rows, densities=True, distributions=accuracy):
                 own, ws = piece.densities, w[piece.start : piece.stop]
                 assert own is not None
                 joint += float(ws @ (own[:, 0] + own[:, 1]))
                 target += float(ws @ own[:, 1])
                 if accuracy:
-                    assert piece.best is not None
-                    correct += float(ws[piece.best == np.asarray(rows.target[piece.start : piece.stop])].sum())
+                    assert piece.proba is not None
+                    best = np.argmax(piece.proba, axis=1)
+                    correct += float(ws[best == np.asarray(rows.target[piece.start : piece.stop])].sum())
             totals = totals + ScoreTotals(float(w.sum()), joint, target, correct)
         return totals
 

@@ -17,8 +17,6 @@ __all__ = [
     "ACTIVE",
     "REPEATS",
     "UNIFORM",
-    "best_of_rows",
-    "best_of_top",
     "gate_distribution",
     "history_bucket",
     "history_gate",
@@ -159,13 +157,12 @@ def history_gate(  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def mass_gate(  # pragma: no cover - compiled
-    tokens, begin, end, target, rates, mix, num_targets, seen, total, counts, state, flags, buckets, log_factor, sides
+    tokens, begin, end, target, rates, mix, num_targets, seen, total, counts, state, flags, buckets, log_factor
 ):
     """:func:`history_gate`'s flags, buckets and ``log_factor`` of every row from the wrapped distribution's masses
     instead of its (T,) rows: ``seen`` (n,) its mass on the row's history, ``total`` (n,) its whole mass (the rest's
     is their difference, as :func:`gate_distribution` would sum it up to rounding). The other arguments are
-    :func:`history_gate`'s; ``num_targets``: T. ``sides`` (n, 4) out: :func:`gate_distribution`'s four values of
-    each row the gate acts on (each side's factor, or its targets' probability where flagged uniform)."""
+    :func:`history_gate`'s; ``num_targets``: T."""
     n = begin.shape[0]
     k = rates.shape[0]
     for row in range(n):
@@ -186,80 +183,3 @@ def mass_gate(  # pragma: no cover - compiled
         if seen_uniform if repeats else new_uniform:
             flags[row] |= UNIFORM
         log_factor[row] = np.log(seen_value if repeats else new_value)
-        sides[row, 0] = seen_value
-        sides[row, 1] = new_value
-        sides[row, 2] = 1.0 if seen_uniform else 0.0
-        sides[row, 3] = 1.0 if new_uniform else 0.0
-
-
-@numba.njit(cache=True, nogil=True)
-def best_of_top(  # pragma: no cover - compiled
-    tokens, begin, end, counts, state, flags, sides, top_targets, top_probs, margin, best, certain
-):
-    """Each row's arg-max under the gate from the wrapped distribution's top K, where they settle it.
-
-    Args:
-        tokens, begin, end, counts, state: the histories, slid as in :func:`history_gate` (a state of their own).
-        flags: (n,) :func:`mass_gate`'s flags; ``sides``: (n, 4) its side values.
-        top_targets: (n, K) int64 each row's K most probable targets under the wrapped head (lower id first on
-            ties) and ``top_probs`` (n, K) their probabilities; ``margin``: the relative rounding allowed.
-        best: (n,) int64 out, each settled row's arg-max (first on ties); ``certain``: (n,) bool out, whether the
-            top K settle it: the gate does not act (the arg-max is the top one), or the best of the K gated beats,
-            by ``margin``, what any other target's can reach, ``max(factors) p_K``.
-    """
-    n = begin.shape[0]
-    k = top_targets.shape[1]
-    num_targets = counts.shape[0]
-    for row in range(n):
-        _slide(tokens, counts, state, begin[row], end[row])
-        certain[row] = False
-        if (flags[row] & ACTIVE) == 0:
-            best[row] = top_targets[row, 0]
-            certain[row] = True
-            continue
-        if sides[row, 2] > 0.0 or sides[row, 3] > 0.0:
-            continue  # a side spread evenly: its best is its lowest id, which the top K need not hold
-        seen_factor = sides[row, 0]
-        new_factor = sides[row, 1]
-        best_value = -1.0
-        best_target = -1
-        for j in range(k):
-            t = top_targets[row, j]
-            v = top_probs[row, j] * (seen_factor if counts[t] > 0 else new_factor)
-            if v > best_value or (v == best_value and t < best_target):
-                best_value = v
-                best_target = t
-        best[row] = best_target
-        if k >= num_targets:
-            certain[row] = True
-        else:
-            reach = max(seen_factor, new_factor) * top_probs[row, k - 1]
-            certain[row] = best_value > reach * (1.0 + margin)
-
-
-@numba.njit(cache=True, nogil=True)
-def best_of_rows(tokens, begin, end, counts, state, sides, rows, proba, best):  # pragma: no cover - compiled
-    """The arg-max under the gate (first on ties) of the rows ``rows`` (f,) increasing, from their wrapped
-    distributions ``proba`` (f, T): the other rows only slide the history. ``sides`` and ``best`` as in
-    :func:`best_of_top`."""
-    n = begin.shape[0]
-    f = rows.shape[0]
-    j = 0
-    for row in range(n):
-        _slide(tokens, counts, state, begin[row], end[row])
-        if j >= f or rows[j] != row:
-            continue
-        seen_factor, new_factor = sides[row, 0], sides[row, 1]
-        seen_uniform, new_uniform = sides[row, 2] > 0.0, sides[row, 3] > 0.0
-        best_value = -1.0
-        best_target = -1
-        for s in range(proba.shape[1]):
-            if counts[s] > 0:
-                v = seen_factor if seen_uniform else proba[j, s] * seen_factor
-            else:
-                v = new_factor if new_uniform else proba[j, s] * new_factor
-            if v > best_value:
-                best_value = v
-                best_target = s
-        best[row] = best_target
-        j += 1

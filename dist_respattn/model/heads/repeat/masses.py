@@ -71,16 +71,11 @@ class PieceMasses(NamedTuple):
     Attributes:
         own: (m, 2) each row's ``(log p(q | c), log p(t | c, q))``; ``seen``: (m,) the mass on the row's history;
             ``total``: (m,) the whole mass (1 up to rounding).
-        terms: each part's :class:`~dist_respattn.model.heads.sparse_top.SparseTerms` and ``weights`` (m, K) the
-            parts' weights: :func:`~dist_respattn.model.heads.sparse_top.top_targets` of them is the wrapped head's
-            top K, exactly its dense path's.
     """
 
     own: np.ndarray
     seen: np.ndarray
     total: np.ndarray
-    terms: list[SparseTerms]
-    weights: np.ndarray
 
 
 class _PartState:
@@ -125,17 +120,15 @@ class HistoryMasses:
         parts, weights, own = _parts(self.view, rows)
         m = rows.num_rows
         seen, total = np.zeros(m), np.zeros(m)
-        terms_of_parts = []
         for k, (part, sub) in enumerate(parts):
             terms = part.window_terms(sub, part.window_attention(sub))
             assert terms is not None  # has_masses
-            terms_of_parts.append(terms)
             state = self._state(k, terms.table)
             part_seen, part_total = np.empty(m), np.empty(m)
             _masses_of(self.tokens, begin, end, state, terms, part_seen, part_total)
             seen += weights[:, k] * part_seen
             total += weights[:, k] * part_total
-        return PieceMasses(own, seen, total, terms_of_parts, weights)
+        return PieceMasses(own, seen, total)
 
 
 def _parts(
