@@ -11,7 +11,8 @@ gate is mixed with ``p`` itself, ``m`` of it (``m = 1``: the wrapped head; chose
 ``b`` is the history's length bucket (``floor(log2 |window|)``: a file's tenth token repeats less often than its
 thousandth), ``p(H)`` the wrapped distribution's mass on ``H``'s distinct tokens. The wrapped head reads the last
 ``N_w`` tokens of the window, as a stack's components do; its query density is the gated head's. A proper
-distribution for any head, whatever its window: a cache over the whole document at the cost of one (T,) sum a row.
+distribution for any head, whatever its window: a cache over the whole document at the cost of one (T,) sum a row
+(the fit's passes, under a sparse emission: of the row's own terms, :mod:`~dist_respattn.model.heads.repeat.masses`).
 """
 
 from __future__ import annotations
