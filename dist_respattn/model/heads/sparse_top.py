@@ -31,7 +31,17 @@ from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.heads.single_hop.scoring import insert_ranked
 from dist_respattn.model.kernels.per_position import find_pair
 
-__all__ = ["MARGIN", "CellRows", "SparseTerms", "densify", "group_symbols", "rows_in_order", "top_targets"]
+__all__ = [
+    "MARGIN",
+    "CellRows",
+    "SparseTerms",
+    "cell_tables",
+    "densify",
+    "group_symbols",
+    "list_indptr_of",
+    "rows_in_order",
+    "top_targets",
+]
 
 #: How far past the threshold the K-th best must be: the rounding of a probability (at most 1) summed in another
 #: order is below 1e-13.
@@ -200,8 +210,8 @@ def densify(terms: SparseTerms) -> np.ndarray:
     s_indptr, s_targets, excess = table.symbol_rows
     _densify(terms.symbols, terms.weights, terms.indptr, terms.targets, terms.addends, s_indptr, s_targets, excess,
              out)  # fmt: skip
-    cells = _cell_tables(terms)
-    _densify_lists(_list_indptr(terms), terms.list_table, terms.list_row, terms.list_scale,
+    cells = cell_tables(terms)
+    _densify_lists(list_indptr_of(terms), terms.list_table, terms.list_row, terms.list_scale,
                    _typed([c.indptr for c in cells]), _typed([c.targets for c in cells]),
                    _typed([c.values for c in cells]), out)  # fmt: skip
     return out
@@ -214,15 +224,17 @@ def _typed(values: list[np.ndarray]) -> List:
     return out
 
 
-def _cell_tables(terms: SparseTerms) -> tuple[CellRows, CellRows]:
-    """Exactly two cell tables (empty ones in place of the missing)."""
+def cell_tables(terms: SparseTerms) -> tuple[CellRows, CellRows]:
+    """Exactly two cell tables of the terms' lists (empty ones in place of the missing): the compiled passes take
+    both."""
     cells = tuple(terms.cells) + (_NO_CELLS,) * (2 - len(terms.cells))
     if len(cells) != 2:
         raise ValueError(f"{len(terms.cells)} cell tables: at most 2")
     return cells[0], cells[1]
 
 
-def _list_indptr(terms: SparseTerms) -> np.ndarray:
+def list_indptr_of(terms: SparseTerms) -> np.ndarray:
+    """(n + 1,) int64 the rows' list pointers (zeros: terms without lists)."""
     n = terms.scale.shape[0]
     return np.zeros(n + 1, dtype=np.int64) if terms.list_indptr is None else terms.list_indptr
 
@@ -407,7 +419,7 @@ def top_targets(
 
     typed = _typed
     ranked = [t.ranked_rows for t in tables]
-    cells = [c for p in parts for c in _cell_tables(p)]
+    cells = [c for p in parts for c in cell_tables(p)]
     _top_targets(
         mix,
         typed([np.ascontiguousarray(p.scale, dtype=np.float64) for p in parts]),
@@ -425,7 +437,7 @@ def top_targets(
         typed([r[1] for r in ranked]),
         typed([r[2] for r in ranked]),
         typed([t.base_order for t in tables]),
-        typed([_list_indptr(p) for p in parts]),
+        typed([list_indptr_of(p) for p in parts]),
         typed([np.ascontiguousarray(p.list_table, dtype=np.int64) for p in parts]),
         typed([np.ascontiguousarray(p.list_row, dtype=np.int64) for p in parts]),
         typed([np.ascontiguousarray(p.list_scale, dtype=np.float64) for p in parts]),

@@ -24,7 +24,7 @@ import numba
 import numpy as np
 
 from dist_respattn.model.emission.layouts import SparseEmission
-from dist_respattn.model.heads.sparse_top import SparseTerms, _cell_tables, _list_indptr
+from dist_respattn.model.heads.sparse_top import SparseTerms, cell_tables, list_indptr_of
 from dist_respattn.model.heads.stack.head import StackHead, mix_rows
 from dist_respattn.model.heads.windowed import WindowHead
 from dist_respattn.model.rows import WindowRows
@@ -152,13 +152,13 @@ def _masses_of(
     seen: np.ndarray, total: np.ndarray,
 ) -> None:  # fmt: skip
     c = state.columns
-    first, second = _cell_tables(terms)
+    first, second = cell_tables(terms)
     history_masses(
         tokens, np.asarray(begin, dtype=np.int64), np.asarray(end, dtype=np.int64),
         c.indptr, c.symbols, c.excess, c.symbol_totals, c.base, c.base_total,
         state.counts, state.state, state.held, state.held_base,
         terms.scale, terms.symbols, terms.weights, terms.indptr, terms.targets, terms.addends,
-        _list_indptr(terms), terms.list_table, terms.list_row, terms.list_scale,
+        list_indptr_of(terms), terms.list_table, terms.list_row, terms.list_scale,
         first.indptr, first.targets, first.values, second.indptr, second.targets, second.values,
         seen, total,
     )  # fmt: skip
