@@ -31,7 +31,7 @@ from dist_respattn.model import sequence_windows
 from dist_respattn.store import TripleStore, write_text, write_tokens
 from dist_respattn.store.rows import RowStore, open_store
 from dist_respattn.store.streams.reader import TokenStreamStore
-from tests.test_cli import COMMAND, run
+from tests.test_cli import COMMAND, run, run_here
 
 SUBCOMMANDS = ("synth", "ingest", "split", "info", "validate", "repair", "demo", "fit", "evaluate")
 # S, N, D, T of the synthetic stores: all different, so a field mixed up with another shows.
@@ -537,6 +537,33 @@ def test_ingest_text_directory(tmp_path):
     ]
     expected = {name: np.concatenate([p[i] for p in pieces]) for i, name in enumerate(ROW_NAMES)}
     assert_rows_equal(read_all(store), expected)
+
+
+@pytest.mark.slow
+def test_ingest_text_counts_an_empty_file_as_no_document_in_either_format(tmp_path, capsys):
+    """An empty or blank file is one of the ``files`` found but none of the ``documents``, with ``--format triples``
+    as with ``--format stream``; a corpus too short for a row says the same count of documents in either (the
+    refusals run in this process)."""
+    corpus, short = tmp_path / "corpus", tmp_path / "short"
+    corpus.mkdir()
+    short.mkdir()
+    (corpus / "a.txt").write_text("the cat sat on the mat\n")
+    (corpus / "b.txt").write_text("a dog ran to the log\n")
+    (corpus / "empty.txt").write_text("")
+    (corpus / "blank.txt").write_text("\n\n")
+    (short / "a.txt").write_text("two words\n")
+    (short / "empty.txt").write_text("")
+    results = run_many(
+        *[("ingest", str(tmp_path / f"{kind}.zarr"), "--text", str(corpus), "--context", "2", "--format", kind,
+           "--json") for kind in ("stream", "triples")],
+    )  # fmt: skip
+    for result in results:
+        provenance = parse_json(result)["provenance"]
+        assert (provenance["files"], provenance["documents"], provenance["tokens_count"]) == (4, 2, 12), provenance
+    for kind in ("stream", "triples"):
+        refused = run_here(capsys, "ingest", str(tmp_path / f"short-{kind}.zarr"), "--text", str(short), "--context",
+                           "3", "--format", kind)  # fmt: skip
+        assert_error(refused, "ingest", "2 tokens in 1 document give no rows with a window of N = 3")
 
 
 @pytest.mark.slow
