@@ -31,6 +31,7 @@ from dist_respattn.model import sequence_windows
 from dist_respattn.store import TripleStore, write_text, write_tokens
 from dist_respattn.store.rows import RowStore, open_store
 from dist_respattn.store.streams.reader import TokenStreamStore
+from tests.store.helpers import write_small
 from tests.test_cli import COMMAND, run, run_here
 
 SUBCOMMANDS = ("synth", "ingest", "split", "info", "validate", "repair", "demo", "fit", "evaluate")
@@ -958,6 +959,28 @@ def test_repair_rolls_back_an_interrupted_append(synth_store, tmp_path):
     assert parse_json(valid)["ok"] is True
     assert again.returncode == 0, again.stderr  # a complete store is left as it is
     assert str(out) in again.stdout and "3,000 rows" in again.stdout
+
+
+@pytest.mark.slow
+def test_repair_refuses_a_store_whose_array_has_the_wrong_dtype(tmp_path):
+    """A complete store whose ``target`` array was rewritten as int64 is not called complete: ``repair`` names the
+    array, its dtype and the one expected, says it cannot mend it, exits 2 and leaves the array as it was."""
+    out = tmp_path / "s.zarr"
+    write_small(out)
+    group = zarr.open_group(str(out), mode="r+")
+    target = group["target"]
+    values = target[:]
+    wrong = group.create_array(
+        "target", shape=target.shape, dtype="int64", chunks=target.chunks, shards=target.shards, overwrite=True
+    )
+    wrong[:] = values
+    refused = run("repair", str(out))
+    assert_error(
+        refused, "repair", str(out), "array 'target': dtype int64: expected int32", "cannot mend this", "--overwrite"
+    )
+    kept = zarr.open_array(str(out / "target"), mode="r")
+    assert kept.dtype == np.int64
+    np.testing.assert_array_equal(kept[:], values)
 
 
 # -- behaviour that loses or mixes data (bugs; see the reasons) ------------------------------------
