@@ -126,6 +126,21 @@ def test_resume_says_when_there_is_nothing_to_resume(tmp_path, store):
     assert_no_cluster(foreign)
 
 
+def test_evaluate_refuses_a_gated_heads_options_for_another_kind_before_a_cluster_starts(store, model_dir):
+    """``--classify-attributes`` and ``--fold-in-iterations`` are read only by a gated head's report: given for a
+    single-hop head's model, they are refused naming the option, its kind and the model's, not silently ignored."""
+    classify, fold_in = run_many(
+        ("evaluate", str(model_dir), str(store), "--classify-attributes", "--workers", "1"),
+        ("evaluate", str(model_dir), str(store), "--fold-in", "--fold-in-iterations", "3", "--workers", "1"),
+    )
+    assert_error(
+        classify, "evaluate", "--classify-attributes: an option of gated heads", f"{model_dir} holds a single-hop head"
+    )
+    assert_error(fold_in, "evaluate", "--fold-in: an option of gated heads", f"{model_dir} holds a single-hop head")
+    for result in (classify, fold_in):
+        assert_no_cluster(result)
+
+
 def test_messages_name_flags_not_python_arguments(tmp_path, store, model_dir):
     held = copy_of(model_dir, tmp_path)
     again, existing = run_many(
