@@ -126,6 +126,21 @@ def test_resume_says_when_there_is_nothing_to_resume(tmp_path, store):
     assert_no_cluster(foreign)
 
 
+def test_evaluate_refuses_a_gated_heads_options_for_another_kind_before_a_cluster_starts(store, model_dir):
+    """``--classify-attributes`` and ``--fold-in-iterations`` are read only by a gated head's report: given for a
+    single-hop head's model, they are refused naming the option, its kind and the model's, not silently ignored."""
+    classify, fold_in = run_many(
+        ("evaluate", str(model_dir), str(store), "--classify-attributes", "--workers", "1"),
+        ("evaluate", str(model_dir), str(store), "--fold-in", "--fold-in-iterations", "3", "--workers", "1"),
+    )
+    assert_error(
+        classify, "evaluate", "--classify-attributes: an option of gated heads", f"{model_dir} holds a single-hop head"
+    )
+    assert_error(fold_in, "evaluate", "--fold-in: an option of gated heads", f"{model_dir} holds a single-hop head")
+    for result in (classify, fold_in):
+        assert_no_cluster(result)
+
+
 def test_messages_name_flags_not_python_arguments(tmp_path, store, model_dir):
     held = copy_of(model_dir, tmp_path)
     again, existing = run_many(
@@ -294,6 +309,40 @@ def test_a_string_array_is_named_by_its_file(tmp_path):
     assert_error(as_arrays, "ingest", arrays[0], "the context array holds <U1 values (strings)", "--text")
     assert_error(as_tokens, "ingest", str(tmp_path / "words.npy"), "the tokens array holds <U3 values (strings)")
     assert not (tmp_path / "a.zarr").exists() and not (tmp_path / "t.zarr").exists()
+
+
+def test_an_id_past_the_vocabulary_names_its_file_position_range_and_flag(tmp_path):
+    """A token id of S or more under ``--symbols S`` (stream or triples) and a target of T or more under ``--targets
+    T`` (``--arrays``) are refused naming the file, the position, the value, the range and the flag that sets it; a
+    negative id with no ``--symbols`` says S is the largest id + 1. Nothing is written."""
+    np.save(tmp_path / "tokens.npy", np.array([0, 1, 2, 3, 9, 1, 2]))
+    np.save(tmp_path / "negative.npy", np.array([0, 1, -2, 3]))
+    np.save(tmp_path / "context.npy", np.array([[0, 1], [1, 2]]))
+    np.save(tmp_path / "query.npy", np.zeros((2, 3), dtype=np.float32))
+    np.save(tmp_path / "target.npy", np.array([1, 2]))
+    tokens, negative = str(tmp_path / "tokens.npy"), str(tmp_path / "negative.npy")
+    arrays = [str(tmp_path / f"{name}.npy") for name in ("context", "query", "target")]
+    stream, triples, inferred, targets = run_many(
+        ("ingest", str(tmp_path / "s.zarr"), "--tokens", tokens, "--symbols", "5", "--context", "2"),
+        ("ingest", str(tmp_path / "t.zarr"), "--tokens", tokens, "--symbols", "5", "--context", "2", "--format",
+         "triples"),
+        ("ingest", str(tmp_path / "n.zarr"), "--tokens", negative, "--context", "2"),
+        ("ingest", str(tmp_path / "a.zarr"), "--arrays", *arrays, "--targets", "2"),
+    )  # fmt: skip
+    for result in (stream, triples):
+        assert_error(
+            result, "ingest", f"{tokens}[4] = 9: expected a token id in [0, 5)", "S = 5 from --symbols",
+            "give a larger --symbols S",
+        )  # fmt: skip
+    assert_error(
+        inferred, "ingest", f"{negative}[2] = -2: expected a token id in [0, 4)",
+        "S = 4, the largest id + 1, as --symbols was not given",
+    )  # fmt: skip
+    assert_error(
+        targets, "ingest", f"{arrays[2]}: target[1] = 2: expected a target id in [0, 2)", "T = 2 from --targets",
+        "give a larger --targets T",
+    )  # fmt: skip
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".npy"] * 5
 
 
 def test_a_corpus_too_short_for_one_window_writes_no_store(tmp_path):

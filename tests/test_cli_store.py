@@ -31,7 +31,8 @@ from dist_respattn.model import sequence_windows
 from dist_respattn.store import TripleStore, write_text, write_tokens
 from dist_respattn.store.rows import RowStore, open_store
 from dist_respattn.store.streams.reader import TokenStreamStore
-from tests.test_cli import COMMAND, run
+from tests.store.helpers import write_small
+from tests.test_cli import COMMAND, run, run_here
 
 SUBCOMMANDS = ("synth", "ingest", "split", "info", "validate", "repair", "demo", "fit", "evaluate")
 # S, N, D, T of the synthetic stores: all different, so a field mixed up with another shows.
@@ -540,6 +541,33 @@ def test_ingest_text_directory(tmp_path):
 
 
 @pytest.mark.slow
+def test_ingest_text_counts_an_empty_file_as_no_document_in_either_format(tmp_path, capsys):
+    """An empty or blank file is one of the ``files`` found but none of the ``documents``, with ``--format triples``
+    as with ``--format stream``; a corpus too short for a row says the same count of documents in either (the
+    refusals run in this process)."""
+    corpus, short = tmp_path / "corpus", tmp_path / "short"
+    corpus.mkdir()
+    short.mkdir()
+    (corpus / "a.txt").write_text("the cat sat on the mat\n")
+    (corpus / "b.txt").write_text("a dog ran to the log\n")
+    (corpus / "empty.txt").write_text("")
+    (corpus / "blank.txt").write_text("\n\n")
+    (short / "a.txt").write_text("two words\n")
+    (short / "empty.txt").write_text("")
+    results = run_many(
+        *[("ingest", str(tmp_path / f"{kind}.zarr"), "--text", str(corpus), "--context", "2", "--format", kind,
+           "--json") for kind in ("stream", "triples")],
+    )  # fmt: skip
+    for result in results:
+        provenance = parse_json(result)["provenance"]
+        assert (provenance["files"], provenance["documents"], provenance["tokens_count"]) == (4, 2, 12), provenance
+    for kind in ("stream", "triples"):
+        refused = run_here(capsys, "ingest", str(tmp_path / f"short-{kind}.zarr"), "--text", str(short), "--context",
+                           "3", "--format", kind)  # fmt: skip
+        assert_error(refused, "ingest", "2 tokens in 1 document give no rows with a window of N = 3")
+
+
+@pytest.mark.slow
 def test_ingest_text_without_a_path_reads_the_standard_library(tmp_path):
     out = tmp_path / "stdlib.zarr"
     report = run_json("ingest", str(out), "--text", "--vocab-size", "50", "--context", "2")
@@ -931,6 +959,28 @@ def test_repair_rolls_back_an_interrupted_append(synth_store, tmp_path):
     assert parse_json(valid)["ok"] is True
     assert again.returncode == 0, again.stderr  # a complete store is left as it is
     assert str(out) in again.stdout and "3,000 rows" in again.stdout
+
+
+@pytest.mark.slow
+def test_repair_refuses_a_store_whose_array_has_the_wrong_dtype(tmp_path):
+    """A complete store whose ``target`` array was rewritten as int64 is not called complete: ``repair`` names the
+    array, its dtype and the one expected, says it cannot mend it, exits 2 and leaves the array as it was."""
+    out = tmp_path / "s.zarr"
+    write_small(out)
+    group = zarr.open_group(str(out), mode="r+")
+    target = group["target"]
+    values = target[:]
+    wrong = group.create_array(
+        "target", shape=target.shape, dtype="int64", chunks=target.chunks, shards=target.shards, overwrite=True
+    )
+    wrong[:] = values
+    refused = run("repair", str(out))
+    assert_error(
+        refused, "repair", str(out), "array 'target': dtype int64: expected int32", "cannot mend this", "--overwrite"
+    )
+    kept = zarr.open_array(str(out / "target"), mode="r")
+    assert kept.dtype == np.int64
+    np.testing.assert_array_equal(kept[:], values)
 
 
 # -- behaviour that loses or mixes data (bugs; see the reasons) ------------------------------------

@@ -23,6 +23,7 @@ from dist_respattn.cli.head_options import (
     given_head_options,
     head_options,
     kind_picked,
+    refuse_other_kinds_options,
     spec_from_args,
 )
 from dist_respattn.cli.stream_predict import print_stream_summary, run_stream
@@ -718,8 +719,16 @@ def _run_evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.engine import evaluate
 
     ranking = ranking_settings(args)
+    model: Any = args.model
+    if given_head_options(args, "evaluate"):
+        # Only the kind that added an option reads it (a gated head's --classify-attributes): another kind's report
+        # ignored it, and said nothing. Checked on the loaded head, before a cluster starts, and handed on loaded.
+        from dist_respattn.artifacts import load_checkpoint
+
+        model = load_checkpoint(args.model, storage_options=parse_storage_options(args.storage_option))
+        refuse_other_kinds_options(args, "evaluate", model.model, args.model)
     evaluation = evaluate(
-        args.model,
+        model,
         args.store,
         baseline_k=args.baseline_k,
         baseline_order=args.baseline_order,

@@ -273,7 +273,9 @@ def register(sub: Any) -> None:
             "Roll an interrupted append (of a triple or a token-stream store) back to the store's committed rows "
             "(a complete store is left alone), and delete the staging copies STORE.partial-* that killed writers "
             "(--overwrite, new token-stream stores) left. "
-            "Refused while a live writer holds the store's lock (STORE.lock); a dead writer's lock is broken."
+            "Refused while a live writer holds the store's lock (STORE.lock); a dead writer's lock is broken. "
+            "A store that is damaged otherwise (an array of the wrong dtype or chunking, a missing one) is beyond "
+            "repair: it is named with what is wrong, left as it is, and the exit status is 2."
         ),
     )
     repair.add_argument("store", metavar="STORE", help="store path or fsspec URL")

@@ -25,7 +25,7 @@ from typing import Any, cast
 import distributed
 import numpy as np
 
-from dist_respattn.artifacts import load_checkpoint
+from dist_respattn.artifacts import Checkpoint, load_checkpoint
 from dist_respattn.baselines.kneser_ney import MAX_ORDER, MIN_ORDER
 from dist_respattn.baselines.ngram import DEFAULT_K, MODEL_LABELS, Baselines, fit_baselines
 from dist_respattn.baselines.ranking import RANKING_BASELINES, ItemKNN, RankingBaselines, cooccurrence_of_blocks
@@ -302,7 +302,7 @@ def score(model: Head, store: RowStore, *, client: distributed.Client) -> Heldou
 
 
 def evaluate(
-    model: Head | str | os.PathLike[str],
+    model: Head | Checkpoint | str | os.PathLike[str],
     store: str | os.PathLike[str] | StoreLocation | RowStore,
     *,
     baseline_k: float = DEFAULT_BASELINE_K,
@@ -315,8 +315,9 @@ def evaluate(
     progress: bool | None = None,
     ranking: RankingSettings | None = None,
 ) -> Evaluation:
-    """Score ``store`` with ``model`` on a cluster: a head, a model directory (its ``best``, else ``latest``), or
-    a registry's version (``REGISTRY@7``, ``REGISTRY@latest``).
+    """Score ``store`` with ``model`` on a cluster: a head, a model directory (its ``best``, else ``latest``), a
+    registry's version (``REGISTRY@7``, ``REGISTRY@latest``), or a checkpoint already loaded from one (a caller that
+    checked it first need not load it twice).
 
     ``client``, or without one ``cluster``, is where it runs (see :func:`~dist_respattn.engine.connect`).
     ``options``: the head kind's own evaluate options by their ``dest`` names (what its report adds: see
@@ -336,7 +337,7 @@ def evaluate(
     if isinstance(model, Head):
         head = model
     else:
-        checkpoint = load_checkpoint(model, storage_options=storage_options)
+        checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model, storage_options=storage_options)
         head, meta = checkpoint.model, checkpoint.meta
     # A token-stream store is read with the model's window.
     scored = scored_store(head, meta, store, storage_options)

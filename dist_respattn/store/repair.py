@@ -42,11 +42,13 @@ def repair_store(
     interrupted append back to the committed rows (of a triple store) or tokens (of a stream store).
 
     A complete store is left as it is. Raises :class:`StoreError` when there is neither a store nor
-    anything left beside it.
+    anything left beside it, and when the store, rolled back or complete, still does not open (an array of
+    the wrong dtype or chunking, a missing one): repair cannot mend that, and must not call it complete.
     """
     from dist_respattn.store.rows import is_stream_store
     from dist_respattn.store.streams.reader import TokenStreamStore
     from dist_respattn.store.streams.rollback import rollback_stream_locked
+    from dist_respattn.store.triples.reader import TripleStore
     from dist_respattn.store.triples.rollback import rollback_locked
 
     location = StoreLocation.of(url, storage_options).with_window(None)
@@ -60,4 +62,12 @@ def repair_store(
             tokens = rollback_stream_locked(location)
             rows = TokenStreamStore.open(location).num_rows
             return RepairReport(str(location), "stream", rows, removed, tokens=tokens)
-        return RepairReport(str(location), "triples", rollback_locked(location), removed)
+        rows = rollback_locked(location)
+        try:  # a complete store is left as it was found: one that does not open (a wrong dtype) is beyond repair
+            TripleStore.open(location)
+        except StoreError as exc:
+            raise StoreError(
+                f"{exc}: repair only rolls back an interrupted append and cannot mend this; restore the store from a "
+                "copy, or write it again (the same command with --overwrite)"
+            ) from None
+        return RepairReport(str(location), "triples", rows, removed)

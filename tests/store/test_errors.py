@@ -64,7 +64,12 @@ def test_a_bad_value_in_an_npy_file_names_the_file_and_the_global_row(tmp_path, 
     rows[array] = rows[array].astype(np.float64) if array in ("query", "weight") else rows[array]
     rows[array][index] = value
     paths = save_inputs(tmp_path, rows)
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(paths[array]))}: {expected} \(1 row in this block\)$"):
+    # An id's refusal goes on to say what set its range: num_symbols (--symbols) or num_targets (--targets) here.
+    why = {"context": f" (S = {S} from --symbols: give a larger --symbols S, or fix the id)",
+           "target": f" (T = {T} from --targets: give a larger --targets T, or fix the id)"}.get(array, "")  # fmt: skip
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(str(paths[array]))}: {expected} \(1 row in this block\){re.escape(why)}$"
+    ):
         write_files(tmp_path / "s.zarr", paths)
     assert not (tmp_path / "s.zarr").exists()
 

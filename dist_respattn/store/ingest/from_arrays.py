@@ -8,7 +8,7 @@ from typing import Any
 from dist_respattn.store.attributes import attribute_ids, attribute_provenance
 from dist_respattn.store.common import WriteOptions, open_writer
 from dist_respattn.store.ingest.like import open_like
-from dist_respattn.store.ingest.tables import MAX_INFERRED_SYMBOLS, first_id_past
+from dist_respattn.store.ingest.tables import MAX_INFERRED_SYMBOLS, first_id_past, id_bound_hint
 from dist_respattn.store.npy import NpyRows, load_array, max_id, row_blocks
 from dist_respattn.store.schema import StoreSchema
 from dist_respattn.store.triples.reader import TripleStore
@@ -45,6 +45,7 @@ def write_arrays(
     """
     options = options or WriteOptions()
     reference = open_like(like, options)
+    given = {"S": num_symbols is not None, "T": num_targets is not None}
     arrays = {"context": context, "query": query, "target": target}
     if weight is not None:
         arrays["weight"] = weight
@@ -89,6 +90,14 @@ def write_arrays(
     if ids is not None:
         names["attribute"] = f"--attributes {ids.source}"
         provenance.update(attribute_provenance("ids", ids.merged, ids.source))
+    taken_from = (
+        f"--like {reference.url}" if reference is not None
+        else f"--append to {appended_to.location}" if appended_to is not None else None
+    )  # fmt: skip
+    why = {
+        array: id_bound_hint(count, bound, given=given[count], reference=taken_from)
+        for array, count, bound in (("context", "S", schema.num_symbols), ("target", "T", schema.num_targets))
+    }
     with open_writer(out, schema, options, provenance, None if ids is None else ids.merged.names) as writer:
         if reference is not None:
             reference.copy_into(writer)
@@ -96,7 +105,7 @@ def write_arrays(
         for start in range(0, n, step):
             block = {name: array[start : start + step] for name, array in values.items()}
             writer.write(block["context"], block["query"], block["target"], block.get("weight"), source=names,
-                         attribute=None if ids is None else ids.block(start, start + step))  # fmt: skip
+                         attribute=None if ids is None else ids.block(start, start + step), why=why)  # fmt: skip
         return writer.close()
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "ONE_HOT_MAX_SYMBOLS",
     "embedding_table",
     "first_id_past",
+    "id_bound_hint",
     "inferred_num_symbols",
     "store_table_for_append",
 ]
@@ -124,6 +125,19 @@ def first_id_past(values: Any, bound: int) -> tuple[int, tuple[int, int] | None]
             largest = max(largest, top)
         offset += block.shape[0]
     return largest, None
+
+
+def id_bound_hint(count: str, bound: int, *, given: bool, reference: str | None = None) -> str:
+    """What set ``count`` (``S``, or ``T`` of targets), for the refusal of an id out of [0, ``bound``): the
+    ``reference`` store (``--like URL``, ``--append to URL``, whose bound a flag may only repeat), its flag, or the
+    largest id. A refusal that named only
+    the range left the flag that moves it to be guessed."""
+    flag = "--symbols" if count == "S" else "--targets"
+    if reference is not None:
+        return f" (the {'symbols' if count == 'S' else 'targets'} of {reference})"
+    if given:
+        return f" ({count} = {bound:,} from {flag}: give a larger {flag} {count}, or fix the id)"
+    return f" ({count} = {bound:,}, the largest id + 1, as {flag} was not given: fix the id)"
 
 
 def inferred_num_symbols(stream: Any, name: str) -> int:

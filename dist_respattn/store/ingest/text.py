@@ -426,7 +426,6 @@ def write_text(
         "source": "text",
         "paths": [os.path.abspath(os.fspath(p)) for p in paths],
         "files": len(files),
-        "documents": len(files),
         "tokenizer": TOKENIZER_NAME,
         "vocabulary": "vocabulary/zarr.json",
         "vocab_size": len(vocabulary.tokens),
@@ -443,16 +442,17 @@ def write_text(
         elif existing is None:
             writer.write_embeddings(table)
             writer.write_vocabulary(vocabulary.to_json())
-        tokens = oov = 0
+        tokens = oov = documents = 0
         for k, path in enumerate(files):
             attribute = None if attributes is None else int(attributes.file_ids[k])
             counted, unknown = write_text_document(writer, path, vocabulary, lookup, table, attribute)
             tokens, oov = tokens + counted, oov + unknown
+            documents += counted > 0  # a file without tokens is no document, as in a stream store
             if file_progress is not None:
                 file_progress(1)
         source = ", ".join(os.fspath(p) for p in paths)
         require_rows(
-            writer.rows_written, source=source, tokens=tokens, documents=len(files), context_length=int(context_length)
+            writer.rows_written, source=source, tokens=tokens, documents=documents, context_length=int(context_length)
         )
-        writer.add_provenance({"tokens_count": tokens, "oov_count": oov})
+        writer.add_provenance({"documents": documents, "tokens_count": tokens, "oov_count": oov})
         return writer.close()

@@ -20,7 +20,7 @@ from dist_respattn.store.documents import check_document_starts, document_runs
 from dist_respattn.store.errors import SchemaMismatchError
 from dist_respattn.store.identity import identity_provenance
 from dist_respattn.store.ingest.like import LikeStore, open_like
-from dist_respattn.store.ingest.tables import embedding_table, inferred_num_symbols
+from dist_respattn.store.ingest.tables import embedding_table, id_bound_hint, inferred_num_symbols
 from dist_respattn.store.ingest.text import (
     DEFAULT_VOCAB_SIZE,
     TOKENIZER_NAME,
@@ -154,6 +154,7 @@ def write_stream_tokens(
     reference = _reference(out, like, options)
     stream, name = load_token_stream(tokens)
     num_tokens = int(stream.shape[0])
+    given_symbols = num_symbols
     if reference is not None:
         context_length = reference.context_length(context_length)
         num_symbols = reference.num_symbols(num_symbols)
@@ -192,7 +193,10 @@ def write_stream_tokens(
         provenance["weights_file"] = os.path.abspath(weights_name) if weights_name != "weights" else "array"
     if ids is not None:
         provenance.update(attribute_provenance("ids", ids.merged, ids.source))
-    hint = f" (the symbols of {reference.role} {reference.url})" if reference is not None else ""
+    hint = id_bound_hint(
+        "S", num_symbols, given=given_symbols is not None,
+        reference=None if reference is None else f"{reference.role} {reference.url}",
+    )  # fmt: skip
     with open_stream_writer(
         out, options, weighted=weight_values is not None, provenance=provenance, num_symbols=num_symbols,
         table=table, context_length=window, attribute_names=None if ids is None else ids.merged.names,

@@ -25,6 +25,7 @@ from dist_respattn.store.ingest.tables import (
     DEFAULT_QUERY_DIM,
     ONE_HOT_MAX_SYMBOLS,
     embedding_table,
+    id_bound_hint,
     inferred_num_symbols,
     store_table_for_append,
 )
@@ -126,6 +127,7 @@ def write_tokens(
     options = options or WriteOptions()
     reference = open_like(like, options)
     stream, name = load_token_stream(tokens)
+    given_symbols = num_symbols
     if reference is not None:
         context_length = reference.context_length(context_length)
     if isinstance(context_length, bool) or not isinstance(context_length, (int, np.integer)) or context_length < 1:
@@ -169,7 +171,13 @@ def write_tokens(
         provenance.update(identity_provenance(None, table))
     if ids is not None:
         provenance.update(attribute_provenance("ids", ids.merged, ids.source))
-    hint = f" (the symbols of --like {reference.url})" if reference is not None else ""
+    hint = id_bound_hint(
+        "S",
+        num_symbols,
+        given=given_symbols is not None,
+        reference=f"--like {reference.url}" if reference is not None
+        else f"--append to {existing.location}" if existing is not None else None,
+    )  # fmt: skip
     with open_writer(out, schema, options, provenance, None if ids is None else ids.merged.names) as writer:
         if reference is not None:
             reference.copy_into(writer)

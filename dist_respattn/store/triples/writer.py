@@ -301,17 +301,19 @@ class StoreWriter:
         *,
         attribute: Any = None,
         source: str | Mapping[str, str] = "rows",
+        why: Mapping[str, str] | None = None,
     ) -> None:
         """Add rows: ``context`` (m, N), ``query`` (m, D), ``target`` (m,), ``weight`` (m,) when the store is weighted,
         ``attribute`` (m,) ids in [0, A) when it has attributes.
 
         Bad rows raise a ``ValueError`` naming the source (``source``, or ``source[array]`` for a
         mapping such as array -> file name) and the row, counted over everything this writer was
-        given, before any of them is buffered.
+        given, before any of them is buffered; ``why[array]``, when given, is added to that array's refusal (what
+        set its bounds, and the option that moves them).
         """
         if self._closed:
             raise StoreError(f"{self.location}: the writer is closed")
-        block = self._checked_block(context, query, target, weight, source)
+        block = self._checked_block(context, query, target, weight, source, why or {})
         m = block.num_rows
         ids = self._checked_attribute(attribute, m, source)
         columns = {"context": block.context, "query": block.query, "target": block.target}
@@ -360,8 +362,9 @@ class StoreWriter:
         return ids
 
     def _checked_block(
-        self, context: Any, query: Any, target: Any, weight: Any, source: str | Mapping[str, str]
-    ) -> EncodedRows:
+        self, context: Any, query: Any, target: Any, weight: Any, source: str | Mapping[str, str],
+        why: Mapping[str, str],
+    ) -> EncodedRows:  # fmt: skip
         def label(name: str) -> str:
             return source if isinstance(source, str) else source.get(name, name)
 
@@ -393,7 +396,8 @@ class StoreWriter:
         problems = block_problems(block, s, chunk=None)
         if problems:
             p = problems[0]
-            raise ValueError(f"{label(p.array or 'rows')}: {p.message.replace(' of this chunk', ' in this block')}")
+            message = p.message.replace(" of this chunk", " in this block")
+            raise ValueError(f"{label(p.array or 'rows')}: {message}{why.get(p.array or '', '')}")
         return block
 
     def _flush(self) -> None:
