@@ -130,8 +130,7 @@ def first_id_past(values: Any, bound: int) -> tuple[int, tuple[int, int] | None]
 def id_bound_hint(count: str, bound: int, *, given: bool, reference: str | None = None) -> str:
     """What set ``count`` (``S``, or ``T`` of targets), for the refusal of an id out of [0, ``bound``): the
     ``reference`` store (``--like URL``, ``--append to URL``, whose bound a flag may only repeat), its flag, or the
-    largest id. A refusal that named only
-    the range left the flag that moves it to be guessed."""
+    largest id. A refusal that named only the range left the flag that moves it to be guessed."""
     flag = "--symbols" if count == "S" else "--targets"
     if reference is not None:
         return f" (the {'symbols' if count == 'S' else 'targets'} of {reference})"
