@@ -64,6 +64,18 @@ def _slide(tokens, counts, state, lo, hi):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
+def _next_row(tokens, lo, hi, t, counts, state, num_targets, num_buckets, buckets, row):  # pragma: no cover
+    """Slide the history to the next row's window ``[lo, hi)``, set its bucket and return its flags (:data:`ACTIVE`
+    where the gate acts, :data:`REPEATS` where its target ``t`` is in the history)."""
+    _slide(tokens, counts, state, lo, hi)
+    distinct = state[2]
+    buckets[row] = history_bucket(hi - lo, num_buckets)
+    if not (distinct > 0 and distinct < num_targets):
+        return 0
+    return ACTIVE | (REPEATS if counts[t] > 0 else 0)
+
+
+@numba.njit(cache=True, nogil=True)
 def _side_values(seen_mass, new_mass, distinct, num_targets, r, mix):  # pragma: no cover - compiled
     """Each side's factor of ``p`` under the gate, or its targets' probability where its mass is 0 (its flag)."""
     seen_uniform = not seen_mass > 0.0
@@ -132,17 +144,10 @@ def history_gate(  # pragma: no cover - compiled
     dense = proba.shape[0] > 0
     k = rates.shape[0]
     for row in range(n):
-        lo, hi = begin[row], end[row]
-        _slide(tokens, counts, state, lo, hi)
-        distinct = state[2]
-        buckets[row] = history_bucket(hi - lo, k)
-        t = target[row]
-        flag = 0
-        if distinct > 0 and distinct < num_targets:
-            flag = ACTIVE
-            if counts[t] > 0:
-                flag |= REPEATS
+        flag = _next_row(tokens, begin[row], end[row], target[row], counts, state, num_targets, k, buckets, row)
         flags[row] = flag
+        t = target[row]
+        distinct = state[2]
         if not dense:
             continue
         if flag == 0:
@@ -166,19 +171,13 @@ def mass_gate(  # pragma: no cover - compiled
     n = begin.shape[0]
     k = rates.shape[0]
     for row in range(n):
-        lo, hi = begin[row], end[row]
-        _slide(tokens, counts, state, lo, hi)
-        distinct = state[2]
-        buckets[row] = history_bucket(hi - lo, k)
-        t = target[row]
+        flags[row] = _next_row(tokens, begin[row], end[row], target[row], counts, state, num_targets, k, buckets, row)
         log_factor[row] = 0.0
-        flags[row] = 0
-        if not (distinct > 0 and distinct < num_targets):
+        if flags[row] == 0:
             continue
-        repeats = counts[t] > 0
-        flags[row] = ACTIVE | (REPEATS if repeats else 0)
+        repeats = (flags[row] & REPEATS) != 0
         seen_value, new_value, seen_uniform, new_uniform = _side_values(
-            seen[row], total[row] - seen[row], distinct, num_targets, rates[buckets[row]], mix
+            seen[row], total[row] - seen[row], state[2], num_targets, rates[buckets[row]], mix
         )
         if seen_uniform if repeats else new_uniform:
             flags[row] |= UNIFORM

@@ -180,7 +180,9 @@ def _leave(x, indptr, symbols, excess, base, held, held_base):  # pragma: no cov
 
 @numba.njit(cache=True, nogil=True)
 def _slide_sums(tokens, lo, hi, indptr, symbols, excess, base, counts, state, held, held_base):  # pragma: no cover
-    """Move the history ``[state[0], state[1])`` to ``[lo, hi)``, its running sums with it (a new start: zeros)."""
+    """Move the history ``[state[0], state[1])`` to ``[lo, hi)``, its running sums with it (a new start: zeros).
+    :func:`~dist_respattn.model.heads.repeat.kernels._slide` with the sums beside the counts: a compiled callback
+    for them would cost a call a token."""
     if lo < state[0] or hi < state[1] or lo >= state[1]:
         for x in range(state[0], state[1]):  # every count and every sum back to exactly 0
             s = tokens[x]
