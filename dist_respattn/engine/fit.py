@@ -182,7 +182,7 @@ def check_same_shape(model: Head, what: str, store: RowStore) -> None:
     if shape == found:
         return
     own = _own_shape(store)
-    if getattr(store, "kind", None) != "stream":
+    if not isinstance(store, TokenStreamStore):
         raise FitError(
             f"{what} has (S, N, D, T) = {shape} but the store {store.location} has {own}: "
             "a model only fits stores of its own shape"
@@ -838,7 +838,7 @@ def _fit_stage(
         heldout = _validation_store(validation, checkpoint, storage_options, train.location.window, min_context)
         rule = _holdout(settings, trainer, train, heldout, checkpoint, stream_rows)
     if heldout is not None and _shape(heldout) != _shape(train):
-        streams = getattr(heldout, "kind", None) == getattr(train, "kind", None) == "stream"
+        streams = isinstance(heldout, TokenStreamStore) and isinstance(train, TokenStreamStore)
         raise FitError(
             f"the validation store {heldout.location} has (S, N, D, T) = {_own_shape(heldout)} but the training "
             f"store {train.location} has {_own_shape(train)}"
