@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -157,3 +158,45 @@ def test_a_signal_while_a_cluster_starts_or_closes_reaches_its_handler_after_it_
         assert signal.getsignal(signal.SIGTERM) is not previous  # the test's handler, put back
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+#: A command's main thread under the command line's signal handlers, whose SIGTERM arrives while the garbage
+#: collector runs a callback (as distributed installs one): Python prints and drops an exception raised there.
+_SIGNAL_IN_A_GC_CALLBACK = """
+import gc, os, signal, sys, time
+from dist_respattn.cli.signals import exit_status, stop_signals_raise
+
+def callback(phase, info):
+    if phase == "start":
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # bytecodes: the handler runs here, inside the callback
+            pass
+
+with stop_signals_raise():
+    try:
+        gc.callbacks.append(callback)
+        gc.collect()
+        gc.callbacks.remove(callback)
+        print("collected", flush=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+        print("still running", flush=True)
+        sys.exit(1)
+    except KeyboardInterrupt as exc:
+        print("interrupted", exc.signum, flush=True)
+        sys.exit(exit_status(exc))
+"""
+
+
+def test_a_stop_signal_whose_exception_a_gc_callback_dropped_still_stops_the_command():
+    # A fit once went on iterating after its SIGTERM: the handler's exception was raised inside distributed's
+    # garbage-collector callback, printed as "Exception ignored in: ... GCDiagnosis._gc_callback" and dropped.
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_IN_A_GC_CALLBACK], capture_output=True, text=True, timeout=60, env=cli_env()
+    )
+    assert done.stdout.split("\n")[:2] == ["collected", f"interrupted {int(signal.SIGTERM)}"], done
+    assert done.returncode == 128 + signal.SIGTERM, done
+    assert time.monotonic() - started < 20
+    assert "Exception ignored" not in done.stderr, done.stderr
