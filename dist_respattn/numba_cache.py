@@ -67,6 +67,7 @@ KERNEL_MODULES = (
     "model/kernels/pair_keys.py",
     "model/kernels/per_position.py",
     "model/kernels/prefetch.py",
+    "model/kernels/row_order.py",
     "model/streaming.py",
     "store/ingest/byte_tokenizer.py",
     "store/streams/windows.py",

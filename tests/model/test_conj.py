@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from dist_respattn.cli import build_parser
 from dist_respattn.cli.common import CommandError
 from dist_respattn.cli.head_options import spec_from_args
-from dist_respattn.model.emission.layouts import PairSupport, SparseEmission
+from dist_respattn.model.arguments import ImpossibleEvidenceError
+from dist_respattn.model.emission.layouts import DenseEmission, PairSupport, SparseEmission
 from dist_respattn.model.fitting.em import fit_em
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import Block
@@ -197,6 +198,51 @@ def test_direct_rows_and_binary_searches_give_the_same_statistics(backoff: str) 
     for other in results[1:]:
         for a, b in zip(results[0], other, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("triple", [None, (0.7, 0.5, 0.4)], ids=["order-2", "order-3"])
+def test_rows_grouped_by_target_give_the_statistics_of_rows_in_their_order(
+    sparse: bool, triple: tuple[float, float, float] | None
+) -> None:
+    """The E-step visits a block's rows grouped by target (as the single head's does) or in their own order: the same
+    statistics up to the order of their sums, and rows no position explains named in row order either way."""
+    rng = np.random.default_rng(11)
+    shape = (7, 4, 2, 7)
+    tokens, starts = corpus(rng, 80, 7, 3)
+    rows = windows_of(tokens, starts, shape[1], rng.normal(size=(7, 2)))
+    weight = np.ones(rows.num_rows)
+    weight[[3, 10]] = 0.0
+    rows = rows._replace(weight=weight)
+    head = random_conj_head(shape, rows, 2, 11, sparse=sparse, discount=0.3, triple=triple)
+    support = head.single.emission_table.support if sparse else None
+    results = []
+    for grouped in (True, False):
+        stats = StatisticArrays.zeros(*shape, support)
+        extra = ConjArrays.zeros(shape[1], head.num_cells, head.triples.targets.size if head.triples else 0)
+        conj_estep(rows, head.parameters, stats, extra, group_by_target=grouped)
+        results.append([stats.key_sum, stats.key_mass, stats.emission_count_ts, stats.pair_counts, stats.scalars,
+                        extra.recency_mass, extra.cell_counts, extra.triple_counts])  # fmt: skip
+    assert results[0][6].sum() > 0.0  # the pair rows were read
+    assert not np.array_equal(np.argsort(rows.target, kind="stable"), np.arange(rows.num_rows))  # another order
+    for a, b in zip(*results, strict=True):
+        if a is not None:  # the layout's emission counts: a dense table's or a sparse support's
+            np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
+    # B emits neither target 1 nor 4, and infinite pair strengths make every row B's: rows 2 (target 4) and 9
+    # (target 1) are impossible, visited 9 first when grouped.
+    target = np.where(np.isin(rows.target, [1, 4]), 0, rows.target).astype(np.int32)
+    target[2], target[9] = 4, 1
+    rows = rows._replace(target=target, weight=None)
+    head = random_conj_head(shape, rows, 2, 11, strength=np.inf)
+    probs = head.single.emission_table.to_dense()
+    probs[:, [1, 4]] = 0.0
+    single = head.single.with_emission(DenseEmission(probs / probs.sum(axis=1, keepdims=True)))
+    impossible = ConjHead(single, 2, head.pair_keys, head.indptr, head.targets, head.counts, np.inf, 0.0)
+    for grouped in (True, False):
+        stats = StatisticArrays.zeros(*shape, None)
+        with pytest.raises(ImpossibleEvidenceError, match=r"rows 2, 9 have"):
+            conj_estep(rows, impossible.parameters, stats, ConjArrays.zeros(shape[1], impossible.num_cells),
+                       group_by_target=grouped)  # fmt: skip
 
 
 def test_an_infinite_pair_strength_is_the_single_head() -> None:

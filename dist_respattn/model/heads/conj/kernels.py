@@ -18,8 +18,9 @@ import numpy as np
 from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.kernels.log_weights import NO_ROWS, exp_shifted, keep_row, squared_distance
-from dist_respattn.model.kernels.per_position import SparseKernelParameters, find_pair
+from dist_respattn.model.kernels.per_position import GROUP_BY_TARGET_TABLE_BYTES, SparseKernelParameters, find_pair
 from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
+from dist_respattn.model.kernels.row_order import by_target, windows_in_order
 from dist_respattn.model.rows import WindowRows
 
 __all__ = [
@@ -133,6 +134,11 @@ class ConjParameters:
             cell_value, dense, *sparse, triple_keys, *pair_table(triple_keys), triple_indptr, triple_targets,
             triple_weight, triple_value, *direct,
         )  # fmt: skip
+
+    @property
+    def num_targets(self) -> int:
+        """T: the rows of a dense ``B``'s (T, S) table, else of its sparse support."""
+        return int(self.log_emission_ts.shape[0] if self.b_indptr.shape[0] == 0 else self.b_indptr.shape[0] - 1)
 
     def arrays(self) -> tuple[Any, ...]:
         """The fields in the kernels' argument order."""
@@ -763,22 +769,37 @@ def _score(
 
 
 def conj_estep(
-    rows: WindowRows, params: ConjParameters, stats: Any, extra: ConjArrays, leave_one_out: LeaveOneOut | None = None
+    rows: WindowRows,
+    params: ConjParameters,
+    stats: Any,
+    extra: ConjArrays,
+    leave_one_out: LeaveOneOut | None = None,
+    group_by_target: bool | None = None,
 ) -> None:
     """The conjunction E-step over ``rows`` (checked), added into the single head's ``stats``
     (:class:`~dist_respattn.model.kernels.per_position.StatisticArrays`, without their position counts, which
     follow from ``extra.recency_mass``) and ``extra``; with ``leave_one_out``, each row explained by the rows of
     those counts without its own (the training rows of rows counted from the data). Rows the model cannot explain
-    raise ``ImpossibleEvidenceError`` after the others were added; a cell off the supports raises a ValueError."""
+    raise ``ImpossibleEvidenceError`` after the others were added; a cell off the supports raises a ValueError.
+
+    The rows are visited grouped by target when ``B`` is sparse or its dense table is large
+    (:func:`_groups_by_target`; ``group_by_target`` True or False decides instead), as the single head's E-step
+    visits them: a fixed order for the same rows, whatever the worker."""
     sparse = params.b_indptr.shape[0] > 0
-    found = np.empty(min(rows.num_rows, 64), dtype=np.int64)
+    if group_by_target is None:
+        group_by_target = _groups_by_target(params)
+    order = by_target(rows, params.num_targets) if group_by_target and rows.num_rows > 1 else None
+    # Room for every row when they are visited out of order: the message lists the first ones in row order.
+    found = np.empty(min(rows.num_rows, 64) if order is None else rows.num_rows, dtype=np.int64)
     loo = leave_one_out.arrays() if leave_one_out is not None else _NO_LEAVE_OUT
     n_impossible, n_outside = _estep(  # type: ignore[call-arg]
-        *rows.kernel_arrays(),
+        *(rows.kernel_arrays() if order is None else windows_in_order(rows, order)),
         *params.arrays(), params.direct_row, params.direct_slots, *loo,
         stats.key_sum, stats.key_mass, stats.emission_count_ts, stats.pair_counts if sparse else _NO_VALUES,
         extra.recency_mass, extra.cell_counts, extra.triple_counts, stats.scalars, found,
     )  # fmt: skip
+    if order is not None:
+        found = np.sort(order[found[: min(n_impossible, found.shape[0])]])
     if n_outside:
         raise ValueError(
             f"{n_outside} row(s) hold a (attended, current, target) cell or a (symbol, target) pair outside the "
@@ -790,6 +811,15 @@ def conj_estep(
             f"impossible evidence: rows {shown} have zero probability under the conjunction head (every position "
             "of the window has a zero prior or a zero probability for the row's target)"
         )
+
+
+def _groups_by_target(params: ConjParameters) -> bool:
+    """Whether the E-step visits rows grouped by target by default: the single head's rule. A sparse ``B``'s rows
+    always (its direct rows and pair values are read by target); a dense one's when its (T, S) table is at least
+    :data:`~dist_respattn.model.kernels.per_position.GROUP_BY_TARGET_TABLE_BYTES` (in row order, nearly every cell
+    of a larger table misses the cache; measured on 300,000 sampled rows of S = T = 2000: +32% rows a second at
+    depth 2, +20% at depth 8)."""
+    return params.b_indptr.shape[0] > 0 or params.log_emission_ts.nbytes >= GROUP_BY_TARGET_TABLE_BYTES
 
 
 def conj_score(

@@ -15,7 +15,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from dist_respattn.model.arguments import ImpossibleEvidenceError, kernel_ids
+from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import SparseEmission
 from dist_respattn.model.kernels.lanes import (
     LANES,
@@ -34,9 +34,9 @@ from dist_respattn.model.kernels.per_position import (
     GROUP_BY_TARGET_TABLE_BYTES,
     find_pair,
     prefetch_row,
-    target_order,
 )
 from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
+from dist_respattn.model.kernels.row_order import by_target, windows_in_order
 from dist_respattn.model.rows import WindowArrays, WindowRows
 
 __all__ = ["HopArrays", "HopParameters", "hop_estep", "hop_score"]
@@ -1367,8 +1367,9 @@ def _sampled_order(rows: WindowRows, params: HopParameters) -> np.ndarray | None
 
 def _by_target(rows: WindowRows, params: HopParameters) -> np.ndarray:
     """The rows' indices stably sorted by target."""
-    num_targets = params.log_emission_ts.shape[0] if params.indptr.shape[0] == 0 else params.indptr.shape[0] - 1
-    return target_order(kernel_ids(rows.target), num_targets)  # int32: the build the single head uses
+    return by_target(
+        rows, params.log_emission_ts.shape[0] if params.indptr.shape[0] == 0 else params.indptr.shape[0] - 1
+    )
 
 
 def _emission_bytes(params: HopParameters) -> int:
@@ -1377,48 +1378,6 @@ def _emission_bytes(params: HopParameters) -> int:
     if params.indptr.shape[0] == 0:
         return int(params.log_emission_ts.nbytes)
     return int(params.log_values.nbytes + params.direct_slots.nbytes)
-
-
-@numba.njit(cache=True, nogil=True)
-def _gather_windows(tokens, begin, end, order):  # pragma: no cover - compiled
-    """``(tokens, begin, end)`` of the rows ``order[0], order[1], ...``: their windows' tokens one after another.
-    A first pass reads each row's span (its ``begin`` and ``end`` prefetched rows ahead), a second copies the windows
-    (each prefetched rows ahead from the span the first pass kept: no load waits on another's miss)."""
-    n = order.shape[0]
-    ahead = 2 * _PREFETCH_ROWS
-    new_begin = np.empty(n, dtype=np.int64)
-    new_end = np.empty(n, dtype=np.int64)
-    source = np.empty(n, dtype=np.int64)
-    total = 0
-    for k in range(n):
-        if k + ahead < n:
-            prefetch_element(begin, order[k + ahead])
-            prefetch_element(end, order[k + ahead])
-        r = order[k]
-        source[k] = begin[r]
-        new_begin[k] = total
-        total += end[r] - begin[r]
-        new_end[k] = total
-    new_tokens = np.empty(total, dtype=np.int32)
-    for k in range(n):
-        if k + ahead < n:
-            prefetch_element(tokens, source[k + ahead])  # windows anywhere in the stream
-        lo = source[k]
-        for x in range(new_end[k] - new_begin[k]):
-            new_tokens[new_begin[k] + x] = tokens[lo + x]
-    return new_tokens, new_begin, new_end
-
-
-def _in_order(rows: WindowRows, order: np.ndarray) -> WindowArrays:
-    """``rows`` as the window kernels take them (:meth:`~dist_respattn.model.rows.WindowRows.kernel_arrays`),
-    visited in ``order``, their windows' tokens copied into that order: the E-step then reads them one after another,
-    not from anywhere in a block (grouping by target gained half as much that way, at 300,000 sampled rows). The
-    queries are not copied (a float64 copy of 300,000 rows in their order cost more than it saved): the E-step
-    prefetches each row's."""
-    arrays = rows.kernel_arrays()
-    tokens, begin, end = _gather_windows(arrays.tokens, arrays.begin, arrays.end, order)
-    weight = arrays.weight[order] if arrays.weight.shape[0] > 0 else arrays.weight
-    return WindowArrays(tokens, begin, end, arrays.target[order], arrays.query_table, arrays.query_index[order], weight)
 
 
 def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays, group_by_target: bool | None = None) -> int:
@@ -1432,7 +1391,7 @@ def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays, group_
         order = _sampled_order(rows, params)
     else:
         order = _by_target(rows, params) if group_by_target and rows.num_rows > 1 else None
-    window, narrow = _estep_rows(rows.kernel_arrays() if order is None else _in_order(rows, order))
+    window, narrow = _estep_rows(rows.kernel_arrays() if order is None else windows_in_order(rows, order))
     # Room for every row when they are visited out of order: the message lists the first ones in row order.
     found = np.empty(min(rows.num_rows, 64) if order is None else rows.num_rows, dtype=np.int64)
     n_impossible, n_outside, n_log_domain = _estep(  # type: ignore[call-arg]
