@@ -817,8 +817,8 @@ def _groups_by_target(params: ConjParameters) -> bool:
     """Whether the E-step visits rows grouped by target by default: the single head's rule. A sparse ``B``'s rows
     always (its direct rows and pair values are read by target); a dense one's when its (T, S) table is at least
     :data:`~dist_respattn.model.kernels.per_position.GROUP_BY_TARGET_TABLE_BYTES` (in row order, nearly every cell
-    of a larger table misses the cache; measured on 300,000 sampled rows of S = T = 2000: +32% rows a second at
-    depth 2, +20% at depth 8)."""
+    of a larger table misses the cache; on 300,000 sampled rows of S = T = 2000 at depth 2, 0.32-0.33x the single
+    head's rows a second against 0.26-0.27x, docs/guide/conjunction-head.md)."""
     return params.b_indptr.shape[0] > 0 or params.log_emission_ts.nbytes >= GROUP_BY_TARGET_TABLE_BYTES
 
 

@@ -1367,9 +1367,8 @@ def _sampled_order(rows: WindowRows, params: HopParameters) -> np.ndarray | None
 
 def _by_target(rows: WindowRows, params: HopParameters) -> np.ndarray:
     """The rows' indices stably sorted by target."""
-    return by_target(
-        rows, params.log_emission_ts.shape[0] if params.indptr.shape[0] == 0 else params.indptr.shape[0] - 1
-    )
+    num_targets = params.log_emission_ts.shape[0] if params.indptr.shape[0] == 0 else params.indptr.shape[0] - 1
+    return by_target(rows, num_targets)
 
 
 def _emission_bytes(params: HopParameters) -> int:
