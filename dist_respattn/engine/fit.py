@@ -483,6 +483,9 @@ def fit(
     # Before the model directory's lock: a worker importing a script without a main guard would find it held by the
     # script's own fit, and fail with that instead of what to fix.
     refuse_a_worker_reimport(cluster, client)
+    if resume and overwrite:
+        # Either would be obeyed by halves: a resume that keeps the old fit, or a new one that drops it unasked.
+        raise FitError("resume=True continues the fit in model_dir and overwrite=True starts it over: give one")
     settings = settings or FitSettings()
     spec = head if head is not None else settings.head_spec()
     if spec.window_dependent:
