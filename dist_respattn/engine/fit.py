@@ -603,8 +603,9 @@ def _check_recorded(
 ) -> tuple[str | os.PathLike[str] | StoreLocation | RowStore | None, str | os.PathLike[str] | None]:
     """A resumed fit against what its model directory records it was asked (``fit.json``): other settings are
     refused (``max_iter`` may grow, as on any resume), and the validation store and warm start it was given are
-    its own unless given again. Returns ``(validation, init_from)``; a directory without a record (no fit
-    started there, or one older than the record) leaves them as given."""
+    its own unless given again (another warm start is refused, as another validation store is). Returns
+    ``(validation, init_from)``; a directory without a record (no fit started there, or one older than the record)
+    leaves them as given."""
     try:
         recorded = folder.fit_record()
     except CheckpointError as exc:
@@ -622,8 +623,16 @@ def _check_recorded(
         )
     if validation is None:
         validation = recorded.get("validation")
+    started = recorded.get("init_from")
+    if init_from is not None and (started is None or os.path.abspath(init_from) != started):
+        # A resume continues from its checkpoint: a warm start given now would be dropped without a word.
+        begun = f"from {started}" if started is not None else "without init_from"
+        raise FitError(
+            f"{folder}: the fit being resumed was started {begun}, not from {os.path.abspath(init_from)}; resume it "
+            "without init_from, or start over (overwrite=True) from the new one"
+        )
     if init_from is None and init is None:
-        init_from = recorded.get("init_from")
+        init_from = started
     return validation, init_from
 
 

@@ -497,7 +497,8 @@ def resume_runs(tmp_path_factory, small_store, engine_client, address):
     command: both differences are found by one comparison, and the line must name each).
     ``store``: a copy of the same fit resumed on another store (a copy: two fits of one directory at once, even
     two refused ones, would find each other's lock). ``empty``: ``--resume`` into an empty directory.
-    ``both``: another copy resumed with ``--overwrite`` too.
+    ``both``: another copy resumed with ``--overwrite`` too. ``warm``: another copy resumed
+    with an ``--init-from`` it was not started from.
     ``converged``: a converged fit resumed with its own settings, with ``DASK_SCHEDULER_ADDRESS`` naming a
     port nothing listens on (a fit that tried to reach a cluster would fail).
     """
@@ -520,9 +521,10 @@ def resume_runs(tmp_path_factory, small_store, engine_client, address):
     empty.mkdir()
     copied = root / "finished-copy"
     shutil.copytree(finished, copied)
-    both = root / "finished-both"
+    both, warm = root / "finished-both", root / "finished-warm"
     shutil.copytree(finished, both)
-    before = {path: tree_state(path) for path in (finished, copied, converged_dir, both)}
+    shutil.copytree(finished, warm)
+    before = {path: tree_state(path) for path in (finished, copied, converged_dir, both, warm)}
     common = ("--max-iter", "2", "--tol", "0", "--scheduler", address)
     resume_finished = ("fit", small_store, "--model-dir", str(finished), "--resume", "--scheduler", address)
     launched = {
@@ -532,6 +534,10 @@ def resume_runs(tmp_path_factory, small_store, engine_client, address):
         "both": Launched(
             ("fit", small_store, "--model-dir", str(both), "--resume", "--overwrite", *common), deadline=60
         ),
+        "warm": Launched(
+            ("fit", small_store, "--model-dir", str(warm), "--resume", "--init-from", str(converged_dir), *common),
+            deadline=60,
+        ),
         "converged": Launched(
             ("fit", small_store, "--model-dir", str(converged_dir), "--resume"),
             env=cli_env(DASK_SCHEDULER_ADDRESS=f"tcp://127.0.0.1:{free_port()}"),
@@ -540,8 +546,8 @@ def resume_runs(tmp_path_factory, small_store, engine_client, address):
     }
     return {
         "finished": finished, "copied": copied, "converged_dir": converged_dir, "converged_fit": converged_fit,
-        "empty_dir": empty, "both_dir": both, "reference": reference, "other_store": str(other_store),
-        "before": before, **launched,
+        "empty_dir": empty, "both_dir": both, "warm_dir": warm, "reference": reference,
+        "other_store": str(other_store), "before": before, **launched,
     }  # fmt: skip
 
 
@@ -570,6 +576,17 @@ def test_resume_with_overwrite_is_refused(resume_runs):
     both = resume_runs["both_dir"]
     assert_fit_error(resume_runs["both"].wait(), "--resume", "--overwrite", "give one")
     assert tree_state(both) == resume_runs["before"][both]
+
+
+@pytest.mark.slow
+def test_resume_with_another_warm_start_is_refused(resume_runs):
+    """``--resume --init-from MODEL`` of a fit not started from MODEL: one line naming the directory, MODEL and the
+    flag, exit 2, nothing changed (before, the fit resumed and the warm start was ignored)."""
+    warm = resume_runs["warm_dir"]
+    assert_fit_error(
+        resume_runs["warm"].wait(), str(warm), "started without --init-from", str(resume_runs["converged_dir"])
+    )
+    assert tree_state(warm) == resume_runs["before"][warm]
 
 
 @pytest.mark.slow
