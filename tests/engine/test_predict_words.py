@@ -210,6 +210,19 @@ def test_sample_generates_from_a_plain_head_reproducibly_from_a_short_prompt(tex
     ]
 
 
+def test_sample_refuses_an_empty_prompt_as_a_blank_one(text_model):
+    """``--prompt ""`` (e.g. ``--prompt "$TEXT"`` with TEXT unset) holds no token, as ``--prompt " "`` does: one
+    line naming the flag, exit 2. Before, the empty prompt was taken for none given, and the text opened with a
+    document of the store."""
+    _, model = text_model
+    for prompt in ("", " "):
+        done = cli("sample", model, "--tokens", "5", "--prompt", prompt)
+        assert (done.returncode, done.stdout) == (2, ""), (prompt, done.stdout, done.stderr)
+        assert done.stderr.splitlines() == [
+            f"dist-respattn sample: error: --prompt {prompt!r} holds no token: give some text to start from"
+        ]
+
+
 def test_a_single_heads_predict_refuses_a_gated_heads_options_with_stream_or_without(text_model, tmp_path):
     """``--attribute`` and ``--mix`` are a gated head's: on a single head's model ``predict`` ignored them without
     ``--stream`` (and a kind other than the single head's ignored them with it). Each is refused in one line naming
