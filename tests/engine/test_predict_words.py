@@ -188,6 +188,29 @@ def test_predict_stream_gives_words_and_ids_and_reports_the_start_up_apart(text_
     assert summary["microseconds_per_token"] == pytest.approx(1e6 * summary["seconds"] / len(lines), abs=rounding)
 
 
+def test_predict_stream_ends_quietly_when_its_reader_leaves(text_model, tmp_path):
+    """``predict --stream | head -1``: once the reader has closed the pipe, the command stops reading and ends with
+    its summary, exit 0, as the other commands do when their output's reader leaves. Before, the closed pipe was a
+    one-line error ``[Errno 32] Broken pipe`` with exit status 2."""
+    store, model = text_model
+    history = tmp_path / "history.txt"
+    history.write_text("def encode(self, o):\n" * 20_000)
+    with history.open() as stdin:
+        process = subprocess.Popen(
+            [COMMAND, "predict", model, store, "--stream", "--top", str(TOP)],
+            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert process.stdout is not None and process.stderr is not None
+        first = json.loads(process.stdout.readline())
+        process.stdout.close()
+        said = process.stderr.read()
+        process.stderr.close()
+        assert process.wait(timeout=120) == 0, said
+    assert first["position"] == 1 and first["token"] == "def"
+    lines = said.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ready in ") and "predicted after" in lines[0], said
+
+
 def test_sample_generates_from_a_plain_head_reproducibly_from_a_short_prompt(text_model):
     store, model = text_model
     runs = [cli("sample", model, "--tokens", "25", "--seed", s, "--prompt", "def", "--json") for s in "445"]
