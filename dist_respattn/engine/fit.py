@@ -863,6 +863,11 @@ def _fit_stage(
         )
     if heldout is not None:
         check_same_corpus(train, heldout, reference_role="training store", other_role="validation store")
+        if heldout.num_rows == 0:  # else its scores fail deep in the first held-out pass, the store unnamed
+            raise FitError(
+                f"the validation store {heldout.location} has no rows to score: give --validation a store with rows, "
+                "or leave it out (the choices are then made on holdout_fraction of the training rows)"
+            )
     if resume and checkpoint is None:
         say(f"{folder}: no fit to resume there yet (no latest.json): starting a new fit")
     # Counting reads no rows, but visits every row index: once.
