@@ -66,7 +66,7 @@ def _run_sample(args: argparse.Namespace) -> dict[str, Any]:
     words = list(target_words(vocabulary, model.num_targets) or ())
     n_pos = model.context_length
     rng = np.random.default_rng(args.seed)
-    if args.prompt:
+    if args.prompt is not None:  # an empty one too (`--prompt "$TEXT"` with TEXT unset): it holds no token
         if not words:
             raise CommandError(f"{store.location}: no vocabulary, so a --prompt cannot be read")
         known = list((vocabulary or {}).get("tokens", []))

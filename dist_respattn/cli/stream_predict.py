@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -107,8 +108,13 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
             "top": [[name(int(t)), round(float(p), 8)] for t, p in zip(targets, probs, strict=True)],
             "ids": [int(t) for t in targets],
         }
-        stdout.write(json.dumps(line) + "\n")
-        stdout.flush()
+        try:
+            stdout.write(json.dumps(line) + "\n")
+            stdout.flush()
+        except BrokenPipeError:  # the reader (e.g. `| head`) left: what it took was all it wanted
+            if stdout is sys.stdout:  # so that Python's own flush at exit does not fail on it again
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            break
     return {
         "command": "predict --stream",
         "startup_seconds": round(startup, 6),

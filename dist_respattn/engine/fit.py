@@ -483,6 +483,9 @@ def fit(
     # Before the model directory's lock: a worker importing a script without a main guard would find it held by the
     # script's own fit, and fail with that instead of what to fix.
     refuse_a_worker_reimport(cluster, client)
+    if resume and overwrite:
+        # Either would be obeyed by halves: a resume that keeps the old fit, or a new one that drops it unasked.
+        raise FitError("resume=True continues the fit in model_dir and overwrite=True starts it over: give one")
     settings = settings or FitSettings()
     spec = head if head is not None else settings.head_spec()
     if spec.window_dependent:
@@ -600,8 +603,9 @@ def _check_recorded(
 ) -> tuple[str | os.PathLike[str] | StoreLocation | RowStore | None, str | os.PathLike[str] | None]:
     """A resumed fit against what its model directory records it was asked (``fit.json``): other settings are
     refused (``max_iter`` may grow, as on any resume), and the validation store and warm start it was given are
-    its own unless given again. Returns ``(validation, init_from)``; a directory without a record (no fit
-    started there, or one older than the record) leaves them as given."""
+    its own unless given again (another warm start is refused, as another validation store is). Returns
+    ``(validation, init_from)``; a directory without a record (no fit started there, or one older than the record)
+    leaves them as given."""
     try:
         recorded = folder.fit_record()
     except CheckpointError as exc:
@@ -619,8 +623,16 @@ def _check_recorded(
         )
     if validation is None:
         validation = recorded.get("validation")
+    started = recorded.get("init_from")
+    if init_from is not None and (started is None or os.path.abspath(init_from) != started):
+        # A resume continues from its checkpoint: a warm start given now would be dropped without a word.
+        begun = f"from {started}" if started is not None else "without init_from"
+        raise FitError(
+            f"{folder}: the fit being resumed was started {begun}, not from {os.path.abspath(init_from)}; resume it "
+            "without init_from, or start over (overwrite=True) from the new one"
+        )
     if init_from is None and init is None:
-        init_from = recorded.get("init_from")
+        init_from = started
     return validation, init_from
 
 
@@ -851,6 +863,11 @@ def _fit_stage(
         )
     if heldout is not None:
         check_same_corpus(train, heldout, reference_role="training store", other_role="validation store")
+        if heldout.num_rows == 0:  # else its scores fail deep in the first held-out pass, the store unnamed
+            raise FitError(
+                f"the validation store {heldout.location} has no rows to score: give --validation a store with rows, "
+                "or leave it out (the choices are then made on holdout_fraction of the training rows)"
+            )
     if resume and checkpoint is None:
         say(f"{folder}: no fit to resume there yet (no latest.json): starting a new fit")
     # Counting reads no rows, but visits every row index: once.

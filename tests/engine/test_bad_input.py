@@ -415,7 +415,8 @@ def shape_runs(tmp_path_factory, address):
     """A store and a model of another shape (S, N, D, T) = (9, 3, 4, 5), and three refused commands at once.
 
     ``init_from``: ``--init-from`` that model; ``validation``: ``--validation`` that store; ``in_use``: a
-    fit into the model's directory without ``--resume`` or ``--overwrite``.
+    fit into the model's directory without ``--resume`` or ``--overwrite``; ``empty_validation``: ``--validation``
+    a store of the training store's corpus with no rows.
     """
     root = tmp_path_factory.mktemp("shapes")
     other = write_small(root / "other.zarr", shape=(9, 3, 4, 5))
@@ -423,19 +424,24 @@ def shape_runs(tmp_path_factory, address):
     with distributed.Client(address, set_as_default=False) as client:
         fit(other, model_dir=model, settings=FitSettings(max_iter=1), client=client, progress=False)
     train = write_small(root / "train.zarr")
+    empty = root / "empty.zarr"
+    write_arrays(empty, np.zeros((0, N), np.int64), np.zeros((0, D)), np.zeros(0, np.int64), like=train)
     runs = {}
-    for name in ("init_from", "validation", "in_use"):
+    for name in ("init_from", "validation", "in_use", "empty_validation"):
         (root / name).mkdir()
         at = Scene.make(root / name, train if name != "in_use" else other, other, str(model))
         if name == "init_from":
             launched = at.fit("--init-from", str(model), "--scheduler", address)
         elif name == "validation":
             launched = at.fit("--validation", other, "--scheduler", address)
+        elif name == "empty_validation":
+            at.before[str(empty)] = tree_state(empty)
+            launched = at.fit("--validation", str(empty), "--scheduler", address)
         else:
             at.model_dir = model  # must not change rather than not appear
             launched = at.fit("--scheduler", address)
         runs[name] = (at, launched)
-    return {"other": other, "model": str(model), **runs}
+    return {"other": other, "model": str(model), "empty": str(empty), **runs}
 
 
 def test_init_from_a_model_of_another_shape(shape_runs):
@@ -449,6 +455,14 @@ def test_validation_store_of_another_shape(shape_runs):
     """``--validation`` with a store of another shape is refused naming both stores and both shapes."""
     at, launched = shape_runs["validation"]
     assert_fit_error(launched.wait(), shape_runs["other"], "(9, 3, 4, 5)", at.store, f"({S}, {N}, {D}, {T})")
+    at.assert_nothing_written()
+
+
+def test_validation_store_without_rows(shape_runs):
+    """``--validation`` with a store that holds no row is refused naming it and the flags that fix it, nothing
+    written. Before, the first held-out pass failed with ``there are no partitions to reduce``, naming nothing."""
+    at, launched = shape_runs["empty_validation"]
+    assert_fit_error(launched.wait(), shape_runs["empty"], "no rows", "--validation", "--holdout-fraction")
     at.assert_nothing_written()
 
 

@@ -497,6 +497,8 @@ def resume_runs(tmp_path_factory, small_store, engine_client, address):
     command: both differences are found by one comparison, and the line must name each).
     ``store``: a copy of the same fit resumed on another store (a copy: two fits of one directory at once, even
     two refused ones, would find each other's lock). ``empty``: ``--resume`` into an empty directory.
+    ``both``: another copy resumed with ``--overwrite`` too. ``warm``: another copy resumed
+    with an ``--init-from`` it was not started from.
     ``converged``: a converged fit resumed with its own settings, with ``DASK_SCHEDULER_ADDRESS`` naming a
     port nothing listens on (a fit that tried to reach a cluster would fail).
     """
@@ -519,13 +521,23 @@ def resume_runs(tmp_path_factory, small_store, engine_client, address):
     empty.mkdir()
     copied = root / "finished-copy"
     shutil.copytree(finished, copied)
-    before = {path: tree_state(path) for path in (finished, copied, converged_dir)}
+    both, warm = root / "finished-both", root / "finished-warm"
+    shutil.copytree(finished, both)
+    shutil.copytree(finished, warm)
+    before = {path: tree_state(path) for path in (finished, copied, converged_dir, both, warm)}
     common = ("--max-iter", "2", "--tol", "0", "--scheduler", address)
     resume_finished = ("fit", small_store, "--model-dir", str(finished), "--resume", "--scheduler", address)
     launched = {
         "settings": Launched((*resume_finished, "--tol", "0.001", "--seed", "5"), deadline=60),
         "store": Launched(("fit", str(other_store), "--model-dir", str(copied), "--resume", *common), deadline=60),
         "empty": Launched(("fit", small_store, "--model-dir", str(empty), "--resume", *common, "--json"), deadline=60),
+        "both": Launched(
+            ("fit", small_store, "--model-dir", str(both), "--resume", "--overwrite", *common), deadline=60
+        ),
+        "warm": Launched(
+            ("fit", small_store, "--model-dir", str(warm), "--resume", "--init-from", str(converged_dir), *common),
+            deadline=60,
+        ),
         "converged": Launched(
             ("fit", small_store, "--model-dir", str(converged_dir), "--resume"),
             env=cli_env(DASK_SCHEDULER_ADDRESS=f"tcp://127.0.0.1:{free_port()}"),
@@ -534,7 +546,8 @@ def resume_runs(tmp_path_factory, small_store, engine_client, address):
     }
     return {
         "finished": finished, "copied": copied, "converged_dir": converged_dir, "converged_fit": converged_fit,
-        "empty_dir": empty, "reference": reference, "other_store": str(other_store), "before": before, **launched,
+        "empty_dir": empty, "both_dir": both, "warm_dir": warm, "reference": reference,
+        "other_store": str(other_store), "before": before, **launched,
     }  # fmt: skip
 
 
@@ -554,6 +567,26 @@ def test_resume_on_another_store_is_refused(resume_runs):
     copied = resume_runs["copied"]
     assert_fit_error(resume_runs["store"].wait(), str(copied), resume_runs["other_store"], "fingerprint")
     assert tree_state(copied) == resume_runs["before"][copied]
+
+
+@pytest.mark.slow
+def test_resume_with_overwrite_is_refused(resume_runs):
+    """``--resume --overwrite`` asks to continue a fit and to start it over: one line naming both flags, exit 2,
+    and the fit kept as it was (before, the resume won and the overwrite was dropped without a word)."""
+    both = resume_runs["both_dir"]
+    assert_fit_error(resume_runs["both"].wait(), "--resume", "--overwrite", "give one")
+    assert tree_state(both) == resume_runs["before"][both]
+
+
+@pytest.mark.slow
+def test_resume_with_another_warm_start_is_refused(resume_runs):
+    """``--resume --init-from MODEL`` of a fit not started from MODEL: one line naming the directory, MODEL and the
+    flag, exit 2, nothing changed (before, the fit resumed and the warm start was ignored)."""
+    warm = resume_runs["warm_dir"]
+    assert_fit_error(
+        resume_runs["warm"].wait(), str(warm), "started without --init-from", str(resume_runs["converged_dir"])
+    )
+    assert tree_state(warm) == resume_runs["before"][warm]
 
 
 @pytest.mark.slow

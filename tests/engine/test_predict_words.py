@@ -188,6 +188,29 @@ def test_predict_stream_gives_words_and_ids_and_reports_the_start_up_apart(text_
     assert summary["microseconds_per_token"] == pytest.approx(1e6 * summary["seconds"] / len(lines), abs=rounding)
 
 
+def test_predict_stream_ends_quietly_when_its_reader_leaves(text_model, tmp_path):
+    """``predict --stream | head -1``: once the reader has closed the pipe, the command stops reading and ends with
+    its summary, exit 0, as the other commands do when their output's reader leaves. Before, the closed pipe was a
+    one-line error ``[Errno 32] Broken pipe`` with exit status 2."""
+    store, model = text_model
+    history = tmp_path / "history.txt"
+    history.write_text("def encode(self, o):\n" * 20_000)
+    with history.open() as stdin:
+        process = subprocess.Popen(
+            [COMMAND, "predict", model, store, "--stream", "--top", str(TOP)],
+            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert process.stdout is not None and process.stderr is not None
+        first = json.loads(process.stdout.readline())
+        process.stdout.close()
+        said = process.stderr.read()
+        process.stderr.close()
+        assert process.wait(timeout=120) == 0, said
+    assert first["position"] == 1 and first["token"] == "def"
+    lines = said.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ready in ") and "predicted after" in lines[0], said
+
+
 def test_sample_generates_from_a_plain_head_reproducibly_from_a_short_prompt(text_model):
     store, model = text_model
     runs = [cli("sample", model, "--tokens", "25", "--seed", s, "--prompt", "def", "--json") for s in "445"]
@@ -208,6 +231,19 @@ def test_sample_generates_from_a_plain_head_reproducibly_from_a_short_prompt(tex
         f"dist-respattn sample: error: --attribute json: an option of gated heads, and {model} holds a single-hop "
         "head, which takes none: leave it out"
     ]
+
+
+def test_sample_refuses_an_empty_prompt_as_a_blank_one(text_model):
+    """``--prompt ""`` (e.g. ``--prompt "$TEXT"`` with TEXT unset) holds no token, as ``--prompt " "`` does: one
+    line naming the flag, exit 2. Before, the empty prompt was taken for none given, and the text opened with a
+    document of the store."""
+    _, model = text_model
+    for prompt in ("", " "):
+        done = cli("sample", model, "--tokens", "5", "--prompt", prompt)
+        assert (done.returncode, done.stdout) == (2, ""), (prompt, done.stdout, done.stderr)
+        assert done.stderr.splitlines() == [
+            f"dist-respattn sample: error: --prompt {prompt!r} holds no token: give some text to start from"
+        ]
 
 
 def test_a_single_heads_predict_refuses_a_gated_heads_options_with_stream_or_without(text_model, tmp_path):
