@@ -132,6 +132,8 @@ def predict(
     mapping = attribute_map(tuple(names) if names else None, head.attribute_names())
     check_same_shape(head, "the model", scored)
     check_model_corpus(meta.get("store"), scored)
+    if scored.num_rows == 0:  # before --out is opened: an empty group or file would be left behind
+        raise FitError(f"the store {scored.location} has no rows to predict")
     kept = min(int(top_k), head.num_targets)
     fingerprint = scored.fingerprint()
     rows_file: PredictionRowsWriter | None = None

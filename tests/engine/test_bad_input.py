@@ -466,6 +466,27 @@ def test_validation_store_without_rows(shape_runs):
     at.assert_nothing_written()
 
 
+def test_predict_on_a_store_without_rows_is_refused_and_writes_nothing(tmp_path, address):
+    """``predict`` into a file of rows or a zarr group, over a store of the model's corpus with no rows: one line
+    naming the store, as ``evaluate`` says it. Before, a file said ``ranked first in nan% of rows`` and a group
+    failed with ``there are no partitions to reduce``, an empty group left behind."""
+    train = write_small(tmp_path / "train.zarr")
+    model = tmp_path / "model"
+    with distributed.Client(address, set_as_default=False) as client:
+        fit(train, model_dir=model, settings=FitSettings(max_iter=1), client=client, progress=False)
+    empty = tmp_path / "empty.zarr"
+    write_arrays(empty, np.zeros((0, N), np.int64), np.zeros((0, D)), np.zeros(0, np.int64), like=train)
+    for out in (tmp_path / "rows.jsonl", tmp_path / "rows.zarr"):
+        done = subprocess.run(
+            [COMMAND, "predict", str(model), str(empty), "--out", str(out), "--scheduler", address],
+            capture_output=True, text=True, timeout=300, env=cli_env(),
+        )  # fmt: skip
+        assert done.returncode == 2, (done.stdout, done.stderr)
+        assert done.stderr.count("\n") == 1 and "dist-respattn predict: error:" in done.stderr, done.stderr
+        assert str(empty) in done.stderr and "no rows to predict" in done.stderr, done.stderr
+        assert not out.exists()
+
+
 def test_model_dir_holding_a_fit_is_left_alone(shape_runs):
     """``fit`` into a directory that holds a fit, without ``--resume``/``--overwrite``, is refused; it is unchanged."""
     at, launched = shape_runs["in_use"]
