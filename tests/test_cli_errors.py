@@ -80,6 +80,21 @@ def test_a_truncated_checkpoint_is_named_by_evaluate_and_resume(tmp_path, store,
         assert_no_cluster(result)
 
 
+@pytest.mark.parametrize(("array", "dtype"), [("emission", "U32"), ("key_means", "complex128")])
+def test_a_checkpoint_array_of_text_or_complex_numbers_is_named_by_evaluate(tmp_path, store, model_dir, array, dtype):
+    # Text that looks like numbers, or complex numbers, once became float64 in the heads' checks: the checkpoint
+    # loaded and scored as if nothing were wrong.
+    damaged = copy_of(model_dir, tmp_path)
+    (params,) = damaged.glob("ckpt-*/params.npz")
+    with np.load(params, allow_pickle=False) as npz:
+        arrays = {key: npz[key] for key in npz.files}
+    arrays[array] = arrays[array].astype(dtype)
+    np.savez(params, **arrays)
+    (evaluated,) = run_many(("evaluate", str(damaged), str(store), "--workers", "1"))
+    assert_error(evaluated, "evaluate", str(params), f"array '{array}'", dtype, "damaged", "--overwrite")
+    assert_no_cluster(evaluated)
+
+
 def test_a_model_dir_that_is_a_file_is_refused_before_the_fit(tmp_path, store):
     a_file = tmp_path / "notes.txt"
     a_file.write_text("not a model directory\n")

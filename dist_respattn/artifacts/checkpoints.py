@@ -415,17 +415,32 @@ def parse_checkpoint(
     return Checkpoint(name, model, meta, arrays)
 
 
+#: The dtype kinds of the arrays a checkpoint holds: bools, signed and unsigned integers, floats.
+_NUMBER_KINDS = frozenset("biuf")
+
+
 def _read_npz(params: str | os.PathLike[str] | BinaryIO, source: str) -> dict[str, np.ndarray]:
     """The arrays of an npz file; a damaged one raises :class:`CheckpointError` naming ``source``."""
     try:
         with np.load(params, allow_pickle=False) as npz:
-            return {key: npz[key] for key in npz.files}
+            arrays = {key: npz[key] for key in npz.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         # A truncated or overwritten npz fails inside zipfile, whose errors are neither OSError nor ValueError.
         raise CheckpointError(
             f"{source}: cannot be read ({type(exc).__name__}: {exc}): the checkpoint is damaged; restore it "
             "from a copy, or fit again (overwrite=True starts over in this model directory)"
         ) from exc
+    for key, array in arrays.items():
+        # Every array a fit writes is of numbers (bools, integers, floats). The heads' checks convert what they read
+        # to float64, which turns text that looks like numbers into numbers and drops nothing of a complex's: refused
+        # here, before any of them sees it.
+        if array.dtype.kind not in _NUMBER_KINDS:
+            raise CheckpointError(
+                f"{source}: array {key!r} has dtype {array.dtype}: expected numbers (a fit writes bools, integers "
+                "and floats); the checkpoint is damaged; restore it from a copy, or fit again (overwrite=True starts "
+                "over in this model directory)"
+            )
+    return arrays
 
 
 def checkpoint_name(iteration: int, run_id: str) -> str:
