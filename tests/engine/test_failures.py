@@ -529,6 +529,7 @@ def resume_runs(tmp_path_factory, small_store, engine_client, address):
     resume_finished = ("fit", small_store, "--model-dir", str(finished), "--resume", "--scheduler", address)
     launched = {
         "settings": Launched((*resume_finished, "--tol", "0.001", "--seed", "5"), deadline=60),
+        "kind": Launched((*resume_finished, "--head", "conj"), deadline=60),
         "store": Launched(("fit", str(other_store), "--model-dir", str(copied), "--resume", *common), deadline=60),
         "empty": Launched(("fit", small_store, "--model-dir", str(empty), "--resume", *common, "--json"), deadline=60),
         "both": Launched(
@@ -557,7 +558,16 @@ def test_resume_with_other_settings_is_refused(resume_runs, setting):
     """``--resume`` with another ``--tol`` and ``--seed`` than the checkpoint's: one line naming each setting
     and both its values, exit 2, and the model directory unchanged (contents and mtimes)."""
     finished = resume_runs["finished"]
-    assert_fit_error(resume_runs["settings"].wait(), str(finished), "cannot resume with other settings", setting)
+    line = assert_fit_error(resume_runs["settings"].wait(), str(finished), "cannot resume with other settings", setting)
+    assert line.count(setting) == 1, line  # the seed the fit and its head both record, said once
+    assert tree_state(finished) == resume_runs["before"][finished]
+
+
+@pytest.mark.slow
+def test_resume_with_another_kind_names_the_kinds_not_their_settings(resume_runs):
+    finished = resume_runs["finished"]
+    line = assert_fit_error(resume_runs["kind"].wait(), str(finished), "kind: 'single_hop' -> 'conj'")
+    assert "sigma2" not in line and "depth" not in line, line
     assert tree_state(finished) == resume_runs["before"][finished]
 
 
