@@ -893,9 +893,12 @@ def _fit_stage(
         state = FitState(checkpoint.meta.get("state", FitState.MAX_ITER))
         _restore_best(folder, checkpoint)
         say(f"{folder}: the fit already ended at iteration {checkpoint.iteration} ({state})")
+        # The report still names the rows its held-out figures are of (a hold-out of the training store is no
+        # validation store).
         return FitResult(
             checkpoint.model, str(folder), state, history, stopping.best_iteration,
             checkpoint.meta.get("warnings", []), None, time.perf_counter() - called, None,
+            heldout_rows=held.description if held is not None else None,
         )  # fmt: skip
 
     from dist_respattn import __version__
