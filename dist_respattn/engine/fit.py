@@ -609,6 +609,13 @@ def _check_recorded(
     if recorded is None:
         return validation, init_from
     saved = FitSettings.from_json(recorded["settings"])
+    recorded_kind = (recorded.get("head") or {}).get("kind")
+    if recorded_kind is not None and recorded_kind != spec.kind:
+        # Said alone: every setting of one kind differs from the other's, and a list of them hides the cause.
+        raise FitError(
+            f"{folder}: holds a fit of a {recorded_kind} head, which cannot be resumed as a {spec.kind} head; resume "
+            "it as its own kind, or start over with overwrite=True"
+        )
     differences = saved.differences(settings, ignore=RESUME_MAY_CHANGE)
     if recorded.get("head"):
         differences += spec_from_json(recorded["head"]).differences(spec)
