@@ -766,6 +766,7 @@ def _run_predict(args: argparse.Namespace) -> dict[str, Any]:
         if args.out:
             raise CommandError("--stream writes JSON lines to stdout: give it or --out, not both")
         args.printer = print_stream_summary
+        args.json_line = True  # the --json summary follows the token lines as one more line: stdout stays JSON lines
         return run_stream(args)
     if not args.out:
         raise CommandError(
