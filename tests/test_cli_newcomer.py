@@ -86,7 +86,8 @@ def test_a_directory_of_extensionless_files_is_refused_with_the_glob_that_reads_
 
 
 def test_validate_prints_counts_with_thousands_separators(tmp_path, capsys):
-    """``validate`` names what it scanned, as a number a person reads: rows of a triple store, tokens of a stream."""
+    """``validate`` names what it scanned, as a number a person reads: rows of a triple store, tokens of a stream; its
+    ``--json`` names the unit beside the count."""
     corpus = Path(sysconfig.get_paths()["stdlib"]) / "json"
     for kind, unit in (("stream", "tokens"), ("triples", "rows")):
         out = tmp_path / f"{kind}.zarr"
@@ -97,6 +98,9 @@ def test_validate_prints_counts_with_thousands_separators(tmp_path, capsys):
         counted = re.search(rf": valid \(([\d,]+) {unit}, ", checked.stdout)
         assert counted, checked.stdout
         assert "," in counted.group(1) and int(counted.group(1).replace(",", "")) > 1000
+        # --json says what it counted too: a stream store's tokens are more than its rows.
+        report = json.loads(run_here(capsys, "validate", str(out), "--json").stdout)
+        assert (report["rows_scanned"], report["unit"]) == (int(counted.group(1).replace(",", "")), unit)
 
 
 def test_a_demo_too_small_to_split_names_the_demos_own_flags(tmp_path):
