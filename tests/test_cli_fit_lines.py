@@ -201,3 +201,19 @@ def test_a_gated_fit_with_fewer_factors_than_attributes_says_so_and_its_lines_re
         )
         assert done.returncode == 0, done.stderr
         assert "note: --attribute-factors" not in done.stderr
+
+
+def test_a_resume_of_an_ended_fit_names_the_heldout_rows_as_the_fit_did(store, address, tmp_path, capsys):
+    """A ``--resume`` of a fit that already ended runs nothing and prints its summary again: its held-out line names
+    the rows the figures are of as the fit's own summary did (a hold-out of the training store here), not a
+    validation store the fit never had."""
+    model = tmp_path / "model"
+    first = run_here(capsys, "fit", store, "--model-dir", str(model), "--head", "single", "--max-iter", "1",
+                     "--scheduler", address)  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    (held,) = [line for line in first.stdout.splitlines() if line.startswith("held-out (")]
+    assert "of the training store's rows" in held, first.stdout
+    again = run_here(capsys, "fit", store, "--model-dir", str(model), "--resume", "--scheduler", address)
+    assert again.returncode == 0, again.stderr
+    assert "the fit already ended at iteration 1" in again.stderr, again.stderr
+    assert [line for line in again.stdout.splitlines() if line.startswith("held-out (")] == [held], again.stdout

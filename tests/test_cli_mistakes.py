@@ -10,8 +10,10 @@ import subprocess
 import pytest
 
 from dist_respattn import random_distribution
+from dist_respattn.artifacts import load_checkpoint
 from dist_respattn.artifacts.checkpoints import LATEST, ModelDir
 from tests.store.helpers import random_rows, write_small
+from tests.test_cli import run
 from tests.test_cli_store import run_many
 
 pytestmark = pytest.mark.slow  # every test here starts a command
@@ -104,3 +106,29 @@ def test_a_store_without_an_embedding_table_and_a_head_that_cannot_generate_are_
         f"{square} has no embedding table (a store written from text or tokens has one): sample needs one to make "
         "each token's query (give --store the store the head was fitted on)"
     )
+
+
+def test_a_resume_with_another_head_is_refused_naming_both_kinds(tmp_path, one_worker_address):
+    """``fit --resume --head KIND`` on a model directory whose fit is of another kind names the kind it holds and the
+    kind asked for, in one line: ``--head single`` (which also names the kind fitted when no option picks one) is not
+    dropped to resume the copy fit as it was, and another kind's head is not refused with a list of every setting in
+    which the two kinds differ."""
+    import numpy as np
+
+    from dist_respattn.store import write_stream_tokens
+
+    tokens = (np.arange(3_000) * 7 + np.random.default_rng(0).integers(0, 3, size=3_000)) % 40
+    store = str(write_stream_tokens(tmp_path / "train.zarr", tokens, 8, num_symbols=40, dim=4, seed=0).location)
+    model = str(tmp_path / "model")
+    cluster = ("--scheduler", one_worker_address)
+    done = run("fit", store, "--model-dir", model, "--head", "copy", "--max-iter", "1", *cluster)
+    assert done.returncode == 0, done.stderr
+    # One after the other: each takes the directory's lock before it reads the record, and refuses a second holder.
+    for head, kind in (("single", "single_hop"), ("conj", "conj")):
+        result = run("fit", store, "--model-dir", model, "--resume", "--head", head, "--max-iter", "2", *cluster)
+        assert error_line(result, "fit") == (
+            f"{model}: holds a fit of a copy head, which cannot be resumed as a {kind} head; resume it as its own "
+            "kind, or start over with --overwrite"
+        )
+    assert ModelDir(model).fit_record()["head"]["kind"] == "copy"
+    assert load_checkpoint(model, LATEST).iteration == 1  # nothing ran

@@ -55,7 +55,12 @@ def test_the_demo_names_its_fit_page_and_prints_the_baselines_as_evaluate_does(t
     assert _table(done.stdout, labels) == labels, done.stdout
     assert "head / Kneser-Ney perplexity: " in done.stdout
     # The demo's text output beside its JSON (tests/test_cli.py): one demo run checks both.
-    assert "split 60,000 tokens of the Python standard library's source" in done.stderr
+    # It names the tokens split, whole files past --max-tokens: those the three stores hold.
+    from dist_respattn.store import open_store
+
+    held = sum(open_store(tmp_path / f"{name}.zarr").num_tokens for name in ("train", "validation", "test"))
+    assert held > 60_000
+    assert f"split {held:,} tokens of the Python standard library's source" in done.stderr
     assert "Kneser-Ney 5-gram" in done.stdout and "head / Kneser-Ney 5-gram perplexity:" in done.stdout
 
     scored = run("evaluate", str(tmp_path / "model"), str(tmp_path / "test.zarr"), "--workers", "1")
@@ -86,7 +91,8 @@ def test_a_directory_of_extensionless_files_is_refused_with_the_glob_that_reads_
 
 
 def test_validate_prints_counts_with_thousands_separators(tmp_path, capsys):
-    """``validate`` names what it scanned, as a number a person reads: rows of a triple store, tokens of a stream."""
+    """``validate`` names what it scanned, as a number a person reads: rows of a triple store, tokens of a stream; its
+    ``--json`` names the unit beside the count."""
     corpus = Path(sysconfig.get_paths()["stdlib"]) / "json"
     for kind, unit in (("stream", "tokens"), ("triples", "rows")):
         out = tmp_path / f"{kind}.zarr"
@@ -97,6 +103,9 @@ def test_validate_prints_counts_with_thousands_separators(tmp_path, capsys):
         counted = re.search(rf": valid \(([\d,]+) {unit}, ", checked.stdout)
         assert counted, checked.stdout
         assert "," in counted.group(1) and int(counted.group(1).replace(",", "")) > 1000
+        # --json says what it counted too: a stream store's tokens are more than its rows.
+        report = json.loads(run_here(capsys, "validate", str(out), "--json").stdout)
+        assert (report["rows_scanned"], report["unit"]) == (int(counted.group(1).replace(",", "")), unit)
 
 
 def test_a_demo_too_small_to_split_names_the_demos_own_flags(tmp_path):

@@ -118,6 +118,21 @@ def test_fit_picks_the_recipe_on_a_token_stream_store_when_nothing_picks_a_kind(
     assert picked(stream, "--resume") == RecipeSpec(SingleHopSpec(), None, 8, "target")
 
 
+def test_fit_help_says_what_it_fits_on_either_kind_of_store() -> None:
+    """``fit --help`` said it fits "a triple store": it fits either kind, the recipe by default on a token stream."""
+    import subprocess
+
+    from tests.test_cli import COMMAND
+
+    helped = subprocess.run([COMMAND, "fit", "--help"], capture_output=True, text=True, timeout=120, check=False)
+    assert helped.returncode == 0, helped.stderr
+    text = " ".join(helped.stdout.split())
+    assert "to a triple store" not in text
+    assert "by default the recipe on a token-stream store (--head single: one head alone), one head on a triple " in (
+        text
+    )
+
+
 @pytest.mark.slow
 def test_one_fit_of_the_recipe_leaves_each_part_and_a_stack_of_them(tmp_path: Path, one_worker_address: str) -> None:
     """Every stage on one cluster (one iteration each): the parts in their directories, the stack in ``stack/`` (its

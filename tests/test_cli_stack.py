@@ -96,3 +96,28 @@ def test_a_bad_gate_is_one_line_of_the_real_command(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.splitlines() == ["dist-respattn fit: error: --stack-gate both: expected one of joint, target"]
     assert not (tmp_path / "model").exists()
+
+
+@pytest.mark.slow
+def test_neighbours_names_each_part_of_a_stack_by_its_kind_and_window(stores: dict[str, Path], tmp_path: Path) -> None:
+    """A stack's emission rows are its parts': each list is named by the part's kind and window beside the name the
+    kind gives its table ("own table", "emission"), which alone does not say which part it is; and the rows are the
+    head's ``B[s, :]`` (``B_a`` is an attribute's, of a gated head)."""
+    from dist_respattn.model.heads.stack import StackHead
+    from dist_respattn.store import open_store
+
+    conj, copy, single = stack_components(copy_data(300, SHAPE, seed=3), SHAPE)
+    stack = StackHead([0.5, 0.3, 0.2], (conj, copy, single))
+    model = tmp_path / "stack"
+    record = {"iteration": 0, "store": store_record(open_store(stores["train"]))}
+    ModelDir(model).commit("ckpt-000000-test", stack, record, latest={"iteration": 0}, best=None, keep_best=None)
+    result = run("neighbours", str(model), "3", "--top", "2")
+    assert result.returncode == 0, result.stderr
+    header, *lines = result.stdout.splitlines()
+    assert header == "nearest to '3' by the Hellinger distance between emission rows B[s, :]:"
+    names = [line.split(":")[0].strip() for line in lines]
+    assert names == [
+        "component 0, conj N = 2 (attended token's table B)",
+        "component 1, copy N = 4 (own table)",
+        f"component 2, single_hop N = {SHAPE[1]} (emission)",
+    ], result.stdout

@@ -189,7 +189,8 @@ def _run(argv: Sequence[str] | None, ran: list[argparse.Namespace]) -> int:
         return _one_line_error(args, exc)
     try:
         if args.json:
-            print(json.dumps(report, indent=2))
+            # Indented, unless the command's stdout is JSON lines (predict --stream), which its summary ends as one.
+            print(json.dumps(report, indent=None if getattr(args, "json_line", False) else 2))
         else:
             args.printer(report)
         sys.stdout.flush()

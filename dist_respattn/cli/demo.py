@@ -137,7 +137,7 @@ def check_demo_dir(folder: Path, *, synthetic: bool, overwrite: bool) -> None:
 def _run_text(args: argparse.Namespace) -> dict[str, Any]:
     from dist_respattn.engine import ClusterOptions, FitSettings, connect, evaluate, fit
     from dist_respattn.engine.cluster import starts_embedded_cluster
-    from dist_respattn.store import TextCorpus, WriteOptions, default_corpus, write_split
+    from dist_respattn.store import TextCorpus, TokenStreamStore, WriteOptions, default_corpus, write_split
     from dist_respattn.store.errors import EmptySplitError
 
     say = _say(args)
@@ -162,8 +162,10 @@ def _run_text(args: argparse.Namespace) -> dict[str, Any]:
             "another --seed"
         ) from None
     rows = {name: store.num_rows for name, store in stores.items()}
+    # Whole files are taken until --max-tokens is reached, so the last one taken runs past it: the tokens split.
+    taken = sum(int(store.num_tokens) for store in stores.values() if isinstance(store, TokenStreamStore))
     say(
-        f"split {args.max_tokens:,} tokens of the Python standard library's source ({default_corpus()}) into "
+        f"split {taken:,} tokens of the Python standard library's source ({default_corpus()}) into "
         f"train, validation and test stores under {folder} ({rows['train']:,} / {rows['validation']:,} / "
         f"{rows['test']:,} windows of {args.context} tokens, a vocabulary of {args.vocab_size:,} words counted on "
         f"train) in {time.perf_counter() - started:.1f} s"

@@ -215,7 +215,8 @@ def register(sub: Any) -> None:
         "fit",
         help="fit a head to a store by exact EM on a Dask cluster, checkpointing into a model directory",
         description=(
-            "Fit a responsibility-attention head to a triple store by exact EM on a Dask cluster. Every "
+            "Fit a responsibility-attention head to a store by exact EM on a Dask cluster: by default the recipe "
+            "on a token-stream store (--head single: one head alone), one head on a triple store. Every "
             "iteration is checkpointed into --model-dir (arrays + JSON); --resume continues a killed fit."
         ),
     )
@@ -766,6 +767,7 @@ def _run_predict(args: argparse.Namespace) -> dict[str, Any]:
         if args.out:
             raise CommandError("--stream writes JSON lines to stdout: give it or --out, not both")
         args.printer = print_stream_summary
+        args.json_line = True  # the --json summary follows the token lines as one more line: stdout stays JSON lines
         return run_stream(args)
     if not args.out:
         raise CommandError(

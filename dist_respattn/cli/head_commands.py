@@ -168,11 +168,12 @@ def _run_neighbours(args: argparse.Namespace) -> dict[str, Any]:
             for i, d in zip(ids, distances, strict=True)
             if np.isfinite(d)
         ]
-    return {"word": args.word, "distance": "hellinger", "neighbours": out}
+    return {"word": args.word, "distance": "hellinger", "kind": checkpoint.model.kind, "neighbours": out}
 
 
 def _print_neighbours(report: dict[str, Any]) -> None:
-    print(f"nearest to {report['word']!r} by the Hellinger distance between emission rows B_a[s, :]:")
+    rows = "B_a[s, :]" if report.get("kind") == "gated" else "B[s, :]"  # an attribute's table, or the head's
+    print(f"nearest to {report['word']!r} by the Hellinger distance between emission rows {rows}:")
     for name, items in report["neighbours"].items():
         print(f"  {name}: " + ", ".join(f"{w} ({d:.3f})" for w, d in items))
 

@@ -147,8 +147,9 @@ def spec_from_args(args: argparse.Namespace, base: Any, saved: dict[str, Any] | 
         raise CommandError(f"the options of the {names} heads were given together: a fit is of one kind of head")
     if chosen:
         return chosen[0][1]
-    if saved and saved.get("kind") != getattr(base, "kind", None):
-        # A resumed fit of another kind, its options not given again: it continues as it was.
+    if head is None and saved and saved.get("kind") != getattr(base, "kind", None):
+        # A resumed fit of another kind, its options not given again: it continues as it was. A --head given (single
+        # too) asks for its own kind, which the resume then refuses rather than ignores.
         from dist_respattn.model.heads.base import spec_from_json
 
         return spec_from_json(saved)

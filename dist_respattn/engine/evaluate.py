@@ -488,9 +488,16 @@ def ranking_lines(ranking: dict[str, Any]) -> list[str]:
     """The summary's ranking table: a line per model, HR, NDCG and MRR at K by both protocols."""
     k = ranking.get("k")
     exclude = ", history excluded" if ranking.get("exclude_history") else ""
+    negatives = ranking.get("negatives")
+    sampled = f"{negatives} unseen negatives"
+    # A document that has seen all but fewer than M targets is ranked against those few: its sampled figures are
+    # of an easier ranking than the header would otherwise say, so it says how many a row had.
+    mean = (ranking.get("sampled") or {}).get("mean_candidates")
+    if isinstance(negatives, int) and isinstance(mean, (int, float)) and mean - 1 < negatives:
+        sampled = f"{negatives} unseen negatives asked, {mean - 1:.1f} a row on average (too few unseen)"
     lines = [
         f"ranking the last row of {ranking.get('rows', 0):,} documents at K = {k} (full: every target{exclude}; "
-        f"sampled: {ranking.get('negatives')} unseen negatives, seed {ranking.get('seed')}; ties pessimistic)",
+        f"sampled: {sampled}, seed {ranking.get('seed')}; ties pessimistic)",
         f"{'':<19} {'HR':>7} {'NDCG':>7} {'MRR':>7}   {'HR':>7} {'NDCG':>7} {'MRR':>7}",
         f"{'':<19} {'full':>23}   {'sampled':>23}",
     ]

@@ -613,6 +613,13 @@ def _check_recorded(
     if recorded is None:
         return validation, init_from
     saved = FitSettings.from_json(recorded["settings"])
+    recorded_kind = (recorded.get("head") or {}).get("kind")
+    if recorded_kind is not None and recorded_kind != spec.kind:
+        # Said alone: every setting of one kind differs from the other's, and a list of them hides the cause.
+        raise FitError(
+            f"{folder}: holds a fit of a {recorded_kind} head, which cannot be resumed as a {spec.kind} head; resume "
+            "it as its own kind, or start over with overwrite=True"
+        )
     differences = saved.differences(settings, ignore=RESUME_MAY_CHANGE)
     if recorded.get("head"):
         saved_spec = spec_from_json(recorded["head"])
@@ -917,9 +924,12 @@ def _fit_stage(
         state = FitState(checkpoint.meta.get("state", FitState.MAX_ITER))
         _restore_best(folder, checkpoint)
         say(f"{folder}: the fit already ended at iteration {checkpoint.iteration} ({state})")
+        # The report still names the rows its held-out figures are of (a hold-out of the training store is no
+        # validation store).
         return FitResult(
             checkpoint.model, str(folder), state, history, stopping.best_iteration,
             checkpoint.meta.get("warnings", []), None, time.perf_counter() - called, None,
+            heldout_rows=held.description if held is not None else None,
         )  # fmt: skip
 
     from dist_respattn import __version__

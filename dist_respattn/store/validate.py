@@ -70,6 +70,8 @@ class ValidationReport:
             "url": self.url,
             "ok": self.ok,
             "rows_scanned": self.rows_scanned,
+            # A stream store's count is of tokens, which are not its rows: the JSON says so as the text does.
+            "unit": self.unit,
             "chunks_scanned": self.chunks_scanned,
             "problems": [p.to_json() for p in self.problems],
             "notes": list(self.notes),

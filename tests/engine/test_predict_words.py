@@ -176,8 +176,10 @@ def test_predict_stream_gives_words_and_ids_and_reports_the_start_up_apart(text_
         assert [w for w, _ in line["top"]] == [words[i] for i in line["ids"]]
         np.testing.assert_allclose([p for _, p in line["top"]], probs, rtol=0, atol=1e-8)  # printed to 8 places
     assert "ready in " in done.stderr and f"predicted after {len(lines)} tokens" in done.stderr
-    report = cli("predict", model, store, "--stream", "--json", stdin=text).stdout
-    summary = json.loads(report[report.index("{\n") :])
+    report = cli("predict", model, store, "--stream", "--top", str(TOP), "--json", stdin=text).stdout
+    # stdout stays JSON lines: the token lines as without --json, then the summary as one line more.
+    *token_lines, summary = (json.loads(line) for line in report.splitlines())
+    assert token_lines == lines
     assert summary["startup_seconds"] > 0 and summary["tokens"] == len(lines)
     # The state is bounded by the model's window (a repeat gate's: the history's last N tokens), not the history.
     assert summary["window"] == head.context_length and 0 < summary["state_counts"]

@@ -154,3 +154,36 @@ def test_leave_one_out_then_evaluate_ranking_equals_the_ranking_computed_here(tm
         assert ranking["baselines"]["most_popular"][protocol] == pytest.approx(table["most_popular"][protocol])
     assert set(ranking["baselines"]) == {"most_popular", "markov", "item_knn"}
     assert (ranking["k"], ranking["negatives"], ranking["seed"], ranking["exclude_history"]) == (5, 7, 3, False)
+
+
+def test_the_table_says_how_many_negatives_a_row_had_when_its_document_left_too_few_unseen(
+    tmp_path: Path, one_worker_address: str
+) -> None:
+    """``--ranking-negatives M`` past the targets a document has not seen ranks its row against all it has not seen
+    (fewer than M): the table's header then says how many a row had on average (``mean_candidates`` less the target),
+    where it said M unseen negatives whatever a row had; with M to be had everywhere it says M alone."""
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "tokens.npy", rng.integers(0, 200, size=30 * 40).astype(np.int64))
+    np.save(tmp_path / "starts.npy", np.arange(0, 30 * 40, 40))
+    made = run("split", "--tokens", str(tmp_path / "tokens.npy"), "--documents", str(tmp_path / "starts.npy"),
+               "--context", "4", "--dim", "4", "--hold-out", "last", str(tmp_path / "split"))  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    stores, model, address = tmp_path / "split", str(tmp_path / "model"), one_worker_address
+    fitted = run("fit", str(stores / "train.zarr"), "--model-dir", model, "--head", "single", "--max-iter", "1",
+                 "--scheduler", address)  # fmt: skip
+    assert fitted.returncode == 0, fitted.stderr
+    for negatives, enough in (("100", True), ("190", False)):
+        args = ("evaluate", model, str(stores / "test.zarr"), "--ranking", "5", "--ranking-negatives", negatives,
+                "--baseline-order", "2", "--scheduler", address)  # fmt: skip
+        text, as_json = run(*args), run(*args, "--json")
+        assert text.returncode == 0 and as_json.returncode == 0, (text.stderr, as_json.stderr)
+        had = json.loads(as_json.stdout)["ranking"]["sampled"]["mean_candidates"] - 1
+        (header,) = [line for line in text.stdout.splitlines() if line.startswith("ranking the last row of")]
+        if enough:
+            assert had == 100
+            assert "sampled: 100 unseen negatives, seed 0;" in header, header
+        else:
+            assert had < 190  # 40 tokens of 200 targets leave each document about 164 unseen
+            assert f"sampled: 190 unseen negatives asked, {had:.1f} a row on average (too few unseen), seed 0;" in (
+                header
+            ), header

@@ -220,9 +220,11 @@ class StackHead(WindowHead):
         ]
 
     def emissions(self, options: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
+        # Each named by its kind and window too: the kinds' own names ("own table", "emission") say nothing of which
+        # part they come from.
         return [
-            (f"component {k} ({name})", table)
-            for k, head in enumerate(self.components)
+            (f"component {k}, {head.kind} N = {window} ({name})", table)
+            for k, (head, window) in enumerate(zip(self.components, self.windows, strict=True))
             for name, table in head.emissions(options)
         ]
 
