@@ -622,12 +622,7 @@ def _check_recorded(
         )
     differences = saved.differences(settings, ignore=RESUME_MAY_CHANGE)
     if recorded.get("head"):
-        saved_spec = spec_from_json(recorded["head"])
-        if saved_spec.kind != spec.kind:
-            # Another kind: its settings are another kind's too, and listing each of them would hide the one change.
-            differences.append(f"kind: {saved_spec.kind!r} -> {spec.kind!r}")
-        else:
-            differences += saved_spec.differences(spec)
+        differences += spec_from_json(recorded["head"]).differences(spec)
     # A setting both the fit and its head record (the seed) is said once.
     differences = list(dict.fromkeys(differences))
     if differences:

@@ -566,7 +566,9 @@ def test_resume_with_other_settings_is_refused(resume_runs, setting):
 @pytest.mark.slow
 def test_resume_with_another_kind_names_the_kinds_not_their_settings(resume_runs):
     finished = resume_runs["finished"]
-    line = assert_fit_error(resume_runs["kind"].wait(), str(finished), "kind: 'single_hop' -> 'conj'")
+    line = assert_fit_error(
+        resume_runs["kind"].wait(), str(finished), "a fit of a single_hop head", "cannot be resumed as a conj head"
+    )
     assert "sigma2" not in line and "depth" not in line, line
     assert tree_state(finished) == resume_runs["before"][finished]
 
