@@ -67,6 +67,7 @@ def test_a_valid_store_reports_everything_it_scanned(store_path):
         "url": store_path,
         "ok": True,
         "rows_scanned": ROWS,
+        "unit": "rows",
         "chunks_scanned": 16,
         "problems": [],
         "notes": [],
