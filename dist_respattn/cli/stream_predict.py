@@ -113,7 +113,9 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
             stdout.flush()
         except BrokenPipeError:  # the reader (e.g. `| head`) left: what it took was all it wanted
             if stdout is sys.stdout:  # so that Python's own flush at exit does not fail on it again
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
             break
     return {
         "command": "predict --stream",
