@@ -110,23 +110,28 @@ class WindowRows(NamedTuple):
             checked,
         )
 
-    def kernel_arrays(self) -> WindowArrays:
+    def kernel_arrays(self, *, narrow_queries: bool = False) -> WindowArrays:
         """The rows as the compiled window kernels take them, one dtype an array: ``tokens`` (L,) int32, ``begin``,
-        ``end`` (n,) int64, ``target`` (n,) int64, ``query_table`` (V, D) as given (float32 or float64: a real
-        choice of the store), ``query_index`` (n,) int64 and ``weight`` (n,) float64, or (0,) when every row
-        weighs 1.
+        ``end`` (n,) int64, ``target`` (n,) int64, ``query_table`` (V, D) float64, ``query_index`` (n,) int64 and
+        ``weight`` (n,) float64, or (0,) when every row weighs 1.
 
         A kernel compiles once for each combination of its arguments' types, so rows from a uint8 or uint16
         stream, an int32 triple store and int64 test arrays would each compile (and cache) every kernel again;
-        cast here, they share one build. The casts copy at most a block's tokens and ids, never a row's query.
+        cast here, they share one build. So does a float32 query table (a store's own, the default), copied to
+        float64 exactly (every float32 is a float64): a stream's (V, D) embedding table, or a triple store's block
+        of queries (8 D bytes a row, beside the E-step's microsecond a row). ``narrow_queries`` hands a float32
+        table over as it is, for the kernels that read it at half the cache lines and are built for both widths
+        (the single head's E-step, the chain of hops' beside an empty float64 table). No other cast copies more
+        than a block's tokens and ids.
         """
         weight = _NO_WEIGHTS if self.weight is None else np.asarray(self.weight, dtype=np.float64)
+        table = self.query_table
         return WindowArrays(
             np.ascontiguousarray(self.tokens, dtype=np.int32),  # ids checked to lie in [0, S), S < 2**31
             np.ascontiguousarray(self.begin, dtype=np.int64),
             np.ascontiguousarray(self.end, dtype=np.int64),
             np.ascontiguousarray(self.target, dtype=np.int64),
-            np.ascontiguousarray(self.query_table),
+            np.ascontiguousarray(table) if narrow_queries else np.ascontiguousarray(table, dtype=np.float64),
             np.ascontiguousarray(self.query_index, dtype=np.int64),
             np.ascontiguousarray(weight),
         )

@@ -885,8 +885,8 @@ class PlannedRows:
             back from it (:func:`_plan_rows`).
         weights: (n,) float64 their weights; empty when each is 1.
         context: (m, N) int32, the computed rows' context ids; ``target``: (m,) int32 their targets.
-        query_row: (m,) int32, each computed row's query among ``queries`` (u, D) (the distinct ones, in the batch's
-            dtype).
+        query_row: (m,) int32, each computed row's query among ``queries`` (u, D) float64 (the distinct ones;
+            float32 queries widened, exactly).
         pairs: (m, N) int32, the support's index of each position's pair with the target (-1 off the support);
             (0, N) for dense counts.
         hits: how many rows are read back.
@@ -949,7 +949,7 @@ def plan_grid_rows(
     fresh_target = np.ascontiguousarray(target[fresh], dtype=np.int32)
     query_row = np.empty(m, dtype=np.int32)
     first = _intern_rows(np.ascontiguousarray(query_bits[fresh]), query_row)
-    queries = np.ascontiguousarray(query[fresh[first]])
+    queries = np.ascontiguousarray(query[fresh[first]], dtype=np.float64)  # float32 widened: one build for both
     _, indptr, symbols, _ = grid_count_arrays(table)
     if indptr.shape[0]:
         pairs = np.empty(fresh_context.shape, dtype=np.int32)

@@ -1333,6 +1333,7 @@ def row_log_likelihood(
         scan_values(context, query, target, None, num_symbols=params.num_symbols, num_targets=params.num_targets)
     out = np.empty(context.shape[0])
     context, target = kernel_ids(context), kernel_ids(target)
+    query = np.ascontiguousarray(query, dtype=np.float64)  # float32 queries widened (exactly): one build for both
     if isinstance(params, SparseKernelParameters):
         _row_log_likelihood_sparse_numba(
             context, query, target, params.key_means, params.indptr, params.symbols, params.log_values,

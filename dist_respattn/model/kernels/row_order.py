@@ -57,13 +57,13 @@ def gather_windows(tokens, begin, end, order):  # pragma: no cover - compiled
     return new_tokens, new_begin, new_end
 
 
-def windows_in_order(rows: WindowRows, order: np.ndarray) -> WindowArrays:
+def windows_in_order(rows: WindowRows, order: np.ndarray, *, narrow_queries: bool = False) -> WindowArrays:
     """``rows`` as the window kernels take them (:meth:`~dist_respattn.model.rows.WindowRows.kernel_arrays`),
     visited in ``order``, their windows' tokens copied into that order: the E-step then reads them one after another,
     not from anywhere in a block (grouping by target gained half as much without the copy, at 300,000 sampled rows
     of the chain of hops). The queries are not copied (a float64 copy of 300,000 rows in their order cost more than
-    it saved): the E-steps prefetch each row's."""
-    arrays = rows.kernel_arrays()
+    it saved): the E-steps prefetch each row's. ``narrow_queries``: as ``kernel_arrays`` takes it."""
+    arrays = rows.kernel_arrays(narrow_queries=narrow_queries)
     tokens, begin, end = gather_windows(arrays.tokens, arrays.begin, arrays.end, order)
     weight = arrays.weight[order] if arrays.weight.shape[0] > 0 else arrays.weight
     return WindowArrays(tokens, begin, end, arrays.target[order], arrays.query_table, arrays.query_index[order], weight)

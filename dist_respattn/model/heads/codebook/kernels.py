@@ -673,9 +673,10 @@ def codebook_estep(rows: Any, params: CodebookParameters, tables: EstepTables, a
     n_books, n_words, d = params.code_means.shape
     cells = n_books * n_words
     cached = _caches(rows, cells)
-    size = rows.query_table.shape[0] if cached else 0
+    window = rows.kernel_arrays()  # a float32 query table as float64: one build of each kernel for both
+    size = window.query_table.shape[0] if cached else 0
     if cached:
-        gates, shifts = tables.query_gates(rows.query_table, params.inv_two_sigma2)
+        gates, shifts = tables.query_gates(window.query_table, params.inv_two_sigma2)
         kept, _SCRATCH.code_query = _SCRATCH.code_query, None
         code_query = kept if kept is not None and kept.shape == (size, cells) else np.zeros((size, cells))
     else:
@@ -685,14 +686,14 @@ def codebook_estep(rows: Any, params: CodebookParameters, tables: EstepTables, a
     touched = np.empty(rows.num_rows * (params.prior.shape[0] - 1), dtype=cell_type)
     p = params
     n_touched = _estep(  # type: ignore[call-arg]
-        *rows.kernel_arrays(), p.key_means, p.inv_two_sigma2, p.gate_const, p.prior, p.log_prior, p.log_omega,
+        *window, p.key_means, p.inv_two_sigma2, p.gate_const, p.prior, p.log_prior, p.log_omega,
         p.log_emission_ts, p.log_code_ts, tables.flat_codes, tables.flat_means, tables.code_ts, arrays.key_sum,
         arrays.key_mass, arrays.emission_count, arrays.code_sum.reshape(cells, d), arrays.code_count.reshape(-1, cells),
         arrays.prior_mass, arrays.scalars, gates.reshape(-1, cells), shifts, done, code_query, touched,
     )  # fmt: skip
     arrays.touched.append(touched[:n_touched])
     if cached:
-        _query_sums(code_query, done, rows.query_table, arrays.code_sum.reshape(cells, d))
+        _query_sums(code_query, done, window.query_table, arrays.code_sum.reshape(cells, d))
         _SCRATCH.code_query = code_query  # zeroed by the query sums
 
 

@@ -1330,18 +1330,9 @@ def _score(
     return log_lik, target_log_prob, weight
 
 
-def _chain_rows(rows: WindowRows) -> WindowArrays:
-    """``rows`` as the chain's kernels take them: a float32 query table read as float64 (exactly: every float32 is a
-    float64), so each of them builds once, for float64, and not again for a store's float32 queries. They are the
-    package's largest (about 1 MB of machine code and 15 s of compiling a build); the copy is the (V, D) table's, a
-    few ms a block beside the chain's half a million rows a second."""
-    arrays = rows.kernel_arrays()
-    return arrays._replace(query_table=np.ascontiguousarray(arrays.query_table, dtype=np.float64))
-
-
 def _estep_rows(arrays: WindowArrays) -> tuple[WindowArrays, np.ndarray]:
     """``(arrays, narrow)`` as the E-step takes a block's rows: a float32 query table as ``narrow`` (read and widened
-    a row at a time, exactly, as :func:`_chain_rows`'s copy would give; ``arrays``' table then empty), any other as
+    a row at a time, exactly, as ``kernel_arrays``' float64 copy would give; ``arrays``' table then empty), any other as
     float64 (``narrow`` empty). One build either way, and no float64 copy of a table of the rows' own queries
     (77 MB at 300,000 rows of D = 32, ~13 ms: 2% of an E-step of 3 hops), whose rows the E-step then fetches at half
     the lines."""
@@ -1390,7 +1381,10 @@ def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays, group_
         order = _sampled_order(rows, params)
     else:
         order = _by_target(rows, params) if group_by_target and rows.num_rows > 1 else None
-    window, narrow = _estep_rows(rows.kernel_arrays() if order is None else windows_in_order(rows, order))
+    visited = (
+        rows.kernel_arrays(narrow_queries=True) if order is None else windows_in_order(rows, order, narrow_queries=True)
+    )
+    window, narrow = _estep_rows(visited)
     # Room for every row when they are visited out of order: the message lists the first ones in row order.
     found = np.empty(min(rows.num_rows, 64) if order is None else rows.num_rows, dtype=np.int64)
     n_impossible, n_outside, n_log_domain = _estep(  # type: ignore[call-arg]
@@ -1423,7 +1417,7 @@ def hop_score(
     also each row's ``(log p(query | window), log p(target | window, query))`` into it."""
     attention = np.empty((rows.num_rows, params.prior.shape[1]))
     log_lik, target_log_prob, weight = _score(  # type: ignore[call-arg]
-        *_chain_rows(rows),
+        *rows.kernel_arrays(),
         *params.arrays(), attention, per_row,
     )  # fmt: skip
     return float(log_lik), float(target_log_prob), float(weight), attention

@@ -308,6 +308,7 @@ def mixture_score(
 ) -> tuple[float, float, float, float]:
     """``(log_lik, target_log_prob, correct, weight)`` sums over checked rows (``weights`` (n,) or ``None``: 1 each)."""
     kernel_weights = np.zeros(0) if weights is None else np.asarray(weights, dtype=np.float64)
+    query = np.ascontiguousarray(query, dtype=np.float64)  # float32 queries widened (exactly): one build for both
     ll, lp, correct, weight = _score(context, query, target, kernel_weights, num_targets, *stacked.arguments())
     return float(ll), float(lp), float(correct), float(weight)
 

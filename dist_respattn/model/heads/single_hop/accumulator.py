@@ -388,7 +388,9 @@ class ResponsibilityAttentionAccumulator:
         rows.check(self.num_symbols, self.num_targets, self.context_length, self.query_dim)
         try:
             if estimate.buckets is None:
-                per_position.accumulate_estep_windows(rows.kernel_arrays(), estimate.kernel_parameters, self._stats)
+                per_position.accumulate_estep_windows(
+                    rows.kernel_arrays(narrow_queries=True), estimate.kernel_parameters, self._stats
+                )
             else:
                 histogram.accumulate_windows(
                     rows, histogram.histogram_parameters(estimate), self._stats, estimate.buckets
@@ -467,7 +469,7 @@ class ResponsibilityAttentionAccumulator:
             # The window tally is the start pass's (which finds the support): counts on a support read encoded rows.
             self.seq_initialize_uniform(_encoded_windows(rows, self.context_length), rows.weight, checked=True)
             return
-        arrays = rows.kernel_arrays()
+        arrays = rows.kernel_arrays(narrow_queries=True)
         uniform = 1.0 / self.context_length
         for start, stop in per_position.block_ranges(arrays.begin.shape[0], per_position.DEFAULT_BLOCK_ROWS):
             block = WindowArrays(

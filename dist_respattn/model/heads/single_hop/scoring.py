@@ -361,6 +361,7 @@ def score_rows(
     and whether that target is the arg-max. Bad ids or non-finite values raise naming the row.
     """
     context, query, target, w = model.check_batch(x, weights)
+    query = np.ascontiguousarray(query, dtype=np.float64)  # float32 queries widened (exactly): one build for both
     params = model.kernel_parameters
     kernel_weights = np.zeros(0) if w is None else w.astype(np.float64, copy=False)
     table = model.emission_table
