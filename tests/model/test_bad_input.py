@@ -713,6 +713,13 @@ def test_context_length_mismatch():
         build(context_length=N + 1)
 
 
+def test_a_short_position_prior_is_named_by_its_length_not_its_sum():
+    # The first N - 1 entries of a uniform prior sum to (N - 1) / N: the length is the cause, and the message says so.
+    short = np.full(N - 1, 1.0 / N)
+    with pytest.raises(ValueError, match=rf"context_length = {N} but position_prior has length {N - 1}"):
+        ResponsibilityAttentionDistribution(GOOD_KEYS, GOOD_EMISSION, position_prior=short, context_length=N)
+
+
 # --------------------------------------------------------------------------------------------
 # Estimator construction and estimate().
 

@@ -105,11 +105,10 @@ class ResponsibilityAttentionDistribution(Head):
                     "or pass context_length=N for a uniform prior"
                 )
             position_prior = np.full(context_length, 1.0 / context_length)
+        # The length first: a prior of the wrong length also fails to sum to 1, which would hide the cause.
+        if context_length is not None and np.ndim(position_prior) == 1 and len(position_prior) != context_length:
+            raise ValueError(f"context_length = {context_length} but position_prior has length {len(position_prior)}")
         self.position_prior = as_simplex(position_prior, "position_prior")
-        if context_length is not None and context_length != self.position_prior.shape[0]:
-            raise ValueError(
-                f"context_length = {context_length} but position_prior has length {self.position_prior.shape[0]}"
-            )
         self.context_length = self.position_prior.shape[0]
         if buckets is not None:
             if buckets.context_length != self.context_length:
