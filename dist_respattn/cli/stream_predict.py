@@ -14,6 +14,7 @@ start-up (loading the model and the store, the compiled kernels' first call) apa
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
@@ -60,7 +61,12 @@ def run_stream(args: argparse.Namespace, stdin: IO[str] | None = None, stdout: I
     from dist_respattn.store import check_model_corpus, open_store
     from dist_respattn.store.predictions import target_words
 
-    stdin = stdin or sys.stdin
+    if stdin is None:
+        stdin = sys.stdin
+        if isinstance(stdin, io.TextIOWrapper):
+            # As ingest reads text: UTF-8, a byte that is not as U+FFFD (the locale's codec could refuse it with a
+            # traceback, or pass it on as a lone surrogate that no JSON reader takes).
+            stdin.reconfigure(encoding="utf-8", errors="replace")
     stdout = stdout or sys.stdout
     storage_options = parse_storage_options(args.storage_option)
     checkpoint = load_checkpoint(args.model, storage_options=storage_options)

@@ -190,6 +190,21 @@ def test_predict_stream_gives_words_and_ids_and_reports_the_start_up_apart(text_
     assert summary["microseconds_per_token"] == pytest.approx(1e6 * summary["seconds"] / len(lines), abs=rounding)
 
 
+def test_predict_stream_reads_bytes_that_are_not_utf8_as_ingest_does(text_model):
+    """A byte that is not UTF-8 on stdin is read as U+FFFD, as ``ingest --text`` reads it: no traceback, and no lone
+    surrogate in the JSON lines (which a strict UTF-8 reader refuses)."""
+    store, model = text_model
+    done = subprocess.run(
+        [COMMAND, "predict", model, store, "--stream", "--top", "1"],
+        input=b"def caf\xe9(self):\n    return \xff\n", capture_output=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    tokens = [json.loads(line)["token"] for line in done.stdout.decode("utf-8").splitlines()]
+    assert any("\ufffd" in token for token in tokens), tokens
+    for token in tokens:
+        token.encode("utf-8")  # a lone surrogate raises here
+
+
 def test_predict_stream_ends_quietly_when_its_reader_leaves(text_model, tmp_path):
     """``predict --stream | head -1``: once the reader has closed the pipe, the command stops reading and ends with
     its summary, exit 0, as the other commands do when their output's reader leaves. Before, the closed pipe was a
