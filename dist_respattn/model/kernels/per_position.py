@@ -1230,7 +1230,7 @@ def accumulate_responsibilities(
     """
     _scatter_numba(
         context,
-        query,
+        np.ascontiguousarray(query, dtype=np.float64),  # float32 queries widened (exactly): one build for both
         target,
         _kernel_weights(weights),
         np.ascontiguousarray(responsibilities, dtype=np.float64),

@@ -872,6 +872,7 @@ def _log_likelihoods(
     n = np.asarray(x[2]).shape[0]
     own = np.zeros(n, dtype=np.int64) if attribute is None else attribute
     context, query, target, attr, _ = _checked(head, x, own, None, values_checked=values_checked)
+    query = np.ascontiguousarray(query, dtype=np.float64)  # float32 queries widened (exactly): one build for both
     cand = np.zeros(0, dtype=np.int64) if candidates is None else np.asarray(candidates, dtype=np.int64)
     if cand.size and (cand.min() < 0 or cand.max() >= head.num_attributes):
         raise ValueError(f"candidates: expected attribute ids in [0, {head.num_attributes})")
