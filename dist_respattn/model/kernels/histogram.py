@@ -137,6 +137,8 @@ class HistogramParameters:
 _NO_TABLE = np.zeros((0, 0))
 _NO_INDEX = np.zeros(0, dtype=np.int64)
 _NO_SYMBOLS = np.zeros(0, dtype=np.int32)
+#: A dense head's empty ranked targets, of a support's target dtype: a dense and a sparse head share one build.
+_NO_TARGETS = np.zeros(0, dtype=np.int32)
 _NO_VALUES = np.zeros(0)
 _NO_DIRECT_ROW = np.zeros(0, dtype=np.int32)
 _NO_DIRECT_SLOTS = np.zeros((0, 0), dtype=np.int32)
@@ -681,7 +683,7 @@ def score_windows(model: Any, rows: WindowRows) -> ScoreTotals:
         order = np.argsort(-table.base, kind="stable")
     else:
         dense, values, backoff, base = table.to_dense(), _NO_VALUES, _NO_VALUES, _NO_VALUES
-        ranked = (_NO_INDEX, _NO_INDEX, _NO_VALUES)
+        ranked = (_NO_INDEX, _NO_TARGETS, _NO_VALUES)
         order = _NO_INDEX
     log_lik, target_log_prob, correct, weight = _score_windows_numba(
         *rows.kernel_arrays(),
