@@ -21,7 +21,7 @@ from dist_respattn.model.kernels.log_weights import NO_ROWS, exp_shifted, keep_r
 from dist_respattn.model.kernels.per_position import GROUP_BY_TARGET_TABLE_BYTES, SparseKernelParameters, find_pair
 from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
 from dist_respattn.model.kernels.row_order import by_target, windows_in_order
-from dist_respattn.model.rows import WindowRows
+from dist_respattn.model.rows import WindowRows, split_query_table
 
 __all__ = [
     "ConjArrays",
@@ -457,7 +457,7 @@ def _row_terms(
 
 @numba.njit(cache=True, nogil=True)
 def _estep(
-    tokens, begin, end, target, query_table, query_index, weights,
+    tokens, begin, end, target, query_table, query_index, weights, narrow_table,
     key_means, inv_two_sigma2, gate_const, prior, log_prior, depth, current, num_symbols, pair_keys, slots, shift,
     indptr, targets,
     pair_weight, cell_value, log_emission_ts, b_indptr, b_symbols, log_values, log_backoff, log_base,
@@ -466,7 +466,9 @@ def _estep(
     key_sum, key_mass, emission_count_ts, pair_counts, recency_mass, cell_counts, triple_counts, scalars, impossible,
 ):  # pragma: no cover - compiled  # fmt: skip
     """The fused E-step over the rows in order. Returns ``(n_impossible, n_outside)``: rows no position explains
-    (the first written to ``impossible``) and rows that fall on a cell or a B pair off the supports.
+    (the first written to ``impossible``) and rows that fall on a cell or a B pair off the supports. A float32 query
+    table comes as ``narrow_table``, read in place (``query_table`` then (0, 0)), else ``narrow_table`` is (0, 0):
+    :func:`~dist_respattn.model.rows.split_query_table`.
 
     With ``loo_strengths`` (6,) ``(beta, gamma, D, beta3, gamma3, D3)`` (else (0,)), each row is explained by the
     pair and triple rows of the counts ``loo_cells`` (M,) and ``loo_triple_cells`` (M3,) without the row's own
@@ -480,6 +482,7 @@ def _estep(
     +10% a row)."""
     n_pos = prior.shape[0]
     dim = key_means.shape[1]
+    wide = narrow_table.shape[0] == 0  # the queries in query_table (float64), else in narrow_table (float32)
     sparse = b_indptr.shape[0] > 0
     with_direct = direct_row.shape[0] > 0
     with_pairs = pair_keys.shape[0] > 0
@@ -572,7 +575,7 @@ def _estep(
         q = query_index[row]
         yy = 0.0
         for d in range(dim):
-            v = np.float64(query_table[q, d])
+            v = query_table[q, d] if wide else np.float64(narrow_table[q, d])
             y[d] = v
             yy += v * v
         m = hi - lo
@@ -792,8 +795,11 @@ def conj_estep(
     # Room for every row when they are visited out of order: the message lists the first ones in row order.
     found = np.empty(min(rows.num_rows, 64) if order is None else rows.num_rows, dtype=np.int64)
     loo = leave_one_out.arrays() if leave_one_out is not None else _NO_LEAVE_OUT
+    window, narrow = split_query_table(
+        rows.kernel_arrays(narrow_queries=True) if order is None else windows_in_order(rows, order, narrow_queries=True)
+    )
     n_impossible, n_outside = _estep(  # type: ignore[call-arg]
-        *(rows.kernel_arrays() if order is None else windows_in_order(rows, order)),
+        *window, narrow,
         *params.arrays(), params.direct_row, params.direct_slots, *loo,
         stats.key_sum, stats.key_mass, stats.emission_count_ts, stats.pair_counts if sparse else _NO_VALUES,
         extra.recency_mass, extra.cell_counts, extra.triple_counts, stats.scalars, found,

@@ -37,7 +37,7 @@ from dist_respattn.model.kernels.per_position import (
 )
 from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
 from dist_respattn.model.kernels.row_order import by_target, windows_in_order
-from dist_respattn.model.rows import WindowArrays, WindowRows
+from dist_respattn.model.rows import WindowRows, split_query_table
 
 __all__ = ["HopArrays", "HopParameters", "hop_estep", "hop_score"]
 
@@ -45,7 +45,6 @@ _NO_VALUES = np.zeros(0)
 _NO_INDEX = np.zeros(0, dtype=np.int64)
 _NO_SYMBOLS = np.zeros(0, dtype=np.int32)
 _NO_TABLE = np.zeros((0, 0))
-_NO_NARROW = np.zeros((0, 0), dtype=np.float32)
 _NO_ROWS = np.zeros(0, dtype=np.int32)
 _NO_SLOTS = np.zeros((0, 0), dtype=np.int32)
 _PREFETCH_ROWS = 8  # how many rows ahead the passes prefetch a dense emission's cells
@@ -1330,19 +1329,6 @@ def _score(
     return log_lik, target_log_prob, weight
 
 
-def _estep_rows(arrays: WindowArrays) -> tuple[WindowArrays, np.ndarray]:
-    """``(arrays, narrow)`` as the E-step takes a block's rows: a float32 query table as ``narrow`` (read and widened
-    a row at a time, exactly, as ``kernel_arrays``' float64 copy would give; ``arrays``' table then empty), any other as
-    float64 (``narrow`` empty). One build either way, and no float64 copy of a table of the rows' own queries
-    (77 MB at 300,000 rows of D = 32, ~13 ms: 2% of an E-step of 3 hops), whose rows the E-step then fetches at half
-    the lines."""
-    table = arrays.query_table
-    if table.dtype == np.float32:
-        # (A read-only table is copied: numba would build the E-step again for its type.)
-        return arrays._replace(query_table=_NO_TABLE), table if table.flags.writeable else table.copy()
-    return arrays._replace(query_table=np.ascontiguousarray(table, dtype=np.float64)), _NO_NARROW
-
-
 def _sampled_order(rows: WindowRows, params: HopParameters) -> np.ndarray | None:
     """The order in which the E-step visits rows that are not a token stream's: grouped by target (a stable
     counting sort, the single head's), so that the rows of one target read and update one row of the emission
@@ -1384,7 +1370,7 @@ def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays, group_
     visited = (
         rows.kernel_arrays(narrow_queries=True) if order is None else windows_in_order(rows, order, narrow_queries=True)
     )
-    window, narrow = _estep_rows(visited)
+    window, narrow = split_query_table(visited)
     # Room for every row when they are visited out of order: the message lists the first ones in row order.
     found = np.empty(min(rows.num_rows, 64) if order is None else rows.num_rows, dtype=np.int64)
     n_impossible, n_outside, n_log_domain = _estep(  # type: ignore[call-arg]
