@@ -367,8 +367,14 @@ class Registry:
         lock.check()
         if self.missing_latest() is None:
             if number is not None:
-                raise RegistryError(f"{self.files.where(LATEST_FILE)}: names version {self.latest_number()}: "
-                                    "nothing to repair")  # fmt: skip
+                numbers = self.numbers()
+                absent = "" if number in numbers else f"there is no version {number}, and "
+                held = ", ".join(map(str, numbers)) if len(numbers) <= 8 else f"{numbers[0]} to {numbers[-1]}"
+                raise RegistryError(
+                    f"{self.files.where(LATEST_FILE)}: names version {self.latest_number()}, which checks out: "
+                    f"nothing to repair (--version {number} is for a latest that does not; {absent}the registry "
+                    f"holds versions {held})"
+                )
             return self.latest_number()
         candidates = [number] if number is not None else list(reversed(self.numbers()))
         for candidate in candidates:

@@ -98,8 +98,12 @@ def test_models_repair_points_latest_at_the_newest_version_that_checks_out(three
     with registry.lock() as lock:
         assert registry.repair_latest(lock, 1) == 1  # the version asked for
         assert registry.repair_latest(lock) == 1  # a latest that names a version is left alone
-        with pytest.raises(RegistryError, match="names version 1: nothing to repair"):
+        # --version N on a latest that checks out: refused, saying why and which versions there are.
+        with pytest.raises(RegistryError, match=r"names version 1, which checks out: nothing to repair \(--version 2 "
+                           r"is for a latest that does not; the registry holds versions 1, 2, 3\)"):  # fmt: skip
             registry.repair_latest(lock, 2)
+        with pytest.raises(RegistryError, match=r"there is no version 7, and the registry holds versions 1, 2, 3"):
+            registry.repair_latest(lock, 7)
     assert registry.latest_number() == 1 and registry.problems() == [
         f"{root}/versions/000003.json: the record differs from its record_sha256 (edited after it was published)"
     ]
