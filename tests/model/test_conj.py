@@ -22,8 +22,9 @@ from dist_respattn.model.fitting.em import fit_em
 from dist_respattn.model.fitting.holdout import HoldoutRule
 from dist_respattn.model.heads.base import Block
 from dist_respattn.model.heads.conj import ConjHead, ConjSpec
+from dist_respattn.model.heads.conj import kernels as conj_kernels
 from dist_respattn.model.heads.conj.head import TripleRows
-from dist_respattn.model.heads.conj.kernels import ConjArrays, conj_estep
+from dist_respattn.model.heads.conj.kernels import ConjArrays, conj_estep, conj_score
 from dist_respattn.model.heads.conj.kind import (
     ROW_COUNTS,
     cell_tally,
@@ -243,6 +244,32 @@ def test_rows_grouped_by_target_give_the_statistics_of_rows_in_their_order(
         with pytest.raises(ImpossibleEvidenceError, match=r"rows 2, 9 have"):
             conj_estep(rows, impossible.parameters, stats, ConjArrays.zeros(shape[1], impossible.num_cells),
                        group_by_target=grouped)  # fmt: skip
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_float32_queries_give_their_float64_values_statistics_and_scores_from_one_build(grouped: bool) -> None:
+    """A store's float32 query table reaches the E-step as it is (read in place, no float64 copy of a block's
+    queries) and the scoring kernel widened: both give the numbers of the table's float64 values, to the bit, and
+    neither kernel builds a second time for it."""
+    rng = np.random.default_rng(5)
+    shape = (7, 4, 2, 7)
+    tokens, starts = corpus(rng, 60, 7, 3)
+    table = rng.normal(size=(7, 2)).astype(np.float32)
+    narrow = windows_of(tokens, starts, shape[1], table)
+    wide = narrow._replace(query_table=table.astype(np.float64))
+    head = random_conj_head(shape, wide, 2, 5)
+    results, builds = [], []
+    for rows in (wide, narrow):
+        stats = StatisticArrays.zeros(*shape, None)
+        extra = ConjArrays.zeros(shape[1], head.num_cells)
+        conj_estep(rows, head.parameters, stats, extra, group_by_target=grouped)
+        log_lik, target_log_prob, _, attention = conj_score(rows, head.parameters)
+        results.append([stats.key_sum, stats.key_mass, stats.emission_count_ts, stats.scalars, extra.recency_mass,
+                        extra.cell_counts, np.array([log_lik, target_log_prob]), attention])  # fmt: skip
+        builds.append((list(conj_kernels._estep.signatures), list(conj_kernels._score.signatures)))
+    assert builds[0] == builds[1]  # the float32 rows took the float64 rows' builds
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_an_infinite_pair_strength_is_the_single_head() -> None:
