@@ -3,6 +3,7 @@ and CI runs the README's test command, once."""
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 from collections import defaultdict
@@ -76,6 +77,18 @@ def test_a_kernel_family_is_a_kind_s_contract_cases_and_model_tests_else_a_modul
     assert warm_up.kernel_family("tests/model/test_gated_kind.py::test_x") == "gated"
     assert warm_up.kernel_family("tests/model/test_lanes.py::test_x") == "tests/model/test_lanes.py"
     assert warm_up.kernel_family("tests/store/test_hops.py::test_x") == "tests/store/test_hops.py"
+    assert warm_up.kernel_family("tests/model/test_stack.py::test_a_chain_of_hops_gives_x") == "hops"
+    assert warm_up.kernel_family("tests/model/test_stack.py::test_other") == "stack"
+
+
+@pytest.mark.parametrize("start", sorted(warm_up._TESTS_OF_KIND))
+def test_each_test_named_to_join_a_kind_s_family_exists(start: str) -> None:
+    """A renamed test would silently leave its kind's family (and build its kernels beside it again)."""
+    path, _, prefix = start.partition("::")
+    tree = ast.parse((ROOT / path).read_text())
+    names = [node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name.startswith(prefix)]
+    assert names, f"{path} has no test starting {prefix!r}: rename it in tests/warm_up.py's _TESTS_OF_KIND"
+    assert warm_up.kernel_family(f"{path}::{names[0]}[case]") == warm_up._TESTS_OF_KIND[start]
 
 
 FAMILIES = {
