@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -402,17 +403,17 @@ def conj_tables(head: Head) -> dict[str, np.ndarray]:
     return {**single_hop_tables(head.single), "pair_rows": conj_pair_rows(head)}
 
 
-def conj_ml(spec: HeadSpec) -> HeadSpec:
-    """Maximum likelihood: the single head's (:func:`single_hop_ml`), pair rows without a prior, at every position (so
-    ``B``, fitted on every position's responsibility, is the prior of no row the likelihood reads), their counts
-    EM's (rows counted from the data leave each training row out, and without a prior a target a pair held once
-    has no probability left)."""
+def conj_ml(spec: HeadSpec, n_pos: int) -> HeadSpec:
+    """Maximum likelihood: the single head's (:func:`single_hop_ml`), pair rows without a prior, at every one of the
+    ``n_pos`` positions (so ``B``, fitted on every position's responsibility, is the prior of no row the likelihood
+    reads), their counts EM's (rows counted from the data leave each training row out, and without a prior a target
+    a pair held once has no probability left)."""
     from dist_respattn.model.heads.conj import ConjSpec
 
     assert isinstance(spec, ConjSpec)
     single = single_hop_ml(spec.single)
     assert isinstance(single, SingleHopSpec)
-    return ConjSpec(single, depth=64, min_count=1.0, strength=0.0, type_strength=0.0, backoff=spec.backoff,
+    return ConjSpec(single, depth=n_pos, min_count=1.0, strength=0.0, type_strength=0.0, backoff=spec.backoff,
                     discount=0.0, row_counts="responsibilities")  # fmt: skip
 
 
@@ -434,7 +435,14 @@ def conj_scoring(spec: HeadSpec) -> HeadSpec:
 
 
 CASES.append(
-    KindCase("conj-free-dense", _conj_free_dense, conj_ml, conj_reference, conj_tables, scoring_spec=conj_scoring)
+    KindCase(
+        "conj-free-dense",
+        _conj_free_dense,
+        partial(conj_ml, n_pos=4),
+        conj_reference,
+        conj_tables,
+        scoring_spec=conj_scoring,
+    )
 )
 
 
@@ -449,7 +457,14 @@ def _conj_tied_sparse() -> tuple[HeadSpec, KindData, TrainerContext]:
 
 
 CASES.append(
-    KindCase("conj-tied-sparse", _conj_tied_sparse, conj_ml, conj_reference, conj_tables, scoring_spec=conj_scoring)
+    KindCase(
+        "conj-tied-sparse",
+        _conj_tied_sparse,
+        partial(conj_ml, n_pos=6),
+        conj_reference,
+        conj_tables,
+        scoring_spec=conj_scoring,
+    )
 )
 # ----------------------------------------------------------------------------------------------- chain of hops
 

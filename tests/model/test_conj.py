@@ -20,7 +20,7 @@ from dist_respattn.model.arguments import ImpossibleEvidenceError
 from dist_respattn.model.emission.layouts import DenseEmission, PairSupport, SparseEmission
 from dist_respattn.model.fitting.em import fit_em
 from dist_respattn.model.fitting.holdout import HoldoutRule
-from dist_respattn.model.heads.base import Block
+from dist_respattn.model.heads.base import Block, TrainerContext
 from dist_respattn.model.heads.conj import ConjHead, ConjSpec
 from dist_respattn.model.heads.conj import kernels as conj_kernels
 from dist_respattn.model.heads.conj.head import TripleRows
@@ -677,3 +677,12 @@ def test_the_conj_counts_option_makes_the_spec_and_old_specs_keep_fitted_rows() 
         ConjSpec(base, row_counts="hard")
     with pytest.raises(CommandError, match="--conj-counts sets a conjunction head: add --head conj"):
         spec_from_args(parsed("--conj-counts", "data"), base, None)
+
+
+def test_a_depth_beyond_the_window_is_refused_with_its_flag_and_the_window_named() -> None:
+    """``--conj-depth 100`` on rows of N = 8 positions was read as 8 without a word."""
+    spec = spec_from_args(parsed("--head", "conj", "--conj-depth", "5"), SingleHopSpec(sigma2=0.5), None)
+    assert spec is not None
+    with pytest.raises(ValueError, match=r"--conj-depth 5: expected at most the window N = 4"):
+        spec.trainer(TrainerContext((7, 4, 2, 7)))
+    assert spec.trainer(TrainerContext((7, 5, 2, 7))).depth == 5  # type: ignore[attr-defined]

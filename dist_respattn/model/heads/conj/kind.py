@@ -194,7 +194,9 @@ class ConjSpec(HeadSpec):
 
     def trainer(self, context: TrainerContext) -> ConjTrainer:
         single = (self.single if self.choose_single else fixed_single(self.single)).trainer(context)
-        depth = min(int(self.depth), context.shape[1])
+        depth, n_pos = int(self.depth), context.shape[1]
+        if depth > n_pos:
+            raise ValueError(f"--conj-depth {depth}: expected at most the window N = {n_pos} (a row's positions)")
         return ConjTrainer(
             single,
             depth,
