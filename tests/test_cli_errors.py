@@ -360,6 +360,27 @@ def test_an_id_past_the_vocabulary_names_its_file_position_range_and_flag(tmp_pa
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".npy"] * 5
 
 
+def test_split_names_the_flag_that_set_the_range_an_id_is_out_of(tmp_path):
+    """``split --tokens`` refuses an id of S or more under ``--symbols S`` as ``ingest`` does: naming the flag (it
+    named only the range), whichever store format and hold-out. Nothing is written."""
+    tokens = np.arange(1000) % 5
+    tokens[4] = 9
+    np.save(tmp_path / "tokens.npy", tokens)
+    np.save(tmp_path / "starts.npy", np.arange(0, 1000, 100))
+    source = ("--tokens", str(tmp_path / "tokens.npy"), "--symbols", "5", "--context", "2")
+    results = run_many(
+        ("split", str(tmp_path / "stream"), *source, "--block-tokens", "50"),
+        ("split", str(tmp_path / "triples"), *source, "--block-tokens", "50", "--format", "triples"),
+        ("split", str(tmp_path / "last"), *source, "--documents", str(tmp_path / "starts.npy"), "--hold-out", "last"),
+    )
+    for result in results:
+        assert_error(
+            result, "split", "tokens.npy[4] = 9: expected a token id in [0, 5)", "S = 5 from --symbols",
+            "give a larger --symbols S",
+        )  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["starts.npy", "tokens.npy"]
+
+
 def test_a_corpus_too_short_for_one_window_writes_no_store(tmp_path):
     """Tokens or text, triples or stream: fewer than N + 1 tokens a document is refused, and nothing is written."""
     np.save(tmp_path / "short.npy", np.arange(3))

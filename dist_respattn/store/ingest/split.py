@@ -62,7 +62,7 @@ from dist_respattn.store.documents import (
 )
 from dist_respattn.store.errors import EmptySplitError, store_exists
 from dist_respattn.store.identity import identity_provenance
-from dist_respattn.store.ingest.tables import embedding_table, inferred_num_symbols
+from dist_respattn.store.ingest.tables import embedding_table, id_bound_hint, inferred_num_symbols
 from dist_respattn.store.ingest.text import (
     DEFAULT_VOCAB_SIZE,
     TOKENIZER_NAME,
@@ -515,6 +515,13 @@ def _split_text(
         return {name: writer.close() for name, writer in writers.items()}
 
 
+def _symbols_and_hint(num_symbols: int | None, stream: Any, name: str) -> tuple[int, str]:
+    """S (``--symbols``, else the stream's largest id + 1) and what a refusal of an id out of range says set it."""
+    given = num_symbols is not None
+    bound = int(num_symbols) if num_symbols is not None else inferred_num_symbols(stream, name)
+    return bound, id_bound_hint("S", bound, given=given)
+
+
 def _split_tokens(
     locations: dict[str, Any],
     source: TokenCorpus,
@@ -553,8 +560,7 @@ def _split_tokens(
     if max_tokens is not None:
         plan.take_until(max_tokens, lambda i: int(lengths[i]))
     plan.check_every_split_has_documents(locations, fractions)
-    if num_symbols is None:
-        num_symbols = inferred_num_symbols(stream, name)
+    num_symbols, hint = _symbols_and_hint(num_symbols, stream, name)
     table, table_info = embedding_table(num_symbols, embeddings=embeddings, dim=dim, seed=seed or 0)
     schema = StoreSchema(num_symbols, n, table.shape[1], num_symbols, options.query_dtype)
     common: dict[str, Any] = {
@@ -598,11 +604,11 @@ def _split_tokens(
                 writers[split] = stack.enter_context(open_writer(locations[split], schema, options, record, names))
                 writers[split].write_embeddings(table)
         if store_format == "stream":
-            _stream_token_documents(writers, stream, name, num_symbols, firsts, plan, ids, options)
+            _stream_token_documents(writers, stream, name, num_symbols, hint, firsts, plan, ids, options)
         else:
             windows = DocumentWindows(n, num_symbols, table, blocks())
             position = 0
-            for piece in checked_pieces(stream, name, num_symbols):
+            for piece in checked_pieces(stream, name, num_symbols, hint):
                 context, query, target, document = windows.feed(piece)
                 # A row's attribute is its target token's (every target of a piece lies in it).
                 row_ids = (
@@ -623,15 +629,17 @@ def _stream_token_documents(
     stream: Any,
     name: str,
     num_symbols: int,
+    hint: str,
     firsts: np.ndarray,
     plan: _Plan,
     ids: Any,
     options: WriteOptions,
 ) -> None:
     """Write each taken document's tokens (``firsts`` (n_docs,) their first positions) to its split's stream,
-    reading the stream once, piece by piece; a piece is cut where a document starts."""
+    reading the stream once, piece by piece; a piece is cut where a document starts (an id out of range refused,
+    with ``hint``: what set S)."""
     position, document = 0, -1
-    for piece in checked_pieces(stream, name, num_symbols):
+    for piece in checked_pieces(stream, name, num_symbols, hint):
         for run in document_runs(firsts, position, piece.size, document):
             document = run.document
             if not plan.taken[document]:
@@ -647,13 +655,13 @@ def _stream_token_documents(
 
 
 def _whole_documents(
-    stream: Any, name: str, num_symbols: int, firsts: np.ndarray, wanted: np.ndarray
+    stream: Any, name: str, num_symbols: int, hint: str, firsts: np.ndarray, wanted: np.ndarray
 ) -> Iterator[tuple[int, np.ndarray]]:
     """``(document, its tokens)`` of each ``wanted`` document, in order, reading the stream once piece by piece
-    (ids checked); one document's tokens are held at a time."""
+    (ids checked, an id out of range refused with ``hint``: what set S); one document's tokens are held at a time."""
     position, document = 0, -1
     held: list[np.ndarray] = []
-    for piece in checked_pieces(stream, name, num_symbols):
+    for piece in checked_pieces(stream, name, num_symbols, hint):
         for run in document_runs(firsts, position, piece.size, document):
             if run.begins and document >= 0 and wanted[document]:
                 yield document, np.concatenate(held)
@@ -722,8 +730,7 @@ def _split_last(
                 f"{MIN_HOLD_OUT_LAST_TOKENS} tokens ({skipped} shorter skipped) has N = {n} tokens before "
                 f"{what[split]}; give a smaller --context"
             )
-    if num_symbols is None:
-        num_symbols = inferred_num_symbols(stream, name)
+    num_symbols, hint = _symbols_and_hint(num_symbols, stream, name)
     table, table_info = embedding_table(num_symbols, embeddings=embeddings, dim=dim, seed=seed or 0)
     common: dict[str, Any] = {
         "source": "tokens",
@@ -752,7 +759,7 @@ def _split_last(
                 open_stream_writer(locations[split], options, provenance=record, weighted=split != "train",
                                    num_symbols=num_symbols, table=table, context_length=n)
             )  # fmt: skip
-        for _, document in _whole_documents(stream, name, num_symbols, firsts, kept):
+        for _, document in _whole_documents(stream, name, num_symbols, hint, firsts, kept):
             for split in SPLIT_NAMES:
                 part = document[: document.size - cut[split]]
                 writers[split].start_document()
