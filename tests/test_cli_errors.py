@@ -381,6 +381,26 @@ def test_split_names_the_flag_that_set_the_range_an_id_is_out_of(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["starts.npy", "tokens.npy"]
 
 
+def test_empty_files_are_counted_as_no_documents_in_the_refusals_of_a_text_corpus(tmp_path):
+    """A folder of empty files was "2 documents" that the validation split got none of (advice: a larger fraction),
+    and ``ingest`` said "0 tokens in 1 document". Nothing is written."""
+    empty, mixed = tmp_path / "empty", tmp_path / "mixed"
+    for folder in (empty, mixed):
+        folder.mkdir()
+        (folder / "a.py").write_text("")
+        (folder / "b.txt").write_text("")
+    (mixed / "c.py").write_text("x = 1\n")
+    only_empty, some_empty, ingested = run_many(
+        ("split", str(tmp_path / "s1"), "--text", str(empty), "--context", "4"),
+        ("split", str(tmp_path / "s2"), "--text", str(mixed), "--context", "4"),
+        ("ingest", str(tmp_path / "i.zarr"), "--text", str(empty), "--context", "4"),
+    )
+    assert_error(only_empty, "split", "2 files found", "every one empty: no text to split", "--text PATH")
+    assert_error(some_empty, "split", "none of the 3 documents", "(2 of the 3 files are empty: no document of any")
+    assert_error(ingested, "ingest", "0 tokens in 0 documents give no rows")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "mixed"]
+
+
 def test_a_corpus_too_short_for_one_window_writes_no_store(tmp_path):
     """Tokens or text, triples or stream: fewer than N + 1 tokens a document is refused, and nothing is written."""
     np.save(tmp_path / "short.npy", np.arange(3))

@@ -399,6 +399,31 @@ def _write_stores(
     )
 
 
+def _check_text_splits(
+    plan: _Plan, documents: Sequence[Any], locations: dict[str, Any], fractions: Sequence[float]
+) -> None:
+    """:meth:`_Plan.check_every_split_has_documents`, whose refusal says how many of the files taken are empty (no
+    document of any store, though assigned to a split), and, when all are, that there is no text to split."""
+    try:
+        plan.check_every_split_has_documents(locations, fractions)
+    except EmptySplitError as exc:
+        taken = np.flatnonzero(plan.taken).tolist()
+        empty = sum(1 for i in taken if os.path.getsize(documents[i].path) == 0)
+        if empty == len(taken):
+            found = ", ".join(str(documents[i].path) for i in taken[:3]) + (", ..." if len(taken) > 3 else "")
+            raise ValueError(
+                f"{count_text(len(taken), 'file')} found ({found}), every one empty: no text to split; give files "
+                "or directories that hold text (--text PATH ...)"
+            ) from None
+        if empty:
+            raise EmptySplitError(
+                f"{exc} ({empty} of the {count_text(len(taken), 'file')} are empty: no document of any split)",
+                split=exc.split,
+                documents=exc.documents,
+            ) from None
+        raise
+
+
 def _split_text(
     locations: dict[str, Any],
     source: TextCorpus,
@@ -434,9 +459,9 @@ def _split_text(
             return sum(found.values())
 
         plan.take_until(max_tokens, length)
-        plan.check_every_split_has_documents(locations, fractions)
+        _check_text_splits(plan, documents, locations, fractions)
     else:
-        plan.check_every_split_has_documents(locations, fractions)
+        _check_text_splits(plan, documents, locations, fractions)
         for train_document in np.flatnonzero(plan.split == 0).tolist():
             counts.update(counted(train_document))
     size = DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size

@@ -361,10 +361,12 @@ class StreamWriter:
         """Refuse to commit tokens that give no rows at the store's window (see :func:`require_rows`)."""
         window = int(self.attributes["context_length"])
         first = 0 if self._appending is None else int(self._appending["tokens"])
-        starts = np.asarray(self._starts or [first], dtype=np.int64) - first
-        if starts[0] != 0:
+        # Tokens written with no document started are one document; no tokens, none (not "0 tokens in 1 document").
+        implied = [first] if self.written > first else []
+        starts = np.asarray(self._starts or implied, dtype=np.int64) - first
+        if starts.size and starts[0] != 0:
             return  # an append that continues the last document: its rows are not the tail's alone
-        rows = StreamRows.of(starts, self.written - first, window).num_rows
+        rows = StreamRows.of(starts, self.written - first, window).num_rows if starts.size else 0
         require_rows(
             rows, source=_source_of(self.provenance), tokens=self.written - first, documents=int(starts.size),
             context_length=window,
