@@ -409,7 +409,7 @@ def _check_text_splits(
     except EmptySplitError as exc:
         taken = np.flatnonzero(plan.taken).tolist()
         empty = sum(1 for i in taken if os.path.getsize(documents[i].path) == 0)
-        if empty == len(taken):
+        if taken and empty == len(taken):
             found = ", ".join(str(documents[i].path) for i in taken[:3]) + (", ..." if len(taken) > 3 else "")
             raise ValueError(
                 f"{count_text(len(taken), 'file')} found ({found}), every one empty: no text to split; give files "
