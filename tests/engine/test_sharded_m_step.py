@@ -462,7 +462,8 @@ def test_the_command_says_in_one_line_how_many_shards_it_runs_and_closes_its_clu
     small_store, tmp_path
 ):
     """``fit --m-step-shards 100000`` on its own cluster (whose scheduler logs into the command's stderr): the
-    shards it runs and why in one line, in the command line's words, and no traceback as the cluster closes."""
+    shards it runs, why, and (30 on one worker) what so many cost in one line, in the command line's words, and no
+    traceback as the cluster closes."""
     done = subprocess.run(
         [COMMAND, "fit", small_store, "--model-dir", str(tmp_path / "model"), "--m-step-shards", "100000",
          "--max-iter", "2", "--workers", "1"],
@@ -471,7 +472,9 @@ def test_the_command_says_in_one_line_how_many_shards_it_runs_and_closes_its_clu
     assert done.returncode == 0, done.stderr
     assert (
         "sharded M-step: 30 shards of the symbols on 1 worker (--m-step-shards 100000 asks for more shards than the "
-        "30 symbols; each shard holds one at least)"
+        "30 symbols; each shard holds one at least); 30 shards a worker: each shard is a combine tree, a task and a "
+        "file every pass, and more than one a worker makes no worker's part smaller (--m-step-shards 1 to 4 suits 1 "
+        "worker)"
     ) in done.stderr.splitlines(), done.stderr
     assert "Traceback" not in done.stderr and "CRITICAL" not in done.stderr, done.stderr
 
