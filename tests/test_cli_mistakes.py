@@ -131,3 +131,24 @@ def test_a_resume_with_another_head_is_refused_naming_both_kinds(tmp_path, one_w
     )
     assert ModelDir(model).fit_record()["head"]["kind"] == "copy"
     assert load_checkpoint(model, LATEST).iteration == 1  # nothing ran
+
+
+def test_a_value_argparse_refuses_is_one_error_line_after_a_short_usage(tmp_path):
+    """A value of the wrong type (``--hops two``): the command's required arguments and where the rest are, then the
+    error, not the whole usage of a command of many options (``fit``'s is some 40 lines, the error below them); a
+    flag read by one of our parsers says what it expected, not the parser's name (``invalid positive_int value``)."""
+    store, model = str(tmp_path / "train.zarr"), str(tmp_path / "model")
+    hops, top, short = run_many(
+        ("fit", store, "--model-dir", model, "--hops", "two"),
+        ("predict", model, store, "--top", "x"),
+        ("models", "list", str(tmp_path), "--jsn"),
+    )
+    assert hops.stderr.splitlines() == [
+        "usage: dist-respattn fit [options] store --model-dir MODEL_DIR (every option: dist-respattn fit --help)",
+        "dist-respattn fit: error: argument --hops: invalid int value: 'two'",
+    ]
+    assert error_line(top, "predict") == "argument --top: 'x': expected a positive integer"
+    assert top.stderr.startswith("usage: dist-respattn predict [options] model store (every option:")
+    # A short usage is printed whole, as argparse prints it.
+    assert short.stderr.startswith("usage: dist-respattn models list [-h]")
+    assert not (tmp_path / "model").exists()

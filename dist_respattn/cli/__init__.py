@@ -41,7 +41,29 @@ class _CommandParser(argparse.ArgumentParser):
             # fault themselves (``argument --tol: expected one argument`` for ``--tol -1e-3``).
             if typos and "required" in message:
                 message = _unrecognized(self, typos)
-        super().error(message)
+        self.exit(2, f"{short_usage(self)}{self.prog}: error: {message}\n")
+
+
+#: The most lines of a command's usage an error prints whole; a longer one (``fit``'s is some 40) is summed up.
+_USAGE_LINES = 4
+
+
+def short_usage(parser: argparse.ArgumentParser) -> str:
+    """``parser``'s usage for an error: whole when it is short, else its required arguments only and where the rest
+    are (``usage: dist-respattn fit [options] --model-dir MODEL_DIR store (every option: dist-respattn fit --help)``),
+    so that the error line is not the last of a screenful."""
+    usage = parser.format_usage()
+    if usage.count("\n") <= _USAGE_LINES:
+        return usage
+    words = []
+    for action in parser._actions:
+        name = action.metavar if isinstance(action.metavar, str) else action.dest.upper()
+        if action.option_strings and action.required:
+            words.append(f"{action.option_strings[-1]} {name}" if action.nargs != 0 else action.option_strings[-1])
+        elif not action.option_strings:
+            name = action.metavar if isinstance(action.metavar, str) else action.dest
+            words.append({"?": f"[{name}]", "*": f"[{name} ...]", "+": f"{name} [{name} ...]"}.get(action.nargs, name))
+    return f"usage: {parser.prog} [options] {' '.join(words)} (every option: {parser.prog} --help)\n"
 
 
 def _unknown_options(parser: argparse.ArgumentParser, arg_strings: Sequence[str]) -> list[str]:

@@ -94,8 +94,17 @@ def in_flags(message: str) -> str:
     return _ARGUMENT_RE.sub(lambda match: ARGUMENT_FLAGS[match.group(1)], message)
 
 
+def _number(kind: Any, text: str, expected: str) -> Any:
+    """``kind(text)`` (``int`` or ``float``), refused in the flag's own words: argparse would name the function that
+    read it (``invalid positive_int value: 'x'``)."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}") from None
+
+
 def positive_int(text: str) -> int:
-    value = int(text)
+    value = _number(int, text, "a positive integer")
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text}: expected a positive integer")
     return value
@@ -103,7 +112,7 @@ def positive_int(text: str) -> int:
 
 def seed(text: str) -> int:
     """A ``--seed``: an integer >= 0 (numpy's seeds are; a negative one failed deep inside without naming the flag)."""
-    value = int(text)
+    value = _number(int, text, "a seed, an integer >= 0")
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text}: expected a seed, an integer >= 0")
     return value
@@ -131,7 +140,7 @@ def memory_limit(text: str) -> str:
 
 
 def positive_float(text: str) -> float:
-    value = float(text)
+    value = _number(float, text, "a number > 0")
     if not value > 0.0:
         raise argparse.ArgumentTypeError(f"{text}: expected a number > 0")
     return value
