@@ -41,8 +41,13 @@ def test_a_bad_head_is_one_line_before_anything_is_written(tmp_path: Path) -> No
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         "dist-respattn fit: error: --head cpy: expected one of codebook, conj, copy, recipe, repeat, single, stack "
-        "(other kinds have their options)"
+        "(other kinds by their options: gated --attribute-factors F, hops --hops H, mixture --mixture-components K)"
     ]
+    assert not (tmp_path / "model").exists()
+    # A kind that its option picks, named with --head: that option.
+    hops = run("fit", str(tmp_path / "train.zarr"), "--model-dir", str(tmp_path / "model"), "--head", "hops")
+    assert hops.returncode == 2
+    assert hops.stderr.splitlines()[-1].endswith("; the hops kind is picked by its option, not by --head: --hops H")
     assert not (tmp_path / "model").exists()
 
 

@@ -120,6 +120,25 @@ def kind_picked(args: argparse.Namespace) -> bool:
     return any(value is not None for value in head_options(args, "fit").values())
 
 
+def _picked_by_options(head: str) -> str:
+    """For a ``--head`` that names a kind picked by its options instead (``hops``: ``--hops H``), what to give; for
+    any other name, which kinds those are and their options."""
+    picked = {
+        kind.name: f"{kind.options[0].flags[0]} {kind.options[0].settings.get('metavar', 'N')}"
+        for kind in _kinds()
+        if kind.options and kind.name not in _head_names()
+    }
+    if head in picked:
+        return f"; the {head} kind is picked by its option, not by --head: {picked[head]}"
+    return f" (other kinds by their options: {', '.join(f'{name} {flag}' for name, flag in picked.items())})"
+
+
+def _head_names() -> list[str]:
+    from dist_respattn.model.heads.base import head_names
+
+    return list(head_names())
+
+
 def spec_from_args(args: argparse.Namespace, base: Any, saved: dict[str, Any] | None) -> Any:
     """The head spec ``fit`` asks for: the kind whose options were given (its ``spec_from_options``), else ``base``
     (the single-hop head the other fit options describe). ``saved``: the spec JSON of a fit being resumed."""
@@ -129,9 +148,7 @@ def spec_from_args(args: argparse.Namespace, base: Any, saved: dict[str, Any] | 
         from dist_respattn.model.heads.base import head_names
 
         if head not in head_names():
-            raise CommandError(
-                f"--head {head}: expected one of {', '.join(head_names())} (other kinds have their options)"
-            )
+            raise CommandError(f"--head {head}: expected one of {', '.join(head_names())}{_picked_by_options(head)}")
     chosen = []
     for kind in _kinds():
         if kind.spec_from_options is None:

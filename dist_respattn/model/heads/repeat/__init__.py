@@ -26,7 +26,7 @@ def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, 
     if source is None or not str(source).strip() or "," in str(source):
         raise ValueError(
             f"--head repeat needs {REPEAT_FROM} MODEL: the model directory of one fitted head of this corpus (single, "
-            "copy, conj, hops or stack; the recipe's directory is a stack)"
+            "copy, conj, hops or stack; a recipe's is a repeat gate, its stack/ a stack)"
         )
     if prior is None:
         prior = float((saved or {}).get("prior", 1.0))
