@@ -85,6 +85,10 @@ def test_a_component_the_fit_cannot_use_is_refused_before_any_cluster(
     lines = capsys.readouterr().err.splitlines()
     assert status == 2
     assert len(lines) == 1 and lines[0].startswith("dist-respattn fit: error: " + message.format(**paths)), lines
+    if "foreign" in components:
+        # The fix is another component, not writing the training store again like the component's.
+        assert lines[0].endswith("; give --stack-from a model fitted on a store of this corpus (fit one on it first)")
+        assert "--like" not in lines[0]
     assert "started a local cluster" not in " ".join(lines)
     assert not model.exists()
 

@@ -279,11 +279,12 @@ def _starting_point(
             )
     if init_from is not None:
         warm = load_checkpoint(init_from)
-        check_same_shape(warm.model, f"the model in {init_from}", train)
+        check_same_shape(warm.model, f"the model of init_from {init_from}", train)
         # Same shape is not enough: the warm model's emission rows are indexed by its own store's ids.
         check_recorded_corpus(
-            warm.meta.get("store"), train, reference_role=f"training store of {init_from}", other_role="store"
-        )
+            warm.meta.get("store"), train, reference_role=f"training store of init_from {init_from}",
+            other_role="store", remedy=_OTHER_CORPUS_MODEL.format(option="init_from"),
+        )  # fmt: skip
         record = {"kind": "model", "source": str(init_from), "iteration": warm.iteration}
         if spec.continues_from_init:
             # A resumed continuing fit reads its start again: from anywhere, and refused if that fit moved on.
@@ -298,6 +299,11 @@ def _starting_point(
     if init_kind == "random":
         return _Start(None, None, None, {"kind": "random", "seed": settings.seed})
     return _Start(None, None, None, {"kind": init_kind})
+
+
+#: What a fit given a model of another corpus to start from or build on says to do: the store is the fit's, the
+#: model the stranger (writing the store again like the model's, as a store check says, would be backwards).
+_OTHER_CORPUS_MODEL = "give {option} a model fitted on a store of this corpus (fit one on it first)"
 
 
 def _load_sources(
@@ -325,7 +331,7 @@ def _load_sources(
         try:
             check_recorded_corpus(
                 checkpoint.meta.get("store"), train, reference_role=f"training store of {option} {path}",
-                other_role="store",
+                other_role="store", remedy=_OTHER_CORPUS_MODEL.format(option=option),
             )  # fmt: skip
         except ValueError as exc:
             raise FitError(f"{option} {path}: {exc}") from None

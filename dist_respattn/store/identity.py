@@ -166,7 +166,12 @@ def _differences(reference: StoreRef, other: StoreRef, reference_role: str, othe
 
 
 def check_same_corpus(
-    reference: RowStore | StoreRef, other: RowStore | StoreRef, *, reference_role: str, other_role: str
+    reference: RowStore | StoreRef,
+    other: RowStore | StoreRef,
+    *,
+    reference_role: str,
+    other_role: str,
+    remedy: str | None = None,
 ) -> None:
     """Raise :class:`CorpusMismatchError` unless ``other``'s ids and queries mean what ``reference``'s do.
 
@@ -174,7 +179,8 @@ def check_same_corpus(
     embedding table (its ids are its own); both have an embedding table and they differ. A store with
     neither (arrays, synthetic; or a checkpoint record from before identities) is never a mismatch.
     ``reference_role``/``other_role`` name the stores in the message, e.g. ``"training store"`` (a
-    leading ``"the "`` is dropped: the message adds its own).
+    leading ``"the "`` is dropped: the message adds its own). ``remedy`` is what the message says to do, when it is
+    not to write ``other`` again like ``reference`` (a model of another corpus given to a fit: fit one of this one).
     """
     ref, oth = StoreRef.of(reference), StoreRef.of(other)
     if not ref.has_identity or not oth.has_identity:
@@ -183,21 +189,31 @@ def check_same_corpus(
     reference_role, other_role = reference_role.removeprefix("the "), other_role.removeprefix("the ")
     found = _differences(ref, oth, reference_role, other_role)
     if found:
+        if remedy is None:
+            remedy = (
+                f"write it with `dist-respattn ingest {oth.url} ... --like {ref.url}`, or split one corpus into "
+                "train, validation and test stores with `dist-respattn split OUT_DIR ...`"
+            )
         raise CorpusMismatchError(
             f"the {other_role} {oth.url} is not of the corpus of the {reference_role} {ref.url}: "
-            f"{' and '.join(found)}, so its ids or queries mean something else; write it with "
-            f"`dist-respattn ingest {oth.url} ... --like {ref.url}`, or split one corpus into train, "
-            f"validation and test stores with `dist-respattn split OUT_DIR ...`"
+            f"{' and '.join(found)}, so its ids or queries mean something else; {remedy}"
         )
 
 
 def check_recorded_corpus(
-    record: Mapping[str, Any] | None, other: RowStore | StoreRef, *, reference_role: str, other_role: str
+    record: Mapping[str, Any] | None,
+    other: RowStore | StoreRef,
+    *,
+    reference_role: str,
+    other_role: str,
+    remedy: str | None = None,
 ) -> None:
     """:func:`check_same_corpus` against a store known by its record (``{"url": ..., "identity": {...}}``, as a
     checkpoint or a registry version keeps it); no record, or one from before identities, checks nothing."""
     if record and record.get("url") is not None:
-        check_same_corpus(StoreRef.from_json(record), other, reference_role=reference_role, other_role=other_role)
+        check_same_corpus(
+            StoreRef.from_json(record), other, reference_role=reference_role, other_role=other_role, remedy=remedy
+        )
 
 
 def check_model_corpus(record: Mapping[str, Any] | None, store: RowStore | StoreRef) -> None:

@@ -55,8 +55,8 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def assert_refused(result: subprocess.CompletedProcess[str], command: str, *stores: str) -> str:
-    """Exit 2, nothing on stdout, one line on stderr naming every store and both fixes."""
+def assert_refused(result: subprocess.CompletedProcess[str], command: str, *stores: str, remedy: str = "") -> str:
+    """Exit 2, nothing on stdout, one line on stderr naming every store and both fixes (or, given, ``remedy``)."""
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     lines = result.stderr.splitlines()
@@ -65,7 +65,11 @@ def assert_refused(result: subprocess.CompletedProcess[str], command: str, *stor
     assert line.startswith(f"dist-respattn {command}: error: "), line
     for store in stores:
         assert store in line, (store, line)
-    assert "the vocabularies differ" in line and "--like" in line and "dist-respattn split" in line, line
+    assert "the vocabularies differ" in line, line
+    if remedy:
+        assert line.endswith(remedy) and "--like" not in line, line
+    else:
+        assert "--like" in line and "dist-respattn split" in line, line
     return line
 
 
@@ -124,13 +128,15 @@ def test_sample_neighbours_and_predict_stream_refuse_a_store_of_another_vocabula
 @pytest.mark.slow
 def test_fit_refuses_to_warm_start_from_a_model_of_another_vocabulary(corpora, tmp_path):
     """``--init-from`` a model fitted on train, onto a store of another vocabulary: its emission rows would be
-    read with other ids. Refused, naming both stores; nothing is written."""
+    read with other ids. Refused, naming both stores and the fix (another model, not another store); nothing is
+    written."""
     warm = checkpoint_of(corpora, tmp_path / "warm")
     model_dir = tmp_path / "model"
     args = ["--model-dir", str(model_dir), "--init-from", str(warm), "--scheduler", NOWHERE]
     result = run("fit", corpora["other"], *args)
-    line = assert_refused(result, "fit", corpora["train"], corpora["other"])
-    assert str(warm) in line
+    remedy = "give --init-from a model fitted on a store of this corpus (fit one on it first)"
+    line = assert_refused(result, "fit", corpora["train"], corpora["other"], remedy=remedy)
+    assert f"the training store of --init-from {warm}" in line
     assert not model_dir.exists()
 
 
