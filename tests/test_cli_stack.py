@@ -39,6 +39,9 @@ def test_the_stack_options_read_back_and_are_refused_alone_or_bad(tmp_path: Path
         ("--head", "stack", "--stack-from", "a,b", "--stack-gate", "both"): "--stack-gate both: expected one of joint",
         ("--stack-from", "a,b"): "--stack-from is an option of --head stack",
         ("--head", "copy", "--stack-gate", "joint"): "--stack-gate is an option of --head stack",
+        # One head twice (here as two spellings of its directory): the gate would split its weight between copies.
+        ("--head", "stack", "--stack-from", "a,b,./a"): r"--stack-from names \S+/a more than once: give each fitted "
+        "head once",
     }
     for flags, message in refusals.items():
         with pytest.raises(CommandError, match=message):

@@ -32,6 +32,10 @@ def spec_from_options(options: dict[str, Any], base: HeadSpec, saved: dict[str, 
             f"--head stack needs {STACK_FROM} MODEL_A,MODEL_B: the model directories of two or more fitted heads "
             "of this corpus (single, copy, conj or hops)"
         )
+    twice = sorted({p for p in paths if paths.count(p) > 1})  # absolute and normalized
+    if twice:
+        # The gate would split one head's weight between its copies: the same stack, one more pass a row.
+        raise ValueError(f"{STACK_FROM} names {', '.join(twice)} more than once: give each fitted head once")
     mode = gate if gate is not None else str((saved or {}).get("mode", DEFAULT_GATE))
     return StackSpec(paths, mode)
 
