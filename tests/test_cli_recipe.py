@@ -289,3 +289,22 @@ def test_the_recipes_conjunction_part_takes_its_depth_and_order_from_the_command
     assert again.conj_depth == 8  # type: ignore[union-attr]
     with pytest.raises(CommandError, match="fitted with --conj-depth 8; resume without the option"):
         spec_from_args(parsed("--head", "recipe", "--conj-depth", "2"), SingleHopSpec(), fitted)
+
+
+def test_the_recipe_on_a_triple_store_is_refused_before_its_first_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A triple store's window is fixed; the recipe's repeat stage reads the whole document (N = 100,000). Refused
+    in one line before any stage ran or any directory was made (it failed at stage 5, after four fits, blaming a
+    ``--context`` nobody gave), naming the stage and both ways out."""
+    write_synthetic(tmp_path / "t.zarr", 50, num_symbols=7, context_length=8, query_dim=2, num_targets=7)
+    model = tmp_path / "model"
+    status = main(["fit", str(tmp_path / "t.zarr"), "--model-dir", str(model), "--head", "recipe"])
+    lines = capsys.readouterr().err.splitlines()
+    assert status == 2 and len(lines) == 1, lines
+    assert lines[0] == (
+        f"dist-respattn fit: error: {tmp_path / 't.zarr'}: a recipe fit reads its store at N = 100,000 (its repeat "
+        "stage) too, but a triple store's window is fixed (N = 8): write the corpus as a token-stream store (split "
+        "or ingest with --format stream), or fit one kind on this one (--head single, copy or conj)"
+    )
+    assert not model.exists()

@@ -509,7 +509,9 @@ def fit(
             validation, init_from = _check_recorded(ModelDir(model_dir), settings, spec, validation, init, init_from)
         if len(stages) > 1:
             # Refused before the first stage runs: a later one would find the store lacking only after it.
-            _check_columns(open_fit_store(store, storage_options, settings.context_length), spec)
+            opened = open_fit_store(store, storage_options, settings.context_length)
+            _check_columns(opened, spec)
+            _check_stage_windows(opened, spec, stages)
 
         record = _FitRecord(
             model_dir,
@@ -664,6 +666,26 @@ def _check_columns(train: RowStore, spec: HeadSpec) -> None:
         spec.check_attributes(tuple(getattr(train, "attribute_names", None) or ()) or None)
     except ValueError as error:
         raise FitError(f"{train.location}: {error}") from None
+
+
+def _check_stage_windows(train: RowStore, spec: HeadSpec, stages: list[Stage]) -> None:
+    """Raise :class:`FitError` when a stage reads the store at a window other than a triple store's own, whose rows
+    are written with theirs: said before the first stage, not after those before it (the recipe's repeat gate reads
+    the whole document)."""
+    if isinstance(train, TokenStreamStore):
+        return
+    n = train.schema.context_length
+    other = [
+        f"N = {int(stage.settings['context_length']):,} (its {stage.spec.kind} stage)"
+        for stage in stages
+        if stage.settings.get("context_length") not in (None, n)
+    ]
+    if other:
+        raise FitError(
+            f"{train.location}: a {spec.kind} fit reads its store at {', '.join(other)} too, but a triple store's "
+            f"window is fixed (N = {n}): write the corpus as a token-stream store (split or ingest with --format "
+            "stream), or fit one kind on this one (--head single, copy or conj)"
+        )
 
 
 def _stage_dir(model_dir: str | os.PathLike[str], stage: Stage) -> str:
