@@ -62,7 +62,8 @@ def short_usage(parser: argparse.ArgumentParser) -> str:
             words.append(f"{action.option_strings[-1]} {name}" if action.nargs != 0 else action.option_strings[-1])
         elif not action.option_strings:
             name = action.metavar if isinstance(action.metavar, str) else action.dest
-            words.append({"?": f"[{name}]", "*": f"[{name} ...]", "+": f"{name} [{name} ...]"}.get(action.nargs, name))
+            shapes = {"?": f"[{name}]", "*": f"[{name} ...]", "+": f"{name} [{name} ...]"}
+            words.append(shapes.get(str(action.nargs), name))
     return f"usage: {parser.prog} [options] {' '.join(words)} (every option: {parser.prog} --help)\n"
 
 

@@ -144,11 +144,8 @@ def spec_from_args(args: argparse.Namespace, base: Any, saved: dict[str, Any] | 
     (the single-hop head the other fit options describe). ``saved``: the spec JSON of a fit being resumed."""
     options = {**vars(args), **head_options(args, "fit")}
     head = options.get("head")
-    if head is not None:
-        from dist_respattn.model.heads.base import head_names
-
-        if head not in head_names():
-            raise CommandError(f"--head {head}: expected one of {', '.join(head_names())}{_picked_by_options(head)}")
+    if head is not None and head not in _head_names():
+        raise CommandError(f"--head {head}: expected one of {', '.join(_head_names())}{_picked_by_options(head)}")
     chosen = []
     for kind in _kinds():
         if kind.spec_from_options is None:
