@@ -68,6 +68,7 @@ KERNEL_MODULES = (
     "model/kernels/per_position.py",
     "model/kernels/prefetch.py",
     "model/kernels/row_order.py",
+    "model/kernels/specialize.py",
     "model/streaming.py",
     "store/ingest/byte_tokenizer.py",
     "store/streams/windows.py",

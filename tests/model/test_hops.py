@@ -338,6 +338,28 @@ def test_stream_windows_and_a_sparse_emission_equal_the_enumeration(hops, shape)
     np.testing.assert_allclose(emission_count, counts, rtol=1e-11, atol=1e-13)
 
 
+@pytest.mark.parametrize("shape", [(5, 8, 8, 5), (5, 10, 16, 5)], ids=["N8-D8", "N10-D16"])
+@pytest.mark.parametrize("hops", [2, 3])
+def test_a_stream_s_statistics_are_the_same_with_and_without_the_rings(hops, shape):
+    """The E-step keeps a stream's pairs from row to row in rings only where its vector code cannot run (D not a
+    multiple of 8); with D a multiple of 8 it takes the copy without them, every window's pairs its own. Forced
+    either way on one stream (windows of 8 and of 10 positions, short ones at document starts): the same statistics
+    to rounding, no row redone in the log domain."""
+    head = random_chain(shape, hops, 21)
+    rng = np.random.default_rng(22)
+    tokens, starts = corpus(rng, 60, shape[0], 3)
+    rows = windows_of(tokens, starts, shape[1], rng.normal(size=(shape[0], shape[2])))
+    both = []
+    for rings in (True, False):
+        arrays = HopArrays.zeros(hops, head.shape, None)
+        assert hop_estep(rows, head.parameters, arrays, rings=rings) == 0
+        both.append(arrays)
+    with_rings, without = both
+    for name in ("key_sum", "key_mass", "recency_mass", "emission_count_ts", "scalars"):
+        np.testing.assert_allclose(getattr(without, name), getattr(with_rings, name), rtol=1e-12, atol=1e-14)
+    assert (without.key_mass[1:] > 0).any()  # the later hops' sums are there to compare
+
+
 @pytest.mark.parametrize("hops", [2, 3])
 def test_rows_the_linear_domain_cannot_scale_are_redone_in_the_log_domain(hops):
     """The E-step scales each hop's forward and backward vectors by one number; where the paths' weights lie too far
@@ -409,13 +431,15 @@ def test_stream_rows_past_the_linear_domain_are_redone_from_shifted_transitions(
     np.testing.assert_allclose(arrays.emission_count_ts, counts.T, rtol=1e-11, atol=1e-13)
 
 
+@pytest.mark.parametrize("rings", [True, False], ids=["rings", "no-rings"])
 @pytest.mark.parametrize("hops", [2, 3])
-def test_windows_of_new_pairs_between_stream_windows_equal_the_enumeration(hops):
-    """With D a multiple of 8, a window none of whose pairs the previous row's window held and that the next row's
-    does not slide into (a sampled row) has its transition distances computed straight into a plain table, the
-    rings left alone and marked as holding no window. Stream rows taken out of order around such windows, and a
-    weightless row between a window and the one sliding into it (the window before it then is one of new pairs
-    whose successor it skips): every row gives the enumeration's statistics, the weightless ones none."""
+def test_windows_of_new_pairs_between_stream_windows_equal_the_enumeration(hops, rings):
+    """With D a multiple of 8 and the rings, a window none of whose pairs the previous row's window held and that the
+    next row's does not slide into (a sampled row) has its transition distances computed straight into a plain
+    table, the rings left alone and marked as holding no window; without them (the E-step's choice at this D) every
+    window does. Stream rows taken out of order around such windows, and a weightless row between a window and the
+    one sliding into it (the window before it then is one of new pairs whose successor it skips): every row gives
+    the enumeration's statistics, the weightless ones none."""
     shape = (6, 4, 8, 6)
     head = random_chain(shape, hops, 11)
     rng = np.random.default_rng(12)
@@ -430,7 +454,7 @@ def test_windows_of_new_pairs_between_stream_windows_equal_the_enumeration(hops)
     weight[[8, 11]] = 0.0
     rows = stream.select(np.array(order))._replace(weight=weight)
     arrays = HopArrays.zeros(hops, head.shape, None)
-    assert hop_estep(rows, head.parameters, arrays) == 0
+    assert hop_estep(rows, head.parameters, arrays, rings=rings) == 0
     kept = rows.select(weight > 0)
     lengths = kept.end - kept.begin
     context = np.zeros((kept.num_rows, shape[1]), dtype=np.int32)

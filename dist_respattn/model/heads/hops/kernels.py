@@ -37,6 +37,7 @@ from dist_respattn.model.kernels.per_position import (
 )
 from dist_respattn.model.kernels.prefetch import prefetch_element, prefetch_item
 from dist_respattn.model.kernels.row_order import by_target, windows_in_order
+from dist_respattn.model.kernels.specialize import njit_with_constants
 from dist_respattn.model.rows import WindowRows, split_query_table
 
 __all__ = ["HopArrays", "HopParameters", "hop_estep", "hop_score"]
@@ -54,6 +55,9 @@ _TINY = 1e-200  # a linear-domain normalizer below this: the E-step redoes the r
 # the unshifted ones would bring its forward vector within this factor of ``_TINY``.
 _UNSCALED_FLOOR = 1e-100
 _LN2 = math.log(2.0)
+# Whether the E-step keeps a stream's pairs from row to row in rings: each compiled copy of ``_estep`` reads its own
+# value (:data:`_ESTEPS`); this one is only the plain Python function's.
+_RINGS = True
 
 
 @dataclass(frozen=True)
@@ -732,7 +736,6 @@ def _flush_sources(ring, x_lo, x_hi, tokens, hop_queries, key_sum, n_pos):  # pr
                     ring[g, slot, off] = 0.0
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"contract"})
 def _estep(
     tokens, begin, end, target, query_table, query_index, weights, narrow_table,
     key_means, prior, log_prior, hop_queries, inv_two_sigma2, gate_const, softmax, log_emission_ts, indptr,
@@ -741,7 +744,7 @@ def _estep(
 ):  # pragma: no cover - compiled  # fmt: skip
     """The E-step over the rows in order. Returns ``(n_impossible, n_outside, n_log_domain)``: rows no path
     explains (the first written to ``impossible``), rows whose last hop falls on a pair off a sparse support, and
-    rows redone in the log domain.
+    rows redone in the log domain. Compiled twice (:data:`_ESTEPS`): with the rings below (``_RINGS``) and without.
 
     The forward–backward of :func:`_chain`, in the linear domain: each hop's forward and backward vectors scaled by
     one number (the power of two at their largest, exactly), so that a row takes one ``log`` and its exponentials in
@@ -771,7 +774,14 @@ def _estep(
     literal 8 (vector code). The vector code (kernels.lanes) reads the keys and hop queries through ``key_view`` and
     ``query_view``, views of ``by_symbol`` (S, (H + 1) D), each symbol's keys of every hop and its hop query in one
     run of lines, which the prefetch pass fetches in one loop for a window that does not slide (on a stream, whose
-    distances are pair by pair, the tables' rows)."""
+    distances are pair by pair, the tables' rows).
+
+    The rings pay only where the vector code cannot run: :func:`hop_estep` takes the copy without them when D is a
+    multiple of 8, and every window then takes the vector path, sliding or not (a stream's window recomputes its 64
+    pairs a hop in vector code rather than take its new token's 15 from the rings, and adds its own pair weights
+    into the key sums). That copy is faster on every kind of row, the more so on a stream's: ``bench_hops.py``, ns a
+    row with and without the rings, 2 hops 1264 against 870 on a stream's rows and 1253 against 1088 on sampled
+    ones; 3 hops 2130 against 1403 and 1802 against 1646."""
     n_hops = key_means.shape[0]
     n_pos = prior.shape[1]
     dim = key_means.shape[2]
@@ -895,7 +905,7 @@ def _estep(
                     prefetch_element(pair_counts, p_a)
                 k = x - lo_a + offset
                 if not (0 <= k < m_p and tokens[lo_p + k] == c):
-                    if not slides_ahead:
+                    if not (_RINGS and slides_ahead):
                         # Its keys of every hop and its hop query, as the vector code reads them: one run of lines.
                         for d in range(0, symbol_lines, 8):
                             prefetch_item(by_symbol, c, d)
@@ -935,7 +945,7 @@ def _estep(
             elif lo > pend_lo:
                 _flush_sources(ring, pend_lo, lo, tokens, hop_queries, key_sum, n_pos)
                 pend_lo = lo
-        sliding = prev_lo < lo < prev_hi  # the window moved forward within the previous one's tokens
+        sliding = _RINGS and prev_lo < lo < prev_hi  # the window moved forward within the previous one's tokens
         prev_lo = lo
         prev_hi = hi
         yy = 0.0
@@ -949,11 +959,12 @@ def _estep(
         held = 0
         fresh = False
         if n_hops > 1:
-            if held_lo <= lo < held_hi:
+            if _RINGS and held_lo <= lo < held_hi:
                 held = min(held_hi, hi) - lo
-            # A window of new pairs that the next row's does not slide into (sampled rows): its distances go straight
-            # into ``plain`` (pair (i, j) at i * (2N - 2) + j), the rings untouched and no longer holding a window.
-            fresh = lanes and held == 0 and not (row + 1 < n_rows and lo <= begin[row + 1] < hi)
+            # Without the rings every window, with them a window of new pairs that the next row's does not slide into
+            # (sampled rows): its distances go straight into ``plain`` (pair (i, j) at i * (2N - 2) + j), or for 8
+            # positions into registers, the rings untouched and no longer holding a window.
+            fresh = lanes and (not _RINGS or (held == 0 and not (row + 1 < n_rows and lo <= begin[row + 1] < hi)))
             held_lo = -1 if fresh else lo
             held_hi = -1 if fresh else hi
         # Hop 1's and the transitions' distances 8 keys a pass when most of the window's tokens are new (on a
@@ -1265,6 +1276,20 @@ def _estep(
     return n_impossible, n_outside, n_log_domain
 
 
+#: The E-step compiled with the rings (``True``: for D not a multiple of 8) and without, by that setting.
+_ESTEPS = {
+    rings: njit_with_constants(
+        _estep,
+        "_estep_with_rings" if rings else "_estep",
+        {"_RINGS": rings},
+        cache=True,
+        nogil=True,
+        fastmath={"contract"},
+    )
+    for rings in (False, True)
+}
+
+
 @numba.njit(cache=True, nogil=True)
 def _score(
     tokens, begin, end, target, query_table, query_index, weights,
@@ -1356,13 +1381,20 @@ def _emission_bytes(params: HopParameters) -> int:
     return int(params.log_values.nbytes + params.direct_slots.nbytes)
 
 
-def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays, group_by_target: bool | None = None) -> int:
+def hop_estep(
+    rows: WindowRows,
+    params: HopParameters,
+    arrays: HopArrays,
+    group_by_target: bool | None = None,
+    rings: bool | None = None,
+) -> int:
     """The chain's E-step over ``rows`` (checked), added into ``arrays``; returns how many rows it redid in the log
     domain (their path weights too far apart for the linear-domain pass to scale: the same statistics, slower).
     Rows no path explains raise ``ImpossibleEvidenceError`` after the others were added; a pair off a sparse
     support raises a ValueError. Rows that are not a token stream's are visited grouped by target when the emission
     is large (:func:`_sampled_order`; ``group_by_target`` True or False decides instead): a fixed order for the
-    same rows, whatever the worker."""
+    same rows, whatever the worker. ``rings``: whether a stream's windows keep their pairs from row to row (None: only
+    where the vector code cannot run, D not a multiple of 8); the same statistics to rounding either way."""
     if group_by_target is None:
         order = _sampled_order(rows, params)
     else:
@@ -1373,7 +1405,9 @@ def hop_estep(rows: WindowRows, params: HopParameters, arrays: HopArrays, group_
     window, narrow = split_query_table(visited)
     # Room for every row when they are visited out of order: the message lists the first ones in row order.
     found = np.empty(min(rows.num_rows, 64) if order is None else rows.num_rows, dtype=np.int64)
-    n_impossible, n_outside, n_log_domain = _estep(  # type: ignore[call-arg]
+    if rings is None:
+        rings = params.key_means.shape[2] % LANES != 0
+    n_impossible, n_outside, n_log_domain = _ESTEPS[rings](
         *window, narrow,
         *params.arrays(), params.direct_row, params.direct_slots, params.key_norms, params.query_norms,
         params.by_symbol, *params.symbol_views(), arrays.key_sum, arrays.key_mass, arrays.recency_mass,
