@@ -254,7 +254,7 @@ def _local_cluster(n_workers: int | None, threads_per_worker: int, memory_limit:
     refuse_a_worker_reimport()
     try:
         # The quieter settings reach the scheduler and, through their nannies, the worker processes.
-        with dask.config.set(embedded_cluster_config()), _started_deaf_to_ctrl_c():
+        with dask.config.set(embedded_cluster_config()), _started_deaf_to_stop_signals():
             return distributed.LocalCluster(
                 n_workers=n_workers or machine_cores(),
                 threads_per_worker=threads_per_worker,
@@ -319,21 +319,26 @@ def _stop_signals_held() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _started_deaf_to_ctrl_c() -> Iterator[None]:
-    """SIGINT blocked in this thread for the block, so that the threads started in it (a cluster's event loop, and
-    the threads it starts worker processes from) block it too, and so do the processes they start (a signal mask
-    is kept through fork and exec). Ctrl-C at a terminal signals the whole foreground process group: a worker
-    process that took it died printing asyncio's traceback, and its nanny started another, while the command closed
-    the cluster. The command stops the workers itself; SIGTERM still ends a worker as it would."""
+def _started_deaf_to_stop_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM blocked in this thread for the block, so that the threads started in it (a cluster's event
+    loop, and the threads it starts worker processes from) block them too, and so do the processes they start (a
+    signal mask is kept through fork and exec). The command's main thread still takes them, and stops the workers
+    itself: it closes the cluster (a worker that does not close is killed, by SIGKILL), and a worker whose command
+    died ends with it (distributed's parent-alive pipe).
+
+    Ctrl-C at a terminal signals the whole foreground process group, and a service manager (or ``kill -- -PGID``)
+    sends SIGTERM to all of it: a worker process that took Ctrl-C died printing asyncio's traceback, and its nanny
+    started another, while the command closed the cluster; one that took SIGTERM died in the middle of its task, and
+    multiprocessing's resource tracker printed a leaked-semaphore warning after the command's last line."""
     if not hasattr(signal, "pthread_sigmask"):  # not on POSIX
         yield
         return
     from multiprocessing import resource_tracker
 
     # Started before, once a process: the thread that starts multiprocessing's resource tracker (the first worker
-    # process's does) unblocks SIGINT after it, whatever was blocked before.
+    # process's does) unblocks SIGINT and SIGTERM after it, whatever was blocked before.
     resource_tracker.ensure_running()
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set(_STOP_SIGNALS))
     try:
         yield
     finally:

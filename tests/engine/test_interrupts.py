@@ -1,5 +1,6 @@
 """A ``dist-respattn fit`` stopped by a signal, as a user stops one: Ctrl-C at a terminal (SIGINT to the whole
-foreground process group, the embedded cluster's worker processes too) or ``kill`` (SIGTERM to the command). The
+foreground process group, the embedded cluster's worker processes too) or ``kill`` (SIGTERM to the command, or to
+its whole process group, as a service manager stops it). The
 command closes its local cluster, says in one line where the last good checkpoint is, and exits 130 or 143, with no
 traceback from it or from a worker process; the model directory's lock is released and ``--resume`` continues the
 fit. Before, a worker printed asyncio's traceback on Ctrl-C, a Ctrl-C while the cluster started left distributed's
@@ -76,7 +77,9 @@ def stop_all(proc: subprocess.Popen[str], children: list[psutil.Process]) -> Non
 
 @pytest.mark.slow  # starts the command's own local cluster
 @pytest.mark.parametrize(
-    ("signum", "group"), [(signal.SIGINT, True), (signal.SIGTERM, False)], ids=["ctrl-c", "sigterm"]
+    ("signum", "group"),
+    [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGTERM, True)],
+    ids=["ctrl-c", "sigterm", "sigterm-to-the-group"],  # the last as a service manager or `kill -- -PGID` stops it
 )
 def test_a_fit_stopped_by_a_signal_says_where_its_checkpoint_is_and_resumes(
     small_store, tmp_path, client, signum, group
