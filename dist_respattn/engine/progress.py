@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import distributed
@@ -30,6 +30,7 @@ def format_iteration(
     best_iteration: int | None = None,
     metric: str | None = None,
     verbose: bool = False,
+    said: Collection[str] = (),
 ) -> str:
     """One line for an iteration record, led by what a person judges a fit by: the held-out perplexity.
 
@@ -42,6 +43,9 @@ def format_iteration(
 
     ``verbose`` adds the mean joint log-likelihoods per row (of the query and the target: a density, which
     falls when a larger sigma2 is chosen even as the perplexity improves), training and held-out.
+
+    Each of the record's warnings follows on a line of its own, but those in ``said`` (the previous line's: a fit
+    whose few unused symbols stay unused would repeat the same warning every iteration).
     """
     change = record["change"]
     first = change is None or math.isinf(change)
@@ -77,7 +81,8 @@ def format_iteration(
         if heldout:
             line += f", held-out {heldout['mean_log_likelihood']:.4f}"
     for warning in record.get("warnings", []):
-        line += f"\n  warning: {warning}"
+        if warning not in said:
+            line += f"\n  warning: {warning}"
     return line
 
 
@@ -96,6 +101,7 @@ class FitReporter:
         self.client = client
         self.say = say if say is not None else logger.info
         self.bar = sys.stderr.isatty() if bar is None else bar
+        self.warned: tuple[str, ...] = ()  # the last iteration line's warnings (the next says only new ones)
 
     def make_bar(self, total: int, description: str) -> Any:
         if not self.bar:
@@ -137,8 +143,14 @@ class FitReporter:
         verbose: bool = False,
     ) -> None:
         """Print the iteration's line and publish its record as a cluster event (``best``, ``best_iteration``,
-        ``metric``, ``verbose``: see :func:`format_iteration`; the event carries the record alone)."""
-        self.say(format_iteration(record, best=best, best_iteration=best_iteration, metric=metric, verbose=verbose))
+        ``metric``, ``verbose``: see :func:`format_iteration`; the event carries the record alone, every warning
+        in it). The line leaves out the warnings the previous one gave."""
+        self.say(
+            format_iteration(
+                record, best=best, best_iteration=best_iteration, metric=metric, verbose=verbose, said=self.warned
+            )
+        )
+        self.warned = tuple(record.get("warnings", []))
         self.event(iteration_event(record))
 
     def ended(self, run_id: str, state: FitState, error: str | None = None) -> None:

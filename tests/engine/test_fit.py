@@ -565,8 +565,9 @@ def test_warm_start_from_a_model_of_another_shape_is_refused(small_store, client
 @pytest.mark.slow
 def test_sigma2_on_its_floor_is_reported_everywhere(small_store, small_validation_store, client, tmp_path):
     """With ``min_sigma2`` above the data's within-symbol variance (the truth's is 0.5), the learned
-    sigma2 sits on the floor, and the result, every iteration's log line and record, the checkpoint's
-    metadata and ``evaluate`` on the model directory all say so."""
+    sigma2 sits on the floor, and the result, every iteration's record, the checkpoint's metadata and ``evaluate``
+    on the model directory all say so; the log lines say it once, on the first iteration's (the second's is the
+    same warning)."""
     lines: list[str] = []
     model_dir = tmp_path / "model"
     learned = FitSettings(max_iter=2, tol=0, estimate_sigma2=True, sigma2=1.0, min_sigma2=10.0)
@@ -582,7 +583,8 @@ def test_sigma2_on_its_floor_is_reported_everywhere(small_store, small_validatio
     assert on_floor(result.warnings)
     assert all(on_floor(h["warnings"]) for h in result.history)
     assert on_floor(load_checkpoint(model_dir).meta["warnings"])
-    assert len(lines) == 2 and all("warning: sigma2 = 10 sits on min_sigma2" in line for line in lines)
+    assert len(lines) == 2 and "warning: sigma2 = 10 sits on min_sigma2" in lines[0]
+    assert "warning" not in lines[1] and result.history[1]["warnings"] == result.history[0]["warnings"]
     assert on_floor(evaluate(model_dir, small_validation_store, client=client).warnings)
 
 
@@ -604,11 +606,20 @@ def test_collapsed_prior_and_dead_symbols_are_reported(client, tmp_path):
     reference_options = FitSettings(
         max_iter=8, tol=0, init="random", estimate_sigma2=True, sigma2=1.0, emission_smoothing=1e-6
     )
-    result = fit(store, model_dir=tmp_path / "model", client=client, settings=reference_options)
+    lines: list[str] = []
+    result = fit(
+        store, model_dir=tmp_path / "model", client=client, settings=reference_options,
+        say=lambda line: line.startswith("iteration") and lines.append(line),
+    )  # fmt: skip
     assert result.model.position_prior[0] >= 0.99
     assert any("on position 0" in w for w in result.warnings), result.warnings
     assert any(w.startswith(f"1 of {S} symbols received no responsibility mass") for w in result.warnings)
     assert load_checkpoint(tmp_path / "model").meta["warnings"] == result.warnings
+    # Each iteration's line gives the warnings its record has and the previous record had not: none twice in a row.
+    said = [{w.removeprefix("  warning: ") for w in line.split("\n")[1:]} for line in lines]
+    for record, before, line in zip(result.history, [[], *(h["warnings"] for h in result.history)], said, strict=False):
+        assert line == set(record["warnings"]) - set(before), (line, record["warnings"], before)
+    assert sum(f"1 of {S} symbols received no responsibility mass" in " ".join(line) for line in said) < len(lines)
 
 
 # -------------------------------------------------------------------------------------------- memory
