@@ -81,6 +81,7 @@ from typing import Any, TextIO  # noqa: E402
 
 import distributed  # noqa: E402
 import numpy as np  # noqa: E402
+import psutil  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import dist_respattn  # noqa: E402
@@ -196,8 +197,16 @@ class Processes:
 
     @staticmethod
     def kill(proc: subprocess.Popen[Any]) -> None:
-        """SIGKILL the process group of ``proc`` and reap its leader."""
-        signal_group(proc, signal.SIGKILL)
+        """SIGKILL the process group of ``proc``, but for multiprocessing's resource trackers, and reap its leader.
+
+        A tracker left alive sees the pipes of the processes it served close and unlinks the semaphores they left
+        in ``/dev/shm``; killed with them, it left them there for good (seven files a drill run)."""
+        for member in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                if os.getpgid(member.pid) == proc.pid and not any(
+                    "multiprocessing.resource_tracker" in part for part in member.info["cmdline"] or ()
+                ):
+                    member.kill()
         proc.wait()
 
     @staticmethod
