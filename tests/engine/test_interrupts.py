@@ -1,11 +1,11 @@
 """A ``dist-respattn fit`` stopped by a signal, as a user stops one: Ctrl-C at a terminal (SIGINT to the whole
 foreground process group, the embedded cluster's worker processes too) or ``kill`` (SIGTERM to the command, or to
-its whole process group, as a service manager stops it). The
-command closes its local cluster, says in one line where the last good checkpoint is, and exits 130 or 143, with no
-traceback from it or from a worker process; the model directory's lock is released and ``--resume`` continues the
-fit. Before, a worker printed asyncio's traceback on Ctrl-C, a Ctrl-C while the cluster started left distributed's
-exit hook an ``AssertionError``, and SIGTERM killed the command at once, its lock, a half-written checkpoint and
-leaked semaphores left behind.
+its whole process group, as a service manager stops it). The command closes its local cluster, says in one line
+where the last good checkpoint is, and exits 130 or 143, with no traceback or warning from it or from a worker
+process; the model directory's lock is released and ``--resume`` continues the fit. Before, a worker printed
+asyncio's traceback on Ctrl-C, a Ctrl-C while the cluster started left distributed's exit hook an
+``AssertionError``, and SIGTERM killed the command at once, its lock, a half-written checkpoint and leaked
+semaphores left behind.
 """
 
 from __future__ import annotations
