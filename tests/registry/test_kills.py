@@ -69,7 +69,11 @@ def test_cli_killed_mid_fit_leaves_the_registry_valid_and_the_next_run_recovers(
         "--scheduler",
         address,
     )
-    proc = start_cli(*args, "--max-iter", "30", "--tol", "0", "--patience", "30")
+    # Its temporary directory under the test's: the killed run cannot remove its scratch fit (retrain's default work
+    # directory), which would otherwise stay in the machine's /tmp for good.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = start_cli(*args, "--max-iter", "30", "--tol", "0", "--patience", "30", env=cli_env(TMPDIR=str(scratch)))
     said: list[str] = []
     assert proc.stderr is not None
     while not (line := proc.stderr.readline()).startswith("iteration 1:"):
@@ -209,7 +213,9 @@ def killed(tmp_path_factory, base, stores, address):
             shutil.copytree(base, registry)
         cases.append([name, str(registry), case.where, case.k, str(root / f"{name}.err")])
     argv = [sys.executable, "-c", CHILD, stores.train, stores.validation, address, json.dumps(cases)]
-    done = subprocess.run(argv, capture_output=True, text=True, env=cli_env(), timeout=240)
+    scratch = root / "tmp"  # the killed runs' scratch fits (retrain's default work directory) stay under the test's
+    scratch.mkdir()
+    done = subprocess.run(argv, capture_output=True, text=True, env=cli_env(TMPDIR=str(scratch)), timeout=240)
     assert done.returncode == 0, done.stderr
     ended = json.loads(done.stdout)
     return {
