@@ -12,8 +12,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
+
+import psutil
 
 from ..certificates import write_tls_files
 
@@ -110,21 +112,42 @@ class Processes:
 
     def stop(self) -> None:
         """SIGTERM to every group (Dask closes cleanly on it), then SIGKILL to whatever is left."""
+        end_groups([process.pid for _, process in self.started])
         for _, process in self.started:
-            _signal_group(process, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for _, process in self.started:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_group(process, signal.SIGKILL)
             process.wait()
 
 
-def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+def end_groups(groups: Sequence[int], timeout: float = 10.0) -> None:
+    """SIGTERM to each process group of ``groups``; after ``timeout``, SIGKILL to what is left of them but
+    multiprocessing's resource trackers.
+
+    A tracker left alive sees the processes it served end and unlinks the semaphores they left in ``/dev/shm``;
+    killed with them, it left them there for good (seven a SLURM worker job, before)."""
+    for group in groups:
+        _signal_group(group, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while any(_members(group) for group in groups) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for group in groups:
+        for member in _members(group):
+            if not any("multiprocessing.resource_tracker" in part for part in member.info["cmdline"] or ()):
+                with suppress(psutil.Error):
+                    member.kill()
+
+
+def _members(group: int) -> list[psutil.Process]:
+    """The live processes of process group ``group`` (not its zombies, which wait for their parent)."""
+    members = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        with suppress(ProcessLookupError, psutil.Error):
+            if os.getpgid(process.pid) == group and process.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(process)
+    return members
+
+
+def _signal_group(group: int, sig: signal.Signals) -> None:
     try:
-        os.killpg(process.pid, sig)
+        os.killpg(group, sig)
     except (ProcessLookupError, PermissionError):
         pass
 

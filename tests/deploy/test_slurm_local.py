@@ -9,7 +9,6 @@ fit. Needs dask-jobqueue, which is not a dependency of the package.
 from __future__ import annotations
 
 import os
-import signal
 import stat
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 
 from tests.deploy import deployfiles as files
 from tests.deploy.deployfiles import SLURM
-from tests.deploy.processes import BIN, Localizer, environment, free_ports, make_certificates, run
+from tests.deploy.processes import BIN, Localizer, end_groups, environment, free_ports, make_certificates, run
 
 pytestmark = pytest.mark.slow  # every test here starts a cluster or a command
 
@@ -46,11 +45,7 @@ def _install(folder: Path, name: str, text: str) -> None:
 
 def _end_jobs(folder: Path) -> None:
     pids = folder / "pids"
-    for pid in pids.read_text().split() if pids.exists() else ():
-        try:
-            os.killpg(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    end_groups([int(pid) for pid in pids.read_text().split()] if pids.exists() else [])
 
 
 def test_fit_sbatch_fits_on_worker_jobs_over_tls(tmp_path):
