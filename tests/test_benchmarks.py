@@ -767,6 +767,12 @@ def test_scale_smoke_run_reports_every_figure_and_the_sharded_m_step_moves_no_by
     assert 0 < corpus_report["bytes_per_token"] < 100
     assert corpus_report["ingest_cpu_seconds"] > 0 and corpus_report["train_bytes"] > 0
     assert len(fitted["iteration_seconds"]) == 2 and fitted["kernel_rows_per_second"] > 0
+    # The kernel in two processes at once (the fit's two workers' cores busy together), each rate its own.
+    together = fitted["kernel_together_rows_per_second"]
+    assert len(together) == 2 and min(together) > 0
+    median = float(np.median(fitted["iteration_seconds"]))
+    assert fitted["iteration_over_kernel_together"] == pytest.approx(median * sum(together) / fitted["rows"])
+    assert f"iteration {fitted['iteration_over_kernel_together']:.2f}x (the cores' shared" in table
     assert fitted["worker_peak_gib"] > 0 and fitted["driver_peak_gib"] > 0
     assert_positive_finite(fitted["head_perplexity"], "head")
     assert f"{fitted['head_over_kneser_ney']:.3f}" in table
