@@ -52,6 +52,7 @@ import argparse
 import hashlib
 import json
 import os
+import queue
 import re
 import subprocess
 import sys
@@ -390,10 +391,21 @@ def bare_kernel_together(model_dir: Path, train_url: str, n: int, processes: int
     ]
     for w in workers:
         w.start()
-    # Read before joining: a process with a result in its queue's pipe does not exit until it is read.
-    results = sorted(out.get(timeout=600) for _ in workers)
+    # Read before joining: a process with a result in its queue's pipe does not exit until it is read. One that died
+    # (out of memory, say) would leave the others waiting at the barrier: they are stopped and the run fails.
+    results: list[tuple[int, int, list[tuple[float, float]]]] = []
+    while len(results) < processes:
+        try:
+            results.append(out.get(timeout=1.0))
+        except queue.Empty:
+            failed = [w for w in workers if w.exitcode not in (None, 0)]
+            if failed:
+                for w in workers:
+                    w.terminate()
+                raise RuntimeError(f"a bare kernel process exited with {failed[0].exitcode}") from None
     for w in workers:
         w.join()
+    results.sort()
     each = [count / min(wall for wall, _ in passes) for _, count, passes in results]
     return {"rows_per_second": float(sum(each)), "rows_per_second_each": each}
 
