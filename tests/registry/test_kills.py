@@ -83,6 +83,8 @@ def test_cli_killed_mid_fit_leaves_the_registry_valid_and_the_next_run_recovers(
     proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     assert said[0] == f"{registry}: warm start from version 1\n"
+    # A SIGKILLed run cannot remove its scratch fit: it is left where TMPDIR said, not in the machine's /tmp.
+    assert any(p.name.startswith("respattn-retrain-") for p in scratch.iterdir())
 
     reg = Registry(str(registry))
     assert reg.problems() == []
