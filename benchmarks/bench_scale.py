@@ -307,13 +307,11 @@ class _KernelRows:
     """One partition's training rows read for the bare kernel, with the fit's model's kernel parameters: what a fit's
     E-step task gives the kernel (the values unscanned when the store checked them, as the fit's tasks do)."""
 
-    def __init__(self, model_dir: Path, train_url: str, n: int, partition: int) -> None:
-        from dist_respattn.engine import load_checkpoint
+    def __init__(self, checkpoint: Any, train_url: str, n: int, partition: int) -> None:
         from dist_respattn.engine.worker_tasks import RowSelection
         from dist_respattn.model.fitting.holdout import HoldoutRule
         from dist_respattn.store import open_store
 
-        checkpoint = load_checkpoint(model_dir, "latest")
         self.model = model = checkpoint.model
         rule = HoldoutRule.from_json(checkpoint.meta["holdout"]) if checkpoint.meta.get("holdout") else None
         rows = RowSelection(rule, "train") if rule is not None else RowSelection()
@@ -350,21 +348,22 @@ KERNEL_PASSES = 5
 def bare_kernel(model_dir: Path, train_url: str, n: int) -> dict[str, Any]:
     """The sparse kernel alone on the training rows of partition 0, in this process, the machine's other cores
     idle: ``rows``, ``rows_per_second`` (wall) and ``rows_per_cpu_second``."""
-    rows = _KernelRows(model_dir, train_url, n, 0)
+    from dist_respattn.engine import load_checkpoint
+
+    rows = _KernelRows(load_checkpoint(model_dir, "latest"), train_url, n, 0)
     passes = [rows.timed_pass() for _ in range(KERNEL_PASSES)]
     best, best_cpu = min(w for w, _ in passes), min(c for _, c in passes)
     # The CPU figure beside the wall time: on a machine shared with other work, the wall time counts the others.
     return {"rows": rows.count, "rows_per_second": rows.count / best, "rows_per_cpu_second": rows.count / best_cpu}
 
 
-def _kernel_in_step(model_dir: Path, train_url: str, n: int, partition: int, barrier: Any, out: Any) -> None:
+def _kernel_in_step(index: int, rows: _KernelRows, barrier: Any, out: Any) -> None:
     """A process's share of :func:`bare_kernel_together`: its partition's passes, each started at the barrier."""
-    rows = _KernelRows(model_dir, train_url, n, partition)
     passes = []
     for _ in range(KERNEL_PASSES):
         barrier.wait()
         passes.append(rows.timed_pass())
-    out.put((partition, rows.count, passes))
+    out.put((index, rows.count, passes))
 
 
 def bare_kernel_together(model_dir: Path, train_url: str, n: int, processes: int) -> dict[str, Any]:
@@ -380,15 +379,17 @@ def bare_kernel_together(model_dir: Path, train_url: str, n: int, processes: int
     turn when it has fewer than ``processes``)."""
     import multiprocessing
 
+    from dist_respattn.engine import load_checkpoint
     from dist_respattn.store import open_store
 
     partitions = open_store(train_url, window=n).num_partitions  # a smoke run's store may have fewer than processes
-    context = multiprocessing.get_context("spawn")
+    checkpoint = load_checkpoint(model_dir, "latest")
+    rows = [_KernelRows(checkpoint, train_url, n, p % partitions) for p in range(processes)]
+    # Forked, after the rows and the model are read here and the kernel compiled by `bare_kernel`: each process starts
+    # at once on memory it shares with this one, and does nothing but run the kernel (no store, no cluster).
+    context = multiprocessing.get_context("fork")
     barrier, out = context.Barrier(processes), context.Queue()
-    workers = [
-        context.Process(target=_kernel_in_step, args=(model_dir, train_url, n, p % partitions, barrier, out))
-        for p in range(processes)
-    ]
+    workers = [context.Process(target=_kernel_in_step, args=(i, r, barrier, out)) for i, r in enumerate(rows)]
     for w in workers:
         w.start()
     # Read before joining: a process with a result in its queue's pipe does not exit until it is read. One that died
@@ -505,6 +506,8 @@ def fit_and_score(
         }
     table = result.model.emission_table
     seconds = [h["seconds"] for h in result.history]
+    # The driver's peak before the kernels below are timed in this process (they read partitions and the model here).
+    driver_peak_gib = max([peak_rss_bytes() / GIB, *(p["driver_gib"] for p in peaks.peaks)])
     kernel = bare_kernel(model_dir, data["train"], n)
     together = bare_kernel_together(model_dir, data["train"], n, workers)
     driver = m_step_cost(model_dir)
@@ -528,7 +531,7 @@ def fit_and_score(
         "kernel_together_seconds": kernel_time_together,
         "iteration_over_kernel_together": float(np.median(seconds)) / kernel_time_together,
         "worker_peak_gib": fit_worker_peak / GIB,
-        "driver_peak_gib": max([peak_rss_bytes() / GIB, *(p["driver_gib"] for p in peaks.peaks)]),
+        "driver_peak_gib": driver_peak_gib,
         "phase_peaks": peaks.peaks,
         "head_perplexity": scores.model["perplexity"],
         "kneser_ney_perplexity": scores.baselines["kneser_ney"]["perplexity"],
