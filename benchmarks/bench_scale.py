@@ -340,17 +340,25 @@ class _KernelRows:
         return time.perf_counter() - start, time.process_time() - cpu
 
 
+def kernel_rows(model_dir: Path, train_url: str, n: int, count: int) -> list[_KernelRows]:
+    """Partitions 0, 1, ..., ``count - 1`` of the training store (taken in turn when it has fewer), read for the bare
+    kernel with the model of ``model_dir``'s latest checkpoint (read once for all of them)."""
+    from dist_respattn.engine import load_checkpoint
+    from dist_respattn.store import open_store
+
+    checkpoint = load_checkpoint(model_dir, "latest")
+    partitions = open_store(train_url, window=n).num_partitions
+    return [_KernelRows(checkpoint, train_url, n, p % partitions) for p in range(count)]
+
+
 #: Passes a bare kernel figure takes the best of (about 10 s at 109M tokens): a pass slowed by the machine's other
 #: work would make the kernel look slower than it is, and the iteration's ratio to it better.
 KERNEL_PASSES = 5
 
 
-def bare_kernel(model_dir: Path, train_url: str, n: int) -> dict[str, Any]:
-    """The sparse kernel alone on the training rows of partition 0, in this process, the machine's other cores
-    idle: ``rows``, ``rows_per_second`` (wall) and ``rows_per_cpu_second``."""
-    from dist_respattn.engine import load_checkpoint
-
-    rows = _KernelRows(load_checkpoint(model_dir, "latest"), train_url, n, 0)
+def bare_kernel(rows: _KernelRows) -> dict[str, Any]:
+    """The sparse kernel alone on ``rows``, in this process, the machine's other cores idle: ``rows``,
+    ``rows_per_second`` (wall) and ``rows_per_cpu_second``."""
     passes = [rows.timed_pass() for _ in range(KERNEL_PASSES)]
     best, best_cpu = min(w for w, _ in passes), min(c for _, c in passes)
     # The CPU figure beside the wall time: on a machine shared with other work, the wall time counts the others.
@@ -366,8 +374,8 @@ def _kernel_in_step(index: int, rows: _KernelRows, barrier: Any, out: Any) -> No
     out.put((index, rows.count, passes))
 
 
-def bare_kernel_together(model_dir: Path, train_url: str, n: int, processes: int) -> dict[str, Any]:
-    """The sparse kernel alone in ``processes`` processes at once, each on its own partition (0, 1, ...), every pass
+def bare_kernel_together(rows: list[_KernelRows]) -> dict[str, Any]:
+    """The sparse kernel alone in one process per element of ``rows`` at once, each on its own partition, every pass
     started together at a barrier: the most a fit's workers could do on this machine's cores.
 
     :func:`bare_kernel` times one process while the other cores idle; processes running at once share the
@@ -375,16 +383,10 @@ def bare_kernel_together(model_dir: Path, train_url: str, n: int, processes: int
     leans on. The difference between the two rates is the hardware's, not the engine's.
 
     Returns ``rows_per_second``: the processes' best-pass rates summed (the machine's rate, every core busy), and
-    ``rows_per_second_each``: each process's (the store's partitions taken in
-    turn when it has fewer than ``processes``)."""
+    ``rows_per_second_each``: each process's."""
     import multiprocessing
 
-    from dist_respattn.engine import load_checkpoint
-    from dist_respattn.store import open_store
-
-    partitions = open_store(train_url, window=n).num_partitions  # a smoke run's store may have fewer than processes
-    checkpoint = load_checkpoint(model_dir, "latest")
-    rows = [_KernelRows(checkpoint, train_url, n, p % partitions) for p in range(processes)]
+    processes = len(rows)
     # Forked, after the rows and the model are read here and the kernel compiled by `bare_kernel`: each process starts
     # at once on memory it shares with this one, and does nothing but run the kernel (no store, no cluster).
     context = multiprocessing.get_context("fork")
@@ -508,8 +510,11 @@ def fit_and_score(
     seconds = [h["seconds"] for h in result.history]
     # The driver's peak before the kernels below are timed in this process (they read partitions and the model here).
     driver_peak_gib = max([peak_rss_bytes() / GIB, *(p["driver_gib"] for p in peaks.peaks)])
-    kernel = bare_kernel(model_dir, data["train"], n)
-    together = bare_kernel_together(model_dir, data["train"], n, workers)
+    # Both kernel figures from one reading of the model and of a partition a worker: partition 0 alone, then all.
+    rows_each = kernel_rows(model_dir, data["train"], n, workers)
+    kernel = bare_kernel(rows_each[0])
+    together = bare_kernel_together(rows_each)
+    del rows_each
     driver = m_step_cost(model_dir)
     train_rows = result.history[-1]["n_obs"]
     kernel_time_per_worker = train_rows / kernel["rows_per_second"] / workers
