@@ -22,11 +22,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import dask.config
 import numpy as np
 import pytest
 import zarr
 
 from dist_respattn.cli import build_parser, main
+from dist_respattn.engine.cluster import embedded_cluster_config
 from dist_respattn.model import sequence_windows
 from dist_respattn.store import TripleStore, write_text, write_tokens
 from dist_respattn.store.rows import RowStore, open_store
@@ -846,14 +848,20 @@ def test_validate_on_a_scheduler_and_with_an_unreachable_one(synth_store, tmp_pa
         stderr=subprocess.PIPE,
         text=True,
     )
-    with distributed.LocalCluster(
-        n_workers=1,
-        threads_per_worker=2,
-        processes=False,
-        protocol="tcp",
-        host="127.0.0.1",
-        dashboard_address="127.0.0.1:0",
-    ) as cluster:
+    # Its worker's threads run in this test process, so under the embedded cluster's settings: with Dask's profiler on
+    # (sys._current_frames every 10 ms), Python 3.11 before 3.11.9 can deadlock the process between its GIL and its
+    # thread-state lock (CPython gh-106883), and this test hung the suite with its command waiting on the tasks.
+    with (
+        dask.config.set(embedded_cluster_config()),
+        distributed.LocalCluster(
+            n_workers=1,
+            threads_per_worker=2,
+            processes=False,
+            protocol="tcp",
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+        ) as cluster,
+    ):
         result = run("validate", str(damaged), "--scheduler", cluster.scheduler_address, "--json")
         keys = {str(entry[0]) for entry in cluster.scheduler.transition_log}
     assert result.returncode == 1, result.stderr
