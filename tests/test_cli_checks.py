@@ -222,3 +222,16 @@ def test_a_file_of_one_huge_word_is_refused_once_past_the_bound(tmp_path):
     text = tmp_path / "text.txt"
     text.write_bytes(b"word " * 1000)
     assert b"".join(block.tobytes() for block in file_blocks(str(text), block=1024, max_word=2048)) == text.read_bytes()
+
+
+def test_the_parser_of_a_named_command_holds_that_command_and_the_full_parser_every_one():
+    """``build_parser(command)`` adds only ``command`` (what ``main`` builds for a command line); without one, or
+    with a name that is no command, it adds every command, each named by exactly one module's ``COMMANDS``."""
+    from dist_respattn.cli import _COMMAND_MODULES, build_parser, subcommands
+
+    every = [name for name, _, _ in subcommands(build_parser())]
+    named = [name for module in _COMMAND_MODULES for name in module.COMMANDS]
+    assert every == named and len(set(named)) == len(named) > 10
+    assert [name for name, _, _ in subcommands(build_parser("nonsense"))] == every
+    for command in every:
+        assert [name for name, _, _ in subcommands(build_parser(command))] == [command]

@@ -76,6 +76,24 @@ def test_the_count_wording_needs_only_the_standard_library():
     }
 
 
+def _help_loads(*argv: str) -> set[str]:
+    """The modules a fresh interpreter holds after ``dist-respattn ARGV --help``."""
+    command_line = [*argv, "--help"]
+    code = f"from dist_respattn.cli import main\ntry:\n    main({command_line!r})\nexcept SystemExit:\n    pass"
+    return modules_after(code)
+
+
+@pytest.mark.slow  # fresh interpreters
+def test_a_command_line_builds_the_options_of_its_own_command_only():
+    """``models`` and ``info`` take no head kind's options and no store layout's: their parsers load neither the
+    head kinds (and numba) nor zarr, as the parser of every command would (~0.5 s of CPU before anything ran);
+    ``fit``'s, which takes every kind's options, loads the kinds."""
+    for argv in (("models", "list"), ("info",)):
+        loaded = _help_loads(*argv)
+        assert not {"numba", "zarr", "dist_respattn.model.heads.base"} & loaded, argv
+    assert "dist_respattn.model.heads.base" in _help_loads("fit")
+
+
 def test_retrain_uses_only_the_engines_public_names():
     """``registry/retrain.py`` imports from ``dist_respattn.engine`` itself (its ``__all__``), no engine module."""
     tree = ast.parse((PACKAGE / "registry" / "retrain.py").read_text())

@@ -112,8 +112,19 @@ def _unrecognized(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> st
     return f"unrecognized arguments: {' '.join(words)}"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand (also read by tests that check documented commands)."""
+#: The modules that add the subcommands, in the order ``--help`` lists them; each names its own in ``COMMANDS``.
+_COMMAND_MODULES = (demo, store_commands, split_command, fit_commands, head_commands, registry_commands)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of every subcommand (also read by tests that check documented commands), or of
+    ``command`` alone when it is one (a name the top-level help lists; anything else: every subcommand's, so that
+    argparse's error can name them).
+
+    Adding a command's options is what a command line pays for before anything runs: every head kind's options
+    load the kinds and numba, a store's layout options zarr, ~0.5 s of CPU together. A command line runs one
+    command, so :func:`main` adds only the one typed, and ``info``, ``validate`` or ``models`` load neither.
+    """
     from dist_respattn import __version__
 
     parser = _CommandParser(
@@ -128,12 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     # A command line without a command (or `models` without its action) prints the help of the parser it
     # stopped at; each subcommand with actions sets its own parser here.
     parser.set_defaults(help_parser=parser)
-    demo.register(sub)
-    store_commands.register(sub)
-    split_command.register(sub)
-    fit_commands.register(sub)
-    head_commands.register(sub)
-    registry_commands.register(sub)
+    commands = [module.COMMANDS for module in _COMMAND_MODULES]
+    if any(command in added for added in commands):
+        commands = [{command: added[command]} for added in commands if command in added]
+    for added in commands:
+        for add in added.values():
+            add(sub)
     # argparse leaves a subcommand's unknown arguments to the top parser, whose error shows the top-level usage;
     # each command's own parser reports them instead (see main), with the usage of the command typed.
     for command_parser in sub.choices.values():
@@ -190,8 +201,14 @@ def _interrupted(args: argparse.Namespace | None) -> str:
     return f"dist-respattn {args.command}: interrupted{kept(args) if kept is not None else ''}"
 
 
+def _typed_command(argv: Sequence[str]) -> str | None:
+    """The command a command line names: its first argument that is not an option (the top-level parser's
+    options, ``--help`` and ``--version``, take no value)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
 def _run(argv: Sequence[str] | None, ran: list[argparse.Namespace]) -> int:
-    parser = build_parser()
+    parser = build_parser(_typed_command(sys.argv[1:] if argv is None else argv))
     args, unknown = parser.parse_known_args(argv)
     ran.append(args)
     if unknown:
@@ -202,11 +219,11 @@ def _run(argv: Sequence[str] | None, ran: list[argparse.Namespace]) -> int:
         # so a script that forgot its command fails instead of passing.
         args.help_parser.print_help(sys.stderr)
         return 2
-    from dist_respattn.store.errors import StoreError
-
+    # A store's errors (StoreError) are ValueErrors: named here, they would load the store package (zarr and numba)
+    # into every command that never opens a store.
     try:
         report = args.handler(args)
-    except (CommandError, StoreError, MemoryError, ValueError, TypeError, OSError) as exc:
+    except (CommandError, MemoryError, ValueError, TypeError, OSError) as exc:
         return _one_line_error(args, exc)
     except _cluster_errors() as exc:  # evaluated only once the handler raised: the engine is loaded if it raised this
         return _one_line_error(args, exc)

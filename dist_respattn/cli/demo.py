@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from dist_respattn.cli.fit_commands import fit_report, print_fit_summary
 from dist_respattn.cli.head_options import spec_from_args
 from dist_respattn.events import FitState
 
-__all__ = ["register"]
+__all__ = ["COMMANDS"]
 
 #: Rows per chunk and per partition of the demo's stores: small, so the default slice makes several
 #: partitions for the workers to share.
@@ -40,7 +41,7 @@ DEMO_CONTEXT = 32
 SYNTHETIC_CONTEXT = 8
 
 
-def register(sub: Any) -> None:
+def _add_demo(sub: Any) -> None:
     """Add the ``demo`` subcommand."""
     demo = sub.add_parser(
         "demo",
@@ -95,6 +96,11 @@ def register(sub: Any) -> None:
     synthetic.add_argument("--targets", type=positive_int, default=50, help="T, target vocabulary (default 50)")
     synthetic.add_argument("--sigma2", type=positive_float, default=1.0, help="true gate variance (default 1)")
     demo.set_defaults(handler=_run_demo, printer=_print_demo)
+
+
+#: Each subcommand this module adds, by name, with the function that adds it to a subparsers action
+#: (``build_parser`` adds only the one a command line names).
+COMMANDS: dict[str, Callable[[Any], None]] = {"demo": _add_demo}
 
 
 def _demo_heads() -> list[str]:

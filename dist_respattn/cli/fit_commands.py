@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from dist_respattn.cli.common import (
@@ -30,6 +31,7 @@ from dist_respattn.cli.stream_predict import print_stream_summary, run_stream
 from dist_respattn.events import Metric
 
 __all__ = [
+    "COMMANDS",
     "add_cluster_options",
     "add_em_options",
     "baseline_order",
@@ -37,7 +39,6 @@ __all__ = [
     "default_spec",
     "fit_report",
     "ranking_settings",
-    "register",
     "security",
     "settings_from",
 ]
@@ -209,8 +210,8 @@ def baseline_order(text: str) -> int:
     return value
 
 
-def register(sub: Any) -> None:
-    """Add the ``fit``, ``evaluate`` and ``predict`` subcommands."""
+def _add_fit(sub: Any) -> None:
+    """Add the ``fit`` subcommand."""
     fit = sub.add_parser(
         "fit",
         help="fit a head to a store by exact EM on a Dask cluster, checkpointing into a model directory",
@@ -242,6 +243,9 @@ def register(sub: Any) -> None:
     fit.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     fit.set_defaults(handler=_run_fit, printer=_print_fit, interrupted=fit_interrupted)
 
+
+def _add_evaluate(sub: Any) -> None:
+    """Add the ``evaluate`` subcommand."""
     evaluate = sub.add_parser(
         "evaluate",
         help="score a store with a model, beside unigram, bigram and n-gram baselines",
@@ -300,6 +304,9 @@ def register(sub: Any) -> None:
     evaluate.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     evaluate.set_defaults(handler=_run_evaluate, printer=_print_evaluate)
 
+
+def _add_predict(sub: Any) -> None:
+    """Add the ``predict`` subcommand."""
     predict = sub.add_parser(
         "predict",
         help="write each row's K most probable targets, their probabilities and the attention",
@@ -342,6 +349,11 @@ def register(sub: Any) -> None:
     add_cluster_options(predict)
     predict.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     predict.set_defaults(handler=_run_predict, printer=_print_predict)
+
+
+#: Each subcommand this module adds, by name, with the function that adds it to a subparsers action
+#: (``build_parser`` adds only the one a command line names).
+COMMANDS: dict[str, Callable[[Any], None]] = {"fit": _add_fit, "evaluate": _add_evaluate, "predict": _add_predict}
 
 
 #: What ``evaluate`` and ``predict`` take as a model.

@@ -5,6 +5,7 @@ its emission tables by name."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ import numpy as np
 from dist_respattn.cli.common import CommandError, embedding_table, parse_storage_options, positive_int, seed
 from dist_respattn.cli.head_options import add_head_options, head_options, refuse_other_kinds_options
 
-__all__ = ["OPENING_TOKENS", "register"]
+__all__ = ["COMMANDS", "OPENING_TOKENS"]
 
 #: The tokens ``sample`` opens with when no ``--prompt`` is given: the start of a document, no more than this (a
 #: repeat gate's window of N = 100,000 would otherwise print a whole file as the opening), nor more than N.
@@ -178,8 +179,8 @@ def _print_neighbours(report: dict[str, Any]) -> None:
         print(f"  {name}: " + ", ".join(f"{w} ({d:.3f})" for w, d in items))
 
 
-def register(sub: Any) -> None:
-    """Add the ``sample`` and ``neighbours`` subcommands."""
+def _add_sample(sub: Any) -> None:
+    """Add the ``sample`` subcommand."""
     sample = sub.add_parser(
         "sample",
         help="generate text token by token from a fitted head (an attribute-gated one as one attribute or a mix)",
@@ -209,6 +210,9 @@ def register(sub: Any) -> None:
     sample.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     sample.set_defaults(handler=_run_sample, printer=_print_sample)
 
+
+def _add_neighbours(sub: Any) -> None:
+    """Add the ``neighbours`` subcommand."""
     neighbours = sub.add_parser(
         "neighbours",
         help="the words whose emission rows are closest to a word's (under an attribute, for a gated head)",
@@ -226,3 +230,8 @@ def register(sub: Any) -> None:
     add_head_options(neighbours, "neighbours")
     neighbours.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     neighbours.set_defaults(handler=_run_neighbours, printer=_print_neighbours)
+
+
+#: Each subcommand this module adds, by name, with the function that adds it to a subparsers action
+#: (``build_parser`` adds only the one a command line names).
+COMMANDS: dict[str, Callable[[Any], None]] = {"sample": _add_sample, "neighbours": _add_neighbours}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -24,7 +25,7 @@ from dist_respattn.cli.head_options import add_head_options, default_kind_text, 
 from dist_respattn.events import Metric
 from dist_respattn.text_format import count_text
 
-__all__ = ["register"]
+__all__ = ["COMMANDS"]
 
 #: ``retrain``'s exit status when another run holds the lock (cron and CI can tell it from a failure).
 EXIT_LOCKED = 3
@@ -37,8 +38,8 @@ def _fraction(text: str) -> float:
     return value
 
 
-def register(sub: Any) -> None:
-    """Add the ``retrain`` and ``models`` subcommands."""
+def _add_retrain(sub: Any) -> None:
+    """Add the ``retrain`` subcommand."""
     retrain = sub.add_parser(
         "retrain",
         help="warm-start from a registry's latest model, fit, gate on held-out scores, publish a new version",
@@ -91,6 +92,9 @@ def register(sub: Any) -> None:
     retrain.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     retrain.set_defaults(handler=_run_retrain, printer=_print_retrain)
 
+
+def _add_models(sub: Any) -> None:
+    """Add the ``models`` subcommand."""
     models = sub.add_parser(
         "models",
         help="read a model registry: list versions, show one, check every file, export one",
@@ -156,6 +160,11 @@ def register(sub: Any) -> None:
         action.add_argument("--json", action="store_true", help="print JSON instead of text")
         # Unknown arguments are reported with this action's usage (see dist_respattn.cli.main).
         action.set_defaults(handler=handler, printer=printer, error_parser=action)
+
+
+#: Each subcommand this module adds, by name, with the function that adds it to a subparsers action
+#: (``build_parser`` adds only the one a command line names).
+COMMANDS: dict[str, Callable[[Any], None]] = {"retrain": _add_retrain, "models": _add_models}
 
 
 def _say(args: argparse.Namespace) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dist_respattn.cli.common import CommandError, check_row_order, positive_int, progress_bar, say, seed
@@ -20,7 +21,7 @@ from dist_respattn.cli.store_commands import (
 )
 from dist_respattn.text_format import count_text
 
-__all__ = ["register"]
+__all__ = ["COMMANDS"]
 
 
 def _fraction(text: str) -> float:
@@ -30,7 +31,7 @@ def _fraction(text: str) -> float:
     return value
 
 
-def register(sub: Any) -> None:
+def _add_split(sub: Any) -> None:
     """Add the ``split`` subcommand."""
     split = sub.add_parser(
         "split",
@@ -108,6 +109,11 @@ def register(sub: Any) -> None:
     add_layout_options(split, append=False)
     add_common_options(split)
     split.set_defaults(handler=_run_split, printer=_print_split)
+
+
+#: Each subcommand this module adds, by name, with the function that adds it to a subparsers action
+#: (``build_parser`` adds only the one a command line names).
+COMMANDS: dict[str, Callable[[Any], None]] = {"split": _add_split}
 
 
 def _check_hold_out_last(args: argparse.Namespace) -> None:

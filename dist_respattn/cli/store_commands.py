@@ -23,6 +23,7 @@ from dist_respattn.cli.common import (
 from dist_respattn.text_format import count_text
 
 __all__ = [
+    "COMMANDS",
     "add_attribute_options",
     "add_common_options",
     "add_corpus_sources",
@@ -30,7 +31,6 @@ __all__ = [
     "attribute_flag_problems",
     "identity_line",
     "out_after_text",
-    "register",
     "write_options",
 ]
 
@@ -158,8 +158,8 @@ def add_layout_options(
     mode.add_argument("--overwrite", action="store_true", help="replace an existing store at OUT")
 
 
-def register(sub: Any) -> None:
-    """Add the store subcommands."""
+def _add_synth(sub: Any) -> None:
+    """Add the ``synth`` subcommand."""
     synth = sub.add_parser(
         "synth",
         help="write a store of triples sampled from a random head (kept in the store)",
@@ -183,6 +183,9 @@ def register(sub: Any) -> None:
     add_common_options(synth)
     synth.set_defaults(handler=_run_synth, printer=_print_written)
 
+
+def _add_ingest(sub: Any) -> None:
+    """Add the ``ingest`` subcommand."""
     ingest = sub.add_parser(
         "ingest",
         help="write a store from arrays, a token stream or text files",
@@ -248,11 +251,17 @@ def register(sub: Any) -> None:
     add_common_options(ingest)
     ingest.set_defaults(handler=_run_ingest, printer=_print_written)
 
+
+def _add_info(sub: Any) -> None:
+    """Add the ``info`` subcommand."""
     info = sub.add_parser("info", help="describe a store: schema, rows, layout, corpus identity, provenance")
     info.add_argument("store", metavar="STORE", help="store path or fsspec URL")
     add_common_options(info)
     info.set_defaults(handler=_run_info, printer=_print_info)
 
+
+def _add_validate(sub: Any) -> None:
+    """Add the ``validate`` subcommand."""
     validate = sub.add_parser(
         "validate",
         help="scan every chunk of a store and report each problem (exit 1 when there is one)",
@@ -266,6 +275,9 @@ def register(sub: Any) -> None:
     add_common_options(validate)
     validate.set_defaults(handler=_run_validate, printer=_print_validate)
 
+
+def _add_repair(sub: Any) -> None:
+    """Add the ``repair`` subcommand."""
     repair = sub.add_parser(
         "repair",
         help="roll an interrupted append back to the store's committed rows; remove a killed writer's leftovers",
@@ -281,6 +293,17 @@ def register(sub: Any) -> None:
     repair.add_argument("store", metavar="STORE", help="store path or fsspec URL")
     add_common_options(repair)
     repair.set_defaults(handler=_run_repair, printer=_print_repair)
+
+
+#: Each subcommand this module adds, by name, with the function that adds it to a subparsers action
+#: (``build_parser`` adds only the one a command line names).
+COMMANDS: dict[str, Callable[[Any], None]] = {
+    "synth": _add_synth,
+    "ingest": _add_ingest,
+    "info": _add_info,
+    "validate": _add_validate,
+    "repair": _add_repair,
+}
 
 
 def write_options(args: argparse.Namespace, progress: Callable[[int], Any] | None) -> Any:
