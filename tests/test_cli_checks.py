@@ -5,6 +5,7 @@ odd but valid input (the out-of-vocabulary id as a neighbour) answer."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -224,10 +225,11 @@ def test_a_file_of_one_huge_word_is_refused_once_past_the_bound(tmp_path):
     assert b"".join(block.tobytes() for block in file_blocks(str(text), block=1024, max_word=2048)) == text.read_bytes()
 
 
-def test_the_parser_of_a_named_command_holds_that_command_and_the_full_parser_every_one():
+def test_the_parser_of_a_named_command_holds_that_command_and_the_full_parser_every_one(capsys):
     """``build_parser(command)`` adds only ``command`` (what ``main`` builds for a command line); without one, or
-    with a name that is no command, it adds every command, each named by exactly one module's ``COMMANDS``."""
-    from dist_respattn.cli import _COMMAND_MODULES, build_parser, subcommands
+    with a name that is no command, it adds every command, each named by exactly one module's ``COMMANDS``; the
+    top-level help lists every command whatever follows it."""
+    from dist_respattn.cli import _COMMAND_MODULES, build_parser, main, subcommands
 
     every = [name for name, _, _ in subcommands(build_parser())]
     named = [name for module in _COMMAND_MODULES for name in module.COMMANDS]
@@ -235,3 +237,8 @@ def test_the_parser_of_a_named_command_holds_that_command_and_the_full_parser_ev
     assert [name for name, _, _ in subcommands(build_parser("nonsense"))] == every
     for command in every:
         assert [name for name, _, _ in subcommands(build_parser(command))] == [command]
+    with pytest.raises(SystemExit) as stopped:
+        main(["--help", "fit"])
+    assert stopped.value.code == 0
+    listed = capsys.readouterr().out
+    assert all(re.search(rf"^    {command}\b", listed, re.MULTILINE) for command in every), listed

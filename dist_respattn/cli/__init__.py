@@ -202,9 +202,9 @@ def _interrupted(args: argparse.Namespace | None) -> str:
 
 
 def _typed_command(argv: Sequence[str]) -> str | None:
-    """The command a command line names: its first argument that is not an option (the top-level parser's
-    options, ``--help`` and ``--version``, take no value)."""
-    return next((arg for arg in argv if not arg.startswith("-")), None)
+    """The command a command line names, its first argument; ``None`` when that is an option, the top-level
+    parser's own (``--help``, ``--version``), whose help lists every command."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
 
 
 def _run(argv: Sequence[str] | None, ran: list[argparse.Namespace]) -> int:
