@@ -6,7 +6,8 @@ and T for a quicker smoke run) and a local synthetic store of
 
 - our fit, ``dist_respattn.engine.fit(store, client=..., init=<fixed start>, FitSettings(max_iter, tol=0))``, on a
   ``LocalCluster`` of 2 worker processes x 1 thread and on a fresh one of 1 worker x 1 thread (127.0.0.1; both
-  with the embedded cluster's quieter Dask settings, ``dist_respattn.engine.cluster.embedded_cluster_config()``):
+  with the embedded cluster's quieter Dask settings and forked workers,
+  ``dist_respattn.engine.cluster.embedded_cluster_settings()``):
   rows/s per iteration (the median over the iterations of rows / seconds, the seconds from ``result.history``:
   E-step + gather + M-step; what follows it, the checkpoint hand-off and the log line, is timed apart), and the
   scaling 2 vs 1 workers;
@@ -78,7 +79,6 @@ import warnings  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from typing import Any  # noqa: E402
 
-import dask.config  # noqa: E402
 import distributed  # noqa: E402
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
@@ -95,7 +95,7 @@ from measure import (  # noqa: E402
 import dist_respattn  # noqa: E402
 from dist_respattn import ResponsibilityAttentionDistribution, random_distribution  # noqa: E402
 from dist_respattn.engine import ClusterOptions, FitResult, FitSettings, estimate_memory, fit  # noqa: E402
-from dist_respattn.engine.cluster import embedded_cluster_config  # noqa: E402
+from dist_respattn.engine.cluster import embedded_cluster_settings  # noqa: E402
 from dist_respattn.store import TripleStore, WriteOptions, write_synthetic  # noqa: E402
 
 #: The engine's figures are measured with the reference library's M-step (learned sigma2, additive smoothing,
@@ -133,8 +133,9 @@ KEY_PATTERN = re.compile(r"^respattn-(estep|combine)-(\d+)-(\d+)-(?:(\d+)-)?[0-9
 
 def local_cluster(workers: int) -> distributed.LocalCluster:
     """Worker processes x 1 thread on 127.0.0.1; no bokeh dashboard, the scheduler's HTTP server on a free port; the
-    embedded cluster's quieter Dask settings (``embedded_cluster_config``), as a fit that starts its own has."""
-    with dask.config.set(embedded_cluster_config()):
+    embedded cluster's Dask settings and forked workers (``embedded_cluster_settings``), as a fit that starts its own
+    cluster has."""
+    with embedded_cluster_settings():
         return distributed.LocalCluster(
             n_workers=workers,
             threads_per_worker=1,

@@ -49,6 +49,7 @@ Worker processes are spawned, so everything runs under ``if __name__ == "__main_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -454,11 +455,10 @@ def fit_and_score(
     m_step_shards: int = 0,
     dask_defaults: bool = False,
 ) -> dict[str, Any]:
-    import dask
     import distributed
 
     from dist_respattn.engine import FitSettings, evaluate, fit
-    from dist_respattn.engine.cluster import embedded_cluster_config
+    from dist_respattn.engine.cluster import embedded_cluster_settings
     from dist_respattn.model.heads.recipe import RecipeSpec
 
     model_dir = work / "model"
@@ -466,7 +466,7 @@ def fit_and_score(
     lines: list[str] = []
     # The settings `fit` starts its own cluster under (the Dask profiler off, slower ticks, values sent whole), unless
     # asked for Dask's defaults: what a worker spends beyond its tasks depends on them.
-    with dask.config.set({} if dask_defaults else embedded_cluster_config()), distributed.LocalCluster(
+    with contextlib.nullcontext() if dask_defaults else embedded_cluster_settings(), distributed.LocalCluster(
         n_workers=workers, threads_per_worker=1, processes=True, memory_limit=memory_limit, dashboard_address=None
     ) as cluster, distributed.Client(cluster) as client:  # fmt: skip
         # Bytes on the wire and the workers' CPU, read at each iteration's line (the single head's fit).

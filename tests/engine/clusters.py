@@ -7,10 +7,9 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import dask.config
 import distributed
 
-from dist_respattn.engine.cluster import embedded_cluster_config
+from dist_respattn.engine.cluster import embedded_cluster_settings
 
 
 @contextlib.contextmanager
@@ -19,9 +18,10 @@ def local_cluster(n_workers: int = 2, **kwargs: Any) -> Iterator[tuple[distribut
 
     The scheduler's HTTP server takes a free port: with ``dashboard_address=None`` it still binds 8787
     and warns when another cluster holds it, which the warnings-as-errors config turns into a cluster
-    that fails to start. ``kwargs`` go to ``LocalCluster`` (e.g. ``memory_limit``). It starts under the
-    embedded cluster's quieter Dask settings, as ``fit`` does: a module's cluster mostly sits idle between
-    tests, and Dask's profiler and ticks would spend a share of the cores the other tests run on.
+    that fails to start. ``kwargs`` go to ``LocalCluster`` (e.g. ``memory_limit``). It starts as ``fit``'s
+    embedded cluster does (``embedded_cluster_settings``): under quieter Dask settings (a module's cluster mostly sits
+    idle between tests, and Dask's profiler and ticks would spend a share of the cores the other tests run on), its
+    workers forked from a server process that imported what they run.
     """
     options: dict[str, Any] = {
         "threads_per_worker": 1,
@@ -31,7 +31,7 @@ def local_cluster(n_workers: int = 2, **kwargs: Any) -> Iterator[tuple[distribut
         "silence_logs": logging.ERROR,
     }
     options.update(kwargs)
-    with dask.config.set(embedded_cluster_config()):
+    with embedded_cluster_settings():
         cluster = distributed.LocalCluster(n_workers=n_workers, **options)
     with (
         cluster,

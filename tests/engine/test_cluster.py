@@ -29,7 +29,13 @@ import psutil
 import pytest
 
 from dist_respattn.engine import EVENT_TOPIC, ClusterOptions, cluster_info, load_checkpoint, load_model
-from dist_respattn.engine.cluster import QUIET_CLUSTER, WHOLE_VALUES, connect, embedded_cluster_config
+from dist_respattn.engine.cluster import (
+    FORKED_WORKERS,
+    QUIET_CLUSTER,
+    WHOLE_VALUES,
+    connect,
+    embedded_cluster_config,
+)
 from dist_respattn.events import EndEvent, IterationEvent, StartEvent
 from dist_respattn.model.fitting.holdout import HoldoutRule
 
@@ -353,20 +359,25 @@ def test_embedded_cluster_is_announced_with_its_dashboard(small_store, tmp_path)
 
 
 def _worker_settings(dask_worker: Any) -> dict[str, Any]:
-    """What a worker process runs with: its periodic callbacks, its event loop's tick, its memory monitor."""
+    """What a worker process runs with: its periodic callbacks, its event loop's tick, its memory monitor, and
+    whether it was forked from a process that had imported the workers' modules (nothing in a worker imports
+    ``worker_preload`` itself)."""
     return {
         "callbacks": sorted(dask_worker.periodic_callbacks),
         "tick": dask_worker._tick_interval,
         "memory_monitor": dask_worker.memory_manager.memory_monitor_interval,
         "shard": distributed.comm.tcp.TCP.max_shard_size,
+        "preloaded": "dist_respattn.engine.worker_preload" in sys.modules,
+        "parent": psutil.Process().parent().cmdline(),
     }
 
 
 @pytest.mark.slow
 def test_embedded_cluster_runs_quieter_than_dask_defaults_and_keeps_what_the_user_set():
     """An embedded cluster's workers run without Dask's profiler and with the slower tick, system monitor and
-    memory monitor of ``QUIET_CLUSTER`` (its scheduler too); a setting the user changed from Dask's default (the
-    tick, here) is kept, and the caller's own Dask config is left as it was."""
+    memory monitor of ``QUIET_CLUSTER`` (its scheduler too), forked from a forkserver that imported their modules
+    (``FORKED_WORKERS``); a setting the user changed from Dask's default (the tick, here) is kept, and the caller's
+    own Dask config is left as it was."""
     with dask.config.set({"distributed.admin.tick.interval": "500ms"}), connect(ClusterOptions(n_workers=1)) as client:
         (worker,) = client.run(_worker_settings).values()
         scheduler_tick = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler._tick_interval)
@@ -376,18 +387,21 @@ def test_embedded_cluster_runs_quieter_than_dask_defaults_and_keeps_what_the_use
     assert worker["memory_monitor"] == 0.25
     # Values up to 1 GiB go in one frame, not in 64 MiB frames the receiver copies back together.
     assert worker["shard"] == 2**30
+    # Forked from the forkserver, which had imported what a worker runs.
+    assert worker["preloaded"] and "multiprocessing.forkserver" in " ".join(worker["parent"]), worker
 
 
 def test_embedded_cluster_config_leaves_out_what_the_user_changed():
-    """Every quieter setting applies while it has Dask's default value; one the user changed is left out, and a
-    shard size the user set keeps the whole-values setting out."""
-    assert embedded_cluster_config() == {**QUIET_CLUSTER, **WHOLE_VALUES}
+    """Every quieter setting applies while it has Dask's default value; one the user changed is left out, a shard
+    size the user set keeps the whole-values setting out, and a start method the user chose is kept."""
+    assert embedded_cluster_config() == {**QUIET_CLUSTER, **WHOLE_VALUES, **FORKED_WORKERS}
     with dask.config.set({"distributed.admin.tick.interval": "500ms", "distributed.worker.profile.interval": "5ms"}):
         assert embedded_cluster_config() == {
             **{key: value for key, value in QUIET_CLUSTER.items() if key != "distributed.admin.tick.interval"},
             **WHOLE_VALUES,
+            **FORKED_WORKERS,
         }
-    with dask.config.set({"distributed.comm.shard": "32MiB"}):
+    with dask.config.set({"distributed.comm.shard": "32MiB", "distributed.worker.multiprocessing-method": "fork"}):
         assert embedded_cluster_config() == QUIET_CLUSTER
 
 
