@@ -122,16 +122,22 @@ def embedded_cluster_settings() -> Iterator[None]:
     """The block under :func:`embedded_cluster_config`, in which an embedded cluster starts; with forked workers,
     the forkserver (when this starts it) imports :data:`WORKER_MODULES` first.
 
-    The settings hold while the cluster starts: a worker its nanny restarts later is started under the process's
-    own settings (spawned, by Dask's default)."""
+    A forked worker starts with the forkserver's environment, this process's when the server started; its nanny
+    then sets this process's environment as it is when the cluster starts, as a spawned worker inherits it
+    (credentials set since, say). The settings hold while the cluster starts: a worker its nanny restarts later is
+    started under the process's own settings (spawned, by Dask's default)."""
     with dask.config.set(embedded_cluster_config()):
-        if dask.config.get("distributed.worker.multiprocessing-method") == "forkserver":
-            import distributed.utils
+        if dask.config.get("distributed.worker.multiprocessing-method") != "forkserver":
+            yield
+            return
+        import distributed.utils
 
-            # distributed gives the forkserver its own list of modules the first time it starts a worker by it;
-            # asked first, it has done so, and this list replaces it.
-            distributed.utils.get_mp_context().set_forkserver_preload(list(WORKER_MODULES))
-        yield
+        # distributed gives the forkserver its own list of modules the first time it starts a worker by it; asked
+        # first, it has done so, and this list replaces it.
+        distributed.utils.get_mp_context().set_forkserver_preload(list(WORKER_MODULES))
+        environ = {**os.environ, **dask.config.get("distributed.nanny.environ")}  # a variable set for Dask wins
+        with dask.config.set({"distributed.nanny.environ": environ}):
+            yield
 
 
 class ClusterError(RuntimeError):

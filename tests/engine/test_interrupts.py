@@ -126,7 +126,11 @@ def test_ctrl_c_while_the_local_cluster_starts_leaves_no_traceback_and_no_proces
     children: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 60
-        while not any("spawn_main" in " ".join(p.cmdline()) for p in psutil.Process(proc.pid).children()):
+        # The forkserver starts with the first worker, and forks it (a worker started by spawn runs spawn_main).
+        while not any(
+            "multiprocessing.forkserver" in " ".join(p.cmdline()) or "spawn_main" in " ".join(p.cmdline())
+            for p in psutil.Process(proc.pid).children()
+        ):
             assert proc.poll() is None and time.monotonic() < deadline, "no worker process was started"
             time.sleep(0.01)
         children = send(proc, signal.SIGINT, group=True)
