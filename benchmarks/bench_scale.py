@@ -43,7 +43,8 @@ Run::
     python benchmarks/bench_scale.py --head recipe --reference-rows 0   # the recipe at 109M tokens, stage by stage
     python benchmarks/bench_scale.py --reference-rows 0 --iterations 3 --m-step-shards 2   # the sharded M-step
 
-Worker processes are spawned, so everything runs under ``if __name__ == "__main__":``.
+Worker processes import this script again (spawned, or forked from the embedded settings' forkserver), so everything
+runs under ``if __name__ == "__main__":``.
 """
 
 from __future__ import annotations

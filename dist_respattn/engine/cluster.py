@@ -92,15 +92,16 @@ FORKED_WORKERS: dict[str, Any] = {"distributed.worker.multiprocessing-method": "
 
 #: What the forkserver imports before it forks a worker: what a worker's tasks run (the head kinds, their kernels'
 #: modules, the store readers). The server is a process's own, started by its first embedded cluster and kept while
-#: the process lives: it keeps the environment it started with (the nannies set ``pre-spawn-environ``, such as
-#: :data:`WHOLE_VALUES` and one thread for BLAS, before a worker starts) and the modules as they were then imported.
+#: the process lives, its modules as they were imported then, with what they read from the environment then (the
+#: nannies set ``pre-spawn-environ``, such as :data:`WHOLE_VALUES` and one thread for BLAS, before it starts).
 WORKER_MODULES = ("distributed", "dist_respattn.engine.worker_preload")
 
 
 def embedded_cluster_config() -> dict[str, Any]:
-    """The settings of :data:`QUIET_CLUSTER` and :data:`WHOLE_VALUES` that still have Dask's default value here (a
-    value the user set, in a config file, ``DASK_*`` variable or ``dask.config.set``, is kept; a shard size the user
-    set keeps :data:`WHOLE_VALUES` out): what an embedded cluster starts under.
+    """The settings of :data:`QUIET_CLUSTER`, :data:`WHOLE_VALUES` and :data:`FORKED_WORKERS` (where Python has a
+    forkserver) that still have Dask's default value here (a value the user set, in a config file, ``DASK_*``
+    variable or ``dask.config.set``, is kept; a shard size the user set keeps :data:`WHOLE_VALUES` out): what an
+    embedded cluster starts under (:func:`embedded_cluster_settings`).
 
     Set while the cluster starts, they reach its scheduler and, through their nannies, its worker processes
     (and a worker a nanny restarts)."""

@@ -391,6 +391,21 @@ def test_embedded_cluster_runs_quieter_than_dask_defaults_and_keeps_what_the_use
     assert worker["preloaded"] and "multiprocessing.forkserver" in " ".join(worker["parent"]), worker
 
 
+def _environment_variable() -> str | None:
+    return os.environ.get("RESPATTN_SET_LATER")
+
+
+@pytest.mark.slow
+def test_a_forked_worker_sees_the_environment_as_it_is_when_its_cluster_starts(monkeypatch):
+    """A variable set after the forkserver started (by this process's first embedded cluster) reaches the workers
+    of the next cluster, as it would reach spawned ones (credentials set between two fits, say)."""
+    with connect(ClusterOptions(n_workers=1)) as client:
+        assert list(client.run(_environment_variable).values()) == [None]
+    monkeypatch.setenv("RESPATTN_SET_LATER", "set-later")
+    with connect(ClusterOptions(n_workers=1)) as client:
+        assert list(client.run(_environment_variable).values()) == ["set-later"]
+
+
 def test_embedded_cluster_config_leaves_out_what_the_user_changed():
     """Every quieter setting applies while it has Dask's default value; one the user changed is left out, a shard
     size the user set keeps the whole-values setting out, and a start method the user chose is kept."""
