@@ -123,7 +123,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     Adding a command's options is what a command line pays for before anything runs: every head kind's options
     load the kinds and numba, a store's layout options zarr, ~0.5 s of CPU together. A command line runs one
-    command, so :func:`main` adds only the one typed, and ``info``, ``validate`` or ``models`` load neither.
+    command, so :func:`main` adds only the one typed, and the parsers of ``info``, ``validate`` or ``models`` load
+    neither.
     """
     from dist_respattn import __version__
 
