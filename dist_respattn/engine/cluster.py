@@ -85,9 +85,9 @@ WHOLE_VALUES: dict[str, Any] = {"distributed.nanny.pre-spawn-environ.DASK_DISTRI
 #: Dask starts each worker process as a fresh interpreter (multiprocessing's ``spawn``), which imports distributed,
 #: numpy, zarr, numba and this package again before its first task, every embedded cluster of a process anew. An
 #: embedded cluster's workers are forked instead from one server process that imported them once (``forkserver``,
-#: :data:`WORKER_MODULES`): measured on 2 cores, 10 clusters of 2 workers that each ran one task took 56 s of CPU with
-#: spawned workers and 17 s with forked ones (26 s and 6 s of wall time). Where Python has no forkserver (Windows),
-#: workers are spawned.
+#: :data:`WORKER_MODULES`): measured on 2 idle cores, 10 clusters of 2 workers that each ran one task took 23-28 s of
+#: CPU with spawned workers and 5-6 s with forked ones (12-15 s and 3-4 s of wall time). Where Python has no
+#: forkserver (Windows), workers are spawned.
 FORKED_WORKERS: dict[str, Any] = {"distributed.worker.multiprocessing-method": "forkserver"}
 
 #: What the forkserver imports before it forks a worker: what a worker's tasks run (the head kinds, their kernels'
