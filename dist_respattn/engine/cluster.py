@@ -99,16 +99,24 @@ WORKER_MODULES = ("distributed", "dist_respattn.engine.worker_preload")
 
 def embedded_cluster_config() -> dict[str, Any]:
     """The settings of :data:`QUIET_CLUSTER`, :data:`WHOLE_VALUES` and :data:`FORKED_WORKERS` (where Python has a
-    forkserver) that still have Dask's default value here (a value the user set, in a config file, ``DASK_*``
-    variable or ``dask.config.set``, is kept; a shard size the user set keeps :data:`WHOLE_VALUES` out): what an
-    embedded cluster starts under (:func:`embedded_cluster_settings`).
+    forkserver) that the user has not set: what an embedded cluster starts under (:func:`embedded_cluster_settings`).
+    A value the user set is kept: one named in a Dask config file or a ``DASK_*`` variable (even Dask's default
+    value, such as ``DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD=spawn``), or one ``dask.config.set`` changed
+    from the default; a shard size the user set keeps :data:`WHOLE_VALUES` out.
 
     Set while the cluster starts, they reach its scheduler and, through their nannies, its worker processes
     (and a worker a nanny restarts)."""
     shipped = dask.config.merge(*dask.config.defaults)
+    # What the user's config files and environment name, read now: dask.config.config has merged them into the
+    # defaults, where a value equal to the default no longer shows that the user chose it. A nanny sets its
+    # pre-spawn variables in the process that runs it, so after an embedded cluster this process's environment
+    # holds WHOLE_VALUES' variable, which the user did not set.
+    ours = {key.rsplit(".", 1)[1]: value for key, value in WHOLE_VALUES.items()}
+    named = dask.config.collect(env={name: value for name, value in os.environ.items() if ours.get(name) != value})
 
     def unchanged(key: str) -> bool:
-        return bool(dask.config.get(key, None) == dask.config.get(key, None, config=shipped))
+        named_by_user = dask.config.get(key, None, config=named) is not None
+        return not named_by_user and bool(dask.config.get(key, None) == dask.config.get(key, None, config=shipped))
 
     settings = {key: value for key, value in QUIET_CLUSTER.items() if unchanged(key)}
     if unchanged("distributed.comm.shard"):

@@ -369,6 +369,7 @@ def _worker_settings(dask_worker: Any) -> dict[str, Any]:
         "shard": distributed.comm.tcp.TCP.max_shard_size,
         "preloaded": "dist_respattn.engine.worker_preload" in sys.modules,
         "parent": psutil.Process().parent().cmdline(),
+        "parent_pid": psutil.Process().parent().pid,
     }
 
 
@@ -418,6 +419,28 @@ def test_embedded_cluster_config_leaves_out_what_the_user_changed():
         }
     with dask.config.set({"distributed.comm.shard": "32MiB", "distributed.worker.multiprocessing-method": "fork"}):
         assert embedded_cluster_config() == QUIET_CLUSTER
+
+
+def test_embedded_cluster_config_keeps_a_default_value_the_user_named(monkeypatch):
+    """A ``DASK_*`` variable (or config file) that names a setting keeps it, even at Dask's default value: spawned
+    workers, the profiler on."""
+    monkeypatch.setenv("DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD", "spawn")
+    monkeypatch.setenv("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", "True")
+    assert embedded_cluster_config() == {
+        **{key: value for key, value in QUIET_CLUSTER.items() if key != "distributed.worker.profile.enabled"},
+        **WHOLE_VALUES,
+    }
+
+
+@pytest.mark.slow
+def test_a_user_who_names_spawn_gets_spawned_workers(monkeypatch):
+    """``DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD=spawn`` makes the embedded cluster's worker a fresh
+    interpreter its nanny (in this process) started, not a child of the forkserver."""
+    monkeypatch.setenv("DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD", "spawn")
+    with connect(ClusterOptions(n_workers=1)) as client:
+        (worker,) = client.run(_worker_settings).values()
+    assert worker["parent_pid"] == os.getpid(), worker
+    assert "multiprocessing.forkserver" not in " ".join(worker["parent"]), worker
 
 
 @pytest.mark.slow
