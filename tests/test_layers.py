@@ -52,6 +52,16 @@ def test_the_root_package_loads_the_model_only_when_a_name_is_asked_for():
 
 
 @pytest.mark.slow  # fresh interpreters
+def test_a_light_module_of_the_model_loads_neither_numba_nor_the_heads():
+    """The store package needs the model's row records; importing them does not import every head (and numba)
+    through the model package's names, which load on first use."""
+    loaded = modules_after("import dist_respattn.model.rows")
+    assert not {"numba", "dist_respattn.model.heads", "dist_respattn.model.fitting"} & loaded
+    loaded = modules_after("from dist_respattn.model import fit_em, SparseEmission; assert callable(fit_em)")
+    assert {"numba", "dist_respattn.model.fitting.em", "dist_respattn.model.emission.layouts"} <= loaded
+
+
+@pytest.mark.slow  # fresh interpreters
 def test_the_event_definitions_need_only_the_standard_library():
     before = modules_after("")
     added = modules_after("import dist_respattn.events") - before
