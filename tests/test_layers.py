@@ -61,6 +61,14 @@ def test_a_light_module_of_the_model_loads_neither_numba_nor_the_heads():
     assert {"numba", "dist_respattn.model.fitting.em", "dist_respattn.model.emission.layouts"} <= loaded
 
 
+def test_every_public_name_of_the_model_package_loads_from_where_it_lives():
+    """``dist_respattn.model`` lists a lazy name in ``__all__`` and ``_EXPORTS`` alike, and each one loads."""
+    import dist_respattn.model as model
+
+    assert sorted(model._EXPORTS) == sorted(model.__all__)
+    assert all(getattr(model, name) is not None for name in model.__all__)
+
+
 @pytest.mark.slow  # fresh interpreters
 def test_the_event_definitions_need_only_the_standard_library():
     before = modules_after("")
