@@ -359,9 +359,13 @@ def test_embedded_cluster_is_announced_with_its_dashboard(small_store, tmp_path)
 
 
 def _worker_settings(dask_worker: Any) -> dict[str, Any]:
-    """What a worker process runs with: its periodic callbacks, its event loop's tick, its memory monitor, and
+    """What a worker process runs with: its periodic callbacks, its event loop's tick, its memory monitor,
     whether it was forked from a process that had imported the workers' modules (nothing in a worker imports
-    ``worker_preload`` itself)."""
+    ``worker_preload`` itself), and whether numba's CPU target was ready before any kernel ran in it."""
+    from numba.core.imputils import builtin_registry
+    from numba.core.registry import cpu_target
+
+    numba_ready = "_toplevel_target_context" in vars(cpu_target)  # made on first use (a cached property)
     return {
         "callbacks": sorted(dask_worker.periodic_callbacks),
         "tick": dask_worker._tick_interval,
@@ -370,6 +374,7 @@ def _worker_settings(dask_worker: Any) -> dict[str, Any]:
         "preloaded": "dist_respattn.engine.worker_preload" in sys.modules,
         "parent": psutil.Process().parent().cmdline(),
         "parent_pid": psutil.Process().parent().pid,
+        "numba_ready": numba_ready and builtin_registry in cpu_target.target_context._registries,
     }
 
 
@@ -377,8 +382,8 @@ def _worker_settings(dask_worker: Any) -> dict[str, Any]:
 def test_embedded_cluster_runs_quieter_than_dask_defaults_and_keeps_what_the_user_set():
     """An embedded cluster's workers run without Dask's profiler and with the slower tick, system monitor and
     memory monitor of ``QUIET_CLUSTER`` (its scheduler too), forked from a forkserver that imported their modules
-    (``FORKED_WORKERS``); a setting the user changed from Dask's default (the tick, here) is kept, and the caller's
-    own Dask config is left as it was."""
+    and readied numba's CPU target (``FORKED_WORKERS``); a setting the user changed from Dask's default (the tick,
+    here) is kept, and the caller's own Dask config is left as it was."""
     with dask.config.set({"distributed.admin.tick.interval": "500ms"}), connect(ClusterOptions(n_workers=1)) as client:
         (worker,) = client.run(_worker_settings).values()
         scheduler_tick = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler._tick_interval)
@@ -388,8 +393,9 @@ def test_embedded_cluster_runs_quieter_than_dask_defaults_and_keeps_what_the_use
     assert worker["memory_monitor"] == 0.25
     # Values up to 1 GiB go in one frame, not in 64 MiB frames the receiver copies back together.
     assert worker["shard"] == 2**30
-    # Forked from the forkserver, which had imported what a worker runs.
+    # Forked from the forkserver, which had imported what a worker runs and readied numba's target to run it.
     assert worker["preloaded"] and "multiprocessing.forkserver" in " ".join(worker["parent"]), worker
+    assert worker["numba_ready"], worker
 
 
 def _environment_variable() -> str | None:
